@@ -1,0 +1,51 @@
+#include "core/arena.h"
+
+#include "core/device_memory.h"
+
+namespace kiln {
+
+namespace {
+size_t aligned(size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+}  // namespace
+
+void Arena::reserve(Tensor& tensor, DType dtype, Shape shape) {
+  KILN_CHECK(!allocated(), "arena", "{}: reserve after allocate", name_);
+  tensor.set_meta(dtype, device_, shape);
+  entries_.push_back({&tensor, planned_bytes_});
+  planned_bytes_ += aligned(tensor.nbytes());
+}
+
+void Arena::allocate() {
+  KILN_CHECK(!allocated(), "arena", "{}: allocated twice", name_);
+  storage_ = Storage(device_, planned_bytes_);
+  device_memset_zero(storage_.data(), device_, storage_.bytes());
+  char* base = static_cast<char*>(storage_.data());
+  for (const Entry& e : entries_) e.tensor->bind(base + e.offset);
+}
+
+size_t Workspace::footprint(DType dtype, Shape shape) {
+  return aligned(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
+}
+
+void Workspace::reserve_peak(size_t bytes) {
+  KILN_CHECK(storage_.data() == nullptr, "workspace", "reserve after allocate");
+  if (bytes > peak_) peak_ = bytes;
+}
+
+void Workspace::allocate() {
+  storage_ = Storage(device_, peak_);
+  device_memset_zero(storage_.data(), device_, storage_.bytes());
+}
+
+Tensor Workspace::Scope::take(DType dtype, Shape shape) {
+  const size_t bytes = footprint(dtype, shape);
+  KILN_CHECK(ws_.storage_.data() != nullptr, "workspace", "used before allocate");
+  KILN_CHECK(ws_.offset_ + bytes <= ws_.peak_, "workspace",
+             "request of {} bytes exceeds the planned peak {} (offset {}): a module under-declared its need",
+             bytes, ws_.peak_, ws_.offset_);
+  Tensor t(static_cast<char*>(ws_.storage_.data()) + ws_.offset_, dtype, ws_.device_, shape);
+  ws_.offset_ += bytes;
+  return t;
+}
+
+}  // namespace kiln

@@ -1,0 +1,75 @@
+// Arenas: memory planned when a model is built, allocated once, never in the step loop.
+//
+// Build time:  arena.reserve(tensor, dtype, shape) records where a tensor will live.
+// Then:        arena.allocate() makes one allocation and binds every reserved tensor.
+// Before allocate(), planned_bytes() is exact, which is how `kiln plan` reports memory
+// without allocating anything. Reserved Tensor objects must not move (modules are
+// heap-allocated and own their tensors as members).
+#pragma once
+
+#include "core/tensor.h"
+
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+class Arena {
+ public:
+  Arena(std::string name, Device device) : name_(std::move(name)), device_(device) {}
+
+  void reserve(Tensor& tensor, DType dtype, Shape shape);
+  size_t planned_bytes() const { return planned_bytes_; }
+  void allocate();  // zero-filled
+  bool allocated() const { return storage_.data() != nullptr; }
+  const std::string& name() const { return name_; }
+  Device device() const { return device_; }
+  // The whole arena as one flat byte range (for bulk zeroing of gradients).
+  void* base() const { return storage_.data(); }
+
+ private:
+  struct Entry {
+    Tensor* tensor;
+    size_t offset;
+  };
+  std::string name_;
+  Device device_;
+  std::vector<Entry> entries_;
+  size_t planned_bytes_ = 0;
+  Storage storage_;
+};
+
+// Scratch memory shared by all ops: each user declares its peak need at plan time, and at
+// run time takes tensors from a bump pointer inside a Scope that releases them on exit.
+class Workspace {
+ public:
+  explicit Workspace(Device device) : device_(device) {}
+
+  void reserve_peak(size_t bytes);
+  size_t planned_bytes() const { return peak_; }
+  void allocate();
+
+  class Scope {
+   public:
+    explicit Scope(Workspace& ws) : ws_(ws), mark_(ws.offset_) {}
+    ~Scope() { ws_.offset_ = mark_; }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    Tensor take(DType dtype, Shape shape);
+
+   private:
+    Workspace& ws_;
+    size_t mark_;
+  };
+
+  // Bytes a tensor occupies in the workspace, alignment included (for reserve_peak sums).
+  static size_t footprint(DType dtype, Shape shape);
+
+ private:
+  Device device_;
+  size_t peak_ = 0;
+  size_t offset_ = 0;
+  Storage storage_;
+};
+
+}  // namespace kiln

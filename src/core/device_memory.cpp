@@ -1,0 +1,108 @@
+#include "core/device_memory.h"
+
+#include "core/error.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#if KILN_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace kiln {
+
+namespace {
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+#if KILN_WITH_CUDA
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) fail("cuda", "{}: {}", what, cudaGetErrorString(status));
+}
+cudaMemcpyKind copy_kind(Device dst, Device src) {
+  if (src == Device::cpu) return dst == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice;
+  return dst == Device::cpu ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+}
+#endif
+
+[[noreturn]] void no_cuda(const char* what) { fail("cuda", "{}: this kiln was built without the CUDA backend", what); }
+}  // namespace
+
+void* device_alloc(Device device, size_t bytes) {
+  if (bytes == 0) bytes = kAlignment;
+  if (device == Device::cpu) {
+    void* p = std::aligned_alloc(kAlignment, round_up(bytes, kAlignment));
+    if (!p) fail("memory", "cannot allocate {} bytes on the host", bytes);
+    return p;
+  }
+#if KILN_WITH_CUDA
+  void* p = nullptr;
+  check_cuda(cudaMalloc(&p, bytes), "cudaMalloc");
+  return p;
+#else
+  no_cuda("device_alloc");
+#endif
+}
+
+void device_free(Device device, void* ptr) {
+  if (device == Device::cpu) {
+    std::free(ptr);
+    return;
+  }
+#if KILN_WITH_CUDA
+  cudaFree(ptr);
+#endif
+}
+
+void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device == Device::cpu && src_device == Device::cpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if KILN_WITH_CUDA
+  check_cuda(cudaMemcpy(dst, src, bytes, copy_kind(dst_device, src_device)), "cudaMemcpy");
+#else
+  no_cuda("device_copy");
+#endif
+}
+
+void device_memset_zero(void* ptr, Device device, size_t bytes) {
+  if (device == Device::cpu) {
+    std::memset(ptr, 0, bytes);
+    return;
+  }
+#if KILN_WITH_CUDA
+  check_cuda(cudaMemset(ptr, 0, bytes), "cudaMemset");
+#else
+  no_cuda("device_memset_zero");
+#endif
+}
+
+bool cuda_available() {
+#if KILN_WITH_CUDA
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+#else
+  return false;
+#endif
+}
+
+void cuda_memory_info(size_t* free_bytes, size_t* total_bytes) {
+  *free_bytes = *total_bytes = 0;
+#if KILN_WITH_CUDA
+  if (cuda_available()) cudaMemGetInfo(free_bytes, total_bytes);
+#endif
+}
+
+const char* cuda_device_name() {
+#if KILN_WITH_CUDA
+  static cudaDeviceProp prop;
+  static bool loaded = false;
+  if (!loaded && cuda_available()) loaded = cudaGetDeviceProperties(&prop, 0) == cudaSuccess;
+  return loaded ? prop.name : "";
+#else
+  return "";
+#endif
+}
+
+}  // namespace kiln

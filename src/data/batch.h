@@ -1,0 +1,29 @@
+// One packed micro-batch, as the packer produces it on the host.
+//
+// Documents are packed whole into a fixed token budget T: each sequence is
+// [BOS, bytes..., EOS] shifted by one into (tokens, targets). Positions restart at 0 in
+// every sequence; cu_seqlens marks sequence starts so attention never crosses a
+// document. The unused tail is PAD with ignored targets, and forms its own sequence.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kiln {
+
+constexpr int32_t kIgnoreTarget = -1;
+
+struct HostBatch {
+  std::vector<int32_t> tokens;      // [T] input ids
+  std::vector<int32_t> targets;     // [T] next-token ids, kIgnoreTarget where no loss
+  std::vector<int32_t> positions;   // [T] position within its sequence
+  std::vector<int32_t> cu_seqlens;  // [S+1] 0 = start of first sequence, ..., T
+  int32_t max_seqlen = 0;           // longest sequence in this batch
+  int64_t target_count = 0;         // number of targets != kIgnoreTarget
+  int64_t document_tokens = 0;      // tokens that belong to documents (not PAD)
+
+  int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t num_seqs() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
+};
+
+}  // namespace kiln

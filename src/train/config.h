@@ -1,0 +1,108 @@
+// The run configuration: TOML sections [model] [data] [train] [optim] [log] [checkpoint].
+//
+// Every key has a default here; a TOML file and `--set section.key=value` overrides
+// change them. Unknown keys and ill-typed or out-of-range values are errors naming the
+// key. The resolved configuration is written next to every run and saved model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+struct ModelConfig {
+  std::string name = "qwen3-byte-tiny";
+  int64_t vocab_size = 259;        // byte-level: 256 bytes + BOS, EOS, PAD
+  int64_t hidden = 192;
+  int64_t layers = 4;
+  int64_t heads = 6;               // query heads
+  int64_t kv_heads = 2;            // grouped-query attention: heads % kv_heads == 0
+  int64_t head_dim = 32;           // independent of hidden / heads, as in Qwen3
+  int64_t ffn_hidden = 512;        // SwiGLU intermediate size
+  int64_t max_seq_len = 256;       // longest sequence attention sees (context)
+  std::string norm = "rmsnorm";    // registry: norms
+  double norm_eps = 1e-6;
+  std::string mlp = "swiglu";      // registry: mlps
+  std::string attention = "gqa";   // registry: attention
+  std::string position = "rope";   // registry: position encodings
+  double rope_theta = 10000.0;
+  bool qk_norm = true;             // per-head RMSNorm on q and k before RoPE (Qwen3)
+  bool tie_embeddings = true;
+  bool attention_bias = false;     // bias on q/k/v projections (Qwen2-style)
+  double init_std = 0.02;
+};
+
+struct DataConfig {
+  std::string path = "data/tinyshakespeare.txt";
+  std::string format = "auto";         // auto | text | jsonl
+  std::string text_key = "text";       // JSONL field holding the document
+  std::string doc_separator = "\n\n";  // text files: documents are separated by this
+  double val_fraction = 0.05;          // share of documents held out, chosen by hash
+  std::string long_doc = "split";      // split | drop | error: documents over max_seq_len
+  uint64_t seed = 1234;                // document order shuffling
+};
+
+struct TrainConfig {
+  int64_t steps = 600;
+  int64_t micro_batch_tokens = 4096;   // fixed token budget per micro-batch
+  int64_t grad_accum = 1;              // micro-batches per optimizer step
+  uint64_t seed = 1337;                // weight init and sampling
+  std::string device = "auto";         // auto | cpu | cuda
+  int64_t threads = 0;                 // CPU threads; 0 = all cores
+  std::string out_dir = "runs/default";
+  double z_loss = 0.0;                 // coefficient of mean(logsumexp^2)
+  int64_t loss_chunk_tokens = 1024;    // LM head rows per chunk (logits never whole)
+  int64_t eval_every = 100;            // steps between validation; 0 = only at the end
+  int64_t eval_batches = 8;            // micro-batches of held-out data per validation
+  int64_t sample_every = 200;          // steps between samples; 0 = only at the end
+  int64_t sample_tokens = 200;
+  double sample_temperature = 0.8;
+  int64_t sample_top_k = 40;
+  std::string sample_prompt = "ROMEO:";
+};
+
+struct OptimConfig {
+  std::string name = "adamw";        // registry: optimizers
+  double lr = 3e-3;
+  double min_lr_ratio = 0.1;         // cosine decays to lr * min_lr_ratio
+  int64_t warmup_steps = 50;
+  std::string schedule = "cosine";   // registry: schedules
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  bool decay_embeddings = false;     // weight decay on embedding / tied head
+  bool decay_norms = false;          // weight decay on norm gains and biases
+  double grad_clip = 1.0;            // global L2 norm; 0 disables
+};
+
+struct LogConfig {
+  int64_t every = 10;                 // console/metrics line every N steps
+  std::string metrics_file = "metrics.jsonl";
+};
+
+struct CheckpointConfig {
+  bool save_final = true;  // write <out_dir>/model at the end of training
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  LogConfig log;
+  CheckpointConfig checkpoint;
+};
+
+// Loads a TOML file (empty path = defaults only), then applies "section.key=value"
+// overrides in order, then validates. Throws kiln::Error naming the file, key or value.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Applies one "section.key=value" override; throws naming the key on error.
+void apply_override(Config& config, const std::string& assignment);
+// Checks ranges and cross-field rules (heads % kv_heads == 0, ...); throws naming the key.
+void validate_config(const Config& config);
+// The fully resolved configuration as TOML, every key present; load_config reads it back.
+std::string config_to_toml(const Config& config);
+
+}  // namespace kiln

@@ -1,0 +1,61 @@
+#include "test_util.h"
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace kiln::test {
+
+OwnedTensor random_tensor(DType dtype, Shape shape, uint64_t seed, double scale) {
+  OwnedTensor t(dtype, Device::cpu, shape);
+  Rng rng(seed);
+  const int64_t n = t->numel();
+  if (dtype == DType::f32) {
+    for (int64_t i = 0; i < n; ++i) t->data<float>()[i] = static_cast<float>(rng.normal() * scale);
+  } else if (dtype == DType::f64) {
+    for (int64_t i = 0; i < n; ++i) t->data<double>()[i] = rng.normal() * scale;
+  } else {
+    fail("test", "random_tensor supports f32 and f64");
+  }
+  return t;
+}
+
+std::string temp_dir(const std::string& prefix) {
+  std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+  if (!mkdtemp(pattern.data())) fail("test", "mkdtemp failed for {}", pattern);
+  return pattern;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int run_command(const std::string& command, std::string* output) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return -1;
+  std::array<char, 4096> buffer;
+  std::string text;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) text.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  if (output) *output = text;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string kiln_binary() { return KILN_BINARY; }
+
+}  // namespace kiln::test

@@ -1,0 +1,24 @@
+// Shared helpers for the test suites.
+#pragma once
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+#include <string>
+#include <vector>
+
+namespace kiln::test {
+
+// A host tensor filled from N(0, scale) with a fixed seed.
+OwnedTensor random_tensor(DType dtype, Shape shape, uint64_t seed, double scale = 1.0);
+// A fresh empty temporary directory, removed by the caller (or left for inspection).
+std::string temp_dir(const std::string& prefix);
+// Writes text to a file (creating directories).
+void write_file(const std::string& path, const std::string& text);
+std::string read_file(const std::string& path);
+// Runs a shell command, returns its exit code, and captures stdout+stderr.
+int run_command(const std::string& command, std::string* output);
+// Path of the built `kiln` binary.
+std::string kiln_binary();
+
+}  // namespace kiln::test
