@@ -27,22 +27,23 @@ size_t Workspace::footprint(DType dtype, Shape shape) {
   return aligned(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
 }
 
-void Workspace::reserve_peak(size_t bytes) {
+void Workspace::reserve_peak(size_t bytes, Level level) {
   KILN_CHECK(storage_.data() == nullptr, "workspace", "reserve after allocate");
-  if (bytes > peak_) peak_ = bytes;
+  size_t& peak = level == Level::outer ? peak_outer_ : peak_inner_;
+  if (bytes > peak) peak = bytes;
 }
 
 void Workspace::allocate() {
-  storage_ = Storage(device_, peak_);
+  storage_ = Storage(device_, planned_bytes());
   device_memset_zero(storage_.data(), device_, storage_.bytes());
 }
 
 Tensor Workspace::Scope::take(DType dtype, Shape shape) {
   const size_t bytes = footprint(dtype, shape);
   KILN_CHECK(ws_.storage_.data() != nullptr, "workspace", "used before allocate");
-  KILN_CHECK(ws_.offset_ + bytes <= ws_.peak_, "workspace",
+  KILN_CHECK(ws_.offset_ + bytes <= ws_.planned_bytes(), "workspace",
              "request of {} bytes exceeds the planned peak {} (offset {}): a module under-declared its need",
-             bytes, ws_.peak_, ws_.offset_);
+             bytes, ws_.planned_bytes(), ws_.offset_);
   Tensor t(static_cast<char*>(ws_.storage_.data()) + ws_.offset_, dtype, ws_.device_, shape);
   ws_.offset_ += bytes;
   return t;

@@ -3,6 +3,9 @@
 // Every key has a default here; a TOML file and `--set section.key=value` overrides
 // change them. Unknown keys and ill-typed or out-of-range values are errors naming the
 // key. The resolved configuration is written next to every run and saved model.
+//
+// Adding a key: the member here plus one KILN_FIELD line in train/config_fields.cpp,
+// which drives parsing, --set, validation and config_to_toml.
 #pragma once
 
 #include <cstdint>

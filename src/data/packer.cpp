@@ -1,0 +1,107 @@
+#include "data/packer.h"
+
+#include "core/error.h"
+#include "data/tokenizer.h"
+
+#include <algorithm>
+
+namespace kiln {
+
+LongDocPolicy parse_long_doc_policy(const std::string& name) {
+  if (name == "split") return LongDocPolicy::split;
+  if (name == "drop") return LongDocPolicy::drop;
+  if (name == "error") return LongDocPolicy::error;
+  fail("data.long_doc", "unknown policy '{}' (known: split, drop, error)", name);
+}
+
+PackerOptions packer_options(const Config& config, const Tokenizer& tokenizer) {
+  PackerOptions o;
+  o.micro_batch_tokens = config.train.micro_batch_tokens;
+  o.max_seq_len = config.model.max_seq_len;
+  o.long_doc = parse_long_doc_policy(config.data.long_doc);
+  o.bos_id = tokenizer.bos_id();
+  o.eos_id = tokenizer.eos_id();
+  o.pad_id = tokenizer.pad_id();
+  return o;
+}
+
+Packer::Packer(const PackerOptions& options) : options_(options) {
+  KILN_CHECK(options_.max_seq_len > 0, "model.max_seq_len", "must be positive, got {}", options_.max_seq_len);
+  KILN_CHECK(options_.micro_batch_tokens >= options_.max_seq_len, "train.micro_batch_tokens",
+             "must be at least model.max_seq_len ({}) so every sequence fits one micro-batch, got {}",
+             options_.max_seq_len, options_.micro_batch_tokens);
+  // int32 positions and cu_seqlens are what attention kernels take.
+  KILN_CHECK(options_.micro_batch_tokens < (int64_t{1} << 31), "train.micro_batch_tokens", "must be below 2^31, got {}",
+             options_.micro_batch_tokens);
+}
+
+int64_t Packer::num_pieces(int64_t num_tokens, uint64_t document_id) const {
+  const int64_t positions = num_tokens + 1;
+  const int64_t L = options_.max_seq_len;
+  if (positions <= L) return 1;
+  switch (options_.long_doc) {
+    case LongDocPolicy::split: return (positions + L - 1) / L;
+    case LongDocPolicy::drop: return 0;
+    case LongDocPolicy::error: break;
+  }
+  fail("data", "document {} has {} tokens ({} positions with BOS/EOS), more than model.max_seq_len {} "
+       "(data.long_doc = \"error\"; use \"split\" or \"drop\")", document_id, num_tokens, positions, L);
+}
+
+int64_t Packer::piece_positions(int64_t num_tokens, int64_t piece) const {
+  const int64_t L = options_.max_seq_len;
+  return std::min(L, num_tokens + 1 - piece * L);
+}
+
+void Packer::begin(HostBatch& batch) const {
+  const auto T = static_cast<size_t>(options_.micro_batch_tokens);
+  batch.tokens.clear();
+  batch.targets.clear();
+  batch.positions.clear();
+  batch.cu_seqlens.clear();
+  batch.tokens.reserve(T);
+  batch.targets.reserve(T);
+  batch.positions.reserve(T);
+  batch.cu_seqlens.reserve(T + 1);  // worst case: every sequence one position long
+  batch.cu_seqlens.push_back(0);
+  batch.max_seqlen = 0;
+  batch.target_count = 0;
+  batch.document_tokens = 0;
+}
+
+void Packer::append(HostBatch& batch, std::span<const int32_t> tokens, int64_t piece) const {
+  const auto n = static_cast<int64_t>(tokens.size());
+  const int64_t first = piece * options_.max_seq_len;  // index into [BOS, t1..tn, EOS]
+  const int64_t count = piece_positions(n, piece);
+  // Element i of the full sequence [BOS, t1..tn, EOS] (length n+2).
+  auto at = [&](int64_t i) -> int32_t {
+    if (i == 0) return options_.bos_id;
+    if (i == n + 1) return options_.eos_id;
+    return tokens[static_cast<size_t>(i - 1)];
+  };
+  for (int64_t p = 0; p < count; ++p) {
+    batch.tokens.push_back(at(first + p));
+    batch.targets.push_back(at(first + p + 1));  // true next token, across piece borders too
+    batch.positions.push_back(static_cast<int32_t>(p));
+  }
+  batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
+  batch.max_seqlen = std::max(batch.max_seqlen, static_cast<int32_t>(count));
+  batch.target_count += count;
+  batch.document_tokens += count;
+}
+
+void Packer::finish(HostBatch& batch) const {
+  const int64_t T = options_.micro_batch_tokens;
+  while (batch.size() < T) {
+    const int64_t count = std::min(options_.max_seq_len, T - batch.size());
+    for (int64_t p = 0; p < count; ++p) {
+      batch.tokens.push_back(options_.pad_id);
+      batch.targets.push_back(kIgnoreTarget);
+      batch.positions.push_back(static_cast<int32_t>(p));
+    }
+    batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
+    batch.max_seqlen = std::max(batch.max_seqlen, static_cast<int32_t>(count));
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,190 @@
+#include "model/model.h"
+
+#include "core/rng.h"
+#include "ops/embedding/embedding.h"
+#include "ops/elementwise/elementwise.h"
+
+#include <cmath>
+
+namespace kiln {
+
+Model::Model(const ModelConfig& config, const BuildOptions& options)
+    : config_(config),
+      options_(options),
+      params_("parameters", options.device),
+      grads_("gradients", options.device),
+      activations_("activations", options.device),
+      workspace_(options.device) {
+  const int64_t t = options.max_tokens, d = config.hidden;
+  BuildContext ctx{params_, grads_, activations_, workspace_, parameters_, options.dtype, options.device, t,
+                   options.training};
+  ctx.parameter(embed_w_, embed_g_, "embed.weight", Shape{config.vocab_size, d}, false,
+                Init::normal(config.init_std));
+  position_ = position_registry().build("model.position", config.position, ctx, config_);
+  for (int64_t l = 0; l < config.layers; ++l) {
+    LayerSpec layer{"layers." + std::to_string(l), l, &config_};
+    blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, *position_));
+  }
+  final_norm_ = norm_registry().build("model.norm", config.norm, ctx, NormSpec{"final_norm", d, t, config.norm_eps});
+  if (!config.tie_embeddings)
+    ctx.parameter(head_w_, head_g_, "lm_head.weight", Shape{config.vocab_size, d}, true,
+                  Init::normal(config.init_std));
+
+  ctx.buffer(tokens_, Shape{t}, DType::i32);
+  ctx.buffer(targets_, Shape{t}, DType::i32);
+  ctx.buffer(positions_, Shape{t}, DType::i32);
+  ctx.buffer(cu_seqlens_, Shape{t + 1}, DType::i32);
+  residual_.resize(static_cast<size_t>(config.layers + 1));
+  for (Tensor& r : residual_) ctx.saved(r, Shape{t, d});
+  ctx.saved(hidden_, Shape{t, d});
+  if (options.training) {
+    ctx.buffer(dhidden_, Shape{t, d}, options.dtype);
+    ctx.buffer(dres_, Shape{t, d}, options.dtype);
+  }
+  const int64_t chunk = std::min(options.loss_chunk_rows, t);
+  ctx.buffer(head_scratch_.logits, Shape{chunk, config.vocab_size}, options.dtype);
+  ctx.buffer(head_scratch_.row_stats, Shape{chunk, 2}, DType::f64);
+}
+
+MemoryPlan Model::memory_plan() const {
+  return {params_.planned_bytes(), grads_.planned_bytes(), activations_.planned_bytes(), workspace_.planned_bytes()};
+}
+
+void Model::allocate() {
+  params_.allocate();
+  if (options_.training) grads_.allocate();
+  activations_.allocate();
+  workspace_.allocate();
+}
+
+void Model::init_weights(uint64_t seed) {
+  // One stream per parameter (by index), so adding a parameter elsewhere does not shift
+  // the others' initial values within a model.
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const Parameter& p = *parameters_[i];
+    const Tensor value = p.value();
+    OwnedTensor host(DType::f64, Device::cpu, value.shape());
+    double* v = host->data<double>();
+    Rng rng = Rng::derive(seed, i);
+    for (int64_t j = 0; j < value.numel(); ++j) {
+      switch (p.init().kind) {
+        case InitKind::normal: v[j] = rng.normal() * p.init().std; break;
+        case InitKind::ones: v[j] = 1.0; break;
+        case InitKind::zeros: v[j] = 0.0; break;
+      }
+    }
+    if (value.dtype() == DType::f64) {
+      copy_tensor(*host, value);
+    } else {
+      OwnedTensor f32(DType::f32, Device::cpu, value.shape());
+      for (int64_t j = 0; j < value.numel(); ++j) f32->data<float>()[j] = static_cast<float>(v[j]);
+      copy_tensor(*f32, value);
+    }
+  }
+}
+
+const Parameter* Model::find_parameter(const std::string& name) const {
+  for (const auto& p : parameters_)
+    if (p->name() == name) return p.get();
+  return nullptr;
+}
+
+int64_t Model::parameter_count() const {
+  int64_t n = 0;
+  for (const auto& p : parameters_) n += p->shape().numel();
+  return n;
+}
+
+int64_t Model::embedding_parameter_count() const {
+  return config_.vocab_size * config_.hidden * (config_.tie_embeddings ? 1 : 2);
+}
+
+double Model::flops_per_token(int64_t seq_len) const {
+  // Matmul parameters: everything but the embedding lookup and 1-D gains/biases; the
+  // head's [V, d] matmul counts whether tied or not.
+  double matmul = 0;
+  for (const auto& p : parameters_)
+    if (p->shape().rank() == 2 && p->name() != "embed.weight") matmul += static_cast<double>(p->shape().numel());
+  if (config_.tie_embeddings) matmul += static_cast<double>(config_.vocab_size * config_.hidden);
+  const double attention = 6.0 * static_cast<double>(config_.layers * config_.heads * config_.head_dim * seq_len);
+  return 6.0 * matmul + attention;
+}
+
+void Model::load_batch(const HostBatch& batch) {
+  KILN_CHECK(batch.size() > 0 && batch.size() <= options_.max_tokens, "model",
+             "batch of {} tokens does not fit the planned budget of {}", batch.size(), options_.max_tokens);
+  KILN_CHECK(batch.max_seqlen <= config_.max_seq_len, "model",
+             "a sequence of {} tokens exceeds model.max_seq_len = {}", batch.max_seqlen, config_.max_seq_len);
+  rows_ = batch.size();
+  const int64_t seqs = batch.num_seqs();
+  auto upload = [&](const std::vector<int32_t>& src, const Tensor& dst, int64_t n) {
+    Tensor host(const_cast<int32_t*>(src.data()), DType::i32, Device::cpu, Shape{n});
+    copy_tensor(host, dst.rows(0, n));
+  };
+  upload(batch.tokens, tokens_, rows_);
+  upload(batch.targets, targets_, rows_);
+  upload(batch.positions, positions_, rows_);
+  upload(batch.cu_seqlens, cu_seqlens_, seqs + 1);
+  seq_.positions = positions_.rows(0, rows_);
+  seq_.cu_seqlens = cu_seqlens_.rows(0, seqs + 1);
+  seq_.max_seqlen = batch.max_seqlen;
+}
+
+const Tensor& Model::head_weight() const { return config_.tie_embeddings ? embed_w_ : head_w_; }
+const Tensor& Model::head_grad() const { return config_.tie_embeddings ? embed_g_ : head_g_; }
+
+void Model::forward() {
+  KILN_CHECK(rows_ > 0, "model", "forward before load_batch");
+  ops::embedding_forward(tokens_.rows(0, rows_), embed_w_, residual_[0].rows(0, rows_));
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    blocks_[l]->forward(residual_[l].rows(0, rows_), seq_, residual_[l + 1].rows(0, rows_));
+  final_norm_->forward(residual_.back().rows(0, rows_), hidden_.rows(0, rows_));
+}
+
+ops::LossSums Model::forward_backward(double loss_scale, double z_loss) {
+  KILN_CHECK(options_.training, "model", "forward_backward on a model built without training buffers");
+  forward();
+  ops::LmHeadLossOptions o;
+  o.chunk_rows = head_scratch_.logits.size(0);
+  o.z_loss = z_loss;
+  o.loss_scale = loss_scale;
+  const ops::LossSums sums = ops::lm_head_loss(hidden_.rows(0, rows_), head_weight(), targets_.rows(0, rows_), o,
+                                          head_scratch_, dhidden_.rows(0, rows_), head_grad());
+  backward_from_hidden();
+  return sums;
+}
+
+void Model::backward_from_hidden() {
+  const Tensor dres = dres_.rows(0, rows_);
+  final_norm_->backward(dhidden_.rows(0, rows_), dres, false);
+  for (size_t l = blocks_.size(); l-- > 0;) blocks_[l]->backward(dres, seq_);
+  ops::embedding_backward(tokens_.rows(0, rows_), dres, embed_g_);
+}
+
+ops::LossSums Model::evaluate() {
+  forward();
+  ops::LmHeadLossOptions o;
+  o.chunk_rows = head_scratch_.logits.size(0);
+  return ops::lm_head_loss(hidden_.rows(0, rows_), head_weight(), targets_.rows(0, rows_), o, head_scratch_,
+                           Tensor(), Tensor());
+}
+
+void Model::logits_at(int64_t row, std::vector<float>& out) {
+  KILN_CHECK(row >= 0 && row < rows_, "model", "row {} outside the loaded batch of {}", row, rows_);
+  forward();
+  const Tensor logits = head_scratch_.logits.rows(0, 1);
+  ops::lm_head_logits(hidden_.rows(row, row + 1), head_weight(), 0.0, logits);
+  out.resize(static_cast<size_t>(config_.vocab_size));
+  if (logits.dtype() == DType::f32) {
+    Tensor host(out.data(), DType::f32, Device::cpu, Shape{config_.vocab_size});
+    copy_tensor(logits.view(Shape{config_.vocab_size}), host);
+  } else {
+    for (int64_t j = 0; j < config_.vocab_size; ++j) out[static_cast<size_t>(j)] = static_cast<float>(logits.data<double>()[j]);
+  }
+}
+
+void Model::zero_grads() {
+  for (const auto& p : parameters_) zero_tensor(p->grad());
+}
+
+}  // namespace kiln

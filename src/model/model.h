@@ -1,0 +1,87 @@
+// A decoder-only language model: backbone (embedding -> blocks -> final norm) and an LM
+// head whose loss is computed in chunks. Built from a ModelConfig through the module
+// registries; every buffer is planned at build time and allocated once.
+#pragma once
+
+#include "data/batch.h"
+#include "nn/block.h"
+#include "ops/cross_entropy/lm_head_loss.h"
+
+#include <memory>
+#include <vector>
+
+namespace kiln {
+
+struct BuildOptions {
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  int64_t max_tokens = 4096;    // fixed token budget of one micro-batch
+  int64_t loss_chunk_rows = 1024;
+  bool training = true;
+};
+
+struct MemoryPlan {
+  size_t parameters = 0, gradients = 0, activations = 0, workspace = 0;
+  size_t total() const { return parameters + gradients + activations + workspace; }
+};
+
+class Model {
+ public:
+  Model(const ModelConfig& config, const BuildOptions& options);
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const BuildOptions& options() const { return options_; }
+  MemoryPlan memory_plan() const;
+  void allocate();                 // the one allocation of every arena
+  void init_weights(uint64_t seed);
+
+  const std::vector<std::unique_ptr<Parameter>>& parameters() const { return parameters_; }
+  const Parameter* find_parameter(const std::string& name) const;
+  int64_t parameter_count() const;
+  int64_t embedding_parameter_count() const;  // the input embedding (and untied head)
+  // Training FLOPs per token: 6 x matmul parameters (incl. the head) + causal attention
+  // 6 x layers x heads x head_dim x seq (average context seq/2, forward+backward).
+  double flops_per_token(int64_t seq_len) const;
+
+  // Copies a packed batch into the model's input buffers (its size must be <= max_tokens).
+  void load_batch(const HostBatch& batch);
+  // Forward, loss and backward of the loaded batch; parameter gradients accumulate (+=).
+  // The objective's gradient is scaled by loss_scale (1 / target tokens of the whole step).
+  ops::LossSums forward_backward(double loss_scale, double z_loss);
+  // Forward and loss only.
+  ops::LossSums evaluate();
+  // Forward of the loaded batch, then logits [V] of row `row` into `out` (host, f32).
+  void logits_at(int64_t row, std::vector<float>& out);
+
+  void zero_grads();
+  Arena& gradient_arena() { return grads_; }
+
+ private:
+  void forward();  // embedding -> blocks -> final norm, over the loaded rows
+  void backward_from_hidden();
+  const Tensor& head_weight() const;
+  const Tensor& head_grad() const;
+
+  ModelConfig config_;
+  BuildOptions options_;
+  Arena params_, grads_, activations_;
+  Workspace workspace_;
+  std::vector<std::unique_ptr<Parameter>> parameters_;
+
+  std::unique_ptr<PositionEncoding> position_;
+  std::vector<std::unique_ptr<TransformerBlock>> blocks_;
+  std::unique_ptr<Norm> final_norm_;
+  Tensor embed_w_, embed_g_, head_w_, head_g_;
+
+  // Inputs of the current micro-batch (i32): tokens, targets, positions [T]; cu_seqlens [T+1].
+  Tensor tokens_, targets_, positions_, cu_seqlens_;
+  int64_t rows_ = 0;
+  SeqInfo seq_;
+  std::vector<Tensor> residual_;  // residual_[l] = input of block l; [layers] = final-norm input
+  Tensor hidden_, dhidden_, dres_;
+  ops::LmHeadScratch head_scratch_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,26 @@
+// A pre-norm transformer block on the flat residual stream:
+//   h = x + attention(norm1(x));   y = h + mlp(norm2(h))
+#pragma once
+
+#include "nn/modules.h"
+
+namespace kiln {
+
+class TransformerBlock {
+ public:
+  TransformerBlock(BuildContext& ctx, const LayerSpec& layer, PositionEncoding& position);
+
+  // x [T, hidden] (kept for backward) -> y [T, hidden].
+  void forward(const Tensor& x, const SeqInfo& seq, const Tensor& y);
+  // In place on the residual-stream gradient: on entry dres = dL/dy, on exit dL/dx.
+  void backward(const Tensor& dres, const SeqInfo& seq);
+
+ private:
+  Workspace& workspace_;
+  std::unique_ptr<Norm> attn_norm_, mlp_norm_;
+  std::unique_ptr<Attention> attention_;
+  std::unique_ptr<Mlp> mlp_;
+  Tensor attn_in_, mid_, mlp_in_;  // saved: norm1(x), h, norm2(h)
+};
+
+}  // namespace kiln

@@ -1,0 +1,51 @@
+// The module interfaces that registries build. Each module writes forward and backward
+// explicitly (as llm.c does): forward keeps what backward needs in planned buffers;
+// backward writes input gradients with = (or += where the caller asks, for the residual
+// stream) and accumulates parameter gradients with +=.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+// Per-micro-batch inputs every position-aware module may read. Only attention and
+// position encodings use them; everything else is a per-token op.
+struct SeqInfo {
+  Tensor positions;    // i32 [T]: position within the token's own sequence
+  Tensor cu_seqlens;   // i32 [S+1]: sequence boundaries
+  int64_t max_seqlen = 0;
+};
+
+class Norm {
+ public:
+  virtual ~Norm() = default;
+  // x [T', C] -> y [T', C]; T' <= the planned rows (x is kept for backward).
+  virtual void forward(const Tensor& x, const Tensor& y) = 0;
+  // dx = (or +=) d/dx of the last forward.
+  virtual void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx) = 0;
+};
+
+class PositionEncoding {
+ public:
+  virtual ~PositionEncoding() = default;
+  // In place on q or k [T, H, D]; inverse = the backward (transposed) transform.
+  virtual void apply(const Tensor& x, const SeqInfo& seq, bool inverse) = 0;
+};
+
+class Attention {
+ public:
+  virtual ~Attention() = default;
+  // x [T, hidden] (normalized) -> out [T, hidden].
+  virtual void forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) = 0;
+  // dout [T, hidden] -> dx [T, hidden] (=).
+  virtual void backward(const Tensor& dout, const SeqInfo& seq, const Tensor& dx) = 0;
+};
+
+class Mlp {
+ public:
+  virtual ~Mlp() = default;
+  virtual void forward(const Tensor& x, const Tensor& out) = 0;
+  virtual void backward(const Tensor& dout, const Tensor& dx) = 0;
+};
+
+}  // namespace kiln

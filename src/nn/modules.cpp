@@ -1,0 +1,43 @@
+#include "nn/modules.h"
+
+namespace kiln {
+
+// Function-local statics: built on first use, with their built-ins registered, so no
+// static-initialization order or linker-dropped registrar can lose an entry.
+NormRegistry& norm_registry() {
+  static NormRegistry* registry = [] {
+    auto* r = new NormRegistry("norm");
+    register_rms_norm(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+PositionRegistry& position_registry() {
+  static PositionRegistry* registry = [] {
+    auto* r = new PositionRegistry("position encoding");
+    register_rope(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+AttentionRegistry& attention_registry() {
+  static AttentionRegistry* registry = [] {
+    auto* r = new AttentionRegistry("attention");
+    register_gqa_attention(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+MlpRegistry& mlp_registry() {
+  static MlpRegistry* registry = [] {
+    auto* r = new MlpRegistry("mlp");
+    register_swiglu_mlp(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+}  // namespace kiln

@@ -1,0 +1,42 @@
+// The registries of model components and the specs their factories take.
+// `kiln list` prints them; a new variant registers itself in its own file's
+// register_* function, called from modules.cpp.
+#pragma once
+
+#include "nn/interfaces.h"
+#include "nn/parameter.h"
+#include "nn/registry.h"
+#include "train/config.h"
+
+namespace kiln {
+
+struct NormSpec {
+  std::string name;   // parameter name prefix, e.g. "layers.0.attn_norm"
+  int64_t dim = 0;    // normalized (last) dimension
+  int64_t rows = 0;   // most rows one forward sees
+  double eps = 1e-6;
+};
+
+struct LayerSpec {
+  std::string prefix;  // "layers.3"
+  int64_t index = 0;
+  const ModelConfig* model = nullptr;
+};
+
+using NormRegistry = Registry<Norm, BuildContext&, const NormSpec&>;
+using PositionRegistry = Registry<PositionEncoding, BuildContext&, const ModelConfig&>;
+using AttentionRegistry = Registry<Attention, BuildContext&, const LayerSpec&, PositionEncoding&>;
+using MlpRegistry = Registry<Mlp, BuildContext&, const LayerSpec&>;
+
+NormRegistry& norm_registry();
+PositionRegistry& position_registry();
+AttentionRegistry& attention_registry();
+MlpRegistry& mlp_registry();
+
+// Registration hooks of the built-in components (one per file).
+void register_rms_norm(NormRegistry& registry);
+void register_rope(PositionRegistry& registry);
+void register_gqa_attention(AttentionRegistry& registry);
+void register_swiglu_mlp(MlpRegistry& registry);
+
+}  // namespace kiln

@@ -1,0 +1,57 @@
+// Position encodings: "rope" (rotary, rotate_half pairing, tables built once) and "none"
+// (NoPE: attention sees no explicit positions). RoPE scalings plug in by registering a
+// variant that computes different inverse frequencies.
+#include "nn/modules.h"
+#include "ops/rope/rope.h"
+
+namespace kiln {
+
+namespace {
+
+class Rope final : public PositionEncoding {
+ public:
+  Rope(BuildContext& ctx, const ModelConfig& model) {
+    inv_freq_ = ops::rope_inverse_frequencies(model.rope_theta, model.head_dim);
+    // Tables are planned like any buffer and filled once, after allocation, on first use.
+    ctx.buffer(cos_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.dtype);
+    ctx.buffer(sin_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.dtype);
+  }
+
+  void apply(const Tensor& x, const SeqInfo& seq, bool inverse) override {
+    if (!filled_) fill();
+    ops::rope_apply(x, seq.positions, cos_, sin_, inverse);
+  }
+
+ private:
+  void fill() {
+    if (cos_.device() == Device::cpu) {
+      ops::rope_fill_tables(inv_freq_, cos_, sin_);
+    } else {  // build on the host, copy once
+      OwnedTensor hc(cos_.dtype(), Device::cpu, cos_.shape()), hs(sin_.dtype(), Device::cpu, sin_.shape());
+      ops::rope_fill_tables(inv_freq_, *hc, *hs);
+      copy_tensor(*hc, cos_);
+      copy_tensor(*hs, sin_);
+    }
+    filled_ = true;
+  }
+
+  std::vector<float> inv_freq_;
+  Tensor cos_, sin_;  // [max_seq_len, head_dim / 2]
+  bool filled_ = false;
+};
+
+class NoPositionEncoding final : public PositionEncoding {
+ public:
+  void apply(const Tensor&, const SeqInfo&, bool) override {}
+};
+
+}  // namespace
+
+void register_rope(PositionRegistry& registry) {
+  registry.add("rope", "rotary embedding, rotate_half pairing (j, j + D/2), theta = model.rope_theta",
+               [](BuildContext& ctx, const ModelConfig& m) { return std::make_unique<Rope>(ctx, m); });
+  registry.add("none", "no position encoding (NoPE)",
+               [](BuildContext&, const ModelConfig&) { return std::make_unique<NoPositionEncoding>(); });
+}
+
+}  // namespace kiln

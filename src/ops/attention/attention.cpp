@@ -1,0 +1,95 @@
+#include "ops/attention/attention.h"
+
+#include "ops/attention/attention_cpu.h"
+#include "ops/common.h"
+
+#include <cmath>
+
+namespace kiln::ops {
+
+namespace {
+
+void validate(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens) {
+  expect_rank(op, "q", q, 3);
+  expect_rank(op, "k", k, 3);
+  expect_same(op, "k", k, q);
+  expect_shape(op, "v", v, k.shape());
+  expect_same(op, "v", v, q);
+  KILN_CHECK(k.size(0) == q.size(0) && k.size(2) == q.size(2), op, "q {} and k {} disagree", q.describe(),
+             k.describe());
+  KILN_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, op, "query heads {} must be a multiple of kv heads {}",
+             q.size(1), k.size(1));
+  KILN_CHECK(q.size(2) <= cpu::kMaxAttentionHeadDim, op, "head_dim {} exceeds {}", q.size(2),
+             cpu::kMaxAttentionHeadDim);
+  expect_rank(op, "cu_seqlens", cu_seqlens, 1);
+  expect_dtype(op, "cu_seqlens", cu_seqlens, DType::i32);
+  KILN_CHECK(cu_seqlens.size(0) >= 2, op, "cu_seqlens needs at least 2 entries");
+  if (cu_seqlens.device() == Device::cpu) {
+    const int32_t* cu = cu_seqlens.data<int32_t>();
+    const int64_t s = cu_seqlens.size(0) - 1;
+    KILN_CHECK(cu[0] == 0 && cu[s] == q.size(0), op, "cu_seqlens must run from 0 to {} tokens, got {}..{}",
+               q.size(0), cu[0], cu[s]);
+    for (int64_t i = 0; i < s; ++i)
+      KILN_CHECK(cu[i] <= cu[i + 1], op, "cu_seqlens must not decrease (entry {})", i + 1);
+  }
+}
+
+cpu::AttentionShape shape_of(const Tensor& q, const Tensor& k, const Tensor& cu, const AttentionOptions& o) {
+  cpu::AttentionShape s;
+  s.tokens = q.size(0);
+  s.q_heads = q.size(1);
+  s.kv_heads = k.size(1);
+  s.head_dim = q.size(2);
+  s.num_seqs = cu.size(0) - 1;
+  s.cu_seqlens = cu.data<int32_t>();
+  s.scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  s.window = o.window;
+  s.softcap = o.softcap;
+  return s;
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+                       const AttentionOptions& options, const Tensor& out, const Tensor& lse) {
+  const char* op = "attention";
+  validate(op, q, k, v, cu_seqlens);
+  expect_shape(op, "out", out, q.shape());
+  expect_same(op, "out", out, q);
+  expect_shape(op, "lse", lse, Shape{q.size(0), q.size(1)});
+  expect_same(op, "lse", lse, q);
+  if (q.device() != Device::cpu) no_cuda_kernel(op);
+  dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::attention_forward<T>(shape_of(q, k, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
+                              out.data<T>(), lse.data<T>());
+  });
+}
+
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, const Tensor& cu_seqlens, const AttentionOptions& options,
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const char* op = "attention_backward";
+  validate(op, q, k, v, cu_seqlens);
+  expect_shape(op, "out", out, q.shape());
+  expect_same(op, "out", out, q);
+  expect_shape(op, "dout", dout, q.shape());
+  expect_same(op, "dout", dout, q);
+  expect_shape(op, "lse", lse, Shape{q.size(0), q.size(1)});
+  expect_same(op, "lse", lse, q);
+  expect_shape(op, "dq", dq, q.shape());
+  expect_same(op, "dq", dq, q);
+  expect_shape(op, "dk", dk, k.shape());
+  expect_same(op, "dk", dk, q);
+  expect_shape(op, "dv", dv, v.shape());
+  expect_same(op, "dv", dv, q);
+  if (q.device() != Device::cpu) no_cuda_kernel(op);
+  dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::attention_backward<T>(shape_of(q, k, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
+                               out.data<T>(), lse.data<T>(), dout.data<T>(), dq.data<T>(), dk.data<T>(),
+                               dv.data<T>());
+  });
+}
+
+}  // namespace kiln::ops

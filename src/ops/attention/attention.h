@@ -1,0 +1,27 @@
+// Causal grouped-query attention over packed variable-length sequences.
+//
+// Tokens of several documents are concatenated: q [N, Hq, D], k/v [N, Hkv, D]; sequence
+// s spans rows [cu_seqlens[s], cu_seqlens[s+1]). A query attends only to keys of its own
+// sequence at or before it, so attention never crosses a document.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace kiln::ops {
+
+struct AttentionOptions {
+  double scale = 0;     // 0 = 1/sqrt(D)
+  int64_t window = 0;   // sliding window: query i sees keys j with i - j < window; 0 = unlimited
+  double softcap = 0;   // logits = softcap * tanh(logits / softcap); 0 = off
+};
+
+// out [N, Hq, D] (=), lse [N, Hq] (=, log-sum-exp of each query's scores, for backward).
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+                       const AttentionOptions& options, const Tensor& out, const Tensor& lse);
+
+// dq, dk, dv written with =.
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, const Tensor& cu_seqlens, const AttentionOptions& options,
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+}  // namespace kiln::ops

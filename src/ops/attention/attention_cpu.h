@@ -1,0 +1,26 @@
+// CPU reference kernels for packed causal GQA attention (flash-style: online softmax in
+// the forward, recomputed probabilities from the saved log-sum-exp in the backward).
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::cpu {
+
+constexpr int64_t kMaxAttentionHeadDim = 512;
+
+struct AttentionShape {
+  int64_t tokens, q_heads, kv_heads, head_dim, num_seqs;
+  const int32_t* cu_seqlens;
+  double scale;
+  int64_t window;
+  double softcap;
+};
+
+template <typename T>
+void attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v, T* out, T* lse);
+
+template <typename T>
+void attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v, const T* out, const T* lse,
+                        const T* dout, T* dq, T* dk, T* dv);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,45 @@
+// Shared front-end helpers for ops: validation that throws "[op] ..." and dispatch of
+// the CPU reference over its float types (f32 for training, f64 for gradient checks).
+#pragma once
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace kiln::ops {
+
+inline void expect_rank(const char* op, const char* name, const Tensor& t, int rank) {
+  KILN_CHECK(t.defined(), op, "{} is undefined", name);
+  KILN_CHECK(t.rank() == rank, op, "{} must have rank {}, got {}", name, rank, t.describe());
+}
+
+inline void expect_shape(const char* op, const char* name, const Tensor& t, Shape shape) {
+  KILN_CHECK(t.defined(), op, "{} is undefined", name);
+  KILN_CHECK(t.shape() == shape, op, "{} must be {}, got {}", name, shape.str(), t.describe());
+}
+
+inline void expect_dtype(const char* op, const char* name, const Tensor& t, DType dtype) {
+  KILN_CHECK(t.dtype() == dtype, op, "{} must be {}, got {}", name, dtype_name(dtype), t.describe());
+}
+
+inline void expect_same(const char* op, const char* name, const Tensor& t, const Tensor& like) {
+  KILN_CHECK(t.defined(), op, "{} is undefined", name);
+  KILN_CHECK(t.dtype() == like.dtype() && t.device() == like.device(), op, "{} must be {}@{}, got {}", name,
+             dtype_name(like.dtype()), device_name(like.device()), t.describe());
+}
+
+// Calls fn(T{}) with T = float or double for a CPU tensor of that dtype.
+template <typename Fn>
+void dispatch_cpu_float(const char* op, DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: fn(float{}); return;
+    case DType::f64: fn(double{}); return;
+    default: fail(op, "the CPU backend computes in f32 or f64, got {}", dtype_name(dtype));
+  }
+}
+
+// The CUDA path of an op that does not have a kernel yet.
+[[noreturn]] inline void no_cuda_kernel(const char* op) {
+  fail(op, "no CUDA kernel yet{}", KILN_WITH_CUDA ? "" : " (this kiln was built without CUDA)");
+}
+
+}  // namespace kiln::ops

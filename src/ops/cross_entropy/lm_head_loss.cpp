@@ -1,0 +1,117 @@
+#include "ops/cross_entropy/lm_head_loss.h"
+
+#include "ops/common.h"
+#include "ops/linear/linear.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kiln::ops {
+
+namespace {
+
+// Loss terms of one row of logits, and (if grad) the row replaced by d(objective)/dlogits.
+template <typename T>
+void row_loss(T* row, int64_t vocab, int32_t target, const LmHeadLossOptions& o, bool grad, double* loss, double* z) {
+  if (o.softcap > 0)
+    for (int64_t j = 0; j < vocab; ++j) row[j] = static_cast<T>(o.softcap) * std::tanh(row[j] / static_cast<T>(o.softcap));
+  T m = row[0];
+  for (int64_t j = 1; j < vocab; ++j) m = std::max(m, row[j]);
+  double sum = 0;
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - m));
+  const double lse = static_cast<double>(m) + std::log(sum);
+  *loss = lse - static_cast<double>(row[target]);
+  *z = lse * lse;
+  if (!grad) return;
+  // d/dlogit_j of (lse - l_t + zc * lse^2) = p_j (1 + 2 zc lse) - [j == t].
+  const double zfactor = 1.0 + 2.0 * o.z_loss * lse;
+  for (int64_t j = 0; j < vocab; ++j) {
+    const double p = std::exp(static_cast<double>(row[j]) - lse);
+    double g = p * zfactor - (j == target ? 1.0 : 0.0);
+    if (o.softcap > 0) {
+      const double t = static_cast<double>(row[j]) / o.softcap;  // row holds capped logits
+      g *= 1.0 - t * t;
+    }
+    row[j] = static_cast<T>(g * o.loss_scale);
+  }
+}
+
+}  // namespace
+
+LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
+                      const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw) {
+  const char* op = "lm_head_loss";
+  expect_rank(op, "h", h, 2);
+  expect_rank(op, "w", w, 2);
+  expect_same(op, "w", w, h);
+  KILN_CHECK(h.size(1) == w.size(1), op, "h {} and w {} disagree on hidden size", h.describe(), w.describe());
+  expect_shape(op, "targets", targets, Shape{h.size(0)});
+  expect_dtype(op, "targets", targets, DType::i32);
+  KILN_CHECK(o.chunk_rows > 0, op, "chunk_rows must be positive");
+  const Tensor& logits = scratch.logits;
+  expect_shape(op, "logits", logits, Shape{o.chunk_rows, w.size(0)});
+  expect_same(op, "logits", logits, h);
+  expect_shape(op, "row_stats", scratch.row_stats, Shape{o.chunk_rows, 2});
+  expect_dtype(op, "row_stats", scratch.row_stats, DType::f64);
+  if (dh.defined()) expect_shape(op, "dh", dh, h.shape()), expect_same(op, "dh", dh, h);
+  if (dw.defined()) expect_shape(op, "dw", dw, w.shape()), expect_same(op, "dw", dw, h);
+  if (h.device() != Device::cpu) no_cuda_kernel(op);
+
+  const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0);
+  const int32_t* tgt = targets.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i)
+    KILN_CHECK(tgt[i] == -1 || (tgt[i] >= 0 && tgt[i] < vocab), op, "target {} at row {} is outside [0, {})",
+               tgt[i], i, vocab);
+  const bool grad = dh.defined() || dw.defined();
+  LossSums sums;
+  dispatch_cpu_float(op, h.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
+      const int64_t rows = std::min(o.chunk_rows, n - begin);
+      const T* hc = h.data<T>() + begin * d;
+      T* lc = logits.data<T>();
+      cpu_gemm<T>(false, true, rows, vocab, d, T(1), hc, d, w.data<T>(), d, T(0), lc, vocab);
+      double* stats = scratch.row_stats.data<double>();
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        T* row = lc + r * vocab;
+        const int32_t t = tgt[begin + r];
+        if (t < 0) {
+          if (grad) std::fill(row, row + vocab, T(0));
+          continue;
+        }
+        row_loss(row, vocab, t, o, grad, &stats[2 * r], &stats[2 * r + 1]);
+      }
+      for (int64_t r = 0; r < rows; ++r) {  // fixed order: reproducible sums
+        if (tgt[begin + r] < 0) continue;
+        sums.loss += stats[2 * r];
+        sums.z += stats[2 * r + 1];
+        ++sums.count;
+      }
+      if (dh.defined())  // dh [rows, d] = dlogits [rows, V] @ w [V, d]
+        cpu_gemm<T>(false, false, rows, d, vocab, T(1), lc, vocab, w.data<T>(), d, T(0), dh.data<T>() + begin * d, d);
+      if (dw.defined())  // dw [V, d] += dlogits^T @ h
+        cpu_gemm<T>(true, false, vocab, d, rows, T(1), lc, vocab, hc, d, T(1), dw.data<T>(), d);
+    }
+  });
+  return sums;
+}
+
+void lm_head_logits(const Tensor& h, const Tensor& w, double softcap, const Tensor& logits) {
+  const char* op = "lm_head_logits";
+  expect_rank(op, "h", h, 2);
+  expect_same(op, "w", w, h);
+  expect_shape(op, "logits", logits, Shape{h.size(0), w.size(0)});
+  expect_same(op, "logits", logits, h);
+  if (h.device() != Device::cpu) no_cuda_kernel(op);
+  dispatch_cpu_float(op, h.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t m = h.size(0), d = h.size(1), vocab = w.size(0);
+    T* out = logits.data<T>();
+    cpu_gemm<T>(false, true, m, vocab, d, T(1), h.data<T>(), d, w.data<T>(), d, T(0), out, vocab);
+    if (softcap > 0)
+      for (int64_t i = 0; i < m * vocab; ++i) out[i] = static_cast<T>(softcap) * std::tanh(out[i] / static_cast<T>(softcap));
+  });
+}
+
+}  // namespace kiln::ops

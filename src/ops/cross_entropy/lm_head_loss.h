@@ -1,0 +1,40 @@
+// LM head + cross-entropy, chunked: logits exist for at most `chunk_rows` tokens at a time,
+// never for the whole [tokens, vocab] batch. Forward and backward are fused: the loss
+// is a scalar whose normalization is known up front, so each chunk's logit gradient is
+// formed at once and pushed into dh and dw before the next chunk reuses the buffer.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace kiln::ops {
+
+struct LmHeadLossOptions {
+  int64_t chunk_rows = 1024;
+  double z_loss = 0;       // adds z_loss * logsumexp^2 per target token
+  double loss_scale = 1;   // gradient of the objective = loss_scale * sum over tokens
+  double softcap = 0;      // final-logit softcap: softcap * tanh(logits / softcap); 0 = off
+};
+
+struct LossSums {
+  double loss = 0;     // sum of cross-entropy over counted tokens (nats)
+  double z = 0;        // sum of logsumexp^2 over counted tokens
+  int64_t count = 0;   // tokens with a target (not kIgnoreTarget)
+};
+
+// Scratch planned by the caller: logits [chunk_rows, V] (compute dtype) and row_stats
+// f64 [chunk_rows, 2] (per-row loss and z, summed in row order so results are reproducible).
+struct LmHeadScratch {
+  Tensor logits;
+  Tensor row_stats;
+};
+
+// h [N, d], w [V, d], targets i32 [N] (kIgnoreTarget = -1 skipped). If dh is defined it is
+// written (=) with loss_scale * d(objective)/dh; if dw is defined it is accumulated (+=).
+// With neither, this is evaluation only.
+LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& options,
+                      const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw);
+
+// Logits of the given rows only (for sampling): h [M, d] -> logits [M, V].
+void lm_head_logits(const Tensor& h, const Tensor& w, double softcap, const Tensor& logits);
+
+}  // namespace kiln::ops

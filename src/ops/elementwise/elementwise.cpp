@@ -1,0 +1,77 @@
+#include "ops/elementwise/elementwise.h"
+
+#include "ops/common.h"
+
+#include <cmath>
+
+namespace kiln::ops {
+
+void add_inplace(const Tensor& dst, const Tensor& src) {
+  const char* op = "add_inplace";
+  expect_same(op, "src", src, dst);
+  KILN_CHECK(src.numel() == dst.numel(), op, "size mismatch {} vs {}", dst.describe(), src.describe());
+  if (dst.device() != Device::cpu) no_cuda_kernel(op);
+  dispatch_cpu_float(op, dst.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* d = dst.data<T>();
+    const T* s = src.data<T>();
+    const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+  });
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const char* op = "add";
+  expect_same(op, "b", b, a);
+  expect_same(op, "out", out, a);
+  KILN_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), op, "size mismatch {} {} {}", a.describe(),
+             b.describe(), out.describe());
+  if (a.device() != Device::cpu) no_cuda_kernel(op);
+  dispatch_cpu_float(op, a.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* x = a.data<T>();
+    const T* y = b.data<T>();
+    T* o = out.data<T>();
+    const int64_t n = a.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+  });
+}
+
+double sum_squares(const Tensor& x) {
+  const char* op = "sum_squares";
+  if (x.device() != Device::cpu) no_cuda_kernel(op);
+  double total = 0;
+  dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* p = x.data<T>();
+    for (int64_t i = 0; i < x.numel(); ++i) total += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+  });
+  return total;
+}
+
+void scale_inplace(const Tensor& x, double factor) {
+  const char* op = "scale_inplace";
+  if (x.device() != Device::cpu) no_cuda_kernel(op);
+  dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* p = x.data<T>();
+    for (int64_t i = 0; i < x.numel(); ++i) p[i] = static_cast<T>(p[i] * factor);
+  });
+}
+
+bool all_finite(const Tensor& x) {
+  const char* op = "all_finite";
+  if (x.device() != Device::cpu) no_cuda_kernel(op);
+  bool finite = true;
+  dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* p = x.data<T>();
+    for (int64_t i = 0; i < x.numel(); ++i)
+      if (!std::isfinite(p[i])) finite = false;
+  });
+  return finite;
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,89 @@
+#include "ops/linear/linear.h"
+
+#include "ops/common.h"
+
+#include <cblas.h>
+
+namespace kiln::ops {
+
+template <>
+void cpu_gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                     const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+              beta, c, static_cast<int>(ldc));
+}
+
+template <>
+void cpu_gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+                      int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+              beta, c, static_cast<int>(ldc));
+}
+
+namespace {
+
+void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  expect_rank(op, "x", x, 2);
+  expect_rank(op, "w", w, 2);
+  expect_same(op, "w", w, x);
+  KILN_CHECK(x.size(1) == w.size(1), op, "x {} and w {} disagree on in_features", x.describe(), w.describe());
+  if (bias.defined()) expect_shape(op, "bias", bias, Shape{w.size(0)}), expect_same(op, "bias", bias, x);
+}
+
+}  // namespace
+
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+  const char* op = "linear";
+  validate(op, x, w, bias);
+  expect_shape(op, "y", y, Shape{x.size(0), w.size(0)});
+  expect_same(op, "y", y, x);
+  if (x.device() != Device::cpu) no_cuda_kernel(op);
+  dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+    T* yp = y.data<T>();
+    if (bias.defined()) {
+      const T* bp = bias.data<T>();
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < out; ++j) yp[i * out + j] = bp[j];
+    }
+    cpu_gemm<T>(false, true, n, out, in, T(1), x.data<T>(), in, w.data<T>(), in, bias.defined() ? T(1) : T(0), yp,
+                out);
+  });
+}
+
+void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                     const Tensor& dbias, bool accumulate_dx) {
+  const char* op = "linear_backward";
+  validate(op, x, w, Tensor());
+  expect_shape(op, "dy", dy, Shape{x.size(0), w.size(0)});
+  expect_same(op, "dy", dy, x);
+  if (dx.defined()) expect_shape(op, "dx", dx, x.shape()), expect_same(op, "dx", dx, x);
+  if (dw.defined()) expect_shape(op, "dw", dw, w.shape()), expect_same(op, "dw", dw, x);
+  if (dbias.defined()) expect_shape(op, "dbias", dbias, Shape{w.size(0)}), expect_same(op, "dbias", dbias, x);
+  if (x.device() != Device::cpu) no_cuda_kernel(op);
+  dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+    // dx [N, in] = dy [N, out] @ w [out, in]
+    if (dx.defined())
+      cpu_gemm<T>(false, false, n, in, out, T(1), dy.data<T>(), out, w.data<T>(), in, accumulate_dx ? T(1) : T(0),
+                  dx.data<T>(), in);
+    // dw [out, in] += dy^T [out, N] @ x [N, in]
+    if (dw.defined())
+      cpu_gemm<T>(true, false, out, in, n, T(1), dy.data<T>(), out, x.data<T>(), in, T(1), dw.data<T>(), in);
+    if (dbias.defined()) {
+      T* db = dbias.data<T>();
+      const T* g = dy.data<T>();
+      for (int64_t j = 0; j < out; ++j) {
+        T sum = 0;
+        for (int64_t i = 0; i < n; ++i) sum += g[i * out + j];
+        db[j] += sum;
+      }
+    }
+  });
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,61 @@
+#include "ops/swiglu/swiglu.h"
+
+#include "ops/common.h"
+
+#include <cmath>
+
+namespace kiln::ops {
+
+namespace {
+void validate(const char* op, const Tensor& gate_up, const Tensor& half, const char* half_name) {
+  expect_rank(op, "gate_up", gate_up, 2);
+  KILN_CHECK(gate_up.size(1) % 2 == 0, op, "gate_up must have an even number of columns, got {}",
+             gate_up.describe());
+  expect_shape(op, half_name, half, Shape{gate_up.size(0), gate_up.size(1) / 2});
+  expect_same(op, half_name, half, gate_up);
+}
+}  // namespace
+
+void swiglu_forward(const Tensor& gate_up, const Tensor& out) {
+  const char* op = "swiglu";
+  validate(op, gate_up, out, "out");
+  if (gate_up.device() != Device::cpu) no_cuda_kernel(op);
+  dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t n = gate_up.size(0), f = out.size(1);
+    const T* gu = gate_up.data<T>();
+    T* o = out.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < f; ++j) {
+        const T g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j];
+        o[i * f + j] = g / (T(1) + std::exp(-g)) * u;
+      }
+  });
+}
+
+// silu(g) = g s(g), s = sigmoid; d silu/dg = s (1 + g (1 - s)).
+void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up) {
+  const char* op = "swiglu_backward";
+  validate(op, gate_up, dout, "dout");
+  expect_shape(op, "dgate_up", dgate_up, gate_up.shape());
+  expect_same(op, "dgate_up", dgate_up, gate_up);
+  if (gate_up.device() != Device::cpu) no_cuda_kernel(op);
+  dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t n = gate_up.size(0), f = dout.size(1);
+    const T* gu = gate_up.data<T>();
+    const T* d = dout.data<T>();
+    T* dgu = dgate_up.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < f; ++j) {
+        const T g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j], dy = d[i * f + j];
+        const T s = T(1) / (T(1) + std::exp(-g));
+        dgu[i * 2 * f + j] = dy * u * s * (T(1) + g * (T(1) - s));
+        dgu[i * 2 * f + f + j] = dy * g * s;
+      }
+  });
+}
+
+}  // namespace kiln::ops

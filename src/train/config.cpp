@@ -1,0 +1,343 @@
+// load_config, apply_override, validate_config and config_to_toml, all driven by the
+// field table in train/config_fields.cpp.
+#include "train/config.h"
+
+#include "core/error.h"
+#include "train/config_fields.h"
+
+// Debian's libtomlplusplus-dev ships <toml++/toml.h>; upstream also has toml.hpp.
+#if __has_include(<toml++/toml.hpp>)
+#include <toml++/toml.hpp>
+#else
+#include <toml++/toml.h>
+#endif
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <type_traits>
+
+namespace kiln {
+namespace {
+
+constexpr std::string_view kWhere = "config";
+// TOML integers are signed 64-bit, so uint64_t fields stop at INT64_MAX to round-trip.
+constexpr uint64_t kMaxTomlInteger = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
+template <typename T>
+constexpr std::string_view expected_type() {
+  if constexpr (std::is_same_v<T, int64_t>) return "an integer";
+  else if constexpr (std::is_same_v<T, uint64_t>) return "a non-negative integer";
+  else if constexpr (std::is_same_v<T, double>) return "a number";
+  else if constexpr (std::is_same_v<T, bool>) return "a boolean";
+  else return "a string";
+}
+
+std::string_view toml_type_name(toml::node_type type) {
+  switch (type) {
+    case toml::node_type::table: return "table";
+    case toml::node_type::array: return "array";
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "float";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::date: return "date";
+    case toml::node_type::time: return "time";
+    case toml::node_type::date_time: return "date-time";
+    default: return "nothing";
+  }
+}
+
+// Optimal string alignment distance (Levenshtein plus adjacent transpositions).
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// " (did you mean 'x'?)" for a close known name, else "". `name` is "section.key" or a
+// bare section.
+std::string suggestion(std::string_view name) {
+  std::vector<std::string> candidates;
+  const size_t dot = name.find('.');
+  if (dot == std::string_view::npos) {
+    for (std::string_view s : config_sections()) candidates.emplace_back(s);
+  } else {
+    // The same key in another section ("train.lr" -> "optim.lr") wins outright.
+    const std::string_view key = name.substr(dot + 1);
+    for (const ConfigField& f : config_fields())
+      if (f.key == key) return fmt::format(" (did you mean '{}'?)", f.name());
+    for (const ConfigField& f : config_fields()) candidates.push_back(f.name());
+  }
+  const size_t limit = std::clamp<size_t>(name.size() / 5, 1, 3);
+  const std::string* best = nullptr;
+  size_t best_distance = limit + 1;
+  for (const std::string& c : candidates) {
+    const size_t distance = edit_distance(name, c);
+    if (distance < best_distance) {
+      best_distance = distance;
+      best = &c;
+    }
+  }
+  return best ? fmt::format(" (did you mean '{}'?)", *best) : std::string();
+}
+
+std::string unknown_key(std::string_view name) {
+  return fmt::format("unknown key '{}'{}", name, suggestion(name));
+}
+
+// ---- overrides: text -> value -------------------------------------------------------
+
+std::string_view trim(std::string_view s) {
+  const auto first = s.find_first_not_of(" \t");
+  if (first == std::string_view::npos) return {};
+  const auto last = s.find_last_not_of(" \t");
+  return s.substr(first, last - first + 1);
+}
+
+// Parses `text` as a value of T; on failure returns an error message ("" on success).
+template <typename T>
+std::string parse_text(std::string_view text, T& out) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (text.size() >= 2 && text.front() == '"' && text.back() == '"') text = text.substr(1, text.size() - 2);
+    out = std::string(text);
+    return {};
+  } else {
+    text = trim(text);
+    if constexpr (std::is_same_v<T, bool>) {
+      if (text == "true" || text == "1") out = true;
+      else if (text == "false" || text == "0") out = false;
+      else return fmt::format("'{}' is not a boolean (true, false, 1 or 0)", text);
+      return {};
+    } else {
+      T value{};
+      const char* end = text.data() + text.size();
+      const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+      if (ec == std::errc::result_out_of_range)
+        return fmt::format("'{}' is out of range", text);
+      if (ec != std::errc() || ptr != end || text.empty())
+        return fmt::format("'{}' is not {}", text, expected_type<T>());
+      if constexpr (std::is_same_v<T, uint64_t>) {
+        if (value > kMaxTomlInteger) return fmt::format("'{}' is out of range (max {})", text, kMaxTomlInteger);
+      }
+      if constexpr (std::is_same_v<T, double>) {
+        if (!std::isfinite(value)) return fmt::format("'{}' is not a finite number", text);
+      }
+      out = value;
+      return {};
+    }
+  }
+}
+
+// ---- files: TOML node -> value ------------------------------------------------------
+
+// Reads `node` into `out`; on failure returns "must be ..., got ..." ("" on success).
+template <typename T>
+std::string read_node(const toml::node& node, T& out) {
+  const auto mismatch = [&] {
+    return fmt::format("must be {}, got {}", expected_type<T>(), toml_type_name(node.type()));
+  };
+  if constexpr (std::is_same_v<T, std::string>) {
+    const auto* v = node.as_string();
+    if (!v) return mismatch();
+    out = v->get();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    const auto* v = node.as_boolean();
+    if (!v) return mismatch();
+    out = v->get();
+  } else if constexpr (std::is_same_v<T, double>) {
+    double value;
+    if (const auto* i = node.as_integer()) value = static_cast<double>(i->get());
+    else if (const auto* f = node.as_floating_point()) value = f->get();
+    else return mismatch();
+    if (!std::isfinite(value)) return fmt::format("must be a finite number, got {}", value);
+    out = value;
+  } else {
+    const auto* v = node.as_integer();
+    if (!v) return mismatch();
+    const int64_t value = v->get();
+    if constexpr (std::is_same_v<T, uint64_t>) {
+      if (value < 0) return fmt::format("must be a non-negative integer, got {}", value);
+      out = static_cast<uint64_t>(value);
+    } else {
+      out = value;
+    }
+  }
+  return {};
+}
+
+void apply_table(Config& config, const toml::table& root, const std::string& file) {
+  for (const auto& [section_key, section_node] : root) {
+    const std::string_view section = section_key.str();
+    const auto& sections = config_sections();
+    if (std::find(sections.begin(), sections.end(), section) == sections.end())
+      fail(kWhere, "{}: {}", file, unknown_key(section));
+    const toml::table* table = section_node.as_table();
+    if (!table)
+      fail(kWhere, "{}: '{}' must be a table, got {}", file, section, toml_type_name(section_node.type()));
+    for (const auto& [key, node] : *table) {
+      const ConfigField* field = find_config_field(section, key.str());
+      if (!field) fail(kWhere, "{}: {}", file, unknown_key(fmt::format("{}.{}", section, key.str())));
+      const std::string error = std::visit([&](auto* value) { return read_node(node, *value); }, field->get(config));
+      if (!error.empty()) fail(kWhere, "{}: '{}' {}", file, field->name(), error);
+    }
+  }
+}
+
+// ---- writing ------------------------------------------------------------------------
+
+std::string toml_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) out += fmt::format("\\u{:04X}", c);
+        else out += ch;
+    }
+  }
+  out += '"';
+  return out;
+}
+
+std::string toml_value(const int64_t* v) { return fmt::format("{}", *v); }
+std::string toml_value(const uint64_t* v) { return fmt::format("{}", *v); }
+std::string toml_value(const bool* v) { return *v ? "true" : "false"; }
+std::string toml_value(const std::string* v) { return toml_string(*v); }
+std::string toml_value(const double* v) {
+  // fmt's "{}" is the shortest text that reads back to the same double; TOML needs a
+  // '.' or an exponent to see a float.
+  std::string s = fmt::format("{}", *v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+// ---- validation ---------------------------------------------------------------------
+
+template <typename T>
+void check_rule(const ConfigField& field, const ConfigRule& rule, const T& value) {
+  if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double>) {
+    switch (rule.kind) {
+      case ConfigRule::kPositive:
+        KILN_CHECK(value > 0, kWhere, "{} must be > 0, got {}", field.name(), value);
+        break;
+      case ConfigRule::kNonNegative:
+        KILN_CHECK(value >= 0, kWhere, "{} must be >= 0, got {}", field.name(), value);
+        break;
+      case ConfigRule::kUnitOpen:
+        KILN_CHECK(value >= 0 && value < 1, kWhere, "{} must be in [0, 1), got {}", field.name(), value);
+        break;
+      case ConfigRule::kUnitClosed:
+        KILN_CHECK(value >= 0 && value <= 1, kWhere, "{} must be in [0, 1], got {}", field.name(), value);
+        break;
+      case ConfigRule::kNone: break;
+      default: fail(kWhere, "{}: rule does not apply to a number", field.name());
+    }
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    switch (rule.kind) {
+      case ConfigRule::kNonEmpty:
+        KILN_CHECK(!value.empty(), kWhere, "{} must not be empty", field.name());
+        break;
+      case ConfigRule::kOneOf: {
+        bool found = false;
+        std::string_view rest = rule.choices;
+        while (!found) {
+          const size_t bar = rest.find('|');
+          found = rest.substr(0, bar) == value;
+          if (bar == std::string_view::npos) break;
+          rest = rest.substr(bar + 1);
+        }
+        KILN_CHECK(found, kWhere, "{} must be one of {}, got '{}'", field.name(), rule.choices, value);
+        break;
+      }
+      case ConfigRule::kNone: break;
+      default: fail(kWhere, "{}: rule does not apply to a string", field.name());
+    }
+  } else {
+    KILN_CHECK(rule.kind == ConfigRule::kNone, kWhere, "{}: rule does not apply to this type", field.name());
+    if constexpr (std::is_same_v<T, uint64_t>)
+      KILN_CHECK(value <= kMaxTomlInteger, kWhere, "{} must be <= {}, got {}", field.name(), kMaxTomlInteger, value);
+  }
+}
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config config;
+  if (!path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(kWhere, "{}: cannot open file", path);
+    std::ostringstream text;
+    text << in.rdbuf();
+    toml::table root;
+    try {
+      root = toml::parse(text.str(), path);
+    } catch (const toml::parse_error& e) {
+      fail(kWhere, "{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column, e.description());
+    }
+    apply_table(config, root, path);
+  }
+  for (const std::string& assignment : overrides) apply_override(config, assignment);
+  validate_config(config);
+  return config;
+}
+
+void apply_override(Config& config, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  const std::string_view name = trim(std::string_view(assignment).substr(0, std::min(eq, assignment.size())));
+  const size_t dot = name.find('.');
+  if (eq == std::string::npos || dot == std::string_view::npos || dot == 0 || dot + 1 == name.size())
+    fail(kWhere, "--set '{}': expected section.key=value", assignment);
+  const ConfigField* field = find_config_field(name.substr(0, dot), name.substr(dot + 1));
+  if (!field) fail(kWhere, "--set: {}", unknown_key(name));
+  const std::string_view text = std::string_view(assignment).substr(eq + 1);
+  const std::string error = std::visit([&](auto* value) { return parse_text(text, *value); }, field->get(config));
+  if (!error.empty()) fail(kWhere, "--set {}: {}", field->name(), error);
+}
+
+void validate_config(const Config& config) {
+  for (const ConfigField& field : config_fields())
+    std::visit([&](const auto* value) { check_rule(field, field.rule, *value); }, field.get(config));
+
+  const ModelConfig& m = config.model;
+  KILN_CHECK(m.heads % m.kv_heads == 0, kWhere, "model.heads ({}) must be a multiple of model.kv_heads ({})",
+             m.heads, m.kv_heads);
+  KILN_CHECK(m.max_seq_len <= config.train.micro_batch_tokens, kWhere,
+             "model.max_seq_len ({}) must be <= train.micro_batch_tokens ({})", m.max_seq_len,
+             config.train.micro_batch_tokens);
+}
+
+std::string config_to_toml(const Config& config) {
+  std::string out = "# kiln resolved configuration\n";
+  for (const std::string_view section : config_sections()) {
+    out += fmt::format("\n[{}]\n", section);
+    for (const ConfigField& field : config_fields()) {
+      if (field.section != section) continue;
+      const std::string line = fmt::format(
+          "{} = {}", field.key, std::visit([](const auto* value) { return toml_value(value); }, field.get(config)));
+      out += fmt::format("{:<40}# {}\n", line + " ", field.help);
+    }
+  }
+  return out;
+}
+
+}  // namespace kiln

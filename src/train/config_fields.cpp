@@ -1,0 +1,117 @@
+#include "train/config_fields.h"
+
+#include <array>
+
+namespace kiln {
+namespace {
+
+constexpr ConfigRule none() { return {}; }
+constexpr ConfigRule positive() { return {ConfigRule::kPositive}; }
+constexpr ConfigRule non_negative() { return {ConfigRule::kNonNegative}; }
+constexpr ConfigRule unit_open() { return {ConfigRule::kUnitOpen}; }
+constexpr ConfigRule unit_closed() { return {ConfigRule::kUnitClosed}; }
+constexpr ConfigRule non_empty() { return {ConfigRule::kNonEmpty}; }
+constexpr ConfigRule one_of(std::string_view choices) { return {ConfigRule::kOneOf, choices}; }
+
+// One line per key: section, member of Config, rule, help.
+#define KILN_FIELD(section, key, rule, help) \
+  ConfigField { #section, #key, rule, help, [](Config& c) -> ConfigValueRef { return &c.section.key; } }
+
+const std::array kFields = {
+    KILN_FIELD(model, name, none(), "label recorded with the run"),
+    KILN_FIELD(model, vocab_size, positive(), "byte-level: 256 bytes + BOS, EOS, PAD"),
+    KILN_FIELD(model, hidden, positive(), "residual stream width"),
+    KILN_FIELD(model, layers, positive(), "transformer blocks"),
+    KILN_FIELD(model, heads, positive(), "query heads"),
+    KILN_FIELD(model, kv_heads, positive(), "key/value heads; heads % kv_heads == 0"),
+    KILN_FIELD(model, head_dim, positive(), "per-head width, independent of hidden / heads"),
+    KILN_FIELD(model, ffn_hidden, positive(), "MLP intermediate size"),
+    KILN_FIELD(model, max_seq_len, positive(), "longest sequence attention sees"),
+    KILN_FIELD(model, norm, none(), "registry: norms"),
+    KILN_FIELD(model, norm_eps, positive(), "epsilon inside the norm"),
+    KILN_FIELD(model, mlp, none(), "registry: mlps"),
+    KILN_FIELD(model, attention, none(), "registry: attention"),
+    KILN_FIELD(model, position, none(), "registry: position encodings"),
+    KILN_FIELD(model, rope_theta, positive(), "RoPE base frequency"),
+    KILN_FIELD(model, qk_norm, none(), "per-head RMSNorm on q and k before RoPE"),
+    KILN_FIELD(model, tie_embeddings, none(), "LM head shares the embedding matrix"),
+    KILN_FIELD(model, attention_bias, none(), "bias on q/k/v projections"),
+    KILN_FIELD(model, init_std, non_negative(), "std of the normal weight init"),
+
+    KILN_FIELD(data, path, non_empty(), "training text or JSONL file"),
+    KILN_FIELD(data, format, one_of("auto|text|jsonl"), "auto | text | jsonl"),
+    KILN_FIELD(data, text_key, non_empty(), "JSONL field holding the document"),
+    KILN_FIELD(data, doc_separator, none(), "text files: separator between documents"),
+    KILN_FIELD(data, val_fraction, unit_open(), "share of documents held out, by hash"),
+    KILN_FIELD(data, long_doc, one_of("split|drop|error"), "documents over max_seq_len: split | drop | error"),
+    KILN_FIELD(data, seed, none(), "document order shuffling"),
+
+    KILN_FIELD(train, steps, positive(), "optimizer steps"),
+    KILN_FIELD(train, micro_batch_tokens, positive(), "token budget per micro-batch"),
+    KILN_FIELD(train, grad_accum, positive(), "micro-batches per optimizer step"),
+    KILN_FIELD(train, seed, none(), "weight init and sampling"),
+    KILN_FIELD(train, device, one_of("auto|cpu|cuda"), "auto | cpu | cuda"),
+    KILN_FIELD(train, threads, non_negative(), "CPU threads; 0 = all cores"),
+    KILN_FIELD(train, out_dir, none(), "run directory"),
+    KILN_FIELD(train, z_loss, non_negative(), "coefficient of mean(logsumexp^2)"),
+    KILN_FIELD(train, loss_chunk_tokens, positive(), "LM head rows per chunk"),
+    KILN_FIELD(train, eval_every, non_negative(), "steps between validation; 0 = only at the end"),
+    KILN_FIELD(train, eval_batches, non_negative(), "held-out micro-batches per validation"),
+    KILN_FIELD(train, sample_every, non_negative(), "steps between samples; 0 = only at the end"),
+    KILN_FIELD(train, sample_tokens, non_negative(), "tokens generated per sample"),
+    KILN_FIELD(train, sample_temperature, non_negative(), "sampling temperature"),
+    KILN_FIELD(train, sample_top_k, non_negative(), "top-k sampling; 0 = off"),
+    KILN_FIELD(train, sample_prompt, none(), "prompt for samples"),
+
+    KILN_FIELD(optim, name, none(), "registry: optimizers"),
+    KILN_FIELD(optim, lr, positive(), "peak learning rate"),
+    KILN_FIELD(optim, min_lr_ratio, unit_closed(), "schedule decays to lr * min_lr_ratio"),
+    KILN_FIELD(optim, warmup_steps, non_negative(), "linear warmup steps"),
+    KILN_FIELD(optim, schedule, none(), "registry: schedules"),
+    KILN_FIELD(optim, beta1, unit_open(), "first-moment decay"),
+    KILN_FIELD(optim, beta2, unit_open(), "second-moment decay"),
+    KILN_FIELD(optim, eps, positive(), "denominator epsilon"),
+    KILN_FIELD(optim, weight_decay, non_negative(), "decoupled weight decay"),
+    KILN_FIELD(optim, decay_embeddings, none(), "weight decay on embedding / tied head"),
+    KILN_FIELD(optim, decay_norms, none(), "weight decay on norm gains and biases"),
+    KILN_FIELD(optim, grad_clip, non_negative(), "global L2 norm; 0 disables"),
+
+    KILN_FIELD(log, every, positive(), "console/metrics line every N steps"),
+    KILN_FIELD(log, metrics_file, none(), "metrics file inside out_dir"),
+
+    KILN_FIELD(checkpoint, save_final, none(), "write <out_dir>/model at the end"),
+};
+
+#undef KILN_FIELD
+
+constexpr std::array<std::string_view, 6> kSections = {"model", "data", "train", "optim", "log", "checkpoint"};
+
+}  // namespace
+
+std::string ConfigField::name() const {
+  std::string s(section);
+  s += '.';
+  s += key;
+  return s;
+}
+
+std::span<const ConfigField> config_fields() { return kFields; }
+
+std::span<const std::string_view> config_sections() { return kSections; }
+
+const ConfigField* find_config_field(std::string_view section, std::string_view key) {
+  for (const ConfigField& f : kFields)
+    if (f.section == section && f.key == key) return &f;
+  return nullptr;
+}
+
+bool config_equal(const Config& a, const Config& b) {
+  for (const ConfigField& f : kFields) {
+    const bool same = std::visit(
+        [&](auto* pa) { return *pa == *std::get<decltype(pa)>(f.get(b)); }, f.get(a));
+    if (!same) return false;
+  }
+  return true;
+}
+
+}  // namespace kiln

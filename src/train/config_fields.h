@@ -1,0 +1,62 @@
+// The table of configuration keys behind load_config, apply_override, validate_config
+// and config_to_toml (train/config.cpp). Each key is one entry in config_fields.cpp:
+//
+//   KILN_FIELD(model, layers, positive(), "transformer blocks"),
+//
+// names the section, the member of Config (its C++ type picks the TOML type), a
+// per-value rule checked by validate_config, and a help line written into the resolved
+// TOML. Rules that relate several keys live in validate_config itself.
+#pragma once
+
+#include "train/config.h"
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+
+namespace kiln {
+
+// Where a field's value lives in a Config; the alternative is the field's type.
+using ConfigValueRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+
+// A check on one value. Numeric kinds apply to int64_t/double fields, the string kinds
+// to std::string fields; uint64_t and bool fields take kNone.
+struct ConfigRule {
+  enum Kind {
+    kNone,
+    kPositive,     // > 0
+    kNonNegative,  // >= 0
+    kUnitOpen,     // [0, 1)
+    kUnitClosed,   // [0, 1]
+    kNonEmpty,     // string not empty
+    kOneOf,        // string equal to one of `choices`, written "a|b|c"
+  };
+  Kind kind = kNone;
+  std::string_view choices = {};
+};
+
+struct ConfigField {
+  std::string_view section;
+  std::string_view key;
+  ConfigRule rule;
+  std::string_view help;
+  ConfigValueRef (*ref)(Config&);
+
+  std::string name() const;  // "section.key"
+  ConfigValueRef get(Config& config) const { return ref(config); }
+  // Const access: the pointer refers into `config` and must only be read.
+  ConfigValueRef get(const Config& config) const { return ref(const_cast<Config&>(config)); }
+};
+
+// Every key, grouped by section in the order config_to_toml writes them.
+std::span<const ConfigField> config_fields();
+// The section names in order ("model", "data", ...).
+std::span<const std::string_view> config_sections();
+// nullptr when there is no such key.
+const ConfigField* find_config_field(std::string_view section, std::string_view key);
+// True when every field of a and b is equal (doubles compared exactly).
+bool config_equal(const Config& a, const Config& b);
+
+}  // namespace kiln

@@ -1,0 +1,424 @@
+#include "core/error.h"
+#include "test_util.h"
+#include "train/config.h"
+#include "train/config_fields.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <set>
+
+namespace kiln {
+namespace {
+
+// Runs `fn`, expects a kiln::Error and returns its message.
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected kiln::Error";
+  return {};
+}
+
+class ConfigFile : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = test::temp_dir("kiln-config"); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string write(const std::string& text, const std::string& name = "run.toml") {
+    const std::string path = dir_ + "/" + name;
+    test::write_file(path, text);
+    return path;
+  }
+  std::string load_error(const std::string& text) {
+    const std::string path = write(text);
+    return error_of([&] { load_config(path); });
+  }
+  std::string dir_;
+};
+
+#define EXPECT_HAS(haystack, needle) EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+// ---- field table --------------------------------------------------------------------
+
+TEST(ConfigFields, TableIsConsistent) {
+  std::set<std::string> names;
+  const auto sections = config_sections();
+  size_t section_index = 0;
+  for (const ConfigField& f : config_fields()) {
+    EXPECT_TRUE(names.insert(f.name()).second) << "duplicate " << f.name();
+    EXPECT_FALSE(f.help.empty()) << f.name();
+    // Grouped by section, in config_sections() order.
+    while (section_index < sections.size() && sections[section_index] != f.section) ++section_index;
+    ASSERT_LT(section_index, sections.size()) << f.name() << " out of section order";
+    EXPECT_EQ(find_config_field(f.section, f.key), &f);
+  }
+  EXPECT_EQ(find_config_field("model", "nope"), nullptr);
+  EXPECT_TRUE(names.count("model.layers"));
+  EXPECT_TRUE(names.count("checkpoint.save_final"));
+}
+
+TEST(ConfigFields, EveryFieldHasADistinctAddress) {
+  Config c;
+  std::set<const void*> addresses;
+  for (const ConfigField& f : config_fields())
+    std::visit([&](auto* p) { EXPECT_TRUE(addresses.insert(p).second) << f.name(); }, f.get(c));
+}
+
+// ---- defaults and files -------------------------------------------------------------
+
+TEST(Config, DefaultsAreValid) {
+  const Config c = load_config("");
+  EXPECT_TRUE(config_equal(c, Config{}));
+  EXPECT_NO_THROW(validate_config(Config{}));
+}
+
+TEST(Config, DefaultTomlLoadsAndValidates) {
+  const std::string path = std::string(KILN_SOURCE_DIR) + "/configs/default.toml";
+  ASSERT_TRUE(std::filesystem::exists(path)) << path;
+  Config c;
+  ASSERT_NO_THROW(c = load_config(path));
+  EXPECT_EQ(c.data.doc_separator, "\n\n");
+  EXPECT_NO_THROW(validate_config(c));
+}
+
+TEST_F(ConfigFile, LoadsValues) {
+  const Config c = load_config(write(R"(
+# comment
+[model]
+layers = 12
+norm_eps = 1e-5
+rope_theta = 500000          # integer given for a double
+qk_norm = false
+name = "big"
+
+[data]
+doc_separator = "\n---\n"
+seed = 99
+
+[optim]
+lr = 0.001
+)"));
+  EXPECT_EQ(c.model.layers, 12);
+  EXPECT_DOUBLE_EQ(c.model.norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_FALSE(c.model.qk_norm);
+  EXPECT_EQ(c.model.name, "big");
+  EXPECT_EQ(c.data.doc_separator, "\n---\n");
+  EXPECT_EQ(c.data.seed, 99u);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.001);
+  // Untouched keys keep their defaults.
+  EXPECT_EQ(c.model.hidden, Config{}.model.hidden);
+  EXPECT_EQ(c.train.steps, Config{}.train.steps);
+}
+
+TEST_F(ConfigFile, EmptyFileIsDefaults) {
+  EXPECT_TRUE(config_equal(load_config(write("")), Config{}));
+}
+
+TEST_F(ConfigFile, MissingFile) {
+  const std::string path = dir_ + "/absent.toml";
+  const std::string e = error_of([&] { load_config(path); });
+  EXPECT_HAS(e, "[config] " + path + ": cannot open file");
+}
+
+TEST_F(ConfigFile, ParseErrorNamesFileLineAndColumn) {
+  const std::string path = write("[model]\nlayers = 4\nhidden = = 3\n");
+  const std::string e = error_of([&] { load_config(path); });
+  EXPECT_HAS(e, "[config] " + path + ":3:");
+  const std::string dup = load_error("[model]\nlayers = 4\nlayers = 5\n");
+  EXPECT_HAS(dup, ":3:");
+}
+
+TEST_F(ConfigFile, UnknownKey) {
+  const std::string path = write("[model]\nfoo = 1\n");
+  const std::string e = error_of([&] { load_config(path); });
+  EXPECT_EQ(e, "[config] " + path + ": unknown key 'model.foo'");
+}
+
+TEST_F(ConfigFile, UnknownKeySuggestsCloseName) {
+  EXPECT_HAS(load_error("[model]\nlayer = 1\n"), "unknown key 'model.layer' (did you mean 'model.layers'?)");
+  EXPECT_HAS(load_error("[train]\nlr = 0.1\n"), "unknown key 'train.lr' (did you mean 'optim.lr'?)");
+  EXPECT_HAS(load_error("[optim]\nlearning_rate = 0.1\n"), "unknown key 'optim.learning_rate'");
+  EXPECT_EQ(load_error("[optim]\nlearning_rate = 0.1\n").find("did you mean"), std::string::npos);
+}
+
+TEST_F(ConfigFile, UnknownSection) {
+  EXPECT_HAS(load_error("[modle]\nlayers = 1\n"), "unknown key 'modle' (did you mean 'model'?)");
+  EXPECT_HAS(load_error("[foo]\n"), "unknown key 'foo'");
+  EXPECT_HAS(load_error("[model.foo]\nx = 1\n"), "unknown key 'model.foo'");
+}
+
+TEST_F(ConfigFile, TopLevelValueIsUnknownKey) {
+  const std::string path = write("x = 1\n[model]\nlayers = 2\n");
+  EXPECT_EQ(error_of([&] { load_config(path); }), "[config] " + path + ": unknown key 'x'");
+  EXPECT_HAS(load_error("model = 1\n"), "'model' must be a table, got integer");
+}
+
+TEST_F(ConfigFile, WrongType) {
+  const std::string path = write("[model]\nlayers = \"four\"\n");
+  EXPECT_EQ(error_of([&] { load_config(path); }),
+            "[config] " + path + ": 'model.layers' must be an integer, got string");
+  EXPECT_HAS(load_error("[model]\nlayers = 4.0\n"), "'model.layers' must be an integer, got float");
+  EXPECT_HAS(load_error("[model]\nqk_norm = 1\n"), "'model.qk_norm' must be a boolean, got integer");
+  EXPECT_HAS(load_error("[model]\nname = 3\n"), "'model.name' must be a string, got integer");
+  EXPECT_HAS(load_error("[optim]\nlr = \"fast\"\n"), "'optim.lr' must be a number, got string");
+  EXPECT_HAS(load_error("[optim]\nlr = [1]\n"), "'optim.lr' must be a number, got array");
+  EXPECT_HAS(load_error("[optim]\nlr = inf\n"), "'optim.lr' must be a finite number");
+}
+
+TEST_F(ConfigFile, NegativeUnsigned) {
+  EXPECT_HAS(load_error("[train]\nseed = -1\n"), "'train.seed' must be a non-negative integer, got -1");
+}
+
+TEST_F(ConfigFile, FileValuesAreValidated) {
+  EXPECT_HAS(load_error("[model]\nlayers = 0\n"), "model.layers must be > 0, got 0");
+}
+
+// ---- overrides ----------------------------------------------------------------------
+
+TEST(ConfigOverride, SetsEachType) {
+  Config c;
+  apply_override(c, "model.layers=12");
+  apply_override(c, "optim.lr=1e-3");
+  apply_override(c, "optim.grad_clip=2");
+  apply_override(c, "model.qk_norm=false");
+  apply_override(c, "model.tie_embeddings=0");
+  apply_override(c, "optim.decay_norms=1");
+  apply_override(c, "checkpoint.save_final=true");
+  apply_override(c, "data.seed=42");
+  apply_override(c, "train.out_dir=runs/x y");
+  apply_override(c, "train.sample_prompt=\"JULIET: \"");
+  apply_override(c, "data.path=a=b.txt");
+  EXPECT_EQ(c.model.layers, 12);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optim.grad_clip, 2.0);
+  EXPECT_FALSE(c.model.qk_norm);
+  EXPECT_FALSE(c.model.tie_embeddings);
+  EXPECT_TRUE(c.optim.decay_norms);
+  EXPECT_TRUE(c.checkpoint.save_final);
+  EXPECT_EQ(c.data.seed, 42u);
+  EXPECT_EQ(c.train.out_dir, "runs/x y");
+  EXPECT_EQ(c.train.sample_prompt, "JULIET: ");
+  EXPECT_EQ(c.data.path, "a=b.txt");
+}
+
+TEST(ConfigOverride, AppliedInOrderAfterFile) {
+  const Config c = load_config("", {"model.layers=3", "model.layers=5", "train.steps=7"});
+  EXPECT_EQ(c.model.layers, 5);
+  EXPECT_EQ(c.train.steps, 7);
+}
+
+TEST(ConfigOverride, Malformed) {
+  Config c;
+  EXPECT_EQ(error_of([&] { apply_override(c, "foo"); }), "[config] --set 'foo': expected section.key=value");
+  EXPECT_HAS(error_of([&] { apply_override(c, "layers=3"); }), "expected section.key=value");
+  EXPECT_HAS(error_of([&] { apply_override(c, "model.=3"); }), "expected section.key=value");
+  EXPECT_HAS(error_of([&] { apply_override(c, ".layers=3"); }), "expected section.key=value");
+}
+
+TEST(ConfigOverride, UnknownKey) {
+  Config c;
+  EXPECT_EQ(error_of([&] { apply_override(c, "model.foo=1"); }), "[config] --set: unknown key 'model.foo'");
+  EXPECT_EQ(error_of([&] { apply_override(c, "model.layes=1"); }),
+            "[config] --set: unknown key 'model.layes' (did you mean 'model.layers'?)");
+}
+
+TEST(ConfigOverride, BadValues) {
+  Config c;
+  const auto set = [&](const char* a) { return error_of([&] { apply_override(c, a); }); };
+  EXPECT_EQ(set("model.layers=abc"), "[config] --set model.layers: 'abc' is not an integer");
+  EXPECT_HAS(set("model.layers=12x"), "'12x' is not an integer");
+  EXPECT_HAS(set("model.layers="), "'' is not an integer");
+  EXPECT_HAS(set("model.layers=1.5"), "is not an integer");
+  EXPECT_HAS(set("model.layers=99999999999999999999"), "--set model.layers: '99999999999999999999' is out of range");
+  EXPECT_HAS(set("optim.lr=abc"), "--set optim.lr: 'abc' is not a number");
+  EXPECT_HAS(set("optim.lr=1e-3x"), "is not a number");
+  EXPECT_HAS(set("optim.lr=1e999"), "out of range");
+  EXPECT_HAS(set("optim.lr=nan"), "not a finite number");
+  EXPECT_HAS(set("model.qk_norm=yes"), "--set model.qk_norm: 'yes' is not a boolean");
+  EXPECT_HAS(set("data.seed=-1"), "--set data.seed: '-1' is not a non-negative integer");
+  EXPECT_HAS(set("data.seed=18446744073709551615"), "out of range");
+  // A failed override leaves the value alone.
+  EXPECT_EQ(c.model.layers, Config{}.model.layers);
+}
+
+TEST(ConfigOverride, LoadConfigValidatesOverrides) {
+  EXPECT_HAS(error_of([] { load_config("", {"model.kv_heads=4"}); }), "model.kv_heads (4)");
+}
+
+// ---- round trip ---------------------------------------------------------------------
+
+TEST_F(ConfigFile, RoundTripDefaults) {
+  const Config c;
+  const std::string text = config_to_toml(c);
+  EXPECT_EQ(text.rfind("# kiln resolved configuration\n", 0), 0u);
+  for (const std::string_view s : config_sections()) EXPECT_HAS(text, fmt::format("[{}]\n", s));
+  for (const ConfigField& f : config_fields()) EXPECT_HAS(text, fmt::format("\n{} = ", f.key));
+  EXPECT_HAS(text, "doc_separator = \"\\n\\n\"");
+  EXPECT_HAS(text, "rope_theta = 10000.0");
+  EXPECT_TRUE(config_equal(load_config(write(text)), c));
+}
+
+TEST_F(ConfigFile, RoundTripChangedConfig) {
+  Config c;
+  c.model.name = "quote \" back\\slash \t tab \x01 ctl \x7f del é";
+  c.model.layers = 17;
+  c.model.norm_eps = 1.0 / 3.0;
+  c.model.rope_theta = 1e20;
+  c.model.init_std = 5e-324;  // smallest subnormal
+  c.model.qk_norm = false;
+  c.data.doc_separator = "\r\n\r\n";
+  c.data.seed = 9223372036854775807ull;
+  c.optim.lr = 0.1 + 0.2;
+  c.optim.grad_clip = 0.0;
+  c.optim.weight_decay = 1.0;
+  c.train.z_loss = 1e-4;
+  c.train.steps = 123456789;
+  c.train.sample_prompt = "";
+  c.checkpoint.save_final = false;
+  const std::string text = config_to_toml(c);
+  const Config back = load_config(write(text));
+  EXPECT_TRUE(config_equal(back, c)) << text;
+  EXPECT_EQ(back.model.name, c.model.name);
+  EXPECT_EQ(back.optim.lr, c.optim.lr);
+  EXPECT_EQ(back.model.init_std, c.model.init_std);
+  EXPECT_EQ(config_to_toml(back), text);
+}
+
+TEST_F(ConfigFile, RoundTripEveryFieldChanged) {
+  // Changes every field through the table so a new key is covered automatically.
+  Config c;
+  for (const ConfigField& f : config_fields()) {
+    std::visit(
+        [&](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, bool>) *p = !*p;
+          else if constexpr (std::is_same_v<T, std::string>) {
+            if (f.rule.kind != ConfigRule::kOneOf) *p += "~\"x\"\n";
+          } else if constexpr (std::is_same_v<T, double>) *p = *p * 0.5 + 0.125;
+          else *p += 2;
+        },
+        f.get(c));
+  }
+  c.model.heads = 8;  // keep heads % kv_heads == 0
+  c.model.kv_heads = 4;
+  const Config back = load_config(write(config_to_toml(c)));
+  EXPECT_TRUE(config_equal(back, c)) << config_to_toml(c);
+  EXPECT_FALSE(config_equal(back, Config{}));
+}
+
+TEST(ConfigEqual, DetectsDifferences) {
+  Config a, b;
+  EXPECT_TRUE(config_equal(a, b));
+  b.optim.beta2 = 0.999;
+  EXPECT_FALSE(config_equal(a, b));
+}
+
+// ---- validation ---------------------------------------------------------------------
+
+std::string validation_error(const std::function<void(Config&)>& change) {
+  Config c;
+  change(c);
+  return error_of([&] { validate_config(c); });
+}
+
+TEST(ConfigValidate, PositiveSizes) {
+  for (const char* name : {"model.vocab_size", "model.hidden", "model.layers", "model.heads", "model.kv_heads",
+                           "model.head_dim", "model.ffn_hidden", "model.max_seq_len", "train.steps",
+                           "train.micro_batch_tokens", "train.grad_accum", "train.loss_chunk_tokens",
+                           "log.every"}) {
+    Config c;
+    apply_override(c, std::string(name) + "=0");
+    EXPECT_HAS(error_of([&] { validate_config(c); }), fmt::format("[config] {} must be > 0, got 0", name));
+    apply_override(c, std::string(name) + "=-3");
+    EXPECT_HAS(error_of([&] { validate_config(c); }), fmt::format("{} must be > 0, got -3", name));
+  }
+}
+
+TEST(ConfigValidate, NonNegativeCounts) {
+  for (const char* name : {"train.eval_every", "train.sample_every", "train.eval_batches", "train.sample_tokens",
+                           "train.threads", "optim.warmup_steps"}) {
+    Config c;
+    apply_override(c, std::string(name) + "=0");
+    EXPECT_NO_THROW(validate_config(c)) << name;
+    apply_override(c, std::string(name) + "=-1");
+    EXPECT_HAS(error_of([&] { validate_config(c); }), fmt::format("{} must be >= 0, got -1", name));
+  }
+}
+
+TEST(ConfigValidate, HeadsMultipleOfKvHeads) {
+  EXPECT_EQ(validation_error([](Config& c) {
+              c.model.heads = 6;
+              c.model.kv_heads = 4;
+            }),
+            "[config] model.heads (6) must be a multiple of model.kv_heads (4)");
+}
+
+TEST(ConfigValidate, SeqLenFitsMicroBatch) {
+  EXPECT_HAS(validation_error([](Config& c) {
+               c.model.max_seq_len = 512;
+               c.train.micro_batch_tokens = 256;
+             }),
+             "model.max_seq_len (512) must be <= train.micro_batch_tokens (256)");
+  Config ok;
+  ok.model.max_seq_len = ok.train.micro_batch_tokens;
+  EXPECT_NO_THROW(validate_config(ok));
+}
+
+TEST(ConfigValidate, Ranges) {
+  EXPECT_HAS(validation_error([](Config& c) { c.data.val_fraction = 1.0; }), "data.val_fraction must be in [0, 1)");
+  EXPECT_HAS(validation_error([](Config& c) { c.data.val_fraction = -0.1; }), "data.val_fraction");
+  EXPECT_HAS(validation_error([](Config& c) { c.model.norm_eps = 0; }), "model.norm_eps must be > 0");
+  EXPECT_HAS(validation_error([](Config& c) { c.optim.lr = 0; }), "optim.lr must be > 0");
+  EXPECT_HAS(validation_error([](Config& c) { c.optim.beta1 = 1.0; }), "optim.beta1 must be in [0, 1)");
+  EXPECT_HAS(validation_error([](Config& c) { c.optim.beta2 = -0.5; }), "optim.beta2 must be in [0, 1)");
+  EXPECT_HAS(validation_error([](Config& c) { c.optim.eps = 0; }), "optim.eps must be > 0");
+  EXPECT_HAS(validation_error([](Config& c) { c.optim.weight_decay = -1; }), "optim.weight_decay must be >= 0");
+  EXPECT_HAS(validation_error([](Config& c) { c.optim.grad_clip = -1; }), "optim.grad_clip must be >= 0");
+  EXPECT_HAS(validation_error([](Config& c) { c.optim.min_lr_ratio = 1.5; }), "optim.min_lr_ratio must be in [0, 1]");
+  EXPECT_HAS(validation_error([](Config& c) { c.train.sample_temperature = -1; }),
+             "train.sample_temperature must be >= 0");
+  EXPECT_HAS(validation_error([](Config& c) { c.train.z_loss = -1e-4; }), "train.z_loss must be >= 0");
+
+  Config edges;
+  edges.data.val_fraction = 0;
+  edges.optim.min_lr_ratio = 1;
+  edges.optim.beta1 = 0;
+  edges.optim.weight_decay = 0;
+  edges.optim.grad_clip = 0;
+  edges.train.sample_temperature = 0;
+  EXPECT_NO_THROW(validate_config(edges));
+}
+
+TEST(ConfigValidate, Choices) {
+  EXPECT_EQ(validation_error([](Config& c) { c.data.format = "csv"; }),
+            "[config] data.format must be one of auto|text|jsonl, got 'csv'");
+  EXPECT_HAS(validation_error([](Config& c) { c.data.long_doc = "truncate"; }), "data.long_doc must be one of");
+  EXPECT_HAS(validation_error([](Config& c) { c.train.device = "gpu"; }), "train.device must be one of");
+  EXPECT_HAS(validation_error([](Config& c) { c.train.device = ""; }), "train.device must be one of");
+  for (const char* v : {"auto", "text", "jsonl"}) {
+    Config c;
+    c.data.format = v;
+    EXPECT_NO_THROW(validate_config(c)) << v;
+  }
+  for (const char* v : {"split", "drop", "error"}) {
+    Config c;
+    c.data.long_doc = v;
+    EXPECT_NO_THROW(validate_config(c)) << v;
+  }
+  for (const char* v : {"auto", "cpu", "cuda"}) {
+    Config c;
+    c.train.device = v;
+    EXPECT_NO_THROW(validate_config(c)) << v;
+  }
+}
+
+TEST(ConfigValidate, DataPathNonEmpty) {
+  EXPECT_EQ(validation_error([](Config& c) { c.data.path = ""; }), "[config] data.path must not be empty");
+}
+
+}  // namespace
+}  // namespace kiln
