@@ -1,8 +1,33 @@
+// kiln: one program to train, sample and inspect decoder-only language models.
+#include "cli/commands.h"
 #include "core/error.h"
 
-#include <cstdio>
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
-int main() {
-  std::puts("kiln: under construction");
+#include <cstdio>
+#include <exception>
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln: pretrain decoder-only language models from scratch"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", KILN_VERSION);
+  kiln::cli::add_train_command(app);
+  kiln::cli::add_sample_command(app);
+  kiln::cli::add_plan_command(app);
+  kiln::cli::add_list_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const kiln::Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "kiln: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "kiln: internal error: {}\n", e.what());
+    return 2;
+  }
   return 0;
 }

@@ -9,11 +9,22 @@ namespace kiln::cpu {
 
 namespace {
 
+// Keys are visited in blocks: scores of a block sit in a small stack array, so the
+// online softmax rescales once per block instead of once per key.
+constexpr int64_t kKeyBlock = 64;
+
 template <typename T>
-T dot(const T* a, const T* b, int64_t n) {
+inline T dot(const T* a, const T* b, int64_t n) {
   T sum = 0;
+#pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
   return sum;
+}
+
+template <typename T>
+inline void axpy(T alpha, const T* x, T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
 // First key a query at row i of a sequence starting at `begin` may see.
@@ -21,51 +32,58 @@ int64_t first_key(int64_t i, int64_t begin, int64_t window) {
   return window > 0 ? std::max(begin, i - window + 1) : begin;
 }
 
-// Score of (q_i, k_j) after scaling and the optional softcap; `tanh_out` receives the
-// tanh value the backward needs.
+// Scores of query qi against keys [j0, j1) (after scale and optional softcap) into s;
+// with a softcap, t receives tanh(raw / cap) for the backward.
 template <typename T>
-T score(const T* qi, const T* kj, int64_t d, double scale, double softcap, T* tanh_out) {
-  T raw = dot(qi, kj, d) * static_cast<T>(scale);
-  if (softcap > 0) {
-    const T t = std::tanh(raw / static_cast<T>(softcap));
-    if (tanh_out) *tanh_out = t;
-    return t * static_cast<T>(softcap);
+void block_scores(const AttentionShape& sh, const T* qi, const T* k, int64_t g, int64_t j0, int64_t j1, T* s, T* t) {
+  const int64_t d = sh.head_dim;
+  const T scale = static_cast<T>(sh.scale);
+  for (int64_t j = j0; j < j1; ++j) s[j - j0] = dot(qi, k + (j * sh.kv_heads + g) * d, d) * scale;
+  if (sh.softcap > 0) {
+    const T cap = static_cast<T>(sh.softcap);
+    for (int64_t j = 0; j < j1 - j0; ++j) {
+      t[j] = std::tanh(s[j] / cap);
+      s[j] = t[j] * cap;
+    }
   }
-  return raw;
 }
 
 }  // namespace
 
 template <typename T>
-void attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v, T* out, T* lse) {
-  const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
-  const int64_t work = s.num_seqs * s.q_heads;
+void attention_forward(const AttentionShape& sh, const T* q, const T* k, const T* v, T* out, T* lse) {
+  const int64_t d = sh.head_dim, group = sh.q_heads / sh.kv_heads;
+  const int64_t work = sh.num_seqs * sh.q_heads;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t item = 0; item < work; ++item) {
-    const int64_t seq = item / s.q_heads, h = item % s.q_heads, g = h / group;
-    const int64_t begin = s.cu_seqlens[seq], end = s.cu_seqlens[seq + 1];
-    T acc[kMaxAttentionHeadDim];
+    const int64_t seq = item / sh.q_heads, h = item % sh.q_heads, g = h / group;
+    const int64_t begin = sh.cu_seqlens[seq], end = sh.cu_seqlens[seq + 1];
+    T acc[kMaxAttentionHeadDim], s[kKeyBlock], t[kKeyBlock];
     for (int64_t i = begin; i < end; ++i) {
-      const T* qi = q + (i * s.q_heads + h) * d;
-      // Online softmax: running max m and normalizer l, rescaling acc as m grows.
+      const T* qi = q + (i * sh.q_heads + h) * d;
       T m = -std::numeric_limits<T>::infinity(), l = 0;
       std::fill(acc, acc + d, T(0));
-      for (int64_t j = first_key(i, begin, s.window); j <= i; ++j) {
-        const T sc = score(qi, k + (j * s.kv_heads + g) * d, d, s.scale, s.softcap, static_cast<T*>(nullptr));
-        const T* vj = v + (j * s.kv_heads + g) * d;
-        if (sc > m) {
-          const T correction = std::exp(m - sc);
+      for (int64_t j0 = first_key(i, begin, sh.window); j0 <= i; j0 += kKeyBlock) {
+        const int64_t j1 = std::min(j0 + kKeyBlock, i + 1);
+        block_scores(sh, qi, k, g, j0, j1, s, t);
+        T block_max = s[0];
+        for (int64_t j = 1; j < j1 - j0; ++j) block_max = std::max(block_max, s[j]);
+        if (block_max > m) {  // rescale what was accumulated under the old maximum
+          const T correction = std::exp(m - block_max);
           l *= correction;
           for (int64_t c = 0; c < d; ++c) acc[c] *= correction;
-          m = sc;
+          m = block_max;
         }
-        const T p = std::exp(sc - m);
-        l += p;
-        for (int64_t c = 0; c < d; ++c) acc[c] += p * vj[c];
+        for (int64_t j = j0; j < j1; ++j) {
+          const T p = std::exp(s[j - j0] - m);
+          l += p;
+          axpy(p, v + (j * sh.kv_heads + g) * d, acc, d);
+        }
       }
-      T* oi = out + (i * s.q_heads + h) * d;
-      for (int64_t c = 0; c < d; ++c) oi[c] = acc[c] / l;
-      lse[i * s.q_heads + h] = m + std::log(l);
+      T* oi = out + (i * sh.q_heads + h) * d;
+      const T inv = T(1) / l;
+      for (int64_t c = 0; c < d; ++c) oi[c] = acc[c] * inv;
+      lse[i * sh.q_heads + h] = m + std::log(l);
     }
   }
 }
@@ -73,42 +91,43 @@ void attention_forward(const AttentionShape& s, const T* q, const T* k, const T*
 // With P = softmax(S): dV += P^T dO; dP = dO V^T; dS = P * (dP - rowsum(dO * O));
 // dQ = scale dS K; dK = scale dS^T Q (through the softcap's tanh derivative if on).
 template <typename T>
-void attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v, const T* out, const T* lse,
+void attention_backward(const AttentionShape& sh, const T* q, const T* k, const T* v, const T* out, const T* lse,
                         const T* dout, T* dq, T* dk, T* dv) {
-  const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
-  const int64_t work = s.num_seqs * s.kv_heads;
+  const int64_t d = sh.head_dim, group = sh.q_heads / sh.kv_heads;
+  const int64_t work = sh.num_seqs * sh.kv_heads;
+  const T scale = static_cast<T>(sh.scale);
   // One work item per (sequence, kv head): it owns dk/dv of that head and dq of the
   // query heads in its group, so no two threads write the same element.
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t item = 0; item < work; ++item) {
-    const int64_t seq = item / s.kv_heads, g = item % s.kv_heads;
-    const int64_t begin = s.cu_seqlens[seq], end = s.cu_seqlens[seq + 1];
+    const int64_t seq = item / sh.kv_heads, g = item % sh.kv_heads;
+    const int64_t begin = sh.cu_seqlens[seq], end = sh.cu_seqlens[seq + 1];
+    T s[kKeyBlock], t[kKeyBlock];
     for (int64_t j = begin; j < end; ++j) {
-      std::memset(dk + (j * s.kv_heads + g) * d, 0, sizeof(T) * d);
-      std::memset(dv + (j * s.kv_heads + g) * d, 0, sizeof(T) * d);
+      std::memset(dk + (j * sh.kv_heads + g) * d, 0, sizeof(T) * d);
+      std::memset(dv + (j * sh.kv_heads + g) * d, 0, sizeof(T) * d);
     }
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       for (int64_t i = begin; i < end; ++i) {
-        const T* qi = q + (i * s.q_heads + h) * d;
-        const T* doi = dout + (i * s.q_heads + h) * d;
-        T* dqi = dq + (i * s.q_heads + h) * d;
+        const T* qi = q + (i * sh.q_heads + h) * d;
+        const T* doi = dout + (i * sh.q_heads + h) * d;
+        T* dqi = dq + (i * sh.q_heads + h) * d;
         std::memset(dqi, 0, sizeof(T) * d);
-        const T delta = dot(doi, out + (i * s.q_heads + h) * d, d);
-        const T lse_i = lse[i * s.q_heads + h];
-        for (int64_t j = first_key(i, begin, s.window); j <= i; ++j) {
-          const T* kj = k + (j * s.kv_heads + g) * d;
-          const T* vj = v + (j * s.kv_heads + g) * d;
-          T t = 0;
-          const T p = std::exp(score(qi, kj, d, s.scale, s.softcap, &t) - lse_i);
-          T* dvj = dv + (j * s.kv_heads + g) * d;
-          for (int64_t c = 0; c < d; ++c) dvj[c] += p * doi[c];
-          T ds = p * (dot(doi, vj, d) - delta);
-          if (s.softcap > 0) ds *= (T(1) - t * t);
-          ds *= static_cast<T>(s.scale);
-          T* dkj = dk + (j * s.kv_heads + g) * d;
-          for (int64_t c = 0; c < d; ++c) {
-            dqi[c] += ds * kj[c];
-            dkj[c] += ds * qi[c];
+        const T delta = dot(doi, out + (i * sh.q_heads + h) * d, d);
+        const T lse_i = lse[i * sh.q_heads + h];
+        for (int64_t j0 = first_key(i, begin, sh.window); j0 <= i; j0 += kKeyBlock) {
+          const int64_t j1 = std::min(j0 + kKeyBlock, i + 1);
+          block_scores(sh, qi, k, g, j0, j1, s, t);
+          for (int64_t j = j0; j < j1; ++j) {
+            const T* kj = k + (j * sh.kv_heads + g) * d;
+            const T* vj = v + (j * sh.kv_heads + g) * d;
+            const T p = std::exp(s[j - j0] - lse_i);
+            axpy(p, doi, dv + (j * sh.kv_heads + g) * d, d);
+            T ds = p * (dot(doi, vj, d) - delta);
+            if (sh.softcap > 0) ds *= T(1) - t[j - j0] * t[j - j0];
+            ds *= scale;
+            axpy(ds, kj, dqi, d);
+            axpy(ds, qi, dk + (j * sh.kv_heads + g) * d, d);
           }
         }
       }

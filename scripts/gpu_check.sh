@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Runs ON the GPU machine, from the repo root, with .gpu/ carried (made by scripts/gpu_stage.sh,
+# which packs the binaries and the libraries they need into .gpu/kiln-gpu.tar.gz):
+#   device run: carry [".gpu"], command "bash scripts/gpu_check.sh", timeout_s 300
+# Runs the GPU test binaries (and, later, benchmarks) and prints one table last:
+#   suite | tests | passed | failed | skipped | seconds
+# Exits non-zero on any failure, crash or skipped test: on this machine a skip means the
+# GPU was not used, which must never pass as success. Full logs go to $OUT (or /tmp).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+LOGS=${OUT:-/tmp/kiln-gpu-check}
+mkdir -p "$LOGS"
+# The staged binaries and libraries: .gpu/kiln-gpu.tar.gz (unpacked here), else .gpu/{bin,lib}.
+STAGE=.gpu
+if [ -f .gpu/kiln-gpu.tar.gz ]; then
+  STAGE=$(mktemp -d /tmp/kiln-gpu.XXXXXX)
+  tar -xzf .gpu/kiln-gpu.tar.gz -C "$STAGE" || { echo "gpu_check: cannot unpack .gpu/kiln-gpu.tar.gz"; exit 1; }
+fi
+
+# NVLink multicast stays off on shared hosts (see the device tool's KINDS.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+
+# Libraries: bundled ones first, then the PyTorch venv's newer cuDNN/NCCL/cuBLAS, then the
+# toolkit's. (The driver's libcuda is found by the loader's own configuration.)
+lib_path="$(cd "$STAGE" && pwd)/lib"
+for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib; do
+  [ -d "$d" ] && lib_path+=":$d"
+done
+[ -d /usr/local/cuda/lib64 ] && lib_path+=":/usr/local/cuda/lib64"
+export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+echo "== gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv,noheader |
+    sed 's/^/gpu: /'
+  nvidia-smi | grep -o 'CUDA Version: [0-9.]*' | head -1 | sed 's/^/driver /'
+else
+  echo "gpu: nvidia-smi not found"
+fi
+ldd --version 2>/dev/null | head -1 | sed 's/^/host: /'
+
+rows=()   # "suite|tests|passed|failed|skipped|seconds"
+status=0
+
+add_row() {  # suite tests passed failed skipped seconds
+  rows+=("$1|$2|$3|$4|$5|$6")
+  if (($4 > 0 || $5 > 0)) || [ "$2" = "-" ]; then status=1; fi
+}
+
+# Runs one gtest binary (under the command in the array WRAP, if set); one table row.
+# A crash or a missing summary counts as a failure.
+WRAP=()
+run_gtest() {  # suite binary [gtest args...]
+  local suite=$1 bin=$2
+  shift 2
+  local log="$LOGS/$suite.log"
+  if [ ! -x "$bin" ]; then
+    echo "gpu_check: $bin missing (run scripts/gpu_stage.sh here and carry .gpu)"
+    add_row "$suite" - 0 1 0 0
+    return
+  fi
+  local unresolved
+  unresolved=$(ldd "$bin" | grep 'not found')
+  if [ -n "$unresolved" ]; then
+    echo "gpu_check: $bin has unresolved libraries:"
+    echo "$unresolved"
+    add_row "$suite" - 0 1 0 0
+    return
+  fi
+  local start end rc
+  start=$(date +%s.%N)
+  "${WRAP[@]}" "$bin" --gtest_brief=1 --gtest_output="json:$LOGS/$suite.json" "$@" >"$log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  local total passed failed skipped
+  total=$(sed -n 's/^\[==========\] \([0-9]*\) tests\? from .* ran\..*/\1/p' "$log" | tail -1)
+  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$log" | tail -1)
+  # --gtest_brief prints no "N tests, listed below" for failures: count the failed tests.
+  failed=$(grep -cE '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$log")
+  skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\?[,.].*/\1/p' "$log" | tail -1)
+  failed=${failed:-0}
+  skipped=${skipped:-0}
+  passed=${passed:-0}
+  if [ -z "$total" ]; then
+    echo "gpu_check: $suite exited with status $rc without a gtest summary (crash?)"
+    total=-
+    failed=$((failed + 1))
+  elif ((rc != 0 && failed == 0)) || ((passed + failed + skipped != total)); then
+    echo "gpu_check: $suite exited with status $rc; $total tests != $passed passed + $failed failed + $skipped skipped"
+    failed=$((failed > 0 ? failed : 1))
+  fi
+  # Failures in full (the rest of the log is in $LOGS); for skips, the first reason.
+  grep -v -E '^\[  (SKIPPED|PASSED  ) \]|: Skipped$' "$log" | grep -v -x -F "$(grep -A1 -m1 ': Skipped$' "$log" |
+    tail -1)" | grep -v '^Running main()' | head -80
+  ((skipped > 0)) && echo "gpu_check: $skipped skipped in $suite: $(grep -A1 -m1 ': Skipped$' "$log" | tail -1)"
+  add_row "$suite" "$total" "$passed" "$failed" "$skipped" "$(awk -v s="$start" -v e="$end" 'BEGIN{printf "%.1f", e - s}')"
+}
+
+# ---- the CLI binary loads (all its libraries resolve) ---------------------------------------
+start=$(date +%s.%N)
+if version=$("$STAGE/bin/kiln" --version 2>&1); then
+  echo "kiln --version: $version"
+  add_row "kiln --version" 1 1 0 0 "$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e - s}')"
+else
+  echo "gpu_check: kiln does not run: $version"
+  ldd "$STAGE/bin/kiln" 2>&1 | grep 'not found'
+  add_row "kiln --version" 1 0 1 0 0
+fi
+
+# ---- correctness: kernels against the CPU reference ---------------------------------------
+run_gtest kiln_gpu_tests "$STAGE/bin/kiln_gpu_tests"
+
+# Worst measured error per output (recorded by the tests as *_max_rel_err properties).
+if command -v python3 >/dev/null && [ -f "$LOGS/kiln_gpu_tests.json" ]; then
+  python3 - "$LOGS/kiln_gpu_tests.json" <<'EOF'
+import json, sys
+worst = {}
+for suite in json.load(open(sys.argv[1])).get("testsuites", []):
+    for t in suite.get("testsuite", []):
+        for k, v in t.items():
+            if k.endswith("_max_rel_err"):
+                key = (suite["name"].split("/")[-1], k[: -len("_max_rel_err")])
+                if float(v) >= worst.get(key, (-1.0, ""))[0]:
+                    worst[key] = (float(v), t["name"])
+for (suite, out), (err, name) in sorted(worst.items()):
+    print(f"worst rel err {suite:16s} {out:5s} {err:.2e}  ({name})")
+EOF
+fi
+
+# The same kernels under compute-sanitizer's memcheck (out-of-bounds and misaligned
+# accesses), on a subset of sizes that covers every kernel variant.
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+if [ -n "$sanitizer" ] && [ "${GPU_CHECK_MEMCHECK:-1}" = 1 ]; then
+  WRAP=("$sanitizer" --tool memcheck --error-exitcode 86 --print-limit 20)
+  run_gtest kiln_gpu_tests.memcheck "$STAGE/bin/kiln_gpu_tests" --gtest_filter='*r37_*:*r3_c4099*:*r1_c1_*'
+  WRAP=()
+else
+  echo "gpu_check: compute-sanitizer not found (or GPU_CHECK_MEMCHECK=0): no memcheck row"
+fi
+
+# ---- benchmarks: add them here, one add_row each -------------------------------------------
+# A benchmark is a row of the same table (suite = "bench:<name>"): run it, check its own
+# accuracy, write its numbers under $LOGS, then add_row "bench:<name>" 1 1 0 0 <seconds>
+# (or failed=1 when it does not run or its accuracy check fails). None yet.
+
+# ---- summary table (printed last: the device tool returns the end of the output) -----------
+echo
+printf '%-24s | %6s | %6s | %6s | %7s | %7s\n' suite tests passed failed skipped seconds
+printf '%s\n' "-------------------------+--------+--------+--------+---------+--------"
+for r in "${rows[@]}"; do
+  IFS='|' read -r s t p f k sec <<<"$r"
+  printf '%-24s | %6s | %6s | %6s | %7s | %7s\n' "$s" "$t" "$p" "$f" "$k" "$sec"
+done
+if ((status == 0)); then echo "gpu_check: OK"; else echo "gpu_check: FAILED (failures or skips above)"; fi
+exit "$status"

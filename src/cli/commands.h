@@ -1,0 +1,14 @@
+// The `kiln` subcommands. Each add_* registers its options and a callback on the app;
+// callbacks throw kiln::Error, which main() prints as one line and exits 1.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace kiln::cli {
+
+void add_train_command(CLI::App& app);
+void add_sample_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
+void add_list_command(CLI::App& app);
+
+}  // namespace kiln::cli

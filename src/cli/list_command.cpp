@@ -1,0 +1,32 @@
+#include "cli/commands.h"
+#include "data/tokenizer.h"
+#include "nn/modules.h"
+#include "train/optimizer.h"
+
+#include <fmt/format.h>
+
+namespace kiln::cli {
+
+namespace {
+template <typename R>
+void show(const char* key, const R& registry) {
+  fmt::print("{} ({}):\n", registry.kind(), key);
+  for (const auto& [name, help] : registry.list()) fmt::print("  {:<12} {}\n", name, help);
+}
+}  // namespace
+
+void add_list_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("list", "show the registered components a config can name");
+  cmd->callback([] {
+    show("model.norm", norm_registry());
+    show("model.attention", attention_registry());
+    show("model.mlp", mlp_registry());
+    show("model.position", position_registry());
+    show("optim.name", optimizer_registry());
+    show("optim.schedule", schedule_registry());
+    fmt::print("tokenizer:\n");
+    for (const std::string& name : tokenizer_names()) fmt::print("  {}\n", name);
+  });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,52 @@
+#include "cli/commands.h"
+#include "model/model.h"
+#include "train/optimizer.h"
+
+#include <fmt/format.h>
+
+namespace kiln::cli {
+
+namespace {
+double mib(size_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  struct Options {
+    std::string config;
+    std::vector<std::string> overrides;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("plan", "parameter count, memory and FLOPs of a config, without allocating");
+  cmd->add_option("config", o->config, "TOML config file")->required();
+  cmd->add_option("--set", o->overrides, "override a key: --set model.layers=8 (repeatable)")->take_all();
+  cmd->callback([o] {
+    const Config config = load_config(o->config, o->overrides);
+    BuildOptions build;
+    build.max_tokens = config.train.micro_batch_tokens;
+    build.loss_chunk_rows = config.train.loss_chunk_tokens;
+    const Model model(config.model, build);  // plans every arena; allocates nothing
+    Arena optimizer_state("optimizer", build.device);
+    auto optimizer = optimizer_registry().build("optim.name", config.optim.name, config.optim, model.parameters());
+    optimizer->plan(optimizer_state);
+    const MemoryPlan plan = model.memory_plan();
+    const int64_t params = model.parameter_count(), embed = model.embedding_parameter_count();
+    const double flops = model.flops_per_token(config.model.max_seq_len);
+    const int64_t step_tokens = config.train.micro_batch_tokens * config.train.grad_accum;
+    fmt::print("model {} ({} layers, hidden {}, {} q / {} kv heads of {}, ffn {}, vocab {}, context {})\n",
+               config.model.name, config.model.layers, config.model.hidden, config.model.heads,
+               config.model.kv_heads, config.model.head_dim, config.model.ffn_hidden, config.model.vocab_size,
+               config.model.max_seq_len);
+    fmt::print("parameters      {:>14L}  ({} embedding, {} non-embedding)\n", params, embed, params - embed);
+    fmt::print("FLOPs per token {:>14.4g}  (6 x matmul params + 6 x layers x heads x head_dim x context)\n", flops);
+    fmt::print("FLOPs per step  {:>14.4g}  ({} tokens)\n", flops * static_cast<double>(step_tokens), step_tokens);
+    fmt::print("memory (fp32, micro-batch of {} tokens):\n", config.train.micro_batch_tokens);
+    fmt::print("  parameters      {:>10.2f} MiB\n", mib(plan.parameters));
+    fmt::print("  gradients       {:>10.2f} MiB\n", mib(plan.gradients));
+    fmt::print("  optimizer state {:>10.2f} MiB\n", mib(optimizer_state.planned_bytes()));
+    fmt::print("  activations     {:>10.2f} MiB\n", mib(plan.activations));
+    fmt::print("  workspace       {:>10.2f} MiB\n", mib(plan.workspace));
+    fmt::print("  total           {:>10.2f} MiB\n", mib(plan.total() + optimizer_state.planned_bytes()));
+  });
+}
+
+}  // namespace kiln::cli

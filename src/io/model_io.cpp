@@ -1,0 +1,64 @@
+#include "io/model_io.h"
+
+#include "io/safetensors.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace kiln::io {
+
+namespace fs = std::filesystem;
+
+void save_model(const Model& model, const Config& config, const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  KILN_CHECK(!ec, "save", "cannot create directory '{}': {}", dir, ec.message());
+  SafetensorsWriter writer;
+  for (const auto& p : model.parameters()) {
+    const Tensor value = p->value();
+    if (value.dtype() == DType::f32) {
+      writer.add(p->name(), value);
+    } else {  // f64 reference models are stored as f32 like every other
+      OwnedTensor host(value.dtype(), Device::cpu, value.shape());
+      copy_tensor(value, *host);
+      OwnedTensor f32(DType::f32, Device::cpu, value.shape());
+      for (int64_t i = 0; i < value.numel(); ++i)
+        f32->data<float>()[i] = static_cast<float>(host->data<double>()[i]);
+      writer.add(p->name(), *f32);
+    }
+  }
+  writer.set_metadata("format", "kiln-model");
+  writer.set_metadata("kiln_version", KILN_VERSION);
+  writer.write((fs::path(dir) / "model.safetensors").string());
+  const std::string config_path = (fs::path(dir) / "config.toml").string();
+  std::ofstream out(config_path);
+  out << config_to_toml(config);
+  KILN_CHECK(out.good(), "save", "cannot write '{}'", config_path);
+}
+
+void load_weights(Model& model, const std::string& path) {
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  std::set<std::string> expected;
+  for (const auto& p : model.parameters()) {
+    expected.insert(p->name());
+    KILN_CHECK(file.contains(p->name()), "load", "{}: missing tensor '{}'", path, p->name());
+    read_into(file, p->name(), p->value());
+  }
+  for (const std::string& name : file.names())
+    KILN_CHECK(expected.count(name), "load", "{}: tensor '{}' does not belong to this model configuration", path,
+               name);
+}
+
+LoadedModel load_model(const std::string& dir, BuildOptions options) {
+  const std::string config_path = (fs::path(dir) / "config.toml").string();
+  KILN_CHECK(fs::exists(config_path), "load", "'{}' is not a kiln model directory (no config.toml)", dir);
+  LoadedModel loaded;
+  loaded.config = load_config(config_path);
+  loaded.model = std::make_unique<Model>(loaded.config.model, options);
+  loaded.model->allocate();
+  load_weights(*loaded.model, (fs::path(dir) / "model.safetensors").string());
+  return loaded;
+}
+
+}  // namespace kiln::io

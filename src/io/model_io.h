@@ -1,0 +1,29 @@
+// A saved model: DIR/model.safetensors (fp32 weights under kiln's whole-model names) and
+// DIR/config.toml (the resolved configuration it was trained with).
+#pragma once
+
+#include "model/model.h"
+#include "train/config.h"
+
+#include <memory>
+#include <string>
+
+namespace kiln::io {
+
+// Writes weights and config into `dir` (created if missing).
+void save_model(const Model& model, const Config& config, const std::string& dir);
+
+// Copies weights from a model.safetensors into a built, allocated model; every parameter
+// must be present with its exact shape, and no unknown tensor may be left over.
+void load_weights(Model& model, const std::string& safetensors_path);
+
+struct LoadedModel {
+  Config config;
+  std::unique_ptr<Model> model;
+};
+
+// Reads DIR/config.toml, builds the model for `options` (training off by default for
+// sampling), allocates it and loads DIR/model.safetensors.
+LoadedModel load_model(const std::string& dir, BuildOptions options);
+
+}  // namespace kiln::io

@@ -1,0 +1,39 @@
+#include "ops/optim/adamw.h"
+
+#include "ops/common.h"
+
+#include <cmath>
+
+namespace kiln::ops {
+
+void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s) {
+  const char* op = "adamw";
+  expect_same(op, "grad", grad, param);
+  expect_same(op, "m", m, param);
+  expect_same(op, "v", v, param);
+  KILN_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(), op,
+             "size mismatch: param {}, grad {}, m {}, v {}", param.describe(), grad.describe(), m.describe(),
+             v.describe());
+  if (param.device() != Device::cpu) no_cuda_kernel(op);
+  dispatch_cpu_float(op, param.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* mp = m.data<T>();
+    T* vp = v.data<T>();
+    const T decay = static_cast<T>(1.0 - s.lr * s.weight_decay);
+    const T b1 = static_cast<T>(s.beta1), b2 = static_cast<T>(s.beta2);
+    const T step_size = static_cast<T>(s.lr / s.bias_correction1);
+    const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(s.bias_correction2));
+    const T eps = static_cast<T>(s.eps);
+    const int64_t n = param.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      mp[i] = b1 * mp[i] + (T(1) - b1) * g[i];
+      vp[i] = b2 * vp[i] + (T(1) - b2) * g[i] * g[i];
+      p[i] = p[i] * decay - step_size * mp[i] / (std::sqrt(vp[i]) * inv_sqrt_bc2 + eps);
+    }
+  });
+}
+
+}  // namespace kiln::ops

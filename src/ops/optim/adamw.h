@@ -1,0 +1,17 @@
+// Fused AdamW update of one parameter tensor.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace kiln::ops {
+
+struct AdamWStep {
+  double lr = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0;
+  double bias_correction1 = 1, bias_correction2 = 1;  // 1 - beta^t
+};
+
+// p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+// p -= lr * (m / bc1) / (sqrt(v / bc2) + eps).
+void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& step);
+
+}  // namespace kiln::ops

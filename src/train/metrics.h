@@ -1,0 +1,39 @@
+// Per-step measurements, the console line and the JSONL metrics file.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace kiln {
+
+struct StepMetrics {
+  int64_t step = 0;            // 1-based, after the update
+  int64_t total_steps = 0;
+  double loss = 0;             // mean cross-entropy over the step's target tokens (nats)
+  double z = 0;                // mean logsumexp^2
+  double lr = 0;
+  double grad_norm = 0;        // before clipping
+  int64_t tokens = 0;          // positions processed (incl. PAD)
+  int64_t target_tokens = 0;   // tokens with a loss
+  double step_seconds = 0;
+  double elapsed_seconds = 0;
+};
+
+class MetricsLog {
+ public:
+  explicit MetricsLog(const std::string& path);
+  void step(const StepMetrics& m);
+  void validation(int64_t step, double loss, double elapsed_seconds);
+  void sample(int64_t step, const std::string& text);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+// "4m12s", "1h03m", "12s".
+std::string format_duration(double seconds);
+
+}  // namespace kiln

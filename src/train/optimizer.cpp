@@ -1,0 +1,127 @@
+#include "train/optimizer.h"
+
+#include "ops/elementwise/elementwise.h"
+#include "ops/optim/adamw.h"
+
+#include <cmath>
+#include <numbers>
+
+namespace kiln {
+
+namespace {
+
+// AdamW with decoupled weight decay (as torch.optim.AdamW): p *= 1 - lr*wd, then the
+// bias-corrected Adam update. State m, v per parameter in the optimizer arena.
+class AdamW final : public Optimizer {
+ public:
+  AdamW(const OptimConfig& config, const ParameterList& parameters) : config_(config) {
+    for (const auto& p : parameters) slots_.push_back({p.get(), Tensor(), Tensor(), applies_weight_decay(*p, config)});
+  }
+
+  void plan(Arena& state) override {
+    for (Slot& s : slots_) {
+      state.reserve(s.m, s.param->value().dtype(), s.param->shape());
+      state.reserve(s.v, s.param->value().dtype(), s.param->shape());
+    }
+  }
+
+  void step(double lr) override {
+    ++steps_;
+    ops::AdamWStep step;
+    step.lr = lr;
+    step.beta1 = config_.beta1;
+    step.beta2 = config_.beta2;
+    step.eps = config_.eps;
+    step.bias_correction1 = 1.0 - std::pow(config_.beta1, static_cast<double>(steps_));
+    step.bias_correction2 = 1.0 - std::pow(config_.beta2, static_cast<double>(steps_));
+    for (Slot& s : slots_) {
+      step.weight_decay = s.decay ? config_.weight_decay : 0.0;
+      ops::adamw_update(s.param->value(), s.param->grad(), s.m, s.v, step);
+    }
+  }
+
+  int64_t steps_taken() const override { return steps_; }
+
+ private:
+  struct Slot {
+    const Parameter* param;
+    Tensor m, v;
+    bool decay;
+  };
+  OptimConfig config_;
+  std::vector<Slot> slots_;
+  int64_t steps_ = 0;
+};
+
+// Linear warmup from 0, then cosine from lr down to lr * min_lr_ratio at the last step.
+class CosineSchedule final : public Schedule {
+ public:
+  CosineSchedule(const OptimConfig& c, int64_t total) : c_(c), total_(total) {}
+  double lr(int64_t step) const override {
+    if (step < c_.warmup_steps) return c_.lr * static_cast<double>(step + 1) / static_cast<double>(c_.warmup_steps);
+    const int64_t span = std::max<int64_t>(1, total_ - c_.warmup_steps - 1);
+    const double progress = std::min(1.0, static_cast<double>(step - c_.warmup_steps) / static_cast<double>(span));
+    const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+    return c_.lr * (c_.min_lr_ratio + (1.0 - c_.min_lr_ratio) * cosine);
+  }
+
+ private:
+  OptimConfig c_;
+  int64_t total_;
+};
+
+class ConstantSchedule final : public Schedule {
+ public:
+  explicit ConstantSchedule(const OptimConfig& c) : c_(c) {}
+  double lr(int64_t step) const override {
+    if (step < c_.warmup_steps) return c_.lr * static_cast<double>(step + 1) / static_cast<double>(c_.warmup_steps);
+    return c_.lr;
+  }
+
+ private:
+  OptimConfig c_;
+};
+
+}  // namespace
+
+OptimizerRegistry& optimizer_registry() {
+  static OptimizerRegistry* registry = [] {
+    auto* r = new OptimizerRegistry("optimizer");
+    r->add("adamw", "Adam with decoupled weight decay", [](const OptimConfig& c, const ParameterList& p) {
+      return std::make_unique<AdamW>(c, p);
+    });
+    return r;
+  }();
+  return *registry;
+}
+
+ScheduleRegistry& schedule_registry() {
+  static ScheduleRegistry* registry = [] {
+    auto* r = new ScheduleRegistry("schedule");
+    r->add("cosine", "linear warmup, cosine decay to lr * min_lr_ratio",
+           [](const OptimConfig& c, int64_t total) { return std::make_unique<CosineSchedule>(c, total); });
+    r->add("constant", "linear warmup, then constant",
+           [](const OptimConfig& c, int64_t) { return std::make_unique<ConstantSchedule>(c); });
+    return r;
+  }();
+  return *registry;
+}
+
+bool applies_weight_decay(const Parameter& p, const OptimConfig& config) {
+  if (p.name() == "embed.weight") return config.decay_embeddings;
+  if (p.shape().rank() == 1) return config.decay_norms;
+  return p.decay();
+}
+
+double clip_gradients(const ParameterList& parameters, double clip) {
+  double sum = 0;
+  for (const auto& p : parameters) sum += ops::sum_squares(p->grad());
+  const double norm = std::sqrt(sum);
+  if (clip > 0 && norm > clip) {
+    const double factor = clip / (norm + 1e-6);
+    for (const auto& p : parameters) ops::scale_inplace(p->grad(), factor);
+  }
+  return norm;
+}
+
+}  // namespace kiln

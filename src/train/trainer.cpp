@@ -1,0 +1,221 @@
+#include "train/trainer.h"
+
+#include "core/device_memory.h"
+#include "infer/sampler.h"
+#include "io/model_io.h"
+#include "ops/parallel.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Creates the run directory and proves it is writable before any work starts.
+void prepare_out_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  KILN_CHECK(!ec, "train.out_dir", "cannot create '{}': {}", dir, ec.message());
+  const fs::path probe = fs::path(dir) / ".kiln-write-test";
+  std::ofstream(probe) << "ok";
+  KILN_CHECK(fs::exists(probe), "train.out_dir", "'{}' is not writable", dir);
+  fs::remove(probe, ec);
+}
+
+std::string human_count(double n) {
+  if (n >= 1e9) return fmt::format("{:.2f}B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.2f}M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f}k", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
+}  // namespace
+
+Device resolve_device(const std::string& setting) {
+  // The CUDA backend so far has kernels for part of the model only; training on the GPU
+  // is refused rather than run half on the host.
+  if (setting == "cuda")
+    fail("train.device", "training on CUDA needs the full CUDA backend, which this kiln does not have yet; use "
+                         "train.device=cpu");
+  return Device::cpu;
+}
+
+Trainer::Trainer(const Config& config)
+    : config_(config), device_(resolve_device(config.train.device)), optimizer_state_("optimizer", device_) {
+  validate_config(config_);
+  const int threads = set_cpu_threads(config_.train.threads);
+  prepare_out_dir(config_.train.out_dir);
+
+  tokenizer_ = make_tokenizer("byte");
+  KILN_CHECK(config_.model.vocab_size >= tokenizer_->vocab_size(), "model.vocab_size",
+             "{} is smaller than the {} tokenizer's vocabulary ({})", config_.model.vocab_size, tokenizer_->name(),
+             tokenizer_->vocab_size());
+  dataset_ = std::make_unique<TokenDataset>(config_.data, *tokenizer_);
+  const Packer packer(packer_options(config_, *tokenizer_));
+  stream_ = std::make_unique<BatchStream>(*dataset_, Split::train, packer, config_.data.seed);
+  validation_ = validation_batches(*dataset_, packer, config_.train.eval_batches);
+  micro_batches_.resize(static_cast<size_t>(config_.train.grad_accum));
+
+  BuildOptions options;
+  options.device = device_;
+  options.max_tokens = config_.train.micro_batch_tokens;
+  options.loss_chunk_rows = config_.train.loss_chunk_tokens;
+  model_ = std::make_unique<Model>(config_.model, options);
+  optimizer_ = optimizer_registry().build("optim.name", config_.optim.name, config_.optim, model_->parameters());
+  schedule_ = schedule_registry().build("optim.schedule", config_.optim.schedule, config_.optim, config_.train.steps);
+  optimizer_->plan(optimizer_state_);
+  model_->allocate();
+  optimizer_state_.allocate();
+  model_->init_weights(config_.train.seed);
+
+  std::ofstream(fs::path(config_.train.out_dir) / "config.toml") << config_to_toml(config_);
+  metrics_ = std::make_unique<MetricsLog>((fs::path(config_.train.out_dir) / config_.log.metrics_file).string());
+
+  const MemoryPlan plan = model_->memory_plan();
+  fmt::print("kiln {} | device {} ({} threads) | model {}: {} parameters, {} layers, hidden {}\n", KILN_VERSION,
+             device_name(device_), threads, config_.model.name, human_count(static_cast<double>(model_->parameter_count())),
+             config_.model.layers, config_.model.hidden);
+  fmt::print("data {}: {} train / {} validation documents ({} / {} tokens) | {} tokens per step ({} x {})\n",
+             config_.data.path, dataset_->num_documents(Split::train), dataset_->num_documents(Split::validation),
+             human_count(static_cast<double>(dataset_->num_tokens(Split::train))),
+             human_count(static_cast<double>(dataset_->num_tokens(Split::validation))),
+             config_.train.micro_batch_tokens * config_.train.grad_accum, config_.train.grad_accum,
+             config_.train.micro_batch_tokens);
+  fmt::print("memory: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer {:.1f} MiB, activations {:.1f} MiB, "
+             "workspace {:.1f} MiB | run directory {}\n",
+             plan.parameters / 1048576.0, plan.gradients / 1048576.0, optimizer_state_.planned_bytes() / 1048576.0,
+             plan.activations / 1048576.0, plan.workspace / 1048576.0, config_.train.out_dir);
+  std::fflush(stdout);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::step(int64_t step_index, StepMetrics& m) {
+  // Token-exact accumulation: the loss of the whole step is the mean over all its target
+  // tokens, so every micro-batch's gradient is scaled by 1 / (targets in the whole step).
+  int64_t targets = 0;
+  for (HostBatch& batch : micro_batches_) {
+    stream_->next(batch);
+    targets += batch.target_count;
+    m.tokens += batch.size();
+  }
+  KILN_CHECK(targets > 0, "train", "step {} has no target tokens", step_index + 1);
+  model_->zero_grads();
+  double loss = 0, z = 0;
+  for (const HostBatch& batch : micro_batches_) {
+    model_->load_batch(batch);
+    const ops::LossSums sums = model_->forward_backward(1.0 / static_cast<double>(targets), config_.train.z_loss);
+    loss += sums.loss;
+    z += sums.z;
+  }
+  m.loss = loss / static_cast<double>(targets);
+  m.z = config_.train.z_loss > 0 ? z / static_cast<double>(targets) : 0;
+  m.target_tokens = targets;
+  KILN_CHECK(std::isfinite(m.loss), "train", "non-finite loss at step {}", step_index + 1);
+  m.grad_norm = clip_gradients(model_->parameters(), config_.optim.grad_clip);
+  m.lr = schedule_->lr(step_index);
+  optimizer_->step(m.lr);
+}
+
+double Trainer::validate() {
+  double loss = 0;
+  int64_t count = 0;
+  for (const HostBatch& batch : validation_) {
+    model_->load_batch(batch);
+    const ops::LossSums sums = model_->evaluate();
+    loss += sums.loss;
+    count += sums.count;
+  }
+  return count > 0 ? loss / static_cast<double>(count) : std::nan("");
+}
+
+std::string Trainer::sample(uint64_t seed) {
+  SampleOptions o;
+  o.max_tokens = config_.train.sample_tokens;
+  o.temperature = config_.train.sample_temperature;
+  o.top_k = config_.train.sample_top_k;
+  o.seed = seed;
+  return config_.train.sample_prompt + generate(*model_, *tokenizer_, config_.train.sample_prompt, o);
+}
+
+void Trainer::log_step(const StepMetrics& m) {
+  const double tokens_per_second = static_cast<double>(m.tokens) / std::max(m.step_seconds, 1e-9);
+  const double eta = m.elapsed_seconds / static_cast<double>(m.step) * static_cast<double>(m.total_steps - m.step);
+  fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {} tok/s | elapsed {} | eta {}\n", m.step,
+             m.total_steps, m.loss, m.lr, m.grad_norm, human_count(tokens_per_second),
+             format_duration(m.elapsed_seconds), format_duration(eta));
+  std::fflush(stdout);
+}
+
+TrainResult Trainer::run() {
+  const TrainConfig& t = config_.train;
+  const double start = now_seconds();
+  TrainResult result;
+  auto show_validation = [&](int64_t step) {
+    const double val = validate();
+    if (std::isnan(val)) return val;
+    fmt::print("validation at step {}: loss {:.4f} nats/token ({:.4f} bits/byte)\n", step, val, val / std::log(2.0));
+    metrics_->validation(step, val, now_seconds() - start);
+    return val;
+  };
+  auto show_sample = [&](int64_t step) {
+    const std::string text = sample(t.seed + static_cast<uint64_t>(step));
+    fmt::print("sample at step {}:\n{}\n---\n", step, text);
+    metrics_->sample(step, text);
+  };
+
+  StepMetrics window;  // averaged over the log interval
+  int64_t window_steps = 0;
+  double window_start = now_seconds();
+  for (int64_t s = 0; s < t.steps; ++s) {
+    StepMetrics m;
+    m.step = s + 1;
+    m.total_steps = t.steps;
+    step(s, m);
+    result.final_train_loss = m.loss;
+    window.loss += m.loss;
+    window.tokens += m.tokens;
+    ++window_steps;
+    if (m.step % config_.log.every == 0 || m.step == t.steps) {
+      const double now = now_seconds();
+      m.step_seconds = now - window_start;
+      m.elapsed_seconds = now - start;
+      m.tokens = window.tokens;
+      m.loss = window.loss / static_cast<double>(window_steps);
+      log_step(m);
+      metrics_->step(m);
+      window = StepMetrics();
+      window_steps = 0;
+      window_start = now_seconds();
+    }
+    if (t.eval_every > 0 && m.step % t.eval_every == 0 && m.step != t.steps) show_validation(m.step);
+    if (t.sample_every > 0 && m.step % t.sample_every == 0 && m.step != t.steps) show_sample(m.step);
+    // Time spent validating and sampling is not training throughput.
+    if (window_steps == 0) window_start = now_seconds();
+  }
+  result.steps = t.steps;
+  result.final_val_loss = show_validation(t.steps);
+  show_sample(t.steps);
+  if (config_.checkpoint.save_final) {
+    const std::string dir = (fs::path(t.out_dir) / "model").string();
+    io::save_model(*model_, config_, dir);
+    fmt::print("saved model to {}\n", dir);
+  }
+  result.seconds = now_seconds() - start;
+  fmt::print("done: {} steps in {} | final train loss {:.4f} | validation loss {:.4f}\n", t.steps,
+             format_duration(result.seconds), result.final_train_loss, result.final_val_loss);
+  return result;
+}
+
+}  // namespace kiln
