@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config libfmt-dev nlohmann-json3-dev libcli11-dev
-          libtomlplusplus-dev libopenblas-openmp-dev libgtest-dev python3)
+          libtomlplusplus-dev libopenblas-openmp-dev libgtest-dev python3 python3-venv)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -15,5 +15,8 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+# Python oracles for the tests (Hugging Face tokenizers, safetensors, gguf); training never uses them.
+kiln_python=$(scripts/python_env.sh)
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_PYTHON="$kiln_python" "$@" >/dev/null
 cmake --build build -j"$(nproc)"

@@ -58,4 +58,10 @@ int run_command(const std::string& command, std::string* output) {
 
 std::string kiln_binary() { return KILN_BINARY; }
 
+std::string kiln_python() {
+  const std::string python = KILN_PYTHON;
+  if (python.empty()) fail("test", "KILN_PYTHON is not configured: run scripts/setup.sh (it makes build/pyenv)");
+  return python;
+}
+
 }  // namespace kiln::test

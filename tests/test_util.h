@@ -20,5 +20,8 @@ std::string read_file(const std::string& path);
 int run_command(const std::string& command, std::string* output);
 // Path of the built `kiln` binary.
 std::string kiln_binary();
+// The Python interpreter with the test oracles (tokenizers, safetensors, gguf), from
+// scripts/python_env.sh via CMake's KILN_PYTHON. Fails the calling test if not configured.
+std::string kiln_python();
 
 }  // namespace kiln::test

@@ -55,7 +55,7 @@ std::string generate(Model& model, const Tokenizer& tokenizer, const std::string
     batch.cu_seqlens = {0, static_cast<int32_t>(n)};
     batch.max_seqlen = static_cast<int32_t>(n);
     model.load_batch(batch);
-    model.logits_at(n - 1, logits);
+    model.logits(n - 1, 1, logits);
     const int32_t next = pick(logits, options, rng, order);
     if (options.stop_at_eos && next == tokenizer.eos_id()) break;
     tokens.push_back(next);

@@ -169,17 +169,21 @@ ops::LossSums Model::evaluate() {
                            Tensor(), Tensor());
 }
 
-void Model::logits_at(int64_t row, std::vector<float>& out) {
-  KILN_CHECK(row >= 0 && row < rows_, "model", "row {} outside the loaded batch of {}", row, rows_);
+void Model::logits(int64_t first, int64_t count, std::vector<float>& out) {
+  KILN_CHECK(first >= 0 && count > 0 && first + count <= rows_, "model", "rows [{}, {}) outside the loaded batch of {}",
+             first, first + count, rows_);
   forward();
-  const Tensor logits = head_scratch_.logits.rows(0, 1);
-  ops::lm_head_logits(hidden_.rows(row, row + 1), head_weight(), 0.0, logits);
-  out.resize(static_cast<size_t>(config_.vocab_size));
-  if (logits.dtype() == DType::f32) {
-    Tensor host(out.data(), DType::f32, Device::cpu, Shape{config_.vocab_size});
-    copy_tensor(logits.view(Shape{config_.vocab_size}), host);
-  } else {
-    for (int64_t j = 0; j < config_.vocab_size; ++j) out[static_cast<size_t>(j)] = static_cast<float>(logits.data<double>()[j]);
+  const int64_t vocab = config_.vocab_size, chunk = head_scratch_.logits.size(0);
+  out.resize(static_cast<size_t>(count * vocab));
+  OwnedTensor host(head_scratch_.logits.dtype(), Device::cpu, head_scratch_.logits.shape());
+  for (int64_t begin = 0; begin < count; begin += chunk) {
+    const int64_t rows = std::min(chunk, count - begin);
+    const Tensor logits = head_scratch_.logits.rows(0, rows);
+    ops::lm_head_logits(hidden_.rows(first + begin, first + begin + rows), head_weight(), 0.0, logits);
+    copy_tensor(logits, host->rows(0, rows));
+    float* dst = out.data() + begin * vocab;
+    for (int64_t i = 0; i < rows * vocab; ++i)
+      dst[i] = host->dtype() == DType::f32 ? host->data<float>()[i] : static_cast<float>(host->data<double>()[i]);
   }
 }
 

@@ -52,8 +52,9 @@ class Model {
   ops::LossSums forward_backward(double loss_scale, double z_loss);
   // Forward and loss only.
   ops::LossSums evaluate();
-  // Forward of the loaded batch, then logits [V] of row `row` into `out` (host, f32).
-  void logits_at(int64_t row, std::vector<float>& out);
+  // Forward of the loaded batch, then the logits of rows [first, first + count) into
+  // `out` (host, f32, row-major [count, V]), computed a chunk of rows at a time.
+  void logits(int64_t first, int64_t count, std::vector<float>& out);
 
   void zero_grads();
   Arena& gradient_arena() { return grads_; }

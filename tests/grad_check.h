@@ -1,0 +1,288 @@
+// Finite-difference gradient checking for the f64 CPU reference (header-only).
+//
+// An objective is L = sum_j out_j * weight_j over the outputs an `eval` callback writes.
+// The numeric derivative by element i of x is sum_j (out+_j - out-_j) * weight_j / (2 eps):
+// differencing outputs before weighting keeps the outputs that do not depend on x_i
+// bitwise equal (zero contribution), so round-off stays near ulp(out) / eps instead of
+// ulp(L) / eps. A scalar objective is the special case of one output with weight 1.
+#pragma once
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "data/batch.h"
+#include "model/model.h"
+#include "ops/parallel.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace kiln::test {
+
+struct GradCheckOptions {
+  double eps = 1e-6;          // central-difference step
+  int order = 2;              // 2: (f(x+e) - f(x-e)) / 2e;  4: the five-point stencil
+                              //    (8 [f(x+e) - f(x-e)] - [f(x+2e) - f(x-2e)]) / 12e
+  double tol = 1e-6;          // largest accepted relative error
+  double floor = 1e-3;        // relative error = |a - n| / max(|a|, |n|, floor)
+  int64_t max_checks = 0;     // 0 = every element; else a random subset of this many
+  uint64_t seed = 12345;      // chooses the subset
+};
+
+struct GradCheckReport {
+  int64_t checked = 0;
+  int64_t failures = 0;       // elements whose relative error exceeds tol (or is not finite)
+  double max_rel = 0;
+  int64_t worst = -1;         // flat index of the worst element
+  double worst_analytic = 0, worst_numeric = 0;
+
+  bool ok() const { return checked > 0 && failures == 0; }
+  std::string str() const {
+    return fmt::format("{} checked, {} failed, max rel err {:.3e} at [{}] (analytic {:.12e}, numeric {:.12e})",
+                       checked, failures, max_rel, worst, worst_analytic, worst_numeric);
+  }
+};
+
+using EvalFn = std::function<void(std::vector<double>& out)>;
+
+// Indices of the elements to check: all, or `max_checks` distinct ones chosen at random.
+inline std::vector<int64_t> grad_check_indices(int64_t n, const GradCheckOptions& o) {
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), int64_t{0});
+  if (o.max_checks <= 0 || o.max_checks >= n) return idx;
+  Rng rng(o.seed);
+  for (int64_t i = 0; i < o.max_checks; ++i) {  // partial Fisher-Yates
+    const int64_t j = i + static_cast<int64_t>(rng.below(static_cast<uint64_t>(n - i)));
+    std::swap(idx[static_cast<size_t>(i)], idx[static_cast<size_t>(j)]);
+  }
+  idx.resize(static_cast<size_t>(o.max_checks));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+// Compares `analytic` (dL/dx, numel(x) values) with central differences of L, perturbing
+// the f64 tensor x in place (each element is restored exactly afterwards).
+inline GradCheckReport check_gradient(const Tensor& x, const std::vector<double>& analytic, const EvalFn& eval,
+                                      const std::vector<double>& weights, const GradCheckOptions& o = {}) {
+  KILN_CHECK(x.dtype() == DType::f64 && x.device() == Device::cpu, "grad_check", "x must be f64 on the cpu");
+  KILN_CHECK(static_cast<int64_t>(analytic.size()) == x.numel(), "grad_check", "analytic has {} values, x {}",
+             analytic.size(), x.numel());
+  double* data = x.data<double>();
+  GradCheckReport r;
+  KILN_CHECK(o.order == 2 || o.order == 4, "grad_check", "order must be 2 or 4, got {}", o.order);
+  std::vector<double> plus, minus;
+  // sum_j (out(x_i + s) - out(x_i - s))_j * weight_j
+  auto central = [&](int64_t i, double step) {
+    const double saved = data[i];
+    data[i] = saved + step;
+    eval(plus);
+    data[i] = saved - step;
+    eval(minus);
+    data[i] = saved;
+    KILN_CHECK(plus.size() == weights.size() && minus.size() == weights.size(), "grad_check",
+               "eval wrote {} outputs, weights has {}", plus.size(), weights.size());
+    double sum = 0;
+    for (size_t j = 0; j < weights.size(); ++j) {
+      const double diff = plus[j] - minus[j];
+      if (diff != 0) sum += diff * weights[j];
+    }
+    return sum;
+  };
+  for (int64_t i : grad_check_indices(x.numel(), o)) {
+    const double numeric = o.order == 2 ? central(i, o.eps) / (2 * o.eps)
+                                        : (8 * central(i, o.eps) - central(i, 2 * o.eps)) / (12 * o.eps);
+    const double a = analytic[static_cast<size_t>(i)];
+    const double rel = std::abs(a - numeric) / std::max({std::abs(a), std::abs(numeric), o.floor});
+    const bool bad = !(rel <= o.tol) || !std::isfinite(a);
+    ++r.checked;
+    if (bad) ++r.failures;
+    if (!(rel <= r.max_rel) || r.worst < 0) {
+      r.max_rel = std::isfinite(rel) ? rel : INFINITY;
+      r.worst = i;
+      r.worst_analytic = a;
+      r.worst_numeric = numeric;
+    }
+  }
+  eval(plus);  // leave whatever eval computes (saved forward state) as for the unperturbed x
+  return r;
+}
+
+// Scalar objective L = f().
+inline GradCheckReport check_gradient_scalar(const Tensor& x, const std::vector<double>& analytic,
+                                             const std::function<double()>& f, const GradCheckOptions& o = {}) {
+  return check_gradient(x, analytic, [&](std::vector<double>& out) { out.assign(1, f()); }, {1.0}, o);
+}
+
+// ---- small host-tensor helpers -------------------------------------------------------
+
+// f64 values drawn from N(0, scale) and rounded to f32, so the same inputs feed the f32
+// and f64 paths exactly.
+inline OwnedTensor random_f64(Shape shape, uint64_t seed, double scale = 1.0) {
+  OwnedTensor t(DType::f64, Device::cpu, shape);
+  Rng rng(seed);
+  double* p = t->data<double>();
+  for (int64_t i = 0; i < t->numel(); ++i) p[i] = static_cast<double>(static_cast<float>(rng.normal() * scale));
+  return t;
+}
+
+inline OwnedTensor filled_f64(Shape shape, double value) {
+  OwnedTensor t(DType::f64, Device::cpu, shape);
+  std::fill(t->data<double>(), t->data<double>() + t->numel(), value);
+  return t;
+}
+
+inline OwnedTensor nan_f64(Shape shape) { return filled_f64(shape, std::nan("")); }
+
+inline OwnedTensor i32_tensor(const std::vector<int32_t>& values) {
+  OwnedTensor t(DType::i32, Device::cpu, Shape{static_cast<int64_t>(values.size())});
+  std::copy(values.begin(), values.end(), t->data<int32_t>());
+  return t;
+}
+
+inline std::vector<double> values_of(const Tensor& t) {
+  if (t.dtype() == DType::f32) {
+    const float* p = t.data<float>();
+    return std::vector<double>(p, p + t.numel());
+  }
+  const double* p = t.data<double>();
+  return std::vector<double>(p, p + t.numel());
+}
+
+inline OwnedTensor copy_of(const Tensor& t) {
+  OwnedTensor c(t.dtype(), Device::cpu, t.shape());
+  copy_tensor(t, *c);
+  return c;
+}
+
+// f64 -> f32 copy (for the f32-versus-f64 forward comparison).
+inline OwnedTensor to_f32(const Tensor& t) {
+  OwnedTensor c(DType::f32, Device::cpu, t.shape());
+  const double* s = t.data<double>();
+  float* d = c->data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) d[i] = static_cast<float>(s[i]);
+  return c;
+}
+
+// Largest |a - b| / max(|b|, floor) over the elements; NaN anywhere gives infinity.
+inline double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b, double floor) {
+  if (a.size() != b.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double rel = std::abs(a[i] - b[i]) / std::max(std::abs(b[i]), floor);
+    if (!(rel <= worst)) worst = std::isfinite(rel) ? rel : INFINITY;
+  }
+  return worst;
+}
+
+// Root mean square of the values (a scale for relative comparisons near zero).
+inline double rms(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return v.empty() ? 0 : std::sqrt(s / static_cast<double>(v.size()));
+}
+
+// Runs a scope on a given CPU thread count, restoring the previous count on exit. Finite
+// differences run thousands of tiny forwards: one thread is fast and immune to the
+// OpenMP barrier stalls that two threads suffer on a loaded two-core machine.
+class ScopedCpuThreads {
+ public:
+  explicit ScopedCpuThreads(int threads) : saved_(cpu_threads()) { set_cpu_threads(threads); }
+  ~ScopedCpuThreads() { set_cpu_threads(saved_); }
+  ScopedCpuThreads(const ScopedCpuThreads&) = delete;
+  ScopedCpuThreads& operator=(const ScopedCpuThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
+// ---- tiny models and hand-packed batches (module and packing tests) ------------------
+
+// Token ids of the tiny test vocabulary: 0..9 content, then BOS, EOS, PAD.
+constexpr int32_t kTinyBos = 10, kTinyEos = 11, kTinyPad = 12;
+
+// A small model whose every path matters: init_std 0.3 (not 0.02) so attention, SwiGLU and
+// the norms work away from their linear regime and gradients are not tiny.
+inline ModelConfig tiny_config(bool qk_norm, bool tie, int64_t vocab = 13) {
+  ModelConfig c;
+  c.name = "grad-tiny";
+  c.vocab_size = vocab;
+  c.hidden = 8;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 4;
+  c.ffn_hidden = 12;
+  c.max_seq_len = 16;
+  c.qk_norm = qk_norm;
+  c.tie_embeddings = tie;
+  c.attention_bias = true;
+  c.init_std = 0.3;
+  return c;
+}
+
+inline BuildOptions tiny_build(int64_t max_tokens = 24, int64_t loss_chunk_rows = 7) {
+  BuildOptions o;
+  o.dtype = DType::f64;
+  o.device = Device::cpu;
+  o.max_tokens = max_tokens;
+  o.loss_chunk_rows = loss_chunk_rows;
+  o.training = true;
+  return o;
+}
+
+// init_weights, then norm gains moved away from 1 and biases away from 0, so that a
+// gradient that ignores a gain or a bias cannot pass by accident.
+inline void init_tiny_model(Model& m, uint64_t seed) {
+  m.init_weights(seed);
+  Rng rng(seed ^ 0x5eedull);
+  for (const auto& p : m.parameters()) {
+    if (p->shape().rank() != 1) continue;
+    const bool gain = p->init().kind == InitKind::ones;
+    double* v = p->value().data<double>();
+    for (int64_t i = 0; i < p->value().numel(); ++i) v[i] = (gain ? 1.0 : 0.0) + (gain ? 0.3 : 0.2) * rng.normal();
+  }
+}
+
+// One document's rows: tokens and the next-token targets (kIgnoreTarget where no loss).
+struct Doc {
+  std::vector<int32_t> tokens, targets;
+};
+
+// Packs whole documents as the packer does: positions restart at 0 in each, cu_seqlens
+// marks each start, and an optional PAD tail forms its own sequence with ignored targets.
+inline HostBatch pack_docs(const std::vector<Doc>& docs, int64_t pad_tail = 0) {
+  HostBatch b;
+  b.cu_seqlens.push_back(0);
+  auto add = [&](const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, bool is_doc) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      b.tokens.push_back(tokens[i]);
+      b.targets.push_back(targets[i]);
+      b.positions.push_back(static_cast<int32_t>(i));
+      if (targets[i] != kIgnoreTarget) ++b.target_count;
+      if (is_doc) ++b.document_tokens;
+    }
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+    b.max_seqlen = std::max(b.max_seqlen, static_cast<int32_t>(tokens.size()));
+  };
+  for (const Doc& d : docs) add(d.tokens, d.targets, true);
+  if (pad_tail > 0)
+    add(std::vector<int32_t>(static_cast<size_t>(pad_tail), kTinyPad),
+        std::vector<int32_t>(static_cast<size_t>(pad_tail), kIgnoreTarget), false);
+  return b;
+}
+
+// Three documents of awkward lengths (5, 7, 4), one with an ignored target inside.
+inline std::vector<Doc> three_docs() {
+  return {
+      {{kTinyBos, 3, 5, 7, 2}, {3, 5, 7, 2, kTinyEos}},
+      {{kTinyBos, 1, 1, 9, 0, 4, 6}, {1, 1, 9, kIgnoreTarget, 4, 6, kTinyEos}},
+      {{kTinyBos, 8, 2, 2}, {8, 2, 2, kTinyEos}},
+  };
+}
+
+}  // namespace kiln::test
