@@ -20,9 +20,9 @@ std::string train_command(const std::string& out_dir, const std::string& extra =
          " --set data.path=" KILN_SOURCE_DIR "/data/tinyshakespeare.txt --set train.out_dir=" + out_dir +
          " --set model.hidden=64 --set model.layers=2 --set model.heads=4 --set model.kv_heads=2"
          " --set model.head_dim=16 --set model.ffn_hidden=128 --set model.max_seq_len=128"
-         " --set train.micro_batch_tokens=1024 --set train.steps=60 --set optim.warmup_steps=10"
-         " --set optim.lr=1e-2 --set train.eval_every=0 --set train.eval_batches=2 --set train.sample_every=0"
-         " --set train.sample_tokens=20 --set log.every=10 --set train.threads=2 " +
+         " --set train.micro_batch_tokens=2048 --set train.steps=300 --set optim.warmup_steps=20"
+         " --set optim.lr=3e-3 --set train.eval_every=0 --set train.eval_batches=2 --set train.sample_every=0"
+         " --set train.sample_tokens=20 --set log.every=50 --set train.threads=2 " +
          extra;
 }
 
@@ -40,11 +40,12 @@ TEST(Cli, ShortTrainingRunLearnsAndSavesWhatSampleLoads) {
   const std::string dir = test::temp_dir("kiln-cli-train");
   std::string output;
   ASSERT_EQ(test::run_command(train_command(dir), &output), 0) << output;
-  EXPECT_NE(output.find("step    60/60"), std::string::npos) << output;
-  EXPECT_NE(output.find("sample at step 60"), std::string::npos) << output;
+  EXPECT_NE(output.find("step   300/300"), std::string::npos) << output;
+  EXPECT_NE(output.find("sample at step 300"), std::string::npos) << output;
 
-  // The metrics file has the first and last logged steps; the loss fell well below the
-  // uniform-guess loss ln(259) = 5.56 to under 2.9 nats in 60 steps (fixed seeds).
+  // The metrics file has every 50th step; the loss fell from the uniform-guess ln(259) =
+  // 5.56 nats, past the unigram plateau (~3.2), to under 2.5 nats in 300 steps (fixed seeds;
+  // measured 2.22 train, 2.21 validation).
   std::ifstream metrics(dir + "/metrics.jsonl");
   std::string line;
   std::vector<double> train_losses;
@@ -54,11 +55,11 @@ TEST(Cli, ShortTrainingRunLearnsAndSavesWhatSampleLoads) {
     if (j["kind"] == "train") train_losses.push_back(j["loss"].get<double>());
     if (j["kind"] == "validation") validation = j["loss"].get<double>();
   }
-  ASSERT_EQ(train_losses.size(), 6u);  // every 10 of 60 steps
+  ASSERT_EQ(train_losses.size(), 6u);  // every 50 of 300 steps
   EXPECT_GT(train_losses.front(), 3.5);
-  EXPECT_LT(train_losses.back(), 2.9);
+  EXPECT_LT(train_losses.back(), 2.5);
   EXPECT_GT(validation, 0);
-  EXPECT_LT(validation, 2.9);
+  EXPECT_LT(validation, 2.5);
 
   // The resolved config and the model were saved; sample loads them.
   EXPECT_TRUE(fs::exists(dir + "/config.toml"));

@@ -37,6 +37,20 @@ void dispatch_cpu_float(const char* op, DType dtype, Fn&& fn) {
   }
 }
 
+// Runs the CUDA kernel call(s) and returns when `tensor` lives on the GPU (fp32 for now);
+// in a build without CUDA, a GPU tensor is an error.
+#if KILN_WITH_CUDA
+#define KILN_ON_CUDA(tensor, op, ...)                                 \
+  if ((tensor).device() == ::kiln::Device::cuda) {                    \
+    ::kiln::ops::expect_dtype(op, #tensor, tensor, ::kiln::DType::f32); \
+    __VA_ARGS__;                                                      \
+    return;                                                           \
+  }
+#else
+#define KILN_ON_CUDA(tensor, op, ...) \
+  if ((tensor).device() == ::kiln::Device::cuda) ::kiln::ops::no_cuda_kernel(op);
+#endif
+
 // The CUDA path of an op that does not have a kernel yet.
 [[noreturn]] inline void no_cuda_kernel(const char* op) {
   fail(op, "no CUDA kernel yet{}", KILN_WITH_CUDA ? "" : " (this kiln was built without CUDA)");

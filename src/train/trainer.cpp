@@ -3,6 +3,7 @@
 #include "core/device_memory.h"
 #include "infer/sampler.h"
 #include "io/model_io.h"
+#include "nn/modules.h"
 #include "ops/parallel.h"
 
 #include <fmt/format.h>
@@ -40,20 +41,36 @@ std::string human_count(double n) {
   return fmt::format("{:.0f}", n);
 }
 
+// Every registry name in the config must exist; the error names the key and the choices.
+void check_component_names(const Config& c) {
+  auto check = [](const auto& registry, const char* key, const std::string& name) {
+    KILN_CHECK(registry.contains(name), "config", "{}: unknown {} '{}' (known: {})", key, registry.kind(), name,
+               registry.known());
+  };
+  check(norm_registry(), "model.norm", c.model.norm);
+  check(attention_registry(), "model.attention", c.model.attention);
+  check(mlp_registry(), "model.mlp", c.model.mlp);
+  check(position_registry(), "model.position", c.model.position);
+  check(optimizer_registry(), "optim.name", c.optim.name);
+  check(schedule_registry(), "optim.schedule", c.optim.schedule);
+}
+
 }  // namespace
 
 Device resolve_device(const std::string& setting) {
-  // The CUDA backend so far has kernels for part of the model only; training on the GPU
-  // is refused rather than run half on the host.
-  if (setting == "cuda")
-    fail("train.device", "training on CUDA needs the full CUDA backend, which this kiln does not have yet; use "
-                         "train.device=cpu");
-  return Device::cpu;
+  const bool gpu = cuda_available();
+  if (setting == "cuda") {
+    KILN_CHECK(gpu, "train.device", "cuda requested, but {}",
+               KILN_WITH_CUDA ? "no CUDA device is visible" : "this kiln was built without the CUDA backend");
+    return Device::cuda;
+  }
+  return setting == "auto" && gpu ? Device::cuda : Device::cpu;
 }
 
 Trainer::Trainer(const Config& config)
     : config_(config), device_(resolve_device(config.train.device)), optimizer_state_("optimizer", device_) {
   validate_config(config_);
+  check_component_names(config_);  // before any data is read: config mistakes surface first
   const int threads = set_cpu_threads(config_.train.threads);
   prepare_out_dir(config_.train.out_dir);
 
@@ -83,9 +100,11 @@ Trainer::Trainer(const Config& config)
   metrics_ = std::make_unique<MetricsLog>((fs::path(config_.train.out_dir) / config_.log.metrics_file).string());
 
   const MemoryPlan plan = model_->memory_plan();
-  fmt::print("kiln {} | device {} ({} threads) | model {}: {} parameters, {} layers, hidden {}\n", KILN_VERSION,
-             device_name(device_), threads, config_.model.name, human_count(static_cast<double>(model_->parameter_count())),
-             config_.model.layers, config_.model.hidden);
+  const std::string device = device_ == Device::cuda ? fmt::format("cuda ({}, fp32)", cuda_device_name())
+                                                      : fmt::format("cpu ({} threads, fp32)", threads);
+  fmt::print("kiln {} | device {} | model {}: {} parameters, {} layers, hidden {}\n", KILN_VERSION, device,
+             config_.model.name, human_count(static_cast<double>(model_->parameter_count())), config_.model.layers,
+             config_.model.hidden);
   fmt::print("data {}: {} train / {} validation documents ({} / {} tokens) | {} tokens per step ({} x {})\n",
              config_.data.path, dataset_->num_documents(Split::train), dataset_->num_documents(Split::validation),
              human_count(static_cast<double>(dataset_->num_tokens(Split::train))),

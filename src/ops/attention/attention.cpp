@@ -2,6 +2,7 @@
 
 #include "ops/attention/attention_cpu.h"
 #include "ops/common.h"
+#include "ops/cuda_kernels.h"
 
 #include <cmath>
 
@@ -48,6 +49,22 @@ cpu::AttentionShape shape_of(const Tensor& q, const Tensor& k, const Tensor& cu,
   return s;
 }
 
+#if KILN_WITH_CUDA
+cuda::AttentionArgs cuda_args(const Tensor& q, const Tensor& k, const Tensor& cu, const AttentionOptions& o) {
+  cuda::AttentionArgs a;
+  a.tokens = q.size(0);
+  a.q_heads = q.size(1);
+  a.kv_heads = k.size(1);
+  a.head_dim = q.size(2);
+  a.num_seqs = cu.size(0) - 1;
+  a.cu_seqlens = cu.data<int32_t>();
+  a.scale = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2))));
+  a.window = o.window;
+  a.softcap = static_cast<float>(o.softcap);
+  return a;
+}
+#endif
+
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
@@ -58,7 +75,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   expect_same(op, "out", out, q);
   expect_shape(op, "lse", lse, Shape{q.size(0), q.size(1)});
   expect_same(op, "lse", lse, q);
-  if (q.device() != Device::cpu) no_cuda_kernel(op);
+  KILN_ON_CUDA(q, op, cuda::attention_forward_f32(cuda_args(q, k, cu_seqlens, options), q.data<float>(), k.data<float>(),
+                                                  v.data<float>(), out.data<float>(), lse.data<float>()));
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cpu::attention_forward<T>(shape_of(q, k, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
@@ -83,7 +101,10 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   expect_same(op, "dk", dk, q);
   expect_shape(op, "dv", dv, v.shape());
   expect_same(op, "dv", dv, q);
-  if (q.device() != Device::cpu) no_cuda_kernel(op);
+  KILN_ON_CUDA(q, op, cuda::attention_backward_f32(cuda_args(q, k, cu_seqlens, options), q.data<float>(), k.data<float>(),
+                                                   v.data<float>(), out.data<float>(), lse.data<float>(),
+                                                   dout.data<float>(), dq.data<float>(), dk.data<float>(),
+                                                   dv.data<float>()));
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cpu::attention_backward<T>(shape_of(q, k, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),

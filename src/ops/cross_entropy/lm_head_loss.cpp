@@ -1,6 +1,7 @@
 #include "ops/cross_entropy/lm_head_loss.h"
 
 #include "ops/common.h"
+#include "ops/cuda_kernels.h"
 #include "ops/linear/linear.h"
 
 #include <algorithm>
@@ -36,6 +37,33 @@ void row_loss(T* row, int64_t vocab, int32_t target, const LmHeadLossOptions& o,
   }
 }
 
+#if KILN_WITH_CUDA
+// The same chunk loop on the GPU: cuBLAS products, the row kernel in place, and the sums
+// kept on the device until the end (one synchronization per call).
+LossSums lm_head_loss_cuda(const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
+                           const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw) {
+  const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0);
+  const bool grad = dh.defined() || dw.defined();
+  float* lc = scratch.logits.data<float>();
+  cuda::loss_sums_reset();
+  for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
+    const int64_t rows = std::min(o.chunk_rows, n - begin);
+    const float* hc = h.data<float>() + begin * d;
+    cuda::gemm_f32(false, true, rows, vocab, d, 1.0f, hc, d, w.data<float>(), d, 0.0f, lc, vocab);
+    cuda::cross_entropy_rows_f32(lc, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
+                                 static_cast<float>(o.loss_scale), static_cast<float>(o.softcap), grad,
+                                 scratch.row_stats.data<double>());
+    cuda::loss_sums_accumulate(scratch.row_stats.data<double>(), targets.data<int32_t>() + begin, rows);
+    if (dh.defined())
+      cuda::gemm_f32(false, false, rows, d, vocab, 1.0f, lc, vocab, w.data<float>(), d, 0.0f, dh.data<float>() + begin * d, d);
+    if (dw.defined()) cuda::gemm_f32(true, false, vocab, d, rows, 1.0f, lc, vocab, hc, d, 1.0f, dw.data<float>(), d);
+  }
+  LossSums sums;
+  cuda::loss_sums_read(&sums.loss, &sums.z, &sums.count);
+  return sums;
+}
+#endif
+
 }  // namespace
 
 LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
@@ -55,7 +83,14 @@ LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, c
   expect_dtype(op, "row_stats", scratch.row_stats, DType::f64);
   if (dh.defined()) expect_shape(op, "dh", dh, h.shape()), expect_same(op, "dh", dh, h);
   if (dw.defined()) expect_shape(op, "dw", dw, w.shape()), expect_same(op, "dw", dw, h);
-  if (h.device() != Device::cpu) no_cuda_kernel(op);
+  if (h.device() == Device::cuda) {
+#if KILN_WITH_CUDA
+    expect_dtype(op, "h", h, DType::f32);
+    return lm_head_loss_cuda(h, w, targets, o, scratch, dh, dw);
+#else
+    no_cuda_kernel(op);
+#endif
+  }
 
   const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0);
   const int32_t* tgt = targets.data<int32_t>();
@@ -103,7 +138,11 @@ void lm_head_logits(const Tensor& h, const Tensor& w, double softcap, const Tens
   expect_same(op, "w", w, h);
   expect_shape(op, "logits", logits, Shape{h.size(0), w.size(0)});
   expect_same(op, "logits", logits, h);
-  if (h.device() != Device::cpu) no_cuda_kernel(op);
+  KILN_ON_CUDA(h, op, {
+    cuda::gemm_f32(false, true, h.size(0), w.size(0), h.size(1), 1.0f, h.data<float>(), h.size(1), w.data<float>(),
+                   h.size(1), 0.0f, logits.data<float>(), w.size(0));
+    if (softcap > 0) cuda::softcap_f32(logits.data<float>(), logits.numel(), static_cast<float>(softcap));
+  });
   dispatch_cpu_float(op, h.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t m = h.size(0), d = h.size(1), vocab = w.size(0);

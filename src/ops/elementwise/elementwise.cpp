@@ -1,6 +1,7 @@
 #include "ops/elementwise/elementwise.h"
 
 #include "ops/common.h"
+#include "ops/cuda_kernels.h"
 
 #include <cmath>
 
@@ -10,7 +11,7 @@ void add_inplace(const Tensor& dst, const Tensor& src) {
   const char* op = "add_inplace";
   expect_same(op, "src", src, dst);
   KILN_CHECK(src.numel() == dst.numel(), op, "size mismatch {} vs {}", dst.describe(), src.describe());
-  if (dst.device() != Device::cpu) no_cuda_kernel(op);
+  KILN_ON_CUDA(dst, op, cuda::add_inplace_f32(dst.data<float>(), src.data<float>(), dst.numel()));
   dispatch_cpu_float(op, dst.dtype(), [&](auto zero) {
     using T = decltype(zero);
     T* d = dst.data<T>();
@@ -27,7 +28,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
   expect_same(op, "out", out, a);
   KILN_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), op, "size mismatch {} {} {}", a.describe(),
              b.describe(), out.describe());
-  if (a.device() != Device::cpu) no_cuda_kernel(op);
+  KILN_ON_CUDA(a, op, cuda::add_f32(a.data<float>(), b.data<float>(), a.numel(), out.data<float>()));
   dispatch_cpu_float(op, a.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* x = a.data<T>();
@@ -41,7 +42,14 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
 
 double sum_squares(const Tensor& x) {
   const char* op = "sum_squares";
-  if (x.device() != Device::cpu) no_cuda_kernel(op);
+  if (x.device() == Device::cuda) {
+#if KILN_WITH_CUDA
+    expect_dtype(op, "x", x, DType::f32);
+    return cuda::sum_squares_f32(x.data<float>(), x.numel());
+#else
+    no_cuda_kernel(op);
+#endif
+  }
   double total = 0;
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -53,7 +61,7 @@ double sum_squares(const Tensor& x) {
 
 void scale_inplace(const Tensor& x, double factor) {
   const char* op = "scale_inplace";
-  if (x.device() != Device::cpu) no_cuda_kernel(op);
+  KILN_ON_CUDA(x, op, cuda::scale_inplace_f32(x.data<float>(), x.numel(), static_cast<float>(factor)));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     T* p = x.data<T>();
@@ -63,7 +71,14 @@ void scale_inplace(const Tensor& x, double factor) {
 
 bool all_finite(const Tensor& x) {
   const char* op = "all_finite";
-  if (x.device() != Device::cpu) no_cuda_kernel(op);
+  if (x.device() == Device::cuda) {
+#if KILN_WITH_CUDA
+    expect_dtype(op, "x", x, DType::f32);
+    return cuda::all_finite_f32(x.data<float>(), x.numel());
+#else
+    no_cuda_kernel(op);
+#endif
+  }
   bool finite = true;
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);

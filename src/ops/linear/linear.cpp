@@ -1,6 +1,7 @@
 #include "ops/linear/linear.h"
 
 #include "ops/common.h"
+#include "ops/cuda_kernels.h"
 
 #include <cblas.h>
 
@@ -39,7 +40,8 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   validate(op, x, w, bias);
   expect_shape(op, "y", y, Shape{x.size(0), w.size(0)});
   expect_same(op, "y", y, x);
-  if (x.device() != Device::cpu) no_cuda_kernel(op);
+  KILN_ON_CUDA(x, op, cuda::linear_forward_f32(x.data<float>(), w.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
+                                               x.size(0), x.size(1), w.size(0), y.data<float>()));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
@@ -63,7 +65,9 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
   if (dx.defined()) expect_shape(op, "dx", dx, x.shape()), expect_same(op, "dx", dx, x);
   if (dw.defined()) expect_shape(op, "dw", dw, w.shape()), expect_same(op, "dw", dw, x);
   if (dbias.defined()) expect_shape(op, "dbias", dbias, Shape{w.size(0)}), expect_same(op, "dbias", dbias, x);
-  if (x.device() != Device::cpu) no_cuda_kernel(op);
+  auto ptr = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
+  KILN_ON_CUDA(x, op, cuda::linear_backward_f32(x.data<float>(), w.data<float>(), dy.data<float>(), x.size(0), x.size(1),
+                                                w.size(0), ptr(dx), accumulate_dx, ptr(dw), ptr(dbias)));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = x.size(0), in = x.size(1), out = w.size(0);

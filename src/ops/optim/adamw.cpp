@@ -1,6 +1,7 @@
 #include "ops/optim/adamw.h"
 
 #include "ops/common.h"
+#include "ops/cuda_kernels.h"
 
 #include <cmath>
 
@@ -14,7 +15,12 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, cons
   KILN_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(), op,
              "size mismatch: param {}, grad {}, m {}, v {}", param.describe(), grad.describe(), m.describe(),
              v.describe());
-  if (param.device() != Device::cpu) no_cuda_kernel(op);
+  KILN_ON_CUDA(param, op, cuda::adamw_update_f32(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
+                                                 param.numel(), static_cast<float>(s.lr), static_cast<float>(s.beta1),
+                                                 static_cast<float>(s.beta2), static_cast<float>(s.eps),
+                                                 static_cast<float>(s.weight_decay),
+                                                 static_cast<float>(s.bias_correction1),
+                                                 static_cast<float>(s.bias_correction2)));
   dispatch_cpu_float(op, param.dtype(), [&](auto zero) {
     using T = decltype(zero);
     T* p = param.data<T>();

@@ -1,6 +1,7 @@
 #include "ops/rope/rope.h"
 
 #include "ops/common.h"
+#include "ops/cuda_kernels.h"
 
 #include <cmath>
 
@@ -45,7 +46,8 @@ void rope_apply(const Tensor& x, const Tensor& positions, const Tensor& cos, con
   KILN_CHECK(cos.size(1) == x.size(2) / 2, op, "cos {} does not fit head_dim {}", cos.describe(), x.size(2));
   expect_same(op, "cos", cos, x);
   expect_same(op, "sin", sin, x);
-  if (x.device() != Device::cpu) no_cuda_kernel(op);
+  KILN_ON_CUDA(x, op, cuda::rope_apply_f32(x.data<float>(), positions.data<int32_t>(), cos.data<float>(), sin.data<float>(),
+                                           x.size(0), x.size(1), x.size(2) / 2, inverse));
   const int64_t n = x.size(0), heads = x.size(1), half = x.size(2) / 2, max_pos = cos.size(0);
   const int32_t* pos = positions.data<int32_t>();
   for (int64_t i = 0; i < n; ++i)

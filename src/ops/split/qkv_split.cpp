@@ -1,6 +1,7 @@
 #include "ops/split/qkv_split.h"
 
 #include "ops/common.h"
+#include "ops/cuda_kernels.h"
 
 #include <cstring>
 
@@ -18,7 +19,6 @@ void validate(const char* op, const Tensor& fused, const Tensor& q, const Tensor
   KILN_CHECK(k.size(0) == n && k.size(2) == q.size(2), op, "q {} and k {} disagree", q.describe(), k.describe());
   expect_shape(op, "qkv", fused, Shape{n, cols});
   expect_same(op, "qkv", fused, q);
-  if (q.device() != Device::cpu) no_cuda_kernel(op);
 }
 
 // Copies between the fused rows and the three parts; to_parts picks the direction.
@@ -45,6 +45,8 @@ void shuffle(T* fused, T* q, T* k, T* v, int64_t n, int64_t q_cols, int64_t kv_c
 
 void qkv_split(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v) {
   validate("qkv_split", qkv, q, k, v);
+  KILN_ON_CUDA(q, "qkv_split", cuda::qkv_shuffle_f32(qkv.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(),
+                                                     q.size(0), q.size(1) * q.size(2), k.size(1) * k.size(2), true));
   dispatch_cpu_float("qkv_split", q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     shuffle<T>(qkv.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(), q.size(0), q.size(1) * q.size(2),
@@ -54,6 +56,9 @@ void qkv_split(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor
 
 void qkv_merge(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dqkv) {
   validate("qkv_merge", dqkv, dq, dk, dv);
+  KILN_ON_CUDA(dq, "qkv_merge", cuda::qkv_shuffle_f32(dqkv.data<float>(), dq.data<float>(), dk.data<float>(),
+                                                      dv.data<float>(), dq.size(0), dq.size(1) * dq.size(2),
+                                                      dk.size(1) * dk.size(2), false));
   dispatch_cpu_float("qkv_merge", dq.dtype(), [&](auto zero) {
     using T = decltype(zero);
     shuffle<T>(dqkv.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), dq.size(0), dq.size(1) * dq.size(2),

@@ -1,6 +1,7 @@
 #include "ops/swiglu/swiglu.h"
 
 #include "ops/common.h"
+#include "ops/cuda_kernels.h"
 
 #include <cmath>
 
@@ -19,7 +20,7 @@ void validate(const char* op, const Tensor& gate_up, const Tensor& half, const c
 void swiglu_forward(const Tensor& gate_up, const Tensor& out) {
   const char* op = "swiglu";
   validate(op, gate_up, out, "out");
-  if (gate_up.device() != Device::cpu) no_cuda_kernel(op);
+  KILN_ON_CUDA(gate_up, op, cuda::swiglu_forward_f32(gate_up.data<float>(), gate_up.size(0), out.size(1), out.data<float>()));
   dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = gate_up.size(0), f = out.size(1);
@@ -40,7 +41,8 @@ void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dg
   validate(op, gate_up, dout, "dout");
   expect_shape(op, "dgate_up", dgate_up, gate_up.shape());
   expect_same(op, "dgate_up", dgate_up, gate_up);
-  if (gate_up.device() != Device::cpu) no_cuda_kernel(op);
+  KILN_ON_CUDA(gate_up, op, cuda::swiglu_backward_f32(gate_up.data<float>(), dout.data<float>(), gate_up.size(0),
+                                                      dout.size(1), dgate_up.data<float>()));
   dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = gate_up.size(0), f = dout.size(1);

@@ -1,0 +1,23 @@
+// Process-wide CUDA handles for the kernels: the stream they run on and the cuBLAS
+// handle bound to it. Created on first use (outside the step loop: the model's first
+// forward happens before training starts timing). Only for CUDA translation units.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "ops/cuda_kernels.h"
+
+namespace kiln::cuda {
+
+cudaStream_t stream();
+cublasHandle_t blas();
+
+
+// Blocks of `threads` covering n items (at most 65535 * 1024 * ... grid-stride loops do the rest).
+inline unsigned blocks_for(int64_t n, int threads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,120 @@
+// fp32 cross-entropy over a chunk of LM-head logits, one block per row, in place: the row
+// becomes its own gradient so the chunk buffer feeds the dh/dw GEMMs directly.
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "ops/cuda_kernels.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename Op>
+__device__ float block_reduce(float v, Op op, float* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) shared[threadIdx.x] = op(shared[threadIdx.x], shared[threadIdx.x + s]);
+    __syncthreads();
+  }
+  const float result = shared[0];
+  __syncthreads();  // shared is reused by the next reduction
+  return result;
+}
+
+__global__ void rows_kernel(float* logits, const int32_t* targets, int64_t vocab, float z_loss, float loss_scale,
+                            float cap, bool grad, double* stats) {
+  __shared__ float shared[kThreads];
+  const int64_t row = blockIdx.x;
+  float* x = logits + row * vocab;
+  const int32_t target = targets[row];
+  if (target < 0) {
+    if (grad)
+      for (int64_t j = threadIdx.x; j < vocab; j += kThreads) x[j] = 0;
+    if (threadIdx.x == 0) stats[2 * row] = stats[2 * row + 1] = 0;
+    return;
+  }
+  float local_max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < vocab; j += kThreads) {
+    if (cap > 0) x[j] = cap * tanhf(x[j] / cap);
+    local_max = fmaxf(local_max, x[j]);
+  }
+  const float m = block_reduce(local_max, [](float a, float b) { return fmaxf(a, b); }, shared);
+  float local_sum = 0;
+  for (int64_t j = threadIdx.x; j < vocab; j += kThreads) local_sum += __expf(x[j] - m);
+  const float lse = m + logf(block_reduce(local_sum, [](float a, float b) { return a + b; }, shared));
+  const float target_logit = x[target];
+  __syncthreads();  // every thread has read x[target] before the row is overwritten
+  if (threadIdx.x == 0) {
+    stats[2 * row] = static_cast<double>(lse) - target_logit;
+    stats[2 * row + 1] = static_cast<double>(lse) * lse;
+  }
+  if (!grad) return;
+  const float zfactor = 1.0f + 2.0f * z_loss * lse;
+  for (int64_t j = threadIdx.x; j < vocab; j += kThreads) {
+    float g = __expf(x[j] - lse) * zfactor - (j == target ? 1.0f : 0.0f);
+    if (cap > 0) {
+      const float t = x[j] / cap;
+      g *= 1.0f - t * t;
+    }
+    x[j] = g * loss_scale;
+  }
+}
+
+__global__ void softcap_kernel(float* x, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = cap * tanhf(x[i] / cap);
+}
+
+__device__ double g_sums[3];  // loss, z, count of the current lm_head_loss call
+
+__global__ void sums_reset_kernel() { g_sums[0] = g_sums[1] = g_sums[2] = 0; }
+
+// One thread, rows in order: the same sums as the CPU reference's loop, every run.
+__global__ void sums_accumulate_kernel(const double* stats, const int32_t* targets, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] < 0) continue;
+    g_sums[0] += stats[2 * r];
+    g_sums[1] += stats[2 * r + 1];
+    g_sums[2] += 1;
+  }
+}
+
+}  // namespace
+
+void loss_sums_reset() {
+  sums_reset_kernel<<<1, 1, 0, stream()>>>();
+  check_launch("lm_head_loss", "sums_reset_kernel");
+}
+
+void loss_sums_accumulate(const double* row_stats, const int32_t* targets, int64_t rows) {
+  sums_accumulate_kernel<<<1, 1, 0, stream()>>>(row_stats, targets, rows);
+  check_launch("lm_head_loss", "sums_accumulate_kernel");
+}
+
+void loss_sums_read(double* loss, double* z, int64_t* count) {
+  double sums[3];
+  check(cudaMemcpyFromSymbolAsync(sums, g_sums, sizeof(sums), 0, cudaMemcpyDeviceToHost, stream()), "lm_head_loss",
+        "copy sums");
+  check(cudaStreamSynchronize(stream()), "lm_head_loss", "synchronize");
+  *loss = sums[0];
+  *z = sums[1];
+  *count = static_cast<int64_t>(sums[2]);
+}
+
+void cross_entropy_rows_f32(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
+                            float loss_scale, float softcap, bool grad, double* row_stats) {
+  if (rows == 0) return;
+  rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(logits, targets, vocab, z_loss, loss_scale,
+                                                                      softcap, grad, row_stats);
+  check_launch("lm_head_loss", "rows_kernel");
+}
+
+void softcap_f32(float* x, int64_t n, float cap) {
+  softcap_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(x, n, cap);
+  check_launch("lm_head_logits", "softcap_kernel");
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,68 @@
+// fp32 CUDA kernels behind the op front ends (RMSNorm has its own header). The front
+// end validates shapes and dtypes and calls these only for Device::cuda tensors in a
+// KILN_WITH_CUDA build; they launch on kiln::cuda::stream() and trust their inputs.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::cuda {
+
+// Row-major C [m, n] = alpha op(A) op(B) + beta C in fp32 (A is [m, k] after op, B [k, n]),
+// the same contract as ops::cpu_gemm (cuBLAS, pedantic fp32).
+void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// linear: row-major GEMMs plus bias helpers.
+void linear_forward_f32(const float* x, const float* w, const float* bias, int64_t n, int64_t in, int64_t out,
+                        float* y);
+void linear_backward_f32(const float* x, const float* w, const float* dy, int64_t n, int64_t in, int64_t out,
+                         float* dx, bool accumulate_dx, float* dw, float* dbias);
+
+void embedding_forward_f32(const int32_t* tokens, const float* table, int64_t n, int64_t dim, float* out);
+// Accumulates with atomics: fast, but the order of repeated ids is not fixed.
+void embedding_backward_f32(const int32_t* tokens, const float* dout, int64_t n, int64_t dim, float* dtable);
+
+void rope_apply_f32(float* x, const int32_t* positions, const float* cos, const float* sin, int64_t n, int64_t heads,
+                    int64_t half, bool inverse);
+
+void qkv_shuffle_f32(float* fused, float* q, float* k, float* v, int64_t n, int64_t q_cols, int64_t kv_cols,
+                     bool to_parts);
+
+struct AttentionArgs {
+  int64_t tokens, q_heads, kv_heads, head_dim, num_seqs;
+  const int32_t* cu_seqlens;  // device
+  float scale;
+  int64_t window;
+  float softcap;
+};
+void attention_forward_f32(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out,
+                           float* lse);
+void attention_backward_f32(const AttentionArgs& a, const float* q, const float* k, const float* v, const float* out,
+                            const float* lse, const float* dout, float* dq, float* dk, float* dv);
+
+void swiglu_forward_f32(const float* gate_up, int64_t n, int64_t f, float* out);
+void swiglu_backward_f32(const float* gate_up, const float* dout, int64_t n, int64_t f, float* dgate_up);
+
+void add_f32(const float* a, const float* b, int64_t n, float* out);
+void add_inplace_f32(float* dst, const float* src, int64_t n);
+void scale_inplace_f32(float* x, int64_t n, float factor);
+// Deterministic: fixed per-block partials summed in order. Synchronizes (returns to host).
+double sum_squares_f32(const float* x, int64_t n);
+bool all_finite_f32(const float* x, int64_t n);
+
+// Cross-entropy rows of a logits chunk [rows, vocab] in place: with grad, each row becomes
+// loss_scale * d(objective)/dlogits (zero for ignored targets); row_stats [rows, 2] (f64)
+// receives each row's loss and logsumexp^2.
+void cross_entropy_rows_f32(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
+                            float loss_scale, float softcap, bool grad, double* row_stats);
+void softcap_f32(float* x, int64_t n, float cap);
+// Loss sums of one lm_head_loss call, accumulated on the device in row order:
+// reset, accumulate each chunk's row_stats, then read (synchronizes) loss, z, count.
+void loss_sums_reset();
+void loss_sums_accumulate(const double* row_stats, const int32_t* targets, int64_t rows);
+void loss_sums_read(double* loss, double* z, int64_t* count);
+
+void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                      float eps, float weight_decay, float bias_correction1, float bias_correction2);
+
+}  // namespace kiln::cuda
