@@ -29,6 +29,8 @@ for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib; do
   [ -d "$d" ] && lib_path+=":$d"
 done
 [ -d /usr/local/cuda/lib64 ] && lib_path+=":/usr/local/cuda/lib64"
+# Tests read the repository (golden files, corpus) from here, not the build machine path.
+export KILN_SOURCE_DIR="$PWD"
 export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 echo "== gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"

@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include <array>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -57,6 +58,13 @@ int run_command(const std::string& command, std::string* output) {
 }
 
 std::string kiln_binary() { return KILN_BINARY; }
+
+std::string source_dir() {
+  const char* env = std::getenv("KILN_SOURCE_DIR");
+  return env && *env ? env : KILN_SOURCE_DIR;
+}
+
+std::string test_data_dir() { return source_dir() + "/tests/data"; }
 
 std::string kiln_python() {
   const std::string python = KILN_PYTHON;

@@ -18,6 +18,11 @@ void write_file(const std::string& path, const std::string& text);
 std::string read_file(const std::string& path);
 // Runs a shell command, returns its exit code, and captures stdout+stderr.
 int run_command(const std::string& command, std::string* output);
+// The repository root: $KILN_SOURCE_DIR when set (tests run from a copy of the tree, as on
+// the GPU machine), else the source directory this build was configured from.
+std::string source_dir();
+// tests/data under source_dir().
+std::string test_data_dir();
 // Path of the built `kiln` binary.
 std::string kiln_binary();
 // The Python interpreter with the test oracles (tokenizers, safetensors, gguf), from

@@ -6,6 +6,7 @@
 #include "core/device_memory.h"
 #include "core/tensor.h"
 #include "ops/rms_norm/rms_norm.h"
+#include "gpu/gpu_harness.h"
 #include "test_util.h"
 
 #include <fmt/format.h>
@@ -21,80 +22,7 @@
 namespace kiln {
 namespace {
 
-// ---- harness ---------------------------------------------------------------------------
-
-// Tolerances for fp32 kernels against an fp64 reference, by output.
-struct Tolerance {
-  double forward = 1e-5;   // y, rstd: a row sum, then elementwise products
-  double backward = 1e-4;  // dx (cancellation in g - x*coef), dw (long column sums)
-};
-constexpr Tolerance kF32;
-// Elements smaller than this fraction of the output's scale are judged against it (an
-// absolute error scaled to the magnitudes the kernel computes with), so rounding near
-// zero crossings and in cancelling differences does not count as relative error, while a
-// wrong element (off by O(scale)) still fails by orders of magnitude. The scale is the
-// largest |ref| unless an op knows its terms are larger (a sum's sum of |terms|).
-constexpr double kFloorFraction = 1e-2;
-
-OwnedTensor to_device(const Tensor& host) {
-  OwnedTensor dev(host.dtype(), Device::cuda, host.shape());
-  copy_tensor(host, *dev);
-  return dev;
-}
-
-OwnedTensor to_host(const Tensor& dev) {
-  OwnedTensor host(dev.dtype(), Device::cpu, dev.shape());
-  copy_tensor(dev, *host);
-  return host;
-}
-
-// Fills a device tensor with 0xFF bytes (a NaN in every float).
-void poison(const Tensor& dev) {
-  std::vector<unsigned char> bytes(dev.nbytes(), 0xFF);
-  copy_tensor(Tensor(bytes.data(), dev.dtype(), Device::cpu, dev.shape()), dev);
-}
-
-OwnedTensor to_f64(const Tensor& f32) {
-  OwnedTensor out(DType::f64, Device::cpu, f32.shape());
-  for (int64_t i = 0; i < f32.numel(); ++i) out->data<double>()[i] = f32.data<float>()[i];
-  return out;
-}
-
-OwnedTensor to_f32(const Tensor& f64) {
-  OwnedTensor out(DType::f32, Device::cpu, f64.shape());
-  for (int64_t i = 0; i < f64.numel(); ++i) out->data<float>()[i] = static_cast<float>(f64.data<double>()[i]);
-  return out;
-}
-
-// Checks a GPU result (copied to the host, f32) against an f64 reference; `scale` (when
-// larger than the largest |ref|) sets the floor of the relative error's denominator.
-void expect_close(const char* name, const Tensor& gpu_f32, const Tensor& ref_f64, double tolerance,
-                  double scale = 0) {
-  ASSERT_EQ(gpu_f32.numel(), ref_f64.numel()) << name;
-  const float* a = gpu_f32.data<float>();
-  const double* b = ref_f64.data<double>();
-  const int64_t n = ref_f64.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    ASSERT_TRUE(std::isfinite(b[i])) << name << ": reference is not finite at " << i;
-    scale = std::max(scale, std::fabs(b[i]));
-  }
-  const double floor = std::max(kFloorFraction * scale, 1e-30);
-  double worst = 0;
-  int64_t worst_at = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    ASSERT_TRUE(std::isfinite(a[i])) << name << "[" << i << "] = " << a[i] << " (unwritten or overflow), ref "
-                                     << b[i];
-    const double err = std::fabs(a[i] - b[i]) / std::max(std::fabs(b[i]), floor);
-    if (err > worst) worst = err, worst_at = i;
-  }
-  EXPECT_LE(worst, tolerance) << name << ": max relative error " << worst << " at " << worst_at << " (gpu "
-                              << a[worst_at] << ", ref " << b[worst_at] << ")";
-  ::testing::Test::RecordProperty(std::string(name) + "_max_rel_err", fmt::format("{:.3e}", worst));
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
+using namespace gpu_test;
 
 // Awkward sizes: one row, odd counts, rows not a multiple of a block's rows; columns
 // below a warp, odd (scalar path), multiples of 4 (float4 path), above the warp-per-row
@@ -106,13 +34,6 @@ constexpr double kEps = 1e-6;
 uint64_t seed_of(int64_t rows, int64_t cols, int salt) {
   return static_cast<uint64_t>(rows) * 1000003ull + static_cast<uint64_t>(cols) * 7919ull + salt;
 }
-
-class GpuTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device (kiln built with CUDA, but none is visible)";
-  }
-};
 
 // ---- rms_norm ----------------------------------------------------------------------------
 
