@@ -145,7 +145,46 @@ fi
 # ---- benchmarks: add them here, one add_row each -------------------------------------------
 # A benchmark is a row of the same table (suite = "bench:<name>"): run it, check its own
 # accuracy, write its numbers under $LOGS, then add_row "bench:<name>" 1 1 0 0 <seconds>
-# (or failed=1 when it does not run or its accuracy check fails). None yet.
+# (or failed=1 when it does not run or its accuracy check fails).
+# GPU_CHECK_BENCH: space-separated configs to benchmark (empty = none); each runs kiln bench
+# and the PyTorch peer (eager and torch.compile; bf16 autocast and plain fp32) on this card.
+BENCH_CONFIGS=${GPU_CHECK_BENCH-configs/bench-124m.toml}
+PEER_PYTHON=${PEER_PYTHON:-/opt/torch/.venv/bin/python3}
+[ -x "$PEER_PYTHON" ] || PEER_PYTHON=python3
+for config in $BENCH_CONFIGS; do
+  name=$(basename "$config" .toml)
+  start=$(date +%s.%N)
+  if "$STAGE/bin/kiln" bench "$config" --steps 5 --warmup 2 --json "$LOGS/bench.jsonl" >"$LOGS/$name.kiln.log" 2>&1; then
+    add_row "bench:$name kiln" 1 1 0 0 "$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e - s}')"
+  else
+    add_row "bench:$name kiln" 1 0 1 0 0
+    status=1
+  fi
+  cat "$LOGS/$name.kiln.log"
+  for dtype in bf16 fp32; do
+    start=$(date +%s.%N)
+    if "$PEER_PYTHON" bench/torch_peer.py --config "$config" --dtype "$dtype" --steps 10 --warmup 3 \
+        >>"$LOGS/bench.jsonl" 2>"$LOGS/$name.peer.$dtype.log"; then
+      add_row "bench:$name torch $dtype" 1 1 0 0 "$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e - s}')"
+    else
+      tail -5 "$LOGS/$name.peer.$dtype.log"
+      add_row "bench:$name torch $dtype" 1 0 1 0 0
+      status=1
+    fi
+  done
+done
+if [ -f "$LOGS/bench.jsonl" ]; then
+  echo "benchmarks (tokens/s, ms/step, memory GiB):"
+  "$PEER_PYTHON" - "$LOGS/bench.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    who = r.get("peer") or "kiln " + r["device"]
+    mem = r.get("peak_gib", r.get("device_gib", 0))
+    name = r["model"] if isinstance(r["model"], str) else ""
+    print(f"  {who:<40} {name:<18} {r['tokens_per_second']:>12.0f} tok/s {r['ms_per_step']:>9.1f} ms {mem:>7.2f} GiB")
+PY
+fi
 
 # ---- summary table (printed last: the device tool returns the end of the output) -----------
 echo

@@ -10,5 +10,6 @@ void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_list_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_sample_command(app);
   kiln::cli::add_plan_command(app);
   kiln::cli::add_list_command(app);
+  kiln::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of `kiln bench`: the same Qwen3-style dense model (RMSNorm, GQA with
+q/k RMSNorm and rotate_half RoPE, SwiGLU, tied head) trained on the same token layout
+(batch x seq of random ids), timed eager and under torch.compile, with SDPA (causal,
+GQA), fused AdamW and bf16 autocast (or plain fp32). Prints one JSON line per mode.
+
+    python3 bench/torch_peer.py --config configs/bench-124m.toml --modes eager,compile
+"""
+import argparse
+import json
+import math
+import time
+import tomllib
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, h, kv, hd, f, eps = c["hidden"], c["heads"], c["kv_heads"], c["head_dim"], c["ffn_hidden"], c["norm_eps"]
+        self.h, self.kv, self.hd = h, kv, hd
+        self.attn_norm, self.mlp_norm = RMSNorm(d, eps), RMSNorm(d, eps)
+        self.qkv = nn.Linear(d, (h + 2 * kv) * hd, bias=False)
+        self.o = nn.Linear(h * hd, d, bias=False)
+        self.q_norm, self.k_norm = RMSNorm(hd, eps), RMSNorm(hd, eps)
+        self.gate_up = nn.Linear(d, 2 * f, bias=False)
+        self.down = nn.Linear(f, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).split([self.h * self.hd, self.kv * self.hd, self.kv * self.hd], -1)
+        q = self.q_norm(q.view(b, t, self.h, self.hd)).transpose(1, 2)
+        k = self.k_norm(k.view(b, t, self.kv, self.hd)).transpose(1, 2)
+        v = v.view(b, t, self.kv, self.hd).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv != self.h)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, -1))
+        g, u = self.gate_up(self.mlp_norm(x)).chunk(2, -1)
+        return x + self.down(F.silu(g) * u)
+
+
+class Model(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed = nn.Embedding(c["vocab_size"], c["hidden"])
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c["layers"]))
+        self.norm = RMSNorm(c["hidden"], c["norm_eps"])
+        hd, theta = c["head_dim"], c["rope_theta"]
+        inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+        ang = torch.outer(torch.arange(c["max_seq_len"], dtype=torch.float32), inv)
+        emb = torch.cat((ang, ang), -1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, ids, targets):
+        t = ids.shape[1]
+        cos, sin = self.cos[:t].to(self.embed.weight.dtype), self.sin[:t].to(self.embed.weight.dtype)
+        x = self.embed(ids)
+        for blk in self.blocks:
+            x = blk(x, cos, sin)
+        logits = F.linear(self.norm(x), self.embed.weight)
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def load_config(path, overrides):
+    defaults = dict(vocab_size=259, hidden=192, layers=4, heads=6, kv_heads=2, head_dim=32, ffn_hidden=512,
+                    max_seq_len=256, norm_eps=1e-6, rope_theta=10000.0, micro_batch_tokens=4096)
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    c = dict(defaults)
+    c.update({k: v for k, v in raw.get("model", {}).items() if k in defaults})
+    c.update({k: v for k, v in raw.get("train", {}).items() if k in defaults})
+    for o in overrides:
+        key, value = o.split("=", 1)
+        c[key.split(".")[-1]] = type(defaults[key.split(".")[-1]])(value)
+    return c
+
+
+def run(c, mode, dtype, steps, warmup):
+    torch.manual_seed(0)
+    dev = "cuda"
+    model = Model(c).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    seq = min(c["max_seq_len"], c["micro_batch_tokens"])
+    batch = c["micro_batch_tokens"] // seq
+    ids = torch.randint(0, c["vocab_size"], (batch, seq), device=dev)
+    targets = torch.roll(ids, -1, 1)
+    fn = torch.compile(model) if mode == "compile" else model
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            loss = fn(ids, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    tokens = batch * seq * steps
+    return dict(peer=f"torch {torch.__version__} {mode} {dtype}", tokens_per_second=tokens / seconds,
+                ms_per_step=1e3 * seconds / steps, peak_gib=torch.cuda.max_memory_allocated() / 2**30,
+                loss=loss.item())
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    p.add_argument("--set", action="append", default=[])
+    p.add_argument("--modes", default="eager,compile")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    a = p.parse_args()
+    c = load_config(a.config, a.set)
+    for mode in a.modes.split(","):
+        print(json.dumps(dict(model=c, **run(c, mode, a.dtype, a.steps, a.warmup))), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+// `kiln bench CONFIG`: end-to-end training-step throughput of a model shape on synthetic
+// tokens laid out as the PyTorch peer lays them out (micro_batch_tokens / max_seq_len
+// sequences of max_seq_len tokens), so both arms do the same work.
+#include "cli/commands.h"
+#include "core/device_memory.h"
+#include "core/rng.h"
+#include "model/model.h"
+#include "ops/parallel.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+
+namespace kiln::cli {
+
+namespace {
+
+// Dense bf16 tensor-core peak of an H100/H200 SXM (datasheet): the MFU denominator.
+constexpr double kPeakFlops = 989.4e12;
+
+HostBatch synthetic_batch(const Config& c) {
+  const int64_t t = c.train.micro_batch_tokens, seq = std::min(c.model.max_seq_len, t);
+  HostBatch b;
+  Rng rng(c.train.seed);
+  for (int64_t i = 0; i < t; ++i) {
+    b.tokens.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.model.vocab_size))));
+    b.positions.push_back(static_cast<int32_t>(i % seq));
+    if (i % seq == 0) b.cu_seqlens.push_back(static_cast<int32_t>(i));
+  }
+  b.cu_seqlens.push_back(static_cast<int32_t>(t));
+  b.targets.assign(b.tokens.begin() + 1, b.tokens.end());
+  b.targets.push_back(b.tokens.front());
+  b.max_seqlen = static_cast<int32_t>(seq);
+  b.target_count = t;
+  b.document_tokens = t;
+  return b;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  struct Options {
+    std::string config;
+    std::vector<std::string> overrides;
+    int64_t steps = 10, warmup = 3;
+    std::string json;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("bench", "time full training steps of a model shape (synthetic tokens)");
+  cmd->add_option("config", o->config, "TOML config (e.g. configs/bench-124m.toml)")->required();
+  cmd->add_option("--set", o->overrides, "override a key (repeatable)")->take_all();
+  cmd->add_option("--steps", o->steps, "timed steps")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--json", o->json, "also write the result as one JSON line to this file");
+  cmd->callback([o] {
+    const Config config = load_config(o->config, o->overrides);
+    const Device device = resolve_device(config.train.device);
+    set_cpu_threads(config.train.threads);
+    BuildOptions build;
+    build.device = device;
+    build.max_tokens = config.train.micro_batch_tokens;
+    build.loss_chunk_rows = config.train.loss_chunk_tokens;
+    Model model(config.model, build);
+    Arena optimizer_state("optimizer", device);
+    auto optimizer = optimizer_registry().build("optim.name", config.optim.name, config.optim, model.parameters());
+    optimizer->plan(optimizer_state);
+    size_t free_before = 0, total = 0;
+    cuda_memory_info(&free_before, &total);
+    model.allocate();
+    optimizer_state.allocate();
+    model.init_weights(config.train.seed);
+    const HostBatch batch = synthetic_batch(config);
+
+    // One optimizer step of grad_accum micro-batches, as the trainer runs it.
+    auto step = [&] {
+      model.zero_grads();
+      const double scale = 1.0 / static_cast<double>(batch.target_count * config.train.grad_accum);
+      double loss = 0;
+      for (int64_t m = 0; m < config.train.grad_accum; ++m) {
+        model.load_batch(batch);
+        loss += model.forward_backward(scale, config.train.z_loss).loss;
+      }
+      clip_gradients(model.parameters(), config.optim.grad_clip);
+      optimizer->step(config.optim.lr);
+      return loss;
+    };
+    for (int64_t i = 0; i < o->warmup; ++i) step();
+    const auto start = std::chrono::steady_clock::now();
+    double loss = 0;
+    for (int64_t i = 0; i < o->steps; ++i) loss = step();  // each step reads its loss: synchronized
+    const double seconds = seconds_since(start);
+    size_t free_after = 0;
+    cuda_memory_info(&free_after, &total);
+
+    const int64_t tokens = config.train.micro_batch_tokens * config.train.grad_accum * o->steps;
+    const double tokens_per_second = static_cast<double>(tokens) / seconds;
+    const double flops = model.flops_per_token(std::min(config.model.max_seq_len, config.train.micro_batch_tokens));
+    const double tflops = flops * tokens_per_second / 1e12;
+    const MemoryPlan plan = model.memory_plan();
+    const double planned_gib = static_cast<double>(plan.total() + optimizer_state.planned_bytes()) / 1073741824.0;
+    const double device_gib = static_cast<double>(free_before - free_after) / 1073741824.0;
+    const std::string where = device == Device::cuda ? fmt::format("cuda ({})", cuda_device_name()) : "cpu";
+    fmt::print("bench {} on {}: {} parameters, {} tokens per step\n", config.model.name, where, model.parameter_count(),
+               config.train.micro_batch_tokens * config.train.grad_accum);
+    fmt::print("  {:.1f} ms per step | {:.0f} tokens/s | {:.1f} model TFLOP/s | MFU {:.1f}% of {:.0f} TFLOP/s bf16 peak\n",
+               1e3 * seconds / static_cast<double>(o->steps), tokens_per_second, tflops, 100 * tflops * 1e12 / kPeakFlops,
+               kPeakFlops / 1e12);
+    fmt::print("  memory: planned {:.2f} GiB{} | last loss {:.4f} (random tokens: ~ln(vocab) = {:.2f})\n", planned_gib,
+               device == Device::cuda ? fmt::format(", device in use {:.2f} GiB", device_gib) : "",
+               loss / static_cast<double>(batch.target_count), std::log(static_cast<double>(config.model.vocab_size)));
+    fmt::print("  FLOPs per token {:.4g} = 6 x matmul parameters (incl. LM head) + 6 x layers x heads x head_dim x seq\n",
+               flops);
+    if (!o->json.empty()) {
+      std::ofstream out(o->json, std::ios::app);
+      out << nlohmann::json{{"model", config.model.name},       {"device", where},
+                            {"tokens_per_second", tokens_per_second}, {"ms_per_step", 1e3 * seconds / o->steps},
+                            {"tflops", tflops},                    {"mfu", tflops * 1e12 / kPeakFlops},
+                            {"planned_gib", planned_gib},          {"device_gib", device_gib},
+                            {"parameters", model.parameter_count()}}
+                 .dump()
+          << '\n';
+    }
+  });
+}
+
+}  // namespace kiln::cli
