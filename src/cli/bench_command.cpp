@@ -3,6 +3,7 @@
 // sequences of max_seq_len tokens), so both arms do the same work.
 #include "cli/commands.h"
 #include "core/device_memory.h"
+#include "core/op_profiler.h"
 #include "core/rng.h"
 #include "model/model.h"
 #include "ops/parallel.h"
@@ -119,13 +120,34 @@ void add_bench_command(CLI::App& app) {
                loss / static_cast<double>(batch.target_count), std::log(static_cast<double>(config.model.vocab_size)));
     fmt::print("  FLOPs per token {:.4g} = 6 x matmul parameters (incl. LM head) + 6 x layers x heads x head_dim x seq\n",
                flops);
+    // Where the time goes: two more steps with every op front end timed (CUDA events).
+    OpProfiler::set_enabled(true);
+    OpProfiler::reset();
+    const auto profiled_start = std::chrono::steady_clock::now();
+    for (int i = 0; i < 2; ++i) step();
+    const std::vector<OpTime> ops = OpProfiler::collect();
+    const double profiled_ms = 1e3 * seconds_since(profiled_start) / 2;
+    OpProfiler::set_enabled(false);
+    double op_ms = 0;
+    for (const OpTime& t : ops) op_ms += t.milliseconds / 2;
+    fmt::print("  per op (ms per step, share of the {:.1f} ms profiled step; the rest is host work and gaps):\n",
+               profiled_ms);
+    for (const OpTime& t : ops)
+      fmt::print("    {:<20} {:>9.2f} ms {:>6.1f}%  {:>6} calls\n", t.op, t.milliseconds / 2,
+                 100 * t.milliseconds / 2 / profiled_ms, t.calls / 2);
+    fmt::print("    {:<20} {:>9.2f} ms {:>6.1f}%\n", "(all ops)", op_ms, 100 * op_ms / profiled_ms);
     if (!o->json.empty()) {
       std::ofstream out(o->json, std::ios::app);
       out << nlohmann::json{{"model", config.model.name},       {"device", where},
                             {"tokens_per_second", tokens_per_second}, {"ms_per_step", 1e3 * seconds / o->steps},
                             {"tflops", tflops},                    {"mfu", tflops * 1e12 / kPeakFlops},
                             {"planned_gib", planned_gib},          {"device_gib", device_gib},
-                            {"parameters", model.parameter_count()}}
+                            {"parameters", model.parameter_count()},
+                            {"ops", [&] {
+                               nlohmann::json j = nlohmann::json::object();
+                               for (const OpTime& t : ops) j[t.op] = t.milliseconds / 2;
+                               return j;
+                             }()}}
                  .dump()
           << '\n';
     }

@@ -1,6 +1,7 @@
 #include "ops/attention/attention.h"
 
 #include "ops/attention/attention_cpu.h"
+#include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
 
@@ -70,6 +71,7 @@ cuda::AttentionArgs cuda_args(const Tensor& q, const Tensor& k, const Tensor& cu
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                        const AttentionOptions& options, const Tensor& out, const Tensor& lse) {
   const char* op = "attention";
+  KILN_OP_SCOPE(op, q);
   validate(op, q, k, v, cu_seqlens);
   expect_shape(op, "out", out, q.shape());
   expect_same(op, "out", out, q);
@@ -88,6 +90,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const Tensor& dout, const Tensor& cu_seqlens, const AttentionOptions& options,
                         const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const char* op = "attention_backward";
+  KILN_OP_SCOPE(op, q);
   validate(op, q, k, v, cu_seqlens);
   expect_shape(op, "out", out, q.shape());
   expect_same(op, "out", out, q);

@@ -1,5 +1,6 @@
 #include "ops/cross_entropy/lm_head_loss.h"
 
+#include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
 #include "ops/linear/linear.h"
@@ -69,6 +70,7 @@ LossSums lm_head_loss_cuda(const Tensor& h, const Tensor& w, const Tensor& targe
 LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
                       const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw) {
   const char* op = "lm_head_loss";
+  KILN_OP_SCOPE(op, h);
   expect_rank(op, "h", h, 2);
   expect_rank(op, "w", w, 2);
   expect_same(op, "w", w, h);
@@ -134,6 +136,7 @@ LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, c
 
 void lm_head_logits(const Tensor& h, const Tensor& w, double softcap, const Tensor& logits) {
   const char* op = "lm_head_logits";
+  KILN_OP_SCOPE(op, h);
   expect_rank(op, "h", h, 2);
   expect_same(op, "w", w, h);
   expect_shape(op, "logits", logits, Shape{h.size(0), w.size(0)});

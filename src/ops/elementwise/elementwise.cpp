@@ -1,5 +1,6 @@
 #include "ops/elementwise/elementwise.h"
 
+#include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
 
@@ -9,6 +10,7 @@ namespace kiln::ops {
 
 void add_inplace(const Tensor& dst, const Tensor& src) {
   const char* op = "add_inplace";
+  KILN_OP_SCOPE(op, dst);
   expect_same(op, "src", src, dst);
   KILN_CHECK(src.numel() == dst.numel(), op, "size mismatch {} vs {}", dst.describe(), src.describe());
   KILN_ON_CUDA(dst, op, cuda::add_inplace_f32(dst.data<float>(), src.data<float>(), dst.numel()));
@@ -24,6 +26,7 @@ void add_inplace(const Tensor& dst, const Tensor& src) {
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
   const char* op = "add";
+  KILN_OP_SCOPE(op, a);
   expect_same(op, "b", b, a);
   expect_same(op, "out", out, a);
   KILN_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), op, "size mismatch {} {} {}", a.describe(),
@@ -42,6 +45,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
 
 double sum_squares(const Tensor& x) {
   const char* op = "sum_squares";
+  KILN_OP_SCOPE(op, x);
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     expect_dtype(op, "x", x, DType::f32);
@@ -61,6 +65,7 @@ double sum_squares(const Tensor& x) {
 
 void scale_inplace(const Tensor& x, double factor) {
   const char* op = "scale_inplace";
+  KILN_OP_SCOPE(op, x);
   KILN_ON_CUDA(x, op, cuda::scale_inplace_f32(x.data<float>(), x.numel(), static_cast<float>(factor)));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -71,6 +76,7 @@ void scale_inplace(const Tensor& x, double factor) {
 
 bool all_finite(const Tensor& x) {
   const char* op = "all_finite";
+  KILN_OP_SCOPE(op, x);
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     expect_dtype(op, "x", x, DType::f32);

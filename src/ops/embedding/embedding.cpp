@@ -1,5 +1,6 @@
 #include "ops/embedding/embedding.h"
 
+#include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
 
@@ -20,6 +21,7 @@ void validate(const char* op, const Tensor& tokens, const Tensor& table, const T
 
 void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) {
   const char* op = "embedding";
+  KILN_OP_SCOPE(op, table);
   validate(op, tokens, table, out);
   // Device ids are trusted: the data pipeline checks every id against the vocabulary.
   KILN_ON_CUDA(table, op, cuda::embedding_forward_f32(tokens.data<int32_t>(), table.data<float>(), tokens.size(0),
@@ -39,6 +41,7 @@ void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& 
 
 void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable) {
   const char* op = "embedding_backward";
+  KILN_OP_SCOPE(op, dtable);
   validate(op, tokens, dtable, dout);
   KILN_ON_CUDA(dtable, op, cuda::embedding_backward_f32(tokens.data<int32_t>(), dout.data<float>(), tokens.size(0),
                                                         dtable.size(1), dtable.data<float>()));

@@ -1,5 +1,6 @@
 #include "ops/linear/linear.h"
 
+#include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
 
@@ -37,6 +38,7 @@ void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& bi
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
   const char* op = "linear";
+  KILN_OP_SCOPE(op, x);
   validate(op, x, w, bias);
   expect_shape(op, "y", y, Shape{x.size(0), w.size(0)});
   expect_same(op, "y", y, x);
@@ -59,13 +61,14 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
                      const Tensor& dbias, bool accumulate_dx) {
   const char* op = "linear_backward";
+  KILN_OP_SCOPE(op, x);
   validate(op, x, w, Tensor());
   expect_shape(op, "dy", dy, Shape{x.size(0), w.size(0)});
   expect_same(op, "dy", dy, x);
   if (dx.defined()) expect_shape(op, "dx", dx, x.shape()), expect_same(op, "dx", dx, x);
   if (dw.defined()) expect_shape(op, "dw", dw, w.shape()), expect_same(op, "dw", dw, x);
   if (dbias.defined()) expect_shape(op, "dbias", dbias, Shape{w.size(0)}), expect_same(op, "dbias", dbias, x);
-  auto ptr = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
+  [[maybe_unused]] auto ptr = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
   KILN_ON_CUDA(x, op, cuda::linear_backward_f32(x.data<float>(), w.data<float>(), dy.data<float>(), x.size(0), x.size(1),
                                                 w.size(0), ptr(dx), accumulate_dx, ptr(dw), ptr(dbias)));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {

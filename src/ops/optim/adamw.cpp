@@ -1,5 +1,6 @@
 #include "ops/optim/adamw.h"
 
+#include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
 
@@ -9,6 +10,7 @@ namespace kiln::ops {
 
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s) {
   const char* op = "adamw";
+  KILN_OP_SCOPE(op, param);
   expect_same(op, "grad", grad, param);
   expect_same(op, "m", m, param);
   expect_same(op, "v", v, param);

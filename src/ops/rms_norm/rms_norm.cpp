@@ -1,5 +1,6 @@
 #include "ops/rms_norm/rms_norm.h"
 
+#include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/rms_norm/rms_norm_kernels.h"
 
@@ -16,6 +17,7 @@ void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& rs
 
 void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
   const char* op = "rms_norm";
+  KILN_OP_SCOPE(op, x);
   validate(op, x, w, rstd);
   expect_shape(op, "y", y, x.shape());
   expect_same(op, "y", y, x);
@@ -40,6 +42,7 @@ void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor
 void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                        const Tensor& dw, bool accumulate_dx) {
   const char* op = "rms_norm_backward";
+  KILN_OP_SCOPE(op, x);
   validate(op, x, w, rstd);
   expect_shape(op, "dy", dy, x.shape());
   expect_same(op, "dy", dy, x);

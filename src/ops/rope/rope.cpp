@@ -1,5 +1,6 @@
 #include "ops/rope/rope.h"
 
+#include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
 
@@ -38,6 +39,7 @@ void rope_fill_tables(const std::vector<float>& inv_freq, const Tensor& cos, con
 
 void rope_apply(const Tensor& x, const Tensor& positions, const Tensor& cos, const Tensor& sin, bool inverse) {
   const char* op = "rope";
+  KILN_OP_SCOPE(op, x);
   expect_rank(op, "x", x, 3);
   expect_shape(op, "positions", positions, Shape{x.size(0)});
   expect_dtype(op, "positions", positions, DType::i32);

@@ -1,5 +1,6 @@
 #include "ops/split/qkv_split.h"
 
+#include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
 
@@ -45,6 +46,7 @@ void shuffle(T* fused, T* q, T* k, T* v, int64_t n, int64_t q_cols, int64_t kv_c
 
 void qkv_split(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v) {
   validate("qkv_split", qkv, q, k, v);
+  KILN_OP_SCOPE("qkv_split", q);
   KILN_ON_CUDA(q, "qkv_split", cuda::qkv_shuffle_f32(qkv.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(),
                                                      q.size(0), q.size(1) * q.size(2), k.size(1) * k.size(2), true));
   dispatch_cpu_float("qkv_split", q.dtype(), [&](auto zero) {
@@ -56,6 +58,7 @@ void qkv_split(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor
 
 void qkv_merge(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dqkv) {
   validate("qkv_merge", dqkv, dq, dk, dv);
+  KILN_OP_SCOPE("qkv_merge", dq);
   KILN_ON_CUDA(dq, "qkv_merge", cuda::qkv_shuffle_f32(dqkv.data<float>(), dq.data<float>(), dk.data<float>(),
                                                       dv.data<float>(), dq.size(0), dq.size(1) * dq.size(2),
                                                       dk.size(1) * dk.size(2), false));

@@ -1,5 +1,6 @@
 #include "ops/swiglu/swiglu.h"
 
+#include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
 
@@ -19,6 +20,7 @@ void validate(const char* op, const Tensor& gate_up, const Tensor& half, const c
 
 void swiglu_forward(const Tensor& gate_up, const Tensor& out) {
   const char* op = "swiglu";
+  KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, out, "out");
   KILN_ON_CUDA(gate_up, op, cuda::swiglu_forward_f32(gate_up.data<float>(), gate_up.size(0), out.size(1), out.data<float>()));
   dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
@@ -38,6 +40,7 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& out) {
 // silu(g) = g s(g), s = sigmoid; d silu/dg = s (1 + g (1 - s)).
 void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up) {
   const char* op = "swiglu_backward";
+  KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, dout, "dout");
   expect_shape(op, "dgate_up", dgate_up, gate_up.shape());
   expect_same(op, "dgate_up", dgate_up, gate_up);
