@@ -11,5 +11,12 @@ void add_sample_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_list_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_train_tokenizer_command(CLI::App& app);
+void add_export_command(CLI::App& app);
+void add_import_command(CLI::App& app);
+void add_eval_quant_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
+void add_score_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -17,6 +17,13 @@ int main(int argc, char** argv) {
   kiln::cli::add_plan_command(app);
   kiln::cli::add_list_command(app);
   kiln::cli::add_bench_command(app);
+  kiln::cli::add_train_tokenizer_command(app);
+  kiln::cli::add_export_command(app);
+  kiln::cli::add_import_command(app);
+  kiln::cli::add_eval_quant_command(app);
+  kiln::cli::add_serve_command(app);
+  kiln::cli::add_score_command(app);
+  kiln::cli::add_tokenize_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -7,6 +7,8 @@ void add_train_command(CLI::App& app) {
   struct Options {
     std::string config;
     std::vector<std::string> overrides;
+    std::string resume;
+    bool allow_data_change = false;
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("train", "train a model from a TOML config");
@@ -14,9 +16,19 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--set", options->overrides, "override a key: --set model.layers=8 (repeatable)")
       ->take_all()
       ->allow_extra_args(false);
-  cmd->callback([options] {
+  CLI::Option* resume =
+      cmd->add_option("--resume", options->resume,
+                      "continue from the latest checkpoint in checkpoint.dir (none yet: start fresh), or from "
+                      "PATH (a checkpoint, or a directory of them)")
+          ->expected(0, 1);
+  cmd->add_flag("--allow-data-change", options->allow_data_change,
+                "resume although the training data changed (the new data is read from its start)");
+  cmd->callback([options, resume] {
     const Config config = load_config(options->config, options->overrides);
-    Trainer trainer(config);
+    TrainOptions train;
+    if (resume->count() > 0) train.resume = options->resume.empty() ? "latest" : options->resume;
+    train.allow_data_change = options->allow_data_change;
+    Trainer trainer(config, train);
     trainer.run();
   });
 }

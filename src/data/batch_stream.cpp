@@ -2,9 +2,13 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/prefetch.h"
 
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string_view>
 
 namespace kiln {
 
@@ -16,7 +20,39 @@ uint64_t mix(uint64_t hash, uint64_t value) {
   return fnv1a64(std::string_view(bytes, sizeof(bytes)), hash);
 }
 
+// An environment variable as a non-negative integer; `fallback` when unset.
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  int64_t v = -1;
+  const std::string_view s(value);
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || ptr != s.data() + s.size() || v < 0)
+    fail("data", "environment {}='{}' is not a non-negative integer", name, s);
+  return v;
+}
+
 }  // namespace
+
+LoaderOptions loader_options(const DataConfig& config) {
+  LoaderOptions o;
+  KILN_CHECK(config.prefetch >= 0, "data.prefetch", "must be >= 0, got {}", config.prefetch);
+  o.prefetch = config.prefetch;
+  if (config.world_size > 0) {
+    o.world_size = config.world_size;
+    o.rank = config.rank;
+    KILN_CHECK(o.rank >= 0 && o.rank < o.world_size, "data.rank", "must be in [0, data.world_size = {}), got {}",
+               o.world_size, o.rank);
+  } else {
+    KILN_CHECK(config.rank == 0, "data.rank", "is used only with data.world_size > 0 (0 takes RANK/WORLD_SIZE from the "
+               "environment), got {}", config.rank);
+    o.world_size = env_int("WORLD_SIZE", 1);
+    o.rank = env_int("RANK", 0);
+    KILN_CHECK(o.world_size > 0, "data", "environment WORLD_SIZE must be positive, got {}", o.world_size);
+    KILN_CHECK(o.rank < o.world_size, "data", "environment RANK={} is not below WORLD_SIZE={}", o.rank, o.world_size);
+  }
+  return o;
+}
 
 int64_t count_dropped_documents(const TokenizedSplit& split, const Packer& packer) {
   int64_t dropped = 0;
@@ -27,8 +63,11 @@ int64_t count_dropped_documents(const TokenizedSplit& split, const Packer& packe
   return dropped;
 }
 
-BatchStream::BatchStream(const TokenizedSplit& split, const Packer& packer, uint64_t seed)
-    : split_(split), packer_(packer), seed_(seed) {
+BatchStream::BatchStream(const TokenizedSplit& split, const Packer& packer, uint64_t seed, const LoaderOptions& options)
+    : split_(split), packer_(packer), seed_(seed), options_(options) {
+  KILN_CHECK(options_.world_size > 0 && options_.rank >= 0 && options_.rank < options_.world_size, "data.rank",
+             "rank {} is not in [0, {})", options_.rank, options_.world_size);
+  KILN_CHECK(options_.prefetch >= 0, "data.prefetch", "must be >= 0, got {}", options_.prefetch);
   // Checks every document against long_doc now, so "error" fails before training starts
   // rather than hours in.
   dropped_ = count_dropped_documents(split_, packer_);
@@ -36,6 +75,8 @@ BatchStream::BatchStream(const TokenizedSplit& split, const Packer& packer, uint
              "no document to train on: {} documents, {} longer than model.max_seq_len {} dropped (data.long_doc)",
              split_.num_documents(), dropped_, packer_.options().max_seq_len);
   const PackerOptions& o = packer_.options();
+  // Rank and world size are not part of it: the state names a place in the global
+  // stream, valid for any data-parallel layout.
   uint64_t h = mix(split_.fingerprint(), seed_);
   for (const int64_t v : {o.micro_batch_tokens, o.max_seq_len, static_cast<int64_t>(o.long_doc),
                           int64_t{o.bos_id}, int64_t{o.eos_id}, int64_t{o.pad_id}}) {
@@ -44,7 +85,10 @@ BatchStream::BatchStream(const TokenizedSplit& split, const Packer& packer, uint
   fingerprint_ = h;
   order_.resize(static_cast<size_t>(split_.num_documents()));
   shuffle_for_epoch();
+  consumer_ = position();
 }
+
+BatchStream::~BatchStream() = default;
 
 void BatchStream::shuffle_for_epoch() {
   std::iota(order_.begin(), order_.end(), int64_t{0});
@@ -55,8 +99,11 @@ void BatchStream::shuffle_for_epoch() {
   }
 }
 
-void BatchStream::next(HostBatch& batch) {
-  packer_.begin(batch);
+template <bool kEmit>
+void BatchStream::advance(HostBatch* batch) {
+  if constexpr (kEmit) packer_.begin(*batch);
+  const int64_t budget = packer_.budget();
+  int64_t used = 0;
   // Terminates: the constructor guaranteed at least one packable document, and every
   // piece fits an empty batch (L <= T), so each pass over an epoch adds something.
   for (;;) {
@@ -67,7 +114,7 @@ void BatchStream::next(HostBatch& batch) {
       shuffle_for_epoch();
     }
     const int64_t doc = order_[next_document_];
-    const std::span<const int32_t> tokens = split_.document(doc);
+    const TokenSpan tokens = split_.document(doc);
     const auto n = static_cast<int64_t>(tokens.size());
     if (static_cast<int64_t>(next_piece_) >= packer_.num_pieces(n, split_.document_id(doc))) {
       ++next_document_;
@@ -75,14 +122,37 @@ void BatchStream::next(HostBatch& batch) {
       continue;
     }
     const auto piece = static_cast<int64_t>(next_piece_);
-    if (!packer_.fits(batch, packer_.piece_positions(n, piece))) break;
-    packer_.append(batch, tokens, piece);
+    const int64_t positions = packer_.piece_positions(n, piece);
+    if (used + positions > budget) break;
+    if constexpr (kEmit) packer_.append(*batch, tokens, piece);
+    used += positions;
     ++next_piece_;
   }
-  packer_.finish(batch);
+  if constexpr (kEmit) packer_.finish(*batch);
 }
 
-StreamState BatchStream::get_state() const { return StreamState{epoch_, next_document_, next_piece_, fingerprint_}; }
+void BatchStream::next_round(HostBatch& batch) {
+  for (int64_t r = 0; r < options_.rank; ++r) advance<false>(nullptr);
+  advance<true>(&batch);
+  for (int64_t r = options_.rank + 1; r < options_.world_size; ++r) advance<false>(nullptr);
+}
+
+void BatchStream::next(HostBatch& batch) {
+  if (options_.prefetch == 0) {
+    next_round(batch);
+    consumer_ = position();
+    return;
+  }
+  if (prefetcher_ == nullptr) {
+    prefetcher_ = std::make_unique<Prefetcher>(options_.prefetch, [this](HostBatch& b) {
+      next_round(b);
+      return position();
+    });
+  }
+  consumer_ = prefetcher_->next(batch);
+}
+
+StreamState BatchStream::get_state() const { return consumer_; }
 
 void BatchStream::set_state(const StreamState& state) {
   KILN_CHECK(state.fingerprint == fingerprint_, "data",
@@ -90,14 +160,23 @@ void BatchStream::set_state(const StreamState& state) {
              state.fingerprint, fingerprint_);
   KILN_CHECK(state.next_document <= order_.size(), "data", "saved stream position {} is past the {} documents",
              state.next_document, order_.size());
+  if (prefetcher_ != nullptr) {
+    retired_wait_seconds_ += prefetcher_->wait_seconds();
+    prefetcher_.reset();  // joins the thread; its batches were for the old position
+  }
   epoch_ = state.epoch;
   next_document_ = state.next_document;
   next_piece_ = state.next_piece;
   shuffle_for_epoch();
+  consumer_ = position();
 }
 
 double BatchStream::epoch_progress() const {
-  return order_.empty() ? 0.0 : static_cast<double>(next_document_) / static_cast<double>(order_.size());
+  return order_.empty() ? 0.0 : static_cast<double>(consumer_.next_document) / static_cast<double>(order_.size());
+}
+
+double BatchStream::wait_seconds() const {
+  return retired_wait_seconds_ + (prefetcher_ != nullptr ? prefetcher_->wait_seconds() : 0.0);
 }
 
 std::vector<HostBatch> validation_batches(const TokenizedSplit& split, const Packer& packer, int64_t max_batches) {
@@ -105,7 +184,7 @@ std::vector<HostBatch> validation_batches(const TokenizedSplit& split, const Pac
   HostBatch batch;
   packer.begin(batch);
   for (int64_t doc = 0; doc < split.num_documents() && static_cast<int64_t>(batches.size()) < max_batches; ++doc) {
-    const std::span<const int32_t> tokens = split.document(doc);
+    const TokenSpan tokens = split.document(doc);
     const auto n = static_cast<int64_t>(tokens.size());
     const int64_t pieces = packer.num_pieces(n, split.document_id(doc));
     for (int64_t piece = 0; piece < pieces; ++piece) {

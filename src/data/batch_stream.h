@@ -4,64 +4,100 @@
 // Epoch e visits the split's documents in a Fisher-Yates shuffle seeded by
 // Rng::derive(seed, e), so any epoch's order is recomputed from two integers and a run
 // resumed from a StreamState produces bit-identical batches to one that never stopped.
+//
+// Data parallelism: the global stream is one sequence of micro-batches B0, B1, ...; rank
+// r of W receives B_r, B_{r+W}, B_{r+2W}, ... (the others are skipped without copying a
+// token). Ranks get disjoint micro-batches whose union is the single-process stream, and
+// every rank's StreamState is the same (the start of the next round of W batches).
+//
+// Prefetching (data.prefetch = K > 0): a background thread packs up to K batches ahead
+// (data/prefetch.h); the batches and states are exactly those of the synchronous stream.
 #pragma once
 
 #include "data/batch.h"
 #include "data/dataset.h"
 #include "data/packer.h"
+#include "data/stream_state.h"
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace kiln {
 
-// Where a stream is: the next piece to pack. Plain integers, so a checkpoint stores it
-// as four numbers.
-struct StreamState {
-  uint64_t epoch = 0;          // epochs completed before the current one
-  uint64_t next_document = 0;  // index into the current epoch's shuffled order
-  uint64_t next_piece = 0;     // first piece of that document not yet emitted
-  uint64_t fingerprint = 0;    // data + seed + packing; set_state() rejects a mismatch
+class Prefetcher;
 
-  bool operator==(const StreamState&) const = default;
+struct LoaderOptions {
+  int64_t rank = 0;        // this process's data-parallel rank, in [0, world_size)
+  int64_t world_size = 1;  // data-parallel ranks
+  int64_t prefetch = 0;    // batches packed ahead by a background thread; 0 = synchronous
 };
+
+// From data.rank / data.world_size (world_size 0: the environment's RANK and WORLD_SIZE,
+// as torchrun sets them, else rank 0 of 1) and data.prefetch. Throws naming the key or
+// variable when a value is out of range.
+LoaderOptions loader_options(const DataConfig& config);
 
 class BatchStream {
  public:
   // Keeps a reference to `split` (it must outlive the stream) and a copy of the packer.
   // Throws when the split has no document that can be packed (empty, or all dropped).
-  BatchStream(const TokenizedSplit& split, const Packer& packer, uint64_t seed);
-  BatchStream(const TokenDataset& dataset, Split split, const Packer& packer, uint64_t seed)
-      : BatchStream(dataset.split(split), packer, seed) {}
+  BatchStream(const TokenizedSplit& split, const Packer& packer, uint64_t seed, const LoaderOptions& options = {});
+  BatchStream(const TokenDataset& dataset, Split split, const Packer& packer, uint64_t seed,
+              const LoaderOptions& options = {})
+      : BatchStream(dataset.split(split), packer, seed, options) {}
+  // The training stream a run config asks for: data.seed and loader_options(config).
+  BatchStream(const TokenDataset& dataset, Split split, const Packer& packer, const DataConfig& config)
+      : BatchStream(dataset.split(split), packer, config.seed, loader_options(config)) {}
+  ~BatchStream();
+  BatchStream(const BatchStream&) = delete;
+  BatchStream& operator=(const BatchStream&) = delete;
 
-  // The next micro-batch of exactly T positions, into `batch`, reusing its buffers
-  // (no allocation after the first call). Crosses epoch boundaries without a seam: a
-  // batch may end one epoch and begin the next.
+  // This rank's next micro-batch of exactly T positions, into `batch`, reusing its
+  // buffers (no allocation after the first calls). Crosses epoch boundaries without a
+  // seam: a batch may end one epoch and begin the next.
   void next(HostBatch& batch);
 
+  // The position of the next batch next() returns (with prefetching too: where the
+  // consumer is, not the producer).
   StreamState get_state() const;
   // Throws kiln::Error when the state belongs to other data, seed or packing, or points
-  // outside the split.
+  // outside the split. Discards prefetched batches.
   void set_state(const StreamState& state);
 
-  uint64_t epoch() const { return epoch_; }
+  uint64_t epoch() const { return get_state().epoch; }
   // Fraction of the current epoch already packed, for logs.
   double epoch_progress() const;
   // Documents skipped every epoch by long_doc = "drop".
   int64_t dropped_documents() const { return dropped_; }
+  const LoaderOptions& options() const { return options_; }
+  // Seconds next() has waited for the prefetch thread (0 when synchronous).
+  double wait_seconds() const;
 
  private:
   void shuffle_for_epoch();
+  // Packs (kEmit) or skips the next global micro-batch from the current position.
+  template <bool kEmit>
+  void advance(HostBatch* batch);
+  // One round: skip rank batches, pack ours, skip the rest of the world's.
+  void next_round(HostBatch& batch);
+  StreamState position() const { return StreamState{epoch_, next_document_, next_piece_, fingerprint_}; }
 
   const TokenizedSplit& split_;
   Packer packer_;
   uint64_t seed_;
+  LoaderOptions options_;
   uint64_t fingerprint_;
   int64_t dropped_ = 0;
   std::vector<int64_t> order_;  // document indices of the current epoch
+  // The producer's position (with prefetching, touched only by the prefetch thread).
   uint64_t epoch_ = 0;
   uint64_t next_document_ = 0;
   uint64_t next_piece_ = 0;
+  // With prefetching: the consumer's position, and the thread (started by next()).
+  StreamState consumer_;
+  std::unique_ptr<Prefetcher> prefetcher_;
+  double retired_wait_seconds_ = 0;
 };
 
 // The first `max_batches` micro-batches of one pass over `split` in file order (all of

@@ -1,11 +1,16 @@
 // Documents: where training text comes from, before any tokenization.
 //
-// A DocumentSource yields the documents of a corpus in a fixed order with stable ids,
-// so that splits, shuffles and resume positions can name a document. The sources here
-// read a whole file into memory (the default corpus is ~1 MB); streaming and sharded
-// sources (a later issue) implement the same interface and register a format name.
+// A DocumentSource yields the documents of a corpus one at a time, in a fixed order
+// with stable ids, so that splits, shuffles and resume positions can name a document.
+// Sources stream: a text or JSONL file (plain, .zst or .gz) is read in chunks, never
+// whole. data.path may name a file, a directory (every file below it) or a glob; the
+// files are read in sorted order and their documents numbered as one sequence.
+//
+// Bad input (a malformed line, invalid UTF-8, ...) goes to a BadInputLog
+// (data/bad_input.h): an error in strict mode, a skip and a count in lenient mode.
 #pragma once
 
+#include "data/bad_input.h"
 #include "train/config.h"
 
 #include <cstdint>
@@ -16,54 +21,57 @@
 namespace kiln {
 
 struct Document {
-  uint64_t id = 0;   // index among the documents of its file: 0, 1, 2, ...
+  uint64_t id = 0;   // index among the documents of the source: 0, 1, 2, ...
   std::string text;  // exactly as in the file (for text files: between separators)
 };
 
 class DocumentSource {
  public:
   virtual ~DocumentSource() = default;
-  // All documents in file order; throws kiln::Error("[data] ...") naming the file (and
-  // line for line-based formats) on any problem, and when there are no documents.
-  virtual std::vector<Document> read_all() = 0;
+  // The next document into `doc` (reusing its buffer); false at the end. Throws
+  // kiln::Error("[data] ...") naming the file (and line) on I/O errors and, in strict
+  // mode, on bad input.
+  virtual bool next(Document& doc) = 0;
   // The file or location, for messages.
   virtual const std::string& path() const = 0;
+
+  // Every remaining document; throws "[data] 'PATH' contains no documents" when there
+  // are none (also when all were skipped as bad input).
+  std::vector<Document> read_all();
 };
 
-// Plain text: documents separated by `separator` ("\n\n" by default). Pieces that are
-// empty or whitespace-only are skipped: runs of blank lines are formatting, not text.
-class TextFileSource final : public DocumentSource {
+// The documents of several text/JSONL files in order, numbered as one sequence. Each
+// file is read as `format` ("text" or "jsonl"), or by its own extension for "auto".
+class FileListSource final : public DocumentSource {
  public:
-  TextFileSource(std::string path, std::string separator);
-  std::vector<Document> read_all() override;
-  const std::string& path() const override { return path_; }
+  FileListSource(std::string origin, std::vector<std::string> files, const DataConfig& config, BadInputLog& log);
+  ~FileListSource() override;
+  bool next(Document& doc) override;
+  const std::string& path() const override { return origin_; }
+  const std::vector<std::string>& files() const { return files_; }
 
  private:
-  std::string path_;
-  std::string separator_;
+  std::string origin_;
+  std::vector<std::string> files_;
+  DataConfig config_;
+  BadInputLog& log_;
+  size_t next_file_ = 0;
+  std::unique_ptr<DocumentSource> current_;
+  uint64_t next_id_ = 0;
 };
 
-// JSON Lines: one object per line whose string field `text_key` is the document.
-// Blank lines are allowed (and skipped); so are documents whose text is empty.
-class JsonlFileSource final : public DocumentSource {
- public:
-  JsonlFileSource(std::string path, std::string text_key);
-  std::vector<Document> read_all() override;
-  const std::string& path() const override { return path_; }
-
- private:
-  std::string path_;
-  std::string text_key_;
-};
-
-// The format a DataConfig selects: "text", "jsonl", or "auto" (.jsonl/.json -> jsonl,
-// anything else -> text). Throws naming data.format for an unknown format.
+// The format data.format selects for data.path ("text", "jsonl", "shards", "llmc",
+// "raw_u16", "raw_u32"); see data/data_format.h. Throws naming data.format for an
+// unknown format.
 std::string resolve_format(const DataConfig& config);
-std::unique_ptr<DocumentSource> make_document_source(const DataConfig& config);
-// Shorthand: make_document_source(config)->read_all().
+// A streaming source over data.path (a file, directory or glob of text/JSONL files);
+// throws for a pre-tokenized format. `log` must outlive the source.
+std::unique_ptr<DocumentSource> make_document_source(const DataConfig& config, BadInputLog& log);
+// Every document of data.path, with bad input handled per data.lenient.
+std::vector<Document> read_documents(const DataConfig& config, BadInputLog& log);
 std::vector<Document> read_documents(const DataConfig& config);
 
-// The whole file as bytes; throws "[data] cannot open 'PATH'".
+// The whole file as bytes (decompressed when .zst/.gz); throws "[data] cannot open 'PATH'".
 std::string read_file_bytes(const std::string& path);
 
 }  // namespace kiln

@@ -69,21 +69,46 @@ void Packer::begin(HostBatch& batch) const {
   batch.document_tokens = 0;
 }
 
-void Packer::append(HostBatch& batch, std::span<const int32_t> tokens, int64_t piece) const {
+namespace {
+
+// Appends positions [first, first + count) of the sequence [BOS, t1..tn, EOS] (length
+// n+2) as (input, target) pairs; the inner loop is branch-free over the stored tokens.
+template <typename T>
+void append_piece(HostBatch& batch, std::span<const T> t, int64_t first, int64_t count, int32_t bos, int32_t eos) {
+  const auto n = static_cast<int64_t>(t.size());
+  auto at = [&](int64_t i) -> int32_t {
+    if (i == 0) return bos;
+    if (i == n + 1) return eos;
+    return static_cast<int32_t>(t[static_cast<size_t>(i - 1)]);
+  };
+  const size_t base = batch.tokens.size();
+  batch.tokens.resize(base + static_cast<size_t>(count));
+  batch.targets.resize(base + static_cast<size_t>(count));
+  batch.positions.resize(base + static_cast<size_t>(count));
+  int32_t* tokens = batch.tokens.data() + base;
+  int32_t* targets = batch.targets.data() + base;
+  int32_t* positions = batch.positions.data() + base;
+  // Input i is element first+i, target i is element first+i+1 (the true next token,
+  // across piece borders too). Only the first input and the last target can be BOS/EOS.
+  for (int64_t p = 0; p < count; ++p) positions[p] = static_cast<int32_t>(p);
+  int64_t p = 0;
+  if (first == 0 && count > 0) {
+    tokens[0] = bos;
+    p = 1;
+  }
+  for (; p < count; ++p) tokens[p] = static_cast<int32_t>(t[static_cast<size_t>(first + p - 1)]);
+  const int64_t last = count > 0 && first + count == n + 1 ? count - 1 : count;  // target EOS
+  for (int64_t q = 0; q < last; ++q) targets[q] = static_cast<int32_t>(t[static_cast<size_t>(first + q)]);
+  for (int64_t q = last; q < count; ++q) targets[q] = at(first + q + 1);
+}
+
+}  // namespace
+
+void Packer::append(HostBatch& batch, TokenSpan tokens, int64_t piece) const {
   const auto n = static_cast<int64_t>(tokens.size());
   const int64_t first = piece * options_.max_seq_len;  // index into [BOS, t1..tn, EOS]
   const int64_t count = piece_positions(n, piece);
-  // Element i of the full sequence [BOS, t1..tn, EOS] (length n+2).
-  auto at = [&](int64_t i) -> int32_t {
-    if (i == 0) return options_.bos_id;
-    if (i == n + 1) return options_.eos_id;
-    return tokens[static_cast<size_t>(i - 1)];
-  };
-  for (int64_t p = 0; p < count; ++p) {
-    batch.tokens.push_back(at(first + p));
-    batch.targets.push_back(at(first + p + 1));  // true next token, across piece borders too
-    batch.positions.push_back(static_cast<int32_t>(p));
-  }
+  tokens.visit([&](auto span) { append_piece(batch, span, first, count, options_.bos_id, options_.eos_id); });
   batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
   batch.max_seqlen = std::max(batch.max_seqlen, static_cast<int32_t>(count));
   batch.target_count += count;

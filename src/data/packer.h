@@ -14,6 +14,7 @@
 #pragma once
 
 #include "data/batch.h"
+#include "data/token_span.h"
 #include "train/config.h"
 
 #include <cstdint>
@@ -65,7 +66,8 @@ class Packer {
   }
   // Appends piece `piece` of document `tokens` as one sequence (positions from 0).
   // The caller checks fits() first.
-  void append(HostBatch& batch, std::span<const int32_t> tokens, int64_t piece) const;
+  // `tokens` may be int32 or uint16 storage (TokenSpan).
+  void append(HostBatch& batch, TokenSpan tokens, int64_t piece) const;
   // Fills the tail with PAD (target ignored) up to T. The tail is its own sequence in
   // cu_seqlens, cut into segments of at most L so positions stay < max_seq_len (RoPE
   // tables) and max_seqlen <= L; a training batch's tail is always shorter than L.

@@ -1,6 +1,7 @@
 #include "data/tokenizer.h"
 
 #include "core/error.h"
+#include "data/bpe/bpe_tokenizer.h"
 
 #include <fmt/format.h>
 
@@ -30,6 +31,14 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
   return text;
 }
 
+std::vector<std::vector<int32_t>> Tokenizer::encode_batch(std::span<const std::string_view> texts) const {
+  std::vector<std::vector<int32_t>> out(texts.size());
+  const auto n = static_cast<int64_t>(texts.size());
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = encode(texts[static_cast<size_t>(i)]);
+  return out;
+}
+
 namespace {
 
 // A function-local registry: static-registration objects in a static library can be
@@ -37,6 +46,12 @@ namespace {
 struct Registry {
   Registry() {
     factories["byte"] = [](const std::string&) { return std::make_unique<ByteTokenizer>(); };
+    // Byte-level BPE from a Hugging Face tokenizer.json; "hf" is an alias.
+    factories["bpe"] = [](const std::string& path) -> std::unique_ptr<Tokenizer> {
+      KILN_CHECK(!path.empty(), "data.tokenizer", "the bpe tokenizer needs a tokenizer.json path");
+      return bpe::load_tokenizer_json(path);
+    };
+    factories["hf"] = factories["bpe"];
   }
   std::mutex mutex;
   std::map<std::string, TokenizerFactory> factories;
@@ -73,6 +88,18 @@ std::vector<std::string> tokenizer_names() {
   std::vector<std::string> names;
   for (const auto& [name, factory] : r.factories) names.push_back(name);
   return names;
+}
+
+std::unique_ptr<Tokenizer> tokenizer_from_config(const std::string& setting) {
+  KILN_CHECK(!setting.empty(), "data.tokenizer", "is empty (use 'byte' or a tokenizer.json path)");
+  TokenizerFactory named;
+  {
+    Registry& r = registry();
+    std::lock_guard lock(r.mutex);
+    const auto it = r.factories.find(setting);
+    if (setting != "bpe" && setting != "hf" && it != r.factories.end()) named = it->second;
+  }
+  return named ? named("") : make_tokenizer("bpe", setting);
 }
 
 }  // namespace kiln

@@ -1,7 +1,7 @@
 // Tokenizers: text <-> token ids, and a registry that picks one by name.
 //
-// The data pipeline only sees the Tokenizer interface, so a BPE tokenizer (a later
-// issue) plugs in by registering a factory; nothing downstream changes. Special ids
+// The data pipeline only sees the Tokenizer interface; the byte-level BPE tokenizer
+// (data/bpe/, Hugging Face tokenizer.json files) plugs in as the "bpe" factory. Special ids
 // (BOS/EOS/PAD) come from the tokenizer, never from constants, because every vocabulary
 // places them differently.
 #pragma once
@@ -25,6 +25,8 @@ class Tokenizer {
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // Special ids are skipped, so sampled text never shows BOS/EOS/PAD markers.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
+  // encode() of each text, spread over the OpenMP threads.
+  virtual std::vector<std::vector<int32_t>> encode_batch(std::span<const std::string_view> texts) const;
 
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;
@@ -51,7 +53,7 @@ class ByteTokenizer final : public Tokenizer {
   std::string name() const override { return "byte"; }
 };
 
-// A factory receives an optional model file (a BPE vocabulary, say); "byte" ignores it.
+// A factory receives an optional model file (a tokenizer.json for "bpe"); "byte" ignores it.
 using TokenizerFactory = std::function<std::unique_ptr<Tokenizer>(const std::string& model_path)>;
 
 // Throws kiln::Error("[data.tokenizer] unknown tokenizer 'x' (known: byte, ...)").
@@ -60,5 +62,10 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::st
 void register_tokenizer(const std::string& name, TokenizerFactory factory);
 // Registered names, sorted (for `kiln list` and error messages).
 std::vector<std::string> tokenizer_names();
+
+// The tokenizer a config's data.tokenizer names: "byte" (or another registered name that
+// needs no file), or a path to a Hugging Face tokenizer.json (or a folder holding one),
+// loaded by the "bpe" factory.
+std::unique_ptr<Tokenizer> tokenizer_from_config(const std::string& setting);
 
 }  // namespace kiln

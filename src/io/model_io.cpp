@@ -10,11 +10,7 @@ namespace kiln::io {
 
 namespace fs = std::filesystem;
 
-void save_model(const Model& model, const Config& config, const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  KILN_CHECK(!ec, "save", "cannot create directory '{}': {}", dir, ec.message());
-  SafetensorsWriter writer;
+void add_model_weights(SafetensorsWriter& writer, const Model& model) {
   for (const auto& p : model.parameters()) {
     const Tensor value = p->value();
     if (value.dtype() == DType::f32) {
@@ -30,6 +26,14 @@ void save_model(const Model& model, const Config& config, const std::string& dir
   }
   writer.set_metadata("format", "kiln-model");
   writer.set_metadata("kiln_version", KILN_VERSION);
+}
+
+void save_model(const Model& model, const Config& config, const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  KILN_CHECK(!ec, "save", "cannot create directory '{}': {}", dir, ec.message());
+  SafetensorsWriter writer;
+  add_model_weights(writer, model);
   writer.write((fs::path(dir) / "model.safetensors").string());
   const std::string config_path = (fs::path(dir) / "config.toml").string();
   std::ofstream out(config_path);
@@ -37,8 +41,10 @@ void save_model(const Model& model, const Config& config, const std::string& dir
   KILN_CHECK(out.good(), "save", "cannot write '{}'", config_path);
 }
 
-void load_weights(Model& model, const std::string& path) {
-  const SafetensorsFile file = SafetensorsFile::open(path);
+void load_weights(Model& model, const std::string& path) { load_weights(model, SafetensorsFile::open(path)); }
+
+void load_weights(Model& model, const SafetensorsFile& file) {
+  const std::string& path = file.path();
   std::set<std::string> expected;
   for (const auto& p : model.parameters()) {
     expected.insert(p->name());

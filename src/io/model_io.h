@@ -2,6 +2,7 @@
 // DIR/config.toml (the resolved configuration it was trained with).
 #pragma once
 
+#include "io/safetensors.h"
 #include "model/model.h"
 #include "train/config.h"
 
@@ -12,10 +13,14 @@ namespace kiln::io {
 
 // Writes weights and config into `dir` (created if missing).
 void save_model(const Model& model, const Config& config, const std::string& dir);
+// Adds every parameter as fp32 under its whole-model name, with the kiln-model metadata
+// (save_model and checkpoints share it, so a checkpoint directory is also a model).
+void add_model_weights(SafetensorsWriter& writer, const Model& model);
 
 // Copies weights from a model.safetensors into a built, allocated model; every parameter
 // must be present with its exact shape, and no unknown tensor may be left over.
 void load_weights(Model& model, const std::string& safetensors_path);
+void load_weights(Model& model, const SafetensorsFile& file);
 
 struct LoadedModel {
   Config config;

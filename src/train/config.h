@@ -38,12 +38,21 @@ struct ModelConfig {
 
 struct DataConfig {
   std::string path = "data/tinyshakespeare.txt";
-  std::string format = "auto";         // auto | text | jsonl
+  std::string tokenizer = "byte";      // "byte", or a tokenizer.json path (byte-level BPE, docs/data.md)
+  std::string format = "auto";         // auto | text | jsonl | shards | llmc | raw_u16 | raw_u32
   std::string text_key = "text";       // JSONL field holding the document
   std::string doc_separator = "\n\n";  // text files: documents are separated by this
   double val_fraction = 0.05;          // share of documents held out, chosen by hash
   std::string long_doc = "split";      // split | drop | error: documents over max_seq_len
   uint64_t seed = 1234;                // document order shuffling
+  // Readers, shards and loader (docs/data.md): data.path may be a file, a directory or a
+  // glob; .zst/.gz are decompressed; pre-tokenized formats are memory-mapped.
+  std::string val_path = "";           // validation data; "" = split data.path by hash (val_fraction)
+  bool lenient = false;                // skip and count bad input instead of stopping
+  int64_t eot_id = -1;                 // llm.c/raw token files: document delimiter; -1 = tokenizer BOS
+  int64_t prefetch = 4;                // micro-batches packed ahead by a background thread; 0 = off
+  int64_t rank = 0;                    // data-parallel rank (used when world_size > 0)
+  int64_t world_size = 0;              // data-parallel ranks; 0 = env RANK/WORLD_SIZE, else 1
 };
 
 struct TrainConfig {
@@ -63,6 +72,13 @@ struct TrainConfig {
   double sample_temperature = 0.8;
   int64_t sample_top_k = 40;
   std::string sample_prompt = "ROMEO:";
+  // Numerical fault guard (train/fault_guard.h): a non-finite loss or gradient norm skips
+  // the update; so does, when spike_window > 0, a loss or gradient norm above ratio x its
+  // mean over the last spike_window applied steps.
+  int64_t max_consecutive_skips = 5;   // stop after this many skipped updates in a row; 0 = never
+  int64_t spike_window = 0;            // applied steps in the spike guard's window; 0 = off
+  double spike_loss_ratio = 2.0;       // skip when loss > ratio x window mean
+  double spike_grad_ratio = 10.0;      // skip when grad norm (before clipping) > ratio x window mean
 };
 
 struct OptimConfig {
@@ -87,6 +103,12 @@ struct LogConfig {
 
 struct CheckpointConfig {
   bool save_final = true;  // write <out_dir>/model at the end of training
+  // Resumable checkpoints (train/checkpoint.h): DIR/step-NNNNNNNN/ plus DIR/latest.
+  int64_t every = 100;                 // steps between checkpoints (and one at the end); 0 = off
+  std::string dir = "";                // "" = <train.out_dir>/checkpoints
+  int64_t keep_last = 2;               // newest checkpoints kept; 0 = keep all
+  int64_t keep_every = 0;              // also keep every checkpoint whose step is a multiple; 0 = none
+  std::string on_save_error = "stop";  // stop | continue: a failed periodic save ends the run or warns
 };
 
 struct Config {

@@ -38,13 +38,21 @@ const std::array kFields = {
     KILN_FIELD(model, attention_bias, none(), "bias on q/k/v projections"),
     KILN_FIELD(model, init_std, non_negative(), "std of the normal weight init"),
 
-    KILN_FIELD(data, path, non_empty(), "training text or JSONL file"),
-    KILN_FIELD(data, format, one_of("auto|text|jsonl"), "auto | text | jsonl"),
+    KILN_FIELD(data, path, non_empty(), "training data: a file, directory or glob (text, JSONL, .zst/.gz, shards, .bin)"),
+    KILN_FIELD(data, tokenizer, non_empty(), "\"byte\", or a Hugging Face tokenizer.json path (byte-level BPE)"),
+    KILN_FIELD(data, format, one_of("auto|text|jsonl|shards|llmc|raw_u16|raw_u32"),
+               "auto | text | jsonl | shards | llmc | raw_u16 | raw_u32"),
     KILN_FIELD(data, text_key, non_empty(), "JSONL field holding the document"),
     KILN_FIELD(data, doc_separator, none(), "text files: separator between documents"),
     KILN_FIELD(data, val_fraction, unit_open(), "share of documents held out, by hash"),
     KILN_FIELD(data, long_doc, one_of("split|drop|error"), "documents over max_seq_len: split | drop | error"),
     KILN_FIELD(data, seed, none(), "document order shuffling"),
+    KILN_FIELD(data, val_path, none(), "validation data; \"\" = split data.path by hash"),
+    KILN_FIELD(data, lenient, none(), "skip and count bad input instead of stopping"),
+    KILN_FIELD(data, eot_id, none(), "llm.c/raw token files: document delimiter id; -1 = tokenizer BOS"),
+    KILN_FIELD(data, prefetch, non_negative(), "micro-batches packed ahead by a background thread; 0 = off"),
+    KILN_FIELD(data, rank, non_negative(), "data-parallel rank, used when world_size > 0"),
+    KILN_FIELD(data, world_size, non_negative(), "data-parallel ranks; 0 = env RANK/WORLD_SIZE, else 1"),
 
     KILN_FIELD(train, steps, positive(), "optimizer steps"),
     KILN_FIELD(train, micro_batch_tokens, positive(), "token budget per micro-batch"),
@@ -62,6 +70,10 @@ const std::array kFields = {
     KILN_FIELD(train, sample_temperature, non_negative(), "sampling temperature"),
     KILN_FIELD(train, sample_top_k, non_negative(), "top-k sampling; 0 = off"),
     KILN_FIELD(train, sample_prompt, none(), "prompt for samples"),
+    KILN_FIELD(train, max_consecutive_skips, non_negative(), "stop after this many skipped updates in a row; 0 = never"),
+    KILN_FIELD(train, spike_window, non_negative(), "spike guard window in applied steps; 0 = off"),
+    KILN_FIELD(train, spike_loss_ratio, positive(), "spike guard: skip when loss > ratio x window mean"),
+    KILN_FIELD(train, spike_grad_ratio, positive(), "spike guard: skip when grad norm > ratio x window mean"),
 
     KILN_FIELD(optim, name, none(), "registry: optimizers"),
     KILN_FIELD(optim, lr, positive(), "peak learning rate"),
@@ -80,6 +92,11 @@ const std::array kFields = {
     KILN_FIELD(log, metrics_file, none(), "metrics file inside out_dir"),
 
     KILN_FIELD(checkpoint, save_final, none(), "write <out_dir>/model at the end"),
+    KILN_FIELD(checkpoint, every, non_negative(), "steps between resumable checkpoints (and at the end); 0 = off"),
+    KILN_FIELD(checkpoint, dir, none(), "checkpoint directory; \"\" = <train.out_dir>/checkpoints"),
+    KILN_FIELD(checkpoint, keep_last, non_negative(), "newest checkpoints kept; 0 = keep all"),
+    KILN_FIELD(checkpoint, keep_every, non_negative(), "also keep steps that are multiples of this; 0 = none"),
+    KILN_FIELD(checkpoint, on_save_error, one_of("stop|continue"), "a failed periodic save: stop | continue"),
 };
 
 #undef KILN_FIELD

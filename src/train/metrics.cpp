@@ -1,6 +1,7 @@
 #include "train/metrics.h"
 
 #include "core/error.h"
+#include "io/durable_io.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,8 @@ void MetricsLog::step(const StepMetrics& m) {
                       {"target_tokens", m.target_tokens}, {"step_seconds", m.step_seconds},
                       {"elapsed_seconds", m.elapsed_seconds}};
   if (m.z > 0) j["z"] = m.z;
+  if (!m.skipped.empty()) j["skipped"] = m.skipped;
+  if (m.skipped_total > 0) j["skipped_total"] = m.skipped_total;
   out_ << j.dump() << '\n';
   out_.flush();
 }
@@ -35,6 +38,41 @@ void MetricsLog::sample(int64_t step, const std::string& text) {
               -1, ' ', false, nlohmann::json::error_handler_t::replace)
        << '\n';
   out_.flush();
+}
+
+void MetricsLog::skip(int64_t step, const std::string& reason, double loss, double grad_norm) {
+  // JSON has no NaN or Inf: non-finite values are written as null.
+  auto number = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
+  out_ << nlohmann::json{{"kind", "skip"}, {"step", step}, {"reason", reason}, {"loss", number(loss)},
+                         {"grad_norm", number(grad_norm)}}.dump()
+       << '\n';
+  out_.flush();
+}
+
+void MetricsLog::checkpoint(int64_t step, const std::string& path, double seconds) {
+  out_ << nlohmann::json{{"kind", "checkpoint"}, {"step", step}, {"path", path}, {"seconds", seconds}}.dump() << '\n';
+  out_.flush();
+}
+
+void MetricsLog::resume(int64_t step, const std::string& path) {
+  out_ << nlohmann::json{{"kind", "resume"}, {"step", step}, {"path", path}}.dump() << '\n';
+  out_.flush();
+}
+
+void truncate_metrics_after(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // no newline: a line torn by the crash
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    if (j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > step) continue;
+    kept += line;
+    kept += '\n';
+  }
+  in.close();
+  io::replace_file_atomically(path, kept, "train");
 }
 
 std::string format_duration(double seconds) {

@@ -18,6 +18,8 @@ struct StepMetrics {
   int64_t target_tokens = 0;   // tokens with a loss
   double step_seconds = 0;
   double elapsed_seconds = 0;
+  std::string skipped;         // why the update was skipped (fault guard), "" when applied
+  int64_t skipped_total = 0;   // skipped updates so far in the run
 };
 
 class MetricsLog {
@@ -26,12 +28,21 @@ class MetricsLog {
   void step(const StepMetrics& m);
   void validation(int64_t step, double loss, double elapsed_seconds);
   void sample(int64_t step, const std::string& text);
+  // A step whose update the fault guard skipped (the loss may be NaN: written as null).
+  void skip(int64_t step, const std::string& reason, double loss, double grad_norm);
+  void checkpoint(int64_t step, const std::string& path, double seconds);
+  void resume(int64_t step, const std::string& path);
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   std::ofstream out_;
 };
+
+// Before a resumed run appends: drops the records of steps after `step` (the crashed
+// run got further than its checkpoint) and a torn last line, so the file reads as if
+// the run never stopped. Rewritten atomically; a missing file is left missing.
+void truncate_metrics_after(const std::string& path, int64_t step);
 
 // "4m12s", "1h03m", "12s".
 std::string format_duration(double seconds);

@@ -41,6 +41,17 @@ class AdamW final : public Optimizer {
   }
 
   int64_t steps_taken() const override { return steps_; }
+  void set_steps_taken(int64_t steps) override { steps_ = steps; }
+
+  // torch.optim.AdamW's names for m and v.
+  std::vector<OptimizerStateTensor> state_tensors() const override {
+    std::vector<OptimizerStateTensor> out;
+    for (const Slot& s : slots_) {
+      out.push_back({s.param->name() + ".exp_avg", s.m});
+      out.push_back({s.param->name() + ".exp_avg_sq", s.v});
+    }
+    return out;
+  }
 
  private:
   struct Slot {
@@ -113,14 +124,22 @@ bool applies_weight_decay(const Parameter& p, const OptimConfig& config) {
   return p.decay();
 }
 
-double clip_gradients(const ParameterList& parameters, double clip) {
+double gradient_norm(const ParameterList& parameters) {
   double sum = 0;
   for (const auto& p : parameters) sum += ops::sum_squares(p->grad());
-  const double norm = std::sqrt(sum);
+  return std::sqrt(sum);
+}
+
+void clip_gradients_to(const ParameterList& parameters, double norm, double clip) {
   if (clip > 0 && norm > clip) {
     const double factor = clip / (norm + 1e-6);
     for (const auto& p : parameters) ops::scale_inplace(p->grad(), factor);
   }
+}
+
+double clip_gradients(const ParameterList& parameters, double clip) {
+  const double norm = gradient_norm(parameters);
+  clip_gradients_to(parameters, norm, clip);
   return norm;
 }
 

@@ -11,6 +11,13 @@
 
 namespace kiln {
 
+// One tensor of optimizer state under a whole-model name ("<parameter>.exp_avg"), so a
+// checkpoint does not depend on how parameters are laid out or sharded.
+struct OptimizerStateTensor {
+  std::string name;
+  Tensor tensor;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -20,6 +27,10 @@ class Optimizer {
   virtual void step(double lr) = 0;
   // Completed updates (bias correction and checkpoints need it).
   virtual int64_t steps_taken() const = 0;
+  // Checkpoints: every state tensor by name (after plan(); bound once the arena is
+  // allocated), and the step count restored on resume.
+  virtual std::vector<OptimizerStateTensor> state_tensors() const = 0;
+  virtual void set_steps_taken(int64_t steps) = 0;
 };
 
 class Schedule {
@@ -43,5 +54,9 @@ bool applies_weight_decay(const Parameter& p, const OptimConfig& config);
 // Global L2 norm of all gradients; if clip > 0 and the norm exceeds it, gradients are
 // scaled down to norm `clip`. Returns the norm before clipping.
 double clip_gradients(const ParameterList& parameters, double clip);
+// The two halves of clip_gradients, so the trainer can look at the norm (fault guard)
+// before anything is scaled.
+double gradient_norm(const ParameterList& parameters);
+void clip_gradients_to(const ParameterList& parameters, double norm, double clip);
 
 }  // namespace kiln

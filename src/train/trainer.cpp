@@ -5,6 +5,8 @@
 #include "io/model_io.h"
 #include "nn/modules.h"
 #include "ops/parallel.h"
+#include "train/memory_check.h"
+#include "train/signals.h"
 
 #include <fmt/format.h>
 
@@ -67,20 +69,30 @@ Device resolve_device(const std::string& setting) {
   return setting == "auto" && gpu ? Device::cuda : Device::cpu;
 }
 
-Trainer::Trainer(const Config& config)
-    : config_(config), device_(resolve_device(config.train.device)), optimizer_state_("optimizer", device_) {
+Trainer::Trainer(const Config& config, const TrainOptions& train_options)
+    : config_(config),
+      device_(resolve_device(config.train.device)),
+      optimizer_state_("optimizer", device_),
+      faults_(FaultInjector::from_env()),
+      guard_(config.train) {
   validate_config(config_);
   check_component_names(config_);  // before any data is read: config mistakes surface first
   const int threads = set_cpu_threads(config_.train.threads);
+  threads_ = threads;
   prepare_out_dir(config_.train.out_dir);
+  checkpoints_ = std::make_unique<CheckpointWriter>(config_, faults_);
+  checkpoints_->prepare();  // an unusable checkpoint directory fails now, not at the first save
 
-  tokenizer_ = make_tokenizer("byte");
+  tokenizer_ = tokenizer_from_config(config_.data.tokenizer);  // "byte" or a tokenizer.json
   KILN_CHECK(config_.model.vocab_size >= tokenizer_->vocab_size(), "model.vocab_size",
              "{} is smaller than the {} tokenizer's vocabulary ({})", config_.model.vocab_size, tokenizer_->name(),
              tokenizer_->vocab_size());
   dataset_ = std::make_unique<TokenDataset>(config_.data, *tokenizer_);
+  // Before anything large is allocated (batches, arenas): stop now if it cannot fit.
+  check_memory_fits(config_, device_, plan_training_memory(config_, device_), available_memory(device_));
   const Packer packer(packer_options(config_, *tokenizer_));
-  stream_ = std::make_unique<BatchStream>(*dataset_, Split::train, packer, config_.data.seed);
+  // data.seed, rank sharding (data.rank/world_size or RANK/WORLD_SIZE) and data.prefetch.
+  stream_ = std::make_unique<BatchStream>(*dataset_, Split::train, packer, config_.data);
   validation_ = validation_batches(*dataset_, packer, config_.train.eval_batches);
   micro_batches_.resize(static_cast<size_t>(config_.train.grad_accum));
 
@@ -92,12 +104,19 @@ Trainer::Trainer(const Config& config)
   optimizer_ = optimizer_registry().build("optim.name", config_.optim.name, config_.optim, model_->parameters());
   schedule_ = schedule_registry().build("optim.schedule", config_.optim.schedule, config_.optim, config_.train.steps);
   optimizer_->plan(optimizer_state_);
+  // Found and verified (checksums, model and precision guards) before allocating.
+  const std::optional<CheckpointInfo> resume = find_resume_checkpoint(train_options);
   model_->allocate();
   optimizer_state_.allocate();
-  model_->init_weights(config_.train.seed);
+  if (resume) restore(*resume, train_options.allow_data_change);
+  else model_->init_weights(config_.train.seed);
 
   std::ofstream(fs::path(config_.train.out_dir) / "config.toml") << config_to_toml(config_);
   metrics_ = std::make_unique<MetricsLog>((fs::path(config_.train.out_dir) / config_.log.metrics_file).string());
+  if (resume) {
+    metrics_->resume(progress_.step, resume->path);
+    fmt::print("resumed from {} at step {}\n", resume->path, progress_.step);
+  }
 
   const MemoryPlan plan = model_->memory_plan();
   const std::string device = device_ == Device::cuda ? fmt::format("cuda ({}, fp32)", cuda_device_name())
@@ -111,6 +130,11 @@ Trainer::Trainer(const Config& config)
              human_count(static_cast<double>(dataset_->num_tokens(Split::validation))),
              config_.train.micro_batch_tokens * config_.train.grad_accum, config_.train.grad_accum,
              config_.train.micro_batch_tokens);
+  // Data readers: bad input skipped in lenient mode, and this rank's share of the stream.
+  if (config_.data.lenient) fmt::print("data: skipped bad input (data.lenient): {}\n", dataset_->skipped_summary());
+  if (stream_->options().world_size > 1)
+    fmt::print("data: rank {} of {} (the global stream's micro-batches {} mod {})\n", stream_->options().rank,
+               stream_->options().world_size, stream_->options().rank, stream_->options().world_size);
   fmt::print("memory: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer {:.1f} MiB, activations {:.1f} MiB, "
              "workspace {:.1f} MiB | run directory {}\n",
              plan.parameters / 1048576.0, plan.gradients / 1048576.0, optimizer_state_.planned_bytes() / 1048576.0,
@@ -120,7 +144,7 @@ Trainer::Trainer(const Config& config)
 
 Trainer::~Trainer() = default;
 
-void Trainer::step(int64_t step_index, StepMetrics& m) {
+bool Trainer::step(int64_t step_index, StepMetrics& m) {
   // Token-exact accumulation: the loss of the whole step is the mean over all its target
   // tokens, so every micro-batch's gradient is scaled by 1 / (targets in the whole step).
   int64_t targets = 0;
@@ -141,10 +165,22 @@ void Trainer::step(int64_t step_index, StepMetrics& m) {
   m.loss = loss / static_cast<double>(targets);
   m.z = config_.train.z_loss > 0 ? z / static_cast<double>(targets) : 0;
   m.target_tokens = targets;
-  KILN_CHECK(std::isfinite(m.loss), "train", "non-finite loss at step {}", step_index + 1);
-  m.grad_norm = clip_gradients(model_->parameters(), config_.optim.grad_clip);
-  m.lr = schedule_->lr(step_index);
+  if (faults_.any()) inject_numeric_faults(faults_, m.step, m.loss, model_->parameters());  // tests only
+  m.grad_norm = gradient_norm(model_->parameters());
+  // The schedule's position is the count of applied updates: a skipped step leaves it.
+  m.lr = schedule_->lr(optimizer_->steps_taken());
+  m.skipped = guard_.check(m.loss, m.grad_norm);
+  if (!m.skipped.empty()) {  // weights, optimizer state and schedule stay untouched
+    fmt::print("step {}: update skipped ({}); {} skipped in a row, {} in total\n", m.step, m.skipped,
+               guard_.state().consecutive_skips + 1, guard_.state().total_skips + 1);
+    metrics_->skip(m.step, m.skipped, m.loss, m.grad_norm);
+    guard_.skip(m.step, m.skipped);  // throws after train.max_consecutive_skips in a row
+    return false;
+  }
+  clip_gradients_to(model_->parameters(), m.grad_norm, config_.optim.grad_clip);
   optimizer_->step(m.lr);
+  guard_.accept(m.loss, m.grad_norm);
+  return true;
 }
 
 double Trainer::validate() {
@@ -179,7 +215,8 @@ void Trainer::log_step(const StepMetrics& m) {
 
 TrainResult Trainer::run() {
   const TrainConfig& t = config_.train;
-  const double start = now_seconds();
+  const StopSignals signals;  // SIGTERM/SIGINT: checkpoint at the next step boundary, exit 0
+  const double start = now_seconds() - progress_.elapsed_seconds;  // a resumed run continues the clock
   TrainResult result;
   auto show_validation = [&](int64_t step) {
     const double val = validate();
@@ -194,36 +231,60 @@ TrainResult Trainer::run() {
     metrics_->sample(step, text);
   };
 
-  StepMetrics window;  // averaged over the log interval
-  int64_t window_steps = 0;
+  // The log window (averaged over log.every steps) lives in progress_, so a resumed run
+  // continues the same average; non-finite losses of skipped steps are left out of it.
+  TrainProgress& p = progress_;
   double window_start = now_seconds();
-  for (int64_t s = 0; s < t.steps; ++s) {
+  for (int64_t s = p.step; s < t.steps; ++s) {
+    if (faults_.any()) inject_before_step(faults_, s + 1);  // tests only
     StepMetrics m;
     m.step = s + 1;
     m.total_steps = t.steps;
     step(s, m);
+    m.skipped_total = guard_.state().total_skips;
     result.final_train_loss = m.loss;
-    window.loss += m.loss;
-    window.tokens += m.tokens;
-    ++window_steps;
+    p.step = m.step;
+    p.tokens += m.tokens;
+    p.target_tokens += m.target_tokens;
+    if (std::isfinite(m.loss)) {
+      p.window_loss += m.loss;
+      ++p.window_losses;
+    }
+    p.window_tokens += m.tokens;
+    ++p.window_steps;
     if (m.step % config_.log.every == 0 || m.step == t.steps) {
       const double now = now_seconds();
       m.step_seconds = now - window_start;
       m.elapsed_seconds = now - start;
-      m.tokens = window.tokens;
-      m.loss = window.loss / static_cast<double>(window_steps);
+      m.tokens = p.window_tokens;
+      m.loss = p.window_losses > 0 ? p.window_loss / static_cast<double>(p.window_losses) : std::nan("");
       log_step(m);
       metrics_->step(m);
-      window = StepMetrics();
-      window_steps = 0;
+      p.window_loss = 0;
+      p.window_losses = p.window_steps = p.window_tokens = 0;
       window_start = now_seconds();
     }
     if (t.eval_every > 0 && m.step % t.eval_every == 0 && m.step != t.steps) show_validation(m.step);
     if (t.sample_every > 0 && m.step % t.sample_every == 0 && m.step != t.steps) show_sample(m.step);
-    // Time spent validating and sampling is not training throughput.
-    if (window_steps == 0) window_start = now_seconds();
+    p.elapsed_seconds = now_seconds() - start;
+    const int64_t every = config_.checkpoint.every;
+    if (every > 0 && m.step % every == 0 && m.step != t.steps) save_checkpoint_or_warn(result);
+    if (const int sig = signals.received()) {
+      // Not subject to on_save_error: a stop whose state is not saved must fail loudly.
+      if (checkpoint_step_ != p.step) result.checkpoint = save_checkpoint();
+      fmt::print("stopped by {} after step {}; resume with: kiln train CONFIG --resume\n", StopSignals::name(sig),
+                 p.step);
+      result.steps = p.step;
+      result.stopped_by = StopSignals::name(sig);
+      result.skipped_steps = guard_.state().total_skips;
+      result.seconds = now_seconds() - start;
+      return result;
+    }
+    // Time spent validating, sampling and saving is not training throughput.
+    if (p.window_steps == 0) window_start = now_seconds();
   }
   result.steps = t.steps;
+  result.skipped_steps = guard_.state().total_skips;
   result.final_val_loss = show_validation(t.steps);
   show_sample(t.steps);
   if (config_.checkpoint.save_final) {
@@ -231,6 +292,8 @@ TrainResult Trainer::run() {
     io::save_model(*model_, config_, dir);
     fmt::print("saved model to {}\n", dir);
   }
+  p.elapsed_seconds = now_seconds() - start;
+  if (config_.checkpoint.every > 0 && checkpoint_step_ != p.step) save_checkpoint_or_warn(result);
   result.seconds = now_seconds() - start;
   fmt::print("done: {} steps in {} | final train loss {:.4f} | validation loss {:.4f}\n", t.steps,
              format_duration(result.seconds), result.final_train_loss, result.final_val_loss);

@@ -1,30 +1,46 @@
 // The training loop: packed micro-batches -> forward/backward with token-exact gradient
-// accumulation -> clip -> optimizer -> schedule, with validation, samples, console
-// progress and a JSONL metrics file.
+// accumulation -> fault guard -> clip -> optimizer -> schedule, with validation, samples,
+// console progress, a JSONL metrics file, and resumable checkpoints (periodic, at the
+// end, and on SIGTERM/SIGINT).
 #pragma once
 
 #include "data/batch_stream.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/fault_guard.h"
+#include "train/fault_inject.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace kiln {
+
+struct TrainOptions {
+  // "" = a fresh run; "latest" = the newest checkpoint in checkpoint.dir (a fresh run,
+  // with a notice, when there is none yet); anything else names a checkpoint or a
+  // checkpoint directory.
+  std::string resume;
+  bool allow_data_change = false;  // resume although the data fingerprint changed
+};
 
 struct TrainResult {
   int64_t steps = 0;
   double final_train_loss = 0;
   double final_val_loss = 0;  // nats per token; NaN when there is no validation split
   double seconds = 0;
+  int64_t skipped_steps = 0;   // updates skipped by the fault guard
+  std::string stopped_by;      // "SIGTERM" / "SIGINT" when a signal ended the run early
+  std::string checkpoint;      // the last checkpoint written, if any
 };
 
 class Trainer {
  public:
-  explicit Trainer(const Config& config);
+  explicit Trainer(const Config& config, const TrainOptions& options = {});
   ~Trainer();
 
   TrainResult run();
@@ -34,8 +50,17 @@ class Trainer {
   Model& model() { return *model_; }
 
  private:
-  void step(int64_t step_index, StepMetrics& metrics);
+  // One step; false when the fault guard skipped its update.
+  bool step(int64_t step_index, StepMetrics& metrics);
   void log_step(const StepMetrics& m);
+
+  // trainer_checkpoint.cpp: the glue between the loop and train/checkpoint.h.
+  std::optional<CheckpointInfo> find_resume_checkpoint(const TrainOptions& options);
+  void restore(const CheckpointInfo& checkpoint, bool allow_data_change);
+  CheckpointState checkpoint_state() const;
+  std::string save_checkpoint();
+  // A periodic or final save; a failure stops the run or warns (checkpoint.on_save_error).
+  void save_checkpoint_or_warn(TrainResult& result);
 
   Config config_;
   Device device_;
@@ -49,6 +74,13 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Schedule> schedule_;
   std::unique_ptr<MetricsLog> metrics_;
+
+  FaultInjector faults_;        // test-only (KILN_FAULT_INJECT); empty otherwise
+  FaultGuard guard_;
+  TrainProgress progress_;      // everything the loop carries from step to step
+  std::unique_ptr<CheckpointWriter> checkpoints_;
+  int64_t checkpoint_step_ = -1;  // step of the checkpoint last saved or resumed from
+  int threads_ = 0;
 };
 
 // Resolves train.device ("auto" picks CUDA only where the CUDA training path exists).

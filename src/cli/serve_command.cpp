@@ -1,0 +1,82 @@
+// `kiln serve CHECKPOINT --port P`: the completions server (serve/server.h), loopback by
+// default. SIGINT/SIGTERM stop it cleanly.
+#include "cli/commands.h"
+#include "io/model_dir.h"
+#include "ops/parallel.h"
+#include "serve/server.h"
+
+#include <fmt/format.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <pthread.h>
+#include <thread>
+
+namespace kiln::cli {
+
+void add_serve_command(CLI::App& app) {
+  struct Options {
+    std::string model;
+    serve::ServeOptions serve;
+    int64_t slots = 8, max_rows = 256, threads = 0;
+    bool no_bos = false;
+    std::string port_file;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("serve", "serve an OpenAI-compatible /v1/completions endpoint (for eval harnesses)");
+  cmd->add_option("checkpoint", o->model, "kiln model directory (or a checkpoint or run directory)")->required();
+  cmd->add_option("--host", o->serve.host, "address to listen on (loopback by default)")->capture_default_str();
+  cmd->add_option("--port", o->serve.port, "TCP port (0 = any free port, printed at start)")->capture_default_str();
+  cmd->add_option("--port-file", o->port_file, "also write the bound port to this file");
+  cmd->add_option("--model-name", o->serve.model_name, "model id reported by the API")->capture_default_str();
+  cmd->add_option("--slots", o->slots, "sequences decoded at once (KV-cache slots)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-rows", o->max_rows, "token rows per model step (prefill chunk + decode tokens)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--http-threads", o->serve.threads, "HTTP handler threads")->capture_default_str();
+  cmd->add_option("--max-prompts", o->serve.limits.max_prompts, "prompts per request")->capture_default_str();
+  cmd->add_option("--max-pending", o->serve.max_pending, "sequences queued or running before 503")
+      ->capture_default_str();
+  cmd->add_flag("--no-bos", o->no_bos, "do not put BOS before string prompts");
+  cmd->add_option("--threads", o->threads, "CPU threads for the model (0 = all)")->capture_default_str();
+  cmd->callback([o] {
+    set_cpu_threads(o->threads);
+    o->serve.limits.add_bos = !o->no_bos;
+    const std::string dir = io::resolve_model_dir(o->model);
+    io::LoadedModel loaded = io::load_for_inference(dir, 1);
+    DecoderOptions d;
+    d.slots = o->slots;
+    d.max_rows = std::max(o->max_rows, o->slots);
+    Decoder decoder(*loaded.model, d);
+    const auto tokenizer = io::model_tokenizer(dir);
+    Generator generator(decoder, *tokenizer);
+
+    // Signals go to one thread (blocked everywhere else, including the server's threads).
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    serve::CompletionServer server(generator, *tokenizer, o->serve);
+    const int port = server.bind();
+    if (!o->port_file.empty()) std::ofstream(o->port_file) << port << "\n";
+    fmt::print("kiln serve: {} ({} layers, context {}) on http://{}:{} ({} slots, {:.1f} MB KV cache)\n", dir,
+               loaded.config.model.layers, decoder.max_len(), o->serve.host, port, decoder.slots(),
+               static_cast<double>(decoder.cache().bytes()) / 1e6);
+    std::fflush(stdout);
+    std::thread waiter([&] {
+      int sig = 0;
+      sigwait(&signals, &sig);
+      server.stop();
+    });
+    server.listen();
+    pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the waiter if listen() ended on its own
+    waiter.join();
+    fmt::print("kiln serve: stopped after {} model steps\n", server.worker().steps());
+  });
+}
+
+}  // namespace kiln::cli

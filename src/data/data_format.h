@@ -1,0 +1,40 @@
+// Which reader a data.path needs: data.format, or for "auto" the path's extension (and
+// for a directory, whether it holds a kiln shard manifest).
+#pragma once
+
+#include "train/config.h"
+
+#include <string>
+#include <string_view>
+
+namespace kiln {
+
+enum class DataFormat {
+  text,     // plain text, documents split at data.doc_separator (.txt, anything else)
+  jsonl,    // JSON Lines, data.text_key (.jsonl, .json)
+  shards,   // kiln's pre-tokenized shards: a directory with manifest.json
+  llmc,     // llm.c .bin shards (256 x int32 header), read-only
+  raw_u16,  // headerless uint16 tokens, documents delimited by data.eot_id
+  raw_u32,  // headerless uint32 tokens
+};
+
+// "auto|text|jsonl|shards|llmc|raw_u16|raw_u32", the choices of data.format.
+inline constexpr std::string_view kDataFormatChoices = "auto|text|jsonl|shards|llmc|raw_u16|raw_u32";
+
+std::string_view format_name(DataFormat format);
+// Pre-tokenized formats (read as tokens, no tokenizer pass).
+inline bool is_token_format(DataFormat f) { return f != DataFormat::text && f != DataFormat::jsonl; }
+
+// One file by extension, compression suffix (.zst, .gz) stripped, case-insensitive:
+// .jsonl/.json -> jsonl, .bin -> llmc, manifest.json/.kiln -> shards, else text.
+DataFormat format_of_file(std::string_view path);
+
+// The format of `path` under data.format `format`. For "auto": a directory holding
+// manifest.json (or the manifest itself) -> shards; a directory or glob -> the format
+// of its files (text and jsonl may mix: each file is read by its own extension; token
+// files may not mix with text); a file -> format_of_file. Throws naming data.format for
+// an unknown name.
+DataFormat resolve_data_format(const std::string& path, const std::string& format);
+inline DataFormat resolve_data_format(const DataConfig& c) { return resolve_data_format(c.path, c.format); }
+
+}  // namespace kiln

@@ -1,0 +1,185 @@
+#include "infer/generator.h"
+
+#include "core/error.h"
+
+#include <cmath>
+#include <limits>
+
+namespace kiln {
+
+struct Generator::Sequence {
+  GenerationRequest request;
+  Done done;
+  Rng rng{0};
+  int32_t slot = -1;
+  int64_t cached = 0;             // positions of `context` already in the cache
+  std::vector<int32_t> context;   // prompt, then generated tokens
+  GenerationResult result;
+  bool finished = false;
+};
+
+Generator::Generator(Decoder& decoder, const Tokenizer& tokenizer) : decoder_(decoder), tokenizer_(tokenizer) {
+  for (int32_t s = static_cast<int32_t>(decoder.slots()); s-- > 0;) free_slots_.push_back(s);
+}
+
+Generator::~Generator() = default;
+
+void Generator::validate(const GenerationRequest& request) const {
+  const int64_t n = static_cast<int64_t>(request.prompt.size());
+  KILN_CHECK(n > 0, "generate", "the prompt is empty (at least one token, e.g. BOS, is needed)");
+  KILN_CHECK(request.max_tokens >= 0, "generate", "max_tokens must be >= 0, got {}", request.max_tokens);
+  KILN_CHECK(n + request.max_tokens <= decoder_.max_len(), "generate",
+             "the prompt ({} tokens) plus max_tokens ({}) exceeds the context of {} tokens", n, request.max_tokens,
+             decoder_.max_len());
+  for (const int32_t id : request.prompt)
+    KILN_CHECK(id >= 0 && id < decoder_.vocab_size(), "generate", "token id {} is outside the vocabulary [0, {})", id,
+               decoder_.vocab_size());
+  KILN_CHECK(request.top_logprobs >= 0, "generate", "top_logprobs must be >= 0");
+  request.sampling.validate();
+}
+
+void Generator::submit(GenerationRequest request, Done done) {
+  validate(request);
+  const auto n = static_cast<int64_t>(request.prompt.size());
+  auto s = std::make_unique<Sequence>();
+  s->rng = Rng(request.seed);
+  s->context = request.prompt;
+  s->result.prompt_tokens = n;
+  if (request.prompt_logprobs) {
+    s->result.prompt_logprobs.resize(static_cast<size_t>(n));
+    s->result.prompt_logprobs[0] = {request.prompt[0], std::numeric_limits<double>::quiet_NaN(), {}};
+  }
+  s->request = std::move(request);
+  s->done = std::move(done);
+  queue_.push_back(std::move(s));
+}
+
+void Generator::finish(Sequence& s, const char* reason) {
+  s.finished = true;
+  s.result.finish_reason = reason;
+}
+
+// Samples the token after s.context from `logits` (the row predicting it) and applies the
+// stop rules.
+void Generator::sample_next(Sequence& s, const float* logits) {
+  const auto vocab = static_cast<size_t>(decoder_.vocab_size());
+  if (s.request.logprobs) log_softmax({logits, vocab}, logprobs_);
+  row_.assign(logits, logits + vocab);
+  const int32_t token = sampler_.sample(row_, s.context, s.request.sampling, s.rng);
+  if (s.request.stop_at_eos && token == tokenizer_.eos_id()) return finish(s, "stop");
+  s.context.push_back(token);
+  s.result.tokens.push_back(token);
+  if (s.request.logprobs)
+    s.result.logprobs.push_back({token, logprobs_[static_cast<size_t>(token)],
+                                 top_logprobs(logprobs_, s.request.top_logprobs)});
+  s.result.text = tokenizer_.decode(s.result.tokens);
+  size_t cut = std::string::npos;
+  for (const std::string& stop : s.request.stop)
+    if (!stop.empty()) cut = std::min(cut, s.result.text.find(stop));
+  if (cut != std::string::npos) {
+    s.result.text.resize(cut);
+    return finish(s, "stop");
+  }
+  if (static_cast<int64_t>(s.result.tokens.size()) >= s.request.max_tokens) finish(s, "length");
+}
+
+bool Generator::step() {
+  while (!queue_.empty() && !free_slots_.empty()) {
+    queue_.front()->slot = free_slots_.back();
+    free_slots_.pop_back();
+    active_.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+  }
+  if (active_.empty()) return false;
+
+  // Rows: one decode token per generating sequence, then prefill chunks.
+  tokens_.clear(), slots_.clear(), positions_.clear(), logit_rows_.clear(), rows_.clear();
+  const int64_t budget = decoder_.max_rows();
+  auto add_row = [&](Sequence& s, int64_t position, bool wants_logits) {
+    if (wants_logits) logit_rows_.push_back(static_cast<int32_t>(tokens_.size()));
+    tokens_.push_back(s.context[static_cast<size_t>(position)]);
+    slots_.push_back(s.slot);
+    positions_.push_back(static_cast<int32_t>(position));
+    rows_.emplace_back(&s, position);
+  };
+  const size_t count = active_.size();
+  for (size_t i = 0; i < count && static_cast<int64_t>(tokens_.size()) < budget; ++i) {
+    Sequence& s = *active_[(i + rotate_) % count];
+    const auto prompt = static_cast<int64_t>(s.request.prompt.size());
+    if (s.cached >= prompt) add_row(s, s.cached, true);
+  }
+  rotate_ = count ? (rotate_ + 1) % count : 0;
+  for (size_t i = 0; i < count && static_cast<int64_t>(tokens_.size()) < budget; ++i) {
+    Sequence& s = *active_[i];
+    const auto prompt = static_cast<int64_t>(s.request.prompt.size());
+    if (s.cached >= prompt) continue;
+    const int64_t take = std::min(prompt - s.cached, budget - static_cast<int64_t>(tokens_.size()));
+    for (int64_t p = s.cached; p < s.cached + take; ++p) {
+      const bool last = p == prompt - 1;
+      add_row(s, p, s.request.prompt_logprobs || (last && s.request.max_tokens > 0));
+    }
+  }
+
+  decoder_.forward(tokens_, slots_, positions_);
+  if (!logit_rows_.empty()) decoder_.logits(logit_rows_, logits_);
+
+  const auto vocab = static_cast<size_t>(decoder_.vocab_size());
+  size_t next_logits = 0;
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    Sequence& s = *rows_[r].first;
+    const int64_t p = rows_[r].second;
+    s.cached = p + 1;
+    const bool has_logits = next_logits < logit_rows_.size() && logit_rows_[next_logits] == static_cast<int32_t>(r);
+    if (!has_logits) continue;
+    const float* row = logits_.data() + next_logits++ * vocab;
+    const auto prompt = static_cast<int64_t>(s.request.prompt.size());
+    if (s.request.prompt_logprobs && p + 1 < prompt) {
+      log_softmax({row, vocab}, logprobs_);
+      const int32_t next = s.request.prompt[static_cast<size_t>(p + 1)];
+      s.result.prompt_logprobs[static_cast<size_t>(p + 1)] = {next, logprobs_[static_cast<size_t>(next)],
+                                                              top_logprobs(logprobs_, s.request.top_logprobs)};
+    }
+    if (p + 1 >= prompt && !s.finished && s.request.max_tokens > 0) sample_next(s, row);
+  }
+  // Scoring-only requests end with their prompt.
+  for (auto& s : active_)
+    if (!s->finished && s->request.max_tokens == 0 && s->cached >= static_cast<int64_t>(s->request.prompt.size()))
+      finish(*s, "length");
+
+  for (size_t i = 0; i < active_.size();) {
+    if (!active_[i]->finished) {
+      ++i;
+      continue;
+    }
+    std::unique_ptr<Sequence> s = std::move(active_[i]);
+    active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+    free_slots_.push_back(s->slot);
+    if (s->done) s->done(std::move(s->result));
+  }
+  return true;
+}
+
+void Generator::abort(const std::string& why) {
+  std::vector<std::unique_ptr<Sequence>> all = std::move(active_);
+  active_.clear();
+  for (auto& s : queue_) all.push_back(std::move(s));
+  queue_.clear();
+  free_slots_.clear();
+  for (int32_t s = static_cast<int32_t>(decoder_.slots()); s-- > 0;) free_slots_.push_back(s);
+  for (auto& s : all) {
+    s->result.error = why;
+    s->result.finish_reason = "error";
+    if (s->done) s->done(std::move(s->result));
+  }
+}
+
+std::vector<GenerationResult> Generator::run(std::vector<GenerationRequest> requests) {
+  std::vector<GenerationResult> results(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i)
+    submit(std::move(requests[i]), [&results, i](GenerationResult&& r) { results[i] = std::move(r); });
+  while (step()) {
+  }
+  return results;
+}
+
+}  // namespace kiln

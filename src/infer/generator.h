@@ -1,0 +1,96 @@
+// Generator: continuous batching of generation requests over a Decoder's KV-cache slots.
+//
+// Requests wait in a queue until a slot is free. Each step() runs ONE decoder forward that
+// holds a decode row for every sequence that is generating (so all of them advance by one
+// token) and fills the rest of the row budget with prefill chunks of prompts (a long prompt
+// takes several steps). Finished sequences free their slot at once and report through their
+// callback, so new requests join between steps. `kiln sample` runs a batch of prompts with
+// it; `kiln serve` drives step() from its worker thread.
+#pragma once
+
+#include "data/tokenizer.h"
+#include "infer/decoder.h"
+#include "infer/sampling.h"
+
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;     // token ids, at least one (BOS first if the caller wants it)
+  int64_t max_tokens = 16;         // tokens to generate; 0 = score the prompt only
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;   // stop strings: generation ends when the text contains one
+  bool stop_at_eos = true;
+  bool prompt_logprobs = false;    // logprob of each prompt token given those before it
+  bool logprobs = false;           // logprob of each generated token (raw model distribution)
+  int64_t top_logprobs = 0;        // alternatives recorded with every logprob above
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  double logprob = 0;  // NaN for the first prompt token (nothing predicts it)
+  std::vector<std::pair<int32_t, double>> top;
+};
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;         // generated ids (an ending EOS is not included)
+  std::string text;                    // their text, cut before a stop string
+  std::string finish_reason;           // "stop" (EOS or a stop string) | "length"
+  std::vector<TokenLogprob> prompt_logprobs;  // one per prompt token when asked
+  std::vector<TokenLogprob> logprobs;         // one per generated token when asked
+  int64_t prompt_tokens = 0;
+  std::string error;                   // set (finish_reason "error") when abort() ended it
+};
+
+class Generator {
+ public:
+  using Done = std::function<void(GenerationResult&&)>;
+
+  Generator(Decoder& decoder, const Tokenizer& tokenizer);
+  ~Generator();
+
+  // Throws kiln::Error ("[generate] ...") for an empty prompt, a prompt plus max_tokens
+  // longer than the cache (decoder.max_len()), ids outside the vocabulary or bad sampling
+  // parameters. Reads only the decoder's shape: safe to call from any thread.
+  void validate(const GenerationRequest& request) const;
+  // validate(), then queues the request. `done` is called from step() or abort().
+  void submit(GenerationRequest request, Done done);
+  // Ends every queued and running request with `why` as its error (after a failed step,
+  // or at shutdown) and frees all slots.
+  void abort(const std::string& why);
+  // One forward of the decoder and everything that follows from it; false when there was
+  // nothing to do.
+  bool step();
+  bool idle() const { return queue_.empty() && active_.empty(); }
+  const Decoder& decoder() const { return decoder_; }
+  int64_t active() const { return static_cast<int64_t>(active_.size()); }
+  int64_t queued() const { return static_cast<int64_t>(queue_.size()); }
+
+  // Runs requests to completion; results in request order.
+  std::vector<GenerationResult> run(std::vector<GenerationRequest> requests);
+
+ private:
+  struct Sequence;
+  void sample_next(Sequence& s, const float* logits);
+  void finish(Sequence& s, const char* reason);
+
+  Decoder& decoder_;
+  const Tokenizer& tokenizer_;
+  std::deque<std::unique_ptr<Sequence>> queue_;
+  std::vector<std::unique_ptr<Sequence>> active_;
+  std::vector<int32_t> free_slots_;
+  Sampler sampler_;
+  // Step scratch, reused.
+  std::vector<int32_t> tokens_, slots_, positions_, logit_rows_;
+  std::vector<std::pair<Sequence*, int64_t>> rows_;  // each row's sequence and position
+  std::vector<float> logits_, row_;
+  std::vector<double> logprobs_;
+  size_t rotate_ = 0;  // first sequence given a decode row when the budget is short
+};
+
+}  // namespace kiln

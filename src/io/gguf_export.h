@@ -1,0 +1,44 @@
+// `kiln export gguf`: a saved kiln model as a GGUF v3 file for llama.cpp, under its
+// qwen3 / llama / qwen2 architectures (the same choice, and the same refusals, as the HF
+// export: io/hf_config.h), with llama.cpp's metadata keys and tensor names:
+//   token_embd, output_norm, output (untied only), blk.N.{attn_norm, attn_q, attn_k, attn_v,
+//   attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}[.bias]
+// head_dim is written as attention.key_length / value_length. RoPE pairing: llama.cpp's
+// "llama" applies RoPE to interleaved pairs (2i, 2i+1), so q/k rows are permuted within each
+// head as convert_hf_to_gguf.py does; "qwen3"/"qwen2" use NEOX (rotate_half) pairs like kiln,
+// so their weights go unchanged.
+// Weight types: f32, bf16 or q8_0 for matrices (a matrix whose rows are not a multiple of 32
+// stays f32 under q8_0); norms and biases always f32. The tokenizer is embedded as a "gpt2"
+// vocabulary (tokens, token types, merges, bos/eos/pad ids).
+#pragma once
+
+#include "model/model.h"
+
+#include <string>
+
+namespace kiln::io {
+
+struct GgufExportOptions {
+  std::string type = "f32";  // f32 | bf16 | q8_0
+};
+
+struct GgufExportReport {
+  std::string arch;
+  int64_t tensors = 0;
+  int64_t quantized = 0;   // matrices stored as bf16 / q8_0
+  int64_t kept_f32 = 0;    // norms, biases, and matrices whose rows do not fit the blocks
+  int64_t bytes = 0;       // tensor data
+};
+
+GgufExportReport export_gguf(const std::string& model_path, const std::string& out_path,
+                             const GgufExportOptions& options);
+
+// kiln parameter name -> GGUF tensor name ("layers.0.attn.q_proj.weight" -> "blk.0.attn_q.weight").
+std::string gguf_tensor_name(const std::string& kiln_name);
+
+// Reads the weights of a GGUF file that export_gguf wrote back into a built, allocated f32
+// model of the same configuration: dequantized, llama q/k rows un-permuted. Every parameter
+// must be present with its shape; an extra tensor is an error.
+void load_gguf_weights(Model& model, const std::string& gguf_path);
+
+}  // namespace kiln::io

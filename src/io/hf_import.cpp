@@ -1,0 +1,146 @@
+#include "io/hf_import.h"
+
+#include "io/byte_tokenizer_json.h"
+#include "io/hf_names.h"
+#include "io/model_io.h"
+#include "io/safetensors.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+namespace kiln::io {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in.good(), "import", "cannot read '{}'", path.string());
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    fail("import", "{}: invalid JSON: {}", path.string(), e.what());
+  }
+}
+
+// tensor name -> the open file holding it (one entry per tensor of every shard).
+struct WeightFiles {
+  std::vector<SafetensorsFile> files;
+  std::map<std::string, size_t> where;
+};
+
+WeightFiles open_weights(const fs::path& dir) {
+  WeightFiles w;
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    const json j = read_json(index);
+    KILN_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "import", "{}: no weight_map",
+               index.string());
+    std::map<std::string, size_t> file_index;
+    for (const auto& [tensor, file] : j["weight_map"].items()) {
+      const std::string name = file.get<std::string>();
+      KILN_CHECK(name.find('/') == std::string::npos && name.find("..") == std::string::npos, "import",
+                 "{}: shard name '{}' points outside the directory", index.string(), name);
+      if (!file_index.count(name)) {
+        file_index[name] = w.files.size();
+        w.files.push_back(SafetensorsFile::open((dir / name).string()));
+      }
+      KILN_CHECK(w.files[file_index[name]].contains(tensor), "import", "{}: tensor '{}' is not in {}", index.string(),
+                 tensor, name);
+      w.where[tensor] = file_index[name];
+    }
+  } else {
+    const fs::path single = dir / "model.safetensors";
+    KILN_CHECK(fs::exists(single), "import",
+               "{}: no model.safetensors or model.safetensors.index.json (PyTorch .bin checkpoints are not read; "
+               "convert them to safetensors first)",
+               dir.string());
+    w.files.push_back(SafetensorsFile::open(single.string()));
+    for (const std::string& name : w.files[0].names()) w.where[name] = 0;
+  }
+  return w;
+}
+
+void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+    if (fs::exists(from / f)) fs::copy_file(from / f, to / f, fs::copy_options::overwrite_existing);
+}
+
+}  // namespace
+
+HfImportReport import_hf(const std::string& hf_dir, const std::string& out_dir) {
+  const fs::path dir(hf_dir);
+  const fs::path config_path = dir / "config.json";
+  KILN_CHECK(fs::exists(config_path), "import", "'{}' has no config.json", hf_dir);
+  const HfModelSpec spec = hf_config_to_model(read_json(config_path), config_path.string());
+  HfImportReport report;
+  report.arch = spec.arch;
+  report.model = spec.model;
+
+  Config config;
+  config.model = spec.model;
+  // A micro-batch must hold one whole context (e.g. 40960 positions for Qwen3).
+  config.train.micro_batch_tokens = std::max(config.train.micro_batch_tokens, spec.model.max_seq_len);
+  validate_config(config);
+
+  const fs::path tokenizer = dir / "tokenizer.json";
+  if (fs::exists(tokenizer)) {
+    report.byte_tokenizer = is_byte_tokenizer_json(read_json(tokenizer));
+    if (!report.byte_tokenizer)
+      report.notes.push_back("tokenizer.json is not kiln's byte-level tokenizer: copied next to the model for a "
+                             "tokenizer that reads it");
+  } else {
+    report.notes.push_back("no tokenizer.json: the model will be read with kiln's byte-level tokenizer");
+  }
+
+  if (fs::exists(tokenizer) && !report.byte_tokenizer)  // continued training reads the same tokenizer
+    config.data.tokenizer = fs::absolute(fs::path(out_dir) / "tokenizer.json").string();
+  WeightFiles weights = open_weights(dir);
+  BuildOptions options;
+  options.training = false;
+  options.max_tokens = 1;
+  options.loss_chunk_rows = 1;
+  Model model(config.model, options);
+  model.allocate();
+  std::set<std::string> used;
+  std::set<std::string> dtypes;
+  for (const auto& p : model.parameters()) {
+    const std::string hf = to_hf_name(p->name());
+    const auto it = weights.where.find(hf);
+    KILN_CHECK(it != weights.where.end(), "import", "{}: missing tensor '{}' (kiln parameter '{}')", hf_dir, hf,
+               p->name());
+    const SafetensorsFile& file = weights.files[it->second];
+    dtypes.insert(std::string(safetensors_dtype_name(file.info(hf).dtype)));
+    read_into(file, hf, p->value());
+    used.insert(hf);
+  }
+  // A tied model may still store lm_head.weight: it must then equal the embedding.
+  if (config.model.tie_embeddings && weights.where.count("lm_head.weight")) {
+    const auto& file = weights.files[weights.where["lm_head.weight"]];
+    const Tensor embed = model.find_parameter("embed.weight")->value();
+    const OwnedTensor head = read_tensor(file, "lm_head.weight", DType::f32);
+    KILN_CHECK(head->shape() == embed.shape() &&
+                   std::equal(head->data<float>(), head->data<float>() + head->numel(), embed.data<float>()),
+               "import", "{}: tie_word_embeddings is true but lm_head.weight differs from the embedding", hf_dir);
+    used.insert("lm_head.weight");
+  }
+  for (const auto& [name, file] : weights.where) {
+    if (used.count(name)) continue;
+    if (name.size() >= 20 && name.substr(name.size() - 20) == "rotary_emb.inv_freq") continue;  // a buffer
+    fail("import", "{}: tensor '{}' has no place in a {} model kiln computes; refusing to drop it", hf_dir, name,
+         hf_model_type(spec.arch));
+  }
+  report.tensors = static_cast<int64_t>(model.parameters().size());
+  report.source_dtypes.assign(dtypes.begin(), dtypes.end());
+
+  save_model(model, config, out_dir);
+  if (fs::exists(tokenizer) && !report.byte_tokenizer) copy_tokenizer_files(dir, out_dir);
+  else fs::remove(fs::path(out_dir) / "tokenizer.json");  // a stale one would override byte-level
+  return report;
+}
+
+}  // namespace kiln::io

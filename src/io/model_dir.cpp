@@ -1,0 +1,68 @@
+#include "io/model_dir.h"
+
+#include "core/error.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+namespace kiln::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+bool is_model_dir(const fs::path& p) {
+  return fs::is_regular_file(p / "config.toml") && fs::is_regular_file(p / "model.safetensors");
+}
+
+// root/latest names a step directory ("step-00000100"); empty if there is none.
+std::string latest_checkpoint(const fs::path& root) {
+  std::ifstream in(root / "latest");
+  std::string name;
+  if (!(in >> name) || name.find('/') != std::string::npos || name.find("..") != std::string::npos) return "";
+  return is_model_dir(root / name) ? (root / name).string() : "";
+}
+
+}  // namespace
+
+std::string resolve_model_dir(const std::string& path) {
+  const fs::path p(path);
+  if (is_model_dir(p)) return p.string();
+  if (std::string latest = latest_checkpoint(p); !latest.empty()) return latest;
+  if (is_model_dir(p / "model")) return (p / "model").string();
+  if (std::string latest = latest_checkpoint(p / "checkpoints"); !latest.empty()) return latest;
+  fail("load", "'{}' is not a kiln model directory (model.safetensors + config.toml), a checkpoint directory or a run "
+       "directory with either", path);
+}
+
+LoadedModel load_for_inference(const std::string& path, int64_t max_tokens) {
+  const std::string dir = resolve_model_dir(path);
+  BuildOptions options;
+  options.training = false;
+  options.max_tokens = std::max<int64_t>(1, max_tokens);
+  options.loss_chunk_rows = std::min<int64_t>(options.max_tokens, 256);
+  return load_model(dir, options);
+}
+
+std::string model_tokenizer_json(const std::string& model_dir) {
+  const fs::path saved = fs::path(model_dir) / "tokenizer.json";
+  if (fs::exists(saved)) return saved.string();
+  const std::string setting = load_config((fs::path(model_dir) / "config.toml").string()).data.tokenizer;
+  const std::vector<std::string> names = tokenizer_names();
+  if (setting != "bpe" && std::find(names.begin(), names.end(), setting) != names.end()) return "";  // "byte", ...
+  fs::path path(setting);
+  if (fs::is_directory(path)) path /= "tokenizer.json";
+  KILN_CHECK(fs::exists(path), "load",
+             "{} was trained with data.tokenizer = '{}', which is not there; copy that tokenizer.json into the model "
+             "directory",
+             model_dir, setting);
+  return path.string();
+}
+
+std::unique_ptr<Tokenizer> model_tokenizer(const std::string& model_dir) {
+  const std::string json = model_tokenizer_json(model_dir);
+  if (!json.empty()) return tokenizer_from_config(json);
+  return tokenizer_from_config(load_config((fs::path(model_dir) / "config.toml").string()).data.tokenizer);
+}
+
+}  // namespace kiln::io

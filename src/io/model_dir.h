@@ -1,0 +1,30 @@
+// Where a saved model lives, for the commands that read one (export, serve, sample,
+// eval-quant), resolved in one place. Accepted, in this order:
+//   a model directory: model.safetensors + config.toml (io::save_model, or one checkpoint
+//     step-N/ of train/checkpoint.h, which holds the same two files)
+//   a checkpoint root: its `latest` file names the newest complete step-N/
+//   a run directory: <run>/model, else <run>/checkpoints/latest
+#pragma once
+
+#include "data/tokenizer.h"
+#include "io/model_io.h"
+
+#include <memory>
+#include <string>
+
+namespace kiln::io {
+
+// The model directory `path` names; throws "[load] 'path' is not a kiln model ..." if none.
+std::string resolve_model_dir(const std::string& path);
+
+// Loads the model for inference (no gradients) with buffers for `max_tokens` rows.
+LoadedModel load_for_inference(const std::string& path, int64_t max_tokens);
+
+// The tokenizer.json a saved model uses: DIR/tokenizer.json if present (export and import
+// put it there), else the file its config's data.tokenizer names; "" for a tokenizer that
+// needs no file (kiln's byte-level one). Throws if the named file is gone.
+std::string model_tokenizer_json(const std::string& model_dir);
+// The tokenizer a saved model was trained with (data.tokenizer, or DIR/tokenizer.json).
+std::unique_ptr<Tokenizer> model_tokenizer(const std::string& model_dir);
+
+}  // namespace kiln::io

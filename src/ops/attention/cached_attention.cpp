@@ -1,0 +1,161 @@
+#include "ops/attention/cached_attention.h"
+
+#include "ops/attention/attention_cpu.h"
+#include "ops/common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace kiln::ops {
+
+namespace {
+
+constexpr int64_t kKeyBlock = 64;  // as the packed kernel: same blocking, same rounding
+
+template <typename T>
+inline T dot(const T* a, const T* b, int64_t n) {
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+template <typename T>
+inline void axpy(T alpha, const T* x, T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+struct CacheShape {
+  int64_t rows, q_heads, kv_heads, head_dim, slots, max_len;
+  double scale, softcap;
+  int64_t window;
+};
+
+template <typename T>
+void cached_attention_cpu(const CacheShape& s, const T* q, const T* kc, const T* vc, const int32_t* slot,
+                          const int32_t* pos, T* out) {
+  const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
+  const T scale = static_cast<T>(s.scale);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t item = 0; item < s.rows * s.q_heads; ++item) {
+    const int64_t i = item / s.q_heads, h = item % s.q_heads, g = h / group;
+    const int64_t p = pos[i];
+    // Keys of this slot and kv head: position j at base + j * kv_heads * d.
+    const T* kbase = kc + (slot[i] * s.max_len * s.kv_heads + g) * d;
+    const T* vbase = vc + (slot[i] * s.max_len * s.kv_heads + g) * d;
+    const int64_t stride = s.kv_heads * d;
+    const T* qi = q + (i * s.q_heads + h) * d;
+    T acc[cpu::kMaxAttentionHeadDim], sc[kKeyBlock];
+    std::fill(acc, acc + d, T(0));
+    T m = -std::numeric_limits<T>::infinity(), l = 0;
+    const int64_t first = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0;
+    for (int64_t j0 = first; j0 <= p; j0 += kKeyBlock) {
+      const int64_t j1 = std::min(j0 + kKeyBlock, p + 1);
+      for (int64_t j = j0; j < j1; ++j) sc[j - j0] = dot(qi, kbase + j * stride, d) * scale;
+      if (s.softcap > 0) {
+        const T cap = static_cast<T>(s.softcap);
+        for (int64_t j = 0; j < j1 - j0; ++j) sc[j] = std::tanh(sc[j] / cap) * cap;
+      }
+      T block_max = sc[0];
+      for (int64_t j = 1; j < j1 - j0; ++j) block_max = std::max(block_max, sc[j]);
+      if (block_max > m) {
+        const T correction = std::exp(m - block_max);
+        l *= correction;
+        for (int64_t c = 0; c < d; ++c) acc[c] *= correction;
+        m = block_max;
+      }
+      for (int64_t j = j0; j < j1; ++j) {
+        const T pj = std::exp(sc[j - j0] - m);
+        l += pj;
+        axpy(pj, vbase + j * stride, acc, d);
+      }
+    }
+    T* oi = out + (i * s.q_heads + h) * d;
+    const T inv = T(1) / l;
+    for (int64_t c = 0; c < d; ++c) oi[c] = acc[c] * inv;
+  }
+}
+
+void validate_rows(const char* op, const Tensor& x, const Tensor& cache, const Tensor& slots, const Tensor& positions) {
+  expect_rank(op, "cache", cache, 4);
+  expect_shape(op, "slots", slots, Shape{x.size(0)});
+  expect_dtype(op, "slots", slots, DType::i32);
+  expect_shape(op, "positions", positions, Shape{x.size(0)});
+  expect_dtype(op, "positions", positions, DType::i32);
+  KILN_CHECK(slots.device() == x.device() && positions.device() == x.device(), op,
+             "slots/positions must live with the activations");
+  if (slots.device() != Device::cpu) return;
+  const int32_t* s = slots.data<int32_t>();
+  const int32_t* p = positions.data<int32_t>();
+  for (int64_t i = 0; i < x.size(0); ++i) {
+    KILN_CHECK(s[i] >= 0 && s[i] < cache.size(0), op, "row {}: slot {} outside [0, {})", i, s[i], cache.size(0));
+    KILN_CHECK(p[i] >= 0 && p[i] < cache.size(1), op, "row {}: position {} outside the cache length {}", i, p[i],
+               cache.size(1));
+  }
+}
+
+}  // namespace
+
+void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slots, const Tensor& positions,
+                    const Tensor& k_cache, const Tensor& v_cache) {
+  const char* op = "kv_cache_write";
+  expect_rank(op, "k", k, 3);
+  expect_shape(op, "v", v, k.shape());
+  expect_same(op, "v", v, k);
+  validate_rows(op, k, k_cache, slots, positions);
+  expect_shape(op, "v_cache", v_cache, k_cache.shape());
+  expect_same(op, "k_cache", k_cache, k);
+  expect_same(op, "v_cache", v_cache, k);
+  KILN_CHECK(k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2), op, "k {} does not fit the cache {}",
+             k.describe(), k_cache.describe());
+  if (k.device() != Device::cpu) no_cuda_kernel(op);
+  const int64_t n = k.size(0), row = k.size(1) * k.size(2), len = k_cache.size(1);
+  const size_t bytes = static_cast<size_t>(row) * dtype_size(k.dtype());
+  const int32_t* s = slots.data<int32_t>();
+  const int32_t* p = positions.data<int32_t>();
+  auto* kc = static_cast<uint8_t*>(k_cache.raw());
+  auto* vc = static_cast<uint8_t*>(v_cache.raw());
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t at = static_cast<size_t>(s[i] * len + p[i]) * bytes;
+    std::memcpy(kc + at, static_cast<const uint8_t*>(k.raw()) + static_cast<size_t>(i) * bytes, bytes);
+    std::memcpy(vc + at, static_cast<const uint8_t*>(v.raw()) + static_cast<size_t>(i) * bytes, bytes);
+  }
+}
+
+void cached_attention_forward(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& slots,
+                              const Tensor& positions, const AttentionOptions& options, const Tensor& out) {
+  const char* op = "cached_attention";
+  expect_rank(op, "q", q, 3);
+  validate_rows(op, q, k_cache, slots, positions);
+  expect_shape(op, "v_cache", v_cache, k_cache.shape());
+  expect_same(op, "k_cache", k_cache, q);
+  expect_same(op, "v_cache", v_cache, q);
+  expect_shape(op, "out", out, q.shape());
+  expect_same(op, "out", out, q);
+  KILN_CHECK(k_cache.size(3) == q.size(2), op, "q {} and the cache {} disagree on head_dim", q.describe(),
+             k_cache.describe());
+  KILN_CHECK(k_cache.size(2) > 0 && q.size(1) % k_cache.size(2) == 0, op,
+             "query heads {} must be a multiple of kv heads {}", q.size(1), k_cache.size(2));
+  KILN_CHECK(q.size(2) <= cpu::kMaxAttentionHeadDim, op, "head_dim {} exceeds {}", q.size(2),
+             cpu::kMaxAttentionHeadDim);
+  if (q.device() != Device::cpu) no_cuda_kernel(op);
+  CacheShape s{q.size(0),
+               q.size(1),
+               k_cache.size(2),
+               q.size(2),
+               k_cache.size(0),
+               k_cache.size(1),
+               options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2))),
+               options.softcap,
+               options.window};
+  dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cached_attention_cpu<T>(s, q.data<T>(), k_cache.data<T>(), v_cache.data<T>(), slots.data<int32_t>(),
+                            positions.data<int32_t>(), out.data<T>());
+  });
+}
+
+}  // namespace kiln::ops

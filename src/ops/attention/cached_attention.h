@@ -1,0 +1,25 @@
+// Attention of queries against a KV cache, for incremental decoding (prefill chunks and
+// single-token steps alike).
+//
+// The cache holds, per slot (one sequence each), keys and values by position:
+// k_cache/v_cache [S, L, Hkv, D]. A row i of a step belongs to slot slots[i] at position
+// positions[i]; it attends to that slot's positions 0..positions[i] inclusive (causal), so
+// rows of several sequences, and several rows of one sequence, share one call.
+#pragma once
+
+#include "core/tensor.h"
+#include "ops/attention/attention.h"
+
+namespace kiln::ops {
+
+// Writes k/v [N, Hkv, D] of the step's rows into the cache at (slots[i], positions[i]).
+void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slots, const Tensor& positions,
+                    const Tensor& k_cache, const Tensor& v_cache);
+
+// q [N, Hq, D] -> out [N, Hq, D] (=). The cache must already hold every position a row sees
+// (write the step's own K/V first). Same math as attention_forward: scale 1/sqrt(D) (or
+// options.scale), optional sliding window and softcap, blocked online softmax.
+void cached_attention_forward(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& slots,
+                              const Tensor& positions, const AttentionOptions& options, const Tensor& out);
+
+}  // namespace kiln::ops

@@ -1,0 +1,48 @@
+// BatchWorker: the one thread that runs the model for `kiln serve`. HTTP handler threads
+// hand it the sequences of a request and wait on futures; it feeds everything pending into
+// its Generator between decoder steps, so sequences of concurrent requests share every
+// forward (continuous batching). The queue is bounded: past max_pending sequences a
+// submission is refused (the server answers 503) instead of growing without limit.
+#pragma once
+
+#include "infer/generator.h"
+
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kiln::serve {
+
+class BatchWorker {
+ public:
+  BatchWorker(Generator& generator, int64_t max_pending);
+  ~BatchWorker();  // stop()
+  BatchWorker(const BatchWorker&) = delete;
+  BatchWorker& operator=(const BatchWorker&) = delete;
+
+  // Validates every sequence first (throws kiln::Error, nothing queued), then queues all
+  // of them. Throws std::length_error when the queue is full or the worker has stopped.
+  std::vector<std::future<GenerationResult>> submit(std::vector<GenerationRequest> sequences);
+  // Finishes the current step, ends what is left with an error, joins the thread.
+  void stop();
+
+  int64_t steps() const;       // decoder steps run so far
+  int64_t max_batch() const;   // most sequences in the generator (running or waiting for a slot) at a step
+
+ private:
+  void loop();
+
+  Generator& generator_;
+  const int64_t max_pending_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<std::pair<GenerationRequest, std::promise<GenerationResult>>> pending_;
+  int64_t in_flight_ = 0;  // submitted and not yet finished
+  bool running_ = true;
+  int64_t steps_ = 0, max_batch_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace kiln::serve

@@ -1,0 +1,272 @@
+#include "serve/completion_api.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <set>
+
+namespace kiln::serve {
+
+using nlohmann::json;
+
+namespace {
+
+const std::set<std::string> kCompletionFields = {
+    "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop",
+    "seed", "echo", "logprobs", "n", "best_of", "stream", "ignore_eos", "user", "presence_penalty",
+    "frequency_penalty", "logit_bias", "suffix"};
+
+void only_fields(const json& body, const std::set<std::string>& known) {
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  for (const auto& [key, value] : body.items())
+    if (!known.count(key)) throw ApiError(400, fmt::format("unknown field '{}'", key), key);
+}
+
+bool present(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
+
+int64_t get_int(const json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
+  if (!present(body, key)) return fallback;
+  const json& v = body[key];
+  if (!v.is_number_integer()) throw ApiError(400, fmt::format("'{}' must be an integer, got {}", key, v.dump()), key);
+  const auto x = v.get<int64_t>();
+  if (x < lo || x > hi) throw ApiError(400, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, x), key);
+  return x;
+}
+
+double get_number(const json& body, const char* key, double fallback, double lo, double hi) {
+  if (!present(body, key)) return fallback;
+  const json& v = body[key];
+  if (!v.is_number()) throw ApiError(400, fmt::format("'{}' must be a number, got {}", key, v.dump()), key);
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi)) throw ApiError(400, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, x), key);
+  return x;
+}
+
+bool get_bool(const json& body, const char* key, bool fallback) {
+  if (!present(body, key)) return fallback;
+  if (!body[key].is_boolean()) throw ApiError(400, fmt::format("'{}' must be true or false", key), key);
+  return body[key].get<bool>();
+}
+
+std::vector<int32_t> token_ids(const json& v, const ApiLimits& limits, const char* what) {
+  std::vector<int32_t> ids;
+  for (const json& x : v) {
+    if (!x.is_number_integer()) throw ApiError(400, fmt::format("{} must hold integer token ids", what), "prompt");
+    const auto id = x.get<int64_t>();
+    if (id < 0 || id >= limits.vocab)
+      throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", id, limits.vocab), "prompt");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t j = 1; j < n; ++j)
+      if ((static_cast<unsigned char>(s[i + j]) & 0xC0) != 0x80) return false;
+    i += n;
+  }
+  return true;
+}
+
+}  // namespace
+
+json error_body(int status, const std::string& message, const std::string& param) {
+  return {{"error",
+           {{"message", message},
+            {"type", status >= 500 ? "server_error" : "invalid_request_error"},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", status}}}};
+}
+
+std::string token_text(const Tokenizer& tokenizer, int32_t id) {
+  if (id == tokenizer.bos_id()) return "<|bos|>";
+  if (id == tokenizer.eos_id()) return "<|eos|>";
+  if (id == tokenizer.pad_id()) return "<|pad|>";
+  std::string piece;
+  try {
+    piece = tokenizer.decode(std::span<const int32_t>(&id, 1));
+  } catch (const Error&) {
+    return fmt::format("<|id_{}|>", id);
+  }
+  if (!piece.empty() && valid_utf8(piece)) return piece;
+  std::string out = "bytes:";
+  for (unsigned char c : piece) out += fmt::format("\\x{:02x}", c);
+  return piece.empty() ? fmt::format("<|id_{}|>", id) : out;
+}
+
+CompletionRequest parse_completion_request(const json& body, const Tokenizer& tokenizer, const ApiLimits& limits,
+                                           uint64_t default_seed) {
+  only_fields(body, kCompletionFields);
+  if (present(body, "model") && !body["model"].is_string()) throw ApiError(400, "'model' must be a string", "model");
+  if (get_int(body, "n", 1, 1, 1) != 1 || get_int(body, "best_of", 1, 1, 1) != 1)
+    throw ApiError(400, "only n = 1 is supported", "n");
+  if (get_bool(body, "stream", false)) throw ApiError(400, "streaming is not supported", "stream");
+  for (const char* key : {"presence_penalty", "frequency_penalty"})
+    if (get_number(body, key, 0, -2, 2) != 0)
+      throw ApiError(400, fmt::format("'{}' is not supported (use repetition_penalty)", key), key);
+  if (present(body, "logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
+    throw ApiError(400, "'logit_bias' is not supported", "logit_bias");
+  if (present(body, "suffix")) throw ApiError(400, "'suffix' is not supported", "suffix");
+  if (present(body, "user") && !body["user"].is_string()) throw ApiError(400, "'user' must be a string", "user");
+
+  CompletionRequest r;
+  const int64_t max_tokens = get_int(body, "max_tokens", 16, 0, limits.context);
+  SamplingParams sampling;
+  sampling.temperature = get_number(body, "temperature", 1.0, 0, 1e6);
+  sampling.top_p = get_number(body, "top_p", 1.0, 0, 1);
+  if (sampling.top_p == 0) throw ApiError(400, "'top_p' must be in (0, 1]", "top_p");
+  sampling.top_k = get_int(body, "top_k", 0, -1, int64_t(1) << 31);
+  if (sampling.top_k < 0) sampling.top_k = 0;  // -1 = off (vLLM's convention)
+  sampling.min_p = get_number(body, "min_p", 0.0, 0, 1);
+  sampling.repetition_penalty = get_number(body, "repetition_penalty", 1.0, 1e-6, 1e6);
+  r.echo = get_bool(body, "echo", false);
+  if (present(body, "logprobs")) r.logprobs = get_int(body, "logprobs", 0, 0, limits.max_logprobs);
+  const uint64_t seed = present(body, "seed") ? static_cast<uint64_t>(get_int(body, "seed", 0, INT64_MIN, INT64_MAX))
+                                             : default_seed;
+  const bool ignore_eos = get_bool(body, "ignore_eos", false);
+  std::vector<std::string> stop;
+  if (present(body, "stop")) {
+    const json& s = body["stop"];
+    if (s.is_string()) stop.push_back(s.get<std::string>());
+    else if (s.is_array() && s.size() <= 16 && std::all_of(s.begin(), s.end(), [](const json& x) { return x.is_string(); }))
+      for (const json& x : s) stop.push_back(x.get<std::string>());
+    else throw ApiError(400, "'stop' must be a string or a list of at most 16 strings", "stop");
+  }
+
+  // Prompts: a string, a list of strings, a list of ids, or a list of lists of ids.
+  if (!body.contains("prompt")) throw ApiError(400, "missing field 'prompt'", "prompt");
+  const json& p = body["prompt"];
+  std::vector<std::vector<int32_t>> prompts;
+  auto add_text = [&](const std::string& text) {
+    std::vector<int32_t> ids;
+    if (limits.add_bos) ids.push_back(tokenizer.bos_id());
+    for (int32_t id : tokenizer.encode(text)) ids.push_back(id);
+    prompts.push_back(std::move(ids));
+    r.prompt_texts.push_back(text);
+  };
+  auto add_ids = [&](std::vector<int32_t> ids) {
+    r.prompt_texts.push_back(tokenizer.decode(ids));
+    prompts.push_back(std::move(ids));
+  };
+  const char* shape = "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of ids";
+  if (p.is_string()) {
+    add_text(p.get<std::string>());
+  } else if (p.is_array() && !p.empty()) {
+    if (static_cast<int64_t>(p.size()) > std::max(limits.max_prompts, limits.context))
+      throw ApiError(400, "'prompt' is too long", "prompt");
+    if (std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_string(); })) {
+      for (const json& x : p) add_text(x.get<std::string>());
+    } else if (std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
+      add_ids(token_ids(p, limits, "'prompt'"));
+    } else if (std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_array() && !x.empty(); })) {
+      for (const json& x : p) add_ids(token_ids(x, limits, "each prompt"));
+    } else {
+      throw ApiError(400, shape, "prompt");
+    }
+  } else {
+    throw ApiError(400, shape, "prompt");
+  }
+  if (static_cast<int64_t>(prompts.size()) > limits.max_prompts)
+    throw ApiError(400, fmt::format("{} prompts in one request; at most {}", prompts.size(), limits.max_prompts),
+                   "prompt");
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto n = static_cast<int64_t>(prompts[i].size());
+    if (n == 0) throw ApiError(400, fmt::format("prompt {} is empty", i), "prompt");
+    if (n + max_tokens > limits.context)
+      throw ApiError(400,
+                     fmt::format("this model's maximum context length is {} tokens; prompt {} has {} tokens and "
+                                 "max_tokens is {}",
+                                 limits.context, i, n, max_tokens),
+                     "prompt");
+    GenerationRequest g;
+    g.prompt = std::move(prompts[i]);
+    g.max_tokens = max_tokens;
+    g.sampling = sampling;
+    g.seed = seed + i;
+    g.stop = stop;
+    g.stop_at_eos = !ignore_eos;
+    g.logprobs = r.logprobs.has_value();
+    g.prompt_logprobs = r.logprobs.has_value() && r.echo;
+    g.top_logprobs = r.logprobs.value_or(0);
+    r.sequences.push_back(std::move(g));
+  }
+  return r;
+}
+
+json completion_response(const CompletionRequest& request, const std::vector<GenerationResult>& results,
+                         const Tokenizer& tokenizer, const std::string& model, const std::string& id,
+                         int64_t created) {
+  json choices = json::array();
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const GenerationResult& g = results[i];
+    const GenerationRequest& q = request.sequences[i];
+    prompt_tokens += static_cast<int64_t>(q.prompt.size());
+    completion_tokens += static_cast<int64_t>(g.tokens.size());
+    json choice = {{"index", i},
+                   {"text", (request.echo ? request.prompt_texts[i] : std::string()) + g.text},
+                   {"finish_reason", g.finish_reason},
+                   {"logprobs", nullptr}};
+    if (request.logprobs) {
+      json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+      int64_t offset = 0;
+      auto add = [&](int32_t token, const TokenLogprob* lp) {
+        tokens.push_back(token_text(tokenizer, token));
+        offsets.push_back(offset);
+        offset += static_cast<int64_t>(tokenizer.decode(std::span<const int32_t>(&token, 1)).size());
+        if (lp == nullptr || std::isnan(lp->logprob)) {
+          values.push_back(nullptr);
+          tops.push_back(nullptr);
+          return;
+        }
+        values.push_back(lp->logprob);
+        json top = json::object();
+        for (const auto& [alt, value] : lp->top) top[token_text(tokenizer, alt)] = value;
+        tops.push_back(top);
+      };
+      if (request.echo)
+        for (size_t t = 0; t < q.prompt.size(); ++t)
+          add(q.prompt[t], t < g.prompt_logprobs.size() ? &g.prompt_logprobs[t] : nullptr);
+      for (size_t t = 0; t < g.tokens.size(); ++t) add(g.tokens[t], t < g.logprobs.size() ? &g.logprobs[t] : nullptr);
+      choice["logprobs"] = {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops},
+                            {"text_offset", offsets}};
+    }
+    choices.push_back(std::move(choice));
+  }
+  return {{"id", id},
+          {"object", "text_completion"},
+          {"created", created},
+          {"model", model},
+          {"choices", choices},
+          {"usage",
+           {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", prompt_tokens + completion_tokens}}}};
+}
+
+json tokenize_response(const json& body, const Tokenizer& tokenizer, const ApiLimits& limits) {
+  only_fields(body, {"model", "prompt", "add_special_tokens"});
+  if (!body.contains("prompt") || !body["prompt"].is_string())
+    throw ApiError(400, "'prompt' must be a string", "prompt");
+  const bool special = get_bool(body, "add_special_tokens", true);
+  std::vector<int32_t> ids;
+  if (special) ids.push_back(tokenizer.bos_id());
+  for (int32_t id : tokenizer.encode(body["prompt"].get<std::string>())) ids.push_back(id);
+  return {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", limits.context}};
+}
+
+json detokenize_response(const json& body, const Tokenizer& tokenizer, const ApiLimits& limits) {
+  only_fields(body, {"model", "tokens"});
+  if (!body.contains("tokens") || !body["tokens"].is_array())
+    throw ApiError(400, "'tokens' must be a list of token ids", "tokens");
+  ApiLimits l = limits;
+  l.vocab = std::min<int64_t>(limits.vocab, tokenizer.vocab_size());
+  return {{"prompt", tokenizer.decode(token_ids(body["tokens"], l, "'tokens'"))}};
+}
+
+}  // namespace kiln::serve

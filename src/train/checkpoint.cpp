@@ -1,0 +1,290 @@
+#include "train/checkpoint.h"
+
+#include "core/checksum.h"
+#include "io/durable_io.h"
+#include "io/model_io.h"
+#include "io/safetensors.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <unistd.h>
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::string_view kWhere = "checkpoint";
+constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "config.toml", "state.json"};
+
+std::string join_path(const std::string& dir, std::string_view name) { return (fs::path(dir) / name).string(); }
+
+// step-N -> N; -1 for any other name.
+int64_t step_of(const std::string& name) {
+  if (name.rfind("step-", 0) != 0 || name.size() == 5) return -1;
+  int64_t step = -1;
+  const auto [ptr, ec] = std::from_chars(name.data() + 5, name.data() + name.size(), step);
+  return ec == std::errc() && ptr == name.data() + name.size() ? step : -1;
+}
+
+// The manifest's own checksum covers its canonical dump without the checksum key, so a
+// flipped byte anywhere in it (a size, a hash) is caught before it is believed.
+uint64_t manifest_hash(json manifest) {
+  manifest.erase("manifest_xxh64");
+  return xxh64_string(manifest.dump());
+}
+
+void warn(const std::string& message) {
+  std::fflush(stdout);
+  fmt::print(stderr, "kiln: warning: [checkpoint] {}\n", message);
+}
+
+}  // namespace
+
+std::string checkpoint_root(const Config& config) {
+  return config.checkpoint.dir.empty() ? join_path(config.train.out_dir, "checkpoints") : config.checkpoint.dir;
+}
+
+std::string checkpoint_name(int64_t step) { return fmt::format("step-{:08}", step); }
+
+CheckpointWriter::CheckpointWriter(const Config& config, const FaultInjector& faults)
+    : root_(checkpoint_root(config)),
+      optimizer_name_(config.optim.name),
+      keep_last_(config.checkpoint.keep_last),
+      keep_every_(config.checkpoint.keep_every),
+      faults_(faults) {}
+
+void CheckpointWriter::prepare() {
+  io::ensure_writable_dir(root_, "checkpoint.dir");
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".tmp-", 0) == 0 || name.rfind(".trash-", 0) == 0 || name == "latest.tmp") {
+      fmt::print("checkpoint: removing {} left by an interrupted save\n", entry.path().string());
+      remove_quietly(entry.path().string());
+    }
+  }
+}
+
+void CheckpointWriter::remove_quietly(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec) warn(fmt::format("{}: cannot delete: {}; continuing", path, ec.message()));
+}
+
+void CheckpointWriter::write_files(const std::string& tmp, const Model& model, const Optimizer& optimizer,
+                                   const CheckpointState& state) {
+  {
+    io::SafetensorsWriter writer;  // scoped: its copy of the weights is freed before the next file
+    io::add_model_weights(writer, model);
+    writer.write(join_path(tmp, "model.safetensors"));
+  }
+  faults_.kill_point("model", saves_);
+  {
+    io::SafetensorsWriter writer;
+    size_t bytes = 0;
+    for (const OptimizerStateTensor& t : optimizer.state_tensors()) {
+      writer.add(t.name, t.tensor);
+      bytes += t.tensor.nbytes();
+    }
+    writer.set_metadata("format", "kiln-optimizer");
+    writer.set_metadata("optimizer", optimizer_name_);
+    writer.set_metadata("steps", std::to_string(optimizer.steps_taken()));
+    const std::string path = join_path(tmp, "optimizer.safetensors");
+    if (faults_.value("checkpoint_enospc", 0) == saves_) {  // injected: a disk that fills up mid-file
+      io::write_file_synced(path, std::string(bytes / 2, '\0'), kWhere);
+      fail("safetensors", "{}: write failed: {}", path, std::strerror(ENOSPC));
+    }
+    writer.write(path);
+  }
+  faults_.kill_point("optimizer", saves_);
+  io::write_file_synced(join_path(tmp, "config.toml"), state.config_toml, kWhere);
+  const std::string state_json = state_to_json(state);
+  if (faults_.at_write_point("partial", saves_)) {
+    io::write_file_synced(join_path(tmp, "state.json"), state_json.substr(0, state_json.size() / 2), kWhere);
+    kill_self();
+  }
+  io::write_file_synced(join_path(tmp, "state.json"), state_json, kWhere);
+  faults_.kill_point("state", saves_);
+
+  json manifest = {{"format", "kiln-checkpoint"},
+                   {"format_version", kCheckpointFormatVersion},
+                   {"kiln_version", KILN_VERSION},
+                   {"step", state.progress.step},
+                   {"checksum", "xxh64"},
+                   {"files", json::object()}};
+  for (const char* name : kFiles) {
+    const FileDigest d = xxh64_file(join_path(tmp, name));
+    manifest["files"][name] = {{"bytes", d.bytes}, {"xxh64", hex64(d.hash)}};
+  }
+  manifest["manifest_xxh64"] = hex64(manifest_hash(manifest));
+  io::write_file_synced(join_path(tmp, "manifest.json"), manifest.dump(1) + "\n", kWhere);
+  io::fsync_path(tmp, kWhere);
+  faults_.kill_point("manifest", saves_);
+}
+
+std::string CheckpointWriter::save(const Model& model, const Optimizer& optimizer, const CheckpointState& state) {
+  ++saves_;
+  const std::string name = checkpoint_name(state.progress.step);
+  const std::string final_dir = join_path(root_, name), tmp = join_path(root_, ".tmp-" + name);
+  try {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    if (ec) fail(kWhere, "{}: cannot create: {}", tmp, ec.message());
+    faults_.kill_point("begin", saves_);
+    write_files(tmp, model, optimizer, state);
+    if (fs::exists(final_dir)) {
+      // A checkpoint of this step from an abandoned run (crashed before `latest` moved,
+      // or one resumed from an older checkpoint): replaced, never merged.
+      const std::string trash = join_path(root_, fmt::format(".trash-{}-{}", name, ::getpid()));
+      io::rename_synced(final_dir, trash, kWhere);
+      remove_quietly(trash);
+    }
+    io::rename_synced(tmp, final_dir, kWhere);
+  } catch (const Error& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // best effort; a leftover is removed by the next prepare()
+    fail(kWhere, "{}: save failed: {}", final_dir, e.what());
+  }
+  faults_.kill_point("rename", saves_);
+  try {
+    io::replace_file_atomically(join_path(root_, "latest"), name + "\n", kWhere);
+  } catch (const Error& e) {
+    fail(kWhere, "{}: saved, but 'latest' could not be moved to it: {}", final_dir, e.what());
+  }
+  faults_.kill_point("latest", saves_);
+  apply_retention(state.progress.step);
+  return final_dir;
+}
+
+void CheckpointWriter::apply_retention(int64_t newest) {
+  if (keep_last_ == 0) return;
+  // Newest first among those older than the one just written; newer ones belong to an
+  // abandoned future (a resume from an older checkpoint) and are left alone.
+  auto all = list_checkpoints(root_);
+  int64_t kept = 1;  // the new one
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const auto& [step, path] = *it;
+    if (step >= newest) continue;
+    if (kept < keep_last_ || (keep_every_ > 0 && step % keep_every_ == 0)) {
+      kept += kept < keep_last_ ? 1 : 0;
+      continue;
+    }
+    const std::string trash = join_path(root_, fmt::format(".trash-{}-{}", fs::path(path).filename().string(), ::getpid()));
+    std::error_code ec;
+    if (faults_.has("checkpoint_delete", "fail")) ec = std::make_error_code(std::errc::permission_denied);
+    else fs::rename(path, trash, ec);
+    if (ec) {
+      warn(fmt::format("{}: cannot delete old checkpoint: {}; continuing", path, ec.message()));
+      continue;
+    }
+    remove_quietly(trash);
+  }
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const int64_t step = step_of(entry.path().filename().string());
+    if (step >= 0 && fs::exists(entry.path() / "manifest.json")) out.emplace_back(step, entry.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  KILN_CHECK(fs::exists(path), kWhere, "{}: no such checkpoint or checkpoint directory", path);
+  const std::string latest = join_path(path, "latest");
+  if (!fs::exists(latest)) {
+    if (fs::exists(join_path(path, "manifest.json")) || step_of(fs::path(path).filename().string()) >= 0)
+      return path;  // a checkpoint itself (read_checkpoint reports an incomplete one)
+    const auto all = list_checkpoints(path);
+    return all.empty() ? std::string() : all.back().second;
+  }
+  std::string name = io::read_file_bytes(latest, kWhere);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+  KILN_CHECK(step_of(name) >= 0, kWhere, "{}: does not name a checkpoint ('{}')", latest, name);
+  const std::string target = join_path(path, name);
+  if (fs::exists(target)) return target;
+  // Only a crash while a same-step checkpoint was being replaced leaves this.
+  const auto all = list_checkpoints(path);
+  KILN_CHECK(!all.empty(), kWhere, "{}: names {}, which does not exist", latest, target);
+  warn(fmt::format("{} names {}, which does not exist; using the newest complete checkpoint {}", latest, name,
+                   all.back().second));
+  return all.back().second;
+}
+
+CheckpointInfo read_checkpoint(const std::string& path) {
+  const std::string manifest_path = join_path(path, "manifest.json");
+  KILN_CHECK(fs::exists(manifest_path), kWhere, "{}: incomplete checkpoint (no manifest.json)", path);
+  struct Entry {
+    std::string file;
+    uint64_t bytes;
+    std::string hash;
+  };
+  std::vector<Entry> entries;
+  int64_t version = -1, step = -1;
+  try {
+    const json manifest = json::parse(io::read_file_bytes(manifest_path, kWhere));
+    KILN_CHECK(manifest.is_object() && manifest.value("format", "") == "kiln-checkpoint", kWhere,
+               "{}: not a kiln checkpoint manifest", manifest_path);
+    const uint64_t saved = parse_hex64(manifest.at("manifest_xxh64").get<std::string>(), "checkpoint");
+    KILN_CHECK(saved == manifest_hash(manifest), kWhere, "{}: checksum mismatch: the manifest is corrupt",
+               manifest_path);
+    version = manifest.at("format_version").get<int64_t>();
+    step = manifest.at("step").get<int64_t>();
+    for (const char* name : kFiles) {
+      KILN_CHECK(manifest.at("files").contains(name), kWhere, "{}: does not list {}", manifest_path, name);
+      const json& e = manifest["files"][name];
+      entries.push_back({join_path(path, name), e.at("bytes").get<uint64_t>(), e.at("xxh64").get<std::string>()});
+    }
+  } catch (const json::exception& e) {
+    fail(kWhere, "{}: corrupt manifest: {}", manifest_path, e.what());
+  }
+  KILN_CHECK(version == kCheckpointFormatVersion, kWhere,
+             "{}: checkpoint format version {} (this kiln reads version {})", manifest_path, version,
+             kCheckpointFormatVersion);
+  for (const Entry& e : entries) {
+    KILN_CHECK(fs::exists(e.file), kWhere, "{}: missing", e.file);
+    const FileDigest d = xxh64_file(e.file);
+    if (d.bytes != e.bytes)
+      fail(kWhere, "{}: {} ({} bytes, the manifest says {})", e.file, d.bytes < e.bytes ? "truncated" : "wrong size",
+           d.bytes, e.bytes);
+    KILN_CHECK(hex64(d.hash) == e.hash, kWhere, "{}: checksum mismatch (xxh64 {}, the manifest says {}): corrupt",
+               e.file, hex64(d.hash), e.hash);
+  }
+  CheckpointInfo info;
+  info.path = path;
+  const std::string state_path = join_path(path, "state.json");
+  info.state = state_from_json(io::read_file_bytes(state_path, kWhere), state_path);
+  info.config = load_config(join_path(path, "config.toml"));
+  KILN_CHECK(info.state.progress.step == step, kWhere,
+             "{}: step {} disagrees with the manifest's", state_path, info.state.progress.step);
+  return info;
+}
+
+void load_checkpoint_tensors(const CheckpointInfo& checkpoint, Model& model, Optimizer& optimizer) {
+  io::load_weights(model, io::SafetensorsFile::open(join_path(checkpoint.path, "model.safetensors")));
+  const std::string path = join_path(checkpoint.path, "optimizer.safetensors");
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  std::set<std::string> expected;
+  for (const OptimizerStateTensor& t : optimizer.state_tensors()) {
+    expected.insert(t.name);
+    KILN_CHECK(file.contains(t.name), kWhere, "{}: missing optimizer state '{}'", path, t.name);
+    io::read_into(file, t.name, t.tensor);
+  }
+  for (const std::string& name : file.names())
+    KILN_CHECK(expected.count(name), kWhere, "{}: tensor '{}' does not belong to this optimizer", path, name);
+  optimizer.set_steps_taken(checkpoint.state.optimizer_steps);
+}
+
+}  // namespace kiln

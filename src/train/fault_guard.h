@@ -1,0 +1,52 @@
+// Numerical fault guard: decides, before the optimizer runs, whether a step's update is
+// safe to apply. A non-finite loss or gradient norm, or (optional spike guard) a loss or
+// gradient norm far above its recent window, skips the update: weights, optimizer state
+// and the schedule position stay exactly as they were, and only the data moves on.
+// Too many skips in a row stop the run with an error instead of training on garbage.
+//
+// The window and counters are part of a checkpoint, so a resumed run makes the same
+// decisions as one that never stopped.
+#pragma once
+
+#include "train/config.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+struct FaultGuardState {
+  int64_t consecutive_skips = 0;
+  int64_t total_skips = 0;
+  std::vector<double> recent_loss;       // accepted steps only, oldest first
+  std::vector<double> recent_grad_norm;  // same steps
+
+  bool operator==(const FaultGuardState&) const = default;
+};
+
+class FaultGuard {
+ public:
+  explicit FaultGuard(const TrainConfig& config);
+
+  // Why this step's update must be skipped, or "" to apply it. `grad_norm` is the global
+  // norm before clipping.
+  std::string check(double loss, double grad_norm) const;
+  // The update was applied: the values enter the spike window.
+  void accept(double loss, double grad_norm);
+  // The update was skipped. Throws kiln::Error("[train] step N: ...") once
+  // train.max_consecutive_skips updates in a row were skipped.
+  void skip(int64_t step, const std::string& reason);
+
+  const FaultGuardState& state() const { return state_; }
+  // A saved window longer than train.spike_window keeps its newest entries.
+  void restore(const FaultGuardState& state);
+
+ private:
+  int64_t max_consecutive_;
+  size_t window_;
+  double loss_ratio_, grad_ratio_;
+  FaultGuardState state_;
+};
+
+}  // namespace kiln

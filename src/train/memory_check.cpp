@@ -1,0 +1,124 @@
+#include "train/memory_check.h"
+
+#include "core/device_memory.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "train/optimizer.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <limits>
+#include <string>
+
+namespace kiln {
+
+namespace {
+
+std::string gib(size_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1073741824.0) return fmt::format("{:.2f} GiB", b / 1073741824.0);
+  return fmt::format("{:.1f} MiB", b / 1048576.0);
+}
+
+// A number from a cgroup v2 file ("max" = no limit).
+size_t read_cgroup(const char* path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return std::numeric_limits<size_t>::max();
+  try {
+    return static_cast<size_t>(std::stoull(text));
+  } catch (...) {
+    return std::numeric_limits<size_t>::max();
+  }
+}
+
+}  // namespace
+
+MemoryBudget plan_training_memory(const Config& config, Device device) {
+  BuildOptions options;
+  options.device = device;
+  options.max_tokens = config.train.micro_batch_tokens;
+  options.loss_chunk_rows = config.train.loss_chunk_tokens;
+  const Model model(config.model, options);  // plans every arena; allocates nothing
+  Arena optimizer_state("optimizer", device);
+  optimizer_registry().build("optim.name", config.optim.name, config.optim, model.parameters())->plan(optimizer_state);
+  const MemoryPlan plan = model.memory_plan();
+  MemoryBudget b;
+  b.parameters = plan.parameters;
+  b.gradients = plan.gradients;
+  b.optimizer = optimizer_state.planned_bytes();
+  b.activations = plan.activations;
+  b.workspace = plan.workspace;
+  if (device == Device::cpu) {
+    // tokens, targets, positions and cu_seqlens (i32) of every host micro-batch kept.
+    const auto batches = static_cast<size_t>(config.train.grad_accum + config.train.eval_batches);
+    b.batches = batches * static_cast<size_t>(config.train.micro_batch_tokens + 1) * 4 * sizeof(int32_t);
+  }
+  return b;
+}
+
+AvailableMemory available_memory(Device device) {
+  AvailableMemory a;
+  if (device == Device::cuda) {
+    size_t free_bytes = 0, total = 0;
+    cuda_memory_info(&free_bytes, &total);
+    return {free_bytes, "cudaMemGetInfo"};
+  }
+  a.bytes = std::numeric_limits<size_t>::max();
+  a.source = "unknown";
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  size_t kib = 0;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") {
+      a.bytes = kib * 1024;
+      a.source = "MemAvailable";
+      break;
+    }
+  }
+  const size_t limit = read_cgroup("/sys/fs/cgroup/memory.max");
+  const size_t used = read_cgroup("/sys/fs/cgroup/memory.current");
+  if (limit != std::numeric_limits<size_t>::max() && used != std::numeric_limits<size_t>::max()) {
+    const size_t room = limit > used ? limit - used : 0;
+    if (room < a.bytes) a = {room, "cgroup memory.max - memory.current"};
+  }
+  return a;
+}
+
+int64_t largest_fitting_micro_batch(const Config& config, Device device, size_t available) {
+  // Memory grows with the micro-batch (activations, workspace, batches); the rest is
+  // fixed. Binary search over plans, each built without allocating.
+  Config c = config;
+  auto fits = [&](int64_t tokens) {
+    c.train.micro_batch_tokens = tokens;
+    return plan_training_memory(c, device).total() <= available;
+  };
+  int64_t lo = config.model.max_seq_len, hi = config.train.micro_batch_tokens;
+  if (!fits(lo)) return 0;
+  while (lo < hi) {  // invariant: fits(lo)
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+void check_memory_fits(const Config& config, Device device, const MemoryBudget& plan, const AvailableMemory& available) {
+  if (plan.total() <= available.bytes) return;
+  const int64_t fit = largest_fitting_micro_batch(config, device, available.bytes);
+  const std::string advice =
+      fit > 0 ? fmt::format("the largest train.micro_batch_tokens that fits is {} (now {}; raise train.grad_accum to "
+                            "keep the tokens per step)",
+                            fit, config.train.micro_batch_tokens)
+              : fmt::format("not even a micro-batch of model.max_seq_len = {} tokens fits: use a smaller model",
+                            config.model.max_seq_len);
+  fail("memory",
+       "the run needs {} on the {} but {} is available ({}): parameters {}, gradients {}, optimizer state {}, "
+       "activations {}, workspace {}{}; {}",
+       gib(plan.total()), device_name(device), gib(available.bytes), available.source, gib(plan.parameters),
+       gib(plan.gradients), gib(plan.optimizer), gib(plan.activations), gib(plan.workspace),
+       plan.batches ? fmt::format(", batches {}", gib(plan.batches)) : std::string(), advice);
+}
+
+}  // namespace kiln

@@ -1,0 +1,41 @@
+// Will the run fit? Compared before anything large is allocated: the planned bytes of
+// parameters, gradients, optimizer state, activations and workspace (exact: the arenas
+// are planned, not estimated) against what the device has free. A run that would not
+// fit stops at once with the breakdown and the largest micro-batch that would.
+#pragma once
+
+#include "core/dtype.h"
+#include "train/config.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kiln {
+
+struct MemoryBudget {
+  size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, workspace = 0;
+  size_t batches = 0;  // host micro-batches (training and validation); counted on the CPU only
+  size_t total() const { return parameters + gradients + optimizer + activations + workspace + batches; }
+};
+
+// The plan for `config` on `device`, built without allocating (as `kiln plan` does).
+MemoryBudget plan_training_memory(const Config& config, Device device);
+
+struct AvailableMemory {
+  size_t bytes = 0;
+  std::string source;  // "MemAvailable", "cgroup memory.max", "cudaMemGetInfo"
+};
+// CPU: MemAvailable from /proc/meminfo, capped by the cgroup's memory.max - memory.current
+// when a limit is set (containers). CUDA: free bytes from cudaMemGetInfo.
+AvailableMemory available_memory(Device device);
+
+// The largest train.micro_batch_tokens (>= model.max_seq_len) whose plan fits in
+// `available` bytes, or 0 when not even model.max_seq_len does.
+int64_t largest_fitting_micro_batch(const Config& config, Device device, size_t available);
+
+// Throws "[memory] ..." (one line: the breakdown, what is available, the largest
+// micro-batch that fits) when `plan` exceeds `available`.
+void check_memory_fits(const Config& config, Device device, const MemoryBudget& plan, const AvailableMemory& available);
+
+}  // namespace kiln

@@ -1,0 +1,367 @@
+// KV-cache decoding: the Decoder's next-token logits equal the full forward's
+// (Model::logits) for prefill chunks, single-token steps and batches that mix sequences;
+// fp64 to ~1e-12, fp32 to ~1e-5. Plus the Generator's batching invariance, stop strings,
+// prompt logprobs and limits.
+#include "export_fixture.h"
+#include "infer/generator.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+namespace kiln {
+namespace {
+
+ModelConfig small_config(bool qk_norm, bool tied, bool bias, const std::string& position = "rope") {
+  ModelConfig c;
+  c.vocab_size = 259;
+  c.hidden = 48;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 16;  // != hidden / heads
+  c.ffn_hidden = 96;
+  c.max_seq_len = 96;
+  c.qk_norm = qk_norm;
+  c.tie_embeddings = tied;
+  c.attention_bias = bias;
+  c.position = position;
+  return c;
+}
+
+// Every parameter random (norm gains around 1), so no part of the math is trivial.
+void randomize(Model& model, uint64_t seed) {
+  int i = 0;
+  for (const auto& p : model.parameters()) {
+    const Tensor v = p->value();
+    const bool gain = p->name().find("norm") != std::string::npos;
+    OwnedTensor r = test::random_tensor(v.dtype(), v.shape(), seed + static_cast<uint64_t>(i++), gain ? 0.2 : 0.3);
+    for (int64_t j = 0; gain && j < v.numel(); ++j) {
+      if (v.dtype() == DType::f32) r->data<float>()[j] += 1.0f;
+      else r->data<double>()[j] += 1.0;
+    }
+    copy_tensor(*r, v);
+  }
+}
+
+std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng.below(259));
+  return t;
+}
+
+// Logits of the last position of `tokens`, by the full (training-path) forward.
+std::vector<float> full_forward_last(Model& model, const std::vector<int32_t>& tokens) {
+  HostBatch b;
+  b.tokens = tokens;
+  b.targets.assign(tokens.size(), kIgnoreTarget);
+  b.positions.resize(tokens.size());
+  std::iota(b.positions.begin(), b.positions.end(), 0);
+  b.cu_seqlens = {0, static_cast<int32_t>(tokens.size())};
+  b.max_seqlen = static_cast<int32_t>(tokens.size());
+  model.load_batch(b);
+  std::vector<float> out;
+  model.logits(static_cast<int64_t>(tokens.size()) - 1, 1, out);
+  return out;
+}
+
+double scaled_diff(const float* a, const float* b, int64_t n) {
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_TRUE(std::isfinite(a[i]));
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return diff / scale;
+}
+
+// Three sequences decoded together in a cache of 3 slots: prompts prefilled in chunks of at
+// most 5 rows that mix sequences, then single-token steps for all three at once. Each new
+// row's logits must equal the full forward over that sequence's prefix.
+void check_decoder_matches(const ModelConfig& config, DType dtype, double tolerance) {
+  BuildOptions o;
+  o.dtype = dtype;
+  o.training = false;
+  o.max_tokens = config.max_seq_len;
+  o.loss_chunk_rows = 16;
+  Model model(config, o);
+  model.allocate();
+  randomize(model, 11);
+  DecoderOptions d;
+  d.slots = 3;
+  d.max_rows = 5;
+  d.logit_rows = 2;  // several logit chunks per call
+  Decoder decoder(model, d);
+  const size_t bytes = decoder.memory_bytes();
+  const void* cache_k = decoder.cache().k(0).raw();
+
+  std::vector<std::vector<int32_t>> seqs = {random_tokens(7, 1), random_tokens(3, 2), random_tokens(12, 3)};
+  const std::vector<size_t> prompt = {7, 3, 12};
+  std::vector<size_t> cached(3, 0);
+  double worst = 0;
+  int checked = 0;
+  // Prefill: walk through the prompts 5 rows at a time across sequences.
+  for (;;) {
+    std::vector<int32_t> tok, slot, pos, rows;
+    std::vector<int> owner;
+    for (int s = 0; s < 3 && tok.size() < 5; ++s)
+      while (cached[s] < prompt[s] && tok.size() < 5) {
+        tok.push_back(seqs[s][cached[s]]), slot.push_back(s), pos.push_back(static_cast<int32_t>(cached[s]));
+        owner.push_back(s);
+        ++cached[s];
+      }
+    if (tok.empty()) break;
+    rows.resize(tok.size());
+    std::iota(rows.begin(), rows.end(), 0);
+    decoder.forward(tok, slot, pos);
+    std::vector<float> logits;
+    decoder.logits(rows, logits);
+    for (size_t r = 0; r < tok.size(); ++r) {
+      const std::vector<int32_t> prefix(seqs[owner[r]].begin(), seqs[owner[r]].begin() + pos[r] + 1);
+      const std::vector<float> want = full_forward_last(model, prefix);
+      worst = std::max(worst, scaled_diff(logits.data() + r * want.size(), want.data(), static_cast<int64_t>(want.size())));
+      ++checked;
+    }
+  }
+  // Decode: 6 steps, one new token per sequence per step (greedy from the decoder).
+  std::vector<float> logits;
+  for (int step = 0; step < 6; ++step) {
+    std::vector<int32_t> tok, slot, pos, rows = {0, 1, 2};
+    for (int s = 0; s < 3; ++s) {
+      tok.push_back(seqs[s].back()), slot.push_back(s), pos.push_back(static_cast<int32_t>(seqs[s].size() - 1));
+    }
+    if (step > 0) {
+      decoder.forward(tok, slot, pos);
+      decoder.logits(rows, logits);
+      for (int s = 0; s < 3; ++s) {
+        const std::vector<float> want = full_forward_last(model, seqs[s]);
+        worst = std::max(worst, scaled_diff(logits.data() + s * want.size(), want.data(), 259));
+        ++checked;
+      }
+    } else {  // the last prompt rows again: rewrites the same K/V, gives the first logits
+      decoder.forward(tok, slot, pos);
+      decoder.logits(rows, logits);
+    }
+    for (int s = 0; s < 3; ++s) {
+      const float* row = logits.data() + s * 259;
+      seqs[s].push_back(static_cast<int32_t>(std::max_element(row, row + 259) - row));
+    }
+  }
+  EXPECT_LT(worst, tolerance) << "decoder logits vs full forward";
+  EXPECT_EQ(checked, 22 + 15);
+  EXPECT_EQ(decoder.memory_bytes(), bytes);
+  EXPECT_EQ(decoder.cache().k(0).raw(), cache_k);  // the cache never moves
+  std::printf("%s %s: %d logit rows, worst scaled error %.2e\n", dtype == DType::f64 ? "f64" : "f32",
+              config.qk_norm ? "qk_norm" : "no qk_norm", checked, worst);
+}
+
+TEST(Decoder, MatchesFullForwardF64) {
+  check_decoder_matches(small_config(true, true, false), DType::f64, 1e-12);
+  check_decoder_matches(small_config(false, false, true), DType::f64, 1e-12);
+  check_decoder_matches(small_config(false, true, false, "none"), DType::f64, 1e-12);
+}
+
+TEST(Decoder, MatchesFullForwardF32) {
+  check_decoder_matches(small_config(true, false, false), DType::f32, 2e-5);
+  check_decoder_matches(small_config(false, true, true), DType::f32, 2e-5);
+}
+
+TEST(Decoder, RejectsBadSteps) {
+  BuildOptions o;
+  o.training = false;
+  o.max_tokens = 8;
+  Model model(small_config(true, true, false), o);
+  model.allocate();
+  DecoderOptions d;
+  d.slots = 2;
+  d.max_rows = 4;
+  d.max_len = 16;
+  Decoder decoder(model, d);
+  EXPECT_EQ(decoder.max_len(), 16);
+  const std::vector<int32_t> one{5}, zero{0};
+  EXPECT_THROW(decoder.forward(one, std::vector<int32_t>{2}, zero), Error);              // slot out of range
+  EXPECT_THROW(decoder.forward(one, zero, std::vector<int32_t>{16}), Error);             // position past the cache
+  EXPECT_THROW(decoder.forward(std::vector<int32_t>(5, 1), std::vector<int32_t>(5, 0),  // more rows than planned
+                               std::vector<int32_t>(5, 0)),
+               Error);
+  EXPECT_THROW(decoder.forward(std::vector<int32_t>{300}, zero, zero), Error);           // token outside the vocab
+}
+
+// ---- sampling ---------------------------------------------------------------------------
+
+TEST(Sampling, ProcessorsFollowTheirDefinitions) {
+  Sampler sampler;
+  Rng rng(7);
+  const std::vector<float> base = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  auto draw = [&](SamplingParams p, int n, std::vector<int32_t> context = {}) {
+    std::vector<int> counts(3, 0);
+    for (int i = 0; i < n; ++i) {
+      std::vector<float> l = base;
+      ++counts[static_cast<size_t>(sampler.sample(l, context, p, rng))];
+    }
+    return counts;
+  };
+  SamplingParams p;
+  auto c = draw(p, 20000);  // plain sampling follows the softmax
+  EXPECT_NEAR(c[0] / 20000.0, 0.5, 0.015);
+  EXPECT_NEAR(c[1] / 20000.0, 0.3, 0.015);
+  EXPECT_NEAR(c[2] / 20000.0, 0.2, 0.015);
+  p.top_k = 2;
+  EXPECT_EQ(draw(p, 2000)[2], 0);
+  p = {};
+  p.top_p = 0.75;  // 0.5 + 0.3 reaches 0.75
+  c = draw(p, 4000);
+  EXPECT_EQ(c[2], 0);
+  EXPECT_NEAR(c[0] / 4000.0, 0.5 / 0.8, 0.03);
+  p = {};
+  p.min_p = 0.5;  // 0.2 < 0.5 * 0.5
+  c = draw(p, 2000);
+  EXPECT_EQ(c[2], 0);
+  EXPECT_GT(c[1], 0);
+  p = {};
+  p.temperature = 0;
+  EXPECT_EQ(draw(p, 10)[0], 10);
+  p.repetition_penalty = 4;  // token 0 seen: 0.5 -> log(0.5) * 4 (negative logit multiplied)
+  EXPECT_EQ(draw(p, 10, {0, 0})[1], 10);
+  p = {};
+  p.temperature = 0.05;  // sharpened: almost always the best
+  EXPECT_GT(draw(p, 1000)[0], 990);
+  SamplingParams bad;
+  bad.top_p = 0;
+  EXPECT_THROW(bad.validate(), Error);
+}
+
+TEST(Sampling, SameSeedSameDraws) {
+  Sampler a, b;
+  Rng ra(3), rb(3);
+  SamplingParams p;
+  p.top_k = 50;
+  p.top_p = 0.95;
+  const std::vector<int32_t> none;
+  for (int i = 0; i < 200; ++i) {
+    std::vector<float> la(259);
+    for (size_t j = 0; j < la.size(); ++j) la[j] = static_cast<float>(std::sin(0.37 * (j + 1) * (i + 1)));
+    std::vector<float> lb = la;
+    EXPECT_EQ(a.sample(la, none, p, ra), b.sample(lb, none, p, rb));
+  }
+}
+
+// ---- generator ----------------------------------------------------------------------------
+
+struct GenFixture {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Decoder> decoder;
+  ByteTokenizer tokenizer;
+  GenFixture(int64_t slots, int64_t max_rows) {
+    BuildOptions o;
+    o.training = false;
+    o.max_tokens = 96;
+    model = std::make_unique<Model>(small_config(true, true, false), o);
+    model->allocate();
+    randomize(*model, 5);
+    DecoderOptions d;
+    d.slots = slots;
+    d.max_rows = max_rows;
+    decoder = std::make_unique<Decoder>(*model, d);
+  }
+};
+
+GenerationRequest greedy(const std::string& text, int64_t n) {
+  GenerationRequest r;
+  r.prompt.push_back(ByteTokenizer::kBos);
+  for (unsigned char c : text) r.prompt.push_back(c);
+  r.max_tokens = n;
+  r.sampling.temperature = 0;
+  r.stop_at_eos = false;
+  return r;
+}
+
+TEST(Generator, BatchedEqualsAloneAndStopsWhereAsked) {
+  GenFixture batched(3, 8), alone(1, 8);
+  Generator gb(*batched.decoder, batched.tokenizer), ga(*alone.decoder, alone.tokenizer);
+  const std::vector<std::string> prompts = {"Hello there", "x", "a much longer prompt than the others", "zz"};
+  std::vector<GenerationRequest> requests;
+  for (const auto& p : prompts) requests.push_back(greedy(p, 12));
+  // 4 requests on 3 slots: the fourth waits for a free slot; prefill chunks of 8 rows.
+  const auto together = gb.run(requests);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto single = ga.run({requests[i]});
+    EXPECT_EQ(together[i].tokens, single[0].tokens) << prompts[i];
+    EXPECT_EQ(together[i].tokens.size(), 12u);
+    EXPECT_EQ(together[i].finish_reason, "length");
+  }
+  // A stop string taken from the greedy continuation cuts the text before it.
+  const std::string text = together[0].text;
+  ASSERT_GE(text.size(), 6u);
+  GenerationRequest r = requests[0];
+  r.stop = {text.substr(3, 2)};
+  const auto stopped = ga.run({r});
+  EXPECT_EQ(stopped[0].finish_reason, "stop");
+  EXPECT_EQ(stopped[0].text, text.substr(0, text.find(text.substr(3, 2))));
+  EXPECT_TRUE(gb.idle());
+}
+
+TEST(Generator, PromptLogprobsEqualTheFullForward) {
+  GenFixture f(2, 4);
+  Generator g(*f.decoder, f.tokenizer);
+  GenerationRequest r = greedy("logprobs!", 0);
+  r.prompt_logprobs = true;
+  r.top_logprobs = 3;
+  const auto result = g.run({r})[0];
+  ASSERT_EQ(result.prompt_logprobs.size(), r.prompt.size());
+  EXPECT_TRUE(std::isnan(result.prompt_logprobs[0].logprob));
+  EXPECT_TRUE(result.tokens.empty());
+  for (size_t p = 1; p < r.prompt.size(); ++p) {
+    const std::vector<int32_t> prefix(r.prompt.begin(), r.prompt.begin() + static_cast<std::ptrdiff_t>(p));
+    std::vector<double> lp;
+    log_softmax(full_forward_last(*f.model, prefix), lp);
+    EXPECT_NEAR(result.prompt_logprobs[p].logprob, lp[static_cast<size_t>(r.prompt[p])], 1e-4);
+    ASSERT_EQ(result.prompt_logprobs[p].top.size(), 3u);
+    EXPECT_GE(result.prompt_logprobs[p].top[0].second, result.prompt_logprobs[p].top[1].second);
+  }
+}
+
+TEST(Generator, RefusesWhatCannotRun) {
+  GenFixture f(1, 4);
+  Generator g(*f.decoder, f.tokenizer);
+  EXPECT_NO_THROW(g.submit(greedy("", 0), nullptr));  // BOS alone is a prompt
+  GenerationRequest empty;
+  EXPECT_THROW(g.submit(empty, nullptr), Error);
+  EXPECT_THROW(g.submit(greedy(std::string(90, 'a'), 10), nullptr), Error);  // 91 + 10 > 96
+  GenerationRequest bad = greedy("a", 1);
+  bad.prompt.push_back(259);
+  EXPECT_THROW(g.submit(bad, nullptr), Error);
+}
+
+// `kiln sample` with a batch: two prompts x two samples, greedy, so each prompt's two samples
+// agree and every output starts with its prompt.
+TEST(SampleCli, BatchOfPromptsGreedy) {
+  const std::string root = test::temp_dir("kiln-sample-cli");
+  const std::string model = test::save_random_model(test::tiny_config(true, true, false), root + "/model");
+  std::string out;
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " sample " + model +
+                                  " -p 'ab' -p 'xyz' --count 2 -t 0 -n 6 --ignore-eos --threads 1 --stop QQ",
+                              &out),
+            0)
+      << out;
+  std::vector<std::string> parts;
+  for (size_t at = 0;;) {
+    const size_t next = out.find("---\n", at);
+    parts.push_back(out.substr(at, next == std::string::npos ? std::string::npos : next - at));
+    if (next == std::string::npos) break;
+    at = next + 4;
+  }
+  ASSERT_EQ(parts.size(), 4u) << out;
+  EXPECT_EQ(parts[0].rfind("ab", 0), 0u);
+  EXPECT_EQ(parts[2].rfind("xyz", 0), 0u);
+  EXPECT_EQ(parts[0], parts[1]);
+  EXPECT_EQ(parts[2], parts[3]);
+  std::filesystem::remove_all(root);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,199 @@
+// Hugging Face export and import: the files are checked by the `safetensors` and
+// `tokenizers` Python packages (tests/python/check_hf_export.py), import(export(model))
+// reproduces every weight bit for bit (fp32) and the same loss, and models or files that no
+// stock class represents are refused with an error naming the reason.
+#include "export_fixture.h"
+#include "io/hf_config.h"
+#include "io/hf_export.h"
+#include "io/hf_import.h"
+#include "io/safetensors.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* kText = "Ünïcödé and ASCII: the quick brown fox. 日本語 🚀";
+
+struct Case {
+  const char* name;
+  ModelConfig config;
+  io::HfArch arch;
+};
+
+std::vector<Case> cases() {
+  ModelConfig llama = test::tiny_config(false, false, false, 48);  // head_dim 16 != 48 / 4
+  return {{"qwen3", test::tiny_config(true, true, false), io::HfArch::qwen3},
+          {"llama", llama, io::HfArch::llama},
+          {"qwen2", test::tiny_config(false, true, true), io::HfArch::qwen2}};
+}
+
+void expect_same_weights(const std::string& a_dir, const std::string& b_dir, bool bitwise) {
+  const auto a = io::SafetensorsFile::open(a_dir + "/model.safetensors");
+  const auto b = io::SafetensorsFile::open(b_dir + "/model.safetensors");
+  ASSERT_EQ(a.names(), b.names());
+  for (const std::string& name : a.names()) {
+    const OwnedTensor x = io::read_tensor(a, name, DType::f32), y = io::read_tensor(b, name, DType::f32);
+    ASSERT_EQ(x->numel(), y->numel()) << name;
+    for (int64_t i = 0; i < x->numel(); ++i) {
+      const float u = x->data<float>()[i], v = y->data<float>()[i];
+      if (bitwise) {
+        ASSERT_EQ(std::memcmp(&u, &v, 4), 0) << name << "[" << i << "]";
+      } else {
+        ASSERT_EQ(bf16_to_float(float_to_bf16(u)), v) << name << "[" << i << "]: not the bf16 rounding";
+      }
+    }
+  }
+}
+
+TEST(ExportHf, EachArchitecturePassesThePythonChecksAndRoundTripsBitwise) {
+  const std::string root = test::temp_dir("kiln-export");
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const std::string model = test::save_random_model(c.config, root + "/" + c.name + "-model");
+    const std::string out = root + "/" + c.name + "-hf";
+    const io::HfExportReport report = io::export_hf(model, out, {});
+    EXPECT_EQ(report.arch, c.arch);
+    std::string output;
+    EXPECT_EQ(test::run_python("check_hf_export.py " + out + " " + model + " float32", &output), 0) << output;
+    std::printf("%s", output.c_str());
+
+    const std::string back = root + "/" + c.name + "-back";
+    const io::HfImportReport imported = io::import_hf(out, back);
+    EXPECT_EQ(imported.arch, c.arch);
+    EXPECT_TRUE(imported.byte_tokenizer);
+    expect_same_weights(model, back, true);
+    const double before = test::text_loss(model, kText), after = test::text_loss(back, kText);
+    EXPECT_EQ(before, after) << "the same weights must give the same loss";
+    const Config cfg = load_config(back + "/config.toml");
+    EXPECT_EQ(cfg.model.qk_norm, c.config.qk_norm);
+    EXPECT_EQ(cfg.model.head_dim, c.config.head_dim);
+    EXPECT_EQ(cfg.model.rope_theta, c.config.rope_theta);
+    EXPECT_EQ(cfg.model.norm_eps, c.config.norm_eps);
+    EXPECT_EQ(cfg.model.tie_embeddings, c.config.tie_embeddings);
+    EXPECT_EQ(cfg.model.attention_bias, c.config.attention_bias);
+  }
+  fs::remove_all(root);
+}
+
+TEST(ExportHf, ShardedBf16AndF16) {
+  const std::string root = test::temp_dir("kiln-export-shards");
+  const std::string model = test::save_random_model(test::tiny_config(true, false, false), root + "/model");
+  io::HfExportOptions o;
+  o.dtype = "bfloat16";
+  o.max_shard_bytes = 40000;
+  const auto report = io::export_hf(model, root + "/bf16", o);
+  EXPECT_GT(std::count_if(report.files.begin(), report.files.end(),
+                          [](const std::string& f) { return f.find("-of-") != std::string::npos; }),
+            2);
+  std::string output;
+  EXPECT_EQ(test::run_python("check_hf_export.py " + root + "/bf16 " + model + " bfloat16", &output), 0) << output;
+  std::printf("%s", output.c_str());
+  // Importing the shards gives the bf16-rounded weights; the loss moves only slightly.
+  io::import_hf(root + "/bf16", root + "/back");
+  expect_same_weights(model, root + "/back", false);
+  EXPECT_NEAR(test::text_loss(root + "/back", kText), test::text_loss(model, kText), 0.02);
+  // Re-export unsharded into the same directory: no stale shard may remain.
+  io::export_hf(model, root + "/bf16", {});
+  for (const auto& e : fs::directory_iterator(root + "/bf16"))
+    EXPECT_EQ(e.path().filename().string().find("-of-"), std::string::npos) << e.path();
+  o.dtype = "float16";
+  o.max_shard_bytes = int64_t(1) << 30;
+  io::export_hf(model, root + "/f16", o);
+  EXPECT_EQ(test::run_python("check_hf_export.py " + root + "/f16 " + model + " float16", &output), 0) << output;
+  fs::remove_all(root);
+}
+
+TEST(ExportHf, RefusesWhatNoStockClassComputes) {
+  auto refusal = [](ModelConfig m) {
+    try {
+      io::choose_hf_arch(m);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  ModelConfig m = test::tiny_config(true, true, false);
+  m.position = "none";
+  EXPECT_NE(refusal(m).find("model.position"), std::string::npos) << refusal(m);
+  m = test::tiny_config(true, true, true);
+  EXPECT_NE(refusal(m).find("model.attention_bias"), std::string::npos) << refusal(m);
+  m = test::tiny_config(true, true, false);
+  m.norm = "layernorm";
+  EXPECT_NE(refusal(m).find("model.norm"), std::string::npos);
+  m.norm = "rmsnorm";
+  m.mlp = "gelu";
+  EXPECT_NE(refusal(m).find("model.mlp"), std::string::npos);
+
+  // Through the CLI: one error line, nothing written.
+  const std::string root = test::temp_dir("kiln-export-refuse");
+  ModelConfig nope = test::tiny_config(true, true, false);
+  nope.position = "none";
+  const std::string model = test::save_random_model(nope, root + "/model");
+  std::string output;
+  EXPECT_NE(test::run_command(test::kiln_binary() + " export hf " + model + " " + root + "/out", &output), 0);
+  EXPECT_NE(output.find("kiln: error: [export] model.position = 'none'"), std::string::npos) << output;
+  EXPECT_FALSE(fs::exists(root + "/out"));
+  fs::remove_all(root);
+}
+
+// Writes a model directory's files after editing config.json (and optionally adding a tensor).
+void edit_export(const std::string& dir, const std::function<void(json&)>& edit) {
+  json c = json::parse(std::ifstream(dir + "/config.json"));
+  edit(c);
+  std::ofstream(dir + "/config.json") << c.dump(2);
+}
+
+TEST(ImportHf, RefusesFeaturesKilnDoesNotCompute) {
+  const std::string root = test::temp_dir("kiln-import-refuse");
+  const std::string model = test::save_random_model(test::tiny_config(true, true, false), root + "/model");
+  auto import_error = [&](const std::function<void(json&)>& edit) {
+    fs::remove_all(root + "/hf");
+    io::export_hf(model, root + "/hf", {});
+    edit_export(root + "/hf", edit);
+    try {
+      io::import_hf(root + "/hf", root + "/out");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(import_error([](json& c) { c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }).find("yarn"),
+            std::string::npos);
+  EXPECT_NE(import_error([](json& c) { c["use_sliding_window"] = true; }).find("use_sliding_window"), std::string::npos);
+  EXPECT_NE(import_error([](json& c) { c["hidden_act"] = "gelu"; }).find("hidden_act"), std::string::npos);
+  EXPECT_NE(import_error([](json& c) { c["model_type"] = "mistral"; }).find("mistral"), std::string::npos);
+  EXPECT_NE(import_error([](json& c) { c["head_dim"] = 8; }).find("shape"), std::string::npos);
+  EXPECT_NE(import_error([](json& c) { c["attention_bias"] = true; }).find("o_proj"), std::string::npos);
+
+  // An extra tensor is refused by name, a missing one too.
+  io::export_hf(model, root + "/hf", {});
+  edit_export(root + "/hf", [](json&) {});
+  {
+    const auto file = io::SafetensorsFile::open(root + "/hf/model.safetensors");
+    io::SafetensorsWriter w;
+    w.set_metadata("format", "pt");
+    for (const std::string& n : file.names()) w.add(n, *io::read_tensor(file, n, DType::f32));
+    w.add("model.layers.0.mlp.gate_proj.bias", *test::random_tensor(DType::f32, Shape{96}, 1));
+    w.write(root + "/hf/model.safetensors");
+  }
+  try {
+    io::import_hf(root + "/hf", root + "/out");
+    ADD_FAILURE() << "extra tensor accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.gate_proj.bias"), std::string::npos) << e.what();
+  }
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace kiln

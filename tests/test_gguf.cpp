@@ -1,0 +1,167 @@
+// GGUF export: files checked by the `gguf` Python package (tests/python/check_gguf.py):
+// metadata, names, shapes, types, the embedded vocabulary, Q8_0 bytes equal to gguf-py's
+// quantizer and kiln's dequantization equal to gguf-py's bit for bit, llama's q/k permutation.
+// Plus kiln's own reader: f32 round trips bitwise, Q8_0 stays within half a step, and the
+// quantization evaluation sees no change at f32 and a small one at Q8_0.
+#include "export_fixture.h"
+#include "infer/quant_eval.h"
+#include "io/gguf_export.h"
+#include "io/gguf_writer.h"
+#include "io/quant_q8_0.h"
+#include "io/safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Writes kiln's reading (dequantization) of every tensor of a GGUF file, by GGUF name.
+void write_kiln_dequant(const std::string& gguf, const std::string& out) {
+  const io::GgufFile file = io::GgufFile::open(gguf);
+  io::SafetensorsWriter w;
+  for (const auto& t : file.tensors()) {
+    std::vector<float> x = file.read_f32(t.name);
+    w.add_raw(t.name, DType::f32, {static_cast<int64_t>(x.size())}, x.data(), x.size() * 4);
+  }
+  w.write(out);
+}
+
+std::unique_ptr<Model> load(const std::string& dir) {
+  return std::move(io::load_model(dir, [] {
+                     BuildOptions o;
+                     o.training = false;
+                     o.max_tokens = 64;
+                     return o;
+                   }())
+                       .model);
+}
+
+TEST(Q8_0, BlocksScalesAndRounding) {
+  std::vector<float> x(64);
+  for (int i = 0; i < 32; ++i) x[static_cast<size_t>(i)] = 0.0f;  // an all-zero block
+  for (int i = 32; i < 64; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i - 40) * 0.37f;
+  const auto q = io::quantize_q8_0(x.data(), 64);
+  ASSERT_EQ(q.size(), 2 * io::kQ8_0BlockBytes);
+  std::vector<float> y(64);
+  io::dequantize_q8_0(q.data(), 64, y.data());
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(y[static_cast<size_t>(i)], 0.0f);
+  const float d = f16_to_float(static_cast<uint16_t>(q[34] | (q[35] << 8)));
+  EXPECT_NEAR(d, 23 * 0.37f / 127, 1e-4);  // max |x| / 127 as fp16
+  for (int i = 32; i < 64; ++i) EXPECT_LE(std::fabs(y[static_cast<size_t>(i)] - x[static_cast<size_t>(i)]), 0.5f * d * 1.01f);
+  EXPECT_EQ(static_cast<int8_t>(q[34 + 2 + 31]), 127);  // the largest value maps to 127
+  EXPECT_THROW(io::quantize_q8_0(x.data(), 40), Error);
+}
+
+struct GgufCase {
+  const char* name;
+  ModelConfig config;
+};
+
+TEST(Gguf, ExportsPassThePythonChecksAndReadBack) {
+  const std::string root = test::temp_dir("kiln-gguf");
+  // llama: hidden 48, so matrices reading the hidden state stay f32 under q8_0 (48 % 32 != 0).
+  const std::vector<GgufCase> cases = {{"qwen3", test::tiny_config(true, true, false)},
+                                       {"llama", test::tiny_config(false, false, false, 48)},
+                                       {"qwen2", test::tiny_config(false, true, true)}};
+  for (const GgufCase& c : cases) {
+    const std::string model = test::save_random_model(c.config, root + "/" + c.name);
+    for (const std::string type : {"f32", "bf16", "q8_0"}) {
+      SCOPED_TRACE(std::string(c.name) + " " + type);
+      const std::string file = root + "/" + c.name + "-" + type + ".gguf";
+      io::GgufExportOptions o;
+      o.type = type;
+      const io::GgufExportReport report = io::export_gguf(model, file, o);
+      EXPECT_EQ(report.arch, c.name);
+      write_kiln_dequant(file, file + ".kiln.safetensors");
+      std::string output;
+      EXPECT_EQ(test::run_python("check_gguf.py " + file + " " + model + " " + type + " " + file + ".kiln.safetensors",
+                                 &output),
+                0)
+          << output;
+      std::printf("%s %s: %s", c.name, type.c_str(), output.c_str());
+
+      // Read back into a model: f32 is bitwise (llama's permutation undone), others close.
+      std::unique_ptr<Model> original = load(model), back = load(model);
+      io::load_gguf_weights(*back, file);
+      for (const auto& p : original->parameters()) {
+        const Tensor a = p->value(), b = back->find_parameter(p->name())->value();
+        float worst = 0, scale = 0;
+        for (int64_t i = 0; i < a.numel(); ++i) {
+          worst = std::max(worst, std::fabs(a.data<float>()[i] - b.data<float>()[i]));
+          scale = std::max(scale, std::fabs(a.data<float>()[i]));
+        }
+        if (type == "f32") EXPECT_EQ(worst, 0.0f) << p->name();
+        else EXPECT_LE(worst, scale * (type == "bf16" ? 1.0f / 128 : 1.0f / 127)) << p->name();
+      }
+    }
+  }
+  fs::remove_all(root);
+}
+
+TEST(Gguf, QuantizationEvaluation) {
+  const std::string root = test::temp_dir("kiln-gguf-eval");
+  const std::string model = test::save_random_model(test::tiny_config(true, false, false), root + "/m");
+  std::vector<std::vector<int32_t>> texts;
+  for (int s = 0; s < 3; ++s) {
+    std::vector<int32_t> t{256};
+    Rng rng(static_cast<uint64_t>(s));
+    for (int i = 0; i < 40; ++i) t.push_back(static_cast<int32_t>(rng.below(256)));
+    texts.push_back(t);
+  }
+  std::unique_ptr<Model> ref = load(model);
+  for (const std::string type : {"f32", "q8_0"}) {
+    io::GgufExportOptions o;
+    o.type = type;
+    io::export_gguf(model, root + "/m.gguf", o);
+    std::unique_ptr<Model> q = load(model);
+    io::load_gguf_weights(*q, root + "/m.gguf");
+    const QuantEvalResult r = evaluate_quantization(*ref, *q, texts);
+    EXPECT_EQ(r.positions, 3 * 40);
+    std::printf("%s: mean KL %.3e, top-1 %.4f, loss %.5f vs %.5f\n", type.c_str(), r.mean_kl, r.top1_agreement,
+                r.ref_loss, r.quant_loss);
+    if (type == "f32") {
+      EXPECT_EQ(r.mean_kl, 0.0);
+      EXPECT_EQ(r.top1_agreement, 1.0);
+    } else {
+      EXPECT_GT(r.mean_kl, 0.0);
+      EXPECT_LT(r.mean_kl, 1e-2);
+      EXPECT_GT(r.top1_agreement, 0.9);
+    }
+  }
+  fs::remove_all(root);
+}
+
+TEST(Gguf, ReaderRejectsDamagedFiles) {
+  const std::string root = test::temp_dir("kiln-gguf-bad");
+  const std::string model = test::save_random_model(test::tiny_config(true, true, false), root + "/m");
+  io::export_gguf(model, root + "/m.gguf", {});
+  std::string bytes = test::read_file(root + "/m.gguf");
+  test::write_file(root + "/short.gguf", bytes.substr(0, bytes.size() / 2));
+  EXPECT_THROW(io::GgufFile::open(root + "/short.gguf"), Error);
+  test::write_file(root + "/magic.gguf", "GGML" + bytes.substr(4));
+  EXPECT_THROW(io::GgufFile::open(root + "/magic.gguf"), Error);
+  fs::remove_all(root);
+}
+
+TEST(Gguf, EvalQuantCommand) {
+  const std::string root = test::temp_dir("kiln-eval-quant");
+  const std::string model = test::save_random_model(test::tiny_config(true, true, false), root + "/m");
+  std::string out;
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " eval-quant " + model + " --data " KILN_SOURCE_DIR
+                                  "/data/tinyshakespeare.txt --max-positions 300 --threads 1",
+                              &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("300 held-out positions"), std::string::npos) << out;
+  EXPECT_NE(out.find("top-1 agreement"), std::string::npos) << out;
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,182 @@
+// Exact resume: N steps straight versus k steps, a crash or a signal, and a resume for
+// the rest must give bitwise the same per-step losses, gradient norms, learning rates and
+// final weights (CPU, fixed thread count). Plus the guards that refuse a resume which
+// cannot be exact: another model, another precision, other data.
+#include "fault_test_util.h"
+
+#include "train/checkpoint.h"
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_with_fault;
+using test::tiny_train;
+
+class Resume : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = test::temp_dir("kiln-resume"); }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+  void expect_same_run(const std::string& a, const std::string& b, size_t steps = 12) {
+    const auto ra = test::train_records(a), rb = test::train_records(b);
+    EXPECT_EQ(ra.size(), steps);
+    ASSERT_EQ(ra.size(), rb.size());
+    for (size_t i = 0; i < ra.size(); ++i) EXPECT_EQ(ra[i], rb[i]) << "step " << ra[i].step << " differs";
+    EXPECT_EQ(test::read_file(a + "/model/model.safetensors"), test::read_file(b + "/model/model.safetensors"))
+        << "final weights differ";
+  }
+  std::string dir_;
+};
+
+TEST_F(Resume, KillInsideAGradientAccumulationRunResumesBitwise) {
+  const std::string corpus = test::write_tiny_corpus(dir_, 40);
+  const std::string straight = dir_ + "/straight", killed = dir_ + "/killed";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, straight), "", &output), 0) << output;
+  // grad_accum = 2; checkpoint at 4; SIGKILL at the start of step 7, after steps 5 and 6
+  // were logged: they are dropped from metrics.jsonl and run again.
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, killed), "kill_at_step:7", &output), -SIGKILL) << output;
+  EXPECT_EQ(test::train_records(killed).size(), 6u);
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "resumed from " + test::checkpoint_path(killed, 4) + " at step 4");
+  expect_same_run(straight, killed);
+  EXPECT_EQ(test::read_file(test::checkpoint_path(straight, 12) + "/optimizer.safetensors"),
+            test::read_file(test::checkpoint_path(killed, 12) + "/optimizer.safetensors"))
+      << "final optimizer state differs";
+  const auto resumes = test::metrics_of_kind(killed, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0]["step"], 4);
+  // A checkpoint directory is also a model directory.
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " sample " + test::checkpoint_path(killed, 12) +
+                                  " --prompt 'the' -n 8 --seed 1",
+                              &output),
+            0)
+      << output;
+}
+
+TEST_F(Resume, KillRightAfterAnEpochBoundaryResumesBitwise) {
+  // 10 short documents: an epoch lasts a few steps. log.every = 3 so the resumed run also
+  // continues a log window begun before the crash.
+  const std::string corpus = test::write_tiny_corpus(dir_, 10);
+  const std::string straight = dir_ + "/straight", killed = dir_ + "/killed";
+  const std::string extra = "--set log.every=3 ";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, straight, extra + "--set checkpoint.every=1"), "", &output), 0) << output;
+  // The first step whose micro-batches crossed into epoch 1 (reshuffled order).
+  int64_t k = 0;
+  for (int64_t s = 1; s <= 11 && k == 0; ++s)
+    if (read_checkpoint(test::checkpoint_path(straight, s)).state.stream.epoch > 0) k = s;
+  ASSERT_GE(k, 2) << "corpus too small: epoch 0 ended inside step 1";
+  ASSERT_LE(k, 10) << "corpus too large: no epoch boundary in 10 steps";
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, extra + fmt::format("--set checkpoint.every={}", k)),
+                           fmt::format("kill_at_step:{}", k + 2), &output),
+            -SIGKILL)
+      << output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, extra + fmt::format("--set checkpoint.every={} --resume", k)), "",
+                           &output),
+            0)
+      << output;
+  EXPECT_CONTAINS(output, fmt::format("at step {}", k));
+  const StreamState at_k = read_checkpoint(test::checkpoint_path(killed, k)).state.stream;
+  EXPECT_EQ(at_k.epoch, 1u);
+  expect_same_run(straight, killed, 4);  // 12 steps logged every 3
+}
+
+// Runs `command` in the background (its output to `log`); returns its pid.
+pid_t spawn(const std::string& command, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string line = "exec " + command + " > " + log + " 2>&1";
+    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// Complete train lines in a metrics file another process is appending to (a line being
+// written is not counted, and nothing is parsed).
+size_t logged_steps(const std::string& out_dir) {
+  const std::string text = test::read_file(out_dir + "/metrics.jsonl");
+  size_t n = 0, begin = 0;
+  for (size_t end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1)
+    if (text.substr(begin, end - begin).find("\"kind\":\"train\"") != std::string::npos) ++n;
+  return n;
+}
+
+TEST_F(Resume, SigtermAtARandomStepSavesExitsZeroAndResumesBitwise) {
+  const std::string corpus = test::write_tiny_corpus(dir_, 40);
+  const std::string straight = dir_ + "/straight", stopped = dir_ + "/stopped";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, straight), "", &output), 0) << output;
+
+  const int target = std::uniform_int_distribution<int>(2, 9)(*std::make_unique<std::random_device>());
+  SCOPED_TRACE(fmt::format("SIGTERM once step {} is logged", target));
+  // 40 ms per step keeps the run alive long enough to be signalled mid-way.
+  const pid_t pid = spawn("env KILN_FAULT_INJECT=step_delay_ms:40 " + tiny_train(corpus, stopped), dir_ + "/log.txt");
+  ASSERT_GT(pid, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (logged_steps(stopped) < static_cast<size_t>(target) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  output = test::read_file(dir_ + "/log.txt");
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << output;
+  const int64_t at = test::train_records(stopped).back().step;
+  EXPECT_GE(at, target);
+  EXPECT_LT(at, 12) << "the run ended before the signal arrived";
+  EXPECT_CONTAINS(output, fmt::format("stopped by SIGTERM after step {}", at));
+  EXPECT_EQ(test::latest_of(stopped), fs::path(test::checkpoint_path(stopped, at)).filename().string());
+
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, stopped, "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, fmt::format("at step {}", at));
+  expect_same_run(straight, stopped);
+}
+
+TEST_F(Resume, GuardsRefuseAnotherModelOrOtherDataUnlessAllowed) {
+  const std::string corpus = test::write_tiny_corpus(dir_, 40);
+  const std::string run = dir_ + "/run";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, run, "--set train.steps=4"), "", &output), 0) << output;
+  const std::string ckpt = test::checkpoint_path(run, 4);
+
+  EXPECT_EQ(run_with_fault(tiny_train(corpus, run, "--resume --set model.hidden=48 --set model.ffn_hidden=96"), "",
+                           &output),
+            1);
+  EXPECT_EQ(test::last_line(output), "kiln: error: [checkpoint] " + ckpt +
+                                         ": cannot resume, the run differs from the checkpoint in: model.hidden (32 -> "
+                                         "48), model.ffn_hidden (64 -> 96)");
+
+  EXPECT_EQ(run_with_fault(tiny_train(corpus, run, "--resume --set data.seed=7"), "", &output), 1);
+  EXPECT_CONTAINS(test::last_line(output), "kiln: error: [checkpoint] " + ckpt + ": the training data differs");
+  EXPECT_CONTAINS(test::last_line(output), "changed: data.seed");
+  EXPECT_CONTAINS(test::last_line(output), "--allow-data-change");
+
+  test::write_file(corpus, test::read_file(corpus) + "one more document.\n\n");
+  EXPECT_EQ(run_with_fault(tiny_train(corpus, run, "--resume"), "", &output), 1);
+  EXPECT_CONTAINS(test::last_line(output), "changed: the contents of data.path");
+
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, run, "--resume --allow-data-change --set train.steps=6"), "", &output), 0)
+      << output;
+  EXPECT_CONTAINS(output, "the data changed (--allow-data-change)");
+  EXPECT_CONTAINS(output, "configuration changed since the checkpoint: train.steps (4 -> 6)");
+  EXPECT_EQ(test::latest_of(run), "step-00000006");
+}
+
+TEST_F(Resume, ResumeWithNothingSavedYetStartsFresh) {
+  const std::string corpus = test::write_tiny_corpus(dir_, 40);
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, dir_ + "/fresh", "--set train.steps=2 --resume"), "", &output), 0)
+      << output;
+  EXPECT_CONTAINS(output, "resume: no checkpoint in " + dir_ + "/fresh/checkpoints yet; starting from step 0");
+}
+
+}  // namespace
+}  // namespace kiln

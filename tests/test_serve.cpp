@@ -1,0 +1,306 @@
+// `kiln serve` over real HTTP on 127.0.0.1 (an ephemeral port): lm-evaluation-harness's
+// loglikelihood and generation requests, tokenize/detokenize, bad requests answered 4xx
+// with a message (never a crash), concurrent requests batched with the same answers as
+// alone, and the CLI server started and stopped by signal. Request counts and timeouts are
+// bounded.
+#include "export_fixture.h"
+#include "infer/generator.h"
+#include "serve/server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class ServeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BuildOptions o;
+    o.training = false;
+    o.max_tokens = 64;
+    model_ = std::make_unique<Model>(test::tiny_config(true, true, false), o);
+    model_->allocate();
+    test::randomize_weights(*model_, 9);
+    DecoderOptions d;
+    d.slots = 4;
+    d.max_rows = 32;
+    decoder_ = std::make_unique<Decoder>(*model_, d);
+    generator_ = std::make_unique<Generator>(*decoder_, tokenizer_);
+    serve::ServeOptions s;
+    s.port = 0;
+    s.threads = 6;
+    s.max_body_bytes = 64 * 1024;
+    s.limits.max_prompts = 16;
+    server_ = std::make_unique<serve::CompletionServer>(*generator_, tokenizer_, s);
+    port_ = server_->bind();
+    thread_ = std::thread([this] { server_->listen(); });
+  }
+  void TearDown() override {
+    server_->stop();
+    thread_.join();
+  }
+
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_connection_timeout(5, 0);
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+  // POST, expecting `status`; returns the parsed JSON body.
+  json post(const std::string& path, const std::string& body, int status = 200) const {
+    auto res = client().Post(path.c_str(), body, "application/json");
+    EXPECT_TRUE(res) << "no response to " << body;
+    if (!res) return json();
+    EXPECT_EQ(res->status, status) << body << " -> " << res->body;
+    json j = json::parse(res->body, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << "not JSON: " << res->body;
+    if (status >= 400) {
+      EXPECT_TRUE(j.contains("error") && j["error"]["message"].is_string() && !j["error"]["message"].empty())
+          << res->body;
+    }
+    return j;
+  }
+  // Log-probabilities of every token of `ids` given those before it, by the full forward.
+  std::vector<double> reference_logprobs(const std::vector<int32_t>& ids) {
+    HostBatch b;
+    b.tokens = ids;
+    b.targets.assign(ids.size(), kIgnoreTarget);
+    b.positions.resize(ids.size());
+    std::iota(b.positions.begin(), b.positions.end(), 0);
+    b.cu_seqlens = {0, static_cast<int32_t>(ids.size())};
+    b.max_seqlen = static_cast<int32_t>(ids.size());
+    model_->load_batch(b);
+    std::vector<float> logits;
+    model_->logits(0, static_cast<int64_t>(ids.size()), logits);
+    std::vector<double> out{NAN}, lp;
+    for (size_t i = 1; i < ids.size(); ++i) {
+      log_softmax(std::span<const float>(logits.data() + (i - 1) * 259, 259), lp);
+      out.push_back(lp[static_cast<size_t>(ids[i])]);
+    }
+    return out;
+  }
+
+  ByteTokenizer tokenizer_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Decoder> decoder_;
+  std::unique_ptr<Generator> generator_;
+  std::unique_ptr<serve::CompletionServer> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+std::vector<int32_t> bytes_of(const std::string& s, bool bos = true) {
+  std::vector<int32_t> ids;
+  if (bos) ids.push_back(256);
+  for (unsigned char c : s) ids.push_back(c);
+  return ids;
+}
+
+// What lm-eval's local-completions does with a loglikelihood answer (parse_logprobs).
+std::pair<double, bool> lm_eval_parse(const json& choice, size_t ctxlen, bool drop_last) {
+  const json& lp = choice["logprobs"];
+  const size_t end = lp["token_logprobs"].size() - (drop_last ? 1 : 0);
+  double sum = 0;
+  bool greedy = true;
+  for (size_t i = ctxlen; i < end; ++i) {
+    const double tok = lp["token_logprobs"][i];
+    sum += tok;
+    double best = -INFINITY;
+    for (const auto& [k, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
+    greedy = greedy && tok == best;
+  }
+  return {sum, greedy};
+}
+
+TEST_F(ServeTest, LoglikelihoodRequestsAsLmEvalSendsThem) {
+  const std::vector<int32_t> context = bytes_of("The cat"), full = bytes_of("The cat sat");
+  const std::vector<double> want = reference_logprobs(full);
+  for (int max_tokens : {0, 1}) {
+    json body = {{"model", "kiln"}, {"prompt", json::array({full, context})}, {"max_tokens", max_tokens},
+                 {"temperature", 0}, {"logprobs", 1}, {"echo", true}, {"seed", 1234}};
+    const json r = post("/v1/completions", body.dump());
+    ASSERT_EQ(r["choices"].size(), 2u);
+    const json& c = r["choices"][0];
+    ASSERT_EQ(c["logprobs"]["token_logprobs"].size(), full.size() + max_tokens);
+    EXPECT_TRUE(c["logprobs"]["token_logprobs"][0].is_null());
+    EXPECT_TRUE(c["logprobs"]["top_logprobs"][0].is_null());
+    EXPECT_EQ(c["logprobs"]["tokens"][0], "<|bos|>");
+    for (size_t i = 1; i < full.size(); ++i)
+      EXPECT_NEAR(c["logprobs"]["token_logprobs"][i].get<double>(), want[i], 1e-4) << i;
+    const auto [sum, greedy] = lm_eval_parse(c, context.size(), max_tokens == 1);
+    double expected = 0;
+    bool expected_greedy = true;
+    for (size_t i = context.size(); i < full.size(); ++i) {
+      expected += want[i];
+      const auto& top = c["logprobs"]["top_logprobs"][i];
+      expected_greedy = expected_greedy && top.begin().value().get<double>() == c["logprobs"]["token_logprobs"][i];
+    }
+    EXPECT_NEAR(sum, expected, 1e-4);
+    EXPECT_EQ(greedy, expected_greedy);
+    EXPECT_EQ(c["text"].get<std::string>().substr(0, 11), "The cat sat");
+    EXPECT_EQ(r["usage"]["prompt_tokens"], full.size() + context.size());
+  }
+}
+
+// A token as the logprobs list shows it, back to its id (byte-level).
+int32_t id_of(const std::string& shown) {
+  if (shown.rfind("bytes:\\x", 0) == 0) return std::stoi(shown.substr(8, 2), nullptr, 16);
+  EXPECT_EQ(shown.size(), 1u) << shown;
+  return static_cast<unsigned char>(shown[0]);
+}
+
+TEST_F(ServeTest, GenerationWithStopsAndTokenizeEndpoints) {
+  const std::vector<int32_t> prompt = bytes_of("Hello");
+  json body = {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", 0}, {"ignore_eos", true}};
+  const json r = post("/v1/completions", body.dump());
+  std::vector<int32_t> served;
+  for (const auto& t : r["choices"][0]["logprobs"]["tokens"]) served.push_back(id_of(t.get<std::string>()));
+  // The same greedy continuation as a generator alone (own cache, same weights).
+  Decoder decoder(*model_, DecoderOptions{});
+  Generator alone(decoder, tokenizer_);
+  GenerationRequest g;
+  g.prompt = prompt;
+  g.max_tokens = 12;
+  g.sampling.temperature = 0;
+  g.stop_at_eos = false;
+  const GenerationResult want = alone.run({g})[0];
+  EXPECT_EQ(served, want.tokens);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  // A stop string (the first ASCII letter or digit generated) ends generation at that token.
+  const auto at = std::find_if(want.tokens.begin(), want.tokens.end(), [](int32_t t) { return t < 128 && std::isalnum(t); });
+  if (at != want.tokens.end()) {
+    body["stop"] = {std::string(1, static_cast<char>(*at)), "never-seen"};
+    const json s = post("/v1/completions", body.dump());
+    EXPECT_EQ(s["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(s["usage"]["completion_tokens"], at - want.tokens.begin() + 1);
+    const std::string expected(want.text.begin(), want.text.begin() + (at - want.tokens.begin()));
+    // The server sends invalid UTF-8 as U+FFFD; compare in that form.
+    EXPECT_EQ(s["choices"][0]["text"], json::parse(json(expected).dump(-1, ' ', false, json::error_handler_t::replace)));
+  }
+  const std::string text = "naïve 🚀";
+  const json t = post("/tokenize", json{{"prompt", text}}.dump());
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), bytes_of(text));
+  EXPECT_EQ(t["max_model_len"], 64);
+  const json d = post("/detokenize", json{{"tokens", bytes_of(text)}}.dump());
+  EXPECT_EQ(d["prompt"], text);
+  EXPECT_EQ(post("/tokenize", json{{"prompt", "ab"}, {"add_special_tokens", false}}.dump())["count"], 2);
+}
+
+TEST_F(ServeTest, BadRequestsGet4xxAndTheServerCarriesOn) {
+  const std::vector<std::pair<std::string, int>> bad = {
+      {"{\"prompt\": \"x\",", 400},                                   // malformed JSON
+      {"[1, 2]", 400},                                                // not an object
+      {R"({"prompt": "x", "temprature": 0})", 400},                   // unknown field
+      {R"({"max_tokens": 3})", 400},                                  // no prompt
+      {R"({"prompt": "x", "max_tokens": "3"})", 400},                 // wrong type
+      {R"({"prompt": "x", "max_tokens": -1})", 400},
+      {R"({"prompt": "x", "temperature": -0.5})", 400},
+      {R"({"prompt": "x", "top_p": 0})", 400},
+      {R"({"prompt": "x", "n": 2})", 400},
+      {R"({"prompt": "x", "stream": true})", 400},
+      {R"({"prompt": "x", "logprobs": 99})", 400},
+      {R"({"prompt": [], "max_tokens": 1})", 400},
+      {R"({"prompt": [[]], "max_tokens": 1})", 400},
+      {R"({"prompt": [1, "a"]})", 400},
+      {R"({"prompt": [[256, 9999]]})", 400},                          // id outside the vocabulary
+      {R"({"prompt": {"a": 1}})", 400},
+      {R"({"prompt": "x", "stop": [1]})", 400},
+      {R"({"prompt": "x", "presence_penalty": 0.5})", 400},
+      {R"({"prompt": "x", "max_tokens": 63})", 400},                  // prompt + max_tokens > 64
+      {json{{"prompt", std::string(70, 'a')}, {"max_tokens", 0}}.dump(), 400},
+      {json{{"prompt", std::vector<std::string>(17, "a")}}.dump(), 400},  // more prompts than allowed
+      {json{{"prompt", std::string(70000, 'a')}}.dump(), 413},        // body over the limit
+  };
+  for (const auto& [body, status] : bad) post("/v1/completions", body, status);
+  post("/tokenize", R"({"text": "x"})", 400);
+  post("/detokenize", R"({"tokens": [1, -1]})", 400);
+  auto res = client().Get("/v1/nothing");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404);
+  res = client().Get("/health");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(post("/v1/completions", R"({"prompt": "ok", "max_tokens": 2})")["choices"].size(), 1u);
+}
+
+TEST_F(ServeTest, ConcurrentRequestsAreBatchedAndAnswerAsAlone) {
+  std::vector<std::string> prompts;
+  for (int i = 0; i < 12; ++i) prompts.push_back("prompt number " + std::to_string(i) + std::string(i, '!'));
+  auto ask = [&](const std::string& p) {
+    json body = {{"prompt", p}, {"max_tokens", 10}, {"temperature", 0}, {"logprobs", 0}};
+    return post("/v1/completions", body.dump())["choices"][0];
+  };
+  std::vector<json> sequential;
+  for (const auto& p : prompts) sequential.push_back(ask(p));
+  std::vector<json> concurrent(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) threads.emplace_back([&, i] { concurrent[i] = ask(prompts[i]); });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(concurrent[i]["text"], sequential[i]["text"]) << prompts[i];
+    const auto& a = concurrent[i]["logprobs"]["token_logprobs"];
+    const auto& b = sequential[i]["logprobs"]["token_logprobs"];
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k].get<double>(), b[k].get<double>(), 1e-4);
+  }
+  EXPECT_GT(server_->worker().max_batch(), 1) << "concurrent requests were not batched";
+}
+
+// The binary: `kiln serve` on an ephemeral port, one completion, stopped by SIGTERM.
+TEST(ServeCli, StartsAnswersAndStopsOnSignal) {
+  const std::string root = test::temp_dir("kiln-serve-cli");
+  const std::string model = test::save_random_model(test::tiny_config(true, true, false), root + "/model");
+  const std::string port_file = root + "/port", log = root + "/log";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    FILE* out = freopen(log.c_str(), "w", stdout);
+    (void)out;
+    dup2(fileno(stdout), 2);
+    execl(test::kiln_binary().c_str(), "kiln", "serve", model.c_str(), "--port", "0", "--port-file", port_file.c_str(),
+          "--threads", "1", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int port = 0;
+  for (int i = 0; i < 200 && port == 0; ++i) {  // up to 10 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const std::string text = test::read_file(port_file);
+    if (!text.empty() && text.back() == '\n') port = std::stoi(text);
+  }
+  if (port > 0) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_connection_timeout(5, 0);
+    c.set_read_timeout(30, 0);
+    auto res = c.Post("/v1/completions", R"({"prompt": "Hi", "max_tokens": 3, "temperature": 0})", "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 3);
+  }
+  kill(pid, SIGTERM);
+  int status = -1;
+  for (int i = 0; i < 200; ++i) {  // up to 10 s, then kill it
+    if (waitpid(pid, &status, WNOHANG) == pid) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (i == 199) kill(pid, SIGKILL), waitpid(pid, &status, 0);
+  }
+  EXPECT_GT(port, 0) << test::read_file(log);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << test::read_file(log);
+  EXPECT_NE(test::read_file(log).find("stopped after"), std::string::npos) << test::read_file(log);
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace kiln
