@@ -121,6 +121,7 @@ TEST(BpeOracle, IdsAndDecodedTextMatchTokenizers) {
   expect_matches_oracle("hf/gpt2-prefix", false);  // add_prefix_space, "a b" merges
   expect_matches_oracle("hf/llama3", true);     // Split + ByteLevel, ignore_merges
   expect_matches_oracle("hf/qwen2", false);     // NFC; added tokens: single_word, lstrip/rstrip, normalized
+  if (!::testing::Test::HasFailure()) fs::remove_all(oracle().dir);  // kept for inspection on failure
 }
 
 // A kiln-trained tokenizer in a fresh folder (fast: well under a second).
