@@ -31,6 +31,7 @@ done
 [ -d /usr/local/cuda/lib64 ] && lib_path+=":/usr/local/cuda/lib64"
 # Tests read the repository (golden files, corpus) from here, not the build machine path.
 export KILN_SOURCE_DIR="$PWD"
+export KILN_BINARY="$STAGE/bin/kiln"
 export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 echo "== gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"

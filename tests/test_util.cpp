@@ -57,7 +57,10 @@ int run_command(const std::string& command, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-std::string kiln_binary() { return KILN_BINARY; }
+std::string kiln_binary() {
+  const char* env = std::getenv("KILN_BINARY");  // a staged binary (the GPU machine)
+  return env && *env ? env : KILN_BINARY;
+}
 
 std::string source_dir() {
   const char* env = std::getenv("KILN_SOURCE_DIR");

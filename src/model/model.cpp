@@ -34,6 +34,15 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
   ctx.buffer(targets_, Shape{t}, DType::i32);
   ctx.buffer(positions_, Shape{t}, DType::i32);
   ctx.buffer(cu_seqlens_, Shape{t + 1}, DType::i32);
+  if (options.training && options.device == Device::cuda) {
+    ctx.buffer(token_groups_.order, Shape{t}, DType::i32);
+    ctx.buffer(token_groups_.group_tokens, Shape{t}, DType::i32);
+    ctx.buffer(token_groups_.group_starts, Shape{t + 1}, DType::i32);
+    group_counts_.assign(static_cast<size_t>(config.vocab_size), 0);
+    group_order_.reserve(static_cast<size_t>(t));
+    group_tokens_.reserve(static_cast<size_t>(t));
+    group_starts_.reserve(static_cast<size_t>(t + 1));
+  }
   residual_.resize(static_cast<size_t>(config.layers + 1));
   for (Tensor& r : residual_) ctx.saved(r, Shape{t, d});
   ctx.saved(hidden_, Shape{t, d});
@@ -128,6 +137,14 @@ void Model::load_batch(const HostBatch& batch) {
   seq_.positions = positions_.rows(0, rows_);
   seq_.cu_seqlens = cu_seqlens_.rows(0, seqs + 1);
   seq_.max_seqlen = batch.max_seqlen;
+  if (token_groups_.order.defined()) {
+    ops::group_tokens(batch.tokens.data(), rows_, group_counts_, group_order_, group_tokens_, group_starts_);
+    const int64_t groups = static_cast<int64_t>(group_tokens_.size());
+    upload(group_order_, token_groups_.order, rows_);
+    upload(group_tokens_, token_groups_.group_tokens, groups);
+    upload(group_starts_, token_groups_.group_starts, groups + 1);
+    token_groups_.groups = groups;
+  }
 }
 
 const Tensor& Model::head_weight() const { return config_.tie_embeddings ? embed_w_ : head_w_; }
@@ -158,7 +175,13 @@ void Model::backward_from_hidden() {
   const Tensor dres = dres_.rows(0, rows_);
   final_norm_->backward(dhidden_.rows(0, rows_), dres, false);
   for (size_t l = blocks_.size(); l-- > 0;) blocks_[l]->backward(dres, seq_);
-  ops::embedding_backward(tokens_.rows(0, rows_), dres, embed_g_);
+  if (token_groups_.order.defined()) {  // GPU: fixed summation order, no atomics
+    ops::TokenGroups groups = token_groups_;
+    groups.order = token_groups_.order.rows(0, rows_);
+    ops::embedding_backward(groups, dres, embed_g_);
+  } else {
+    ops::embedding_backward(tokens_.rows(0, rows_), dres, embed_g_);
+  }
 }
 
 ops::LossSums Model::evaluate() {

@@ -6,6 +6,7 @@
 #include "data/batch.h"
 #include "nn/block.h"
 #include "ops/cross_entropy/lm_head_loss.h"
+#include "ops/embedding/embedding.h"
 
 #include <memory>
 #include <vector>
@@ -80,6 +81,10 @@ class Model {
   Tensor tokens_, targets_, positions_, cu_seqlens_;
   int64_t rows_ = 0;
   SeqInfo seq_;
+  // Token groups for the deterministic embedding backward (GPU): built on the host in
+  // load_batch from the batch's tokens, uploaded with it.
+  ops::TokenGroups token_groups_;
+  std::vector<int32_t> group_counts_, group_order_, group_tokens_, group_starts_;
   std::vector<Tensor> residual_;  // residual_[l] = input of block l; [layers] = final-norm input
   Tensor hidden_, dhidden_, dres_;
   ops::LmHeadScratch head_scratch_;

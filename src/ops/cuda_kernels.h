@@ -21,6 +21,9 @@ void linear_backward_f32(const float* x, const float* w, const float* dy, int64_
 void embedding_forward_f32(const int32_t* tokens, const float* table, int64_t n, int64_t dim, float* out);
 // Accumulates with atomics: fast, but the order of repeated ids is not fixed.
 void embedding_backward_f32(const int32_t* tokens, const float* dout, int64_t n, int64_t dim, float* dtable);
+// One block per group of equal ids: each table row's gradient summed in a fixed order.
+void embedding_backward_grouped_f32(const int32_t* order, const int32_t* group_tokens, const int32_t* group_starts,
+                                    int64_t groups, const float* dout, int64_t dim, float* dtable);
 
 void rope_apply_f32(float* x, const int32_t* positions, const float* cos, const float* sin, int64_t n, int64_t heads,
                     int64_t half, bool inverse);

@@ -87,6 +87,18 @@ TEST_F(Dense, Embedding) {
   ops::embedding_backward(*tokens.gpu, *dout.gpu, *dtable.gpu);
   ops::embedding_backward(tokens.cpu(), *dout.f64, *dtable.f64);
   dtable.check("dtable", kBwd);
+
+  // The grouped (deterministic) form: same values, and the same bytes every run.
+  std::vector<int32_t> counts(vocab, 0), order, group_ids, starts;
+  ops::group_tokens(ids.data(), n, counts, order, group_ids, starts);
+  Ints order_gpu(order), groups_gpu(group_ids), starts_gpu(starts);
+  const ops::TokenGroups groups{*order_gpu.gpu, *groups_gpu.gpu, *starts_gpu.gpu, static_cast<int64_t>(group_ids.size())};
+  Output grouped(dtable0), again(dtable0);
+  ops::embedding_backward(groups, *dout.gpu, *grouped.gpu);
+  ops::embedding_backward(groups, *dout.gpu, *again.gpu);
+  ops::embedding_backward(tokens.cpu(), *dout.f64, *grouped.f64);  // reference, from the same start
+  grouped.check("dtable grouped", kBwd);
+  EXPECT_TRUE(same_bytes(*to_host(*grouped.gpu), *to_host(*again.gpu)));
 }
 
 TEST_F(Dense, RopeAndInverse) {

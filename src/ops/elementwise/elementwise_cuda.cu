@@ -175,3 +175,34 @@ double sum_squares_f32(const float* x, int64_t n) { return reduce(sum_squares_pa
 bool all_finite_f32(const float* x, int64_t n) { return reduce(non_finite_partial, x, n, "all_finite") == 0.0; }
 
 }  // namespace kiln::cuda
+
+namespace kiln::cuda {
+
+namespace {
+
+// Block per group of equal token ids, threads over columns: each column of the table row
+// is one thread's sum over the group's rows in their original order.
+__global__ void embedding_backward_grouped_kernel(const int32_t* order, const int32_t* group_tokens,
+                                                  const int32_t* group_starts, const float* dout, int64_t dim,
+                                                  float* dtable) {
+  const int64_t g = blockIdx.x;
+  const int32_t begin = group_starts[g], end = group_starts[g + 1];
+  float* row = dtable + static_cast<int64_t>(group_tokens[g]) * dim;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+    float sum = 0;
+    for (int32_t r = begin; r < end; ++r) sum += dout[static_cast<int64_t>(order[r]) * dim + c];
+    row[c] += sum;
+  }
+}
+
+}  // namespace
+
+void embedding_backward_grouped_f32(const int32_t* order, const int32_t* group_tokens, const int32_t* group_starts,
+                                    int64_t groups, const float* dout, int64_t dim, float* dtable) {
+  if (groups == 0) return;
+  embedding_backward_grouped_kernel<<<static_cast<unsigned>(groups), 256, 0, stream()>>>(order, group_tokens,
+                                                                                         group_starts, dout, dim, dtable);
+  check_launch("embedding_backward", "embedding_backward_grouped_kernel");
+}
+
+}  // namespace kiln::cuda
