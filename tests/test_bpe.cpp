@@ -20,16 +20,7 @@ namespace {
 
 using nlohmann::json;
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected kiln::Error";
-  return "";
-}
+using test::error_of;
 
 std::vector<std::string> pieces(const bpe::PreTokenizer& p, std::string_view text) {
   std::vector<std::string> out;

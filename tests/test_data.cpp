@@ -11,17 +11,7 @@
 namespace kiln {
 namespace {
 
-// The message of the kiln::Error that `fn` throws (fails the test if none).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected kiln::Error";
-  return "";
-}
+using test::error_of;
 
 std::vector<std::string> texts(const std::vector<Document>& docs) {
   std::vector<std::string> out;

@@ -19,16 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 using Ids = std::vector<int32_t>;
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected kiln::Error";
-  return "";
-}
+using test::error_of;
 
 #define EXPECT_STARTS(text, prefix) EXPECT_EQ(std::string(text).rfind(prefix, 0), 0u) << (text)
 

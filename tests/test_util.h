@@ -2,7 +2,10 @@
 #pragma once
 
 #include "core/rng.h"
+#include "core/error.h"
 #include "core/tensor.h"
+
+#include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
@@ -23,6 +26,18 @@ int run_command(const std::string& command, std::string* output);
 std::string source_dir();
 // tests/data under source_dir().
 std::string test_data_dir();
+// The message of the kiln::Error that `fn` throws (fails the calling test if none).
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected kiln::Error";
+  return "";
+}
+
 // Path of the built `kiln` binary.
 std::string kiln_binary();
 // The Python interpreter with the test oracles (tokenizers, safetensors, gguf), from
