@@ -1,4 +1,5 @@
 #include "ops/attention/attention_cpu.h"
+#include "ops/attention/attention_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,24 +9,6 @@
 namespace kiln::cpu {
 
 namespace {
-
-// Keys are visited in blocks: scores of a block sit in a small stack array, so the
-// online softmax rescales once per block instead of once per key.
-constexpr int64_t kKeyBlock = 64;
-
-template <typename T>
-inline T dot(const T* a, const T* b, int64_t n) {
-  T sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-template <typename T>
-inline void axpy(T alpha, const T* x, T* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
 
 // First key a query at row i of a sequence starting at `begin` may see.
 int64_t first_key(int64_t i, int64_t begin, int64_t window) {

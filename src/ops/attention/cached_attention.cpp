@@ -1,4 +1,5 @@
 #include "ops/attention/cached_attention.h"
+#include "ops/attention/attention_math.h"
 
 #include "ops/attention/attention_cpu.h"
 #include "ops/common.h"
@@ -12,21 +13,10 @@ namespace kiln::ops {
 
 namespace {
 
-constexpr int64_t kKeyBlock = 64;  // as the packed kernel: same blocking, same rounding
-
-template <typename T>
-inline T dot(const T* a, const T* b, int64_t n) {
-  T sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-template <typename T>
-inline void axpy(T alpha, const T* x, T* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
+// The packed kernel's blocking and vector helpers: same rounding as the full forward.
+using cpu::axpy;
+using cpu::dot;
+using cpu::kKeyBlock;
 
 struct CacheShape {
   int64_t rows, q_heads, kv_heads, head_dim, slots, max_len;
