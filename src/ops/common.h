@@ -37,14 +37,14 @@ void dispatch_cpu_float(const char* op, DType dtype, Fn&& fn) {
   }
 }
 
-// Runs the CUDA kernel call(s) and returns when `tensor` lives on the GPU (fp32 for now);
-// in a build without CUDA, a GPU tensor is an error.
+// Runs the CUDA kernel call(s) and returns when `tensor` lives on the GPU; the calls pick
+// their kernels by dtype (typed access throws on a dtype no kernel takes). In a build
+// without CUDA, a GPU tensor is an error.
 #if KILN_WITH_CUDA
-#define KILN_ON_CUDA(tensor, op, ...)                                 \
-  if ((tensor).device() == ::kiln::Device::cuda) {                    \
-    ::kiln::ops::expect_dtype(op, #tensor, tensor, ::kiln::DType::f32); \
-    __VA_ARGS__;                                                      \
-    return;                                                           \
+#define KILN_ON_CUDA(tensor, op, ...)              \
+  if ((tensor).device() == ::kiln::Device::cuda) { \
+    __VA_ARGS__;                                   \
+    return;                                        \
   }
 #else
 #define KILN_ON_CUDA(tensor, op, ...) \

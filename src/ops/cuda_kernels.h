@@ -3,9 +3,17 @@
 // KILN_WITH_CUDA build; they launch on kiln::cuda::stream() and trust their inputs.
 #pragma once
 
+#include "core/dtype.h"
+
 #include <cstdint>
 
 namespace kiln::cuda {
+
+// Row-major C [m, n] = alpha op(A) op(B) + beta C through cuBLASLt with fp32 accumulation.
+// A and B share ab_dtype (bf16 or f32); C is bf16 or f32 (bf16 operands may write fp32,
+// e.g. logits or weight gradients accumulated with beta = 1). f32 x f32 is pedantic fp32.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
+          const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype);
 
 // Row-major C [m, n] = alpha op(A) op(B) + beta C in fp32 (A is [m, k] after op, B [k, n]),
 // the same contract as ops::cpu_gemm (cuBLAS, pedantic fp32).

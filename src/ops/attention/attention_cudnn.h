@@ -1,0 +1,25 @@
+// bf16 causal grouped-query attention over packed sequences through the cuDNN frontend's
+// SDPA (flash attention), forward and backward. Only for the CUDA build.
+//
+// Layout (THD, ragged): q [tokens, q_heads, head_dim], k/v [tokens, kv_heads, head_dim],
+// out like q, all bf16; sequence s spans rows [cu_seqlens[s], cu_seqlens[s+1]) and never
+// attends across its boundaries. lse [tokens, q_heads] fp32: natural-log log-sum-exp of
+// each query's scaled scores (the same quantity the fp32 kernels save), written by the
+// forward and read by the backward. dq/dk/dv are written (=).
+// Options: scale, sliding window (AttentionArgs::window, 0 = off); a logit softcap is
+// refused with an error naming it (cuDNN SDPA has no softcap).
+#pragma once
+
+#include "ops/cuda_kernels.h"
+#include "ops/cuda_kernels_bf16.h"
+
+namespace kiln::cuda {
+
+// max_seqlen: the longest sequence of this batch (host value; SeqInfo::max_seqlen).
+void attention_forward_bf16(const AttentionArgs& a, int64_t max_seqlen, const bf16_bits* q, const bf16_bits* k,
+                            const bf16_bits* v, bf16_bits* out, float* lse);
+void attention_backward_bf16(const AttentionArgs& a, int64_t max_seqlen, const bf16_bits* q, const bf16_bits* k,
+                             const bf16_bits* v, const bf16_bits* out, const float* lse, const bf16_bits* dout,
+                             bf16_bits* dq, bf16_bits* dk, bf16_bits* dv);
+
+}  // namespace kiln::cuda
