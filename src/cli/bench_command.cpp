@@ -68,6 +68,7 @@ void add_bench_command(CLI::App& app) {
     set_cpu_threads(config.train.threads);
     BuildOptions build;
     build.device = device;
+    build.dtype = resolve_precision(config.train.precision, device);
     build.max_tokens = config.train.micro_batch_tokens;
     build.loss_chunk_rows = config.train.loss_chunk_tokens;
     Model model(config.model, build);
@@ -90,7 +91,8 @@ void add_bench_command(CLI::App& app) {
         model.load_batch(batch);
         loss += model.forward_backward(scale, config.train.z_loss).loss;
       }
-      clip_gradients(model.parameters(), config.optim.grad_clip);
+      const double norm = model.gradient_norm(), clip = config.optim.grad_clip;
+      if (clip > 0 && norm > clip) model.scale_gradients(clip / (norm + 1e-6));
       optimizer->step(config.optim.lr);
       return loss;
     };
@@ -109,7 +111,9 @@ void add_bench_command(CLI::App& app) {
     const MemoryPlan plan = model.memory_plan();
     const double planned_gib = static_cast<double>(plan.total() + optimizer_state.planned_bytes()) / 1073741824.0;
     const double device_gib = static_cast<double>(free_before - free_after) / 1073741824.0;
-    const std::string where = device == Device::cuda ? fmt::format("cuda ({})", cuda_device_name()) : "cpu";
+    const char* precision = build.dtype == DType::bf16 ? "bf16 mixed" : "fp32";
+    const std::string where = device == Device::cuda ? fmt::format("cuda ({}, {})", cuda_device_name(), precision)
+                                                     : fmt::format("cpu ({})", precision);
     fmt::print("bench {} on {}: {} parameters, {} tokens per step\n", config.model.name, where, model.parameter_count(),
                config.train.micro_batch_tokens * config.train.grad_accum);
     fmt::print("  {:.1f} ms per step | {:.0f} tokens/s | {:.1f} model TFLOP/s | MFU {:.1f}% of {:.0f} TFLOP/s bf16 peak\n",

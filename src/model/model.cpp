@@ -14,12 +14,17 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
       params_("parameters", options.device),
       grads_("gradients", options.device),
       activations_("activations", options.device),
-      workspace_(options.device) {
+      workspace_(options.device),
+      compute_weights_(options.device) {
   const int64_t t = options.max_tokens, d = config.hidden;
-  BuildContext ctx{params_, grads_, activations_, workspace_, parameters_, options.dtype, options.device, t,
-                   options.training};
+  KILN_CHECK(options.dtype != DType::bf16 || options.device == Device::cuda, "model",
+             "bf16 (mixed precision) runs on the GPU only; the CPU computes in f32");
+  const DType master = options.dtype == DType::bf16 ? DType::f32 : options.dtype;
+  BuildContext ctx{params_,          grads_,        activations_,   workspace_, parameters_, compute_weights_,
+                   options.dtype,    master,        options.device, t,          options.training};
   ctx.parameter(embed_w_, embed_g_, "embed.weight", Shape{config.vocab_size, d}, false,
                 Init::normal(config.init_std));
+  embed_ = parameters_.back().get();
   position_ = position_registry().build("model.position", config.position, ctx, config_);
   for (int64_t l = 0; l < config.layers; ++l) {
     LayerSpec layer{"layers." + std::to_string(l), l, &config_};
@@ -44,23 +49,26 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
     group_starts_.reserve(static_cast<size_t>(t + 1));
   }
   residual_.resize(static_cast<size_t>(config.layers + 1));
-  for (Tensor& r : residual_) ctx.saved(r, Shape{t, d});
+  for (Tensor& r : residual_) ctx.saved_wide(r, Shape{t, d});
   ctx.saved(hidden_, Shape{t, d});
   if (options.training) {
     ctx.buffer(dhidden_, Shape{t, d}, options.dtype);
-    ctx.buffer(dres_, Shape{t, d}, options.dtype);
+    ctx.buffer(dres_, Shape{t, d}, master);
   }
   const int64_t chunk = std::min(options.loss_chunk_rows, t);
-  ctx.buffer(head_scratch_.logits, Shape{chunk, config.vocab_size}, options.dtype);
+  ctx.buffer(head_scratch_.logits, Shape{chunk, config.vocab_size}, master);
+  if (ctx.mixed() && options.training) ctx.buffer(head_scratch_.grad, Shape{chunk, config.vocab_size}, DType::bf16);
   ctx.buffer(head_scratch_.row_stats, Shape{chunk, 2}, DType::f64);
 }
 
 MemoryPlan Model::memory_plan() const {
-  return {params_.planned_bytes(), grads_.planned_bytes(), activations_.planned_bytes(), workspace_.planned_bytes()};
+  return {params_.planned_bytes() + compute_weights_.arena.planned_bytes(), grads_.planned_bytes(),
+          activations_.planned_bytes(), workspace_.planned_bytes()};
 }
 
 void Model::allocate() {
   params_.allocate();
+  compute_weights_.arena.allocate();
   if (options_.training) grads_.allocate();
   activations_.allocate();
   workspace_.allocate();
@@ -150,9 +158,17 @@ void Model::load_batch(const HostBatch& batch) {
 const Tensor& Model::head_weight() const { return config_.tie_embeddings ? embed_w_ : head_w_; }
 const Tensor& Model::head_grad() const { return config_.tie_embeddings ? embed_g_ : head_g_; }
 
+void Model::refresh_compute_weights() {
+  for (const auto& [master, copy] : compute_weights_.pairs) ops::convert(*master, *copy);
+}
+
 void Model::forward() {
   KILN_CHECK(rows_ > 0, "model", "forward before load_batch");
-  ops::embedding_forward(tokens_.rows(0, rows_), embed_w_, residual_[0].rows(0, rows_));
+  // Masters change under the optimizer, checkpoint loads and imports; converting them
+  // before every forward (one pass over the weights, ~1% of a step) keeps the copies
+  // from ever going stale.
+  refresh_compute_weights();
+  ops::embedding_forward(tokens_.rows(0, rows_), embed_->value(), residual_[0].rows(0, rows_));
   for (size_t l = 0; l < blocks_.size(); ++l)
     blocks_[l]->forward(residual_[l].rows(0, rows_), seq_, residual_[l + 1].rows(0, rows_));
   final_norm_->forward(residual_.back().rows(0, rows_), hidden_.rows(0, rows_));
@@ -210,8 +226,17 @@ void Model::logits(int64_t first, int64_t count, std::vector<float>& out) {
   }
 }
 
-void Model::zero_grads() {
-  for (const auto& p : parameters_) zero_tensor(p->grad());
+Tensor Model::all_gradients() const {
+  KILN_CHECK(grads_.allocated(), "model", "gradients are not allocated (a model built for evaluation?)");
+  const DType dtype = parameters_.front()->grad().dtype();
+  return Tensor(grads_.base(), dtype, options_.device,
+                Shape{static_cast<int64_t>(grads_.planned_bytes() / dtype_size(dtype))});
 }
+
+void Model::zero_grads() { zero_tensor(all_gradients()); }
+
+double Model::gradient_norm() const { return std::sqrt(ops::sum_squares(all_gradients())); }
+
+void Model::scale_gradients(double factor) { ops::scale_inplace(all_gradients(), factor); }
 
 }  // namespace kiln

@@ -14,6 +14,8 @@
 namespace kiln {
 
 struct BuildOptions {
+  // Compute dtype: f32 or f64 (everything in it), or bf16 on the GPU (mixed precision:
+  // bf16 activations and weight copies, fp32 masters, gradients and residual stream).
   DType dtype = DType::f32;
   Device device = Device::cpu;
   int64_t max_tokens = 4096;    // fixed token budget of one micro-batch
@@ -22,7 +24,8 @@ struct BuildOptions {
 };
 
 struct MemoryPlan {
-  size_t parameters = 0, gradients = 0, activations = 0, workspace = 0;
+  size_t parameters = 0;  // masters, plus their bf16 compute copies on the mixed path
+  size_t gradients = 0, activations = 0, workspace = 0;
   size_t total() const { return parameters + gradients + activations + workspace; }
 };
 
@@ -57,11 +60,18 @@ class Model {
   // `out` (host, f32, row-major [count, V]), computed a chunk of rows at a time.
   void logits(int64_t first, int64_t count, std::vector<float>& out);
 
+  // Every parameter gradient lives in one arena of one dtype (zero between tensors), so
+  // these run as single kernels over it rather than one launch (and, for the norm, one
+  // host synchronization) per parameter.
   void zero_grads();
+  double gradient_norm() const;            // L2 norm of all gradients (one synchronization)
+  void scale_gradients(double factor);     // all gradients *= factor
   Arena& gradient_arena() { return grads_; }
 
  private:
   void forward();  // embedding -> blocks -> final norm, over the loaded rows
+  void refresh_compute_weights();  // masters -> bf16 copies (mixed path)
+  Tensor all_gradients() const;     // the gradient arena as one flat tensor
   void backward_from_hidden();
   const Tensor& head_weight() const;
   const Tensor& head_grad() const;
@@ -71,11 +81,13 @@ class Model {
   Arena params_, grads_, activations_;
   Workspace workspace_;
   std::vector<std::unique_ptr<Parameter>> parameters_;
+  ComputeWeights compute_weights_;
 
   std::unique_ptr<PositionEncoding> position_;
   std::vector<std::unique_ptr<TransformerBlock>> blocks_;
   std::unique_ptr<Norm> final_norm_;
-  Tensor embed_w_, embed_g_, head_w_, head_g_;
+  Tensor embed_w_, embed_g_, head_w_, head_g_;  // as modules hold them (compute copies)
+  const Parameter* embed_ = nullptr;            // its master: the lookup reads fp32 rows
 
   // Inputs of the current micro-batch (i32): tokens, targets, positions [T]; cu_seqlens [T+1].
   Tensor tokens_, targets_, positions_, cu_seqlens_;

@@ -17,6 +17,8 @@ class TransformerBlock {
 
  private:
   Workspace& workspace_;
+  DType compute_dtype_;  // of the branches (norm outputs, branch outputs and gradients)
+  bool mixed_;           // residual stream wider than the branches (the GPU's bf16 path)
   std::unique_ptr<Norm> attn_norm_, mlp_norm_;
   std::unique_ptr<Attention> attention_;
   std::unique_ptr<Mlp> mlp_;

@@ -39,7 +39,7 @@ class GqaAttention final : public Attention {
     ctx.saved(k_, Shape{t, hkv_, d_});
     ctx.saved(v_, Shape{t, hkv_, d_});
     ctx.saved(o_, Shape{t, hq_, d_});
-    ctx.saved(lse_, Shape{t, hq_});
+    ctx.saved_wide(lse_, Shape{t, hq_});
     // Backward scratch, as taken in backward(): d_o, dq, dk, dv, dqkv, dqn, dkn.
     const size_t q_bytes = Workspace::footprint(ctx.dtype, Shape{t, q_cols});
     const size_t kv_bytes = Workspace::footprint(ctx.dtype, Shape{t, kv_cols});
@@ -67,6 +67,7 @@ class GqaAttention final : public Attention {
     position_.apply(q, seq, false);
     position_.apply(k, seq, false);
     Tensor o = o_.rows(0, t);
+    options_.max_seqlen = seq.max_seqlen;
     ops::attention_forward(q, k, v, seq.cu_seqlens, options_, o, lse_.rows(0, t));
     ops::linear_forward(o.view(Shape{t, hq_ * d_}), o_w_, Tensor(), out);
   }

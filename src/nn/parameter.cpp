@@ -11,9 +11,21 @@ Shape Parameter::shape() const {
 void BuildContext::parameter(Tensor& value, Tensor& grad, const std::string& name, Shape shape, bool decay,
                              Init init) {
   KILN_CHECK(shape.rank() == 1 || shape.rank() == 2, "model", "parameter {} must be 1-D or 2-D", name);
-  params.reserve(value, dtype, shape);
-  if (training) grads.reserve(grad, dtype, shape);
-  parameters.push_back(std::make_unique<Parameter>(name, &value, &grad, 0, shape[0], decay, init));
+  const Tensor* master = weight(value, shape);
+  if (training) grads.reserve(grad, master_dtype, shape);
+  parameters.push_back(std::make_unique<Parameter>(name, master, &grad, 0, shape[0], decay, init));
+}
+
+const Tensor* BuildContext::weight(Tensor& value, Shape shape) {
+  if (!mixed() || shape.rank() != 2) {
+    params.reserve(value, master_dtype, shape);
+    return &value;
+  }
+  Tensor& master = compute_weights.masters.emplace_back();
+  params.reserve(master, master_dtype, shape);
+  compute_weights.arena.reserve(value, dtype, shape);
+  compute_weights.pairs.emplace_back(&master, &value);
+  return &master;
 }
 
 void BuildContext::fused_parameter(Tensor& value, Tensor& grad,
@@ -22,16 +34,18 @@ void BuildContext::fused_parameter(Tensor& value, Tensor& grad,
   int64_t rows = 0;
   for (const auto& part : parts) rows += part.second;
   const Shape shape = cols > 0 ? Shape{rows, cols} : Shape{rows};  // cols 0: fused 1-D biases
-  params.reserve(value, dtype, shape);
-  if (training) grads.reserve(grad, dtype, shape);
+  const Tensor* master = weight(value, shape);
+  if (training) grads.reserve(grad, master_dtype, shape);
   int64_t begin = 0;
   for (const auto& [name, count] : parts) {
-    parameters.push_back(std::make_unique<Parameter>(name, &value, &grad, begin, begin + count, decay, init));
+    parameters.push_back(std::make_unique<Parameter>(name, master, &grad, begin, begin + count, decay, init));
     begin += count;
   }
 }
 
 void BuildContext::saved(Tensor& t, Shape shape) { activations.reserve(t, dtype, shape); }
+
+void BuildContext::saved_wide(Tensor& t, Shape shape) { activations.reserve(t, master_dtype, shape); }
 
 void BuildContext::buffer(Tensor& t, Shape shape, DType type) { activations.reserve(t, type, shape); }
 

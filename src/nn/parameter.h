@@ -3,8 +3,10 @@
 
 #include "core/arena.h"
 
+#include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln {
@@ -46,6 +48,16 @@ class Parameter {
   Init init_;
 };
 
+// Compute copies of the rank-2 weights on the mixed-precision path: modules compute with
+// the bf16 copy while the optimizer, checkpoints and exports see the fp32 master behind
+// each Parameter; Model converts every master into its copy before a forward.
+struct ComputeWeights {
+  explicit ComputeWeights(Device device) : arena("compute weights", device) {}
+  Arena arena;                                      // the copies
+  std::deque<Tensor> masters;                       // stable homes of the masters
+  std::vector<std::pair<const Tensor*, const Tensor*>> pairs;  // (master, copy)
+};
+
 // Everything a module needs to plan its memory when it is built.
 struct BuildContext {
   Arena& params;
@@ -53,13 +65,23 @@ struct BuildContext {
   Arena& activations;
   Workspace& workspace;
   std::vector<std::unique_ptr<Parameter>>& parameters;
-  DType dtype;               // compute dtype of activations and (for now) parameters
+  ComputeWeights& compute_weights;
+  // What GEMMs and attention read: activations and the weights modules hold (bf16 on the
+  // GPU's mixed path).
+  DType dtype;
+  // Parameters, gradients, the residual stream and statistics (norm rstd, softmax lse):
+  // f32 on the mixed path, otherwise the same as dtype.
+  DType master_dtype;
   Device device;
   int64_t max_tokens;        // fixed token budget of one micro-batch
   bool training;             // gradients and saved activations are planned only when training
 
+  bool mixed() const { return dtype != master_dtype; }
+
   // Reserves a weight (and its gradient when training) and registers it under `name`.
   // Weights of rank 1 are norm gains or biases: no weight decay unless `decay` says so.
+  // On the mixed path a rank-2 `value` is the bf16 compute copy; rank-1 weights (gains,
+  // biases) stay fp32 and are the masters themselves. Gradients are master_dtype.
   void parameter(Tensor& value, Tensor& grad, const std::string& name, Shape shape, bool decay, Init init);
   // Reserves a fused weight [sum(rows), cols] (or a fused 1-D bias when cols is 0) and
   // registers each row block as a parameter.
@@ -67,8 +89,14 @@ struct BuildContext {
                        int64_t cols, bool decay, Init init);
   // An activation written in forward and read in backward (compute dtype).
   void saved(Tensor& t, Shape shape);
+  // The same in master_dtype: the residual stream and per-row statistics.
+  void saved_wide(Tensor& t, Shape shape);
   // A buffer that must exist in evaluation too (outputs read by the next module).
   void buffer(Tensor& t, Shape shape, DType dtype);
+
+ private:
+  // Plans the master of a weight; returns it (value itself unless a compute copy is made).
+  const Tensor* weight(Tensor& value, Shape shape);
 };
 
 }  // namespace kiln

@@ -11,7 +11,7 @@ class RmsNorm final : public Norm {
  public:
   RmsNorm(BuildContext& ctx, const NormSpec& spec) : eps_(spec.eps) {
     ctx.parameter(weight_, weight_grad_, spec.name + ".weight", Shape{spec.dim}, false, Init::ones());
-    ctx.saved(rstd_, Shape{spec.rows});
+    ctx.saved_wide(rstd_, Shape{spec.rows});
   }
 
   void forward(const Tensor& x, const Tensor& y) override {

@@ -13,8 +13,8 @@ class Rope final : public PositionEncoding {
   Rope(BuildContext& ctx, const ModelConfig& model) {
     inv_freq_ = ops::rope_inverse_frequencies(model.rope_theta, model.head_dim);
     // Tables are planned like any buffer and filled once, after allocation, on first use.
-    ctx.buffer(cos_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.dtype);
-    ctx.buffer(sin_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.dtype);
+    ctx.buffer(cos_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.master_dtype);
+    ctx.buffer(sin_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.master_dtype);
   }
 
   void apply(const Tensor& x, const SeqInfo& seq, bool inverse) override {

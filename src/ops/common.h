@@ -27,6 +27,16 @@ inline void expect_same(const char* op, const char* name, const Tensor& t, const
              dtype_name(like.dtype()), device_name(like.device()), t.describe());
 }
 
+// The GPU's mixed-precision path: bf16 activations with fp32 gains, statistics and
+// gradients (the layout is described in ops/cuda_kernels_bf16.h).
+inline bool is_mixed(const Tensor& t) { return t.device() == Device::cuda && t.dtype() == DType::bf16; }
+
+// The 16-bit payload of a bf16 tensor, for the kernels of ops/cuda_kernels_bf16.h.
+inline uint16_t* bf16_data(const Tensor& t) {
+  KILN_CHECK(t.dtype() == DType::bf16, "tensor", "expected bf16, got {}", t.describe());
+  return static_cast<uint16_t*>(t.raw());
+}
+
 // Calls fn(T{}) with T = float or double for a CPU tensor of that dtype.
 template <typename Fn>
 void dispatch_cpu_float(const char* op, DType dtype, Fn&& fn) {

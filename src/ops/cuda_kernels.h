@@ -20,11 +20,12 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// linear: row-major GEMMs plus bias helpers.
-void linear_forward_f32(const float* x, const float* w, const float* bias, int64_t n, int64_t in, int64_t out,
-                        float* y);
-void linear_backward_f32(const float* x, const float* w, const float* dy, int64_t n, int64_t in, int64_t out,
-                         float* dx, bool accumulate_dx, float* dw, float* dbias);
+// linear: y = x w^T (+ bias). x, w, y, dy, dx share `dtype` (f32, or bf16 on the mixed
+// path); bias and dbias are fp32; dw (+=) is fp32 or `dtype` (dw_dtype).
+void linear_forward(const void* x, const void* w, DType dtype, const float* bias, int64_t n, int64_t in,
+                    int64_t out, void* y);
+void linear_backward(const void* x, const void* w, const void* dy, DType dtype, int64_t n, int64_t in, int64_t out,
+                     void* dx, bool accumulate_dx, void* dw, DType dw_dtype, float* dbias);
 
 void embedding_forward_f32(const int32_t* tokens, const float* table, int64_t n, int64_t dim, float* out);
 // Accumulates with atomics: fast, but the order of repeated ids is not fixed.

@@ -42,7 +42,7 @@ struct CheckpointState {
   int64_t optimizer_steps = 0;
   StreamState stream;           // exact data loader position (its fingerprint: data + seed + packing)
   FaultGuardState guard;
-  std::string precision = "f32";  // parameter and optimizer-state dtype
+  std::string precision = "f32";  // compute dtype (bf16: fp32 masters and optimizer state)
   int64_t threads = 0;          // CPU threads of the saving run (bitwise resume needs the same)
   std::string config_toml;      // the resolved configuration of the saving run
 };

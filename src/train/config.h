@@ -61,6 +61,9 @@ struct TrainConfig {
   int64_t grad_accum = 1;              // micro-batches per optimizer step
   uint64_t seed = 1337;                // weight init and sampling
   std::string device = "auto";         // auto | cpu | cuda
+  // auto = bf16 on the GPU (bf16 activations, fp32 masters, gradients and optimizer
+  // state), fp32 on the CPU; fp32 forces fp32 everywhere; bf16 needs the GPU.
+  std::string precision = "auto";      // auto | fp32 | bf16
   int64_t threads = 0;                 // CPU threads; 0 = all cores
   std::string out_dir = "runs/default";
   double z_loss = 0.0;                 // coefficient of mean(logsumexp^2)

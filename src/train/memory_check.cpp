@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "train/optimizer.h"
+#include "train/trainer.h"
 
 #include <fmt/format.h>
 
@@ -38,6 +39,7 @@ size_t read_cgroup(const char* path) {
 MemoryBudget plan_training_memory(const Config& config, Device device) {
   BuildOptions options;
   options.device = device;
+  options.dtype = resolve_precision(config.train.precision, device);
   options.max_tokens = config.train.micro_batch_tokens;
   options.loss_chunk_rows = config.train.loss_chunk_tokens;
   const Model model(config.model, options);  // plans every arena; allocates nothing

@@ -124,23 +124,4 @@ bool applies_weight_decay(const Parameter& p, const OptimConfig& config) {
   return p.decay();
 }
 
-double gradient_norm(const ParameterList& parameters) {
-  double sum = 0;
-  for (const auto& p : parameters) sum += ops::sum_squares(p->grad());
-  return std::sqrt(sum);
-}
-
-void clip_gradients_to(const ParameterList& parameters, double norm, double clip) {
-  if (clip > 0 && norm > clip) {
-    const double factor = clip / (norm + 1e-6);
-    for (const auto& p : parameters) ops::scale_inplace(p->grad(), factor);
-  }
-}
-
-double clip_gradients(const ParameterList& parameters, double clip) {
-  const double norm = gradient_norm(parameters);
-  clip_gradients_to(parameters, norm, clip);
-  return norm;
-}
-
 }  // namespace kiln

@@ -51,12 +51,6 @@ ScheduleRegistry& schedule_registry();
 // and biases only with decay_norms, the embedding (and a tied head) only with decay_embeddings.
 bool applies_weight_decay(const Parameter& p, const OptimConfig& config);
 
-// Global L2 norm of all gradients; if clip > 0 and the norm exceeds it, gradients are
-// scaled down to norm `clip`. Returns the norm before clipping.
-double clip_gradients(const ParameterList& parameters, double clip);
-// The two halves of clip_gradients, so the trainer can look at the norm (fault guard)
-// before anything is scaled.
-double gradient_norm(const ParameterList& parameters);
-void clip_gradients_to(const ParameterList& parameters, double norm, double clip);
+// The global gradient norm and clipping are Model::gradient_norm / scale_gradients.
 
 }  // namespace kiln

@@ -69,6 +69,13 @@ Device resolve_device(const std::string& setting) {
   return setting == "auto" && gpu ? Device::cuda : Device::cpu;
 }
 
+DType resolve_precision(const std::string& setting, Device device) {
+  if (setting == "fp32") return DType::f32;
+  KILN_CHECK(setting != "bf16" || device == Device::cuda, "train.precision",
+             "bf16 runs on the GPU only (this run uses the CPU); use fp32 or auto");
+  return device == Device::cuda ? DType::bf16 : DType::f32;
+}
+
 Trainer::Trainer(const Config& config, const TrainOptions& train_options)
     : config_(config),
       device_(resolve_device(config.train.device)),
@@ -98,6 +105,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
 
   BuildOptions options;
   options.device = device_;
+  options.dtype = resolve_precision(config_.train.precision, device_);
   options.max_tokens = config_.train.micro_batch_tokens;
   options.loss_chunk_rows = config_.train.loss_chunk_tokens;
   model_ = std::make_unique<Model>(config_.model, options);
@@ -119,8 +127,10 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   }
 
   const MemoryPlan plan = model_->memory_plan();
-  const std::string device = device_ == Device::cuda ? fmt::format("cuda ({}, fp32)", cuda_device_name())
-                                                      : fmt::format("cpu ({} threads, fp32)", threads);
+  const char* precision = model_->options().dtype == DType::bf16 ? "bf16 mixed" : "fp32";
+  const std::string device = device_ == Device::cuda
+                                 ? fmt::format("cuda ({}, {})", cuda_device_name(), precision)
+                                 : fmt::format("cpu ({} threads, {})", threads, precision);
   fmt::print("kiln {} | device {} | model {}: {} parameters, {} layers, hidden {}\n", KILN_VERSION, device,
              config_.model.name, human_count(static_cast<double>(model_->parameter_count())), config_.model.layers,
              config_.model.hidden);
@@ -166,7 +176,7 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
   m.z = config_.train.z_loss > 0 ? z / static_cast<double>(targets) : 0;
   m.target_tokens = targets;
   if (faults_.any()) inject_numeric_faults(faults_, m.step, m.loss, model_->parameters());  // tests only
-  m.grad_norm = gradient_norm(model_->parameters());
+  m.grad_norm = model_->gradient_norm();
   // The schedule's position is the count of applied updates: a skipped step leaves it.
   m.lr = schedule_->lr(optimizer_->steps_taken());
   m.skipped = guard_.check(m.loss, m.grad_norm);
@@ -177,7 +187,8 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
     guard_.skip(m.step, m.skipped);  // throws after train.max_consecutive_skips in a row
     return false;
   }
-  clip_gradients_to(model_->parameters(), m.grad_norm, config_.optim.grad_clip);
+  const double clip = config_.optim.grad_clip;
+  if (clip > 0 && m.grad_norm > clip) model_->scale_gradients(clip / (m.grad_norm + 1e-6));
   optimizer_->step(m.lr);
   guard_.accept(m.loss, m.grad_norm);
   return true;

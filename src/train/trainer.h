@@ -85,5 +85,7 @@ class Trainer {
 
 // Resolves train.device ("auto" picks CUDA only where the CUDA training path exists).
 Device resolve_device(const std::string& setting);
+// train.precision on that device: the compute dtype of BuildOptions.
+DType resolve_precision(const std::string& setting, Device device);
 
 }  // namespace kiln

@@ -63,28 +63,34 @@ inline OwnedTensor to_f32(const Tensor& f64) {
 
 // Checks a GPU result (copied to the host, f32) against an f64 reference; `scale` (when
 // larger than the largest |ref|) sets the floor of the relative error's denominator.
-inline void expect_close(const char* name, const Tensor& gpu_f32, const Tensor& ref_f64, double tolerance,
-                  double scale = 0) {
-  ASSERT_EQ(gpu_f32.numel(), ref_f64.numel()) << name;
+// floor_fraction: see kFloorFraction; bf16 results use a wider floor (their absolute
+// error is a fraction of the terms' scale, not of each element).
+inline double expect_close(const char* name, const Tensor& gpu_f32, const Tensor& ref_f64, double tolerance,
+                           double scale = 0, double floor_fraction = kFloorFraction) {
+  EXPECT_EQ(gpu_f32.numel(), ref_f64.numel()) << name;
+  if (gpu_f32.numel() != ref_f64.numel()) return INFINITY;
   const float* a = gpu_f32.data<float>();
   const double* b = ref_f64.data<double>();
   const int64_t n = ref_f64.numel();
   for (int64_t i = 0; i < n; ++i) {
-    ASSERT_TRUE(std::isfinite(b[i])) << name << ": reference is not finite at " << i;
+    EXPECT_TRUE(std::isfinite(b[i])) << name << ": reference is not finite at " << i;
+    if (!std::isfinite(b[i])) return INFINITY;
     scale = std::max(scale, std::fabs(b[i]));
   }
-  const double floor = std::max(kFloorFraction * scale, 1e-30);
+  const double floor = std::max(floor_fraction * scale, 1e-30);
   double worst = 0;
   int64_t worst_at = 0;
   for (int64_t i = 0; i < n; ++i) {
-    ASSERT_TRUE(std::isfinite(a[i])) << name << "[" << i << "] = " << a[i] << " (unwritten or overflow), ref "
+    EXPECT_TRUE(std::isfinite(a[i])) << name << "[" << i << "] = " << a[i] << " (unwritten or overflow), ref "
                                      << b[i];
+    if (!std::isfinite(a[i])) return INFINITY;
     const double err = std::fabs(a[i] - b[i]) / std::max(std::fabs(b[i]), floor);
     if (err > worst) worst = err, worst_at = i;
   }
   EXPECT_LE(worst, tolerance) << name << ": max relative error " << worst << " at " << worst_at << " (gpu "
                               << a[worst_at] << ", ref " << b[worst_at] << ")";
   ::testing::Test::RecordProperty(std::string(name) + "_max_rel_err", fmt::format("{:.3e}", worst));
+  return worst;
 }
 
 inline bool same_bytes(const Tensor& a, const Tensor& b) {

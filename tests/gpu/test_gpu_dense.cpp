@@ -251,8 +251,14 @@ TEST_F(Dense, AdamW) {
   vo.check("v", kBwd);
 }
 
-// The whole model on the GPU reproduces transformers' logits, loss and gradients.
-TEST_F(Dense, GoldenModelOnGpu) {
+// The whole model on the GPU against transformers' logits, loss and gradients (computed
+// in fp32 by scripts/make_golden.py), in fp32 and in bf16 mixed precision.
+struct GoldenTolerance {
+  double logits, loss, grads;
+  double floor_fraction = kFloorFraction;
+};
+
+void check_golden_model(DType dtype, GoldenTolerance tol) {
   const auto file = io::SafetensorsFile::open(test::test_data_dir() + "/golden/qwen3_tiny_untied.safetensors");
   ModelConfig c;
   c.vocab_size = 259, c.hidden = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.head_dim = 16, c.ffn_hidden = 128;
@@ -271,6 +277,7 @@ TEST_F(Dense, GoldenModelOnGpu) {
   for (int32_t t : batch.targets) batch.target_count += t >= 0;
   BuildOptions options;
   options.device = Device::cuda;
+  options.dtype = dtype;
   options.max_tokens = batch.size();
   options.loss_chunk_rows = 16;
   Model model(c, options);
@@ -280,16 +287,32 @@ TEST_F(Dense, GoldenModelOnGpu) {
   std::vector<float> logits;
   model.logits(0, batch.size(), logits);
   const OwnedTensor expected = io::read_tensor(file, "logits", DType::f32);
-  expect_close("logits", Tensor(logits.data(), DType::f32, Device::cpu, expected->shape()), *to_f64(*expected), 1e-4);
+  const double logits_error = expect_close("logits", Tensor(logits.data(), DType::f32, Device::cpu, expected->shape()),
+                                           *to_f64(*expected), tol.logits, 0, tol.floor_fraction);
   model.zero_grads();
   const ops::LossSums sums = model.forward_backward(1.0 / static_cast<double>(batch.target_count), 0.0);
   const double expected_loss = io::read_tensor(file, "loss", DType::f32)->data<float>()[0];
-  EXPECT_NEAR(sums.loss / static_cast<double>(sums.count), expected_loss, 1e-4 * expected_loss);
+  const double loss = sums.loss / static_cast<double>(sums.count);
+  EXPECT_NEAR(loss, expected_loss, tol.loss * expected_loss);
+  double grad_error = 0;
   for (const auto& p : model.parameters()) {
     const OwnedTensor want = io::read_tensor(file, "grad." + io::to_hf_name(p->name()), DType::f32);
-    expect_close(p->name().c_str(), *to_host(p->grad()), *to_f64(*want), 1e-3);
+    grad_error = std::max(grad_error, expect_close(p->name().c_str(), *to_host(p->grad()), *to_f64(*want), tol.grads,
+                                                   0, tol.floor_fraction));
   }
+  std::printf("golden model, %s: logits error %.2e, loss %.7f vs %.7f, worst gradient error %.2e\n",
+              dtype_name(dtype), logits_error, loss, expected_loss, grad_error);
 }
+
+TEST_F(Dense, GoldenModelOnGpu) { check_golden_model(DType::f32, {1e-4, 1e-4, 1e-3}); }
+
+// bf16 rounds every GEMM and attention input (relative step 2^-9 = 0.2%); through two
+// layers, the head and the backward the errors compound to about ten roundings, so the
+// tolerances are ~10x one rounding for values and ~20x for gradients (long sums of
+// rounded products), each judged against a floor of 10% of the tensor's largest value
+// (bf16 errors scale with the terms, not with each result). A wrong wiring (a missed copy refresh, a swapped operand, fp32
+// read as bf16) is off by O(1) and fails by orders of magnitude.
+TEST_F(Dense, GoldenModelOnGpuBf16) { check_golden_model(DType::bf16, {3e-2, 5e-3, 6e-2, 0.1}); }
 
 }  // namespace
 }  // namespace kiln

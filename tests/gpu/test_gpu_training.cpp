@@ -1,5 +1,6 @@
 // The same config trains on either backend: 200 steps on the bundled corpus on the GPU
-// follow the CPU's loss curve (both fp32, so the curves differ only by summation order).
+// follow the CPU's fp32 loss curve: in fp32 the curves differ only by summation order,
+// in bf16 mixed precision by bf16 rounding noise.
 #include "gpu/gpu_harness.h"
 #include "test_util.h"
 #include "train/trainer.h"
@@ -14,10 +15,10 @@ namespace {
 
 using namespace gpu_test;
 
-std::vector<double> train_losses(const std::string& device, const std::string& out_dir) {
+std::vector<double> train_losses(const std::string& device, const std::string& precision, const std::string& out_dir) {
   std::vector<std::string> overrides = {
       "data.path=" + test::source_dir() + "/data/tinyshakespeare.txt", "train.out_dir=" + out_dir,
-      "train.device=" + device, "model.hidden=64", "model.layers=2", "model.heads=4", "model.kv_heads=2",
+      "train.device=" + device, "train.precision=" + precision, "model.hidden=64", "model.layers=2", "model.heads=4", "model.kv_heads=2",
       "model.head_dim=16", "model.ffn_hidden=128", "model.max_seq_len=128", "train.micro_batch_tokens=2048",
       "train.steps=200", "optim.warmup_steps=20", "optim.lr=3e-3", "train.eval_every=0", "train.eval_batches=2",
       "train.sample_every=0", "train.sample_tokens=8", "log.every=1", "train.threads=4", "checkpoint.save_final=false"};
@@ -35,14 +36,14 @@ std::vector<double> train_losses(const std::string& device, const std::string& o
 
 class Training : public GpuTest {};
 
-TEST_F(Training, GpuFollowsTheCpuLossCurve) {
-  const std::string dir = test::temp_dir("kiln-gpu-train");
-  const auto cpu = train_losses("cpu", dir + "/cpu");
-  const auto gpu = train_losses("cuda", dir + "/gpu");
+struct CurveTolerance {
+  double first, step, window, last;
+};
+
+void expect_same_curve(const std::vector<double>& cpu, const std::vector<double>& gpu, const char* label,
+                       CurveTolerance tol) {
   ASSERT_EQ(cpu.size(), 200u);
   ASSERT_EQ(gpu.size(), 200u);
-  // Single steps can differ by a few hundredths where a spike lands differently (measured
-  // 0.06 once); the curve, averaged over windows of 10 steps, must agree closely.
   double worst_step = 0, worst_window = 0;
   for (size_t i = 0; i < cpu.size(); ++i) worst_step = std::max(worst_step, std::fabs(cpu[i] - gpu[i]));
   for (size_t w = 0; w < cpu.size(); w += 10) {
@@ -50,13 +51,25 @@ TEST_F(Training, GpuFollowsTheCpuLossCurve) {
     for (size_t i = w; i < w + 10; ++i) c += cpu[i], g += gpu[i];
     worst_window = std::max(worst_window, std::fabs(c - g) / 10);
   }
-  std::printf("cpu loss %.4f -> %.4f, gpu %.4f -> %.4f, largest difference: %.2e per step, %.2e per 10-step window\n",
-              cpu.front(), cpu.back(), gpu.front(), gpu.back(), worst_step, worst_window);
-  EXPECT_LT(std::fabs(cpu.front() - gpu.front()), 1e-4);
-  EXPECT_LT(worst_step, 0.2);
-  EXPECT_LT(worst_window, 0.03);
-  EXPECT_LT(std::fabs(cpu.back() - gpu.back()), 0.02);
-  EXPECT_LT(gpu.back(), 2.6);  // it learned (the CPU run reaches about 2.2)
+  std::printf("%s: cpu loss %.4f -> %.4f, gpu %.4f -> %.4f, largest difference: %.2e per step, %.2e per 10-step "
+              "window\n",
+              label, cpu.front(), cpu.back(), gpu.front(), gpu.back(), worst_step, worst_window);
+  EXPECT_LT(std::fabs(cpu.front() - gpu.front()), tol.first) << label;
+  EXPECT_LT(worst_step, tol.step) << label;
+  EXPECT_LT(worst_window, tol.window) << label;
+  EXPECT_LT(std::fabs(cpu.back() - gpu.back()), tol.last) << label;
+  EXPECT_LT(gpu.back(), 2.6) << label;  // it learned (the CPU run reaches about 2.2)
+}
+
+TEST_F(Training, GpuFollowsTheCpuLossCurve) {
+  const std::string dir = test::temp_dir("kiln-gpu-train");
+  const auto cpu = train_losses("cpu", "fp32", dir + "/cpu");
+  // Single steps can differ by a few hundredths where a spike lands differently (measured
+  // 0.06 once in fp32); the curve, averaged over windows of 10 steps, must agree closely.
+  expect_same_curve(cpu, train_losses("cuda", "fp32", dir + "/gpu-fp32"), "fp32", {1e-4, 0.2, 0.03, 0.02});
+  // bf16: the first loss differs by the rounding of the logits' inputs (~1e-3 of ln V);
+  // later, bf16 noise of the updates moves single steps, not the averaged curve.
+  expect_same_curve(cpu, train_losses("cuda", "bf16", dir + "/gpu-bf16"), "bf16", {1e-2, 0.2, 0.05, 0.05});
   std::filesystem::remove_all(dir);
 }
 

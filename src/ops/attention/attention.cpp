@@ -1,6 +1,7 @@
 #include "ops/attention/attention.h"
 
 #include "ops/attention/attention_cpu.h"
+#include "ops/attention/attention_cudnn.h"
 #include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
@@ -11,12 +12,30 @@ namespace kiln::ops {
 
 namespace {
 
+void expect_like(const char* op, const char* name, const Tensor& t, const Tensor& q, Shape shape) {
+  expect_shape(op, name, t, shape);
+  expect_same(op, name, t, q);
+}
+
+// Softmax statistics stay fp32 when q is bf16 (the GPU's mixed path).
+void expect_lse(const char* op, const Tensor& lse, const Tensor& q) {
+  expect_shape(op, "lse", lse, Shape{q.size(0), q.size(1)});
+  if (is_mixed(q))
+    expect_dtype(op, "lse", lse, DType::f32);
+  else
+    expect_same(op, "lse", lse, q);
+}
+
+[[maybe_unused]] int64_t max_seqlen_of(const char* op, const AttentionOptions& o) {
+  KILN_CHECK(o.max_seqlen > 0, op, "the bf16 GPU path needs the batch's longest sequence (max_seqlen)");
+  return o.max_seqlen;
+}
+
 void validate(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens) {
   expect_rank(op, "q", q, 3);
   expect_rank(op, "k", k, 3);
   expect_same(op, "k", k, q);
-  expect_shape(op, "v", v, k.shape());
-  expect_same(op, "v", v, q);
+  expect_like(op, "v", v, q, k.shape());
   KILN_CHECK(k.size(0) == q.size(0) && k.size(2) == q.size(2), op, "q {} and k {} disagree", q.describe(),
              k.describe());
   KILN_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, op, "query heads {} must be a multiple of kv heads {}",
@@ -73,12 +92,17 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const char* op = "attention";
   KILN_OP_SCOPE(op, q);
   validate(op, q, k, v, cu_seqlens);
-  expect_shape(op, "out", out, q.shape());
-  expect_same(op, "out", out, q);
-  expect_shape(op, "lse", lse, Shape{q.size(0), q.size(1)});
-  expect_same(op, "lse", lse, q);
-  KILN_ON_CUDA(q, op, cuda::attention_forward_f32(cuda_args(q, k, cu_seqlens, options), q.data<float>(), k.data<float>(),
-                                                  v.data<float>(), out.data<float>(), lse.data<float>()));
+  expect_like(op, "out", out, q, q.shape());
+  expect_lse(op, lse, q);
+  KILN_ON_CUDA(q, op, {
+    const cuda::AttentionArgs args = cuda_args(q, k, cu_seqlens, options);
+    if (is_mixed(q))
+      cuda::attention_forward_bf16(args, max_seqlen_of(op, options), bf16_data(q), bf16_data(k), bf16_data(v),
+                                   bf16_data(out), lse.data<float>());
+    else
+      cuda::attention_forward_f32(args, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                  lse.data<float>());
+  });
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cpu::attention_forward<T>(shape_of(q, k, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
@@ -92,22 +116,23 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   const char* op = "attention_backward";
   KILN_OP_SCOPE(op, q);
   validate(op, q, k, v, cu_seqlens);
-  expect_shape(op, "out", out, q.shape());
-  expect_same(op, "out", out, q);
-  expect_shape(op, "dout", dout, q.shape());
-  expect_same(op, "dout", dout, q);
-  expect_shape(op, "lse", lse, Shape{q.size(0), q.size(1)});
-  expect_same(op, "lse", lse, q);
-  expect_shape(op, "dq", dq, q.shape());
-  expect_same(op, "dq", dq, q);
-  expect_shape(op, "dk", dk, k.shape());
-  expect_same(op, "dk", dk, q);
-  expect_shape(op, "dv", dv, v.shape());
-  expect_same(op, "dv", dv, q);
-  KILN_ON_CUDA(q, op, cuda::attention_backward_f32(cuda_args(q, k, cu_seqlens, options), q.data<float>(), k.data<float>(),
-                                                   v.data<float>(), out.data<float>(), lse.data<float>(),
-                                                   dout.data<float>(), dq.data<float>(), dk.data<float>(),
-                                                   dv.data<float>()));
+  expect_like(op, "out", out, q, q.shape());
+  expect_like(op, "dout", dout, q, q.shape());
+  expect_lse(op, lse, q);
+  expect_like(op, "dq", dq, q, q.shape());
+  expect_like(op, "dk", dk, q, k.shape());
+  expect_like(op, "dv", dv, q, v.shape());
+  KILN_ON_CUDA(q, op, {
+    const cuda::AttentionArgs args = cuda_args(q, k, cu_seqlens, options);
+    if (is_mixed(q))
+      cuda::attention_backward_bf16(args, max_seqlen_of(op, options), bf16_data(q), bf16_data(k), bf16_data(v),
+                                    bf16_data(out), lse.data<float>(), bf16_data(dout), bf16_data(dq), bf16_data(dk),
+                                    bf16_data(dv));
+    else
+      cuda::attention_backward_f32(args, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                   lse.data<float>(), dout.data<float>(), dq.data<float>(), dk.data<float>(),
+                                   dv.data<float>());
+  });
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cpu::attention_backward<T>(shape_of(q, k, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),

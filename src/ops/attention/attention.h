@@ -13,6 +13,9 @@ struct AttentionOptions {
   double scale = 0;     // 0 = 1/sqrt(D)
   int64_t window = 0;   // sliding window: query i sees keys j with i - j < window; 0 = unlimited
   double softcap = 0;   // logits = softcap * tanh(logits / softcap); 0 = off
+  // The longest sequence of this batch (a host value, SeqInfo::max_seqlen): the bf16 GPU
+  // path (cuDNN) sizes its problem by it; 0 = unknown (fine for the other paths).
+  int64_t max_seqlen = 0;
 };
 
 // out [N, Hq, D] (=), lse [N, Hq] (=, log-sum-exp of each query's scores, for backward).

@@ -3,6 +3,7 @@
 #include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
+#include "ops/cuda_kernels_bf16.h"
 #include "ops/linear/linear.h"
 
 #include <algorithm>
@@ -63,6 +64,37 @@ LossSums lm_head_loss_cuda(const Tensor& h, const Tensor& w, const Tensor& targe
   cuda::loss_sums_read(&sums.loss, &sums.z, &sums.count);
   return sums;
 }
+
+// The mixed path: bf16 h and w, fp32 logits from the product, the row kernel writing the
+// bf16 logit gradient the two backward products read; dh bf16, dw fp32 (+=).
+LossSums lm_head_loss_mixed(const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
+                            const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw) {
+  const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0);
+  const bool grad = dh.defined() || dw.defined();
+  float* lc = scratch.logits.data<float>();
+  const uint16_t* hp = bf16_data(h);
+  const uint16_t* wp = bf16_data(w);
+  uint16_t* gc = grad ? bf16_data(scratch.grad) : nullptr;
+  cuda::loss_sums_reset();
+  for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
+    const int64_t rows = std::min(o.chunk_rows, n - begin);
+    const uint16_t* hc = hp + begin * d;
+    cuda::gemm(false, true, rows, vocab, d, 1.0f, hc, d, wp, d, DType::bf16, 0.0f, lc, vocab, DType::f32);
+    cuda::cross_entropy_rows_to_bf16(lc, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
+                                     static_cast<float>(o.loss_scale), static_cast<float>(o.softcap), grad,
+                                     scratch.row_stats.data<double>(), gc);
+    cuda::loss_sums_accumulate(scratch.row_stats.data<double>(), targets.data<int32_t>() + begin, rows);
+    if (dh.defined())
+      cuda::gemm(false, false, rows, d, vocab, 1.0f, gc, vocab, wp, d, DType::bf16, 0.0f, bf16_data(dh) + begin * d,
+                 d, DType::bf16);
+    if (dw.defined())
+      cuda::gemm(true, false, vocab, d, rows, 1.0f, gc, vocab, hc, d, DType::bf16, 1.0f, dw.data<float>(), d,
+                 DType::f32);
+  }
+  LossSums sums;
+  cuda::loss_sums_read(&sums.loss, &sums.z, &sums.count);
+  return sums;
+}
 #endif
 
 }  // namespace
@@ -78,15 +110,24 @@ LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, c
   expect_shape(op, "targets", targets, Shape{h.size(0)});
   expect_dtype(op, "targets", targets, DType::i32);
   KILN_CHECK(o.chunk_rows > 0, op, "chunk_rows must be positive");
+  // Mixed path (bf16 h on the GPU): fp32 logits and dw, a bf16 logit-gradient scratch.
+  const bool mixed = is_mixed(h);
+  const DType wide = mixed ? DType::f32 : h.dtype();
+  auto expect_on = [&](const char* name, const Tensor& t, Shape shape, DType dtype) {
+    expect_shape(op, name, t, shape);
+    expect_dtype(op, name, t, dtype);
+    KILN_CHECK(t.device() == h.device(), op, "{} must be on {}, got {}", name, device_name(h.device()), t.describe());
+  };
   const Tensor& logits = scratch.logits;
-  expect_shape(op, "logits", logits, Shape{o.chunk_rows, w.size(0)});
-  expect_same(op, "logits", logits, h);
+  expect_on("logits", logits, Shape{o.chunk_rows, w.size(0)}, wide);
   expect_shape(op, "row_stats", scratch.row_stats, Shape{o.chunk_rows, 2});
   expect_dtype(op, "row_stats", scratch.row_stats, DType::f64);
-  if (dh.defined()) expect_shape(op, "dh", dh, h.shape()), expect_same(op, "dh", dh, h);
-  if (dw.defined()) expect_shape(op, "dw", dw, w.shape()), expect_same(op, "dw", dw, h);
+  if (dh.defined()) expect_on("dh", dh, h.shape(), h.dtype());
+  if (dw.defined()) expect_on("dw", dw, w.shape(), wide);
+  if (mixed && (dh.defined() || dw.defined())) expect_on("grad", scratch.grad, logits.shape(), DType::bf16);
   if (h.device() == Device::cuda) {
 #if KILN_WITH_CUDA
+    if (mixed) return lm_head_loss_mixed(h, w, targets, o, scratch, dh, dw);
     expect_dtype(op, "h", h, DType::f32);
     return lm_head_loss_cuda(h, w, targets, o, scratch, dh, dw);
 #else
@@ -140,10 +181,13 @@ void lm_head_logits(const Tensor& h, const Tensor& w, double softcap, const Tens
   expect_rank(op, "h", h, 2);
   expect_same(op, "w", w, h);
   expect_shape(op, "logits", logits, Shape{h.size(0), w.size(0)});
-  expect_same(op, "logits", logits, h);
+  if (is_mixed(h))  // bf16 operands, fp32 logits
+    expect_dtype(op, "logits", logits, DType::f32);
+  else
+    expect_same(op, "logits", logits, h);
   KILN_ON_CUDA(h, op, {
-    cuda::gemm_f32(false, true, h.size(0), w.size(0), h.size(1), 1.0f, h.data<float>(), h.size(1), w.data<float>(),
-                   h.size(1), 0.0f, logits.data<float>(), w.size(0));
+    cuda::gemm(false, true, h.size(0), w.size(0), h.size(1), 1.0f, h.raw(), h.size(1), w.raw(), h.size(1), h.dtype(),
+               0.0f, logits.data<float>(), w.size(0), DType::f32);
     if (softcap > 0) cuda::softcap_f32(logits.data<float>(), logits.numel(), static_cast<float>(softcap));
   });
   dispatch_cpu_float(op, h.dtype(), [&](auto zero) {

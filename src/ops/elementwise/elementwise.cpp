@@ -3,6 +3,7 @@
 #include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
+#include "ops/cuda_kernels_bf16.h"
 
 #include <cmath>
 
@@ -27,11 +28,19 @@ void add_inplace(const Tensor& dst, const Tensor& src) {
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
   const char* op = "add";
   KILN_OP_SCOPE(op, a);
-  expect_same(op, "b", b, a);
   expect_same(op, "out", out, a);
+  if (is_mixed(b))  // fp32 residual + bf16 branch output
+    expect_dtype(op, "a", a, DType::f32);
+  else
+    expect_same(op, "b", b, a);
   KILN_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), op, "size mismatch {} {} {}", a.describe(),
              b.describe(), out.describe());
-  KILN_ON_CUDA(a, op, cuda::add_f32(a.data<float>(), b.data<float>(), a.numel(), out.data<float>()));
+  KILN_ON_CUDA(a, op, {
+    if (is_mixed(b))
+      cuda::add_f32_bf16(a.data<float>(), bf16_data(b), a.numel(), out.data<float>());
+    else
+      cuda::add_f32(a.data<float>(), b.data<float>(), a.numel(), out.data<float>());
+  });
   dispatch_cpu_float(op, a.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* x = a.data<T>();
@@ -41,6 +50,26 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
   });
+}
+
+void convert(const Tensor& src, const Tensor& dst) {
+  const char* op = "convert";
+  KILN_OP_SCOPE(op, src);
+  KILN_CHECK(src.numel() == dst.numel() && src.device() == dst.device(), op, "cannot convert {} into {}",
+             src.describe(), dst.describe());
+  if (src.dtype() == dst.dtype()) {
+    copy_tensor(src, dst);
+    return;
+  }
+  KILN_ON_CUDA(src, op, {
+    if (src.dtype() == DType::f32 && dst.dtype() == DType::bf16)
+      cuda::cast_f32_to_bf16(src.data<float>(), src.numel(), bf16_data(dst));
+    else if (src.dtype() == DType::bf16 && dst.dtype() == DType::f32)
+      cuda::cast_bf16_to_f32(bf16_data(src), src.numel(), dst.data<float>());
+    else
+      fail(op, "no GPU conversion from {} to {}", dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  });
+  fail(op, "no CPU conversion from {} to {}", dtype_name(src.dtype()), dtype_name(dst.dtype()));
 }
 
 double sum_squares(const Tensor& x) {

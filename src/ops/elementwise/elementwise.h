@@ -7,8 +7,11 @@ namespace kiln::ops {
 
 // dst += src (same shape).
 void add_inplace(const Tensor& dst, const Tensor& src);
-// out = a + b.
+// out = a + b. On the GPU's mixed path a and out are fp32 (the residual stream), b bf16.
 void add(const Tensor& a, const Tensor& b, const Tensor& out);
+// dst = src converted to dst's dtype (same element count and device): bf16 <-> f32 on
+// the GPU, a plain copy when the dtypes agree.
+void convert(const Tensor& src, const Tensor& dst);
 // Sum of squares of all elements, accumulated in double (for gradient norms).
 double sum_squares(const Tensor& x);
 // x *= factor.

@@ -26,13 +26,30 @@ void cpu_gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double 
 
 namespace {
 
+// Activations and weights share one dtype; on the GPU's mixed path (bf16 activations)
+// the bias and the parameter gradients stay fp32.
+bool mixed(const Tensor& x) { return x.device() == Device::cuda && x.dtype() == DType::bf16; }
+
+void expect_param(const char* op, const char* name, const Tensor& t, const Tensor& x, Shape shape) {
+  expect_shape(op, name, t, shape);
+  if (mixed(x)) {
+    expect_dtype(op, name, t, DType::f32);
+    KILN_CHECK(t.device() == x.device(), op, "{} must be on {}, got {}", name, device_name(x.device()), t.describe());
+  } else {
+    expect_same(op, name, t, x);
+  }
+}
+
 void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias) {
   expect_rank(op, "x", x, 2);
   expect_rank(op, "w", w, 2);
   expect_same(op, "w", w, x);
   KILN_CHECK(x.size(1) == w.size(1), op, "x {} and w {} disagree on in_features", x.describe(), w.describe());
-  if (bias.defined()) expect_shape(op, "bias", bias, Shape{w.size(0)}), expect_same(op, "bias", bias, x);
+  if (bias.defined()) expect_param(op, "bias", bias, x, Shape{w.size(0)});
 }
+
+[[maybe_unused]] const float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+[[maybe_unused]] void* raw_or_null(const Tensor& t) { return t.defined() ? t.raw() : nullptr; }
 
 }  // namespace
 
@@ -42,8 +59,10 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   validate(op, x, w, bias);
   expect_shape(op, "y", y, Shape{x.size(0), w.size(0)});
   expect_same(op, "y", y, x);
-  KILN_ON_CUDA(x, op, cuda::linear_forward_f32(x.data<float>(), w.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
-                                               x.size(0), x.size(1), w.size(0), y.data<float>()));
+  KILN_CHECK(x.device() == Device::cpu || x.dtype() == DType::f32 || x.dtype() == DType::bf16, op,
+             "the GPU computes in f32 or bf16, got {}", x.describe());
+  KILN_ON_CUDA(x, op, cuda::linear_forward(x.raw(), w.raw(), x.dtype(), f32_or_null(bias), x.size(0), x.size(1),
+                                           w.size(0), y.raw()));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
@@ -66,11 +85,14 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
   expect_shape(op, "dy", dy, Shape{x.size(0), w.size(0)});
   expect_same(op, "dy", dy, x);
   if (dx.defined()) expect_shape(op, "dx", dx, x.shape()), expect_same(op, "dx", dx, x);
-  if (dw.defined()) expect_shape(op, "dw", dw, w.shape()), expect_same(op, "dw", dw, x);
-  if (dbias.defined()) expect_shape(op, "dbias", dbias, Shape{w.size(0)}), expect_same(op, "dbias", dbias, x);
-  [[maybe_unused]] auto ptr = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
-  KILN_ON_CUDA(x, op, cuda::linear_backward_f32(x.data<float>(), w.data<float>(), dy.data<float>(), x.size(0), x.size(1),
-                                                w.size(0), ptr(dx), accumulate_dx, ptr(dw), ptr(dbias)));
+  if (dw.defined()) expect_param(op, "dw", dw, x, w.shape());
+  if (dbias.defined()) expect_param(op, "dbias", dbias, x, Shape{w.size(0)});
+  KILN_ON_CUDA(x, op, {
+    KILN_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, op, "the GPU computes in f32 or bf16, got {}",
+               x.describe());
+    cuda::linear_backward(x.raw(), w.raw(), dy.raw(), x.dtype(), x.size(0), x.size(1), w.size(0), raw_or_null(dx),
+                          accumulate_dx, raw_or_null(dw), dw.defined() ? dw.dtype() : x.dtype(), f32_or_null(dbias));
+  });
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = x.size(0), in = x.size(1), out = w.size(0);

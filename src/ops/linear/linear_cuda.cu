@@ -1,46 +1,65 @@
-// fp32 linear layer on the GPU: cuBLAS for the products, small kernels for the bias.
+// Linear layer on the GPU: cuBLASLt for the products (ops/linear/gemm_cuda.cu), small
+// kernels for the bias. Activations and weights are f32, or bf16 with fp32 bias and fp32
+// weight gradients (the mixed-precision path).
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/cuda_kernels.h"
+
+#include <cuda_bf16.h>
 
 namespace kiln::cuda {
 
 namespace {
 
-__global__ void broadcast_rows(const float* __restrict__ bias, int64_t n, int64_t cols, float* __restrict__ y) {
+__device__ inline float to_float(float x) { return x; }
+__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ inline void store(float* p, float x) { *p = x; }
+__device__ inline void store(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+
+template <typename T>
+__global__ void broadcast_rows(const float* __restrict__ bias, int64_t n, int64_t cols, T* __restrict__ y) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * cols;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    y[i] = bias[i % cols];
+    store(&y[i], bias[i % cols]);
 }
 
 // dbias[c] += sum over rows of dy[r, c]: one thread per column, rows in order (deterministic).
-__global__ void column_sums(const float* __restrict__ dy, int64_t n, int64_t cols, float* __restrict__ dbias) {
+template <typename T>
+__global__ void column_sums(const T* __restrict__ dy, int64_t n, int64_t cols, float* __restrict__ dbias) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
   float sum = 0;
-  for (int64_t r = 0; r < n; ++r) sum += dy[r * cols + c];
+  for (int64_t r = 0; r < n; ++r) sum += to_float(dy[r * cols + c]);
   dbias[c] += sum;
+}
+
+template <typename T>
+void launch_bias(const float* bias, int64_t n, int64_t out, void* y) {
+  broadcast_rows<<<blocks_for(n * out, 256), 256, 0, stream()>>>(bias, n, out, static_cast<T*>(y));
+  check_launch("linear", "broadcast_rows");
+}
+
+template <typename T>
+void launch_column_sums(const void* dy, int64_t n, int64_t out, float* dbias) {
+  column_sums<<<blocks_for(out, 256), 256, 0, stream()>>>(static_cast<const T*>(dy), n, out, dbias);
+  check_launch("linear_backward", "column_sums");
 }
 
 }  // namespace
 
-void linear_forward_f32(const float* x, const float* w, const float* bias, int64_t n, int64_t in, int64_t out,
-                        float* y) {
-  if (bias) {
-    broadcast_rows<<<blocks_for(n * out, 256), 256, 0, stream()>>>(bias, n, out, y);
-    check_launch("linear", "broadcast_rows");
-  }
-  gemm_f32(false, true, n, out, in, 1.0f, x, in, w, in, bias ? 1.0f : 0.0f, y, out);
+void linear_forward(const void* x, const void* w, DType dtype, const float* bias, int64_t n, int64_t in,
+                    int64_t out, void* y) {
+  if (bias) dtype == DType::bf16 ? launch_bias<__nv_bfloat16>(bias, n, out, y) : launch_bias<float>(bias, n, out, y);
+  gemm(false, true, n, out, in, 1.0f, x, in, w, in, dtype, bias ? 1.0f : 0.0f, y, out, dtype);
 }
 
-void linear_backward_f32(const float* x, const float* w, const float* dy, int64_t n, int64_t in, int64_t out,
-                         float* dx, bool accumulate_dx, float* dw, float* dbias) {
-  if (dx) gemm_f32(false, false, n, in, out, 1.0f, dy, out, w, in, accumulate_dx ? 1.0f : 0.0f, dx, in);
-  if (dw) gemm_f32(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
-  if (dbias) {
-    column_sums<<<blocks_for(out, 256), 256, 0, stream()>>>(dy, n, out, dbias);
-    check_launch("linear_backward", "column_sums");
-  }
+void linear_backward(const void* x, const void* w, const void* dy, DType dtype, int64_t n, int64_t in, int64_t out,
+                     void* dx, bool accumulate_dx, void* dw, DType dw_dtype, float* dbias) {
+  if (dx) gemm(false, false, n, in, out, 1.0f, dy, out, w, in, dtype, accumulate_dx ? 1.0f : 0.0f, dx, in, dtype);
+  if (dw) gemm(true, false, out, in, n, 1.0f, dy, out, x, in, dtype, 1.0f, dw, in, dw_dtype);
+  if (dbias)
+    dtype == DType::bf16 ? launch_column_sums<__nv_bfloat16>(dy, n, out, dbias)
+                         : launch_column_sums<float>(dy, n, out, dbias);
 }
 
 }  // namespace kiln::cuda

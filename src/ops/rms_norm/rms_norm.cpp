@@ -2,28 +2,50 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
+#include "ops/cuda_kernels_bf16.h"
 #include "ops/rms_norm/rms_norm_kernels.h"
 
 namespace kiln::ops {
 
 namespace {
-void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& rstd) {
+// The mixed path (bf16 output y / gradient dy on the GPU): x is fp32 (the residual
+// stream) or bf16 (per-head q/k), the gain, rstd and dw fp32, dx has x's dtype.
+void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& rstd, bool mixed) {
   expect_rank(op, "x", x, 2);
-  if (w.defined()) expect_shape(op, "w", w, Shape{x.size(1)}), expect_same(op, "w", w, x);
-  expect_shape(op, "rstd", rstd, Shape{x.size(0)});
-  expect_same(op, "rstd", rstd, x);
+  const DType stats = mixed ? DType::f32 : x.dtype();
+  auto expect_stats = [&](const char* name, const Tensor& t, Shape shape) {
+    expect_shape(op, name, t, shape);
+    expect_dtype(op, name, t, stats);
+    KILN_CHECK(t.device() == x.device(), op, "{} must be on {}, got {}", name, device_name(x.device()), t.describe());
+  };
+  if (w.defined()) expect_stats("w", w, Shape{x.size(1)});
+  expect_stats("rstd", rstd, Shape{x.size(0)});
+  if (mixed)
+    KILN_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, op, "x must be f32 or bf16, got {}",
+               x.describe());
+}
+
+void expect_like(const char* op, const char* name, const Tensor& t, const Tensor& x, DType dtype) {
+  expect_shape(op, name, t, x.shape());
+  expect_dtype(op, name, t, dtype);
+  KILN_CHECK(t.device() == x.device(), op, "{} must be on {}, got {}", name, device_name(x.device()), t.describe());
 }
 }  // namespace
 
 void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
   const char* op = "rms_norm";
   KILN_OP_SCOPE(op, x);
-  validate(op, x, w, rstd);
-  expect_shape(op, "y", y, x.shape());
-  expect_same(op, "y", y, x);
+  const bool mixed = is_mixed(y);
+  validate(op, x, w, rstd, mixed);
+  expect_like(op, "y", y, x, mixed ? DType::bf16 : x.dtype());
   KILN_CHECK(eps > 0, op, "eps must be positive, got {}", eps);
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
+    if (mixed) {
+      cuda::rms_norm_forward_mixed(x.raw(), x.dtype(), w.defined() ? w.data<float>() : nullptr,
+                                   static_cast<float>(eps), x.size(0), x.size(1), bf16_data(y), rstd.data<float>());
+      return;
+    }
     expect_dtype(op, "x", x, DType::f32);
     cuda::rms_norm_forward_f32(x.data<float>(), w.defined() ? w.data<float>() : nullptr, static_cast<float>(eps),
                                x.size(0), x.size(1), y.data<float>(), rstd.data<float>(), nullptr);
@@ -43,15 +65,20 @@ void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, con
                        const Tensor& dw, bool accumulate_dx) {
   const char* op = "rms_norm_backward";
   KILN_OP_SCOPE(op, x);
-  validate(op, x, w, rstd);
-  expect_shape(op, "dy", dy, x.shape());
-  expect_same(op, "dy", dy, x);
-  expect_shape(op, "dx", dx, x.shape());
-  expect_same(op, "dx", dx, x);
+  const bool mixed = is_mixed(dy);
+  validate(op, x, w, rstd, mixed);
+  expect_like(op, "dy", dy, x, mixed ? DType::bf16 : x.dtype());
+  expect_like(op, "dx", dx, x, x.dtype());
   KILN_CHECK(!dw.defined() || w.defined(), op, "dw given for a norm without gain");
-  if (dw.defined()) expect_shape(op, "dw", dw, w.shape()), expect_same(op, "dw", dw, x);
+  if (dw.defined()) expect_like(op, "dw", dw, w, w.dtype());
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
+    if (mixed) {
+      cuda::rms_norm_backward_mixed(x.raw(), x.dtype(), w.defined() ? w.data<float>() : nullptr, rstd.data<float>(),
+                                    bf16_data(dy), x.size(0), x.size(1), dx.raw(), accumulate_dx,
+                                    dw.defined() ? dw.data<float>() : nullptr);
+      return;
+    }
     expect_dtype(op, "x", x, DType::f32);
     cuda::rms_norm_backward_f32(x.data<float>(), w.defined() ? w.data<float>() : nullptr, rstd.data<float>(),
                                 dy.data<float>(), x.size(0), x.size(1), dx.data<float>(),

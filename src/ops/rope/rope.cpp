@@ -3,6 +3,7 @@
 #include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
+#include "ops/cuda_kernels_bf16.h"
 
 #include <cmath>
 
@@ -46,10 +47,21 @@ void rope_apply(const Tensor& x, const Tensor& positions, const Tensor& cos, con
   KILN_CHECK(x.size(2) % 2 == 0, op, "head_dim must be even, got {}", x.describe());
   expect_rank(op, "cos", cos, 2);
   KILN_CHECK(cos.size(1) == x.size(2) / 2, op, "cos {} does not fit head_dim {}", cos.describe(), x.size(2));
-  expect_same(op, "cos", cos, x);
-  expect_same(op, "sin", sin, x);
-  KILN_ON_CUDA(x, op, cuda::rope_apply_f32(x.data<float>(), positions.data<int32_t>(), cos.data<float>(), sin.data<float>(),
-                                           x.size(0), x.size(1), x.size(2) / 2, inverse));
+  if (is_mixed(x)) {  // bf16 activations, fp32 tables
+    expect_dtype(op, "cos", cos, DType::f32);
+    expect_dtype(op, "sin", sin, DType::f32);
+  } else {
+    expect_same(op, "cos", cos, x);
+    expect_same(op, "sin", sin, x);
+  }
+  KILN_ON_CUDA(x, op, {
+    if (is_mixed(x))
+      cuda::rope_apply_bf16(bf16_data(x), positions.data<int32_t>(), cos.data<float>(), sin.data<float>(), x.size(0),
+                            x.size(1), x.size(2) / 2, inverse);
+    else
+      cuda::rope_apply_f32(x.data<float>(), positions.data<int32_t>(), cos.data<float>(), sin.data<float>(),
+                           x.size(0), x.size(1), x.size(2) / 2, inverse);
+  });
   const int64_t n = x.size(0), heads = x.size(1), half = x.size(2) / 2, max_pos = cos.size(0);
   const int32_t* pos = positions.data<int32_t>();
   for (int64_t i = 0; i < n; ++i)

@@ -3,6 +3,7 @@
 #include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels.h"
+#include "ops/cuda_kernels_bf16.h"
 
 #include <cmath>
 
@@ -22,7 +23,12 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& out) {
   const char* op = "swiglu";
   KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, out, "out");
-  KILN_ON_CUDA(gate_up, op, cuda::swiglu_forward_f32(gate_up.data<float>(), gate_up.size(0), out.size(1), out.data<float>()));
+  KILN_ON_CUDA(gate_up, op, {
+    if (is_mixed(gate_up))
+      cuda::swiglu_forward_bf16(bf16_data(gate_up), gate_up.size(0), out.size(1), bf16_data(out));
+    else
+      cuda::swiglu_forward_f32(gate_up.data<float>(), gate_up.size(0), out.size(1), out.data<float>());
+  });
   dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = gate_up.size(0), f = out.size(1);
@@ -44,8 +50,14 @@ void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dg
   validate(op, gate_up, dout, "dout");
   expect_shape(op, "dgate_up", dgate_up, gate_up.shape());
   expect_same(op, "dgate_up", dgate_up, gate_up);
-  KILN_ON_CUDA(gate_up, op, cuda::swiglu_backward_f32(gate_up.data<float>(), dout.data<float>(), gate_up.size(0),
-                                                      dout.size(1), dgate_up.data<float>()));
+  KILN_ON_CUDA(gate_up, op, {
+    if (is_mixed(gate_up))
+      cuda::swiglu_backward_bf16(bf16_data(gate_up), bf16_data(dout), gate_up.size(0), dout.size(1),
+                                 bf16_data(dgate_up));
+    else
+      cuda::swiglu_backward_f32(gate_up.data<float>(), dout.data<float>(), gate_up.size(0), dout.size(1),
+                                dgate_up.data<float>());
+  });
   dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = gate_up.size(0), f = dout.size(1);

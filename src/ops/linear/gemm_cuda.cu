@@ -1,0 +1,125 @@
+// Dtype-generic GEMM on cuBLASLt (the contract is in ops/cuda_kernels.h). Each distinct
+// problem (shape, transposes, dtypes, whether C is read) gets its descriptors and the
+// heuristic's first algorithm once, then reuses them: the step loop never asks the
+// heuristic again, and a given shape always runs the same algorithm (reproducible bits).
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "ops/cuda_kernels.h"
+
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+
+namespace kiln::cuda {
+
+namespace {
+
+// cuBLAS' recommendation for Hopper: 32 MiB lets the heuristic pick split-K and
+// stream-K kernels for the skinny shapes (weight gradients).
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+void check_lt(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) fail("gemm", "cuBLASLt {} failed: {}", what, cublasGetStatusString(status));
+}
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: fail("gemm", "no GEMM on {} operands", dtype_name(dtype));
+  }
+}
+
+struct LtContext {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  LtContext() {
+    check_lt(cublasLtCreate(&handle), "create");
+    // Allocated once, on first use (before any graph capture: the model's first forward).
+    check(cudaMalloc(&workspace, kWorkspaceBytes), "gemm", "cudaMalloc workspace");
+  }
+};
+
+LtContext& lt() {
+  static LtContext context;
+  return context;
+}
+
+// Column-major view (cuBLAS' native order) of a row-major problem: C^T = op(B)^T op(A)^T,
+// so B is the first operand and the roles of m and n swap.
+struct Problem {
+  bool trans_a, trans_b;
+  int64_t m, n, k, lda, ldb, ldc;
+  DType ab, c;
+  bool reads_c;
+  auto key() const { return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c, reads_c); }
+  bool operator<(const Problem& o) const { return key() < o.key(); }
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+Plan make_plan(const Problem& p) {
+  Plan plan;
+  // Pedantic fp32 for f32 x f32 (the path checked against the CPU reference); fp32
+  // accumulation of bf16 products otherwise.
+  const cublasComputeType_t compute = p.ab == DType::f32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+  check_lt(cublasLtMatmulDescCreate(&plan.op, compute, CUDA_R_32F), "matmul descriptor");
+  // First operand of the column-major product is B (row-major [k, n] or [n, k] when transposed).
+  const cublasOperation_t op_first = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "transa");
+  check_lt(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
+           "transb");
+  // Column-major shapes as stored: B^T is [n, k] (or [k, n] if trans_b), leading dim ldb.
+  const uint64_t b_rows = p.trans_b ? p.k : p.n, b_cols = p.trans_b ? p.n : p.k;
+  const uint64_t a_rows = p.trans_a ? p.m : p.k, a_cols = p.trans_a ? p.k : p.m;
+  check_lt(cublasLtMatrixLayoutCreate(&plan.a, cuda_type(p.ab), b_rows, b_cols, p.ldb), "layout B");
+  check_lt(cublasLtMatrixLayoutCreate(&plan.b, cuda_type(p.ab), a_rows, a_cols, p.lda), "layout A");
+  check_lt(cublasLtMatrixLayoutCreate(&plan.c, cuda_type(p.c), p.n, p.m, p.ldc), "layout C");
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  check_lt(cublasLtMatmulPreferenceCreate(&preference), "preference");
+  const size_t workspace = kWorkspaceBytes;
+  check_lt(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                sizeof(workspace)),
+           "preference workspace");
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  check_lt(cublasLtMatmulAlgoGetHeuristic(lt().handle, plan.op, plan.a, plan.b, plan.c, plan.c, preference, 1,
+                                          &result, &found),
+           "heuristic");
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (found == 0)
+    fail("gemm", "cuBLASLt has no algorithm for m={} n={} k={} {} x {} -> {}", p.m, p.n, p.k, dtype_name(p.ab),
+         dtype_name(p.ab), dtype_name(p.c));
+  plan.algo = result.algo;
+  return plan;
+}
+
+const Plan& plan_for(const Problem& p) {
+  static std::map<Problem, Plan> plans;  // descriptors live as long as the process
+  auto it = plans.find(p);
+  if (it == plans.end()) it = plans.emplace(p, make_plan(p)).first;
+  return it->second;
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
+          const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) fail("gemm", "k = 0 (m={} n={})", m, n);
+  const Problem problem{trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_dtype, c_dtype, beta != 0.0f};
+  const Plan& plan = plan_for(problem);
+  check_lt(cublasLtMatmul(lt().handle, plan.op, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c, &plan.algo,
+                          lt().workspace, kWorkspaceBytes, stream()),
+           "matmul");
+}
+
+}  // namespace kiln::cuda
