@@ -1,0 +1,172 @@
+// Cross-entropy rows of the mixed-precision path (declared in ops/cuda_kernels_bf16.h):
+// fp32 logits in, bf16 logit gradient out, logits left untouched. Formulas (softcap,
+// z-loss, ignored targets, row_stats) are those of cross_entropy_cuda.cu.
+//
+// One 512-thread block per row. The logits are read twice, no more: a first pass keeps a
+// running (max, sum of exp) per thread (online softmax: when the max grows the sum is
+// rescaled), the pairs are combined in a fixed tree order into logsumexp; a second pass
+// recomputes the softcapped logit and writes the gradient. Rows whose length is a
+// multiple of 8 with 16-byte aligned pointers move 8 logits per thread per access (two
+// float4 in, one 16-byte bf16 store out); others take the scalar path. Offsets are int64,
+// so a chunk may hold more than 2^31 logits.
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "ops/cuda_kernels_bf16.h"
+
+#include <cuda_bf16.h>
+
+#include <climits>
+#include <cstdint>
+
+namespace kiln::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr const char* kOp = "lm_head_loss";
+constexpr int kThreads = 512;
+constexpr int kWarp = 32;
+constexpr int kVec = 8;
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <int W>
+__device__ __forceinline__ void load(const float* p, float (&v)[W]) {
+  if constexpr (W == 1) {
+    v[0] = *p;
+  } else {
+    static_assert(W == 8);
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void store(bf16* p, const float (&v)[W]) {
+  if constexpr (W == 1) {
+    *p = __float2bfloat16_rn(v[0]);
+  } else {
+    uint4 raw;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);  // .x (low half) = first
+    *reinterpret_cast<uint4*>(p) = raw;
+  }
+}
+
+// A partial softmax denominator: sum of exp(x - max) over the logits seen so far.
+struct MaxSum {
+  float max;
+  float sum;
+};
+
+// Both parts rescaled to the larger max. Two empty parts (max -inf) stay empty.
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.max, b.max);
+  if (m == -INFINITY) return a;
+  return {m, a.sum * __expf(a.max - m) + b.sum * __expf(b.max - m)};
+}
+
+// The block's (max, sum): a shuffle tree in each warp, then warp 0 over the warps' results,
+// always in the same order. Every thread gets the result. Called once per block.
+__device__ MaxSum block_combine(MaxSum v) {
+  __shared__ MaxSum partial[kThreads / kWarp];
+  __shared__ MaxSum total;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v = combine(v, {__shfl_down_sync(0xffffffffu, v.max, offset), __shfl_down_sync(0xffffffffu, v.sum, offset)});
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < kThreads / kWarp ? partial[lane] : MaxSum{-INFINITY, 0.0f};
+#pragma unroll
+    for (int offset = kWarp / 2; offset > 0; offset /= 2)
+      v = combine(v, {__shfl_down_sync(0xffffffffu, v.max, offset), __shfl_down_sync(0xffffffffu, v.sum, offset)});
+    if (lane == 0) total = v;
+  }
+  __syncthreads();
+  return total;
+}
+
+template <int W>
+__global__ void __launch_bounds__(kThreads)
+    rows_kernel(const float* __restrict__ logits, const int32_t* __restrict__ targets, int64_t vocab, float z_loss,
+                float loss_scale, float cap, bool grad, double* __restrict__ stats, bf16* __restrict__ grad_out) {
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * vocab;
+  bf16* g_row = grad ? grad_out + row * vocab : nullptr;
+  const int64_t vecs = vocab / W;
+  const int32_t target = targets[row];
+  if (target < 0) {  // the whole block returns together
+    if (grad) {
+      float zero[W] = {};
+      for (int64_t i = threadIdx.x; i < vecs; i += kThreads) store<W>(g_row + i * W, zero);
+    }
+    if (threadIdx.x == 0) stats[2 * row] = stats[2 * row + 1] = 0;
+    return;
+  }
+
+  MaxSum acc{-INFINITY, 0.0f};
+  for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
+    float v[W];
+    load<W>(x + i * W, v);
+    float m = acc.max;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (cap > 0) v[k] = cap * tanhf(v[k] / cap);
+      m = fmaxf(m, v[k]);
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < W; ++k) sum += __expf(v[k] - m);
+    acc = {m, acc.sum * __expf(acc.max - m) + sum};  // acc.max = -inf: exp gives 0, sum was 0
+  }
+  const MaxSum row_total = block_combine(acc);
+  const float lse = row_total.max + logf(row_total.sum);
+  float target_logit = x[target];
+  if (cap > 0) target_logit = cap * tanhf(target_logit / cap);
+  if (threadIdx.x == 0) {
+    stats[2 * row] = static_cast<double>(lse) - target_logit;
+    stats[2 * row + 1] = static_cast<double>(lse) * lse;
+  }
+  if (!grad) return;
+
+  const float zfactor = 1.0f + 2.0f * z_loss * lse;
+  for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
+    float v[W];
+    load<W>(x + i * W, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float xc = cap > 0 ? cap * tanhf(v[k] / cap) : v[k];
+      float g = __expf(xc - lse) * zfactor - (i * W + k == target ? 1.0f : 0.0f);
+      if (cap > 0) {
+        const float t = xc / cap;
+        g *= 1.0f - t * t;
+      }
+      v[k] = g * loss_scale;
+    }
+    store<W>(g_row + i * W, v);
+  }
+}
+
+}  // namespace
+
+void cross_entropy_rows_to_bf16(const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                                float z_loss, float loss_scale, float softcap, bool grad, double* row_stats,
+                                bf16_bits* grad_out) {
+  if (rows == 0) return;
+  KILN_CHECK(rows <= INT_MAX, kOp, "{} rows exceed the grid limit", rows);
+  bf16* g = reinterpret_cast<bf16*>(grad_out);
+  const bool vec = vocab % kVec == 0 && aligned16(logits) && (!grad || aligned16(g));
+  if (vec)
+    rows_kernel<kVec><<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(logits, targets, vocab, z_loss,
+                                                                             loss_scale, softcap, grad, row_stats, g);
+  else
+    rows_kernel<1><<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(logits, targets, vocab, z_loss, loss_scale,
+                                                                          softcap, grad, row_stats, g);
+  check_launch(kOp, "rows_kernel");
+}
+
+}  // namespace kiln::cuda

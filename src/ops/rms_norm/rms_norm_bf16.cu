@@ -1,0 +1,359 @@
+// RMSNorm of the mixed-precision path (declared in ops/cuda_kernels_bf16.h): x fp32 (the
+// residual stream) or bf16 (per-head q/k norm), gain fp32, y and dy bf16, rstd fp32.
+// Formulas and fp32 arithmetic are those of rms_norm_cuda.cu.
+//
+// Rows map to groups of kThreads threads inside 256-thread blocks: 8 or 16 threads for
+// head-sized rows (64 or 128 columns), a warp for rows up to 1024 columns, the whole
+// block above that. A group's sums reduce by shuffles (and shared memory across warps),
+// always in the same order. Rows whose length is a multiple of 8 with 16-byte aligned
+// pointers move 8 elements per thread per access (16 bytes of bf16, two float4 of fp32);
+// any other row takes the scalar path.
+//
+// dw = sum over rows of dy * x * rstd is fused into the dx kernel, so x and dy are read
+// from memory once for both (the fp32 path's column-parallel dw kernel would reread them,
+// and its cols / 32 blocks are too few to stream at full bandwidth). Each block owns a
+// contiguous range of rows, every thread keeps its columns' running sums in shared
+// memory (one set per group), and at the end the block folds its groups in order and
+// writes one row of partial sums to fixed device scratch. A second kernel adds the
+// partial rows column by column in a fixed order and does `dw +=`. The block count
+// depends only on the shape and the path taken (dtype, vector or scalar), so dw is
+// bitwise reproducible. The scratch is a static device array: no allocation, no host
+// synchronization, safe under CUDA-graph capture. Only one stream
+// (kiln::cuda::stream()) runs these kernels, so two calls never share it at once.
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "ops/cuda_kernels_bf16.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+namespace kiln::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr const char* kOp = "rms_norm_mixed";
+constexpr int kWarp = 32;
+constexpr int kBlockThreads = 256;
+constexpr int kVec = 8;
+
+// dw scratch: at most kDwBlocks partial rows of `cols` floats, 16 MiB in all. 2048 blocks
+// of one or more row groups fill an H200 (132 SMs) several times over, so the last wave
+// is short; longer rows get fewer blocks so that blocks * cols fits.
+constexpr int64_t kDwBlocks = 2048;
+constexpr int64_t kDwScratchFloats = int64_t{1} << 22;
+__device__ float g_dw_partials[kDwScratchFloats];
+
+bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---- loads and stores of W consecutive elements as fp32 --------------------------------
+
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const bf16* p, float (&v)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    v[2 * k] = f.x, v[2 * k + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store8(bf16* p, const float (&v)[8]) {
+  uint4 raw;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);  // .x (low half) = first
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void from_f32(float v, float* p) { *p = v; }
+__device__ __forceinline__ void from_f32(float v, bf16* p) { *p = __float2bfloat16_rn(v); }
+
+template <int W, typename T>
+__device__ __forceinline__ void load(const T* p, float (&v)[W]) {
+  if constexpr (W == 1) v[0] = to_f32(*p);
+  else load8(p, v);
+}
+template <int W, typename T>
+__device__ __forceinline__ void store(T* p, const float (&v)[W]) {
+  if constexpr (W == 1) from_f32(v[0], p);
+  else store8(p, v);
+}
+// The gain, or ones without one.
+template <int W>
+__device__ __forceinline__ void load_gain(const float* w, int64_t c, float (&v)[W]) {
+  if (w) {
+    load<W>(w + c, v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = 1.0f;
+  }
+}
+
+// ---- reductions ------------------------------------------------------------------------
+
+// Sum over the kThreads threads of one row group; every one of them gets the same total.
+// All threads of the block call it together (no thread leaves early): the shuffles use the
+// full warp and the block version has barriers.
+template <int kThreads>
+__device__ __forceinline__ float group_sum(float v) {
+  constexpr int kWarpWidth = kThreads < kWarp ? kThreads : kWarp;
+#pragma unroll
+  for (int offset = kWarpWidth / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  if constexpr (kThreads <= kWarp) {
+    return v;
+  } else {
+    static_assert(kThreads % kWarp == 0 && kThreads / kWarp <= kWarp);
+    __shared__ float partial[kThreads / kWarp];
+    const int lane = threadIdx.x % kWarp;
+    __syncthreads();  // partial may still be read by the previous call
+    if (lane == 0) partial[threadIdx.x / kWarp] = v;
+    __syncthreads();
+    // Each warp reduces the same partials in the same order: all see one value.
+    v = lane < kThreads / kWarp ? partial[lane] : 0.0f;
+#pragma unroll
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+  }
+}
+
+// ---- kernels ------------------------------------------------------------------------------
+
+// Blocks of kThreads * kRows = 256 threads, kRows rows per block, one group per row.
+template <typename TX, int kThreads, int W>
+__global__ void __launch_bounds__(kBlockThreads)
+    forward_kernel(const TX* __restrict__ x, const float* __restrict__ w, float eps, int64_t rows, int64_t cols,
+                   bf16* __restrict__ y, float* __restrict__ rstd) {
+  constexpr int kRows = kBlockThreads / kThreads;
+  const int t = static_cast<int>(threadIdx.x % kThreads);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRows + threadIdx.x / kThreads;
+  const bool valid = row < rows;  // groups past the last row still join the shuffles
+  const int64_t vecs = valid ? cols / W : 0;
+  const TX* xr = x + (valid ? row : 0) * cols;
+  bf16* yr = y + (valid ? row : 0) * cols;
+
+  float sum_sq = 0.0f;
+  for (int64_t i = t; i < vecs; i += kThreads) {
+    float v[W];
+    load<W>(xr + i * W, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) sum_sq += v[k] * v[k];
+  }
+  sum_sq = group_sum<kThreads>(sum_sq);
+  const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(cols) + eps);
+  if (valid && t == 0) rstd[row] = inv;
+
+  for (int64_t i = t; i < vecs; i += kThreads) {
+    float v[W], g[W], out[W];
+    load<W>(xr + i * W, v);
+    load_gain<W>(w, i * W, g);
+#pragma unroll
+    for (int k = 0; k < W; ++k) out[k] = v[k] * inv * g[k];
+    store<W>(yr + i * W, out);
+  }
+}
+
+// dx = r * (g - x * r^2 * mean(g * x)) with g = dy * w, `=` or `+=` by accumulate; with
+// with_dw, also this block's partial sums of dy * x * r per column (see the top).
+// Block b owns rows [b * rows_per_block, ...); its kRows groups take them kRows at a time,
+// every group running the same number of iterations (the shuffles and barriers need all).
+template <typename TX, int kThreads, int W>
+__global__ void __launch_bounds__(kBlockThreads)
+    backward_kernel(const TX* __restrict__ x, const float* __restrict__ w, const float* __restrict__ rstd,
+                    const bf16* __restrict__ dy, int64_t rows, int64_t cols, int64_t rows_per_block,
+                    TX* __restrict__ dx, bool accumulate, bool with_dw) {
+  constexpr int kRows = kBlockThreads / kThreads;
+  extern __shared__ float dw_sums[];  // kRows sets of cols sums when with_dw
+  const int t = static_cast<int>(threadIdx.x % kThreads);
+  const int group = static_cast<int>(threadIdx.x / kThreads);
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t end = begin + rows_per_block < rows ? begin + rows_per_block : rows;
+  const int64_t iterations = (end - begin + kRows - 1) / kRows;
+  // Column i * W + k sits at my_sums[k * (cols / W) + i]: for each k a warp touches
+  // consecutive words (no bank conflicts), and each slot belongs to one thread.
+  const int64_t stride = cols / W;
+  float* my_sums = dw_sums + group * cols;
+  if (with_dw)
+    for (int64_t i = t; i < stride; i += kThreads)
+#pragma unroll
+      for (int k = 0; k < W; ++k) my_sums[k * stride + i] = 0.0f;
+
+  for (int64_t it = 0; it < iterations; ++it) {
+    const int64_t row = begin + it * kRows + group;
+    const bool valid = row < end;
+    const int64_t vecs = valid ? cols / W : 0;
+    const TX* xr = x + (valid ? row : 0) * cols;
+    const bf16* gr = dy + (valid ? row : 0) * cols;
+    TX* dxr = dx + (valid ? row : 0) * cols;
+
+    float dot = 0.0f;
+    for (int64_t i = t; i < vecs; i += kThreads) {
+      float v[W], d[W], s[W];
+      load<W>(xr + i * W, v);
+      load<W>(gr + i * W, d);
+      load_gain<W>(w, i * W, s);
+#pragma unroll
+      for (int k = 0; k < W; ++k) dot += d[k] * s[k] * v[k];
+    }
+    dot = group_sum<kThreads>(dot);
+    if (!valid) continue;
+    const float inv = rstd[row];
+    const float coef = dot * inv * inv / static_cast<float>(cols);
+
+    for (int64_t i = t; i < vecs; i += kThreads) {
+      float v[W], d[W], s[W], out[W];
+      load<W>(xr + i * W, v);
+      load<W>(gr + i * W, d);
+      load_gain<W>(w, i * W, s);
+#pragma unroll
+      for (int k = 0; k < W; ++k) out[k] = inv * (d[k] * s[k] - v[k] * coef);
+      if (accumulate) {
+        float old[W];
+        load<W>(dxr + i * W, old);
+#pragma unroll
+        for (int k = 0; k < W; ++k) out[k] = old[k] + out[k];
+      }
+      store<W>(dxr + i * W, out);
+      if (with_dw)
+#pragma unroll
+        for (int k = 0; k < W; ++k) my_sums[k * stride + i] += d[k] * v[k] * inv;
+    }
+  }
+  if (!with_dw) return;
+
+  __syncthreads();  // every group's sums are complete
+  float* partial = g_dw_partials + static_cast<int64_t>(blockIdx.x) * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += kBlockThreads) {
+    float total = 0.0f;
+    const int64_t slot = c % W * stride + c / W;
+    for (int g = 0; g < kRows; ++g) total += dw_sums[g * cols + slot];
+    partial[c] = total;
+  }
+}
+
+// dw[c] += sum over blocks b (in order of b's slice) of g_dw_partials[b][c]. Block
+// (kSumCols, kSumSlices): threadIdx.x picks the column (a warp reads 32 consecutive
+// floats), threadIdx.y a fixed slice of the partial rows; slices are then added in order.
+constexpr int kSumCols = 32;
+constexpr int kSumSlices = 16;
+
+__global__ void __launch_bounds__(kSumCols* kSumSlices)
+    dw_sum_kernel(int64_t blocks, int64_t cols, float* __restrict__ dw) {
+  __shared__ float slice[kSumSlices][kSumCols + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
+  float sum = 0.0f;
+  if (c < cols)
+    for (int64_t b = threadIdx.y; b < blocks; b += kSumSlices) sum += g_dw_partials[b * cols + c];
+  slice[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float total = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSumSlices; ++s) total += slice[s][threadIdx.x];
+    dw[c] += total;
+  }
+}
+
+// ---- launch shapes --------------------------------------------------------------------------
+
+unsigned grid_size(int64_t blocks) {
+  KILN_CHECK(blocks <= INT_MAX, kOp, "{} blocks exceed the grid limit", blocks);
+  return static_cast<unsigned>(blocks);
+}
+
+// Calls f(TX{}, integral_constant<kThreads>, integral_constant<W>) for x's dtype, the
+// threads per row (by how many vectors a row has) and the vector width.
+template <typename F>
+void dispatch(DType x_dtype, int64_t cols, bool vec, F&& f) {
+  auto with_width = [&](auto tx, auto width) {
+    const int64_t vecs = cols / decltype(width)::value;
+    if (vecs <= 8) f(tx, std::integral_constant<int, 8>{}, width);
+    else if (vecs <= 16) f(tx, std::integral_constant<int, 16>{}, width);
+    else if (vecs <= 128) f(tx, std::integral_constant<int, kWarp>{}, width);
+    else f(tx, std::integral_constant<int, kBlockThreads>{}, width);
+  };
+  auto with_type = [&](auto tx) {
+    if (vec) with_width(tx, std::integral_constant<int, kVec>{});
+    else with_width(tx, std::integral_constant<int, 1>{});
+  };
+  if (x_dtype == DType::bf16) with_type(bf16{});
+  else with_type(float{});
+}
+
+// Shared memory of the backward kernel beyond the 48 KiB default needs an opt-in; rows
+// that long (over 12288 columns with a whole block per row) are rare, so it is set lazily.
+template <typename Kernel>
+void allow_shared_memory(Kernel kernel, size_t bytes) {
+  constexpr size_t kDefault = 48 * 1024;
+  if (bytes <= kDefault) return;
+  int device = 0, limit = 0;
+  check(cudaGetDevice(&device), kOp, "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), kOp, "shared memory limit");
+  KILN_CHECK(bytes <= static_cast<size_t>(limit), kOp, "rows of this length need {} bytes of shared memory (limit {})",
+             bytes, limit);
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), kOp,
+        "cudaFuncSetAttribute");
+}
+
+}  // namespace
+
+void rms_norm_forward_mixed(const void* x, DType x_dtype, const float* w, float eps, int64_t rows, int64_t cols,
+                            bf16_bits* y, float* rstd) {
+  if (rows == 0) return;
+  const bool vec = cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(y);
+  dispatch(x_dtype, cols, vec, [&](auto tx, auto threads, auto width) {
+    using TX = decltype(tx);
+    constexpr int kThreads = decltype(threads)::value, W = decltype(width)::value;
+    constexpr int kRows = kBlockThreads / kThreads;
+    forward_kernel<TX, kThreads, W><<<grid_size((rows + kRows - 1) / kRows), kBlockThreads, 0, stream()>>>(
+        static_cast<const TX*>(x), w, eps, rows, cols, reinterpret_cast<bf16*>(y), rstd);
+    check_launch(kOp, "forward_kernel");
+  });
+}
+
+void rms_norm_backward_mixed(const void* x, DType x_dtype, const float* w, const float* rstd, const bf16_bits* dy,
+                             int64_t rows, int64_t cols, void* dx, bool accumulate_dx, float* dw) {
+  if (rows == 0 || cols == 0) return;
+  KILN_CHECK(cols <= kDwScratchFloats, kOp, "{} columns exceed the dw scratch", cols);
+  const bool vec = cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx);
+  const bool with_dw = dw != nullptr;
+  dispatch(x_dtype, cols, vec, [&](auto tx, auto threads, auto width) {
+    using TX = decltype(tx);
+    constexpr int kThreads = decltype(threads)::value, W = decltype(width)::value;
+    constexpr int64_t kRows = kBlockThreads / kThreads;
+    // Blocks: one per row group, at most kDwBlocks and what the scratch holds. Then rows
+    // are spread evenly, every block getting at least one (no block is empty).
+    const int64_t groups = (rows + kRows - 1) / kRows;
+    int64_t blocks = std::min({groups, kDwBlocks, kDwScratchFloats / cols});
+    const int64_t rows_per_block = (rows + blocks - 1) / blocks;
+    blocks = (rows + rows_per_block - 1) / rows_per_block;
+    const size_t shared = with_dw ? static_cast<size_t>(kRows * cols) * sizeof(float) : 0;
+    auto kernel = backward_kernel<TX, kThreads, W>;
+    allow_shared_memory(kernel, shared);
+    kernel<<<grid_size(blocks), kBlockThreads, shared, stream()>>>(
+        static_cast<const TX*>(x), w, rstd, reinterpret_cast<const bf16*>(dy), rows, cols, rows_per_block,
+        static_cast<TX*>(dx), accumulate_dx, with_dw);
+    check_launch(kOp, "backward_kernel");
+    if (with_dw) {
+      dw_sum_kernel<<<grid_size((cols + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumSlices), 0, stream()>>>(
+          blocks, cols, dw);
+      check_launch(kOp, "dw_sum_kernel");
+    }
+  });
+}
+
+}  // namespace kiln::cuda
