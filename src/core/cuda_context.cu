@@ -4,9 +4,16 @@
 namespace kiln::cuda {
 
 cudaStream_t stream() {
-  // The legacy default stream for now: every kernel, copy and cuBLAS call is ordered on
-  // it. A dedicated stream arrives with CUDA-graph capture of the whole step.
-  return nullptr;
+  // One created stream for every kernel and library call: CUDA graphs cannot capture the
+  // legacy default stream. It is a blocking stream (default flags), so the plain
+  // cudaMemcpy/cudaMemset calls of core/device_memory (legacy stream) stay ordered with
+  // it both ways, as before.
+  static cudaStream_t s = [] {
+    cudaStream_t created = nullptr;
+    check(cudaStreamCreate(&created), "cuda", "cudaStreamCreate");
+    return created;
+  }();
+  return s;
 }
 
 cublasHandle_t blas() {

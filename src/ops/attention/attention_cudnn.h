@@ -22,4 +22,12 @@ void attention_backward_bf16(const AttentionArgs& a, int64_t max_seqlen, const b
                              const bf16_bits* v, const bf16_bits* out, const float* lse, const bf16_bits* dout,
                              bf16_bits* dq, bf16_bits* dk, bf16_bits* dv);
 
+// cuDNN graphs are built per shape bucket: the number of sequences rounded up to a power of
+// two and max_seqlen to a power of two (at least 64), the extra sequences empty. Off, the
+// exact shape is used (a graph per distinct (num_seqs, max_seqlen)). On by default;
+// KILN_CUDNN_BUCKET=0 in the environment turns it off; this setter overrides both.
+void set_attention_cudnn_bucketing(bool on);
+// cuDNN graphs built so far in this process (forward and backward): tests check reuse.
+int64_t attention_cudnn_graph_count();
+
 }  // namespace kiln::cuda

@@ -48,7 +48,7 @@ void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& bi
   if (bias.defined()) expect_param(op, "bias", bias, x, Shape{w.size(0)});
 }
 
-[[maybe_unused]] const float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+[[maybe_unused]] float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 [[maybe_unused]] void* raw_or_null(const Tensor& t) { return t.defined() ? t.raw() : nullptr; }
 
 }  // namespace
