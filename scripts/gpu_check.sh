@@ -149,6 +149,7 @@ fi
 # (or failed=1 when it does not run or its accuracy check fails).
 # GPU_CHECK_BENCH: space-separated configs to benchmark (empty = none); each runs kiln bench
 # and the PyTorch peer (eager and torch.compile; bf16 autocast and plain fp32) on this card.
+# GPU_CHECK_PEER_DTYPES: the peer's precisions (default "bf16 fp32"; empty = no peer).
 BENCH_CONFIGS=${GPU_CHECK_BENCH-configs/bench-124m.toml}
 PEER_PYTHON=${PEER_PYTHON:-/opt/torch/.venv/bin/python3}
 [ -x "$PEER_PYTHON" ] || PEER_PYTHON=python3
@@ -162,7 +163,7 @@ for config in $BENCH_CONFIGS; do
     status=1
   fi
   cat "$LOGS/$name.kiln.log"
-  for dtype in bf16 fp32; do
+  for dtype in ${GPU_CHECK_PEER_DTYPES-bf16 fp32}; do
     start=$(date +%s.%N)
     if "$PEER_PYTHON" bench/torch_peer.py --config "$config" --dtype "$dtype" --steps 10 --warmup 3 \
         >>"$LOGS/bench.jsonl" 2>"$LOGS/$name.peer.$dtype.log"; then

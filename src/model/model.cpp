@@ -56,8 +56,7 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
     ctx.buffer(dres_, Shape{t, d}, master);
   }
   const int64_t chunk = std::min(options.loss_chunk_rows, t);
-  ctx.buffer(head_scratch_.logits, Shape{chunk, config.vocab_size}, master);
-  if (ctx.mixed() && options.training) ctx.buffer(head_scratch_.grad, Shape{chunk, config.vocab_size}, DType::bf16);
+  ctx.buffer(head_scratch_.logits, Shape{chunk, config.vocab_size}, options.dtype);
   ctx.buffer(head_scratch_.row_stats, Shape{chunk, 2}, DType::f64);
 }
 
@@ -221,8 +220,11 @@ void Model::logits(int64_t first, int64_t count, std::vector<float>& out) {
     ops::lm_head_logits(hidden_.rows(first + begin, first + begin + rows), head_weight(), 0.0, logits);
     copy_tensor(logits, host->rows(0, rows));
     float* dst = out.data() + begin * vocab;
+    const DType dtype = host->dtype();
     for (int64_t i = 0; i < rows * vocab; ++i)
-      dst[i] = host->dtype() == DType::f32 ? host->data<float>()[i] : static_cast<float>(host->data<double>()[i]);
+      dst[i] = dtype == DType::f32    ? host->data<float>()[i]
+               : dtype == DType::bf16 ? bf16_to_float(static_cast<const uint16_t*>(host->raw())[i])
+                                      : static_cast<float>(host->data<double>()[i]);
   }
 }
 

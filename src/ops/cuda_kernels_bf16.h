@@ -53,4 +53,9 @@ void cross_entropy_rows_to_bf16(const float* logits, const int32_t* targets, int
                                 float z_loss, float loss_scale, float softcap, bool grad, double* row_stats,
                                 bf16_bits* grad_out);
 
+// The same on a bf16 logits chunk, in place: with grad, each row of `logits` becomes its
+// bf16 gradient (the LM head's mixed path keeps logits in bf16, as autocast does).
+void cross_entropy_rows_bf16(bf16_bits* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
+                             float loss_scale, float softcap, bool grad, double* row_stats);
+
 }  // namespace kiln::cuda

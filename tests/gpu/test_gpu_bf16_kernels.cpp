@@ -711,6 +711,51 @@ TEST_F(Bf16Kernels, CrossEntropyRows) {
   }
 }
 
+// The in-place variant on bf16 logits (the LM head's mixed path): the same reference on
+// the bf16-rounded logits; with grad the logits turn into the gradient, without it they
+// are left as they were.
+TEST_F(Bf16Kernels, CrossEntropyRowsInPlaceOnBf16Logits) {
+  const CeOptions option_sets[] = {{0, 1, 0}, {1e-2f, 1.0f / 37, 0}, {1e-3f, 1.0f / 3, 5}};
+  for (auto [rows, vocab] : {std::pair<int64_t, int64_t>{37, 1000}, {3, 50304}, {5, 1001}}) {
+    for (const CeOptions& o : option_sets) {
+      for (bool grad : {true, false}) {
+        SCOPED_TRACE(fmt::format("rows={} vocab={} z={} scale={} softcap={} grad={}", rows, vocab, o.z_loss,
+                                 o.loss_scale, o.softcap, grad));
+        const size_t n = static_cast<size_t>(rows * vocab);
+        std::vector<float> logits = random_f32(n, 190 + n, 2.5);
+        std::vector<uint16_t> bits(n);
+        for (size_t i = 0; i < n; ++i) bits[i] = float_to_bf16(logits[i]), logits[i] = bf16_to_float(bits[i]);
+        const std::vector<int32_t> targets = ce_targets(rows, vocab);
+        OwnedTensor logits_dev = upload(bits), targets_dev = upload(targets);
+        OwnedTensor stats_dev = poisoned<double>(static_cast<size_t>(2 * rows));
+        cuda::cross_entropy_rows_bf16(ptr<uint16_t>(logits_dev), ptr<int32_t>(targets_dev), rows, vocab, o.z_loss,
+                                      o.loss_scale, o.softcap, grad, ptr<double>(stats_dev));
+        const std::vector<double> stats = download<double>(*stats_dev);
+        const std::vector<uint16_t> out = download<uint16_t>(*logits_dev);
+        std::vector<double> stats_ref(static_cast<size_t>(2 * rows)), stats_floor(stats_ref.size());
+        std::vector<double> grad_ref, grad_floor;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* x = logits.data() + r * vocab;
+          const int32_t t = targets[static_cast<size_t>(r)];
+          const CeRow ref = ce_reference(x, vocab, t, o, grad, t < 0 ? 0.0 : ce_lse(x, vocab, o.softcap));
+          stats_ref[static_cast<size_t>(2 * r)] = ref.loss;
+          stats_ref[static_cast<size_t>(2 * r + 1)] = ref.lse_sq;
+          stats_floor[static_cast<size_t>(2 * r)] = ref.loss_floor;
+          stats_floor[static_cast<size_t>(2 * r + 1)] = ref.lse_sq;
+          grad_ref.insert(grad_ref.end(), ref.grad.begin(), ref.grad.end());
+          grad_floor.insert(grad_floor.end(), ref.floors.begin(), ref.floors.end());
+        }
+        expect_values_close("row_stats", std::vector<float>(stats.begin(), stats.end()), stats_ref, kStatsTol, 0,
+                            &stats_floor);
+        if (grad)
+          expect_bf16_close("grad", out, grad_ref, kBf16Tol, 0, &grad_floor);
+        else
+          EXPECT_TRUE(out == bits) << "grad=false must leave the logits as they were";
+      }
+    }
+  }
+}
+
 // A chunk of more than 2^31 logits (32769 rows of 65536): offsets past 2^31 must not wrap.
 // Rows repeat 8 patterns (doubling device copies), so the reference is cheap; the first
 // and last rows are checked in full and every row's stats.

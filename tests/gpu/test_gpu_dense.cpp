@@ -301,18 +301,19 @@ void check_golden_model(DType dtype, GoldenTolerance tol) {
                                                    0, tol.floor_fraction));
   }
   std::printf("golden model, %s: logits error %.2e, loss %.7f vs %.7f, worst gradient error %.2e\n",
-              dtype_name(dtype), logits_error, loss, expected_loss, grad_error);
+              std::string(dtype_name(dtype)).c_str(), logits_error, loss, expected_loss, grad_error);
 }
 
 TEST_F(Dense, GoldenModelOnGpu) { check_golden_model(DType::f32, {1e-4, 1e-4, 1e-3}); }
 
-// bf16 rounds every GEMM and attention input (relative step 2^-9 = 0.2%); through two
-// layers, the head and the backward the errors compound to about ten roundings, so the
-// tolerances are ~10x one rounding for values and ~20x for gradients (long sums of
-// rounded products), each judged against a floor of 10% of the tensor's largest value
-// (bf16 errors scale with the terms, not with each result). A wrong wiring (a missed copy refresh, a swapped operand, fp32
-// read as bf16) is off by O(1) and fails by orders of magnitude.
-TEST_F(Dense, GoldenModelOnGpuBf16) { check_golden_model(DType::bf16, {3e-2, 5e-3, 6e-2, 0.1}); }
+// bf16 rounds every GEMM and attention input and the logits (relative step 2^-8); through
+// two layers, the head and the backward the roundings compound, and single elements near
+// zero carry errors of the size of their terms. So bf16 results are judged against the
+// largest value of each tensor (floor_fraction 1: max |err| / max |ref|), measured on the
+// H200 at about 1% for the logits and a few % for gradients; the mean loss, where the
+// roundings average out, matched to 3e-5. A wrong wiring (a stale weight copy, a swapped
+// operand, fp32 read as bf16) is off by O(1) of the scale and fails by far.
+TEST_F(Dense, GoldenModelOnGpuBf16) { check_golden_model(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}); }
 
 }  // namespace
 }  // namespace kiln

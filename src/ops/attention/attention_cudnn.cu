@@ -400,6 +400,17 @@ void validate(const AttentionArgs& a, const char* direction) {
   if (a.window < 0) fail(kWhere, "sliding window {} is negative", a.window);
 }
 
+// The deterministic backward (the default) costs a dP workspace and time; measurements can
+// turn it off with KILN_CUDNN_DETERMINISTIC=0 (atomic dQ accumulation: not bitwise
+// reproducible, so exact resume no longer holds).
+bool deterministic_backward() {
+  static const bool on = [] {
+    const char* env = std::getenv("KILN_CUDNN_DETERMINISTIC");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return on;
+}
+
 Key key_of(State& st, const AttentionArgs& a, int64_t max_seqlen, bool backward) {
   const Bucket b = bucket_of(a.num_seqs, max_seqlen, bucketing_enabled(st));
   Key k{};
@@ -412,7 +423,7 @@ Key key_of(State& st, const AttentionArgs& a, int64_t max_seqlen, bool backward)
   // A window of at least S sees every key the causal mask allows: no left bound.
   k.window = (a.window > 0 && a.window < b.seq) ? a.window : 0;
   std::memcpy(&k.scale_bits, &a.scale, sizeof(k.scale_bits));
-  k.deterministic = backward;
+  k.deterministic = backward && deterministic_backward();
   return k;
 }
 

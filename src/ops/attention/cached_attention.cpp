@@ -1,7 +1,9 @@
 #include "ops/attention/cached_attention.h"
 #include "ops/attention/attention_math.h"
 
+#include "core/op_profiler.h"
 #include "ops/attention/attention_cpu.h"
+#include "ops/attention/cached_attention_cuda.h"
 #include "ops/common.h"
 
 #include <algorithm>
@@ -87,11 +89,26 @@ void validate_rows(const char* op, const Tensor& x, const Tensor& cache, const T
   }
 }
 
+// The GPU kernels read and write f32, or bf16 on the mixed path.
+void expect_gpu_dtype(const char* op, const Tensor& x) {
+  KILN_CHECK(x.device() == Device::cpu || x.dtype() == DType::f32 || x.dtype() == DType::bf16, op,
+             "the GPU computes in f32 or bf16, got {}", x.describe());
+}
+
 }  // namespace
+
+int64_t cached_attention_workspace(int64_t rows, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                   int64_t max_len) {
+  KILN_CHECK(rows > 0 && kv_heads > 0 && q_heads % kv_heads == 0 && head_dim > 0 && max_len > 0,
+             "cached_attention", "bad workspace shape: rows {}, heads {}/{}, head_dim {}, max_len {}", rows, q_heads,
+             kv_heads, head_dim, max_len);
+  return cuda::cached_attention_workspace_elems(rows, q_heads, kv_heads, head_dim, max_len);
+}
 
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slots, const Tensor& positions,
                     const Tensor& k_cache, const Tensor& v_cache) {
   const char* op = "kv_cache_write";
+  KILN_OP_SCOPE(op, k);
   expect_rank(op, "k", k, 3);
   expect_shape(op, "v", v, k.shape());
   expect_same(op, "v", v, k);
@@ -101,7 +118,10 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slots, const
   expect_same(op, "v_cache", v_cache, k);
   KILN_CHECK(k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2), op, "k {} does not fit the cache {}",
              k.describe(), k_cache.describe());
-  if (k.device() != Device::cpu) no_cuda_kernel(op);
+  expect_gpu_dtype(op, k);
+  KILN_ON_CUDA(k, op, cuda::kv_cache_write(k.raw(), v.raw(), k.dtype(), slots.data<int32_t>(),
+                                           positions.data<int32_t>(), k.size(0), k.size(1) * k.size(2),
+                                           k_cache.size(1), k_cache.raw(), v_cache.raw()));
   const int64_t n = k.size(0), row = k.size(1) * k.size(2), len = k_cache.size(1);
   const size_t bytes = static_cast<size_t>(row) * dtype_size(k.dtype());
   const int32_t* s = slots.data<int32_t>();
@@ -116,8 +136,10 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slots, const
 }
 
 void cached_attention_forward(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& slots,
-                              const Tensor& positions, const AttentionOptions& options, const Tensor& out) {
+                              const Tensor& positions, const AttentionOptions& options, const Tensor& out,
+                              const Tensor& workspace) {
   const char* op = "cached_attention";
+  KILN_OP_SCOPE(op, q);
   expect_rank(op, "q", q, 3);
   validate_rows(op, q, k_cache, slots, positions);
   expect_shape(op, "v_cache", v_cache, k_cache.shape());
@@ -131,14 +153,35 @@ void cached_attention_forward(const Tensor& q, const Tensor& k_cache, const Tens
              "query heads {} must be a multiple of kv heads {}", q.size(1), k_cache.size(2));
   KILN_CHECK(q.size(2) <= cpu::kMaxAttentionHeadDim, op, "head_dim {} exceeds {}", q.size(2),
              cpu::kMaxAttentionHeadDim);
-  if (q.device() != Device::cpu) no_cuda_kernel(op);
+  expect_gpu_dtype(op, q);
+  if (workspace.defined()) {
+    expect_dtype(op, "workspace", workspace, DType::f32);
+    KILN_CHECK(workspace.device() == q.device(), op, "workspace must be on {}, got {}", device_name(q.device()),
+               workspace.describe());
+  }
+  const double scale = options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  KILN_ON_CUDA(q, op, {
+    const cuda::CachedAttentionArgs args{q.size(0),
+                                         q.size(1),
+                                         k_cache.size(2),
+                                         q.size(2),
+                                         k_cache.size(1),
+                                         slots.data<int32_t>(),
+                                         positions.data<int32_t>(),
+                                         static_cast<float>(scale),
+                                         options.window,
+                                         static_cast<float>(options.softcap)};
+    cuda::cached_attention_forward(args, q.dtype(), q.raw(), k_cache.raw(), v_cache.raw(), out.raw(),
+                                   workspace.defined() ? workspace.data<float>() : nullptr,
+                                   workspace.defined() ? workspace.numel() : 0);
+  });
   CacheShape s{q.size(0),
                q.size(1),
                k_cache.size(2),
                q.size(2),
                k_cache.size(0),
                k_cache.size(1),
-               options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2))),
+               scale,
                options.softcap,
                options.window};
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {

@@ -1,6 +1,6 @@
 // Cross-entropy rows of the mixed-precision path (declared in ops/cuda_kernels_bf16.h):
-// fp32 logits in, bf16 logit gradient out, logits left untouched. Formulas (softcap,
-// z-loss, ignored targets, row_stats) are those of cross_entropy_cuda.cu.
+// fp32 or bf16 logits in, bf16 logit gradient out (for bf16 logits, in place). Formulas
+// (softcap, z-loss, ignored targets, row_stats) are those of cross_entropy_cuda.cu.
 //
 // One 512-thread block per row. The logits are read twice, no more: a first pass keeps a
 // running (max, sum of exp) per thread (online softmax: when the max grows the sum is
@@ -30,6 +30,25 @@ constexpr int kWarp = 32;
 constexpr int kVec = 8;
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <int W>
+__device__ __forceinline__ void load(const bf16* p, float (&v)[W]) {
+  if constexpr (W == 1) {
+    v[0] = __bfloat162float(*p);
+  } else {
+    static_assert(W == 8);
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(h[k]);
+      v[2 * k] = f.x, v[2 * k + 1] = f.y;
+    }
+  }
+}
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
 
 template <int W>
 __device__ __forceinline__ void load(const float* p, float (&v)[W]) {
@@ -90,12 +109,15 @@ __device__ MaxSum block_combine(MaxSum v) {
   return total;
 }
 
-template <int W>
+// In is float or bf16; with bf16, grad_out may be the logits themselves (each element is
+// read by the thread that later overwrites it, and the target logit is read before the
+// block's first barrier), so no __restrict__ on those two.
+template <typename In, int W>
 __global__ void __launch_bounds__(kThreads)
-    rows_kernel(const float* __restrict__ logits, const int32_t* __restrict__ targets, int64_t vocab, float z_loss,
-                float loss_scale, float cap, bool grad, double* __restrict__ stats, bf16* __restrict__ grad_out) {
+    rows_kernel(const In* logits, const int32_t* __restrict__ targets, int64_t vocab, float z_loss,
+                float loss_scale, float cap, bool grad, double* __restrict__ stats, bf16* grad_out) {
   const int64_t row = blockIdx.x;
-  const float* x = logits + row * vocab;
+  const In* x = logits + row * vocab;
   bf16* g_row = grad ? grad_out + row * vocab : nullptr;
   const int64_t vecs = vocab / W;
   const int32_t target = targets[row];
@@ -108,6 +130,8 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
 
+  float target_logit = to_float(x[target]);  // before any thread can overwrite it
+  if (cap > 0) target_logit = cap * tanhf(target_logit / cap);
   MaxSum acc{-INFINITY, 0.0f};
   for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
     float v[W];
@@ -125,8 +149,6 @@ __global__ void __launch_bounds__(kThreads)
   }
   const MaxSum row_total = block_combine(acc);
   const float lse = row_total.max + logf(row_total.sum);
-  float target_logit = x[target];
-  if (cap > 0) target_logit = cap * tanhf(target_logit / cap);
   if (threadIdx.x == 0) {
     stats[2 * row] = static_cast<double>(lse) - target_logit;
     stats[2 * row + 1] = static_cast<double>(lse) * lse;
@@ -151,22 +173,34 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <typename In>
+void launch_rows(const In* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
+                 float loss_scale, float softcap, bool grad, double* row_stats, bf16* g) {
+  if (rows == 0) return;
+  KILN_CHECK(rows <= INT_MAX, kOp, "{} rows exceed the grid limit", rows);
+  const bool vec = vocab % kVec == 0 && aligned16(logits) && (!grad || aligned16(g));
+  if (vec)
+    rows_kernel<In, kVec><<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(
+        logits, targets, vocab, z_loss, loss_scale, softcap, grad, row_stats, g);
+  else
+    rows_kernel<In, 1><<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(logits, targets, vocab, z_loss,
+                                                                              loss_scale, softcap, grad, row_stats, g);
+  check_launch(kOp, "rows_kernel");
+}
+
 }  // namespace
 
 void cross_entropy_rows_to_bf16(const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                                 float z_loss, float loss_scale, float softcap, bool grad, double* row_stats,
                                 bf16_bits* grad_out) {
-  if (rows == 0) return;
-  KILN_CHECK(rows <= INT_MAX, kOp, "{} rows exceed the grid limit", rows);
-  bf16* g = reinterpret_cast<bf16*>(grad_out);
-  const bool vec = vocab % kVec == 0 && aligned16(logits) && (!grad || aligned16(g));
-  if (vec)
-    rows_kernel<kVec><<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(logits, targets, vocab, z_loss,
-                                                                             loss_scale, softcap, grad, row_stats, g);
-  else
-    rows_kernel<1><<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(logits, targets, vocab, z_loss, loss_scale,
-                                                                          softcap, grad, row_stats, g);
-  check_launch(kOp, "rows_kernel");
+  launch_rows(logits, targets, rows, vocab, z_loss, loss_scale, softcap, grad, row_stats,
+              reinterpret_cast<bf16*>(grad_out));
+}
+
+void cross_entropy_rows_bf16(bf16_bits* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
+                             float loss_scale, float softcap, bool grad, double* row_stats) {
+  bf16* x = reinterpret_cast<bf16*>(logits);
+  launch_rows<bf16>(x, targets, rows, vocab, z_loss, loss_scale, softcap, grad, row_stats, grad ? x : nullptr);
 }
 
 }  // namespace kiln::cuda

@@ -65,30 +65,30 @@ LossSums lm_head_loss_cuda(const Tensor& h, const Tensor& w, const Tensor& targe
   return sums;
 }
 
-// The mixed path: bf16 h and w, fp32 logits from the product, the row kernel writing the
-// bf16 logit gradient the two backward products read; dh bf16, dw fp32 (+=).
+// The mixed path: bf16 h and w, bf16 logits from the product (as under autocast; the row
+// kernel computes in fp32), replaced in place by the bf16 logit gradient the two backward
+// products read; dh bf16, dw fp32 (+=).
 LossSums lm_head_loss_mixed(const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
                             const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw) {
   const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0);
   const bool grad = dh.defined() || dw.defined();
-  float* lc = scratch.logits.data<float>();
+  uint16_t* lc = bf16_data(scratch.logits);
   const uint16_t* hp = bf16_data(h);
   const uint16_t* wp = bf16_data(w);
-  uint16_t* gc = grad ? bf16_data(scratch.grad) : nullptr;
   cuda::loss_sums_reset();
   for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
     const int64_t rows = std::min(o.chunk_rows, n - begin);
     const uint16_t* hc = hp + begin * d;
-    cuda::gemm(false, true, rows, vocab, d, 1.0f, hc, d, wp, d, DType::bf16, 0.0f, lc, vocab, DType::f32);
-    cuda::cross_entropy_rows_to_bf16(lc, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
-                                     static_cast<float>(o.loss_scale), static_cast<float>(o.softcap), grad,
-                                     scratch.row_stats.data<double>(), gc);
+    cuda::gemm(false, true, rows, vocab, d, 1.0f, hc, d, wp, d, DType::bf16, 0.0f, lc, vocab, DType::bf16);
+    cuda::cross_entropy_rows_bf16(lc, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
+                                  static_cast<float>(o.loss_scale), static_cast<float>(o.softcap), grad,
+                                  scratch.row_stats.data<double>());
     cuda::loss_sums_accumulate(scratch.row_stats.data<double>(), targets.data<int32_t>() + begin, rows);
     if (dh.defined())
-      cuda::gemm(false, false, rows, d, vocab, 1.0f, gc, vocab, wp, d, DType::bf16, 0.0f, bf16_data(dh) + begin * d,
+      cuda::gemm(false, false, rows, d, vocab, 1.0f, lc, vocab, wp, d, DType::bf16, 0.0f, bf16_data(dh) + begin * d,
                  d, DType::bf16);
     if (dw.defined())
-      cuda::gemm(true, false, vocab, d, rows, 1.0f, gc, vocab, hc, d, DType::bf16, 1.0f, dw.data<float>(), d,
+      cuda::gemm(true, false, vocab, d, rows, 1.0f, lc, vocab, hc, d, DType::bf16, 1.0f, dw.data<float>(), d,
                  DType::f32);
   }
   LossSums sums;
@@ -110,7 +110,7 @@ LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, c
   expect_shape(op, "targets", targets, Shape{h.size(0)});
   expect_dtype(op, "targets", targets, DType::i32);
   KILN_CHECK(o.chunk_rows > 0, op, "chunk_rows must be positive");
-  // Mixed path (bf16 h on the GPU): fp32 logits and dw, a bf16 logit-gradient scratch.
+  // Mixed path (bf16 h on the GPU): bf16 logits (in place to their gradient), fp32 dw.
   const bool mixed = is_mixed(h);
   const DType wide = mixed ? DType::f32 : h.dtype();
   auto expect_on = [&](const char* name, const Tensor& t, Shape shape, DType dtype) {
@@ -119,12 +119,11 @@ LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, c
     KILN_CHECK(t.device() == h.device(), op, "{} must be on {}, got {}", name, device_name(h.device()), t.describe());
   };
   const Tensor& logits = scratch.logits;
-  expect_on("logits", logits, Shape{o.chunk_rows, w.size(0)}, wide);
+  expect_on("logits", logits, Shape{o.chunk_rows, w.size(0)}, h.dtype());
   expect_shape(op, "row_stats", scratch.row_stats, Shape{o.chunk_rows, 2});
   expect_dtype(op, "row_stats", scratch.row_stats, DType::f64);
   if (dh.defined()) expect_on("dh", dh, h.shape(), h.dtype());
   if (dw.defined()) expect_on("dw", dw, w.shape(), wide);
-  if (mixed && (dh.defined() || dw.defined())) expect_on("grad", scratch.grad, logits.shape(), DType::bf16);
   if (h.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     if (mixed) return lm_head_loss_mixed(h, w, targets, o, scratch, dh, dw);
@@ -181,13 +180,15 @@ void lm_head_logits(const Tensor& h, const Tensor& w, double softcap, const Tens
   expect_rank(op, "h", h, 2);
   expect_same(op, "w", w, h);
   expect_shape(op, "logits", logits, Shape{h.size(0), w.size(0)});
-  if (is_mixed(h))  // bf16 operands, fp32 logits
-    expect_dtype(op, "logits", logits, DType::f32);
-  else
+  if (is_mixed(h)) {  // bf16 operands, bf16 or fp32 logits (a softcap needs fp32)
+    KILN_CHECK(logits.dtype() == DType::f32 || (logits.dtype() == DType::bf16 && softcap == 0), op,
+               "logits must be f32, or bf16 without a softcap, got {}", logits.describe());
+  } else {
     expect_same(op, "logits", logits, h);
+  }
   KILN_ON_CUDA(h, op, {
     cuda::gemm(false, true, h.size(0), w.size(0), h.size(1), 1.0f, h.raw(), h.size(1), w.raw(), h.size(1), h.dtype(),
-               0.0f, logits.data<float>(), w.size(0), DType::f32);
+               0.0f, logits.raw(), w.size(0), logits.dtype());
     if (softcap > 0) cuda::softcap_f32(logits.data<float>(), logits.numel(), static_cast<float>(softcap));
   });
   dispatch_cpu_float(op, h.dtype(), [&](auto zero) {

@@ -21,14 +21,12 @@ struct LossSums {
   int64_t count = 0;   // tokens with a target (not kIgnoreTarget)
 };
 
-// Scratch planned by the caller: logits [chunk_rows, V] (compute dtype; fp32 on the GPU's
-// mixed path), row_stats f64 [chunk_rows, 2] (per-row loss and z, summed in row order so
-// results are reproducible), and on the mixed path with gradients, grad [chunk_rows, V]
-// bf16 (the logit gradient the backward products read).
+// Scratch planned by the caller: logits [chunk_rows, V] (compute dtype: bf16 on the GPU's
+// mixed path, where each chunk's logits turn into their gradient in place) and row_stats
+// f64 [chunk_rows, 2] (per-row loss and z, summed in row order so results are reproducible).
 struct LmHeadScratch {
   Tensor logits;
   Tensor row_stats;
-  Tensor grad;
 };
 
 // h [N, d], w [V, d], targets i32 [N] (kIgnoreTarget = -1 skipped). If dh is defined it is

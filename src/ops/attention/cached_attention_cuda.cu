@@ -1,0 +1,280 @@
+// CUDA kernels of the KV-cache ops; the design is described in cached_attention_cuda.h.
+#include "ops/attention/cached_attention_cuda.h"
+
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+namespace kiln::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTile = static_cast<int>(kHeadTile);
+constexpr int kMergeThreads = 128;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void from_f32(float v, float* p) { *p = v; }
+__device__ __forceinline__ void from_f32(float v, bf16* p) { *p = __float2bfloat16_rn(v); }
+
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// ---- cache write ----------------------------------------------------------------------------
+
+// Rows are moved as words W (16, 4 or 2 bytes, whatever the row size and pointers allow):
+// the write is a scatter of whole rows, so the element type does not matter.
+template <typename W>
+__global__ void kv_cache_write_kernel(const W* __restrict__ k, const W* __restrict__ v,
+                                      const int32_t* __restrict__ slots, const int32_t* __restrict__ positions,
+                                      int64_t rows, int64_t row_words, int64_t max_len, W* __restrict__ kc,
+                                      W* __restrict__ vc) {
+  const int64_t n = rows * row_words;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = idx / row_words, c = idx - i * row_words;
+    const int64_t dst = (static_cast<int64_t>(slots[i]) * max_len + positions[i]) * row_words + c;
+    kc[dst] = k[idx];
+    vc[dst] = v[idx];
+  }
+}
+
+template <typename W>
+void launch_write(const void* k, const void* v, const int32_t* slots, const int32_t* positions, int64_t rows,
+                  int64_t row_bytes, int64_t max_len, void* kc, void* vc) {
+  const int64_t row_words = row_bytes / static_cast<int64_t>(sizeof(W));
+  kv_cache_write_kernel<W><<<blocks_for(rows * row_words, 256), 256, 0, stream()>>>(
+      static_cast<const W*>(k), static_cast<const W*>(v), slots, positions, rows, row_words, max_len,
+      static_cast<W*>(kc), static_cast<W*>(vc));
+  check_launch("kv_cache_write", "kv_cache_write_kernel");
+}
+
+// ---- attention ------------------------------------------------------------------------------
+
+// One block per (row, kv head, head tile) and split s = blockIdx.y. Lane l of a warp holds
+// elements c = l + 32 e (e < P) of every vector it touches: q of the tile's heads, K and V
+// rows, the accumulators. Each warp takes U consecutive positions at a time (their loads
+// in flight together), reduces the U x kTile dot products across lanes, and folds them
+// into its online softmax; the block then merges its warps through shared memory.
+template <typename T, int P>
+__global__ void __launch_bounds__(kThreads)
+    cached_attention_kernel(CachedAttentionArgs a, int64_t tiles, int64_t splits, const T* __restrict__ q,
+                            const T* __restrict__ kc, const T* __restrict__ vc, T* __restrict__ out,
+                            float* __restrict__ ws) {
+  constexpr int U = P <= 4 ? 4 : (P == 8 ? 2 : 1);
+  extern __shared__ float merge[];  // [kWarps][kTile][D + 2]: max, sum, accumulator
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int64_t d = a.head_dim, split = blockIdx.y;
+  int64_t b = blockIdx.x;
+  const int64_t tile = b % tiles;
+  b /= tiles;
+  const int64_t g = b % a.kv_heads, row = b / a.kv_heads;
+  const int64_t group = a.q_heads / a.kv_heads;
+  const int64_t h0 = g * group + tile * kTile;  // first query head of the tile
+  const int nh = static_cast<int>(min(static_cast<int64_t>(kTile), group - tile * kTile));
+
+  const int64_t p = a.positions[row];
+  const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), p - a.window + 1) : 0;
+  const int64_t span = p + 1 - first;
+  const int64_t chunk = max(kMinSplitLen, (span + splits - 1) / splits);
+  const int64_t begin = first + split * chunk, end = min(p + 1, begin + chunk);
+  float* partial = ws + ((row * a.q_heads + h0) * splits + split) * (d + 2);  // valid when splits > 1
+  if (begin >= end) {  // an empty split (only when splits > 1: a row always sees itself)
+    if (threadIdx.x < static_cast<unsigned>(nh)) {
+      partial[threadIdx.x * splits * (d + 2)] = -INFINITY;
+      partial[threadIdx.x * splits * (d + 2) + 1] = 0.0f;
+    }
+    return;
+  }
+
+  const int64_t stride = a.kv_heads * d;  // elements between positions of one slot
+  const int64_t base = (static_cast<int64_t>(a.slots[row]) * a.max_len * a.kv_heads + g) * d;
+  const T* kbase = kc + base;
+  const T* vbase = vc + base;
+
+  float qv[kTile][P], acc[kTile][P], m[kTile], l[kTile];
+#pragma unroll
+  for (int t = 0; t < kTile; ++t) {
+    m[t] = -INFINITY, l[t] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      const int64_t c = lane + 32 * e;
+      qv[t][e] = t < nh && c < d ? to_f32(q[((row * a.q_heads) + h0 + t) * d + c]) : 0.0f;
+      acc[t][e] = 0.0f;
+    }
+  }
+
+  for (int64_t j0 = begin + warp * U; j0 < end; j0 += kWarps * U) {
+    float kf[U][P], vf[U][P];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool valid = j0 + u < end;
+#pragma unroll
+      for (int e = 0; e < P; ++e) {
+        const int64_t c = lane + 32 * e;
+        const bool in = valid && c < d;
+        kf[u][e] = in ? to_f32(kbase[(j0 + u) * stride + c]) : 0.0f;
+        vf[u][e] = in ? to_f32(vbase[(j0 + u) * stride + c]) : 0.0f;
+      }
+    }
+    float sc[U][kTile];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int t = 0; t < kTile; ++t) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < P; ++e) sum += qv[t][e] * kf[u][e];
+        sc[u][t] = sum;
+      }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int t = 0; t < kTile; ++t) sc[u][t] += __shfl_xor_sync(kFullMask, sc[u][t], offset);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int t = 0; t < kTile; ++t) {
+        float x = sc[u][t] * a.scale;
+        if (a.softcap > 0.0f) x = tanhf(x / a.softcap) * a.softcap;
+        sc[u][t] = j0 + u < end ? x : -INFINITY;
+      }
+#pragma unroll
+    for (int t = 0; t < kTile; ++t) {
+      if (t >= nh) continue;
+      float mx = m[t];
+#pragma unroll
+      for (int u = 0; u < U; ++u) mx = fmaxf(mx, sc[u][t]);  // finite: position j0 is valid
+      const float correction = expf(m[t] - mx);             // 0 while m is still -inf
+      float pu[U], sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < U; ++u) pu[u] = expf(sc[u][t] - mx), sum += pu[u];
+      l[t] = l[t] * correction + sum;
+#pragma unroll
+      for (int e = 0; e < P; ++e) {
+        float x = acc[t][e] * correction;
+#pragma unroll
+        for (int u = 0; u < U; ++u) x += pu[u] * vf[u][e];
+        acc[t][e] = x;
+      }
+      m[t] = mx;
+    }
+  }
+
+  const int64_t width = d + 2;
+#pragma unroll
+  for (int t = 0; t < kTile; ++t) {
+    float* slot = merge + (warp * kTile + t) * width;
+    if (lane == 0) slot[0] = m[t], slot[1] = l[t];
+#pragma unroll
+    for (int e = 0; e < P; ++e)
+      if (lane + 32 * e < d) slot[2 + lane + 32 * e] = acc[t][e];
+  }
+  __syncthreads();
+  for (int64_t idx = threadIdx.x; idx < nh * d; idx += kThreads) {
+    const int64_t t = idx / d, c = idx - t * d;
+    float mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, merge[(w * kTile + t) * width]);
+    float sum = 0.0f, x = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float* slot = merge + (w * kTile + t) * width;
+      if (slot[0] == -INFINITY) continue;  // a warp that saw no position
+      const float f = expf(slot[0] - mx);
+      sum += slot[1] * f;
+      x += slot[2 + c] * f;
+    }
+    if (splits == 1) {
+      from_f32(x / sum, &out[(row * a.q_heads + h0 + t) * d + c]);
+    } else {
+      float* dst = partial + t * splits * width;
+      if (c == 0) dst[0] = mx, dst[1] = sum;
+      dst[2 + c] = x;
+    }
+  }
+}
+
+// One block per (row, query head): the splits' partial results merged in split order.
+template <typename T>
+__global__ void merge_splits_kernel(int64_t d, int64_t splits, const float* __restrict__ ws, T* __restrict__ out) {
+  const int64_t item = blockIdx.x;
+  const int64_t width = d + 2;
+  const float* base = ws + item * splits * width;
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < splits; ++s) mx = fmaxf(mx, base[s * width]);
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float sum = 0.0f, x = 0.0f;
+    for (int64_t s = 0; s < splits; ++s) {
+      const float* part = base + s * width;
+      if (part[0] == -INFINITY) continue;  // an empty split
+      const float f = expf(part[0] - mx);
+      sum += part[1] * f;
+      x += part[2 + c] * f;
+    }
+    from_f32(x / sum, &out[item * d + c]);
+  }
+}
+
+template <typename T, int P>
+void launch_attention(const CachedAttentionArgs& a, int64_t splits, const void* q, const void* kc, const void* vc,
+                      void* out, float* ws) {
+  const int64_t tiles = (a.q_heads / a.kv_heads + kTile - 1) / kTile;
+  const dim3 grid(static_cast<unsigned>(a.rows * a.kv_heads * tiles), static_cast<unsigned>(splits));
+  const size_t smem = sizeof(float) * kWarps * kTile * static_cast<size_t>(a.head_dim + 2);
+  cached_attention_kernel<T, P><<<grid, kThreads, smem, stream()>>>(
+      a, tiles, splits, static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc),
+      static_cast<T*>(out), ws);
+  check_launch("cached_attention", "cached_attention_kernel");
+  if (splits == 1) return;
+  merge_splits_kernel<T><<<static_cast<unsigned>(a.rows * a.q_heads), kMergeThreads, 0, stream()>>>(
+      a.head_dim, splits, ws, static_cast<T*>(out));
+  check_launch("cached_attention", "merge_splits_kernel");
+}
+
+template <typename T>
+void dispatch_head_dim(const CachedAttentionArgs& a, int64_t splits, const void* q, const void* kc, const void* vc,
+                       void* out, float* ws) {
+  if (a.head_dim <= 32) return launch_attention<T, 1>(a, splits, q, kc, vc, out, ws);
+  if (a.head_dim <= 64) return launch_attention<T, 2>(a, splits, q, kc, vc, out, ws);
+  if (a.head_dim <= 128) return launch_attention<T, 4>(a, splits, q, kc, vc, out, ws);
+  if (a.head_dim <= 256) return launch_attention<T, 8>(a, splits, q, kc, vc, out, ws);
+  if (a.head_dim <= 512) return launch_attention<T, 16>(a, splits, q, kc, vc, out, ws);
+  fail("cached_attention", "head_dim {} exceeds 512", a.head_dim);
+}
+
+}  // namespace
+
+void kv_cache_write(const void* k, const void* v, DType dtype, const int32_t* slots, const int32_t* positions,
+                    int64_t rows, int64_t row_elems, int64_t max_len, void* k_cache, void* v_cache) {
+  if (rows == 0) return;
+  const int64_t row_bytes = row_elems * static_cast<int64_t>(dtype_size(dtype));
+  auto fits = [&](size_t word) {
+    return row_bytes % static_cast<int64_t>(word) == 0 && aligned(k, word) && aligned(v, word) &&
+           aligned(k_cache, word) && aligned(v_cache, word);
+  };
+  if (fits(16)) return launch_write<uint4>(k, v, slots, positions, rows, row_bytes, max_len, k_cache, v_cache);
+  if (fits(4)) return launch_write<uint32_t>(k, v, slots, positions, rows, row_bytes, max_len, k_cache, v_cache);
+  launch_write<uint16_t>(k, v, slots, positions, rows, row_bytes, max_len, k_cache, v_cache);
+}
+
+void cached_attention_forward(const CachedAttentionArgs& a, DType dtype, const void* q, const void* k_cache,
+                              const void* v_cache, void* out, float* workspace, int64_t workspace_elems) {
+  if (a.rows == 0) return;
+  int64_t splits = cached_attention_splits(a.rows, a.q_heads, a.kv_heads, a.max_len);
+  if (workspace == nullptr || workspace_elems < a.rows * a.q_heads * splits * (a.head_dim + 2)) splits = 1;
+  switch (dtype) {
+    case DType::f32: return dispatch_head_dim<float>(a, splits, q, k_cache, v_cache, out, workspace);
+    case DType::bf16: return dispatch_head_dim<bf16>(a, splits, q, k_cache, v_cache, out, workspace);
+    default: fail("cached_attention", "the GPU computes in f32 or bf16, got {}", dtype_name(dtype));
+  }
+}
+
+}  // namespace kiln::cuda
