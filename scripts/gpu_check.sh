@@ -94,9 +94,11 @@ run_gtest() {  # suite binary [gtest args...]
     echo "gpu_check: $suite exited with status $rc; $total tests != $passed passed + $failed failed + $skipped skipped"
     failed=$((failed > 0 ? failed : 1))
   fi
-  # Failures in full (the rest of the log is in $LOGS); for skips, the first reason.
-  grep -v -E '^\[  (SKIPPED|PASSED  ) \]|: Skipped$' "$log" | grep -v -x -F "$(grep -A1 -m1 ': Skipped$' "$log" |
-    tail -1)" | grep -v '^Running main()' | head -80
+  # The failed tests by name, then the failures' messages (the rest of the log is in $LOGS;
+  # progress lines of training runs are left out); for skips, the first reason.
+  grep -E '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$log"
+  grep -v -E '^\[  (SKIPPED|PASSED  ) \]|: Skipped$|^step +[0-9]+/|^(kiln|data|memory|validation|sample|saved) ' "$log" |
+    grep -v -x -F "$(grep -A1 -m1 ': Skipped$' "$log" | tail -1)" | grep -v '^Running main()' | head -80
   ((skipped > 0)) && echo "gpu_check: $skipped skipped in $suite: $(grep -A1 -m1 ': Skipped$' "$log" | tail -1)"
   add_row "$suite" "$total" "$passed" "$failed" "$skipped" "$(awk -v s="$start" -v e="$end" 'BEGIN{printf "%.1f", e - s}')"
 }
@@ -149,7 +151,8 @@ fi
 # (or failed=1 when it does not run or its accuracy check fails).
 # GPU_CHECK_BENCH: space-separated configs to benchmark (empty = none); each runs kiln bench
 # and the PyTorch peer (eager and torch.compile; bf16 autocast and plain fp32) on this card.
-# GPU_CHECK_PEER_DTYPES: the peer's precisions (default "bf16 fp32"; empty = no peer).
+# GPU_CHECK_PEER_DTYPES: the peer's precisions (default "bf16 fp32"; empty = no peer);
+# GPU_CHECK_PEER_MODES: its modes (default "eager,compile").
 BENCH_CONFIGS=${GPU_CHECK_BENCH-configs/bench-124m.toml}
 PEER_PYTHON=${PEER_PYTHON:-/opt/torch/.venv/bin/python3}
 [ -x "$PEER_PYTHON" ] || PEER_PYTHON=python3
@@ -166,6 +169,7 @@ for config in $BENCH_CONFIGS; do
   for dtype in ${GPU_CHECK_PEER_DTYPES-bf16 fp32}; do
     start=$(date +%s.%N)
     if "$PEER_PYTHON" bench/torch_peer.py --config "$config" --dtype "$dtype" --steps 10 --warmup 3 \
+        --modes "${GPU_CHECK_PEER_MODES:-eager,compile}" \
         >>"$LOGS/bench.jsonl" 2>"$LOGS/$name.peer.$dtype.log"; then
       add_row "bench:$name torch $dtype" 1 1 0 0 "$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e - s}')"
     else

@@ -74,6 +74,19 @@ void loss_sums_reset();
 void loss_sums_accumulate(const double* row_stats, const int32_t* targets, int64_t rows);
 void loss_sums_read(double* loss, double* z, int64_t* count);
 
+// One tensor of a multi-tensor AdamW update (fp32 parameter, gradient and state).
+struct AdamWTensorF32 {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+  float weight_decay;
+};
+// Every tensor in one launch; the same arithmetic as adamw_update_f32.
+void adamw_update_many_f32(const AdamWTensorF32* tensors, int64_t count, float lr, float beta1, float beta2, float eps,
+                           float bias_correction1, float bias_correction2);
+
 void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, float bias_correction1, float bias_correction2);
 

@@ -34,10 +34,10 @@ class AdamW final : public Optimizer {
     step.eps = config_.eps;
     step.bias_correction1 = 1.0 - std::pow(config_.beta1, static_cast<double>(steps_));
     step.bias_correction2 = 1.0 - std::pow(config_.beta2, static_cast<double>(steps_));
-    for (Slot& s : slots_) {
-      step.weight_decay = s.decay ? config_.weight_decay : 0.0;
-      ops::adamw_update(s.param->value(), s.param->grad(), s.m, s.v, step);
-    }
+    batch_.clear();
+    for (const Slot& s : slots_)
+      batch_.push_back({s.param->value(), s.param->grad(), s.m, s.v, s.decay ? config_.weight_decay : 0.0});
+    ops::adamw_update_all(batch_, step);
   }
 
   int64_t steps_taken() const override { return steps_; }
@@ -61,6 +61,7 @@ class AdamW final : public Optimizer {
   };
   OptimConfig config_;
   std::vector<Slot> slots_;
+  std::vector<ops::AdamWTensor> batch_;  // reused each step: no allocation in the loop
   int64_t steps_ = 0;
 };
 

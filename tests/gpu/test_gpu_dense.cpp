@@ -251,6 +251,43 @@ TEST_F(Dense, AdamW) {
   vo.check("v", kBwd);
 }
 
+// The multi-tensor AdamW (one launch for all tensors, chunked) gives the per-tensor
+// kernel's bits, for sizes below, at and across its 65536-element chunks.
+TEST_F(Dense, AdamWManyTensorsMatchesOneByOne) {
+  ops::AdamWStep s;
+  s.lr = 3e-3;
+  s.bias_correction1 = 1 - std::pow(0.9, 7);
+  s.bias_correction2 = 1 - std::pow(0.95, 7);
+  const int64_t sizes[] = {1, 1000, 65536, 65537, 200003};
+  std::vector<ops::AdamWTensor> many;
+  std::vector<OwnedTensor> keep;
+  uint64_t seed = 300;
+  for (int64_t n : sizes) {
+    const OwnedTensor p0 = test::random_tensor(DType::f32, Shape{n}, ++seed), g = test::random_tensor(DType::f32, Shape{n}, ++seed);
+    const OwnedTensor m0 = test::random_tensor(DType::f32, Shape{n}, ++seed, 0.1);
+    OwnedTensor v0 = test::random_tensor(DType::f32, Shape{n}, ++seed, 0.1);
+    for (int64_t i = 0; i < n; ++i) v0->data<float>()[i] = std::fabs(v0->data<float>()[i]);
+    const double decay = n % 2 ? 0.1 : 0.0;
+    // Two copies on the GPU: one updated by the multi-tensor path, one tensor by tensor.
+    OwnedTensor pa = to_device(*p0), ma = to_device(*m0), va = to_device(*v0), ga = to_device(*g);
+    OwnedTensor pb = to_device(*p0), mb = to_device(*m0), vb = to_device(*v0);
+    many.push_back({*pa, *ga, *ma, *va, decay});
+    ops::AdamWStep one = s;
+    one.weight_decay = decay;
+    ops::adamw_update(*pb, *ga, *mb, *vb, one);
+    for (OwnedTensor* t : {&pa, &ma, &va, &ga, &pb, &mb, &vb}) keep.push_back(std::move(*t));
+  }
+  ops::adamw_update_all(many, s);
+  for (size_t i = 0; i < many.size(); ++i) {
+    const OwnedTensor& pb = keep[7 * i + 4];
+    const OwnedTensor& mb = keep[7 * i + 5];
+    const OwnedTensor& vb = keep[7 * i + 6];
+    EXPECT_TRUE(same_bytes(*to_host(many[i].param), *to_host(*pb))) << "param of size " << sizes[i];
+    EXPECT_TRUE(same_bytes(*to_host(many[i].m), *to_host(*mb))) << "m of size " << sizes[i];
+    EXPECT_TRUE(same_bytes(*to_host(many[i].v), *to_host(*vb))) << "v of size " << sizes[i];
+  }
+}
+
 // The whole model on the GPU against transformers' logits, loss and gradients (computed
 // in fp32 by scripts/make_golden.py), in fp32 and in bf16 mixed precision.
 struct GoldenTolerance {

@@ -44,4 +44,35 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, cons
   });
 }
 
+void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& s) {
+  if (tensors.empty()) return;
+  if (tensors.front().param.device() == Device::cuda) {
+#if KILN_WITH_CUDA
+    const char* op = "adamw";
+    KILN_OP_SCOPE(op, tensors.front().param);
+    std::vector<cuda::AdamWTensorF32> list;
+    list.reserve(tensors.size());
+    for (const AdamWTensor& t : tensors) {
+      for (const Tensor* x : {&t.grad, &t.m, &t.v}) {
+        expect_same(op, "grad/m/v", *x, t.param);
+        KILN_CHECK(x->numel() == t.param.numel(), op, "size mismatch: param {}, {}", t.param.describe(), x->describe());
+      }
+      list.push_back({t.param.data<float>(), t.grad.data<float>(), t.m.data<float>(), t.v.data<float>(),
+                      t.param.numel(), static_cast<float>(t.weight_decay)});
+    }
+    cuda::adamw_update_many_f32(list.data(), static_cast<int64_t>(list.size()), static_cast<float>(s.lr),
+                                static_cast<float>(s.beta1), static_cast<float>(s.beta2), static_cast<float>(s.eps),
+                                static_cast<float>(s.bias_correction1), static_cast<float>(s.bias_correction2));
+    return;
+#else
+    no_cuda_kernel("adamw");
+#endif
+  }
+  for (const AdamWTensor& t : tensors) {
+    AdamWStep one = s;
+    one.weight_decay = t.weight_decay;
+    adamw_update(t.param, t.grad, t.m, t.v, one);
+  }
+}
+
 }  // namespace kiln::ops

@@ -3,6 +3,8 @@
 
 #include "core/tensor.h"
 
+#include <vector>
+
 namespace kiln::ops {
 
 struct AdamWStep {
@@ -13,5 +15,13 @@ struct AdamWStep {
 // p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 // p -= lr * (m / bc1) / (sqrt(v / bc2) + eps).
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& step);
+
+// The same update of many tensors, each with its own weight decay (step.weight_decay is
+// ignored): one launch on the GPU (all tensors fp32 there), a loop of adamw_update on the CPU.
+struct AdamWTensor {
+  Tensor param, grad, m, v;
+  double weight_decay = 0;
+};
+void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& step);
 
 }  // namespace kiln::ops

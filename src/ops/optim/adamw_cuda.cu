@@ -1,0 +1,88 @@
+// AdamW over every parameter tensor in one launch (multi-tensor apply). The tensors are
+// cut into chunks of kChunk elements; block b updates chunk b of its tensor. The table of
+// tensors and chunks lives on the device and is rebuilt only when the tensor list
+// changes (in training, never after the first step), so a step costs one launch and no
+// host-to-device copy. The arithmetic is adamw_kernel's (elementwise_cuda.cu): the same
+// bits as the per-tensor path.
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "ops/cuda_kernels.h"
+
+#include <vector>
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kChunk = 64 * 1024;
+
+struct Chunk {
+  int32_t tensor;
+  int64_t begin;
+};
+
+__global__ void adamw_multi_kernel(const AdamWTensorF32* tensors, const Chunk* chunks, float lr, float b1, float b2,
+                                   float eps, float bc1, float bc2) {
+  const Chunk c = chunks[blockIdx.x];
+  const AdamWTensorF32 t = tensors[c.tensor];
+  const float decay = 1.0f - lr * t.weight_decay, step = lr / bc1, inv_sqrt_bc2 = rsqrtf(bc2);
+  const int64_t end = c.begin + kChunk < t.n ? c.begin + kChunk : t.n;
+  for (int64_t i = c.begin + threadIdx.x; i < end; i += kThreads) {
+    const float g = t.g[i];
+    const float m = b1 * t.m[i] + (1.0f - b1) * g;
+    const float v = b2 * t.v[i] + (1.0f - b2) * g * g;
+    t.m[i] = m;
+    t.v[i] = v;
+    t.p[i] = t.p[i] * decay - step * m / (sqrtf(v) * inv_sqrt_bc2 + eps);
+  }
+}
+
+bool same_tensor(const AdamWTensorF32& a, const AdamWTensorF32& b) {
+  return a.p == b.p && a.g == b.g && a.m == b.m && a.v == b.v && a.n == b.n && a.weight_decay == b.weight_decay;
+}
+
+// The device copy of the last tensor list and its chunks.
+struct Table {
+  std::vector<AdamWTensorF32> host;
+  AdamWTensorF32* tensors = nullptr;
+  Chunk* chunks = nullptr;
+  int64_t chunk_count = 0;
+
+  void update(const AdamWTensorF32* list, int64_t count) {
+    bool same = static_cast<int64_t>(host.size()) == count;
+    for (int64_t i = 0; same && i < count; ++i) same = same_tensor(host[static_cast<size_t>(i)], list[i]);
+    if (same) return;
+    host.assign(list, list + count);
+    std::vector<Chunk> host_chunks;
+    for (int64_t i = 0; i < count; ++i)
+      for (int64_t b = 0; b < list[i].n; b += kChunk) host_chunks.push_back({static_cast<int32_t>(i), b});
+    // Rebuilt rarely (the first step): plain allocation and copies, ordered with the stream.
+    if (tensors) check(cudaFree(tensors), "adamw", "cudaFree");
+    if (chunks) check(cudaFree(chunks), "adamw", "cudaFree");
+    tensors = nullptr, chunks = nullptr;
+    chunk_count = static_cast<int64_t>(host_chunks.size());
+    if (chunk_count == 0) return;
+    check(cudaMalloc(&tensors, sizeof(AdamWTensorF32) * host.size()), "adamw", "cudaMalloc");
+    check(cudaMalloc(&chunks, sizeof(Chunk) * host_chunks.size()), "adamw", "cudaMalloc");
+    check(cudaMemcpy(tensors, host.data(), sizeof(AdamWTensorF32) * host.size(), cudaMemcpyHostToDevice), "adamw",
+          "cudaMemcpy");
+    check(cudaMemcpy(chunks, host_chunks.data(), sizeof(Chunk) * host_chunks.size(), cudaMemcpyHostToDevice), "adamw",
+          "cudaMemcpy");
+  }
+};
+
+}  // namespace
+
+void adamw_update_many_f32(const AdamWTensorF32* tensors, int64_t count, float lr, float beta1, float beta2, float eps,
+                           float bc1, float bc2) {
+  static Table table;
+  table.update(tensors, count);
+  if (table.chunk_count == 0) return;
+  KILN_CHECK(table.chunk_count <= 0x7fffffff, "adamw", "{} chunks exceed the grid", table.chunk_count);
+  adamw_multi_kernel<<<static_cast<unsigned>(table.chunk_count), kThreads, 0, stream()>>>(
+      table.tensors, table.chunks, lr, beta1, beta2, eps, bc1, bc2);
+  check_launch("adamw", "adamw_multi_kernel");
+}
+
+}  // namespace kiln::cuda
