@@ -116,6 +116,8 @@ void add_bench_command(CLI::App& app) {
                                                      : fmt::format("cpu ({})", precision);
     fmt::print("bench {} on {}: {} parameters, {} tokens per step\n", config.model.name, where, model.parameter_count(),
                config.train.micro_batch_tokens * config.train.grad_accum);
+    const std::string libraries = cuda_library_versions();
+    if (!libraries.empty()) fmt::print("  {}\n", libraries);
     fmt::print("  {:.1f} ms per step | {:.0f} tokens/s | {:.1f} model TFLOP/s | MFU {:.1f}% of {:.0f} TFLOP/s bf16 peak\n",
                1e3 * seconds / static_cast<double>(o->steps), tokens_per_second, tflops, 100 * tflops * 1e12 / kPeakFlops,
                kPeakFlops / 1e12);
@@ -146,7 +148,7 @@ void add_bench_command(CLI::App& app) {
                             {"tokens_per_second", tokens_per_second}, {"ms_per_step", 1e3 * seconds / o->steps},
                             {"tflops", tflops},                    {"mfu", tflops * 1e12 / kPeakFlops},
                             {"planned_gib", planned_gib},          {"device_gib", device_gib},
-                            {"parameters", model.parameter_count()},
+                            {"parameters", model.parameter_count()}, {"libraries", cuda_library_versions()},
                             {"ops", [&] {
                                nlohmann::json j = nlohmann::json::object();
                                for (const OpTime& t : ops) j[t.op] = t.milliseconds / 2;

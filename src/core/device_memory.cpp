@@ -5,8 +5,12 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #if KILN_WITH_CUDA
+#include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 #endif
 
 namespace kiln {
@@ -100,6 +104,19 @@ const char* cuda_device_name() {
   static bool loaded = false;
   if (!loaded && cuda_available()) loaded = cudaGetDeviceProperties(&prop, 0) == cudaSuccess;
   return loaded ? prop.name : "";
+#else
+  return "";
+#endif
+}
+
+std::string cuda_library_versions() {
+#if KILN_WITH_CUDA
+  if (!cuda_available()) return "";
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  return fmt::format("CUDA runtime {}.{}, driver {}.{}, cuBLASLt {}, cuDNN {}", runtime / 1000, runtime % 1000 / 10,
+                     driver / 1000, driver % 1000 / 10, cublasLtGetVersion(), cudnnGetVersion());
 #else
   return "";
 #endif

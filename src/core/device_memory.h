@@ -4,6 +4,7 @@
 #include "core/dtype.h"
 
 #include <cstddef>
+#include <string>
 
 namespace kiln {
 
@@ -21,5 +22,8 @@ bool cuda_available();
 void cuda_memory_info(size_t* free_bytes, size_t* total_bytes);
 // Name of the current CUDA device, or "" without one.
 const char* cuda_device_name();
+// The CUDA libraries this process runs with, as loaded (not as built against): e.g.
+// "CUDA runtime 13.0, driver 13.0, cuBLASLt 130100, cuDNN 91900"; "" without CUDA.
+std::string cuda_library_versions();
 
 }  // namespace kiln

@@ -10,6 +10,13 @@
 #include "ops/split/qkv_split.h"
 #include "ops/swiglu/swiglu.h"
 
+#if KILN_WITH_CUDA
+#include "core/op_profiler.h"
+#include "infer/decoder_cuda.h"
+#endif
+
+#include <algorithm>
+
 namespace kiln {
 
 struct Decoder::Layer {
@@ -23,15 +30,14 @@ void require_component(bool ok, const char* key, const std::string& value) {
              "mlp swiglu, position rope|none)", key, value);
 }
 
-// A host span as a CPU tensor view (no copy).
-Tensor host_view(std::span<const int32_t> v) {
-  return Tensor(const_cast<int32_t*>(v.data()), DType::i32, Device::cpu, Shape{static_cast<int64_t>(v.size())});
-}
-
 }  // namespace
 
 Decoder::Decoder(const Model& model, const DecoderOptions& options)
-    : model_(model), config_(model.config()), options_(options), arena_("decoder", model.options().device) {
+    : model_(model),
+      config_(model.config()),
+      options_(options),
+      device_(model.options().device),
+      arena_("decoder", model.options().device) {
   const ModelConfig& m = config_;
   require_component(m.norm == "rmsnorm", "norm", m.norm);
   require_component(m.attention == "gqa", "attention", m.attention);
@@ -40,38 +46,51 @@ Decoder::Decoder(const Model& model, const DecoderOptions& options)
   if (options_.max_len <= 0 || options_.max_len > m.max_seq_len) options_.max_len = m.max_seq_len;
   KILN_CHECK(options_.slots > 0 && options_.max_rows > 0 && options_.logit_rows > 0, "decoder",
              "slots, max_rows and logit_rows must be positive");
-  const DType dt = model.options().dtype;
+  // Parameter values are the masters (f32, or f64 on the CPU), also of a bf16 model.
+  wide_ = lookup("embed.weight").dtype();
+  dtype_ = device_ == Device::cuda ? options_.cuda_dtype : wide_;
+  KILN_CHECK(device_ == Device::cpu || (wide_ == DType::f32 && (dtype_ == DType::f32 || dtype_ == DType::bf16)),
+             "decoder", "on the GPU the weights must be f32 and the compute dtype f32 or bf16 (got {} weights, {})",
+             dtype_name(wide_), dtype_name(dtype_));
+  mixed_ = dtype_ != wide_;
+  fused_ = device_ == Device::cuda && options_.fuse;
+  // Capture needs every kernel on kiln::cuda::stream(); the fp32 RMSNorm front end launches
+  // on the legacy stream, so the unfused fp32 GPU path runs its steps uncaptured.
+  const bool capturable = mixed_ || fused_;
+  graph_rows_ = device_ == Device::cuda && capturable
+                    ? std::max<int64_t>(0, std::min({options_.graph_rows, options_.max_rows, options_.logit_rows}))
+                    : 0;
+  const DType dt = dtype_, wide = wide_;
   const int64_t r = options_.max_rows, d = m.hidden, hq = m.heads, hkv = m.kv_heads, hd = m.head_dim;
 
-  embed_ = lookup("embed.weight");
+  embed_ = lookup("embed.weight");  // rows are looked up in the master: the residual stream is wide
   final_norm_ = lookup("final_norm.weight");
-  head_ = m.tie_embeddings ? embed_ : lookup("lm_head.weight");
+  compute_weight(m.tie_embeddings ? embed_ : lookup("lm_head.weight"), head_);
   for (int64_t l = 0; l < m.layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     auto layer = std::make_unique<Layer>();
     layer->attn_norm = lookup(p + "attn_norm.weight");
     layer->mlp_norm = lookup(p + "mlp_norm.weight");
-    layer->qkv_w = fused({p + "attn.q_proj.weight", p + "attn.k_proj.weight", p + "attn.v_proj.weight"});
+    compute_weight(fused({p + "attn.q_proj.weight", p + "attn.k_proj.weight", p + "attn.v_proj.weight"}),
+                   layer->qkv_w);
     if (m.attention_bias)
       layer->qkv_b = fused({p + "attn.q_proj.bias", p + "attn.k_proj.bias", p + "attn.v_proj.bias"});
     if (m.qk_norm) {
       layer->q_norm = lookup(p + "attn.q_norm.weight");
       layer->k_norm = lookup(p + "attn.k_norm.weight");
     }
-    layer->o_w = lookup(p + "attn.o_proj.weight");
-    layer->gate_up_w = fused({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"});
-    layer->down_w = lookup(p + "mlp.down_proj.weight");
+    compute_weight(lookup(p + "attn.o_proj.weight"), layer->o_w);
+    compute_weight(fused({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}), layer->gate_up_w);
+    compute_weight(lookup(p + "mlp.down_proj.weight"), layer->down_w);
     layers_.push_back(std::move(layer));
   }
 
   cache_ = std::make_unique<KvCache>(arena_, KvCacheShape{m.layers, options_.slots, options_.max_len, hkv, hd}, dt);
-  arena_.reserve(tokens_, DType::i32, Shape{r});
-  arena_.reserve(slots_, DType::i32, Shape{r});
-  arena_.reserve(positions_, DType::i32, Shape{r});
-  arena_.reserve(x_, dt, Shape{r, d});
+  arena_.reserve(inputs_, DType::i32, Shape{3, r});
+  arena_.reserve(x_, wide, Shape{r, d});
   arena_.reserve(h_, dt, Shape{r, d});
   arena_.reserve(branch_, dt, Shape{r, d});
-  arena_.reserve(rstd_, dt, Shape{r});
+  arena_.reserve(rstd_, wide, Shape{r});
   arena_.reserve(qkv_, dt, Shape{r, (hq + 2 * hkv) * hd});
   arena_.reserve(q_, dt, Shape{r, hq, hd});
   arena_.reserve(k_, dt, Shape{r, hkv, hd});
@@ -79,30 +98,69 @@ Decoder::Decoder(const Model& model, const DecoderOptions& options)
   if (m.qk_norm) {
     arena_.reserve(qn_, dt, Shape{r, hq, hd});
     arena_.reserve(kn_, dt, Shape{r, hkv, hd});
-    arena_.reserve(qk_rstd_, dt, Shape{r * std::max(hq, hkv)});
+    arena_.reserve(qk_rstd_, wide, Shape{r * std::max(hq, hkv)});
   }
   arena_.reserve(attn_, dt, Shape{r, hq, hd});
   arena_.reserve(gate_up_, dt, Shape{r, 2 * m.ffn_hidden});
   arena_.reserve(act_, dt, Shape{r, m.ffn_hidden});
+  if (device_ == Device::cuda) {  // the largest split workspace of any row count
+    int64_t elems = 0;
+    for (int64_t n = 1; n <= r; ++n)
+      elems = std::max(elems, ops::cached_attention_workspace(n, hq, hkv, hd, options_.max_len));
+    if (elems > 0) arena_.reserve(attn_workspace_, DType::f32, Shape{elems});
+  }
   const int64_t lr = options_.logit_rows;
   arena_.reserve(gather_, dt, Shape{lr, d});
-  arena_.reserve(logits_, dt, Shape{lr, m.vocab_size});
+  arena_.reserve(logits_, wide, Shape{lr, m.vocab_size});
+  if (device_ == Device::cuda) arena_.reserve(argmax_, DType::i32, Shape{lr});
   if (m.position == "rope") {
-    arena_.reserve(cos_, dt, Shape{options_.max_len, hd / 2});
-    arena_.reserve(sin_, dt, Shape{options_.max_len, hd / 2});
+    arena_.reserve(cos_, wide, Shape{options_.max_len, hd / 2});
+    arena_.reserve(sin_, wide, Shape{options_.max_len, hd / 2});
   }
   arena_.allocate();
-  if (model.options().device != Device::cpu || dt != DType::f32)
-    host_logits_ = OwnedTensor(dt, Device::cpu, logits_.shape());
+
+  for (const auto& [master, copy] : to_convert_) ops::convert(master, *copy);  // once: masters -> bf16
+  to_convert_.clear();
+  weight_bytes_ = final_norm_.nbytes() + head_.nbytes();
+  for (const auto& L : layers_)
+    for (const Tensor* t : {&L->attn_norm, &L->qkv_w, &L->qkv_b, &L->q_norm, &L->k_norm, &L->o_w, &L->mlp_norm,
+                            &L->gate_up_w, &L->down_w})
+      if (t->defined()) weight_bytes_ += t->nbytes();
+  tokens_ = inputs_.rows(0, 1).view(Shape{r});
+  slots_ = inputs_.rows(1, 2).view(Shape{r});
+  positions_ = inputs_.rows(2, 3).view(Shape{r});
+  host_inputs_.assign(static_cast<size_t>(3 * r), 0);
+  if (device_ != Device::cpu || wide != DType::f32) host_logits_ = OwnedTensor(wide, Device::cpu, logits_.shape());
   if (m.position == "rope") {  // the model's own tables: same inverse frequencies and fp32 angles
-    OwnedTensor hc(dt, Device::cpu, cos_.shape()), hs(dt, Device::cpu, sin_.shape());
+    OwnedTensor hc(wide, Device::cpu, cos_.shape()), hs(wide, Device::cpu, sin_.shape());
     ops::rope_fill_tables(ops::rope_inverse_frequencies(m.rope_theta, hd), *hc, *hs);
     copy_tensor(*hc, cos_);
     copy_tensor(*hs, sin_);
   }
+#if KILN_WITH_CUDA
+  if (graph_rows_ > 0) graphs_ = std::make_shared<cuda::StepGraphs>();
+#endif
 }
 
 Decoder::~Decoder() = default;
+
+size_t Decoder::graphs() const {
+#if KILN_WITH_CUDA
+  if (graphs_) return graphs_->size();
+#endif
+  return 0;
+}
+
+// The weight a GEMM reads: the master itself, or on the mixed path a compute copy
+// reserved here and converted once the arena exists.
+void Decoder::compute_weight(const Tensor& master, Tensor& dst) {
+  if (!mixed_ || master.rank() != 2) {
+    dst = master;
+    return;
+  }
+  arena_.reserve(dst, dtype_, master.shape());
+  to_convert_.emplace_back(master, &dst);
+}
 
 Tensor Decoder::lookup(const std::string& name) const {
   const Parameter* p = model_.find_parameter(name);
@@ -144,21 +202,51 @@ void Decoder::forward(std::span<const int32_t> tokens, std::span<const int32_t> 
   KILN_CHECK(n > 0 && n <= options_.max_rows, "decoder", "a step of {} rows (1 to {} allowed)", n, options_.max_rows);
   KILN_CHECK(slots.size() == tokens.size() && positions.size() == tokens.size(), "decoder",
              "tokens, slots and positions must have the same length");
+  // Checked here, before anything runs: the GPU kernels trust these device values.
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    KILN_CHECK(tokens[i] >= 0 && tokens[i] < config_.vocab_size, "decoder",
+               "row {}: token id {} is outside the vocabulary [0, {})", i, tokens[i], config_.vocab_size);
+    KILN_CHECK(slots[i] >= 0 && slots[i] < options_.slots, "decoder", "row {}: slot {} outside [0, {})", i, slots[i],
+               options_.slots);
+    KILN_CHECK(positions[i] >= 0 && positions[i] < options_.max_len, "decoder",
+               "row {}: position {} outside the cache length {}", i, positions[i], options_.max_len);
+  }
+  const int64_t r = options_.max_rows;
+  std::copy(tokens.begin(), tokens.end(), host_inputs_.begin());
+  std::copy(slots.begin(), slots.end(), host_inputs_.begin() + r);
+  std::copy(positions.begin(), positions.end(), host_inputs_.begin() + 2 * r);
+  copy_tensor(Tensor(host_inputs_.data(), DType::i32, Device::cpu, inputs_.shape()), inputs_);
+  rows_ = n;
+  logits_ready_ = 0;
+#if KILN_WITH_CUDA
+  if (n <= graph_rows_) {
+    graphs_->run(n, [this, n] { step(n, true); });
+    logits_ready_ = n;
+    return;
+  }
+#endif
+  step(n, false);
+}
+
+// Everything of a step after its inputs are on the device; on the GPU it only enqueues
+// kernels and library calls on the stream (it may be captured into a graph).
+void Decoder::step(int64_t n, bool with_logits) {
+  if (fused_) return step_fused(n, with_logits);
   const ModelConfig& m = config_;
   const int64_t hq = m.heads, hkv = m.kv_heads, hd = m.head_dim;
-  rows_ = n;
   const Tensor tok = tokens_.rows(0, n), slot = slots_.rows(0, n), pos = positions_.rows(0, n);
-  copy_tensor(host_view(tokens), tok);
-  copy_tensor(host_view(slots), slot);
-  copy_tensor(host_view(positions), pos);
   const Tensor x = x_.rows(0, n), h = h_.rows(0, n), branch = branch_.rows(0, n), rstd = rstd_.rows(0, n);
   const Tensor qkv = qkv_.rows(0, n), q = q_.rows(0, n), k = k_.rows(0, n), v = v_.rows(0, n), o = attn_.rows(0, n);
   const Tensor gate_up = gate_up_.rows(0, n), act = act_.rows(0, n);
   const ops::AttentionOptions attention_options;  // as nn/gqa_attention.cpp: scale 1/sqrt(D)
+  // x += branch: in place, or fp32 + bf16 -> fp32 on the mixed path.
+  auto residual_add = [&] { mixed_ ? ops::add(x, branch, x) : ops::add_inplace(x, branch); };
 
   ops::embedding_forward(tok, embed_, x);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = *layers_[l];
+    const Tensor& k_cache = cache_->k(static_cast<int64_t>(l));
+    const Tensor& v_cache = cache_->v(static_cast<int64_t>(l));
     ops::rms_norm_forward(x, L.attn_norm, m.norm_eps, h, rstd);
     ops::linear_forward(h, L.qkv_w, L.qkv_b, qkv);
     if (m.qk_norm) {
@@ -175,34 +263,103 @@ void Decoder::forward(std::span<const int32_t> tokens, std::span<const int32_t> 
       ops::rope_apply(q, pos, cos_, sin_, false);
       ops::rope_apply(k, pos, cos_, sin_, false);
     }
-    ops::kv_cache_write(k, v, slot, pos, cache_->k(static_cast<int64_t>(l)), cache_->v(static_cast<int64_t>(l)));
-    ops::cached_attention_forward(q, cache_->k(static_cast<int64_t>(l)), cache_->v(static_cast<int64_t>(l)), slot, pos,
-                                  attention_options, o);
+    ops::kv_cache_write(k, v, slot, pos, k_cache, v_cache);
+    ops::cached_attention_forward(q, k_cache, v_cache, slot, pos, attention_options, o, attn_workspace_);
     ops::linear_forward(o.view(Shape{n, hq * hd}), L.o_w, Tensor(), branch);
-    ops::add_inplace(x, branch);
+    residual_add();
     ops::rms_norm_forward(x, L.mlp_norm, m.norm_eps, h, rstd);
     ops::linear_forward(h, L.gate_up_w, Tensor(), gate_up);
     ops::swiglu_forward(gate_up, act);
     ops::linear_forward(act, L.down_w, Tensor(), branch);
-    ops::add_inplace(x, branch);
+    residual_add();
   }
   ops::rms_norm_forward(x, final_norm_, m.norm_eps, h, rstd);  // h = final hidden states
+  if (with_logits) ops::lm_head_logits(h, head_, 0.0, logits_.rows(0, n));
+}
+
+// The GPU step with the fused kernels: per block, the q/k/v epilogue and the two residual
+// adds (each with the RMSNorm after it: the MLP's, then the next block's or the final one)
+// are one kernel each instead of six and four op calls.
+void Decoder::step_fused([[maybe_unused]] int64_t n, [[maybe_unused]] bool with_logits) {
+#if KILN_WITH_CUDA
+  const ModelConfig& m = config_;
+  const int64_t hq = m.heads, hkv = m.kv_heads, hd = m.head_dim, d = m.hidden;
+  const auto eps = static_cast<float>(m.norm_eps);
+  const bool rope = m.position == "rope";
+  const Tensor tok = tokens_.rows(0, n), slot = slots_.rows(0, n), pos = positions_.rows(0, n);
+  const Tensor x = x_.rows(0, n), h = h_.rows(0, n), branch = branch_.rows(0, n), qkv = qkv_.rows(0, n);
+  const Tensor q = q_.rows(0, n), o = attn_.rows(0, n), gate_up = gate_up_.rows(0, n), act = act_.rows(0, n);
+  const ops::AttentionOptions attention_options;
+  auto gain = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
+
+  ops::embedding_forward(tok, embed_, x);
+  // x += branch (skipped when undefined), h = RMSNorm(x) * gain; timed as one op by kiln's
+  // op profiler, like the q/k/v kernel.
+  auto add_norm = [&](const Tensor& add, const Tensor& norm_gain) {
+    OpScope scope("add_rms_norm (fused)", Device::cuda);
+    cuda::add_rms_norm(dtype_, x.data<float>(), add.defined() ? add.raw() : nullptr, gain(norm_gain), eps, n, d,
+                       h.raw());
+  };
+  add_norm(Tensor(), layers_[0]->attn_norm);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = *layers_[l];
+    const Tensor& k_cache = cache_->k(static_cast<int64_t>(l));
+    const Tensor& v_cache = cache_->v(static_cast<int64_t>(l));
+    ops::linear_forward(h, L.qkv_w, L.qkv_b, qkv);
+    {
+      OpScope scope("qkv_to_cache (fused)", Device::cuda);
+      cuda::qkv_to_cache(dtype_, qkv.raw(), n, hq, hkv, hd, gain(L.q_norm), gain(L.k_norm), eps,
+                         rope ? cos_.data<float>() : nullptr, rope ? sin_.data<float>() : nullptr,
+                         slot.data<int32_t>(), pos.data<int32_t>(), options_.max_len, q.raw(), k_cache.raw(),
+                         v_cache.raw());
+    }
+    ops::cached_attention_forward(q, k_cache, v_cache, slot, pos, attention_options, o, attn_workspace_);
+    ops::linear_forward(o.view(Shape{n, hq * hd}), L.o_w, Tensor(), branch);
+    add_norm(branch, L.mlp_norm);
+    ops::linear_forward(h, L.gate_up_w, Tensor(), gate_up);
+    ops::swiglu_forward(gate_up, act);
+    ops::linear_forward(act, L.down_w, Tensor(), branch);
+    add_norm(branch, l + 1 < layers_.size() ? layers_[l + 1]->attn_norm : final_norm_);
+  }
+  if (with_logits) ops::lm_head_logits(h, head_, 0.0, logits_.rows(0, n));  // h = final hidden states
+#endif
+}
+
+void Decoder::check_rows(std::span<const int32_t> rows) const {
+  for (const int32_t r : rows)
+    KILN_CHECK(r >= 0 && r < rows_, "decoder", "logits of row {} outside the last step's {} rows", r, rows_);
+}
+
+// Logits of up to logit_rows rows of the last step, into logits_.rows(0, rows.size()).
+Tensor Decoder::compute_logits(std::span<const int32_t> rows) {
+  const auto m = static_cast<int64_t>(rows.size());
+  for (int64_t j = 0; j < m; ++j) {
+    const int32_t r = rows[static_cast<size_t>(j)];
+    copy_tensor(h_.rows(r, r + 1), gather_.rows(j, j + 1));
+  }
+  const Tensor lg = logits_.rows(0, m);
+  ops::lm_head_logits(gather_.rows(0, m), head_, 0.0, lg);
+  return lg;
 }
 
 void Decoder::logits(std::span<const int32_t> rows, std::vector<float>& out) {
+  check_rows(rows);
   const int64_t vocab = config_.vocab_size, chunk = options_.logit_rows;
   const auto count = static_cast<int64_t>(rows.size());
   out.resize(static_cast<size_t>(count * vocab));
   const OwnedTensor& host = host_logits_;
+  if (logits_ready_ > 0 && count > 0) {  // a captured step computed them: copy out the span asked for
+    const int32_t lo = *std::min_element(rows.begin(), rows.end());
+    const int32_t hi = *std::max_element(rows.begin(), rows.end()) + 1;
+    copy_tensor(logits_.rows(lo, hi), host->rows(0, hi - lo));
+    const float* src = host->data<float>();
+    for (int64_t j = 0; j < count; ++j)
+      std::copy_n(src + (rows[static_cast<size_t>(j)] - lo) * vocab, vocab, out.data() + j * vocab);
+    return;
+  }
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t m = std::min(chunk, count - begin);
-    for (int64_t j = 0; j < m; ++j) {
-      const int32_t r = rows[static_cast<size_t>(begin + j)];
-      KILN_CHECK(r >= 0 && r < rows_, "decoder", "logits of row {} outside the last step's {} rows", r, rows_);
-      copy_tensor(h_.rows(r, r + 1), gather_.rows(j, j + 1));
-    }
-    const Tensor lg = logits_.rows(0, m);
-    ops::lm_head_logits(gather_.rows(0, m), head_, 0.0, lg);
+    const Tensor lg = compute_logits(rows.subspan(static_cast<size_t>(begin), static_cast<size_t>(m)));
     float* dst = out.data() + begin * vocab;
     if (!host.tensor.defined()) {
       std::copy(lg.data<float>(), lg.data<float>() + m * vocab, dst);
@@ -212,6 +369,40 @@ void Decoder::logits(std::span<const int32_t> rows, std::vector<float>& out) {
     for (int64_t i = 0; i < m * vocab; ++i)
       dst[i] = host->dtype() == DType::f32 ? host->data<float>()[i] : static_cast<float>(host->data<double>()[i]);
   }
+}
+
+void Decoder::greedy(std::span<const int32_t> rows, std::vector<int32_t>& out) {
+  check_rows(rows);
+  const int64_t vocab = config_.vocab_size;
+  out.resize(rows.size());
+  if (device_ == Device::cpu) {
+    std::vector<float> lg;
+    logits(rows, lg);
+    for (size_t j = 0; j < rows.size(); ++j) {
+      const float* row = lg.data() + static_cast<int64_t>(j) * vocab;
+      out[j] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+    }
+    return;
+  }
+#if KILN_WITH_CUDA
+  host_argmax_.resize(static_cast<size_t>(options_.logit_rows));
+  auto ids = [&](const Tensor& lg) {  // argmax of each row of lg on the device, then to host_argmax_
+    const int64_t m = lg.size(0);
+    cuda::argmax_rows_f32(lg.data<float>(), m, vocab, argmax_.data<int32_t>());
+    copy_tensor(argmax_.rows(0, m), Tensor(host_argmax_.data(), DType::i32, Device::cpu, Shape{m}));
+  };
+  if (logits_ready_ > 0) {
+    ids(logits_.rows(0, logits_ready_));
+    for (size_t j = 0; j < rows.size(); ++j) out[j] = host_argmax_[static_cast<size_t>(rows[j])];
+    return;
+  }
+  const int64_t chunk = options_.logit_rows, count = static_cast<int64_t>(rows.size());
+  for (int64_t begin = 0; begin < count; begin += chunk) {
+    const int64_t m = std::min(chunk, count - begin);
+    ids(compute_logits(rows.subspan(static_cast<size_t>(begin), static_cast<size_t>(m))));
+    std::copy_n(host_argmax_.begin(), m, out.begin() + begin);
+  }
+#endif
 }
 
 }  // namespace kiln

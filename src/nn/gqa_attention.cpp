@@ -34,26 +34,31 @@ class GqaAttention final : public Attention {
       q_norm_ = norm_registry().build("model.norm", m.norm, ctx, NormSpec{p + "q_norm", d_, t * hq_, m.norm_eps});
       k_norm_ = norm_registry().build("model.norm", m.norm, ctx, NormSpec{p + "k_norm", d_, t * hkv_, m.norm_eps});
     }
-    ctx.saved(qkv_, Shape{t, qkv_cols});
+    qkv_cols_ = qkv_cols;
     ctx.saved(q_, Shape{t, hq_, d_});
     ctx.saved(k_, Shape{t, hkv_, d_});
     ctx.saved(v_, Shape{t, hkv_, d_});
     ctx.saved(o_, Shape{t, hq_, d_});
     ctx.saved_wide(lse_, Shape{t, hq_});
-    // Backward scratch, as taken in backward(): d_o, dq, dk, dv, dqkv, dqn, dkn.
+    // Scratch, as taken in backward(): d_o, dq, dk, dv, dqkv, dqn, dkn; forward() takes only
+    // the fused projection qkv (its parts are copied out, so it is not kept for backward).
     const size_t q_bytes = Workspace::footprint(ctx.dtype, Shape{t, q_cols});
     const size_t kv_bytes = Workspace::footprint(ctx.dtype, Shape{t, kv_cols});
     ctx.workspace.reserve_peak(3 * q_bytes + 3 * kv_bytes + Workspace::footprint(ctx.dtype, Shape{t, qkv_cols}));
-    // When q/k are normed, their pre-norm values come from qkv_; the normed copy is
-    // a separate buffer the norm backward reads.
-    ctx.saved(qn_, Shape{t, hq_, d_});
-    ctx.saved(kn_, Shape{t, hkv_, d_});
+    // When q/k are normed, their pre-norm values (the norm backward's input) are copied
+    // out of qkv into qn_/kn_, and the normed, rotated values go to q_/k_.
+    if (m.qk_norm) {
+      ctx.saved(qn_, Shape{t, hq_, d_});
+      ctx.saved(kn_, Shape{t, hkv_, d_});
+    }
   }
 
   void forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) override {
     const int64_t t = x.size(0);
     saved_x_ = x;
-    Tensor qkv = qkv_.rows(0, t), q = q_.rows(0, t), k = k_.rows(0, t), v = v_.rows(0, t);
+    Workspace::Scope scope(workspace_);
+    Tensor qkv = scope.take(q_.dtype(), Shape{t, qkv_cols_});
+    Tensor q = q_.rows(0, t), k = k_.rows(0, t), v = v_.rows(0, t);
     ops::linear_forward(x, qkv_w_, qkv_b_, qkv);
     if (q_norm_) {
       // Split raw q/k into qn_/kn_ (the norm inputs), normalize into q/k, then rotate.
@@ -86,7 +91,7 @@ class GqaAttention final : public Attention {
                             options_, dq, dk, dv);
     position_.apply(dq, seq, true);
     position_.apply(dk, seq, true);
-    Tensor dqkv = scope.take(dout.dtype(), Shape{t, qkv_.size(1)});
+    Tensor dqkv = scope.take(dout.dtype(), Shape{t, qkv_cols_});
     if (q_norm_) {
       Tensor dqn = scope.take(dout.dtype(), Shape{t, hq_, d_});
       Tensor dkn = scope.take(dout.dtype(), Shape{t, hkv_, d_});
@@ -106,7 +111,8 @@ class GqaAttention final : public Attention {
   ops::AttentionOptions options_;
   Tensor qkv_w_, qkv_g_, qkv_b_, qkv_bg_, o_w_, o_g_;
   std::unique_ptr<Norm> q_norm_, k_norm_;
-  Tensor qkv_, q_, k_, v_, o_, lse_, qn_, kn_;
+  int64_t qkv_cols_ = 0;
+  Tensor q_, k_, v_, o_, lse_, qn_, kn_;
   Tensor saved_x_;
 };
 

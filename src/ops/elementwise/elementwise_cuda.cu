@@ -3,6 +3,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/cuda_kernels.h"
+#include "ops/optim/adamw_math.cuh"
 
 namespace kiln::cuda {
 
@@ -75,12 +76,8 @@ __global__ void embedding_backward_kernel(const int32_t* tokens, const float* do
 
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
                              float eps, float wd, float bc1, float bc2) {
-  const float decay = 1.0f - lr * wd, step = lr / bc1, inv_sqrt_bc2 = rsqrtf(bc2);
-  KILN_GRID_STRIDE(i, n) {
-    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-    p[i] = p[i] * decay - step * m[i] / (sqrtf(v[i]) * inv_sqrt_bc2 + eps);
-  }
+  const AdamWFactors f = adamw_factors(lr, wd, bc1, bc2);
+  KILN_GRID_STRIDE(i, n) adamw_element(p[i], g[i], m[i], v[i], b1, b2, eps, f.decay, f.step, f.inv_sqrt_bc2);
 }
 
 // Reductions write one partial per block into fixed device storage (no allocation),

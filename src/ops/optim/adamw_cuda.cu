@@ -2,11 +2,12 @@
 // cut into chunks of kChunk elements; block b updates chunk b of its tensor. The table of
 // tensors and chunks lives on the device and is rebuilt only when the tensor list
 // changes (in training, never after the first step), so a step costs one launch and no
-// host-to-device copy. The arithmetic is adamw_kernel's (elementwise_cuda.cu): the same
-// bits as the per-tensor path.
+// host-to-device copy. The arithmetic is adamw_element (adamw_math.cuh), shared with the
+// per-tensor kernel: the same bits.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/cuda_kernels.h"
+#include "ops/optim/adamw_math.cuh"
 
 #include <vector>
 
@@ -26,16 +27,10 @@ __global__ void adamw_multi_kernel(const AdamWTensorF32* tensors, const Chunk* c
                                    float eps, float bc1, float bc2) {
   const Chunk c = chunks[blockIdx.x];
   const AdamWTensorF32 t = tensors[c.tensor];
-  const float decay = 1.0f - lr * t.weight_decay, step = lr / bc1, inv_sqrt_bc2 = rsqrtf(bc2);
+  const AdamWFactors f = adamw_factors(lr, t.weight_decay, bc1, bc2);
   const int64_t end = c.begin + kChunk < t.n ? c.begin + kChunk : t.n;
-  for (int64_t i = c.begin + threadIdx.x; i < end; i += kThreads) {
-    const float g = t.g[i];
-    const float m = b1 * t.m[i] + (1.0f - b1) * g;
-    const float v = b2 * t.v[i] + (1.0f - b2) * g * g;
-    t.m[i] = m;
-    t.v[i] = v;
-    t.p[i] = t.p[i] * decay - step * m / (sqrtf(v) * inv_sqrt_bc2 + eps);
-  }
+  for (int64_t i = c.begin + threadIdx.x; i < end; i += kThreads)
+    adamw_element(t.p[i], t.g[i], t.m[i], t.v[i], b1, b2, eps, f.decay, f.step, f.inv_sqrt_bc2);
 }
 
 bool same_tensor(const AdamWTensorF32& a, const AdamWTensorF32& b) {

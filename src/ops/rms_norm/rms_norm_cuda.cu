@@ -11,6 +11,7 @@
 // order through shared memory before one `+=` per column. No atomics and no scratch, so
 // it is deterministic and allocation-free (CUDA-graph safe).
 #include "core/cuda_check.h"
+#include "core/cuda_context.h"
 #include "ops/rms_norm/rms_norm_kernels.h"
 
 #include <climits>
@@ -216,13 +217,15 @@ void rms_norm_forward_f32(const float* x, const float* w, float eps, int64_t row
                           float* rstd, void* stream) {
   if (rows == 0) return;
   const bool vec = cols % 4 == 0 && aligned16(x) && aligned16(w) && aligned16(y);
-  launch_rows<LaunchForward>(rows, cols, vec, as_stream(stream), x, w, eps, rows, cols, y, rstd);
+  // nullptr = the kernels' stream (the front end passes none).
+  launch_rows<LaunchForward>(rows, cols, vec, stream ? as_stream(stream) : kiln::cuda::stream(), x, w, eps, rows, cols, y,
+                             rstd);
 }
 
 void rms_norm_backward_f32(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
                            int64_t cols, float* dx, float* dw, bool accumulate_dx, void* stream) {
   if (rows == 0 || cols == 0) return;
-  const cudaStream_t s = as_stream(stream);
+  const cudaStream_t s = stream ? as_stream(stream) : kiln::cuda::stream();
   const bool vec = cols % 4 == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx);
   launch_rows<LaunchBackwardDx>(rows, cols, vec, s, x, w, rstd, dy, rows, cols, dx, accumulate_dx);
   if (dw) {

@@ -1,0 +1,66 @@
+// The GPU side of the Decoder (infer/decoder.h) that is not an op: CUDA graphs of its step,
+// the greedy argmax of logits rows on the device (so a greedy step copies back one id per
+// row instead of a row of logits), and the step's fused kernels. No CUDA headers here:
+// decoder.cpp includes this in CUDA builds only (definitions in decoder_cuda.cu and
+// decoder_fused.cu).
+#pragma once
+
+#include "core/dtype.h"
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+
+namespace kiln::cuda {
+
+// Executable graphs of a step, one per key (the decoder keys them by row count).
+class StepGraphs {
+ public:
+  StepGraphs() = default;
+  ~StepGraphs();
+  StepGraphs(const StepGraphs&) = delete;
+  StepGraphs& operator=(const StepGraphs&) = delete;
+
+  // The first call for `key` runs step() as it is: that is the warm-up after which every
+  // cuBLASLt plan, handle and workspace the step uses exists. Then it captures step() on
+  // kiln::cuda::stream() (capture records, it does not run again) and instantiates the
+  // graph; later calls for `key` launch that graph. step() must only enqueue work on that
+  // stream, identical for a key (shapes and pointers fixed, varying data in device
+  // buffers): no synchronization, allocation or legacy-stream copy. While the op
+  // profiler is on, steps run uncaptured (its events go to the legacy stream). A capture
+  // that fails is reported on stderr once; that key's steps then run uncaptured.
+  void run(int64_t key, const std::function<void()>& step);
+  bool captured(int64_t key) const { return graphs_.count(key) > 0; }
+  size_t size() const { return graphs_.size(); }
+
+ private:
+  void capture(int64_t key, const std::function<void()>& step);
+
+  std::map<int64_t, void*> graphs_;  // cudaGraphExec_t by key
+  std::set<int64_t> failed_;         // keys whose capture failed
+};
+
+// out[i] = the lowest index of the largest value of row i of logits [rows, vocab] (fp32,
+// device), as the sampler's greedy pick (and torch.argmax). Enqueued on the stream.
+void argmax_rows_f32(const float* logits, int64_t rows, int64_t vocab, int32_t* out);
+
+// ---- fused kernels of a decode step ------------------------------------------------------
+// Each replaces several op calls (DecoderOptions::fuse = false runs those ops instead: the
+// reference) with the same arithmetic and roundings. dtype is the compute dtype (f32, or
+// bf16 on the mixed path); gains and RoPE tables are fp32; enqueued on the stream.
+
+// qkv [n, (hq + 2 hkv) hd] -> q [n, hq, hd], and k, v into the caches [slots, max_len, hkv,
+// hd] at (slots[i], positions[i]): per-head RMSNorm of q and k with the gains (skipped when
+// null) and RoPE of both with the tables [max_len, hd / 2] (skipped when null). Replaces
+// qkv_split, rms_norm_forward x 2, rope_apply x 2 and kv_cache_write.
+void qkv_to_cache(DType dtype, const void* qkv, int64_t n, int64_t hq, int64_t hkv, int64_t hd, const float* q_gain,
+                  const float* k_gain, float eps, const float* cos, const float* sin, const int32_t* slots,
+                  const int32_t* positions, int64_t max_len, void* q, void* k_cache, void* v_cache);
+
+// x (fp32 residual stream [n, d]) += branch ([n, d], dtype; skipped when null), then
+// y = RMSNorm(x) * gain (dtype). Replaces add / add_inplace and rms_norm_forward.
+void add_rms_norm(DType dtype, float* x, const void* branch, const float* gain, float eps, int64_t n, int64_t d,
+                  void* y);
+
+}  // namespace kiln::cuda
