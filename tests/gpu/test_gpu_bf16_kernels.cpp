@@ -29,6 +29,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "gpu/gpu_harness.h"
+#include "ops/cuda_kernels.h"
 #include "ops/cuda_kernels_bf16.h"
 
 #include <fmt/format.h>
@@ -751,6 +752,51 @@ TEST_F(Bf16Kernels, CrossEntropyRowsInPlaceOnBf16Logits) {
           expect_bf16_close("grad", out, grad_ref, kBf16Tol, 0, &grad_floor);
         else
           EXPECT_TRUE(out == bits) << "grad=false must leave the logits as they were";
+      }
+    }
+  }
+}
+
+// Decode-sized products (m = 1..8 rows against a weight), which cuda::gemm hands to its
+// skinny kernel, and one just above (m = 9, cuBLASLt): C = A B^T in f32 and bf16, and
+// C = A B^T + C (beta 1). The reference sums the bf16 inputs' exact values in fp64; the
+// f32 result is one fp32 dot product of k terms (judged against the terms' scale).
+TEST_F(Bf16Kernels, SkinnyGemmMatchesReference) {
+  const int64_t n = 1000, k = 1024;
+  const std::vector<uint16_t> b = random_bf16(static_cast<size_t>(n * k), 7001);
+  const std::vector<float> bv = bf16_values(b);
+  OwnedTensor b_dev = upload(b);
+  for (int64_t m : {1, 2, 5, 8, 9}) {
+    for (bool f32_out : {true, false}) {
+      for (float beta : {0.0f, 1.0f}) {
+        SCOPED_TRACE(fmt::format("m={} {} beta={}", m, f32_out ? "f32" : "bf16", beta));
+        const std::vector<uint16_t> a = random_bf16(static_cast<size_t>(m * k), 7100 + static_cast<uint64_t>(m));
+        const std::vector<float> av = bf16_values(a);
+        const std::vector<uint16_t> c0 = random_bf16(static_cast<size_t>(m * n), 7200 + static_cast<uint64_t>(m));
+        const std::vector<float> c0v = bf16_values(c0);
+        std::vector<double> ref(static_cast<size_t>(m * n)), scale(ref.size());
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < n; ++j) {
+            double sum = 0, terms = 0;
+            for (int64_t i = 0; i < k; ++i) {
+              const double t = static_cast<double>(av[static_cast<size_t>(r * k + i)]) * bv[static_cast<size_t>(j * k + i)];
+              sum += t, terms += std::fabs(t);
+            }
+            ref[static_cast<size_t>(r * n + j)] = sum + beta * c0v[static_cast<size_t>(r * n + j)];
+            scale[static_cast<size_t>(r * n + j)] = 1e-2 * (terms + std::fabs(c0v[static_cast<size_t>(r * n + j)]));
+          }
+        OwnedTensor a_dev = upload(a);
+        if (f32_out) {
+          OwnedTensor c_dev = upload(c0v);
+          cuda::gemm(false, true, m, n, k, 1.0f, ptr<uint16_t>(a_dev), k, ptr<uint16_t>(b_dev), k, DType::bf16, beta,
+                     ptr<float>(c_dev), n, DType::f32);
+          expect_values_close("skinny gemm f32", download<float>(*c_dev), ref, 1e-3, 0, &scale);
+        } else {
+          OwnedTensor c_dev = upload(c0);
+          cuda::gemm(false, true, m, n, k, 1.0f, ptr<uint16_t>(a_dev), k, ptr<uint16_t>(b_dev), k, DType::bf16, beta,
+                     ptr<uint16_t>(c_dev), n, DType::bf16);
+          expect_bf16_close("skinny gemm bf16", download<uint16_t>(*c_dev), ref, kBf16Tol, 0, &scale);
+        }
       }
     }
   }

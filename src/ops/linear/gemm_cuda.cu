@@ -5,6 +5,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/cuda_kernels.h"
+#include "ops/linear/gemv_cuda.h"
 
 #include <cublasLt.h>
 
@@ -115,6 +116,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype) {
   if (m == 0 || n == 0) return;
   if (k == 0) fail("gemm", "k = 0 (m={} n={})", m, n);
+  if (try_skinny_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, ab_dtype, beta, c, ldc, c_dtype)) return;
   const Problem problem{trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_dtype, c_dtype, beta != 0.0f};
   const Plan& plan = plan_for(problem);
   check_lt(cublasLtMatmul(lt().handle, plan.op, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c, &plan.algo,
