@@ -757,8 +757,8 @@ TEST_F(Bf16Kernels, CrossEntropyRowsInPlaceOnBf16Logits) {
   }
 }
 
-// Decode-sized products (m = 1..8 rows against a weight), which cuda::gemm hands to its
-// skinny kernel, and one just above (m = 9, cuBLASLt): C = A B^T in f32 and bf16, and
+// Decode-sized products (m = 1..9 rows against a weight): m <= kMaxSkinnyRows go to the
+// skinny kernel of cuda::gemm, the rest to cuBLASLt: C = A B^T in f32 and bf16, and
 // C = A B^T + C (beta 1). The reference sums the bf16 inputs' exact values in fp64; the
 // f32 result is one fp32 dot product of k terms (judged against the terms' scale).
 TEST_F(Bf16Kernels, SkinnyGemmMatchesReference) {

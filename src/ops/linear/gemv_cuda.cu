@@ -1,5 +1,5 @@
-// Skinny bf16 products for decoding: C [m, n] = alpha A [m, k] B^T + beta C with m <= 8
-// rows (the tokens of a decode step) and B [n, k] row-major (a weight). At these shapes
+// Skinny bf16 products for decoding: C [m, n] = alpha A [m, k] B^T + beta C with m up to
+// kMaxSkinnyRows rows (the tokens of a decode step) and B [n, k] row-major (a weight). At these shapes
 // the product is a read of B, so the kernel is built for bandwidth: one warp per output
 // column j reads row j of B in 16-byte vectors once, against all m rows of A (small, from
 // cache), and reduces in a fixed order (the same bits every run). cuBLASLt's kernels for
