@@ -21,22 +21,9 @@ PEER_COMPILE=${PEER_COMPILE:-off}
 LOGS=${OUT:-/tmp/kiln-decode-bench}
 mkdir -p "$LOGS"
 
-# The staged binaries and libraries, as scripts/gpu_check.sh finds them.
-STAGE=${KILN_STAGE:-.gpu/kiln-gpu.tar.gz}
-if [ -f "$STAGE" ]; then
-  dir=$(mktemp -d /tmp/kiln-gpu.XXXXXX)
-  tar -xzf "$STAGE" -C "$dir" || { echo "decode_bench: cannot unpack $STAGE"; exit 1; }
-  STAGE=$dir
-fi
+# The staged binaries (STAGE) and their libraries on LD_LIBRARY_PATH; NVLink multicast off.
+source scripts/gpu_env.sh || exit 1
 [ -x "$STAGE/bin/kiln" ] || { echo "decode_bench: no $STAGE/bin/kiln (run scripts/gpu_stage.sh and carry it)"; exit 1; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-lib_path="$(cd "$STAGE" && pwd)/lib"
-for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib; do
-  [ -d "$d" ] && lib_path+=":$d"
-done
-[ -d /usr/local/cuda/lib64 ] && lib_path+=":/usr/local/cuda/lib64"
-export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 PEER_PYTHON=${PEER_PYTHON:-/opt/torch/.venv/bin/python}
 [ -x "$PEER_PYTHON" ] || PEER_PYTHON=python3
 

@@ -11,28 +11,11 @@ cd "$(dirname "$0")/.."
 
 LOGS=${OUT:-/tmp/kiln-gpu-check}
 mkdir -p "$LOGS"
-# The staged binaries and libraries: .gpu/kiln-gpu.tar.gz (unpacked here), else .gpu/{bin,lib}.
-STAGE=.gpu
-if [ -f .gpu/kiln-gpu.tar.gz ]; then
-  STAGE=$(mktemp -d /tmp/kiln-gpu.XXXXXX)
-  tar -xzf .gpu/kiln-gpu.tar.gz -C "$STAGE" || { echo "gpu_check: cannot unpack .gpu/kiln-gpu.tar.gz"; exit 1; }
-fi
-
-# NVLink multicast stays off on shared hosts (see the device tool's KINDS.md).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-
-# Libraries: bundled ones first, then the PyTorch venv's newer cuDNN/NCCL/cuBLAS, then the
-# toolkit's. (The driver's libcuda is found by the loader's own configuration.)
-lib_path="$(cd "$STAGE" && pwd)/lib"
-for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib; do
-  [ -d "$d" ] && lib_path+=":$d"
-done
-[ -d /usr/local/cuda/lib64 ] && lib_path+=":/usr/local/cuda/lib64"
+# The staged binaries (STAGE) and their libraries on LD_LIBRARY_PATH; NVLink multicast off.
+source scripts/gpu_env.sh || exit 1
 # Tests read the repository (golden files, corpus) from here, not the build machine path.
 export KILN_SOURCE_DIR="$PWD"
 export KILN_BINARY="$STAGE/bin/kiln"
-export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 echo "== gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
 if command -v nvidia-smi >/dev/null; then

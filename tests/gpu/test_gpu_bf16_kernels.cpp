@@ -652,6 +652,30 @@ std::vector<int32_t> ce_targets(int64_t rows, int64_t vocab) {
   return t;
 }
 
+// The reference of a whole chunk: row_stats and the gradient with their floors.
+struct CeChunk {
+  std::vector<double> stats, stats_floor, grad, grad_floor;
+};
+
+CeChunk ce_chunk_reference(const std::vector<float>& logits, const std::vector<int32_t>& targets, int64_t rows,
+                           int64_t vocab, const CeOptions& o, bool grad) {
+  CeChunk c;
+  c.stats.resize(static_cast<size_t>(2 * rows));
+  c.stats_floor.resize(c.stats.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = logits.data() + r * vocab;
+    const int32_t t = targets[static_cast<size_t>(r)];
+    const CeRow ref = ce_reference(x, vocab, t, o, grad, t < 0 ? 0.0 : ce_lse(x, vocab, o.softcap));
+    c.stats[static_cast<size_t>(2 * r)] = ref.loss;
+    c.stats[static_cast<size_t>(2 * r + 1)] = ref.lse_sq;
+    c.stats_floor[static_cast<size_t>(2 * r)] = ref.loss_floor;
+    c.stats_floor[static_cast<size_t>(2 * r + 1)] = ref.lse_sq;
+    c.grad.insert(c.grad.end(), ref.grad.begin(), ref.grad.end());
+    c.grad_floor.insert(c.grad_floor.end(), ref.floors.begin(), ref.floors.end());
+  }
+  return c;
+}
+
 TEST_F(Bf16Kernels, CrossEntropyRows) {
   const CeOptions option_sets[] = {{0, 1, 0}, {1e-2f, 1.0f / 37, 0}, {0, 0.5f, 30}, {1e-3f, 1.0f / 3, 5}};
   // rows, vocab: vector path (1000, 50304, 65536) and scalar path (1001).
@@ -679,21 +703,9 @@ TEST_F(Bf16Kernels, CrossEntropyRows) {
         EXPECT_TRUE(grad_runs[0] == grad_runs[1]) << "grad differs between two identical runs";
         EXPECT_TRUE(download<float>(*logits_dev) == logits) << "logits must be left as they were";
 
-        std::vector<double> stats_ref(static_cast<size_t>(2 * rows)), stats_floor(stats_ref.size());
-        std::vector<double> grad_ref, grad_floor;
-        for (int64_t r = 0; r < rows; ++r) {
-          const float* x = logits.data() + r * vocab;
-          const int32_t t = targets[static_cast<size_t>(r)];
-          const CeRow ref = ce_reference(x, vocab, t, o, grad, t < 0 ? 0.0 : ce_lse(x, vocab, o.softcap));
-          stats_ref[static_cast<size_t>(2 * r)] = ref.loss;
-          stats_ref[static_cast<size_t>(2 * r + 1)] = ref.lse_sq;
-          stats_floor[static_cast<size_t>(2 * r)] = ref.loss_floor;
-          stats_floor[static_cast<size_t>(2 * r + 1)] = ref.lse_sq;
-          grad_ref.insert(grad_ref.end(), ref.grad.begin(), ref.grad.end());
-          grad_floor.insert(grad_floor.end(), ref.floors.begin(), ref.floors.end());
-        }
+        const CeChunk ref = ce_chunk_reference(logits, targets, rows, vocab, o, grad);
         std::vector<float> stats_gpu(stats_runs[0].begin(), stats_runs[0].end());
-        expect_values_close("row_stats", stats_gpu, stats_ref, kStatsTol, 0, &stats_floor);
+        expect_values_close("row_stats", stats_gpu, ref.stats, kStatsTol, 0, &ref.stats_floor);
         for (int64_t r = 0; r < rows; ++r) {
           if (targets[static_cast<size_t>(r)] >= 0) continue;
           EXPECT_TRUE(stats_runs[0][static_cast<size_t>(2 * r)] == 0 && stats_runs[0][static_cast<size_t>(2 * r + 1)] == 0)
@@ -701,7 +713,7 @@ TEST_F(Bf16Kernels, CrossEntropyRows) {
         }
         if (grad) {
           // Ignored rows: the reference is 0 with a zero floor, so only an exact 0 passes.
-          expect_bf16_close("grad", grad_runs[0], grad_ref, kBf16Tol, 0, &grad_floor);
+          expect_bf16_close("grad", grad_runs[0], ref.grad, kBf16Tol, 0, &ref.grad_floor);
         } else {
           const bool untouched = std::all_of(grad_runs[0].begin(), grad_runs[0].end(),
                                              [](uint16_t h) { return h == 0xFFFFu; });
@@ -733,23 +745,11 @@ TEST_F(Bf16Kernels, CrossEntropyRowsInPlaceOnBf16Logits) {
                                       o.loss_scale, o.softcap, grad, ptr<double>(stats_dev));
         const std::vector<double> stats = download<double>(*stats_dev);
         const std::vector<uint16_t> out = download<uint16_t>(*logits_dev);
-        std::vector<double> stats_ref(static_cast<size_t>(2 * rows)), stats_floor(stats_ref.size());
-        std::vector<double> grad_ref, grad_floor;
-        for (int64_t r = 0; r < rows; ++r) {
-          const float* x = logits.data() + r * vocab;
-          const int32_t t = targets[static_cast<size_t>(r)];
-          const CeRow ref = ce_reference(x, vocab, t, o, grad, t < 0 ? 0.0 : ce_lse(x, vocab, o.softcap));
-          stats_ref[static_cast<size_t>(2 * r)] = ref.loss;
-          stats_ref[static_cast<size_t>(2 * r + 1)] = ref.lse_sq;
-          stats_floor[static_cast<size_t>(2 * r)] = ref.loss_floor;
-          stats_floor[static_cast<size_t>(2 * r + 1)] = ref.lse_sq;
-          grad_ref.insert(grad_ref.end(), ref.grad.begin(), ref.grad.end());
-          grad_floor.insert(grad_floor.end(), ref.floors.begin(), ref.floors.end());
-        }
-        expect_values_close("row_stats", std::vector<float>(stats.begin(), stats.end()), stats_ref, kStatsTol, 0,
-                            &stats_floor);
+        const CeChunk ref = ce_chunk_reference(logits, targets, rows, vocab, o, grad);
+        expect_values_close("row_stats", std::vector<float>(stats.begin(), stats.end()), ref.stats, kStatsTol, 0,
+                            &ref.stats_floor);
         if (grad)
-          expect_bf16_close("grad", out, grad_ref, kBf16Tol, 0, &grad_floor);
+          expect_bf16_close("grad", out, ref.grad, kBf16Tol, 0, &ref.grad_floor);
         else
           EXPECT_TRUE(out == bits) << "grad=false must leave the logits as they were";
       }

@@ -13,6 +13,8 @@
 #include "core/cuda_context.h"
 #include "ops/cuda_kernels_bf16.h"
 
+#include "ops/bf16_vector.cuh"
+
 #include <cuda_bf16.h>
 
 #include <climits>
@@ -27,52 +29,13 @@ using bf16 = __nv_bfloat16;
 constexpr const char* kOp = "lm_head_loss";
 constexpr int kThreads = 512;
 constexpr int kWarp = 32;
-constexpr int kVec = 8;
+constexpr int kVec = vec::kWidth;
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+using vec::aligned16;
 
-template <int W>
-__device__ __forceinline__ void load(const bf16* p, float (&v)[W]) {
-  if constexpr (W == 1) {
-    v[0] = __bfloat162float(*p);
-  } else {
-    static_assert(W == 8);
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __bfloat1622float2(h[k]);
-      v[2 * k] = f.x, v[2 * k + 1] = f.y;
-    }
-  }
-}
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
-
-template <int W>
-__device__ __forceinline__ void load(const float* p, float (&v)[W]) {
-  if constexpr (W == 1) {
-    v[0] = *p;
-  } else {
-    static_assert(W == 8);
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  }
-}
-
-template <int W>
-__device__ __forceinline__ void store(bf16* p, const float (&v)[W]) {
-  if constexpr (W == 1) {
-    *p = __float2bfloat16_rn(v[0]);
-  } else {
-    uint4 raw;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);  // .x (low half) = first
-    *reinterpret_cast<uint4*>(p) = raw;
-  }
-}
+using vec::load;
+using vec::store;
+using vec::to_f32;
 
 // A partial softmax denominator: sum of exp(x - max) over the logits seen so far.
 struct MaxSum {
@@ -130,7 +93,7 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
 
-  float target_logit = to_float(x[target]);  // before any thread can overwrite it
+  float target_logit = to_f32(x[target]);  // before any thread can overwrite it
   if (cap > 0) target_logit = cap * tanhf(target_logit / cap);
   MaxSum acc{-INFINITY, 0.0f};
   for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {

@@ -7,6 +7,7 @@
 // time of the weight.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "ops/bf16_vector.cuh"
 #include "ops/linear/gemv_cuda.h"
 
 #include <cuda_bf16.h>
@@ -17,21 +18,7 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
-constexpr int kVec = 8;  // bf16 per 16-byte load
-
-__device__ __forceinline__ void unpack(const uint4& raw, float (&v)[kVec]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < kVec / 2; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x, v[2 * i + 1] = f.y;
-  }
-}
-
-__device__ __forceinline__ void store(float* p, float x) { *p = x; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
-__device__ __forceinline__ float load(const float* p) { return *p; }
-__device__ __forceinline__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+constexpr int kVec = vec::kWidth;  // bf16 per 16-byte load
 
 template <int M, typename TC>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
@@ -44,11 +31,11 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   float acc[M] = {};
   for (int64_t v = lane; v < k / kVec; v += kWarp) {
     float w[kVec];
-    unpack(reinterpret_cast<const uint4*>(brow)[v], w);
+    vec::load8(brow + v * kVec, w);
 #pragma unroll
     for (int r = 0; r < M; ++r) {
       float x[kVec];
-      unpack(reinterpret_cast<const uint4*>(a + r * lda)[v], x);
+      vec::load8(a + r * lda + v * kVec, x);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) acc[r] = fmaf(x[i], w[i], acc[r]);
     }
@@ -62,7 +49,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
 #pragma unroll
     for (int r = 0; r < M; ++r) {
       TC* out = c + r * ldc + j;
-      store(out, beta == 0.0f ? alpha * acc[r] : alpha * acc[r] + beta * load(out));
+      vec::from_f32(beta == 0.0f ? alpha * acc[r] : alpha * acc[r] + beta * vec::to_f32(*out), out);
     }
   }
 }
@@ -91,8 +78,6 @@ void launch(int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t
   check_launch("gemm", "gemv_kernel");
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 }  // namespace
 
 bool try_skinny_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
@@ -100,7 +85,7 @@ bool try_skinny_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
                      DType c_dtype) {
   if (trans_a || !trans_b || ab_dtype != DType::bf16 || m < 1 || m > kMaxSkinnyRows) return false;
   if (c_dtype != DType::bf16 && c_dtype != DType::f32) return false;
-  if (k % kVec != 0 || lda % kVec != 0 || ldb % kVec != 0 || !aligned16(a) || !aligned16(b)) return false;
+  if (k % kVec != 0 || lda % kVec != 0 || ldb % kVec != 0 || !vec::aligned16(a) || !vec::aligned16(b)) return false;
   if (n > int64_t{kWarpsPerBlock} * 0x7fffffff) return false;
   if (c_dtype == DType::f32)
     launch<float>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Sourced (not run) by the scripts that run ON the GPU machine, from the repo root
+# (scripts/gpu_check.sh, scripts/decode_bench.sh). Sets STAGE to the staged binaries and
+# libraries made by scripts/gpu_stage.sh: $KILN_STAGE (a tarball or a folder), else
+# .gpu/kiln-gpu.tar.gz unpacked into a temporary folder, else .gpu/{bin,lib}; puts the
+# libraries on LD_LIBRARY_PATH (bundled ones first, then the PyTorch venv's newer
+# cuDNN/NCCL/cuBLAS, then the toolkit's; the driver's libcuda is found by the loader's
+# own configuration); keeps NVLink multicast off (see the device tool's KINDS.md).
+# Returns non-zero, with a message, when the stage cannot be unpacked.
+
+STAGE=${KILN_STAGE:-.gpu}
+[ -z "${KILN_STAGE:-}" ] && [ -f .gpu/kiln-gpu.tar.gz ] && STAGE=.gpu/kiln-gpu.tar.gz
+if [ -f "$STAGE" ]; then
+  gpu_env_tarball=$STAGE
+  STAGE=$(mktemp -d /tmp/kiln-gpu.XXXXXX)
+  tar -xzf "$gpu_env_tarball" -C "$STAGE" || { echo "gpu_env: cannot unpack $gpu_env_tarball"; return 1; }
+fi
+[ -d "$STAGE" ] || { echo "gpu_env: no staged binaries at $STAGE (run scripts/gpu_stage.sh, carry .gpu)"; return 1; }
+
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+
+gpu_env_libs="$(cd "$STAGE" && pwd)/lib"
+for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib; do
+  [ -d "$d" ] && gpu_env_libs+=":$d"
+done
+[ -d /usr/local/cuda/lib64 ] && gpu_env_libs+=":/usr/local/cuda/lib64"
+export LD_LIBRARY_PATH="$gpu_env_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
