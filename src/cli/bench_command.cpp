@@ -69,6 +69,7 @@ void add_bench_command(CLI::App& app) {
     BuildOptions build;
     build.device = device;
     build.dtype = resolve_precision(config.train.precision, device);
+    build.recompute_blocks = config.train.recompute_blocks;
     build.max_tokens = config.train.micro_batch_tokens;
     build.loss_chunk_rows = config.train.loss_chunk_tokens;
     Model model(config.model, build);

@@ -24,6 +24,7 @@ void add_plan_command(CLI::App& app) {
     BuildOptions build;
     build.max_tokens = config.train.micro_batch_tokens;
     build.loss_chunk_rows = config.train.loss_chunk_tokens;
+    build.recompute_blocks = config.train.recompute_blocks;
     const Model model(config.model, build);  // plans every arena; allocates nothing
     Arena optimizer_state("optimizer", build.device);
     auto optimizer = optimizer_registry().build("optim.name", config.optim.name, config.optim, model.parameters());

@@ -23,6 +23,13 @@ void Arena::allocate() {
   for (const Entry& e : entries_) e.tensor->bind(base + e.offset);
 }
 
+void Arena::bind_shared(void* base) {
+  KILN_CHECK(!allocated(), "arena", "{}: bound twice", name_);
+  KILN_CHECK(base != nullptr, "arena", "{}: bound to null", name_);
+  shared_base_ = base;
+  for (const Entry& e : entries_) e.tensor->bind(static_cast<char*>(base) + e.offset);
+}
+
 size_t Workspace::footprint(DType dtype, Shape shape) {
   return aligned(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
 }

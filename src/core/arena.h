@@ -21,7 +21,11 @@ class Arena {
   void reserve(Tensor& tensor, DType dtype, Shape shape);
   size_t planned_bytes() const { return planned_bytes_; }
   void allocate();  // zero-filled
-  bool allocated() const { return storage_.data() != nullptr; }
+  // Binds every reserved tensor into memory this arena does not own (at least
+  // planned_bytes() long, 256-byte aligned): several arenas whose contents are never
+  // needed at the same time share one region (the activations of recomputed blocks).
+  void bind_shared(void* base);
+  bool allocated() const { return storage_.data() != nullptr || shared_base_ != nullptr; }
   const std::string& name() const { return name_; }
   Device device() const { return device_; }
   // The whole arena as one flat byte range (for bulk zeroing of gradients).
@@ -37,6 +41,7 @@ class Arena {
   std::vector<Entry> entries_;
   size_t planned_bytes_ = 0;
   Storage storage_;
+  void* shared_base_ = nullptr;
 };
 
 // Scratch memory shared by all ops: each user declares its peak need at plan time, and at

@@ -4,6 +4,7 @@
 #include "ops/embedding/embedding.h"
 #include "ops/elementwise/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace kiln {
@@ -26,9 +27,20 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
                 Init::normal(config.init_std));
   embed_ = parameters_.back().get();
   position_ = position_registry().build("model.position", config.position, ctx, config_);
+  KILN_CHECK(options.recompute_blocks >= 0 && options.recompute_blocks <= config.layers, "train.recompute_blocks",
+             "{} blocks to recompute, but the model has {} (model.layers)", options.recompute_blocks, config.layers);
   for (int64_t l = 0; l < config.layers; ++l) {
     LayerSpec layer{"layers." + std::to_string(l), l, &config_};
-    blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, *position_));
+    if (options.training && l < options.recompute_blocks) {
+      // The block plans its saved activations in its own arena, bound later to the
+      // region every recomputed block shares.
+      recompute_arenas_.push_back(std::make_unique<Arena>("recomputed activations", options.device));
+      BuildContext block_ctx{params_,       grads_,        *recompute_arenas_.back(), workspace_, parameters_,
+                             compute_weights_, options.dtype, master, options.device, t, options.training};
+      blocks_.push_back(std::make_unique<TransformerBlock>(block_ctx, layer, *position_));
+    } else {
+      blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, *position_));
+    }
   }
   final_norm_ = norm_registry().build("model.norm", config.norm, ctx, NormSpec{"final_norm", d, t, config.norm_eps});
   if (!config.tie_embeddings)
@@ -62,7 +74,13 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
 
 MemoryPlan Model::memory_plan() const {
   return {params_.planned_bytes() + compute_weights_.arena.planned_bytes(), grads_.planned_bytes(),
-          activations_.planned_bytes(), workspace_.planned_bytes()};
+          activations_.planned_bytes() + recompute_bytes(), workspace_.planned_bytes()};
+}
+
+size_t Model::recompute_bytes() const {
+  size_t most = 0;
+  for (const auto& arena : recompute_arenas_) most = std::max(most, arena->planned_bytes());
+  return most;
 }
 
 void Model::allocate() {
@@ -70,6 +88,10 @@ void Model::allocate() {
   compute_weights_.arena.allocate();
   if (options_.training) grads_.allocate();
   activations_.allocate();
+  if (!recompute_arenas_.empty()) {
+    recompute_storage_ = Storage(options_.device, recompute_bytes());
+    for (const auto& arena : recompute_arenas_) arena->bind_shared(recompute_storage_.data());
+  }
   workspace_.allocate();
 }
 
@@ -189,7 +211,13 @@ ops::LossSums Model::forward_backward(double loss_scale, double z_loss) {
 void Model::backward_from_hidden() {
   const Tensor dres = dres_.rows(0, rows_);
   final_norm_->backward(dhidden_.rows(0, rows_), dres, false);
-  for (size_t l = blocks_.size(); l-- > 0;) blocks_[l]->backward(dres, seq_);
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    // A recomputed block's saved activations were overwritten by later blocks: run its
+    // forward again from its saved input (it rewrites its output with the same values).
+    if (static_cast<int64_t>(l) < options_.recompute_blocks)
+      blocks_[l]->forward(residual_[l].rows(0, rows_), seq_, residual_[l + 1].rows(0, rows_));
+    blocks_[l]->backward(dres, seq_);
+  }
   if (token_groups_.order.defined()) {  // GPU: fixed summation order, no atomics
     ops::TokenGroups groups = token_groups_;
     groups.order = token_groups_.order.rows(0, rows_);

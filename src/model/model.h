@@ -21,6 +21,11 @@ struct BuildOptions {
   int64_t max_tokens = 4096;    // fixed token budget of one micro-batch
   int64_t loss_chunk_rows = 1024;
   bool training = true;
+  // Activation recompute: the first `recompute_blocks` blocks keep only their input; what
+  // their modules save for backward lives in one region all of them share, refilled by
+  // running the block's forward again just before its backward. Same results to the bit
+  // (the same kernels run on the same inputs), for about one more forward of those blocks.
+  int64_t recompute_blocks = 0;
 };
 
 struct MemoryPlan {
@@ -85,6 +90,10 @@ class Model {
 
   std::unique_ptr<PositionEncoding> position_;
   std::vector<std::unique_ptr<TransformerBlock>> blocks_;
+  // Recomputed blocks' activation arenas, all bound to one shared region.
+  std::vector<std::unique_ptr<Arena>> recompute_arenas_;
+  Storage recompute_storage_;
+  size_t recompute_bytes() const;
   std::unique_ptr<Norm> final_norm_;
   Tensor embed_w_, embed_g_, head_w_, head_g_;  // as modules hold them (compute copies)
   const Parameter* embed_ = nullptr;            // its master: the lookup reads fp32 rows
