@@ -1,6 +1,8 @@
 #include "cli/commands.h"
 #include "model/model.h"
+#include "core/device_memory.h"
 #include "train/optimizer.h"
+#include "train/trainer.h"
 
 #include <fmt/format.h>
 
@@ -21,7 +23,15 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--set", o->overrides, "override a key: --set model.layers=8 (repeatable)")->take_all();
   cmd->callback([o] {
     const Config config = load_config(o->config, o->overrides);
+    // The plan of the run this config would make: on the GPU when train.device names it
+    // (or "auto" finds one) or train.precision asks for bf16. Planning allocates nothing,
+    // so a GPU plan needs no GPU here.
+    const TrainConfig& train = config.train;
+    const bool gpu = train.device == "cuda" || (train.device == "auto" && cuda_available()) ||
+                     (train.device != "cpu" && train.precision == "bf16");
     BuildOptions build;
+    build.device = gpu ? Device::cuda : Device::cpu;
+    build.dtype = resolve_precision(train.precision, build.device);
     build.max_tokens = config.train.micro_batch_tokens;
     build.loss_chunk_rows = config.train.loss_chunk_tokens;
     build.recompute_blocks = config.train.recompute_blocks;
@@ -40,7 +50,9 @@ void add_plan_command(CLI::App& app) {
     fmt::print("parameters      {:>14L}  ({} embedding, {} non-embedding)\n", params, embed, params - embed);
     fmt::print("FLOPs per token {:>14.4g}  (6 x matmul params + 6 x layers x heads x head_dim x context)\n", flops);
     fmt::print("FLOPs per step  {:>14.4g}  ({} tokens)\n", flops * static_cast<double>(step_tokens), step_tokens);
-    fmt::print("memory (fp32, micro-batch of {} tokens):\n", config.train.micro_batch_tokens);
+    fmt::print("memory ({} on the {}, micro-batch of {} tokens{}):\n",
+               build.dtype == DType::bf16 ? "bf16 mixed" : "fp32", gpu ? "GPU" : "CPU", config.train.micro_batch_tokens,
+               build.recompute_blocks > 0 ? fmt::format(", {} blocks recomputed", build.recompute_blocks) : "");
     fmt::print("  parameters      {:>10.2f} MiB\n", mib(plan.parameters));
     fmt::print("  gradients       {:>10.2f} MiB\n", mib(plan.gradients));
     fmt::print("  optimizer state {:>10.2f} MiB\n", mib(optimizer_state.planned_bytes()));
