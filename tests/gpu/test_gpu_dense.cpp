@@ -288,6 +288,34 @@ TEST_F(Dense, AdamWManyTensorsMatchesOneByOne) {
   }
 }
 
+// The golden file of scripts/make_golden.py (transformers' Qwen3, untied, 2 layers): its
+// weights, the model's shape and the packed batch the reference values were computed on.
+struct GoldenCase {
+  io::SafetensorsFile file;
+  ModelConfig config;
+  HostBatch batch;
+
+  static GoldenCase load() {
+    GoldenCase g{io::SafetensorsFile::open(test::test_data_dir() + "/golden/qwen3_tiny_untied.safetensors"), {}, {}};
+    ModelConfig& c = g.config;
+    c.vocab_size = 259, c.hidden = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.head_dim = 16, c.ffn_hidden = 128;
+    c.max_seq_len = 256, c.tie_embeddings = false;
+    auto ints = [&](const char* name) {
+      const OwnedTensor t = io::read_tensor(g.file, name, DType::i32);
+      return std::vector<int32_t>(t->data<int32_t>(), t->data<int32_t>() + t->numel());
+    };
+    HostBatch& b = g.batch;
+    b.tokens = ints("input_ids");
+    b.targets = ints("targets");
+    b.cu_seqlens = ints("cu_seqlens");
+    for (size_t s = 0; s + 1 < b.cu_seqlens.size(); ++s)
+      for (int32_t i = b.cu_seqlens[s]; i < b.cu_seqlens[s + 1]; ++i) b.positions.push_back(i - b.cu_seqlens[s]);
+    b.max_seqlen = 21;
+    for (int32_t t : b.targets) b.target_count += t >= 0;
+    return g;
+  }
+};
+
 // The whole model on the GPU against transformers' logits, loss and gradients (computed
 // in fp32 by scripts/make_golden.py), in fp32 and in bf16 mixed precision.
 struct GoldenTolerance {
@@ -296,22 +324,10 @@ struct GoldenTolerance {
 };
 
 void check_golden_model(DType dtype, GoldenTolerance tol) {
-  const auto file = io::SafetensorsFile::open(test::test_data_dir() + "/golden/qwen3_tiny_untied.safetensors");
-  ModelConfig c;
-  c.vocab_size = 259, c.hidden = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.head_dim = 16, c.ffn_hidden = 128;
-  c.max_seq_len = 256, c.tie_embeddings = false;
-  HostBatch batch;
-  auto ints = [&](const char* name) {
-    const OwnedTensor t = io::read_tensor(file, name, DType::i32);
-    return std::vector<int32_t>(t->data<int32_t>(), t->data<int32_t>() + t->numel());
-  };
-  batch.tokens = ints("input_ids");
-  batch.targets = ints("targets");
-  batch.cu_seqlens = ints("cu_seqlens");
-  for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s)
-    for (int32_t i = batch.cu_seqlens[s]; i < batch.cu_seqlens[s + 1]; ++i) batch.positions.push_back(i - batch.cu_seqlens[s]);
-  batch.max_seqlen = 21;
-  for (int32_t t : batch.targets) batch.target_count += t >= 0;
+  const GoldenCase golden = GoldenCase::load();
+  const io::SafetensorsFile& file = golden.file;
+  const ModelConfig& c = golden.config;
+  const HostBatch& batch = golden.batch;
   BuildOptions options;
   options.device = Device::cuda;
   options.dtype = dtype;
@@ -344,22 +360,10 @@ void check_golden_model(DType dtype, GoldenTolerance tol) {
 // Activation recompute on the GPU (bf16 path, cuDNN attention): the same loss and
 // gradients to the bit as keeping every activation.
 TEST_F(Dense, RecomputedBlocksGiveTheSameGradientsBf16) {
-  const auto file = io::SafetensorsFile::open(test::test_data_dir() + "/golden/qwen3_tiny_untied.safetensors");
-  ModelConfig c;
-  c.vocab_size = 259, c.hidden = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.head_dim = 16, c.ffn_hidden = 128;
-  c.max_seq_len = 256, c.tie_embeddings = false;
-  HostBatch batch;
-  auto ints = [&](const char* name) {
-    const OwnedTensor t = io::read_tensor(file, name, DType::i32);
-    return std::vector<int32_t>(t->data<int32_t>(), t->data<int32_t>() + t->numel());
-  };
-  batch.tokens = ints("input_ids");
-  batch.targets = ints("targets");
-  batch.cu_seqlens = ints("cu_seqlens");
-  for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s)
-    for (int32_t i = batch.cu_seqlens[s]; i < batch.cu_seqlens[s + 1]; ++i) batch.positions.push_back(i - batch.cu_seqlens[s]);
-  batch.max_seqlen = 21;
-  for (int32_t t : batch.targets) batch.target_count += t >= 0;
+  const GoldenCase golden = GoldenCase::load();
+  const io::SafetensorsFile& file = golden.file;
+  const ModelConfig& c = golden.config;
+  const HostBatch& batch = golden.batch;
   std::vector<std::vector<OwnedTensor>> grads;
   std::vector<double> losses;
   for (int64_t recompute : {0, 2}) {
