@@ -3,6 +3,7 @@
 #include "data/batch_stream.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "data_fixture.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -14,25 +15,12 @@
 namespace kiln {
 namespace {
 
-using Ids = std::vector<int32_t>;
-
-// `n` documents of varied length (1..max_len bytes), all distinct.
-std::vector<Document> synthetic_documents(int n, int max_len, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<Document> docs;
-  for (int i = 0; i < n; ++i) {
-    std::string text = "doc" + std::to_string(i) + ":";
-    const auto len = static_cast<int>(1 + rng.below(static_cast<uint64_t>(max_len)));
-    while (static_cast<int>(text.size()) < len) text.push_back(static_cast<char>('a' + rng.below(26)));
-    docs.push_back(Document{static_cast<uint64_t>(i), text});
-  }
-  return docs;
-}
-
-Packer make_packer(int64_t T, int64_t L, LongDocPolicy policy = LongDocPolicy::split) {
-  ByteTokenizer tok;
-  return Packer(PackerOptions{T, L, policy, tok.bos_id(), tok.eos_id(), tok.pad_id()});
-}
+using test::Ids;
+using test::corpus_jsonl;
+using test::documents_of;
+using test::expect_same_batches;
+using test::make_packer;
+using test::synthetic_documents;
 
 // The document sequences of a batch, as their token lists (BOS stripped), in order.
 // Only valid when no document is split (every sequence starts with BOS).

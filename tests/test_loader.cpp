@@ -5,6 +5,7 @@
 #include "data/dataset.h"
 #include "data/prefetch.h"
 #include "data/tokenizer.h"
+#include "data_fixture.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -16,22 +17,8 @@
 namespace kiln {
 namespace {
 
-std::vector<Document> synthetic_documents(int n, int max_len, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<Document> docs;
-  for (int i = 0; i < n; ++i) {
-    std::string text = "doc" + std::to_string(i) + ":";
-    const auto len = static_cast<int>(1 + rng.below(static_cast<uint64_t>(max_len)));
-    while (static_cast<int>(text.size()) < len) text.push_back(static_cast<char>('a' + rng.below(26)));
-    docs.push_back(Document{static_cast<uint64_t>(i), text});
-  }
-  return docs;
-}
-
-Packer make_packer(int64_t T, int64_t L) {
-  ByteTokenizer tok;
-  return Packer(PackerOptions{T, L, LongDocPolicy::split, tok.bos_id(), tok.eos_id(), tok.pad_id()});
-}
+using test::make_packer;
+using test::synthetic_documents;
 
 LoaderOptions opts(int64_t rank, int64_t world, int64_t prefetch) { return LoaderOptions{rank, world, prefetch}; }
 

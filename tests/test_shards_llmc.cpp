@@ -5,6 +5,7 @@
 #include "data/dataset.h"
 #include "data/shards/llmc_bin.h"
 #include "data/tokenizer.h"
+#include "data_fixture.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -17,47 +18,16 @@ namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
-using Ids = std::vector<int32_t>;
+using test::Ids;
+using test::corpus_jsonl;
+using test::documents_of;
+using test::expect_same_batches;
+using test::make_packer;
+using test::synthetic_documents;
 
 using test::error_of;
 
 #define EXPECT_STARTS(text, prefix) EXPECT_EQ(std::string(text).rfind(prefix, 0), 0u) << (text)
-
-std::vector<Ids> documents_of(const TokenizedSplit& s) {
-  std::vector<Ids> out;
-  for (int64_t i = 0; i < s.num_documents(); ++i) out.emplace_back(s.document(i).begin(), s.document(i).end());
-  return out;
-}
-
-Packer make_packer(int64_t T, int64_t L) {
-  ByteTokenizer tok;
-  return Packer(PackerOptions{T, L, LongDocPolicy::split, tok.bos_id(), tok.eos_id(), tok.pad_id()});
-}
-
-void expect_same_batches(BatchStream& a, BatchStream& b, int count) {
-  HostBatch x, y;
-  for (int i = 0; i < count; ++i) {
-    a.next(x);
-    b.next(y);
-    ASSERT_EQ(x.tokens, y.tokens) << "batch " << i;
-    ASSERT_EQ(x.targets, y.targets) << "batch " << i;
-    ASSERT_EQ(x.positions, y.positions) << "batch " << i;
-    ASSERT_EQ(x.cu_seqlens, y.cu_seqlens) << "batch " << i;
-  }
-}
-
-// A JSONL corpus of `n` documents of 1..max_len bytes.
-std::string corpus_jsonl(int n, int max_len, uint64_t seed) {
-  Rng rng(seed);
-  std::string out;
-  for (int i = 0; i < n; ++i) {
-    std::string text = "doc " + std::to_string(i) + ":";
-    const auto len = 1 + rng.below(static_cast<uint64_t>(max_len));
-    while (text.size() < len) text.push_back(static_cast<char>('a' + rng.below(26)));
-    out += "{\"text\": \"" + text + "\"}\n";
-  }
-  return out;
-}
 
 // ---- llm.c .bin and raw token files ------------------------------------------------------
 
