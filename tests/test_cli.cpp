@@ -1,5 +1,6 @@
 // End-to-end tests of the `kiln` binary: a short training run that learns, sampling
 // from what it saved, and one-line errors for every kind of bad input.
+#include "core/device_memory.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -68,6 +69,14 @@ TEST(Cli, ShortTrainingRunLearnsAndSavesWhatSampleLoads) {
       << output;
   EXPECT_EQ(output.rfind("KING", 0), 0u) << output;
   EXPECT_GT(output.size(), 10u);
+  // --device: cpu is the CPU decoder; cuda without a GPU is a one-line error (the GPU
+  // machine samples with --device cuda in tests/gpu).
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " sample " + dir + "/model -p 'KING' -n 8 --device cpu", &output), 0)
+      << output;
+  EXPECT_EQ(output.rfind("KING", 0), 0u) << output;
+  if (!cuda_available())
+    EXPECT_NE(expect_one_line_error(test::kiln_binary() + " sample " + dir + "/model --device cuda").find("cuda"),
+              std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -1,9 +1,12 @@
 // `kiln sample MODEL`: text from a saved model through the KV-cache decoder. Several
 // --prompt values (and --count samples of each) run as one batch over the cache's slots.
+// On the GPU (--device, default auto) the decoder computes in bf16 and replays each step
+// shape as a CUDA graph; sampling itself runs on the host.
 #include "cli/commands.h"
 #include "infer/generator.h"
 #include "io/model_dir.h"
 #include "ops/parallel.h"
+#include "train/trainer.h"
 
 #include <fmt/format.h>
 
@@ -21,6 +24,7 @@ void add_sample_command(CLI::App& app) {
     int64_t threads = 0;
     int64_t slots = 8;
     bool ignore_eos = false;
+    std::string device = "auto";
   };
   auto o = std::make_shared<Options>();
   o->sampling.temperature = 0.8;
@@ -49,6 +53,9 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--count", o->count, "samples per prompt")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--slots", o->slots, "sequences decoded at once")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all)")->capture_default_str();
+  cmd->add_option("--device", o->device, "auto (the GPU when there is one) | cpu | cuda")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->callback([o] {
     set_cpu_threads(o->threads);
     o->sampling.validate();
@@ -57,7 +64,7 @@ void add_sample_command(CLI::App& app) {
     DecoderOptions d;
     d.slots = std::min<int64_t>(o->slots, static_cast<int64_t>(o->prompts.size()) * o->count);
     d.max_rows = 256;
-    io::LoadedModel loaded = io::load_for_inference(dir, 1);
+    io::LoadedModel loaded = io::load_for_inference(dir, 1, resolve_device(o->device));
     Decoder decoder(*loaded.model, d);
     const auto tokenizer = io::model_tokenizer(dir);
     Generator generator(decoder, *tokenizer);

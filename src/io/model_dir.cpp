@@ -35,9 +35,10 @@ std::string resolve_model_dir(const std::string& path) {
        "directory with either", path);
 }
 
-LoadedModel load_for_inference(const std::string& path, int64_t max_tokens) {
+LoadedModel load_for_inference(const std::string& path, int64_t max_tokens, Device device) {
   const std::string dir = resolve_model_dir(path);
   BuildOptions options;
+  options.device = device;
   options.training = false;
   options.max_tokens = std::max<int64_t>(1, max_tokens);
   options.loss_chunk_rows = std::min<int64_t>(options.max_tokens, 256);

@@ -17,8 +17,9 @@ namespace kiln::io {
 // The model directory `path` names; throws "[load] 'path' is not a kiln model ..." if none.
 std::string resolve_model_dir(const std::string& path);
 
-// Loads the model for inference (no gradients) with buffers for `max_tokens` rows.
-LoadedModel load_for_inference(const std::string& path, int64_t max_tokens);
+// Loads the model for inference (no gradients) with buffers for `max_tokens` rows, on
+// `device` (its fp32 weights; a GPU Decoder makes its own bf16 copies).
+LoadedModel load_for_inference(const std::string& path, int64_t max_tokens, Device device = Device::cpu);
 
 // The tokenizer.json a saved model uses: DIR/tokenizer.json if present (export and import
 // put it there), else the file its config's data.tokenizer names; "" for a tokenizer that
