@@ -21,6 +21,15 @@ inline void expect_dtype(const char* op, const char* name, const Tensor& t, DTyp
   KILN_CHECK(t.dtype() == dtype, op, "{} must be {}, got {}", name, dtype_name(dtype), t.describe());
 }
 
+// t is defined, has `shape` and `dtype`, and lives on `device` (for operands whose dtype
+// differs from the op's inputs on the mixed-precision path).
+inline void expect_tensor(const char* op, const char* name, const Tensor& t, Shape shape, DType dtype,
+                          Device device) {
+  expect_shape(op, name, t, shape);
+  expect_dtype(op, name, t, dtype);
+  KILN_CHECK(t.device() == device, op, "{} must be on {}, got {}", name, device_name(device), t.describe());
+}
+
 inline void expect_same(const char* op, const char* name, const Tensor& t, const Tensor& like) {
   KILN_CHECK(t.defined(), op, "{} is undefined", name);
   KILN_CHECK(t.dtype() == like.dtype() && t.device() == like.device(), op, "{} must be {}@{}, got {}", name,

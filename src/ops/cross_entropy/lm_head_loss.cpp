@@ -113,17 +113,12 @@ LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, c
   // Mixed path (bf16 h on the GPU): bf16 logits (in place to their gradient), fp32 dw.
   const bool mixed = is_mixed(h);
   const DType wide = mixed ? DType::f32 : h.dtype();
-  auto expect_on = [&](const char* name, const Tensor& t, Shape shape, DType dtype) {
-    expect_shape(op, name, t, shape);
-    expect_dtype(op, name, t, dtype);
-    KILN_CHECK(t.device() == h.device(), op, "{} must be on {}, got {}", name, device_name(h.device()), t.describe());
-  };
   const Tensor& logits = scratch.logits;
-  expect_on("logits", logits, Shape{o.chunk_rows, w.size(0)}, h.dtype());
+  expect_tensor(op, "logits", logits, Shape{o.chunk_rows, w.size(0)}, h.dtype(), h.device());
   expect_shape(op, "row_stats", scratch.row_stats, Shape{o.chunk_rows, 2});
   expect_dtype(op, "row_stats", scratch.row_stats, DType::f64);
-  if (dh.defined()) expect_on("dh", dh, h.shape(), h.dtype());
-  if (dw.defined()) expect_on("dw", dw, w.shape(), wide);
+  if (dh.defined()) expect_tensor(op, "dh", dh, h.shape(), h.dtype(), h.device());
+  if (dw.defined()) expect_tensor(op, "dw", dw, w.shape(), wide, h.device());
   if (h.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     if (mixed) return lm_head_loss_mixed(h, w, targets, o, scratch, dh, dw);

@@ -31,11 +31,10 @@ namespace {
 bool mixed(const Tensor& x) { return x.device() == Device::cuda && x.dtype() == DType::bf16; }
 
 void expect_param(const char* op, const char* name, const Tensor& t, const Tensor& x, Shape shape) {
-  expect_shape(op, name, t, shape);
   if (mixed(x)) {
-    expect_dtype(op, name, t, DType::f32);
-    KILN_CHECK(t.device() == x.device(), op, "{} must be on {}, got {}", name, device_name(x.device()), t.describe());
+    expect_tensor(op, name, t, shape, DType::f32, x.device());
   } else {
+    expect_shape(op, name, t, shape);
     expect_same(op, name, t, x);
   }
 }

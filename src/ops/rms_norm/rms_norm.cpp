@@ -13,22 +13,11 @@ namespace {
 void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& rstd, bool mixed) {
   expect_rank(op, "x", x, 2);
   const DType stats = mixed ? DType::f32 : x.dtype();
-  auto expect_stats = [&](const char* name, const Tensor& t, Shape shape) {
-    expect_shape(op, name, t, shape);
-    expect_dtype(op, name, t, stats);
-    KILN_CHECK(t.device() == x.device(), op, "{} must be on {}, got {}", name, device_name(x.device()), t.describe());
-  };
-  if (w.defined()) expect_stats("w", w, Shape{x.size(1)});
-  expect_stats("rstd", rstd, Shape{x.size(0)});
+  if (w.defined()) expect_tensor(op, "w", w, Shape{x.size(1)}, stats, x.device());
+  expect_tensor(op, "rstd", rstd, Shape{x.size(0)}, stats, x.device());
   if (mixed)
     KILN_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, op, "x must be f32 or bf16, got {}",
                x.describe());
-}
-
-void expect_like(const char* op, const char* name, const Tensor& t, const Tensor& x, DType dtype) {
-  expect_shape(op, name, t, x.shape());
-  expect_dtype(op, name, t, dtype);
-  KILN_CHECK(t.device() == x.device(), op, "{} must be on {}, got {}", name, device_name(x.device()), t.describe());
 }
 }  // namespace
 
@@ -37,7 +26,7 @@ void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(y);
   validate(op, x, w, rstd, mixed);
-  expect_like(op, "y", y, x, mixed ? DType::bf16 : x.dtype());
+  expect_tensor(op, "y", y, x.shape(), mixed ? DType::bf16 : x.dtype(), x.device());
   KILN_CHECK(eps > 0, op, "eps must be positive, got {}", eps);
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
@@ -67,10 +56,10 @@ void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, con
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(dy);
   validate(op, x, w, rstd, mixed);
-  expect_like(op, "dy", dy, x, mixed ? DType::bf16 : x.dtype());
-  expect_like(op, "dx", dx, x, x.dtype());
+  expect_tensor(op, "dy", dy, x.shape(), mixed ? DType::bf16 : x.dtype(), x.device());
+  expect_tensor(op, "dx", dx, x.shape(), x.dtype(), x.device());
   KILN_CHECK(!dw.defined() || w.defined(), op, "dw given for a norm without gain");
-  if (dw.defined()) expect_like(op, "dw", dw, w, w.dtype());
+  if (dw.defined()) expect_tensor(op, "dw", dw, w.shape(), w.dtype(), w.device());
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     if (mixed) {
