@@ -50,8 +50,8 @@ void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& 
 #if KILN_WITH_CUDA
     const char* op = "adamw";
     KILN_OP_SCOPE(op, tensors.front().param);
-    std::vector<cuda::AdamWTensorF32> list;
-    list.reserve(tensors.size());
+    static thread_local std::vector<cuda::AdamWTensorF32> list;  // kept: no allocation per step
+    list.clear();
     for (const AdamWTensor& t : tensors) {
       for (const Tensor* x : {&t.grad, &t.m, &t.v}) {
         expect_same(op, "grad/m/v", *x, t.param);
