@@ -15,6 +15,7 @@
 // f32 forward vs f64 forward on f32-representable inputs: |a32 - a64| <= 1e-5 max(|a64|, rms).
 #include "grad_check.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/qkv_prepare.h"
 #include "ops/cross_entropy/lm_head_loss.h"
 #include "ops/embedding/embedding.h"
 #include "ops/linear/linear.h"
@@ -479,6 +480,12 @@ TEST(OpsGrad, Swiglu) {
   OwnedTensor dgu = nan_f64(gu->shape());
   ops::swiglu_backward(*gu, *r, *dgu);
   expect_grad("swiglu dgate_up", *gu, values_of(*dgu), eval, values_of(*r), kExact);
+  // The backward that rebuilds the output over its input gradient (the MLP's recompute):
+  // the same gradient, and the forward's output to the bit.
+  OwnedTensor dgu2 = nan_f64(gu->shape()), r_then_out = copy_of(*r);
+  ops::swiglu_backward(*gu, *r_then_out, *dgu2, *r_then_out);
+  EXPECT_EQ(max_abs_diff(values_of(*dgu2), values_of(*dgu)), 0.0);
+  EXPECT_EQ(max_abs_diff(values_of(*r_then_out), ref), 0.0);
   OwnedTensor gu32 = to_f32(*gu), o32(DType::f32, Device::cpu, Shape{n, f});
   ops::swiglu_forward(*gu32, *o32);
   expect_f32_close("swiglu", values_of(*o32), ref);
@@ -527,6 +534,83 @@ TEST(OpsGrad, QkvSplitMerge) {
   // merge(split(x)) == x exactly.
   ops::qkv_merge(*q, *k, *v, *fused);
   EXPECT_EQ(max_abs_diff(values_of(*fused), values_of(*qkv)), 0.0);
+}
+
+// ---- qkv_prepare (fused q/k norm + RoPE + split) --------------------------------------
+
+TEST(OpsGrad, QkvPrepare) {
+  const std::vector<int32_t> pos = {0, 1, 2, 0, 1, 5, 3};  // restarting, as packed
+  const int64_t n = static_cast<int64_t>(pos.size()), hq = 4, hkv = 2, d = 6, cols = (hq + 2 * hkv) * d;
+  const double eps = 1e-5;
+  OwnedTensor positions = i32_tensor(pos);
+  RopeTables t(10000.0, d, 8, DType::f64);
+  for (auto [norm, rope] : {std::pair{true, true}, {true, false}, {false, true}, {false, false}}) {
+    SCOPED_TRACE(fmt::format("norm {} rope {}", norm, rope));
+    OwnedTensor qkv = random_f64(Shape{n, cols}, 90, 1.5);
+    OwnedTensor q_gain = random_f64(Shape{d}, 91, 0.3), k_gain = random_f64(Shape{d}, 92, 0.3);
+    for (int64_t c = 0; c < d; ++c) q_gain->data<double>()[c] += 1.0, k_gain->data<double>()[c] += 1.0;
+    ops::QkvPrepare p;
+    p.q_heads = hq, p.kv_heads = hkv, p.head_dim = d, p.eps = eps;
+    if (norm) p.q_gain = *q_gain, p.k_gain = *k_gain;
+    if (rope) p.cos = *t.cos, p.sin = *t.sin, p.positions = *positions;
+    OwnedTensor q = nan_f64(Shape{n, hq, d}), k = nan_f64(Shape{n, hkv, d}), v = nan_f64(Shape{n, hkv, d});
+    auto concat = [](std::vector<double> a, const std::vector<double>& b, const std::vector<double>& c) {
+      a.insert(a.end(), b.begin(), b.end());
+      a.insert(a.end(), c.begin(), c.end());
+      return a;
+    };
+    const EvalFn eval = [&](std::vector<double>& o) {
+      ops::qkv_prepare_forward(*qkv, p, *q, *k, *v);
+      o = concat(values_of(*q), values_of(*k), values_of(*v));
+    };
+    std::vector<double> prepared;
+    eval(prepared);
+
+    // The same numbers as the unfused ops it replaces: split, per-head RMSNorm, rotation.
+    OwnedTensor sq = nan_f64(q->shape()), sk = nan_f64(k->shape()), sv = nan_f64(v->shape());
+    ops::qkv_split(*qkv, *sq, *sk, *sv);
+    for (auto [part, gain, heads] : {std::tuple{&sq, &q_gain, hq}, {&sk, &k_gain, hkv}}) {
+      OwnedTensor& x = *part;
+      if (norm) {
+        OwnedTensor normed = nan_f64(x->shape()), rstd = nan_f64(Shape{n * heads});
+        ops::rms_norm_forward(x->view(Shape{n * heads, d}), **gain, eps, normed->view(Shape{n * heads, d}), *rstd);
+        x = std::move(normed);
+      }
+      if (rope) ops::rope_apply(*x, *positions, *t.cos, *t.sin, false);
+    }
+    EXPECT_EQ(max_abs_diff(prepared, concat(values_of(*sq), values_of(*sk), values_of(*sv))), 0.0);
+
+    // Gradients by finite differences: the projection and (accumulated) gains.
+    OwnedTensor rq = random_f64(q->shape(), 93), rk = random_f64(k->shape(), 94), rv = random_f64(v->shape(), 95);
+    const std::vector<double> weights = concat(values_of(*rq), values_of(*rk), values_of(*rv));
+    OwnedTensor dqkv = nan_f64(qkv->shape());
+    OwnedTensor dq_gain0 = random_f64(Shape{d}, 96), dk_gain0 = random_f64(Shape{d}, 97);
+    OwnedTensor dq_gain = copy_of(*dq_gain0), dk_gain = copy_of(*dk_gain0);
+    ops::qkv_prepare_backward(*qkv, p, *rq, *rk, *rv, *dqkv, *dq_gain, *dk_gain);
+    expect_grad("qkv_prepare dqkv", *qkv, values_of(*dqkv), eval, weights, kNorm);
+    if (norm) {
+      expect_grad("qkv_prepare dq_gain", *q_gain, minus(*dq_gain, *dq_gain0), eval, weights, kNorm);
+      expect_grad("qkv_prepare dk_gain", *k_gain, minus(*dk_gain, *dk_gain0), eval, weights, kNorm);
+    } else {
+      EXPECT_EQ(max_abs_diff(values_of(*dq_gain), values_of(*dq_gain0)), 0.0);  // no gains: untouched
+    }
+  }
+}
+
+TEST(OpsGrad, QkvPrepareRejectsBadInput) {
+  OwnedTensor qkv = random_f64(Shape{3, 4 * 4}, 98), q = nan_f64(Shape{3, 2, 4}), k = nan_f64(Shape{3, 1, 4}),
+              v = nan_f64(Shape{3, 1, 4});
+  ops::QkvPrepare p;
+  p.q_heads = 2, p.kv_heads = 1, p.head_dim = 4;
+  RopeTables t(10000.0, 4, 2, DType::f64);
+  OwnedTensor far = i32_tensor({0, 1, 2});  // 2 is outside a table of 2 positions
+  p.cos = *t.cos, p.sin = *t.sin, p.positions = *far;
+  EXPECT_THROW(ops::qkv_prepare_forward(*qkv, p, *q, *k, *v), Error);
+  OwnedTensor near = i32_tensor({0, 1, 1});
+  p.positions = *near;
+  ops::qkv_prepare_forward(*qkv, p, *q, *k, *v);
+  p.head_dim = 3;  // odd, and no longer fits qkv
+  EXPECT_THROW(ops::qkv_prepare_forward(*qkv, p, *q, *k, *v), Error);
 }
 
 // ---- lm_head_loss --------------------------------------------------------------------

@@ -70,6 +70,7 @@ void add_bench_command(CLI::App& app) {
     build.device = device;
     build.dtype = resolve_precision(config.train.precision, device);
     build.recompute_blocks = config.train.recompute_blocks;
+    build.deterministic = config.train.deterministic;
     build.max_tokens = config.train.micro_batch_tokens;
     build.loss_chunk_rows = config.train.loss_chunk_tokens;
     Model model(config.model, build);

@@ -35,6 +35,7 @@ void add_plan_command(CLI::App& app) {
     build.max_tokens = config.train.micro_batch_tokens;
     build.loss_chunk_rows = config.train.loss_chunk_tokens;
     build.recompute_blocks = config.train.recompute_blocks;
+    build.deterministic = config.train.deterministic;
     const Model model(config.model, build);  // plans every arena; allocates nothing
     Arena optimizer_state("optimizer", build.device);
     auto optimizer = optimizer_registry().build("optim.name", config.optim.name, config.optim, model.parameters());

@@ -22,7 +22,8 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
              "bf16 (mixed precision) runs on the GPU only; the CPU computes in f32");
   const DType master = options.dtype == DType::bf16 ? DType::f32 : options.dtype;
   BuildContext ctx{params_,          grads_,        activations_,   workspace_, parameters_, compute_weights_,
-                   options.dtype,    master,        options.device, t,          options.training};
+                   options.dtype,    master,        options.device, t,          options.training,
+                   options.deterministic};
   ctx.parameter(embed_w_, embed_g_, "embed.weight", Shape{config.vocab_size, d}, false,
                 Init::normal(config.init_std));
   embed_ = parameters_.back().get();
@@ -36,7 +37,8 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
       // region every recomputed block shares.
       recompute_arenas_.push_back(std::make_unique<Arena>("recomputed activations", options.device));
       BuildContext block_ctx{params_,       grads_,        *recompute_arenas_.back(), workspace_, parameters_,
-                             compute_weights_, options.dtype, master, options.device, t, options.training};
+                             compute_weights_, options.dtype, master, options.device, t, options.training,
+                             options.deterministic};
       blocks_.push_back(std::make_unique<TransformerBlock>(block_ctx, layer, *position_));
     } else {
       blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, *position_));

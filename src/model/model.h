@@ -26,6 +26,8 @@ struct BuildOptions {
   // running the block's forward again just before its backward. Same results to the bit
   // (the same kernels run on the same inputs), for about one more forward of those blocks.
   int64_t recompute_blocks = 0;
+  // Bitwise-reproducible kernels only (TrainConfig::deterministic).
+  bool deterministic = true;
 };
 
 struct MemoryPlan {

@@ -1,11 +1,15 @@
 // Causal grouped-query self-attention (registry name "gqa"), Qwen3/Llama shaped:
 //   qkv = x Wqkv^T (one fused GEMM; q/k/v stay separately named parameters)
-//   q, k <- per-head RMSNorm (if model.qk_norm) -> position encoding (RoPE)
+//   q, k <- per-head RMSNorm (if model.qk_norm; gains shared by the heads, as Qwen3's
+//           q_norm / k_norm) -> rotary position encoding (if the model has one)
 //   o = attention(q, k, v) over packed sequences;  out = o Wo^T
+// The per-head steps are one fused op (ops/attention/qkv_prepare.h). Only the raw
+// projection is saved: q, k, v are rebuilt from it in backward (one cheap pass), which
+// saves keeping both raw and normed copies of q and k.
 #include "nn/modules.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/qkv_prepare.h"
 #include "ops/linear/linear.h"
-#include "ops/split/qkv_split.h"
 
 namespace kiln {
 
@@ -30,50 +34,36 @@ class GqaAttention final : public Attention {
     // Output projection: scaled init keeps the residual stream's variance flat in depth.
     ctx.parameter(o_w_, o_g_, p + "o_proj.weight", Shape{m.hidden, q_cols}, true,
                   Init::normal(m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers))));
+    options_.deterministic = ctx.deterministic;
+    prepare_.q_heads = hq_, prepare_.kv_heads = hkv_, prepare_.head_dim = d_;
     if (m.qk_norm) {
-      q_norm_ = norm_registry().build("model.norm", m.norm, ctx, NormSpec{p + "q_norm", d_, t * hq_, m.norm_eps});
-      k_norm_ = norm_registry().build("model.norm", m.norm, ctx, NormSpec{p + "k_norm", d_, t * hkv_, m.norm_eps});
+      ctx.parameter(prepare_.q_gain, q_gain_grad_, p + "q_norm.weight", Shape{d_}, false, Init::ones());
+      ctx.parameter(prepare_.k_gain, k_gain_grad_, p + "k_norm.weight", Shape{d_}, false, Init::ones());
+      prepare_.eps = m.norm_eps;
     }
     qkv_cols_ = qkv_cols;
-    ctx.saved(q_, Shape{t, hq_, d_});
-    ctx.saved(k_, Shape{t, hkv_, d_});
-    ctx.saved(v_, Shape{t, hkv_, d_});
+    ctx.saved(qkv_, Shape{t, qkv_cols});
     ctx.saved(o_, Shape{t, hq_, d_});
     ctx.saved_wide(lse_, Shape{t, hq_});
-    // Scratch, as taken in backward(): d_o, dq, dk, dv, dqkv, dqn, dkn; forward() takes only
-    // the fused projection qkv (its parts are copied out, so it is not kept for backward).
-    const size_t q_bytes = Workspace::footprint(ctx.dtype, Shape{t, q_cols});
-    const size_t kv_bytes = Workspace::footprint(ctx.dtype, Shape{t, kv_cols});
-    ctx.workspace.reserve_peak(3 * q_bytes + 3 * kv_bytes + Workspace::footprint(ctx.dtype, Shape{t, qkv_cols}));
-    // When q/k are normed, their pre-norm values (the norm backward's input) are copied
-    // out of qkv into qn_/kn_, and the normed, rotated values go to q_/k_.
-    if (m.qk_norm) {
-      ctx.saved(qn_, Shape{t, hq_, d_});
-      ctx.saved(kn_, Shape{t, hkv_, d_});
-    }
+    // Scratch: forward takes q|k|v; backward takes d_o, q|k|v again, dq|dk|dv and dqkv.
+    const size_t parts = Workspace::footprint(ctx.dtype, Shape{t, q_cols}) +
+                         2 * Workspace::footprint(ctx.dtype, Shape{t, kv_cols});
+    ctx.workspace.reserve_peak(Workspace::footprint(ctx.dtype, Shape{t, q_cols}) + 2 * parts +
+                               Workspace::footprint(ctx.dtype, Shape{t, qkv_cols}));
   }
 
   void forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) override {
     const int64_t t = x.size(0);
     saved_x_ = x;
     Workspace::Scope scope(workspace_);
-    Tensor qkv = scope.take(q_.dtype(), Shape{t, qkv_cols_});
-    Tensor q = q_.rows(0, t), k = k_.rows(0, t), v = v_.rows(0, t);
+    Tensor qkv = qkv_.rows(0, t);
     ops::linear_forward(x, qkv_w_, qkv_b_, qkv);
-    if (q_norm_) {
-      // Split raw q/k into qn_/kn_ (the norm inputs), normalize into q/k, then rotate.
-      Tensor qn = qn_.rows(0, t), kn = kn_.rows(0, t);
-      ops::qkv_split(qkv, qn, kn, v);
-      q_norm_->forward(qn.view(Shape{t * hq_, d_}), q.view(Shape{t * hq_, d_}));
-      k_norm_->forward(kn.view(Shape{t * hkv_, d_}), k.view(Shape{t * hkv_, d_}));
-    } else {
-      ops::qkv_split(qkv, q, k, v);
-    }
-    position_.apply(q, seq, false);
-    position_.apply(k, seq, false);
+    Tensor q = scope.take(qkv.dtype(), Shape{t, hq_, d_});
+    Tensor k = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
+    Tensor v = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
+    ops::qkv_prepare_forward(qkv, prepare_for(seq), q, k, v);
     Tensor o = o_.rows(0, t);
-    options_.max_seqlen = seq.max_seqlen;
-    ops::attention_forward(q, k, v, seq.cu_seqlens, options_, o, lse_.rows(0, t));
+    ops::attention_forward(q, k, v, seq.cu_seqlens, attention_options(seq), o, lse_.rows(0, t));
     ops::linear_forward(o.view(Shape{t, hq_ * d_}), o_w_, Tensor(), out);
   }
 
@@ -81,38 +71,44 @@ class GqaAttention final : public Attention {
     const int64_t t = dout.size(0);
     Workspace::Scope scope(workspace_);
     Tensor d_o = scope.take(dout.dtype(), Shape{t, hq_, d_});
-    Tensor o = o_.rows(0, t);
+    Tensor o = o_.rows(0, t), qkv = qkv_.rows(0, t);
     ops::linear_backward(o.view(Shape{t, hq_ * d_}), o_w_, dout, d_o.view(Shape{t, hq_ * d_}), o_g_, Tensor());
+    // q, k, v exactly as forward computed them (same kernel, same input).
+    const ops::QkvPrepare prepare = prepare_for(seq);
+    Tensor q = scope.take(qkv.dtype(), Shape{t, hq_, d_});
+    Tensor k = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
+    Tensor v = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
+    ops::qkv_prepare_forward(qkv, prepare, q, k, v);
     Tensor dq = scope.take(dout.dtype(), Shape{t, hq_, d_});
     Tensor dk = scope.take(dout.dtype(), Shape{t, hkv_, d_});
     Tensor dv = scope.take(dout.dtype(), Shape{t, hkv_, d_});
-    // q_ and k_ hold rotated values: exactly what attention saw.
-    ops::attention_backward(q_.rows(0, t), k_.rows(0, t), v_.rows(0, t), o, lse_.rows(0, t), d_o, seq.cu_seqlens,
-                            options_, dq, dk, dv);
-    position_.apply(dq, seq, true);
-    position_.apply(dk, seq, true);
+    ops::attention_backward(q, k, v, o, lse_.rows(0, t), d_o, seq.cu_seqlens, attention_options(seq), dq, dk, dv);
     Tensor dqkv = scope.take(dout.dtype(), Shape{t, qkv_cols_});
-    if (q_norm_) {
-      Tensor dqn = scope.take(dout.dtype(), Shape{t, hq_, d_});
-      Tensor dkn = scope.take(dout.dtype(), Shape{t, hkv_, d_});
-      q_norm_->backward(dq.view(Shape{t * hq_, d_}), dqn.view(Shape{t * hq_, d_}), false);
-      k_norm_->backward(dk.view(Shape{t * hkv_, d_}), dkn.view(Shape{t * hkv_, d_}), false);
-      ops::qkv_merge(dqn, dkn, dv, dqkv);
-    } else {
-      ops::qkv_merge(dq, dk, dv, dqkv);
-    }
+    ops::qkv_prepare_backward(qkv, prepare, dq, dk, dv, dqkv, q_gain_grad_, k_gain_grad_);
     ops::linear_backward(saved_x_, qkv_w_, dqkv, dx, qkv_g_, qkv_bg_);
   }
 
  private:
+  ops::QkvPrepare prepare_for(const SeqInfo& seq) {
+    ops::QkvPrepare p = prepare_;
+    const RotaryTables tables = position_.rotary();
+    p.cos = tables.cos, p.sin = tables.sin, p.positions = seq.positions;
+    return p;
+  }
+
+  ops::AttentionOptions attention_options(const SeqInfo& seq) const {
+    ops::AttentionOptions o = options_;
+    o.max_seqlen = seq.max_seqlen;
+    return o;
+  }
+
   PositionEncoding& position_;
   Workspace& workspace_;
-  int64_t hq_ = 0, hkv_ = 0, d_ = 0;
+  int64_t hq_ = 0, hkv_ = 0, d_ = 0, qkv_cols_ = 0;
   ops::AttentionOptions options_;
-  Tensor qkv_w_, qkv_g_, qkv_b_, qkv_bg_, o_w_, o_g_;
-  std::unique_ptr<Norm> q_norm_, k_norm_;
-  int64_t qkv_cols_ = 0;
-  Tensor q_, k_, v_, o_, lse_, qn_, kn_;
+  ops::QkvPrepare prepare_;  // heads and gains; tables and positions per call
+  Tensor qkv_w_, qkv_g_, qkv_b_, qkv_bg_, o_w_, o_g_, q_gain_grad_, k_gain_grad_;
+  Tensor qkv_, o_, lse_;     // saved: raw projection, attention output, softmax statistics
   Tensor saved_x_;
 };
 

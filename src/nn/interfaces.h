@@ -25,11 +25,16 @@ class Norm {
   virtual void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx) = 0;
 };
 
+// Rotary tables [max_positions, head_dim / 2] (cos, sin) that attention applies to q and k
+// (fused with their norm, ops/attention/qkv_prepare.h); undefined tensors: no rotation.
+struct RotaryTables {
+  Tensor cos, sin;
+};
+
 class PositionEncoding {
  public:
   virtual ~PositionEncoding() = default;
-  // In place on q or k [T, H, D]; inverse = the backward (transposed) transform.
-  virtual void apply(const Tensor& x, const SeqInfo& seq, bool inverse) = 0;
+  virtual RotaryTables rotary() = 0;
 };
 
 class Attention {

@@ -75,6 +75,7 @@ struct BuildContext {
   Device device;
   int64_t max_tokens;        // fixed token budget of one micro-batch
   bool training;             // gradients and saved activations are planned only when training
+  bool deterministic;        // bitwise-reproducible kernels only (BuildOptions::deterministic)
 
   bool mixed() const { return dtype != master_dtype; }
 

@@ -17,9 +17,9 @@ class Rope final : public PositionEncoding {
     ctx.buffer(sin_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.master_dtype);
   }
 
-  void apply(const Tensor& x, const SeqInfo& seq, bool inverse) override {
+  RotaryTables rotary() override {
     if (!filled_) fill();
-    ops::rope_apply(x, seq.positions, cos_, sin_, inverse);
+    return {cos_, sin_};
   }
 
  private:
@@ -42,7 +42,7 @@ class Rope final : public PositionEncoding {
 
 class NoPositionEncoding final : public PositionEncoding {
  public:
-  void apply(const Tensor&, const SeqInfo&, bool) override {}
+  RotaryTables rotary() override { return {}; }
 };
 
 }  // namespace

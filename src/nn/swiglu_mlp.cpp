@@ -1,6 +1,7 @@
 // SwiGLU MLP (registry name "swiglu"): down(silu(gate(x)) * up(x)), as transformers'
 // Qwen3MLP / LlamaMLP. gate and up share one fused [2F, hidden] weight (one GEMM) while
-// keeping their own names.
+// keeping their own names. Only gate|up is saved: backward rebuilds the activation (for the
+// down projection's weight gradient) in the same pass that differentiates it.
 #include "nn/modules.h"
 #include "ops/linear/linear.h"
 #include "ops/swiglu/swiglu.h"
@@ -22,8 +23,8 @@ class SwigluMlp final : public Mlp {
     ctx.parameter(down_w_, down_g_, p + "down_proj.weight", Shape{m.hidden, f}, true,
                   Init::normal(m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers))));
     ctx.saved(gate_up_, Shape{t, 2 * f});
-    ctx.saved(act_, Shape{t, f});
-    // Backward scratch: d(act) [t, f] and d(gate_up) [t, 2f].
+    // Forward scratch: the activation [t, f]. Backward: d(act) [t, f] (then the activation
+    // again, in place) and d(gate_up) [t, 2f].
     ctx.workspace.reserve_peak(Workspace::footprint(ctx.dtype, Shape{t, f}) +
                                Workspace::footprint(ctx.dtype, Shape{t, 2 * f}));
   }
@@ -31,7 +32,8 @@ class SwigluMlp final : public Mlp {
   void forward(const Tensor& x, const Tensor& out) override {
     const int64_t t = x.size(0);
     saved_x_ = x;
-    Tensor gate_up = gate_up_.rows(0, t), act = act_.rows(0, t);
+    Workspace::Scope scope(workspace_);
+    Tensor gate_up = gate_up_.rows(0, t), act = scope.take(gate_up.dtype(), Shape{t, gate_up.size(1) / 2});
     ops::linear_forward(x, gate_up_w_, Tensor(), gate_up);
     ops::swiglu_forward(gate_up, act);
     ops::linear_forward(act, down_w_, Tensor(), out);
@@ -40,17 +42,21 @@ class SwigluMlp final : public Mlp {
   void backward(const Tensor& dout, const Tensor& dx) override {
     const int64_t t = dout.size(0);
     Workspace::Scope scope(workspace_);
-    Tensor dact = scope.take(dout.dtype(), act_.rows(0, t).shape());
-    Tensor dgate_up = scope.take(dout.dtype(), gate_up_.rows(0, t).shape());
-    ops::linear_backward(act_.rows(0, t), down_w_, dout, dact, down_g_, Tensor());
-    ops::swiglu_backward(gate_up_.rows(0, t), dact, dgate_up);
+    const Tensor gate_up = gate_up_.rows(0, t);
+    Tensor dact = scope.take(dout.dtype(), Shape{t, gate_up.size(1) / 2});
+    Tensor dgate_up = scope.take(dout.dtype(), gate_up.shape());
+    // d(act) = dout Wdown (x is only read for a weight gradient: none is asked here); then
+    // dact is overwritten by the activation itself, which the weight gradient reads.
+    ops::linear_backward(dact, down_w_, dout, dact, Tensor(), Tensor());
+    ops::swiglu_backward(gate_up, dact, dgate_up, dact);
+    ops::linear_backward(dact, down_w_, dout, Tensor(), down_g_, Tensor());
     ops::linear_backward(saved_x_, gate_up_w_, dgate_up, dx, gate_up_g_, Tensor());
   }
 
  private:
   Workspace& workspace_;
   Tensor gate_up_w_, gate_up_g_, down_w_, down_g_;
-  Tensor gate_up_, act_;  // saved: [t, 2F] pre-activation, [t, F] activation
+  Tensor gate_up_;  // saved: [t, 2F] pre-activation
   Tensor saved_x_;
 };
 

@@ -37,6 +37,23 @@ void embedding_backward_grouped_f32(const int32_t* order, const int32_t* group_t
 void rope_apply_f32(float* x, const int32_t* positions, const float* cos, const float* sin, int64_t n, int64_t heads,
                     int64_t half, bool inverse);
 
+// Attention input preparation (ops/attention/qkv_prepare.h) on fp32 data, or bf16 data
+// (`bf16`) with fp32 gains and tables. Gains null: no q/k norm; cos null: no rotation.
+struct QkvPrepareArgs {
+  int64_t tokens, q_heads, kv_heads, head_dim;
+  const float* q_gain;
+  const float* k_gain;
+  float eps;
+  const int32_t* positions;  // device, [tokens]
+  const float* cos;          // [positions, head_dim / 2]
+  const float* sin;
+  bool bf16;
+};
+void qkv_prepare_forward(const QkvPrepareArgs& a, const void* qkv, void* q, void* k, void* v);
+// Gain gradients (+=) in a fixed order; null (or no gains): not computed.
+void qkv_prepare_backward(const QkvPrepareArgs& a, const void* qkv, const void* dq, const void* dk, const void* dv,
+                          void* dqkv, float* q_gain_grad, float* k_gain_grad);
+
 void qkv_shuffle_f32(float* fused, float* q, float* k, float* v, int64_t n, int64_t q_cols, int64_t kv_cols,
                      bool to_parts);
 
@@ -46,6 +63,7 @@ struct AttentionArgs {
   float scale;
   int64_t window;
   float softcap;
+  bool deterministic = true;  // false: the cuDNN backward may accumulate dQ with atomics
 };
 void attention_forward_f32(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out,
                            float* lse);
@@ -53,7 +71,9 @@ void attention_backward_f32(const AttentionArgs& a, const float* q, const float*
                             const float* lse, const float* dout, float* dq, float* dk, float* dv);
 
 void swiglu_forward_f32(const float* gate_up, int64_t n, int64_t f, float* out);
-void swiglu_backward_f32(const float* gate_up, const float* dout, int64_t n, int64_t f, float* dgate_up);
+// out (null: skipped; may alias dout) receives the forward's output again.
+void swiglu_backward_f32(const float* gate_up, const float* dout, int64_t n, int64_t f, float* dgate_up,
+                         float* out);
 
 void add_f32(const float* a, const float* b, int64_t n, float* out);
 void add_inplace_f32(float* dst, const float* src, int64_t n);

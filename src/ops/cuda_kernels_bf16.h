@@ -43,7 +43,7 @@ void qkv_shuffle_bf16(bf16_bits* fused, bf16_bits* q, bf16_bits* k, bf16_bits* v
                       int64_t kv_cols, bool to_parts);
 void swiglu_forward_bf16(const bf16_bits* gate_up, int64_t n, int64_t f, bf16_bits* out);
 void swiglu_backward_bf16(const bf16_bits* gate_up, const bf16_bits* dout, int64_t n, int64_t f,
-                          bf16_bits* dgate_up);
+                          bf16_bits* dgate_up, bf16_bits* out);
 
 // Cross-entropy rows of an fp32 logits chunk [rows, vocab] (the LM head GEMM writes fp32
 // logits from bf16 operands). With grad, grad_out [rows, vocab] (bf16) receives

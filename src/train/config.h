@@ -67,6 +67,10 @@ struct TrainConfig {
   // Activation recompute: the first N blocks save only their input and run their forward
   // again in backward (same results; less memory, ~1/3 more compute for those blocks).
   int64_t recompute_blocks = 0;
+  // Bitwise-reproducible kernels (and so exact resume) where a faster non-deterministic one
+  // exists: today cuDNN's attention backward (atomic dQ accumulation when false, as
+  // PyTorch's SDPA backends). The CPU is deterministic either way.
+  bool deterministic = true;
   int64_t threads = 0;                 // CPU threads; 0 = all cores
   std::string out_dir = "runs/default";
   double z_loss = 0.0;                 // coefficient of mean(logsumexp^2)

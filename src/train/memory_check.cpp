@@ -41,6 +41,7 @@ MemoryBudget plan_training_memory(const Config& config, Device device) {
   options.device = device;
   options.dtype = resolve_precision(config.train.precision, device);
   options.recompute_blocks = config.train.recompute_blocks;
+  options.deterministic = config.train.deterministic;
   options.max_tokens = config.train.micro_batch_tokens;
   options.loss_chunk_rows = config.train.loss_chunk_tokens;
   const Model model(config.model, options);  // plans every arena; allocates nothing

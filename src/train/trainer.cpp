@@ -107,6 +107,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   options.device = device_;
   options.dtype = resolve_precision(config_.train.precision, device_);
   options.recompute_blocks = config_.train.recompute_blocks;
+  options.deterministic = config_.train.deterministic;
   options.max_tokens = config_.train.micro_batch_tokens;
   options.loss_chunk_rows = config_.train.loss_chunk_tokens;
   model_ = std::make_unique<Model>(config_.model, options);

@@ -589,9 +589,16 @@ TEST_F(Bf16Kernels, SwigluForwardBackward) {
     OwnedTensor gu_dev = upload(gu), dout_dev = upload(dout), out = poisoned<uint16_t>(nf),
                 dgu = poisoned<uint16_t>(2 * nf);
     cuda::swiglu_forward_bf16(ptr<uint16_t>(gu_dev), n, f, ptr<uint16_t>(out));
-    cuda::swiglu_backward_bf16(ptr<uint16_t>(gu_dev), ptr<uint16_t>(dout_dev), n, f, ptr<uint16_t>(dgu));
+    cuda::swiglu_backward_bf16(ptr<uint16_t>(gu_dev), ptr<uint16_t>(dout_dev), n, f, ptr<uint16_t>(dgu), nullptr);
     expect_bf16_close("swiglu", download<uint16_t>(*out), out_ref, kBf16Tol);
     expect_bf16_close("swiglu dgate_up", download<uint16_t>(*dgu), dgu_ref, kBf16Tol);
+    // The backward that also rebuilds the output over dout (the MLP's recompute): the same
+    // gradient, and the output bit for bit as the forward wrote it.
+    OwnedTensor dgu2 = poisoned<uint16_t>(2 * nf);
+    cuda::swiglu_backward_bf16(ptr<uint16_t>(gu_dev), ptr<uint16_t>(dout_dev), n, f, ptr<uint16_t>(dgu2),
+                               ptr<uint16_t>(dout_dev));
+    EXPECT_TRUE(download<uint16_t>(*dgu2) == download<uint16_t>(*dgu));
+    EXPECT_TRUE(download<uint16_t>(*dout_dev) == download<uint16_t>(*out));
   }
 }
 

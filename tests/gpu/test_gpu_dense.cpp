@@ -177,6 +177,12 @@ TEST_F(Dense, Swiglu) {
   ops::swiglu_backward(*gate_up.gpu, *dout.gpu, *dgate_up.gpu);
   ops::swiglu_backward(*gate_up.f64, *dout.f64, *dgate_up.f64);
   dgate_up.check("dgate_up", kFwd);
+  // The backward that rebuilds the output in place of dout (the MLP's recompute).
+  Output again({n, 2 * f});
+  OwnedTensor dout_then_out = to_device(*dout.f32);
+  ops::swiglu_backward(*gate_up.gpu, *dout_then_out, *again.gpu, *dout_then_out);
+  EXPECT_TRUE(same_bytes(*to_host(*again.gpu), *to_host(*dgate_up.gpu)));
+  EXPECT_TRUE(same_bytes(*to_host(*dout_then_out), *to_host(*out.gpu)));
 }
 
 TEST_F(Dense, ElementwiseAndReductions) {

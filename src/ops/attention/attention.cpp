@@ -81,6 +81,7 @@ cuda::AttentionArgs cuda_args(const Tensor& q, const Tensor& k, const Tensor& cu
   a.scale = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2))));
   a.window = o.window;
   a.softcap = static_cast<float>(o.softcap);
+  a.deterministic = o.deterministic;
   return a;
 }
 #endif

@@ -16,6 +16,9 @@ struct AttentionOptions {
   // The longest sequence of this batch (a host value, SeqInfo::max_seqlen): the bf16 GPU
   // path (cuDNN) sizes its problem by it; 0 = unknown (fine for the other paths).
   int64_t max_seqlen = 0;
+  // false lets the GPU backward accumulate dQ with atomics (cuDNN: faster, not bitwise
+  // reproducible run to run); the CPU is deterministic either way.
+  bool deterministic = true;
 };
 
 // out [N, Hq, D] (=), lse [N, Hq] (=, log-sum-exp of each query's scores, for backward).

@@ -21,12 +21,14 @@
 // costs from tens of milliseconds to seconds (runtime-compiled kernels), so the shapes are
 // bucketed (see Bucket below) and the built graphs cached for the process.
 //
-// Determinism: the backward asks for cuDNN's deterministic algorithm
+// Determinism (AttentionArgs::deterministic, from train.deterministic; on by default): the
+// backward asks for cuDNN's deterministic algorithm
 // (SDPA_backward_attributes::set_deterministic_algorithm; honored on Hopper by cuDNN 9.0 and
 // later - Transformer Engine sets it from 9.0 - and on Blackwell from cuDNN 9.18). On Hopper
 // the frontend then builds the "dP workspace" variant: no atomic dQ accumulation, at the cost
 // of a workspace of about B * Hq * S * S * 2 bytes. The forward has no atomics. A built graph
 // always runs the same execution plan, so results are bitwise reproducible run to run.
+// Off, the faster backward accumulates dQ with atomics, as PyTorch's SDPA backends do.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/attention/attention_cudnn.h"
@@ -400,17 +402,6 @@ void validate(const AttentionArgs& a, const char* direction) {
   if (a.window < 0) fail(kWhere, "sliding window {} is negative", a.window);
 }
 
-// The deterministic backward (the default) costs a dP workspace and time; measurements can
-// turn it off with KILN_CUDNN_DETERMINISTIC=0 (atomic dQ accumulation: not bitwise
-// reproducible, so exact resume no longer holds).
-bool deterministic_backward() {
-  static const bool on = [] {
-    const char* env = std::getenv("KILN_CUDNN_DETERMINISTIC");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  return on;
-}
-
 Key key_of(State& st, const AttentionArgs& a, int64_t max_seqlen, bool backward) {
   const Bucket b = bucket_of(a.num_seqs, max_seqlen, bucketing_enabled(st));
   Key k{};
@@ -423,7 +414,9 @@ Key key_of(State& st, const AttentionArgs& a, int64_t max_seqlen, bool backward)
   // A window of at least S sees every key the causal mask allows: no left bound.
   k.window = (a.window > 0 && a.window < b.seq) ? a.window : 0;
   std::memcpy(&k.scale_bits, &a.scale, sizeof(k.scale_bits));
-  k.deterministic = backward && deterministic_backward();
+  // The deterministic backward (the default) costs a dP workspace and time; without it dQ
+  // is accumulated with atomics (not bitwise reproducible, so exact resume no longer holds).
+  k.deterministic = backward && a.deterministic;
   return k;
 }
 

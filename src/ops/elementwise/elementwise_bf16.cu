@@ -135,13 +135,15 @@ __global__ void swiglu_forward_kernel(const bf16* __restrict__ gu, int64_t n, in
   }
 }
 
+// out (optional; may alias dout, so neither is __restrict__): the forward's output again,
+// computed as swiglu_forward_kernel does.
 template <int W>
-__global__ void swiglu_backward_kernel(const bf16* __restrict__ gu, const bf16* __restrict__ dout, int64_t n,
-                                       int64_t f, bf16* __restrict__ dgu) {
+__global__ void swiglu_backward_kernel(const bf16* __restrict__ gu, const bf16* dout, int64_t n, int64_t f,
+                                       bf16* __restrict__ dgu, bf16* out) {
   const int64_t groups = f / W;
   KILN_GRID_STRIDE(idx, n * groups) {
     const int64_t i = idx / groups, j = idx % groups * W;
-    float g[W], u[W], dy[W], dg[W], du[W];
+    float g[W], u[W], dy[W], dg[W], du[W], o[W];
     load<W>(gu + i * 2 * f + j, g);
     load<W>(gu + i * 2 * f + f + j, u);
     load<W>(dout + i * f + j, dy);
@@ -150,9 +152,11 @@ __global__ void swiglu_backward_kernel(const bf16* __restrict__ gu, const bf16* 
       const float s = 1.0f / (1.0f + expf(-g[k]));
       dg[k] = dy[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
       du[k] = dy[k] * g[k] * s;
+      o[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
     }
     store<W>(dgu + i * 2 * f + j, dg);
     store<W>(dgu + i * 2 * f + f + j, du);
+    if (out) store<W>(out + i * f + j, o);
   }
 }
 
@@ -217,11 +221,11 @@ void swiglu_forward_bf16(const bf16_bits* gate_up, int64_t n, int64_t f, bf16_bi
 }
 
 void swiglu_backward_bf16(const bf16_bits* gate_up, const bf16_bits* dout, int64_t n, int64_t f,
-                          bf16_bits* dgate_up) {
+                          bf16_bits* dgate_up, bf16_bits* out) {
   if (n * f == 0) return;
-  const bool vec = f % kVec == 0 && aligned16(gate_up) && aligned16(dout) && aligned16(dgate_up);
+  const bool vec = f % kVec == 0 && aligned16(gate_up) && aligned16(dout) && aligned16(dgate_up) && aligned16(out);
   KILN_LAUNCH_W("swiglu_backward_bf16", swiglu_backward_kernel, vec, n * f, as_bf16(gate_up), as_bf16(dout), n, f,
-                as_bf16(dgate_up));
+                as_bf16(dgate_up), out ? as_bf16(out) : nullptr);
 }
 
 }  // namespace kiln::cuda

@@ -29,13 +29,16 @@ __global__ void swiglu_forward_kernel(const float* gu, int64_t n, int64_t f, flo
   }
 }
 
-__global__ void swiglu_backward_kernel(const float* gu, const float* dout, int64_t n, int64_t f, float* dgu) {
+// out (optional, may alias dout): the forward's output again.
+__global__ void swiglu_backward_kernel(const float* gu, const float* dout, int64_t n, int64_t f, float* dgu,
+                                       float* out) {
   KILN_GRID_STRIDE(idx, n * f) {
     const int64_t i = idx / f, j = idx % f;
     const float g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j], dy = dout[idx];
     const float s = 1.0f / (1.0f + expf(-g));
     dgu[i * 2 * f + j] = dy * u * s * (1.0f + g * (1.0f - s));
     dgu[i * 2 * f + f + j] = dy * g * s;
+    if (out) out[idx] = g / (1.0f + expf(-g)) * u;
   }
 }
 
@@ -147,8 +150,8 @@ void scale_inplace_f32(float* x, int64_t n, float factor) { KILN_LAUNCH("scale_i
 void swiglu_forward_f32(const float* gu, int64_t n, int64_t f, float* out) {
   KILN_LAUNCH("swiglu", swiglu_forward_kernel, n * f, gu, n, f, out);
 }
-void swiglu_backward_f32(const float* gu, const float* dout, int64_t n, int64_t f, float* dgu) {
-  KILN_LAUNCH("swiglu_backward", swiglu_backward_kernel, n * f, gu, dout, n, f, dgu);
+void swiglu_backward_f32(const float* gu, const float* dout, int64_t n, int64_t f, float* dgu, float* out) {
+  KILN_LAUNCH("swiglu_backward", swiglu_backward_kernel, n * f, gu, dout, n, f, dgu, out);
 }
 void rope_apply_f32(float* x, const int32_t* positions, const float* cos, const float* sin, int64_t n, int64_t heads,
                     int64_t half, bool inverse) {

@@ -44,19 +44,20 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& out) {
 }
 
 // silu(g) = g s(g), s = sigmoid; d silu/dg = s (1 + g (1 - s)).
-void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up) {
+void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, const Tensor& out) {
   const char* op = "swiglu_backward";
   KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, dout, "dout");
   expect_shape(op, "dgate_up", dgate_up, gate_up.shape());
   expect_same(op, "dgate_up", dgate_up, gate_up);
+  if (out.defined()) validate(op, gate_up, out, "out");
   KILN_ON_CUDA(gate_up, op, {
     if (is_mixed(gate_up))
       cuda::swiglu_backward_bf16(bf16_data(gate_up), bf16_data(dout), gate_up.size(0), dout.size(1),
-                                 bf16_data(dgate_up));
+                                 bf16_data(dgate_up), out.defined() ? bf16_data(out) : nullptr);
     else
       cuda::swiglu_backward_f32(gate_up.data<float>(), dout.data<float>(), gate_up.size(0), dout.size(1),
-                                dgate_up.data<float>());
+                                dgate_up.data<float>(), out.defined() ? out.data<float>() : nullptr);
   });
   dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -64,6 +65,7 @@ void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dg
     const T* gu = gate_up.data<T>();
     const T* d = dout.data<T>();
     T* dgu = dgate_up.data<T>();
+    T* o = out.defined() ? out.data<T>() : nullptr;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < f; ++j) {
@@ -71,6 +73,7 @@ void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dg
         const T s = T(1) / (T(1) + std::exp(-g));
         dgu[i * 2 * f + j] = dy * u * s * (T(1) + g * (T(1) - s));
         dgu[i * 2 * f + f + j] = dy * g * s;
+        if (o) o[i * f + j] = g / (T(1) + std::exp(-g)) * u;  // as swiglu_forward computes it
       }
   });
 }
