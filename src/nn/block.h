@@ -22,7 +22,7 @@ class TransformerBlock {
   std::unique_ptr<Norm> attn_norm_, mlp_norm_;
   std::unique_ptr<Attention> attention_;
   std::unique_ptr<Mlp> mlp_;
-  Tensor attn_in_, mid_, mlp_in_;  // saved: norm1(x), h, norm2(h)
+  Tensor mid_;  // saved: h (the norm outputs are recomputed in backward)
 };
 
 }  // namespace kiln

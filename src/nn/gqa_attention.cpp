@@ -54,7 +54,6 @@ class GqaAttention final : public Attention {
 
   void forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) override {
     const int64_t t = x.size(0);
-    saved_x_ = x;
     Workspace::Scope scope(workspace_);
     Tensor qkv = qkv_.rows(0, t);
     ops::linear_forward(x, qkv_w_, qkv_b_, qkv);
@@ -67,7 +66,7 @@ class GqaAttention final : public Attention {
     ops::linear_forward(o.view(Shape{t, hq_ * d_}), o_w_, Tensor(), out);
   }
 
-  void backward(const Tensor& dout, const SeqInfo& seq, const Tensor& dx) override {
+  void backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq, const Tensor& dx) override {
     const int64_t t = dout.size(0);
     Workspace::Scope scope(workspace_);
     Tensor d_o = scope.take(dout.dtype(), Shape{t, hq_, d_});
@@ -85,7 +84,7 @@ class GqaAttention final : public Attention {
     ops::attention_backward(q, k, v, o, lse_.rows(0, t), d_o, seq.cu_seqlens, attention_options(seq), dq, dk, dv);
     Tensor dqkv = scope.take(dout.dtype(), Shape{t, qkv_cols_});
     ops::qkv_prepare_backward(qkv, prepare, dq, dk, dv, dqkv, q_gain_grad_, k_gain_grad_);
-    ops::linear_backward(saved_x_, qkv_w_, dqkv, dx, qkv_g_, qkv_bg_);
+    ops::linear_backward(x, qkv_w_, dqkv, dx, qkv_g_, qkv_bg_);
   }
 
  private:
@@ -109,7 +108,6 @@ class GqaAttention final : public Attention {
   ops::QkvPrepare prepare_;  // heads and gains; tables and positions per call
   Tensor qkv_w_, qkv_g_, qkv_b_, qkv_bg_, o_w_, o_g_, q_gain_grad_, k_gain_grad_;
   Tensor qkv_, o_, lse_;     // saved: raw projection, attention output, softmax statistics
-  Tensor saved_x_;
 };
 
 }  // namespace

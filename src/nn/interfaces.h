@@ -23,6 +23,9 @@ class Norm {
   virtual void forward(const Tensor& x, const Tensor& y) = 0;
   // dx = (or +=) d/dx of the last forward.
   virtual void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx) = 0;
+  // Writes the last forward's output into y again, bit for bit, from the input it kept:
+  // callers recompute a norm's output in backward instead of saving it (a cheap pass).
+  virtual void recompute(const Tensor& y) = 0;
 };
 
 // Rotary tables [max_positions, head_dim / 2] (cos, sin) that attention applies to q and k
@@ -42,15 +45,17 @@ class Attention {
   virtual ~Attention() = default;
   // x [T, hidden] (normalized) -> out [T, hidden].
   virtual void forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) = 0;
-  // dout [T, hidden] -> dx [T, hidden] (=).
-  virtual void backward(const Tensor& dout, const SeqInfo& seq, const Tensor& dx) = 0;
+  // dout [T, hidden] -> dx [T, hidden] (=); x is the forward's input again (the caller
+  // keeps or recomputes it).
+  virtual void backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq, const Tensor& dx) = 0;
 };
 
 class Mlp {
  public:
   virtual ~Mlp() = default;
   virtual void forward(const Tensor& x, const Tensor& out) = 0;
-  virtual void backward(const Tensor& dout, const Tensor& dx) = 0;
+  // As Attention::backward: x is the forward's input again.
+  virtual void backward(const Tensor& x, const Tensor& dout, const Tensor& dx) = 0;
 };
 
 }  // namespace kiln

@@ -24,6 +24,10 @@ class RmsNorm final : public Norm {
                            accumulate_dx);
   }
 
+  void recompute(const Tensor& y) override {
+    ops::rms_norm_forward(saved_x_, weight_, eps_, y, rstd_.rows(0, saved_x_.size(0)));
+  }
+
  private:
   double eps_;
   Tensor weight_, weight_grad_;

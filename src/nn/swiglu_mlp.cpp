@@ -31,7 +31,6 @@ class SwigluMlp final : public Mlp {
 
   void forward(const Tensor& x, const Tensor& out) override {
     const int64_t t = x.size(0);
-    saved_x_ = x;
     Workspace::Scope scope(workspace_);
     Tensor gate_up = gate_up_.rows(0, t), act = scope.take(gate_up.dtype(), Shape{t, gate_up.size(1) / 2});
     ops::linear_forward(x, gate_up_w_, Tensor(), gate_up);
@@ -39,7 +38,7 @@ class SwigluMlp final : public Mlp {
     ops::linear_forward(act, down_w_, Tensor(), out);
   }
 
-  void backward(const Tensor& dout, const Tensor& dx) override {
+  void backward(const Tensor& x, const Tensor& dout, const Tensor& dx) override {
     const int64_t t = dout.size(0);
     Workspace::Scope scope(workspace_);
     const Tensor gate_up = gate_up_.rows(0, t);
@@ -50,14 +49,13 @@ class SwigluMlp final : public Mlp {
     ops::linear_backward(dact, down_w_, dout, dact, Tensor(), Tensor());
     ops::swiglu_backward(gate_up, dact, dgate_up, dact);
     ops::linear_backward(dact, down_w_, dout, Tensor(), down_g_, Tensor());
-    ops::linear_backward(saved_x_, gate_up_w_, dgate_up, dx, gate_up_g_, Tensor());
+    ops::linear_backward(x, gate_up_w_, dgate_up, dx, gate_up_g_, Tensor());
   }
 
  private:
   Workspace& workspace_;
   Tensor gate_up_w_, gate_up_g_, down_w_, down_g_;
   Tensor gate_up_;  // saved: [t, 2F] pre-activation
-  Tensor saved_x_;
 };
 
 }  // namespace
