@@ -136,13 +136,16 @@ fi
 # and the PyTorch peer (eager and torch.compile; bf16 autocast and plain fp32) on this card.
 # GPU_CHECK_PEER_DTYPES: the peer's precisions (default "bf16 fp32"; empty = no peer);
 # GPU_CHECK_PEER_MODES: its modes (default "eager,compile").
+# GPU_CHECK_BENCH_ARGS: extra arguments of kiln bench (e.g. "--set train.deterministic=false").
 BENCH_CONFIGS=${GPU_CHECK_BENCH-configs/bench-124m.toml}
 PEER_PYTHON=${PEER_PYTHON:-/opt/torch/.venv/bin/python3}
 [ -x "$PEER_PYTHON" ] || PEER_PYTHON=python3
 for config in $BENCH_CONFIGS; do
   name=$(basename "$config" .toml)
   start=$(date +%s.%N)
-  if "$STAGE/bin/kiln" bench "$config" --steps 5 --warmup 2 --json "$LOGS/bench.jsonl" >"$LOGS/$name.kiln.log" 2>&1; then
+  # shellcheck disable=SC2086  # GPU_CHECK_BENCH_ARGS is a list of words
+  if "$STAGE/bin/kiln" bench "$config" --steps 5 --warmup 2 --json "$LOGS/bench.jsonl" ${GPU_CHECK_BENCH_ARGS:-} \
+      >"$LOGS/$name.kiln.log" 2>&1; then
     add_row "bench:$name kiln" 1 1 0 0 "$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e - s}')"
   else
     add_row "bench:$name kiln" 1 0 1 0 0

@@ -116,8 +116,9 @@ void add_bench_command(CLI::App& app) {
     const char* precision = build.dtype == DType::bf16 ? "bf16 mixed" : "fp32";
     const std::string where = device == Device::cuda ? fmt::format("cuda ({}, {})", cuda_device_name(), precision)
                                                      : fmt::format("cpu ({})", precision);
-    fmt::print("bench {} on {}: {} parameters, {} tokens per step\n", config.model.name, where, model.parameter_count(),
-               config.train.micro_batch_tokens * config.train.grad_accum);
+    fmt::print("bench {} on {}: {} parameters, {} tokens per step, {} kernels\n", config.model.name, where,
+               model.parameter_count(), config.train.micro_batch_tokens * config.train.grad_accum,
+               build.deterministic ? "deterministic" : "non-deterministic (train.deterministic = false)");
     const std::string libraries = cuda_library_versions();
     if (!libraries.empty()) fmt::print("  {}\n", libraries);
     fmt::print("  {:.1f} ms per step | {:.0f} tokens/s | {:.1f} model TFLOP/s | MFU {:.1f}% of {:.0f} TFLOP/s bf16 peak\n",
@@ -151,6 +152,7 @@ void add_bench_command(CLI::App& app) {
                             {"tflops", tflops},                    {"mfu", tflops * 1e12 / kPeakFlops},
                             {"planned_gib", planned_gib},          {"device_gib", device_gib},
                             {"parameters", model.parameter_count()}, {"libraries", cuda_library_versions()},
+                            {"deterministic", build.deterministic},
                             {"ops", [&] {
                                nlohmann::json j = nlohmann::json::object();
                                for (const OpTime& t : ops) j[t.op] = t.milliseconds / 2;

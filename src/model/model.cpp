@@ -68,6 +68,8 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
   if (options.training) {
     ctx.buffer(dhidden_, Shape{t, d}, options.dtype);
     ctx.buffer(dres_, Shape{t, d}, master);
+    // The mixed path's bf16 copy of dres, which the branches read (kept by the norms).
+    if (ctx.mixed()) ctx.buffer(dres_compute_, Shape{t, d}, options.dtype);
   }
   const int64_t chunk = std::min(options.loss_chunk_rows, t);
   ctx.buffer(head_scratch_.logits, Shape{chunk, config.vocab_size}, options.dtype);
@@ -212,13 +214,14 @@ ops::LossSums Model::forward_backward(double loss_scale, double z_loss) {
 
 void Model::backward_from_hidden() {
   const Tensor dres = dres_.rows(0, rows_);
-  final_norm_->backward(dhidden_.rows(0, rows_), dres, false);
+  const Tensor dres_compute = dres_compute_.defined() ? dres_compute_.rows(0, rows_) : dres;
+  final_norm_->backward(dhidden_.rows(0, rows_), dres, false, dres_compute_.defined() ? dres_compute : Tensor());
   for (size_t l = blocks_.size(); l-- > 0;) {
     // A recomputed block's saved activations were overwritten by later blocks: run its
     // forward again from its saved input (it rewrites its output with the same values).
     if (static_cast<int64_t>(l) < options_.recompute_blocks)
       blocks_[l]->forward(residual_[l].rows(0, rows_), seq_, residual_[l + 1].rows(0, rows_));
-    blocks_[l]->backward(dres, seq_);
+    blocks_[l]->backward(dres, dres_compute, seq_);
   }
   if (token_groups_.order.defined()) {  // GPU: fixed summation order, no atomics
     ops::TokenGroups groups = token_groups_;

@@ -109,7 +109,7 @@ class Model {
   ops::TokenGroups token_groups_;
   std::vector<int32_t> group_counts_, group_order_, group_tokens_, group_starts_;
   std::vector<Tensor> residual_;  // residual_[l] = input of block l; [layers] = final-norm input
-  Tensor hidden_, dhidden_, dres_;
+  Tensor hidden_, dhidden_, dres_, dres_compute_;
   ops::LmHeadScratch head_scratch_;
 };
 

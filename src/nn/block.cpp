@@ -16,10 +16,10 @@ TransformerBlock::TransformerBlock(BuildContext& ctx, const LayerSpec& layer, Po
   mlp_ = mlp_registry().build("model.mlp", m.mlp, ctx, layer);
   ctx.saved_wide(mid_, Shape{t, m.hidden});  // residual stream between the branches
   // Scratch, one [t, hidden] each: the norm output a branch reads (recomputed in backward
-  // rather than saved: one cheap pass), the branch output (forward) or the branch input
-  // gradient (backward), and on the mixed path the bf16 copy of the residual gradient.
+  // rather than saved: one cheap pass) and the branch output (forward) or the branch input
+  // gradient (backward).
   const size_t row_block = Workspace::footprint(ctx.dtype, Shape{t, m.hidden});
-  ctx.workspace.reserve_peak((mixed_ ? 3 : 2) * row_block, Workspace::Level::outer);
+  ctx.workspace.reserve_peak(2 * row_block, Workspace::Level::outer);
 }
 
 void TransformerBlock::forward(const Tensor& x, const SeqInfo& seq, const Tensor& y) {
@@ -36,23 +36,20 @@ void TransformerBlock::forward(const Tensor& x, const SeqInfo& seq, const Tensor
   ops::add(mid, branch, y);
 }
 
-void TransformerBlock::backward(const Tensor& dres, const SeqInfo& seq) {
+void TransformerBlock::backward(const Tensor& dres, const Tensor& dres_compute, const SeqInfo& seq) {
   Workspace::Scope scope(workspace_);
   Tensor normed = scope.take(compute_dtype_, dres.shape());
   Tensor dbranch_in = scope.take(compute_dtype_, dres.shape());
-  // The branches read the residual gradient in the compute dtype (a bf16 copy on the
-  // mixed path, refreshed after each accumulation into the fp32 dres).
-  const Tensor dres_compute = mixed_ ? scope.take(compute_dtype_, dres.shape()) : dres;
+  // On the mixed path every accumulation into the fp32 dres also rewrites its bf16 copy.
+  const Tensor copy = mixed_ ? dres_compute : Tensor();
   // y = h + mlp(norm2(h)): dL/dh = dres + norm2'(mlp'(dres)), accumulated into dres.
-  if (mixed_) ops::convert(dres, dres_compute);
   mlp_norm_->recompute(normed);
   mlp_->backward(normed, dres_compute, dbranch_in);
-  mlp_norm_->backward(dbranch_in, dres, true);
+  mlp_norm_->backward(dbranch_in, dres, true, copy);
   // h = x + attn(norm1(x)): same again.
-  if (mixed_) ops::convert(dres, dres_compute);
   attn_norm_->recompute(normed);
   attention_->backward(normed, dres_compute, seq, dbranch_in);
-  attn_norm_->backward(dbranch_in, dres, true);
+  attn_norm_->backward(dbranch_in, dres, true, copy);
 }
 
 }  // namespace kiln

@@ -13,7 +13,9 @@ class TransformerBlock {
   // x [T, hidden] (kept for backward) -> y [T, hidden].
   void forward(const Tensor& x, const SeqInfo& seq, const Tensor& y);
   // In place on the residual-stream gradient: on entry dres = dL/dy, on exit dL/dx.
-  void backward(const Tensor& dres, const SeqInfo& seq);
+  // dres_compute is dres in the compute dtype, current on entry and kept current: a bf16
+  // copy on the mixed path (the norm backwards write it), otherwise dres itself.
+  void backward(const Tensor& dres, const Tensor& dres_compute, const SeqInfo& seq);
 
  private:
   Workspace& workspace_;

@@ -21,8 +21,9 @@ class Norm {
   virtual ~Norm() = default;
   // x [T', C] -> y [T', C]; T' <= the planned rows (x is kept for backward).
   virtual void forward(const Tensor& x, const Tensor& y) = 0;
-  // dx = (or +=) d/dx of the last forward.
-  virtual void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx) = 0;
+  // dx = (or +=) d/dx of the last forward; dx_copy (if defined) receives dx's final values
+  // in its own dtype (the residual gradient's bf16 copy on the mixed path).
+  virtual void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dx_copy = Tensor()) = 0;
   // Writes the last forward's output into y again, bit for bit, from the input it kept:
   // callers recompute a norm's output in backward instead of saving it (a cheap pass).
   virtual void recompute(const Tensor& y) = 0;

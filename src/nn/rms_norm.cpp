@@ -19,9 +19,9 @@ class RmsNorm final : public Norm {
     ops::rms_norm_forward(x, weight_, eps_, y, rstd_.rows(0, x.size(0)));
   }
 
-  void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx) override {
+  void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dx_copy) override {
     ops::rms_norm_backward(saved_x_, weight_, rstd_.rows(0, saved_x_.size(0)), dy, dx, weight_grad_,
-                           accumulate_dx);
+                           accumulate_dx, dx_copy);
   }
 
   void recompute(const Tensor& y) override {

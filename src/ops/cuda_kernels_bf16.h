@@ -29,9 +29,11 @@ void cast_bf16_to_f32(const bf16_bits* src, int64_t n, float* dst);
 void rms_norm_forward_mixed(const void* x, DType x_dtype, const float* w, float eps, int64_t rows, int64_t cols,
                             bf16_bits* y, float* rstd);
 // dy bf16; dx has x's dtype and is written (=) or accumulated (+=, the fp32 residual
-// gradient); dw (fp32, [cols]) is accumulated (+=) in a fixed order.
+// gradient); dw (fp32, [cols]) is accumulated (+=) in a fixed order; dx_copy (null: none)
+// receives dx's final values in bf16.
 void rms_norm_backward_mixed(const void* x, DType x_dtype, const float* w, const float* rstd, const bf16_bits* dy,
-                             int64_t rows, int64_t cols, void* dx, bool accumulate_dx, float* dw);
+                             int64_t rows, int64_t cols, void* dx, bool accumulate_dx, float* dw,
+                             bf16_bits* dx_copy);
 
 // out = a + b with a fp32 (residual), b bf16 (branch output), out fp32 (may alias a).
 void add_f32_bf16(const float* a, const bf16_bits* b, int64_t n, float* out);

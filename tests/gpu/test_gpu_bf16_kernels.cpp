@@ -416,15 +416,21 @@ void check_rms_backward(int64_t rows, int64_t cols, bool x_bf16, bool accumulate
   OwnedTensor w_dev = upload(w), rstd_dev = upload(rstd), dy_dev = upload(dy);
   OwnedTensor dx_dev(x_dtype, Device::cuda, Shape{static_cast<int64_t>(n)}), dw_dev = upload(dw_init);
   std::vector<float> dx_runs[2], dw_runs[2];
+  OwnedTensor dx_copy(DType::bf16, Device::cuda, Shape{static_cast<int64_t>(n)});
   for (int run = 0; run < 2; ++run) {
     if (accumulate) copy_tensor(*dx_init.dev, *dx_dev);
     else poison(*dx_dev);
     copy_tensor(*upload(dw_init), *dw_dev);
+    poison(*dx_copy);
+    // The second run also writes dx's bf16 copy (the residual gradient the branches read):
+    // the same dx and dw, and a copy equal to dx rounded to bf16.
     cuda::rms_norm_backward_mixed(x.dev->raw(), x_dtype, ptr<float>(w_dev), ptr<float>(rstd_dev),
-                                  ptr<uint16_t>(dy_dev), rows, cols, dx_dev->raw(), accumulate, ptr<float>(dw_dev));
+                                  ptr<uint16_t>(dy_dev), rows, cols, dx_dev->raw(), accumulate, ptr<float>(dw_dev),
+                                  run == 1 ? ptr<uint16_t>(dx_copy) : nullptr);
     dx_runs[run] = x_bf16 ? bf16_values(download<uint16_t>(*dx_dev)) : download<float>(*dx_dev);
     dw_runs[run] = download<float>(*dw_dev);
   }
+  EXPECT_TRUE(download<uint16_t>(*dx_copy) == to_bf16(dx_runs[1])) << "dx_copy is not dx rounded to bf16";
 
   expect_values_close("dx", dx_runs[0], dx_ref, x_bf16 ? kBf16Tol : kF32GradTol, dx_scale);
   expect_values_close("dw", dw_runs[0], dw_ref, kF32GradTol, dw_scale);

@@ -45,7 +45,7 @@ struct Values {
     if (dtype == DType::f32) return to_device(host_f32);
     OwnedTensor host(DType::bf16, Device::cpu, host_f32.shape());
     for (int64_t i = 0; i < host_f32.numel(); ++i)
-      host->data<uint16_t>()[i] = float_to_bf16(host_f32.data<float>()[i]);
+      static_cast<uint16_t*>(host->raw())[i] = float_to_bf16(host_f32.data<float>()[i]);
     return to_device(*host);
   }
 };
@@ -55,7 +55,7 @@ OwnedTensor read_f32(const Tensor& dev) {
   OwnedTensor host = to_host(dev);
   if (dev.dtype() == DType::f32) return host;
   OwnedTensor out(DType::f32, Device::cpu, dev.shape());
-  for (int64_t i = 0; i < dev.numel(); ++i) out->data<float>()[i] = bf16_to_float(host->data<uint16_t>()[i]);
+  for (int64_t i = 0; i < dev.numel(); ++i) out->data<float>()[i] = bf16_to_float(static_cast<const uint16_t*>(host->raw())[i]);
   return out;
 }
 

@@ -34,8 +34,12 @@ using vec::store;
 constexpr const char* kOp = "qkv_prepare";
 constexpr int kBlockThreads = 256;
 constexpr int64_t kMaxHeadDim = 512;
-constexpr int64_t kGainBlocks = 2048;
-__device__ float g_gain_partials[kGainBlocks * 2 * kMaxHeadDim];  // 8 MiB: [block][q gain cols | k gain cols]
+// Gain partials: one row of 2 * head_dim floats per block. Blocks take their rows one
+// group-row at a time, so more blocks keep more loads in flight; more partial rows make
+// the final sum longer. 4096 blocks (8 iterations each at the 0.6B shape) balance both.
+constexpr int64_t kGainBlocks = 4096;
+constexpr int64_t kGainScratchFloats = kGainBlocks * 2 * kMaxHeadDim;  // 16 MiB
+__device__ float g_gain_partials[kGainScratchFloats];  // [block][q gain cols | k gain cols]
 
 struct Geometry {
   int64_t tokens;
@@ -255,7 +259,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // q_gain[c] += sum over blocks (in order) of partial[b][c]; k_gain from the second half.
 constexpr int kSumCols = 32;
-constexpr int kSumSlices = 16;
+constexpr int kSumSlices = 32;
 
 __global__ void __launch_bounds__(kSumCols* kSumSlices)
     gain_sum_kernel(int64_t blocks, int64_t d, float* __restrict__ q_gain_grad, float* __restrict__ k_gain_grad) {
@@ -263,6 +267,7 @@ __global__ void __launch_bounds__(kSumCols* kSumSlices)
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
   float sum = 0.0f;
   if (c < 2 * d)
+#pragma unroll 8
     for (int64_t b = threadIdx.y; b < blocks; b += kSumSlices) sum += g_gain_partials[b * 2 * d + c];
   slice[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
@@ -342,7 +347,7 @@ void qkv_prepare_backward(const QkvPrepareArgs& a, const void* qkv, const void* 
     constexpr int G = decltype(threads)::value, W = decltype(width)::value;
     constexpr int64_t kRows = kBlockThreads / G;
     const int64_t groups = (rows + kRows - 1) / kRows;
-    int64_t blocks = std::min(groups, kGainBlocks);
+    int64_t blocks = std::min({groups, kGainBlocks, kGainScratchFloats / (2 * d)});
     const int64_t rows_per_block = (rows + blocks - 1) / blocks;
     blocks = (rows + rows_per_block - 1) / rows_per_block;
     const size_t shared = with_gain_grad ? static_cast<size_t>(kRows * 2 * d) * sizeof(float) : 0;

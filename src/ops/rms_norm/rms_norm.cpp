@@ -3,6 +3,7 @@
 #include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cuda_kernels_bf16.h"
+#include "ops/elementwise/elementwise.h"
 #include "ops/rms_norm/rms_norm_kernels.h"
 
 namespace kiln::ops {
@@ -51,7 +52,7 @@ void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor
 }
 
 void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
-                       const Tensor& dw, bool accumulate_dx) {
+                       const Tensor& dw, bool accumulate_dx, const Tensor& dx_copy) {
   const char* op = "rms_norm_backward";
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(dy);
@@ -60,18 +61,30 @@ void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, con
   expect_tensor(op, "dx", dx, x.shape(), x.dtype(), x.device());
   KILN_CHECK(!dw.defined() || w.defined(), op, "dw given for a norm without gain");
   if (dw.defined()) expect_tensor(op, "dw", dw, w.shape(), w.dtype(), w.device());
+  if (dx_copy.defined()) {
+    expect_shape(op, "dx_copy", dx_copy, x.shape());
+    KILN_CHECK(dx_copy.device() == x.device(), op, "dx_copy must be on {}, got {}", device_name(x.device()),
+               dx_copy.describe());
+  }
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
-    if (mixed) {
+    if (mixed && (!dx_copy.defined() || dx_copy.dtype() == DType::bf16)) {
       cuda::rms_norm_backward_mixed(x.raw(), x.dtype(), w.defined() ? w.data<float>() : nullptr, rstd.data<float>(),
                                     bf16_data(dy), x.size(0), x.size(1), dx.raw(), accumulate_dx,
-                                    dw.defined() ? dw.data<float>() : nullptr);
+                                    dw.defined() ? dw.data<float>() : nullptr,
+                                    dx_copy.defined() ? bf16_data(dx_copy) : nullptr);
+      return;
+    }
+    if (mixed) {  // a copy in another dtype: a second pass
+      rms_norm_backward(x, w, rstd, dy, dx, dw, accumulate_dx);
+      convert(dx, dx_copy);
       return;
     }
     expect_dtype(op, "x", x, DType::f32);
     cuda::rms_norm_backward_f32(x.data<float>(), w.defined() ? w.data<float>() : nullptr, rstd.data<float>(),
                                 dy.data<float>(), x.size(0), x.size(1), dx.data<float>(),
                                 dw.defined() ? dw.data<float>() : nullptr, accumulate_dx, nullptr);
+    if (dx_copy.defined()) convert(dx, dx_copy);
     return;
 #else
     no_cuda_kernel(op);
@@ -83,6 +96,7 @@ void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, con
                               x.size(0), x.size(1), dx.data<T>(), dw.defined() ? dw.data<T>() : nullptr,
                               accumulate_dx);
   });
+  if (dx_copy.defined()) convert(dx, dx_copy);
 }
 
 }  // namespace kiln::ops

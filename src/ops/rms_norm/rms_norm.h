@@ -9,8 +9,11 @@ namespace kiln::ops {
 // x [R, C], w [C] (undefined = no gain) -> y [R, C], rstd [R] (saved for backward).
 void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd);
 
-// dx [R, C]: = (or += when accumulate_dx). dw [C]: +=, skipped if undefined.
+// dx [R, C]: = (or += when accumulate_dx). dw [C]: +=, skipped if undefined. dx_copy (if
+// defined, [R, C] in its own dtype) receives dx's final values too: on the GPU's mixed path
+// the bf16 copy of the fp32 residual gradient that the next branch reads, written by the
+// same pass instead of a second one over dx.
 void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
-                       const Tensor& dw, bool accumulate_dx = false);
+                       const Tensor& dw, bool accumulate_dx = false, const Tensor& dx_copy = Tensor());
 
 }  // namespace kiln::ops

@@ -138,7 +138,7 @@ template <typename TX, int kThreads, int W>
 __global__ void __launch_bounds__(kBlockThreads)
     backward_kernel(const TX* __restrict__ x, const float* __restrict__ w, const float* __restrict__ rstd,
                     const bf16* __restrict__ dy, int64_t rows, int64_t cols, int64_t rows_per_block,
-                    TX* __restrict__ dx, bool accumulate, bool with_dw) {
+                    TX* __restrict__ dx, bool accumulate, bool with_dw, bf16* __restrict__ dx_copy) {
   constexpr int kRows = kBlockThreads / kThreads;
   extern __shared__ float dw_sums[];  // kRows sets of cols sums when with_dw
   const int t = static_cast<int>(threadIdx.x % kThreads);
@@ -191,6 +191,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         for (int k = 0; k < W; ++k) out[k] = old[k] + out[k];
       }
       store<W>(dxr + i * W, out);
+      if (dx_copy) store<W>(dx_copy + row * cols + i * W, out);
       if (with_dw)
 #pragma unroll
         for (int k = 0; k < W; ++k) my_sums[k * stride + i] += d[k] * v[k] * inv;
@@ -289,10 +290,12 @@ void rms_norm_forward_mixed(const void* x, DType x_dtype, const float* w, float 
 }
 
 void rms_norm_backward_mixed(const void* x, DType x_dtype, const float* w, const float* rstd, const bf16_bits* dy,
-                             int64_t rows, int64_t cols, void* dx, bool accumulate_dx, float* dw) {
+                             int64_t rows, int64_t cols, void* dx, bool accumulate_dx, float* dw,
+                             bf16_bits* dx_copy) {
   if (rows == 0 || cols == 0) return;
   KILN_CHECK(cols <= kDwScratchFloats, kOp, "{} columns exceed the dw scratch", cols);
-  const bool vec = cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx);
+  const bool vec =
+      cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx) && aligned16(dx_copy);
   const bool with_dw = dw != nullptr;
   dispatch(x_dtype, cols, vec, [&](auto tx, auto threads, auto width) {
     using TX = decltype(tx);
@@ -309,7 +312,7 @@ void rms_norm_backward_mixed(const void* x, DType x_dtype, const float* w, const
     allow_shared_memory(kernel, shared);
     kernel<<<grid_size(blocks), kBlockThreads, shared, stream()>>>(
         static_cast<const TX*>(x), w, rstd, reinterpret_cast<const bf16*>(dy), rows, cols, rows_per_block,
-        static_cast<TX*>(dx), accumulate_dx, with_dw);
+        static_cast<TX*>(dx), accumulate_dx, with_dw, reinterpret_cast<bf16*>(dx_copy));
     check_launch(kOp, "backward_kernel");
     if (with_dw) {
       dw_sum_kernel<<<grid_size((cols + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumSlices), 0, stream()>>>(
