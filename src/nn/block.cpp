@@ -30,8 +30,7 @@ void TransformerBlock::forward(const Tensor& x, const SeqInfo& seq, const Tensor
   Tensor branch = scope.take(compute_dtype_, x.shape());
   attn_norm_->forward(x, normed);
   attention_->forward(normed, seq, branch);
-  ops::add(x, branch, mid);
-  mlp_norm_->forward(mid, normed);
+  mlp_norm_->forward_add(x, branch, mid, normed);  // mid = x + branch, normed = norm2(mid)
   mlp_->forward(normed, branch);
   ops::add(mid, branch, y);
 }

@@ -21,6 +21,9 @@ class Norm {
   virtual ~Norm() = default;
   // x [T', C] -> y [T', C]; T' <= the planned rows (x is kept for backward).
   virtual void forward(const Tensor& x, const Tensor& y) = 0;
+  // sum = a + b (the residual step before a pre-norm branch), then forward(sum, y); one
+  // pass where the backend fuses them. sum is kept for backward like x.
+  virtual void forward_add(const Tensor& a, const Tensor& b, const Tensor& sum, const Tensor& y) = 0;
   // dx = (or +=) d/dx of the last forward; dx_copy (if defined) receives dx's final values
   // in its own dtype (the residual gradient's bf16 copy on the mixed path).
   virtual void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dx_copy = Tensor()) = 0;

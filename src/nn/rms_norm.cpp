@@ -19,6 +19,11 @@ class RmsNorm final : public Norm {
     ops::rms_norm_forward(x, weight_, eps_, y, rstd_.rows(0, x.size(0)));
   }
 
+  void forward_add(const Tensor& a, const Tensor& b, const Tensor& sum, const Tensor& y) override {
+    saved_x_ = sum;
+    ops::add_rms_norm_forward(a, b, weight_, eps_, sum, y, rstd_.rows(0, sum.size(0)));
+  }
+
   void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dx_copy) override {
     ops::rms_norm_backward(saved_x_, weight_, rstd_.rows(0, saved_x_.size(0)), dy, dx, weight_grad_,
                            accumulate_dx, dx_copy);

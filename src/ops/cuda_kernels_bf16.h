@@ -25,9 +25,11 @@ void cast_f32_to_bf16(const float* src, int64_t n, bf16_bits* dst);
 void cast_bf16_to_f32(const bf16_bits* src, int64_t n, float* dst);
 
 // RMSNorm with an fp32 gain: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) (fp32, [rows]).
-// x is fp32 (residual stream) or bf16 (per-head q/k norm); y is bf16.
+// x is fp32 (residual stream) or bf16; y is bf16. With b (bf16, a branch output; fp32 x
+// only) the input is x + b, also written to sum (fp32): the residual add fused in. No
+// output may alias an input.
 void rms_norm_forward_mixed(const void* x, DType x_dtype, const float* w, float eps, int64_t rows, int64_t cols,
-                            bf16_bits* y, float* rstd);
+                            bf16_bits* y, float* rstd, const bf16_bits* b = nullptr, float* sum = nullptr);
 // dy bf16; dx has x's dtype and is written (=) or accumulated (+=, the fp32 residual
 // gradient); dw (fp32, [cols]) is accumulated (+=) in a fixed order; dx_copy (null: none)
 // receives dx's final values in bf16.

@@ -34,11 +34,10 @@ using vec::store;
 constexpr const char* kOp = "qkv_prepare";
 constexpr int kBlockThreads = 256;
 constexpr int64_t kMaxHeadDim = 512;
-// Gain partials: one row of 2 * head_dim floats per block. Blocks take their rows one
-// group-row at a time, so more blocks keep more loads in flight; more partial rows make
-// the final sum longer. 4096 blocks (8 iterations each at the 0.6B shape) balance both.
-constexpr int64_t kGainBlocks = 4096;
-constexpr int64_t kGainScratchFloats = kGainBlocks * 2 * kMaxHeadDim;  // 16 MiB
+// Gain partials: one row of 2 * head_dim floats per block, whose groups take the block's
+// rows one at a time. 2048 blocks fill the GPU several times over (4096 measured slower).
+constexpr int64_t kGainBlocks = 2048;
+constexpr int64_t kGainScratchFloats = kGainBlocks * 2 * kMaxHeadDim;  // 8 MiB
 __device__ float g_gain_partials[kGainScratchFloats];  // [block][q gain cols | k gain cols]
 
 struct Geometry {
@@ -154,8 +153,10 @@ __device__ __forceinline__ int64_t slot(int64_t half, int p, int64_t i, int e) {
   return p * half + e * (half / W) + i;
 }
 
+// At most 64 registers (4 blocks per SM): uncapped, the compiler took 96 and fit only two,
+// too few loads in flight for a kernel that streams four arrays.
 template <typename T, int G, int W>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads, 4)
     backward_kernel(Geometry g, const T* __restrict__ qkv, const T* __restrict__ dq, const T* __restrict__ dk,
                     const T* __restrict__ dv, int64_t rows_per_block, T* __restrict__ dqkv, bool with_gain_grad) {
   constexpr int kRows = kBlockThreads / G;

@@ -51,6 +51,31 @@ void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor
   });
 }
 
+void add_rms_norm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, const Tensor& sum,
+                          const Tensor& y, const Tensor& rstd) {
+  const char* op = "add_rms_norm";
+  const bool fused = is_mixed(y) && a.dtype() == DType::f32 && b.dtype() == DType::bf16;
+  if (!fused) {
+    add(a, b, sum);
+    rms_norm_forward(sum, w, eps, y, rstd);
+    return;
+  }
+  KILN_OP_SCOPE(op, a);
+  validate(op, a, w, rstd, true);
+  expect_tensor(op, "b", b, a.shape(), DType::bf16, a.device());
+  expect_tensor(op, "sum", sum, a.shape(), DType::f32, a.device());
+  expect_tensor(op, "y", y, a.shape(), DType::bf16, a.device());
+  KILN_CHECK(sum.raw() != a.raw() && sum.raw() != b.raw(), op, "sum must not alias a or b");
+  KILN_CHECK(eps > 0, op, "eps must be positive, got {}", eps);
+#if KILN_WITH_CUDA
+  cuda::rms_norm_forward_mixed(a.raw(), DType::f32, w.defined() ? w.data<float>() : nullptr, static_cast<float>(eps),
+                               a.size(0), a.size(1), bf16_data(y), rstd.data<float>(), bf16_data(b),
+                               sum.data<float>());
+#else
+  no_cuda_kernel(op);
+#endif
+}
+
 void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                        const Tensor& dw, bool accumulate_dx, const Tensor& dx_copy) {
   const char* op = "rms_norm_backward";

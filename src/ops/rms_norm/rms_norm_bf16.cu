@@ -96,23 +96,41 @@ __device__ __forceinline__ float group_sum(float v) {
 
 // ---- kernels ------------------------------------------------------------------------------
 
+// The row's input: x, or with a branch b (the fused residual add) x + b, which is also
+// stored to `sum` by the first pass.
+template <int W, typename TX>
+__device__ __forceinline__ void load_input(const TX* xr, const bf16* br, int64_t at, float (&v)[W]) {
+  load<W>(xr + at, v);
+  if (br) {
+    float b[W];
+    load<W>(br + at, b);
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] += b[k];
+  }
+}
+
 // Blocks of kThreads * kRows = 256 threads, kRows rows per block, one group per row.
+// With b (fp32 x only): sum = x + b is normalized and written to `sum` (the fused
+// residual add of the pre-norm block).
 template <typename TX, int kThreads, int W>
 __global__ void __launch_bounds__(kBlockThreads)
-    forward_kernel(const TX* __restrict__ x, const float* __restrict__ w, float eps, int64_t rows, int64_t cols,
-                   bf16* __restrict__ y, float* __restrict__ rstd) {
+    forward_kernel(const TX* __restrict__ x, const bf16* __restrict__ b, float* __restrict__ sum,
+                   const float* __restrict__ w, float eps, int64_t rows, int64_t cols, bf16* __restrict__ y,
+                   float* __restrict__ rstd) {
   constexpr int kRows = kBlockThreads / kThreads;
   const int t = static_cast<int>(threadIdx.x % kThreads);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRows + threadIdx.x / kThreads;
   const bool valid = row < rows;  // groups past the last row still join the shuffles
   const int64_t vecs = valid ? cols / W : 0;
   const TX* xr = x + (valid ? row : 0) * cols;
+  const bf16* br = b ? b + (valid ? row : 0) * cols : nullptr;
   bf16* yr = y + (valid ? row : 0) * cols;
 
   float sum_sq = 0.0f;
   for (int64_t i = t; i < vecs; i += kThreads) {
     float v[W];
-    load<W>(xr + i * W, v);
+    load_input<W>(xr, br, i * W, v);
+    if (br) store<W>(sum + row * cols + i * W, v);
 #pragma unroll
     for (int k = 0; k < W; ++k) sum_sq += v[k] * v[k];
   }
@@ -122,7 +140,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
   for (int64_t i = t; i < vecs; i += kThreads) {
     float v[W], g[W], out[W];
-    load<W>(xr + i * W, v);
+    load_input<W>(xr, br, i * W, v);
     load_gain<W>(w, i * W, g);
 #pragma unroll
     for (int k = 0; k < W; ++k) out[k] = v[k] * inv * g[k];
@@ -276,15 +294,17 @@ void allow_shared_memory(Kernel kernel, size_t bytes) {
 }  // namespace
 
 void rms_norm_forward_mixed(const void* x, DType x_dtype, const float* w, float eps, int64_t rows, int64_t cols,
-                            bf16_bits* y, float* rstd) {
+                            bf16_bits* y, float* rstd, const bf16_bits* b, float* sum) {
   if (rows == 0) return;
-  const bool vec = cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(y);
+  KILN_CHECK(!b || (x_dtype == DType::f32 && sum), kOp, "the fused residual add takes fp32 x and a sum output");
+  const bool vec = cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(y) && aligned16(b) && aligned16(sum);
   dispatch(x_dtype, cols, vec, [&](auto tx, auto threads, auto width) {
     using TX = decltype(tx);
     constexpr int kThreads = decltype(threads)::value, W = decltype(width)::value;
     constexpr int kRows = kBlockThreads / kThreads;
     forward_kernel<TX, kThreads, W><<<grid_size((rows + kRows - 1) / kRows), kBlockThreads, 0, stream()>>>(
-        static_cast<const TX*>(x), w, eps, rows, cols, reinterpret_cast<bf16*>(y), rstd);
+        static_cast<const TX*>(x), reinterpret_cast<const bf16*>(b), sum, w, eps, rows, cols,
+        reinterpret_cast<bf16*>(y), rstd);
     check_launch(kOp, "forward_kernel");
   });
 }
