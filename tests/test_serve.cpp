@@ -13,11 +13,8 @@
 
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <filesystem>
-#include <sys/wait.h>
 #include <thread>
-#include <unistd.h>
 
 namespace kiln {
 namespace {
@@ -263,23 +260,8 @@ TEST_F(ServeTest, ConcurrentRequestsAreBatchedAndAnswerAsAlone) {
 TEST(ServeCli, StartsAnswersAndStopsOnSignal) {
   const std::string root = test::temp_dir("kiln-serve-cli");
   const std::string model = test::save_random_model(test::tiny_config(true, true, false), root + "/model");
-  const std::string port_file = root + "/port", log = root + "/log";
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    FILE* out = freopen(log.c_str(), "w", stdout);
-    (void)out;
-    dup2(fileno(stdout), 2);
-    execl(test::kiln_binary().c_str(), "kiln", "serve", model.c_str(), "--port", "0", "--port-file", port_file.c_str(),
-          "--threads", "1", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  int port = 0;
-  for (int i = 0; i < 200 && port == 0; ++i) {  // up to 10 s
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const std::string text = test::read_file(port_file);
-    if (!text.empty() && text.back() == '\n') port = std::stoi(text);
-  }
+  test::ServeProcess serve(model, {"--threads", "1"}, root);
+  const int port = serve.wait_for_port();
   if (port > 0) {
     httplib::Client c("127.0.0.1", port);
     c.set_connection_timeout(5, 0);
@@ -289,16 +271,9 @@ TEST(ServeCli, StartsAnswersAndStopsOnSignal) {
     EXPECT_EQ(res->status, 200) << res->body;
     EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 3);
   }
-  kill(pid, SIGTERM);
-  int status = -1;
-  for (int i = 0; i < 200; ++i) {  // up to 10 s, then kill it
-    if (waitpid(pid, &status, WNOHANG) == pid) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (i == 199) kill(pid, SIGKILL), waitpid(pid, &status, 0);
-  }
-  EXPECT_GT(port, 0) << test::read_file(log);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << test::read_file(log);
-  EXPECT_NE(test::read_file(log).find("stopped after"), std::string::npos) << test::read_file(log);
+  EXPECT_GT(port, 0) << serve.log();
+  EXPECT_EQ(serve.stop(), 0) << serve.log();
+  EXPECT_NE(serve.log().find("stopped after"), std::string::npos) << serve.log();
   fs::remove_all(root);
 }
 

@@ -1,12 +1,15 @@
 #include "test_util.h"
 
 #include <array>
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 
 namespace kiln::test {
@@ -56,6 +59,65 @@ int run_command(const std::string& command, std::string* output) {
   if (output) *output = text;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
+
+ServeProcess::ServeProcess(const std::string& model, const std::vector<std::string>& args, const std::string& dir)
+    : port_file_(dir + "/serve.port"), log_(dir + "/serve.log") {
+  std::vector<std::string> argv = {"kiln", "serve", model, "--port", "0", "--port-file", port_file_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const std::string binary = kiln_binary();
+  std::vector<char*> cargv;  // built before fork: the child only redirects and execs
+  for (std::string& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {  // the child: output to the log, then exec
+    FILE* out = freopen(log_.c_str(), "w", stdout);
+    (void)out;
+    dup2(fileno(stdout), 2);
+    execv(binary.c_str(), cargv.data());
+    _exit(127);
+  }
+  pid_ = pid;
+}
+
+ServeProcess::~ServeProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+int ServeProcess::wait_for_port(double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (pid_ > 0 && std::chrono::steady_clock::now() < deadline) {
+    const std::string text = read_file(port_file_);
+    if (!text.empty() && text.back() == '\n') return std::stoi(text);
+    if (waitpid(pid_, nullptr, WNOHANG) == pid_) {  // it exited before listening
+      pid_ = -1;
+      return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return 0;
+}
+
+int ServeProcess::stop() {
+  if (pid_ <= 0) return -1;
+  kill(pid_, SIGTERM);
+  int status = -1;
+  for (int i = 0; i < 200; ++i) {  // up to 10 s, then kill it
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+  return -1;
+}
+
+std::string ServeProcess::log() const { return read_file(log_); }
 
 std::string kiln_binary() {
   const char* env = std::getenv("KILN_BINARY");  // a staged binary (the GPU machine)

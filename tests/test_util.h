@@ -40,6 +40,26 @@ std::string error_of(Fn&& fn) {
 
 // Path of the built `kiln` binary.
 std::string kiln_binary();
+
+// `kiln serve MODEL ARGS...` as a child process on an ephemeral port (--port 0), its output
+// in a log file under `dir`. The destructor kills it if it still runs.
+class ServeProcess {
+ public:
+  ServeProcess(const std::string& model, const std::vector<std::string>& args, const std::string& dir);
+  ~ServeProcess();
+  ServeProcess(const ServeProcess&) = delete;
+  ServeProcess& operator=(const ServeProcess&) = delete;
+  // The port it listens on, waiting up to `seconds` for it to be published; 0 if never.
+  int wait_for_port(double seconds = 10);
+  // SIGTERM, then up to 10 s for it to exit (SIGKILL after that); the exit code, -1 if it
+  // did not exit by itself.
+  int stop();
+  std::string log() const;
+
+ private:
+  int pid_ = -1;
+  std::string port_file_, log_;
+};
 // The Python interpreter with the test oracles (tokenizers, safetensors, gguf), from
 // scripts/python_env.sh via CMake's KILN_PYTHON. Fails the calling test if not configured.
 std::string kiln_python();

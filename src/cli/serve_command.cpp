@@ -1,9 +1,11 @@
 // `kiln serve CHECKPOINT --port P`: the completions server (serve/server.h), loopback by
-// default. SIGINT/SIGTERM stop it cleanly.
+// default. SIGINT/SIGTERM stop it cleanly. On the GPU (--device, default auto) the decoder
+// is the bf16, graph-captured one that `kiln sample` uses.
 #include "cli/commands.h"
 #include "io/model_dir.h"
 #include "ops/parallel.h"
 #include "serve/server.h"
+#include "train/trainer.h"
 
 #include <fmt/format.h>
 
@@ -22,6 +24,7 @@ void add_serve_command(CLI::App& app) {
     int64_t slots = 8, max_rows = 256, threads = 0;
     bool no_bos = false;
     std::string port_file;
+    std::string device = "auto";
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "serve an OpenAI-compatible /v1/completions endpoint (for eval harnesses)");
@@ -42,11 +45,14 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-bos", o->no_bos, "do not put BOS before string prompts");
   cmd->add_option("--threads", o->threads, "CPU threads for the model (0 = all)")->capture_default_str();
+  cmd->add_option("--device", o->device, "auto (the GPU when there is one) | cpu | cuda")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->callback([o] {
     set_cpu_threads(o->threads);
     o->serve.limits.add_bos = !o->no_bos;
     const std::string dir = io::resolve_model_dir(o->model);
-    io::LoadedModel loaded = io::load_for_inference(dir, 1);
+    io::LoadedModel loaded = io::load_for_inference(dir, 1, resolve_device(o->device));
     DecoderOptions d;
     d.slots = o->slots;
     d.max_rows = std::max(o->max_rows, o->slots);
@@ -63,9 +69,9 @@ void add_serve_command(CLI::App& app) {
     serve::CompletionServer server(generator, *tokenizer, o->serve);
     const int port = server.bind();
     if (!o->port_file.empty()) std::ofstream(o->port_file) << port << "\n";
-    fmt::print("kiln serve: {} ({} layers, context {}) on http://{}:{} ({} slots, {:.1f} MB KV cache)\n", dir,
+    fmt::print("kiln serve: {} ({} layers, context {}) on http://{}:{} ({} slots, {:.1f} MB KV cache, {})\n", dir,
                loaded.config.model.layers, decoder.max_len(), o->serve.host, port, decoder.slots(),
-               static_cast<double>(decoder.cache().bytes()) / 1e6);
+               static_cast<double>(decoder.cache().bytes()) / 1e6, device_name(loaded.model->options().device));
     std::fflush(stdout);
     std::thread waiter([&] {
       int sig = 0;

@@ -5,8 +5,10 @@
 #include "test_util.h"
 #include "train/trainer.h"
 
+#include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -139,6 +141,41 @@ TEST_F(Training, SampleRunsOnTheGpu) {
     EXPECT_GE(output.size(), prompt.size() + 40) << output;
     std::printf("kiln sample --device %s: %s", device, output.c_str());
   }
+
+  // kiln serve on both devices: the prompt's echoed log-probabilities (the harnesses'
+  // loglikelihood request) agree within bf16 noise, and greedy generation answers.
+  std::vector<double> logprobs[2];
+  for (int d = 0; d < 2; ++d) {
+    const std::string device = d == 0 ? "cuda" : "cpu";
+    SCOPED_TRACE("serve --device " + device);
+    test::ServeProcess serve(dir + "/run/model", {"--device", device, "--threads", "4"}, dir);
+    const int port = serve.wait_for_port(60);
+    ASSERT_GT(port, 0) << serve.log();
+    EXPECT_NE(serve.log().find(", " + device + ")"), std::string::npos) << serve.log();
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(60, 0);
+    auto res = client.Post("/v1/completions",
+                           R"({"prompt": "ROMEO: What say you?", "max_tokens": 0, "echo": true, "logprobs": 1})",
+                           "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    for (const auto& v : nlohmann::json::parse(res->body)["choices"][0]["logprobs"]["token_logprobs"])
+      if (!v.is_null()) logprobs[d].push_back(v.get<double>());
+    res = client.Post("/v1/completions", R"({"prompt": "ROMEO:", "max_tokens": 16, "temperature": 0})",
+                      "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const int64_t generated = nlohmann::json::parse(res->body)["usage"]["completion_tokens"];
+    EXPECT_GE(generated, 1);
+    EXPECT_LE(generated, 16);
+    EXPECT_EQ(serve.stop(), 0) << serve.log();
+  }
+  ASSERT_EQ(logprobs[0].size(), logprobs[1].size());
+  ASSERT_GE(logprobs[0].size(), 15u);
+  double worst = 0;
+  for (size_t i = 0; i < logprobs[0].size(); ++i) worst = std::max(worst, std::fabs(logprobs[0][i] - logprobs[1][i]));
+  std::printf("kiln serve: echoed prompt log-probabilities, cuda vs cpu: worst difference %.3e nats\n", worst);
+  EXPECT_LT(worst, 0.2);
   std::filesystem::remove_all(dir);
 }
 
