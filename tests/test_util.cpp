@@ -64,6 +64,8 @@ ServeProcess::ServeProcess(const std::string& model, const std::vector<std::stri
     : port_file_(dir + "/serve.port"), log_(dir + "/serve.log") {
   std::vector<std::string> argv = {"kiln", "serve", model, "--port", "0", "--port-file", port_file_};
   argv.insert(argv.end(), args.begin(), args.end());
+  std::filesystem::remove(port_file_);  // a file left by an earlier server in `dir`
+  std::filesystem::remove(log_);
   const std::string binary = kiln_binary();
   std::vector<char*> cargv;  // built before fork: the child only redirects and execs
   for (std::string& a : argv) cargv.push_back(a.data());

@@ -49,6 +49,14 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->callback([o] {
+    // Signals go to one thread (blocked everywhere else). Blocked before anything starts a
+    // thread: the CUDA runtime and OpenMP start their own, which inherit this mask; a thread
+    // started earlier could take SIGTERM's default action and end the process uncleanly.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     set_cpu_threads(o->threads);
     o->serve.limits.add_bos = !o->no_bos;
     const std::string dir = io::resolve_model_dir(o->model);
@@ -60,12 +68,6 @@ void add_serve_command(CLI::App& app) {
     const auto tokenizer = io::model_tokenizer(dir);
     Generator generator(decoder, *tokenizer);
 
-    // Signals go to one thread (blocked everywhere else, including the server's threads).
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     serve::CompletionServer server(generator, *tokenizer, o->serve);
     const int port = server.bind();
     if (!o->port_file.empty()) std::ofstream(o->port_file) << port << "\n";
