@@ -83,16 +83,6 @@ __device__ __forceinline__ Head head_of(const Geometry& g, int64_t r) {
   return h;
 }
 
-template <int W>
-__device__ __forceinline__ void load_gain(const float* w, int64_t c, float (&v)[W]) {
-  if (w) {
-    load<W>(w + c, v);
-  } else {
-#pragma unroll
-    for (int k = 0; k < W; ++k) v[k] = 1.0f;
-  }
-}
-
 template <typename T, int G, int W>
 __global__ void __launch_bounds__(kBlockThreads)
     forward_kernel(Geometry g, const T* __restrict__ qkv, T* __restrict__ q, T* __restrict__ k, T* __restrict__ v) {
