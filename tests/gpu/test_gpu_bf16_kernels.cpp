@@ -363,7 +363,8 @@ TEST_F(Bf16Kernels, FusedAddRmsNormMatchesAddThenNorm) {
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 768}, {300, 1024}, {5, 1001}, {1, 64}}) {
     SCOPED_TRACE(fmt::format("rows={} cols={}", rows, cols));
     const size_t n = static_cast<size_t>(rows * cols);
-    const std::vector<float> x = random_f32(n, seed_of(rows, cols, 5), 2.0), w = random_f32(static_cast<size_t>(cols), 6);
+    const std::vector<float> x = random_f32(n, seed_of(rows, cols, 5), 2.0);
+    const std::vector<float> w = random_f32(static_cast<size_t>(cols), 6);
     const std::vector<uint16_t> b = random_bf16(n, seed_of(rows, cols, 7));
     OwnedTensor x_dev = upload(x), b_dev = upload(b), w_dev = upload(w);
     OwnedTensor sum_ref = poisoned<float>(n), y_ref = poisoned<uint16_t>(n), rstd_ref = poisoned<float>(static_cast<size_t>(rows));
@@ -371,8 +372,8 @@ TEST_F(Bf16Kernels, FusedAddRmsNormMatchesAddThenNorm) {
     cuda::rms_norm_forward_mixed(ptr<float>(sum_ref), DType::f32, ptr<float>(w_dev), kEps, rows, cols,
                                  ptr<uint16_t>(y_ref), ptr<float>(rstd_ref));
     OwnedTensor sum = poisoned<float>(n), y = poisoned<uint16_t>(n), rstd = poisoned<float>(static_cast<size_t>(rows));
-    cuda::rms_norm_forward_mixed(ptr<float>(x_dev), DType::f32, ptr<float>(w_dev), kEps, rows, cols, ptr<uint16_t>(y),
-                                 ptr<float>(rstd), ptr<uint16_t>(b_dev), ptr<float>(sum));
+    cuda::rms_norm_forward_mixed(ptr<float>(x_dev), DType::f32, ptr<float>(w_dev), kEps, rows, cols,
+                                 ptr<uint16_t>(y), ptr<float>(rstd), ptr<uint16_t>(b_dev), ptr<float>(sum));
     EXPECT_TRUE(download<float>(*sum) == download<float>(*sum_ref)) << "sum differs from add_f32_bf16";
     EXPECT_TRUE(download<uint16_t>(*y) == download<uint16_t>(*y_ref)) << "y differs from the unfused norm";
     EXPECT_TRUE(download<float>(*rstd) == download<float>(*rstd_ref)) << "rstd differs from the unfused norm";

@@ -55,7 +55,8 @@ OwnedTensor read_f32(const Tensor& dev) {
   OwnedTensor host = to_host(dev);
   if (dev.dtype() == DType::f32) return host;
   OwnedTensor out(DType::f32, Device::cpu, dev.shape());
-  for (int64_t i = 0; i < dev.numel(); ++i) out->data<float>()[i] = bf16_to_float(static_cast<const uint16_t*>(host->raw())[i]);
+  const auto* bits = static_cast<const uint16_t*>(host->raw());
+  for (int64_t i = 0; i < dev.numel(); ++i) out->data<float>()[i] = bf16_to_float(bits[i]);
   return out;
 }
 
@@ -83,7 +84,8 @@ TEST_P(QkvPrepareGpu, MatchesReferenceForwardAndBackward) {
   // around 1, tables of theta 10000, positions spread over the table.
   Values qkv(dtype, {n, cols}, seed, 1.5);
   Values q_gain(DType::f32, {d}, seed + 1, 0.3, 1.0), k_gain(DType::f32, {d}, seed + 2, 0.3, 1.0);
-  OwnedTensor cos32(DType::f32, Device::cpu, Shape{max_pos, d / 2}), sin32(DType::f32, Device::cpu, Shape{max_pos, d / 2});
+  const Shape table{max_pos, d / 2};
+  OwnedTensor cos32(DType::f32, Device::cpu, table), sin32(DType::f32, Device::cpu, table);
   ops::rope_fill_tables(ops::rope_inverse_frequencies(10000.0, d), *cos32, *sin32);
   OwnedTensor cos64 = to_f64(*cos32), sin64 = to_f64(*sin32), cos_gpu = to_device(*cos32), sin_gpu = to_device(*sin32);
   std::vector<int32_t> pos(static_cast<size_t>(n));
