@@ -34,50 +34,9 @@ import transformers
 from safetensors.numpy import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-BOS = 256
+from check_common import BOS, compare, held_out_documents, read_toml_model, run
+
 EXPECTED_CLASS = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-
-
-def fnv1a64(data: bytes) -> int:
-    h = 0xCBF29CE484222325
-    for b in data:
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
-def held_out_documents(path, val_fraction, min_bytes, count):
-    """kiln's validation documents of a text file (separator: blank line)."""
-    text = open(path, "rb").read()
-    threshold = round(val_fraction * 1_000_000)
-    docs = [d for d in text.split(b"\n\n") if d.strip()]
-    val = [d for d in docs if fnv1a64(d) % 1_000_000 < threshold]
-    return [d for d in val if len(d) >= min_bytes][:count], len(val), len(docs)
-
-
-def run(cmd):
-    t = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
-    return r.stdout, time.time() - t
-
-
-def read_toml_model(model_dir):
-    import tomllib
-    with open(f"{model_dir}/config.toml", "rb") as f:
-        return tomllib.load(f)
-
-
-def compare(kiln, hf):
-    """max |diff| / max |hf|, mean KL(kiln || hf) per position, top-1 agreement."""
-    kiln = kiln.astype(np.float64)
-    hf = hf.astype(np.float64)
-    rel = float(np.abs(kiln - hf).max() / np.abs(hf).max())
-    lk = kiln - np.log(np.exp(kiln - kiln.max(-1, keepdims=True)).sum(-1, keepdims=True)) - kiln.max(-1, keepdims=True)
-    lh = hf - np.log(np.exp(hf - hf.max(-1, keepdims=True)).sum(-1, keepdims=True)) - hf.max(-1, keepdims=True)
-    kl = float((np.exp(lk) * (lk - lh)).sum(-1).mean())
-    top1 = float((kiln.argmax(-1) == hf.argmax(-1)).mean())
-    return {"max_rel_err": rel, "mean_kl": max(kl, 0.0), "top1": top1}
 
 
 def hf_logits(model, ids, device):
