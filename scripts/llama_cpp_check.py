@@ -11,6 +11,9 @@ For each trained kiln model directory and GGUF type (f32, q8_0):
      agreement, and each side's next-token loss (perplexity = exp(loss)).
   4. For q8_0: llama.cpp's own quantizer (llama_model_quantize) applied to kiln's f32 export
      must give the same tensors, byte for byte, as kiln's q8_0 export.
+  5. The embedded tokenizer: llama.cpp's tokenize of the held-out documents and of a few
+     awkward UTF-8 strings gives kiln's ids (BOS, then the bytes), and detokenize gives the
+     bytes back.
 Writes OUT/llama_cpp.json and prints a table; exits 1 if an f32 export disagrees (rel err
 above 1e-4 or losses more than 1e-4 apart) or a q8_0 one is off (mean KL above 1e-3).
 
@@ -52,6 +55,22 @@ def llama_cpp_logits(gguf, ids, threads):
     meta = {k: llm.metadata[k] for k in ("general.architecture", "tokenizer.ggml.model") if k in llm.metadata}
     del llm
     return np.stack(rows), meta
+
+
+# Valid UTF-8 with what trips tokenizers: multi-byte characters, runs of whitespace, control
+# characters. (llama.cpp decodes its input as UTF-8 first: invalid bytes become U+FFFD there,
+# while kiln's byte tokenizer keeps them; detokenize returns any bytes.)
+AWKWARD_TEXT = ["café — naïve 日本語 🙂".encode(), b"  two  spaces\n\n\tand a tab\r\n", bytes(range(1, 128))]
+
+
+def tokenizer_matches(gguf, docs):
+    """llama.cpp's tokenizer from the GGUF gives kiln's byte ids and decodes them back."""
+    llm = Llama(model_path=gguf, vocab_only=True, verbose=False)
+    texts = list(docs) + AWKWARD_TEXT
+    ok = all(llm.tokenize(t, add_bos=True, special=False) == [BOS] + list(t) and llm.detokenize(list(t)) == t
+             for t in texts)
+    del llm
+    return ok, len(texts)
 
 
 def same_tensor_bytes(a_path, b_path):
@@ -102,6 +121,10 @@ def check_model(args, model_dir):
             r["pass"] = r["max_rel_err"] <= 1e-4 and abs(r["llama_cpp_loss"] - kiln_loss) <= 1e-4
         else:
             r["pass"] = r["mean_kl"] <= 1e-3
+        if gtype == "f32":
+            ok, count = tokenizer_matches(gguf, docs)
+            r["tokenizer_matches_kiln_ids"] = f"{count} texts: {ok}"
+            r["pass"] &= ok
         if gtype == "q8_0":
             f32 = f"{args.out}/{name}-f32.gguf"
             if not os.path.exists(f32):
@@ -133,7 +156,7 @@ def main():
         json.dump(report, f, indent=1)
     print(f"llama-cpp-python {report['llama_cpp_python']} ({report['date']})")
     print(f"{'model':<10} {'type':<5} {'rel err':>9} {'mean KL':>9} {'top1':>7} {'kiln loss':>10} "
-          f"{'llama.cpp loss':>14} {'arch':<7} {'bytes = llama.cpp quantize':<27} pass")
+          f"{'llama.cpp loss':>14} {'arch':<7} {'tokenizer = kiln ids':<20} {'bytes = llama.cpp quantize':<27} pass")
     failed = False
     for m in report["models"]:
         for gtype, r in m["types"].items():
@@ -141,6 +164,7 @@ def main():
             print(f"{m['model']:<10} {gtype:<5} {r['max_rel_err']:>9.2e} {r['mean_kl']:>9.2e} {r['top1']:>7.4f} "
                   f"{m['kiln_loss']:>10.5f} {r['llama_cpp_loss']:>14.5f} "
                   f"{r['metadata'].get('general.architecture', '?'):<7} "
+                  f"{r.get('tokenizer_matches_kiln_ids', '-'):<20} "
                   f"{r.get('same_bytes_as_llama_cpp_quantize', '-'):<27} {r['pass']}")
     sys.exit(1 if failed else 0)
 
