@@ -14,6 +14,7 @@
 //   lm_head_loss (scalar objective)                    e = 1e-4, tol 1e-6  (seen <= 2e-8)
 // f32 forward vs f64 forward on f32-representable inputs: |a32 - a64| <= 1e-5 max(|a64|, rms).
 #include "grad_check.h"
+#include "test_util.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/qkv_prepare.h"
 #include "ops/cross_entropy/lm_head_loss.h"
@@ -252,6 +253,16 @@ TEST(OpsGrad, RmsNorm) {
     OwnedTensor dx_acc = random_f64(Shape{rows, cols}, 34), dx_pre = copy_of(*dx_acc);
     ops::rms_norm_backward(*x, wt, *rstd, *r, *dx_acc, Tensor(), true);
     EXPECT_LT(max_abs_diff(minus(*dx_acc, *dx_pre), values_of(*dx)), 1e-12);
+
+    // dx_copy receives dx's final values (the residual gradient's copy the branches read);
+    // a copy of the wrong shape is refused by name.
+    OwnedTensor dx_again = random_f64(Shape{rows, cols}, 34), copy = nan_f64(Shape{rows, cols});
+    ops::rms_norm_backward(*x, wt, *rstd, *r, *dx_again, Tensor(), true, *copy);
+    EXPECT_EQ(max_abs_diff(values_of(*copy), values_of(*dx_again)), 0.0);
+    OwnedTensor short_copy = nan_f64(Shape{rows - 1, cols});
+    const std::string error = test::error_of(
+        [&] { ops::rms_norm_backward(*x, wt, *rstd, *r, *dx_again, Tensor(), true, *short_copy); });
+    EXPECT_NE(error.find("dx_copy"), std::string::npos) << error;
 
     // rstd is 1 / sqrt(mean(x^2) + eps).
     for (int64_t i = 0; i < rows; ++i) {

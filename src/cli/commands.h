@@ -4,7 +4,16 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 namespace kiln::cli {
+
+// --device auto|cpu|cuda of the inference commands (sample, serve): where the model runs.
+inline CLI::Option* add_device_option(CLI::App* cmd, std::string& device) {
+  return cmd->add_option("--device", device, "auto (the GPU when there is one) | cpu | cuda")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+}
 
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);

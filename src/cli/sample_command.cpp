@@ -53,9 +53,7 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--count", o->count, "samples per prompt")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--slots", o->slots, "sequences decoded at once")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all)")->capture_default_str();
-  cmd->add_option("--device", o->device, "auto (the GPU when there is one) | cpu | cuda")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  add_device_option(cmd, o->device);
   cmd->callback([o] {
     set_cpu_threads(o->threads);
     o->sampling.validate();

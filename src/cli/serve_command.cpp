@@ -45,9 +45,7 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-bos", o->no_bos, "do not put BOS before string prompts");
   cmd->add_option("--threads", o->threads, "CPU threads for the model (0 = all)")->capture_default_str();
-  cmd->add_option("--device", o->device, "auto (the GPU when there is one) | cpu | cuda")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  add_device_option(cmd, o->device);
   cmd->callback([o] {
     // Signals go to one thread (blocked everywhere else). Blocked before anything starts a
     // thread: the CUDA runtime and OpenMP start their own, which inherit this mask; a thread

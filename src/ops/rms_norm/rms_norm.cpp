@@ -86,23 +86,17 @@ void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, con
   expect_tensor(op, "dx", dx, x.shape(), x.dtype(), x.device());
   KILN_CHECK(!dw.defined() || w.defined(), op, "dw given for a norm without gain");
   if (dw.defined()) expect_tensor(op, "dw", dw, w.shape(), w.dtype(), w.device());
-  if (dx_copy.defined()) {
-    expect_shape(op, "dx_copy", dx_copy, x.shape());
-    KILN_CHECK(dx_copy.device() == x.device(), op, "dx_copy must be on {}, got {}", device_name(x.device()),
-               dx_copy.describe());
-  }
+  // The mixed path writes the copy in the same pass, so it must be bf16 there; elsewhere
+  // the copy is a conversion after the backward.
+  if (dx_copy.defined())
+    expect_tensor(op, "dx_copy", dx_copy, x.shape(), mixed ? DType::bf16 : dx_copy.dtype(), x.device());
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
-    if (mixed && (!dx_copy.defined() || dx_copy.dtype() == DType::bf16)) {
+    if (mixed) {
       cuda::rms_norm_backward_mixed(x.raw(), x.dtype(), w.defined() ? w.data<float>() : nullptr, rstd.data<float>(),
                                     bf16_data(dy), x.size(0), x.size(1), dx.raw(), accumulate_dx,
                                     dw.defined() ? dw.data<float>() : nullptr,
                                     dx_copy.defined() ? bf16_data(dx_copy) : nullptr);
-      return;
-    }
-    if (mixed) {  // a copy in another dtype: a second pass
-      rms_norm_backward(x, w, rstd, dy, dx, dw, accumulate_dx);
-      convert(dx, dx_copy);
       return;
     }
     expect_dtype(op, "x", x, DType::f32);
