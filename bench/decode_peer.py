@@ -98,7 +98,10 @@ def main():
     for batch in a.batch or [1, 8]:
         g = torch.Generator(device="cuda").manual_seed(batch)
         ids = torch.randint(0, c["vocab_size"], (batch, a.prompt), device="cuda", generator=g)
-        timed_generate(model, ids, min(16, a.tokens))  # warm-up (and compilation, if any)
+        # Warm-up. A compiled generate was seen (2026-11-30, H200) to keep compiling past a
+        # 16-token warm-up (its first timed batch-1 run: 44 ms per step, then 3.65), so with
+        # compilation on the warm-up is a whole run of --tokens.
+        timed_generate(model, ids, a.tokens if a.compile == "auto" else min(16, a.tokens))
         t1 = min(timed_generate(model, ids, 1)[0] for _ in range(3))
         tn, out = timed_generate(model, ids, a.tokens)
         step_ms = 1e3 * (tn - t1) / max(1, a.tokens - 1)

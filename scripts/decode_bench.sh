@@ -3,7 +3,8 @@
 # scripts/gpu_stage.sh; by default .gpu/kiln-gpu.tar.gz, or KILN_STAGE=<tarball or folder>):
 #   device run: carry [".gpu"], command "bash scripts/decode_bench.sh", timeout_s 300
 # Decode speed of the 0.6B shape in one run on one card: `kiln bench-decode` (bf16 decoder,
-# CUDA-graph steps, static KV cache; also timed without its fused kernels) and the
+# CUDA-graph steps, static KV cache; also timed with plain projections and without its fused
+# kernels) and the
 # transformers peer (bench/decode_peer.py:
 # generate with a static cache, eager unless PEER_COMPILE=auto), then one table last:
 #   batch | kiln ms/token | transformers ms/token | speedup | floor ms | kiln/floor
@@ -35,7 +36,7 @@ for b in $BATCHES; do batch_args+=(--batch "$b"); done
 JSON="$LOGS/decode.jsonl"
 rm -f "$JSON"
 status=0
-"$STAGE/bin/kiln" bench-decode "$CONFIG" "${batch_args[@]}" --prompt "$PROMPT" --tokens "$TOKENS" --ops --json "$JSON" \
+"$STAGE/bin/kiln" bench-decode "$CONFIG" "${batch_args[@]}" --prompt "$PROMPT" --tokens "$TOKENS" --ops --plain --json "$JSON" \
   2>&1 | tee "$LOGS/kiln.log" || status=1
 PYTHONUNBUFFERED=1 "$PEER_PYTHON" bench/decode_peer.py --config "$CONFIG" "${batch_args[@]}" --prompt "$PROMPT" \
   --tokens "$TOKENS" --compile "$PEER_COMPILE" >>"$JSON" 2> >(tee "$LOGS/peer.log" >&2) || status=1
@@ -43,13 +44,13 @@ PYTHONUNBUFFERED=1 "$PEER_PYTHON" bench/decode_peer.py --config "$CONFIG" "${bat
 echo
 "$PEER_PYTHON" - "$JSON" <<'PY' || status=1
 import json, sys
-kiln, ops, peer = {}, {}, {}
+kiln, ops, plain, peer = {}, {}, {}, {}
 for line in open(sys.argv[1]):
     r = json.loads(line)
     if r["who"] != "kiln":
         peer[r["batch"]] = r
     else:
-        (ops if r["variant"] == "ops" else kiln)[r["batch"]] = r
+        {"ops": ops, "plain": plain}.get(r["variant"], kiln)[r["batch"]] = r
 if peer:
     print("peer:", next(iter(peer.values()))["who"])
 if kiln:
@@ -66,6 +67,9 @@ for b in sorted(set(kiln) | set(peer)):
     fl = f"{k['floor_ms']:.3f}" if k else "-"
     xf = f"{k['x_floor']:.2f}" if k else "-"
     print(f"{b:>5} | {km:>13} | {pm:>21} | {sp:>7} | {fl:>8} | {xf:>10}")
+if plain:
+    print("kiln with plain projections (no fused decode projections): " +
+          ", ".join(f"batch {b} {r['ms_per_token']:.3f} ms ({r['x_floor']:.2f}x floor)" for b, r in sorted(plain.items())))
 if ops:
     print("kiln without the fused kernels (every op through its front end): " +
           ", ".join(f"batch {b} {r['ms_per_token']:.3f} ms ({r['x_floor']:.2f}x floor)" for b, r in sorted(ops.items())))

@@ -4,7 +4,8 @@
 // then --tokens greedy steps of B rows are timed, each as a caller sees it: upload of the
 // rows, the step, the argmax on the device and B ids back to the host. A first, shorter
 // pass does the same untimed (warm-up: graphs captured, cuBLASLt plans made). With --ops,
-// a second decoder without the fused kernels (DecoderOptions::fuse = false) is timed too;
+// a second decoder without the fused kernels (DecoderOptions::fuse = false) is timed too, with
+// --plain one whose projections go through linear_forward (DecoderOptions::gemv_rows = 0);
 // with --profile, each op's share of an (uncaptured) decode step is printed.
 //
 // Beside the time: the weight bytes one step reads (Decoder::weight_bytes), the device's
@@ -145,7 +146,8 @@ void add_bench_decode_command(CLI::App& app) {
     std::vector<std::string> overrides;
     std::vector<int64_t> batches;
     int64_t prompt = 128, tokens = 256, warmup = 16, copy_mib = 2048;
-    bool ops = false, profile = false;
+    int64_t gemv_rows = DecoderOptions{}.gemv_rows;
+    bool ops = false, plain = false, profile = false;
     std::string json;
   };
   auto o = std::make_shared<Options>();
@@ -163,6 +165,10 @@ void add_bench_decode_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--ops", o->ops, "also time the unfused step (each op through its front end; GPU)");
+  cmd->add_option("--gemv-rows", o->gemv_rows, "steps of up to this many rows run the fused decode projections (0-8)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 8));
+  cmd->add_flag("--plain", o->plain, "also time the fused step with plain projections (gemv rows 0; GPU)");
   cmd->add_flag("--profile", o->profile, "then time each op of 16 uncaptured decode steps per batch size");
   cmd->add_option("--json", o->json, "also append one JSON line per batch size to this file");
   cmd->callback([o] {
@@ -189,6 +195,7 @@ void add_bench_decode_command(CLI::App& app) {
     d.max_rows = 256;
     d.logit_rows = std::max<int64_t>(64, d.slots);
     d.graph_rows = std::max<int64_t>(16, d.slots);
+    d.gemv_rows = o->gemv_rows;
     auto decoder = std::make_unique<Decoder>(model, d);
 
     const double bandwidth = copy_bandwidth(device, static_cast<size_t>(o->copy_mib) << 20, 5);
@@ -257,6 +264,13 @@ void add_bench_decode_command(CLI::App& app) {
     bench(*decoder, device == Device::cuda ? "fused" : "ops");
     fmt::print("  {} step graph(s) captured; decoder memory {:.2f} GiB (cache, activations, bf16 weight copies)\n",
                decoder->graphs(), static_cast<double>(decoder->memory_bytes()) / 1073741824.0);
+    if (o->plain && device == Device::cuda) {  // the projections through linear_forward
+      decoder.reset();
+      DecoderOptions plain = d;
+      plain.gemv_rows = 0;
+      Decoder plain_decoder(model, plain);
+      bench(plain_decoder, "plain");
+    }
     if (o->ops && device == Device::cuda) {  // the reference step: every op through its front end
       decoder.reset();
       d.fuse = false;

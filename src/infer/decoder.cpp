@@ -60,6 +60,14 @@ Decoder::Decoder(const Model& model, const DecoderOptions& options)
   graph_rows_ = device_ == Device::cuda && capturable
                     ? std::max<int64_t>(0, std::min({options_.graph_rows, options_.max_rows, options_.logit_rows}))
                     : 0;
+  // The fused decode projections: bf16 weights, no q/k/v bias, every k within the kernel's limits.
+#if KILN_WITH_CUDA
+  if (fused_ && options_.gemv_rows > 0 && dtype_ == DType::bf16 && !m.attention_bias) {
+    gemv_rows_ = std::min<int64_t>({8, options_.gemv_rows, options_.max_rows});
+    for (int64_t k : {m.hidden, m.heads * m.head_dim, m.ffn_hidden})
+      if (!cuda::decode_gemv_fits(gemv_rows_, k)) gemv_rows_ = 0;
+  }
+#endif
   const DType dt = dtype_, wide = wide_;
   const int64_t r = options_.max_rows, d = m.hidden, hq = m.heads, hkv = m.kv_heads, hd = m.head_dim;
 
@@ -279,17 +287,17 @@ void Decoder::step(int64_t n, bool with_logits) {
 
 // The GPU step with the fused kernels: per block, the q/k/v epilogue and the two residual
 // adds (each with the RMSNorm after it: the MLP's, then the next block's or the final one)
-// are one kernel each instead of six and four op calls.
+// are one kernel each instead of six and four op calls. Steps of up to gemv_rows_ rows that
+// compute their logits (the captured decode steps) run step_gemv instead.
 void Decoder::step_fused([[maybe_unused]] int64_t n, [[maybe_unused]] bool with_logits) {
 #if KILN_WITH_CUDA
+  if (with_logits && n <= gemv_rows_) return step_gemv(n);
   const ModelConfig& m = config_;
-  const int64_t hq = m.heads, hkv = m.kv_heads, hd = m.head_dim, d = m.hidden;
+  const int64_t d = m.hidden;
   const auto eps = static_cast<float>(m.norm_eps);
-  const bool rope = m.position == "rope";
-  const Tensor tok = tokens_.rows(0, n), slot = slots_.rows(0, n), pos = positions_.rows(0, n);
+  const Tensor tok = tokens_.rows(0, n);
   const Tensor x = x_.rows(0, n), h = h_.rows(0, n), branch = branch_.rows(0, n), qkv = qkv_.rows(0, n);
-  const Tensor q = q_.rows(0, n), o = attn_.rows(0, n), gate_up = gate_up_.rows(0, n), act = act_.rows(0, n);
-  const ops::AttentionOptions attention_options;
+  const Tensor o = attn_.rows(0, n), gate_up = gate_up_.rows(0, n), act = act_.rows(0, n);
   auto gain = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
 
   ops::embedding_forward(tok, embed_, x);
@@ -303,18 +311,9 @@ void Decoder::step_fused([[maybe_unused]] int64_t n, [[maybe_unused]] bool with_
   add_norm(Tensor(), layers_[0]->attn_norm);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = *layers_[l];
-    const Tensor& k_cache = cache_->k(static_cast<int64_t>(l));
-    const Tensor& v_cache = cache_->v(static_cast<int64_t>(l));
     ops::linear_forward(h, L.qkv_w, L.qkv_b, qkv);
-    {
-      OpScope scope("qkv_to_cache (fused)", Device::cuda);
-      cuda::qkv_to_cache(dtype_, qkv.raw(), n, hq, hkv, hd, gain(L.q_norm), gain(L.k_norm), eps,
-                         rope ? cos_.data<float>() : nullptr, rope ? sin_.data<float>() : nullptr,
-                         slot.data<int32_t>(), pos.data<int32_t>(), options_.max_len, q.raw(), k_cache.raw(),
-                         v_cache.raw());
-    }
-    ops::cached_attention_forward(q, k_cache, v_cache, slot, pos, attention_options, o, attn_workspace_);
-    ops::linear_forward(o.view(Shape{n, hq * hd}), L.o_w, Tensor(), branch);
+    attend(l, n);
+    ops::linear_forward(o.view(Shape{n, m.heads * m.head_dim}), L.o_w, Tensor(), branch);
     add_norm(branch, L.mlp_norm);
     ops::linear_forward(h, L.gate_up_w, Tensor(), gate_up);
     ops::swiglu_forward(gate_up, act);
@@ -322,6 +321,65 @@ void Decoder::step_fused([[maybe_unused]] int64_t n, [[maybe_unused]] bool with_
     add_norm(branch, l + 1 < layers_.size() ? layers_[l + 1]->attn_norm : final_norm_);
   }
   if (with_logits) ops::lm_head_logits(h, head_, 0.0, logits_.rows(0, n));  // h = final hidden states
+#endif
+}
+
+// A block's attention after its q|k|v projection (qkv_): q/k norm, RoPE and the cache write
+// in one kernel, then attention over the cache into attn_.
+void Decoder::attend([[maybe_unused]] size_t l, [[maybe_unused]] int64_t n) {
+#if KILN_WITH_CUDA
+  const ModelConfig& m = config_;
+  const Layer& L = *layers_[l];
+  const bool rope = m.position == "rope";
+  const Tensor slot = slots_.rows(0, n), pos = positions_.rows(0, n), q = q_.rows(0, n);
+  const Tensor& k_cache = cache_->k(static_cast<int64_t>(l));
+  const Tensor& v_cache = cache_->v(static_cast<int64_t>(l));
+  auto gain = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
+  {
+    OpScope scope("qkv_to_cache (fused)", Device::cuda);
+    cuda::qkv_to_cache(dtype_, qkv_.raw(), n, m.heads, m.kv_heads, m.head_dim, gain(L.q_norm), gain(L.k_norm),
+                       static_cast<float>(m.norm_eps), rope ? cos_.data<float>() : nullptr,
+                       rope ? sin_.data<float>() : nullptr, slot.data<int32_t>(), pos.data<int32_t>(),
+                       options_.max_len, q.raw(), k_cache.raw(), v_cache.raw());
+  }
+  ops::cached_attention_forward(q, k_cache, v_cache, slot, pos, ops::AttentionOptions{}, attn_.rows(0, n),
+                                attn_workspace_);
+#endif
+}
+
+// A decode step on the fused projections (infer/decoder_cuda.h): per block, the q|k|v
+// projection reads the residual stream through the attention norm, the o and down
+// projections add into it, and the gate|up projection applies the MLP norm and SwiGLU;
+// the LM head reads it through the final norm. Five kernels per block.
+void Decoder::step_gemv([[maybe_unused]] int64_t n) {
+#if KILN_WITH_CUDA
+  const ModelConfig& m = config_;
+  const int64_t d = m.hidden, qkv_cols = (m.heads + 2 * m.kv_heads) * m.head_dim, attn_cols = m.heads * m.head_dim;
+  const auto eps = static_cast<float>(m.norm_eps);
+  float* x = x_.data<float>();
+  ops::embedding_forward(tokens_.rows(0, n), embed_, x_.rows(0, n));
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = *layers_[l];
+    {
+      OpScope scope("norm + qkv projection (fused)", Device::cuda);
+      cuda::norm_gemv(dtype_, x, L.attn_norm.data<float>(), eps, n, d, L.qkv_w.raw(), qkv_cols, qkv_.raw());
+    }
+    attend(l, n);
+    {
+      OpScope scope("o projection + residual (fused)", Device::cuda);
+      cuda::gemv_add_residual(attn_.raw(), n, attn_cols, L.o_w.raw(), d, x);
+    }
+    {
+      OpScope scope("norm + gate|up + swiglu (fused)", Device::cuda);
+      cuda::norm_gemv_swiglu(x, L.mlp_norm.data<float>(), eps, n, d, L.gate_up_w.raw(), m.ffn_hidden, act_.raw());
+    }
+    {
+      OpScope scope("down projection + residual (fused)", Device::cuda);
+      cuda::gemv_add_residual(act_.raw(), n, m.ffn_hidden, L.down_w.raw(), d, x);
+    }
+  }
+  OpScope scope("final norm + lm head (fused)", Device::cuda);
+  cuda::norm_gemv(DType::f32, x, final_norm_.data<float>(), eps, n, d, head_.raw(), m.vocab_size, logits_.raw());
 #endif
 }
 

@@ -55,6 +55,12 @@ struct DecoderOptions {
   // add + the next RMSNorm (infer/decoder_cuda.h); false runs the ops one by one, which
   // is what the fused kernels are checked against.
   bool fuse = true;
+  // With the fused kernels on the bf16 path, steps of at most this many rows (up to 8) that
+  // compute their logits (the captured decode steps) run the fused projections of
+  // infer/decoder_cuda.h (RMSNorm, residual adds and SwiGLU folded into skinny products); 0
+  // keeps every step on linear_forward and the separate kernels, what the fused projections
+  // are checked against. 4: measured on the H200 (docs/performance.md, decoding).
+  int64_t gemv_rows = 4;
 };
 
 class Decoder {
@@ -99,6 +105,8 @@ class Decoder {
   void check_rows(std::span<const int32_t> rows) const;
   void step(int64_t n, bool with_logits);
   void step_fused(int64_t n, bool with_logits);
+  void step_gemv(int64_t n);
+  void attend(size_t layer, int64_t n);
   Tensor compute_logits(std::span<const int32_t> rows);
 
   const Model& model_;
@@ -110,6 +118,7 @@ class Decoder {
   bool mixed_;         // dtype_ narrower than wide_ (bf16 on the GPU)
   bool fused_;         // the GPU's fused kernels (DecoderOptions::fuse)
   int64_t graph_rows_; // steps of at most this many rows are CUDA graphs (0 = none)
+  int64_t gemv_rows_ = 0;  // steps of at most this many rows with logits run step_gemv (0 = none)
   Arena arena_;
   std::vector<std::unique_ptr<OwnedTensor>> copies_;  // fused weights whose parts were not adjacent
   std::vector<std::pair<Tensor, Tensor*>> to_convert_;  // (master, its compute copy) until allocated

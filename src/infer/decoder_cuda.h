@@ -63,4 +63,27 @@ void qkv_to_cache(DType dtype, const void* qkv, int64_t n, int64_t hq, int64_t h
 void add_rms_norm(DType dtype, float* x, const void* branch, const float* gain, float eps, int64_t n, int64_t d,
                   void* y);
 
+// ---- the decode step's projections (infer/decode_gemv.cu) ----------------------------------
+// bf16 weights W [n, k] (row-major, 16-byte aligned), up to 8 rows; fp32 residual stream.
+// Each computes what the ops it replaces compute from the same inputs (the RMSNorm with
+// add_rms_norm's arithmetic; bf16 roundings where those ops store bf16), the products in
+// another summation order than cuBLASLt's. Enqueued on the stream.
+
+// Whether steps of m rows with reduction length k (hidden, heads x head_dim, ffn_hidden)
+// fit the kernel (m <= 8, k a multiple of 8, the rows within shared memory).
+bool decode_gemv_fits(int64_t m, int64_t k);
+
+// out [m, n] (f32 or bf16) = bf16(RMSNorm(x) * gain) W^T, x fp32 [m, k]: a block's q|k|v
+// projection or the LM head after the norm before it.
+void norm_gemv(DType out_dtype, const float* x, const float* gain, float eps, int64_t m, int64_t k, const void* w,
+               int64_t n, void* out);
+
+// x [m, n] += bf16(a W^T), a bf16 [m, k]: the o and down projections with the residual add.
+void gemv_add_residual(const void* a, int64_t m, int64_t k, const void* w, int64_t n, float* x);
+
+// act [m, f] (bf16) = silu(g) * u with g | u = bf16(RMSNorm(x) * gain) W^T, W [2f, k] the
+// gate rows then the up rows: the MLP's norm, gate|up projection and SwiGLU.
+void norm_gemv_swiglu(const float* x, const float* gain, float eps, int64_t m, int64_t k, const void* w, int64_t f,
+                      void* act);
+
 }  // namespace kiln::cuda

@@ -8,6 +8,7 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "ops/dependent_launch.cuh"
 
 #include <cuda_bf16.h>
 
@@ -53,6 +54,8 @@ __global__ void __launch_bounds__(32 * kWarps)
                         const int32_t* __restrict__ slots, const int32_t* __restrict__ positions, int64_t max_len,
                         T* __restrict__ q_out, T* __restrict__ kc, T* __restrict__ vc) {
   __shared__ float pairs[kWarps][kMaxHeadDim];
+  allow_dependents();
+  wait_for_producer();
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int64_t heads = hq + 2 * hkv;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
@@ -128,10 +131,10 @@ void launch_qkv(const void* qkv, int64_t n, int64_t hq, int64_t hkv, int64_t hd,
                 const float* k_gain, float eps, const float* cos, const float* sin, const int32_t* slots,
                 const int32_t* positions, int64_t max_len, void* q, void* k_cache, void* v_cache) {
   const int64_t items = n * (hq + 2 * hkv);
-  qkv_to_cache_kernel<T><<<static_cast<unsigned>((items + kWarps - 1) / kWarps), 32 * kWarps, 0, stream()>>>(
-      static_cast<const T*>(qkv), n, hq, hkv, hd, q_gain, k_gain, eps, cos, sin, slots, positions, max_len,
-      static_cast<T*>(q), static_cast<T*>(k_cache), static_cast<T*>(v_cache));
-  check_launch("decoder", "qkv_to_cache_kernel");
+  launch_dependent("decoder", "qkv_to_cache_kernel", qkv_to_cache_kernel<T>,
+                   dim3(static_cast<unsigned>((items + kWarps - 1) / kWarps)), dim3(32 * kWarps), 0,
+                   static_cast<const T*>(qkv), n, hq, hkv, hd, q_gain, k_gain, eps, cos, sin, slots, positions,
+                   max_len, static_cast<T*>(q), static_cast<T*>(k_cache), static_cast<T*>(v_cache));
 }
 
 template <typename T>

@@ -24,11 +24,19 @@
 //   dw (fp32)                        1e-4       fp32 column sums; floor from |dw0| + sum |terms|
 //   row_stats (f64 from fp32 lse)    1e-5       fp32 logsumexp (__expf: ~2 ulp near the max);
 //                                               loss judged against |lse| + |target logit|
+//   decode projections (the decoder's fused norm/residual/SwiGLU products, <= 8 rows):
+//     norm_gemv f32                  2e-4       fp32 dot over staged bf16 rows; floor sum |terms|
+//                                               (a staged value may round the other way from the
+//                                               host's replica of the norm: 2^-8 of one term)
+//     norm_gemv bf16, residual add   1e-2       one bf16 rounding; floor sum |terms| (+ |x0|)
+//     swiglu                         2e-2       bf16 gate, up and output: three roundings;
+//                                               floor |g u| + 1e-3 (terms_g |u| + terms_u |g|)
 #include "core/device_memory.h"
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "gpu/gpu_harness.h"
+#include "infer/decoder_cuda.h"
 #include "ops/cuda_kernels.h"
 #include "ops/cuda_kernels_bf16.h"
 
@@ -803,7 +811,7 @@ TEST_F(Bf16Kernels, SkinnyGemmMatchesReference) {
   const std::vector<uint16_t> b = random_bf16(static_cast<size_t>(n * k), 7001);
   const std::vector<float> bv = bf16_values(b);
   OwnedTensor b_dev = upload(b);
-  for (int64_t m : {1, 2, 5, 8, 9}) {
+  for (int64_t m : {1, 2, 3, 4, 5, 8, 9}) {
     for (bool f32_out : {true, false}) {
       for (float beta : {0.0f, 1.0f}) {
         SCOPED_TRACE(fmt::format("m={} {} beta={}", m, f32_out ? "f32" : "bf16", beta));
@@ -836,6 +844,96 @@ TEST_F(Bf16Kernels, SkinnyGemmMatchesReference) {
         }
       }
     }
+  }
+}
+
+// The decoder's fused projections (infer/decoder_cuda.h) on awkward shapes: one to eight
+// rows (instantiations of 1, 2, 4 and 8), k of 64 (lanes idle), 1032 (k split unevenly
+// over warps) and 4096 (64 KiB of staged rows at 8 rows, past the default shared-memory
+// limit), column counts that leave partial tiles, few columns (k split over all 8 warps).
+// The reference stages RMSNorm(x) * gain as bf16 on the host and sums in fp64.
+TEST_F(Bf16Kernels, DecodeProjectionsMatchReference) {
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (const Case cs : {Case{1, 1000, 1032}, Case{3, 40, 4096}, Case{8, 259, 64}, Case{5, 1000, 1032},
+                        Case{8, 300, 4096}, Case{2, 7, 1032}}) {
+    const int64_t m = cs.m, n = cs.n, k = cs.k;
+    SCOPED_TRACE(fmt::format("m={} n={} k={}", m, n, k));
+    const uint64_t seed = 9000 + static_cast<uint64_t>(m * 7 + n + k);
+    const std::vector<float> x = random_f32(static_cast<size_t>(m * k), seed, 2.0);
+    std::vector<float> gain = random_f32(static_cast<size_t>(k), seed + 1, 0.1);
+    for (float& g : gain) g += 1.0f;
+    const std::vector<uint16_t> w = random_bf16(static_cast<size_t>(2 * n * k), seed + 2);  // [2n, k]: gate | up
+    const std::vector<float> wv = bf16_values(w);
+    // Host replica of the staged rows: bf16(x * inv * gain).
+    std::vector<float> h(static_cast<size_t>(m * k));
+    for (int64_t r = 0; r < m; ++r) {
+      double ss = 0;
+      for (int64_t c = 0; c < k; ++c) ss += static_cast<double>(x[r * k + c]) * x[r * k + c];
+      const auto inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(k) + kEps));
+      for (int64_t c = 0; c < k; ++c)
+        h[r * k + c] = bf16_to_float(float_to_bf16(x[r * k + c] * inv * gain[c]));
+    }
+    // sums[r][j] and sum |terms| of the staged rows against W row j (j < 2n).
+    auto dots = [&](const std::vector<float>& rows, std::vector<double>& sums, std::vector<double>& terms) {
+      sums.assign(static_cast<size_t>(m * 2 * n), 0.0);
+      terms.assign(sums.size(), 0.0);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < 2 * n; ++j)
+          for (int64_t c = 0; c < k; ++c) {
+            const double t = static_cast<double>(rows[r * k + c]) * wv[j * k + c];
+            sums[r * 2 * n + j] += t, terms[r * 2 * n + j] += std::fabs(t);
+          }
+    };
+    std::vector<double> sums, terms;
+    dots(h, sums, terms);
+    auto first_n = [&](const std::vector<double>& v) {  // columns 0..n-1 of [m, 2n]
+      std::vector<double> out(static_cast<size_t>(m * n));
+      for (int64_t r = 0; r < m; ++r) std::copy_n(v.begin() + r * 2 * n, n, out.begin() + r * n);
+      return out;
+    };
+    const std::vector<double> ref = first_n(sums), floors = first_n(terms);
+    OwnedTensor x_dev = upload(x), gain_dev = upload(gain), w_dev = upload(w);
+
+    OwnedTensor f32_out = poisoned<float>(static_cast<size_t>(m * n));
+    cuda::norm_gemv(DType::f32, ptr<float>(x_dev), ptr<float>(gain_dev), kEps, m, k, ptr<uint16_t>(w_dev), n,
+                    ptr<float>(f32_out));
+    const std::vector<float> first = download<float>(*f32_out);
+    expect_values_close("norm_gemv f32", first, ref, 2e-4, 0, &floors);
+    cuda::norm_gemv(DType::f32, ptr<float>(x_dev), ptr<float>(gain_dev), kEps, m, k, ptr<uint16_t>(w_dev), n,
+                    ptr<float>(f32_out));
+    EXPECT_EQ(std::memcmp(first.data(), download<float>(*f32_out).data(), first.size() * sizeof(float)), 0)
+        << "norm_gemv is not bitwise repeatable";
+
+    OwnedTensor bf16_out = poisoned<uint16_t>(static_cast<size_t>(m * n));
+    cuda::norm_gemv(DType::bf16, ptr<float>(x_dev), ptr<float>(gain_dev), kEps, m, k, ptr<uint16_t>(w_dev), n,
+                    ptr<uint16_t>(bf16_out));
+    expect_bf16_close("norm_gemv bf16", download<uint16_t>(*bf16_out), ref, kBf16Tol, 0, &floors);
+
+    // x0 [m, n] += bf16(a W^T), a bf16 rows (the attention output or SwiGLU activation).
+    const std::vector<uint16_t> a = to_bf16(h);
+    const std::vector<float> x0 = random_f32(static_cast<size_t>(m * n), seed + 3);
+    OwnedTensor a_dev = upload(a), residual = upload(x0);
+    cuda::gemv_add_residual(ptr<uint16_t>(a_dev), m, k, ptr<uint16_t>(w_dev), n, ptr<float>(residual));
+    std::vector<double> added(ref.size()), added_floors(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) added[i] = x0[i] + ref[i], added_floors[i] = std::fabs(x0[i]) + floors[i];
+    expect_values_close("gemv_add_residual", download<float>(*residual), added, kBf16Tol, 0, &added_floors);
+
+    // SwiGLU of gate | up: W rows j and n + j.
+    OwnedTensor act = poisoned<uint16_t>(static_cast<size_t>(m * n));
+    cuda::norm_gemv_swiglu(ptr<float>(x_dev), ptr<float>(gain_dev), kEps, m, k, ptr<uint16_t>(w_dev), n,
+                           ptr<uint16_t>(act));
+    std::vector<double> act_ref(ref.size()), act_floors(ref.size());
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) {
+        const size_t gi = static_cast<size_t>(r * 2 * n + j), ui = gi + static_cast<size_t>(n);
+        const double g = sums[gi], u = sums[ui];
+        act_ref[static_cast<size_t>(r * n + j)] = g / (1.0 + std::exp(-g)) * u;
+        act_floors[static_cast<size_t>(r * n + j)] =
+            std::fabs(g * u) + 1e-3 * (terms[gi] * std::fabs(u) + terms[ui] * std::fabs(g));
+      }
+    expect_bf16_close("norm_gemv_swiglu", download<uint16_t>(*act), act_ref, 2e-2, 0, &act_floors);
   }
 }
 

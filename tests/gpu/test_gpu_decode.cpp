@@ -11,13 +11,15 @@
 //                                                fp32 math (measured 3.9e-3)
 // over awkward shapes: head_dim 16/80/128/256, groups of 1, 2 and 6 query heads (6 spans
 // two head tiles), rows of one slot at several positions and of several slots, sliding
-// window and softcap, with the split workspace (several blocks per row, merged) and without.
+// window and softcap, with the split workspace (several blocks per row, merged) and without;
+// head_dim 128 and 256 take the one-warp kernel, 16 and 80 the per-dimension one.
 //
 // Decoder (infer/decoder.h) on the GPU against the CPU fp32 decoder with the same weights,
 // teacher-forced with the CPU's greedy tokens: 3 prompts prefilled in chunks of <= 5 rows,
 // then 8 decode steps of 3 rows (CUDA graphs: graph_rows 4, so 5-row chunks run uncaptured
-// and the 2-row tail and every decode step are captured), with the fused kernels and
-// without (the ops one by one).
+// and the 2-row tail and every decode step are captured), with the fused kernels (bf16:
+// captured steps on the fused decode projections, and on cuBLASLt) and without (the ops
+// one by one).
 //   CUDA f32 decoder logits          1e-4 of the largest |logit| (fp32 GEMMs, other order;
 //                                    H200: 1.9e-6)
 //   CUDA bf16 decoder logits         5e-2 of the largest |logit| (bf16 weights and
@@ -328,7 +330,7 @@ void compare_decoders(Decoder& cpu, Decoder& gpu, double tolerance, DecodeReport
 
 class DecoderGpu : public GpuTest {};
 
-void check_gpu_decoder(DType dtype, bool fuse, double tolerance) {
+void check_gpu_decoder(DType dtype, bool fuse, double tolerance, bool decode_gemv = true) {
   const ModelConfig config = tiny_config();
   auto cpu_model = make_model(config, Device::cpu);
   auto gpu_model = make_model(config, Device::cuda);
@@ -341,6 +343,7 @@ void check_gpu_decoder(DType dtype, bool fuse, double tolerance) {
   Decoder cpu(*cpu_model, d);
   d.cuda_dtype = dtype;
   d.fuse = fuse;
+  d.gemv_rows = decode_gemv ? 8 : 0;
   Decoder gpu(*gpu_model, d);
   EXPECT_EQ(gpu.dtype(), dtype);
   DecodeReport report;
@@ -349,7 +352,8 @@ void check_gpu_decoder(DType dtype, bool fuse, double tolerance) {
   // Graphs for the 2-row prefill tail and the 3-row decode steps; none on the unfused fp32
   // path (its RMSNorm launches on the legacy stream, which a capture cannot hold).
   EXPECT_EQ(gpu.graphs(), dtype == DType::f32 && !fuse ? 0u : 2u);
-  const std::string name = fmt::format("decoder_{}{}", dtype == DType::bf16 ? "bf16" : "f32", fuse ? "" : "_ops");
+  const std::string name = fmt::format("decoder_{}{}{}", dtype == DType::bf16 ? "bf16" : "f32", fuse ? "" : "_ops",
+                                       fuse && !decode_gemv ? "_cublas" : "");
   ::testing::Test::RecordProperty(name + "_logits_max_rel_err", fmt::format("{:.3e}", report.worst));
   ::testing::Test::RecordProperty(name + "_greedy_agreement", fmt::format("{}/{}", report.agree, report.rows));
   std::printf("%s: %d logits rows, worst scaled error %.2e, greedy agreement %d/%d, %zu graphs\n", name.c_str(),
@@ -361,8 +365,11 @@ TEST_F(DecoderGpu, F32MatchesCpuDecoder) {
   check_gpu_decoder(DType::f32, false, 1e-4);
 }
 
+// bf16 with the fused kernels: the captured steps (2 and 3 rows) on the fused decode
+// projections, and again through linear_forward (gemv_rows = 0).
 TEST_F(DecoderGpu, Bf16GraphsMatchCpuDecoder) {
   check_gpu_decoder(DType::bf16, true, 5e-2);
+  check_gpu_decoder(DType::bf16, true, 5e-2, false);
   check_gpu_decoder(DType::bf16, false, 5e-2);
 }
 

@@ -158,7 +158,10 @@ TEST_F(Training, SampleRunsOnTheGpu) {
                            "application/json");
     ASSERT_TRUE(res);
     ASSERT_EQ(res->status, 200) << res->body;
-    for (const auto& v : nlohmann::json::parse(res->body)["choices"][0]["logprobs"]["token_logprobs"])
+    // Parsed into a named value: a range-for over a member of parse()'s temporary would
+    // iterate a destroyed object (C++20 extends only the outermost temporary's lifetime).
+    const nlohmann::json echoed = nlohmann::json::parse(res->body);
+    for (const auto& v : echoed["choices"][0]["logprobs"]["token_logprobs"])
       if (!v.is_null()) logprobs[d].push_back(v.get<double>());
     res = client.Post("/v1/completions", R"({"prompt": "ROMEO:", "max_tokens": 16, "temperature": 0})",
                       "application/json");

@@ -3,10 +3,13 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "ops/bf16_vector.cuh"
+#include "ops/dependent_launch.cuh"
 
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <type_traits>
 
 namespace kiln::cuda {
 
@@ -202,17 +205,230 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One block per (row, query head): the splits' partial results merged in split order.
+// ---- attention, one warp per block (head_dim 64, 128 or 256) --------------------------------
+
+// N consecutive elements (N = 2, 4 or 8; aligned to N elements) as fp32.
+template <int N, typename T>
+__device__ __forceinline__ void load_n(const T* p, float (&v)[N]) {
+  if constexpr (N == 8) {
+    vec::load8(p, v);
+  } else if constexpr (std::is_same_v<T, float>) {
+    if constexpr (N == 4) {
+      const float4 f = *reinterpret_cast<const float4*>(p);
+      v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else {
+      const float2 f = *reinterpret_cast<const float2*>(p);
+      v[0] = f.x, v[1] = f.y;
+    }
+  } else {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(p);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+__device__ __forceinline__ float warp_add(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// The same work items, splits and outputs as cached_attention_kernel, with one warp per
+// block that takes its positions 32 at a time: lane l scores position j0 + l against the
+// tile's query heads (q staged in shared memory, read as broadcasts), the warp folds the
+// 32 scores into its online softmax, then accumulates P V with lane l owning dims
+// [l DPL, (l + 1) DPL). Each lane's dot product runs over whole K rows in registers, so a
+// round costs a few hundred instructions where the per-dimension layout spends thousands
+// on cross-lane sums; at decode sizes the kernel is bound by that instruction latency.
+template <typename T, int DPL>
+__global__ void __launch_bounds__(32)
+    warp_attention_kernel(CachedAttentionArgs a, int64_t tiles, int64_t splits, const T* __restrict__ q,
+                          const T* __restrict__ kc, const T* __restrict__ vc, T* __restrict__ out,
+                          float* __restrict__ ws) {
+  constexpr int D = 32 * DPL;
+  __shared__ __align__(16) float qs[kTile][D];
+  __shared__ float ps[kTile][32];
+  allow_dependents();
+  wait_for_producer();
+  const int lane = static_cast<int>(threadIdx.x);
+  const int64_t split = blockIdx.y;
+  int64_t b = blockIdx.x;
+  const int64_t tile = b % tiles;
+  b /= tiles;
+  const int64_t g = b % a.kv_heads, row = b / a.kv_heads;
+  const int64_t group = a.q_heads / a.kv_heads;
+  const int64_t h0 = g * group + tile * kTile;
+  const int nh = static_cast<int>(min(static_cast<int64_t>(kTile), group - tile * kTile));
+
+  const int64_t p = a.positions[row];
+  const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), p - a.window + 1) : 0;
+  const int64_t span = p + 1 - first;
+  const int64_t chunk = max(kMinSplitLen, (span + splits - 1) / splits);
+  const int64_t begin = first + split * chunk, end = min(p + 1, begin + chunk);
+  float* partial = ws + ((row * a.q_heads + h0) * splits + split) * (D + 2);
+  if (begin >= end) {
+    if (lane < nh) partial[lane * splits * (D + 2)] = -INFINITY, partial[lane * splits * (D + 2) + 1] = 0.0f;
+    return;
+  }
+  const int64_t stride = a.kv_heads * D;
+  const int64_t base = (static_cast<int64_t>(a.slots[row]) * a.max_len * a.kv_heads + g) * D;
+  const T* kbase = kc + base;
+  const T* vbase = vc + base;
+
+#pragma unroll
+  for (int t = 0; t < kTile; ++t) {
+    float v[DPL] = {};
+    if (t < nh) load_n<DPL>(q + (row * a.q_heads + h0 + t) * D + lane * DPL, v);
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) qs[t][lane * DPL + e] = v[e];
+  }
+  __syncwarp();
+
+  float m[kTile], l[kTile], acc[kTile][DPL];
+#pragma unroll
+  for (int t = 0; t < kTile; ++t) {
+    m[t] = -INFINITY, l[t] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) acc[t][e] = 0.0f;
+  }
+  // V rows in batches of kBatch positions, each batch's loads issued together; the first
+  // batch of a round goes out with the K rows, before any score is computed.
+  constexpr int kBatch = 64 / DPL;                     // V registers per lane: 64
+  constexpr int kPerVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte load
+  constexpr int kVecs = D / kPerVec, kChunkVecs = kVecs < 16 ? kVecs : 16;
+  auto load_v = [&](const T* vrow, int from, int count, float (&vf)[kBatch][DPL]) {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (from + i < count) {
+        load_n<DPL>(vrow + (from + i) * stride, vf[i]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) vf[i][e] = 0.0f;
+      }
+    }
+  };
+  auto accumulate = [&](int from, int count, const float (&vf)[kBatch][DPL]) {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (from + i >= count) break;
+#pragma unroll
+      for (int t = 0; t < kTile; ++t) {
+        if (t >= nh) break;
+        const float pj = ps[t][from + i];
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) acc[t][e] = fmaf(pj, vf[i][e], acc[t][e]);
+      }
+    }
+  };
+  for (int64_t j0 = begin; j0 < end; j0 += 32) {
+    const int64_t j = j0 + lane;
+    const bool valid = j < end;
+    const int count = static_cast<int>(min(static_cast<int64_t>(32), end - j0));
+    const T* vrow = vbase + j0 * stride + lane * DPL;
+    const T* krow = kbase + (valid ? j : j0) * stride;  // a lane past the end reads a valid row, unused
+    // K row j in chunks of up to 16 16-byte loads, all in flight together (the first with
+    // the first batch of V rows).
+    float sc[kTile] = {};
+    float vf[kBatch][DPL];
+#pragma unroll
+    for (int c = 0; c < kVecs; c += kChunkVecs) {
+      uint4 raw[kChunkVecs];
+#pragma unroll
+      for (int i = 0; i < kChunkVecs; ++i) raw[i] = reinterpret_cast<const uint4*>(krow)[c + i];
+      if (c == 0) load_v(vrow, 0, count, vf);
+#pragma unroll
+      for (int i = 0; i < kChunkVecs; ++i) {
+        float kf[kPerVec];
+        if constexpr (std::is_same_v<T, float>) {
+          kf[0] = __uint_as_float(raw[i].x), kf[1] = __uint_as_float(raw[i].y);
+          kf[2] = __uint_as_float(raw[i].z), kf[3] = __uint_as_float(raw[i].w);
+        } else {
+          const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[i]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 f = __bfloat1622float2(h[e]);
+            kf[2 * e] = f.x, kf[2 * e + 1] = f.y;
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < kTile; ++t) {
+          if (t >= nh) break;
+#pragma unroll
+          for (int e = 0; e < kPerVec; e += 4) {
+            const float4 qv = *reinterpret_cast<const float4*>(&qs[t][(c + i) * kPerVec + e]);
+            sc[t] = fmaf(qv.x, kf[e], sc[t]), sc[t] = fmaf(qv.y, kf[e + 1], sc[t]);
+            sc[t] = fmaf(qv.z, kf[e + 2], sc[t]), sc[t] = fmaf(qv.w, kf[e + 3], sc[t]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kTile; ++t) {
+      if (t >= nh) break;
+      float x = sc[t] * a.scale;
+      if (a.softcap > 0.0f) x = tanhf(x / a.softcap) * a.softcap;
+      x = valid ? x : -INFINITY;
+      const float mx = fmaxf(m[t], warp_max(x));  // finite: position j0 is valid
+      const float correction = expf(m[t] - mx);    // 0 while m is still -inf
+      const float pj = expf(x - mx);
+      l[t] = l[t] * correction + warp_add(pj);
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) acc[t][e] *= correction;
+      ps[t][lane] = pj;
+      m[t] = mx;
+    }
+    __syncwarp();
+    accumulate(0, count, vf);
+    for (int from = kBatch; from < count; from += kBatch) {
+      load_v(vrow, from, count, vf);
+      accumulate(from, count, vf);
+    }
+    __syncwarp();  // ps is rewritten by the next round
+  }
+
+#pragma unroll
+  for (int t = 0; t < kTile; ++t) {
+    if (t >= nh) break;
+    if (splits == 1) {
+      T* dst = out + (row * a.q_heads + h0 + t) * D + lane * DPL;
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) from_f32(acc[t][e] / l[t], dst + e);
+    } else {
+      float* dst = partial + t * splits * (D + 2);
+      if (lane == 0) dst[0] = m[t], dst[1] = l[t];
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) dst[2 + lane * DPL + e] = acc[t][e];
+    }
+  }
+}
+
+// One block per (row, query head): the splits' partial results merged in split order. Only
+// the splits that saw positions are read (the rest are empty by construction: a short
+// context in a cache sized for long ones leaves most of them so).
 template <typename T>
-__global__ void merge_splits_kernel(int64_t d, int64_t splits, const float* __restrict__ ws, T* __restrict__ out) {
-  const int64_t item = blockIdx.x;
+__global__ void merge_splits_kernel(CachedAttentionArgs a, int64_t splits, const float* __restrict__ ws,
+                                    T* __restrict__ out) {
+  allow_dependents();
+  wait_for_producer();
+  const int64_t item = blockIdx.x, d = a.head_dim;
   const int64_t width = d + 2;
   const float* base = ws + item * splits * width;
+  const int64_t p = a.positions[item / a.q_heads];
+  const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), p - a.window + 1) : 0;
+  const int64_t span = p + 1 - first;
+  const int64_t chunk = max(kMinSplitLen, (span + splits - 1) / splits);  // as cached_attention_kernel
+  const int64_t used = min(splits, (span + chunk - 1) / chunk);
   float mx = -INFINITY;
-  for (int64_t s = 0; s < splits; ++s) mx = fmaxf(mx, base[s * width]);
+  for (int64_t s = 0; s < used; ++s) mx = fmaxf(mx, base[s * width]);
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
     float sum = 0.0f, x = 0.0f;
-    for (int64_t s = 0; s < splits; ++s) {
+    for (int64_t s = 0; s < used; ++s) {
       const float* part = base + s * width;
       if (part[0] == -INFINITY) continue;  // an empty split
       const float f = expf(part[0] - mx);
@@ -223,20 +439,33 @@ __global__ void merge_splits_kernel(int64_t d, int64_t splits, const float* __re
   }
 }
 
+// Head dims of 32 per lane times 2, 4 or 8 take the one-warp kernel (its loads need the
+// caches, q and out 16-byte aligned, as the decoder's are); others the per-dimension one.
 template <typename T, int P>
 void launch_attention(const CachedAttentionArgs& a, int64_t splits, const void* q, const void* kc, const void* vc,
                       void* out, float* ws) {
   const int64_t tiles = (a.q_heads / a.kv_heads + kTile - 1) / kTile;
   const dim3 grid(static_cast<unsigned>(a.rows * a.kv_heads * tiles), static_cast<unsigned>(splits));
-  const size_t smem = sizeof(float) * kWarps * kTile * static_cast<size_t>(a.head_dim + 2);
-  cached_attention_kernel<T, P><<<grid, kThreads, smem, stream()>>>(
-      a, tiles, splits, static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc),
-      static_cast<T*>(out), ws);
-  check_launch("cached_attention", "cached_attention_kernel");
+  const bool warp_kernel = (P == 2 || P == 4 || P == 8) && a.head_dim == 32 * P && aligned(q, 16) &&
+                           aligned(kc, 16) && aligned(vc, 16) && aligned(out, 16);
+  if constexpr (P == 2 || P == 4 || P == 8) {
+    if (warp_kernel) {
+      launch_dependent("cached_attention", "warp_attention_kernel", warp_attention_kernel<T, P>, grid, dim3(32), 0,
+                       a, tiles, splits, static_cast<const T*>(q), static_cast<const T*>(kc),
+                       static_cast<const T*>(vc), static_cast<T*>(out), ws);
+    }
+  }
+  if (!warp_kernel) {
+    const size_t smem = sizeof(float) * kWarps * kTile * static_cast<size_t>(a.head_dim + 2);
+    cached_attention_kernel<T, P><<<grid, kThreads, smem, stream()>>>(
+        a, tiles, splits, static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc),
+        static_cast<T*>(out), ws);
+    check_launch("cached_attention", "cached_attention_kernel");
+  }
   if (splits == 1) return;
-  merge_splits_kernel<T><<<static_cast<unsigned>(a.rows * a.q_heads), kMergeThreads, 0, stream()>>>(
-      a.head_dim, splits, ws, static_cast<T*>(out));
-  check_launch("cached_attention", "merge_splits_kernel");
+  launch_dependent("cached_attention", "merge_splits_kernel", merge_splits_kernel<T>,
+                   dim3(static_cast<unsigned>(a.rows * a.q_heads)), dim3(kMergeThreads), 0, a, splits,
+                   static_cast<const float*>(ws), static_cast<T*>(out));
 }
 
 template <typename T>

@@ -4,7 +4,10 @@
 // Attention runs one block per (row, kv head, tile of up to kHeadTile query heads sharing
 // it, split of the row's positions). A split is a contiguous range of the positions the
 // row sees; its warps walk the range a few positions at a time with an online softmax,
-// then the block merges its warps. With one split the block writes the output; with more,
+// then the block merges its warps. (Head dims of 64, 128 and 256 run a one-warp block
+// instead that scores 32 positions at a time, one per lane: the same items, splits and
+// outputs, several times fewer instructions; see warp_attention_kernel.) With one split the
+// block writes the output; with more,
 // each writes (max, sum, unnormalized accumulator) into a workspace and a second kernel
 // merges the splits. The split count depends on shapes only (rows, heads, the cache's
 // max_len), never on positions, which live on the device: a captured decode step stays
