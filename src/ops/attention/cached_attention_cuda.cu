@@ -61,6 +61,43 @@ void launch_write(const void* k, const void* v, const int32_t* slots, const int3
 
 // ---- attention ------------------------------------------------------------------------------
 
+// The positions [first, p] a row at position p sees, cut into `splits` chunks of at least
+// kMinSplitLen positions: `used` of them hold any (the rest are empty).
+struct SplitPlan {
+  int64_t first, chunk, used;
+};
+
+__device__ __forceinline__ SplitPlan split_plan(const CachedAttentionArgs& a, int64_t splits, int64_t p) {
+  const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), p - a.window + 1) : 0;
+  const int64_t span = p + 1 - first;
+  const int64_t chunk = max(kMinSplitLen, (span + splits - 1) / splits);
+  return {first, chunk, min(splits, (span + chunk - 1) / chunk)};
+}
+
+// What a block of the attention kernels computes: (row, kv head g, head tile) from
+// blockIdx.x, split blockIdx.y: query heads h0 .. h0 + nh - 1 over positions [begin, end).
+struct WorkItem {
+  int64_t row, g, h0, begin, end;
+  int nh;
+};
+
+__device__ __forceinline__ WorkItem work_item(const CachedAttentionArgs& a, int64_t tiles, int64_t splits) {
+  // 32-bit index arithmetic: grid.x < 2^31, and 64-bit division costs dozens of instructions
+  // in a kernel bound by its instruction latency.
+  const auto b = static_cast<uint32_t>(blockIdx.x), t32 = static_cast<uint32_t>(tiles);
+  const auto kv = static_cast<uint32_t>(a.kv_heads);
+  const int64_t tile = b % t32, g = (b / t32) % kv, row = (b / t32) / kv;
+  const int64_t group = a.q_heads / a.kv_heads;
+  WorkItem w{};
+  w.row = row, w.g = g, w.h0 = g * group + tile * kTile;
+  w.nh = static_cast<int>(min(static_cast<int64_t>(kTile), group - tile * kTile));
+  const int64_t p = a.positions[row];
+  const SplitPlan plan = split_plan(a, splits, p);
+  w.begin = plan.first + static_cast<int64_t>(blockIdx.y) * plan.chunk;
+  w.end = min(p + 1, w.begin + plan.chunk);
+  return w;
+}
+
 // One block per (row, kv head, head tile) and split s = blockIdx.y. Lane l of a warp holds
 // elements c = l + 32 e (e < P) of every vector it touches: q of the tile's heads, K and V
 // rows, the accumulators. Each warp takes U consecutive positions at a time (their loads
@@ -75,19 +112,9 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ float merge[];  // [kWarps][kTile][D + 2]: max, sum, accumulator
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int64_t d = a.head_dim, split = blockIdx.y;
-  int64_t b = blockIdx.x;
-  const int64_t tile = b % tiles;
-  b /= tiles;
-  const int64_t g = b % a.kv_heads, row = b / a.kv_heads;
-  const int64_t group = a.q_heads / a.kv_heads;
-  const int64_t h0 = g * group + tile * kTile;  // first query head of the tile
-  const int nh = static_cast<int>(min(static_cast<int64_t>(kTile), group - tile * kTile));
-
-  const int64_t p = a.positions[row];
-  const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), p - a.window + 1) : 0;
-  const int64_t span = p + 1 - first;
-  const int64_t chunk = max(kMinSplitLen, (span + splits - 1) / splits);
-  const int64_t begin = first + split * chunk, end = min(p + 1, begin + chunk);
+  const WorkItem w = work_item(a, tiles, splits);
+  const int64_t g = w.g, row = w.row, h0 = w.h0, begin = w.begin, end = w.end;
+  const int nh = w.nh;
   float* partial = ws + ((row * a.q_heads + h0) * splits + split) * (d + 2);  // valid when splits > 1
   if (begin >= end) {  // an empty split (only when splits > 1: a row always sees itself)
     if (threadIdx.x < static_cast<unsigned>(nh)) {
@@ -258,19 +285,9 @@ __global__ void __launch_bounds__(32)
   wait_for_producer();
   const int lane = static_cast<int>(threadIdx.x);
   const int64_t split = blockIdx.y;
-  int64_t b = blockIdx.x;
-  const int64_t tile = b % tiles;
-  b /= tiles;
-  const int64_t g = b % a.kv_heads, row = b / a.kv_heads;
-  const int64_t group = a.q_heads / a.kv_heads;
-  const int64_t h0 = g * group + tile * kTile;
-  const int nh = static_cast<int>(min(static_cast<int64_t>(kTile), group - tile * kTile));
-
-  const int64_t p = a.positions[row];
-  const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), p - a.window + 1) : 0;
-  const int64_t span = p + 1 - first;
-  const int64_t chunk = max(kMinSplitLen, (span + splits - 1) / splits);
-  const int64_t begin = first + split * chunk, end = min(p + 1, begin + chunk);
+  const WorkItem w = work_item(a, tiles, splits);
+  const int64_t g = w.g, row = w.row, h0 = w.h0, begin = w.begin, end = w.end;
+  const int nh = w.nh;
   float* partial = ws + ((row * a.q_heads + h0) * splits + split) * (D + 2);
   if (begin >= end) {
     if (lane < nh) partial[lane * splits * (D + 2)] = -INFINITY, partial[lane * splits * (D + 2) + 1] = 0.0f;
@@ -419,11 +436,7 @@ __global__ void merge_splits_kernel(CachedAttentionArgs a, int64_t splits, const
   const int64_t item = blockIdx.x, d = a.head_dim;
   const int64_t width = d + 2;
   const float* base = ws + item * splits * width;
-  const int64_t p = a.positions[item / a.q_heads];
-  const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), p - a.window + 1) : 0;
-  const int64_t span = p + 1 - first;
-  const int64_t chunk = max(kMinSplitLen, (span + splits - 1) / splits);  // as cached_attention_kernel
-  const int64_t used = min(splits, (span + chunk - 1) / chunk);
+  const int64_t used = split_plan(a, splits, a.positions[item / a.q_heads]).used;
   float mx = -INFINITY;
   for (int64_t s = 0; s < used; ++s) mx = fmaxf(mx, base[s * width]);
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {

@@ -17,6 +17,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/bf16_vector.cuh"
+#include "ops/column_sums.cuh"
 #include "ops/cuda_kernels.h"
 
 #include <algorithm>
@@ -248,27 +249,17 @@ __global__ void __launch_bounds__(kBlockThreads, 4)
   }
 }
 
-// q_gain[c] += sum over blocks (in order) of partial[b][c]; k_gain from the second half.
-constexpr int kSumCols = 32;
+// q_gain[c] += sum over blocks of partial[b][c], in a fixed order (ops/column_sums.cuh);
+// k_gain from the second half.
 constexpr int kSumSlices = 32;
 
-__global__ void __launch_bounds__(kSumCols* kSumSlices)
+__global__ void __launch_bounds__(kColumnSumCols* kSumSlices)
     gain_sum_kernel(int64_t blocks, int64_t d, float* __restrict__ q_gain_grad, float* __restrict__ k_gain_grad) {
-  __shared__ float slice[kSumSlices][kSumCols + 1];
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
-  float sum = 0.0f;
-  if (c < 2 * d)
-#pragma unroll 8
-    for (int64_t b = threadIdx.y; b < blocks; b += kSumSlices) sum += g_gain_partials[b * 2 * d + c];
-  slice[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < 2 * d) {
-    float total = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kSumSlices; ++s) total += slice[s][threadIdx.x];
-    if (c < d) q_gain_grad[c] += total;
-    else k_gain_grad[c - d] += total;
-  }
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnSumCols + threadIdx.x;
+  float total;
+  if (!column_total<kSumSlices>(g_gain_partials, blocks, 2 * d, c, total)) return;
+  if (c < d) q_gain_grad[c] += total;
+  else k_gain_grad[c - d] += total;
 }
 
 unsigned grid_size(int64_t blocks) {
@@ -349,7 +340,8 @@ void qkv_prepare_backward(const QkvPrepareArgs& a, const void* qkv, const void* 
         static_cast<const T*>(dv), rows_per_block, static_cast<T*>(dqkv), with_gain_grad);
     check_launch(kOp, "backward_kernel");
     if (with_gain_grad) {
-      gain_sum_kernel<<<grid_size((2 * d + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumSlices), 0, stream()>>>(
+      gain_sum_kernel<<<grid_size((2 * d + kColumnSumCols - 1) / kColumnSumCols), dim3(kColumnSumCols, kSumSlices), 0,
+                        stream()>>>(
           blocks, d, q_gain_grad, k_gain_grad);
       check_launch(kOp, "gain_sum_kernel");
     }

@@ -3,14 +3,17 @@
 // product is a single read of W. Used plainly by cuda::gemm (ops/linear/gemv_cuda.cu) and,
 // with an input stage and an output stage fused in, by the decoder (infer/decode_gemv.cu).
 //
-// A block of 256 threads first stages A in shared memory as bf16, either a copy of bf16
-// rows or the RMSNorm of fp32 rows (Input::rms_norm: the arithmetic and reduction order of
-// the decoder's add_rms_norm kernel, so the staged rows are those bits). Then each warp
-// takes C columns of W at a time over its slice of k: every lane issues U x C 16-byte loads
-// of W (all in flight together) before it multiplies them with the staged rows, so W
-// streams at close to copy speed. When W has few columns (the o and down projections),
-// k_splits warps split k for the same columns and the block adds their partial sums
-// through shared memory. Every sum runs in a fixed order: the same bits every run.
+// Each warp takes C columns of W (4, or 2 gate|up pairs) over its slice of k, in chunks of
+// kChunk 16-byte vectors per W row (2 per lane, all in flight together). k is split over
+// k_splits warps of a block (their partial sums added through shared memory) until one
+// chunk covers a warp's slice, so for the decode shapes every load of the whole matrix is
+// issued at once. A block requests its first chunk, then stages A in shared memory as bf16:
+// a copy of bf16 rows, or the RMSNorm of fp32 rows (Input::rms_norm: the arithmetic and
+// reduction order of the decoder's add_rms_norm kernel, so the staged rows are those
+// bits); the next tile's chunk is requested before the current one is reduced. With
+// constant weights (Args::constant_weights) the first chunk is even requested before the
+// kernel waits for the one before it (ops/dependent_launch.cuh). Every sum runs in a fixed
+// order: the same bits every run.
 //
 // Output stages: store (alpha acc + beta out, f32 or bf16); add_residual (x += bf16(acc),
 // a residual add after a projection); swiglu (each output column j reads W rows j (gate) and

@@ -25,6 +25,7 @@
 #include "ops/cuda_kernels_bf16.h"
 
 #include "ops/bf16_vector.cuh"
+#include "ops/column_sums.cuh"
 
 #include <cuda_bf16.h>
 
@@ -227,27 +228,14 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
-// dw[c] += sum over blocks b (in order of b's slice) of g_dw_partials[b][c]. Block
-// (kSumCols, kSumSlices): threadIdx.x picks the column (a warp reads 32 consecutive
-// floats), threadIdx.y a fixed slice of the partial rows; slices are then added in order.
-constexpr int kSumCols = 32;
+// dw[c] += sum over blocks b of g_dw_partials[b][c], in a fixed order (ops/column_sums.cuh).
 constexpr int kSumSlices = 16;
 
-__global__ void __launch_bounds__(kSumCols* kSumSlices)
+__global__ void __launch_bounds__(kColumnSumCols* kSumSlices)
     dw_sum_kernel(int64_t blocks, int64_t cols, float* __restrict__ dw) {
-  __shared__ float slice[kSumSlices][kSumCols + 1];
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
-  float sum = 0.0f;
-  if (c < cols)
-    for (int64_t b = threadIdx.y; b < blocks; b += kSumSlices) sum += g_dw_partials[b * cols + c];
-  slice[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
-    float total = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kSumSlices; ++s) total += slice[s][threadIdx.x];
-    dw[c] += total;
-  }
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnSumCols + threadIdx.x;
+  float total;
+  if (column_total<kSumSlices>(g_dw_partials, blocks, cols, c, total)) dw[c] += total;
 }
 
 // ---- launch shapes --------------------------------------------------------------------------
@@ -335,7 +323,8 @@ void rms_norm_backward_mixed(const void* x, DType x_dtype, const float* w, const
         static_cast<TX*>(dx), accumulate_dx, with_dw, reinterpret_cast<bf16*>(dx_copy));
     check_launch(kOp, "backward_kernel");
     if (with_dw) {
-      dw_sum_kernel<<<grid_size((cols + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumSlices), 0, stream()>>>(
+      dw_sum_kernel<<<grid_size((cols + kColumnSumCols - 1) / kColumnSumCols), dim3(kColumnSumCols, kSumSlices), 0,
+                      stream()>>>(
           blocks, cols, dw);
       check_launch(kOp, "dw_sum_kernel");
     }
