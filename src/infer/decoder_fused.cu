@@ -9,6 +9,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/dependent_launch.cuh"
+#include "ops/warp_reduce.cuh"
 
 #include <cuda_bf16.h>
 
@@ -23,7 +24,6 @@ using bf16 = __nv_bfloat16;
 constexpr int kWarps = 4;              // warps per block of qkv_to_cache, one (row, head) each
 constexpr int kMaxHeadDim = 512;
 constexpr int kNormThreads = 256;      // add_rms_norm: one block per row
-constexpr unsigned kFullMask = 0xffffffffu;
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
@@ -36,10 +36,6 @@ __device__ __forceinline__ float rounded(float v) {
   else return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
-  return v;
-}
 
 // One warp per (row, head) of the fused projection, heads ordered q, k, v as the columns
 // are. Lane l holds elements c = l + 32 e. q and k: RMSNorm over the head (as

@@ -5,6 +5,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/cuda_kernels.h"
+#include "ops/warp_reduce.cuh"
 
 namespace kiln::cuda {
 
@@ -14,11 +15,6 @@ constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kMaxPerLane = 8;  // head_dim <= 256
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // The sequence holding token i: largest s with cu[s] <= i (skips empty sequences).
 __device__ __forceinline__ int64_t find_seq(const int32_t* cu, int64_t num_seqs, int64_t i) {

@@ -5,6 +5,7 @@
 #include "core/cuda_context.h"
 #include "ops/bf16_vector.cuh"
 #include "ops/dependent_launch.cuh"
+#include "ops/warp_reduce.cuh"
 
 #include <cuda_bf16.h>
 
@@ -257,14 +258,6 @@ __device__ __forceinline__ void load_n(const T* p, float (&v)[N]) {
   }
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
-  return v;
-}
-__device__ __forceinline__ float warp_add(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
-  return v;
-}
 
 // The same work items, splits and outputs as cached_attention_kernel, with one warp per
 // block that takes its positions 32 at a time: lane l scores position j0 + l against the
@@ -394,7 +387,7 @@ __global__ void __launch_bounds__(32)
       const float mx = fmaxf(m[t], warp_max(x));  // finite: position j0 is valid
       const float correction = expf(m[t] - mx);    // 0 while m is still -inf
       const float pj = expf(x - mx);
-      l[t] = l[t] * correction + warp_add(pj);
+      l[t] = l[t] * correction + warp_sum(pj);
 #pragma unroll
       for (int e = 0; e < DPL; ++e) acc[t][e] *= correction;
       ps[t][lane] = pj;

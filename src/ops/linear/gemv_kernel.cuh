@@ -25,6 +25,7 @@
 #include "core/cuda_context.h"
 #include "ops/bf16_vector.cuh"
 #include "ops/dependent_launch.cuh"
+#include "ops/warp_reduce.cuh"
 
 #include <cuda_bf16.h>
 
@@ -74,11 +75,6 @@ struct Args {
   int k_splits = 1;  // set by launch()
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 

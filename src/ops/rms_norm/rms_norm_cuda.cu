@@ -13,6 +13,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/rms_norm/rms_norm_kernels.h"
+#include "ops/warp_reduce.cuh"
 
 #include <climits>
 #include <cstdint>
@@ -27,11 +28,6 @@ constexpr int kBlockThreads = 256;
 // Rows up to this length get a warp each; longer rows a block each.
 constexpr int64_t kWarpRowMaxCols = 1024;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 // Sum over the kThreads threads that own one row; every one of them gets the total.
 template <int kThreads>
