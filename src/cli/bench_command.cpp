@@ -7,6 +7,7 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "ops/parallel.h"
+#include "train/device_step.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
 
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 namespace kiln::cli {
 
@@ -84,8 +86,24 @@ void add_bench_command(CLI::App& app) {
     model.init_weights(config.train.seed);
     const HostBatch batch = synthetic_batch(config);
 
-    // One optimizer step of grad_accum micro-batches, as the trainer runs it.
+    // One optimizer step of grad_accum micro-batches, as the trainer runs it: on the GPU
+    // with its scalars on the device and CUDA graphs (unless train.cuda_graphs = false).
+    std::unique_ptr<DeviceStep> device_step;
+    if (device == Device::cuda && config.train.cuda_graphs && optimizer->updates_on_device())
+      device_step = std::make_unique<DeviceStep>(model, *optimizer, config.train.grad_accum, true);
+    const std::vector<HostBatch> batches(static_cast<size_t>(config.train.grad_accum), batch);
     auto step = [&] {
+      if (device_step) {
+        DeviceStepPlan plan;
+        plan.lr = config.optim.lr;
+        plan.loss_limit = plan.grad_limit = std::numeric_limits<double>::infinity();
+        plan.clip = config.optim.grad_clip;
+        plan.z_loss = config.train.z_loss;
+        const int64_t targets = batch.target_count * config.train.grad_accum;
+        const DeviceStepOutcome outcome = device_step->run(batches, targets, plan);
+        if (outcome.verdict == ops::StepVerdict::apply) optimizer->count_update();
+        return outcome.loss * static_cast<double>(targets);
+      }
       model.zero_grads();
       const double scale = 1.0 / static_cast<double>(batch.target_count * config.train.grad_accum);
       double loss = 0;
@@ -116,9 +134,12 @@ void add_bench_command(CLI::App& app) {
     const char* precision = build.dtype == DType::bf16 ? "bf16 mixed" : "fp32";
     const std::string where = device == Device::cuda ? fmt::format("cuda ({}, {})", cuda_device_name(), precision)
                                                      : fmt::format("cpu ({})", precision);
-    fmt::print("bench {} on {}: {} parameters, {} tokens per step, {} kernels\n", config.model.name, where,
+    fmt::print("bench {} on {}: {} parameters, {} tokens per step, {} kernels, {}\n", config.model.name, where,
                model.parameter_count(), config.train.micro_batch_tokens * config.train.grad_accum,
-               build.deterministic ? "deterministic" : "non-deterministic (train.deterministic = false)");
+               build.deterministic ? "deterministic" : "non-deterministic (train.deterministic = false)",
+               device_step ? fmt::format("CUDA graphs ({} captured, {} launches)", device_step->graphs_captured(),
+                                         device_step->graph_launches())
+                           : "op by op");
     const std::string libraries = cuda_library_versions();
     if (!libraries.empty()) fmt::print("  {}\n", libraries);
     fmt::print("  {:.1f} ms per step | {:.0f} tokens/s | {:.1f} model TFLOP/s | MFU {:.1f}% of {:.0f} TFLOP/s bf16 peak\n",

@@ -82,6 +82,57 @@ void device_memset_zero(void* ptr, Device device, size_t bytes) {
 #endif
 }
 
+#if KILN_WITH_CUDA
+namespace cuda {
+cudaStream_t stream();  // core/cuda_context.h, without its cuBLAS include
+}
+#endif
+
+void* pinned_alloc(size_t bytes) {
+#if KILN_WITH_CUDA
+  void* p = nullptr;
+  check_cuda(cudaMallocHost(&p, bytes == 0 ? kAlignment : bytes), "cudaMallocHost");
+  return p;
+#else
+  (void)bytes;
+  no_cuda("pinned_alloc");
+#endif
+}
+
+void pinned_free(void* ptr) {
+#if KILN_WITH_CUDA
+  cudaFreeHost(ptr);
+#else
+  (void)ptr;
+#endif
+}
+
+void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes) {
+#if KILN_WITH_CUDA
+  check_cuda(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, cuda::stream()), "cudaMemcpyAsync");
+#else
+  (void)device_dst, (void)host_src, (void)bytes;
+  no_cuda("copy_to_device_async");
+#endif
+}
+
+void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) {
+#if KILN_WITH_CUDA
+  check_cuda(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, cuda::stream()), "cudaMemcpyAsync");
+#else
+  (void)host_dst, (void)device_src, (void)bytes;
+  no_cuda("copy_to_host_async");
+#endif
+}
+
+void synchronize_stream() {
+#if KILN_WITH_CUDA
+  check_cuda(cudaStreamSynchronize(cuda::stream()), "cudaStreamSynchronize");
+#else
+  no_cuda("synchronize_stream");
+#endif
+}
+
 bool cuda_available() {
 #if KILN_WITH_CUDA
   int count = 0;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 
 namespace kiln {
 
@@ -15,6 +16,44 @@ void* device_alloc(Device device, size_t bytes);
 void device_free(Device device, void* ptr);
 void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 void device_memset_zero(void* ptr, Device device, size_t bytes);
+
+// Page-locked host memory, so copies between it and the GPU run asynchronously (a staged
+// batch, a step's scalars). CUDA builds only.
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* ptr);
+// Copies enqueued on kiln's CUDA stream (one side pinned host memory): the host does not
+// wait; the memory must stay untouched until the stream has run them.
+void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes);
+void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes);
+// Waits until everything enqueued on kiln's CUDA stream has run.
+void synchronize_stream();
+
+// A pinned host buffer of `count` values of T.
+template <typename T>
+class PinnedArray {
+ public:
+  PinnedArray() = default;
+  explicit PinnedArray(size_t count) : data_(static_cast<T*>(pinned_alloc(sizeof(T) * count))), count_(count) {}
+  ~PinnedArray() {
+    if (data_) pinned_free(data_);
+  }
+  PinnedArray(PinnedArray&& o) noexcept : data_(o.data_), count_(o.count_) { o.data_ = nullptr, o.count_ = 0; }
+  PinnedArray& operator=(PinnedArray&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(count_, o.count_);
+    return *this;
+  }
+  PinnedArray(const PinnedArray&) = delete;
+  PinnedArray& operator=(const PinnedArray&) = delete;
+
+  T* data() const { return data_; }
+  size_t size() const { return count_; }
+  T& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  T* data_ = nullptr;
+  size_t count_ = 0;
+};
 
 // True when this build has the CUDA backend and a device is present.
 bool cuda_available();

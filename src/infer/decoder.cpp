@@ -12,6 +12,7 @@
 
 #if KILN_WITH_CUDA
 #include "core/op_profiler.h"
+#include "core/step_graphs.h"
 #include "infer/decoder_cuda.h"
 #endif
 
@@ -146,7 +147,7 @@ Decoder::Decoder(const Model& model, const DecoderOptions& options)
     copy_tensor(*hs, sin_);
   }
 #if KILN_WITH_CUDA
-  if (graph_rows_ > 0) graphs_ = std::make_shared<cuda::StepGraphs>();
+  if (graph_rows_ > 0) graphs_ = std::make_shared<cuda::StepGraphs>("decoder");
 #endif
 }
 

@@ -2,61 +2,10 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "core/op_profiler.h"
 
 #include <cfloat>
-#include <cstdio>
 
 namespace kiln::cuda {
-
-StepGraphs::~StepGraphs() {
-  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
-}
-
-void StepGraphs::run(int64_t key, const std::function<void()>& step) {
-  if (OpProfiler::enabled()) {  // profiled steps run op by op (their events are on the legacy stream)
-    step();
-    return;
-  }
-  if (auto it = graphs_.find(key); it != graphs_.end()) {
-    check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(it->second), stream()), "decoder", "cudaGraphLaunch");
-    return;
-  }
-  step();
-  if (failed_.count(key)) return;
-  try {
-    capture(key, step);
-  } catch (const Error& e) {
-    // The step ran (above); only its graph is missing. Later steps of this row count run
-    // uncaptured, slower but correct; say so once rather than fail a working decoder.
-    failed_.insert(key);
-    std::fprintf(stderr, "kiln: warning: %s; steps of %lld rows run uncaptured\n", e.what(),
-                 static_cast<long long>(key));
-  }
-}
-
-void StepGraphs::capture(int64_t key, const std::function<void()>& step) {
-  const cudaStream_t s = stream();
-  // Thread-local mode: a call in this thread that could synchronize or allocate while the
-  // stream captures fails (and fails the capture) instead of silently escaping the graph;
-  // other threads' unrelated CUDA work is not affected.
-  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "decoder", "cudaStreamBeginCapture");
-  cudaGraph_t graph = nullptr;
-  try {
-    step();
-  } catch (...) {
-    cudaStreamEndCapture(s, &graph);
-    if (graph) cudaGraphDestroy(graph);
-    cudaGetLastError();  // the capture's error is the one rethrown
-    throw;
-  }
-  check(cudaStreamEndCapture(s, &graph), "decoder", "cudaStreamEndCapture (the step did something a graph cannot hold)");
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  check(status, "decoder", "cudaGraphInstantiate");
-  graphs_.emplace(key, exec);
-}
 
 namespace {
 

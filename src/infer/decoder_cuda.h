@@ -1,6 +1,6 @@
-// The GPU side of the Decoder (infer/decoder.h) that is not an op: CUDA graphs of its step,
-// the greedy argmax of logits rows on the device (so a greedy step copies back one id per
-// row instead of a row of logits), and the step's fused kernels. No CUDA headers here:
+// The GPU side of the Decoder (infer/decoder.h) that is not an op (its CUDA graphs are
+// core/step_graphs.h): the greedy argmax of logits rows on the device (so a greedy step
+// copies back one id per row instead of a row of logits), and the step's fused kernels. No CUDA headers here:
 // decoder.cpp includes this in CUDA builds only (definitions in decoder_cuda.cu and
 // decoder_fused.cu).
 #pragma once
@@ -8,38 +8,8 @@
 #include "core/dtype.h"
 
 #include <cstdint>
-#include <functional>
-#include <map>
-#include <set>
 
 namespace kiln::cuda {
-
-// Executable graphs of a step, one per key (the decoder keys them by row count).
-class StepGraphs {
- public:
-  StepGraphs() = default;
-  ~StepGraphs();
-  StepGraphs(const StepGraphs&) = delete;
-  StepGraphs& operator=(const StepGraphs&) = delete;
-
-  // The first call for `key` runs step() as it is: that is the warm-up after which every
-  // cuBLASLt plan, handle and workspace the step uses exists. Then it captures step() on
-  // kiln::cuda::stream() (capture records, it does not run again) and instantiates the
-  // graph; later calls for `key` launch that graph. step() must only enqueue work on that
-  // stream, identical for a key (shapes and pointers fixed, varying data in device
-  // buffers): no synchronization, allocation or legacy-stream copy. While the op
-  // profiler is on, steps run uncaptured (its events go to the legacy stream). A capture
-  // that fails is reported on stderr once; that key's steps then run uncaptured.
-  void run(int64_t key, const std::function<void()>& step);
-  bool captured(int64_t key) const { return graphs_.count(key) > 0; }
-  size_t size() const { return graphs_.size(); }
-
- private:
-  void capture(int64_t key, const std::function<void()>& step);
-
-  std::map<int64_t, void*> graphs_;  // cudaGraphExec_t by key
-  std::set<int64_t> failed_;         // keys whose capture failed
-};
 
 // out[i] = the lowest index of the largest value of row i of logits [rows, vocab] (fp32,
 // device), as the sampler's greedy pick (and torch.argmax). Enqueued on the stream.

@@ -1,10 +1,12 @@
 #include "model/model.h"
 
+#include "core/device_memory.h"
 #include "core/rng.h"
 #include "ops/embedding/embedding.h"
 #include "ops/elementwise/elementwise.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 namespace kiln {
@@ -49,14 +51,8 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
     ctx.parameter(head_w_, head_g_, "lm_head.weight", Shape{config.vocab_size, d}, true,
                   Init::normal(config.init_std));
 
-  ctx.buffer(tokens_, Shape{t}, DType::i32);
-  ctx.buffer(targets_, Shape{t}, DType::i32);
-  ctx.buffer(positions_, Shape{t}, DType::i32);
-  ctx.buffer(cu_seqlens_, Shape{t + 1}, DType::i32);
+  ctx.buffer(inputs_, Shape{input_ints(t)}, DType::i32);  // views bound in allocate()
   if (options.training && options.device == Device::cuda) {
-    ctx.buffer(token_groups_.order, Shape{t}, DType::i32);
-    ctx.buffer(token_groups_.group_tokens, Shape{t}, DType::i32);
-    ctx.buffer(token_groups_.group_starts, Shape{t + 1}, DType::i32);
     group_counts_.assign(static_cast<size_t>(config.vocab_size), 0);
     group_order_.reserve(static_cast<size_t>(t));
     group_tokens_.reserve(static_cast<size_t>(t));
@@ -97,6 +93,22 @@ void Model::allocate() {
     for (const auto& arena : recompute_arenas_) arena->bind_shared(recompute_storage_.data());
   }
   workspace_.allocate();
+  bind_input_views();
+}
+
+// inputs_ = tokens [T] | targets [T] | positions [T] | cu_seqlens [T+1] | token groups
+// (GPU training): order [T] | group_tokens [T] | group_starts [T+1].
+void Model::bind_input_views() {
+  const int64_t t = options_.max_tokens;
+  tokens_ = inputs_.rows(0, t);
+  targets_ = inputs_.rows(t, 2 * t);
+  positions_ = inputs_.rows(2 * t, 3 * t);
+  cu_seqlens_ = inputs_.rows(3 * t, 4 * t + 1);
+  if (options_.training && options_.device == Device::cuda) {
+    token_groups_.order = inputs_.rows(4 * t + 1, 5 * t + 1);
+    token_groups_.group_tokens = inputs_.rows(5 * t + 1, 6 * t + 1);
+    token_groups_.group_starts = inputs_.rows(6 * t + 1, 7 * t + 2);
+  }
 }
 
 void Model::init_weights(uint64_t seed) {
@@ -157,27 +169,67 @@ void Model::load_batch(const HostBatch& batch) {
              "batch of {} tokens does not fit the planned budget of {}", batch.size(), options_.max_tokens);
   KILN_CHECK(batch.max_seqlen <= config_.max_seq_len, "model",
              "a sequence of {} tokens exceeds model.max_seq_len = {}", batch.max_seqlen, config_.max_seq_len);
-  rows_ = batch.size();
-  const int64_t seqs = batch.num_seqs();
+  const int64_t rows = batch.size(), seqs = batch.num_seqs();
   auto upload = [&](const std::vector<int32_t>& src, const Tensor& dst, int64_t n) {
     Tensor host(const_cast<int32_t*>(src.data()), DType::i32, Device::cpu, Shape{n});
     copy_tensor(host, dst.rows(0, n));
   };
-  upload(batch.tokens, tokens_, rows_);
-  upload(batch.targets, targets_, rows_);
-  upload(batch.positions, positions_, rows_);
+  upload(batch.tokens, tokens_, rows);
+  upload(batch.targets, targets_, rows);
+  upload(batch.positions, positions_, rows);
   upload(batch.cu_seqlens, cu_seqlens_, seqs + 1);
-  seq_.positions = positions_.rows(0, rows_);
-  seq_.cu_seqlens = cu_seqlens_.rows(0, seqs + 1);
-  seq_.max_seqlen = batch.max_seqlen;
+  int64_t groups = 0;
   if (token_groups_.order.defined()) {
-    ops::group_tokens(batch.tokens.data(), rows_, group_counts_, group_order_, group_tokens_, group_starts_);
-    const int64_t groups = static_cast<int64_t>(group_tokens_.size());
-    upload(group_order_, token_groups_.order, rows_);
+    ops::group_tokens(batch.tokens.data(), rows, group_counts_, group_order_, group_tokens_, group_starts_);
+    groups = static_cast<int64_t>(group_tokens_.size());
+    upload(group_order_, token_groups_.order, rows);
     upload(group_tokens_, token_groups_.group_tokens, groups);
     upload(group_starts_, token_groups_.group_starts, groups + 1);
-    token_groups_.groups = groups;
   }
+  set_loaded_shape(rows, seqs, batch.max_seqlen, groups);
+}
+
+void Model::set_loaded_shape(int64_t rows, int64_t seqs, int64_t max_seqlen, int64_t groups) {
+  rows_ = rows;
+  seq_.positions = positions_.rows(0, rows);
+  seq_.cu_seqlens = cu_seqlens_.rows(0, seqs + 1);
+  seq_.max_seqlen = max_seqlen;
+  token_groups_.groups = groups;
+}
+
+Model::StagedShape Model::stage_batch(const HostBatch& batch, int32_t* staging) {
+  const int64_t t = options_.max_tokens;
+  KILN_CHECK(options_.training && options_.device == Device::cuda, "model",
+             "staged batches are for GPU training models");
+  KILN_CHECK(batch.size() == t, "model", "a staged batch must fill the token budget: {} of {} tokens", batch.size(),
+             t);
+  KILN_CHECK(batch.max_seqlen <= config_.max_seq_len, "model",
+             "a sequence of {} tokens exceeds model.max_seq_len = {}", batch.max_seqlen, config_.max_seq_len);
+  const int64_t seqs = batch.num_seqs();
+  StagedShape shape;
+  shape.seqs = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(seqs)));
+  shape.max_seqlen = std::max<int64_t>(64, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(batch.max_seqlen))));
+  KILN_CHECK(shape.seqs <= t, "model", "{} sequences in {} tokens", seqs, t);
+  auto put = [&](const int32_t* src, int64_t n, int64_t at) { std::copy(src, src + n, staging + at); };
+  put(batch.tokens.data(), t, 0);
+  put(batch.targets.data(), t, t);
+  put(batch.positions.data(), t, 2 * t);
+  put(batch.cu_seqlens.data(), seqs + 1, 3 * t);
+  std::fill(staging + 3 * t + seqs + 1, staging + 3 * t + shape.seqs + 1, static_cast<int32_t>(t));  // empty sequences
+  ops::group_tokens(batch.tokens.data(), t, group_counts_, group_order_, group_tokens_, group_starts_);
+  const int64_t groups = static_cast<int64_t>(group_tokens_.size());
+  put(group_order_.data(), t, 4 * t + 1);
+  put(group_tokens_.data(), groups, 5 * t + 1);
+  std::fill(staging + 5 * t + 1 + groups, staging + 6 * t + 1, 0);  // empty groups: the kernel skips them
+  put(group_starts_.data(), groups + 1, 6 * t + 1);
+  std::fill(staging + 6 * t + 2 + groups, staging + 7 * t + 2, static_cast<int32_t>(t));
+  return shape;
+}
+
+void Model::load_staged(const int32_t* staging, const StagedShape& shape) {
+  const int64_t t = options_.max_tokens;
+  copy_to_device_async(inputs_.raw(), staging, static_cast<size_t>(input_ints(t)) * sizeof(int32_t));
+  set_loaded_shape(t, shape.seqs, shape.max_seqlen, t);
 }
 
 const Tensor& Model::head_weight() const { return config_.tie_embeddings ? embed_w_ : head_w_; }
@@ -200,14 +252,26 @@ void Model::forward() {
 }
 
 ops::LossSums Model::forward_backward(double loss_scale, double z_loss) {
-  KILN_CHECK(options_.training, "model", "forward_backward on a model built without training buffers");
-  forward();
   ops::LmHeadLossOptions o;
-  o.chunk_rows = head_scratch_.logits.size(0);
   o.z_loss = z_loss;
   o.loss_scale = loss_scale;
+  return forward_backward_with(o);
+}
+
+void Model::forward_backward_on_device(const float* loss_scale, double* sums, double z_loss) {
+  ops::LmHeadLossOptions o;
+  o.z_loss = z_loss;
+  o.loss_scale_on_device = loss_scale;
+  o.sums_on_device = sums;
+  forward_backward_with(o);
+}
+
+ops::LossSums Model::forward_backward_with(ops::LmHeadLossOptions o) {
+  KILN_CHECK(options_.training, "model", "forward_backward on a model built without training buffers");
+  forward();
+  o.chunk_rows = head_scratch_.logits.size(0);
   const ops::LossSums sums = ops::lm_head_loss(hidden_.rows(0, rows_), head_weight(), targets_.rows(0, rows_), o,
-                                          head_scratch_, dhidden_.rows(0, rows_), head_grad());
+                                               head_scratch_, dhidden_.rows(0, rows_), head_grad());
   backward_from_hidden();
   return sums;
 }
@@ -271,6 +335,8 @@ Tensor Model::all_gradients() const {
 void Model::zero_grads() { zero_tensor(all_gradients()); }
 
 double Model::gradient_norm() const { return std::sqrt(ops::sum_squares(all_gradients())); }
+
+void Model::gradient_sum_squares_to_device(double* out) const { ops::sum_squares_to_device(all_gradients(), out); }
 
 void Model::scale_gradients(double factor) { ops::scale_inplace(all_gradients(), factor); }
 

@@ -58,6 +58,27 @@ class Model {
 
   // Copies a packed batch into the model's input buffers (its size must be <= max_tokens).
   void load_batch(const HostBatch& batch);
+
+  // ---- a training step whose scalars stay on the device (GPU; train/device_step.h) ----
+  // A micro-batch staged in host memory exactly as the input buffers take it, padded to
+  // static shapes so one captured CUDA graph serves every batch of a bucket: all
+  // max_tokens rows (the batch must fill them, as the packer's do), the sequence count
+  // rounded up to a power of two with empty sequences, the longest sequence rounded up to
+  // a power of two (at least 64: the attention's buckets), one token group per row.
+  struct StagedShape {
+    int64_t seqs = 0, max_seqlen = 0;
+    int64_t key() const { return seqs << 32 | max_seqlen; }  // both below 2^31
+  };
+  int64_t staged_ints() const { return input_ints(options_.max_tokens); }  // int32 values per staged batch
+  StagedShape stage_batch(const HostBatch& batch, int32_t* staging);
+  // Enqueues the copy of a staged batch (pinned host memory, left untouched until the
+  // stream has run the copy) into the input buffers; no synchronization.
+  void load_staged(const int32_t* staging, const StagedShape& shape);
+  // forward_backward of the loaded batch with the loss scale read from device memory and
+  // the loss sums (loss, z, count) added to `sums` in device memory: nothing is read back.
+  void forward_backward_on_device(const float* loss_scale, double* sums, double z_loss);
+  // gradient_norm()'s sum of squares into device memory, without waiting for it.
+  void gradient_sum_squares_to_device(double* out) const;
   // Forward, loss and backward of the loaded batch; parameter gradients accumulate (+=).
   // The objective's gradient is scaled by loss_scale (1 / target tokens of the whole step).
   ops::LossSums forward_backward(double loss_scale, double z_loss);
@@ -80,6 +101,7 @@ class Model {
   void refresh_compute_weights();  // masters -> bf16 copies (mixed path)
   Tensor all_gradients() const;     // the gradient arena as one flat tensor
   void backward_from_hidden();
+  ops::LossSums forward_backward_with(ops::LmHeadLossOptions options);
   const Tensor& head_weight() const;
   const Tensor& head_grad() const;
 
@@ -100,7 +122,12 @@ class Model {
   Tensor embed_w_, embed_g_, head_w_, head_g_;  // as modules hold them (compute copies)
   const Parameter* embed_ = nullptr;            // its master: the lookup reads fp32 rows
 
-  // Inputs of the current micro-batch (i32): tokens, targets, positions [T]; cu_seqlens [T+1].
+  // Inputs of the current micro-batch (i32), views of one buffer so a staged batch is one
+  // copy: tokens, targets, positions [T]; cu_seqlens [T+1]; the token groups below.
+  static int64_t input_ints(int64_t t) { return 7 * t + 2; }
+  void bind_input_views();
+  void set_loaded_shape(int64_t rows, int64_t seqs, int64_t max_seqlen, int64_t groups);
+  Tensor inputs_;
   Tensor tokens_, targets_, positions_, cu_seqlens_;
   int64_t rows_ = 0;
   SeqInfo seq_;

@@ -80,19 +80,37 @@ void add_inplace_f32(float* dst, const float* src, int64_t n);
 void scale_inplace_f32(float* x, int64_t n, float factor);
 // Deterministic: fixed per-block partials summed in order. Synchronizes (returns to host).
 double sum_squares_f32(const float* x, int64_t n);
+// The same sum (the same partials, the same order: the same bits) written to device
+// memory `out` instead: no synchronization, so a captured step can read it.
+void sum_squares_to_device_f32(const float* x, int64_t n, double* out);
 bool all_finite_f32(const float* x, int64_t n);
+
+// The scale of the loss gradient: a value fixed at launch, or (device != null) a float the
+// kernel reads from device memory when it runs, so a captured CUDA graph can be replayed
+// for steps with other target counts.
+struct LossScale {
+  float value = 1.0f;
+  const float* device = nullptr;
+  LossScale(float v) : value(v) {}  // NOLINT: a plain float is the common case
+  LossScale(float v, const float* on_device) : value(v), device(on_device) {}
+#ifdef __CUDACC__
+  __device__ float get() const { return device != nullptr ? *device : value; }
+#endif
+};
 
 // Cross-entropy rows of a logits chunk [rows, vocab] in place: with grad, each row becomes
 // loss_scale * d(objective)/dlogits (zero for ignored targets); row_stats [rows, 2] (f64)
 // receives each row's loss and logsumexp^2.
 void cross_entropy_rows_f32(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
-                            float loss_scale, float softcap, bool grad, double* row_stats);
+                            LossScale loss_scale, float softcap, bool grad, double* row_stats);
 void softcap_f32(float* x, int64_t n, float cap);
-// Loss sums of one lm_head_loss call, accumulated on the device in row order:
-// reset, accumulate each chunk's row_stats, then read (synchronizes) loss, z, count.
-void loss_sums_reset();
-void loss_sums_accumulate(const double* row_stats, const int32_t* targets, int64_t rows);
-void loss_sums_read(double* loss, double* z, int64_t* count);
+// Loss sums (loss, z, count: three doubles in device memory) accumulated in row order:
+// reset, accumulate each chunk's row_stats, then read (synchronizes). `sums` null: the
+// process's own three (one lm_head_loss call at a time); a caller's array lets a step
+// accumulate over its micro-batches on the device and read once.
+void loss_sums_reset(double* sums);
+void loss_sums_accumulate(double* sums, const double* row_stats, const int32_t* targets, int64_t rows);
+void loss_sums_read(const double* sums, double* loss, double* z, int64_t* count);
 
 // One tensor of a multi-tensor AdamW update (fp32 parameter, gradient and state).
 struct AdamWTensorF32 {
@@ -106,6 +124,19 @@ struct AdamWTensorF32 {
 // Every tensor in one launch; the same arithmetic as adamw_update_f32.
 void adamw_update_many_f32(const AdamWTensorF32* tensors, int64_t count, float lr, float beta1, float beta2, float eps,
                            float bias_correction1, float bias_correction2);
+
+// The scalars of one optimizer update read from device memory when the kernel runs (a
+// captured step): lr and bias corrections written by the host before the step, the
+// gradient factor (the clip; 1 = none) and the skip flag by the step's guard kernel.
+struct DeviceUpdateScalars {
+  float lr, bias_correction1, bias_correction2;
+  float grad_scale;
+  int32_t skip;  // nonzero: parameters and state stay untouched
+};
+// adamw_update_many_f32 with the scalars above: g * grad_scale in place of g (the bits of
+// scaling the gradients first), nothing when skip is set.
+void adamw_update_many_device_f32(const AdamWTensorF32* tensors, int64_t count, float beta1, float beta2, float eps,
+                                  const DeviceUpdateScalars* scalars);
 
 void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, float bias_correction1, float bias_correction2);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "ops/cuda_kernels.h"
 
 #include <cstdint>
 
@@ -54,12 +55,12 @@ void swiglu_backward_bf16(const bf16_bits* gate_up, const bf16_bits* dout, int64
 // loss_scale * d(objective)/dlogits (zero rows for ignored targets), ready for the two
 // backward GEMMs; logits are left as they were. row_stats as cross_entropy_rows_f32.
 void cross_entropy_rows_to_bf16(const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                                float z_loss, float loss_scale, float softcap, bool grad, double* row_stats,
+                                float z_loss, LossScale loss_scale, float softcap, bool grad, double* row_stats,
                                 bf16_bits* grad_out);
 
 // The same on a bf16 logits chunk, in place: with grad, each row of `logits` becomes its
 // bf16 gradient (the LM head's mixed path keeps logits in bf16, as autocast does).
 void cross_entropy_rows_bf16(bf16_bits* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
-                             float loss_scale, float softcap, bool grad, double* row_stats);
+                             LossScale loss_scale, float softcap, bool grad, double* row_stats);
 
 }  // namespace kiln::cuda

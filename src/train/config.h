@@ -71,6 +71,11 @@ struct TrainConfig {
   // exists: today cuDNN's attention backward (atomic dQ accumulation when false, as
   // PyTorch's SDPA backends). The CPU is deterministic either way.
   bool deterministic = true;
+  // GPU: the step keeps its scalars (loss, gradient norm, guard verdict, clip, learning
+  // rate) in device memory, reads them once when it has run, and replays each micro-batch
+  // and the update as CUDA graphs (train/device_step.h). false: the op-by-op step that
+  // reads the loss after each micro-batch and the norm before the update (same results).
+  bool cuda_graphs = true;
   int64_t threads = 0;                 // CPU threads; 0 = all cores
   std::string out_dir = "runs/default";
   double z_loss = 0.0;                 // coefficient of mean(logsumexp^2)

@@ -62,6 +62,7 @@ const std::array kFields = {
     KILN_FIELD(train, precision, one_of("auto|fp32|bf16"), "auto (bf16 on the GPU, fp32 on the CPU) | fp32 | bf16"),
     KILN_FIELD(train, recompute_blocks, non_negative(), "blocks (the first N) whose activations are recomputed in backward"),
     KILN_FIELD(train, deterministic, none(), "bitwise-reproducible kernels; false allows cuDNN's faster atomic attention backward"),
+    KILN_FIELD(train, cuda_graphs, none(), "GPU: the step as CUDA graphs with its scalars on the device; false: op by op"),
     KILN_FIELD(train, threads, non_negative(), "CPU threads; 0 = all cores"),
     KILN_FIELD(train, out_dir, none(), "run directory"),
     KILN_FIELD(train, z_loss, non_negative(), "coefficient of mean(logsumexp^2)"),

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
 namespace kiln {
 
@@ -39,16 +40,24 @@ FaultGuard::FaultGuard(const TrainConfig& config)
   state_.recent_grad_norm.reserve(window_);
 }
 
+void FaultGuard::spike_limits(double* loss_limit, double* grad_limit) const {
+  *loss_limit = *grad_limit = std::numeric_limits<double>::infinity();
+  // The spike guard waits for a full window: early losses fall fast and say little.
+  if (window_ == 0 || state_.recent_loss.size() < window_) return;
+  *loss_limit = loss_ratio_ * mean(state_.recent_loss);
+  *grad_limit = grad_ratio_ * mean(state_.recent_grad_norm);
+}
+
 std::string FaultGuard::check(double loss, double grad_norm) const {
   if (!std::isfinite(loss)) return fmt::format("non-finite loss {}", loss);
   if (!std::isfinite(grad_norm)) return fmt::format("non-finite gradient norm {}", grad_norm);
-  // The spike guard waits for a full window: early losses fall fast and say little.
-  if (window_ == 0 || state_.recent_loss.size() < window_) return {};
-  const double loss_mean = mean(state_.recent_loss), grad_mean = mean(state_.recent_grad_norm);
-  if (loss > loss_ratio_ * loss_mean)
-    return fmt::format("loss spike {:.4g} > {} x recent mean {:.4g}", loss, loss_ratio_, loss_mean);
-  if (grad_norm > grad_ratio_ * grad_mean)
-    return fmt::format("gradient norm spike {:.4g} > {} x recent mean {:.4g}", grad_norm, grad_ratio_, grad_mean);
+  double loss_limit = 0, grad_limit = 0;
+  spike_limits(&loss_limit, &grad_limit);
+  if (loss > loss_limit)
+    return fmt::format("loss spike {:.4g} > {} x recent mean {:.4g}", loss, loss_ratio_, loss_limit / loss_ratio_);
+  if (grad_norm > grad_limit)
+    return fmt::format("gradient norm spike {:.4g} > {} x recent mean {:.4g}", grad_norm, grad_ratio_,
+                       grad_limit / grad_ratio_);
   return {};
 }
 

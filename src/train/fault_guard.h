@@ -32,6 +32,10 @@ class FaultGuard {
   // Why this step's update must be skipped, or "" to apply it. `grad_norm` is the global
   // norm before clipping.
   std::string check(double loss, double grad_norm) const;
+  // The spike limits check() applies now: skip when loss > *loss_limit or grad_norm >
+  // *grad_limit (+inf while the guard is off or its window not yet full). A step deciding
+  // on the device (train/device_step.h) compares against these.
+  void spike_limits(double* loss_limit, double* grad_limit) const;
   // The update was applied: the values enter the spike window.
   void accept(double loss, double grad_norm);
   // The update was skipped. Throws kiln::Error("[train] step N: ...") once

@@ -100,6 +100,12 @@ bool FaultInjector::has(std::string_view name, std::string_view arg) const {
   return false;
 }
 
+bool FaultInjector::numeric() const {
+  for (const Fault& f : faults_)
+    if (f.name == "nan_loss" || f.name == "inf_grad" || f.name == "grad_spike") return true;
+  return false;
+}
+
 void inject_before_step(const FaultInjector& faults, int64_t step) {
   if (faults.at_step("kill_at_step", step)) kill_self();
   if (const int64_t ms = faults.value("step_delay_ms", 0); ms > 0)

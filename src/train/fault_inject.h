@@ -36,6 +36,9 @@ class FaultInjector {
   static FaultInjector from_env();
 
   bool any() const { return !faults_.empty(); }
+  // Any of nan_loss, inf_grad, grad_spike: they act between a step's backward and its
+  // guard, so a GPU step then runs op by op (Trainer).
+  bool numeric() const;
   // True when checkpoint_write names `point` of save number `save` (1-based).
   bool at_write_point(std::string_view point, int64_t save) const;
   // SIGKILLs the process there.

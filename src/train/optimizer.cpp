@@ -27,21 +27,26 @@ class AdamW final : public Optimizer {
 
   void step(double lr) override {
     ++steps_;
-    ops::AdamWStep step;
-    step.lr = lr;
-    step.beta1 = config_.beta1;
-    step.beta2 = config_.beta2;
-    step.eps = config_.eps;
-    step.bias_correction1 = 1.0 - std::pow(config_.beta1, static_cast<double>(steps_));
-    step.bias_correction2 = 1.0 - std::pow(config_.beta2, static_cast<double>(steps_));
-    batch_.clear();
-    for (const Slot& s : slots_)
-      batch_.push_back({s.param->value(), s.param->grad(), s.m, s.v, s.decay ? config_.weight_decay : 0.0});
-    ops::adamw_update_all(batch_, step);
+    ops::adamw_update_all(tensors(), step_scalars(lr, steps_));
   }
 
   int64_t steps_taken() const override { return steps_; }
   void set_steps_taken(int64_t steps) override { steps_ = steps; }
+
+  bool updates_on_device() const override { return !slots_.empty() && slots_[0].param->value().device() == Device::cuda; }
+
+  void prepare_device_update(double lr, cuda::DeviceUpdateScalars& scalars) const override {
+    const ops::AdamWStep step = step_scalars(lr, steps_ + 1);
+    scalars.lr = static_cast<float>(step.lr);
+    scalars.bias_correction1 = static_cast<float>(step.bias_correction1);
+    scalars.bias_correction2 = static_cast<float>(step.bias_correction2);
+  }
+
+  void step_on_device(const cuda::DeviceUpdateScalars* scalars) override {
+    ops::adamw_update_all_on_device(tensors(), step_scalars(0, steps_ + 1), scalars);
+  }
+
+  void count_update() override { ++steps_; }
 
   // torch.optim.AdamW's names for m and v.
   std::vector<OptimizerStateTensor> state_tensors() const override {
@@ -59,6 +64,25 @@ class AdamW final : public Optimizer {
     Tensor m, v;
     bool decay;
   };
+  // The scalars of update number `update` (1-based: bias corrections 1 - beta^update).
+  ops::AdamWStep step_scalars(double lr, int64_t update) const {
+    ops::AdamWStep step;
+    step.lr = lr;
+    step.beta1 = config_.beta1;
+    step.beta2 = config_.beta2;
+    step.eps = config_.eps;
+    step.bias_correction1 = 1.0 - std::pow(config_.beta1, static_cast<double>(update));
+    step.bias_correction2 = 1.0 - std::pow(config_.beta2, static_cast<double>(update));
+    return step;
+  }
+
+  const std::vector<ops::AdamWTensor>& tensors() {
+    batch_.clear();
+    for (const Slot& s : slots_)
+      batch_.push_back({s.param->value(), s.param->grad(), s.m, s.v, s.decay ? config_.weight_decay : 0.0});
+    return batch_;
+  }
+
   OptimConfig config_;
   std::vector<Slot> slots_;
   std::vector<ops::AdamWTensor> batch_;  // reused each step: no allocation in the loop
@@ -95,6 +119,14 @@ class ConstantSchedule final : public Schedule {
 };
 
 }  // namespace
+
+void Optimizer::prepare_device_update(double, cuda::DeviceUpdateScalars&) const {
+  fail("optimizer", "this optimizer has no update with scalars in device memory");
+}
+void Optimizer::step_on_device(const cuda::DeviceUpdateScalars*) {
+  fail("optimizer", "this optimizer has no update with scalars in device memory");
+}
+void Optimizer::count_update() { fail("optimizer", "this optimizer has no update with scalars in device memory"); }
 
 OptimizerRegistry& optimizer_registry() {
   static OptimizerRegistry* registry = [] {

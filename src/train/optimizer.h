@@ -4,6 +4,7 @@
 #include "core/arena.h"
 #include "nn/parameter.h"
 #include "nn/registry.h"
+#include "ops/cuda_kernels.h"
 #include "train/config.h"
 
 #include <memory>
@@ -31,6 +32,16 @@ class Optimizer {
   // allocated), and the step count restored on resume.
   virtual std::vector<OptimizerStateTensor> state_tensors() const = 0;
   virtual void set_steps_taken(int64_t steps) = 0;
+
+  // A step whose scalars stay on the device (train/device_step.h): whether this optimizer
+  // can update with them; the lr and bias corrections of the next update (number
+  // steps_taken() + 1) into the host copy of `scalars`; the update itself, enqueued,
+  // reading `scalars` in device memory (where the guard may have set skip: so the host
+  // calls count_update() only once it knows the update was applied).
+  virtual bool updates_on_device() const { return false; }
+  virtual void prepare_device_update(double lr, cuda::DeviceUpdateScalars& scalars) const;
+  virtual void step_on_device(const cuda::DeviceUpdateScalars* scalars);
+  virtual void count_update();
 };
 
 class Schedule {

@@ -120,6 +120,10 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   optimizer_state_.allocate();
   if (resume) restore(*resume, train_options.allow_data_change);
   else model_->init_weights(config_.train.seed);
+  // The GPU step with its scalars on the device, unless the op-by-op one is asked for or
+  // test faults must be injected between its parts.
+  if (device_ == Device::cuda && config_.train.cuda_graphs && optimizer_->updates_on_device() && !faults_.numeric())
+    device_step_ = std::make_unique<DeviceStep>(*model_, *optimizer_, config_.train.grad_accum, true);
 
   std::ofstream(fs::path(config_.train.out_dir) / "config.toml") << config_to_toml(config_);
   metrics_ = std::make_unique<MetricsLog>((fs::path(config_.train.out_dir) / config_.log.metrics_file).string());
@@ -131,7 +135,8 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   const MemoryPlan plan = model_->memory_plan();
   const char* precision = model_->options().dtype == DType::bf16 ? "bf16 mixed" : "fp32";
   const std::string device = device_ == Device::cuda
-                                 ? fmt::format("cuda ({}, {})", cuda_device_name(), precision)
+                                 ? fmt::format("cuda ({}, {}, {})", cuda_device_name(), precision,
+                                               device_step_ ? "CUDA graphs" : "op by op")
                                  : fmt::format("cpu ({} threads, {})", threads, precision);
   fmt::print("kiln {} | device {} | model {}: {} parameters, {} layers, hidden {}\n", KILN_VERSION, device,
              config_.model.name, human_count(static_cast<double>(model_->parameter_count())), config_.model.layers,
@@ -166,6 +171,32 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
     m.tokens += batch.size();
   }
   KILN_CHECK(targets > 0, "train", "step {} has no target tokens", step_index + 1);
+  m.target_tokens = targets;
+  // The schedule's position is the count of applied updates: a skipped step leaves it.
+  m.lr = schedule_->lr(optimizer_->steps_taken());
+  const double clip = config_.optim.grad_clip;
+
+  if (device_step_) {  // GPU: scalars on the device, one read when the step has run
+    DeviceStepPlan plan;
+    plan.lr = m.lr;
+    guard_.spike_limits(&plan.loss_limit, &plan.grad_limit);
+    plan.clip = clip;
+    plan.z_loss = config_.train.z_loss;
+    const DeviceStepOutcome outcome = device_step_->run(micro_batches_, targets, plan);
+    m.loss = outcome.loss;
+    m.z = config_.train.z_loss > 0 ? outcome.z : 0;
+    m.grad_norm = outcome.grad_norm;
+    m.skipped = guard_.check(m.loss, m.grad_norm);
+    // The device applied (or skipped) the update on its own copy of the guard's rules.
+    KILN_CHECK(m.skipped.empty() == (outcome.verdict == ops::StepVerdict::apply), "train",
+               "step {}: the device's guard verdict ({}) disagrees with the host's ('{}'): an internal error",
+               m.step, static_cast<int>(outcome.verdict), m.skipped);
+    if (!m.skipped.empty()) return skip_update(m);
+    optimizer_->count_update();
+    guard_.accept(m.loss, m.grad_norm);
+    return true;
+  }
+
   model_->zero_grads();
   double loss = 0, z = 0;
   for (const HostBatch& batch : micro_batches_) {
@@ -176,24 +207,23 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
   }
   m.loss = loss / static_cast<double>(targets);
   m.z = config_.train.z_loss > 0 ? z / static_cast<double>(targets) : 0;
-  m.target_tokens = targets;
-  if (faults_.any()) inject_numeric_faults(faults_, m.step, m.loss, model_->parameters());  // tests only
+  if (faults_.numeric()) inject_numeric_faults(faults_, m.step, m.loss, model_->parameters());  // tests only
   m.grad_norm = model_->gradient_norm();
-  // The schedule's position is the count of applied updates: a skipped step leaves it.
-  m.lr = schedule_->lr(optimizer_->steps_taken());
   m.skipped = guard_.check(m.loss, m.grad_norm);
-  if (!m.skipped.empty()) {  // weights, optimizer state and schedule stay untouched
-    fmt::print("step {}: update skipped ({}); {} skipped in a row, {} in total\n", m.step, m.skipped,
-               guard_.state().consecutive_skips + 1, guard_.state().total_skips + 1);
-    metrics_->skip(m.step, m.skipped, m.loss, m.grad_norm);
-    guard_.skip(m.step, m.skipped);  // throws after train.max_consecutive_skips in a row
-    return false;
-  }
-  const double clip = config_.optim.grad_clip;
+  if (!m.skipped.empty()) return skip_update(m);
   if (clip > 0 && m.grad_norm > clip) model_->scale_gradients(clip / (m.grad_norm + 1e-6));
   optimizer_->step(m.lr);
   guard_.accept(m.loss, m.grad_norm);
   return true;
+}
+
+bool Trainer::skip_update(const StepMetrics& m) {
+  // Weights, optimizer state and schedule stay untouched.
+  fmt::print("step {}: update skipped ({}); {} skipped in a row, {} in total\n", m.step, m.skipped,
+             guard_.state().consecutive_skips + 1, guard_.state().total_skips + 1);
+  metrics_->skip(m.step, m.skipped, m.loss, m.grad_norm);
+  guard_.skip(m.step, m.skipped);  // throws after train.max_consecutive_skips in a row
+  return false;
 }
 
 double Trainer::validate() {

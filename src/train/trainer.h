@@ -9,6 +9,7 @@
 #include "model/model.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/device_step.h"
 #include "train/fault_guard.h"
 #include "train/fault_inject.h"
 #include "train/metrics.h"
@@ -48,10 +49,13 @@ class Trainer {
   double validate();
   std::string sample(uint64_t seed);
   Model& model() { return *model_; }
+  // Steps (micro-batches and updates) that ran as captured CUDA graphs so far.
+  int64_t graph_launches() const { return device_step_ ? device_step_->graph_launches() : 0; }
 
  private:
   // One step; false when the fault guard skipped its update.
   bool step(int64_t step_index, StepMetrics& metrics);
+  bool skip_update(const StepMetrics& m);  // reports and counts a skipped update; false
   void log_step(const StepMetrics& m);
 
   // trainer_checkpoint.cpp: the glue between the loop and train/checkpoint.h.
@@ -73,6 +77,7 @@ class Trainer {
   Arena optimizer_state_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Schedule> schedule_;
+  std::unique_ptr<DeviceStep> device_step_;  // the GPU's step (null: the op-by-op loop)
   std::unique_ptr<MetricsLog> metrics_;
 
   FaultInjector faults_;        // test-only (KILN_FAULT_INJECT); empty otherwise

@@ -113,6 +113,72 @@ TEST_F(Training, GpuResumeAfterKillIsBitwiseEqual) {
   std::filesystem::remove_all(dir);
 }
 
+// The GPU step with its scalars on the device, replayed as CUDA graphs
+// (train.cuda_graphs, the default), against the op-by-op step that reads the loss after
+// each micro-batch and the norm before the update: the same losses, gradient norms, guard
+// decisions and final weights, bit for bit, in bf16 and fp32. Two micro-batches per step,
+// a z-loss and a clip that bites; once with every update applied, once with a spike
+// guard tight enough to skip many (the device's skip path).
+TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
+  const std::string dir = test::temp_dir("kiln-gpu-graphs");
+  struct Run {
+    std::vector<std::string> lines;  // metrics.jsonl's train and skip records, as logged
+    std::vector<std::vector<uint8_t>> weights;
+    int64_t graph_launches = 0, skips = 0;
+  };
+  auto train = [&](const std::string& precision, bool guard, bool graphs) {
+    const std::string out = dir + "/" + precision + (guard ? "-guard" : "") + (graphs ? "-graphs" : "-ops");
+    std::vector<std::string> overrides = {
+        "data.path=" + test::source_dir() + "/data/tinyshakespeare.txt", "train.out_dir=" + out,
+        "train.device=cuda", "train.precision=" + precision, "train.cuda_graphs=" + std::string(graphs ? "true" : "false"),
+        "model.hidden=64", "model.layers=2", "model.heads=4", "model.kv_heads=2", "model.head_dim=16",
+        "model.ffn_hidden=128", "model.max_seq_len=128", "train.micro_batch_tokens=1024", "train.grad_accum=2",
+        "train.steps=24", "optim.warmup_steps=4", "optim.lr=3e-3", "optim.grad_clip=0.5", "train.z_loss=1e-4",
+        "train.eval_every=0", "train.eval_batches=1", "train.sample_every=0", "train.sample_tokens=4", "log.every=1",
+        "checkpoint.save_final=false"};
+    if (guard)
+      for (const char* o : {"train.spike_window=2", "train.spike_grad_ratio=1.02", "train.max_consecutive_skips=0"})
+        overrides.emplace_back(o);
+    Trainer trainer(load_config("", overrides));
+    trainer.run();
+    Run r;
+    r.graph_launches = trainer.graph_launches();
+    std::ifstream in(out + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "skip") r.lines.push_back(line), ++r.skips;
+      if (j["kind"] == "train")  // without the timings
+        r.lines.push_back(nlohmann::json{{"step", j["step"]}, {"loss", j["loss"]}, {"grad_norm", j["grad_norm"]},
+                                         {"lr", j["lr"]}}.dump());
+    }
+    for (const auto& p : trainer.model().parameters()) {
+      const OwnedTensor host = to_host(p->value());
+      const auto* bytes = static_cast<const uint8_t*>(host->raw());
+      r.weights.emplace_back(bytes, bytes + host->nbytes());
+    }
+    return r;
+  };
+  for (const std::string precision : {"bf16", "fp32"}) {
+    for (const bool guard : {false, true}) {
+      SCOPED_TRACE(precision + (guard ? " with the spike guard" : ""));
+      const Run ops = train(precision, guard, false), graphs = train(precision, guard, true);
+      std::printf("%s%s: %zu records, %lld skipped updates, %lld graph launches\n", precision.c_str(),
+                  guard ? " (spike guard)" : "", ops.lines.size(), static_cast<long long>(ops.skips),
+                  static_cast<long long>(graphs.graph_launches));
+      EXPECT_EQ(ops.graph_launches, 0);
+      EXPECT_GT(graphs.graph_launches, 24);  // the graphs ran, not only the warm-ups
+      if (guard) EXPECT_GT(ops.skips, 0);     // the guard fired: the device's skip path ran
+      else EXPECT_EQ(ops.skips, 0);
+      EXPECT_EQ(graphs.lines, ops.lines);
+      ASSERT_EQ(graphs.weights.size(), ops.weights.size());
+      for (size_t i = 0; i < ops.weights.size(); ++i)
+        EXPECT_TRUE(graphs.weights[i] == ops.weights[i]) << "parameter " << i;
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // `kiln sample --device cuda` on a model trained on the GPU: the bf16, graph-captured
 // decoder behind the CLI loads the saved model and generates every requested token
 // (greedy, EOS ignored), as the CPU decoder does from the same model. (Token-level

@@ -31,6 +31,7 @@
 // Off, the faster backward accumulates dQ with atomics, as PyTorch's SDPA backends do.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "core/step_graphs.h"
 #include "ops/attention/attention_cudnn.h"
 
 #include <cudnn.h>
@@ -140,6 +141,7 @@ struct DeviceBuffer {
     bytes = 0;
     check(cudaMallocAsync(&ptr, rounded, stream), kWhere, what);
     bytes = rounded;
+    bump_capture_generation();  // graphs captured with the old buffer must not run again
   }
 };
 

@@ -78,7 +78,7 @@ __device__ MaxSum block_combine(MaxSum v) {
 template <typename In, int W>
 __global__ void __launch_bounds__(kThreads)
     rows_kernel(const In* logits, const int32_t* __restrict__ targets, int64_t vocab, float z_loss,
-                float loss_scale, float cap, bool grad, double* __restrict__ stats, bf16* grad_out) {
+                LossScale scale, float cap, bool grad, double* __restrict__ stats, bf16* grad_out) {
   const int64_t row = blockIdx.x;
   const In* x = logits + row * vocab;
   bf16* g_row = grad ? grad_out + row * vocab : nullptr;
@@ -119,6 +119,7 @@ __global__ void __launch_bounds__(kThreads)
   if (!grad) return;
 
   const float zfactor = 1.0f + 2.0f * z_loss * lse;
+  const float loss_scale = scale.get();
   for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
     float v[W];
     load<W>(x + i * W, v);
@@ -138,7 +139,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename In>
 void launch_rows(const In* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
-                 float loss_scale, float softcap, bool grad, double* row_stats, bf16* g) {
+                 LossScale loss_scale, float softcap, bool grad, double* row_stats, bf16* g) {
   if (rows == 0) return;
   KILN_CHECK(rows <= INT_MAX, kOp, "{} rows exceed the grid limit", rows);
   const bool vec = vocab % kVec == 0 && aligned16(logits) && (!grad || aligned16(g));
@@ -154,14 +155,14 @@ void launch_rows(const In* logits, const int32_t* targets, int64_t rows, int64_t
 }  // namespace
 
 void cross_entropy_rows_to_bf16(const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                                float z_loss, float loss_scale, float softcap, bool grad, double* row_stats,
+                                float z_loss, LossScale loss_scale, float softcap, bool grad, double* row_stats,
                                 bf16_bits* grad_out) {
   launch_rows(logits, targets, rows, vocab, z_loss, loss_scale, softcap, grad, row_stats,
               reinterpret_cast<bf16*>(grad_out));
 }
 
 void cross_entropy_rows_bf16(bf16_bits* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
-                             float loss_scale, float softcap, bool grad, double* row_stats) {
+                             LossScale loss_scale, float softcap, bool grad, double* row_stats) {
   bf16* x = reinterpret_cast<bf16*>(logits);
   launch_rows<bf16>(x, targets, rows, vocab, z_loss, loss_scale, softcap, grad, row_stats, grad ? x : nullptr);
 }

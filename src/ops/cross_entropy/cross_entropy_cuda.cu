@@ -23,7 +23,7 @@ __device__ float block_reduce(float v, Op op, float* shared) {
   return result;
 }
 
-__global__ void rows_kernel(float* logits, const int32_t* targets, int64_t vocab, float z_loss, float loss_scale,
+__global__ void rows_kernel(float* logits, const int32_t* targets, int64_t vocab, float z_loss, LossScale scale,
                             float cap, bool grad, double* stats) {
   __shared__ float shared[kThreads];
   const int64_t row = blockIdx.x;
@@ -52,6 +52,7 @@ __global__ void rows_kernel(float* logits, const int32_t* targets, int64_t vocab
   }
   if (!grad) return;
   const float zfactor = 1.0f + 2.0f * z_loss * lse;
+  const float loss_scale = scale.get();
   for (int64_t j = threadIdx.x; j < vocab; j += kThreads) {
     float g = __expf(x[j] - lse) * zfactor - (j == target ? 1.0f : 0.0f);
     if (cap > 0) {
@@ -68,9 +69,16 @@ __global__ void softcap_kernel(float* x, int64_t n, float cap) {
     x[i] = cap * tanhf(x[i] / cap);
 }
 
-__device__ double g_sums[3];  // loss, z, count of the current lm_head_loss call
+__device__ double g_sums[3];  // loss, z, count of the current lm_head_loss call (sums == null)
 
-__global__ void sums_reset_kernel() { g_sums[0] = g_sums[1] = g_sums[2] = 0; }
+double* sums_or_own(double* sums) {
+  if (sums != nullptr) return sums;
+  void* own = nullptr;
+  check(cudaGetSymbolAddress(&own, g_sums), "lm_head_loss", "cudaGetSymbolAddress");
+  return static_cast<double*>(own);
+}
+
+__global__ void sums_reset_kernel(double* sums) { sums[0] = sums[1] = sums[2] = 0; }
 
 // One block: thread t sums rows t, t + kSumThreads, ... in order, then the threads' partial
 // sums meet in a fixed tree. The partition depends only on `rows`, so the sums are the same
@@ -79,7 +87,8 @@ __global__ void sums_reset_kernel() { g_sums[0] = g_sums[1] = g_sums[2] = 0; }
 constexpr int kSumThreads = 1024;
 
 __global__ void __launch_bounds__(kSumThreads)
-    sums_accumulate_kernel(const double* __restrict__ stats, const int32_t* __restrict__ targets, int64_t rows) {
+    sums_accumulate_kernel(double* __restrict__ sums, const double* __restrict__ stats,
+                           const int32_t* __restrict__ targets, int64_t rows) {
   __shared__ double partial[3][kSumThreads];
   double loss = 0, z = 0, count = 0;
   for (int64_t r = threadIdx.x; r < rows; r += kSumThreads) {
@@ -96,34 +105,34 @@ __global__ void __launch_bounds__(kSumThreads)
     __syncthreads();
   }
   if (threadIdx.x == 0)
-    for (int k = 0; k < 3; ++k) g_sums[k] += partial[k][0];
+    for (int k = 0; k < 3; ++k) sums[k] += partial[k][0];
 }
 
 }  // namespace
 
-void loss_sums_reset() {
-  sums_reset_kernel<<<1, 1, 0, stream()>>>();
+void loss_sums_reset(double* sums) {
+  sums_reset_kernel<<<1, 1, 0, stream()>>>(sums_or_own(sums));
   check_launch("lm_head_loss", "sums_reset_kernel");
 }
 
-void loss_sums_accumulate(const double* row_stats, const int32_t* targets, int64_t rows) {
+void loss_sums_accumulate(double* sums, const double* row_stats, const int32_t* targets, int64_t rows) {
   if (rows == 0) return;
-  sums_accumulate_kernel<<<1, kSumThreads, 0, stream()>>>(row_stats, targets, rows);
+  sums_accumulate_kernel<<<1, kSumThreads, 0, stream()>>>(sums_or_own(sums), row_stats, targets, rows);
   check_launch("lm_head_loss", "sums_accumulate_kernel");
 }
 
-void loss_sums_read(double* loss, double* z, int64_t* count) {
-  double sums[3];
-  check(cudaMemcpyFromSymbolAsync(sums, g_sums, sizeof(sums), 0, cudaMemcpyDeviceToHost, stream()), "lm_head_loss",
-        "copy sums");
+void loss_sums_read(const double* sums, double* loss, double* z, int64_t* count) {
+  double host[3];
+  check(cudaMemcpyAsync(host, sums_or_own(const_cast<double*>(sums)), sizeof(host), cudaMemcpyDeviceToHost, stream()),
+        "lm_head_loss", "copy sums");
   check(cudaStreamSynchronize(stream()), "lm_head_loss", "synchronize");
-  *loss = sums[0];
-  *z = sums[1];
-  *count = static_cast<int64_t>(sums[2]);
+  *loss = host[0];
+  *z = host[1];
+  *count = static_cast<int64_t>(host[2]);
 }
 
 void cross_entropy_rows_f32(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
-                            float loss_scale, float softcap, bool grad, double* row_stats) {
+                            LossScale loss_scale, float softcap, bool grad, double* row_stats) {
   if (rows == 0) return;
   rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(logits, targets, vocab, z_loss, loss_scale,
                                                                       softcap, grad, row_stats);

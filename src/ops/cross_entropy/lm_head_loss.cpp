@@ -47,21 +47,24 @@ LossSums lm_head_loss_cuda(const Tensor& h, const Tensor& w, const Tensor& targe
   const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0);
   const bool grad = dh.defined() || dw.defined();
   float* lc = scratch.logits.data<float>();
-  cuda::loss_sums_reset();
+  double* const sums_on_device = o.sums_on_device;  // null: the op's own, read at the end
+  if (sums_on_device == nullptr) cuda::loss_sums_reset(nullptr);
+  const cuda::LossScale scale(static_cast<float>(o.loss_scale), o.loss_scale_on_device);
   for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
     const int64_t rows = std::min(o.chunk_rows, n - begin);
     const float* hc = h.data<float>() + begin * d;
     cuda::gemm_f32(false, true, rows, vocab, d, 1.0f, hc, d, w.data<float>(), d, 0.0f, lc, vocab);
     cuda::cross_entropy_rows_f32(lc, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
-                                 static_cast<float>(o.loss_scale), static_cast<float>(o.softcap), grad,
+                                 scale, static_cast<float>(o.softcap), grad,
                                  scratch.row_stats.data<double>());
-    cuda::loss_sums_accumulate(scratch.row_stats.data<double>(), targets.data<int32_t>() + begin, rows);
+    cuda::loss_sums_accumulate(sums_on_device, scratch.row_stats.data<double>(), targets.data<int32_t>() + begin,
+                               rows);
     if (dh.defined())
       cuda::gemm_f32(false, false, rows, d, vocab, 1.0f, lc, vocab, w.data<float>(), d, 0.0f, dh.data<float>() + begin * d, d);
     if (dw.defined()) cuda::gemm_f32(true, false, vocab, d, rows, 1.0f, lc, vocab, hc, d, 1.0f, dw.data<float>(), d);
   }
   LossSums sums;
-  cuda::loss_sums_read(&sums.loss, &sums.z, &sums.count);
+  if (sums_on_device == nullptr) cuda::loss_sums_read(nullptr, &sums.loss, &sums.z, &sums.count);
   return sums;
 }
 
@@ -75,15 +78,18 @@ LossSums lm_head_loss_mixed(const Tensor& h, const Tensor& w, const Tensor& targ
   uint16_t* lc = bf16_data(scratch.logits);
   const uint16_t* hp = bf16_data(h);
   const uint16_t* wp = bf16_data(w);
-  cuda::loss_sums_reset();
+  double* const sums_on_device = o.sums_on_device;  // null: the op's own, read at the end
+  if (sums_on_device == nullptr) cuda::loss_sums_reset(nullptr);
+  const cuda::LossScale scale(static_cast<float>(o.loss_scale), o.loss_scale_on_device);
   for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
     const int64_t rows = std::min(o.chunk_rows, n - begin);
     const uint16_t* hc = hp + begin * d;
     cuda::gemm(false, true, rows, vocab, d, 1.0f, hc, d, wp, d, DType::bf16, 0.0f, lc, vocab, DType::bf16);
     cuda::cross_entropy_rows_bf16(lc, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
-                                  static_cast<float>(o.loss_scale), static_cast<float>(o.softcap), grad,
+                                  scale, static_cast<float>(o.softcap), grad,
                                   scratch.row_stats.data<double>());
-    cuda::loss_sums_accumulate(scratch.row_stats.data<double>(), targets.data<int32_t>() + begin, rows);
+    cuda::loss_sums_accumulate(sums_on_device, scratch.row_stats.data<double>(), targets.data<int32_t>() + begin,
+                               rows);
     if (dh.defined())
       cuda::gemm(false, false, rows, d, vocab, 1.0f, lc, vocab, wp, d, DType::bf16, 0.0f, bf16_data(dh) + begin * d,
                  d, DType::bf16);
@@ -92,7 +98,7 @@ LossSums lm_head_loss_mixed(const Tensor& h, const Tensor& w, const Tensor& targ
                  DType::f32);
   }
   LossSums sums;
-  cuda::loss_sums_read(&sums.loss, &sums.z, &sums.count);
+  if (sums_on_device == nullptr) cuda::loss_sums_read(nullptr, &sums.loss, &sums.z, &sums.count);
   return sums;
 }
 #endif
@@ -110,6 +116,8 @@ LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, c
   expect_shape(op, "targets", targets, Shape{h.size(0)});
   expect_dtype(op, "targets", targets, DType::i32);
   KILN_CHECK(o.chunk_rows > 0, op, "chunk_rows must be positive");
+  KILN_CHECK(h.device() == Device::cuda || (o.loss_scale_on_device == nullptr && o.sums_on_device == nullptr), op,
+             "a loss scale or loss sums in device memory need GPU tensors");
   // Mixed path (bf16 h on the GPU): bf16 logits (in place to their gradient), fp32 dw.
   const bool mixed = is_mixed(h);
   const DType wide = mixed ? DType::f32 : h.dtype();

@@ -72,6 +72,19 @@ void convert(const Tensor& src, const Tensor& dst) {
   fail(op, "no CPU conversion from {} to {}", dtype_name(src.dtype()), dtype_name(dst.dtype()));
 }
 
+void sum_squares_to_device(const Tensor& x, double* out) {
+  const char* op = "sum_squares";
+  KILN_OP_SCOPE(op, x);
+  KILN_CHECK(x.device() == Device::cuda, op, "the device-memory form needs a GPU tensor, got {}", x.describe());
+  expect_dtype(op, "x", x, DType::f32);
+#if KILN_WITH_CUDA
+  cuda::sum_squares_to_device_f32(x.data<float>(), x.numel(), out);
+#else
+  (void)out;
+  ops::no_cuda_kernel(op);
+#endif
+}
+
 double sum_squares(const Tensor& x) {
   const char* op = "sum_squares";
   KILN_OP_SCOPE(op, x);

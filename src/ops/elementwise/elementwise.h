@@ -14,6 +14,9 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void convert(const Tensor& src, const Tensor& dst);
 // Sum of squares of all elements, accumulated in double (for gradient norms).
 double sum_squares(const Tensor& x);
+// The same sum (the same bits) into one double in device memory, without waiting for it
+// (GPU f32 tensors only): a step that keeps its scalars on the device.
+void sum_squares_to_device(const Tensor& x, double* out);
 // x *= factor.
 void scale_inplace(const Tensor& x, double factor);
 // True if every element is finite.

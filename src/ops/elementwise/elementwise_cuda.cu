@@ -114,21 +114,29 @@ __global__ void non_finite_partial(const float* x, int64_t n) {
   if (threadIdx.x == 0) g_partials[blockIdx.x] = shared[0];
 }
 
-__global__ void sum_partials(int blocks) {
+__global__ void sum_partials(int blocks, double* out) {
   double total = 0;
   for (int b = 0; b < blocks; ++b) total += g_partials[b];
-  g_result = total;
+  *out = total;
+}
+
+// The partials, then their sum into `out` (device memory): nothing waits for it.
+template <typename Kernel>
+void reduce_into(Kernel kernel, const float* x, int64_t n, const char* op, double* out) {
+  const int blocks = static_cast<int>(std::min<int64_t>(kReduceBlocks, (n + kThreads - 1) / kThreads + 1));
+  kernel<<<blocks, kThreads, 0, stream()>>>(x, n);
+  check_launch(op, "partial");
+  sum_partials<<<1, 1, 0, stream()>>>(blocks, out);
+  check_launch(op, "sum_partials");
 }
 
 template <typename Kernel>
 double reduce(Kernel kernel, const float* x, int64_t n, const char* op) {
-  const int blocks = static_cast<int>(std::min<int64_t>(kReduceBlocks, (n + kThreads - 1) / kThreads + 1));
-  kernel<<<blocks, kThreads, 0, stream()>>>(x, n);
-  check_launch(op, "partial");
-  sum_partials<<<1, 1, 0, stream()>>>(blocks);
-  check_launch(op, "sum_partials");
+  void* result_on_device = nullptr;
+  check(cudaGetSymbolAddress(&result_on_device, g_result), op, "cudaGetSymbolAddress");
+  reduce_into(kernel, x, n, op, static_cast<double*>(result_on_device));
   double result = 0;
-  check(cudaMemcpyFromSymbolAsync(&result, g_result, sizeof(double), 0, cudaMemcpyDeviceToHost, stream()), op,
+  check(cudaMemcpyAsync(&result, result_on_device, sizeof(double), cudaMemcpyDeviceToHost, stream()), op,
         "copy result");
   check(cudaStreamSynchronize(stream()), op, "synchronize");
   return result;
@@ -172,6 +180,9 @@ void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n, f
   KILN_LAUNCH("adamw", adamw_kernel, n, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
 }
 double sum_squares_f32(const float* x, int64_t n) { return reduce(sum_squares_partial, x, n, "sum_squares"); }
+void sum_squares_to_device_f32(const float* x, int64_t n, double* out) {
+  reduce_into(sum_squares_partial, x, n, "sum_squares", out);
+}
 bool all_finite_f32(const float* x, int64_t n) { return reduce(non_finite_partial, x, n, "all_finite") == 0.0; }
 
 }  // namespace kiln::cuda
@@ -187,6 +198,7 @@ __global__ void embedding_backward_grouped_kernel(const int32_t* order, const in
                                                   float* dtable) {
   const int64_t g = blockIdx.x;
   const int32_t begin = group_starts[g], end = group_starts[g + 1];
+  if (begin == end) return;  // padding of a static grid (a captured step's groups)
   float* row = dtable + static_cast<int64_t>(group_tokens[g]) * dim;
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
     float sum = 0;

@@ -44,22 +44,32 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, cons
   });
 }
 
+#if KILN_WITH_CUDA
+namespace {
+// The multi-tensor kernel's list (kept: no allocation per step), after checking each entry.
+const std::vector<cuda::AdamWTensorF32>& device_list(const char* op, const std::vector<AdamWTensor>& tensors) {
+  static thread_local std::vector<cuda::AdamWTensorF32> list;
+  list.clear();
+  for (const AdamWTensor& t : tensors) {
+    for (const Tensor* x : {&t.grad, &t.m, &t.v}) {
+      expect_same(op, "grad/m/v", *x, t.param);
+      KILN_CHECK(x->numel() == t.param.numel(), op, "size mismatch: param {}, {}", t.param.describe(), x->describe());
+    }
+    list.push_back({t.param.data<float>(), t.grad.data<float>(), t.m.data<float>(), t.v.data<float>(),
+                    t.param.numel(), static_cast<float>(t.weight_decay)});
+  }
+  return list;
+}
+}  // namespace
+#endif
+
 void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& s) {
   if (tensors.empty()) return;
   if (tensors.front().param.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     const char* op = "adamw";
     KILN_OP_SCOPE(op, tensors.front().param);
-    static thread_local std::vector<cuda::AdamWTensorF32> list;  // kept: no allocation per step
-    list.clear();
-    for (const AdamWTensor& t : tensors) {
-      for (const Tensor* x : {&t.grad, &t.m, &t.v}) {
-        expect_same(op, "grad/m/v", *x, t.param);
-        KILN_CHECK(x->numel() == t.param.numel(), op, "size mismatch: param {}, {}", t.param.describe(), x->describe());
-      }
-      list.push_back({t.param.data<float>(), t.grad.data<float>(), t.m.data<float>(), t.v.data<float>(),
-                      t.param.numel(), static_cast<float>(t.weight_decay)});
-    }
+    const auto& list = device_list(op, tensors);
     cuda::adamw_update_many_f32(list.data(), static_cast<int64_t>(list.size()), static_cast<float>(s.lr),
                                 static_cast<float>(s.beta1), static_cast<float>(s.beta2), static_cast<float>(s.eps),
                                 static_cast<float>(s.bias_correction1), static_cast<float>(s.bias_correction2));
@@ -73,6 +83,22 @@ void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& 
     one.weight_decay = t.weight_decay;
     adamw_update(t.param, t.grad, t.m, t.v, one);
   }
+}
+
+void adamw_update_all_on_device(const std::vector<AdamWTensor>& tensors, const AdamWStep& fixed,
+                                const cuda::DeviceUpdateScalars* scalars) {
+  const char* op = "adamw";
+  if (tensors.empty()) return;
+  KILN_CHECK(tensors.front().param.device() == Device::cuda, op, "scalars in device memory need GPU tensors");
+  KILN_OP_SCOPE(op, tensors.front().param);
+#if KILN_WITH_CUDA
+  const auto& list = device_list(op, tensors);
+  cuda::adamw_update_many_device_f32(list.data(), static_cast<int64_t>(list.size()), static_cast<float>(fixed.beta1),
+                                     static_cast<float>(fixed.beta2), static_cast<float>(fixed.eps), scalars);
+#else
+  (void)fixed, (void)scalars;
+  no_cuda_kernel(op);
+#endif
 }
 
 }  // namespace kiln::ops

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/cuda_kernels.h"
 
 #include <vector>
 
@@ -23,5 +24,13 @@ struct AdamWTensor {
   double weight_decay = 0;
 };
 void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& step);
+
+// The GPU form whose scalars live in device memory, read when the kernel runs (a training
+// step captured as a CUDA graph): lr and bias corrections from `scalars`, every gradient
+// multiplied by scalars->grad_scale (the clip factor; the same bits as scaling the
+// gradients first), and no change at all while scalars->skip is set. beta1, beta2 and eps
+// are fixed for a run.
+void adamw_update_all_on_device(const std::vector<AdamWTensor>& tensors, const AdamWStep& fixed,
+                                const cuda::DeviceUpdateScalars* scalars);
 
 }  // namespace kiln::ops

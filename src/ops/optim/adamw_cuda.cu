@@ -6,6 +6,7 @@
 // per-tensor kernel: the same bits.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "core/step_graphs.h"
 #include "ops/cuda_kernels.h"
 #include "ops/optim/adamw_math.cuh"
 
@@ -33,6 +34,21 @@ __global__ void adamw_multi_kernel(const AdamWTensorF32* tensors, const Chunk* c
     adamw_element(t.p[i], t.g[i], t.m[i], t.v[i], b1, b2, eps, f.decay, f.step, f.inv_sqrt_bc2);
 }
 
+// The same update with its scalars read from device memory when it runs.
+__global__ void adamw_multi_device_kernel(const AdamWTensorF32* tensors, const Chunk* chunks, float b1, float b2,
+                                          float eps, const DeviceUpdateScalars* scalars) {
+  if (scalars->skip != 0) return;
+  const float grad_scale = scalars->grad_scale;
+  const Chunk c = chunks[blockIdx.x];
+  const AdamWTensorF32 t = tensors[c.tensor];
+  const AdamWFactors f = adamw_factors(scalars->lr, t.weight_decay, scalars->bias_correction1,
+                                       scalars->bias_correction2);
+  const int64_t end = c.begin + kChunk < t.n ? c.begin + kChunk : t.n;
+  for (int64_t i = c.begin + threadIdx.x; i < end; i += kThreads)
+    adamw_element(t.p[i], __fmul_rn(t.g[i], grad_scale), t.m[i], t.v[i], b1, b2, eps, f.decay, f.step,
+                  f.inv_sqrt_bc2);
+}
+
 bool same_tensor(const AdamWTensorF32& a, const AdamWTensorF32& b) {
   return a.p == b.p && a.g == b.g && a.m == b.m && a.v == b.v && a.n == b.n && a.weight_decay == b.weight_decay;
 }
@@ -53,6 +69,7 @@ struct Table {
     for (int64_t i = 0; i < count; ++i)
       for (int64_t b = 0; b < list[i].n; b += kChunk) host_chunks.push_back({static_cast<int32_t>(i), b});
     // Rebuilt rarely (the first step): plain allocation and copies, ordered with the stream.
+    bump_capture_generation();  // graphs captured with the old table must not run again
     if (tensors) check(cudaFree(tensors), "adamw", "cudaFree");
     if (chunks) check(cudaFree(chunks), "adamw", "cudaFree");
     tensors = nullptr, chunks = nullptr;
@@ -67,17 +84,33 @@ struct Table {
   }
 };
 
+Table& device_table() {
+  static Table* t = new Table;  // never destroyed: freeing after the CUDA context is gone fails
+  return *t;
+}
+
 }  // namespace
 
 void adamw_update_many_f32(const AdamWTensorF32* tensors, int64_t count, float lr, float beta1, float beta2, float eps,
                            float bc1, float bc2) {
-  static Table table;
+  Table& table = device_table();
   table.update(tensors, count);
   if (table.chunk_count == 0) return;
   KILN_CHECK(table.chunk_count <= 0x7fffffff, "adamw", "{} chunks exceed the grid", table.chunk_count);
   adamw_multi_kernel<<<static_cast<unsigned>(table.chunk_count), kThreads, 0, stream()>>>(
       table.tensors, table.chunks, lr, beta1, beta2, eps, bc1, bc2);
   check_launch("adamw", "adamw_multi_kernel");
+}
+
+void adamw_update_many_device_f32(const AdamWTensorF32* tensors, int64_t count, float beta1, float beta2, float eps,
+                                  const DeviceUpdateScalars* scalars) {
+  Table& table = device_table();
+  table.update(tensors, count);
+  if (table.chunk_count == 0) return;
+  KILN_CHECK(table.chunk_count <= 0x7fffffff, "adamw", "{} chunks exceed the grid", table.chunk_count);
+  adamw_multi_device_kernel<<<static_cast<unsigned>(table.chunk_count), kThreads, 0, stream()>>>(
+      table.tensors, table.chunks, beta1, beta2, eps, scalars);
+  check_launch("adamw", "adamw_multi_device_kernel");
 }
 
 }  // namespace kiln::cuda
