@@ -98,7 +98,12 @@ else
 fi
 
 # ---- correctness: kernels against the CPU reference ---------------------------------------
-run_gtest kiln_gpu_tests "$STAGE/bin/kiln_gpu_tests"
+# GPU_CHECK_TESTS=0 skips the tests (a benchmark-only run; the table then has no test rows).
+if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
+  run_gtest kiln_gpu_tests "$STAGE/bin/kiln_gpu_tests"
+else
+  echo "gpu_check: GPU_CHECK_TESTS=0: tests not run"
+fi
 
 # Worst measured error per output (recorded by the tests as *_max_rel_err properties).
 if command -v python3 >/dev/null && [ -f "$LOGS/kiln_gpu_tests.json" ]; then
