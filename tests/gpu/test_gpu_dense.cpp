@@ -294,6 +294,55 @@ TEST_F(Dense, AdamWManyTensorsMatchesOneByOne) {
   }
 }
 
+// The update whose scalars live in device memory (the captured training step's):
+// gradients times grad_scale give the bits of scaling the gradients first and updating
+// tensor by tensor; with skip set nothing changes.
+TEST_F(Dense, AdamWWithDeviceScalarsMatchesScaledUpdate) {
+  ops::AdamWStep s;
+  s.bias_correction1 = 1 - std::pow(0.9, 3);
+  s.bias_correction2 = 1 - std::pow(0.95, 3);
+  cuda::DeviceUpdateScalars host{};
+  host.lr = 2e-3f;
+  host.bias_correction1 = static_cast<float>(s.bias_correction1);
+  host.bias_correction2 = static_cast<float>(s.bias_correction2);
+  host.grad_scale = 0.37f;
+  Storage device(Device::cuda, sizeof(host));
+  for (const int32_t skip : {0, 1}) {
+    SCOPED_TRACE(skip ? "skip" : "apply");
+    host.skip = skip;
+    device_copy(device.data(), Device::cuda, &host, Device::cpu, sizeof(host));
+    std::vector<ops::AdamWTensor> many;
+    std::vector<OwnedTensor> keep;
+    std::vector<OwnedTensor> before;
+    uint64_t seed = 700;
+    for (const int64_t n : {int64_t{3}, int64_t{65536}, int64_t{70001}}) {
+      const OwnedTensor p0 = test::random_tensor(DType::f32, Shape{n}, ++seed);
+      const OwnedTensor g0 = test::random_tensor(DType::f32, Shape{n}, ++seed);
+      const OwnedTensor m0 = test::random_tensor(DType::f32, Shape{n}, ++seed, 0.1);
+      OwnedTensor v0 = test::random_tensor(DType::f32, Shape{n}, ++seed, 0.1);
+      for (int64_t i = 0; i < n; ++i) v0->data<float>()[i] = std::fabs(v0->data<float>()[i]);
+      const double decay = n % 2 ? 0.1 : 0.0;
+      OwnedTensor pa = to_device(*p0), ma = to_device(*m0), va = to_device(*v0), ga = to_device(*g0);
+      OwnedTensor pb = to_device(*p0), mb = to_device(*m0), vb = to_device(*v0), gb = to_device(*g0);
+      many.push_back({*pa, *ga, *ma, *va, decay});
+      if (!skip) {  // the reference: scale the gradient, then the per-tensor update
+        ops::scale_inplace(*gb, host.grad_scale);
+        ops::AdamWStep one = s;
+        one.lr = host.lr;
+        one.weight_decay = decay;
+        ops::adamw_update(*pb, *gb, *mb, *vb, one);
+      }
+      for (OwnedTensor* t : {&pa, &ma, &va, &ga, &pb, &mb, &vb, &gb}) keep.push_back(std::move(*t));
+    }
+    ops::adamw_update_all_on_device(many, s, static_cast<const cuda::DeviceUpdateScalars*>(device.data()));
+    for (size_t i = 0; i < many.size(); ++i) {
+      EXPECT_TRUE(same_bytes(*to_host(many[i].param), *to_host(*keep[8 * i + 4]))) << "param " << i;
+      EXPECT_TRUE(same_bytes(*to_host(many[i].m), *to_host(*keep[8 * i + 5]))) << "m " << i;
+      EXPECT_TRUE(same_bytes(*to_host(many[i].v), *to_host(*keep[8 * i + 6]))) << "v " << i;
+    }
+  }
+}
+
 // The golden file of scripts/make_golden.py (transformers' Qwen3, untied, 2 layers): its
 // weights, the model's shape and the packed batch the reference values were computed on.
 struct GoldenCase {
