@@ -208,14 +208,16 @@ Model::StagedShape Model::stage_batch(const HostBatch& batch, int32_t* staging) 
   const int64_t seqs = batch.num_seqs();
   StagedShape shape;
   shape.seqs = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(seqs)));
-  shape.max_seqlen = std::max<int64_t>(64, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(batch.max_seqlen))));
+  const auto longest = static_cast<uint64_t>(batch.max_seqlen);
+  shape.max_seqlen = std::max<int64_t>(64, static_cast<int64_t>(std::bit_ceil(longest)));
   KILN_CHECK(shape.seqs <= t, "model", "{} sequences in {} tokens", seqs, t);
   auto put = [&](const int32_t* src, int64_t n, int64_t at) { std::copy(src, src + n, staging + at); };
   put(batch.tokens.data(), t, 0);
   put(batch.targets.data(), t, t);
   put(batch.positions.data(), t, 2 * t);
   put(batch.cu_seqlens.data(), seqs + 1, 3 * t);
-  std::fill(staging + 3 * t + seqs + 1, staging + 3 * t + shape.seqs + 1, static_cast<int32_t>(t));  // empty sequences
+  // The padding sequences are empty: they start and end at t.
+  std::fill(staging + 3 * t + seqs + 1, staging + 3 * t + shape.seqs + 1, static_cast<int32_t>(t));
   ops::group_tokens(batch.tokens.data(), t, group_counts_, group_order_, group_tokens_, group_starts_);
   const int64_t groups = static_cast<int64_t>(group_tokens_.size());
   put(group_order_.data(), t, 4 * t + 1);
