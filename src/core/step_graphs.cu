@@ -38,6 +38,13 @@ void StepGraphs::run(int64_t key, const std::function<void()>& step) {
     return;
   }
   step();
+  // The uncaptured step may have moved a buffer (a workspace grown for its new shape):
+  // graphs captured before that must not be launched again; the one captured next sees
+  // the buffer as it is now.
+  if (generation_ != capture_generation()) {
+    clear();
+    generation_ = capture_generation();
+  }
   if (failed_.count(key)) return;
   try {
     capture(key, step);
@@ -48,8 +55,8 @@ void StepGraphs::run(int64_t key, const std::function<void()>& step) {
     std::fprintf(stderr, "kiln: warning: %s; %s steps of key %lld run uncaptured\n", e.what(), owner_,
                  static_cast<long long>(key));
   }
-  // The step or its capture may have moved a buffer (a workspace grown for a new shape):
-  // a graph captured before that must not be launched.
+  // Nothing may move while capturing (growth is refused then); should it anyway, no graph
+  // of this set is trusted.
   if (generation_ != capture_generation()) {
     clear();
     generation_ = capture_generation();
