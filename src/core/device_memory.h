@@ -4,7 +4,9 @@
 #include "core/dtype.h"
 
 #include <cstddef>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace kiln {
@@ -33,7 +35,10 @@ template <typename T>
 class PinnedArray {
  public:
   PinnedArray() = default;
-  explicit PinnedArray(size_t count) : data_(static_cast<T*>(pinned_alloc(sizeof(T) * count))), count_(count) {}
+  explicit PinnedArray(size_t count) : data_(static_cast<T*>(pinned_alloc(sizeof(T) * count))), count_(count) {
+    static_assert(std::is_trivially_destructible_v<T>, "pinned memory is released without destructors");
+    std::uninitialized_value_construct_n(data_, count_);
+  }
   ~PinnedArray() {
     if (data_) pinned_free(data_);
   }
