@@ -68,13 +68,7 @@ void add_bench_command(CLI::App& app) {
     const Config config = load_config(o->config, o->overrides);
     const Device device = resolve_device(config.train.device);
     set_cpu_threads(config.train.threads);
-    BuildOptions build;
-    build.device = device;
-    build.dtype = resolve_precision(config.train.precision, device);
-    build.recompute_blocks = config.train.recompute_blocks;
-    build.deterministic = config.train.deterministic;
-    build.max_tokens = config.train.micro_batch_tokens;
-    build.loss_chunk_rows = config.train.loss_chunk_tokens;
+    const BuildOptions build = training_build_options(config, device);
     Model model(config.model, build);
     Arena optimizer_state("optimizer", device);
     auto optimizer = optimizer_registry().build("optim.name", config.optim.name, config.optim, model.parameters());

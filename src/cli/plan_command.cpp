@@ -29,13 +29,7 @@ void add_plan_command(CLI::App& app) {
     const TrainConfig& train = config.train;
     const bool gpu = train.device == "cuda" || (train.device == "auto" && cuda_available()) ||
                      (train.device != "cpu" && train.precision == "bf16");
-    BuildOptions build;
-    build.device = gpu ? Device::cuda : Device::cpu;
-    build.dtype = resolve_precision(train.precision, build.device);
-    build.max_tokens = config.train.micro_batch_tokens;
-    build.loss_chunk_rows = config.train.loss_chunk_tokens;
-    build.recompute_blocks = config.train.recompute_blocks;
-    build.deterministic = config.train.deterministic;
+    const BuildOptions build = training_build_options(config, gpu ? Device::cuda : Device::cpu);
     const Model model(config.model, build);  // plans every arena; allocates nothing
     Arena optimizer_state("optimizer", build.device);
     auto optimizer = optimizer_registry().build("optim.name", config.optim.name, config.optim, model.parameters());

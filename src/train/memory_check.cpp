@@ -37,14 +37,7 @@ size_t read_cgroup(const char* path) {
 }  // namespace
 
 MemoryBudget plan_training_memory(const Config& config, Device device) {
-  BuildOptions options;
-  options.device = device;
-  options.dtype = resolve_precision(config.train.precision, device);
-  options.recompute_blocks = config.train.recompute_blocks;
-  options.deterministic = config.train.deterministic;
-  options.max_tokens = config.train.micro_batch_tokens;
-  options.loss_chunk_rows = config.train.loss_chunk_tokens;
-  const Model model(config.model, options);  // plans every arena; allocates nothing
+  const Model model(config.model, training_build_options(config, device));  // plans arenas, allocates nothing
   Arena optimizer_state("optimizer", device);
   optimizer_registry().build("optim.name", config.optim.name, config.optim, model.parameters())->plan(optimizer_state);
   const MemoryPlan plan = model.memory_plan();

@@ -76,6 +76,17 @@ DType resolve_precision(const std::string& setting, Device device) {
   return device == Device::cuda ? DType::bf16 : DType::f32;
 }
 
+BuildOptions training_build_options(const Config& config, Device device) {
+  BuildOptions options;
+  options.device = device;
+  options.dtype = resolve_precision(config.train.precision, device);
+  options.recompute_blocks = config.train.recompute_blocks;
+  options.deterministic = config.train.deterministic;
+  options.max_tokens = config.train.micro_batch_tokens;
+  options.loss_chunk_rows = config.train.loss_chunk_tokens;
+  return options;
+}
+
 Trainer::Trainer(const Config& config, const TrainOptions& train_options)
     : config_(config),
       device_(resolve_device(config.train.device)),
@@ -103,14 +114,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   validation_ = validation_batches(*dataset_, packer, config_.train.eval_batches);
   micro_batches_.resize(static_cast<size_t>(config_.train.grad_accum));
 
-  BuildOptions options;
-  options.device = device_;
-  options.dtype = resolve_precision(config_.train.precision, device_);
-  options.recompute_blocks = config_.train.recompute_blocks;
-  options.deterministic = config_.train.deterministic;
-  options.max_tokens = config_.train.micro_batch_tokens;
-  options.loss_chunk_rows = config_.train.loss_chunk_tokens;
-  model_ = std::make_unique<Model>(config_.model, options);
+  model_ = std::make_unique<Model>(config_.model, training_build_options(config_, device_));
   optimizer_ = optimizer_registry().build("optim.name", config_.optim.name, config_.optim, model_->parameters());
   schedule_ = schedule_registry().build("optim.schedule", config_.optim.schedule, config_.optim, config_.train.steps);
   optimizer_->plan(optimizer_state_);

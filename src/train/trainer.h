@@ -92,5 +92,8 @@ class Trainer {
 Device resolve_device(const std::string& setting);
 // train.precision on that device: the compute dtype of BuildOptions.
 DType resolve_precision(const std::string& setting, Device device);
+// The model build of a training run of `config` on `device` (what train, bench, plan and
+// the memory check all build): precision, token budget, loss chunk, recompute, determinism.
+BuildOptions training_build_options(const Config& config, Device device);
 
 }  // namespace kiln
