@@ -73,9 +73,12 @@ __device__ double g_sums[3];  // loss, z, count of the current lm_head_loss call
 
 double* sums_or_own(double* sums) {
   if (sums != nullptr) return sums;
-  void* own = nullptr;
-  check(cudaGetSymbolAddress(&own, g_sums), "lm_head_loss", "cudaGetSymbolAddress");
-  return static_cast<double*>(own);
+  static double* const own = [] {  // looked up once, not for every chunk of every call
+    void* address = nullptr;
+    check(cudaGetSymbolAddress(&address, g_sums), "lm_head_loss", "cudaGetSymbolAddress");
+    return static_cast<double*>(address);
+  }();
+  return own;
 }
 
 __global__ void sums_reset_kernel(double* sums) { sums[0] = sums[1] = sums[2] = 0; }
