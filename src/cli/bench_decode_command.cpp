@@ -147,7 +147,7 @@ void add_bench_decode_command(CLI::App& app) {
     std::vector<int64_t> batches;
     int64_t prompt = 128, tokens = 256, warmup = 16, copy_mib = 2048;
     int64_t gemv_rows = DecoderOptions{}.gemv_rows;
-    bool ops = false, plain = false, profile = false;
+    bool ops = false, plain = false, profile = false, three_kernel_attention = false;
     std::string json;
   };
   auto o = std::make_shared<Options>();
@@ -168,6 +168,8 @@ void add_bench_decode_command(CLI::App& app) {
   cmd->add_option("--gemv-rows", o->gemv_rows, "steps of up to this many rows run the fused decode projections (0-8)")
       ->capture_default_str()
       ->check(CLI::Range(0, 8));
+  cmd->add_flag("--three-kernel-attention", o->three_kernel_attention,
+                "decode steps keep q/k norm + cache write, attention and split merge as three kernels (GPU)");
   cmd->add_flag("--plain", o->plain, "also time the fused step with plain projections (gemv rows 0; GPU)");
   cmd->add_flag("--profile", o->profile, "then time each op of 16 uncaptured decode steps per batch size");
   cmd->add_option("--json", o->json, "also append one JSON line per batch size to this file");
@@ -196,6 +198,7 @@ void add_bench_decode_command(CLI::App& app) {
     d.logit_rows = std::max<int64_t>(64, d.slots);
     d.graph_rows = std::max<int64_t>(16, d.slots);
     d.gemv_rows = o->gemv_rows;
+    d.one_kernel_attention = !o->three_kernel_attention;
     auto decoder = std::make_unique<Decoder>(model, d);
 
     const double bandwidth = copy_bandwidth(device, static_cast<size_t>(o->copy_mib) << 20, 5);

@@ -17,6 +17,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 
 namespace kiln {
 
@@ -68,6 +69,8 @@ Decoder::Decoder(const Model& model, const DecoderOptions& options)
     for (int64_t k : {m.hidden, m.heads * m.head_dim, m.ffn_hidden})
       if (!cuda::decode_gemv_fits(gemv_rows_, k)) gemv_rows_ = 0;
   }
+  one_kernel_attention_ = gemv_rows_ > 0 && options_.one_kernel_attention &&
+                          cuda::decode_attention_fits(m.heads, m.kv_heads, m.head_dim);
 #endif
   const DType dt = dtype_, wide = wide_;
   const int64_t r = options_.max_rows, d = m.hidden, hq = m.heads, hkv = m.kv_heads, hd = m.head_dim;
@@ -227,9 +230,14 @@ void Decoder::forward(std::span<const int32_t> tokens, std::span<const int32_t> 
   copy_tensor(Tensor(host_inputs_.data(), DType::i32, Device::cpu, inputs_.shape()), inputs_);
   rows_ = n;
   logits_ready_ = 0;
+  // Rows of distinct sequences (a decode step) may take the one-kernel attention; a step
+  // with several rows of one sequence (a prefill chunk) may not, so it keys its own graph.
+  std::vector<int32_t> sorted(slots.begin(), slots.end());
+  std::sort(sorted.begin(), sorted.end());
+  distinct_slots_ = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
 #if KILN_WITH_CUDA
   if (n <= graph_rows_) {
-    graphs_->run(n, [this, n] { step(n, true); });
+    graphs_->run(distinct_slots_ ? n : -n, [this, n] { step(n, true); });
     logits_ready_ = n;
     return;
   }
@@ -348,6 +356,29 @@ void Decoder::attend([[maybe_unused]] size_t l, [[maybe_unused]] int64_t n) {
 #endif
 }
 
+#if KILN_WITH_CUDA
+// The one-kernel attention of block l over the step's n rows: qkv_ in, attn_ out.
+cuda::DecodeAttentionArgs Decoder::attention_args(size_t l, int64_t n) const {
+  const ModelConfig& m = config_;
+  const Layer& L = *layers_[l];
+  const bool rope = m.position == "rope";
+  auto gain = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
+  const ops::AttentionOptions defaults;  // as attend(): scale 1/sqrt(D), no window, no softcap
+  cuda::DecodeAttentionArgs a{};
+  a.rows = n, a.q_heads = m.heads, a.kv_heads = m.kv_heads, a.head_dim = m.head_dim, a.max_len = options_.max_len;
+  a.qkv = qkv_.raw();
+  a.q_gain = gain(L.q_norm), a.k_gain = gain(L.k_norm), a.eps = static_cast<float>(m.norm_eps);
+  a.cos = rope ? cos_.data<float>() : nullptr, a.sin = rope ? sin_.data<float>() : nullptr;
+  a.slots = slots_.data<int32_t>(), a.positions = positions_.data<int32_t>();
+  // As the cached_attention front end: 1/sqrt(D) in double, then rounded.
+  a.scale = static_cast<float>(defaults.scale > 0 ? defaults.scale : 1.0 / std::sqrt(static_cast<double>(m.head_dim)));
+  a.window = defaults.window, a.softcap = static_cast<float>(defaults.softcap);
+  a.k_cache = cache_->k(static_cast<int64_t>(l)).raw(), a.v_cache = cache_->v(static_cast<int64_t>(l)).raw();
+  a.out = attn_.raw();
+  return a;
+}
+#endif
+
 // A decode step on the fused projections (infer/decoder_cuda.h): per block, the q|k|v
 // projection reads the residual stream through the attention norm, the o and down
 // projections add into it, and the gate|up projection applies the MLP norm and SwiGLU;
@@ -365,7 +396,12 @@ void Decoder::step_gemv([[maybe_unused]] int64_t n) {
       OpScope scope("norm + qkv projection (fused)", Device::cuda);
       cuda::norm_gemv(dtype_, x, L.attn_norm.data<float>(), eps, n, d, L.qkv_w.raw(), qkv_cols, qkv_.raw());
     }
-    attend(l, n);
+    if (one_kernel_attention_ && distinct_slots_) {
+      OpScope scope("attention with q/k norm, RoPE, cache write (fused)", Device::cuda);
+      cuda::decode_attention(attention_args(l, n));
+    } else {
+      attend(l, n);
+    }
     {
       OpScope scope("o projection + residual (fused)", Device::cuda);
       cuda::gemv_add_residual(attn_.raw(), n, attn_cols, L.o_w.raw(), d, x);

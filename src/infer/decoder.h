@@ -38,6 +38,7 @@ namespace kiln {
 
 namespace cuda {
 class StepGraphs;
+struct DecodeAttentionArgs;
 }
 
 struct DecoderOptions {
@@ -61,6 +62,10 @@ struct DecoderOptions {
   // keeps every step on linear_forward and the separate kernels, what the fused projections
   // are checked against. 4: measured on the H200 (docs/performance.md, decoding).
   int64_t gemv_rows = 4;
+  // Those steps, when their rows are distinct sequences, also run each block's q/k norm,
+  // RoPE, cache write and attention as one kernel (infer/decode_attention.cu); false keeps
+  // them on the three kernels of the other steps, what the one kernel is checked against.
+  bool one_kernel_attention = true;
 };
 
 class Decoder {
@@ -107,6 +112,7 @@ class Decoder {
   void step_fused(int64_t n, bool with_logits);
   void step_gemv(int64_t n);
   void attend(size_t layer, int64_t n);
+  cuda::DecodeAttentionArgs attention_args(size_t layer, int64_t n) const;
   Tensor compute_logits(std::span<const int32_t> rows);
 
   const Model& model_;
@@ -119,6 +125,8 @@ class Decoder {
   bool fused_;         // the GPU's fused kernels (DecoderOptions::fuse)
   int64_t graph_rows_; // steps of at most this many rows are CUDA graphs (0 = none)
   int64_t gemv_rows_ = 0;  // steps of at most this many rows with logits run step_gemv (0 = none)
+  bool one_kernel_attention_ = false;  // step_gemv's attention is infer/decode_attention.cu's kernel
+  bool distinct_slots_ = false;        // the rows of the current step are distinct sequences
   Arena arena_;
   std::vector<std::unique_ptr<OwnedTensor>> copies_;  // fused weights whose parts were not adjacent
   std::vector<std::pair<Tensor, Tensor*>> to_convert_;  // (master, its compute copy) until allocated

@@ -33,6 +33,34 @@ void qkv_to_cache(DType dtype, const void* qkv, int64_t n, int64_t hq, int64_t h
 void add_rms_norm(DType dtype, float* x, const void* branch, const float* gain, float eps, int64_t n, int64_t d,
                   void* y);
 
+// ---- a decode step's attention in one kernel (infer/decode_attention.cu) --------------------
+// For steps whose rows are distinct slots, bf16: qkv_to_cache, cached_attention_forward and
+// its split merge as one kernel (one cluster of blocks per row and kv head), the cache
+// written at each row's position as qkv_to_cache writes it.
+struct DecodeAttentionArgs {
+  int64_t rows, q_heads, kv_heads, head_dim, max_len;  // cache [slots, max_len, kv_heads, head_dim]
+  const void* qkv;                                     // [rows, (q_heads + 2 kv_heads) head_dim] bf16
+  const float* q_gain;                                 // q/k RMSNorm gains [head_dim] (null: no norm)
+  const float* k_gain;
+  float eps;
+  const float* cos;  // RoPE tables [max_len, head_dim / 2] (null: no RoPE)
+  const float* sin;
+  const int32_t* slots;      // [rows], device, pairwise distinct
+  const int32_t* positions;  // [rows], device
+  float scale;
+  int64_t window;  // 0 = unlimited
+  float softcap;   // 0 = off
+  void* k_cache;   // bf16
+  void* v_cache;
+  void* out;  // [rows, q_heads, head_dim] bf16
+};
+
+// Whether the kernel takes heads of this shape (groups of 1, 2, 4 or 8 query heads per kv
+// head, head_dim 64, 128 or 256, group x head_dim <= 1024).
+bool decode_attention_fits(int64_t q_heads, int64_t kv_heads, int64_t head_dim);
+
+void decode_attention(const DecodeAttentionArgs& args);
+
 // ---- the decode step's projections (infer/decode_gemv.cu) ----------------------------------
 // bf16 weights W [n, k] (row-major, 16-byte aligned), up to 8 rows; fp32 residual stream.
 // Each computes what the ops it replaces compute from the same inputs (the RMSNorm with

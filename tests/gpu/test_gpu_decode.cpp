@@ -34,8 +34,11 @@
 #include "core/rng.h"
 #include "gpu/gpu_harness.h"
 #include "infer/decoder.h"
+#include "infer/decoder_cuda.h"
 #include "model/model.h"
 #include "ops/attention/cached_attention.h"
+#include "ops/attention/cached_attention_cuda.h"
+#include "ops/rope/rope.h"
 #include "test_util.h"
 
 #include <fmt/format.h>
@@ -203,16 +206,124 @@ TEST_F(CachedAttentionGpu, MatchesCpuReference) {
       for (const bool split : {true, false}) check_cached_attention(c, dtype, split);
 }
 
+// ---- one-kernel decode attention ---------------------------------------------------------------
+
+struct OneKernelCase {
+  int64_t rows, q_heads, kv_heads, head_dim, max_len, window;
+  double softcap;
+  bool qk_norm, rope;
+  std::string name() const {
+    return fmt::format("r{}_h{}x{}_d{}_l{}_w{}_c{}{}{}", rows, q_heads, kv_heads, head_dim, max_len, window,
+                       static_cast<int>(softcap), qk_norm ? "_qknorm" : "", rope ? "_rope" : "");
+  }
+};
+
+// cuda::decode_attention against the three kernels it replaces (qkv_to_cache, then cached
+// attention with its split merge) on the same inputs: rows are distinct slots, positions
+// spread over the cache (the first row at the last position, the second at 0). The caches
+// must come out the same bytes; the outputs close to each other and to the fp64 reference
+// (the splits differ, so the fp32 sums differ in order).
+void check_one_kernel_attention(const OneKernelCase& c) {
+  SCOPED_TRACE(c.name());
+  const int64_t hq = c.q_heads, hkv = c.kv_heads, hd = c.head_dim, heads = hq + 2 * hkv, slots = c.rows + 1;
+  const Shape qkv_shape{c.rows, heads * hd}, qs{c.rows, hq, hd}, cs{slots, c.max_len, hkv, hd};
+  const uint64_t seed = static_cast<uint64_t>(c.rows * 7919 + hd * 31 + hq * 7 + c.max_len);
+  const std::vector<float> qkv = random_values(qkv_shape.numel(), seed, true);
+  const std::vector<float> cache = random_values(cs.numel(), seed + 1, true);
+  std::vector<float> q_gain = random_values(hd, seed + 2, false), k_gain = random_values(hd, seed + 3, false);
+  for (float& g : q_gain) g = 1.0f + 0.2f * g;
+  for (float& g : k_gain) g = 1.0f + 0.2f * g;
+  std::vector<int32_t> slot_ids, positions;
+  Rng rng(seed + 4);
+  for (int64_t i = 0; i < c.rows; ++i) {
+    slot_ids.push_back(static_cast<int32_t>((i * 5 + 1) % slots));  // distinct: 5 and slots are coprime
+    int64_t p = static_cast<int64_t>(rng.below(static_cast<uint64_t>(c.max_len)));
+    if (i == 0) p = c.max_len - 1;
+    if (i == 1) p = 0;
+    positions.push_back(static_cast<int32_t>(p));
+  }
+  OwnedTensor cos_host(DType::f32, Device::cpu, Shape{c.max_len, hd / 2}), sin_host(DType::f32, Device::cpu, Shape{c.max_len, hd / 2});
+  ops::rope_fill_tables(ops::rope_inverse_frequencies(1e6, hd), *cos_host, *sin_host);
+  OwnedTensor cos = to_device(*cos_host), sin = to_device(*sin_host);
+  OwnedTensor d_qkv = device_of(qkv, qkv_shape, DType::bf16);
+  OwnedTensor d_q_gain = device_of(q_gain, Shape{hd}, DType::f32), d_k_gain = device_of(k_gain, Shape{hd}, DType::f32);
+  OwnedTensor d_slots = i32_tensor(slot_ids, Device::cuda), d_positions = i32_tensor(positions, Device::cuda);
+  const float eps = 1e-6f;
+  const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const float* qg = c.qk_norm ? d_q_gain->data<float>() : nullptr;
+  const float* kg = c.qk_norm ? d_k_gain->data<float>() : nullptr;
+  const float* cp = c.rope ? cos->data<float>() : nullptr;
+  const float* sp = c.rope ? sin->data<float>() : nullptr;
+
+  // The three kernels.
+  OwnedTensor k3 = device_of(cache, cs, DType::bf16), v3 = device_of(cache, cs, DType::bf16);
+  OwnedTensor q3(DType::bf16, Device::cuda, qs), out3(DType::bf16, Device::cuda, qs);
+  poison(*q3), poison(*out3);
+  cuda::qkv_to_cache(DType::bf16, d_qkv->raw(), c.rows, hq, hkv, hd, qg, kg, eps, cp, sp, d_slots->data<int32_t>(),
+                     d_positions->data<int32_t>(), c.max_len, q3->raw(), k3->raw(), v3->raw());
+  const int64_t elems = ops::cached_attention_workspace(c.rows, hq, hkv, hd, c.max_len);
+  OwnedTensor workspace(DType::f32, Device::cuda, Shape{std::max<int64_t>(elems, 1)});
+  const cuda::CachedAttentionArgs three{c.rows, hq, hkv, hd, c.max_len, d_slots->data<int32_t>(), d_positions->data<int32_t>(),
+                                        scale, c.window, static_cast<float>(c.softcap)};
+  cuda::cached_attention_forward(three, DType::bf16, q3->raw(), k3->raw(), v3->raw(), out3->raw(), workspace->data<float>(),
+                                 elems);
+
+  // The one kernel.
+  OwnedTensor k1 = device_of(cache, cs, DType::bf16), v1 = device_of(cache, cs, DType::bf16);
+  OwnedTensor out1(DType::bf16, Device::cuda, qs);
+  poison(*out1);
+  cuda::DecodeAttentionArgs one{};
+  one.rows = c.rows, one.q_heads = hq, one.kv_heads = hkv, one.head_dim = hd, one.max_len = c.max_len;
+  one.qkv = d_qkv->raw(), one.q_gain = qg, one.k_gain = kg, one.eps = eps, one.cos = cp, one.sin = sp;
+  one.slots = d_slots->data<int32_t>(), one.positions = d_positions->data<int32_t>();
+  one.scale = scale, one.window = c.window, one.softcap = static_cast<float>(c.softcap);
+  one.k_cache = k1->raw(), one.v_cache = v1->raw(), one.out = out1->raw();
+  cuda::decode_attention(one);
+
+  EXPECT_TRUE(same_bytes(*to_host(*k1), *to_host(*k3))) << "k cache";
+  EXPECT_TRUE(same_bytes(*to_host(*v1), *to_host(*v3))) << "v cache";
+  // fp64 reference from the three kernels' q and caches (the same bytes as the one kernel's).
+  OwnedTensor ref(DType::f64, Device::cpu, qs);
+  auto f64_of = [](const Tensor& dev) {
+    OwnedTensor f = host_f32(dev);
+    OwnedTensor d(DType::f64, Device::cpu, dev.shape());
+    for (int64_t i = 0; i < dev.numel(); ++i) d->data<double>()[i] = f->data<float>()[i];
+    return d;
+  };
+  ops::AttentionOptions options;
+  options.window = c.window, options.softcap = c.softcap;
+  ops::cached_attention_forward(*f64_of(*q3), *f64_of(*k3), *f64_of(*v3), *i32_tensor(slot_ids, Device::cpu),
+                                *i32_tensor(positions, Device::cpu), options, *ref);
+  double v_scale = 0;
+  for (const float x : cache) v_scale = std::max(v_scale, std::fabs(static_cast<double>(x)));
+  expect_close("one-kernel attention vs fp64", *host_f32(*out1), *ref, 1e-2, v_scale);
+  expect_close("three kernels vs fp64", *host_f32(*out3), *ref, 1e-2, v_scale);
+}
+
+class DecodeAttentionGpu : public GpuTest {};
+
+TEST_F(DecodeAttentionGpu, MatchesTheThreeKernels) {
+  const std::vector<OneKernelCase> cases = {
+      {1, 16, 8, 128, 384, 0, 0, true, true},     // the 0.6B decode shape, batch 1
+      {8, 16, 8, 128, 300, 0, 0, true, true},     // batch 8
+      {3, 8, 8, 64, 7, 0, 0, false, true},        // group 1, fewer positions than splits
+      {5, 32, 4, 128, 1000, 0, 0, true, false},   // group 8, long cache, no RoPE
+      {4, 8, 2, 256, 500, 17, 0, true, true},     // head_dim 256, sliding window
+      {6, 8, 2, 64, 130, 0, 30.0, false, false},  // softcap, neither norm nor RoPE
+  };
+  for (const OneKernelCase& c : cases) check_one_kernel_attention(c);
+}
+
 // ---- decoder ----------------------------------------------------------------------------------
 
-ModelConfig tiny_config() {
+ModelConfig tiny_config(int64_t head_dim = 32) {
   ModelConfig c;
   c.vocab_size = 259;
   c.hidden = 64;
   c.layers = 2;
   c.heads = 4;
   c.kv_heads = 2;
-  c.head_dim = 32;  // != hidden / heads
+  c.head_dim = head_dim;  // != hidden / heads
   c.ffn_hidden = 96;
   c.max_seq_len = 96;
   c.qk_norm = true;
@@ -330,8 +441,8 @@ void compare_decoders(Decoder& cpu, Decoder& gpu, double tolerance, DecodeReport
 
 class DecoderGpu : public GpuTest {};
 
-void check_gpu_decoder(DType dtype, bool fuse, double tolerance, bool decode_gemv = true) {
-  const ModelConfig config = tiny_config();
+void check_gpu_decoder(DType dtype, bool fuse, double tolerance, bool decode_gemv = true, int64_t head_dim = 32) {
+  const ModelConfig config = tiny_config(head_dim);
   auto cpu_model = make_model(config, Device::cpu);
   auto gpu_model = make_model(config, Device::cuda);
   randomize(*cpu_model, *gpu_model, 21);
@@ -352,8 +463,8 @@ void check_gpu_decoder(DType dtype, bool fuse, double tolerance, bool decode_gem
   // Graphs for the 2-row prefill tail and the 3-row decode steps; none on the unfused fp32
   // path (its RMSNorm launches on the legacy stream, which a capture cannot hold).
   EXPECT_EQ(gpu.graphs(), dtype == DType::f32 && !fuse ? 0u : 2u);
-  const std::string name = fmt::format("decoder_{}{}{}", dtype == DType::bf16 ? "bf16" : "f32", fuse ? "" : "_ops",
-                                       fuse && !decode_gemv ? "_cublas" : "");
+  const std::string name = fmt::format("decoder_{}{}{}_d{}", dtype == DType::bf16 ? "bf16" : "f32",
+                                       fuse ? "" : "_ops", fuse && !decode_gemv ? "_cublas" : "", head_dim);
   ::testing::Test::RecordProperty(name + "_logits_max_rel_err", fmt::format("{:.3e}", report.worst));
   ::testing::Test::RecordProperty(name + "_greedy_agreement", fmt::format("{}/{}", report.agree, report.rows));
   std::printf("%s: %d logits rows, worst scaled error %.2e, greedy agreement %d/%d, %zu graphs\n", name.c_str(),
@@ -371,6 +482,12 @@ TEST_F(DecoderGpu, Bf16GraphsMatchCpuDecoder) {
   check_gpu_decoder(DType::bf16, true, 5e-2);
   check_gpu_decoder(DType::bf16, true, 5e-2, false);
   check_gpu_decoder(DType::bf16, false, 5e-2);
+}
+
+// head_dim 64: the captured 3-row decode steps (distinct sequences) take the one-kernel
+// attention (infer/decode_attention.cu); the 2-row prefill tail (one sequence) does not.
+TEST_F(DecoderGpu, Bf16OneKernelAttentionMatchesCpuDecoder) {
+  check_gpu_decoder(DType::bf16, true, 5e-2, true, 64);
 }
 
 TEST_F(DecoderGpu, GraphReplayIsBitwiseRepeatable) {

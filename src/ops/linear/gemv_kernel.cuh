@@ -3,22 +3,23 @@
 // product is a single read of W. Used plainly by cuda::gemm (ops/linear/gemv_cuda.cu) and,
 // with an input stage and an output stage fused in, by the decoder (infer/decode_gemv.cu).
 //
-// Each warp takes C columns of W (4, or 2 gate|up pairs) over its slice of k, in chunks of
-// kChunk 16-byte vectors per W row (2 per lane, all in flight together). k is split over
-// k_splits warps of a block (their partial sums added through shared memory) until one
-// chunk covers a warp's slice, so for the decode shapes every load of the whole matrix is
-// issued at once. A block requests its first chunk, then stages A in shared memory as bf16:
-// a copy of bf16 rows, or the RMSNorm of fp32 rows (Input::rms_norm: the arithmetic and
-// reduction order of the decoder's add_rms_norm kernel, so the staged rows are those
-// bits); the next tile's chunk is requested before the current one is reduced. With
-// constant weights (Args::constant_weights) the first chunk is even requested before the
-// kernel waits for the one before it (ops/dependent_launch.cuh). Every sum runs in a fixed
-// order: the same bits every run.
+// Each warp multiplies a tile of 8 W rows by the staged rows on the tensor cores (see
+// gemv_kernel), over its slice of k: k is split over k_splits warps of a block (their
+// partial sums added through shared memory) until a warp's slice is at most
+// G groups of 128 values (G loads in flight per lane and group: 2, or 4 for the long k of
+// the o and down projections), so for the decode shapes every load of the whole
+// matrix is issued at once. A block requests its first groups, then stages A in shared
+// memory as bf16: a copy of bf16 rows, or the RMSNorm of fp32 rows (Input::rms_norm: the
+// arithmetic and reduction order of the decoder's add_rms_norm kernel, so the staged rows
+// are those bits); the next tile's groups are requested before the current one is reduced.
+// With constant weights (Args::constant_weights) the first groups are even requested
+// before the kernel waits for the one before it (ops/dependent_launch.cuh). Every sum runs
+// in a fixed order: the same bits every run.
 //
 // Output stages: store (alpha acc + beta out, f32 or bf16); add_residual (x += bf16(acc),
 // a residual add after a projection); swiglu (each output column j reads W rows j (gate) and
 // j + second_row (up) and writes silu(bf16 g) * bf16 u, as the SwiGLU kernel does on a
-// stored gate|up). CUDA translation units only.
+// stored gate|up). CUDA translation units only; sm_80 and later (mma.sync).
 #pragma once
 
 #include "core/cuda_check.h"
@@ -41,12 +42,19 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kVec = vec::kWidth;  // bf16 per 16-byte load
 constexpr int kMaxRows = 8;
-// Vectors of a W row a warp loads at once (2 per lane): a warp's k slice is one chunk
-// whenever k <= kChunk * 8 * kWarps (4096).
-constexpr int kChunk = 64;
+constexpr int kTileRows = 8;         // W rows per warp tile: the n of the mma
+constexpr int kGroupVecs = 16;       // vectors of a W row per k group (128 values): 4 per lane
+// k groups a lane loads at once: 2 (8 16-byte loads), or 4 where k has more than 16 groups
+// and the rows are copied, not normalized (the copy leaves registers for them).
+constexpr int kGroupsInFlight = 2, kMostGroupsInFlight = 4;
 // Staged rows above this many bytes of shared memory do not take the kernel (k of 12K at
 // 8 rows fits; the H200 allows 227 KiB per block).
 constexpr int64_t kMaxStageBytes = 192 * 1024;
+
+// Elements between staged rows: k rounded up to 64 plus 32, so consecutive rows start 64
+// bytes apart modulo 128 and the 8 lanes of a quarter-warp (rows g and g + 1, 4 vectors
+// each) read all 32 banks once.
+__host__ __device__ constexpr int64_t stage_stride(int64_t k) { return (k + 63) / 64 * 64 + 32; }
 
 enum class Input { bf16_rows, rms_norm };
 enum class Output { store, add_residual, swiglu };
@@ -84,7 +92,7 @@ constexpr int kStageUnroll = 4;  // loads per thread in flight while staging
 // Every thread issues its loads (kStageUnroll per row at a time, all rows together) before
 // it uses them: staging is a latency chain in front of the whole product.
 template <int M, Input In>
-__device__ __forceinline__ void stage_rows(const Args& p, bf16* as, float* scratch) {
+__device__ __forceinline__ void stage_rows(const Args& p, bf16* as, int64_t stride, float* scratch) {
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t k = p.k;
   if constexpr (In == Input::bf16_rows) {
@@ -98,8 +106,10 @@ __device__ __forceinline__ void stage_rows(const Args& p, bf16* as, float* scrat
                                       : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int u = 0; u < kStageUnroll; ++u)
-        if (i0 + u * kThreads < total) reinterpret_cast<uint4*>(as)[i0 + u * kThreads] = val[u];
+      for (int u = 0; u < kStageUnroll; ++u) {
+        const int64_t i = i0 + u * kThreads, r = i / vecs;
+        if (i < total) *reinterpret_cast<uint4*>(as + r * stride + (i - r * vecs) * kVec) = val[u];
+      }
     }
   } else {
     // As infer/decoder_fused.cu's add_rms_norm_kernel (256 threads), so the staged rows are
@@ -150,14 +160,32 @@ __device__ __forceinline__ void stage_rows(const Args& p, bf16* as, float* scrat
       for (int u = 0; u < kStageUnroll; ++u)
         if (c0 + u * kThreads < k)
 #pragma unroll
-          for (int r = 0; r < M; ++r) as[r * k + c0 + u * kThreads] = __float2bfloat16_rn(v[r][u] * inv[r] * g[u]);
+          for (int r = 0; r < M; ++r) as[r * stride + c0 + u * kThreads] = __float2bfloat16_rn(v[r][u] * inv[r] * g[u]);
     }
   }
 }
 
-// Row r, column j of the output from its sums (one per W row the column reads).
-template <Output Out, typename TOut, int R>
-__device__ __forceinline__ void finish(const Args& p, int64_t r, int64_t j, const float (&sum)[R]) {
+// One tensor-core product step: acc[0..1] (row g, columns 2t and 2t + 1 of the warp's tile)
+// += A (the staged rows as the mma's rows 0..7; its rows 8..15, whose results acc[2..3]
+// stay zero, are zero) times B (the tile's W rows as the mma's columns), over 16 values of
+// k: a0/a2 hold row g's values, b0/b1 column g's at the same places of k (see gemv_kernel
+// on how k is permuted).
+__device__ __forceinline__ void mma_rows(uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1, float (&acc)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+#else
+  __trap();  // the build targets sm_80 and later
+#endif
+}
+
+// Row r, output column j from its sums: store and add_residual read sum[0]; swiglu reads the
+// gate's sum[0] and the up's sum[1].
+template <Output Out, typename TOut>
+__device__ __forceinline__ void finish(const Args& p, int64_t r, int64_t j, const float (&sum)[2]) {
   if constexpr (Out == Output::store) {
     TOut* o = static_cast<TOut*>(p.out) + r * p.ldo + j;
     vec::from_f32(p.beta == 0.0f ? p.alpha * sum[0] : p.alpha * sum[0] + p.beta * vec::to_f32(*o), o);
@@ -169,125 +197,123 @@ __device__ __forceinline__ void finish(const Args& p, int64_t r, int64_t j, cons
   }
 }
 
-// A warp's share of W for one chunk of its k slice: U vectors of each of its Q rows per lane
-// (zero past the slice or the last column).
-template <int U, int Q, int C, int R>
-__device__ __forceinline__ void load_chunk(const Args& p, int64_t j0, int64_t v, int64_t v_end,
-                                           uint4 (&raw)[U][Q]) {
+// The W row a lane reads for its tile column g (tile of output columns from j0): store and
+// add_residual put output column j0 + g there; swiglu interleaves gate and up, column 2i
+// the gate row of output j0 + i, column 2i + 1 its up row. Null past the last output.
+template <Output Out>
+__device__ __forceinline__ const bf16* tile_row(const Args& p, int64_t j0, int g) {
+  if constexpr (Out == Output::swiglu) {
+    const int64_t j = j0 + g / 2;
+    return j < p.n ? p.w + (j + (g & 1) * p.second_row) * p.ldw : nullptr;
+  } else {
+    return j0 + g < p.n ? p.w + (j0 + g) * p.ldw : nullptr;
+  }
+}
+
+// A lane's W vectors of G k groups from group `first` of its slice: vector t + 4 i of each
+// group (zero past the slice end or without a row).
+template <int G>
+__device__ __forceinline__ void load_groups(const bf16* row, int64_t first, int t, int64_t v_end,
+                                            uint4 (&raw)[G][4]) {
 #pragma unroll
-  for (int c = 0; c < C; ++c)
+  for (int gi = 0; gi < G; ++gi)
 #pragma unroll
-    for (int s = 0; s < R; ++s) {
-      const bool live = j0 + c < p.n;
-      const bf16* row = p.w + (live ? j0 + c + s * p.second_row : 0) * p.ldw;
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        raw[u][c * R + s] = live && v + 32 * u < v_end
-                                ? __ldg(reinterpret_cast<const uint4*>(row + (v + 32 * u) * kVec))
-                                : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < 4; ++i) {
+      const int64_t v = (first + gi) * kGroupVecs + t + 4 * i;
+      raw[gi][i] = row != nullptr && v < v_end ? __ldg(reinterpret_cast<const uint4*>(row + v * kVec))
+                                               : make_uint4(0, 0, 0, 0);
     }
 }
 
-template <int M, Input In, Output Out, typename TOut>
+// Each warp computes a tile of 8 W rows (the mma's n) against the M <= 8 staged rows over
+// its k slice with bf16 tensor-core products (mma.sync m16n8k16, fp32 accumulation). k is
+// taken in groups of 128 values (16 vectors): lane (g, t) = (lane / 4, lane % 4) loads
+// vectors t, t + 4, t + 8, t + 12 of a group of its tile row g, 16 bytes at a time, and
+// reads the staged row g at the same vectors. The mma sums over k in its own fixed
+// pattern, so which lane holds which k does not matter as long as A and B agree: the
+// loads stay whole 16-byte vectors instead of the fragment layout's 4-byte pairs. Rows
+// past M and tile columns past the last output are zero. The k slices of a tile's warps
+// add up through shared memory in split order: the same bits every run.
+template <int M, int G, Input In, Output Out, typename TOut>
 __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const Args p) {
-  constexpr int R = Out == Output::swiglu ? 2 : 1;  // W rows per output column
-  constexpr int C = 4 / R;                          // output columns per warp
-  constexpr int Q = C * R;                          // W rows per warp
-  constexpr int U = kChunk / 32;                    // 16-byte loads per lane and W row in flight
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* as = reinterpret_cast<bf16*>(smem);                                       // [M, k]
-  float* partial = reinterpret_cast<float*>(smem + sizeof(bf16) * M * p.k);       // [kWarps, M, Q]
+  const int64_t stride = stage_stride(p.k);
+  bf16* as = reinterpret_cast<bf16*>(smem);                                        // [M, stride]
+  float* partial = reinterpret_cast<float*>(smem + sizeof(bf16) * M * stride);     // [kWarps, 8, 8]
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int g = lane >> 2, t = lane & 3;
   const int splits = p.k_splits, groups = kWarps / splits;
   const int split = warp % splits, group = warp / splits;
-  const int64_t vecs = p.k / kVec, per_split = (vecs + splits - 1) / splits;
-  const int64_t v_begin = split * per_split, v_end = min(vecs, v_begin + per_split);
-  const int64_t tiles = (p.n + groups * C - 1) / (groups * C);
-  auto first_column = [&](int64_t tile) { return (tile * groups + group) * C; };
+  const int64_t vecs = p.k / kVec, k_groups = (vecs + kGroupVecs - 1) / kGroupVecs;
+  const int64_t per_split = (k_groups + splits - 1) / splits;
+  const int64_t g_begin = split * per_split, g_end = min(k_groups, g_begin + per_split);
+  const int64_t v_end = min(vecs, g_end * kGroupVecs);
+  constexpr int64_t kColumns = Out == Output::swiglu ? kTileRows / 2 : kTileRows;  // outputs per tile
+  const int64_t tiles = (p.n + kColumns - 1) / kColumns;
+  auto first_column = [&](int64_t block_tile) { return (block_tile * groups + group) * kColumns; };
+  const int64_t block_tiles = (tiles + groups - 1) / groups;
 
-  // The first chunk of W is requested before the rows are staged: the weights' latency
-  // hides the staging's, and with one chunk per warp (k_splits chosen so) the whole matrix
-  // is in flight at once.
-  uint4 raw[U][Q];
+  // The first groups of W are requested before the rows are staged: the weights' latency
+  // hides the staging's, and with the split chosen so every load of the matrix is in
+  // flight at once.
+  uint4 raw[G][4];
   int64_t tile = blockIdx.x;
   allow_dependents();
   if (!p.constant_weights) wait_for_producer();
-  if (tile < tiles) load_chunk<U, Q, C, R>(p, first_column(tile), v_begin + lane, v_end, raw);
+  if (tile < block_tiles) load_groups(tile_row<Out>(p, first_column(tile), g), g_begin, t, v_end, raw);
   if (p.constant_weights) wait_for_producer();  // A (and the residual) come from the kernels before
-  stage_rows<M, In>(p, as, partial);
+  stage_rows<M, In>(p, as, stride, partial);
   __syncthreads();
 
-  for (; tile < tiles; tile += gridDim.x) {
+  const bf16* a_row = as + (g < M ? g : 0) * stride;
+  for (; tile < block_tiles; tile += gridDim.x) {
     const int64_t j0 = first_column(tile);
-    float acc[M][Q];
+    const bf16* w_row = tile_row<Out>(p, j0, g);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t first = g_begin; first < g_end; first += G) {
+      if (first != g_begin) load_groups(w_row, first, t, v_end, raw);
 #pragma unroll
-    for (int r = 0; r < M; ++r)
+      for (int gi = 0; gi < G; ++gi)
 #pragma unroll
-      for (int q = 0; q < Q; ++q) acc[r][q] = 0.0f;
-    for (int64_t v = v_begin + lane; v < v_end; v += kChunk) {
-      if (v != v_begin + lane) load_chunk<U, Q, C, R>(p, j0, v, v_end, raw);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (v + 32 * u >= v_end) break;
-        float wf[Q][kVec];
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-          const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[u][q]);
-#pragma unroll
-          for (int i = 0; i < kVec / 2; ++i) {
-            const float2 f = __bfloat1622float2(h[i]);
-            wf[q][2 * i] = f.x, wf[q][2 * i + 1] = f.y;
-          }
+        for (int i = 0; i < 4; ++i) {
+          const int64_t v = (first + gi) * kGroupVecs + t + 4 * i;
+          const uint4 a = g < M && v < v_end ? *reinterpret_cast<const uint4*>(a_row + v * kVec)
+                                             : make_uint4(0, 0, 0, 0);
+          mma_rows(a.x, a.y, raw[gi][i].x, raw[gi][i].y, acc);
+          mma_rows(a.z, a.w, raw[gi][i].z, raw[gi][i].w, acc);
         }
-#pragma unroll
-        for (int r = 0; r < M; ++r) {
-          float a[kVec];
-          vec::load8(as + r * p.k + (v + 32 * u) * kVec, a);
-#pragma unroll
-          for (int q = 0; q < Q; ++q)
-#pragma unroll
-            for (int i = 0; i < kVec; ++i) acc[r][q] = fmaf(a[i], wf[q][i], acc[r][q]);
+    }
+    // The next tile's first groups are requested before this one is reduced and written.
+    if (tile + gridDim.x < block_tiles)
+      load_groups(tile_row<Out>(p, first_column(tile + gridDim.x), g), g_begin, t, v_end, raw);
+
+    // Lane (g, t) holds row g, tile columns 2t and 2t + 1: outputs j0 + 2t and j0 + 2t + 1,
+    // or for swiglu the gate and up of output j0 + t.
+    float sum[2] = {acc[0], acc[1]};
+    if (splits > 1) {
+      float* mine = partial + (warp * kTileRows + g) * kTileRows + 2 * t;
+      mine[0] = acc[0], mine[1] = acc[1];
+      __syncthreads();
+      if (split == 0) {
+        sum[0] = sum[1] = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+          const float* theirs = partial + ((warp + s) * kTileRows + g) * kTileRows + 2 * t;
+          sum[0] += theirs[0], sum[1] += theirs[1];
         }
       }
     }
-    // The next tile's first chunk is requested before this one is reduced and written.
-    if (tile + gridDim.x < tiles) load_chunk<U, Q, C, R>(p, first_column(tile + gridDim.x), v_begin + lane, v_end, raw);
+    if (split == 0 && g < p.m) {
+      if constexpr (Out == Output::swiglu) {
+        if (j0 + t < p.n) finish<Out, TOut>(p, g, j0 + t, sum);
+      } else {
 #pragma unroll
-    for (int r = 0; r < M; ++r)
-#pragma unroll
-      for (int q = 0; q < Q; ++q) acc[r][q] = warp_sum(acc[r][q]);
-
-    // Lane l writes output (r, c) = (l / C, l % C): the writes (and the residual's reads)
-    // of a tile go out together, not one after another from one lane.
-    const int r_out = lane / C, c_out = lane % C;
-    const bool writes = lane < M * C && r_out < p.m && j0 + c_out < p.n;
-    if (splits == 1) {
-      float sum[R] = {};
-#pragma unroll
-      for (int r = 0; r < M; ++r)
-#pragma unroll
-        for (int c = 0; c < C; ++c)
-          if (r * C + c == lane)
-#pragma unroll
-            for (int s = 0; s < R; ++s) sum[s] = acc[r][c * R + s];
-      if (writes) finish<Out, TOut, R>(p, r_out, j0 + c_out, sum);
-      continue;
+        for (int c = 0; c < 2; ++c) {
+          const float one[2] = {sum[c], 0.0f};
+          if (j0 + 2 * t + c < p.n) finish<Out, TOut>(p, g, j0 + 2 * t + c, one);
+        }
+      }
     }
-    // The k-splits of a column group add up in split order.
-    if (lane == 0)
-#pragma unroll
-      for (int r = 0; r < M; ++r)
-#pragma unroll
-        for (int q = 0; q < Q; ++q) partial[(warp * M + r) * Q + q] = acc[r][q];
-    __syncthreads();
-    if (split == 0 && writes) {
-      float sum[R] = {};
-      for (int s = 0; s < splits; ++s)
-#pragma unroll
-        for (int t = 0; t < R; ++t) sum[t] += partial[((warp + s) * M + r_out) * Q + c_out * R + t];
-      finish<Out, TOut, R>(p, r_out, j0 + c_out, sum);
-    }
-    __syncthreads();  // partial is rewritten by the next tile
+    if (splits > 1) __syncthreads();  // partial is rewritten by the next tile
   }
 }
 
@@ -322,8 +348,8 @@ int resident_blocks(Kernel kernel, size_t smem) {
 
 // Shared memory of one block: the staged rows and the split partials.
 template <int M>
-size_t stage_bytes(int64_t k, int q) {
-  return sizeof(bf16) * M * static_cast<size_t>(k) + sizeof(float) * kWarps * M * q;
+size_t stage_bytes(int64_t k) {
+  return sizeof(bf16) * M * static_cast<size_t>(stage_stride(k)) + sizeof(float) * kWarps * kTileRows * kTileRows;
 }
 
 // True when the kernel takes the problem (shapes, alignment, shared memory).
@@ -331,28 +357,39 @@ inline bool fits(const Args& p, Input in) {
   if (p.m < 1 || p.m > kMaxRows || p.n < 1 || p.k < kVec || p.k % kVec != 0 || p.ldw % kVec != 0) return false;
   if (!vec::aligned16(p.w)) return false;
   if (in == Input::bf16_rows && (p.lda % kVec != 0 || !vec::aligned16(p.a))) return false;
-  return stage_bytes<kMaxRows>(p.k, 4) <= static_cast<size_t>(kMaxStageBytes);
+  return stage_bytes<kMaxRows>(p.k) <= static_cast<size_t>(kMaxStageBytes);
 }
 
-// Enqueues the kernel on the stream. The k split is the smallest that leaves each warp one
-// chunk of its W rows (so every load is issued up front), at most one split per warp.
-template <int M, Input In, Output Out, typename TOut>
-void launch_rows(Args p) {
-  constexpr int R = Out == Output::swiglu ? 2 : 1, C = 4 / R;
-  const int64_t vecs = p.k / kVec;
+// Enqueues the kernel on the stream. The k split is the smallest that leaves each warp at
+// most G k groups of its tile (so every load is issued up front), at most one split per warp.
+template <int M, int G, Input In, Output Out, typename TOut>
+void launch_split(Args p) {
+  constexpr int64_t kColumns = Out == Output::swiglu ? kTileRows / 2 : kTileRows;
+  const int64_t k_groups = (p.k / kVec + kGroupVecs - 1) / kGroupVecs;
   int splits = 1;
-  while (splits < kWarps && (vecs + splits - 1) / splits > kChunk) splits *= 2;
+  while (splits < kWarps && (k_groups + splits - 1) / splits > G) splits *= 2;
   p.k_splits = splits;
-  const int64_t tiles = (p.n + (kWarps / splits) * C - 1) / ((kWarps / splits) * C);
-  const size_t smem = stage_bytes<M>(p.k, C * R);
-  auto kernel = gemv_kernel<M, In, Out, TOut>;
+  const int64_t tiles = (p.n + kColumns - 1) / kColumns, per_block = kWarps / splits;
+  const int64_t blocks = (tiles + per_block - 1) / per_block;
+  const size_t smem = stage_bytes<M>(p.k);
+  auto kernel = gemv_kernel<M, G, In, Out, TOut>;
   const int64_t resident = static_cast<int64_t>(resident_blocks(kernel, smem)) * sm_count();
   if (resident < 1) fail("gemv", "no block of {} bytes of shared memory fits an SM", smem);
-  const auto grid = static_cast<unsigned>(std::min(tiles, resident));
+  const auto grid = static_cast<unsigned>(std::min(blocks, resident));
   launch_dependent("gemv", "gemv_kernel", kernel, dim3(grid), dim3(kThreads), smem, p);
 }
 
-// Picks the row-count instantiation (1, 2, 4 or 8 rows; rows past m are zero).
+template <int M, Input In, Output Out, typename TOut>
+void launch_rows(const Args& p) {
+  const int64_t k_groups = (p.k / kVec + kGroupVecs - 1) / kGroupVecs;
+  if constexpr (In == Input::bf16_rows) {
+    if (k_groups > kWarps * kGroupsInFlight) return launch_split<M, kMostGroupsInFlight, In, Out, TOut>(p);
+  }
+  launch_split<M, kGroupsInFlight, In, Out, TOut>(p);
+}
+
+// Picks the row-count instantiation (1, 2, 4 or 8 rows; rows past m are zero). The
+// products cost the same at any row count; the staging does not.
 template <Input In, Output Out, typename TOut>
 void launch(const Args& p) {
   if (p.m <= 1) return launch_rows<1, In, Out, TOut>(p);

@@ -1,0 +1,313 @@
+// A decode step's attention in one kernel (declared in infer/decoder_cuda.h): what
+// qkv_to_cache, cached_attention_forward and its split merge do in three kernels, for steps
+// whose rows are distinct sequences. At decode batch sizes each of those kernels costs its
+// latency, not its bytes, so the chain of three is most of a block's attention time.
+//
+// One thread-block cluster of kSplits blocks per (row, kv head). Every block applies the
+// q/k norms and RoPE itself (a few hundred values; as qkv_to_cache_kernel, the same bits)
+// and keeps the group's query heads in shared memory; the block whose positions hold the
+// row's own position writes the new k and v into the cache before it reads them back. The
+// row's positions are cut into kSplits contiguous ranges, one per block; a block's warps
+// walk theirs 32 positions at a time as warp_attention_kernel does (lane l scores position
+// j0 + l, then accumulates P V with lane l owning dims [l DPL, (l + 1) DPL)), the block
+// merges its warps, and block 0 merges the blocks through distributed shared memory, in
+// rank order: the same bits every run.
+//
+// Only for steps whose rows are distinct slots: a row never attends to another row's new
+// position of the same step (the decoder keeps other steps on the three kernels).
+#include "infer/decoder_cuda.h"
+
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "ops/dependent_launch.cuh"
+#include "ops/warp_reduce.cuh"
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+namespace kiln::cuda {
+
+namespace {
+
+namespace cg = cooperative_groups;
+using bf16 = __nv_bfloat16;
+
+constexpr int kSplits = 8;  // blocks per (row, kv head): one cluster (the portable maximum)
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// Head h of row `row` of qkv (h < hq: a query head, then k, then v) normalized and rotated
+// as qkv_to_cache_kernel does, by one warp: lane l handles elements l + 32 e; `pairs` is
+// the warp's scratch of hd floats. The result (rounded to bf16) ends in `pairs`.
+template <int D>
+__device__ __forceinline__ void prepare_head(const DecodeAttentionArgs& a, const bf16* src, const float* gain,
+                                             int64_t pos, float* pairs) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  float ss = 0.0f;
+#pragma unroll
+  for (int c = lane; c < D; c += 32) {
+    const float v = __bfloat162float(src[c]);
+    pairs[c] = v;
+    ss += v * v;
+  }
+  if (gain != nullptr) {
+    const float inv = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(D) + a.eps);
+#pragma unroll
+    for (int c = lane; c < D; c += 32) pairs[c] = round_bf16(pairs[c] * inv * gain[c]);
+  }
+  __syncwarp();
+  if (a.cos == nullptr) return;
+  constexpr int kHalf = D / 2;
+  float rotated[2][(kHalf + 31) / 32];
+#pragma unroll
+  for (int i = 0, j = lane; j < kHalf; ++i, j += 32) {
+    const float x1 = pairs[j], x2 = pairs[j + kHalf];
+    const float c = a.cos[pos * kHalf + j], s = a.sin[pos * kHalf + j];
+    rotated[0][i] = round_bf16(x1 * c - x2 * s);
+    rotated[1][i] = round_bf16(x2 * c + x1 * s);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0, j = lane; j < kHalf; ++i, j += 32) pairs[j] = rotated[0][i], pairs[j + kHalf] = rotated[1][i];
+  __syncwarp();
+}
+
+// DPL = head_dim / 32 values per lane, HT = query heads per kv head.
+template <int DPL, int HT>
+__global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
+    decode_attention_kernel(const DecodeAttentionArgs a) {
+  constexpr int D = 32 * DPL;
+  __shared__ __align__(16) float qs[HT][D];
+  __shared__ __align__(16) float scratch[kWarps][D];  // prepare_head's pairs
+  __shared__ float ps[kWarps][HT][32];
+  __shared__ float warp_ml[kWarps][HT][2];
+  __shared__ __align__(16) float warp_acc[kWarps][HT][D];
+  __shared__ float block_ml[HT][2];
+  __shared__ __align__(16) float block_acc[HT][D];
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const auto item = static_cast<int64_t>(blockIdx.x / kSplits);
+  const int64_t row = item / a.kv_heads, g = item - row * a.kv_heads;
+  allow_dependents();
+  wait_for_producer();  // qkv comes from the projection before
+
+  const int64_t p = a.positions[row];
+  const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), p - a.window + 1) : 0;
+  const int64_t span = p + 1 - first, chunk = (span + kSplits - 1) / kSplits;
+  const int64_t begin = min(p + 1, first + rank * chunk), end = min(p + 1, begin + chunk);
+  const bool owns_new = begin <= p && p < end;  // this block's range holds the row's own position
+  const int64_t stride = a.kv_heads * D;        // elements between positions of one slot
+  const int64_t slot_base = (static_cast<int64_t>(a.slots[row]) * a.max_len * a.kv_heads + g) * D;
+  // Plain pointers, not const __restrict__: the new row is read back after its write.
+  bf16* kbase = static_cast<bf16*>(a.k_cache) + slot_base;
+  bf16* vbase = static_cast<bf16*>(a.v_cache) + slot_base;
+
+  // The group's query heads into qs; k and v of the new position into the cache (its owner).
+  const int64_t heads = a.q_heads + 2 * a.kv_heads, h0 = g * HT;
+  const bf16* src_row = static_cast<const bf16*>(a.qkv) + row * heads * D;
+  for (int it = warp; it < HT + 2; it += kWarps) {
+    float* pairs = scratch[warp];
+    if (it < HT) {
+      prepare_head<D>(a, src_row + (h0 + it) * D, a.q_gain, p, pairs);
+#pragma unroll
+      for (int c = lane; c < D; c += 32) qs[it][c] = pairs[c];
+    } else if (it == HT) {
+      prepare_head<D>(a, src_row + (a.q_heads + g) * D, a.k_gain, p, pairs);
+      if (owns_new)
+#pragma unroll
+        for (int c = lane; c < D; c += 32) kbase[p * stride + c] = __float2bfloat16_rn(pairs[c]);
+    } else if (owns_new) {
+      const bf16* v = src_row + (a.q_heads + a.kv_heads + g) * D;
+#pragma unroll
+      for (int c = lane; c < D; c += 32) vbase[p * stride + c] = v[c];
+    }
+  }
+  __syncthreads();  // qs and the new cache rows, visible to the whole block
+
+  float m[HT], l[HT], acc[HT][DPL];
+#pragma unroll
+  for (int t = 0; t < HT; ++t) {
+    m[t] = -INFINITY, l[t] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) acc[t][e] = 0.0f;
+  }
+  // V rows in batches of kBatch positions, each batch's loads issued together; the first
+  // batch of a round goes out with the K rows, before any score is computed.
+  constexpr int kBatch = 64 / DPL;
+  constexpr int kVecs = D / 8, kChunkVecs = kVecs < 16 ? kVecs : 16;
+  auto load_v = [&](const bf16* vrow, int from, int count, float (&vf)[kBatch][DPL]) {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (from + i < count) {
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(vrow + (from + i) * stride);
+#pragma unroll
+        for (int e = 0; e < DPL / 2; ++e) {
+          const float2 f = __bfloat1622float2(h[e]);
+          vf[i][2 * e] = f.x, vf[i][2 * e + 1] = f.y;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) vf[i][e] = 0.0f;
+      }
+    }
+  };
+  auto accumulate = [&](int from, int count, const float (&vf)[kBatch][DPL]) {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (from + i >= count) break;
+#pragma unroll
+      for (int t = 0; t < HT; ++t) {
+        const float pj = ps[warp][t][from + i];
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) acc[t][e] = fmaf(pj, vf[i][e], acc[t][e]);
+      }
+    }
+  };
+  for (int64_t j0 = begin + 32 * warp; j0 < end; j0 += 32 * kWarps) {
+    const int64_t j = j0 + lane;
+    const bool valid = j < end;
+    const int count = static_cast<int>(min(static_cast<int64_t>(32), end - j0));
+    const bf16* vrow = vbase + j0 * stride + lane * DPL;
+    const bf16* krow = kbase + (valid ? j : j0) * stride;  // a lane past the end reads a valid row, unused
+    float sc[HT] = {};
+    float vf[kBatch][DPL];
+#pragma unroll
+    for (int c = 0; c < kVecs; c += kChunkVecs) {
+      uint4 raw[kChunkVecs];
+#pragma unroll
+      for (int i = 0; i < kChunkVecs; ++i) raw[i] = reinterpret_cast<const uint4*>(krow)[c + i];
+      if (c == 0) load_v(vrow, 0, count, vf);
+#pragma unroll
+      for (int i = 0; i < kChunkVecs; ++i) {
+        float kf[8];
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[i]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(h[e]);
+          kf[2 * e] = f.x, kf[2 * e + 1] = f.y;
+        }
+#pragma unroll
+        for (int t = 0; t < HT; ++t)
+#pragma unroll
+          for (int e = 0; e < 8; e += 4) {
+            const float4 qv = *reinterpret_cast<const float4*>(&qs[t][(c + i) * 8 + e]);
+            sc[t] = fmaf(qv.x, kf[e], sc[t]), sc[t] = fmaf(qv.y, kf[e + 1], sc[t]);
+            sc[t] = fmaf(qv.z, kf[e + 2], sc[t]), sc[t] = fmaf(qv.w, kf[e + 3], sc[t]);
+          }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < HT; ++t) {
+      float x = sc[t] * a.scale;
+      if (a.softcap > 0.0f) x = tanhf(x / a.softcap) * a.softcap;
+      x = valid ? x : -INFINITY;
+      const float mx = fmaxf(m[t], warp_max(x));  // finite: position j0 is valid
+      const float correction = expf(m[t] - mx);    // 0 while m is still -inf
+      const float pj = expf(x - mx);
+      l[t] = l[t] * correction + warp_sum(pj);
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) acc[t][e] *= correction;
+      ps[warp][t][lane] = pj;
+      m[t] = mx;
+    }
+    __syncwarp();
+    accumulate(0, count, vf);
+    for (int from = kBatch; from < count; from += kBatch) {
+      load_v(vrow, from, count, vf);
+      accumulate(from, count, vf);
+    }
+    __syncwarp();  // ps is rewritten by the next round
+  }
+
+  // The block's warps merged in warp order (a warp that saw no position has m = -inf).
+#pragma unroll
+  for (int t = 0; t < HT; ++t) {
+    if (lane == 0) warp_ml[warp][t][0] = m[t], warp_ml[warp][t][1] = l[t];
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) warp_acc[warp][t][lane * DPL + e] = acc[t][e];
+  }
+  __syncthreads();
+  for (int idx = static_cast<int>(threadIdx.x); idx < HT * D; idx += kThreads) {
+    const int t = idx / D, c = idx - t * D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, warp_ml[w][t][0]);
+    float sum = 0.0f, x = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (warp_ml[w][t][0] == -INFINITY) continue;
+      const float f = expf(warp_ml[w][t][0] - mx);
+      sum += warp_ml[w][t][1] * f;
+      x += warp_acc[w][t][c] * f;
+    }
+    block_acc[t][c] = x;
+    if (c == 0) block_ml[t][0] = mx, block_ml[t][1] = sum;
+  }
+  cluster.sync();  // every block's result is in its shared memory
+
+  if (rank == 0) {
+    for (int idx = static_cast<int>(threadIdx.x); idx < HT * D; idx += kThreads) {
+      const int t = idx / D, c = idx - t * D;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < kSplits; ++r) mx = fmaxf(mx, cluster.map_shared_rank(&block_ml[t][0], r)[0]);
+      float sum = 0.0f, x = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kSplits; ++r) {
+        const float* ml = cluster.map_shared_rank(&block_ml[t][0], r);
+        if (ml[0] == -INFINITY) continue;  // a block that saw no position
+        const float f = expf(ml[0] - mx);
+        sum += ml[1] * f;
+        x += cluster.map_shared_rank(&block_acc[t][0], r)[c] * f;
+      }
+      static_cast<bf16*>(a.out)[(row * a.q_heads + h0 + t) * D + c] = __float2bfloat16_rn(x / sum);
+    }
+  }
+  cluster.sync();  // block 0 has read the others' shared memory before they exit
+}
+
+template <int DPL, int HT>
+void launch(const DecodeAttentionArgs& a) {
+  const auto grid = static_cast<unsigned>(a.rows * a.kv_heads * kSplits);
+  launch_dependent("decoder", "decode_attention_kernel", decode_attention_kernel<DPL, HT>, dim3(grid),
+                   dim3(kThreads), 0, a);
+}
+
+template <int DPL>
+void dispatch_group(const DecodeAttentionArgs& a) {
+  switch (a.q_heads / a.kv_heads) {
+    case 1: return launch<DPL, 1>(a);
+    case 2: return launch<DPL, 2>(a);
+    case 4: return launch<DPL, 4>(a);
+    case 8:
+      if constexpr (DPL <= 4) return launch<DPL, 8>(a);
+      break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+bool decode_attention_fits(int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
+  if (kv_heads < 1 || q_heads % kv_heads != 0) return false;
+  const int64_t group = q_heads / kv_heads;
+  // group x head_dim <= 1024 keeps the static shared memory (queries, warp partials) under 48 KiB.
+  return (group == 1 || group == 2 || group == 4 || group == 8) &&
+         (head_dim == 64 || head_dim == 128 || head_dim == 256) && group * head_dim <= 1024;
+}
+
+void decode_attention(const DecodeAttentionArgs& a) {
+  if (a.rows == 0) return;
+  if (!decode_attention_fits(a.q_heads, a.kv_heads, a.head_dim))
+    fail("decoder", "decode attention: {} query heads over {} kv heads of {} (see decode_attention_fits)", a.q_heads,
+         a.kv_heads, a.head_dim);
+  if (a.head_dim == 64) return dispatch_group<2>(a);
+  if (a.head_dim == 128) return dispatch_group<4>(a);
+  dispatch_group<8>(a);  // head_dim 256: groups of at most 4 (fits)
+}
+
+}  // namespace kiln::cuda
