@@ -16,6 +16,16 @@ cudaStream_t stream() {
   return s;
 }
 
+int sm_count() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    check(cudaGetDevice(&device), "cuda", "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cuda", "cudaDeviceGetAttribute");
+    return n;
+  }();
+  return count;
+}
+
 cublasHandle_t blas() {
   static cublasHandle_t handle = [] {
     cublasHandle_t h = nullptr;

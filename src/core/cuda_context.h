@@ -12,6 +12,9 @@ namespace kiln::cuda {
 
 cudaStream_t stream();
 cublasHandle_t blas();
+// Streaming multiprocessors of the current device (asked once): kernels that size their
+// grid to what is resident at once.
+int sm_count();
 
 
 // Blocks of `threads` covering n items (at most 65535 * 1024 * ... grid-stride loops do the rest).

@@ -3,15 +3,18 @@
 // whose rows are distinct sequences. At decode batch sizes each of those kernels costs its
 // latency, not its bytes, so the chain of three is most of a block's attention time.
 //
-// One thread-block cluster of kSplits blocks per (row, kv head). Every block applies the
-// q/k norms and RoPE itself (a few hundred values; as qkv_to_cache_kernel, the same bits)
-// and keeps the group's query heads in shared memory; the block whose positions hold the
-// row's own position writes the new k and v into the cache before it reads them back. The
-// row's positions are cut into kSplits contiguous ranges, one per block; a block's warps
+// One thread-block cluster of up to kMaxSplits blocks per (row, kv head) (splits_for).
+// Every block applies the q/k norms and RoPE itself (a few hundred values; as
+// qkv_to_cache_kernel, the same bits) and keeps the group's query heads in shared memory;
+// the block whose positions hold the row's own position writes the new k and v into the
+// cache. The row's positions are cut into one contiguous range per block; a block's warps
 // walk theirs 32 positions at a time as warp_attention_kernel does (lane l scores position
 // j0 + l, then accumulates P V with lane l owning dims [l DPL, (l + 1) DPL)), the block
 // merges its warps, and block 0 merges the blocks through distributed shared memory, in
-// rank order: the same bits every run.
+// rank order: the same bits every run. Each warp's first K and V loads go out before the
+// kernel waits for the projection ahead of it (programmatic dependent launch): the cache
+// rows of earlier positions are not written by the kernels ahead; the new row, loaded too
+// early, is taken from shared memory instead.
 //
 // Only for steps whose rows are distinct slots: a row never attends to another row's new
 // position of the same step (the decoder keeps other steps on the three kernels).
@@ -25,6 +28,10 @@
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 namespace kiln::cuda {
 
 namespace {
@@ -32,7 +39,7 @@ namespace {
 namespace cg = cooperative_groups;
 using bf16 = __nv_bfloat16;
 
-constexpr int kSplits = 8;  // blocks per (row, kv head): one cluster (the portable maximum)
+constexpr int kMaxSplits = 8;  // blocks per (row, kv head), one cluster: the portable maximum
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 
@@ -74,13 +81,16 @@ __device__ __forceinline__ void prepare_head(const DecodeAttentionArgs& a, const
   __syncwarp();
 }
 
-// DPL = head_dim / 32 values per lane, HT = query heads per kv head.
+// DPL = head_dim / 32 values per lane, HT = query heads per kv head. Launched in clusters
+// of `splits` blocks along x (launch_dependent_clusters).
 template <int DPL, int HT>
-__global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
-    decode_attention_kernel(const DecodeAttentionArgs a) {
+__global__ void __launch_bounds__(kThreads) decode_attention_kernel(const DecodeAttentionArgs a) {
   constexpr int D = 32 * DPL;
+  constexpr int kBatch = 64 / DPL;  // V rows per batch of loads (64 registers per lane)
+  constexpr int kVecs = D / 8, kChunkVecs = kVecs < 16 ? kVecs : 16;  // a K row in chunks of 16-byte loads
   __shared__ __align__(16) float qs[HT][D];
   __shared__ __align__(16) float scratch[kWarps][D];  // prepare_head's pairs
+  __shared__ __align__(16) bf16 fresh_k[D], fresh_v[D];  // the row's own k and v, as written to the cache
   __shared__ float ps[kWarps][HT][32];
   __shared__ float warp_ml[kWarps][HT][2];
   __shared__ __align__(16) float warp_acc[kWarps][HT][D];
@@ -88,16 +98,18 @@ __global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
   __shared__ __align__(16) float block_acc[HT][D];
 
   cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
+  const int rank = static_cast<int>(cluster.block_rank()), splits = static_cast<int>(cluster.num_blocks());
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const auto item = static_cast<int64_t>(blockIdx.x / kSplits);
+  const auto item = static_cast<int64_t>(blockIdx.x / static_cast<unsigned>(splits));
   const int64_t row = item / a.kv_heads, g = item - row * a.kv_heads;
   allow_dependents();
-  wait_for_producer();  // qkv comes from the projection before
 
+  // Before waiting for the kernels ahead: the step's inputs (uploaded before the step) and
+  // the cache rows of earlier positions are nothing they write, so the first round's K and
+  // V loads go out now, overlapping their tail.
   const int64_t p = a.positions[row];
   const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), p - a.window + 1) : 0;
-  const int64_t span = p + 1 - first, chunk = (span + kSplits - 1) / kSplits;
+  const int64_t span = p + 1 - first, chunk = (span + splits - 1) / splits;
   const int64_t begin = min(p + 1, first + rank * chunk), end = min(p + 1, begin + chunk);
   const bool owns_new = begin <= p && p < end;  // this block's range holds the row's own position
   const int64_t stride = a.kv_heads * D;        // elements between positions of one slot
@@ -105,6 +117,40 @@ __global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
   // Plain pointers, not const __restrict__: the new row is read back after its write.
   bf16* kbase = static_cast<bf16*>(a.k_cache) + slot_base;
   bf16* vbase = static_cast<bf16*>(a.v_cache) + slot_base;
+
+  // A round: positions j0 .. j0 + 31 of this warp. Its head (the first chunk of lane l's K
+  // row j0 + l and the first batch of V rows) is loaded ahead, the rest in the round.
+  auto load_v = [&](int64_t j0, int from, int count, float (&vf)[kBatch][DPL]) {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (from + i < count) {
+        const __nv_bfloat162* h =
+            reinterpret_cast<const __nv_bfloat162*>(vbase + (j0 + from + i) * stride + lane * DPL);
+#pragma unroll
+        for (int e = 0; e < DPL / 2; ++e) {
+          const float2 f = __bfloat1622float2(h[e]);
+          vf[i][2 * e] = f.x, vf[i][2 * e + 1] = f.y;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) vf[i][e] = 0.0f;
+      }
+    }
+  };
+  auto k_row = [&](int64_t j0) { return kbase + min(j0 + lane, end - 1) * stride; };  // past the end: a valid row, unused
+  auto load_head = [&](int64_t j0, uint4 (&k_head)[kChunkVecs], float (&vf)[kBatch][DPL]) {
+    const uint4* krow = reinterpret_cast<const uint4*>(k_row(j0));
+#pragma unroll
+    for (int i = 0; i < kChunkVecs; ++i) k_head[i] = krow[i];
+    load_v(j0, 0, static_cast<int>(min(static_cast<int64_t>(32), end - j0)), vf);
+  };
+  const int64_t round_step = 32 * kWarps;
+  int64_t j0 = begin + 32 * warp;
+  uint4 k_head[kChunkVecs];
+  float vf[kBatch][DPL];
+  if (j0 < end) load_head(j0, k_head, vf);
+
+  wait_for_producer();  // qkv comes from the projection before
 
   // The group's query heads into qs; k and v of the new position into the cache (its owner).
   const int64_t heads = a.q_heads + 2 * a.kv_heads, h0 = g * HT;
@@ -119,11 +165,19 @@ __global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
       prepare_head<D>(a, src_row + (a.q_heads + g) * D, a.k_gain, p, pairs);
       if (owns_new)
 #pragma unroll
-        for (int c = lane; c < D; c += 32) kbase[p * stride + c] = __float2bfloat16_rn(pairs[c]);
+        for (int c = lane; c < D; c += 32) {
+          const bf16 k = __float2bfloat16_rn(pairs[c]);
+          kbase[p * stride + c] = k;
+          fresh_k[c] = k;
+        }
     } else if (owns_new) {
       const bf16* v = src_row + (a.q_heads + a.kv_heads + g) * D;
 #pragma unroll
-      for (int c = lane; c < D; c += 32) vbase[p * stride + c] = v[c];
+      for (int c = lane; c < D; c += 32) {
+        const bf16 x = v[c];
+        vbase[p * stride + c] = x;
+        fresh_v[c] = x;
+      }
     }
   }
   __syncthreads();  // qs and the new cache rows, visible to the whole block
@@ -135,26 +189,6 @@ __global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < DPL; ++e) acc[t][e] = 0.0f;
   }
-  // V rows in batches of kBatch positions, each batch's loads issued together; the first
-  // batch of a round goes out with the K rows, before any score is computed.
-  constexpr int kBatch = 64 / DPL;
-  constexpr int kVecs = D / 8, kChunkVecs = kVecs < 16 ? kVecs : 16;
-  auto load_v = [&](const bf16* vrow, int from, int count, float (&vf)[kBatch][DPL]) {
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      if (from + i < count) {
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(vrow + (from + i) * stride);
-#pragma unroll
-        for (int e = 0; e < DPL / 2; ++e) {
-          const float2 f = __bfloat1622float2(h[e]);
-          vf[i][2 * e] = f.x, vf[i][2 * e + 1] = f.y;
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) vf[i][e] = 0.0f;
-      }
-    }
-  };
   auto accumulate = [&](int from, int count, const float (&vf)[kBatch][DPL]) {
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
@@ -167,20 +201,28 @@ __global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
       }
     }
   };
-  for (int64_t j0 = begin + 32 * warp; j0 < end; j0 += 32 * kWarps) {
-    const int64_t j = j0 + lane;
-    const bool valid = j < end;
+  for (; j0 < end; j0 += round_step) {
+    const bool valid = j0 + lane < end;
     const int count = static_cast<int>(min(static_cast<int64_t>(32), end - j0));
-    const bf16* vrow = vbase + j0 * stride + lane * DPL;
-    const bf16* krow = kbase + (valid ? j : j0) * stride;  // a lane past the end reads a valid row, unused
+    // The head of the first round was loaded before the new row was written: take that
+    // row from shared memory. (Later loads come after the barrier above and see it.)
+    if (owns_new && p >= j0 && p < j0 + 32) {
+      if (lane == p - j0)
+#pragma unroll
+        for (int i = 0; i < kChunkVecs; ++i) k_head[i] = reinterpret_cast<const uint4*>(fresh_k)[i];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i)  // a constant index: vf stays in registers
+        if (i == p - j0)
+#pragma unroll
+          for (int e = 0; e < DPL; ++e) vf[i][e] = __bfloat162float(fresh_v[lane * DPL + e]);
+    }
     float sc[HT] = {};
-    float vf[kBatch][DPL];
+    const uint4* krow = reinterpret_cast<const uint4*>(k_row(j0));
 #pragma unroll
     for (int c = 0; c < kVecs; c += kChunkVecs) {
       uint4 raw[kChunkVecs];
 #pragma unroll
-      for (int i = 0; i < kChunkVecs; ++i) raw[i] = reinterpret_cast<const uint4*>(krow)[c + i];
-      if (c == 0) load_v(vrow, 0, count, vf);
+      for (int i = 0; i < kChunkVecs; ++i) raw[i] = c == 0 ? k_head[i] : krow[c + i];
 #pragma unroll
       for (int i = 0; i < kChunkVecs; ++i) {
         float kf[8];
@@ -217,10 +259,11 @@ __global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
     __syncwarp();
     accumulate(0, count, vf);
     for (int from = kBatch; from < count; from += kBatch) {
-      load_v(vrow, from, count, vf);
+      load_v(j0, from, count, vf);
       accumulate(from, count, vf);
     }
     __syncwarp();  // ps is rewritten by the next round
+    if (j0 + round_step < end) load_head(j0 + round_step, k_head, vf);
   }
 
   // The block's warps merged in warp order (a warp that saw no position has m = -inf).
@@ -253,11 +296,9 @@ __global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
     for (int idx = static_cast<int>(threadIdx.x); idx < HT * D; idx += kThreads) {
       const int t = idx / D, c = idx - t * D;
       float mx = -INFINITY;
-#pragma unroll
-      for (int r = 0; r < kSplits; ++r) mx = fmaxf(mx, cluster.map_shared_rank(&block_ml[t][0], r)[0]);
+      for (int r = 0; r < splits; ++r) mx = fmaxf(mx, cluster.map_shared_rank(&block_ml[t][0], r)[0]);
       float sum = 0.0f, x = 0.0f;
-#pragma unroll
-      for (int r = 0; r < kSplits; ++r) {
+      for (int r = 0; r < splits; ++r) {
         const float* ml = cluster.map_shared_rank(&block_ml[t][0], r);
         if (ml[0] == -INFINITY) continue;  // a block that saw no position
         const float f = expf(ml[0] - mx);
@@ -270,11 +311,48 @@ __global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
   cluster.sync();  // block 0 has read the others' shared memory before they exit
 }
 
+// Clusters of `splits` blocks of `kernel` the GPU holds at once (asked once per kernel
+// and size: clusters live within one GPC, so this is less than the SM count suggests).
+template <typename Kernel>
+int64_t resident_clusters(Kernel kernel, int splits) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int64_t> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), splits);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(splits);
+  attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(splits));
+  config.blockDim = dim3(kThreads);
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), "decoder", "cudaOccupancyMaxActiveClusters");
+  known.emplace(key, clusters);
+  return clusters;
+}
+
+// Blocks per (row, kv head), the cluster's size: up to kMaxSplits (a row's positions spread
+// over the GPU at batch 1), halved while the GPU could not hold all the clusters at once
+// (on the H200 a batch-4 step on 32 clusters of 8 took longer than a batch-5 step on 40
+// clusters of 4: the clusters that did not fit waited for a second wave).
+template <typename Kernel>
+int splits_for(Kernel kernel, int64_t items) {
+  int splits = kMaxSplits;
+  while (splits > 1 && items > resident_clusters(kernel, splits)) splits /= 2;
+  return splits;
+}
+
 template <int DPL, int HT>
 void launch(const DecodeAttentionArgs& a) {
-  const auto grid = static_cast<unsigned>(a.rows * a.kv_heads * kSplits);
-  launch_dependent("decoder", "decode_attention_kernel", decode_attention_kernel<DPL, HT>, dim3(grid),
-                   dim3(kThreads), 0, a);
+  const int64_t items = a.rows * a.kv_heads;
+  auto kernel = decode_attention_kernel<DPL, HT>;
+  const int splits = splits_for(kernel, items);
+  launch_dependent_clusters("decoder", "decode_attention_kernel", kernel, dim3(static_cast<unsigned>(items * splits)),
+                            dim3(kThreads), 0, static_cast<unsigned>(splits), a);
 }
 
 template <int DPL>

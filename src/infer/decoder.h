@@ -60,8 +60,9 @@ struct DecoderOptions {
   // compute their logits (the captured decode steps) run the fused projections of
   // infer/decoder_cuda.h (RMSNorm, residual adds and SwiGLU folded into skinny products); 0
   // keeps every step on linear_forward and the separate kernels, what the fused projections
-  // are checked against. 4: measured on the H200 (docs/performance.md, decoding).
-  int64_t gemv_rows = 4;
+  // are checked against. 8: on the tensor-core kernel a step of 8 rows costs about what
+  // one of 4 does (measured on the H200, docs/performance.md, decoding).
+  int64_t gemv_rows = 8;
   // Those steps, when their rows are distinct sequences, also run each block's q/k norm,
   // RoPE, cache write and attention as one kernel (infer/decode_attention.cu); false keeps
   // them on the three kernels of the other steps, what the one kernel is checked against.

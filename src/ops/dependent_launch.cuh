@@ -30,21 +30,32 @@ __device__ __forceinline__ void allow_dependents() {
 }
 
 // kernel<<<grid, block, smem, stream()>>>(args...) that may overlap the previous kernel
-// (see above); `what` names it in a launch error.
+// (see above); `what` names it in a launch error. cluster > 1 launches thread-block clusters
+// of that many blocks along x (grid.x a multiple of it; sm_90 and later).
 template <typename... Params, typename... Args>
-void launch_dependent(const char* op, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                      Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+void launch_dependent_clusters(const char* op, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block,
+                               size_t smem, unsigned cluster, Args&&... args) {
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = cluster;
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream();
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.attrs = attributes;
+  config.numAttrs = cluster > 1 ? 2 : 1;
   check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), op, what);
+}
+
+template <typename... Params, typename... Args>
+void launch_dependent(const char* op, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      Args&&... args) {
+  launch_dependent_clusters(op, what, kernel, grid, block, smem, 1, std::forward<Args>(args)...);
 }
 
 }  // namespace kiln::cuda

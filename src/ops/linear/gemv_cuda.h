@@ -10,10 +10,10 @@ namespace kiln::cuda {
 
 // Rows of A up to which the skinny kernel takes the product. (The first version, one warp
 // per column re-reading A from cache, was measured on the H200 at 1.605 ms per 0.6B decode
-// step at one row against 1.863 ms on cuBLASLt, but 2.97 against 1.83 ms at eight rows; the
-// kernel stages A in shared memory and reads four W rows per warp at a time; eight rows
-// still lose to cuBLASLt, see docs/performance.md.)
-constexpr int64_t kMaxSkinnyRows = 4;
+// step at one row against 1.863 ms on cuBLASLt, but 2.97 against 1.83 ms at eight rows;
+// since its products run on the tensor cores, eight rows cost about what one does: a
+// 0.6B decode step at batch 8 took 1.321 ms on it against 1.597 ms through cuBLASLt.)
+constexpr int64_t kMaxSkinnyRows = 8;
 
 // Runs C = alpha A B^T + beta C on the skinny kernel and returns true when the problem
 // fits it (row-major A [m, k] with m <= kMaxSkinnyRows, B [n, k] not transposed in

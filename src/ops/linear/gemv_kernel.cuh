@@ -116,18 +116,23 @@ __device__ __forceinline__ void stage_rows(const Args& p, bf16* as, int64_t stri
     // its bits: per-thread sums over c = tid + 256 i in order (a missing element adds +0,
     // which changes no sum of squares), a warp butterfly, then the 8 warps' sums in order.
     static_assert(kThreads == 256, "the staged RMSNorm repeats a 256-thread reduction");
-    float ss[M];
+    // With k <= kThreads * kStageUnroll (the decode shapes' hidden sizes) one pass: the
+    // values loaded for the sums are the ones normalized, not loaded again after them.
+    const bool one_pass = k <= kThreads * kStageUnroll;
+    float ss[M], v[M][kStageUnroll], g[kStageUnroll];
 #pragma unroll
     for (int r = 0; r < M; ++r) ss[r] = 0.0f;
+    auto load = [&](int64_t c0, bool with_gain) {
+#pragma unroll
+      for (int u = 0; u < kStageUnroll; ++u) {
+        const int64_t c = c0 + u * kThreads;
+        if (with_gain) g[u] = c < k ? p.gain[c] : 0.0f;
+#pragma unroll
+        for (int r = 0; r < M; ++r) v[r][u] = r < p.m && c < k ? p.x[r * p.ldx + c] : 0.0f;
+      }
+    };
     for (int64_t c0 = tid; c0 < k; c0 += kThreads * kStageUnroll) {
-      float v[M][kStageUnroll];
-#pragma unroll
-      for (int r = 0; r < M; ++r)
-#pragma unroll
-        for (int u = 0; u < kStageUnroll; ++u) {
-          const int64_t c = c0 + u * kThreads;
-          v[r][u] = r < p.m && c < k ? p.x[r * p.ldx + c] : 0.0f;
-        }
+      load(c0, one_pass);
 #pragma unroll
       for (int r = 0; r < M; ++r)
 #pragma unroll
@@ -148,14 +153,7 @@ __device__ __forceinline__ void stage_rows(const Args& p, bf16* as, int64_t stri
       inv[r] = 1.0f / sqrtf(total / static_cast<float>(k) + p.eps);
     }
     for (int64_t c0 = tid; c0 < k; c0 += kThreads * kStageUnroll) {
-      float v[M][kStageUnroll], g[kStageUnroll];
-#pragma unroll
-      for (int u = 0; u < kStageUnroll; ++u) {
-        const int64_t c = c0 + u * kThreads;
-        g[u] = c < k ? p.gain[c] : 0.0f;
-#pragma unroll
-        for (int r = 0; r < M; ++r) v[r][u] = r < p.m && c < k ? p.x[r * p.ldx + c] : 0.0f;
-      }
+      if (!one_pass) load(c0, true);
 #pragma unroll
       for (int u = 0; u < kStageUnroll; ++u)
         if (c0 + u * kThreads < k)
@@ -315,16 +313,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const Args p) {
     }
     if (splits > 1) __syncthreads();  // partial is rewritten by the next tile
   }
-}
-
-inline int sm_count() {
-  static const int count = [] {
-    int device = 0, n = 0;
-    check(cudaGetDevice(&device), "gemv", "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "gemv", "cudaDeviceGetAttribute");
-    return n;
-  }();
-  return count;
 }
 
 // Blocks of `kernel` resident per SM with `smem` bytes of shared memory, asked once per
