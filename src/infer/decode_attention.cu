@@ -22,6 +22,7 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "ops/attention/warp_attention.cuh"
 #include "ops/dependent_launch.cuh"
 #include "ops/warp_reduce.cuh"
 
@@ -189,18 +190,6 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
 #pragma unroll
     for (int e = 0; e < DPL; ++e) acc[t][e] = 0.0f;
   }
-  auto accumulate = [&](int from, int count, const float (&vf)[kBatch][DPL]) {
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      if (from + i >= count) break;
-#pragma unroll
-      for (int t = 0; t < HT; ++t) {
-        const float pj = ps[warp][t][from + i];
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) acc[t][e] = fmaf(pj, vf[i][e], acc[t][e]);
-      }
-    }
-  };
   for (; j0 < end; j0 += round_step) {
     const bool valid = j0 + lane < end;
     const int count = static_cast<int>(min(static_cast<int64_t>(32), end - j0));
@@ -226,41 +215,17 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
 #pragma unroll
       for (int i = 0; i < kChunkVecs; ++i) {
         float kf[8];
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[i]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = __bfloat1622float2(h[e]);
-          kf[2 * e] = f.x, kf[2 * e + 1] = f.y;
-        }
-#pragma unroll
-        for (int t = 0; t < HT; ++t)
-#pragma unroll
-          for (int e = 0; e < 8; e += 4) {
-            const float4 qv = *reinterpret_cast<const float4*>(&qs[t][(c + i) * 8 + e]);
-            sc[t] = fmaf(qv.x, kf[e], sc[t]), sc[t] = fmaf(qv.y, kf[e + 1], sc[t]);
-            sc[t] = fmaf(qv.z, kf[e + 2], sc[t]), sc[t] = fmaf(qv.w, kf[e + 3], sc[t]);
-          }
+        warp_attention::unpack<bf16>(raw[i], kf);
+        warp_attention::add_scores<HT>(&qs[0][0], D, (c + i) * 8, kf, HT, sc);
       }
     }
-#pragma unroll
-    for (int t = 0; t < HT; ++t) {
-      float x = sc[t] * a.scale;
-      if (a.softcap > 0.0f) x = tanhf(x / a.softcap) * a.softcap;
-      x = valid ? x : -INFINITY;
-      const float mx = fmaxf(m[t], warp_max(x));  // finite: position j0 is valid
-      const float correction = expf(m[t] - mx);    // 0 while m is still -inf
-      const float pj = expf(x - mx);
-      l[t] = l[t] * correction + warp_sum(pj);
-#pragma unroll
-      for (int e = 0; e < DPL; ++e) acc[t][e] *= correction;
-      ps[warp][t][lane] = pj;
-      m[t] = mx;
-    }
+    float* probabilities = &ps[warp][0][0];
+    warp_attention::fold_scores<HT, DPL>(sc, valid, a.scale, a.softcap, HT, m, l, acc, probabilities);
     __syncwarp();
-    accumulate(0, count, vf);
+    warp_attention::accumulate_pv<HT, DPL>(probabilities, 0, count, vf, HT, acc);
     for (int from = kBatch; from < count; from += kBatch) {
       load_v(j0, from, count, vf);
-      accumulate(from, count, vf);
+      warp_attention::accumulate_pv<HT, DPL>(probabilities, from, count, vf, HT, acc);
     }
     __syncwarp();  // ps is rewritten by the next round
     if (j0 + round_step < end) load_head(j0 + round_step, k_head, vf);

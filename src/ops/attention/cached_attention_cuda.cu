@@ -4,6 +4,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/bf16_vector.cuh"
+#include "ops/attention/warp_attention.cuh"
 #include "ops/dependent_launch.cuh"
 #include "ops/warp_reduce.cuh"
 
@@ -323,19 +324,6 @@ __global__ void __launch_bounds__(32)
       }
     }
   };
-  auto accumulate = [&](int from, int count, const float (&vf)[kBatch][DPL]) {
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      if (from + i >= count) break;
-#pragma unroll
-      for (int t = 0; t < kTile; ++t) {
-        if (t >= nh) break;
-        const float pj = ps[t][from + i];
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) acc[t][e] = fmaf(pj, vf[i][e], acc[t][e]);
-      }
-    }
-  };
   for (int64_t j0 = begin; j0 < end; j0 += 32) {
     const int64_t j = j0 + lane;
     const bool valid = j < end;
@@ -355,49 +343,16 @@ __global__ void __launch_bounds__(32)
 #pragma unroll
       for (int i = 0; i < kChunkVecs; ++i) {
         float kf[kPerVec];
-        if constexpr (std::is_same_v<T, float>) {
-          kf[0] = __uint_as_float(raw[i].x), kf[1] = __uint_as_float(raw[i].y);
-          kf[2] = __uint_as_float(raw[i].z), kf[3] = __uint_as_float(raw[i].w);
-        } else {
-          const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[i]);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 f = __bfloat1622float2(h[e]);
-            kf[2 * e] = f.x, kf[2 * e + 1] = f.y;
-          }
-        }
-#pragma unroll
-        for (int t = 0; t < kTile; ++t) {
-          if (t >= nh) break;
-#pragma unroll
-          for (int e = 0; e < kPerVec; e += 4) {
-            const float4 qv = *reinterpret_cast<const float4*>(&qs[t][(c + i) * kPerVec + e]);
-            sc[t] = fmaf(qv.x, kf[e], sc[t]), sc[t] = fmaf(qv.y, kf[e + 1], sc[t]);
-            sc[t] = fmaf(qv.z, kf[e + 2], sc[t]), sc[t] = fmaf(qv.w, kf[e + 3], sc[t]);
-          }
-        }
+        warp_attention::unpack<T>(raw[i], kf);
+        warp_attention::add_scores<kTile>(&qs[0][0], D, (c + i) * kPerVec, kf, nh, sc);
       }
     }
-#pragma unroll
-    for (int t = 0; t < kTile; ++t) {
-      if (t >= nh) break;
-      float x = sc[t] * a.scale;
-      if (a.softcap > 0.0f) x = tanhf(x / a.softcap) * a.softcap;
-      x = valid ? x : -INFINITY;
-      const float mx = fmaxf(m[t], warp_max(x));  // finite: position j0 is valid
-      const float correction = expf(m[t] - mx);    // 0 while m is still -inf
-      const float pj = expf(x - mx);
-      l[t] = l[t] * correction + warp_sum(pj);
-#pragma unroll
-      for (int e = 0; e < DPL; ++e) acc[t][e] *= correction;
-      ps[t][lane] = pj;
-      m[t] = mx;
-    }
+    warp_attention::fold_scores<kTile, DPL>(sc, valid, a.scale, a.softcap, nh, m, l, acc, &ps[0][0]);
     __syncwarp();
-    accumulate(0, count, vf);
+    warp_attention::accumulate_pv<kTile, DPL>(&ps[0][0], 0, count, vf, nh, acc);
     for (int from = kBatch; from < count; from += kBatch) {
       load_v(vrow, from, count, vf);
-      accumulate(from, count, vf);
+      warp_attention::accumulate_pv<kTile, DPL>(&ps[0][0], from, count, vf, nh, acc);
     }
     __syncwarp();  // ps is rewritten by the next round
   }
