@@ -8,8 +8,10 @@
 // qkv_to_cache_kernel, the same bits) and keeps the group's query heads in shared memory;
 // the block whose positions hold the row's own position writes the new k and v into the
 // cache. The row's positions are cut into one contiguous range per block; a block's warps
-// walk theirs 32 positions at a time as warp_attention_kernel does (lane l scores position
-// j0 + l, then accumulates P V with lane l owning dims [l DPL, (l + 1) DPL)), the block
+// walk theirs as warp_attention_kernel does (lane l scores position j0 + l, then
+// accumulates P V with lane l owning dims [l DPL, (l + 1) DPL)), in rounds of as many
+// positions as one batch of V loads holds (16 at head_dim 128), so each round's loads all
+// go out before it computes (the next round's while this one finishes); the block
 // merges its warps, and block 0 merges the blocks through distributed shared memory, in
 // rank order: the same bits every run. Each warp's first K and V loads go out before the
 // kernel waits for the projection ahead of it (programmatic dependent launch): the cache
@@ -40,7 +42,9 @@ namespace {
 namespace cg = cooperative_groups;
 using bf16 = __nv_bfloat16;
 
-constexpr int kMaxSplits = 8;  // blocks per (row, kv head), one cluster: the portable maximum
+// Blocks per (row, kv head), one cluster: the portable maximum. (Clusters of 16, allowed
+// per kernel on Hopper, were slower on the H200: 0.878 against 0.843 ms at batch 1.)
+constexpr int kMaxSplits = 8;
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 
@@ -87,7 +91,9 @@ __device__ __forceinline__ void prepare_head(const DecodeAttentionArgs& a, const
 template <int DPL, int HT>
 __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const DecodeAttentionArgs a) {
   constexpr int D = 32 * DPL;
-  constexpr int kBatch = 64 / DPL;  // V rows per batch of loads (64 registers per lane)
+  // Positions per warp round: as many V rows as 64 registers per lane hold (16 at head_dim
+  // 128), so a round's V rows are one batch of loads, all of it issued ahead.
+  constexpr int kRound = 64 / DPL < 32 ? 64 / DPL : 32;
   constexpr int kVecs = D / 8, kChunkVecs = kVecs < 16 ? kVecs : 16;  // a K row in chunks of 16-byte loads
   __shared__ __align__(16) float qs[HT][D];
   __shared__ __align__(16) float scratch[kWarps][D];  // prepare_head's pairs
@@ -119,14 +125,14 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
   bf16* kbase = static_cast<bf16*>(a.k_cache) + slot_base;
   bf16* vbase = static_cast<bf16*>(a.v_cache) + slot_base;
 
-  // A round: positions j0 .. j0 + 31 of this warp. Its head (the first chunk of lane l's K
-  // row j0 + l and the first batch of V rows) is loaded ahead, the rest in the round.
-  auto load_v = [&](int64_t j0, int from, int count, float (&vf)[kBatch][DPL]) {
+  // A round: positions j0 .. j0 + kRound - 1 of this warp. Its head (the first chunk of lane
+  // l's K row j0 + l and the round's V rows) is loaded ahead, the rest of the K rows (past
+  // 128 dims) in the round.
+  auto load_v = [&](int64_t j0, int count, float (&vf)[kRound][DPL]) {
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      if (from + i < count) {
-        const __nv_bfloat162* h =
-            reinterpret_cast<const __nv_bfloat162*>(vbase + (j0 + from + i) * stride + lane * DPL);
+    for (int i = 0; i < kRound; ++i) {
+      if (i < count) {
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(vbase + (j0 + i) * stride + lane * DPL);
 #pragma unroll
         for (int e = 0; e < DPL / 2; ++e) {
           const float2 f = __bfloat1622float2(h[e]);
@@ -138,17 +144,19 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
       }
     }
   };
-  auto k_row = [&](int64_t j0) { return kbase + min(j0 + lane, end - 1) * stride; };  // past the end: a valid row, unused
-  auto load_head = [&](int64_t j0, uint4 (&k_head)[kChunkVecs], float (&vf)[kBatch][DPL]) {
+  // Lane l's K row: position j0 + l; lanes past the round or the range read a row of it
+  // again (the same address as a neighbour: no extra traffic), unused.
+  auto k_row = [&](int64_t j0) { return kbase + min(j0 + min(lane, kRound - 1), end - 1) * stride; };
+  auto load_head = [&](int64_t j0, uint4 (&k_head)[kChunkVecs], float (&vf)[kRound][DPL]) {
     const uint4* krow = reinterpret_cast<const uint4*>(k_row(j0));
 #pragma unroll
     for (int i = 0; i < kChunkVecs; ++i) k_head[i] = krow[i];
-    load_v(j0, 0, static_cast<int>(min(static_cast<int64_t>(32), end - j0)), vf);
+    load_v(j0, static_cast<int>(min(static_cast<int64_t>(kRound), end - j0)), vf);
   };
-  const int64_t round_step = 32 * kWarps;
-  int64_t j0 = begin + 32 * warp;
+  const int64_t round_step = kRound * kWarps;
+  int64_t j0 = begin + kRound * warp;
   uint4 k_head[kChunkVecs];
-  float vf[kBatch][DPL];
+  float vf[kRound][DPL];
   if (j0 < end) load_head(j0, k_head, vf);
 
   wait_for_producer();  // qkv comes from the projection before
@@ -191,16 +199,16 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
     for (int e = 0; e < DPL; ++e) acc[t][e] = 0.0f;
   }
   for (; j0 < end; j0 += round_step) {
-    const bool valid = j0 + lane < end;
-    const int count = static_cast<int>(min(static_cast<int64_t>(32), end - j0));
+    const int count = static_cast<int>(min(static_cast<int64_t>(kRound), end - j0));
+    const bool valid = lane < count;
     // The head of the first round was loaded before the new row was written: take that
     // row from shared memory. (Later loads come after the barrier above and see it.)
-    if (owns_new && p >= j0 && p < j0 + 32) {
+    if (owns_new && p >= j0 && p < j0 + kRound) {
       if (lane == p - j0)
 #pragma unroll
         for (int i = 0; i < kChunkVecs; ++i) k_head[i] = reinterpret_cast<const uint4*>(fresh_k)[i];
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i)  // a constant index: vf stays in registers
+      for (int i = 0; i < kRound; ++i)  // a constant index: vf stays in registers
         if (i == p - j0)
 #pragma unroll
           for (int e = 0; e < DPL; ++e) vf[i][e] = __bfloat162float(fresh_v[lane * DPL + e]);
@@ -223,10 +231,6 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
     warp_attention::fold_scores<HT, DPL>(sc, valid, a.scale, a.softcap, HT, m, l, acc, probabilities);
     __syncwarp();
     warp_attention::accumulate_pv<HT, DPL>(probabilities, 0, count, vf, HT, acc);
-    for (int from = kBatch; from < count; from += kBatch) {
-      load_v(j0, from, count, vf);
-      warp_attention::accumulate_pv<HT, DPL>(probabilities, from, count, vf, HT, acc);
-    }
     __syncwarp();  // ps is rewritten by the next round
     if (j0 + round_step < end) load_head(j0 + round_step, k_head, vf);
   }
