@@ -142,6 +142,7 @@ Decoder::Decoder(const Model& model, const DecoderOptions& options)
   slots_ = inputs_.rows(1, 2).view(Shape{r});
   positions_ = inputs_.rows(2, 3).view(Shape{r});
   host_inputs_.assign(static_cast<size_t>(3 * r), 0);
+  sorted_slots_.reserve(static_cast<size_t>(r));
   if (device_ != Device::cpu || wide != DType::f32) host_logits_ = OwnedTensor(wide, Device::cpu, logits_.shape());
   if (m.position == "rope") {  // the model's own tables: same inverse frequencies and fp32 angles
     OwnedTensor hc(wide, Device::cpu, cos_.shape()), hs(wide, Device::cpu, sin_.shape());
@@ -232,9 +233,9 @@ void Decoder::forward(std::span<const int32_t> tokens, std::span<const int32_t> 
   logits_ready_ = 0;
   // Rows of distinct sequences (a decode step) may take the one-kernel attention; a step
   // with several rows of one sequence (a prefill chunk) may not, so it keys its own graph.
-  std::vector<int32_t> sorted(slots.begin(), slots.end());
-  std::sort(sorted.begin(), sorted.end());
-  distinct_slots_ = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+  sorted_slots_.assign(slots.begin(), slots.end());
+  std::sort(sorted_slots_.begin(), sorted_slots_.end());
+  distinct_slots_ = std::adjacent_find(sorted_slots_.begin(), sorted_slots_.end()) == sorted_slots_.end();
 #if KILN_WITH_CUDA
   if (n <= graph_rows_) {
     graphs_->run(distinct_slots_ ? n : -n, [this, n] { step(n, true); });

@@ -139,6 +139,7 @@ class Decoder {
   // on the host in host_inputs_.
   Tensor inputs_, tokens_, slots_, positions_;
   std::vector<int32_t> host_inputs_;
+  std::vector<int32_t> sorted_slots_;  // a step's slots, sorted (to find repeats), max_rows reserved
   // Activations, [max_rows, ...].
   Tensor x_, h_, rstd_, qkv_, q_, k_, v_, qn_, kn_, qk_rstd_, attn_, branch_, gate_up_, act_;
   Tensor attn_workspace_;                   // f32 split partials of cached attention (GPU)
