@@ -50,9 +50,10 @@ constexpr int kThreads = 32 * kWarps;
 
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-// Head h of row `row` of qkv (h < hq: a query head, then k, then v) normalized and rotated
-// as qkv_to_cache_kernel does, by one warp: lane l handles elements l + 32 e; `pairs` is
-// the warp's scratch of hd floats. The result (rounded to bf16) ends in `pairs`.
+// One query or key head of a row of qkv (src: its D values) normalized with `gain` (none
+// when null) and rotated by the RoPE tables at position pos (none when a.cos is null), as
+// qkv_to_cache_kernel does, by one warp: lane l handles elements l + 32 e. The result,
+// rounded to bf16 as a stored head would be, ends in `pairs` (the warp's D floats).
 template <int D>
 __device__ __forceinline__ void prepare_head(const DecodeAttentionArgs& a, const bf16* src, const float* gain,
                                              int64_t pos, float* pairs) {
