@@ -170,6 +170,29 @@ for config in $BENCH_CONFIGS; do
     fi
   done
 done
+# GPU_CHECK_DECODE: batch sizes of the decode benchmark (default "1 8"; empty = none): kiln
+# bench-decode of GPU_CHECK_DECODE_CONFIG (default the 0.6B shape) with
+# GPU_CHECK_DECODE_ARGS (default prompt 128, 256 timed greedy steps); its accuracy is the
+# decoder tests' (DecoderGpu, DecodeAttentionGpu). The transformers peer of that benchmark
+# is scripts/decode_bench.sh.
+DECODE_BATCHES=${GPU_CHECK_DECODE-1 8}
+DECODE_CONFIG=${GPU_CHECK_DECODE_CONFIG:-configs/bench-0.6b.toml}
+if [ -n "$DECODE_BATCHES" ]; then
+  decode_args=()
+  for b in $DECODE_BATCHES; do decode_args+=(--batch "$b"); done
+  name=$(basename "$DECODE_CONFIG" .toml)
+  start=$(date +%s.%N)
+  # shellcheck disable=SC2086  # GPU_CHECK_DECODE_ARGS is a list of words
+  if "$STAGE/bin/kiln" bench-decode "$DECODE_CONFIG" "${decode_args[@]}" ${GPU_CHECK_DECODE_ARGS:---prompt 128 --tokens 256} \
+      >"$LOGS/$name.decode.log" 2>&1; then
+    add_row "bench:$name decode" 1 1 0 0 "$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e - s}')"
+  else
+    add_row "bench:$name decode" 1 0 1 0 0
+    status=1
+  fi
+  cat "$LOGS/$name.decode.log"
+fi
+
 if [ -f "$LOGS/bench.jsonl" ]; then
   echo "benchmarks (tokens/s, ms/step, memory GiB):"
   "$PEER_PYTHON" - "$LOGS/bench.jsonl" <<'PY'
