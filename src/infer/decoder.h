@@ -15,11 +15,14 @@
 // up in stay fp32), keeps the residual stream fp32, activations and the cache bf16, and
 // writes fp32 logits. Two fused kernels (q/k norm + RoPE + cache write; residual add +
 // the next RMSNorm) stand in for runs of ops there, since at decode batch sizes a step's
-// small kernels cost their count. A step of at most graph_rows rows (a decode step) is a CUDA graph:
-// the first step of each row count runs as is (the warm-up), is then captured on
-// kiln::cuda::stream(), and later steps of that count upload their inputs into the same
-// device buffers and replay it. A captured step also computes the logits of all its rows,
-// so logits() and greedy() only copy them out.
+// small kernels cost their count; captured decode steps go further (five kernels per
+// block: the projections with their norms, residual adds and SwiGLU folded in, and one
+// kernel for the attention; see DecoderOptions::gemv_rows and one_kernel_attention). A
+// step of at most graph_rows rows (a decode step) is a CUDA graph: the first step of each
+// row count (and kind: distinct sequences or not) runs as is (the warm-up), is then
+// captured on kiln::cuda::stream(), and later steps of that count upload their inputs into
+// the same device buffers and replay it. A captured step also computes the logits of all
+// its rows, so logits() and greedy() only copy them out.
 //
 // Supported components: norm rmsnorm; attention gqa (optional qk_norm, q/k/v bias);
 // mlp swiglu; position rope or none. Anything else is refused by name at construction.
