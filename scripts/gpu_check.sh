@@ -35,6 +35,16 @@ add_row() {  # suite tests passed failed skipped seconds
   if (($4 > 0 || $5 > 0)) || [ "$2" = "-" ]; then status=1; fi
 }
 
+# One benchmark row from its command's exit status: passed with the seconds since
+# start_time, or failed.
+bench_row() {  # suite start_time exit_status
+  if [ "$3" = 0 ]; then
+    add_row "$1" 1 1 0 0 "$(awk -v s="$2" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e - s}')"
+  else
+    add_row "$1" 1 0 1 0 0
+  fi
+}
+
 # Runs one gtest binary (under the command in the array WRAP, if set); one table row.
 # A crash or a missing summary counts as a failure.
 WRAP=()
@@ -149,25 +159,17 @@ for config in $BENCH_CONFIGS; do
   name=$(basename "$config" .toml)
   start=$(date +%s.%N)
   # shellcheck disable=SC2086  # GPU_CHECK_BENCH_ARGS is a list of words
-  if "$STAGE/bin/kiln" bench "$config" --steps 5 --warmup 2 --json "$LOGS/bench.jsonl" ${GPU_CHECK_BENCH_ARGS:-} \
-      >"$LOGS/$name.kiln.log" 2>&1; then
-    add_row "bench:$name kiln" 1 1 0 0 "$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e - s}')"
-  else
-    add_row "bench:$name kiln" 1 0 1 0 0
-    status=1
-  fi
+  "$STAGE/bin/kiln" bench "$config" --steps 5 --warmup 2 --json "$LOGS/bench.jsonl" ${GPU_CHECK_BENCH_ARGS:-} \
+    >"$LOGS/$name.kiln.log" 2>&1
+  bench_row "bench:$name kiln" "$start" $?
   cat "$LOGS/$name.kiln.log"
   for dtype in ${GPU_CHECK_PEER_DTYPES-bf16 fp32}; do
     start=$(date +%s.%N)
-    if "$PEER_PYTHON" bench/torch_peer.py --config "$config" --dtype "$dtype" --steps 10 --warmup 3 \
-        --modes "${GPU_CHECK_PEER_MODES:-eager,compile}" \
-        >>"$LOGS/bench.jsonl" 2>"$LOGS/$name.peer.$dtype.log"; then
-      add_row "bench:$name torch $dtype" 1 1 0 0 "$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e - s}')"
-    else
-      tail -5 "$LOGS/$name.peer.$dtype.log"
-      add_row "bench:$name torch $dtype" 1 0 1 0 0
-      status=1
-    fi
+    "$PEER_PYTHON" bench/torch_peer.py --config "$config" --dtype "$dtype" --steps 10 --warmup 3 \
+      --modes "${GPU_CHECK_PEER_MODES:-eager,compile}" >>"$LOGS/bench.jsonl" 2>"$LOGS/$name.peer.$dtype.log"
+    peer_status=$?
+    ((peer_status == 0)) || tail -5 "$LOGS/$name.peer.$dtype.log"
+    bench_row "bench:$name torch $dtype" "$start" "$peer_status"
   done
 done
 # GPU_CHECK_DECODE: batch sizes of the decode benchmark (default "1 8"; empty = none): kiln
@@ -183,13 +185,9 @@ if [ -n "$DECODE_BATCHES" ]; then
   name=$(basename "$DECODE_CONFIG" .toml)
   start=$(date +%s.%N)
   # shellcheck disable=SC2086  # GPU_CHECK_DECODE_ARGS is a list of words
-  if "$STAGE/bin/kiln" bench-decode "$DECODE_CONFIG" "${decode_args[@]}" ${GPU_CHECK_DECODE_ARGS:---prompt 128 --tokens 256} \
-      >"$LOGS/$name.decode.log" 2>&1; then
-    add_row "bench:$name decode" 1 1 0 0 "$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e - s}')"
-  else
-    add_row "bench:$name decode" 1 0 1 0 0
-    status=1
-  fi
+  "$STAGE/bin/kiln" bench-decode "$DECODE_CONFIG" "${decode_args[@]}" ${GPU_CHECK_DECODE_ARGS:---prompt 128 --tokens 256} \
+    >"$LOGS/$name.decode.log" 2>&1
+  bench_row "bench:$name decode" "$start" $?
   cat "$LOGS/$name.decode.log"
 fi
 

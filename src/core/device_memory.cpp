@@ -107,9 +107,17 @@ void pinned_free(void* ptr) {
 #endif
 }
 
+#if KILN_WITH_CUDA
+namespace {
+void copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, cuda::stream()), "cudaMemcpyAsync");
+}
+}  // namespace
+#endif
+
 void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes) {
 #if KILN_WITH_CUDA
-  check_cuda(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, cuda::stream()), "cudaMemcpyAsync");
+  copy_async(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
 #else
   (void)device_dst, (void)host_src, (void)bytes;
   no_cuda("copy_to_device_async");
@@ -118,7 +126,7 @@ void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes) 
 
 void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) {
 #if KILN_WITH_CUDA
-  check_cuda(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, cuda::stream()), "cudaMemcpyAsync");
+  copy_async(host_dst, device_src, bytes, cudaMemcpyDeviceToHost);
 #else
   (void)host_dst, (void)device_src, (void)bytes;
   no_cuda("copy_to_host_async");
