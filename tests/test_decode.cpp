@@ -3,6 +3,7 @@
 // fp64 to ~1e-12, fp32 to ~1e-5. Plus the Generator's batching invariance, stop strings,
 // prompt logprobs and limits.
 #include "export_fixture.h"
+#include "greedy_steps.h"
 #include "infer/generator.h"
 #include "test_util.h"
 
@@ -189,6 +190,38 @@ TEST(Decoder, RejectsBadSteps) {
                                std::vector<int32_t>(5, 0)),
                Error);
   EXPECT_THROW(decoder.forward(std::vector<int32_t>{300}, zero, zero), Error);           // token outside the vocab
+}
+
+// greedy_chain(k) yields the tokens of k greedy steps taken one by one, and refuses what
+// it cannot chain. (On the CPU it takes them one by one as well; tests/gpu checks the
+// device's chain against single steps.)
+TEST(Decoder, GreedyChainEqualsSingleSteps) {
+  BuildOptions o;
+  o.training = false;
+  o.max_tokens = 8;
+  Model model(small_config(true, true, false), o);
+  model.allocate();
+  randomize(model, 5);
+  DecoderOptions d;
+  d.slots = 3;
+  d.max_rows = 32;
+  d.max_len = 40;
+  d.chain_steps = 4;
+  Decoder decoder(model, d);
+  const std::vector<std::vector<int32_t>> prompts = {random_tokens(7, 1), random_tokens(3, 2), random_tokens(11, 3)};
+  const std::vector<int32_t> single = test::greedy_tokens(decoder, prompts, 10, 1);
+  EXPECT_EQ(test::greedy_tokens(decoder, prompts, 10, 4), single);  // chains of 4, 4 and 2
+  EXPECT_EQ(test::greedy_tokens(decoder, prompts, 10, 3), single);
+  std::vector<int32_t> ids;
+  EXPECT_THROW(decoder.greedy_chain(0, ids), Error);
+  EXPECT_THROW(decoder.greedy_chain(5, ids), Error);  // past chain_steps
+  const std::vector<int32_t> two{1, 2}, same_slot{0, 0}, at{0, 1};
+  decoder.forward(two, same_slot, at);  // two rows of one sequence: not a decode step
+  EXPECT_THROW(decoder.greedy_chain(2, ids), Error);
+  decoder.forward(std::vector<int32_t>{1}, std::vector<int32_t>{0}, std::vector<int32_t>{38});
+  EXPECT_NO_THROW(decoder.greedy_chain(2, ids));  // positions 38 and 39
+  decoder.forward(std::vector<int32_t>{1}, std::vector<int32_t>{0}, std::vector<int32_t>{38});
+  EXPECT_THROW(decoder.greedy_chain(3, ids), Error);  // position 40 is past the cache
 }
 
 // ---- sampling ---------------------------------------------------------------------------

@@ -94,7 +94,7 @@ struct DecodeTiming {
 // `steps` greedy steps of one row per sequence; times the two phases separately. With
 // `profile`, kiln's op profiler is on for the decode steps only (they then run uncaptured).
 DecodeTiming generate(Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts, int64_t steps,
-                      bool profile = false) {
+                      bool profile = false, int64_t chain = 1) {
   const auto batch = static_cast<int32_t>(prompts.size());
   DecodeTiming t;
   t.generated.resize(prompts.size());
@@ -123,7 +123,8 @@ DecodeTiming generate(Decoder& decoder, const std::vector<std::vector<int32_t>>&
   slot = rows;
   OpProfiler::set_enabled(profile);
   const auto decode_start = Clock::now();
-  for (int64_t step = 0; step < steps; ++step) {
+  std::vector<int32_t> chained;
+  for (int64_t step = 0; step < steps;) {
     tok.assign(last.begin(), last.end());
     pos.clear();
     for (int32_t s = 0; s < batch; ++s) {
@@ -131,11 +132,44 @@ DecodeTiming generate(Decoder& decoder, const std::vector<std::vector<int32_t>>&
       pos.push_back(static_cast<int32_t>(prompts[static_cast<size_t>(s)].size() + static_cast<size_t>(step)));
     }
     decoder.forward(tok, slot, pos);
-    decoder.greedy(rows, last);
+    if (chain <= 1) {
+      decoder.greedy(rows, last);
+      ++step;
+      continue;
+    }
+    // k steps in one call: the ids of all but the last were fed back as inputs.
+    const int64_t k = std::min(chain, steps - step);
+    decoder.greedy_chain(k, chained);
+    for (int64_t c = 0; c < k; ++c)
+      for (int32_t s = 0; s < batch; ++s) {
+        const int32_t id = chained[static_cast<size_t>(c * batch + s)];
+        if (c + 1 < k) t.generated[static_cast<size_t>(s)].push_back(id);
+        else last[static_cast<size_t>(s)] = id;
+      }
+    step += k;
   }
   t.decode_ms = ms_since(decode_start);
   OpProfiler::set_enabled(false);
   return t;
+}
+
+// The device's own time per decode step: `steps` steps of the generated sequences' last
+// tokens, at the last position (rewritten each time), enqueued back to back without reading
+// their ids, then one wait. What ms/step adds to it is the host's round trip per step
+// (inputs up, ids back, the wait between).
+double queued_step_ms(Decoder& decoder, const DecodeTiming& t, int64_t prompt, int64_t steps) {
+  std::vector<int32_t> tok, slot, pos;
+  for (size_t s = 0; s < t.generated.size(); ++s) {
+    tok.push_back(t.generated[s].back());
+    slot.push_back(static_cast<int32_t>(s));
+    pos.push_back(static_cast<int32_t>(prompt + steps - 1));
+  }
+  decoder.forward(tok, slot, pos);
+  if (decoder.device() == Device::cuda) synchronize_stream();
+  const auto start = Clock::now();
+  for (int64_t step = 0; step < steps; ++step) decoder.forward(tok, slot, pos);
+  if (decoder.device() == Device::cuda) synchronize_stream();
+  return ms_since(start) / static_cast<double>(steps);
 }
 
 }  // namespace
@@ -147,6 +181,7 @@ void add_bench_decode_command(CLI::App& app) {
     std::vector<int64_t> batches;
     int64_t prompt = 128, tokens = 256, warmup = 16, copy_mib = 2048;
     int64_t gemv_rows = DecoderOptions{}.gemv_rows;
+    int64_t chain = 16;
     bool ops = false, plain = false, profile = false, three_kernel_attention = false;
     std::string json;
   };
@@ -168,6 +203,10 @@ void add_bench_decode_command(CLI::App& app) {
   cmd->add_option("--gemv-rows", o->gemv_rows, "steps of up to this many rows run the fused decode projections (0-8)")
       ->capture_default_str()
       ->check(CLI::Range(0, 8));
+  cmd->add_option("--chain", o->chain,
+                  "also time greedy chains of this many steps per host round trip (Decoder::greedy_chain; 1 = no)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   cmd->add_flag("--three-kernel-attention", o->three_kernel_attention,
                 "decode steps keep q/k norm + cache write, attention and split merge as three kernels (GPU)");
   cmd->add_flag("--plain", o->plain, "also time the fused step with plain projections (gemv rows 0; GPU)");
@@ -199,6 +238,7 @@ void add_bench_decode_command(CLI::App& app) {
     d.graph_rows = std::max<int64_t>(16, d.slots);
     d.gemv_rows = o->gemv_rows;
     d.one_kernel_attention = !o->three_kernel_attention;
+    d.chain_steps = std::max<int64_t>(o->chain, 1);
     auto decoder = std::make_unique<Decoder>(model, d);
 
     const double bandwidth = copy_bandwidth(device, static_cast<size_t>(o->copy_mib) << 20, 5);
@@ -213,9 +253,40 @@ void add_bench_decode_command(CLI::App& app) {
     fmt::print("  weights read per step {:.3f} GB | copy bandwidth {:.0f} GB/s (read + write bytes of a {} MiB copy "
                "/ time) | floor {:.3f} ms per step\n",
                static_cast<double>(weight_bytes) / 1e9, bandwidth / 1e9, o->copy_mib, floor_ms);
-    fmt::print("  {:<7} {:>5} | {:>9} | {:>10} | {:>10} | {:>8} | {:>7}\n", "step", "batch", "ms/step", "tokens/s",
-               "prefill ms", "floor ms", "x floor");
+    fmt::print("  {:<7} {:>5} | {:>9} | {:>10} | {:>10} | {:>8} | {:>7} | {:>9}\n", "step", "batch", "ms/step",
+               "tokens/s", "prefill ms", "floor ms", "x floor", "queued ms");
 
+    // One row of the table (and of --json) for a timed generation.
+    auto report = [&](const Decoder& dec, const std::string& variant, int64_t batch, const DecodeTiming& t,
+                      double queued_ms) {
+      const double step_ms = t.decode_ms / static_cast<double>(o->tokens);
+      const double tokens_per_second = static_cast<double>(batch) * 1e3 / step_ms;
+      fmt::print("  {:<7} {:>5} | {:>9.3f} | {:>10.0f} | {:>10.2f} | {:>8.3f} | {:>7.2f} | {:>9.3f}\n", variant, batch,
+                 step_ms, tokens_per_second, t.prefill_ms, floor_ms, step_ms / floor_ms, queued_ms);
+      if (o->json.empty()) return;
+      const auto shown = static_cast<std::ptrdiff_t>(std::min<int64_t>(8, o->tokens));
+      std::ofstream out(o->json, std::ios::app);
+      out << nlohmann::json{{"who", "kiln"},
+                            {"variant", variant},
+                            {"model", config.model.name},
+                            {"device", where},
+                            {"batch", batch},
+                            {"prompt", o->prompt},
+                            {"tokens", o->tokens},
+                            {"ms_per_token", step_ms},
+                            {"tokens_per_second", tokens_per_second},
+                            {"prefill_ms", t.prefill_ms},
+                            {"weight_bytes", weight_bytes},
+                            {"copy_bandwidth_gbs", bandwidth / 1e9},
+                            {"floor_ms", floor_ms},
+                            {"x_floor", step_ms / floor_ms},
+                            {"queued_ms_per_step", queued_ms},
+                            {"graphs", dec.graphs()},
+                            {"first_tokens", std::vector<int32_t>(t.generated[0].begin(),
+                                                                  t.generated[0].begin() + shown)}}
+                 .dump()
+          << '\n';
+    };
     // Times every batch size on `dec`; `variant` names its step (fused kernels or ops).
     auto bench = [&](Decoder& dec, const char* variant) {
       Rng rng(config.train.seed);  // the same prompts for every variant
@@ -226,10 +297,15 @@ void add_bench_decode_command(CLI::App& app) {
             p.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(config.model.vocab_size))));
         generate(dec, prompts, o->warmup);
         const DecodeTiming t = generate(dec, prompts, o->tokens);
-        const double step_ms = t.decode_ms / static_cast<double>(o->tokens);
-        const double tokens_per_second = static_cast<double>(batch) * 1e3 / step_ms;
-        fmt::print("  {:<7} {:>5} | {:>9.3f} | {:>10.0f} | {:>10.2f} | {:>8.3f} | {:>7.2f}\n", variant, batch, step_ms,
-                   tokens_per_second, t.prefill_ms, floor_ms, step_ms / floor_ms);
+        const double queued_ms = queued_step_ms(dec, t, o->prompt, o->tokens);
+        report(dec, variant, batch, t, queued_ms);
+        if (o->chain > 1 && dec.device() == Device::cuda) {
+          generate(dec, prompts, o->warmup, false, o->chain);
+          const DecodeTiming chained = generate(dec, prompts, o->tokens, false, o->chain);
+          KILN_CHECK(chained.generated == t.generated, "bench-decode",
+                     "greedy chains of {} steps generated other tokens than single steps (batch {})", o->chain, batch);
+          report(dec, fmt::format("chain{}", o->chain), batch, chained, queued_ms);
+        }
         if (o->profile) {  // where a step's time goes, op by op (uncaptured: launch gaps included)
           OpProfiler::reset();
           const int64_t steps = std::min<int64_t>(16, o->tokens);
@@ -240,28 +316,6 @@ void add_bench_decode_command(CLI::App& app) {
                        100 * op.milliseconds / steps / ms, op.calls / steps);
           OpProfiler::reset();
         }
-        if (o->json.empty()) continue;
-        const auto shown = static_cast<std::ptrdiff_t>(std::min<int64_t>(8, o->tokens));
-        std::ofstream out(o->json, std::ios::app);
-        out << nlohmann::json{{"who", "kiln"},
-                              {"variant", variant},
-                              {"model", config.model.name},
-                              {"device", where},
-                              {"batch", batch},
-                              {"prompt", o->prompt},
-                              {"tokens", o->tokens},
-                              {"ms_per_token", step_ms},
-                              {"tokens_per_second", tokens_per_second},
-                              {"prefill_ms", t.prefill_ms},
-                              {"weight_bytes", weight_bytes},
-                              {"copy_bandwidth_gbs", bandwidth / 1e9},
-                              {"floor_ms", floor_ms},
-                              {"x_floor", step_ms / floor_ms},
-                              {"graphs", dec.graphs()},
-                              {"first_tokens", std::vector<int32_t>(t.generated[0].begin(),
-                                                                    t.generated[0].begin() + shown)}}
-                   .dump()
-            << '\n';
       }
     };
     bench(*decoder, device == Device::cuda ? "fused" : "ops");

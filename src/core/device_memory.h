@@ -23,8 +23,10 @@ void device_memset_zero(void* ptr, Device device, size_t bytes);
 // batch, a step's scalars). CUDA builds only.
 void* pinned_alloc(size_t bytes);
 void pinned_free(void* ptr);
-// Copies enqueued on kiln's CUDA stream (one side pinned host memory): the host does not
-// wait; the memory must stay untouched until the stream has run them.
+// Copies enqueued on kiln's CUDA stream: the host does not wait. With pinned host memory
+// the copy reads or writes it when the stream runs it, so it must stay untouched until
+// then; a copy to the device from pageable memory is staged by the driver before the call
+// returns (the source is free again at once).
 void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes);
 void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes);
 // Waits until everything enqueued on kiln's CUDA stream has run.

@@ -3,7 +3,7 @@
 // whose rows are distinct sequences. At decode batch sizes each of those kernels costs its
 // latency, not its bytes, so the chain of three is most of a block's attention time.
 //
-// One thread-block cluster of up to kMaxSplits blocks per (row, kv head) (splits_for).
+// One thread-block cluster of up to kMaxSplits blocks per (row, kv head) (launch).
 // Every block applies the q/k norms and RoPE itself (a few hundred values; as
 // qkv_to_cache_kernel, the same bits) and keeps the group's query heads in shared memory;
 // the block whose positions hold the row's own position writes the new k and v into the
@@ -12,7 +12,8 @@
 // accumulates P V with lane l owning dims [l DPL, (l + 1) DPL)), in rounds of as many
 // positions as one batch of V loads holds (16 at head_dim 128), so each round's loads all
 // go out before it computes (the next round's while this one finishes); the block
-// merges its warps, and block 0 merges the blocks through distributed shared memory, in
+// merges its warps and writes the result into block 0's shared memory (distributed shared
+// memory; the other blocks then exit without waiting), and block 0 merges the blocks in
 // rank order: the same bits every run. Each warp's first K and V loads go out before the
 // kernel waits for the projection ahead of it (programmatic dependent launch): the cache
 // rows of earlier positions are not written by the kernels ahead; the new row, loaded too
@@ -49,6 +50,17 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// The cluster barrier in its two halves (every thread of every block arrives once per
+// phase): arrive without waiting, releasing this thread's earlier writes (release) or not,
+// and wait for the phase to complete (acquiring the writes released into it).
+__device__ __forceinline__ void cluster_arrive(bool release) {
+  if (release)
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  else
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 // One query or key head of a row of qkv (src: its D values) normalized with `gain` (none
 // when null) and rotated by the RoPE tables at position pos (none when a.cos is null), as
@@ -102,8 +114,11 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
   __shared__ float ps[kWarps][HT][32];
   __shared__ float warp_ml[kWarps][HT][2];
   __shared__ __align__(16) float warp_acc[kWarps][HT][D];
-  __shared__ float block_ml[HT][2];
-  __shared__ __align__(16) float block_acc[HT][D];
+  // Block 0's inbox: each block's merged (max, sum) and accumulators, written there by the
+  // block itself through distributed shared memory; the accumulators [splits][HT][D] are
+  // the dynamic shared memory (partials_bytes).
+  __shared__ float inbox_ml[kMaxSplits][HT][2];
+  extern __shared__ __align__(16) float inbox_acc[];
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank()), splits = static_cast<int>(cluster.num_blocks());
@@ -111,6 +126,7 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
   const auto item = static_cast<int64_t>(blockIdx.x / static_cast<unsigned>(splits));
   const int64_t row = item / a.kv_heads, g = item - row * a.kv_heads;
   allow_dependents();
+  cluster_arrive(false);  // this block has started: waited for before block 0's inbox is written
 
   // Before waiting for the kernels ahead: the step's inputs (uploaded before the step) and
   // the cache rows of earlier positions are nothing they write, so the first round's K and
@@ -236,7 +252,8 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
     if (j0 + round_step < end) load_head(j0 + round_step, k_head, vf);
   }
 
-  // The block's warps merged in warp order (a warp that saw no position has m = -inf).
+  // The block's warps merged in warp order (a warp that saw no position has m = -inf),
+  // straight into block 0's inbox once every block of the cluster is known to have started.
 #pragma unroll
   for (int t = 0; t < HT; ++t) {
     if (lane == 0) warp_ml[warp][t][0] = m[t], warp_ml[warp][t][1] = l[t];
@@ -244,6 +261,9 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
     for (int e = 0; e < DPL; ++e) warp_acc[warp][t][lane * DPL + e] = acc[t][e];
   }
   __syncthreads();
+  cluster_wait();
+  float* to_acc = cluster.map_shared_rank(inbox_acc, 0) + rank * HT * D;
+  float* to_ml = cluster.map_shared_rank(&inbox_ml[0][0][0], 0) + rank * HT * 2;
   for (int idx = static_cast<int>(threadIdx.x); idx < HT * D; idx += kThreads) {
     const int t = idx / D, c = idx - t * D;
     float mx = -INFINITY;
@@ -257,39 +277,48 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
       sum += warp_ml[w][t][1] * f;
       x += warp_acc[w][t][c] * f;
     }
-    block_acc[t][c] = x;
-    if (c == 0) block_ml[t][0] = mx, block_ml[t][1] = sum;
+    to_acc[idx] = x;
+    if (c == 0) to_ml[2 * t] = mx, to_ml[2 * t + 1] = sum;
   }
-  cluster.sync();  // every block's result is in its shared memory
-
-  if (rank == 0) {
-    for (int idx = static_cast<int>(threadIdx.x); idx < HT * D; idx += kThreads) {
-      const int t = idx / D, c = idx - t * D;
-      float mx = -INFINITY;
-      for (int r = 0; r < splits; ++r) mx = fmaxf(mx, cluster.map_shared_rank(&block_ml[t][0], r)[0]);
-      float sum = 0.0f, x = 0.0f;
-      for (int r = 0; r < splits; ++r) {
-        const float* ml = cluster.map_shared_rank(&block_ml[t][0], r);
-        if (ml[0] == -INFINITY) continue;  // a block that saw no position
-        const float f = expf(ml[0] - mx);
-        sum += ml[1] * f;
-        x += cluster.map_shared_rank(&block_acc[t][0], r)[c] * f;
-      }
-      static_cast<bf16*>(a.out)[(row * a.q_heads + h0 + t) * D + c] = __float2bfloat16_rn(x / sum);
+  // Released to block 0, which alone waits: no block reads another's shared memory after
+  // this, so the others may exit now (block 0's stays until its wait has seen every write).
+  cluster_arrive(true);
+  if (rank != 0) return;
+  cluster_wait();
+  for (int idx = static_cast<int>(threadIdx.x); idx < HT * D; idx += kThreads) {
+    const int t = idx / D, c = idx - t * D;
+    float mx = -INFINITY;
+    for (int r = 0; r < splits; ++r) mx = fmaxf(mx, inbox_ml[r][t][0]);
+    float sum = 0.0f, x = 0.0f;
+    for (int r = 0; r < splits; ++r) {
+      if (inbox_ml[r][t][0] == -INFINITY) continue;  // a block that saw no position
+      const float f = expf(inbox_ml[r][t][0] - mx);
+      sum += inbox_ml[r][t][1] * f;
+      x += inbox_acc[(r * HT + t) * D + c] * f;
     }
+    static_cast<bf16*>(a.out)[(row * a.q_heads + h0 + t) * D + c] = __float2bfloat16_rn(x / sum);
   }
-  cluster.sync();  // block 0 has read the others' shared memory before they exit
 }
 
-// Clusters of `splits` blocks of `kernel` the GPU holds at once (asked once per kernel
-// and size: clusters live within one GPC, so this is less than the SM count suggests).
+// Dynamic shared memory of a block: block 0's inbox of accumulators.
+template <int DPL, int HT>
+constexpr size_t partials_bytes(int splits) {
+  return sizeof(float) * static_cast<size_t>(splits) * HT * 32 * DPL;
+}
+
+// Clusters of `splits` blocks of `kernel` with `smem` bytes of dynamic shared memory the
+// GPU holds at once (asked once per kernel and size: clusters live within one GPC, so this
+// is less than the SM count suggests). Also lifts the kernel's dynamic shared memory limit
+// to what kMaxSplits blocks need.
 template <typename Kernel>
-int64_t resident_clusters(Kernel kernel, int splits) {
+int64_t resident_clusters(Kernel kernel, int splits, size_t smem, size_t most_smem) {
   static std::mutex mutex;
   static std::map<std::pair<const void*, int>, int64_t> known;
   const std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), splits);
   if (auto it = known.find(key); it != known.end()) return it->second;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most_smem)),
+        "decoder", "cudaFuncSetAttribute");
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeClusterDimension;
   attribute.val.clusterDim.x = static_cast<unsigned>(splits);
@@ -297,6 +326,7 @@ int64_t resident_clusters(Kernel kernel, int splits) {
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(splits));
   config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
   config.attrs = &attribute;
   config.numAttrs = 1;
   int clusters = 0;
@@ -309,20 +339,17 @@ int64_t resident_clusters(Kernel kernel, int splits) {
 // over the GPU at batch 1), halved while the GPU could not hold all the clusters at once
 // (on the H200 a batch-4 step on 32 clusters of 8 took longer than a batch-5 step on 40
 // clusters of 4: the clusters that did not fit waited for a second wave).
-template <typename Kernel>
-int splits_for(Kernel kernel, int64_t items) {
-  int splits = kMaxSplits;
-  while (splits > 1 && items > resident_clusters(kernel, splits)) splits /= 2;
-  return splits;
-}
-
 template <int DPL, int HT>
 void launch(const DecodeAttentionArgs& a) {
   const int64_t items = a.rows * a.kv_heads;
   auto kernel = decode_attention_kernel<DPL, HT>;
-  const int splits = splits_for(kernel, items);
+  int splits = kMaxSplits;
+  auto resident = [&] {
+    return resident_clusters(kernel, splits, partials_bytes<DPL, HT>(splits), partials_bytes<DPL, HT>(kMaxSplits));
+  };
+  while (splits > 1 && items > resident()) splits /= 2;
   launch_dependent_clusters("decoder", "decode_attention_kernel", kernel, dim3(static_cast<unsigned>(items * splits)),
-                            dim3(kThreads), 0, static_cast<unsigned>(splits), a);
+                            dim3(kThreads), partials_bytes<DPL, HT>(splits), static_cast<unsigned>(splits), a);
 }
 
 template <int DPL>

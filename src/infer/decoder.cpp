@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 namespace kiln {
 
@@ -31,6 +32,10 @@ void require_component(bool ok, const char* key, const std::string& value) {
   KILN_CHECK(ok, "decoder", "model.{} = '{}' has no KV-cache decode path (supported: norm rmsnorm, attention gqa, "
              "mlp swiglu, position rope|none)", key, value);
 }
+
+// StepGraphs key of a chained greedy step of n rows (greedy_chain); forward's steps use n
+// and -n.
+constexpr int64_t kChainKey = int64_t{1} << 32;
 
 }  // namespace
 
@@ -125,11 +130,15 @@ Decoder::Decoder(const Model& model, const DecoderOptions& options)
   arena_.reserve(gather_, dt, Shape{lr, d});
   arena_.reserve(logits_, wide, Shape{lr, m.vocab_size});
   if (device_ == Device::cuda) arena_.reserve(argmax_, DType::i32, Shape{lr});
+  const bool chains_on_device = device_ == Device::cuda && graph_rows_ > 0;
+  KILN_CHECK(options_.chain_steps >= 1, "decoder", "chain_steps must be at least 1, not {}", options_.chain_steps);
+  if (chains_on_device) arena_.reserve(chain_, DType::i32, Shape{options_.chain_steps * graph_rows_ + 1});
   if (m.position == "rope") {
     arena_.reserve(cos_, wide, Shape{options_.max_len, hd / 2});
     arena_.reserve(sin_, wide, Shape{options_.max_len, hd / 2});
   }
   arena_.allocate();
+  if (chain_.defined()) zero_tensor(chain_);  // the step counter starts at 0
 
   for (const auto& [master, copy] : to_convert_) ops::convert(master, *copy);  // once: masters -> bf16
   to_convert_.clear();
@@ -142,6 +151,8 @@ Decoder::Decoder(const Model& model, const DecoderOptions& options)
   slots_ = inputs_.rows(1, 2).view(Shape{r});
   positions_ = inputs_.rows(2, 3).view(Shape{r});
   host_inputs_.assign(static_cast<size_t>(3 * r), 0);
+  if (device_ == Device::cuda) host_argmax_ = PinnedArray<int32_t>(static_cast<size_t>(options_.logit_rows));
+  if (chain_.defined()) host_chain_ = PinnedArray<int32_t>(static_cast<size_t>(options_.chain_steps * graph_rows_));
   sorted_slots_.reserve(static_cast<size_t>(r));
   if (device_ != Device::cpu || wide != DType::f32) host_logits_ = OwnedTensor(wide, Device::cpu, logits_.shape());
   if (m.position == "rope") {  // the model's own tables: same inverse frequencies and fp32 angles
@@ -228,7 +239,13 @@ void Decoder::forward(std::span<const int32_t> tokens, std::span<const int32_t> 
   std::copy(tokens.begin(), tokens.end(), host_inputs_.begin());
   std::copy(slots.begin(), slots.end(), host_inputs_.begin() + r);
   std::copy(positions.begin(), positions.end(), host_inputs_.begin() + 2 * r);
-  copy_tensor(Tensor(host_inputs_.data(), DType::i32, Device::cpu, inputs_.shape()), inputs_);
+  if (device_ == Device::cuda) {
+    // Enqueued on the step's stream without waiting for the device: from pageable memory
+    // the driver stages the values before returning, so host_inputs_ is free again at once.
+    copy_to_device_async(inputs_.raw(), host_inputs_.data(), inputs_.nbytes());
+  } else {
+    copy_tensor(Tensor(host_inputs_.data(), DType::i32, Device::cpu, inputs_.shape()), inputs_);
+  }
   rows_ = n;
   logits_ready_ = 0;
   // Rows of distinct sequences (a decode step) may take the one-kernel attention; a step
@@ -481,11 +498,11 @@ void Decoder::greedy(std::span<const int32_t> rows, std::vector<int32_t>& out) {
     return;
   }
 #if KILN_WITH_CUDA
-  host_argmax_.resize(static_cast<size_t>(options_.logit_rows));
   auto ids = [&](const Tensor& lg) {  // argmax of each row of lg on the device, then to host_argmax_
     const int64_t m = lg.size(0);
     cuda::argmax_rows_f32(lg.data<float>(), m, vocab, argmax_.data<int32_t>());
-    copy_tensor(argmax_.rows(0, m), Tensor(host_argmax_.data(), DType::i32, Device::cpu, Shape{m}));
+    copy_to_host_async(host_argmax_.data(), argmax_.raw(), sizeof(int32_t) * static_cast<size_t>(m));
+    synchronize_stream();
   };
   if (logits_ready_ > 0) {
     ids(logits_.rows(0, logits_ready_));
@@ -496,9 +513,61 @@ void Decoder::greedy(std::span<const int32_t> rows, std::vector<int32_t>& out) {
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t m = std::min(chunk, count - begin);
     ids(compute_logits(rows.subspan(static_cast<size_t>(begin), static_cast<size_t>(m))));
-    std::copy_n(host_argmax_.begin(), m, out.begin() + begin);
+    std::copy_n(host_argmax_.data(), m, out.begin() + begin);
   }
 #endif
+}
+
+void Decoder::greedy_chain(int64_t steps, std::vector<int32_t>& out) {
+  const int64_t n = rows_, r = options_.max_rows;
+  KILN_CHECK(steps >= 1 && steps <= options_.chain_steps, "decoder", "greedy_chain of {} steps (1 to {} allowed)",
+             steps, options_.chain_steps);
+  KILN_CHECK(n > 0 && distinct_slots_, "decoder",
+             "greedy_chain follows a forward whose rows are distinct sequences (a decode step)");
+  // The last forward's rows, as uploaded: tokens, slots, positions.
+  const std::vector<int32_t> slots(host_inputs_.begin() + r, host_inputs_.begin() + r + n);
+  std::vector<int32_t> positions(host_inputs_.begin() + 2 * r, host_inputs_.begin() + 2 * r + n);
+  for (int64_t i = 0; i < n; ++i)
+    KILN_CHECK(positions[static_cast<size_t>(i)] + steps - 1 < options_.max_len, "decoder",
+               "greedy_chain: row {} would pass the cache length {}", i, options_.max_len);
+  out.resize(static_cast<size_t>(steps * n));
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  std::iota(all.begin(), all.end(), 0);
+#if KILN_WITH_CUDA
+  if (chain_.defined() && logits_ready_ == n) {
+    // Every step a graph: record the ids, advance the inputs, run the step, take its argmax.
+    int32_t* history = chain_.data<int32_t>();
+    int32_t* counter = history + options_.chain_steps * graph_rows_;
+    const float* logits = logits_.data<float>();
+    int32_t* ids = argmax_.data<int32_t>();
+    const int64_t vocab = config_.vocab_size;
+    cuda::argmax_rows_f32(logits, n, vocab, ids);
+    for (int64_t s = 1; s < steps; ++s)
+      graphs_->run(kChainKey + n, [&] {
+        cuda::record_greedy_ids(ids, n, history, counter, true, tokens_.data<int32_t>(), positions_.data<int32_t>());
+        step(n, true);
+        cuda::argmax_rows_f32(logits, n, vocab, ids);
+      });
+    cuda::record_greedy_ids(ids, n, history, counter, false, nullptr, nullptr);
+    copy_to_host_async(host_chain_.data(), history, sizeof(int32_t) * static_cast<size_t>(steps * n));
+    synchronize_stream();
+    std::copy_n(host_chain_.data(), steps * n, out.begin());
+    // The host's copy of the inputs follows the device's: the last step's tokens and positions.
+    for (int64_t i = 0; i < n && steps > 1; ++i) {
+      host_inputs_[static_cast<size_t>(i)] = out[static_cast<size_t>((steps - 2) * n + i)];
+      host_inputs_[static_cast<size_t>(2 * r + i)] += static_cast<int32_t>(steps - 1);
+    }
+    return;
+  }
+#endif
+  std::vector<int32_t> ids;
+  for (int64_t s = 0; s < steps; ++s) {
+    greedy(all, ids);
+    std::copy(ids.begin(), ids.end(), out.begin() + s * n);
+    if (s + 1 == steps) break;
+    for (int32_t& p : positions) ++p;
+    forward(ids, slots, positions);
+  }
 }
 
 }  // namespace kiln

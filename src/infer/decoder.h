@@ -29,6 +29,7 @@
 #pragma once
 
 #include "core/arena.h"
+#include "core/device_memory.h"
 #include "infer/kv_cache.h"
 #include "model/model.h"
 
@@ -69,7 +70,8 @@ struct DecoderOptions {
   // Those steps, when their rows are distinct sequences, also run each block's q/k norm,
   // RoPE, cache write and attention as one kernel (infer/decode_attention.cu); false keeps
   // them on the three kernels of the other steps, what the one kernel is checked against.
-  bool one_kernel_attention = true;
+  bool one_kernel_attention = true;  // Most steps one greedy_chain() call may run.
+  int64_t chain_steps = 64;
 };
 
 class Decoder {
@@ -105,6 +107,14 @@ class Decoder {
   // The greedy next token of the given rows of the last forward (the lowest id among equal
   // maxima, as the sampler's greedy pick); on the GPU the argmax runs on the device.
   void greedy(std::span<const int32_t> rows, std::vector<int32_t>& out);
+  // Greedy decoding of `steps` tokens (1 to chain_steps) for every row of the last forward,
+  // which must be a decode step (rows of distinct sequences): out[s * rows + i] is row i's
+  // token after s more steps, out[i] what greedy() would return now. Each token but the
+  // last is fed back as the row's next input at the next position (the cache grows by
+  // steps - 1 positions per sequence; the last token, as greedy()'s, is not in it yet). On
+  // the GPU the ids feed back on the device, so the host enqueues all the steps without
+  // waiting for any and copies the ids back once: no round trip per token.
+  void greedy_chain(int64_t steps, std::vector<int32_t>& out);
 
  private:
   struct Layer;
@@ -149,8 +159,10 @@ class Decoder {
   Tensor cos_, sin_;                        // RoPE tables [max_len, head_dim / 2]
   Tensor gather_, logits_;                  // [logit_rows, hidden], [logit_rows, V]
   Tensor argmax_;                           // i32 [logit_rows] greedy ids (GPU)
+  Tensor chain_;                            // i32 greedy_chain's ids [chain_steps, graph_rows] + a step counter (GPU)
   OwnedTensor host_logits_;                 // staging when logits are not host f32
-  std::vector<int32_t> host_argmax_;
+  PinnedArray<int32_t> host_chain_;        // greedy_chain's ids copied back (GPU)
+  PinnedArray<int32_t> host_argmax_;       // greedy ids copied back (GPU; allocated on first use)
   // Made in CUDA builds only; a shared_ptr because its deleter is bound where it is made,
   // so CPU builds (without the .cu that defines StepGraphs) never reference one.
   std::shared_ptr<cuda::StepGraphs> graphs_;

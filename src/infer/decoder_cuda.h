@@ -15,6 +15,12 @@ namespace kiln::cuda {
 // device), as the sampler's greedy pick (and torch.argmax). Enqueued on the stream.
 void argmax_rows_f32(const float* logits, int64_t rows, int64_t vocab, int32_t* out);
 
+// A chained greedy step's bookkeeping (Decoder::greedy_chain): history[*counter] = ids
+// [rows], ++*counter; with `advance`, also tokens = ids and ++positions (the next step's
+// inputs); without, *counter = 0 (the chain's last record). Enqueued on the stream.
+void record_greedy_ids(const int32_t* ids, int64_t rows, int32_t* history, int32_t* counter, bool advance,
+                       int32_t* tokens, int32_t* positions);
+
 // ---- fused kernels of a decode step ------------------------------------------------------
 // Each replaces several op calls (DecoderOptions::fuse = false runs those ops instead: the
 // reference) with the same arithmetic and roundings. dtype is the compute dtype (f32, or

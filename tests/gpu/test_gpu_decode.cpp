@@ -33,6 +33,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "gpu/gpu_harness.h"
+#include "greedy_steps.h"
 #include "infer/decoder.h"
 #include "infer/decoder_cuda.h"
 #include "model/model.h"
@@ -47,6 +48,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <vector>
 
 namespace kiln {
@@ -314,6 +316,38 @@ TEST_F(DecodeAttentionGpu, MatchesTheThreeKernels) {
   for (const OneKernelCase& c : cases) check_one_kernel_attention(c);
 }
 
+// ---- greedy argmax ------------------------------------------------------------------------------
+
+class ArgmaxGpu : public GpuTest {};
+
+// argmax_rows_f32 against a host scan with its rule (largest value, lowest index among
+// equals, NaN never larger; a row without any value above -inf gives 0), on vocabularies
+// that are and are not multiples of 4 (its vector and scalar paths), with repeated maxima.
+TEST_F(ArgmaxGpu, RowsMatchTheHostScan) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const int64_t vocab : {int64_t{7}, int64_t{259}, int64_t{4100}, int64_t{65536}, int64_t{151936}}) {
+    const int64_t rows = 6;
+    std::vector<float> v = random_values(rows * vocab, 70 + static_cast<uint64_t>(vocab), false);
+    auto at = [&](int64_t r, int64_t j) -> float& { return v[static_cast<size_t>(r * vocab + j)]; };
+    at(1, vocab / 3) = 50.0f, at(1, vocab - 1) = 50.0f;      // repeated maximum: the lower index
+    at(2, 0) = nan, at(2, vocab / 2) = nan;                   // NaN never wins
+    for (int64_t j = 0; j < vocab; ++j) at(3, j) = -inf;      // nothing above -inf: 0
+    at(4, vocab - 1) = 1e30f;                                 // the very last element
+    for (int64_t j = 0; j < vocab; ++j) at(5, j) = 0.25f;     // all equal: 0
+    OwnedTensor logits = device_of(v, Shape{rows, vocab}, DType::f32);
+    OwnedTensor ids(DType::i32, Device::cuda, Shape{rows});
+    cuda::argmax_rows_f32(logits->data<float>(), rows, vocab, ids->data<int32_t>());
+    OwnedTensor got = to_host(*ids);
+    for (int64_t r = 0; r < rows; ++r) {
+      float best = -std::numeric_limits<float>::max();
+      int64_t index = -1;
+      for (int64_t j = 0; j < vocab; ++j)
+        if (at(r, j) > best || (at(r, j) == best && index < 0)) best = at(r, j), index = j;
+      EXPECT_EQ(got->data<int32_t>()[r], index < 0 ? 0 : index) << "vocab " << vocab << " row " << r;
+    }
+  }
+}
+
 // ---- decoder ----------------------------------------------------------------------------------
 
 ModelConfig tiny_config(int64_t head_dim = 32) {
@@ -488,6 +522,43 @@ TEST_F(DecoderGpu, Bf16GraphsMatchCpuDecoder) {
 // attention (infer/decode_attention.cu); the 2-row prefill tail (one sequence) does not.
 TEST_F(DecoderGpu, Bf16OneKernelAttentionMatchesCpuDecoder) {
   check_gpu_decoder(DType::bf16, true, 5e-2, true, 64);
+}
+
+// The device's greedy chain (each step's argmax fed back on the GPU, every step a graph,
+// the ids copied back once) gives the tokens of single steps bit for bit, on the captured
+// path of decode steps (one-kernel attention, fused projections).
+TEST_F(DecoderGpu, GreedyChainEqualsSingleSteps) {
+  const ModelConfig config = tiny_config(64);
+  auto gpu_model = make_model(config, Device::cuda);
+  auto cpu_model = make_model(config, Device::cpu);
+  randomize(*cpu_model, *gpu_model, 45);
+  DecoderOptions d;
+  d.slots = 3;
+  d.max_rows = 32;
+  d.graph_rows = 4;
+  d.chain_steps = 8;
+  Decoder gpu(*gpu_model, d);
+  Rng rng(9);
+  std::vector<std::vector<int32_t>> prompts(3);
+  for (size_t s = 0; s < prompts.size(); ++s)
+    for (size_t i = 0; i < 4 + 3 * s; ++i) prompts[s].push_back(static_cast<int32_t>(rng.below(259)));
+  const std::vector<int32_t> single = test::greedy_tokens(gpu, prompts, 20, 1);
+  const size_t graphs = gpu.graphs();
+  EXPECT_EQ(test::greedy_tokens(gpu, prompts, 20, 8), single);  // chains of 8, 8 and 4
+  EXPECT_EQ(gpu.graphs(), graphs + 1) << "the chained step is one more graph";
+  EXPECT_EQ(test::greedy_tokens(gpu, prompts, 20, 3), single);
+  // After a chain, greedy() names the chain's last tokens (the last step's logits).
+  // Steps 0-4 as one chain, then step 5 (step 4's tokens at the next positions) and a
+  // chain of 4 more: steps 5-8 of the single steps.
+  test::greedy_tokens(gpu, prompts, 5, 5);
+  std::vector<int32_t> tokens(single.begin() + 4 * 3, single.begin() + 5 * 3), positions;
+  for (const auto& p : prompts) positions.push_back(static_cast<int32_t>(p.size() + 5));
+  gpu.forward(tokens, std::vector<int32_t>{0, 1, 2}, positions);
+  std::vector<int32_t> chained, again;
+  gpu.greedy_chain(4, chained);
+  EXPECT_TRUE(std::equal(chained.begin(), chained.end(), single.begin() + 5 * 3));
+  gpu.greedy(std::vector<int32_t>{0, 1, 2}, again);
+  EXPECT_TRUE(std::equal(again.begin(), again.end(), chained.end() - 3));
 }
 
 TEST_F(DecoderGpu, GraphReplayIsBitwiseRepeatable) {

@@ -181,14 +181,14 @@ __device__ __forceinline__ void mma_rows(uint32_t a0, uint32_t a2, uint32_t b0, 
 }
 
 // Row r, output column j from its sums: store and add_residual read sum[0]; swiglu reads the
-// gate's sum[0] and the up's sum[1].
+// gate's sum[0] and the up's sum[1]. add_residual adds to x = residual (r, j), loaded ahead.
 template <Output Out, typename TOut>
-__device__ __forceinline__ void finish(const Args& p, int64_t r, int64_t j, const float (&sum)[2]) {
+__device__ __forceinline__ void finish(const Args& p, int64_t r, int64_t j, const float (&sum)[2], float x = 0.0f) {
   if constexpr (Out == Output::store) {
     TOut* o = static_cast<TOut*>(p.out) + r * p.ldo + j;
     vec::from_f32(p.beta == 0.0f ? p.alpha * sum[0] : p.alpha * sum[0] + p.beta * vec::to_f32(*o), o);
   } else if constexpr (Out == Output::add_residual) {
-    p.residual[r * p.ldr + j] += round_bf16(sum[0]);  // the projection stored in bf16, then added
+    p.residual[r * p.ldr + j] = x + round_bf16(sum[0]);  // the projection stored in bf16, then added
   } else {
     const float g = round_bf16(sum[0]), u = round_bf16(sum[1]);  // gate and up as a stored gate|up
     vec::from_f32(g / (1.0f + expf(-g)) * u, static_cast<bf16*>(p.out) + r * p.ldo + j);
@@ -260,6 +260,18 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const Args p) {
   if (!p.constant_weights) wait_for_producer();
   if (tile < block_tiles) load_groups(tile_row<Out>(p, first_column(tile), g), g_begin, t, v_end, raw);
   if (p.constant_weights) wait_for_producer();  // A (and the residual) come from the kernels before
+  // add_residual: the residual values lane (g, t) adds to (row g, columns j0 + 2t and
+  // j0 + 2t + 1 of a tile), requested before the staging and the products, not after them.
+  float resid[2] = {0.0f, 0.0f};
+  auto load_residual = [&](int64_t block_tile) {
+    if constexpr (Out == Output::add_residual) {
+      const int64_t j = first_column(block_tile) + 2 * t;
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        resid[c] = split == 0 && g < p.m && j + c < p.n ? p.residual[g * p.ldr + j + c] : 0.0f;
+    }
+  };
+  if (tile < block_tiles) load_residual(tile);
   stage_rows<M, In>(p, as, stride, partial);
   __syncthreads();
 
@@ -307,10 +319,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const Args p) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const float one[2] = {sum[c], 0.0f};
-          if (j0 + 2 * t + c < p.n) finish<Out, TOut>(p, g, j0 + 2 * t + c, one);
+          if (j0 + 2 * t + c < p.n) finish<Out, TOut>(p, g, j0 + 2 * t + c, one, resid[c]);
         }
       }
     }
+    if (tile + gridDim.x < block_tiles) load_residual(tile + gridDim.x);
     if (splits > 1) __syncthreads();  // partial is rewritten by the next tile
   }
 }
