@@ -44,11 +44,13 @@ PYTHONUNBUFFERED=1 "$PEER_PYTHON" bench/decode_peer.py --config "$CONFIG" "${bat
 echo
 "$PEER_PYTHON" - "$JSON" <<'PY' || status=1
 import json, sys
-kiln, ops, plain, peer = {}, {}, {}, {}
+kiln, chain, ops, plain, peer = {}, {}, {}, {}, {}
 for line in open(sys.argv[1]):
     r = json.loads(line)
     if r["who"] != "kiln":
         peer[r["batch"]] = r
+    elif r["variant"].startswith("chain"):
+        chain[r["batch"]] = r
     else:
         {"ops": ops, "plain": plain}.get(r["variant"], kiln)[r["batch"]] = r
 if peer:
@@ -67,6 +69,9 @@ for b in sorted(set(kiln) | set(peer)):
     fl = f"{k['floor_ms']:.3f}" if k else "-"
     xf = f"{k['x_floor']:.2f}" if k else "-"
     print(f"{b:>5} | {km:>13} | {pm:>21} | {sp:>7} | {fl:>8} | {xf:>10}")
+if chain:
+    print("kiln in greedy chains (" + next(iter(chain.values()))["variant"] + ": one host round trip per chain): " +
+          ", ".join(f"batch {b} {r['ms_per_token']:.3f} ms ({r['x_floor']:.2f}x floor)" for b, r in sorted(chain.items())))
 if plain:
     print("kiln with plain projections (no fused decode projections): " +
           ", ".join(f"batch {b} {r['ms_per_token']:.3f} ms ({r['x_floor']:.2f}x floor)" for b, r in sorted(plain.items())))

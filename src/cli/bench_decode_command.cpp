@@ -6,7 +6,11 @@
 // pass does the same untimed (warm-up: graphs captured, cuBLASLt plans made). With --ops,
 // a second decoder without the fused kernels (DecoderOptions::fuse = false) is timed too, with
 // --plain one whose projections go through linear_forward (DecoderOptions::gemv_rows = 0);
-// with --profile, each op's share of an (uncaptured) decode step is printed.
+// with --profile, each op's share of an (uncaptured) decode step is printed. On the GPU the
+// main decoder is also timed in greedy chains of --chain steps (Decoder::greedy_chain: the
+// ids fed back on the device, one host round trip per chain; rows "chainK", checked to give
+// the single steps' tokens). The last column, queued ms, is the device's own time per step:
+// the same step enqueued back to back without reading its ids.
 //
 // Beside the time: the weight bytes one step reads (Decoder::weight_bytes), the device's
 // copy bandwidth measured in this process, and the floor they give. Convention: a copy of
@@ -288,7 +292,7 @@ void add_bench_decode_command(CLI::App& app) {
           << '\n';
     };
     // Times every batch size on `dec`; `variant` names its step (fused kernels or ops).
-    auto bench = [&](Decoder& dec, const char* variant) {
+    auto bench = [&](Decoder& dec, const char* variant, bool chains) {
       Rng rng(config.train.seed);  // the same prompts for every variant
       for (const int64_t batch : o->batches) {
         std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
@@ -299,7 +303,7 @@ void add_bench_decode_command(CLI::App& app) {
         const DecodeTiming t = generate(dec, prompts, o->tokens);
         const double queued_ms = queued_step_ms(dec, t, o->prompt, o->tokens);
         report(dec, variant, batch, t, queued_ms);
-        if (o->chain > 1 && dec.device() == Device::cuda) {
+        if (chains && o->chain > 1 && dec.device() == Device::cuda) {
           generate(dec, prompts, o->warmup, false, o->chain);
           const DecodeTiming chained = generate(dec, prompts, o->tokens, false, o->chain);
           KILN_CHECK(chained.generated == t.generated, "bench-decode",
@@ -318,7 +322,7 @@ void add_bench_decode_command(CLI::App& app) {
         }
       }
     };
-    bench(*decoder, device == Device::cuda ? "fused" : "ops");
+    bench(*decoder, device == Device::cuda ? "fused" : "ops", true);
     fmt::print("  {} step graph(s) captured; decoder memory {:.2f} GiB (cache, activations, bf16 weight copies)\n",
                decoder->graphs(), static_cast<double>(decoder->memory_bytes()) / 1073741824.0);
     if (o->plain && device == Device::cuda) {  // the projections through linear_forward
@@ -326,13 +330,13 @@ void add_bench_decode_command(CLI::App& app) {
       DecoderOptions plain = d;
       plain.gemv_rows = 0;
       Decoder plain_decoder(model, plain);
-      bench(plain_decoder, "plain");
+      bench(plain_decoder, "plain", false);
     }
     if (o->ops && device == Device::cuda) {  // the reference step: every op through its front end
       decoder.reset();
       d.fuse = false;
       Decoder ops_decoder(model, d);
-      bench(ops_decoder, "ops");
+      bench(ops_decoder, "ops", false);
     }
   });
 }

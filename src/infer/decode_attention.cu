@@ -62,13 +62,41 @@ __device__ __forceinline__ void cluster_arrive(bool release) {
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
-// One query or key head of a row of qkv (src: its D values) normalized with `gain` (none
-// when null) and rotated by the RoPE tables at position pos (none when a.cos is null), as
-// qkv_to_cache_kernel does, by one warp: lane l handles elements l + 32 e. The result,
+// What prepare_head reads besides the head, per lane: the q and k norm gains of elements
+// lane + 32 e, and the RoPE cos and sin of pairs lane + 32 i at the row's position. All of
+// it is constant during the step (weights, tables, the uploaded position), so it is loaded
+// before the kernel waits for the projection ahead: one round of loads less after it.
+template <int D>
+struct HeadConstants {
+  static constexpr int kHalf = D / 2, kPairs = (kHalf + 31) / 32;
+  float q_gain[D / 32], k_gain[D / 32], cos[kPairs], sin[kPairs];
+};
+
+template <int D>
+__device__ __forceinline__ HeadConstants<D> load_head_constants(const DecodeAttentionArgs& a, int64_t pos) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  HeadConstants<D> h;
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e) {
+    h.q_gain[e] = a.q_gain != nullptr ? a.q_gain[lane + 32 * e] : 1.0f;
+    h.k_gain[e] = a.k_gain != nullptr ? a.k_gain[lane + 32 * e] : 1.0f;
+  }
+  constexpr int kHalf = HeadConstants<D>::kHalf;
+#pragma unroll
+  for (int i = 0, j = lane; j < kHalf; ++i, j += 32) {
+    h.cos[i] = a.cos != nullptr ? a.cos[pos * kHalf + j] : 1.0f;
+    h.sin[i] = a.cos != nullptr ? a.sin[pos * kHalf + j] : 0.0f;
+  }
+  return h;
+}
+
+// One query or key head of a row of qkv (src: its D values) normalized with `gain` (lane
+// l's elements l + 32 e; no norm when `normalize` is false) and rotated by the RoPE angles
+// of h (none when a.cos is null), as qkv_to_cache_kernel does, by one warp. The result,
 // rounded to bf16 as a stored head would be, ends in `pairs` (the warp's D floats).
 template <int D>
-__device__ __forceinline__ void prepare_head(const DecodeAttentionArgs& a, const bf16* src, const float* gain,
-                                             int64_t pos, float* pairs) {
+__device__ __forceinline__ void prepare_head(const DecodeAttentionArgs& a, const bf16* src, bool normalize,
+                                             const float (&gain)[D / 32], const HeadConstants<D>& h, float* pairs) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   float ss = 0.0f;
 #pragma unroll
@@ -77,19 +105,19 @@ __device__ __forceinline__ void prepare_head(const DecodeAttentionArgs& a, const
     pairs[c] = v;
     ss += v * v;
   }
-  if (gain != nullptr) {
+  if (normalize) {
     const float inv = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(D) + a.eps);
 #pragma unroll
-    for (int c = lane; c < D; c += 32) pairs[c] = round_bf16(pairs[c] * inv * gain[c]);
+    for (int e = 0, c = lane; c < D; ++e, c += 32) pairs[c] = round_bf16(pairs[c] * inv * gain[e]);
   }
   __syncwarp();
   if (a.cos == nullptr) return;
   constexpr int kHalf = D / 2;
-  float rotated[2][(kHalf + 31) / 32];
+  float rotated[2][HeadConstants<D>::kPairs];
 #pragma unroll
   for (int i = 0, j = lane; j < kHalf; ++i, j += 32) {
     const float x1 = pairs[j], x2 = pairs[j + kHalf];
-    const float c = a.cos[pos * kHalf + j], s = a.sin[pos * kHalf + j];
+    const float c = h.cos[i], s = h.sin[i];
     rotated[0][i] = round_bf16(x1 * c - x2 * s);
     rotated[1][i] = round_bf16(x2 * c + x1 * s);
   }
@@ -175,6 +203,7 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
   uint4 k_head[kChunkVecs];
   float vf[kRound][DPL];
   if (j0 < end) load_head(j0, k_head, vf);
+  const HeadConstants<D> constants = load_head_constants<D>(a, p);
 
   wait_for_producer();  // qkv comes from the projection before
 
@@ -184,11 +213,11 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
   for (int it = warp; it < HT + 2; it += kWarps) {
     float* pairs = scratch[warp];
     if (it < HT) {
-      prepare_head<D>(a, src_row + (h0 + it) * D, a.q_gain, p, pairs);
+      prepare_head<D>(a, src_row + (h0 + it) * D, a.q_gain != nullptr, constants.q_gain, constants, pairs);
 #pragma unroll
       for (int c = lane; c < D; c += 32) qs[it][c] = pairs[c];
     } else if (it == HT) {
-      prepare_head<D>(a, src_row + (a.q_heads + g) * D, a.k_gain, p, pairs);
+      prepare_head<D>(a, src_row + (a.q_heads + g) * D, a.k_gain != nullptr, constants.k_gain, constants, pairs);
       if (owns_new)
 #pragma unroll
         for (int c = lane; c < D; c += 32) {

@@ -2,6 +2,7 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "ops/dependent_launch.cuh"
 
 #include <cfloat>
 
@@ -24,6 +25,8 @@ __device__ __forceinline__ void better(float& v, int32_t& i, float ov, int32_t o
 
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_rows_kernel(const float* __restrict__ logits, int64_t vocab, int32_t* __restrict__ out) {
+  allow_dependents();
+  wait_for_producer();  // the logits come from the LM head before
   const float* row = logits + blockIdx.x * vocab;
   float v = -FLT_MAX;
   int32_t idx = INT32_MAX;
@@ -69,6 +72,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 __global__ void record_greedy_ids_kernel(const int32_t* __restrict__ ids, int64_t rows, int32_t* __restrict__ history,
                                          int32_t* __restrict__ counter, bool advance, int32_t* __restrict__ tokens,
                                          int32_t* __restrict__ positions) {
+  allow_dependents();
+  wait_for_producer();  // the ids come from the argmax before
   const int64_t step = *counter;
   const auto i = static_cast<int64_t>(threadIdx.x);
   if (i < rows) {
@@ -85,14 +90,14 @@ __global__ void record_greedy_ids_kernel(const int32_t* __restrict__ ids, int64_
 void record_greedy_ids(const int32_t* ids, int64_t rows, int32_t* history, int32_t* counter, bool advance,
                        int32_t* tokens, int32_t* positions) {
   const auto threads = static_cast<unsigned>((rows + 31) / 32 * 32);
-  record_greedy_ids_kernel<<<1, threads, 0, stream()>>>(ids, rows, history, counter, advance, tokens, positions);
-  check_launch("decoder", "record_greedy_ids_kernel");
+  launch_dependent("decoder", "record_greedy_ids_kernel", record_greedy_ids_kernel, dim3(1), dim3(threads), 0, ids, rows,
+                   history, counter, advance, tokens, positions);
 }
 
 void argmax_rows_f32(const float* logits, int64_t rows, int64_t vocab, int32_t* out) {
   if (rows == 0) return;
-  argmax_rows_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream()>>>(logits, vocab, out);
-  check_launch("decoder", "argmax_rows_kernel");
+  launch_dependent("decoder", "argmax_rows_kernel", argmax_rows_kernel, dim3(static_cast<unsigned>(rows)),
+                   dim3(kArgmaxThreads), 0, logits, vocab, out);
 }
 
 }  // namespace kiln::cuda
