@@ -336,6 +336,19 @@ TEST(Generator, BatchedEqualsAloneAndStopsWhereAsked) {
   EXPECT_EQ(stopped[0].finish_reason, "stop");
   EXPECT_EQ(stopped[0].text, text.substr(0, text.find(text.substr(3, 2))));
   EXPECT_TRUE(gb.idle());
+  // Greedy rows without logprobs take the decoder's argmax; with logprobs their logits come
+  // back and the sampler picks: the same tokens, and each reported logprob is the row's best.
+  std::vector<GenerationRequest> with_logprobs = requests;
+  for (auto& q : with_logprobs) q.logprobs = true, q.top_logprobs = 2;
+  const auto sampled = gb.run(with_logprobs);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(sampled[i].tokens, together[i].tokens) << prompts[i];
+    ASSERT_EQ(sampled[i].logprobs.size(), sampled[i].tokens.size());
+    for (const TokenLogprob& lp : sampled[i].logprobs) {
+      ASSERT_FALSE(lp.top.empty());
+      EXPECT_EQ(lp.top[0].first, lp.token);
+    }
+  }
 }
 
 TEST(Generator, PromptLogprobsEqualTheFullForward) {

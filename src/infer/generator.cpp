@@ -66,12 +66,27 @@ void Generator::sample_next(Sequence& s, const float* logits) {
   if (s.request.logprobs) log_softmax({logits, vocab}, logprobs_);
   row_.assign(logits, logits + vocab);
   const int32_t token = sampler_.sample(row_, s.context, s.request.sampling, s.rng);
+  if (s.request.logprobs && !(s.request.stop_at_eos && token == tokenizer_.eos_id()))
+    s.result.logprobs.push_back({token, logprobs_[static_cast<size_t>(token)],
+                                 top_logprobs(logprobs_, s.request.top_logprobs)});
+  append(s, token);
+}
+
+// The row at `position` of s needs only its argmax: it predicts a generated token, greedily
+// (temperature 0), with no penalty to apply and no logprobs to report. Its logits then stay
+// on the device (Decoder::greedy: one id per row comes back).
+bool Generator::argmax_only(const Sequence& s, int64_t position) {
+  const GenerationRequest& r = s.request;
+  return position + 1 >= static_cast<int64_t>(r.prompt.size()) && r.sampling.temperature == 0.0 &&
+         r.sampling.repetition_penalty == 1.0 && !r.logprobs;
+}
+
+// Takes `token` as the next of s (an EOS ends it instead when asked) and applies the stop
+// rules.
+void Generator::append(Sequence& s, int32_t token) {
   if (s.request.stop_at_eos && token == tokenizer_.eos_id()) return finish(s, "stop");
   s.context.push_back(token);
   s.result.tokens.push_back(token);
-  if (s.request.logprobs)
-    s.result.logprobs.push_back({token, logprobs_[static_cast<size_t>(token)],
-                                 top_logprobs(logprobs_, s.request.top_logprobs)});
   s.result.text = tokenizer_.decode(s.result.tokens);
   size_t cut = std::string::npos;
   for (const std::string& stop : s.request.stop)
@@ -121,17 +136,29 @@ bool Generator::step() {
   }
 
   decoder_.forward(tokens_, slots_, positions_);
-  if (!logit_rows_.empty()) decoder_.logits(logit_rows_, logits_);
+  copied_rows_.clear(), argmax_rows_.clear();
+  for (const int32_t r : logit_rows_) {
+    const auto& [s, p] = rows_[static_cast<size_t>(r)];
+    (argmax_only(*s, p) ? argmax_rows_ : copied_rows_).push_back(r);
+  }
+  if (!copied_rows_.empty()) decoder_.logits(copied_rows_, logits_);
+  if (!argmax_rows_.empty()) decoder_.greedy(argmax_rows_, argmax_ids_);
 
   const auto vocab = static_cast<size_t>(decoder_.vocab_size());
-  size_t next_logits = 0;
+  size_t next_copied = 0, next_argmax = 0;
   for (size_t r = 0; r < rows_.size(); ++r) {
     Sequence& s = *rows_[r].first;
     const int64_t p = rows_[r].second;
     s.cached = p + 1;
-    const bool has_logits = next_logits < logit_rows_.size() && logit_rows_[next_logits] == static_cast<int32_t>(r);
+    const auto row_index = static_cast<int32_t>(r);
+    if (next_argmax < argmax_rows_.size() && argmax_rows_[next_argmax] == row_index) {
+      const int32_t token = argmax_ids_[next_argmax++];
+      if (!s.finished && s.request.max_tokens > 0) append(s, token);
+      continue;
+    }
+    const bool has_logits = next_copied < copied_rows_.size() && copied_rows_[next_copied] == row_index;
     if (!has_logits) continue;
-    const float* row = logits_.data() + next_logits++ * vocab;
+    const float* row = logits_.data() + next_copied++ * vocab;
     const auto prompt = static_cast<int64_t>(s.request.prompt.size());
     if (s.request.prompt_logprobs && p + 1 < prompt) {
       log_softmax({row, vocab}, logprobs_);

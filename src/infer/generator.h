@@ -77,6 +77,8 @@ class Generator {
  private:
   struct Sequence;
   void sample_next(Sequence& s, const float* logits);
+  void append(Sequence& s, int32_t token);
+  static bool argmax_only(const Sequence& s, int64_t position);
   void finish(Sequence& s, const char* reason);
 
   Decoder& decoder_;
@@ -87,6 +89,7 @@ class Generator {
   Sampler sampler_;
   // Step scratch, reused.
   std::vector<int32_t> tokens_, slots_, positions_, logit_rows_;
+  std::vector<int32_t> copied_rows_, argmax_rows_, argmax_ids_;  // logit_rows_ split by argmax_only
   std::vector<std::pair<Sequence*, int64_t>> rows_;  // each row's sequence and position
   std::vector<float> logits_, row_;
   std::vector<double> logprobs_;
