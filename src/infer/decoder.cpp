@@ -524,15 +524,12 @@ void Decoder::greedy_chain(int64_t steps, std::vector<int32_t>& out) {
              steps, options_.chain_steps);
   KILN_CHECK(n > 0 && distinct_slots_, "decoder",
              "greedy_chain follows a forward whose rows are distinct sequences (a decode step)");
-  // The last forward's rows, as uploaded: tokens, slots, positions.
-  const std::vector<int32_t> slots(host_inputs_.begin() + r, host_inputs_.begin() + r + n);
-  std::vector<int32_t> positions(host_inputs_.begin() + 2 * r, host_inputs_.begin() + 2 * r + n);
+  // The last forward's rows as uploaded (host_inputs_: tokens, slots, positions).
+  const auto slots = host_inputs_.begin() + r, positions = host_inputs_.begin() + 2 * r;
   for (int64_t i = 0; i < n; ++i)
-    KILN_CHECK(positions[static_cast<size_t>(i)] + steps - 1 < options_.max_len, "decoder",
+    KILN_CHECK(positions[i] + steps - 1 < options_.max_len, "decoder",
                "greedy_chain: row {} would pass the cache length {}", i, options_.max_len);
   out.resize(static_cast<size_t>(steps * n));
-  std::vector<int32_t> all(static_cast<size_t>(n));
-  std::iota(all.begin(), all.end(), 0);
 #if KILN_WITH_CUDA
   if (chain_.defined() && logits_ready_ == n) {
     // Every step a graph: record the ids, advance the inputs, run the step, take its argmax.
@@ -555,18 +552,21 @@ void Decoder::greedy_chain(int64_t steps, std::vector<int32_t>& out) {
     // The host's copy of the inputs follows the device's: the last step's tokens and positions.
     for (int64_t i = 0; i < n && steps > 1; ++i) {
       host_inputs_[static_cast<size_t>(i)] = out[static_cast<size_t>((steps - 2) * n + i)];
-      host_inputs_[static_cast<size_t>(2 * r + i)] += static_cast<int32_t>(steps - 1);
+      positions[i] += static_cast<int32_t>(steps - 1);
     }
     return;
   }
 #endif
-  std::vector<int32_t> ids;
+  // Elsewhere (the CPU, steps not captured): the same steps one by one.
+  std::vector<int32_t> rows(static_cast<size_t>(n)), ids;
+  std::iota(rows.begin(), rows.end(), 0);
+  std::vector<int32_t> step_slots(slots, slots + n), step_positions(positions, positions + n);
   for (int64_t s = 0; s < steps; ++s) {
-    greedy(all, ids);
+    greedy(rows, ids);
     std::copy(ids.begin(), ids.end(), out.begin() + s * n);
     if (s + 1 == steps) break;
-    for (int32_t& p : positions) ++p;
-    forward(ids, slots, positions);
+    for (int32_t& p : step_positions) ++p;
+    forward(ids, step_slots, step_positions);
   }
 }
 
