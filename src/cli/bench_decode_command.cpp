@@ -96,7 +96,8 @@ struct DecodeTiming {
 
 // Prefills `prompts` (sequence i in slot i) in chunks of the decoder's max_rows, then runs
 // `steps` greedy steps of one row per sequence; times the two phases separately. With
-// `profile`, kiln's op profiler is on for the decode steps only (they then run uncaptured).
+// `profile`, kiln's op profiler is on for the decode steps only (they then run uncaptured);
+// with `chain` > 1 the steps run in Decoder::greedy_chain calls of up to `chain` steps.
 DecodeTiming generate(Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts, int64_t steps,
                       bool profile = false, int64_t chain = 1) {
   const auto batch = static_cast<int32_t>(prompts.size());
@@ -159,8 +160,8 @@ DecodeTiming generate(Decoder& decoder, const std::vector<std::vector<int32_t>>&
 
 // The device's own time per decode step: `steps` steps of the generated sequences' last
 // tokens, at the last position (rewritten each time), enqueued back to back without reading
-// their ids, then one wait. What ms/step adds to it is the host's round trip per step
-// (inputs up, ids back, the wait between).
+// their ids, then one wait. What ms/step adds to it is the argmax and the host's round trip
+// per step (inputs up, ids back, the wait between).
 double queued_step_ms(Decoder& decoder, const DecodeTiming& t, int64_t prompt, int64_t steps) {
   std::vector<int32_t> tok, slot, pos;
   for (size_t s = 0; s < t.generated.size(); ++s) {
