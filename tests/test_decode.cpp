@@ -8,9 +8,11 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 namespace kiln {
@@ -406,6 +408,36 @@ TEST(SampleCli, BatchOfPromptsGreedy) {
   EXPECT_EQ(parts[2].rfind("xyz", 0), 0u);
   EXPECT_EQ(parts[0], parts[1]);
   EXPECT_EQ(parts[2], parts[3]);
+  std::filesystem::remove_all(root);
+}
+
+// `kiln bench-decode` on the CPU: one table row and one JSON line per batch size, with the
+// step time, the queued steps' time and the floor they are compared with.
+TEST(BenchDecodeCli, ReportsEachBatchWithItsQueuedTime) {
+  const std::string root = test::temp_dir("kiln-bench-decode-cli");
+  const std::string json = root + "/decode.jsonl";
+  std::string out;
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " bench-decode " + test::source_dir() +
+                                  "/configs/default.toml --batch 1 --batch 3 --prompt 5 --tokens 4 --warmup 2 "
+                                  "--copy-mib 8 --set train.threads=1 --json " + json,
+                              &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("queued ms"), std::string::npos) << out;
+  std::ifstream in(json);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 2u) << out;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const nlohmann::json& r = lines[i];
+    EXPECT_EQ(r["batch"], i == 0 ? 1 : 3);
+    EXPECT_EQ(r["variant"], "ops");  // the CPU's decoder runs the ops one by one
+    EXPECT_GT(r["ms_per_token"].get<double>(), 0.0);
+    EXPECT_GT(r["queued_ms_per_step"].get<double>(), 0.0);
+    EXPECT_GT(r["floor_ms"].get<double>(), 0.0);
+    EXPECT_NEAR(r["x_floor"].get<double>(), r["ms_per_token"].get<double>() / r["floor_ms"].get<double>(), 1e-9);
+    EXPECT_EQ(r["first_tokens"].size(), 4u);
+  }
   std::filesystem::remove_all(root);
 }
 
