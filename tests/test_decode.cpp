@@ -82,6 +82,18 @@ double scaled_diff(const float* a, const float* b, int64_t n) {
   return diff / scale;
 }
 
+// An inference-only model of `config` on the CPU (fp32), every parameter random from
+// `seed` (randomize); seed 0 leaves the weights as allocated.
+std::unique_ptr<Model> inference_model(const ModelConfig& config, uint64_t seed, int64_t max_tokens = 8) {
+  BuildOptions o;
+  o.training = false;
+  o.max_tokens = max_tokens;
+  auto model = std::make_unique<Model>(config, o);
+  model->allocate();
+  if (seed != 0) randomize(*model, seed);
+  return model;
+}
+
 // Three sequences decoded together in a cache of 3 slots: prompts prefilled in chunks of at
 // most 5 rows that mix sequences, then single-token steps for all three at once. Each new
 // row's logits must equal the full forward over that sequence's prefix.
@@ -174,16 +186,12 @@ TEST(Decoder, MatchesFullForwardF32) {
 }
 
 TEST(Decoder, RejectsBadSteps) {
-  BuildOptions o;
-  o.training = false;
-  o.max_tokens = 8;
-  Model model(small_config(true, true, false), o);
-  model.allocate();
+  const auto model = inference_model(small_config(true, true, false), 0);
   DecoderOptions d;
   d.slots = 2;
   d.max_rows = 4;
   d.max_len = 16;
-  Decoder decoder(model, d);
+  Decoder decoder(*model, d);
   EXPECT_EQ(decoder.max_len(), 16);
   const std::vector<int32_t> one{5}, zero{0};
   EXPECT_THROW(decoder.forward(one, std::vector<int32_t>{2}, zero), Error);              // slot out of range
@@ -198,18 +206,13 @@ TEST(Decoder, RejectsBadSteps) {
 // it cannot chain. (On the CPU it takes them one by one as well; tests/gpu checks the
 // device's chain against single steps.)
 TEST(Decoder, GreedyChainEqualsSingleSteps) {
-  BuildOptions o;
-  o.training = false;
-  o.max_tokens = 8;
-  Model model(small_config(true, true, false), o);
-  model.allocate();
-  randomize(model, 5);
+  const auto model = inference_model(small_config(true, true, false), 5);
   DecoderOptions d;
   d.slots = 3;
   d.max_rows = 32;
   d.max_len = 40;
   d.chain_steps = 4;
-  Decoder decoder(model, d);
+  Decoder decoder(*model, d);
   const std::vector<std::vector<int32_t>> prompts = {random_tokens(7, 1), random_tokens(3, 2), random_tokens(11, 3)};
   const std::vector<int32_t> single = test::greedy_tokens(decoder, prompts, 10, 1);
   EXPECT_EQ(test::greedy_tokens(decoder, prompts, 10, 4), single);  // chains of 4, 4 and 2
@@ -292,12 +295,7 @@ struct GenFixture {
   std::unique_ptr<Decoder> decoder;
   ByteTokenizer tokenizer;
   GenFixture(int64_t slots, int64_t max_rows) {
-    BuildOptions o;
-    o.training = false;
-    o.max_tokens = 96;
-    model = std::make_unique<Model>(small_config(true, true, false), o);
-    model->allocate();
-    randomize(*model, 5);
+    model = inference_model(small_config(true, true, false), 5, 96);
     DecoderOptions d;
     d.slots = slots;
     d.max_rows = max_rows;
