@@ -8,10 +8,10 @@
 // partial sums added through shared memory) until a warp's slice is at most G groups of
 // 128 values (2 or 4, see launch_rows; 4 16-byte loads per lane and group), so for the
 // decode projections every load of the whole matrix is issued at once. A block requests
-// its first groups, then stages A in shared memory as bf16: a copy of bf16 rows, or the
-// RMSNorm of fp32 rows (Input::rms_norm: the arithmetic and reduction order of the
-// decoder's add_rms_norm kernel, so the staged rows are those bits); the next tile's groups
-// are requested before the current one is reduced.
+// its first groups, then stages A in shared memory as bf16: a copy of bf16 rows (cp.async),
+// or the RMSNorm of fp32 rows (Input::rms_norm: the arithmetic and reduction order of the
+// decoder's add_rms_norm kernel, so the staged rows are those bits); the next tile's
+// groups are requested before the current one is reduced.
 // With constant weights (Args::constant_weights) the first groups are even requested
 // before the kernel waits for the one before it (ops/dependent_launch.cuh). Every sum runs
 // in a fixed order: the same bits every run.
@@ -86,31 +86,47 @@ struct Args {
 
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-constexpr int kStageUnroll = 4;  // loads per thread in flight while staging
+constexpr int kStageUnroll = 4;  // fp32 loads per thread and row in flight while normalizing
+
+// 16 bytes global -> shared without a register round trip (cp.async, cached in L2 only:
+// the source was just written by the kernel before), and the wait for this thread's copies.
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto to = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(global) : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void wait_async_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
 
 // A [M, k] into shared memory as bf16 (rows m..M-1 zero). scratch: kWarps * M floats.
-// Every thread issues its loads (kStageUnroll per row at a time, all rows together) before
-// it uses them: staging is a latency chain in front of the whole product.
+// Staging is a latency chain in front of the whole product, so every thread issues its
+// loads before it uses them: bf16 rows all at once as asynchronous copies, fp32 rows
+// kStageUnroll per row at a time, all rows together.
 template <int M, Input In>
 __device__ __forceinline__ void stage_rows(const Args& p, bf16* as, int64_t stride, float* scratch) {
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t k = p.k;
   if constexpr (In == Input::bf16_rows) {
+    // Asynchronous copies straight into shared memory: every one in flight at once without
+    // holding registers (8 rows of the down projection are 12 per thread). Measured on the
+    // H200 against loads through registers, 4 per thread at a time: 0.749 -> 0.717 ms per
+    // 0.6B decode step at batch 1, 1.050 -> 1.008 ms at batch 8.
     const int64_t vecs = k / kVec, total = M * vecs;
-    for (int64_t i0 = tid; i0 < total; i0 += kThreads * kStageUnroll) {
-      uint4 val[kStageUnroll];
-#pragma unroll
-      for (int u = 0; u < kStageUnroll; ++u) {
-        const int64_t i = i0 + u * kThreads, r = i / vecs;
-        val[u] = i < total && r < p.m ? *reinterpret_cast<const uint4*>(p.a + r * p.lda + (i - r * vecs) * kVec)
-                                      : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < kStageUnroll; ++u) {
-        const int64_t i = i0 + u * kThreads, r = i / vecs;
-        if (i < total) *reinterpret_cast<uint4*>(as + r * stride + (i - r * vecs) * kVec) = val[u];
+    for (int64_t i = tid; i < total; i += kThreads) {
+      const int64_t r = i / vecs, c = (i - r * vecs) * kVec;
+      if (r < p.m) {
+        copy_async_16(as + r * stride + c, p.a + r * p.lda + c);
+      } else {
+        *reinterpret_cast<uint4*>(as + r * stride + c) = make_uint4(0, 0, 0, 0);
       }
     }
+    wait_async_copies();
   } else {
     // As infer/decoder_fused.cu's add_rms_norm_kernel (256 threads), so the staged rows are
     // its bits: per-thread sums over c = tid + 256 i in order (a missing element adds +0,
