@@ -40,6 +40,22 @@ class AddedTokenMatcher {
   // Appends the matches in `text`, left to right, non-overlapping.
   void find_all(std::string_view text, std::vector<Match>& out) const;
 
+  // Encodes `text` around the matches: encode(stretch) for each stretch before, between
+  // and after them (empty ones too), each match's token id appended to ids in its place.
+  template <typename Encode>
+  void encode_around(std::string_view text, std::vector<int32_t>& ids, Encode&& encode) const {
+    if (empty()) return encode(text);
+    std::vector<Match> matches;
+    find_all(text, matches);
+    size_t last = 0;
+    for (const Match& m : matches) {
+      encode(text.substr(last, m.begin - last));
+      ids.push_back(m.token->id);
+      last = m.end;
+    }
+    encode(text.substr(last));
+  }
+
  private:
   struct Node {
     std::vector<std::pair<uint8_t, int32_t>> next;  // sorted by byte

@@ -50,37 +50,13 @@ void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& o
   if (text.empty()) return;
   std::string normalized;
   if (parts_.normalizer.apply(text, normalized)) text = normalized;
-  if (normalized_matcher_.empty()) {
-    encode_normalized(text, out);
-    return;
-  }
-  std::vector<AddedTokenMatcher::Match> matches;
-  normalized_matcher_.find_all(text, matches);
-  size_t last = 0;
-  for (const auto& m : matches) {
-    encode_normalized(text.substr(last, m.begin - last), out);
-    out.push_back(m.token->id);
-    last = m.end;
-  }
-  encode_normalized(text.substr(last), out);
+  normalized_matcher_.encode_around(text, out, [&](std::string_view stretch) { encode_normalized(stretch, out); });
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
-  if (raw_matcher_.empty()) {
-    encode_segment(text, out);
-    return out;
-  }
-  std::vector<AddedTokenMatcher::Match> matches;
-  raw_matcher_.find_all(text, matches);
-  size_t last = 0;
-  for (const auto& m : matches) {
-    encode_segment(text.substr(last, m.begin - last), out);
-    out.push_back(m.token->id);
-    last = m.end;
-  }
-  encode_segment(text.substr(last), out);
+  raw_matcher_.encode_around(text, out, [&](std::string_view stretch) { encode_segment(stretch, out); });
   return out;
 }
 

@@ -46,23 +46,52 @@ class FileStream final : public ByteStream {
   size_t offset_ = 0;
 };
 
-// gzip (and zlib) members, one after another (concatenated .gz files are valid gzip).
-class GzipStream final : public ByteStream {
+// What the decoders share: the compressed file and its input buffer, and how a defect is
+// reported: the bytes decoded before it are returned first, the next read() throws.
+class DecompressingStream : public ByteStream {
  public:
-  explicit GzipStream(const std::string& path) : path_(path), file_(path), in_(kChunk) {
+  DecompressingStream(const std::string& path, size_t in_size) : path_(path), file_(path), in_(in_size) {}
+  size_t file_offset() const override { return file_.file_offset(); }
+
+ protected:
+  void throw_if_failed() const {
+    if (!error_.empty()) throw CorruptStream(error_);
+  }
+  // `got` bytes decoded before the defect: returned now (the error kept for the next read),
+  // or none: thrown at once.
+  size_t defer(size_t got, std::string error) {
+    if (got == 0) throw CorruptStream(error);
+    error_ = std::move(error);
+    return got;
+  }
+
+  std::string path_;
+  FileStream file_;
+  std::vector<char> in_;
+
+ private:
+  std::string error_;
+};
+
+// gzip (and zlib) members, one after another (concatenated .gz files are valid gzip).
+class GzipStream final : public DecompressingStream {
+ public:
+  explicit GzipStream(const std::string& path) : DecompressingStream(path, kChunk) {
     if (inflateInit2(&z_, 15 + 32) != Z_OK) fail("data", "{}: cannot start gzip decoder", path_);
   }
   ~GzipStream() override { inflateEnd(&z_); }
 
   size_t read(char* buffer, size_t size) override {
-    if (!error_.empty()) throw CorruptStream(error_);
+    throw_if_failed();
     z_.next_out = reinterpret_cast<Bytef*>(buffer);
     z_.avail_out = static_cast<uInt>(std::min(size, size_t{1} << 30));
     while (z_.avail_out > 0) {
       if (z_.avail_in == 0) {
         const size_t got = file_.read(in_.data(), in_.size());
         if (got == 0) {
-          if (in_member_) return defer(size, fmt::format("gzip stream ends mid-member at offset {}", file_.file_offset()));
+          if (in_member_)
+            return defer(size - z_.avail_out,
+                         fmt::format("gzip stream ends mid-member at offset {}", file_.file_offset()));
           break;
         }
         z_.next_in = reinterpret_cast<Bytef*>(in_.data());
@@ -74,42 +103,29 @@ class GzipStream final : public ByteStream {
         in_member_ = false;
         inflateReset(&z_);
       } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
-        return defer(size, fmt::format("corrupt gzip data near offset {} ({})", file_.file_offset(),
-                                       z_.msg != nullptr ? z_.msg : "inflate error"));
+        return defer(size - z_.avail_out, fmt::format("corrupt gzip data near offset {} ({})", file_.file_offset(),
+                                                      z_.msg != nullptr ? z_.msg : "inflate error"));
       }
     }
     return size - z_.avail_out;
   }
-  size_t file_offset() const override { return file_.file_offset(); }
 
  private:
-  // Returns what was decoded before the defect; the next read() throws.
-  size_t defer(size_t size, std::string error) {
-    const size_t got = size - z_.avail_out;
-    if (got == 0) throw CorruptStream(error);
-    error_ = std::move(error);
-    return got;
-  }
-
-  std::string path_;
-  FileStream file_;
-  std::vector<char> in_;
-  std::string error_;
   z_stream z_{};
   bool in_member_ = false;
 };
 
 // zstd frames, one after another.
-class ZstdStream final : public ByteStream {
+class ZstdStream final : public DecompressingStream {
  public:
-  explicit ZstdStream(const std::string& path) : path_(path), file_(path), in_(ZSTD_DStreamInSize()) {
+  explicit ZstdStream(const std::string& path) : DecompressingStream(path, ZSTD_DStreamInSize()) {
     stream_ = ZSTD_createDStream();
     if (stream_ == nullptr) fail("data", "{}: cannot start zstd decoder", path_);
   }
   ~ZstdStream() override { ZSTD_freeDStream(stream_); }
 
   size_t read(char* buffer, size_t size) override {
-    if (!error_.empty()) throw CorruptStream(error_);
+    throw_if_failed();
     ZSTD_outBuffer out{buffer, size, 0};
     while (out.pos < out.size) {
       if (input_.pos == input_.size) {
@@ -127,19 +143,8 @@ class ZstdStream final : public ByteStream {
     }
     return out.pos;
   }
-  size_t file_offset() const override { return file_.file_offset(); }
 
  private:
-  size_t defer(size_t got, std::string error) {
-    if (got == 0) throw CorruptStream(error);
-    error_ = std::move(error);
-    return got;
-  }
-
-  std::string path_;
-  FileStream file_;
-  std::vector<char> in_;
-  std::string error_;
   ZSTD_inBuffer input_{nullptr, 0, 0};
   ZSTD_DStream* stream_ = nullptr;
   bool frame_open_ = false;

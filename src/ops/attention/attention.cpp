@@ -55,32 +55,31 @@ void validate(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
   }
 }
 
-cpu::AttentionShape shape_of(const Tensor& q, const Tensor& k, const Tensor& cu, const AttentionOptions& o) {
-  cpu::AttentionShape s;
+// The shape and options as the CPU reference (cpu::AttentionShape, double scale and softcap)
+// or the CUDA kernels (cuda::AttentionArgs, float) take them: the same fields.
+template <typename Shape>
+Shape shape_as(const Tensor& q, const Tensor& k, const Tensor& cu, const AttentionOptions& o) {
+  using Real = decltype(Shape::scale);
+  Shape s;
   s.tokens = q.size(0);
   s.q_heads = q.size(1);
   s.kv_heads = k.size(1);
   s.head_dim = q.size(2);
   s.num_seqs = cu.size(0) - 1;
   s.cu_seqlens = cu.data<int32_t>();
-  s.scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  s.scale = static_cast<Real>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2))));
   s.window = o.window;
-  s.softcap = o.softcap;
+  s.softcap = static_cast<Real>(o.softcap);
   return s;
+}
+
+cpu::AttentionShape shape_of(const Tensor& q, const Tensor& k, const Tensor& cu, const AttentionOptions& o) {
+  return shape_as<cpu::AttentionShape>(q, k, cu, o);
 }
 
 #if KILN_WITH_CUDA
 cuda::AttentionArgs cuda_args(const Tensor& q, const Tensor& k, const Tensor& cu, const AttentionOptions& o) {
-  cuda::AttentionArgs a;
-  a.tokens = q.size(0);
-  a.q_heads = q.size(1);
-  a.kv_heads = k.size(1);
-  a.head_dim = q.size(2);
-  a.num_seqs = cu.size(0) - 1;
-  a.cu_seqlens = cu.data<int32_t>();
-  a.scale = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2))));
-  a.window = o.window;
-  a.softcap = static_cast<float>(o.softcap);
+  cuda::AttentionArgs a = shape_as<cuda::AttentionArgs>(q, k, cu, o);
   a.deterministic = o.deterministic;
   return a;
 }

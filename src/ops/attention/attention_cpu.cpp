@@ -49,19 +49,7 @@ void attention_forward(const AttentionShape& sh, const T* q, const T* k, const T
       for (int64_t j0 = first_key(i, begin, sh.window); j0 <= i; j0 += kKeyBlock) {
         const int64_t j1 = std::min(j0 + kKeyBlock, i + 1);
         block_scores(sh, qi, k, g, j0, j1, s, t);
-        T block_max = s[0];
-        for (int64_t j = 1; j < j1 - j0; ++j) block_max = std::max(block_max, s[j]);
-        if (block_max > m) {  // rescale what was accumulated under the old maximum
-          const T correction = std::exp(m - block_max);
-          l *= correction;
-          for (int64_t c = 0; c < d; ++c) acc[c] *= correction;
-          m = block_max;
-        }
-        for (int64_t j = j0; j < j1; ++j) {
-          const T p = std::exp(s[j - j0] - m);
-          l += p;
-          axpy(p, v + (j * sh.kv_heads + g) * d, acc, d);
-        }
+        fold_key_block(s, j0, j1 - j0, m, l, acc, d, [&](int64_t j) { return v + (j * sh.kv_heads + g) * d; });
       }
       T* oi = out + (i * sh.q_heads + h) * d;
       const T inv = T(1) / l;

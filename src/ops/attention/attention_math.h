@@ -2,6 +2,8 @@
 // round the same way: decode logits must equal the full forward's.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace kiln::cpu {
@@ -22,6 +24,27 @@ template <typename T>
 inline void axpy(T alpha, const T* x, T* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// Folds the scores of one key block (keys j0 .. j0 + count - 1) into the online softmax's
+// running max m and sum l and the accumulator acc [d]: rescaled once when the block raises
+// the max, then acc += p_j v_j, value_row(j) giving key j's V row.
+template <typename T, typename ValueRow>
+inline void fold_key_block(const T* scores, int64_t j0, int64_t count, T& m, T& l, T* acc, int64_t d,
+                           ValueRow value_row) {
+  T block_max = scores[0];
+  for (int64_t j = 1; j < count; ++j) block_max = std::max(block_max, scores[j]);
+  if (block_max > m) {  // rescale what was accumulated under the old maximum
+    const T correction = std::exp(m - block_max);
+    l *= correction;
+    for (int64_t c = 0; c < d; ++c) acc[c] *= correction;
+    m = block_max;
+  }
+  for (int64_t j = 0; j < count; ++j) {
+    const T p = std::exp(scores[j] - m);
+    l += p;
+    axpy(p, value_row(j0 + j), acc, d);
+  }
 }
 
 }  // namespace kiln::cpu

@@ -16,8 +16,8 @@ namespace kiln::ops {
 namespace {
 
 // The packed kernel's blocking and vector helpers: same rounding as the full forward.
-using cpu::axpy;
 using cpu::dot;
+using cpu::fold_key_block;
 using cpu::kKeyBlock;
 
 struct CacheShape {
@@ -51,19 +51,7 @@ void cached_attention_cpu(const CacheShape& s, const T* q, const T* kc, const T*
         const T cap = static_cast<T>(s.softcap);
         for (int64_t j = 0; j < j1 - j0; ++j) sc[j] = std::tanh(sc[j] / cap) * cap;
       }
-      T block_max = sc[0];
-      for (int64_t j = 1; j < j1 - j0; ++j) block_max = std::max(block_max, sc[j]);
-      if (block_max > m) {
-        const T correction = std::exp(m - block_max);
-        l *= correction;
-        for (int64_t c = 0; c < d; ++c) acc[c] *= correction;
-        m = block_max;
-      }
-      for (int64_t j = j0; j < j1; ++j) {
-        const T pj = std::exp(sc[j - j0] - m);
-        l += pj;
-        axpy(pj, vbase + j * stride, acc, d);
-      }
+      fold_key_block(sc, j0, j1 - j0, m, l, acc, d, [&](int64_t j) { return vbase + j * stride; });
     }
     T* oi = out + (i * s.q_heads + h) * d;
     const T inv = T(1) / l;
