@@ -227,6 +227,14 @@ TEST_F(ServeTest, BadRequestsGet4xxAndTheServerCarriesOn) {
   auto res = client().Get("/v1/nothing");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 404);
+  EXPECT_NE(res->body.find("no route GET /v1/nothing"), std::string::npos) << res->body;
+  // A known path with the other method: 405, naming the one it takes (also in Allow).
+  res = client().Get("/v1/completions");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 405);
+  EXPECT_EQ(res->get_header_value("Allow"), "POST");
+  EXPECT_NE(res->body.find("/v1/completions takes POST requests, not GET"), std::string::npos) << res->body;
+  post("/health", "{}", 405);
   res = client().Get("/health");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);

@@ -66,7 +66,16 @@ CompletionServer::~CompletionServer() {
 }
 
 void CompletionServer::routes() {
-  http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+  // Each path answers one method; methods_ remembers which, for the 405 answers below.
+  auto post = [this](const std::string& path, httplib::Server::Handler handler) {
+    methods_[path] = "POST";
+    http_->Post(path, std::move(handler));
+  };
+  auto get = [this](const std::string& path, httplib::Server::Handler handler) {
+    methods_[path] = "GET";
+    http_->Get(path, std::move(handler));
+  };
+  post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] {
       const uint64_t n = requests_.fetch_add(1);
       const json body = parse_body(req);
@@ -84,22 +93,29 @@ void CompletionServer::routes() {
                                 created));
     });
   });
-  http_->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] { reply(res, 200, tokenize_response(parse_body(req), tokenizer_, options_.limits)); });
   });
-  http_->Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] { reply(res, 200, detokenize_response(parse_body(req), tokenizer_, options_.limits)); });
   });
-  http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json model = {{"id", options_.model_name}, {"object", "model"}, {"owned_by", "kiln"},
                   {"max_model_len", options_.limits.context}};
     reply(res, 200, {{"object", "list"}, {"data", json::array({model})}});
   });
-  http_->Get("/health", [](const httplib::Request&, httplib::Response& res) { reply(res, 200, {{"status", "ok"}}); });
+  get("/health", [](const httplib::Request&, httplib::Response& res) { reply(res, 200, {{"status", "ok"}}); });
   http_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     reply_error(res, 500, "internal error");
   });
-  http_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  http_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (res.body.empty() && res.status == 404) {
+      if (auto it = methods_.find(req.path); it != methods_.end()) {
+        res.set_header("Allow", it->second);
+        reply_error(res, 405, fmt::format("{} takes {} requests, not {}", req.path, it->second, req.method));
+        return;
+      }
+    }
     if (res.body.empty()) {
       const std::string message = res.status == 404   ? fmt::format("no route {} {}", req.method, req.path)
                                   : res.status == 413 ? (req.get_header_value("Content-Type").find("json") == std::string::npos

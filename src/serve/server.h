@@ -4,7 +4,8 @@
 //   POST /tokenize, /detokenize
 //   GET  /v1/models, /health
 // Every answer is JSON. Client mistakes (malformed JSON, unknown or ill-typed fields,
-// prompts past the context, too many prompts) are 4xx with {"error": {"message", ...}};
+// prompts past the context, too many prompts) are 4xx with {"error": {"message", ...}}
+// (an unknown path 404, a known one asked with the other method 405 with Allow);
 // a body over the size limit is 413; a full queue 503; nothing a client sends can stop
 // the server. Handler threads parse and validate, then wait on the batching worker.
 #pragma once
@@ -13,6 +14,7 @@
 #include "serve/completion_api.h"
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -56,6 +58,7 @@ class CompletionServer {
   ServeOptions options_;
   std::unique_ptr<BatchWorker> worker_;
   std::unique_ptr<httplib::Server> http_;
+  std::map<std::string, std::string> methods_;  // path -> the method it answers (routes())
   std::atomic<uint64_t> requests_{0};
   int port_ = -1;
 };
