@@ -49,6 +49,7 @@ constexpr int kMaxSplits = 8;
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (the kernel's helpers; see the kernel)
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 // The cluster barrier in its two halves (every thread of every block arrives once per
@@ -61,6 +62,7 @@ __device__ __forceinline__ void cluster_arrive(bool release) {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+#endif
 
 // What prepare_head reads besides the head, per lane: the q and k norm gains of elements
 // lane + 32 e, and the RoPE cos and sin of pairs lane + 32 i at the row's position. All of
@@ -131,6 +133,9 @@ __device__ __forceinline__ void prepare_head(const DecodeAttentionArgs& a, const
 // of `splits` blocks along x (launch_dependent_clusters).
 template <int DPL, int HT>
 __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const DecodeAttentionArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // clusters are sm_90 and later: decode_attention_fits is false on older GPUs
+#else
   constexpr int D = 32 * DPL;
   // Positions per warp round: as many V rows as 64 registers per lane hold (16 at head_dim
   // 128), so a round's V rows are one batch of loads, all of it issued ahead.
@@ -327,6 +332,7 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
     }
     static_cast<bf16*>(a.out)[(row * a.q_heads + h0 + t) * D + c] = __float2bfloat16_rn(x / sum);
   }
+#endif
 }
 
 // Dynamic shared memory of a block: block 0's inbox of accumulators.
@@ -397,7 +403,13 @@ void dispatch_group(const DecodeAttentionArgs& a) {
 }  // namespace
 
 bool decode_attention_fits(int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
-  if (kv_heads < 1 || q_heads % kv_heads != 0) return false;
+  static const bool clusters = [] {  // thread-block clusters: sm_90 and later
+    int device = 0, supported = 0;
+    check(cudaGetDevice(&device), "decoder", "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&supported, cudaDevAttrClusterLaunch, device), "decoder", "cudaDeviceGetAttribute");
+    return supported != 0;
+  }();
+  if (!clusters || kv_heads < 1 || q_heads % kv_heads != 0) return false;
   const int64_t group = q_heads / kv_heads;
   // group x head_dim <= 1024 keeps the static shared memory (queries, warp partials) under 48 KiB.
   return (group == 1 || group == 2 || group == 4 || group == 8) &&

@@ -62,7 +62,8 @@ struct DecodeAttentionArgs {
 };
 
 // Whether the kernel takes heads of this shape (groups of 1, 2, 4 or 8 query heads per kv
-// head, head_dim 64, 128 or 256, group x head_dim <= 1024).
+// head, head_dim 64, 128 or 256, group x head_dim <= 1024) on this GPU (sm_90 or later:
+// it runs as thread-block clusters).
 bool decode_attention_fits(int64_t q_heads, int64_t kv_heads, int64_t head_dim);
 
 void decode_attention(const DecodeAttentionArgs& args);
