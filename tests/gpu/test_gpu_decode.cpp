@@ -391,6 +391,16 @@ void randomize(const Model& cpu, const Model& gpu, uint64_t seed) {
   }
 }
 
+// A CPU and a GPU inference model of `config` with the same random weights (randomize).
+struct ModelPair {
+  std::unique_ptr<Model> cpu, gpu;
+};
+ModelPair random_model_pair(const ModelConfig& config, uint64_t seed) {
+  ModelPair pair{make_model(config, Device::cpu), make_model(config, Device::cuda)};
+  randomize(*pair.cpu, *pair.gpu, seed);
+  return pair;
+}
+
 double scaled_diff(const float* a, const float* b, int64_t n) {
   double diff = 0, scale = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -477,9 +487,7 @@ class DecoderGpu : public GpuTest {};
 
 void check_gpu_decoder(DType dtype, bool fuse, double tolerance, bool decode_gemv = true, int64_t head_dim = 32) {
   const ModelConfig config = tiny_config(head_dim);
-  auto cpu_model = make_model(config, Device::cpu);
-  auto gpu_model = make_model(config, Device::cuda);
-  randomize(*cpu_model, *gpu_model, 21);
+  const auto [cpu_model, gpu_model] = random_model_pair(config, 21);
   DecoderOptions d;
   d.slots = 3;
   d.max_rows = 5;
@@ -529,9 +537,7 @@ TEST_F(DecoderGpu, Bf16OneKernelAttentionMatchesCpuDecoder) {
 // path of decode steps (one-kernel attention, fused projections).
 TEST_F(DecoderGpu, GreedyChainEqualsSingleSteps) {
   const ModelConfig config = tiny_config(64);
-  auto gpu_model = make_model(config, Device::cuda);
-  auto cpu_model = make_model(config, Device::cpu);
-  randomize(*cpu_model, *gpu_model, 45);
+  const auto [cpu_model, gpu_model] = random_model_pair(config, 45);
   DecoderOptions d;
   d.slots = 3;
   d.max_rows = 32;
@@ -563,9 +569,7 @@ TEST_F(DecoderGpu, GreedyChainEqualsSingleSteps) {
 
 TEST_F(DecoderGpu, GraphReplayIsBitwiseRepeatable) {
   const ModelConfig config = tiny_config();
-  auto cpu_model = make_model(config, Device::cpu);
-  auto gpu_model = make_model(config, Device::cuda);
-  randomize(*cpu_model, *gpu_model, 33);
+  const auto [cpu_model, gpu_model] = random_model_pair(config, 33);
   DecoderOptions d;
   d.slots = 2;
   d.max_rows = 16;
