@@ -80,7 +80,11 @@ struct Args {
   // W is never written by the kernels before this one (a model's weights while decoding):
   // its first chunk is then loaded before waiting for them (ops/dependent_launch.cuh).
   bool constant_weights = false;
-  int k_splits = 1;  // set by launch()
+  // Set by launch(), so the kernel starts its loads without dividing (a 64-bit division is
+  // a long dependent chain ahead of the first weight request): the k split (a power of two,
+  // as its log2), k groups of 128 values per split, and tiles per block's walk.
+  int k_splits = 1, split_shift = 0;
+  int32_t k_groups = 0, groups_per_split = 0, block_tiles = 0;
 };
 
 
@@ -117,15 +121,17 @@ __device__ __forceinline__ void stage_rows(const Args& p, bf16* as, int64_t stri
     // holding registers (8 rows of the down projection are 12 per thread). Measured on the
     // H200 against loads through registers, 4 per thread at a time: 0.749 -> 0.717 ms per
     // 0.6B decode step at batch 1, 1.050 -> 1.008 ms at batch 8.
-    const int64_t vecs = k / kVec, total = M * vecs;
-    for (int64_t i = tid; i < total; i += kThreads) {
-      const int64_t r = i / vecs, c = (i - r * vecs) * kVec;
-      if (r < p.m) {
-        copy_async_16(as + r * stride + c, p.a + r * p.lda + c);
-      } else {
-        *reinterpret_cast<uint4*>(as + r * stride + c) = make_uint4(0, 0, 0, 0);
+    const int vecs = static_cast<int>(k / kVec);
+#pragma unroll
+    for (int r = 0; r < M; ++r)
+      for (int v = tid; v < vecs; v += kThreads) {
+        const int c = v * kVec;
+        if (r < p.m) {
+          copy_async_16(as + r * stride + c, p.a + r * p.lda + c);
+        } else {
+          *reinterpret_cast<uint4*>(as + r * stride + c) = make_uint4(0, 0, 0, 0);
+        }
       }
-    }
     wait_async_copies();
   } else {
     // As infer/decoder_fused.cu's add_rms_norm_kernel (256 threads), so the staged rows are
@@ -256,16 +262,14 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const Args p) {
   float* partial = reinterpret_cast<float*>(smem + sizeof(bf16) * M * stride);     // [kWarps, 8, 8]
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int splits = p.k_splits, groups = kWarps / splits;
-  const int split = warp % splits, group = warp / splits;
-  const int64_t vecs = p.k / kVec, k_groups = (vecs + kGroupVecs - 1) / kGroupVecs;
-  const int64_t per_split = (k_groups + splits - 1) / splits;
+  const int splits = p.k_splits, groups = kWarps >> p.split_shift;
+  const int split = warp & (splits - 1), group = warp >> p.split_shift;
+  const int64_t vecs = p.k / kVec, k_groups = p.k_groups, per_split = p.groups_per_split;
   const int64_t g_begin = split * per_split, g_end = min(k_groups, g_begin + per_split);
   const int64_t v_end = min(vecs, g_end * kGroupVecs);
   constexpr int64_t kColumns = Out == Output::swiglu ? kTileRows / 2 : kTileRows;  // outputs per tile
-  const int64_t tiles = (p.n + kColumns - 1) / kColumns;
   auto first_column = [&](int64_t block_tile) { return (block_tile * groups + group) * kColumns; };
-  const int64_t block_tiles = (tiles + groups - 1) / groups;
+  const int64_t block_tiles = p.block_tiles;
 
   // The first groups of W are requested before the rows are staged: the weights' latency
   // hides the staging's, and with the split chosen so every load of the matrix is in
@@ -385,9 +389,13 @@ void launch_split(Args p) {
   const int64_t k_groups = (p.k / kVec + kGroupVecs - 1) / kGroupVecs;
   int splits = 1;
   while (splits < kWarps && (k_groups + splits - 1) / splits > G) splits *= 2;
-  p.k_splits = splits;
   const int64_t tiles = (p.n + kColumns - 1) / kColumns, per_block = kWarps / splits;
   const int64_t blocks = (tiles + per_block - 1) / per_block;
+  p.k_splits = splits;
+  p.split_shift = __builtin_ctz(static_cast<unsigned>(splits));
+  p.k_groups = static_cast<int32_t>(k_groups);
+  p.groups_per_split = static_cast<int32_t>((k_groups + splits - 1) / splits);
+  p.block_tiles = static_cast<int32_t>(blocks);
   const size_t smem = stage_bytes<M>(p.k);
   auto kernel = gemv_kernel<M, G, In, Out, TOut>;
   const int64_t resident = static_cast<int64_t>(resident_blocks(kernel, smem)) * sm_count();
