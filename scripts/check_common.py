@@ -28,7 +28,7 @@ def held_out_documents(path, val_fraction, min_bytes, count):
 
 def run(cmd):
     t = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")  # samples may cut a UTF-8 character
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
     return r.stdout, time.time() - t

@@ -3,6 +3,8 @@
 // quantizer and kiln's dequantization equal to gguf-py's bit for bit, llama's q/k permutation.
 // Plus kiln's own reader: f32 round trips bitwise, Q8_0 stays within half a step, and the
 // quantization evaluation sees no change at f32 and a small one at Q8_0.
+#include "data/bpe/bpe_trainer.h"
+#include "data/bpe/pretokenizer.h"
 #include "export_fixture.h"
 #include "infer/quant_eval.h"
 #include "io/gguf_export.h"
@@ -100,6 +102,58 @@ TEST(Gguf, ExportsPassThePythonChecksAndReadBack) {
         else EXPECT_LE(worst, scale * (type == "bf16" ? 1.0f / 128 : 1.0f / 127)) << p->name();
       }
     }
+  }
+  fs::remove_all(root);
+}
+
+// A trained BPE's GGUF names llama.cpp's pre-tokenizer for its split (llama.cpp splits by
+// that name, not by the file's regex: "default" would tokenize differently), embeds its
+// merges, and a pre-tokenizer llama.cpp has no name for is refused with the file named.
+TEST(Gguf, TrainedBpeNamesItsPreTokenizer) {
+  const std::string root = test::temp_dir("kiln-gguf-bpe");
+  const std::string text = test::read_file(KILN_SOURCE_DIR "/data/tinyshakespeare.txt").substr(0, 200000);
+  const std::vector<std::pair<std::string, std::string>> patterns = {
+      {"gpt2", "gpt-2"}, {"llama3", "llama-bpe"}, {"qwen2", "qwen2"}};
+  for (const auto& [pattern, llama_cpp_name] : patterns) {
+    SCOPED_TRACE(pattern);
+    bpe::BpeTrainerOptions options;
+    options.vocab_size = 300;
+    options.special_tokens = {"<|endoftext|>", "<|pad|>"};
+    options.pattern = std::string(bpe::named_pattern(pattern));
+    bpe::BpeTrainer trainer(options);
+    trainer.add_text(text);
+    const bpe::TrainedBpe trained = trainer.train();
+    ModelConfig config = test::tiny_config(true, true, false);
+    config.vocab_size = 300;
+    const std::string model = test::save_random_model(config, root + "/" + pattern);
+    bpe::write_tokenizer_files(trained, model, "<|endoftext|>", "<|endoftext|>", "<|pad|>", 64);
+    const std::string file = root + "/" + pattern + ".gguf";
+    io::GgufExportOptions o;
+    o.type = "f32";
+    io::export_gguf(model, file, o);
+    const io::GgufFile gguf = io::GgufFile::open(file);
+    EXPECT_EQ(std::get<std::string>(gguf.get("tokenizer.ggml.pre")), llama_cpp_name);
+    EXPECT_EQ(std::get<std::vector<std::string>>(gguf.get("tokenizer.ggml.merges")).size(), trained.merges.size());
+    EXPECT_EQ(std::get<std::vector<std::string>>(gguf.get("tokenizer.ggml.tokens")).size(), 300u);
+  }
+  // The same model with a split llama.cpp does not know: refused, naming the tokenizer file.
+  const std::string model = root + "/qwen2", json_path = model + "/tokenizer.json";
+  std::string json = test::read_file(json_path);
+  const std::string qwen2(bpe::named_pattern("qwen2"));
+  std::string escaped;  // the pattern as JSON spells it: backslashes doubled
+  for (char c : qwen2) escaped += c == '\\' ? std::string("\\\\") : std::string(1, c);
+  const size_t at = json.find(escaped);
+  ASSERT_NE(at, std::string::npos);
+  json.replace(at, escaped.size(), " ?\\\\p{L}+|\\\\s+");
+  { std::ofstream(json_path, std::ios::binary) << json; }
+  io::GgufExportOptions o;
+  o.type = "f32";
+  try {
+    io::export_gguf(model, root + "/refused.gguf", o);
+    ADD_FAILURE() << "an unknown split was exported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(json_path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("pre_tokenizer"), std::string::npos) << e.what();
   }
   fs::remove_all(root);
 }

@@ -74,8 +74,10 @@ void add_export_command(CLI::App& app) {
     io::GgufExportOptions options;
     options.type = gg->type;
     const io::GgufExportReport r = io::export_gguf(gg->model, gg->out, options);
-    fmt::print("exported GGUF '{}' ({} tensors: {} {}, {} f32; {:.1f} MB) to {}\n", r.arch, r.tensors, r.quantized,
-               gg->type, r.kept_f32, static_cast<double>(r.bytes) / 1e6, gg->out);
+    const std::string types = gg->type == "f32" ? std::string("all f32")
+                                                : fmt::format("{} {}, {} f32", r.quantized, gg->type, r.kept_f32);
+    fmt::print("exported GGUF '{}' ({} tensors: {}; {:.1f} MB) to {}\n", r.arch, r.tensors, types,
+               static_cast<double>(r.bytes) / 1e6, gg->out);
   });
 }
 

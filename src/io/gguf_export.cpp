@@ -1,5 +1,6 @@
 #include "io/gguf_export.h"
 
+#include "data/bpe/pretokenizer.h"
 #include "io/byte_tokenizer_json.h"
 #include "io/gguf_writer.h"
 #include "io/hf_config.h"
@@ -75,10 +76,40 @@ std::vector<float> host_floats(const Tensor& t) {
   return std::vector<float>(host->data<float>(), host->data<float>() + t.numel());
 }
 
+// llama.cpp's name (tokenizer.ggml.pre) for the pre-tokenizer of a byte-level BPE
+// tokenizer.json: the split regexes of `kiln train-tokenizer --pattern` (gpt2, llama3,
+// qwen2; what GPT-2, Llama 3 and Qwen2/3 ship), as a Split before a ByteLevel without its
+// own regex, or GPT-2's ByteLevel with its built-in regex. llama.cpp splits by the name, not
+// by the file's regex, so any other pre-tokenizer is refused: the GGUF would tokenize
+// differently. (A normalizer, such as the NFC of Qwen's tokenizers, is not applied by
+// llama.cpp; text already in NFC tokenizes the same.)
+std::string llama_cpp_pre_tokenizer(const json& j, const fs::path& path) {
+  const json pre = j.value("pre_tokenizer", json());
+  auto byte_level_with_regex = [](const json& p) {
+    return p.is_object() && p.value("type", "") == "ByteLevel" && p.value("use_regex", true);
+  };
+  if (byte_level_with_regex(pre)) return "gpt-2";
+  std::string pattern;
+  if (pre.is_object() && pre.value("type", "") == "Sequence") {
+    const json steps = pre.value("pretokenizers", json::array());
+    if (steps.size() == 2 && steps[0].value("type", "") == "Split" && steps[1].value("type", "") == "ByteLevel" &&
+        !steps[1].value("use_regex", true) && steps[0].value("behavior", "") == "Isolated" &&
+        !steps[0].value("invert", false))
+      pattern = steps[0].value("pattern", json::object()).value("Regex", "");
+  }
+  if (!pattern.empty()) {
+    if (pattern == bpe::named_pattern("gpt2")) return "gpt-2";
+    if (pattern == bpe::named_pattern("llama3")) return "llama-bpe";
+    if (pattern == bpe::named_pattern("qwen2")) return "qwen2";
+  }
+  fail("export", "{}: pre_tokenizer has no llama.cpp equivalent (GGUF takes the gpt2, llama3 or qwen2 split of "
+       "kiln train-tokenizer --pattern, or GPT-2's ByteLevel regex): a GGUF would tokenize differently",
+       path.string());
+}
+
 // The "gpt2" vocabulary of a trained byte-level BPE tokenizer.json (vocab + merges + added tokens).
-GgufVocab vocab_from_tokenizer_json(const fs::path& path, int64_t vocab_size, std::vector<std::string>& merges) {
-  std::ifstream in(path);
-  const json j = json::parse(in);
+GgufVocab vocab_from_tokenizer_json(const json& j, const fs::path& path, int64_t vocab_size,
+                                    std::vector<std::string>& merges) {
   const json& model = j.at("model");
   KILN_CHECK(model.value("type", "") == "BPE", "export", "{}: only BPE tokenizers embed in GGUF", path.string());
   GgufVocab v;
@@ -153,11 +184,25 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
 
   const std::string trained = model_tokenizer_json(dir);  // "" = byte-level
   std::vector<std::string> merges;
-  const GgufVocab vocab =
-      trained.empty() ? byte_gguf_vocab(m.vocab_size) : vocab_from_tokenizer_json(trained, m.vocab_size, merges);
+  GgufVocab vocab;
+  // Byte-level: one token per byte and no merges, so no split changes an id.
+  std::string pre = "default";
+  if (trained.empty()) {
+    vocab = byte_gguf_vocab(m.vocab_size);
+  } else {
+    std::ifstream in(trained);
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      fail("export", "{}: {}", trained, e.what());
+    }
+    pre = llama_cpp_pre_tokenizer(j, trained);
+    vocab = vocab_from_tokenizer_json(j, trained, m.vocab_size, merges);
+  }
   const auto tokenizer = model_tokenizer(dir);
   w.set("tokenizer.ggml.model", std::string("gpt2"));
-  w.set("tokenizer.ggml.pre", std::string("default"));
+  w.set("tokenizer.ggml.pre", pre);
   w.set("tokenizer.ggml.tokens", vocab.tokens);
   w.set("tokenizer.ggml.token_type", vocab.types);
   w.set("tokenizer.ggml.merges", merges);
