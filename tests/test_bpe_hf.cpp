@@ -156,6 +156,17 @@ TEST(BpeOracle, ModelTrainsWithABpeTokenizerFromDataTokenizer) {
   std::string out;
   EXPECT_EQ(test::run_command(base + " --set model.vocab_size=3000", &out), 0) << out;
   EXPECT_NE(out.find("step     2/2"), std::string::npos) << out;
+  // The saved model carries its tokenizer: it samples after the original is gone, from
+  // another working directory.
+  EXPECT_EQ(test::read_file(dir + "/run/model/tokenizer.json"), test::read_file(dir + "/tokenizer.json"));
+  EXPECT_EQ(test::read_file(dir + "/run/model/tokenizer_config.json"), test::read_file(dir + "/tokenizer_config.json"));
+  std::filesystem::rename(dir + "/tokenizer.json", dir + "/moved.json");
+  EXPECT_EQ(test::run_command("cd / && " + test::kiln_binary() + " sample " + dir + "/run/model -p 'ROMEO:' -n 8 -t 0",
+                              &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("ROMEO:"), std::string::npos) << out;
+  std::filesystem::rename(dir + "/moved.json", dir + "/tokenizer.json");
   EXPECT_NE(test::run_command(base + " --set model.vocab_size=259", &out), 0);
   EXPECT_NE(out.find("model.vocab_size"), std::string::npos) << out;
   EXPECT_NE(out.find("3000"), std::string::npos) << out;

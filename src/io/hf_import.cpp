@@ -2,6 +2,7 @@
 
 #include "io/byte_tokenizer_json.h"
 #include "io/hf_names.h"
+#include "io/model_dir.h"
 #include "io/model_io.h"
 #include "io/safetensors.h"
 
@@ -63,11 +64,6 @@ WeightFiles open_weights(const fs::path& dir) {
     for (const std::string& name : w.files[0].names()) w.where[name] = 0;
   }
   return w;
-}
-
-void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
-    if (fs::exists(from / f)) fs::copy_file(from / f, to / f, fs::copy_options::overwrite_existing);
 }
 
 }  // namespace
@@ -138,7 +134,7 @@ HfImportReport import_hf(const std::string& hf_dir, const std::string& out_dir) 
   report.source_dtypes.assign(dtypes.begin(), dtypes.end());
 
   save_model(model, config, out_dir);
-  if (fs::exists(tokenizer) && !report.byte_tokenizer) copy_tokenizer_files(dir, out_dir);
+  if (fs::exists(tokenizer) && !report.byte_tokenizer) copy_tokenizer_files(dir.string(), out_dir);
   else fs::remove(fs::path(out_dir) / "tokenizer.json");  // a stale one would override byte-level
   return report;
 }

@@ -66,4 +66,25 @@ std::unique_ptr<Tokenizer> model_tokenizer(const std::string& model_dir) {
   return tokenizer_from_config(load_config((fs::path(model_dir) / "config.toml").string()).data.tokenizer);
 }
 
+void copy_tokenizer_files(const std::string& from, const std::string& to) {
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path source = fs::path(from) / f, target = fs::path(to) / f;
+    if (!fs::exists(source)) continue;
+    std::error_code ec;
+    if (fs::exists(target) && fs::equivalent(source, target, ec)) continue;
+    fs::copy_file(source, target, fs::copy_options::overwrite_existing, ec);
+    KILN_CHECK(!ec, "save", "cannot copy '{}' to '{}': {}", source.string(), target.string(), ec.message());
+  }
+}
+
+bool save_tokenizer_with_model(const std::string& setting, const std::string& model_dir) {
+  const std::vector<std::string> names = tokenizer_names();
+  if (setting != "bpe" && std::find(names.begin(), names.end(), setting) != names.end()) return true;  // "byte", ...
+  fs::path path(setting);
+  if (fs::is_directory(path)) path /= "tokenizer.json";
+  if (!fs::exists(path)) return false;
+  copy_tokenizer_files(path.parent_path().empty() ? "." : path.parent_path().string(), model_dir);
+  return true;
+}
+
 }  // namespace kiln::io

@@ -28,4 +28,14 @@ std::string model_tokenizer_json(const std::string& model_dir);
 // The tokenizer a saved model was trained with (data.tokenizer, or DIR/tokenizer.json).
 std::unique_ptr<Tokenizer> model_tokenizer(const std::string& model_dir);
 
+// Copies tokenizer.json and, where present, tokenizer_config.json and
+// special_tokens_map.json from folder `from` into folder `to` (overwriting).
+void copy_tokenizer_files(const std::string& from, const std::string& to);
+
+// Puts the tokenizer of data.tokenizer = `setting` (a tokenizer.json, or the folder holding
+// one) into `model_dir`, so the model reads it wherever it is moved or run from; a
+// tokenizer without a file (kiln's byte-level one) needs nothing. False if the file named
+// is no longer there.
+bool save_tokenizer_with_model(const std::string& setting, const std::string& model_dir);
+
 }  // namespace kiln::io
