@@ -214,6 +214,40 @@ TEST_F(Checkpoints, DamagedFilesAreRefusedByName) {
   EXPECT_NO_THROW(read_checkpoint(path));
 }
 
+// A run with a trained tokenizer saves its files in every checkpoint (a checkpoint is also a
+// model directory), listed in the manifest and checked like the rest.
+TEST_F(Checkpoints, TrainedTokenizerFilesTravelAndAreChecked) {
+  const std::string tokenizer_dir = dir_ + "/tok";
+  fs::create_directories(tokenizer_dir);
+  test::write_file(tokenizer_dir + "/tokenizer.json", R"({"model": {"type": "BPE"}, "note": "a stand-in"})");
+  test::write_file(tokenizer_dir + "/tokenizer_config.json", R"({"tokenizer_class": "PreTrainedTokenizerFast"})");
+  config_.data.tokenizer = tokenizer_dir + "/tokenizer.json";
+  const Trained a(config_, 3);
+  CheckpointWriter writer(config_, none_);
+  writer.prepare();
+  const std::string path = save(writer, a, 2);
+  EXPECT_FALSE(fs::exists(path + "/special_tokens_map.json"));  // only what the tokenizer has
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+    const std::string file = path + "/" + name, original = test::read_file(file);
+    EXPECT_EQ(original, test::read_file(tokenizer_dir + "/" + name));
+    std::string flipped = original;
+    flipped[5] ^= 0x20;
+    test::write_file(file, flipped);
+    EXPECT_EQ(error_of([&] { read_checkpoint(path); }).rfind("[checkpoint] " + file + ": checksum mismatch", 0), 0u)
+        << name;
+    fs::remove(file);
+    EXPECT_EQ(error_of([&] { read_checkpoint(path); }), "[checkpoint] " + file + ": missing");
+    test::write_file(file, original);
+  }
+  EXPECT_NO_THROW(read_checkpoint(path));
+  // The byte-level tokenizer has no files: none are saved or listed.
+  config_.data.tokenizer = "byte";
+  CheckpointWriter bytes(config_, none_);
+  const std::string plain = save(bytes, a, 3);
+  EXPECT_FALSE(fs::exists(plain + "/tokenizer.json"));
+  EXPECT_EQ(test::read_file(plain + "/manifest.json").find("tokenizer"), std::string::npos);
+}
+
 TEST_F(Checkpoints, OtherFormatVersionsAreRefused) {
   const Trained a(config_, 3);
   CheckpointWriter writer(config_, none_);

@@ -67,7 +67,7 @@ std::unique_ptr<Tokenizer> model_tokenizer(const std::string& model_dir) {
 }
 
 void copy_tokenizer_files(const std::string& from, const std::string& to) {
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+  for (const char* f : kTokenizerFiles) {
     const fs::path source = fs::path(from) / f, target = fs::path(to) / f;
     if (!fs::exists(source)) continue;
     std::error_code ec;

@@ -9,6 +9,7 @@
 #include "data/tokenizer.h"
 #include "io/model_io.h"
 
+#include <array>
 #include <memory>
 #include <string>
 
@@ -28,8 +29,12 @@ std::string model_tokenizer_json(const std::string& model_dir);
 // The tokenizer a saved model was trained with (data.tokenizer, or DIR/tokenizer.json).
 std::unique_ptr<Tokenizer> model_tokenizer(const std::string& model_dir);
 
-// Copies tokenizer.json and, where present, tokenizer_config.json and
-// special_tokens_map.json from folder `from` into folder `to` (overwriting).
+// The files of a trained tokenizer that travel with a model (tokenizer.json first; the
+// others where present).
+inline constexpr std::array<const char*, 3> kTokenizerFiles{"tokenizer.json", "tokenizer_config.json",
+                                                            "special_tokens_map.json"};
+
+// Copies those of kTokenizerFiles that folder `from` has into folder `to` (overwriting).
 void copy_tokenizer_files(const std::string& from, const std::string& to);
 
 // Puts the tokenizer of data.tokenizer = `setting` (a tokenizer.json, or the folder holding

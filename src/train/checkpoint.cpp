@@ -2,6 +2,7 @@
 
 #include "core/checksum.h"
 #include "io/durable_io.h"
+#include "io/model_dir.h"
 #include "io/model_io.h"
 #include "io/safetensors.h"
 
@@ -24,6 +25,9 @@ namespace {
 
 constexpr std::string_view kWhere = "checkpoint";
 constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "config.toml", "state.json"};
+// Besides: a trained tokenizer's files (io::kTokenizerFiles), when the run has one, so the
+// checkpoint, itself a model directory, stands alone; listed and checksummed like the rest
+// (readers that predate them check kFiles only).
 
 std::string join_path(const std::string& dir, std::string_view name) { return (fs::path(dir) / name).string(); }
 
@@ -58,6 +62,7 @@ std::string checkpoint_name(int64_t step) { return fmt::format("step-{:08}", ste
 CheckpointWriter::CheckpointWriter(const Config& config, const FaultInjector& faults)
     : root_(checkpoint_root(config)),
       optimizer_name_(config.optim.name),
+      tokenizer_(config.data.tokenizer),
       keep_last_(config.checkpoint.keep_last),
       keep_every_(config.checkpoint.keep_every),
       faults_(faults) {}
@@ -106,6 +111,10 @@ void CheckpointWriter::write_files(const std::string& tmp, const Model& model, c
   }
   faults_.kill_point("optimizer", saves_);
   io::write_file_synced(join_path(tmp, "config.toml"), state.config_toml, kWhere);
+  if (!io::save_tokenizer_with_model(tokenizer_, tmp))
+    warn(fmt::format("data.tokenizer '{}' is gone: {} has no tokenizer.json", tokenizer_, tmp));
+  for (const char* name : io::kTokenizerFiles)
+    if (fs::exists(join_path(tmp, name))) io::fsync_path(join_path(tmp, name), kWhere);
   const std::string state_json = state_to_json(state);
   if (faults_.at_write_point("partial", saves_)) {
     io::write_file_synced(join_path(tmp, "state.json"), state_json.substr(0, state_json.size() / 2), kWhere);
@@ -120,10 +129,13 @@ void CheckpointWriter::write_files(const std::string& tmp, const Model& model, c
                    {"step", state.progress.step},
                    {"checksum", "xxh64"},
                    {"files", json::object()}};
-  for (const char* name : kFiles) {
+  auto list = [&](const char* name) {
     const FileDigest d = xxh64_file(join_path(tmp, name));
     manifest["files"][name] = {{"bytes", d.bytes}, {"xxh64", hex64(d.hash)}};
-  }
+  };
+  for (const char* name : kFiles) list(name);
+  for (const char* name : io::kTokenizerFiles)
+    if (fs::exists(join_path(tmp, name))) list(name);
   manifest["manifest_xxh64"] = hex64(manifest_hash(manifest));
   io::write_file_synced(join_path(tmp, "manifest.json"), manifest.dump(1) + "\n", kWhere);
   io::fsync_path(tmp, kWhere);
@@ -242,9 +254,11 @@ CheckpointInfo read_checkpoint(const std::string& path) {
                manifest_path);
     version = manifest.at("format_version").get<int64_t>();
     step = manifest.at("step").get<int64_t>();
-    for (const char* name : kFiles) {
+    for (const char* name : kFiles)
       KILN_CHECK(manifest.at("files").contains(name), kWhere, "{}: does not list {}", manifest_path, name);
-      const json& e = manifest["files"][name];
+    for (const auto& [name, e] : manifest.at("files").items()) {  // kFiles and any others listed
+      KILN_CHECK(fs::path(name).filename() == name && name != ".." && name != ".", kWhere,
+                 "{}: lists '{}', which is not a file of the checkpoint's folder", manifest_path, name);
       entries.push_back({join_path(path, name), e.at("bytes").get<uint64_t>(), e.at("xxh64").get<std::string>()});
     }
   } catch (const json::exception& e) {

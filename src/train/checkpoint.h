@@ -59,6 +59,7 @@ class CheckpointWriter {
 
   std::string root_;
   std::string optimizer_name_;
+  std::string tokenizer_;  // data.tokenizer: a trained tokenizer's files go into each checkpoint
   int64_t keep_last_, keep_every_;
   const FaultInjector& faults_;
   int64_t saves_ = 0;
