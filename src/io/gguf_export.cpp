@@ -1,5 +1,6 @@
 #include "io/gguf_export.h"
 
+#include "core/json_file.h"
 #include "data/bpe/pretokenizer.h"
 #include "io/byte_tokenizer_json.h"
 #include "io/gguf_writer.h"
@@ -12,7 +13,6 @@
 #include <array>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 namespace kiln::io {
@@ -190,13 +190,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
   if (trained.empty()) {
     vocab = byte_gguf_vocab(m.vocab_size);
   } else {
-    std::ifstream in(trained);
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      fail("export", "{}: {}", trained, e.what());
-    }
+    const json j = read_json_file(trained, "export");
     pre = llama_cpp_pre_tokenizer(j, trained);
     vocab = vocab_from_tokenizer_json(j, trained, m.vocab_size, merges);
   }

@@ -1,5 +1,6 @@
 #include "io/hf_import.h"
 
+#include "core/json_file.h"
 #include "io/byte_tokenizer_json.h"
 #include "io/hf_names.h"
 #include "io/model_dir.h"
@@ -7,7 +8,6 @@
 #include "io/safetensors.h"
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 
@@ -18,15 +18,7 @@ using nlohmann::json;
 
 namespace {
 
-json read_json(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  KILN_CHECK(in.good(), "import", "cannot read '{}'", path.string());
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail("import", "{}: invalid JSON: {}", path.string(), e.what());
-  }
-}
+json read_json(const fs::path& path) { return read_json_file(path.string(), "import"); }
 
 // tensor name -> the open file holding it (one entry per tensor of every shard).
 struct WeightFiles {

@@ -45,14 +45,26 @@ LoadedModel load_for_inference(const std::string& path, int64_t max_tokens, Devi
   return load_model(dir, options);
 }
 
+namespace {
+
+// The tokenizer.json data.tokenizer = `setting` names (a file, or the folder holding one;
+// not checked to exist); empty for a tokenizer that needs no file ("byte", ...).
+fs::path tokenizer_json_of(const std::string& setting) {
+  const std::vector<std::string> names = tokenizer_names();
+  if (setting != "bpe" && std::find(names.begin(), names.end(), setting) != names.end()) return {};
+  fs::path path(setting);
+  if (fs::is_directory(path)) path /= "tokenizer.json";
+  return path;
+}
+
+}  // namespace
+
 std::string model_tokenizer_json(const std::string& model_dir) {
   const fs::path saved = fs::path(model_dir) / "tokenizer.json";
   if (fs::exists(saved)) return saved.string();
   const std::string setting = load_config((fs::path(model_dir) / "config.toml").string()).data.tokenizer;
-  const std::vector<std::string> names = tokenizer_names();
-  if (setting != "bpe" && std::find(names.begin(), names.end(), setting) != names.end()) return "";  // "byte", ...
-  fs::path path(setting);
-  if (fs::is_directory(path)) path /= "tokenizer.json";
+  const fs::path path = tokenizer_json_of(setting);
+  if (path.empty()) return "";
   KILN_CHECK(fs::exists(path), "load",
              "{} was trained with data.tokenizer = '{}', which is not there; copy that tokenizer.json into the model "
              "directory",
@@ -78,10 +90,11 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
 }
 
 bool save_tokenizer_with_model(const std::string& setting, const std::string& model_dir) {
-  const std::vector<std::string> names = tokenizer_names();
-  if (setting != "bpe" && std::find(names.begin(), names.end(), setting) != names.end()) return true;  // "byte", ...
-  fs::path path(setting);
-  if (fs::is_directory(path)) path /= "tokenizer.json";
+  const fs::path path = tokenizer_json_of(setting);
+  if (path.empty()) {  // a tokenizer file left by an earlier run would override this one
+    for (const char* f : kTokenizerFiles) fs::remove(fs::path(model_dir) / f);
+    return true;
+  }
   if (!fs::exists(path)) return false;
   copy_tokenizer_files(path.parent_path().empty() ? "." : path.parent_path().string(), model_dir);
   return true;

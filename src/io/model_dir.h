@@ -38,9 +38,9 @@ inline constexpr std::array<const char*, 3> kTokenizerFiles{"tokenizer.json", "t
 void copy_tokenizer_files(const std::string& from, const std::string& to);
 
 // Puts the tokenizer of data.tokenizer = `setting` (a tokenizer.json, or the folder holding
-// one) into `model_dir`, so the model reads it wherever it is moved or run from; a
-// tokenizer without a file (kiln's byte-level one) needs nothing. False if the file named
-// is no longer there.
+// one) into `model_dir`, so the model reads it wherever it is moved or run from; for a
+// tokenizer without a file (kiln's byte-level one), removes any left there by an earlier
+// save. False if the file named is no longer there.
 bool save_tokenizer_with_model(const std::string& setting, const std::string& model_dir);
 
 }  // namespace kiln::io

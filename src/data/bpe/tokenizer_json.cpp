@@ -1,5 +1,6 @@
 // Reading a Hugging Face tokenizer.json into a BpeTokenizer.
 #include "core/error.h"
+#include "core/json_file.h"
 #include "data/bpe/bpe_tokenizer.h"
 #include "data/bpe/byte_unicode.h"
 
@@ -7,8 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 namespace kiln::bpe {
 namespace {
@@ -20,18 +19,6 @@ using nlohmann::json;
 template <typename... Args>
 [[noreturn]] void fail_file(const std::string& file, fmt::format_string<Args...> format, Args&&... args) {
   fail("tokenizer", "{}: {}", file, fmt::format(format, std::forward<Args>(args)...));
-}
-
-json read_json(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail_file(file, "cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    fail_file(file, "not valid JSON: {}", e.what());
-  }
 }
 
 std::string type_of(const json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "?"; }
@@ -109,7 +96,7 @@ std::unique_ptr<BpeTokenizer> load_tokenizer_json(const std::string& path) {
   std::string file = path;
   if (fs::is_directory(file)) file = (fs::path(file) / "tokenizer.json").string();
   if (!fs::is_regular_file(file)) fail_file(file, "no such file (data.tokenizer is 'byte' or a tokenizer.json path)");
-  const json j = read_json(file);
+  const json j = read_json_file(file, "tokenizer");
   if (!j.is_object() || !j.contains("model")) fail_file(file, "not a tokenizer.json (no 'model')");
 
   BpeTokenizerParts parts;
@@ -189,7 +176,7 @@ std::unique_ptr<BpeTokenizer> load_tokenizer_json(const std::string& path) {
   const fs::path config_path = fs::path(file).parent_path() / "tokenizer_config.json";
   std::string bos, eos, pad;
   if (fs::is_regular_file(config_path)) {
-    const json config = read_json(config_path.string());
+    const json config = read_json_file(config_path.string(), "tokenizer");
     bos = config_token(config, "bos_token"), eos = config_token(config, "eos_token"), pad = config_token(config, "pad_token");
     for (const auto& [key, name] : {std::pair{"bos_token", &bos}, {"eos_token", &eos}, {"pad_token", &pad}})
       if (!name->empty() && token_id(*name) < 0) fail_file(config_path.string(), "{} '{}' is not in the vocabulary", key, *name);
