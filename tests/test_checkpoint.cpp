@@ -260,6 +260,15 @@ TEST_F(Checkpoints, OtherFormatVersionsAreRefused) {
   test::write_file(path + "/manifest.json", manifest.dump());
   EXPECT_EQ(error_of([&] { read_checkpoint(path); }),
             "[checkpoint] " + path + "/manifest.json: checkpoint format version 2 (this kiln reads version 1)");
+  // A well-formed manifest that lists a file outside the checkpoint's folder.
+  manifest["format_version"] = 1;
+  manifest["files"]["../model.safetensors"] = manifest["files"]["model.safetensors"];
+  manifest.erase("manifest_xxh64");
+  manifest["manifest_xxh64"] = hex64(xxh64_string(manifest.dump()));
+  test::write_file(path + "/manifest.json", manifest.dump());
+  EXPECT_EQ(error_of([&] { read_checkpoint(path); }),
+            "[checkpoint] " + path + "/manifest.json: lists '../model.safetensors', which is not a file of the "
+            "checkpoint's folder");
   std::string state = state_to_json(state_at(config_, 2));
   state.replace(state.find("\"format_version\": 1"), 19, "\"format_version\": 7");
   EXPECT_EQ(error_of([&] { state_from_json(state, "S"); }),
