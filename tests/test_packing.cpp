@@ -220,5 +220,28 @@ TEST(Packing, PadTailContributesNothing) {
   }
 }
 
+// HostBatch::uniform (what lets the GPU attention skip per-sequence offsets) holds only when
+// every sequence is exactly max_seqlen long.
+TEST(Packing, UniformOnlyWhenEverySequenceIsMaxSeqlenLong) {
+  HostBatch b;
+  b.tokens.assign(8, 1);
+  b.cu_seqlens = {0, 4, 8};
+  b.max_seqlen = 4;
+  EXPECT_TRUE(b.uniform());
+  b.cu_seqlens = {0, 3, 8};
+  b.max_seqlen = 5;
+  EXPECT_FALSE(b.uniform());
+  b.cu_seqlens = {0, 4, 8, 8};  // an empty sequence at the end
+  b.max_seqlen = 4;
+  EXPECT_FALSE(b.uniform());
+  b.cu_seqlens = {0, 8};
+  b.max_seqlen = 8;
+  EXPECT_TRUE(b.uniform());
+  b.max_seqlen = 9;  // overstated
+  EXPECT_FALSE(b.uniform());
+  b.cu_seqlens = {0};
+  EXPECT_FALSE(b.uniform());
+}
+
 }  // namespace
 }  // namespace kiln

@@ -6,6 +6,7 @@
 // document. The unused tail is PAD with ignored targets, and forms its own sequence.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -24,6 +25,13 @@ struct HostBatch {
 
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_seqs() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
+  // Every sequence holds exactly max_seqlen tokens (unpacked rows of one length).
+  bool uniform() const {
+    if (num_seqs() <= 0 || max_seqlen <= 0) return false;
+    for (std::size_t s = 0; s + 1 < cu_seqlens.size(); ++s)
+      if (cu_seqlens[s + 1] - cu_seqlens[s] != max_seqlen) return false;
+    return true;
+  }
 };
 
 }  // namespace kiln

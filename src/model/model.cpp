@@ -186,14 +186,15 @@ void Model::load_batch(const HostBatch& batch) {
     upload(group_tokens_, token_groups_.group_tokens, groups);
     upload(group_starts_, token_groups_.group_starts, groups + 1);
   }
-  set_loaded_shape(rows, seqs, batch.max_seqlen, groups);
+  set_loaded_shape(rows, seqs, batch.max_seqlen, groups, batch.uniform());
 }
 
-void Model::set_loaded_shape(int64_t rows, int64_t seqs, int64_t max_seqlen, int64_t groups) {
+void Model::set_loaded_shape(int64_t rows, int64_t seqs, int64_t max_seqlen, int64_t groups, bool uniform) {
   rows_ = rows;
   seq_.positions = positions_.rows(0, rows);
   seq_.cu_seqlens = cu_seqlens_.rows(0, seqs + 1);
   seq_.max_seqlen = max_seqlen;
+  seq_.uniform = uniform;
   token_groups_.groups = groups;
 }
 
@@ -207,9 +208,15 @@ Model::StagedShape Model::stage_batch(const HostBatch& batch, int32_t* staging) 
              "a sequence of {} tokens exceeds model.max_seq_len = {}", batch.max_seqlen, config_.max_seq_len);
   const int64_t seqs = batch.num_seqs();
   StagedShape shape;
-  shape.seqs = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(seqs)));
-  const auto longest = static_cast<uint64_t>(batch.max_seqlen);
-  shape.max_seqlen = std::max<int64_t>(64, static_cast<int64_t>(std::bit_ceil(longest)));
+  shape.uniform = batch.uniform();
+  if (shape.uniform) {
+    shape.seqs = seqs;
+    shape.max_seqlen = batch.max_seqlen;
+  } else {
+    shape.seqs = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(seqs)));
+    const auto longest = static_cast<uint64_t>(batch.max_seqlen);
+    shape.max_seqlen = std::max<int64_t>(64, static_cast<int64_t>(std::bit_ceil(longest)));
+  }
   KILN_CHECK(shape.seqs <= t, "model", "{} sequences in {} tokens", seqs, t);
   auto put = [&](const int32_t* src, int64_t n, int64_t at) { std::copy(src, src + n, staging + at); };
   put(batch.tokens.data(), t, 0);
@@ -231,7 +238,7 @@ Model::StagedShape Model::stage_batch(const HostBatch& batch, int32_t* staging) 
 void Model::load_staged(const int32_t* staging, const StagedShape& shape) {
   const int64_t t = options_.max_tokens;
   copy_to_device_async(inputs_.raw(), staging, static_cast<size_t>(input_ints(t)) * sizeof(int32_t));
-  set_loaded_shape(t, shape.seqs, shape.max_seqlen, t);
+  set_loaded_shape(t, shape.seqs, shape.max_seqlen, t, shape.uniform);
 }
 
 const Tensor& Model::head_weight() const { return config_.tie_embeddings ? embed_w_ : head_w_; }

@@ -65,9 +65,13 @@ class Model {
   // max_tokens rows (the batch must fill them, as the packer's do), the sequence count
   // rounded up to a power of two with empty sequences, the longest sequence rounded up to
   // a power of two (at least 64: the attention's buckets), one token group per row.
+  // A uniform batch (every sequence max_seqlen tokens long) keeps its exact shape; other
+  // batches are bucketed (sequences padded with empty ones to a power of two, max_seqlen
+  // rounded up to one).
   struct StagedShape {
     int64_t seqs = 0, max_seqlen = 0;
-    int64_t key() const { return seqs << 32 | max_seqlen; }  // both below 2^31
+    bool uniform = false;
+    int64_t key() const { return int64_t{uniform} << 62 | seqs << 32 | max_seqlen; }  // both below 2^31
   };
   int64_t staged_ints() const { return input_ints(options_.max_tokens); }  // int32 values per staged batch
   StagedShape stage_batch(const HostBatch& batch, int32_t* staging);
@@ -126,7 +130,7 @@ class Model {
   // copy: tokens, targets, positions [T]; cu_seqlens [T+1]; the token groups below.
   static int64_t input_ints(int64_t t) { return 7 * t + 2; }
   void bind_input_views();
-  void set_loaded_shape(int64_t rows, int64_t seqs, int64_t max_seqlen, int64_t groups);
+  void set_loaded_shape(int64_t rows, int64_t seqs, int64_t max_seqlen, int64_t groups, bool uniform);
   Tensor inputs_;
   Tensor tokens_, targets_, positions_, cu_seqlens_;
   int64_t rows_ = 0;

@@ -98,6 +98,7 @@ class GqaAttention final : public Attention {
   ops::AttentionOptions attention_options(const SeqInfo& seq) const {
     ops::AttentionOptions o = options_;
     o.max_seqlen = seq.max_seqlen;
+    o.uniform = seq.uniform;
     return o;
   }
 

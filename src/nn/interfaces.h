@@ -14,6 +14,10 @@ struct SeqInfo {
   Tensor positions;    // i32 [T]: position within the token's own sequence
   Tensor cu_seqlens;   // i32 [S+1]: sequence boundaries
   int64_t max_seqlen = 0;
+  // Every sequence holds exactly max_seqlen tokens and they fill the rows (rows = sequences x
+  // max_seqlen), as an unpacked run's or the benchmark's rows: attention may use a layout
+  // without per-sequence offsets.
+  bool uniform = false;
 };
 
 class Norm {

@@ -64,6 +64,9 @@ struct AttentionArgs {
   int64_t window;
   float softcap;
   bool deterministic = true;  // false: the cuDNN backward may accumulate dQ with atomics
+  // Every sequence holds exactly max_seqlen rows (tokens = num_seqs * max_seqlen): the bf16
+  // (cuDNN) path then runs a plain, faster graph. Ignored by the fp32 kernels.
+  bool uniform = false;
 };
 void attention_forward_f32(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out,
                            float* lse);

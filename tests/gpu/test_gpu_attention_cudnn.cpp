@@ -152,8 +152,10 @@ void expect_lse_close(const std::vector<double>& gpu, const std::vector<double>&
 // ---- one problem -------------------------------------------------------------------------
 
 // Runs forward and backward (twice) of one packed layout on cuDNN and checks them against
-// the reference. Bucketing is whatever set_attention_cudnn_bucketing last chose.
-void check_attention(const std::vector<int32_t>& lengths, Heads heads, int64_t window, uint64_t seed) {
+// the reference. Bucketing is whatever set_attention_cudnn_bucketing last chose. `uniform`
+// marks the batch as one of equal lengths (AttentionArgs::uniform: cuDNN's plain layout).
+void check_attention(const std::vector<int32_t>& lengths, Heads heads, int64_t window, uint64_t seed,
+                     bool uniform = false) {
   std::vector<int32_t> cu{0};
   int64_t max_len = 0;
   for (int32_t len : lengths) {
@@ -183,12 +185,23 @@ void check_attention(const std::vector<int32_t>& lengths, Heads heads, int64_t w
   a.scale = scale;
   a.window = window;
   a.softcap = 0;
+  a.uniform = uniform;
   const auto* qp = static_cast<const bf16_bits*>(q_dev->raw());
   const auto* kp = static_cast<const bf16_bits*>(k_dev->raw());
   const auto* vp = static_cast<const bf16_bits*>(v_dev->raw());
   cuda::attention_forward_bf16(a, max_len, qp, kp, vp, static_cast<bf16_bits*>(out_dev->raw()),
                                static_cast<float*>(lse_dev->raw()));
-  const std::vector<double> out = host_bf16(*out_dev), lse = host_f32(*lse_dev);
+  const std::vector<double> out = host_bf16(*out_dev);
+  std::vector<double> lse = host_f32(*lse_dev);
+  if (uniform) {  // head-major [seqs, heads, len] -> packed [tokens, heads], as the reference writes it
+    std::vector<double> packed(lse.size());
+    const int64_t len = max_len;
+    for (int64_t s = 0; s < num_seqs; ++s)
+      for (int64_t h = 0; h < heads.q; ++h)
+        for (int64_t i = 0; i < len; ++i)
+          packed[static_cast<size_t>((s * len + i) * heads.q + h)] = lse[static_cast<size_t>((s * heads.q + h) * len + i)];
+    lse.swap(packed);
+  }
 
   std::vector<double> dq[2], dk[2], dv[2];
   std::vector<unsigned char> bytes[2][3];
@@ -316,6 +329,27 @@ TEST_F(CudnnAttention, SameBucketReusesGraphs) {
   const int64_t exact = cuda::attention_cudnn_graph_count();
   check_attention({50, 50, 87, 1}, kGqa128, 0, 8);
   EXPECT_EQ(cuda::attention_cudnn_graph_count(), exact + 2);  // a forward and a backward graph
+}
+
+// Uniform batches (every sequence max_seqlen long) run cuDNN's plain layout, a graph of
+// their own, exactly as right: MHA and GQA, with and without a window, one sequence or several.
+TEST_F(CudnnAttention, UniformBatchesUsePlainGraphsThatMatchTheReference) {
+  for (Heads heads : {kMha64, kGqa128})
+    for (int64_t window : {int64_t{0}, int64_t{33}})
+      for (const std::vector<int32_t>& lengths : {std::vector<int32_t>{256, 256, 256}, std::vector<int32_t>{300}}) {
+        SCOPED_TRACE(fmt::format("heads {}/{} d{}, window {}, {} x {}", heads.q, heads.kv, heads.dim, window,
+                                 lengths.size(), lengths[0]));
+        const int64_t before = cuda::attention_cudnn_graph_count();
+        check_attention(lengths, heads, window, 900 + static_cast<uint64_t>(window), true);
+        EXPECT_EQ(cuda::attention_cudnn_graph_count(), before + 2) << "a uniform batch builds its own forward and backward graph";
+        check_attention(lengths, heads, window, 950 + static_cast<uint64_t>(window), false);  // the ragged path
+      }
+}
+
+TEST_F(CudnnAttention, UniformFlagOnUnequalLengthsIsRefused) {
+  const std::string message = test::error_of([&] { check_attention({100, 50}, kMha64, 0, 3, true); });
+  EXPECT_NE(message.find("uniform batch must be 2 sequences of 100 tokens, but it has 150"), std::string::npos)
+      << message;
 }
 
 TEST_F(CudnnAttention, SoftcapIsRefused) {

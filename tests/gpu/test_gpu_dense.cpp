@@ -7,6 +7,7 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/attention_cudnn.h"
 #include "ops/cross_entropy/lm_head_loss.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
@@ -439,6 +440,53 @@ TEST_F(Dense, RecomputedBlocksGiveTheSameGradientsBf16) {
   }
   EXPECT_EQ(losses[0], losses[1]);
   for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(same_bytes(*grads[0][i], *grads[1][i])) << "gradient " << i;
+}
+
+// A batch of equal-length rows is marked uniform and takes cuDNN's plain attention graphs;
+// the same rows with an empty sequence appended are ragged (the bucketed graphs). The two
+// must agree to bf16 noise: the same model, loss and gradients, only another kernel layout.
+TEST_F(Dense, UniformRowsAgreeWithTheRaggedLayoutBf16) {
+  const GoldenCase golden = GoldenCase::load();
+  const ModelConfig& c = golden.config;
+  constexpr int32_t kRows = 3, kLength = 40;
+  HostBatch uniform;
+  for (int32_t i = 0; i < kRows * kLength; ++i) {
+    uniform.tokens.push_back(golden.batch.tokens[static_cast<size_t>(i) % golden.batch.tokens.size()]);
+    uniform.targets.push_back((i * 7 + 3) % static_cast<int32_t>(c.vocab_size));
+    uniform.positions.push_back(i % kLength);
+  }
+  for (int32_t r = 0; r <= kRows; ++r) uniform.cu_seqlens.push_back(r * kLength);
+  uniform.max_seqlen = kLength;
+  uniform.target_count = kRows * kLength;
+  HostBatch ragged = uniform;
+  ragged.cu_seqlens.push_back(kRows * kLength);  // an empty fourth sequence
+  ASSERT_TRUE(uniform.uniform());
+  ASSERT_FALSE(ragged.uniform());
+
+  BuildOptions options;
+  options.device = Device::cuda;
+  options.dtype = DType::bf16;
+  options.max_tokens = uniform.size();
+  options.loss_chunk_rows = 16;
+  Model model(c, options);
+  model.allocate();
+  for (const auto& p : model.parameters()) io::read_into(golden.file, io::to_hf_name(p->name()), p->value());
+  std::vector<double> losses;
+  std::vector<std::vector<OwnedTensor>> grads;
+  for (const HostBatch* batch : {&uniform, &ragged}) {
+    const int64_t graphs_before = cuda::attention_cudnn_graph_count();
+    model.load_batch(*batch);
+    model.zero_grads();
+    const ops::LossSums sums = model.forward_backward(1.0 / static_cast<double>(batch->target_count), 0.0);
+    losses.push_back(sums.loss / static_cast<double>(sums.count));
+    if (batch == &uniform) EXPECT_EQ(cuda::attention_cudnn_graph_count(), graphs_before + 2) << "plain graphs built";
+    grads.emplace_back();
+    for (const auto& p : model.parameters()) grads.back().push_back(to_host(p->grad()));
+  }
+  EXPECT_NEAR(losses[0], losses[1], 1e-3 * losses[1]);
+  const auto& params = model.parameters();
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    expect_close(params[i]->name().c_str(), *grads[0][i], *to_f64(*grads[1][i]), 3e-2, 0, 1.0);
 }
 
 TEST_F(Dense, GoldenModelOnGpu) { check_golden_model(DType::f32, {1e-4, 1e-4, 1e-3}); }

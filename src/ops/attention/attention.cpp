@@ -81,6 +81,7 @@ cpu::AttentionShape shape_of(const Tensor& q, const Tensor& k, const Tensor& cu,
 cuda::AttentionArgs cuda_args(const Tensor& q, const Tensor& k, const Tensor& cu, const AttentionOptions& o) {
   cuda::AttentionArgs a = shape_as<cuda::AttentionArgs>(q, k, cu, o);
   a.deterministic = o.deterministic;
+  a.uniform = o.uniform;
   return a;
 }
 #endif

@@ -19,6 +19,10 @@ struct AttentionOptions {
   // false lets the GPU backward accumulate dQ with atomics (cuDNN: faster, not bitwise
   // reproducible run to run); the CPU is deterministic either way.
   bool deterministic = true;
+  // Every sequence of the batch holds exactly max_seqlen tokens (SeqInfo::uniform): the bf16
+  // GPU path runs cuDNN's plain layout instead of the ragged one, and its lse buffer then
+  // holds [sequences, Hq, max_seqlen] (head-major) for the backward of the same batch.
+  bool uniform = false;
 };
 
 // out [N, Hq, D] (=), lse [N, Hq] (=, log-sum-exp of each query's scores, for backward).

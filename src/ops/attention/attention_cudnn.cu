@@ -13,6 +13,12 @@
 // The offsets and lengths are computed on the device from cu_seqlens by a small kernel,
 // every call, on kiln::cuda::stream(): the host never reads cu_seqlens and never syncs.
 //
+// Uniform batches (AttentionArgs::uniform: every sequence holds exactly max_seqlen rows, one
+// after the other, as the benchmark's and an unpacked run's rows do) take a plain graph
+// instead: the same [B, H, S, D] strides without ragged offsets or a padding mask, the exact
+// B and S, and lse head-major ([B, Hq, S]: see stats_stride). This is the graph PyTorch
+// runs; cuDNN's ragged one is slower on the same rows (measured in docs/performance.md).
+//
 // Stats: cuDNN's Stats is max + log(sum exp(s - max)) of the scaled, masked scores s in
 // natural log (stats_use_log2 is left off), i.e. the log-sum-exp the fp32 kernels save, so
 // the forward writes it straight into lse and the backward reads it from there.
@@ -99,8 +105,9 @@ struct Key {
   int64_t batch, seq, q_heads, kv_heads, head_dim, window;
   uint32_t scale_bits;
   bool deterministic;
+  bool ragged;  // false: a uniform batch (no offsets, no padding mask)
   auto tie() const {
-    return std::tie(backward, batch, seq, q_heads, kv_heads, head_dim, window, scale_bits, deterministic);
+    return std::tie(backward, batch, seq, q_heads, kv_heads, head_dim, window, scale_bits, deterministic, ragged);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -255,6 +262,17 @@ LayoutPointers prepare_layout(State& st, const AttentionArgs& a, int64_t batch) 
   return p;
 }
 
+// The ragged graphs' variant-pack entries for the lengths and offsets.
+void add_layout(std::unordered_map<TensorPtr, void*>& pack, const SdpaGraph& g, const LayoutPointers& p) {
+  pack[g.seq_q] = p.seq_q;
+  pack[g.seq_kv] = p.seq_kv;
+  pack[g.offset_q] = p.offset_q;
+  pack[g.offset_o] = p.offset_q;
+  pack[g.offset_k] = p.offset_kv;
+  pack[g.offset_v] = p.offset_kv;
+  pack[g.offset_stats] = p.offset_stats;
+}
+
 // ---- graph construction --------------------------------------------------------------
 
 TensorPtr index_tensor(fe::graph::Graph& g, const char* name, int64_t n, fe::DataType_t type) {
@@ -268,20 +286,26 @@ std::vector<int64_t> thd_stride(const Key& k, int64_t heads) {
   return {k.seq * heads * k.head_dim, k.head_dim, heads * k.head_dim, 1};
 }
 
+// `offset` is null in a uniform graph.
 TensorPtr thd_tensor(fe::graph::Graph& g, const char* name, const Key& k, int64_t heads, const TensorPtr& offset) {
   TensorPtr t = g.tensor(
       fe::graph::Tensor_attributes().set_name(name).set_dim(thd_dim(k, heads)).set_stride(thd_stride(k, heads)));
-  t->set_ragged_offset(offset);
+  if (offset) t->set_ragged_offset(offset);
   return t;
 }
 
 void set_thd_output(const TensorPtr& t, const Key& k, int64_t heads, const TensorPtr& offset) {
-  t->set_output(true).set_dim(thd_dim(k, heads)).set_stride(thd_stride(k, heads)).set_ragged_offset(offset);
+  t->set_output(true).set_dim(thd_dim(k, heads)).set_stride(thd_stride(k, heads));
+  if (offset) t->set_ragged_offset(offset);
 }
 
-// lse [tokens, Hq] as [B, Hq, S, 1].
+// lse as [B, Hq, S, 1]: ragged, the packed [tokens, Hq]; plain, head-major [B, Hq, S] (cuDNN
+// before 9.26 takes a non-ragged Stats in the backward only as a packed BHSD tensor).
 std::vector<int64_t> stats_dim(const Key& k) { return {k.batch, k.q_heads, k.seq, 1}; }
-std::vector<int64_t> stats_stride(const Key& k) { return {k.q_heads * k.seq, 1, k.q_heads, 1}; }
+std::vector<int64_t> stats_stride(const Key& k) {
+  if (k.ragged) return {k.q_heads * k.seq, 1, k.q_heads, 1};
+  return {k.q_heads * k.seq, k.seq, 1, 1};
+}
 
 float scale_of(const Key& k) {
   float scale;
@@ -296,13 +320,15 @@ void begin_graph(SdpaGraph& s, const Key& k) {
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   fe::graph::Graph& g = *s.graph;
-  s.seq_q = index_tensor(g, "seq_q", k.batch, fe::DataType_t::INT32);
-  s.seq_kv = index_tensor(g, "seq_kv", k.batch, fe::DataType_t::INT32);
-  s.offset_q = index_tensor(g, "offset_q", k.batch + 1, fe::DataType_t::INT64);
-  s.offset_o = index_tensor(g, "offset_o", k.batch + 1, fe::DataType_t::INT64);
-  s.offset_k = index_tensor(g, "offset_k", k.batch + 1, fe::DataType_t::INT64);
-  s.offset_v = index_tensor(g, "offset_v", k.batch + 1, fe::DataType_t::INT64);
-  s.offset_stats = index_tensor(g, "offset_stats", k.batch + 1, fe::DataType_t::INT64);
+  if (k.ragged) {
+    s.seq_q = index_tensor(g, "seq_q", k.batch, fe::DataType_t::INT32);
+    s.seq_kv = index_tensor(g, "seq_kv", k.batch, fe::DataType_t::INT32);
+    s.offset_q = index_tensor(g, "offset_q", k.batch + 1, fe::DataType_t::INT64);
+    s.offset_o = index_tensor(g, "offset_o", k.batch + 1, fe::DataType_t::INT64);
+    s.offset_k = index_tensor(g, "offset_k", k.batch + 1, fe::DataType_t::INT64);
+    s.offset_v = index_tensor(g, "offset_v", k.batch + 1, fe::DataType_t::INT64);
+    s.offset_stats = index_tensor(g, "offset_stats", k.batch + 1, fe::DataType_t::INT64);
+  }
   s.q = thd_tensor(g, "Q", k, k.q_heads, s.offset_q);
   s.k = thd_tensor(g, "K", k, k.kv_heads, s.offset_k);
   s.v = thd_tensor(g, "V", k, k.kv_heads, s.offset_v);
@@ -312,11 +338,9 @@ void begin_graph(SdpaGraph& s, const Key& k) {
 template <typename Attributes>
 void set_masks(Attributes& attr, const SdpaGraph& s, const Key& k) {
   attr.set_attn_scale(scale_of(k))
-      .set_padding_mask(true)
-      .set_seq_len_q(s.seq_q)
-      .set_seq_len_kv(s.seq_kv)
       .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
       .set_diagonal_band_right_bound(0);
+  if (k.ragged) attr.set_padding_mask(true).set_seq_len_q(s.seq_q).set_seq_len_kv(s.seq_kv);
   if (k.window > 0) attr.set_diagonal_band_left_bound(static_cast<int>(k.window));
 }
 
@@ -344,8 +368,8 @@ std::unique_ptr<SdpaGraph> build_forward(State& st, const Key& k) {
   s->stats->set_output(true)
       .set_data_type(fe::DataType_t::FLOAT)
       .set_dim(stats_dim(k))
-      .set_stride(stats_stride(k))
-      .set_ragged_offset(s->offset_stats);
+      .set_stride(stats_stride(k));
+  if (k.ragged) s->stats->set_ragged_offset(s->offset_stats);
   finish_graph(st, *s);
   return s;
 }
@@ -361,7 +385,7 @@ std::unique_ptr<SdpaGraph> build_backward(State& st, const Key& k) {
                           .set_dim(stats_dim(k))
                           .set_stride(stats_stride(k))
                           .set_data_type(fe::DataType_t::FLOAT));
-  s->stats->set_ragged_offset(s->offset_stats);
+  if (k.ragged) s->stats->set_ragged_offset(s->offset_stats);
   fe::graph::SDPA_backward_attributes attr;
   attr.set_name("sdpa_backward").set_deterministic_algorithm(k.deterministic);
   set_masks(attr, *s, k);
@@ -404,9 +428,21 @@ void validate(const AttentionArgs& a, const char* direction) {
   if (a.window < 0) fail(kWhere, "sliding window {} is negative", a.window);
 }
 
+// A uniform batch with sequences of one token stays ragged: the frontend refuses S = 1.
+bool plain_layout(const AttentionArgs& a, int64_t max_seqlen) {
+  if (!a.uniform) return false;
+  if (a.tokens != a.num_seqs * max_seqlen)
+    fail(kWhere, "a uniform batch must be {} sequences of {} tokens, but it has {} tokens", a.num_seqs, max_seqlen,
+         a.tokens);
+  return max_seqlen >= 2;
+}
+
 Key key_of(State& st, const AttentionArgs& a, int64_t max_seqlen, bool backward) {
-  const Bucket b = bucket_of(a.num_seqs, max_seqlen, bucketing_enabled(st));
+  const bool plain = plain_layout(a, max_seqlen);
+  // A uniform batch has its exact shape: nothing to pad, and the runs that have them keep one shape.
+  const Bucket b = plain ? Bucket{a.num_seqs, max_seqlen} : bucket_of(a.num_seqs, max_seqlen, bucketing_enabled(st));
   Key k{};
+  k.ragged = !plain;
   k.backward = backward;
   k.batch = b.batch;
   k.seq = b.seq;
@@ -458,13 +494,13 @@ void attention_forward_bf16(const AttentionArgs& a, int64_t max_seqlen, const bf
     std::lock_guard<std::mutex> lock(st.mutex);
     const Key key = key_of(st, a, max_seqlen, false);
     SdpaGraph& g = graph_for(st, key);
-    const LayoutPointers p = prepare_layout(st, a, key.batch);
     st.workspace.reserve(static_cast<size_t>(g.workspace_bytes), stream(), "workspace");
-    std::unordered_map<TensorPtr, void*> pack = {
-        {g.q, const_cast<bf16_bits*>(q)}, {g.k, const_cast<bf16_bits*>(k)}, {g.v, const_cast<bf16_bits*>(v)},
-        {g.o, out},                       {g.stats, lse},                   {g.seq_q, p.seq_q},
-        {g.seq_kv, p.seq_kv},             {g.offset_q, p.offset_q},         {g.offset_o, p.offset_q},
-        {g.offset_k, p.offset_kv},        {g.offset_v, p.offset_kv},        {g.offset_stats, p.offset_stats}};
+    std::unordered_map<TensorPtr, void*> pack = {{g.q, const_cast<bf16_bits*>(q)},
+                                                 {g.k, const_cast<bf16_bits*>(k)},
+                                                 {g.v, const_cast<bf16_bits*>(v)},
+                                                 {g.o, out},
+                                                 {g.stats, lse}};
+    if (key.ragged) add_layout(pack, g, prepare_layout(st, a, key.batch));
     check_fe(g.graph->execute(handle(st), pack, st.workspace.ptr), "forward execute");
   });
 }
@@ -479,7 +515,6 @@ void attention_backward_bf16(const AttentionArgs& a, int64_t max_seqlen, const b
     std::lock_guard<std::mutex> lock(st.mutex);
     const Key key = key_of(st, a, max_seqlen, true);
     SdpaGraph& g = graph_for(st, key);
-    const LayoutPointers p = prepare_layout(st, a, key.batch);
     st.workspace.reserve(static_cast<size_t>(g.workspace_bytes), stream(), "workspace");
     std::unordered_map<TensorPtr, void*> pack = {{g.q, const_cast<bf16_bits*>(q)},
                                                  {g.k, const_cast<bf16_bits*>(k)},
@@ -489,14 +524,8 @@ void attention_backward_bf16(const AttentionArgs& a, int64_t max_seqlen, const b
                                                  {g.stats, const_cast<float*>(lse)},
                                                  {g.dq, dq},
                                                  {g.dk, dk},
-                                                 {g.dv, dv},
-                                                 {g.seq_q, p.seq_q},
-                                                 {g.seq_kv, p.seq_kv},
-                                                 {g.offset_q, p.offset_q},
-                                                 {g.offset_o, p.offset_q},
-                                                 {g.offset_k, p.offset_kv},
-                                                 {g.offset_v, p.offset_kv},
-                                                 {g.offset_stats, p.offset_stats}};
+                                                 {g.dv, dv}};
+    if (key.ragged) add_layout(pack, g, prepare_layout(st, a, key.batch));
     check_fe(g.graph->execute(handle(st), pack, st.workspace.ptr), "backward execute");
   });
 }

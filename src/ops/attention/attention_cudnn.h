@@ -5,7 +5,8 @@
 // out like q, all bf16; sequence s spans rows [cu_seqlens[s], cu_seqlens[s+1]) and never
 // attends across its boundaries. lse [tokens, q_heads] fp32: natural-log log-sum-exp of
 // each query's scaled scores (the same quantity the fp32 kernels save), written by the
-// forward and read by the backward. dq/dk/dv are written (=).
+// forward and read by the backward; in a uniform batch (AttentionArgs::uniform) it is
+// head-major instead, [num_seqs, q_heads, max_seqlen]. dq/dk/dv are written (=).
 // Options: scale, sliding window (AttentionArgs::window, 0 = off); a logit softcap is
 // refused with an error naming it (cuDNN SDPA has no softcap).
 #pragma once
