@@ -428,7 +428,8 @@ void validate(const AttentionArgs& a, const char* direction) {
   if (a.window < 0) fail(kWhere, "sliding window {} is negative", a.window);
 }
 
-// A uniform batch with sequences of one token stays ragged: the frontend refuses S = 1.
+// A uniform batch with sequences of one token stays ragged (the frontend refuses S = 1);
+// its lse, [B, Hq, 1], is the same either way.
 bool plain_layout(const AttentionArgs& a, int64_t max_seqlen) {
   if (!a.uniform) return false;
   if (a.tokens != a.num_seqs * max_seqlen)
