@@ -153,9 +153,10 @@ void expect_lse_close(const std::vector<double>& gpu, const std::vector<double>&
 
 // Runs forward and backward (twice) of one packed layout on cuDNN and checks them against
 // the reference. Bucketing is whatever set_attention_cudnn_bucketing last chose. `uniform`
-// marks the batch as one of equal lengths (AttentionArgs::uniform: cuDNN's plain layout).
+// marks the batch as one of equal lengths (AttentionArgs::uniform: cuDNN's plain layout);
+// `softcap` > 0 caps the logits (cuDNN's score modifier).
 void check_attention(const std::vector<int32_t>& lengths, Heads heads, int64_t window, uint64_t seed,
-                     bool uniform = false) {
+                     bool uniform = false, double softcap = 0) {
   std::vector<int32_t> cu{0};
   int64_t max_len = 0;
   for (int32_t len : lengths) {
@@ -184,7 +185,7 @@ void check_attention(const std::vector<int32_t>& lengths, Heads heads, int64_t w
   a.cu_seqlens = static_cast<const int32_t*>(cu_dev->raw());
   a.scale = scale;
   a.window = window;
-  a.softcap = 0;
+  a.softcap = static_cast<float>(softcap);
   a.uniform = uniform;
   const auto* qp = static_cast<const bf16_bits*>(q_dev->raw());
   const auto* kp = static_cast<const bf16_bits*>(k_dev->raw());
@@ -223,7 +224,7 @@ void check_attention(const std::vector<int32_t>& lengths, Heads heads, int64_t w
 
   // Reference in fp64 on the same bf16 values; its backward reads the GPU's out and lse.
   const cpu::AttentionShape shape{tokens, heads.q, heads.kv, heads.dim, num_seqs, cu.data(),
-                                  static_cast<double>(scale), window, 0.0};
+                                  static_cast<double>(scale), window, static_cast<double>(a.softcap)};
   std::vector<double> out_ref(static_cast<size_t>(q_n)), lse_ref(static_cast<size_t>(tokens * heads.q));
   cpu::attention_forward<double>(shape, q.values.data(), k.values.data(), v.values.data(), out_ref.data(),
                                  lse_ref.data());
@@ -352,19 +353,46 @@ TEST_F(CudnnAttention, UniformFlagOnUnequalLengthsIsRefused) {
       << message;
 }
 
-TEST_F(CudnnAttention, SoftcapIsRefused) {
+// A logit softcap goes through cuDNN's score modifier, which carries the causal band, the
+// window and the padding mask itself: packed and uniform layouts, MHA and GQA, with and
+// without a window. A cap of 2 bites hard on these scores (unit-normal q and k: scaled
+// scores of order 1 and up to ~4).
+void check_softcap_cases(bool uniform) {
+  for (Heads heads : {kMha64, kGqa128})
+    for (int64_t window : {int64_t{0}, int64_t{33}}) {
+      const std::vector<int32_t> lengths = uniform ? std::vector<int32_t>{200, 200} : lengths_of(Layout::mixed);
+      SCOPED_TRACE(fmt::format("{}, heads {}/{} d{}, window {}", uniform ? "uniform" : "packed", heads.q, heads.kv,
+                               heads.dim, window));
+      check_attention(lengths, heads, window, 700 + static_cast<uint64_t>(window), uniform, 2.0);
+    }
+}
+
+TEST_F(CudnnAttention, SoftcapUniformMatchesTheReference) { check_softcap_cases(true); }
+TEST_F(CudnnAttention, SoftcapPackedMatchesTheReference) { check_softcap_cases(false); }
+
+// The same cap as a different number builds its own graphs, and no cap differs from a cap.
+TEST_F(CudnnAttention, SoftcapIsPartOfTheGraphKey) {
+  cuda::set_attention_cudnn_bucketing(true);
+  check_attention({90, 40}, kMha64, 0, 11, false, 3.0);
+  const int64_t built = cuda::attention_cudnn_graph_count();
+  check_attention({90, 40}, kMha64, 0, 12, false, 3.0);
+  EXPECT_EQ(cuda::attention_cudnn_graph_count(), built);
+  check_attention({90, 40}, kMha64, 0, 13, false, 1.5);
+  EXPECT_EQ(cuda::attention_cudnn_graph_count(), built + 2);
+}
+
+TEST_F(CudnnAttention, NegativeSoftcapIsRefused) {
   cuda::AttentionArgs a{};
   a.tokens = 4;
   a.q_heads = a.kv_heads = 1;
   a.head_dim = 64;
   a.num_seqs = 1;
   a.scale = 0.125f;
-  a.softcap = 30;
+  a.softcap = -1;
   const std::string message = test::error_of([&] {
     cuda::attention_forward_bf16(a, 4, nullptr, nullptr, nullptr, nullptr, nullptr);
   });
-  EXPECT_NE(message.find("softcap"), std::string::npos) << message;
-  EXPECT_NE(message.find("cuDNN"), std::string::npos) << message;
+  EXPECT_NE(message.find("softcap -1 is negative"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -479,7 +479,9 @@ TEST_F(Dense, UniformRowsAgreeWithTheRaggedLayoutBf16) {
     model.zero_grads();
     const ops::LossSums sums = model.forward_backward(1.0 / static_cast<double>(batch->target_count), 0.0);
     losses.push_back(sums.loss / static_cast<double>(sums.count));
-    if (batch == &uniform) EXPECT_EQ(cuda::attention_cudnn_graph_count(), graphs_before + 2) << "plain graphs built";
+    if (batch == &uniform) {
+      EXPECT_EQ(cuda::attention_cudnn_graph_count(), graphs_before + 2) << "plain graphs built";
+    }
     grads.emplace_back();
     for (const auto& p : model.parameters()) grads.back().push_back(to_host(p->grad()));
   }

@@ -50,6 +50,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -103,11 +104,12 @@ Bucket bucket_of(int64_t num_seqs, int64_t max_seqlen, bool bucketing) {
 struct Key {
   bool backward;
   int64_t batch, seq, q_heads, kv_heads, head_dim, window;
-  uint32_t scale_bits;
+  uint32_t scale_bits, softcap_bits;  // softcap 0 = off
   bool deterministic;
   bool ragged;  // false: a uniform batch (no offsets, no padding mask)
   auto tie() const {
-    return std::tie(backward, batch, seq, q_heads, kv_heads, head_dim, window, scale_bits, deterministic, ragged);
+    return std::tie(backward, batch, seq, q_heads, kv_heads, head_dim, window, scale_bits, softcap_bits, deterministic,
+                    ragged);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -120,6 +122,10 @@ struct SdpaGraph {
   // and dO, one each for K (dK) and V (dV). Q and O (and K and V) have equal offsets, so
   // their variant-pack entries share one device array.
   TensorPtr seq_q, seq_kv, offset_q, offset_o, offset_k, offset_v, offset_stats;
+  // The logit softcap's modifier (its forward keeps the pre-tanh scores its backward reads)
+  // and the cap as a scalar tensor; null without a softcap.
+  std::shared_ptr<fe::graph::attn::score_modifiers::Softcap> softcap;
+  TensorPtr cap;
   int64_t workspace_bytes = 0;
 };
 
@@ -307,11 +313,12 @@ std::vector<int64_t> stats_stride(const Key& k) {
   return {k.q_heads * k.seq, k.seq, 1, 1};
 }
 
-float scale_of(const Key& k) {
-  float scale;
-  std::memcpy(&scale, &k.scale_bits, sizeof(scale));
-  return scale;
+float float_of(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
 }
+float scale_of(const Key& k) { return float_of(k.scale_bits); }
 
 // Tensors shared by both directions: the graph, the lengths and offsets.
 void begin_graph(SdpaGraph& s, const Key& k) {
@@ -334,12 +341,40 @@ void begin_graph(SdpaGraph& s, const Key& k) {
   s.v = thd_tensor(g, "V", k, k.kv_heads, s.offset_v);
 }
 
+// A logit softcap (cap * tanh(s / cap) of the scaled scores s) goes through the frontend's
+// score modifier. cuDNN then takes none of its built-in masks, so the causal band, the
+// window and the padding mask are built into the same modifier, after the cap: a masked
+// score is -inf, which tanh would turn back into -cap. The backward recomputes the scores
+// through the same modifier and takes the cap's derivative through its bprop modifier
+// (masked scores have probability 0, hence gradient 0).
+template <typename Attributes>
+void set_softcap_and_masks(Attributes& attr, SdpaGraph& s, const Key& k) {
+  namespace mods = fe::graph::attn::score_modifiers;
+  auto cap = std::make_shared<fe::graph::Tensor_attributes>(float_of(k.softcap_bits));
+  auto softcap = std::make_shared<mods::Softcap>();
+  s.softcap = softcap;
+  s.cap = cap;
+  const std::optional<int64_t> left = k.window > 0 ? std::optional<int64_t>(k.window) : std::nullopt;
+  const TensorPtr seq_q = s.seq_q, seq_kv = s.seq_kv;  // null in a plain graph
+  // The lengths also bound the kernel's own loads and stores of each ragged sequence: with
+  // the padding mask only in the modifier, the packed layout faulted (illegal address) on
+  // the H200 with cuDNN 9.19.
+  if (seq_q) attr.set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
+  attr.set_score_mod([softcap, cap, left, seq_q, seq_kv](std::shared_ptr<fe::graph::Graph> g, TensorPtr score) {
+    TensorPtr x = softcap->forward(g, score, cap);
+    x = mods::sliding_window_mask(g, x, fe::DiagonalAlignment_t::TOP_LEFT, left, 0, 0, 0, nullptr, nullptr, nullptr,
+                                  nullptr);
+    if (seq_q) x = mods::padding_mask(g, x, seq_kv, seq_q);
+    return x;
+  });
+}
+
 // Masks common to both directions, on either attributes type.
 template <typename Attributes>
-void set_masks(Attributes& attr, const SdpaGraph& s, const Key& k) {
-  attr.set_attn_scale(scale_of(k))
-      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-      .set_diagonal_band_right_bound(0);
+void set_masks(Attributes& attr, SdpaGraph& s, const Key& k) {
+  attr.set_attn_scale(scale_of(k));
+  if (k.softcap_bits != 0) return set_softcap_and_masks(attr, s, k);
+  attr.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
   if (k.ragged) attr.set_padding_mask(true).set_seq_len_q(s.seq_q).set_seq_len_kv(s.seq_kv);
   if (k.window > 0) attr.set_diagonal_band_left_bound(static_cast<int>(k.window));
 }
@@ -389,6 +424,13 @@ std::unique_ptr<SdpaGraph> build_backward(State& st, const Key& k) {
   fe::graph::SDPA_backward_attributes attr;
   attr.set_name("sdpa_backward").set_deterministic_algorithm(k.deterministic);
   set_masks(attr, *s, k);
+  if (s->softcap) {
+    auto softcap = s->softcap;
+    auto cap = s->cap;
+    attr.set_score_mod_bprop([softcap, cap](std::shared_ptr<fe::graph::Graph> g, TensorPtr d_score) {
+      return softcap->backward(g, d_score, cap);
+    });
+  }
   // No max_total_seq_len_q/kv: it only shrinks internal workspaces (sizing them by the
   // packed token count rather than B * S), and would make the graph depend on the tokens.
   auto [dq, dk, dv] = g.sdpa_backward(s->q, s->k, s->v, s->o, s->d_o, s->stats, attr);
@@ -418,9 +460,8 @@ SdpaGraph& graph_for(State& st, const Key& k) {
 // ---- calls ---------------------------------------------------------------------------
 
 void validate(const AttentionArgs& a, const char* direction) {
-  if (a.softcap > 0)
-    fail(kWhere, "logit softcap ({}) is not available in the cuDNN attention (cuDNN SDPA has no logit softcap; "
-         "the {} needs softcap = 0)", a.softcap, direction);
+  if (a.softcap < 0) fail(kWhere, "logit softcap {} is negative (the {} takes 0 = off or a positive cap)", a.softcap,
+                          direction);
   if (a.q_heads <= 0 || a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0)
     fail(kWhere, "cuDNN attention needs q_heads ({}) to be a multiple of kv_heads ({})", a.q_heads, a.kv_heads);
   if (a.head_dim % 8 != 0 || a.head_dim > 256)
@@ -453,6 +494,8 @@ Key key_of(State& st, const AttentionArgs& a, int64_t max_seqlen, bool backward)
   // A window of at least S sees every key the causal mask allows: no left bound.
   k.window = (a.window > 0 && a.window < b.seq) ? a.window : 0;
   std::memcpy(&k.scale_bits, &a.scale, sizeof(k.scale_bits));
+  const float softcap = a.softcap > 0 ? a.softcap : 0.0f;
+  std::memcpy(&k.softcap_bits, &softcap, sizeof(k.softcap_bits));
   // The deterministic backward (the default) costs a dP workspace and time; without it dQ
   // is accumulated with atomics (not bitwise reproducible, so exact resume no longer holds).
   k.deterministic = backward && a.deterministic;

@@ -7,8 +7,9 @@
 // each query's scaled scores (the same quantity the fp32 kernels save), written by the
 // forward and read by the backward; in a uniform batch (AttentionArgs::uniform) it is
 // head-major instead, [num_seqs, q_heads, max_seqlen]. dq/dk/dv are written (=).
-// Options: scale, sliding window (AttentionArgs::window, 0 = off); a logit softcap is
-// refused with an error naming it (cuDNN SDPA has no softcap).
+// Options: scale, sliding window (AttentionArgs::window, 0 = off), logit softcap
+// (AttentionArgs::softcap: cap * tanh(s / cap) of the scaled scores, 0 = off; through cuDNN's
+// score modifier, which then carries the masks too).
 #pragma once
 
 #include "ops/cuda_kernels.h"
