@@ -340,7 +340,8 @@ TEST(ConfigValidate, PositiveSizes) {
 
 TEST(ConfigValidate, NonNegativeCounts) {
   for (const char* name : {"train.eval_every", "train.sample_every", "train.eval_batches", "train.sample_tokens",
-                           "train.threads", "optim.warmup_steps"}) {
+                           "train.threads", "optim.warmup_steps", "model.sliding_window", "model.attention_softcap",
+                           "model.logit_softcap"}) {
     Config c;
     apply_override(c, std::string(name) + "=0");
     EXPECT_NO_THROW(validate_config(c)) << name;

@@ -174,15 +174,27 @@ void check_decoder_matches(const ModelConfig& config, DType dtype, double tolera
               config.qk_norm ? "qk_norm" : "no qk_norm", checked, worst);
 }
 
+// A window shorter than the sequences (up to 18 tokens here) and both softcaps, small enough
+// to bite: the cache's attention and the head must apply them as the full forward does.
+ModelConfig windowed_softcapped_config() {
+  ModelConfig c = small_config(true, false, false);
+  c.sliding_window = 5;
+  c.attention_softcap = 2.0;
+  c.logit_softcap = 8.0;
+  return c;
+}
+
 TEST(Decoder, MatchesFullForwardF64) {
   check_decoder_matches(small_config(true, true, false), DType::f64, 1e-12);
   check_decoder_matches(small_config(false, false, true), DType::f64, 1e-12);
   check_decoder_matches(small_config(false, true, false, "none"), DType::f64, 1e-12);
+  check_decoder_matches(windowed_softcapped_config(), DType::f64, 1e-12);
 }
 
 TEST(Decoder, MatchesFullForwardF32) {
   check_decoder_matches(small_config(true, false, false), DType::f32, 2e-5);
   check_decoder_matches(small_config(false, true, true), DType::f32, 2e-5);
+  check_decoder_matches(windowed_softcapped_config(), DType::f32, 2e-5);
 }
 
 TEST(Decoder, RejectsBadSteps) {

@@ -133,6 +133,16 @@ TEST(ExportHf, RefusesWhatNoStockClassComputes) {
   m.norm = "rmsnorm";
   m.mlp = "gelu";
   EXPECT_NE(refusal(m).find("model.mlp"), std::string::npos);
+  m = test::tiny_config(true, true, false);
+  m.attention_softcap = 30;
+  EXPECT_NE(refusal(m).find("model.attention_softcap = 30"), std::string::npos) << refusal(m);
+  m = test::tiny_config(false, false, false);
+  m.logit_softcap = 15;
+  EXPECT_NE(refusal(m).find("model.logit_softcap = 15"), std::string::npos) << refusal(m);
+  m = test::tiny_config(false, true, true);
+  m.sliding_window = 64;
+  EXPECT_NE(refusal(m).find("model.sliding_window = 64: windowed attention is not exported"), std::string::npos)
+      << refusal(m);
 
   // Through the CLI: one error line, nothing written.
   const std::string root = test::temp_dir("kiln-export-refuse");

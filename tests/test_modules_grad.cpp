@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 
 namespace kiln {
@@ -44,13 +45,13 @@ std::map<std::string, std::vector<double>> all_grads(const Model& m) {
   return g;
 }
 
-TEST(ModulesGrad, ModelMatchesFiniteDifferences) {
+// The whole model's gradient against 4th-order finite differences, parameter by parameter.
+void check_model_gradient(const ModelConfig& config, const Variant& v) {
   const HostBatch batch = pack_docs(three_docs(), 4);
   ASSERT_EQ(batch.size(), 20);
   ASSERT_EQ(batch.target_count, 15);
-  for (const Variant& v : variants()) {
-    SCOPED_TRACE(v.name());
-    Model m(tiny_config(v.qk_norm, v.tie), tiny_build());
+  {
+    Model m(config, tiny_build());
     m.allocate();
     init_tiny_model(m, 7);
     m.load_batch(batch);
@@ -96,6 +97,45 @@ TEST(ModulesGrad, ModelMatchesFiniteDifferences) {
     std::printf("[ %s ] %lld parameters checked, max rel err %.2e (%s)\n", v.name().c_str(),
                 static_cast<long long>(checked), worst, worst_name.c_str());
   }
+}
+
+TEST(ModulesGrad, ModelMatchesFiniteDifferences) {
+  for (const Variant& v : variants()) {
+    SCOPED_TRACE(v.name());
+    check_model_gradient(tiny_config(v.qk_norm, v.tie), v);
+  }
+}
+
+// A sliding window (2 tokens: it bites on every document here), an attention softcap and an
+// LM-head softcap, each small enough to change the logits a lot.
+TEST(ModulesGrad, WindowedSoftcappedModelMatchesFiniteDifferences) {
+  ModelConfig c = tiny_config(true, false);
+  c.sliding_window = 2;
+  c.attention_softcap = 0.5;
+  c.logit_softcap = 2.0;
+  check_model_gradient(c, Variant{true, false, 1e-3});
+}
+
+// The three options change the model only where they bite: a window as long as the context
+// and caps far above every logit give the plain model's loss; small ones change it.
+TEST(ModulesGrad, WindowAndSoftcapsChangeTheLossOnlyWhenTheyBite) {
+  const HostBatch batch = pack_docs(three_docs(), 4);
+  auto loss_of = [&](const std::function<void(ModelConfig&)>& edit) {
+    ModelConfig c = tiny_config(true, true);
+    edit(c);
+    Model m(c, tiny_build());
+    m.allocate();
+    init_tiny_model(m, 7);
+    m.load_batch(batch);
+    return m.evaluate().loss;
+  };
+  const double plain = loss_of([](ModelConfig&) {});
+  EXPECT_EQ(loss_of([](ModelConfig& c) { c.sliding_window = c.max_seq_len; }), plain);
+  EXPECT_NE(loss_of([](ModelConfig& c) { c.sliding_window = 2; }), plain);
+  EXPECT_NEAR(loss_of([](ModelConfig& c) { c.attention_softcap = 1e6; }), plain, 1e-9 * plain);
+  EXPECT_GT(std::abs(loss_of([](ModelConfig& c) { c.attention_softcap = 0.1; }) - plain), 1e-6 * plain);
+  EXPECT_NEAR(loss_of([](ModelConfig& c) { c.logit_softcap = 1e6; }), plain, 1e-9 * plain);
+  EXPECT_GT(std::abs(loss_of([](ModelConfig& c) { c.logit_softcap = 0.5; }) - plain), 1e-6 * plain);
 }
 
 TEST(ModulesGrad, ZLossChangesTheGradient) {

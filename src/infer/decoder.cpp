@@ -37,6 +37,15 @@ void require_component(bool ok, const char* key, const std::string& value) {
 // and -n.
 constexpr int64_t kChainKey = int64_t{1} << 32;
 
+// The model's attention as nn/gqa_attention.cpp runs it: scale 1/sqrt(D), its window and
+// logit softcap.
+ops::AttentionOptions attention_options_of(const ModelConfig& m) {
+  ops::AttentionOptions o;
+  o.window = m.sliding_window;
+  o.softcap = m.attention_softcap;
+  return o;
+}
+
 }  // namespace
 
 Decoder::Decoder(const Model& model, const DecoderOptions& options)
@@ -273,7 +282,7 @@ void Decoder::step(int64_t n, bool with_logits) {
   const Tensor x = x_.rows(0, n), h = h_.rows(0, n), branch = branch_.rows(0, n), rstd = rstd_.rows(0, n);
   const Tensor qkv = qkv_.rows(0, n), q = q_.rows(0, n), k = k_.rows(0, n), v = v_.rows(0, n), o = attn_.rows(0, n);
   const Tensor gate_up = gate_up_.rows(0, n), act = act_.rows(0, n);
-  const ops::AttentionOptions attention_options;  // as nn/gqa_attention.cpp: scale 1/sqrt(D)
+  const ops::AttentionOptions attention_options = attention_options_of(m);
   // x += branch: in place, or fp32 + bf16 -> fp32 on the mixed path.
   auto residual_add = [&] { mixed_ ? ops::add(x, branch, x) : ops::add_inplace(x, branch); };
 
@@ -309,7 +318,7 @@ void Decoder::step(int64_t n, bool with_logits) {
     residual_add();
   }
   ops::rms_norm_forward(x, final_norm_, m.norm_eps, h, rstd);  // h = final hidden states
-  if (with_logits) ops::lm_head_logits(h, head_, 0.0, logits_.rows(0, n));
+  if (with_logits) ops::lm_head_logits(h, head_, config_.logit_softcap, logits_.rows(0, n));
 }
 
 // The GPU step with the fused kernels: per block, the q/k/v epilogue and the two residual
@@ -347,7 +356,7 @@ void Decoder::step_fused([[maybe_unused]] int64_t n, [[maybe_unused]] bool with_
     ops::linear_forward(act, L.down_w, Tensor(), branch);
     add_norm(branch, l + 1 < layers_.size() ? layers_[l + 1]->attn_norm : final_norm_);
   }
-  if (with_logits) ops::lm_head_logits(h, head_, 0.0, logits_.rows(0, n));  // h = final hidden states
+  if (with_logits) ops::lm_head_logits(h, head_, config_.logit_softcap, logits_.rows(0, n));  // h = final hidden states
 #endif
 }
 
@@ -369,7 +378,7 @@ void Decoder::attend([[maybe_unused]] size_t l, [[maybe_unused]] int64_t n) {
                        rope ? sin_.data<float>() : nullptr, slot.data<int32_t>(), pos.data<int32_t>(),
                        options_.max_len, q.raw(), k_cache.raw(), v_cache.raw());
   }
-  ops::cached_attention_forward(q, k_cache, v_cache, slot, pos, ops::AttentionOptions{}, attn_.rows(0, n),
+  ops::cached_attention_forward(q, k_cache, v_cache, slot, pos, attention_options_of(m), attn_.rows(0, n),
                                 attn_workspace_);
 #endif
 }
@@ -381,7 +390,7 @@ cuda::DecodeAttentionArgs Decoder::attention_args(size_t l, int64_t n) const {
   const Layer& L = *layers_[l];
   const bool rope = m.position == "rope";
   auto gain = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
-  const ops::AttentionOptions defaults;  // as attend(): scale 1/sqrt(D), no window, no softcap
+  const ops::AttentionOptions options = attention_options_of(m);  // as attend()
   cuda::DecodeAttentionArgs a{};
   a.rows = n, a.q_heads = m.heads, a.kv_heads = m.kv_heads, a.head_dim = m.head_dim, a.max_len = options_.max_len;
   a.qkv = qkv_.raw();
@@ -389,8 +398,8 @@ cuda::DecodeAttentionArgs Decoder::attention_args(size_t l, int64_t n) const {
   a.cos = rope ? cos_.data<float>() : nullptr, a.sin = rope ? sin_.data<float>() : nullptr;
   a.slots = slots_.data<int32_t>(), a.positions = positions_.data<int32_t>();
   // As the cached_attention front end: 1/sqrt(D) in double, then rounded.
-  a.scale = static_cast<float>(defaults.scale > 0 ? defaults.scale : 1.0 / std::sqrt(static_cast<double>(m.head_dim)));
-  a.window = defaults.window, a.softcap = static_cast<float>(defaults.softcap);
+  a.scale = static_cast<float>(options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(m.head_dim)));
+  a.window = options.window, a.softcap = static_cast<float>(options.softcap);
   a.k_cache = cache_->k(static_cast<int64_t>(l)).raw(), a.v_cache = cache_->v(static_cast<int64_t>(l)).raw();
   a.out = attn_.raw();
   return a;
@@ -451,7 +460,7 @@ Tensor Decoder::compute_logits(std::span<const int32_t> rows) {
     copy_tensor(h_.rows(r, r + 1), gather_.rows(j, j + 1));
   }
   const Tensor lg = logits_.rows(0, m);
-  ops::lm_head_logits(gather_.rows(0, m), head_, 0.0, lg);
+  ops::lm_head_logits(gather_.rows(0, m), head_, config_.logit_softcap, lg);
   return lg;
 }
 

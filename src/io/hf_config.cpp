@@ -39,6 +39,15 @@ HfArch choose_hf_arch(const ModelConfig& m) {
   if (m.head_dim % 2 != 0) refuse("head_dim", std::to_string(m.head_dim), "RoPE needs an even head_dim");
   if (m.qk_norm && m.attention_bias)
     refuse("attention_bias", "true", "with model.qk_norm = true this is Qwen3, whose attention_bias also biases o_proj");
+  if (m.attention_softcap > 0)
+    refuse("attention_softcap", fmt::format("{}", m.attention_softcap), "stock Qwen3/Llama/Qwen2 attention has no softcap");
+  if (m.logit_softcap > 0)
+    refuse("logit_softcap", fmt::format("{}", m.logit_softcap), "stock Qwen3/Llama/Qwen2 LM heads have no softcap");
+  // Qwen2/Qwen3 configs can window some layers (use_sliding_window, max_window_layers), but
+  // that mapping is not verified against transformers yet, and Llama has none.
+  KILN_CHECK(m.sliding_window == 0, where,
+             "model.sliding_window = {}: windowed attention is not exported yet (no verified mapping to a stock "
+             "Hugging Face class)", m.sliding_window);
   if (m.qk_norm) return HfArch::qwen3;
   return m.attention_bias ? HfArch::qwen2 : HfArch::llama;
 }

@@ -279,6 +279,7 @@ ops::LossSums Model::forward_backward_with(ops::LmHeadLossOptions o) {
   KILN_CHECK(options_.training, "model", "forward_backward on a model built without training buffers");
   forward();
   o.chunk_rows = head_scratch_.logits.size(0);
+  o.softcap = config_.logit_softcap;
   const ops::LossSums sums = ops::lm_head_loss(hidden_.rows(0, rows_), head_weight(), targets_.rows(0, rows_), o,
                                                head_scratch_, dhidden_.rows(0, rows_), head_grad());
   backward_from_hidden();
@@ -309,6 +310,7 @@ ops::LossSums Model::evaluate() {
   forward();
   ops::LmHeadLossOptions o;
   o.chunk_rows = head_scratch_.logits.size(0);
+  o.softcap = config_.logit_softcap;
   return ops::lm_head_loss(hidden_.rows(0, rows_), head_weight(), targets_.rows(0, rows_), o, head_scratch_,
                            Tensor(), Tensor());
 }
@@ -323,7 +325,8 @@ void Model::logits(int64_t first, int64_t count, std::vector<float>& out) {
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t rows = std::min(chunk, count - begin);
     const Tensor logits = head_scratch_.logits.rows(0, rows);
-    ops::lm_head_logits(hidden_.rows(first + begin, first + begin + rows), head_weight(), 0.0, logits);
+    ops::lm_head_logits(hidden_.rows(first + begin, first + begin + rows), head_weight(), config_.logit_softcap,
+                        logits);
     copy_tensor(logits, host->rows(0, rows));
     float* dst = out.data() + begin * vocab;
     const DType dtype = host->dtype();

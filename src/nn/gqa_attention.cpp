@@ -35,6 +35,8 @@ class GqaAttention final : public Attention {
     ctx.parameter(o_w_, o_g_, p + "o_proj.weight", Shape{m.hidden, q_cols}, true,
                   Init::normal(m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers))));
     options_.deterministic = ctx.deterministic;
+    options_.window = m.sliding_window;
+    options_.softcap = m.attention_softcap;
     prepare_.q_heads = hq_, prepare_.kv_heads = hkv_, prepare_.head_dim = d_;
     if (m.qk_norm) {
       ctx.parameter(prepare_.q_gain, q_gain_grad_, p + "q_norm.weight", Shape{d_}, false, Init::ones());

@@ -34,6 +34,9 @@ struct ModelConfig {
   bool tie_embeddings = true;
   bool attention_bias = false;     // bias on q/k/v projections (Qwen2-style)
   double init_std = 0.02;
+  int64_t sliding_window = 0;      // every layer: query i sees keys j with i - j < window; 0 = full causal
+  double attention_softcap = 0;    // attention logits -> cap * tanh(logits / cap); 0 = off
+  double logit_softcap = 0;        // LM head logits -> cap * tanh(logits / cap); 0 = off
 };
 
 struct DataConfig {

@@ -37,6 +37,9 @@ const std::array kFields = {
     KILN_FIELD(model, tie_embeddings, none(), "LM head shares the embedding matrix"),
     KILN_FIELD(model, attention_bias, none(), "bias on q/k/v projections"),
     KILN_FIELD(model, init_std, non_negative(), "std of the normal weight init"),
+    KILN_FIELD(model, sliding_window, non_negative(), "attention window in tokens, every layer; 0 = full causal"),
+    KILN_FIELD(model, attention_softcap, non_negative(), "cap * tanh(x / cap) of attention logits; 0 = off"),
+    KILN_FIELD(model, logit_softcap, non_negative(), "cap * tanh(x / cap) of the LM head's logits; 0 = off"),
 
     KILN_FIELD(data, path, non_empty(), "training data: a file, directory or glob (text, JSONL, .zst/.gz, shards, .bin)"),
     KILN_FIELD(data, tokenizer, non_empty(), "\"byte\", or a Hugging Face tokenizer.json path (byte-level BPE)"),

@@ -485,8 +485,8 @@ void compare_decoders(Decoder& cpu, Decoder& gpu, double tolerance, DecodeReport
 
 class DecoderGpu : public GpuTest {};
 
-void check_gpu_decoder(DType dtype, bool fuse, double tolerance, bool decode_gemv = true, int64_t head_dim = 32) {
-  const ModelConfig config = tiny_config(head_dim);
+void check_gpu_decoder_of(const ModelConfig& config, const std::string& label, DType dtype, bool fuse,
+                          double tolerance, bool decode_gemv) {
   const auto [cpu_model, gpu_model] = random_model_pair(config, 21);
   DecoderOptions d;
   d.slots = 3;
@@ -505,12 +505,29 @@ void check_gpu_decoder(DType dtype, bool fuse, double tolerance, bool decode_gem
   // Graphs for the 2-row prefill tail and the 3-row decode steps; none on the unfused fp32
   // path (its RMSNorm launches on the legacy stream, which a capture cannot hold).
   EXPECT_EQ(gpu.graphs(), dtype == DType::f32 && !fuse ? 0u : 2u);
-  const std::string name = fmt::format("decoder_{}{}{}_d{}", dtype == DType::bf16 ? "bf16" : "f32",
-                                       fuse ? "" : "_ops", fuse && !decode_gemv ? "_cublas" : "", head_dim);
+  const std::string name = fmt::format("decoder_{}{}{}_{}", dtype == DType::bf16 ? "bf16" : "f32", fuse ? "" : "_ops",
+                                       fuse && !decode_gemv ? "_cublas" : "", label);
   ::testing::Test::RecordProperty(name + "_logits_max_rel_err", fmt::format("{:.3e}", report.worst));
   ::testing::Test::RecordProperty(name + "_greedy_agreement", fmt::format("{}/{}", report.agree, report.rows));
   std::printf("%s: %d logits rows, worst scaled error %.2e, greedy agreement %d/%d, %zu graphs\n", name.c_str(),
               report.rows, report.worst, report.agree, report.rows, gpu.graphs());
+}
+
+void check_gpu_decoder(DType dtype, bool fuse, double tolerance, bool decode_gemv = true, int64_t head_dim = 32) {
+  check_gpu_decoder_of(tiny_config(head_dim), fmt::format("d{}", head_dim), dtype, fuse, tolerance, decode_gemv);
+}
+
+// model.sliding_window and both softcaps (small enough to bite) through the fused and the
+// op-by-op decoder, as the CPU decoder applies them (tests/test_decode.cpp checks that one
+// against the full forward).
+TEST_F(DecoderGpu, WindowAndSoftcapsMatchCpuDecoder) {
+  ModelConfig config = tiny_config(64);
+  config.sliding_window = 5;
+  config.attention_softcap = 2.0;
+  config.logit_softcap = 8.0;
+  check_gpu_decoder_of(config, "window_softcap_d64", DType::f32, true, 1e-4, true);
+  check_gpu_decoder_of(config, "window_softcap_d64", DType::bf16, true, 5e-2, true);
+  check_gpu_decoder_of(config, "window_softcap_d64", DType::bf16, false, 5e-2, true);
 }
 
 TEST_F(DecoderGpu, F32MatchesCpuDecoder) {
