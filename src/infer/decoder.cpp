@@ -14,6 +14,7 @@
 #include "core/op_profiler.h"
 #include "core/step_graphs.h"
 #include "infer/decoder_cuda.h"
+#include "ops/cuda_kernels.h"
 #endif
 
 #include <algorithm>
@@ -444,6 +445,8 @@ void Decoder::step_gemv([[maybe_unused]] int64_t n) {
   }
   OpScope scope("final norm + lm head (fused)", Device::cuda);
   cuda::norm_gemv(DType::f32, x, final_norm_.data<float>(), eps, n, d, head_.raw(), m.vocab_size, logits_.raw());
+  if (m.logit_softcap > 0)
+    cuda::softcap_f32(logits_.data<float>(), n * m.vocab_size, static_cast<float>(m.logit_softcap));
 #endif
 }
 

@@ -325,8 +325,10 @@ void Model::logits(int64_t first, int64_t count, std::vector<float>& out) {
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t rows = std::min(chunk, count - begin);
     const Tensor logits = head_scratch_.logits.rows(0, rows);
-    ops::lm_head_logits(hidden_.rows(first + begin, first + begin + rows), head_weight(), config_.logit_softcap,
-                        logits);
+    // bf16 logits (the GPU's mixed path) take the softcap here, in fp32, after the copy.
+    const bool cap_on_host = logits.dtype() == DType::bf16 && config_.logit_softcap > 0;
+    ops::lm_head_logits(hidden_.rows(first + begin, first + begin + rows), head_weight(),
+                        cap_on_host ? 0.0 : config_.logit_softcap, logits);
     copy_tensor(logits, host->rows(0, rows));
     float* dst = out.data() + begin * vocab;
     const DType dtype = host->dtype();
@@ -334,6 +336,10 @@ void Model::logits(int64_t first, int64_t count, std::vector<float>& out) {
       dst[i] = dtype == DType::f32    ? host->data<float>()[i]
                : dtype == DType::bf16 ? bf16_to_float(static_cast<const uint16_t*>(host->raw())[i])
                                       : static_cast<float>(host->data<double>()[i]);
+    if (cap_on_host) {
+      const float cap = static_cast<float>(config_.logit_softcap);
+      for (int64_t i = 0; i < rows * vocab; ++i) dst[i] = cap * std::tanh(dst[i] / cap);
+    }
   }
 }
 
