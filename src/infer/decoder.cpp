@@ -39,7 +39,7 @@ void require_component(bool ok, const char* key, const std::string& value) {
 constexpr int64_t kChainKey = int64_t{1} << 32;
 
 // The model's attention as nn/gqa_attention.cpp runs it: scale 1/sqrt(D), its window and
-// logit softcap.
+// attention softcap.
 ops::AttentionOptions attention_options_of(const ModelConfig& m) {
   ops::AttentionOptions o;
   o.window = m.sliding_window;
