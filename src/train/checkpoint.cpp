@@ -46,11 +46,6 @@ uint64_t manifest_hash(json manifest) {
   return xxh64_string(manifest.dump());
 }
 
-void warn(const std::string& message) {
-  std::fflush(stdout);
-  fmt::print(stderr, "kiln: warning: [checkpoint] {}\n", message);
-}
-
 }  // namespace
 
 std::string checkpoint_root(const Config& config) {
@@ -81,7 +76,7 @@ void CheckpointWriter::prepare() {
 void CheckpointWriter::remove_quietly(const std::string& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
-  if (ec) warn(fmt::format("{}: cannot delete: {}; continuing", path, ec.message()));
+  if (ec) warn(kWhere, fmt::format("{}: cannot delete: {}; continuing", path, ec.message()));
 }
 
 void CheckpointWriter::write_files(const std::string& tmp, const Model& model, const Optimizer& optimizer,
@@ -112,7 +107,7 @@ void CheckpointWriter::write_files(const std::string& tmp, const Model& model, c
   faults_.kill_point("optimizer", saves_);
   io::write_file_synced(join_path(tmp, "config.toml"), state.config_toml, kWhere);
   if (!io::save_tokenizer_with_model(tokenizer_, tmp))
-    warn(fmt::format("data.tokenizer '{}' is gone: {} has no tokenizer.json", tokenizer_, tmp));
+    warn(kWhere, fmt::format("data.tokenizer '{}' is gone: {} has no tokenizer.json", tokenizer_, tmp));
   for (const char* name : io::kTokenizerFiles)
     if (fs::exists(join_path(tmp, name))) io::fsync_path(join_path(tmp, name), kWhere);
   const std::string state_json = state_to_json(state);
@@ -195,7 +190,7 @@ void CheckpointWriter::apply_retention(int64_t newest) {
     if (faults_.has("checkpoint_delete", "fail")) ec = std::make_error_code(std::errc::permission_denied);
     else fs::rename(path, trash, ec);
     if (ec) {
-      warn(fmt::format("{}: cannot delete old checkpoint: {}; continuing", path, ec.message()));
+      warn(kWhere, fmt::format("{}: cannot delete old checkpoint: {}; continuing", path, ec.message()));
       continue;
     }
     remove_quietly(trash);
@@ -230,7 +225,7 @@ std::string resolve_checkpoint(const std::string& path) {
   // Only a crash while a same-step checkpoint was being replaced leaves this.
   const auto all = list_checkpoints(path);
   KILN_CHECK(!all.empty(), kWhere, "{}: names {}, which does not exist", latest, target);
-  warn(fmt::format("{} names {}, which does not exist; using the newest complete checkpoint {}", latest, name,
+  warn(kWhere, fmt::format("{} names {}, which does not exist; using the newest complete checkpoint {}", latest, name,
                    all.back().second));
   return all.back().second;
 }

@@ -338,11 +338,9 @@ TrainResult Trainer::run() {
   if (config_.checkpoint.save_final) {
     const std::string dir = (fs::path(t.out_dir) / "model").string();
     io::save_model(*model_, config_, dir);
-    if (!io::save_tokenizer_with_model(config_.data.tokenizer, dir)) {  // so the model dir stands alone
-      std::fflush(stdout);
-      fmt::print(stderr, "kiln: warning: [save] data.tokenizer '{}' is gone: the model in {} has no tokenizer.json\n",
-                 config_.data.tokenizer, dir);
-    }
+    if (!io::save_tokenizer_with_model(config_.data.tokenizer, dir))  // so the model dir stands alone
+      warn("save", fmt::format("data.tokenizer '{}' is gone: the model in {} has no tokenizer.json",
+                               config_.data.tokenizer, dir));
     fmt::print("saved model to {}\n", dir);
   }
   p.elapsed_seconds = now_seconds() - start;

@@ -19,11 +19,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-void warn(const std::string& message) {
-  std::fflush(stdout);
-  fmt::print(stderr, "kiln: warning: {}\n", message);
-}
-
 }  // namespace
 
 std::optional<CheckpointInfo> Trainer::find_resume_checkpoint(const TrainOptions& options) {
@@ -50,7 +45,7 @@ void Trainer::restore(const CheckpointInfo& checkpoint, bool allow_data_change) 
   for (const std::string& d : config_differences(checkpoint.config, config_)) changed += (changed.empty() ? "" : ", ") + d;
   if (!changed.empty()) fmt::print("resume: configuration changed since the checkpoint: {}\n", changed);
   if (saved.threads != threads_)
-    warn(fmt::format("the checkpoint was written with {} CPU threads, this run uses {}: the run continues, but its "
+    warn("", fmt::format("the checkpoint was written with {} CPU threads, this run uses {}: the run continues, but its "
                      "losses are not bitwise those of an uninterrupted run",
                      saved.threads, threads_));
   if (saved.kiln_version != KILN_VERSION)
@@ -60,7 +55,7 @@ void Trainer::restore(const CheckpointInfo& checkpoint, bool allow_data_change) 
   if (same_data) {
     stream_->set_state(saved.stream);
   } else {
-    warn(fmt::format("{}: the data changed (--allow-data-change): reading the new data from its start",
+    warn("", fmt::format("{}: the data changed (--allow-data-change): reading the new data from its start",
                      checkpoint.path));
   }
   guard_.restore(saved.guard);
@@ -101,7 +96,7 @@ void Trainer::save_checkpoint_or_warn(TrainResult& result) {
     result.checkpoint = save_checkpoint();
   } catch (const Error& e) {
     if (config_.checkpoint.on_save_error == "stop") throw;
-    warn(fmt::format("{} (checkpoint.on_save_error = continue: training goes on; the previous checkpoint is "
+    warn("", fmt::format("{} (checkpoint.on_save_error = continue: training goes on; the previous checkpoint is "
                      "intact)",
                      e.what()));
   }
