@@ -8,7 +8,7 @@
 #include "io/durable_io.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
-#include "train/config_fields.h"
+#include "config/config_fields.h"
 #include "train/memory_check.h"
 #include "train/metrics.h"
 

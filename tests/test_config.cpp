@@ -1,7 +1,7 @@
 #include "core/error.h"
 #include "test_util.h"
-#include "train/config.h"
-#include "train/config_fields.h"
+#include "config/config.h"
+#include "config/config_fields.h"
 
 #include <gtest/gtest.h>
 

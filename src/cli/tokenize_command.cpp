@@ -3,7 +3,7 @@
 #include "cli/commands.h"
 #include "data/tokenize.h"
 #include "data/tokenizer.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <fmt/format.h>
 

@@ -6,8 +6,6 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "ops/cuda_kernels.h"
-
 namespace kiln::cuda {
 
 cudaStream_t stream();
@@ -15,7 +13,6 @@ cublasHandle_t blas();
 // Streaming multiprocessors of the current device (asked once): kernels that size their
 // grid to what is resident at once.
 int sm_count();
-
 
 // Blocks of `threads` covering n items (at most 65535 * 1024 * ... grid-stride loops do the rest).
 inline unsigned blocks_for(int64_t n, int threads) {

@@ -2,7 +2,7 @@
 // for a directory, whether it holds a kiln shard manifest).
 #pragma once
 
-#include "train/config.h"
+#include "config/config.h"
 
 #include <string>
 #include <string_view>

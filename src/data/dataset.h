@@ -16,7 +16,7 @@
 #include "data/document_reader.h"
 #include "data/token_span.h"
 #include "data/tokenizer.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <cstdint>
 #include <memory>

@@ -11,7 +11,7 @@
 #pragma once
 
 #include "data/bad_input.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <cstdint>
 #include <memory>

@@ -15,7 +15,7 @@
 
 #include "data/batch.h"
 #include "data/token_span.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <cstdint>
 #include <span>

@@ -11,7 +11,7 @@
 #include "data/bad_input.h"
 #include "data/shards/manifest.h"
 #include "data/tokenizer.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <cstdint>
 #include <functional>

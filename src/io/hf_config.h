@@ -14,7 +14,7 @@
 // (rope scaling, sliding windows, o_proj / MLP biases, another activation).
 #pragma once
 
-#include "train/config.h"
+#include "config/config.h"
 
 #include <nlohmann/json.hpp>
 

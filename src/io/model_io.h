@@ -4,7 +4,7 @@
 
 #include "io/safetensors.h"
 #include "model/model.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <memory>
 #include <string>

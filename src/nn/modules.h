@@ -6,7 +6,7 @@
 #include "nn/interfaces.h"
 #include "nn/parameter.h"
 #include "nn/registry.h"
-#include "train/config.h"
+#include "config/config.h"
 
 namespace kiln {
 

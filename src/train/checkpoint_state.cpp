@@ -2,7 +2,7 @@
 
 #include "core/checksum.h"
 #include "core/error.h"
-#include "train/config_fields.h"
+#include "config/config_fields.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -4,7 +4,7 @@
 
 #include "core/dtype.h"
 #include "data/batch_stream.h"
-#include "train/config.h"
+#include "config/config.h"
 #include "train/fault_guard.h"
 
 #include <cstdint>

@@ -8,7 +8,7 @@
 // decisions as one that never stopped.
 #pragma once
 
-#include "train/config.h"
+#include "config/config.h"
 
 #include <cstdint>
 #include <string>

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "core/dtype.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -5,7 +5,7 @@
 #include "nn/parameter.h"
 #include "nn/registry.h"
 #include "ops/cuda_kernels.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <memory>
 #include <vector>

@@ -8,7 +8,7 @@
 #include "data/tokenizer.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
-#include "train/config.h"
+#include "config/config.h"
 #include "train/device_step.h"
 #include "train/fault_guard.h"
 #include "train/fault_inject.h"

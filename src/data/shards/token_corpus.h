@@ -8,7 +8,7 @@
 #include "data/data_format.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <string>
 

@@ -1,5 +1,5 @@
 // The table of configuration keys behind load_config, apply_override, validate_config
-// and config_to_toml (train/config.cpp). Each key is one entry in config_fields.cpp:
+// and config_to_toml (config/config.cpp). Each key is one entry in config_fields.cpp:
 //
 //   KILN_FIELD(model, layers, positive(), "transformer blocks"),
 //
@@ -8,7 +8,7 @@
 // TOML. Rules that relate several keys live in validate_config itself.
 #pragma once
 
-#include "train/config.h"
+#include "config/config.h"
 
 #include <cstdint>
 #include <span>

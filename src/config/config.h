@@ -4,7 +4,7 @@
 // change them. Unknown keys and ill-typed or out-of-range values are errors naming the
 // key. The resolved configuration is written next to every run and saved model.
 //
-// Adding a key: the member here plus one KILN_FIELD line in train/config_fields.cpp,
+// Adding a key: the member here plus one KILN_FIELD line in config/config_fields.cpp,
 // which drives parsing, --set, validation and config_to_toml.
 #pragma once
 

@@ -1,9 +1,9 @@
 // load_config, apply_override, validate_config and config_to_toml, all driven by the
-// field table in train/config_fields.cpp.
-#include "train/config.h"
+// field table in config/config_fields.cpp.
+#include "config/config.h"
 
 #include "core/error.h"
-#include "train/config_fields.h"
+#include "config/config_fields.h"
 
 // Debian's libtomlplusplus-dev ships <toml++/toml.h>; upstream also has toml.hpp.
 #if __has_include(<toml++/toml.hpp>)

@@ -1,4 +1,4 @@
-#include "train/config_fields.h"
+#include "config/config_fields.h"
 
 #include <array>
 
