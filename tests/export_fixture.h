@@ -72,7 +72,7 @@ inline double text_loss(const std::string& dir, const std::string& text) {
   b.max_seqlen = static_cast<int32_t>(b.tokens.size());
   b.target_count = static_cast<int64_t>(b.tokens.size());
   m.model->load_batch(b);
-  const ops::LossSums s = m.model->evaluate();
+  const LossSums s = m.model->evaluate();
   return s.loss / static_cast<double>(s.count);
 }
 

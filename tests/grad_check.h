@@ -225,12 +225,13 @@ inline ModelConfig tiny_config(bool qk_norm, bool tie, int64_t vocab = 13) {
   return c;
 }
 
-inline BuildOptions tiny_build(int64_t max_tokens = 24, int64_t loss_chunk_rows = 7) {
+inline BuildOptions tiny_build(int64_t max_tokens = 24, int64_t loss_chunk_rows = 7, double z_loss = 0) {
   BuildOptions o;
   o.dtype = DType::f64;
   o.device = Device::cpu;
   o.max_tokens = max_tokens;
   o.loss_chunk_rows = loss_chunk_rows;
+  o.z_loss = z_loss;
   o.training = true;
   return o;
 }

@@ -2,6 +2,7 @@
 #include "test_util.h"
 #include "config/config.h"
 #include "config/config_fields.h"
+#include "config/layer_pattern.h"
 
 #include <gtest/gtest.h>
 
@@ -305,6 +306,9 @@ TEST_F(ConfigFile, RoundTripEveryFieldChanged) {
   }
   c.model.heads = 8;  // keep heads % kv_heads == 0
   c.model.kv_heads = 4;
+  c.model.full_attention_layers = "0";  // layer sets must parse
+  c.model.nope_layers = "~1";
+  c.model.alt_mlp_layers = "every:2";
   const Config back = load_config(write(config_to_toml(c)));
   EXPECT_TRUE(config_equal(back, c)) << config_to_toml(c);
   EXPECT_FALSE(config_equal(back, Config{}));
@@ -419,6 +423,60 @@ TEST(ConfigValidate, Choices) {
 
 TEST(ConfigValidate, DataPathNonEmpty) {
   EXPECT_EQ(validation_error([](Config& c) { c.data.path = ""; }), "[config] data.path must not be empty");
+}
+
+// Layer sets: each form, their union and complement, and one-line errors naming the key.
+TEST(LayerSet, FormsUnionsAndComplements) {
+  auto set = [](std::string_view text, int64_t layers = 8) {
+    std::string out;
+    const std::vector<bool> m = parse_layer_set("model.nope_layers", text, layers);
+    for (size_t l = 0; l < m.size(); ++l) out += m[l] ? '1' : '0';
+    return out;
+  };
+  EXPECT_EQ(set(""), "00000000");
+  EXPECT_EQ(set("all"), "11111111");
+  EXPECT_EQ(set("3"), "00010000");
+  EXPECT_EQ(set("2-4, 7"), "00111001");
+  EXPECT_EQ(set("every:3"), "00100100");  // each 3rd layer: 2, 5
+  EXPECT_EQ(set("first:2"), "11000000");
+  EXPECT_EQ(set("from:6"), "00000011");
+  EXPECT_EQ(set("first:10"), "11111111");
+  EXPECT_EQ(set("~every:2"), "10101010");
+  EXPECT_EQ(set("~ 0,every:4"), "01101110");
+  EXPECT_EQ(error_of([&] { set("8"); }),
+            "[config] model.nope_layers = '8': '8' names layer 8, but the model has 8 (model.layers) (layer sets: N, "
+            "A-B, every:K, first:K, from:K, all; ~ for the complement)");
+  for (const char* bad : {"x", "3-1", "every:0", "every:", "some:2", "1,,2", "-1", "1-"})
+    EXPECT_NE(error_of([&] { set(bad); }).find("model.nope_layers"), std::string::npos) << bad;
+}
+
+TEST(LayerSet, LayerChoicesFollowThePatterns) {
+  ModelConfig m;
+  m.layers = 6;
+  m.sliding_window = 64;
+  m.full_attention_layers = "every:3";
+  m.nope_layers = "5";
+  m.alt_mlp = "geglu";
+  m.alt_mlp_layers = "first:1";
+  for (int64_t l = 0; l < 6; ++l) {
+    const LayerChoices c = layer_choices(m, l);
+    EXPECT_EQ(c.window, l == 2 || l == 5 ? 0 : 64) << l;
+    EXPECT_EQ(c.rotary, l != 5) << l;
+    EXPECT_EQ(c.mlp, l == 0 ? "geglu" : "swiglu") << l;
+  }
+}
+
+TEST(ConfigValidate, LayerPatterns) {
+  auto error_with = [](const std::function<void(Config&)>& edit) {
+    Config c;
+    edit(c);
+    return error_of([&] { validate_config(c); });
+  };
+  EXPECT_NE(error_with([](Config& c) { c.model.nope_layers = "9"; }).find("model.nope_layers = '9'"), std::string::npos);
+  EXPECT_EQ(error_with([](Config& c) { c.model.alt_mlp_layers = "0"; }),
+            "[config] model.alt_mlp_layers = '0' names layers, but model.alt_mlp (their MLP) is empty");
+  EXPECT_EQ(error_with([](Config& c) { c.model.full_attention_layers = "0"; }),
+            "[config] model.full_attention_layers = '0' exempts layers from a window, but model.sliding_window is 0");
 }
 
 }  // namespace

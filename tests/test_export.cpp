@@ -114,9 +114,14 @@ TEST(ExportHf, ShardedBf16AndF16) {
 }
 
 TEST(ExportHf, RefusesWhatNoStockClassComputes) {
+  // The components write the config.json of the family chosen for them, or refuse.
   auto refusal = [](ModelConfig m) {
     try {
-      io::choose_hf_arch(m);
+      BuildOptions o;
+      o.training = false;
+      o.max_tokens = 4;
+      const Model model(m, o);
+      io::hf_config_json(model, io::choose_hf_arch(m), {}, "float32");
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -143,6 +148,15 @@ TEST(ExportHf, RefusesWhatNoStockClassComputes) {
   m.sliding_window = 64;
   EXPECT_NE(refusal(m).find("model.sliding_window = 64: windowed attention is not exported"), std::string::npos)
       << refusal(m);
+  // Per-layer patterns: a NoPE layer is refused; an alternative MLP that is the same
+  // component writes the same fields, and is the plain model.
+  m = test::tiny_config(true, true, false);
+  m.nope_layers = "1";
+  EXPECT_NE(refusal(m).find("model.nope_layers = layer 1"), std::string::npos) << refusal(m);
+  m = test::tiny_config(true, true, false);
+  m.alt_mlp = "swiglu";
+  m.alt_mlp_layers = "0";
+  EXPECT_EQ(refusal(m), "accepted");
 
   // Through the CLI: one error line, nothing written.
   const std::string root = test::temp_dir("kiln-export-refuse");

@@ -2,7 +2,7 @@
 // tests/data/golden/*.safetensors, must reproduce the logits, loss and every parameter
 // gradient that transformers' Qwen3ForCausalLM computed running each document alone
 // (scripts/make_golden.py). fp32, relative error within 1e-4.
-#include "io/hf_names.h"
+#include "io/export_names.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "test_util.h"
@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <map>
 
 namespace kiln {
 namespace {
@@ -74,7 +75,7 @@ void check_golden(const std::string& file_name) {
   options.loss_chunk_rows = 16;  // several chunks, the last one partial
   Model model(config, options);
   model.allocate();
-  for (const auto& p : model.parameters()) io::read_into(file, io::to_hf_name(p->name()), p->value());
+  for (const auto& p : model.parameters()) io::read_into(file, io::hf_name(*p), p->value());
 
   // Logits of every row.
   model.load_batch(batch);
@@ -87,7 +88,7 @@ void check_golden(const std::string& file_name) {
 
   // Loss and gradients: the loss is the mean over the batch's target tokens.
   model.zero_grads();
-  const ops::LossSums sums = model.forward_backward(1.0 / static_cast<double>(batch.target_count), 0.0);
+  const LossSums sums = model.forward_backward(1.0 / static_cast<double>(batch.target_count));
   const double loss = sums.loss / static_cast<double>(sums.count);
   const double expected_loss = io::read_tensor(file, "loss", DType::f32)->data<float>()[0];
   EXPECT_EQ(sums.count, batch.target_count);
@@ -96,7 +97,7 @@ void check_golden(const std::string& file_name) {
   int checked = 0;
   double worst_grad = 0;
   for (const auto& p : model.parameters()) {
-    const std::string hf = io::to_hf_name(p->name());
+    const std::string hf = io::hf_name(*p);
     const OwnedTensor expected = io::read_tensor(file, "grad." + hf, DType::f32);
     const Tensor grad = p->grad();
     ASSERT_EQ(grad.numel(), expected->numel()) << hf;
@@ -116,14 +117,60 @@ void check_golden(const std::string& file_name) {
 TEST(Golden, Qwen3TiedEmbeddingsMatchTransformers) { check_golden("qwen3_tiny_tied.safetensors"); }
 TEST(Golden, Qwen3UntiedEmbeddingsMatchTransformers) { check_golden("qwen3_tiny_untied.safetensors"); }
 
-TEST(HfNames, RoundTripAndErrors) {
-  for (const std::string name : {"embed.weight", "final_norm.weight", "lm_head.weight", "layers.0.attn.q_proj.weight",
-                                 "layers.11.mlp.down_proj.weight", "layers.2.attn.k_norm.weight",
-                                 "layers.3.mlp_norm.weight"})
-    EXPECT_EQ(io::from_hf_name(io::to_hf_name(name)), name);
-  EXPECT_EQ(io::to_hf_name("layers.7.attn_norm.weight"), "model.layers.7.input_layernorm.weight");
-  EXPECT_THROW(io::to_hf_name("layers.x.attn.q_proj.weight"), Error);
-  EXPECT_THROW(io::from_hf_name("model.layers.0.block_sparse_moe.gate.weight"), Error);
+// The names the components give their parameters are the stock layouts' (transformers'
+// Qwen2/Qwen3/Llama state dicts, llama.cpp's GGUF tensors): every parameter of a model with
+// every optional tensor (untied head, q/k norms, q/k/v biases) against the table.
+TEST(ExportNames, ComponentsNameTheirParametersAsTheStockLayouts) {
+  ModelConfig config;
+  config.layers = 2;
+  config.tie_embeddings = false;
+  config.attention_bias = true;
+  BuildOptions options;
+  options.training = false;
+  options.max_tokens = 8;
+  const Model model(config, options);
+  const std::map<std::string, std::pair<std::string, std::string>> expected = {
+      {"embed.weight", {"model.embed_tokens.weight", "token_embd.weight"}},
+      {"final_norm.weight", {"model.norm.weight", "output_norm.weight"}},
+      {"lm_head.weight", {"lm_head.weight", "output.weight"}},
+  };
+  const std::map<std::string, std::pair<std::string, std::string>> per_layer = {
+      {"attn_norm.weight", {"input_layernorm.weight", "attn_norm.weight"}},
+      {"mlp_norm.weight", {"post_attention_layernorm.weight", "ffn_norm.weight"}},
+      {"attn.q_proj.weight", {"self_attn.q_proj.weight", "attn_q.weight"}},
+      {"attn.k_proj.weight", {"self_attn.k_proj.weight", "attn_k.weight"}},
+      {"attn.v_proj.weight", {"self_attn.v_proj.weight", "attn_v.weight"}},
+      {"attn.o_proj.weight", {"self_attn.o_proj.weight", "attn_output.weight"}},
+      {"attn.q_proj.bias", {"self_attn.q_proj.bias", "attn_q.bias"}},
+      {"attn.k_proj.bias", {"self_attn.k_proj.bias", "attn_k.bias"}},
+      {"attn.v_proj.bias", {"self_attn.v_proj.bias", "attn_v.bias"}},
+      {"attn.q_norm.weight", {"self_attn.q_norm.weight", "attn_q_norm.weight"}},
+      {"attn.k_norm.weight", {"self_attn.k_norm.weight", "attn_k_norm.weight"}},
+      {"mlp.gate_proj.weight", {"mlp.gate_proj.weight", "ffn_gate.weight"}},
+      {"mlp.up_proj.weight", {"mlp.up_proj.weight", "ffn_up.weight"}},
+      {"mlp.down_proj.weight", {"mlp.down_proj.weight", "ffn_down.weight"}},
+  };
+  size_t checked = 0;
+  for (const auto& p : model.parameters()) {
+    const ParamName& n = p->names();
+    std::pair<std::string, std::string> want;
+    if (auto it = expected.find(n.kiln); it != expected.end()) {
+      want = it->second;
+    } else {
+      ASSERT_EQ(n.kiln.rfind("layers.", 0), 0u) << n.kiln;
+      const size_t dot = n.kiln.find('.', 7);
+      const std::string index = n.kiln.substr(7, dot - 7), leaf = n.kiln.substr(dot + 1);
+      ASSERT_TRUE(per_layer.count(leaf)) << n.kiln;
+      want = {"model.layers." + index + "." + per_layer.at(leaf).first, "blk." + index + "." + per_layer.at(leaf).second};
+    }
+    EXPECT_EQ(n.hf, want.first) << n.kiln;
+    EXPECT_EQ(n.gguf, want.second) << n.kiln;
+    // llama.cpp's llama architecture pairs RoPE rows interleaved: q and k weights only.
+    const bool rope_rows = n.kiln.find("q_proj.weight") != std::string::npos || n.kiln.find("k_proj.weight") != std::string::npos;
+    EXPECT_EQ(n.gguf_layout == GgufLayout::rope_rows, rope_rows) << n.kiln;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3 + 2 * per_layer.size());
 }
 
 }  // namespace

@@ -51,15 +51,15 @@ void check_model_gradient(const ModelConfig& config, const Variant& v) {
   ASSERT_EQ(batch.size(), 20);
   ASSERT_EQ(batch.target_count, 15);
   {
-    Model m(config, tiny_build());
+    Model m(config, tiny_build(24, 7, v.z));
     m.allocate();
     init_tiny_model(m, 7);
     m.load_batch(batch);
     const double scale = 1.0 / static_cast<double>(batch.target_count);
 
     m.zero_grads();
-    const ops::LossSums fb = m.forward_backward(scale, v.z);
-    const ops::LossSums ev = m.evaluate();
+    const LossSums fb = m.forward_backward(scale);
+    const LossSums ev = m.evaluate();
     EXPECT_EQ(fb.count, batch.target_count);
     EXPECT_EQ(ev.count, batch.target_count);
     EXPECT_NEAR(fb.loss, ev.loss, 1e-13 * ev.loss);
@@ -70,13 +70,13 @@ void check_model_gradient(const ModelConfig& config, const Variant& v) {
     const auto grads_default = all_grads(m);
     ScopedCpuThreads one_thread(1);
     m.zero_grads();
-    m.forward_backward(scale, v.z);
+    m.forward_backward(scale);
     for (const auto& [name, g] : all_grads(m))
       for (size_t i = 0; i < g.size(); ++i)
         ASSERT_NEAR(g[i], grads_default.at(name)[i], 1e-13 * (1e-3 + std::abs(g[i]))) << name << " thread count";
 
     const auto objective = [&] {
-      const ops::LossSums s = m.evaluate();
+      const LossSums s = m.evaluate();
       return (s.loss + v.z * s.z) * scale;
     };
     GradCheckOptions o;
@@ -116,6 +116,46 @@ TEST(ModulesGrad, WindowedSoftcappedModelMatchesFiniteDifferences) {
   check_model_gradient(c, Variant{true, false, 1e-3});
 }
 
+// A per-layer pattern: layer 0 windowed (2 tokens), layer 1 full attention without RoPE.
+TEST(ModulesGrad, PerLayerPatternModelMatchesFiniteDifferences) {
+  ModelConfig c = tiny_config(true, false);
+  c.sliding_window = 2;
+  c.full_attention_layers = "1";
+  c.nope_layers = "1";
+  check_model_gradient(c, Variant{true, false, 1e-3});
+}
+
+// Each pattern key reaches only the layers it names: exempting every layer from the window
+// is the plain model, and the window or NoPE on one layer changes the loss, differently
+// for each layer.
+TEST(ModulesGrad, LayerPatternsApplyToTheLayersTheyName) {
+  const HostBatch batch = pack_docs(three_docs(), 4);
+  auto loss_of = [&](const std::function<void(ModelConfig&)>& edit) {
+    ModelConfig c = tiny_config(true, true);
+    edit(c);
+    Model m(c, tiny_build());
+    m.allocate();
+    init_tiny_model(m, 7);
+    m.load_batch(batch);
+    return m.evaluate().loss;
+  };
+  const double plain = loss_of([](ModelConfig&) {});
+  EXPECT_EQ(loss_of([](ModelConfig& c) { c.sliding_window = 2, c.full_attention_layers = "all"; }), plain);
+  const double window0 = loss_of([](ModelConfig& c) { c.sliding_window = 2, c.full_attention_layers = "1"; });
+  const double window1 = loss_of([](ModelConfig& c) { c.sliding_window = 2, c.full_attention_layers = "~1"; });
+  const double window_both = loss_of([](ModelConfig& c) { c.sliding_window = 2; });
+  EXPECT_NE(window0, plain);
+  EXPECT_NE(window1, plain);
+  EXPECT_NE(window0, window1);
+  EXPECT_NE(window0, window_both);
+  const double nope0 = loss_of([](ModelConfig& c) { c.nope_layers = "0"; });
+  const double nope1 = loss_of([](ModelConfig& c) { c.nope_layers = "every:2"; });
+  EXPECT_NE(nope0, plain);
+  EXPECT_NE(nope1, plain);
+  EXPECT_NE(nope0, nope1);
+  EXPECT_EQ(loss_of([](ModelConfig& c) { c.nope_layers = "0-1"; }), loss_of([](ModelConfig& c) { c.position = "none"; }));
+}
+
 // The three options change the model only where they bite: a window as long as the context
 // and caps far above every logit give the plain model's loss; small ones change it.
 TEST(ModulesGrad, WindowAndSoftcapsChangeTheLossOnlyWhenTheyBite) {
@@ -142,16 +182,16 @@ TEST(ModulesGrad, ZLossChangesTheGradient) {
   // The z-loss gradient path is live: with z > 0 the gradient differs from z = 0 by about
   // d(z * sum lse^2) — and by exactly that, per the finite-difference test above.
   const HostBatch batch = pack_docs(three_docs(), 4);
-  Model m(tiny_config(true, true), tiny_build());
-  m.allocate();
-  init_tiny_model(m, 7);
-  m.load_batch(batch);
-  m.zero_grads();
-  m.forward_backward(1.0, 0.0);
-  const auto g0 = all_grads(m);
-  m.zero_grads();
-  m.forward_backward(1.0, 1e-3);
-  const auto g1 = all_grads(m);
+  auto gradients = [&](double z) {
+    Model m(tiny_config(true, true), tiny_build(24, 7, z));
+    m.allocate();
+    init_tiny_model(m, 7);
+    m.load_batch(batch);
+    m.zero_grads();
+    m.forward_backward(1.0);
+    return all_grads(m);
+  };
+  const auto g0 = gradients(0.0), g1 = gradients(1e-3);
   double diff = 0;
   for (const auto& [name, g] : g0)
     for (size_t i = 0; i < g.size(); ++i) diff = std::max(diff, std::abs(g[i] - g1.at(name)[i]));
@@ -162,27 +202,27 @@ TEST(ModulesGrad, GradientsAccumulateAndZeroGradsClears) {
   const HostBatch batch = pack_docs(three_docs(), 4);
   for (bool tie : {true, false}) {
     SCOPED_TRACE(tie ? "tied" : "untied");
-    Model m(tiny_config(true, tie), tiny_build());
+    Model m(tiny_config(true, tie), tiny_build(24, 7, 1e-3));
     m.allocate();
     init_tiny_model(m, 11);
     m.load_batch(batch);
     const double scale = 1.0 / static_cast<double>(batch.target_count);
     m.zero_grads();
-    m.forward_backward(scale, 1e-3);
+    m.forward_backward(scale);
     const auto once = all_grads(m);
-    m.forward_backward(scale, 1e-3);  // no zero_grads: += on top
+    m.forward_backward(scale);  // no zero_grads: += on top
     const auto twice = all_grads(m);
     // A second batch (different documents) accumulates as the sum of both gradients.
     HostBatch other = pack_docs({three_docs()[2], three_docs()[0]}, 2);
-    Model ref(tiny_config(true, tie), tiny_build());
+    Model ref(tiny_config(true, tie), tiny_build(24, 7, 1e-3));
     ref.allocate();
     init_tiny_model(ref, 11);
     ref.load_batch(other);
     ref.zero_grads();
-    ref.forward_backward(scale, 1e-3);
+    ref.forward_backward(scale);
     const auto other_grads = all_grads(ref);
     m.load_batch(other);
-    m.forward_backward(scale, 1e-3);
+    m.forward_backward(scale);
     const auto thrice = all_grads(m);
     for (const auto& [name, g] : once) {
       double scale_g = 0;
@@ -198,7 +238,7 @@ TEST(ModulesGrad, GradientsAccumulateAndZeroGradsClears) {
       for (double x : g) ASSERT_EQ(x, 0.0) << name;
     // And after clearing, one call gives the single gradient again.
     m.load_batch(batch);
-    m.forward_backward(scale, 1e-3);
+    m.forward_backward(scale);
     for (const auto& [name, g] : all_grads(m))
       for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], once.at(name)[i], 1e-15 + 1e-13 * std::abs(g[i])) << name;
   }
@@ -206,15 +246,15 @@ TEST(ModulesGrad, GradientsAccumulateAndZeroGradsClears) {
 
 TEST(ModulesGrad, GradientIsLinearInLossScale) {
   const HostBatch batch = pack_docs(three_docs(), 4);
-  Model m(tiny_config(false, false), tiny_build());
+  Model m(tiny_config(false, false), tiny_build(24, 7, 1e-3));
   m.allocate();
   init_tiny_model(m, 3);
   m.load_batch(batch);
   m.zero_grads();
-  m.forward_backward(0.25, 1e-3);
+  m.forward_backward(0.25);
   const auto a = all_grads(m);
   m.zero_grads();
-  m.forward_backward(1.0, 1e-3);
+  m.forward_backward(1.0);
   const auto b = all_grads(m);
   for (const auto& [name, g] : a)
     for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(4 * g[i], b.at(name)[i], 1e-13 * (1 + std::abs(b.at(name)[i]))) << name;

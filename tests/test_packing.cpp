@@ -34,7 +34,7 @@ std::vector<std::vector<double>> row_losses(Model& m, const HostBatch& batch, in
       probe.targets[static_cast<size_t>(r)] = static_cast<int32_t>(v);
       probe.target_count = 1;
       m.load_batch(probe);
-      const ops::LossSums s = m.evaluate();
+      const LossSums s = m.evaluate();
       EXPECT_EQ(s.count, 1);
       row[static_cast<size_t>(v)] = s.loss;
     }
@@ -67,7 +67,7 @@ struct Fixture {
   std::vector<Doc> docs = three_docs();
   std::unique_ptr<Model> model;
   explicit Fixture(bool qk_norm = true, bool tie = false) {
-    model = std::make_unique<Model>(tiny_config(qk_norm, tie), tiny_build());
+    model = std::make_unique<Model>(tiny_config(qk_norm, tie), tiny_build(24, 7, 1e-3));
     model->allocate();
     init_tiny_model(*model, 21);
   }
@@ -106,12 +106,12 @@ TEST(Packing, PackedDocumentsMatchEachAlone) {
     }
     // The packed loss is the sum of the documents' losses.
     f.model->load_batch(packed);
-    const ops::LossSums all = f.model->evaluate();
+    const LossSums all = f.model->evaluate();
     double sum = 0;
     int64_t count = 0;
     for (const Doc& d : f.docs) {
       f.model->load_batch(pack_docs({d}));
-      const ops::LossSums s = f.model->evaluate();
+      const LossSums s = f.model->evaluate();
       sum += s.loss;
       count += s.count;
     }
@@ -178,13 +178,13 @@ TEST(Packing, PadTailContributesNothing) {
 
     m.load_batch(without);
     m.zero_grads();
-    const ops::LossSums a = m.forward_backward(scale, 1e-3);
+    const LossSums a = m.forward_backward(scale);
     std::vector<std::vector<double>> ga;
     for (const auto& p : m.parameters()) ga.push_back(values_of(p->grad()));
 
     m.load_batch(with_pad);
     m.zero_grads();
-    const ops::LossSums b = m.forward_backward(scale, 1e-3);
+    const LossSums b = m.forward_backward(scale);
     EXPECT_EQ(a.count, b.count);
     EXPECT_NEAR(a.loss, b.loss, kPackTol);
     EXPECT_NEAR(a.z, b.z, kPackTol);
@@ -210,7 +210,7 @@ TEST(Packing, PadTailContributesNothing) {
     for (int64_t i = without.size(); i < counted.size(); ++i) counted.targets[static_cast<size_t>(i)] = 4;
     m.load_batch(counted);
     m.zero_grads();
-    m.forward_backward(scale, 1e-3);
+    m.forward_backward(scale);
     double diff = 0;
     for (size_t i = 0; i < m.parameters().size(); ++i) {
       const std::vector<double> g = values_of(m.parameters()[i]->grad());

@@ -14,13 +14,13 @@ namespace {
 using namespace kiln::test;
 
 struct StepResult {
-  ops::LossSums sums;
+  LossSums sums;
   std::vector<std::vector<double>> grads;
   size_t activation_bytes = 0;
 };
 
 StepResult one_step(int64_t recompute_blocks, bool qk_norm, bool tie) {
-  BuildOptions options = tiny_build();
+  BuildOptions options = tiny_build(24, 7, 1e-3);
   options.recompute_blocks = recompute_blocks;
   Model model(tiny_config(qk_norm, tie), options);
   model.allocate();
@@ -32,7 +32,7 @@ StepResult one_step(int64_t recompute_blocks, bool qk_norm, bool tie) {
   model.zero_grads();
   for (int micro = 0; micro < 2; ++micro) {
     model.load_batch(batch);
-    const ops::LossSums s = model.forward_backward(1.0 / static_cast<double>(batch.target_count), 1e-3);
+    const LossSums s = model.forward_backward(1.0 / static_cast<double>(batch.target_count));
     r.sums.loss += s.loss, r.sums.z += s.z, r.sums.count += s.count;
   }
   for (const auto& p : model.parameters()) r.grads.push_back(values_of(p->grad()));

@@ -92,7 +92,6 @@ void add_bench_command(CLI::App& app) {
         plan.lr = config.optim.lr;
         plan.loss_limit = plan.grad_limit = std::numeric_limits<double>::infinity();
         plan.clip = config.optim.grad_clip;
-        plan.z_loss = config.train.z_loss;
         const int64_t targets = batch.target_count * config.train.grad_accum;
         const DeviceStepOutcome outcome = device_step->run(batches, targets, plan);
         if (outcome.verdict == ops::StepVerdict::apply) optimizer->count_update();
@@ -103,7 +102,7 @@ void add_bench_command(CLI::App& app) {
       double loss = 0;
       for (int64_t m = 0; m < config.train.grad_accum; ++m) {
         model.load_batch(batch);
-        loss += model.forward_backward(scale, config.train.z_loss).loss;
+        loss += model.forward_backward(scale).loss;
       }
       const double norm = model.gradient_norm(), clip = config.optim.grad_clip;
       if (clip > 0 && norm > clip) model.scale_gradients(clip / (norm + 1e-6));

@@ -226,9 +226,9 @@ void add_bench_decode_command(CLI::App& app) {
     KILN_CHECK(max_len <= config.model.max_seq_len, "bench-decode",
                "--prompt {} plus --tokens {} exceed model.max_seq_len {}", o->prompt, o->tokens,
                config.model.max_seq_len);
-    BuildOptions build;  // fp32 masters; the decoder makes its own compute copies
+    BuildOptions build;  // fp32 masters with bf16 compute copies on the GPU (what the decoder reads)
     build.device = device;
-    build.dtype = DType::f32;
+    build.dtype = device == Device::cuda ? DType::bf16 : DType::f32;
     build.training = false;
     build.max_tokens = 1;
     build.loss_chunk_rows = 1;

@@ -62,7 +62,7 @@ void add_sample_command(CLI::App& app) {
     DecoderOptions d;
     d.slots = std::min<int64_t>(o->slots, static_cast<int64_t>(o->prompts.size()) * o->count);
     d.max_rows = 256;
-    io::LoadedModel loaded = io::load_for_inference(dir, 1, resolve_device(o->device));
+    io::LoadedModel loaded = io::load_for_decoding(dir, resolve_device(o->device));
     Decoder decoder(*loaded.model, d);
     const auto tokenizer = io::model_tokenizer(dir);
     Generator generator(decoder, *tokenizer);

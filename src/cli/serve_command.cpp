@@ -58,7 +58,7 @@ void add_serve_command(CLI::App& app) {
     set_cpu_threads(o->threads);
     o->serve.limits.add_bos = !o->no_bos;
     const std::string dir = io::resolve_model_dir(o->model);
-    io::LoadedModel loaded = io::load_for_inference(dir, 1, resolve_device(o->device));
+    io::LoadedModel loaded = io::load_for_decoding(dir, resolve_device(o->device));
     DecoderOptions d;
     d.slots = o->slots;
     d.max_rows = std::max(o->max_rows, o->slots);
@@ -71,7 +71,7 @@ void add_serve_command(CLI::App& app) {
     if (!o->port_file.empty()) std::ofstream(o->port_file) << port << "\n";
     fmt::print("kiln serve: {} ({} layers, context {}) on http://{}:{} ({} slots, {:.1f} MB KV cache, {})\n", dir,
                loaded.config.model.layers, decoder.max_len(), o->serve.host, port, decoder.slots(),
-               static_cast<double>(decoder.cache().bytes()) / 1e6, device_name(loaded.model->options().device));
+               static_cast<double>(decoder.state_bytes()) / 1e6, device_name(loaded.model->options().device));
     std::fflush(stdout);
     std::thread waiter([&] {
       int sig = 0;

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "config/config_fields.h"
+#include "config/layer_pattern.h"
 
 // Debian's libtomlplusplus-dev ships <toml++/toml.h>; upstream also has toml.hpp.
 #if __has_include(<toml++/toml.hpp>)
@@ -321,6 +322,7 @@ void validate_config(const Config& config) {
   const ModelConfig& m = config.model;
   KILN_CHECK(m.heads % m.kv_heads == 0, kWhere, "model.heads ({}) must be a multiple of model.kv_heads ({})",
              m.heads, m.kv_heads);
+  validate_layer_patterns(m);
   KILN_CHECK(m.max_seq_len <= config.train.micro_batch_tokens, kWhere,
              "model.max_seq_len ({}) must be <= train.micro_batch_tokens ({})", m.max_seq_len,
              config.train.micro_batch_tokens);

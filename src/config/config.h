@@ -34,7 +34,13 @@ struct ModelConfig {
   bool tie_embeddings = true;
   bool attention_bias = false;     // bias on q/k/v projections (Qwen2-style)
   double init_std = 0.02;
-  int64_t sliding_window = 0;      // every layer: query i sees keys j with i - j < window; 0 = full causal
+  int64_t sliding_window = 0;      // query i sees keys j with i - j < window; 0 = full causal
+  // Per-layer patterns, each a layer set (config/layer_pattern.h: "3", "0-5", "every:4",
+  // "first:2", "from:2", "all", "~..." for the complement, "" for none).
+  std::string full_attention_layers = "";  // layers exempt from sliding_window (global layers)
+  std::string nope_layers = "";            // layers without model.position (NoPE)
+  std::string alt_mlp = "";                // registry: mlps; the MLP of the layers below
+  std::string alt_mlp_layers = "";         // layers whose MLP is alt_mlp instead of mlp
   double attention_softcap = 0;    // attention logits -> cap * tanh(logits / cap); 0 = off
   double logit_softcap = 0;        // LM head logits -> cap * tanh(logits / cap); 0 = off
 };

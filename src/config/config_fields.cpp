@@ -37,7 +37,11 @@ const std::array kFields = {
     KILN_FIELD(model, tie_embeddings, none(), "LM head shares the embedding matrix"),
     KILN_FIELD(model, attention_bias, none(), "bias on q/k/v projections"),
     KILN_FIELD(model, init_std, non_negative(), "std of the normal weight init"),
-    KILN_FIELD(model, sliding_window, non_negative(), "attention window in tokens, every layer; 0 = full causal"),
+    KILN_FIELD(model, sliding_window, non_negative(), "attention window in tokens; 0 = full causal"),
+    KILN_FIELD(model, full_attention_layers, none(), "layer set exempt from sliding_window, e.g. \"every:6\""),
+    KILN_FIELD(model, nope_layers, none(), "layer set without model.position (NoPE layers)"),
+    KILN_FIELD(model, alt_mlp, none(), "registry: mlps, for the layers of alt_mlp_layers"),
+    KILN_FIELD(model, alt_mlp_layers, none(), "layer set whose MLP is alt_mlp instead of mlp"),
     KILN_FIELD(model, attention_softcap, non_negative(), "cap * tanh(x / cap) of attention logits; 0 = off"),
     KILN_FIELD(model, logit_softcap, non_negative(), "cap * tanh(x / cap) of the LM head's logits; 0 = off"),
 

@@ -1,20 +1,11 @@
 #include "infer/decoder.h"
 
-#include "ops/attention/cached_attention.h"
-#include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
-#include "ops/cross_entropy/lm_head_loss.h"
-#include "ops/linear/linear.h"
-#include "ops/rms_norm/rms_norm.h"
-#include "ops/rope/rope.h"
-#include "ops/split/qkv_split.h"
-#include "ops/swiglu/swiglu.h"
 
 #if KILN_WITH_CUDA
-#include "core/op_profiler.h"
 #include "core/step_graphs.h"
 #include "infer/decoder_cuda.h"
-#include "ops/cuda_kernels.h"
+#include "ops/decode/decode_kernels.h"
 #endif
 
 #include <algorithm>
@@ -23,140 +14,78 @@
 
 namespace kiln {
 
-struct Decoder::Layer {
-  Tensor attn_norm, qkv_w, qkv_b, q_norm, k_norm, o_w, mlp_norm, gate_up_w, down_w;
-};
-
 namespace {
-
-void require_component(bool ok, const char* key, const std::string& value) {
-  KILN_CHECK(ok, "decoder", "model.{} = '{}' has no KV-cache decode path (supported: norm rmsnorm, attention gqa, "
-             "mlp swiglu, position rope|none)", key, value);
-}
 
 // StepGraphs key of a chained greedy step of n rows (greedy_chain); forward's steps use n
 // and -n.
 constexpr int64_t kChainKey = int64_t{1} << 32;
 
-// The model's attention as nn/gqa_attention.cpp runs it: scale 1/sqrt(D), its window and
-// attention softcap.
-ops::AttentionOptions attention_options_of(const ModelConfig& m) {
-  ops::AttentionOptions o;
-  o.window = m.sliding_window;
-  o.softcap = m.attention_softcap;
-  return o;
-}
-
 }  // namespace
 
-Decoder::Decoder(const Model& model, const DecoderOptions& options)
+Decoder::Decoder(Model& model, const DecoderOptions& options)
     : model_(model),
       config_(model.config()),
       options_(options),
       device_(model.options().device),
-      arena_("decoder", model.options().device) {
+      arena_("decoder", model.options().device),
+      workspace_(model.options().device) {
   const ModelConfig& m = config_;
-  require_component(m.norm == "rmsnorm", "norm", m.norm);
-  require_component(m.attention == "gqa", "attention", m.attention);
-  require_component(m.mlp == "swiglu", "mlp", m.mlp);
-  require_component(m.position == "rope" || m.position == "none", "position", m.position);
   if (options_.max_len <= 0 || options_.max_len > m.max_seq_len) options_.max_len = m.max_seq_len;
   KILN_CHECK(options_.slots > 0 && options_.max_rows > 0 && options_.logit_rows > 0, "decoder",
              "slots, max_rows and logit_rows must be positive");
-  // Parameter values are the masters (f32, or f64 on the CPU), also of a bf16 model.
-  wide_ = lookup("embed.weight").dtype();
-  dtype_ = device_ == Device::cuda ? options_.cuda_dtype : wide_;
+  KILN_CHECK(options_.chain_steps >= 1, "decoder", "chain_steps must be at least 1, not {}", options_.chain_steps);
+  dtype_ = model.options().dtype;
+  wide_ = model.backbone().embedding().value().dtype();  // the masters': f32, or f64 on the CPU reference
   KILN_CHECK(device_ == Device::cpu || (wide_ == DType::f32 && (dtype_ == DType::f32 || dtype_ == DType::bf16)),
-             "decoder", "on the GPU the weights must be f32 and the compute dtype f32 or bf16 (got {} weights, {})",
-             dtype_name(wide_), dtype_name(dtype_));
-  mixed_ = dtype_ != wide_;
-  fused_ = device_ == Device::cuda && options_.fuse;
+             "decoder", "on the GPU the model must compute in f32 or bf16 with f32 masters (got {} with {} masters)",
+             dtype_name(dtype_), dtype_name(wide_));
+  const bool mixed = dtype_ != wide_;
+  const bool fuse = device_ == Device::cuda && options_.fuse;
   // Capture needs every kernel on kiln::cuda::stream(); the fp32 RMSNorm front end launches
   // on the legacy stream, so the unfused fp32 GPU path runs its steps uncaptured.
-  const bool capturable = mixed_ || fused_;
+  const bool capturable = mixed || fuse;
   graph_rows_ = device_ == Device::cuda && capturable
                     ? std::max<int64_t>(0, std::min({options_.graph_rows, options_.max_rows, options_.logit_rows}))
                     : 0;
-  // The fused decode projections: bf16 weights, no q/k/v bias, every k within the kernel's limits.
-#if KILN_WITH_CUDA
-  if (fused_ && options_.gemv_rows > 0 && dtype_ == DType::bf16 && !m.attention_bias) {
-    gemv_rows_ = std::min<int64_t>({8, options_.gemv_rows, options_.max_rows});
-    for (int64_t k : {m.hidden, m.heads * m.head_dim, m.ffn_hidden})
-      if (!cuda::decode_gemv_fits(gemv_rows_, k)) gemv_rows_ = 0;
-  }
-  one_kernel_attention_ = gemv_rows_ > 0 && options_.one_kernel_attention &&
-                          cuda::decode_attention_fits(m.heads, m.kv_heads, m.head_dim);
-#endif
+  if (fuse && options_.gemv_rows > 0 && dtype_ == DType::bf16)
+    fused_branch_rows_ = std::min<int64_t>({8, options_.gemv_rows, options_.max_rows});
+
+  // The components' decoders: each plans its state and scratch here.
+  model.refresh_compute_weights();  // the copies the decoders read (a forward would do it)
+  DecodeContext ctx{arena_, workspace_, device_, dtype_, wide_};
+  ctx.slots = options_.slots, ctx.max_len = options_.max_len, ctx.max_rows = options_.max_rows;
+  ctx.fuse = fuse, ctx.fused_branch_rows = fused_branch_rows_, ctx.one_kernel_attention = options_.one_kernel_attention;
+  const Backbone& backbone = model.backbone();
+  for (const auto& block : backbone.blocks()) blocks_.push_back(block->make_decoder(ctx));
+  state_bytes_ = arena_.planned_bytes();
+  final_norm_ = backbone.final_norm().make_decoder(ctx);
+  head_ = model.head().make_decoder(ctx, backbone.final_norm());
+  embed_ = backbone.embedding().value();
+
   const DType dt = dtype_, wide = wide_;
-  const int64_t r = options_.max_rows, d = m.hidden, hq = m.heads, hkv = m.kv_heads, hd = m.head_dim;
-
-  embed_ = lookup("embed.weight");  // rows are looked up in the master: the residual stream is wide
-  final_norm_ = lookup("final_norm.weight");
-  compute_weight(m.tie_embeddings ? embed_ : lookup("lm_head.weight"), head_);
-  for (int64_t l = 0; l < m.layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    auto layer = std::make_unique<Layer>();
-    layer->attn_norm = lookup(p + "attn_norm.weight");
-    layer->mlp_norm = lookup(p + "mlp_norm.weight");
-    compute_weight(fused({p + "attn.q_proj.weight", p + "attn.k_proj.weight", p + "attn.v_proj.weight"}),
-                   layer->qkv_w);
-    if (m.attention_bias)
-      layer->qkv_b = fused({p + "attn.q_proj.bias", p + "attn.k_proj.bias", p + "attn.v_proj.bias"});
-    if (m.qk_norm) {
-      layer->q_norm = lookup(p + "attn.q_norm.weight");
-      layer->k_norm = lookup(p + "attn.k_norm.weight");
-    }
-    compute_weight(lookup(p + "attn.o_proj.weight"), layer->o_w);
-    compute_weight(fused({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}), layer->gate_up_w);
-    compute_weight(lookup(p + "mlp.down_proj.weight"), layer->down_w);
-    layers_.push_back(std::move(layer));
-  }
-
-  cache_ = std::make_unique<KvCache>(arena_, KvCacheShape{m.layers, options_.slots, options_.max_len, hkv, hd}, dt);
+  const int64_t r = options_.max_rows, d = m.hidden;
   arena_.reserve(inputs_, DType::i32, Shape{3, r});
   arena_.reserve(x_, wide, Shape{r, d});
   arena_.reserve(h_, dt, Shape{r, d});
   arena_.reserve(branch_, dt, Shape{r, d});
-  arena_.reserve(rstd_, wide, Shape{r});
-  arena_.reserve(qkv_, dt, Shape{r, (hq + 2 * hkv) * hd});
-  arena_.reserve(q_, dt, Shape{r, hq, hd});
-  arena_.reserve(k_, dt, Shape{r, hkv, hd});
-  arena_.reserve(v_, dt, Shape{r, hkv, hd});
-  if (m.qk_norm) {
-    arena_.reserve(qn_, dt, Shape{r, hq, hd});
-    arena_.reserve(kn_, dt, Shape{r, hkv, hd});
-    arena_.reserve(qk_rstd_, wide, Shape{r * std::max(hq, hkv)});
-  }
-  arena_.reserve(attn_, dt, Shape{r, hq, hd});
-  arena_.reserve(gate_up_, dt, Shape{r, 2 * m.ffn_hidden});
-  arena_.reserve(act_, dt, Shape{r, m.ffn_hidden});
-  if (device_ == Device::cuda) {  // the largest split workspace of any row count
-    int64_t elems = 0;
-    for (int64_t n = 1; n <= r; ++n)
-      elems = std::max(elems, ops::cached_attention_workspace(n, hq, hkv, hd, options_.max_len));
-    if (elems > 0) arena_.reserve(attn_workspace_, DType::f32, Shape{elems});
-  }
   const int64_t lr = options_.logit_rows;
   arena_.reserve(gather_, dt, Shape{lr, d});
   arena_.reserve(logits_, wide, Shape{lr, m.vocab_size});
   if (device_ == Device::cuda) arena_.reserve(argmax_, DType::i32, Shape{lr});
   const bool chains_on_device = device_ == Device::cuda && graph_rows_ > 0;
-  KILN_CHECK(options_.chain_steps >= 1, "decoder", "chain_steps must be at least 1, not {}", options_.chain_steps);
   if (chains_on_device) arena_.reserve(chain_, DType::i32, Shape{options_.chain_steps * graph_rows_ + 1});
-  if (m.position == "rope") {
-    arena_.reserve(cos_, wide, Shape{options_.max_len, hd / 2});
-    arena_.reserve(sin_, wide, Shape{options_.max_len, hd / 2});
-  }
   arena_.allocate();
+  workspace_.allocate();
   if (chain_.defined()) zero_tensor(chain_);  // the step counter starts at 0
 
-  for (const auto& [master, copy] : to_convert_) ops::convert(master, *copy);  // once: masters -> bf16
-  to_convert_.clear();
-  weight_bytes_ = final_norm_.nbytes() + head_.nbytes();
-  for (const auto& L : layers_)
-    for (const Tensor* t : {&L->attn_norm, &L->qkv_w, &L->qkv_b, &L->q_norm, &L->k_norm, &L->o_w, &L->mlp_norm,
-                            &L->gate_up_w, &L->down_w})
-      if (t->defined()) weight_bytes_ += t->nbytes();
+  // What a step reads of the weights: every parameter but the embedding table (looked up by
+  // rows), matrices in the compute dtype, gains and biases wide; a tied head reads the
+  // embedding's compute copy whole.
+  const Parameter* embedding = &backbone.embedding();
+  for (const auto& p : model.parameters())
+    if (p.get() != embedding)
+      weight_bytes_ += static_cast<size_t>(p->shape().numel()) * dtype_size(p->shape().rank() == 2 ? dt : wide);
+  if (m.tie_embeddings) weight_bytes_ += static_cast<size_t>(m.vocab_size * d) * dtype_size(dt);
   tokens_ = inputs_.rows(0, 1).view(Shape{r});
   slots_ = inputs_.rows(1, 2).view(Shape{r});
   positions_ = inputs_.rows(2, 3).view(Shape{r});
@@ -165,12 +94,6 @@ Decoder::Decoder(const Model& model, const DecoderOptions& options)
   if (chain_.defined()) host_chain_ = PinnedArray<int32_t>(static_cast<size_t>(options_.chain_steps * graph_rows_));
   sorted_slots_.reserve(static_cast<size_t>(r));
   if (device_ != Device::cpu || wide != DType::f32) host_logits_ = OwnedTensor(wide, Device::cpu, logits_.shape());
-  if (m.position == "rope") {  // the model's own tables: same inverse frequencies and fp32 angles
-    OwnedTensor hc(wide, Device::cpu, cos_.shape()), hs(wide, Device::cpu, sin_.shape());
-    ops::rope_fill_tables(ops::rope_inverse_frequencies(m.rope_theta, hd), *hc, *hs);
-    copy_tensor(*hc, cos_);
-    copy_tensor(*hs, sin_);
-  }
 #if KILN_WITH_CUDA
   if (graph_rows_ > 0) graphs_ = std::make_shared<cuda::StepGraphs>("decoder");
 #endif
@@ -183,51 +106,6 @@ size_t Decoder::graphs() const {
   if (graphs_) return graphs_->size();
 #endif
   return 0;
-}
-
-// The weight a GEMM reads: the master itself, or on the mixed path a compute copy
-// reserved here and converted once the arena exists.
-void Decoder::compute_weight(const Tensor& master, Tensor& dst) {
-  if (!mixed_ || master.rank() != 2) {
-    dst = master;
-    return;
-  }
-  arena_.reserve(dst, dtype_, master.shape());
-  to_convert_.emplace_back(master, &dst);
-}
-
-Tensor Decoder::lookup(const std::string& name) const {
-  const Parameter* p = model_.find_parameter(name);
-  KILN_CHECK(p != nullptr, "decoder", "the model has no parameter '{}'", name);
-  return p->value();
-}
-
-// Parts stacked by rows as one matrix (or vector): the model's fused storage when the parts
-// are adjacent in memory (as the training modules lay them out), else a one-time copy.
-Tensor Decoder::fused(const std::vector<std::string>& names) {
-  std::vector<Tensor> parts;
-  for (const std::string& n : names) parts.push_back(lookup(n));
-  int64_t rows = 0;
-  bool adjacent = true;
-  const auto* expect = static_cast<const uint8_t*>(parts[0].raw());
-  for (const Tensor& t : parts) {
-    KILN_CHECK(t.rank() == parts[0].rank() && (t.rank() == 1 || t.size(1) == parts[0].size(1)), "decoder",
-               "parameters {} cannot be stacked", names[0]);
-    adjacent = adjacent && static_cast<const uint8_t*>(t.raw()) == expect;
-    expect = static_cast<const uint8_t*>(t.raw()) + t.nbytes();
-    rows += t.size(0);
-  }
-  const Shape shape = parts[0].rank() == 1 ? Shape{rows} : Shape{rows, parts[0].size(1)};
-  const Tensor& first = parts[0];
-  if (adjacent) return Tensor(first.raw(), first.dtype(), first.device(), shape);
-  copies_.push_back(std::make_unique<OwnedTensor>(first.dtype(), first.device(), shape));
-  const Tensor& dst = **copies_.back();
-  int64_t at = 0;
-  for (const Tensor& t : parts) {
-    copy_tensor(t, dst.rows(at, at + t.size(0)));
-    at += t.size(0);
-  }
-  return dst;
 }
 
 void Decoder::forward(std::span<const int32_t> tokens, std::span<const int32_t> slots,
@@ -274,180 +152,25 @@ void Decoder::forward(std::span<const int32_t> tokens, std::span<const int32_t> 
 }
 
 // Everything of a step after its inputs are on the device; on the GPU it only enqueues
-// kernels and library calls on the stream (it may be captured into a graph).
+// kernels and library calls on the stream (it may be captured into a graph). The blocks
+// thread the residual stream through; a branch's output is added by the next norm on its
+// way (or, on the fused projections, by the branch itself).
 void Decoder::step(int64_t n, bool with_logits) {
-  if (fused_) return step_fused(n, with_logits);
-  const ModelConfig& m = config_;
-  const int64_t hq = m.heads, hkv = m.kv_heads, hd = m.head_dim;
-  const Tensor tok = tokens_.rows(0, n), slot = slots_.rows(0, n), pos = positions_.rows(0, n);
-  const Tensor x = x_.rows(0, n), h = h_.rows(0, n), branch = branch_.rows(0, n), rstd = rstd_.rows(0, n);
-  const Tensor qkv = qkv_.rows(0, n), q = q_.rows(0, n), k = k_.rows(0, n), v = v_.rows(0, n), o = attn_.rows(0, n);
-  const Tensor gate_up = gate_up_.rows(0, n), act = act_.rows(0, n);
-  const ops::AttentionOptions attention_options = attention_options_of(m);
-  // x += branch: in place, or fp32 + bf16 -> fp32 on the mixed path.
-  auto residual_add = [&] { mixed_ ? ops::add(x, branch, x) : ops::add_inplace(x, branch); };
-
-  ops::embedding_forward(tok, embed_, x);
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = *layers_[l];
-    const Tensor& k_cache = cache_->k(static_cast<int64_t>(l));
-    const Tensor& v_cache = cache_->v(static_cast<int64_t>(l));
-    ops::rms_norm_forward(x, L.attn_norm, m.norm_eps, h, rstd);
-    ops::linear_forward(h, L.qkv_w, L.qkv_b, qkv);
-    if (m.qk_norm) {
-      const Tensor qn = qn_.rows(0, n), kn = kn_.rows(0, n);
-      ops::qkv_split(qkv, qn, kn, v);
-      ops::rms_norm_forward(qn.view(Shape{n * hq, hd}), L.q_norm, m.norm_eps, q.view(Shape{n * hq, hd}),
-                            qk_rstd_.rows(0, n * hq));
-      ops::rms_norm_forward(kn.view(Shape{n * hkv, hd}), L.k_norm, m.norm_eps, k.view(Shape{n * hkv, hd}),
-                            qk_rstd_.rows(0, n * hkv));
-    } else {
-      ops::qkv_split(qkv, q, k, v);
-    }
-    if (m.position == "rope") {
-      ops::rope_apply(q, pos, cos_, sin_, false);
-      ops::rope_apply(k, pos, cos_, sin_, false);
-    }
-    ops::kv_cache_write(k, v, slot, pos, k_cache, v_cache);
-    ops::cached_attention_forward(q, k_cache, v_cache, slot, pos, attention_options, o, attn_workspace_);
-    ops::linear_forward(o.view(Shape{n, hq * hd}), L.o_w, Tensor(), branch);
-    residual_add();
-    ops::rms_norm_forward(x, L.mlp_norm, m.norm_eps, h, rstd);
-    ops::linear_forward(h, L.gate_up_w, Tensor(), gate_up);
-    ops::swiglu_forward(gate_up, act);
-    ops::linear_forward(act, L.down_w, Tensor(), branch);
-    residual_add();
+  DecodeRows rows;
+  rows.tokens = tokens_.rows(0, n), rows.slots = slots_.rows(0, n), rows.positions = positions_.rows(0, n);
+  rows.count = n;
+  rows.distinct_slots = distinct_slots_;
+  rows.fused_branches = with_logits && n <= fused_branch_rows_;
+  DecodeStepBuffers s{x_.rows(0, n), h_.rows(0, n), branch_.rows(0, n)};
+  ops::embedding_forward(rows.tokens, embed_, s.x);
+  for (const auto& block : blocks_) block->forward(s, rows);
+  if (rows.fused_branches && head_->fused()) {  // the final norm folded into the head
+    if (s.pending) residual_add(s.x, s.branch, dtype_ != wide_);
+    head_->logits_fused(s.x, logits_.rows(0, n));
+    return;
   }
-  ops::rms_norm_forward(x, final_norm_, m.norm_eps, h, rstd);  // h = final hidden states
-  if (with_logits) ops::lm_head_logits(h, head_, config_.logit_softcap, logits_.rows(0, n));
-}
-
-// The GPU step with the fused kernels: per block, the q/k/v epilogue and the two residual
-// adds (each with the RMSNorm after it: the MLP's, then the next block's or the final one)
-// are one kernel each instead of six and four op calls. Steps of up to gemv_rows_ rows that
-// compute their logits (the captured decode steps) run step_gemv instead.
-void Decoder::step_fused([[maybe_unused]] int64_t n, [[maybe_unused]] bool with_logits) {
-#if KILN_WITH_CUDA
-  if (with_logits && n <= gemv_rows_) return step_gemv(n);
-  const ModelConfig& m = config_;
-  const int64_t d = m.hidden;
-  const auto eps = static_cast<float>(m.norm_eps);
-  const Tensor tok = tokens_.rows(0, n);
-  const Tensor x = x_.rows(0, n), h = h_.rows(0, n), branch = branch_.rows(0, n), qkv = qkv_.rows(0, n);
-  const Tensor o = attn_.rows(0, n), gate_up = gate_up_.rows(0, n), act = act_.rows(0, n);
-  auto gain = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
-
-  ops::embedding_forward(tok, embed_, x);
-  // x += branch (skipped when undefined), h = RMSNorm(x) * gain; timed as one op by kiln's
-  // op profiler, like the q/k/v kernel.
-  auto add_norm = [&](const Tensor& add, const Tensor& norm_gain) {
-    OpScope scope("add_rms_norm (fused)", Device::cuda);
-    cuda::add_rms_norm(dtype_, x.data<float>(), add.defined() ? add.raw() : nullptr, gain(norm_gain), eps, n, d,
-                       h.raw());
-  };
-  add_norm(Tensor(), layers_[0]->attn_norm);
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = *layers_[l];
-    ops::linear_forward(h, L.qkv_w, L.qkv_b, qkv);
-    attend(l, n);
-    ops::linear_forward(o.view(Shape{n, m.heads * m.head_dim}), L.o_w, Tensor(), branch);
-    add_norm(branch, L.mlp_norm);
-    ops::linear_forward(h, L.gate_up_w, Tensor(), gate_up);
-    ops::swiglu_forward(gate_up, act);
-    ops::linear_forward(act, L.down_w, Tensor(), branch);
-    add_norm(branch, l + 1 < layers_.size() ? layers_[l + 1]->attn_norm : final_norm_);
-  }
-  if (with_logits) ops::lm_head_logits(h, head_, config_.logit_softcap, logits_.rows(0, n));  // h = final hidden states
-#endif
-}
-
-// A block's attention after its q|k|v projection (qkv_): q/k norm, RoPE and the cache write
-// in one kernel, then attention over the cache into attn_.
-void Decoder::attend([[maybe_unused]] size_t l, [[maybe_unused]] int64_t n) {
-#if KILN_WITH_CUDA
-  const ModelConfig& m = config_;
-  const Layer& L = *layers_[l];
-  const bool rope = m.position == "rope";
-  const Tensor slot = slots_.rows(0, n), pos = positions_.rows(0, n), q = q_.rows(0, n);
-  const Tensor& k_cache = cache_->k(static_cast<int64_t>(l));
-  const Tensor& v_cache = cache_->v(static_cast<int64_t>(l));
-  auto gain = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
-  {
-    OpScope scope("qkv_to_cache (fused)", Device::cuda);
-    cuda::qkv_to_cache(dtype_, qkv_.raw(), n, m.heads, m.kv_heads, m.head_dim, gain(L.q_norm), gain(L.k_norm),
-                       static_cast<float>(m.norm_eps), rope ? cos_.data<float>() : nullptr,
-                       rope ? sin_.data<float>() : nullptr, slot.data<int32_t>(), pos.data<int32_t>(),
-                       options_.max_len, q.raw(), k_cache.raw(), v_cache.raw());
-  }
-  ops::cached_attention_forward(q, k_cache, v_cache, slot, pos, attention_options_of(m), attn_.rows(0, n),
-                                attn_workspace_);
-#endif
-}
-
-#if KILN_WITH_CUDA
-// The one-kernel attention of block l over the step's n rows: qkv_ in, attn_ out.
-cuda::DecodeAttentionArgs Decoder::attention_args(size_t l, int64_t n) const {
-  const ModelConfig& m = config_;
-  const Layer& L = *layers_[l];
-  const bool rope = m.position == "rope";
-  auto gain = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
-  const ops::AttentionOptions options = attention_options_of(m);  // as attend()
-  cuda::DecodeAttentionArgs a{};
-  a.rows = n, a.q_heads = m.heads, a.kv_heads = m.kv_heads, a.head_dim = m.head_dim, a.max_len = options_.max_len;
-  a.qkv = qkv_.raw();
-  a.q_gain = gain(L.q_norm), a.k_gain = gain(L.k_norm), a.eps = static_cast<float>(m.norm_eps);
-  a.cos = rope ? cos_.data<float>() : nullptr, a.sin = rope ? sin_.data<float>() : nullptr;
-  a.slots = slots_.data<int32_t>(), a.positions = positions_.data<int32_t>();
-  // As the cached_attention front end: 1/sqrt(D) in double, then rounded.
-  a.scale = static_cast<float>(options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(m.head_dim)));
-  a.window = options.window, a.softcap = static_cast<float>(options.softcap);
-  a.k_cache = cache_->k(static_cast<int64_t>(l)).raw(), a.v_cache = cache_->v(static_cast<int64_t>(l)).raw();
-  a.out = attn_.raw();
-  return a;
-}
-#endif
-
-// A decode step on the fused projections (infer/decoder_cuda.h): per block, the q|k|v
-// projection reads the residual stream through the attention norm, the o and down
-// projections add into it, and the gate|up projection applies the MLP norm and SwiGLU;
-// the LM head reads it through the final norm. Five kernels per block.
-void Decoder::step_gemv([[maybe_unused]] int64_t n) {
-#if KILN_WITH_CUDA
-  const ModelConfig& m = config_;
-  const int64_t d = m.hidden, qkv_cols = (m.heads + 2 * m.kv_heads) * m.head_dim, attn_cols = m.heads * m.head_dim;
-  const auto eps = static_cast<float>(m.norm_eps);
-  float* x = x_.data<float>();
-  ops::embedding_forward(tokens_.rows(0, n), embed_, x_.rows(0, n));
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = *layers_[l];
-    {
-      OpScope scope("norm + qkv projection (fused)", Device::cuda);
-      cuda::norm_gemv(dtype_, x, L.attn_norm.data<float>(), eps, n, d, L.qkv_w.raw(), qkv_cols, qkv_.raw());
-    }
-    if (one_kernel_attention_ && distinct_slots_) {
-      OpScope scope("attention with q/k norm, RoPE, cache write (fused)", Device::cuda);
-      cuda::decode_attention(attention_args(l, n));
-    } else {
-      attend(l, n);
-    }
-    {
-      OpScope scope("o projection + residual (fused)", Device::cuda);
-      cuda::gemv_add_residual(attn_.raw(), n, attn_cols, L.o_w.raw(), d, x);
-    }
-    {
-      OpScope scope("norm + gate|up + swiglu (fused)", Device::cuda);
-      cuda::norm_gemv_swiglu(x, L.mlp_norm.data<float>(), eps, n, d, L.gate_up_w.raw(), m.ffn_hidden, act_.raw());
-    }
-    {
-      OpScope scope("down projection + residual (fused)", Device::cuda);
-      cuda::gemv_add_residual(act_.raw(), n, m.ffn_hidden, L.down_w.raw(), d, x);
-    }
-  }
-  OpScope scope("final norm + lm head (fused)", Device::cuda);
-  cuda::norm_gemv(DType::f32, x, final_norm_.data<float>(), eps, n, d, head_.raw(), m.vocab_size, logits_.raw());
-  if (m.logit_softcap > 0)
-    cuda::softcap_f32(logits_.data<float>(), n * m.vocab_size, static_cast<float>(m.logit_softcap));
-#endif
+  final_norm_->add_norm(s.x, s.pending ? s.branch : Tensor(), s.h);  // h = final hidden states
+  if (with_logits) head_->logits(s.h, logits_.rows(0, n));
 }
 
 void Decoder::check_rows(std::span<const int32_t> rows) const {
@@ -463,7 +186,7 @@ Tensor Decoder::compute_logits(std::span<const int32_t> rows) {
     copy_tensor(h_.rows(r, r + 1), gather_.rows(j, j + 1));
   }
   const Tensor lg = logits_.rows(0, m);
-  ops::lm_head_logits(gather_.rows(0, m), head_, config_.logit_softcap, lg);
+  head_->logits(gather_.rows(0, m), lg);
   return lg;
 }
 

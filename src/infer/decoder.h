@@ -1,36 +1,32 @@
-// Decoder: the inference path of a trained Model with a KV cache, built from the model's
-// parameters (looked up by name) and the ops' front ends, never from the training modules.
+// Decoder: the inference path of a Model with a KV cache. It drives the model's own
+// components through their decode entries (nn/decode.h): each block's norms, attention and
+// MLP, the final norm and the LM head make decoder objects for this decoder, which plan
+// their decode state (the attention's KV cache) in the decoder's arena and choose their
+// kernels (fused or not) once, here. Nothing here knows what a component computes.
 //
 // One forward() runs a "step" of up to max_rows rows, each a (token, slot, position):
 // prefill chunks of one or several prompts and single decode tokens of many sequences mix
-// freely. Each row's K/V is written into the cache at (slot, position) and its query attends
-// to that slot's positions 0..position. Every buffer (activations, cache, RoPE tables) is
-// planned at construction and allocated once: shapes are static and nothing allocates per
-// step. All math goes through ops::* front ends, which pick the CPU reference or a CUDA
-// kernel by device.
+// freely. Each row's state (K/V) is written at (slot, position) and its query attends to
+// that slot's positions 0..position. Every buffer is planned at construction and allocated
+// once: shapes are static and nothing allocates per step.
 //
-// On the GPU the decoder computes in bf16 by default (the mixed path of
-// ops/cuda_kernels_bf16.h): it converts the model's fp32 weights once into its own bf16
-// copies of the rank-2 weights (norm gains, biases and the embedding table it looks rows
-// up in stay fp32), keeps the residual stream fp32, activations and the cache bf16, and
-// writes fp32 logits. Two fused kernels (q/k norm + RoPE + cache write; residual add +
-// the next RMSNorm) stand in for runs of ops there, since at decode batch sizes a step's
-// small kernels cost their count; captured decode steps go further (five kernels per
-// block: the projections with their norms, residual adds and SwiGLU folded in, and one
-// kernel for the attention; see DecoderOptions::gemv_rows and one_kernel_attention). A
-// step of at most graph_rows rows (a decode step) is a CUDA graph: the first step of each
-// row count (and kind: distinct sequences or not) runs as is (the warm-up), is then
-// captured on kiln::cuda::stream(), and later steps of that count upload their inputs into
-// the same device buffers and replay it. A captured step also computes the logits of all
-// its rows, so logits() and greedy() only copy them out.
-//
-// Supported components: norm rmsnorm; attention gqa (optional qk_norm, q/k/v bias);
-// mlp swiglu; position rope or none. Anything else is refused by name at construction.
+// The decoder computes in the model's compute dtype: a model built in bf16 on the GPU (the
+// mixed path: bf16 weight copies, fp32 masters, gains and residual stream) decodes in bf16
+// with bf16 activations and cache and fp32 logits; an f32 or f64 model in its dtype. With
+// the fused kernels (DecoderOptions::fuse) the components replace runs of ops with one
+// kernel each (q/k norm + RoPE + cache write; residual add + the next RMSNorm), and steps
+// of at most gemv_rows rows that compute their logits (the captured decode steps) run
+// whole branches on the fused decode projections, the attention of distinct sequences as
+// one kernel (ops/decode/decode_kernels.h). A step of at most graph_rows rows (a decode
+// step) is a CUDA graph: the first step of each row count (and kind: distinct sequences
+// or not) runs as is (the warm-up), is then captured on kiln::cuda::stream(), and later
+// steps of that count upload their inputs into the same device buffers and replay it. A
+// captured step also computes the logits of all its rows, so logits() and greedy() only
+// copy them out.
 #pragma once
 
 #include "core/arena.h"
 #include "core/device_memory.h"
-#include "infer/kv_cache.h"
 #include "model/model.h"
 
 #include <memory>
@@ -42,7 +38,6 @@ namespace kiln {
 
 namespace cuda {
 class StepGraphs;
-struct DecodeAttentionArgs;
 }
 
 struct DecoderOptions {
@@ -50,34 +45,33 @@ struct DecoderOptions {
   int64_t max_len = 0;      // positions per slot; 0 = model.max_seq_len (never more)
   int64_t max_rows = 256;   // rows of one forward (prefill chunk + decode tokens)
   int64_t logit_rows = 64;  // rows of logits computed at once
-  // Compute dtype on the GPU: bf16 (the mixed path described above) or f32. The CPU
-  // computes in the model's dtype.
-  DType cuda_dtype = DType::bf16;
   // On the GPU, steps of at most this many rows run as CUDA graphs (capped at max_rows
   // and logit_rows); 0 = never.
   int64_t graph_rows = 16;
-  // On the GPU, fused kernels for the q/k norm + RoPE + cache write and for each residual
-  // add + the next RMSNorm (infer/decoder_cuda.h); false runs the ops one by one, which
-  // is what the fused kernels are checked against.
+  // On the GPU, the components' fused kernels (the q/k norm + RoPE + cache write, each
+  // residual add + the next RMSNorm); false runs every component on its ops one by one,
+  // which is what the fused kernels are checked against.
   bool fuse = true;
   // With the fused kernels on the bf16 path, steps of at most this many rows (up to 8) that
-  // compute their logits (the captured decode steps) run the fused projections of
-  // infer/decoder_cuda.h (RMSNorm, residual adds and SwiGLU folded into skinny products); 0
-  // keeps every step on linear_forward and the separate kernels, what the fused projections
-  // are checked against. 8: on the tensor-core kernel a step of 8 rows costs about what
-  // one of 4 does (measured on the H200, docs/performance.md, decoding).
+  // compute their logits (the captured decode steps) run whole branches on the fused
+  // decode projections (RMSNorm, residual adds and SwiGLU folded into skinny products)
+  // where the branch has them; 0 keeps every step on linear_forward and the separate
+  // kernels, what the fused projections are checked against. 8: on the tensor-core kernel
+  // a step of 8 rows costs about what one of 4 does (measured on the H200,
+  // docs/performance.md, decoding).
   int64_t gemv_rows = 8;
-  // Those steps, when their rows are distinct sequences, also run each block's q/k norm,
-  // RoPE, cache write and attention as one kernel (infer/decode_attention.cu); false keeps
-  // them on the three kernels of the other steps, what the one kernel is checked against.
-  bool one_kernel_attention = true;  // Most steps one greedy_chain() call may run.
-  int64_t chain_steps = 64;
+  // Those steps, when their rows are distinct sequences, also run each attention's q/k
+  // norm, RoPE, cache write and attention as one kernel; false keeps them on the three
+  // kernels of the other steps, what the one kernel is checked against.
+  bool one_kernel_attention = true;
+  int64_t chain_steps = 64;  // most steps one greedy_chain() call may run
 };
 
 class Decoder {
  public:
-  // The model must outlive the decoder (its weights are viewed, not copied).
-  Decoder(const Model& model, const DecoderOptions& options);
+  // The model must outlive the decoder (its weights are viewed, not copied); its compute
+  // copies are refreshed from the masters here, so train between decoders, not during one.
+  Decoder(Model& model, const DecoderOptions& options);
   ~Decoder();
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
@@ -89,13 +83,15 @@ class Decoder {
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }  // compute dtype (bf16 on the GPU's mixed path)
   Device device() const { return device_; }
-  // Everything the decoder allocated: activations, cache, tables and its weight copies.
-  size_t memory_bytes() const { return arena_.planned_bytes(); }
+  // Everything the decoder allocated: its state (caches), activations and scratch.
+  size_t memory_bytes() const { return arena_.planned_bytes() + workspace_.planned_bytes(); }
+  // The components' decode state (the KV caches), the part of memory_bytes() that grows
+  // with slots x max_len.
+  size_t state_bytes() const { return state_bytes_; }
   // Bytes of weights a step reads whatever its rows: every block's weights, the final
   // norm and the LM head, in the dtype read (the embedding table only by its rows: not
   // counted). The memory-bandwidth floor of a decode step is this over the bandwidth.
   size_t weight_bytes() const { return weight_bytes_; }
-  const KvCache& cache() const { return *cache_; }
   // Row counts whose step has been captured as a CUDA graph so far.
   size_t graphs() const;
 
@@ -117,46 +113,33 @@ class Decoder {
   void greedy_chain(int64_t steps, std::vector<int32_t>& out);
 
  private:
-  struct Layer;
-  Tensor lookup(const std::string& name) const;
-  Tensor fused(const std::vector<std::string>& names);
-  void compute_weight(const Tensor& master, Tensor& dst);
   void check_rows(std::span<const int32_t> rows) const;
   void step(int64_t n, bool with_logits);
-  void step_fused(int64_t n, bool with_logits);
-  void step_gemv(int64_t n);
-  void attend(size_t layer, int64_t n);
-  cuda::DecodeAttentionArgs attention_args(size_t layer, int64_t n) const;
   Tensor compute_logits(std::span<const int32_t> rows);
 
-  const Model& model_;
+  Model& model_;
   ModelConfig config_;
   DecoderOptions options_;
   Device device_;
   DType dtype_;        // compute dtype: activations, cache, the weights GEMMs read
-  DType wide_;         // residual stream, gains, RoPE tables, statistics, logits
-  bool mixed_;         // dtype_ narrower than wide_ (bf16 on the GPU)
-  bool fused_;         // the GPU's fused kernels (DecoderOptions::fuse)
+  DType wide_;         // residual stream, gains, statistics, logits
   int64_t graph_rows_; // steps of at most this many rows are CUDA graphs (0 = none)
-  int64_t gemv_rows_ = 0;  // steps of at most this many rows with logits run step_gemv (0 = none)
-  bool one_kernel_attention_ = false;  // step_gemv's attention is infer/decode_attention.cu's kernel
-  bool distinct_slots_ = false;        // the rows of the current step are distinct sequences
+  int64_t fused_branch_rows_ = 0;  // steps of at most this many rows with logits fuse whole branches
+  bool distinct_slots_ = false;    // the rows of the current step are distinct sequences
   Arena arena_;
-  std::vector<std::unique_ptr<OwnedTensor>> copies_;  // fused weights whose parts were not adjacent
-  std::vector<std::pair<Tensor, Tensor*>> to_convert_;  // (master, its compute copy) until allocated
-  std::unique_ptr<KvCache> cache_;
-  std::vector<std::unique_ptr<Layer>> layers_;
-  Tensor embed_, final_norm_, head_;
-  size_t weight_bytes_ = 0;
+  Workspace workspace_;
+  // The components' decoders, in the model's order.
+  std::vector<std::unique_ptr<BlockDecoder>> blocks_;
+  std::unique_ptr<NormDecoder> final_norm_;
+  std::unique_ptr<HeadDecoder> head_;
+  Tensor embed_;       // the embedding's master: rows looked up into the wide residual stream
+  size_t weight_bytes_ = 0, state_bytes_ = 0;
   // Step inputs: i32 [3, max_rows] = tokens, slots, positions (one upload per step), staged
   // on the host in host_inputs_.
   Tensor inputs_, tokens_, slots_, positions_;
   std::vector<int32_t> host_inputs_;
   std::vector<int32_t> sorted_slots_;  // a step's slots, sorted (to find repeats), max_rows reserved
-  // Activations, [max_rows, ...].
-  Tensor x_, h_, rstd_, qkv_, q_, k_, v_, qn_, kn_, qk_rstd_, attn_, branch_, gate_up_, act_;
-  Tensor attn_workspace_;                   // f32 split partials of cached attention (GPU)
-  Tensor cos_, sin_;                        // RoPE tables [max_len, head_dim / 2]
+  Tensor x_, h_, branch_;                   // [max_rows, hidden]: residual (wide), normed and branch (compute)
   Tensor gather_, logits_;                  // [logit_rows, hidden], [logit_rows, V]
   Tensor argmax_;                           // i32 [logit_rows] greedy ids (GPU)
   Tensor chain_;                            // i32 greedy_chain's ids [chain_steps, graph_rows] + a step counter (GPU)

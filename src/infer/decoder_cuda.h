@@ -1,8 +1,8 @@
 // The GPU side of the Decoder (infer/decoder.h) that is not an op (its CUDA graphs are
-// core/step_graphs.h): the greedy argmax of logits rows on the device (so a greedy step
-// copies back one id per row instead of a row of logits), and the step's fused kernels. No CUDA headers here:
-// decoder.cpp includes this in CUDA builds only (definitions in decoder_cuda.cu and
-// decoder_fused.cu).
+// core/step_graphs.h; the modules' fused decode kernels are ops/decode/decode_kernels.h):
+// the greedy argmax of logits rows on the device (so a greedy step copies back one id per
+// row instead of a row of logits). No CUDA headers here: decoder.cpp includes this in CUDA
+// builds only (definitions in decoder_cuda.cu).
 #pragma once
 
 #include "core/dtype.h"
@@ -20,75 +20,5 @@ void argmax_rows_f32(const float* logits, int64_t rows, int64_t vocab, int32_t* 
 // inputs); without, *counter = 0 (the chain's last record). Enqueued on the stream.
 void record_greedy_ids(const int32_t* ids, int64_t rows, int32_t* history, int32_t* counter, bool advance,
                        int32_t* tokens, int32_t* positions);
-
-// ---- fused kernels of a decode step ------------------------------------------------------
-// Each replaces several op calls (DecoderOptions::fuse = false runs those ops instead: the
-// reference) with the same arithmetic and roundings. dtype is the compute dtype (f32, or
-// bf16 on the mixed path); gains and RoPE tables are fp32; enqueued on the stream.
-
-// qkv [n, (hq + 2 hkv) hd] -> q [n, hq, hd], and k, v into the caches [slots, max_len, hkv,
-// hd] at (slots[i], positions[i]): per-head RMSNorm of q and k with the gains (skipped when
-// null) and RoPE of both with the tables [max_len, hd / 2] (skipped when null). Replaces
-// qkv_split, rms_norm_forward x 2, rope_apply x 2 and kv_cache_write.
-void qkv_to_cache(DType dtype, const void* qkv, int64_t n, int64_t hq, int64_t hkv, int64_t hd, const float* q_gain,
-                  const float* k_gain, float eps, const float* cos, const float* sin, const int32_t* slots,
-                  const int32_t* positions, int64_t max_len, void* q, void* k_cache, void* v_cache);
-
-// x (fp32 residual stream [n, d]) += branch ([n, d], dtype; skipped when null), then
-// y = RMSNorm(x) * gain (dtype). Replaces add / add_inplace and rms_norm_forward.
-void add_rms_norm(DType dtype, float* x, const void* branch, const float* gain, float eps, int64_t n, int64_t d,
-                  void* y);
-
-// ---- a decode step's attention in one kernel (infer/decode_attention.cu) --------------------
-// For steps whose rows are distinct slots, bf16: qkv_to_cache, cached_attention_forward and
-// its split merge as one kernel (one cluster of blocks per row and kv head), the cache
-// written at each row's position as qkv_to_cache writes it.
-struct DecodeAttentionArgs {
-  int64_t rows, q_heads, kv_heads, head_dim, max_len;  // cache [slots, max_len, kv_heads, head_dim]
-  const void* qkv;                                     // [rows, (q_heads + 2 kv_heads) head_dim] bf16
-  const float* q_gain;                                 // q/k RMSNorm gains [head_dim] (null: no norm)
-  const float* k_gain;
-  float eps;
-  const float* cos;  // RoPE tables [max_len, head_dim / 2] (null: no RoPE)
-  const float* sin;
-  const int32_t* slots;      // [rows], device, pairwise distinct
-  const int32_t* positions;  // [rows], device
-  float scale;
-  int64_t window;  // 0 = unlimited
-  float softcap;   // 0 = off
-  void* k_cache;   // bf16
-  void* v_cache;
-  void* out;  // [rows, q_heads, head_dim] bf16
-};
-
-// Whether the kernel takes heads of this shape (groups of 1, 2, 4 or 8 query heads per kv
-// head, head_dim 64, 128 or 256, group x head_dim <= 1024) on this GPU (sm_90 or later:
-// it runs as thread-block clusters).
-bool decode_attention_fits(int64_t q_heads, int64_t kv_heads, int64_t head_dim);
-
-void decode_attention(const DecodeAttentionArgs& args);
-
-// ---- the decode step's projections (infer/decode_gemv.cu) ----------------------------------
-// bf16 weights W [n, k] (row-major, 16-byte aligned), up to 8 rows; fp32 residual stream.
-// Each computes what the ops it replaces compute from the same inputs (the RMSNorm with
-// add_rms_norm's arithmetic; bf16 roundings where those ops store bf16), the products in
-// another summation order than cuBLASLt's. Enqueued on the stream.
-
-// Whether steps of m rows with reduction length k (hidden, heads x head_dim, ffn_hidden)
-// fit the kernel (m <= 8, k a multiple of 8, the rows within shared memory).
-bool decode_gemv_fits(int64_t m, int64_t k);
-
-// out [m, n] (f32 or bf16) = bf16(RMSNorm(x) * gain) W^T, x fp32 [m, k]: a block's q|k|v
-// projection or the LM head after the norm before it.
-void norm_gemv(DType out_dtype, const float* x, const float* gain, float eps, int64_t m, int64_t k, const void* w,
-               int64_t n, void* out);
-
-// x [m, n] += bf16(a W^T), a bf16 [m, k]: the o and down projections with the residual add.
-void gemv_add_residual(const void* a, int64_t m, int64_t k, const void* w, int64_t n, float* x);
-
-// act [m, f] (bf16) = silu(g) * u with g | u = bf16(RMSNorm(x) * gain) W^T, W [2f, k] the
-// gate rows then the up rows: the MLP's norm, gate|up projection and SwiGLU.
-void norm_gemv_swiglu(const float* x, const float* gain, float eps, int64_t m, int64_t k, const void* w, int64_t f,
-                      void* act);
 
 }  // namespace kiln::cuda

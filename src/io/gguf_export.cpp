@@ -3,6 +3,7 @@
 #include "core/json_file.h"
 #include "data/bpe/pretokenizer.h"
 #include "io/byte_tokenizer_json.h"
+#include "io/export_names.h"
 #include "io/gguf_writer.h"
 #include "io/hf_config.h"
 #include "io/model_dir.h"
@@ -22,29 +23,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr std::array<std::pair<std::string_view, std::string_view>, 3> kGlobal{{
-    {"embed.weight", "token_embd.weight"},
-    {"final_norm.weight", "output_norm.weight"},
-    {"lm_head.weight", "output.weight"},
-}};
-
-constexpr std::array<std::pair<std::string_view, std::string_view>, 14> kLayer{{
-    {"attn_norm.weight", "attn_norm.weight"},
-    {"mlp_norm.weight", "ffn_norm.weight"},
-    {"attn.q_proj.weight", "attn_q.weight"},
-    {"attn.k_proj.weight", "attn_k.weight"},
-    {"attn.v_proj.weight", "attn_v.weight"},
-    {"attn.o_proj.weight", "attn_output.weight"},
-    {"attn.q_proj.bias", "attn_q.bias"},
-    {"attn.k_proj.bias", "attn_k.bias"},
-    {"attn.v_proj.bias", "attn_v.bias"},
-    {"attn.q_norm.weight", "attn_q_norm.weight"},
-    {"attn.k_norm.weight", "attn_k_norm.weight"},
-    {"mlp.gate_proj.weight", "ffn_gate.weight"},
-    {"mlp.up_proj.weight", "ffn_up.weight"},
-    {"mlp.down_proj.weight", "ffn_down.weight"},
-}};
-
 // llama.cpp's "llama" rotates interleaved pairs: within each head of `head_dim` rows, row
 // s * D/2 + j (s = half, j < D/2) moves to 2j + s (convert_hf_to_gguf.py's permute). The
 // inverse maps it back. `rows` of `cols` floats.
@@ -62,12 +40,11 @@ std::vector<float> permute_rows(const std::vector<float>& w, int64_t rows, int64
   return out;
 }
 
-bool permuted(HfArch arch, const std::string& kiln_name) {
-  if (arch != HfArch::llama) return false;
-  const auto ends = [&](std::string_view s) {
-    return kiln_name.size() >= s.size() && kiln_name.compare(kiln_name.size() - s.size(), s.size(), s) == 0;
-  };
-  return ends("attn.q_proj.weight") || ends("attn.k_proj.weight");
+// llama.cpp's llama architecture rotates interleaved pairs: the rows its component marks
+// (the q and k projections of rotating layers) are permuted for it; the other
+// architectures kiln writes (qwen2, qwen3) rotate as Hugging Face does.
+bool permuted(HfArch arch, const Parameter& p) {
+  return arch == HfArch::llama && p.names().gguf_layout == GgufLayout::rope_rows;
 }
 
 std::vector<float> host_floats(const Tensor& t) {
@@ -133,22 +110,6 @@ GgufVocab vocab_from_tokenizer_json(const json& j, const fs::path& path, int64_t
 
 }  // namespace
 
-std::string gguf_tensor_name(const std::string& name) {
-  for (const auto& [kiln, gguf] : kGlobal)
-    if (name == kiln) return std::string(gguf);
-  const std::string prefix = "layers.";
-  if (name.rfind(prefix, 0) == 0) {
-    const size_t dot = name.find('.', prefix.size());
-    if (dot != std::string::npos) {
-      const std::string index = name.substr(prefix.size(), dot - prefix.size());
-      const std::string rest = name.substr(dot + 1);
-      for (const auto& [kiln, gguf] : kLayer)
-        if (rest == kiln) return "blk." + index + "." + std::string(gguf);
-    }
-  }
-  fail("gguf", "parameter '{}' has no llama.cpp tensor name", name);
-}
-
 GgufExportReport export_gguf(const std::string& model_path, const std::string& out_path,
                              const GgufExportOptions& options) {
   const std::string dir = resolve_model_dir(model_path);
@@ -169,18 +130,17 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
   w.set("general.name", m.name);
   w.set("general.file_type", uint32_t(type == "f32" ? 0 : type == "bf16" ? 32 : 7));
   w.set("general.quantization_version", uint32_t(2));
-  w.set(a + ".vocab_size", uint32_t(m.vocab_size));
-  w.set(a + ".context_length", uint32_t(m.max_seq_len));
-  w.set(a + ".embedding_length", uint32_t(m.hidden));
-  w.set(a + ".block_count", uint32_t(m.layers));
-  w.set(a + ".feed_forward_length", uint32_t(m.ffn_hidden));
-  w.set(a + ".attention.head_count", uint32_t(m.heads));
-  w.set(a + ".attention.head_count_kv", uint32_t(m.kv_heads));
-  w.set(a + ".attention.key_length", uint32_t(m.head_dim));
-  w.set(a + ".attention.value_length", uint32_t(m.head_dim));
-  w.set(a + ".attention.layer_norm_rms_epsilon", float(m.norm_eps));
-  w.set(a + ".rope.dimension_count", uint32_t(m.head_dim));
-  w.set(a + ".rope.freq_base", float(m.rope_theta));
+  // The components' fields (nn/export_config.h), refused before anything is written;
+  // integers are llama.cpp's uint32, floats its float32.
+  json fields = json::object();
+  ExportConfig out(ExportConfig::Format::gguf, a, m.layers, fields);
+  loaded.model->backbone().export_config(out);
+  loaded.model->head().export_config(out);
+  for (const auto& [key, value] : fields.items()) {
+    if (value.is_number_integer()) w.set(key, static_cast<uint32_t>(value.get<int64_t>()));
+    else if (value.is_number_float()) w.set(key, value.get<float>());
+    else fail("export", "internal: GGUF field '{}' = {} has no GGUF type here", key, value.dump());
+  }
 
   const std::string trained = model_tokenizer_json(dir);  // "" = byte-level
   std::vector<std::string> merges;
@@ -211,7 +171,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
     std::vector<float> x = host_floats(value);
     std::vector<int64_t> shape;
     for (int i = 0; i < value.rank(); ++i) shape.push_back(value.size(i));
-    if (permuted(arch, p->name())) x = permute_rows(x, shape[0], shape[1], m.head_dim, false);
+    if (permuted(arch, *p)) x = permute_rows(x, shape[0], shape[1], m.head_dim, false);
     GgmlType t = GgmlType::f32;
     if (shape.size() == 2 && type == "bf16") t = GgmlType::bf16;
     if (shape.size() == 2 && type == "q8_0" && shape[1] % kQ8_0Block == 0) t = GgmlType::q8_0;
@@ -230,7 +190,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
     }
     (t == GgmlType::f32 ? report.kept_f32 : report.quantized) += 1;
     report.bytes += static_cast<int64_t>(bytes.size());
-    w.add_tensor(gguf_tensor_name(p->name()), t, shape, std::move(bytes));
+    w.add_tensor(gguf_name(*p), t, shape, std::move(bytes));
     ++report.tensors;
   }
   const fs::path parent = fs::path(out_path).parent_path();
@@ -248,7 +208,7 @@ void load_gguf_weights(Model& model, const std::string& path) {
              file_arch, hf_model_type(arch));
   std::set<std::string> expected;
   for (const auto& p : model.parameters()) {
-    const std::string name = gguf_tensor_name(p->name());
+    const std::string name = gguf_name(*p);
     expected.insert(name);
     const auto& info = file.tensor(name);
     const Tensor value = p->value();
@@ -257,7 +217,7 @@ void load_gguf_weights(Model& model, const std::string& path) {
     for (int i = 0; i < value.rank(); ++i) shape.push_back(value.size(i));
     KILN_CHECK(info.shape == shape, "gguf", "{}: tensor '{}' has the wrong shape", path, name);
     std::vector<float> x = file.read_f32(name);
-    if (permuted(arch, p->name())) x = permute_rows(x, shape[0], shape[1], m.head_dim, true);
+    if (permuted(arch, *p)) x = permute_rows(x, shape[0], shape[1], m.head_dim, true);
     Tensor host(x.data(), DType::f32, Device::cpu, value.shape());
     copy_tensor(host, value);
   }

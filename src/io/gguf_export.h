@@ -33,9 +33,6 @@ struct GgufExportReport {
 GgufExportReport export_gguf(const std::string& model_path, const std::string& out_path,
                              const GgufExportOptions& options);
 
-// kiln parameter name -> GGUF tensor name ("layers.0.attn.q_proj.weight" -> "blk.0.attn_q.weight").
-std::string gguf_tensor_name(const std::string& kiln_name);
-
 // Reads the weights of a GGUF file that export_gguf wrote back into a built, allocated f32
 // model of the same configuration: dequantized, llama q/k rows un-permuted. Every parameter
 // must be present with its shape; an extra tensor is an error.

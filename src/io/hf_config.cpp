@@ -27,71 +27,20 @@ std::string_view hf_architecture(HfArch arch) {
 }
 
 HfArch choose_hf_arch(const ModelConfig& m) {
-  const char* where = "export";
-  auto refuse = [&](std::string_view key, const std::string& value, std::string_view why) {
-    fail(where, "model.{} = {}: {}; no stock Hugging Face class (Qwen3, Llama, Qwen2) computes this model", key,
-         value, why);
-  };
-  if (m.norm != "rmsnorm") refuse("norm", "'" + m.norm + "'", "stock classes use RMSNorm");
-  if (m.mlp != "swiglu") refuse("mlp", "'" + m.mlp + "'", "stock classes use a SwiGLU (silu) MLP");
-  if (m.attention != "gqa") refuse("attention", "'" + m.attention + "'", "stock classes use causal full attention");
-  if (m.position != "rope") refuse("position", "'" + m.position + "'", "stock classes use rotary embeddings");
-  if (m.head_dim % 2 != 0) refuse("head_dim", std::to_string(m.head_dim), "RoPE needs an even head_dim");
-  if (m.qk_norm && m.attention_bias)
-    refuse("attention_bias", "true", "with model.qk_norm = true this is Qwen3, whose attention_bias also biases o_proj");
-  if (m.attention_softcap > 0)
-    refuse("attention_softcap", fmt::format("{}", m.attention_softcap), "stock Qwen3/Llama/Qwen2 attention has no softcap");
-  if (m.logit_softcap > 0)
-    refuse("logit_softcap", fmt::format("{}", m.logit_softcap), "stock Qwen3/Llama/Qwen2 LM heads have no softcap");
-  // Qwen2/Qwen3 configs can window some layers (use_sliding_window, max_window_layers), but
-  // that mapping is not verified against transformers yet, and Llama has none.
-  KILN_CHECK(m.sliding_window == 0, where,
-             "model.sliding_window = {}: windowed attention is not exported yet (no verified mapping to a stock "
-             "Hugging Face class)", m.sliding_window);
   if (m.qk_norm) return HfArch::qwen3;
   return m.attention_bias ? HfArch::qwen2 : HfArch::llama;
 }
 
-json hf_config_json(const ModelConfig& m, HfArch arch, const HfSpecialTokens& special, std::string_view dtype) {
-  KILN_CHECK(arch == choose_hf_arch(m), "export", "internal: architecture {} does not represent this model",
-             hf_model_type(arch));
+json hf_config_json(const Model& model, HfArch arch, const HfSpecialTokens& special, std::string_view dtype) {
+  const ModelConfig& m = model.config();
   json c;
   c["architectures"] = {std::string(hf_architecture(arch))};
   c["model_type"] = std::string(hf_model_type(arch));
-  c["vocab_size"] = m.vocab_size;
-  c["hidden_size"] = m.hidden;
-  c["intermediate_size"] = m.ffn_hidden;
-  c["num_hidden_layers"] = m.layers;
-  c["num_attention_heads"] = m.heads;
-  c["num_key_value_heads"] = m.kv_heads;
-  c["head_dim"] = m.head_dim;
-  c["hidden_act"] = "silu";
-  c["max_position_embeddings"] = m.max_seq_len;
-  c["rms_norm_eps"] = m.norm_eps;
-  c["initializer_range"] = m.init_std;
-  // transformers 4.x reads rope_theta (+ rope_scaling); 5.x reads rope_parameters.
-  c["rope_theta"] = m.rope_theta;
-  c["rope_scaling"] = nullptr;
-  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", m.rope_theta}};
-  c["attention_dropout"] = 0.0;
-  c["tie_word_embeddings"] = m.tie_embeddings;
+  ExportConfig out(ExportConfig::Format::hf, std::string(hf_model_type(arch)), m.layers, c);
+  model.backbone().export_config(out);
+  model.head().export_config(out);
   c["use_cache"] = true;
-  switch (arch) {
-    case HfArch::llama:
-      c["attention_bias"] = false;
-      c["mlp_bias"] = false;
-      c["pretraining_tp"] = 1;
-      break;
-    case HfArch::qwen3:
-    case HfArch::qwen2:  // Qwen2 biases q/k/v unconditionally (and never o_proj)
-      if (arch == HfArch::qwen3) c["attention_bias"] = false;
-      c["use_sliding_window"] = false;
-      c["sliding_window"] = nullptr;
-      c["max_window_layers"] = m.layers;
-      c["layer_types"] = json::array();
-      for (int64_t l = 0; l < m.layers; ++l) c["layer_types"].push_back("full_attention");
-      break;
-  }
+  if (arch != HfArch::llama) c["max_window_layers"] = m.layers;  // no window on any layer
   if (special.bos >= 0) c["bos_token_id"] = special.bos;
   if (special.eos >= 0) c["eos_token_id"] = special.eos;
   if (special.pad >= 0) c["pad_token_id"] = special.pad;

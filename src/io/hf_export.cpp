@@ -1,7 +1,7 @@
 #include "io/hf_export.h"
 
 #include "io/byte_tokenizer_json.h"
-#include "io/hf_names.h"
+#include "io/export_names.h"
 #include "io/model_dir.h"
 #include "io/safetensors.h"
 
@@ -66,7 +66,7 @@ HfExportReport export_hf(const std::string& model_path, const std::string& out_d
   const std::string model_dir = resolve_model_dir(model_path);
   const Config config = load_config((fs::path(model_dir) / "config.toml").string());
   HfExportReport report;
-  report.arch = choose_hf_arch(config.model);  // refuses before anything is written
+  report.arch = choose_hf_arch(config.model);
   const DType dtype = export_dtype(options.dtype);
   KILN_CHECK(options.max_shard_bytes > 0, "export", "--max-shard-size must be positive");
   const fs::path trained_tokenizer = model_tokenizer_json(model_dir);  // "" = byte-level
@@ -77,6 +77,14 @@ HfExportReport export_hf(const std::string& model_path, const std::string& out_d
                ByteTokenizer::kVocab);
 
   LoadedModel loaded = load_for_inference(model_dir, 1);  // validates every tensor and shape
+  HfSpecialTokens special;
+  if (byte_level) special = {ByteTokenizer::kBos, ByteTokenizer::kEos, ByteTokenizer::kPad};
+  else {
+    const auto tok = model_tokenizer(model_dir);
+    special = {tok->bos_id(), tok->eos_id(), tok->pad_id()};
+  }
+  // The components write (or refuse) their fields before anything is written.
+  const json config_json = hf_config_json(*loaded.model, report.arch, special, options.dtype);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   KILN_CHECK(!ec, "export", "cannot create directory '{}': {}", out_dir, ec.message());
@@ -105,7 +113,7 @@ HfExportReport export_hf(const std::string& model_path, const std::string& out_d
     writer.set_metadata("format", "pt");  // transformers refuses safetensors without it
     writer.set_metadata("producer", "kiln " KILN_VERSION);
     for (const Parameter* p : shards[s]) {
-      const std::string hf = to_hf_name(p->name());
+      const std::string hf = hf_name(*p);
       add_converted(writer, hf, p->value(), dtype);
       weight_map[hf] = file;
     }
@@ -118,13 +126,7 @@ HfExportReport export_hf(const std::string& model_path, const std::string& out_d
     report.files.push_back("model.safetensors.index.json");
   }
 
-  HfSpecialTokens special;
-  if (byte_level) special = {ByteTokenizer::kBos, ByteTokenizer::kEos, ByteTokenizer::kPad};
-  else {
-    const auto tok = model_tokenizer(model_dir);
-    special = {tok->bos_id(), tok->eos_id(), tok->pad_id()};
-  }
-  write_json(out / "config.json", hf_config_json(config.model, report.arch, special, options.dtype));
+  write_json(out / "config.json", config_json);
   json generation = {{"_from_model_config", false}};
   if (special.bos >= 0) generation["bos_token_id"] = special.bos;
   if (special.eos >= 0) generation["eos_token_id"] = special.eos;

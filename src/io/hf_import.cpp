@@ -2,7 +2,7 @@
 
 #include "core/json_file.h"
 #include "io/byte_tokenizer_json.h"
-#include "io/hf_names.h"
+#include "io/export_names.h"
 #include "io/model_dir.h"
 #include "io/model_io.h"
 #include "io/safetensors.h"
@@ -97,7 +97,7 @@ HfImportReport import_hf(const std::string& hf_dir, const std::string& out_dir) 
   std::set<std::string> used;
   std::set<std::string> dtypes;
   for (const auto& p : model.parameters()) {
-    const std::string hf = to_hf_name(p->name());
+    const std::string hf = hf_name(*p);
     const auto it = weights.where.find(hf);
     KILN_CHECK(it != weights.where.end(), "import", "{}: missing tensor '{}' (kiln parameter '{}')", hf_dir, hf,
                p->name());

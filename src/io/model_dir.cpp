@@ -45,6 +45,16 @@ LoadedModel load_for_inference(const std::string& path, int64_t max_tokens, Devi
   return load_model(dir, options);
 }
 
+LoadedModel load_for_decoding(const std::string& path, Device device) {
+  BuildOptions options;
+  options.device = device;
+  options.dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  options.training = false;
+  options.max_tokens = 1;
+  options.loss_chunk_rows = 1;
+  return load_model(resolve_model_dir(path), options);
+}
+
 namespace {
 
 // The tokenizer.json data.tokenizer = `setting` names (a file, or the folder holding one;

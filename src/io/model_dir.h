@@ -21,6 +21,9 @@ std::string resolve_model_dir(const std::string& path);
 // Loads the model for inference (no gradients) with buffers for `max_tokens` rows, on
 // `device` (its fp32 weights; a GPU Decoder makes its own bf16 copies).
 LoadedModel load_for_inference(const std::string& path, int64_t max_tokens, Device device = Device::cpu);
+// The same for a KV-cache decoder (infer/decoder.h), which computes in the model's dtype:
+// bf16 mixed precision on the GPU (fp32 masters, bf16 copies), f32 on the CPU.
+LoadedModel load_for_decoding(const std::string& path, Device device);
 
 // The tokenizer.json a saved model uses: DIR/tokenizer.json if present (export and import
 // put it there), else the file its config's data.tokenizer names; "" for a tokenizer that

@@ -19,37 +19,20 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
       activations_("activations", options.device),
       workspace_(options.device),
       compute_weights_(options.device) {
-  const int64_t t = options.max_tokens, d = config.hidden;
+  const int64_t t = options.max_tokens;
   KILN_CHECK(options.dtype != DType::bf16 || options.device == Device::cuda, "model",
              "bf16 (mixed precision) runs on the GPU only; the CPU computes in f32");
   const DType master = options.dtype == DType::bf16 ? DType::f32 : options.dtype;
   BuildContext ctx{params_,          grads_,        activations_,   workspace_, parameters_, compute_weights_,
                    options.dtype,    master,        options.device, t,          options.training,
                    options.deterministic};
-  ctx.parameter(embed_w_, embed_g_, "embed.weight", Shape{config.vocab_size, d}, false,
-                Init::normal(config.init_std));
-  embed_ = parameters_.back().get();
-  position_ = position_registry().build("model.position", config.position, ctx, config_);
-  KILN_CHECK(options.recompute_blocks >= 0 && options.recompute_blocks <= config.layers, "train.recompute_blocks",
-             "{} blocks to recompute, but the model has {} (model.layers)", options.recompute_blocks, config.layers);
-  for (int64_t l = 0; l < config.layers; ++l) {
-    LayerSpec layer{"layers." + std::to_string(l), l, &config_};
-    if (options.training && l < options.recompute_blocks) {
-      // The block plans its saved activations in its own arena, bound later to the
-      // region every recomputed block shares.
-      recompute_arenas_.push_back(std::make_unique<Arena>("recomputed activations", options.device));
-      BuildContext block_ctx{params_,       grads_,        *recompute_arenas_.back(), workspace_, parameters_,
-                             compute_weights_, options.dtype, master, options.device, t, options.training,
-                             options.deterministic};
-      blocks_.push_back(std::make_unique<TransformerBlock>(block_ctx, layer, *position_));
-    } else {
-      blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, *position_));
-    }
-  }
-  final_norm_ = norm_registry().build("model.norm", config.norm, ctx, NormSpec{"final_norm", d, t, config.norm_eps});
-  if (!config.tie_embeddings)
-    ctx.parameter(head_w_, head_g_, "lm_head.weight", Shape{config.vocab_size, d}, true,
-                  Init::normal(config.init_std));
+  backbone_ = std::make_unique<Backbone>(ctx, config_, options, recompute_arenas_);
+  LmHeadSpec head;
+  head.chunk_rows = options.loss_chunk_rows;
+  head.z_loss = options.z_loss;
+  head_ = std::make_unique<LmHead>(ctx, config_, backbone_->embedding_compute(), backbone_->embedding_grad(), head,
+                                   loss_terms_);
+  KILN_CHECK(head_->first_slot() == 0, "model", "internal: the LM head's loss must be loss slot 0");
 
   ctx.buffer(inputs_, Shape{input_ints(t)}, DType::i32);  // views bound in allocate()
   if (options.training && options.device == Device::cuda) {
@@ -58,18 +41,6 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
     group_tokens_.reserve(static_cast<size_t>(t));
     group_starts_.reserve(static_cast<size_t>(t + 1));
   }
-  residual_.resize(static_cast<size_t>(config.layers + 1));
-  for (Tensor& r : residual_) ctx.saved_wide(r, Shape{t, d});
-  ctx.saved(hidden_, Shape{t, d});
-  if (options.training) {
-    ctx.buffer(dhidden_, Shape{t, d}, options.dtype);
-    ctx.buffer(dres_, Shape{t, d}, master);
-    // The mixed path's bf16 copy of dres, which the branches read (kept by the norms).
-    if (ctx.mixed()) ctx.buffer(dres_compute_, Shape{t, d}, options.dtype);
-  }
-  const int64_t chunk = std::min(options.loss_chunk_rows, t);
-  ctx.buffer(head_scratch_.logits, Shape{chunk, config.vocab_size}, options.dtype);
-  ctx.buffer(head_scratch_.row_stats, Shape{chunk, 2}, DType::f64);
 }
 
 MemoryPlan Model::memory_plan() const {
@@ -157,11 +128,11 @@ double Model::flops_per_token(int64_t seq_len) const {
   // Matmul parameters: everything but the embedding lookup and 1-D gains/biases; the
   // head's [V, d] matmul counts whether tied or not.
   double matmul = 0;
+  const Parameter* embed = &backbone_->embedding();
   for (const auto& p : parameters_)
-    if (p->shape().rank() == 2 && p->name() != "embed.weight") matmul += static_cast<double>(p->shape().numel());
+    if (p->shape().rank() == 2 && p.get() != embed) matmul += static_cast<double>(p->shape().numel());
   if (config_.tie_embeddings) matmul += static_cast<double>(config_.vocab_size * config_.hidden);
-  const double attention = 6.0 * static_cast<double>(config_.layers * config_.heads * config_.head_dim * seq_len);
-  return 6.0 * matmul + attention;
+  return 3.0 * (2.0 * matmul + backbone_->extra_forward_flops_per_token(seq_len));
 }
 
 void Model::load_batch(const HostBatch& batch) {
@@ -241,9 +212,6 @@ void Model::load_staged(const int32_t* staging, const StagedShape& shape) {
   set_loaded_shape(t, shape.seqs, shape.max_seqlen, t, shape.uniform);
 }
 
-const Tensor& Model::head_weight() const { return config_.tie_embeddings ? embed_w_ : head_w_; }
-const Tensor& Model::head_grad() const { return config_.tie_embeddings ? embed_g_ : head_g_; }
-
 void Model::refresh_compute_weights() {
   for (const auto& [master, copy] : compute_weights_.pairs) ops::convert(*master, *copy);
 }
@@ -254,92 +222,52 @@ void Model::forward() {
   // before every forward (one pass over the weights, ~1% of a step) keeps the copies
   // from ever going stale.
   refresh_compute_weights();
-  ops::embedding_forward(tokens_.rows(0, rows_), embed_->value(), residual_[0].rows(0, rows_));
-  for (size_t l = 0; l < blocks_.size(); ++l)
-    blocks_[l]->forward(residual_[l].rows(0, rows_), seq_, residual_[l + 1].rows(0, rows_));
-  final_norm_->forward(residual_.back().rows(0, rows_), hidden_.rows(0, rows_));
+  backbone_->forward(tokens_.rows(0, rows_), seq_);
 }
 
-ops::LossSums Model::forward_backward(double loss_scale, double z_loss) {
-  ops::LmHeadLossOptions o;
-  o.z_loss = z_loss;
-  o.loss_scale = loss_scale;
-  return forward_backward_with(o);
-}
-
-void Model::forward_backward_on_device(const float* loss_scale, double* sums, double z_loss) {
-  ops::LmHeadLossOptions o;
-  o.z_loss = z_loss;
-  o.loss_scale_on_device = loss_scale;
-  o.sums_on_device = sums;
-  forward_backward_with(o);
-}
-
-ops::LossSums Model::forward_backward_with(ops::LmHeadLossOptions o) {
-  KILN_CHECK(options_.training, "model", "forward_backward on a model built without training buffers");
-  forward();
-  o.chunk_rows = head_scratch_.logits.size(0);
-  o.softcap = config_.logit_softcap;
-  const ops::LossSums sums = ops::lm_head_loss(hidden_.rows(0, rows_), head_weight(), targets_.rows(0, rows_), o,
-                                               head_scratch_, dhidden_.rows(0, rows_), head_grad());
-  backward_from_hidden();
+// The heads over the backbone's hidden states: their loss sums, and with `backward` their
+// gradients into d(hidden) (=) and their own weights (+=).
+LossSums Model::heads(LossScale scale, bool backward, double* device_sums) {
+  LossSums sums;
+  const Tensor dhidden = backward ? backbone_->dhidden().rows(0, rows_) : Tensor();
+  head_->loss(backbone_->hidden().rows(0, rows_), targets_.rows(0, rows_), scale, dhidden, sums.slot, device_sums);
+  sums.loss = sums.slot[0];
+  sums.z = sums.slot[1];
+  sums.count = static_cast<int64_t>(sums.slot[2]);
   return sums;
 }
 
-void Model::backward_from_hidden() {
-  const Tensor dres = dres_.rows(0, rows_);
-  const Tensor dres_compute = dres_compute_.defined() ? dres_compute_.rows(0, rows_) : dres;
-  final_norm_->backward(dhidden_.rows(0, rows_), dres, false, dres_compute_.defined() ? dres_compute : Tensor());
-  for (size_t l = blocks_.size(); l-- > 0;) {
-    // A recomputed block's saved activations were overwritten by later blocks: run its
-    // forward again from its saved input (it rewrites its output with the same values).
-    if (static_cast<int64_t>(l) < options_.recompute_blocks)
-      blocks_[l]->forward(residual_[l].rows(0, rows_), seq_, residual_[l + 1].rows(0, rows_));
-    blocks_[l]->backward(dres, dres_compute, seq_);
-  }
-  if (token_groups_.order.defined()) {  // GPU: fixed summation order, no atomics
-    ops::TokenGroups groups = token_groups_;
-    groups.order = token_groups_.order.rows(0, rows_);
-    ops::embedding_backward(groups, dres, embed_g_);
-  } else {
-    ops::embedding_backward(tokens_.rows(0, rows_), dres, embed_g_);
-  }
+LossSums Model::forward_backward(double loss_scale) {
+  KILN_CHECK(options_.training, "model", "forward_backward on a model built without training buffers");
+  forward();
+  const LossSums sums = heads(LossScale{loss_scale, nullptr}, true, nullptr);
+  backbone_->backward(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr);
+  return sums;
 }
 
-ops::LossSums Model::evaluate() {
+void Model::forward_backward_on_device(const float* loss_scale, double* slot_sums) {
+  KILN_CHECK(options_.training, "model", "forward_backward on a model built without training buffers");
   forward();
-  ops::LmHeadLossOptions o;
-  o.chunk_rows = head_scratch_.logits.size(0);
-  o.softcap = config_.logit_softcap;
-  return ops::lm_head_loss(hidden_.rows(0, rows_), head_weight(), targets_.rows(0, rows_), o, head_scratch_,
-                           Tensor(), Tensor());
+  heads(LossScale{1.0, loss_scale}, true, slot_sums);
+  backbone_->backward(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr);
+}
+
+LossSums Model::evaluate() {
+  forward();
+  return heads(LossScale{}, false, nullptr);
 }
 
 void Model::logits(int64_t first, int64_t count, std::vector<float>& out) {
   KILN_CHECK(first >= 0 && count > 0 && first + count <= rows_, "model", "rows [{}, {}) outside the loaded batch of {}",
              first, first + count, rows_);
   forward();
-  const int64_t vocab = config_.vocab_size, chunk = head_scratch_.logits.size(0);
+  const int64_t vocab = config_.vocab_size, chunk = std::min<int64_t>(options_.loss_chunk_rows, options_.max_tokens);
   out.resize(static_cast<size_t>(count * vocab));
-  OwnedTensor host(head_scratch_.logits.dtype(), Device::cpu, head_scratch_.logits.shape());
+  std::vector<float> part;
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t rows = std::min(chunk, count - begin);
-    const Tensor logits = head_scratch_.logits.rows(0, rows);
-    // bf16 logits (the GPU's mixed path) take the softcap here, in fp32, after the copy.
-    const bool cap_on_host = logits.dtype() == DType::bf16 && config_.logit_softcap > 0;
-    ops::lm_head_logits(hidden_.rows(first + begin, first + begin + rows), head_weight(),
-                        cap_on_host ? 0.0 : config_.logit_softcap, logits);
-    copy_tensor(logits, host->rows(0, rows));
-    float* dst = out.data() + begin * vocab;
-    const DType dtype = host->dtype();
-    for (int64_t i = 0; i < rows * vocab; ++i)
-      dst[i] = dtype == DType::f32    ? host->data<float>()[i]
-               : dtype == DType::bf16 ? bf16_to_float(static_cast<const uint16_t*>(host->raw())[i])
-                                      : static_cast<float>(host->data<double>()[i]);
-    if (cap_on_host) {
-      const float cap = static_cast<float>(config_.logit_softcap);
-      for (int64_t i = 0; i < rows * vocab; ++i) dst[i] = cap * std::tanh(dst[i] / cap);
-    }
+    head_->logits(backbone_->hidden().rows(first + begin, first + begin + rows), part);
+    std::copy(part.begin(), part.end(), out.begin() + begin * vocab);
   }
 }
 

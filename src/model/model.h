@@ -1,34 +1,19 @@
-// A decoder-only language model: backbone (embedding -> blocks -> final norm) and an LM
-// head whose loss is computed in chunks. Built from a ModelConfig through the module
-// registries; every buffer is planned at build time and allocated once.
+// A decoder-only language model: a backbone (tokens -> hidden states, model/backbone.h)
+// and heads that read the hidden states (the LM head, nn/lm_head.h), each adding to named
+// loss terms (nn/loss_terms.h). Built from a ModelConfig through the module registries;
+// every buffer is planned at build time and allocated once.
 #pragma once
 
 #include "data/batch.h"
-#include "nn/block.h"
-#include "ops/cross_entropy/lm_head_loss.h"
-#include "ops/embedding/embedding.h"
+#include "model/backbone.h"
+#include "model/build_options.h"
+#include "nn/lm_head.h"
+#include "nn/loss_terms.h"
 
 #include <memory>
 #include <vector>
 
 namespace kiln {
-
-struct BuildOptions {
-  // Compute dtype: f32 or f64 (everything in it), or bf16 on the GPU (mixed precision:
-  // bf16 activations and weight copies, fp32 masters, gradients and residual stream).
-  DType dtype = DType::f32;
-  Device device = Device::cpu;
-  int64_t max_tokens = 4096;    // fixed token budget of one micro-batch
-  int64_t loss_chunk_rows = 1024;
-  bool training = true;
-  // Activation recompute: the first `recompute_blocks` blocks keep only their input; what
-  // their modules save for backward lives in one region all of them share, refilled by
-  // running the block's forward again just before its backward. Same results to the bit
-  // (the same kernels run on the same inputs), for about one more forward of those blocks.
-  int64_t recompute_blocks = 0;
-  // Bitwise-reproducible kernels only (TrainConfig::deterministic).
-  bool deterministic = true;
-};
 
 struct MemoryPlan {
   size_t parameters = 0;  // masters, plus their bf16 compute copies on the mixed path
@@ -52,9 +37,17 @@ class Model {
   const Parameter* find_parameter(const std::string& name) const;
   int64_t parameter_count() const;
   int64_t embedding_parameter_count() const;  // the input embedding (and untied head)
-  // Training FLOPs per token: 6 x matmul parameters (incl. the head) + causal attention
-  // 6 x layers x heads x head_dim x seq (average context seq/2, forward+backward).
+  // Training FLOPs per token: 3 x (forward: 2 x the matmul parameters, the head's counted
+  // whether tied or not, plus each component's extra work, e.g. attention's scores at an
+  // average context of seq/2, or its window).
   double flops_per_token(int64_t seq_len) const;
+
+  const Backbone& backbone() const { return *backbone_; }
+  const LmHead& head() const { return *head_; }
+  const LossTerms& loss_terms() const { return loss_terms_; }
+  // Masters -> their bf16 compute copies (mixed path; a no-op otherwise). Every forward
+  // does it; a decoder, which reads the copies without a forward, calls it once when made.
+  void refresh_compute_weights();
 
   // Copies a packed batch into the model's input buffers (its size must be <= max_tokens).
   void load_batch(const HostBatch& batch);
@@ -79,15 +72,16 @@ class Model {
   // stream has run the copy) into the input buffers; no synchronization.
   void load_staged(const int32_t* staging, const StagedShape& shape);
   // forward_backward of the loaded batch with the loss scale read from device memory and
-  // the loss sums (loss, z, count) added to `sums` in device memory: nothing is read back.
-  void forward_backward_on_device(const float* loss_scale, double* sums, double z_loss);
+  // the loss slots' sums added to `slot_sums` [kMaxLossSlots] in device memory: nothing is
+  // read back.
+  void forward_backward_on_device(const float* loss_scale, double* slot_sums);
   // gradient_norm()'s sum of squares into device memory, without waiting for it.
   void gradient_sum_squares_to_device(double* out) const;
-  // Forward, loss and backward of the loaded batch; parameter gradients accumulate (+=).
+  // Forward, losses and backward of the loaded batch; parameter gradients accumulate (+=).
   // The objective's gradient is scaled by loss_scale (1 / target tokens of the whole step).
-  ops::LossSums forward_backward(double loss_scale, double z_loss);
-  // Forward and loss only.
-  ops::LossSums evaluate();
+  LossSums forward_backward(double loss_scale);
+  // Forward and losses only.
+  LossSums evaluate();
   // Forward of the loaded batch, then the logits of rows [first, first + count) into
   // `out` (host, f32, row-major [count, V]), computed a chunk of rows at a time.
   void logits(int64_t first, int64_t count, std::vector<float>& out);
@@ -101,13 +95,9 @@ class Model {
   Arena& gradient_arena() { return grads_; }
 
  private:
-  void forward();  // embedding -> blocks -> final norm, over the loaded rows
-  void refresh_compute_weights();  // masters -> bf16 copies (mixed path)
+  void forward();  // the backbone over the loaded rows
   Tensor all_gradients() const;     // the gradient arena as one flat tensor
-  void backward_from_hidden();
-  ops::LossSums forward_backward_with(ops::LmHeadLossOptions options);
-  const Tensor& head_weight() const;
-  const Tensor& head_grad() const;
+  LossSums heads(LossScale scale, bool backward, double* device_sums);
 
   ModelConfig config_;
   BuildOptions options_;
@@ -116,15 +106,13 @@ class Model {
   std::vector<std::unique_ptr<Parameter>> parameters_;
   ComputeWeights compute_weights_;
 
-  std::unique_ptr<PositionEncoding> position_;
-  std::vector<std::unique_ptr<TransformerBlock>> blocks_;
   // Recomputed blocks' activation arenas, all bound to one shared region.
   std::vector<std::unique_ptr<Arena>> recompute_arenas_;
   Storage recompute_storage_;
   size_t recompute_bytes() const;
-  std::unique_ptr<Norm> final_norm_;
-  Tensor embed_w_, embed_g_, head_w_, head_g_;  // as modules hold them (compute copies)
-  const Parameter* embed_ = nullptr;            // its master: the lookup reads fp32 rows
+  LossTerms loss_terms_;
+  std::unique_ptr<Backbone> backbone_;
+  std::unique_ptr<LmHead> head_;
 
   // Inputs of the current micro-batch (i32), views of one buffer so a staged batch is one
   // copy: tokens, targets, positions [T]; cu_seqlens [T+1]; the token groups below.
@@ -139,9 +127,6 @@ class Model {
   // load_batch from the batch's tokens, uploaded with it.
   ops::TokenGroups token_groups_;
   std::vector<int32_t> group_counts_, group_order_, group_tokens_, group_starts_;
-  std::vector<Tensor> residual_;  // residual_[l] = input of block l; [layers] = final-norm input
-  Tensor hidden_, dhidden_, dres_, dres_compute_;
-  ops::LmHeadScratch head_scratch_;
 };
 
 }  // namespace kiln

@@ -9,11 +9,14 @@ TransformerBlock::TransformerBlock(BuildContext& ctx, const LayerSpec& layer, Po
   const ModelConfig& m = *layer.model;
   const int64_t t = ctx.max_tokens;
   attn_norm_ = norm_registry().build("model.norm", m.norm, ctx,
-                                     NormSpec{layer.prefix + ".attn_norm", m.hidden, t, m.norm_eps});
+                                     NormSpec{layer.names.child("attn_norm.", "input_layernorm.", "attn_norm."),
+                                              m.hidden, t, m.norm_eps});
   attention_ = attention_registry().build("model.attention", m.attention, ctx, layer, position);
   mlp_norm_ = norm_registry().build("model.norm", m.norm, ctx,
-                                    NormSpec{layer.prefix + ".mlp_norm", m.hidden, t, m.norm_eps});
-  mlp_ = mlp_registry().build("model.mlp", m.mlp, ctx, layer);
+                                    NormSpec{layer.names.child("mlp_norm.", "post_attention_layernorm.", "ffn_norm."),
+                                             m.hidden, t, m.norm_eps});
+  const char* mlp_key = layer.choices.mlp == m.mlp ? "model.mlp" : "model.alt_mlp";
+  mlp_ = mlp_registry().build(mlp_key, layer.choices.mlp, ctx, layer);
   ctx.saved_wide(mid_, Shape{t, m.hidden});  // residual stream between the branches
   // Scratch, one [t, hidden] each: the norm output a branch reads (recomputed in backward
   // rather than saved: one cheap pass) and the branch output (forward) or the branch input
@@ -49,6 +52,55 @@ void TransformerBlock::backward(const Tensor& dres, const Tensor& dres_compute, 
   attn_norm_->recompute(normed);
   attention_->backward(normed, dres_compute, seq, dbranch_in);
   attn_norm_->backward(dbranch_in, dres, true, copy);
+}
+
+std::unique_ptr<BlockDecoder> TransformerBlock::make_decoder(DecodeContext& ctx) const {
+  return std::make_unique<BlockDecoder>(attn_norm_->make_decoder(ctx), attention_->make_decoder(ctx, *attn_norm_),
+                                        mlp_norm_->make_decoder(ctx), mlp_->make_decoder(ctx, *mlp_norm_),
+                                        ctx.mixed());
+}
+
+void TransformerBlock::export_config(ExportConfig& out) const {
+  attn_norm_->export_config(out);
+  attention_->export_config(out);
+  mlp_norm_->export_config(out);
+  mlp_->export_config(out);
+}
+
+double TransformerBlock::extra_forward_flops_per_token(int64_t seq_len) const {
+  return attention_->extra_forward_flops_per_token(seq_len);
+}
+
+BlockDecoder::BlockDecoder(std::unique_ptr<NormDecoder> attn_norm, std::unique_ptr<BranchDecoder> attention,
+                           std::unique_ptr<NormDecoder> mlp_norm, std::unique_ptr<BranchDecoder> mlp, bool mixed)
+    : attn_norm_(std::move(attn_norm)),
+      mlp_norm_(std::move(mlp_norm)),
+      attention_(std::move(attention)),
+      mlp_(std::move(mlp)),
+      mixed_(mixed) {}
+
+void BlockDecoder::forward(DecodeStepBuffers& s, const DecodeRows& rows) {
+  branch(*attn_norm_, *attention_, s, rows);
+  branch(*mlp_norm_, *mlp_, s, rows);
+}
+
+// One pre-norm branch: x += branch(norm(x)). On the fused projections the branch reads x
+// through its norm and adds into x itself; otherwise the norm adds the pending output of the
+// branch before (one pass) and this branch's output is left pending for the next norm.
+void BlockDecoder::branch(NormDecoder& norm, BranchDecoder& branch, DecodeStepBuffers& s, const DecodeRows& rows) {
+  if (rows.fused_branches && branch.fused_branch()) {
+    if (s.pending) residual_add(s.x, s.branch, mixed_);
+    s.pending = false;
+    branch.forward_fused(s.x, rows);
+    return;
+  }
+  norm.add_norm(s.x, s.pending ? s.branch : Tensor(), s.h);
+  branch.forward(s.h, rows, s.branch);
+  s.pending = true;
+}
+
+void residual_add(const Tensor& x, const Tensor& branch, bool mixed) {
+  mixed ? ops::add(x, branch, x) : ops::add_inplace(x, branch);
 }
 
 }  // namespace kiln

@@ -1,10 +1,36 @@
 // A pre-norm transformer block on the flat residual stream:
 //   h = x + attention(norm1(x));   y = h + mlp(norm2(h))
+// Its components come from the registries by the layer's choices (nn/modules.h: the
+// model's per-layer patterns applied).
 #pragma once
 
 #include "nn/modules.h"
 
 namespace kiln {
+
+// The buffers a decode step threads through the blocks (infer/decoder.h owns them).
+struct DecodeStepBuffers {
+  Tensor x;       // [n, hidden] wide: the residual stream
+  Tensor h;       // [n, hidden] compute dtype: the last norm's output
+  Tensor branch;  // [n, hidden] compute dtype: the last branch's output
+  // branch holds an output not yet added into x (the next norm adds it on its way).
+  bool pending = false;
+};
+
+class BlockDecoder {
+ public:
+  BlockDecoder(std::unique_ptr<NormDecoder> attn_norm, std::unique_ptr<BranchDecoder> attention,
+               std::unique_ptr<NormDecoder> mlp_norm, std::unique_ptr<BranchDecoder> mlp, bool mixed);
+  // The block over the step's rows, from and into s.x (with s.pending as it comes).
+  void forward(DecodeStepBuffers& s, const DecodeRows& rows);
+
+ private:
+  void branch(NormDecoder& norm, BranchDecoder& branch, DecodeStepBuffers& s, const DecodeRows& rows);
+
+  std::unique_ptr<NormDecoder> attn_norm_, mlp_norm_;
+  std::unique_ptr<BranchDecoder> attention_, mlp_;
+  bool mixed_;
+};
 
 class TransformerBlock {
  public:
@@ -17,6 +43,10 @@ class TransformerBlock {
   // copy on the mixed path (the norm backwards write it), otherwise dres itself.
   void backward(const Tensor& dres, const Tensor& dres_compute, const SeqInfo& seq);
 
+  std::unique_ptr<BlockDecoder> make_decoder(DecodeContext& ctx) const;
+  double extra_forward_flops_per_token(int64_t seq_len) const;
+  void export_config(ExportConfig& out) const;
+
  private:
   Workspace& workspace_;
   DType compute_dtype_;  // of the branches (norm outputs, branch outputs and gradients)
@@ -24,7 +54,10 @@ class TransformerBlock {
   std::unique_ptr<Norm> attn_norm_, mlp_norm_;
   std::unique_ptr<Attention> attention_;
   std::unique_ptr<Mlp> mlp_;
-  Tensor mid_;  // saved: h (the norm outputs are recomputed in backward)
+  Tensor mid_;  // saved [T, hidden]: h (the norm outputs are recomputed in backward)
 };
+
+// x += branch: in place, or wide + compute dtype -> wide on the mixed path.
+void residual_add(const Tensor& x, const Tensor& branch, bool mixed);
 
 }  // namespace kiln

@@ -1,10 +1,17 @@
 // The module interfaces that registries build. Each module writes forward and backward
 // explicitly (as llm.c does): forward keeps what backward needs in planned buffers;
 // backward writes input gradients with = (or += where the caller asks, for the residual
-// stream) and accumulates parameter gradients with +=.
+// stream) and accumulates parameter gradients with +=. Each also has a decode entry
+// (nn/decode.h): a decoder object made for one KV-cache decoder, which plans that
+// decoder's state and runs the module over a decode step's rows.
 #pragma once
 
 #include "core/tensor.h"
+#include "nn/decode.h"
+#include "nn/export_config.h"
+
+#include <memory>
+#include <optional>
 
 namespace kiln {
 
@@ -34,6 +41,13 @@ class Norm {
   // Writes the last forward's output into y again, bit for bit, from the input it kept:
   // callers recompute a norm's output in backward instead of saving it (a cheap pass).
   virtual void recompute(const Tensor& y) = 0;
+
+  virtual std::unique_ptr<NormDecoder> make_decoder(DecodeContext& ctx) const = 0;
+  // An RMSNorm's gain and eps, for fused kernels that fold the norm into what follows it;
+  // none for other norms.
+  virtual std::optional<RmsNormForm> rms_form() const { return std::nullopt; }
+  // Its fields of a stock model's configuration (nn/export_config.h), or a refusal.
+  virtual void export_config(ExportConfig& out) const = 0;
 };
 
 // Rotary tables [max_positions, head_dim / 2] (cos, sin) that attention applies to q and k
@@ -46,6 +60,7 @@ class PositionEncoding {
  public:
   virtual ~PositionEncoding() = default;
   virtual RotaryTables rotary() = 0;
+  virtual void export_config(ExportConfig& out) const = 0;
 };
 
 class Attention {
@@ -56,6 +71,14 @@ class Attention {
   // dout [T, hidden] -> dx [T, hidden] (=); x is the forward's input again (the caller
   // keeps or recomputes it).
   virtual void backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq, const Tensor& dx) = 0;
+
+  // Plans its decode state (the KV cache) in ctx; pre_norm is the norm before the branch,
+  // which a fused decode branch may fold in.
+  virtual std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const = 0;
+  // Forward FLOPs per token beyond its weight matrices' 2 x parameters (attention's scores
+  // and their weighted values), at sequences of `seq_len` tokens.
+  virtual double extra_forward_flops_per_token(int64_t seq_len) const = 0;
+  virtual void export_config(ExportConfig& out) const = 0;
 };
 
 class Mlp {
@@ -64,6 +87,9 @@ class Mlp {
   virtual void forward(const Tensor& x, const Tensor& out) = 0;
   // As Attention::backward: x is the forward's input again.
   virtual void backward(const Tensor& x, const Tensor& dout, const Tensor& dx) = 0;
+
+  virtual std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const = 0;
+  virtual void export_config(ExportConfig& out) const = 0;
 };
 
 }  // namespace kiln

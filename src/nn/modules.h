@@ -3,24 +3,26 @@
 // register_* function, called from modules.cpp.
 #pragma once
 
+#include "config/config.h"
+#include "config/layer_pattern.h"
 #include "nn/interfaces.h"
 #include "nn/parameter.h"
 #include "nn/registry.h"
-#include "config/config.h"
 
 namespace kiln {
 
 struct NormSpec {
-  std::string name;   // parameter name prefix, e.g. "layers.0.attn_norm"
+  NameScope names;    // its parameters' prefixes, e.g. "layers.0.attn_norm." / "model.layers.0.input_layernorm."
   int64_t dim = 0;    // normalized (last) dimension
   int64_t rows = 0;   // most rows one forward sees
   double eps = 1e-6;
 };
 
 struct LayerSpec {
-  std::string prefix;  // "layers.3"
+  NameScope names;         // the layer's prefixes: "layers.3." / "model.layers.3." / "blk.3."
   int64_t index = 0;
   const ModelConfig* model = nullptr;
+  LayerChoices choices;    // what this layer gets of the model's per-layer patterns
 };
 
 using NormRegistry = Registry<Norm, BuildContext&, const NormSpec&>;

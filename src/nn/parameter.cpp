@@ -2,18 +2,29 @@
 
 namespace kiln {
 
+ParamName NameScope::operator()(std::string_view kiln_leaf, std::string_view hf_leaf, std::string_view gguf_leaf,
+                                GgufLayout layout) const {
+  auto join = [](const std::string& prefix, std::string_view leaf) {
+    return leaf.empty() ? std::string() : prefix + std::string(leaf);
+  };
+  return {kiln + std::string(kiln_leaf), join(hf, hf_leaf), join(gguf, gguf_leaf), layout};
+}
+
+NameScope NameScope::child(std::string_view kiln_part, std::string_view hf_part, std::string_view gguf_part) const {
+  return {kiln + std::string(kiln_part), hf + std::string(hf_part), gguf + std::string(gguf_part)};
+}
+
 Shape Parameter::shape() const {
   const Shape& base = value_base_->shape();
   if (base.rank() == 1) return Shape{row_end_ - row_begin_};
   return Shape{row_end_ - row_begin_, base[1]};
 }
 
-void BuildContext::parameter(Tensor& value, Tensor& grad, const std::string& name, Shape shape, bool decay,
-                             Init init) {
-  KILN_CHECK(shape.rank() == 1 || shape.rank() == 2, "model", "parameter {} must be 1-D or 2-D", name);
+void BuildContext::parameter(Tensor& value, Tensor& grad, ParamName name, Shape shape, bool decay, Init init) {
+  KILN_CHECK(shape.rank() == 1 || shape.rank() == 2, "model", "parameter {} must be 1-D or 2-D", name.kiln);
   const Tensor* master = weight(value, shape);
   if (training) grads.reserve(grad, master_dtype, shape);
-  parameters.push_back(std::make_unique<Parameter>(name, master, &grad, 0, shape[0], decay, init));
+  parameters.push_back(std::make_unique<Parameter>(std::move(name), master, &grad, 0, shape[0], decay, init));
 }
 
 const Tensor* BuildContext::weight(Tensor& value, Shape shape) {
@@ -29,7 +40,7 @@ const Tensor* BuildContext::weight(Tensor& value, Shape shape) {
 }
 
 void BuildContext::fused_parameter(Tensor& value, Tensor& grad,
-                                   const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
+                                   const std::vector<std::pair<ParamName, int64_t>>& parts, int64_t cols,
                                    bool decay, Init init) {
   int64_t rows = 0;
   for (const auto& part : parts) rows += part.second;

@@ -6,10 +6,37 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 namespace kiln {
+
+// How llama.cpp lays out a tensor against Hugging Face's (the GGUF exporter's only
+// per-tensor transform): rope_rows marks q/k projections whose rows its "llama"
+// architecture pairs interleaved (convert_hf_to_gguf.py's permute).
+enum class GgufLayout { plain, rope_rows };
+
+// A parameter's names: kiln's whole-model name (checkpoints, model.safetensors) and, given
+// by the component that reserves it, its tensor name in a stock Hugging Face checkpoint and
+// in llama.cpp's GGUF ("" where there is none: the exporters refuse it by name).
+struct ParamName {
+  std::string kiln;  // "layers.3.attn.q_proj.weight"
+  std::string hf;    // "model.layers.3.self_attn.q_proj.weight"
+  std::string gguf;  // "blk.3.attn_q.weight"
+  GgufLayout gguf_layout = GgufLayout::plain;
+};
+
+// The prefixes a component's parameter names get in each naming (a layer's components
+// get "layers.3." / "model.layers.3." / "blk.3."); the component adds its leaves.
+struct NameScope {
+  std::string kiln, hf, gguf;
+
+  ParamName operator()(std::string_view kiln_leaf, std::string_view hf_leaf, std::string_view gguf_leaf,
+                       GgufLayout layout = GgufLayout::plain) const;
+  // A nested scope: each prefix extended (an empty extension keeps that prefix).
+  NameScope child(std::string_view kiln_part, std::string_view hf_part, std::string_view gguf_part) const;
+};
 
 enum class InitKind { normal, ones, zeros };
 
@@ -26,12 +53,13 @@ struct Init {
 // then a row range of the fused tensors, and keeps its own whole-model name.
 class Parameter {
  public:
-  Parameter(std::string name, const Tensor* value_base, const Tensor* grad_base, int64_t row_begin,
-            int64_t row_end, bool decay, Init init)
-      : name_(std::move(name)), value_base_(value_base), grad_base_(grad_base), row_begin_(row_begin),
+  Parameter(ParamName names, const Tensor* value_base, const Tensor* grad_base, int64_t row_begin, int64_t row_end,
+            bool decay, Init init)
+      : names_(std::move(names)), value_base_(value_base), grad_base_(grad_base), row_begin_(row_begin),
         row_end_(row_end), decay_(decay), init_(init) {}
 
-  const std::string& name() const { return name_; }
+  const std::string& name() const { return names_.kiln; }
+  const ParamName& names() const { return names_; }
   Tensor value() const { return value_base_->rows(row_begin_, row_end_); }
   Tensor grad() const { return grad_base_->defined() ? grad_base_->rows(row_begin_, row_end_) : Tensor(); }
   bool decay() const { return decay_; }
@@ -40,7 +68,7 @@ class Parameter {
   Shape shape() const;
 
  private:
-  std::string name_;
+  ParamName names_;
   const Tensor* value_base_;
   const Tensor* grad_base_;
   int64_t row_begin_, row_end_;
@@ -83,10 +111,10 @@ struct BuildContext {
   // Weights of rank 1 are norm gains or biases: no weight decay unless `decay` says so.
   // On the mixed path a rank-2 `value` is the bf16 compute copy; rank-1 weights (gains,
   // biases) stay fp32 and are the masters themselves. Gradients are master_dtype.
-  void parameter(Tensor& value, Tensor& grad, const std::string& name, Shape shape, bool decay, Init init);
+  void parameter(Tensor& value, Tensor& grad, ParamName name, Shape shape, bool decay, Init init);
   // Reserves a fused weight [sum(rows), cols] (or a fused 1-D bias when cols is 0) and
   // registers each row block as a parameter.
-  void fused_parameter(Tensor& value, Tensor& grad, const std::vector<std::pair<std::string, int64_t>>& parts,
+  void fused_parameter(Tensor& value, Tensor& grad, const std::vector<std::pair<ParamName, int64_t>>& parts,
                        int64_t cols, bool decay, Init init);
   // An activation written in forward and read in backward (compute dtype).
   void saved(Tensor& t, Shape shape);

@@ -1,16 +1,56 @@
 // RMSNorm module (registry name "rmsnorm"): a learned gain per feature, statistics in
 // fp32 or wider, as transformers' Qwen3RMSNorm / LlamaRMSNorm.
+#include "core/op_profiler.h"
 #include "nn/modules.h"
+#include "ops/elementwise/elementwise.h"
 #include "ops/rms_norm/rms_norm.h"
+
+#if KILN_WITH_CUDA
+#include "ops/decode/decode_kernels.h"
+#endif
 
 namespace kiln {
 
 namespace {
 
+// Decode: the residual add and the norm, as one kernel with the GPU's fused kernels.
+class RmsNormDecoder final : public NormDecoder {
+ public:
+  RmsNormDecoder(const Tensor& weight, double eps, DecodeContext& ctx)
+      : weight_(weight), eps_(eps), workspace_(ctx.workspace), wide_(ctx.wide), mixed_(ctx.mixed()),
+        fuse_(ctx.device == Device::cuda && ctx.fuse) {
+    ctx.workspace.reserve_peak(Workspace::footprint(ctx.wide, Shape{ctx.max_rows}));
+  }
+
+  void add_norm(const Tensor& x, const Tensor& add, const Tensor& y) override {
+    const int64_t n = x.size(0);
+    if (fuse_) {
+#if KILN_WITH_CUDA
+      OpScope op("add_rms_norm (fused)", Device::cuda);
+      cuda::add_rms_norm(y.dtype(), x.data<float>(), add.defined() ? add.raw() : nullptr, weight_.data<float>(),
+                         static_cast<float>(eps_), n, x.size(1), y.raw());
+#endif
+      return;
+    }
+    // x += add: in place, or wide + compute dtype -> wide on the mixed path.
+    if (add.defined()) mixed_ ? ops::add(x, add, x) : ops::add_inplace(x, add);
+    Workspace::Scope scope(workspace_);
+    ops::rms_norm_forward(x, weight_, eps_, y, scope.take(wide_, Shape{n}));
+  }
+
+ private:
+  Tensor weight_;
+  double eps_;
+  Workspace& workspace_;
+  DType wide_;
+  bool mixed_, fuse_;
+};
+
 class RmsNorm final : public Norm {
  public:
   RmsNorm(BuildContext& ctx, const NormSpec& spec) : eps_(spec.eps) {
-    ctx.parameter(weight_, weight_grad_, spec.name + ".weight", Shape{spec.dim}, false, Init::ones());
+    ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, false,
+                  Init::ones());
     ctx.saved_wide(rstd_, Shape{spec.rows});
   }
 
@@ -31,6 +71,17 @@ class RmsNorm final : public Norm {
 
   void recompute(const Tensor& y) override {
     ops::rms_norm_forward(saved_x_, weight_, eps_, y, rstd_.rows(0, saved_x_.size(0)));
+  }
+
+  std::unique_ptr<NormDecoder> make_decoder(DecodeContext& ctx) const override {
+    return std::make_unique<RmsNormDecoder>(weight_, eps_, ctx);
+  }
+
+  std::optional<RmsNormForm> rms_form() const override { return RmsNormForm{weight_, eps_}; }
+
+  void export_config(ExportConfig& out) const override {
+    if (out.format() == ExportConfig::Format::hf) out.set("rms_norm_eps", eps_, "model.norm_eps");
+    else out.set("attention.layer_norm_rms_epsilon", static_cast<float>(eps_), "model.norm_eps");
   }
 
  private:

@@ -10,7 +10,7 @@ namespace {
 
 class Rope final : public PositionEncoding {
  public:
-  Rope(BuildContext& ctx, const ModelConfig& model) {
+  Rope(BuildContext& ctx, const ModelConfig& model) : theta_(model.rope_theta), head_dim_(model.head_dim) {
     inv_freq_ = ops::rope_inverse_frequencies(model.rope_theta, model.head_dim);
     // Tables are planned like any buffer and filled once, after allocation, on first use.
     ctx.buffer(cos_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.master_dtype);
@@ -20,6 +20,21 @@ class Rope final : public PositionEncoding {
   RotaryTables rotary() override {
     if (!filled_) fill();
     return {cos_, sin_};
+  }
+
+  // Plain RoPE, one theta, rotate_half pairing (llama.cpp's llama architecture pairs rows
+  // interleaved: its exporter permutes the q/k rows the attention marks).
+  void export_config(ExportConfig& out) const override {
+    if (head_dim_ % 2 != 0) out.refuse("model.head_dim", std::to_string(head_dim_), "RoPE needs an even head_dim");
+    if (out.format() == ExportConfig::Format::gguf) {
+      out.set("rope.dimension_count", head_dim_, "model.head_dim");
+      out.set("rope.freq_base", static_cast<float>(theta_), "model.rope_theta");
+      return;
+    }
+    // transformers 4.x reads rope_theta (+ rope_scaling); 5.x reads rope_parameters.
+    out.set("rope_theta", theta_, "model.rope_theta");
+    out.set("rope_scaling", nullptr, "model.position");
+    out.set("rope_parameters", {{"rope_type", "default"}, {"rope_theta", theta_}}, "model.rope_theta");
   }
 
  private:
@@ -35,6 +50,8 @@ class Rope final : public PositionEncoding {
     filled_ = true;
   }
 
+  double theta_;
+  int64_t head_dim_;
   std::vector<float> inv_freq_;
   Tensor cos_, sin_;  // [max_seq_len, head_dim / 2]
   bool filled_ = false;
@@ -43,6 +60,9 @@ class Rope final : public PositionEncoding {
 class NoPositionEncoding final : public PositionEncoding {
  public:
   RotaryTables rotary() override { return {}; }
+  void export_config(ExportConfig& out) const override {
+    out.refuse("model.position", "'none'", "the stock families kiln exports use rotary embeddings");
+  }
 };
 
 }  // namespace

@@ -2,26 +2,90 @@
 // Qwen3MLP / LlamaMLP. gate and up share one fused [2F, hidden] weight (one GEMM) while
 // keeping their own names. Only gate|up is saved: backward rebuilds the activation (for the
 // down projection's weight gradient) in the same pass that differentiates it.
+//
+// Decode: the same ops over the step's rows; for the captured decode steps on the GPU, the
+// whole branch on the fused projections (the pre-norm and SwiGLU folded into the gate|up
+// product, the residual add into the down product).
+#include "core/op_profiler.h"
 #include "nn/modules.h"
 #include "ops/linear/linear.h"
 #include "ops/swiglu/swiglu.h"
 
+#if KILN_WITH_CUDA
+#include "ops/decode/decode_kernels.h"
+#endif
+
+#include <algorithm>
 #include <cmath>
 
 namespace kiln {
 
 namespace {
 
+class SwigluDecoder final : public BranchDecoder {
+ public:
+  SwigluDecoder(const Tensor& gate_up_w, const Tensor& down_w, DecodeContext& ctx, const Norm& pre_norm)
+      : gate_up_w_(gate_up_w), down_w_(down_w), workspace_(ctx.workspace), dtype_(ctx.dtype) {
+    const int64_t r = ctx.max_rows, f = down_w.size(1);
+    ctx.workspace.reserve_peak(Workspace::footprint(ctx.dtype, Shape{r, 2 * f}) +
+                               Workspace::footprint(ctx.dtype, Shape{r, f}));
+#if KILN_WITH_CUDA
+    const std::optional<RmsNormForm> norm = pre_norm.rms_form();
+    const int64_t rows = std::min<int64_t>(ctx.fused_branch_rows, r);
+    fused_branch_ = ctx.device == Device::cuda && ctx.fuse && rows > 0 && dtype_ == DType::bf16 && norm &&
+                    cuda::decode_gemv_fits(rows, down_w.size(0)) && cuda::decode_gemv_fits(rows, f);
+    if (fused_branch_) norm_ = *norm;
+#else
+    (void)pre_norm;
+#endif
+  }
+
+  void forward(const Tensor& h, const DecodeRows& rows, const Tensor& out) override {
+    const int64_t n = rows.count, f = down_w_.size(1);
+    Workspace::Scope scope(workspace_);
+    const Tensor gate_up = scope.take(dtype_, Shape{n, 2 * f}), act = scope.take(dtype_, Shape{n, f});
+    ops::linear_forward(h, gate_up_w_, Tensor(), gate_up);
+    ops::swiglu_forward(gate_up, act);
+    ops::linear_forward(act, down_w_, Tensor(), out);
+  }
+
+  bool fused_branch() const override { return fused_branch_; }
+
+  void forward_fused([[maybe_unused]] const Tensor& x, [[maybe_unused]] const DecodeRows& rows) override {
+#if KILN_WITH_CUDA
+    const int64_t n = rows.count, d = down_w_.size(0), f = down_w_.size(1);
+    Workspace::Scope scope(workspace_);
+    const Tensor act = scope.take(dtype_, Shape{n, f});
+    {
+      OpScope op("norm + gate|up + swiglu (fused)", Device::cuda);
+      cuda::norm_gemv_swiglu(x.data<float>(), norm_.gain.data<float>(), static_cast<float>(norm_.eps), n, d,
+                             gate_up_w_.raw(), f, act.raw());
+    }
+    OpScope op("down projection + residual (fused)", Device::cuda);
+    cuda::gemv_add_residual(act.raw(), n, f, down_w_.raw(), d, x.data<float>());
+#endif
+  }
+
+ private:
+  Tensor gate_up_w_, down_w_;  // [2F, hidden], [hidden, F] (compute copies)
+  Workspace& workspace_;
+  DType dtype_;
+  bool fused_branch_ = false;
+  RmsNormForm norm_;
+};
+
 class SwigluMlp final : public Mlp {
  public:
   SwigluMlp(BuildContext& ctx, const LayerSpec& layer) : workspace_(ctx.workspace) {
     const ModelConfig& m = *layer.model;
     const int64_t t = ctx.max_tokens, f = m.ffn_hidden;
-    const std::string p = layer.prefix + ".mlp.";
-    ctx.fused_parameter(gate_up_w_, gate_up_g_, {{p + "gate_proj.weight", f}, {p + "up_proj.weight", f}}, m.hidden,
-                        true, Init::normal(m.init_std));
-    ctx.parameter(down_w_, down_g_, p + "down_proj.weight", Shape{m.hidden, f}, true,
-                  Init::normal(m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers))));
+    const NameScope n = layer.names.child("mlp.", "mlp.", "");
+    ctx.fused_parameter(gate_up_w_, gate_up_g_,
+                        {{n("gate_proj.weight", "gate_proj.weight", "ffn_gate.weight"), f},
+                         {n("up_proj.weight", "up_proj.weight", "ffn_up.weight"), f}},
+                        m.hidden, true, Init::normal(m.init_std));
+    ctx.parameter(down_w_, down_g_, n("down_proj.weight", "down_proj.weight", "ffn_down.weight"), Shape{m.hidden, f},
+                  true, Init::normal(m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers))));
     ctx.saved(gate_up_, Shape{t, 2 * f});
     // Forward scratch: the activation [t, f]. Backward: d(act) [t, f] (then the activation
     // again, in place) and d(gate_up) [t, 2f].
@@ -50,6 +114,19 @@ class SwigluMlp final : public Mlp {
     ops::swiglu_backward(gate_up, dact, dgate_up, dact);
     ops::linear_backward(dact, down_w_, dout, Tensor(), down_g_, Tensor());
     ops::linear_backward(x, gate_up_w_, dgate_up, dx, gate_up_g_, Tensor());
+  }
+
+  std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override {
+    return std::make_unique<SwigluDecoder>(gate_up_w_, down_w_, ctx, pre_norm);
+  }
+
+  // Every stock family here computes down(silu(gate) * up); llama.cpp's graphs do too.
+  void export_config(ExportConfig& out) const override {
+    const int64_t width = down_w_.shape()[1];
+    if (out.format() == ExportConfig::Format::gguf) return out.set("feed_forward_length", width, "model.ffn_hidden");
+    out.set("intermediate_size", width, "model.ffn_hidden");
+    out.set("hidden_act", "silu", "model.mlp");
+    if (out.is("llama")) out.set("mlp_bias", false, "model.mlp");
   }
 
  private:

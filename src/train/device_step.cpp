@@ -2,6 +2,10 @@
 
 #include "core/error.h"
 
+#include <algorithm>
+
+static_assert(kiln::ops::kStepLossSlots == kiln::kMaxLossSlots, "the device step keeps every loss slot");
+
 #if KILN_WITH_CUDA
 #include "core/step_graphs.h"
 #endif
@@ -48,9 +52,8 @@ DeviceStepOutcome DeviceStep::run(const std::vector<HostBatch>& batches, int64_t
 
   // Work that must be the same for every replay of a graph: fixed buffers, scalars read
   // from device memory.
-  const double z_loss = plan.z_loss;
-  auto micro_batch = [this, device, z_loss] {
-    model_.forward_backward_on_device(&device->loss_scale, device->micro_sums, z_loss);
+  auto micro_batch = [this, device] {
+    model_.forward_backward_on_device(&device->loss_scale, device->micro_sums);
     ops::add_micro_sums_on_device(device);
   };
   auto update = [this, device] {
@@ -69,7 +72,9 @@ DeviceStepOutcome DeviceStep::run(const std::vector<HostBatch>& batches, int64_t
   else update();
   copy_to_host_async(&host, device, sizeof(host));
   synchronize_stream();  // the step's one wait
-  return {host.loss, host.z, host.grad_norm, host.verdict};
+  DeviceStepOutcome outcome{host.loss, host.grad_norm, {}, host.verdict};
+  std::copy(std::begin(host.step_sums), std::end(host.step_sums), outcome.step_sums.begin());
+  return outcome;
 }
 #else
 DeviceStepOutcome DeviceStep::run(const std::vector<HostBatch>&, int64_t, const DeviceStepPlan&) {

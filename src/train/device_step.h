@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "data/batch.h"
 #include "model/model.h"
+#include "nn/loss_terms.h"
 #include "ops/optim/step_scalars.h"
 #include "train/optimizer.h"
 
@@ -31,12 +32,12 @@ struct DeviceStepPlan {
   double lr = 0;
   double loss_limit = 0, grad_limit = 0;  // the fault guard's spike limits (+inf: none)
   double clip = 0;                        // optim.grad_clip (0: off)
-  double z_loss = 0;
 };
 
 // What the host reads after it.
 struct DeviceStepOutcome {
-  double loss = 0, z = 0, grad_norm = 0;  // mean loss and z per target token; norm before the clip
+  double loss = 0, grad_norm = 0;  // mean main loss per target token; norm before the clip
+  LossSlotSums step_sums{};        // every loss slot's sum over the step
   ops::StepVerdict verdict = ops::StepVerdict::apply;
 };
 

@@ -19,7 +19,7 @@ void MetricsLog::step(const StepMetrics& m) {
                       {"lr", m.lr},              {"grad_norm", m.grad_norm}, {"tokens", m.tokens},
                       {"target_tokens", m.target_tokens}, {"step_seconds", m.step_seconds},
                       {"elapsed_seconds", m.elapsed_seconds}};
-  if (m.z > 0) j["z"] = m.z;
+  for (const auto& [name, value] : m.terms) j[name] = value;
   if (!m.skipped.empty()) j["skipped"] = m.skipped;
   if (m.skipped_total > 0) j["skipped_total"] = m.skipped_total;
   out_ << j.dump() << '\n';

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kiln {
 
@@ -11,7 +13,9 @@ struct StepMetrics {
   int64_t step = 0;            // 1-based, after the update
   int64_t total_steps = 0;
   double loss = 0;             // mean cross-entropy over the step's target tokens (nats)
-  double z = 0;                // mean logsumexp^2
+  // The other reported loss terms (nn/loss_terms.h) by name, each a mean per target token:
+  // "z" (logsumexp^2) when train.z_loss > 0, router losses, ...
+  std::vector<std::pair<std::string, double>> terms;
   double lr = 0;
   double grad_norm = 0;        // before clipping
   int64_t tokens = 0;          // positions processed (incl. PAD)

@@ -53,6 +53,7 @@ void check_component_names(const Config& c) {
   check(norm_registry(), "model.norm", c.model.norm);
   check(attention_registry(), "model.attention", c.model.attention);
   check(mlp_registry(), "model.mlp", c.model.mlp);
+  if (!c.model.alt_mlp.empty()) check(mlp_registry(), "model.alt_mlp", c.model.alt_mlp);
   check(position_registry(), "model.position", c.model.position);
   check(optimizer_registry(), "optim.name", c.optim.name);
   check(schedule_registry(), "optim.schedule", c.optim.schedule);
@@ -85,6 +86,7 @@ BuildOptions training_build_options(const Config& config, Device device) {
   options.deterministic = config.train.deterministic;
   options.max_tokens = config.train.micro_batch_tokens;
   options.loss_chunk_rows = config.train.loss_chunk_tokens;
+  options.z_loss = config.train.z_loss;
   return options;
 }
 
@@ -186,10 +188,9 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
     plan.lr = m.lr;
     guard_.spike_limits(&plan.loss_limit, &plan.grad_limit);
     plan.clip = clip;
-    plan.z_loss = config_.train.z_loss;
     const DeviceStepOutcome outcome = device_step_->run(micro_batches_, targets, plan);
     m.loss = outcome.loss;
-    m.z = config_.train.z_loss > 0 ? outcome.z : 0;
+    m.terms = reported_terms(outcome.step_sums, targets);
     m.grad_norm = outcome.grad_norm;
     m.skipped = guard_.check(m.loss, m.grad_norm);
     // The device applied (or skipped) the update on its own copy of the guard's rules.
@@ -203,15 +204,14 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
   }
 
   model_->zero_grads();
-  double loss = 0, z = 0;
+  LossSlotSums step_sums{};  // added micro-batch by micro-batch, in order (as the device step does)
   for (const HostBatch& batch : micro_batches_) {
     model_->load_batch(batch);
-    const ops::LossSums sums = model_->forward_backward(1.0 / static_cast<double>(targets), config_.train.z_loss);
-    loss += sums.loss;
-    z += sums.z;
+    const LossSums sums = model_->forward_backward(1.0 / static_cast<double>(targets));
+    for (size_t k = 0; k < step_sums.size(); ++k) step_sums[k] += sums.slot[k];
   }
-  m.loss = loss / static_cast<double>(targets);
-  m.z = config_.train.z_loss > 0 ? z / static_cast<double>(targets) : 0;
+  m.loss = step_sums[0] / static_cast<double>(targets);
+  m.terms = reported_terms(step_sums, targets);
   if (faults_.numeric()) inject_numeric_faults(faults_, m.step, m.loss, model_->parameters());  // tests only
   m.grad_norm = model_->gradient_norm();
   m.skipped = guard_.check(m.loss, m.grad_norm);
@@ -236,7 +236,7 @@ double Trainer::validate() {
   int64_t count = 0;
   for (const HostBatch& batch : validation_) {
     model_->load_batch(batch);
-    const ops::LossSums sums = model_->evaluate();
+    const LossSums sums = model_->evaluate();
     loss += sums.loss;
     count += sums.count;
   }
@@ -252,11 +252,22 @@ std::string Trainer::sample(uint64_t seed) {
   return config_.train.sample_prompt + generate(*model_, *tokenizer_, config_.train.sample_prompt, o);
 }
 
+// The reported loss terms beyond the main loss (slot 0), each as its mean per target token.
+std::vector<std::pair<std::string, double>> Trainer::reported_terms(const LossSlotSums& sums, int64_t targets) const {
+  std::vector<std::pair<std::string, double>> out;
+  const std::vector<LossTerm>& slots = model_->loss_terms().slots();
+  for (size_t k = 1; k < slots.size(); ++k)
+    if (slots[k].reported) out.emplace_back(slots[k].name, sums[k] / static_cast<double>(targets));
+  return out;
+}
+
 void Trainer::log_step(const StepMetrics& m) {
   const double tokens_per_second = static_cast<double>(m.tokens) / std::max(m.step_seconds, 1e-9);
   const double eta = m.elapsed_seconds / static_cast<double>(m.step) * static_cast<double>(m.total_steps - m.step);
-  fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {} tok/s | elapsed {} | eta {}\n", m.step,
-             m.total_steps, m.loss, m.lr, m.grad_norm, human_count(tokens_per_second),
+  std::string terms;
+  for (const auto& [name, value] : m.terms) terms += fmt::format(" | {} {:.4g}", name, value);
+  fmt::print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {} tok/s | elapsed {} | eta {}\n", m.step,
+             m.total_steps, m.loss, terms, m.lr, m.grad_norm, human_count(tokens_per_second),
              format_duration(m.elapsed_seconds), format_duration(eta));
   std::fflush(stdout);
 }

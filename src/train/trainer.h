@@ -57,6 +57,7 @@ class Trainer {
   bool step(int64_t step_index, StepMetrics& metrics);
   bool skip_update(const StepMetrics& m);  // reports and counts a skipped update; false
   void log_step(const StepMetrics& m);
+  std::vector<std::pair<std::string, double>> reported_terms(const LossSlotSums& sums, int64_t targets) const;
 
   // trainer_checkpoint.cpp: the glue between the loop and train/checkpoint.h.
   std::optional<CheckpointInfo> find_resume_checkpoint(const TrainOptions& options);

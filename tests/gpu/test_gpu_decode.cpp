@@ -365,9 +365,10 @@ ModelConfig tiny_config(int64_t head_dim = 32) {
   return c;
 }
 
-std::unique_ptr<Model> make_model(const ModelConfig& config, Device device) {
+std::unique_ptr<Model> make_model(const ModelConfig& config, Device device, DType dtype = DType::f32) {
   BuildOptions o;
   o.device = device;
+  o.dtype = dtype;
   o.training = false;
   o.max_tokens = 8;
   o.loss_chunk_rows = 8;
@@ -395,8 +396,10 @@ void randomize(const Model& cpu, const Model& gpu, uint64_t seed) {
 struct ModelPair {
   std::unique_ptr<Model> cpu, gpu;
 };
-ModelPair random_model_pair(const ModelConfig& config, uint64_t seed) {
-  ModelPair pair{make_model(config, Device::cpu), make_model(config, Device::cuda)};
+// The GPU model computes (and so decodes) in gpu_dtype: bf16 is the mixed path (fp32
+// masters, bf16 copies), what kiln sample and serve load.
+ModelPair random_model_pair(const ModelConfig& config, uint64_t seed, DType gpu_dtype = DType::bf16) {
+  ModelPair pair{make_model(config, Device::cpu), make_model(config, Device::cuda, gpu_dtype)};
   randomize(*pair.cpu, *pair.gpu, seed);
   return pair;
 }
@@ -487,14 +490,13 @@ class DecoderGpu : public GpuTest {};
 
 void check_gpu_decoder_of(const ModelConfig& config, const std::string& label, DType dtype, bool fuse,
                           double tolerance, bool decode_gemv) {
-  const auto [cpu_model, gpu_model] = random_model_pair(config, 21);
+  const auto [cpu_model, gpu_model] = random_model_pair(config, 21, dtype);
   DecoderOptions d;
   d.slots = 3;
   d.max_rows = 5;
   d.logit_rows = 4;
   d.graph_rows = 4;
   Decoder cpu(*cpu_model, d);
-  d.cuda_dtype = dtype;
   d.fuse = fuse;
   d.gemv_rows = decode_gemv ? 8 : 0;
   Decoder gpu(*gpu_model, d);

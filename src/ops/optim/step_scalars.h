@@ -13,6 +13,10 @@ namespace kiln::ops {
 // Why an update is skipped (train/fault_guard.h decides the same from the same values).
 enum class StepVerdict : int32_t { apply = 0, non_finite_loss, non_finite_grad_norm, loss_spike, grad_spike };
 
+// Loss slots per micro-batch and step (nn/loss_terms.h's kMaxLossSlots: the model's
+// objectives each add into theirs).
+inline constexpr int kStepLossSlots = 8;
+
 struct DeviceStepScalars {
   // Written by the host before the step.
   double targets = 0;     // target tokens of the whole step: the loss divisor
@@ -20,13 +24,13 @@ struct DeviceStepScalars {
   double grad_limit = 0;  // and when grad_norm > grad_limit
   double clip = 0;        // optim.grad_clip (0: off)
   float loss_scale = 0;   // float(1 / targets): the LM head's gradient scale
-  // The LM head's loss, z and count: of the current micro-batch (zero at its start), and
-  // of the step (each micro-batch's added in order, as the host loop adds them).
-  double micro_sums[3] = {0, 0, 0};
-  double step_sums[3] = {0, 0, 0};
+  // The loss slots' sums: of the current micro-batch (zero at its start), and of the step
+  // (each micro-batch's added in order, as the host loop adds them). Slot 0 is the main loss.
+  double micro_sums[kStepLossSlots] = {};
+  double step_sums[kStepLossSlots] = {};
   double grad_sum_squares = 0;
   // Written by finish_step_on_device.
-  double loss = 0, z = 0, grad_norm = 0;
+  double loss = 0, grad_norm = 0;
   StepVerdict verdict = StepVerdict::apply;
   // lr and bias corrections by the host; grad_scale and skip by finish_step_on_device.
   cuda::DeviceUpdateScalars update{};
@@ -34,7 +38,7 @@ struct DeviceStepScalars {
 
 // step_sums += micro_sums, then micro_sums = 0 (after a micro-batch's forward and backward).
 void add_micro_sums_on_device(DeviceStepScalars* scalars);
-// loss = step loss sum / targets, z likewise, grad_norm = sqrt(grad_sum_squares); the
+// loss = step_sums[0] / targets, grad_norm = sqrt(grad_sum_squares); the
 // verdict (the fault guard's checks in its order); the update's skip flag and gradient
 // factor (clip / (grad_norm + 1e-6) above the clip, else 1).
 void finish_step_on_device(DeviceStepScalars* scalars);

@@ -8,7 +8,7 @@ namespace kiln::ops {
 namespace {
 
 __global__ void add_micro_sums_kernel(DeviceStepScalars* s) {
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < kStepLossSlots; ++k) {
     s->step_sums[k] += s->micro_sums[k];
     s->micro_sums[k] = 0;  // the next micro-batch starts from zero, as each host-path call does
   }
@@ -18,7 +18,6 @@ __global__ void add_micro_sums_kernel(DeviceStepScalars* s) {
 // the same verdict) come out of either.
 __global__ void finish_step_kernel(DeviceStepScalars* s) {
   s->loss = s->step_sums[0] / s->targets;
-  s->z = s->step_sums[1] / s->targets;
   s->grad_norm = sqrt(s->grad_sum_squares);
   StepVerdict verdict = StepVerdict::apply;
   if (!isfinite(s->loss)) verdict = StepVerdict::non_finite_loss;

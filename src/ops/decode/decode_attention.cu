@@ -1,4 +1,4 @@
-// A decode step's attention in one kernel (declared in infer/decoder_cuda.h): what
+// A decode step's attention in one kernel (declared in ops/decode/decode_kernels.h): what
 // qkv_to_cache, cached_attention_forward and its split merge do in three kernels, for steps
 // whose rows are distinct sequences. At decode batch sizes each of those kernels costs its
 // latency, not its bytes, so the chain of three is most of a block's attention time.
@@ -21,7 +21,7 @@
 //
 // Only for steps whose rows are distinct slots: a row never attends to another row's new
 // position of the same step (the decoder keeps other steps on the three kernels).
-#include "infer/decoder_cuda.h"
+#include "ops/decode/decode_kernels.h"
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"

@@ -1,9 +1,9 @@
 // The decode step's projections with their neighbours fused in (declared in
-// infer/decoder_cuda.h), on the skinny-product kernel of ops/linear/gemv_kernel.cuh. At
+// ops/decode/decode_kernels.h), on the skinny-product kernel of ops/linear/gemv_kernel.cuh. At
 // decode batch sizes a step is a read of the weights plus a chain of small dependent
 // kernels; folding the RMSNorms, the residual adds and SwiGLU into the projections leaves
 // five kernels per block instead of nine.
-#include "infer/decoder_cuda.h"
+#include "ops/decode/decode_kernels.h"
 
 #include "ops/linear/gemv_kernel.cuh"
 

@@ -1,10 +1,10 @@
-// The decoder's fused GPU kernels (declared in infer/decoder_cuda.h). Each replaces a run
+// The decoder's fused GPU kernels (declared in ops/decode/decode_kernels.h). Each replaces a run
 // of op front-end calls of a step with one kernel, with the same arithmetic and roundings
 // as those ops' kernels (ops/rms_norm/rms_norm_bf16.cu, ops/elementwise/elementwise_bf16.cu
 // and the fp32 ones): the unfused ops are the reference (DecoderOptions::fuse = false).
 // At decode batch sizes these kernels are latency-bound, a few microseconds each, so
 // their count, not their bytes, is what a step pays for.
-#include "infer/decoder_cuda.h"
+#include "ops/decode/decode_kernels.h"
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"

@@ -1,0 +1,99 @@
+#include "model/backbone.h"
+
+#include "config/layer_pattern.h"
+
+namespace kiln {
+
+Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOptions& options,
+                   std::vector<std::unique_ptr<Arena>>& recompute_arenas)
+    : config_(config), recompute_blocks_(options.recompute_blocks) {
+  const int64_t t = options.max_tokens, d = config.hidden;
+  ctx.parameter(embed_w_, embed_g_, ParamName{"embed.weight", "model.embed_tokens.weight", "token_embd.weight"},
+                Shape{config.vocab_size, d}, false, Init::normal(config.init_std));
+  embed_ = ctx.parameters.back().get();
+  position_ = position_registry().build("model.position", config.position, ctx, config);
+  KILN_CHECK(options.recompute_blocks >= 0 && options.recompute_blocks <= config.layers, "train.recompute_blocks",
+             "{} blocks to recompute, but the model has {} (model.layers)", options.recompute_blocks, config.layers);
+  for (int64_t l = 0; l < config.layers; ++l) {
+    const std::string index = std::to_string(l);
+    const LayerSpec layer{NameScope{"layers." + index + ".", "model.layers." + index + ".", "blk." + index + "."}, l,
+                          &config, layer_choices(config, l)};
+    if (options.training && l < options.recompute_blocks) {
+      // The block plans its saved activations in its own arena, bound later to the
+      // region every recomputed block shares.
+      recompute_arenas.push_back(std::make_unique<Arena>("recomputed activations", options.device));
+      BuildContext block_ctx{ctx.params,      ctx.grads,           *recompute_arenas.back(), ctx.workspace,
+                             ctx.parameters,  ctx.compute_weights, ctx.dtype,                ctx.master_dtype,
+                             ctx.device,      ctx.max_tokens,      ctx.training,             ctx.deterministic};
+      blocks_.push_back(std::make_unique<TransformerBlock>(block_ctx, layer, *position_));
+    } else {
+      blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, *position_));
+    }
+  }
+  final_norm_ = norm_registry().build(
+      "model.norm", config.norm, ctx, NormSpec{NameScope{"final_norm.", "model.norm.", "output_norm."}, d, t, config.norm_eps});
+  residual_.resize(static_cast<size_t>(config.layers + 1));
+  for (Tensor& r : residual_) ctx.saved_wide(r, Shape{t, d});
+  ctx.saved(hidden_, Shape{t, d});
+  if (options.training) {
+    ctx.buffer(dhidden_, Shape{t, d}, ctx.dtype);
+    ctx.buffer(dres_, Shape{t, d}, ctx.master_dtype);
+    // The mixed path's bf16 copy of dres, which the branches read (kept by the norms).
+    if (ctx.mixed()) ctx.buffer(dres_compute_, Shape{t, d}, ctx.dtype);
+  }
+}
+
+void Backbone::forward(const Tensor& tokens, const SeqInfo& seq) {
+  rows_ = tokens.size(0);
+  ops::embedding_forward(tokens, embed_->value(), residual_[0].rows(0, rows_));
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    blocks_[l]->forward(residual_[l].rows(0, rows_), seq, residual_[l + 1].rows(0, rows_));
+  final_norm_->forward(residual_.back().rows(0, rows_), hidden_.rows(0, rows_));
+}
+
+void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::TokenGroups* groups) {
+  const Tensor dres = dres_.rows(0, rows_);
+  const Tensor dres_compute = dres_compute_.defined() ? dres_compute_.rows(0, rows_) : dres;
+  final_norm_->backward(dhidden_.rows(0, rows_), dres, false, dres_compute_.defined() ? dres_compute : Tensor());
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    // A recomputed block's saved activations were overwritten by later blocks: run its
+    // forward again from its saved input (it rewrites its output with the same values).
+    if (static_cast<int64_t>(l) < recompute_blocks_)
+      blocks_[l]->forward(residual_[l].rows(0, rows_), seq, residual_[l + 1].rows(0, rows_));
+    blocks_[l]->backward(dres, dres_compute, seq);
+  }
+  if (groups != nullptr) {  // GPU: fixed summation order, no atomics
+    ops::TokenGroups g = *groups;
+    g.order = groups->order.rows(0, rows_);
+    ops::embedding_backward(g, dres, embed_g_);
+  } else {
+    ops::embedding_backward(tokens, dres, embed_g_);
+  }
+}
+
+void Backbone::export_config(ExportConfig& out) const {
+  const ModelConfig& m = config_;
+  if (out.format() == ExportConfig::Format::hf) {
+    out.set("vocab_size", m.vocab_size, "model.vocab_size");
+    out.set("hidden_size", m.hidden, "model.hidden");
+    out.set("num_hidden_layers", m.layers, "model.layers");
+    out.set("max_position_embeddings", m.max_seq_len, "model.max_seq_len");
+    out.set("initializer_range", m.init_std, "model.init_std");
+  } else {
+    out.set("vocab_size", m.vocab_size, "model.vocab_size");
+    out.set("context_length", m.max_seq_len, "model.max_seq_len");
+    out.set("embedding_length", m.hidden, "model.hidden");
+    out.set("block_count", m.layers, "model.layers");
+  }
+  position_->export_config(out);
+  for (const auto& block : blocks_) block->export_config(out);
+  final_norm_->export_config(out);
+}
+
+double Backbone::extra_forward_flops_per_token(int64_t seq_len) const {
+  double flops = 0;
+  for (const auto& block : blocks_) flops += block->extra_forward_flops_per_token(seq_len);
+  return flops;
+}
+
+}  // namespace kiln

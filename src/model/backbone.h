@@ -1,0 +1,61 @@
+// The backbone: tokens -> hidden states, a pure function of (tokens, SeqInfo) that knows
+// no loss: embedding -> blocks (each built by the layer's choices) -> final norm. Its
+// backward takes d(hidden) from whichever heads read the hidden states and accumulates
+// every parameter gradient (+=) down to the embedding's.
+#pragma once
+
+#include "config/config.h"
+#include "model/build_options.h"
+#include "nn/block.h"
+#include "ops/embedding/embedding.h"
+
+#include <memory>
+#include <vector>
+
+namespace kiln {
+
+class Backbone {
+ public:
+  // Plans everything in ctx's arenas; recompute_arenas receives the activation arenas of
+  // the recomputed blocks (options.recompute_blocks), which the model binds to one region.
+  Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOptions& options,
+           std::vector<std::unique_ptr<Arena>>& recompute_arenas);
+
+  // tokens i32 [T] -> hidden [T, hidden] (compute dtype), T <= the planned rows.
+  void forward(const Tensor& tokens, const SeqInfo& seq);
+  const Tensor& hidden() const { return hidden_; }  // [planned rows, hidden]
+  // d(hidden) for the rows of the last forward, written by the heads (=), compute dtype.
+  const Tensor& dhidden() const { return dhidden_; }
+  // Backward of the last forward from dhidden: parameter gradients accumulate (+=). The
+  // embedding's gradient takes the token groups (GPU: a fixed summation order) when given.
+  void backward(const Tensor& tokens, const SeqInfo& seq, const ops::TokenGroups* groups);
+
+  // The embedding: its master (the lookup reads fp32 rows) and compute copy (a tied head's
+  // weight) and gradient.
+  const Parameter& embedding() const { return *embed_; }
+  const Tensor& embedding_compute() const { return embed_w_; }
+  const Tensor& embedding_grad() const { return embed_g_; }
+  const Norm& final_norm() const { return *final_norm_; }
+  const std::vector<std::unique_ptr<TransformerBlock>>& blocks() const { return blocks_; }
+
+  // Forward FLOPs per token beyond 2 x the weight matrices (attention's scores), summed over
+  // the blocks, at sequences of seq_len tokens.
+  double extra_forward_flops_per_token(int64_t seq_len) const;
+  // Every component's fields of a stock configuration (nn/export_config.h), in order.
+  void export_config(ExportConfig& out) const;
+
+ private:
+  const ModelConfig& config_;
+  int64_t rows_ = 0;
+  int64_t recompute_blocks_ = 0;
+  Tensor embed_w_, embed_g_;
+  const Parameter* embed_ = nullptr;
+  std::unique_ptr<PositionEncoding> position_;
+  std::vector<std::unique_ptr<TransformerBlock>> blocks_;
+  std::unique_ptr<Norm> final_norm_;
+  std::vector<Tensor> residual_;  // residual_[l] = input of block l [T, hidden]; [layers] = final-norm input
+  Tensor hidden_, dhidden_;       // [T, hidden] compute dtype
+  Tensor dres_, dres_compute_;    // [T, hidden]: the residual gradient (wide) and its compute copy (mixed path)
+};
+
+}  // namespace kiln

@@ -1,0 +1,28 @@
+// How a Model is built: dtype, device, the token budget, training buffers, recompute.
+#pragma once
+
+#include "core/dtype.h"
+
+#include <cstdint>
+
+namespace kiln {
+
+struct BuildOptions {
+  // Compute dtype: f32 or f64 (everything in it), or bf16 on the GPU (mixed precision:
+  // bf16 activations and weight copies, fp32 masters, gradients and residual stream).
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  int64_t max_tokens = 4096;    // fixed token budget of one micro-batch
+  int64_t loss_chunk_rows = 1024;
+  double z_loss = 0;            // the LM head's z-loss coefficient (train.z_loss)
+  bool training = true;
+  // Activation recompute: the first `recompute_blocks` blocks keep only their input; what
+  // their modules save for backward lives in one region all of them share, refilled by
+  // running the block's forward again just before its backward. Same results to the bit
+  // (the same kernels run on the same inputs), for about one more forward of those blocks.
+  int64_t recompute_blocks = 0;
+  // Bitwise-reproducible kernels only (TrainConfig::deterministic).
+  bool deterministic = true;
+};
+
+}  // namespace kiln

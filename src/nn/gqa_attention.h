@@ -1,0 +1,56 @@
+// Causal grouped-query self-attention (registry name "gqa"), Qwen3/Llama shaped:
+//   qkv = x Wqkv^T (one fused GEMM; q/k/v stay separately named parameters)
+//   q, k <- per-head RMSNorm (if model.qk_norm; gains shared by the heads, as Qwen3's
+//           q_norm / k_norm) -> rotary position encoding (unless the layer is NoPE)
+//   o = attention(q, k, v) over packed sequences (the layer's window, the softcap);  out = o Wo^T
+// The per-head steps are one fused op (ops/attention/qkv_prepare.h). Only the raw
+// projection is saved: q, k, v are rebuilt from it in backward (one cheap pass), which
+// saves keeping both raw and normed copies of q and k.
+//
+// Decode (gqa_attention_decode.cpp): a KV cache per layer, the same ops over the step's
+// rows (qkv_prepare at the rows' positions, the cache write, cached attention), or on the
+// GPU the fused kernels of ops/decode/decode_kernels.h.
+#pragma once
+
+#include "nn/modules.h"
+#include "ops/attention/attention.h"
+#include "ops/attention/qkv_prepare.h"
+
+namespace kiln {
+
+class GqaAttention final : public Attention {
+ public:
+  GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEncoding& position);
+
+  void forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) override;
+  void backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq, const Tensor& dx) override;
+  std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override;
+  double extra_forward_flops_per_token(int64_t seq_len) const override;
+  void export_config(ExportConfig& out) const override;
+
+  int64_t q_heads() const { return hq_; }
+  int64_t kv_heads() const { return hkv_; }
+  int64_t head_dim() const { return d_; }
+  int64_t window() const { return options_.window; }
+
+ private:
+  friend class GqaDecoder;
+  // The q/k preparation for these positions (the layer's rotary tables, if it rotates).
+  ops::QkvPrepare prepare_at(const Tensor& positions) const;
+  ops::AttentionOptions attention_options(const SeqInfo& seq) const;
+
+  PositionEncoding& position_;
+  Workspace& workspace_;
+  int64_t layer_ = 0, hidden_ = 0, hq_ = 0, hkv_ = 0, d_ = 0, qkv_cols_ = 0;
+  bool rotary_ = true;        // the layer applies RoPE (false: NoPE)
+  bool qk_norm_ = false;      // q and k pass a per-head RMSNorm (model.qk_norm)
+  bool bias_ = false;         // q/k/v projections have biases (model.attention_bias)
+  ops::AttentionOptions options_;
+  ops::QkvPrepare prepare_;   // heads and gains; tables and positions per call
+  Tensor qkv_w_, qkv_g_, qkv_b_, qkv_bg_, o_w_, o_g_, q_gain_grad_, k_gain_grad_;
+  Tensor qkv_;  // saved [T, (Hq + 2 Hkv) D]: the raw projection
+  Tensor o_;    // saved [T, Hq, D]: the attention output
+  Tensor lse_;  // saved [T, Hq]: softmax statistics
+};
+
+}  // namespace kiln

@@ -1,0 +1,103 @@
+#include "nn/lm_head.h"
+
+#include "config/config.h"
+#include "core/op_profiler.h"
+
+#if KILN_WITH_CUDA
+#include "ops/cuda_kernels.h"
+#include "ops/decode/decode_kernels.h"
+#endif
+
+#include <algorithm>
+#include <cmath>
+
+namespace kiln {
+
+LmHead::LmHead(BuildContext& ctx, const ModelConfig& m, const Tensor& embed, const Tensor& embed_grad,
+               const LmHeadSpec& spec, LossTerms& terms)
+    : tied_(m.tie_embeddings), softcap_(m.logit_softcap), spec_(spec), embed_(embed), embed_grad_(embed_grad) {
+  if (!tied_)
+    ctx.parameter(weight_, grad_, ParamName{"lm_head.weight", "lm_head.weight", "output.weight"},
+                  Shape{m.vocab_size, m.hidden}, true, Init::normal(m.init_std));
+  const int64_t chunk = std::min(spec.chunk_rows, ctx.max_tokens);
+  spec_.chunk_rows = chunk;
+  ctx.buffer(scratch_.logits, Shape{chunk, m.vocab_size}, ctx.dtype);
+  ctx.buffer(scratch_.row_stats, Shape{chunk, 2}, DType::f64);
+  // The layout lm_head_loss writes its sums in: loss, z, count.
+  first_slot_ = terms.reserve({{"loss", true}, {"z", spec.z_loss > 0}, {"target_count", false}});
+}
+
+void LmHead::loss(const Tensor& hidden, const Tensor& targets, LossScale scale, const Tensor& dhidden,
+                  LossSlotSums& sums, double* device_sums) {
+  ops::LmHeadLossOptions o;
+  o.chunk_rows = spec_.chunk_rows;
+  o.z_loss = spec_.z_loss;
+  o.softcap = softcap_;
+  o.loss_scale = scale.host;
+  o.loss_scale_on_device = scale.device;
+  o.sums_on_device = device_sums ? device_sums + first_slot_ : nullptr;
+  const Tensor dw = dhidden.defined() ? (tied_ ? embed_grad_ : grad_) : Tensor();
+  const ops::LossSums s = ops::lm_head_loss(hidden, weight(), targets, o, scratch_, dhidden, dw);
+  sums[static_cast<size_t>(first_slot_)] = s.loss;
+  sums[static_cast<size_t>(first_slot_ + 1)] = s.z;
+  sums[static_cast<size_t>(first_slot_ + 2)] = static_cast<double>(s.count);
+}
+
+void LmHead::logits(const Tensor& hidden, std::vector<float>& out) {
+  const int64_t rows = hidden.size(0), vocab = weight().size(0);
+  KILN_CHECK(rows <= spec_.chunk_rows, "model", "logits of {} rows at once (at most {})", rows, spec_.chunk_rows);
+  const Tensor logits = scratch_.logits.rows(0, rows);
+  // bf16 logits (the GPU's mixed path) take the softcap here, in fp32, after the copy:
+  // lm_head_logits caps f32 logits only.
+  const bool cap_on_host = logits.dtype() == DType::bf16 && softcap_ > 0;
+  ops::lm_head_logits(hidden, weight(), cap_on_host ? 0.0 : softcap_, logits);
+  OwnedTensor host(logits.dtype(), Device::cpu, logits.shape());
+  copy_tensor(logits, *host);
+  out.resize(static_cast<size_t>(rows * vocab));
+  const DType dtype = host->dtype();
+  for (int64_t i = 0; i < rows * vocab; ++i)
+    out[static_cast<size_t>(i)] = dtype == DType::f32    ? host->data<float>()[i]
+                                  : dtype == DType::bf16 ? bf16_to_float(static_cast<const uint16_t*>(host->raw())[i])
+                                                         : static_cast<float>(host->data<double>()[i]);
+  if (cap_on_host) {
+    const auto cap = static_cast<float>(softcap_);
+    for (float& x : out) x = cap * std::tanh(x / cap);
+  }
+}
+
+// A tied head is the embedding (Hugging Face: tie_word_embeddings; GGUF: no output.weight).
+void LmHead::export_config(ExportConfig& out) const {
+  if (softcap_ > 0) out.refuse("model.logit_softcap", fmt::format("{}", softcap_), "its LM head has no softcap");
+  if (out.format() == ExportConfig::Format::hf) out.set("tie_word_embeddings", tied_, "model.tie_embeddings");
+}
+
+std::unique_ptr<HeadDecoder> LmHead::make_decoder(DecodeContext& ctx, const Norm& final_norm) const {
+  return std::make_unique<HeadDecoder>(weight(), softcap_, ctx, final_norm);
+}
+
+HeadDecoder::HeadDecoder(const Tensor& weight, double softcap, DecodeContext& ctx, const Norm& final_norm)
+    : weight_(weight), softcap_(softcap) {
+#if KILN_WITH_CUDA
+  const std::optional<RmsNormForm> norm = final_norm.rms_form();
+  const int64_t rows = std::min<int64_t>(ctx.fused_branch_rows, ctx.max_rows);
+  fused_ = ctx.device == Device::cuda && ctx.fuse && rows > 0 && ctx.dtype == DType::bf16 && norm &&
+           cuda::decode_gemv_fits(rows, weight.size(1));
+  if (fused_) norm_ = *norm;
+#else
+  (void)ctx, (void)final_norm;
+#endif
+}
+
+void HeadDecoder::logits(const Tensor& h, const Tensor& out) { ops::lm_head_logits(h, weight_, softcap_, out); }
+
+void HeadDecoder::logits_fused([[maybe_unused]] const Tensor& x, [[maybe_unused]] const Tensor& out) {
+#if KILN_WITH_CUDA
+  const int64_t n = x.size(0), vocab = weight_.size(0);
+  OpScope op("final norm + lm head (fused)", Device::cuda);
+  cuda::norm_gemv(DType::f32, x.data<float>(), norm_.gain.data<float>(), static_cast<float>(norm_.eps), n, x.size(1),
+                  weight_.raw(), vocab, out.raw());
+  if (softcap_ > 0) cuda::softcap_f32(out.data<float>(), n * vocab, static_cast<float>(softcap_));
+#endif
+}
+
+}  // namespace kiln
