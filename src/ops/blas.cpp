@@ -113,8 +113,10 @@ const LoadedBlas& loaded_blas() {
 }  // namespace
 
 std::string preferred_openblas_core() {
-  // Constructors have run by now, so libgcc's CPU model is filled in; these test the
-  // instruction sets and the OS's support for their registers (XSAVE state).
+  // These test the instruction sets and the OS's support for their registers (XSAVE
+  // state). __builtin_cpu_init fills libgcc's CPU model, which its constructor does too:
+  // called here in case the first BLAS call comes from another static initializer.
+  __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
     return "SkylakeX";
