@@ -68,20 +68,30 @@ void* open_library(std::string& path) {
   fail("blas", "cannot load OpenBLAS (Debian: libopenblas0-openmp){}", errors);
 }
 
+// Puts the environment back as the user had it (unset, or set but empty).
+void restore_core_variable(bool was_set) {
+  if (was_set)
+    setenv(kCoreTypeVariable, "", 1);
+  else
+    unsetenv(kCoreTypeVariable);
+}
+
 LoadedBlas load() {
   LoadedBlas loaded;
-  const char* user_core = std::getenv(kCoreTypeVariable);
-  const std::string kiln_core = (user_core && *user_core) ? std::string() : preferred_openblas_core();
+  const char* variable = std::getenv(kCoreTypeVariable);
+  const bool variable_was_set = variable != nullptr;
+  const bool user_chose = variable_was_set && *variable;
+  const std::string kiln_core = user_chose ? std::string() : preferred_openblas_core();
   if (!kiln_core.empty()) setenv(kCoreTypeVariable, kiln_core.c_str(), 1);
   std::string path;
   void* handle = nullptr;
   try {
     handle = open_library(path);
   } catch (...) {
-    if (!kiln_core.empty()) unsetenv(kCoreTypeVariable);
+    if (!kiln_core.empty()) restore_core_variable(variable_was_set);
     throw;
   }
-  if (!kiln_core.empty()) unsetenv(kCoreTypeVariable);
+  if (!kiln_core.empty()) restore_core_variable(variable_was_set);
   // The handle stays open for the life of the process.
 
   loaded.library.sgemm = resolve<decltype(&cblas_sgemm)>(handle, "cblas_sgemm", path);
@@ -96,7 +106,7 @@ LoadedBlas load() {
   const size_t second_space = config.find(' ', config.find(' ') + 1);
   loaded.info.library = config.substr(0, second_space);
   loaded.info.core = get_corename();
-  loaded.info.chosen_by = !kiln_core.empty() ? "kiln" : (user_core && *user_core) ? kCoreTypeVariable : "OpenBLAS";
+  loaded.info.chosen_by = !kiln_core.empty() ? "kiln" : user_chose ? kCoreTypeVariable : "OpenBLAS";
   loaded.info.path = path;
   // A core name this OpenBLAS does not know leaves it to its own detection: say so.
   if (!kiln_core.empty() && loaded.info.core != kiln_core)
