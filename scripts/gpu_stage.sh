@@ -12,6 +12,7 @@
 # Usage: scripts/gpu_stage.sh [extra cmake args...]     (JOBS=N to limit build parallelism)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/runtime_libs.sh
 
 BUILD=build-cuda
 STAGE=$BUILD/gpu-stage
@@ -33,6 +34,7 @@ for b in "${binaries[@]}"; do strip -o "$STAGE/bin/$(basename "$b")" "$b"; done
 # the PyTorch venv; the driver's libcuda). Everything else is bundled.
 system_re='^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libresolv|libstdc\+\+|libgcc_s)\.so'
 cuda_re='^lib(cuda|cudart|cublas|cublasLt|cudnn.*|nccl|nvrtc.*|nvJitLink|cufft|curand|cusparse|cusolver)\.so'
+runtime_libs "$BUILD" "${binaries[@]}" >/dev/null  # stops here if OpenBLAS is missing
 declare -A bundled=()
 missing=0
 while read -r name arrow path _; do
@@ -49,11 +51,11 @@ while read -r name arrow path _; do
   cp -L "$path" "$STAGE/lib/$name"
   strip --strip-unneeded "$STAGE/lib/$name" 2>/dev/null || true
   bundled[$name]=$path
-done < <(for b in "${binaries[@]}"; do ldd "$b"; done | sed 's/^[[:space:]]*//')
+done < <(runtime_libs "$BUILD" "${binaries[@]}" | sed 's/^[[:space:]]*//')
 ((missing == 0)) || exit 1
 
 echo "gpu_stage: dynamic dependencies of ${binaries[*]}:"
-for b in "${binaries[@]}"; do ldd "$b"; done | awk '{print $1}' | sort -u | sed 's/^/  /' | tr '\n' ' '
+runtime_libs "$BUILD" "${binaries[@]}" | awk '{print $1}' | sort -u | sed 's/^/  /' | tr '\n' ' '
 echo
 echo "gpu_stage: bundled into $STAGE/lib (not in a bare CUDA image):"
 for name in $(printf '%s\n' "${!bundled[@]}" | sort); do

@@ -13,6 +13,7 @@
 # BUILD=dir picks another kiln build (default build-export).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/runtime_libs.sh
 PACK=.gpu/hf-roundtrip.tar.gz
 
 stage() {
@@ -24,10 +25,11 @@ stage() {
   strip -o "$stage_dir/bin/kiln" "$build/src/kiln"
   # Everything but glibc and the C++ runtime (newer on the GPU machine's image).
   local system_re='^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libresolv|libstdc\+\+|libgcc_s)\.so'
+  runtime_libs "$build" "$build/src/kiln" >/dev/null  # stops here if OpenBLAS is missing
   while read -r name arrow path _; do
     [[ -z $name || $name =~ $system_re || $arrow != "=>" || ! -f $path ]] && continue
     cp -L "$path" "$stage_dir/lib/$name"
-  done < <(ldd "$build/src/kiln" | sed 's/^[[:space:]]*//')
+  done < <(runtime_libs "$build" "$build/src/kiln" | sed 's/^[[:space:]]*//')
   for m in "$@"; do  # a model directory or a run directory with model/; named after the directory given
     local name
     name=$(basename "$(realpath "$m")")

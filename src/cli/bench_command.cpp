@@ -6,6 +6,7 @@
 #include "core/op_profiler.h"
 #include "core/rng.h"
 #include "model/model.h"
+#include "ops/blas.h"
 #include "ops/parallel.h"
 #include "train/device_step.h"
 #include "train/optimizer.h"
@@ -126,7 +127,7 @@ void add_bench_command(CLI::App& app) {
     const double device_gib = static_cast<double>(free_before - free_after) / 1073741824.0;
     const char* precision = build.dtype == DType::bf16 ? "bf16 mixed" : "fp32";
     const std::string where = device == Device::cuda ? fmt::format("cuda ({}, {})", cuda_device_name(), precision)
-                                                     : fmt::format("cpu ({})", precision);
+                                                     : fmt::format("cpu ({}, {})", precision, blas_summary());
     fmt::print("bench {} on {}: {} parameters, {} tokens per step, {} kernels, {}\n", config.model.name, where,
                model.parameter_count(), config.train.micro_batch_tokens * config.train.grad_accum,
                build.deterministic ? "deterministic" : "non-deterministic (train.deterministic = false)",

@@ -1,10 +1,10 @@
 #include "ops/parallel.h"
 
+#include "ops/blas.h"
+
 #include <omp.h>
 
 #include <thread>
-
-extern "C" void openblas_set_num_threads(int);
 
 namespace kiln {
 
@@ -12,7 +12,7 @@ int set_cpu_threads(int64_t threads) {
   int n = threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::thread::hardware_concurrency());
   if (n < 1) n = 1;
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
+  blas().set_num_threads(n);
   return n;
 }
 

@@ -5,6 +5,7 @@
 #include "io/model_dir.h"
 #include "io/model_io.h"
 #include "nn/modules.h"
+#include "ops/blas.h"
 #include "ops/parallel.h"
 #include "train/memory_check.h"
 #include "train/signals.h"
@@ -144,7 +145,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   const std::string device = device_ == Device::cuda
                                  ? fmt::format("cuda ({}, {}, {})", cuda_device_name(), precision,
                                                device_step_ ? "CUDA graphs" : "op by op")
-                                 : fmt::format("cpu ({} threads, {})", threads, precision);
+                                 : fmt::format("cpu ({} threads, {}, {})", threads, precision, blas_summary());
   fmt::print("kiln {} | device {} | model {}: {} parameters, {} layers, hidden {}\n", KILN_VERSION, device,
              config_.model.name, human_count(static_cast<double>(model_->parameter_count())), config_.model.layers,
              config_.model.hidden);
