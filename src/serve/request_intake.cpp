@@ -101,6 +101,7 @@ void RequestIntake::run() {
   std::vector<Held*> polled;
   while (!stopping_) {
     take_resumed();
+    held_.remove_if([](const Held& h) { return !h.connection; });  // handed on or closed
     const auto now = Clock::now();
     const bool accepting = now >= accept_paused_until_;
     fds.assign({pollfd{wake_fd_, POLLIN, 0}, pollfd{accepting ? listen_fd_ : -1, POLLIN, 0}});
@@ -122,7 +123,6 @@ void RequestIntake::run() {
       if (fds[i + 2].revents && polled[i]->connection) read_from(*polled[i]);
     if (fds[1].revents & POLLIN) accept_new();
     expire();
-    held_.remove_if([](const Held& h) { return !h.connection; });
   }
   held_.clear();
   std::lock_guard lock(resumed_mutex_);
