@@ -124,6 +124,13 @@ class RawConnection {
       if (!fill(deadline)) return std::nullopt;
     }
   }
+  // True once the bytes received (not taken by read_response yet) hold `text`, within `seconds`.
+  bool received(const std::string& text, double seconds) {
+    const auto deadline = after(seconds);
+    while (buffer_.find(text) == std::string::npos)
+      if (!fill(deadline)) return false;
+    return true;
+  }
   // True when the server closes the connection within `seconds` (what it sent is dropped).
   bool closed_within(double seconds) {
     const auto deadline = after(seconds);

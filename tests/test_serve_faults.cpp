@@ -199,6 +199,40 @@ TEST(ServeFaults, HealthAnswersAndAFullQueueIs503WhileEveryHandlerIsBusy) {
   EXPECT_EQ(statuses, std::vector<int>(4, 200));
 }
 
+// The intake holds request bodies whole before a handler sees them, so what it holds at
+// once is bounded: a body that would take it past max_buffered_bytes is refused with 503
+// (from its head), and the room comes back when the request is done.
+TEST(ServeFaults, BodiesPastTheBufferBudgetAre503UntilRoomComesBack) {
+  ByteTokenizer tokenizer;
+  serve::ServeOptions options;
+  options.max_body_bytes = 1000;
+  options.max_buffered_bytes = 1500;
+  test::ServedModel served(tokenizer, options);
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n";
+  std::string body = completion("x", 1).dump();
+  body.resize(1000, ' ');
+  RawConnection first(served.port);
+  ASSERT_TRUE(first.send(head + "Expect: 100-continue\r\n\r\n"));
+  ASSERT_TRUE(first.received("100 Continue", 10));  // its head is in: 1000 bytes held for it
+  RawConnection second(served.port);
+  ASSERT_TRUE(second.send(head + "\r\n" + body));
+  auto r = second.read_response(10);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_NE(r->head.find("Retry-After: 1"), std::string::npos) << r->head;
+  ASSERT_TRUE(first.send(body));
+  r = first.read_response(30);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  // The first request is done with: its room is back (released just after the answer, so
+  // retried until a deadline).
+  EXPECT_TRUE(eventually([&] {
+    RawConnection again(served.port);
+    const auto a = again.send(head + "\r\n" + body) ? again.read_response(10) : std::nullopt;
+    return a && a->status == 200;
+  }));
+}
+
 // A model directory for the process tests, made once per suite run.
 struct ServeProcessTest : ::testing::Test {
   static void SetUpTestSuite() {

@@ -189,6 +189,10 @@ void RequestIntake::advance(Held& h) {
       }
       HeadParse parse = parse_request_head(std::string_view(buffer).substr(0, end), options_.max_body_bytes);
       if (!parse.ok) return answer_and_close(h, parse.status, parse.message);
+      if (buffered_bytes_ + parse.head.body_bytes > options_.max_buffered_bytes)
+        return answer_and_close(h, 503, "the server holds too many request bodies; try again later",
+                                "Retry-After: 1\r\n");
+      h.body = BodyReservation(buffered_bytes_, parse.head.body_bytes);
       h.head = std::move(parse.head);
     }
     const RequestHead& head = *h.head;
@@ -213,6 +217,7 @@ void RequestIntake::advance(Held& h) {
     if (head.expects_continue) ready->bytes.erase(head.expect_begin, head.expect_end - head.expect_begin);
     buffer.erase(0, total);
     ready->connection = std::move(h.connection);
+    ready->body = std::move(h.body);
     if (!dispatch_(ready)) {
       Held refused(std::move(ready->connection), Phase::reading, Clock::now());
       answer_and_close(refused, 503, "the server is busy (its request queue is full); try again later",
@@ -234,6 +239,7 @@ void RequestIntake::answer_and_close(Held& h, int status, const std::string& mes
   }
   h.connection->buffer.clear();
   h.head.reset();
+  h.body = BodyReservation();
   h.phase = Phase::closing;
   h.deadline = Clock::now() + kLingerTime;
 }

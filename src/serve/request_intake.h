@@ -20,12 +20,14 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln::serve {
 
 struct IntakeOptions {
   uint64_t max_body_bytes = uint64_t(16) << 20;
+  uint64_t max_buffered_bytes = uint64_t(256) << 20;   // request bodies held at once; more are 503
   std::chrono::milliseconds request_timeout{10000};    // a request's first byte to its last
   std::chrono::milliseconds keep_alive_timeout{5000};  // a connection idle between requests
   size_t max_connections = 512;                        // open at once; more are answered 503
@@ -48,11 +50,36 @@ class Connection {
   std::atomic<size_t>& open_count_;
 };
 
+// A share of IntakeOptions::max_buffered_bytes, taken when a head announces its body and
+// given back when the request is done with (moved along with it to the handler).
+class BodyReservation {
+ public:
+  BodyReservation() = default;
+  BodyReservation(std::atomic<uint64_t>& held, uint64_t bytes) : held_(&held), bytes_(bytes) { held += bytes; }
+  BodyReservation(BodyReservation&& other) noexcept { *this = std::move(other); }
+  BodyReservation& operator=(BodyReservation&& other) noexcept {
+    release();
+    held_ = std::exchange(other.held_, nullptr);
+    bytes_ = other.bytes_;
+    return *this;
+  }
+  ~BodyReservation() { release(); }
+
+ private:
+  void release() {
+    if (held_) *held_ -= bytes_;
+    held_ = nullptr;
+  }
+  std::atomic<uint64_t>* held_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
 // A complete request, handed to a handler thread with its connection.
 struct ReadyRequest {
   std::unique_ptr<Connection> connection;
   RequestHead head;
   std::string bytes;  // exactly the request: its head (less any Expect: 100-continue) and body
+  BodyReservation body;
 };
 
 class RequestIntake {
@@ -83,6 +110,7 @@ class RequestIntake {
     std::chrono::steady_clock::time_point deadline;
     size_t scanned = 0;       // buffer bytes searched for the end of the head
     std::optional<RequestHead> head;
+    BodyReservation body;     // once the head is in
     bool continue_sent = false;
   };
 
@@ -100,6 +128,7 @@ class RequestIntake {
   const int wake_fd_;
   std::atomic<bool> stopping_{false};
   std::atomic<size_t> open_count_{0};
+  std::atomic<uint64_t> buffered_bytes_{0};  // bodies announced and not yet done with
   std::list<Held> held_;  // a list: advance() adds (a refused request) while others are visited
   std::chrono::steady_clock::time_point accept_paused_until_{};
   std::mutex resumed_mutex_;

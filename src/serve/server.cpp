@@ -171,6 +171,7 @@ int CompletionServer::bind() {
   socket_ = std::make_unique<ListenSocket>(options_.host, options_.port);
   IntakeOptions intake;
   intake.max_body_bytes = options_.max_body_bytes;
+  intake.max_buffered_bytes = std::max(options_.max_buffered_bytes, options_.max_body_bytes);
   intake.request_timeout = milliseconds(options_.request_timeout_s);
   intake.keep_alive_timeout = milliseconds(options_.keep_alive_timeout_s);
   intake.max_connections = static_cast<size_t>(options_.max_connections);

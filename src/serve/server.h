@@ -42,6 +42,7 @@ struct ServeOptions {
   int64_t max_connections = 512;            // open at once; more are answered 503
   int64_t max_pending = 4096;               // sequences queued or running
   size_t max_body_bytes = size_t(16) << 20;
+  size_t max_buffered_bytes = size_t(256) << 20;  // request bodies held at once (at least one max body); more are 503
   double request_timeout_s = 10;            // to receive one whole request: line, headers and body
   double write_timeout_s = 30;              // to send one whole answer
   double keep_alive_timeout_s = 5;          // an idle connection between requests
