@@ -3,9 +3,6 @@
 // with a message (never a crash), concurrent requests batched with the same answers as
 // alone, and the CLI server started and stopped by signal. Request counts and timeouts are
 // bounded.
-#include "export_fixture.h"
-#include "infer/generator.h"
-#include "serve/server.h"
 #include "serve_fixture.h"
 
 #include <fmt/format.h>
@@ -27,30 +24,16 @@ using nlohmann::json;
 class ServeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    BuildOptions o;
-    o.training = false;
-    o.max_tokens = 64;
-    model_ = std::make_unique<Model>(test::tiny_config(true, true, false), o);
-    model_->allocate();
-    test::randomize_weights(*model_, 9);
-    DecoderOptions d;
-    d.slots = 4;
-    d.max_rows = 32;
-    decoder_ = std::make_unique<Decoder>(*model_, d);
-    generator_ = std::make_unique<Generator>(*decoder_, tokenizer_);
     serve::ServeOptions s;
-    s.port = 0;
     s.threads = 6;
     s.max_body_bytes = 64 * 1024;
     s.limits.max_prompts = 16;
-    server_ = std::make_unique<serve::CompletionServer>(*generator_, tokenizer_, s);
-    port_ = server_->bind();
-    thread_ = std::thread([this] { server_->listen(); });
+    served_ = std::make_unique<test::ServedModel>(tokenizer_, s);
+    model_ = served_->model.get();
+    server_ = served_->server.get();
+    port_ = served_->port;
   }
-  void TearDown() override {
-    server_->stop();
-    thread_.join();
-  }
+  void TearDown() override { served_.reset(); }
 
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port_);
@@ -93,11 +76,9 @@ class ServeTest : public ::testing::Test {
   }
 
   ByteTokenizer tokenizer_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<Decoder> decoder_;
-  std::unique_ptr<Generator> generator_;
-  std::unique_ptr<serve::CompletionServer> server_;
-  std::thread thread_;
+  std::unique_ptr<test::ServedModel> served_;
+  Model* model_ = nullptr;
+  serve::CompletionServer* server_ = nullptr;
   int port_ = 0;
 };
 
