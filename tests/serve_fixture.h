@@ -59,7 +59,7 @@ class ServedModel {
     server->stop();
     thread.join();
   }
-  httplib::Client client(int read_timeout_s = 30) const {
+  httplib::Client client(int read_timeout_s = 120) const {
     httplib::Client c("127.0.0.1", port);
     c.set_connection_timeout(5, 0);
     c.set_read_timeout(read_timeout_s, 0);
