@@ -3,10 +3,9 @@
 // with a message (never a crash), concurrent requests batched with the same answers as
 // alone, and the CLI server started and stopped by signal. Request counts and timeouts are
 // bounded.
-#include "export_fixture.h"
-#include "infer/generator.h"
-#include "serve/server.h"
+#include "serve_fixture.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -25,30 +24,16 @@ using nlohmann::json;
 class ServeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    BuildOptions o;
-    o.training = false;
-    o.max_tokens = 64;
-    model_ = std::make_unique<Model>(test::tiny_config(true, true, false), o);
-    model_->allocate();
-    test::randomize_weights(*model_, 9);
-    DecoderOptions d;
-    d.slots = 4;
-    d.max_rows = 32;
-    decoder_ = std::make_unique<Decoder>(*model_, d);
-    generator_ = std::make_unique<Generator>(*decoder_, tokenizer_);
     serve::ServeOptions s;
-    s.port = 0;
     s.threads = 6;
     s.max_body_bytes = 64 * 1024;
     s.limits.max_prompts = 16;
-    server_ = std::make_unique<serve::CompletionServer>(*generator_, tokenizer_, s);
-    port_ = server_->bind();
-    thread_ = std::thread([this] { server_->listen(); });
+    served_ = std::make_unique<test::ServedModel>(tokenizer_, s);
+    model_ = served_->model.get();
+    server_ = served_->server.get();
+    port_ = served_->port;
   }
-  void TearDown() override {
-    server_->stop();
-    thread_.join();
-  }
+  void TearDown() override { served_.reset(); }
 
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port_);
@@ -91,11 +76,9 @@ class ServeTest : public ::testing::Test {
   }
 
   ByteTokenizer tokenizer_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<Decoder> decoder_;
-  std::unique_ptr<Generator> generator_;
-  std::unique_ptr<serve::CompletionServer> server_;
-  std::thread thread_;
+  std::unique_ptr<test::ServedModel> served_;
+  Model* model_ = nullptr;
+  serve::CompletionServer* server_ = nullptr;
   int port_ = 0;
 };
 
@@ -223,7 +206,11 @@ TEST_F(ServeTest, BadRequestsGet4xxAndTheServerCarriesOn) {
   };
   for (const auto& [body, status] : bad) post("/v1/completions", body, status);
   post("/tokenize", R"({"text": "x"})", 400);
-  post("/detokenize", R"({"tokens": [1, -1]})", 400);
+  // Errors name the field they are about: /detokenize's ids are 'tokens', not 'prompt'.
+  EXPECT_EQ(post("/detokenize", R"({"tokens": [1, -1]})", 400)["error"]["param"], "tokens");
+  EXPECT_EQ(post("/detokenize", R"({"tokens": [1, "a"]})", 400)["error"]["param"], "tokens");
+  EXPECT_EQ(post("/detokenize", R"({"tokens": 3})", 400)["error"]["param"], "tokens");
+  EXPECT_EQ(post("/v1/completions", R"({"prompt": [1, 9999]})", 400)["error"]["param"], "prompt");
   auto res = client().Get("/v1/nothing");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 404);
@@ -264,6 +251,41 @@ TEST_F(ServeTest, ConcurrentRequestsAreBatchedAndAnswerAsAlone) {
   EXPECT_GT(server_->worker().max_batch(), 1) << "concurrent requests were not batched";
 }
 
+// Requests one after another on one kept-alive connection, two sent in one write
+// (pipelined), and a body sent only after "Expect: 100-continue" was answered (as curl
+// does for bodies over 1 KiB): each answered in order, on the same connection.
+TEST_F(ServeTest, KeepAlivePipeliningAndExpectContinue) {
+  test::RawConnection c(port_);
+  const std::string completion = R"({"prompt": "ab", "max_tokens": 2, "temperature": 0})";
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(c.send(test::http_request("POST", "/v1/completions", completion)));
+    const auto r = c.read_response(30);
+    ASSERT_TRUE(r) << "request " << i << " on the kept-alive connection";
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 2);
+  }
+  ASSERT_TRUE(c.send(test::http_request("POST", "/tokenize", R"({"prompt": "a"})") + test::http_request("GET", "/health") +
+                     test::http_request("POST", "/tokenize", R"({"prompt": "bc"})")));
+  for (const int count : {2, -1, 3}) {
+    const auto r = c.read_response(30);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    if (count > 0) EXPECT_EQ(json::parse(r->body)["count"], count) << r->body;
+  }
+  const std::string body = json{{"prompt", std::string(2000, 'x').substr(0, 40)}, {"max_tokens", 1}}.dump() +
+                           std::string(2000, ' ');
+  ASSERT_TRUE(c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: " +
+                     std::to_string(body.size()) + "\r\n\r\n"));
+  EXPECT_FALSE(c.read_response(0.5)) << "answered before the body came";  // read_response skips the 100
+  ASSERT_TRUE(c.send(body));
+  const auto r = c.read_response(30);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  ASSERT_TRUE(c.send(test::http_request("GET", "/health", "", "Connection: close\r\n")));
+  ASSERT_TRUE(c.read_response(10));
+  EXPECT_TRUE(c.closed_within(10));
+}
+
 // The binary: `kiln serve` on an ephemeral port, one completion, stopped by SIGTERM.
 TEST(ServeCli, StartsAnswersAndStopsOnSignal) {
   const std::string root = test::temp_dir("kiln-serve-cli");
@@ -280,6 +302,8 @@ TEST(ServeCli, StartsAnswersAndStopsOnSignal) {
     EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 3);
   }
   EXPECT_GT(port, 0) << serve.log();
+  // --port 0: the line printed names the port actually bound.
+  EXPECT_NE(serve.log().find(fmt::format("on http://127.0.0.1:{} (", port)), std::string::npos) << serve.log();
   EXPECT_EQ(serve.stop(), 0) << serve.log();
   EXPECT_NE(serve.log().find("stopped after"), std::string::npos) << serve.log();
   fs::remove_all(root);

@@ -121,6 +121,10 @@ int ServeProcess::stop() {
 
 std::string ServeProcess::log() const { return read_file(log_); }
 
+void ServeProcess::signal(int sig) const {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
 std::string kiln_binary() {
   const char* env = std::getenv("KILN_BINARY");  // a staged binary (the GPU machine)
   return env && *env ? env : KILN_BINARY;

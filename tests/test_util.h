@@ -55,6 +55,8 @@ class ServeProcess {
   // did not exit by itself.
   int stop();
   std::string log() const;
+  // Sends `sig` (SIGSTOP and SIGCONT, to hold the server still while a test fills its queue).
+  void signal(int sig) const;
 
  private:
   int pid_ = -1;

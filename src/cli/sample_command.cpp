@@ -93,6 +93,8 @@ void add_sample_command(CLI::App& app) {
         if (k > 0) fmt::print("---\n");
         fmt::print("{}{}\n", prompt, results[k].text);
       }
+    for (size_t i = 0; i < results.size(); ++i)
+      KILN_CHECK(results[i].error.empty(), "sample", "sample {} failed: {}", i, results[i].error);
   });
 }
 

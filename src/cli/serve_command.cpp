@@ -2,6 +2,7 @@
 // default. SIGINT/SIGTERM stop it cleanly. On the GPU (--device, default auto) the decoder
 // is the bf16, graph-captured one that `kiln sample` uses.
 #include "cli/commands.h"
+#include "core/error.h"
 #include "io/model_dir.h"
 #include "ops/parallel.h"
 #include "serve/server.h"
@@ -30,7 +31,9 @@ void add_serve_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("serve", "serve an OpenAI-compatible /v1/completions endpoint (for eval harnesses)");
   cmd->add_option("checkpoint", o->model, "kiln model directory (or a checkpoint or run directory)")->required();
   cmd->add_option("--host", o->serve.host, "address to listen on (loopback by default)")->capture_default_str();
-  cmd->add_option("--port", o->serve.port, "TCP port (0 = any free port, printed at start)")->capture_default_str();
+  cmd->add_option("--port", o->serve.port, "TCP port, 1-65535 (0 = any free port, printed at start)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--port-file", o->port_file, "also write the bound port to this file");
   cmd->add_option("--model-name", o->serve.model_name, "model id reported by the API")->capture_default_str();
   cmd->add_option("--slots", o->slots, "sequences decoded at once (KV-cache slots)")
@@ -39,7 +42,25 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-rows", o->max_rows, "token rows per model step (prefill chunk + decode tokens)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--http-threads", o->serve.threads, "HTTP handler threads")->capture_default_str();
+  cmd->add_option("--api-key", o->serve.api_key,
+                  "require 'Authorization: Bearer KEY' on every endpoint but /health (or set KILN_API_KEY)")
+      ->envname("KILN_API_KEY");
+  cmd->add_option("--http-threads", o->serve.threads, "HTTP handler threads")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--http-queue", o->serve.queue, "requests waiting for a handler thread before 503")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-connections", o->serve.max_connections, "connections open at once before 503")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-body-bytes", o->serve.max_body_bytes, "largest request body (413 above)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--request-timeout", o->serve.request_timeout_s,
+                  "seconds a client has to send one whole request, headers and body (408 after)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--max-prompts", o->serve.limits.max_prompts, "prompts per request")->capture_default_str();
   cmd->add_option("--max-pending", o->serve.max_pending, "sequences queued or running before 503")
       ->capture_default_str();
@@ -57,6 +78,10 @@ void add_serve_command(CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     set_cpu_threads(o->threads);
     o->serve.limits.add_bos = !o->no_bos;
+    if (o->serve.api_key.empty() && !serve::is_loopback_host(o->serve.host))
+      warn("serve", fmt::format("listening on {} with no API key: anyone who can reach it can use the model "
+                                "(--api-key or KILN_API_KEY)",
+                                o->serve.host));
     const std::string dir = io::resolve_model_dir(o->model);
     io::LoadedModel loaded = io::load_for_decoding(dir, resolve_device(o->device));
     DecoderOptions d;
@@ -69,9 +94,10 @@ void add_serve_command(CLI::App& app) {
     serve::CompletionServer server(generator, *tokenizer, o->serve);
     const int port = server.bind();
     if (!o->port_file.empty()) std::ofstream(o->port_file) << port << "\n";
-    fmt::print("kiln serve: {} ({} layers, context {}) on http://{}:{} ({} slots, {:.1f} MB KV cache, {})\n", dir,
+    fmt::print("kiln serve: {} ({} layers, context {}) on http://{}:{} ({} slots, {:.1f} MB KV cache, {}{})\n", dir,
                loaded.config.model.layers, decoder.max_len(), o->serve.host, port, decoder.slots(),
-               static_cast<double>(decoder.state_bytes()) / 1e6, device_name(loaded.model->options().device));
+               static_cast<double>(decoder.state_bytes()) / 1e6, device_name(loaded.model->options().device),
+               o->serve.api_key.empty() ? "" : ", API key required");
     std::fflush(stdout);
     std::thread waiter([&] {
       int sig = 0;

@@ -151,22 +151,32 @@ bool Generator::step() {
     const int64_t p = rows_[r].second;
     s.cached = p + 1;
     const auto row_index = static_cast<int32_t>(r);
-    if (next_argmax < argmax_rows_.size() && argmax_rows_[next_argmax] == row_index) {
-      const int32_t token = argmax_ids_[next_argmax++];
-      if (!s.finished && s.request.max_tokens > 0) append(s, token);
-      continue;
+    const bool has_argmax = next_argmax < argmax_rows_.size() && argmax_rows_[next_argmax] == row_index;
+    const bool has_logits = !has_argmax && next_copied < copied_rows_.size() && copied_rows_[next_copied] == row_index;
+    const int32_t argmax = has_argmax ? argmax_ids_[next_argmax++] : -1;
+    const float* row = has_logits ? logits_.data() + next_copied++ * vocab : nullptr;
+    if (!s.result.error.empty()) continue;  // failed at an earlier row of this step
+    // What follows the forward is one sequence's own work (sampling, decoding its text,
+    // stop strings, logprobs): when it throws, that sequence alone ends with the error and
+    // the others of the step go on.
+    try {
+      if (has_argmax) {
+        if (!s.finished && s.request.max_tokens > 0) append(s, argmax);
+        continue;
+      }
+      if (!has_logits) continue;
+      const auto prompt = static_cast<int64_t>(s.request.prompt.size());
+      if (s.request.prompt_logprobs && p + 1 < prompt) {
+        log_softmax({row, vocab}, logprobs_);
+        const int32_t next = s.request.prompt[static_cast<size_t>(p + 1)];
+        s.result.prompt_logprobs[static_cast<size_t>(p + 1)] = {next, logprobs_[static_cast<size_t>(next)],
+                                                                top_logprobs(logprobs_, s.request.top_logprobs)};
+      }
+      if (p + 1 >= prompt && !s.finished && s.request.max_tokens > 0) sample_next(s, row);
+    } catch (const std::exception& e) {
+      s.result.error = e.what();
+      finish(s, "error");
     }
-    const bool has_logits = next_copied < copied_rows_.size() && copied_rows_[next_copied] == row_index;
-    if (!has_logits) continue;
-    const float* row = logits_.data() + next_copied++ * vocab;
-    const auto prompt = static_cast<int64_t>(s.request.prompt.size());
-    if (s.request.prompt_logprobs && p + 1 < prompt) {
-      log_softmax({row, vocab}, logprobs_);
-      const int32_t next = s.request.prompt[static_cast<size_t>(p + 1)];
-      s.result.prompt_logprobs[static_cast<size_t>(p + 1)] = {next, logprobs_[static_cast<size_t>(next)],
-                                                              top_logprobs(logprobs_, s.request.top_logprobs)};
-    }
-    if (p + 1 >= prompt && !s.finished && s.request.max_tokens > 0) sample_next(s, row);
   }
   // Scoring-only requests end with their prompt.
   for (auto& s : active_)
@@ -184,6 +194,16 @@ bool Generator::step() {
     if (s->done) s->done(std::move(s->result));
   }
   return true;
+}
+
+void Generator::fail_active(const std::string& why) {
+  for (auto& s : active_) {
+    free_slots_.push_back(s->slot);
+    s->result.error = why;
+    s->result.finish_reason = "error";
+    if (s->done) s->done(std::move(s->result));
+  }
+  active_.clear();
 }
 
 void Generator::abort(const std::string& why) {

@@ -40,11 +40,11 @@ struct TokenLogprob {
 struct GenerationResult {
   std::vector<int32_t> tokens;         // generated ids (an ending EOS is not included)
   std::string text;                    // their text, cut before a stop string
-  std::string finish_reason;           // "stop" (EOS or a stop string) | "length"
+  std::string finish_reason;           // "stop" (EOS or a stop string) | "length" | "error"
   std::vector<TokenLogprob> prompt_logprobs;  // one per prompt token when asked
   std::vector<TokenLogprob> logprobs;         // one per generated token when asked
   int64_t prompt_tokens = 0;
-  std::string error;                   // set (finish_reason "error") when abort() ended it
+  std::string error;                   // why it failed (finish_reason "error"); empty otherwise
 };
 
 class Generator {
@@ -60,11 +60,16 @@ class Generator {
   void validate(const GenerationRequest& request) const;
   // validate(), then queues the request. `done` is called from step() or abort().
   void submit(GenerationRequest request, Done done);
-  // Ends every queued and running request with `why` as its error (after a failed step,
-  // or at shutdown) and frees all slots.
+  // Ends every queued and running request with `why` as its error (at shutdown) and frees
+  // all slots.
   void abort(const std::string& why);
+  // Ends the running requests with `why` (after step() threw: the shared forward failed
+  // for all of them); queued requests stay queued for the next step.
+  void fail_active(const std::string& why);
   // One forward of the decoder and everything that follows from it; false when there was
-  // nothing to do.
+  // nothing to do. A failure in one sequence's own work after the forward (sampling,
+  // decoding its text) ends that sequence alone (finish_reason "error"); only a failure
+  // of the forward itself throws.
   bool step();
   bool idle() const { return queue_.empty() && active_.empty(); }
   const Decoder& decoder() const { return decoder_; }

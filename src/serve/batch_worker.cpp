@@ -49,7 +49,10 @@ void BatchWorker::loop() {
     try {
       generator_.step();
     } catch (const std::exception& e) {
-      generator_.abort(std::string("model step failed: ") + e.what());
+      // The shared forward failed: it fails the sequences that were in it, not those
+      // still waiting for a slot (a sequence's own failure never gets here: step() ends
+      // that sequence alone).
+      generator_.fail_active(std::string("model step failed: ") + e.what());
     }
     std::lock_guard lock(mutex_);
     ++steps_;
@@ -78,6 +81,11 @@ void BatchWorker::stop() {
 int64_t BatchWorker::steps() const {
   std::lock_guard lock(mutex_);
   return steps_;
+}
+
+int64_t BatchWorker::in_flight() const {
+  std::lock_guard lock(mutex_);
+  return in_flight_;
 }
 
 int64_t BatchWorker::max_batch() const {

@@ -29,6 +29,7 @@ class BatchWorker {
   void stop();
 
   int64_t steps() const;       // decoder steps run so far
+  int64_t in_flight() const;   // sequences submitted and not yet finished
   int64_t max_batch() const;   // most sequences in the generator (running or waiting for a slot) at a step
 
  private:

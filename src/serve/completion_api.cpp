@@ -48,13 +48,14 @@ bool get_bool(const json& body, const char* key, bool fallback) {
   return body[key].get<bool>();
 }
 
-std::vector<int32_t> token_ids(const json& v, const ApiLimits& limits, const char* what) {
+// `param` is the request field the ids came from (what an error names).
+std::vector<int32_t> token_ids(const json& v, const ApiLimits& limits, const char* what, const char* param) {
   std::vector<int32_t> ids;
   for (const json& x : v) {
-    if (!x.is_number_integer()) throw ApiError(400, fmt::format("{} must hold integer token ids", what), "prompt");
+    if (!x.is_number_integer()) throw ApiError(400, fmt::format("{} must hold integer token ids", what), param);
     const auto id = x.get<int64_t>();
     if (id < 0 || id >= limits.vocab)
-      throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", id, limits.vocab), "prompt");
+      throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", id, limits.vocab), param);
     ids.push_back(static_cast<int32_t>(id));
   }
   return ids;
@@ -162,9 +163,9 @@ CompletionRequest parse_completion_request(const json& body, const Tokenizer& to
     if (std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_string(); })) {
       for (const json& x : p) add_text(x.get<std::string>());
     } else if (std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
-      add_ids(token_ids(p, limits, "'prompt'"));
+      add_ids(token_ids(p, limits, "'prompt'", "prompt"));
     } else if (std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_array() && !x.empty(); })) {
-      for (const json& x : p) add_ids(token_ids(x, limits, "each prompt"));
+      for (const json& x : p) add_ids(token_ids(x, limits, "each prompt", "prompt"));
     } else {
       throw ApiError(400, shape, "prompt");
     }
@@ -266,7 +267,7 @@ json detokenize_response(const json& body, const Tokenizer& tokenizer, const Api
     throw ApiError(400, "'tokens' must be a list of token ids", "tokens");
   ApiLimits l = limits;
   l.vocab = std::min<int64_t>(limits.vocab, tokenizer.vocab_size());
-  return {{"prompt", tokenizer.decode(token_ids(body["tokens"], l, "'tokens'"))}};
+  return {{"prompt", tokenizer.decode(token_ids(body["tokens"], l, "'tokens'", "tokens"))}};
 }
 
 }  // namespace kiln::serve

@@ -1,5 +1,8 @@
 #include "serve/server.h"
 
+#include "serve/api_key.h"
+#include "serve/request_stream.h"
+
 #include <fmt/format.h>
 #include <httplib.h>
 
@@ -9,7 +12,21 @@ namespace kiln::serve {
 
 using nlohmann::json;
 
+// httplib's request parsing, routing and answer writing, run on a stream kiln gives it:
+// httplib 0.11 keeps process_request protected for subclasses, which is its one way to
+// serve a connection it did not accept itself.
+class HttpRouter final : public httplib::Server {
+ public:
+  using httplib::Server::process_request;
+};
+
 namespace {
+
+constexpr int64_t kRequestsPerConnection = 1000;  // then the connection closes (Keep-Alive max)
+
+std::chrono::milliseconds milliseconds(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
 
 void reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
@@ -39,6 +56,7 @@ void guarded(httplib::Response& res, Fn&& fn) {
   } catch (const Error& e) {  // kiln validation (prompt limits, ids, sampling values)
     reply_error(res, 400, e.what());
   } catch (const std::length_error& e) {
+    res.set_header("Retry-After", "1");
     reply_error(res, 503, e.what());
   } catch (const std::exception& e) {
     reply_error(res, 500, fmt::format("internal error: {}", e.what()));
@@ -48,20 +66,26 @@ void guarded(httplib::Response& res, Fn&& fn) {
 }  // namespace
 
 CompletionServer::CompletionServer(Generator& generator, const Tokenizer& tokenizer, const ServeOptions& options)
-    : tokenizer_(tokenizer), options_(options), http_(std::make_unique<httplib::Server>()) {
+    : tokenizer_(tokenizer), options_(options), http_(std::make_unique<HttpRouter>()) {
+  KILN_CHECK(options_.threads >= 1 && options_.queue >= 1 && options_.max_connections >= 1, "serve",
+             "threads, queue and max_connections must be at least 1 (got {}, {}, {})", options_.threads,
+             options_.queue, options_.max_connections);
+  KILN_CHECK(options_.max_body_bytes >= 1 && options_.request_timeout_s > 0 && options_.write_timeout_s > 0 &&
+                 options_.keep_alive_timeout_s > 0,
+             "serve", "max_body_bytes and the timeouts must be positive");
   options_.limits.context = generator.decoder().max_len();
   options_.limits.vocab = std::min<int64_t>(generator.decoder().vocab_size(), tokenizer.vocab_size());
   worker_ = std::make_unique<BatchWorker>(generator, options_.max_pending);
-  const auto threads = static_cast<size_t>(std::max<int64_t>(1, options_.threads));
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http_->set_payload_max_length(options_.max_body_bytes);
-  http_->set_read_timeout(options_.read_timeout_s, 0);
-  http_->set_write_timeout(options_.read_timeout_s, 0);
+  http_->set_payload_max_length(options_.max_body_bytes);  // RequestIntake enforces it first
+  http_->set_keep_alive_max_count(kRequestsPerConnection);
+  http_->set_keep_alive_timeout(static_cast<time_t>(std::max(1.0, options_.keep_alive_timeout_s)));
   routes();
+  pool_ = std::make_unique<WorkerPool>(static_cast<size_t>(options_.threads), static_cast<size_t>(options_.queue));
 }
 
 CompletionServer::~CompletionServer() {
   stop();
+  pool_->shutdown();
   worker_->stop();
 }
 
@@ -104,7 +128,21 @@ void CompletionServer::routes() {
                   {"max_model_len", options_.limits.context}};
     reply(res, 200, {{"object", "list"}, {"data", json::array({model})}});
   });
+  // GET /health is answered by RequestIntake before a request reaches a handler; this route
+  // is what the 405 answers below know it by.
   get("/health", [](const httplib::Request&, httplib::Response& res) { reply(res, 200, {{"status", "ok"}}); });
+  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    const std::string authorization = req.get_header_value("Authorization");
+    if (bearer_matches(authorization, options_.api_key)) return httplib::Server::HandlerResponse::Unhandled;
+    json body = error_body(401, authorization.empty()
+                                    ? "no API key: send it as the header 'Authorization: Bearer <key>'"
+                                    : "incorrect API key");
+    body["error"]["code"] = "invalid_api_key";
+    res.set_header("WWW-Authenticate", "Bearer");
+    reply(res, 401, body);
+    return httplib::Server::HandlerResponse::Handled;
+  });
   http_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     reply_error(res, 500, "internal error");
   });
@@ -129,20 +167,46 @@ void CompletionServer::routes() {
 }
 
 int CompletionServer::bind() {
-  const int port = options_.port == 0 ? http_->bind_to_any_port(options_.host)
-                                      : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
-  KILN_CHECK(port > 0, "serve", "cannot listen on {}:{}", options_.host, options_.port);
-  port_ = port;
-  return port;
+  KILN_CHECK(!socket_, "serve", "bind() twice");
+  socket_ = std::make_unique<ListenSocket>(options_.host, options_.port);
+  IntakeOptions intake;
+  intake.max_body_bytes = options_.max_body_bytes;
+  intake.max_buffered_bytes = std::max(options_.max_buffered_bytes, options_.max_body_bytes);
+  intake.request_timeout = milliseconds(options_.request_timeout_s);
+  intake.keep_alive_timeout = milliseconds(options_.keep_alive_timeout_s);
+  intake.max_connections = static_cast<size_t>(options_.max_connections);
+  intake_ = std::make_unique<RequestIntake>(socket_->fd(), intake, [this](const std::shared_ptr<ReadyRequest>& r) {
+    std::function<void()> job = [this, r] { handle(*r); };
+    return pool_->try_post(job);
+  });
+  if (stopping_) intake_->stop();
+  return socket_->port();
 }
 
 void CompletionServer::listen() {
-  KILN_CHECK(port_ > 0, "serve", "listen() before bind()");
-  http_->listen_after_bind();
+  KILN_CHECK(intake_ != nullptr, "serve", "listen() before bind()");
+  intake_->run();
+  pool_->shutdown();  // answers in progress or queued finish
 }
 
 void CompletionServer::stop() {
-  if (http_->is_running()) http_->stop();
+  stopping_ = true;
+  if (intake_) intake_->stop();
+}
+
+// On a handler thread: httplib parses the request (read whole already), routes it and
+// writes the answer; the connection then goes back to the intake for its next request.
+void CompletionServer::handle(ReadyRequest& request) {
+  Connection& connection = *request.connection;
+  const bool close = !request.head.keep_alive || ++connection.served >= kRequestsPerConnection || stopping_;
+  RequestStream stream(connection.fd(), std::move(request.bytes), milliseconds(options_.write_timeout_s));
+  bool closed_by_client = false;
+  try {
+    http_->process_request(stream, close, closed_by_client, nullptr);
+  } catch (const std::exception&) {  // httplib catches what handlers throw; anything else drops the connection
+    return;
+  }
+  if (!close && !closed_by_client && !stream.write_failed()) intake_->resume(std::move(request.connection));
 }
 
 }  // namespace kiln::serve

@@ -1,37 +1,51 @@
-// `kiln serve`: an HTTP server (cpp-httplib) with an OpenAI-compatible completions
-// endpoint for evaluation harnesses, on loopback unless told otherwise.
+// `kiln serve`: an OpenAI-compatible completions endpoint for evaluation harnesses, on
+// loopback unless told otherwise.
 //   POST /v1/completions   serve/completion_api.h
 //   POST /tokenize, /detokenize
 //   GET  /v1/models, /health
 // Every answer is JSON. Client mistakes (malformed JSON, unknown or ill-typed fields,
 // prompts past the context, too many prompts) are 4xx with {"error": {"message", ...}}
-// (an unknown path 404, a known one asked with the other method 405 with Allow);
-// a body over the size limit is 413; a full queue 503; nothing a client sends can stop
-// the server. Handler threads parse and validate, then wait on the batching worker.
+// (an unknown path 404, a known one asked with the other method 405 with Allow); a body
+// over the size limit is 413 and an invalid Content-Length 400, both before the body is
+// read; a request not received whole within request_timeout 408; a full queue 503 with
+// Retry-After; a missing or wrong API key (when one is set) 401; nothing a client sends
+// can stop the server.
+//
+// The pieces, front to back: ListenSocket (kiln's own exclusive socket), RequestIntake
+// (one thread reading whole requests, answering /health), WorkerPool (handler threads,
+// bounded queue), httplib (parsing, routing, writing the answer, on a RequestStream), and
+// BatchWorker (the model, batching the sequences of all requests).
 #pragma once
 
 #include "serve/batch_worker.h"
 #include "serve/completion_api.h"
+#include "serve/listen_socket.h"
+#include "serve/request_intake.h"
+#include "serve/worker_pool.h"
 
 #include <atomic>
 #include <map>
 #include <memory>
 #include <string>
 
-namespace httplib {
-class Server;
-}
-
 namespace kiln::serve {
+
+class HttpRouter;
 
 struct ServeOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;                          // 0 = an ephemeral port (see bound_port())
+  int port = 8000;                          // 0 = any free port (see bound_port()); at most 65535
   std::string model_name = "kiln";
+  std::string api_key;                      // when set, all but /health need "Authorization: Bearer KEY"
   int64_t threads = 8;                      // HTTP handler threads
+  int64_t queue = 256;                      // complete requests waiting for a handler before 503
+  int64_t max_connections = 512;            // open at once; more are answered 503
   int64_t max_pending = 4096;               // sequences queued or running
   size_t max_body_bytes = size_t(16) << 20;
-  int64_t read_timeout_s = 30;
+  size_t max_buffered_bytes = size_t(256) << 20;  // request bodies held at once (at least one max body); more are 503
+  double request_timeout_s = 10;            // to receive one whole request: line, headers and body
+  double write_timeout_s = 30;              // to send one whole answer
+  double keep_alive_timeout_s = 5;          // an idle connection between requests
   ApiLimits limits;                         // context and vocab are filled from the model
 };
 
@@ -43,24 +57,31 @@ class CompletionServer {
   CompletionServer(const CompletionServer&) = delete;
   CompletionServer& operator=(const CompletionServer&) = delete;
 
-  // Binds host:port; returns the port. Throws kiln::Error if it cannot.
+  // Binds host:port (exclusively: a second server on the port fails here); returns the
+  // port. Throws kiln::Error naming host and port if it cannot.
   int bind();
-  // Serves until stop() (from another thread or a signal thread).
+  // Serves until stop() (from another thread or a signal thread); answers in progress
+  // finish first.
   void listen();
   void stop();
-  int bound_port() const { return port_; }
+  int bound_port() const { return socket_ ? socket_->port() : -1; }
   const BatchWorker& worker() const { return *worker_; }
+  const WorkerPool& handlers() const { return *pool_; }
 
  private:
   void routes();
+  void handle(ReadyRequest& request);
 
   const Tokenizer& tokenizer_;
   ServeOptions options_;
   std::unique_ptr<BatchWorker> worker_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpRouter> http_;
   std::map<std::string, std::string> methods_;  // path -> the method it answers (routes())
   std::atomic<uint64_t> requests_{0};
-  int port_ = -1;
+  std::atomic<bool> stopping_{false};
+  std::unique_ptr<ListenSocket> socket_;
+  std::unique_ptr<RequestIntake> intake_;
+  std::unique_ptr<WorkerPool> pool_;  // last: destroyed first, its threads joined before the rest goes
 };
 
 }  // namespace kiln::serve
