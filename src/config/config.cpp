@@ -72,7 +72,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 // bare section.
 std::string suggestion(std::string_view name) {
   std::vector<std::string> candidates;
-  const size_t dot = name.find('.');
+  const size_t dot = name.rfind('.');  // "model.moe.experts": section "model.moe"
   if (dot == std::string_view::npos) {
     for (std::string_view s : config_sections()) candidates.emplace_back(s);
   } else {
@@ -179,21 +179,34 @@ std::string read_node(const toml::node& node, T& out) {
   return {};
 }
 
+bool is_section(std::string_view name) {
+  const auto& sections = config_sections();
+  return std::find(sections.begin(), sections.end(), name) != sections.end();
+}
+
+// One section's table; a key holding a table is a nested section ([model.moe]).
+void apply_section(Config& config, const std::string& section, const toml::table& table, const std::string& file) {
+  for (const auto& [key, node] : table) {
+    const std::string nested = fmt::format("{}.{}", section, key.str());
+    if (node.is_table() && is_section(nested)) {
+      apply_section(config, nested, *node.as_table(), file);
+      continue;
+    }
+    const ConfigField* field = find_config_field(section, key.str());
+    if (!field) fail(kWhere, "{}: {}", file, unknown_key(nested));
+    const std::string error = std::visit([&](auto* value) { return read_node(node, *value); }, field->get(config));
+    if (!error.empty()) fail(kWhere, "{}: '{}' {}", file, field->name(), error);
+  }
+}
+
 void apply_table(Config& config, const toml::table& root, const std::string& file) {
   for (const auto& [section_key, section_node] : root) {
-    const std::string_view section = section_key.str();
-    const auto& sections = config_sections();
-    if (std::find(sections.begin(), sections.end(), section) == sections.end())
-      fail(kWhere, "{}: {}", file, unknown_key(section));
+    const std::string section(section_key.str());
+    if (!is_section(section) || section.find('.') != std::string::npos) fail(kWhere, "{}: {}", file, unknown_key(section));
     const toml::table* table = section_node.as_table();
     if (!table)
       fail(kWhere, "{}: '{}' must be a table, got {}", file, section, toml_type_name(section_node.type()));
-    for (const auto& [key, node] : *table) {
-      const ConfigField* field = find_config_field(section, key.str());
-      if (!field) fail(kWhere, "{}: {}", file, unknown_key(fmt::format("{}.{}", section, key.str())));
-      const std::string error = std::visit([&](auto* value) { return read_node(node, *value); }, field->get(config));
-      if (!error.empty()) fail(kWhere, "{}: '{}' {}", file, field->name(), error);
-    }
+    apply_section(config, section, *table, file);
   }
 }
 
@@ -305,7 +318,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 void apply_override(Config& config, const std::string& assignment) {
   const size_t eq = assignment.find('=');
   const std::string_view name = trim(std::string_view(assignment).substr(0, std::min(eq, assignment.size())));
-  const size_t dot = name.find('.');
+  const size_t dot = name.rfind('.');  // the key is the last part: model.moe.experts
   if (eq == std::string::npos || dot == std::string_view::npos || dot == 0 || dot + 1 == name.size())
     fail(kWhere, "--set '{}': expected section.key=value", assignment);
   const ConfigField* field = find_config_field(name.substr(0, dot), name.substr(dot + 1));
@@ -323,6 +336,16 @@ void validate_config(const Config& config) {
   KILN_CHECK(m.heads % m.kv_heads == 0, kWhere, "model.heads ({}) must be a multiple of model.kv_heads ({})",
              m.heads, m.kv_heads);
   validate_layer_patterns(m);
+  const MoeConfig& moe = m.moe;
+  KILN_CHECK(moe.top_k <= moe.experts, kWhere, "model.moe.top_k ({}) must be <= model.moe.experts ({})", moe.top_k,
+             moe.experts);
+  KILN_CHECK(moe.experts % moe.groups == 0, kWhere, "model.moe.experts ({}) must be a multiple of model.moe.groups ({})",
+             moe.experts, moe.groups);
+  KILN_CHECK(moe.top_groups <= moe.groups, kWhere, "model.moe.top_groups ({}) must be <= model.moe.groups ({})",
+             moe.top_groups, moe.groups);
+  KILN_CHECK(moe.top_k <= moe.top_groups * (moe.experts / moe.groups), kWhere,
+             "model.moe.top_k ({}) exceeds the experts of model.moe.top_groups ({} of {} experts each)", moe.top_k,
+             moe.top_groups, moe.experts / moe.groups);
   KILN_CHECK(m.max_seq_len <= config.train.micro_batch_tokens, kWhere,
              "model.max_seq_len ({}) must be <= train.micro_batch_tokens ({})", m.max_seq_len,
              config.train.micro_batch_tokens);

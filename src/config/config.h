@@ -14,6 +14,25 @@
 
 namespace kiln {
 
+// The sparse MLP's keys ([model.moe]; the MLP registry name "moe"): routed SwiGLU experts
+// of their own width, an optional always-on shared expert, a router from the router
+// registry, and its losses. Which layers are sparse: model.mlp / model.alt_mlp_layers.
+struct MoeConfig {
+  int64_t experts = 8;                 // routed experts
+  int64_t top_k = 2;                   // experts per token
+  int64_t expert_hidden = 128;         // each routed expert's SwiGLU width (moe_intermediate_size)
+  int64_t shared_hidden = 0;           // the shared expert's SwiGLU width, applied to every token; 0 = none
+  std::string router = "softmax_topk"; // registry: routers
+  bool norm_topk_prob = true;          // routing weights renormalized over the chosen experts
+  double routed_scaling = 1.0;         // routing weights x this (DeepSeek-V3's routed_scaling_factor)
+  double aux_loss = 0.0;               // load-balancing loss coefficient (Switch form: E sum_i f_i P_i)
+  double z_loss = 0.0;                 // router z-loss coefficient (mean logsumexp(router logits)^2)
+  double bias_rate = 1e-3;             // sigmoid_bias: step of the load-balancing bias update
+  std::string bias_update = "sign";    // sigmoid_bias: sign | proportional
+  int64_t groups = 1;                  // group-limited routing: experts in this many groups ...
+  int64_t top_groups = 1;              // ... of which the best top_groups are eligible
+};
+
 struct ModelConfig {
   std::string name = "qwen3-byte-tiny";
   int64_t vocab_size = 259;        // byte-level: 256 bytes + BOS, EOS, PAD
@@ -43,6 +62,7 @@ struct ModelConfig {
   std::string alt_mlp_layers = "";         // layers whose MLP is alt_mlp instead of mlp
   double attention_softcap = 0;    // attention logits -> cap * tanh(logits / cap); 0 = off
   double logit_softcap = 0;        // LM head logits -> cap * tanh(logits / cap); 0 = off
+  MoeConfig moe;                   // [model.moe]: used by layers whose MLP is "moe"
 };
 
 struct DataConfig {

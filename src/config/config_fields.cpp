@@ -45,6 +45,20 @@ const std::array kFields = {
     KILN_FIELD(model, attention_softcap, non_negative(), "cap * tanh(x / cap) of attention logits; 0 = off"),
     KILN_FIELD(model, logit_softcap, non_negative(), "cap * tanh(x / cap) of the LM head's logits; 0 = off"),
 
+    KILN_FIELD(model.moe, experts, positive(), "routed experts"),
+    KILN_FIELD(model.moe, top_k, positive(), "experts per token"),
+    KILN_FIELD(model.moe, expert_hidden, positive(), "each routed expert's SwiGLU width"),
+    KILN_FIELD(model.moe, shared_hidden, non_negative(), "the always-on shared expert's width; 0 = none"),
+    KILN_FIELD(model.moe, router, none(), "registry: routers"),
+    KILN_FIELD(model.moe, norm_topk_prob, none(), "renormalize the routing weights over the chosen experts"),
+    KILN_FIELD(model.moe, routed_scaling, positive(), "routing weights x this"),
+    KILN_FIELD(model.moe, aux_loss, non_negative(), "load-balancing loss coefficient (E sum f_i P_i)"),
+    KILN_FIELD(model.moe, z_loss, non_negative(), "router z-loss coefficient"),
+    KILN_FIELD(model.moe, bias_rate, non_negative(), "sigmoid_bias: bias update step"),
+    KILN_FIELD(model.moe, bias_update, one_of("sign|proportional"), "sigmoid_bias: sign | proportional"),
+    KILN_FIELD(model.moe, groups, positive(), "group-limited routing: expert groups"),
+    KILN_FIELD(model.moe, top_groups, positive(), "group-limited routing: groups a token may use"),
+
     KILN_FIELD(data, path, non_empty(), "training data: a file, directory or glob (text, JSONL, .zst/.gz, shards, .bin)"),
     KILN_FIELD(data, tokenizer, non_empty(), "\"byte\", or a Hugging Face tokenizer.json path (byte-level BPE)"),
     KILN_FIELD(data, format, one_of("auto|text|jsonl|shards|llmc|raw_u16|raw_u32"),
@@ -112,7 +126,8 @@ const std::array kFields = {
 
 #undef KILN_FIELD
 
-constexpr std::array<std::string_view, 6> kSections = {"model", "data", "train", "optim", "log", "checkpoint"};
+constexpr std::array<std::string_view, 7> kSections = {"model", "model.moe", "data",      "train",
+                                                       "optim", "log",       "checkpoint"};
 
 }  // namespace
 

@@ -6,7 +6,7 @@ namespace kiln {
 
 Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOptions& options,
                    std::vector<std::unique_ptr<Arena>>& recompute_arenas)
-    : config_(config), recompute_blocks_(options.recompute_blocks) {
+    : config_(config), losses_(ctx.losses), recompute_blocks_(options.recompute_blocks) {
   const int64_t t = options.max_tokens, d = config.hidden;
   ctx.parameter(embed_w_, embed_g_, ParamName{"embed.weight", "model.embed_tokens.weight", "token_embd.weight"},
                 Shape{config.vocab_size, d}, false, Init::normal(config.init_std));
@@ -58,8 +58,11 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
   for (size_t l = blocks_.size(); l-- > 0;) {
     // A recomputed block's saved activations were overwritten by later blocks: run its
     // forward again from its saved input (it rewrites its output with the same values).
-    if (static_cast<int64_t>(l) < recompute_blocks_)
+    if (static_cast<int64_t>(l) < recompute_blocks_) {
+      losses_->recomputing = true;
       blocks_[l]->forward(residual_[l].rows(0, rows_), seq, residual_[l + 1].rows(0, rows_));
+      losses_->recomputing = false;
+    }
     blocks_[l]->backward(dres, dres_compute, seq);
   }
   if (groups != nullptr) {  // GPU: fixed summation order, no atomics
@@ -88,6 +91,10 @@ void Backbone::export_config(ExportConfig& out) const {
   position_->export_config(out);
   for (const auto& block : blocks_) block->export_config(out);
   final_norm_->export_config(out);
+}
+
+void Backbone::after_step(bool applied) {
+  for (const auto& block : blocks_) block->after_step(applied);
 }
 
 double Backbone::extra_forward_flops_per_token(int64_t seq_len) const {

@@ -41,11 +41,14 @@ class Backbone {
   // Forward FLOPs per token beyond 2 x the weight matrices (attention's scores), summed over
   // the blocks, at sequences of seq_len tokens.
   double extra_forward_flops_per_token(int64_t seq_len) const;
+  // After each optimizer step (the components with state between steps: routers).
+  void after_step(bool applied);
   // Every component's fields of a stock configuration (nn/export_config.h), in order.
   void export_config(ExportConfig& out) const;
 
  private:
   const ModelConfig& config_;
+  LossContext* losses_;
   int64_t rows_ = 0;
   int64_t recompute_blocks_ = 0;
   Tensor embed_w_, embed_g_;

@@ -25,14 +25,15 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
   const DType master = options.dtype == DType::bf16 ? DType::f32 : options.dtype;
   BuildContext ctx{params_,          grads_,        activations_,   workspace_, parameters_, compute_weights_,
                    options.dtype,    master,        options.device, t,          options.training,
-                   options.deterministic};
-  backbone_ = std::make_unique<Backbone>(ctx, config_, options, recompute_arenas_);
+                   options.deterministic, &losses_};
+  // The LM head first: its loss is slot 0 (the main loss).
   LmHeadSpec head;
   head.chunk_rows = options.loss_chunk_rows;
   head.z_loss = options.z_loss;
+  const int head_slot = losses_.terms.reserve({{"loss", true}, {"z", head.z_loss > 0}, {"target_count", false}});
+  backbone_ = std::make_unique<Backbone>(ctx, config_, options, recompute_arenas_);
   head_ = std::make_unique<LmHead>(ctx, config_, backbone_->embedding_compute(), backbone_->embedding_grad(), head,
-                                   loss_terms_);
-  KILN_CHECK(head_->first_slot() == 0, "model", "internal: the LM head's loss must be loss slot 0");
+                                   head_slot);
 
   ctx.buffer(inputs_, Shape{input_ints(t)}, DType::i32);  // views bound in allocate()
   if (options.training && options.device == Device::cuda) {
@@ -120,6 +121,12 @@ int64_t Model::parameter_count() const {
   return n;
 }
 
+double Model::active_parameter_count() const {
+  double n = 0;
+  for (const auto& p : parameters_) n += static_cast<double>(p->shape().numel()) * p->active_fraction();
+  return n;
+}
+
 int64_t Model::embedding_parameter_count() const {
   return config_.vocab_size * config_.hidden * (config_.tie_embeddings ? 1 : 2);
 }
@@ -130,7 +137,8 @@ double Model::flops_per_token(int64_t seq_len) const {
   double matmul = 0;
   const Parameter* embed = &backbone_->embedding();
   for (const auto& p : parameters_)
-    if (p->shape().rank() == 2 && p.get() != embed) matmul += static_cast<double>(p->shape().numel());
+    if (p->shape().rank() == 2 && p.get() != embed)
+      matmul += static_cast<double>(p->shape().numel()) * p->active_fraction();
   if (config_.tie_embeddings) matmul += static_cast<double>(config_.vocab_size * config_.hidden);
   return 3.0 * (2.0 * matmul + backbone_->extra_forward_flops_per_token(seq_len));
 }
@@ -228,7 +236,7 @@ void Model::forward() {
 // The heads over the backbone's hidden states: their loss sums, and with `backward` their
 // gradients into d(hidden) (=) and their own weights (+=).
 LossSums Model::heads(LossScale scale, bool backward, double* device_sums) {
-  LossSums sums;
+  LossSums sums = pending_;
   const Tensor dhidden = backward ? backbone_->dhidden().rows(0, rows_) : Tensor();
   head_->loss(backbone_->hidden().rows(0, rows_), targets_.rows(0, rows_), scale, dhidden, sums.slot, device_sums);
   sums.loss = sums.slot[0];
@@ -237,8 +245,18 @@ LossSums Model::heads(LossScale scale, bool backward, double* device_sums) {
   return sums;
 }
 
+// Before a forward: where this micro-batch's objectives add their sums and how they scale
+// their gradients.
+void Model::begin_losses(bool backward, double per_target_scale) {
+  pending_ = LossSums{};
+  losses_.backward = backward;
+  losses_.per_target_scale = per_target_scale;
+  losses_.host_sums = &pending_.slot;
+}
+
 LossSums Model::forward_backward(double loss_scale) {
   KILN_CHECK(options_.training, "model", "forward_backward on a model built without training buffers");
+  begin_losses(true, loss_scale);
   forward();
   const LossSums sums = heads(LossScale{loss_scale, nullptr}, true, nullptr);
   backbone_->backward(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr);
@@ -247,12 +265,14 @@ LossSums Model::forward_backward(double loss_scale) {
 
 void Model::forward_backward_on_device(const float* loss_scale, double* slot_sums) {
   KILN_CHECK(options_.training, "model", "forward_backward on a model built without training buffers");
+  begin_losses(true, 1.0);
   forward();
   heads(LossScale{1.0, loss_scale}, true, slot_sums);
   backbone_->backward(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr);
 }
 
 LossSums Model::evaluate() {
+  begin_losses(false, 1.0);
   forward();
   return heads(LossScale{}, false, nullptr);
 }

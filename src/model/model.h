@@ -44,7 +44,14 @@ class Model {
 
   const Backbone& backbone() const { return *backbone_; }
   const LmHead& head() const { return *head_; }
-  const LossTerms& loss_terms() const { return loss_terms_; }
+  const LossTerms& loss_terms() const { return losses_.terms; }
+  // After each optimizer step, applied or skipped: the components' state between steps.
+  void after_step(bool applied) { backbone_->after_step(applied); }
+  // Parameters weighted by the share of tokens that use them (experts: top_k / experts).
+  double active_parameter_count() const;
+  // Gradient scale of the per-micro-batch loss terms: 1 / micro-batches per step (the
+  // trainer sets it from train.grad_accum).
+  void set_micro_batches(int64_t micro_batches) { losses_.per_micro_batch_scale = 1.0 / static_cast<double>(micro_batches); }
   // Masters -> their bf16 compute copies (mixed path; a no-op otherwise). Every forward
   // does it; a decoder, which reads the copies without a forward, calls it once when made.
   void refresh_compute_weights();
@@ -97,6 +104,7 @@ class Model {
  private:
   void forward();  // the backbone over the loaded rows
   Tensor all_gradients() const;     // the gradient arena as one flat tensor
+  void begin_losses(bool backward, double per_target_scale);
   LossSums heads(LossScale scale, bool backward, double* device_sums);
 
   ModelConfig config_;
@@ -110,7 +118,8 @@ class Model {
   std::vector<std::unique_ptr<Arena>> recompute_arenas_;
   Storage recompute_storage_;
   size_t recompute_bytes() const;
-  LossTerms loss_terms_;
+  LossContext losses_;  // the objectives' slots and, per micro-batch, their scales
+  LossSums pending_;    // the current micro-batch's sums (host), the backbone's objectives' first
   std::unique_ptr<Backbone> backbone_;
   std::unique_ptr<LmHead> head_;
 

@@ -46,6 +46,7 @@ class TransformerBlock {
   std::unique_ptr<BlockDecoder> make_decoder(DecodeContext& ctx) const;
   double extra_forward_flops_per_token(int64_t seq_len) const;
   void export_config(ExportConfig& out) const;
+  void after_step(bool applied) { mlp_->after_step(applied); }
 
  private:
   Workspace& workspace_;

@@ -90,6 +90,9 @@ class Mlp {
 
   virtual std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const = 0;
   virtual void export_config(ExportConfig& out) const = 0;
+  // After each optimizer step (applied or skipped by the fault guard): MLPs with state of
+  // their own between steps (a router's load statistics and bias) update it here.
+  virtual void after_step(bool applied) { (void)applied; }
 };
 
 }  // namespace kiln

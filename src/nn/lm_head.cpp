@@ -14,8 +14,9 @@
 namespace kiln {
 
 LmHead::LmHead(BuildContext& ctx, const ModelConfig& m, const Tensor& embed, const Tensor& embed_grad,
-               const LmHeadSpec& spec, LossTerms& terms)
-    : tied_(m.tie_embeddings), softcap_(m.logit_softcap), spec_(spec), embed_(embed), embed_grad_(embed_grad) {
+               const LmHeadSpec& spec, int first_slot)
+    : tied_(m.tie_embeddings), softcap_(m.logit_softcap), spec_(spec), embed_(embed), embed_grad_(embed_grad),
+      first_slot_(first_slot) {
   if (!tied_)
     ctx.parameter(weight_, grad_, ParamName{"lm_head.weight", "lm_head.weight", "output.weight"},
                   Shape{m.vocab_size, m.hidden}, true, Init::normal(m.init_std));
@@ -23,8 +24,6 @@ LmHead::LmHead(BuildContext& ctx, const ModelConfig& m, const Tensor& embed, con
   spec_.chunk_rows = chunk;
   ctx.buffer(scratch_.logits, Shape{chunk, m.vocab_size}, ctx.dtype);
   ctx.buffer(scratch_.row_stats, Shape{chunk, 2}, DType::f64);
-  // The layout lm_head_loss writes its sums in: loss, z, count.
-  first_slot_ = terms.reserve({{"loss", true}, {"z", spec.z_loss > 0}, {"target_count", false}});
 }
 
 void LmHead::loss(const Tensor& hidden, const Tensor& targets, LossScale scale, const Tensor& dhidden,

@@ -1,8 +1,8 @@
 // The language-model head, the first objective: logits = hidden W^T (W the embedding when
 // tied, else its own [V, hidden] weight), an optional final softcap, and cross-entropy
 // (plus the z-loss, z_loss x logsumexp^2) computed a chunk of rows at a time, never for the
-// whole [tokens, V] logits. It reserves three loss terms (nn/loss_terms.h): "loss", "z"
-// and the target count.
+// whole [tokens, V] logits. Its sums go to three loss slots (nn/loss_terms.h): "loss" (slot
+// 0, the main loss), "z" and the target count.
 #pragma once
 
 #include "nn/decode.h"
@@ -51,8 +51,9 @@ class LmHead {
  public:
   // embed and embed_grad: the embedding's compute weight and gradient, which a tied head
   // reads and accumulates into (held by reference: bound when the arenas are allocated).
+  // first_slot: its three loss slots ("loss", "z", the target count), reserved by the model.
   LmHead(BuildContext& ctx, const ModelConfig& model, const Tensor& embed, const Tensor& embed_grad,
-         const LmHeadSpec& spec, LossTerms& terms);
+         const LmHeadSpec& spec, int first_slot);
 
   // Loss sums of hidden [T, hidden] against targets i32 [T] into the head's slots of `sums`
   // (host doubles; or, with device_sums, device doubles added to without a read back). With

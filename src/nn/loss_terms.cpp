@@ -16,6 +16,11 @@ int LossTerms::reserve(const std::vector<LossTerm>& terms) {
   return first;
 }
 
+double LossTerms::value(int slot, double sum, int64_t targets, int64_t micro_batches) const {
+  const bool per_target = slots_[static_cast<size_t>(slot)].per == LossTerm::Per::target;
+  return sum / static_cast<double>(per_target ? targets : micro_batches);
+}
+
 int LossTerms::find(std::string_view name) const {
   for (size_t i = 0; i < slots_.size(); ++i)
     if (slots_[i].name == name) return static_cast<int>(i);

@@ -31,12 +31,19 @@ struct LossSums {
 };
 
 struct LossTerm {
+  // How a step's value is formed from the slot's sum: per target token (the LM head's
+  // terms: sums over tokens), or per micro-batch (a term computed once per micro-batch,
+  // such as the load-balancing loss: the mean over the step's micro-batches).
+  enum class Per { target, micro_batch };
   std::string name;       // its key in the log line and metrics.jsonl ("loss", "z", ...)
   bool reported = true;   // false: bookkeeping (the target count), not a value to show
+  Per per = Per::target;
 };
 
 class LossTerms {
  public:
+  // The value of a slot over a step: its sum divided by the step's targets or micro-batches.
+  double value(int slot, double sum, int64_t targets, int64_t micro_batches) const;
   // Reserves consecutive slots, one per term; returns the first. Throws past kMaxLossSlots
   // or on a name taken twice.
   int reserve(const std::vector<LossTerm>& terms);
@@ -45,6 +52,20 @@ class LossTerms {
 
  private:
   std::vector<LossTerm> slots_;
+};
+
+// Where the objectives of the current micro-batch add their sums and how their gradients
+// are scaled (the model sets it before each forward). Objectives other than the LM head
+// (a router's losses) hold a reference from when they are built.
+struct LossContext {
+  LossTerms terms;
+  bool backward = false;                // this forward is followed by a backward
+  // The backbone runs a recomputed block's forward again before its backward: objectives
+  // must not count that forward's losses (or load) twice.
+  bool recomputing = false;
+  double per_target_scale = 1;          // gradient scale of per-target terms: 1 / the step's targets
+  double per_micro_batch_scale = 1;     // of per-micro-batch terms: 1 / the step's micro-batches
+  LossSlotSums* host_sums = nullptr;    // the op-by-op step: this micro-batch's slot sums
 };
 
 }  // namespace kiln

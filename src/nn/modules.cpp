@@ -1,5 +1,7 @@
 #include "nn/modules.h"
 
+#include "nn/moe/moe_mlp.h"
+
 namespace kiln {
 
 // Function-local statics: built on first use, with their built-ins registered, so no
@@ -35,6 +37,7 @@ MlpRegistry& mlp_registry() {
   static MlpRegistry* registry = [] {
     auto* r = new MlpRegistry("mlp");
     register_swiglu_mlp(*r);
+    register_moe_mlp(*r);
     return r;
   }();
   return *registry;

@@ -54,6 +54,11 @@ void BuildContext::fused_parameter(Tensor& value, Tensor& grad,
   }
 }
 
+void BuildContext::state(Tensor& value, ParamName name, Shape shape, Init init) {
+  params.reserve(value, master_dtype, shape);
+  parameters.push_back(std::make_unique<Parameter>(std::move(name), &value, nullptr, 0, shape[0], false, init));
+}
+
 void BuildContext::saved(Tensor& t, Shape shape) { activations.reserve(t, dtype, shape); }
 
 void BuildContext::saved_wide(Tensor& t, Shape shape) { activations.reserve(t, master_dtype, shape); }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/arena.h"
+#include "nn/loss_terms.h"
 
 #include <deque>
 #include <memory>
@@ -25,6 +26,9 @@ struct ParamName {
   std::string hf;    // "model.layers.3.self_attn.q_proj.weight"
   std::string gguf;  // "blk.3.attn_q.weight"
   GgufLayout gguf_layout = GgufLayout::plain;
+  // >= 0: the index of this tensor in a stack that llama.cpp keeps as one tensor under the
+  // gguf name (the experts of an MoE layer: [E, rows, cols]).
+  int64_t gguf_stack = -1;
 };
 
 // The prefixes a component's parameter names get in each naming (a layer's components
@@ -61,7 +65,16 @@ class Parameter {
   const std::string& name() const { return names_.kiln; }
   const ParamName& names() const { return names_; }
   Tensor value() const { return value_base_->rows(row_begin_, row_end_); }
-  Tensor grad() const { return grad_base_->defined() ? grad_base_->rows(row_begin_, row_end_) : Tensor(); }
+  Tensor grad() const {
+    return grad_base_ != nullptr && grad_base_->defined() ? grad_base_->rows(row_begin_, row_end_) : Tensor();
+  }
+  // False for model state without a gradient (a router's balancing bias): saved, loaded and
+  // exported with the weights, never optimized.
+  bool trainable() const { return grad_base_ != nullptr; }
+  // The share of tokens that use this weight (an expert's: top_k / experts): active
+  // parameter counts and FLOPs weigh it so.
+  double active_fraction() const { return active_fraction_; }
+  void set_active_fraction(double f) { active_fraction_ = f; }
   bool decay() const { return decay_; }
   const Init& init() const { return init_; }
   // Shape is known at plan time, before memory exists.
@@ -74,6 +87,7 @@ class Parameter {
   int64_t row_begin_, row_end_;
   bool decay_;
   Init init_;
+  double active_fraction_ = 1.0;
 };
 
 // Compute copies of the rank-2 weights on the mixed-precision path: modules compute with
@@ -104,6 +118,9 @@ struct BuildContext {
   int64_t max_tokens;        // fixed token budget of one micro-batch
   bool training;             // gradients and saved activations are planned only when training
   bool deterministic;        // bitwise-reproducible kernels only (BuildOptions::deterministic)
+  // The model's objectives: components with loss terms of their own (a router) reserve
+  // slots there and read their gradient scale from it.
+  LossContext* losses = nullptr;
 
   bool mixed() const { return dtype != master_dtype; }
 
@@ -116,6 +133,9 @@ struct BuildContext {
   // registers each row block as a parameter.
   void fused_parameter(Tensor& value, Tensor& grad, const std::vector<std::pair<ParamName, int64_t>>& parts,
                        int64_t cols, bool decay, Init init);
+  // Model state that is not trained by gradients (a router's load-balancing bias): kept
+  // in master_dtype with the parameters (saved, loaded, exported), with no gradient.
+  void state(Tensor& value, ParamName name, Shape shape, Init init);
   // An activation written in forward and read in backward (compute dtype).
   void saved(Tensor& t, Shape shape);
   // The same in master_dtype: the residual stream and per-row statistics.

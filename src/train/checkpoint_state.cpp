@@ -41,6 +41,10 @@ bool same_value(const ConfigValueRef& a, const ConfigValueRef& b) {
 
 bool is_incompatible(const ConfigField& f) {
   if (f.section == "model") return f.key != "name" && f.key != "init_std";
+  // The router's training coefficients may change on resume; the experts' shapes and
+  // routing may not.
+  if (f.section == "model.moe")
+    return f.key != "aux_loss" && f.key != "z_loss" && f.key != "bias_rate" && f.key != "bias_update";
   return f.section == "optim" && f.key == "name";
 }
 

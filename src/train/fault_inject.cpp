@@ -126,7 +126,8 @@ void inject_numeric_faults(const FaultInjector& faults, int64_t step, double& lo
     copy_tensor(*inf, flat);
   }
   if (faults.at_step("grad_spike", step))
-    for (const auto& p : parameters) ops::scale_inplace(p->grad(), 1e4);
+    for (const auto& p : parameters)
+      if (p->trainable()) ops::scale_inplace(p->grad(), 1e4);
 }
 
 void kill_self() {

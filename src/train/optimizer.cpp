@@ -15,7 +15,8 @@ namespace {
 class AdamW final : public Optimizer {
  public:
   AdamW(const OptimConfig& config, const ParameterList& parameters) : config_(config) {
-    for (const auto& p : parameters) slots_.push_back({p.get(), Tensor(), Tensor(), applies_weight_decay(*p, config)});
+    for (const auto& p : parameters)
+      if (p->trainable()) slots_.push_back({p.get(), Tensor(), Tensor(), applies_weight_decay(*p, config)});
   }
 
   void plan(Arena& state) override {

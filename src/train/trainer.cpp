@@ -119,6 +119,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   micro_batches_.resize(static_cast<size_t>(config_.train.grad_accum));
 
   model_ = std::make_unique<Model>(config_.model, training_build_options(config_, device_));
+  model_->set_micro_batches(config_.train.grad_accum);
   optimizer_ = optimizer_registry().build("optim.name", config_.optim.name, config_.optim, model_->parameters());
   schedule_ = schedule_registry().build("optim.schedule", config_.optim.schedule, config_.optim, config_.train.steps);
   optimizer_->plan(optimizer_state_);
@@ -198,6 +199,7 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
     KILN_CHECK(m.skipped.empty() == (outcome.verdict == ops::StepVerdict::apply), "train",
                "step {}: the device's guard verdict ({}) disagrees with the host's ('{}'): an internal error",
                m.step, static_cast<int>(outcome.verdict), m.skipped);
+    model_->after_step(m.skipped.empty());
     if (!m.skipped.empty()) return skip_update(m);
     optimizer_->count_update();
     guard_.accept(m.loss, m.grad_norm);
@@ -216,9 +218,13 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
   if (faults_.numeric()) inject_numeric_faults(faults_, m.step, m.loss, model_->parameters());  // tests only
   m.grad_norm = model_->gradient_norm();
   m.skipped = guard_.check(m.loss, m.grad_norm);
-  if (!m.skipped.empty()) return skip_update(m);
+  if (!m.skipped.empty()) {
+    model_->after_step(false);
+    return skip_update(m);
+  }
   if (clip > 0 && m.grad_norm > clip) model_->scale_gradients(clip / (m.grad_norm + 1e-6));
   optimizer_->step(m.lr);
+  model_->after_step(true);
   guard_.accept(m.loss, m.grad_norm);
   return true;
 }
@@ -253,12 +259,15 @@ std::string Trainer::sample(uint64_t seed) {
   return config_.train.sample_prompt + generate(*model_, *tokenizer_, config_.train.sample_prompt, o);
 }
 
-// The reported loss terms beyond the main loss (slot 0), each as its mean per target token.
+// The reported loss terms beyond the main loss (slot 0), each its step value (a mean per
+// target token or per micro-batch, nn/loss_terms.h).
 std::vector<std::pair<std::string, double>> Trainer::reported_terms(const LossSlotSums& sums, int64_t targets) const {
   std::vector<std::pair<std::string, double>> out;
   const std::vector<LossTerm>& slots = model_->loss_terms().slots();
   for (size_t k = 1; k < slots.size(); ++k)
-    if (slots[k].reported) out.emplace_back(slots[k].name, sums[k] / static_cast<double>(targets));
+    if (slots[k].reported)
+      out.emplace_back(slots[k].name, model_->loss_terms().value(static_cast<int>(k), sums[k], targets,
+                                                                 config_.train.grad_accum));
   return out;
 }
 

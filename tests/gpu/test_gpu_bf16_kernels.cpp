@@ -36,7 +36,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "gpu/gpu_harness.h"
-#include "infer/decoder_cuda.h"
+#include "ops/decode/decode_kernels.h"
 #include "ops/cuda_kernels.h"
 #include "ops/cuda_kernels_bf16.h"
 
@@ -847,7 +847,7 @@ TEST_F(Bf16Kernels, SkinnyGemmMatchesReference) {
   }
 }
 
-// The decoder's fused projections (infer/decoder_cuda.h) on awkward shapes: one to eight
+// The decoder's fused projections (ops/decode/decode_kernels.h) on awkward shapes: one to eight
 // rows (instantiations of 1, 2, 4 and 8), k of 64 (lanes idle), 1032 (k split unevenly
 // over warps) and 4096 (64 KiB of staged rows at 8 rows, past the default shared-memory
 // limit), column counts that leave partial tiles, few columns (k split over all 8 warps).

@@ -36,6 +36,7 @@
 #include "greedy_steps.h"
 #include "infer/decoder.h"
 #include "infer/decoder_cuda.h"
+#include "ops/decode/decode_kernels.h"
 #include "model/model.h"
 #include "ops/attention/cached_attention.h"
 #include "ops/attention/cached_attention_cuda.h"

@@ -1,0 +1,225 @@
+// The sparse MLP (registry name "moe"; keys in [model.moe]): a router sends each token to
+// k of E SwiGLU experts (DeepSeekMoE / Qwen3-MoE), their outputs summed with the routing
+// weights, plus an optional shared expert every token passes:
+//   logits = x Wr^T (fp32);  (experts, weights) = router(logits)
+//   out = sum_j weights_j SwiGLU_{experts_j}(x) + SwiGLU_shared(x)
+// Dropless: an expert takes every token routed to it. The experts' weights are two fused
+// matrices, gate|up [E 2F, d] and down [E d, F], each expert's rows contiguous (so one
+// grouped product serves them all) and every expert's tensors separately named (Hugging
+// Face's per-expert layout; llama.cpp stacks them: ParamName::gguf_stack).
+//
+// Losses (nn/loss_terms.h, per micro-batch): the Switch load-balancing loss
+// aux_loss x E sum_i f_i P_i and the router z-loss z_loss x mean lse(logits)^2, each when
+// its coefficient is set, as slots "moe_aux" and "moe_z" summed over the sparse layers.
+// Their gradients reach the router (f_i held fixed).
+#include "nn/moe/moe_mlp.h"
+
+#include "nn/moe/router.h"
+#include "ops/linear/linear.h"
+#include "ops/moe/moe.h"
+#include "ops/moe/routing.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/swiglu/swiglu.h"
+
+#include <cmath>
+
+namespace kiln {
+
+MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
+    : moe_(layer.model->moe), workspace_(ctx.workspace), losses_(*ctx.losses), layer_(layer.index) {
+  const ModelConfig& m = *layer.model;
+  const int64_t t = ctx.max_tokens, d = m.hidden, e_count = moe_.experts, k = moe_.top_k, f = moe_.expert_hidden;
+  hidden_ = d;
+  const NameScope n = layer.names.child("mlp.", "mlp.", "");
+  const double out_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers));
+  // The router: no weight decay (as the norms' gains; its scale is what routes).
+  ctx.parameter(router_w_, router_g_, n("gate.weight", "gate.weight", "ffn_gate_inp.weight"), Shape{e_count, d}, false,
+                Init::normal(m.init_std));
+  std::vector<std::pair<ParamName, int64_t>> gate_up, down;
+  for (int64_t e = 0; e < e_count; ++e) {
+    const std::string ex = "experts." + std::to_string(e) + ".";
+    ParamName gate = n(ex + "gate_proj.weight", ex + "gate_proj.weight", "ffn_gate_exps.weight");
+    ParamName up = n(ex + "up_proj.weight", ex + "up_proj.weight", "ffn_up_exps.weight");
+    ParamName dn = n(ex + "down_proj.weight", ex + "down_proj.weight", "ffn_down_exps.weight");
+    gate.gguf_stack = up.gguf_stack = dn.gguf_stack = e;
+    gate_up.push_back({gate, f});
+    gate_up.push_back({up, f});
+    down.push_back({dn, d});
+  }
+  const size_t first_expert = ctx.parameters.size();
+  ctx.fused_parameter(gate_up_w_, gate_up_g_, gate_up, d, true, Init::normal(m.init_std));
+  ctx.fused_parameter(down_w_, down_g_, down, f, true, Init::normal(out_std));
+  const double active = static_cast<double>(k) / static_cast<double>(e_count);
+  for (size_t i = first_expert; i < ctx.parameters.size(); ++i) ctx.parameters[i]->set_active_fraction(active);
+  if (moe_.shared_hidden > 0) {
+    const int64_t s = moe_.shared_hidden;
+    const NameScope sh = n.child("shared_experts.", "shared_experts.", "");
+    ctx.fused_parameter(shared_gate_up_w_, shared_gate_up_g_,
+                        {{sh("gate_proj.weight", "gate_proj.weight", "ffn_gate_shexp.weight"), s},
+                         {sh("up_proj.weight", "up_proj.weight", "ffn_up_shexp.weight"), s}},
+                        d, true, Init::normal(m.init_std));
+    ctx.parameter(shared_down_w_, shared_down_g_, sh("down_proj.weight", "down_proj.weight", "ffn_down_shexp.weight"),
+                  Shape{d, s}, true, Init::normal(out_std));
+    ctx.saved(shared_gate_up_, Shape{t, 2 * s});
+  }
+  router_ = router_registry().build("model.moe.router", moe_.router, ctx, RouterSpec{&moe_, n});
+
+  // Saved for backward: the router's logits and probabilities, the routes and their
+  // dispatch, each expert's pre-activation and output rows.
+  ctx.saved_wide(logits_, Shape{t, e_count});
+  ctx.saved_wide(probs_, Shape{t, e_count});
+  ctx.saved_wide(router_saved_, Shape{t, e_count});
+  ctx.buffer(routes_.experts, Shape{t, k}, DType::i32);
+  ctx.saved_wide(routes_.weights, Shape{t, k});
+  dispatch_.experts = e_count, dispatch_.top_k = k;
+  ctx.buffer(dispatch_.counts, Shape{e_count}, DType::i32);
+  ctx.buffer(dispatch_.offsets, Shape{e_count + 1}, DType::i32);
+  ctx.buffer(dispatch_.pair_of_row, Shape{t * k}, DType::i32);
+  ctx.buffer(dispatch_.row_of_pair, Shape{t * k}, DType::i32);
+  ctx.saved(gate_up_, Shape{t * k, 2 * f});
+  ctx.saved(expert_out_, Shape{t * k, d});
+  ctx.buffer(step_counts_, Shape{e_count}, DType::i32);
+
+  if (moe_.aux_loss > 0) aux_slot_ = slot(ctx, "moe_aux");
+  if (moe_.z_loss > 0) z_slot_ = slot(ctx, "moe_z");
+
+  // Scratch: the grouped input rows [T k, d] and the activation [T k, F] (forward); in
+  // backward also their gradients, the weights' and probabilities' gradients, the logits'.
+  auto bytes = [&](DType dt, Shape s) { return Workspace::footprint(dt, s); };
+  const size_t shared = moe_.shared_hidden > 0 ? bytes(ctx.dtype, Shape{t, moe_.shared_hidden}) +
+                                                     bytes(ctx.dtype, Shape{t, 2 * moe_.shared_hidden}) +
+                                                     bytes(ctx.dtype, Shape{t, d})
+                                               : 0;
+  ctx.workspace.reserve_peak(3 * bytes(ctx.dtype, Shape{t * k, d}) + bytes(ctx.dtype, Shape{t * k, f}) +
+                             bytes(ctx.dtype, Shape{t * k, 2 * f}) + bytes(ctx.master_dtype, Shape{t, k}) +
+                             2 * bytes(ctx.master_dtype, Shape{t, e_count}) + shared);
+}
+
+MoeMlp::~MoeMlp() = default;
+
+// The sparse layers share one slot per loss: the first reserves it, the others add to it.
+int MoeMlp::slot(BuildContext& ctx, const char* name) {
+  const int found = ctx.losses->terms.find(name);
+  if (found >= 0) return found;
+  return ctx.losses->terms.reserve({{name, true, LossTerm::Per::micro_batch}});
+}
+
+void MoeMlp::forward(const Tensor& x, const Tensor& out) {
+  const int64_t t = x.size(0), k = moe_.top_k, f = moe_.expert_hidden;
+  KILN_CHECK(x.device() == Device::cpu, "moe", "the sparse MLP has no CUDA kernels yet (model.mlp = 'moe' runs on the CPU)");
+  Workspace::Scope scope(workspace_);
+  const Tensor logits = logits_.rows(0, t), probs = probs_.rows(0, t);
+  const ops::Routes routes = routes_rows(t);
+  const ops::MoeDispatch d = dispatch_rows(t);
+  ops::linear_forward(x, router_w_, Tensor(), logits);
+  router_->route(logits, routes, probs, router_saved_.rows(0, t));
+  ops::moe_dispatch(routes.experts, d);
+  // The step's load: of training forwards, once (not a recomputed block's forward again).
+  if (losses_.backward && !losses_.recomputing) add_step_counts(d.counts);
+  const Tensor grouped = scope.take(x.dtype(), Shape{t * k, hidden_});
+  const Tensor gate_up = gate_up_.rows(0, t * k), act = scope.take(x.dtype(), Shape{t * k, f});
+  const Tensor y = expert_out_.rows(0, t * k);
+  ops::moe_gather(x, d, grouped);
+  ops::moe_grouped_linear_forward(grouped, gate_up_w_, d, gate_up);
+  ops::swiglu_forward(gate_up, act);
+  ops::moe_grouped_linear_forward(act, down_w_, d, y);
+  ops::moe_combine(y, routes.weights, d, out);
+  if (moe_.shared_hidden > 0) {
+    const Tensor sgu = shared_gate_up_.rows(0, t), sact = scope.take(x.dtype(), Shape{t, moe_.shared_hidden});
+    const Tensor sout = scope.take(x.dtype(), Shape{t, hidden_});
+    ops::linear_forward(x, shared_gate_up_w_, Tensor(), sgu);
+    ops::swiglu_forward(sgu, sact);
+    ops::linear_forward(sact, shared_down_w_, Tensor(), sout);
+    ops::add_inplace(out, sout);
+  }
+  // The losses' values of this micro-batch (their gradients are formed in backward).
+  if (!losses_.recomputing && losses_.host_sums != nullptr) {
+    LossSlotSums& sums = *losses_.host_sums;
+    if (aux_slot_ >= 0) sums[static_cast<size_t>(aux_slot_)] += ops::balance_loss(probs, d.counts, k, 0, Tensor());
+    if (z_slot_ >= 0) sums[static_cast<size_t>(z_slot_)] += ops::router_z_loss(logits, 0, Tensor());
+  }
+}
+
+void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
+  const int64_t t = dout.size(0), k = moe_.top_k, f = moe_.expert_hidden, e_count = moe_.experts;
+  Workspace::Scope scope(workspace_);
+  const Tensor logits = logits_.rows(0, t), probs = probs_.rows(0, t);
+  const ops::Routes routes = routes_rows(t);
+  const ops::MoeDispatch d = dispatch_rows(t);
+  const Tensor gate_up = gate_up_.rows(0, t * k), y = expert_out_.rows(0, t * k);
+  const DType dt = dout.dtype(), wide = logits.dtype();
+  // out = combine(y, weights): the experts' output rows' and the weights' gradients.
+  const Tensor dy = scope.take(dt, Shape{t * k, hidden_});
+  const Tensor dweights = scope.take(wide, Shape{t, k});
+  ops::moe_combine_backward(y, routes.weights, dout, d, dy, dweights);
+  // The experts: as SwigluMlp's backward, per expert on the grouped rows.
+  const Tensor dact = scope.take(dt, Shape{t * k, f});
+  const Tensor dgate_up = scope.take(dt, Shape{t * k, 2 * f});
+  ops::moe_grouped_linear_backward(dact, down_w_, dy, d, dact, Tensor());
+  ops::swiglu_backward(gate_up, dact, dgate_up, dact);  // dact then holds the activation again
+  ops::moe_grouped_linear_backward(dact, down_w_, dy, d, Tensor(), down_g_);
+  const Tensor grouped = scope.take(dt, Shape{t * k, hidden_}), dgrouped = scope.take(dt, Shape{t * k, hidden_});
+  ops::moe_gather(x, d, grouped);
+  ops::moe_grouped_linear_backward(grouped, gate_up_w_, dgate_up, d, dgrouped, gate_up_g_);
+  ops::moe_gather_backward(dgrouped, d, dx, false);
+  if (moe_.shared_hidden > 0) {
+    const int64_t s = moe_.shared_hidden;
+    const Tensor sgu = shared_gate_up_.rows(0, t);
+    const Tensor sdact = scope.take(dt, Shape{t, s}), sdgu = scope.take(dt, Shape{t, 2 * s});
+    ops::linear_backward(sdact, shared_down_w_, dout, sdact, Tensor(), Tensor());
+    ops::swiglu_backward(sgu, sdact, sdgu, sdact);
+    ops::linear_backward(sdact, shared_down_w_, dout, Tensor(), shared_down_g_, Tensor());
+    ops::linear_backward(x, shared_gate_up_w_, sdgu, dx, shared_gate_up_g_, Tensor(), true);
+  }
+  // The router: the weights' gradient, the balance loss's (through the probabilities) and
+  // the z-loss's (on the logits), scaled as the step's per-micro-batch terms.
+  const double scale = losses_.per_micro_batch_scale;
+  Tensor dprobs;
+  if (aux_slot_ >= 0) {
+    dprobs = scope.take(wide, Shape{t, e_count});
+    zero_tensor(dprobs);
+    ops::balance_loss(probs, d.counts, k, scale * moe_.aux_loss, dprobs);
+  }
+  const Tensor dlogits = scope.take(wide, Shape{t, e_count});
+  router_->backward(routes, probs, router_saved_.rows(0, t), dweights, dprobs, dlogits);
+  if (z_slot_ >= 0) ops::router_z_loss(logits, scale * moe_.z_loss, dlogits);
+  ops::linear_backward(x, router_w_, dlogits, dx, router_g_, Tensor(), true);
+}
+
+void MoeMlp::add_step_counts(const Tensor& counts) {
+  const int32_t* c = counts.data<int32_t>();
+  int32_t* step = step_counts_.data<int32_t>();
+  for (int64_t e = 0; e < moe_.experts; ++e) step[e] += c[e];
+}
+
+void MoeMlp::after_step(bool applied) {
+  if (applied) router_->after_step(step_counts_);
+  zero_tensor(step_counts_);
+}
+
+ops::Routes MoeMlp::routes_rows(int64_t t) const {
+  return {routes_.experts.rows(0, t), routes_.weights.rows(0, t)};
+}
+
+ops::MoeDispatch MoeMlp::dispatch_rows(int64_t t) const {
+  ops::MoeDispatch d = dispatch_;
+  d.pair_of_row = dispatch_.pair_of_row.rows(0, t * moe_.top_k);
+  d.row_of_pair = dispatch_.row_of_pair.rows(0, t * moe_.top_k);
+  return d;
+}
+
+std::unique_ptr<BranchDecoder> MoeMlp::make_decoder(DecodeContext& ctx, const Norm& pre_norm) const {
+  (void)pre_norm;
+  return make_moe_decoder(*this, ctx);
+}
+
+void MoeMlp::export_config(ExportConfig& out) const {
+  out.refuse("model.mlp", "'moe'", "the sparse MLP's export is not written yet");
+}
+
+void register_moe_mlp(MlpRegistry& registry) {
+  registry.add("moe", "routed SwiGLU experts + optional shared expert ([model.moe]; DeepSeekMoE / Qwen3-MoE)",
+               [](BuildContext& ctx, const LayerSpec& layer) { return std::make_unique<MoeMlp>(ctx, layer); });
+}
+
+}  // namespace kiln

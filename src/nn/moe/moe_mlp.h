@@ -1,0 +1,57 @@
+// The sparse MLP (registry "moe"): see moe_mlp.cpp.
+#pragma once
+
+#include "nn/modules.h"
+#include "ops/moe/moe.h"
+#include "ops/moe/routing.h"
+
+namespace kiln {
+
+class Router;
+
+class MoeMlp final : public Mlp {
+ public:
+  MoeMlp(BuildContext& ctx, const LayerSpec& layer);
+  ~MoeMlp() override;
+
+  void forward(const Tensor& x, const Tensor& out) override;
+  void backward(const Tensor& x, const Tensor& dout, const Tensor& dx) override;
+  std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override;
+  void export_config(ExportConfig& out) const override;
+  // The step's routed choices per expert are the load sigmoid_bias balances by; cleared
+  // for the next step.
+  void after_step(bool applied) override;
+  const Tensor& step_counts() const { return step_counts_; }  // i32 [E]
+
+ private:
+  friend class MoeDecoder;
+  static int slot(BuildContext& ctx, const char* name);
+  void add_step_counts(const Tensor& counts);
+  ops::Routes routes_rows(int64_t t) const;
+  ops::MoeDispatch dispatch_rows(int64_t t) const;
+
+  const MoeConfig& moe_;
+  Workspace& workspace_;
+  LossContext& losses_;
+  int64_t layer_ = 0, hidden_ = 0;
+  int aux_slot_ = -1, z_slot_ = -1;  // loss slots of the balance loss and the z-loss (-1: off)
+  std::unique_ptr<Router> router_;
+  Tensor router_w_, router_g_;                  // [E, d]
+  Tensor gate_up_w_, gate_up_g_;                // [E 2F, d]: expert e's gate rows, then its up rows
+  Tensor down_w_, down_g_;                      // [E d, F]
+  Tensor shared_gate_up_w_, shared_gate_up_g_;  // [2S, d]
+  Tensor shared_down_w_, shared_down_g_;        // [d, S]
+  Tensor logits_, probs_;                       // saved [T, E] wide
+  Tensor router_saved_;                         // saved [T, E] wide: what the router keeps for backward
+  ops::Routes routes_;                          // saved: experts i32 [T, k], weights [T, k] wide
+  ops::MoeDispatch dispatch_;                   // saved: counts [E], offsets [E + 1], permutation [T k]
+  Tensor gate_up_;                              // saved [T k, 2F]: the experts' pre-activations
+  Tensor expert_out_;                           // saved [T k, d]: the experts' outputs (rows of the grouped layout)
+  Tensor shared_gate_up_;                       // saved [T, 2S]
+  Tensor step_counts_;                          // i32 [E]: choices per expert over the step's micro-batches
+};
+
+std::unique_ptr<BranchDecoder> make_moe_decoder(const MoeMlp& mlp, DecodeContext& ctx);
+void register_moe_mlp(MlpRegistry& registry);
+
+}  // namespace kiln

@@ -1,0 +1,74 @@
+// The decode side of MoeMlp (nn/moe/moe_mlp.h): the same routing and experts over a decode
+// step's rows. It has no state between steps (a token's experts depend on that token only).
+#include "nn/moe/moe_mlp.h"
+
+#include "nn/moe/router.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linear/linear.h"
+#include "ops/swiglu/swiglu.h"
+
+namespace kiln {
+
+class MoeDecoder final : public BranchDecoder {
+ public:
+  MoeDecoder(const MoeMlp& mlp, DecodeContext& ctx) : m_(mlp), workspace_(ctx.workspace), dtype_(ctx.dtype), wide_(ctx.wide) {
+    KILN_CHECK(ctx.device == Device::cpu, "moe", "the sparse MLP decodes on the CPU only for now (no CUDA kernels yet)");
+    const MoeConfig& moe = mlp.moe_;
+    const int64_t r = ctx.max_rows, k = moe.top_k, e_count = moe.experts, f = moe.expert_hidden, d = mlp.hidden_;
+    dispatch_.experts = e_count, dispatch_.top_k = k;
+    ctx.state.reserve(dispatch_.counts, DType::i32, Shape{e_count});
+    ctx.state.reserve(dispatch_.offsets, DType::i32, Shape{e_count + 1});
+    ctx.state.reserve(dispatch_.pair_of_row, DType::i32, Shape{r * k});
+    ctx.state.reserve(dispatch_.row_of_pair, DType::i32, Shape{r * k});
+    ctx.state.reserve(experts_, DType::i32, Shape{r, k});
+    auto bytes = [](DType dt, Shape s) { return Workspace::footprint(dt, s); };
+    const int64_t s = moe.shared_hidden;
+    ctx.workspace.reserve_peak(3 * bytes(wide_, Shape{r, e_count}) + bytes(wide_, Shape{r, k}) +
+                               2 * bytes(dtype_, Shape{r * k, d}) + bytes(dtype_, Shape{r * k, 2 * f}) +
+                               bytes(dtype_, Shape{r * k, f}) +
+                               (s > 0 ? bytes(dtype_, Shape{r, 2 * s}) + bytes(dtype_, Shape{r, s}) + bytes(dtype_, Shape{r, d})
+                                      : 0));
+  }
+
+  void forward(const Tensor& h, const DecodeRows& rows, const Tensor& out) override {
+    const MoeConfig& moe = m_.moe_;
+    const int64_t n = rows.count, k = moe.top_k, e_count = moe.experts, f = moe.expert_hidden, d = m_.hidden_;
+    Workspace::Scope scope(workspace_);
+    const Tensor logits = scope.take(wide_, Shape{n, e_count}), probs = scope.take(wide_, Shape{n, e_count});
+    const ops::Routes routes{experts_.rows(0, n), scope.take(wide_, Shape{n, k})};
+    ops::MoeDispatch dispatch = dispatch_;
+    dispatch.pair_of_row = dispatch_.pair_of_row.rows(0, n * k);
+    dispatch.row_of_pair = dispatch_.row_of_pair.rows(0, n * k);
+    ops::linear_forward(h, m_.router_w_, Tensor(), logits);
+    m_.router_->route(logits, routes, probs, scope.take(wide_, Shape{n, e_count}));
+    ops::moe_dispatch(routes.experts, dispatch);
+    const Tensor grouped = scope.take(dtype_, Shape{n * k, d}), gate_up = scope.take(dtype_, Shape{n * k, 2 * f});
+    const Tensor act = scope.take(dtype_, Shape{n * k, f}), y = scope.take(dtype_, Shape{n * k, d});
+    ops::moe_gather(h, dispatch, grouped);
+    ops::moe_grouped_linear_forward(grouped, m_.gate_up_w_, dispatch, gate_up);
+    ops::swiglu_forward(gate_up, act);
+    ops::moe_grouped_linear_forward(act, m_.down_w_, dispatch, y);
+    ops::moe_combine(y, routes.weights, dispatch, out);
+    if (moe.shared_hidden > 0) {
+      const Tensor sgu = scope.take(dtype_, Shape{n, 2 * moe.shared_hidden});
+      const Tensor sact = scope.take(dtype_, Shape{n, moe.shared_hidden}), sout = scope.take(dtype_, Shape{n, d});
+      ops::linear_forward(h, m_.shared_gate_up_w_, Tensor(), sgu);
+      ops::swiglu_forward(sgu, sact);
+      ops::linear_forward(sact, m_.shared_down_w_, Tensor(), sout);
+      ops::add_inplace(out, sout);
+    }
+  }
+
+ private:
+  const MoeMlp& m_;
+  Workspace& workspace_;
+  DType dtype_, wide_;
+  ops::MoeDispatch dispatch_;  // [E], [E + 1], [max_rows k]
+  Tensor experts_;             // i32 [max_rows, k]
+};
+
+std::unique_ptr<BranchDecoder> make_moe_decoder(const MoeMlp& mlp, DecodeContext& ctx) {
+  return std::make_unique<MoeDecoder>(mlp, ctx);
+}
+
+}  // namespace kiln

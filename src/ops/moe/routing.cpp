@@ -1,0 +1,251 @@
+// The routers' math (ops/moe/routing.h): front ends and the CPU reference.
+#include "ops/moe/routing.h"
+
+#include "core/op_profiler.h"
+#include "ops/common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+namespace kiln::ops {
+
+namespace {
+
+void check_routes(const char* op, const Tensor& logits, const Routes& r) {
+  expect_rank(op, "logits", logits, 2);
+  expect_rank(op, "experts", r.experts, 2);
+  const int64_t t = logits.size(0), k = r.experts.size(1);
+  KILN_CHECK(k >= 1 && k <= logits.size(1), op, "top {} of {} experts", k, logits.size(1));
+  expect_tensor(op, "experts", r.experts, Shape{t, k}, DType::i32, logits.device());
+  expect_tensor(op, "weights", r.weights, Shape{t, k}, logits.dtype(), logits.device());
+}
+
+// The k best of `key` (largest first; equal keys: the lower index), among `allowed` ones.
+void top_k(const double* key, int64_t e_count, int64_t k, const std::vector<char>& allowed, std::vector<int32_t>& best) {
+  best.resize(static_cast<size_t>(e_count));
+  std::iota(best.begin(), best.end(), 0);
+  std::stable_sort(best.begin(), best.end(), [&](int32_t a, int32_t b) {
+    if (allowed[static_cast<size_t>(a)] != allowed[static_cast<size_t>(b)]) return allowed[static_cast<size_t>(a)] > allowed[static_cast<size_t>(b)];
+    return key[a] > key[b];
+  });
+  best.resize(static_cast<size_t>(k));
+}
+
+// dlogits of a softmax row p from dp: p_j (dp_j - sum_m p_m dp_m).
+template <typename T>
+void softmax_row_backward(const T* p, const double* dp, int64_t n, T* dl) {
+  double dot = 0;
+  for (int64_t j = 0; j < n; ++j) dot += static_cast<double>(p[j]) * dp[j];
+  for (int64_t j = 0; j < n; ++j) dl[j] = static_cast<T>(static_cast<double>(p[j]) * (dp[j] - dot));
+}
+
+}  // namespace
+
+void softmax_topk_forward(const Tensor& logits, bool normalize, const Tensor& probs, const Routes& out) {
+  const char* op = "softmax_topk";
+  KILN_OP_SCOPE(op, logits);
+  check_routes(op, logits, out);
+  expect_same(op, "probs", probs, logits);
+  expect_shape(op, "probs", probs, logits.shape());
+  if (logits.device() == Device::cuda) no_cuda_kernel(op);
+  dispatch_cpu_float(op, logits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t t_count = logits.size(0), e_count = logits.size(1), k = out.experts.size(1);
+    std::vector<double> p(static_cast<size_t>(e_count));
+    std::vector<char> all(static_cast<size_t>(e_count), 1);
+    std::vector<int32_t> best;
+    for (int64_t t = 0; t < t_count; ++t) {
+      const T* l = logits.data<T>() + t * e_count;
+      const double m = *std::max_element(l, l + e_count);
+      double sum = 0;
+      for (int64_t j = 0; j < e_count; ++j) sum += p[static_cast<size_t>(j)] = std::exp(static_cast<double>(l[j]) - m);
+      T* pr = probs.data<T>() + t * e_count;
+      for (int64_t j = 0; j < e_count; ++j) pr[j] = static_cast<T>(p[static_cast<size_t>(j)] / sum);
+      std::vector<double> key(pr, pr + e_count);  // choose on the stored probabilities
+      top_k(key.data(), e_count, k, all, best);
+      double chosen = 0;
+      for (int32_t e : best) chosen += static_cast<double>(pr[e]);
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = best[static_cast<size_t>(j)];
+        out.experts.data<int32_t>()[t * k + j] = e;
+        out.weights.data<T>()[t * k + j] = normalize ? static_cast<T>(static_cast<double>(pr[e]) / chosen) : pr[e];
+      }
+    }
+  });
+}
+
+void softmax_topk_backward(const Tensor& probs, const Routes& routes, bool normalize, const Tensor& dweights,
+                           const Tensor& dprobs, const Tensor& dlogits) {
+  const char* op = "softmax_topk_backward";
+  KILN_OP_SCOPE(op, probs);
+  check_routes(op, probs, routes);
+  expect_same(op, "dweights", dweights, routes.weights);
+  expect_shape(op, "dweights", dweights, routes.weights.shape());
+  expect_same(op, "dlogits", dlogits, probs);
+  expect_shape(op, "dlogits", dlogits, probs.shape());
+  if (dprobs.defined()) expect_shape(op, "dprobs", dprobs, probs.shape());
+  if (probs.device() == Device::cuda) no_cuda_kernel(op);
+  dispatch_cpu_float(op, probs.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t t_count = probs.size(0), e_count = probs.size(1), k = routes.experts.size(1);
+    std::vector<double> dp(static_cast<size_t>(e_count));
+    for (int64_t t = 0; t < t_count; ++t) {
+      const T* p = probs.data<T>() + t * e_count;
+      const int32_t* ids = routes.experts.data<int32_t>() + t * k;
+      const T* w = routes.weights.data<T>() + t * k;
+      const T* dw = dweights.data<T>() + t * k;
+      for (int64_t j = 0; j < e_count; ++j)
+        dp[static_cast<size_t>(j)] = dprobs.defined() ? static_cast<double>(dprobs.data<T>()[t * e_count + j]) : 0.0;
+      if (normalize) {  // w_j = p_j / S: dp_i = (dw_i - sum_j dw_j w_j) / S
+        double chosen = 0, dot = 0;
+        for (int64_t j = 0; j < k; ++j) chosen += static_cast<double>(p[ids[j]]), dot += static_cast<double>(dw[j]) * w[j];
+        for (int64_t j = 0; j < k; ++j) dp[static_cast<size_t>(ids[j])] += (static_cast<double>(dw[j]) - dot) / chosen;
+      } else {
+        for (int64_t j = 0; j < k; ++j) dp[static_cast<size_t>(ids[j])] += static_cast<double>(dw[j]);
+      }
+      softmax_row_backward(p, dp.data(), e_count, dlogits.data<T>() + t * e_count);
+    }
+  });
+}
+
+void sigmoid_bias_forward(const Tensor& logits, const Tensor& bias, int64_t groups, int64_t top_groups, bool normalize,
+                          double scaling, const Tensor& scores, const Routes& out) {
+  const char* op = "sigmoid_bias";
+  KILN_OP_SCOPE(op, logits);
+  check_routes(op, logits, out);
+  const int64_t e_count = logits.size(1), k = out.experts.size(1);
+  expect_same(op, "scores", scores, logits);
+  expect_shape(op, "scores", scores, logits.shape());
+  expect_shape(op, "bias", bias, Shape{e_count});
+  KILN_CHECK(groups >= 1 && e_count % groups == 0 && top_groups >= 1 && top_groups <= groups &&
+                 k <= top_groups * (e_count / groups),
+             op, "top {} of {} experts in the top {} of {} groups", k, e_count, top_groups, groups);
+  if (logits.device() == Device::cuda) no_cuda_kernel(op);
+  dispatch_cpu_float(op, logits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    expect_dtype(op, "bias", bias, logits.dtype());
+    const int64_t t_count = logits.size(0), size = e_count / groups;
+    std::vector<double> key(static_cast<size_t>(e_count)), group_key(static_cast<size_t>(groups));
+    std::vector<char> allowed(static_cast<size_t>(e_count)), all_groups(static_cast<size_t>(groups), 1);
+    std::vector<int32_t> best, best_groups;
+    for (int64_t t = 0; t < t_count; ++t) {
+      const T* l = logits.data<T>() + t * e_count;
+      T* s = scores.data<T>() + t * e_count;
+      for (int64_t j = 0; j < e_count; ++j) {
+        s[j] = static_cast<T>(1.0 / (1.0 + std::exp(-static_cast<double>(l[j]))));
+        key[static_cast<size_t>(j)] = static_cast<double>(s[j]) + static_cast<double>(bias.data<T>()[j]);
+      }
+      // A group's score: the sum of its two best keys (its one key if it has one).
+      for (int64_t g = 0; g < groups; ++g) {
+        std::vector<double> in(key.begin() + g * size, key.begin() + (g + 1) * size);
+        std::sort(in.begin(), in.end(), std::greater<>());
+        group_key[static_cast<size_t>(g)] = in[0] + (size > 1 ? in[1] : 0.0);
+      }
+      top_k(group_key.data(), groups, top_groups, all_groups, best_groups);
+      std::fill(allowed.begin(), allowed.end(), 0);
+      for (int32_t g : best_groups) std::fill(allowed.begin() + g * size, allowed.begin() + (g + 1) * size, 1);
+      top_k(key.data(), e_count, k, allowed, best);
+      double chosen = 0;
+      for (int32_t e : best) chosen += static_cast<double>(s[e]);
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = best[static_cast<size_t>(j)];
+        out.experts.data<int32_t>()[t * k + j] = e;
+        const double w = normalize ? static_cast<double>(s[e]) / (chosen + 1e-20) : static_cast<double>(s[e]);
+        out.weights.data<T>()[t * k + j] = static_cast<T>(w * scaling);
+      }
+    }
+  });
+}
+
+void sigmoid_bias_backward(const Tensor& scores, const Routes& routes, bool normalize, double scaling,
+                           const Tensor& dweights, const Tensor& dscores, const Tensor& dlogits) {
+  const char* op = "sigmoid_bias_backward";
+  KILN_OP_SCOPE(op, scores);
+  check_routes(op, scores, routes);
+  expect_shape(op, "dweights", dweights, routes.weights.shape());
+  expect_shape(op, "dlogits", dlogits, scores.shape());
+  if (dscores.defined()) expect_shape(op, "dscores", dscores, scores.shape());
+  if (scores.device() == Device::cuda) no_cuda_kernel(op);
+  dispatch_cpu_float(op, scores.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t t_count = scores.size(0), e_count = scores.size(1), k = routes.experts.size(1);
+    std::vector<double> ds(static_cast<size_t>(e_count));
+    for (int64_t t = 0; t < t_count; ++t) {
+      const T* s = scores.data<T>() + t * e_count;
+      const int32_t* ids = routes.experts.data<int32_t>() + t * k;
+      const T* dw = dweights.data<T>() + t * k;
+      for (int64_t j = 0; j < e_count; ++j)
+        ds[static_cast<size_t>(j)] = dscores.defined() ? static_cast<double>(dscores.data<T>()[t * e_count + j]) : 0.0;
+      if (normalize) {  // w_i = c s_i / (S + eps): ds_i = c (dw_i - sum_j dw_j s_j / (S + eps)) / (S + eps)
+        double chosen = 0, dot = 0;
+        for (int64_t j = 0; j < k; ++j) chosen += static_cast<double>(s[ids[j]]);
+        const double denom = chosen + 1e-20;
+        for (int64_t j = 0; j < k; ++j) dot += static_cast<double>(dw[j]) * static_cast<double>(s[ids[j]]) / denom;
+        for (int64_t j = 0; j < k; ++j)
+          ds[static_cast<size_t>(ids[j])] += scaling * (static_cast<double>(dw[j]) - dot) / denom;
+      } else {
+        for (int64_t j = 0; j < k; ++j) ds[static_cast<size_t>(ids[j])] += scaling * static_cast<double>(dw[j]);
+      }
+      T* dl = dlogits.data<T>() + t * e_count;
+      for (int64_t j = 0; j < e_count; ++j) {
+        const double sj = static_cast<double>(s[j]);
+        dl[j] = static_cast<T>(ds[static_cast<size_t>(j)] * sj * (1.0 - sj));
+      }
+    }
+  });
+}
+
+double balance_loss(const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs) {
+  const char* op = "balance_loss";
+  KILN_OP_SCOPE(op, probs);
+  expect_rank(op, "probs", probs, 2);
+  const int64_t t_count = probs.size(0), e_count = probs.size(1);
+  expect_tensor(op, "counts", counts, Shape{e_count}, DType::i32, Device::cpu);
+  if (dprobs.defined()) expect_shape(op, "dprobs", dprobs, probs.shape());
+  if (probs.device() == Device::cuda) no_cuda_kernel(op);
+  double loss = 0;
+  dispatch_cpu_float(op, probs.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const double pairs = static_cast<double>(t_count * top_k), tokens = static_cast<double>(t_count);
+    for (int64_t e = 0; e < e_count; ++e) {
+      const double f = static_cast<double>(counts.data<int32_t>()[e]) / pairs;
+      double p = 0;
+      for (int64_t t = 0; t < t_count; ++t) p += static_cast<double>(probs.data<T>()[t * e_count + e]);
+      loss += static_cast<double>(e_count) * f * p / tokens;
+      if (!dprobs.defined()) continue;
+      const double g = grad_scale * static_cast<double>(e_count) * f / tokens;
+      for (int64_t t = 0; t < t_count; ++t) dprobs.data<T>()[t * e_count + e] += static_cast<T>(g);
+    }
+  });
+  return loss;
+}
+
+double router_z_loss(const Tensor& logits, double grad_scale, const Tensor& dlogits) {
+  const char* op = "router_z_loss";
+  KILN_OP_SCOPE(op, logits);
+  expect_rank(op, "logits", logits, 2);
+  if (dlogits.defined()) expect_shape(op, "dlogits", dlogits, logits.shape());
+  if (logits.device() == Device::cuda) no_cuda_kernel(op);
+  double loss = 0;
+  dispatch_cpu_float(op, logits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t t_count = logits.size(0), e_count = logits.size(1);
+    for (int64_t t = 0; t < t_count; ++t) {
+      const T* l = logits.data<T>() + t * e_count;
+      const double m = *std::max_element(l, l + e_count);
+      double sum = 0;
+      for (int64_t j = 0; j < e_count; ++j) sum += std::exp(static_cast<double>(l[j]) - m);
+      const double lse = m + std::log(sum);
+      loss += lse * lse / static_cast<double>(t_count);
+      if (!dlogits.defined()) continue;
+      const double g = grad_scale * 2.0 * lse / static_cast<double>(t_count);
+      for (int64_t j = 0; j < e_count; ++j)
+        dlogits.data<T>()[t * e_count + j] += static_cast<T>(g * std::exp(static_cast<double>(l[j]) - lse));
+    }
+  });
+  return loss;
+}
+
+}  // namespace kiln::ops
