@@ -125,7 +125,7 @@ TEST(Cli, BadInputGivesOneLineErrors) {
   EXPECT_NE(expect_one_line_error(kiln + " train " + dir + "/ok.toml --set nodot").find("nodot"), std::string::npos);
   EXPECT_NE(expect_one_line_error(kiln + " train " + dir + "/ok.toml --set model.heads=5").find("model.heads"),
             std::string::npos);
-  EXPECT_NE(expect_one_line_error(kiln + " train " + dir + "/ok.toml --set model.norm=layernorm").find("layernorm"),
+  EXPECT_NE(expect_one_line_error(kiln + " train " + dir + "/ok.toml --set model.norm=groupnorm").find("groupnorm"),
             std::string::npos);
   EXPECT_NE(expect_one_line_error(kiln + " sample " + dir + "/no-model").find("no-model"), std::string::npos);
   fs::remove_all(dir);

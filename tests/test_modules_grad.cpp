@@ -1,7 +1,8 @@
 // Whole-model gradient check in f64: Model::forward_backward's gradient of every parameter
 // against finite differences of Model::evaluate(), on a tiny model (RMSNorm, RoPE, GQA
 // attention with bias and optional q/k norm, SwiGLU, tied or untied head) over a packed
-// batch of three documents and a PAD tail. Also: gradients accumulate (+=) across calls
+// batch of three documents and a PAD tail; the same with LayerNorm (with and without
+// bias) and the GeGLU MLP. Also: gradients accumulate (+=) across calls
 // and zero_grads clears them.
 //
 // Objective: (sums.loss + z * sums.z) * loss_scale with loss_scale = 1 / target_count;
@@ -103,6 +104,30 @@ TEST(ModulesGrad, ModelMatchesFiniteDifferences) {
   for (const Variant& v : variants()) {
     SCOPED_TRACE(v.name());
     check_model_gradient(tiny_config(v.qk_norm, v.tie), v);
+  }
+}
+
+// The other norm and MLP components in the same model: LayerNorm with and without a bias
+// (every norm of the model, the final one included) and the GeGLU MLP, each parameter
+// (biases too: init_tiny_model moves them off zero) against finite differences. The
+// parameter names are the ones the components promise.
+TEST(ModulesGrad, LayerNormGegluModelMatchesFiniteDifferences) {
+  for (const char* norm : {"layernorm", "layernorm_nobias"}) {
+    SCOPED_TRACE(norm);
+    ModelConfig c = tiny_config(true, false);
+    c.norm = norm;
+    c.mlp = "geglu";
+    {
+      Model m(c, tiny_build());
+      const bool bias = std::string(norm) == "layernorm";
+      for (const char* name : {"final_norm.weight", "layers.1.attn_norm.weight", "layers.0.mlp_norm.weight",
+                               "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight",
+                               "layers.1.mlp.down_proj.weight"})
+        EXPECT_NE(m.find_parameter(name), nullptr) << name;
+      for (const char* name : {"final_norm.bias", "layers.1.attn_norm.bias", "layers.0.mlp_norm.bias"})
+        EXPECT_EQ(m.find_parameter(name) != nullptr, bias) << name;
+    }
+    check_model_gradient(c, Variant{true, false, 1e-3});
   }
 }
 

@@ -10,6 +10,7 @@ NormRegistry& norm_registry() {
   static NormRegistry* registry = [] {
     auto* r = new NormRegistry("norm");
     register_rms_norm(*r);
+    register_layer_norm(*r);
     return r;
   }();
   return *registry;
@@ -37,6 +38,7 @@ MlpRegistry& mlp_registry() {
   static MlpRegistry* registry = [] {
     auto* r = new MlpRegistry("mlp");
     register_swiglu_mlp(*r);
+    register_geglu_mlp(*r);
     register_moe_mlp(*r);
     return r;
   }();

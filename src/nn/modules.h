@@ -37,8 +37,10 @@ MlpRegistry& mlp_registry();
 
 // Registration hooks of the built-in components (one per file).
 void register_rms_norm(NormRegistry& registry);
+void register_layer_norm(NormRegistry& registry);
 void register_rope(PositionRegistry& registry);
 void register_gqa_attention(AttentionRegistry& registry);
 void register_swiglu_mlp(MlpRegistry& registry);
+void register_geglu_mlp(MlpRegistry& registry);
 
 }  // namespace kiln

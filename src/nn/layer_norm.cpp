@@ -1,0 +1,60 @@
+// LayerNorm modules (registry names "layernorm" and "layernorm_nobias"): a learned gain per
+// feature and, for "layernorm", a learned bias, as torch.nn.LayerNorm(dim, eps,
+// bias=...); statistics in fp32 or wider. The gain starts at ones and the bias at zeros;
+// neither is weight-decayed (rank-1 parameters decay only with optim.decay_norms). The math
+// lives in ops/layer_norm/; this class plans the memory and calls it.
+#include "nn/modules.h"
+#include "ops/layer_norm/layer_norm.h"
+
+namespace kiln {
+
+namespace {
+
+class LayerNorm final : public Norm {
+ public:
+  LayerNorm(BuildContext& ctx, const NormSpec& spec, bool bias) : eps_(spec.eps) {
+    ctx.parameter(weight_, weight_grad_, spec.name + ".weight", Shape{spec.dim}, false, Init::ones());
+    if (bias) ctx.parameter(bias_, bias_grad_, spec.name + ".bias", Shape{spec.dim}, false, Init::zeros());
+    ctx.saved_wide(mean_, Shape{spec.rows});
+    ctx.saved_wide(rstd_, Shape{spec.rows});
+  }
+
+  void forward(const Tensor& x, const Tensor& y) override {
+    saved_x_ = x;
+    ops::layer_norm_forward(x, weight_, bias_, eps_, y, mean(), rstd());
+  }
+
+  void forward_add(const Tensor& a, const Tensor& b, const Tensor& sum, const Tensor& y) override {
+    saved_x_ = sum;
+    ops::add_layer_norm_forward(a, b, weight_, bias_, eps_, sum, y, mean(), rstd());
+  }
+
+  void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dx_copy) override {
+    ops::layer_norm_backward(saved_x_, weight_, mean(), rstd(), dy, dx, weight_grad_, bias_grad_, accumulate_dx,
+                             dx_copy);
+  }
+
+  void recompute(const Tensor& y) override { ops::layer_norm_forward(saved_x_, weight_, bias_, eps_, y, mean(), rstd()); }
+
+ private:
+  // The statistics of the rows the last forward saw.
+  Tensor mean() const { return mean_.rows(0, saved_x_.size(0)); }
+  Tensor rstd() const { return rstd_.rows(0, saved_x_.size(0)); }
+
+  double eps_;
+  Tensor weight_, weight_grad_;  // [dim]
+  Tensor bias_, bias_grad_;      // [dim]; undefined for layernorm_nobias
+  Tensor mean_, rstd_;           // [rows] each row's mean and 1/std, saved for backward
+  Tensor saved_x_;               // view of the caller's input, alive until backward
+};
+
+}  // namespace
+
+void register_layer_norm(NormRegistry& registry) {
+  registry.add("layernorm", "LayerNorm with a learned gain and bias (torch.nn.LayerNorm)",
+               [](BuildContext& ctx, const NormSpec& spec) { return std::make_unique<LayerNorm>(ctx, spec, true); });
+  registry.add("layernorm_nobias", "LayerNorm with a learned gain, no bias (torch.nn.LayerNorm(bias=False))",
+               [](BuildContext& ctx, const NormSpec& spec) { return std::make_unique<LayerNorm>(ctx, spec, false); });
+}
+
+}  // namespace kiln

@@ -1,0 +1,17 @@
+// GeGLU activation on a fused gate|up projection: out = gelu_tanh(gate) * up, with
+//   gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))),
+// as transformers' GemmaMLP with hidden_act "gelu_pytorch_tanh".
+#pragma once
+
+#include "core/tensor.h"
+
+namespace kiln::ops {
+
+// gate_up [N, 2F] holds gate in columns [0, F) and up in [F, 2F) -> out [N, F] (=).
+void geglu_forward(const Tensor& gate_up, const Tensor& out);
+// dgate_up [N, 2F] (=) from dout [N, F]. When `out` is given it receives the forward's
+// output again (=), so the MLP need not save it; it may be dout itself (each element is
+// read before it is overwritten).
+void geglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, const Tensor& out = Tensor());
+
+}  // namespace kiln::ops

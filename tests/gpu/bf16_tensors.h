@@ -1,0 +1,34 @@
+// Host-side bf16 tensors for the GPU suites that drive ops through their front ends on the
+// mixed path: bf16 copies of fp32 host tensors (round to nearest even, as the kernels'
+// stores), and their values back as fp32 or f64 for comparisons and references.
+#pragma once
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+#include <cstdint>
+
+namespace kiln::gpu_test {
+
+// A bf16 host tensor holding f32's values rounded to bf16.
+inline OwnedTensor bf16_of(const Tensor& f32) {
+  OwnedTensor out(DType::bf16, Device::cpu, f32.shape());
+  uint16_t* bits = static_cast<uint16_t*>(out->raw());
+  for (int64_t i = 0; i < f32.numel(); ++i) bits[i] = float_to_bf16(f32.data<float>()[i]);
+  return out;
+}
+
+// The values of a bf16 host tensor, as f32 (exact).
+inline OwnedTensor f32_of_bf16(const Tensor& bf16) {
+  OwnedTensor out(DType::f32, Device::cpu, bf16.shape());
+  const uint16_t* bits = static_cast<const uint16_t*>(bf16.raw());
+  for (int64_t i = 0; i < bf16.numel(); ++i) out->data<float>()[i] = bf16_to_float(bits[i]);
+  return out;
+}
+
+// f32 values rounded to bf16 and back, in place: inputs both sides then read identically.
+inline void round_to_bf16(const Tensor& f32) {
+  for (int64_t i = 0; i < f32.numel(); ++i) f32.data<float>()[i] = bf16_to_float(float_to_bf16(f32.data<float>()[i]));
+}
+
+}  // namespace kiln::gpu_test

@@ -1,0 +1,186 @@
+// A whole model with LayerNorm (gain and bias; every norm, the final one included) and the
+// GeGLU MLP on the GPU, in fp32 and in bf16 mixed precision, against the same model on the
+// CPU in fp32: the same weights (the CPU model's random init with gains and biases moved
+// off 1 and 0, copied over), the same packed batch of three documents and a PAD tail; then
+// logits, loss and every parameter gradient compared. On the bf16 path this runs the fused
+// residual add + norm, the mixed backward with its bf16 residual-gradient copy, and the
+// bf16 GeGLU. Also: recomputed blocks give the same bf16 loss and gradients to the bit.
+//
+// Tolerances (as the golden-model test of test_gpu_dense.cpp, against which the same
+// sizes were measured on the H200):
+//   fp32: logits 1e-4, loss 1e-5 relative, gradients 1e-3 (floor 1% of each tensor's max)
+//   bf16: logits 3e-2, loss 1e-3 relative, gradients 6e-2, each judged against the largest
+//         value of its tensor (floor fraction 1): every GEMM input and the logits round to
+//         bf16 (2^-8), compounded through two layers; a wrong wiring is off by O(1).
+// Measured on the H200: fp32 logits 2.3e-5, loss equal to 8 digits, gradients 4.5e-5; bf16
+// logits 4.6e-3, loss 1.7e-5 relative, gradients 1.3e-2 (the q_norm gain).
+#include "core/rng.h"
+#include "gpu/gpu_harness.h"
+#include "model/model.h"
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace kiln {
+namespace {
+
+using namespace gpu_test;
+
+ModelConfig layer_norm_geglu_config() {
+  ModelConfig c;
+  c.name = "layernorm-geglu-tiny";
+  c.vocab_size = 259, c.hidden = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.head_dim = 16, c.ffn_hidden = 128;
+  c.max_seq_len = 128, c.tie_embeddings = false, c.qk_norm = true;
+  c.norm = "layernorm";
+  c.mlp = "geglu";
+  return c;
+}
+
+// Three documents of 17, 40 and 23 bytes (BOS first, EOS as the last target) and an
+// 8-token PAD tail without targets.
+HostBatch three_documents() {
+  constexpr int32_t kBos = 256, kEos = 257, kPad = 258;
+  Rng rng(2024);
+  HostBatch b;
+  b.cu_seqlens.push_back(0);
+  auto add = [&](int64_t length, bool pad) {
+    for (int64_t i = 0; i < length; ++i) {
+      const int32_t token = pad ? kPad : i == 0 ? kBos : static_cast<int32_t>(rng.below(256));
+      b.tokens.push_back(token);
+      b.positions.push_back(static_cast<int32_t>(i));
+      if (!pad) ++b.document_tokens;
+    }
+    for (int64_t i = 0; i < length; ++i) {
+      const size_t at = b.tokens.size() - static_cast<size_t>(length) + static_cast<size_t>(i);
+      const int32_t target = pad ? kIgnoreTarget : i + 1 < length ? b.tokens[at + 1] : kEos;
+      b.targets.push_back(target);
+      if (target != kIgnoreTarget) ++b.target_count;
+    }
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+    b.max_seqlen = std::max(b.max_seqlen, static_cast<int32_t>(length));
+  };
+  for (int64_t length : {17, 40, 23}) add(length, false);
+  add(8, true);
+  return b;
+}
+
+BuildOptions options_for(Device device, DType dtype, int64_t tokens, int64_t recompute = 0) {
+  BuildOptions o;
+  o.device = device;
+  o.dtype = dtype;
+  o.max_tokens = tokens;
+  o.loss_chunk_rows = 16;
+  o.recompute_blocks = recompute;
+  return o;
+}
+
+// Random init, then every rank-1 parameter moved: gains to 1 + 0.3 N(0, 1), biases (the
+// norms' and attention's) to 0.2 N(0, 1), so a path that ignores one cannot pass.
+void init_weights(Model& m, uint64_t seed) {
+  m.init_weights(seed);
+  Rng rng(seed ^ 0x5eedull);
+  for (const auto& p : m.parameters()) {
+    if (p->shape().rank() != 1) continue;
+    const bool gain = p->init().kind == InitKind::ones;
+    float* v = p->value().data<float>();
+    for (int64_t i = 0; i < p->value().numel(); ++i)
+      v[i] = static_cast<float>((gain ? 1.0 : 0.0) + (gain ? 0.3 : 0.2) * rng.normal());
+  }
+}
+
+struct Results {
+  std::vector<float> logits;
+  double loss = 0;
+  std::vector<std::string> names;
+  std::vector<OwnedTensor> grads;  // host f32
+};
+
+// Logits of every row, then the loss and gradients of one forward_backward.
+Results run(Model& m, const HostBatch& batch) {
+  Results r;
+  m.load_batch(batch);
+  m.logits(0, batch.size(), r.logits);
+  m.zero_grads();
+  const ops::LossSums sums = m.forward_backward(1.0 / static_cast<double>(batch.target_count), 0.0);
+  r.loss = sums.loss / static_cast<double>(sums.count);
+  for (const auto& p : m.parameters()) {
+    r.names.push_back(p->name());
+    r.grads.push_back(to_host(p->grad()));
+  }
+  return r;
+}
+
+struct ModelTolerance {
+  double logits, loss, grads, floor_fraction;
+};
+
+class LayerNormGegluModel : public GpuTest {
+ protected:
+  // The CPU fp32 model and its results, and the GPU model of `dtype` with the same weights.
+  void compare(DType dtype, ModelTolerance tol) {
+    const ModelConfig c = layer_norm_geglu_config();
+    const HostBatch batch = three_documents();
+    Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
+    cpu.allocate();
+    init_weights(cpu, 17);
+    Model gpu(c, options_for(Device::cuda, dtype, batch.size()));
+    gpu.allocate();
+    ASSERT_EQ(cpu.parameters().size(), gpu.parameters().size());
+    for (size_t i = 0; i < cpu.parameters().size(); ++i) {
+      ASSERT_EQ(cpu.parameters()[i]->name(), gpu.parameters()[i]->name());
+      copy_tensor(cpu.parameters()[i]->value(), gpu.parameters()[i]->value());
+    }
+    ASSERT_NE(cpu.find_parameter("layers.1.mlp_norm.bias"), nullptr);
+    ASSERT_NE(cpu.find_parameter("final_norm.bias"), nullptr);
+
+    const Results want = run(cpu, batch), got = run(gpu, batch);
+    const Shape logits_shape{batch.size(), c.vocab_size};
+    OwnedTensor want_logits = to_f64(Tensor(const_cast<float*>(want.logits.data()), DType::f32, Device::cpu, logits_shape));
+    const double logits_error =
+        expect_close("logits", Tensor(const_cast<float*>(got.logits.data()), DType::f32, Device::cpu, logits_shape),
+                     *want_logits, tol.logits, 0, tol.floor_fraction);
+    EXPECT_NEAR(got.loss, want.loss, tol.loss * want.loss);
+    double grad_error = 0;
+    for (size_t i = 0; i < want.grads.size(); ++i)
+      grad_error = std::max(grad_error, expect_close(want.names[i].c_str(), *got.grads[i], *to_f64(*want.grads[i]),
+                                                     tol.grads, 0, tol.floor_fraction));
+    std::printf("layernorm + geglu model, GPU %s vs CPU f32: logits error %.2e, loss %.7f vs %.7f, worst gradient "
+                "error %.2e\n",
+                std::string(dtype_name(dtype)).c_str(), logits_error, got.loss, want.loss, grad_error);
+  }
+};
+
+TEST_F(LayerNormGegluModel, Fp32GpuMatchesTheCpu) { compare(DType::f32, {1e-4, 1e-5, 1e-3, kFloorFraction}); }
+
+TEST_F(LayerNormGegluModel, Bf16GpuMatchesTheFp32Cpu) { compare(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}); }
+
+// Recompute calls the norm's forward again (and the MLP its activation): the same bits.
+TEST_F(LayerNormGegluModel, RecomputedBlocksGiveTheSameGradientsBf16) {
+  const ModelConfig c = layer_norm_geglu_config();
+  const HostBatch batch = three_documents();
+  Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
+  cpu.allocate();
+  init_weights(cpu, 23);
+  std::vector<Results> results;
+  for (int64_t recompute : {0, 2}) {
+    Model gpu(c, options_for(Device::cuda, DType::bf16, batch.size(), recompute));
+    gpu.allocate();
+    for (size_t i = 0; i < cpu.parameters().size(); ++i)
+      copy_tensor(cpu.parameters()[i]->value(), gpu.parameters()[i]->value());
+    results.push_back(run(gpu, batch));
+  }
+  EXPECT_EQ(std::memcmp(&results[0].loss, &results[1].loss, sizeof(double)), 0)
+      << results[0].loss << " vs " << results[1].loss;
+  for (size_t i = 0; i < results[0].grads.size(); ++i)
+    EXPECT_TRUE(same_bytes(*results[0].grads[i], *results[1].grads[i])) << results[0].names[i];
+}
+
+}  // namespace
+}  // namespace kiln
