@@ -96,6 +96,9 @@ class Decoder {
   // counted). The memory-bandwidth floor of a decode step is this over the bandwidth.
   size_t weight_bytes() const { return weight_bytes_; }
   const KvCache& cache() const { return *cache_; }
+  // True when every weight a step reads is the model's own storage (no compute or stacked
+  // copy): the decoder then follows the model's weights as they change (training samples).
+  bool reads_model_weights() const { return !mixed_ && copies_.empty(); }
   // Row counts whose step has been captured as a CUDA graph so far.
   size_t graphs() const;
 
