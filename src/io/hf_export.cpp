@@ -1,6 +1,7 @@
 #include "io/hf_export.h"
 
 #include "io/byte_tokenizer_json.h"
+#include "io/durable_io.h"
 #include "io/hf_names.h"
 #include "io/model_dir.h"
 #include "io/safetensors.h"
@@ -8,7 +9,6 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <fstream>
 
 namespace kiln::io {
 
@@ -18,9 +18,7 @@ using nlohmann::json;
 namespace {
 
 void write_json(const fs::path& path, const json& j) {
-  std::ofstream out(path, std::ios::binary);
-  out << j.dump(2) << "\n";
-  KILN_CHECK(out.good(), "export", "cannot write '{}'", path.string());
+  write_file_synced(path.string(), j.dump(2) + "\n", "export");  // checked to the disk
 }
 
 DType export_dtype(const std::string& name) {

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include "core/device_memory.h"
+#include "io/durable_io.h"
 #include "io/model_dir.h"
 #include "io/model_io.h"
 #include "nn/modules.h"
@@ -13,7 +14,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 namespace kiln {
 
@@ -23,17 +23,6 @@ namespace {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Creates the run directory and proves it is writable before any work starts.
-void prepare_out_dir(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  KILN_CHECK(!ec, "train.out_dir", "cannot create '{}': {}", dir, ec.message());
-  const fs::path probe = fs::path(dir) / ".kiln-write-test";
-  std::ofstream(probe) << "ok";
-  KILN_CHECK(fs::exists(probe), "train.out_dir", "'{}' is not writable", dir);
-  fs::remove(probe, ec);
 }
 
 std::string human_count(double n) {
@@ -97,7 +86,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   check_component_names(config_);  // before any data is read: config mistakes surface first
   const int threads = set_cpu_threads(config_.train.threads);
   threads_ = threads;
-  prepare_out_dir(config_.train.out_dir);
+  io::ensure_writable_dir(config_.train.out_dir, "train.out_dir");  // before any work starts
   checkpoints_ = std::make_unique<CheckpointWriter>(config_, faults_);
   checkpoints_->prepare();  // an unusable checkpoint directory fails now, not at the first save
 
@@ -131,8 +120,11 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   if (device_ == Device::cuda && config_.train.cuda_graphs && optimizer_->updates_on_device() && !faults_.numeric())
     device_step_ = std::make_unique<DeviceStep>(*model_, *optimizer_, config_.train.grad_accum, true);
 
-  std::ofstream(fs::path(config_.train.out_dir) / "config.toml") << config_to_toml(config_);
-  metrics_ = std::make_unique<MetricsLog>((fs::path(config_.train.out_dir) / config_.log.metrics_file).string());
+  io::replace_file_atomically((fs::path(config_.train.out_dir) / "config.toml").string(), config_to_toml(config_),
+                              "train");
+  // A failed metrics write is handled as a failed save (checkpoint.on_save_error).
+  metrics_ = std::make_unique<MetricsLog>((fs::path(config_.train.out_dir) / config_.log.metrics_file).string(),
+                                          config_.checkpoint.on_save_error == "stop");
   if (resume) {
     metrics_->resume(progress_.step, resume->path);
     fmt::print("resumed from {} at step {}\n", resume->path, progress_.step);
