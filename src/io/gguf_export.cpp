@@ -6,6 +6,7 @@
 #include "io/gguf_writer.h"
 #include "io/hf_config.h"
 #include "io/model_dir.h"
+#include "io/output_path.h"
 #include "io/quant_q8_0.h"
 
 #include <nlohmann/json.hpp>
@@ -152,6 +153,7 @@ std::string gguf_tensor_name(const std::string& name) {
 GgufExportReport export_gguf(const std::string& model_path, const std::string& out_path,
                              const GgufExportOptions& options) {
   const std::string dir = resolve_model_dir(model_path);
+  check_output_apart_from_input(dir, out_path, "export");
   const Config config = load_config((fs::path(dir) / "config.toml").string());
   const ModelConfig& m = config.model;
   const HfArch arch = choose_hf_arch(m);

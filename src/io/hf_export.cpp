@@ -4,6 +4,7 @@
 #include "io/durable_io.h"
 #include "io/hf_names.h"
 #include "io/model_dir.h"
+#include "io/output_path.h"
 #include "io/safetensors.h"
 
 #include <fmt/format.h>
@@ -62,6 +63,7 @@ void remove_old_weights(const fs::path& out) {
 
 HfExportReport export_hf(const std::string& model_path, const std::string& out_dir, const HfExportOptions& options) {
   const std::string model_dir = resolve_model_dir(model_path);
+  check_output_apart_from_input(model_dir, out_dir, "export");  // what is read, not the path that named it
   const Config config = load_config((fs::path(model_dir) / "config.toml").string());
   HfExportReport report;
   report.arch = choose_hf_arch(config.model);  // refuses before anything is written
