@@ -309,8 +309,9 @@ TEST_F(Faults, SpikeGuardSkipsAGradientSpike) {
 
 TEST_F(Faults, PlanThatCannotFitStopsBeforeAllocatingWithTheBreakdown) {
   std::string output;
-  // 2^40 tokens per micro-batch: petabytes of activations on any machine.
-  EXPECT_EQ(run_with_fault(tiny_train(corpus_, run_dir("oom"), "--set train.micro_batch_tokens=1099511627776"), "",
+  // 2^31 - 1 tokens per micro-batch (the most train.micro_batch_tokens allows): terabytes
+  // of activations on any machine.
+  EXPECT_EQ(run_with_fault(tiny_train(corpus_, run_dir("oom"), "--set train.micro_batch_tokens=2147483647"), "",
                            &output),
             1);
   const std::string line = test::last_line(output);

@@ -1,10 +1,11 @@
 #include "io/model_dir.h"
 
 #include "core/error.h"
+#include "core/small_file.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
-#include <fstream>
 
 namespace kiln::io {
 
@@ -17,9 +18,15 @@ bool is_model_dir(const fs::path& p) {
 
 // root/latest names a step directory ("step-00000100"); empty if there is none.
 std::string latest_checkpoint(const fs::path& root) {
-  std::ifstream in(root / "latest");
+  if (!fs::is_regular_file(root / "latest")) return "";
   std::string name;
-  if (!(in >> name) || name.find('/') != std::string::npos || name.find("..") != std::string::npos) return "";
+  try {  // bounded: a corrupt or odd `latest` is not read without end
+    name = read_small_file((root / "latest").string(), 4096, "checkpoint 'latest' file", "load");
+  } catch (const Error&) {
+    return "";
+  }
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos) return "";
   return is_model_dir(root / name) ? (root / name).string() : "";
 }
 

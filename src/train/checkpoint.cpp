@@ -1,6 +1,8 @@
 #include "train/checkpoint.h"
 
 #include "core/checksum.h"
+#include "core/printable.h"
+#include "core/small_file.h"
 #include "io/durable_io.h"
 #include "io/model_dir.h"
 #include "io/model_io.h"
@@ -24,6 +26,8 @@ using nlohmann::json;
 namespace {
 
 constexpr std::string_view kWhere = "checkpoint";
+// `latest` holds "step-NNNNNNNN\n"; anything much longer is not one.
+constexpr size_t kMaxLatestBytes = 4096;
 constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "config.toml", "state.json"};
 // Besides: a trained tokenizer's files (io::kTokenizerFiles), when the run has one, so the
 // checkpoint, itself a model directory, stands alone; listed and checksummed like the rest
@@ -217,9 +221,10 @@ std::string resolve_checkpoint(const std::string& path) {
     const auto all = list_checkpoints(path);
     return all.empty() ? std::string() : all.back().second;
   }
-  std::string name = io::read_file_bytes(latest, kWhere);
+  std::string name = read_small_file(latest, kMaxLatestBytes, "checkpoint 'latest' file", kWhere);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-  KILN_CHECK(step_of(name) >= 0, kWhere, "{}: does not name a checkpoint ('{}')", latest, name);
+  // Escaped: a corrupt `latest` may hold any bytes, which must not reach the terminal raw.
+  KILN_CHECK(step_of(name) >= 0, kWhere, "{}: does not name a checkpoint ('{}')", latest, printable(name));
   const std::string target = join_path(path, name);
   if (fs::exists(target)) return target;
   // Only a crash while a same-step checkpoint was being replaced leaves this.
