@@ -64,6 +64,8 @@ void remove_old_weights(const fs::path& out) {
 HfExportReport export_hf(const std::string& model_path, const std::string& out_dir, const HfExportOptions& options) {
   const std::string model_dir = resolve_model_dir(model_path);
   check_output_apart_from_input(model_dir, out_dir, "export");  // what is read, not the path that named it
+  // First: a checkpoint's checksums, every tensor and shape, finite weights.
+  LoadedModel loaded = load_for_inference(model_dir, 1);
   const Config config = load_config((fs::path(model_dir) / "config.toml").string());
   HfExportReport report;
   report.arch = choose_hf_arch(config.model);  // refuses before anything is written
@@ -76,7 +78,6 @@ HfExportReport export_hf(const std::string& model_path, const std::string& out_d
                "model.vocab_size = {} is smaller than the byte-level vocabulary ({})", config.model.vocab_size,
                ByteTokenizer::kVocab);
 
-  LoadedModel loaded = load_for_inference(model_dir, 1);  // validates every tensor and shape
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   KILN_CHECK(!ec, "export", "cannot create directory '{}': {}", out_dir, ec.message());

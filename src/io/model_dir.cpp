@@ -2,6 +2,8 @@
 
 #include "core/error.h"
 #include "core/small_file.h"
+#include "io/checkpoint_manifest.h"
+#include "io/weight_check.h"
 
 #include <algorithm>
 #include <cctype>
@@ -44,12 +46,20 @@ std::string resolve_model_dir(const std::string& path) {
 
 LoadedModel load_for_inference(const std::string& path, int64_t max_tokens, Device device) {
   const std::string dir = resolve_model_dir(path);
+  // A checkpoint carries checksums of its files: believed only once they match. (state.json
+  // without a manifest is a checkpoint whose save never finished.)
+  if (fs::exists(fs::path(dir) / "manifest.json") || fs::exists(fs::path(dir) / "state.json")) {
+    static constexpr const char* kRequired[] = {"model.safetensors", "config.toml"};
+    verify_checkpoint_files(dir, kRequired);
+  }
   BuildOptions options;
   options.device = device;
   options.training = false;
   options.max_tokens = std::max<int64_t>(1, max_tokens);
   options.loss_chunk_rows = std::min<int64_t>(options.max_tokens, 256);
-  return load_model(dir, options);
+  LoadedModel loaded = load_model(dir, options);
+  check_weights_usable(*loaded.model, (fs::path(dir) / "model.safetensors").string());
+  return loaded;
 }
 
 namespace {
