@@ -70,6 +70,17 @@ inline int run_with_fault(const std::string& command, const std::string& fault, 
   return WIFSIGNALED(status) ? -WTERMSIG(status) : -1000;
 }
 
+// Runs `command` in the background (its output to `log`); returns its pid, for a signal.
+inline pid_t spawn(const std::string& command, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string line = "exec " + command + " > " + log + " 2>&1";
+    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
 // One `kind == "train"` record of metrics.jsonl, the fields a resumed run must repeat
 // exactly (timings are left out).
 struct TrainRecord {

@@ -354,6 +354,39 @@ TEST(ConfigValidate, NonNegativeCounts) {
   }
 }
 
+// Keys that size something stop far past any real run, so a typo is refused by name before
+// a plan is built or anything allocated: the bound passes, one more does not.
+TEST(ConfigValidate, UpperBoundsNameTheKey) {
+  const std::pair<const char*, int64_t> bounds[] = {
+      {"model.vocab_size", int64_t{1} << 24}, {"model.hidden", 65536},          {"model.ffn_hidden", 262144},
+      {"model.layers", 1024},                 {"model.heads", 1024},            {"model.kv_heads", 1024},
+      {"model.head_dim", 1024},               {"data.prefetch", 65536},         {"train.grad_accum", 65536},
+      {"train.eval_batches", 65536},          {"train.threads", 4096},          {"train.spike_window", 100000},
+      {"train.sample_tokens", 2147483647},    {"train.loss_chunk_tokens", 2147483647},
+  };
+  for (const auto& [name, bound] : bounds) {
+    Config c;
+    apply_override(c, fmt::format("{}={}", name, bound));
+    if (std::string(name).find("heads") != std::string::npos) c.model.heads = c.model.kv_heads = bound;
+    EXPECT_NO_THROW(validate_config(c)) << name;
+    apply_override(c, fmt::format("{}={}", name, bound + 1));
+    EXPECT_HAS(error_of([&] { validate_config(c); }), fmt::format("[config] {} must be <= {} (", name, bound));
+  }
+  // The positions bound of the micro-batch and the context, and the values that used to end
+  // in internal errors.
+  Config c;
+  apply_override(c, "train.micro_batch_tokens=2147483648");
+  EXPECT_HAS(error_of([&] { validate_config(c); }), "train.micro_batch_tokens must be <= 2147483647 (");
+  apply_override(c, "train.micro_batch_tokens=2147483647");
+  apply_override(c, "model.max_seq_len=2147483648");
+  EXPECT_HAS(error_of([&] { validate_config(c); }), "model.max_seq_len must be <= 2147483647 (");
+  apply_override(c, "model.max_seq_len=2147483647");
+  EXPECT_NO_THROW(validate_config(c));
+  EXPECT_EQ(validation_error([](Config& x) { x.train.spike_window = INT64_MAX; }),
+            "[config] train.spike_window must be <= 100000 (reserved and saved with checkpoints), got "
+            "9223372036854775807");
+}
+
 TEST(ConfigValidate, HeadsMultipleOfKvHeads) {
   EXPECT_EQ(validation_error([](Config& c) {
               c.model.heads = 6;

@@ -161,6 +161,68 @@ TEST_F(Faults, RealWriteFailureFromAFileSizeLimitKeepsLatest) {
   EXPECT_NO_THROW(read_checkpoint(test::checkpoint_path(out, 4)));
 }
 
+// A full disk for the run's small files: /dev/full fails every write with ENOSPC, so a
+// file linked to it is a file on a full disk (config.toml is written to config.toml.tmp,
+// then renamed into place).
+TEST_F(Faults, FullDiskForTheConfigOrTheMetricsStopsLoudly) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  std::string output;
+  const std::string config = run_dir("config");
+  fs::create_directories(config);
+  fs::create_symlink("/dev/full", config + "/config.toml.tmp");
+  EXPECT_EQ(run_with_fault(tiny_train(corpus_, config), "", &output), 1) << output;
+  EXPECT_EQ(test::last_line(output),
+            "kiln: error: [train] " + config + "/config.toml.tmp: write failed: No space left on device");
+  EXPECT_EQ(output.find("step "), std::string::npos) << output;
+
+  const std::string metrics = run_dir("metrics");
+  fs::create_directories(metrics);
+  fs::create_symlink("/dev/full", metrics + "/metrics.jsonl");
+  EXPECT_EQ(run_with_fault(tiny_train(corpus_, metrics), "", &output), 1) << output;
+  EXPECT_EQ(test::last_line(output), "kiln: error: [metrics] " + metrics +
+                                         "/metrics.jsonl: write failed: No space left on device "
+                                         "(checkpoint.on_save_error = stop)");
+}
+
+TEST_F(Faults, FullDiskForTheMetricsWithOnSaveErrorContinueWarnsOnceAndTrainsOn) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const std::string out = run_dir("metrics-continue");
+  fs::create_directories(out);
+  fs::create_symlink("/dev/full", out + "/metrics.jsonl");
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus_, out, "--set checkpoint.on_save_error=continue"), "", &output), 0)
+      << output;
+  const std::string warning = "kiln: warning: [metrics] " + out + "/metrics.jsonl: write failed: No space left on device";
+  EXPECT_CONTAINS(output, warning);
+  EXPECT_EQ(output.find(warning), output.rfind(warning)) << "warned more than once:\n" << output;
+  EXPECT_CONTAINS(output, "done: 12 steps");
+  EXPECT_TRUE(fs::exists(out + "/model/model.safetensors"));
+  EXPECT_EQ(test::latest_of(out), "step-00000012");
+}
+
+// The other commands' files on a full disk: an exported config.json, a trained tokenizer.
+TEST_F(Faults, FullDiskForExportedOrTrainedFilesIsAnError) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  std::string output;
+  const std::string run = run_dir("run");
+  ASSERT_EQ(run_with_fault(tiny_train(corpus_, run, "--set train.steps=1"), "", &output), 0) << output;
+  const std::string hf = run_dir("hf");
+  fs::create_directories(hf);
+  fs::create_symlink("/dev/full", hf + "/config.json");
+  EXPECT_EQ(run_with_fault(test::kiln_binary() + " export hf " + run + "/model " + hf, "", &output), 1) << output;
+  EXPECT_EQ(test::last_line(output), "kiln: error: [export] " + hf + "/config.json: write failed: No space left on device");
+
+  const std::string tok = run_dir("tok");
+  fs::create_directories(tok);
+  fs::create_symlink("/dev/full", tok + "/tokenizer.json");
+  EXPECT_EQ(run_with_fault(test::kiln_binary() + " train-tokenizer " + corpus_ + " --vocab-size 262 --out " + tok, "",
+                           &output),
+            1)
+      << output;
+  EXPECT_EQ(test::last_line(output),
+            "kiln: error: [train-tokenizer] " + tok + "/tokenizer.json: cannot write: No space left on device");
+}
+
 // ---- unusable directories ---------------------------------------------------------
 
 TEST_F(Faults, UnusableOutputOrCheckpointDirectoryFailsBeforeTraining) {
@@ -247,8 +309,9 @@ TEST_F(Faults, SpikeGuardSkipsAGradientSpike) {
 
 TEST_F(Faults, PlanThatCannotFitStopsBeforeAllocatingWithTheBreakdown) {
   std::string output;
-  // 2^40 tokens per micro-batch: petabytes of activations on any machine.
-  EXPECT_EQ(run_with_fault(tiny_train(corpus_, run_dir("oom"), "--set train.micro_batch_tokens=1099511627776"), "",
+  // 2^31 - 1 tokens per micro-batch (the most train.micro_batch_tokens allows): terabytes
+  // of activations on any machine.
+  EXPECT_EQ(run_with_fault(tiny_train(corpus_, run_dir("oom"), "--set train.micro_batch_tokens=2147483647"), "",
                            &output),
             1);
   const std::string line = test::last_line(output);

@@ -88,17 +88,6 @@ TEST_F(Resume, KillRightAfterAnEpochBoundaryResumesBitwise) {
   expect_same_run(straight, killed, 4);  // 12 steps logged every 3
 }
 
-// Runs `command` in the background (its output to `log`); returns its pid.
-pid_t spawn(const std::string& command, const std::string& log) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const std::string line = "exec " + command + " > " + log + " 2>&1";
-    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
-}
-
 // Complete train lines in a metrics file another process is appending to (a line being
 // written is not counted, and nothing is parsed).
 size_t logged_steps(const std::string& out_dir) {
@@ -118,7 +107,8 @@ TEST_F(Resume, SigtermAtARandomStepSavesExitsZeroAndResumesBitwise) {
   const int target = std::uniform_int_distribution<int>(2, 9)(*std::make_unique<std::random_device>());
   SCOPED_TRACE(fmt::format("SIGTERM once step {} is logged", target));
   // 40 ms per step keeps the run alive long enough to be signalled mid-way.
-  const pid_t pid = spawn("env KILN_FAULT_INJECT=step_delay_ms:40 " + tiny_train(corpus, stopped), dir_ + "/log.txt");
+  const pid_t pid =
+      test::spawn("env KILN_FAULT_INJECT=step_delay_ms:40 " + tiny_train(corpus, stopped), dir_ + "/log.txt");
   ASSERT_GT(pid, 0);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (logged_steps(stopped) < static_cast<size_t>(target) && std::chrono::steady_clock::now() < deadline)

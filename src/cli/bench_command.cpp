@@ -15,8 +15,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 
@@ -175,6 +177,8 @@ void add_bench_command(CLI::App& app) {
                              }()}}
                  .dump()
           << '\n';
+      out.close();
+      KILN_CHECK(!out.fail(), "bench", "{}: cannot write: {}", o->json, std::strerror(errno));
     }
   });
 }

@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -291,6 +292,8 @@ void add_bench_decode_command(CLI::App& app) {
                                                                   t.generated[0].begin() + shown)}}
                  .dump()
           << '\n';
+      out.close();
+      KILN_CHECK(!out.fail(), "bench-decode", "{}: cannot write: {}", o->json, std::strerror(errno));
     };
     // Times every batch size on `dec`; `variant` names its step (fused kernels or ops).
     auto bench = [&](Decoder& dec, const char* variant, bool chains) {

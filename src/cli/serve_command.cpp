@@ -3,6 +3,7 @@
 // is the bf16, graph-captured one that `kiln sample` uses.
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/durable_io.h"
 #include "io/model_dir.h"
 #include "ops/parallel.h"
 #include "serve/server.h"
@@ -12,7 +13,6 @@
 
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <pthread.h>
 #include <thread>
 
@@ -93,7 +93,8 @@ void add_serve_command(CLI::App& app) {
 
     serve::CompletionServer server(generator, *tokenizer, o->serve);
     const int port = server.bind();
-    if (!o->port_file.empty()) std::ofstream(o->port_file) << port << "\n";
+    // Checked: whoever waits on the port file (a test, a script) would otherwise wait forever.
+    if (!o->port_file.empty()) io::replace_file_atomically(o->port_file, fmt::format("{}\n", port), "serve");
     fmt::print("kiln serve: {} ({} layers, context {}) on http://{}:{} ({} slots, {:.1f} MB KV cache, {}{})\n", dir,
                loaded.config.model.layers, decoder.max_len(), o->serve.host, port, decoder.slots(),
                static_cast<double>(decoder.state_bytes()) / 1e6, device_name(loaded.model->options().device),

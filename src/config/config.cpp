@@ -3,6 +3,7 @@
 #include "config/config.h"
 
 #include "core/error.h"
+#include "core/small_file.h"
 #include "config/config_fields.h"
 #include "config/layer_pattern.h"
 
@@ -16,15 +17,15 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <type_traits>
 
 namespace kiln {
 namespace {
 
 constexpr std::string_view kWhere = "config";
+// A config is a few KiB; far beyond this is a wrong path, not a config.
+constexpr size_t kMaxConfigBytes = size_t{4} << 20;
 // TOML integers are signed 64-bit, so uint64_t fields stop at INT64_MAX to round-trip.
 constexpr uint64_t kMaxTomlInteger = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
@@ -266,6 +267,9 @@ void check_rule(const ConfigField& field, const ConfigRule& rule, const T& value
       case ConfigRule::kNone: break;
       default: fail(kWhere, "{}: rule does not apply to a number", field.name());
     }
+    if constexpr (std::is_same_v<T, int64_t>)
+      KILN_CHECK(rule.max <= 0 || value <= rule.max, kWhere, "{} must be <= {} ({}), got {}", field.name(), rule.max,
+                 rule.max_why, value);
   } else if constexpr (std::is_same_v<T, std::string>) {
     switch (rule.kind) {
       case ConfigRule::kNonEmpty:
@@ -298,13 +302,12 @@ void check_rule(const ConfigField& field, const ConfigRule& rule, const T& value
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   Config config;
   if (!path.empty()) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(kWhere, "{}: cannot open file", path);
-    std::ostringstream text;
-    text << in.rdbuf();
+    // Bounded, and a directory refused: a wrong path must not train on defaults or be
+    // read without end (/dev/zero).
+    const std::string text = read_small_file(path, kMaxConfigBytes, "config file", kWhere);
     toml::table root;
     try {
-      root = toml::parse(text.str(), path);
+      root = toml::parse(text, path);
     } catch (const toml::parse_error& e) {
       fail(kWhere, "{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column, e.description());
     }

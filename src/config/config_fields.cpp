@@ -13,20 +13,38 @@ constexpr ConfigRule unit_closed() { return {ConfigRule::kUnitClosed}; }
 constexpr ConfigRule non_empty() { return {ConfigRule::kNonEmpty}; }
 constexpr ConfigRule one_of(std::string_view choices) { return {ConfigRule::kOneOf, choices}; }
 
+// Upper bounds: far past any real run, low enough that a typo (2^62, 1e9) is refused by
+// name before a plan, a reservation or a 32-bit index goes wrong.
+constexpr int64_t kMaxPositions = 2147483647;  // INT32_MAX: positions, cu_seqlens, rows
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxWidth = int64_t{1} << 16;
+constexpr int64_t kMaxFfn = int64_t{1} << 18;
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxHeldBatches = 65536;
+constexpr int64_t kMaxThreads = 4096;
+constexpr int64_t kMaxSpikeWindow = 100000;
+
 // One line per key: section, member of Config, rule, help.
 #define KILN_FIELD(section, key, rule, help) \
   ConfigField { #section, #key, rule, help, [](Config& c) -> ConfigValueRef { return &c.section.key; } }
 
 const std::array kFields = {
     KILN_FIELD(model, name, none(), "label recorded with the run"),
-    KILN_FIELD(model, vocab_size, positive(), "byte-level: 256 bytes + BOS, EOS, PAD"),
-    KILN_FIELD(model, hidden, positive(), "residual stream width"),
-    KILN_FIELD(model, layers, positive(), "transformer blocks"),
-    KILN_FIELD(model, heads, positive(), "query heads"),
-    KILN_FIELD(model, kv_heads, positive(), "key/value heads; heads % kv_heads == 0"),
-    KILN_FIELD(model, head_dim, positive(), "per-head width, independent of hidden / heads"),
-    KILN_FIELD(model, ffn_hidden, positive(), "MLP intermediate size"),
-    KILN_FIELD(model, max_seq_len, positive(), "longest sequence attention sees"),
+    KILN_FIELD(model, vocab_size, positive().up_to(kMaxVocab, "64x the largest vocabularies in use"),
+               "byte-level: 256 bytes + BOS, EOS, PAD"),
+    KILN_FIELD(model, hidden, positive().up_to(kMaxWidth, "4x the widest models in use"), "residual stream width"),
+    KILN_FIELD(model, layers, positive().up_to(kMaxLayers, "8x the deepest models in use; each layer is planned"),
+               "transformer blocks"),
+    KILN_FIELD(model, heads, positive().up_to(kMaxHeads, "8x the most heads in use"), "query heads"),
+    KILN_FIELD(model, kv_heads, positive().up_to(kMaxHeads, "8x the most heads in use"),
+               "key/value heads; heads % kv_heads == 0"),
+    KILN_FIELD(model, head_dim, positive().up_to(kMaxHeadDim, "4x the widest heads in use"),
+               "per-head width, independent of hidden / heads"),
+    KILN_FIELD(model, ffn_hidden, positive().up_to(kMaxFfn, "4x the widest MLPs in use"), "MLP intermediate size"),
+    KILN_FIELD(model, max_seq_len, positive().up_to(kMaxPositions, "positions are 32-bit"),
+               "longest sequence attention sees"),
     KILN_FIELD(model, norm, none(), "registry: norms"),
     KILN_FIELD(model, norm_eps, positive(), "epsilon inside the norm"),
     KILN_FIELD(model, mlp, none(), "registry: mlps"),
@@ -71,32 +89,40 @@ const std::array kFields = {
     KILN_FIELD(data, val_path, none(), "validation data; \"\" = split data.path by hash"),
     KILN_FIELD(data, lenient, none(), "skip and count bad input instead of stopping"),
     KILN_FIELD(data, eot_id, none(), "llm.c/raw token files: document delimiter id; -1 = tokenizer BOS"),
-    KILN_FIELD(data, prefetch, non_negative(), "micro-batches packed ahead by a background thread; 0 = off"),
+    KILN_FIELD(data, prefetch, non_negative().up_to(kMaxHeldBatches, "each is a micro-batch held in memory"),
+               "micro-batches packed ahead by a background thread; 0 = off"),
     KILN_FIELD(data, rank, non_negative(), "data-parallel rank, used when world_size > 0"),
     KILN_FIELD(data, world_size, non_negative(), "data-parallel ranks; 0 = env RANK/WORLD_SIZE, else 1"),
 
     KILN_FIELD(train, steps, positive(), "optimizer steps"),
-    KILN_FIELD(train, micro_batch_tokens, positive(), "token budget per micro-batch"),
-    KILN_FIELD(train, grad_accum, positive(), "micro-batches per optimizer step"),
+    KILN_FIELD(train, micro_batch_tokens, positive().up_to(kMaxPositions, "positions and offsets are 32-bit"),
+               "token budget per micro-batch"),
+    KILN_FIELD(train, grad_accum, positive().up_to(kMaxHeldBatches, "each is a micro-batch held in memory"),
+               "micro-batches per optimizer step"),
     KILN_FIELD(train, seed, none(), "weight init and sampling"),
     KILN_FIELD(train, device, one_of("auto|cpu|cuda"), "auto | cpu | cuda"),
     KILN_FIELD(train, precision, one_of("auto|fp32|bf16"), "auto (bf16 on the GPU, fp32 on the CPU) | fp32 | bf16"),
     KILN_FIELD(train, recompute_blocks, non_negative(), "blocks (the first N) whose activations are recomputed in backward"),
     KILN_FIELD(train, deterministic, none(), "bitwise-reproducible kernels; false allows cuDNN's faster atomic attention backward"),
     KILN_FIELD(train, cuda_graphs, none(), "GPU: the step as CUDA graphs with its scalars on the device; false: op by op"),
-    KILN_FIELD(train, threads, non_negative(), "CPU threads; 0 = all cores"),
+    KILN_FIELD(train, threads, non_negative().up_to(kMaxThreads, "OpenMP starts each one"),
+               "CPU threads; 0 = all cores"),
     KILN_FIELD(train, out_dir, none(), "run directory"),
     KILN_FIELD(train, z_loss, non_negative(), "coefficient of mean(logsumexp^2)"),
-    KILN_FIELD(train, loss_chunk_tokens, positive(), "LM head rows per chunk"),
+    KILN_FIELD(train, loss_chunk_tokens, positive().up_to(kMaxPositions, "rows are 32-bit"),
+               "LM head rows per chunk"),
     KILN_FIELD(train, eval_every, non_negative(), "steps between validation; 0 = only at the end"),
-    KILN_FIELD(train, eval_batches, non_negative(), "held-out micro-batches per validation"),
+    KILN_FIELD(train, eval_batches, non_negative().up_to(kMaxHeldBatches, "each is a micro-batch held in memory"),
+               "held-out micro-batches per validation"),
     KILN_FIELD(train, sample_every, non_negative(), "steps between samples; 0 = only at the end"),
-    KILN_FIELD(train, sample_tokens, non_negative(), "tokens generated per sample"),
+    KILN_FIELD(train, sample_tokens, non_negative().up_to(kMaxPositions, "positions are 32-bit"),
+               "tokens generated per sample; with the prompt, at most model.max_seq_len"),
     KILN_FIELD(train, sample_temperature, non_negative(), "sampling temperature"),
     KILN_FIELD(train, sample_top_k, non_negative(), "top-k sampling; 0 = off"),
     KILN_FIELD(train, sample_prompt, none(), "prompt for samples"),
     KILN_FIELD(train, max_consecutive_skips, non_negative(), "stop after this many skipped updates in a row; 0 = never"),
-    KILN_FIELD(train, spike_window, non_negative(), "spike guard window in applied steps; 0 = off"),
+    KILN_FIELD(train, spike_window, non_negative().up_to(kMaxSpikeWindow, "reserved and saved with checkpoints"),
+               "spike guard window in applied steps; 0 = off"),
     KILN_FIELD(train, spike_loss_ratio, positive(), "spike guard: skip when loss > ratio x window mean"),
     KILN_FIELD(train, spike_grad_ratio, positive(), "spike guard: skip when grad norm > ratio x window mean"),
 
@@ -121,7 +147,7 @@ const std::array kFields = {
     KILN_FIELD(checkpoint, dir, none(), "checkpoint directory; \"\" = <train.out_dir>/checkpoints"),
     KILN_FIELD(checkpoint, keep_last, non_negative(), "newest checkpoints kept; 0 = keep all"),
     KILN_FIELD(checkpoint, keep_every, non_negative(), "also keep steps that are multiples of this; 0 = none"),
-    KILN_FIELD(checkpoint, on_save_error, one_of("stop|continue"), "a failed periodic save: stop | continue"),
+    KILN_FIELD(checkpoint, on_save_error, one_of("stop|continue"), "a failed save or metrics write: stop | continue"),
 };
 
 #undef KILN_FIELD

@@ -35,6 +35,18 @@ struct ConfigRule {
   };
   Kind kind = kNone;
   std::string_view choices = {};
+  // int64_t fields: when > 0, the value must also be <= max, because of `max_why` (what
+  // the limit protects: 32-bit positions, a plan that must stay quick, memory reserved
+  // per unit). Checked with the rest by validate_config, before anything is allocated.
+  int64_t max = 0;
+  std::string_view max_why = {};
+
+  constexpr ConfigRule up_to(int64_t limit, std::string_view why) const {
+    ConfigRule r = *this;
+    r.max = limit;
+    r.max_why = why;
+    return r;
+  }
 };
 
 struct ConfigField {

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -18,7 +19,10 @@ struct Generator::Sequence {
   bool finished = false;
 };
 
-Generator::Generator(Decoder& decoder, const Tokenizer& tokenizer) : decoder_(decoder), tokenizer_(tokenizer) {
+Generator::Generator(Decoder& decoder, const Tokenizer& tokenizer)
+    : decoder_(decoder),
+      tokenizer_(tokenizer),
+      choosable_(std::min<int64_t>(decoder.vocab_size(), tokenizer.vocab_size())) {
   for (int32_t s = static_cast<int32_t>(decoder.slots()); s-- > 0;) free_slots_.push_back(s);
 }
 
@@ -32,8 +36,7 @@ void Generator::validate(const GenerationRequest& request) const {
              "the prompt ({} tokens) plus max_tokens ({}) exceeds the context of {} tokens", n, request.max_tokens,
              decoder_.max_len());
   for (const int32_t id : request.prompt)
-    KILN_CHECK(id >= 0 && id < decoder_.vocab_size(), "generate", "token id {} is outside the vocabulary [0, {})", id,
-               decoder_.vocab_size());
+    KILN_CHECK(id >= 0 && id < choosable_, "generate", "token id {} is outside the vocabulary [0, {})", id, choosable_);
   KILN_CHECK(request.top_logprobs >= 0, "generate", "top_logprobs must be >= 0");
   request.sampling.validate();
 }
@@ -62,7 +65,7 @@ void Generator::finish(Sequence& s, const char* reason) {
 // Samples the token after s.context from `logits` (the row predicting it) and applies the
 // stop rules.
 void Generator::sample_next(Sequence& s, const float* logits) {
-  const auto vocab = static_cast<size_t>(decoder_.vocab_size());
+  const auto vocab = static_cast<size_t>(choosable_);  // a padded vocabulary's tail is never drawn
   if (s.request.logprobs) log_softmax({logits, vocab}, logprobs_);
   row_.assign(logits, logits + vocab);
   const int32_t token = sampler_.sample(row_, s.context, s.request.sampling, s.rng);
@@ -74,11 +77,12 @@ void Generator::sample_next(Sequence& s, const float* logits) {
 
 // The row at `position` of s needs only its argmax: it predicts a generated token, greedily
 // (temperature 0), with no penalty to apply and no logprobs to report. Its logits then stay
-// on the device (Decoder::greedy: one id per row comes back).
-bool Generator::argmax_only(const Sequence& s, int64_t position) {
+// on the device (Decoder::greedy: one id per row comes back), unless the vocabulary is
+// padded: the device's argmax would see the padded ids too.
+bool Generator::argmax_only(const Sequence& s, int64_t position) const {
   const GenerationRequest& r = s.request;
-  return position + 1 >= static_cast<int64_t>(r.prompt.size()) && r.sampling.temperature == 0.0 &&
-         r.sampling.repetition_penalty == 1.0 && !r.logprobs;
+  return choosable_ == decoder_.vocab_size() && position + 1 >= static_cast<int64_t>(r.prompt.size()) &&
+         r.sampling.temperature == 0.0 && r.sampling.repetition_penalty == 1.0 && !r.logprobs;
 }
 
 // Takes `token` as the next of s (an EOS ends it instead when asked) and applies the stop
@@ -167,7 +171,7 @@ bool Generator::step() {
       if (!has_logits) continue;
       const auto prompt = static_cast<int64_t>(s.request.prompt.size());
       if (s.request.prompt_logprobs && p + 1 < prompt) {
-        log_softmax({row, vocab}, logprobs_);
+        log_softmax({row, static_cast<size_t>(choosable_)}, logprobs_);  // over the ids the tokenizer has
         const int32_t next = s.request.prompt[static_cast<size_t>(p + 1)];
         s.result.prompt_logprobs[static_cast<size_t>(p + 1)] = {next, logprobs_[static_cast<size_t>(next)],
                                                                 top_logprobs(logprobs_, s.request.top_logprobs)};

@@ -5,7 +5,12 @@
 // token) and fills the rest of the row budget with prefill chunks of prompts (a long prompt
 // takes several steps). Finished sequences free their slot at once and report through their
 // callback, so new requests join between steps. `kiln sample` runs a batch of prompts with
-// it; `kiln serve` drives step() from its worker thread.
+// it; `kiln serve` drives step() from its worker thread, and the trainer's samples run
+// through it too.
+//
+// Tokens are chosen here and only here, among the ids the tokenizer can decode: a model
+// whose vocabulary is padded past the tokenizer's (model.vocab_size 4096 over a 300-token
+// BPE, for faster GEMMs) never yields a padded id. Logprobs are over the same ids.
 #pragma once
 
 #include "data/tokenizer.h"
@@ -55,8 +60,9 @@ class Generator {
   ~Generator();
 
   // Throws kiln::Error ("[generate] ...") for an empty prompt, a prompt plus max_tokens
-  // longer than the cache (decoder.max_len()), ids outside the vocabulary or bad sampling
-  // parameters. Reads only the decoder's shape: safe to call from any thread.
+  // longer than the cache (decoder.max_len()), ids outside the vocabulary (the tokenizer's,
+  // when the model's is padded past it) or bad sampling parameters. Reads only the
+  // decoder's shape: safe to call from any thread.
   void validate(const GenerationRequest& request) const;
   // validate(), then queues the request. `done` is called from step() or abort().
   void submit(GenerationRequest request, Done done);
@@ -83,11 +89,14 @@ class Generator {
   struct Sequence;
   void sample_next(Sequence& s, const float* logits);
   void append(Sequence& s, int32_t token);
-  static bool argmax_only(const Sequence& s, int64_t position);
+  bool argmax_only(const Sequence& s, int64_t position) const;
   void finish(Sequence& s, const char* reason);
 
   Decoder& decoder_;
   const Tokenizer& tokenizer_;
+  // Ids [0, choosable_) are the ones the tokenizer can decode; the decoder's rows past them
+  // (a padded vocabulary) are never sampled.
+  int64_t choosable_ = 0;
   std::deque<std::unique_ptr<Sequence>> queue_;
   std::vector<std::unique_ptr<Sequence>> active_;
   std::vector<int32_t> free_slots_;

@@ -7,6 +7,7 @@
 #include "io/gguf_writer.h"
 #include "io/hf_config.h"
 #include "io/model_dir.h"
+#include "io/output_path.h"
 #include "io/quant_q8_0.h"
 
 #include <nlohmann/json.hpp>
@@ -113,13 +114,14 @@ GgufVocab vocab_from_tokenizer_json(const json& j, const fs::path& path, int64_t
 GgufExportReport export_gguf(const std::string& model_path, const std::string& out_path,
                              const GgufExportOptions& options) {
   const std::string dir = resolve_model_dir(model_path);
+  check_output_apart_from_input(dir, out_path, "export");
+  LoadedModel loaded = load_for_inference(dir, 1);  // a checkpoint's checksums, shapes, finite weights
   const Config config = load_config((fs::path(dir) / "config.toml").string());
   const ModelConfig& m = config.model;
   const HfArch arch = choose_hf_arch(m);
   const std::string& type = options.type;
   KILN_CHECK(type == "f32" || type == "bf16" || type == "q8_0", "export", "--type '{}': expected f32, bf16 or q8_0",
              type);
-  LoadedModel loaded = load_for_inference(dir, 1);
 
   GgufExportReport report;
   report.arch = std::string(hf_model_type(arch));

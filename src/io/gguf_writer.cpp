@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "io/quant_q8_0.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -179,9 +180,20 @@ void GgufWriter::write(const std::string& path) const {
       out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size()));
       out.write(zeros.data(), static_cast<std::streamsize>(align_up(t.data.size(), kAlignment) - t.data.size()));
     }
-    KILN_CHECK(out.good(), "gguf", "error writing '{}'", tmp);
+    out.close();  // flushes: a full disk shows here, not in a destructor that cannot report it
+    if (out.fail()) {
+      const int err = errno;
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);
+      fail("gguf", "{}: write failed: {}", tmp, std::strerror(err));
+    }
   }
-  std::filesystem::rename(tmp, path);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    fail("gguf", "{}: cannot rename {} into place: {}", path, tmp, ec.message());
+  }
 }
 
 GgufFile GgufFile::open(const std::string& path) {

@@ -1,14 +1,15 @@
 #include "io/hf_export.h"
 
 #include "io/byte_tokenizer_json.h"
+#include "io/durable_io.h"
 #include "io/export_names.h"
 #include "io/model_dir.h"
+#include "io/output_path.h"
 #include "io/safetensors.h"
 
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <fstream>
 
 namespace kiln::io {
 
@@ -18,9 +19,7 @@ using nlohmann::json;
 namespace {
 
 void write_json(const fs::path& path, const json& j) {
-  std::ofstream out(path, std::ios::binary);
-  out << j.dump(2) << "\n";
-  KILN_CHECK(out.good(), "export", "cannot write '{}'", path.string());
+  write_file_synced(path.string(), j.dump(2) + "\n", "export");  // checked to the disk
 }
 
 DType export_dtype(const std::string& name) {
@@ -64,6 +63,9 @@ void remove_old_weights(const fs::path& out) {
 
 HfExportReport export_hf(const std::string& model_path, const std::string& out_dir, const HfExportOptions& options) {
   const std::string model_dir = resolve_model_dir(model_path);
+  check_output_apart_from_input(model_dir, out_dir, "export");  // what is read, not the path that named it
+  // First: a checkpoint's checksums, every tensor and shape, finite weights.
+  LoadedModel loaded = load_for_inference(model_dir, 1);
   const Config config = load_config((fs::path(model_dir) / "config.toml").string());
   HfExportReport report;
   report.arch = choose_hf_arch(config.model);
@@ -76,7 +78,6 @@ HfExportReport export_hf(const std::string& model_path, const std::string& out_d
                "model.vocab_size = {} is smaller than the byte-level vocabulary ({})", config.model.vocab_size,
                ByteTokenizer::kVocab);
 
-  LoadedModel loaded = load_for_inference(model_dir, 1);  // validates every tensor and shape
   HfSpecialTokens special;
   if (byte_level) special = {ByteTokenizer::kBos, ByteTokenizer::kEos, ByteTokenizer::kPad};
   else {

@@ -5,6 +5,7 @@
 #include "io/export_names.h"
 #include "io/model_dir.h"
 #include "io/model_io.h"
+#include "io/output_path.h"
 #include "io/safetensors.h"
 
 #include <filesystem>
@@ -61,6 +62,7 @@ WeightFiles open_weights(const fs::path& dir) {
 }  // namespace
 
 HfImportReport import_hf(const std::string& hf_dir, const std::string& out_dir) {
+  check_output_apart_from_input(hf_dir, out_dir, "import");  // before anything is read
   const fs::path dir(hf_dir);
   const fs::path config_path = dir / "config.json";
   KILN_CHECK(fs::exists(config_path), "import", "'{}' has no config.json", hf_dir);

@@ -1,10 +1,13 @@
 #include "io/model_dir.h"
 
 #include "core/error.h"
+#include "core/small_file.h"
+#include "io/checkpoint_manifest.h"
+#include "io/weight_check.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
-#include <fstream>
 
 namespace kiln::io {
 
@@ -17,9 +20,15 @@ bool is_model_dir(const fs::path& p) {
 
 // root/latest names a step directory ("step-00000100"); empty if there is none.
 std::string latest_checkpoint(const fs::path& root) {
-  std::ifstream in(root / "latest");
+  if (!fs::is_regular_file(root / "latest")) return "";
   std::string name;
-  if (!(in >> name) || name.find('/') != std::string::npos || name.find("..") != std::string::npos) return "";
+  try {  // bounded: a corrupt or odd `latest` is not read without end
+    name = read_small_file((root / "latest").string(), 4096, "checkpoint 'latest' file", "load");
+  } catch (const Error&) {
+    return "";
+  }
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos) return "";
   return is_model_dir(root / name) ? (root / name).string() : "";
 }
 
@@ -37,12 +46,20 @@ std::string resolve_model_dir(const std::string& path) {
 
 LoadedModel load_for_inference(const std::string& path, int64_t max_tokens, Device device) {
   const std::string dir = resolve_model_dir(path);
+  // A checkpoint carries checksums of its files: believed only once they match. (state.json
+  // without a manifest is a checkpoint whose save never finished.)
+  if (fs::exists(fs::path(dir) / "manifest.json") || fs::exists(fs::path(dir) / "state.json")) {
+    static constexpr const char* kRequired[] = {"model.safetensors", "config.toml"};
+    verify_checkpoint_files(dir, kRequired);
+  }
   BuildOptions options;
   options.device = device;
   options.training = false;
   options.max_tokens = std::max<int64_t>(1, max_tokens);
   options.loss_chunk_rows = std::min<int64_t>(options.max_tokens, 256);
-  return load_model(dir, options);
+  LoadedModel loaded = load_model(dir, options);
+  check_weights_usable(*loaded.model, (fs::path(dir) / "model.safetensors").string());
+  return loaded;
 }
 
 LoadedModel load_for_decoding(const std::string& path, Device device) {

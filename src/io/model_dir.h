@@ -19,7 +19,9 @@ namespace kiln::io {
 std::string resolve_model_dir(const std::string& path);
 
 // Loads the model for inference (no gradients) with buffers for `max_tokens` rows, on
-// `device` (its fp32 weights; a GPU Decoder makes its own bf16 copies).
+// `device` (its fp32 weights; a GPU Decoder makes its own bf16 copies). A checkpoint's
+// manifest checksums are verified first; non-finite or all-zero weights are refused
+// (io/weight_check.h).
 LoadedModel load_for_inference(const std::string& path, int64_t max_tokens, Device device = Device::cpu);
 // The same for a KV-cache decoder (infer/decoder.h), which computes in the model's dtype:
 // bf16 mixed precision on the GPU (fp32 masters, bf16 copies), f32 on the CPU.

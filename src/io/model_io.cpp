@@ -1,9 +1,9 @@
 #include "io/model_io.h"
 
+#include "io/durable_io.h"
 #include "io/safetensors.h"
 
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 namespace kiln::io {
@@ -35,10 +35,7 @@ void save_model(const Model& model, const Config& config, const std::string& dir
   SafetensorsWriter writer;
   add_model_weights(writer, model);
   writer.write((fs::path(dir) / "model.safetensors").string());
-  const std::string config_path = (fs::path(dir) / "config.toml").string();
-  std::ofstream out(config_path);
-  out << config_to_toml(config);
-  KILN_CHECK(out.good(), "save", "cannot write '{}'", config_path);
+  replace_file_atomically((fs::path(dir) / "config.toml").string(), config_to_toml(config), "save");
 }
 
 void load_weights(Model& model, const std::string& path) { load_weights(model, SafetensorsFile::open(path)); }

@@ -1,6 +1,9 @@
 #include "train/checkpoint.h"
 
 #include "core/checksum.h"
+#include "core/printable.h"
+#include "core/small_file.h"
+#include "io/checkpoint_manifest.h"
 #include "io/durable_io.h"
 #include "io/model_dir.h"
 #include "io/model_io.h"
@@ -24,6 +27,8 @@ using nlohmann::json;
 namespace {
 
 constexpr std::string_view kWhere = "checkpoint";
+// `latest` holds "step-NNNNNNNN\n"; anything much longer is not one.
+constexpr size_t kMaxLatestBytes = 4096;
 constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "config.toml", "state.json"};
 // Besides: a trained tokenizer's files (io::kTokenizerFiles), when the run has one, so the
 // checkpoint, itself a model directory, stands alone; listed and checksummed like the rest
@@ -37,13 +42,6 @@ int64_t step_of(const std::string& name) {
   int64_t step = -1;
   const auto [ptr, ec] = std::from_chars(name.data() + 5, name.data() + name.size(), step);
   return ec == std::errc() && ptr == name.data() + name.size() ? step : -1;
-}
-
-// The manifest's own checksum covers its canonical dump without the checksum key, so a
-// flipped byte anywhere in it (a size, a hash) is caught before it is believed.
-uint64_t manifest_hash(json manifest) {
-  manifest.erase("manifest_xxh64");
-  return xxh64_string(manifest.dump());
 }
 
 }  // namespace
@@ -119,7 +117,7 @@ void CheckpointWriter::write_files(const std::string& tmp, const Model& model, c
   faults_.kill_point("state", saves_);
 
   json manifest = {{"format", "kiln-checkpoint"},
-                   {"format_version", kCheckpointFormatVersion},
+                   {"format_version", io::kCheckpointFormatVersion},
                    {"kiln_version", KILN_VERSION},
                    {"step", state.progress.step},
                    {"checksum", "xxh64"},
@@ -131,7 +129,7 @@ void CheckpointWriter::write_files(const std::string& tmp, const Model& model, c
   for (const char* name : kFiles) list(name);
   for (const char* name : io::kTokenizerFiles)
     if (fs::exists(join_path(tmp, name))) list(name);
-  manifest["manifest_xxh64"] = hex64(manifest_hash(manifest));
+  manifest["manifest_xxh64"] = hex64(io::checkpoint_manifest_hash(manifest));
   io::write_file_synced(join_path(tmp, "manifest.json"), manifest.dump(1) + "\n", kWhere);
   io::fsync_path(tmp, kWhere);
   faults_.kill_point("manifest", saves_);
@@ -217,9 +215,10 @@ std::string resolve_checkpoint(const std::string& path) {
     const auto all = list_checkpoints(path);
     return all.empty() ? std::string() : all.back().second;
   }
-  std::string name = io::read_file_bytes(latest, kWhere);
+  std::string name = read_small_file(latest, kMaxLatestBytes, "checkpoint 'latest' file", kWhere);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-  KILN_CHECK(step_of(name) >= 0, kWhere, "{}: does not name a checkpoint ('{}')", latest, name);
+  // Escaped: a corrupt `latest` may hold any bytes, which must not reach the terminal raw.
+  KILN_CHECK(step_of(name) >= 0, kWhere, "{}: does not name a checkpoint ('{}')", latest, printable(name));
   const std::string target = join_path(path, name);
   if (fs::exists(target)) return target;
   // Only a crash while a same-step checkpoint was being replaced leaves this.
@@ -231,46 +230,7 @@ std::string resolve_checkpoint(const std::string& path) {
 }
 
 CheckpointInfo read_checkpoint(const std::string& path) {
-  const std::string manifest_path = join_path(path, "manifest.json");
-  KILN_CHECK(fs::exists(manifest_path), kWhere, "{}: incomplete checkpoint (no manifest.json)", path);
-  struct Entry {
-    std::string file;
-    uint64_t bytes;
-    std::string hash;
-  };
-  std::vector<Entry> entries;
-  int64_t version = -1, step = -1;
-  try {
-    const json manifest = json::parse(io::read_file_bytes(manifest_path, kWhere));
-    KILN_CHECK(manifest.is_object() && manifest.value("format", "") == "kiln-checkpoint", kWhere,
-               "{}: not a kiln checkpoint manifest", manifest_path);
-    const uint64_t saved = parse_hex64(manifest.at("manifest_xxh64").get<std::string>(), "checkpoint");
-    KILN_CHECK(saved == manifest_hash(manifest), kWhere, "{}: checksum mismatch: the manifest is corrupt",
-               manifest_path);
-    version = manifest.at("format_version").get<int64_t>();
-    step = manifest.at("step").get<int64_t>();
-    for (const char* name : kFiles)
-      KILN_CHECK(manifest.at("files").contains(name), kWhere, "{}: does not list {}", manifest_path, name);
-    for (const auto& [name, e] : manifest.at("files").items()) {  // kFiles and any others listed
-      KILN_CHECK(fs::path(name).filename() == name && name != ".." && name != ".", kWhere,
-                 "{}: lists '{}', which is not a file of the checkpoint's folder", manifest_path, name);
-      entries.push_back({join_path(path, name), e.at("bytes").get<uint64_t>(), e.at("xxh64").get<std::string>()});
-    }
-  } catch (const json::exception& e) {
-    fail(kWhere, "{}: corrupt manifest: {}", manifest_path, e.what());
-  }
-  KILN_CHECK(version == kCheckpointFormatVersion, kWhere,
-             "{}: checkpoint format version {} (this kiln reads version {})", manifest_path, version,
-             kCheckpointFormatVersion);
-  for (const Entry& e : entries) {
-    KILN_CHECK(fs::exists(e.file), kWhere, "{}: missing", e.file);
-    const FileDigest d = xxh64_file(e.file);
-    if (d.bytes != e.bytes)
-      fail(kWhere, "{}: {} ({} bytes, the manifest says {})", e.file, d.bytes < e.bytes ? "truncated" : "wrong size",
-           d.bytes, e.bytes);
-    KILN_CHECK(hex64(d.hash) == e.hash, kWhere, "{}: checksum mismatch (xxh64 {}, the manifest says {}): corrupt",
-               e.file, hex64(d.hash), e.hash);
-  }
+  const int64_t step = io::verify_checkpoint_files(path, kFiles);  // before anything in it is believed
   CheckpointInfo info;
   info.path = path;
   const std::string state_path = join_path(path, "state.json");

@@ -5,6 +5,7 @@
 #include "core/dtype.h"
 #include "data/batch_stream.h"
 #include "config/config.h"
+#include "io/checkpoint_manifest.h"
 #include "train/fault_guard.h"
 
 #include <cstdint>
@@ -13,9 +14,8 @@
 
 namespace kiln {
 
-// Bumped whenever the checkpoint layout or state.json changes incompatibly; a checkpoint
-// of another version is refused, never guessed at.
-constexpr int64_t kCheckpointFormatVersion = 1;
+// The checkpoint format version (io/checkpoint_manifest.h), which state.json carries too.
+using io::kCheckpointFormatVersion;
 
 // Where training stands at a step boundary.
 struct TrainProgress {

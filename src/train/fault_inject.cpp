@@ -54,11 +54,14 @@ FaultInjector::FaultInjector(std::string_view spec) {
       KILN_CHECK(contains(kWritePoints, f.arg), kWhere, "'{}': unknown checkpoint_write point", item);
     } else if (f.name == "checkpoint_delete") {
       KILN_CHECK(f.arg == "fail", kWhere, "'{}': expected checkpoint_delete:fail", item);
+    } else if (f.name == "eval_error") {
+      KILN_CHECK(f.arg == "validation" || f.arg == "sample", kWhere, "'{}': expected eval_error:validation|sample",
+                 item);
     } else if (contains(kStepFaults, f.name)) {
       const size_t dash = f.arg.find('-');
       f.first = parse_int(std::string_view(f.arg).substr(0, dash), item);
       f.last = dash == std::string::npos ? f.first : parse_int(std::string_view(f.arg).substr(dash + 1), item);
-    } else if (f.name == "checkpoint_enospc" || f.name == "step_delay_ms") {
+    } else if (f.name == "checkpoint_enospc" || f.name == "step_delay_ms" || f.name == "eval_delay_ms") {
       f.first = f.last = parse_int(f.arg, item);
     } else {
       fail(kWhere, "'{}': unknown fault '{}'", item, f.name);
@@ -109,6 +112,12 @@ bool FaultInjector::numeric() const {
 void inject_before_step(const FaultInjector& faults, int64_t step) {
   if (faults.at_step("kill_at_step", step)) kill_self();
   if (const int64_t ms = faults.value("step_delay_ms", 0); ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+void inject_eval_faults(const FaultInjector& faults, std::string_view what, bool starting) {
+  if (starting && faults.has("eval_error", what)) fail("train", "injected {} failure (KILN_FAULT_INJECT)", what);
+  if (const int64_t ms = faults.value("eval_delay_ms", 0); ms > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 

@@ -15,6 +15,10 @@
 //   inf_grad:<n>[-<m>]        one gradient element of steps n..m is +Inf
 //   grad_spike:<n>[-<m>]      gradients of steps n..m are scaled by 1e4
 //   step_delay_ms:<ms>        sleep this long in every step (signal tests)
+//   eval_delay_ms:<ms>        sleep this long before each validation batch and each
+//                             sampled token (signal tests of the end-of-run work)
+//   eval_error:<what>         every validation (what = validation) or sample (sample)
+//                             fails with an error
 #pragma once
 
 #include "nn/parameter.h"
@@ -59,6 +63,9 @@ class FaultInjector {
 
 // At the start of step `step`: kill_at_step, step_delay_ms.
 void inject_before_step(const FaultInjector& faults, int64_t step);
+// Before each validation batch or sampled token (`what`: "validation" or "sample"), and with
+// `starting` once before the first: eval_delay_ms, eval_error.
+void inject_eval_faults(const FaultInjector& faults, std::string_view what, bool starting);
 // After a step's backward, before the fault guard looks: nan_loss, inf_grad, grad_spike.
 void inject_numeric_faults(const FaultInjector& faults, int64_t step, double& loss,
                            const std::vector<std::unique_ptr<Parameter>>& parameters);

@@ -48,8 +48,10 @@ MemoryBudget plan_training_memory(const Config& config, Device device) {
   b.activations = plan.activations;
   b.workspace = plan.workspace;
   if (device == Device::cpu) {
-    // tokens, targets, positions and cu_seqlens (i32) of every host micro-batch kept.
-    const auto batches = static_cast<size_t>(config.train.grad_accum + config.train.eval_batches);
+    // tokens, targets, positions and cu_seqlens (i32) of every host micro-batch kept: a
+    // step's, the prefetched ones and the validation set.
+    const auto batches =
+        static_cast<size_t>(config.train.grad_accum + config.data.prefetch + config.train.eval_batches);
     b.batches = batches * static_cast<size_t>(config.train.micro_batch_tokens + 1) * 4 * sizeof(int32_t);
   }
   return b;

@@ -15,7 +15,7 @@ namespace kiln {
 
 struct MemoryBudget {
   size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, workspace = 0;
-  size_t batches = 0;  // host micro-batches (training and validation); counted on the CPU only
+  size_t batches = 0;  // host micro-batches (a step's, prefetched, validation); counted on the CPU only
   size_t total() const { return parameters + gradients + optimizer + activations + workspace + batches; }
 };
 

@@ -6,12 +6,41 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <fcntl.h>
+#include <fstream>
+#include <unistd.h>
 
 namespace kiln {
 
-MetricsLog::MetricsLog(const std::string& path) : path_(path), out_(path, std::ios::app) {
-  KILN_CHECK(out_.good(), "train", "cannot write the metrics file '{}'", path);
+MetricsLog::MetricsLog(const std::string& path, bool stop_on_error) : path_(path), stop_on_error_(stop_on_error) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("metrics", "{}: cannot open for writing: {}", path, std::strerror(errno));
+}
+
+MetricsLog::~MetricsLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void MetricsLog::append(const std::string& line) {
+  if (failed_) return;
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string cause = n < 0 ? std::strerror(errno) : "nothing written";
+      if (stop_on_error_) fail("metrics", "{}: write failed: {} (checkpoint.on_save_error = stop)", path_, cause);
+      failed_ = true;
+      warn("metrics", fmt::format("{}: write failed: {}; checkpoint.on_save_error = continue: training goes on, "
+                                  "without further metrics records",
+                                  path_, cause));
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
 }
 
 void MetricsLog::step(const StepMetrics& m) {
@@ -22,41 +51,37 @@ void MetricsLog::step(const StepMetrics& m) {
   for (const auto& [name, value] : m.terms) j[name] = value;
   if (!m.skipped.empty()) j["skipped"] = m.skipped;
   if (m.skipped_total > 0) j["skipped_total"] = m.skipped_total;
-  out_ << j.dump() << '\n';
-  out_.flush();
+  append(j.dump() + '\n');
 }
 
 void MetricsLog::validation(int64_t step, double loss, double elapsed_seconds) {
-  out_ << nlohmann::json{{"kind", "validation"}, {"step", step}, {"loss", loss}, {"elapsed_seconds", elapsed_seconds}}.dump()
-       << '\n';
-  out_.flush();
+  append(nlohmann::json{{"kind", "validation"}, {"step", step}, {"loss", loss}, {"elapsed_seconds", elapsed_seconds}}
+             .dump() +
+         '\n');
 }
 
 void MetricsLog::sample(int64_t step, const std::string& text) {
   // Samples may hold invalid UTF-8 (a byte model can cut a character): replace, not throw.
-  out_ << nlohmann::json{{"kind", "sample"}, {"step", step}, {"text", text}}.dump(
-              -1, ' ', false, nlohmann::json::error_handler_t::replace)
-       << '\n';
-  out_.flush();
+  append(nlohmann::json{{"kind", "sample"}, {"step", step}, {"text", text}}.dump(
+             -1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         '\n');
 }
 
 void MetricsLog::skip(int64_t step, const std::string& reason, double loss, double grad_norm) {
   // JSON has no NaN or Inf: non-finite values are written as null.
   auto number = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
-  out_ << nlohmann::json{{"kind", "skip"}, {"step", step}, {"reason", reason}, {"loss", number(loss)},
-                         {"grad_norm", number(grad_norm)}}.dump()
-       << '\n';
-  out_.flush();
+  append(nlohmann::json{{"kind", "skip"}, {"step", step}, {"reason", reason}, {"loss", number(loss)},
+                        {"grad_norm", number(grad_norm)}}
+             .dump() +
+         '\n');
 }
 
 void MetricsLog::checkpoint(int64_t step, const std::string& path, double seconds) {
-  out_ << nlohmann::json{{"kind", "checkpoint"}, {"step", step}, {"path", path}, {"seconds", seconds}}.dump() << '\n';
-  out_.flush();
+  append(nlohmann::json{{"kind", "checkpoint"}, {"step", step}, {"path", path}, {"seconds", seconds}}.dump() + '\n');
 }
 
 void MetricsLog::resume(int64_t step, const std::string& path) {
-  out_ << nlohmann::json{{"kind", "resume"}, {"step", step}, {"path", path}}.dump() << '\n';
-  out_.flush();
+  append(nlohmann::json{{"kind", "resume"}, {"step", step}, {"path", path}}.dump() + '\n');
 }
 
 void truncate_metrics_after(const std::string& path, int64_t step) {

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,9 +25,16 @@ struct StepMetrics {
   int64_t skipped_total = 0;   // skipped updates so far in the run
 };
 
+// Appends one JSON line per record. Every write is checked: a failure (a full disk, a
+// file-size limit) follows checkpoint.on_save_error, like a failed save. With stop_on_error
+// it throws "[metrics] PATH: write failed: ..."; otherwise one warning says so and later
+// records are dropped (the run goes on; the file keeps what was written before).
 class MetricsLog {
  public:
-  explicit MetricsLog(const std::string& path);
+  MetricsLog(const std::string& path, bool stop_on_error);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
   void step(const StepMetrics& m);
   void validation(int64_t step, double loss, double elapsed_seconds);
   void sample(int64_t step, const std::string& text);
@@ -39,8 +45,12 @@ class MetricsLog {
   const std::string& path() const { return path_; }
 
  private:
+  void append(const std::string& line);  // `line` ends with '\n'
+
   std::string path_;
-  std::ofstream out_;
+  bool stop_on_error_;
+  int fd_ = -1;
+  bool failed_ = false;  // a write failed (continue mode): records are dropped from then on
 };
 
 // Before a resumed run appends: drops the records of steps after `step` (the crashed

@@ -1,7 +1,7 @@
 #include "train/trainer.h"
 
 #include "core/device_memory.h"
-#include "infer/sampler.h"
+#include "io/durable_io.h"
 #include "io/model_dir.h"
 #include "io/model_io.h"
 #include "nn/modules.h"
@@ -15,7 +15,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 namespace kiln {
 
@@ -25,17 +24,6 @@ namespace {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Creates the run directory and proves it is writable before any work starts.
-void prepare_out_dir(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  KILN_CHECK(!ec, "train.out_dir", "cannot create '{}': {}", dir, ec.message());
-  const fs::path probe = fs::path(dir) / ".kiln-write-test";
-  std::ofstream(probe) << "ok";
-  KILN_CHECK(fs::exists(probe), "train.out_dir", "'{}' is not writable", dir);
-  fs::remove(probe, ec);
 }
 
 std::string human_count(double n) {
@@ -101,7 +89,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   check_component_names(config_);  // before any data is read: config mistakes surface first
   const int threads = set_cpu_threads(config_.train.threads);
   threads_ = threads;
-  prepare_out_dir(config_.train.out_dir);
+  io::ensure_writable_dir(config_.train.out_dir, "train.out_dir");  // before any work starts
   checkpoints_ = std::make_unique<CheckpointWriter>(config_, faults_);
   checkpoints_->prepare();  // an unusable checkpoint directory fails now, not at the first save
 
@@ -109,6 +97,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   KILN_CHECK(config_.model.vocab_size >= tokenizer_->vocab_size(), "model.vocab_size",
              "{} is smaller than the {} tokenizer's vocabulary ({})", config_.model.vocab_size, tokenizer_->name(),
              tokenizer_->vocab_size());
+  TrainingSampler::check_fits(config_, *tokenizer_);  // the sample's context, before any data is read
   dataset_ = std::make_unique<TokenDataset>(config_.data, *tokenizer_);
   // Before anything large is allocated (batches, arenas): stop now if it cannot fit.
   check_memory_fits(config_, device_, plan_training_memory(config_, device_), available_memory(device_));
@@ -129,13 +118,17 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   optimizer_state_.allocate();
   if (resume) restore(*resume, train_options.allow_data_change);
   else model_->init_weights(config_.train.seed);
+  if (config_.train.sample_tokens > 0) sampler_ = std::make_unique<TrainingSampler>(*model_, *tokenizer_, config_.train);
   // The GPU step with its scalars on the device, unless the op-by-op one is asked for or
   // test faults must be injected between its parts.
   if (device_ == Device::cuda && config_.train.cuda_graphs && optimizer_->updates_on_device() && !faults_.numeric())
     device_step_ = std::make_unique<DeviceStep>(*model_, *optimizer_, config_.train.grad_accum, true);
 
-  std::ofstream(fs::path(config_.train.out_dir) / "config.toml") << config_to_toml(config_);
-  metrics_ = std::make_unique<MetricsLog>((fs::path(config_.train.out_dir) / config_.log.metrics_file).string());
+  io::replace_file_atomically((fs::path(config_.train.out_dir) / "config.toml").string(), config_to_toml(config_),
+                              "train");
+  // A failed metrics write is handled as a failed save (checkpoint.on_save_error).
+  metrics_ = std::make_unique<MetricsLog>((fs::path(config_.train.out_dir) / config_.log.metrics_file).string(),
+                                          config_.checkpoint.on_save_error == "stop");
   if (resume) {
     metrics_->resume(progress_.step, resume->path);
     fmt::print("resumed from {} at step {}\n", resume->path, progress_.step);
@@ -241,7 +234,10 @@ bool Trainer::skip_update(const StepMetrics& m) {
 double Trainer::validate() {
   double loss = 0;
   int64_t count = 0;
+  if (faults_.any()) inject_eval_faults(faults_, "validation", true);  // tests only
   for (const HostBatch& batch : validation_) {
+    if (faults_.any()) inject_eval_faults(faults_, "validation", false);
+    if (stop_requested()) return std::nan("");  // polled per batch: a stop does not wait for the pass
     model_->load_batch(batch);
     const LossSums sums = model_->evaluate();
     loss += sums.loss;
@@ -250,13 +246,13 @@ double Trainer::validate() {
   return count > 0 ? loss / static_cast<double>(count) : std::nan("");
 }
 
-std::string Trainer::sample(uint64_t seed) {
-  SampleOptions o;
-  o.max_tokens = config_.train.sample_tokens;
-  o.temperature = config_.train.sample_temperature;
-  o.top_k = config_.train.sample_top_k;
-  o.seed = seed;
-  return config_.train.sample_prompt + generate(*model_, *tokenizer_, config_.train.sample_prompt, o);
+std::optional<std::string> Trainer::sample(uint64_t seed) {
+  if (!sampler_) return std::nullopt;
+  if (faults_.any()) inject_eval_faults(faults_, "sample", true);  // tests only
+  return sampler_->sample(seed, [this] {
+    if (faults_.any()) inject_eval_faults(faults_, "sample", false);
+    return stop_requested();  // polled per token: a stop does not wait for the sample
+  });
 }
 
 // The reported loss terms beyond the main loss (slot 0), each its step value (a mean per
@@ -282,23 +278,36 @@ void Trainer::log_step(const StepMetrics& m) {
   std::fflush(stdout);
 }
 
+bool Trainer::stop_requested() const { return signals_ != nullptr && signals_->received() != 0; }
+
+double Trainer::show_validation(int64_t step) {
+  const double val = validate();
+  if (std::isnan(val) || stop_requested()) return std::nan("");
+  fmt::print("validation at step {}: loss {:.4f} nats/token ({:.4f} bits/byte)\n", step, val, val / std::log(2.0));
+  std::fflush(stdout);  // a log read while the run goes on sees it now
+  metrics_->validation(step, val, now_seconds() - run_start_);
+  return val;
+}
+
+void Trainer::show_sample(int64_t step) {
+  const std::optional<std::string> text = sample(config_.train.seed + static_cast<uint64_t>(step));
+  if (!text) return;
+  fmt::print("sample at step {}:\n{}\n---\n", step, *text);
+  std::fflush(stdout);
+  metrics_->sample(step, *text);
+}
+
 TrainResult Trainer::run() {
   const TrainConfig& t = config_.train;
   const StopSignals signals;  // SIGTERM/SIGINT: checkpoint at the next step boundary, exit 0
-  const double start = now_seconds() - progress_.elapsed_seconds;  // a resumed run continues the clock
+  signals_ = &signals;
+  struct Uninstall {
+    const StopSignals*& signals;
+    ~Uninstall() { signals = nullptr; }
+  } uninstall{signals_};
+  run_start_ = now_seconds() - progress_.elapsed_seconds;  // a resumed run continues the clock
+  const double start = run_start_;
   TrainResult result;
-  auto show_validation = [&](int64_t step) {
-    const double val = validate();
-    if (std::isnan(val)) return val;
-    fmt::print("validation at step {}: loss {:.4f} nats/token ({:.4f} bits/byte)\n", step, val, val / std::log(2.0));
-    metrics_->validation(step, val, now_seconds() - start);
-    return val;
-  };
-  auto show_sample = [&](int64_t step) {
-    const std::string text = sample(t.seed + static_cast<uint64_t>(step));
-    fmt::print("sample at step {}:\n{}\n---\n", step, text);
-    metrics_->sample(step, text);
-  };
 
   // The log window (averaged over log.every steps) lives in progress_, so a resumed run
   // continues the same average; non-finite losses of skipped steps are left out of it.
@@ -333,11 +342,12 @@ TrainResult Trainer::run() {
       p.window_losses = p.window_steps = p.window_tokens = 0;
       window_start = now_seconds();
     }
-    if (t.eval_every > 0 && m.step % t.eval_every == 0 && m.step != t.steps) show_validation(m.step);
-    if (t.sample_every > 0 && m.step % t.sample_every == 0 && m.step != t.steps) show_sample(m.step);
+    if (m.step == t.steps) break;  // the last step: finish() saves, whatever arrived meanwhile
+    if (t.eval_every > 0 && m.step % t.eval_every == 0) show_validation(m.step);
+    if (t.sample_every > 0 && m.step % t.sample_every == 0) show_sample(m.step);
     p.elapsed_seconds = now_seconds() - start;
     const int64_t every = config_.checkpoint.every;
-    if (every > 0 && m.step % every == 0 && m.step != t.steps) save_checkpoint_or_warn(result);
+    if (every > 0 && m.step % every == 0) save_checkpoint_or_warn(result);
     if (const int sig = signals.received()) {
       // Not subject to on_save_error: a stop whose state is not saved must fail loudly.
       if (checkpoint_step_ != p.step) result.checkpoint = save_checkpoint();
@@ -352,10 +362,18 @@ TrainResult Trainer::run() {
     // Time spent validating, sampling and saving is not training throughput.
     if (p.window_steps == 0) window_start = now_seconds();
   }
-  result.steps = t.steps;
+  finish(result);
+  return result;
+}
+
+void Trainer::finish(TrainResult& result) {
+  const TrainConfig& t = config_.train;
+  TrainProgress& p = progress_;
+  result.steps = p.step;
   result.skipped_steps = guard_.state().total_skips;
-  result.final_val_loss = show_validation(t.steps);
-  show_sample(t.steps);
+  // The run's results first: whatever happens after this (a signal, a failing sample) is
+  // the end-of-run report only.
+  p.elapsed_seconds = now_seconds() - run_start_;
   if (config_.checkpoint.save_final) {
     const std::string dir = (fs::path(t.out_dir) / "model").string();
     io::save_model(*model_, config_, dir);
@@ -364,12 +382,42 @@ TrainResult Trainer::run() {
                                config_.data.tokenizer, dir));
     fmt::print("saved model to {}\n", dir);
   }
-  p.elapsed_seconds = now_seconds() - start;
-  if (config_.checkpoint.every > 0 && checkpoint_step_ != p.step) save_checkpoint_or_warn(result);
-  result.seconds = now_seconds() - start;
-  fmt::print("done: {} steps in {} | final train loss {:.4f} | validation loss {:.4f}\n", t.steps,
-             format_duration(result.seconds), result.final_train_loss, result.final_val_loss);
-  return result;
+  if (config_.checkpoint.every > 0 && checkpoint_step_ != p.step) {
+    // A stop requested meanwhile makes a failed save an error, as on the loop's stop path.
+    if (stop_requested()) result.checkpoint = save_checkpoint();
+    else save_checkpoint_or_warn(result);
+  }
+  const bool model_saved = config_.checkpoint.save_final, checkpoint_saved = checkpoint_step_ == p.step;
+  const std::string saved = model_saved && checkpoint_saved ? "the model and the final checkpoint were"
+                            : model_saved                   ? "the model was"
+                            : checkpoint_saved              ? "the final checkpoint was"
+                                                            : "nothing was to be";
+  // Each part on its own: a failure (an internal error too) is a warning, the saved run stands.
+  auto report = [&](auto&& work) {
+    if (stop_requested()) return;
+    try {
+      work();
+    } catch (const std::exception& e) {
+      warn("train", fmt::format("after the last step: {}; {} saved before it", e.what(), saved));
+    }
+  };
+  result.final_val_loss = std::nan("");
+  report([&] { result.final_val_loss = show_validation(p.step); });
+  report([&] { show_sample(p.step); });
+  result.seconds = now_seconds() - run_start_;
+  if (const int sig = signals_->received()) {
+    result.stopped_by = StopSignals::name(sig);
+    fmt::print("stopped by {} after the last step ({}), in the end-of-run validation and sample; {} saved before "
+               "them\n",
+               result.stopped_by, p.step, saved);
+    return;
+  }
+  const std::string validation = validation_.empty()                  ? std::string("no validation set")
+                                 : std::isnan(result.final_val_loss) ? std::string("no validation loss")
+                                                                     : fmt::format("validation loss {:.4f}",
+                                                                                   result.final_val_loss);
+  fmt::print("done: {} steps in {} | final train loss {:.4f} | {}\n", p.step, format_duration(result.seconds),
+             result.final_train_loss, validation);
 }
 
 }  // namespace kiln

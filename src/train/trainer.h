@@ -14,12 +14,15 @@
 #include "train/fault_inject.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/training_sampler.h"
 
 #include <memory>
 #include <optional>
 #include <vector>
 
 namespace kiln {
+
+class StopSignals;
 
 struct TrainOptions {
   // "" = a fresh run; "latest" = the newest checkpoint in checkpoint.dir (a fresh run,
@@ -35,7 +38,7 @@ struct TrainResult {
   double final_val_loss = 0;  // nats per token; NaN when there is no validation split
   double seconds = 0;
   int64_t skipped_steps = 0;   // updates skipped by the fault guard
-  std::string stopped_by;      // "SIGTERM" / "SIGINT" when a signal ended the run early
+  std::string stopped_by;      // "SIGTERM" / "SIGINT" when a signal ended the run (or its end) early
   std::string checkpoint;      // the last checkpoint written, if any
 };
 
@@ -45,9 +48,12 @@ class Trainer {
   ~Trainer();
 
   TrainResult run();
-  // Mean loss over the cached validation batches (nats per target token).
+  // Mean loss over the cached validation batches (nats per target token); NaN when there
+  // are none, or when a stop signal cut the pass short.
   double validate();
-  std::string sample(uint64_t seed);
+  // train.sample_prompt and its continuation; nullopt when sampling is off
+  // (train.sample_tokens = 0) or a stop signal cut the sample short.
+  std::optional<std::string> sample(uint64_t seed);
   Model& model() { return *model_; }
   // Steps (micro-batches and updates) that ran as captured CUDA graphs so far.
   int64_t graph_launches() const { return device_step_ ? device_step_->graph_launches() : 0; }
@@ -58,6 +64,16 @@ class Trainer {
   bool skip_update(const StepMetrics& m);  // reports and counts a skipped update; false
   void log_step(const StepMetrics& m);
   std::vector<std::pair<std::string, double>> reported_terms(const LossSlotSums& sums, int64_t targets) const;
+  // Validation and a sample at `step`, printed and recorded; NaN when there is no
+  // validation set.
+  double show_validation(int64_t step);
+  void show_sample(int64_t step);
+  // After the last step: saves the model and the final checkpoint, then validates and
+  // samples. Nothing after the save can lose the run: a stop signal ends the validation or
+  // sample early (exit 0), a failing one is a warning.
+  void finish(TrainResult& result);
+  // A SIGTERM/SIGINT arrived while run() is running.
+  bool stop_requested() const;
 
   // trainer_checkpoint.cpp: the glue between the loop and train/checkpoint.h.
   std::optional<CheckpointInfo> find_resume_checkpoint(const TrainOptions& options);
@@ -80,6 +96,7 @@ class Trainer {
   std::unique_ptr<Schedule> schedule_;
   std::unique_ptr<DeviceStep> device_step_;  // the GPU's step (null: the op-by-op loop)
   std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<TrainingSampler> sampler_;  // null when train.sample_tokens = 0
 
   FaultInjector faults_;        // test-only (KILN_FAULT_INJECT); empty otherwise
   FaultGuard guard_;
@@ -87,6 +104,8 @@ class Trainer {
   std::unique_ptr<CheckpointWriter> checkpoints_;
   int64_t checkpoint_step_ = -1;  // step of the checkpoint last saved or resumed from
   int threads_ = 0;
+  const StopSignals* signals_ = nullptr;  // installed by run() for its duration
+  double run_start_ = 0;                  // run()'s clock origin (a resumed run continues it)
 };
 
 // Resolves train.device ("auto" picks CUDA only where the CUDA training path exists).

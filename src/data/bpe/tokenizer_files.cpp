@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -34,7 +36,8 @@ void write_json(const fs::path& path, const ordered_json& j) {
   }
   std::ofstream out(path, std::ios::binary);
   out << text << '\n';
-  KILN_CHECK(out.good(), "train-tokenizer", "{}: cannot write", path.string());
+  out.close();  // flushes: a full disk shows here, not in a destructor that cannot report it
+  KILN_CHECK(!out.fail(), "train-tokenizer", "{}: cannot write: {}", path.string(), std::strerror(errno));
 }
 
 }  // namespace

@@ -80,8 +80,8 @@ ShardInfo ShardWriter::finish() {
   store_u64(header + 48, info.hash);
   if (std::fseek(file_, 0, SEEK_SET) != 0) fail("data", "cannot write '{}'", path_);
   write(header, sizeof(header), /*hash=*/false);
-  const bool ok = std::fflush(file_) == 0;
-  std::fclose(file_);
+  bool ok = std::fflush(file_) == 0;
+  ok = std::fclose(file_) == 0 && ok;  // close reports write-back errors too
   file_ = nullptr;
   if (!ok) fail("data", "cannot write '{}' (disk full?)", path_);
   return info;

@@ -90,7 +90,7 @@ void write_manifest(const std::string& path, const Manifest& m) {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) fail("data", "cannot write '{}'", tmp);
     out << j.dump(2) << '\n';
-    out.flush();
+    out.close();  // flushes and closes: every error surfaces here
     if (!out) fail("data", "cannot write '{}'", tmp);
   }
   std::error_code ec;

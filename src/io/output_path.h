@@ -1,0 +1,16 @@
+// The output of a conversion (import hf, export hf, export gguf) must not be its input:
+// writing a model over the directory it is read from destroys it, and a write into or
+// around it mixes old and new files. Checked before anything is read or written.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace kiln::io {
+
+// Throws "[where] the output OUT is|lies inside|contains the input IN ..." when `output`
+// is `input`, a path inside it, or a directory holding it. Symlinks are resolved; paths
+// that do not exist yet are compared by what they would resolve to.
+void check_output_apart_from_input(const std::string& input, const std::string& output, std::string_view where);
+
+}  // namespace kiln::io

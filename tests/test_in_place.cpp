@@ -1,0 +1,69 @@
+// A conversion must not write where it reads: `kiln import hf D D` and `kiln export hf M M`
+// used to exit 0 having overwritten their input. An output that is the input, lies inside
+// it or contains it (symlinks resolved) is refused with one line naming both paths, before
+// anything is read or written; every byte of the input is left as it was.
+#include "export_fixture.h"
+#include "fault_test_util.h"
+
+#include <filesystem>
+#include <map>
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every file under `root` and its bytes.
+std::map<std::string, std::string> snapshot(const std::string& root) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file()) files[e.path().string()] = test::read_file(e.path().string());
+  return files;
+}
+
+TEST(InPlace, ConversionsRefuseAnOutputThatIsInsideOrAroundTheirInput) {
+  const std::string dir = fs::canonical(test::temp_dir("kiln-in-place")).string();
+  const std::string model = test::save_random_model(test::tiny_config(true, true, false), dir + "/model");
+  const std::string hf = dir + "/hf";
+  std::string output;
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " export hf " + model + " " + hf, &output), 0) << output;
+  fs::create_directory_symlink(hf, dir + "/hf-link");
+  fs::create_directory_symlink(model, dir + "/model-link");
+  const auto before = snapshot(dir);
+
+  struct Case {
+    std::string args, where, output, relation, input;
+  };
+  const std::vector<Case> cases = {
+      {"import hf " + hf + " " + hf, "import", hf, "is", hf},
+      {"import hf " + hf + " " + hf + "/kiln", "import", hf + "/kiln", "lies inside", hf},
+      {"import hf " + hf + " " + dir, "import", dir, "contains", hf},
+      {"import hf " + hf + " " + dir + "/hf-link", "import", dir + "/hf-link", "is", hf},
+      {"export hf " + model + " " + model, "export", model, "is", model},
+      {"export hf " + model + " " + model + "/hf", "export", model + "/hf", "lies inside", model},
+      {"export hf " + model + " " + dir, "export", dir, "contains", model},
+      {"export hf " + model + " " + dir + "/model-link/", "export", dir + "/model-link/", "is", model},
+      {"export gguf " + model + " " + model, "export", model, "is", model},
+      {"export gguf " + model + " " + model + "/model.gguf", "export", model + "/model.gguf", "lies inside", model},
+      {"export gguf " + dir + "/model-link " + model + "/model.gguf", "export", model + "/model.gguf", "lies inside",
+       dir + "/model-link"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    EXPECT_EQ(test::run_command(test::kiln_binary() + " " + c.args, &output), 1) << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+    EXPECT_CONTAINS(output, fmt::format("kiln: error: [{}] the output {} {} the input ", c.where, c.output, c.relation));
+    EXPECT_CONTAINS(output, " the input " + c.input + ":");
+  }
+  EXPECT_EQ(snapshot(dir), before) << "a refused conversion changed a file";
+
+  // Beside the input, not in it: both work.
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " import hf " + hf + " " + dir + "/imported", &output), 0)
+      << output;
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " export gguf " + model + " " + dir + "/model.gguf", &output), 0)
+      << output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln

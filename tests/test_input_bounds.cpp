@@ -1,0 +1,94 @@
+// Weak or unbounded inputs, through the real binary: each is refused at once with one line
+// naming the key or the file, before anything large is allocated or any data is read
+// (they used to end in internal errors naming nothing, run for half a minute, train on
+// defaults, read without end or print raw bytes to the terminal).
+#include "fault_test_util.h"
+
+#include <chrono>
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+class InputBounds : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test::temp_dir("kiln-bounds");
+    corpus_ = test::write_tiny_corpus(dir_, 20);
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+  // Runs `command`, which must fail within `seconds` with one error line; returns it.
+  std::string one_line_error(const std::string& command, double seconds = 10) {
+    std::string output;
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(test::run_with_fault(command, "", &output), 1) << command << "\n" << output;
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(took, seconds) << command;
+    EXPECT_EQ(output.rfind("kiln: error: ", 0), 0u) << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << "not one line:\n" << output;
+    return output;
+  }
+  std::string train(const std::string& extra) { return test::tiny_train(corpus_, dir_ + "/run", extra); }
+  std::string dir_, corpus_;
+};
+
+TEST_F(InputBounds, HugeValuesAreRefusedByKeyBeforeAnythingIsAllocated) {
+  struct Case {
+    const char* set;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"train.micro_batch_tokens=4611686018427387904",  // 2^62
+       "[config] train.micro_batch_tokens must be <= 2147483647 (positions and offsets are 32-bit), got "
+       "4611686018427387904"},
+      {"data.prefetch=1000000000", "[config] data.prefetch must be <= 65536 (each is a micro-batch held in memory)"},
+      {"train.spike_window=9223372036854775807", "[config] train.spike_window must be <= 100000"},
+      {"model.layers=1000000", "[config] model.layers must be <= 1024"},
+      {"model.hidden=1099511627776", "[config] model.hidden must be <= 65536"},
+      {"model.vocab_size=4294967296", "[config] model.vocab_size must be <= 16777216"},
+      {"train.grad_accum=1000000000", "[config] train.grad_accum must be <= 65536"},
+      {"train.threads=1000000000", "[config] train.threads must be <= 4096"},
+      {"train.eval_batches=1000000000", "[config] train.eval_batches must be <= 65536"},
+      // Within its field's range, but not within the sample's context (BOS + "ROMEO:").
+      {"train.sample_tokens=1000000000",
+       "[train.sample_tokens] 1000000000 tokens after the 7-token prompt (BOS + train.sample_prompt) exceed "
+       "model.max_seq_len (64); at most 57 fit"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.set);
+    // model.layers = 1000000 used to plan a million layers first: 28 s and 6 GB.
+    EXPECT_CONTAINS(one_line_error(train(std::string("--set ") + c.set), 5), c.message);
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/run/metrics.jsonl")) << "a refused run started";
+}
+
+TEST_F(InputBounds, AConfigPathThatIsNoConfigFileIsRefused) {
+  const std::string kiln = test::kiln_binary() + " train ";
+  // A directory used to train on the defaults; /dev/zero used to be read without end.
+  EXPECT_CONTAINS(one_line_error(kiln + dir_), "kiln: error: [config] " + dir_ + ": is a directory, not a config file");
+  EXPECT_CONTAINS(one_line_error(kiln + "/dev/zero", 5),
+                  "kiln: error: [config] /dev/zero: larger than 4194304 bytes: not a config file");
+}
+
+TEST_F(InputBounds, ACorruptLatestFileIsShownEscapedAndCut) {
+  const std::string ckpt = dir_ + "/ckpt";
+  std::string garbage = "\x1b[31m\x1b]0;owned\x07";
+  garbage += std::string(1, '\0') + "\xff\xfe";
+  garbage += std::string(5000, 'A');  // past what a `latest` can be
+  test::write_file(ckpt + "/latest", garbage);
+  std::string line = one_line_error(train("--resume " + ckpt));
+  EXPECT_CONTAINS(line, "kiln: error: [checkpoint] " + ckpt + "/latest: larger than 4096 bytes");
+
+  test::write_file(ckpt + "/latest", garbage.substr(0, 200) + "\n");
+  line = one_line_error(train("--resume " + ckpt));
+  EXPECT_CONTAINS(line, "kiln: error: [checkpoint] " + ckpt +
+                            "/latest: does not name a checkpoint ('\\x1b[31m\\x1b]0;owned\\x07\\x00\\xff\\xfe");
+  EXPECT_CONTAINS(line, "... (200 bytes)')");
+  for (const char c : line) EXPECT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f)) << "raw byte " << int(c) << " shown";
+}
+
+}  // namespace
+}  // namespace kiln
