@@ -309,6 +309,8 @@ TEST_F(ConfigFile, RoundTripEveryFieldChanged) {
   c.model.full_attention_layers = "0";  // layer sets must parse
   c.model.nope_layers = "~1";
   c.model.alt_mlp_layers = "every:2";
+  c.model.moe.groups = 2;  // experts (10) in groups; top_k (4) within the top group's 5
+  c.model.moe.top_groups = 1;
   const Config back = load_config(write(config_to_toml(c)));
   EXPECT_TRUE(config_equal(back, c)) << config_to_toml(c);
   EXPECT_FALSE(config_equal(back, Config{}));

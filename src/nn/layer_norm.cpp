@@ -3,6 +3,7 @@
 // bias=...); statistics in fp32 or wider. The gain starts at ones and the bias at zeros;
 // neither is weight-decayed (rank-1 parameters decay only with optim.decay_norms). The math
 // lives in ops/layer_norm/; this class plans the memory and calls it.
+#include "nn/block.h"
 #include "nn/modules.h"
 #include "ops/layer_norm/layer_norm.h"
 
@@ -10,11 +11,37 @@ namespace kiln {
 
 namespace {
 
+// Decode: the residual add, then the norm over the step's rows.
+class LayerNormDecoder final : public NormDecoder {
+ public:
+  LayerNormDecoder(const Tensor& weight, const Tensor& bias, double eps, DecodeContext& ctx)
+      : weight_(weight), bias_(bias), eps_(eps), workspace_(ctx.workspace), wide_(ctx.wide), mixed_(ctx.mixed()) {
+    ctx.workspace.reserve_peak(2 * Workspace::footprint(ctx.wide, Shape{ctx.max_rows}));
+  }
+
+  void add_norm(const Tensor& x, const Tensor& add, const Tensor& y) override {
+    const int64_t n = x.size(0);
+    if (add.defined()) residual_add(x, add, mixed_);
+    Workspace::Scope scope(workspace_);
+    ops::layer_norm_forward(x, weight_, bias_, eps_, y, scope.take(wide_, Shape{n}), scope.take(wide_, Shape{n}));
+  }
+
+ private:
+  const Tensor& weight_;
+  const Tensor& bias_;
+  double eps_;
+  Workspace& workspace_;
+  DType wide_;
+  bool mixed_;
+};
+
 class LayerNorm final : public Norm {
  public:
-  LayerNorm(BuildContext& ctx, const NormSpec& spec, bool bias) : eps_(spec.eps) {
-    ctx.parameter(weight_, weight_grad_, spec.name + ".weight", Shape{spec.dim}, false, Init::ones());
-    if (bias) ctx.parameter(bias_, bias_grad_, spec.name + ".bias", Shape{spec.dim}, false, Init::zeros());
+  LayerNorm(BuildContext& ctx, const NormSpec& spec, bool bias) : eps_(spec.eps), bias_on_(bias) {
+    ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, false,
+                  Init::ones());
+    if (bias)
+      ctx.parameter(bias_, bias_grad_, spec.names("bias", "bias", "bias"), Shape{spec.dim}, false, Init::zeros());
     ctx.saved_wide(mean_, Shape{spec.rows});
     ctx.saved_wide(rstd_, Shape{spec.rows});
   }
@@ -36,12 +63,23 @@ class LayerNorm final : public Norm {
 
   void recompute(const Tensor& y) override { ops::layer_norm_forward(saved_x_, weight_, bias_, eps_, y, mean(), rstd()); }
 
+  std::unique_ptr<NormDecoder> make_decoder(DecodeContext& ctx) const override {
+    return std::make_unique<LayerNormDecoder>(weight_, bias_, eps_, ctx);
+  }
+
+  // The stock families kiln exports to normalize with RMSNorm (a LayerNorm family such as
+  // StableLM would take layer_norm_eps and these tensors under the same names).
+  void export_config(ExportConfig& out) const override {
+    out.refuse("model.norm", bias_on_ ? "'layernorm'" : "'layernorm_nobias'", "its norms are RMSNorm");
+  }
+
  private:
   // The statistics of the rows the last forward saw.
   Tensor mean() const { return mean_.rows(0, saved_x_.size(0)); }
   Tensor rstd() const { return rstd_.rows(0, saved_x_.size(0)); }
 
   double eps_;
+  bool bias_on_;
   Tensor weight_, weight_grad_;  // [dim]
   Tensor bias_, bias_grad_;      // [dim]; undefined for layernorm_nobias
   Tensor mean_, rstd_;           // [rows] each row's mean and 1/std, saved for backward

@@ -1,13 +1,15 @@
-// SwiGLU MLP (registry name "swiglu"): down(silu(gate(x)) * up(x)), as transformers'
-// Qwen3MLP / LlamaMLP. gate and up share one fused [2F, hidden] weight (one GEMM) while
+// Gated MLPs: down(act(gate(x)) * up(x)), as transformers' Qwen3MLP / LlamaMLP / GemmaMLP.
+// Registry names "swiglu" (act = silu) and "geglu" (act = tanh-approximate GELU, hidden_act
+// "gelu_pytorch_tanh"). gate and up share one fused [2F, hidden] weight (one GEMM) while
 // keeping their own names. Only gate|up is saved: backward rebuilds the activation (for the
 // down projection's weight gradient) in the same pass that differentiates it.
 //
-// Decode: the same ops over the step's rows; for the captured decode steps on the GPU, the
-// whole branch on the fused projections (the pre-norm and SwiGLU folded into the gate|up
-// product, the residual add into the down product).
+// Decode: the same ops over the step's rows; for the captured decode steps on the GPU, a
+// SwiGLU branch runs whole on the fused projections (the pre-norm and SwiGLU folded into the
+// gate|up product, the residual add into the down product).
 #include "core/op_profiler.h"
 #include "nn/modules.h"
+#include "ops/geglu/geglu.h"
 #include "ops/linear/linear.h"
 #include "ops/swiglu/swiglu.h"
 
@@ -22,17 +24,31 @@ namespace kiln {
 
 namespace {
 
-class SwigluDecoder final : public BranchDecoder {
+// An activation of the gated form: its ops, its name in Hugging Face configs, and whether the
+// fused decode projections compute it.
+struct GatedActivation {
+  void (*forward)(const Tensor& gate_up, const Tensor& out);
+  void (*backward)(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, const Tensor& out);
+  const char* hf_act;       // config.json's hidden_act
+  bool llama_cpp;           // llama.cpp's llama/qwen2/qwen3 graphs compute it (they hard-code silu)
+  bool fused_decode;        // ops/decode's norm_gemv_swiglu computes it
+};
+
+constexpr GatedActivation kSwiglu{ops::swiglu_forward, ops::swiglu_backward, "silu", true, true};
+constexpr GatedActivation kGeglu{ops::geglu_forward, ops::geglu_backward, "gelu_pytorch_tanh", false, false};
+
+class GatedDecoder final : public BranchDecoder {
  public:
-  SwigluDecoder(const Tensor& gate_up_w, const Tensor& down_w, DecodeContext& ctx, const Norm& pre_norm)
-      : gate_up_w_(gate_up_w), down_w_(down_w), workspace_(ctx.workspace), dtype_(ctx.dtype) {
+  GatedDecoder(const GatedActivation& act, const Tensor& gate_up_w, const Tensor& down_w, DecodeContext& ctx,
+               const Norm& pre_norm)
+      : act_(act), gate_up_w_(gate_up_w), down_w_(down_w), workspace_(ctx.workspace), dtype_(ctx.dtype) {
     const int64_t r = ctx.max_rows, f = down_w.size(1);
     ctx.workspace.reserve_peak(Workspace::footprint(ctx.dtype, Shape{r, 2 * f}) +
                                Workspace::footprint(ctx.dtype, Shape{r, f}));
 #if KILN_WITH_CUDA
     const std::optional<RmsNormForm> norm = pre_norm.rms_form();
     const int64_t rows = std::min<int64_t>(ctx.fused_branch_rows, r);
-    fused_branch_ = ctx.device == Device::cuda && ctx.fuse && rows > 0 && dtype_ == DType::bf16 && norm &&
+    fused_branch_ = act.fused_decode && ctx.device == Device::cuda && ctx.fuse && rows > 0 && dtype_ == DType::bf16 && norm &&
                     cuda::decode_gemv_fits(rows, down_w.size(0)) && cuda::decode_gemv_fits(rows, f);
     if (fused_branch_) norm_ = *norm;
 #else
@@ -45,7 +61,7 @@ class SwigluDecoder final : public BranchDecoder {
     Workspace::Scope scope(workspace_);
     const Tensor gate_up = scope.take(dtype_, Shape{n, 2 * f}), act = scope.take(dtype_, Shape{n, f});
     ops::linear_forward(h, gate_up_w_, Tensor(), gate_up);
-    ops::swiglu_forward(gate_up, act);
+    act_.forward(gate_up, act);
     ops::linear_forward(act, down_w_, Tensor(), out);
   }
 
@@ -67,6 +83,7 @@ class SwigluDecoder final : public BranchDecoder {
   }
 
  private:
+  const GatedActivation& act_;
   Tensor gate_up_w_, down_w_;  // [2F, hidden], [hidden, F] (compute copies)
   Workspace& workspace_;
   DType dtype_;
@@ -74,9 +91,10 @@ class SwigluDecoder final : public BranchDecoder {
   RmsNormForm norm_;
 };
 
-class SwigluMlp final : public Mlp {
+class GatedMlp final : public Mlp {
  public:
-  SwigluMlp(BuildContext& ctx, const LayerSpec& layer) : workspace_(ctx.workspace) {
+  GatedMlp(BuildContext& ctx, const LayerSpec& layer, const GatedActivation& act, const char* key)
+      : act_(act), key_(key), workspace_(ctx.workspace) {
     const ModelConfig& m = *layer.model;
     const int64_t t = ctx.max_tokens, f = m.ffn_hidden;
     const NameScope n = layer.names.child("mlp.", "mlp.", "");
@@ -98,7 +116,7 @@ class SwigluMlp final : public Mlp {
     Workspace::Scope scope(workspace_);
     Tensor gate_up = gate_up_.rows(0, t), act = scope.take(gate_up.dtype(), Shape{t, gate_up.size(1) / 2});
     ops::linear_forward(x, gate_up_w_, Tensor(), gate_up);
-    ops::swiglu_forward(gate_up, act);
+    act_.forward(gate_up, act);
     ops::linear_forward(act, down_w_, Tensor(), out);
   }
 
@@ -111,35 +129,55 @@ class SwigluMlp final : public Mlp {
     // d(act) = dout Wdown (x is only read for a weight gradient: none is asked here); then
     // dact is overwritten by the activation itself, which the weight gradient reads.
     ops::linear_backward(dact, down_w_, dout, dact, Tensor(), Tensor());
-    ops::swiglu_backward(gate_up, dact, dgate_up, dact);
+    act_.backward(gate_up, dact, dgate_up, dact);
     ops::linear_backward(dact, down_w_, dout, Tensor(), down_g_, Tensor());
     ops::linear_backward(x, gate_up_w_, dgate_up, dx, gate_up_g_, Tensor());
   }
 
   std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override {
-    return std::make_unique<SwigluDecoder>(gate_up_w_, down_w_, ctx, pre_norm);
+    return std::make_unique<GatedDecoder>(act_, gate_up_w_, down_w_, ctx, pre_norm);
   }
 
-  // Every stock family here computes down(silu(gate) * up); llama.cpp's graphs do too.
+  // The stock families here take any hidden_act for their gated MLP (ACT2FN); llama.cpp's
+  // graphs of them compute silu only.
   void export_config(ExportConfig& out) const override {
     const int64_t width = down_w_.shape()[1];
-    if (out.format() == ExportConfig::Format::gguf) return out.set("feed_forward_length", width, "model.ffn_hidden");
+    if (out.format() == ExportConfig::Format::gguf) {
+      if (!act_.llama_cpp)
+        out.refuse(key_, "'geglu'", "llama.cpp's graph of this family gates with silu");
+      return out.set("feed_forward_length", width, "model.ffn_hidden");
+    }
     out.set("intermediate_size", width, "model.ffn_hidden");
-    out.set("hidden_act", "silu", "model.mlp");
-    if (out.is("llama")) out.set("mlp_bias", false, "model.mlp");
+    out.set("hidden_act", act_.hf_act, key_);
+    if (out.is("llama")) out.set("mlp_bias", false, key_);
   }
 
  private:
+  const GatedActivation& act_;
+  const char* key_;  // the config key that chose it (model.mlp or model.alt_mlp), for refusals
   Workspace& workspace_;
-  Tensor gate_up_w_, gate_up_g_, down_w_, down_g_;
-  Tensor gate_up_;  // saved: [t, 2F] pre-activation
+  Tensor gate_up_w_, gate_up_g_;  // [2F, hidden]: gate rows, then up rows
+  Tensor down_w_, down_g_;        // [hidden, F]
+  Tensor gate_up_;                // saved [t, 2F]: the pre-activation
 };
+
+const char* key_of(const LayerSpec& layer) {
+  return layer.choices.mlp == layer.model->mlp ? "model.mlp" : "model.alt_mlp";
+}
 
 }  // namespace
 
 void register_swiglu_mlp(MlpRegistry& registry) {
-  registry.add("swiglu", "down(silu(gate(x)) * up(x)) (Qwen3/Llama MLP)",
-               [](BuildContext& ctx, const LayerSpec& layer) { return std::make_unique<SwigluMlp>(ctx, layer); });
+  registry.add("swiglu", "down(silu(gate(x)) * up(x)) (Qwen3/Llama MLP)", [](BuildContext& ctx, const LayerSpec& layer) {
+    return std::make_unique<GatedMlp>(ctx, layer, kSwiglu, key_of(layer));
+  });
+}
+
+void register_geglu_mlp(MlpRegistry& registry) {
+  registry.add("geglu", "down(gelu_tanh(gate(x)) * up(x)) (Gemma MLP, gelu_pytorch_tanh)",
+               [](BuildContext& ctx, const LayerSpec& layer) {
+                 return std::make_unique<GatedMlp>(ctx, layer, kGeglu, key_of(layer));
+               });
 }
 
 }  // namespace kiln
