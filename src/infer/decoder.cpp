@@ -14,7 +14,7 @@
 #include "core/op_profiler.h"
 #include "core/step_graphs.h"
 #include "infer/decoder_cuda.h"
-#include "ops/cuda_kernels.h"
+#include "ops/cross_entropy/cross_entropy_cuda.h"
 #endif
 
 #include <algorithm>

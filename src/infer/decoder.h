@@ -10,7 +10,7 @@
 // kernel by device.
 //
 // On the GPU the decoder computes in bf16 by default (the mixed path of
-// ops/cuda_kernels_bf16.h): it converts the model's fp32 weights once into its own bf16
+// ops/mixed_precision.h): it converts the model's fp32 weights once into its own bf16
 // copies of the rank-2 weights (norm gains, biases and the embedding table it looks rows
 // up in stay fp32), keeps the residual stream fp32, activations and the cache bf16, and
 // writes fp32 logits. Two fused kernels (q/k norm + RoPE + cache write; residual add +

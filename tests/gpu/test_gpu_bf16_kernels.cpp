@@ -1,4 +1,4 @@
-// The bf16 kernels of the mixed-precision path (ops/cuda_kernels_bf16.h) against fp64 CPU
+// The bf16 kernels of the mixed-precision path (ops/mixed_precision.h) against fp64 CPU
 // references computed from the same inputs: bf16 inputs are random values rounded to
 // bf16 first (kiln::float_to_bf16), so both sides read identical numbers and the only
 // differences are the kernel's fp32 arithmetic and the final rounding of its outputs.
@@ -37,8 +37,13 @@
 #include "core/tensor.h"
 #include "gpu/gpu_harness.h"
 #include "infer/decoder_cuda.h"
-#include "ops/cuda_kernels.h"
-#include "ops/cuda_kernels_bf16.h"
+#include "ops/cross_entropy/cross_entropy_cuda.h"
+#include "ops/elementwise/elementwise_cuda.h"
+#include "ops/linear/linear_cuda.h"
+#include "ops/rms_norm/rms_norm_cuda.h"
+#include "ops/rope/rope_cuda.h"
+#include "ops/split/qkv_split_cuda.h"
+#include "ops/swiglu/swiglu_cuda.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -17,8 +17,8 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/bf16_vector.cuh"
+#include "ops/attention/qkv_prepare_cuda.h"
 #include "ops/column_sums.cuh"
-#include "ops/cuda_kernels.h"
 
 #include <algorithm>
 #include <climits>

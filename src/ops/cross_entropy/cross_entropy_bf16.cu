@@ -1,4 +1,4 @@
-// Cross-entropy rows of the mixed-precision path (declared in ops/cuda_kernels_bf16.h):
+// Cross-entropy rows of the mixed-precision path (declared in ops/cross_entropy/cross_entropy_cuda.h):
 // fp32 or bf16 logits in, bf16 logit gradient out (for bf16 logits, in place). Formulas
 // (softcap, z-loss, ignored targets, row_stats) are those of cross_entropy_cuda.cu.
 //
@@ -11,7 +11,7 @@
 // so a chunk may hold more than 2^31 logits.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels_bf16.h"
+#include "ops/cross_entropy/cross_entropy_cuda.h"
 
 #include "ops/bf16_vector.cuh"
 

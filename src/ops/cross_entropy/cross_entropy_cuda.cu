@@ -2,7 +2,7 @@
 // becomes its own gradient so the chunk buffer feeds the dh/dw GEMMs directly.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels.h"
+#include "ops/cross_entropy/cross_entropy_cuda.h"
 
 namespace kiln::cuda {
 

@@ -1,4 +1,4 @@
-// Elementwise bf16 kernels of the mixed-precision path (declared in ops/cuda_kernels_bf16.h):
+// Elementwise bf16 kernels of the mixed-precision path (declared in the op folders' *_cuda.h):
 // dtype casts, the fp32 + bf16 residual add, RoPE, the q|k|v shuffle and SwiGLU.
 //
 // Each kernel has two shapes, chosen per call: W = 8 elements per thread (16-byte bf16
@@ -8,9 +8,13 @@
 // formula for formula, so the two paths differ only by the bf16 roundings at the edges.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels_bf16.h"
+#include "ops/elementwise/elementwise_cuda.h"
+#include "ops/rope/rope_cuda.h"
+#include "ops/split/qkv_split_cuda.h"
+#include "ops/swiglu/swiglu_cuda.h"
 
 #include "ops/bf16_vector.cuh"
+#include "ops/grid_stride.cuh"
 
 #include <cuda_bf16.h>
 
@@ -33,9 +37,6 @@ bf16* as_bf16(bf16_bits* p) { return reinterpret_cast<bf16*>(p); }
 
 using vec::load;
 using vec::store;
-
-#define KILN_GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 // ---- kernels ------------------------------------------------------------------------------
 
@@ -159,8 +160,6 @@ __global__ void swiglu_backward_kernel(const bf16* __restrict__ gu, const bf16* 
     if (out) store<W>(out + i * f + j, o);
   }
 }
-
-#undef KILN_GRID_STRIDE
 
 // Launches kernel<8> over items / 8 work items when vec, else kernel<1> over items.
 #define KILN_LAUNCH_W(op, kernel, vec, items, ...)                                                      \

@@ -1,9 +1,12 @@
-// Elementwise fp32 kernels: residual adds, SwiGLU, RoPE, the q|k|v split, embedding
-// rows, AdamW, and deterministic reductions (sum of squares, finiteness).
+// Elementwise fp32 kernels: residual adds, SwiGLU, RoPE, the q|k|v split, and
+// deterministic reductions (sum of squares, finiteness).
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels.h"
-#include "ops/optim/adamw_math.cuh"
+#include "ops/elementwise/elementwise_cuda.h"
+#include "ops/rope/rope_cuda.h"
+#include "ops/split/qkv_split_cuda.h"
+#include "ops/swiglu/swiglu_cuda.h"
+#include "ops/grid_stride.cuh"
 
 namespace kiln::cuda {
 
@@ -11,9 +14,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kReduceBlocks = 1024;
-
-#define KILN_GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 __global__ void add_kernel(const float* a, const float* b, int64_t n, float* out) {
   KILN_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
@@ -67,20 +67,6 @@ __global__ void qkv_shuffle_kernel(float* fused, float* q, float* k, float* v, i
     else
       fused[idx] = *part;
   }
-}
-
-__global__ void embedding_forward_kernel(const int32_t* tokens, const float* table, int64_t n, int64_t dim, float* out) {
-  KILN_GRID_STRIDE(idx, n * dim) out[idx] = table[static_cast<int64_t>(tokens[idx / dim]) * dim + idx % dim];
-}
-
-__global__ void embedding_backward_kernel(const int32_t* tokens, const float* dout, int64_t n, int64_t dim, float* dt) {
-  KILN_GRID_STRIDE(idx, n * dim) atomicAdd(&dt[static_cast<int64_t>(tokens[idx / dim]) * dim + idx % dim], dout[idx]);
-}
-
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
-                             float eps, float wd, float bc1, float bc2) {
-  const AdamWFactors f = adamw_factors(lr, wd, bc1, bc2);
-  KILN_GRID_STRIDE(i, n) adamw_element(p[i], g[i], m[i], v[i], b1, b2, eps, f.decay, f.step, f.inv_sqrt_bc2);
 }
 
 // Reductions write one partial per block into fixed device storage (no allocation),
@@ -169,52 +155,10 @@ void qkv_shuffle_f32(float* fused, float* q, float* k, float* v, int64_t n, int6
                      bool to_parts) {
   KILN_LAUNCH("qkv_split", qkv_shuffle_kernel, n * (q_cols + 2 * kv_cols), fused, q, k, v, n, q_cols, kv_cols, to_parts);
 }
-void embedding_forward_f32(const int32_t* tokens, const float* table, int64_t n, int64_t dim, float* out) {
-  KILN_LAUNCH("embedding", embedding_forward_kernel, n * dim, tokens, table, n, dim, out);
-}
-void embedding_backward_f32(const int32_t* tokens, const float* dout, int64_t n, int64_t dim, float* dtable) {
-  KILN_LAUNCH("embedding_backward", embedding_backward_kernel, n * dim, tokens, dout, n, dim, dtable);
-}
-void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                      float eps, float weight_decay, float bc1, float bc2) {
-  KILN_LAUNCH("adamw", adamw_kernel, n, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
-}
 double sum_squares_f32(const float* x, int64_t n) { return reduce(sum_squares_partial, x, n, "sum_squares"); }
 void sum_squares_to_device_f32(const float* x, int64_t n, double* out) {
   reduce_into(sum_squares_partial, x, n, "sum_squares", out);
 }
 bool all_finite_f32(const float* x, int64_t n) { return reduce(non_finite_partial, x, n, "all_finite") == 0.0; }
-
-}  // namespace kiln::cuda
-
-namespace kiln::cuda {
-
-namespace {
-
-// Block per group of equal token ids, threads over columns: each column of the table row
-// is one thread's sum over the group's rows in their original order.
-__global__ void embedding_backward_grouped_kernel(const int32_t* order, const int32_t* group_tokens,
-                                                  const int32_t* group_starts, const float* dout, int64_t dim,
-                                                  float* dtable) {
-  const int64_t g = blockIdx.x;
-  const int32_t begin = group_starts[g], end = group_starts[g + 1];
-  if (begin == end) return;  // padding of a static grid (a captured step's groups)
-  float* row = dtable + static_cast<int64_t>(group_tokens[g]) * dim;
-  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
-    float sum = 0;
-    for (int32_t r = begin; r < end; ++r) sum += dout[static_cast<int64_t>(order[r]) * dim + c];
-    row[c] += sum;
-  }
-}
-
-}  // namespace
-
-void embedding_backward_grouped_f32(const int32_t* order, const int32_t* group_tokens, const int32_t* group_starts,
-                                    int64_t groups, const float* dout, int64_t dim, float* dtable) {
-  if (groups == 0) return;
-  embedding_backward_grouped_kernel<<<static_cast<unsigned>(groups), 256, 0, stream()>>>(order, group_tokens,
-                                                                                         group_starts, dout, dim, dtable);
-  check_launch("embedding_backward", "embedding_backward_grouped_kernel");
-}
 
 }  // namespace kiln::cuda

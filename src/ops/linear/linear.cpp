@@ -2,7 +2,7 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
-#include "ops/cuda_kernels.h"
+#include "ops/linear/linear_cuda.h"
 
 #include <cblas.h>
 

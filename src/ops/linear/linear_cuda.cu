@@ -3,7 +3,7 @@
 // weight gradients (the mixed-precision path).
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels.h"
+#include "ops/linear/linear_cuda.h"
 
 #include <cuda_bf16.h>
 

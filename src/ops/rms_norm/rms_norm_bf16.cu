@@ -1,4 +1,4 @@
-// RMSNorm of the mixed-precision path (declared in ops/cuda_kernels_bf16.h): x fp32 (the
+// RMSNorm of the mixed-precision path (declared in ops/rms_norm/rms_norm_cuda.h): x fp32 (the
 // residual stream) or bf16 (per-head q/k norm), gain fp32, y and dy bf16, rstd fp32.
 // Formulas and fp32 arithmetic are those of rms_norm_cuda.cu.
 //
@@ -22,7 +22,7 @@
 // (kiln::cuda::stream()) runs these kernels, so two calls never share it at once.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels_bf16.h"
+#include "ops/rms_norm/rms_norm_cuda.h"
 
 #include "ops/bf16_vector.cuh"
 #include "ops/column_sums.cuh"

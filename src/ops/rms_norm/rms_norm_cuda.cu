@@ -1,4 +1,4 @@
-// CUDA kernels for RMSNorm in fp32 (declared in rms_norm_kernels.h).
+// CUDA kernels for RMSNorm in fp32 (declared in rms_norm_cuda.h).
 //
 // Forward and the dx half of backward map one row to a group of threads: a warp when the
 // row is short (8 rows per 256-thread block), a whole 256-thread block when it is long.
@@ -12,7 +12,7 @@
 // it is deterministic and allocation-free (CUDA-graph safe).
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/rms_norm/rms_norm_kernels.h"
+#include "ops/rms_norm/rms_norm_cuda.h"
 #include "ops/warp_reduce.cuh"
 
 #include <climits>
