@@ -9,7 +9,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/dependent_launch.cuh"
-#include "ops/warp_reduce.cuh"
+#include "ops/block_reduce.cuh"
 
 #include <cuda_bf16.h>
 
@@ -112,13 +112,9 @@ __global__ void __launch_bounds__(kNormThreads)
     }
     ss += v * v;
   }
-  ss = warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kNormThreads / 32; ++w) total += partial[w];
-  const float inv = 1.0f / sqrtf(total / static_cast<float>(d) + eps);
+  float total[1] = {ss};
+  block_sum_rows<kNormThreads>(total, partial);
+  const float inv = 1.0f / sqrtf(total[0] / static_cast<float>(d) + eps);
   for (int64_t c = threadIdx.x; c < d; c += kNormThreads) from_f32(xr[c] * inv * gain[c], &yr[c]);
 }
 

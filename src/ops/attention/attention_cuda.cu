@@ -5,7 +5,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/attention/attention_cuda.h"
-#include "ops/warp_reduce.cuh"
+#include "ops/block_reduce.cuh"
 
 namespace kiln::cuda {
 

@@ -6,7 +6,7 @@
 #include "ops/bf16_vector.cuh"
 #include "ops/attention/warp_attention.cuh"
 #include "ops/dependent_launch.cuh"
-#include "ops/warp_reduce.cuh"
+#include "ops/block_reduce.cuh"
 
 #include <cuda_bf16.h>
 

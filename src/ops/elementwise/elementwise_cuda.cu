@@ -6,6 +6,7 @@
 #include "ops/rope/rope_cuda.h"
 #include "ops/split/qkv_split_cuda.h"
 #include "ops/swiglu/swiglu_cuda.h"
+#include "ops/block_reduce.cuh"
 #include "ops/grid_stride.cuh"
 
 namespace kiln::cuda {
@@ -75,29 +76,17 @@ __device__ double g_partials[kReduceBlocks];
 __device__ double g_result;
 
 __global__ void sum_squares_partial(const float* x, int64_t n) {
-  __shared__ double shared[kThreads];
   double sum = 0;
   KILN_GRID_STRIDE(i, n) sum += static_cast<double>(x[i]) * x[i];
-  shared[threadIdx.x] = sum;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) g_partials[blockIdx.x] = shared[0];
+  sum = block_sum<kThreads>(sum);
+  if (threadIdx.x == 0) g_partials[blockIdx.x] = sum;
 }
 
 __global__ void non_finite_partial(const float* x, int64_t n) {
-  __shared__ double shared[kThreads];
   double bad = 0;
   KILN_GRID_STRIDE(i, n) bad += isfinite(x[i]) ? 0.0 : 1.0;
-  shared[threadIdx.x] = bad;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) g_partials[blockIdx.x] = shared[0];
+  bad = block_sum<kThreads>(bad);  // whole numbers: exact in any order
+  if (threadIdx.x == 0) g_partials[blockIdx.x] = bad;
 }
 
 __global__ void sum_partials(int blocks, double* out) {
