@@ -1,6 +1,6 @@
 // The decoder's fused GPU kernels (declared in infer/decoder_cuda.h). Each replaces a run
 // of op front-end calls of a step with one kernel, with the same arithmetic and roundings
-// as those ops' kernels (ops/rms_norm/rms_norm_bf16.cu, ops/elementwise/elementwise_bf16.cu
+// as those ops' kernels (ops/rms_norm/rms_norm_bf16.cu, ops/elementwise/elementwise_cuda.cu
 // and the fp32 ones): the unfused ops are the reference (DecoderOptions::fuse = false).
 // At decode batch sizes these kernels are latency-bound, a few microseconds each, so
 // their count, not their bytes, is what a step pays for.
