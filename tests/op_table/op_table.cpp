@@ -61,4 +61,7 @@ std::vector<CudaRun> cuda_runs() {
   return out;
 }
 
+void PrintTo(const OpCase* c, std::ostream* os) { *os << c->id(); }
+void PrintTo(const CudaRun& r, std::ostream* os) { *os << r.c->id() << " in " << dtype_name(r.precision); }
+
 }  // namespace kiln::op_test

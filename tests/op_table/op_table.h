@@ -5,6 +5,7 @@
 
 #include "op_table/op_case.h"
 
+#include <ostream>
 #include <vector>
 
 namespace kiln::op_test {
@@ -38,5 +39,9 @@ struct CudaRun {
   DType precision;
 };
 std::vector<CudaRun> cuda_runs();
+
+// gtest prints parameters by these (a failure's "where GetParam() = ..."): the case's id.
+void PrintTo(const OpCase* c, std::ostream* os);
+void PrintTo(const CudaRun& r, std::ostream* os);
 
 }  // namespace kiln::op_test
