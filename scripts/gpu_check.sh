@@ -133,11 +133,15 @@ EOF
 fi
 
 # The same kernels under compute-sanitizer's memcheck (out-of-bounds and misaligned
-# accesses), on a subset of sizes that covers every kernel variant.
+# accesses), on a subset of the op table (test_gpu_op_table.cpp) that covers every kernel
+# variant: rms_norm's launch shapes, the unaligned views, and small cases of every other op.
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [ -n "$sanitizer" ] && [ "${GPU_CHECK_MEMCHECK:-1}" = 1 ]; then
+  MEMCHECK_CASES='*r37_*:*r3_c4099*:*r1_c1_*:*_unaligned*:*add_rms_norm_r5_*:*rope_t13_*:*swiglu_n37_f13_*'
+  MEMCHECK_CASES+=':*qkv_split_n7_*:*qkv_merge_n7_*:*qkv_prepare_t29_*:*attention_len1_5_17_3_40_h4x1_d72_*'
+  MEMCHECK_CASES+=':*linear_n1_*:*OpCuda.MatchesCpu/embedding*:*add_n13_*:*adamw_*:*lm_head_*'
   WRAP=("$sanitizer" --tool memcheck --error-exitcode 86 --print-limit 20)
-  run_gtest kiln_gpu_tests.memcheck "$STAGE/bin/kiln_gpu_tests" --gtest_filter='*r37_*:*r3_c4099*:*r1_c1_*'
+  run_gtest kiln_gpu_tests.memcheck "$STAGE/bin/kiln_gpu_tests" --gtest_filter="$MEMCHECK_CASES"
   WRAP=()
 else
   echo "gpu_check: compute-sanitizer not found (or GPU_CHECK_MEMCHECK=0): no memcheck row"

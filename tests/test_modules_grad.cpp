@@ -14,6 +14,7 @@
 // variant); the finite differences run on one thread (fast, and two-thread runs under load
 // are slow), after checking that the analytic gradient does not depend on the thread count.
 #include "grad_check.h"
+#include "tiny_model.h"
 
 #include <gtest/gtest.h>
 

@@ -9,6 +9,7 @@
 #include "ops/moe/moe.h"
 #include "ops/moe/routing.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 #include <gtest/gtest.h>
 

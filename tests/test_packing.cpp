@@ -9,6 +9,7 @@
 // losses against every vocabulary id, lse(row) - logit(row, v), come from evaluate() on a
 // copy of the batch whose only target is (row, v). Model::logits is compared too, in f32.
 #include "grad_check.h"
+#include "tiny_model.h"
 
 #include <gtest/gtest.h>
 

@@ -3,6 +3,7 @@
 // the run that keeps everything, bit for bit; the planned activation memory must shrink;
 // a block count beyond the model is refused with the key's name.
 #include "grad_check.h"
+#include "tiny_model.h"
 
 #include <gtest/gtest.h>
 

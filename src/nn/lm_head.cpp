@@ -4,7 +4,7 @@
 #include "core/op_profiler.h"
 
 #if KILN_WITH_CUDA
-#include "ops/cuda_kernels.h"
+#include "ops/cross_entropy/cross_entropy_cuda.h"
 #include "ops/decode/decode_kernels.h"
 #endif
 

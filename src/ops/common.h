@@ -37,10 +37,10 @@ inline void expect_same(const char* op, const char* name, const Tensor& t, const
 }
 
 // The GPU's mixed-precision path: bf16 activations with fp32 gains, statistics and
-// gradients (the layout is described in ops/cuda_kernels_bf16.h).
+// gradients (the layout is described in ops/mixed_precision.h).
 inline bool is_mixed(const Tensor& t) { return t.device() == Device::cuda && t.dtype() == DType::bf16; }
 
-// The 16-bit payload of a bf16 tensor, for the kernels of ops/cuda_kernels_bf16.h.
+// The 16-bit payload of a bf16 tensor, for the bf16 kernels (ops/mixed_precision.h).
 inline uint16_t* bf16_data(const Tensor& t) {
   KILN_CHECK(t.dtype() == DType::bf16, "tensor", "expected bf16, got {}", t.describe());
   return static_cast<uint16_t*>(t.raw());

@@ -4,7 +4,7 @@
 #include "core/arena.h"
 #include "nn/parameter.h"
 #include "nn/registry.h"
-#include "ops/cuda_kernels.h"
+#include "ops/optim/adamw_cuda.h"
 #include "config/config.h"
 
 #include <memory>

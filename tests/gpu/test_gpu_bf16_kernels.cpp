@@ -1,27 +1,20 @@
-// The bf16 kernels of the mixed-precision path (ops/cuda_kernels_bf16.h) against fp64 CPU
-// references computed from the same inputs: bf16 inputs are random values rounded to
-// bf16 first (kiln::float_to_bf16), so both sides read identical numbers and the only
-// differences are the kernel's fp32 arithmetic and the final rounding of its outputs.
-// Outputs are poisoned with NaN bytes before each run; NaN/Inf never pass. Sizes are
-// awkward: one row, odd counts, lengths not a multiple of 8 (scalar path), head-sized rows
-// (8 or 16 threads per row), warp-per-row and block-per-row lengths, offset pointers.
+// The kernels of the mixed-precision path (ops/mixed_precision.h) that no op front end
+// wraps alone, called directly: the dtype casts (every bit pattern, specials, ties), the
+// cross-entropy rows of a logits chunk, the skinny GEMM of decode steps and the decoder's
+// fused projections, against fp64 CPU references computed from the same inputs (bf16
+// inputs are random values rounded to bf16 first, kiln::float_to_bf16, so both sides read
+// identical numbers). Outputs are poisoned with NaN bytes before each run; NaN/Inf never
+// pass. The ops with a front end (norms, RoPE, SwiGLU, the q|k|v split, adds, ...) are
+// rows of the op table (test_gpu_op_table.cpp).
 //
 // Tolerances: max over elements of |gpu - ref| / max(|ref|, floor). The floor is
 // kFloorFraction of the output's scale unless a row says otherwise.
 //   output                           tolerance  why
-//   casts, qkv shuffle               bit-exact  conversions (round to nearest even) and copies
-//   add_f32_bf16 (fp32)              1e-6       one fp32 rounding (2^-24) of exactly known inputs
-//   bf16 outputs: rms y, bf16 dx,    1e-2       one bf16 rounding (8 significant bits: at most
-//     rope, swiglu fwd/bwd, CE grad             2^-8 = 3.9e-3 relative) over fp32 math (~1e-6)
-//   rope vs reference                1e-2       floor 1% of the pair's norm (the pair mixes)
-//   rope then inverse vs input       1e-2       two roundings carried through a rotation:
-//                                               <= 2 * 2^-8 = 7.8e-3 of the pair's norm (the floor)
-//   CE grad                          1e-2       floor 1% of its terms, |p * zfactor| + [target],
-//                                               so every logit, however small, is checked
-//   rstd (fp32)                      1e-5       fp32 sum of positive squares, <= 2048 terms
-//   fp32 dx                          1e-4       fp32 row dot that cancels; floor from |old| + |r g|
-//                                               (as the fp32 suite)
-//   dw (fp32)                        1e-4       fp32 column sums; floor from |dw0| + sum |terms|
+//   casts                            bit-exact  conversions (round to nearest even)
+//   CE grad                          1e-2       one bf16 rounding (8 significant bits: at most
+//                                               2^-8 = 3.9e-3 relative) over fp32 math; floor 1%
+//                                               of its terms, |p * zfactor| + [target], so every
+//                                               logit, however small, is checked
 //   row_stats (f64 from fp32 lse)    1e-5       fp32 logsumexp (__expf: ~2 ulp near the max);
 //                                               loss judged against |lse| + |target logit|
 //   decode projections (the decoder's fused norm/residual/SwiGLU products, <= 8 rows):
@@ -36,9 +29,11 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "gpu/gpu_harness.h"
+#include "infer/decoder_cuda.h"
+#include "ops/cross_entropy/cross_entropy_cuda.h"
 #include "ops/decode/decode_kernels.h"
-#include "ops/cuda_kernels.h"
-#include "ops/cuda_kernels_bf16.h"
+#include "ops/elementwise/elementwise_cuda.h"
+#include "ops/linear/linear_cuda.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -60,9 +55,6 @@ namespace {
 using namespace gpu_test;
 
 constexpr double kBf16Tol = 1e-2;
-constexpr double kAddTol = 1e-6;
-constexpr double kRstdTol = 1e-5;
-constexpr double kF32GradTol = 1e-4;
 constexpr double kStatsTol = 1e-5;
 constexpr float kEps = 1e-6f;
 
@@ -90,8 +82,6 @@ std::vector<float> bf16_values(const std::vector<uint16_t>& v) {
   for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_float(v[i]);
   return out;
 }
-
-std::vector<double> widen(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
 
 uint32_t bits_of(float f) {
   uint32_t b;
@@ -148,52 +138,20 @@ T* ptr(const OwnedTensor& t) {
 
 // ---- comparison ----------------------------------------------------------------------------
 
-struct Worst {
-  double error = 0;  // +inf when an output is not finite
-  size_t at = 0;
-};
-
-// Max relative error with denominator max(|ref|, floor_i): floor_i is floors[i] when given,
-// else kFloorFraction of max(scale, max |ref|).
-Worst max_rel_error(const std::vector<float>& gpu, const std::vector<double>& ref, double scale = 0,
-                    const std::vector<double>* floors = nullptr) {
-  Worst worst;
-  for (double r : ref) scale = std::max(scale, std::fabs(r));
-  const double global_floor = kFloorFraction * scale;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(gpu[i])) return {std::numeric_limits<double>::infinity(), i};
-    const double floor = std::max(floors ? (*floors)[i] : global_floor, 1e-30);
-    const double err = std::fabs(gpu[i] - ref[i]) / std::max(std::fabs(ref[i]), floor);
-    if (err > worst.error) worst = {err, i};
-  }
-  return worst;
-}
-
+// The op table's measure (op_table/op_compare.h); floors, when given, are each element's
+// floor itself (already a fraction of its terms).
 void expect_values_close(const std::string& name, const std::vector<float>& gpu, const std::vector<double>& ref,
-                  double tolerance, double scale = 0, const std::vector<double>* floors = nullptr) {
-  ASSERT_EQ(gpu.size(), ref.size()) << name;
-  for (size_t i = 0; i < ref.size(); ++i) ASSERT_TRUE(std::isfinite(ref[i])) << name << ": reference not finite at " << i;
-  const Worst w = max_rel_error(gpu, ref, scale, floors);
-  EXPECT_LE(w.error, tolerance) << name << ": max relative error " << w.error << " at " << w.at << " (gpu "
-                                << gpu[w.at] << ", ref " << ref[w.at] << ")";
-  ::testing::Test::RecordProperty(name + "_max_rel_err", fmt::format("{:.3e}", w.error));
+                         double tolerance, double scale = 0, const std::vector<double>* floors = nullptr) {
+  const op_test::Comparison c = floors ? op_test::compare(std::vector<double>(gpu.begin(), gpu.end()), ref, scale,
+                                                          *floors, 1.0)
+                                       : op_test::compare(std::vector<double>(gpu.begin(), gpu.end()), ref, scale);
+  EXPECT_TRUE(c.within(tolerance)) << name << ": " << c.str() << ", tolerance " << tolerance;
+  ::testing::Test::RecordProperty(name + "_max_rel_err", fmt::format("{:.3e}", c.worst));
 }
 
 void expect_bf16_close(const std::string& name, const std::vector<uint16_t>& gpu, const std::vector<double>& ref,
                        double tolerance, double scale = 0, const std::vector<double>* floors = nullptr) {
   expect_values_close(name, bf16_values(gpu), ref, tolerance, scale, floors);
-}
-
-// The comparison itself: a poisoned (never written) output cannot pass.
-TEST(Bf16Harness, NonFiniteNeverPasses) {
-  const std::vector<double> ref = {1.0, -2.0, 3.0};
-  std::vector<float> gpu = {1.0f, -2.0f, 3.0f};
-  EXPECT_EQ(max_rel_error(gpu, ref).error, 0.0);
-  gpu[1] = bf16_to_float(0xFFFFu);  // the poison pattern of a bf16 output
-  EXPECT_TRUE(std::isnan(gpu[1]));
-  EXPECT_FALSE(max_rel_error(gpu, ref).error <= 1e30);
-  gpu[1] = INFINITY;
-  EXPECT_FALSE(max_rel_error(gpu, ref).error <= 1e30);
 }
 
 class Bf16Kernels : public GpuTest {};
@@ -267,376 +225,6 @@ TEST_F(Bf16Kernels, CastBf16ToF32IsExactAndRoundTrips) {
     }
     EXPECT_EQ(bad_value, 0u) << "bf16 -> f32 must be exact";
     EXPECT_EQ(bad_trip, 0u) << "bf16 -> f32 -> bf16 must be the identity";
-  }
-}
-
-// ---- add ---------------------------------------------------------------------------------------
-
-TEST_F(Bf16Kernels, AddF32Bf16) {
-  for (size_t n : {size_t{1}, size_t{13}, size_t{1000}, size_t{4099}, (size_t{1} << 20) + 5}) {
-    for (size_t offset : {size_t{0}, size_t{1}}) {
-      for (bool in_place : {false, true}) {
-        SCOPED_TRACE(fmt::format("n={} offset={} in_place={}", n, offset, in_place));
-        const std::vector<float> a = random_f32(n + offset, 50 + n, 3.0);
-        const std::vector<uint16_t> b = random_bf16(n + offset, 51 + n);
-        OwnedTensor a_dev = upload(a), b_dev = upload(b);
-        OwnedTensor out_dev = in_place ? OwnedTensor() : poisoned<float>(n + offset);
-        float* out = in_place ? ptr<float>(a_dev) + offset : ptr<float>(out_dev) + offset;
-        cuda::add_f32_bf16(ptr<float>(a_dev) + offset, ptr<uint16_t>(b_dev) + offset, static_cast<int64_t>(n), out);
-        const std::vector<float> got = download<float>(in_place ? *a_dev : *out_dev);
-        std::vector<double> ref(n);
-        std::vector<float> gpu(n);
-        for (size_t i = 0; i < n; ++i) {
-          ref[i] = static_cast<double>(a[i + offset]) + bf16_to_float(b[i + offset]);
-          gpu[i] = got[i + offset];
-        }
-        expect_values_close("out", gpu, ref, kAddTol);
-      }
-    }
-  }
-}
-
-// ---- rms_norm ------------------------------------------------------------------------------------
-
-// Rows 1..1000; columns: 13 and 1001 (scalar path, 16 threads / block per row), 64 and 128
-// (8 and 16 threads per row), 768 and 1000 (warp per row), 2048 (block per row).
-const auto kRows = ::testing::Values<int64_t>(1, 3, 37, 1000);
-const auto kCols = ::testing::Values<int64_t>(13, 64, 128, 768, 1000, 1001, 2048);
-
-uint64_t seed_of(int64_t rows, int64_t cols, int salt) {
-  return static_cast<uint64_t>(rows) * 1000003ull + static_cast<uint64_t>(cols) * 7919ull + static_cast<uint64_t>(salt);
-}
-
-// x as the kernel reads it: fp32 values, or bf16 bits whose values are `values`.
-struct RowsInput {
-  DType dtype;
-  std::vector<float> values;
-  std::vector<uint16_t> bits;
-  OwnedTensor dev;
-  RowsInput(DType t, size_t n, uint64_t seed, double scale = 1.0) : dtype(t) {
-    if (t == DType::bf16) {
-      bits = random_bf16(n, seed, scale);
-      values = bf16_values(bits);
-      dev = upload(bits);
-    } else {
-      values = random_f32(n, seed, scale);
-      dev = upload(values);
-    }
-  }
-};
-
-// rstd = 1 / sqrt(mean(x^2) + eps), y = x * rstd * w, in fp64.
-void rms_forward_reference(const std::vector<float>& x, const std::vector<float>& w, int64_t rows, int64_t cols,
-                           std::vector<double>& y, std::vector<double>& rstd) {
-  y.assign(x.size(), 0.0);
-  rstd.assign(static_cast<size_t>(rows), 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    double sum = 0;
-    for (int64_t c = 0; c < cols; ++c) sum += static_cast<double>(x[r * cols + c]) * x[r * cols + c];
-    const double inv = 1.0 / std::sqrt(sum / static_cast<double>(cols) + kEps);
-    rstd[r] = inv;
-    for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = x[r * cols + c] * inv * w[c];
-  }
-}
-
-using ForwardParam = std::tuple<int64_t, int64_t, bool>;  // rows, cols, x is bf16
-
-class RmsNormMixedForward : public GpuTest, public ::testing::WithParamInterface<ForwardParam> {};
-
-TEST_P(RmsNormMixedForward, MatchesReference) {
-  const auto [rows, cols, x_bf16] = GetParam();
-  const size_t n = static_cast<size_t>(rows * cols);
-  const RowsInput x(x_bf16 ? DType::bf16 : DType::f32, n, seed_of(rows, cols, 1), 2.0);
-  const std::vector<float> w = random_f32(static_cast<size_t>(cols), seed_of(rows, cols, 2));
-  OwnedTensor w_dev = upload(w), y_dev = poisoned<uint16_t>(n), rstd_dev = poisoned<float>(static_cast<size_t>(rows));
-  cuda::rms_norm_forward_mixed(x.dev->raw(), x.dtype, ptr<float>(w_dev), kEps, rows, cols, ptr<uint16_t>(y_dev),
-                               ptr<float>(rstd_dev));
-  std::vector<double> y_ref, rstd_ref;
-  rms_forward_reference(x.values, w, rows, cols, y_ref, rstd_ref);
-  expect_bf16_close("y", download<uint16_t>(*y_dev), y_ref, kBf16Tol);
-  expect_values_close("rstd", download<float>(*rstd_dev), rstd_ref, kRstdTol);
-}
-
-std::string forward_name(const ::testing::TestParamInfo<ForwardParam>& info) {
-  const auto& [rows, cols, x_bf16] = info.param;
-  return fmt::format("r{}_c{}_x{}", rows, cols, x_bf16 ? "bf16" : "f32");
-}
-INSTANTIATE_TEST_SUITE_P(Sizes, RmsNormMixedForward, ::testing::Combine(kRows, kCols, ::testing::Bool()),
-                         forward_name);
-
-// The fused residual add + norm (the pre-norm block's mid = x + branch, norm2(mid)) gives
-// the bits of its two unfused kernels: sum as add_f32_bf16 writes it, y and rstd as the
-// norm of that sum. Vector rows (768, 1024), a scalar row (1001) and one row.
-TEST_F(Bf16Kernels, FusedAddRmsNormMatchesAddThenNorm) {
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 768}, {300, 1024}, {5, 1001}, {1, 64}}) {
-    SCOPED_TRACE(fmt::format("rows={} cols={}", rows, cols));
-    const size_t n = static_cast<size_t>(rows * cols);
-    const std::vector<float> x = random_f32(n, seed_of(rows, cols, 5), 2.0);
-    const std::vector<float> w = random_f32(static_cast<size_t>(cols), 6);
-    const std::vector<uint16_t> b = random_bf16(n, seed_of(rows, cols, 7));
-    OwnedTensor x_dev = upload(x), b_dev = upload(b), w_dev = upload(w);
-    OwnedTensor sum_ref = poisoned<float>(n), y_ref = poisoned<uint16_t>(n), rstd_ref = poisoned<float>(static_cast<size_t>(rows));
-    cuda::add_f32_bf16(ptr<float>(x_dev), ptr<uint16_t>(b_dev), static_cast<int64_t>(n), ptr<float>(sum_ref));
-    cuda::rms_norm_forward_mixed(ptr<float>(sum_ref), DType::f32, ptr<float>(w_dev), kEps, rows, cols,
-                                 ptr<uint16_t>(y_ref), ptr<float>(rstd_ref));
-    OwnedTensor sum = poisoned<float>(n), y = poisoned<uint16_t>(n), rstd = poisoned<float>(static_cast<size_t>(rows));
-    cuda::rms_norm_forward_mixed(ptr<float>(x_dev), DType::f32, ptr<float>(w_dev), kEps, rows, cols,
-                                 ptr<uint16_t>(y), ptr<float>(rstd), ptr<uint16_t>(b_dev), ptr<float>(sum));
-    EXPECT_TRUE(download<float>(*sum) == download<float>(*sum_ref)) << "sum differs from add_f32_bf16";
-    EXPECT_TRUE(download<uint16_t>(*y) == download<uint16_t>(*y_ref)) << "y differs from the unfused norm";
-    EXPECT_TRUE(download<float>(*rstd) == download<float>(*rstd_ref)) << "rstd differs from the unfused norm";
-  }
-}
-
-// Offset views (x, y not 16-byte aligned) take the scalar path with the same results.
-TEST_F(Bf16Kernels, RmsNormForwardUnalignedViews) {
-  const int64_t rows = 5, cols = 64;
-  const size_t n = static_cast<size_t>(rows * cols);
-  const std::vector<uint16_t> x = random_bf16(n + 1, 3);
-  const std::vector<float> w = random_f32(static_cast<size_t>(cols), 4);
-  OwnedTensor x_dev = upload(x), w_dev = upload(w), y_dev = poisoned<uint16_t>(n + 1), rstd_dev = poisoned<float>(5);
-  cuda::rms_norm_forward_mixed(ptr<uint16_t>(x_dev) + 1, DType::bf16, ptr<float>(w_dev), kEps, rows, cols,
-                               ptr<uint16_t>(y_dev) + 1, ptr<float>(rstd_dev));
-  const std::vector<float> all = bf16_values(x), xv(all.begin() + 1, all.end());
-  std::vector<double> y_ref, rstd_ref;
-  rms_forward_reference(xv, w, rows, cols, y_ref, rstd_ref);
-  const std::vector<uint16_t> y = download<uint16_t>(*y_dev);
-  EXPECT_EQ(y[0], 0xFFFFu) << "wrote before the start";
-  expect_bf16_close("y", std::vector<uint16_t>(y.begin() + 1, y.end()), y_ref, kBf16Tol);
-  expect_values_close("rstd", download<float>(*rstd_dev), rstd_ref, kRstdTol);
-}
-
-// One backward case: x (fp32 or bf16), dx of x's dtype written or accumulated, dw (+=) from a
-// non-zero start. Runs twice from the same state: dx and dw must match bit for bit.
-void check_rms_backward(int64_t rows, int64_t cols, bool x_bf16, bool accumulate) {
-  const size_t n = static_cast<size_t>(rows * cols), nc = static_cast<size_t>(cols);
-  const DType x_dtype = x_bf16 ? DType::bf16 : DType::f32;
-  const RowsInput x(x_dtype, n, seed_of(rows, cols, 11), 2.0);
-  const std::vector<uint16_t> dy = random_bf16(n, seed_of(rows, cols, 12));
-  const std::vector<float> w = random_f32(nc, seed_of(rows, cols, 13));
-  const RowsInput dx_init(x_dtype, n, seed_of(rows, cols, 14));
-  const std::vector<float> dw_init = random_f32(nc, seed_of(rows, cols, 15));
-  const std::vector<float> dyv = bf16_values(dy);
-
-  // rstd from an fp64 forward, rounded to fp32 so both sides read the same saved value.
-  std::vector<double> y_unused, rstd64;
-  rms_forward_reference(x.values, w, rows, cols, y_unused, rstd64);
-  std::vector<float> rstd(rstd64.begin(), rstd64.end());
-
-  // Reference: dx = r * (g - x * r^2 * mean(g * x)) (+ old), g = dy * w; dw += sum dy * x * r.
-  std::vector<double> dx_ref(n), dw_ref(dw_init.begin(), dw_init.end());
-  double dx_scale = 0, dw_scale = 0;
-  std::vector<double> column_abs(nc, 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const double inv = rstd[r];
-    double dot = 0;
-    for (int64_t c = 0; c < cols; ++c) dot += static_cast<double>(dyv[r * cols + c]) * w[c] * x.values[r * cols + c];
-    const double coef = dot * inv * inv / static_cast<double>(cols);
-    for (int64_t c = 0; c < cols; ++c) {
-      const size_t i = static_cast<size_t>(r * cols + c);
-      const double g = static_cast<double>(dyv[i]) * w[c];
-      const double old = accumulate ? dx_init.values[i] : 0.0;
-      dx_ref[i] = inv * (g - x.values[i] * coef) + old;
-      dx_scale = std::max(dx_scale, std::fabs(inv * g) + std::fabs(old));
-      const double term = static_cast<double>(dyv[i]) * x.values[i] * inv;
-      dw_ref[static_cast<size_t>(c)] += term;
-      column_abs[static_cast<size_t>(c)] += std::fabs(term);
-    }
-  }
-  for (size_t c = 0; c < nc; ++c) dw_scale = std::max(dw_scale, std::fabs(dw_init[c]) + column_abs[c]);
-
-  OwnedTensor w_dev = upload(w), rstd_dev = upload(rstd), dy_dev = upload(dy);
-  OwnedTensor dx_dev(x_dtype, Device::cuda, Shape{static_cast<int64_t>(n)}), dw_dev = upload(dw_init);
-  std::vector<float> dx_runs[2], dw_runs[2];
-  OwnedTensor dx_copy(DType::bf16, Device::cuda, Shape{static_cast<int64_t>(n)});
-  for (int run = 0; run < 2; ++run) {
-    if (accumulate) copy_tensor(*dx_init.dev, *dx_dev);
-    else poison(*dx_dev);
-    copy_tensor(*upload(dw_init), *dw_dev);
-    poison(*dx_copy);
-    // The second run also writes dx's bf16 copy (the residual gradient the branches read):
-    // the same dx and dw, and a copy equal to dx rounded to bf16.
-    cuda::rms_norm_backward_mixed(x.dev->raw(), x_dtype, ptr<float>(w_dev), ptr<float>(rstd_dev),
-                                  ptr<uint16_t>(dy_dev), rows, cols, dx_dev->raw(), accumulate, ptr<float>(dw_dev),
-                                  run == 1 ? ptr<uint16_t>(dx_copy) : nullptr);
-    dx_runs[run] = x_bf16 ? bf16_values(download<uint16_t>(*dx_dev)) : download<float>(*dx_dev);
-    dw_runs[run] = download<float>(*dw_dev);
-  }
-  EXPECT_TRUE(download<uint16_t>(*dx_copy) == to_bf16(dx_runs[1])) << "dx_copy is not dx rounded to bf16";
-
-  expect_values_close("dx", dx_runs[0], dx_ref, x_bf16 ? kBf16Tol : kF32GradTol, dx_scale);
-  expect_values_close("dw", dw_runs[0], dw_ref, kF32GradTol, dw_scale);
-  EXPECT_TRUE(std::memcmp(dx_runs[0].data(), dx_runs[1].data(), n * sizeof(float)) == 0)
-      << "dx differs between two identical runs";
-  EXPECT_TRUE(std::memcmp(dw_runs[0].data(), dw_runs[1].data(), nc * sizeof(float)) == 0)
-      << "dw differs between two identical runs";
-}
-
-// rows, cols, x is bf16, accumulate dx. The mixed path uses fp32 += (residual gradient)
-// and bf16 = (q/k norm); the other two combinations are covered too.
-using BackwardParam = std::tuple<int64_t, int64_t, bool, bool>;
-
-class RmsNormMixedBackward : public GpuTest, public ::testing::WithParamInterface<BackwardParam> {};
-
-TEST_P(RmsNormMixedBackward, MatchesReferenceAndIsDeterministic) {
-  const auto [rows, cols, x_bf16, accumulate] = GetParam();
-  check_rms_backward(rows, cols, x_bf16, accumulate);
-}
-
-std::string backward_name(const ::testing::TestParamInfo<BackwardParam>& info) {
-  const auto& [rows, cols, x_bf16, accumulate] = info.param;
-  return fmt::format("r{}_c{}_x{}_{}", rows, cols, x_bf16 ? "bf16" : "f32", accumulate ? "acc" : "set");
-}
-INSTANTIATE_TEST_SUITE_P(Sizes, RmsNormMixedBackward,
-                         ::testing::Combine(kRows, kCols, ::testing::Bool(), ::testing::Bool()), backward_name);
-
-// Many rows per block (each block's groups loop over its rows before the partial sums),
-// block counts capped by the dw scratch, and a row long enough to need the shared-memory
-// opt-in (16384 fp32 sums).
-INSTANTIATE_TEST_SUITE_P(ManyRows, RmsNormMixedBackward,
-                         ::testing::Values(BackwardParam{5000, 2048, false, true}, BackwardParam{70001, 64, true, false},
-                                           BackwardParam{20000, 768, false, true}, BackwardParam{3000, 4096, false, true},
-                                           BackwardParam{3, 16384, false, true}, BackwardParam{2100, 13, true, true}),
-                         backward_name);
-
-// ---- rope ------------------------------------------------------------------------------------------
-
-// fp32 tables [max_pos, half] as the model fills them (HF rotate_half, theta 1e4).
-void rope_tables(int64_t max_pos, int64_t half, std::vector<float>& cos_t, std::vector<float>& sin_t) {
-  cos_t.resize(static_cast<size_t>(max_pos * half));
-  sin_t.resize(cos_t.size());
-  for (int64_t p = 0; p < max_pos; ++p)
-    for (int64_t j = 0; j < half; ++j) {
-      const double angle = static_cast<double>(p) * std::pow(10000.0, -static_cast<double>(j) / static_cast<double>(half));
-      cos_t[static_cast<size_t>(p * half + j)] = static_cast<float>(std::cos(angle));
-      sin_t[static_cast<size_t>(p * half + j)] = static_cast<float>(std::sin(angle));
-    }
-}
-
-// x [n, heads, 2 * half] rotated in fp64 by the fp32 table values; floors[i] = 1% of the
-// norm of i's pair (x_j, x_{j + half}) of the input.
-void rope_reference(const std::vector<float>& x, const std::vector<int32_t>& pos, const std::vector<float>& cos_t,
-                    const std::vector<float>& sin_t, int64_t n, int64_t heads, int64_t half, bool inverse,
-                    std::vector<double>& out, std::vector<double>& pair_norm) {
-  out.assign(x.size(), 0.0);
-  pair_norm.assign(x.size(), 0.0);
-  const double sign = inverse ? -1.0 : 1.0;
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t j = 0; j < half; ++j) {
-        const size_t a = static_cast<size_t>((i * heads + h) * 2 * half + j), b = a + static_cast<size_t>(half);
-        const size_t t = static_cast<size_t>(pos[static_cast<size_t>(i)] * half + j);
-        const double c = cos_t[t], s = sign * sin_t[t], x1 = x[a], x2 = x[b];
-        out[a] = x1 * c - x2 * s;
-        out[b] = x2 * c + x1 * s;
-        pair_norm[a] = pair_norm[b] = std::sqrt(x1 * x1 + x2 * x2);
-      }
-}
-
-TEST_F(Bf16Kernels, RopeForwardInverseAndReference) {
-  const int64_t max_pos = 4096;
-  // n, heads, half: vector path (half 32, 64) and scalar path (half 4, 5).
-  for (auto [n, heads, half] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 32}, {37, 3, 64}, {1000, 4, 64},
-                                {300, 2, 32}, {37, 3, 4}, {13, 5, 5}}) {
-    SCOPED_TRACE(fmt::format("n={} heads={} half={}", n, heads, half));
-    std::vector<float> cos_t, sin_t;
-    rope_tables(max_pos, half, cos_t, sin_t);
-    Rng rng(static_cast<uint64_t>(n * heads * half));
-    std::vector<int32_t> pos(static_cast<size_t>(n));
-    for (int32_t& p : pos) p = static_cast<int32_t>(rng.below(max_pos));
-    const size_t count = static_cast<size_t>(n * heads * 2 * half);
-    const std::vector<uint16_t> x = random_bf16(count, 60 + count);
-    const std::vector<float> xv = bf16_values(x);
-    OwnedTensor x_dev = upload(x), pos_dev = upload(pos), cos_dev = upload(cos_t), sin_dev = upload(sin_t);
-
-    // Forward, in place.
-    cuda::rope_apply_bf16(ptr<uint16_t>(x_dev), ptr<int32_t>(pos_dev), ptr<float>(cos_dev), ptr<float>(sin_dev), n,
-                          heads, half, false);
-    const std::vector<uint16_t> y = download<uint16_t>(*x_dev);
-    std::vector<double> y_ref, norms;
-    rope_reference(xv, pos, cos_t, sin_t, n, heads, half, false, y_ref, norms);
-    std::vector<double> floors(count);
-    for (size_t i = 0; i < count; ++i) floors[i] = kFloorFraction * norms[i];
-    expect_bf16_close("rope", y, y_ref, kBf16Tol, 0, &floors);
-
-    // Inverse of the GPU's output: against the reference inverse of the same bf16 values,
-    // and against the original input (judged against the pair's norm: see the table).
-    cuda::rope_apply_bf16(ptr<uint16_t>(x_dev), ptr<int32_t>(pos_dev), ptr<float>(cos_dev), ptr<float>(sin_dev), n,
-                          heads, half, true);
-    const std::vector<uint16_t> back = download<uint16_t>(*x_dev);
-    std::vector<double> back_ref, y_norms;
-    rope_reference(bf16_values(y), pos, cos_t, sin_t, n, heads, half, true, back_ref, y_norms);
-    for (size_t i = 0; i < count; ++i) floors[i] = kFloorFraction * y_norms[i];
-    expect_bf16_close("rope inverse", back, back_ref, kBf16Tol, 0, &floors);
-    expect_bf16_close("rope then inverse", back, widen(xv), kBf16Tol, 0, &norms);
-  }
-}
-
-// ---- q|k|v shuffle -----------------------------------------------------------------------------------
-
-TEST_F(Bf16Kernels, QkvShuffleBothWaysIsExact) {
-  // n, q_cols, kv_cols: vector path (multiples of 8) and scalar path.
-  for (auto [n, q_cols, kv_cols] : {std::tuple<int64_t, int64_t, int64_t>{1, 64, 32}, {37, 768, 256}, {1000, 128, 64},
-                                    {29, 48, 16}, {29, 12, 4}, {7, 13, 5}}) {
-    SCOPED_TRACE(fmt::format("n={} q_cols={} kv_cols={}", n, q_cols, kv_cols));
-    const int64_t cols = q_cols + 2 * kv_cols;
-    const size_t nq = static_cast<size_t>(n * q_cols), nkv = static_cast<size_t>(n * kv_cols);
-    const std::vector<uint16_t> fused = random_bf16(static_cast<size_t>(n * cols), 70 + cols);
-    std::vector<uint16_t> q_ref(nq), k_ref(nkv), v_ref(nkv);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t c = 0; c < cols; ++c) {
-        const uint16_t value = fused[static_cast<size_t>(i * cols + c)];
-        if (c < q_cols) q_ref[static_cast<size_t>(i * q_cols + c)] = value;
-        else if (c < q_cols + kv_cols) k_ref[static_cast<size_t>(i * kv_cols + c - q_cols)] = value;
-        else v_ref[static_cast<size_t>(i * kv_cols + c - q_cols - kv_cols)] = value;
-      }
-
-    OwnedTensor fused_dev = upload(fused), q = poisoned<uint16_t>(nq), k = poisoned<uint16_t>(nkv),
-                v = poisoned<uint16_t>(nkv);
-    cuda::qkv_shuffle_bf16(ptr<uint16_t>(fused_dev), ptr<uint16_t>(q), ptr<uint16_t>(k), ptr<uint16_t>(v), n, q_cols,
-                           kv_cols, true);
-    EXPECT_TRUE(download<uint16_t>(*q) == q_ref);
-    EXPECT_TRUE(download<uint16_t>(*k) == k_ref);
-    EXPECT_TRUE(download<uint16_t>(*v) == v_ref);
-
-    OwnedTensor merged = poisoned<uint16_t>(fused.size());
-    cuda::qkv_shuffle_bf16(ptr<uint16_t>(merged), ptr<uint16_t>(q), ptr<uint16_t>(k), ptr<uint16_t>(v), n, q_cols,
-                           kv_cols, false);
-    EXPECT_TRUE(download<uint16_t>(*merged) == fused);
-  }
-}
-
-// ---- swiglu ------------------------------------------------------------------------------------------
-
-TEST_F(Bf16Kernels, SwigluForwardBackward) {
-  for (auto [n, f] : {std::pair<int64_t, int64_t>{1, 64}, {37, 768}, {1000, 1000}, {3, 2048}, {37, 13}, {5, 1001}}) {
-    SCOPED_TRACE(fmt::format("n={} f={}", n, f));
-    const size_t nf = static_cast<size_t>(n * f);
-    const std::vector<uint16_t> gu = random_bf16(2 * nf, 80 + nf, 2.0), dout = random_bf16(nf, 81 + nf);
-    const std::vector<float> guv = bf16_values(gu), dv = bf16_values(dout);
-    std::vector<double> out_ref(nf), dgu_ref(2 * nf);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < f; ++j) {
-        const size_t gi = static_cast<size_t>(i * 2 * f + j), ui = gi + static_cast<size_t>(f);
-        const size_t oi = static_cast<size_t>(i * f + j);
-        const double g = guv[gi], u = guv[ui], dy = dv[oi], s = 1.0 / (1.0 + std::exp(-g));
-        out_ref[oi] = g * s * u;
-        dgu_ref[gi] = dy * u * s * (1.0 + g * (1.0 - s));
-        dgu_ref[ui] = dy * g * s;
-      }
-    OwnedTensor gu_dev = upload(gu), dout_dev = upload(dout), out = poisoned<uint16_t>(nf),
-                dgu = poisoned<uint16_t>(2 * nf);
-    cuda::swiglu_forward_bf16(ptr<uint16_t>(gu_dev), n, f, ptr<uint16_t>(out));
-    cuda::swiglu_backward_bf16(ptr<uint16_t>(gu_dev), ptr<uint16_t>(dout_dev), n, f, ptr<uint16_t>(dgu), nullptr);
-    expect_bf16_close("swiglu", download<uint16_t>(*out), out_ref, kBf16Tol);
-    expect_bf16_close("swiglu dgate_up", download<uint16_t>(*dgu), dgu_ref, kBf16Tol);
-    // The backward that also rebuilds the output over dout (the MLP's recompute): the same
-    // gradient, and the output bit for bit as the forward wrote it.
-    OwnedTensor dgu2 = poisoned<uint16_t>(2 * nf);
-    cuda::swiglu_backward_bf16(ptr<uint16_t>(gu_dev), ptr<uint16_t>(dout_dev), n, f, ptr<uint16_t>(dgu2),
-                               ptr<uint16_t>(dout_dev));
-    EXPECT_TRUE(download<uint16_t>(*dgu2) == download<uint16_t>(*dgu));
-    EXPECT_TRUE(download<uint16_t>(*dout_dev) == download<uint16_t>(*out));
   }
 }
 

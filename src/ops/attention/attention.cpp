@@ -4,7 +4,7 @@
 #include "ops/attention/attention_cudnn.h"
 #include "core/op_profiler.h"
 #include "ops/common.h"
-#include "ops/cuda_kernels.h"
+#include "ops/attention/attention_cuda.h"
 
 #include <cmath>
 

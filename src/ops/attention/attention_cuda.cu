@@ -4,8 +4,8 @@
 // element is written by exactly one warp, with sums in a fixed order.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels.h"
-#include "ops/warp_reduce.cuh"
+#include "ops/attention/attention_cuda.h"
+#include "ops/block_reduce.cuh"
 
 namespace kiln::cuda {
 

@@ -12,8 +12,8 @@
 // score modifier, which then carries the masks too).
 #pragma once
 
-#include "ops/cuda_kernels.h"
-#include "ops/cuda_kernels_bf16.h"
+#include "ops/attention/attention_cuda.h"
+#include "ops/mixed_precision.h"
 
 namespace kiln::cuda {
 

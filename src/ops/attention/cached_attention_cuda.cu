@@ -6,7 +6,7 @@
 #include "ops/bf16_vector.cuh"
 #include "ops/attention/warp_attention.cuh"
 #include "ops/dependent_launch.cuh"
-#include "ops/warp_reduce.cuh"
+#include "ops/block_reduce.cuh"
 
 #include <cuda_bf16.h>
 
@@ -25,10 +25,8 @@ constexpr int kTile = static_cast<int>(kHeadTile);
 constexpr int kMergeThreads = 128;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ void from_f32(float v, float* p) { *p = v; }
-__device__ __forceinline__ void from_f32(float v, bf16* p) { *p = __float2bfloat16_rn(v); }
+using vec::from_f32;
+using vec::to_f32;
 
 bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 

@@ -2,7 +2,7 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
-#include "ops/cuda_kernels.h"
+#include "ops/attention/qkv_prepare_cuda.h"
 
 #include <algorithm>
 #include <cmath>

@@ -17,8 +17,9 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/bf16_vector.cuh"
+#include "ops/block_reduce.cuh"
 #include "ops/column_sums.cuh"
-#include "ops/cuda_kernels.h"
+#include "ops/attention/qkv_prepare_cuda.h"
 
 #include <algorithm>
 #include <climits>
@@ -51,13 +52,6 @@ struct Geometry {
   const float* cos;  // null: no rotation
   const float* sin;
 };
-
-template <int G>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-  for (int offset = G / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 // Where row r's head lives in the q/k/v tensors and what is done to it.
 struct Head {

@@ -7,7 +7,7 @@
 // [l DPL, (l + 1) DPL) (accumulate_pv). Heads past nh are skipped. CUDA translation units only.
 #pragma once
 
-#include "ops/warp_reduce.cuh"
+#include "ops/block_reduce.cuh"
 
 #include <cuda_bf16.h>
 

@@ -1,4 +1,4 @@
-// Cross-entropy rows of the mixed-precision path (declared in ops/cuda_kernels_bf16.h):
+// Cross-entropy rows of the mixed-precision path (declared in ops/cross_entropy/cross_entropy_cuda.h):
 // fp32 or bf16 logits in, bf16 logit gradient out (for bf16 logits, in place). Formulas
 // (softcap, z-loss, ignored targets, row_stats) are those of cross_entropy_cuda.cu.
 //
@@ -11,9 +11,10 @@
 // so a chunk may hold more than 2^31 logits.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels_bf16.h"
+#include "ops/cross_entropy/cross_entropy_cuda.h"
 
 #include "ops/bf16_vector.cuh"
+#include "ops/block_reduce.cuh"
 
 #include <cuda_bf16.h>
 
@@ -28,7 +29,6 @@ using bf16 = __nv_bfloat16;
 
 constexpr const char* kOp = "lm_head_loss";
 constexpr int kThreads = 512;
-constexpr int kWarp = 32;
 constexpr int kVec = vec::kWidth;
 
 using vec::aligned16;
@@ -36,41 +36,6 @@ using vec::aligned16;
 using vec::load;
 using vec::store;
 using vec::to_f32;
-
-// A partial softmax denominator: sum of exp(x - max) over the logits seen so far.
-struct MaxSum {
-  float max;
-  float sum;
-};
-
-// Both parts rescaled to the larger max. Two empty parts (max -inf) stay empty.
-__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.max, b.max);
-  if (m == -INFINITY) return a;
-  return {m, a.sum * __expf(a.max - m) + b.sum * __expf(b.max - m)};
-}
-
-// The block's (max, sum): a shuffle tree in each warp, then warp 0 over the warps' results,
-// always in the same order. Every thread gets the result. Called once per block.
-__device__ MaxSum block_combine(MaxSum v) {
-  __shared__ MaxSum partial[kThreads / kWarp];
-  __shared__ MaxSum total;
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2)
-    v = combine(v, {__shfl_down_sync(0xffffffffu, v.max, offset), __shfl_down_sync(0xffffffffu, v.sum, offset)});
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < kThreads / kWarp ? partial[lane] : MaxSum{-INFINITY, 0.0f};
-#pragma unroll
-    for (int offset = kWarp / 2; offset > 0; offset /= 2)
-      v = combine(v, {__shfl_down_sync(0xffffffffu, v.max, offset), __shfl_down_sync(0xffffffffu, v.sum, offset)});
-    if (lane == 0) total = v;
-  }
-  __syncthreads();
-  return total;
-}
 
 // In is float or bf16; with bf16, grad_out may be the logits themselves (each element is
 // read by the thread that later overwrites it, and the target logit is read before the
@@ -110,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < W; ++k) sum += __expf(v[k] - m);
     acc = {m, acc.sum * __expf(acc.max - m) + sum};  // acc.max = -inf: exp gives 0, sum was 0
   }
-  const MaxSum row_total = block_combine(acc);
+  const MaxSum row_total = block_max_sum<kThreads>(acc);
   const float lse = row_total.max + logf(row_total.sum);
   if (threadIdx.x == 0) {
     stats[2 * row] = static_cast<double>(lse) - target_logit;

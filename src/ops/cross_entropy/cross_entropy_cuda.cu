@@ -2,7 +2,8 @@
 // becomes its own gradient so the chunk buffer feeds the dh/dw GEMMs directly.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels.h"
+#include "ops/block_reduce.cuh"
+#include "ops/cross_entropy/cross_entropy_cuda.h"
 
 namespace kiln::cuda {
 
@@ -10,22 +11,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename Op>
-__device__ float block_reduce(float v, Op op, float* shared) {
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) shared[threadIdx.x] = op(shared[threadIdx.x], shared[threadIdx.x + s]);
-    __syncthreads();
-  }
-  const float result = shared[0];
-  __syncthreads();  // shared is reused by the next reduction
-  return result;
-}
-
 __global__ void rows_kernel(float* logits, const int32_t* targets, int64_t vocab, float z_loss, LossScale scale,
                             float cap, bool grad, double* stats) {
-  __shared__ float shared[kThreads];
   const int64_t row = blockIdx.x;
   float* x = logits + row * vocab;
   const int32_t target = targets[row];
@@ -40,10 +27,10 @@ __global__ void rows_kernel(float* logits, const int32_t* targets, int64_t vocab
     if (cap > 0) x[j] = cap * tanhf(x[j] / cap);
     local_max = fmaxf(local_max, x[j]);
   }
-  const float m = block_reduce(local_max, [](float a, float b) { return fmaxf(a, b); }, shared);
+  const float m = block_max<kThreads>(local_max);
   float local_sum = 0;
   for (int64_t j = threadIdx.x; j < vocab; j += kThreads) local_sum += __expf(x[j] - m);
-  const float lse = m + logf(block_reduce(local_sum, [](float a, float b) { return a + b; }, shared));
+  const float lse = m + logf(block_sum<kThreads>(local_sum));
   const float target_logit = x[target];
   __syncthreads();  // every thread has read x[target] before the row is overwritten
   if (threadIdx.x == 0) {

@@ -2,8 +2,8 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
-#include "ops/cuda_kernels.h"
-#include "ops/cuda_kernels_bf16.h"
+#include "ops/cross_entropy/cross_entropy_cuda.h"
+#include "ops/linear/linear_cuda.h"
 #include "ops/linear/linear.h"
 
 #include <algorithm>

@@ -27,7 +27,7 @@
 #include "core/cuda_context.h"
 #include "ops/attention/warp_attention.cuh"
 #include "ops/dependent_launch.cuh"
-#include "ops/warp_reduce.cuh"
+#include "ops/block_reduce.cuh"
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>

@@ -1,6 +1,6 @@
 // The decoder's fused GPU kernels (declared in ops/decode/decode_kernels.h). Each replaces a run
 // of op front-end calls of a step with one kernel, with the same arithmetic and roundings
-// as those ops' kernels (ops/rms_norm/rms_norm_bf16.cu, ops/elementwise/elementwise_bf16.cu
+// as those ops' kernels (ops/rms_norm/rms_norm_bf16.cu, ops/elementwise/elementwise_cuda.cu
 // and the fp32 ones): the unfused ops are the reference (DecoderOptions::fuse = false).
 // At decode batch sizes these kernels are latency-bound, a few microseconds each, so
 // their count, not their bytes, is what a step pays for.
@@ -9,7 +9,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/dependent_launch.cuh"
-#include "ops/warp_reduce.cuh"
+#include "ops/block_reduce.cuh"
 
 #include <cuda_bf16.h>
 
@@ -112,13 +112,9 @@ __global__ void __launch_bounds__(kNormThreads)
     }
     ss += v * v;
   }
-  ss = warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kNormThreads / 32; ++w) total += partial[w];
-  const float inv = 1.0f / sqrtf(total / static_cast<float>(d) + eps);
+  float total[1] = {ss};
+  block_sum_rows<kNormThreads>(total, partial);
+  const float inv = 1.0f / sqrtf(total[0] / static_cast<float>(d) + eps);
   for (int64_t c = threadIdx.x; c < d; c += kNormThreads) from_f32(xr[c] * inv * gain[c], &yr[c]);
 }
 

@@ -1,86 +1,68 @@
-// Elementwise fp32 kernels: residual adds, SwiGLU, RoPE, the q|k|v split, embedding
-// rows, AdamW, and deterministic reductions (sum of squares, finiteness).
+// Elementwise kernels of the residual stream (declared in elementwise_cuda.h): the adds,
+// scaling, the fp32 <-> bf16 casts, and the deterministic reductions of gradient norms and
+// finiteness checks.
+//
+// The add and the casts have two shapes, chosen per call: W = 8 elements per thread
+// (16-byte bf16 accesses, two float4 of fp32) when every pointer is 16-byte aligned, else
+// W = 1 (offset views); a tail of fewer than 8 elements goes one per thread. The add is one
+// kernel for fp32 and bf16 branches (the mixed path's fp32 + bf16 -> fp32): the same
+// formula, only the branch's load differs.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels.h"
-#include "ops/optim/adamw_math.cuh"
+#include "ops/bf16_vector.cuh"
+#include "ops/block_reduce.cuh"
+#include "ops/elementwise/elementwise_cuda.h"
+#include "ops/grid_stride.cuh"
+
+#include <cuda_bf16.h>
 
 namespace kiln::cuda {
 
 namespace {
 
+using bf16 = __nv_bfloat16;
+using vec::aligned16;
+using vec::load;
+using vec::store;
+
 constexpr int kThreads = 256;
+constexpr int kVec = vec::kWidth;
 constexpr int kReduceBlocks = 1024;
 
-#define KILN_GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-__global__ void add_kernel(const float* a, const float* b, int64_t n, float* out) {
-  KILN_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+// out = a + b with b fp32 or bf16; out may alias a (each thread reads its elements before
+// it writes them).
+template <typename B, int W>
+__global__ void add_kernel(const float* a, const B* __restrict__ b, int64_t n, float* out) {
+  const int64_t body = n / W * W;
+  KILN_GRID_STRIDE(i, body / W) {
+    float x[W], y[W];
+    load<W>(a + i * W, x);
+    load<W>(b + i * W, y);
+#pragma unroll
+    for (int k = 0; k < W; ++k) x[k] += y[k];
+    store<W>(out + i * W, x);
+  }
+  KILN_GRID_STRIDE(i, n - body) out[body + i] = a[body + i] + vec::to_f32(b[body + i]);
 }
+
 __global__ void add_inplace_kernel(float* dst, const float* src, int64_t n) { KILN_GRID_STRIDE(i, n) dst[i] += src[i]; }
 __global__ void scale_kernel(float* x, int64_t n, float factor) { KILN_GRID_STRIDE(i, n) x[i] *= factor; }
 
-__global__ void swiglu_forward_kernel(const float* gu, int64_t n, int64_t f, float* out) {
-  KILN_GRID_STRIDE(idx, n * f) {
-    const int64_t i = idx / f, j = idx % f;
-    const float g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j];
-    out[idx] = g / (1.0f + expf(-g)) * u;
+// dst = src converted (fp32 -> bf16 rounds to nearest even; bf16 -> fp32 is exact). The
+// first n / W * W elements go in vectors, the rest (fewer than 8) one per thread.
+template <typename From, typename To, int W>
+__global__ void convert_kernel(const From* __restrict__ src, int64_t n, To* __restrict__ dst) {
+  const int64_t body = n / W * W;
+  KILN_GRID_STRIDE(i, body / W) {
+    float v[W];
+    load<W>(src + i * W, v);
+    store<W>(dst + i * W, v);
   }
-}
-
-// out (optional, may alias dout): the forward's output again.
-__global__ void swiglu_backward_kernel(const float* gu, const float* dout, int64_t n, int64_t f, float* dgu,
-                                       float* out) {
-  KILN_GRID_STRIDE(idx, n * f) {
-    const int64_t i = idx / f, j = idx % f;
-    const float g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j], dy = dout[idx];
-    const float s = 1.0f / (1.0f + expf(-g));
-    dgu[i * 2 * f + j] = dy * u * s * (1.0f + g * (1.0f - s));
-    dgu[i * 2 * f + f + j] = dy * g * s;
-    if (out) out[idx] = g / (1.0f + expf(-g)) * u;
+  KILN_GRID_STRIDE(i, n - body) {
+    float v[1];
+    load<1>(src + body + i, v);
+    store<1>(dst + body + i, v);
   }
-}
-
-__global__ void rope_kernel(float* x, const int32_t* pos, const float* cos, const float* sin, int64_t n, int64_t heads,
-                            int64_t half, float sign) {
-  KILN_GRID_STRIDE(idx, n * heads * half) {
-    const int64_t j = idx % half, row = idx / half, i = row / heads;
-    float* v = x + row * 2 * half;
-    const float c = cos[pos[i] * half + j], s = sign * sin[pos[i] * half + j];
-    const float x1 = v[j], x2 = v[j + half];
-    v[j] = x1 * c - x2 * s;
-    v[j + half] = x2 * c + x1 * s;
-  }
-}
-
-__global__ void qkv_shuffle_kernel(float* fused, float* q, float* k, float* v, int64_t n, int64_t q_cols,
-                                   int64_t kv_cols, bool to_parts) {
-  const int64_t cols = q_cols + 2 * kv_cols;
-  KILN_GRID_STRIDE(idx, n * cols) {
-    const int64_t i = idx / cols, c = idx % cols;
-    float* part = c < q_cols ? q + i * q_cols + c
-                  : c < q_cols + kv_cols ? k + i * kv_cols + (c - q_cols)
-                                         : v + i * kv_cols + (c - q_cols - kv_cols);
-    if (to_parts)
-      *part = fused[idx];
-    else
-      fused[idx] = *part;
-  }
-}
-
-__global__ void embedding_forward_kernel(const int32_t* tokens, const float* table, int64_t n, int64_t dim, float* out) {
-  KILN_GRID_STRIDE(idx, n * dim) out[idx] = table[static_cast<int64_t>(tokens[idx / dim]) * dim + idx % dim];
-}
-
-__global__ void embedding_backward_kernel(const int32_t* tokens, const float* dout, int64_t n, int64_t dim, float* dt) {
-  KILN_GRID_STRIDE(idx, n * dim) atomicAdd(&dt[static_cast<int64_t>(tokens[idx / dim]) * dim + idx % dim], dout[idx]);
-}
-
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
-                             float eps, float wd, float bc1, float bc2) {
-  const AdamWFactors f = adamw_factors(lr, wd, bc1, bc2);
-  KILN_GRID_STRIDE(i, n) adamw_element(p[i], g[i], m[i], v[i], b1, b2, eps, f.decay, f.step, f.inv_sqrt_bc2);
 }
 
 // Reductions write one partial per block into fixed device storage (no allocation),
@@ -89,29 +71,17 @@ __device__ double g_partials[kReduceBlocks];
 __device__ double g_result;
 
 __global__ void sum_squares_partial(const float* x, int64_t n) {
-  __shared__ double shared[kThreads];
   double sum = 0;
   KILN_GRID_STRIDE(i, n) sum += static_cast<double>(x[i]) * x[i];
-  shared[threadIdx.x] = sum;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) g_partials[blockIdx.x] = shared[0];
+  sum = block_sum<kThreads>(sum);
+  if (threadIdx.x == 0) g_partials[blockIdx.x] = sum;
 }
 
 __global__ void non_finite_partial(const float* x, int64_t n) {
-  __shared__ double shared[kThreads];
   double bad = 0;
   KILN_GRID_STRIDE(i, n) bad += isfinite(x[i]) ? 0.0 : 1.0;
-  shared[threadIdx.x] = bad;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) g_partials[blockIdx.x] = shared[0];
+  bad = block_sum<kThreads>(bad);  // whole numbers: exact in any order
+  if (threadIdx.x == 0) g_partials[blockIdx.x] = bad;
 }
 
 __global__ void sum_partials(int blocks, double* out) {
@@ -142,79 +112,55 @@ double reduce(Kernel kernel, const float* x, int64_t n, const char* op) {
   return result;
 }
 
-}  // namespace
-
 #define KILN_LAUNCH(op, kernel, n, ...)                                            \
   do {                                                                             \
     kernel<<<blocks_for((n), kThreads), kThreads, 0, stream()>>>(__VA_ARGS__);     \
     check_launch(op, #kernel);                                                     \
   } while (0)
 
-void add_f32(const float* a, const float* b, int64_t n, float* out) { KILN_LAUNCH("add", add_kernel, n, a, b, n, out); }
+template <typename B>
+void add(const float* a, const B* b, int64_t n, float* out, const char* op) {
+  if (n == 0) return;
+  // The vector kernel's grid covers the n / 8 vectors; its tail of < 8 elements needs one block.
+  if (aligned16(a) && aligned16(b) && aligned16(out))
+    add_kernel<B, kVec><<<blocks_for(n / kVec, kThreads), kThreads, 0, stream()>>>(a, b, n, out);
+  else
+    add_kernel<B, 1><<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(a, b, n, out);
+  check_launch(op, "add_kernel");
+}
+
+template <typename From, typename To>
+void convert(const From* src, int64_t n, To* dst, const char* op) {
+  if (n == 0) return;
+  if (aligned16(src) && aligned16(dst))
+    convert_kernel<From, To, kVec><<<blocks_for(n / kVec, kThreads), kThreads, 0, stream()>>>(src, n, dst);
+  else
+    convert_kernel<From, To, 1><<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(src, n, dst);
+  check_launch(op, "convert_kernel");
+}
+
+}  // namespace
+
+void add_f32(const float* a, const float* b, int64_t n, float* out) { add(a, b, n, out, "add"); }
+void add_f32_bf16(const float* a, const bf16_bits* b, int64_t n, float* out) {
+  add(a, reinterpret_cast<const bf16*>(b), n, out, "add_f32_bf16");
+}
 void add_inplace_f32(float* dst, const float* src, int64_t n) {
   KILN_LAUNCH("add_inplace", add_inplace_kernel, n, dst, src, n);
 }
 void scale_inplace_f32(float* x, int64_t n, float factor) { KILN_LAUNCH("scale_inplace", scale_kernel, n, x, n, factor); }
-void swiglu_forward_f32(const float* gu, int64_t n, int64_t f, float* out) {
-  KILN_LAUNCH("swiglu", swiglu_forward_kernel, n * f, gu, n, f, out);
+
+void cast_f32_to_bf16(const float* src, int64_t n, bf16_bits* dst) {
+  convert(src, n, reinterpret_cast<bf16*>(dst), "cast_f32_to_bf16");
 }
-void swiglu_backward_f32(const float* gu, const float* dout, int64_t n, int64_t f, float* dgu, float* out) {
-  KILN_LAUNCH("swiglu_backward", swiglu_backward_kernel, n * f, gu, dout, n, f, dgu, out);
+void cast_bf16_to_f32(const bf16_bits* src, int64_t n, float* dst) {
+  convert(reinterpret_cast<const bf16*>(src), n, dst, "cast_bf16_to_f32");
 }
-void rope_apply_f32(float* x, const int32_t* positions, const float* cos, const float* sin, int64_t n, int64_t heads,
-                    int64_t half, bool inverse) {
-  KILN_LAUNCH("rope", rope_kernel, n * heads * half, x, positions, cos, sin, n, heads, half, inverse ? -1.0f : 1.0f);
-}
-void qkv_shuffle_f32(float* fused, float* q, float* k, float* v, int64_t n, int64_t q_cols, int64_t kv_cols,
-                     bool to_parts) {
-  KILN_LAUNCH("qkv_split", qkv_shuffle_kernel, n * (q_cols + 2 * kv_cols), fused, q, k, v, n, q_cols, kv_cols, to_parts);
-}
-void embedding_forward_f32(const int32_t* tokens, const float* table, int64_t n, int64_t dim, float* out) {
-  KILN_LAUNCH("embedding", embedding_forward_kernel, n * dim, tokens, table, n, dim, out);
-}
-void embedding_backward_f32(const int32_t* tokens, const float* dout, int64_t n, int64_t dim, float* dtable) {
-  KILN_LAUNCH("embedding_backward", embedding_backward_kernel, n * dim, tokens, dout, n, dim, dtable);
-}
-void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                      float eps, float weight_decay, float bc1, float bc2) {
-  KILN_LAUNCH("adamw", adamw_kernel, n, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
-}
+
 double sum_squares_f32(const float* x, int64_t n) { return reduce(sum_squares_partial, x, n, "sum_squares"); }
 void sum_squares_to_device_f32(const float* x, int64_t n, double* out) {
   reduce_into(sum_squares_partial, x, n, "sum_squares", out);
 }
 bool all_finite_f32(const float* x, int64_t n) { return reduce(non_finite_partial, x, n, "all_finite") == 0.0; }
-
-}  // namespace kiln::cuda
-
-namespace kiln::cuda {
-
-namespace {
-
-// Block per group of equal token ids, threads over columns: each column of the table row
-// is one thread's sum over the group's rows in their original order.
-__global__ void embedding_backward_grouped_kernel(const int32_t* order, const int32_t* group_tokens,
-                                                  const int32_t* group_starts, const float* dout, int64_t dim,
-                                                  float* dtable) {
-  const int64_t g = blockIdx.x;
-  const int32_t begin = group_starts[g], end = group_starts[g + 1];
-  if (begin == end) return;  // padding of a static grid (a captured step's groups)
-  float* row = dtable + static_cast<int64_t>(group_tokens[g]) * dim;
-  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
-    float sum = 0;
-    for (int32_t r = begin; r < end; ++r) sum += dout[static_cast<int64_t>(order[r]) * dim + c];
-    row[c] += sum;
-  }
-}
-
-}  // namespace
-
-void embedding_backward_grouped_f32(const int32_t* order, const int32_t* group_tokens, const int32_t* group_starts,
-                                    int64_t groups, const float* dout, int64_t dim, float* dtable) {
-  if (groups == 0) return;
-  embedding_backward_grouped_kernel<<<static_cast<unsigned>(groups), 256, 0, stream()>>>(order, group_tokens,
-                                                                                         group_starts, dout, dim, dtable);
-  check_launch("embedding_backward", "embedding_backward_grouped_kernel");
-}
 
 }  // namespace kiln::cuda

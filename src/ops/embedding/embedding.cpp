@@ -2,7 +2,7 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
-#include "ops/cuda_kernels.h"
+#include "ops/embedding/embedding_cuda.h"
 
 #include <cstring>
 

@@ -1,10 +1,10 @@
-// Dtype-generic GEMM on cuBLASLt (the contract is in ops/cuda_kernels.h). Each distinct
+// Dtype-generic GEMM on cuBLASLt (the contract is in ops/linear/linear_cuda.h). Each distinct
 // problem (shape, transposes, dtypes, whether C is read) gets its descriptors and the
 // heuristic's first algorithm once, then reuses them: the step loop never asks the
 // heuristic again, and a given shape always runs the same algorithm (reproducible bits).
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels.h"
+#include "ops/linear/linear_cuda.h"
 #include "ops/linear/gemv_cuda.h"
 
 #include <cublasLt.h>

@@ -26,7 +26,7 @@
 #include "core/cuda_context.h"
 #include "ops/bf16_vector.cuh"
 #include "ops/dependent_launch.cuh"
-#include "ops/warp_reduce.cuh"
+#include "ops/block_reduce.cuh"
 
 #include <cuda_bf16.h>
 
@@ -160,20 +160,10 @@ __device__ __forceinline__ void stage_rows(const Args& p, bf16* as, int64_t stri
 #pragma unroll
         for (int u = 0; u < kStageUnroll; ++u) ss[r] += v[r][u] * v[r][u];
     }
-#pragma unroll
-    for (int r = 0; r < M; ++r) ss[r] = warp_sum(ss[r]);
-    if ((tid & 31) == 0)
-#pragma unroll
-      for (int r = 0; r < M; ++r) scratch[r * kWarps + (tid >> 5)] = ss[r];
-    __syncthreads();
+    block_sum_rows<kThreads>(ss, scratch);
     float inv[M];
 #pragma unroll
-    for (int r = 0; r < M; ++r) {
-      float total = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) total += scratch[r * kWarps + w];
-      inv[r] = 1.0f / sqrtf(total / static_cast<float>(k) + p.eps);
-    }
+    for (int r = 0; r < M; ++r) inv[r] = 1.0f / sqrtf(ss[r] / static_cast<float>(k) + p.eps);
     for (int64_t c0 = tid; c0 < k; c0 += kThreads * kStageUnroll) {
       if (!one_pass) load(c0, true);
 #pragma unroll

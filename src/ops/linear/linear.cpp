@@ -3,7 +3,7 @@
 #include "core/op_profiler.h"
 #include "ops/blas.h"
 #include "ops/common.h"
-#include "ops/cuda_kernels.h"
+#include "ops/linear/linear_cuda.h"
 
 namespace kiln::ops {
 

@@ -3,7 +3,8 @@
 // weight gradients (the mixed-precision path).
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels.h"
+#include "ops/bf16_vector.cuh"
+#include "ops/linear/linear_cuda.h"
 
 #include <cuda_bf16.h>
 
@@ -11,16 +12,14 @@ namespace kiln::cuda {
 
 namespace {
 
-__device__ inline float to_float(float x) { return x; }
-__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ inline void store(float* p, float x) { *p = x; }
-__device__ inline void store(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+using vec::from_f32;
+using vec::to_f32;
 
 template <typename T>
 __global__ void broadcast_rows(const float* __restrict__ bias, int64_t n, int64_t cols, T* __restrict__ y) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * cols;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    store(&y[i], bias[i % cols]);
+    from_f32(bias[i % cols], &y[i]);
 }
 
 // dbias[c] += sum over rows of dy[r, c]: one thread per column, rows in order (deterministic).
@@ -29,7 +28,7 @@ __global__ void column_sums(const T* __restrict__ dy, int64_t n, int64_t cols, f
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
   float sum = 0;
-  for (int64_t r = 0; r < n; ++r) sum += to_float(dy[r * cols + c]);
+  for (int64_t r = 0; r < n; ++r) sum += to_f32(dy[r * cols + c]);
   dbias[c] += sum;
 }
 

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "core/tensor.h"
-#include "ops/cuda_kernels.h"
+#include "ops/optim/adamw_cuda.h"
 
 #include <vector>
 

@@ -1,13 +1,14 @@
-// AdamW over every parameter tensor in one launch (multi-tensor apply). The tensors are
-// cut into chunks of kChunk elements; block b updates chunk b of its tensor. The table of
-// tensors and chunks lives on the device and is rebuilt only when the tensor list
-// changes (in training, never after the first step), so a step costs one launch and no
-// host-to-device copy. The arithmetic is adamw_element (adamw_math.cuh), shared with the
-// per-tensor kernel: the same bits.
+// AdamW on the GPU (declared in adamw_cuda.h): one tensor per launch, or every parameter
+// tensor in one launch (multi-tensor apply). The multi-tensor form cuts the tensors into
+// chunks of kChunk elements; block b updates chunk b of its tensor. The table of tensors
+// and chunks lives on the device and is rebuilt only when the tensor list changes (in
+// training, never after the first step), so a step costs one launch and no host-to-device
+// copy. Both forms compute adamw_element (adamw_math.cuh): the same bits.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/step_graphs.h"
-#include "ops/cuda_kernels.h"
+#include "ops/optim/adamw_cuda.h"
+#include "ops/grid_stride.cuh"
 #include "ops/optim/adamw_math.cuh"
 
 #include <cstdint>
@@ -54,6 +55,13 @@ __device__ __forceinline__ void update_range(const AdamWTensorF32& t, int64_t be
   for (int64_t i = scalar_begin + threadIdx.x; i < end; i += kThreads)
     adamw_element(t.p[i], __fmul_rn(t.g[i], grad_scale), t.m[i], t.v[i], b1, b2, eps, f.decay, f.step,
                   f.inv_sqrt_bc2);
+}
+
+// The per-tensor update: one element per thread of a grid-stride loop.
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
+                             float eps, float wd, float bc1, float bc2) {
+  const AdamWFactors f = adamw_factors(lr, wd, bc1, bc2);
+  KILN_GRID_STRIDE(i, n) adamw_element(p[i], g[i], m[i], v[i], b1, b2, eps, f.decay, f.step, f.inv_sqrt_bc2);
 }
 
 __global__ void adamw_multi_kernel(const AdamWTensorF32* tensors, const Chunk* chunks, float lr, float b1, float b2,
@@ -116,6 +124,13 @@ Table& device_table() {
 }
 
 }  // namespace
+
+void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                      float eps, float weight_decay, float bc1, float bc2) {
+  adamw_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                                                                    bc1, bc2);
+  check_launch("adamw", "adamw_kernel");
+}
 
 void adamw_update_many_f32(const AdamWTensorF32* tensors, int64_t count, float lr, float beta1, float beta2, float eps,
                            float bc1, float bc2) {

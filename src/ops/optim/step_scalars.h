@@ -4,7 +4,7 @@
 // kernel decides before the optimizer runs. One copy in, one copy out per step.
 #pragma once
 
-#include "ops/cuda_kernels.h"
+#include "ops/optim/adamw_cuda.h"
 
 #include <cstdint>
 

@@ -2,9 +2,9 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
-#include "ops/cuda_kernels_bf16.h"
+#include "ops/rms_norm/rms_norm_cpu.h"
+#include "ops/rms_norm/rms_norm_cuda.h"
 #include "ops/elementwise/elementwise.h"
-#include "ops/rms_norm/rms_norm_kernels.h"
 
 namespace kiln::ops {
 

@@ -1,4 +1,4 @@
-// RMSNorm of the mixed-precision path (declared in ops/cuda_kernels_bf16.h): x fp32 (the
+// RMSNorm of the mixed-precision path (declared in ops/rms_norm/rms_norm_cuda.h): x fp32 (the
 // residual stream) or bf16 (per-head q/k norm), gain fp32, y and dy bf16, rstd fp32.
 // Formulas and fp32 arithmetic are those of rms_norm_cuda.cu.
 //
@@ -22,9 +22,10 @@
 // (kiln::cuda::stream()) runs these kernels, so two calls never share it at once.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/cuda_kernels_bf16.h"
+#include "ops/rms_norm/rms_norm_cuda.h"
 
 #include "ops/bf16_vector.cuh"
+#include "ops/block_reduce.cuh"
 #include "ops/column_sums.cuh"
 
 #include <cuda_bf16.h>
@@ -68,33 +69,6 @@ __device__ __forceinline__ void load_gain(const float* w, int64_t c, float (&v)[
   }
 }
 
-// ---- reductions ------------------------------------------------------------------------
-
-// Sum over the kThreads threads of one row group; every one of them gets the same total.
-// All threads of the block call it together (no thread leaves early): the shuffles use the
-// full warp and the block version has barriers.
-template <int kThreads>
-__device__ __forceinline__ float group_sum(float v) {
-  constexpr int kWarpWidth = kThreads < kWarp ? kThreads : kWarp;
-#pragma unroll
-  for (int offset = kWarpWidth / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  if constexpr (kThreads <= kWarp) {
-    return v;
-  } else {
-    static_assert(kThreads % kWarp == 0 && kThreads / kWarp <= kWarp);
-    __shared__ float partial[kThreads / kWarp];
-    const int lane = threadIdx.x % kWarp;
-    __syncthreads();  // partial may still be read by the previous call
-    if (lane == 0) partial[threadIdx.x / kWarp] = v;
-    __syncthreads();
-    // Each warp reduces the same partials in the same order: all see one value.
-    v = lane < kThreads / kWarp ? partial[lane] : 0.0f;
-#pragma unroll
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-  }
-}
-
 // ---- kernels ------------------------------------------------------------------------------
 
 // The row's input: x, or with a branch b (the fused residual add) x + b, which is also
@@ -135,7 +109,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
     for (int k = 0; k < W; ++k) sum_sq += v[k] * v[k];
   }
-  sum_sq = group_sum<kThreads>(sum_sq);
+  sum_sq = block_sum<kThreads>(sum_sq);  // the row group's total (ops/block_reduce.cuh)
   const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(cols) + eps);
   if (valid && t == 0) rstd[row] = inv;
 
@@ -191,7 +165,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
       for (int k = 0; k < W; ++k) dot += d[k] * s[k] * v[k];
     }
-    dot = group_sum<kThreads>(dot);
+    dot = block_sum<kThreads>(dot);
     if (!valid) continue;
     const float inv = rstd[row];
     const float coef = dot * inv * inv / static_cast<float>(cols);

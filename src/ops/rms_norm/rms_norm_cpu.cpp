@@ -1,5 +1,5 @@
 // CPU reference for RMSNorm. Statistics accumulate in at least fp32 (double for f64).
-#include "ops/rms_norm/rms_norm_kernels.h"
+#include "ops/rms_norm/rms_norm_cpu.h"
 
 #include <algorithm>
 #include <cmath>

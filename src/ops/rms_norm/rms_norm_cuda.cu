@@ -1,4 +1,4 @@
-// CUDA kernels for RMSNorm in fp32 (declared in rms_norm_kernels.h).
+// CUDA kernels for RMSNorm in fp32 (declared in rms_norm_cuda.h).
 //
 // Forward and the dx half of backward map one row to a group of threads: a warp when the
 // row is short (8 rows per 256-thread block), a whole 256-thread block when it is long.
@@ -12,8 +12,8 @@
 // it is deterministic and allocation-free (CUDA-graph safe).
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "ops/rms_norm/rms_norm_kernels.h"
-#include "ops/warp_reduce.cuh"
+#include "ops/rms_norm/rms_norm_cuda.h"
+#include "ops/block_reduce.cuh"
 
 #include <climits>
 #include <cstdint>
@@ -29,27 +29,9 @@ constexpr int kBlockThreads = 256;
 constexpr int64_t kWarpRowMaxCols = 1024;
 
 
-// Sum over the kThreads threads that own one row; every one of them gets the total.
-template <int kThreads>
-__device__ __forceinline__ float row_sum(float v) {
-  v = warp_sum(v);
-  if constexpr (kThreads == kWarp) {
-    return v;
-  } else {
-    static_assert(kThreads % kWarp == 0 && kThreads / kWarp <= kWarp);
-    __shared__ float partial[kThreads / kWarp];
-    const int lane = threadIdx.x % kWarp;
-    __syncthreads();  // partial may still be read by a previous call
-    if (lane == 0) partial[threadIdx.x / kWarp] = v;
-    __syncthreads();
-    // Each warp reduces the same partials in the same order: all see one value.
-    return warp_sum(lane < kThreads / kWarp ? partial[lane] : 0.0f);
-  }
-}
-
 // kThreads threads per row, kRows rows per block (kThreads * kRows threads).
 // The block kernel (kRows == 1) is launched with exactly one block per row, so no thread
-// leaves before the barriers in row_sum; the warp kernel has no block barriers.
+// leaves before the barriers in block_sum; the warp kernel has no block barriers.
 template <int kThreads, int kRows, bool kVec>
 __global__ void __launch_bounds__(kThreads* kRows)
     forward_kernel(const float* __restrict__ x, const float* __restrict__ w, float eps, int64_t rows, int64_t cols,
@@ -70,7 +52,7 @@ __global__ void __launch_bounds__(kThreads* kRows)
   } else {
     for (int64_t c = t; c < cols; c += kThreads) sum_sq += xr[c] * xr[c];
   }
-  sum_sq = row_sum<kThreads>(sum_sq);
+  sum_sq = block_sum<kThreads>(sum_sq);
   const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(cols) + eps);
   if (t == 0) rstd[row] = inv;
 
@@ -114,7 +96,7 @@ __global__ void __launch_bounds__(kThreads* kRows)
   } else {
     for (int64_t c = t; c < cols; c += kThreads) dot += gr[c] * (w ? w[c] : 1.0f) * xr[c];
   }
-  dot = row_sum<kThreads>(dot);
+  dot = block_sum<kThreads>(dot);
   const float inv = rstd[row];
   const float coef = dot * inv * inv / static_cast<float>(cols);
 

@@ -2,8 +2,7 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
-#include "ops/cuda_kernels.h"
-#include "ops/cuda_kernels_bf16.h"
+#include "ops/swiglu/swiglu_cuda.h"
 
 #include <cmath>
 

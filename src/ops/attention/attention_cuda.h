@@ -1,0 +1,29 @@
+// The fp32 CUDA kernels behind ops/attention/attention.h (attention_cuda.cu: one warp per
+// query or key row, exact and deterministic) and the arguments they share with the bf16
+// cuDNN path (attention_cudnn.h). They launch on kiln::cuda::stream() and trust their inputs.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::cuda {
+
+struct AttentionArgs {
+  int64_t tokens, q_heads, kv_heads, head_dim, num_seqs;
+  const int32_t* cu_seqlens;  // device
+  float scale;
+  int64_t window;
+  float softcap;
+  bool deterministic = true;  // false: the cuDNN backward may accumulate dQ with atomics
+  // Every sequence holds exactly max_seqlen rows (tokens = num_seqs * max_seqlen): the bf16
+  // (cuDNN) path then runs a plain, faster graph. Ignored by the fp32 kernels.
+  bool uniform = false;
+};
+
+// q [tokens, q_heads, head_dim], k/v [tokens, kv_heads, head_dim] -> out like q, lse
+// [tokens, q_heads]; the backward writes dq, dk, dv (=).
+void attention_forward_f32(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out,
+                           float* lse);
+void attention_backward_f32(const AttentionArgs& a, const float* q, const float* k, const float* v, const float* out,
+                            const float* lse, const float* dout, float* dq, float* dk, float* dv);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,56 @@
+// CUDA kernels behind ops/cross_entropy/lm_head_loss.h: cross-entropy rows of a logits
+// chunk (fp32 in cross_entropy_cuda.cu; the mixed path's in cross_entropy_bf16.cu), the
+// final-logit softcap, and the loss sums kept on the device. They launch on
+// kiln::cuda::stream() and trust their inputs.
+#pragma once
+
+#include "ops/mixed_precision.h"
+
+#include <cstdint>
+
+namespace kiln::cuda {
+
+// The scale of the loss gradient: a value fixed at launch, or (device != null) a float the
+// kernel reads from device memory when it runs, so a captured CUDA graph can be replayed
+// for steps with other target counts.
+struct LossScale {
+  float value = 1.0f;
+  const float* device = nullptr;
+  LossScale(float v) : value(v) {}  // NOLINT: a plain float is the common case
+  LossScale(float v, const float* on_device) : value(v), device(on_device) {}
+#ifdef __CUDACC__
+  __device__ float get() const { return device != nullptr ? *device : value; }
+#endif
+};
+
+// Cross-entropy rows of a logits chunk [rows, vocab] in place: with grad, each row becomes
+// loss_scale * d(objective)/dlogits (zero for ignored targets); row_stats [rows, 2] (f64)
+// receives each row's loss and logsumexp^2.
+void cross_entropy_rows_f32(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
+                            LossScale loss_scale, float softcap, bool grad, double* row_stats);
+
+// Cross-entropy rows of an fp32 logits chunk [rows, vocab] (the LM head GEMM writes fp32
+// logits from bf16 operands). With grad, grad_out [rows, vocab] (bf16) receives
+// loss_scale * d(objective)/dlogits (zero rows for ignored targets), ready for the two
+// backward GEMMs; logits are left as they were. row_stats as cross_entropy_rows_f32.
+void cross_entropy_rows_to_bf16(const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                                float z_loss, LossScale loss_scale, float softcap, bool grad, double* row_stats,
+                                bf16_bits* grad_out);
+
+// The same on a bf16 logits chunk, in place: with grad, each row of `logits` becomes its
+// bf16 gradient (the LM head's mixed path keeps logits in bf16, as autocast does).
+void cross_entropy_rows_bf16(bf16_bits* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
+                             LossScale loss_scale, float softcap, bool grad, double* row_stats);
+
+// x = cap * tanh(x / cap), in place (the sampled rows' logits).
+void softcap_f32(float* x, int64_t n, float cap);
+
+// Loss sums (loss, z, count: three doubles in device memory) accumulated in row order:
+// reset, accumulate each chunk's row_stats, then read (synchronizes). `sums` null: the
+// process's own three (one lm_head_loss call at a time); a caller's array lets a step
+// accumulate over its micro-batches on the device and read once.
+void loss_sums_reset(double* sums);
+void loss_sums_accumulate(double* sums, const double* row_stats, const int32_t* targets, int64_t rows);
+void loss_sums_read(const double* sums, double* loss, double* z, int64_t* count);
+
+}  // namespace kiln::cuda

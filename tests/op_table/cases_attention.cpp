@@ -1,0 +1,138 @@
+// attention (ops/attention/attention.h): causal grouped-query attention over packed
+// sequences, with sliding window, softcap and an explicit scale. The reference is a full
+// softmax per query with explicit causal, window and document masks (two passes, no
+// online rescaling). GPU: the fp32 kernels (the bf16 cuDNN path has its own suite,
+// tests/gpu/test_gpu_attention_cudnn.cpp).
+#include "op_table/op_table.h"
+#include "ops/attention/attention.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace kiln::op_test {
+
+namespace {
+
+struct AttentionShape {
+  std::vector<int32_t> lengths;
+  int64_t hq, hkv, d;
+  ops::AttentionOptions o;
+};
+
+void reference_attention(const Tensors& t, const ops::AttentionOptions& o) {
+  const Tensor& q = t["q"];
+  const int64_t n = q.size(0), hq = q.size(1), hkv = t["k"].size(1), d = q.size(2);
+  const double scale = o.scale > 0 ? o.scale : 1 / std::sqrt(static_cast<double>(d));
+  const double *qp = t.f64("q"), *kp = t.f64("k"), *vp = t.f64("v");
+  double *out = t.f64("out"), *lse = t.f64("lse");
+  const std::vector<int32_t>& cu = t.ints("cu_seqlens");
+  std::vector<int64_t> doc(static_cast<size_t>(n));
+  for (size_t s = 0; s + 1 < cu.size(); ++s)
+    for (int32_t i = cu[s]; i < cu[s + 1]; ++i) doc[static_cast<size_t>(i)] = static_cast<int64_t>(s);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < hq; ++h) {
+      const int64_t g = h / (hq / hkv);
+      std::vector<double> s(static_cast<size_t>(n), -std::numeric_limits<double>::infinity());
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < n; ++j) {
+        const bool visible = doc[static_cast<size_t>(j)] == doc[static_cast<size_t>(i)] && j <= i &&
+                             (o.window == 0 || i - j < o.window);
+        if (!visible) continue;
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot += qp[(i * hq + h) * d + c] * kp[(j * hkv + g) * d + c];
+        double sc = dot * scale;
+        if (o.softcap > 0) sc = o.softcap * std::tanh(sc / o.softcap);
+        s[static_cast<size_t>(j)] = sc;
+        m = std::max(m, sc);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < n; ++j) sum += std::exp(s[static_cast<size_t>(j)] - m);
+      double* o_row = out + (i * hq + h) * d;
+      std::fill(o_row, o_row + d, 0.0);
+      for (int64_t j = 0; j < n; ++j) {
+        const double p = std::exp(s[static_cast<size_t>(j)] - m) / sum;
+        if (p == 0) continue;
+        for (int64_t c = 0; c < d; ++c) o_row[c] += p * vp[(j * hkv + g) * d + c];
+      }
+      lse[i * hq + h] = m + std::log(sum);
+    }
+}
+
+OpCase attention_case(AttentionShape a, double qk_scale, std::vector<DType> cuda) {
+  std::vector<int32_t> cu = {0};
+  std::string lengths;
+  for (int32_t l : a.lengths) {
+    cu.push_back(cu.back() + l);
+    lengths += fmt::format("{}{}", lengths.empty() ? "" : "_", l);
+    a.o.max_seqlen = std::max<int64_t>(a.o.max_seqlen, l);
+  }
+  const int64_t n = cu.back();
+  const Shape qs{n, a.hq, a.d}, ks{n, a.hkv, a.d};
+  OpCase c;
+  c.op = "attention";
+  c.name = fmt::format("len{}_h{}x{}_d{}_w{}_cap{}{}", lengths, a.hq, a.hkv, a.d, a.o.window, a.o.softcap,
+                       a.o.scale > 0 ? fmt::format("_scale{}", a.o.scale) : "");
+  std::replace(c.name.begin(), c.name.end(), '.', 'p');
+  c.tensors = {in("q", qs).scaled(qk_scale), in("k", ks).scaled(qk_scale), in("v", ks), ints("cu_seqlens", cu),
+               out("out", qs),               out("lse", {n, a.hq}, Width::wide), grad_out("dout", "out", qs),
+               grad_in("dq", "q", qs),       grad_in("dk", "k", ks),             grad_in("dv", "v", ks)};
+  const ops::AttentionOptions o = a.o;
+  c.forward = [o](const Tensors& t) {
+    ops::attention_forward(t["q"], t["k"], t["v"], t["cu_seqlens"], o, t["out"], t["lse"]);
+  };
+  c.backward = [o](const Tensors& t) {
+    ops::attention_backward(t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], t["cu_seqlens"], o, t["dq"],
+                            t["dk"], t["dv"]);
+  };
+  c.reference = [o](const Tensors& t) { reference_attention(t, o); };
+  c.cuda = std::move(cuda);
+  c.cpu = qs.numel() <= kCpuMaxElements;
+  c.finite_differences = c.cpu && c.cuda.empty();
+  c.fd = fd_options(1e-6, 1e-4);
+  return c;
+}
+
+}  // namespace
+
+std::vector<OpCase> attention_cases() {
+  std::vector<OpCase> cases;
+  // Finite differences: packed sequences of awkward lengths, GQA, window, softcap; scores
+  // of a few units (q, k scaled 1.5) so the softcap (5) and the window both matter.
+  for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}, {8, 2}})
+    for (int64_t d : {8, 6})
+      for (int64_t window : {0, 3})
+        for (double softcap : {0.0, 5.0}) {
+          AttentionShape a{{1, 5, 17, 3}, hq, hkv, d, {}};
+          a.o.window = window;
+          a.o.softcap = softcap;
+          cases.push_back(attention_case(a, 1.5, {}));
+        }
+  // An empty sequence among others with one kv head shared by 4 query heads and an
+  // explicit scale; window 1 (each query sees only itself); a window longer than every
+  // sequence with a softcap.
+  AttentionShape empty{{2, 0, 7, 1}, 4, 1, 4, {}};
+  empty.o.scale = 0.3;
+  AttentionShape w1{{3, 4}, 2, 1, 6, {}};
+  w1.o.window = 1;
+  AttentionShape wide{{3, 4}, 2, 1, 6, {}};
+  wide.o.window = 100;
+  wide.o.softcap = 2.0;
+  for (const AttentionShape& a : {empty, w1, wide}) cases.push_back(attention_case(a, 1.5, {}));
+  // GPU: sequences of 1 to 40 tokens, 4 query heads over 1, 2 or 4 kv heads, head dims
+  // below, at and above a warp's multiple.
+  for (int64_t hkv : {1, 2, 4})
+    for (int64_t d : {8, 64, 72})
+      for (int64_t window : {0, 7})
+        for (double softcap : {0.0, 5.0}) {
+          AttentionShape a{{1, 5, 17, 3, 40}, 4, hkv, d, {}};
+          a.o.window = window;
+          a.o.softcap = softcap;
+          cases.push_back(attention_case(a, 0.5, {DType::f32}));
+        }
+  return cases;
+}
+
+}  // namespace kiln::op_test

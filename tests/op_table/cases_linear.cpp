@@ -1,0 +1,68 @@
+// linear (ops/linear/linear.h): y = x w^T (+ b); dx (= or +=), dw and db (+=). On the
+// mixed path x, w, y, dy and dx are bf16, the bias and the parameter gradients fp32.
+#include "op_table/op_table.h"
+#include "ops/linear/linear.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace kiln::op_test {
+
+namespace {
+
+OpCase linear_case(int64_t n, int64_t in_f, int64_t out_f, bool bias, bool accumulate_dx, std::vector<DType> cuda) {
+  OpCase c;
+  c.op = "linear";
+  c.name = fmt::format("n{}_in{}_out{}_{}_{}", n, in_f, out_f, bias ? "bias" : "nobias", accumulate_dx ? "acc" : "set");
+  c.tensors = {in("x", {n, in_f}), in("w", {out_f, in_f}), out("y", {n, out_f}), grad_out("dy", "y", {n, out_f}),
+               grad_in("dx", "x", {n, in_f}), grad_in("dw", "w", {out_f, in_f}, Width::wide).accumulating()};
+  if (accumulate_dx) c.tensors[4].accumulating();
+  if (bias) {
+    c.tensors.push_back(in("b", {out_f}, Width::wide));
+    c.tensors.push_back(grad_in("db", "b", {out_f}, Width::wide).accumulating());
+  }
+  c.forward = [](const Tensors& t) { ops::linear_forward(t["x"], t["w"], t.get("b"), t["y"]); };
+  c.backward = [accumulate_dx](const Tensors& t) {
+    ops::linear_backward(t["x"], t["w"], t["dy"], t["dx"], t["dw"], t.get("db"), accumulate_dx);
+  };
+  c.reference = [](const Tensors& t) {
+    const int64_t rows = t["x"].size(0), k = t["x"].size(1), cols = t["w"].size(0);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        double s = t.has("b") ? t.f64("b")[j] : 0.0;
+        for (int64_t e = 0; e < k; ++e) s += t.f64("x")[i * k + e] * t.f64("w")[j * k + e];
+        t.f64("y")[i * cols + j] = s;
+      }
+  };
+  // A dot product's rounding scales with the sum of its terms' sizes, not with the result.
+  c.magnitudes = [](const Tensors& t, DType, Magnitudes& m) {
+    const int64_t rows = t["x"].size(0), k = t["x"].size(1), cols = t["w"].size(0);
+    Magnitude& my = m["y"];
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        double s = t.has("b") ? std::fabs(t.f64("b")[j]) : 0.0;
+        for (int64_t e = 0; e < k; ++e) s += std::fabs(t.f64("x")[i * k + e] * t.f64("w")[j * k + e]);
+        my.values.push_back(s);
+      }
+  };
+  c.cuda = std::move(cuda);
+  c.finite_differences = c.cuda.empty();
+  c.fd = fd_options(1e-8, 1e-4);
+  return c;
+}
+
+}  // namespace
+
+std::vector<OpCase> linear_cases() {
+  std::vector<OpCase> cases;
+  for (bool bias : {false, true})
+    for (bool accumulate : {false, true}) cases.push_back(linear_case(7, 5, 3, bias, accumulate, {}));
+  // GPU: a single row, sizes off every tile, the mixed path too.
+  for (auto [n, in_f, out_f] : {std::tuple<int64_t, int64_t, int64_t>{1, 7, 5}, {37, 64, 96}, {300, 129, 33}})
+    for (bool accumulate : {false, true})
+      cases.push_back(linear_case(n, in_f, out_f, true, accumulate, {DType::f32, DType::bf16}));
+  return cases;
+}
+
+}  // namespace kiln::op_test
