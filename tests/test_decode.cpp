@@ -188,16 +188,17 @@ ModelConfig windowed_softcapped_config() {
 }
 
 // A per-layer pattern over 3 layers: layers 0 and 2 windowed (5 tokens), layer 1 full
-// attention and NoPE, and layer 2's MLP the alternative one (the same component here:
-// what it checks is that each layer's own choices reach its decode path).
-ModelConfig layer_pattern_config() {
+// attention and NoPE, layer 2's MLP a GeGLU, every norm a LayerNorm with bias (or, with
+// `rms`, the RMSNorm the GPU's fused decode kernels fold in).
+ModelConfig layer_pattern_config(bool rms = false) {
   ModelConfig c = small_config(true, false, false);
   c.layers = 3;
   c.sliding_window = 5;
   c.full_attention_layers = "1";
   c.nope_layers = "1";
-  c.alt_mlp = "swiglu";
+  c.alt_mlp = "geglu";
   c.alt_mlp_layers = "from:2";
+  if (!rms) c.norm = "layernorm";
   return c;
 }
 
@@ -207,6 +208,7 @@ TEST(Decoder, MatchesFullForwardF64) {
   check_decoder_matches(small_config(false, true, false, "none"), DType::f64, 1e-12);
   check_decoder_matches(windowed_softcapped_config(), DType::f64, 1e-12);
   check_decoder_matches(layer_pattern_config(), DType::f64, 1e-12);
+  check_decoder_matches(layer_pattern_config(true), DType::f64, 1e-12);
 }
 
 TEST(Decoder, MatchesFullForwardF32) {

@@ -30,11 +30,24 @@ struct Case {
   io::HfArch arch;
 };
 
+// A Qwen3-MoE: layer 0 dense (mlp_only_layers), layer 1 sparse with 4 experts, top 2.
+ModelConfig qwen3_moe_config() {
+  ModelConfig c = test::tiny_config(true, false, false);
+  c.mlp = "moe";
+  c.alt_mlp = "swiglu";
+  c.alt_mlp_layers = "0";
+  c.moe.experts = 4;
+  c.moe.top_k = 2;
+  c.moe.expert_hidden = 32;
+  return c;
+}
+
 std::vector<Case> cases() {
   ModelConfig llama = test::tiny_config(false, false, false, 48);  // head_dim 16 != 48 / 4
   return {{"qwen3", test::tiny_config(true, true, false), io::HfArch::qwen3},
           {"llama", llama, io::HfArch::llama},
-          {"qwen2", test::tiny_config(false, true, true), io::HfArch::qwen2}};
+          {"qwen2", test::tiny_config(false, true, true), io::HfArch::qwen2},
+          {"qwen3_moe", qwen3_moe_config(), io::HfArch::qwen3_moe}};
 }
 
 void expect_same_weights(const std::string& a_dir, const std::string& b_dir, bool bitwise) {
@@ -81,6 +94,9 @@ TEST(ExportHf, EachArchitecturePassesThePythonChecksAndRoundTripsBitwise) {
     EXPECT_EQ(cfg.model.norm_eps, c.config.norm_eps);
     EXPECT_EQ(cfg.model.tie_embeddings, c.config.tie_embeddings);
     EXPECT_EQ(cfg.model.attention_bias, c.config.attention_bias);
+    EXPECT_EQ(cfg.model.mlp, c.config.mlp);
+    EXPECT_EQ(cfg.model.alt_mlp_layers, c.config.alt_mlp_layers);
+    EXPECT_EQ(cfg.model.moe.experts, c.config.moe.experts);
   }
   fs::remove_all(root);
 }
@@ -157,6 +173,14 @@ TEST(ExportHf, RefusesWhatNoStockClassComputes) {
   m.alt_mlp = "swiglu";
   m.alt_mlp_layers = "0";
   EXPECT_EQ(refusal(m), "accepted");
+  // Sparse models: Qwen3-MoE routes by softmax top-k and has no shared expert.
+  m = qwen3_moe_config();
+  EXPECT_EQ(refusal(m), "accepted");
+  m.moe.router = "sigmoid_bias";
+  EXPECT_NE(refusal(m).find("model.moe.router = 'sigmoid_bias'"), std::string::npos) << refusal(m);
+  m = qwen3_moe_config();
+  m.moe.shared_hidden = 16;
+  EXPECT_NE(refusal(m).find("model.moe.shared_hidden = 16"), std::string::npos) << refusal(m);
 
   // Through the CLI: one error line, nothing written.
   const std::string root = test::temp_dir("kiln-export-refuse");

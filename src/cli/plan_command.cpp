@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 namespace kiln::cli {
 
 namespace {
@@ -43,7 +45,12 @@ void add_plan_command(CLI::App& app) {
                config.model.kv_heads, config.model.head_dim, config.model.ffn_hidden, config.model.vocab_size,
                config.model.max_seq_len);
     fmt::print("parameters      {:>14L}  ({} embedding, {} non-embedding)\n", params, embed, params - embed);
-    fmt::print("FLOPs per token {:>14.4g}  (6 x matmul params + 6 x layers x heads x head_dim x context)\n", flops);
+    const double active = model.active_parameter_count();
+    if (active < static_cast<double>(params))
+      fmt::print("active          {:>14L}  (per token: each expert weighed by top_k / experts)\n",
+                 static_cast<int64_t>(std::llround(active)));
+    fmt::print("FLOPs per token {:>14.4g}  (6 x active matmul params + attention's 6 x heads x head_dim x context, "
+               "windows counted)\n", flops);
     fmt::print("FLOPs per step  {:>14.4g}  ({} tokens)\n", flops * static_cast<double>(step_tokens), step_tokens);
     fmt::print("memory ({} on the {}, micro-batch of {} tokens{}):\n",
                build.dtype == DType::bf16 ? "bf16 mixed" : "fp32", gpu ? "GPU" : "CPU", config.train.micro_batch_tokens,

@@ -15,6 +15,7 @@
 #include <array>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 
 namespace kiln::io {
@@ -109,6 +110,44 @@ GgufVocab vocab_from_tokenizer_json(const json& j, const fs::path& path, int64_t
   return v;
 }
 
+// The GGUF tensors of a model in parameter order: one per parameter, or one per stack of
+// parameters llama.cpp keeps as one tensor (an MoE layer's experts: ParamName::gguf_stack),
+// at the place of its first part.
+struct GgufTensor {
+  std::string name;
+  std::vector<const Parameter*> parts;  // one, or the stack's in index order
+};
+
+std::vector<GgufTensor> gguf_tensors(const Model& model) {
+  std::vector<GgufTensor> out;
+  std::map<std::string, size_t> stacks;
+  for (const auto& p : model.parameters()) {
+    const std::string& name = gguf_name(*p);
+    if (p->names().gguf_stack < 0) {
+      out.push_back({name, {p.get()}});
+      continue;
+    }
+    const auto [it, fresh] = stacks.emplace(name, out.size());
+    if (fresh) out.push_back({name, {}});
+    std::vector<const Parameter*>& parts = out[it->second].parts;
+    KILN_CHECK(p->names().gguf_stack == static_cast<int64_t>(parts.size()), "gguf",
+               "parameter '{}' is part {} of '{}', after {} parts: an internal error", p->name(), p->names().gguf_stack,
+               name, parts.size());
+    parts.push_back(p.get());
+  }
+  return out;
+}
+
+// The tensor's shape as kiln and Hugging Face write it (outermost first): a stack of n
+// parts [rows, cols] is [n, rows, cols].
+std::vector<int64_t> gguf_shape(const GgufTensor& t) {
+  std::vector<int64_t> shape;
+  if (t.parts.size() > 1) shape.push_back(static_cast<int64_t>(t.parts.size()));
+  const Shape part = t.parts.front()->shape();
+  for (int i = 0; i < part.rank(); ++i) shape.push_back(part[i]);
+  return shape;
+}
+
 }  // namespace
 
 GgufExportReport export_gguf(const std::string& model_path, const std::string& out_path,
@@ -124,7 +163,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
              type);
 
   GgufExportReport report;
-  report.arch = std::string(hf_model_type(arch));
+  report.arch = std::string(gguf_architecture(arch));
   const std::string a = report.arch;
   GgufWriter w;
   w.set("general.architecture", a);
@@ -135,7 +174,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
   // The components' fields (nn/export_config.h), refused before anything is written;
   // integers are llama.cpp's uint32, floats its float32.
   json fields = json::object();
-  ExportConfig out(ExportConfig::Format::gguf, a, m.layers, fields);
+  ExportConfig out(ExportConfig::Format::gguf, std::string(hf_model_type(arch)), a, m.layers, fields);
   loaded.model->backbone().export_config(out);
   loaded.model->head().export_config(out);
   for (const auto& [key, value] : fields.items()) {
@@ -168,15 +207,17 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
   w.set("tokenizer.ggml.add_bos_token", true);
   w.set("tokenizer.ggml.add_eos_token", false);
 
-  for (const auto& p : loaded.model->parameters()) {
-    const Tensor value = p->value();
-    std::vector<float> x = host_floats(value);
-    std::vector<int64_t> shape;
-    for (int i = 0; i < value.rank(); ++i) shape.push_back(value.size(i));
-    if (permuted(arch, *p)) x = permute_rows(x, shape[0], shape[1], m.head_dim, false);
+  for (const GgufTensor& tensor : gguf_tensors(*loaded.model)) {
+    std::vector<float> x;
+    for (const Parameter* p : tensor.parts) {
+      std::vector<float> part = host_floats(p->value());
+      if (permuted(arch, *p)) part = permute_rows(part, p->shape()[0], p->shape()[1], m.head_dim, false);
+      x.insert(x.end(), part.begin(), part.end());
+    }
+    const std::vector<int64_t> shape = gguf_shape(tensor);
     GgmlType t = GgmlType::f32;
-    if (shape.size() == 2 && type == "bf16") t = GgmlType::bf16;
-    if (shape.size() == 2 && type == "q8_0" && shape[1] % kQ8_0Block == 0) t = GgmlType::q8_0;
+    if (shape.size() >= 2 && type == "bf16") t = GgmlType::bf16;
+    if (shape.size() >= 2 && type == "q8_0" && shape.back() % kQ8_0Block == 0) t = GgmlType::q8_0;
     std::vector<uint8_t> bytes;
     if (t == GgmlType::f32) {
       bytes.resize(x.size() * 4);
@@ -192,7 +233,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
     }
     (t == GgmlType::f32 ? report.kept_f32 : report.quantized) += 1;
     report.bytes += static_cast<int64_t>(bytes.size());
-    w.add_tensor(gguf_name(*p), t, shape, std::move(bytes));
+    w.add_tensor(tensor.name, t, shape, std::move(bytes));
     ++report.tensors;
   }
   const fs::path parent = fs::path(out_path).parent_path();
@@ -206,22 +247,25 @@ void load_gguf_weights(Model& model, const std::string& path) {
   const ModelConfig& m = model.config();
   const HfArch arch = choose_hf_arch(m);
   const auto& file_arch = std::get<std::string>(file.get("general.architecture"));
-  KILN_CHECK(file_arch == hf_model_type(arch), "gguf", "{}: architecture '{}', this model exports as '{}'", path,
-             file_arch, hf_model_type(arch));
+  KILN_CHECK(file_arch == gguf_architecture(arch), "gguf", "{}: architecture '{}', this model exports as '{}'", path,
+             file_arch, gguf_architecture(arch));
   std::set<std::string> expected;
-  for (const auto& p : model.parameters()) {
-    const std::string name = gguf_name(*p);
-    expected.insert(name);
-    const auto& info = file.tensor(name);
-    const Tensor value = p->value();
-    KILN_CHECK(value.dtype() == DType::f32, "gguf", "load into an f32 model");
-    std::vector<int64_t> shape;
-    for (int i = 0; i < value.rank(); ++i) shape.push_back(value.size(i));
-    KILN_CHECK(info.shape == shape, "gguf", "{}: tensor '{}' has the wrong shape", path, name);
-    std::vector<float> x = file.read_f32(name);
-    if (permuted(arch, *p)) x = permute_rows(x, shape[0], shape[1], m.head_dim, true);
-    Tensor host(x.data(), DType::f32, Device::cpu, value.shape());
-    copy_tensor(host, value);
+  for (const GgufTensor& tensor : gguf_tensors(model)) {
+    expected.insert(tensor.name);
+    const auto& info = file.tensor(tensor.name);
+    KILN_CHECK(info.shape == gguf_shape(tensor), "gguf", "{}: tensor '{}' has the wrong shape", path, tensor.name);
+    const std::vector<float> all = file.read_f32(tensor.name);
+    size_t at = 0;
+    for (const Parameter* p : tensor.parts) {
+      const Tensor value = p->value();
+      KILN_CHECK(value.dtype() == DType::f32, "gguf", "load into an f32 model");
+      std::vector<float> x(all.begin() + static_cast<std::ptrdiff_t>(at),
+                           all.begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(value.numel())));
+      at += static_cast<size_t>(value.numel());
+      if (permuted(arch, *p)) x = permute_rows(x, value.size(0), value.size(1), m.head_dim, true);
+      Tensor host(x.data(), DType::f32, Device::cpu, value.shape());
+      copy_tensor(host, value);
+    }
   }
   for (const auto& t : file.tensors())
     KILN_CHECK(expected.count(t.name), "gguf", "{}: tensor '{}' does not belong to this model", path, t.name);

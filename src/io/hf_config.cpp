@@ -1,32 +1,50 @@
 #include "io/hf_config.h"
 
+#include "config/layer_pattern.h"
 #include "core/error.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace kiln::io {
 
 using nlohmann::json;
 
-std::string_view hf_model_type(HfArch arch) {
-  switch (arch) {
-    case HfArch::qwen3: return "qwen3";
-    case HfArch::llama: return "llama";
-    case HfArch::qwen2: return "qwen2";
-  }
-  return "?";
+namespace {
+
+// The stock families: Hugging Face's model_type and class, llama.cpp's architecture.
+struct Family {
+  HfArch arch;
+  std::string_view model_type, architecture, gguf;
+};
+
+constexpr Family kFamilies[] = {
+    {HfArch::qwen3, "qwen3", "Qwen3ForCausalLM", "qwen3"},
+    {HfArch::llama, "llama", "LlamaForCausalLM", "llama"},
+    {HfArch::qwen2, "qwen2", "Qwen2ForCausalLM", "qwen2"},
+    {HfArch::qwen3_moe, "qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe"},
+};
+
+const Family& family(HfArch arch) {
+  for (const Family& f : kFamilies)
+    if (f.arch == arch) return f;
+  fail("export", "internal: no family for architecture {}", static_cast<int>(arch));
 }
 
-std::string_view hf_architecture(HfArch arch) {
-  switch (arch) {
-    case HfArch::qwen3: return "Qwen3ForCausalLM";
-    case HfArch::llama: return "LlamaForCausalLM";
-    case HfArch::qwen2: return "Qwen2ForCausalLM";
-  }
-  return "?";
+bool has_sparse_layers(const ModelConfig& m) {
+  for (int64_t l = 0; l < m.layers; ++l)
+    if (layer_choices(m, l).mlp == "moe") return true;
+  return false;
 }
+
+}  // namespace
+
+std::string_view hf_model_type(HfArch arch) { return family(arch).model_type; }
+std::string_view hf_architecture(HfArch arch) { return family(arch).architecture; }
+std::string_view gguf_architecture(HfArch arch) { return family(arch).gguf; }
 
 HfArch choose_hf_arch(const ModelConfig& m) {
+  if (has_sparse_layers(m)) return HfArch::qwen3_moe;
   if (m.qk_norm) return HfArch::qwen3;
   return m.attention_bias ? HfArch::qwen2 : HfArch::llama;
 }
@@ -36,11 +54,17 @@ json hf_config_json(const Model& model, HfArch arch, const HfSpecialTokens& spec
   json c;
   c["architectures"] = {std::string(hf_architecture(arch))};
   c["model_type"] = std::string(hf_model_type(arch));
-  ExportConfig out(ExportConfig::Format::hf, std::string(hf_model_type(arch)), m.layers, c);
+  if (arch == HfArch::qwen3_moe) {  // every layer sparse unless the dense MLPs list themselves
+    c["decoder_sparse_step"] = 1;
+    c["mlp_only_layers"] = json::array();
+  }
+  ExportConfig out(ExportConfig::Format::hf, std::string(hf_model_type(arch)), std::string(gguf_architecture(arch)),
+                   m.layers, c);
   model.backbone().export_config(out);
   model.head().export_config(out);
   c["use_cache"] = true;
   if (arch != HfArch::llama) c["max_window_layers"] = m.layers;  // no window on any layer
+  if (arch == HfArch::qwen3_moe && !c.contains("intermediate_size")) c["intermediate_size"] = m.ffn_hidden;
   if (special.bos >= 0) c["bos_token_id"] = special.bos;
   if (special.eos >= 0) c["eos_token_id"] = special.eos;
   if (special.pad >= 0) c["pad_token_id"] = special.pad;
@@ -87,6 +111,32 @@ std::optional<double> plain_rope(const json& c, const char* key, const std::stri
 
 }  // namespace
 
+// Qwen3-MoE's sparse layers: layer l is sparse unless listed in mlp_only_layers, if
+// (l + 1) % decoder_sparse_step == 0 (transformers' Qwen3MoeDecoderLayer); the others are
+// dense SwiGLU layers of intermediate_size (kiln's alt_mlp_layers).
+static void read_qwen3_moe(const json& c, const std::string& where, ModelConfig& m) {
+  MoeConfig& moe = m.moe;
+  moe.experts = require<int64_t>(c, "num_experts", where);
+  moe.top_k = require<int64_t>(c, "num_experts_per_tok", where);
+  moe.expert_hidden = require<int64_t>(c, "moe_intermediate_size", where);
+  moe.norm_topk_prob = get<bool>(c, "norm_topk_prob", false, where);
+  moe.aux_loss = get<double>(c, "router_aux_loss_coef", 0.001, where);
+  moe.router = "softmax_topk";
+  const int64_t step = get<int64_t>(c, "decoder_sparse_step", 1, where);
+  KILN_CHECK(step >= 1, "import", "{}: decoder_sparse_step = {} must be >= 1", where, step);
+  std::vector<int64_t> dense_only;
+  const auto only = c.find("mlp_only_layers");
+  if (only != c.end() && only->is_array())
+    for (const auto& l : *only) dense_only.push_back(l.get<int64_t>());
+  std::string dense;
+  for (int64_t l = 0; l < m.layers; ++l) {
+    const bool listed = std::find(dense_only.begin(), dense_only.end(), l) != dense_only.end();
+    if (listed || (l + 1) % step != 0) dense += (dense.empty() ? "" : ",") + std::to_string(l);
+  }
+  m.mlp = "moe";
+  if (!dense.empty()) m.alt_mlp = "swiglu", m.alt_mlp_layers = dense;
+}
+
 HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   KILN_CHECK(c.is_object(), "import", "{}: not a JSON object", where);
   const std::string type = get<std::string>(c, "model_type", "", where);
@@ -97,8 +147,10 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
     spec.arch = HfArch::llama;
   } else if (type == "qwen2") {
     spec.arch = HfArch::qwen2;
+  } else if (type == "qwen3_moe") {
+    spec.arch = HfArch::qwen3_moe;
   } else {
-    fail("import", "{}: model_type '{}' is not one kiln imports (qwen3, llama, qwen2)", where, type);
+    fail("import", "{}: model_type '{}' is not one kiln imports (qwen3, llama, qwen2, qwen3_moe)", where, type);
   }
   KILN_CHECK(!c.contains("quantization_config"), "import", "{}: quantized checkpoints are not supported", where);
   const std::string act = get<std::string>(c, "hidden_act", "silu", where);
@@ -113,7 +165,8 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   m.ffn_hidden = require<int64_t>(c, "intermediate_size", where);
   KILN_CHECK(m.heads > 0 && m.hidden > 0, "import", "{}: hidden_size and num_attention_heads must be positive", where);
   // Qwen3Config's head_dim defaults to 128; Llama/Qwen2 fall back to hidden / heads.
-  m.head_dim = get<int64_t>(c, "head_dim", spec.arch == HfArch::qwen3 ? 128 : m.hidden / m.heads, where);
+  const bool qwen3 = spec.arch == HfArch::qwen3 || spec.arch == HfArch::qwen3_moe;
+  m.head_dim = get<int64_t>(c, "head_dim", qwen3 ? 128 : m.hidden / m.heads, where);
   m.max_seq_len = get<int64_t>(c, "max_position_embeddings", spec.arch == HfArch::llama ? 2048 : 32768, where);
   m.norm_eps = get<double>(c, "rms_norm_eps", 1e-6, where);
   m.tie_embeddings = get<bool>(c, "tie_word_embeddings", false, where);
@@ -122,7 +175,8 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   m.mlp = "swiglu";
   m.attention = "gqa";
   m.position = "rope";
-  m.qk_norm = spec.arch == HfArch::qwen3;
+  m.qk_norm = qwen3;
+  if (spec.arch == HfArch::qwen3_moe) read_qwen3_moe(c, where, m);
   m.attention_bias = spec.arch == HfArch::qwen2;
   m.name = get<std::string>(c, "kiln_model_name", std::string(hf_model_type(spec.arch)) + "-import", where);
 

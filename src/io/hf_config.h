@@ -3,6 +3,9 @@
 // Export picks the one stock family that can compute the model, and the model's components
 // write its fields (nn/export_config.h), each refusing, by its config key, what the family
 // cannot express:
+//   sparse layers (mlp "moe")   -> Qwen3MoeForCausalLM (model_type "qwen3_moe": softmax_topk
+//                                  routing, q/k norms, no shared expert; dense layers as
+//                                  mlp_only_layers)
 //   qk_norm on                  -> Qwen3ForCausalLM  (model_type "qwen3")
 //   qk_norm off, q/k/v bias     -> Qwen2ForCausalLM  (model_type "qwen2")
 //   qk_norm off, no bias        -> LlamaForCausalLM  (model_type "llama"; head_dim written
@@ -24,10 +27,11 @@
 
 namespace kiln::io {
 
-enum class HfArch { qwen3, llama, qwen2 };
+enum class HfArch { qwen3, llama, qwen2, qwen3_moe };
 
 std::string_view hf_model_type(HfArch arch);        // "qwen3"
 std::string_view hf_architecture(HfArch arch);      // "Qwen3ForCausalLM"
+std::string_view gguf_architecture(HfArch arch);    // llama.cpp's name: "qwen3", "qwen3moe"
 
 // The stock family that may represent `model` (its components then refuse what it cannot).
 HfArch choose_hf_arch(const ModelConfig& model);

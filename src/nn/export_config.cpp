@@ -4,11 +4,18 @@
 
 namespace kiln {
 
-ExportConfig::ExportConfig(Format format, std::string family, int64_t layers, nlohmann::json& out)
-    : format_(format), family_(std::move(family)), layers_(layers), out_(out) {}
+ExportConfig::ExportConfig(Format format, std::string family, std::string gguf_arch, int64_t layers,
+                           nlohmann::json& out)
+    : format_(format), family_(std::move(family)), gguf_arch_(std::move(gguf_arch)), layers_(layers), out_(out) {}
 
 std::string ExportConfig::full_key(const std::string& key) const {
-  return format_ == Format::gguf ? family_ + "." + key : key;
+  return format_ == Format::gguf ? gguf_arch_ + "." + key : key;
+}
+
+void ExportConfig::append(const std::string& key, const nlohmann::json& value) {
+  const std::string k = full_key(key);
+  if (!out_.contains(k)) out_[k] = nlohmann::json::array();
+  out_[k].push_back(value);
 }
 
 void ExportConfig::set(const std::string& key, const nlohmann::json& value, std::string_view config_key) {

@@ -21,9 +21,10 @@ class ExportConfig {
  public:
   enum class Format { hf, gguf };
 
-  // family: the stock architecture ("qwen3", "llama", "qwen2"); GGUF keys are written as
-  // "<family>.<key>" (llama.cpp's convention) into `out`.
-  ExportConfig(Format format, std::string family, int64_t layers, nlohmann::json& out);
+  // family: the stock architecture by its Hugging Face model_type ("qwen3", "llama",
+  // "qwen2", "qwen3_moe"); GGUF keys are written as "<gguf_arch>.<key>" (llama.cpp's
+  // convention: "qwen3moe.expert_count") into `out`.
+  ExportConfig(Format format, std::string family, std::string gguf_arch, int64_t layers, nlohmann::json& out);
 
   Format format() const { return format_; }
   const std::string& family() const { return family_; }
@@ -33,6 +34,8 @@ class ExportConfig {
   void set(const std::string& key, const nlohmann::json& value, std::string_view config_key);
   // out[key][layer] = value in a per-layer list (Hugging Face's layer_types).
   void set_layer(const std::string& key, int64_t layer, const nlohmann::json& value);
+  // Appends value to the list out[key] (created empty by the family: mlp_only_layers).
+  void append(const std::string& key, const nlohmann::json& value);
   // Throws "[export] <config_key> = <value>: <why>; no stock <family> model computes this".
   [[noreturn]] void refuse(std::string_view config_key, const std::string& value, std::string_view why) const;
 
@@ -40,7 +43,7 @@ class ExportConfig {
   std::string full_key(const std::string& key) const;
 
   Format format_;
-  std::string family_;
+  std::string family_, gguf_arch_;
   int64_t layers_;
   nlohmann::json& out_;
 };

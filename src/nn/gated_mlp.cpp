@@ -94,7 +94,7 @@ class GatedDecoder final : public BranchDecoder {
 class GatedMlp final : public Mlp {
  public:
   GatedMlp(BuildContext& ctx, const LayerSpec& layer, const GatedActivation& act, const char* key)
-      : act_(act), key_(key), workspace_(ctx.workspace) {
+      : act_(act), key_(key), layer_(layer.index), workspace_(ctx.workspace) {
     const ModelConfig& m = *layer.model;
     const int64_t t = ctx.max_tokens, f = m.ffn_hidden;
     const NameScope n = layer.names.child("mlp.", "mlp.", "");
@@ -145,16 +145,20 @@ class GatedMlp final : public Mlp {
     if (out.format() == ExportConfig::Format::gguf) {
       if (!act_.llama_cpp)
         out.refuse(key_, "'geglu'", "llama.cpp's graph of this family gates with silu");
+      if (out.is("qwen3_moe"))
+        out.refuse("model.alt_mlp_layers", std::to_string(layer_), "llama.cpp's qwen3moe has sparse layers only");
       return out.set("feed_forward_length", width, "model.ffn_hidden");
     }
     out.set("intermediate_size", width, "model.ffn_hidden");
     out.set("hidden_act", act_.hf_act, key_);
     if (out.is("llama")) out.set("mlp_bias", false, key_);
+    if (out.is("qwen3_moe")) out.append("mlp_only_layers", layer_);  // a dense layer among sparse ones
   }
 
  private:
   const GatedActivation& act_;
   const char* key_;  // the config key that chose it (model.mlp or model.alt_mlp), for refusals
+  int64_t layer_;
   Workspace& workspace_;
   Tensor gate_up_w_, gate_up_g_;  // [2F, hidden]: gate rows, then up rows
   Tensor down_w_, down_g_;        // [hidden, F]

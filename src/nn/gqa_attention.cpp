@@ -112,7 +112,7 @@ void GqaAttention::export_config(ExportConfig& out) const {
   if (options_.window > 0)
     out.refuse("model.sliding_window", std::to_string(options_.window),
                "windowed attention is not exported yet (no verified mapping to a stock class)");
-  const bool qwen3 = out.is("qwen3"), qwen2 = out.is("qwen2");
+  const bool qwen3 = out.is("qwen3") || out.is("qwen3_moe"), qwen2 = out.is("qwen2");
   if (qk_norm != qwen3) out.refuse("model.qk_norm", qk_norm ? "true" : "false", "only Qwen3 has q/k norms");
   if (bias != qwen2)
     out.refuse("model.attention_bias", bias ? "true" : "false",

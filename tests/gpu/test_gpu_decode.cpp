@@ -533,6 +533,27 @@ TEST_F(DecoderGpu, WindowAndSoftcapsMatchCpuDecoder) {
   check_gpu_decoder_of(config, "window_softcap_d64", DType::bf16, false, 5e-2, true);
 }
 
+// A per-layer pattern (windowed and full layers, a NoPE layer, a GeGLU layer) through the
+// GPU decoders against the CPU one: with RMSNorm the fused branches where a component has
+// them (the GeGLU layer's MLP runs unfused in the same captured step), with LayerNorm every
+// branch on its ops.
+TEST_F(DecoderGpu, LayerPatternsMatchCpuDecoder) {
+  for (const char* norm : {"rmsnorm", "layernorm"}) {
+    ModelConfig config = tiny_config(64);
+    config.layers = 3;
+    config.sliding_window = 5;
+    config.full_attention_layers = "1";
+    config.nope_layers = "1";
+    config.alt_mlp = "geglu";
+    config.alt_mlp_layers = "from:2";
+    config.norm = norm;
+    const std::string label = std::string("pattern_") + norm;
+    check_gpu_decoder_of(config, label, DType::bf16, true, 5e-2, true);
+    check_gpu_decoder_of(config, label, DType::bf16, false, 5e-2, true);
+    check_gpu_decoder_of(config, label, DType::f32, true, 1e-4, true);
+  }
+}
+
 TEST_F(DecoderGpu, F32MatchesCpuDecoder) {
   check_gpu_decoder(DType::f32, true, 1e-4);
   check_gpu_decoder(DType::f32, false, 1e-4);

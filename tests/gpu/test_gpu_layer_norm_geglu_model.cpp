@@ -43,6 +43,22 @@ ModelConfig layer_norm_geglu_config() {
   return c;
 }
 
+// A per-layer pattern on three layers: layers 0 and 2 windowed (9 tokens, shorter than the
+// documents), layer 1 full attention without RoPE, layer 2's MLP a GeGLU (the others
+// SwiGLU), every norm a LayerNorm.
+ModelConfig layer_pattern_config() {
+  ModelConfig c = layer_norm_geglu_config();
+  c.name = "layer-pattern-tiny";
+  c.layers = 3;
+  c.mlp = "swiglu";
+  c.alt_mlp = "geglu";
+  c.alt_mlp_layers = "from:2";
+  c.sliding_window = 9;
+  c.full_attention_layers = "1";
+  c.nope_layers = "1";
+  return c;
+}
+
 // Three documents of 17, 40 and 23 bytes (BOS first, EOS as the last target) and an
 // 8-token PAD tail without targets.
 HostBatch three_documents() {
@@ -124,8 +140,7 @@ struct ModelTolerance {
 class LayerNormGegluModel : public GpuTest {
  protected:
   // The CPU fp32 model and its results, and the GPU model of `dtype` with the same weights.
-  void compare(DType dtype, ModelTolerance tol) {
-    const ModelConfig c = layer_norm_geglu_config();
+  void compare(DType dtype, ModelTolerance tol, const ModelConfig& c = layer_norm_geglu_config()) {
     const HostBatch batch = three_documents();
     Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
     cpu.allocate();
@@ -138,6 +153,7 @@ class LayerNormGegluModel : public GpuTest {
       copy_tensor(cpu.parameters()[i]->value(), gpu.parameters()[i]->value());
     }
     ASSERT_NE(cpu.find_parameter("layers.1.mlp_norm.bias"), nullptr);
+    std::printf("%s:\n", c.name.c_str());
     ASSERT_NE(cpu.find_parameter("final_norm.bias"), nullptr);
 
     const Results want = run(cpu, batch), got = run(gpu, batch);
@@ -160,6 +176,16 @@ class LayerNormGegluModel : public GpuTest {
 TEST_F(LayerNormGegluModel, Fp32GpuMatchesTheCpu) { compare(DType::f32, {1e-4, 1e-5, 1e-3, kFloorFraction}); }
 
 TEST_F(LayerNormGegluModel, Bf16GpuMatchesTheFp32Cpu) { compare(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}); }
+
+// The per-layer pattern's forward and backward on the GPU (windowed and full layers, a NoPE
+// layer, two MLPs) against the CPU: each layer's choices reach the GPU kernels.
+TEST_F(LayerNormGegluModel, LayerPatternFp32GpuMatchesTheCpu) {
+  compare(DType::f32, {1e-4, 1e-5, 1e-3, kFloorFraction}, layer_pattern_config());
+}
+
+TEST_F(LayerNormGegluModel, LayerPatternBf16GpuMatchesTheFp32Cpu) {
+  compare(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}, layer_pattern_config());
+}
 
 // Recompute calls the norm's forward again (and the MLP its activation): the same bits.
 TEST_F(LayerNormGegluModel, RecomputedBlocksGiveTheSameGradientsBf16) {

@@ -25,7 +25,8 @@ ST_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 def check_config(out, m):
     cfg = json.load(open(f"{out}/config.json"))
     arch = ref.expected_arch(m)
-    classes = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+    classes = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3_moe": "Qwen3MoeForCausalLM"}
     check(cfg["model_type"] == arch and cfg["architectures"] == [classes[arch]], f"architecture {cfg['model_type']} != {arch}")
     want = {"vocab_size": m["vocab_size"], "hidden_size": m["hidden"], "num_hidden_layers": m["layers"],
             "num_attention_heads": m["heads"], "num_key_value_heads": m["kv_heads"], "head_dim": m["head_dim"],
@@ -36,6 +37,14 @@ def check_config(out, m):
         check(cfg[k] == v, f"config.json {k} = {cfg[k]!r}, expected {v!r}")
     check(cfg["rope_theta"] == m["rope_theta"] and cfg["rope_parameters"]["rope_theta"] == m["rope_theta"], "rope_theta")
     check(cfg.get("rope_scaling") is None and cfg["rope_parameters"]["rope_type"] == "default", "rope scaling")
+    if arch == "qwen3_moe":  # transformers: layer l sparse unless in mlp_only_layers, if (l + 1) % step == 0
+        moe = m["moe"]
+        for k, v in {"num_experts": moe["experts"], "num_experts_per_tok": moe["top_k"],
+                     "moe_intermediate_size": moe["expert_hidden"], "norm_topk_prob": moe["norm_topk_prob"]}.items():
+            check(cfg[k] == v, f"config.json {k} = {cfg[k]!r}, expected {v!r}")
+        step, only = cfg["decoder_sparse_step"], set(cfg["mlp_only_layers"])
+        sparse = [l for l in range(m["layers"]) if l not in only and (l + 1) % step == 0]
+        check(sparse == ref.sparse_layers(m), f"sparse layers {sparse} != {ref.sparse_layers(m)}")
     if arch != "qwen2":
         check(cfg["attention_bias"] is False, "attention_bias")
     if arch != "llama":

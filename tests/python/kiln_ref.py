@@ -39,7 +39,16 @@ def gpt2_bytes_to_unicode():
     return dict(zip(bs, [chr(c) for c in cs]))
 
 
+def sparse_layers(m):
+    """The layers whose MLP is the sparse one (model.mlp = "moe", except model.alt_mlp_layers;
+    the tests write alt_mlp_layers as a plain comma list)."""
+    alt = {int(x) for x in m.get("alt_mlp_layers", "").split(",") if x.strip()}
+    return [l for l in range(m["layers"]) if m.get("mlp") == "moe" and l not in alt]
+
+
 def expected_arch(m):
+    if sparse_layers(m):
+        return "qwen3_moe"
     if m["qk_norm"]:
         return "qwen3"
     return "qwen2" if m["attention_bias"] else "llama"
@@ -51,14 +60,23 @@ def hf_tensor_shapes(m):
     shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
     if not m["tie_embeddings"]:
         shapes["lm_head.weight"] = (v, d)
+    sparse = sparse_layers(m)
     for l in range(m["layers"]):
         p = f"model.layers.{l}."
         shapes.update({
             p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
             p + "self_attn.q_proj.weight": (q, d), p + "self_attn.k_proj.weight": (kv, d),
             p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.o_proj.weight": (d, q),
-            p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d), p + "mlp.down_proj.weight": (d, f),
         })
+        if l in sparse:  # Qwen3-MoE: the router, then each expert's SwiGLU
+            e, fe = m["moe"]["experts"], m["moe"]["expert_hidden"]
+            shapes[p + "mlp.gate.weight"] = (e, d)
+            for x in range(e):
+                shapes.update({p + f"mlp.experts.{x}.gate_proj.weight": (fe, d), p + f"mlp.experts.{x}.up_proj.weight": (fe, d),
+                               p + f"mlp.experts.{x}.down_proj.weight": (d, fe)})
+        else:
+            shapes.update({p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
+                           p + "mlp.down_proj.weight": (d, f)})
         if m["qk_norm"]:
             shapes[p + "self_attn.q_norm.weight"] = (hd,)
             shapes[p + "self_attn.k_norm.weight"] = (hd,)
