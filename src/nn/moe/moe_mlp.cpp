@@ -115,7 +115,10 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   router_->route(logits, routes, probs, router_saved_.rows(0, t));
   ops::moe_dispatch(routes.experts, d);
   // The step's load: of training forwards, once (not a recomputed block's forward again).
-  if (losses_.backward && !losses_.recomputing) add_step_counts(d.counts);
+  if (losses_.backward && !losses_.recomputing) {
+    add_step_counts(d.counts);
+    add_entropy(probs);
+  }
   const Tensor grouped = scope.take(x.dtype(), Shape{t * k, hidden_});
   const Tensor gate_up = gate_up_.rows(0, t * k), act = scope.take(x.dtype(), Shape{t * k, f});
   const Tensor y = expert_out_.rows(0, t * k);
@@ -192,9 +195,47 @@ void MoeMlp::add_step_counts(const Tensor& counts) {
   for (int64_t e = 0; e < moe_.experts; ++e) step[e] += c[e];
 }
 
+void MoeMlp::add_entropy(const Tensor& probs) {
+  const int64_t t = probs.size(0), e = probs.size(1);
+  for (int64_t i = 0; i < t * e; ++i) {
+    const double p = probs.dtype() == DType::f64 ? probs.data<double>()[i] : probs.data<float>()[i];
+    if (p > 0) entropy_sum_ -= p * std::log(p);
+  }
+  entropy_tokens_ += t;
+}
+
 void MoeMlp::after_step(bool applied) {
+  const int64_t e = moe_.experts;
+  const int32_t* counts = step_counts_.data<int32_t>();
+  double mean = 0, sq = 0, lo = 0, hi = 0;
+  int64_t dead = 0, longest = 0;
+  dead_steps_.resize(static_cast<size_t>(e), 0);
+  for (int64_t j = 0; j < e; ++j) mean += counts[j];
+  mean /= static_cast<double>(e);
+  for (int64_t j = 0; j < e; ++j) {
+    const double share = mean > 0 ? counts[j] / mean : 0.0;
+    sq += (share - 1) * (share - 1);
+    lo = j == 0 ? share : std::min(lo, share), hi = j == 0 ? share : std::max(hi, share);
+    int64_t& steps = dead_steps_[static_cast<size_t>(j)];
+    steps = counts[j] == 0 ? steps + 1 : 0;
+    dead += counts[j] == 0;
+    longest = std::max(longest, steps);
+  }
+  const std::string prefix = fmt::format("moe.{}.", layer_);
+  last_report_ = {{prefix + "load_min", lo},
+                  {prefix + "load_max", hi},
+                  {prefix + "load_cv", std::sqrt(sq / static_cast<double>(e))},
+                  {prefix + "dead", static_cast<double>(dead)},
+                  {prefix + "dead_steps_max", static_cast<double>(longest)},
+                  {prefix + "entropy", entropy_tokens_ > 0 ? entropy_sum_ / static_cast<double>(entropy_tokens_) : 0.0}};
+  router_->report(prefix, last_report_);
   if (applied) router_->after_step(step_counts_);
   zero_tensor(step_counts_);
+  entropy_sum_ = 0, entropy_tokens_ = 0;
+}
+
+void MoeMlp::report(std::vector<std::pair<std::string, double>>& out) const {
+  out.insert(out.end(), last_report_.begin(), last_report_.end());
 }
 
 ops::Routes MoeMlp::routes_rows(int64_t t) const {

@@ -21,12 +21,17 @@ class MoeMlp final : public Mlp {
   // The step's routed choices per expert are the load sigmoid_bias balances by; cleared
   // for the next step.
   void after_step(bool applied) override;
+  // The last step's load per expert (min, max and coefficient of variation, relative to the
+  // mean), dead experts (no token all step) and the most steps one has been dead, the mean
+  // routing entropy per token, and the router's own (sigmoid_bias's bias range).
+  void report(std::vector<std::pair<std::string, double>>& out) const override;
   const Tensor& step_counts() const { return step_counts_; }  // i32 [E]
 
  private:
   friend class MoeDecoder;
   static int slot(BuildContext& ctx, const char* name);
   void add_step_counts(const Tensor& counts);
+  void add_entropy(const Tensor& probs);
   ops::Routes routes_rows(int64_t t) const;
   ops::MoeDispatch dispatch_rows(int64_t t) const;
 
@@ -49,6 +54,12 @@ class MoeMlp final : public Mlp {
   Tensor expert_out_;                           // saved [T k, d]: the experts' outputs (rows of the grouped layout)
   Tensor shared_gate_up_;                       // saved [T, 2S]
   Tensor step_counts_;                          // i32 [E]: choices per expert over the step's micro-batches
+  // Diagnostics (host): steps each expert has gone without a token, the step's routing
+  // entropy, and the last step's statistics.
+  std::vector<int64_t> dead_steps_;
+  double entropy_sum_ = 0;
+  int64_t entropy_tokens_ = 0;
+  std::vector<std::pair<std::string, double>> last_report_;
 };
 
 std::unique_ptr<BranchDecoder> make_moe_decoder(const MoeMlp& mlp, DecodeContext& ctx);
