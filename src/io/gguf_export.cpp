@@ -182,6 +182,9 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
   w.set(a + ".rope.dimension_count", uint32_t(m.head_dim));
   w.set(a + ".rope.freq_base", float(m.rope_theta));
 
+  // Loaded (and so validated: types, ids below model.vocab_size) before its JSON is read
+  // again for the GGUF vocabulary below.
+  const auto tokenizer = model_tokenizer(dir);
   const std::string trained = model_tokenizer_json(dir);  // "" = byte-level
   std::vector<std::string> merges;
   GgufVocab vocab;
@@ -194,7 +197,6 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
     pre = llama_cpp_pre_tokenizer(j, trained);
     vocab = vocab_from_tokenizer_json(j, trained, m.vocab_size, merges);
   }
-  const auto tokenizer = model_tokenizer(dir);
   w.set("tokenizer.ggml.model", std::string("gpt2"));
   w.set("tokenizer.ggml.pre", pre);
   w.set("tokenizer.ggml.tokens", vocab.tokens);
