@@ -183,18 +183,24 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
 
     const auto shape_it = value.find("shape");
     if (shape_it == value.end() || !shape_it->is_array()) fail(kWhere, "{}: tensor '{}' has no shape array", path, key);
-    uint64_t numel = 1;
+    // Every running product in int64, in the order TensorInfo::numel() and Shape multiply:
+    // [2^62, 2, 0] holds no bytes, yet its first two dimensions overflow an int64.
+    int64_t numel = 1;
     for (const auto& d : *shape_it) {
+      // Named by position, never dumped: dump() recurses, and a hostile header nests
+      // arrays deeper than the stack.
       if (!d.is_number_integer() || d.get<int64_t>() < 0)
-        fail(kWhere, "{}: tensor '{}' has a bad shape {}", path, key, shape_it->dump());
+        fail(kWhere, "{}: tensor '{}' has a bad shape: dimension {} is not a non-negative integer", path, key,
+             info.shape.size());
       const auto dim = d.get<int64_t>();
       info.shape.push_back(dim);
-      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dim), &numel))
-        fail(kWhere, "{}: tensor '{}' shape {} overflows", path, key, shape_it->dump());
+      if (__builtin_mul_overflow(numel, dim, &numel))
+        fail(kWhere, "{}: tensor '{}' shape {} overflows at dimension {}", path, key, dims_str(info.shape),
+             info.shape.size() - 1);
     }
     uint64_t expected_bytes;
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(info.dtype)), &expected_bytes))
-      fail(kWhere, "{}: tensor '{}' shape {} overflows", path, key, shape_it->dump());
+    if (__builtin_mul_overflow(static_cast<uint64_t>(numel), static_cast<uint64_t>(dtype_size(info.dtype)), &expected_bytes))
+      fail(kWhere, "{}: tensor '{}' shape {} overflows", path, key, dims_str(info.shape));
 
     const auto off_it = value.find("data_offsets");
     if (off_it == value.end() || !off_it->is_array() || off_it->size() != 2 || !(*off_it)[0].is_number_unsigned() ||
