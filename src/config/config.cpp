@@ -3,6 +3,7 @@
 #include "config/config.h"
 
 #include "core/error.h"
+#include "core/printable.h"
 #include "config/config_fields.h"
 
 // Debian's libtomlplusplus-dev ships <toml++/toml.h>; upstream also has toml.hpp.
@@ -95,7 +96,7 @@ std::string suggestion(std::string_view name) {
 }
 
 std::string unknown_key(std::string_view name) {
-  return fmt::format("unknown key '{}'{}", name, suggestion(name));
+  return fmt::format("unknown key '{}'{}", printable(name), suggestion(name));
 }
 
 // ---- overrides: text -> value -------------------------------------------------------
@@ -119,16 +120,16 @@ std::string parse_text(std::string_view text, T& out) {
     if constexpr (std::is_same_v<T, bool>) {
       if (text == "true" || text == "1") out = true;
       else if (text == "false" || text == "0") out = false;
-      else return fmt::format("'{}' is not a boolean (true, false, 1 or 0)", text);
+      else return fmt::format("'{}' is not a boolean (true, false, 1 or 0)", printable(text));
       return {};
     } else {
       T value{};
       const char* end = text.data() + text.size();
       const auto [ptr, ec] = std::from_chars(text.data(), end, value);
       if (ec == std::errc::result_out_of_range)
-        return fmt::format("'{}' is out of range", text);
+        return fmt::format("'{}' is out of range", printable(text));
       if (ec != std::errc() || ptr != end || text.empty())
-        return fmt::format("'{}' is not {}", text, expected_type<T>());
+        return fmt::format("'{}' is not {}", printable(text), expected_type<T>());
       if constexpr (std::is_same_v<T, uint64_t>) {
         if (value > kMaxTomlInteger) return fmt::format("'{}' is out of range (max {})", text, kMaxTomlInteger);
       }
@@ -186,10 +187,11 @@ void apply_table(Config& config, const toml::table& root, const std::string& fil
       fail(kWhere, "{}: {}", file, unknown_key(section));
     const toml::table* table = section_node.as_table();
     if (!table)
-      fail(kWhere, "{}: '{}' must be a table, got {}", file, section, toml_type_name(section_node.type()));
-    for (const auto& [key, node] : *table) {
+      fail(kWhere, "{}: '{}' must be a table, got {}", file, printable(section), toml_type_name(section_node.type()));
+    for (const auto& [key, value_node] : *table) {
       const ConfigField* field = find_config_field(section, key.str());
       if (!field) fail(kWhere, "{}: {}", file, unknown_key(fmt::format("{}.{}", section, key.str())));
+      const toml::node& node = value_node;  // clang before 16 cannot capture a structured binding
       const std::string error = std::visit([&](auto* value) { return read_node(node, *value); }, field->get(config));
       if (!error.empty()) fail(kWhere, "{}: '{}' {}", file, field->name(), error);
     }
@@ -266,7 +268,7 @@ void check_rule(const ConfigField& field, const ConfigRule& rule, const T& value
           if (bar == std::string_view::npos) break;
           rest = rest.substr(bar + 1);
         }
-        KILN_CHECK(found, kWhere, "{} must be one of {}, got '{}'", field.name(), rule.choices, value);
+        KILN_CHECK(found, kWhere, "{} must be one of {}, got '{}'", field.name(), rule.choices, printable(value));
         break;
       }
       case ConfigRule::kNone: break;
@@ -306,7 +308,7 @@ void apply_override(Config& config, const std::string& assignment) {
   const std::string_view name = trim(std::string_view(assignment).substr(0, std::min(eq, assignment.size())));
   const size_t dot = name.find('.');
   if (eq == std::string::npos || dot == std::string_view::npos || dot == 0 || dot + 1 == name.size())
-    fail(kWhere, "--set '{}': expected section.key=value", assignment);
+    fail(kWhere, "--set '{}': expected section.key=value", printable(assignment));
   const ConfigField* field = find_config_field(name.substr(0, dot), name.substr(dot + 1));
   if (!field) fail(kWhere, "--set: {}", unknown_key(name));
   const std::string_view text = std::string_view(assignment).substr(eq + 1);

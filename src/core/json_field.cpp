@@ -1,6 +1,7 @@
 #include "core/json_field.h"
 
 #include "core/error.h"
+#include "core/printable.h"
 
 #include <cctype>
 #include <cmath>
@@ -20,17 +21,8 @@ bool is_identifier(std::string_view key) {
   return true;
 }
 
-// A key as an error shows it: control bytes escaped so the error stays one line, long
-// keys cut.
-std::string shown_key(std::string_view key) {
-  std::string out;
-  for (const char c : key.substr(0, kShownBytes)) {
-    const auto b = static_cast<unsigned char>(c);
-    if (b < 0x20 || b == 0x7f || c == '\'' || c == '\\') out += fmt::format("\\x{:02x}", b);
-    else out += c;
-  }
-  return key.size() > kShownBytes ? out + "..." : out;
-}
+// A key as an error shows it: one line (control bytes escaped), long keys cut.
+std::string shown_key(std::string_view key) { return printable(key, kShownBytes); }
 
 // What a value is, for "must be X, got Y". Containers are never dumped: dump() recurses,
 // and a hostile file nests arrays deeper than the stack.

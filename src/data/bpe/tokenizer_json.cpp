@@ -2,6 +2,7 @@
 // JsonField: a wrong type or an id out of range is a one-line error naming the file and
 // the field, checked before the id indexes anything.
 #include "core/error.h"
+#include "core/printable.h"
 #include "core/json_field.h"
 #include "core/json_file.h"
 #include "data/bpe/bpe_tokenizer.h"
@@ -44,7 +45,7 @@ void parse_normalizer(const std::string& file, const JsonField& j, Normalizer& o
     return;
   }
   NormalForm form;
-  if (!parse_normal_form(type, form)) fail_file(file, "unsupported normalizer '{}' (kiln supports NFC, NFD, NFKC, NFKD)", type);
+  if (!parse_normal_form(type, form)) fail_file(file, "unsupported normalizer '{}' (kiln supports NFC, NFD, NFKC, NFKD)", printable(type));
   out.add(form);
 }
 
@@ -67,14 +68,14 @@ void parse_pre_tokenizer(const std::string& file, const JsonField& j, PreTokeniz
     SplitBehavior b;
     if (behavior == "Isolated") b = SplitBehavior::isolated;
     else if (behavior == "Removed") b = SplitBehavior::removed;
-    else fail_file(file, "unsupported Split behavior '{}' (kiln supports Isolated, Removed)", behavior);
+    else fail_file(file, "unsupported Split behavior '{}' (kiln supports Isolated, Removed)", printable(behavior));
     const JsonField pattern = j.member("pattern");
     if (const auto regex = pattern.find("Regex")) out.add_split(std::make_shared<Regex>(regex->string(), false, file), b);
     else if (const auto text = pattern.find("String")) out.add_split(std::make_shared<Regex>(text->string(), true, file), b);
     else fail_file(file, "Split pre_tokenizer without a Regex or String pattern");
     return;
   }
-  fail_file(file, "unsupported pre_tokenizer '{}' (kiln supports ByteLevel, Split, Sequence)", type);
+  fail_file(file, "unsupported pre_tokenizer '{}' (kiln supports ByteLevel, Split, Sequence)", printable(type));
 }
 
 // "a b" (legacy) or ["a", "b"].
@@ -83,7 +84,7 @@ std::pair<std::string, std::string> parse_merge(const std::string& file, const J
     const std::string& s = m.string();
     const size_t space = s.find(' ');
     if (space == std::string::npos || space == 0 || space + 1 == s.size())
-      fail_file(file, "model.merges[{}] '{}' is not two tokens separated by a space", index, s);
+      fail_file(file, "model.merges[{}] '{}' is not two tokens separated by a space", index, printable(s));
     return {s.substr(0, space), s.substr(space + 1)};
   }
   if (m.is_array() && m.array_size() == 2 && m.element(0).is_string() && m.element(1).is_string())
@@ -127,12 +128,12 @@ std::unique_ptr<BpeTokenizer> load_tokenizer_json(const std::string& path, const
   parts.origin = file;
   const JsonField model = root.member("model");
   const std::string model_type = model.string_or("type", "BPE");
-  if (model_type != "BPE") fail_file(file, "unsupported model '{}' (kiln supports BPE)", model_type);
+  if (model_type != "BPE") fail_file(file, "unsupported model '{}' (kiln supports BPE)", printable(model_type));
   if (const auto dropout = model.find("dropout"); dropout && dropout->number() > 0.0)
     fail_file(file, "unsupported model.dropout (BPE dropout is for training only)");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (const std::string affix = model.string_or(key, ""); !affix.empty())
-      fail_file(file, "unsupported model.{} '{}'", key, affix);
+      fail_file(file, "unsupported model.{} '{}'", key, printable(affix));
 
   // The vocabulary as written (byte-level mapped strings) and as raw bytes.
   const JsonField vocab = model.member("vocab");
@@ -159,7 +160,8 @@ std::unique_ptr<BpeTokenizer> load_tokenizer_json(const std::string& path, const
     const auto [a, b] = parse_merge(file, merge_list.element(i), i);
     const int32_t left = id_of(a), right = id_of(b), merged = id_of(a + b);
     if (left < 0 || right < 0 || merged < 0)
-      fail_file(file, "model.merges[{}] ('{}', '{}') uses a token missing from model.vocab", i, a, b);
+      fail_file(file, "model.merges[{}] ('{}', '{}') uses a token missing from model.vocab", i, printable(a),
+                printable(b));
     merges.push_back({left, right, merged});
   }
   BpeModelOptions options;
@@ -204,7 +206,7 @@ std::unique_ptr<BpeTokenizer> load_tokenizer_json(const std::string& path, const
     const JsonField config(config_doc, "tokenizer", config_path);
     bos = config_token(config, "bos_token"), eos = config_token(config, "eos_token"), pad = config_token(config, "pad_token");
     for (const auto& [key, name] : {std::pair{"bos_token", &bos}, {"eos_token", &eos}, {"pad_token", &pad}})
-      if (!name->empty() && token_id(*name) < 0) fail_file(config_path, "{} '{}' is not in the vocabulary", key, *name);
+      if (!name->empty() && token_id(*name) < 0) fail_file(config_path, "{} '{}' is not in the vocabulary", key, printable(*name));
   }
   auto first_known = [&](std::initializer_list<const char*> names) {
     for (const char* n : names)

@@ -2,6 +2,7 @@
 
 #include "core/checksum.h"
 #include "core/error.h"
+#include "core/printable.h"
 #include "core/json_field.h"
 #include "data/readers/compressed.h"
 
@@ -20,7 +21,7 @@ uint64_t parse_hex(const JsonField& field) {
   uint64_t v = 0;
   const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v, 16);
   if (text.size() != 16 || ec != std::errc() || ptr != text.data() + text.size())
-    field.fail(fmt::format("'{}' is not a 16-digit hex hash", text));
+    field.fail(fmt::format("'{}' is not a 16-digit hex hash", printable(text)));
   return v;
 }
 
@@ -54,7 +55,7 @@ ManifestSplit split_from(const JsonField& j, const std::string& where) {
     i.hash = parse_hex(e.member("hash"));
     if (i.file.empty() || i.file.find('/') != std::string::npos || i.file.find('\0') != std::string::npos ||
         i.file.front() == '.')
-      fail("data", "{}: shard file name '{}' must be a plain name in the manifest's directory", where, i.file);
+      fail("data", "{}: shard file name '{}' must be a plain name in the manifest's directory", where, printable(i.file));
     documents = checked_sum(documents, i.documents, e.member("documents"));
     tokens = checked_sum(tokens, i.tokens, e.member("tokens"));
     s.shards.push_back(std::move(i));
