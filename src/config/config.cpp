@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/printable.h"
+#include "core/utf8.h"
 #include "config/config_fields.h"
 
 // Debian's libtomlplusplus-dev ships <toml++/toml.h>; upstream also has toml.hpp.
@@ -113,6 +114,11 @@ template <typename T>
 std::string parse_text(std::string_view text, T& out) {
   if constexpr (std::is_same_v<T, std::string>) {
     if (text.size() >= 2 && text.front() == '"' && text.back() == '"') text = text.substr(1, text.size() - 2);
+    // TOML holds UTF-8 only: the config.toml every run saves could not hold this value,
+    // and --resume, sample, export and serve would refuse the file the run wrote.
+    if (const size_t bad = find_invalid_utf8(text); bad != std::string_view::npos)
+      return fmt::format("the value is not valid UTF-8 (byte 0x{:02x} at offset {}); a TOML config holds UTF-8 only",
+                         static_cast<unsigned char>(text[bad]), bad);
     out = std::string(text);
     return {};
   } else {
