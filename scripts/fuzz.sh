@@ -38,6 +38,7 @@ if (($#)); then targets=("$@"); else
   targets=()
   for f in tests/fuzz/targets/*.cpp; do targets+=("$(basename "$f" .cpp)"); done
 fi
+rm -rf "$build/artifacts" "$build/logs"  # what an earlier run found is not this run's
 mkdir -p "$build/artifacts" "$build/logs"
 
 run_target() {

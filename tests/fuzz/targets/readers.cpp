@@ -62,7 +62,7 @@ KILN_FUZZ_TARGET(readers) {
   size_t expanded = 0;
   fuzz::accepts([&] {
     const auto stream = open_byte_stream(path);
-    std::vector<char> chunk(1 << 20);
+    std::vector<char> chunk(1 << 16);
     try {
       for (size_t got; expanded <= kMaxExpandedBytes && (got = stream->read(chunk.data(), chunk.size())) > 0;)
         expanded += got;
