@@ -141,6 +141,9 @@ TEST(Cli, ErrorsQuotingUserTextStayOneLine) {
   test::write_file(dir + "/ok.toml", "[train]\nsteps = 1\n");
   auto set = [](const char* assignment) { return std::string(" --set \"$(printf '") + assignment + "')\""; };
   EXPECT_NE(expect_one_line_error(plan + "/key.toml").find("unknown key 'model.lay\\x0aers'"), std::string::npos);
+  test::write_file(dir + "/parse.toml", "[model]\nqk_norm = tru\n");  // toml++'s message quotes "tru\n"
+  EXPECT_NE(expect_one_line_error(plan + "/parse.toml").find("parse.toml:2:14: Error while parsing boolean"),
+            std::string::npos);
   EXPECT_NE(expect_one_line_error(plan + "/ok.toml" + set("model.lay\\ners=3")).find("unknown key 'model.lay\\x0aers'"),
             std::string::npos);
   EXPECT_NE(expect_one_line_error(plan + "/ok.toml" + set("model.layers=3\\nx")).find("'3\\x0ax' is not an integer"),

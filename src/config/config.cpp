@@ -300,7 +300,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     try {
       root = toml::parse(text.str(), path);
     } catch (const toml::parse_error& e) {
-      fail(kWhere, "{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column, e.description());
+      // toml++ quotes the text it saw, which can hold a newline.
+      fail(kWhere, "{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column,
+           printable(e.description(), 200));
     }
     apply_table(config, root, path);
   }
