@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include "core/device_memory.h"
+#include "core/printable.h"
 #include "io/durable_io.h"
 #include "io/model_dir.h"
 #include "io/model_io.h"
@@ -37,7 +38,7 @@ std::string human_count(double n) {
 // Every registry name in the config must exist; the error names the key and the choices.
 void check_component_names(const Config& c) {
   auto check = [](const auto& registry, const char* key, const std::string& name) {
-    KILN_CHECK(registry.contains(name), "config", "{}: unknown {} '{}' (known: {})", key, registry.kind(), name,
+    KILN_CHECK(registry.contains(name), "config", "{}: unknown {} '{}' (known: {})", key, registry.kind(), printable(name),
                registry.known());
   };
   check(norm_registry(), "model.norm", c.model.norm);
