@@ -15,12 +15,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct TrainedRun {
   std::vector<double> losses;  // the logged train losses
   nlohmann::json last;         // the last train record
 };
 
-Run train_moe(const std::string& dir, const std::string& router_settings) {
+TrainedRun train_moe(const std::string& dir, const std::string& router_settings) {
   const std::string command =
       test::kiln_binary() + " train " + test::source_dir() + "/configs/default.toml --set data.path=" +
       test::source_dir() + "/data/tinyshakespeare.txt --set train.out_dir=" + dir +
@@ -35,7 +35,7 @@ Run train_moe(const std::string& dir, const std::string& router_settings) {
   EXPECT_EQ(test::run_command(command, &output), 0) << output;
   EXPECT_NE(output.find("step   300/300"), std::string::npos) << output;
   EXPECT_NE(output.find("experts max load"), std::string::npos) << output;
-  Run run;
+  TrainedRun run;
   std::ifstream metrics(dir + "/metrics.jsonl");
   std::string line;
   while (std::getline(metrics, line)) {
@@ -47,7 +47,7 @@ Run train_moe(const std::string& dir, const std::string& router_settings) {
   return run;
 }
 
-void expect_learned_and_balanced(const Run& run) {
+void expect_learned_and_balanced(const TrainedRun& run) {
   ASSERT_EQ(run.losses.size(), 6u);  // every 50 of 300 steps
   EXPECT_GT(run.losses.front(), 3.5);
   EXPECT_LT(run.losses.back(), 2.6);
@@ -62,7 +62,7 @@ void expect_learned_and_balanced(const Run& run) {
 
 TEST(TrainMoe, SoftmaxTopKWithTheBalanceLossLearnsAndKeepsEveryExpert) {
   const std::string dir = test::temp_dir("kiln-train-moe-softmax");
-  const Run run = train_moe(dir, "--set model.moe.router=softmax_topk --set model.moe.aux_loss=0.01 "
+  const TrainedRun run = train_moe(dir, "--set model.moe.router=softmax_topk --set model.moe.aux_loss=0.01 "
                                  "--set model.moe.z_loss=0.001");
   expect_learned_and_balanced(run);
   ASSERT_TRUE(run.last.contains("moe_aux")) << run.last.dump();
@@ -78,7 +78,7 @@ TEST(TrainMoe, SoftmaxTopKWithTheBalanceLossLearnsAndKeepsEveryExpert) {
 
 TEST(TrainMoe, SigmoidBiasBalancesWithoutALoss) {
   const std::string dir = test::temp_dir("kiln-train-moe-sigmoid");
-  const Run run = train_moe(dir, "--set model.moe.router=sigmoid_bias --set model.moe.bias_rate=0.001");
+  const TrainedRun run = train_moe(dir, "--set model.moe.router=sigmoid_bias --set model.moe.bias_rate=0.001");
   expect_learned_and_balanced(run);
   EXPECT_FALSE(run.last.contains("moe_aux"));
   EXPECT_TRUE(run.last.contains("moe.0.bias_max"));
