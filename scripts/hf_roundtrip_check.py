@@ -36,7 +36,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from check_common import BOS, compare, held_out_documents, read_toml_model, run
 
-EXPECTED_CLASS = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+EXPECTED_CLASS = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 def hf_logits(model, ids, device):
@@ -56,9 +57,13 @@ def check_model(args, model_dir, work):
     cfg = read_toml_model(model_dir)
     m = cfg["model"]
     arch = "qwen3" if m["qk_norm"] else ("qwen2" if m["attention_bias"] else "llama")
+    if m.get("mlp") == "moe" or m.get("alt_mlp") == "moe":
+        arch = "qwen3_moe"
     res = {"model": name, "arch": arch, "config": {k: m[k] for k in ("hidden", "layers", "heads", "kv_heads", "head_dim",
                                                                       "ffn_hidden", "vocab_size", "qk_norm",
                                                                       "tie_embeddings", "attention_bias")}}
+    if arch == "qwen3_moe":
+        res["config"]["moe"] = m["moe"]
     hf_dir, bf16_dir = f"{work}/{name}-hf", f"{work}/{name}-hf-bf16"
     out, _ = run([args.kiln, "export", "hf", model_dir, hf_dir])
     res["export"] = out.strip()
@@ -130,6 +135,13 @@ def check_model(args, model_dir, work):
 
     # transformers' own GGUF reader, if it is there (needs the gguf package).
     gg = f"{work}/{name}-f32.gguf"
+    if arch == "qwen3_moe" and (m.get("alt_mlp_layers") or m.get("mlp") != "moe"):
+        # llama.cpp's qwen3moe has sparse layers only: kiln must refuse, in one line naming the key.
+        r = subprocess.run([args.kiln, "export", "gguf", model_dir, gg, "--type", "f32"], capture_output=True, text=True)
+        refusal = r.stderr.strip()
+        assert r.returncode == 1 and "\n" not in refusal and "alt_mlp_layers" in refusal and not os.path.exists(gg), refusal
+        res["gguf_export"] = f"refused as expected: {refusal}"
+        return res
     run([args.kiln, "export", "gguf", model_dir, gg, "--type", "f32"])
     try:
         gm = AutoModelForCausalLM.from_pretrained(work, gguf_file=os.path.basename(gg), dtype=torch.float32).eval()
