@@ -25,6 +25,9 @@ namespace kiln::gpu_test {
 // op_table/op_compare.h.
 using op_test::kFloorFraction;
 
+// The op table's tolerances for values computed in fp32 (op_table/op_compare.h).
+inline const op_test::Tolerance kF32 = op_test::tolerance_of(DType::f32);
+
 inline OwnedTensor to_device(const Tensor& host) {
   OwnedTensor dev(host.dtype(), Device::cuda, host.shape());
   copy_tensor(host, *dev);

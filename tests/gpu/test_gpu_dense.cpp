@@ -3,7 +3,7 @@
 // (multi-tensor AdamW, repeated launches), the finiteness check, then the whole model
 // against the golden file, recompute and the uniform-batch attention layout.
 #include "gpu/gpu_harness.h"
-#include "io/hf_names.h"
+#include "io/export_names.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "ops/attention/attention_cudnn.h"
@@ -173,7 +173,7 @@ void check_golden_model(DType dtype, GoldenTolerance tol) {
   options.loss_chunk_rows = 16;
   Model model(c, options);
   model.allocate();
-  for (const auto& p : model.parameters()) io::read_into(file, io::to_hf_name(p->name()), p->value());
+  for (const auto& p : model.parameters()) io::read_into(file, io::hf_name(*p), p->value());
   model.load_batch(batch);
   std::vector<float> logits;
   model.logits(0, batch.size(), logits);
@@ -187,7 +187,7 @@ void check_golden_model(DType dtype, GoldenTolerance tol) {
   EXPECT_NEAR(loss, expected_loss, tol.loss * expected_loss);
   double grad_error = 0;
   for (const auto& p : model.parameters()) {
-    const OwnedTensor want = io::read_tensor(file, "grad." + io::to_hf_name(p->name()), DType::f32);
+    const OwnedTensor want = io::read_tensor(file, "grad." + io::hf_name(*p), DType::f32);
     grad_error = std::max(grad_error, expect_close(p->name().c_str(), *to_host(p->grad()), *to_f64(*want), tol.grads,
                                                    0, tol.floor_fraction));
   }
@@ -213,7 +213,7 @@ TEST_F(Dense, RecomputedBlocksGiveTheSameGradientsBf16) {
     options.recompute_blocks = recompute;
     Model model(c, options);
     model.allocate();
-    for (const auto& p : model.parameters()) io::read_into(file, io::to_hf_name(p->name()), p->value());
+    for (const auto& p : model.parameters()) io::read_into(file, io::hf_name(*p), p->value());
     model.load_batch(batch);
     model.zero_grads();
     losses.push_back(model.forward_backward(1.0 / static_cast<double>(batch.target_count), 0.0).loss);
@@ -252,7 +252,7 @@ TEST_F(Dense, UniformRowsAgreeWithTheRaggedLayoutBf16) {
   options.loss_chunk_rows = 16;
   Model model(c, options);
   model.allocate();
-  for (const auto& p : model.parameters()) io::read_into(golden.file, io::to_hf_name(p->name()), p->value());
+  for (const auto& p : model.parameters()) io::read_into(golden.file, io::hf_name(*p), p->value());
   std::vector<double> losses;
   std::vector<std::vector<OwnedTensor>> grads;
   for (const HostBatch* batch : {&uniform, &ragged}) {

@@ -124,7 +124,7 @@ Results run(Model& m, const HostBatch& batch) {
   m.load_batch(batch);
   m.logits(0, batch.size(), r.logits);
   m.zero_grads();
-  const ops::LossSums sums = m.forward_backward(1.0 / static_cast<double>(batch.target_count), 0.0);
+  const LossSums sums = m.forward_backward(1.0 / static_cast<double>(batch.target_count));
   r.loss = sums.loss / static_cast<double>(sums.count);
   for (const auto& p : m.parameters()) {
     r.names.push_back(p->name());

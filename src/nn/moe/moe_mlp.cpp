@@ -12,6 +12,13 @@
 // aux_loss x E sum_i f_i P_i and the router z-loss z_loss x mean lse(logits)^2, each when
 // its coefficient is set, as slots "moe_aux" and "moe_z" summed over the sparse layers.
 // Their gradients reach the router (f_i held fixed).
+//
+// On the GPU (bf16 mixed precision or fp32) the same ops run with every size in device
+// memory: the router's logits in fp32 from the bf16 activations, its math and the routing
+// weights in fp32, the experts as grouped products over the device offsets, the step's
+// expert counts summed on the device, the losses' values added to the device step's slots
+// (LossContext::device_sums) without a host read; so a training step with sparse layers
+// is still one capturable CUDA graph per micro-batch.
 #include "nn/moe/moe_mlp.h"
 
 #include "nn/moe/router.h"
@@ -90,9 +97,12 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
                                                      bytes(ctx.dtype, Shape{t, 2 * moe_.shared_hidden}) +
                                                      bytes(ctx.dtype, Shape{t, d})
                                                : 0;
+  // Also the router's backward scratch [T, E] (wide) and the logits' gradient in the compute
+  // dtype (the mixed path's bf16 products read it).
   ctx.workspace.reserve_peak(3 * bytes(ctx.dtype, Shape{t * k, d}) + bytes(ctx.dtype, Shape{t * k, f}) +
                              bytes(ctx.dtype, Shape{t * k, 2 * f}) + bytes(ctx.master_dtype, Shape{t, k}) +
-                             2 * bytes(ctx.master_dtype, Shape{t, e_count}) + shared);
+                             3 * bytes(ctx.master_dtype, Shape{t, e_count}) + bytes(ctx.dtype, Shape{t, e_count}) +
+                             shared);
 }
 
 MoeMlp::~MoeMlp() = default;
@@ -106,16 +116,15 @@ int MoeMlp::slot(BuildContext& ctx, const char* name) {
 
 void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   const int64_t t = x.size(0), k = moe_.top_k, f = moe_.expert_hidden;
-  KILN_CHECK(x.device() == Device::cpu, "moe", "the sparse MLP has no CUDA kernels yet (model.mlp = 'moe' runs on the CPU)");
   Workspace::Scope scope(workspace_);
   const Tensor logits = logits_.rows(0, t), probs = probs_.rows(0, t);
   const ops::Routes routes = routes_rows(t);
   const ops::MoeDispatch d = dispatch_rows(t);
-  ops::linear_forward(x, router_w_, Tensor(), logits);
+  ops::router_logits(x, router_w_, logits);
   router_->route(logits, routes, probs, router_saved_.rows(0, t));
   ops::moe_dispatch(routes.experts, d);
   // The step's load: of training forwards, once (not a recomputed block's forward again).
-  if (losses_.backward && !losses_.recomputing) add_step_counts(d.counts);
+  if (losses_.backward && !losses_.recomputing) ops::moe_accumulate_counts(d.counts, step_counts_);
   const Tensor grouped = scope.take(x.dtype(), Shape{t * k, hidden_});
   const Tensor gate_up = gate_up_.rows(0, t * k), act = scope.take(x.dtype(), Shape{t * k, f});
   const Tensor y = expert_out_.rows(0, t * k);
@@ -132,8 +141,13 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
     ops::linear_forward(sact, shared_down_w_, Tensor(), sout);
     ops::add_inplace(out, sout);
   }
-  // The losses' values of this micro-batch (their gradients are formed in backward).
-  if (!losses_.recomputing && losses_.host_sums != nullptr) {
+  // The losses' values of this micro-batch (their gradients are formed in backward): into
+  // the device step's slots in device memory, else the host's (a GPU model reads them back).
+  if (losses_.recomputing) return;
+  if (double* device = losses_.device_sums) {
+    if (aux_slot_ >= 0) ops::balance_loss_sum(probs, d.counts, k, device + aux_slot_);
+    if (z_slot_ >= 0) ops::router_z_loss_sum(logits, device + z_slot_);
+  } else if (losses_.host_sums != nullptr) {
     LossSlotSums& sums = *losses_.host_sums;
     if (aux_slot_ >= 0) sums[static_cast<size_t>(aux_slot_)] += ops::balance_loss(probs, d.counts, k, 0, Tensor());
     if (z_slot_ >= 0) sums[static_cast<size_t>(z_slot_)] += ops::router_z_loss(logits, 0, Tensor());
@@ -177,19 +191,12 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   Tensor dprobs;
   if (aux_slot_ >= 0) {
     dprobs = scope.take(wide, Shape{t, e_count});
-    zero_tensor(dprobs);
-    ops::balance_loss(probs, d.counts, k, scale * moe_.aux_loss, dprobs);
+    ops::balance_loss_backward(probs, d.counts, k, scale * moe_.aux_loss, dprobs);
   }
   const Tensor dlogits = scope.take(wide, Shape{t, e_count});
-  router_->backward(routes, probs, router_saved_.rows(0, t), dweights, dprobs, dlogits);
-  if (z_slot_ >= 0) ops::router_z_loss(logits, scale * moe_.z_loss, dlogits);
-  ops::linear_backward(x, router_w_, dlogits, dx, router_g_, Tensor(), true);
-}
-
-void MoeMlp::add_step_counts(const Tensor& counts) {
-  const int32_t* c = counts.data<int32_t>();
-  int32_t* step = step_counts_.data<int32_t>();
-  for (int64_t e = 0; e < moe_.experts; ++e) step[e] += c[e];
+  router_->backward(routes, probs, router_saved_.rows(0, t), dweights, dprobs, dlogits, scope.take(wide, Shape{t, e_count}));
+  if (z_slot_ >= 0) ops::router_z_loss_backward(logits, scale * moe_.z_loss, dlogits);
+  ops::router_logits_backward(x, router_w_, dlogits, scope.take(dt, Shape{t, e_count}), dx, router_g_);
 }
 
 void MoeMlp::after_step(bool applied) {

@@ -26,7 +26,6 @@ class MoeMlp final : public Mlp {
  private:
   friend class MoeDecoder;
   static int slot(BuildContext& ctx, const char* name);
-  void add_step_counts(const Tensor& counts);
   ops::Routes routes_rows(int64_t t) const;
   ops::MoeDispatch dispatch_rows(int64_t t) const;
 
