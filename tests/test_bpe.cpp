@@ -209,6 +209,10 @@ TEST(BpeCli, TrainTokenizerRejectsBadArgumentsInOneLine) {
   EXPECT_NE(test::run_command(test::kiln_binary() + " train-tokenizer " + corpus +
                                   " --vocab-size 300 --pattern '(bad' --out /tmp/x", &out), 0);
   EXPECT_NE(out.find("bad regex '(bad'"), std::string::npos) << out;
+  // Before: the trainer sized a table by it and died of std::bad_alloc ("internal error").
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " train-tokenizer " + corpus + " --vocab-size 1000000000000 --out /tmp/x", &out), 1);
+  EXPECT_EQ(out, "kiln: error: [train-tokenizer] --vocab-size 1000000000000 is above kiln's limit of 2097152 ids for a "
+                 "tokenizer.json\n");
 }
 
 }  // namespace

@@ -131,6 +131,29 @@ TEST(Cli, BadInputGivesOneLineErrors) {
   fs::remove_all(dir);
 }
 
+// Found by the config fuzz target (tests/fuzz/corpus/config/regression_*): an error that
+// quotes user text (a --set key or value, a TOML key) printed a newline in it raw, so the
+// one-line error became several. Such bytes are now shown as \x0a.
+TEST(Cli, ErrorsQuotingUserTextStayOneLine) {
+  const std::string dir = test::temp_dir("kiln-cli-newline");
+  const std::string plan = test::kiln_binary() + " plan " + dir;
+  test::write_file(dir + "/key.toml", "[model]\n\"lay\\ners\" = 3\n");  // a quoted TOML key holding "\n"
+  test::write_file(dir + "/ok.toml", "[train]\nsteps = 1\n");
+  auto set = [](const char* assignment) { return std::string(" --set \"$(printf '") + assignment + "')\""; };
+  EXPECT_NE(expect_one_line_error(plan + "/key.toml").find("unknown key 'model.lay\\x0aers'"), std::string::npos);
+  test::write_file(dir + "/parse.toml", "[model]\nqk_norm = tru\n");  // toml++'s message quotes "tru\n"
+  EXPECT_NE(expect_one_line_error(plan + "/parse.toml").find("parse.toml:2:14: Error while parsing boolean"),
+            std::string::npos);
+  EXPECT_NE(expect_one_line_error(plan + "/ok.toml" + set("model.lay\\ners=3")).find("unknown key 'model.lay\\x0aers'"),
+            std::string::npos);
+  EXPECT_NE(expect_one_line_error(plan + "/ok.toml" + set("model.layers=3\\nx")).find("'3\\x0ax' is not an integer"),
+            std::string::npos);
+  EXPECT_NE(expect_one_line_error(plan + "/ok.toml" + set("model.norm=rms\\nnorm")).find("'rms\\x0anorm'"),
+            std::string::npos);
+  EXPECT_NE(expect_one_line_error(plan + "/ok.toml" + set("no\\ndot")).find("--set 'no\\x0adot'"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST(Cli, PlanReportsWithoutAllocating) {
   std::string output;
   // A 1.5B-shaped config: planning must not allocate its tens of GiB.

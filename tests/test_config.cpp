@@ -246,6 +246,20 @@ TEST(ConfigOverride, BadValues) {
   EXPECT_EQ(c.model.layers, Config{}.model.layers);
 }
 
+// Found by the config fuzz target (tests/fuzz/corpus/config/regression_*): a --set string
+// that is not valid UTF-8 was taken, and the config.toml the run then saved did not load
+// again (TOML is UTF-8), so --resume, sample, export and serve refused the run's own file.
+TEST_F(ConfigFile, OverridesTheSavedConfigCannotHoldAreRefused) {
+  Config c;
+  EXPECT_EQ(error_of([&] { apply_override(c, "train.out_dir=runs/\xd1\x87\xff"); }),
+            "[config] --set train.out_dir: the value is not valid UTF-8 (byte 0xff at offset 7); a TOML config holds "
+            "UTF-8 only");
+  EXPECT_EQ(c.train.out_dir, Config{}.train.out_dir);
+  // What is taken reads back the same from the saved file.
+  apply_override(c, "train.out_dir=runs/\xd1\x87 \x01\x7f");
+  EXPECT_TRUE(config_equal(load_config(write(config_to_toml(c))), c));
+}
+
 TEST(ConfigOverride, LoadConfigValidatesOverrides) {
   EXPECT_HAS(error_of([] { load_config("", {"model.kv_heads=4"}); }), "model.kv_heads (4)");
 }

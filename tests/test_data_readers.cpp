@@ -6,7 +6,7 @@
 #include "data/document_reader.h"
 #include "data/readers/compressed.h"
 #include "data/readers/glob.h"
-#include "data/readers/utf8.h"
+#include "core/utf8.h"
 #include "data/tokenizer.h"
 #include "test_util.h"
 

@@ -222,6 +222,17 @@ TEST(ImportHf, RefusesFeaturesKilnDoesNotCompute) {
   EXPECT_NE(import_error([](json& c) { c["model_type"] = "mistral"; }).find("mistral"), std::string::npos);
   EXPECT_NE(import_error([](json& c) { c["head_dim"] = 8; }).find("shape"), std::string::npos);
   EXPECT_NE(import_error([](json& c) { c["attention_bias"] = true; }).find("o_proj"), std::string::npos);
+  // Fields are typed (before: 2.5 layers was read as 2 and imported; a string where a
+  // number belongs was nlohmann's type_error, and rope_scaling.rope_type = 3 an internal error).
+  EXPECT_NE(import_error([](json& c) { c["num_hidden_layers"] = 2.5; })
+                .find("config.json: num_hidden_layers must be an integer, got number 2.5"),
+            std::string::npos);
+  EXPECT_NE(import_error([](json& c) { c["rope_scaling"] = {{"rope_type", 3}}; })
+                .find("config.json: rope_scaling.rope_type must be a string, got number 3"),
+            std::string::npos);
+  EXPECT_NE(import_error([](json& c) { c["eos_token_id"] = json::array({"</s>"}); })
+                .find("config.json: eos_token_id[0] must be an integer, got string \"</s>\""),
+            std::string::npos);
 
   // An extra tensor is refused by name, a missing one too.
   io::export_hf(model, root + "/hf", {});
@@ -240,6 +251,23 @@ TEST(ImportHf, RefusesFeaturesKilnDoesNotCompute) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.gate_proj.bias"), std::string::npos) << e.what();
   }
+  fs::remove_all(root);
+}
+
+// A config.json value nested 300000 arrays deep: the type error dump()ed it, and the
+// recursion overflowed the stack (SIGSEGV of `kiln import hf`).
+TEST(ImportHf, DeeplyNestedConfigValuesAreRefusedInOneLine) {
+  const std::string root = test::temp_dir("kiln-import-deep");
+  const std::string model = test::save_random_model(test::tiny_config(true, true, false), root + "/model");
+  io::export_hf(model, root + "/hf", {});
+  std::string text = test::read_file(root + "/hf/config.json");
+  const size_t at = text.find("\"vocab_size\": 259");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, 17, "\"vocab_size\": " + std::string(300000, '[') + std::string(300000, ']'));
+  test::write_file(root + "/hf/config.json", text);
+  std::string output;
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " import hf " + root + "/hf " + root + "/out", &output), 1) << output;
+  EXPECT_EQ(output, "kiln: error: [import] " + root + "/hf/config.json: vocab_size must be an integer, got an array\n");
   fs::remove_all(root);
 }
 

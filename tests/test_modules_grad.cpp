@@ -151,20 +151,23 @@ TEST(ModulesGrad, PerLayerPatternModelMatchesFiniteDifferences) {
   check_model_gradient(c, Variant{true, false, 1e-3});
 }
 
+// The loss of the tiny model (seed 7, three documents and a PAD tail) with `edit` applied
+// to its config.
+double loss_of(const std::function<void(ModelConfig&)>& edit) {
+  const HostBatch batch = pack_docs(three_docs(), 4);
+  ModelConfig c = tiny_config(true, true);
+  edit(c);
+  Model m(c, tiny_build());
+  m.allocate();
+  init_tiny_model(m, 7);
+  m.load_batch(batch);
+  return m.evaluate().loss;
+}
+
 // Each pattern key reaches only the layers it names: exempting every layer from the window
 // is the plain model, and the window or NoPE on one layer changes the loss, differently
 // for each layer.
 TEST(ModulesGrad, LayerPatternsApplyToTheLayersTheyName) {
-  const HostBatch batch = pack_docs(three_docs(), 4);
-  auto loss_of = [&](const std::function<void(ModelConfig&)>& edit) {
-    ModelConfig c = tiny_config(true, true);
-    edit(c);
-    Model m(c, tiny_build());
-    m.allocate();
-    init_tiny_model(m, 7);
-    m.load_batch(batch);
-    return m.evaluate().loss;
-  };
   const double plain = loss_of([](ModelConfig&) {});
   EXPECT_EQ(loss_of([](ModelConfig& c) { c.sliding_window = 2, c.full_attention_layers = "all"; }), plain);
   const double window0 = loss_of([](ModelConfig& c) { c.sliding_window = 2, c.full_attention_layers = "1"; });
@@ -185,16 +188,6 @@ TEST(ModulesGrad, LayerPatternsApplyToTheLayersTheyName) {
 // The three options change the model only where they bite: a window as long as the context
 // and caps far above every logit give the plain model's loss; small ones change it.
 TEST(ModulesGrad, WindowAndSoftcapsChangeTheLossOnlyWhenTheyBite) {
-  const HostBatch batch = pack_docs(three_docs(), 4);
-  auto loss_of = [&](const std::function<void(ModelConfig&)>& edit) {
-    ModelConfig c = tiny_config(true, true);
-    edit(c);
-    Model m(c, tiny_build());
-    m.allocate();
-    init_tiny_model(m, 7);
-    m.load_batch(batch);
-    return m.evaluate().loss;
-  };
   const double plain = loss_of([](ModelConfig&) {});
   EXPECT_EQ(loss_of([](ModelConfig& c) { c.sliding_window = c.max_seq_len; }), plain);
   EXPECT_NE(loss_of([](ModelConfig& c) { c.sliding_window = 2; }), plain);

@@ -1,5 +1,6 @@
 // safetensors reader/writer: round trips, conversions, every header corruption, and the
 // committed golden files (tests/data/golden, made by scripts/make_golden.py).
+#include "export_fixture.h"
 #include "io/safetensors.h"
 #include "test_util.h"
 
@@ -276,6 +277,31 @@ TEST_F(SafetensorsTest, BadHeaders) {
   std::memcpy(bytes.data(), &huge, 8);
   test::write_file(path("huge.safetensors"), bytes + good + std::string(8, '\0'));
   EXPECT_NE(open_error(path("huge.safetensors")).find("truncated header"), std::string::npos);
+}
+
+// Found by the safetensors fuzz target (tests/fuzz/corpus/safetensors/regression_*): the
+// header check multiplied the dimensions in uint64, so [2^62, 2, 0] (no bytes) passed,
+// and TensorInfo::numel() then overflowed an int64 (undefined behaviour).
+TEST_F(SafetensorsTest, ShapesWhoseRunningProductOverflowsAreRefused) {
+  const std::string err = open_error(craft("zero.safetensors", R"({"a":{"dtype":"F32","shape":[4611686018427387904,2,0],"data_offsets":[0,0]}})", ""));
+  EXPECT_EQ(err, "[safetensors] " + path("zero.safetensors") +
+                     ": tensor 'a' shape [4611686018427387904, 2] overflows at dimension 1");
+  // A zero first still holds nothing and multiplies safely.
+  EXPECT_EQ(open_error(craft("zero_first.safetensors", R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,2],"data_offsets":[0,0]}})", "")), "");
+}
+
+// A shape nested 300000 arrays deep: the error message dumped the shape, and dump()
+// recursed until the stack overflowed (SIGSEGV) in every command that opens the file.
+TEST_F(SafetensorsTest, DeeplyNestedShapesAreRefusedWithoutDumpingThem) {
+  const int depth = 300000;
+  const std::string header = R"({"a":{"dtype":"F32","shape":)" + std::string(depth, '[') + std::string(depth, ']') +
+                             R"(,"data_offsets":[0,0]}})";
+  const std::string model = test::save_random_model(test::tiny_config(true, true, false), path("model"));
+  craft("model/model.safetensors", header, "");
+  std::string output;
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " sample " + model + " -n 1", &output), 1) << output;
+  EXPECT_EQ(output, "kiln: error: [safetensors] " + model +
+                        "/model.safetensors: tensor 'a' has a bad shape: dimension 0 is not a non-negative integer\n");
 }
 
 // ---------------------------------------------------------------- golden files

@@ -197,7 +197,47 @@ TEST_F(ShardTest, ManifestContradictionsAndTokenizerMismatchAreAlwaysErrors) {
   text = test::read_file(dir + "/manifest.json");
   text.replace(text.find("\"tokens\": "), 10, "\"tokenz\": ");
   test::write_file(dir + "/manifest.json", text);
-  EXPECT_STARTS(error_of([&] { TokenDataset(config_for(dir, true), tok); }), "[data] " + dir + "/manifest.json: invalid manifest");
+  EXPECT_EQ(error_of([&] { TokenDataset(config_for(dir, true), tok); }),
+            "[data] " + dir + "/manifest.json: splits.train.shards[0] has no member 'tokens'");
+}
+
+// Fields are read typed and range-checked, naming the field (before: nlohmann's
+// "type_error.302" inside "invalid manifest (...)", or a silent conversion: a version of
+// 2^32 + 1 read as an int was 1 and accepted).
+TEST_F(ShardTest, ManifestFieldsOfTheWrongTypeOrRangeNameTheField) {
+  const std::string dir = work_copy();
+  const std::string original = test::read_file(dir + "/manifest.json");
+  auto error_with = [&](const std::string& from, const std::string& to) {
+    std::string text = original;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    test::write_file(dir + "/manifest.json", text);
+    return error_of([&] { read_manifest(dir + "/manifest.json"); });
+  };
+  const std::string file = "[data] " + dir + "/manifest.json: ";
+  EXPECT_EQ(error_with("\"version\": 1", "\"version\": 4294967297"),
+            file + "manifest version 4294967297 is not supported (this kiln reads 1)");
+  EXPECT_EQ(error_with("\"token_bytes\": 2", "\"token_bytes\": 4294967298"), file + "token_bytes must be 2 or 4, got 4294967298");
+  EXPECT_EQ(error_with("\"vocab_size\": 259", "\"vocab_size\": \"259\""),
+            file + "tokenizer.vocab_size must be a non-negative integer, got string \"259\"");
+  EXPECT_EQ(error_with("\"bos_id\": 256", "\"bos_id\": 18446744073709551615"),
+            file + "tokenizer.bos_id = 18446744073709551615 is out of range [-1, 2147483647]");
+  EXPECT_EQ(error_with("\"malformed_json\": 0", "\"malformed_json\": -4"),
+            file + "skipped.malformed_json = -4 is out of range [0, 9223372036854775807]");
+}
+
+// Shard counts whose sum wraps around 2^64 matched any split total before (unsigned
+// arithmetic), so the manifest contradicted itself and still read, fingerprint and all.
+TEST_F(ShardTest, ManifestTotalsThatOverflowAreRefused) {
+  const std::string dir = work_copy();
+  edit_manifest(dir, [](Manifest& m) {
+    ASSERT_GE(m.train.shards.size(), 2u);
+    m.train.shards[0].documents += uint64_t{1} << 63;
+    m.train.shards[1].documents += uint64_t{1} << 63;
+  });
+  EXPECT_EQ(error_of([&] { read_manifest(dir + "/manifest.json"); }),
+            "[data] " + dir + "/manifest.json: splits.train.shards[1].documents makes the split's total overflow 64 bits");
 }
 
 TEST_F(ShardTest, EmptyDocumentInAShardIsBadInput) {

@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 #include "data/tokenizer.h"
 #include "nn/modules.h"
+#include "nn/moe/router.h"
 #include "train/optimizer.h"
 
 #include <fmt/format.h>
@@ -22,6 +23,7 @@ void add_list_command(CLI::App& app) {
     show("model.attention", attention_registry());
     show("model.mlp", mlp_registry());
     show("model.position", position_registry());
+    show("model.moe.router", router_registry());
     show("optim.name", optimizer_registry());
     show("optim.schedule", schedule_registry());
     fmt::print("tokenizer:\n");

@@ -3,7 +3,9 @@
 #include "config/config.h"
 
 #include "core/error.h"
+#include "core/printable.h"
 #include "core/small_file.h"
+#include "core/utf8.h"
 #include "config/config_fields.h"
 #include "config/layer_pattern.h"
 
@@ -97,7 +99,7 @@ std::string suggestion(std::string_view name) {
 }
 
 std::string unknown_key(std::string_view name) {
-  return fmt::format("unknown key '{}'{}", name, suggestion(name));
+  return fmt::format("unknown key '{}'{}", printable(name), suggestion(name));
 }
 
 // ---- overrides: text -> value -------------------------------------------------------
@@ -114,6 +116,11 @@ template <typename T>
 std::string parse_text(std::string_view text, T& out) {
   if constexpr (std::is_same_v<T, std::string>) {
     if (text.size() >= 2 && text.front() == '"' && text.back() == '"') text = text.substr(1, text.size() - 2);
+    // TOML holds UTF-8 only: the config.toml every run saves could not hold this value,
+    // and --resume, sample, export and serve would refuse the file the run wrote.
+    if (const size_t bad = find_invalid_utf8(text); bad != std::string_view::npos)
+      return fmt::format("the value is not valid UTF-8 (byte 0x{:02x} at offset {}); a TOML config holds UTF-8 only",
+                         static_cast<unsigned char>(text[bad]), bad);
     out = std::string(text);
     return {};
   } else {
@@ -121,16 +128,16 @@ std::string parse_text(std::string_view text, T& out) {
     if constexpr (std::is_same_v<T, bool>) {
       if (text == "true" || text == "1") out = true;
       else if (text == "false" || text == "0") out = false;
-      else return fmt::format("'{}' is not a boolean (true, false, 1 or 0)", text);
+      else return fmt::format("'{}' is not a boolean (true, false, 1 or 0)", printable(text));
       return {};
     } else {
       T value{};
       const char* end = text.data() + text.size();
       const auto [ptr, ec] = std::from_chars(text.data(), end, value);
       if (ec == std::errc::result_out_of_range)
-        return fmt::format("'{}' is out of range", text);
+        return fmt::format("'{}' is out of range", printable(text));
       if (ec != std::errc() || ptr != end || text.empty())
-        return fmt::format("'{}' is not {}", text, expected_type<T>());
+        return fmt::format("'{}' is not {}", printable(text), expected_type<T>());
       if constexpr (std::is_same_v<T, uint64_t>) {
         if (value > kMaxTomlInteger) return fmt::format("'{}' is out of range (max {})", text, kMaxTomlInteger);
       }
@@ -187,7 +194,8 @@ bool is_section(std::string_view name) {
 
 // One section's table; a key holding a table is a nested section ([model.moe]).
 void apply_section(Config& config, const std::string& section, const toml::table& table, const std::string& file) {
-  for (const auto& [key, node] : table) {
+  for (const auto& [key, value_node] : table) {
+    const toml::node& node = value_node;  // clang before 16 cannot capture a structured binding
     const std::string nested = fmt::format("{}.{}", section, key.str());
     if (node.is_table() && is_section(nested)) {
       apply_section(config, nested, *node.as_table(), file);
@@ -203,10 +211,11 @@ void apply_section(Config& config, const std::string& section, const toml::table
 void apply_table(Config& config, const toml::table& root, const std::string& file) {
   for (const auto& [section_key, section_node] : root) {
     const std::string section(section_key.str());
-    if (!is_section(section) || section.find('.') != std::string::npos) fail(kWhere, "{}: {}", file, unknown_key(section));
+    if (!is_section(section) || section.find('.') != std::string::npos)
+      fail(kWhere, "{}: {}", file, unknown_key(section));
     const toml::table* table = section_node.as_table();
     if (!table)
-      fail(kWhere, "{}: '{}' must be a table, got {}", file, section, toml_type_name(section_node.type()));
+      fail(kWhere, "{}: '{}' must be a table, got {}", file, printable(section), toml_type_name(section_node.type()));
     apply_section(config, section, *table, file);
   }
 }
@@ -284,7 +293,7 @@ void check_rule(const ConfigField& field, const ConfigRule& rule, const T& value
           if (bar == std::string_view::npos) break;
           rest = rest.substr(bar + 1);
         }
-        KILN_CHECK(found, kWhere, "{} must be one of {}, got '{}'", field.name(), rule.choices, value);
+        KILN_CHECK(found, kWhere, "{} must be one of {}, got '{}'", field.name(), rule.choices, printable(value));
         break;
       }
       case ConfigRule::kNone: break;
@@ -309,7 +318,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     try {
       root = toml::parse(text, path);
     } catch (const toml::parse_error& e) {
-      fail(kWhere, "{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column, e.description());
+      // toml++ quotes the text it saw, which can hold a newline.
+      fail(kWhere, "{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column,
+           printable(e.description(), 200));
     }
     apply_table(config, root, path);
   }
@@ -323,7 +334,7 @@ void apply_override(Config& config, const std::string& assignment) {
   const std::string_view name = trim(std::string_view(assignment).substr(0, std::min(eq, assignment.size())));
   const size_t dot = name.rfind('.');  // the key is the last part: model.moe.experts
   if (eq == std::string::npos || dot == std::string_view::npos || dot == 0 || dot + 1 == name.size())
-    fail(kWhere, "--set '{}': expected section.key=value", assignment);
+    fail(kWhere, "--set '{}': expected section.key=value", printable(assignment));
   const ConfigField* field = find_config_field(name.substr(0, dot), name.substr(dot + 1));
   if (!field) fail(kWhere, "--set: {}", unknown_key(name));
   const std::string_view text = std::string_view(assignment).substr(eq + 1);

@@ -1,6 +1,7 @@
-// Bytes from a file or a user, shown safely in a one-line message: control and non-ASCII
-// bytes escaped (\n, \xNN), and long text cut, so a corrupt or binary file cannot garble
-// the terminal or flood it.
+// Bytes from a file or a user (a key, a value, a token, a name read from a file), shown
+// safely in a one-line message: control and non-ASCII bytes escaped as \xNN (a newline as
+// \x0a: the error stays one line, core/error.h), and long text cut, so a corrupt or binary
+// file cannot garble the terminal or flood it.
 #pragma once
 
 #include <cstddef>

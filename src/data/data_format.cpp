@@ -1,6 +1,7 @@
 #include "data/data_format.h"
 
 #include "core/error.h"
+#include "core/printable.h"
 #include "data/readers/compressed.h"
 #include "data/readers/glob.h"
 
@@ -52,7 +53,7 @@ DataFormat resolve_data_format(const std::string& path, const std::string& forma
                              DataFormat::raw_u16, DataFormat::raw_u32}) {
     if (format == format_name(f)) return f;
   }
-  if (format != "auto") fail("data.format", "unknown format '{}' (known: {})", format, kDataFormatChoices);
+  if (format != "auto") fail("data.format", "unknown format '{}' (known: {})", printable(format), kDataFormatChoices);
 
   std::error_code ec;
   const bool directory = fs::is_directory(path, ec);

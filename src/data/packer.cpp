@@ -1,6 +1,7 @@
 #include "data/packer.h"
 
 #include "core/error.h"
+#include "core/printable.h"
 #include "data/tokenizer.h"
 
 #include <algorithm>
@@ -11,7 +12,7 @@ LongDocPolicy parse_long_doc_policy(const std::string& name) {
   if (name == "split") return LongDocPolicy::split;
   if (name == "drop") return LongDocPolicy::drop;
   if (name == "error") return LongDocPolicy::error;
-  fail("data.long_doc", "unknown policy '{}' (known: split, drop, error)", name);
+  fail("data.long_doc", "unknown policy '{}' (known: split, drop, error)", printable(name));
 }
 
 PackerOptions packer_options(const Config& config, const Tokenizer& tokenizer) {

@@ -1,6 +1,7 @@
 #include "data/tokenizer.h"
 
 #include "core/error.h"
+#include "core/printable.h"
 #include "data/bpe/bpe_tokenizer.h"
 
 #include <fmt/format.h>
@@ -72,7 +73,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::st
     const auto it = r.factories.find(name);
     if (it != r.factories.end()) factory = it->second;
   }
-  if (!factory) fail("data.tokenizer", "unknown tokenizer '{}' (known: {})", name, fmt::join(tokenizer_names(), ", "));
+  if (!factory) fail("data.tokenizer", "unknown tokenizer '{}' (known: {})", printable(name), fmt::join(tokenizer_names(), ", "));
   return factory(model_path);
 }
 

@@ -183,6 +183,9 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
     else fail("export", "internal: GGUF field '{}' = {} has no GGUF type here", key, value.dump());
   }
 
+  // Loaded (and so validated: types, ids below model.vocab_size) before its JSON is read
+  // again for the GGUF vocabulary below.
+  const auto tokenizer = model_tokenizer(dir);
   const std::string trained = model_tokenizer_json(dir);  // "" = byte-level
   std::vector<std::string> merges;
   GgufVocab vocab;
@@ -195,7 +198,6 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
     pre = llama_cpp_pre_tokenizer(j, trained);
     vocab = vocab_from_tokenizer_json(j, trained, m.vocab_size, merges);
   }
-  const auto tokenizer = model_tokenizer(dir);
   w.set("tokenizer.ggml.model", std::string("gpt2"));
   w.set("tokenizer.ggml.pre", pre);
   w.set("tokenizer.ggml.tokens", vocab.tokens);

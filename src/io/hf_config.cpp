@@ -2,9 +2,12 @@
 
 #include "config/layer_pattern.h"
 #include "core/error.h"
+#include "core/json_field.h"
+#include "core/printable.h"
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 namespace kiln::io {
 
@@ -76,16 +79,21 @@ json hf_config_json(const Model& model, HfArch arch, const HfSpecialTokens& spec
 
 namespace {
 
-// Typed field access with a default; errors name the file and field.
+// Typed field access with a default, through JsonField: errors name the file and the
+// field, a float is not truncated into an integer, and a wrong value is never dump()ed
+// (dump() recurses: a value nested 300000 arrays deep overflowed the stack).
+template <typename T>
+T typed(const JsonField& field) {
+  if constexpr (std::is_same_v<T, int64_t>) return field.integer(INT64_MIN, INT64_MAX);
+  else if constexpr (std::is_same_v<T, double>) return field.number();
+  else if constexpr (std::is_same_v<T, bool>) return field.boolean();
+  else return field.string();
+}
+
 template <typename T>
 T get(const json& c, const char* key, T fallback, const std::string& where) {
-  const auto it = c.find(key);
-  if (it == c.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    fail("import", "{}: field '{}' has the wrong type ({})", where, key, it->dump());
-  }
+  const auto field = JsonField(c, "import", where).find(key);
+  return field ? typed<T>(*field) : fallback;
 }
 
 template <typename T>
@@ -96,16 +104,15 @@ T require(const json& c, const char* key, const std::string& where) {
 
 // rope_scaling / rope_parameters must describe plain RoPE; returns theta if given there.
 std::optional<double> plain_rope(const json& c, const char* key, const std::string& where) {
-  const auto it = c.find(key);
-  if (it == c.end() || it->is_null()) return std::nullopt;
-  KILN_CHECK(it->is_object(), "import", "{}: field '{}' must be an object, got {}", where, key, it->dump());
-  const std::string type = it->value("rope_type", it->value("type", std::string("default")));
+  const auto rope = JsonField(c, "import", where).find(key);
+  if (!rope) return std::nullopt;
+  const std::string type = rope->string_or("rope_type", rope->string_or("type", "default"));
   KILN_CHECK(type == "default", "import", "{}: {}.rope_type = '{}': kiln computes plain RoPE only (no scaling)", where,
-             key, type);
-  if (it->contains("partial_rotary_factor"))
-    KILN_CHECK((*it)["partial_rotary_factor"].get<double>() == 1.0, "import",
-               "{}: {}.partial_rotary_factor != 1: kiln rotates the whole head", where, key);
-  if (it->contains("rope_theta")) return (*it)["rope_theta"].get<double>();
+             key, printable(type));
+  if (const auto factor = rope->find("partial_rotary_factor"))
+    KILN_CHECK(factor->number() == 1.0, "import", "{}: {}.partial_rotary_factor != 1: kiln rotates the whole head",
+               where, key);
+  if (const auto theta = rope->find("rope_theta")) return theta->number();
   return std::nullopt;
 }
 
@@ -125,9 +132,8 @@ static void read_qwen3_moe(const json& c, const std::string& where, ModelConfig&
   const int64_t step = get<int64_t>(c, "decoder_sparse_step", 1, where);
   KILN_CHECK(step >= 1, "import", "{}: decoder_sparse_step = {} must be >= 1", where, step);
   std::vector<int64_t> dense_only;
-  const auto only = c.find("mlp_only_layers");
-  if (only != c.end() && only->is_array())
-    for (const auto& l : *only) dense_only.push_back(l.get<int64_t>());
+  if (const auto only = JsonField(c, "import", where).find("mlp_only_layers"); only && !only->is_null())
+    for (size_t i = 0; i < only->array_size(); ++i) dense_only.push_back(only->element(i).integer(0, m.layers - 1));
   std::string dense;
   for (int64_t l = 0; l < m.layers; ++l) {
     const bool listed = std::find(dense_only.begin(), dense_only.end(), l) != dense_only.end();
@@ -150,11 +156,12 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   } else if (type == "qwen3_moe") {
     spec.arch = HfArch::qwen3_moe;
   } else {
-    fail("import", "{}: model_type '{}' is not one kiln imports (qwen3, llama, qwen2, qwen3_moe)", where, type);
+    fail("import", "{}: model_type '{}' is not one kiln imports (qwen3, llama, qwen2, qwen3_moe)", where,
+         printable(type));
   }
   KILN_CHECK(!c.contains("quantization_config"), "import", "{}: quantized checkpoints are not supported", where);
   const std::string act = get<std::string>(c, "hidden_act", "silu", where);
-  KILN_CHECK(act == "silu", "import", "{}: hidden_act = '{}': kiln's MLP is SwiGLU (silu)", where, act);
+  KILN_CHECK(act == "silu", "import", "{}: hidden_act = '{}': kiln's MLP is SwiGLU (silu)", where, printable(act));
 
   ModelConfig& m = spec.model;
   m.vocab_size = require<int64_t>(c, "vocab_size", where);
@@ -192,16 +199,19 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
              where);
   KILN_CHECK(!get<bool>(c, "use_sliding_window", false, where), "import",
              "{}: use_sliding_window = true: kiln computes full causal attention", where);
-  if (c.contains("layer_types") && c["layer_types"].is_array())
-    for (const auto& t : c["layer_types"])
+  const JsonField root(c, "import", where);
+  if (const auto layer_types = root.find("layer_types"))
+    for (size_t i = 0; i < layer_types->array_size(); ++i) {
+      const std::string& t = layer_types->element(i).string();
       KILN_CHECK(t == "full_attention", "import", "{}: layer_types has '{}': kiln computes full attention only", where,
-                 t.dump());
+                 printable(t));
+    }
 
   spec.special.bos = get<int64_t>(c, "bos_token_id", -1, where);
   spec.special.pad = get<int64_t>(c, "pad_token_id", -1, where);
-  const auto eos = c.find("eos_token_id");
-  if (eos != c.end() && eos->is_array() && !eos->empty()) {
-    spec.special.eos = (*eos)[0].get<int64_t>();
+  const auto eos = root.find("eos_token_id");
+  if (eos && eos->is_array() && eos->array_size() > 0) {
+    spec.special.eos = typed<int64_t>(eos->element(0));
   } else {
     spec.special.eos = get<int64_t>(c, "eos_token_id", -1, where);
   }

@@ -1,6 +1,7 @@
 #include "io/hf_import.h"
 
 #include "core/json_file.h"
+#include "data/bpe/bpe_tokenizer.h"
 #include "io/byte_tokenizer_json.h"
 #include "io/export_names.h"
 #include "io/model_dir.h"
@@ -80,9 +81,14 @@ HfImportReport import_hf(const std::string& hf_dir, const std::string& out_dir) 
   const fs::path tokenizer = dir / "tokenizer.json";
   if (fs::exists(tokenizer)) {
     report.byte_tokenizer = is_byte_tokenizer_json(read_json(tokenizer));
-    if (!report.byte_tokenizer)
-      report.notes.push_back("tokenizer.json is not kiln's byte-level tokenizer: copied next to the model for a "
-                             "tokenizer that reads it");
+    if (!report.byte_tokenizer) {
+      // Loaded before anything is written, so a file that kiln cannot read (or with ids
+      // beyond the model's vocabulary) stops the import instead of every later command.
+      const auto bpe = bpe::load_tokenizer_json(
+          tokenizer.string(), bpe::TokenIdLimit::of_model(spec.model.vocab_size, "vocab_size in " + config_path.string()));
+      report.notes.push_back(fmt::format("tokenizer.json (byte-level BPE, {} ids) copied next to the model",
+                                         bpe->vocab_size()));
+    }
   } else {
     report.notes.push_back("no tokenizer.json: the model will be read with kiln's byte-level tokenizer");
   }

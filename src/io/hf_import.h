@@ -6,8 +6,8 @@
 // Every tensor must map to a kiln parameter with the exact shape, and every parameter must
 // be present: a leftover or missing tensor is an error naming it, never a silent drop.
 // Tokenizer: kiln's own byte-level tokenizer.json is recognized (the model then uses the
-// byte tokenizer); any other tokenizer.json is copied next to the model, for a tokenizer
-// that reads it (io/model_dir.h).
+// byte tokenizer); any other tokenizer.json is loaded as a byte-level BPE (ids below the
+// config's vocab_size) and then copied next to the model (io/model_dir.h).
 #pragma once
 
 #include "io/hf_config.h"

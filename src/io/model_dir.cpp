@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/small_file.h"
+#include "data/bpe/bpe_tokenizer.h"
 #include "io/checkpoint_manifest.h"
 #include "io/weight_check.h"
 
@@ -100,9 +101,13 @@ std::string model_tokenizer_json(const std::string& model_dir) {
 }
 
 std::unique_ptr<Tokenizer> model_tokenizer(const std::string& model_dir) {
+  const std::string config_path = (fs::path(model_dir) / "config.toml").string();
+  const Config config = load_config(config_path);
   const std::string json = model_tokenizer_json(model_dir);
-  if (!json.empty()) return tokenizer_from_config(json);
-  return tokenizer_from_config(load_config((fs::path(model_dir) / "config.toml").string()).data.tokenizer);
+  if (json.empty()) return tokenizer_from_config(config.data.tokenizer);
+  // Every id the tokenizer can produce must have a row in the model's embedding.
+  return bpe::load_tokenizer_json(
+      json, bpe::TokenIdLimit::of_model(config.model.vocab_size, "model.vocab_size in " + config_path));
 }
 
 void copy_tokenizer_files(const std::string& from, const std::string& to) {

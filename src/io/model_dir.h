@@ -31,7 +31,8 @@ LoadedModel load_for_decoding(const std::string& path, Device device);
 // put it there), else the file its config's data.tokenizer names; "" for a tokenizer that
 // needs no file (kiln's byte-level one). Throws if the named file is gone.
 std::string model_tokenizer_json(const std::string& model_dir);
-// The tokenizer a saved model was trained with (data.tokenizer, or DIR/tokenizer.json).
+// The tokenizer a saved model was trained with (data.tokenizer, or DIR/tokenizer.json);
+// a tokenizer.json with an id at or above the model's vocab_size is an error naming both.
 std::unique_ptr<Tokenizer> model_tokenizer(const std::string& model_dir);
 
 // The files of a trained tokenizer that travel with a model (tokenizer.json first; the

@@ -1,6 +1,7 @@
 #include "io/safetensors.h"
 
 #include "core/device_memory.h"
+#include "core/printable.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -86,7 +87,7 @@ DType safetensors_dtype_from_name(std::string_view name, std::string_view where)
   if (name == "F16") return DType::f16;
   if (name == "I32") return DType::i32;
   if (name == "I64") return DType::i64;
-  fail(kWhere, "{}: unsupported dtype '{}' (supported: F32, F64, BF16, F16, I32, I64)", where, name);
+  fail(kWhere, "{}: unsupported dtype '{}' (supported: F32, F64, BF16, F16, I32, I64)", where, printable(name));
 }
 
 int64_t TensorInfo::numel() const {
@@ -164,49 +165,56 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const uint64_t data_size = file_size - 8 - header_len;
 
   for (const auto& [key, value] : header.items()) {
+    const std::string shown = printable(key);  // a name from the file may hold a newline
     if (key == "__metadata__") {
       if (!value.is_object()) fail(kWhere, "{}: __metadata__ is not an object", path);
       for (const auto& [mk, mv] : value.items()) {
-        if (!mv.is_string()) fail(kWhere, "{}: __metadata__ value for '{}' is not a string", path, mk);
+        if (!mv.is_string()) fail(kWhere, "{}: __metadata__ value for '{}' is not a string", path, printable(mk));
         file.metadata_[mk] = mv.get<std::string>();
       }
       continue;
     }
-    if (!value.is_object()) fail(kWhere, "{}: tensor '{}' entry is not an object", path, key);
+    if (!value.is_object()) fail(kWhere, "{}: tensor '{}' entry is not an object", path, shown);
     TensorInfo info;
     info.name = key;
 
     const auto dtype_it = value.find("dtype");
     if (dtype_it == value.end() || !dtype_it->is_string())
-      fail(kWhere, "{}: tensor '{}' has no dtype string", path, key);
-    info.dtype = safetensors_dtype_from_name(dtype_it->get<std::string>(), fmt::format("{}: tensor '{}'", path, key));
+      fail(kWhere, "{}: tensor '{}' has no dtype string", path, shown);
+    info.dtype = safetensors_dtype_from_name(dtype_it->get<std::string>(), fmt::format("{}: tensor '{}'", path, shown));
 
     const auto shape_it = value.find("shape");
-    if (shape_it == value.end() || !shape_it->is_array()) fail(kWhere, "{}: tensor '{}' has no shape array", path, key);
-    uint64_t numel = 1;
+    if (shape_it == value.end() || !shape_it->is_array()) fail(kWhere, "{}: tensor '{}' has no shape array", path, shown);
+    // Every running product in int64, in the order TensorInfo::numel() and Shape multiply:
+    // [2^62, 2, 0] holds no bytes, yet its first two dimensions overflow an int64.
+    int64_t numel = 1;
     for (const auto& d : *shape_it) {
+      // Named by position, never dumped: dump() recurses, and a hostile header nests
+      // arrays deeper than the stack.
       if (!d.is_number_integer() || d.get<int64_t>() < 0)
-        fail(kWhere, "{}: tensor '{}' has a bad shape {}", path, key, shape_it->dump());
+        fail(kWhere, "{}: tensor '{}' has a bad shape: dimension {} is not a non-negative integer", path, shown,
+             info.shape.size());
       const auto dim = d.get<int64_t>();
       info.shape.push_back(dim);
-      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dim), &numel))
-        fail(kWhere, "{}: tensor '{}' shape {} overflows", path, key, shape_it->dump());
+      if (__builtin_mul_overflow(numel, dim, &numel))
+        fail(kWhere, "{}: tensor '{}' shape {} overflows at dimension {}", path, shown, dims_str(info.shape),
+             info.shape.size() - 1);
     }
     uint64_t expected_bytes;
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(info.dtype)), &expected_bytes))
-      fail(kWhere, "{}: tensor '{}' shape {} overflows", path, key, shape_it->dump());
+    if (__builtin_mul_overflow(static_cast<uint64_t>(numel), static_cast<uint64_t>(dtype_size(info.dtype)), &expected_bytes))
+      fail(kWhere, "{}: tensor '{}' shape {} overflows", path, shown, dims_str(info.shape));
 
     const auto off_it = value.find("data_offsets");
     if (off_it == value.end() || !off_it->is_array() || off_it->size() != 2 || !(*off_it)[0].is_number_unsigned() ||
         !(*off_it)[1].is_number_unsigned())
-      fail(kWhere, "{}: tensor '{}' needs data_offsets [begin, end] of non-negative integers", path, key);
+      fail(kWhere, "{}: tensor '{}' needs data_offsets [begin, end] of non-negative integers", path, shown);
     const auto begin = (*off_it)[0].get<uint64_t>();
     const auto end = (*off_it)[1].get<uint64_t>();
     if (begin > end || end > data_size)
-      fail(kWhere, "{}: tensor '{}' data_offsets [{}, {}] out of range (data section is {} bytes)", path, key, begin,
+      fail(kWhere, "{}: tensor '{}' data_offsets [{}, {}] out of range (data section is {} bytes)", path, shown, begin,
            end, data_size);
     if (end - begin != expected_bytes)
-      fail(kWhere, "{}: tensor '{}' data_offsets [{}, {}] hold {} bytes but {} {} needs {}", path, key, begin, end,
+      fail(kWhere, "{}: tensor '{}' data_offsets [{}, {}] hold {} bytes but {} {} needs {}", path, shown, begin, end,
            end - begin, safetensors_dtype_name(info.dtype), info.shape_str(), expected_bytes);
     info.begin = static_cast<size_t>(begin);
     info.end = static_cast<size_t>(end);
@@ -224,10 +232,10 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const TensorInfo* previous = nullptr;
   for (const TensorInfo* info : by_offset) {
     if (info->begin < covered)
-      fail(kWhere, "{}: tensor '{}' data_offsets [{}, {}] overlap tensor '{}' [{}, {}]", path, info->name, info->begin,
-           info->end, previous->name, previous->begin, previous->end);
+      fail(kWhere, "{}: tensor '{}' data_offsets [{}, {}] overlap tensor '{}' [{}, {}]", path, printable(info->name),
+           info->begin, info->end, printable(previous->name), previous->begin, previous->end);
     if (info->begin > covered)
-      fail(kWhere, "{}: tensor '{}' data_offsets [{}, {}] leave a gap of {} bytes before it", path, info->name,
+      fail(kWhere, "{}: tensor '{}' data_offsets [{}, {}] leave a gap of {} bytes before it", path, printable(info->name),
            info->begin, info->end, info->begin - covered);
     covered = info->end;
     previous = info;

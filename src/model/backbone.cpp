@@ -97,6 +97,10 @@ void Backbone::after_step(bool applied) {
   for (const auto& block : blocks_) block->after_step(applied);
 }
 
+void Backbone::report(std::vector<std::pair<std::string, double>>& out) const {
+  for (const auto& block : blocks_) block->report(out);
+}
+
 double Backbone::extra_forward_flops_per_token(int64_t seq_len) const {
   double flops = 0;
   for (const auto& block : blocks_) flops += block->extra_forward_flops_per_token(seq_len);

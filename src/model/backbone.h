@@ -43,6 +43,8 @@ class Backbone {
   double extra_forward_flops_per_token(int64_t seq_len) const;
   // After each optimizer step (the components with state between steps: routers).
   void after_step(bool applied);
+  // The components' diagnostics of the last step (nn/interfaces.h: Mlp::report).
+  void report(std::vector<std::pair<std::string, double>>& out) const;
   // Every component's fields of a stock configuration (nn/export_config.h), in order.
   void export_config(ExportConfig& out) const;
 

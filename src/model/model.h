@@ -47,6 +47,12 @@ class Model {
   const LossTerms& loss_terms() const { return losses_.terms; }
   // After each optimizer step, applied or skipped: the components' state between steps.
   void after_step(bool applied) { backbone_->after_step(applied); }
+  // The components' diagnostics of the last step, by name ("moe.3.load_max", ...).
+  std::vector<std::pair<std::string, double>> component_metrics() const {
+    std::vector<std::pair<std::string, double>> out;
+    backbone_->report(out);
+    return out;
+  }
   // Parameters weighted by the share of tokens that use them (experts: top_k / experts).
   double active_parameter_count() const;
   // Gradient scale of the per-micro-batch loss terms: 1 / micro-batches per step (the

@@ -12,6 +12,9 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace kiln {
 
@@ -93,6 +96,9 @@ class Mlp {
   // After each optimizer step (applied or skipped by the fault guard): MLPs with state of
   // their own between steps (a router's load statistics and bias) update it here.
   virtual void after_step(bool applied) { (void)applied; }
+  // Diagnostics of the last step as (name, value) pairs for the log and metrics.jsonl
+  // (a router's load statistics); most MLPs have none.
+  virtual void report(std::vector<std::pair<std::string, double>>& out) const { (void)out; }
 };
 
 }  // namespace kiln

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/error.h"
+#include "core/printable.h"
 
 #include <functional>
 #include <map>
@@ -29,7 +30,7 @@ class Registry {
   // Throws naming the config key and the known names when `name` is unknown.
   std::unique_ptr<Interface> build(const std::string& key, const std::string& name, Args... args) const {
     auto it = entries_.find(name);
-    if (it == entries_.end()) fail("config", "{}: unknown {} '{}' (known: {})", key, kind_, name, known());
+    if (it == entries_.end()) fail("config", "{}: unknown {} '{}' (known: {})", key, kind_, printable(name), known());
     return it->second.factory(std::forward<Args>(args)...);
   }
 

@@ -24,10 +24,14 @@ void only_fields(const json& body, const std::set<std::string>& known) {
 
 bool present(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
 
+// A wrongly typed value as an error names it: a scalar as written, a container by its type
+// (dump() recurses: an array nested 300000 deep in a request overflowed the server's stack).
+std::string shown(const json& v) { return v.is_primitive() ? v.dump() : fmt::format("an {}", v.type_name()); }
+
 int64_t get_int(const json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
   if (!present(body, key)) return fallback;
   const json& v = body[key];
-  if (!v.is_number_integer()) throw ApiError(400, fmt::format("'{}' must be an integer, got {}", key, v.dump()), key);
+  if (!v.is_number_integer()) throw ApiError(400, fmt::format("'{}' must be an integer, got {}", key, shown(v)), key);
   const auto x = v.get<int64_t>();
   if (x < lo || x > hi) throw ApiError(400, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, x), key);
   return x;
@@ -36,7 +40,7 @@ int64_t get_int(const json& body, const char* key, int64_t fallback, int64_t lo,
 double get_number(const json& body, const char* key, double fallback, double lo, double hi) {
   if (!present(body, key)) return fallback;
   const json& v = body[key];
-  if (!v.is_number()) throw ApiError(400, fmt::format("'{}' must be a number, got {}", key, v.dump()), key);
+  if (!v.is_number()) throw ApiError(400, fmt::format("'{}' must be a number, got {}", key, shown(v)), key);
   const double x = v.get<double>();
   if (!(x >= lo && x <= hi)) throw ApiError(400, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, x), key);
   return x;

@@ -49,6 +49,7 @@ void MetricsLog::step(const StepMetrics& m) {
                       {"target_tokens", m.target_tokens}, {"step_seconds", m.step_seconds},
                       {"elapsed_seconds", m.elapsed_seconds}};
   for (const auto& [name, value] : m.terms) j[name] = value;
+  for (const auto& [name, value] : m.components) j[name] = value;
   if (!m.skipped.empty()) j["skipped"] = m.skipped;
   if (m.skipped_total > 0) j["skipped_total"] = m.skipped_total;
   append(j.dump() + '\n');

@@ -15,6 +15,8 @@ struct StepMetrics {
   // The other reported loss terms (nn/loss_terms.h) by name, each a mean per target token:
   // "z" (logsumexp^2) when train.z_loss > 0, router losses, ...
   std::vector<std::pair<std::string, double>> terms;
+  // The components' diagnostics of the step (Model::component_metrics: an MoE layer's load).
+  std::vector<std::pair<std::string, double>> components;
   double lr = 0;
   double grad_norm = 0;        // before clipping
   int64_t tokens = 0;          // positions processed (incl. PAD)

@@ -1,10 +1,12 @@
 #include "train/trainer.h"
 
 #include "core/device_memory.h"
+#include "core/printable.h"
 #include "io/durable_io.h"
 #include "io/model_dir.h"
 #include "io/model_io.h"
 #include "nn/modules.h"
+#include "nn/moe/router.h"
 #include "ops/blas.h"
 #include "ops/parallel.h"
 #include "train/memory_check.h"
@@ -36,7 +38,7 @@ std::string human_count(double n) {
 // Every registry name in the config must exist; the error names the key and the choices.
 void check_component_names(const Config& c) {
   auto check = [](const auto& registry, const char* key, const std::string& name) {
-    KILN_CHECK(registry.contains(name), "config", "{}: unknown {} '{}' (known: {})", key, registry.kind(), name,
+    KILN_CHECK(registry.contains(name), "config", "{}: unknown {} '{}' (known: {})", key, registry.kind(), printable(name),
                registry.known());
   };
   check(norm_registry(), "model.norm", c.model.norm);
@@ -44,6 +46,7 @@ void check_component_names(const Config& c) {
   check(mlp_registry(), "model.mlp", c.model.mlp);
   if (!c.model.alt_mlp.empty()) check(mlp_registry(), "model.alt_mlp", c.model.alt_mlp);
   check(position_registry(), "model.position", c.model.position);
+  check(router_registry(), "model.moe.router", c.model.moe.router);
   check(optimizer_registry(), "optim.name", c.optim.name);
   check(schedule_registry(), "optim.schedule", c.optim.schedule);
 }
@@ -272,6 +275,14 @@ void Trainer::log_step(const StepMetrics& m) {
   const double eta = m.elapsed_seconds / static_cast<double>(m.step) * static_cast<double>(m.total_steps - m.step);
   std::string terms;
   for (const auto& [name, value] : m.terms) terms += fmt::format(" | {} {:.4g}", name, value);
+  // Sparse layers: the busiest expert's load over the mean, and the experts without a token.
+  double load_max = 0, dead = 0;
+  bool sparse = false;
+  for (const auto& [name, value] : m.components) {
+    if (name.ends_with(".load_max")) load_max = std::max(load_max, value), sparse = true;
+    if (name.ends_with(".dead")) dead += value;
+  }
+  if (sparse) terms += fmt::format(" | experts max load {:.2f}x dead {}", load_max, dead);
   fmt::print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {} tok/s | elapsed {} | eta {}\n", m.step,
              m.total_steps, m.loss, terms, m.lr, m.grad_norm, human_count(tokens_per_second),
              format_duration(m.elapsed_seconds), format_duration(eta));
@@ -336,6 +347,7 @@ TrainResult Trainer::run() {
       m.elapsed_seconds = now - start;
       m.tokens = p.window_tokens;
       m.loss = p.window_losses > 0 ? p.window_loss / static_cast<double>(p.window_losses) : std::nan("");
+      m.components = model_->component_metrics();  // of this step
       log_step(m);
       metrics_->step(m);
       p.window_loss = 0;

@@ -25,7 +25,7 @@ namespace kiln::gpu_test {
 // op_table/op_compare.h.
 using op_test::kFloorFraction;
 
-// The op table's tolerances for values computed in fp32 (op_table/op_compare.h).
+// fp32 kernels against an fp64 reference: the op table's f32 row.
 inline const op_test::Tolerance kF32 = op_test::tolerance_of(DType::f32);
 
 inline OwnedTensor to_device(const Tensor& host) {

@@ -181,7 +181,7 @@ void check_golden_model(DType dtype, GoldenTolerance tol) {
   const double logits_error = expect_close("logits", Tensor(logits.data(), DType::f32, Device::cpu, expected->shape()),
                                            *to_f64(*expected), tol.logits, 0, tol.floor_fraction);
   model.zero_grads();
-  const ops::LossSums sums = model.forward_backward(1.0 / static_cast<double>(batch.target_count), 0.0);
+  const LossSums sums = model.forward_backward(1.0 / static_cast<double>(batch.target_count));
   const double expected_loss = io::read_tensor(file, "loss", DType::f32)->data<float>()[0];
   const double loss = sums.loss / static_cast<double>(sums.count);
   EXPECT_NEAR(loss, expected_loss, tol.loss * expected_loss);
@@ -216,7 +216,7 @@ TEST_F(Dense, RecomputedBlocksGiveTheSameGradientsBf16) {
     for (const auto& p : model.parameters()) io::read_into(file, io::hf_name(*p), p->value());
     model.load_batch(batch);
     model.zero_grads();
-    losses.push_back(model.forward_backward(1.0 / static_cast<double>(batch.target_count), 0.0).loss);
+    losses.push_back(model.forward_backward(1.0 / static_cast<double>(batch.target_count)).loss);
     grads.emplace_back();
     for (const auto& p : model.parameters()) grads.back().push_back(to_host(p->grad()));
   }
@@ -259,7 +259,7 @@ TEST_F(Dense, UniformRowsAgreeWithTheRaggedLayoutBf16) {
     const int64_t graphs_before = cuda::attention_cudnn_graph_count();
     model.load_batch(*batch);
     model.zero_grads();
-    const ops::LossSums sums = model.forward_backward(1.0 / static_cast<double>(batch->target_count), 0.0);
+    const LossSums sums = model.forward_backward(1.0 / static_cast<double>(batch->target_count));
     losses.push_back(sums.loss / static_cast<double>(sums.count));
     if (batch == &uniform) {
       EXPECT_EQ(cuda::attention_cudnn_graph_count(), graphs_before + 2) << "plain graphs built";

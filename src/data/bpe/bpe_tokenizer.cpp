@@ -8,8 +8,16 @@ namespace kiln::bpe {
 
 BpeTokenizer::BpeTokenizer(BpeTokenizerParts parts) : parts_(std::move(parts)) {
   KILN_CHECK(parts_.model != nullptr, "tokenizer", "{}: no BPE model", parts_.origin);
-  int32_t size = static_cast<int32_t>(parts_.id_to_bytes.size());
-  for (const AddedToken& t : parts_.added) size = std::max(size, t.id + 1);
+  // In 64 bits and bounded: an added id of INT32_MAX made `id + 1` wrap negative, the
+  // tables came out empty and the writes below went past their end.
+  auto size = static_cast<int64_t>(parts_.id_to_bytes.size());
+  KILN_CHECK(size <= kMaxTokenizerIds, "tokenizer", "{}: {} model ids exceed kiln's limit of {}", parts_.origin, size,
+             kMaxTokenizerIds);
+  for (const AddedToken& t : parts_.added) {
+    KILN_CHECK(t.id >= 0 && t.id < kMaxTokenizerIds, "tokenizer", "{}: added token '{}' has id {} outside [0, {})",
+               parts_.origin, t.content, t.id, kMaxTokenizerIds);
+    size = std::max(size, int64_t{t.id} + 1);
+  }
   kind_.assign(static_cast<size_t>(size), kUnused);
   text_.assign(static_cast<size_t>(size), std::string());
   for (size_t id = 0; id < parts_.id_to_bytes.size(); ++id) {
@@ -20,7 +28,6 @@ BpeTokenizer::BpeTokenizer(BpeTokenizerParts parts) : parts_(std::move(parts)) {
   std::vector<const AddedToken*> raw, normalized;
   std::vector<std::string> raw_patterns, normalized_patterns;
   for (const AddedToken& t : parts_.added) {
-    KILN_CHECK(t.id >= 0, "tokenizer", "{}: added token '{}' has a negative id", parts_.origin, t.content);
     kind_[static_cast<size_t>(t.id)] = t.special ? kSkipped : kAdded;
     text_[static_cast<size_t>(t.id)] = t.content;
     if (t.normalized) {
@@ -58,6 +65,12 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   out.reserve(text.size() / 3 + 4);
   raw_matcher_.encode_around(text, out, [&](std::string_view stretch) { encode_segment(stretch, out); });
   return out;
+}
+
+const std::string& BpeTokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || id >= vocab_size())
+    fail("data.tokenizer", "id {} is outside the vocabulary [0, {}) of {}", id, vocab_size(), parts_.origin);
+  return text_[static_cast<size_t>(id)];
 }
 
 std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {

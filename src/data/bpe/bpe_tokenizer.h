@@ -48,7 +48,8 @@ class BpeTokenizer final : public Tokenizer {
   const std::string& origin() const { return parts_.origin; }
   const std::vector<AddedToken>& added_tokens() const { return parts_.added; }
   // The raw bytes (model tokens) or content (added tokens) of an id; "" when unused.
-  const std::string& token_bytes(int32_t id) const { return text_[static_cast<size_t>(id)]; }
+  // Throws for an id outside [0, vocab_size()).
+  const std::string& token_bytes(int32_t id) const;
   const BpeModel& model() const { return *parts_.model; }
 
  private:
@@ -63,10 +64,25 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<std::string> text_;
 };
 
+// The most token ids kiln reads from a tokenizer.json: eight times the largest vocabulary in
+// use (Gemma 3's 262,144). The tokenizer keeps a table entry per id up to the largest, so
+// this bounds what a few bytes of a hostile file can make it allocate.
+inline constexpr int32_t kMaxTokenizerIds = 1 << 21;
+
+// Every id of a tokenizer.json must be below `end`: kiln's bound, or the vocabulary of
+// the model it serves where the caller knows it.
+struct TokenIdLimit {
+  int64_t end = kMaxTokenizerIds;
+  std::string source = "kiln's limit for a tokenizer.json";  // what sets `end`, for errors
+  // model.vocab_size (described by `source`), or kiln's bound when that is smaller.
+  static TokenIdLimit of_model(int64_t vocab_size, std::string source);
+};
+
 // Loads a tokenizer.json (or a folder holding one). BOS/EOS/PAD come from a
 // tokenizer_config.json beside it when present, else from well-known token names
 // (<|endoftext|>, <|begin_of_text|>, <s>, ...); BOS and PAD default to EOS. Throws
-// kiln::Error("[tokenizer] FILE: ...") naming anything unsupported.
-std::unique_ptr<BpeTokenizer> load_tokenizer_json(const std::string& path);
+// kiln::Error("[tokenizer] FILE: ...") naming anything unsupported, any field of the wrong
+// type ("added_tokens[3].id must be an integer, got ...") and any id outside `limit`.
+std::unique_ptr<BpeTokenizer> load_tokenizer_json(const std::string& path, const TokenIdLimit& limit = {});
 
 }  // namespace kiln::bpe

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "data/bpe/added_tokens.h"
+#include "data/bpe/bpe_tokenizer.h"
 #include "data/bpe/byte_unicode.h"
 #include "data/bpe/normalizer.h"
 #include "data/bpe/pretokenizer.h"
@@ -57,6 +58,11 @@ BpeTrainer::BpeTrainer(BpeTrainerOptions options) : options_(std::move(options))
   const int64_t base = static_cast<int64_t>(options_.special_tokens.size()) + 256;
   KILN_CHECK(options_.vocab_size >= base, "train-tokenizer", "--vocab-size {} is below the {} special tokens + 256 bytes",
              options_.vocab_size, options_.special_tokens.size());
+  // Checked before the tables sized by it are made (a huge value was a bad_alloc), and so
+  // that the tokenizer.json written at the end loads again.
+  KILN_CHECK(options_.vocab_size <= kMaxTokenizerIds, "train-tokenizer",
+             "--vocab-size {} is above kiln's limit of {} ids for a tokenizer.json", options_.vocab_size,
+             kMaxTokenizerIds);
   for (const std::string& s : options_.special_tokens)
     KILN_CHECK(!s.empty(), "train-tokenizer", "a special token is empty");
 }

@@ -1,6 +1,7 @@
 #include "data/bpe/pretokenizer.h"
 
 #include "core/error.h"
+#include "core/printable.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -52,7 +53,7 @@ Regex::Regex(std::string_view pattern, bool literal, std::string_view origin) : 
   if (!code) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));
-    fail("tokenizer", "{}{}bad regex '{}' at offset {}: {}", origin, origin.empty() ? "" : ": ", pattern, offset,
+    fail("tokenizer", "{}{}bad regex '{}' at offset {}: {}", origin, origin.empty() ? "" : ": ", printable(pattern), offset,
          reinterpret_cast<const char*>(message));
   }
   jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
@@ -72,7 +73,7 @@ bool Regex::find(std::string_view text, size_t start, size_t& begin, size_t& end
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof(message));
-      fail("tokenizer", "regex '{}' failed: {}", pattern_, reinterpret_cast<const char*>(message));
+      fail("tokenizer", "regex '{}' failed: {}", printable(pattern_), reinterpret_cast<const char*>(message));
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(t.data);
     if (ovector[1] > ovector[0]) {

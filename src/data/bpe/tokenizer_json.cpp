@@ -1,5 +1,9 @@
-// Reading a Hugging Face tokenizer.json into a BpeTokenizer.
+// Reading a Hugging Face tokenizer.json into a BpeTokenizer. Every field goes through
+// JsonField: a wrong type or an id out of range is a one-line error naming the file and
+// the field, checked before the id indexes anything.
 #include "core/error.h"
+#include "core/printable.h"
+#include "core/json_field.h"
 #include "core/json_file.h"
 #include "data/bpe/bpe_tokenizer.h"
 #include "data/bpe/byte_unicode.h"
@@ -21,104 +25,122 @@ template <typename... Args>
   fail("tokenizer", "{}: {}", file, fmt::format(format, std::forward<Args>(args)...));
 }
 
-std::string type_of(const json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "?"; }
+// Sequence inside Sequence: real files nest one or two deep; a hostile file nested
+// thousands deep would overflow the stack of this recursive reader.
+constexpr int kMaxNesting = 16;
 
-bool flag(const json& j, const char* key, bool fallback) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_boolean() ? it->get<bool>() : fallback;
+// A normalizer or pre_tokenizer step: an object with a string "type".
+std::string type_of(const JsonField& step) { return step.member("type").string(); }
+
+void check_nesting(const JsonField& step, int depth) {
+  if (depth >= kMaxNesting) step.fail(fmt::format("nests Sequences more than {} deep", kMaxNesting));
 }
 
-void parse_normalizer(const std::string& file, const json& j, Normalizer& out) {
-  if (j.is_null()) return;
+void parse_normalizer(const std::string& file, const JsonField& j, Normalizer& out, int depth) {
   const std::string type = type_of(j);
   if (type == "Sequence") {
-    for (const json& n : j.value("normalizers", json::array())) parse_normalizer(file, n, out);
+    check_nesting(j, depth);
+    const JsonField steps = j.member("normalizers");
+    for (size_t i = 0; i < steps.array_size(); ++i) parse_normalizer(file, steps.element(i), out, depth + 1);
     return;
   }
   NormalForm form;
-  if (!parse_normal_form(type, form)) fail_file(file, "unsupported normalizer '{}' (kiln supports NFC, NFD, NFKC, NFKD)", type);
+  if (!parse_normal_form(type, form)) fail_file(file, "unsupported normalizer '{}' (kiln supports NFC, NFD, NFKC, NFKD)", printable(type));
   out.add(form);
 }
 
-void parse_pre_tokenizer(const std::string& file, const json& j, PreTokenizer& out) {
-  if (j.is_null()) return;
+void parse_pre_tokenizer(const std::string& file, const JsonField& j, PreTokenizer& out, int depth) {
   const std::string type = type_of(j);
   if (type == "Sequence") {
-    for (const json& p : j.value("pretokenizers", json::array())) parse_pre_tokenizer(file, p, out);
+    check_nesting(j, depth);
+    const JsonField steps = j.member("pretokenizers");
+    for (size_t i = 0; i < steps.array_size(); ++i) parse_pre_tokenizer(file, steps.element(i), out, depth + 1);
     return;
   }
   if (type == "ByteLevel") {
-    out.add_byte_level(flag(j, "add_prefix_space", true), flag(j, "use_regex", true));
+    out.add_byte_level(j.boolean_or("add_prefix_space", true), j.boolean_or("use_regex", true));
     return;
   }
   if (type == "Split") {
     if (out.has_byte_level()) fail_file(file, "unsupported pre_tokenizer: a Split after ByteLevel");
-    if (flag(j, "invert", false)) fail_file(file, "unsupported pre_tokenizer: Split with invert=true");
-    const std::string behavior = j.value("behavior", std::string("?"));
+    if (j.boolean_or("invert", false)) fail_file(file, "unsupported pre_tokenizer: Split with invert=true");
+    const std::string behavior = j.string_or("behavior", "?");
     SplitBehavior b;
     if (behavior == "Isolated") b = SplitBehavior::isolated;
     else if (behavior == "Removed") b = SplitBehavior::removed;
-    else fail_file(file, "unsupported Split behavior '{}' (kiln supports Isolated, Removed)", behavior);
-    const json& pattern = j.value("pattern", json::object());
-    if (pattern.contains("Regex")) out.add_split(std::make_shared<Regex>(pattern["Regex"].get<std::string>(), false, file), b);
-    else if (pattern.contains("String")) out.add_split(std::make_shared<Regex>(pattern["String"].get<std::string>(), true, file), b);
+    else fail_file(file, "unsupported Split behavior '{}' (kiln supports Isolated, Removed)", printable(behavior));
+    const JsonField pattern = j.member("pattern");
+    if (const auto regex = pattern.find("Regex")) out.add_split(std::make_shared<Regex>(regex->string(), false, file), b);
+    else if (const auto text = pattern.find("String")) out.add_split(std::make_shared<Regex>(text->string(), true, file), b);
     else fail_file(file, "Split pre_tokenizer without a Regex or String pattern");
     return;
   }
-  fail_file(file, "unsupported pre_tokenizer '{}' (kiln supports ByteLevel, Split, Sequence)", type);
+  fail_file(file, "unsupported pre_tokenizer '{}' (kiln supports ByteLevel, Split, Sequence)", printable(type));
 }
 
 // "a b" (legacy) or ["a", "b"].
-std::pair<std::string, std::string> parse_merge(const std::string& file, const json& m, size_t index) {
+std::pair<std::string, std::string> parse_merge(const std::string& file, const JsonField& m, size_t index) {
   if (m.is_string()) {
-    const std::string& s = m.get_ref<const std::string&>();
+    const std::string& s = m.string();
     const size_t space = s.find(' ');
     if (space == std::string::npos || space == 0 || space + 1 == s.size())
-      fail_file(file, "model.merges[{}] '{}' is not two tokens separated by a space", index, s);
+      fail_file(file, "model.merges[{}] '{}' is not two tokens separated by a space", index, printable(s));
     return {s.substr(0, space), s.substr(space + 1)};
   }
-  if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) return {m[0].get<std::string>(), m[1].get<std::string>()};
+  if (m.is_array() && m.array_size() == 2 && m.element(0).is_string() && m.element(1).is_string())
+    return {m.element(0).string(), m.element(1).string()};
   fail_file(file, "model.merges[{}] is neither \"a b\" nor [\"a\", \"b\"]", index);
 }
 
-// A token named in tokenizer_config.json: a string or {"content": ...}.
-std::string config_token(const json& config, const char* key) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return "";
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
-  return "";
+// A token named in tokenizer_config.json: absent, null, a string or {"content": "..."}.
+std::string config_token(const JsonField& config, const char* key) {
+  const auto token = config.find(key);
+  if (!token) return "";
+  if (token->is_object()) return token->member("content").string();
+  if (!token->is_string()) token->fail("must be a token's text or {\"content\": ...}");
+  return token->string();
+}
+
+// A token id of the file, checked against the limit before it indexes anything.
+int32_t read_id(const JsonField& field, const TokenIdLimit& limit) {
+  return static_cast<int32_t>(
+      field.integer(0, limit.end - 1, fmt::format("ids must be below {}, {}", limit.end, limit.source)));
 }
 
 }  // namespace
 
-std::unique_ptr<BpeTokenizer> load_tokenizer_json(const std::string& path) {
+TokenIdLimit TokenIdLimit::of_model(int64_t vocab_size, std::string source) {
+  if (vocab_size >= kMaxTokenizerIds) return {};
+  return {vocab_size, std::move(source)};
+}
+
+std::unique_ptr<BpeTokenizer> load_tokenizer_json(const std::string& path, const TokenIdLimit& limit) {
+  KILN_CHECK(limit.end > 0 && limit.end <= kMaxTokenizerIds, "tokenizer", "{}: token id limit {} is outside (0, {}]",
+             path, limit.end, kMaxTokenizerIds);
   std::string file = path;
   if (fs::is_directory(file)) file = (fs::path(file) / "tokenizer.json").string();
   if (!fs::is_regular_file(file)) fail_file(file, "no such file (data.tokenizer is 'byte' or a tokenizer.json path)");
-  const json j = read_json_file(file, "tokenizer");
-  if (!j.is_object() || !j.contains("model")) fail_file(file, "not a tokenizer.json (no 'model')");
+  const json doc = read_json_file(file, "tokenizer");
+  if (!doc.is_object() || !doc.contains("model")) fail_file(file, "not a tokenizer.json (no 'model')");
+  const JsonField root(doc, "tokenizer", file);
 
   BpeTokenizerParts parts;
   parts.origin = file;
-  const json& model = j["model"];
-  const std::string model_type = model.value("type", std::string("BPE"));
-  if (model_type != "BPE") fail_file(file, "unsupported model '{}' (kiln supports BPE)", model_type);
-  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() > 0.0)
+  const JsonField model = root.member("model");
+  const std::string model_type = model.string_or("type", "BPE");
+  if (model_type != "BPE") fail_file(file, "unsupported model '{}' (kiln supports BPE)", printable(model_type));
+  if (const auto dropout = model.find("dropout"); dropout && dropout->number() > 0.0)
     fail_file(file, "unsupported model.dropout (BPE dropout is for training only)");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
-    if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
-      fail_file(file, "unsupported model.{} '{}'", key, model[key].get<std::string>());
-  if (!model.contains("vocab") || !model["vocab"].is_object()) fail_file(file, "model.vocab is missing");
-  if (!model.contains("merges") || !model["merges"].is_array()) fail_file(file, "model.merges is missing");
+    if (const std::string affix = model.string_or(key, ""); !affix.empty())
+      fail_file(file, "unsupported model.{} '{}'", key, printable(affix));
 
   // The vocabulary as written (byte-level mapped strings) and as raw bytes.
-  const json& vocab = model["vocab"];
-  StringMap mapped(vocab.size()), bytes(vocab.size());
-  for (const auto& [token, value] : vocab.items()) {
-    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > (1 << 30))
-      fail_file(file, "model.vocab['{}'] is not a valid id", token);
-    const auto id = value.get<int32_t>();
+  const JsonField vocab = model.member("vocab");
+  const JsonField merge_list = model.member("merges");
+  StringMap mapped(vocab.value().size()), bytes(vocab.value().size());
+  vocab.for_each_member([&](const std::string& token, const JsonField& value) {
+    const int32_t id = read_id(value, limit);
     mapped.find_or_insert(token, id);
     if (static_cast<size_t>(id) >= parts.id_to_bytes.size()) parts.id_to_bytes.resize(static_cast<size_t>(id) + 1);
     std::string raw;
@@ -127,42 +149,46 @@ std::unique_ptr<BpeTokenizer> load_tokenizer_json(const std::string& path) {
     if (token_to_bytes(token, raw)) bytes.find_or_insert(raw, id);
     else raw = token;
     parts.id_to_bytes[static_cast<size_t>(id)] = std::move(raw);
-  }
+  });
   auto id_of = [&](const std::string& token) {
     const int64_t i = mapped.find(token);
     return i < 0 ? -1 : static_cast<int32_t>(mapped.value(static_cast<size_t>(i)));
   };
   std::vector<BpeModel::Merge> merges;
-  const json& merge_list = model["merges"];
-  merges.reserve(merge_list.size());
-  for (size_t i = 0; i < merge_list.size(); ++i) {
-    const auto [a, b] = parse_merge(file, merge_list[i], i);
+  merges.reserve(merge_list.array_size());
+  for (size_t i = 0; i < merge_list.array_size(); ++i) {
+    const auto [a, b] = parse_merge(file, merge_list.element(i), i);
     const int32_t left = id_of(a), right = id_of(b), merged = id_of(a + b);
     if (left < 0 || right < 0 || merged < 0)
-      fail_file(file, "model.merges[{}] ('{}', '{}') uses a token missing from model.vocab", i, a, b);
+      fail_file(file, "model.merges[{}] ('{}', '{}') uses a token missing from model.vocab", i, printable(a),
+                printable(b));
     merges.push_back({left, right, merged});
   }
   BpeModelOptions options;
-  options.ignore_merges = flag(model, "ignore_merges", false);
-  options.fuse_unk = flag(model, "fuse_unk", false);
-  options.byte_fallback = flag(model, "byte_fallback", false);
-  if (model.contains("unk_token") && model["unk_token"].is_string()) options.unk_id = id_of(model["unk_token"].get<std::string>());
+  options.ignore_merges = model.boolean_or("ignore_merges", false);
+  options.fuse_unk = model.boolean_or("fuse_unk", false);
+  options.byte_fallback = model.boolean_or("byte_fallback", false);
+  if (const auto unk = model.find("unk_token")) options.unk_id = id_of(unk->string());
   parts.model = std::make_unique<BpeModel>(std::move(bytes), merges, options);
 
-  for (const json& t : j.value("added_tokens", json::array())) {
-    AddedToken a;
-    a.id = t.value("id", -1);
-    a.content = t.value("content", std::string());
-    a.special = flag(t, "special", false);
-    a.single_word = flag(t, "single_word", false);
-    a.lstrip = flag(t, "lstrip", false);
-    a.rstrip = flag(t, "rstrip", false);
-    a.normalized = flag(t, "normalized", !a.special);
-    if (a.id < 0 || a.content.empty()) fail_file(file, "added_tokens entry without an id or content");
-    parts.added.push_back(std::move(a));
+  if (const auto added = root.find("added_tokens")) {
+    for (size_t i = 0; i < added->array_size(); ++i) {
+      const JsonField t = added->element(i);
+      AddedToken a;
+      a.id = read_id(t.member("id"), limit);
+      const JsonField content = t.member("content");
+      a.content = content.string();
+      if (a.content.empty()) content.fail("is empty");
+      a.special = t.boolean_or("special", false);
+      a.single_word = t.boolean_or("single_word", false);
+      a.lstrip = t.boolean_or("lstrip", false);
+      a.rstrip = t.boolean_or("rstrip", false);
+      a.normalized = t.boolean_or("normalized", !a.special);
+      parts.added.push_back(std::move(a));
+    }
   }
-  parse_normalizer(file, j.value("normalizer", json()), parts.normalizer);
-  parse_pre_tokenizer(file, j.value("pre_tokenizer", json()), parts.pretokenizer);
+  if (const auto normalizer = root.find("normalizer")) parse_normalizer(file, *normalizer, parts.normalizer, 0);
+  if (const auto pre = root.find("pre_tokenizer")) parse_pre_tokenizer(file, *pre, parts.pretokenizer, 0);
   if (!parts.pretokenizer.has_byte_level())
     fail_file(file, "not a byte-level BPE: pre_tokenizer has no ByteLevel step (kiln supports byte-level BPE only)");
 
@@ -173,13 +199,14 @@ std::unique_ptr<BpeTokenizer> load_tokenizer_json(const std::string& path) {
       if (a.content == content) return a.id;
     return id_of(content);
   };
-  const fs::path config_path = fs::path(file).parent_path() / "tokenizer_config.json";
+  const std::string config_path = (fs::path(file).parent_path() / "tokenizer_config.json").string();
   std::string bos, eos, pad;
   if (fs::is_regular_file(config_path)) {
-    const json config = read_json_file(config_path.string(), "tokenizer");
+    const json config_doc = read_json_file(config_path, "tokenizer");
+    const JsonField config(config_doc, "tokenizer", config_path);
     bos = config_token(config, "bos_token"), eos = config_token(config, "eos_token"), pad = config_token(config, "pad_token");
     for (const auto& [key, name] : {std::pair{"bos_token", &bos}, {"eos_token", &eos}, {"pad_token", &pad}})
-      if (!name->empty() && token_id(*name) < 0) fail_file(config_path.string(), "{} '{}' is not in the vocabulary", key, *name);
+      if (!name->empty() && token_id(*name) < 0) fail_file(config_path, "{} '{}' is not in the vocabulary", key, printable(*name));
   }
   auto first_known = [&](std::initializer_list<const char*> names) {
     for (const char* n : names)

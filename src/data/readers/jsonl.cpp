@@ -1,6 +1,6 @@
 #include "data/readers/jsonl.h"
 
-#include "data/readers/utf8.h"
+#include "core/utf8.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

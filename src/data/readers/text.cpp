@@ -1,6 +1,6 @@
 #include "data/readers/text.h"
 
-#include "data/readers/utf8.h"
+#include "core/utf8.h"
 
 #include <fmt/format.h>
 

@@ -2,9 +2,12 @@
 
 #include "core/checksum.h"
 #include "core/error.h"
+#include "core/printable.h"
+#include "core/json_field.h"
 #include "data/readers/compressed.h"
 
 #include <charconv>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,12 +16,12 @@ namespace kiln {
 
 namespace {
 
-uint64_t parse_hex(const nlohmann::json& value, const std::string& where) {
-  const std::string text = value.get<std::string>();
+uint64_t parse_hex(const JsonField& field) {
+  const std::string& text = field.string();
   uint64_t v = 0;
   const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v, 16);
   if (text.size() != 16 || ec != std::errc() || ptr != text.data() + text.size())
-    fail("data", "{}: '{}' is not a 16-digit hex hash", where, text);
+    field.fail(fmt::format("'{}' is not a 16-digit hex hash", printable(text)));
   return v;
 }
 
@@ -29,21 +32,32 @@ nlohmann::json split_json(const ManifestSplit& s) {
   return {{"documents", s.documents}, {"tokens", s.tokens}, {"shards", shards}};
 }
 
-ManifestSplit split_from(const nlohmann::json& j, const std::string& where) {
+// a + b, or an error: totals that wrap around 2^64 could be made to match any split.
+uint64_t checked_sum(uint64_t a, uint64_t b, const JsonField& field) {
+  uint64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) field.fail("makes the split's total overflow 64 bits");
+  return sum;
+}
+
+ManifestSplit split_from(const JsonField& j, const std::string& where) {
   ManifestSplit s;
-  s.documents = j.at("documents").get<uint64_t>();
-  s.tokens = j.at("tokens").get<uint64_t>();
+  s.documents = j.member("documents").unsigned_integer();
+  s.tokens = j.member("tokens").unsigned_integer();
   uint64_t documents = 0, tokens = 0;
-  for (const auto& e : j.at("shards")) {
+  const JsonField shards = j.member("shards");
+  for (size_t k = 0; k < shards.array_size(); ++k) {
+    const JsonField e = shards.element(k);
     ShardInfo i;
-    i.file = e.at("file").get<std::string>();
-    i.documents = e.at("documents").get<uint64_t>();
-    i.tokens = e.at("tokens").get<uint64_t>();
-    i.hash = parse_hex(e.at("hash"), where);
-    if (i.file.empty() || i.file.find('/') != std::string::npos || i.file.front() == '.')
-      fail("data", "{}: shard file name '{}' must be a plain name in the manifest's directory", where, i.file);
-    documents += i.documents;
-    tokens += i.tokens;
+    const JsonField file = e.member("file");
+    i.file = file.string();
+    i.documents = e.member("documents").unsigned_integer();
+    i.tokens = e.member("tokens").unsigned_integer();
+    i.hash = parse_hex(e.member("hash"));
+    if (i.file.empty() || i.file.find('/') != std::string::npos || i.file.find('\0') != std::string::npos ||
+        i.file.front() == '.')
+      fail("data", "{}: shard file name '{}' must be a plain name in the manifest's directory", where, printable(i.file));
+    documents = checked_sum(documents, i.documents, e.member("documents"));
+    tokens = checked_sum(tokens, i.tokens, e.member("tokens"));
     s.shards.push_back(std::move(i));
   }
   if (documents != s.documents || tokens != s.tokens)
@@ -107,33 +121,32 @@ Manifest read_manifest(const std::string& path) {
     fail("data", "{}: malformed manifest JSON ({})", path, e.what());
   }
   Manifest m;
-  try {
-    if (j.at("format").get<std::string>() != "kiln-shards") fail("data", "{}: not a kiln shard manifest", path);
-    const int version = j.at("version").get<int>();
-    if (version != kManifestVersion)
-      fail("data", "{}: manifest version {} is not supported (this kiln reads {})", path, version, kManifestVersion);
-    const auto& t = j.at("tokenizer");
-    m.tokenizer_name = t.at("name").get<std::string>();
-    m.vocab_size = t.at("vocab_size").get<uint64_t>();
-    m.tokenizer_hash = parse_hex(t.at("hash"), path);
-    m.bos_id = t.at("bos_id").get<int64_t>();
-    m.eos_id = t.at("eos_id").get<int64_t>();
-    m.pad_id = t.at("pad_id").get<int64_t>();
-    m.token_bytes = j.at("token_bytes").get<int>();
-    if (m.token_bytes != 2 && m.token_bytes != 4) fail("data", "{}: token_bytes must be 2 or 4, got {}", path, m.token_bytes);
-    if (j.contains("source")) m.source = j.at("source");
-    m.train = split_from(j.at("splits").at("train"), path);
-    m.validation = split_from(j.at("splits").at("validation"), path);
-    if (j.contains("skipped")) {
-      for (int r = 0; r < kBadInputReasons; ++r) {
-        const std::string key(bad_input_key(static_cast<BadInput>(r)));
-        if (j.at("skipped").contains(key)) m.skipped.counts[static_cast<size_t>(r)] = j.at("skipped").at(key).get<int64_t>();
-      }
+  const JsonField root(j, "data", path);
+  if (root.member("format").string() != "kiln-shards") fail("data", "{}: not a kiln shard manifest", path);
+  const uint64_t version = root.member("version").unsigned_integer();
+  if (version != kManifestVersion)
+    fail("data", "{}: manifest version {} is not supported (this kiln reads {})", path, version, kManifestVersion);
+  const JsonField t = root.member("tokenizer");
+  m.tokenizer_name = t.member("name").string();
+  m.vocab_size = t.member("vocab_size").unsigned_integer(INT32_MAX);
+  m.tokenizer_hash = parse_hex(t.member("hash"));
+  m.bos_id = t.member("bos_id").integer(-1, INT32_MAX);
+  m.eos_id = t.member("eos_id").integer(-1, INT32_MAX);
+  m.pad_id = t.member("pad_id").integer(-1, INT32_MAX);
+  const uint64_t token_bytes = root.member("token_bytes").unsigned_integer();
+  if (token_bytes != 2 && token_bytes != 4) fail("data", "{}: token_bytes must be 2 or 4, got {}", path, token_bytes);
+  m.token_bytes = static_cast<int>(token_bytes);
+  if (const auto source = root.find("source")) m.source = source->value();
+  const JsonField splits = root.member("splits");
+  m.train = split_from(splits.member("train"), path);
+  m.validation = split_from(splits.member("validation"), path);
+  if (const auto skipped = root.find("skipped")) {
+    for (int r = 0; r < kBadInputReasons; ++r) {
+      const std::string key(bad_input_key(static_cast<BadInput>(r)));
+      if (const auto count = skipped->find(key)) m.skipped.counts[static_cast<size_t>(r)] = count->integer(0, INT64_MAX);
     }
-    m.fingerprint = parse_hex(j.at("fingerprint"), path);
-  } catch (const nlohmann::json::exception& e) {
-    fail("data", "{}: invalid manifest ({})", path, e.what());
   }
+  m.fingerprint = parse_hex(root.member("fingerprint"));
   const uint64_t computed = m.compute_fingerprint();
   if (computed != m.fingerprint)
     fail("data", "{}: manifest mismatch: fingerprint {} does not match its shards and tokenizer ({})", path,

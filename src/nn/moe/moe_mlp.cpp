@@ -23,6 +23,7 @@
 
 #include "nn/moe/router.h"
 #include "ops/linear/linear.h"
+#include "ops/moe/load_stats.h"
 #include "ops/moe/moe.h"
 #include "ops/moe/routing.h"
 #include "ops/elementwise/elementwise.h"
@@ -86,6 +87,10 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   ctx.saved(gate_up_, Shape{t * k, 2 * f});
   ctx.saved(expert_out_, Shape{t * k, d});
   ctx.buffer(step_counts_, Shape{e_count}, DType::i32);
+  ctx.buffer(step_entropy_, Shape{2}, DType::f64);
+  ctx.buffer(last_counts_, Shape{e_count}, DType::i32);
+  ctx.buffer(last_entropy_, Shape{2}, DType::f64);
+  ctx.buffer(dead_steps_, Shape{e_count}, DType::i32);
 
   if (moe_.aux_loss > 0) aux_slot_ = slot(ctx, "moe_aux");
   if (moe_.z_loss > 0) z_slot_ = slot(ctx, "moe_z");
@@ -124,7 +129,10 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   router_->route(logits, routes, probs, router_saved_.rows(0, t));
   ops::moe_dispatch(routes.experts, d);
   // The step's load: of training forwards, once (not a recomputed block's forward again).
-  if (losses_.backward && !losses_.recomputing) ops::moe_accumulate_counts(d.counts, step_counts_);
+  if (losses_.backward && !losses_.recomputing) {
+    ops::moe_accumulate_counts(d.counts, step_counts_);
+    ops::routing_entropy_sum(probs, step_entropy_);
+  }
   const Tensor grouped = scope.take(x.dtype(), Shape{t * k, hidden_});
   const Tensor gate_up = gate_up_.rows(0, t * k), act = scope.take(x.dtype(), Shape{t * k, f});
   const Tensor y = expert_out_.rows(0, t * k);
@@ -199,9 +207,25 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   ops::router_logits_backward(x, router_w_, dlogits, scope.take(dt, Shape{t, e_count}), dx, router_g_);
 }
 
+// The step's routed choices reach the router (sigmoid_bias balances by them), then become
+// the last step's (and extend the dead experts' runs) for report(): kernels on the GPU,
+// nothing read back here.
 void MoeMlp::after_step(bool applied) {
   if (applied) router_->after_step(step_counts_);
-  zero_tensor(step_counts_);
+  ops::moe_end_step(step_counts_, step_entropy_, last_counts_, last_entropy_, dead_steps_);
+}
+
+// Reads the last step's load back (a synchronization on the GPU: log steps only).
+void MoeMlp::report(std::vector<std::pair<std::string, double>>& out) const {
+  const ops::MoeLoadReport load = ops::moe_load_report(last_counts_, last_entropy_, dead_steps_);
+  const std::string prefix = fmt::format("moe.{}.", layer_);
+  out.insert(out.end(), {{prefix + "load_min", load.min},
+                         {prefix + "load_max", load.max},
+                         {prefix + "load_cv", load.cv},
+                         {prefix + "dead", static_cast<double>(load.dead)},
+                         {prefix + "dead_steps_max", static_cast<double>(load.dead_steps_max)},
+                         {prefix + "entropy", load.entropy}});
+  router_->report(prefix, out);
 }
 
 ops::Routes MoeMlp::routes_rows(int64_t t) const {

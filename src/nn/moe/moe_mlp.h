@@ -21,6 +21,10 @@ class MoeMlp final : public Mlp {
   // The step's routed choices per expert are the load sigmoid_bias balances by; cleared
   // for the next step.
   void after_step(bool applied) override;
+  // The last step's load per expert (min, max and coefficient of variation, relative to the
+  // mean), dead experts (no token all step) and the most steps one has been dead, the mean
+  // routing entropy per token, and the router's own (sigmoid_bias's bias range).
+  void report(std::vector<std::pair<std::string, double>>& out) const override;
   const Tensor& step_counts() const { return step_counts_; }  // i32 [E]
 
  private:
@@ -47,7 +51,13 @@ class MoeMlp final : public Mlp {
   Tensor gate_up_;                              // saved [T k, 2F]: the experts' pre-activations
   Tensor expert_out_;                           // saved [T k, d]: the experts' outputs (rows of the grouped layout)
   Tensor shared_gate_up_;                       // saved [T, 2S]
-  Tensor step_counts_;                          // i32 [E]: choices per expert over the step's micro-batches
+  // The load diagnostics (ops/moe/load_stats.h), on the model's device so that a captured
+  // step adds to them without a host read; report() reads them back at log steps only.
+  Tensor step_counts_;   // i32 [E]: choices per expert over the step's micro-batches
+  Tensor step_entropy_;  // f64 [2]: the step's routing entropy summed over tokens, and its tokens
+  Tensor last_counts_;   // i32 [E]: the last finished step's counts
+  Tensor last_entropy_;  // f64 [2]: its entropy sum and tokens
+  Tensor dead_steps_;    // i32 [E]: steps in a row each expert has gone without a token
 };
 
 std::unique_ptr<BranchDecoder> make_moe_decoder(const MoeMlp& mlp, DecodeContext& ctx);

@@ -31,6 +31,10 @@ class Router {
   // on the model's device): routers that balance without a loss adapt here (sigmoid_bias's
   // bias, by a kernel on the GPU: no host read).
   virtual void after_step(const Tensor& step_counts) { (void)step_counts; }
+  // Diagnostics under `prefix` ("moe.3."): sigmoid_bias's bias range.
+  virtual void report(const std::string& prefix, std::vector<std::pair<std::string, double>>& out) const {
+    (void)prefix, (void)out;
+  }
 };
 
 using RouterRegistry = Registry<Router, BuildContext&, const RouterSpec&>;

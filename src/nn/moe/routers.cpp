@@ -4,6 +4,7 @@
 
 #include "ops/moe/routing.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace kiln {
@@ -61,6 +62,18 @@ class SigmoidBias final : public Router {
       ops::row_normalize_backward(scores, probs, dprobs, dscores);
     }
     ops::sigmoid_bias_backward(scores, routes, moe_.norm_topk_prob, moe_.routed_scaling, dweights, dscores, dlogits);
+  }
+
+  void report(const std::string& prefix, std::vector<std::pair<std::string, double>>& out) const override {
+    OwnedTensor bias(bias_.dtype(), Device::cpu, bias_.shape());
+    copy_tensor(bias_, *bias);
+    double lo = 0, hi = 0;
+    for (int64_t j = 0; j < bias->numel(); ++j) {
+      const double b = bias->dtype() == DType::f64 ? bias->data<double>()[j] : bias->data<float>()[j];
+      lo = j == 0 ? b : std::min(lo, b), hi = j == 0 ? b : std::max(hi, b);
+    }
+    out.emplace_back(prefix + "bias_min", lo);
+    out.emplace_back(prefix + "bias_max", hi);
   }
 
   void after_step(const Tensor& step_counts) override {

@@ -262,16 +262,4 @@ void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& 
   });
 }
 
-void moe_accumulate_counts(const Tensor& counts, const Tensor& total) {
-  const char* op = "moe_accumulate_counts";
-  KILN_OP_SCOPE(op, counts);
-  expect_rank(op, "counts", counts, 1);
-  expect_tensor(op, "counts", counts, counts.shape(), DType::i32, counts.device());
-  expect_tensor(op, "total", total, counts.shape(), DType::i32, counts.device());
-  KILN_ON_CUDA(counts, op, cuda::add_counts(counts.data<int32_t>(), counts.numel(), total.data<int32_t>()));
-  const int32_t* c = counts.data<int32_t>();
-  int32_t* sum = total.data<int32_t>();
-  for (int64_t e = 0; e < counts.numel(); ++e) sum[e] += c[e];
-}
-
 }  // namespace kiln::ops

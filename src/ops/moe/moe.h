@@ -53,7 +53,4 @@ void moe_combine(const Tensor& y, const Tensor& weights, const MoeDispatch& disp
 void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& dout, const MoeDispatch& dispatch,
                           const Tensor& dy, const Tensor& dweights);
 
-// total i32 [E] += counts i32 [E] (a step's routed choices, summed over its micro-batches).
-void moe_accumulate_counts(const Tensor& counts, const Tensor& total);
-
 }  // namespace kiln::ops

@@ -23,7 +23,6 @@
 #include "core/error.h"
 #include "ops/bf16_vector.cuh"
 #include "ops/block_reduce.cuh"
-#include "ops/grid_stride.cuh"
 
 #include <cuda_bf16.h>
 
@@ -248,10 +247,6 @@ void by_dtype(DType dtype, bool vector, Launch&& launch) {
   }
 }
 
-__global__ void add_counts_kernel(const int32_t* __restrict__ counts, int64_t n, int32_t* __restrict__ total) {
-  KILN_GRID_STRIDE(i, n) total[i] += counts[i];
-}
-
 }  // namespace
 
 void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int32_t* counts, int32_t* offsets,
@@ -325,12 +320,6 @@ void moe_combine_backward(const void* y, DType dtype, const float* weights, cons
         static_cast<T*>(dy), dweights);
     check_launch("moe_combine_backward", "combine_backward_kernel");
   });
-}
-
-void add_counts(const int32_t* counts, int64_t n, int32_t* total) {
-  if (n == 0) return;
-  add_counts_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(counts, n, total);
-  check_launch("moe_accumulate_counts", "add_counts_kernel");
 }
 
 }  // namespace kiln::cuda

@@ -37,7 +37,4 @@ void moe_combine(const void* y, DType dtype, const float* weights, int64_t token
 void moe_combine_backward(const void* y, DType dtype, const float* weights, const void* dout, int64_t tokens,
                           int64_t cols, int64_t k, const int32_t* row_of_pair, void* dy, float* dweights);
 
-// total [n] += counts [n] (i32): a step's routed choices per expert, micro-batch by micro-batch.
-void add_counts(const int32_t* counts, int64_t n, int32_t* total);
-
 }  // namespace kiln::cuda

@@ -1,0 +1,55 @@
+// Fuzz target: the request parser of `kiln serve` (serve/completion_api.h), as the
+// server runs it on a body: JSON parse, then parse_completion_request (and the /tokenize
+// and /detokenize parsers on the same body) with the byte tokenizer and a small model's
+// limits. A refusal is an ApiError (or a one-line kiln::Error; the server answers 400 to
+// both); anything else would be a 500 or a crash. A request that parses is inside the
+// limits: prompts non-empty, ids in the vocabulary, prompt + max_tokens within the context.
+#include "../fuzz_target.h"
+
+#include "serve/completion_api.h"
+
+namespace {
+
+// True when fn returned; an ApiError (a client error) or a one-line kiln::Error is a refusal.
+template <typename Fn>
+bool serves(Fn&& fn) {
+  bool refused = false;
+  const bool returned = kiln::fuzz::accepts([&] {
+    try {
+      fn();
+    } catch (const kiln::serve::ApiError& e) {
+      KILN_FUZZ_CHECK(e.status >= 400 && e.status < 500, "an ApiError that is not a client error");
+      refused = true;
+    }
+  });
+  return returned && !refused;
+}
+
+}  // namespace
+
+KILN_FUZZ_TARGET(completion_request) {
+  using namespace kiln;
+  nlohmann::json body;
+  try {
+    body = nlohmann::json::parse(input);
+  } catch (const nlohmann::json::exception&) {
+    return;  // the server's 400 "malformed JSON body"
+  }
+  static const ByteTokenizer tokenizer;
+  serve::ApiLimits limits;
+  limits.context = 64;
+  limits.vocab = tokenizer.vocab_size();
+  limits.max_prompts = 8;
+  serve::CompletionRequest request;
+  if (serves([&] { request = serve::parse_completion_request(body, tokenizer, limits, 17); })) {
+    KILN_FUZZ_CHECK(!request.sequences.empty(), "a request without sequences");
+    KILN_FUZZ_CHECK(static_cast<int64_t>(request.sequences.size()) <= limits.max_prompts, "too many prompts");
+    for (const GenerationRequest& g : request.sequences) {
+      KILN_FUZZ_CHECK(!g.prompt.empty(), "an empty prompt");
+      KILN_FUZZ_CHECK(static_cast<int64_t>(g.prompt.size()) + g.max_tokens <= limits.context, "over the context");
+      for (const int32_t id : g.prompt) KILN_FUZZ_CHECK(id >= 0 && id < limits.vocab, "a prompt id outside the vocabulary");
+    }
+  }
+  serves([&] { serve::tokenize_response(body, tokenizer, limits); });
+  serves([&] { serve::detokenize_response(body, tokenizer, limits); });
+}
