@@ -282,6 +282,7 @@ LossSums Model::evaluate() {
 void Model::logits(int64_t first, int64_t count, std::vector<float>& out) {
   KILN_CHECK(first >= 0 && count > 0 && first + count <= rows_, "model", "rows [{}, {}) outside the loaded batch of {}",
              first, first + count, rows_);
+  begin_losses(false, 1.0);  // no training objective adds to a step's sums or load
   forward();
   const int64_t vocab = config_.vocab_size, chunk = std::min<int64_t>(options_.loss_chunk_rows, options_.max_tokens);
   out.resize(static_cast<size_t>(count * vocab));
