@@ -45,22 +45,32 @@ std::string resolve_model_dir(const std::string& path) {
        "directory with either", path);
 }
 
-LoadedModel load_for_inference(const std::string& path, int64_t max_tokens, Device device) {
+namespace {
+
+// Loads the model in `path` (a model, checkpoint or run directory) for use: a checkpoint's
+// files are believed only once their checksums match (state.json without a manifest is a
+// checkpoint whose save never finished), and broken weights (NaN/Inf, all zeros) are
+// refused before anything samples or exports them.
+LoadedModel load_checked(const std::string& path, const BuildOptions& options) {
   const std::string dir = resolve_model_dir(path);
-  // A checkpoint carries checksums of its files: believed only once they match. (state.json
-  // without a manifest is a checkpoint whose save never finished.)
   if (fs::exists(fs::path(dir) / "manifest.json") || fs::exists(fs::path(dir) / "state.json")) {
     static constexpr const char* kRequired[] = {"model.safetensors", "config.toml"};
     verify_checkpoint_files(dir, kRequired);
   }
+  LoadedModel loaded = load_model(dir, options);
+  check_weights_usable(*loaded.model, (fs::path(dir) / "model.safetensors").string());
+  return loaded;
+}
+
+}  // namespace
+
+LoadedModel load_for_inference(const std::string& path, int64_t max_tokens, Device device) {
   BuildOptions options;
   options.device = device;
   options.training = false;
   options.max_tokens = std::max<int64_t>(1, max_tokens);
   options.loss_chunk_rows = std::min<int64_t>(options.max_tokens, 256);
-  LoadedModel loaded = load_model(dir, options);
-  check_weights_usable(*loaded.model, (fs::path(dir) / "model.safetensors").string());
-  return loaded;
+  return load_checked(path, options);
 }
 
 LoadedModel load_for_decoding(const std::string& path, Device device) {
@@ -70,7 +80,7 @@ LoadedModel load_for_decoding(const std::string& path, Device device) {
   options.training = false;
   options.max_tokens = 1;
   options.loss_chunk_rows = 1;
-  return load_model(resolve_model_dir(path), options);
+  return load_checked(path, options);
 }
 
 namespace {

@@ -23,8 +23,8 @@ std::string resolve_model_dir(const std::string& path);
 // manifest checksums are verified first; non-finite or all-zero weights are refused
 // (io/weight_check.h).
 LoadedModel load_for_inference(const std::string& path, int64_t max_tokens, Device device = Device::cpu);
-// The same for a KV-cache decoder (infer/decoder.h), which computes in the model's dtype:
-// bf16 mixed precision on the GPU (fp32 masters, bf16 copies), f32 on the CPU.
+// The same, checked alike, for a KV-cache decoder (infer/decoder.h), which computes in the
+// model's dtype: bf16 mixed precision on the GPU (fp32 masters, bf16 copies), f32 on the CPU.
 LoadedModel load_for_decoding(const std::string& path, Device device);
 
 // The tokenizer.json a saved model uses: DIR/tokenizer.json if present (export and import

@@ -19,7 +19,13 @@ OpCase linear_case(int64_t n, int64_t in_f, int64_t out_f, bool bias, bool accum
                grad_in("dx", "x", {n, in_f}), grad_in("dw", "w", {out_f, in_f}, Width::wide).accumulating()};
   if (accumulate_dx) c.tensors[4].accumulating();
   if (bias) {
-    c.tensors.push_back(in("b", {out_f}, Width::wide));
+    // The mixed path adds the bias through a bf16 operand (F.linear under autocast rounds it
+    // to bf16 too): biases exact in bf16 (multiples of 1/32 in [-2, 2]) keep that input
+    // rounding out of the comparison, which then measures the product and the output's
+    // one rounding.
+    c.tensors.push_back(in("b", {out_f}, Width::wide).filled([](double* v, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>((i * 37) % 129 - 64) / 32.0;
+    }));
     c.tensors.push_back(grad_in("db", "b", {out_f}, Width::wide).accumulating());
   }
   c.forward = [](const Tensors& t) { ops::linear_forward(t["x"], t["w"], t.get("b"), t["y"]); };
