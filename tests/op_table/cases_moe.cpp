@@ -3,7 +3,8 @@
 // input and weight gradients) and combine with its backward. Loads: random, experts
 // without tokens, one expert with every token; top-k 1, 2 and 8; widths off every tile and
 // not multiples of 8 (the portable grouped kernel), multiples of 8 (on Hopper in bf16, the
-// CUTLASS kernel), and the same widths one element off alignment (portable again).
+// CUTLASS kernel), and the same widths one element off alignment (portable again); the
+// dispatch also at the benchmark's 32768 x 8 pairs (chunks longer than a block's threads).
 #include "op_table/moe_routes.h"
 #include "op_table/op_table.h"
 #include "ops/moe/moe.h"
@@ -59,6 +60,7 @@ OpCase dispatch_case(int64_t tokens, int64_t experts, int64_t k, Load load) {
     auto put = [&](const char* name, const std::vector<int32_t>& v) { std::copy(v.begin(), v.end(), t[name].data<int32_t>()); };
     put("counts", r.counts), put("offsets", r.offsets), put("pair_of_row", r.pair_of_row), put("row_of_pair", r.row_of_pair);
   };
+  c.cpu = tokens * k <= kCpuMaxElements;
   c.finite_differences = false;
   c.cuda = {DType::f32};
   return c;
@@ -188,7 +190,7 @@ std::vector<OpCase> moe_cases() {
   std::vector<OpCase> cases;
   for (Load load : {Load::random, Load::few, Load::all_to_last}) {
     for (auto [t, e, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 3, 2}, {130, 8, 1}, {130, 64, 8},
-                           {600, 64, 2}, {2000, 16, 8}})
+                           {600, 64, 2}, {2000, 16, 8}, {5000, 64, 8}, {32768, 64, 8}})
       cases.push_back(dispatch_case(t, e, k, load));
     // Finite differences on small ones; then odd and vector widths.
     cases.push_back(gather_case(5, 4, 2, 3, load, {}));

@@ -44,6 +44,7 @@ constexpr int kVec = vec::kWidth;
 // ---- dispatch -----------------------------------------------------------------------------
 
 constexpr int64_t kChunkCountsMax = int64_t{1} << 22;  // 16 MiB of per-chunk expert counts
+constexpr int64_t kMostChunks = 128;
 __device__ int32_t g_chunk_counts[kChunkCountsMax];
 
 __device__ __forceinline__ int32_t checked_expert(const int32_t* experts, int64_t p, int64_t e_count) {
@@ -252,15 +253,14 @@ void by_dtype(DType dtype, bool vector, Launch&& launch) {
 void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int32_t* counts, int32_t* offsets,
                   int32_t* pair_of_row, int32_t* row_of_pair) {
   constexpr const char* kOp = "moe_dispatch";
-  // Chunks of kThreads pairs, longer when their counts would not fit the scratch.
-  KILN_CHECK(e_count <= kChunkCountsMax, kOp, "{} experts", e_count);
-  int64_t chunk = kThreads, chunks = (pairs + chunk - 1) / chunk;
-  if (chunks * e_count > kChunkCountsMax) {
-    const int64_t most_chunks = kChunkCountsMax / e_count;
-    chunk = (pairs + most_chunks - 1) / most_chunks;
-    chunk = (chunk + kThreads - 1) / kThreads * kThreads;
-    chunks = (pairs + chunk - 1) / chunk;
-  }
+  // Chunks of at least kThreads pairs, longer so that there are at most kMostChunks of them:
+  // scan_chunks walks the chunks of an expert one after another (a 4096 x 8 micro-batch has
+  // 262144 pairs: 128 chunks of 2048, not 1024 of 256), and place_pairs' count of earlier
+  // pairs in a chunk reads shared memory at one address per step for the whole warp.
+  KILN_CHECK(e_count <= kChunkCountsMax / kMostChunks, kOp, "{} experts", e_count);
+  const int64_t wanted = (pairs + kMostChunks - 1) / kMostChunks;
+  const int64_t chunk = std::max<int64_t>(kThreads, (wanted + kThreads - 1) / kThreads * kThreads);
+  const int64_t chunks = (pairs + chunk - 1) / chunk;
   const size_t hist_bytes = static_cast<size_t>(e_count) * sizeof(int32_t);
   const size_t ids_bytes = static_cast<size_t>(chunk) * sizeof(int32_t);
   KILN_CHECK(hist_bytes <= 48u << 10 && ids_bytes <= 48u << 10, kOp, "{} experts over {} pairs need {} and {} bytes of "
