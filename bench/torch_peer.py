@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""The PyTorch peer of `kiln bench`: the same Qwen3-style dense model (RMSNorm, GQA with
-q/k RMSNorm and rotate_half RoPE, SwiGLU, tied head) trained on the same token layout
-(batch x seq of random ids), timed eager and under torch.compile, with SDPA (causal,
-GQA), fused AdamW and bf16 autocast (or plain fp32). Prints one JSON line per mode.
+"""The PyTorch peer of `kiln bench`: the same Qwen3-style model (RMSNorm, GQA with q/k
+RMSNorm and rotate_half RoPE, SwiGLU or the sparse MLP of model.mlp = "moe", tied head)
+trained on the same token layout (batch x seq of random ids), timed eager and under
+torch.compile, with SDPA (causal, GQA), fused AdamW and bf16 autocast (or plain fp32).
+Prints one JSON line per mode.
+
+The sparse MLP (bench/torch_peer_moe.py) routes as kiln does (softmax_topk or
+sigmoid_bias, fp32 router logits), sorts the token copies by expert and runs the experts
+with torch._grouped_mm on bf16 operands (in both dtypes: the grouped kernel is bf16 only).
 
     python3 bench/torch_peer.py --config configs/bench-124m.toml --modes eager,compile
+    python3 bench/torch_peer.py --config configs/bench-moe-1b.toml
 """
 import argparse
 import json
@@ -15,6 +21,8 @@ import tomllib
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from torch_peer_moe import MoeMlp, moe_defaults
 
 
 class RMSNorm(nn.Module):
@@ -35,8 +43,19 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+class DenseMlp(nn.Module):
+    def __init__(self, d, f):
+        super().__init__()
+        self.gate_up = nn.Linear(d, 2 * f, bias=False)
+        self.down = nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        g, u = self.gate_up(x).chunk(2, -1)
+        return self.down(F.silu(g) * u), 0.0
+
+
 class Block(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, sparse):
         super().__init__()
         d, h, kv, hd, f, eps = c["hidden"], c["heads"], c["kv_heads"], c["head_dim"], c["ffn_hidden"], c["norm_eps"]
         self.h, self.kv, self.hd = h, kv, hd
@@ -44,8 +63,7 @@ class Block(nn.Module):
         self.qkv = nn.Linear(d, (h + 2 * kv) * hd, bias=False)
         self.o = nn.Linear(h * hd, d, bias=False)
         self.q_norm, self.k_norm = RMSNorm(hd, eps), RMSNorm(hd, eps)
-        self.gate_up = nn.Linear(d, 2 * f, bias=False)
-        self.down = nn.Linear(f, d, bias=False)
+        self.mlp = MoeMlp(c) if sparse else DenseMlp(d, f)
 
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
@@ -56,15 +74,15 @@ class Block(nn.Module):
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv != self.h)
         x = x + self.o(a.transpose(1, 2).reshape(b, t, -1))
-        g, u = self.gate_up(self.mlp_norm(x)).chunk(2, -1)
-        return x + self.down(F.silu(g) * u)
+        out, aux = self.mlp(self.mlp_norm(x))
+        return x + out, aux
 
 
 class Model(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.embed = nn.Embedding(c["vocab_size"], c["hidden"])
-        self.blocks = nn.ModuleList(Block(c) for _ in range(c["layers"]))
+        self.blocks = nn.ModuleList(Block(c, sparse_layer(c, i)) for i in range(c["layers"]))
         self.norm = RMSNorm(c["hidden"], c["norm_eps"])
         hd, theta = c["head_dim"], c["rope_theta"]
         inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
@@ -77,23 +95,45 @@ class Model(nn.Module):
         t = ids.shape[1]
         cos, sin = self.cos[:t].to(self.embed.weight.dtype), self.sin[:t].to(self.embed.weight.dtype)
         x = self.embed(ids)
+        aux = 0.0  # the sparse layers' balance losses (kiln's per-micro-batch "moe_aux" slot)
         for blk in self.blocks:
-            x = blk(x, cos, sin)
+            x, layer_aux = blk(x, cos, sin)
+            aux = aux + layer_aux
         logits = F.linear(self.norm(x), self.embed.weight)
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1)) + aux
+
+
+def sparse_layer(c, i):
+    """Whether layer i is sparse: model.mlp = "moe", except the alt_mlp layers ("first:N" only)."""
+    if c["mlp"] != "moe":
+        return False
+    pattern = c["alt_mlp_layers"] if c["alt_mlp"] else ""
+    if not pattern:
+        return True
+    assert pattern.startswith("first:"), f"torch_peer: alt_mlp_layers {pattern!r} (only first:N)"
+    return i >= int(pattern.split(":")[1])
 
 
 def load_config(path, overrides):
     defaults = dict(vocab_size=259, hidden=192, layers=4, heads=6, kv_heads=2, head_dim=32, ffn_hidden=512,
-                    max_seq_len=256, norm_eps=1e-6, rope_theta=10000.0, micro_batch_tokens=4096)
+                    max_seq_len=256, norm_eps=1e-6, rope_theta=10000.0, micro_batch_tokens=4096, mlp="swiglu",
+                    alt_mlp="", alt_mlp_layers="")
     with open(path, "rb") as f:
         raw = tomllib.load(f)
     c = dict(defaults)
     c.update({k: v for k, v in raw.get("model", {}).items() if k in defaults})
     c.update({k: v for k, v in raw.get("train", {}).items() if k in defaults})
+    moe = moe_defaults()
+    c["moe"] = dict(moe)
+    c["moe"].update({k: v for k, v in raw.get("model", {}).get("moe", {}).items() if k in moe})
     for o in overrides:
         key, value = o.split("=", 1)
-        c[key.split(".")[-1]] = type(defaults[key.split(".")[-1]])(value)
+        table, name = (c["moe"], moe) if key.startswith("model.moe.") else (c, defaults)
+        field = key.split(".")[-1]
+        kind = type(name[field])
+        table[field] = value.lower() == "true" if kind is bool else kind(value)
+    if c["mlp"] != "moe":
+        del c["moe"]  # a dense model's record stays as it was
     return c
 
 

@@ -18,9 +18,11 @@ fi
 # Python oracles for the tests (Hugging Face tokenizers, safetensors, gguf); training never uses them.
 kiln_python=$(scripts/python_env.sh)
 
-# The cuDNN frontend headers (header-only, pinned PyPI wheel) for the CUDA build's attention.
+# The cuDNN frontend headers (the CUDA build's attention) and CUTLASS (the experts' grouped
+# GEMM on Hopper): header-only, pinned PyPI wheels.
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   PYTHON="$kiln_python" scripts/cudnn_frontend.sh >/dev/null
+  PYTHON="$kiln_python" scripts/cutlass.sh >/dev/null
 fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_PYTHON="$kiln_python" "$@" >/dev/null

@@ -97,7 +97,9 @@ void add_bench_command(CLI::App& app) {
         plan.clip = config.optim.grad_clip;
         const int64_t targets = batch.target_count * config.train.grad_accum;
         const DeviceStepOutcome outcome = device_step->run(batches, targets, plan);
-        if (outcome.verdict == ops::StepVerdict::apply) optimizer->count_update();
+        const bool applied = outcome.verdict == ops::StepVerdict::apply;
+        if (applied) optimizer->count_update();
+        model.after_step(applied);  // the components' state between steps (a router's load and bias), as trained
         return outcome.loss * static_cast<double>(targets);
       }
       model.zero_grads();
@@ -110,6 +112,7 @@ void add_bench_command(CLI::App& app) {
       const double norm = model.gradient_norm(), clip = config.optim.grad_clip;
       if (clip > 0 && norm > clip) model.scale_gradients(clip / (norm + 1e-6));
       optimizer->step(config.optim.lr);
+      model.after_step(true);
       return loss;
     };
     for (int64_t i = 0; i < o->warmup; ++i) step();

@@ -252,6 +252,7 @@ void Model::begin_losses(bool backward, double per_target_scale) {
   losses_.backward = backward;
   losses_.per_target_scale = per_target_scale;
   losses_.host_sums = &pending_.slot;
+  losses_.device_sums = nullptr;
 }
 
 LossSums Model::forward_backward(double loss_scale) {
@@ -266,6 +267,7 @@ LossSums Model::forward_backward(double loss_scale) {
 void Model::forward_backward_on_device(const float* loss_scale, double* slot_sums) {
   KILN_CHECK(options_.training, "model", "forward_backward on a model built without training buffers");
   begin_losses(true, 1.0);
+  losses_.device_sums = slot_sums;  // the objectives inside the backbone (routers) add there too
   forward();
   heads(LossScale{1.0, loss_scale}, true, slot_sums);
   backbone_->backward(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr);
@@ -280,6 +282,7 @@ LossSums Model::evaluate() {
 void Model::logits(int64_t first, int64_t count, std::vector<float>& out) {
   KILN_CHECK(first >= 0 && count > 0 && first + count <= rows_, "model", "rows [{}, {}) outside the loaded batch of {}",
              first, first + count, rows_);
+  begin_losses(false, 1.0);  // no training objective adds to a step's sums or load
   forward();
   const int64_t vocab = config_.vocab_size, chunk = std::min<int64_t>(options_.loss_chunk_rows, options_.max_tokens);
   out.resize(static_cast<size_t>(count * vocab));

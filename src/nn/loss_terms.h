@@ -66,6 +66,10 @@ struct LossContext {
   double per_target_scale = 1;          // gradient scale of per-target terms: 1 / the step's targets
   double per_micro_batch_scale = 1;     // of per-micro-batch terms: 1 / the step's micro-batches
   LossSlotSums* host_sums = nullptr;    // the op-by-op step: this micro-batch's slot sums
+  // The step on the device (train/device_step.h): this micro-batch's slot sums, kMaxLossSlots
+  // doubles in device memory that objectives add to (+=) without a host read; null
+  // otherwise. When set, it replaces host_sums.
+  double* device_sums = nullptr;
 };
 
 }  // namespace kiln

@@ -21,6 +21,8 @@ std::vector<OpCase> elementwise_cases();
 std::vector<OpCase> embedding_cases();
 std::vector<OpCase> lm_head_cases();
 std::vector<OpCase> linear_cases();
+std::vector<OpCase> moe_cases();
+std::vector<OpCase> moe_routing_cases();
 std::vector<OpCase> qkv_prepare_cases();
 std::vector<OpCase> qkv_split_cases();
 std::vector<OpCase> rms_norm_cases();

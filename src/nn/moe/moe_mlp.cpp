@@ -12,10 +12,18 @@
 // aux_loss x E sum_i f_i P_i and the router z-loss z_loss x mean lse(logits)^2, each when
 // its coefficient is set, as slots "moe_aux" and "moe_z" summed over the sparse layers.
 // Their gradients reach the router (f_i held fixed).
+//
+// On the GPU (bf16 mixed precision or fp32) the same ops run with every size in device
+// memory: the router's logits in fp32 from the bf16 activations, its math and the routing
+// weights in fp32, the experts as grouped products over the device offsets, the step's
+// expert counts summed on the device, the losses' values added to the device step's slots
+// (LossContext::device_sums) without a host read; so a training step with sparse layers
+// is still one capturable CUDA graph per micro-batch.
 #include "nn/moe/moe_mlp.h"
 
 #include "nn/moe/router.h"
 #include "ops/linear/linear.h"
+#include "ops/moe/load_stats.h"
 #include "ops/moe/moe.h"
 #include "ops/moe/routing.h"
 #include "ops/elementwise/elementwise.h"
@@ -79,6 +87,10 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   ctx.saved(gate_up_, Shape{t * k, 2 * f});
   ctx.saved(expert_out_, Shape{t * k, d});
   ctx.buffer(step_counts_, Shape{e_count}, DType::i32);
+  ctx.buffer(step_entropy_, Shape{2}, DType::f64);
+  ctx.buffer(last_counts_, Shape{e_count}, DType::i32);
+  ctx.buffer(last_entropy_, Shape{2}, DType::f64);
+  ctx.buffer(dead_steps_, Shape{e_count}, DType::i32);
 
   if (moe_.aux_loss > 0) aux_slot_ = slot(ctx, "moe_aux");
   if (moe_.z_loss > 0) z_slot_ = slot(ctx, "moe_z");
@@ -90,9 +102,12 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
                                                      bytes(ctx.dtype, Shape{t, 2 * moe_.shared_hidden}) +
                                                      bytes(ctx.dtype, Shape{t, d})
                                                : 0;
+  // Also the router's backward scratch [T, E] (wide) and the logits' gradient in the compute
+  // dtype (the mixed path's bf16 products read it).
   ctx.workspace.reserve_peak(3 * bytes(ctx.dtype, Shape{t * k, d}) + bytes(ctx.dtype, Shape{t * k, f}) +
                              bytes(ctx.dtype, Shape{t * k, 2 * f}) + bytes(ctx.master_dtype, Shape{t, k}) +
-                             2 * bytes(ctx.master_dtype, Shape{t, e_count}) + shared);
+                             3 * bytes(ctx.master_dtype, Shape{t, e_count}) + bytes(ctx.dtype, Shape{t, e_count}) +
+                             shared);
 }
 
 MoeMlp::~MoeMlp() = default;
@@ -106,18 +121,17 @@ int MoeMlp::slot(BuildContext& ctx, const char* name) {
 
 void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   const int64_t t = x.size(0), k = moe_.top_k, f = moe_.expert_hidden;
-  KILN_CHECK(x.device() == Device::cpu, "moe", "the sparse MLP has no CUDA kernels yet (model.mlp = 'moe' runs on the CPU)");
   Workspace::Scope scope(workspace_);
   const Tensor logits = logits_.rows(0, t), probs = probs_.rows(0, t);
   const ops::Routes routes = routes_rows(t);
   const ops::MoeDispatch d = dispatch_rows(t);
-  ops::linear_forward(x, router_w_, Tensor(), logits);
+  ops::router_logits(x, router_w_, logits);
   router_->route(logits, routes, probs, router_saved_.rows(0, t));
   ops::moe_dispatch(routes.experts, d);
   // The step's load: of training forwards, once (not a recomputed block's forward again).
   if (losses_.backward && !losses_.recomputing) {
-    add_step_counts(d.counts);
-    add_entropy(probs);
+    ops::moe_accumulate_counts(d.counts, step_counts_);
+    ops::routing_entropy_sum(probs, step_entropy_);
   }
   const Tensor grouped = scope.take(x.dtype(), Shape{t * k, hidden_});
   const Tensor gate_up = gate_up_.rows(0, t * k), act = scope.take(x.dtype(), Shape{t * k, f});
@@ -135,8 +149,13 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
     ops::linear_forward(sact, shared_down_w_, Tensor(), sout);
     ops::add_inplace(out, sout);
   }
-  // The losses' values of this micro-batch (their gradients are formed in backward).
-  if (!losses_.recomputing && losses_.host_sums != nullptr) {
+  // The losses' values of this micro-batch (their gradients are formed in backward): into
+  // the device step's slots in device memory, else the host's (a GPU model reads them back).
+  if (losses_.recomputing) return;
+  if (double* device = losses_.device_sums) {
+    if (aux_slot_ >= 0) ops::balance_loss_sum(probs, d.counts, k, device + aux_slot_);
+    if (z_slot_ >= 0) ops::router_z_loss_sum(logits, device + z_slot_);
+  } else if (losses_.host_sums != nullptr) {
     LossSlotSums& sums = *losses_.host_sums;
     if (aux_slot_ >= 0) sums[static_cast<size_t>(aux_slot_)] += ops::balance_loss(probs, d.counts, k, 0, Tensor());
     if (z_slot_ >= 0) sums[static_cast<size_t>(z_slot_)] += ops::router_z_loss(logits, 0, Tensor());
@@ -180,62 +199,33 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   Tensor dprobs;
   if (aux_slot_ >= 0) {
     dprobs = scope.take(wide, Shape{t, e_count});
-    zero_tensor(dprobs);
-    ops::balance_loss(probs, d.counts, k, scale * moe_.aux_loss, dprobs);
+    ops::balance_loss_backward(probs, d.counts, k, scale * moe_.aux_loss, dprobs);
   }
   const Tensor dlogits = scope.take(wide, Shape{t, e_count});
-  router_->backward(routes, probs, router_saved_.rows(0, t), dweights, dprobs, dlogits);
-  if (z_slot_ >= 0) ops::router_z_loss(logits, scale * moe_.z_loss, dlogits);
-  ops::linear_backward(x, router_w_, dlogits, dx, router_g_, Tensor(), true);
+  router_->backward(routes, probs, router_saved_.rows(0, t), dweights, dprobs, dlogits, scope.take(wide, Shape{t, e_count}));
+  if (z_slot_ >= 0) ops::router_z_loss_backward(logits, scale * moe_.z_loss, dlogits);
+  ops::router_logits_backward(x, router_w_, dlogits, scope.take(dt, Shape{t, e_count}), dx, router_g_);
 }
 
-void MoeMlp::add_step_counts(const Tensor& counts) {
-  const int32_t* c = counts.data<int32_t>();
-  int32_t* step = step_counts_.data<int32_t>();
-  for (int64_t e = 0; e < moe_.experts; ++e) step[e] += c[e];
-}
-
-void MoeMlp::add_entropy(const Tensor& probs) {
-  const int64_t t = probs.size(0), e = probs.size(1);
-  for (int64_t i = 0; i < t * e; ++i) {
-    const double p = probs.dtype() == DType::f64 ? probs.data<double>()[i] : probs.data<float>()[i];
-    if (p > 0) entropy_sum_ -= p * std::log(p);
-  }
-  entropy_tokens_ += t;
-}
-
+// The step's routed choices reach the router (sigmoid_bias balances by them), then become
+// the last step's (and extend the dead experts' runs) for report(): kernels on the GPU,
+// nothing read back here.
 void MoeMlp::after_step(bool applied) {
-  const int64_t e = moe_.experts;
-  const int32_t* counts = step_counts_.data<int32_t>();
-  double mean = 0, sq = 0, lo = 0, hi = 0;
-  int64_t dead = 0, longest = 0;
-  dead_steps_.resize(static_cast<size_t>(e), 0);
-  for (int64_t j = 0; j < e; ++j) mean += counts[j];
-  mean /= static_cast<double>(e);
-  for (int64_t j = 0; j < e; ++j) {
-    const double share = mean > 0 ? counts[j] / mean : 0.0;
-    sq += (share - 1) * (share - 1);
-    lo = j == 0 ? share : std::min(lo, share), hi = j == 0 ? share : std::max(hi, share);
-    int64_t& steps = dead_steps_[static_cast<size_t>(j)];
-    steps = counts[j] == 0 ? steps + 1 : 0;
-    dead += counts[j] == 0;
-    longest = std::max(longest, steps);
-  }
-  const std::string prefix = fmt::format("moe.{}.", layer_);
-  last_report_ = {{prefix + "load_min", lo},
-                  {prefix + "load_max", hi},
-                  {prefix + "load_cv", std::sqrt(sq / static_cast<double>(e))},
-                  {prefix + "dead", static_cast<double>(dead)},
-                  {prefix + "dead_steps_max", static_cast<double>(longest)},
-                  {prefix + "entropy", entropy_tokens_ > 0 ? entropy_sum_ / static_cast<double>(entropy_tokens_) : 0.0}};
-  router_->report(prefix, last_report_);
   if (applied) router_->after_step(step_counts_);
-  zero_tensor(step_counts_);
-  entropy_sum_ = 0, entropy_tokens_ = 0;
+  ops::moe_end_step(step_counts_, step_entropy_, last_counts_, last_entropy_, dead_steps_);
 }
 
+// Reads the last step's load back (a synchronization on the GPU: log steps only).
 void MoeMlp::report(std::vector<std::pair<std::string, double>>& out) const {
-  out.insert(out.end(), last_report_.begin(), last_report_.end());
+  const ops::MoeLoadReport load = ops::moe_load_report(last_counts_, last_entropy_, dead_steps_);
+  const std::string prefix = fmt::format("moe.{}.", layer_);
+  out.insert(out.end(), {{prefix + "load_min", load.min},
+                         {prefix + "load_max", load.max},
+                         {prefix + "load_cv", load.cv},
+                         {prefix + "dead", static_cast<double>(load.dead)},
+                         {prefix + "dead_steps_max", static_cast<double>(load.dead_steps_max)},
+                         {prefix + "entropy", load.entropy}});
+  router_->report(prefix, out);
 }
 
 ops::Routes MoeMlp::routes_rows(int64_t t) const {

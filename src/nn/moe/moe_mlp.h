@@ -30,8 +30,6 @@ class MoeMlp final : public Mlp {
  private:
   friend class MoeDecoder;
   static int slot(BuildContext& ctx, const char* name);
-  void add_step_counts(const Tensor& counts);
-  void add_entropy(const Tensor& probs);
   ops::Routes routes_rows(int64_t t) const;
   ops::MoeDispatch dispatch_rows(int64_t t) const;
 
@@ -53,13 +51,13 @@ class MoeMlp final : public Mlp {
   Tensor gate_up_;                              // saved [T k, 2F]: the experts' pre-activations
   Tensor expert_out_;                           // saved [T k, d]: the experts' outputs (rows of the grouped layout)
   Tensor shared_gate_up_;                       // saved [T, 2S]
-  Tensor step_counts_;                          // i32 [E]: choices per expert over the step's micro-batches
-  // Diagnostics (host): steps each expert has gone without a token, the step's routing
-  // entropy, and the last step's statistics.
-  std::vector<int64_t> dead_steps_;
-  double entropy_sum_ = 0;
-  int64_t entropy_tokens_ = 0;
-  std::vector<std::pair<std::string, double>> last_report_;
+  // The load diagnostics (ops/moe/load_stats.h), on the model's device so that a captured
+  // step adds to them without a host read; report() reads them back at log steps only.
+  Tensor step_counts_;   // i32 [E]: choices per expert over the step's micro-batches
+  Tensor step_entropy_;  // f64 [2]: the step's routing entropy summed over tokens, and its tokens
+  Tensor last_counts_;   // i32 [E]: the last finished step's counts
+  Tensor last_entropy_;  // f64 [2]: its entropy sum and tokens
+  Tensor dead_steps_;    // i32 [E]: steps in a row each expert has gone without a token
 };
 
 std::unique_ptr<BranchDecoder> make_moe_decoder(const MoeMlp& mlp, DecodeContext& ctx);

@@ -1,10 +1,13 @@
 // The decode side of MoeMlp (nn/moe/moe_mlp.h): the same routing and experts over a decode
 // step's rows. It has no state between steps (a token's experts depend on that token only).
+// On the GPU every size stays in device memory (the grouped products read the dispatch's
+// offsets there), so decode steps with sparse layers are captured as CUDA graphs too.
 #include "nn/moe/moe_mlp.h"
 
 #include "nn/moe/router.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/linear/linear.h"
+#include "ops/moe/routing.h"
 #include "ops/swiglu/swiglu.h"
 
 namespace kiln {
@@ -12,7 +15,6 @@ namespace kiln {
 class MoeDecoder final : public BranchDecoder {
  public:
   MoeDecoder(const MoeMlp& mlp, DecodeContext& ctx) : m_(mlp), workspace_(ctx.workspace), dtype_(ctx.dtype), wide_(ctx.wide) {
-    KILN_CHECK(ctx.device == Device::cpu, "moe", "the sparse MLP decodes on the CPU only for now (no CUDA kernels yet)");
     const MoeConfig& moe = mlp.moe_;
     const int64_t r = ctx.max_rows, k = moe.top_k, e_count = moe.experts, f = moe.expert_hidden, d = mlp.hidden_;
     dispatch_.experts = e_count, dispatch_.top_k = k;
@@ -39,7 +41,7 @@ class MoeDecoder final : public BranchDecoder {
     ops::MoeDispatch dispatch = dispatch_;
     dispatch.pair_of_row = dispatch_.pair_of_row.rows(0, n * k);
     dispatch.row_of_pair = dispatch_.row_of_pair.rows(0, n * k);
-    ops::linear_forward(h, m_.router_w_, Tensor(), logits);
+    ops::router_logits(h, m_.router_w_, logits);
     m_.router_->route(logits, routes, probs, scope.take(wide_, Shape{n, e_count}));
     ops::moe_dispatch(routes.experts, dispatch);
     const Tensor grouped = scope.take(dtype_, Shape{n * k, d}), gate_up = scope.take(dtype_, Shape{n * k, 2 * f});

@@ -23,11 +23,13 @@ class Router {
   // decoder routes its own rows).
   virtual void route(const Tensor& logits, const ops::Routes& routes, const Tensor& probs, const Tensor& saved) = 0;
   // The gradients of the weights (dweights [T, k]) and of probs (dprobs [T, E], from the
-  // balance loss; undefined: none) -> dlogits [T, E] (=), the choice held fixed.
+  // balance loss; undefined: none) -> dlogits [T, E] (=), the choice held fixed. scratch
+  // [T, E] (wide): the caller's, for the router's own intermediate gradient.
   virtual void backward(const ops::Routes& routes, const Tensor& probs, const Tensor& saved, const Tensor& dweights,
-                        const Tensor& dprobs, const Tensor& dlogits) = 0;
+                        const Tensor& dprobs, const Tensor& dlogits, const Tensor& scratch) = 0;
   // After an applied optimizer step, with the step's routed choices per expert (i32 [E],
-  // host): routers that balance without a loss adapt here (sigmoid_bias's bias).
+  // on the model's device): routers that balance without a loss adapt here (sigmoid_bias's
+  // bias, by a kernel on the GPU: no host read).
   virtual void after_step(const Tensor& step_counts) { (void)step_counts; }
   // Diagnostics under `prefix` ("moe.3."): sigmoid_bias's bias range.
   virtual void report(const std::string& prefix, std::vector<std::pair<std::string, double>>& out) const {

@@ -22,7 +22,7 @@ class SoftmaxTopK final : public Router {
   }
 
   void backward(const ops::Routes& routes, const Tensor& probs, const Tensor&, const Tensor& dweights,
-                const Tensor& dprobs, const Tensor& dlogits) override {
+                const Tensor& dprobs, const Tensor& dlogits, const Tensor&) override {
     ops::softmax_topk_backward(probs, routes, normalize_, dweights, dprobs, dlogits);
   }
 
@@ -39,7 +39,8 @@ class SoftmaxTopK final : public Router {
 // too (DeepSeek-V3's complementary sequence loss), reads the scores normalized per token.
 class SigmoidBias final : public Router {
  public:
-  SigmoidBias(BuildContext& ctx, const RouterSpec& spec) : moe_(*spec.moe) {
+  SigmoidBias(BuildContext& ctx, const RouterSpec& spec)
+      : moe_(*spec.moe), sign_rule_(spec.moe->bias_update == "sign") {
     const int64_t e = moe_.experts;
     ctx.state(bias_, spec.names("gate.e_score_correction_bias", "gate.e_score_correction_bias", "exp_probs_b.bias"),
               Shape{e}, Init::zeros());
@@ -49,25 +50,18 @@ class SigmoidBias final : public Router {
   void route(const Tensor& logits, const ops::Routes& routes, const Tensor& probs, const Tensor& scores) override {
     ops::sigmoid_bias_forward(logits, bias_, moe_.groups, moe_.top_groups, moe_.norm_topk_prob, moe_.routed_scaling,
                               scores, routes);
-    normalize_rows(scores, probs);
+    ops::row_normalize_forward(scores, probs);
   }
 
+  // d(probs) -> d(scores) through p = s / sum(s) into scratch, then the scores' backward.
   void backward(const ops::Routes& routes, const Tensor& probs, const Tensor& scores, const Tensor& dweights,
-                const Tensor& dprobs, const Tensor& dlogits) override {
-    // d(probs) -> d(scores) through p = s / sum(s): ds_m = (dp_m - sum_j dp_j p_j) / sum(s).
+                const Tensor& dprobs, const Tensor& dlogits, const Tensor& scratch) override {
+    Tensor dscores;
     if (dprobs.defined()) {
-      OwnedTensor ds(scores.dtype(), Device::cpu, scores.shape());
-      dispatch(scores, [&](auto* s, auto* p, auto* dp, auto* out, int64_t rows, int64_t e) {
-        for (int64_t r = 0; r < rows; ++r) {
-          double sum = 0, dot = 0;
-          for (int64_t j = 0; j < e; ++j) sum += s[r * e + j], dot += dp[r * e + j] * p[r * e + j];
-          for (int64_t j = 0; j < e; ++j) out[r * e + j] = (dp[r * e + j] - dot) / sum;
-        }
-      }, probs, dprobs, *ds);
-      ops::sigmoid_bias_backward(scores, routes, moe_.norm_topk_prob, moe_.routed_scaling, dweights, *ds, dlogits);
-      return;
+      dscores = scratch;
+      ops::row_normalize_backward(scores, probs, dprobs, dscores);
     }
-    ops::sigmoid_bias_backward(scores, routes, moe_.norm_topk_prob, moe_.routed_scaling, dweights, Tensor(), dlogits);
+    ops::sigmoid_bias_backward(scores, routes, moe_.norm_topk_prob, moe_.routed_scaling, dweights, dscores, dlogits);
   }
 
   void report(const std::string& prefix, std::vector<std::pair<std::string, double>>& out) const override {
@@ -83,51 +77,13 @@ class SigmoidBias final : public Router {
   }
 
   void after_step(const Tensor& step_counts) override {
-    const int64_t e = moe_.experts;
-    const int32_t* counts = step_counts.data<int32_t>();
-    double mean = 0;
-    for (int64_t j = 0; j < e; ++j) mean += counts[j];
-    mean /= static_cast<double>(e);
-    if (mean <= 0) return;
-    OwnedTensor bias(bias_.dtype(), Device::cpu, bias_.shape());
-    copy_tensor(bias_, *bias);
-    for (int64_t j = 0; j < e; ++j) {
-      const double error = mean - counts[j];  // > 0: the expert is under-loaded
-      const double step = moe_.bias_update == "sign" ? moe_.bias_rate * ((error > 0) - (error < 0))
-                                                     : moe_.bias_rate * error / mean;
-      if (bias->dtype() == DType::f64) bias->data<double>()[j] += step;
-      else bias->data<float>()[j] += static_cast<float>(step);
-    }
-    copy_tensor(*bias, bias_);
+    ops::sigmoid_bias_update(bias_, step_counts, sign_rule_, moe_.bias_rate);
   }
 
  private:
-  // probs = scores / their row sums (on the host: the CPU reference).
-  static void normalize_rows(const Tensor& scores, const Tensor& probs) {
-    KILN_CHECK(scores.device() == Device::cpu, "sigmoid_bias", "the balance loss's scores on the GPU need its kernels");
-    const int64_t rows = scores.size(0), e = scores.size(1);
-    auto run = [&](auto* s, auto* p) {
-      for (int64_t r = 0; r < rows; ++r) {
-        double sum = 0;
-        for (int64_t j = 0; j < e; ++j) sum += s[r * e + j];
-        for (int64_t j = 0; j < e; ++j) p[r * e + j] = static_cast<std::remove_pointer_t<decltype(p)>>(s[r * e + j] / sum);
-      }
-    };
-    if (scores.dtype() == DType::f64) run(scores.data<double>(), probs.data<double>());
-    else run(scores.data<float>(), probs.data<float>());
-  }
-
-  template <typename Fn>
-  static void dispatch(const Tensor& scores, Fn&& fn, const Tensor& probs, const Tensor& dprobs, const Tensor& out) {
-    const int64_t rows = scores.size(0), e = scores.size(1);
-    if (scores.dtype() == DType::f64)
-      fn(scores.data<double>(), probs.data<double>(), dprobs.data<double>(), out.data<double>(), rows, e);
-    else
-      fn(scores.data<float>(), probs.data<float>(), dprobs.data<float>(), out.data<float>(), rows, e);
-  }
-
   const MoeConfig& moe_;
-  Tensor bias_;  // [E] wide: the load-balancing bias (state, no gradient)
+  bool sign_rule_;  // model.moe.bias_update: "sign" (else "proportional")
+  Tensor bias_;     // [E] wide: the load-balancing bias (state, no gradient)
 };
 
 }  // namespace

@@ -1,10 +1,13 @@
 // The MoE dispatch ops' front ends and CPU reference (ops/moe/moe.h). The expert products
-// reuse the linear op on each expert's rows, so the reference has one GEMM path.
+// reuse the linear op on each expert's rows, so the reference has one GEMM path. On the GPU
+// the kernels of moe_cuda.h and grouped_gemm_cuda.h run with the sizes in device memory.
 #include "ops/moe/moe.h"
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/linear/linear.h"
+#include "ops/moe/grouped_gemm_cuda.h"
+#include "ops/moe/moe_cuda.h"
 
 #include <vector>
 
@@ -23,6 +26,22 @@ void check_dispatch(const char* op, const MoeDispatch& d, int64_t tokens) {
   for (const Tensor* t : {&d.counts, &d.offsets, &d.pair_of_row, &d.row_of_pair}) expect_dtype(op, "dispatch", *t, DType::i32);
 }
 
+// Token rows on the GPU: f32, or bf16 on the mixed path.
+void expect_gpu_rows(const char* op, const char* name, const Tensor& t) {
+  KILN_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op, "the GPU computes {} in f32 or bf16, got {}",
+             name, t.describe());
+}
+
+// Routing weights (and their gradients): the rows' dtype on the CPU, fp32 on the GPU.
+void expect_weights(const char* op, const char* name, const Tensor& t, const Tensor& rows, Shape shape) {
+  expect_tensor(op, name, t, shape, rows.device() == Device::cuda ? DType::f32 : rows.dtype(), rows.device());
+}
+
+void expect_on(const char* op, const MoeDispatch& d, Device device) {
+  for (const Tensor* t : {&d.counts, &d.offsets, &d.pair_of_row, &d.row_of_pair})
+    KILN_CHECK(t->device() == device, op, "the dispatch must be on {}, got {}", device_name(device), t->describe());
+}
+
 // Expert e's rows of the grouped layout, read from host offsets.
 std::vector<int32_t> host_offsets(const MoeDispatch& d) {
   const int32_t* o = d.offsets.data<int32_t>();
@@ -38,7 +57,11 @@ void moe_dispatch(const Tensor& experts, const MoeDispatch& out) {
   expect_dtype(op, "experts", experts, DType::i32);
   KILN_CHECK(experts.size(1) == out.top_k, op, "experts {} for top_k {}", experts.describe(), out.top_k);
   check_dispatch(op, out, experts.size(0));
-  if (experts.device() == Device::cuda) no_cuda_kernel(op);  // no CUDA kernels yet
+  expect_on(op, out, experts.device());
+  KILN_ON_CUDA(experts, op,
+               cuda::moe_dispatch(experts.data<int32_t>(), experts.numel(), out.experts, out.counts.data<int32_t>(),
+                                  out.offsets.data<int32_t>(), out.pair_of_row.data<int32_t>(),
+                                  out.row_of_pair.data<int32_t>()));
   const int64_t pairs = experts.numel(), e_count = out.experts;
   const int32_t* ids = experts.data<int32_t>();
   int32_t* counts = out.counts.data<int32_t>();
@@ -65,7 +88,11 @@ void moe_gather(const Tensor& x, const MoeDispatch& d, const Tensor& grouped) {
   check_dispatch(op, d, x.size(0));
   expect_same(op, "grouped", grouped, x);
   expect_shape(op, "grouped", grouped, Shape{x.size(0) * d.top_k, x.size(1)});
-  if (x.device() == Device::cuda) no_cuda_kernel(op);  // no CUDA kernels yet
+  expect_on(op, d, x.device());
+  KILN_ON_CUDA(x, op, {
+    expect_gpu_rows(op, "x", x);
+    cuda::moe_gather(x.raw(), x.dtype(), x.size(0), x.size(1), d.top_k, d.pair_of_row.data<int32_t>(), grouped.raw());
+  });
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t cols = x.size(1), k = d.top_k;
@@ -83,7 +110,12 @@ void moe_gather_backward(const Tensor& dgrouped, const MoeDispatch& d, const Ten
   check_dispatch(op, d, dx.size(0));
   expect_same(op, "dgrouped", dgrouped, dx);
   expect_shape(op, "dgrouped", dgrouped, Shape{dx.size(0) * d.top_k, dx.size(1)});
-  if (dx.device() == Device::cuda) no_cuda_kernel(op);  // no CUDA kernels yet
+  expect_on(op, d, dx.device());
+  KILN_ON_CUDA(dx, op, {
+    expect_gpu_rows(op, "dx", dx);
+    cuda::moe_gather_backward(dgrouped.raw(), dx.dtype(), dx.size(0), dx.size(1), d.top_k,
+                              d.row_of_pair.data<int32_t>(), dx.raw(), accumulate);
+  });
   dispatch_cpu_float(op, dx.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t cols = dx.size(1), k = d.top_k;
@@ -109,7 +141,14 @@ void moe_grouped_linear_forward(const Tensor& x, const Tensor& w, const MoeDispa
              d.experts, x.describe());
   const int64_t out = w.size(0) / d.experts;
   expect_shape(op, "y", y, Shape{x.size(0), out});
-  if (x.device() == Device::cuda) no_cuda_kernel(op);  // no CUDA kernels yet
+  expect_shape(op, "offsets", d.offsets, Shape{d.experts + 1});
+  KILN_CHECK(d.offsets.device() == x.device(), op, "offsets must be on {}, got {}", device_name(x.device()),
+             d.offsets.describe());
+  KILN_ON_CUDA(x, op, {
+    expect_gpu_rows(op, "x", x);
+    cuda::grouped_linear_forward(x.raw(), w.raw(), x.dtype(), d.offsets.data<int32_t>(), d.experts, x.size(0),
+                                 x.size(1), out, y.raw());
+  });
   const std::vector<int32_t> o = host_offsets(d);
   for (int64_t e = 0; e < d.experts; ++e) {
     if (o[e + 1] == o[e]) continue;
@@ -121,11 +160,30 @@ void moe_grouped_linear_backward(const Tensor& x, const Tensor& w, const Tensor&
                                  const Tensor& dx, const Tensor& dw) {
   const char* op = "moe_grouped_linear_backward";
   KILN_OP_SCOPE(op, dy);
+  expect_rank(op, "x", x, 2);
   expect_rank(op, "w", w, 2);
+  expect_same(op, "w", w, x);
+  expect_same(op, "dy", dy, x);
+  KILN_CHECK(w.size(0) % d.experts == 0 && w.size(1) == x.size(1), op, "w {} for {} experts over x {}", w.describe(),
+             d.experts, x.describe());
   const int64_t out = w.size(0) / d.experts;
   expect_shape(op, "dy", dy, Shape{x.size(0), out});
-  if (dx.defined()) expect_same(op, "dx", dx, x);
-  if (dy.device() == Device::cuda) no_cuda_kernel(op);  // no CUDA kernels yet
+  if (dx.defined()) expect_same(op, "dx", dx, x), expect_shape(op, "dx", dx, x.shape());
+  // The weight gradient: the weight's dtype, fp32 on the GPU's mixed path.
+  if (dw.defined()) expect_tensor(op, "dw", dw, w.shape(), is_mixed(x) ? DType::f32 : x.dtype(), x.device());
+  expect_shape(op, "offsets", d.offsets, Shape{d.experts + 1});
+  KILN_CHECK(d.offsets.device() == x.device(), op, "offsets must be on {}, got {}", device_name(x.device()),
+             d.offsets.describe());
+  KILN_ON_CUDA(dy, op, {
+    expect_gpu_rows(op, "dy", dy);
+    const int32_t* offsets = d.offsets.data<int32_t>();
+    if (dx.defined())
+      cuda::grouped_linear_backward_input(dy.raw(), w.raw(), dy.dtype(), offsets, d.experts, x.size(0), x.size(1), out,
+                                          dx.raw());
+    if (dw.defined())
+      cuda::grouped_linear_backward_weight(x.raw(), dy.raw(), dy.dtype(), offsets, d.experts, x.size(0), x.size(1),
+                                           out, dw.data<float>());
+  });
   const std::vector<int32_t> o = host_offsets(d);
   for (int64_t e = 0; e < d.experts; ++e) {
     if (o[e + 1] == o[e]) continue;
@@ -143,11 +201,15 @@ void moe_combine(const Tensor& y, const Tensor& weights, const MoeDispatch& d, c
   check_dispatch(op, d, out.size(0));
   expect_same(op, "y", y, out);
   expect_shape(op, "y", y, Shape{out.size(0) * d.top_k, out.size(1)});
-  expect_shape(op, "weights", weights, Shape{out.size(0), d.top_k});
-  if (out.device() == Device::cuda) no_cuda_kernel(op);  // no CUDA kernels yet
+  expect_weights(op, "weights", weights, out, Shape{out.size(0), d.top_k});
+  expect_on(op, d, out.device());
+  KILN_ON_CUDA(out, op, {
+    expect_gpu_rows(op, "out", out);
+    cuda::moe_combine(y.raw(), y.dtype(), weights.data<float>(), out.size(0), out.size(1), d.top_k,
+                      d.row_of_pair.data<int32_t>(), out.raw());
+  });
   dispatch_cpu_float(op, out.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    expect_dtype(op, "weights", weights, out.dtype());
     const int64_t cols = out.size(1), k = d.top_k;
     for (int64_t t = 0; t < out.size(0); ++t) {
       T* o = out.data<T>() + t * cols;
@@ -167,10 +229,18 @@ void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& 
   KILN_OP_SCOPE(op, dout);
   expect_rank(op, "dout", dout, 2);
   check_dispatch(op, d, dout.size(0));
+  expect_same(op, "y", y, dout);
+  expect_shape(op, "y", y, Shape{dout.size(0) * d.top_k, dout.size(1)});
   expect_same(op, "dy", dy, y);
   expect_shape(op, "dy", dy, y.shape());
-  expect_shape(op, "dweights", dweights, weights.shape());
-  if (dout.device() == Device::cuda) no_cuda_kernel(op);  // no CUDA kernels yet
+  expect_weights(op, "weights", weights, dout, Shape{dout.size(0), d.top_k});
+  expect_weights(op, "dweights", dweights, dout, weights.shape());
+  expect_on(op, d, dout.device());
+  KILN_ON_CUDA(dout, op, {
+    expect_gpu_rows(op, "dout", dout);
+    cuda::moe_combine_backward(y.raw(), y.dtype(), weights.data<float>(), dout.raw(), dout.size(0), dout.size(1),
+                               d.top_k, d.row_of_pair.data<int32_t>(), dy.raw(), dweights.data<float>());
+  });
   dispatch_cpu_float(op, dout.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t cols = dout.size(1), k = d.top_k;

@@ -14,7 +14,10 @@
 // Every op's CPU reference runs with the sizes on the host; on the GPU the sizes stay on the
 // device (no synchronization), so a step with experts can be captured as a CUDA graph.
 // Backwards write input gradients with = (or += where asked) and accumulate weight
-// gradients with +=, as every op does.
+// gradients with +=, as every op does. On the GPU token rows are f32, or bf16 on the mixed
+// path, where the experts' weight gradients and the routing weights (and their gradient)
+// are fp32; every GPU result is the same bits run to run (fixed-order sums, no atomics on
+// floats; the grouped products as grouped_gemm_cuda.h says).
 #pragma once
 
 #include "core/tensor.h"
@@ -44,7 +47,7 @@ void moe_grouped_linear_forward(const Tensor& x, const Tensor& w, const MoeDispa
 void moe_grouped_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const MoeDispatch& dispatch,
                                  const Tensor& dx, const Tensor& dw);
 
-// y [T k, d], weights [T, k] (wide) -> out [T, d] (=).
+// y [T k, d], weights [T, k] (wide: the rows' dtype on the CPU, fp32 on the GPU) -> out [T, d] (=).
 void moe_combine(const Tensor& y, const Tensor& weights, const MoeDispatch& dispatch, const Tensor& out);
 // dout [T, d] -> dy [T k, d] (= weights x dout) and dweights [T, k] (= dout . y, wide).
 void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& dout, const MoeDispatch& dispatch,

@@ -1,8 +1,13 @@
-// The routers' math (ops/moe/routing.h): front ends and the CPU reference.
+// The routers' math (ops/moe/routing.h): front ends and the CPU reference; the GPU's
+// kernels are routing_cuda.h.
 #include "ops/moe/routing.h"
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linear/linear.h"
+#include "ops/linear/linear_cuda.h"
+#include "ops/moe/routing_cuda.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +18,16 @@ namespace kiln::ops {
 
 namespace {
 
+// The GPU's routers compute in fp32 on rows of at most kRoutingMaxExperts experts.
+void gpu_router_math(const char* op, const Tensor& t) {
+  if (t.device() != Device::cuda) return;
+  KILN_CHECK(t.dtype() == DType::f32, op, "the GPU's router math is fp32, got {}", t.describe());
+#if KILN_WITH_CUDA
+  KILN_CHECK(t.rank() != 2 || t.size(1) <= cuda::kRoutingMaxExperts, op, "{} experts: the GPU routes at most {}",
+             t.size(1), cuda::kRoutingMaxExperts);
+#endif
+}
+
 void check_routes(const char* op, const Tensor& logits, const Routes& r) {
   expect_rank(op, "logits", logits, 2);
   expect_rank(op, "experts", r.experts, 2);
@@ -20,7 +35,11 @@ void check_routes(const char* op, const Tensor& logits, const Routes& r) {
   KILN_CHECK(k >= 1 && k <= logits.size(1), op, "top {} of {} experts", k, logits.size(1));
   expect_tensor(op, "experts", r.experts, Shape{t, k}, DType::i32, logits.device());
   expect_tensor(op, "weights", r.weights, Shape{t, k}, logits.dtype(), logits.device());
+  gpu_router_math(op, logits);
 }
+
+[[maybe_unused]] const float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+[[maybe_unused]] float* f32_or_null_mut(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 
 // The k best of `key` (largest first; equal keys: the lower index), among `allowed` ones.
 void top_k(const double* key, int64_t e_count, int64_t k, const std::vector<char>& allowed, std::vector<int32_t>& best) {
@@ -49,7 +68,10 @@ void softmax_topk_forward(const Tensor& logits, bool normalize, const Tensor& pr
   check_routes(op, logits, out);
   expect_same(op, "probs", probs, logits);
   expect_shape(op, "probs", probs, logits.shape());
-  if (logits.device() == Device::cuda) no_cuda_kernel(op);
+  KILN_ON_CUDA(logits, op,
+               cuda::softmax_topk_forward(logits.data<float>(), logits.size(0), logits.size(1), out.experts.size(1),
+                                          normalize, probs.data<float>(), out.experts.data<int32_t>(),
+                                          out.weights.data<float>()));
   dispatch_cpu_float(op, logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t t_count = logits.size(0), e_count = logits.size(1), k = out.experts.size(1);
@@ -85,8 +107,12 @@ void softmax_topk_backward(const Tensor& probs, const Routes& routes, bool norma
   expect_shape(op, "dweights", dweights, routes.weights.shape());
   expect_same(op, "dlogits", dlogits, probs);
   expect_shape(op, "dlogits", dlogits, probs.shape());
-  if (dprobs.defined()) expect_shape(op, "dprobs", dprobs, probs.shape());
-  if (probs.device() == Device::cuda) no_cuda_kernel(op);
+  if (dprobs.defined()) expect_shape(op, "dprobs", dprobs, probs.shape()), expect_same(op, "dprobs", dprobs, probs);
+  KILN_ON_CUDA(probs, op,
+               cuda::softmax_topk_backward(probs.data<float>(), routes.experts.data<int32_t>(),
+                                           routes.weights.data<float>(), probs.size(0), probs.size(1),
+                                           routes.experts.size(1), normalize, dweights.data<float>(),
+                                           f32_or_null(dprobs), dlogits.data<float>()));
   dispatch_cpu_float(op, probs.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t t_count = probs.size(0), e_count = probs.size(1), k = routes.experts.size(1);
@@ -122,7 +148,12 @@ void sigmoid_bias_forward(const Tensor& logits, const Tensor& bias, int64_t grou
   KILN_CHECK(groups >= 1 && e_count % groups == 0 && top_groups >= 1 && top_groups <= groups &&
                  k <= top_groups * (e_count / groups),
              op, "top {} of {} experts in the top {} of {} groups", k, e_count, top_groups, groups);
-  if (logits.device() == Device::cuda) no_cuda_kernel(op);
+  KILN_ON_CUDA(logits, op, {
+    expect_same(op, "bias", bias, logits);
+    cuda::sigmoid_bias_forward(logits.data<float>(), bias.data<float>(), logits.size(0), e_count, k, groups, top_groups,
+                               normalize, static_cast<float>(scaling), scores.data<float>(), out.experts.data<int32_t>(),
+                               out.weights.data<float>());
+  });
   dispatch_cpu_float(op, logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     expect_dtype(op, "bias", bias, logits.dtype());
@@ -165,9 +196,15 @@ void sigmoid_bias_backward(const Tensor& scores, const Routes& routes, bool norm
   KILN_OP_SCOPE(op, scores);
   check_routes(op, scores, routes);
   expect_shape(op, "dweights", dweights, routes.weights.shape());
+  expect_same(op, "dweights", dweights, scores);
   expect_shape(op, "dlogits", dlogits, scores.shape());
-  if (dscores.defined()) expect_shape(op, "dscores", dscores, scores.shape());
-  if (scores.device() == Device::cuda) no_cuda_kernel(op);
+  expect_same(op, "dlogits", dlogits, scores);
+  if (dscores.defined()) expect_shape(op, "dscores", dscores, scores.shape()), expect_same(op, "dscores", dscores, scores);
+  KILN_ON_CUDA(scores, op,
+               cuda::sigmoid_bias_backward(scores.data<float>(), routes.experts.data<int32_t>(), scores.size(0),
+                                           scores.size(1), routes.experts.size(1), normalize,
+                                           static_cast<float>(scaling), dweights.data<float>(), f32_or_null(dscores),
+                                           dlogits.data<float>()));
   dispatch_cpu_float(op, scores.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t t_count = scores.size(0), e_count = scores.size(1), k = routes.experts.size(1);
@@ -197,17 +234,22 @@ void sigmoid_bias_backward(const Tensor& scores, const Routes& routes, bool norm
   });
 }
 
-double balance_loss(const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs) {
-  const char* op = "balance_loss";
-  KILN_OP_SCOPE(op, probs);
+namespace {
+
+void check_balance(const char* op, const Tensor& probs, const Tensor& counts, const Tensor& dprobs) {
   expect_rank(op, "probs", probs, 2);
-  const int64_t t_count = probs.size(0), e_count = probs.size(1);
-  expect_tensor(op, "counts", counts, Shape{e_count}, DType::i32, Device::cpu);
-  if (dprobs.defined()) expect_shape(op, "dprobs", dprobs, probs.shape());
-  if (probs.device() == Device::cuda) no_cuda_kernel(op);
+  gpu_router_math(op, probs);
+  expect_tensor(op, "counts", counts, Shape{probs.size(1)}, DType::i32, probs.device());
+  if (dprobs.defined()) expect_shape(op, "dprobs", dprobs, probs.shape()), expect_same(op, "dprobs", dprobs, probs);
+}
+
+// The CPU reference: the value, and with dprobs its gradient x grad_scale (+=).
+double balance_loss_cpu(const char* op, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale,
+                        const Tensor& dprobs) {
   double loss = 0;
   dispatch_cpu_float(op, probs.dtype(), [&](auto zero) {
     using T = decltype(zero);
+    const int64_t t_count = probs.size(0), e_count = probs.size(1);
     const double pairs = static_cast<double>(t_count * top_k), tokens = static_cast<double>(t_count);
     for (int64_t e = 0; e < e_count; ++e) {
       const double f = static_cast<double>(counts.data<int32_t>()[e]) / pairs;
@@ -222,12 +264,13 @@ double balance_loss(const Tensor& probs, const Tensor& counts, int64_t top_k, do
   return loss;
 }
 
-double router_z_loss(const Tensor& logits, double grad_scale, const Tensor& dlogits) {
-  const char* op = "router_z_loss";
-  KILN_OP_SCOPE(op, logits);
+void check_z(const char* op, const Tensor& logits, const Tensor& dlogits) {
   expect_rank(op, "logits", logits, 2);
-  if (dlogits.defined()) expect_shape(op, "dlogits", dlogits, logits.shape());
-  if (logits.device() == Device::cuda) no_cuda_kernel(op);
+  gpu_router_math(op, logits);
+  if (dlogits.defined()) expect_shape(op, "dlogits", dlogits, logits.shape()), expect_same(op, "dlogits", dlogits, logits);
+}
+
+double router_z_loss_cpu(const char* op, const Tensor& logits, double grad_scale, const Tensor& dlogits) {
   double loss = 0;
   dispatch_cpu_float(op, logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -246,6 +289,185 @@ double router_z_loss(const Tensor& logits, double grad_scale, const Tensor& dlog
     }
   });
   return loss;
+}
+
+}  // namespace
+
+double balance_loss(const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs) {
+  const char* op = "balance_loss";
+  KILN_OP_SCOPE(op, probs);
+  check_balance(op, probs, counts, dprobs);
+  if (probs.device() == Device::cuda) {
+#if KILN_WITH_CUDA
+    double* sum = cuda::own_loss_sum();
+    cuda::reset_loss_sum(sum);
+    cuda::balance_loss(probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, grad_scale,
+                       sum, f32_or_null_mut(dprobs), /*accumulate=*/true);
+    return cuda::read_loss_sum(sum);
+#else
+    no_cuda_kernel(op);
+#endif
+  }
+  return balance_loss_cpu(op, probs, counts, top_k, grad_scale, dprobs);
+}
+
+void balance_loss_sum(const Tensor& probs, const Tensor& counts, int64_t top_k, double* sum) {
+  const char* op = "balance_loss";
+  KILN_OP_SCOPE(op, probs);
+  check_balance(op, probs, counts, Tensor());
+  KILN_CHECK(sum != nullptr, op, "no sum to add to");
+  KILN_ON_CUDA(probs, op,
+               cuda::balance_loss(probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, 0,
+                                  sum, nullptr, true));
+  *sum += balance_loss_cpu(op, probs, counts, top_k, 0, Tensor());
+}
+
+void balance_loss_backward(const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale,
+                           const Tensor& dprobs) {
+  const char* op = "balance_loss_backward";
+  KILN_OP_SCOPE(op, probs);
+  check_balance(op, probs, counts, dprobs);
+  KILN_CHECK(dprobs.defined(), op, "dprobs is undefined");
+  KILN_ON_CUDA(probs, op, {
+    cuda::balance_loss(probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, grad_scale,
+                       nullptr, dprobs.data<float>(), /*accumulate=*/false);
+  });
+  zero_tensor(dprobs);
+  balance_loss_cpu(op, probs, counts, top_k, grad_scale, dprobs);
+}
+
+double router_z_loss(const Tensor& logits, double grad_scale, const Tensor& dlogits) {
+  const char* op = "router_z_loss";
+  KILN_OP_SCOPE(op, logits);
+  check_z(op, logits, dlogits);
+  if (logits.device() == Device::cuda) {
+#if KILN_WITH_CUDA
+    double* sum = cuda::own_loss_sum();
+    cuda::reset_loss_sum(sum);
+    cuda::router_z_loss(logits.data<float>(), logits.size(0), logits.size(1), grad_scale, sum, f32_or_null_mut(dlogits));
+    return cuda::read_loss_sum(sum);
+#else
+    no_cuda_kernel(op);
+#endif
+  }
+  return router_z_loss_cpu(op, logits, grad_scale, dlogits);
+}
+
+void router_z_loss_sum(const Tensor& logits, double* sum) {
+  const char* op = "router_z_loss";
+  KILN_OP_SCOPE(op, logits);
+  check_z(op, logits, Tensor());
+  KILN_CHECK(sum != nullptr, op, "no sum to add to");
+  KILN_ON_CUDA(logits, op, cuda::router_z_loss(logits.data<float>(), logits.size(0), logits.size(1), 0, sum, nullptr));
+  *sum += router_z_loss_cpu(op, logits, 0, Tensor());
+}
+
+void router_z_loss_backward(const Tensor& logits, double grad_scale, const Tensor& dlogits) {
+  const char* op = "router_z_loss_backward";
+  KILN_OP_SCOPE(op, logits);
+  check_z(op, logits, dlogits);
+  KILN_CHECK(dlogits.defined(), op, "dlogits is undefined");
+  KILN_ON_CUDA(logits, op,
+               cuda::router_z_loss(logits.data<float>(), logits.size(0), logits.size(1), grad_scale, nullptr,
+                                   dlogits.data<float>()));
+  router_z_loss_cpu(op, logits, grad_scale, dlogits);
+}
+
+void router_logits(const Tensor& x, const Tensor& w, const Tensor& logits) {
+  const char* op = "router_logits";
+  KILN_OP_SCOPE(op, x);
+  expect_rank(op, "x", x, 2);
+  expect_rank(op, "w", w, 2);
+  expect_same(op, "w", w, x);
+  KILN_CHECK(x.size(1) == w.size(1), op, "x {} and w {} disagree on the hidden size", x.describe(), w.describe());
+  if (!is_mixed(x)) return linear_forward(x, w, Tensor(), logits);
+  expect_tensor(op, "logits", logits, Shape{x.size(0), w.size(0)}, DType::f32, x.device());
+#if KILN_WITH_CUDA
+  cuda::gemm(false, true, x.size(0), w.size(0), x.size(1), 1.0f, x.raw(), x.size(1), w.raw(), x.size(1), DType::bf16,
+             0.0f, logits.raw(), w.size(0), DType::f32);
+#endif
+}
+
+void router_logits_backward(const Tensor& x, const Tensor& w, const Tensor& dlogits, const Tensor& scratch,
+                            const Tensor& dx, const Tensor& dw) {
+  const char* op = "router_logits_backward";
+  KILN_OP_SCOPE(op, x);
+  if (!is_mixed(x)) return linear_backward(x, w, dlogits, dx, dw, Tensor(), true);
+  expect_tensor(op, "dlogits", dlogits, Shape{x.size(0), w.size(0)}, DType::f32, x.device());
+  expect_tensor(op, "scratch", scratch, dlogits.shape(), DType::bf16, x.device());
+  convert(dlogits, scratch);
+  linear_backward(x, w, scratch, dx, dw, Tensor(), true);
+}
+
+void row_normalize_forward(const Tensor& scores, const Tensor& probs) {
+  const char* op = "row_normalize";
+  KILN_OP_SCOPE(op, scores);
+  expect_rank(op, "scores", scores, 2);
+  gpu_router_math(op, scores);
+  expect_same(op, "probs", probs, scores);
+  expect_shape(op, "probs", probs, scores.shape());
+  const int64_t rows = scores.size(0), e = scores.size(1);
+  KILN_ON_CUDA(scores, op, cuda::row_normalize_forward(scores.data<float>(), rows, e, probs.data<float>()));
+  dispatch_cpu_float(op, scores.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* s = scores.data<T>();
+    T* p = probs.data<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0;
+      for (int64_t j = 0; j < e; ++j) sum += s[r * e + j];
+      for (int64_t j = 0; j < e; ++j) p[r * e + j] = static_cast<T>(s[r * e + j] / sum);
+    }
+  });
+}
+
+void row_normalize_backward(const Tensor& scores, const Tensor& probs, const Tensor& dprobs, const Tensor& dscores) {
+  const char* op = "row_normalize_backward";
+  KILN_OP_SCOPE(op, scores);
+  expect_rank(op, "scores", scores, 2);
+  gpu_router_math(op, scores);
+  for (const auto& [name, t] : {std::pair{"probs", &probs}, std::pair{"dprobs", &dprobs}, std::pair{"dscores", &dscores}}) {
+    expect_same(op, name, *t, scores);
+    expect_shape(op, name, *t, scores.shape());
+  }
+  const int64_t rows = scores.size(0), e = scores.size(1);
+  KILN_ON_CUDA(scores, op,
+               cuda::row_normalize_backward(scores.data<float>(), probs.data<float>(), dprobs.data<float>(), rows, e,
+                                            dscores.data<float>()));
+  // ds_m = (dp_m - sum_j dp_j p_j) / sum(s).
+  dispatch_cpu_float(op, scores.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T *s = scores.data<T>(), *p = probs.data<T>(), *dp = dprobs.data<T>();
+    T* out = dscores.data<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0, dot = 0;
+      for (int64_t j = 0; j < e; ++j) sum += s[r * e + j], dot += dp[r * e + j] * p[r * e + j];
+      for (int64_t j = 0; j < e; ++j) out[r * e + j] = (dp[r * e + j] - dot) / sum;
+    }
+  });
+}
+
+void sigmoid_bias_update(const Tensor& bias, const Tensor& counts, bool sign_rule, double rate) {
+  const char* op = "sigmoid_bias_update";
+  KILN_OP_SCOPE(op, bias);
+  expect_rank(op, "bias", bias, 1);
+  gpu_router_math(op, bias);
+  expect_tensor(op, "counts", counts, bias.shape(), DType::i32, bias.device());
+  const int64_t e = bias.numel();
+  KILN_ON_CUDA(bias, op, cuda::sigmoid_bias_update(bias.data<float>(), counts.data<int32_t>(), e, sign_rule, rate));
+  const int32_t* c = counts.data<int32_t>();
+  double mean = 0;
+  for (int64_t j = 0; j < e; ++j) mean += c[j];
+  mean /= static_cast<double>(e);
+  if (mean <= 0) return;
+  dispatch_cpu_float(op, bias.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* b = bias.data<T>();
+    for (int64_t j = 0; j < e; ++j) {
+      const double error = mean - c[j];  // > 0: the expert is under-loaded
+      const double step = sign_rule ? rate * ((error > 0) - (error < 0)) : rate * error / mean;
+      b[j] += static_cast<T>(step);
+    }
+  });
 }
 
 }  // namespace kiln::ops

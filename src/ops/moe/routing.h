@@ -4,6 +4,11 @@
 // what the finite-difference tests check, with logits away from ties).
 //
 // Ties between equal scores go to the lower expert id (as a stable sort would give).
+//
+// On the GPU (routing_cuda.h) every tensor here is fp32 (the router's math stays fp32 on the
+// mixed path too), counts live on the device, and the losses' *_sum forms add their values
+// to a double in device memory without a host read, so a training step with a router can
+// be captured as a CUDA graph.
 #pragma once
 
 #include "core/tensor.h"
@@ -14,6 +19,15 @@ struct Routes {
   Tensor experts;  // i32 [T, k]
   Tensor weights;  // wide [T, k]
 };
+
+// The router's logits: x [T, d] (activations) times its weight w [E, d] -> logits [T, E]
+// (=, wide: on the GPU's mixed path bf16 x and w, fp32 logits from fp32 accumulation).
+void router_logits(const Tensor& x, const Tensor& w, const Tensor& logits);
+// dlogits [T, E] (wide) -> dx [T, d] (+=) and dw [E, d] (+=, wide). On the mixed path the
+// products read dlogits rounded to bf16 (as an autocast linear's gradient): `scratch`, bf16
+// [T, E]; elsewhere unused (may be undefined).
+void router_logits_backward(const Tensor& x, const Tensor& w, const Tensor& dlogits, const Tensor& scratch,
+                            const Tensor& dx, const Tensor& dw);
 
 // softmax_topk (Qwen3-MoE): p = softmax(logits) over all experts (probs [T, E], =); the k
 // largest; weights = p at them, divided by their sum when `normalize` (norm_topk_prob).
@@ -32,14 +46,36 @@ void sigmoid_bias_forward(const Tensor& logits, const Tensor& bias, int64_t grou
 void sigmoid_bias_backward(const Tensor& scores, const Routes& routes, bool normalize, double scaling,
                            const Tensor& dweights, const Tensor& dscores, const Tensor& dlogits);
 
+// sigmoid_bias's distribution for the balance loss: probs [T, E] = scores / their row sums
+// (=); and back, dscores [T, E] (=) from dprobs.
+void row_normalize_forward(const Tensor& scores, const Tensor& probs);
+void row_normalize_backward(const Tensor& scores, const Tensor& probs, const Tensor& dprobs, const Tensor& dscores);
+
+// sigmoid_bias's balancing step after an applied optimizer step, from the step's routed
+// choices per expert (counts i32 [E], on bias's device): bias [E] += rate x sign(mean -
+// count) (sign_rule) or rate x (mean - count) / mean; nothing when no choice was made.
+void sigmoid_bias_update(const Tensor& bias, const Tensor& counts, bool sign_rule, double rate);
+
 // The Switch load-balancing loss of one micro-batch: E sum_i f_i P_i, f_i the share of the
-// T k choices that went to expert i (counts i32 [E], host), P_i the mean of probs [T, E]
-// (each row a distribution over the experts) over the tokens. Returns it; with dprobs
-// defined also adds its gradient x grad_scale (+=; f held fixed).
+// T k choices that went to expert i (counts i32 [E], on probs' device), P_i the mean of
+// probs [T, E] (each row a distribution over the experts) over the tokens. Returns it
+// (the GPU reads it back: a synchronization); with dprobs defined also adds its gradient x
+// grad_scale (+=; f held fixed).
 double balance_loss(const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs);
+// Its value added (+=) to *sum, a double where probs lives (device memory for GPU
+// tensors): no synchronization.
+void balance_loss_sum(const Tensor& probs, const Tensor& counts, int64_t top_k, double* sum);
+// Its gradient only: dprobs = grad_scale x d(loss)/d(probs) (=: the balance loss is the only
+// gradient probs get from outside the router).
+void balance_loss_backward(const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale,
+                           const Tensor& dprobs);
 
 // The router z-loss of one micro-batch: mean over tokens of logsumexp(logits)^2. Returns
-// it; with dlogits defined also adds its gradient x grad_scale (+=).
+// it (the GPU synchronizes); with dlogits defined also adds its gradient x grad_scale (+=).
 double router_z_loss(const Tensor& logits, double grad_scale, const Tensor& dlogits);
+// Its value added (+=) to *sum (where logits lives; no synchronization), and its gradient
+// only (dlogits +=).
+void router_z_loss_sum(const Tensor& logits, double* sum);
+void router_z_loss_backward(const Tensor& logits, double grad_scale, const Tensor& dlogits);
 
 }  // namespace kiln::ops

@@ -1,0 +1,74 @@
+// The load diagnostics' kernels (load_stats_cuda.h).
+#include "ops/moe/load_stats_cuda.h"
+
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "ops/block_reduce.cuh"
+#include "ops/grid_stride.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kEntropyThreads = 1024;
+
+__global__ void add_counts_kernel(const int32_t* __restrict__ counts, int64_t n, int32_t* __restrict__ total) {
+  KILN_GRID_STRIDE(i, n) total[i] += counts[i];
+}
+
+// One block: thread i sums the entropies of tokens i, i + 1024, ... (each over its experts
+// in order, in double), then the block's fixed butterfly.
+__global__ void __launch_bounds__(kEntropyThreads)
+    entropy_kernel(const float* __restrict__ probs, int64_t tokens, int64_t e_count, double* __restrict__ sums) {
+  double h = 0;
+  for (int64_t t = threadIdx.x; t < tokens; t += kEntropyThreads) {
+    const float* p = probs + t * e_count;
+    for (int64_t j = 0; j < e_count; ++j) {
+      const double v = p[j];
+      if (v > 0) h -= v * log(v);
+    }
+  }
+  h = block_reduce<kEntropyThreads>(h, SumOp{}, 0.0);
+  if (threadIdx.x == 0) {
+    sums[0] += h;
+    sums[1] += static_cast<double>(tokens);
+  }
+}
+
+__global__ void end_step_kernel(int32_t* __restrict__ counts, double* __restrict__ entropy,
+                                int32_t* __restrict__ last_counts, double* __restrict__ last_entropy,
+                                int32_t* __restrict__ dead_steps, int64_t e_count) {
+  KILN_GRID_STRIDE(e, e_count) {
+    const int32_t c = counts[e];
+    dead_steps[e] = c == 0 ? dead_steps[e] + 1 : 0;
+    last_counts[e] = c;
+    counts[e] = 0;
+  }
+  if (blockIdx.x == 0 && threadIdx.x < 2) {
+    last_entropy[threadIdx.x] = entropy[threadIdx.x];
+    entropy[threadIdx.x] = 0;
+  }
+}
+
+}  // namespace
+
+void add_counts(const int32_t* counts, int64_t n, int32_t* total) {
+  if (n == 0) return;
+  add_counts_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(counts, n, total);
+  check_launch("moe_accumulate_counts", "add_counts_kernel");
+}
+
+void routing_entropy_sum(const float* probs, int64_t tokens, int64_t e_count, double* sums) {
+  entropy_kernel<<<1, kEntropyThreads, 0, stream()>>>(probs, tokens, e_count, sums);
+  check_launch("routing_entropy_sum", "entropy_kernel");
+}
+
+void moe_end_step(int32_t* counts, double* entropy, int32_t* last_counts, double* last_entropy, int32_t* dead_steps,
+                  int64_t e_count) {
+  end_step_kernel<<<blocks_for(e_count, kThreads), kThreads, 0, stream()>>>(counts, entropy, last_counts,
+                                                                            last_entropy, dead_steps, e_count);
+  check_launch("moe_end_step", "end_step_kernel");
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,325 @@
+// The MoE dispatch, gather and combine kernels (declared in moe_cuda.h).
+//
+// Dispatch, a counting sort that keeps the CPU's order: the pairs are cut into chunks of
+// consecutive pairs, one per block.
+//   1. count_chunks: each block's per-expert counts of its chunk (integer adds in shared
+//      memory: the counts do not depend on their order) into chunk_counts [chunks, E];
+//   2. scan_chunks (one block): per expert, the chunks' counts turn into the rows before
+//      each chunk (an exclusive scan over chunks, in chunk order), their sum into counts,
+//      and offsets = the exclusive scan of counts;
+//   3. place_pairs: a pair's row = offsets[e] + rows of e before its chunk + pairs of e
+//      before it in its chunk.
+// Rows of an expert are therefore in pair order, as the CPU's stable counting sort gives,
+// for any schedule. chunk_counts is static device scratch: only kiln::cuda::stream() runs
+// these kernels, so two dispatches never share it at once.
+//
+// Row kernels (gather, gather backward, combine, combine backward): a warp per row, eight
+// rows per 256-thread block; rows whose width is a multiple of 8 with 16-byte aligned
+// data move 8 elements per access, others one.
+#include "ops/moe/moe_cuda.h"
+
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "core/error.h"
+#include "ops/bf16_vector.cuh"
+#include "ops/block_reduce.cuh"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <initializer_list>
+
+namespace kiln::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using vec::load;
+using vec::store;
+
+constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = kThreads / kWarpSize;
+constexpr int kVec = vec::kWidth;
+
+// ---- dispatch -----------------------------------------------------------------------------
+
+constexpr int64_t kChunkCountsMax = int64_t{1} << 22;  // 16 MiB of per-chunk expert counts
+constexpr int64_t kMostChunks = 128;
+__device__ int32_t g_chunk_counts[kChunkCountsMax];
+
+__device__ __forceinline__ int32_t checked_expert(const int32_t* experts, int64_t p, int64_t e_count) {
+  const int32_t e = experts[p];
+  if (e < 0 || e >= e_count) __trap();  // the front end cannot read ids; a router never writes these
+  return e;
+}
+
+// Block b counts chunk b's pairs [b chunk, (b + 1) chunk) per expert.
+__global__ void count_chunks(const int32_t* __restrict__ experts, int64_t pairs, int64_t e_count, int64_t chunk,
+                             int32_t* __restrict__ chunk_counts) {
+  extern __shared__ int32_t hist[];
+  for (int64_t e = threadIdx.x; e < e_count; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  const int64_t begin = blockIdx.x * chunk, end = min(begin + chunk, pairs);
+  for (int64_t p = begin + threadIdx.x; p < end; p += blockDim.x) atomicAdd(&hist[checked_expert(experts, p, e_count)], 1);
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < e_count; e += blockDim.x) chunk_counts[blockIdx.x * e_count + e] = hist[e];
+}
+
+constexpr int kScanThreads = 1024;
+
+// One block: chunk_counts[b][e] becomes the rows of e in chunks before b; counts and
+// offsets from their sums. offsets: a Hillis-Steele scan of 1024 experts at a time.
+__global__ void __launch_bounds__(kScanThreads)
+    scan_chunks(int64_t chunks, int64_t e_count, int32_t* __restrict__ chunk_counts, int32_t* __restrict__ counts,
+                int32_t* __restrict__ offsets) {
+  for (int64_t e = threadIdx.x; e < e_count; e += blockDim.x) {
+    int32_t running = 0;
+    for (int64_t b = 0; b < chunks; ++b) {
+      const int32_t c = chunk_counts[b * e_count + e];
+      chunk_counts[b * e_count + e] = running;
+      running += c;
+    }
+    counts[e] = running;
+  }
+  __syncthreads();
+  __shared__ int32_t scan[kScanThreads];
+  int32_t carry = 0;
+  if (threadIdx.x == 0) offsets[0] = 0;
+  for (int64_t base = 0; base < e_count; base += kScanThreads) {
+    const int64_t e = base + threadIdx.x;
+    scan[threadIdx.x] = e < e_count ? counts[e] : 0;
+    __syncthreads();
+    for (int offset = 1; offset < kScanThreads; offset *= 2) {
+      const int32_t add = threadIdx.x >= offset ? scan[threadIdx.x - offset] : 0;
+      __syncthreads();
+      scan[threadIdx.x] += add;
+      __syncthreads();
+    }
+    if (e < e_count) offsets[e + 1] = carry + scan[threadIdx.x];  // inclusive: the row after expert e's
+    carry += scan[kScanThreads - 1];
+    __syncthreads();
+  }
+}
+
+// Block b places chunk b's pairs: its experts staged in shared memory, each pair counts
+// the pairs of its expert before it in the chunk.
+__global__ void place_pairs(const int32_t* __restrict__ experts, int64_t pairs, int64_t e_count, int64_t chunk,
+                            const int32_t* __restrict__ chunk_counts, const int32_t* __restrict__ offsets,
+                            int32_t* __restrict__ pair_of_row, int32_t* __restrict__ row_of_pair) {
+  extern __shared__ int32_t ids[];
+  const int64_t begin = blockIdx.x * chunk, n = min(chunk, pairs - begin);
+  for (int64_t q = threadIdx.x; q < n; q += blockDim.x) ids[q] = experts[begin + q];
+  __syncthreads();
+  for (int64_t q = threadIdx.x; q < n; q += blockDim.x) {
+    const int32_t e = ids[q];
+    int32_t before = 0;
+    for (int64_t i = 0; i < q; ++i) before += ids[i] == e;
+    const int32_t row = offsets[e] + chunk_counts[blockIdx.x * e_count + e] + before;
+    pair_of_row[row] = static_cast<int32_t>(begin + q);
+    row_of_pair[begin + q] = row;
+  }
+}
+
+int32_t* chunk_counts_scratch() {
+  static int32_t* const scratch = [] {
+    void* address = nullptr;
+    check(cudaGetSymbolAddress(&address, g_chunk_counts), "moe_dispatch", "cudaGetSymbolAddress");
+    return static_cast<int32_t*>(address);
+  }();
+  return scratch;
+}
+
+// ---- rows ---------------------------------------------------------------------------------
+
+bool vectorizable(int64_t cols, std::initializer_list<const void*> pointers) {
+  if (cols % kVec != 0) return false;
+  for (const void* p : pointers)
+    if (!vec::aligned16(p)) return false;
+  return true;
+}
+
+// grouped row r = x row pair_of_row[r] / k.
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads)
+    gather_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t k, const int32_t* __restrict__ pair_of_row,
+                  T* __restrict__ grouped) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (r >= rows) return;
+  const T* src = x + (pair_of_row[r] / k) * cols;
+  T* dst = grouped + r * cols;
+  for (int64_t c = lane * W; c < cols; c += kWarpSize * W) {
+    float v[W];
+    load<W>(src + c, v);
+    store<W>(dst + c, v);
+  }
+}
+
+// dx row t (= or +=) the sum of dgrouped rows row_of_pair[t k + j], j = 0..k-1 in order.
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads)
+    gather_backward_kernel(const T* __restrict__ dgrouped, int64_t tokens, int64_t cols, int64_t k,
+                           const int32_t* __restrict__ row_of_pair, T* __restrict__ dx, bool accumulate) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (t >= tokens) return;
+  T* out = dx + t * cols;
+  for (int64_t c = lane * W; c < cols; c += kWarpSize * W) {
+    float acc[W];
+    if (accumulate) {
+      load<W>(out + c, acc);
+    } else {
+#pragma unroll
+      for (int i = 0; i < W; ++i) acc[i] = 0.0f;
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      float v[W];
+      load<W>(dgrouped + static_cast<int64_t>(row_of_pair[t * k + j]) * cols + c, v);
+#pragma unroll
+      for (int i = 0; i < W; ++i) acc[i] += v[i];
+    }
+    store<W>(out + c, acc);
+  }
+}
+
+// out row t = sum_j weights[t, j] y row row_of_pair[t k + j], j in order.
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads)
+    combine_kernel(const T* __restrict__ y, const float* __restrict__ weights, int64_t tokens, int64_t cols,
+                   int64_t k, const int32_t* __restrict__ row_of_pair, T* __restrict__ out) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (t >= tokens) return;
+  for (int64_t c = lane * W; c < cols; c += kWarpSize * W) {
+    float acc[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) acc[i] = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      const float w = weights[t * k + j];
+      float v[W];
+      load<W>(y + static_cast<int64_t>(row_of_pair[t * k + j]) * cols + c, v);
+#pragma unroll
+      for (int i = 0; i < W; ++i) acc[i] += w * v[i];
+    }
+    store<W>(out + t * cols + c, acc);
+  }
+}
+
+// Pair p = t k + j: dy row (row_of_pair[p]) = weights[p] dout row t; dweights[p] = dout row
+// t . y row: each lane sums its columns in order, then the warp's butterfly.
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads)
+    combine_backward_kernel(const T* __restrict__ y, const float* __restrict__ weights, const T* __restrict__ dout,
+                            int64_t pairs, int64_t cols, int64_t k, const int32_t* __restrict__ row_of_pair,
+                            T* __restrict__ dy, float* __restrict__ dweights) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (p >= pairs) return;  // whole warps leave together: the butterfly below has all lanes
+  const int64_t row = row_of_pair[p];
+  const T* g = dout + (p / k) * cols;
+  const float w = weights[p];
+  float dot = 0.0f;
+  for (int64_t c = lane * W; c < cols; c += kWarpSize * W) {
+    float gv[W], yv[W], out[W];
+    load<W>(g + c, gv);
+    load<W>(y + row * cols + c, yv);
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      out[i] = w * gv[i];
+      dot += gv[i] * yv[i];
+    }
+    store<W>(dy + row * cols + c, out);
+  }
+  dot = warp_sum(dot);
+  if (lane == 0) dweights[p] = dot;
+}
+
+unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+// Runs launch.template operator()<T, W>() for the dtype's element type and the widest access.
+template <typename Launch>
+void by_dtype(DType dtype, bool vector, Launch&& launch) {
+  if (dtype == DType::bf16) {
+    vector ? launch.template operator()<bf16, kVec>() : launch.template operator()<bf16, 1>();
+  } else if (dtype == DType::f32) {
+    vector ? launch.template operator()<float, kVec>() : launch.template operator()<float, 1>();
+  } else {
+    fail("moe", "no CUDA kernel for {} rows", dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int32_t* counts, int32_t* offsets,
+                  int32_t* pair_of_row, int32_t* row_of_pair) {
+  constexpr const char* kOp = "moe_dispatch";
+  // Chunks of at least kThreads pairs, longer so that there are at most kMostChunks of them:
+  // scan_chunks walks the chunks of an expert one after another (a 4096 x 8 micro-batch has
+  // 262144 pairs: 128 chunks of 2048, not 1024 of 256), and place_pairs' count of earlier
+  // pairs in a chunk reads shared memory at one address per step for the whole warp.
+  KILN_CHECK(e_count <= kChunkCountsMax / kMostChunks, kOp, "{} experts", e_count);
+  const int64_t wanted = (pairs + kMostChunks - 1) / kMostChunks;
+  const int64_t chunk = std::max<int64_t>(kThreads, (wanted + kThreads - 1) / kThreads * kThreads);
+  const int64_t chunks = (pairs + chunk - 1) / chunk;
+  const size_t hist_bytes = static_cast<size_t>(e_count) * sizeof(int32_t);
+  const size_t ids_bytes = static_cast<size_t>(chunk) * sizeof(int32_t);
+  KILN_CHECK(hist_bytes <= 48u << 10 && ids_bytes <= 48u << 10, kOp, "{} experts over {} pairs need {} and {} bytes of "
+             "shared memory", e_count, pairs, hist_bytes, ids_bytes);
+  int32_t* scratch = chunk_counts_scratch();
+  if (pairs > 0) {
+    count_chunks<<<static_cast<unsigned>(chunks), kThreads, hist_bytes, stream()>>>(experts, pairs, e_count, chunk,
+                                                                                   scratch);
+    check_launch(kOp, "count_chunks");
+  }
+  scan_chunks<<<1, kScanThreads, 0, stream()>>>(chunks, e_count, scratch, counts, offsets);
+  check_launch(kOp, "scan_chunks");
+  if (pairs == 0) return;
+  place_pairs<<<static_cast<unsigned>(chunks), kThreads, ids_bytes, stream()>>>(experts, pairs, e_count, chunk, scratch,
+                                                                              offsets, pair_of_row, row_of_pair);
+  check_launch(kOp, "place_pairs");
+}
+
+void moe_gather(const void* x, DType dtype, int64_t tokens, int64_t cols, int64_t k, const int32_t* pair_of_row,
+                void* grouped) {
+  const int64_t rows = tokens * k;
+  if (rows == 0 || cols == 0) return;
+  by_dtype(dtype, vectorizable(cols, {x, grouped}), [&]<typename T, int W>() {
+    gather_kernel<T, W><<<row_blocks(rows), kThreads, 0, stream()>>>(static_cast<const T*>(x), rows, cols, k,
+                                                                       pair_of_row, static_cast<T*>(grouped));
+    check_launch("moe_gather", "gather_kernel");
+  });
+}
+
+void moe_gather_backward(const void* dgrouped, DType dtype, int64_t tokens, int64_t cols, int64_t k,
+                         const int32_t* row_of_pair, void* dx, bool accumulate) {
+  if (tokens == 0 || cols == 0) return;
+  by_dtype(dtype, vectorizable(cols, {dgrouped, dx}), [&]<typename T, int W>() {
+    gather_backward_kernel<T, W><<<row_blocks(tokens), kThreads, 0, stream()>>>(
+        static_cast<const T*>(dgrouped), tokens, cols, k, row_of_pair, static_cast<T*>(dx), accumulate);
+    check_launch("moe_gather_backward", "gather_backward_kernel");
+  });
+}
+
+void moe_combine(const void* y, DType dtype, const float* weights, int64_t tokens, int64_t cols, int64_t k,
+                 const int32_t* row_of_pair, void* out) {
+  if (tokens == 0 || cols == 0) return;
+  by_dtype(dtype, vectorizable(cols, {y, out}), [&]<typename T, int W>() {
+    combine_kernel<T, W><<<row_blocks(tokens), kThreads, 0, stream()>>>(static_cast<const T*>(y), weights, tokens,
+                                                                          cols, k, row_of_pair, static_cast<T*>(out));
+    check_launch("moe_combine", "combine_kernel");
+  });
+}
+
+void moe_combine_backward(const void* y, DType dtype, const float* weights, const void* dout, int64_t tokens,
+                          int64_t cols, int64_t k, const int32_t* row_of_pair, void* dy, float* dweights) {
+  const int64_t pairs = tokens * k;
+  if (pairs == 0) return;
+  by_dtype(dtype, vectorizable(cols, {y, dout, dy}), [&]<typename T, int W>() {
+    combine_backward_kernel<T, W><<<row_blocks(pairs), kThreads, 0, stream()>>>(
+        static_cast<const T*>(y), weights, static_cast<const T*>(dout), pairs, cols, k, row_of_pair,
+        static_cast<T*>(dy), dweights);
+    check_launch("moe_combine_backward", "combine_backward_kernel");
+  });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,40 @@
+// CUDA kernels behind ops/moe/moe.h's dispatch, gather and combine (moe_cuda.cu); the
+// grouped products are grouped_gemm_cuda.h. The sizes of the grouped layout (counts,
+// offsets) stay in device memory: nothing here reads them on the host or synchronizes,
+// so a step with experts can be captured as a CUDA graph.
+//
+// Every kernel is deterministic: the dispatch gives the CPU reference's stable order (rows
+// of an expert in pair order) whatever the thread schedule, and every sum runs in a fixed
+// order (a token's k rows in choice order; a row dot product in a butterfly fixed by the
+// width). No atomics on floats. Token rows (y, out, dout, dy, x, dx, grouped) are of
+// `dtype` (f32, or bf16 on the mixed path); routing weights and their gradient are fp32.
+// The front end validates shapes and dtypes; these launch on kiln::cuda::stream() and
+// trust their inputs (an expert id outside [0, E) traps). No output may alias an input.
+#pragma once
+
+#include "core/dtype.h"
+
+#include <cstdint>
+
+namespace kiln::cuda {
+
+// experts i32 [pairs] (pairs = tokens x k, pair p = t k + j) -> counts [E], offsets [E + 1],
+// pair_of_row [pairs], row_of_pair [pairs].
+void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int32_t* counts, int32_t* offsets,
+                  int32_t* pair_of_row, int32_t* row_of_pair);
+
+// grouped [tokens k, cols] = x[pair_of_row[r] / k] row by row.
+void moe_gather(const void* x, DType dtype, int64_t tokens, int64_t cols, int64_t k, const int32_t* pair_of_row,
+                void* grouped);
+// dx [tokens, cols] (= or +=) the sum of each token's k rows of dgrouped, in choice order.
+void moe_gather_backward(const void* dgrouped, DType dtype, int64_t tokens, int64_t cols, int64_t k,
+                         const int32_t* row_of_pair, void* dx, bool accumulate);
+
+// out [tokens, cols] = sum_j weights[t, j] y[row_of_pair[t k + j]] (fp32 sums in choice order).
+void moe_combine(const void* y, DType dtype, const float* weights, int64_t tokens, int64_t cols, int64_t k,
+                 const int32_t* row_of_pair, void* out);
+// dy [tokens k, cols] = weights x dout (row by row), dweights [tokens, k] = dout . y (fp32).
+void moe_combine_backward(const void* y, DType dtype, const float* weights, const void* dout, int64_t tokens,
+                          int64_t cols, int64_t k, const int32_t* row_of_pair, void* dy, float* dweights);
+
+}  // namespace kiln::cuda

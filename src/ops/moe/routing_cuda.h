@@ -1,0 +1,59 @@
+// CUDA kernels behind ops/moe/routing.h (routing_cuda.cu): the routers' math in fp32 on
+// router logits [T, E] (fp32 on both GPU paths), a warp per token. Choices follow the CPU
+// reference: the k largest keys, equal keys to the lower expert id. Losses add their values
+// (+=) to a double in device memory and never synchronize; every sum runs in an order fixed
+// by the shape, so results are the same bits every run (no atomics on floats). The front
+// end validates; these launch on kiln::cuda::stream() and trust their inputs. E <= 1024.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::cuda {
+
+inline constexpr int64_t kRoutingMaxExperts = 1024;
+
+// softmax_topk: probs [T, E] = softmax(logits); experts i32 [T, k], weights [T, k] (= p at
+// the experts, / their sum when normalize).
+void softmax_topk_forward(const float* logits, int64_t tokens, int64_t e_count, int64_t k, bool normalize,
+                          float* probs, int32_t* experts, float* weights);
+// dlogits [T, E] (=) from dweights [T, k] and dprobs [T, E] (null: none).
+void softmax_topk_backward(const float* probs, const int32_t* experts, const float* weights, int64_t tokens,
+                           int64_t e_count, int64_t k, bool normalize, const float* dweights, const float* dprobs,
+                           float* dlogits);
+
+// sigmoid_bias: scores [T, E] = sigmoid(logits); the k best of scores + bias [E] within the
+// top_groups best of `groups` equal groups (a group's key: its two best keys summed);
+// weights = scores at them (/ (their sum + 1e-20) when normalize) x scaling.
+void sigmoid_bias_forward(const float* logits, const float* bias, int64_t tokens, int64_t e_count, int64_t k,
+                          int64_t groups, int64_t top_groups, bool normalize, float scaling, float* scores,
+                          int32_t* experts, float* weights);
+void sigmoid_bias_backward(const float* scores, const int32_t* experts, int64_t tokens, int64_t e_count, int64_t k,
+                           bool normalize, float scaling, const float* dweights, const float* dscores, float* dlogits);
+
+// probs [T, E] = scores / their row sums; and dscores (=) from dprobs.
+void row_normalize_forward(const float* scores, int64_t tokens, int64_t e_count, float* probs);
+void row_normalize_backward(const float* scores, const float* probs, const float* dprobs, int64_t tokens,
+                            int64_t e_count, float* dscores);
+
+// The balance loss E sum_i f_i P_i (f from counts i32 [E] over T k choices, P the mean of
+// probs' columns): *sum += its value (sum: a device double; null: not formed); with dprobs
+// (null: none) also dprobs += (accumulate) or = grad_scale x its gradient.
+void balance_loss(const float* probs, const int32_t* counts, int64_t tokens, int64_t e_count, int64_t k,
+                  double grad_scale, double* sum, float* dprobs, bool accumulate);
+// The z-loss mean_t lse(logits_t)^2: *sum += its value (null: not formed); with dlogits
+// (null: none) also dlogits += grad_scale x its gradient.
+void router_z_loss(const float* logits, int64_t tokens, int64_t e_count, double grad_scale, double* sum,
+                   float* dlogits);
+
+// sigmoid_bias's balancing step from a step's routed choices per expert (counts i32 [E]):
+// bias += rate x sign(mean - count) (sign) or rate x (mean - count) / mean; none when no
+// choice was made. The CPU reference's arithmetic (doubles, then one float add).
+void sigmoid_bias_update(float* bias, const int32_t* counts, int64_t e_count, bool sign_rule, double rate);
+
+// A double in device memory owned by these kernels, for front ends that return a loss value
+// to the host: reset, then read (synchronizes).
+double* own_loss_sum();
+void reset_loss_sum(double* sum);
+double read_loss_sum(const double* sum);
+
+}  // namespace kiln::cuda
