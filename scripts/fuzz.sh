@@ -30,7 +30,12 @@ started=$(date +%s)
 launcher=()
 command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S tests/fuzz -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 "${launcher[@]}" >/dev/null
-cmake --build "$build" -j"$(nproc)" >/dev/null
+# Quiet unless it fails: then the build's own output says why.
+if ! cmake --build "$build" -j"$(nproc)" >"$build/build.log" 2>&1; then
+  echo "fuzz: building the targets failed ($build/build.log):"
+  grep -E "error|undefined reference" "$build/build.log" | head -20
+  exit 1
+fi
 built=$(date +%s)
 echo "fuzz: targets built in $((built - started)) s"
 
