@@ -1,13 +1,17 @@
 // DyT kernels (declared in dyt_cuda.h).
 //
 // Forward: one thread per element (no statistics, nothing to reduce).
-// Backward: block b owns a contiguous run of rows; its threads stride over the columns and,
-// for each column, walk the block's rows (a warp reads 32 consecutive elements of a row), so
-// each thread keeps its columns' dw/db partials in registers and the block its dalpha
-// partial. The partials go to static device scratch, one row per block, and a second kernel
-// adds them in a fixed order (ops/column_sums.cuh), so the same inputs give the same bits
-// every run, with no allocation or host synchronization (safe under CUDA-graph capture).
-// Only kiln::cuda::stream() runs these kernels, so two calls never share the scratch at once.
+// Backward: block b owns a contiguous run of rows. Its threads form `slices` groups of
+// `lanes` threads (lanes: the columns rounded up to a power of two, 32 to kThreads): a lane
+// takes a column (a warp reads 32 consecutive elements of a row), a slice every slices-th row
+// of the block's run. Narrow rows (the q/k norm's heads of 64 or 128) so keep every thread
+// of the block busy; rows of kThreads or more columns have one slice, whose lanes stride
+// over the columns. Each thread keeps its dw/db partials in registers; the slices' partials
+// are added in slice order through shared memory, and the block's row of partials goes to
+// static device scratch, with its dalpha partial. A second kernel adds the blocks' rows in a
+// fixed order (ops/column_sums.cuh), so the same inputs give the same bits every run, with no
+// allocation or host synchronization (safe under CUDA-graph capture). Only
+// kiln::cuda::stream() runs these kernels, so two calls never share the scratch at once.
 #include "ops/dyt/dyt_cuda.h"
 
 #include "core/cuda_check.h"
@@ -52,31 +56,54 @@ __global__ void forward_kernel(const TX* __restrict__ x, const float* __restrict
 template <typename TX, typename TY>
 __global__ void __launch_bounds__(kThreads)
     backward_kernel(const TX* __restrict__ x, const float* __restrict__ alpha, const float* __restrict__ w,
-                    const TY* __restrict__ dy, int64_t rows, int64_t cols, int64_t rows_per_block,
+                    const TY* __restrict__ dy, int64_t rows, int64_t cols, int64_t rows_per_block, int lanes,
                     TX* __restrict__ dx, bool accumulate, TY* __restrict__ dx_copy, bool partials) {
+  __shared__ float slice_dw[kThreads], slice_db[kThreads];
   const float a = *alpha;
+  const int lane = static_cast<int>(threadIdx.x) % lanes, slice = static_cast<int>(threadIdx.x) / lanes;
+  const int slices = kThreads / lanes;
   const int64_t r0 = blockIdx.x * rows_per_block, r1 = min(rows, r0 + rows_per_block);
   float* partial = g_partials + blockIdx.x * 2 * cols;
   float alpha_sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float wc = w ? w[c] : 1.0f;
+  // Every thread takes the same number of turns (the barriers below need all of them).
+  for (int64_t c0 = 0; c0 < cols; c0 += lanes) {
+    const int64_t c = c0 + lane;
     float dw = 0.0f, db = 0.0f;
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t i = r * cols + c;
-      const float xv = to_f32(x[i]), g = to_f32(dy[i]);
-      const float t = tanhf(a * xv), slope = 1.0f - t * t;
-      float d = g * wc * a * slope;
-      if (accumulate) d += to_f32(dx[i]);
-      from_f32(d, dx + i);
-      if (dx_copy) from_f32(d, dx_copy + i);
-      alpha_sum += g * wc * xv * slope;
-      dw += g * t;
-      db += g;
+    if (c < cols) {
+      const float wc = w ? w[c] : 1.0f;
+      for (int64_t r = r0 + slice; r < r1; r += slices) {
+        const int64_t i = r * cols + c;
+        const float xv = to_f32(x[i]), g = to_f32(dy[i]);
+        const float t = tanhf(a * xv), slope = 1.0f - t * t;
+        float d = g * wc * a * slope;
+        if (accumulate) d += to_f32(dx[i]);
+        from_f32(d, dx + i);
+        if (dx_copy) from_f32(d, dx_copy + i);
+        alpha_sum += g * wc * xv * slope;
+        dw += g * t;
+        db += g;
+      }
     }
-    if (partials) partial[c] = dw, partial[cols + c] = db;
+    if (slices > 1) {  // the slices' partials of column c, added in slice order
+      slice_dw[threadIdx.x] = dw, slice_db[threadIdx.x] = db;
+      __syncthreads();
+      if (slice == 0) {
+        for (int s = 1; s < slices; ++s) dw += slice_dw[s * lanes + lane], db += slice_db[s * lanes + lane];
+      }
+      __syncthreads();  // before the next turn overwrites the slots
+    }
+    if (partials && slice == 0 && c < cols) partial[c] = dw, partial[cols + c] = db;
   }
   const float total = row_group_sum<kThreads>(alpha_sum);
   if (partials && threadIdx.x == 0) g_alpha_partials[blockIdx.x] = total;
+}
+
+// The lanes per slice of the backward for rows of `cols` columns: the power of two covering
+// them, at least a warp and at most the block.
+int lanes_for(int64_t cols) {
+  int lanes = 32;
+  while (lanes < kThreads && lanes < cols) lanes *= 2;
+  return lanes;
 }
 
 // Column c of the partial rows [blocks, 2 cols] (dw's columns, then db's), in a fixed order.
@@ -139,7 +166,7 @@ void dyt_backward(const void* x, DType x_dtype, const float* alpha, const float*
     using TX = decltype(tx);
     using TY = decltype(ty);
     backward_kernel<TX, TY><<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(
-        static_cast<const TX*>(x), alpha, w, static_cast<const TY*>(dy), rows, cols, rows_per_block,
+        static_cast<const TX*>(x), alpha, w, static_cast<const TY*>(dy), rows, cols, rows_per_block, lanes_for(cols),
         static_cast<TX*>(dx), accumulate_dx, static_cast<TY*>(dx_copy), partials);
     check_launch(kOp, "backward_kernel");
   });
