@@ -8,6 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 namespace kiln {
@@ -152,6 +154,30 @@ TEST(Cli, ErrorsQuotingUserTextStayOneLine) {
             std::string::npos);
   EXPECT_NE(expect_one_line_error(plan + "/ok.toml" + set("no\\ndot")).find("--set 'no\\x0adot'"), std::string::npos);
   fs::remove_all(dir);
+}
+
+// `kiln list` names every registered component under the key that chooses it: the norms,
+// MLPs and the rest, each line "  <name> <description>" below its "<kind> (<key>):" header.
+TEST(Cli, ListShowsEachComponentUnderItsKey) {
+  std::string output;
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " list", &output), 0) << output;
+  std::map<std::string, std::set<std::string>> names;  // key -> the names listed under it
+  std::istringstream lines(output);
+  std::string line, key;
+  while (std::getline(lines, line)) {
+    if (line.rfind("  ", 0) == 0) {
+      names[key].insert(line.substr(2, line.find(' ', 2) - 2));
+    } else {  // a header: the key in parentheses, or none ("tokenizer:")
+      const size_t open = line.find(" ("), close = line.rfind("):");
+      key = open != std::string::npos && close != std::string::npos ? line.substr(open + 2, close - open - 2) : line;
+    }
+  }
+  for (const char* norm : {"rmsnorm", "layernorm", "layernorm_nobias", "gemma_rmsnorm", "dyt"})
+    EXPECT_TRUE(names["model.norm"].count(norm)) << norm << "\n" << output;
+  for (const char* mlp : {"swiglu", "geglu", "gelu", "relu2", "moe"})
+    EXPECT_TRUE(names["model.mlp"].count(mlp)) << mlp << "\n" << output;
+  EXPECT_FALSE(names["model.norm"].count("gelu")) << output;  // each under its own key only
+  EXPECT_TRUE(names["model.attention"].count("gqa")) << output;
 }
 
 TEST(Cli, PlanReportsWithoutAllocating) {

@@ -361,7 +361,7 @@ TEST(ConfigValidate, PositiveSizes) {
 TEST(ConfigValidate, NonNegativeCounts) {
   for (const char* name : {"train.eval_every", "train.sample_every", "train.eval_batches", "train.sample_tokens",
                            "train.threads", "optim.warmup_steps", "model.sliding_window", "model.attention_softcap",
-                           "model.logit_softcap"}) {
+                           "model.logit_softcap", "model.ungated_ffn_hidden"}) {
     Config c;
     apply_override(c, std::string(name) + "=0");
     EXPECT_NO_THROW(validate_config(c)) << name;
@@ -375,6 +375,7 @@ TEST(ConfigValidate, NonNegativeCounts) {
 TEST(ConfigValidate, UpperBoundsNameTheKey) {
   const std::pair<const char*, int64_t> bounds[] = {
       {"model.vocab_size", int64_t{1} << 24}, {"model.hidden", 65536},          {"model.ffn_hidden", 262144},
+      {"model.ungated_ffn_hidden", 262144},
       {"model.layers", 1024},                 {"model.heads", 1024},            {"model.kv_heads", 1024},
       {"model.head_dim", 1024},               {"data.prefetch", 65536},         {"train.grad_accum", 65536},
       {"train.eval_batches", 65536},          {"train.threads", 4096},          {"train.spike_window", 100000},
@@ -426,6 +427,7 @@ TEST(ConfigValidate, Ranges) {
   EXPECT_HAS(validation_error([](Config& c) { c.data.val_fraction = 1.0; }), "data.val_fraction must be in [0, 1)");
   EXPECT_HAS(validation_error([](Config& c) { c.data.val_fraction = -0.1; }), "data.val_fraction");
   EXPECT_HAS(validation_error([](Config& c) { c.model.norm_eps = 0; }), "model.norm_eps must be > 0");
+  EXPECT_HAS(validation_error([](Config& c) { c.model.dyt_alpha = 0; }), "model.dyt_alpha must be > 0");
   EXPECT_HAS(validation_error([](Config& c) { c.optim.lr = 0; }), "optim.lr must be > 0");
   EXPECT_HAS(validation_error([](Config& c) { c.optim.beta1 = 1.0; }), "optim.beta1 must be in [0, 1)");
   EXPECT_HAS(validation_error([](Config& c) { c.optim.beta2 = -0.5; }), "optim.beta2 must be in [0, 1)");
@@ -453,6 +455,13 @@ TEST(ConfigValidate, Choices) {
   EXPECT_HAS(validation_error([](Config& c) { c.data.long_doc = "truncate"; }), "data.long_doc must be one of");
   EXPECT_HAS(validation_error([](Config& c) { c.train.device = "gpu"; }), "train.device must be one of");
   EXPECT_HAS(validation_error([](Config& c) { c.train.device = ""; }), "train.device must be one of");
+  EXPECT_EQ(validation_error([](Config& c) { c.model.qk_norm_type = "layernorm"; }),
+            "[config] model.qk_norm_type must be one of rmsnorm|gemma_rmsnorm|dyt, got 'layernorm'");
+  for (const char* v : {"rmsnorm", "gemma_rmsnorm", "dyt"}) {
+    Config c;
+    c.model.qk_norm_type = v;
+    EXPECT_NO_THROW(validate_config(c)) << v;
+  }
   for (const char* v : {"auto", "text", "jsonl"}) {
     Config c;
     c.data.format = v;

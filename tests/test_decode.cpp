@@ -202,6 +202,28 @@ ModelConfig layer_pattern_config(bool rms = false) {
   return c;
 }
 
+// Gemma's RMSNorm or DyT as every norm and as the q/k norm, with an ungated MLP in every
+// layer but the last (a gated one there: the two kinds side by side).
+ModelConfig breadth_config(const std::string& norm, const std::string& mlp) {
+  ModelConfig c = small_config(true, false, false);
+  c.layers = 3;
+  c.norm = norm;
+  c.qk_norm_type = norm;
+  c.mlp = mlp;
+  c.ungated_ffn_hidden = 80;
+  c.alt_mlp = "swiglu";
+  c.alt_mlp_layers = "from:2";
+  return c;
+}
+
+TEST(Decoder, BreadthComponentsMatchFullForward) {
+  for (const auto& [norm, mlp] : {std::pair<const char*, const char*>{"gemma_rmsnorm", "gelu"}, {"dyt", "relu2"}}) {
+    SCOPED_TRACE(fmt::format("{} {}", norm, mlp));
+    check_decoder_matches(breadth_config(norm, mlp), DType::f64, 1e-12);
+    check_decoder_matches(breadth_config(norm, mlp), DType::f32, 2e-5);
+  }
+}
+
 TEST(Decoder, MatchesFullForwardF64) {
   check_decoder_matches(small_config(true, true, false), DType::f64, 1e-12);
   check_decoder_matches(small_config(false, false, true), DType::f64, 1e-12);

@@ -132,6 +132,38 @@ TEST(ModulesGrad, LayerNormGegluModelMatchesFiniteDifferences) {
   }
 }
 
+// Gemma's RMSNorm and DyT, each as every norm of the model and as the q/k norm, with the
+// ungated MLPs (gelu, relu2): each parameter (DyT's alpha and bias too) against finite
+// differences, under the names the components promise. relu2's second derivative jumps at 0,
+// which the five-point stencil only sees for a pre-activation within 2e-4 of it.
+TEST(ModulesGrad, GemmaDytUngatedModelMatchesFiniteDifferences) {
+  struct Combo {
+    const char *norm, *mlp;
+  };
+  for (const Combo combo : {Combo{"gemma_rmsnorm", "gelu"}, Combo{"dyt", "relu2"}, Combo{"dyt", "gelu"}}) {
+    SCOPED_TRACE(fmt::format("{} {}", combo.norm, combo.mlp));
+    ModelConfig c = tiny_config(true, false);
+    c.norm = combo.norm;
+    c.qk_norm_type = combo.norm;
+    c.mlp = combo.mlp;
+    c.ungated_ffn_hidden = 10;
+    {
+      Model m(c, tiny_build());
+      const bool dyt = std::string(combo.norm) == "dyt";
+      for (const char* name : {"final_norm.weight", "layers.1.attn_norm.weight", "layers.0.attn.q_norm.weight",
+                               "layers.1.attn.k_norm.weight", "layers.0.mlp.up_proj.weight",
+                               "layers.1.mlp.down_proj.weight"})
+        EXPECT_NE(m.find_parameter(name), nullptr) << name;
+      for (const char* name : {"final_norm.alpha", "layers.0.mlp_norm.bias", "layers.1.attn.q_norm.alpha",
+                               "layers.1.attn.k_norm.bias"})
+        EXPECT_EQ(m.find_parameter(name) != nullptr, dyt) << name;
+      EXPECT_EQ(m.find_parameter("layers.0.mlp.gate_proj.weight"), nullptr);
+      EXPECT_EQ(m.find_parameter("layers.0.mlp.up_proj.weight")->shape(), (Shape{10, 8}));
+    }
+    check_model_gradient(c, Variant{true, false, 1e-3});
+  }
+}
+
 // A sliding window (2 tokens: it bites on every document here), an attention softcap and an
 // LM-head softcap, each small enough to change the logits a lot.
 TEST(ModulesGrad, WindowedSoftcappedModelMatchesFiniteDifferences) {

@@ -51,9 +51,11 @@ inline void init_tiny_model(Model& m, uint64_t seed) {
   Rng rng(seed ^ 0x5eedull);
   for (const auto& p : m.parameters()) {
     if (p->shape().rank() != 1) continue;
-    const bool gain = p->init().kind == InitKind::ones;
+    const bool gain = p->init().kind == InitKind::ones, constant = p->init().kind == InitKind::constant;
     double* v = p->value().data<double>();
-    for (int64_t i = 0; i < p->value().numel(); ++i) v[i] = (gain ? 1.0 : 0.0) + (gain ? 0.3 : 0.2) * rng.normal();
+    for (int64_t i = 0; i < p->value().numel(); ++i)
+      v[i] = constant ? p->init().std * (1.0 + 0.2 * rng.normal())  // a DyT alpha: kept of its sign
+                      : (gain ? 1.0 : 0.0) + (gain ? 0.3 : 0.2) * rng.normal();
   }
 }
 

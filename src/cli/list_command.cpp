@@ -6,13 +6,18 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace kiln::cli {
 
 namespace {
+// The names in one column as wide as the longest ("layernorm_nobias", "gemma_rmsnorm").
 template <typename R>
 void show(const char* key, const R& registry) {
   fmt::print("{} ({}):\n", registry.kind(), key);
-  for (const auto& [name, help] : registry.list()) fmt::print("  {:<12} {}\n", name, help);
+  size_t width = 0;
+  for (const auto& entry : registry.list()) width = std::max(width, entry.first.size());
+  for (const auto& [name, help] : registry.list()) fmt::print("  {:<{}} {}\n", name, width, help);
 }
 }  // namespace
 

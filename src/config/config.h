@@ -49,7 +49,10 @@ struct ModelConfig {
   std::string attention = "gqa";   // registry: attention
   std::string position = "rope";   // registry: position encodings
   double rope_theta = 10000.0;
-  bool qk_norm = true;             // per-head RMSNorm on q and k before RoPE (Qwen3)
+  bool qk_norm = true;             // per-head norm on q and k before RoPE (Qwen3)
+  std::string qk_norm_type = "rmsnorm";  // that norm: rmsnorm | gemma_rmsnorm | dyt
+  double dyt_alpha = 0.5;          // DyT norms (model.norm or qk_norm_type "dyt"): alpha's initial value
+  int64_t ungated_ffn_hidden = 0;  // the ungated MLPs' (gelu, relu2) width; 0 = 4 x hidden (GPT-2)
   bool tie_embeddings = true;
   bool attention_bias = false;     // bias on q/k/v projections (Qwen2-style)
   double init_std = 0.02;

@@ -31,7 +31,8 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
     }
   }
   final_norm_ = norm_registry().build(
-      "model.norm", config.norm, ctx, NormSpec{NameScope{"final_norm.", "model.norm.", "output_norm."}, d, t, config.norm_eps});
+      "model.norm", config.norm, ctx,
+      NormSpec{NameScope{"final_norm.", "model.norm.", "output_norm."}, d, t, config.norm_eps, config.dyt_alpha});
   residual_.resize(static_cast<size_t>(config.layers + 1));
   for (Tensor& r : residual_) ctx.saved_wide(r, Shape{t, d});
   ctx.saved(hidden_, Shape{t, d});

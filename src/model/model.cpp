@@ -97,6 +97,7 @@ void Model::init_weights(uint64_t seed) {
         case InitKind::normal: v[j] = rng.normal() * p.init().std; break;
         case InitKind::ones: v[j] = 1.0; break;
         case InitKind::zeros: v[j] = 0.0; break;
+        case InitKind::constant: v[j] = p.init().std; break;
       }
     }
     if (value.dtype() == DType::f64) {

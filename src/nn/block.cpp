@@ -10,11 +10,11 @@ TransformerBlock::TransformerBlock(BuildContext& ctx, const LayerSpec& layer, Po
   const int64_t t = ctx.max_tokens;
   attn_norm_ = norm_registry().build("model.norm", m.norm, ctx,
                                      NormSpec{layer.names.child("attn_norm.", "input_layernorm.", "attn_norm."),
-                                              m.hidden, t, m.norm_eps});
+                                              m.hidden, t, m.norm_eps, m.dyt_alpha});
   attention_ = attention_registry().build("model.attention", m.attention, ctx, layer, position);
   mlp_norm_ = norm_registry().build("model.norm", m.norm, ctx,
                                     NormSpec{layer.names.child("mlp_norm.", "post_attention_layernorm.", "ffn_norm."),
-                                             m.hidden, t, m.norm_eps});
+                                             m.hidden, t, m.norm_eps, m.dyt_alpha});
   const char* mlp_key = layer.choices.mlp == m.mlp ? "model.mlp" : "model.alt_mlp";
   mlp_ = mlp_registry().build(mlp_key, layer.choices.mlp, ctx, layer);
   ctx.saved_wide(mid_, Shape{t, m.hidden});  // residual stream between the branches

@@ -1,6 +1,9 @@
 #include "nn/gqa_attention.h"
 
+#include "ops/dyt/dyt.h"
+#include "ops/gemma_rms_norm/gemma_rms_norm.h"
 #include "ops/linear/linear.h"
+#include "ops/rope/rope.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,20 +41,51 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
   options_.softcap = m.attention_softcap;
   prepare_.q_heads = hq_, prepare_.kv_heads = hkv_, prepare_.head_dim = d_;
   if (m.qk_norm) {
-    ctx.parameter(prepare_.q_gain, q_gain_grad_, n("q_norm.weight", "q_norm.weight", "attn_q_norm.weight"), Shape{d_},
-                  false, Init::ones());
-    ctx.parameter(prepare_.k_gain, k_gain_grad_, n("k_norm.weight", "k_norm.weight", "attn_k_norm.weight"), Shape{d_},
-                  false, Init::ones());
+    const ParamName q_w = n("q_norm.weight", "q_norm.weight", "attn_q_norm.weight");
+    const ParamName k_w = n("k_norm.weight", "k_norm.weight", "attn_k_norm.weight");
+    qk_kind_ = m.qk_norm_type == "gemma_rmsnorm" ? QkNormKind::gemma_rmsnorm
+               : m.qk_norm_type == "dyt"         ? QkNormKind::dyt
+                                                 : QkNormKind::rmsnorm;
+    KILN_CHECK(qk_kind_ != QkNormKind::rmsnorm || m.qk_norm_type == "rmsnorm", "model.qk_norm_type",
+               "unknown q/k norm '{}' (known: rmsnorm, gemma_rmsnorm, dyt)", m.qk_norm_type);
+    switch (qk_kind_) {
+      case QkNormKind::rmsnorm:
+        ctx.parameter(prepare_.q_gain, q_gain_grad_, q_w, Shape{d_}, false, Init::ones());
+        ctx.parameter(prepare_.k_gain, k_gain_grad_, k_w, Shape{d_}, false, Init::ones());
+        break;
+      case QkNormKind::gemma_rmsnorm:
+        ctx.parameter(q_weight_, q_gain_grad_, q_w, Shape{d_}, false, Init::zeros());
+        ctx.parameter(k_weight_, k_gain_grad_, k_w, Shape{d_}, false, Init::zeros());
+        ctx.buffer(prepare_.q_gain, Shape{d_}, ctx.master_dtype);
+        ctx.buffer(prepare_.k_gain, Shape{d_}, ctx.master_dtype);
+        break;
+      case QkNormKind::dyt:
+        ctx.parameter(q_alpha_, q_alpha_grad_, n("q_norm.alpha", "q_norm.alpha", "attn_q_norm.alpha"), Shape{1}, false,
+                      Init::constant(m.dyt_alpha));
+        ctx.parameter(q_weight_, q_gain_grad_, q_w, Shape{d_}, false, Init::ones());
+        ctx.parameter(q_bias_, q_bias_grad_, n("q_norm.bias", "q_norm.bias", "attn_q_norm.bias"), Shape{d_}, false,
+                      Init::zeros());
+        ctx.parameter(k_alpha_, k_alpha_grad_, n("k_norm.alpha", "k_norm.alpha", "attn_k_norm.alpha"), Shape{1}, false,
+                      Init::constant(m.dyt_alpha));
+        ctx.parameter(k_weight_, k_gain_grad_, k_w, Shape{d_}, false, Init::ones());
+        ctx.parameter(k_bias_, k_bias_grad_, n("k_norm.bias", "k_norm.bias", "attn_k_norm.bias"), Shape{d_}, false,
+                      Init::zeros());
+        break;
+    }
     prepare_.eps = m.norm_eps;
   }
   qkv_cols_ = qkv_cols;
   ctx.saved(qkv_, Shape{t, qkv_cols});
   ctx.saved(o_, Shape{t, hq_, d_});
   ctx.saved_wide(lse_, Shape{t, hq_});
-  // Scratch: forward takes q|k|v; backward takes d_o, q|k|v again, dq|dk|dv and dqkv.
+  // Scratch: forward takes q|k|v; backward takes d_o, q|k|v again, dq|dk|dv and dqkv. DyT's
+  // q/k norm takes the split q|k besides, in both.
   const size_t parts = Workspace::footprint(ctx.dtype, Shape{t, q_cols}) +
                        2 * Workspace::footprint(ctx.dtype, Shape{t, kv_cols});
-  ctx.workspace.reserve_peak(Workspace::footprint(ctx.dtype, Shape{t, q_cols}) + 2 * parts +
+  const size_t raw_qk = dyt() ? Workspace::footprint(ctx.dtype, Shape{t, q_cols}) +
+                                    Workspace::footprint(ctx.dtype, Shape{t, kv_cols})
+                              : 0;
+  ctx.workspace.reserve_peak(Workspace::footprint(ctx.dtype, Shape{t, q_cols}) + 2 * parts + raw_qk +
                              Workspace::footprint(ctx.dtype, Shape{t, qkv_cols}));
 }
 
@@ -63,7 +97,9 @@ void GqaAttention::forward(const Tensor& x, const SeqInfo& seq, const Tensor& ou
   Tensor q = scope.take(qkv.dtype(), Shape{t, hq_, d_});
   Tensor k = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
   Tensor v = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
-  ops::qkv_prepare_forward(qkv, prepare_at(seq.positions), q, k, v);
+  const Tensor q_raw = dyt() ? scope.take(qkv.dtype(), q.shape()) : Tensor();
+  const Tensor k_raw = dyt() ? scope.take(qkv.dtype(), k.shape()) : Tensor();
+  prepare_qkv(qkv, seq.positions, q, k, v, q_raw, k_raw);
   Tensor o = o_.rows(0, t);
   ops::attention_forward(q, k, v, seq.cu_seqlens, attention_options(seq), o, lse_.rows(0, t));
   ops::linear_forward(o.view(Shape{t, hq_ * d_}), o_w_, Tensor(), out);
@@ -75,18 +111,36 @@ void GqaAttention::backward(const Tensor& x, const Tensor& dout, const SeqInfo& 
   Tensor d_o = scope.take(dout.dtype(), Shape{t, hq_, d_});
   Tensor o = o_.rows(0, t), qkv = qkv_.rows(0, t);
   ops::linear_backward(o.view(Shape{t, hq_ * d_}), o_w_, dout, d_o.view(Shape{t, hq_ * d_}), o_g_, Tensor());
-  // q, k, v exactly as forward computed them (same kernel, same input).
-  const ops::QkvPrepare prepare = prepare_at(seq.positions);
+  // q, k, v exactly as forward computed them (same kernels, same input).
   Tensor q = scope.take(qkv.dtype(), Shape{t, hq_, d_});
   Tensor k = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
   Tensor v = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
-  ops::qkv_prepare_forward(qkv, prepare, q, k, v);
+  const Tensor q_raw = dyt() ? scope.take(qkv.dtype(), q.shape()) : Tensor();
+  const Tensor k_raw = dyt() ? scope.take(qkv.dtype(), k.shape()) : Tensor();
+  prepare_qkv(qkv, seq.positions, q, k, v, q_raw, k_raw);
   Tensor dq = scope.take(dout.dtype(), Shape{t, hq_, d_});
   Tensor dk = scope.take(dout.dtype(), Shape{t, hkv_, d_});
   Tensor dv = scope.take(dout.dtype(), Shape{t, hkv_, d_});
   ops::attention_backward(q, k, v, o, lse_.rows(0, t), d_o, seq.cu_seqlens, attention_options(seq), dq, dk, dv);
   Tensor dqkv = scope.take(dout.dtype(), Shape{t, qkv_cols_});
-  ops::qkv_prepare_backward(qkv, prepare, dq, dk, dv, dqkv, q_gain_grad_, k_gain_grad_);
+  if (!dyt()) {
+    ops::qkv_prepare_backward(qkv, prepare_at(seq.positions), dq, dk, dv, dqkv, q_gain_grad_, k_gain_grad_);
+  } else {
+    // Back through RoPE (the transposed rotation), then DyT into q and k's buffers (free now),
+    // then the split.
+    if (rotary_) {
+      const RotaryTables tables = position_.rotary();
+      ops::rope_apply(dq, seq.positions, tables.cos, tables.sin, true);
+      ops::rope_apply(dk, seq.positions, tables.cos, tables.sin, true);
+    }
+    ops::dyt_backward(q_raw.view(Shape{t * hq_, d_}), q_alpha_, q_weight_, dq.view(Shape{t * hq_, d_}),
+                      q.view(Shape{t * hq_, d_}), q_alpha_grad_, q_gain_grad_, q_bias_grad_);
+    ops::dyt_backward(k_raw.view(Shape{t * hkv_, d_}), k_alpha_, k_weight_, dk.view(Shape{t * hkv_, d_}),
+                      k.view(Shape{t * hkv_, d_}), k_alpha_grad_, k_gain_grad_, k_bias_grad_);
+    ops::QkvPrepare split = prepare_;
+    split.positions = seq.positions;
+    ops::qkv_prepare_backward(qkv, split, q, k, dv, dqkv, Tensor(), Tensor());
+  }
   ops::linear_backward(x, qkv_w_, dqkv, dx, qkv_g_, qkv_bg_);
 }
 
@@ -114,6 +168,9 @@ void GqaAttention::export_config(ExportConfig& out) const {
                "windowed attention is not exported yet (no verified mapping to a stock class)");
   const bool qwen3 = out.is("qwen3") || out.is("qwen3_moe"), qwen2 = out.is("qwen2");
   if (qk_norm != qwen3) out.refuse("model.qk_norm", qk_norm ? "true" : "false", "only Qwen3 has q/k norms");
+  if (qk_norm && qk_kind_ != QkNormKind::rmsnorm)
+    out.refuse("model.qk_norm_type", fmt::format("'{}'", qk_kind_ == QkNormKind::dyt ? "dyt" : "gemma_rmsnorm"),
+               "Qwen3's q/k norms are RMSNorm with a plain gain");
   if (bias != qwen2)
     out.refuse("model.attention_bias", bias ? "true" : "false",
                bias ? "Qwen3's and Llama's attention_bias also biases o_proj" : "Qwen2 biases q, k and v");
@@ -147,6 +204,28 @@ ops::QkvPrepare GqaAttention::prepare_at(const Tensor& positions) const {
   return p;
 }
 
+void GqaAttention::form_gemma_gains() const {
+  if (qk_kind_ != QkNormKind::gemma_rmsnorm) return;
+  ops::gemma_gain(q_weight_, prepare_.q_gain);
+  ops::gemma_gain(k_weight_, prepare_.k_gain);
+}
+
+void GqaAttention::prepare_qkv(const Tensor& qkv, const Tensor& positions, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& q_raw, const Tensor& k_raw) const {
+  form_gemma_gains();
+  if (!dyt()) return ops::qkv_prepare_forward(qkv, prepare_at(positions), q, k, v);
+  ops::QkvPrepare split = prepare_;  // no gains: the op only splits
+  split.positions = positions;
+  ops::qkv_prepare_forward(qkv, split, q_raw, k_raw, v);
+  const int64_t n = qkv.size(0);
+  ops::dyt_forward(q_raw.view(Shape{n * hq_, d_}), q_alpha_, q_weight_, q_bias_, q.view(Shape{n * hq_, d_}));
+  ops::dyt_forward(k_raw.view(Shape{n * hkv_, d_}), k_alpha_, k_weight_, k_bias_, k.view(Shape{n * hkv_, d_}));
+  if (!rotary_) return;
+  const RotaryTables tables = position_.rotary();
+  ops::rope_apply(q, positions, tables.cos, tables.sin, false);
+  ops::rope_apply(k, positions, tables.cos, tables.sin, false);
+}
+
 ops::AttentionOptions GqaAttention::attention_options(const SeqInfo& seq) const {
   ops::AttentionOptions o = options_;
   o.max_seqlen = seq.max_seqlen;
@@ -155,7 +234,7 @@ ops::AttentionOptions GqaAttention::attention_options(const SeqInfo& seq) const 
 }
 
 void register_gqa_attention(AttentionRegistry& registry) {
-  registry.add("gqa", "causal grouped-query attention over packed documents, optional q/k RMSNorm",
+  registry.add("gqa", "causal grouped-query attention over packed documents, optional q/k norm (model.qk_norm_type)",
                [](BuildContext& ctx, const LayerSpec& layer, PositionEncoding& position) {
                  return std::make_unique<GqaAttention>(ctx, layer, position);
                });

@@ -36,9 +36,11 @@ class GqaDecoder final : public BranchDecoder {
       for (int64_t n = 1; n <= r; ++n)
         split_elems_ = std::max(split_elems_, ops::cached_attention_workspace(n, hq, hkv, d, ctx.max_len));
     auto bytes = [&](Shape s) { return Workspace::footprint(ctx.dtype, s); };
+    const size_t raw_qk = a.dyt() ? bytes(Shape{r, hq, d}) + bytes(Shape{r, hkv, d}) : 0;
     ctx.workspace.reserve_peak(bytes(Shape{r, a.qkv_cols_}) + bytes(Shape{r, hq, d}) * 2 + bytes(Shape{r, hkv, d}) * 2 +
-                               Workspace::footprint(DType::f32, Shape{std::max<int64_t>(split_elems_, 1)}));
-    fuse_ = ctx.device == Device::cuda && ctx.fuse;
+                               raw_qk + Workspace::footprint(DType::f32, Shape{std::max<int64_t>(split_elems_, 1)}));
+    // The fused kernels compute an RMSNorm on q and k (any gain), not DyT.
+    fuse_ = ctx.device == Device::cuda && ctx.fuse && !a.dyt();
 #if KILN_WITH_CUDA
     const std::optional<RmsNormForm> norm = pre_norm.rms_form();
     const int64_t rows = std::min<int64_t>(ctx.fused_branch_rows, r);
@@ -75,6 +77,7 @@ class GqaDecoder final : public BranchDecoder {
                       a_.qkv_w_.raw(), a_.qkv_cols_, qkv.raw());
     }
     if (one_kernel_ && rows.distinct_slots) {
+      a_.form_gemma_gains();
       OpScope op("attention with q/k norm, RoPE, cache write (fused)", Device::cuda);
       cuda::decode_attention(one_kernel_args(qkv, rows, o));
     } else {
@@ -93,6 +96,7 @@ class GqaDecoder final : public BranchDecoder {
     const Tensor q = scope.take(dtype_, Shape{n, hq, d});
     if (fuse_) {
 #if KILN_WITH_CUDA
+      a_.form_gemma_gains();
       OpScope op("qkv_to_cache (fused)", Device::cuda);
       cuda::qkv_to_cache(dtype_, qkv.raw(), n, hq, hkv, d, gain(a_.prepare_.q_gain), gain(a_.prepare_.k_gain),
                          static_cast<float>(a_.prepare_.eps), gain(rotary_.cos), gain(rotary_.sin),
@@ -101,7 +105,9 @@ class GqaDecoder final : public BranchDecoder {
 #endif
     } else {
       const Tensor k = scope.take(dtype_, Shape{n, hkv, d}), v = scope.take(dtype_, Shape{n, hkv, d});
-      ops::qkv_prepare_forward(qkv, a_.prepare_at(rows.positions), q, k, v);
+      const Tensor q_raw = a_.dyt() ? scope.take(dtype_, q.shape()) : Tensor();
+      const Tensor k_raw = a_.dyt() ? scope.take(dtype_, k.shape()) : Tensor();
+      a_.prepare_qkv(qkv, rows.positions, q, k, v, q_raw, k_raw);
       ops::kv_cache_write(k, v, rows.slots, rows.positions, k_cache_, v_cache_);
     }
     const Tensor split = split_elems_ > 0 ? scope.take(DType::f32, Shape{split_elems_}) : Tensor();

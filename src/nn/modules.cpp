@@ -11,6 +11,8 @@ NormRegistry& norm_registry() {
     auto* r = new NormRegistry("norm");
     register_rms_norm(*r);
     register_layer_norm(*r);
+    register_gemma_rms_norm(*r);
+    register_dyt_norm(*r);
     return r;
   }();
   return *registry;
@@ -39,6 +41,7 @@ MlpRegistry& mlp_registry() {
     auto* r = new MlpRegistry("mlp");
     register_swiglu_mlp(*r);
     register_geglu_mlp(*r);
+    register_ungated_mlps(*r);
     register_moe_mlp(*r);
     return r;
   }();

@@ -16,6 +16,7 @@ struct NormSpec {
   int64_t dim = 0;    // normalized (last) dimension
   int64_t rows = 0;   // most rows one forward sees
   double eps = 1e-6;
+  double alpha_init = 0.5;  // DyT norms: alpha's initial value (model.dyt_alpha)
 };
 
 struct LayerSpec {
@@ -38,9 +39,12 @@ MlpRegistry& mlp_registry();
 // Registration hooks of the built-in components (one per file).
 void register_rms_norm(NormRegistry& registry);
 void register_layer_norm(NormRegistry& registry);
+void register_gemma_rms_norm(NormRegistry& registry);
+void register_dyt_norm(NormRegistry& registry);
 void register_rope(PositionRegistry& registry);
 void register_gqa_attention(AttentionRegistry& registry);
 void register_swiglu_mlp(MlpRegistry& registry);
 void register_geglu_mlp(MlpRegistry& registry);
+void register_ungated_mlps(MlpRegistry& registry);
 
 }  // namespace kiln

@@ -42,14 +42,15 @@ struct NameScope {
   NameScope child(std::string_view kiln_part, std::string_view hf_part, std::string_view gguf_part) const;
 };
 
-enum class InitKind { normal, ones, zeros };
+enum class InitKind { normal, ones, zeros, constant };
 
 struct Init {
   InitKind kind = InitKind::normal;
-  double std = 0.02;
+  double std = 0.02;   // normal: the standard deviation; constant: the value
   static Init normal(double std) { return {InitKind::normal, std}; }
   static Init ones() { return {InitKind::ones, 0}; }
   static Init zeros() { return {InitKind::zeros, 0}; }
+  static Init constant(double value) { return {InitKind::constant, value}; }
 };
 
 // A named weight and its gradient. Several parameters may share one fused storage

@@ -554,6 +554,27 @@ TEST_F(DecoderGpu, LayerPatternsMatchCpuDecoder) {
   }
 }
 
+// Gemma's RMSNorm or DyT as every norm and the q/k norm, an ungated MLP in the first two
+// layers and SwiGLU in the last: the fused decode branches take only what they compute
+// (DyT's q/k norm runs as split, ops/dyt and ops/rope; Gemma's gains are formed each step,
+// inside the captured steps), the rest runs on its ops.
+TEST_F(DecoderGpu, BreadthComponentsMatchCpuDecoder) {
+  for (const auto& [norm, mlp] : {std::pair<const char*, const char*>{"gemma_rmsnorm", "gelu"}, {"dyt", "relu2"}}) {
+    ModelConfig config = tiny_config(64);
+    config.layers = 3;
+    config.norm = norm;
+    config.qk_norm_type = norm;
+    config.mlp = mlp;
+    config.ungated_ffn_hidden = 144;
+    config.alt_mlp = "swiglu";
+    config.alt_mlp_layers = "from:2";
+    const std::string label = fmt::format("{}_{}", norm, mlp);
+    check_gpu_decoder_of(config, label, DType::bf16, true, 5e-2, true);
+    check_gpu_decoder_of(config, label, DType::bf16, false, 5e-2, true);
+    check_gpu_decoder_of(config, label, DType::f32, true, 1e-4, true);
+  }
+}
+
 TEST_F(DecoderGpu, F32MatchesCpuDecoder) {
   check_gpu_decoder(DType::f32, true, 1e-4);
   check_gpu_decoder(DType::f32, false, 1e-4);

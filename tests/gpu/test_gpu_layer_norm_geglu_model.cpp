@@ -104,10 +104,11 @@ void init_weights(Model& m, uint64_t seed) {
   Rng rng(seed ^ 0x5eedull);
   for (const auto& p : m.parameters()) {
     if (p->shape().rank() != 1) continue;
-    const bool gain = p->init().kind == InitKind::ones;
+    const bool gain = p->init().kind == InitKind::ones, constant = p->init().kind == InitKind::constant;
     float* v = p->value().data<float>();
     for (int64_t i = 0; i < p->value().numel(); ++i)
-      v[i] = static_cast<float>((gain ? 1.0 : 0.0) + (gain ? 0.3 : 0.2) * rng.normal());
+      v[i] = static_cast<float>(constant ? p->init().std * (1.0 + 0.2 * rng.normal())  // DyT's alpha
+                                         : (gain ? 1.0 : 0.0) + (gain ? 0.3 : 0.2) * rng.normal());
   }
 }
 
@@ -185,6 +186,34 @@ TEST_F(LayerNormGegluModel, LayerPatternFp32GpuMatchesTheCpu) {
 
 TEST_F(LayerNormGegluModel, LayerPatternBf16GpuMatchesTheFp32Cpu) {
   compare(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}, layer_pattern_config());
+}
+
+// Gemma's RMSNorm or DyT as every norm and the q/k norm, with the ungated MLPs: the GPU
+// kernels of ops/dyt, ops/activation and ops/gemma_rms_norm inside a whole model.
+ModelConfig breadth_config(const char* norm, const char* mlp) {
+  ModelConfig c = layer_norm_geglu_config();
+  c.norm = norm;
+  c.qk_norm = true;
+  c.qk_norm_type = norm;
+  c.mlp = mlp;
+  c.ungated_ffn_hidden = 3 * c.hidden;
+  return c;
+}
+
+TEST_F(LayerNormGegluModel, GemmaRmsNormGeluFp32GpuMatchesTheCpu) {
+  compare(DType::f32, {1e-4, 1e-5, 1e-3, kFloorFraction}, breadth_config("gemma_rmsnorm", "gelu"));
+}
+
+TEST_F(LayerNormGegluModel, GemmaRmsNormGeluBf16GpuMatchesTheFp32Cpu) {
+  compare(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}, breadth_config("gemma_rmsnorm", "gelu"));
+}
+
+TEST_F(LayerNormGegluModel, DytRelu2Fp32GpuMatchesTheCpu) {
+  compare(DType::f32, {1e-4, 1e-5, 1e-3, kFloorFraction}, breadth_config("dyt", "relu2"));
+}
+
+TEST_F(LayerNormGegluModel, DytRelu2Bf16GpuMatchesTheFp32Cpu) {
+  compare(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}, breadth_config("dyt", "relu2"));
 }
 
 // Recompute calls the norm's forward again (and the MLP its activation): the same bits.

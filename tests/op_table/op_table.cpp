@@ -14,7 +14,7 @@ using CasesFn = std::vector<OpCase> (*)();
 constexpr CasesFn kRows[] = {
     rms_norm_cases,  add_rms_norm_cases, rope_cases,    swiglu_cases,      qkv_split_cases, qkv_prepare_cases,
     attention_cases, linear_cases,       embedding_cases, elementwise_cases, lm_head_cases,   adamw_cases,
-    moe_cases,       moe_routing_cases,
+    moe_cases,       moe_routing_cases,  dyt_cases,       activation_cases,   gemma_rms_norm_cases,
 };
 
 bool valid_name(const std::string& s) {

@@ -14,11 +14,14 @@ namespace kiln::op_test {
 // the same for every size, and fp64 references of GPU launch shapes would slow CI.
 inline constexpr int64_t kCpuMaxElements = int64_t{1} << 16;
 
+std::vector<OpCase> activation_cases();
 std::vector<OpCase> add_rms_norm_cases();
 std::vector<OpCase> adamw_cases();
 std::vector<OpCase> attention_cases();
 std::vector<OpCase> elementwise_cases();
+std::vector<OpCase> dyt_cases();
 std::vector<OpCase> embedding_cases();
+std::vector<OpCase> gemma_rms_norm_cases();
 std::vector<OpCase> lm_head_cases();
 std::vector<OpCase> linear_cases();
 std::vector<OpCase> moe_cases();

@@ -1,0 +1,94 @@
+// Gemma's RMSNorm (registry name "gemma_rmsnorm"): y = x * rstd * (1 + w), w stored as the
+// gain's offset from one and initialized to zero, as transformers' GemmaRMSNorm /
+// Gemma3RMSNorm, all in fp32 or wider. Like "rmsnorm", w is not weight-decayed (rank-1
+// parameters decay only with optim.decay_norms), which here pulls the gain towards one
+// only if asked. The math lives in ops/gemma_rms_norm/: the RMSNorm kernels with the gain
+// 1 + w, formed by each forward (w changes with every step) into a buffer of its own.
+#include "nn/block.h"
+#include "nn/modules.h"
+#include "ops/gemma_rms_norm/gemma_rms_norm.h"
+
+namespace kiln {
+
+namespace {
+
+// Decode: the residual add, then the norm over the step's rows (the gain formed again each
+// step, so a decoder made before an optimizer step still sees the current weight).
+class GemmaRmsNormDecoder final : public NormDecoder {
+ public:
+  GemmaRmsNormDecoder(const Tensor& weight, double eps, DecodeContext& ctx)
+      : weight_(weight), eps_(eps), workspace_(ctx.workspace), wide_(ctx.wide), mixed_(ctx.mixed()) {
+    ctx.workspace.reserve_peak(Workspace::footprint(ctx.wide, Shape{ctx.max_rows}) +
+                               Workspace::footprint(ctx.wide, weight.shape()));
+  }
+
+  void add_norm(const Tensor& x, const Tensor& add, const Tensor& y) override {
+    const int64_t n = x.size(0);
+    if (add.defined()) residual_add(x, add, mixed_);
+    Workspace::Scope scope(workspace_);
+    const Tensor gain = scope.take(wide_, weight_.shape());
+    ops::gemma_rms_norm_forward(x, weight_, eps_, gain, y, scope.take(wide_, Shape{n}));
+  }
+
+ private:
+  const Tensor& weight_;
+  double eps_;
+  Workspace& workspace_;
+  DType wide_;
+  bool mixed_;
+};
+
+class GemmaRmsNorm final : public Norm {
+ public:
+  GemmaRmsNorm(BuildContext& ctx, const NormSpec& spec) : eps_(spec.eps) {
+    ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, false,
+                  Init::zeros());
+    ctx.buffer(gain_, Shape{spec.dim}, ctx.master_dtype);
+    ctx.saved_wide(rstd_, Shape{spec.rows});
+  }
+
+  void forward(const Tensor& x, const Tensor& y) override {
+    saved_x_ = x;
+    ops::gemma_rms_norm_forward(x, weight_, eps_, gain_, y, rstd());
+  }
+
+  void forward_add(const Tensor& a, const Tensor& b, const Tensor& sum, const Tensor& y) override {
+    saved_x_ = sum;
+    ops::add_gemma_rms_norm_forward(a, b, weight_, eps_, gain_, sum, y, rstd());
+  }
+
+  void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dx_copy) override {
+    ops::gemma_rms_norm_backward(saved_x_, gain_, rstd(), dy, dx, weight_grad_, accumulate_dx, dx_copy);
+  }
+
+  void recompute(const Tensor& y) override { ops::gemma_rms_norm_forward(saved_x_, weight_, eps_, gain_, y, rstd()); }
+
+  std::unique_ptr<NormDecoder> make_decoder(DecodeContext& ctx) const override {
+    return std::make_unique<GemmaRmsNormDecoder>(weight_, eps_, ctx);
+  }
+
+  // Gemma's families express this norm, but their export (embedding scale, gelu MLP, the
+  // extra norms of Gemma 2/3) is not written yet; the families kiln writes scale by w itself.
+  void export_config(ExportConfig& out) const override {
+    out.refuse("model.norm", "'gemma_rmsnorm'",
+               "its gain is 1 + weight (Gemma's RMSNorm; a Gemma export is not written yet)");
+  }
+
+ private:
+  Tensor rstd() const { return rstd_.rows(0, saved_x_.size(0)); }
+
+  double eps_;
+  Tensor weight_, weight_grad_;  // [dim]: the gain's offset from one
+  Tensor gain_;                  // [dim]: 1 + weight, formed by each forward
+  Tensor rstd_;                  // [rows] 1/rms of each row, saved for backward
+  Tensor saved_x_;               // view of the caller's input, alive until backward
+};
+
+}  // namespace
+
+void register_gemma_rms_norm(NormRegistry& registry) {
+  registry.add("gemma_rmsnorm", "RMSNorm with gain 1 + w, w from zero (Gemma/Gemma 3)",
+               [](BuildContext& ctx, const NormSpec& spec) { return std::make_unique<GemmaRmsNorm>(ctx, spec); });
+}
+
+}  // namespace kiln

@@ -1,0 +1,121 @@
+// Ungated MLPs: down(act(up(x))), as GPT-2's MLP. Registry names "gelu" (act = tanh-
+// approximate GELU, GPT-2's "gelu_new") and "relu2" (act = squared ReLU, Primer's). The
+// width is model.ungated_ffn_hidden (0: 4 x hidden, GPT-2's) rather than model.ffn_hidden,
+// the gated MLPs' width: a gated MLP of width F has the parameters of an ungated one of 1.5 F.
+// Only up(x) is saved: backward rebuilds the activation (for the down projection's weight
+// gradient) in the same pass that differentiates it.
+//
+// Decode: the same ops over the step's rows.
+#include "nn/modules.h"
+#include "ops/activation/activation.h"
+#include "ops/linear/linear.h"
+
+#include <cmath>
+
+namespace kiln {
+
+namespace {
+
+using activation::Kind;
+
+class UngatedDecoder final : public BranchDecoder {
+ public:
+  UngatedDecoder(Kind kind, const Tensor& up_w, const Tensor& down_w, DecodeContext& ctx)
+      : kind_(kind), up_w_(up_w), down_w_(down_w), workspace_(ctx.workspace), dtype_(ctx.dtype) {
+    ctx.workspace.reserve_peak(2 * Workspace::footprint(ctx.dtype, Shape{ctx.max_rows, up_w.size(0)}));
+  }
+
+  void forward(const Tensor& h, const DecodeRows& rows, const Tensor& out) override {
+    const int64_t n = rows.count, f = up_w_.size(0);
+    Workspace::Scope scope(workspace_);
+    const Tensor up = scope.take(dtype_, Shape{n, f}), act = scope.take(dtype_, Shape{n, f});
+    ops::linear_forward(h, up_w_, Tensor(), up);
+    ops::activation_forward(kind_, up, act);
+    ops::linear_forward(act, down_w_, Tensor(), out);
+  }
+
+ private:
+  Kind kind_;
+  Tensor up_w_, down_w_;  // [F, hidden], [hidden, F] (compute copies)
+  Workspace& workspace_;
+  DType dtype_;
+};
+
+class UngatedMlp final : public Mlp {
+ public:
+  UngatedMlp(BuildContext& ctx, const LayerSpec& layer, Kind kind, const char* key)
+      : kind_(kind), key_(key), workspace_(ctx.workspace) {
+    const ModelConfig& m = *layer.model;
+    const int64_t t = ctx.max_tokens, f = m.ungated_ffn_hidden > 0 ? m.ungated_ffn_hidden : 4 * m.hidden;
+    const NameScope n = layer.names.child("mlp.", "mlp.", "");
+    ctx.parameter(up_w_, up_g_, n("up_proj.weight", "up_proj.weight", "ffn_up.weight"), Shape{f, m.hidden}, true,
+                  Init::normal(m.init_std));
+    ctx.parameter(down_w_, down_g_, n("down_proj.weight", "down_proj.weight", "ffn_down.weight"), Shape{m.hidden, f},
+                  true, Init::normal(m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers))));
+    ctx.saved(up_, Shape{t, f});
+    // Forward scratch: the activation [t, f]. Backward: d(act) [t, f] (then the activation
+    // again, in place) and d(up) [t, f].
+    ctx.workspace.reserve_peak(2 * Workspace::footprint(ctx.dtype, Shape{t, f}));
+  }
+
+  void forward(const Tensor& x, const Tensor& out) override {
+    const int64_t t = x.size(0);
+    Workspace::Scope scope(workspace_);
+    Tensor up = up_.rows(0, t), act = scope.take(up.dtype(), up.shape());
+    ops::linear_forward(x, up_w_, Tensor(), up);
+    ops::activation_forward(kind_, up, act);
+    ops::linear_forward(act, down_w_, Tensor(), out);
+  }
+
+  void backward(const Tensor& x, const Tensor& dout, const Tensor& dx) override {
+    const int64_t t = dout.size(0);
+    Workspace::Scope scope(workspace_);
+    const Tensor up = up_.rows(0, t);
+    Tensor dact = scope.take(dout.dtype(), up.shape()), dup = scope.take(dout.dtype(), up.shape());
+    // d(act) = dout Wdown; then dact is overwritten by the activation itself, which the
+    // down projection's weight gradient reads.
+    ops::linear_backward(dact, down_w_, dout, dact, Tensor(), Tensor());
+    ops::activation_backward(kind_, up, dact, dup, dact);
+    ops::linear_backward(dact, down_w_, dout, Tensor(), down_g_, Tensor());
+    ops::linear_backward(x, up_w_, dup, dx, up_g_, Tensor());
+  }
+
+  std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override {
+    (void)pre_norm;  // no fused decode projection computes these activations
+    return std::make_unique<UngatedDecoder>(kind_, up_w_, down_w_, ctx);
+  }
+
+  // Qwen3, Llama, Qwen2 and Qwen3-MoE (the families kiln writes) gate their MLPs; GPT-2's
+  // family would express "gelu" but is not written (its fused c_attn and LayerNorm differ).
+  void export_config(ExportConfig& out) const override {
+    out.refuse(key_, fmt::format("'{}'", kind_ == Kind::gelu_tanh ? "gelu" : "relu2"),
+               "its MLP is ungated (the stock families kiln writes gate theirs)");
+  }
+
+ private:
+  Kind kind_;
+  const char* key_;  // the config key that chose it (model.mlp or model.alt_mlp), for refusals
+  Workspace& workspace_;
+  Tensor up_w_, up_g_;      // [F, hidden]
+  Tensor down_w_, down_g_;  // [hidden, F]
+  Tensor up_;               // saved [t, F]: the pre-activation
+};
+
+const char* key_of(const LayerSpec& layer) {
+  return layer.choices.mlp == layer.model->mlp ? "model.mlp" : "model.alt_mlp";
+}
+
+}  // namespace
+
+void register_ungated_mlps(MlpRegistry& registry) {
+  registry.add("gelu", "down(gelu_tanh(up(x))), ungated (GPT-2 MLP; width model.ungated_ffn_hidden)",
+               [](BuildContext& ctx, const LayerSpec& layer) {
+                 return std::make_unique<UngatedMlp>(ctx, layer, Kind::gelu_tanh, key_of(layer));
+               });
+  registry.add("relu2", "down(relu(up(x))^2), ungated (Primer; width model.ungated_ffn_hidden)",
+               [](BuildContext& ctx, const LayerSpec& layer) {
+                 return std::make_unique<UngatedMlp>(ctx, layer, Kind::relu2, key_of(layer));
+               });
+}
+
+}  // namespace kiln

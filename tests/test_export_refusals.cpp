@@ -1,0 +1,78 @@
+// Components that no stock Hugging Face class or llama.cpp graph computes -- Gemma's RMSNorm,
+// DyT (as the block norms or the q/k norm) and the ungated MLPs -- are refused by
+// `kiln export hf` and `kiln export gguf` alike: exit non-zero, one error line naming the
+// config key and its value, and nothing written at the destination.
+#include "export_fixture.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Refused {
+  const char* name;  // the case, also its directory
+  void (*apply)(ModelConfig&);
+  const char* key_and_value;  // what the error line must name
+};
+
+const Refused kRefused[] = {
+    {"dyt_norm", [](ModelConfig& c) { c.norm = "dyt"; }, "model.norm = 'dyt'"},
+    {"gemma_norm", [](ModelConfig& c) { c.norm = "gemma_rmsnorm"; }, "model.norm = 'gemma_rmsnorm'"},
+    {"dyt_qk_norm", [](ModelConfig& c) { c.qk_norm_type = "dyt"; }, "model.qk_norm_type = 'dyt'"},
+    {"gemma_qk_norm", [](ModelConfig& c) { c.qk_norm_type = "gemma_rmsnorm"; },
+     "model.qk_norm_type = 'gemma_rmsnorm'"},
+    {"gelu_mlp", [](ModelConfig& c) { c.mlp = "gelu"; }, "model.mlp = 'gelu'"},
+    {"relu2_mlp", [](ModelConfig& c) { c.mlp = "relu2"; }, "model.mlp = 'relu2'"},
+    // An ungated MLP chosen per layer is refused under the key that chose it.
+    {"relu2_alt_mlp",
+     [](ModelConfig& c) {
+       c.alt_mlp = "relu2";
+       c.alt_mlp_layers = "1";
+     },
+     "model.alt_mlp = 'relu2'"},
+};
+
+// Runs an export expected to be refused; checks the one line it prints names what it must.
+void expect_refused(const std::string& command, const std::string& key_and_value) {
+  std::string output;
+  EXPECT_NE(test::run_command(command, &output), 0) << command << "\n" << output;
+  EXPECT_EQ(output.rfind("kiln: error: [export] " + key_and_value + ": ", 0), 0u) << output;
+  EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << "not one line:\n" << output;
+}
+
+TEST(ExportRefusals, UnexportableComponentsNameTheirKeyAndWriteNothing) {
+  const std::string root = test::temp_dir("kiln-export-refusals");
+  for (const Refused& r : kRefused) {
+    SCOPED_TRACE(r.name);
+    ModelConfig c = test::tiny_config(true, true, false);  // a Qwen3 but for the one change
+    r.apply(c);
+    const std::string model = test::save_random_model(c, root + "/" + r.name + "/model");
+    const std::string hf_out = root + "/" + r.name + "/hf", gguf_out = root + "/" + r.name + "/model.gguf";
+    expect_refused(test::kiln_binary() + " export hf " + model + " " + hf_out, r.key_and_value);
+    expect_refused(test::kiln_binary() + " export gguf " + model + " " + gguf_out, r.key_and_value);
+    EXPECT_FALSE(fs::exists(hf_out));
+    EXPECT_FALSE(fs::exists(gguf_out));
+  }
+  fs::remove_all(root);
+}
+
+// The unmodified model exports, so the refusals above come from the one change each made.
+TEST(ExportRefusals, TheUnchangedModelExports) {
+  const std::string root = test::temp_dir("kiln-export-refusals-control");
+  const std::string model = test::save_random_model(test::tiny_config(true, true, false), root + "/model");
+  std::string output;
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " export hf " + model + " " + root + "/hf", &output), 0) << output;
+  EXPECT_TRUE(fs::exists(root + "/hf/config.json"));
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " export gguf " + model + " " + root + "/model.gguf", &output), 0)
+      << output;
+  EXPECT_TRUE(fs::exists(root + "/model.gguf"));
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace kiln
