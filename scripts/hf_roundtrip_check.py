@@ -135,11 +135,17 @@ def check_model(args, model_dir, work):
 
     # transformers' own GGUF reader, if it is there (needs the gguf package).
     gg = f"{work}/{name}-f32.gguf"
+    # llama.cpp's qwen3moe has sparse layers only, and renormalizes the top-k weights: kiln
+    # must refuse other models, in one line naming the key.
+    refused_key = None
     if arch == "qwen3_moe" and (m.get("alt_mlp_layers") or m.get("mlp") != "moe"):
-        # llama.cpp's qwen3moe has sparse layers only: kiln must refuse, in one line naming the key.
+        refused_key = "alt_mlp_layers"
+    elif arch == "qwen3_moe" and not m["moe"]["norm_topk_prob"]:
+        refused_key = "norm_topk_prob"
+    if refused_key:
         r = subprocess.run([args.kiln, "export", "gguf", model_dir, gg, "--type", "f32"], capture_output=True, text=True)
         refusal = r.stderr.strip()
-        assert r.returncode == 1 and "\n" not in refusal and "alt_mlp_layers" in refusal and not os.path.exists(gg), refusal
+        assert r.returncode == 1 and "\n" not in refusal and refused_key in refusal and not os.path.exists(gg), refusal
         res["gguf_export"] = f"refused as expected: {refusal}"
         return res
     run([args.kiln, "export", "gguf", model_dir, gg, "--type", "f32"])

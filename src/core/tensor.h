@@ -52,7 +52,7 @@ class Tensor {
   // Typed access; throws if T does not match the dtype (bf16/f16 use raw()).
   template <typename T>
   T* data() const {
-    if (dtype_of<T>() != dtype_) fail("tensor", "accessed {} tensor as {}", dtype_name(dtype_), dtype_name(dtype_of<T>()));
+    if (dtype_of<T>() != dtype_) fail("tensor", "accessed {} as {}", describe(), dtype_name(dtype_of<T>()));
     return static_cast<T*>(data_);
   }
 

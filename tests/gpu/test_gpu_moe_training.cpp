@@ -99,10 +99,12 @@ TEST_F(MoeTrainingGpu, Bf16RunsLearnKeepEveryExpertAndRepeat) {
         std::vector<std::string>{"model.moe.router=sigmoid_bias", "model.moe.bias_rate=1e-3"}}) {
     SCOPED_TRACE(router[0]);
     auto run = [&](const std::string& name) {
-      std::vector<std::string> o = moe_overrides(dir + "/" + name, "bf16", true, 300);
+      // A run directory of its own per router and run: metrics.jsonl is appended to.
+      const std::string out = dir + "/" + (router.size() == 1 ? "softmax_topk" : "sigmoid_bias") + "-" + name;
+      std::vector<std::string> o = moe_overrides(out, "bf16", true, 300);
       o.emplace_back("log.every=50");
       o.insert(o.end(), router.begin(), router.end());
-      return train(o, dir + "/" + name);
+      return train(o, out);
     };
     const MoeRun first = run("first"), second = run("second");
     ASSERT_EQ(first.losses.size(), 6u);

@@ -42,14 +42,36 @@ OpCase linear_case(int64_t n, int64_t in_f, int64_t out_f, bool bias, bool accum
       }
   };
   // A dot product's rounding scales with the sum of its terms' sizes, not with the result.
-  c.magnitudes = [](const Tensors& t, DType, Magnitudes& m) {
+  // And where the product is added onto a bf16 value (y onto the broadcast bias, dx onto its
+  // earlier value), cuBLASLt rounds the product to bf16 before the addition (measured on an
+  // H200: an ulp of the larger term where the two cancel), so each such element may be off
+  // by half an ulp of |product| + |earlier value|: its own floor, at half that sum (the bf16
+  // tolerance of 1e-2 then allows 5e-3 of it, more than 2^-8 = 3.9e-3).
+  c.magnitudes = [bias, accumulate_dx](const Tensors& t, DType precision, Magnitudes& m) {
     const int64_t rows = t["x"].size(0), k = t["x"].size(1), cols = t["w"].size(0);
+    const bool onto_bf16 = precision == DType::bf16;
     Magnitude& my = m["y"];
+    my.per_element = onto_bf16 && bias;
+    if (my.per_element) my.floor_fraction = 0.5;
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < cols; ++j) {
-        double s = t.has("b") ? std::fabs(t.f64("b")[j]) : 0.0;
-        for (int64_t e = 0; e < k; ++e) s += std::fabs(t.f64("x")[i * k + e] * t.f64("w")[j * k + e]);
-        my.values.push_back(s);
+        double terms = 0, product = 0;
+        for (int64_t e = 0; e < k; ++e) {
+          const double p = t.f64("x")[i * k + e] * t.f64("w")[j * k + e];
+          terms += std::fabs(p), product += p;
+        }
+        const double b = t.has("b") ? std::fabs(t.f64("b")[j]) : 0.0;
+        my.values.push_back(my.per_element ? std::fabs(product) + b : terms + b);
+      }
+    if (!(onto_bf16 && accumulate_dx)) return;
+    Magnitude& mdx = m["dx"];
+    mdx.per_element = true;
+    mdx.floor_fraction = 0.5;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t e = 0; e < k; ++e) {
+        double product = 0;
+        for (int64_t j = 0; j < cols; ++j) product += t.f64("dy")[i * cols + j] * t.f64("w")[j * k + e];
+        mdx.values.push_back(std::fabs(product) + std::fabs(t.f64("dx.start")[i * k + e]));
       }
   };
   c.cuda = std::move(cuda);

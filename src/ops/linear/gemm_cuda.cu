@@ -90,17 +90,6 @@ Plan make_plan(const Problem& p) {
   check_lt(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                                 sizeof(workspace)),
            "preference workspace");
-  // A split-K algorithm may keep its partial sums in the output type (in place, or in the
-  // workspace): for a bf16 output that rounds every partial and then the sum, several
-  // roundings where the contract is one (fp32 accumulation, one rounding of the result;
-  // with beta = 1 the partials round against the value accumulated onto, which shows as an
-  // ulp of the larger term where the two cancel). Only schemes that reduce in fp32.
-  if (p.c != DType::f32) {
-    const uint32_t fp32_reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    check_lt(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                  &fp32_reductions, sizeof(fp32_reductions)),
-             "preference reduction scheme");
-  }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   check_lt(cublasLtMatmulAlgoGetHeuristic(lt().handle, plan.op, plan.a, plan.b, plan.c, plan.c, preference, 1,

@@ -1,5 +1,5 @@
 // CUDA kernels behind ops/moe/load_stats.h (load_stats_cuda.cu). Integer counts, and an
-// entropy sum over one block in a fixed order: the same bits every run. They launch on
+// entropy sum over fixed blocks added in a fixed order: the same bits every run. They launch on
 // kiln::cuda::stream() and trust the front end.
 #pragma once
 
