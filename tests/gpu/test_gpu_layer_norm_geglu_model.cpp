@@ -153,9 +153,11 @@ class LayerNormGegluModel : public GpuTest {
       ASSERT_EQ(cpu.parameters()[i]->name(), gpu.parameters()[i]->name());
       copy_tensor(cpu.parameters()[i]->value(), gpu.parameters()[i]->value());
     }
-    ASSERT_NE(cpu.find_parameter("layers.1.mlp_norm.bias"), nullptr);
+    if (c.norm == "layernorm") {  // the biases are what this model adds over RMSNorm
+      ASSERT_NE(cpu.find_parameter("layers.1.mlp_norm.bias"), nullptr);
+      ASSERT_NE(cpu.find_parameter("final_norm.bias"), nullptr);
+    }
     std::printf("%s:\n", c.name.c_str());
-    ASSERT_NE(cpu.find_parameter("final_norm.bias"), nullptr);
 
     const Results want = run(cpu, batch), got = run(gpu, batch);
     const Shape logits_shape{batch.size(), c.vocab_size};
