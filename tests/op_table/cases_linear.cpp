@@ -71,7 +71,8 @@ OpCase linear_case(int64_t n, int64_t in_f, int64_t out_f, bool bias, bool accum
       for (int64_t e = 0; e < k; ++e) {
         double product = 0;
         for (int64_t j = 0; j < cols; ++j) product += t.f64("dy")[i * cols + j] * t.f64("w")[j * k + e];
-        mdx.values.push_back(std::fabs(product) + std::fabs(t.f64("dx.start")[i * k + e]));
+        // The earlier value: the f64 result less the product (the reference adds the two).
+        mdx.values.push_back(std::fabs(product) + std::fabs(t.f64("dx")[i * k + e] - product));
       }
   };
   c.cuda = std::move(cuda);
