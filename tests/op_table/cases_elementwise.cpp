@@ -44,17 +44,23 @@ std::vector<OpCase> elementwise_cases() {
       for (bool unaligned : {false, true}) cases.push_back(add_case(n, in_place, unaligned, {DType::f32, DType::bf16}));
 
   for (int64_t n : {int64_t{7}, int64_t{100003}}) {
-    OpCase acc;
-    acc.op = "add_inplace";
-    acc.name = fmt::format("n{}", n);
-    acc.tensors = {in("dst0", {n}), in("src", {n}), out("dst", {n}).copied_from("dst0").within(kOneRounding)};
-    acc.forward = [](const Tensors& t) { ops::add_inplace(t["dst"], t["src"]); };
-    acc.reference = [n](const Tensors& t) {
-      for (int64_t i = 0; i < n; ++i) t.f64("dst")[i] = t.f64("dst0")[i] + t.f64("src")[i];
-    };
-    acc.finite_differences = false;
-    acc.cpu = n <= kCpuMaxElements;
-    cases.push_back(acc);
+    // In fp32, and in bf16 (a branch added onto another, as the shared expert's output onto
+    // the routed experts'): one rounding of the sum of the (rounded) inputs, 2^-9 of it.
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      OpCase acc;
+      acc.op = "add_inplace";
+      acc.name = fmt::format("n{}{}", n, dtype == DType::bf16 ? "_mixed" : "");
+      const double one_rounding = dtype == DType::bf16 ? 1.0 / 256 : kOneRounding;
+      acc.tensors = {in("dst0", {n}), in("src", {n}), out("dst", {n}).copied_from("dst0").within(one_rounding)};
+      acc.forward = [](const Tensors& t) { ops::add_inplace(t["dst"], t["src"]); };
+      acc.reference = [n](const Tensors& t) {
+        for (int64_t i = 0; i < n; ++i) t.f64("dst")[i] = t.f64("dst0")[i] + t.f64("src")[i];
+      };
+      acc.finite_differences = false;
+      acc.cpu = dtype == DType::f32 && n <= kCpuMaxElements;
+      acc.cuda = {dtype};
+      cases.push_back(acc);
+    }
 
     OpCase scale;
     scale.op = "scale_inplace";

@@ -13,7 +13,11 @@ void add_inplace(const Tensor& dst, const Tensor& src) {
   KILN_OP_SCOPE(op, dst);
   expect_same(op, "src", src, dst);
   KILN_CHECK(src.numel() == dst.numel(), op, "size mismatch {} vs {}", dst.describe(), src.describe());
-  KILN_ON_CUDA(dst, op, cuda::add_inplace_f32(dst.data<float>(), src.data<float>(), dst.numel()));
+  // bf16 on the GPU's mixed path (the shared expert's output onto the routed experts').
+  KILN_ON_CUDA(dst, op,
+               dst.dtype() == DType::bf16
+                   ? cuda::add_inplace_bf16(bf16_data(dst), bf16_data(src), dst.numel())
+                   : cuda::add_inplace_f32(dst.data<float>(), src.data<float>(), dst.numel()));
   dispatch_cpu_float(op, dst.dtype(), [&](auto zero) {
     using T = decltype(zero);
     T* d = dst.data<T>();

@@ -46,6 +46,9 @@ __global__ void add_kernel(const float* a, const B* __restrict__ b, int64_t n, f
 }
 
 __global__ void add_inplace_kernel(float* dst, const float* src, int64_t n) { KILN_GRID_STRIDE(i, n) dst[i] += src[i]; }
+__global__ void add_inplace_bf16_kernel(bf16* dst, const bf16* src, int64_t n) {
+  KILN_GRID_STRIDE(i, n) vec::from_f32(vec::to_f32(dst[i]) + vec::to_f32(src[i]), &dst[i]);
+}
 __global__ void scale_kernel(float* x, int64_t n, float factor) { KILN_GRID_STRIDE(i, n) x[i] *= factor; }
 
 // dst = src converted (fp32 -> bf16 rounds to nearest even; bf16 -> fp32 is exact). The
@@ -147,6 +150,10 @@ void add_f32_bf16(const float* a, const bf16_bits* b, int64_t n, float* out) {
 }
 void add_inplace_f32(float* dst, const float* src, int64_t n) {
   KILN_LAUNCH("add_inplace", add_inplace_kernel, n, dst, src, n);
+}
+void add_inplace_bf16(bf16_bits* dst, const bf16_bits* src, int64_t n) {
+  KILN_LAUNCH("add_inplace", add_inplace_bf16_kernel, n, reinterpret_cast<bf16*>(dst),
+              reinterpret_cast<const bf16*>(src), n);
 }
 void scale_inplace_f32(float* x, int64_t n, float factor) { KILN_LAUNCH("scale_inplace", scale_kernel, n, x, n, factor); }
 

@@ -11,6 +11,8 @@ namespace kiln::cuda {
 
 void add_f32(const float* a, const float* b, int64_t n, float* out);
 void add_inplace_f32(float* dst, const float* src, int64_t n);
+// dst = bf16(dst + src) in fp32 (one rounding): a bf16 branch added onto another.
+void add_inplace_bf16(bf16_bits* dst, const bf16_bits* src, int64_t n);
 void scale_inplace_f32(float* x, int64_t n, float factor);
 // out = a + b with a fp32 (residual), b bf16 (branch output), out fp32 (may alias a).
 void add_f32_bf16(const float* a, const bf16_bits* b, int64_t n, float* out);
