@@ -1,4 +1,5 @@
-// Optimizers and learning-rate schedules, built by name from the config through registries.
+// Optimizers, built by name from the config through a registry (learning-rate schedules:
+// train/schedules.h).
 #pragma once
 
 #include "core/arena.h"
@@ -6,6 +7,7 @@
 #include "nn/registry.h"
 #include "ops/optim/adamw_cuda.h"
 #include "config/config.h"
+#include "train/schedules.h"
 
 #include <memory>
 #include <vector>
@@ -44,19 +46,10 @@ class Optimizer {
   virtual void count_update();
 };
 
-class Schedule {
- public:
-  virtual ~Schedule() = default;
-  // Learning rate for optimizer step `step` (0-based) of `total`.
-  virtual double lr(int64_t step) const = 0;
-};
-
 using ParameterList = std::vector<std::unique_ptr<Parameter>>;
 using OptimizerRegistry = Registry<Optimizer, const OptimConfig&, const ParameterList&>;
-using ScheduleRegistry = Registry<Schedule, const OptimConfig&, int64_t>;
 
 OptimizerRegistry& optimizer_registry();
-ScheduleRegistry& schedule_registry();
 
 // Whether weight decay applies to a parameter under this config: matrices yes, 1-D gains
 // and biases only with decay_norms, the embedding (and a tied head) only with decay_embeddings.
