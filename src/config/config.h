@@ -134,6 +134,11 @@ struct OptimConfig {
   double min_lr_ratio = 0.1;         // cosine decays to lr * min_lr_ratio
   int64_t warmup_steps = 50;
   std::string schedule = "cosine";   // registry: schedules
+  // wsd (warmup-stable-decay): the decay tail's length in steps (0: decay_fraction of
+  // train.steps) and shape (linear | cosine | 1-sqrt), down to lr * min_lr_ratio.
+  int64_t decay_steps = 0;
+  double decay_fraction = 0.2;
+  std::string decay_shape = "linear";
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
