@@ -42,6 +42,17 @@ void expect_on(const char* op, const MoeDispatch& d, Device device) {
     KILN_CHECK(t->device() == device, op, "the dispatch must be on {}, got {}", device_name(device), t->describe());
 }
 
+// The experts' stacked weight w [E out, in] over grouped rows x [rows, in]: checked, and
+// each expert's output width returned.
+int64_t expert_width(const char* op, const Tensor& x, const Tensor& w, const MoeDispatch& d) {
+  expect_rank(op, "x", x, 2);
+  expect_rank(op, "w", w, 2);
+  expect_same(op, "w", w, x);
+  KILN_CHECK(w.size(0) % d.experts == 0 && w.size(1) == x.size(1), op, "w {} for {} experts over x {}", w.describe(),
+             d.experts, x.describe());
+  return w.size(0) / d.experts;
+}
+
 // Expert e's rows of the grouped layout, read from host offsets.
 std::vector<int32_t> host_offsets(const MoeDispatch& d) {
   const int32_t* o = d.offsets.data<int32_t>();
@@ -133,13 +144,8 @@ void moe_gather_backward(const Tensor& dgrouped, const MoeDispatch& d, const Ten
 void moe_grouped_linear_forward(const Tensor& x, const Tensor& w, const MoeDispatch& d, const Tensor& y) {
   const char* op = "moe_grouped_linear";
   KILN_OP_SCOPE(op, x);
-  expect_rank(op, "x", x, 2);
-  expect_rank(op, "w", w, 2);
-  expect_same(op, "w", w, x);
+  const int64_t out = expert_width(op, x, w, d);
   expect_same(op, "y", y, x);
-  KILN_CHECK(w.size(0) % d.experts == 0 && w.size(1) == x.size(1), op, "w {} for {} experts over x {}", w.describe(),
-             d.experts, x.describe());
-  const int64_t out = w.size(0) / d.experts;
   expect_shape(op, "y", y, Shape{x.size(0), out});
   expect_shape(op, "offsets", d.offsets, Shape{d.experts + 1});
   KILN_CHECK(d.offsets.device() == x.device(), op, "offsets must be on {}, got {}", device_name(x.device()),
@@ -160,13 +166,8 @@ void moe_grouped_linear_backward(const Tensor& x, const Tensor& w, const Tensor&
                                  const Tensor& dx, const Tensor& dw) {
   const char* op = "moe_grouped_linear_backward";
   KILN_OP_SCOPE(op, dy);
-  expect_rank(op, "x", x, 2);
-  expect_rank(op, "w", w, 2);
-  expect_same(op, "w", w, x);
+  const int64_t out = expert_width(op, x, w, d);
   expect_same(op, "dy", dy, x);
-  KILN_CHECK(w.size(0) % d.experts == 0 && w.size(1) == x.size(1), op, "w {} for {} experts over x {}", w.describe(),
-             d.experts, x.describe());
-  const int64_t out = w.size(0) / d.experts;
   expect_shape(op, "dy", dy, Shape{x.size(0), out});
   if (dx.defined()) expect_same(op, "dx", dx, x), expect_shape(op, "dx", dx, x.shape());
   // The weight gradient: the weight's dtype, fp32 on the GPU's mixed path.
