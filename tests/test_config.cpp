@@ -323,6 +323,9 @@ TEST_F(ConfigFile, RoundTripEveryFieldChanged) {
   c.model.full_attention_layers = "0";  // layer sets must parse
   c.model.nope_layers = "~1";
   c.model.alt_mlp_layers = "every:2";
+  c.model.rope.scaling = "yarn";  // a scaling that reads the changed factor (>= 1), of RoPE
+  c.model.position = "rope";
+  c.model.rope.factor = 4.125;
   c.model.moe.groups = 2;  // experts (10) in groups; top_k (4) within the top group's 5
   c.model.moe.top_groups = 1;
   const Config back = load_config(write(config_to_toml(c)));

@@ -215,7 +215,15 @@ TEST(ImportHf, RefusesFeaturesKilnDoesNotCompute) {
     }
     return std::string("accepted");
   };
-  EXPECT_NE(import_error([](json& c) { c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }).find("yarn"),
+  EXPECT_NE(import_error([](json& c) { c["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 4.0}}; })
+                .find("rope_type = 'dynamic'"),
+            std::string::npos);
+  EXPECT_NE(import_error([](json& c) { c["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 4.0}}; })
+                .find("original_max_position_embeddings"),
+            std::string::npos);
+  EXPECT_NE(import_error([](json& c) {
+              c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", 0.707}, {"mscale_all_dim", 0.707}};
+            }).find("mscale"),
             std::string::npos);
   EXPECT_NE(import_error([](json& c) { c["use_sliding_window"] = true; }).find("use_sliding_window"), std::string::npos);
   EXPECT_NE(import_error([](json& c) { c["hidden_act"] = "gelu"; }).find("hidden_act"), std::string::npos);

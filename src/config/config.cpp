@@ -306,6 +306,32 @@ void check_rule(const ConfigField& field, const ConfigRule& rule, const T& value
   }
 }
 
+// [model.rope]: what the scaling reads must be there and consistent; what it does not read
+// must stay at its default (a key set for nothing is a mistake worth naming).
+void validate_rope_scaling(const ModelConfig& m) {
+  const RopeConfig& r = m.rope;
+  if (r.scaling == "none") {
+    KILN_CHECK(r.factor == 1.0, kWhere, "model.rope.factor ({}) needs model.rope.scaling (linear, ntk, yarn or llama3)",
+               r.factor);
+    return;
+  }
+  KILN_CHECK(m.position == "rope", kWhere, "model.rope.scaling = '{}' needs model.position = 'rope' (got '{}')",
+             r.scaling, m.position);
+  KILN_CHECK(r.factor >= 1.0, kWhere, "model.rope.factor ({}) must be >= 1 (a stretch of the context)", r.factor);
+  if (r.scaling == "yarn" || r.scaling == "llama3")
+    KILN_CHECK(r.original_max_seq_len > 0, kWhere, "model.rope.scaling = '{}' needs model.rope.original_max_seq_len",
+               r.scaling);
+  if (r.scaling == "llama3")
+    KILN_CHECK(r.high_freq_factor > r.low_freq_factor, kWhere,
+               "model.rope.high_freq_factor ({}) must be > model.rope.low_freq_factor ({})", r.high_freq_factor,
+               r.low_freq_factor);
+  if (r.scaling == "yarn")
+    KILN_CHECK(r.beta_fast > r.beta_slow, kWhere, "model.rope.beta_fast ({}) must be > model.rope.beta_slow ({})",
+               r.beta_fast, r.beta_slow);
+  if (r.scaling == "ntk")
+    KILN_CHECK(m.head_dim > 2, kWhere, "model.rope.scaling = 'ntk' needs model.head_dim > 2 (got {})", m.head_dim);
+}
+
 }  // namespace
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
@@ -350,6 +376,7 @@ void validate_config(const Config& config) {
   KILN_CHECK(m.heads % m.kv_heads == 0, kWhere, "model.heads ({}) must be a multiple of model.kv_heads ({})",
              m.heads, m.kv_heads);
   validate_layer_patterns(m);
+  validate_rope_scaling(m);
   const MoeConfig& moe = m.moe;
   KILN_CHECK(moe.top_k <= moe.experts, kWhere, "model.moe.top_k ({}) must be <= model.moe.experts ({})", moe.top_k,
              moe.experts);

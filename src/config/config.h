@@ -33,6 +33,20 @@ struct MoeConfig {
   int64_t top_groups = 1;              // ... of which the best top_groups are eligible
 };
 
+// RoPE's frequency scaling ([model.rope]; used where model.position is "rope"): how the
+// inverse frequencies of rope_theta are stretched for a context longer than the one the
+// base frequencies suit, as transformers' rope_parameters express it (nn/rope_scaling.h).
+struct RopeConfig {
+  std::string scaling = "none";        // none | linear | ntk | yarn | llama3
+  double factor = 1.0;                 // context stretch (linear, ntk, yarn, llama3)
+  int64_t original_max_seq_len = 0;    // yarn, llama3: the context the base frequencies were trained at
+  double low_freq_factor = 1.0;        // llama3: wavelengths above original / this are divided by factor
+  double high_freq_factor = 4.0;       // llama3: wavelengths below original / this are kept
+  double beta_fast = 32.0;             // yarn: rotations where extrapolation ends ...
+  double beta_slow = 1.0;              // ... and where interpolation begins
+  double attention_factor = 0.0;       // yarn: cos/sin x this; 0 = 0.1 ln(factor) + 1 (the paper's)
+};
+
 struct ModelConfig {
   std::string name = "qwen3-byte-tiny";
   int64_t vocab_size = 259;        // byte-level: 256 bytes + BOS, EOS, PAD
@@ -49,6 +63,7 @@ struct ModelConfig {
   std::string attention = "gqa";   // registry: attention
   std::string position = "rope";   // registry: position encodings
   double rope_theta = 10000.0;
+  RopeConfig rope;                 // [model.rope]: its scaling
   bool qk_norm = true;             // per-head norm on q and k before RoPE (Qwen3)
   std::string qk_norm_type = "rmsnorm";  // that norm: rmsnorm | gemma_rmsnorm | dyt
   double dyt_alpha = 0.5;          // DyT norms (model.norm or qk_norm_type "dyt"): alpha's initial value

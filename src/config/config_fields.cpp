@@ -67,6 +67,17 @@ const std::array kFields = {
     KILN_FIELD(model, attention_softcap, non_negative(), "cap * tanh(x / cap) of attention logits; 0 = off"),
     KILN_FIELD(model, logit_softcap, non_negative(), "cap * tanh(x / cap) of the LM head's logits; 0 = off"),
 
+    KILN_FIELD(model.rope, scaling, one_of("none|linear|ntk|yarn|llama3"),
+               "RoPE frequency scaling: none | linear | ntk | yarn | llama3"),
+    KILN_FIELD(model.rope, factor, positive(), "context stretch of the scaling (>= 1)"),
+    KILN_FIELD(model.rope, original_max_seq_len, non_negative().up_to(kMaxPositions, "positions are 32-bit"),
+               "yarn, llama3: the context the base frequencies suit"),
+    KILN_FIELD(model.rope, low_freq_factor, positive(), "llama3: wavelengths above original / this are scaled"),
+    KILN_FIELD(model.rope, high_freq_factor, positive(), "llama3: wavelengths below original / this are kept"),
+    KILN_FIELD(model.rope, beta_fast, positive(), "yarn: rotations where extrapolation ends"),
+    KILN_FIELD(model.rope, beta_slow, positive(), "yarn: rotations where interpolation begins"),
+    KILN_FIELD(model.rope, attention_factor, non_negative(), "yarn: cos/sin x this; 0 = 0.1 ln(factor) + 1"),
+
     KILN_FIELD(model.moe, experts, positive(), "routed experts"),
     KILN_FIELD(model.moe, top_k, positive(), "experts per token"),
     KILN_FIELD(model.moe, expert_hidden, positive(), "each routed expert's SwiGLU width"),
@@ -159,8 +170,8 @@ const std::array kFields = {
 
 #undef KILN_FIELD
 
-constexpr std::array<std::string_view, 7> kSections = {"model", "model.moe", "data",      "train",
-                                                       "optim", "log",       "checkpoint"};
+constexpr std::array<std::string_view, 8> kSections = {"model", "model.rope", "model.moe", "data",
+                                                       "train", "optim",      "log",       "checkpoint"};
 
 }  // namespace
 

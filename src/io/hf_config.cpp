@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 namespace kiln::io {
@@ -102,17 +103,48 @@ T require(const json& c, const char* key, const std::string& where) {
   return get<T>(c, key, T{}, where);
 }
 
-// rope_scaling / rope_parameters must describe plain RoPE; returns theta if given there.
-std::optional<double> plain_rope(const json& c, const char* key, const std::string& where) {
-  const auto rope = JsonField(c, "import", where).find(key);
-  if (!rope) return std::nullopt;
-  const std::string type = rope->string_or("rope_type", rope->string_or("type", "default"));
-  KILN_CHECK(type == "default", "import", "{}: {}.rope_type = '{}': kiln computes plain RoPE only (no scaling)", where,
-             key, printable(type));
-  if (const auto factor = rope->find("partial_rotary_factor"))
+// rope_scaling / rope_parameters: plain RoPE or one of kiln's scalings (nn/rope_scaling.h:
+// linear, yarn, llama3, with the parameters transformers reads). Returns theta if given
+// there; the scaling goes to `rope`.
+std::optional<double> read_rope(const json& c, const char* key, const std::string& where, int64_t max_positions,
+                                RopeConfig& rope) {
+  const auto field = JsonField(c, "import", where).find(key);
+  if (!field || field->is_null()) return std::nullopt;
+  const std::string type = field->string_or("rope_type", field->string_or("type", "default"));
+  if (const auto factor = field->find("partial_rotary_factor"))
     KILN_CHECK(factor->number() == 1.0, "import", "{}: {}.partial_rotary_factor != 1: kiln rotates the whole head",
                where, key);
-  if (const auto theta = rope->find("rope_theta")) return theta->number();
+  auto number = [&](const char* name, double fallback) {
+    const auto f = field->find(name);
+    return f && !f->is_null() ? f->number() : fallback;
+  };
+  if (type == "linear" || type == "yarn" || type == "llama3") {
+    rope.scaling = type;
+    rope.factor = field->member("factor").number();
+    // yarn without it: transformers 4.x's reading, the model's own context.
+    if (type == "llama3" || field->find("original_max_position_embeddings"))
+      rope.original_max_seq_len = field->member("original_max_position_embeddings").integer(1, INT32_MAX);
+    else if (type == "yarn")
+      rope.original_max_seq_len = max_positions;
+    if (type == "llama3") {
+      rope.low_freq_factor = field->member("low_freq_factor").number();
+      rope.high_freq_factor = field->member("high_freq_factor").number();
+    }
+    if (type == "yarn") {
+      rope.beta_fast = number("beta_fast", 32.0);
+      rope.beta_slow = number("beta_slow", 1.0);
+      rope.attention_factor = number("attention_factor", 0.0);
+      KILN_CHECK(number("mscale", 0) == 0 && number("mscale_all_dim", 0) == 0, "import",
+                 "{}: {}.mscale / mscale_all_dim: DeepSeek's YaRN attention factor is not kiln's", where, key);
+      KILN_CHECK(field->boolean_or("truncate", true), "import",
+                 "{}: {}.truncate = false: kiln's YaRN ramp ends on whole pairs (truncate = true)", where, key);
+    }
+  } else {
+    KILN_CHECK(type == "default", "import",
+               "{}: {}.rope_type = '{}': kiln computes default, linear, yarn and llama3 RoPE (no dynamic or longrope)",
+               where, key, printable(type));
+  }
+  if (const auto theta = field->find("rope_theta")) return theta->number();
   return std::nullopt;
 }
 
@@ -188,8 +220,8 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   m.name = get<std::string>(c, "kiln_model_name", std::string(hf_model_type(spec.arch)) + "-import", where);
 
   double theta = get<double>(c, "rope_theta", 10000.0, where);
-  if (auto t = plain_rope(c, "rope_scaling", where)) theta = *t;
-  if (auto t = plain_rope(c, "rope_parameters", where)) theta = *t;
+  if (auto t = read_rope(c, "rope_scaling", where, m.max_seq_len, m.rope)) theta = *t;
+  if (auto t = read_rope(c, "rope_parameters", where, m.max_seq_len, m.rope)) theta = *t;
   m.rope_theta = theta;
 
   if (spec.arch != HfArch::qwen2)

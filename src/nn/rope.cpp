@@ -1,7 +1,10 @@
 // Position encodings: "rope" (rotary, rotate_half pairing, tables built once) and "none"
-// (NoPE: attention sees no explicit positions). RoPE scalings plug in by registering a
-// variant that computes different inverse frequencies.
+// (NoPE: attention sees no explicit positions). RoPE's frequency scalings
+// (model.rope.scaling: linear, ntk, yarn, llama3) change only the tables: the inverse
+// frequencies and YaRN's factor on cos and sin (nn/rope_scaling.h); every kernel that
+// rotates reads the tables, so training, decode and both devices agree by construction.
 #include "nn/modules.h"
+#include "nn/rope_scaling.h"
 #include "ops/rope/rope.h"
 
 namespace kiln {
@@ -10,8 +13,9 @@ namespace {
 
 class Rope final : public PositionEncoding {
  public:
-  Rope(BuildContext& ctx, const ModelConfig& model) : theta_(model.rope_theta), head_dim_(model.head_dim) {
-    inv_freq_ = ops::rope_inverse_frequencies(model.rope_theta, model.head_dim);
+  Rope(BuildContext& ctx, const ModelConfig& model)
+      : theta_(model.rope_theta), head_dim_(model.head_dim), scaling_(model.rope) {
+    frequencies_ = rope_frequencies(model.rope, model.rope_theta, model.head_dim);
     // Tables are planned like any buffer and filled once, after allocation, on first use.
     ctx.buffer(cos_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.master_dtype);
     ctx.buffer(sin_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.master_dtype);
@@ -22,28 +26,66 @@ class Rope final : public PositionEncoding {
     return {cos_, sin_};
   }
 
-  // Plain RoPE, one theta, rotate_half pairing (llama.cpp's llama architecture pairs rows
-  // interleaved: its exporter permutes the q/k rows the attention marks).
+  // rotate_half pairing (llama.cpp's llama architecture pairs rows interleaved: its
+  // exporter permutes the q/k rows the attention marks).
   void export_config(ExportConfig& out) const override {
     if (head_dim_ % 2 != 0) out.refuse("model.head_dim", std::to_string(head_dim_), "RoPE needs an even head_dim");
+    // ntk exports as the plain RoPE of its effective base: the same frequencies at every
+    // length (transformers' "dynamic" type would recompute them past max_position_embeddings).
+    const bool ntk = scaling_.scaling == "ntk";
+    const double theta = ntk ? ntk_theta(scaling_, theta_, head_dim_) : theta_;
+    const bool plain = scaling_.scaling == "none" || ntk;
     if (out.format() == ExportConfig::Format::gguf) {
-      out.set("rope.dimension_count", head_dim_, "model.head_dim");
-      out.set("rope.freq_base", static_cast<float>(theta_), "model.rope_theta");
+      export_gguf(out, theta, plain);
       return;
     }
     // transformers 4.x reads rope_theta (+ rope_scaling); 5.x reads rope_parameters.
-    out.set("rope_theta", theta_, "model.rope_theta");
-    out.set("rope_scaling", nullptr, "model.position");
-    out.set("rope_parameters", {{"rope_type", "default"}, {"rope_theta", theta_}}, "model.rope_theta");
+    out.set("rope_theta", theta, "model.rope_theta");
+    nlohmann::json params = {{"rope_type", plain ? "default" : scaling_.scaling}, {"rope_theta", theta}};
+    if (!plain) params.update(scaling_parameters());
+    nlohmann::json legacy = params;
+    legacy.erase("rope_theta");
+    out.set("rope_scaling", plain ? nlohmann::json(nullptr) : legacy, "model.rope.scaling");
+    out.set("rope_parameters", params, "model.rope.scaling");
   }
 
  private:
+  // The keys of transformers' rope_parameters for the scaling (modeling_rope_utils).
+  nlohmann::json scaling_parameters() const {
+    const RopeConfig& r = scaling_;
+    if (r.scaling == "linear") return {{"factor", r.factor}};
+    if (r.scaling == "llama3")
+      return {{"factor", r.factor},
+              {"low_freq_factor", r.low_freq_factor},
+              {"high_freq_factor", r.high_freq_factor},
+              {"original_max_position_embeddings", r.original_max_seq_len}};
+    // yarn: the attention factor as kiln resolved it, so no reader recomputes a default.
+    return {{"factor", r.factor},
+            {"original_max_position_embeddings", r.original_max_seq_len},
+            {"beta_fast", r.beta_fast},
+            {"beta_slow", r.beta_slow},
+            {"attention_factor", static_cast<double>(frequencies_.attention_factor)},
+            {"truncate", true}};
+  }
+
+  void export_gguf(ExportConfig& out, double theta, bool plain) const {
+    out.set("rope.dimension_count", head_dim_, "model.head_dim");
+    out.set("rope.freq_base", static_cast<float>(theta), "model.rope_theta");
+    if (plain) return;
+    if (scaling_.scaling != "linear")  // llama.cpp's yarn and rope_freqs are not checked against kiln's tables
+      out.refuse("model.rope.scaling", "'" + scaling_.scaling + "'",
+                 "kiln's GGUF export carries linear and ntk RoPE scaling only (yarn and llama3: export hf)");
+    out.set("rope.scaling.type", "linear", "model.rope.scaling");
+    out.set("rope.scaling.factor", static_cast<float>(scaling_.factor), "model.rope.factor");
+  }
+
   void fill() {
+    const float scale = frequencies_.attention_factor;
     if (cos_.device() == Device::cpu) {
-      ops::rope_fill_tables(inv_freq_, cos_, sin_);
+      ops::rope_fill_tables(frequencies_.inv_freq, cos_, sin_, scale);
     } else {  // build on the host, copy once
       OwnedTensor hc(cos_.dtype(), Device::cpu, cos_.shape()), hs(sin_.dtype(), Device::cpu, sin_.shape());
-      ops::rope_fill_tables(inv_freq_, *hc, *hs);
+      ops::rope_fill_tables(frequencies_.inv_freq, *hc, *hs, scale);
       copy_tensor(*hc, cos_);
       copy_tensor(*hs, sin_);
     }
@@ -52,7 +94,8 @@ class Rope final : public PositionEncoding {
 
   double theta_;
   int64_t head_dim_;
-  std::vector<float> inv_freq_;
+  RopeConfig scaling_;
+  RopeFrequencies frequencies_;
   Tensor cos_, sin_;  // [max_seq_len, head_dim / 2]
   bool filled_ = false;
 };

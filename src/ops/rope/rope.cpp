@@ -18,7 +18,7 @@ std::vector<float> rope_inverse_frequencies(double theta, int64_t head_dim) {
   return inv;
 }
 
-void rope_fill_tables(const std::vector<float>& inv_freq, const Tensor& cos, const Tensor& sin) {
+void rope_fill_tables(const std::vector<float>& inv_freq, const Tensor& cos, const Tensor& sin, float scale) {
   const char* op = "rope_tables";
   const int64_t half = static_cast<int64_t>(inv_freq.size());
   expect_rank(op, "cos", cos, 2);
@@ -31,8 +31,9 @@ void rope_fill_tables(const std::vector<float>& inv_freq, const Tensor& cos, con
     for (int64_t p = 0; p < cos.size(0); ++p)
       for (int64_t j = 0; j < half; ++j) {
         const float angle = static_cast<float>(p) * inv_freq[static_cast<size_t>(j)];
-        cos.data<T>()[p * half + j] = static_cast<T>(std::cos(static_cast<double>(angle)));
-        sin.data<T>()[p * half + j] = static_cast<T>(std::sin(static_cast<double>(angle)));
+        // cos and sin rounded to T, then scaled in T (transformers: emb.cos() * scaling).
+        cos.data<T>()[p * half + j] = static_cast<T>(std::cos(static_cast<double>(angle))) * static_cast<T>(scale);
+        sin.data<T>()[p * half + j] = static_cast<T>(std::sin(static_cast<double>(angle))) * static_cast<T>(scale);
       }
   });
 }
