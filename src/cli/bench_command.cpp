@@ -1,6 +1,7 @@
 // `kiln bench CONFIG`: end-to-end training-step throughput of a model shape on synthetic
 // tokens laid out as the PyTorch peer lays them out (micro_batch_tokens / max_seq_len
 // sequences of max_seq_len tokens), so both arms do the same work.
+#include "cli/bench_imbalance.h"
 #include "cli/commands.h"
 #include "core/device_memory.h"
 #include "core/op_profiler.h"
@@ -47,6 +48,16 @@ HostBatch synthetic_batch(const Config& c) {
   return b;
 }
 
+// The sparse layers' busiest-expert loads / the mean, "1.21-1.64 load_max over 15 layers"
+// ("" for a dense model).
+std::string load_range(const Model& model) {
+  double lo = INFINITY, hi = 0;
+  int layers = 0;
+  for (const auto& [name, value] : model.component_metrics())
+    if (name.ends_with(".load_max")) lo = std::min(lo, value), hi = std::max(hi, value), ++layers;
+  return layers ? fmt::format("load_max {:.2f}-{:.2f} over {} layers", lo, hi, layers) : "";
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -58,6 +69,7 @@ void add_bench_command(CLI::App& app) {
     std::string config;
     std::vector<std::string> overrides;
     int64_t steps = 10, warmup = 3;
+    double imbalance = 0;
     std::string json;
   };
   auto o = std::make_shared<Options>();
@@ -67,8 +79,15 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "timed steps")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--json", o->json, "also write the result as one JSON line to this file");
+  cmd->add_option("--imbalance", o->imbalance,
+                  "hold each sparse layer's busiest expert at this x the mean load (sigmoid_bias routing; "
+                  "sets optim.lr=1e-9 and model.moe.bias_rate=0: cli/bench_imbalance.h)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([o] {
-    const Config config = load_config(o->config, o->overrides);
+    std::vector<std::string> overrides = o->overrides;
+    if (o->imbalance > 0)  // the steered bias and the router it was set for stay (bench_imbalance.h)
+      overrides.insert(overrides.end(), {"model.moe.bias_rate=0", "optim.lr=1e-9"});
+    const Config config = load_config(o->config, overrides);
     const Device device = resolve_device(config.train.device);
     set_cpu_threads(config.train.threads);
     const BuildOptions build = training_build_options(config, device);
@@ -115,11 +134,14 @@ void add_bench_command(CLI::App& app) {
       model.after_step(true);
       return loss;
     };
+    std::string imbalance;
+    if (o->imbalance > 0) imbalance = describe(hold_imbalance(model, o->imbalance, [&] { step(); }));
     for (int64_t i = 0; i < o->warmup; ++i) step();
     const auto start = std::chrono::steady_clock::now();
     double loss = 0;
     for (int64_t i = 0; i < o->steps; ++i) loss = step();  // each step reads its loss: synchronized
     const double seconds = seconds_since(start);
+    const std::string routing = load_range(model);  // the last timed step's, read after the clock stopped
     size_t free_after = 0;
     cuda_memory_info(&free_after, &total);
 
@@ -141,6 +163,8 @@ void add_bench_command(CLI::App& app) {
                            : "op by op");
     const std::string libraries = cuda_library_versions();
     if (!libraries.empty()) fmt::print("  {}\n", libraries);
+    if (!imbalance.empty()) fmt::print("  routing held uneven: {}\n", imbalance);
+    if (!routing.empty()) fmt::print("  routing in the last timed step: {}\n", routing);
     fmt::print("  {:.1f} ms per step | {:.0f} tokens/s | {:.1f} model TFLOP/s | MFU {:.1f}% of {:.0f} TFLOP/s bf16 peak\n",
                1e3 * seconds / static_cast<double>(o->steps), tokens_per_second, tflops, 100 * tflops * 1e12 / kPeakFlops,
                kPeakFlops / 1e12);
@@ -173,6 +197,8 @@ void add_bench_command(CLI::App& app) {
                             {"planned_gib", planned_gib},          {"device_gib", device_gib},
                             {"parameters", model.parameter_count()}, {"libraries", cuda_library_versions()},
                             {"deterministic", build.deterministic},
+                            {"imbalance", imbalance},
+                            {"routing", routing},
                             {"ops", [&] {
                                nlohmann::json j = nlohmann::json::object();
                                for (const OpTime& t : ops) j[t.op] = t.milliseconds / 2;
