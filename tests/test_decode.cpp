@@ -202,8 +202,9 @@ ModelConfig layer_pattern_config(bool rms = false) {
   return c;
 }
 
-// Gemma's RMSNorm or DyT as every norm and as the q/k norm, with an ungated MLP in every
-// layer but the last (a gated one there: the two kinds side by side).
+// Gemma's RMSNorm (and its sqrt(hidden) embedding scale) or DyT as every norm and as the q/k
+// norm, with an ungated MLP in every layer but the last (a gated one there: the two kinds
+// side by side).
 ModelConfig breadth_config(const std::string& norm, const std::string& mlp) {
   ModelConfig c = small_config(true, false, false);
   c.layers = 3;
@@ -213,6 +214,7 @@ ModelConfig breadth_config(const std::string& norm, const std::string& mlp) {
   c.ungated_ffn_hidden = 80;
   c.alt_mlp = "swiglu";
   c.alt_mlp_layers = "from:2";
+  if (norm == "gemma_rmsnorm") c.embed_scale = std::sqrt(static_cast<double>(c.hidden));  // Gemma's
   return c;
 }
 

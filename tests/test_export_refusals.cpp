@@ -35,6 +35,7 @@ const Refused kRefused[] = {
        c.alt_mlp_layers = "1";
      },
      "model.alt_mlp = 'relu2'"},
+    {"embed_scale", [](ModelConfig& c) { c.embed_scale = 8; }, "model.embed_scale = 8"},
 };
 
 // Runs an export expected to be refused; checks the one line it prints names what it must.

@@ -132,8 +132,8 @@ TEST(ModulesGrad, LayerNormGegluModelMatchesFiniteDifferences) {
   }
 }
 
-// Gemma's RMSNorm and DyT, each as every norm of the model and as the q/k norm, with the
-// ungated MLPs (gelu, relu2): each parameter (DyT's alpha and bias too) against finite
+// Gemma's RMSNorm (with Gemma's sqrt(hidden) embedding scale) and DyT, each as every norm of
+// the model and as the q/k norm, with the ungated MLPs (gelu, relu2): each parameter (DyT's alpha and bias too) against finite
 // differences, under the names the components promise. relu2's second derivative jumps at 0,
 // which the five-point stencil only sees for a pre-activation within 2e-4 of it.
 TEST(ModulesGrad, GemmaDytUngatedModelMatchesFiniteDifferences) {
@@ -147,6 +147,7 @@ TEST(ModulesGrad, GemmaDytUngatedModelMatchesFiniteDifferences) {
     c.qk_norm_type = combo.norm;
     c.mlp = combo.mlp;
     c.ungated_ffn_hidden = 10;
+    if (std::string(combo.norm) == "gemma_rmsnorm") c.embed_scale = std::sqrt(static_cast<double>(c.hidden));  // Gemma's
     {
       Model m(c, tiny_build());
       const bool dyt = std::string(combo.norm) == "dyt";

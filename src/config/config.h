@@ -69,6 +69,7 @@ struct ModelConfig {
   double dyt_alpha = 0.5;          // DyT norms (model.norm or qk_norm_type "dyt"): alpha's initial value
   int64_t ungated_ffn_hidden = 0;  // the ungated MLPs' (gelu, relu2) width; 0 = 4 x hidden (GPT-2)
   bool tie_embeddings = true;
+  double embed_scale = 1.0;        // the embedding's output x this (Gemma: sqrt(hidden))
   bool attention_bias = false;     // bias on q/k/v projections (Qwen2-style)
   double init_std = 0.02;
   int64_t sliding_window = 0;      // query i sees keys j with i - j < window; 0 = full causal

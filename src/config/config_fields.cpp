@@ -57,6 +57,7 @@ const std::array kFields = {
     KILN_FIELD(model, ungated_ffn_hidden, non_negative().up_to(kMaxFfn, "4x the widest MLPs in use"),
                "width of the ungated MLPs (gelu, relu2); 0 = 4 x model.hidden (GPT-2)"),
     KILN_FIELD(model, tie_embeddings, none(), "LM head shares the embedding matrix"),
+    KILN_FIELD(model, embed_scale, positive(), "the embedding's output x this (Gemma: sqrt(hidden)); 1 = none"),
     KILN_FIELD(model, attention_bias, none(), "bias on q/k/v projections"),
     KILN_FIELD(model, init_std, non_negative(), "std of the normal weight init"),
     KILN_FIELD(model, sliding_window, non_negative(), "attention window in tokens; 0 = full causal"),

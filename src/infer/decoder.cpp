@@ -1,5 +1,6 @@
 #include "infer/decoder.h"
 
+#include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
 
 #if KILN_WITH_CUDA
@@ -163,6 +164,7 @@ void Decoder::step(int64_t n, bool with_logits) {
   rows.fused_branches = with_logits && n <= fused_branch_rows_;
   DecodeStepBuffers s{x_.rows(0, n), h_.rows(0, n), branch_.rows(0, n)};
   ops::embedding_forward(rows.tokens, embed_, s.x);
+  if (config_.embed_scale != 1.0) ops::scale_inplace(s.x, config_.embed_scale);
   for (const auto& block : blocks_) block->forward(s, rows);
   if (rows.fused_branches && head_->fused()) {  // the final norm folded into the head
     if (s.pending) residual_add(s.x, s.branch, dtype_ != wide_);

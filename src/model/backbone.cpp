@@ -1,6 +1,10 @@
 #include "model/backbone.h"
 
 #include "config/layer_pattern.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/embedding/embedding.h"
+
+#include <fmt/format.h>
 
 namespace kiln {
 
@@ -47,6 +51,7 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
 void Backbone::forward(const Tensor& tokens, const SeqInfo& seq) {
   rows_ = tokens.size(0);
   ops::embedding_forward(tokens, embed_->value(), residual_[0].rows(0, rows_));
+  if (config_.embed_scale != 1.0) ops::scale_inplace(residual_[0].rows(0, rows_), config_.embed_scale);
   for (size_t l = 0; l < blocks_.size(); ++l)
     blocks_[l]->forward(residual_[l].rows(0, rows_), seq, residual_[l + 1].rows(0, rows_));
   final_norm_->forward(residual_.back().rows(0, rows_), hidden_.rows(0, rows_));
@@ -66,6 +71,8 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
     }
     blocks_[l]->backward(dres, dres_compute, seq);
   }
+  // The embedding's scale, onto the residual's gradient (read by nothing after the table's).
+  if (config_.embed_scale != 1.0) ops::scale_inplace(dres, config_.embed_scale);
   if (groups != nullptr) {  // GPU: fixed summation order, no atomics
     ops::TokenGroups g = *groups;
     g.order = groups->order.rows(0, rows_);
@@ -77,6 +84,8 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
 
 void Backbone::export_config(ExportConfig& out) const {
   const ModelConfig& m = config_;
+  if (m.embed_scale != 1.0)  // Gemma's families scale by sqrt(hidden); kiln does not export them yet
+    out.refuse("model.embed_scale", fmt::format("{}", m.embed_scale), "the exported families do not scale the embedding");
   if (out.format() == ExportConfig::Format::hf) {
     out.set("vocab_size", m.vocab_size, "model.vocab_size");
     out.set("hidden_size", m.hidden, "model.hidden");

@@ -584,6 +584,7 @@ TEST_F(DecoderGpu, BreadthComponentsMatchCpuDecoder) {
     config.ungated_ffn_hidden = 144;
     config.alt_mlp = "swiglu";
     config.alt_mlp_layers = "from:2";
+    if (std::string(norm) == "gemma_rmsnorm") config.embed_scale = 8.0;  // Gemma's sqrt(hidden)
     const std::string label = fmt::format("{}_{}", norm, mlp);
     check_gpu_decoder_of(config, label, DType::bf16, true, 5e-2, true);
     check_gpu_decoder_of(config, label, DType::bf16, false, 5e-2, true);

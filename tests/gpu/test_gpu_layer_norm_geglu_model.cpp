@@ -225,6 +225,7 @@ ModelConfig breadth_config(const char* norm, const char* mlp) {
   c.qk_norm_type = norm;
   c.mlp = mlp;
   c.ungated_ffn_hidden = 3 * c.hidden;
+  if (std::string(norm) == "gemma_rmsnorm") c.embed_scale = std::sqrt(static_cast<double>(c.hidden));  // Gemma's
   return c;
 }
 
