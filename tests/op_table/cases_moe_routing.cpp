@@ -254,7 +254,7 @@ OpCase relu_case(int64_t tokens, int64_t experts, double coef, std::vector<DType
   const Shape le{tokens, experts};
   OpCase c;
   c.op = "relu_route";
-  c.name = fmt::format("T{}_E{}_coef{}", tokens, experts, coef);
+  c.name = fmt::format("T{}_E{}_{}", tokens, experts, coef == 0 ? "no_l1" : "l1");
   c.tensors = {in("logits", le, Width::wide).scaled(2.0),
                in("coef", {1}, Width::wide).filled([coef](double* v, int64_t) { v[0] = coef; }),
                out("probs", le, Width::wide), int_out("experts", le), out("weights", le, Width::wide),
