@@ -49,12 +49,12 @@ RouterRun train(const std::string& name, const std::string& settings) {
   return run;
 }
 
-// From ~ln 259 = 5.6 nats at the start to clearly below (the dense model's 60 steps reach ~2.8).
+// From ~ln 259 = 5.6 nats at the start to clearly below: ~4.2 at step 20, ~3.15 at step 60.
 void expect_learned(const RouterRun& run) {
   ASSERT_EQ(run.losses.size(), 3u);  // steps 20, 40, 60
   std::printf("train losses at steps 20, 40, 60: %.3f %.3f %.3f\n", run.losses[0], run.losses[1], run.losses[2]);
-  EXPECT_LT(run.losses.back(), 3.2) << run.last.dump();
-  EXPECT_LT(run.losses.back(), run.losses.front() - 0.3) << run.last.dump();
+  EXPECT_LT(run.losses.back(), 3.4) << run.last.dump();                       // measured 3.13-3.18
+  EXPECT_LT(run.losses.back(), run.losses.front() - 0.6) << run.last.dump();  // from ~4.2 at step 20
   for (int layer = 0; layer < 2; ++layer)
     EXPECT_TRUE(run.last.contains("moe." + std::to_string(layer) + ".load_max")) << run.last.dump();
 }

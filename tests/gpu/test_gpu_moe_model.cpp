@@ -179,8 +179,12 @@ class MoeModelGpu : public GpuTest {
     ASSERT_EQ(want_metrics.size(), got_metrics.size());
     for (size_t i = 0; i < want_metrics.size(); ++i) {
       const auto& [name, w] = want_metrics[i];
-      if (name.ends_with("dropped")) EXPECT_EQ(got_metrics[i].second, w) << name;
-      if (name.ends_with("l1_coef")) EXPECT_NEAR(got_metrics[i].second, w, 1e-6 * w) << name;
+      if (name.ends_with("dropped")) {
+        EXPECT_EQ(got_metrics[i].second, w) << name;
+      }
+      if (name.ends_with("l1_coef")) {
+        EXPECT_NEAR(got_metrics[i].second, w, 1e-6 * w) << name;
+      }
     }
     std::printf("moe model (%s, top %lld), GPU %s vs CPU f32: logits error %.2e, loss %.7f vs %.7f, worst gradient "
                 "error %.2e\n",
