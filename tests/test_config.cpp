@@ -328,6 +328,7 @@ TEST_F(ConfigFile, RoundTripEveryFieldChanged) {
   c.model.rope.factor = 4.125;
   c.model.moe.groups = 2;  // experts (10) in groups; top_k (4) within the top group's 5
   c.model.moe.top_groups = 1;
+  c.model.moe.l1_rate = 1.5;  // a factor > 1
   const Config back = load_config(write(config_to_toml(c)));
   EXPECT_TRUE(config_equal(back, c)) << config_to_toml(c);
   EXPECT_FALSE(config_equal(back, Config{}));
@@ -405,6 +406,35 @@ TEST(ConfigValidate, UpperBoundsNameTheKey) {
   EXPECT_EQ(validation_error([](Config& x) { x.train.spike_window = INT64_MAX; }),
             "[config] train.spike_window must be <= 100000 (reserved and saved with checkpoints), got "
             "9223372036854775807");
+}
+
+// The routers' keys: each error names the key, the router and why.
+TEST(ConfigValidate, MoeRouterKeys) {
+  EXPECT_HAS(validation_error([](Config& c) { c.model.moe.capacity_factor = -1; }),
+             "model.moe.capacity_factor must be >= 0, got -1");
+  EXPECT_HAS(validation_error([](Config& c) { c.model.moe.sinkhorn_iterations = 0; }),
+             "model.moe.sinkhorn_iterations must be > 0, got 0");
+  EXPECT_HAS(validation_error([](Config& c) { c.model.moe.l1_coef = 0; }), "model.moe.l1_coef must be > 0, got 0");
+  EXPECT_HAS(validation_error([](Config& c) { c.model.moe.l1_rate = 1.0; }), "model.moe.l1_rate (1) must be > 1");
+  for (const char* router : {"relu", "expert_choice"}) {
+    EXPECT_HAS(validation_error([&](Config& c) {
+                 c.model.moe.router = router;
+                 c.model.moe.aux_loss = 0.01;
+                 c.train.sample_tokens = 0;
+               }),
+               fmt::format("model.moe.aux_loss (0.01) must be 0 with model.moe.router = '{}'", router));
+  }
+  EXPECT_HAS(validation_error([](Config& c) { c.model.moe.router = "expert_choice"; }),
+             "train.sample_tokens (200) must be 0 with model.moe.router = 'expert_choice': it is not causal");
+  Config ok;
+  ok.model.moe.router = "expert_choice";
+  ok.model.moe.capacity_factor = 1.25;
+  ok.train.sample_tokens = 0;
+  EXPECT_NO_THROW(validate_config(ok));
+  ok.model.moe.router = "sinkhorn";
+  ok.model.moe.capacity_factor = 1.5;
+  ok.train.sample_tokens = 200;
+  EXPECT_NO_THROW(validate_config(ok));
 }
 
 TEST(ConfigValidate, HeadsMultipleOfKvHeads) {

@@ -178,6 +178,16 @@ TEST(ExportHf, RefusesWhatNoStockClassComputes) {
   EXPECT_EQ(refusal(m), "accepted");
   m.moe.router = "sigmoid_bias";
   EXPECT_NE(refusal(m).find("model.moe.router = 'sigmoid_bias'"), std::string::npos) << refusal(m);
+  for (const char* router : {"sinkhorn", "relu"}) {
+    m.moe.router = router;
+    EXPECT_NE(refusal(m).find(std::string("model.moe.router = '") + router + "'"), std::string::npos) << refusal(m);
+  }
+  // expert_choice: refused for why it cannot be any stock model (it is not causal).
+  m.moe.router = "expert_choice";
+  EXPECT_NE(refusal(m).find("model.moe.router = 'expert_choice': each expert chooses among all of a micro-batch's "
+                            "tokens, so a token's experts depend on later tokens"),
+            std::string::npos)
+      << refusal(m);
   m = qwen3_moe_config();
   m.moe.shared_hidden = 16;
   EXPECT_NE(refusal(m).find("model.moe.shared_hidden = 16"), std::string::npos) << refusal(m);

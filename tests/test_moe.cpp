@@ -44,7 +44,7 @@ struct Dispatch {
         offsets(DType::i32, Device::cpu, Shape{experts + 1}),
         pair_of_row(DType::i32, Device::cpu, Shape{tokens * k}),
         row_of_pair(DType::i32, Device::cpu, Shape{tokens * k}) {
-    d = {experts, k, *counts, *offsets, *pair_of_row, *row_of_pair};
+    d = {experts, k, 0, *counts, *offsets, *pair_of_row, *row_of_pair, Tensor()};
   }
 };
 

@@ -368,6 +368,25 @@ void apply_override(Config& config, const std::string& assignment) {
   if (!error.empty()) fail(kWhere, "--set {}: {}", field->name(), error);
 }
 
+namespace {
+
+// The routers' own rules: what each reads of [model.moe] and what it cannot be combined with.
+void validate_moe_router(const Config& config) {
+  const MoeConfig& moe = config.model.moe;
+  KILN_CHECK(moe.l1_rate > 1.0, kWhere, "model.moe.l1_rate ({}) must be > 1 (the L1 coefficient's factor per step)",
+             moe.l1_rate);
+  const bool variable = moe.router == "expert_choice" || moe.router == "relu";
+  // The Switch balance loss counts k choices per token; these give a token any number.
+  KILN_CHECK(!variable || moe.aux_loss == 0, kWhere,
+             "model.moe.aux_loss ({}) must be 0 with model.moe.router = '{}' ({})", moe.aux_loss, moe.router,
+             moe.router == "relu" ? "it balances by its adaptive L1 penalty" : "its experts take equal shares by construction");
+  KILN_CHECK(moe.router != "expert_choice" || config.train.sample_tokens == 0, kWhere,
+             "train.sample_tokens ({}) must be 0 with model.moe.router = 'expert_choice': it is not causal, so the "
+             "KV-cache decoder cannot sample it", config.train.sample_tokens);
+}
+
+}  // namespace
+
 void validate_config(const Config& config) {
   for (const ConfigField& field : config_fields())
     std::visit([&](const auto* value) { check_rule(field, field.rule, *value); }, field.get(config));
@@ -387,6 +406,7 @@ void validate_config(const Config& config) {
   KILN_CHECK(moe.top_k <= moe.top_groups * (moe.experts / moe.groups), kWhere,
              "model.moe.top_k ({}) exceeds the experts of model.moe.top_groups ({} of {} experts each)", moe.top_k,
              moe.top_groups, moe.experts / moe.groups);
+  validate_moe_router(config);
   KILN_CHECK(m.max_seq_len <= config.train.micro_batch_tokens, kWhere,
              "model.max_seq_len ({}) must be <= train.micro_batch_tokens ({})", m.max_seq_len,
              config.train.micro_batch_tokens);

@@ -31,6 +31,12 @@ struct MoeConfig {
   std::string bias_update = "sign";    // sigmoid_bias: sign | proportional
   int64_t groups = 1;                  // group-limited routing: experts in this many groups ...
   int64_t top_groups = 1;              // ... of which the best top_groups are eligible
+  // Capacity: token-choice routers drop an expert's routed pairs past ceil(cf T k / E) per
+  // micro-batch in training (0: dropless); expert_choice's per-expert tokens (0: 1).
+  double capacity_factor = 0.0;
+  int64_t sinkhorn_iterations = 8;     // sinkhorn: balancing iterations over a micro-batch
+  double l1_coef = 1e-8;               // relu: the L1 penalty's initial coefficient (ReMoE's lambda_0)
+  double l1_rate = 1.2;                // relu: the coefficient's factor per step (ReMoE's alpha, > 1)
 };
 
 // RoPE's frequency scaling ([model.rope]; used where model.position is "rope"): how the

@@ -92,6 +92,10 @@ const std::array kFields = {
     KILN_FIELD(model.moe, bias_update, one_of("sign|proportional"), "sigmoid_bias: sign | proportional"),
     KILN_FIELD(model.moe, groups, positive(), "group-limited routing: expert groups"),
     KILN_FIELD(model.moe, top_groups, positive(), "group-limited routing: groups a token may use"),
+    KILN_FIELD(model.moe, capacity_factor, non_negative(), "per-expert capacity x T k / E; 0 = dropless (expert_choice: 1)"),
+    KILN_FIELD(model.moe, sinkhorn_iterations, positive(), "sinkhorn: balancing iterations per micro-batch"),
+    KILN_FIELD(model.moe, l1_coef, positive(), "relu: the L1 penalty's initial coefficient"),
+    KILN_FIELD(model.moe, l1_rate, positive(), "relu: the coefficient's adaptation factor per step (> 1)"),
 
     KILN_FIELD(data, path, non_empty(), "training data: a file, directory or glob (text, JSONL, .zst/.gz, shards, .bin)"),
     KILN_FIELD(data, tokenizer, non_empty(), "\"byte\", or a Hugging Face tokenizer.json path (byte-level BPE)"),

@@ -158,6 +158,16 @@ TEST_F(MoeDecoderGpu, Fp32MatchesTheFullForward) {
   check_decoder_matches_full_forward(moe_decode_config("sigmoid_bias", 2), DType::f32, 1e-4);
 }
 
+// sinkhorn (its softmax top k outside training), relu (a variable count per token) and a
+// capacity factor (no drops outside training) decode as the evaluation forward.
+TEST_F(MoeDecoderGpu, Fp32NewRoutersAndCapacityMatchTheFullForward) {
+  check_decoder_matches_full_forward(moe_decode_config("sinkhorn", 2), DType::f32, 1e-4);
+  check_decoder_matches_full_forward(moe_decode_config("relu", 2), DType::f32, 1e-4);
+  ModelConfig c = moe_decode_config("softmax_topk", 2);
+  c.moe.capacity_factor = 0.5;
+  check_decoder_matches_full_forward(c, DType::f32, 1e-4);
+}
+
 TEST_F(MoeDecoderGpu, Bf16EveryExpertMatchesTheFullForward) {
   check_decoder_matches_full_forward(moe_decode_config("softmax_topk", 8), DType::bf16, 5e-2);
   check_decoder_matches_full_forward(moe_decode_config("sigmoid_bias", 8), DType::bf16, 5e-2);

@@ -60,22 +60,26 @@ MoeRun train(std::vector<std::string> overrides, const std::string& out) {
 
 class MoeTrainingGpu : public GpuTest {};
 
-// Both routers with their balancing (the loss, the bias) and the z-loss, two micro-batches a
-// step: the graphs ran (launches past the warm-ups) and changed nothing, the diagnostics
-// (read back at every log step) included.
+// Every router with its balancing (the loss, the bias, Sinkhorn, expert choice, relu's
+// adaptive L1) and the z-loss, and softmax_topk with a capacity that drops, two
+// micro-batches a step: the graphs ran (launches past the warm-ups) and changed nothing, the
+// diagnostics (read back at every log step) included.
 TEST_F(MoeTrainingGpu, CapturedStepsMatchTheOpByOpSteps) {
   const std::string dir = test::temp_dir("kiln-gpu-moe-graphs");
   for (const std::string precision : {"bf16", "fp32"})
-    for (const std::string router : {"softmax_topk", "sigmoid_bias"}) {
-      SCOPED_TRACE(precision + " " + router);
+    for (const std::string variant : {"softmax_topk", "sigmoid_bias", "sinkhorn", "expert_choice", "relu", "capacity"}) {
+      const std::string router = variant == "capacity" ? "softmax_topk" : variant;
+      SCOPED_TRACE(precision + " " + variant);
       auto run = [&](bool graphs) {
-        const std::string out = dir + "/" + precision + "-" + router + (graphs ? "-graphs" : "-ops");
+        const std::string out = dir + "/" + precision + "-" + variant + (graphs ? "-graphs" : "-ops");
         std::vector<std::string> o = moe_overrides(out, precision, graphs, 16);
         for (std::string extra : {"model.moe.router=" + router, std::string("model.moe.z_loss=1e-3"),
                                   std::string("train.grad_accum=2"), std::string("train.micro_batch_tokens=1024"),
                                   std::string("log.every=1")})
           o.push_back(extra);
         if (router == "softmax_topk") o.emplace_back("model.moe.aux_loss=0.01");
+        if (variant == "capacity") o.emplace_back("model.moe.capacity_factor=0.8");
+        if (router == "expert_choice") o.emplace_back("train.sample_tokens=0");  // not causal: no sampling
         return train(o, out);
       };
       const MoeRun ops = run(false), graphs = run(true);

@@ -7,6 +7,7 @@
 // dispatch also at the benchmark's 32768 x 8 pairs (chunks longer than a block's threads).
 #include "op_table/moe_routes.h"
 #include "op_table/op_table.h"
+#include "core/rng.h"
 #include "ops/moe/moe.h"
 
 #include <fmt/format.h>
@@ -59,6 +60,65 @@ OpCase dispatch_case(int64_t tokens, int64_t experts, int64_t k, Load load) {
   c.reference = [r](const Tensors& t) {
     auto put = [&](const char* name, const std::vector<int32_t>& v) { std::copy(v.begin(), v.end(), t[name].data<int32_t>()); };
     put("counts", r.counts), put("offsets", r.offsets), put("pair_of_row", r.pair_of_row), put("row_of_pair", r.row_of_pair);
+  };
+  c.cpu = tokens * k <= kCpuMaxElements;
+  c.finite_differences = false;
+  c.cuda = {DType::f32};
+  return c;
+}
+
+// Routes with empty slots (-1, about one in five) and a capacity: counts are the routed
+// pairs, an expert keeps its first `capacity` pairs in pair order, the rest get row -1 and
+// are counted in `dropped` (+=, onto 5). The reference walks the pairs in order.
+OpCase dispatch_capacity_case(int64_t tokens, int64_t experts, int64_t k, int64_t capacity) {
+  MoeRoutes r = moe_routes(tokens, experts, k, Load::few, 71 + static_cast<uint64_t>(tokens * experts + k + capacity));
+  Rng rng(static_cast<uint64_t>(tokens + capacity));
+  for (int32_t& id : r.ids)
+    if (rng.below(5) == 0) id = -1;
+  std::vector<int32_t> counts(static_cast<size_t>(experts), 0), kept(counts), offsets(static_cast<size_t>(experts + 1), 0);
+  for (int32_t id : r.ids)
+    if (id >= 0) ++counts[static_cast<size_t>(id)];
+  for (int64_t e = 0; e < experts; ++e) {
+    kept[static_cast<size_t>(e)] = capacity > 0 ? std::min<int32_t>(counts[static_cast<size_t>(e)], static_cast<int32_t>(capacity))
+                                                : counts[static_cast<size_t>(e)];
+    offsets[static_cast<size_t>(e + 1)] = offsets[static_cast<size_t>(e)] + kept[static_cast<size_t>(e)];
+  }
+  const int64_t rows = tokens * k;  // the layout's rows; those past offsets[E] stay unwritten
+  std::vector<int32_t> pair_of_row(static_cast<size_t>(rows), -1), row_of_pair(r.ids.size(), -1);
+  std::vector<int32_t> next(offsets.begin(), offsets.end() - 1);
+  int32_t dropped = 5;
+  for (size_t p = 0; p < r.ids.size(); ++p) {
+    const int32_t e = r.ids[p];
+    if (e < 0) continue;
+    if (next[static_cast<size_t>(e)] == offsets[static_cast<size_t>(e + 1)]) {
+      ++dropped;
+      continue;
+    }
+    row_of_pair[p] = next[static_cast<size_t>(e)]++;
+    pair_of_row[static_cast<size_t>(row_of_pair[p])] = static_cast<int32_t>(p);
+  }
+  OpCase c;
+  c.op = "moe_dispatch";
+  c.name = fmt::format("T{}_E{}_k{}_cap{}_empty", tokens, experts, k, capacity);
+  TensorSpec dropped_spec = ints("dropped", {5});
+  dropped_spec.role = Role::output, dropped_spec.check = Check::exact, dropped_spec.init = Init::copy;
+  dropped_spec.from = "dropped_start";
+  c.tensors = {ints_shaped("experts", r.ids, Shape{tokens, k}), int_out("counts", experts),
+               int_out("offsets", experts + 1), ints("pair_of_row", std::vector<int32_t>(static_cast<size_t>(rows), -1)),
+               int_out("row_of_pair", tokens * k), ints("dropped_start", {5}), dropped_spec};
+  c.tensors[3].role = Role::output, c.tensors[3].check = Check::exact, c.tensors[3].init = Init::copy;
+  c.tensors[3].from = "pair_of_row_start";
+  c.tensors.push_back(ints("pair_of_row_start", std::vector<int32_t>(static_cast<size_t>(rows), -1)));
+  c.forward = [experts, k, capacity](const Tensors& t) {
+    ops::MoeDispatch d = dispatch_of(t, experts, k);
+    d.capacity = capacity;
+    d.dropped = t["dropped"];
+    ops::moe_dispatch(t["experts"], d);
+  };
+  c.reference = [=](const Tensors& t) {
+    auto put = [&](const char* name, const std::vector<int32_t>& v) { std::copy(v.begin(), v.end(), t[name].data<int32_t>()); };
+    put("counts", counts), put("offsets", offsets), put("pair_of_row", pair_of_row), put("row_of_pair", row_of_pair);
+    t["dropped"].data<int32_t>()[0] = dropped;
   };
   c.cpu = tokens * k <= kCpuMaxElements;
   c.finite_differences = false;
@@ -194,6 +254,10 @@ std::vector<OpCase> moe_cases() {
       cases.push_back(dispatch_case(t, e, k, load));
     // Finite differences on small ones; then odd and vector widths.
     cases.push_back(gather_case(5, 4, 2, 3, load, {}));
+    if (load == Load::random)  // empty slots and a capacity: none, 1, a few, past every count
+      for (auto [t, e, k, cap] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{7, 3, 2, 0}, {7, 3, 2, 1},
+                                  {130, 8, 2, 20}, {2000, 16, 8, 600}, {32768, 64, 8, 3000}})
+        cases.push_back(dispatch_capacity_case(t, e, k, cap));
     cases.push_back(combine_case(5, 4, 2, 3, load, {}));
     for (auto [t, e, k, d] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{7, 3, 1, 13}, {33, 8, 8, 64},
                               {130, 64, 2, 77}}) {

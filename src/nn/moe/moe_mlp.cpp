@@ -3,7 +3,12 @@
 // weights, plus an optional shared expert every token passes:
 //   logits = x Wr^T (fp32);  (experts, weights) = router(logits)
 //   out = sum_j weights_j SwiGLU_{experts_j}(x) + SwiGLU_shared(x)
-// Dropless: an expert takes every token routed to it. The experts' weights are two fused
+// Dropless by default: an expert takes every token routed to it; with
+// model.moe.capacity_factor a token-choice router's expert keeps at most ceil(cf T k / E)
+// of a training micro-batch's pairs, the first in token order (Switch / GShard), the rest
+// dropped (counted in the diagnostics; evaluation and decoding stay dropless). Routers with
+// a variable count per token (expert_choice, relu) route over E slots, empty ones -1. The
+// experts' weights are two fused
 // matrices, gate|up [E 2F, d] and down [E d, F], each expert's rows contiguous (so one
 // grouped product serves them all) and every expert's tensors separately named (Hugging
 // Face's per-expert layout; llama.cpp stacks them: ParamName::gguf_stack).
@@ -71,26 +76,30 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
     ctx.saved(shared_gate_up_, Shape{t, 2 * s});
   }
   router_ = router_registry().build("model.moe.router", moe_.router, ctx, RouterSpec{&moe_, n});
+  slots_ = router_->slots();
+  const int64_t rows = router_->most_pairs(t);
 
   // Saved for backward: the router's logits and probabilities, the routes and their
   // dispatch, each expert's pre-activation and output rows.
   ctx.saved_wide(logits_, Shape{t, e_count});
   ctx.saved_wide(probs_, Shape{t, e_count});
   ctx.saved_wide(router_saved_, Shape{t, e_count});
-  ctx.buffer(routes_.experts, Shape{t, k}, DType::i32);
-  ctx.saved_wide(routes_.weights, Shape{t, k});
-  dispatch_.experts = e_count, dispatch_.top_k = k;
+  ctx.buffer(routes_.experts, Shape{t, slots_}, DType::i32);
+  ctx.saved_wide(routes_.weights, Shape{t, slots_});
+  dispatch_.experts = e_count, dispatch_.top_k = slots_;
   ctx.buffer(dispatch_.counts, Shape{e_count}, DType::i32);
   ctx.buffer(dispatch_.offsets, Shape{e_count + 1}, DType::i32);
-  ctx.buffer(dispatch_.pair_of_row, Shape{t * k}, DType::i32);
-  ctx.buffer(dispatch_.row_of_pair, Shape{t * k}, DType::i32);
-  ctx.saved(gate_up_, Shape{t * k, 2 * f});
-  ctx.saved(expert_out_, Shape{t * k, d});
+  ctx.buffer(dispatch_.pair_of_row, Shape{rows}, DType::i32);
+  ctx.buffer(dispatch_.row_of_pair, Shape{t * slots_}, DType::i32);
+  ctx.saved(gate_up_, Shape{rows, 2 * f});
+  ctx.saved(expert_out_, Shape{rows, d});
   ctx.buffer(step_counts_, Shape{e_count}, DType::i32);
   ctx.buffer(step_entropy_, Shape{2}, DType::f64);
   ctx.buffer(last_counts_, Shape{e_count}, DType::i32);
   ctx.buffer(last_entropy_, Shape{2}, DType::f64);
   ctx.buffer(dead_steps_, Shape{e_count}, DType::i32);
+  ctx.buffer(step_dropped_, Shape{1}, DType::i32);
+  ctx.buffer(last_dropped_, Shape{1}, DType::i32);
 
   if (moe_.aux_loss > 0) aux_slot_ = slot(ctx, "moe_aux");
   if (moe_.z_loss > 0) z_slot_ = slot(ctx, "moe_z");
@@ -104,8 +113,8 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
                                                : 0;
   // Also the router's backward scratch [T, E] (wide) and the logits' gradient in the compute
   // dtype (the mixed path's bf16 products read it).
-  ctx.workspace.reserve_peak(3 * bytes(ctx.dtype, Shape{t * k, d}) + bytes(ctx.dtype, Shape{t * k, f}) +
-                             bytes(ctx.dtype, Shape{t * k, 2 * f}) + bytes(ctx.master_dtype, Shape{t, k}) +
+  ctx.workspace.reserve_peak(3 * bytes(ctx.dtype, Shape{rows, d}) + bytes(ctx.dtype, Shape{rows, f}) +
+                             bytes(ctx.dtype, Shape{rows, 2 * f}) + bytes(ctx.master_dtype, Shape{t, slots_}) +
                              3 * bytes(ctx.master_dtype, Shape{t, e_count}) + bytes(ctx.dtype, Shape{t, e_count}) +
                              shared);
 }
@@ -120,22 +129,25 @@ int MoeMlp::slot(BuildContext& ctx, const char* name) {
 }
 
 void MoeMlp::forward(const Tensor& x, const Tensor& out) {
-  const int64_t t = x.size(0), k = moe_.top_k, f = moe_.expert_hidden;
+  const int64_t t = x.size(0), k = moe_.top_k, f = moe_.expert_hidden, rows = router_->most_pairs(t);
   Workspace::Scope scope(workspace_);
   const Tensor logits = logits_.rows(0, t), probs = probs_.rows(0, t);
   const ops::Routes routes = routes_rows(t);
-  const ops::MoeDispatch d = dispatch_rows(t);
+  ops::MoeDispatch d = dispatch_rows(t);
+  // The step's load and drops: of training forwards, once (not a recomputed block's forward again).
+  const bool counted = losses_.backward && !losses_.recomputing;
+  if (losses_.backward && router_->capacity_drops()) d.capacity = expert_capacity(moe_, t, moe_.capacity_factor);
+  if (counted) d.dropped = step_dropped_;
   ops::router_logits(x, router_w_, logits);
-  router_->route(logits, routes, probs, router_saved_.rows(0, t));
+  router_->route(logits, routes, probs, router_saved_.rows(0, t), losses_.backward);
   ops::moe_dispatch(routes.experts, d);
-  // The step's load: of training forwards, once (not a recomputed block's forward again).
-  if (losses_.backward && !losses_.recomputing) {
+  if (counted) {
     ops::moe_accumulate_counts(d.counts, step_counts_);
     ops::routing_entropy_sum(probs, step_entropy_);
   }
-  const Tensor grouped = scope.take(x.dtype(), Shape{t * k, hidden_});
-  const Tensor gate_up = gate_up_.rows(0, t * k), act = scope.take(x.dtype(), Shape{t * k, f});
-  const Tensor y = expert_out_.rows(0, t * k);
+  const Tensor grouped = scope.take(x.dtype(), Shape{rows, hidden_});
+  const Tensor gate_up = gate_up_.rows(0, rows), act = scope.take(x.dtype(), Shape{rows, f});
+  const Tensor y = expert_out_.rows(0, rows);
   ops::moe_gather(x, d, grouped);
   ops::moe_grouped_linear_forward(grouped, gate_up_w_, d, gate_up);
   ops::swiglu_forward(gate_up, act);
@@ -155,32 +167,35 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   if (double* device = losses_.device_sums) {
     if (aux_slot_ >= 0) ops::balance_loss_sum(probs, d.counts, k, device + aux_slot_);
     if (z_slot_ >= 0) ops::router_z_loss_sum(logits, device + z_slot_);
+    router_->add_losses(logits, device, nullptr);
   } else if (losses_.host_sums != nullptr) {
     LossSlotSums& sums = *losses_.host_sums;
     if (aux_slot_ >= 0) sums[static_cast<size_t>(aux_slot_)] += ops::balance_loss(probs, d.counts, k, 0, Tensor());
     if (z_slot_ >= 0) sums[static_cast<size_t>(z_slot_)] += ops::router_z_loss(logits, 0, Tensor());
+    router_->add_losses(logits, nullptr, &sums);
   }
 }
 
 void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   const int64_t t = dout.size(0), k = moe_.top_k, f = moe_.expert_hidden, e_count = moe_.experts;
+  const int64_t rows = router_->most_pairs(t);
   Workspace::Scope scope(workspace_);
   const Tensor logits = logits_.rows(0, t), probs = probs_.rows(0, t);
   const ops::Routes routes = routes_rows(t);
   const ops::MoeDispatch d = dispatch_rows(t);
-  const Tensor gate_up = gate_up_.rows(0, t * k), y = expert_out_.rows(0, t * k);
+  const Tensor gate_up = gate_up_.rows(0, rows), y = expert_out_.rows(0, rows);
   const DType dt = dout.dtype(), wide = logits.dtype();
   // out = combine(y, weights): the experts' output rows' and the weights' gradients.
-  const Tensor dy = scope.take(dt, Shape{t * k, hidden_});
-  const Tensor dweights = scope.take(wide, Shape{t, k});
+  const Tensor dy = scope.take(dt, Shape{rows, hidden_});
+  const Tensor dweights = scope.take(wide, Shape{t, slots_});
   ops::moe_combine_backward(y, routes.weights, dout, d, dy, dweights);
   // The experts: as SwigluMlp's backward, per expert on the grouped rows.
-  const Tensor dact = scope.take(dt, Shape{t * k, f});
-  const Tensor dgate_up = scope.take(dt, Shape{t * k, 2 * f});
+  const Tensor dact = scope.take(dt, Shape{rows, f});
+  const Tensor dgate_up = scope.take(dt, Shape{rows, 2 * f});
   ops::moe_grouped_linear_backward(dact, down_w_, dy, d, dact, Tensor());
   ops::swiglu_backward(gate_up, dact, dgate_up, dact);  // dact then holds the activation again
   ops::moe_grouped_linear_backward(dact, down_w_, dy, d, Tensor(), down_g_);
-  const Tensor grouped = scope.take(dt, Shape{t * k, hidden_}), dgrouped = scope.take(dt, Shape{t * k, hidden_});
+  const Tensor grouped = scope.take(dt, Shape{rows, hidden_}), dgrouped = scope.take(dt, Shape{rows, hidden_});
   ops::moe_gather(x, d, grouped);
   ops::moe_grouped_linear_backward(grouped, gate_up_w_, dgate_up, d, dgrouped, gate_up_g_);
   ops::moe_gather_backward(dgrouped, d, dx, false);
@@ -202,7 +217,8 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
     ops::balance_loss_backward(probs, d.counts, k, scale * moe_.aux_loss, dprobs);
   }
   const Tensor dlogits = scope.take(wide, Shape{t, e_count});
-  router_->backward(routes, probs, router_saved_.rows(0, t), dweights, dprobs, dlogits, scope.take(wide, Shape{t, e_count}));
+  router_->backward(routes, probs, router_saved_.rows(0, t), dweights, dprobs, dlogits, scope.take(wide, Shape{t, e_count}),
+                    scale);
   if (z_slot_ >= 0) ops::router_z_loss_backward(logits, scale * moe_.z_loss, dlogits);
   ops::router_logits_backward(x, router_w_, dlogits, scope.take(dt, Shape{t, e_count}), dx, router_g_);
 }
@@ -211,8 +227,9 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
 // the last step's (and extend the dead experts' runs) for report(): kernels on the GPU,
 // nothing read back here.
 void MoeMlp::after_step(bool applied) {
-  if (applied) router_->after_step(step_counts_);
+  if (applied) router_->after_step(step_counts_, step_entropy_.rows(1, 2));
   ops::moe_end_step(step_counts_, step_entropy_, last_counts_, last_entropy_, dead_steps_);
+  ops::moe_take_counts(step_dropped_, last_dropped_);
 }
 
 // Reads the last step's load back (a synchronization on the GPU: log steps only).
@@ -225,6 +242,11 @@ void MoeMlp::report(std::vector<std::pair<std::string, double>>& out) const {
                          {prefix + "dead", static_cast<double>(load.dead)},
                          {prefix + "dead_steps_max", static_cast<double>(load.dead_steps_max)},
                          {prefix + "entropy", load.entropy}});
+  if (moe_.capacity_factor > 0 && router_->capacity_drops()) {
+    // The pairs the capacity dropped in the last step, and their share of the routed ones.
+    const double dropped = static_cast<double>(ops::moe_read_count(last_dropped_));
+    out.insert(out.end(), {{prefix + "dropped", dropped}, {prefix + "dropped_share", load.routed > 0 ? dropped / load.routed : 0.0}});
+  }
   router_->report(prefix, out);
 }
 
@@ -234,13 +256,15 @@ ops::Routes MoeMlp::routes_rows(int64_t t) const {
 
 ops::MoeDispatch MoeMlp::dispatch_rows(int64_t t) const {
   ops::MoeDispatch d = dispatch_;
-  d.pair_of_row = dispatch_.pair_of_row.rows(0, t * moe_.top_k);
-  d.row_of_pair = dispatch_.row_of_pair.rows(0, t * moe_.top_k);
+  d.pair_of_row = dispatch_.pair_of_row.rows(0, router_->most_pairs(t));
+  d.row_of_pair = dispatch_.row_of_pair.rows(0, t * slots_);
   return d;
 }
 
 std::unique_ptr<BranchDecoder> MoeMlp::make_decoder(DecodeContext& ctx, const Norm& pre_norm) const {
   (void)pre_norm;
+  if (const std::string why = router_->not_causal(); !why.empty())
+    fail("model.moe.router", "'{}' cannot be decoded with a KV cache (kiln sample, kiln serve): {}", moe_.router, why);
   return make_moe_decoder(*this, ctx);
 }
 
@@ -249,6 +273,7 @@ std::unique_ptr<BranchDecoder> MoeMlp::make_decoder(DecodeContext& ctx, const No
 // which normalizes the top-k weights).
 void MoeMlp::export_config(ExportConfig& out) const {
   if (!out.is("qwen3_moe")) out.refuse("model.mlp", "'moe'", "its MLPs are dense");
+  if (const std::string why = router_->not_causal(); !why.empty()) out.refuse("model.moe.router", "'" + moe_.router + "'", why);
   if (moe_.router != "softmax_topk")
     out.refuse("model.moe.router", "'" + moe_.router + "'", "Qwen3-MoE routes by a softmax over the experts (softmax_topk)");
   if (moe_.shared_hidden > 0)

@@ -23,7 +23,8 @@ class MoeMlp final : public Mlp {
   void after_step(bool applied) override;
   // The last step's load per expert (min, max and coefficient of variation, relative to the
   // mean), dead experts (no token all step) and the most steps one has been dead, the mean
-  // routing entropy per token, and the router's own (sigmoid_bias's bias range).
+  // routing entropy per token, the pairs a capacity dropped (and their share of the routed
+  // ones), and the router's own (sigmoid_bias's bias range, relu's L1 coefficient).
   void report(std::vector<std::pair<std::string, double>>& out) const override;
   const Tensor& step_counts() const { return step_counts_; }  // i32 [E]
 
@@ -46,10 +47,10 @@ class MoeMlp final : public Mlp {
   Tensor shared_down_w_, shared_down_g_;        // [d, S]
   Tensor logits_, probs_;                       // saved [T, E] wide
   Tensor router_saved_;                         // saved [T, E] wide: what the router keeps for backward
-  ops::Routes routes_;                          // saved: experts i32 [T, k], weights [T, k] wide
-  ops::MoeDispatch dispatch_;                   // saved: counts [E], offsets [E + 1], permutation [T k]
-  Tensor gate_up_;                              // saved [T k, 2F]: the experts' pre-activations
-  Tensor expert_out_;                           // saved [T k, d]: the experts' outputs (rows of the grouped layout)
+  ops::Routes routes_;                          // saved: experts i32 [T, S], weights [T, S] wide
+  ops::MoeDispatch dispatch_;                   // saved: counts [E], offsets [E + 1], permutation [R], [T S]
+  Tensor gate_up_;                              // saved [R, 2F]: the experts' pre-activations (R: grouped rows)
+  Tensor expert_out_;                           // saved [R, d]: the experts' outputs (rows of the grouped layout)
   Tensor shared_gate_up_;                       // saved [T, 2S]
   // The load diagnostics (ops/moe/load_stats.h), on the model's device so that a captured
   // step adds to them without a host read; report() reads them back at log steps only.
@@ -58,6 +59,9 @@ class MoeMlp final : public Mlp {
   Tensor last_counts_;   // i32 [E]: the last finished step's counts
   Tensor last_entropy_;  // f64 [2]: its entropy sum and tokens
   Tensor dead_steps_;    // i32 [E]: steps in a row each expert has gone without a token
+  Tensor step_dropped_;  // i32 [1]: pairs the capacity dropped over the step's micro-batches
+  Tensor last_dropped_;  // i32 [1]: the last finished step's
+  int64_t slots_ = 0;    // route slots per token (the router's: top_k, or E)
 };
 
 std::unique_ptr<BranchDecoder> make_moe_decoder(const MoeMlp& mlp, DecodeContext& ctx);

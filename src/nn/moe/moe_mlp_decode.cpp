@@ -1,5 +1,7 @@
 // The decode side of MoeMlp (nn/moe/moe_mlp.h): the same routing and experts over a decode
-// step's rows. It has no state between steps (a token's experts depend on that token only).
+// step's rows. It has no state between steps (a token's experts depend on that token only:
+// sinkhorn routes by its softmax here as in every non-training forward, a capacity drops
+// nothing, and expert_choice, whose choice reads later tokens, is refused).
 // On the GPU every size stays in device memory (the grouped products read the dispatch's
 // offsets there), so decode steps with sparse layers are captured as CUDA graphs too.
 #include "nn/moe/moe_mlp.h"
@@ -16,36 +18,39 @@ class MoeDecoder final : public BranchDecoder {
  public:
   MoeDecoder(const MoeMlp& mlp, DecodeContext& ctx) : m_(mlp), workspace_(ctx.workspace), dtype_(ctx.dtype), wide_(ctx.wide) {
     const MoeConfig& moe = mlp.moe_;
-    const int64_t r = ctx.max_rows, k = moe.top_k, e_count = moe.experts, f = moe.expert_hidden, d = mlp.hidden_;
+    const int64_t r = ctx.max_rows, k = mlp.slots_, e_count = moe.experts, f = moe.expert_hidden, d = mlp.hidden_;
+    const int64_t rows = mlp.router_->most_pairs(r);
     dispatch_.experts = e_count, dispatch_.top_k = k;
     ctx.state.reserve(dispatch_.counts, DType::i32, Shape{e_count});
     ctx.state.reserve(dispatch_.offsets, DType::i32, Shape{e_count + 1});
-    ctx.state.reserve(dispatch_.pair_of_row, DType::i32, Shape{r * k});
+    ctx.state.reserve(dispatch_.pair_of_row, DType::i32, Shape{rows});
     ctx.state.reserve(dispatch_.row_of_pair, DType::i32, Shape{r * k});
     ctx.state.reserve(experts_, DType::i32, Shape{r, k});
     auto bytes = [](DType dt, Shape s) { return Workspace::footprint(dt, s); };
     const int64_t s = moe.shared_hidden;
     ctx.workspace.reserve_peak(3 * bytes(wide_, Shape{r, e_count}) + bytes(wide_, Shape{r, k}) +
-                               2 * bytes(dtype_, Shape{r * k, d}) + bytes(dtype_, Shape{r * k, 2 * f}) +
-                               bytes(dtype_, Shape{r * k, f}) +
+                               2 * bytes(dtype_, Shape{rows, d}) + bytes(dtype_, Shape{rows, 2 * f}) +
+                               bytes(dtype_, Shape{rows, f}) +
                                (s > 0 ? bytes(dtype_, Shape{r, 2 * s}) + bytes(dtype_, Shape{r, s}) + bytes(dtype_, Shape{r, d})
                                       : 0));
   }
 
   void forward(const Tensor& h, const DecodeRows& rows, const Tensor& out) override {
     const MoeConfig& moe = m_.moe_;
-    const int64_t n = rows.count, k = moe.top_k, e_count = moe.experts, f = moe.expert_hidden, d = m_.hidden_;
+    const int64_t n = rows.count, k = m_.slots_, e_count = moe.experts, f = moe.expert_hidden, d = m_.hidden_;
+    const int64_t grouped_rows = m_.router_->most_pairs(n);
     Workspace::Scope scope(workspace_);
     const Tensor logits = scope.take(wide_, Shape{n, e_count}), probs = scope.take(wide_, Shape{n, e_count});
     const ops::Routes routes{experts_.rows(0, n), scope.take(wide_, Shape{n, k})};
     ops::MoeDispatch dispatch = dispatch_;
-    dispatch.pair_of_row = dispatch_.pair_of_row.rows(0, n * k);
+    dispatch.pair_of_row = dispatch_.pair_of_row.rows(0, grouped_rows);
     dispatch.row_of_pair = dispatch_.row_of_pair.rows(0, n * k);
     ops::router_logits(h, m_.router_w_, logits);
-    m_.router_->route(logits, routes, probs, scope.take(wide_, Shape{n, e_count}));
+    m_.router_->route(logits, routes, probs, scope.take(wide_, Shape{n, e_count}), /*training=*/false);
     ops::moe_dispatch(routes.experts, dispatch);
-    const Tensor grouped = scope.take(dtype_, Shape{n * k, d}), gate_up = scope.take(dtype_, Shape{n * k, 2 * f});
-    const Tensor act = scope.take(dtype_, Shape{n * k, f}), y = scope.take(dtype_, Shape{n * k, d});
+    const Tensor grouped = scope.take(dtype_, Shape{grouped_rows, d});
+    const Tensor gate_up = scope.take(dtype_, Shape{grouped_rows, 2 * f});
+    const Tensor act = scope.take(dtype_, Shape{grouped_rows, f}), y = scope.take(dtype_, Shape{grouped_rows, d});
     ops::moe_gather(h, dispatch, grouped);
     ops::moe_grouped_linear_forward(grouped, m_.gate_up_w_, dispatch, gate_up);
     ops::swiglu_forward(gate_up, act);

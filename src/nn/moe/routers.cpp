@@ -15,19 +15,22 @@ namespace {
 // transformers' Qwen3MoeSparseMoeBlock. The balance loss reads the softmax itself.
 class SoftmaxTopK final : public Router {
  public:
-  explicit SoftmaxTopK(const RouterSpec& spec) : normalize_(spec.moe->norm_topk_prob) {}
+  explicit SoftmaxTopK(const RouterSpec& spec) : normalize_(spec.moe->norm_topk_prob), k_(spec.moe->top_k) {}
 
-  void route(const Tensor& logits, const ops::Routes& routes, const Tensor& probs, const Tensor&) override {
+  int64_t slots() const override { return k_; }
+
+  void route(const Tensor& logits, const ops::Routes& routes, const Tensor& probs, const Tensor&, bool) override {
     ops::softmax_topk_forward(logits, normalize_, probs, routes);
   }
 
   void backward(const ops::Routes& routes, const Tensor& probs, const Tensor&, const Tensor& dweights,
-                const Tensor& dprobs, const Tensor& dlogits, const Tensor&) override {
+                const Tensor& dprobs, const Tensor& dlogits, const Tensor&, double) override {
     ops::softmax_topk_backward(probs, routes, normalize_, dweights, dprobs, dlogits);
   }
 
  private:
   bool normalize_;
+  int64_t k_;
 };
 
 // Sigmoid scores; the top k chosen on score + a per-expert bias that no gradient moves:
@@ -46,8 +49,11 @@ class SigmoidBias final : public Router {
               Shape{e}, Init::zeros());
   }
 
+  int64_t slots() const override { return moe_.top_k; }
+
   // saved: the sigmoid scores.
-  void route(const Tensor& logits, const ops::Routes& routes, const Tensor& probs, const Tensor& scores) override {
+  void route(const Tensor& logits, const ops::Routes& routes, const Tensor& probs, const Tensor& scores,
+             bool) override {
     ops::sigmoid_bias_forward(logits, bias_, moe_.groups, moe_.top_groups, moe_.norm_topk_prob, moe_.routed_scaling,
                               scores, routes);
     ops::row_normalize_forward(scores, probs);
@@ -55,7 +61,7 @@ class SigmoidBias final : public Router {
 
   // d(probs) -> d(scores) through p = s / sum(s) into scratch, then the scores' backward.
   void backward(const ops::Routes& routes, const Tensor& probs, const Tensor& scores, const Tensor& dweights,
-                const Tensor& dprobs, const Tensor& dlogits, const Tensor& scratch) override {
+                const Tensor& dprobs, const Tensor& dlogits, const Tensor& scratch, double) override {
     Tensor dscores;
     if (dprobs.defined()) {
       dscores = scratch;
@@ -76,7 +82,7 @@ class SigmoidBias final : public Router {
     out.emplace_back(prefix + "bias_max", hi);
   }
 
-  void after_step(const Tensor& step_counts) override {
+  void after_step(const Tensor& step_counts, const Tensor&) override {
     ops::sigmoid_bias_update(bias_, step_counts, sign_rule_, moe_.bias_rate);
   }
 
@@ -88,11 +94,20 @@ class SigmoidBias final : public Router {
 
 }  // namespace
 
+int64_t expert_capacity(const MoeConfig& moe, int64_t tokens, double factor) {
+  if (factor <= 0) return 0;
+  const double pairs = factor * static_cast<double>(tokens * moe.top_k) / static_cast<double>(moe.experts);
+  return std::min<int64_t>(tokens, static_cast<int64_t>(std::ceil(pairs - 1e-9)));
+}
+
 RouterRegistry& router_registry() {
   static RouterRegistry* registry = [] {
     auto* r = new RouterRegistry("router");
     register_softmax_topk_router(*r);
     register_sigmoid_bias_router(*r);
+    register_sinkhorn_router(*r);
+    register_expert_choice_router(*r);
+    register_relu_router(*r);
     return r;
   }();
   return *registry;

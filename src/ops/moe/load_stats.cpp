@@ -88,6 +88,22 @@ void moe_end_step(const Tensor& counts, const Tensor& entropy, const Tensor& las
   }
 }
 
+void moe_take_counts(const Tensor& counts, const Tensor& last) {
+  const char* op = "moe_take_counts";
+  KILN_OP_SCOPE(op, counts);
+  expect_rank(op, "counts", counts, 1);
+  expect_counts(op, "counts", counts, counts);
+  expect_counts(op, "last", last, counts);
+  KILN_ON_CUDA(counts, op, cuda::take_counts(counts.data<int32_t>(), counts.numel(), last.data<int32_t>()));
+  int32_t *c = counts.data<int32_t>(), *l = last.data<int32_t>();
+  for (int64_t i = 0; i < counts.numel(); ++i) l[i] = c[i], c[i] = 0;
+}
+
+int64_t moe_read_count(const Tensor& counts) {
+  expect_counts("moe_read_count", "counts", counts, counts);
+  return on_host(counts)->data<int32_t>()[0];
+}
+
 MoeLoadReport moe_load_report(const Tensor& last_counts, const Tensor& last_entropy, const Tensor& dead_steps) {
   const char* op = "moe_load_report";
   expect_rank(op, "last_counts", last_counts, 1);
@@ -101,6 +117,7 @@ MoeLoadReport moe_load_report(const Tensor& last_counts, const Tensor& last_entr
   MoeLoadReport r;
   double mean = 0, sq = 0;
   for (int64_t j = 0; j < e_count; ++j) mean += counts[j];
+  r.routed = mean;
   mean /= static_cast<double>(e_count);
   for (int64_t j = 0; j < e_count; ++j) {
     const double share = mean > 0 ? counts[j] / mean : 0.0;

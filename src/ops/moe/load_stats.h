@@ -22,6 +22,12 @@ void routing_entropy_sum(const Tensor& probs, const Tensor& sums);
 void moe_end_step(const Tensor& counts, const Tensor& entropy, const Tensor& last_counts, const Tensor& last_entropy,
                   const Tensor& dead_steps);
 
+// The end of a step for a counter (the capacity's dropped pairs, i32 [n]): last = counts,
+// counts = 0.
+void moe_take_counts(const Tensor& counts, const Tensor& last);
+// A counter's first value on the host (i32; a synchronization on the GPU).
+int64_t moe_read_count(const Tensor& counts);
+
 // The last step's load, relative to the mean count: min, max and the coefficient of
 // variation; experts without a token and the longest run of such steps; the mean routing
 // entropy per token. Reads the tensors to the host (a synchronization on the GPU).
@@ -29,6 +35,7 @@ struct MoeLoadReport {
   double min = 0, max = 0, cv = 0;
   int64_t dead = 0, dead_steps_max = 0;
   double entropy = 0;
+  double routed = 0;  // the step's routed pairs (the counts' sum)
 };
 MoeLoadReport moe_load_report(const Tensor& last_counts, const Tensor& last_entropy, const Tensor& dead_steps);
 

@@ -65,7 +65,20 @@ __global__ void end_step_kernel(int32_t* __restrict__ counts, double* __restrict
   }
 }
 
+__global__ void take_counts_kernel(int32_t* __restrict__ counts, int64_t n, int32_t* __restrict__ last) {
+  KILN_GRID_STRIDE(i, n) {
+    last[i] = counts[i];
+    counts[i] = 0;
+  }
+}
+
 }  // namespace
+
+void take_counts(int32_t* counts, int64_t n, int32_t* last) {
+  if (n == 0) return;
+  take_counts_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(counts, n, last);
+  check_launch("moe_take_counts", "take_counts_kernel");
+}
 
 void add_counts(const int32_t* counts, int64_t n, int32_t* total) {
   if (n == 0) return;

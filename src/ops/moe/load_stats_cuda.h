@@ -11,6 +11,8 @@ namespace kiln::cuda {
 void add_counts(const int32_t* counts, int64_t n, int32_t* total);
 // sums[0] += sum_t -sum_j p log p over probs [tokens, e_count] (fp32), sums[1] += tokens.
 void routing_entropy_sum(const float* probs, int64_t tokens, int64_t e_count, double* sums);
+// last [n] = counts [n], counts = 0.
+void take_counts(int32_t* counts, int64_t n, int32_t* last);
 // As ops::moe_end_step.
 void moe_end_step(int32_t* counts, double* entropy, int32_t* last_counts, double* last_entropy, int32_t* dead_steps,
                   int64_t e_count);

@@ -9,6 +9,7 @@
 #include "ops/moe/grouped_gemm_cuda.h"
 #include "ops/moe/moe_cuda.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace kiln::ops {
@@ -16,15 +17,18 @@ namespace kiln::ops {
 namespace {
 
 void check_dispatch(const char* op, const MoeDispatch& d, int64_t tokens) {
-  const int64_t rows = tokens * d.top_k;
-  KILN_CHECK(d.experts > 0 && d.top_k > 0 && d.top_k <= d.experts, op, "dispatch of top {} of {} experts", d.top_k,
-             d.experts);
+  const int64_t pairs = tokens * d.top_k;
+  KILN_CHECK(d.experts > 0 && d.top_k > 0, op, "dispatch of {} slots over {} experts", d.top_k, d.experts);
   expect_shape(op, "counts", d.counts, Shape{d.experts});
   expect_shape(op, "offsets", d.offsets, Shape{d.experts + 1});
-  expect_shape(op, "pair_of_row", d.pair_of_row, Shape{rows});
-  expect_shape(op, "row_of_pair", d.row_of_pair, Shape{rows});
+  expect_rank(op, "pair_of_row", d.pair_of_row, 1);
+  KILN_CHECK(d.pair_of_row.numel() <= pairs, op, "{} grouped rows for {} pairs", d.pair_of_row.numel(), pairs);
+  expect_shape(op, "row_of_pair", d.row_of_pair, Shape{pairs});
   for (const Tensor* t : {&d.counts, &d.offsets, &d.pair_of_row, &d.row_of_pair}) expect_dtype(op, "dispatch", *t, DType::i32);
 }
+
+// The grouped layout's rows R.
+int64_t grouped_rows(const MoeDispatch& d) { return d.pair_of_row.numel(); }
 
 // Token rows on the GPU: f32, or bf16 on the mixed path.
 void expect_gpu_rows(const char* op, const char* name, const Tensor& t) {
@@ -66,30 +70,45 @@ void moe_dispatch(const Tensor& experts, const MoeDispatch& out) {
   KILN_OP_SCOPE(op, experts);
   expect_rank(op, "experts", experts, 2);
   expect_dtype(op, "experts", experts, DType::i32);
-  KILN_CHECK(experts.size(1) == out.top_k, op, "experts {} for top_k {}", experts.describe(), out.top_k);
+  KILN_CHECK(experts.size(1) == out.top_k, op, "experts {} for {} slots", experts.describe(), out.top_k);
   check_dispatch(op, out, experts.size(0));
   expect_on(op, out, experts.device());
+  KILN_CHECK(out.capacity >= 0, op, "capacity {}", out.capacity);
+  if (out.dropped.defined()) expect_tensor(op, "dropped", out.dropped, Shape{1}, DType::i32, experts.device());
   KILN_ON_CUDA(experts, op,
-               cuda::moe_dispatch(experts.data<int32_t>(), experts.numel(), out.experts, out.counts.data<int32_t>(),
-                                  out.offsets.data<int32_t>(), out.pair_of_row.data<int32_t>(),
-                                  out.row_of_pair.data<int32_t>()));
+               cuda::moe_dispatch(experts.data<int32_t>(), experts.numel(), out.experts, out.capacity,
+                                  grouped_rows(out), out.counts.data<int32_t>(), out.offsets.data<int32_t>(),
+                                  out.pair_of_row.data<int32_t>(), out.row_of_pair.data<int32_t>(),
+                                  out.dropped.defined() ? out.dropped.data<int32_t>() : nullptr));
   const int64_t pairs = experts.numel(), e_count = out.experts;
   const int32_t* ids = experts.data<int32_t>();
   int32_t* counts = out.counts.data<int32_t>();
   int32_t* offsets = out.offsets.data<int32_t>();
   std::fill(counts, counts + e_count, 0);
   for (int64_t p = 0; p < pairs; ++p) {
-    KILN_CHECK(ids[p] >= 0 && ids[p] < e_count, op, "pair {} is routed to expert {} of {}", p, ids[p], e_count);
-    ++counts[ids[p]];
+    KILN_CHECK(ids[p] >= -1 && ids[p] < e_count, op, "pair {} is routed to expert {} of {}", p, ids[p], e_count);
+    if (ids[p] >= 0) ++counts[ids[p]];
   }
+  const auto kept = [&](int64_t e) {
+    return out.capacity > 0 ? std::min<int64_t>(counts[e], out.capacity) : static_cast<int64_t>(counts[e]);
+  };
   offsets[0] = 0;
-  for (int64_t e = 0; e < e_count; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  for (int64_t e = 0; e < e_count; ++e) offsets[e + 1] = offsets[e] + static_cast<int32_t>(kept(e));
+  KILN_CHECK(offsets[e_count] <= grouped_rows(out), op, "{} rows kept, the grouped layout has {}", offsets[e_count],
+             grouped_rows(out));
   std::vector<int32_t> next(offsets, offsets + e_count);  // a stable counting sort of the pairs
+  int32_t dropped = 0;
   for (int64_t p = 0; p < pairs; ++p) {
-    const int32_t row = next[static_cast<size_t>(ids[p])]++;
-    out.pair_of_row.data<int32_t>()[row] = static_cast<int32_t>(p);
+    int32_t row = -1;
+    if (ids[p] >= 0 && next[static_cast<size_t>(ids[p])] < offsets[ids[p] + 1]) {
+      row = next[static_cast<size_t>(ids[p])]++;
+      out.pair_of_row.data<int32_t>()[row] = static_cast<int32_t>(p);
+    } else if (ids[p] >= 0) {
+      ++dropped;  // past its expert's capacity
+    }
     out.row_of_pair.data<int32_t>()[p] = row;
   }
+  if (out.dropped.defined()) out.dropped.data<int32_t>()[0] += dropped;
 }
 
 void moe_gather(const Tensor& x, const MoeDispatch& d, const Tensor& grouped) {
@@ -98,18 +117,24 @@ void moe_gather(const Tensor& x, const MoeDispatch& d, const Tensor& grouped) {
   expect_rank(op, "x", x, 2);
   check_dispatch(op, d, x.size(0));
   expect_same(op, "grouped", grouped, x);
-  expect_shape(op, "grouped", grouped, Shape{x.size(0) * d.top_k, x.size(1)});
+  expect_shape(op, "grouped", grouped, Shape{grouped_rows(d), x.size(1)});
   expect_on(op, d, x.device());
   KILN_ON_CUDA(x, op, {
     expect_gpu_rows(op, "x", x);
-    cuda::moe_gather(x.raw(), x.dtype(), x.size(0), x.size(1), d.top_k, d.pair_of_row.data<int32_t>(), grouped.raw());
+    cuda::moe_gather(x.raw(), x.dtype(), grouped_rows(d), x.size(1), d.top_k, d.pair_of_row.data<int32_t>(),
+                     d.offsets.data<int32_t>() + d.experts, grouped.raw());
   });
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const int64_t cols = x.size(1), k = d.top_k;
+    const int64_t cols = x.size(1), k = d.top_k, live = d.offsets.data<int32_t>()[d.experts];
     for (int64_t r = 0; r < grouped.size(0); ++r) {
+      T* dst = grouped.data<T>() + r * cols;
+      if (r >= live) {
+        std::fill(dst, dst + cols, T(0));
+        continue;
+      }
       const T* src = x.data<T>() + (d.pair_of_row.data<int32_t>()[r] / k) * cols;
-      std::copy(src, src + cols, grouped.data<T>() + r * cols);
+      std::copy(src, src + cols, dst);
     }
   });
 }
@@ -120,7 +145,7 @@ void moe_gather_backward(const Tensor& dgrouped, const MoeDispatch& d, const Ten
   expect_rank(op, "dx", dx, 2);
   check_dispatch(op, d, dx.size(0));
   expect_same(op, "dgrouped", dgrouped, dx);
-  expect_shape(op, "dgrouped", dgrouped, Shape{dx.size(0) * d.top_k, dx.size(1)});
+  expect_shape(op, "dgrouped", dgrouped, Shape{grouped_rows(d), dx.size(1)});
   expect_on(op, d, dx.device());
   KILN_ON_CUDA(dx, op, {
     expect_gpu_rows(op, "dx", dx);
@@ -134,7 +159,9 @@ void moe_gather_backward(const Tensor& dgrouped, const MoeDispatch& d, const Ten
       T* out = dx.data<T>() + t * cols;
       if (!accumulate) std::fill(out, out + cols, T(0));
       for (int64_t j = 0; j < k; ++j) {
-        const T* src = dgrouped.data<T>() + d.row_of_pair.data<int32_t>()[t * k + j] * cols;
+        const int32_t row = d.row_of_pair.data<int32_t>()[t * k + j];
+        if (row < 0) continue;
+        const T* src = dgrouped.data<T>() + row * cols;
         for (int64_t c = 0; c < cols; ++c) out[c] += src[c];
       }
     }
@@ -201,7 +228,7 @@ void moe_combine(const Tensor& y, const Tensor& weights, const MoeDispatch& d, c
   expect_rank(op, "out", out, 2);
   check_dispatch(op, d, out.size(0));
   expect_same(op, "y", y, out);
-  expect_shape(op, "y", y, Shape{out.size(0) * d.top_k, out.size(1)});
+  expect_shape(op, "y", y, Shape{grouped_rows(d), out.size(1)});
   expect_weights(op, "weights", weights, out, Shape{out.size(0), d.top_k});
   expect_on(op, d, out.device());
   KILN_ON_CUDA(out, op, {
@@ -216,8 +243,10 @@ void moe_combine(const Tensor& y, const Tensor& weights, const MoeDispatch& d, c
       T* o = out.data<T>() + t * cols;
       std::fill(o, o + cols, T(0));
       for (int64_t j = 0; j < k; ++j) {
+        const int32_t row = d.row_of_pair.data<int32_t>()[t * k + j];
+        if (row < 0) continue;
         const T w = weights.data<T>()[t * k + j];
-        const T* src = y.data<T>() + d.row_of_pair.data<int32_t>()[t * k + j] * cols;
+        const T* src = y.data<T>() + row * cols;
         for (int64_t c = 0; c < cols; ++c) o[c] += w * src[c];
       }
     }
@@ -231,7 +260,7 @@ void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& 
   expect_rank(op, "dout", dout, 2);
   check_dispatch(op, d, dout.size(0));
   expect_same(op, "y", y, dout);
-  expect_shape(op, "y", y, Shape{dout.size(0) * d.top_k, dout.size(1)});
+  expect_shape(op, "y", y, Shape{grouped_rows(d), dout.size(1)});
   expect_same(op, "dy", dy, y);
   expect_shape(op, "dy", dy, y.shape());
   expect_weights(op, "weights", weights, dout, Shape{dout.size(0), d.top_k});
@@ -249,6 +278,10 @@ void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& 
       const T* g = dout.data<T>() + t * cols;
       for (int64_t j = 0; j < k; ++j) {
         const int32_t row = d.row_of_pair.data<int32_t>()[t * k + j];
+        if (row < 0) {
+          dweights.data<T>()[t * k + j] = T(0);
+          continue;
+        }
         const T w = weights.data<T>()[t * k + j];
         const T* src = y.data<T>() + row * cols;
         T* dst = dy.data<T>() + row * cols;

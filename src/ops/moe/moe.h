@@ -1,15 +1,19 @@
-// Mixture-of-experts dispatch: T tokens, each routed to k of E experts, computed as one
-// grouped layout of T x k rows in which expert e owns the contiguous rows
-// [offsets[e], offsets[e + 1]).
+// Mixture-of-experts dispatch: T tokens, each with k route slots (pair p = t k + j: token
+// t's j-th slot) naming one of E experts or none (-1: a router with a variable count per
+// token leaves slots empty), computed as one grouped layout of at most R rows in which
+// expert e owns the contiguous rows [offsets[e], offsets[e + 1]); offsets[E] <= R rows are
+// live, the rest are zero (gather) and read by no one.
 //
-//   dispatch  experts i32 [T, k] -> counts [E], offsets [E + 1], the permutation
-//             (pair p = t k + j is token t's j-th choice; rows are ordered by expert, and
-//             within an expert by pair: stable, so results do not depend on the order of
-//             the work)
-//   gather    x [T, d] -> grouped [T k, d]: row r = x[token of pair_of_row[r]]
+//   dispatch  experts i32 [T, k] -> counts [E] (every pair routed to e), offsets [E + 1]
+//             (the rows kept: at most `capacity` per expert when it is set, the first
+//             ones in pair order, as Switch / GShard drop by position), the permutation
+//             (rows are ordered by expert, and within an expert by pair: stable, so
+//             results do not depend on the order of the work); an empty or dropped pair
+//             has row -1 and contributes nothing
+//   gather    x [T, d] -> grouped [R, d]: row r = x[token of pair_of_row[r]]
 //   grouped_linear  per expert, grouped rows [n_e, in] x W_e^T -> [n_e, out], W = [E out, in]
 //             (expert e's weight is rows [e out, (e + 1) out) of one matrix)
-//   combine   out[t] = sum_j weights[t, j] y[row_of_pair[t k + j]]
+//   combine   out[t] = sum over token t's kept pairs j of weights[t, j] y[row_of_pair[t k + j]]
 //
 // Every op's CPU reference runs with the sizes on the host; on the GPU the sizes stay on the
 // device (no synchronization), so a step with experts can be captured as a CUDA graph.
@@ -25,31 +29,38 @@
 namespace kiln::ops {
 
 struct MoeDispatch {
-  int64_t experts = 0, top_k = 0;
-  Tensor counts;       // i32 [E]
-  Tensor offsets;      // i32 [E + 1]: offsets[0] = 0, offsets[E] = T k
-  Tensor pair_of_row;  // i32 [T k]
-  Tensor row_of_pair;  // i32 [T k]
+  int64_t experts = 0;
+  int64_t top_k = 0;     // route slots per token (k; E for the routers that give a token any number)
+  int64_t capacity = 0;  // rows an expert keeps at most (0: every pair routed to it)
+  Tensor counts;         // i32 [E]: pairs routed to each expert (before any drop)
+  Tensor offsets;        // i32 [E + 1]: offsets[0] = 0, offsets[E] = the live rows <= R
+  Tensor pair_of_row;    // i32 [R]: R = its length, the grouped layout's rows
+  Tensor row_of_pair;    // i32 [T k]: -1 for an empty or dropped pair
+  Tensor dropped;        // i32 [1] (+=): pairs dropped by the capacity; undefined: not counted
 };
 
-// experts i32 [T, k] (every id in [0, E)) -> the dispatch's four tensors (=).
+// experts i32 [T, k] (every id in [0, E), or -1: empty) -> counts, offsets and the
+// permutation (=), dropped (+=). The live rows must fit in R (an error on the CPU; a trap
+// on the GPU, which cannot read them).
 void moe_dispatch(const Tensor& experts, const MoeDispatch& out);
 
-// x [T, d] -> grouped [T k, d] (=).
+// x [T, d] -> grouped [R, d] (=; rows past the live ones zero).
 void moe_gather(const Tensor& x, const MoeDispatch& dispatch, const Tensor& grouped);
-// dgrouped [T k, d] -> dx [T, d]: the sum of each token's k rows, in choice order (= or +=).
+// dgrouped [R, d] -> dx [T, d]: the sum of each token's kept rows, in slot order (= or +=).
 void moe_gather_backward(const Tensor& dgrouped, const MoeDispatch& dispatch, const Tensor& dx, bool accumulate);
 
-// x [T k, in], w [E out, in] -> y [T k, out] (=): expert e's rows times its weight.
+// x [R, in], w [E out, in] -> y [R, out] (=): expert e's rows times its weight (rows past
+// the live ones untouched).
 void moe_grouped_linear_forward(const Tensor& x, const Tensor& w, const MoeDispatch& dispatch, const Tensor& y);
-// dy [T k, out] -> dx [T k, in] (=; skipped if undefined) and dw [E out, in] (+=; skipped if
+// dy [R, out] -> dx [R, in] (=; skipped if undefined) and dw [E out, in] (+=; skipped if
 // undefined).
 void moe_grouped_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const MoeDispatch& dispatch,
                                  const Tensor& dx, const Tensor& dw);
 
-// y [T k, d], weights [T, k] (wide: the rows' dtype on the CPU, fp32 on the GPU) -> out [T, d] (=).
+// y [R, d], weights [T, k] (wide: the rows' dtype on the CPU, fp32 on the GPU) -> out [T, d] (=).
 void moe_combine(const Tensor& y, const Tensor& weights, const MoeDispatch& dispatch, const Tensor& out);
-// dout [T, d] -> dy [T k, d] (= weights x dout) and dweights [T, k] (= dout . y, wide).
+// dout [T, d] -> dy [R, d] (= weights x dout on the live rows) and dweights [T, k] (= dout
+// . y, wide; 0 for an empty or dropped pair).
 void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& dout, const MoeDispatch& dispatch,
                           const Tensor& dy, const Tensor& dweights);
 

@@ -47,9 +47,10 @@ constexpr int64_t kChunkCountsMax = int64_t{1} << 22;  // 16 MiB of per-chunk ex
 constexpr int64_t kMostChunks = 128;
 __device__ int32_t g_chunk_counts[kChunkCountsMax];
 
+// An expert id, or -1 for an empty slot.
 __device__ __forceinline__ int32_t checked_expert(const int32_t* experts, int64_t p, int64_t e_count) {
   const int32_t e = experts[p];
-  if (e < 0 || e >= e_count) __trap();  // the front end cannot read ids; a router never writes these
+  if (e < -1 || e >= e_count) __trap();  // the front end cannot read ids; a router never writes these
   return e;
 }
 
@@ -60,18 +61,30 @@ __global__ void count_chunks(const int32_t* __restrict__ experts, int64_t pairs,
   for (int64_t e = threadIdx.x; e < e_count; e += blockDim.x) hist[e] = 0;
   __syncthreads();
   const int64_t begin = blockIdx.x * chunk, end = min(begin + chunk, pairs);
-  for (int64_t p = begin + threadIdx.x; p < end; p += blockDim.x) atomicAdd(&hist[checked_expert(experts, p, e_count)], 1);
+  for (int64_t p = begin + threadIdx.x; p < end; p += blockDim.x) {
+    const int32_t e = checked_expert(experts, p, e_count);
+    if (e >= 0) atomicAdd(&hist[e], 1);
+  }
   __syncthreads();
   for (int64_t e = threadIdx.x; e < e_count; e += blockDim.x) chunk_counts[blockIdx.x * e_count + e] = hist[e];
 }
 
 constexpr int kScanThreads = 1024;
 
-// One block: chunk_counts[b][e] becomes the rows of e in chunks before b; counts and
-// offsets from their sums. offsets: a Hillis-Steele scan of 1024 experts at a time.
+// The rows expert e keeps of its routed pairs.
+__device__ __forceinline__ int32_t kept_rows(int32_t routed, int64_t capacity) {
+  return capacity > 0 && routed > capacity ? static_cast<int32_t>(capacity) : routed;
+}
+
+// One block: chunk_counts[b][e] becomes the pairs of e in chunks before b; counts from their
+// sums, offsets from the rows kept (a Hillis-Steele scan of 1024 experts at a time), and
+// *dropped += the pairs past the capacity (integer adds: any order gives the same sum).
 __global__ void __launch_bounds__(kScanThreads)
-    scan_chunks(int64_t chunks, int64_t e_count, int32_t* __restrict__ chunk_counts, int32_t* __restrict__ counts,
-                int32_t* __restrict__ offsets) {
+    scan_chunks(int64_t chunks, int64_t e_count, int64_t capacity, int64_t rows, int32_t* __restrict__ chunk_counts,
+                int32_t* __restrict__ counts, int32_t* __restrict__ offsets, int32_t* __restrict__ dropped) {
+  __shared__ int32_t dropped_here;
+  if (threadIdx.x == 0) dropped_here = 0;
+  __syncthreads();
   for (int64_t e = threadIdx.x; e < e_count; e += blockDim.x) {
     int32_t running = 0;
     for (int64_t b = 0; b < chunks; ++b) {
@@ -80,14 +93,16 @@ __global__ void __launch_bounds__(kScanThreads)
       running += c;
     }
     counts[e] = running;
+    if (running > kept_rows(running, capacity)) atomicAdd(&dropped_here, running - kept_rows(running, capacity));
   }
   __syncthreads();
+  if (threadIdx.x == 0 && dropped) *dropped += dropped_here;
   __shared__ int32_t scan[kScanThreads];
   int32_t carry = 0;
   if (threadIdx.x == 0) offsets[0] = 0;
   for (int64_t base = 0; base < e_count; base += kScanThreads) {
     const int64_t e = base + threadIdx.x;
-    scan[threadIdx.x] = e < e_count ? counts[e] : 0;
+    scan[threadIdx.x] = e < e_count ? kept_rows(counts[e], capacity) : 0;
     __syncthreads();
     for (int offset = 1; offset < kScanThreads; offset *= 2) {
       const int32_t add = threadIdx.x >= offset ? scan[threadIdx.x - offset] : 0;
@@ -99,10 +114,12 @@ __global__ void __launch_bounds__(kScanThreads)
     carry += scan[kScanThreads - 1];
     __syncthreads();
   }
+  if (threadIdx.x == 0 && carry > rows) __trap();  // the router promised at most `rows` pairs
 }
 
 // Block b places chunk b's pairs: its experts staged in shared memory, each pair counts
-// the pairs of its expert before it in the chunk.
+// the pairs of its expert before it in the chunk; an empty pair, or one past its expert's
+// kept rows, gets row -1.
 __global__ void place_pairs(const int32_t* __restrict__ experts, int64_t pairs, int64_t e_count, int64_t chunk,
                             const int32_t* __restrict__ chunk_counts, const int32_t* __restrict__ offsets,
                             int32_t* __restrict__ pair_of_row, int32_t* __restrict__ row_of_pair) {
@@ -112,9 +129,18 @@ __global__ void place_pairs(const int32_t* __restrict__ experts, int64_t pairs, 
   __syncthreads();
   for (int64_t q = threadIdx.x; q < n; q += blockDim.x) {
     const int32_t e = ids[q];
+    if (e < 0) {
+      row_of_pair[begin + q] = -1;
+      continue;
+    }
     int32_t before = 0;
     for (int64_t i = 0; i < q; ++i) before += ids[i] == e;
-    const int32_t row = offsets[e] + chunk_counts[blockIdx.x * e_count + e] + before;
+    const int32_t rank = chunk_counts[blockIdx.x * e_count + e] + before;  // among the expert's pairs
+    if (rank >= offsets[e + 1] - offsets[e]) {
+      row_of_pair[begin + q] = -1;  // past the capacity: dropped
+      continue;
+    }
+    const int32_t row = offsets[e] + rank;
     pair_of_row[row] = static_cast<int32_t>(begin + q);
     row_of_pair[begin + q] = row;
   }
@@ -138,16 +164,23 @@ bool vectorizable(int64_t cols, std::initializer_list<const void*> pointers) {
   return true;
 }
 
-// grouped row r = x row pair_of_row[r] / k.
+// grouped row r = x row pair_of_row[r] / k for the live rows, zero past them.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads)
     gather_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t k, const int32_t* __restrict__ pair_of_row,
-                  T* __restrict__ grouped) {
+                  const int32_t* __restrict__ live, T* __restrict__ grouped) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
   if (r >= rows) return;
-  const T* src = x + (pair_of_row[r] / k) * cols;
   T* dst = grouped + r * cols;
+  if (r >= *live) {
+    float zero[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) zero[i] = 0.0f;
+    for (int64_t c = lane * W; c < cols; c += kWarpSize * W) store<W>(dst + c, zero);
+    return;
+  }
+  const T* src = x + (pair_of_row[r] / k) * cols;
   for (int64_t c = lane * W; c < cols; c += kWarpSize * W) {
     float v[W];
     load<W>(src + c, v);
@@ -173,8 +206,10 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < W; ++i) acc[i] = 0.0f;
     }
     for (int64_t j = 0; j < k; ++j) {
+      const int32_t row = row_of_pair[t * k + j];
+      if (row < 0) continue;
       float v[W];
-      load<W>(dgrouped + static_cast<int64_t>(row_of_pair[t * k + j]) * cols + c, v);
+      load<W>(dgrouped + static_cast<int64_t>(row) * cols + c, v);
 #pragma unroll
       for (int i = 0; i < W; ++i) acc[i] += v[i];
     }
@@ -195,9 +230,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < W; ++i) acc[i] = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
+      const int32_t row = row_of_pair[t * k + j];
+      if (row < 0) continue;
       const float w = weights[t * k + j];
       float v[W];
-      load<W>(y + static_cast<int64_t>(row_of_pair[t * k + j]) * cols + c, v);
+      load<W>(y + static_cast<int64_t>(row) * cols + c, v);
 #pragma unroll
       for (int i = 0; i < W; ++i) acc[i] += w * v[i];
     }
@@ -216,6 +253,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t p = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
   if (p >= pairs) return;  // whole warps leave together: the butterfly below has all lanes
   const int64_t row = row_of_pair[p];
+  if (row < 0) {  // empty or dropped: no row, no gradient
+    if (lane == 0) dweights[p] = 0.0f;
+    return;
+  }
   const T* g = dout + (p / k) * cols;
   const float w = weights[p];
   float dot = 0.0f;
@@ -250,8 +291,8 @@ void by_dtype(DType dtype, bool vector, Launch&& launch) {
 
 }  // namespace
 
-void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int32_t* counts, int32_t* offsets,
-                  int32_t* pair_of_row, int32_t* row_of_pair) {
+void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int64_t capacity, int64_t rows,
+                  int32_t* counts, int32_t* offsets, int32_t* pair_of_row, int32_t* row_of_pair, int32_t* dropped) {
   constexpr const char* kOp = "moe_dispatch";
   // Chunks of at least kThreads pairs, longer so that there are at most kMostChunks of them:
   // scan_chunks walks the chunks of an expert one after another (a 4096 x 8 micro-batch has
@@ -271,7 +312,7 @@ void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int32_
                                                                                    scratch);
     check_launch(kOp, "count_chunks");
   }
-  scan_chunks<<<1, kScanThreads, 0, stream()>>>(chunks, e_count, scratch, counts, offsets);
+  scan_chunks<<<1, kScanThreads, 0, stream()>>>(chunks, e_count, capacity, rows, scratch, counts, offsets, dropped);
   check_launch(kOp, "scan_chunks");
   if (pairs == 0) return;
   place_pairs<<<static_cast<unsigned>(chunks), kThreads, ids_bytes, stream()>>>(experts, pairs, e_count, chunk, scratch,
@@ -279,13 +320,12 @@ void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int32_
   check_launch(kOp, "place_pairs");
 }
 
-void moe_gather(const void* x, DType dtype, int64_t tokens, int64_t cols, int64_t k, const int32_t* pair_of_row,
-                void* grouped) {
-  const int64_t rows = tokens * k;
+void moe_gather(const void* x, DType dtype, int64_t rows, int64_t cols, int64_t k, const int32_t* pair_of_row,
+                const int32_t* live, void* grouped) {
   if (rows == 0 || cols == 0) return;
   by_dtype(dtype, vectorizable(cols, {x, grouped}), [&]<typename T, int W>() {
     gather_kernel<T, W><<<row_blocks(rows), kThreads, 0, stream()>>>(static_cast<const T*>(x), rows, cols, k,
-                                                                       pair_of_row, static_cast<T*>(grouped));
+                                                                       pair_of_row, live, static_cast<T*>(grouped));
     check_launch("moe_gather", "gather_kernel");
   });
 }

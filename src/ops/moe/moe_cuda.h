@@ -18,22 +18,28 @@
 
 namespace kiln::cuda {
 
-// experts i32 [pairs] (pairs = tokens x k, pair p = t k + j) -> counts [E], offsets [E + 1],
-// pair_of_row [pairs], row_of_pair [pairs].
-void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int32_t* counts, int32_t* offsets,
-                  int32_t* pair_of_row, int32_t* row_of_pair);
+// experts i32 [pairs] (pairs = tokens x k, pair p = t k + j; -1: an empty slot) -> counts
+// [E] (routed), offsets [E + 1] (kept: at most `capacity` per expert, 0 = all, the first
+// in pair order), pair_of_row [rows], row_of_pair [pairs] (-1: empty or dropped), and
+// *dropped += the pairs past a capacity (dropped null: not counted). More live rows than
+// `rows` trap.
+void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int64_t capacity, int64_t rows,
+                  int32_t* counts, int32_t* offsets, int32_t* pair_of_row, int32_t* row_of_pair, int32_t* dropped);
 
-// grouped [tokens k, cols] = x[pair_of_row[r] / k] row by row.
-void moe_gather(const void* x, DType dtype, int64_t tokens, int64_t cols, int64_t k, const int32_t* pair_of_row,
-                void* grouped);
-// dx [tokens, cols] (= or +=) the sum of each token's k rows of dgrouped, in choice order.
+// grouped [rows, cols] = x[pair_of_row[r] / k] for the *live rows (offsets[E], on the
+// device) first rows, zero after.
+void moe_gather(const void* x, DType dtype, int64_t rows, int64_t cols, int64_t k, const int32_t* pair_of_row,
+                const int32_t* live, void* grouped);
+// dx [tokens, cols] (= or +=) the sum of each token's kept rows of dgrouped, in slot order.
 void moe_gather_backward(const void* dgrouped, DType dtype, int64_t tokens, int64_t cols, int64_t k,
                          const int32_t* row_of_pair, void* dx, bool accumulate);
 
-// out [tokens, cols] = sum_j weights[t, j] y[row_of_pair[t k + j]] (fp32 sums in choice order).
+// out [tokens, cols] = sum_j weights[t, j] y[row_of_pair[t k + j]] over the kept pairs
+// (fp32 sums in slot order).
 void moe_combine(const void* y, DType dtype, const float* weights, int64_t tokens, int64_t cols, int64_t k,
                  const int32_t* row_of_pair, void* out);
-// dy [tokens k, cols] = weights x dout (row by row), dweights [tokens, k] = dout . y (fp32).
+// dy's live rows = weights x dout (row by row), dweights [tokens, k] = dout . y (fp32; 0
+// for an empty or dropped pair).
 void moe_combine_backward(const void* y, DType dtype, const float* weights, const void* dout, int64_t tokens,
                           int64_t cols, int64_t k, const int32_t* row_of_pair, void* dy, float* dweights);
 

@@ -7,6 +7,7 @@
 #include "ops/elementwise/elementwise.h"
 #include "ops/linear/linear.h"
 #include "ops/linear/linear_cuda.h"
+#include "ops/moe/routing_checks.h"
 #include "ops/moe/routing_cuda.h"
 
 #include <algorithm>
@@ -16,41 +17,14 @@
 
 namespace kiln::ops {
 
+using routing_detail::check_routes;
+using routing_detail::gpu_router_math;
+using routing_detail::top_k;
+
 namespace {
-
-// The GPU's routers compute in fp32 on rows of at most kRoutingMaxExperts experts.
-void gpu_router_math(const char* op, const Tensor& t) {
-  if (t.device() != Device::cuda) return;
-  KILN_CHECK(t.dtype() == DType::f32, op, "the GPU's router math is fp32, got {}", t.describe());
-#if KILN_WITH_CUDA
-  KILN_CHECK(t.rank() != 2 || t.size(1) <= cuda::kRoutingMaxExperts, op, "{} experts: the GPU routes at most {}",
-             t.size(1), cuda::kRoutingMaxExperts);
-#endif
-}
-
-void check_routes(const char* op, const Tensor& logits, const Routes& r) {
-  expect_rank(op, "logits", logits, 2);
-  expect_rank(op, "experts", r.experts, 2);
-  const int64_t t = logits.size(0), k = r.experts.size(1);
-  KILN_CHECK(k >= 1 && k <= logits.size(1), op, "top {} of {} experts", k, logits.size(1));
-  expect_tensor(op, "experts", r.experts, Shape{t, k}, DType::i32, logits.device());
-  expect_tensor(op, "weights", r.weights, Shape{t, k}, logits.dtype(), logits.device());
-  gpu_router_math(op, logits);
-}
 
 [[maybe_unused]] const float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 [[maybe_unused]] float* f32_or_null_mut(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-
-// The k best of `key` (largest first; equal keys: the lower index), among `allowed` ones.
-void top_k(const double* key, int64_t e_count, int64_t k, const std::vector<char>& allowed, std::vector<int32_t>& best) {
-  best.resize(static_cast<size_t>(e_count));
-  std::iota(best.begin(), best.end(), 0);
-  std::stable_sort(best.begin(), best.end(), [&](int32_t a, int32_t b) {
-    if (allowed[static_cast<size_t>(a)] != allowed[static_cast<size_t>(b)]) return allowed[static_cast<size_t>(a)] > allowed[static_cast<size_t>(b)];
-    return key[a] > key[b];
-  });
-  best.resize(static_cast<size_t>(k));
-}
 
 // dlogits of a softmax row p from dp: p_j (dp_j - sum_m p_m dp_m).
 template <typename T>
@@ -124,12 +98,16 @@ void softmax_topk_backward(const Tensor& probs, const Routes& routes, bool norma
       const T* dw = dweights.data<T>() + t * k;
       for (int64_t j = 0; j < e_count; ++j)
         dp[static_cast<size_t>(j)] = dprobs.defined() ? static_cast<double>(dprobs.data<T>()[t * e_count + j]) : 0.0;
+      // Empty slots (expert_choice's: id -1, weight 0) carry nothing.
       if (normalize) {  // w_j = p_j / S: dp_i = (dw_i - sum_j dw_j w_j) / S
         double chosen = 0, dot = 0;
-        for (int64_t j = 0; j < k; ++j) chosen += static_cast<double>(p[ids[j]]), dot += static_cast<double>(dw[j]) * w[j];
-        for (int64_t j = 0; j < k; ++j) dp[static_cast<size_t>(ids[j])] += (static_cast<double>(dw[j]) - dot) / chosen;
+        for (int64_t j = 0; j < k; ++j)
+          if (ids[j] >= 0) chosen += static_cast<double>(p[ids[j]]), dot += static_cast<double>(dw[j]) * w[j];
+        for (int64_t j = 0; j < k; ++j)
+          if (ids[j] >= 0) dp[static_cast<size_t>(ids[j])] += (static_cast<double>(dw[j]) - dot) / chosen;
       } else {
-        for (int64_t j = 0; j < k; ++j) dp[static_cast<size_t>(ids[j])] += static_cast<double>(dw[j]);
+        for (int64_t j = 0; j < k; ++j)
+          if (ids[j] >= 0) dp[static_cast<size_t>(ids[j])] += static_cast<double>(dw[j]);
       }
       softmax_row_backward(p, dp.data(), e_count, dlogits.data<T>() + t * e_count);
     }

@@ -37,6 +37,42 @@ void softmax_topk_forward(const Tensor& logits, bool normalize, const Tensor& pr
 void softmax_topk_backward(const Tensor& probs, const Routes& routes, bool normalize, const Tensor& dweights,
                            const Tensor& dprobs, const Tensor& dlogits);
 
+// sinkhorn (balanced assignment; routing_sinkhorn.cpp): p = softmax(logits) (probs [T, E],
+// =); `iterations` Sinkhorn steps over the micro-batch's matrix p, from col_scale c = 1:
+//   row_scale r_t = 1 / (T (sum_e c_e p_te + eps)),  c_e = 1 / (E (sum_t r_t p_te + eps))
+// (eps = 1e-8, as Megatron's), so that r_t c_e p_te has rows summing to 1/T and columns to
+// 1/E; each token's k experts are the k largest c_e p_te (its balanced row: r_t does not
+// change a row's order); weights = p at them, divided by their sum when `normalize`. The
+// scales are the caller's buffers (row_scale [T], col_scale [E], wide). The backward is
+// softmax_topk_backward's (the weights are the softmax's; the balancing has no gradient).
+void sinkhorn_topk_forward(const Tensor& logits, int64_t iterations, bool normalize, const Tensor& probs,
+                           const Tensor& row_scale, const Tensor& col_scale, const Routes& out);
+
+// expert_choice (routing_expert_choice.cpp): p = softmax(logits) (probs [T, E], =); expert
+// e takes the `capacity` tokens of largest p_te (equal: the lower token). Routes of E slots:
+// token t's slot e is e when expert e took it (weight p_te), else -1 (weight 0). The
+// backward is softmax_topk_backward's (not normalized; empty slots carry nothing).
+void expert_choice_forward(const Tensor& logits, int64_t capacity, const Tensor& probs, const Routes& out);
+
+// relu (ReMoE; routing_relu.cpp): gates g = max(logits, 0). Routes of E slots: token t's
+// slot e is e when g_te > 0 (weight g_te), else -1 (weight 0); probs [T, E] = g / sum_e g
+// (a row without a gate: 0).
+void relu_route_forward(const Tensor& logits, const Tensor& probs, const Routes& out);
+// dlogits [T, E] (=) = [routed: l > 0] (dweights + coef[0] x grad_scale / T): the weights'
+// gradient and the L1 penalty's, coef (wide [1], on the logits' device) its adaptive
+// coefficient.
+void relu_route_backward(const Routes& routes, const Tensor& dweights, const Tensor& coef, double grad_scale,
+                         const Tensor& dlogits);
+// The L1 penalty's value before its coefficient, mean_t sum_e g_te: returned (the GPU
+// synchronizes), or added (+=) to *sum where logits lives (no synchronization).
+double relu_l1(const Tensor& logits);
+void relu_l1_sum(const Tensor& logits, double* sum);
+// ReMoE's adaptation after an applied step, from its routed pairs per expert (counts i32
+// [E]) over its tokens (f64 [1]): the sparsity 1 - pairs / (tokens E) below the target 1 -
+// k / E (too many experts in use) multiplies coef by `factor`, else divides it; nothing
+// without tokens.
+void relu_l1_update(const Tensor& coef, const Tensor& counts, const Tensor& tokens, int64_t top_k, double factor);
+
 // sigmoid_bias (DeepSeek-V3, aux-loss-free): s = sigmoid(logits) (scores [T, E], =); the k
 // experts with the largest s + bias (bias [E], no gradient), from the top_groups of
 // `groups` equal groups whose score is the sum of their two largest s + bias (groups = 1:

@@ -30,6 +30,32 @@ void sigmoid_bias_forward(const float* logits, const float* bias, int64_t tokens
 void sigmoid_bias_backward(const float* scores, const int32_t* experts, int64_t tokens, int64_t e_count, int64_t k,
                            bool normalize, float scaling, const float* dweights, const float* dscores, float* dlogits);
 
+// sinkhorn (routing_balanced_cuda.cu): probs = softmax(logits); `iterations` of row_scale
+// [T] and col_scale [E] (col_scale from 1; the scales' sums in fp64, in a fixed order);
+// experts, weights: the k largest col_scale x p per token, weights = p at them (/ their sum
+// when normalize). The backward is softmax_topk_backward.
+void sinkhorn_topk_forward(const float* logits, int64_t tokens, int64_t e_count, int64_t k, int64_t iterations,
+                           bool normalize, float* probs, float* row_scale, float* col_scale, int32_t* experts,
+                           float* weights);
+// expert_choice (routing_balanced_cuda.cu): probs = softmax(logits); expert e takes the
+// `capacity` tokens of largest p (equal: the lower token), a block per expert; routes [T,
+// E]: slot e = e (weight p) where taken, else -1 (weight 0).
+void expert_choice_forward(const float* logits, int64_t tokens, int64_t e_count, int64_t capacity, float* probs,
+                           int32_t* experts, float* weights);
+
+// relu (routing_relu_cuda.cu): routes [T, E] (slot e = e where logits > 0, weight the
+// logit; else -1, 0), probs = the gates over their row sum (0 without one).
+void relu_route_forward(const float* logits, int64_t tokens, int64_t e_count, float* probs, int32_t* experts,
+                        float* weights);
+// dlogits = [experts >= 0] (dweights + coef[0] grad_scale / T).
+void relu_route_backward(const int32_t* experts, int64_t tokens, int64_t e_count, const float* dweights,
+                         const float* coef, double grad_scale, float* dlogits);
+// *sum += mean_t sum_e max(l, 0) (fp64 sums in a fixed order).
+void relu_l1_sum(const float* logits, int64_t tokens, int64_t e_count, double* sum);
+// ReMoE's coefficient step (ops::relu_l1_update), one thread.
+void relu_l1_update(float* coef, const int32_t* counts, int64_t e_count, const double* tokens, int64_t top_k,
+                    double factor);
+
 // probs [T, E] = scores / their row sums; and dscores (=) from dprobs.
 void row_normalize_forward(const float* scores, int64_t tokens, int64_t e_count, float* probs);
 void row_normalize_backward(const float* scores, const float* probs, const float* dprobs, int64_t tokens,
