@@ -123,11 +123,15 @@ std::optional<double> plain_rope(const json& c, const char* key, const std::stri
 // dense SwiGLU layers of intermediate_size (kiln's alt_mlp_layers).
 static void read_qwen3_moe(const json& c, const std::string& where, ModelConfig& m) {
   MoeConfig& moe = m.moe;
-  moe.experts = require<int64_t>(c, "num_experts", where);
+  // transformers 5 writes the expert count as num_local_experts (num_experts its alias).
+  moe.experts = require<int64_t>(c, c.contains("num_experts") ? "num_experts" : "num_local_experts", where);
   moe.top_k = require<int64_t>(c, "num_experts_per_tok", where);
   moe.expert_hidden = require<int64_t>(c, "moe_intermediate_size", where);
   moe.norm_topk_prob = get<bool>(c, "norm_topk_prob", false, where);
-  moe.aux_loss = get<double>(c, "router_aux_loss_coef", 0.001, where);
+  // transformers' balance loss is top_k x the Switch form kiln computes (it divides the
+  // choices by the tokens, kiln by tokens x top_k): the same objective for one sparse
+  // layer (tests/test_golden.cpp); over several transformers pools the layers first.
+  moe.aux_loss = get<double>(c, "router_aux_loss_coef", 0.001, where) * static_cast<double>(moe.top_k);
   moe.router = "softmax_topk";
   const int64_t step = get<int64_t>(c, "decoder_sparse_step", 1, where);
   KILN_CHECK(step >= 1, "import", "{}: decoder_sparse_step = {} must be >= 1", where, step);

@@ -267,7 +267,8 @@ void MoeMlp::export_config(ExportConfig& out) const {
   out.set("num_experts_per_tok", moe_.top_k, "model.moe.top_k");
   out.set("moe_intermediate_size", moe_.expert_hidden, "model.moe.expert_hidden");
   out.set("norm_topk_prob", moe_.norm_topk_prob, "model.moe.norm_topk_prob");
-  out.set("router_aux_loss_coef", moe_.aux_loss, "model.moe.aux_loss");
+  // transformers' balance loss is top_k x kiln's (io/hf_config.cpp's import says why).
+  out.set("router_aux_loss_coef", moe_.aux_loss / static_cast<double>(moe_.top_k), "model.moe.aux_loss");
   out.set("output_router_logits", false, "model.moe.aux_loss");
   out.set("hidden_act", "silu", "model.mlp");
 }
