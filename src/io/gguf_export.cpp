@@ -180,6 +180,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
   for (const auto& [key, value] : fields.items()) {
     if (value.is_number_integer()) w.set(key, static_cast<uint32_t>(value.get<int64_t>()));
     else if (value.is_number_float()) w.set(key, value.get<float>());
+    else if (value.is_boolean()) w.set(key, value.get<bool>());
     else fail("export", "internal: GGUF field '{}' = {} has no GGUF type here", key, value.dump());
   }
 

@@ -166,7 +166,8 @@ void GqaAttention::export_config(ExportConfig& out) const {
   if (options_.window > 0)
     out.refuse("model.sliding_window", std::to_string(options_.window),
                "windowed attention is not exported yet (no verified mapping to a stock class)");
-  const bool qwen3 = out.is("qwen3") || out.is("qwen3_moe"), qwen2 = out.is("qwen2");
+  // Qwen3's attention: also Qwen3-MoE's and Dots1's.
+  const bool qwen3 = out.is("qwen3") || out.is("qwen3_moe") || out.is("dots1"), qwen2 = out.is("qwen2");
   if (qk_norm != qwen3) out.refuse("model.qk_norm", qk_norm ? "true" : "false", "only Qwen3 has q/k norms");
   if (qk_norm && qk_kind_ != QkNormKind::rmsnorm)
     out.refuse("model.qk_norm_type", fmt::format("'{}'", qk_kind_ == QkNormKind::dyt ? "dyt" : "gemma_rmsnorm"),
