@@ -10,6 +10,9 @@
 #          unpacks it, installs the gguf wheel into /tmp, and runs scripts/hf_roundtrip_check.py
 #          on every model; the JSON report lands in $OUT.
 #
+# Any trained kiln model: dense ones check as Qwen3/Llama/Qwen2, sparse softmax_topk ones as
+# Qwen3-MoE, sparse sigmoid_bias ones as Dots1 (dots.llm1), each with the GGUF refusals its
+# llama.cpp architecture implies (scripts/hf_roundtrip_check.py).
 # BUILD=dir picks another kiln build (default build-export).
 set -euo pipefail
 cd "$(dirname "$0")/.."
