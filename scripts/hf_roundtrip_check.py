@@ -16,8 +16,8 @@ For each trained kiln model directory given:
   6. Where transformers can read GGUF (needs the gguf package), the f32 GGUF export too.
 Sparse models: softmax_topk exports as Qwen3MoeForCausalLM, sigmoid_bias as Dots1ForCausalLM
 (dots.llm1: DeepSeek-V3's router with Qwen3's attention); the GGUF refusals expected of
-each (llama.cpp's qwen3moe has no dense layers, its dots1 always a shared expert and an
-untied head) are checked to be one line naming the key.
+each (llama.cpp's qwen3moe has no dense layers, its dots1 always a shared expert, an
+untied head and no grouped-query attention) are checked to be one line naming the key.
 Writes OUT/hf_roundtrip.json and prints a table; exits 1 if an fp32 check fails (1e-4).
 
 usage: hf_roundtrip_check.py --kiln BIN --out DIR MODEL_DIR...
@@ -142,7 +142,8 @@ def check_model(args, model_dir, work):
     gg = f"{work}/{name}-f32.gguf"
     # llama.cpp's qwen3moe has sparse layers only, and renormalizes the top-k weights: kiln
     # must refuse other models, in one line naming the key.
-    # llama.cpp's dots1 always has a shared expert and reads a separate output matrix.
+    # llama.cpp's dots1 always has a shared expert, reads a separate output matrix and k/v
+    # of as many heads as q.
     refused_key = None
     if arch == "qwen3_moe" and (m.get("alt_mlp_layers") or m.get("mlp") != "moe"):
         refused_key = "alt_mlp_layers"
@@ -152,6 +153,8 @@ def check_model(args, model_dir, work):
         refused_key = "shared_hidden"
     elif arch == "dots1" and m["tie_embeddings"]:
         refused_key = "tie_embeddings"
+    elif arch == "dots1" and m["kv_heads"] != m["heads"]:
+        refused_key = "kv_heads"
     if refused_key:
         r = subprocess.run([args.kiln, "export", "gguf", model_dir, gg, "--type", "f32"], capture_output=True, text=True)
         refusal = r.stderr.strip()

@@ -62,21 +62,24 @@ TEST(ExportRefusals, UnexportableComponentsNameTheirKeyAndWriteNothing) {
 }
 
 // What Hugging Face's Dots1 holds but llama.cpp's dots1 graph does not: no shared expert
-// (it always reads one) and a tied head (it reads a separate output matrix). The HF export
+// (it always reads one), a tied head (it reads a separate output matrix) and grouped-query
+// attention (it reads k and v with as many heads as q). The HF export
 // of the same model goes through; the GGUF one is refused in one line, writing nothing.
 TEST(ExportRefusals, Dots1ModelsLlamaCppCannotReadAreRefusedForGgufOnly) {
   const std::string root = test::temp_dir("kiln-export-refusals-dots1");
   struct GgufOnly {
     const char* name;
     bool tied;
-    int64_t shared_hidden;
+    int64_t shared_hidden, kv_heads;
     const char* key_and_value;
   };
-  const GgufOnly kCases[] = {{"no_shared_expert", false, 0, "model.moe.shared_hidden = 0"},
-                             {"tied", true, 32, "model.tie_embeddings = true"}};
+  const GgufOnly kCases[] = {{"no_shared_expert", false, 0, 4, "model.moe.shared_hidden = 0"},
+                             {"tied", true, 32, 4, "model.tie_embeddings = true"},
+                             {"grouped_query", false, 32, 2, "model.kv_heads = 2"}};
   for (const GgufOnly& g : kCases) {
     SCOPED_TRACE(g.name);
     ModelConfig c = test::tiny_config(true, g.tied, false);
+    c.kv_heads = g.kv_heads;
     c.mlp = "moe";
     c.alt_mlp = "swiglu";
     c.alt_mlp_layers = "0";

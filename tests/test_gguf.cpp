@@ -115,6 +115,7 @@ TEST(Gguf, ExportsPassThePythonChecksAndReadBack) {
 TEST(Gguf, SigmoidBiasModelExportsAsDots1) {
   const std::string root = test::temp_dir("kiln-gguf-dots1");
   ModelConfig c = test::tiny_config(true, false, false);
+  c.kv_heads = c.heads;  // llama.cpp's dots1 has no grouped-query attention
   c.mlp = "moe";
   c.alt_mlp = "swiglu";
   c.alt_mlp_layers = "0";

@@ -176,6 +176,11 @@ void GqaAttention::export_config(ExportConfig& out) const {
     out.refuse("model.attention_bias", bias ? "true" : "false",
                bias ? "Qwen3's and Llama's attention_bias also biases o_proj" : "Qwen2 biases q, k and v");
   if (out.format() == ExportConfig::Format::gguf) {
+    if (out.is("dots1") && hkv_ != hq_)  // llama_model_dots1::load_arch_tensors: k, v of n_head heads
+      out.refuse("model.kv_heads", std::to_string(hkv_),
+                 fmt::format("llama.cpp's dots1 reads k and v with as many heads as q ({}): no grouped-query "
+                             "attention",
+                             hq_));
     out.set("attention.head_count", hq_, "model.heads");
     out.set("attention.head_count_kv", hkv_, "model.kv_heads");
     out.set("attention.key_length", d_, "model.head_dim");
