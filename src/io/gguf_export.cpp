@@ -218,9 +218,12 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
       x.insert(x.end(), part.begin(), part.end());
     }
     const std::vector<int64_t> shape = gguf_shape(tensor);
+    // A router stays f32 at every type, as llama.cpp's converter and quantizer keep
+    // ffn_gate_inp: its logits choose the experts.
+    const bool router = tensor.name.ends_with("ffn_gate_inp.weight");
     GgmlType t = GgmlType::f32;
-    if (shape.size() >= 2 && type == "bf16") t = GgmlType::bf16;
-    if (shape.size() >= 2 && type == "q8_0" && shape.back() % kQ8_0Block == 0) t = GgmlType::q8_0;
+    if (shape.size() >= 2 && !router && type == "bf16") t = GgmlType::bf16;
+    if (shape.size() >= 2 && !router && type == "q8_0" && shape.back() % kQ8_0Block == 0) t = GgmlType::q8_0;
     std::vector<uint8_t> bytes;
     if (t == GgmlType::f32) {
       bytes.resize(x.size() * 4);
