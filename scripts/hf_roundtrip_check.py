@@ -14,6 +14,10 @@ For each trained kiln model directory given:
   5. Greedy generation: kiln's KV-cache decoder (`kiln sample -t 0`) vs argmax of transformers'
      forward over the growing sequence (bytes compared; specials dropped on both sides).
   6. Where transformers can read GGUF (needs the gguf package), the f32 GGUF export too.
+Sparse models: softmax_topk exports as Qwen3MoeForCausalLM, sigmoid_bias as Dots1ForCausalLM
+(dots.llm1: DeepSeek-V3's router with Qwen3's attention); the GGUF refusals expected of
+each (llama.cpp's qwen3moe has no dense layers, its dots1 always a shared expert, an
+untied head and no grouped-query attention) are checked to be one line naming the key.
 Writes OUT/hf_roundtrip.json and prints a table; exits 1 if an fp32 check fails (1e-4).
 
 usage: hf_roundtrip_check.py --kiln BIN --out DIR MODEL_DIR...
@@ -37,7 +41,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from check_common import BOS, compare, held_out_documents, read_toml_model, run
 
 EXPECTED_CLASS = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3_moe": "Qwen3MoeForCausalLM"}
+                  "qwen3_moe": "Qwen3MoeForCausalLM", "dots1": "Dots1ForCausalLM"}
 
 
 def hf_logits(model, ids, device):
@@ -57,13 +61,14 @@ def check_model(args, model_dir, work):
     cfg = read_toml_model(model_dir)
     m = cfg["model"]
     arch = "qwen3" if m["qk_norm"] else ("qwen2" if m["attention_bias"] else "llama")
-    if m.get("mlp") == "moe" or m.get("alt_mlp") == "moe":
-        arch = "qwen3_moe"
+    if m.get("mlp") == "moe" or m.get("alt_mlp") == "moe":  # sigmoid_bias routing exports as dots.llm1
+        arch = "dots1" if m["moe"]["router"] == "sigmoid_bias" else "qwen3_moe"
     res = {"model": name, "arch": arch, "config": {k: m[k] for k in ("hidden", "layers", "heads", "kv_heads", "head_dim",
                                                                       "ffn_hidden", "vocab_size", "qk_norm",
                                                                       "tie_embeddings", "attention_bias")}}
-    if arch == "qwen3_moe":
+    if arch in ("qwen3_moe", "dots1"):
         res["config"]["moe"] = m["moe"]
+        res["config"].update({k: m.get(k) for k in ("mlp", "alt_mlp", "alt_mlp_layers")})
     hf_dir, bf16_dir = f"{work}/{name}-hf", f"{work}/{name}-hf-bf16"
     out, _ = run([args.kiln, "export", "hf", model_dir, hf_dir])
     res["export"] = out.strip()
@@ -137,11 +142,19 @@ def check_model(args, model_dir, work):
     gg = f"{work}/{name}-f32.gguf"
     # llama.cpp's qwen3moe has sparse layers only, and renormalizes the top-k weights: kiln
     # must refuse other models, in one line naming the key.
+    # llama.cpp's dots1 always has a shared expert, reads a separate output matrix and k/v
+    # of as many heads as q.
     refused_key = None
     if arch == "qwen3_moe" and (m.get("alt_mlp_layers") or m.get("mlp") != "moe"):
         refused_key = "alt_mlp_layers"
     elif arch == "qwen3_moe" and not m["moe"]["norm_topk_prob"]:
         refused_key = "norm_topk_prob"
+    elif arch == "dots1" and not m["moe"]["shared_hidden"]:
+        refused_key = "shared_hidden"
+    elif arch == "dots1" and m["tie_embeddings"]:
+        refused_key = "tie_embeddings"
+    elif arch == "dots1" and m["kv_heads"] != m["heads"]:
+        refused_key = "kv_heads"
     if refused_key:
         r = subprocess.run([args.kiln, "export", "gguf", model_dir, gg, "--type", "f32"], capture_output=True, text=True)
         refusal = r.stderr.strip()

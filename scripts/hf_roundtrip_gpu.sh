@@ -8,8 +8,11 @@
 #          config.toml) and the gguf wheel into .gpu/hf-roundtrip.tar.gz (git-ignored)
 #   there: device run with carry [".gpu"]: bash scripts/hf_roundtrip_gpu.sh check
 #          unpacks it, installs the gguf wheel into /tmp, and runs scripts/hf_roundtrip_check.py
-#          on every model; the JSON report lands in $OUT.
+#          on every model (the JSON report lands in $OUT), then scripts/hf_import_stock_check.py
 #
+# Any trained kiln model: dense ones check as Qwen3/Llama/Qwen2, sparse softmax_topk ones as
+# Qwen3-MoE, sparse sigmoid_bias ones as Dots1 (dots.llm1), each with the GGUF refusals its
+# llama.cpp architecture implies (scripts/hf_roundtrip_check.py).
 # BUILD=dir picks another kiln build (default build-export).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +61,8 @@ check() {
   local out=${OUT:-/tmp/kiln-hfrt-out}
   mkdir -p "$out"
   python3 scripts/hf_roundtrip_check.py --kiln "$root/bin/kiln" --out "$out" "$root"/models/*
+  # And the other direction: checkpoints transformers itself saves (Qwen3-MoE, Dots1).
+  python3 scripts/hf_import_stock_check.py --kiln "$root/bin/kiln"
 }
 
 case "${1:-}" in

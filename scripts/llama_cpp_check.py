@@ -17,6 +17,10 @@ For each trained kiln model directory and GGUF type (f32, q8_0):
 Writes OUT/llama_cpp.json and prints a table; exits 1 if an f32 export disagrees (rel err
 above 1e-4 or losses more than 1e-4 apart) or a q8_0 one is off (mean KL above 1e-3).
 
+Any architecture kiln exports: dense ones, and sparse ones as qwen3moe (softmax_topk) or
+dots1 (sigmoid_bias; llama.cpp's dots1 needs a shared expert, an untied head and kv_heads =
+heads, else kiln refuses the export).
+
 usage: llama_cpp_check.py --kiln BIN --out DIR [--text data/tinyshakespeare.txt] MODEL_DIR...
 """
 

@@ -42,12 +42,25 @@ ModelConfig qwen3_moe_config() {
   return c;
 }
 
+// A Dots1 (dots.llm1): layer 0 dense (first_k_dense_replace), layer 1 sparse with
+// sigmoid_bias routing over 2 groups, a shared expert of two experts' width, scaled weights.
+ModelConfig dots1_config() {
+  ModelConfig c = qwen3_moe_config();
+  c.moe.router = "sigmoid_bias";
+  c.moe.shared_hidden = 64;
+  c.moe.routed_scaling = 2.5;
+  c.moe.groups = 2;
+  c.moe.top_groups = 1;
+  return c;
+}
+
 std::vector<Case> cases() {
   ModelConfig llama = test::tiny_config(false, false, false, 48);  // head_dim 16 != 48 / 4
   return {{"qwen3", test::tiny_config(true, true, false), io::HfArch::qwen3},
           {"llama", llama, io::HfArch::llama},
           {"qwen2", test::tiny_config(false, true, true), io::HfArch::qwen2},
-          {"qwen3_moe", qwen3_moe_config(), io::HfArch::qwen3_moe}};
+          {"qwen3_moe", qwen3_moe_config(), io::HfArch::qwen3_moe},
+          {"dots1", dots1_config(), io::HfArch::dots1}};
 }
 
 void expect_same_weights(const std::string& a_dir, const std::string& b_dir, bool bitwise) {
@@ -97,6 +110,12 @@ TEST(ExportHf, EachArchitecturePassesThePythonChecksAndRoundTripsBitwise) {
     EXPECT_EQ(cfg.model.mlp, c.config.mlp);
     EXPECT_EQ(cfg.model.alt_mlp_layers, c.config.alt_mlp_layers);
     EXPECT_EQ(cfg.model.moe.experts, c.config.moe.experts);
+    EXPECT_EQ(cfg.model.moe.router, c.config.moe.router);
+    EXPECT_EQ(cfg.model.moe.shared_hidden, c.config.moe.shared_hidden);
+    EXPECT_EQ(cfg.model.moe.routed_scaling, c.config.moe.routed_scaling);
+    EXPECT_EQ(cfg.model.moe.groups, c.config.moe.groups);
+    EXPECT_EQ(cfg.model.moe.top_groups, c.config.moe.top_groups);
+    EXPECT_EQ(cfg.model.moe.norm_topk_prob, c.config.moe.norm_topk_prob);
   }
   fs::remove_all(root);
 }
@@ -173,11 +192,9 @@ TEST(ExportHf, RefusesWhatNoStockClassComputes) {
   m.alt_mlp = "swiglu";
   m.alt_mlp_layers = "0";
   EXPECT_EQ(refusal(m), "accepted");
-  // Sparse models: Qwen3-MoE routes by softmax top-k and has no shared expert.
+  // Sparse models: Qwen3-MoE routes by softmax top-k and has no shared expert or scaling.
   m = qwen3_moe_config();
   EXPECT_EQ(refusal(m), "accepted");
-  m.moe.router = "sigmoid_bias";
-  EXPECT_NE(refusal(m).find("model.moe.router = 'sigmoid_bias'"), std::string::npos) << refusal(m);
   for (const char* router : {"sinkhorn", "relu"}) {
     m.moe.router = router;
     EXPECT_NE(refusal(m).find(std::string("model.moe.router = '") + router + "'"), std::string::npos) << refusal(m);
@@ -190,7 +207,31 @@ TEST(ExportHf, RefusesWhatNoStockClassComputes) {
       << refusal(m);
   m = qwen3_moe_config();
   m.moe.shared_hidden = 16;
-  EXPECT_NE(refusal(m).find("model.moe.shared_hidden = 16"), std::string::npos) << refusal(m);
+  EXPECT_NE(refusal(m).find("model.moe.shared_hidden = 16: Qwen3-MoE has no shared expert"), std::string::npos)
+      << refusal(m);
+  m = qwen3_moe_config();
+  m.moe.routed_scaling = 2;
+  EXPECT_NE(refusal(m).find("model.moe.routed_scaling = 2"), std::string::npos) << refusal(m);
+  // sigmoid_bias is Dots1's router; its shared expert is a whole number of experts wide, its
+  // dense layers come first.
+  m = qwen3_moe_config();
+  m.moe.router = "sigmoid_bias";
+  EXPECT_EQ(refusal(m), "accepted");
+  EXPECT_EQ(io::choose_hf_arch(m), io::HfArch::dots1);
+  m = dots1_config();
+  m.moe.shared_hidden = 48;
+  EXPECT_NE(refusal(m).find("model.moe.shared_hidden = 48: Dots1's shared expert is n_shared_experts x "
+                            "moe_intermediate_size wide, a multiple of model.moe.expert_hidden = 32"),
+            std::string::npos)
+      << refusal(m);
+  m = dots1_config();
+  m.layers = 3;
+  m.alt_mlp_layers = "0,2";
+  EXPECT_NE(refusal(m).find("model.alt_mlp_layers = '0,2': layer 2 is dense after sparse layer 1"), std::string::npos)
+      << refusal(m);
+  m = dots1_config();
+  m.attention_bias = true;
+  EXPECT_NE(refusal(m).find("model.attention_bias = true"), std::string::npos) << refusal(m);
 
   // Through the CLI: one error line, nothing written.
   const std::string root = test::temp_dir("kiln-export-refuse");

@@ -62,6 +62,43 @@ TEST(ExportRefusals, UnexportableComponentsNameTheirKeyAndWriteNothing) {
   fs::remove_all(root);
 }
 
+// What Hugging Face's Dots1 holds but llama.cpp's dots1 graph does not: no shared expert
+// (it always reads one), a tied head (it reads a separate output matrix) and grouped-query
+// attention (it reads k and v with as many heads as q). The HF export
+// of the same model goes through; the GGUF one is refused in one line, writing nothing.
+TEST(ExportRefusals, Dots1ModelsLlamaCppCannotReadAreRefusedForGgufOnly) {
+  const std::string root = test::temp_dir("kiln-export-refusals-dots1");
+  struct GgufOnly {
+    const char* name;
+    bool tied;
+    int64_t shared_hidden, kv_heads;
+    const char* key_and_value;
+  };
+  const GgufOnly kCases[] = {{"no_shared_expert", false, 0, 4, "model.moe.shared_hidden = 0"},
+                             {"tied", true, 32, 4, "model.tie_embeddings = true"},
+                             {"grouped_query", false, 32, 2, "model.kv_heads = 2"}};
+  for (const GgufOnly& g : kCases) {
+    SCOPED_TRACE(g.name);
+    ModelConfig c = test::tiny_config(true, g.tied, false);
+    c.kv_heads = g.kv_heads;
+    c.mlp = "moe";
+    c.alt_mlp = "swiglu";
+    c.alt_mlp_layers = "0";
+    c.moe.experts = 4;
+    c.moe.expert_hidden = 32;
+    c.moe.router = "sigmoid_bias";
+    c.moe.shared_hidden = g.shared_hidden;
+    const std::string model = test::save_random_model(c, root + "/" + g.name + "/model");
+    const std::string hf_out = root + "/" + g.name + "/hf", gguf_out = root + "/" + g.name + "/model.gguf";
+    std::string output;
+    EXPECT_EQ(test::run_command(test::kiln_binary() + " export hf " + model + " " + hf_out, &output), 0) << output;
+    EXPECT_TRUE(fs::exists(hf_out + "/config.json"));
+    expect_refused(test::kiln_binary() + " export gguf " + model + " " + gguf_out, g.key_and_value);
+    EXPECT_FALSE(fs::exists(gguf_out));
+  }
+  fs::remove_all(root);
+}
+
 // The unmodified model exports, so the refusals above come from the one change each made.
 TEST(ExportRefusals, TheUnchangedModelExports) {
   const std::string root = test::temp_dir("kiln-export-refusals-control");

@@ -15,6 +15,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <filesystem>
 #include <fstream>
 
@@ -102,6 +104,56 @@ TEST(Gguf, ExportsPassThePythonChecksAndReadBack) {
         else EXPECT_LE(worst, scale * (type == "bf16" ? 1.0f / 128 : 1.0f / 127)) << p->name();
       }
     }
+  }
+  fs::remove_all(root);
+}
+
+// A sigmoid_bias model exports as llama.cpp's dots1: the router's keys as its loader reads
+// them (llama_model_dots1::load_arch_hparams and the generic expert group keys), the
+// experts stacked, the bias as exp_probs_b, the shared expert as ffn_*_shexp, the dense
+// first layer's MLP as ffn_*; read back bitwise.
+TEST(Gguf, SigmoidBiasModelExportsAsDots1) {
+  const std::string root = test::temp_dir("kiln-gguf-dots1");
+  ModelConfig c = test::tiny_config(true, false, false);
+  c.kv_heads = c.heads;  // llama.cpp's dots1 has no grouped-query attention
+  c.mlp = "moe";
+  c.alt_mlp = "swiglu";
+  c.alt_mlp_layers = "0";
+  c.moe.experts = 4;
+  c.moe.expert_hidden = 32;
+  c.moe.router = "sigmoid_bias";
+  c.moe.shared_hidden = 64;
+  c.moe.routed_scaling = 2.5;
+  c.moe.groups = 2;
+  c.moe.top_groups = 1;
+  const std::string model = test::save_random_model(c, root + "/model");
+  const std::string file = root + "/model.gguf";
+  EXPECT_EQ(io::export_gguf(model, file, {}).arch, "dots1");
+  const io::GgufFile g = io::GgufFile::open(file);
+  auto u32 = [&](const std::string& key) { return std::get<uint32_t>(g.get("dots1." + key)); };
+  EXPECT_EQ(u32("expert_count"), 4u);
+  EXPECT_EQ(u32("expert_used_count"), 2u);
+  EXPECT_EQ(u32("expert_feed_forward_length"), 32u);
+  EXPECT_EQ(u32("expert_shared_count"), 2u);
+  EXPECT_EQ(u32("expert_gating_func"), 2u);  // sigmoid
+  EXPECT_EQ(u32("leading_dense_block_count"), 1u);
+  EXPECT_EQ(u32("expert_group_count"), 2u);
+  EXPECT_EQ(u32("expert_group_used_count"), 1u);
+  EXPECT_EQ(u32("feed_forward_length"), 96u);
+  EXPECT_EQ(std::get<float>(g.get("dots1.expert_weights_scale")), 2.5f);
+  EXPECT_TRUE(std::get<bool>(g.get("dots1.expert_weights_norm")));
+  const std::map<std::string, std::vector<int64_t>> shapes = {
+      {"blk.0.ffn_gate.weight", {96, 64}},         {"blk.1.ffn_gate_inp.weight", {4, 64}},
+      {"blk.1.exp_probs_b.bias", {4}},             {"blk.1.ffn_gate_exps.weight", {4, 32, 64}},
+      {"blk.1.ffn_up_exps.weight", {4, 32, 64}},   {"blk.1.ffn_down_exps.weight", {4, 64, 32}},
+      {"blk.1.ffn_gate_shexp.weight", {64, 64}},   {"blk.1.ffn_up_shexp.weight", {64, 64}},
+      {"blk.1.ffn_down_shexp.weight", {64, 64}},   {"output.weight", {259, 64}}};
+  for (const auto& [name, shape] : shapes) EXPECT_EQ(g.tensor(name).shape, shape) << name;
+  std::unique_ptr<Model> original = load(model), back = load(model);
+  io::load_gguf_weights(*back, file);
+  for (const auto& p : original->parameters()) {
+    const Tensor a = p->value(), b = back->find_parameter(p->name())->value();
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.numel()) * 4), 0) << p->name();
   }
   fs::remove_all(root);
 }

@@ -1,8 +1,10 @@
 // Golden model test: kiln's Qwen3-shaped model, given the weights and packed batch of
 // tests/data/golden/*.safetensors, must reproduce the logits, loss and every parameter
 // gradient that transformers' Qwen3ForCausalLM computed running each document alone
-// (scripts/make_golden.py). fp32, relative error within 1e-4.
+// (scripts/make_golden.py); and the sparse model those of Qwen3MoeForCausalLM with its
+// load-balancing loss (scripts/make_golden_moe.py). fp32, relative error within 1e-4.
 #include "io/export_names.h"
+#include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "test_util.h"
@@ -66,9 +68,19 @@ HostBatch batch_from(const io::SafetensorsFile& file) {
   return b;
 }
 
-void check_golden(const std::string& file_name) {
+// The sparse model's config as kiln's importer reads the file's config.json (so the
+// mapping of mlp_only_layers, the expert sizes and router_aux_loss_coef is under test too).
+ModelConfig moe_config_from(const io::SafetensorsFile& file) {
+  return io::hf_config_to_model(nlohmann::json::parse(file.metadata("config")), "golden config").model;
+}
+
+double scalar(const io::SafetensorsFile& file, const std::string& name) {
+  return io::read_tensor(file, name, DType::f32)->data<float>()[0];
+}
+
+void check_golden(const std::string& file_name, bool moe = false) {
   const auto file = io::SafetensorsFile::open(std::string(KILN_TEST_DATA_DIR) + "/golden/" + file_name);
-  const ModelConfig config = config_from(file);
+  const ModelConfig config = moe ? moe_config_from(file) : config_from(file);
   const HostBatch batch = batch_from(file);
   BuildOptions options;
   options.max_tokens = batch.size();
@@ -90,9 +102,23 @@ void check_golden(const std::string& file_name) {
   model.zero_grads();
   const LossSums sums = model.forward_backward(1.0 / static_cast<double>(batch.target_count));
   const double loss = sums.loss / static_cast<double>(sums.count);
-  const double expected_loss = io::read_tensor(file, "loss", DType::f32)->data<float>()[0];
+  const double expected_loss = scalar(file, "loss");
   EXPECT_EQ(sums.count, batch.target_count);
   EXPECT_NEAR(loss, expected_loss, 1e-4 * std::fabs(expected_loss));
+  if (moe) {
+    // transformers' balance loss of one sparse layer is top_k x kiln's Switch form (it
+    // divides the choices by T, kiln by T k); the gradients are of the whole objective.
+    const int aux = model.loss_terms().find("moe_aux");
+    ASSERT_GE(aux, 0) << "the file's router_aux_loss_coef must switch kiln's balance loss on";
+    const double kiln_aux = sums.slot[static_cast<size_t>(aux)];
+    const double expected_aux = scalar(file, "aux_loss");
+    EXPECT_NEAR(kiln_aux * static_cast<double>(config.moe.top_k), expected_aux, 1e-4 * expected_aux);
+    EXPECT_DOUBLE_EQ(config.moe.aux_loss, std::stod(file.metadata("kiln_aux_loss")));
+    const double total = loss + config.moe.aux_loss * kiln_aux, expected_total = scalar(file, "total_loss");
+    EXPECT_NEAR(total, expected_total, 1e-4 * expected_total);
+    std::printf("%s: aux loss %.7f (x top_k) vs %.7f, total %.7f vs %.7f\n", file_name.c_str(),
+                kiln_aux * static_cast<double>(config.moe.top_k), expected_aux, total, expected_total);
+  }
 
   int checked = 0;
   double worst_grad = 0;
@@ -116,6 +142,9 @@ void check_golden(const std::string& file_name) {
 
 TEST(Golden, Qwen3TiedEmbeddingsMatchTransformers) { check_golden("qwen3_tiny_tied.safetensors"); }
 TEST(Golden, Qwen3UntiedEmbeddingsMatchTransformers) { check_golden("qwen3_tiny_untied.safetensors"); }
+// Layer 0 dense (mlp_only_layers), layer 1 sparse: 8 experts, top 2, norm_topk_prob; the
+// router's gradient includes the balance loss's.
+TEST(Golden, Qwen3MoeMatchesTransformers) { check_golden("qwen3_moe_tiny.safetensors", true); }
 
 // The names the components give their parameters are the stock layouts' (transformers'
 // Qwen2/Qwen3/Llama state dicts, llama.cpp's GGUF tensors): every parameter of a model with

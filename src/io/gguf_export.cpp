@@ -180,6 +180,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
   for (const auto& [key, value] : fields.items()) {
     if (value.is_number_integer()) w.set(key, static_cast<uint32_t>(value.get<int64_t>()));
     else if (value.is_number_float()) w.set(key, value.get<float>());
+    else if (value.is_boolean()) w.set(key, value.get<bool>());
     else fail("export", "internal: GGUF field '{}' = {} has no GGUF type here", key, value.dump());
   }
 
@@ -217,9 +218,12 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
       x.insert(x.end(), part.begin(), part.end());
     }
     const std::vector<int64_t> shape = gguf_shape(tensor);
+    // A router stays f32 at every type, as llama.cpp's converter and quantizer keep
+    // ffn_gate_inp: its logits choose the experts.
+    const bool router = tensor.name.ends_with("ffn_gate_inp.weight");
     GgmlType t = GgmlType::f32;
-    if (shape.size() >= 2 && type == "bf16") t = GgmlType::bf16;
-    if (shape.size() >= 2 && type == "q8_0" && shape.back() % kQ8_0Block == 0) t = GgmlType::q8_0;
+    if (shape.size() >= 2 && !router && type == "bf16") t = GgmlType::bf16;
+    if (shape.size() >= 2 && !router && type == "q8_0" && shape.back() % kQ8_0Block == 0) t = GgmlType::q8_0;
     std::vector<uint8_t> bytes;
     if (t == GgmlType::f32) {
       bytes.resize(x.size() * 4);

@@ -27,6 +27,7 @@ constexpr Family kFamilies[] = {
     {HfArch::llama, "llama", "LlamaForCausalLM", "llama"},
     {HfArch::qwen2, "qwen2", "Qwen2ForCausalLM", "qwen2"},
     {HfArch::qwen3_moe, "qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe"},
+    {HfArch::dots1, "dots1", "Dots1ForCausalLM", "dots1"},
 };
 
 const Family& family(HfArch arch) {
@@ -48,7 +49,7 @@ std::string_view hf_architecture(HfArch arch) { return family(arch).architecture
 std::string_view gguf_architecture(HfArch arch) { return family(arch).gguf; }
 
 HfArch choose_hf_arch(const ModelConfig& m) {
-  if (has_sparse_layers(m)) return HfArch::qwen3_moe;
+  if (has_sparse_layers(m)) return m.moe.router == "sigmoid_bias" ? HfArch::dots1 : HfArch::qwen3_moe;
   if (m.qk_norm) return HfArch::qwen3;
   return m.attention_bias ? HfArch::qwen2 : HfArch::llama;
 }
@@ -68,7 +69,8 @@ json hf_config_json(const Model& model, HfArch arch, const HfSpecialTokens& spec
   model.head().export_config(out);
   c["use_cache"] = true;
   if (arch != HfArch::llama) c["max_window_layers"] = m.layers;  // no window on any layer
-  if (arch == HfArch::qwen3_moe && !c.contains("intermediate_size")) c["intermediate_size"] = m.ffn_hidden;
+  const bool sparse = arch == HfArch::qwen3_moe || arch == HfArch::dots1;
+  if (sparse && !c.contains("intermediate_size")) c["intermediate_size"] = m.ffn_hidden;  // no dense layer wrote it
   if (special.bos >= 0) c["bos_token_id"] = special.bos;
   if (special.eos >= 0) c["eos_token_id"] = special.eos;
   if (special.pad >= 0) c["pad_token_id"] = special.pad;
@@ -155,11 +157,15 @@ std::optional<double> read_rope(const json& c, const char* key, const std::strin
 // dense SwiGLU layers of intermediate_size (kiln's alt_mlp_layers).
 static void read_qwen3_moe(const json& c, const std::string& where, ModelConfig& m) {
   MoeConfig& moe = m.moe;
-  moe.experts = require<int64_t>(c, "num_experts", where);
+  // transformers 5 writes the expert count as num_local_experts (num_experts its alias).
+  moe.experts = require<int64_t>(c, c.contains("num_experts") ? "num_experts" : "num_local_experts", where);
   moe.top_k = require<int64_t>(c, "num_experts_per_tok", where);
   moe.expert_hidden = require<int64_t>(c, "moe_intermediate_size", where);
   moe.norm_topk_prob = get<bool>(c, "norm_topk_prob", false, where);
-  moe.aux_loss = get<double>(c, "router_aux_loss_coef", 0.001, where);
+  // transformers' balance loss is top_k x the Switch form kiln computes (it divides the
+  // choices by the tokens, kiln by tokens x top_k): the same objective for one sparse
+  // layer (tests/test_golden.cpp); over several transformers pools the layers first.
+  moe.aux_loss = get<double>(c, "router_aux_loss_coef", 0.001, where) * static_cast<double>(moe.top_k);
   moe.router = "softmax_topk";
   const int64_t step = get<int64_t>(c, "decoder_sparse_step", 1, where);
   KILN_CHECK(step >= 1, "import", "{}: decoder_sparse_step = {} must be >= 1", where, step);
@@ -175,6 +181,30 @@ static void read_qwen3_moe(const json& c, const std::string& where, ModelConfig&
   if (!dense.empty()) m.alt_mlp = "swiglu", m.alt_mlp_layers = dense;
 }
 
+// dots.llm1 (Dots1Config): DeepSeek-V3's router (sigmoid_bias), n_shared_experts shared
+// experts of moe_intermediate_size each (one shared expert of their summed width), the
+// first first_k_dense_replace layers dense SwiGLU layers of intermediate_size.
+static void read_dots1(const json& c, const std::string& where, ModelConfig& m) {
+  MoeConfig& moe = m.moe;
+  moe.router = "sigmoid_bias";
+  moe.experts = require<int64_t>(c, "n_routed_experts", where);
+  moe.top_k = require<int64_t>(c, "num_experts_per_tok", where);
+  moe.expert_hidden = require<int64_t>(c, "moe_intermediate_size", where);
+  const int64_t shared = get<int64_t>(c, "n_shared_experts", 0, where);
+  KILN_CHECK(shared >= 0, "import", "{}: n_shared_experts = {} must be >= 0", where, shared);
+  moe.shared_hidden = shared * moe.expert_hidden;
+  moe.norm_topk_prob = get<bool>(c, "norm_topk_prob", false, where);
+  moe.routed_scaling = get<double>(c, "routed_scaling_factor", 1.0, where);
+  moe.groups = get<int64_t>(c, "n_group", 1, where);
+  moe.top_groups = get<int64_t>(c, "topk_group", 1, where);
+  moe.aux_loss = 0;  // balanced by the bias, not a loss
+  const int64_t dense = get<int64_t>(c, "first_k_dense_replace", 0, where);
+  KILN_CHECK(dense >= 0 && dense <= m.layers, "import", "{}: first_k_dense_replace = {} must be in 0..{}", where, dense,
+             m.layers);
+  m.mlp = "moe";
+  if (dense > 0) m.alt_mlp = "swiglu", m.alt_mlp_layers = dense == 1 ? "0" : fmt::format("0-{}", dense - 1);
+}
+
 HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   KILN_CHECK(c.is_object(), "import", "{}: not a JSON object", where);
   const std::string type = get<std::string>(c, "model_type", "", where);
@@ -187,8 +217,10 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
     spec.arch = HfArch::qwen2;
   } else if (type == "qwen3_moe") {
     spec.arch = HfArch::qwen3_moe;
+  } else if (type == "dots1") {
+    spec.arch = HfArch::dots1;
   } else {
-    fail("import", "{}: model_type '{}' is not one kiln imports (qwen3, llama, qwen2, qwen3_moe)", where,
+    fail("import", "{}: model_type '{}' is not one kiln imports (qwen3, llama, qwen2, qwen3_moe, dots1)", where,
          printable(type));
   }
   KILN_CHECK(!c.contains("quantization_config"), "import", "{}: quantized checkpoints are not supported", where);
@@ -203,10 +235,11 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   m.kv_heads = get<int64_t>(c, "num_key_value_heads", m.heads, where);
   m.ffn_hidden = require<int64_t>(c, "intermediate_size", where);
   KILN_CHECK(m.heads > 0 && m.hidden > 0, "import", "{}: hidden_size and num_attention_heads must be positive", where);
-  // Qwen3Config's head_dim defaults to 128; Llama/Qwen2 fall back to hidden / heads.
+  // Qwen3Config's head_dim defaults to 128; Llama/Qwen2/Dots1 fall back to hidden / heads.
   const bool qwen3 = spec.arch == HfArch::qwen3 || spec.arch == HfArch::qwen3_moe;
   m.head_dim = get<int64_t>(c, "head_dim", qwen3 ? 128 : m.hidden / m.heads, where);
-  m.max_seq_len = get<int64_t>(c, "max_position_embeddings", spec.arch == HfArch::llama ? 2048 : 32768, where);
+  const bool short_context = spec.arch == HfArch::llama || spec.arch == HfArch::dots1;  // their 2048 default
+  m.max_seq_len = get<int64_t>(c, "max_position_embeddings", short_context ? 2048 : 32768, where);
   m.norm_eps = get<double>(c, "rms_norm_eps", 1e-6, where);
   m.tie_embeddings = get<bool>(c, "tie_word_embeddings", false, where);
   m.init_std = get<double>(c, "initializer_range", 0.02, where);
@@ -214,8 +247,9 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   m.mlp = "swiglu";
   m.attention = "gqa";
   m.position = "rope";
-  m.qk_norm = qwen3;
+  m.qk_norm = qwen3 || spec.arch == HfArch::dots1;
   if (spec.arch == HfArch::qwen3_moe) read_qwen3_moe(c, where, m);
+  if (spec.arch == HfArch::dots1) read_dots1(c, where, m);
   m.attention_bias = spec.arch == HfArch::qwen2;
   m.name = get<std::string>(c, "kiln_model_name", std::string(hf_model_type(spec.arch)) + "-import", where);
 
@@ -232,6 +266,12 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   KILN_CHECK(!get<bool>(c, "use_sliding_window", false, where), "import",
              "{}: use_sliding_window = true: kiln computes full causal attention", where);
   const JsonField root(c, "import", where);
+  // Dots1Config makes layers from max_window_layers on sliding when layer_types is absent.
+  if (spec.arch == HfArch::dots1 && !root.find("layer_types") && root.find("sliding_window") &&
+      !c["sliding_window"].is_null())
+    KILN_CHECK(get<int64_t>(c, "max_window_layers", 62, where) >= m.layers, "import",
+               "{}: sliding_window with max_window_layers < num_hidden_layers: kiln computes full attention only",
+               where);
   if (const auto layer_types = root.find("layer_types"))
     for (size_t i = 0; i < layer_types->array_size(); ++i) {
       const std::string& t = layer_types->element(i).string();

@@ -6,13 +6,16 @@
 //   sparse layers (mlp "moe")   -> Qwen3MoeForCausalLM (model_type "qwen3_moe": softmax_topk
 //                                  routing, q/k norms, no shared expert; dense layers as
 //                                  mlp_only_layers)
+//   ... routed by sigmoid_bias  -> Dots1ForCausalLM (model_type "dots1", dots.llm1: Qwen3's
+//                                  attention with DeepSeek-V3's router, shared experts and
+//                                  the dense layers first; nn/moe/moe_export.cpp)
 //   qk_norm on                  -> Qwen3ForCausalLM  (model_type "qwen3")
 //   qk_norm off, q/k/v bias     -> Qwen2ForCausalLM  (model_type "qwen2")
 //   qk_norm off, no bias        -> LlamaForCausalLM  (model_type "llama"; head_dim written
 //                                  explicitly, so head_dim may differ from hidden / heads)
 // Every one of them: RMSNorm, SwiGLU (silu), RoPE by rotate_half with one theta, causal
 // full attention, and the same eps, vocabulary and tying.
-// Import reads those three model types back and refuses any field kiln cannot compute
+// Import reads those model types back and refuses any field kiln cannot compute
 // (rope scaling, sliding windows, o_proj / MLP biases, another activation).
 #pragma once
 
@@ -27,11 +30,11 @@
 
 namespace kiln::io {
 
-enum class HfArch { qwen3, llama, qwen2, qwen3_moe };
+enum class HfArch { qwen3, llama, qwen2, qwen3_moe, dots1 };
 
 std::string_view hf_model_type(HfArch arch);        // "qwen3"
 std::string_view hf_architecture(HfArch arch);      // "Qwen3ForCausalLM"
-std::string_view gguf_architecture(HfArch arch);    // llama.cpp's name: "qwen3", "qwen3moe"
+std::string_view gguf_architecture(HfArch arch);    // llama.cpp's name: "qwen3", "qwen3moe", "dots1"
 
 // The stock family that may represent `model` (its components then refuse what it cannot).
 HfArch choose_hf_arch(const ModelConfig& model);

@@ -22,7 +22,7 @@ class ExportConfig {
   enum class Format { hf, gguf };
 
   // family: the stock architecture by its Hugging Face model_type ("qwen3", "llama",
-  // "qwen2", "qwen3_moe"); GGUF keys are written as "<gguf_arch>.<key>" (llama.cpp's
+  // "qwen2", "qwen3_moe", "dots1"); GGUF keys are written as "<gguf_arch>.<key>" (llama.cpp's
   // convention: "qwen3moe.expert_count") into `out`.
   ExportConfig(Format format, std::string family, std::string gguf_arch, int64_t layers, nlohmann::json& out);
 

@@ -166,7 +166,8 @@ void GqaAttention::export_config(ExportConfig& out) const {
   if (options_.window > 0)
     out.refuse("model.sliding_window", std::to_string(options_.window),
                "windowed attention is not exported yet (no verified mapping to a stock class)");
-  const bool qwen3 = out.is("qwen3") || out.is("qwen3_moe"), qwen2 = out.is("qwen2");
+  // Qwen3's attention: also Qwen3-MoE's and Dots1's.
+  const bool qwen3 = out.is("qwen3") || out.is("qwen3_moe") || out.is("dots1"), qwen2 = out.is("qwen2");
   if (qk_norm != qwen3) out.refuse("model.qk_norm", qk_norm ? "true" : "false", "only Qwen3 has q/k norms");
   if (qk_norm && qk_kind_ != QkNormKind::rmsnorm)
     out.refuse("model.qk_norm_type", fmt::format("'{}'", qk_kind_ == QkNormKind::dyt ? "dyt" : "gemma_rmsnorm"),
@@ -175,6 +176,11 @@ void GqaAttention::export_config(ExportConfig& out) const {
     out.refuse("model.attention_bias", bias ? "true" : "false",
                bias ? "Qwen3's and Llama's attention_bias also biases o_proj" : "Qwen2 biases q, k and v");
   if (out.format() == ExportConfig::Format::gguf) {
+    if (out.is("dots1") && hkv_ != hq_)  // llama_model_dots1::load_arch_tensors: k, v of n_head heads
+      out.refuse("model.kv_heads", std::to_string(hkv_),
+                 fmt::format("llama.cpp's dots1 reads k and v with as many heads as q ({}): no grouped-query "
+                             "attention",
+                             hq_));
     out.set("attention.head_count", hq_, "model.heads");
     out.set("attention.head_count_kv", hkv_, "model.kv_heads");
     out.set("attention.key_length", d_, "model.head_dim");

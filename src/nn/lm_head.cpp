@@ -68,6 +68,8 @@ void LmHead::logits(const Tensor& hidden, std::vector<float>& out) {
 void LmHead::export_config(ExportConfig& out) const {
   if (softcap_ > 0) out.refuse("model.logit_softcap", fmt::format("{}", softcap_), "its LM head has no softcap");
   if (out.format() == ExportConfig::Format::hf) out.set("tie_word_embeddings", tied_, "model.tie_embeddings");
+  else if (tied_ && out.is("dots1"))
+    out.refuse("model.tie_embeddings", "true", "llama.cpp's dots1 reads a separate output matrix");
 }
 
 std::unique_ptr<HeadDecoder> LmHead::make_decoder(DecodeContext& ctx, const Norm& final_norm) const {

@@ -26,7 +26,7 @@ def check_config(out, m):
     cfg = json.load(open(f"{out}/config.json"))
     arch = ref.expected_arch(m)
     classes = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-               "qwen3_moe": "Qwen3MoeForCausalLM"}
+               "qwen3_moe": "Qwen3MoeForCausalLM", "dots1": "Dots1ForCausalLM"}
     check(cfg["model_type"] == arch and cfg["architectures"] == [classes[arch]], f"architecture {cfg['model_type']} != {arch}")
     want = {"vocab_size": m["vocab_size"], "hidden_size": m["hidden"], "num_hidden_layers": m["layers"],
             "num_attention_heads": m["heads"], "num_key_value_heads": m["kv_heads"], "head_dim": m["head_dim"],
@@ -45,6 +45,17 @@ def check_config(out, m):
         step, only = cfg["decoder_sparse_step"], set(cfg["mlp_only_layers"])
         sparse = [l for l in range(m["layers"]) if l not in only and (l + 1) % step == 0]
         check(sparse == ref.sparse_layers(m), f"sparse layers {sparse} != {ref.sparse_layers(m)}")
+    if arch == "dots1":  # the dense layers first; the shared expert n_shared_experts x moe_intermediate_size
+        moe, sparse = m["moe"], ref.sparse_layers(m)
+        want = {"n_routed_experts": moe["experts"], "num_experts_per_tok": moe["top_k"],
+                "moe_intermediate_size": moe["expert_hidden"], "norm_topk_prob": moe["norm_topk_prob"],
+                "n_shared_experts": moe.get("shared_hidden", 0) // moe["expert_hidden"],
+                "routed_scaling_factor": moe.get("routed_scaling", 1.0), "n_group": moe.get("groups", 1),
+                "topk_group": moe.get("top_groups", 1), "first_k_dense_replace": sparse[0]}
+        for k, v in want.items():
+            check(cfg[k] == v, f"config.json {k} = {cfg[k]!r}, expected {v!r}")
+        check(sparse == list(range(sparse[0], m["layers"])), f"sparse layers {sparse} are not the last ones")
+        check(cfg["sliding_window"] is None, "sliding_window")
     if arch != "qwen2":
         check(cfg["attention_bias"] is False, "attention_bias")
     if arch != "llama":

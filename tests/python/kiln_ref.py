@@ -47,8 +47,8 @@ def sparse_layers(m):
 
 
 def expected_arch(m):
-    if sparse_layers(m):
-        return "qwen3_moe"
+    if sparse_layers(m):  # sigmoid_bias routing is DeepSeek-V3's, as dots.llm1 (Dots1) holds it
+        return "dots1" if m["moe"].get("router") == "sigmoid_bias" else "qwen3_moe"
     if m["qk_norm"]:
         return "qwen3"
     return "qwen2" if m["attention_bias"] else "llama"
@@ -68,9 +68,15 @@ def hf_tensor_shapes(m):
             p + "self_attn.q_proj.weight": (q, d), p + "self_attn.k_proj.weight": (kv, d),
             p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.o_proj.weight": (d, q),
         })
-        if l in sparse:  # Qwen3-MoE: the router, then each expert's SwiGLU
-            e, fe = m["moe"]["experts"], m["moe"]["expert_hidden"]
+        if l in sparse:  # Qwen3-MoE / Dots1: the router (Dots1: its bias), each expert's SwiGLU, the shared one
+            e, fe, fs = m["moe"]["experts"], m["moe"]["expert_hidden"], m["moe"].get("shared_hidden", 0)
             shapes[p + "mlp.gate.weight"] = (e, d)
+            if m["moe"].get("router") == "sigmoid_bias":
+                shapes[p + "mlp.gate.e_score_correction_bias"] = (e,)
+            if fs:
+                shapes.update({p + "mlp.shared_experts.gate_proj.weight": (fs, d),
+                               p + "mlp.shared_experts.up_proj.weight": (fs, d),
+                               p + "mlp.shared_experts.down_proj.weight": (d, fs)})
             for x in range(e):
                 shapes.update({p + f"mlp.experts.{x}.gate_proj.weight": (fe, d), p + f"mlp.experts.{x}.up_proj.weight": (fe, d),
                                p + f"mlp.experts.{x}.down_proj.weight": (d, fe)})

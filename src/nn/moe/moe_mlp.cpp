@@ -39,7 +39,7 @@
 namespace kiln {
 
 MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
-    : moe_(layer.model->moe), workspace_(ctx.workspace), losses_(*ctx.losses), layer_(layer.index) {
+    : model_(*layer.model), moe_(layer.model->moe), workspace_(ctx.workspace), losses_(*ctx.losses), layer_(layer.index) {
   const ModelConfig& m = *layer.model;
   const int64_t t = ctx.max_tokens, d = m.hidden, e_count = moe_.experts, k = moe_.top_k, f = moe_.expert_hidden;
   hidden_ = d;
@@ -266,35 +266,6 @@ std::unique_ptr<BranchDecoder> MoeMlp::make_decoder(DecodeContext& ctx, const No
   if (const std::string why = router_->not_causal(); !why.empty())
     fail("model.moe.router", "'{}' cannot be decoded with a KV cache (kiln sample, kiln serve): {}", moe_.router, why);
   return make_moe_decoder(*this, ctx);
-}
-
-// Qwen3-MoE: softmax top-k routing, no shared expert, no routed scaling; its sparse
-// layers' experts under mlp.experts.{e} (Hugging Face) or stacked (llama.cpp's qwen3moe,
-// which normalizes the top-k weights).
-void MoeMlp::export_config(ExportConfig& out) const {
-  if (!out.is("qwen3_moe")) out.refuse("model.mlp", "'moe'", "its MLPs are dense");
-  if (const std::string why = router_->not_causal(); !why.empty()) out.refuse("model.moe.router", "'" + moe_.router + "'", why);
-  if (moe_.router != "softmax_topk")
-    out.refuse("model.moe.router", "'" + moe_.router + "'", "Qwen3-MoE routes by a softmax over the experts (softmax_topk)");
-  if (moe_.shared_hidden > 0)
-    out.refuse("model.moe.shared_hidden", std::to_string(moe_.shared_hidden), "Qwen3-MoE has no shared expert");
-  if (moe_.routed_scaling != 1.0)
-    out.refuse("model.moe.routed_scaling", fmt::format("{}", moe_.routed_scaling), "Qwen3-MoE does not scale the weights");
-  if (out.format() == ExportConfig::Format::gguf) {
-    if (!moe_.norm_topk_prob)
-      out.refuse("model.moe.norm_topk_prob", "false", "llama.cpp's qwen3moe renormalizes the top-k weights");
-    out.set("expert_count", moe_.experts, "model.moe.experts");
-    out.set("expert_used_count", moe_.top_k, "model.moe.top_k");
-    out.set("expert_feed_forward_length", moe_.expert_hidden, "model.moe.expert_hidden");
-    return;
-  }
-  out.set("num_experts", moe_.experts, "model.moe.experts");
-  out.set("num_experts_per_tok", moe_.top_k, "model.moe.top_k");
-  out.set("moe_intermediate_size", moe_.expert_hidden, "model.moe.expert_hidden");
-  out.set("norm_topk_prob", moe_.norm_topk_prob, "model.moe.norm_topk_prob");
-  out.set("router_aux_loss_coef", moe_.aux_loss, "model.moe.aux_loss");
-  out.set("output_router_logits", false, "model.moe.aux_loss");
-  out.set("hidden_act", "silu", "model.mlp");
 }
 
 void register_moe_mlp(MlpRegistry& registry) {

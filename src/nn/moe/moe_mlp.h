@@ -17,6 +17,7 @@ class MoeMlp final : public Mlp {
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dout, const Tensor& dx) override;
   std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override;
+  // Qwen3-MoE (softmax_topk) or Dots1 (sigmoid_bias): moe_export.cpp.
   void export_config(ExportConfig& out) const override;
   // The step's routed choices per expert are the load sigmoid_bias balances by; cleared
   // for the next step.
@@ -34,6 +35,10 @@ class MoeMlp final : public Mlp {
   ops::Routes routes_rows(int64_t t) const;
   ops::MoeDispatch dispatch_rows(int64_t t) const;
 
+  void export_qwen3_moe(ExportConfig& out) const;
+  void export_dots1(ExportConfig& out) const;
+
+  const ModelConfig& model_;
   const MoeConfig& moe_;
   Workspace& workspace_;
   LossContext& losses_;
