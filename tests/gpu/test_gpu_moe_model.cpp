@@ -93,14 +93,18 @@ BuildOptions options_for(Device device, DType dtype, int64_t tokens) {
 }
 
 // Random init with the routers' weights x 30 (logits of a few units: clear choices) and
-// sigmoid_bias's bias moved off 0 (so a path that ignores it cannot pass).
+// sigmoid_bias's bias moved off 0 (so a path that ignores it cannot pass). expert_choice
+// ranks tokens, not experts: at x 30 many tokens' probabilities saturate within ulps of 1,
+// the CPU's and the GPU's exp order them differently at the capacity's cut (a PAD row's
+// logits 0.23 apart on the H200, 2026-12-01), so its router is x 3: spread probabilities.
 void init_weights(Model& m, uint64_t seed) {
   m.init_weights(seed);
   Rng rng(seed ^ 0xb1a5ull);
+  const float router_scale = m.config().moe.router == "expert_choice" ? 3.0f : 30.0f;
   for (const auto& p : m.parameters()) {
     float* v = p->value().data<float>();
     if (p->name().ends_with("mlp.gate.weight"))
-      for (int64_t i = 0; i < p->value().numel(); ++i) v[i] *= 30.0f;
+      for (int64_t i = 0; i < p->value().numel(); ++i) v[i] *= router_scale;
     if (p->name().ends_with("e_score_correction_bias"))  // sigmoid_bias's balancing bias
       for (int64_t i = 0; i < p->value().numel(); ++i) v[i] = static_cast<float>(0.1 * rng.normal());
   }
