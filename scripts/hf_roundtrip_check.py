@@ -144,8 +144,11 @@ def check_model(args, model_dir, work):
     # must refuse other models, in one line naming the key.
     # llama.cpp's dots1 always has a shared expert, reads a separate output matrix and k/v
     # of as many heads as q.
+    # kiln's GGUF export carries RoPE scaling only where llama.cpp's is known to equal kiln's.
     refused_key = None
-    if arch == "qwen3_moe" and (m.get("alt_mlp_layers") or m.get("mlp") != "moe"):
+    if (m.get("rope") or {}).get("scaling") in ("yarn", "llama3"):
+        refused_key = "model.rope.scaling"
+    elif arch == "qwen3_moe" and (m.get("alt_mlp_layers") or m.get("mlp") != "moe"):
         refused_key = "alt_mlp_layers"
     elif arch == "qwen3_moe" and not m["moe"]["norm_topk_prob"]:
         refused_key = "norm_topk_prob"
