@@ -6,6 +6,7 @@
 #include "ops/moe/routing_cuda.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -29,6 +30,19 @@ inline void check_routes(const char* op, const Tensor& logits, const Routes& r) 
   expect_tensor(op, "experts", r.experts, Shape{t, k}, DType::i32, logits.device());
   expect_tensor(op, "weights", r.weights, Shape{t, k}, logits.dtype(), logits.device());
   gpu_router_math(op, logits);
+}
+
+// probs [T, E] = the softmax of each row of logits, in double, stored in T (each exp once).
+template <typename T>
+void softmax_rows(const T* logits, int64_t t_count, int64_t e_count, T* probs) {
+  std::vector<double> e(static_cast<size_t>(e_count));
+  for (int64_t t = 0; t < t_count; ++t) {
+    const T* l = logits + t * e_count;
+    const double m = *std::max_element(l, l + e_count);
+    double sum = 0;
+    for (int64_t j = 0; j < e_count; ++j) sum += e[static_cast<size_t>(j)] = std::exp(static_cast<double>(l[j]) - m);
+    for (int64_t j = 0; j < e_count; ++j) probs[t * e_count + j] = static_cast<T>(e[static_cast<size_t>(j)] / sum);
+  }
 }
 
 // The k best of `key` (largest first; equal keys: the lower index), among `allowed` ones.

@@ -25,13 +25,7 @@ void expert_choice_forward(const Tensor& logits, int64_t capacity, const Tensor&
   dispatch_cpu_float(op, logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     T* p = probs.data<T>();
-    for (int64_t t = 0; t < t_count; ++t) {
-      const T* l = logits.data<T>() + t * e_count;
-      const double m = *std::max_element(l, l + e_count);
-      double sum = 0;
-      for (int64_t j = 0; j < e_count; ++j) sum += std::exp(static_cast<double>(l[j]) - m);
-      for (int64_t j = 0; j < e_count; ++j) p[t * e_count + j] = static_cast<T>(std::exp(static_cast<double>(l[j]) - m) / sum);
-    }
+    routing_detail::softmax_rows(logits.data<T>(), t_count, e_count, p);
     int32_t* ids = out.experts.data<int32_t>();
     T* w = out.weights.data<T>();
     std::fill(ids, ids + t_count * e_count, -1);
