@@ -27,7 +27,7 @@ class AdamW final : public Optimizer {
 
   void step(double lr) override {
     ++steps_;
-    ops::adamw_update_all(tensors(), step_scalars(lr, steps_));
+    ops::adamw_update_all(tensors(), step_scalars(lr, steps_), table_);
   }
 
   int64_t steps_taken() const override { return steps_; }
@@ -35,15 +35,16 @@ class AdamW final : public Optimizer {
 
   bool updates_on_device() const override { return !slots_.empty() && slots_[0].param->value().device() == Device::cuda; }
 
-  void prepare_device_update(double lr, cuda::DeviceUpdateScalars& scalars) const override {
+  void prepare_device_update(double lr, ops::DeviceUpdateScalars& scalars) const override {
     const ops::AdamWStep step = step_scalars(lr, steps_ + 1);
-    scalars.lr = static_cast<float>(step.lr);
-    scalars.bias_correction1 = static_cast<float>(step.bias_correction1);
-    scalars.bias_correction2 = static_cast<float>(step.bias_correction2);
+    ops::GroupUpdateScalars& group = scalars.group[0];
+    group.lr = static_cast<float>(step.lr);
+    group.bias_correction1 = static_cast<float>(step.bias_correction1);
+    group.bias_correction2 = static_cast<float>(step.bias_correction2);
   }
 
-  void step_on_device(const cuda::DeviceUpdateScalars* scalars) override {
-    ops::adamw_update_all_on_device(tensors(), step_scalars(0, steps_ + 1), scalars);
+  void step_on_device(const ops::DeviceUpdateScalars* scalars) override {
+    ops::adamw_update_all_on_device(tensors(), step_scalars(0, steps_ + 1), scalars, 0, table_);
   }
 
   void count_update() override { ++steps_; }
@@ -86,15 +87,16 @@ class AdamW final : public Optimizer {
   OptimConfig config_;
   std::vector<Slot> slots_;
   std::vector<ops::AdamWTensor> batch_;  // reused each step: no allocation in the loop
+  ops::AdamWDeviceTable table_;          // the GPU kernel's copy of batch_
   int64_t steps_ = 0;
 };
 
 }  // namespace
 
-void Optimizer::prepare_device_update(double, cuda::DeviceUpdateScalars&) const {
+void Optimizer::prepare_device_update(double, ops::DeviceUpdateScalars&) const {
   fail("optimizer", "this optimizer has no update with scalars in device memory");
 }
-void Optimizer::step_on_device(const cuda::DeviceUpdateScalars*) {
+void Optimizer::step_on_device(const ops::DeviceUpdateScalars*) {
   fail("optimizer", "this optimizer has no update with scalars in device memory");
 }
 void Optimizer::count_update() { fail("optimizer", "this optimizer has no update with scalars in device memory"); }

@@ -5,7 +5,7 @@
 #include "core/arena.h"
 #include "nn/parameter.h"
 #include "nn/registry.h"
-#include "ops/optim/adamw_cuda.h"
+#include "ops/optim/update_scalars.h"
 #include "config/config.h"
 #include "train/schedules.h"
 
@@ -41,8 +41,8 @@ class Optimizer {
   // reading `scalars` in device memory (where the guard may have set skip: so the host
   // calls count_update() only once it knows the update was applied).
   virtual bool updates_on_device() const { return false; }
-  virtual void prepare_device_update(double lr, cuda::DeviceUpdateScalars& scalars) const;
-  virtual void step_on_device(const cuda::DeviceUpdateScalars* scalars);
+  virtual void prepare_device_update(double lr, ops::DeviceUpdateScalars& scalars) const;
+  virtual void step_on_device(const ops::DeviceUpdateScalars* scalars);
   virtual void count_update();
 };
 

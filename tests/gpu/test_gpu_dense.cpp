@@ -66,7 +66,8 @@ TEST_F(Dense, AdamWManyTensorsMatchesOneByOne) {
     ops::adamw_update(*pb, *ga, *mb, *vb, one);
     for (OwnedTensor* t : {&pa, &ma, &va, &ga, &pb, &mb, &vb}) keep.push_back(std::move(*t));
   }
-  ops::adamw_update_all(many, s);
+  ops::AdamWDeviceTable table;
+  ops::adamw_update_all(many, s, table);
   for (size_t i = 0; i < many.size(); ++i) {
     const OwnedTensor& pb = keep[7 * i + 4];
     const OwnedTensor& mb = keep[7 * i + 5];
@@ -84,10 +85,13 @@ TEST_F(Dense, AdamWWithDeviceScalarsMatchesScaledUpdate) {
   ops::AdamWStep s;
   s.bias_correction1 = 1 - std::pow(0.9, 3);
   s.bias_correction2 = 1 - std::pow(0.95, 3);
-  cuda::DeviceUpdateScalars host{};
-  host.lr = 2e-3f;
-  host.bias_correction1 = static_cast<float>(s.bias_correction1);
-  host.bias_correction2 = static_cast<float>(s.bias_correction2);
+  // Group 2's slot, the others left unset: each optimizer group reads only its own.
+  constexpr int kGroup = 2;
+  ops::DeviceUpdateScalars host{};
+  ops::GroupUpdateScalars& group = host.group[kGroup];
+  group.lr = 2e-3f;
+  group.bias_correction1 = static_cast<float>(s.bias_correction1);
+  group.bias_correction2 = static_cast<float>(s.bias_correction2);
   host.grad_scale = 0.37f;
   Storage device(Device::cuda, sizeof(host));
   for (const int32_t skip : {0, 1}) {
@@ -111,13 +115,14 @@ TEST_F(Dense, AdamWWithDeviceScalarsMatchesScaledUpdate) {
       if (!skip) {  // the reference: scale the gradient, then the per-tensor update
         ops::scale_inplace(*gb, host.grad_scale);
         ops::AdamWStep one = s;
-        one.lr = host.lr;
+        one.lr = group.lr;
         one.weight_decay = decay;
         ops::adamw_update(*pb, *gb, *mb, *vb, one);
       }
       for (OwnedTensor* t : {&pa, &ma, &va, &ga, &pb, &mb, &vb, &gb}) keep.push_back(std::move(*t));
     }
-    ops::adamw_update_all_on_device(many, s, static_cast<const cuda::DeviceUpdateScalars*>(device.data()));
+    ops::AdamWDeviceTable table;
+    ops::adamw_update_all_on_device(many, s, static_cast<const ops::DeviceUpdateScalars*>(device.data()), kGroup, table);
     for (size_t i = 0; i < many.size(); ++i) {
       EXPECT_TRUE(same_bytes(*to_host(many[i].param), *to_host(*keep[8 * i + 4]))) << "param " << i;
       EXPECT_TRUE(same_bytes(*to_host(many[i].m), *to_host(*keep[8 * i + 5]))) << "m " << i;

@@ -63,18 +63,28 @@ const std::vector<cuda::AdamWTensorF32>& device_list(const char* op, const std::
 }  // namespace
 #endif
 
-void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& s) {
+#if KILN_WITH_CUDA
+namespace {
+cuda::AdamWTable& table_of(AdamWDeviceTable& table) {
+  if (!table) table = cuda::make_adamw_table();
+  return *table;
+}
+}  // namespace
+#endif
+
+void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& s, AdamWDeviceTable& table) {
   if (tensors.empty()) return;
   if (tensors.front().param.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     const char* op = "adamw";
     KILN_OP_SCOPE(op, tensors.front().param);
     const auto& list = device_list(op, tensors);
-    cuda::adamw_update_many_f32(list.data(), static_cast<int64_t>(list.size()), static_cast<float>(s.lr),
+    cuda::adamw_update_many_f32(table_of(table), list.data(), static_cast<int64_t>(list.size()), static_cast<float>(s.lr),
                                 static_cast<float>(s.beta1), static_cast<float>(s.beta2), static_cast<float>(s.eps),
                                 static_cast<float>(s.bias_correction1), static_cast<float>(s.bias_correction2));
     return;
 #else
+    (void)table;
     no_cuda_kernel("adamw");
 #endif
   }
@@ -86,17 +96,18 @@ void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& 
 }
 
 void adamw_update_all_on_device(const std::vector<AdamWTensor>& tensors, const AdamWStep& fixed,
-                                const cuda::DeviceUpdateScalars* scalars) {
+                                const DeviceUpdateScalars* scalars, int group, AdamWDeviceTable& table) {
   const char* op = "adamw";
   if (tensors.empty()) return;
   KILN_CHECK(tensors.front().param.device() == Device::cuda, op, "scalars in device memory need GPU tensors");
   KILN_OP_SCOPE(op, tensors.front().param);
 #if KILN_WITH_CUDA
   const auto& list = device_list(op, tensors);
-  cuda::adamw_update_many_device_f32(list.data(), static_cast<int64_t>(list.size()), static_cast<float>(fixed.beta1),
-                                     static_cast<float>(fixed.beta2), static_cast<float>(fixed.eps), scalars);
+  cuda::adamw_update_many_device_f32(table_of(table), list.data(), static_cast<int64_t>(list.size()),
+                                     static_cast<float>(fixed.beta1), static_cast<float>(fixed.beta2),
+                                     static_cast<float>(fixed.eps), scalars, group);
 #else
-  (void)fixed, (void)scalars;
+  (void)fixed, (void)scalars, (void)group, (void)table;
   no_cuda_kernel(op);
 #endif
 }

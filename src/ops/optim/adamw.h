@@ -4,6 +4,7 @@
 #include "core/tensor.h"
 #include "ops/optim/adamw_cuda.h"
 
+#include <memory>
 #include <vector>
 
 namespace kiln::ops {
@@ -19,18 +20,21 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, cons
 
 // The same update of many tensors, each with its own weight decay (step.weight_decay is
 // ignored): one launch on the GPU (all tensors fp32 there), a loop of adamw_update on the CPU.
+// `table` is the caller's device table of the list (created on first use; each optimizer
+// keeps its own).
 struct AdamWTensor {
   Tensor param, grad, m, v;
   double weight_decay = 0;
 };
-void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& step);
+using AdamWDeviceTable = std::shared_ptr<cuda::AdamWTable>;
+void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& step, AdamWDeviceTable& table);
 
 // The GPU form whose scalars live in device memory, read when the kernel runs (a training
-// step captured as a CUDA graph): lr and bias corrections from `scalars`, every gradient
+// step captured as a CUDA graph): lr and bias corrections from scalars->group[group], every gradient
 // multiplied by scalars->grad_scale (the clip factor; the same bits as scaling the
 // gradients first), and no change at all while scalars->skip is set. beta1, beta2 and eps
 // are fixed for a run.
 void adamw_update_all_on_device(const std::vector<AdamWTensor>& tensors, const AdamWStep& fixed,
-                                const cuda::DeviceUpdateScalars* scalars);
+                                const DeviceUpdateScalars* scalars, int group, AdamWDeviceTable& table);
 
 }  // namespace kiln::ops

@@ -1,9 +1,9 @@
 // AdamW on the GPU (declared in adamw_cuda.h): one tensor per launch, or every parameter
 // tensor in one launch (multi-tensor apply). The multi-tensor form cuts the tensors into
 // chunks of kChunk elements; block b updates chunk b of its tensor. The table of tensors
-// and chunks lives on the device and is rebuilt only when the tensor list changes (in
-// training, never after the first step), so a step costs one launch and no host-to-device
-// copy. Both forms compute adamw_element (adamw_math.cuh): the same bits.
+// and chunks (AdamWTable, one per optimizer) lives on the device and is rebuilt only when
+// the tensor list changes (in training, never after the first step), so a step costs one
+// launch and no host-to-device copy. Both forms compute adamw_element (adamw_math.cuh): the same bits.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/step_graphs.h"
@@ -74,12 +74,12 @@ __global__ void adamw_multi_kernel(const AdamWTensorF32* tensors, const Chunk* c
 
 // The same update with its scalars read from device memory when it runs.
 __global__ void adamw_multi_device_kernel(const AdamWTensorF32* tensors, const Chunk* chunks, float b1, float b2,
-                                          float eps, const DeviceUpdateScalars* scalars) {
+                                          float eps, const ops::DeviceUpdateScalars* scalars, int group) {
   if (scalars->skip != 0) return;
   const Chunk c = chunks[blockIdx.x];
   const AdamWTensorF32 t = tensors[c.tensor];
-  const AdamWFactors f = adamw_factors(scalars->lr, t.weight_decay, scalars->bias_correction1,
-                                       scalars->bias_correction2);
+  const ops::GroupUpdateScalars& g = scalars->group[group];
+  const AdamWFactors f = adamw_factors(g.lr, t.weight_decay, g.bias_correction1, g.bias_correction2);
   update_range(t, c.begin, min(c.begin + kChunk, t.n), scalars->grad_scale, b1, b2, eps, f);
 }
 
@@ -87,8 +87,20 @@ bool same_tensor(const AdamWTensorF32& a, const AdamWTensorF32& b) {
   return a.p == b.p && a.g == b.g && a.m == b.m && a.v == b.v && a.n == b.n && a.weight_decay == b.weight_decay;
 }
 
+}  // namespace
+
 // The device copy of the last tensor list and its chunks.
-struct Table {
+class AdamWTable {
+ public:
+  AdamWTable() = default;
+  AdamWTable(const AdamWTable&) = delete;
+  AdamWTable& operator=(const AdamWTable&) = delete;
+  // Errors ignored: a table destroyed at exit may outlive the CUDA context.
+  ~AdamWTable() {
+    if (tensors) (void)cudaFree(tensors);
+    if (chunks) (void)cudaFree(chunks);
+  }
+
   std::vector<AdamWTensorF32> host;
   AdamWTensorF32* tensors = nullptr;
   Chunk* chunks = nullptr;
@@ -118,12 +130,7 @@ struct Table {
   }
 };
 
-Table& device_table() {
-  static Table* t = new Table;  // never destroyed: freeing after the CUDA context is gone fails
-  return *t;
-}
-
-}  // namespace
+std::shared_ptr<AdamWTable> make_adamw_table() { return std::make_shared<AdamWTable>(); }
 
 void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, float bc1, float bc2) {
@@ -132,9 +139,8 @@ void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n, f
   check_launch("adamw", "adamw_kernel");
 }
 
-void adamw_update_many_f32(const AdamWTensorF32* tensors, int64_t count, float lr, float beta1, float beta2, float eps,
-                           float bc1, float bc2) {
-  Table& table = device_table();
+void adamw_update_many_f32(AdamWTable& table, const AdamWTensorF32* tensors, int64_t count, float lr, float beta1,
+                           float beta2, float eps, float bc1, float bc2) {
   table.update(tensors, count);
   if (table.chunk_count == 0) return;
   KILN_CHECK(table.chunk_count <= 0x7fffffff, "adamw", "{} chunks exceed the grid", table.chunk_count);
@@ -143,14 +149,14 @@ void adamw_update_many_f32(const AdamWTensorF32* tensors, int64_t count, float l
   check_launch("adamw", "adamw_multi_kernel");
 }
 
-void adamw_update_many_device_f32(const AdamWTensorF32* tensors, int64_t count, float beta1, float beta2, float eps,
-                                  const DeviceUpdateScalars* scalars) {
-  Table& table = device_table();
+void adamw_update_many_device_f32(AdamWTable& table, const AdamWTensorF32* tensors, int64_t count, float beta1,
+                                  float beta2, float eps, const ops::DeviceUpdateScalars* scalars, int group) {
+  KILN_CHECK(group >= 0 && group < ops::kMaxUpdateGroups, "adamw", "update group {} out of range", group);
   table.update(tensors, count);
   if (table.chunk_count == 0) return;
   KILN_CHECK(table.chunk_count <= 0x7fffffff, "adamw", "{} chunks exceed the grid", table.chunk_count);
   adamw_multi_device_kernel<<<static_cast<unsigned>(table.chunk_count), kThreads, 0, stream()>>>(
-      table.tensors, table.chunks, beta1, beta2, eps, scalars);
+      table.tensors, table.chunks, beta1, beta2, eps, scalars, group);
   check_launch("adamw", "adamw_multi_device_kernel");
 }
 

@@ -2,7 +2,10 @@
 // (adamw_cuda.cu), both on adamw_element (adamw_math.cuh), so both give the same bits.
 #pragma once
 
+#include "ops/optim/update_scalars.h"
+
 #include <cstdint>
+#include <memory>
 
 namespace kiln::cuda {
 
@@ -18,21 +21,20 @@ struct AdamWTensorF32 {
   int64_t n;
   float weight_decay;
 };
-// Every tensor in one launch; the same arithmetic as adamw_update_f32.
-void adamw_update_many_f32(const AdamWTensorF32* tensors, int64_t count, float lr, float beta1, float beta2, float eps,
-                           float bias_correction1, float bias_correction2);
+// The device copy of one optimizer's tensor list and its chunks, rebuilt only when the
+// list changes (in training, never after the first step). Each optimizer owns its own, so
+// two optimizers' updates in one captured step never rebuild each other's table.
+class AdamWTable;
+std::shared_ptr<AdamWTable> make_adamw_table();
 
-// The scalars of one optimizer update read from device memory when the kernel runs (a
-// captured step): lr and bias corrections written by the host before the step, the
-// gradient factor (the clip; 1 = none) and the skip flag by the step's guard kernel.
-struct DeviceUpdateScalars {
-  float lr, bias_correction1, bias_correction2;
-  float grad_scale;
-  int32_t skip;  // nonzero: parameters and state stay untouched
-};
-// adamw_update_many_f32 with the scalars above: g * grad_scale in place of g (the bits of
+// Every tensor in one launch; the same arithmetic as adamw_update_f32.
+void adamw_update_many_f32(AdamWTable& table, const AdamWTensorF32* tensors, int64_t count, float lr, float beta1,
+                           float beta2, float eps, float bias_correction1, float bias_correction2);
+
+// adamw_update_many_f32 with the scalars in device memory (ops/optim/update_scalars.h):
+// lr and bias corrections from group `group`, g * grad_scale in place of g (the bits of
 // scaling the gradients first), nothing when skip is set.
-void adamw_update_many_device_f32(const AdamWTensorF32* tensors, int64_t count, float beta1, float beta2, float eps,
-                                  const DeviceUpdateScalars* scalars);
+void adamw_update_many_device_f32(AdamWTable& table, const AdamWTensorF32* tensors, int64_t count, float beta1,
+                                  float beta2, float eps, const ops::DeviceUpdateScalars* scalars, int group);
 
 }  // namespace kiln::cuda

@@ -4,7 +4,7 @@
 // kernel decides before the optimizer runs. One copy in, one copy out per step.
 #pragma once
 
-#include "ops/optim/adamw_cuda.h"
+#include "ops/optim/update_scalars.h"
 
 #include <cstdint>
 
@@ -32,8 +32,9 @@ struct DeviceStepScalars {
   // Written by finish_step_on_device.
   double loss = 0, grad_norm = 0;
   StepVerdict verdict = StepVerdict::apply;
-  // lr and bias corrections by the host; grad_scale and skip by finish_step_on_device.
-  cuda::DeviceUpdateScalars update{};
+  // Each group's lr and bias corrections by the host; grad_scale and skip by
+  // finish_step_on_device.
+  DeviceUpdateScalars update{};
 };
 
 // step_sums += micro_sums, then micro_sums = 0 (after a micro-batch's forward and backward).
