@@ -11,6 +11,7 @@
 #include "config/config_fields.h"
 #include "train/memory_check.h"
 #include "train/metrics.h"
+#include "train/optimizer_groups.h"
 
 #include <cmath>
 #include <functional>
@@ -83,7 +84,7 @@ struct Trained {
     BuildOptions o;
     o.max_tokens = c.train.micro_batch_tokens;
     model = std::make_unique<Model>(c.model, o);
-    optimizer = optimizer_registry().build("optim.name", "adamw", c.optim, model->parameters());
+    optimizer = make_optimizer(c.optim, model->parameters());
     optimizer->plan(state);
     model->allocate();
     state.allocate();

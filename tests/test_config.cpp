@@ -146,6 +146,24 @@ TEST_F(ConfigFile, UnknownKeySuggestsCloseName) {
   EXPECT_EQ(load_error("[optim]\nlearning_rate = 0.1\n").find("did you mean"), std::string::npos);
 }
 
+TEST_F(ConfigFile, AReplacedKeySaysWhatReplacedIt) {
+  EXPECT_HAS(load_error("[optim]\ndecay_norms = true\n"),
+             "unknown key 'optim.decay_norms' (replaced: write optim.norm.weight_decay = -1 and "
+             "optim.bias.weight_decay = -1)");
+  EXPECT_HAS(load_error("[optim]\ndecay_embeddings = true\n"), "optim.embedding.weight_decay = -1");
+}
+
+// [optim.<role>]: -1 takes the [optim] value; any other value follows the key's rule.
+TEST_F(ConfigFile, RoleSectionsTakeMinusOneAsUnset) {
+  const Config c = load_config(write("[optim.embedding]\nweight_decay = -1.0\nbeta1 = 0.8\n[optim.muon]\nns_steps = 3\n"));
+  EXPECT_EQ(c.optim.embedding.weight_decay, -1);
+  EXPECT_EQ(c.optim.embedding.beta1, 0.8);
+  EXPECT_EQ(c.optim.muon.ns_steps, 3);
+  EXPECT_HAS(load_error("[optim.norm]\nweight_decay = -2.0\n"), "optim.norm.weight_decay must be >= 0, got -2");
+  EXPECT_HAS(load_error("[optim.head]\nbeta2 = 1.0\n"), "optim.head.beta2 must be in [0, 1), got 1");
+  EXPECT_HAS(load_error("[optim.muon]\nscale = \"rms\"\n"), "optim.muon.scale must be one of moonlight|shape");
+}
+
 TEST_F(ConfigFile, UnknownSection) {
   EXPECT_HAS(load_error("[modle]\nlayers = 1\n"), "unknown key 'modle' (did you mean 'model'?)");
   EXPECT_HAS(load_error("[foo]\n"), "unknown key 'foo'");
@@ -187,7 +205,8 @@ TEST(ConfigOverride, SetsEachType) {
   apply_override(c, "optim.grad_clip=2");
   apply_override(c, "model.qk_norm=false");
   apply_override(c, "model.tie_embeddings=0");
-  apply_override(c, "optim.decay_norms=1");
+  apply_override(c, "optim.norm.weight_decay=-1");
+  apply_override(c, "optim.muon.nesterov=false");
   apply_override(c, "checkpoint.save_final=true");
   apply_override(c, "data.seed=42");
   apply_override(c, "train.out_dir=runs/x y");
@@ -198,7 +217,8 @@ TEST(ConfigOverride, SetsEachType) {
   EXPECT_DOUBLE_EQ(c.optim.grad_clip, 2.0);
   EXPECT_FALSE(c.model.qk_norm);
   EXPECT_FALSE(c.model.tie_embeddings);
-  EXPECT_TRUE(c.optim.decay_norms);
+  EXPECT_EQ(c.optim.norm.weight_decay, -1);
+  EXPECT_FALSE(c.optim.muon.nesterov);
   EXPECT_TRUE(c.checkpoint.save_final);
   EXPECT_EQ(c.data.seed, 42u);
   EXPECT_EQ(c.train.out_dir, "runs/x y");
@@ -313,7 +333,9 @@ TEST_F(ConfigFile, RoundTripEveryFieldChanged) {
           if constexpr (std::is_same_v<T, bool>) *p = !*p;
           else if constexpr (std::is_same_v<T, std::string>) {
             if (f.rule.kind != ConfigRule::kOneOf) *p += "~\"x\"\n";
-          } else if constexpr (std::is_same_v<T, double>) *p = *p * 0.5 + 0.125;
+          } else if constexpr (std::is_same_v<T, double>) {
+            *p = f.rule.unset_allowed && *p == -1 ? 0.375 : *p * 0.5 + 0.125;  // -1: unset ([optim.<role>])
+          }
           else *p += 2;
         },
         f.get(c));

@@ -10,7 +10,7 @@
 #include "ops/blas.h"
 #include "ops/parallel.h"
 #include "train/device_step.h"
-#include "train/optimizer.h"
+#include "train/optimizer_groups.h"
 #include "train/trainer.h"
 
 #include <fmt/format.h>
@@ -93,7 +93,7 @@ void add_bench_command(CLI::App& app) {
     const BuildOptions build = training_build_options(config, device);
     Model model(config.model, build);
     Arena optimizer_state("optimizer", device);
-    auto optimizer = optimizer_registry().build("optim.name", config.optim.name, config.optim, model.parameters());
+    auto optimizer = make_optimizer(config.optim, model.parameters());
     optimizer->plan(optimizer_state);
     size_t free_before = 0, total = 0;
     cuda_memory_info(&free_before, &total);

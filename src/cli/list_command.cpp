@@ -3,6 +3,7 @@
 #include "nn/modules.h"
 #include "nn/moe/router.h"
 #include "train/optimizer.h"
+#include "train/schedules.h"
 
 #include <fmt/format.h>
 

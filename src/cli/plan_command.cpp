@@ -1,7 +1,7 @@
 #include "cli/commands.h"
 #include "model/model.h"
 #include "core/device_memory.h"
-#include "train/optimizer.h"
+#include "train/optimizer_groups.h"
 #include "train/trainer.h"
 
 #include <fmt/format.h>
@@ -34,7 +34,7 @@ void add_plan_command(CLI::App& app) {
     const BuildOptions build = training_build_options(config, gpu ? Device::cuda : Device::cpu);
     const Model model(config.model, build);  // plans every arena; allocates nothing
     Arena optimizer_state("optimizer", build.device);
-    auto optimizer = optimizer_registry().build("optim.name", config.optim.name, config.optim, model.parameters());
+    auto optimizer = make_optimizer(config.optim, model.parameters());
     optimizer->plan(optimizer_state);
     const MemoryPlan plan = model.memory_plan();
     const int64_t params = model.parameter_count(), embed = model.embedding_parameter_count();

@@ -98,7 +98,15 @@ std::string suggestion(std::string_view name) {
   return best ? fmt::format(" (did you mean '{}'?)", *best) : std::string();
 }
 
+// Keys kiln once had, and what says the same now.
+constexpr std::pair<std::string_view, std::string_view> kReplacedKeys[] = {
+    {"optim.decay_embeddings", "optim.embedding.weight_decay = -1"},
+    {"optim.decay_norms", "optim.norm.weight_decay = -1 and optim.bias.weight_decay = -1"},
+};
+
 std::string unknown_key(std::string_view name) {
+  for (const auto& [old_key, now] : kReplacedKeys)
+    if (name == old_key) return fmt::format("unknown key '{}' (replaced: write {})", old_key, now);
   return fmt::format("unknown key '{}'{}", printable(name), suggestion(name));
 }
 
@@ -260,6 +268,7 @@ std::string toml_value(const double* v) {
 template <typename T>
 void check_rule(const ConfigField& field, const ConfigRule& rule, const T& value) {
   if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double>) {
+    if (rule.unset_allowed && value == -1) return;
     switch (rule.kind) {
       case ConfigRule::kPositive:
         KILN_CHECK(value > 0, kWhere, "{} must be > 0, got {}", field.name(), value);

@@ -150,8 +150,34 @@ struct TrainConfig {
   double spike_grad_ratio = 10.0;      // skip when grad norm (before clipping) > ratio x window mean
 };
 
+// One parameter role's optimizer ([optim.<role>], nn/param_role.h). -1 takes the [optim]
+// value. Roles whose settings resolve alike share one optimizer instance (a group).
+struct RoleOptimConfig {
+  std::string optimizer = "auto";  // registry: optimizers; auto = optim.name where it takes the role, else adamw
+  double lr_scale = 1.0;           // this role's learning rate = the schedule's x lr_scale
+  double weight_decay = -1;        // decoupled; -1 = optim.weight_decay
+  double beta1 = -1;               // AdamW's first-moment decay (Muon: its momentum); -1 = optim.beta1 (muon.momentum)
+  double beta2 = -1;               // AdamW's second-moment decay; -1 = optim.beta2
+
+  static RoleOptimConfig undecayed() {
+    RoleOptimConfig r;
+    r.weight_decay = 0;
+    return r;
+  }
+};
+
+// Muon ([optim.muon]; train/muon.h): momentum, then its Newton-Schulz orthogonalization,
+// scaled so the update's RMS matches AdamW's.
+struct MuonConfig {
+  double momentum = 0.95;
+  bool nesterov = true;
+  bool ema = false;                   // m = mu m + (1 - mu) g, instead of m = mu m + g
+  int64_t ns_steps = 5;               // Newton-Schulz iterations (quintic 3.4445, -4.7750, 2.0315)
+  std::string scale = "moonlight";    // moonlight: 0.2 sqrt(max(rows, cols)) | shape: sqrt(max(1, rows / cols))
+};
+
 struct OptimConfig {
-  std::string name = "adamw";        // registry: optimizers
+  std::string name = "adamw";        // registry: optimizers (the matrices'; others per [optim.<role>])
   double lr = 3e-3;
   double min_lr_ratio = 0.1;         // cosine decays to lr * min_lr_ratio
   int64_t warmup_steps = 50;
@@ -165,9 +191,17 @@ struct OptimConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
-  bool decay_embeddings = false;     // weight decay on embedding / tied head
-  bool decay_norms = false;          // weight decay on norm gains and biases
   double grad_clip = 1.0;            // global L2 norm; 0 disables
+  // Per role: matrices, experts and an untied head decay; the embedding (and a tied head),
+  // routers, norm gains and biases do not.
+  RoleOptimConfig embedding = RoleOptimConfig::undecayed();
+  RoleOptimConfig head;
+  RoleOptimConfig matrix;
+  RoleOptimConfig expert;
+  RoleOptimConfig router = RoleOptimConfig::undecayed();
+  RoleOptimConfig norm = RoleOptimConfig::undecayed();
+  RoleOptimConfig bias = RoleOptimConfig::undecayed();
+  MuonConfig muon;
 };
 
 struct LogConfig {

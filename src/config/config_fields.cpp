@@ -29,6 +29,13 @@ constexpr int64_t kMaxSpikeWindow = 100000;
 // One line per key: section, member of Config, rule, help.
 #define KILN_FIELD(section, key, rule, help) \
   ConfigField { #section, #key, rule, help, [](Config& c) -> ConfigValueRef { return &c.section.key; } }
+// The five keys of one parameter role's [optim.<role>] section.
+#define KILN_ROLE_FIELDS(role, what)                                                                       \
+  KILN_FIELD(optim.role, optimizer, non_empty(), "optimizer of " what "; auto = optim.name if it takes them"), \
+      KILN_FIELD(optim.role, lr_scale, positive(), "learning rate multiplier"),                             \
+      KILN_FIELD(optim.role, weight_decay, non_negative().or_unset(), "-1 = optim.weight_decay"),            \
+      KILN_FIELD(optim.role, beta1, unit_open().or_unset(), "AdamW beta1 (Muon: momentum); -1 = optim.beta1"), \
+      KILN_FIELD(optim.role, beta2, unit_open().or_unset(), "AdamW beta2; -1 = optim.beta2")
 
 const std::array kFields = {
     KILN_FIELD(model, name, none(), "label recorded with the run"),
@@ -158,9 +165,21 @@ const std::array kFields = {
     KILN_FIELD(optim, beta2, unit_open(), "second-moment decay"),
     KILN_FIELD(optim, eps, positive(), "denominator epsilon"),
     KILN_FIELD(optim, weight_decay, non_negative(), "decoupled weight decay"),
-    KILN_FIELD(optim, decay_embeddings, none(), "weight decay on embedding / tied head"),
-    KILN_FIELD(optim, decay_norms, none(), "weight decay on norm gains and biases"),
     KILN_FIELD(optim, grad_clip, non_negative(), "global L2 norm; 0 disables"),
+    KILN_ROLE_FIELDS(embedding, "the token embedding (and a tied head)"),
+    KILN_ROLE_FIELDS(head, "an untied LM head"),
+    KILN_ROLE_FIELDS(matrix, "attention and MLP projections"),
+    KILN_ROLE_FIELDS(expert, "routed experts' matrices"),
+    KILN_ROLE_FIELDS(router, "MoE routers"),
+    KILN_ROLE_FIELDS(norm, "norm gains"),
+    KILN_ROLE_FIELDS(bias, "biases"),
+    KILN_FIELD(optim.muon, momentum, unit_open(), "momentum decay mu"),
+    KILN_FIELD(optim.muon, nesterov, none(), "Nesterov: orthogonalize g + mu m instead of m"),
+    KILN_FIELD(optim.muon, ema, none(), "m = mu m + (1 - mu) g instead of m = mu m + g"),
+    KILN_FIELD(optim.muon, ns_steps, positive().up_to(100, "each step costs 3 GEMMs per matrix"),
+               "Newton-Schulz iterations"),
+    KILN_FIELD(optim.muon, scale, one_of("moonlight|shape"),
+               "update RMS: moonlight 0.2 sqrt(max(rows, cols)) | shape sqrt(max(1, rows / cols))"),
 
     KILN_FIELD(log, every, positive(), "console/metrics line every N steps"),
     KILN_FIELD(log, metrics_file, none(), "metrics file inside out_dir"),
@@ -173,10 +192,13 @@ const std::array kFields = {
     KILN_FIELD(checkpoint, on_save_error, one_of("stop|continue"), "a failed save or metrics write: stop | continue"),
 };
 
+#undef KILN_ROLE_FIELDS
 #undef KILN_FIELD
 
-constexpr std::array<std::string_view, 8> kSections = {"model", "model.rope", "model.moe", "data",
-                                                       "train", "optim",      "log",       "checkpoint"};
+constexpr std::array<std::string_view, 16> kSections = {
+    "model",        "model.rope",   "model.moe",    "data",         "train",       "optim",
+    "optim.embedding", "optim.head", "optim.matrix", "optim.expert", "optim.router", "optim.norm",
+    "optim.bias",   "optim.muon",   "log",          "checkpoint"};
 
 }  // namespace
 

@@ -40,7 +40,14 @@ struct ConfigRule {
   // per unit). Checked with the rest by validate_config, before anything is allocated.
   int64_t max = 0;
   std::string_view max_why = {};
+  // -1 is accepted besides the rule's values: "unset, take the general key's value".
+  bool unset_allowed = false;
 
+  constexpr ConfigRule or_unset() const {
+    ConfigRule r = *this;
+    r.unset_allowed = true;
+    return r;
+  }
   constexpr ConfigRule up_to(int64_t limit, std::string_view why) const {
     ConfigRule r = *this;
     r.max = limit;

@@ -13,7 +13,7 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
     : config_(config), losses_(ctx.losses), recompute_blocks_(options.recompute_blocks) {
   const int64_t t = options.max_tokens, d = config.hidden;
   ctx.parameter(embed_w_, embed_g_, ParamName{"embed.weight", "model.embed_tokens.weight", "token_embd.weight"},
-                Shape{config.vocab_size, d}, false, Init::normal(config.init_std));
+                Shape{config.vocab_size, d}, ParamRole::embedding, Init::normal(config.init_std));
   embed_ = ctx.parameters.back().get();
   position_ = position_registry().build("model.position", config.position, ctx, config);
   KILN_CHECK(options.recompute_blocks >= 0 && options.recompute_blocks <= config.layers, "train.recompute_blocks",

@@ -1,6 +1,6 @@
 // Dynamic Tanh (registry name "dyt"; Zhu et al. 2025): y = tanh(alpha x) * w + b in place of
 // a norm, alpha one learnable scalar (initialized to model.dyt_alpha), w from ones, b from
-// zeros; none weight-decayed (rank-1 parameters decay only with optim.decay_norms). No
+// zeros; none weight-decayed (norm gains and biases decay only when [optim.norm] and [optim.bias] say so). No
 // statistics: nothing but the input is kept for backward. The math lives in ops/dyt/.
 #include "nn/block.h"
 #include "nn/modules.h"
@@ -32,11 +32,12 @@ class DytDecoder final : public NormDecoder {
 class DytNorm final : public Norm {
  public:
   DytNorm(BuildContext& ctx, const NormSpec& spec) {
-    ctx.parameter(alpha_, alpha_grad_, spec.names("alpha", "alpha", "alpha"), Shape{1}, false,
+    ctx.parameter(alpha_, alpha_grad_, spec.names("alpha", "alpha", "alpha"), Shape{1}, ParamRole::norm,
                   Init::constant(spec.alpha_init));
-    ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, false,
+    ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, ParamRole::norm,
                   Init::ones());
-    ctx.parameter(bias_, bias_grad_, spec.names("bias", "bias", "bias"), Shape{spec.dim}, false, Init::zeros());
+    ctx.parameter(bias_, bias_grad_, spec.names("bias", "bias", "bias"), Shape{spec.dim}, ParamRole::bias,
+                  Init::zeros());
   }
 
   void forward(const Tensor& x, const Tensor& y) override {

@@ -1,7 +1,7 @@
 // Gemma's RMSNorm (registry name "gemma_rmsnorm"): y = x * rstd * (1 + w), w stored as the
 // gain's offset from one and initialized to zero, as transformers' GemmaRMSNorm /
 // Gemma3RMSNorm, all in fp32 or wider. Like "rmsnorm", w is not weight-decayed (rank-1
-// parameters decay only with optim.decay_norms), which here pulls the gain towards one
+// parameters decay only when [optim.norm] says so), which here pulls the gain towards one
 // only if asked. The math lives in ops/gemma_rms_norm/: the RMSNorm kernels with the gain
 // 1 + w, formed by each forward (w changes with every step) into a buffer of its own.
 #include "nn/block.h"
@@ -41,7 +41,7 @@ class GemmaRmsNormDecoder final : public NormDecoder {
 class GemmaRmsNorm final : public Norm {
  public:
   GemmaRmsNorm(BuildContext& ctx, const NormSpec& spec) : eps_(spec.eps) {
-    ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, false,
+    ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, ParamRole::norm,
                   Init::zeros());
     ctx.buffer(gain_, Shape{spec.dim}, ctx.master_dtype);
     ctx.saved_wide(rstd_, Shape{spec.rows});

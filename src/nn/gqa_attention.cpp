@@ -26,16 +26,16 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
                       {{n("q_proj.weight", "q_proj.weight", "attn_q.weight", rope_rows), q_cols},
                        {n("k_proj.weight", "k_proj.weight", "attn_k.weight", rope_rows), kv_cols},
                        {n("v_proj.weight", "v_proj.weight", "attn_v.weight"), kv_cols}},
-                      m.hidden, true, Init::normal(m.init_std));
+                      m.hidden, ParamRole::matrix, Init::normal(m.init_std));
   if (m.attention_bias)
     ctx.fused_parameter(qkv_b_, qkv_bg_,
                         {{n("q_proj.bias", "q_proj.bias", "attn_q.bias"), q_cols},
                          {n("k_proj.bias", "k_proj.bias", "attn_k.bias"), kv_cols},
                          {n("v_proj.bias", "v_proj.bias", "attn_v.bias"), kv_cols}},
-                        0, false, Init::zeros());
+                        0, ParamRole::bias, Init::zeros());
   // Output projection: scaled init keeps the residual stream's variance flat in depth.
-  ctx.parameter(o_w_, o_g_, n("o_proj.weight", "o_proj.weight", "attn_output.weight"), Shape{m.hidden, q_cols}, true,
-                Init::normal(m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers))));
+  ctx.parameter(o_w_, o_g_, n("o_proj.weight", "o_proj.weight", "attn_output.weight"), Shape{m.hidden, q_cols},
+                ParamRole::matrix, Init::normal(m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers))));
   options_.deterministic = ctx.deterministic;
   options_.window = layer.choices.window;
   options_.softcap = m.attention_softcap;
@@ -50,26 +50,26 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
                "unknown q/k norm '{}' (known: rmsnorm, gemma_rmsnorm, dyt)", m.qk_norm_type);
     switch (qk_kind_) {
       case QkNormKind::rmsnorm:
-        ctx.parameter(prepare_.q_gain, q_gain_grad_, q_w, Shape{d_}, false, Init::ones());
-        ctx.parameter(prepare_.k_gain, k_gain_grad_, k_w, Shape{d_}, false, Init::ones());
+        ctx.parameter(prepare_.q_gain, q_gain_grad_, q_w, Shape{d_}, ParamRole::norm, Init::ones());
+        ctx.parameter(prepare_.k_gain, k_gain_grad_, k_w, Shape{d_}, ParamRole::norm, Init::ones());
         break;
       case QkNormKind::gemma_rmsnorm:
-        ctx.parameter(q_weight_, q_gain_grad_, q_w, Shape{d_}, false, Init::zeros());
-        ctx.parameter(k_weight_, k_gain_grad_, k_w, Shape{d_}, false, Init::zeros());
+        ctx.parameter(q_weight_, q_gain_grad_, q_w, Shape{d_}, ParamRole::norm, Init::zeros());
+        ctx.parameter(k_weight_, k_gain_grad_, k_w, Shape{d_}, ParamRole::norm, Init::zeros());
         ctx.buffer(prepare_.q_gain, Shape{d_}, ctx.master_dtype);
         ctx.buffer(prepare_.k_gain, Shape{d_}, ctx.master_dtype);
         break;
       case QkNormKind::dyt:
-        ctx.parameter(q_alpha_, q_alpha_grad_, n("q_norm.alpha", "q_norm.alpha", "attn_q_norm.alpha"), Shape{1}, false,
-                      Init::constant(m.dyt_alpha));
-        ctx.parameter(q_weight_, q_gain_grad_, q_w, Shape{d_}, false, Init::ones());
-        ctx.parameter(q_bias_, q_bias_grad_, n("q_norm.bias", "q_norm.bias", "attn_q_norm.bias"), Shape{d_}, false,
-                      Init::zeros());
-        ctx.parameter(k_alpha_, k_alpha_grad_, n("k_norm.alpha", "k_norm.alpha", "attn_k_norm.alpha"), Shape{1}, false,
-                      Init::constant(m.dyt_alpha));
-        ctx.parameter(k_weight_, k_gain_grad_, k_w, Shape{d_}, false, Init::ones());
-        ctx.parameter(k_bias_, k_bias_grad_, n("k_norm.bias", "k_norm.bias", "attn_k_norm.bias"), Shape{d_}, false,
-                      Init::zeros());
+        ctx.parameter(q_alpha_, q_alpha_grad_, n("q_norm.alpha", "q_norm.alpha", "attn_q_norm.alpha"), Shape{1},
+                      ParamRole::norm, Init::constant(m.dyt_alpha));
+        ctx.parameter(q_weight_, q_gain_grad_, q_w, Shape{d_}, ParamRole::norm, Init::ones());
+        ctx.parameter(q_bias_, q_bias_grad_, n("q_norm.bias", "q_norm.bias", "attn_q_norm.bias"), Shape{d_},
+                      ParamRole::bias, Init::zeros());
+        ctx.parameter(k_alpha_, k_alpha_grad_, n("k_norm.alpha", "k_norm.alpha", "attn_k_norm.alpha"), Shape{1},
+                      ParamRole::norm, Init::constant(m.dyt_alpha));
+        ctx.parameter(k_weight_, k_gain_grad_, k_w, Shape{d_}, ParamRole::norm, Init::ones());
+        ctx.parameter(k_bias_, k_bias_grad_, n("k_norm.bias", "k_norm.bias", "attn_k_norm.bias"), Shape{d_},
+                      ParamRole::bias, Init::zeros());
         break;
     }
     prepare_.eps = m.norm_eps;

@@ -1,7 +1,7 @@
 // LayerNorm modules (registry names "layernorm" and "layernorm_nobias"): a learned gain per
 // feature and, for "layernorm", a learned bias, as torch.nn.LayerNorm(dim, eps,
 // bias=...); statistics in fp32 or wider. The gain starts at ones and the bias at zeros;
-// neither is weight-decayed (rank-1 parameters decay only with optim.decay_norms). The math
+// neither is weight-decayed (norm gains and biases decay only when [optim.norm] and [optim.bias] say so). The math
 // lives in ops/layer_norm/; this class plans the memory and calls it.
 #include "nn/block.h"
 #include "nn/modules.h"
@@ -38,10 +38,11 @@ class LayerNormDecoder final : public NormDecoder {
 class LayerNorm final : public Norm {
  public:
   LayerNorm(BuildContext& ctx, const NormSpec& spec, bool bias) : eps_(spec.eps), bias_on_(bias) {
-    ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, false,
+    ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, ParamRole::norm,
                   Init::ones());
     if (bias)
-      ctx.parameter(bias_, bias_grad_, spec.names("bias", "bias", "bias"), Shape{spec.dim}, false, Init::zeros());
+      ctx.parameter(bias_, bias_grad_, spec.names("bias", "bias", "bias"), Shape{spec.dim}, ParamRole::bias,
+                    Init::zeros());
     ctx.saved_wide(mean_, Shape{spec.rows});
     ctx.saved_wide(rstd_, Shape{spec.rows});
   }

@@ -19,7 +19,7 @@ LmHead::LmHead(BuildContext& ctx, const ModelConfig& m, const Tensor& embed, con
       first_slot_(first_slot) {
   if (!tied_)
     ctx.parameter(weight_, grad_, ParamName{"lm_head.weight", "lm_head.weight", "output.weight"},
-                  Shape{m.vocab_size, m.hidden}, true, Init::normal(m.init_std));
+                  Shape{m.vocab_size, m.hidden}, ParamRole::head, Init::normal(m.init_std));
   const int64_t chunk = std::min(spec.chunk_rows, ctx.max_tokens);
   spec_.chunk_rows = chunk;
   ctx.buffer(scratch_.logits, Shape{chunk, m.vocab_size}, ctx.dtype);

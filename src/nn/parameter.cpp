@@ -20,11 +20,25 @@ Shape Parameter::shape() const {
   return Shape{row_end_ - row_begin_, base[1]};
 }
 
-void BuildContext::parameter(Tensor& value, Tensor& grad, ParamName name, Shape shape, bool decay, Init init) {
+std::string_view role_name(ParamRole role) {
+  switch (role) {
+    case ParamRole::embedding: return "embedding";
+    case ParamRole::head: return "head";
+    case ParamRole::matrix: return "matrix";
+    case ParamRole::expert: return "expert";
+    case ParamRole::router: return "router";
+    case ParamRole::norm: return "norm";
+    case ParamRole::bias: return "bias";
+    case ParamRole::state: return "state";
+  }
+  return "?";
+}
+
+void BuildContext::parameter(Tensor& value, Tensor& grad, ParamName name, Shape shape, ParamRole role, Init init) {
   KILN_CHECK(shape.rank() == 1 || shape.rank() == 2, "model", "parameter {} must be 1-D or 2-D", name.kiln);
   const Tensor* master = weight(value, shape);
   if (training) grads.reserve(grad, master_dtype, shape);
-  parameters.push_back(std::make_unique<Parameter>(std::move(name), master, &grad, 0, shape[0], decay, init));
+  parameters.push_back(std::make_unique<Parameter>(std::move(name), master, &grad, 0, shape[0], role, init));
 }
 
 const Tensor* BuildContext::weight(Tensor& value, Shape shape) {
@@ -41,7 +55,7 @@ const Tensor* BuildContext::weight(Tensor& value, Shape shape) {
 
 void BuildContext::fused_parameter(Tensor& value, Tensor& grad,
                                    const std::vector<std::pair<ParamName, int64_t>>& parts, int64_t cols,
-                                   bool decay, Init init) {
+                                   ParamRole role, Init init) {
   int64_t rows = 0;
   for (const auto& part : parts) rows += part.second;
   const Shape shape = cols > 0 ? Shape{rows, cols} : Shape{rows};  // cols 0: fused 1-D biases
@@ -49,14 +63,15 @@ void BuildContext::fused_parameter(Tensor& value, Tensor& grad,
   if (training) grads.reserve(grad, master_dtype, shape);
   int64_t begin = 0;
   for (const auto& [name, count] : parts) {
-    parameters.push_back(std::make_unique<Parameter>(name, master, &grad, begin, begin + count, decay, init));
+    parameters.push_back(std::make_unique<Parameter>(name, master, &grad, begin, begin + count, role, init));
     begin += count;
   }
 }
 
 void BuildContext::state(Tensor& value, ParamName name, Shape shape, Init init) {
   params.reserve(value, master_dtype, shape);
-  parameters.push_back(std::make_unique<Parameter>(std::move(name), &value, nullptr, 0, shape[0], false, init));
+  parameters.push_back(
+      std::make_unique<Parameter>(std::move(name), &value, nullptr, 0, shape[0], ParamRole::state, init));
 }
 
 void BuildContext::saved(Tensor& t, Shape shape) { activations.reserve(t, dtype, shape); }

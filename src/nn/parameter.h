@@ -3,6 +3,7 @@
 
 #include "core/arena.h"
 #include "nn/loss_terms.h"
+#include "nn/param_role.h"
 
 #include <deque>
 #include <memory>
@@ -59,9 +60,9 @@ struct Init {
 class Parameter {
  public:
   Parameter(ParamName names, const Tensor* value_base, const Tensor* grad_base, int64_t row_begin, int64_t row_end,
-            bool decay, Init init)
+            ParamRole role, Init init)
       : names_(std::move(names)), value_base_(value_base), grad_base_(grad_base), row_begin_(row_begin),
-        row_end_(row_end), decay_(decay), init_(init) {}
+        row_end_(row_end), role_(role), init_(init) {}
 
   const std::string& name() const { return names_.kiln; }
   const ParamName& names() const { return names_; }
@@ -76,7 +77,8 @@ class Parameter {
   // parameter counts and FLOPs weigh it so.
   double active_fraction() const { return active_fraction_; }
   void set_active_fraction(double f) { active_fraction_ = f; }
-  bool decay() const { return decay_; }
+  // What it is for: optimizers group parameters by role (train/optimizer_groups.h).
+  ParamRole role() const { return role_; }
   const Init& init() const { return init_; }
   // Shape is known at plan time, before memory exists.
   Shape shape() const;
@@ -86,7 +88,7 @@ class Parameter {
   const Tensor* value_base_;
   const Tensor* grad_base_;
   int64_t row_begin_, row_end_;
-  bool decay_;
+  ParamRole role_;
   Init init_;
   double active_fraction_ = 1.0;
 };
@@ -125,15 +127,15 @@ struct BuildContext {
 
   bool mixed() const { return dtype != master_dtype; }
 
-  // Reserves a weight (and its gradient when training) and registers it under `name`.
-  // Weights of rank 1 are norm gains or biases: no weight decay unless `decay` says so.
+  // Reserves a weight (and its gradient when training) and registers it under `name` in
+  // `role` (which decides its optimizer, learning rate and weight decay: [optim.<role>]).
   // On the mixed path a rank-2 `value` is the bf16 compute copy; rank-1 weights (gains,
   // biases) stay fp32 and are the masters themselves. Gradients are master_dtype.
-  void parameter(Tensor& value, Tensor& grad, ParamName name, Shape shape, bool decay, Init init);
+  void parameter(Tensor& value, Tensor& grad, ParamName name, Shape shape, ParamRole role, Init init);
   // Reserves a fused weight [sum(rows), cols] (or a fused 1-D bias when cols is 0) and
   // registers each row block as a parameter.
   void fused_parameter(Tensor& value, Tensor& grad, const std::vector<std::pair<ParamName, int64_t>>& parts,
-                       int64_t cols, bool decay, Init init);
+                       int64_t cols, ParamRole role, Init init);
   // Model state that is not trained by gradients (a router's load-balancing bias): kept
   // in master_dtype with the parameters (saved, loaded, exported), with no gradient.
   void state(Tensor& value, ParamName name, Shape shape, Init init);

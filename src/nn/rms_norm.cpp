@@ -49,7 +49,7 @@ class RmsNormDecoder final : public NormDecoder {
 class RmsNorm final : public Norm {
  public:
   RmsNorm(BuildContext& ctx, const NormSpec& spec) : eps_(spec.eps) {
-    ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, false,
+    ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, ParamRole::norm,
                   Init::ones());
     ctx.saved_wide(rstd_, Shape{spec.rows});
   }

@@ -3,7 +3,7 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "model/model.h"
-#include "train/optimizer.h"
+#include "train/optimizer_groups.h"
 #include "train/trainer.h"
 
 #include <fmt/format.h>
@@ -39,7 +39,7 @@ size_t read_cgroup(const char* path) {
 MemoryBudget plan_training_memory(const Config& config, Device device) {
   const Model model(config.model, training_build_options(config, device));  // plans arenas, allocates nothing
   Arena optimizer_state("optimizer", device);
-  optimizer_registry().build("optim.name", config.optim.name, config.optim, model.parameters())->plan(optimizer_state);
+  make_optimizer(config.optim, model.parameters())->plan(optimizer_state);
   const MemoryPlan plan = model.memory_plan();
   MemoryBudget b;
   b.parameters = plan.parameters;

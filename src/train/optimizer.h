@@ -1,5 +1,7 @@
-// Optimizers, built by name from the config through a registry (learning-rate schedules:
-// train/schedules.h).
+// Optimizers. Each instance updates one parameter group: the parameters of the roles
+// (nn/param_role.h) whose [optim.<role>] settings resolve alike (train/optimizer_groups.h
+// builds the groups and the one Optimizer the trainer sees over them). Optimizers are
+// built by name through a registry; schedules are in train/schedules.h.
 #pragma once
 
 #include "core/arena.h"
@@ -7,15 +9,15 @@
 #include "nn/registry.h"
 #include "ops/optim/update_scalars.h"
 #include "config/config.h"
-#include "train/schedules.h"
 
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace kiln {
 
 // One tensor of optimizer state under a whole-model name ("<parameter>.exp_avg"), so a
-// checkpoint does not depend on how parameters are laid out or sharded.
+// checkpoint does not depend on how parameters are laid out, grouped or sharded.
 struct OptimizerStateTensor {
   std::string name;
   Tensor tensor;
@@ -26,7 +28,8 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // Plans optimizer state in `state` (called once, before the arena allocates).
   virtual void plan(Arena& state) = 0;
-  // One update of every parameter from its gradient, at learning rate `lr`.
+  // One update of every parameter from its gradient, at learning rate `lr` (the
+  // schedule's; a group scales it by its lr_scale).
   virtual void step(double lr) = 0;
   // Completed updates (bias correction and checkpoints need it).
   virtual int64_t steps_taken() const = 0;
@@ -36,24 +39,47 @@ class Optimizer {
   virtual void set_steps_taken(int64_t steps) = 0;
 
   // A step whose scalars stay on the device (train/device_step.h): whether this optimizer
-  // can update with them; the lr and bias corrections of the next update (number
-  // steps_taken() + 1) into the host copy of `scalars`; the update itself, enqueued,
-  // reading `scalars` in device memory (where the guard may have set skip: so the host
-  // calls count_update() only once it knows the update was applied).
+  // can update with them; the lr (and bias corrections) of the next update (number
+  // steps_taken() + 1) into its group's slot of the host copy of `scalars`; the update
+  // itself, enqueued, reading `scalars` in device memory (where the guard may have set
+  // skip: so the host calls count_update() only once it knows the update was applied).
   virtual bool updates_on_device() const { return false; }
   virtual void prepare_device_update(double lr, ops::DeviceUpdateScalars& scalars) const;
   virtual void step_on_device(const ops::DeviceUpdateScalars* scalars);
   virtual void count_update();
 };
 
-using ParameterList = std::vector<std::unique_ptr<Parameter>>;
-using OptimizerRegistry = Registry<Optimizer, const OptimConfig&, const ParameterList&>;
+// What one optimizer instance updates, and with what, resolved from the config.
+struct OptimizerGroup {
+  int index = 0;                    // its slot in ops::DeviceUpdateScalars::group
+  std::string optimizer;            // registry name
+  std::vector<ParamRole> roles;     // in kTrainedRoles order
+  double lr_scale = 1.0;            // of the schedule's learning rate
+  double weight_decay = 0;          // decoupled, for every parameter of the group
+  double beta1 = 0.9, beta2 = 0.95; // AdamW's moments; Muon's momentum is beta1
+  const OptimConfig* config = nullptr;  // the rest: eps, [optim.muon]
+  std::vector<const Parameter*> parameters;  // trainable, in model order
+  // The section whose key chose this optimizer, for errors ("optim.matrix.optimizer").
+  std::string key() const;
+};
 
+using OptimizerRegistry = Registry<Optimizer, const OptimizerGroup&>;
 OptimizerRegistry& optimizer_registry();
 
-// Whether weight decay applies to a parameter under this config: matrices yes, 1-D gains
-// and biases only with decay_norms, the embedding (and a tied head) only with decay_embeddings.
-bool applies_weight_decay(const Parameter& p, const OptimConfig& config);
+// What the groups need to know of an optimizer before building it.
+struct OptimizerTraits {
+  // The roles it takes when a role's optimizer is "auto" and optim.name names it (Muon:
+  // the matrices; every other role then goes to AdamW).
+  std::vector<ParamRole> default_roles;
+  bool matrices_only = false;  // updates 2-D matrices only
+  // A role's beta1 when it gives -1 (AdamW: optim.beta1; Muon: optim.muon.momentum), and
+  // whether beta2 means anything to it.
+  double (*default_beta1)(const OptimConfig&) = nullptr;
+  bool uses_beta2 = false;
+};
+const OptimizerTraits& optimizer_traits(const std::string& name);
+
+using ParameterList = std::vector<std::unique_ptr<Parameter>>;
 
 // The global gradient norm and clipping are Model::gradient_norm / scale_gradients.
 

@@ -10,6 +10,7 @@
 #include "ops/blas.h"
 #include "ops/parallel.h"
 #include "train/memory_check.h"
+#include "train/optimizer_groups.h"
 #include "train/signals.h"
 
 #include <fmt/format.h>
@@ -47,7 +48,6 @@ void check_component_names(const Config& c) {
   if (!c.model.alt_mlp.empty()) check(mlp_registry(), "model.alt_mlp", c.model.alt_mlp);
   check(position_registry(), "model.position", c.model.position);
   check(router_registry(), "model.moe.router", c.model.moe.router);
-  check(optimizer_registry(), "optim.name", c.optim.name);
   check(schedule_registry(), "optim.schedule", c.optim.schedule);
 }
 
@@ -112,7 +112,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
 
   model_ = std::make_unique<Model>(config_.model, training_build_options(config_, device_));
   model_->set_micro_batches(config_.train.grad_accum);
-  optimizer_ = optimizer_registry().build("optim.name", config_.optim.name, config_.optim, model_->parameters());
+  optimizer_ = make_optimizer(config_.optim, model_->parameters());
   schedule_ = schedule_registry().build("optim.schedule", config_.optim.schedule, config_.optim, config_.train.steps);
   optimizer_->plan(optimizer_state_);
   // Found and verified (checksums, model and precision guards) before allocating.
@@ -161,6 +161,8 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
              "workspace {:.1f} MiB | run directory {}\n",
              plan.parameters / 1048576.0, plan.gradients / 1048576.0, optimizer_state_.planned_bytes() / 1048576.0,
              plan.activations / 1048576.0, plan.workspace / 1048576.0, config_.train.out_dir);
+  for (const std::string& line : describe_groups(group_parameters(config_.optim, model_->parameters())))
+    fmt::print("optimizer: {}\n", line);
   std::fflush(stdout);
 }
 

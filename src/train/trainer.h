@@ -14,6 +14,7 @@
 #include "train/fault_inject.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/schedules.h"
 #include "train/training_sampler.h"
 
 #include <memory>

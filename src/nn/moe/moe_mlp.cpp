@@ -46,8 +46,8 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   const NameScope n = layer.names.child("mlp.", "mlp.", "");
   const double out_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers));
   // The router: no weight decay (as the norms' gains; its scale is what routes).
-  ctx.parameter(router_w_, router_g_, n("gate.weight", "gate.weight", "ffn_gate_inp.weight"), Shape{e_count, d}, false,
-                Init::normal(m.init_std));
+  ctx.parameter(router_w_, router_g_, n("gate.weight", "gate.weight", "ffn_gate_inp.weight"), Shape{e_count, d},
+                ParamRole::router, Init::normal(m.init_std));
   std::vector<std::pair<ParamName, int64_t>> gate_up, down;
   for (int64_t e = 0; e < e_count; ++e) {
     const std::string ex = "experts." + std::to_string(e) + ".";
@@ -60,8 +60,8 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
     down.push_back({dn, d});
   }
   const size_t first_expert = ctx.parameters.size();
-  ctx.fused_parameter(gate_up_w_, gate_up_g_, gate_up, d, true, Init::normal(m.init_std));
-  ctx.fused_parameter(down_w_, down_g_, down, f, true, Init::normal(out_std));
+  ctx.fused_parameter(gate_up_w_, gate_up_g_, gate_up, d, ParamRole::expert, Init::normal(m.init_std));
+  ctx.fused_parameter(down_w_, down_g_, down, f, ParamRole::expert, Init::normal(out_std));
   const double active = static_cast<double>(k) / static_cast<double>(e_count);
   for (size_t i = first_expert; i < ctx.parameters.size(); ++i) ctx.parameters[i]->set_active_fraction(active);
   if (moe_.shared_hidden > 0) {
@@ -70,9 +70,9 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
     ctx.fused_parameter(shared_gate_up_w_, shared_gate_up_g_,
                         {{sh("gate_proj.weight", "gate_proj.weight", "ffn_gate_shexp.weight"), s},
                          {sh("up_proj.weight", "up_proj.weight", "ffn_up_shexp.weight"), s}},
-                        d, true, Init::normal(m.init_std));
+                        d, ParamRole::matrix, Init::normal(m.init_std));
     ctx.parameter(shared_down_w_, shared_down_g_, sh("down_proj.weight", "down_proj.weight", "ffn_down_shexp.weight"),
-                  Shape{d, s}, true, Init::normal(out_std));
+                  Shape{d, s}, ParamRole::matrix, Init::normal(out_std));
     ctx.saved(shared_gate_up_, Shape{t, 2 * s});
   }
   router_ = router_registry().build("model.moe.router", moe_.router, ctx, RouterSpec{&moe_, n});
