@@ -1,7 +1,8 @@
-// Dtype-generic GEMM on cuBLASLt (the contract is in ops/linear/linear_cuda.h). Each distinct
-// problem (shape, transposes, dtypes, whether C is read) gets its descriptors and the
-// heuristic's first algorithm once, then reuses them: the step loop never asks the
-// heuristic again, and a given shape always runs the same algorithm (reproducible bits).
+// Dtype-generic GEMM on cuBLASLt (the contract is in ops/linear/linear_cuda.h), single or
+// strided-batched. Each distinct problem (shape, transposes, dtypes, whether C is read,
+// batch count and strides) gets its descriptors and the heuristic's first algorithm once,
+// then reuses them: the step loop never asks the heuristic again, and a given problem
+// always runs the same algorithm (reproducible bits).
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/linear/linear_cuda.h"
@@ -11,6 +12,7 @@
 
 #include <map>
 #include <tuple>
+#include <utility>
 
 namespace kiln::cuda {
 
@@ -50,12 +52,17 @@ LtContext& lt() {
 
 // Column-major view (cuBLAS' native order) of a row-major problem: C^T = op(B)^T op(A)^T,
 // so B is the first operand and the roles of m and n swap.
+// A batch of 1 (the plain gemm) sets no batch attributes: its descriptors are exactly the
+// unbatched ones. Strides are in elements, between consecutive matrices of the batch.
 struct Problem {
   bool trans_a, trans_b;
   int64_t m, n, k, lda, ldb, ldc;
   DType ab, c;
   bool reads_c;
-  auto key() const { return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c, reads_c); }
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+  auto key() const {
+    return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c, reads_c, batch, stride_a, stride_b, stride_c);
+  }
   bool operator<(const Problem& o) const { return key() < o.key(); }
 };
 
@@ -83,6 +90,19 @@ Plan make_plan(const Problem& p) {
   check_lt(cublasLtMatrixLayoutCreate(&plan.a, cuda_type(p.ab), b_rows, b_cols, p.ldb), "layout B");
   check_lt(cublasLtMatrixLayoutCreate(&plan.b, cuda_type(p.ab), a_rows, a_cols, p.lda), "layout A");
   check_lt(cublasLtMatrixLayoutCreate(&plan.c, cuda_type(p.c), p.n, p.m, p.ldc), "layout C");
+  if (p.batch > 1) {
+    // The same three layouts, repeated batch times at the given strides (D shares C's).
+    const int32_t count = static_cast<int32_t>(p.batch);
+    const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {
+        {plan.a, p.stride_b}, {plan.b, p.stride_a}, {plan.c, p.stride_c}};
+    for (auto [layout, stride] : layouts) {
+      check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+               "batch count");
+      check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                sizeof(stride)),
+               "batch stride");
+    }
+  }
 
   cublasLtMatmulPreference_t preference = nullptr;
   check_lt(cublasLtMatmulPreferenceCreate(&preference), "preference");
@@ -97,8 +117,8 @@ Plan make_plan(const Problem& p) {
            "heuristic");
   cublasLtMatmulPreferenceDestroy(preference);
   if (found == 0)
-    fail("gemm", "cuBLASLt has no algorithm for m={} n={} k={} {} x {} -> {}", p.m, p.n, p.k, dtype_name(p.ab),
-         dtype_name(p.ab), dtype_name(p.c));
+    fail("gemm", "cuBLASLt has no algorithm for m={} n={} k={} batch={} {} x {} -> {}", p.m, p.n, p.k, p.batch,
+         dtype_name(p.ab), dtype_name(p.ab), dtype_name(p.c));
   plan.algo = result.algo;
   return plan;
 }
@@ -121,6 +141,24 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   const Plan& plan = plan_for(problem);
   check_lt(cublasLtMatmul(lt().handle, plan.op, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c, &plan.algo,
                           lt().workspace, kWorkspaceBytes, stream()),
+           "matmul");
+}
+
+void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+                          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, DType ab_dtype,
+                          float beta, const void* c, void* d, int64_t ldc, int64_t stride_c, DType cd_dtype,
+                          int64_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  if (k == 0) fail("gemm", "k = 0 (m={} n={} batch={})", m, n, batch);
+  KILN_CHECK(batch > 0 && batch <= 0x7fffffff, "gemm", "batch count {} out of range", batch);
+  if (batch == 1) stride_a = stride_b = stride_c = 0;  // one matrix: the plain problem's plan
+  const Problem problem{trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_dtype, cd_dtype, beta != 0.0f,
+                        batch, stride_a, stride_b, stride_c};
+  const Plan& plan = plan_for(problem);
+  // C is read only with beta != 0; cuBLASLt still wants a pointer, D serves.
+  const void* c_in = beta != 0.0f ? c : d;
+  check_lt(cublasLtMatmul(lt().handle, plan.op, &alpha, b, plan.a, a, plan.b, &beta, c_in, plan.c, d, plan.c,
+                          &plan.algo, lt().workspace, kWorkspaceBytes, stream()),
            "matmul");
 }
 

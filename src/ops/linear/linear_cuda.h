@@ -15,6 +15,20 @@ namespace kiln::cuda {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
           const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype);
 
+// The strided-batched form of gemm, for many same-shape products in one launch (Muon's
+// Newton-Schulz iteration, ops/optim/muon.h): for i < batch, row-major
+//   D_i [m, n] = alpha op(A_i) op(B_i) + beta C_i,
+// A_i = a + i stride_a, B_i = b + i stride_b, C_i = c + i stride_c, D_i = d + i stride_c
+// (strides in elements; D shares C's leading dimension and stride). d may differ from c
+// (out of place: C is read, D written) or equal it; c is read only when beta != 0 (may
+// then be null). Same dtypes, accumulation and algorithm discipline as gemm (the
+// heuristic's first choice, cached by problem: reproducible bits); no skinny-kernel path.
+// Pointers and strides should keep 256-byte alignment (cuBLASLt's assumption).
+void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+                          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, DType ab_dtype,
+                          float beta, const void* c, void* d, int64_t ldc, int64_t stride_c, DType cd_dtype,
+                          int64_t batch);
+
 // Row-major C [m, n] = alpha op(A) op(B) + beta C in fp32 (A is [m, k] after op, B [k, n]),
 // the same contract as ops::cpu_gemm (cuBLAS, pedantic fp32).
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
