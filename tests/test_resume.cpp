@@ -60,6 +60,32 @@ TEST_F(Resume, KillInsideAGradientAccumulationRunResumesBitwise) {
       << output;
 }
 
+// Muon for the matrices and AdamW for the rest: both groups' state (momentum buffers,
+// moments) comes back bitwise.
+TEST_F(Resume, MuonKillInsideAGradientAccumulationRunResumesBitwise) {
+  const std::string corpus = test::write_tiny_corpus(dir_, 40);
+  const std::string straight = dir_ + "/straight", killed = dir_ + "/killed";
+  const std::string muon = "--set optim.name=muon";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, straight, muon), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "optimizer: muon [matrix]: ");
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, muon), "kill_at_step:7", &output), -SIGKILL) << output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, muon + " --resume"), "", &output), 0) << output;
+  expect_same_run(straight, killed);
+  const std::string state = test::read_file(test::checkpoint_path(straight, 12) + "/optimizer.safetensors");
+  EXPECT_EQ(state, test::read_file(test::checkpoint_path(killed, 12) + "/optimizer.safetensors"))
+      << "final optimizer state differs";
+  EXPECT_CONTAINS(state, "layers.0.attn.q_proj.weight.momentum_buffer");
+  EXPECT_CONTAINS(state, "embed.weight.exp_avg_sq");
+  // Another optimizer for the matrices cannot continue this state: refused by key.
+  ASSERT_NE(run_with_fault(tiny_train(corpus, killed, "--resume --set train.steps=14"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "the run differs from the checkpoint in: optim.name ('muon' -> 'adamw')");
+  ASSERT_NE(run_with_fault(tiny_train(corpus, killed, muon + " --resume --set optim.matrix.optimizer=adamw"), "", &output),
+            0)
+      << output;
+  EXPECT_CONTAINS(output, "optim.matrix.optimizer ('auto' -> 'adamw')");
+}
+
 TEST_F(Resume, KillRightAfterAnEpochBoundaryResumesBitwise) {
   // 10 short documents: an epoch lasts a few steps. log.every = 3 so the resumed run also
   // continues a log window begun before the crash.

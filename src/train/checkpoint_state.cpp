@@ -45,7 +45,9 @@ bool is_incompatible(const ConfigField& f) {
   // routing may not.
   if (f.section == "model.moe")
     return f.key != "aux_loss" && f.key != "z_loss" && f.key != "bias_rate" && f.key != "bias_update";
-  return f.section == "optim" && f.key == "name";
+  // Another optimizer for a role cannot continue the state saved for it (Muon's momentum
+  // is not AdamW's moments); learning rates, decay and betas may change.
+  return (f.section == "optim" && f.key == "name") || (f.section.starts_with("optim.") && f.key == "optimizer");
 }
 
 std::string join(const std::vector<std::string>& items) {

@@ -37,6 +37,9 @@ OptimizerRegistry& optimizer_registry() {
     add("adamw", "Adam with decoupled weight decay",
         {{kTrainedRoles.begin(), kTrainedRoles.end()}, false, [](const OptimConfig& c) { return c.beta1; }, true},
         make_adamw_optimizer);
+    add("muon", "momentum orthogonalized by Newton-Schulz, for matrices (AdamW for the other roles)",
+        {{ParamRole::matrix, ParamRole::expert}, true, [](const OptimConfig& c) { return c.muon.momentum; }, false},
+        make_muon_optimizer);
     return r;
   }();
   return *registry;

@@ -17,8 +17,9 @@ namespace {
 
 using namespace gpu_test;
 
-std::vector<double> train_losses(const std::string& device, const std::string& precision, const std::string& out_dir) {
-  std::vector<std::string> overrides = {
+std::vector<double> train_losses(const std::string& device, const std::string& precision, const std::string& out_dir,
+                                 const std::string& optimizer = "adamw") {
+  std::vector<std::string> overrides = {"optim.name=" + optimizer,
       "data.path=" + test::source_dir() + "/data/tinyshakespeare.txt", "train.out_dir=" + out_dir,
       "train.device=" + device, "train.precision=" + precision, "model.hidden=64", "model.layers=2", "model.heads=4", "model.kv_heads=2",
       "model.head_dim=16", "model.ffn_hidden=128", "model.max_seq_len=128", "train.micro_batch_tokens=2048",
@@ -79,38 +80,51 @@ TEST_F(Training, GpuFollowsTheCpuLossCurve) {
   std::filesystem::remove_all(dir);
 }
 
+// Muon on the GPU orthogonalizes in bf16 (the CPU in the parameters' fp32): in fp32 mixed
+// nowhere else, the curves differ by that rounding. The bounds are the bf16 run's above.
+TEST_F(Training, MuonOnTheGpuFollowsTheCpuMuonCurve) {
+  const std::string dir = test::temp_dir("kiln-gpu-muon");
+  const auto cpu = train_losses("cpu", "fp32", dir + "/cpu", "muon");
+  expect_same_curve(cpu, train_losses("cuda", "fp32", dir + "/gpu-fp32", "muon"), "muon fp32", {1e-4, 0.3, 0.2, 0.2});
+  std::filesystem::remove_all(dir);
+}
+
 // Exact resume on the GPU: a run killed (SIGKILL) after its step-20 checkpoint and resumed
 // logs the same losses, bit for bit, as a run that never stopped. Every GPU kernel of the
 // training step sums in a fixed order (the embedding backward by token groups), so the
-// GPU path is deterministic as it is.
+// GPU path is deterministic as it is. With AdamW, and with Muon for the matrices.
 TEST_F(Training, GpuResumeAfterKillIsBitwiseEqual) {
-  const std::string dir = test::temp_dir("kiln-gpu-resume");
-  test::write_file(dir + "/empty.toml", "");
-  const std::string run = test::kiln_binary() + " train " + dir + "/empty.toml --set data.path=" + test::source_dir() +
-                          "/data/tinyshakespeare.txt --set train.device=cuda --set model.hidden=64"
-                          " --set model.layers=2 --set model.heads=4 --set model.kv_heads=2 --set model.head_dim=16"
-                          " --set model.ffn_hidden=128 --set model.max_seq_len=128 --set train.micro_batch_tokens=2048"
-                          " --set train.steps=30 --set checkpoint.every=10 --set log.every=1 --set train.eval_every=0"
-                          " --set train.eval_batches=1 --set train.sample_every=0 --set train.sample_tokens=4"
-                          " --set checkpoint.save_final=false --set train.out_dir=";
-  std::string output;
-  ASSERT_EQ(test::run_command(run + dir + "/straight", &output), 0) << output;
-  EXPECT_NE(test::run_command("KILN_FAULT_INJECT=kill_at_step:26 " + run + dir + "/resumed", &output), 0) << output;
-  ASSERT_EQ(test::run_command(run + dir + "/resumed --resume", &output), 0) << output;
-  auto losses = [](const std::string& out_dir) {
-    std::vector<double> out;
-    std::ifstream in(out_dir + "/metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line)) {
-      const auto j = nlohmann::json::parse(line);
-      if (j["kind"] == "train") out.push_back(j["loss"]);
-    }
-    return out;
-  };
-  const auto straight = losses(dir + "/straight"), resumed = losses(dir + "/resumed");
-  ASSERT_EQ(straight.size(), 30u);
-  EXPECT_EQ(resumed, straight);
-  std::filesystem::remove_all(dir);
+  for (const std::string optimizer : {"adamw", "muon"}) {
+    SCOPED_TRACE(optimizer);
+    const std::string dir = test::temp_dir("kiln-gpu-resume");
+    test::write_file(dir + "/empty.toml", "");
+    const std::string run = test::kiln_binary() + " train " + dir + "/empty.toml --set optim.name=" + optimizer +
+                            " --set data.path=" + test::source_dir() +
+                            "/data/tinyshakespeare.txt --set train.device=cuda --set model.hidden=64"
+                            " --set model.layers=2 --set model.heads=4 --set model.kv_heads=2 --set model.head_dim=16"
+                            " --set model.ffn_hidden=128 --set model.max_seq_len=128 --set train.micro_batch_tokens=2048"
+                            " --set train.steps=30 --set checkpoint.every=10 --set log.every=1 --set train.eval_every=0"
+                            " --set train.eval_batches=1 --set train.sample_every=0 --set train.sample_tokens=4"
+                            " --set checkpoint.save_final=false --set train.out_dir=";
+    std::string output;
+    ASSERT_EQ(test::run_command(run + dir + "/straight", &output), 0) << output;
+    EXPECT_NE(test::run_command("KILN_FAULT_INJECT=kill_at_step:26 " + run + dir + "/resumed", &output), 0) << output;
+    ASSERT_EQ(test::run_command(run + dir + "/resumed --resume", &output), 0) << output;
+    auto losses = [](const std::string& out_dir) {
+      std::vector<double> out;
+      std::ifstream in(out_dir + "/metrics.jsonl");
+      std::string line;
+      while (std::getline(in, line)) {
+        const auto j = nlohmann::json::parse(line);
+        if (j["kind"] == "train") out.push_back(j["loss"]);
+      }
+      return out;
+    };
+    const auto straight = losses(dir + "/straight"), resumed = losses(dir + "/resumed");
+    ASSERT_EQ(straight.size(), 30u);
+    EXPECT_EQ(resumed, straight);
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // The GPU step with its scalars on the device, replayed as CUDA graphs
@@ -126,8 +140,9 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
     std::vector<std::vector<uint8_t>> weights;
     int64_t graph_launches = 0, skips = 0;
   };
-  auto train = [&](const std::string& precision, bool guard, bool graphs) {
-    const std::string out = dir + "/" + precision + (guard ? "-guard" : "") + (graphs ? "-graphs" : "-ops");
+  auto train = [&](const std::string& optimizer, const std::string& precision, bool guard, bool graphs) {
+    const std::string out =
+        dir + "/" + optimizer + "-" + precision + (guard ? "-guard" : "") + (graphs ? "-graphs" : "-ops");
     std::vector<std::string> overrides = {
         "data.path=" + test::source_dir() + "/data/tinyshakespeare.txt", "train.out_dir=" + out,
         "train.device=cuda", "train.precision=" + precision, "train.cuda_graphs=" + std::string(graphs ? "true" : "false"),
@@ -135,7 +150,7 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
         "model.ffn_hidden=128", "model.max_seq_len=128", "train.micro_batch_tokens=1024", "train.grad_accum=2",
         "train.steps=24", "optim.warmup_steps=4", "optim.lr=3e-3", "optim.grad_clip=0.5", "train.z_loss=1e-4",
         "train.eval_every=0", "train.eval_batches=1", "train.sample_every=0", "train.sample_tokens=4", "log.every=1",
-        "checkpoint.save_final=false"};
+        "checkpoint.save_final=false", "optim.name=" + optimizer};
     if (guard)
       for (const char* o : {"train.spike_window=2", "train.spike_grad_ratio=1.02", "train.max_consecutive_skips=0"})
         overrides.emplace_back(o);
@@ -159,21 +174,25 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
     }
     return r;
   };
-  for (const std::string precision : {"bf16", "fp32"}) {
-    for (const bool guard : {false, true}) {
-      SCOPED_TRACE(precision + (guard ? " with the spike guard" : ""));
-      const Run ops = train(precision, guard, false), graphs = train(precision, guard, true);
-      std::printf("%s%s: %zu records, %lld skipped updates, %lld graph launches\n", precision.c_str(),
-                  guard ? " (spike guard)" : "", ops.lines.size(), static_cast<long long>(ops.skips),
-                  static_cast<long long>(graphs.graph_launches));
-      EXPECT_EQ(ops.graph_launches, 0);
-      EXPECT_GT(graphs.graph_launches, 24);  // the graphs ran, not only the warm-ups
-      if (guard) EXPECT_GT(ops.skips, 0);     // the guard fired: the device's skip path ran
-      else EXPECT_EQ(ops.skips, 0);
-      EXPECT_EQ(graphs.lines, ops.lines);
-      ASSERT_EQ(graphs.weights.size(), ops.weights.size());
-      for (size_t i = 0; i < ops.weights.size(); ++i)
-        EXPECT_TRUE(graphs.weights[i] == ops.weights[i]) << "parameter " << i;
+  // AdamW for every role, then Muon for the matrices (AdamW for the rest): two optimizers
+  // in one captured update.
+  for (const std::string optimizer : {"adamw", "muon"}) {
+    for (const std::string precision : {"bf16", "fp32"}) {
+      for (const bool guard : {false, true}) {
+        SCOPED_TRACE(optimizer + ", " + precision + (guard ? " with the spike guard" : ""));
+        const Run ops = train(optimizer, precision, guard, false), graphs = train(optimizer, precision, guard, true);
+        std::printf("%s, %s%s: %zu records, %lld skipped updates, %lld graph launches\n", optimizer.c_str(),
+                    precision.c_str(), guard ? " (spike guard)" : "", ops.lines.size(), static_cast<long long>(ops.skips),
+                    static_cast<long long>(graphs.graph_launches));
+        EXPECT_EQ(ops.graph_launches, 0);
+        EXPECT_GT(graphs.graph_launches, 24);  // the graphs ran, not only the warm-ups
+        if (guard) EXPECT_GT(ops.skips, 0);     // the guard fired: the device's skip path ran
+        else EXPECT_EQ(ops.skips, 0);
+        EXPECT_EQ(graphs.lines, ops.lines);
+        ASSERT_EQ(graphs.weights.size(), ops.weights.size());
+        for (size_t i = 0; i < ops.weights.size(); ++i)
+          EXPECT_TRUE(graphs.weights[i] == ops.weights[i]) << "parameter " << i;
+      }
     }
   }
   std::filesystem::remove_all(dir);

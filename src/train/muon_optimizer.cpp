@@ -1,0 +1,103 @@
+// Muon (Jordan et al. 2024; Moonlight, Liu et al. 2025) for 2-D matrices: momentum, then
+// the orthogonalization of the momentum (or of Nesterov's look-ahead) by Newton-Schulz,
+// scaled so the update's RMS matches AdamW's, with decoupled weight decay. Each matrix is
+// orthogonalized on its own: fused storage (q/k/v, gate/up, an MoE layer's experts) is cut
+// into its parameters first, as the stock models hold them. The numerics are
+// ops/optim/muon.h's; state is one momentum buffer per matrix, under torch.optim.Muon's
+// name ("<parameter>.momentum_buffer").
+#include "ops/optim/muon.h"
+#include "train/optimizer_kinds.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kiln {
+
+namespace {
+
+// The factor on the orthogonalized update (whose RMS is about 1 / sqrt(max(rows, cols))):
+// Moonlight's 0.2 sqrt(max(rows, cols)) gives it AdamW's typical RMS of 0.2, so AdamW's
+// learning rate and weight decay carry over; "shape" is Keller Jordan's
+// sqrt(max(1, rows / cols)), which wants a larger learning rate (about 0.02).
+double update_scale(const std::string& scale, const Shape& shape) {
+  const double rows = static_cast<double>(shape[0]), cols = static_cast<double>(shape[1]);
+  if (scale == "shape") return std::sqrt(std::max(1.0, rows / cols));
+  return 0.2 * std::sqrt(std::max(rows, cols));
+}
+
+class Muon final : public Optimizer {
+ public:
+  explicit Muon(const OptimizerGroup& group) : index_(group.index), weight_decay_(group.weight_decay) {
+    const MuonConfig& c = group.config->muon;
+    settings_.momentum = group.beta1;
+    settings_.nesterov = c.nesterov;
+    settings_.ema = c.ema;
+    settings_.ns_steps = static_cast<int>(c.ns_steps);
+    for (const Parameter* p : group.parameters) {
+      KILN_CHECK(p->shape().rank() == 2, group.key(), "muon updates 2-D matrices only, got {} ({})", p->name(),
+                 p->shape().str());
+      slots_.push_back({p, Tensor(), update_scale(c.scale, p->shape())});
+    }
+  }
+
+  void plan(Arena& state) override {
+    std::vector<Shape> shapes;
+    for (Slot& s : slots_) {
+      state.reserve(s.momentum, s.param->value().dtype(), s.param->shape());
+      shapes.push_back(s.param->shape());
+    }
+    update_ = std::make_unique<ops::MuonUpdate>(settings_, std::move(shapes), state.device());
+    update_->plan(state);
+  }
+
+  void step(double lr) override {
+    ++steps_;
+    update_->step(matrices(), lr);
+  }
+
+  int64_t steps_taken() const override { return steps_; }
+  void set_steps_taken(int64_t steps) override { steps_ = steps; }
+
+  bool updates_on_device() const override { return !slots_.empty() && slots_[0].param->value().device() == Device::cuda; }
+  void prepare_device_update(double lr, ops::DeviceUpdateScalars& scalars) const override {
+    scalars.group[index_] = {static_cast<float>(lr), 1.0f, 1.0f};
+  }
+  void step_on_device(const ops::DeviceUpdateScalars* scalars) override {
+    update_->step_on_device(matrices(), scalars, index_);
+  }
+  void count_update() override { ++steps_; }
+
+  std::vector<OptimizerStateTensor> state_tensors() const override {
+    std::vector<OptimizerStateTensor> out;
+    for (const Slot& s : slots_) out.push_back({s.param->name() + ".momentum_buffer", s.momentum});
+    return out;
+  }
+
+ private:
+  struct Slot {
+    const Parameter* param;
+    Tensor momentum;
+    double scale;
+  };
+
+  const std::vector<ops::MuonMatrix>& matrices() {
+    batch_.clear();
+    for (const Slot& s : slots_)
+      batch_.push_back({s.param->value(), s.param->grad(), s.momentum, weight_decay_, s.scale});
+    return batch_;
+  }
+
+  int index_;
+  double weight_decay_;
+  ops::MuonSettings settings_;
+  std::vector<Slot> slots_;
+  std::vector<ops::MuonMatrix> batch_;  // reused each step: no allocation in the loop
+  std::unique_ptr<ops::MuonUpdate> update_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_muon_optimizer(const OptimizerGroup& group) { return std::make_unique<Muon>(group); }
+
+}  // namespace kiln
