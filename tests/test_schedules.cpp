@@ -100,6 +100,25 @@ TEST(Schedules, WsdDecayStepsOverrideTheFractionAndAreClampedToTheRun) {
   EXPECT_EQ(none->lr(99), kLr);
 }
 
+// Warmup and the wsd tail in tokens: rounded up to whole steps of the given size, in place
+// of warmup_steps and decay_steps, so the same token counts hold when the batch changes.
+TEST(Schedules, WarmupAndDecayInTokensBecomeWholeSteps) {
+  OptimConfig tokens = optim("wsd", 50);  // warmup_steps 50, ignored below
+  tokens.warmup_tokens = 10 * 4096 + 1;   // 11 steps of 4096 tokens
+  tokens.decay_tokens = 20 * 4096;        // 20 steps
+  OptimConfig steps = optim("wsd", 11);
+  steps.decay_steps = 20;
+  const auto by_tokens = make_schedule(tokens, 100, 4096), by_steps = build(steps, 100);
+  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(by_tokens->lr(i), by_steps->lr(i)) << "step " << i;
+  // Twice the tokens per step: half the steps (rounded up).
+  steps.warmup_steps = 6, steps.decay_steps = 10;
+  const auto big_batch = make_schedule(tokens, 100, 8192), by_half = build(steps, 100);
+  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(big_batch->lr(i), by_half->lr(i)) << "step " << i;
+  // Zero tokens: the steps as given.
+  const auto plain = make_schedule(optim("cosine", 7), 100, 4096), plain_steps = build(optim("cosine", 7), 100);
+  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(plain->lr(i), plain_steps->lr(i));
+}
+
 // A run resumed with more steps continues in the stable phase: the two runs agree on every
 // step before the shorter one's tail, and the longer one decays at its own end.
 TEST(Schedules, WsdRetargetsWhenAResumedRunAsksForMoreSteps) {

@@ -181,10 +181,12 @@ struct OptimConfig {
   double lr = 3e-3;
   double min_lr_ratio = 0.1;         // cosine decays to lr * min_lr_ratio
   int64_t warmup_steps = 50;
+  int64_t warmup_tokens = 0;         // > 0: the warmup in tokens instead (rounded up to whole steps)
   std::string schedule = "cosine";   // registry: schedules
   // wsd (warmup-stable-decay): the decay tail's length in steps (0: decay_fraction of
   // train.steps) and shape (linear | cosine | 1-sqrt), down to lr * min_lr_ratio.
   int64_t decay_steps = 0;
+  int64_t decay_tokens = 0;          // > 0: the tail in tokens instead (rounded up to whole steps)
   double decay_fraction = 0.2;
   std::string decay_shape = "linear";
   double beta1 = 0.9;

@@ -109,4 +109,13 @@ ScheduleRegistry& schedule_registry() {
   return *registry;
 }
 
+std::unique_ptr<Schedule> make_schedule(const OptimConfig& config, int64_t total_steps, int64_t tokens_per_step) {
+  KILN_CHECK(tokens_per_step > 0, "optim.schedule", "a step of {} tokens", tokens_per_step);
+  OptimConfig c = config;
+  auto steps_of = [&](int64_t tokens) { return (tokens + tokens_per_step - 1) / tokens_per_step; };
+  if (c.warmup_tokens > 0) c.warmup_steps = steps_of(c.warmup_tokens);
+  if (c.decay_tokens > 0) c.decay_steps = steps_of(c.decay_tokens);
+  return schedule_registry().build("optim.schedule", c.schedule, c, total_steps);
+}
+
 }  // namespace kiln

@@ -113,7 +113,8 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   model_ = std::make_unique<Model>(config_.model, training_build_options(config_, device_));
   model_->set_micro_batches(config_.train.grad_accum);
   optimizer_ = make_optimizer(config_.optim, model_->parameters());
-  schedule_ = schedule_registry().build("optim.schedule", config_.optim.schedule, config_.optim, config_.train.steps);
+  schedule_ = make_schedule(config_.optim, config_.train.steps,
+                            config_.train.micro_batch_tokens * config_.train.grad_accum * stream_->options().world_size);
   optimizer_->plan(optimizer_state_);
   // Found and verified (checksums, model and precision guards) before allocating.
   const std::optional<CheckpointInfo> resume = find_resume_checkpoint(train_options);
