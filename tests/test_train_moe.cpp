@@ -1,7 +1,19 @@
 // A sparse model trains on the bundled corpus through the `kiln` binary with each router:
-// the loss falls as far as the dense model's does in the same steps, the step's losses and
-// the experts' load reach metrics.jsonl, and no expert is dead at the end (softmax_topk
-// balanced by its auxiliary loss, sigmoid_bias by its bias).
+// the loss falls past the unigram plateau, the step's losses and the experts' load reach
+// metrics.jsonl, and at the end every expert carries between half and 1.5x the mean load
+// (softmax_topk balanced by its auxiliary loss, sigmoid_bias by its bias).
+//
+// 300 steps because the balancing takes them: at step 200 the busiest expert of the runs
+// below was still at up to 1.72x the mean with sigmoid_bias (its bias moves 0.001 a step)
+// and 1.64x with softmax_topk. 1024 tokens a step (8 sequences of 128; 2048 before) since
+// the balance and the loss need the steps more than the tokens: over train.seed 1337 (the
+// test's), 1, 2, 3 and 4 with 2 threads, the last step's load across both layers was
+// 1.11-1.36x at most and 0.65-0.92x at least, the mean loss of steps 251-300 2.37-2.48 and
+// the bias's spread in each layer 0.12-0.56. With the balancing off (model.moe.aux_loss=0,
+// or bias_rate=0) 9 of those 10 runs leave an expert above 1.5x or below 0.5x at step 300,
+// the test's own seed among them for both routers (2.00x / 0.00x and 1.67x / 0.42x); the
+// bound before, load_max under 2.0, passed them all (with 4 experts top 2 the busiest
+// cannot exceed 2x).
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -26,7 +38,7 @@ TrainedRun train_moe(const std::string& dir, const std::string& router_settings)
       test::source_dir() + "/data/tinyshakespeare.txt --set train.out_dir=" + dir +
       " --set model.hidden=64 --set model.layers=2 --set model.heads=4 --set model.kv_heads=2"
       " --set model.head_dim=16 --set model.max_seq_len=128 --set model.mlp=moe --set model.moe.experts=4"
-      " --set model.moe.top_k=2 --set model.moe.expert_hidden=64 --set train.micro_batch_tokens=2048"
+      " --set model.moe.top_k=2 --set model.moe.expert_hidden=64 --set train.micro_batch_tokens=1024"
       " --set train.steps=300 --set optim.warmup_steps=20 --set optim.lr=3e-3 --set train.eval_every=0"
       " --set train.eval_batches=2 --set train.sample_every=0 --set train.sample_tokens=20 --set log.every=50"
       " --set train.threads=2 --set checkpoint.every=0 " +
@@ -55,7 +67,8 @@ void expect_learned_and_balanced(const TrainedRun& run) {
     const std::string p = "moe." + std::to_string(layer) + ".";
     ASSERT_TRUE(run.last.contains(p + "dead")) << run.last.dump();
     EXPECT_EQ(run.last[p + "dead"].get<double>(), 0.0) << run.last.dump();
-    EXPECT_LT(run.last[p + "load_max"].get<double>(), 2.0) << run.last.dump();  // of the mean load
+    EXPECT_LT(run.last[p + "load_max"].get<double>(), 1.5) << run.last.dump();  // of the mean load
+    EXPECT_GT(run.last[p + "load_min"].get<double>(), 0.5) << run.last.dump();
     EXPECT_GT(run.last[p + "entropy"].get<double>(), 0.0);
   }
 }
@@ -81,7 +94,12 @@ TEST(TrainMoe, SigmoidBiasBalancesWithoutALoss) {
   const TrainedRun run = train_moe(dir, "--set model.moe.router=sigmoid_bias --set model.moe.bias_rate=0.001");
   expect_learned_and_balanced(run);
   EXPECT_FALSE(run.last.contains("moe_aux"));
-  EXPECT_TRUE(run.last.contains("moe.0.bias_max"));
+  for (int layer = 0; layer < 2; ++layer) {  // the bias moved (0 apart with bias_rate=0)
+    const std::string p = "moe." + std::to_string(layer) + ".";
+    ASSERT_TRUE(run.last.contains(p + "bias_max")) << run.last.dump();
+    EXPECT_GT(run.last[p + "bias_max"].get<double>() - run.last[p + "bias_min"].get<double>(), 0.05)
+        << run.last.dump();
+  }
   fs::remove_all(dir);
 }
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
+#include <vector>
 
 namespace kiln::cpu {
 
@@ -15,91 +15,119 @@ int64_t first_key(int64_t i, int64_t begin, int64_t window) {
   return window > 0 ? std::max(begin, i - window + 1) : begin;
 }
 
-// Scores of query qi against keys [j0, j1) (after scale and optional softcap) into s;
-// with a softcap, t receives tanh(raw / cap) for the backward.
-template <typename T>
-void block_scores(const AttentionShape& sh, const T* qi, const T* k, int64_t g, int64_t j0, int64_t j1, T* s, T* t) {
-  const int64_t d = sh.head_dim;
-  const T scale = static_cast<T>(sh.scale);
-  for (int64_t j = j0; j < j1; ++j) s[j - j0] = dot(qi, k + (j * sh.kv_heads + g) * d, d) * scale;
-  if (sh.softcap > 0) {
-    const T cap = static_cast<T>(sh.softcap);
-    for (int64_t j = 0; j < j1 - j0; ++j) {
-      t[j] = std::tanh(s[j] / cap);
-      s[j] = t[j] * cap;
-    }
-  }
-}
-
 }  // namespace
 
+// Each work item (sequence, query head) transposes its kv head's keys once (attention_math.h),
+// then takes each query's row of scores across the keys, its softmax and output.
 template <typename T>
 void attention_forward(const AttentionShape& sh, const T* q, const T* k, const T* v, T* out, T* lse) {
-  const int64_t d = sh.head_dim, group = sh.q_heads / sh.kv_heads;
+  const int64_t d = sh.head_dim, group = sh.q_heads / sh.kv_heads, stride = sh.kv_heads * d;
   const int64_t work = sh.num_seqs * sh.q_heads;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t item = 0; item < work; ++item) {
-    const int64_t seq = item / sh.q_heads, h = item % sh.q_heads, g = h / group;
-    const int64_t begin = sh.cu_seqlens[seq], end = sh.cu_seqlens[seq + 1];
-    T acc[kMaxAttentionHeadDim], s[kKeyBlock], t[kKeyBlock];
-    for (int64_t i = begin; i < end; ++i) {
-      const T* qi = q + (i * sh.q_heads + h) * d;
-      T m = -std::numeric_limits<T>::infinity(), l = 0;
-      std::fill(acc, acc + d, T(0));
-      for (int64_t j0 = first_key(i, begin, sh.window); j0 <= i; j0 += kKeyBlock) {
-        const int64_t j1 = std::min(j0 + kKeyBlock, i + 1);
-        block_scores(sh, qi, k, g, j0, j1, s, t);
-        fold_key_block(s, j0, j1 - j0, m, l, acc, d, [&](int64_t j) { return v + (j * sh.kv_heads + g) * d; });
+  const T scale = static_cast<T>(sh.scale);
+#pragma omp parallel
+  {
+    std::vector<T> kt, s;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < work; ++item) {
+      const int64_t seq = item / sh.q_heads, h = item % sh.q_heads, g = h / group;
+      const int64_t begin = sh.cu_seqlens[seq], end = sh.cu_seqlens[seq + 1], len = end - begin;
+      if (len == 0) continue;
+      const int64_t ld = transposed_ld(len);
+      kt.resize(static_cast<size_t>(d * ld));
+      s.resize(static_cast<size_t>(len));
+      transpose_keys(k + (begin * sh.kv_heads + g) * d, stride, len, d, kt.data(), ld);
+      const T* vg = v + g * d;
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t j0 = first_key(i, begin, sh.window) - begin, n = i - begin + 1 - j0;
+        transposed_scores(q + (i * sh.q_heads + h) * d, kt.data() + j0, ld, n, d, scale, s.data());
+        if (sh.softcap > 0) softcap_scores(s.data(), n, sh.softcap, static_cast<T*>(nullptr));
+        lse[i * sh.q_heads + h] = softmax_combine(s.data(), n, d, [&](int64_t j) { return vg + (begin + j0 + j) * stride; },
+                                                  out + (i * sh.q_heads + h) * d);
       }
-      T* oi = out + (i * sh.q_heads + h) * d;
-      const T inv = T(1) / l;
-      for (int64_t c = 0; c < d; ++c) oi[c] = acc[c] * inv;
-      lse[i * sh.q_heads + h] = m + std::log(l);
     }
   }
 }
 
 // With P = softmax(S): dV += P^T dO; dP = dO V^T; dS = P * (dP - rowsum(dO * O));
-// dQ = scale dS K; dK = scale dS^T Q (through the softcap's tanh derivative if on).
+// dQ = scale dS K; dK = scale dS^T Q (through the softcap's tanh derivative if on). The
+// scores are the forward's (the same transposed keys and sums); dP takes V transposed alike.
+// Queries go in pairs (i, i + 1) of one head, so each key row of dK and dV is read and
+// written once per pair (adding query i's term, then i + 1's: the order of one at a time).
 template <typename T>
 void attention_backward(const AttentionShape& sh, const T* q, const T* k, const T* v, const T* out, const T* lse,
                         const T* dout, T* dq, T* dk, T* dv) {
-  const int64_t d = sh.head_dim, group = sh.q_heads / sh.kv_heads;
+  const int64_t d = sh.head_dim, group = sh.q_heads / sh.kv_heads, stride = sh.kv_heads * d;
   const int64_t work = sh.num_seqs * sh.kv_heads;
   const T scale = static_cast<T>(sh.scale);
   // One work item per (sequence, kv head): it owns dk/dv of that head and dq of the
   // query heads in its group, so no two threads write the same element.
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t item = 0; item < work; ++item) {
-    const int64_t seq = item / sh.kv_heads, g = item % sh.kv_heads;
-    const int64_t begin = sh.cu_seqlens[seq], end = sh.cu_seqlens[seq + 1];
-    T s[kKeyBlock], t[kKeyBlock];
-    for (int64_t j = begin; j < end; ++j) {
-      std::memset(dk + (j * sh.kv_heads + g) * d, 0, sizeof(T) * d);
-      std::memset(dv + (j * sh.kv_heads + g) * d, 0, sizeof(T) * d);
-    }
-    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-      for (int64_t i = begin; i < end; ++i) {
+#pragma omp parallel
+  {
+    std::vector<T> kt, vt, buffers;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < work; ++item) {
+      const int64_t seq = item / sh.kv_heads, g = item % sh.kv_heads;
+      const int64_t begin = sh.cu_seqlens[seq], end = sh.cu_seqlens[seq + 1], len = end - begin;
+      if (len == 0) continue;
+      const int64_t ld = transposed_ld(len);
+      kt.resize(static_cast<size_t>(d * ld));
+      vt.resize(static_cast<size_t>(d * ld));
+      buffers.resize(static_cast<size_t>(6 * len));
+      transpose_keys(k + (begin * sh.kv_heads + g) * d, stride, len, d, kt.data(), ld);
+      transpose_keys(v + (begin * sh.kv_heads + g) * d, stride, len, d, vt.data(), ld);
+      for (int64_t j = begin; j < end; ++j) {
+        std::memset(dk + j * stride + g * d, 0, sizeof(T) * d);
+        std::memset(dv + j * stride + g * d, 0, sizeof(T) * d);
+      }
+      T* const dk_g = dk + g * d;  // key j's dK row at dk_g + j * stride, likewise dV, K
+      T* const dv_g = dv + g * d;
+      const T* const k_g = k + g * d;
+      // Query i's P (over its keys from j0) and dS into p and ds; dQ written; returns j0.
+      auto query = [&](int64_t h, int64_t i, T* p, T* ds, T* t) {
         const T* qi = q + (i * sh.q_heads + h) * d;
         const T* doi = dout + (i * sh.q_heads + h) * d;
-        T* dqi = dq + (i * sh.q_heads + h) * d;
-        std::memset(dqi, 0, sizeof(T) * d);
-        const T delta = dot(doi, out + (i * sh.q_heads + h) * d, d);
-        const T lse_i = lse[i * sh.q_heads + h];
-        for (int64_t j0 = first_key(i, begin, sh.window); j0 <= i; j0 += kKeyBlock) {
-          const int64_t j1 = std::min(j0 + kKeyBlock, i + 1);
-          block_scores(sh, qi, k, g, j0, j1, s, t);
-          for (int64_t j = j0; j < j1; ++j) {
-            const T* kj = k + (j * sh.kv_heads + g) * d;
-            const T* vj = v + (j * sh.kv_heads + g) * d;
-            const T p = std::exp(s[j - j0] - lse_i);
-            axpy(p, doi, dv + (j * sh.kv_heads + g) * d, d);
-            T ds = p * (dot(doi, vj, d) - delta);
-            if (sh.softcap > 0) ds *= T(1) - t[j - j0] * t[j - j0];
-            ds *= scale;
-            axpy(ds, kj, dqi, d);
-            axpy(ds, qi, dk + (j * sh.kv_heads + g) * d, d);
-          }
+        const T delta = dot(doi, out + (i * sh.q_heads + h) * d, d);  // rowsum(dO * O)
+        const int64_t j0 = first_key(i, begin, sh.window), n = i + 1 - j0;
+        transposed_scores(qi, kt.data() + (j0 - begin), ld, n, d, scale, p);
+        if (sh.softcap > 0) softcap_scores(p, n, sh.softcap, t);
+        exp_shifted(p, n, lse[i * sh.q_heads + h]);
+        transposed_scores(doi, vt.data() + (j0 - begin), ld, n, d, T(1), ds);
+        if (sh.softcap > 0) {
+          for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - delta) * (T(1) - t[j] * t[j]) * scale;
+        } else {
+#pragma omp simd
+          for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - delta) * scale;
+        }
+        weighted_row_sum(ds, n, d, [&](int64_t j) { return k_g + (j0 + j) * stride; }, dq + (i * sh.q_heads + h) * d);
+        return j0;
+      };
+      T* const pa = buffers.data();
+      T* const dsa = pa + len;
+      T* const pb = dsa + len;
+      T* const dsb = pb + len;
+      T* const ta = dsb + len;
+      T* const tb = ta + len;
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const T* const q_h = q + h * d;  // query i's row at q_h + i * q_heads * d, likewise dO
+        const T* const do_h = dout + h * d;
+        const int64_t qs = sh.q_heads * d;
+        int64_t i = begin;
+        for (; i + 1 < end; i += 2) {
+          const int64_t ja = query(h, i, pa, dsa, ta), jb = query(h, i + 1, pb, dsb, tb);
+          // Keys [ja, jb) see only query i, [jb, i] both, i + 1 only query i + 1.
+          add_scaled_rows(pa, jb - ja, do_h + i * qs, d, [&](int64_t j) { return dv_g + (ja + j) * stride; });
+          add_scaled_rows(dsa, jb - ja, q_h + i * qs, d, [&](int64_t j) { return dk_g + (ja + j) * stride; });
+          add_scaled_rows2(pa + (jb - ja), do_h + i * qs, pb, do_h + (i + 1) * qs, i + 1 - jb, d,
+                           [&](int64_t j) { return dv_g + (jb + j) * stride; });
+          add_scaled_rows2(dsa + (jb - ja), q_h + i * qs, dsb, q_h + (i + 1) * qs, i + 1 - jb, d,
+                           [&](int64_t j) { return dk_g + (jb + j) * stride; });
+          add_scaled_rows(pb + (i + 1 - jb), 1, do_h + (i + 1) * qs, d, [&](int64_t) { return dv_g + (i + 1) * stride; });
+          add_scaled_rows(dsb + (i + 1 - jb), 1, q_h + (i + 1) * qs, d, [&](int64_t) { return dk_g + (i + 1) * stride; });
+        }
+        if (i < end) {
+          const int64_t ja = query(h, i, pa, dsa, ta);
+          add_scaled_rows(pa, i + 1 - ja, do_h + i * qs, d, [&](int64_t j) { return dv_g + (ja + j) * stride; });
+          add_scaled_rows(dsa, i + 1 - ja, q_h + i * qs, d, [&](int64_t j) { return dk_g + (ja + j) * stride; });
         }
       }
     }

@@ -1,5 +1,6 @@
-// CPU reference kernels for packed causal GQA attention (flash-style: online softmax in
-// the forward, recomputed probabilities from the saved log-sum-exp in the backward).
+// CPU reference kernels for packed causal GQA attention: each query's whole row of scores
+// and its softmax in the forward (attention_math.h), the probabilities recomputed from the
+// saved log-sum-exp in the backward.
 #pragma once
 
 #include <cstdint>

@@ -9,16 +9,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
+#include <vector>
 
 namespace kiln::ops {
 
 namespace {
 
-// The packed kernel's blocking and vector helpers: same rounding as the full forward.
-using cpu::dot;
-using cpu::fold_key_block;
-using cpu::kKeyBlock;
+// The packed kernel's row math (attention_math.h): same rounding as the full forward.
 
 struct CacheShape {
   int64_t rows, q_heads, kv_heads, head_dim, slots, max_len;
@@ -26,36 +23,34 @@ struct CacheShape {
   int64_t window;
 };
 
+// Each (row, query head) transposes the keys it sees from the cache, as the packed forward
+// transposes a sequence's, then takes the same scores, softmax and output.
 template <typename T>
 void cached_attention_cpu(const CacheShape& s, const T* q, const T* kc, const T* vc, const int32_t* slot,
                           const int32_t* pos, T* out) {
   const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
   const T scale = static_cast<T>(s.scale);
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t item = 0; item < s.rows * s.q_heads; ++item) {
-    const int64_t i = item / s.q_heads, h = item % s.q_heads, g = h / group;
-    const int64_t p = pos[i];
-    // Keys of this slot and kv head: position j at base + j * kv_heads * d.
-    const T* kbase = kc + (slot[i] * s.max_len * s.kv_heads + g) * d;
-    const T* vbase = vc + (slot[i] * s.max_len * s.kv_heads + g) * d;
-    const int64_t stride = s.kv_heads * d;
-    const T* qi = q + (i * s.q_heads + h) * d;
-    T acc[cpu::kMaxAttentionHeadDim], sc[kKeyBlock];
-    std::fill(acc, acc + d, T(0));
-    T m = -std::numeric_limits<T>::infinity(), l = 0;
-    const int64_t first = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0;
-    for (int64_t j0 = first; j0 <= p; j0 += kKeyBlock) {
-      const int64_t j1 = std::min(j0 + kKeyBlock, p + 1);
-      for (int64_t j = j0; j < j1; ++j) sc[j - j0] = dot(qi, kbase + j * stride, d) * scale;
-      if (s.softcap > 0) {
-        const T cap = static_cast<T>(s.softcap);
-        for (int64_t j = 0; j < j1 - j0; ++j) sc[j] = std::tanh(sc[j] / cap) * cap;
-      }
-      fold_key_block(sc, j0, j1 - j0, m, l, acc, d, [&](int64_t j) { return vbase + j * stride; });
+#pragma omp parallel
+  {
+    std::vector<T> kt, sc;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < s.rows * s.q_heads; ++item) {
+      const int64_t i = item / s.q_heads, h = item % s.q_heads, g = h / group;
+      const int64_t p = pos[i];
+      // Keys of this slot and kv head: position j at base + j * kv_heads * d.
+      const T* kbase = kc + (slot[i] * s.max_len * s.kv_heads + g) * d;
+      const T* vbase = vc + (slot[i] * s.max_len * s.kv_heads + g) * d;
+      const int64_t stride = s.kv_heads * d;
+      const int64_t first = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0, n = p + 1 - first;
+      const int64_t ld = cpu::transposed_ld(n);
+      kt.resize(static_cast<size_t>(d * ld));
+      sc.resize(static_cast<size_t>(n));
+      cpu::transpose_keys(kbase + first * stride, stride, n, d, kt.data(), ld);
+      cpu::transposed_scores(q + (i * s.q_heads + h) * d, kt.data(), ld, n, d, scale, sc.data());
+      if (s.softcap > 0) cpu::softcap_scores(sc.data(), n, s.softcap, static_cast<T*>(nullptr));
+      cpu::softmax_combine(sc.data(), n, d, [&](int64_t j) { return vbase + (first + j) * stride; },
+                           out + (i * s.q_heads + h) * d);
     }
-    T* oi = out + (i * s.q_heads + h) * d;
-    const T inv = T(1) / l;
-    for (int64_t c = 0; c < d; ++c) oi[c] = acc[c] * inv;
   }
 }
 

@@ -8,28 +8,35 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace kiln::ops {
 
 namespace {
 
 // Loss terms of one row of logits, and (if grad) the row replaced by d(objective)/dlogits.
+// e [vocab] is scratch: each exp(l_j - max) is taken once, for the sum and then for p_j.
 template <typename T>
-void row_loss(T* row, int64_t vocab, int32_t target, const LmHeadLossOptions& o, bool grad, double* loss, double* z) {
+void row_loss(T* row, int64_t vocab, int32_t target, const LmHeadLossOptions& o, bool grad, double* loss, double* z,
+              double* e) {
   if (o.softcap > 0)
     for (int64_t j = 0; j < vocab; ++j) row[j] = static_cast<T>(o.softcap) * std::tanh(row[j] / static_cast<T>(o.softcap));
   T m = row[0];
   for (int64_t j = 1; j < vocab; ++j) m = std::max(m, row[j]);
+  const double md = static_cast<double>(m);
   double sum = 0;
-  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - m));
-  const double lse = static_cast<double>(m) + std::log(sum);
+  for (int64_t j = 0; j < vocab; ++j) {
+    e[j] = std::exp(static_cast<double>(row[j]) - md);
+    sum += e[j];
+  }
+  const double lse = md + std::log(sum);
   *loss = lse - static_cast<double>(row[target]);
   *z = lse * lse;
   if (!grad) return;
   // d/dlogit_j of (lse - l_t + zc * lse^2) = p_j (1 + 2 zc lse) - [j == t].
   const double zfactor = 1.0 + 2.0 * o.z_loss * lse;
   for (int64_t j = 0; j < vocab; ++j) {
-    const double p = std::exp(static_cast<double>(row[j]) - lse);
+    const double p = e[j] / sum;  // exp(l_j - lse)
     double g = p * zfactor - (j == target ? 1.0 : 0.0);
     if (o.softcap > 0) {
       const double t = static_cast<double>(row[j]) / o.softcap;  // row holds capped logits
@@ -152,15 +159,19 @@ LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, c
       T* lc = logits.data<T>();
       cpu_gemm<T>(false, true, rows, vocab, d, T(1), hc, d, w.data<T>(), d, T(0), lc, vocab);
       double* stats = scratch.row_stats.data<double>();
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
-        T* row = lc + r * vocab;
-        const int32_t t = tgt[begin + r];
-        if (t < 0) {
-          if (grad) std::fill(row, row + vocab, T(0));
-          continue;
+#pragma omp parallel
+      {
+        std::vector<double> e(static_cast<size_t>(vocab));
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+          T* row = lc + r * vocab;
+          const int32_t t = tgt[begin + r];
+          if (t < 0) {
+            if (grad) std::fill(row, row + vocab, T(0));
+            continue;
+          }
+          row_loss(row, vocab, t, o, grad, &stats[2 * r], &stats[2 * r + 1], e.data());
         }
-        row_loss(row, vocab, t, o, grad, &stats[2 * r], &stats[2 * r + 1]);
       }
       for (int64_t r = 0; r < rows; ++r) {  // fixed order: reproducible sums
         if (tgt[begin + r] < 0) continue;

@@ -5,22 +5,74 @@
 #include "ops/common.h"
 #include "ops/linear/linear_cuda.h"
 
+#include <omp.h>
+
+#include <algorithm>
+
 namespace kiln::ops {
+
+namespace {
+
+// OpenBLAS's own threading of one product (its OpenMP build) synchronizes its threads by
+// spinning on shared flags with sched_yield between them. A spinning thread whose partner
+// is descheduled burns its time slice: on a loaded machine (ctest -j2 on two cores, each
+// test training with two threads) kiln's small products ran several times slower than on
+// one thread and spent more CPU. So kiln splits a product itself: C's rows (or, for a wide
+// C, its columns) in one contiguous part per OpenMP thread, each part a single-threaded
+// BLAS call (OpenBLAS runs on the calling thread inside an active parallel region), and an
+// OpenMP barrier (passive waiting) at the end. Every element is still one BLAS dot product
+// over k in BLAS's order; only which call computes it changes.
+constexpr double kSplitWork = 65536.0 * 4;  // m n k under which OpenBLAS stays on one thread too
+constexpr int64_t kMinPart = 16;            // rows (or columns) per part at least
+
+template <typename T, typename Gemm>
+void split_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                int64_t ldb, T beta, T* c, int64_t ldc, Gemm gemm) {
+  const bool by_rows = m >= n;
+  const int64_t extent = by_rows ? m : n;
+  const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int64_t parts = std::min(threads, extent / kMinPart);
+  if (parts <= 1 || static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <= kSplitWork) {
+    gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+#pragma omp parallel num_threads(static_cast<int>(parts))
+  {
+    const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();  // the team may be smaller
+    const int64_t lo = extent * t / team, hi = extent * (t + 1) / team;
+    if (hi > lo) {
+      if (by_rows)
+        gemm(ta, tb, hi - lo, n, k, alpha, ta ? a + lo : a + lo * lda, lda, b, ldb, beta, c + lo * ldc, ldc);
+      else
+        gemm(ta, tb, m, hi - lo, k, alpha, a, lda, tb ? b + lo * ldb : b + lo, ldb, beta, c + lo, ldc);
+    }
+  }
+}
+
+}  // namespace
 
 template <>
 void cpu_gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                      const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  blas().sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-              beta, c, static_cast<int>(ldc));
+  split_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+             [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+               blas().sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                            static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+                            static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+             });
 }
 
 template <>
 void cpu_gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
                       int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  blas().dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-              beta, c, static_cast<int>(ldc));
+  split_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+             [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+                const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+               blas().dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                            static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+                            static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+             });
 }
 
 namespace {

@@ -2,9 +2,11 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
+#include "ops/cpu_exp.h"
 #include "ops/swiglu/swiglu_cuda.h"
 
 #include <cmath>
+#include <vector>
 
 namespace kiln::ops {
 
@@ -33,12 +35,17 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& out) {
     const int64_t n = gate_up.size(0), f = out.size(1);
     const T* gu = gate_up.data<T>();
     T* o = out.data<T>();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < f; ++j) {
-        const T g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j];
-        o[i * f + j] = g / (T(1) + std::exp(-g)) * u;
+#pragma omp parallel
+    {
+      std::vector<T> e(static_cast<size_t>(f));  // exp(-g) of a row (cpu::exp_negated)
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const T* g = gu + i * 2 * f;
+        const T* u = g + f;
+        cpu::exp_negated(g, e.data(), f);
+        for (int64_t j = 0; j < f; ++j) o[i * f + j] = g[j] / (T(1) + e[j]) * u[j];
       }
+    }
   });
 }
 
@@ -65,15 +72,21 @@ void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dg
     const T* d = dout.data<T>();
     T* dgu = dgate_up.data<T>();
     T* o = out.defined() ? out.data<T>() : nullptr;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < f; ++j) {
-        const T g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j], dy = d[i * f + j];
-        const T s = T(1) / (T(1) + std::exp(-g));
-        dgu[i * 2 * f + j] = dy * u * s * (T(1) + g * (T(1) - s));
-        dgu[i * 2 * f + f + j] = dy * g * s;
-        if (o) o[i * f + j] = g / (T(1) + std::exp(-g)) * u;  // as swiglu_forward computes it
+#pragma omp parallel
+    {
+      std::vector<T> e(static_cast<size_t>(f));
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        cpu::exp_negated(gu + i * 2 * f, e.data(), f);
+        for (int64_t j = 0; j < f; ++j) {
+          const T g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j], dy = d[i * f + j];
+          const T s = T(1) / (T(1) + e[j]);
+          dgu[i * 2 * f + j] = dy * u * s * (T(1) + g * (T(1) - s));
+          dgu[i * 2 * f + f + j] = dy * g * s;
+          if (o) o[i * f + j] = g / (T(1) + e[j]) * u;  // as swiglu_forward computes it
+        }
       }
+    }
   });
 }
 
