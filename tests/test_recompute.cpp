@@ -68,6 +68,52 @@ TEST(Recompute, SameLossAndGradientsToTheBitWithLessMemory) {
   }
 }
 
+// Sparse layers keep statistics across a step's micro-batches (expert load, the balancing
+// bias's input) and objectives of their own (aux and z losses): recomputing their blocks
+// counts neither twice, and the statistics live outside the region recomputed blocks share.
+TEST(Recompute, SparseLayersGiveTheSameLossesGradientsLoadAndBias) {
+  struct Sparse {
+    std::vector<std::vector<double>> grads, after;  // gradients; parameters and state after the step
+    std::vector<std::pair<std::string, double>> load;
+  };
+  auto run = [](int64_t recompute_blocks) {
+    ModelConfig c = tiny_config(true, false);
+    c.mlp = "moe";
+    c.moe.experts = 4, c.moe.top_k = 2, c.moe.expert_hidden = 6;
+    c.moe.router = "sigmoid_bias";
+    c.moe.aux_loss = 1e-2, c.moe.z_loss = 1e-3;
+    BuildOptions options = tiny_build(24, 7, 1e-3);
+    options.recompute_blocks = recompute_blocks;
+    Model model(c, options);
+    model.allocate();
+    init_tiny_model(model, 33);
+    const HostBatch batch = pack_docs(three_docs(), 4);
+    model.zero_grads();
+    for (int micro = 0; micro < 2; ++micro) {
+      model.load_batch(batch);
+      model.forward_backward(1.0 / static_cast<double>(batch.target_count));
+    }
+    model.after_step(true);  // the bias moves by the step's load
+    Sparse r;
+    for (const auto& p : model.parameters()) {
+      if (p->trainable()) r.grads.push_back(values_of(p->grad()));
+      r.after.push_back(values_of(p->value()));
+    }
+    r.load = model.component_metrics();
+    return r;
+  };
+  const Sparse kept = run(0);
+  ASSERT_FALSE(kept.load.empty());
+  for (int64_t blocks : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "recompute_blocks " << blocks);
+    const Sparse recomputed = run(blocks);
+    ASSERT_EQ(kept.grads.size(), recomputed.grads.size());
+    for (size_t i = 0; i < kept.grads.size(); ++i) EXPECT_TRUE(same_bits(kept.grads[i], recomputed.grads[i])) << i;
+    for (size_t i = 0; i < kept.after.size(); ++i) EXPECT_TRUE(same_bits(kept.after[i], recomputed.after[i])) << i;
+    EXPECT_EQ(kept.load, recomputed.load);
+  }
+}
+
 TEST(Recompute, MoreBlocksThanLayersIsRefusedByName) {
   BuildOptions options = tiny_build();
   options.recompute_blocks = 3;

@@ -80,4 +80,8 @@ void BuildContext::saved_wide(Tensor& t, Shape shape) { activations.reserve(t, m
 
 void BuildContext::buffer(Tensor& t, Shape shape, DType type) { activations.reserve(t, type, shape); }
 
+void BuildContext::step_buffer(Tensor& t, Shape shape, DType type) {
+  (model_activations != nullptr ? *model_activations : activations).reserve(t, type, shape);
+}
+
 }  // namespace kiln

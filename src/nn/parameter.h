@@ -124,6 +124,9 @@ struct BuildContext {
   // The model's objectives: components with loss terms of their own (a router) reserve
   // slots there and read their gradient scale from it.
   LossContext* losses = nullptr;
+  // A recomputed block's context (its `activations` is the region such blocks share): the
+  // model's own activation arena, where step buffers go.
+  Arena* model_activations = nullptr;
 
   bool mixed() const { return dtype != master_dtype; }
 
@@ -145,6 +148,10 @@ struct BuildContext {
   void saved_wide(Tensor& t, Shape shape);
   // A buffer that must exist in evaluation too (outputs read by the next module).
   void buffer(Tensor& t, Shape shape, DType dtype);
+  // A buffer whose values outlive a forward: what a component collects over a step's
+  // micro-batches and keeps between steps (an MoE layer's load). Never in
+  // a recomputed block's shared region, which the other blocks overwrite.
+  void step_buffer(Tensor& t, Shape shape, DType dtype);
 
  private:
   // Plans the master of a weight; returns it (value itself unless a compute copy is made).
