@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <random>
+#include <regex>
 #include <thread>
 
 namespace kiln {
@@ -84,6 +85,20 @@ TEST_F(Resume, MuonKillInsideAGradientAccumulationRunResumesBitwise) {
             0)
       << output;
   EXPECT_CONTAINS(output, "optim.matrix.optimizer ('auto' -> 'adamw')");
+}
+
+// QK-Clip with Muon, tau low enough to clip: the clipped weights come back bitwise (the
+// step's logit maxima are per step, nothing of them to save).
+TEST_F(Resume, QkClipKillInsideAGradientAccumulationRunResumesBitwise) {
+  const std::string corpus = test::write_tiny_corpus(dir_, 40);
+  const std::string straight = dir_ + "/straight", killed = dir_ + "/killed";
+  const std::string clip = "--set optim.name=muon --set optim.qk_clip.enabled=true --set optim.qk_clip.tau=1.5";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, straight, clip), "", &output), 0) << output;
+  EXPECT_TRUE(std::regex_search(output, std::regex("max logit [0-9.]+ clipped [1-9]"))) << output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, clip), "kill_at_step:7", &output), -SIGKILL) << output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, clip + " --resume"), "", &output), 0) << output;
+  expect_same_run(straight, killed);
 }
 
 TEST_F(Resume, KillRightAfterAnEpochBoundaryResumesBitwise) {

@@ -176,6 +176,14 @@ struct MuonConfig {
   std::string scale = "moonlight";    // moonlight: 0.2 sqrt(max(rows, cols)) | shape: sqrt(max(1, rows / cols))
 };
 
+// QK-Clip ([optim.qk_clip]; nn/qk_clip.h): after each applied update, the query and key
+// weights of the heads whose largest attention logit of the step exceeded tau are scaled
+// so it would have been tau (MuonClip; with any optimizer).
+struct QkClipConfig {
+  bool enabled = false;
+  double tau = 100;
+};
+
 struct OptimConfig {
   std::string name = "adamw";        // registry: optimizers (the matrices'; others per [optim.<role>])
   double lr = 3e-3;
@@ -204,6 +212,7 @@ struct OptimConfig {
   RoleOptimConfig norm = RoleOptimConfig::undecayed();
   RoleOptimConfig bias = RoleOptimConfig::undecayed();
   MuonConfig muon;
+  QkClipConfig qk_clip;
 };
 
 struct LogConfig {

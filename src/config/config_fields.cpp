@@ -182,6 +182,8 @@ const std::array kFields = {
                "Newton-Schulz iterations"),
     KILN_FIELD(optim.muon, scale, one_of("moonlight|shape"),
                "update RMS: moonlight 0.2 sqrt(max(rows, cols)) | shape sqrt(max(1, rows / cols))"),
+    KILN_FIELD(optim.qk_clip, enabled, none(), "measure each head's largest attention logit and clip its q/k weights"),
+    KILN_FIELD(optim.qk_clip, tau, positive(), "the largest logit a head keeps (Kimi K2: 100)"),
 
     KILN_FIELD(log, every, positive(), "console/metrics line every N steps"),
     KILN_FIELD(log, metrics_file, none(), "metrics file inside out_dir"),
@@ -197,10 +199,10 @@ const std::array kFields = {
 #undef KILN_ROLE_FIELDS
 #undef KILN_FIELD
 
-constexpr std::array<std::string_view, 16> kSections = {
+constexpr std::array<std::string_view, 17> kSections = {
     "model",        "model.rope",   "model.moe",    "data",         "train",       "optim",
     "optim.embedding", "optim.head", "optim.matrix", "optim.expert", "optim.router", "optim.norm",
-    "optim.bias",   "optim.muon",   "log",          "checkpoint"};
+    "optim.bias",   "optim.muon",   "optim.qk_clip", "log",         "checkpoint"};
 
 }  // namespace
 

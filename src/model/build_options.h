@@ -23,6 +23,9 @@ struct BuildOptions {
   int64_t recompute_blocks = 0;
   // Bitwise-reproducible kernels only (TrainConfig::deterministic).
   bool deterministic = true;
+  // QK-Clip's tau ([optim.qk_clip]): attention measures each head's largest logit in
+  // training forwards and clips after each update (nn/qk_clip.h); 0 = off.
+  double qk_clip_tau = 0;
 };
 
 }  // namespace kiln

@@ -26,6 +26,7 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
   BuildContext ctx{params_,          grads_,        activations_,   workspace_, parameters_, compute_weights_,
                    options.dtype,    master,        options.device, t,          options.training,
                    options.deterministic, &losses_};
+  ctx.qk_clip_tau = options.training ? options.qk_clip_tau : 0;
   // The LM head first: its loss is slot 0 (the main loss).
   LmHeadSpec head;
   head.chunk_rows = options.loss_chunk_rows;

@@ -46,8 +46,14 @@ class TransformerBlock {
   std::unique_ptr<BlockDecoder> make_decoder(DecodeContext& ctx) const;
   double extra_forward_flops_per_token(int64_t seq_len) const;
   void export_config(ExportConfig& out) const;
-  void after_step(bool applied) { mlp_->after_step(applied); }
-  void report(std::vector<std::pair<std::string, double>>& out) const { mlp_->report(out); }
+  void after_step(bool applied) {
+    attention_->after_step(applied);
+    mlp_->after_step(applied);
+  }
+  void report(std::vector<std::pair<std::string, double>>& out) const {
+    attention_->report(out);
+    mlp_->report(out);
+  }
 
  private:
   Workspace& workspace_;

@@ -11,7 +11,7 @@
 namespace kiln {
 
 GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEncoding& position)
-    : position_(position), workspace_(ctx.workspace) {
+    : position_(position), workspace_(ctx.workspace), losses_(ctx.losses) {
   const ModelConfig& m = *layer.model;
   const int64_t t = ctx.max_tokens;
   layer_ = layer.index, hidden_ = m.hidden, hq_ = m.heads, hkv_ = m.kv_heads, d_ = m.head_dim;
@@ -22,7 +22,7 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
   // llama.cpp's llama architecture pairs RoPE's rows interleaved: its exporter permutes
   // the q and k rows of rotating layers.
   const GgufLayout rope_rows = rotary_ ? GgufLayout::rope_rows : GgufLayout::plain;
-  ctx.fused_parameter(qkv_w_, qkv_g_,
+  const Tensor& qkv_master = ctx.fused_parameter(qkv_w_, qkv_g_,
                       {{n("q_proj.weight", "q_proj.weight", "attn_q.weight", rope_rows), q_cols},
                        {n("k_proj.weight", "k_proj.weight", "attn_k.weight", rope_rows), kv_cols},
                        {n("v_proj.weight", "v_proj.weight", "attn_v.weight"), kv_cols}},
@@ -48,7 +48,7 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
                                                  : QkNormKind::rmsnorm;
     KILN_CHECK(qk_kind_ != QkNormKind::rmsnorm || m.qk_norm_type == "rmsnorm", "model.qk_norm_type",
                "unknown q/k norm '{}' (known: rmsnorm, gemma_rmsnorm, dyt)", m.qk_norm_type);
-    switch (qk_kind_) {
+    if (qk_norm_) switch (qk_kind_) {
       case QkNormKind::rmsnorm:
         ctx.parameter(prepare_.q_gain, q_gain_grad_, q_w, Shape{d_}, ParamRole::norm, Init::ones());
         ctx.parameter(prepare_.k_gain, k_gain_grad_, k_w, Shape{d_}, ParamRole::norm, Init::ones());
@@ -75,6 +75,18 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
     prepare_.eps = m.norm_eps;
   }
   qkv_cols_ = qkv_cols;
+  if (ctx.training && ctx.qk_clip_tau > 0) {
+    clip_ = std::make_unique<QkClip>(ctx, layer_, hq_, hkv_, d_, qk_norm_);
+    QkClipWeights w;
+    w.qkv_master = &qkv_master;
+    w.qkv_bias = bias_ ? &qkv_b_ : nullptr;
+    if (qk_norm_) switch (qk_kind_) {
+      case QkNormKind::rmsnorm: w.q_gains = {&prepare_.q_gain}, w.k_gains = {&prepare_.k_gain}; break;
+      case QkNormKind::gemma_rmsnorm: w.q_gains = {&q_weight_}, w.k_gains = {&k_weight_}, w.gain_offset = true; break;
+      case QkNormKind::dyt: w.q_gains = {&q_weight_, &q_bias_}, w.k_gains = {&k_weight_, &k_bias_}; break;
+    }
+    clip_->set_weights(std::move(w));
+  }
   ctx.saved(qkv_, Shape{t, qkv_cols});
   ctx.saved(o_, Shape{t, hq_, d_});
   ctx.saved_wide(lse_, Shape{t, hq_});
@@ -100,6 +112,7 @@ void GqaAttention::forward(const Tensor& x, const SeqInfo& seq, const Tensor& ou
   const Tensor q_raw = dyt() ? scope.take(qkv.dtype(), q.shape()) : Tensor();
   const Tensor k_raw = dyt() ? scope.take(qkv.dtype(), k.shape()) : Tensor();
   prepare_qkv(qkv, seq.positions, q, k, v, q_raw, k_raw);
+  if (clip_ && losses_->backward && !losses_->recomputing) clip_->measure(q, k, seq.cu_seqlens, attention_options(seq));
   Tensor o = o_.rows(0, t);
   ops::attention_forward(q, k, v, seq.cu_seqlens, attention_options(seq), o, lse_.rows(0, t));
   ops::linear_forward(o.view(Shape{t, hq_ * d_}), o_w_, Tensor(), out);
@@ -142,6 +155,14 @@ void GqaAttention::backward(const Tensor& x, const Tensor& dout, const SeqInfo& 
     ops::qkv_prepare_backward(qkv, split, q, k, dv, dqkv, Tensor(), Tensor());
   }
   ops::linear_backward(x, qkv_w_, dqkv, dx, qkv_g_, qkv_bg_);
+}
+
+void GqaAttention::after_step(bool applied) {
+  if (clip_) clip_->after_step(applied);
+}
+
+void GqaAttention::report(std::vector<std::pair<std::string, double>>& out) const {
+  if (clip_) clip_->report(out);
 }
 
 // Scores (q k^T) and weighted values (p v): 2 x 2 x Hq x D FLOPs per key a query sees. A

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "nn/modules.h"
+#include "nn/qk_clip.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/qkv_prepare.h"
 
@@ -30,6 +31,8 @@ class GqaAttention final : public Attention {
   std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override;
   double extra_forward_flops_per_token(int64_t seq_len) const override;
   void export_config(ExportConfig& out) const override;
+  void after_step(bool applied) override;
+  void report(std::vector<std::pair<std::string, double>>& out) const override;
 
   int64_t q_heads() const { return hq_; }
   int64_t kv_heads() const { return hkv_; }
@@ -53,6 +56,8 @@ class GqaAttention final : public Attention {
 
   PositionEncoding& position_;
   Workspace& workspace_;
+  const LossContext* losses_;  // whether a forward is a training one (QK-Clip measures those)
+  std::unique_ptr<QkClip> clip_;  // training with [optim.qk_clip]
   int64_t layer_ = 0, hidden_ = 0, hq_ = 0, hkv_ = 0, d_ = 0, qkv_cols_ = 0;
   bool rotary_ = true;        // the layer applies RoPE (false: NoPE)
   bool qk_norm_ = false;      // q and k pass a per-head norm (model.qk_norm) ...

@@ -82,6 +82,10 @@ class Attention {
   // and their weighted values), at sequences of `seq_len` tokens.
   virtual double extra_forward_flops_per_token(int64_t seq_len) const = 0;
   virtual void export_config(ExportConfig& out) const = 0;
+  // After each optimizer step (applied or skipped by the fault guard), and the last step's
+  // diagnostics, as Mlp's: QK-Clip (nn/qk_clip.h) clips and reports here.
+  virtual void after_step(bool applied) { (void)applied; }
+  virtual void report(std::vector<std::pair<std::string, double>>& out) const { (void)out; }
 };
 
 class Mlp {

@@ -53,7 +53,7 @@ const Tensor* BuildContext::weight(Tensor& value, Shape shape) {
   return &master;
 }
 
-void BuildContext::fused_parameter(Tensor& value, Tensor& grad,
+const Tensor& BuildContext::fused_parameter(Tensor& value, Tensor& grad,
                                    const std::vector<std::pair<ParamName, int64_t>>& parts, int64_t cols,
                                    ParamRole role, Init init) {
   int64_t rows = 0;
@@ -66,6 +66,7 @@ void BuildContext::fused_parameter(Tensor& value, Tensor& grad,
     parameters.push_back(std::make_unique<Parameter>(name, master, &grad, begin, begin + count, role, init));
     begin += count;
   }
+  return *master;
 }
 
 void BuildContext::state(Tensor& value, ParamName name, Shape shape, Init init) {

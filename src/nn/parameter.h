@@ -127,6 +127,8 @@ struct BuildContext {
   // A recomputed block's context (its `activations` is the region such blocks share): the
   // model's own activation arena, where step buffers go.
   Arena* model_activations = nullptr;
+  // QK-Clip's threshold when training with it ([optim.qk_clip]); 0 = off.
+  double qk_clip_tau = 0;
 
   bool mixed() const { return dtype != master_dtype; }
 
@@ -136,8 +138,9 @@ struct BuildContext {
   // biases) stay fp32 and are the masters themselves. Gradients are master_dtype.
   void parameter(Tensor& value, Tensor& grad, ParamName name, Shape shape, ParamRole role, Init init);
   // Reserves a fused weight [sum(rows), cols] (or a fused 1-D bias when cols is 0) and
-  // registers each row block as a parameter.
-  void fused_parameter(Tensor& value, Tensor& grad, const std::vector<std::pair<ParamName, int64_t>>& parts,
+  // registers each row block as a parameter. Returns its master (bound at allocation; value
+  // itself unless a compute copy is made), for components that change weights themselves.
+  const Tensor& fused_parameter(Tensor& value, Tensor& grad, const std::vector<std::pair<ParamName, int64_t>>& parts,
                        int64_t cols, ParamRole role, Init init);
   // Model state that is not trained by gradients (a router's load-balancing bias): kept
   // in master_dtype with the parameters (saved, loaded, exported), with no gradient.
@@ -149,7 +152,7 @@ struct BuildContext {
   // A buffer that must exist in evaluation too (outputs read by the next module).
   void buffer(Tensor& t, Shape shape, DType dtype);
   // A buffer whose values outlive a forward: what a component collects over a step's
-  // micro-batches and keeps between steps (an MoE layer's load). Never in
+  // micro-batches and keeps between steps (an MoE layer's load, QK-Clip's logits). Never in
   // a recomputed block's shared region, which the other blocks overwrite.
   void step_buffer(Tensor& t, Shape shape, DType dtype);
 

@@ -79,6 +79,7 @@ BuildOptions training_build_options(const Config& config, Device device) {
   options.max_tokens = config.train.micro_batch_tokens;
   options.loss_chunk_rows = config.train.loss_chunk_tokens;
   options.z_loss = config.train.z_loss;
+  if (config.optim.qk_clip.enabled) options.qk_clip_tau = config.optim.qk_clip.tau;
   return options;
 }
 
@@ -164,6 +165,9 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
              plan.activations / 1048576.0, plan.workspace / 1048576.0, config_.train.out_dir);
   for (const std::string& line : describe_groups(group_parameters(config_.optim, model_->parameters())))
     fmt::print("optimizer: {}\n", line);
+  if (config_.optim.qk_clip.enabled)
+    fmt::print("qk-clip: tau {} (each head's largest attention logit, clipped after each update)\n",
+               config_.optim.qk_clip.tau);
   std::fflush(stdout);
 }
 
@@ -286,6 +290,14 @@ void Trainer::log_step(const StepMetrics& m) {
     if (name.ends_with(".dead")) dead += value;
   }
   if (sparse) terms += fmt::format(" | experts max load {:.2f}x dead {}", load_max, dead);
+  // QK-Clip: the largest attention logit of the step over every layer and head, and the
+  // heads clipped.
+  double max_logit = -INFINITY, clipped = 0;
+  for (const auto& [name, value] : m.components) {
+    if (name.ends_with(".max_logit")) max_logit = std::max(max_logit, value);
+    if (name.ends_with(".clipped")) clipped += value;
+  }
+  if (std::isfinite(max_logit)) terms += fmt::format(" | max logit {:.1f} clipped {}", max_logit, clipped);
   fmt::print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {} tok/s | elapsed {} | eta {}\n", m.step,
              m.total_steps, m.loss, terms, m.lr, m.grad_norm, human_count(tokens_per_second),
              format_duration(m.elapsed_seconds), format_duration(eta));

@@ -139,6 +139,7 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
     std::vector<std::string> lines;  // metrics.jsonl's train and skip records, as logged
     std::vector<std::vector<uint8_t>> weights;
     int64_t graph_launches = 0, skips = 0;
+    double clipped = 0;  // QK-Clip's clipped heads over the logged steps
   };
   auto train = [&](const std::string& optimizer, const std::string& precision, bool guard, bool graphs) {
     const std::string out =
@@ -150,7 +151,12 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
         "model.ffn_hidden=128", "model.max_seq_len=128", "train.micro_batch_tokens=1024", "train.grad_accum=2",
         "train.steps=24", "optim.warmup_steps=4", "optim.lr=3e-3", "optim.grad_clip=0.5", "train.z_loss=1e-4",
         "train.eval_every=0", "train.eval_batches=1", "train.sample_every=0", "train.sample_tokens=4", "log.every=1",
-        "checkpoint.save_final=false", "optim.name=" + optimizer};
+        "checkpoint.save_final=false"};
+    // "muon+qk_clip": Muon with QK-Clip at a tau this model's logits pass.
+    const bool clip = optimizer.ends_with("+qk_clip");
+    overrides.push_back("optim.name=" + optimizer.substr(0, optimizer.find('+')));
+    if (clip)
+      for (const char* o : {"optim.qk_clip.enabled=true", "optim.qk_clip.tau=3"}) overrides.emplace_back(o);
     if (guard)
       for (const char* o : {"train.spike_window=2", "train.spike_grad_ratio=1.02", "train.max_consecutive_skips=0"})
         overrides.emplace_back(o);
@@ -163,9 +169,14 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
     while (std::getline(in, line)) {
       const auto j = nlohmann::json::parse(line);
       if (j["kind"] == "skip") r.lines.push_back(line), ++r.skips;
-      if (j["kind"] == "train")  // without the timings
-        r.lines.push_back(nlohmann::json{{"step", j["step"]}, {"loss", j["loss"]}, {"grad_norm", j["grad_norm"]},
-                                         {"lr", j["lr"]}}.dump());
+      if (j["kind"] == "train") {  // without the timings
+        nlohmann::json kept{{"step", j["step"]}, {"loss", j["loss"]}, {"grad_norm", j["grad_norm"]}, {"lr", j["lr"]}};
+        for (const auto& [key, value] : j.items())
+          if (key.starts_with("attn.")) kept[key] = value;  // QK-Clip's logits and clipped heads
+        for (const auto& [key, value] : j.items())
+          if (key.ends_with(".clipped")) r.clipped += value.get<double>();
+        r.lines.push_back(kept.dump());
+      }
     }
     for (const auto& p : trainer.model().parameters()) {
       const OwnedTensor host = to_host(p->value());
@@ -175,8 +186,8 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
     return r;
   };
   // AdamW for every role, then Muon for the matrices (AdamW for the rest): two optimizers
-  // in one captured update.
-  for (const std::string optimizer : {"adamw", "muon"}) {
+  // in one captured update; then with QK-Clip measuring inside the graph and clipping after it.
+  for (const std::string optimizer : {"adamw", "muon", "muon+qk_clip"}) {
     for (const std::string precision : {"bf16", "fp32"}) {
       for (const bool guard : {false, true}) {
         SCOPED_TRACE(optimizer + ", " + precision + (guard ? " with the spike guard" : ""));
@@ -188,6 +199,7 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
         EXPECT_GT(graphs.graph_launches, 24);  // the graphs ran, not only the warm-ups
         if (guard) EXPECT_GT(ops.skips, 0);     // the guard fired: the device's skip path ran
         else EXPECT_EQ(ops.skips, 0);
+        if (optimizer.ends_with("+qk_clip")) EXPECT_GT(ops.clipped, 0);  // heads were clipped
         EXPECT_EQ(graphs.lines, ops.lines);
         ASSERT_EQ(graphs.weights.size(), ops.weights.size());
         for (size_t i = 0; i < ops.weights.size(); ++i)

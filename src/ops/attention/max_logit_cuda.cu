@@ -1,0 +1,209 @@
+// Per-head maximum attention logits on the GPU (max_logit_cuda.h).
+//
+// One block takes 64 consecutive packed rows (queries) of one head and walks the keys its
+// rows may see (from the first row's sequence start, or its window, to its last row) in
+// tiles of 64. bf16: four warps, each 16 query rows held as WMMA fragments, a 16 x 64 tile
+// of scores per tensor-core pass into shared memory, then the mask (same sequence, causal,
+// window) and the warp's maximum. The block's maximum joins the head's running key with
+// one atomicMax (logit_key.h), so the result does not depend on block order.
+#include "ops/attention/max_logit_cuda.h"
+
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "ops/attention/logit_key.h"
+
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <climits>
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kRows = 64;   // queries per block
+constexpr int kKeys = 64;   // keys per tile
+constexpr int kWarps = 4;   // 16 query rows each
+constexpr int kThreads = kWarps * 32;
+
+// The start of row i's sequence (cu_seqlens[s] <= i < cu_seqlens[s + 1]); INT_MAX for a row
+// past the last sequence, which then sees no key.
+__device__ int sequence_start(const int32_t* __restrict__ cu, int64_t seqs, int64_t i) {
+  if (i >= cu[seqs]) return INT_MAX;
+  int64_t lo = 0, hi = seqs;  // cu[lo] <= i < cu[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (cu[mid] <= i) lo = mid; else hi = mid;
+  }
+  return cu[lo];
+}
+
+__device__ bool visible(int64_t i, int64_t j, int start, int64_t window) {
+  return j <= i && j >= start && (window <= 0 || i - j < window);
+}
+
+__device__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+__device__ void raise_running(uint32_t* running, float best, float scale) {
+  if (best > -INFINITY) atomicMax(running, kiln::ops::logit_key_of_bits(__float_as_uint(best * scale)));
+}
+
+template <int D>
+struct TileLayout {
+  static constexpr int kLd = D + 8;  // bf16 row stride in shared memory: a multiple of 8, off the banks' period
+  static constexpr size_t kQ = size_t{kRows} * kLd * 2, kK = size_t{kKeys} * kLd * 2;
+  static constexpr size_t kScores = size_t{kWarps} * 16 * kKeys * 4;
+  static constexpr size_t kBytes = kQ + kK + kScores + kRows * sizeof(int);
+};
+
+// Copies rows [first, first + count) of one head (row stride `heads` x D) into shared
+// memory, zeros for the rows of the tile past `count`.
+template <int D>
+__device__ void load_tile(__nv_bfloat16* dst, const __nv_bfloat16* __restrict__ src, int64_t first, int count,
+                          int64_t heads, int64_t head, int tile_rows) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  for (int c = threadIdx.x; c < tile_rows * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < count) v = *reinterpret_cast<const uint4*>(src + ((first + r) * heads + head) * D + col);
+    *reinterpret_cast<uint4*>(dst + r * TileLayout<D>::kLd + col) = v;
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    max_logits_wmma_kernel(AttentionArgs a, const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                           uint32_t* __restrict__ running) {
+  using namespace nvcuda;
+  using L = TileLayout<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  auto* ks = reinterpret_cast<__nv_bfloat16*>(smem + L::kQ);
+  auto* scores = reinterpret_cast<float*>(smem + L::kQ + L::kK);
+  auto* starts = reinterpret_cast<int*>(smem + L::kQ + L::kK + L::kScores);
+  const int64_t head = blockIdx.y, kv_head = head / (a.q_heads / a.kv_heads);
+  const int64_t r0 = int64_t{blockIdx.x} * kRows;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(kRows), a.tokens - r0));
+  for (int r = threadIdx.x; r < kRows; r += kThreads)
+    starts[r] = r < rows ? sequence_start(a.cu_seqlens, a.num_seqs, r0 + r) : INT_MAX;
+  load_tile<D>(qs, q, r0, rows, a.q_heads, head, kRows);
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qf[D / 16];
+  for (int c = 0; c < D / 16; ++c) wmma::load_matrix_sync(qf[c], qs + warp * 16 * L::kLd + c * 16, L::kLd);
+  // Row starts never decrease with the row, so the first row's is the tile's earliest key.
+  int64_t first_key = starts[0];
+  if (a.window > 0) first_key = max(first_key, r0 - a.window + 1);
+  const int64_t end_key = r0 + rows;
+  float* my_scores = scores + warp * 16 * kKeys;
+  float best = -INFINITY;
+  for (int64_t k0 = first_key; k0 < end_key; k0 += kKeys) {
+    const int count = static_cast<int>(min(static_cast<int64_t>(kKeys), end_key - k0));
+    __syncthreads();  // the previous tile's keys are read
+    load_tile<D>(ks, k, k0, count, a.kv_heads, kv_head, kKeys);
+    __syncthreads();
+    for (int n = 0; n < kKeys / 16; ++n) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int c = 0; c < D / 16; ++c) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> kf;  // K^T
+        wmma::load_matrix_sync(kf, ks + n * 16 * L::kLd + c * 16, L::kLd);
+        wmma::mma_sync(acc, qf[c], kf, acc);
+      }
+      wmma::store_matrix_sync(my_scores + n * 16, acc, kKeys, wmma::mem_row_major);
+    }
+    __syncwarp();
+    for (int e = lane; e < 16 * kKeys; e += 32) {
+      const int r = warp * 16 + e / kKeys, c = e % kKeys;
+      if (c < count && visible(r0 + r, k0 + c, starts[r], a.window)) best = fmaxf(best, my_scores[e]);
+    }
+    __syncwarp();
+  }
+  best = warp_max(best);
+  if (lane == 0) raise_running(running + head, best, a.scale);
+}
+
+// One warp per (query row, head): its visible keys in turn, the dot split across lanes.
+template <typename T>
+__global__ void max_logits_plain_kernel(AttentionArgs a, const T* __restrict__ q, const T* __restrict__ k,
+                                        uint32_t* __restrict__ running) {
+  const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= a.tokens * a.q_heads) return;
+  const int64_t i = warp / a.q_heads, head = warp % a.q_heads, kv_head = head / (a.q_heads / a.kv_heads);
+  const int start = sequence_start(a.cu_seqlens, a.num_seqs, i);
+  if (start == INT_MAX) return;
+  const int64_t first = a.window > 0 ? max(static_cast<int64_t>(start), i - a.window + 1) : start;
+  const T* qi = q + (i * a.q_heads + head) * a.head_dim;
+  float best = -INFINITY;
+  for (int64_t j = first; j <= i; ++j) {
+    const T* kj = k + (j * a.kv_heads + kv_head) * a.head_dim;
+    float dot = 0;
+    for (int64_t c = lane; c < a.head_dim; c += 32) dot += static_cast<float>(qi[c]) * static_cast<float>(kj[c]);
+    for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    best = fmaxf(best, dot);
+  }
+  if (lane == 0) raise_running(running + head, best, a.scale);
+}
+
+__global__ void take_kernel(uint32_t* __restrict__ running, int64_t n, uint32_t* __restrict__ last) {
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    last[i] = running[i];
+    running[i] = 0;
+  }
+}
+
+template <typename T>
+void launch_plain(const char* op, const AttentionArgs& a, const T* q, const T* k, uint32_t* running) {
+  const int64_t warps = a.tokens * a.q_heads;
+  constexpr int kPlainThreads = 256;
+  const auto blocks = static_cast<unsigned>((warps * 32 + kPlainThreads - 1) / kPlainThreads);
+  max_logits_plain_kernel<T><<<blocks, kPlainThreads, 0, stream()>>>(a, q, k, running);
+  check_launch(op, "max_logits_plain_kernel");
+}
+
+template <int D>
+void launch_wmma(const AttentionArgs& a, const __nv_bfloat16* q, const __nv_bfloat16* k, uint32_t* running) {
+  constexpr size_t bytes = TileLayout<D>::kBytes;
+  static const bool configured = [] {
+    check(cudaFuncSetAttribute(max_logits_wmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(bytes)),
+          "attention_max_logits", "cudaFuncSetAttribute");
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>((a.tokens + kRows - 1) / kRows), static_cast<unsigned>(a.q_heads));
+  max_logits_wmma_kernel<D><<<grid, kThreads, bytes, stream()>>>(a, q, k, running);
+  check_launch("attention_max_logits", "max_logits_wmma_kernel");
+}
+
+}  // namespace
+
+void attention_max_logits_bf16(const AttentionArgs& a, const bf16_bits* q, const bf16_bits* k, uint32_t* running) {
+  if (a.tokens == 0) return;
+  const auto* qb = reinterpret_cast<const __nv_bfloat16*>(q);
+  const auto* kb = reinterpret_cast<const __nv_bfloat16*>(k);
+  switch (a.head_dim) {
+    case 64: return launch_wmma<64>(a, qb, kb, running);
+    case 128: return launch_wmma<128>(a, qb, kb, running);
+    case 256: return launch_wmma<256>(a, qb, kb, running);
+    default: return launch_plain("attention_max_logits", a, qb, kb, running);
+  }
+}
+
+void attention_max_logits_f32(const AttentionArgs& a, const float* q, const float* k, uint32_t* running) {
+  if (a.tokens == 0) return;
+  launch_plain("attention_max_logits", a, q, k, running);
+}
+
+void take_max_logits(uint32_t* running, int64_t n, uint32_t* last) {
+  if (n == 0) return;
+  take_kernel<<<1, 128, 0, stream()>>>(running, n, last);
+  check_launch("take_max_logits", "take_kernel");
+}
+
+}  // namespace kiln::cuda
