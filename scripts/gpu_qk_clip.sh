@@ -4,8 +4,8 @@
 #               nothing clips) and tau 5 (heads clip every step), twice each, with the
 #               per-op profile's attention and QK-Clip rows
 #   PART=train  tinyshakespeare, the 9.5M shape of docs/optimizers.md, Muon at a high
-#               learning rate (LR) with and without QK-Clip (TAU): the largest logit over
-#               training and the best validation loss
+#               learning rate (LR) with and without QK-Clip (TAU), with and without q/k
+#               norms (QK_NORMS): the largest logit over training and the best validation loss
 # The GPU tests are scripts/gpu_muon.sh PART=tests. docs/optimizers.md has what this measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +35,7 @@ train)
     [ $arm = clip ] && extra="--set optim.qk_clip.enabled=true --set optim.qk_clip.tau=${TAU:-30}"
     # The unclipped run measures too (tau far above any logit): its largest logit is logged.
     [ $arm = none ] && extra="--set optim.qk_clip.enabled=true --set optim.qk_clip.tau=1e30"
-    for qk in true false; do
+    for qk in ${QK_NORMS:-false true}; do
       name=$arm-qknorm-$qk
       timeout 280 "$STAGE/bin/kiln" train configs/default.toml --set train.device=cuda --set train.out_dir=/tmp/qkc/$name \
         --set train.sample_every=0 --set train.sample_tokens=0 --set checkpoint.every=0 --set checkpoint.save_final=false \

@@ -1,11 +1,15 @@
 // Per-head maximum attention logits on the GPU (max_logit_cuda.h).
 //
-// One block takes 64 consecutive packed rows (queries) of one head and walks the keys its
-// rows may see (from the first row's sequence start, or its window, to its last row) in
-// tiles of 64. bf16: four warps, each 16 query rows held as WMMA fragments, a 16 x 64 tile
-// of scores per tensor-core pass into shared memory, then the mask (same sequence, causal,
-// window) and the warp's maximum. The block's maximum joins the head's running key with
-// one atomicMax (logit_key.h), so the result does not depend on block order.
+// bf16 on tensor cores: one block takes consecutive packed rows (queries) of one head, four
+// warps of 32 rows each (16 at head_dim 256) holding their queries as WMMA fragments, and walks the keys
+// its rows may see (from the first row's sequence start, or its window, to its last row)
+// in tiles of 64, each tile copied into shared memory asynchronously while the previous
+// one is multiplied. A warp whose 16 rows see every key of a tile (below the diagonal, one
+// sequence, inside the window: most tiles) takes the maximum straight from its
+// accumulators, whatever their layout; only the tiles on a diagonal, a sequence boundary
+// or a window's edge go through shared memory to be masked element by element. The
+// block's maximum joins the head's running key with one atomicMax (logit_key.h), so the
+// result does not depend on block order.
 #include "ops/attention/max_logit_cuda.h"
 
 #include "core/cuda_check.h"
@@ -13,6 +17,7 @@
 #include "ops/attention/logit_key.h"
 
 #include <cuda_bf16.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
 
 #include <climits>
@@ -21,10 +26,17 @@ namespace kiln::cuda {
 
 namespace {
 
-constexpr int kRows = 64;   // queries per block
-constexpr int kKeys = 64;   // keys per tile
-constexpr int kWarps = 4;   // 16 query rows each
+// A block: kWarps warps, each taking G x 16 query rows, so each key fragment read
+// from shared memory feeds Groups products (at head_dim 128, two: shared-memory reads, not
+// the tensor cores, bound one group).
+constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
+constexpr int kKeys = 64;  // keys per tile
+
+template <int D>
+constexpr int groups_of() { return D <= 128 ? 2 : 1; }
+template <int D>
+constexpr int rows_of() { return kWarps * 16 * groups_of<D>(); }
 
 // The start of row i's sequence (cu_seqlens[s] <= i < cu_seqlens[s + 1]); INT_MAX for a row
 // past the last sequence, which then sees no key.
@@ -53,23 +65,25 @@ __device__ void raise_running(uint32_t* running, float best, float scale) {
 
 template <int D>
 struct TileLayout {
+  static constexpr int kRows = rows_of<D>();
   static constexpr int kLd = D + 8;  // bf16 row stride in shared memory: a multiple of 8, off the banks' period
   static constexpr size_t kQ = size_t{kRows} * kLd * 2, kK = size_t{kKeys} * kLd * 2;
-  static constexpr size_t kScores = size_t{kWarps} * 16 * kKeys * 4;
-  static constexpr size_t kBytes = kQ + kK + kScores + kRows * sizeof(int);
+  static constexpr size_t kScores = size_t{kRows} * kKeys * 4;  // the warps' rows x a tile, for masking
+  // The queries are read into registers once, before the first tile: their region then
+  // holds the scores the masked tiles go through (one block more per SM at head_dim 128).
+  static constexpr size_t kShared = kQ > kScores ? kQ : kScores;
+  static constexpr size_t kBytes = kShared + 2 * kK + kRows * sizeof(int);
 };
 
-// Copies rows [first, first + count) of one head (row stride `heads` x D) into shared
-// memory, zeros for the rows of the tile past `count`.
+// Starts the copy of rows [first, first + count) of one head (row stride `heads` x D) into
+// shared memory, 16 bytes per request; rows past `count` are left as they are (masked).
 template <int D>
-__device__ void load_tile(__nv_bfloat16* dst, const __nv_bfloat16* __restrict__ src, int64_t first, int count,
-                          int64_t heads, int64_t head, int tile_rows) {
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  for (int c = threadIdx.x; c < tile_rows * kChunks; c += kThreads) {
+__device__ void start_tile_copy(__nv_bfloat16* dst, const __nv_bfloat16* __restrict__ src, int64_t first, int count,
+                                int64_t heads, int64_t head) {
+  constexpr int kChunks = D / 8;
+  for (int c = threadIdx.x; c < count * kChunks; c += kThreads) {
     const int r = c / kChunks, col = (c % kChunks) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < count) v = *reinterpret_cast<const uint4*>(src + ((first + r) * heads + head) * D + col);
-    *reinterpret_cast<uint4*>(dst + r * TileLayout<D>::kLd + col) = v;
+    __pipeline_memcpy_async(dst + r * TileLayout<D>::kLd + col, src + ((first + r) * heads + head) * D + col, 16);
   }
 }
 
@@ -79,49 +93,91 @@ __global__ void __launch_bounds__(kThreads)
                            uint32_t* __restrict__ running) {
   using namespace nvcuda;
   using L = TileLayout<D>;
+  constexpr int G = groups_of<D>(), kWarpRows = 16 * G, kRows = L::kRows;
   extern __shared__ __align__(128) unsigned char smem[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
-  auto* ks = reinterpret_cast<__nv_bfloat16*>(smem + L::kQ);
-  auto* scores = reinterpret_cast<float*>(smem + L::kQ + L::kK);
-  auto* starts = reinterpret_cast<int*>(smem + L::kQ + L::kK + L::kScores);
+  auto* scores = reinterpret_cast<float*>(smem);  // after the queries are in registers
+  __nv_bfloat16* ks[2] = {reinterpret_cast<__nv_bfloat16*>(smem + L::kShared),
+                          reinterpret_cast<__nv_bfloat16*>(smem + L::kShared + L::kK)};
+  auto* starts = reinterpret_cast<int*>(smem + L::kShared + 2 * L::kK);
   const int64_t head = blockIdx.y, kv_head = head / (a.q_heads / a.kv_heads);
   const int64_t r0 = int64_t{blockIdx.x} * kRows;
   const int rows = static_cast<int>(min(static_cast<int64_t>(kRows), a.tokens - r0));
   for (int r = threadIdx.x; r < kRows; r += kThreads)
     starts[r] = r < rows ? sequence_start(a.cu_seqlens, a.num_seqs, r0 + r) : INT_MAX;
-  load_tile<D>(qs, q, r0, rows, a.q_heads, head, kRows);
+  // Queries: rows past the end are zeros (their warps take the masked path).
+  constexpr int kChunks = D / 8;
+  for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < rows) v = *reinterpret_cast<const uint4*>(q + ((r0 + r) * a.q_heads + head) * D + col);
+    *reinterpret_cast<uint4*>(qs + r * L::kLd + col) = v;
+  }
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qf[D / 16];
-  for (int c = 0; c < D / 16; ++c) wmma::load_matrix_sync(qf[c], qs + warp * 16 * L::kLd + c * 16, L::kLd);
-  // Row starts never decrease with the row, so the first row's is the tile's earliest key.
+  const int wr = warp * kWarpRows;  // the warp's first row in the block
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qf[G][D / 16];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < D / 16; ++c)
+      wmma::load_matrix_sync(qf[g][c], qs + (wr + 16 * g) * L::kLd + c * 16, L::kLd);
+  // The warp's rows [w0, w1], all in one sequence starting at w_start when w_whole.
+  const int64_t w0 = r0 + wr, w1 = w0 + kWarpRows - 1;
+  const int w_start = starts[wr];
+  const bool w_whole = wr + kWarpRows <= rows && starts[wr + kWarpRows - 1] == w_start;
+  // Row starts never decrease with the row, so the first row's is the block's earliest key.
   int64_t first_key = starts[0];
   if (a.window > 0) first_key = max(first_key, r0 - a.window + 1);
   const int64_t end_key = r0 + rows;
-  float* my_scores = scores + warp * 16 * kKeys;
+  float* my_scores = scores + wr * kKeys;
   float best = -INFINITY;
-  for (int64_t k0 = first_key; k0 < end_key; k0 += kKeys) {
+  if (first_key < end_key) {
+    start_tile_copy<D>(ks[0], k, first_key, static_cast<int>(min(static_cast<int64_t>(kKeys), end_key - first_key)),
+                       a.kv_heads, kv_head);
+    __pipeline_commit();
+  }
+  int buffer = 0;
+  for (int64_t k0 = first_key; k0 < end_key; k0 += kKeys, buffer ^= 1) {
     const int count = static_cast<int>(min(static_cast<int64_t>(kKeys), end_key - k0));
-    __syncthreads();  // the previous tile's keys are read
-    load_tile<D>(ks, k, k0, count, a.kv_heads, kv_head, kKeys);
-    __syncthreads();
-    for (int n = 0; n < kKeys / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.0f);
-      for (int c = 0; c < D / 16; ++c) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> kf;  // K^T
-        wmma::load_matrix_sync(kf, ks + n * 16 * L::kLd + c * 16, L::kLd);
-        wmma::mma_sync(acc, qf[c], kf, acc);
+    const int64_t next = k0 + kKeys;
+    if (next < end_key)  // the next tile's copy overlaps this tile's products
+      start_tile_copy<D>(ks[buffer ^ 1], k, next, static_cast<int>(min(static_cast<int64_t>(kKeys), end_key - next)),
+                         a.kv_heads, kv_head);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();  // the tile is in; the first time, also every warp's queries are in registers
+    const int64_t k1 = k0 + count - 1;
+    // Whether this warp sees no key of the tile, or every one of them.
+    const bool none = k0 > w1 || k1 < w_start || (a.window > 0 && w0 - k1 >= a.window);
+    const bool all = w_whole && count == kKeys && k0 >= w_start && k1 <= w0 && (a.window <= 0 || w1 - k0 < a.window);
+    if (!none) {
+      const __nv_bfloat16* tile = ks[buffer];
+      for (int n = 0; n < kKeys / 16; ++n) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[G];
+        for (int g = 0; g < G; ++g) wmma::fill_fragment(acc[g], 0.0f);
+        for (int c = 0; c < D / 16; ++c) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> kf;  // K^T
+          wmma::load_matrix_sync(kf, tile + n * 16 * L::kLd + c * 16, L::kLd);
+          for (int g = 0; g < G; ++g) wmma::mma_sync(acc[g], qf[g][c], kf, acc[g]);
+        }
+        for (int g = 0; g < G; ++g) {
+          if (all) {
+            for (int e = 0; e < acc[g].num_elements; ++e) best = fmaxf(best, acc[g].x[e]);
+          } else {
+            wmma::store_matrix_sync(my_scores + 16 * g * kKeys + n * 16, acc[g], kKeys, wmma::mem_row_major);
+          }
+        }
       }
-      wmma::store_matrix_sync(my_scores + n * 16, acc, kKeys, wmma::mem_row_major);
+      if (!all) {
+        __syncwarp();
+        for (int e = lane; e < kWarpRows * kKeys; e += 32) {
+          const int r = wr + e / kKeys, c = e % kKeys;
+          if (r < rows && c < count && visible(r0 + r, k0 + c, starts[r], a.window)) best = fmaxf(best, my_scores[e]);
+        }
+        __syncwarp();
+      }
     }
-    __syncwarp();
-    for (int e = lane; e < 16 * kKeys; e += 32) {
-      const int r = warp * 16 + e / kKeys, c = e % kKeys;
-      if (c < count && visible(r0 + r, k0 + c, starts[r], a.window)) best = fmaxf(best, my_scores[e]);
-    }
-    __syncwarp();
+    __syncthreads();  // every warp is done with this buffer before the copy after next fills it
   }
   best = warp_max(best);
   if (lane == 0) raise_running(running + head, best, a.scale);
@@ -176,7 +232,8 @@ void launch_wmma(const AttentionArgs& a, const __nv_bfloat16* q, const __nv_bflo
     return true;
   }();
   (void)configured;
-  const dim3 grid(static_cast<unsigned>((a.tokens + kRows - 1) / kRows), static_cast<unsigned>(a.q_heads));
+  constexpr int64_t rows = rows_of<D>();
+  const dim3 grid(static_cast<unsigned>((a.tokens + rows - 1) / rows), static_cast<unsigned>(a.q_heads));
   max_logits_wmma_kernel<D><<<grid, kThreads, bytes, stream()>>>(a, q, k, running);
   check_launch("attention_max_logits", "max_logits_wmma_kernel");
 }
