@@ -101,6 +101,28 @@ TEST_F(Resume, QkClipKillInsideAGradientAccumulationRunResumesBitwise) {
   expect_same_run(straight, killed);
 }
 
+// A second run into the same out_dir without --resume: its metrics.jsonl holds its own 12
+// steps once (not appended to the first run's), and the first run's records are in
+// metrics.jsonl.previous, announced.
+TEST_F(Resume, AFreshRunIntoAnEarlierRunsDirectoryStartsANewMetricsFile) {
+  const std::string corpus = test::write_tiny_corpus(dir_, 40);
+  const std::string out = dir_ + "/run";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, out), "", &output), 0) << output;
+  const std::string first = test::read_file(out + "/metrics.jsonl");
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, out, "--set optim.lr=5e-3"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "metrics: " + out + "/metrics.jsonl held an earlier run's records: moved to " + out +
+                              "/metrics.jsonl.previous");
+  EXPECT_EQ(test::read_file(out + "/metrics.jsonl.previous"), first);
+  const std::string second = test::read_file(out + "/metrics.jsonl");
+  EXPECT_NE(second, first);
+  size_t train_records = 0;
+  for (size_t at = second.find("\"kind\":\"train\""); at != std::string::npos;
+       at = second.find("\"kind\":\"train\"", at + 1))
+    ++train_records;
+  EXPECT_EQ(train_records, 12u) << second;
+}
+
 TEST_F(Resume, KillRightAfterAnEpochBoundaryResumesBitwise) {
   // 10 short documents: an epoch lasts a few steps. log.every = 3 so the resumed run also
   // continues a log window begun before the crash.

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <fcntl.h>
+#include <filesystem>
 #include <fstream>
 #include <unistd.h>
 
@@ -99,6 +100,17 @@ void truncate_metrics_after(const std::string& path, int64_t step) {
   }
   in.close();
   io::replace_file_atomically(path, kept, "train");
+}
+
+void set_aside_earlier_metrics(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::file_size(path, error) == 0 || error) return;  // none, or empty
+  const std::string previous = path + ".previous";
+  std::filesystem::rename(path, previous, error);
+  if (error) fail("metrics", "{}: holds an earlier run's records and cannot be moved to {}: {}", path, previous, error.message());
+  fmt::print("metrics: {} held an earlier run's records: moved to {} (a fresh run starts a new file; --resume "
+             "continues one)\n",
+             path, previous);
 }
 
 std::string format_duration(double seconds) {

@@ -60,6 +60,11 @@ class MetricsLog {
 // the run never stopped. Rewritten atomically; a missing file is left missing.
 void truncate_metrics_after(const std::string& path, int64_t step);
 
+// Before a fresh (not resumed) run writes its first record: an earlier run's records in
+// `path` are moved to `path`.previous (replacing an older one), with a note, so the new
+// file holds one run and nothing of the old one is lost unannounced.
+void set_aside_earlier_metrics(const std::string& path);
+
 // "4m12s", "1h03m", "12s".
 std::string format_duration(double seconds);
 

@@ -131,9 +131,10 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
 
   io::replace_file_atomically((fs::path(config_.train.out_dir) / "config.toml").string(), config_to_toml(config_),
                               "train");
+  const std::string metrics_path = (fs::path(config_.train.out_dir) / config_.log.metrics_file).string();
+  if (!resume) set_aside_earlier_metrics(metrics_path);
   // A failed metrics write is handled as a failed save (checkpoint.on_save_error).
-  metrics_ = std::make_unique<MetricsLog>((fs::path(config_.train.out_dir) / config_.log.metrics_file).string(),
-                                          config_.checkpoint.on_save_error == "stop");
+  metrics_ = std::make_unique<MetricsLog>(metrics_path, config_.checkpoint.on_save_error == "stop");
   if (resume) {
     metrics_->resume(progress_.step, resume->path);
     fmt::print("resumed from {} at step {}\n", resume->path, progress_.step);
