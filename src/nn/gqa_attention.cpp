@@ -22,11 +22,12 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
   // llama.cpp's llama architecture pairs RoPE's rows interleaved: its exporter permutes
   // the q and k rows of rotating layers.
   const GgufLayout rope_rows = rotary_ ? GgufLayout::rope_rows : GgufLayout::plain;
-  const Tensor& qkv_master = ctx.fused_parameter(qkv_w_, qkv_g_,
-                      {{n("q_proj.weight", "q_proj.weight", "attn_q.weight", rope_rows), q_cols},
-                       {n("k_proj.weight", "k_proj.weight", "attn_k.weight", rope_rows), kv_cols},
-                       {n("v_proj.weight", "v_proj.weight", "attn_v.weight"), kv_cols}},
-                      m.hidden, ParamRole::matrix, Init::normal(m.init_std));
+  const Tensor& qkv_master =
+      ctx.fused_parameter(qkv_w_, qkv_g_,
+                          {{n("q_proj.weight", "q_proj.weight", "attn_q.weight", rope_rows), q_cols},
+                           {n("k_proj.weight", "k_proj.weight", "attn_k.weight", rope_rows), kv_cols},
+                           {n("v_proj.weight", "v_proj.weight", "attn_v.weight"), kv_cols}},
+                          m.hidden, ParamRole::matrix, Init::normal(m.init_std));
   if (m.attention_bias)
     ctx.fused_parameter(qkv_b_, qkv_bg_,
                         {{n("q_proj.bias", "q_proj.bias", "attn_q.bias"), q_cols},
@@ -48,7 +49,7 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
                                                  : QkNormKind::rmsnorm;
     KILN_CHECK(qk_kind_ != QkNormKind::rmsnorm || m.qk_norm_type == "rmsnorm", "model.qk_norm_type",
                "unknown q/k norm '{}' (known: rmsnorm, gemma_rmsnorm, dyt)", m.qk_norm_type);
-    if (qk_norm_) switch (qk_kind_) {
+    switch (qk_kind_) {
       case QkNormKind::rmsnorm:
         ctx.parameter(prepare_.q_gain, q_gain_grad_, q_w, Shape{d_}, ParamRole::norm, Init::ones());
         ctx.parameter(prepare_.k_gain, k_gain_grad_, k_w, Shape{d_}, ParamRole::norm, Init::ones());
@@ -76,15 +77,21 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
   }
   qkv_cols_ = qkv_cols;
   if (ctx.training && ctx.qk_clip_tau > 0) {
-    clip_ = std::make_unique<QkClip>(ctx, layer_, hq_, hkv_, d_, qk_norm_);
+    // What sets the logits' scale: the projections' q and k rows, or under q/k norms
+    // (which normalize those away) the norms' own weights.
     QkClipWeights w;
     w.qkv_master = &qkv_master;
     w.qkv_bias = bias_ ? &qkv_b_ : nullptr;
-    if (qk_norm_) switch (qk_kind_) {
-      case QkNormKind::rmsnorm: w.q_gains = {&prepare_.q_gain}, w.k_gains = {&prepare_.k_gain}; break;
-      case QkNormKind::gemma_rmsnorm: w.q_gains = {&q_weight_}, w.k_gains = {&k_weight_}, w.gain_offset = true; break;
-      case QkNormKind::dyt: w.q_gains = {&q_weight_, &q_bias_}, w.k_gains = {&k_weight_, &k_bias_}; break;
+    if (qk_norm_) {
+      switch (qk_kind_) {
+        case QkNormKind::rmsnorm: w.q_gains = {&prepare_.q_gain}, w.k_gains = {&prepare_.k_gain}; break;
+        case QkNormKind::gemma_rmsnorm:
+          w.q_gains = {&q_weight_}, w.k_gains = {&k_weight_}, w.gain_offset = true;
+          break;
+        case QkNormKind::dyt: w.q_gains = {&q_weight_, &q_bias_}, w.k_gains = {&k_weight_, &k_bias_}; break;
+      }
     }
+    clip_ = std::make_unique<QkClip>(ctx, layer_, hq_, hkv_, d_, qk_norm_);
     clip_->set_weights(std::move(w));
   }
   ctx.saved(qkv_, Shape{t, qkv_cols});
@@ -112,7 +119,8 @@ void GqaAttention::forward(const Tensor& x, const SeqInfo& seq, const Tensor& ou
   const Tensor q_raw = dyt() ? scope.take(qkv.dtype(), q.shape()) : Tensor();
   const Tensor k_raw = dyt() ? scope.take(qkv.dtype(), k.shape()) : Tensor();
   prepare_qkv(qkv, seq.positions, q, k, v, q_raw, k_raw);
-  if (clip_ && losses_->backward && !losses_->recomputing) clip_->measure(q, k, seq.cu_seqlens, attention_options(seq));
+  if (clip_ && losses_->backward && !losses_->recomputing)  // a training forward, measured once
+    clip_->measure(q, k, seq.cu_seqlens, attention_options(seq));
   Tensor o = o_.rows(0, t);
   ops::attention_forward(q, k, v, seq.cu_seqlens, attention_options(seq), o, lse_.rows(0, t));
   ops::linear_forward(o.view(Shape{t, hq_ * d_}), o_w_, Tensor(), out);

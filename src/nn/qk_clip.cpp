@@ -27,8 +27,11 @@ void QkClip::after_step(bool applied) {
   if (applied) {
     ops::qk_clip_factors(step_keys_, tau_, sharing_, q_factors_, k_factors_);
     if (sharing_ == ops::QkClipSharing::shared_gains) {
-      for (const Tensor* gain : weights_.q_gains) ops::scale_head_rows(*gain, q_factors_, gain->size(0), weights_.gain_offset);
-      for (const Tensor* gain : weights_.k_gains) ops::scale_head_rows(*gain, k_factors_, gain->size(0), weights_.gain_offset);
+      // One factor for each side's whole gain (a "head" of its full length).
+      for (const Tensor* gain : weights_.q_gains)
+        ops::scale_head_rows(*gain, q_factors_, gain->size(0), weights_.gain_offset);
+      for (const Tensor* gain : weights_.k_gains)
+        ops::scale_head_rows(*gain, k_factors_, gain->size(0), weights_.gain_offset);
     } else {
       // The fused projection's q rows, then its k rows (left alone when key heads are shared).
       const bool keys = sharing_ == ops::QkClipSharing::per_head;
