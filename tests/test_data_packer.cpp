@@ -130,6 +130,34 @@ TEST(Packer, SplitPolicyCutsIntoPiecesWithTrueNextTokens) {
   for (const auto& b : batches) expect_well_formed(b, 8, 4);
 }
 
+// Cut `offset` positions in: a head piece of that many positions, then pieces of L; the
+// inputs and targets of every offset read the whole sequence once, in order.
+TEST(Packer, AnOffsetCutsAHeadPieceThenPiecesOfL) {
+  const Packer packer = make_packer(16, 4);
+  // 9 tokens -> 10 positions: offset 3 -> 3 + 4 + 3; offset 2 -> 2 + 4 + 4.
+  EXPECT_EQ(packer.num_pieces(9, 0, 3), 3);
+  EXPECT_EQ(packer.piece_positions(9, 0, 3), 3);
+  EXPECT_EQ(packer.piece_positions(9, 1, 3), 4);
+  EXPECT_EQ(packer.piece_positions(9, 2, 3), 3);
+  EXPECT_EQ(packer.num_pieces(9, 0, 2), 3);
+  EXPECT_EQ(packer.piece_positions(9, 2, 2), 4);
+  EXPECT_EQ(packer.num_pieces(3, 0, 2), 1);  // not split: the offset does not apply
+  EXPECT_EQ(packer.piece_positions(3, 0, 2), 4);
+  const Ids doc = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  for (int64_t offset = 0; offset < 4; ++offset) {
+    HostBatch b;
+    packer.begin(b);
+    const TokenSpan tokens(std::span<const int32_t>(doc.data(), doc.size()));
+    for (int64_t piece = 0; piece < packer.num_pieces(9, 0, offset); ++piece) packer.append(b, tokens, piece, offset);
+    EXPECT_EQ(b.tokens, (Ids{B, 1, 2, 3, 4, 5, 6, 7, 8, 9})) << offset;
+    EXPECT_EQ(b.targets, (Ids{1, 2, 3, 4, 5, 6, 7, 8, 9, E})) << offset;
+    if (offset > 0) EXPECT_EQ(b.cu_seqlens[1], offset);  // the head piece
+    for (size_t s = 1; s < b.cu_seqlens.size(); ++s) EXPECT_LE(b.cu_seqlens[s] - b.cu_seqlens[s - 1], 4);
+  }
+  EXPECT_NE(test::error_of([&] { (void)packer.num_pieces(9, 0, 4); }).find("piece offset 4 is not in [0, 4)"),
+            std::string::npos);
+}
+
 TEST(Packer, SplitPiecesMayLandInDifferentBatches) {
   // T = L = 4: a 9-token document (10 positions) spans three batches: 4 + 4 + 2.
   const auto batches = validation_batches(make_split({{1, 2, 3, 4, 5, 6, 7, 8, 9}}), make_packer(4, 4), 10);

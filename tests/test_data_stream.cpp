@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 
 namespace kiln {
@@ -193,6 +194,80 @@ TEST(BatchStream, StateRestoresTheExactSameBatches) {
   }
   EXPECT_GT(mid_document_states, 5);  // resume inside a split document was exercised
   EXPECT_GE(reference.epoch(), 1u);   // and across an epoch boundary
+}
+
+// The starts of the pieces each long document is cut into, per epoch, read back from the
+// stream: a document's pieces come one after another (across batches too), its first
+// input is BOS and its last target EOS, and its inputs together are BOS + its tokens.
+std::vector<std::map<int64_t, std::vector<int64_t>>> cuts_per_epoch(const TokenizedSplit& split, BatchStream& stream,
+                                                                    int epochs) {
+  std::vector<std::map<int64_t, std::vector<int64_t>>> cuts(static_cast<size_t>(epochs));
+  Ids inputs;
+  std::vector<int64_t> starts;
+  HostBatch b;
+  while (stream.get_state().epoch < static_cast<uint64_t>(epochs)) {
+    const auto epoch = static_cast<size_t>(stream.get_state().epoch);
+    stream.next(b);
+    for (int64_t s = 0; s < b.num_seqs(); ++s) {
+      const int32_t begin = b.cu_seqlens[s], end = b.cu_seqlens[s + 1];
+      if (b.tokens[begin] == ByteTokenizer::kPad) continue;
+      starts.push_back(static_cast<int64_t>(inputs.size()));
+      inputs.insert(inputs.end(), b.tokens.begin() + begin, b.tokens.begin() + end);
+      if (b.targets[end - 1] != ByteTokenizer::kEos) continue;  // the document goes on
+      for (int64_t d = 0; d < split.num_documents(); ++d) {
+        const TokenSpan t = split.document(d);
+        if (inputs.size() != t.size() + 1 || !std::equal(t.begin(), t.end(), inputs.begin() + 1)) continue;
+        if (starts.size() > 1) cuts[epoch][d] = starts;
+        break;
+      }
+      inputs.clear();
+      starts.clear();
+    }
+  }
+  return cuts;
+}
+
+// data.long_doc_offset = per_epoch: epoch 0 cuts long documents at multiples of L, each
+// later epoch at a fresh offset per document (differing between epochs), every piece at
+// most L; the cuts come back exactly on resume; "zero" keeps multiples of L throughout.
+TEST(BatchStream, LongDocumentsAreCutAtAFreshOffsetEachEpochAfterTheFirst) {
+  const TokenDataset ds(synthetic_documents(12, 90, 3), 0.0, ByteTokenizer{});
+  const TokenizedSplit& split = ds.split(Split::train);
+  BatchStream stream(ds, Split::train, make_packer(48, 16), 7);
+  const auto cuts = cuts_per_epoch(split, stream, 4);
+  ASSERT_FALSE(cuts[0].empty());
+  for (const auto& [doc, starts] : cuts[0])
+    for (size_t i = 0; i < starts.size(); ++i) EXPECT_EQ(starts[i], 16 * static_cast<int64_t>(i)) << doc;
+  int moved = 0, differing = 0;
+  for (size_t e = 1; e < cuts.size(); ++e) {
+    ASSERT_EQ(cuts[e].size(), cuts[0].size());
+    for (const auto& [doc, starts] : cuts[e]) {
+      ASSERT_GE(starts.size(), 2u);
+      const int64_t offset = starts[1];  // the head piece's length, or L when not offset
+      moved += offset != 16;
+      for (size_t i = 2; i < starts.size(); ++i) EXPECT_EQ(starts[i] - starts[i - 1], 16) << doc;
+      if (e >= 2) differing += cuts[e].at(doc) != cuts[e - 1].at(doc);
+    }
+  }
+  const int long_docs = static_cast<int>(cuts[0].size());
+  EXPECT_GT(moved, 3 * long_docs / 2);     // most of epochs 1-3's cuts moved (an offset of 0 is 1 in 16)
+  EXPECT_GT(differing, long_docs);         // and they differ from epoch to epoch
+  // Resumed in epoch 2, inside a document: the same batches.
+  BatchStream reference(ds, Split::train, make_packer(48, 16), 7);
+  HostBatch b;
+  while (reference.get_state().epoch < 2 || reference.get_state().next_piece == 0) reference.next(b);
+  BatchStream resumed(ds, Split::train, make_packer(48, 16), 7);
+  resumed.set_state(reference.get_state());
+  expect_same_batches(reference, resumed, 40);
+  // "zero": multiples of L in every epoch.
+  PackerOptions zero = make_packer(48, 16).options();
+  zero.offset_per_epoch = false;
+  BatchStream fixed(ds, Split::train, Packer(zero), 7);
+  for (const auto& epoch : cuts_per_epoch(split, fixed, 3))
+    for (const auto& [doc, starts] : epoch)
+      for (size_t i = 0; i < starts.size(); ++i) EXPECT_EQ(starts[i], 16 * static_cast<int64_t>(i)) << doc;
+  // The choice is part of the packing a saved position names.
+  EXPECT_NE(test::error_of([&] { fixed.set_state(reference.get_state()); }).find("packing"), std::string::npos);
 }
 
 TEST(BatchStream, StateFromOtherDataOrSeedIsRejected) {

@@ -98,6 +98,10 @@ struct DataConfig {
   std::string doc_separator = "\n\n";  // text files: documents are separated by this
   double val_fraction = 0.05;          // share of documents held out, chosen by hash
   std::string long_doc = "split";      // split | drop | error: documents over max_seq_len
+  // Where split documents are cut: per_epoch (each epoch after the first at a fresh random
+  // offset, so a long text does not meet the same rows at the same positions every epoch)
+  // | zero (always at multiples of max_seq_len).
+  std::string long_doc_offset = "per_epoch";
   uint64_t seed = 1234;                // document order shuffling
   // Readers, shards and loader (docs/data.md): data.path may be a file, a directory or a
   // glob; .zst/.gz are decompressed; pre-tokenized formats are memory-mapped.

@@ -112,6 +112,8 @@ const std::array kFields = {
     KILN_FIELD(data, doc_separator, none(), "text files: separator between documents"),
     KILN_FIELD(data, val_fraction, unit_open(), "share of documents held out, by hash"),
     KILN_FIELD(data, long_doc, one_of("split|drop|error"), "documents over max_seq_len: split | drop | error"),
+    KILN_FIELD(data, long_doc_offset, one_of("per_epoch|zero"),
+               "split documents cut at a fresh random offset each epoch after the first | at multiples of max_seq_len"),
     KILN_FIELD(data, seed, none(), "document order shuffling"),
     KILN_FIELD(data, val_path, none(), "validation data; \"\" = split data.path by hash"),
     KILN_FIELD(data, lenient, none(), "skip and count bad input instead of stopping"),

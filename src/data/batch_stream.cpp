@@ -82,6 +82,9 @@ BatchStream::BatchStream(const TokenizedSplit& split, const Packer& packer, uint
                           int64_t{o.bos_id}, int64_t{o.eos_id}, int64_t{o.pad_id}}) {
     h = mix(h, static_cast<uint64_t>(v));
   }
+  // Only when on: a stream cut at multiples of L keeps the fingerprint it had before the
+  // choice existed, so such a checkpoint resumes with data.long_doc_offset = "zero".
+  if (o.offset_per_epoch) h = mix(h, 0x0ffe75e7);
   fingerprint_ = h;
   order_.resize(static_cast<size_t>(split_.num_documents()));
   shuffle_for_epoch();
@@ -89,6 +92,13 @@ BatchStream::BatchStream(const TokenizedSplit& split, const Packer& packer, uint
 }
 
 BatchStream::~BatchStream() = default;
+
+int64_t BatchStream::piece_offset(int64_t doc, int64_t num_tokens) const {
+  const int64_t L = packer_.options().max_seq_len;
+  if (epoch_ == 0 || !packer_.options().offset_per_epoch || num_tokens + 1 <= L) return 0;
+  Rng rng = Rng::derive(mix(seed_, epoch_), static_cast<uint64_t>(doc));
+  return static_cast<int64_t>(rng.below(static_cast<uint64_t>(L)));
+}
 
 void BatchStream::shuffle_for_epoch() {
   std::iota(order_.begin(), order_.end(), int64_t{0});
@@ -116,15 +126,16 @@ void BatchStream::advance(HostBatch* batch) {
     const int64_t doc = order_[next_document_];
     const TokenSpan tokens = split_.document(doc);
     const auto n = static_cast<int64_t>(tokens.size());
-    if (static_cast<int64_t>(next_piece_) >= packer_.num_pieces(n, split_.document_id(doc))) {
+    const int64_t offset = piece_offset(doc, n);
+    if (static_cast<int64_t>(next_piece_) >= packer_.num_pieces(n, split_.document_id(doc), offset)) {
       ++next_document_;
       next_piece_ = 0;
       continue;
     }
     const auto piece = static_cast<int64_t>(next_piece_);
-    const int64_t positions = packer_.piece_positions(n, piece);
+    const int64_t positions = packer_.piece_positions(n, piece, offset);
     if (used + positions > budget) break;
-    if constexpr (kEmit) packer_.append(*batch, tokens, piece);
+    if constexpr (kEmit) packer_.append(*batch, tokens, piece, offset);
     used += positions;
     ++next_piece_;
   }

@@ -4,6 +4,9 @@
 // Epoch e visits the split's documents in a Fisher-Yates shuffle seeded by
 // Rng::derive(seed, e), so any epoch's order is recomputed from two integers and a run
 // resumed from a StreamState produces bit-identical batches to one that never stopped.
+// A document longer than max_seq_len is cut at multiples of it in epoch 0 and, with
+// data.long_doc_offset = per_epoch, at an offset drawn from (seed, e, document) in each
+// later epoch (data/packer.h): recomputed the same way on resume.
 //
 // Data parallelism: the global stream is one sequence of micro-batches B0, B1, ...; rank
 // r of W receives B_r, B_{r+W}, B_{r+2W}, ... (the others are skipped without copying a
@@ -76,6 +79,8 @@ class BatchStream {
 
  private:
   void shuffle_for_epoch();
+  // Where the current epoch cuts document `doc` of `num_tokens` tokens (Packer's offset).
+  int64_t piece_offset(int64_t doc, int64_t num_tokens) const;
   // Packs (kEmit) or skips the next global micro-batch from the current position.
   template <bool kEmit>
   void advance(HostBatch* batch);

@@ -20,6 +20,9 @@ PackerOptions packer_options(const Config& config, const Tokenizer& tokenizer) {
   o.micro_batch_tokens = config.train.micro_batch_tokens;
   o.max_seq_len = config.model.max_seq_len;
   o.long_doc = parse_long_doc_policy(config.data.long_doc);
+  KILN_CHECK(config.data.long_doc_offset == "per_epoch" || config.data.long_doc_offset == "zero",
+             "data.long_doc_offset", "unknown choice '{}' (known: per_epoch, zero)", printable(config.data.long_doc_offset));
+  o.offset_per_epoch = config.data.long_doc_offset == "per_epoch";
   o.bos_id = tokenizer.bos_id();
   o.eos_id = tokenizer.eos_id();
   o.pad_id = tokenizer.pad_id();
@@ -36,12 +39,14 @@ Packer::Packer(const PackerOptions& options) : options_(options) {
              options_.micro_batch_tokens);
 }
 
-int64_t Packer::num_pieces(int64_t num_tokens, uint64_t document_id) const {
+int64_t Packer::num_pieces(int64_t num_tokens, uint64_t document_id, int64_t offset) const {
   const int64_t positions = num_tokens + 1;
   const int64_t L = options_.max_seq_len;
   if (positions <= L) return 1;
   switch (options_.long_doc) {
-    case LongDocPolicy::split: return (positions + L - 1) / L;
+    case LongDocPolicy::split:
+      KILN_CHECK(offset >= 0 && offset < L, "data", "piece offset {} is not in [0, {})", offset, L);
+      return offset == 0 ? (positions + L - 1) / L : 1 + (positions - offset + L - 1) / L;
     case LongDocPolicy::drop: return 0;
     case LongDocPolicy::error: break;
   }
@@ -49,9 +54,10 @@ int64_t Packer::num_pieces(int64_t num_tokens, uint64_t document_id) const {
        "(data.long_doc = \"error\"; use \"split\" or \"drop\")", document_id, num_tokens, positions, L);
 }
 
-int64_t Packer::piece_positions(int64_t num_tokens, int64_t piece) const {
-  const int64_t L = options_.max_seq_len;
-  return std::min(L, num_tokens + 1 - piece * L);
+int64_t Packer::piece_positions(int64_t num_tokens, int64_t piece, int64_t offset) const {
+  const int64_t positions = num_tokens + 1;
+  if (positions <= options_.max_seq_len) return positions;  // not split: the offset does not apply
+  return std::min(piece_start(piece + 1, offset), positions) - piece_start(piece, offset);
 }
 
 void Packer::begin(HostBatch& batch) const {
@@ -105,10 +111,11 @@ void append_piece(HostBatch& batch, std::span<const T> t, int64_t first, int64_t
 
 }  // namespace
 
-void Packer::append(HostBatch& batch, TokenSpan tokens, int64_t piece) const {
+void Packer::append(HostBatch& batch, TokenSpan tokens, int64_t piece, int64_t offset) const {
   const auto n = static_cast<int64_t>(tokens.size());
-  const int64_t first = piece * options_.max_seq_len;  // index into [BOS, t1..tn, EOS]
-  const int64_t count = piece_positions(n, piece);
+  // Index into [BOS, t1..tn, EOS].
+  const int64_t first = n + 1 <= options_.max_seq_len ? 0 : piece_start(piece, offset);
+  const int64_t count = piece_positions(n, piece, offset);
   tokens.visit([&](auto span) { append_piece(batch, span, first, count, options_.bos_id, options_.eos_id); });
   batch.cu_seqlens.push_back(static_cast<int32_t>(batch.tokens.size()));
   batch.max_seqlen = std::max(batch.max_seqlen, static_cast<int32_t>(count));
