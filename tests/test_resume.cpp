@@ -123,6 +123,47 @@ TEST_F(Resume, AFreshRunIntoAnEarlierRunsDirectoryStartsANewMetricsFile) {
   EXPECT_EQ(train_records, 12u) << second;
 }
 
+// AdamW's bf16 and 8-bit moments (optim.adamw_state) come back bitwise, codes and absmax
+// included; dimensions of 64 so the matrices are 8-bit under int8 (4096 elements and more)
+// while the norm gains keep fp32 moments. Another format cannot continue the state: refused
+// by key.
+TEST_F(Resume, LowMemoryAdamWStateKillResumesBitwise) {
+  const std::string corpus = test::write_tiny_corpus(dir_, 40);
+  const std::string shape =
+      " --set model.hidden=64 --set model.heads=4 --set model.kv_heads=2 --set model.ffn_hidden=128";
+  for (const std::string state : {"bf16", "int8"}) {
+    SCOPED_TRACE(state);
+    const std::string straight = dir_ + "/straight-" + state, killed = dir_ + "/killed-" + state;
+    const std::string set = shape + " --set optim.adamw_state=" + state;
+    std::string output;
+    ASSERT_EQ(run_with_fault(tiny_train(corpus, straight, set), "", &output), 0) << output;
+    EXPECT_CONTAINS(output, ", moments " + state);
+    ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, set), "kill_at_step:7", &output), -SIGKILL) << output;
+    ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, set + " --resume"), "", &output), 0) << output;
+    EXPECT_CONTAINS(output, "resumed from " + test::checkpoint_path(killed, 4) + " at step 4");
+    expect_same_run(straight, killed);
+    const std::string saved = test::read_file(test::checkpoint_path(straight, 12) + "/optimizer.safetensors");
+    EXPECT_EQ(saved, test::read_file(test::checkpoint_path(killed, 12) + "/optimizer.safetensors"))
+        << "final optimizer state differs";
+    EXPECT_CONTAINS(saved, "layers.0.mlp.down_proj.weight.exp_avg");
+    if (state == "int8") {
+      EXPECT_CONTAINS(saved, "layers.0.mlp.down_proj.weight.exp_avg_sq.absmax");
+      EXPECT_CONTAINS(saved, R"("dtype":"U8")");
+    } else {
+      EXPECT_CONTAINS(saved, R"("dtype":"BF16")");
+    }
+    const std::string other = state == "bf16" ? "int8" : "bf16";
+    EXPECT_EQ(run_with_fault(tiny_train(corpus, killed, shape + " --resume --set train.steps=14 --set "
+                                                                "optim.adamw_state=" + other),
+                             "", &output),
+              1)
+        << output;
+    EXPECT_EQ(test::last_line(output), "kiln: error: [checkpoint] " + test::checkpoint_path(killed, 12) +
+                                           ": cannot resume, the run differs from the checkpoint in: "
+                                           "optim.adamw_state ('" + state + "' -> '" + other + "')");
+  }
+}
+
 TEST_F(Resume, KillRightAfterAnEpochBoundaryResumesBitwise) {
   // 10 short documents: an epoch lasts a few steps. log.every = 3 so the resumed run also
   // continues a log window begun before the crash.

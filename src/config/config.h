@@ -206,6 +206,10 @@ struct OptimConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;            // global L2 norm; 0 disables
+  // How AdamW stores its moments m and v (ops/optim/adamw_lowmem.h): fp32 (8 bytes a
+  // parameter) | bf16 (4) | int8 (2 + 8/256: blockwise 8-bit codes, tensors under 4096
+  // elements stay fp32). Fixed for a run: a checkpoint's state is in its own format.
+  std::string adamw_state = "fp32";
   // Per role: matrices, experts and an untied head decay; the embedding (and a tied head),
   // routers, norm gains and biases do not.
   RoleOptimConfig embedding = RoleOptimConfig::undecayed();

@@ -170,6 +170,8 @@ const std::array kFields = {
     KILN_FIELD(optim, eps, positive(), "denominator epsilon"),
     KILN_FIELD(optim, weight_decay, non_negative(), "decoupled weight decay"),
     KILN_FIELD(optim, grad_clip, non_negative(), "global L2 norm; 0 disables"),
+    KILN_FIELD(optim, adamw_state, one_of("fp32|bf16|int8"),
+               "AdamW moments stored as fp32 | bf16 | int8 (blockwise 8-bit); fixed on resume"),
     KILN_ROLE_FIELDS(embedding, "the token embedding (and a tied head)"),
     KILN_ROLE_FIELDS(head, "an untied LM head"),
     KILN_ROLE_FIELDS(matrix, "attention and MLP projections"),

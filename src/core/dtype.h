@@ -8,7 +8,8 @@
 namespace kiln {
 
 // f64 exists for the CPU reference in tests (finite differences); kernels use the rest.
-enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64 };
+// u8 holds codes, not numbers: AdamW's 8-bit moments (ops/optim/dynamic_map.h).
+enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, u8 };
 enum class Device : uint8_t { cpu, cuda };
 
 constexpr size_t dtype_size(DType t) {
@@ -19,6 +20,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::f16: return 2;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -31,6 +33,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::f16: return "f16";
     case DType::i32: return "i32";
     case DType::i64: return "i64";
+    case DType::u8: return "u8";
   }
   return "?";
 }
@@ -43,6 +46,7 @@ template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<double>() { return DType::f64; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
 
 // bf16 and f16 conversions on the host (round to nearest even; NaN stays NaN).
 inline uint16_t float_to_bf16(float f) {

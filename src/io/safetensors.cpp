@@ -76,6 +76,7 @@ std::string_view safetensors_dtype_name(DType dtype) {
     case DType::f16: return "F16";
     case DType::i32: return "I32";
     case DType::i64: return "I64";
+    case DType::u8: return "U8";
   }
   fail(kWhere, "unknown dtype {}", static_cast<int>(dtype));
 }
@@ -87,7 +88,8 @@ DType safetensors_dtype_from_name(std::string_view name, std::string_view where)
   if (name == "F16") return DType::f16;
   if (name == "I32") return DType::i32;
   if (name == "I64") return DType::i64;
-  fail(kWhere, "{}: unsupported dtype '{}' (supported: F32, F64, BF16, F16, I32, I64)", where, printable(name));
+  if (name == "U8") return DType::u8;
+  fail(kWhere, "{}: unsupported dtype '{}' (supported: F32, F64, BF16, F16, I32, I64, U8)", where, printable(name));
 }
 
 int64_t TensorInfo::numel() const {

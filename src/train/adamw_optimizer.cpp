@@ -1,7 +1,11 @@
 // AdamW with decoupled weight decay (as torch.optim.AdamW): p *= 1 - lr*wd, then the
 // bias-corrected Adam update. State m, v per parameter in the optimizer arena, under
-// torch's names (exp_avg, exp_avg_sq).
+// torch's names (exp_avg, exp_avg_sq), stored as optim.adamw_state says: fp32, bf16, or
+// 8-bit codes with their blocks' absmax ("<name>.exp_avg.absmax"; tensors under
+// adamw_lowmem::kMinQuantizedNumel elements keep fp32 moments).
 #include "ops/optim/adamw.h"
+#include "ops/optim/adamw_lowmem.h"
+#include "ops/optim/adamw_lowmem_math.h"
 #include "train/optimizer_kinds.h"
 
 #include <cmath>
@@ -14,20 +18,41 @@ class AdamW final : public Optimizer {
  public:
   explicit AdamW(const OptimizerGroup& group)
       : index_(group.index), beta1_(group.beta1), beta2_(group.beta2), eps_(group.config->eps),
-        weight_decay_(group.weight_decay) {
-    for (const Parameter* p : group.parameters) slots_.push_back({p, Tensor(), Tensor()});
+        weight_decay_(group.weight_decay), state_(ops::adamw_state_from_name(group.config->adamw_state)) {
+    for (const Parameter* p : group.parameters) {
+      Slot s;
+      s.param = p;
+      s.format = state_ == ops::AdamWState::int8 && p->shape().numel() < adamw_lowmem::kMinQuantizedNumel
+                     ? ops::AdamWState::fp32
+                     : state_;
+      slots_.push_back(s);
+    }
   }
 
   void plan(Arena& state) override {
     for (Slot& s : slots_) {
-      state.reserve(s.m, s.param->value().dtype(), s.param->shape());
-      state.reserve(s.v, s.param->value().dtype(), s.param->shape());
+      const DType dtype = s.param->value().dtype();
+      KILN_CHECK(s.format == ops::AdamWState::fp32 || dtype == DType::f32, "adamw",
+                 "optim.adamw_state = '{}' needs fp32 parameters, {} is {}", state_name(), s.param->name(),
+                 dtype_name(dtype));
+      const DType moment = s.format == ops::AdamWState::bf16   ? DType::bf16
+                           : s.format == ops::AdamWState::int8 ? DType::u8
+                                                               : dtype;
+      state.reserve(s.m, moment, s.param->shape());
+      state.reserve(s.v, moment, s.param->shape());
+      if (s.format == ops::AdamWState::int8) {
+        const Shape blocks{adamw_lowmem::blocks_of(s.param->shape().numel())};
+        state.reserve(s.m_absmax, DType::f32, blocks);
+        state.reserve(s.v_absmax, DType::f32, blocks);
+      }
     }
   }
 
   void step(double lr) override {
     ++steps_;
-    ops::adamw_update_all(tensors(), step_scalars(lr, steps_), table_);
+    const ops::AdamWStep step = step_scalars(lr, steps_);
+    ops::adamw_update_all(tensors(), step, table_);
+    ops::adamw_lowmem_update_all(state_, lowmem_tensors(), step, lowmem_table_);
   }
 
   int64_t steps_taken() const override { return steps_; }
@@ -44,7 +69,9 @@ class AdamW final : public Optimizer {
   }
 
   void step_on_device(const ops::DeviceUpdateScalars* scalars) override {
-    ops::adamw_update_all_on_device(tensors(), step_scalars(0, steps_ + 1), scalars, index_, table_);
+    const ops::AdamWStep fixed = step_scalars(0, steps_ + 1);
+    ops::adamw_update_all_on_device(tensors(), fixed, scalars, index_, table_);
+    ops::adamw_lowmem_update_all_on_device(state_, lowmem_tensors(), fixed, scalars, index_, lowmem_table_);
   }
 
   void count_update() override { ++steps_; }
@@ -54,15 +81,23 @@ class AdamW final : public Optimizer {
     for (const Slot& s : slots_) {
       out.push_back({s.param->name() + ".exp_avg", s.m});
       out.push_back({s.param->name() + ".exp_avg_sq", s.v});
+      if (s.format == ops::AdamWState::int8) {
+        out.push_back({s.param->name() + ".exp_avg.absmax", s.m_absmax});
+        out.push_back({s.param->name() + ".exp_avg_sq.absmax", s.v_absmax});
+      }
     }
     return out;
   }
 
  private:
   struct Slot {
-    const Parameter* param;
-    Tensor m, v;
+    const Parameter* param = nullptr;
+    ops::AdamWState format = ops::AdamWState::fp32;  // of this tensor's moments
+    Tensor m, v, m_absmax, v_absmax;                // absmax: int8 only
   };
+  const char* state_name() const {
+    return state_ == ops::AdamWState::bf16 ? "bf16" : state_ == ops::AdamWState::int8 ? "int8" : "fp32";
+  }
   // The scalars of update number `update` (1-based: bias corrections 1 - beta^update).
   ops::AdamWStep step_scalars(double lr, int64_t update) const {
     ops::AdamWStep step;
@@ -75,17 +110,30 @@ class AdamW final : public Optimizer {
     return step;
   }
 
+  // The slots with fp32 moments, and the rest (the run's bf16 or int8 format).
   const std::vector<ops::AdamWTensor>& tensors() {
     batch_.clear();
-    for (const Slot& s : slots_) batch_.push_back({s.param->value(), s.param->grad(), s.m, s.v, weight_decay_});
+    for (const Slot& s : slots_)
+      if (s.format == ops::AdamWState::fp32)
+        batch_.push_back({s.param->value(), s.param->grad(), s.m, s.v, weight_decay_});
     return batch_;
+  }
+  const std::vector<ops::AdamWLowMemTensor>& lowmem_tensors() {
+    lowmem_batch_.clear();
+    for (const Slot& s : slots_)
+      if (s.format != ops::AdamWState::fp32)
+        lowmem_batch_.push_back({s.param->value(), s.param->grad(), s.m, s.v, s.m_absmax, s.v_absmax, weight_decay_});
+    return lowmem_batch_;
   }
 
   int index_;
   double beta1_, beta2_, eps_, weight_decay_;
+  ops::AdamWState state_;
   std::vector<Slot> slots_;
   std::vector<ops::AdamWTensor> batch_;  // reused each step: no allocation in the loop
-  ops::AdamWDeviceTable table_;          // the GPU kernel's copy of batch_
+  std::vector<ops::AdamWLowMemTensor> lowmem_batch_;
+  ops::AdamWDeviceTable table_;                // the GPU kernel's copy of batch_
+  ops::AdamWLowMemDeviceTable lowmem_table_;   // and of lowmem_batch_
   int64_t steps_ = 0;
 };
 

@@ -46,8 +46,10 @@ bool is_incompatible(const ConfigField& f) {
   if (f.section == "model.moe")
     return f.key != "aux_loss" && f.key != "z_loss" && f.key != "bias_rate" && f.key != "bias_update";
   // Another optimizer for a role cannot continue the state saved for it (Muon's momentum
-  // is not AdamW's moments); learning rates, decay and betas may change.
-  return (f.section == "optim" && f.key == "name") || (f.section.starts_with("optim.") && f.key == "optimizer");
+  // is not AdamW's moments), nor AdamW its moments saved in another format (fp32, bf16 or
+  // 8-bit codes); learning rates, decay and betas may change.
+  if (f.section == "optim") return f.key == "name" || f.key == "adamw_state";
+  return f.section.starts_with("optim.") && f.key == "optimizer";
 }
 
 std::string join(const std::vector<std::string>& items) {

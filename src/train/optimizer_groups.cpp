@@ -143,10 +143,13 @@ std::vector<std::string> describe_groups(const std::vector<OptimizerGroup>& grou
   for (const OptimizerGroup& g : groups) {
     std::string roles;
     for (const ParamRole r : g.roles) roles += fmt::format("{}{}", roles.empty() ? "" : ", ", role_name(r));
-    lines.push_back(fmt::format("{} [{}]: {} tensors, lr x{}, weight decay {}, beta1 {}{}", g.optimizer, roles,
+    // AdamW's moment format, when not the default fp32 (optim.adamw_state).
+    const bool lowmem = g.optimizer == "adamw" && g.config != nullptr && g.config->adamw_state != "fp32";
+    lines.push_back(fmt::format("{} [{}]: {} tensors, lr x{}, weight decay {}, beta1 {}{}{}", g.optimizer, roles,
                                 g.parameters.size(), g.lr_scale, g.weight_decay, g.beta1,
                                 optimizer_traits(g.optimizer).uses_beta2 ? fmt::format(", beta2 {}", g.beta2)
-                                                                         : std::string()));
+                                                                         : std::string(),
+                                lowmem ? ", moments " + g.config->adamw_state : std::string()));
   }
   return lines;
 }

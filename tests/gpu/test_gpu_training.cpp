@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <utility>
 #include <filesystem>
 #include <fstream>
 
@@ -92,9 +93,11 @@ TEST_F(Training, MuonOnTheGpuFollowsTheCpuMuonCurve) {
 // Exact resume on the GPU: a run killed (SIGKILL) after its step-20 checkpoint and resumed
 // logs the same losses, bit for bit, as a run that never stopped. Every GPU kernel of the
 // training step sums in a fixed order (the embedding backward by token groups), so the
-// GPU path is deterministic as it is. With AdamW, and with Muon for the matrices.
+// GPU path is deterministic as it is. With AdamW, with Muon for the matrices, and with
+// AdamW's bf16 and 8-bit moments (optim.adamw_state).
 TEST_F(Training, GpuResumeAfterKillIsBitwiseEqual) {
-  for (const std::string optimizer : {"adamw", "muon"}) {
+  for (const std::string optimizer :
+       {"adamw", "muon", "adamw --set optim.adamw_state=bf16", "adamw --set optim.adamw_state=int8"}) {
     SCOPED_TRACE(optimizer);
     const std::string dir = test::temp_dir("kiln-gpu-resume");
     test::write_file(dir + "/empty.toml", "");
@@ -141,9 +144,10 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
     int64_t graph_launches = 0, skips = 0;
     double clipped = 0;  // QK-Clip's clipped heads over the logged steps
   };
-  auto train = [&](const std::string& optimizer, const std::string& precision, bool guard, bool graphs) {
-    const std::string out =
-        dir + "/" + optimizer + "-" + precision + (guard ? "-guard" : "") + (graphs ? "-graphs" : "-ops");
+  auto train = [&](const std::string& optimizer, const std::string& state, const std::string& precision, bool guard,
+                   bool graphs) {
+    const std::string out = dir + "/" + optimizer + "-" + state + "-" + precision + (guard ? "-guard" : "") +
+                            (graphs ? "-graphs" : "-ops");
     std::vector<std::string> overrides = {
         "data.path=" + test::source_dir() + "/data/tinyshakespeare.txt", "train.out_dir=" + out,
         "train.device=cuda", "train.precision=" + precision, "train.cuda_graphs=" + std::string(graphs ? "true" : "false"),
@@ -151,7 +155,7 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
         "model.ffn_hidden=128", "model.max_seq_len=128", "train.micro_batch_tokens=1024", "train.grad_accum=2",
         "train.steps=24", "optim.warmup_steps=4", "optim.lr=3e-3", "optim.grad_clip=0.5", "train.z_loss=1e-4",
         "train.eval_every=0", "train.eval_batches=1", "train.sample_every=0", "train.sample_tokens=4", "log.every=1",
-        "checkpoint.save_final=false"};
+        "checkpoint.save_final=false", "optim.adamw_state=" + state};
     // "muon+qk_clip": Muon with QK-Clip at a tau this model's logits pass.
     const bool clip = optimizer.ends_with("+qk_clip");
     overrides.push_back("optim.name=" + optimizer.substr(0, optimizer.find('+')));
@@ -186,15 +190,20 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
     return r;
   };
   // AdamW for every role, then Muon for the matrices (AdamW for the rest): two optimizers
-  // in one captured update; then with QK-Clip measuring inside the graph and clipping after it.
-  for (const std::string optimizer : {"adamw", "muon", "muon+qk_clip"}) {
+  // in one captured update; AdamW's bf16 and 8-bit moments (optim.adamw_state; with int8
+  // the small tensors keep fp32 moments: two AdamW kernels in one update); then Muon with
+  // QK-Clip measuring inside the graph and clipping after it.
+  const std::vector<std::pair<std::string, std::string>> optimizers = {
+      {"adamw", "fp32"}, {"muon", "fp32"}, {"adamw", "bf16"}, {"adamw", "int8"}, {"muon+qk_clip", "fp32"}};
+  for (const auto& [optimizer, state] : optimizers) {
     for (const std::string precision : {"bf16", "fp32"}) {
       for (const bool guard : {false, true}) {
-        SCOPED_TRACE(optimizer + ", " + precision + (guard ? " with the spike guard" : ""));
-        const Run ops = train(optimizer, precision, guard, false), graphs = train(optimizer, precision, guard, true);
-        std::printf("%s, %s%s: %zu records, %lld skipped updates, %lld graph launches\n", optimizer.c_str(),
-                    precision.c_str(), guard ? " (spike guard)" : "", ops.lines.size(), static_cast<long long>(ops.skips),
-                    static_cast<long long>(graphs.graph_launches));
+        SCOPED_TRACE(optimizer + " (" + state + " moments), " + precision + (guard ? " with the spike guard" : ""));
+        const Run ops = train(optimizer, state, precision, guard, false),
+                  graphs = train(optimizer, state, precision, guard, true);
+        std::printf("%s (%s moments), %s%s: %zu records, %lld skipped updates, %lld graph launches\n",
+                    optimizer.c_str(), state.c_str(), precision.c_str(), guard ? " (spike guard)" : "",
+                    ops.lines.size(), static_cast<long long>(ops.skips), static_cast<long long>(graphs.graph_launches));
         EXPECT_EQ(ops.graph_launches, 0);
         EXPECT_GT(graphs.graph_launches, 24);  // the graphs ran, not only the warm-ups
         if (guard) EXPECT_GT(ops.skips, 0);     // the guard fired: the device's skip path ran
