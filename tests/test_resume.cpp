@@ -164,6 +164,48 @@ TEST_F(Resume, LowMemoryAdamWStateKillResumesBitwise) {
   }
 }
 
+// summary.json and checkpoint.keep_best: the summary names the best of the run's
+// validations and its step; the best step's checkpoint is kept (and named by DIR/best)
+// beside keep_last = 1; a run killed and resumed ends with the same summary numbers and
+// the same best checkpoint, the earlier run's validations included.
+TEST_F(Resume, TheSummaryAndTheBestCheckpointCarryOnThroughAKill) {
+  const std::string corpus = test::write_tiny_corpus(dir_, 60);
+  const std::string straight = dir_ + "/straight", killed = dir_ + "/killed";
+  // A high, constant lr: the validation loss goes up and down (measured: best at step 10 of 12).
+  const std::string set =
+      "--set data.val_fraction=0.3 --set train.eval_every=2 --set train.eval_batches=2 --set checkpoint.keep_last=1"
+      " --set checkpoint.keep_best=true --set optim.lr=3e-1 --set optim.schedule=constant";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, straight, set), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, set), "kill_at_step:9", &output), -SIGKILL) << output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, set + " --resume"), "", &output), 0) << output;
+  for (const std::string& run : {straight, killed}) {
+    SCOPED_TRACE(run);
+    const auto validations = test::metrics_of_kind(run, "validation");
+    ASSERT_GE(validations.size(), 6u);
+    double best = INFINITY;
+    int64_t best_step = 0;
+    for (const auto& v : validations)
+      if (v["loss"].get<double>() < best) best = v["loss"].get<double>(), best_step = v["step"].get<int64_t>();
+    const auto summary = nlohmann::json::parse(test::read_file(run + "/summary.json"));
+    EXPECT_EQ(summary["steps"], 12);
+    EXPECT_EQ(summary["tokens"], 12 * 512);  // 2 micro-batches of 256 positions a step
+    EXPECT_EQ(summary["best_validation_loss"].get<double>(), best);
+    EXPECT_EQ(summary["best_validation_step"], best_step);
+    EXPECT_TRUE(summary["stopped_by"].is_null());
+    EXPECT_LT(best_step, 12) << "the last step was the best: keep_best was not put to the test";
+    EXPECT_EQ(test::read_file(run + "/checkpoints/best"), checkpoint_name(best_step) + "\n");
+    EXPECT_TRUE(std::filesystem::exists(test::checkpoint_path(run, best_step) + "/manifest.json"));
+    EXPECT_TRUE(std::filesystem::exists(test::checkpoint_path(run, 12) + "/manifest.json"));  // keep_last = 1
+    EXPECT_EQ(list_checkpoints(run + "/checkpoints").size(), 2u);  // the latest and the best, no earlier best
+  }
+  const auto a = nlohmann::json::parse(test::read_file(straight + "/summary.json"));
+  const auto b = nlohmann::json::parse(test::read_file(killed + "/summary.json"));
+  for (const char* key : {"best_validation_loss", "best_validation_step", "final_train_loss", "final_validation_loss",
+                          "tokens", "target_tokens"})
+    EXPECT_EQ(a[key], b[key]) << key;
+}
+
 TEST_F(Resume, KillRightAfterAnEpochBoundaryResumesBitwise) {
   // 10 short documents: an epoch lasts a few steps. log.every = 3 so the resumed run also
   // continues a log window begun before the crash.

@@ -235,6 +235,9 @@ struct CheckpointConfig {
   std::string dir = "";                // "" = <train.out_dir>/checkpoints
   int64_t keep_last = 2;               // newest checkpoints kept; 0 = keep all
   int64_t keep_every = 0;              // also keep every checkpoint whose step is a multiple; 0 = none
+  // Also keep the checkpoint of the best validation loss so far (saved at that evaluation
+  // when none was due; DIR/best names it).
+  bool keep_best = false;
   std::string on_save_error = "stop";  // stop | continue: a failed save or metrics write ends the run or warns
 };
 

@@ -197,6 +197,7 @@ const std::array kFields = {
     KILN_FIELD(checkpoint, dir, none(), "checkpoint directory; \"\" = <train.out_dir>/checkpoints"),
     KILN_FIELD(checkpoint, keep_last, non_negative(), "newest checkpoints kept; 0 = keep all"),
     KILN_FIELD(checkpoint, keep_every, non_negative(), "also keep steps that are multiples of this; 0 = none"),
+    KILN_FIELD(checkpoint, keep_best, none(), "also keep the best validation loss's checkpoint (DIR/best names it)"),
     KILN_FIELD(checkpoint, on_save_error, one_of("stop|continue"), "a failed save or metrics write: stop | continue"),
 };
 

@@ -16,6 +16,7 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <unistd.h>
 
@@ -170,15 +171,23 @@ std::string CheckpointWriter::save(const Model& model, const Optimizer& optimize
   return final_dir;
 }
 
+void CheckpointWriter::mark_best(int64_t step) {
+  io::replace_file_atomically(join_path(root_, "best"), checkpoint_name(step) + "\n", kWhere);
+  apply_retention(step);  // the best before it is no longer kept for being the best
+}
+
 void CheckpointWriter::apply_retention(int64_t newest) {
   if (keep_last_ == 0) return;
+  // The best checkpoint's name (DIR/best), kept whatever its age.
+  std::string best;
+  if (std::ifstream in(join_path(root_, "best")); in) std::getline(in, best);
   // Newest first among those older than the one just written; newer ones belong to an
   // abandoned future (a resume from an older checkpoint) and are left alone.
   auto all = list_checkpoints(root_);
   int64_t kept = 1;  // the new one
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     const auto& [step, path] = *it;
-    if (step >= newest) continue;
+    if (step >= newest || fs::path(path).filename() == best) continue;
     if (kept < keep_last_ || (keep_every_ > 0 && step % keep_every_ == 0)) {
       kept += kept < keep_last_ ? 1 : 0;
       continue;

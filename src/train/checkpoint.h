@@ -13,6 +13,7 @@
 //     manifest.json          written last: format version, step, size and XXH64 of each
 //                            file above, and an XXH64 of the manifest itself
 //   latest                   "step-00000100": the newest complete checkpoint
+//   best                     the checkpoint of the best validation loss (checkpoint.keep_best)
 //
 // Save protocol: everything is written into .tmp-step-N/ and fsynced, the manifest last;
 // the directory is fsynced and renamed to step-N/ (atomic), the parent fsynced; only
@@ -50,6 +51,9 @@ class CheckpointWriter {
   // having removed its temporary directory; the previous checkpoint and `latest` are
   // untouched. Returns the checkpoint's path.
   std::string save(const Model& model, const Optimizer& optimizer, const CheckpointState& state);
+  // Names the checkpoint of `step` (saved before) as the best (DIR/best, replaced
+  // atomically): retention keeps it until another takes its place.
+  void mark_best(int64_t step);
 
  private:
   void write_files(const std::string& tmp, const Model& model, const Optimizer& optimizer,

@@ -313,6 +313,7 @@ double Trainer::show_validation(int64_t step) {
   fmt::print("validation at step {}: loss {:.4f} nats/token ({:.4f} bits/byte)\n", step, val, val / std::log(2.0));
   std::fflush(stdout);  // a log read while the run goes on sees it now
   metrics_->validation(step, val, now_seconds() - run_start_);
+  best_validation_.offer(val, step);
   return val;
 }
 
@@ -333,6 +334,8 @@ TrainResult Trainer::run() {
     ~Uninstall() { signals = nullptr; }
   } uninstall{signals_};
   run_start_ = now_seconds() - progress_.elapsed_seconds;  // a resumed run continues the clock
+  this_run_start_ = now_seconds();
+  tokens_before_run_ = progress_.tokens;
   const double start = run_start_;
   TrainResult result;
 
@@ -371,7 +374,10 @@ TrainResult Trainer::run() {
       window_start = now_seconds();
     }
     if (m.step == t.steps) break;  // the last step: finish() saves, whatever arrived meanwhile
-    if (t.eval_every > 0 && m.step % t.eval_every == 0) show_validation(m.step);
+    if (t.eval_every > 0 && m.step % t.eval_every == 0) {
+      show_validation(m.step);
+      keep_if_best(m.step, result);
+    }
     if (t.sample_every > 0 && m.step % t.sample_every == 0) show_sample(m.step);
     p.elapsed_seconds = now_seconds() - start;
     const int64_t every = config_.checkpoint.every;
@@ -392,6 +398,41 @@ TrainResult Trainer::run() {
   }
   finish(result);
   return result;
+}
+
+// checkpoint.keep_best: when the validation of `step` was the best so far, its checkpoint
+// (saved now unless one of this step exists) becomes DIR/best.
+void Trainer::keep_if_best(int64_t step, TrainResult& result) {
+  if (!config_.checkpoint.keep_best || best_validation_.step != step || std::isnan(best_validation_.loss)) return;
+  if (checkpoint_step_ != step) save_checkpoint_or_warn(result);
+  if (checkpoint_step_ != step) return;  // the save failed (and warned)
+  checkpoints_->mark_best(step);
+  fmt::print("checkpoint: step {} is the best so far (validation loss {:.4f}): kept as {}/best\n", step,
+             best_validation_.loss, checkpoints_->root());
+}
+
+// summary.json: written after the end-of-run validation, also when a signal cut that short
+// (then stopped_by says so); a failed write is a warning, the run's results stand.
+void Trainer::write_summary(const TrainResult& result) const {
+  RunSummary s;
+  s.steps = progress_.step;
+  s.total_steps = config_.train.steps;
+  s.tokens = progress_.tokens;
+  s.target_tokens = progress_.target_tokens;
+  s.seconds = now_seconds() - this_run_start_;
+  s.elapsed_seconds = result.seconds;
+  s.tokens_per_second = s.seconds > 0 ? static_cast<double>(progress_.tokens - tokens_before_run_) / s.seconds : 0;
+  s.final_train_loss = result.final_train_loss;
+  s.final_validation_loss = result.final_val_loss;
+  s.best = best_validation_;
+  s.skipped_steps = result.skipped_steps;
+  s.stopped_by = result.stopped_by;
+  const std::string path = (fs::path(config_.train.out_dir) / "summary.json").string();
+  try {
+    write_run_summary(path, s);
+  } catch (const std::exception& e) {
+    warn("train", fmt::format("{}: not written: {}", path, e.what()));
+  }
 }
 
 void Trainer::finish(TrainResult& result) {
@@ -430,16 +471,21 @@ void Trainer::finish(TrainResult& result) {
     }
   };
   result.final_val_loss = std::nan("");
-  report([&] { result.final_val_loss = show_validation(p.step); });
+  report([&] {
+    result.final_val_loss = show_validation(p.step);
+    keep_if_best(p.step, result);
+  });
   report([&] { show_sample(p.step); });
   result.seconds = now_seconds() - run_start_;
   if (const int sig = signals_->received()) {
     result.stopped_by = StopSignals::name(sig);
+    write_summary(result);
     fmt::print("stopped by {} after the last step ({}), in the end-of-run validation and sample; {} saved before "
                "them\n",
                result.stopped_by, p.step, saved);
     return;
   }
+  write_summary(result);
   const std::string validation = validation_.empty()                  ? std::string("no validation set")
                                  : std::isnan(result.final_val_loss) ? std::string("no validation loss")
                                                                      : fmt::format("validation loss {:.4f}",

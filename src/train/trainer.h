@@ -14,6 +14,7 @@
 #include "train/fault_inject.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/run_summary.h"
 #include "train/schedules.h"
 #include "train/training_sampler.h"
 
@@ -73,6 +74,8 @@ class Trainer {
   // samples. Nothing after the save can lose the run: a stop signal ends the validation or
   // sample early (exit 0), a failing one is a warning.
   void finish(TrainResult& result);
+  void write_summary(const TrainResult& result) const;
+  void keep_if_best(int64_t step, TrainResult& result);
   // A SIGTERM/SIGINT arrived while run() is running.
   bool stop_requested() const;
 
@@ -107,6 +110,10 @@ class Trainer {
   int threads_ = 0;
   const StopSignals* signals_ = nullptr;  // installed by run() for its duration
   double run_start_ = 0;                  // run()'s clock origin (a resumed run continues it)
+  // This run's own start (its clock and the tokens done before it), for summary.json.
+  double this_run_start_ = 0;
+  int64_t tokens_before_run_ = 0;
+  BestValidation best_validation_;        // of every run so far (a resume reads the earlier runs')
 };
 
 // Resolves train.device ("auto" picks CUDA only where the CUDA training path exists).

@@ -65,7 +65,9 @@ void Trainer::restore(const CheckpointInfo& checkpoint, bool allow_data_change) 
     fmt::print("resume: the checkpoint is at step {}, train.steps is {}: nothing left to train\n", progress_.step,
                config_.train.steps);
   // The crashed run may have logged steps past its checkpoint; they are run again.
-  truncate_metrics_after((fs::path(config_.train.out_dir) / config_.log.metrics_file).string(), progress_.step);
+  const std::string metrics = (fs::path(config_.train.out_dir) / config_.log.metrics_file).string();
+  truncate_metrics_after(metrics, progress_.step);
+  best_validation_ = best_validation_in(metrics);  // the best so far carries on
 }
 
 CheckpointState Trainer::checkpoint_state() const {
