@@ -27,6 +27,7 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
                    options.dtype,    master,        options.device, t,          options.training,
                    options.deterministic, &losses_};
   ctx.qk_clip_tau = options.training ? options.qk_clip_tau : 0;
+  ctx.step_statistics = &step_statistics_;
   // The LM head first: its loss is slot 0 (the main loss).
   LmHeadSpec head;
   head.chunk_rows = options.loss_chunk_rows;

@@ -106,10 +106,13 @@ class Model {
   double gradient_norm() const;            // L2 norm of all gradients (one synchronization)
   void scale_gradients(double factor);     // all gradients *= factor
   Arena& gradient_arena() { return grads_; }
+  Tensor all_gradients() const;  // the gradient arena as one flat tensor (the ranks' all-reduce)
+  // What the components collect over a step and act on in after_step(), for the ranks of a
+  // data-parallel run to combine first.
+  const StepStatistics& step_statistics() const { return step_statistics_; }
 
  private:
   void forward();  // the backbone over the loaded rows
-  Tensor all_gradients() const;     // the gradient arena as one flat tensor
   void begin_losses(bool backward, double per_target_scale);
   LossSums heads(LossScale scale, bool backward, double* device_sums);
 
@@ -125,6 +128,7 @@ class Model {
   Storage recompute_storage_;
   size_t recompute_bytes() const;
   LossContext losses_;  // the objectives' slots and, per micro-batch, their scales
+  StepStatistics step_statistics_;
   LossSums pending_;    // the current micro-batch's sums (host), the backbone's objectives' first
   std::unique_ptr<Backbone> backbone_;
   std::unique_ptr<LmHead> head_;

@@ -85,4 +85,9 @@ void BuildContext::step_buffer(Tensor& t, Shape shape, DType type) {
   (model_activations != nullptr ? *model_activations : activations).reserve(t, type, shape);
 }
 
+void BuildContext::step_statistic(Tensor& t, Shape shape, DType type, StepReduction reduction) {
+  step_buffer(t, shape, type);
+  if (step_statistics != nullptr) step_statistics->push_back({&t, reduction});
+}
+
 }  // namespace kiln

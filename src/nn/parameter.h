@@ -3,6 +3,7 @@
 
 #include "core/arena.h"
 #include "nn/loss_terms.h"
+#include "nn/step_statistics.h"
 #include "nn/param_role.h"
 
 #include <deque>
@@ -129,6 +130,8 @@ struct BuildContext {
   Arena* model_activations = nullptr;
   // QK-Clip's threshold when training with it ([optim.qk_clip]); 0 = off.
   double qk_clip_tau = 0;
+  // The model's step statistics (nn/step_statistics.h), which step_statistic() adds to.
+  StepStatistics* step_statistics = nullptr;
 
   bool mixed() const { return dtype != master_dtype; }
 
@@ -155,6 +158,9 @@ struct BuildContext {
   // micro-batches and keeps between steps (an MoE layer's load, QK-Clip's logits). Never in
   // a recomputed block's shared region, which the other blocks overwrite.
   void step_buffer(Tensor& t, Shape shape, DType dtype);
+  // A step buffer that accumulates over the step's micro-batches, combined over the ranks
+  // of a data-parallel run by `reduction` before the step's end acts on it.
+  void step_statistic(Tensor& t, Shape shape, DType dtype, StepReduction reduction);
 
  private:
   // Plans the master of a weight; returns it (value itself unless a compute copy is made).

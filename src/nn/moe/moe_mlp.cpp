@@ -93,12 +93,12 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   ctx.buffer(dispatch_.row_of_pair, Shape{t * slots_}, DType::i32);
   ctx.saved(gate_up_, Shape{rows, 2 * f});
   ctx.saved(expert_out_, Shape{rows, d});
-  ctx.step_buffer(step_counts_, Shape{e_count}, DType::i32);
-  ctx.step_buffer(step_entropy_, Shape{2}, DType::f64);
+  ctx.step_statistic(step_counts_, Shape{e_count}, DType::i32, StepReduction::sum);
+  ctx.step_statistic(step_entropy_, Shape{2}, DType::f64, StepReduction::sum);
   ctx.step_buffer(last_counts_, Shape{e_count}, DType::i32);
   ctx.step_buffer(last_entropy_, Shape{2}, DType::f64);
   ctx.step_buffer(dead_steps_, Shape{e_count}, DType::i32);
-  ctx.step_buffer(step_dropped_, Shape{1}, DType::i32);
+  ctx.step_statistic(step_dropped_, Shape{1}, DType::i32, StepReduction::sum);
   ctx.step_buffer(last_dropped_, Shape{1}, DType::i32);
 
   if (moe_.aux_loss > 0) aux_slot_ = slot(ctx, "moe_aux");
