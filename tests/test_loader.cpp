@@ -173,7 +173,7 @@ TEST(LoaderOptions, FromConfigOrTorchrunEnvironment) {
     loader_options(c);
     ADD_FAILURE();
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "[data] environment RANK='x' is not a non-negative integer");
+    EXPECT_STREQ(e.what(), "[dist] environment RANK='x' is not an integer >= 0");
   }
   unsetenv("RANK");
   unsetenv("WORLD_SIZE");

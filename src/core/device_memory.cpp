@@ -150,6 +150,18 @@ bool cuda_available() {
 #endif
 }
 
+void select_cuda_device(int index) {
+#if KILN_WITH_CUDA
+  int count = 0;
+  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  KILN_CHECK(count > 0, "cuda", "no CUDA device is visible");
+  check_cuda(cudaSetDevice(index % count), "cudaSetDevice");
+#else
+  (void)index;
+  no_cuda("select_cuda_device");
+#endif
+}
+
 void cuda_memory_info(size_t* free_bytes, size_t* total_bytes) {
   *free_bytes = *total_bytes = 0;
 #if KILN_WITH_CUDA
@@ -161,7 +173,9 @@ const char* cuda_device_name() {
 #if KILN_WITH_CUDA
   static cudaDeviceProp prop;
   static bool loaded = false;
-  if (!loaded && cuda_available()) loaded = cudaGetDeviceProperties(&prop, 0) == cudaSuccess;
+  int device = 0;
+  if (!loaded && cuda_available() && cudaGetDevice(&device) == cudaSuccess)
+    loaded = cudaGetDeviceProperties(&prop, device) == cudaSuccess;
   return loaded ? prop.name : "";
 #else
   return "";

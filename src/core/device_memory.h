@@ -64,6 +64,9 @@ class PinnedArray {
 
 // True when this build has the CUDA backend and a device is present.
 bool cuda_available();
+// Makes visible GPU `index` (modulo their count) this process's device, before any CUDA
+// work: a data-parallel rank takes its node-local rank's GPU.
+void select_cuda_device(int index);
 // Free and total memory of the current CUDA device (0, 0 without CUDA).
 void cuda_memory_info(size_t* free_bytes, size_t* total_bytes);
 // Name of the current CUDA device, or "" without one.

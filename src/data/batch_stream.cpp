@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/prefetch.h"
+#include "dist/process_env.h"
 
 #include <charconv>
 #include <cstdlib>
@@ -20,18 +21,6 @@ uint64_t mix(uint64_t hash, uint64_t value) {
   return fnv1a64(std::string_view(bytes, sizeof(bytes)), hash);
 }
 
-// An environment variable as a non-negative integer; `fallback` when unset.
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  int64_t v = -1;
-  const std::string_view s(value);
-  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || ptr != s.data() + s.size() || v < 0)
-    fail("data", "environment {}='{}' is not a non-negative integer", name, s);
-  return v;
-}
-
 }  // namespace
 
 LoaderOptions loader_options(const DataConfig& config) {
@@ -46,10 +35,11 @@ LoaderOptions loader_options(const DataConfig& config) {
   } else {
     KILN_CHECK(config.rank == 0, "data.rank", "is used only with data.world_size > 0 (0 takes RANK/WORLD_SIZE from the "
                "environment), got {}", config.rank);
-    o.world_size = env_int("WORLD_SIZE", 1);
-    o.rank = env_int("RANK", 0);
-    KILN_CHECK(o.world_size > 0, "data", "environment WORLD_SIZE must be positive, got {}", o.world_size);
-    KILN_CHECK(o.rank < o.world_size, "data", "environment RANK={} is not below WORLD_SIZE={}", o.rank, o.world_size);
+    // The launcher's ranks (torchrun, Slurm or Open MPI; dist/process_env.h).
+    if (const std::optional<dist::ProcessPlacement> placement = dist::process_placement()) {
+      o.world_size = placement->world_size;
+      o.rank = placement->rank;
+    }
   }
   return o;
 }

@@ -36,8 +36,8 @@ struct LoaderOptions {
   int64_t prefetch = 0;    // batches packed ahead by a background thread; 0 = synchronous
 };
 
-// From data.rank / data.world_size (world_size 0: the environment's RANK and WORLD_SIZE,
-// as torchrun sets them, else rank 0 of 1) and data.prefetch. Throws naming the key or
+// From data.rank / data.world_size (world_size 0: the launcher's ranks, dist/process_env.h,
+// torchrun's, Slurm's or Open MPI's, else rank 0 of 1) and data.prefetch. Throws naming the key or
 // variable when a value is out of range.
 LoaderOptions loader_options(const DataConfig& config);
 

@@ -1,0 +1,122 @@
+#include "dist/gloo_communicator.h"
+
+#include "core/error.h"
+
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+namespace kiln::dist {
+
+namespace {
+
+// Gloo's view of kiln's rendezvous store, its keys under a prefix.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(TcpStore& store, std::string prefix) : store_(store), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(prefix_ + key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const std::string value = store_.get(prefix_ + key);
+    return {value.begin(), value.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    for (const std::string& key : keys) store_.get(prefix_ + key);
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override { wait(keys); }
+
+ private:
+  TcpStore& store_;
+  std::string prefix_;
+};
+
+template <typename T>
+void reduce_into(void* out, const void* a, const void* b, size_t n, ReduceOp op) {
+  auto* o = static_cast<T*>(out);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  if (op == ReduceOp::sum)
+    for (size_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+  else
+    for (size_t i = 0; i < n; ++i) o[i] = std::max(x[i], y[i]);
+}
+
+template <typename T>
+void run_all_reduce(const std::shared_ptr<gloo::Context>& context, uint32_t tag, std::chrono::milliseconds timeout,
+                    void* data, int64_t count, ReduceOp op) {
+  gloo::AllreduceOptions opts(context);
+  opts.setOutput(static_cast<T*>(data), static_cast<size_t>(count));
+  opts.setReduceFunction([op](void* out, const void* a, const void* b, size_t n) { reduce_into<T>(out, a, b, n, op); });
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allreduce(opts);
+}
+
+}  // namespace
+
+GlooCommunicator::GlooCommunicator(TcpStore& store, const GlooEndpoint& endpoint, int rank, int world_size,
+                                   std::chrono::milliseconds timeout)
+    : rank_(rank), world_size_(world_size), timeout_(timeout) {
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = endpoint.host;
+    attr.iface = endpoint.interface;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
+    context->setTimeout(timeout);
+    StoreAdapter adapter(store, endpoint.prefix);
+    context->connectFullMesh(adapter, device);
+    context_ = context;
+  } catch (const kiln::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail("dist", "rank {} of {}: Gloo could not connect the ranks: {}", rank, world_size, e.what());
+  }
+}
+
+GlooCommunicator::~GlooCommunicator() = default;
+
+void GlooCommunicator::lost(std::string_view what, const std::exception& e) const {
+  fail("dist", "rank {} of {}: the collective '{}' failed (a rank died, hung past dist.timeout = {} s, or "
+       "disagrees on the step): {}", rank_, world_size_, what, timeout_.count() / 1000.0, e.what());
+}
+
+void GlooCommunicator::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, std::string_view what) {
+  if (count == 0) return;
+  try {
+    const std::shared_ptr<gloo::Context>& c = context_;
+    const uint32_t tag = tag_++;
+    switch (dtype) {
+      case DType::f32: return run_all_reduce<float>(c, tag, timeout_, data, count, op);
+      case DType::f64: return run_all_reduce<double>(c, tag, timeout_, data, count, op);
+      case DType::i32: return run_all_reduce<int32_t>(c, tag, timeout_, data, count, op);
+      case DType::i64: return run_all_reduce<int64_t>(c, tag, timeout_, data, count, op);
+      default: fail("dist", "all_reduce '{}': no Gloo reduction for {}", what, dtype_name(dtype));
+    }
+  } catch (const kiln::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    lost(what, e);
+  }
+}
+
+void GlooCommunicator::broadcast(void* data, int64_t bytes, int root, std::string_view what) {
+  if (bytes == 0) return;
+  try {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(static_cast<uint8_t*>(data), static_cast<size_t>(bytes));
+    opts.setRoot(root);
+    opts.setTag(tag_++);
+    opts.setTimeout(timeout_);
+    gloo::broadcast(opts);
+  } catch (const kiln::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    lost(what, e);
+  }
+}
+
+}  // namespace kiln::dist

@@ -1,0 +1,83 @@
+#include "dist/nccl_communicator.h"
+
+#include "core/cuda_context.h"
+#include "core/error.h"
+
+#include <nccl.h>
+
+#include <cstdlib>
+
+namespace kiln::dist {
+
+namespace {
+
+ncclDataType_t nccl_type(DType dtype, std::string_view what) {
+  switch (dtype) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::u8: return ncclUint8;
+  }
+  fail("dist", "all_reduce '{}': no NCCL type for {}", what, dtype_name(dtype));
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const ncclUniqueId& id, int rank, int world_size) : rank_(rank), world_size_(world_size) {
+    check(ncclCommInitRank(&comm_, world_size, id, rank), "joining the NCCL communicator");
+  }
+  ~NcclCommunicator() override {
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  Device device() const override { return Device::cuda; }
+  std::string_view backend() const override { return "nccl"; }
+
+  void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, std::string_view what) override {
+    if (count == 0) return;
+    check(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dtype, what),
+                        op == ReduceOp::sum ? ncclSum : ncclMax, comm_, cuda::stream()),
+          what);
+  }
+
+  void broadcast(void* data, int64_t bytes, int root, std::string_view what) override {
+    if (bytes == 0) return;
+    check(ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8, root, comm_, cuda::stream()), what);
+  }
+
+ private:
+  void check(ncclResult_t result, std::string_view what) const {
+    if (result == ncclSuccess) return;
+    fail("dist", "rank {} of {}: NCCL failed in '{}': {} ({})", rank_, world_size_, what, ncclGetErrorString(result),
+         ncclGetLastError(comm_));
+  }
+  int rank_, world_size_;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(TcpStore& store, const std::string& key, int rank,
+                                                     int world_size) {
+  setenv("NCCL_NVLS_ENABLE", "0", 0);  // no multicast unless the environment asks for it
+  ncclUniqueId id{};
+  if (rank == 0) {
+    const ncclResult_t made = ncclGetUniqueId(&id);
+    KILN_CHECK(made == ncclSuccess, "dist", "ncclGetUniqueId: {}", ncclGetErrorString(made));
+    store.set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+  } else {
+    const std::string value = store.get(key);
+    KILN_CHECK(value.size() == sizeof(id), "dist", "rendezvous: NCCL id of {} bytes, expected {}", value.size(),
+               sizeof(id));
+    std::memcpy(&id, value.data(), sizeof(id));
+  }
+  cuda::stream();  // the stream (and the CUDA context) before NCCL binds to the device
+  return std::make_unique<NcclCommunicator>(id, rank, world_size);
+}
+
+}  // namespace kiln::dist

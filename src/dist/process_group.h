@@ -1,0 +1,49 @@
+// The ranks of one multi-process run, joined through the rendezvous of their launcher's
+// environment (dist/process_env.h): the store, a host communicator (Gloo: the step's
+// control values and the checks at start) and the communicator of the gradients (NCCL on
+// the GPU, the host one on the CPU).
+#pragma once
+
+#include "dist/communicator.h"
+#include "dist/process_env.h"
+#include "dist/tcp_store.h"
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace kiln::dist {
+
+class ProcessGroup {
+ public:
+  // Every rank calls this at start, with the same `device` and timeout. Throws naming the
+  // address or variable when the rendezvous fails. On the GPU, this rank's device is the
+  // node's GPU number local_rank (modulo the GPUs it sees), chosen before NCCL starts.
+  ProcessGroup(const ProcessPlacement& placement, Device device, std::chrono::milliseconds timeout);
+  ~ProcessGroup();
+
+  const ProcessPlacement& placement() const { return placement_; }
+  int rank() const { return placement_.rank; }
+  int world_size() const { return placement_.world_size; }
+  bool is_root() const { return placement_.rank == 0; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  Communicator& host() { return *host_; }
+  Communicator& device() { return device_ ? *device_ : *host_; }
+
+  // Every rank must hold the same `text` as rank 0 (the resolved config, the data's
+  // fingerprint): otherwise every rank throws, a differing one quoting its first differing
+  // line and rank 0's, the others naming the first rank that differs.
+  void require_same_as_root(const std::string& text, const std::string& what);
+
+ private:
+  ProcessPlacement placement_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<TcpStore> store_;
+  std::unique_ptr<Communicator> host_, device_;
+};
+
+// The timeout of collectives and the rendezvous ([dist] timeout, in seconds).
+std::chrono::milliseconds collective_timeout(double seconds);
+
+}  // namespace kiln::dist

@@ -1,0 +1,261 @@
+#include "dist/tcp_store.h"
+
+#include "core/error.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kiln::dist {
+
+namespace {
+
+// A request: op (1 byte: 'S' set, 'G' get), key length, key, then for 'S' the value's
+// length and the value. A get is answered with the value's length and the value once the
+// key exists. Lengths are 32-bit, host order (every rank runs this same program).
+constexpr char kSet = 'S', kGet = 'G';
+
+bool read_exact(int fd, void* data, size_t bytes) {
+  auto* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::recv(fd, p, bytes, 0);
+    if (n == 0) return false;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool write_exact(int fd, const void* data, size_t bytes) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool read_string(int fd, std::string& s) {
+  uint32_t n = 0;
+  if (!read_exact(fd, &n, sizeof(n))) return false;
+  s.resize(n);
+  return read_exact(fd, s.data(), n);
+}
+
+bool write_string(int fd, const std::string& s) {
+  const auto n = static_cast<uint32_t>(s.size());
+  return write_exact(fd, &n, sizeof(n)) && write_exact(fd, s.data(), n);
+}
+
+}  // namespace
+
+// Rank 0's side: one thread accepts, one thread per connection answers; a get waits on
+// the map's condition variable until its key is set or the server stops.
+class TcpStore::Server {
+ public:
+  explicit Server(int port) {
+    listen_fd_ = ::socket(AF_INET6, SOCK_STREAM, 0);
+    bool v6 = listen_fd_ >= 0;
+    if (!v6) listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    KILN_CHECK(listen_fd_ >= 0, "dist", "rendezvous: no socket: {}", std::strerror(errno));
+    const int one = 1, zero = 0;
+    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    int bound = -1;
+    if (v6) {
+      ::setsockopt(listen_fd_, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));  // IPv4 peers too
+      sockaddr_in6 a{};
+      a.sin6_family = AF_INET6;
+      a.sin6_addr = in6addr_any;
+      a.sin6_port = htons(static_cast<uint16_t>(port));
+      bound = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    } else {
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_ANY);
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      bound = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    }
+    if (bound != 0 || ::listen(listen_fd_, 128) != 0) {
+      const int error = errno;
+      ::close(listen_fd_);
+      fail("dist", "rendezvous: rank 0 cannot listen on port {} (MASTER_PORT): {}", port, std::strerror(error));
+    }
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+
+  ~Server() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+      for (int fd : clients_) ::shutdown(fd, SHUT_RDWR);
+    }
+    changed_.notify_all();
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    ::close(listen_fd_);
+    acceptor_.join();
+    for (std::thread& t : handlers_) t.join();
+    for (int fd : clients_) ::close(fd);
+  }
+
+ private:
+  void accept_loop() {
+    for (;;) {
+      const int fd = ::accept(listen_fd_, nullptr, nullptr);
+      std::lock_guard lock(mutex_);
+      if (stopping_) {
+        if (fd >= 0) ::close(fd);
+        return;
+      }
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;
+      }
+      clients_.push_back(fd);
+      handlers_.emplace_back([this, fd] { serve(fd); });
+    }
+  }
+
+  void serve(int fd) {
+    for (;;) {
+      char op = 0;
+      std::string key, value;
+      if (!read_exact(fd, &op, 1) || !read_string(fd, key)) return;
+      if (op == kSet) {
+        if (!read_string(fd, value)) return;
+        {
+          std::lock_guard lock(mutex_);
+          values_[key] = std::move(value);
+        }
+        changed_.notify_all();
+      } else if (op == kGet) {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [&] { return stopping_ || values_.contains(key); });
+        if (stopping_) return;
+        value = values_[key];
+        lock.unlock();
+        if (!write_string(fd, value)) return;
+      } else {
+        return;  // not a kiln rank: drop it
+      }
+    }
+  }
+
+  int listen_fd_ = -1;
+  std::thread acceptor_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::string, std::string> values_;
+  std::vector<int> clients_;
+  std::vector<std::thread> handlers_;
+  bool stopping_ = false;
+};
+
+namespace {
+
+// One connection attempt to every address of host:port; -1 when none answers.
+int try_connect(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return -1;
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  return fd;
+}
+
+}  // namespace
+
+TcpStore::TcpStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout)
+    : address_(host + ":" + std::to_string(port)), timeout_(timeout) {
+  if (serve) server_ = std::make_unique<Server>(port);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    socket_ = try_connect(host, port);
+    if (socket_ >= 0) break;
+    KILN_CHECK(std::chrono::steady_clock::now() < deadline, "dist",
+               "rendezvous: no answer from rank 0 at {} (MASTER_ADDR:MASTER_PORT) within {} s", address_,
+               timeout.count() / 1000.0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const int one = 1;
+  ::setsockopt(socket_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+TcpStore::~TcpStore() {
+  if (socket_ >= 0) ::close(socket_);
+}
+
+void TcpStore::send_all(const void* data, size_t bytes, const std::string& key) {
+  KILN_CHECK(write_exact(socket_, data, bytes), "dist", "rendezvous at {}: lost while setting '{}': {}", address_,
+             key, std::strerror(errno));
+}
+
+void TcpStore::receive_all(void* data, size_t bytes, const std::string& key) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  auto* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd pfd{socket_, POLLIN, 0};
+    const int ready = left.count() > 0 ? ::poll(&pfd, 1, static_cast<int>(left.count())) : 0;
+    if (ready < 0 && errno == EINTR) continue;
+    KILN_CHECK(ready > 0, "dist", "rendezvous at {}: '{}' was not set by any rank within {} s", address_, key,
+               timeout_.count() / 1000.0);
+    const ssize_t n = ::recv(socket_, p, bytes, 0);
+    if (n < 0 && errno == EINTR) continue;
+    KILN_CHECK(n > 0, "dist", "rendezvous at {}: rank 0 went away while '{}' was awaited", address_, key);
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void TcpStore::set(const std::string& key, const std::string& value) {
+  std::string request(1, kSet);
+  const auto k = static_cast<uint32_t>(key.size()), v = static_cast<uint32_t>(value.size());
+  request.append(reinterpret_cast<const char*>(&k), sizeof(k)).append(key);
+  request.append(reinterpret_cast<const char*>(&v), sizeof(v)).append(value);
+  send_all(request.data(), request.size(), key);
+}
+
+std::string TcpStore::get(const std::string& key) {
+  std::string request(1, kGet);
+  const auto k = static_cast<uint32_t>(key.size());
+  request.append(reinterpret_cast<const char*>(&k), sizeof(k)).append(key);
+  send_all(request.data(), request.size(), key);
+  uint32_t n = 0;
+  receive_all(&n, sizeof(n), key);
+  std::string value(n, '\0');
+  receive_all(value.data(), n, key);
+  return value;
+}
+
+}  // namespace kiln::dist

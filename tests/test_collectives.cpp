@@ -1,0 +1,141 @@
+// The rendezvous store and the Gloo collectives, with ranks as threads of one process
+// (the training tests run them as processes: test_distributed.cpp).
+#include "dist/gloo_communicator.h"
+#include "dist/process_group.h"
+#include "dist/tcp_store.h"
+#include "test_util.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <thread>
+
+using namespace kiln;
+using namespace kiln::dist;
+using kiln::test::error_of;
+using namespace std::chrono_literals;
+
+namespace {
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Runs body(rank) on `world` threads; the errors they threw, by rank ("" = none).
+std::vector<std::string> run_ranks(int world, const std::function<void(int)>& body) {
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+ProcessPlacement placement(int rank, int world, int port) {
+  ProcessPlacement p;
+  p.rank = p.local_rank = rank;
+  p.world_size = p.local_world_size = world;
+  p.master_port = port;
+  p.convention = "test";
+  return p;
+}
+
+}  // namespace
+
+TEST(TcpStore, GetWaitsForTheKeyAndTimesOutNamingIt) {
+  const int port = free_port();
+  TcpStore root("127.0.0.1", port, true, 2000ms);
+  TcpStore other("127.0.0.1", port, false, 300ms);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(50ms);
+    root.set("k", std::string("v\0w", 3));
+  });
+  EXPECT_EQ(other.get("k"), std::string("v\0w", 3));  // waits for the set
+  setter.join();
+  EXPECT_NE(error_of([&] { other.get("never"); }).find("'never' was not set by any rank within 0.3 s"),
+            std::string::npos);
+}
+
+TEST(TcpStore, NoRankZeroIsAnErrorNamingTheAddress) {
+  const int port = free_port();
+  EXPECT_NE(error_of([&] { TcpStore("127.0.0.1", port, false, 200ms); }).find("no answer from rank 0 at 127.0.0.1:"),
+            std::string::npos);
+}
+
+TEST(Gloo, AllReduceSumAndMaxOfEachTypeAndBroadcast) {
+  const int world = 3, port = free_port();
+  std::vector<std::vector<double>> sums(world);
+  std::vector<std::vector<int32_t>> maxes(world);
+  std::vector<int64_t> broadcast(world);
+  const auto errors = run_ranks(world, [&](int r) {
+    ProcessGroup group(placement(r, world, port), Device::cpu, 10000ms);
+    std::vector<double> s = {1.0 * r, 0.5, -2.0 * r};
+    group.host().all_reduce(s.data(), 3, DType::f64, ReduceOp::sum, "test sum");
+    std::vector<int32_t> m = {r, -r, 7};
+    group.device().all_reduce(m.data(), 3, DType::i32, ReduceOp::max, "test max");
+    float f = 0.25f * static_cast<float>(r + 1);
+    group.host().all_reduce(&f, 1, DType::f32, ReduceOp::sum, "test f32");
+    EXPECT_FLOAT_EQ(f, 1.5f);
+    int64_t b = r == 0 ? 424242 : -1;
+    group.host().broadcast(&b, sizeof(b), 0, "test broadcast");
+    sums[static_cast<size_t>(r)] = s;
+    maxes[static_cast<size_t>(r)] = m;
+    broadcast[static_cast<size_t>(r)] = b;
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "");
+    EXPECT_EQ(sums[static_cast<size_t>(r)], (std::vector<double>{3.0, 1.5, -6.0}));
+    EXPECT_EQ(maxes[static_cast<size_t>(r)], (std::vector<int32_t>{2, 0, 7}));
+    EXPECT_EQ(broadcast[static_cast<size_t>(r)], 424242);
+  }
+}
+
+TEST(Gloo, ARankThatNeverComesTimesTheOthersOutNamingTheCollective) {
+  const int world = 2, port = free_port();
+  std::atomic<bool> done{false};
+  const auto errors = run_ranks(world, [&](int r) {
+    ProcessGroup group(placement(r, world, port), Device::cpu, 500ms);
+    if (r == 1) {  // joins, then never calls the collective
+      while (!done) std::this_thread::sleep_for(10ms);
+      return;
+    }
+    double x = 1;
+    try {
+      group.host().all_reduce(&x, 1, DType::f64, ReduceOp::sum, "gradients");
+    } catch (...) {
+      done = true;
+      throw;
+    }
+    done = true;
+  });
+  EXPECT_NE(errors[0].find("rank 0 of 2: the collective 'gradients' failed"), std::string::npos) << errors[0];
+}
+
+TEST(ProcessGroup, ARankWhoseTextDiffersIsRefusedOnEveryRank) {
+  const int world = 3, port = free_port();
+  const auto errors = run_ranks(world, [&](int r) {
+    ProcessGroup group(placement(r, world, port), Device::cpu, 10000ms);
+    group.require_same_as_root("a = 1\nb = 2\n", "config");  // the same everywhere: passes
+    group.require_same_as_root(r == 2 ? "a = 1\nb = 3\n" : "a = 1\nb = 2\n", "config");
+  });
+  EXPECT_EQ(errors[2], "[dist] rank 2: its config differs from rank 0's: 'b = 3' here, 'b = 2' on rank 0");
+  EXPECT_EQ(errors[0], "[dist] rank 0: 1 of 3 ranks hold another config than rank 0 (the first, rank 2, says where)");
+  EXPECT_EQ(errors[1], "[dist] rank 1: 1 of 3 ranks hold another config than rank 0 (the first, rank 2, says where)");
+}
