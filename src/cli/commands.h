@@ -28,5 +28,6 @@ void add_eval_quant_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_score_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+void add_launch_command(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -241,6 +241,14 @@ struct CheckpointConfig {
   std::string on_save_error = "stop";  // stop | continue: a failed save or metrics write ends the run or warns
 };
 
+// Multi-process runs (docs/distributed.md); the ranks come from the launcher's environment.
+struct DistConfig {
+  // Seconds a collective, or the rendezvous at start, waits for the other ranks before
+  // this rank stops with an error naming it: a dead or hung rank never hangs the others.
+  // Longer than the longest pause of rank 0 alone (a checkpoint save).
+  double timeout = 300;
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -248,6 +256,7 @@ struct Config {
   OptimConfig optim;
   LogConfig log;
   CheckpointConfig checkpoint;
+  DistConfig dist;
 };
 
 // Loads a TOML file (empty path = defaults only), then applies "section.key=value"

@@ -199,15 +199,17 @@ const std::array kFields = {
     KILN_FIELD(checkpoint, keep_every, non_negative(), "also keep steps that are multiples of this; 0 = none"),
     KILN_FIELD(checkpoint, keep_best, none(), "also keep the best validation loss's checkpoint (DIR/best names it)"),
     KILN_FIELD(checkpoint, on_save_error, one_of("stop|continue"), "a failed save or metrics write: stop | continue"),
+
+    KILN_FIELD(dist, timeout, positive(), "seconds a collective waits for the other ranks before failing"),
 };
 
 #undef KILN_ROLE_FIELDS
 #undef KILN_FIELD
 
-constexpr std::array<std::string_view, 17> kSections = {
+constexpr std::array<std::string_view, 18> kSections = {
     "model",        "model.rope",   "model.moe",    "data",         "train",       "optim",
     "optim.embedding", "optim.head", "optim.matrix", "optim.expert", "optim.router", "optim.norm",
-    "optim.bias",   "optim.muon",   "optim.qk_clip", "log",         "checkpoint"};
+    "optim.bias",   "optim.muon",   "optim.qk_clip", "log",         "checkpoint",  "dist"};
 
 }  // namespace
 

@@ -12,8 +12,9 @@ static_assert(kiln::ops::kStepLossSlots == kiln::kMaxLossSlots, "the device step
 
 namespace kiln {
 
-DeviceStep::DeviceStep(Model& model, Optimizer& optimizer, int64_t micro_batches, bool graphs)
-    : model_(model), optimizer_(optimizer), host_scalars_(1) {
+DeviceStep::DeviceStep(Model& model, Optimizer& optimizer, int64_t micro_batches, bool graphs,
+                       DataParallel* data_parallel)
+    : model_(model), optimizer_(optimizer), data_parallel_(data_parallel), host_scalars_(1) {
   KILN_CHECK(model.options().device == Device::cuda && model.options().training, "train",
              "the device-side step needs a GPU training model");
   KILN_CHECK(optimizer.updates_on_device(), "train", "optimizer has no update with scalars in device memory");
@@ -57,6 +58,10 @@ DeviceStepOutcome DeviceStep::run(const std::vector<HostBatch>& batches, int64_t
     ops::add_micro_sums_on_device(device);
   };
   auto update = [this, device] {
+    if (data_parallel_) {
+      data_parallel_->reduce_gradients();
+      data_parallel_->sum(device->step_sums, ops::kStepLossSlots, Device::cuda);
+    }
     model_.gradient_sum_squares_to_device(&device->grad_sum_squares);
     ops::finish_step_on_device(device);
     optimizer_.step_on_device(&device->update);

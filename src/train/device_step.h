@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "nn/loss_terms.h"
 #include "ops/optim/step_scalars.h"
+#include "train/data_parallel.h"
 #include "train/optimizer.h"
 
 #include <memory>
@@ -44,14 +45,17 @@ struct DeviceStepOutcome {
 class DeviceStep {
  public:
   // `micro_batches` per step (train.grad_accum); `graphs`: capture and replay CUDA graphs
-  // (false: the same work op by op).
-  DeviceStep(Model& model, Optimizer& optimizer, int64_t micro_batches, bool graphs);
+  // (false: the same work op by op). `data_parallel` (null: one process) sums the
+  // gradients and loss sums over the ranks before the norm: NCCL on the stream, inside the
+  // update's graph.
+  DeviceStep(Model& model, Optimizer& optimizer, int64_t micro_batches, bool graphs,
+             DataParallel* data_parallel = nullptr);
   ~DeviceStep();
   DeviceStep(const DeviceStep&) = delete;
   DeviceStep& operator=(const DeviceStep&) = delete;
 
   // One step over `batches` (each filling the model's token budget) with `targets` target
-  // tokens in all. Zeroes the gradients first. The update is applied on the device unless
+  // tokens in all (over every rank). Zeroes the gradients first. The update is applied on the device unless
   // the verdict says skip; the caller then advances the optimizer's count
   // (Optimizer::count_update) only for an applied update.
   DeviceStepOutcome run(const std::vector<HostBatch>& batches, int64_t targets, const DeviceStepPlan& plan);
@@ -63,6 +67,7 @@ class DeviceStep {
  private:
   Model& model_;
   Optimizer& optimizer_;
+  DataParallel* data_parallel_;
   std::vector<PinnedArray<int32_t>> staging_;  // one staged batch per micro-batch of a step
   PinnedArray<ops::DeviceStepScalars> host_scalars_;
   Storage device_scalars_;

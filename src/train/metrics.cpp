@@ -17,6 +17,7 @@
 namespace kiln {
 
 MetricsLog::MetricsLog(const std::string& path, bool stop_on_error) : path_(path), stop_on_error_(stop_on_error) {
+  if (path.empty()) return;  // records nothing
   fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("metrics", "{}: cannot open for writing: {}", path, std::strerror(errno));
 }
@@ -26,7 +27,7 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::append(const std::string& line) {
-  if (failed_) return;
+  if (failed_ || fd_ < 0) return;
   size_t done = 0;
   while (done < line.size()) {
     const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);

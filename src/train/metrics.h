@@ -33,6 +33,7 @@ struct StepMetrics {
 // records are dropped (the run goes on; the file keeps what was written before).
 class MetricsLog {
  public:
+  // An empty path records nothing (the ranks other than 0 of a multi-process run).
   MetricsLog(const std::string& path, bool stop_on_error);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;

@@ -15,9 +15,13 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <sstream>
+#include <thread>
 
 namespace kiln {
 
@@ -49,6 +53,24 @@ void check_component_names(const Config& c) {
   check(position_registry(), "model.position", c.model.position);
   check(router_registry(), "model.moe.router", c.model.moe.router);
   check(schedule_registry(), "optim.schedule", c.optim.schedule);
+}
+
+// The resolved config's TOML with each key named in full and its help comment left out
+// ("optim.lr = 0.001"), so a difference between ranks names its key.
+std::string keyed_config_lines(const std::string& toml) {
+  std::string out, section, line;
+  std::istringstream in(toml);
+  while (std::getline(in, line)) {
+    if (line.starts_with('[')) {
+      section = line.substr(1, line.find(']') - 1);
+      continue;
+    }
+    if (line.empty() || line.starts_with('#')) continue;
+    if (const size_t help = line.rfind("  # "); help != std::string::npos) line.resize(help);
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += (section.empty() ? "" : section + ".") + line + '\n';
+  }
+  return out;
 }
 
 }  // namespace
@@ -91,11 +113,15 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
       guard_(config.train) {
   validate_config(config_);
   check_component_names(config_);  // before any data is read: config mistakes surface first
-  const int threads = set_cpu_threads(config_.train.threads);
-  threads_ = threads;
   io::ensure_writable_dir(config_.train.out_dir, "train.out_dir");  // before any work starts
+  join_process_group();
+  // train.threads = 0: this node's cores, shared by its ranks.
+  const int local_ranks = group_ ? group_->placement().local_world_size : 1;
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency() / local_ranks);
+  const int threads = set_cpu_threads(config_.train.threads > 0 ? config_.train.threads : cores);
+  threads_ = threads;
   checkpoints_ = std::make_unique<CheckpointWriter>(config_, faults_);
-  checkpoints_->prepare();  // an unusable checkpoint directory fails now, not at the first save
+  if (writes_files()) checkpoints_->prepare();  // an unusable checkpoint directory fails now, not at the first save
 
   tokenizer_ = tokenizer_from_config(config_.data.tokenizer);  // "byte" or a tokenizer.json
   KILN_CHECK(config_.model.vocab_size >= tokenizer_->vocab_size(), "model.vocab_size",
@@ -108,11 +134,14 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   const Packer packer(packer_options(config_, *tokenizer_));
   // data.seed, rank sharding (data.rank/world_size or RANK/WORLD_SIZE) and data.prefetch.
   stream_ = std::make_unique<BatchStream>(*dataset_, Split::train, packer, config_.data);
+  if (group_)  // the same documents, tokenizer and packing on every rank
+    group_->require_same_as_root(fmt::format("{:016x}", stream_->get_state().fingerprint), "data fingerprint");
   validation_ = validation_batches(*dataset_, packer, config_.train.eval_batches);
   micro_batches_.resize(static_cast<size_t>(config_.train.grad_accum));
 
   model_ = std::make_unique<Model>(config_.model, training_build_options(config_, device_));
-  model_->set_micro_batches(config_.train.grad_accum);
+  model_->set_micro_batches(micro_batches_per_step());
+  if (group_) data_parallel_ = std::make_unique<DataParallel>(*group_, *model_);
   optimizer_ = make_optimizer(config_.optim, model_->parameters());
   schedule_ = make_schedule(config_.optim, config_.train.steps,
                             config_.train.micro_batch_tokens * config_.train.grad_accum * stream_->options().world_size);
@@ -127,12 +156,15 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   // The GPU step with its scalars on the device, unless the op-by-op one is asked for or
   // test faults must be injected between its parts.
   if (device_ == Device::cuda && config_.train.cuda_graphs && optimizer_->updates_on_device() && !faults_.numeric())
-    device_step_ = std::make_unique<DeviceStep>(*model_, *optimizer_, config_.train.grad_accum, true);
+    device_step_ =
+        std::make_unique<DeviceStep>(*model_, *optimizer_, config_.train.grad_accum, true, data_parallel_.get());
 
-  io::replace_file_atomically((fs::path(config_.train.out_dir) / "config.toml").string(), config_to_toml(config_),
-                              "train");
-  const std::string metrics_path = (fs::path(config_.train.out_dir) / config_.log.metrics_file).string();
-  if (!resume) set_aside_earlier_metrics(metrics_path);
+  if (writes_files())
+    io::replace_file_atomically((fs::path(config_.train.out_dir) / "config.toml").string(), config_to_toml(config_),
+                                "train");
+  const std::string metrics_path =
+      writes_files() ? (fs::path(config_.train.out_dir) / config_.log.metrics_file).string() : "";
+  if (!resume && writes_files()) set_aside_earlier_metrics(metrics_path);
   // A failed metrics write is handled as a failed save (checkpoint.on_save_error).
   metrics_ = std::make_unique<MetricsLog>(metrics_path, config_.checkpoint.on_save_error == "stop");
   if (resume) {
@@ -153,10 +185,14 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
              config_.data.path, dataset_->num_documents(Split::train), dataset_->num_documents(Split::validation),
              human_count(static_cast<double>(dataset_->num_tokens(Split::train))),
              human_count(static_cast<double>(dataset_->num_tokens(Split::validation))),
-             config_.train.micro_batch_tokens * config_.train.grad_accum, config_.train.grad_accum,
+             config_.train.micro_batch_tokens * micro_batches_per_step(), micro_batches_per_step(),
              config_.train.micro_batch_tokens);
   // Data readers: bad input skipped in lenient mode, and this rank's share of the stream.
   if (config_.data.lenient) fmt::print("data: skipped bad input (data.lenient): {}\n", dataset_->skipped_summary());
+  if (group_)
+    fmt::print("distributed: {} ranks ({} launch, {} per node), gradients over {} | this is rank {}\n",
+               group_->world_size(), group_->placement().convention, group_->placement().local_world_size,
+               group_->device().backend(), group_->rank());
   if (stream_->options().world_size > 1)
     fmt::print("data: rank {} of {} (the global stream's micro-batches {} mod {})\n", stream_->options().rank,
                stream_->options().world_size, stream_->options().rank, stream_->options().world_size);
@@ -182,6 +218,10 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
     stream_->next(batch);
     targets += batch.target_count;
     m.tokens += batch.size();
+  }
+  if (data_parallel_) {  // the step's tokens over every rank
+    targets = data_parallel_->global_targets(targets);
+    m.tokens *= data_parallel_->world_size();  // the packer fills every micro-batch: equal on every rank
   }
   KILN_CHECK(targets > 0, "train", "step {} has no target tokens", step_index + 1);
   m.target_tokens = targets;
@@ -217,6 +257,10 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
     const LossSums sums = model_->forward_backward(1.0 / static_cast<double>(targets));
     for (size_t k = 0; k < step_sums.size(); ++k) step_sums[k] += sums.slot[k];
   }
+  if (data_parallel_) {
+    data_parallel_->reduce_gradients();
+    data_parallel_->sum(step_sums.data(), static_cast<int64_t>(step_sums.size()), Device::cpu);
+  }
   m.loss = step_sums[0] / static_cast<double>(targets);
   m.terms = reported_terms(step_sums, targets);
   if (faults_.numeric()) inject_numeric_faults(faults_, m.step, m.loss, model_->parameters());  // tests only
@@ -246,13 +290,23 @@ double Trainer::validate() {
   double loss = 0;
   int64_t count = 0;
   if (faults_.any()) inject_eval_faults(faults_, "validation", true);  // tests only
-  for (const HostBatch& batch : validation_) {
+  // Several ranks: each evaluates its share of the batches (i mod world_size), then the
+  // sums are added.
+  const size_t ranks = data_parallel_ ? static_cast<size_t>(data_parallel_->world_size()) : 1;
+  const size_t rank = data_parallel_ ? static_cast<size_t>(data_parallel_->rank()) : 0;
+  for (size_t i = rank; i < validation_.size(); i += ranks) {
     if (faults_.any()) inject_eval_faults(faults_, "validation", false);
     if (stop_requested()) return std::nan("");  // polled per batch: a stop does not wait for the pass
-    model_->load_batch(batch);
+    model_->load_batch(validation_[i]);
     const LossSums sums = model_->evaluate();
     loss += sums.loss;
     count += sums.count;
+  }
+  if (data_parallel_) {
+    double totals[2] = {loss, static_cast<double>(count)};
+    data_parallel_->sum(totals, 2, Device::cpu);
+    loss = totals[0];
+    count = static_cast<int64_t>(totals[1]);
   }
   return count > 0 ? loss / static_cast<double>(count) : std::nan("");
 }
@@ -274,7 +328,7 @@ std::vector<std::pair<std::string, double>> Trainer::reported_terms(const LossSl
   for (size_t k = 1; k < slots.size(); ++k)
     if (slots[k].reported)
       out.emplace_back(slots[k].name, model_->loss_terms().value(static_cast<int>(k), sums[k], targets,
-                                                                 config_.train.grad_accum));
+                                                                 micro_batches_per_step()));
   return out;
 }
 
@@ -305,7 +359,35 @@ void Trainer::log_step(const StepMetrics& m) {
   std::fflush(stdout);
 }
 
-bool Trainer::stop_requested() const { return signals_ != nullptr && signals_->received() != 0; }
+int Trainer::stop_signal() const {
+  if (group_) return agreed_signal_;
+  return signals_ != nullptr ? signals_->received() : 0;
+}
+
+bool Trainer::stop_requested() const { return stop_signal() != 0; }
+
+int Trainer::agree_on_stop() {
+  const int local = signals_ != nullptr ? signals_->received() : 0;
+  agreed_signal_ = data_parallel_ ? data_parallel_->agree_on_stop(local) : local;
+  return agreed_signal_;
+}
+
+void Trainer::join_process_group() {
+  const std::optional<dist::ProcessPlacement> placement = dist::process_placement();
+  if (!placement) return;
+  KILN_CHECK(config_.data.world_size == 0, "data.world_size",
+             "must be 0 in a {} launch of {} ranks: the data's ranks are the launcher's", placement->convention,
+             placement->world_size);
+  group_ = std::make_unique<dist::ProcessGroup>(*placement, device_, dist::collective_timeout(config_.dist.timeout));
+  if (!group_->is_root()) {
+    // The other ranks' console goes to a file of their own: one progress log, rank 0's.
+    const std::string log = (fs::path(config_.train.out_dir) / fmt::format("rank-{}.log", group_->rank())).string();
+    std::fflush(stdout);
+    KILN_CHECK(std::freopen(log.c_str(), "w", stdout) != nullptr, "train.out_dir", "{}: cannot write: {}", log,
+               std::strerror(errno));
+  }
+  group_->require_same_as_root(keyed_config_lines(config_to_toml(config_)), "config");
+}
 
 double Trainer::show_validation(int64_t step) {
   const double val = validate();
@@ -382,7 +464,7 @@ TrainResult Trainer::run() {
     p.elapsed_seconds = now_seconds() - start;
     const int64_t every = config_.checkpoint.every;
     if (every > 0 && m.step % every == 0) save_checkpoint_or_warn(result);
-    if (const int sig = signals.received()) {
+    if (const int sig = agree_on_stop()) {
       // Not subject to on_save_error: a stop whose state is not saved must fail loudly.
       if (checkpoint_step_ != p.step) result.checkpoint = save_checkpoint();
       fmt::print("stopped by {} after step {}; resume with: kiln train CONFIG --resume\n", StopSignals::name(sig),
@@ -406,6 +488,7 @@ void Trainer::keep_if_best(int64_t step, TrainResult& result) {
   if (!config_.checkpoint.keep_best || best_validation_.step != step || std::isnan(best_validation_.loss)) return;
   if (checkpoint_step_ != step) save_checkpoint_or_warn(result);
   if (checkpoint_step_ != step) return;  // the save failed (and warned)
+  if (!writes_files()) return;
   checkpoints_->mark_best(step);
   fmt::print("checkpoint: step {} is the best so far (validation loss {:.4f}): kept as {}/best\n", step,
              best_validation_.loss, checkpoints_->root());
@@ -414,6 +497,7 @@ void Trainer::keep_if_best(int64_t step, TrainResult& result) {
 // summary.json: written after the end-of-run validation, also when a signal cut that short
 // (then stopped_by says so); a failed write is a warning, the run's results stand.
 void Trainer::write_summary(const TrainResult& result) const {
+  if (!writes_files()) return;
   RunSummary s;
   s.steps = progress_.step;
   s.total_steps = config_.train.steps;
@@ -443,7 +527,8 @@ void Trainer::finish(TrainResult& result) {
   // The run's results first: whatever happens after this (a signal, a failing sample) is
   // the end-of-run report only.
   p.elapsed_seconds = now_seconds() - run_start_;
-  if (config_.checkpoint.save_final) {
+  agree_on_stop();
+  if (config_.checkpoint.save_final && writes_files()) {
     const std::string dir = (fs::path(t.out_dir) / "model").string();
     io::save_model(*model_, config_, dir);
     if (!io::save_tokenizer_with_model(config_.data.tokenizer, dir))  // so the model dir stands alone
@@ -477,7 +562,7 @@ void Trainer::finish(TrainResult& result) {
   });
   report([&] { show_sample(p.step); });
   result.seconds = now_seconds() - run_start_;
-  if (const int sig = signals_->received()) {
+  if (const int sig = stop_signal()) {
     result.stopped_by = StopSignals::name(sig);
     write_summary(result);
     fmt::print("stopped by {} after the last step ({}), in the end-of-run validation and sample; {} saved before "

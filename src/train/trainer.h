@@ -8,6 +8,7 @@
 #include "data/tokenizer.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
+#include "train/data_parallel.h"
 #include "config/config.h"
 #include "train/device_step.h"
 #include "train/fault_guard.h"
@@ -76,8 +77,19 @@ class Trainer {
   void finish(TrainResult& result);
   void write_summary(const TrainResult& result) const;
   void keep_if_best(int64_t step, TrainResult& result);
-  // A SIGTERM/SIGINT arrived while run() is running.
+  // A SIGTERM/SIGINT arrived while run() is running (several ranks: the signal they
+  // agreed on at the last step boundary, so every rank stops at the same point).
   bool stop_requested() const;
+  int stop_signal() const;
+  // At a step boundary: the signal received here, or by any rank.
+  int agree_on_stop();
+  // This process writes the run's files (config, metrics, checkpoints, the model): a
+  // single process, or rank 0 of several.
+  bool writes_files() const { return !group_ || group_->is_root(); }
+  // Micro-batches of one step over every rank (the per-micro-batch loss terms' divisor).
+  int64_t micro_batches_per_step() const { return config_.train.grad_accum * (group_ ? group_->world_size() : 1); }
+  // Joins the launcher's ranks, if it started several (before anything else is made).
+  void join_process_group();
 
   // trainer_checkpoint.cpp: the glue between the loop and train/checkpoint.h.
   std::optional<CheckpointInfo> find_resume_checkpoint(const TrainOptions& options);
@@ -89,6 +101,9 @@ class Trainer {
 
   Config config_;
   Device device_;
+  std::unique_ptr<dist::ProcessGroup> group_;      // null: a single process
+  std::unique_ptr<DataParallel> data_parallel_;    // with the group, once the model exists
+  int agreed_signal_ = 0;                          // the ranks' agreed stop signal
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<TokenDataset> dataset_;
   std::unique_ptr<BatchStream> stream_;

@@ -65,6 +65,7 @@ void Trainer::restore(const CheckpointInfo& checkpoint, bool allow_data_change) 
     fmt::print("resume: the checkpoint is at step {}, train.steps is {}: nothing left to train\n", progress_.step,
                config_.train.steps);
   // The crashed run may have logged steps past its checkpoint; they are run again.
+  if (!writes_files()) return;  // rank 0 keeps the metrics file
   const std::string metrics = (fs::path(config_.train.out_dir) / config_.log.metrics_file).string();
   truncate_metrics_after(metrics, progress_.step);
   best_validation_ = best_validation_in(metrics);  // the best so far carries on
@@ -83,6 +84,10 @@ CheckpointState Trainer::checkpoint_state() const {
 }
 
 std::string Trainer::save_checkpoint() {
+  if (!writes_files()) {  // rank 0 saves the run: every rank holds the same state
+    checkpoint_step_ = progress_.step;
+    return (fs::path(checkpoints_->root()) / checkpoint_name(progress_.step)).string();
+  }
   const double start = now_seconds();
   const std::string path = checkpoints_->save(*model_, *optimizer_, checkpoint_state());
   checkpoint_step_ = progress_.step;

@@ -1,0 +1,43 @@
+// Data parallelism of the trainer. Each of W ranks takes grad_accum micro-batches of the
+// global stream per step (rank r: micro-batches r, r + W, ...; data/batch_stream.h), and
+// the step is the one a single process would take over all W x grad_accum of them:
+// every gradient is scaled by 1 / (the target tokens of all ranks), the gradients and
+// loss sums are summed over the ranks before the norm, guard, clip and update, and the
+// components' step statistics (nn/step_statistics.h) are combined before they act on them.
+// Every rank then holds the same gradients, takes the same decisions and keeps the same
+// weights, so rank 0's checkpoint is the run's.
+#pragma once
+
+#include "dist/process_group.h"
+#include "model/model.h"
+
+#include <cstdint>
+
+namespace kiln {
+
+class DataParallel {
+ public:
+  DataParallel(dist::ProcessGroup& group, Model& model) : group_(group), model_(model) {}
+
+  int rank() const { return group_.rank(); }
+  int world_size() const { return group_.world_size(); }
+  bool is_root() const { return group_.is_root(); }
+
+  // The step's target tokens over every rank (host).
+  int64_t global_targets(int64_t local);
+  // The signal any rank received (the largest number; 0 = none), so all stop at one step.
+  int agree_on_stop(int local_signal);
+  // Sums the gradients and combines the step statistics over the ranks, in place on the
+  // model's device (on the GPU: on kiln's stream, with no host wait; a step graph may
+  // capture it).
+  void reduce_gradients();
+  // Sums `count` doubles over the ranks in place: host memory, or the device's (the device
+  // step's loss sums).
+  void sum(double* values, int64_t count, Device where);
+
+ private:
+  dist::ProcessGroup& group_;
+  Model& model_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,239 @@
+// Data-parallel training with real processes on the CPU backend (Gloo): the ranks'
+// step equals one process's over the same global batch, every launcher's environment
+// starts a run, checkpoints resume at another world size, and a dead, stopped or
+// misconfigured rank ends the run with a clear error rather than a hang.
+#include "fault_test_util.h"
+#include "io/safetensors.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+using namespace kiln;
+using namespace kiln::test;
+using kiln::io::SafetensorsFile;
+using kiln::io::read_tensor;
+
+namespace {
+
+// Every rank on one thread: two ranks share CI's two cores, and a bitwise-comparable run
+// needs a fixed thread count.
+const std::string kOneThread = "--set train.threads=1 ";
+
+class Distributed : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = temp_dir("kiln_distributed");
+    corpus_ = write_tiny_corpus(dir_, 300);
+  }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+  // `kiln launch --nproc N -- train ...` for the tiny run, `grad_accum` micro-batches per rank.
+  std::string launch(int nproc, const std::string& out, int grad_accum, const std::string& extra = "") const {
+    const std::string train = tiny_train(corpus_, out, kOneThread + fmt::format("--set train.grad_accum={} ", grad_accum) + extra);
+    return fmt::format("{} launch --nproc {} --grace 20 -- {}", kiln_binary(), nproc, train.substr(kiln_binary().size() + 1));
+  }
+  std::string single(const std::string& out, int grad_accum, const std::string& extra = "") const {
+    return tiny_train(corpus_, out, kOneThread + fmt::format("--set train.grad_accum={} ", grad_accum) + extra);
+  }
+  std::string dir_, corpus_;
+};
+
+double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+// The largest difference between two runs' final weights, relative to each tensor's largest value.
+double weight_difference(const std::string& a_dir, const std::string& b_dir) {
+  const SafetensorsFile a = SafetensorsFile::open(a_dir + "/model/model.safetensors");
+  const SafetensorsFile b = SafetensorsFile::open(b_dir + "/model/model.safetensors");
+  EXPECT_EQ(a.names(), b.names());
+  double worst = 0;
+  for (const std::string& name : a.names()) {
+    const OwnedTensor x = read_tensor(a, name, DType::f32), y = read_tensor(b, name, DType::f32);
+    const float* p = x.tensor.data<float>();
+    const float* q = y.tensor.data<float>();
+    double scale = 1e-30, diff = 0;
+    for (int64_t i = 0; i < x.tensor.numel(); ++i) {
+      scale = std::max(scale, static_cast<double>(std::abs(q[i])));
+      diff = std::max(diff, static_cast<double>(std::abs(p[i] - q[i])));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+// Same steps, losses and gradient norms within `tolerance` (relative): the reduction
+// order of the ranks' sum differs from one process's accumulation, so not bitwise.
+void expect_same_training(const std::string& a, const std::string& b, double tolerance) {
+  const std::vector<TrainRecord> x = train_records(a), y = train_records(b);
+  ASSERT_EQ(x.size(), y.size());
+  ASSERT_FALSE(x.empty());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i].step, y[i].step);
+    EXPECT_EQ(x[i].tokens, y[i].tokens) << "step " << x[i].step;
+    EXPECT_EQ(x[i].lr, y[i].lr) << "step " << x[i].step;
+    EXPECT_LT(relative(x[i].loss.get<double>(), y[i].loss.get<double>()), tolerance) << "step " << x[i].step;
+    EXPECT_LT(relative(x[i].grad_norm.get<double>(), y[i].grad_norm.get<double>()), tolerance) << "step " << x[i].step;
+  }
+}
+
+}  // namespace
+
+TEST_F(Distributed, TwoAndFourRanksTrainAsOneProcessOverTheSameGlobalBatch) {
+  std::string output;
+  const std::string one = dir_ + "/one", two = dir_ + "/two", four = dir_ + "/four";
+  ASSERT_EQ(run_with_fault(single(one, 4), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(launch(2, two, 2), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "distributed: 2 ranks (torchrun launch, 2 per node), gradients over gloo");
+  ASSERT_EQ(run_with_fault(launch(4, four, 1), "", &output), 0) << output;
+  expect_same_training(two, one, 1e-5);
+  expect_same_training(four, one, 1e-5);
+  const double d2 = weight_difference(two, one), d4 = weight_difference(four, one);
+  RecordProperty("weights_relative_difference_2", fmt::format("{:.3g}", d2));
+  RecordProperty("weights_relative_difference_4", fmt::format("{:.3g}", d4));
+  EXPECT_LT(d2, 1e-5);
+  EXPECT_LT(d4, 1e-5);
+  // Rank 0 alone writes the run's files; the others' console goes to their logs.
+  EXPECT_TRUE(std::filesystem::exists(two + "/rank-1.log"));
+  EXPECT_CONTAINS(read_file(two + "/rank-1.log"), "this is rank 1");
+  EXPECT_FALSE(std::filesystem::exists(two + "/rank-0.log"));
+}
+
+TEST_F(Distributed, ACheckpointResumesAtAnotherWorldSize) {
+  // 12 steps in one process, against: 2 ranks killed at the start of step 5 (checkpoint
+  // at 4), then 1 process killed at the start of step 9 (checkpoint at 8), then 4 ranks to
+  // the end. The data position and the schedule continue exactly.
+  std::string output;
+  const std::string straight = dir_ + "/straight", moved = dir_ + "/moved";
+  ASSERT_EQ(run_with_fault(single(straight, 4), "", &output), 0) << output;
+  ASSERT_NE(run_with_fault(launch(2, moved, 2), "kill_at_step:5", &output), 0) << output;
+  EXPECT_EQ(latest_of(moved), "step-00000004");
+  ASSERT_EQ(run_with_fault(single(moved, 4, "--resume"), "kill_at_step:9", &output), -SIGKILL) << output;
+  EXPECT_EQ(latest_of(moved), "step-00000008");
+  ASSERT_EQ(run_with_fault(launch(4, moved, 1, "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(moved, 8) + " at step 8");
+  expect_same_training(moved, straight, 1e-5);
+  EXPECT_LT(weight_difference(moved, straight), 1e-5);
+}
+
+TEST_F(Distributed, EveryLauncherConventionStartsTheSameRun) {
+  // The ranks started by hand with Slurm's and Open MPI's variables, as srun and mpirun
+  // set them; rank 0 serves the rendezvous on MASTER_PORT.
+  std::string output;
+  const std::string reference = dir_ + "/reference";
+  ASSERT_EQ(run_with_fault(launch(2, reference, 1, "--set train.steps=3"), "", &output), 0) << output;
+  const std::vector<std::pair<std::string, std::string>> conventions = {
+      {"slurm", "SLURM_PROCID={0} SLURM_NTASKS=2 SLURM_LOCALID={0} SLURM_NTASKS_PER_NODE=2 SLURM_JOB_NODELIST=localhost"},
+      {"openmpi", "OMPI_COMM_WORLD_RANK={0} OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK={0} "
+                  "OMPI_COMM_WORLD_LOCAL_SIZE=2"}};
+  const int base_port = 29700 + static_cast<int>(getpid() % 500) * 2;
+  for (size_t c = 0; c < conventions.size(); ++c) {
+    const auto& [name, vars] = conventions[c];
+    const std::string out = dir_ + "/" + name;
+    std::vector<pid_t> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.push_back(spawn(fmt::format("env MASTER_PORT={} {} ", base_port + c, fmt::format(fmt::runtime(vars), r)) +
+                                single(out, 1, "--set train.steps=3"),
+                            fmt::format("{}/{}-{}.out", dir_, name, r)));
+    for (pid_t pid : ranks) {
+      int status = 0;
+      waitpid(pid, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << name << ": " << read_file(dir_ + "/" + name + "-0.out");
+    }
+    EXPECT_CONTAINS(read_file(dir_ + "/" + name + "-0.out"), "distributed: 2 ranks (" + name + " launch");
+    EXPECT_EQ(train_records(out), train_records(reference)) << name;  // bitwise: the same reduction
+  }
+}
+
+namespace {
+
+// Two ranks started by hand (torchrun's variables), so the test can signal one of them.
+std::vector<pid_t> spawn_ranks(const std::string& dir, int port, const std::vector<std::string>& commands) {
+  std::vector<pid_t> pids;
+  for (size_t r = 0; r < commands.size(); ++r)
+    pids.push_back(spawn(fmt::format("env RANK={} WORLD_SIZE={} MASTER_PORT={} {}", r, commands.size(), port,
+                                     commands[r]),
+                         fmt::format("{}/rank{}.out", dir, r)));
+  return pids;
+}
+
+// The exit status (128 + signal when killed), waiting at most `seconds`; -1 on timeout
+// (the process is then killed).
+int wait_exit(pid_t pid, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+// Waits until `file` holds `text` (a rank reached a step), at most `seconds`.
+bool wait_for_text(const std::string& file, const std::string& text, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (std::filesystem::exists(file) && read_file(file).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+int test_port(int offset) { return 30700 + static_cast<int>(getpid() % 400) * 4 + offset; }
+
+}  // namespace
+
+TEST_F(Distributed, KillingOneRankEndsTheOthersWithAnErrorNamingTheCollective) {
+  const std::string out = dir_ + "/killed";
+  // Long enough that rank 1 is killed mid-run; dist.timeout bounds a hang, a closed
+  // connection is seen at once.
+  const std::string train = single(out, 1, "--set train.steps=100000 --set dist.timeout=20");
+  const std::vector<pid_t> ranks = spawn_ranks(dir_, test_port(0), {train, train});
+  ASSERT_TRUE(wait_for_text(out + "/rank-1.log", "step     3/", 60)) << read_file(dir_ + "/rank0.out");
+  kill(ranks[1], SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  const int status = wait_exit(ranks[0], 40);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  wait_exit(ranks[1], 5);
+  const std::string log = read_file(dir_ + "/rank0.out");
+  EXPECT_EQ(status, 1) << log;
+  EXPECT_LT(seconds, 30) << log;
+  EXPECT_CONTAINS(log, "kiln: error: [dist] rank 0 of 2: the collective '");
+}
+
+TEST_F(Distributed, SigtermToOneRankCheckpointsEveryRankAtOneStepAndExitsZero) {
+  const std::string out = dir_ + "/stopped";
+  const std::string train = single(out, 1, "--set train.steps=100000 --set checkpoint.every=0");
+  const std::vector<pid_t> ranks = spawn_ranks(dir_, test_port(1), {train, train});
+  ASSERT_TRUE(wait_for_text(out + "/rank-1.log", "step     3/", 60)) << read_file(dir_ + "/rank0.out");
+  kill(ranks[1], SIGTERM);
+  EXPECT_EQ(wait_exit(ranks[0], 60), 0) << read_file(dir_ + "/rank0.out");
+  EXPECT_EQ(wait_exit(ranks[1], 60), 0) << read_file(out + "/rank-1.log");
+  const std::string log = read_file(dir_ + "/rank0.out");
+  EXPECT_CONTAINS(log, "stopped by SIGTERM after step");
+  // Rank 0 saved at the step both stopped after, and the run resumes from it in one process.
+  const std::string latest = latest_of(out);
+  EXPECT_CONTAINS(read_file(out + "/rank-1.log"), "stopped by SIGTERM after step " + std::to_string(std::stoll(latest.substr(5))));
+  std::string output;
+  const int64_t stopped = std::stoll(latest.substr(5));
+  EXPECT_EQ(run_with_fault(single(out, 2, fmt::format("--resume --set train.steps={}", stopped + 2)), "", &output), 0)
+      << output;
+  EXPECT_CONTAINS(output, fmt::format("resumed from {}/checkpoints/{} at step {}", out, latest, stopped));
+}
+
+TEST_F(Distributed, ARankWithAnotherConfigIsRefusedAtStartNamingTheKey) {
+  const std::string out = dir_ + "/mismatch";
+  const std::vector<pid_t> ranks =
+      spawn_ranks(dir_, test_port(2), {single(out, 1), single(out, 1, "--set optim.lr=2e-2")});
+  EXPECT_EQ(wait_exit(ranks[0], 60), 1);
+  EXPECT_EQ(wait_exit(ranks[1], 60), 1);
+  EXPECT_CONTAINS(read_file(dir_ + "/rank1.out"),
+                  "kiln: error: [dist] rank 1: its config differs from rank 0's: 'optim.lr = 0.02' here, "
+                  "'optim.lr = 0.01' on rank 0");
+  EXPECT_CONTAINS(read_file(dir_ + "/rank0.out"), "hold another config than rank 0 (the first, rank 1, says where)");
+}
