@@ -237,3 +237,25 @@ TEST_F(Distributed, ARankWithAnotherConfigIsRefusedAtStartNamingTheKey) {
                   "'optim.lr = 0.01' on rank 0");
   EXPECT_CONTAINS(read_file(dir_ + "/rank0.out"), "hold another config than rank 0 (the first, rank 1, says where)");
 }
+
+TEST_F(Distributed, SparseLayersAndQkClipActOnTheWholeStepOnEveryRank) {
+  // The balancing bias follows the expert loads of all ranks' tokens, QK-Clip the largest
+  // logit of any rank, and the per-micro-batch loss terms average over every rank's
+  // micro-batches: two ranks equal one process, and the terms are reported alike.
+  const std::string sparse =
+      "--set model.mlp=moe --set model.moe.experts=4 --set model.moe.top_k=2 --set model.moe.expert_hidden=32 "
+      "--set model.moe.router=sigmoid_bias --set model.moe.aux_loss=0.01 --set optim.name=muon "
+      "--set optim.qk_clip.enabled=true --set optim.qk_clip.tau=1.5 ";
+  std::string output;
+  const std::string one = dir_ + "/one", two = dir_ + "/two";
+  ASSERT_EQ(run_with_fault(single(one, 4, sparse), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(launch(2, two, 2, sparse), "", &output), 0) << output;
+  expect_same_training(two, one, 1e-5);
+  EXPECT_LT(weight_difference(two, one), 1e-5);
+  const std::vector<nlohmann::json> a = metrics_of_kind(one, "train"), b = metrics_of_kind(two, "train");
+  ASSERT_EQ(a.size(), b.size());
+  for (const char* key : {"moe_aux", "moe.0.load_max", "attn.0.max_logit", "attn.0.clipped"}) {
+    ASSERT_TRUE(a.back().contains(key)) << a.back().dump();
+    EXPECT_LT(relative(b.back()[key].get<double>(), a.back()[key].get<double>()), 1e-5) << key;
+  }
+}
