@@ -167,6 +167,7 @@ struct State {
   DeviceBuffer workspace;  // what the plans ask for (shared: calls are ordered on one stream)
   DeviceBuffer layout;     // seq_len_q, seq_len_kv, ragged offsets of the current call
   int bucketing = -1;      // -1: not decided yet (KILN_CUDNN_BUCKET, default on)
+  int64_t atomic_fallbacks = 0;  // deterministic backward calls too large for their workspace
 };
 
 // Never destroyed: cuDNN handles and plans must not be torn down after the CUDA context is
@@ -479,6 +480,32 @@ bool plain_layout(const AttentionArgs& a, int64_t max_seqlen) {
   return max_seqlen >= 2;
 }
 
+// The deterministic backward's dP workspace, about B * Hq * S * S * 2 bytes, grows with the
+// square of the longest sequence times the count of sequences: a packed batch of many short
+// documents and one long one (256 entries of up to 4096 positions, 16 heads: 137 GB) cannot
+// have it. Above a sixteenth of the GPU's memory that shape's backward takes the atomic
+// algorithm instead, said once per process; the runs that can be reproducible stay so.
+bool deterministic_workspace_fits(const Key& k) {
+  static const double limit = [] {
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    return static_cast<double>(total) / 16;
+  }();
+  const double bytes = 2.0 * static_cast<double>(k.batch) * static_cast<double>(k.q_heads) *
+                       static_cast<double>(k.seq) * static_cast<double>(k.seq);
+  if (bytes <= limit) return true;
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    warn(kWhere, fmt::format("train.deterministic: the deterministic backward of {} sequences of up to {} positions "
+                             "({} heads) would need {:.1f} GiB of workspace (more than {:.1f} GiB, a sixteenth of the "
+                             "GPU); such batches' attention backward accumulates with atomics instead, which is not "
+                             "bitwise reproducible (shorter model.max_seq_len or fewer, longer documents per batch "
+                             "avoid it)",
+                             k.batch, k.seq, k.q_heads, bytes / 1073741824.0, limit / 1073741824.0));
+  });
+  return false;
+}
+
 Key key_of(State& st, const AttentionArgs& a, int64_t max_seqlen, bool backward) {
   const bool plain = plain_layout(a, max_seqlen);
   // A uniform batch has its exact shape: nothing to pad, and the runs that have them keep one shape.
@@ -498,7 +525,8 @@ Key key_of(State& st, const AttentionArgs& a, int64_t max_seqlen, bool backward)
   std::memcpy(&k.softcap_bits, &softcap, sizeof(k.softcap_bits));
   // The deterministic backward (the default) costs a dP workspace and time; without it dQ
   // is accumulated with atomics (not bitwise reproducible, so exact resume no longer holds).
-  k.deterministic = backward && a.deterministic;
+  k.deterministic = backward && a.deterministic && deterministic_workspace_fits(k);
+  if (backward && a.deterministic && !k.deterministic) ++st.atomic_fallbacks;
   return k;
 }
 
@@ -521,6 +549,12 @@ void set_attention_cudnn_bucketing(bool on) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   st.bucketing = on ? 1 : 0;
+}
+
+int64_t attention_cudnn_atomic_fallbacks() {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  return st.atomic_fallbacks;
 }
 
 int64_t attention_cudnn_graph_count() {

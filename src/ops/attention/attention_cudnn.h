@@ -31,5 +31,8 @@ void attention_backward_bf16(const AttentionArgs& a, int64_t max_seqlen, const b
 void set_attention_cudnn_bucketing(bool on);
 // cuDNN graphs built so far in this process (forward and backward): tests check reuse.
 int64_t attention_cudnn_graph_count();
+// Deterministic backward calls whose dP workspace (about B * Hq * S * S * 2 bytes of the
+// bucketed shape) exceeded a sixteenth of the GPU's memory and ran the atomic algorithm.
+int64_t attention_cudnn_atomic_fallbacks();
 
 }  // namespace kiln::cuda
