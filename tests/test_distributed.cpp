@@ -259,3 +259,15 @@ TEST_F(Distributed, SparseLayersAndQkClipActOnTheWholeStepOnEveryRank) {
     EXPECT_LT(relative(b.back()[key].get<double>(), a.back()[key].get<double>()), 1e-5) << key;
   }
 }
+
+TEST_F(Distributed, SigtermToTheLauncherStopsEveryRankWithACheckpoint) {
+  const std::string out = dir_ + "/launched";
+  const pid_t launcher =
+      spawn(launch(2, out, 1, "--set train.steps=100000 --set checkpoint.every=0"), dir_ + "/launch.out");
+  ASSERT_TRUE(wait_for_text(out + "/rank-1.log", "step     3/", 60)) << read_file(dir_ + "/launch.out");
+  kill(launcher, SIGTERM);
+  EXPECT_EQ(wait_exit(launcher, 60), 0) << read_file(dir_ + "/launch.out");
+  EXPECT_CONTAINS(read_file(dir_ + "/launch.out"), "stopped by SIGTERM after step");
+  EXPECT_CONTAINS(read_file(out + "/rank-1.log"), "stopped by SIGTERM after step");
+  EXPECT_TRUE(std::filesystem::exists(out + "/checkpoints/" + latest_of(out) + "/manifest.json"));
+}

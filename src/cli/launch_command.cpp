@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,6 +56,11 @@ int exit_code(int status) {
 }
 
 [[noreturn]] void exec_rank(int rank, int nproc, int port, const std::vector<std::string>& args) {
+  // A group of its own, so a Ctrl-C at the terminal reaches the launcher alone, which
+  // passes it on once (kiln's stop handler is one-shot: a second signal ends a rank at
+  // once); and SIGTERM when the launcher dies, so no rank outlives it.
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
   const std::string r = std::to_string(rank), n = std::to_string(nproc), p = std::to_string(port);
   setenv("RANK", r.c_str(), 1);
   setenv("LOCAL_RANK", r.c_str(), 1);
