@@ -1,7 +1,7 @@
 #include "cli/commands.h"
 #include "model/model.h"
 #include "core/device_memory.h"
-#include "train/optimizer_groups.h"
+#include "train/memory_check.h"
 #include "train/trainer.h"
 
 #include <fmt/format.h>
@@ -18,11 +18,15 @@ void add_plan_command(CLI::App& app) {
   struct Options {
     std::string config;
     std::vector<std::string> overrides;
+    double fit_gib = 0;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("plan", "parameter count, memory and FLOPs of a config, without allocating");
   cmd->add_option("config", o->config, "TOML config file")->required();
   cmd->add_option("--set", o->overrides, "override a key: --set model.layers=8 (repeatable)")->take_all();
+  cmd->add_option("--fit-memory", o->fit_gib,
+                  "also print the largest train.micro_batch_tokens whose plan fits in this many GiB")
+      ->check(CLI::PositiveNumber);
   cmd->callback([o] {
     const Config config = load_config(o->config, o->overrides);
     // The plan of the run this config would make: on the GPU when train.device names it
@@ -33,10 +37,8 @@ void add_plan_command(CLI::App& app) {
                      (train.device != "cpu" && train.precision == "bf16");
     const BuildOptions build = training_build_options(config, gpu ? Device::cuda : Device::cpu);
     const Model model(config.model, build);  // plans every arena; allocates nothing
-    Arena optimizer_state("optimizer", build.device);
-    auto optimizer = make_optimizer(config.optim, model.parameters());
-    optimizer->plan(optimizer_state);
-    const MemoryPlan plan = model.memory_plan();
+    // The memory check's own plan (train/memory_check.h), so plan and train agree to the byte.
+    const MemoryBudget plan = plan_training_memory(config, build.device);
     const int64_t params = model.parameter_count(), embed = model.embedding_parameter_count();
     const double flops = model.flops_per_token(config.model.max_seq_len);
     const int64_t step_tokens = config.train.micro_batch_tokens * config.train.grad_accum;
@@ -46,9 +48,9 @@ void add_plan_command(CLI::App& app) {
                config.model.max_seq_len);
     fmt::print("parameters      {:>14L}  ({} embedding, {} non-embedding)\n", params, embed, params - embed);
     const double active = model.active_parameter_count();
-    if (active < static_cast<double>(params))
-      fmt::print("active          {:>14L}  (per token: each expert weighed by top_k / experts)\n",
-                 static_cast<int64_t>(std::llround(active)));
+    fmt::print("active          {:>14L}  ({})\n", static_cast<int64_t>(std::llround(active)),
+               active < static_cast<double>(params) ? "per token: each expert weighed by top_k / experts"
+                                                    : "dense: every parameter, per token");
     fmt::print("FLOPs per token {:>14.4g}  (6 x active matmul params + attention's 6 x heads x head_dim x context, "
                "windows counted)\n", flops);
     fmt::print("FLOPs per step  {:>14.4g}  ({} tokens)\n", flops * static_cast<double>(step_tokens), step_tokens);
@@ -57,10 +59,24 @@ void add_plan_command(CLI::App& app) {
                build.recompute_blocks > 0 ? fmt::format(", {} blocks recomputed", build.recompute_blocks) : "");
     fmt::print("  parameters      {:>10.2f} MiB\n", mib(plan.parameters));
     fmt::print("  gradients       {:>10.2f} MiB\n", mib(plan.gradients));
-    fmt::print("  optimizer state {:>10.2f} MiB\n", mib(optimizer_state.planned_bytes()));
+    fmt::print("  optimizer state {:>10.2f} MiB\n", mib(plan.optimizer));
     fmt::print("  activations     {:>10.2f} MiB\n", mib(plan.activations));
     fmt::print("  workspace       {:>10.2f} MiB\n", mib(plan.workspace));
-    fmt::print("  total           {:>10.2f} MiB\n", mib(plan.total() + optimizer_state.planned_bytes()));
+    if (plan.batches > 0) fmt::print("  batches         {:>10.2f} MiB  (host micro-batches kept)\n", mib(plan.batches));
+    fmt::print("  total           {:>10.2f} MiB\n", mib(plan.total()));
+    if (o->fit_gib > 0) {
+      // The trainer compares this plan with the free bytes it finds once its CUDA context
+      // exists (train/memory_check.h), so GIB means free memory, not the card's size.
+      const auto bytes = static_cast<size_t>(o->fit_gib * 1073741824.0);
+      const int64_t fit = largest_micro_batch(config, build.device, bytes);
+      const int64_t seq = config.model.max_seq_len;
+      if (fit == 0)
+        fmt::print("fits in {:g} GiB: nothing, not even a micro-batch of model.max_seq_len = {} tokens\n", o->fit_gib,
+                   seq);
+      else
+        fmt::print("fits in {:g} GiB: train.micro_batch_tokens up to {} ({} sequences of {} = {} tokens)\n",
+                   o->fit_gib, fit, fit / seq, seq, fit / seq * seq);
+    }
   });
 }
 

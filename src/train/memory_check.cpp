@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -101,6 +102,19 @@ int64_t largest_fitting_micro_batch(const Config& config, Device device, size_t 
     else hi = mid - 1;
   }
   return lo;
+}
+
+int64_t largest_micro_batch(const Config& config, Device device, size_t available) {
+  constexpr int64_t most = std::numeric_limits<int32_t>::max();  // positions and offsets are 32-bit
+  Config c = config;
+  auto fits = [&](int64_t tokens) {
+    c.train.micro_batch_tokens = tokens;
+    return plan_training_memory(c, device).total() <= available;
+  };
+  int64_t hi = std::max(config.train.micro_batch_tokens, config.model.max_seq_len);
+  while (hi < most && fits(hi)) hi = std::min(most, 2 * hi);
+  c.train.micro_batch_tokens = hi;
+  return largest_fitting_micro_batch(c, device, available);
 }
 
 void check_memory_fits(const Config& config, Device device, const MemoryBudget& plan, const AvailableMemory& available) {

@@ -34,6 +34,10 @@ AvailableMemory available_memory(Device device);
 // `available` bytes, or 0 when not even model.max_seq_len does.
 int64_t largest_fitting_micro_batch(const Config& config, Device device, size_t available);
 
+// The same, searched above the config's own train.micro_batch_tokens too (doubling it until
+// a plan no longer fits, up to the 32-bit limit on positions): `kiln plan --fit-memory`.
+int64_t largest_micro_batch(const Config& config, Device device, size_t available);
+
 // Throws "[memory] ..." (one line: the breakdown, what is available, the largest
 // micro-batch that fits) when `plan` exceeds `available`.
 void check_memory_fits(const Config& config, Device device, const MemoryBudget& plan, const AvailableMemory& available);
