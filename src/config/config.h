@@ -115,6 +115,9 @@ struct DataConfig {
 
 struct TrainConfig {
   int64_t steps = 600;
+  // A token budget instead: train.steps becomes ceil(tokens / tokens per step), the step's
+  // tokens over every rank (micro_batch_tokens x grad_accum x ranks). 0 = train.steps.
+  int64_t tokens = 0;
   int64_t micro_batch_tokens = 4096;   // fixed token budget per micro-batch
   int64_t grad_accum = 1;              // micro-batches per optimizer step
   uint64_t seed = 1337;                // weight init and sampling
@@ -139,6 +142,7 @@ struct TrainConfig {
   double z_loss = 0.0;                 // coefficient of mean(logsumexp^2)
   int64_t loss_chunk_tokens = 1024;    // LM head rows per chunk (logits never whole)
   int64_t eval_every = 100;            // steps between validation; 0 = only at the end
+  int64_t eval_every_tokens = 0;       // also each time the tokens trained cross a multiple of this; 0 = off
   int64_t eval_batches = 8;            // micro-batches of held-out data per validation
   int64_t sample_every = 200;          // steps between samples; 0 = only at the end
   int64_t sample_tokens = 200;
@@ -232,6 +236,10 @@ struct CheckpointConfig {
   bool save_final = true;  // write <out_dir>/model at the end of training
   // Resumable checkpoints (train/checkpoint.h): DIR/step-NNNNNNNN/ plus DIR/latest.
   int64_t every = 100;                 // steps between checkpoints (and one at the end); 0 = off
+  int64_t every_tokens = 0;            // also each time the tokens trained cross a multiple of this; 0 = off
+  // A stock Hugging Face export (io/hf_export.h, fp32) of the model every N steps into
+  // <train.out_dir>/hf/step-N, from that step's checkpoint (saved then if none was due); 0 = off.
+  int64_t export_hf_every = 0;
   std::string dir = "";                // "" = <train.out_dir>/checkpoints
   int64_t keep_last = 2;               // newest checkpoints kept; 0 = keep all
   int64_t keep_every = 0;              // also keep every checkpoint whose step is a multiple; 0 = none

@@ -124,6 +124,7 @@ const std::array kFields = {
     KILN_FIELD(data, world_size, non_negative(), "data-parallel ranks; 0 = env RANK/WORLD_SIZE, else 1"),
 
     KILN_FIELD(train, steps, positive(), "optimizer steps"),
+    KILN_FIELD(train, tokens, non_negative(), "token budget: steps = ceil(tokens / tokens per step); 0 = train.steps"),
     KILN_FIELD(train, micro_batch_tokens, positive().up_to(kMaxPositions, "positions and offsets are 32-bit"),
                "token budget per micro-batch"),
     KILN_FIELD(train, grad_accum, positive().up_to(kMaxHeldBatches, "each is a micro-batch held in memory"),
@@ -141,6 +142,7 @@ const std::array kFields = {
     KILN_FIELD(train, loss_chunk_tokens, positive().up_to(kMaxPositions, "rows are 32-bit"),
                "LM head rows per chunk"),
     KILN_FIELD(train, eval_every, non_negative(), "steps between validation; 0 = only at the end"),
+    KILN_FIELD(train, eval_every_tokens, non_negative(), "also validate each time the tokens cross a multiple; 0 = off"),
     KILN_FIELD(train, eval_batches, non_negative().up_to(kMaxHeldBatches, "each is a micro-batch held in memory"),
                "held-out micro-batches per validation"),
     KILN_FIELD(train, sample_every, non_negative(), "steps between samples; 0 = only at the end"),
@@ -194,6 +196,8 @@ const std::array kFields = {
 
     KILN_FIELD(checkpoint, save_final, none(), "write <out_dir>/model at the end"),
     KILN_FIELD(checkpoint, every, non_negative(), "steps between resumable checkpoints (and at the end); 0 = off"),
+    KILN_FIELD(checkpoint, every_tokens, non_negative(), "also save each time the tokens cross a multiple; 0 = off"),
+    KILN_FIELD(checkpoint, export_hf_every, non_negative(), "steps between Hugging Face exports into <out_dir>/hf/step-N; 0 = off"),
     KILN_FIELD(checkpoint, dir, none(), "checkpoint directory; \"\" = <train.out_dir>/checkpoints"),
     KILN_FIELD(checkpoint, keep_last, non_negative(), "newest checkpoints kept; 0 = keep all"),
     KILN_FIELD(checkpoint, keep_every, non_negative(), "also keep steps that are multiples of this; 0 = none"),

@@ -69,9 +69,11 @@ std::string state_to_json(const CheckpointState& s) {
       {"step", p.step},
       {"tokens", p.tokens},
       {"target_tokens", p.target_tokens},
+      {"document_tokens", p.document_tokens},
       {"elapsed_seconds", p.elapsed_seconds},
       {"log_window",
-       {{"loss_sum", p.window_loss}, {"losses", p.window_losses}, {"steps", p.window_steps}, {"tokens", p.window_tokens}}},
+       {{"loss_sum", p.window_loss}, {"losses", p.window_losses}, {"steps", p.window_steps}, {"tokens", p.window_tokens},
+        {"document_tokens", p.window_document_tokens}}},
       {"optimizer_steps", s.optimizer_steps},
       {"data",
        {{"fingerprint", hex64(s.stream.fingerprint)},
@@ -113,12 +115,16 @@ CheckpointState state_from_json(const std::string& text, const std::string& path
   p.step = get<int64_t>(j, "step", path);
   p.tokens = get<int64_t>(j, "tokens", path);
   p.target_tokens = get<int64_t>(j, "target_tokens", path);
+  // Checkpoints before document_tokens was counted: as if every position held one.
+  p.document_tokens = j.contains("document_tokens") ? get<int64_t>(j, "document_tokens", path) : p.tokens;
   p.elapsed_seconds = get<double>(j, "elapsed_seconds", path);
   const json w = get<json>(j, "log_window", path);
   p.window_loss = get<double>(w, "loss_sum", path);
   p.window_losses = get<int64_t>(w, "losses", path);
   p.window_steps = get<int64_t>(w, "steps", path);
   p.window_tokens = get<int64_t>(w, "tokens", path);
+  p.window_document_tokens =
+      w.contains("document_tokens") ? get<int64_t>(w, "document_tokens", path) : p.window_tokens;
   s.optimizer_steps = get<int64_t>(j, "optimizer_steps", path);
   const json d = get<json>(j, "data", path);
   s.stream.fingerprint = parse_hex64(get<std::string>(d, "fingerprint", path), "checkpoint");

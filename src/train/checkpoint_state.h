@@ -22,6 +22,7 @@ struct TrainProgress {
   int64_t step = 0;             // steps done (applied or skipped): the next step is step + 1
   int64_t tokens = 0;           // positions processed, PAD included
   int64_t target_tokens = 0;    // positions with a loss
+  int64_t document_tokens = 0;  // positions holding a document's token (PAD left out)
   double elapsed_seconds = 0;   // wall time of all runs up to here
   // The log line averages over log.every steps; a run resumed mid-window must continue
   // the same average.
@@ -29,6 +30,7 @@ struct TrainProgress {
   int64_t window_losses = 0;    // how many
   int64_t window_steps = 0;
   int64_t window_tokens = 0;
+  int64_t window_document_tokens = 0;
 
   bool operator==(const TrainProgress&) const = default;
 };

@@ -2,9 +2,8 @@
 
 namespace kiln {
 
-int64_t DataParallel::global_targets(int64_t local) {
-  group_.host().all_reduce(&local, 1, DType::i64, dist::ReduceOp::sum, "step target tokens");
-  return local;
+void DataParallel::sum_counts(int64_t* counts, int count) {
+  group_.host().all_reduce(counts, count, DType::i64, dist::ReduceOp::sum, "step token counts");
 }
 
 int DataParallel::agree_on_stop(int local_signal) {

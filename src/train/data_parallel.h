@@ -23,8 +23,8 @@ class DataParallel {
   int world_size() const { return group_.world_size(); }
   bool is_root() const { return group_.is_root(); }
 
-  // The step's target tokens over every rank (host).
-  int64_t global_targets(int64_t local);
+  // Sums `count` step counts (target tokens, document tokens) over every rank, in place (host).
+  void sum_counts(int64_t* counts, int count);
   // The signal any rank received (the largest number; 0 = none), so all stop at one step.
   int agree_on_stop(int local_signal);
   // Sums the gradients and combines the step statistics over the ranks, in place on the

@@ -48,7 +48,8 @@ void MetricsLog::append(const std::string& line) {
 void MetricsLog::step(const StepMetrics& m) {
   nlohmann::json j = {{"kind", "train"},         {"step", m.step},          {"loss", m.loss},
                       {"lr", m.lr},              {"grad_norm", m.grad_norm}, {"tokens", m.tokens},
-                      {"target_tokens", m.target_tokens}, {"step_seconds", m.step_seconds},
+                      {"target_tokens", m.target_tokens}, {"document_tokens", m.document_tokens},
+                      {"step_seconds", m.step_seconds},
                       {"elapsed_seconds", m.elapsed_seconds}};
   for (const auto& [name, value] : m.terms) j[name] = value;
   for (const auto& [name, value] : m.components) j[name] = value;

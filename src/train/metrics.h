@@ -20,6 +20,7 @@ struct StepMetrics {
   double lr = 0;
   double grad_norm = 0;        // before clipping
   int64_t tokens = 0;          // positions processed (incl. PAD)
+  int64_t document_tokens = 0; // of them, documents' tokens (PAD left out): the real throughput
   int64_t target_tokens = 0;   // tokens with a loss
   double step_seconds = 0;
   double elapsed_seconds = 0;

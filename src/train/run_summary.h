@@ -26,6 +26,8 @@ BestValidation best_validation_in(const std::string& metrics_path);
 struct RunSummary {
   int64_t steps = 0, total_steps = 0;
   int64_t tokens = 0, target_tokens = 0;  // positions processed (PAD included), and with a loss
+  int64_t document_tokens = 0;            // positions holding a document's token
+  double document_tokens_per_second = 0;  // of this run's steps: the real throughput
   double seconds = 0;                     // this run's wall time
   double elapsed_seconds = 0;             // every run's, up to the end
   double tokens_per_second = 0;           // of this run's steps

@@ -3,6 +3,8 @@
 #include "core/device_memory.h"
 #include "core/printable.h"
 #include "io/durable_io.h"
+#include "io/hf_config.h"
+#include "io/hf_export.h"
 #include "io/model_dir.h"
 #include "io/model_io.h"
 #include "nn/modules.h"
@@ -136,12 +138,20 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   stream_ = std::make_unique<BatchStream>(*dataset_, Split::train, packer, config_.data);
   if (group_)  // the same documents, tokenizer and packing on every rank
     group_->require_same_as_root(fmt::format("{:016x}", stream_->get_state().fingerprint), "data fingerprint");
+  if (config_.train.tokens > 0) {  // a token budget: the steps it takes
+    const int64_t per_step = config_.train.micro_batch_tokens * micro_batches_per_step();
+    config_.train.steps = (config_.train.tokens + per_step - 1) / per_step;
+    fmt::print("train.tokens {}: {} steps of {} tokens\n", config_.train.tokens, config_.train.steps, per_step);
+  }
   validation_ = validation_batches(*dataset_, packer, config_.train.eval_batches);
   micro_batches_.resize(static_cast<size_t>(config_.train.grad_accum));
 
   model_ = std::make_unique<Model>(config_.model, training_build_options(config_, device_));
   model_->set_micro_batches(micro_batches_per_step());
   if (group_) data_parallel_ = std::make_unique<DataParallel>(*group_, *model_);
+  // Periodic exports of a model with no stock class (a component refuses): say so now.
+  if (config_.checkpoint.export_hf_every > 0)
+    io::hf_config_json(*model_, io::choose_hf_arch(config_.model), io::HfSpecialTokens{}, "float32");
   optimizer_ = make_optimizer(config_.optim, model_->parameters());
   schedule_ = make_schedule(config_.optim, config_.train.steps,
                             config_.train.micro_batch_tokens * config_.train.grad_accum * stream_->options().world_size);
@@ -218,9 +228,13 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
     stream_->next(batch);
     targets += batch.target_count;
     m.tokens += batch.size();
+    m.document_tokens += batch.document_tokens;
   }
   if (data_parallel_) {  // the step's tokens over every rank
-    targets = data_parallel_->global_targets(targets);
+    int64_t counts[2] = {targets, m.document_tokens};
+    data_parallel_->sum_counts(counts, 2);
+    targets = counts[0];
+    m.document_tokens = counts[1];
     m.tokens *= data_parallel_->world_size();  // the packer fills every micro-batch: equal on every rank
   }
   KILN_CHECK(targets > 0, "train", "step {} has no target tokens", step_index + 1);
@@ -334,6 +348,7 @@ std::vector<std::pair<std::string, double>> Trainer::reported_terms(const LossSl
 
 void Trainer::log_step(const StepMetrics& m) {
   const double tokens_per_second = static_cast<double>(m.tokens) / std::max(m.step_seconds, 1e-9);
+  const double real_per_second = static_cast<double>(m.document_tokens) / std::max(m.step_seconds, 1e-9);
   const double eta = m.elapsed_seconds / static_cast<double>(m.step) * static_cast<double>(m.total_steps - m.step);
   std::string terms;
   for (const auto& [name, value] : m.terms) terms += fmt::format(" | {} {:.4g}", name, value);
@@ -353,8 +368,10 @@ void Trainer::log_step(const StepMetrics& m) {
     if (name.ends_with(".clipped")) clipped += value;
   }
   if (std::isfinite(max_logit)) terms += fmt::format(" | max logit {:.1f} clipped {}", max_logit, clipped);
-  fmt::print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {} tok/s | elapsed {} | eta {}\n", m.step,
-             m.total_steps, m.loss, terms, m.lr, m.grad_norm, human_count(tokens_per_second),
+  // Computed positions per second, and of them the documents' (PAD left out) when they differ.
+  const std::string real = m.document_tokens < m.tokens ? fmt::format(" ({} real)", human_count(real_per_second)) : "";
+  fmt::print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {} tok/s{} | elapsed {} | eta {}\n", m.step,
+             m.total_steps, m.loss, terms, m.lr, m.grad_norm, human_count(tokens_per_second), real,
              format_duration(m.elapsed_seconds), format_duration(eta));
   std::fflush(stdout);
 }
@@ -418,6 +435,7 @@ TrainResult Trainer::run() {
   run_start_ = now_seconds() - progress_.elapsed_seconds;  // a resumed run continues the clock
   this_run_start_ = now_seconds();
   tokens_before_run_ = progress_.tokens;
+  document_tokens_before_run_ = progress_.document_tokens;
   const double start = run_start_;
   TrainResult result;
 
@@ -436,34 +454,43 @@ TrainResult Trainer::run() {
     p.step = m.step;
     p.tokens += m.tokens;
     p.target_tokens += m.target_tokens;
+    p.document_tokens += m.document_tokens;
+    const int64_t step_tokens = m.tokens;
     if (std::isfinite(m.loss)) {
       p.window_loss += m.loss;
       ++p.window_losses;
     }
     p.window_tokens += m.tokens;
+    p.window_document_tokens += m.document_tokens;
     ++p.window_steps;
     if (m.step % config_.log.every == 0 || m.step == t.steps) {
       const double now = now_seconds();
       m.step_seconds = now - window_start;
       m.elapsed_seconds = now - start;
       m.tokens = p.window_tokens;
+      m.document_tokens = p.window_document_tokens;
       m.loss = p.window_losses > 0 ? p.window_loss / static_cast<double>(p.window_losses) : std::nan("");
       m.components = model_->component_metrics();  // of this step
       log_step(m);
       metrics_->step(m);
       p.window_loss = 0;
-      p.window_losses = p.window_steps = p.window_tokens = 0;
+      p.window_losses = p.window_steps = p.window_tokens = p.window_document_tokens = 0;
       window_start = now_seconds();
     }
     if (m.step == t.steps) break;  // the last step: finish() saves, whatever arrived meanwhile
-    if (t.eval_every > 0 && m.step % t.eval_every == 0) {
+    // Every N steps, or each time the tokens trained cross a multiple of N tokens.
+    const auto due = [&](int64_t every_steps, int64_t every_tokens) {
+      return (every_steps > 0 && m.step % every_steps == 0) ||
+             (every_tokens > 0 && p.tokens / every_tokens != (p.tokens - step_tokens) / every_tokens);
+    };
+    if (due(t.eval_every, t.eval_every_tokens)) {
       show_validation(m.step);
       keep_if_best(m.step, result);
     }
     if (t.sample_every > 0 && m.step % t.sample_every == 0) show_sample(m.step);
     p.elapsed_seconds = now_seconds() - start;
-    const int64_t every = config_.checkpoint.every;
-    if (every > 0 && m.step % every == 0) save_checkpoint_or_warn(result);
+    if (due(config_.checkpoint.every, config_.checkpoint.every_tokens)) save_checkpoint_or_warn(result);
+    if (due(config_.checkpoint.export_hf_every, 0)) export_hf_at(m.step, result);
     if (const int sig = agree_on_stop()) {
       // Not subject to on_save_error: a stop whose state is not saved must fail loudly.
       if (checkpoint_step_ != p.step) result.checkpoint = save_checkpoint();
@@ -494,6 +521,19 @@ void Trainer::keep_if_best(int64_t step, TrainResult& result) {
              best_validation_.loss, checkpoints_->root());
 }
 
+void Trainer::export_hf_at(int64_t step, TrainResult& result) {
+  if (checkpoint_step_ != step) save_checkpoint_or_warn(result);
+  if (checkpoint_step_ != step || !writes_files()) return;  // the save failed (and warned), or rank 0 exports
+  const std::string dir = (fs::path(config_.train.out_dir) / "hf" / fmt::format("step-{}", step)).string();
+  try {
+    const io::HfExportReport report =
+        io::export_hf((fs::path(checkpoints_->root()) / checkpoint_name(step)).string(), dir, io::HfExportOptions{});
+    fmt::print("export: step {} as {} ({} tensors) in {}\n", step, io::hf_architecture(report.arch), report.tensors, dir);
+  } catch (const Error& e) {
+    warn("export", fmt::format("step {}: Hugging Face export failed: {}", step, e.what()));
+  }
+}
+
 // summary.json: written after the end-of-run validation, also when a signal cut that short
 // (then stopped_by says so); a failed write is a warning, the run's results stand.
 void Trainer::write_summary(const TrainResult& result) const {
@@ -503,9 +543,12 @@ void Trainer::write_summary(const TrainResult& result) const {
   s.total_steps = config_.train.steps;
   s.tokens = progress_.tokens;
   s.target_tokens = progress_.target_tokens;
+  s.document_tokens = progress_.document_tokens;
   s.seconds = now_seconds() - this_run_start_;
   s.elapsed_seconds = result.seconds;
   s.tokens_per_second = s.seconds > 0 ? static_cast<double>(progress_.tokens - tokens_before_run_) / s.seconds : 0;
+  s.document_tokens_per_second =
+      s.seconds > 0 ? static_cast<double>(progress_.document_tokens - document_tokens_before_run_) / s.seconds : 0;
   s.final_train_loss = result.final_train_loss;
   s.final_validation_loss = result.final_val_loss;
   s.best = best_validation_;
@@ -536,11 +579,13 @@ void Trainer::finish(TrainResult& result) {
                                config_.data.tokenizer, dir));
     fmt::print("saved model to {}\n", dir);
   }
-  if (config_.checkpoint.every > 0 && checkpoint_step_ != p.step) {
+  if ((config_.checkpoint.every > 0 || config_.checkpoint.every_tokens > 0) && checkpoint_step_ != p.step) {
     // A stop requested meanwhile makes a failed save an error, as on the loop's stop path.
     if (stop_requested()) result.checkpoint = save_checkpoint();
     else save_checkpoint_or_warn(result);
   }
+  if (config_.checkpoint.export_hf_every > 0 && p.step % config_.checkpoint.export_hf_every == 0)
+    export_hf_at(p.step, result);
   const bool model_saved = config_.checkpoint.save_final, checkpoint_saved = checkpoint_step_ == p.step;
   const std::string saved = model_saved && checkpoint_saved ? "the model and the final checkpoint were"
                             : model_saved                   ? "the model was"

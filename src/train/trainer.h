@@ -77,6 +77,9 @@ class Trainer {
   void finish(TrainResult& result);
   void write_summary(const TrainResult& result) const;
   void keep_if_best(int64_t step, TrainResult& result);
+  // checkpoint.export_hf_every: a stock Hugging Face export of `step`'s checkpoint (saved
+  // now unless one of this step exists) into <out_dir>/hf/step-N; a failure warns.
+  void export_hf_at(int64_t step, TrainResult& result);
   // A SIGTERM/SIGINT arrived while run() is running (several ranks: the signal they
   // agreed on at the last step boundary, so every rank stops at the same point).
   bool stop_requested() const;
@@ -127,7 +130,7 @@ class Trainer {
   double run_start_ = 0;                  // run()'s clock origin (a resumed run continues it)
   // This run's own start (its clock and the tokens done before it), for summary.json.
   double this_run_start_ = 0;
-  int64_t tokens_before_run_ = 0;
+  int64_t tokens_before_run_ = 0, document_tokens_before_run_ = 0;
   BestValidation best_validation_;        // of every run so far (a resume reads the earlier runs')
 };
 

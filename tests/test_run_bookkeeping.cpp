@@ -1,0 +1,110 @@
+// Run bookkeeping beyond steps: a token budget (train.tokens), validation and checkpoints
+// every N tokens, periodic Hugging Face exports, and the real (non-PAD) token counts in
+// the log, metrics.jsonl and summary.json.
+#include "fault_test_util.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+class Bookkeeping : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = temp_dir("kiln_bookkeeping");
+    corpus_ = write_tiny_corpus(dir_, 60);
+  }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+  std::string dir_, corpus_;
+};
+
+std::vector<int64_t> steps_of(const std::vector<nlohmann::json>& records) {
+  std::vector<int64_t> steps;
+  for (const auto& r : records) steps.push_back(r["step"].get<int64_t>());
+  return steps;
+}
+
+}  // namespace
+
+// 2 micro-batches of 256 positions: 512 tokens a step.
+TEST_F(Bookkeeping, ATokenBudgetSetsTheStepsAndTokenIntervalsTheirEvents) {
+  const std::string out = dir_ + "/budget";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus_, out,
+                                      "--set train.tokens=4000 --set data.val_fraction=0.3 --set train.eval_batches=1"
+                                      " --set train.eval_every_tokens=1500 --set checkpoint.every=0"
+                                      " --set checkpoint.every_tokens=2048"),
+                           "", &output),
+            0)
+      << output;
+  EXPECT_CONTAINS(output, "train.tokens 4000: 8 steps of 512 tokens");  // ceil(4000 / 512)
+  const auto summary = nlohmann::json::parse(read_file(out + "/summary.json"));
+  EXPECT_EQ(summary["steps"], 8);
+  EXPECT_EQ(summary["tokens"], 8 * 512);
+  EXPECT_CONTAINS(read_file(out + "/config.toml"), "steps = 8");
+  // 1500 tokens are crossed after steps 3 (1536), 6 (3072); the end validates too.
+  EXPECT_EQ(steps_of(metrics_of_kind(out, "validation")), (std::vector<int64_t>{3, 6, 8}));
+  // 2048 after step 4; the end (8, 4096) saves the final checkpoint either way.
+  EXPECT_EQ(steps_of(metrics_of_kind(out, "checkpoint")), (std::vector<int64_t>{4, 8}));
+}
+
+TEST_F(Bookkeeping, RealTokensLeavePadOutAndAddUp) {
+  const std::string out = dir_ + "/real";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus_, out, "--set log.every=3"), "", &output), 0) << output;
+  const auto records = metrics_of_kind(out, "train");
+  ASSERT_EQ(records.size(), 4u);  // steps 3, 6, 9, 12
+  int64_t documents = 0;
+  for (const auto& r : records) {
+    EXPECT_GT(r["document_tokens"].get<int64_t>(), 0);
+    EXPECT_LE(r["document_tokens"].get<int64_t>(), r["tokens"].get<int64_t>());
+    EXPECT_GE(r["document_tokens"].get<int64_t>(), r["target_tokens"].get<int64_t>());
+    documents += r["document_tokens"].get<int64_t>();
+  }
+  const auto summary = nlohmann::json::parse(read_file(out + "/summary.json"));
+  EXPECT_EQ(summary["document_tokens"].get<int64_t>(), documents);
+  EXPECT_GT(summary["document_tokens_per_second"].get<double>(), 0);
+  EXPECT_LE(summary["document_tokens_per_second"].get<double>(), summary["tokens_per_second"].get<double>());
+  if (documents < summary["tokens"].get<int64_t>()) EXPECT_CONTAINS(output, " real) |");
+}
+
+TEST_F(Bookkeeping, PeriodicHuggingFaceExportsAreStockModels) {
+  const std::string out = dir_ + "/export";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus_, out, "--set checkpoint.export_hf_every=6 --set checkpoint.every=0"), "",
+                           &output),
+            0)
+      << output;
+  for (int step : {6, 12}) {
+    const std::string hf = fmt::format("{}/hf/step-{}", out, step);
+    EXPECT_CONTAINS(output, fmt::format("export: step {} as Qwen3ForCausalLM", step));
+    const auto config = nlohmann::json::parse(read_file(hf + "/config.json"));
+    EXPECT_EQ(config["model_type"], "qwen3");
+    EXPECT_TRUE(std::filesystem::exists(hf + "/model.safetensors"));
+    // A stock model: kiln's importer, which checks config.json and every tensor's name and
+    // shape as transformers lays them out, takes it back.
+    std::string imported;
+    ASSERT_EQ(run_command(kiln_binary() + " import hf " + hf + " " + dir_ + fmt::format("/imported-{}", step), &imported),
+              0)
+        << imported;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out + "/hf/step-3"));
+}
+
+TEST_F(Bookkeeping, APeriodicExportOfAModelWithNoStockClassIsRefusedAtStart) {
+  std::string output;
+  EXPECT_EQ(run_with_fault(tiny_train(corpus_, dir_ + "/refused",
+                                      "--set checkpoint.export_hf_every=6 --set model.norm=dyt"),
+                           "", &output),
+            1)
+      << output;
+  EXPECT_CONTAINS(output, "kiln: error: [export] model.norm = 'dyt': no stock Hugging Face or llama.cpp family has "
+                          "Dynamic Tanh norms");
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/refused/metrics.jsonl"));
+}
