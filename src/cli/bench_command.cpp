@@ -3,6 +3,7 @@
 // sequences of max_seq_len tokens), so both arms do the same work.
 #include "cli/bench_imbalance.h"
 #include "cli/commands.h"
+#include "core/peak_flops.h"
 #include "core/device_memory.h"
 #include "core/op_profiler.h"
 #include "core/rng.h"
@@ -27,8 +28,7 @@ namespace kiln::cli {
 
 namespace {
 
-// Dense bf16 tensor-core peak of an H100/H200 SXM (datasheet): the MFU denominator.
-constexpr double kPeakFlops = 989.4e12;
+constexpr double kPeakFlops = kGpuPeakFlops;
 
 HostBatch synthetic_batch(const Config& c) {
   const int64_t t = c.train.micro_batch_tokens, seq = std::min(c.model.max_seq_len, t);

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include "core/device_memory.h"
+#include "core/peak_flops.h"
 #include "core/printable.h"
 #include "io/durable_io.h"
 #include "io/hf_config.h"
@@ -141,7 +142,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   if (config_.train.tokens > 0) {  // a token budget: the steps it takes
     const int64_t per_step = config_.train.micro_batch_tokens * micro_batches_per_step();
     config_.train.steps = (config_.train.tokens + per_step - 1) / per_step;
-    fmt::print("train.tokens {}: {} steps of {} tokens\n", config_.train.tokens, config_.train.steps, per_step);
+    console_.print("train.tokens {}: {} steps of {} tokens\n", config_.train.tokens, config_.train.steps, per_step);
   }
   validation_ = validation_batches(*dataset_, packer, config_.train.eval_batches);
   micro_batches_.resize(static_cast<size_t>(config_.train.grad_accum));
@@ -179,7 +180,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   metrics_ = std::make_unique<MetricsLog>(metrics_path, config_.checkpoint.on_save_error == "stop");
   if (resume) {
     metrics_->resume(progress_.step, resume->path);
-    fmt::print("resumed from {} at step {}\n", resume->path, progress_.step);
+    console_.print("resumed from {} at step {}\n", resume->path, progress_.step);
   }
 
   const MemoryPlan plan = model_->memory_plan();
@@ -188,32 +189,32 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
                                  ? fmt::format("cuda ({}, {}, {})", cuda_device_name(), precision,
                                                device_step_ ? "CUDA graphs" : "op by op")
                                  : fmt::format("cpu ({} threads, {}, {})", threads, precision, blas_summary());
-  fmt::print("kiln {} | device {} | model {}: {} parameters, {} layers, hidden {}\n", KILN_VERSION, device,
+  console_.print("kiln {} | device {} | model {}: {} parameters, {} layers, hidden {}\n", KILN_VERSION, device,
              config_.model.name, human_count(static_cast<double>(model_->parameter_count())), config_.model.layers,
              config_.model.hidden);
-  fmt::print("data {}: {} train / {} validation documents ({} / {} tokens) | {} tokens per step ({} x {})\n",
+  console_.print("data {}: {} train / {} validation documents ({} / {} tokens) | {} tokens per step ({} x {})\n",
              config_.data.path, dataset_->num_documents(Split::train), dataset_->num_documents(Split::validation),
              human_count(static_cast<double>(dataset_->num_tokens(Split::train))),
              human_count(static_cast<double>(dataset_->num_tokens(Split::validation))),
              config_.train.micro_batch_tokens * micro_batches_per_step(), micro_batches_per_step(),
              config_.train.micro_batch_tokens);
   // Data readers: bad input skipped in lenient mode, and this rank's share of the stream.
-  if (config_.data.lenient) fmt::print("data: skipped bad input (data.lenient): {}\n", dataset_->skipped_summary());
+  if (config_.data.lenient) console_.print("data: skipped bad input (data.lenient): {}\n", dataset_->skipped_summary());
   if (group_)
-    fmt::print("distributed: {} ranks ({} launch, {} per node), gradients over {} | this is rank {}\n",
+    console_.print("distributed: {} ranks ({} launch, {} per node), gradients over {} | this is rank {}\n",
                group_->world_size(), group_->placement().convention, group_->placement().local_world_size,
                group_->device().backend(), group_->rank());
   if (stream_->options().world_size > 1)
-    fmt::print("data: rank {} of {} (the global stream's micro-batches {} mod {})\n", stream_->options().rank,
+    console_.print("data: rank {} of {} (the global stream's micro-batches {} mod {})\n", stream_->options().rank,
                stream_->options().world_size, stream_->options().rank, stream_->options().world_size);
-  fmt::print("memory: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer {:.1f} MiB, activations {:.1f} MiB, "
+  console_.print("memory: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer {:.1f} MiB, activations {:.1f} MiB, "
              "workspace {:.1f} MiB | run directory {}\n",
              plan.parameters / 1048576.0, plan.gradients / 1048576.0, optimizer_state_.planned_bytes() / 1048576.0,
              plan.activations / 1048576.0, plan.workspace / 1048576.0, config_.train.out_dir);
   for (const std::string& line : describe_groups(group_parameters(config_.optim, model_->parameters())))
-    fmt::print("optimizer: {}\n", line);
+    console_.print("optimizer: {}\n", line);
   if (config_.optim.qk_clip.enabled)
-    fmt::print("qk-clip: tau {} (each head's largest attention logit, clipped after each update)\n",
+    console_.print("qk-clip: tau {} (each head's largest attention logit, clipped after each update)\n",
                config_.optim.qk_clip.tau);
   std::fflush(stdout);
 }
@@ -293,7 +294,7 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
 
 bool Trainer::skip_update(const StepMetrics& m) {
   // Weights, optimizer state and schedule stay untouched.
-  fmt::print("step {}: update skipped ({}); {} skipped in a row, {} in total\n", m.step, m.skipped,
+  console_.print("step {}: update skipped ({}); {} skipped in a row, {} in total\n", m.step, m.skipped,
              guard_.state().consecutive_skips + 1, guard_.state().total_skips + 1);
   metrics_->skip(m.step, m.skipped, m.loss, m.grad_norm);
   guard_.skip(m.step, m.skipped);  // throws after train.max_consecutive_skips in a row
@@ -370,7 +371,7 @@ void Trainer::log_step(const StepMetrics& m) {
   if (std::isfinite(max_logit)) terms += fmt::format(" | max logit {:.1f} clipped {}", max_logit, clipped);
   // Computed positions per second, and of them the documents' (PAD left out) when they differ.
   const std::string real = m.document_tokens < m.tokens ? fmt::format(" ({} real)", human_count(real_per_second)) : "";
-  fmt::print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {} tok/s{} | elapsed {} | eta {}\n", m.step,
+  console_.print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {} tok/s{} | elapsed {} | eta {}\n", m.step,
              m.total_steps, m.loss, terms, m.lr, m.grad_norm, human_count(tokens_per_second), real,
              format_duration(m.elapsed_seconds), format_duration(eta));
   std::fflush(stdout);
@@ -382,6 +383,19 @@ int Trainer::stop_signal() const {
 }
 
 bool Trainer::stop_requested() const { return stop_signal() != 0; }
+
+void Trainer::show_progress(const StepMetrics& m, double step_seconds, double elapsed) {
+  const double per_second = static_cast<double>(m.tokens) / std::max(step_seconds, 1e-9);
+  std::string line = fmt::format("step {}/{} | loss {:.4f}", m.step, m.total_steps, m.loss);
+  if (std::isfinite(last_validation_)) line += fmt::format(" | val {:.4f}", last_validation_);
+  line += fmt::format(" | {} tok/s", human_count(per_second));
+  if (device_ == Device::cuda)  // model FLOPs against the bf16 peak (kiln bench's MFU)
+    line += fmt::format(" | MFU {:.1f}%", 100 * model_->flops_per_token(config_.model.max_seq_len) * per_second /
+                                              kGpuPeakFlops / (group_ ? group_->world_size() : 1));
+  const double eta = elapsed / static_cast<double>(m.step) * static_cast<double>(m.total_steps - m.step);
+  line += fmt::format(" | elapsed {} | eta {}", format_duration(elapsed), format_duration(eta));
+  console_.progress(line);
+}
 
 int Trainer::agree_on_stop() {
   const int local = signals_ != nullptr ? signals_->received() : 0;
@@ -402,6 +416,7 @@ void Trainer::join_process_group() {
     std::fflush(stdout);
     KILN_CHECK(std::freopen(log.c_str(), "w", stdout) != nullptr, "train.out_dir", "{}: cannot write: {}", log,
                std::strerror(errno));
+    console_ = Console();  // a file now: plain lines
   }
   group_->require_same_as_root(keyed_config_lines(config_to_toml(config_)), "config");
 }
@@ -409,17 +424,18 @@ void Trainer::join_process_group() {
 double Trainer::show_validation(int64_t step) {
   const double val = validate();
   if (std::isnan(val) || stop_requested()) return std::nan("");
-  fmt::print("validation at step {}: loss {:.4f} nats/token ({:.4f} bits/byte)\n", step, val, val / std::log(2.0));
+  console_.print("validation at step {}: loss {:.4f} nats/token ({:.4f} bits/byte)\n", step, val, val / std::log(2.0));
   std::fflush(stdout);  // a log read while the run goes on sees it now
   metrics_->validation(step, val, now_seconds() - run_start_);
   best_validation_.offer(val, step);
+  last_validation_ = val;
   return val;
 }
 
 void Trainer::show_sample(int64_t step) {
   const std::optional<std::string> text = sample(config_.train.seed + static_cast<uint64_t>(step));
   if (!text) return;
-  fmt::print("sample at step {}:\n{}\n---\n", step, *text);
+  console_.print("sample at step {}:\n{}\n---\n", step, *text);
   std::fflush(stdout);
   metrics_->sample(step, *text);
 }
@@ -430,8 +446,12 @@ TrainResult Trainer::run() {
   signals_ = &signals;
   struct Uninstall {
     const StopSignals*& signals;
-    ~Uninstall() { signals = nullptr; }
-  } uninstall{signals_};
+    Console& console;
+    ~Uninstall() {
+      signals = nullptr;
+      console.finish_line();  // what follows the run (an error too) starts on a line of its own
+    }
+  } uninstall{signals_, console_};
   run_start_ = now_seconds() - progress_.elapsed_seconds;  // a resumed run continues the clock
   this_run_start_ = now_seconds();
   tokens_before_run_ = progress_.tokens;
@@ -448,7 +468,9 @@ TrainResult Trainer::run() {
     StepMetrics m;
     m.step = s + 1;
     m.total_steps = t.steps;
+    const double step_start = now_seconds();
     step(s, m);
+    if (console_.live()) show_progress(m, now_seconds() - step_start, now_seconds() - start);
     m.skipped_total = guard_.state().total_skips;
     result.final_train_loss = m.loss;
     p.step = m.step;
@@ -494,7 +516,7 @@ TrainResult Trainer::run() {
     if (const int sig = agree_on_stop()) {
       // Not subject to on_save_error: a stop whose state is not saved must fail loudly.
       if (checkpoint_step_ != p.step) result.checkpoint = save_checkpoint();
-      fmt::print("stopped by {} after step {}; resume with: kiln train CONFIG --resume\n", StopSignals::name(sig),
+      console_.print("stopped by {} after step {}; resume with: kiln train CONFIG --resume\n", StopSignals::name(sig),
                  p.step);
       result.steps = p.step;
       result.stopped_by = StopSignals::name(sig);
@@ -517,7 +539,7 @@ void Trainer::keep_if_best(int64_t step, TrainResult& result) {
   if (checkpoint_step_ != step) return;  // the save failed (and warned)
   if (!writes_files()) return;
   checkpoints_->mark_best(step);
-  fmt::print("checkpoint: step {} is the best so far (validation loss {:.4f}): kept as {}/best\n", step,
+  console_.print("checkpoint: step {} is the best so far (validation loss {:.4f}): kept as {}/best\n", step,
              best_validation_.loss, checkpoints_->root());
 }
 
@@ -528,9 +550,9 @@ void Trainer::export_hf_at(int64_t step, TrainResult& result) {
   try {
     const io::HfExportReport report =
         io::export_hf((fs::path(checkpoints_->root()) / checkpoint_name(step)).string(), dir, io::HfExportOptions{});
-    fmt::print("export: step {} as {} ({} tensors) in {}\n", step, io::hf_architecture(report.arch), report.tensors, dir);
+    console_.print("export: step {} as {} ({} tensors) in {}\n", step, io::hf_architecture(report.arch), report.tensors, dir);
   } catch (const Error& e) {
-    warn("export", fmt::format("step {}: Hugging Face export failed: {}", step, e.what()));
+    console_.warn("export", fmt::format("step {}: Hugging Face export failed: {}", step, e.what()));
   }
 }
 
@@ -558,7 +580,7 @@ void Trainer::write_summary(const TrainResult& result) const {
   try {
     write_run_summary(path, s);
   } catch (const std::exception& e) {
-    warn("train", fmt::format("{}: not written: {}", path, e.what()));
+    console_.warn("train", fmt::format("{}: not written: {}", path, e.what()));
   }
 }
 
@@ -575,9 +597,9 @@ void Trainer::finish(TrainResult& result) {
     const std::string dir = (fs::path(t.out_dir) / "model").string();
     io::save_model(*model_, config_, dir);
     if (!io::save_tokenizer_with_model(config_.data.tokenizer, dir))  // so the model dir stands alone
-      warn("save", fmt::format("data.tokenizer '{}' is gone: the model in {} has no tokenizer.json",
+      console_.warn("save", fmt::format("data.tokenizer '{}' is gone: the model in {} has no tokenizer.json",
                                config_.data.tokenizer, dir));
-    fmt::print("saved model to {}\n", dir);
+    console_.print("saved model to {}\n", dir);
   }
   if ((config_.checkpoint.every > 0 || config_.checkpoint.every_tokens > 0) && checkpoint_step_ != p.step) {
     // A stop requested meanwhile makes a failed save an error, as on the loop's stop path.
@@ -597,7 +619,7 @@ void Trainer::finish(TrainResult& result) {
     try {
       work();
     } catch (const std::exception& e) {
-      warn("train", fmt::format("after the last step: {}; {} saved before it", e.what(), saved));
+      console_.warn("train", fmt::format("after the last step: {}; {} saved before it", e.what(), saved));
     }
   };
   result.final_val_loss = std::nan("");
@@ -610,7 +632,7 @@ void Trainer::finish(TrainResult& result) {
   if (const int sig = stop_signal()) {
     result.stopped_by = StopSignals::name(sig);
     write_summary(result);
-    fmt::print("stopped by {} after the last step ({}), in the end-of-run validation and sample; {} saved before "
+    console_.print("stopped by {} after the last step ({}), in the end-of-run validation and sample; {} saved before "
                "them\n",
                result.stopped_by, p.step, saved);
     return;
@@ -620,7 +642,7 @@ void Trainer::finish(TrainResult& result) {
                                  : std::isnan(result.final_val_loss) ? std::string("no validation loss")
                                                                      : fmt::format("validation loss {:.4f}",
                                                                                    result.final_val_loss);
-  fmt::print("done: {} steps in {} | final train loss {:.4f} | {}\n", p.step, format_duration(result.seconds),
+  console_.print("done: {} steps in {} | final train loss {:.4f} | {}\n", p.step, format_duration(result.seconds),
              result.final_train_loss, validation);
 }
 

@@ -8,6 +8,7 @@
 #include "data/tokenizer.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
+#include "train/console.h"
 #include "train/data_parallel.h"
 #include "config/config.h"
 #include "train/device_step.h"
@@ -66,6 +67,8 @@ class Trainer {
   bool step(int64_t step_index, StepMetrics& metrics);
   bool skip_update(const StepMetrics& m);  // reports and counts a skipped update; false
   void log_step(const StepMetrics& m);
+  // The live progress line after step m (a terminal only): `step_seconds` that step's time.
+  void show_progress(const StepMetrics& m, double step_seconds, double elapsed);
   std::vector<std::pair<std::string, double>> reported_terms(const LossSlotSums& sums, int64_t targets) const;
   // Validation and a sample at `step`, printed and recorded; NaN when there is no
   // validation set.
@@ -103,6 +106,7 @@ class Trainer {
   void save_checkpoint_or_warn(TrainResult& result);
 
   Config config_;
+  Console console_;
   Device device_;
   std::unique_ptr<dist::ProcessGroup> group_;      // null: a single process
   std::unique_ptr<DataParallel> data_parallel_;    // with the group, once the model exists
@@ -131,7 +135,8 @@ class Trainer {
   // This run's own start (its clock and the tokens done before it), for summary.json.
   double this_run_start_ = 0;
   int64_t tokens_before_run_ = 0, document_tokens_before_run_ = 0;
-  BestValidation best_validation_;        // of every run so far (a resume reads the earlier runs')
+  BestValidation best_validation_;
+  double last_validation_ = std::nan("");  // for the progress line        // of every run so far (a resume reads the earlier runs')
 };
 
 // Resolves train.device ("auto" picks CUDA only where the CUDA training path exists).

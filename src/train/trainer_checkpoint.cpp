@@ -29,7 +29,7 @@ std::optional<CheckpointInfo> Trainer::find_resume_checkpoint(const TrainOptions
   if (path.empty()) {
     // A scheduler may restart every attempt with --resume; the first has nothing yet.
     KILN_CHECK(latest, "checkpoint", "{}: holds no complete checkpoint", where);
-    fmt::print("resume: no checkpoint in {} yet; starting from step 0\n", where);
+    console_.print("resume: no checkpoint in {} yet; starting from step 0\n", where);
     return std::nullopt;
   }
   CheckpointInfo info = read_checkpoint(path);  // every checksum verified
@@ -43,26 +43,26 @@ void Trainer::restore(const CheckpointInfo& checkpoint, bool allow_data_change) 
                                            stream_->get_state().fingerprint, allow_data_change);
   std::string changed;
   for (const std::string& d : config_differences(checkpoint.config, config_)) changed += (changed.empty() ? "" : ", ") + d;
-  if (!changed.empty()) fmt::print("resume: configuration changed since the checkpoint: {}\n", changed);
+  if (!changed.empty()) console_.print("resume: configuration changed since the checkpoint: {}\n", changed);
   if (saved.threads != threads_)
-    warn("", fmt::format("the checkpoint was written with {} CPU threads, this run uses {}: the run continues, but its "
+    console_.warn("", fmt::format("the checkpoint was written with {} CPU threads, this run uses {}: the run continues, but its "
                      "losses are not bitwise those of an uninterrupted run",
                      saved.threads, threads_));
   if (saved.kiln_version != KILN_VERSION)
-    fmt::print("resume: checkpoint written by kiln {}, this is kiln {}\n", saved.kiln_version, KILN_VERSION);
+    console_.print("resume: checkpoint written by kiln {}, this is kiln {}\n", saved.kiln_version, KILN_VERSION);
 
   load_checkpoint_tensors(checkpoint, *model_, *optimizer_);
   if (same_data) {
     stream_->set_state(saved.stream);
   } else {
-    warn("", fmt::format("{}: the data changed (--allow-data-change): reading the new data from its start",
+    console_.warn("", fmt::format("{}: the data changed (--allow-data-change): reading the new data from its start",
                      checkpoint.path));
   }
   guard_.restore(saved.guard);
   progress_ = saved.progress;
   checkpoint_step_ = progress_.step;
   if (progress_.step >= config_.train.steps)
-    fmt::print("resume: the checkpoint is at step {}, train.steps is {}: nothing left to train\n", progress_.step,
+    console_.print("resume: the checkpoint is at step {}, train.steps is {}: nothing left to train\n", progress_.step,
                config_.train.steps);
   // The crashed run may have logged steps past its checkpoint; they are run again.
   if (!writes_files()) return;  // rank 0 keeps the metrics file
@@ -93,7 +93,7 @@ std::string Trainer::save_checkpoint() {
   checkpoint_step_ = progress_.step;
   const double seconds = now_seconds() - start;
   metrics_->checkpoint(progress_.step, path, seconds);
-  fmt::print("checkpoint: step {} saved to {} ({:.2f}s)\n", progress_.step, path, seconds);
+  console_.print("checkpoint: step {} saved to {} ({:.2f}s)\n", progress_.step, path, seconds);
   std::fflush(stdout);
   return path;
 }
@@ -103,7 +103,7 @@ void Trainer::save_checkpoint_or_warn(TrainResult& result) {
     result.checkpoint = save_checkpoint();
   } catch (const Error& e) {
     if (config_.checkpoint.on_save_error == "stop") throw;
-    warn("", fmt::format("{} (checkpoint.on_save_error = continue: training goes on; the previous checkpoint is "
+    console_.warn("", fmt::format("{} (checkpoint.on_save_error = continue: training goes on; the previous checkpoint is "
                      "intact)",
                      e.what()));
   }

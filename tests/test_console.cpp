@@ -1,0 +1,54 @@
+// The trainer's console: on a terminal one progress line updates in place with every other
+// message scrolling above it; in a file or pipe, plain lines only (train/console.h).
+#include "fault_test_util.h"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+class Console : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = temp_dir("kiln_console");
+    corpus_ = write_tiny_corpus(dir_, 60);
+  }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+  // `command` on a pseudo-terminal (util-linux script(1)), its output captured.
+  std::string on_terminal(const std::string& command, const std::string& env = "") {
+    std::string output;
+    EXPECT_EQ(run_command(env + " script -qefc '" + command + "' /dev/null", &output), 0) << output;
+    return output;
+  }
+  std::string dir_, corpus_;
+};
+
+constexpr const char* kClearLine = "\r\033[2K";
+
+}  // namespace
+
+TEST_F(Console, ATerminalGetsOneLiveProgressLineWithMessagesAboveIt) {
+  const std::string output =
+      on_terminal(tiny_train(corpus_, dir_ + "/tty", "--set log.every=6 --set data.val_fraction=0.3 "
+                                                     "--set train.eval_every=4 --set train.eval_batches=1"));
+  // Every step redraws the line: 12 steps, and a redraw after each message below it.
+  for (int step = 1; step <= 12; ++step)
+    EXPECT_CONTAINS(output, std::string(kClearLine) + "step " + std::to_string(step) + "/12 | loss ");
+  EXPECT_CONTAINS(output, " | val ");  // the last validation loss, once there is one
+  EXPECT_CONTAINS(output, " tok/s | elapsed ");
+  EXPECT_CONTAINS(output, "validation at step 4: loss");  // messages still scroll
+  EXPECT_CONTAINS(output, "done: 12 steps");
+  EXPECT_EQ(output.find("MFU"), std::string::npos);  // a CPU run has no MFU
+}
+
+TEST_F(Console, AFileOrKilnPlainGetsPlainLines) {
+  std::string piped;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus_, dir_ + "/piped"), "", &piped), 0) << piped;
+  EXPECT_EQ(piped.find('\033'), std::string::npos);
+  EXPECT_CONTAINS(piped, "step    12/12 | loss");
+  const std::string plain = on_terminal(tiny_train(corpus_, dir_ + "/plain"), "KILN_PLAIN=1");
+  EXPECT_EQ(plain.find('\033'), std::string::npos);
+  EXPECT_CONTAINS(plain, "step    12/12 | loss");
+}
