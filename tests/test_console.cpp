@@ -1,6 +1,9 @@
 // The trainer's console: on a terminal one progress line updates in place with every other
-// message scrolling above it; in a file or pipe, plain lines only (train/console.h).
+// message scrolling above it; in a file or pipe, plain lines only (train/console.h). The
+// terminal is a pseudo-terminal the test opens itself (forkpty), so no tool is needed.
 #include "fault_test_util.h"
+
+#include <pty.h>
 
 using namespace kiln;
 using namespace kiln::test;
@@ -16,10 +19,27 @@ class Console : public ::testing::Test {
   void TearDown() override {
     if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
-  // `command` on a pseudo-terminal (util-linux script(1)), its output captured.
+  // `command` (through /bin/sh) on a pseudo-terminal of its own, its output captured.
   std::string on_terminal(const std::string& command, const std::string& env = "") {
+    int master = -1;
+    const pid_t pid = forkpty(&master, nullptr, nullptr, nullptr);
+    if (pid == 0) {
+      const std::string line = env + " exec " + command + " 2>&1";
+      execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    EXPECT_GT(pid, 0) << "forkpty failed";
     std::string output;
-    EXPECT_EQ(run_command(env + " script -qefc '" + command + "' /dev/null", &output), 0) << output;
+    char buffer[4096];
+    for (;;) {  // until the child closes the terminal (EIO on Linux)
+      const ssize_t n = read(master, buffer, sizeof(buffer));
+      if (n <= 0) break;
+      output.append(buffer, static_cast<size_t>(n));
+    }
+    close(master);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
     return output;
   }
   std::string dir_, corpus_;
