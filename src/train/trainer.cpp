@@ -190,32 +190,32 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
                                                device_step_ ? "CUDA graphs" : "op by op")
                                  : fmt::format("cpu ({} threads, {}, {})", threads, precision, blas_summary());
   console_.print("kiln {} | device {} | model {}: {} parameters, {} layers, hidden {}\n", KILN_VERSION, device,
-             config_.model.name, human_count(static_cast<double>(model_->parameter_count())), config_.model.layers,
-             config_.model.hidden);
+                 config_.model.name, human_count(static_cast<double>(model_->parameter_count())), config_.model.layers,
+                 config_.model.hidden);
   console_.print("data {}: {} train / {} validation documents ({} / {} tokens) | {} tokens per step ({} x {})\n",
-             config_.data.path, dataset_->num_documents(Split::train), dataset_->num_documents(Split::validation),
-             human_count(static_cast<double>(dataset_->num_tokens(Split::train))),
-             human_count(static_cast<double>(dataset_->num_tokens(Split::validation))),
-             config_.train.micro_batch_tokens * micro_batches_per_step(), micro_batches_per_step(),
-             config_.train.micro_batch_tokens);
+                 config_.data.path, dataset_->num_documents(Split::train), dataset_->num_documents(Split::validation),
+                 human_count(static_cast<double>(dataset_->num_tokens(Split::train))),
+                 human_count(static_cast<double>(dataset_->num_tokens(Split::validation))),
+                 config_.train.micro_batch_tokens * micro_batches_per_step(), micro_batches_per_step(),
+                 config_.train.micro_batch_tokens);
   // Data readers: bad input skipped in lenient mode, and this rank's share of the stream.
   if (config_.data.lenient) console_.print("data: skipped bad input (data.lenient): {}\n", dataset_->skipped_summary());
   if (group_)
     console_.print("distributed: {} ranks ({} launch, {} per node), gradients over {} | this is rank {}\n",
-               group_->world_size(), group_->placement().convention, group_->placement().local_world_size,
-               group_->device().backend(), group_->rank());
+                   group_->world_size(), group_->placement().convention, group_->placement().local_world_size,
+                   group_->device().backend(), group_->rank());
   if (stream_->options().world_size > 1)
     console_.print("data: rank {} of {} (the global stream's micro-batches {} mod {})\n", stream_->options().rank,
-               stream_->options().world_size, stream_->options().rank, stream_->options().world_size);
+                   stream_->options().world_size, stream_->options().rank, stream_->options().world_size);
   console_.print("memory: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer {:.1f} MiB, activations {:.1f} MiB, "
-             "workspace {:.1f} MiB | run directory {}\n",
-             plan.parameters / 1048576.0, plan.gradients / 1048576.0, optimizer_state_.planned_bytes() / 1048576.0,
-             plan.activations / 1048576.0, plan.workspace / 1048576.0, config_.train.out_dir);
+                 "workspace {:.1f} MiB | run directory {}\n",
+                 plan.parameters / 1048576.0, plan.gradients / 1048576.0, optimizer_state_.planned_bytes() / 1048576.0,
+                 plan.activations / 1048576.0, plan.workspace / 1048576.0, config_.train.out_dir);
   for (const std::string& line : describe_groups(group_parameters(config_.optim, model_->parameters())))
     console_.print("optimizer: {}\n", line);
   if (config_.optim.qk_clip.enabled)
     console_.print("qk-clip: tau {} (each head's largest attention logit, clipped after each update)\n",
-               config_.optim.qk_clip.tau);
+                   config_.optim.qk_clip.tau);
   std::fflush(stdout);
 }
 
@@ -295,7 +295,7 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
 bool Trainer::skip_update(const StepMetrics& m) {
   // Weights, optimizer state and schedule stay untouched.
   console_.print("step {}: update skipped ({}); {} skipped in a row, {} in total\n", m.step, m.skipped,
-             guard_.state().consecutive_skips + 1, guard_.state().total_skips + 1);
+                 guard_.state().consecutive_skips + 1, guard_.state().total_skips + 1);
   metrics_->skip(m.step, m.skipped, m.loss, m.grad_norm);
   guard_.skip(m.step, m.skipped);  // throws after train.max_consecutive_skips in a row
   return false;
@@ -371,9 +371,9 @@ void Trainer::log_step(const StepMetrics& m) {
   if (std::isfinite(max_logit)) terms += fmt::format(" | max logit {:.1f} clipped {}", max_logit, clipped);
   // Computed positions per second, and of them the documents' (PAD left out) when they differ.
   const std::string real = m.document_tokens < m.tokens ? fmt::format(" ({} real)", human_count(real_per_second)) : "";
-  console_.print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {} tok/s{} | elapsed {} | eta {}\n", m.step,
-             m.total_steps, m.loss, terms, m.lr, m.grad_norm, human_count(tokens_per_second), real,
-             format_duration(m.elapsed_seconds), format_duration(eta));
+  console_.print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {} tok/s{} | elapsed {} | eta {}\n",
+                 m.step, m.total_steps, m.loss, terms, m.lr, m.grad_norm, human_count(tokens_per_second), real,
+                 format_duration(m.elapsed_seconds), format_duration(eta));
   std::fflush(stdout);
 }
 
@@ -517,7 +517,7 @@ TrainResult Trainer::run() {
       // Not subject to on_save_error: a stop whose state is not saved must fail loudly.
       if (checkpoint_step_ != p.step) result.checkpoint = save_checkpoint();
       console_.print("stopped by {} after step {}; resume with: kiln train CONFIG --resume\n", StopSignals::name(sig),
-                 p.step);
+                     p.step);
       result.steps = p.step;
       result.stopped_by = StopSignals::name(sig);
       result.skipped_steps = guard_.state().total_skips;
@@ -540,7 +540,7 @@ void Trainer::keep_if_best(int64_t step, TrainResult& result) {
   if (!writes_files()) return;
   checkpoints_->mark_best(step);
   console_.print("checkpoint: step {} is the best so far (validation loss {:.4f}): kept as {}/best\n", step,
-             best_validation_.loss, checkpoints_->root());
+                 best_validation_.loss, checkpoints_->root());
 }
 
 void Trainer::export_hf_at(int64_t step, TrainResult& result) {
@@ -550,7 +550,8 @@ void Trainer::export_hf_at(int64_t step, TrainResult& result) {
   try {
     const io::HfExportReport report =
         io::export_hf((fs::path(checkpoints_->root()) / checkpoint_name(step)).string(), dir, io::HfExportOptions{});
-    console_.print("export: step {} as {} ({} tensors) in {}\n", step, io::hf_architecture(report.arch), report.tensors, dir);
+    console_.print("export: step {} as {} ({} tensors) in {}\n", step, io::hf_architecture(report.arch),
+                   report.tensors, dir);
   } catch (const Error& e) {
     console_.warn("export", fmt::format("step {}: Hugging Face export failed: {}", step, e.what()));
   }
@@ -598,7 +599,7 @@ void Trainer::finish(TrainResult& result) {
     io::save_model(*model_, config_, dir);
     if (!io::save_tokenizer_with_model(config_.data.tokenizer, dir))  // so the model dir stands alone
       console_.warn("save", fmt::format("data.tokenizer '{}' is gone: the model in {} has no tokenizer.json",
-                               config_.data.tokenizer, dir));
+                                        config_.data.tokenizer, dir));
     console_.print("saved model to {}\n", dir);
   }
   if ((config_.checkpoint.every > 0 || config_.checkpoint.every_tokens > 0) && checkpoint_step_ != p.step) {
@@ -633,8 +634,8 @@ void Trainer::finish(TrainResult& result) {
     result.stopped_by = StopSignals::name(sig);
     write_summary(result);
     console_.print("stopped by {} after the last step ({}), in the end-of-run validation and sample; {} saved before "
-               "them\n",
-               result.stopped_by, p.step, saved);
+                   "them\n",
+                   result.stopped_by, p.step, saved);
     return;
   }
   write_summary(result);
@@ -643,7 +644,7 @@ void Trainer::finish(TrainResult& result) {
                                                                      : fmt::format("validation loss {:.4f}",
                                                                                    result.final_val_loss);
   console_.print("done: {} steps in {} | final train loss {:.4f} | {}\n", p.step, format_duration(result.seconds),
-             result.final_train_loss, validation);
+                 result.final_train_loss, validation);
 }
 
 }  // namespace kiln

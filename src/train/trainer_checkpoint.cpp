@@ -45,9 +45,9 @@ void Trainer::restore(const CheckpointInfo& checkpoint, bool allow_data_change) 
   for (const std::string& d : config_differences(checkpoint.config, config_)) changed += (changed.empty() ? "" : ", ") + d;
   if (!changed.empty()) console_.print("resume: configuration changed since the checkpoint: {}\n", changed);
   if (saved.threads != threads_)
-    console_.warn("", fmt::format("the checkpoint was written with {} CPU threads, this run uses {}: the run continues, but its "
-                     "losses are not bitwise those of an uninterrupted run",
-                     saved.threads, threads_));
+    console_.warn("", fmt::format("the checkpoint was written with {} CPU threads, this run uses {}: the run "
+                                  "continues, but its losses are not bitwise those of an uninterrupted run",
+                                  saved.threads, threads_));
   if (saved.kiln_version != KILN_VERSION)
     console_.print("resume: checkpoint written by kiln {}, this is kiln {}\n", saved.kiln_version, KILN_VERSION);
 
@@ -63,7 +63,7 @@ void Trainer::restore(const CheckpointInfo& checkpoint, bool allow_data_change) 
   checkpoint_step_ = progress_.step;
   if (progress_.step >= config_.train.steps)
     console_.print("resume: the checkpoint is at step {}, train.steps is {}: nothing left to train\n", progress_.step,
-               config_.train.steps);
+                   config_.train.steps);
   // The crashed run may have logged steps past its checkpoint; they are run again.
   if (!writes_files()) return;  // rank 0 keeps the metrics file
   const std::string metrics = (fs::path(config_.train.out_dir) / config_.log.metrics_file).string();
@@ -103,9 +103,9 @@ void Trainer::save_checkpoint_or_warn(TrainResult& result) {
     result.checkpoint = save_checkpoint();
   } catch (const Error& e) {
     if (config_.checkpoint.on_save_error == "stop") throw;
-    console_.warn("", fmt::format("{} (checkpoint.on_save_error = continue: training goes on; the previous checkpoint is "
-                     "intact)",
-                     e.what()));
+    console_.warn("", fmt::format("{} (checkpoint.on_save_error = continue: training goes on; the previous "
+                                  "checkpoint is intact)",
+                                  e.what()));
   }
 }
 
