@@ -29,5 +29,6 @@ void add_serve_command(CLI::App& app);
 void add_score_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
+void add_plot_command(CLI::App& app);
 
 }  // namespace kiln::cli
