@@ -230,6 +230,7 @@ struct OptimConfig {
 struct LogConfig {
   int64_t every = 10;                 // console/metrics line every N steps
   std::string metrics_file = "metrics.jsonl";
+  bool plot = true;                   // draw the run's curves into <out_dir>/plot.png at the end (kiln plot)
 };
 
 struct CheckpointConfig {

@@ -12,6 +12,7 @@
 #include "nn/moe/router.h"
 #include "ops/blas.h"
 #include "ops/parallel.h"
+#include "plot/plot.h"
 #include "train/memory_check.h"
 #include "train/optimizer_groups.h"
 #include "train/signals.h"
@@ -557,8 +558,9 @@ void Trainer::export_hf_at(int64_t step, TrainResult& result) {
   }
 }
 
-// summary.json: written after the end-of-run validation, also when a signal cut that short
-// (then stopped_by says so); a failed write is a warning, the run's results stand.
+// summary.json (and plot.png, log.plot): written after the end-of-run validation, also when
+// a signal cut that short (then stopped_by says so); a failed write is a warning, the run's
+// results stand.
 void Trainer::write_summary(const TrainResult& result) const {
   if (!writes_files()) return;
   RunSummary s;
@@ -582,6 +584,13 @@ void Trainer::write_summary(const TrainResult& result) const {
     write_run_summary(path, s);
   } catch (const std::exception& e) {
     console_.warn("train", fmt::format("{}: not written: {}", path, e.what()));
+  }
+  if (!config_.log.plot) return;
+  const std::string out_dir = config_.train.out_dir, image = (fs::path(out_dir) / "plot.png").string();
+  try {
+    plot::write_run_plot((fs::path(out_dir) / config_.log.metrics_file).string(), plot::run_label(out_dir), image);
+  } catch (const std::exception& e) {
+    console_.warn("plot", fmt::format("{}: not drawn: {}", image, e.what()));
   }
 }
 
