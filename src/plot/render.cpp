@@ -163,16 +163,16 @@ double place_legend(cairo_t* cr, std::vector<LegendItem>& items, double unit, Si
   set_font(cr, legend_font(unit));
   const double margin = unit * 1.2, row = unit * 1.9, gap = unit * 1.6;
   double x = margin, baseline = margin + unit;
-  bool first = true;
   for (size_t i = 0; i < items.size(); ++i) {
     LegendItem& item = items[i];
-    const bool first_key = item.kind != LegendItem::Kind::run && (i == 0 || items[i - 1].kind == LegendItem::Kind::run);
     const double width = swatch_length(unit) + unit * 0.5 + text_width(cr, item.label);
-    if (!first) x += first_key ? gap * 2 : gap;
-    if (!first && x + width > size.width - margin) x = margin, baseline += row;
+    if (i > 0) {
+      const bool first_key = item.kind != LegendItem::Kind::run && items[i - 1].kind == LegendItem::Kind::run;
+      x += first_key ? gap * 2 : gap;
+      if (x + width > size.width - margin) x = margin, baseline += row;
+    }
     item.x = x, item.baseline = baseline;
     x += width;
-    first = false;
   }
   return baseline - margin + unit * 0.9;
 }
@@ -262,9 +262,12 @@ void draw_markers(cairo_t* cr, const Line& line, const Axis& x, const Axis& y, c
 }
 
 void draw_lines(cairo_t* cr, const Panel& panel, const Layout& layout, const PanelLayout& p) {
-  const double unit = layout.unit, width = unit * 0.16;
+  const double unit = layout.unit, width = unit * 0.16, radius = unit * 0.3;
+  // The axes hold every point; the clip is only against stray ink. It leaves room for a
+  // marker on the edge (the last validation ends the x axis).
   cairo_save(cr);
-  cairo_rectangle(cr, p.area.x, p.area.y, p.area.width, p.area.height);
+  cairo_rectangle(cr, p.area.x - radius - 1, p.area.y - radius - 1, p.area.width + 2 * radius + 2,
+                  p.area.height + 2 * radius + 2);
   cairo_clip(cr);
   cairo_set_line_join(cr, CAIRO_LINE_JOIN_ROUND);
   cairo_set_line_cap(cr, CAIRO_LINE_CAP_ROUND);
@@ -280,7 +283,7 @@ void draw_lines(cairo_t* cr, const Panel& panel, const Layout& layout, const Pan
       cairo_stroke(cr);
       if (validation) {
         set_validation_dash(cr, unit, false);
-        draw_markers(cr, line, layout.x, p.y, p.area, unit * 0.3);
+        draw_markers(cr, line, layout.x, p.y, p.area, radius);
         cairo_fill_preserve(cr);
         set_colour(cr, kBackground);
         cairo_set_line_width(cr, unit * 0.08);
