@@ -219,6 +219,11 @@ TEST_F(Plot, ARunIsItsDirectoryOrItsMetricsFile) {
 
   EXPECT_EQ(test::error_of([&] { metrics_file_of(dir_ + "/nothing"); }),
             fmt::format("[plot] {}/nothing: no such run directory or metrics file", dir_));
+  // A metrics file linked to a device would be read without end (a test's /dev/full).
+  fs::create_directories(dir_ + "/device");
+  fs::create_symlink("/dev/zero", dir_ + "/device/metrics.jsonl");
+  EXPECT_EQ(test::error_of([&] { read_run_metrics(dir_ + "/device"); }),
+            fmt::format("[plot] {}/device/metrics.jsonl: not a regular file", dir_));
   fs::create_directories(dir_ + "/empty");
   EXPECT_EQ(test::error_of([&] { metrics_file_of(dir_ + "/empty"); }),
             fmt::format("[plot] {0}/empty: no metrics file ({0}/empty/metrics.jsonl not found): is it a run's "

@@ -19,7 +19,7 @@ void plot_runs(const std::vector<std::string>& runs, const std::string& output, 
 }
 
 void write_run_plot(const std::string& metrics_file, const std::string& label, const std::string& output) {
-  RunMetrics metrics = parse_metrics(io::read_file_bytes(metrics_file, "plot"), metrics_file);
+  RunMetrics metrics = read_metrics_file(metrics_file);
   metrics.label = label;
   const Figure figure = build_figure({metrics}, FigureOptions{});
   io::replace_file_atomically(output, render_figure(figure, Size{}, image_format_of(output)), "plot");

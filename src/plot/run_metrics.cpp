@@ -152,9 +152,14 @@ std::string run_label(const std::string& run) {
   return path.stem().string();
 }
 
+RunMetrics read_metrics_file(const std::string& file) {
+  std::error_code error;
+  if (!fs::is_regular_file(file, error)) fail(kWhere, "{}: not a regular file", file);
+  return parse_metrics(io::read_file_bytes(file, kWhere), file);
+}
+
 RunMetrics read_run_metrics(const std::string& run) {
-  const std::string file = metrics_file_of(run);
-  RunMetrics metrics = parse_metrics(io::read_file_bytes(file, kWhere), file);
+  RunMetrics metrics = read_metrics_file(metrics_file_of(run));
   metrics.label = run_label(run);
   return metrics;
 }

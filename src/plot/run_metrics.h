@@ -51,6 +51,10 @@ std::string run_label(const std::string& run);
 // Reads RUN's metrics (metrics_file_of(RUN)), labelled run_label(RUN).
 RunMetrics read_run_metrics(const std::string& run);
 
+// Reads the metrics file `file` (parse_metrics), unlabelled. Anything but a regular file
+// (a device, a pipe: read without end) is refused: "[plot] FILE: not a regular file".
+RunMetrics read_metrics_file(const std::string& file);
+
 // The records in `text` as the lines of `file` (named in errors). A resume record drops
 // the records after its step (they would be the crashed run's, had the file not been cut
 // back), so a resumed run reads as one; a record of a step not after the one before it,
