@@ -126,6 +126,7 @@ struct PanelLayout {
   Axis y;
   std::vector<std::string> y_labels;
   double title_baseline = 0;
+  double title_room = 0;  // from the title's start to the cell's right edge
   bool bottom_row = false;
 };
 
@@ -211,6 +212,7 @@ Layout lay_out(cairo_t* cr, const Figure& figure, Size size) {
     const double area_left = cell.x + widest_y_label + unit * 0.6;
     const double area_right = cell.x + cell.width - widest_x_label / 2;
     p.area = {area_left, area_top, area_right - area_left, area_bottom - area_top};
+    p.title_room = cell.x + cell.width - area_left;
     if (p.area.width < unit * 4 || p.area.height < unit * 3)
       fail(kWhere, "--size {}x{}: too small for the figure's panels", size.width, size.height);
     layout.panels.push_back(std::move(p));
@@ -334,7 +336,10 @@ void draw_panel(cairo_t* cr, const Figure& figure, const Panel& panel, const Lay
     set_colour(cr, kInk);
     show_text(cr, figure.x_label, a.x + a.width / 2, bottom + unit * 2.7, Anchor::centre);
   }
+  // A title wider than its panel (a small image) is set smaller rather than run into the next.
   set_font(cr, title_font(unit), true);
+  const double title_width = text_width(cr, panel.title);
+  if (title_width > p.title_room) set_font(cr, title_font(unit) * p.title_room / title_width, true);
   set_colour(cr, kInk);
   show_text(cr, panel.title, a.x, p.title_baseline, Anchor::left);
 
