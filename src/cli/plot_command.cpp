@@ -17,7 +17,7 @@ namespace {
 // "1200x800" in pixels; each side within what a figure of four panels needs and a
 // cairo image allows.
 plot::Size parse_size(const std::string& text) {
-  constexpr int kMin = 240, kMax = 16000;
+  constexpr int kMin = 240, kMax = 8000;  // 8000 x 8000 is 256 MB of pixels
   const auto whole_number = [](std::string_view digits, int& out) {
     const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), out);
     return error == std::errc() && end == digits.data() + digits.size();
