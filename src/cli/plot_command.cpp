@@ -55,7 +55,7 @@ void add_plot_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--log-y", o->log_y, "a logarithmic y axis for this panel (repeatable)")
-      ->check(CLI::IsMember({"loss", "lr", "grad-norm", "throughput"}));
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(plot::kPanelNames), std::end(plot::kPanelNames))));
   cmd->add_option("--label", o->labels, "a run's name in the legend, one per run in order (default: its directory)");
   cmd->add_option("--size", o->size, "WIDTHxHEIGHT in pixels (an SVG's too)")->capture_default_str();
   cmd->callback([o] {
