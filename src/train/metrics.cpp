@@ -6,44 +6,23 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 namespace kiln {
 
-MetricsLog::MetricsLog(const std::string& path, bool stop_on_error) : path_(path), stop_on_error_(stop_on_error) {
-  if (path.empty()) return;  // records nothing
-  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) fail("metrics", "{}: cannot open for writing: {}", path, std::strerror(errno));
+namespace {
+
+// One record's line. Strings may hold invalid UTF-8 (a byte model's sample can cut a
+// character, a path is bytes): replaced, not thrown on.
+std::string line_of(const nlohmann::json& record) {
+  return record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + '\n';
 }
 
-MetricsLog::~MetricsLog() {
-  if (fd_ >= 0) ::close(fd_);
-}
+}  // namespace
 
-void MetricsLog::append(const std::string& line) {
-  if (failed_ || fd_ < 0) return;
-  size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string cause = n < 0 ? std::strerror(errno) : "nothing written";
-      if (stop_on_error_) fail("metrics", "{}: write failed: {} (checkpoint.on_save_error = stop)", path_, cause);
-      failed_ = true;
-      warn("metrics", fmt::format("{}: write failed: {}; checkpoint.on_save_error = continue: training goes on, "
-                                  "without further metrics records",
-                                  path_, cause));
-      return;
-    }
-    done += static_cast<size_t>(n);
-  }
-}
+MetricsLog::MetricsLog(const std::string& path, bool stop_on_error) : file_("metrics", path, stop_on_error) {}
 
 void MetricsLog::step(const StepMetrics& m) {
   nlohmann::json j = {{"kind", "train"},         {"step", m.step},          {"loss", m.loss},
@@ -55,37 +34,39 @@ void MetricsLog::step(const StepMetrics& m) {
   for (const auto& [name, value] : m.components) j[name] = value;
   if (!m.skipped.empty()) j["skipped"] = m.skipped;
   if (m.skipped_total > 0) j["skipped_total"] = m.skipped_total;
-  append(j.dump() + '\n');
+  file_.append(line_of(j));
 }
 
 void MetricsLog::validation(int64_t step, double loss, double elapsed_seconds) {
-  append(nlohmann::json{{"kind", "validation"}, {"step", step}, {"loss", loss}, {"elapsed_seconds", elapsed_seconds}}
-             .dump() +
-         '\n');
+  file_.append(line_of({{"kind", "validation"}, {"step", step}, {"loss", loss}, {"elapsed_seconds", elapsed_seconds}}));
 }
 
 void MetricsLog::sample(int64_t step, const std::string& text) {
-  // Samples may hold invalid UTF-8 (a byte model can cut a character): replace, not throw.
-  append(nlohmann::json{{"kind", "sample"}, {"step", step}, {"text", text}}.dump(
-             -1, ' ', false, nlohmann::json::error_handler_t::replace) +
-         '\n');
+  file_.append(line_of({{"kind", "sample"}, {"step", step}, {"text", text}}));
 }
 
 void MetricsLog::skip(int64_t step, const std::string& reason, double loss, double grad_norm) {
-  // JSON has no NaN or Inf: non-finite values are written as null.
   auto number = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
-  append(nlohmann::json{{"kind", "skip"}, {"step", step}, {"reason", reason}, {"loss", number(loss)},
-                        {"grad_norm", number(grad_norm)}}
-             .dump() +
-         '\n');
+  file_.append(line_of(
+      {{"kind", "skip"}, {"step", step}, {"reason", reason}, {"loss", number(loss)}, {"grad_norm", number(grad_norm)}}));
 }
 
 void MetricsLog::checkpoint(int64_t step, const std::string& path, double seconds) {
-  append(nlohmann::json{{"kind", "checkpoint"}, {"step", step}, {"path", path}, {"seconds", seconds}}.dump() + '\n');
+  file_.append(line_of({{"kind", "checkpoint"}, {"step", step}, {"path", path}, {"seconds", seconds}}));
 }
 
 void MetricsLog::resume(int64_t step, const std::string& path) {
-  append(nlohmann::json{{"kind", "resume"}, {"step", step}, {"path", path}}.dump() + '\n');
+  file_.append(line_of({{"kind", "resume"}, {"step", step}, {"path", path}}));
+}
+
+void MetricsLog::scalars(int64_t step, const std::string& kind, const NamedValues& values) {
+  nlohmann::json j = {{"kind", kind}, {"step", step}};
+  for (const auto& [name, value] : values) {
+    KILN_CHECK(name != "kind" && name != "step", "metrics", "a '{}' record's value named '{}' would hide the record's own",
+               kind, name);
+    j[name] = value;
+  }
+  file_.append(line_of(j));
 }
 
 void truncate_metrics_after(const std::string& path, int64_t step) {

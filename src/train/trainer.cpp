@@ -174,13 +174,14 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   if (writes_files())
     io::replace_file_atomically((fs::path(config_.train.out_dir) / "config.toml").string(), config_to_toml(config_),
                                 "train");
-  const std::string metrics_path =
-      writes_files() ? (fs::path(config_.train.out_dir) / config_.log.metrics_file).string() : "";
-  if (!resume && writes_files()) set_aside_earlier_metrics(metrics_path);
-  // A failed metrics write is handled as a failed save (checkpoint.on_save_error).
-  metrics_ = std::make_unique<MetricsLog>(metrics_path, config_.checkpoint.on_save_error == "stop");
+  if (writes_files()) {
+    const std::string metrics_path = (fs::path(config_.train.out_dir) / config_.log.metrics_file).string();
+    if (!resume) set_aside_earlier_metrics(metrics_path);
+    // A failed metrics write is handled as a failed save (checkpoint.on_save_error).
+    records_.add(std::make_unique<MetricsLog>(metrics_path, config_.checkpoint.on_save_error == "stop"));
+  }
   if (resume) {
-    metrics_->resume(progress_.step, resume->path);
+    records_.resume(progress_.step, resume->path);
     console_.print("resumed from {} at step {}\n", resume->path, progress_.step);
   }
 
@@ -297,7 +298,7 @@ bool Trainer::skip_update(const StepMetrics& m) {
   // Weights, optimizer state and schedule stay untouched.
   console_.print("step {}: update skipped ({}); {} skipped in a row, {} in total\n", m.step, m.skipped,
                  guard_.state().consecutive_skips + 1, guard_.state().total_skips + 1);
-  metrics_->skip(m.step, m.skipped, m.loss, m.grad_norm);
+  records_.skip(m.step, m.skipped, m.loss, m.grad_norm);
   guard_.skip(m.step, m.skipped);  // throws after train.max_consecutive_skips in a row
   return false;
 }
@@ -427,7 +428,7 @@ double Trainer::show_validation(int64_t step) {
   if (std::isnan(val) || stop_requested()) return std::nan("");
   console_.print("validation at step {}: loss {:.4f} nats/token ({:.4f} bits/byte)\n", step, val, val / std::log(2.0));
   std::fflush(stdout);  // a log read while the run goes on sees it now
-  metrics_->validation(step, val, now_seconds() - run_start_);
+  records_.validation(step, val, now_seconds() - run_start_);
   best_validation_.offer(val, step);
   last_validation_ = val;
   return val;
@@ -438,7 +439,7 @@ void Trainer::show_sample(int64_t step) {
   if (!text) return;
   console_.print("sample at step {}:\n{}\n---\n", step, *text);
   std::fflush(stdout);
-  metrics_->sample(step, *text);
+  records_.sample(step, *text);
 }
 
 TrainResult Trainer::run() {
@@ -495,7 +496,7 @@ TrainResult Trainer::run() {
       m.loss = p.window_losses > 0 ? p.window_loss / static_cast<double>(p.window_losses) : std::nan("");
       m.components = model_->component_metrics();  // of this step
       log_step(m);
-      metrics_->step(m);
+      records_.step(m);
       p.window_loss = 0;
       p.window_losses = p.window_steps = p.window_tokens = p.window_document_tokens = 0;
       window_start = now_seconds();

@@ -16,6 +16,7 @@
 #include "train/fault_inject.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/run_records.h"
 #include "train/run_summary.h"
 #include "train/schedules.h"
 #include "train/training_sampler.h"
@@ -121,7 +122,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Schedule> schedule_;
   std::unique_ptr<DeviceStep> device_step_;  // the GPU's step (null: the op-by-op loop)
-  std::unique_ptr<MetricsLog> metrics_;
+  RunRecords records_;  // rank 0: metrics.jsonl; other ranks record nothing
   std::unique_ptr<TrainingSampler> sampler_;  // null when train.sample_tokens = 0
 
   FaultInjector faults_;        // test-only (KILN_FAULT_INJECT); empty otherwise

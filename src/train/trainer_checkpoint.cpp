@@ -92,7 +92,7 @@ std::string Trainer::save_checkpoint() {
   const std::string path = checkpoints_->save(*model_, *optimizer_, checkpoint_state());
   checkpoint_step_ = progress_.step;
   const double seconds = now_seconds() - start;
-  metrics_->checkpoint(progress_.step, path, seconds);
+  records_.checkpoint(progress_.step, path, seconds);
   console_.print("checkpoint: step {} saved to {} ({:.2f}s)\n", progress_.step, path, seconds);
   std::fflush(stdout);
   return path;
