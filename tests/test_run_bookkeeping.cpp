@@ -1,6 +1,6 @@
 // Run bookkeeping beyond steps: a token budget (train.tokens), validation and checkpoints
-// every N tokens, periodic Hugging Face exports, and the real (non-PAD) token counts in
-// the log, metrics.jsonl and summary.json.
+// every N tokens, periodic Hugging Face exports, and the real (non-PAD) token counts, the
+// log window and the memory in the log, metrics.jsonl and summary.json.
 #include "fault_test_util.h"
 
 #include <fmt/format.h>
@@ -66,6 +66,12 @@ TEST_F(Bookkeeping, RealTokensLeavePadOutAndAddUp) {
     EXPECT_LE(r["document_tokens"].get<int64_t>(), r["tokens"].get<int64_t>());
     EXPECT_GE(r["document_tokens"].get<int64_t>(), r["target_tokens"].get<int64_t>());
     documents += r["document_tokens"].get<int64_t>();
+    // The window each record averages over, and the process's memory; no MFU on the CPU
+    // (no known peak), nor GPU memory.
+    EXPECT_EQ(r["window_steps"], 3);
+    EXPECT_GT(r["host_peak_rss_bytes"].get<int64_t>(), 1 << 20);
+    EXPECT_FALSE(r.contains("mfu"));
+    EXPECT_FALSE(r.contains("device_memory_used_bytes"));
   }
   const auto summary = nlohmann::json::parse(read_file(out + "/summary.json"));
   EXPECT_EQ(summary["document_tokens"].get<int64_t>(), documents);

@@ -34,6 +34,10 @@ void MetricsLog::step(const StepMetrics& m) {
   for (const auto& [name, value] : m.components) j[name] = value;
   if (!m.skipped.empty()) j["skipped"] = m.skipped;
   if (m.skipped_total > 0) j["skipped_total"] = m.skipped_total;
+  j["window_steps"] = m.window_steps;
+  if (std::isfinite(m.mfu)) j["mfu"] = m.mfu;
+  if (m.device_memory_used_bytes > 0) j["device_memory_used_bytes"] = m.device_memory_used_bytes;
+  j["host_peak_rss_bytes"] = m.host_peak_rss_bytes;
   file_.append(line_of(j));
 }
 

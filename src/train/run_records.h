@@ -8,6 +8,8 @@
 // only named numbers at a step (an evaluation's scores) needs neither: scalars() carries it.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -36,6 +38,20 @@ struct StepMetrics {
   double elapsed_seconds = 0;
   std::string skipped;         // why the update was skipped (fault guard), "" when applied
   int64_t skipped_total = 0;   // skipped updates so far in the run
+  // A log step's record averages over its window: the steps since the last log step.
+  // loss is their mean; tokens, document_tokens and step_seconds their sums; the rest is
+  // the last step's.
+  int64_t window_steps = 1;
+  // Model FLOPs utilization per GPU against its bf16 peak (core/peak_flops.h), over the
+  // window; NaN where no peak is known (the CPU).
+  double mfu = std::nan("");
+  int64_t device_memory_used_bytes = 0;  // the GPU's memory in use (every process on it); 0 on the CPU
+  int64_t host_peak_rss_bytes = 0;       // this process's peak resident memory so far
+
+  double tokens_per_second() const { return static_cast<double>(tokens) / std::max(step_seconds, 1e-9); }
+  double document_tokens_per_second() const {
+    return static_cast<double>(document_tokens) / std::max(step_seconds, 1e-9);
+  }
 };
 
 // One place a run's records go. Each sink handles its own write failures (the policy of

@@ -2,6 +2,7 @@
 
 #include "core/device_memory.h"
 #include "core/peak_flops.h"
+#include "core/process_memory.h"
 #include "core/printable.h"
 #include "io/durable_io.h"
 #include "io/hf_config.h"
@@ -350,8 +351,7 @@ std::vector<std::pair<std::string, double>> Trainer::reported_terms(const LossSl
 }
 
 void Trainer::log_step(const StepMetrics& m) {
-  const double tokens_per_second = static_cast<double>(m.tokens) / std::max(m.step_seconds, 1e-9);
-  const double real_per_second = static_cast<double>(m.document_tokens) / std::max(m.step_seconds, 1e-9);
+  const double tokens_per_second = m.tokens_per_second(), real_per_second = m.document_tokens_per_second();
   const double eta = m.elapsed_seconds / static_cast<double>(m.step) * static_cast<double>(m.total_steps - m.step);
   std::string terms;
   for (const auto& [name, value] : m.terms) terms += fmt::format(" | {} {:.4g}", name, value);
@@ -391,12 +391,25 @@ void Trainer::show_progress(const StepMetrics& m, double step_seconds, double el
   std::string line = fmt::format("step {}/{} | loss {:.4f}", m.step, m.total_steps, m.loss);
   if (std::isfinite(last_validation_)) line += fmt::format(" | val {:.4f}", last_validation_);
   line += fmt::format(" | {} tok/s", human_count(per_second));
-  if (device_ == Device::cuda)  // model FLOPs against the bf16 peak (kiln bench's MFU)
-    line += fmt::format(" | MFU {:.1f}%", 100 * model_->flops_per_token(config_.model.max_seq_len) * per_second /
-                                              kGpuPeakFlops / (group_ ? group_->world_size() : 1));
+  if (const double utilization = mfu(per_second); std::isfinite(utilization))
+    line += fmt::format(" | MFU {:.1f}%", 100 * utilization);
   const double eta = elapsed / static_cast<double>(m.step) * static_cast<double>(m.total_steps - m.step);
   line += fmt::format(" | elapsed {} | eta {}", format_duration(elapsed), format_duration(eta));
   console_.progress(line);
+}
+
+double Trainer::mfu(double tokens_per_second) const {
+  if (device_ != Device::cuda) return std::nan("");
+  // Model FLOPs against the bf16 peak (kiln bench's MFU), per GPU.
+  return model_->flops_per_token(config_.model.max_seq_len) * tokens_per_second / kGpuPeakFlops /
+         (group_ ? group_->world_size() : 1);
+}
+
+int64_t Trainer::device_memory_used_bytes() const {
+  if (device_ != Device::cuda) return 0;
+  size_t free_bytes = 0, total_bytes = 0;
+  cuda_memory_info(&free_bytes, &total_bytes);
+  return static_cast<int64_t>(total_bytes - free_bytes);
 }
 
 int Trainer::agree_on_stop() {
@@ -495,6 +508,10 @@ TrainResult Trainer::run() {
       m.document_tokens = p.window_document_tokens;
       m.loss = p.window_losses > 0 ? p.window_loss / static_cast<double>(p.window_losses) : std::nan("");
       m.components = model_->component_metrics();  // of this step
+      m.window_steps = p.window_steps;
+      m.mfu = mfu(m.tokens_per_second());
+      m.device_memory_used_bytes = device_memory_used_bytes();
+      m.host_peak_rss_bytes = host_peak_rss_bytes();
       log_step(m);
       records_.step(m);
       p.window_loss = 0;

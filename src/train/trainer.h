@@ -70,6 +70,12 @@ class Trainer {
   void log_step(const StepMetrics& m);
   // The live progress line after step m (a terminal only): `step_seconds` that step's time.
   void show_progress(const StepMetrics& m, double step_seconds, double elapsed);
+  // Model FLOPs utilization per GPU at `tokens_per_second` (every rank's tokens); NaN on the
+  // CPU, which has no known peak.
+  double mfu(double tokens_per_second) const;
+  // The GPU's memory in use (cudaMemGetInfo: every process on it, as kiln bench reports
+  // it); 0 on the CPU.
+  int64_t device_memory_used_bytes() const;
   std::vector<std::pair<std::string, double>> reported_terms(const LossSlotSums& sums, int64_t targets) const;
   // Validation and a sample at `step`, printed and recorded; NaN when there is no
   // validation set.
