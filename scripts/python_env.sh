@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates build/pyenv, a virtualenv with the Python packages kiln's tests use as
-# independent oracles (Hugging Face tokenizers, safetensors, gguf). kiln itself never
-# needs Python. Prints the interpreter path. Idempotent: reinstalls only when
+# independent oracles (Hugging Face tokenizers, safetensors, gguf, tensorboard). kiln
+# itself never needs Python. Prints the interpreter path. Idempotent: reinstalls only when
 # scripts/python-requirements.txt changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config libfmt-dev nlohmann-json3-dev libcli11-dev
-          libtomlplusplus-dev libopenblas-openmp-dev libgtest-dev libcpp-httplib-dev libzstd-dev zlib1g-dev libpcre2-dev libutf8proc-dev libgloo-dev libcairo2-dev fonts-dejavu-core python3 python3-venv)
+          libtomlplusplus-dev libopenblas-openmp-dev libgtest-dev libcpp-httplib-dev libzstd-dev zlib1g-dev libpcre2-dev libutf8proc-dev libgloo-dev libcairo2-dev fonts-dejavu-core libprotobuf-dev protobuf-compiler python3 python3-venv)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -15,7 +15,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# Python oracles for the tests (Hugging Face tokenizers, safetensors, gguf); training never uses them.
+# Python oracles for the tests (Hugging Face tokenizers, safetensors, gguf, tensorboard); training never uses them.
 kiln_python=$(scripts/python_env.sh)
 
 # The cuDNN frontend headers (the CUDA build's attention) and CUTLASS (the experts' grouped

@@ -99,6 +99,11 @@ TEST_F(Distributed, TwoAndFourRanksTrainAsOneProcessOverTheSameGlobalBatch) {
   EXPECT_TRUE(std::filesystem::exists(two + "/rank-1.log"));
   EXPECT_CONTAINS(read_file(two + "/rank-1.log"), "this is rank 1");
   EXPECT_FALSE(std::filesystem::exists(two + "/rank-0.log"));
+  // One TensorBoard event file, rank 0's.
+  int event_files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(four + "/tensorboard"))
+    event_files += entry.path().filename().string().find(".tfevents.") != std::string::npos;
+  EXPECT_EQ(event_files, 1);
 }
 
 TEST_F(Distributed, ACheckpointResumesAtAnotherWorldSize) {

@@ -231,6 +231,9 @@ struct LogConfig {
   int64_t every = 10;                 // console/metrics line every N steps
   std::string metrics_file = "metrics.jsonl";
   bool plot = true;                   // draw the run's curves into <out_dir>/plot.png at the end (kiln plot)
+  // TensorBoard event files of every record metrics.jsonl has (train/tensorboard_log.h).
+  bool tensorboard = true;
+  std::string tensorboard_dir = "tensorboard";  // inside out_dir
 };
 
 struct CheckpointConfig {

@@ -194,6 +194,8 @@ const std::array kFields = {
     KILN_FIELD(log, every, positive(), "console/metrics line every N steps"),
     KILN_FIELD(log, metrics_file, none(), "metrics file inside out_dir"),
     KILN_FIELD(log, plot, none(), "draw the run's curves into <out_dir>/plot.png at the end (kiln plot)"),
+    KILN_FIELD(log, tensorboard, none(), "TensorBoard event files of every metrics record"),
+    KILN_FIELD(log, tensorboard_dir, non_empty(), "TensorBoard directory inside out_dir"),
 
     KILN_FIELD(checkpoint, save_final, none(), "write <out_dir>/model at the end"),
     KILN_FIELD(checkpoint, every, non_negative(), "steps between resumable checkpoints (and at the end); 0 = off"),

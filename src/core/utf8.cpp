@@ -48,4 +48,16 @@ size_t find_invalid_utf8(std::string_view text) {
   return std::string_view::npos;
 }
 
+std::string replace_invalid_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t bad = find_invalid_utf8(text); bad != std::string_view::npos; bad = find_invalid_utf8(text)) {
+    out.append(text.substr(0, bad));
+    out.append("\xEF\xBF\xBD");  // U+FFFD
+    text.remove_prefix(bad + 1);
+  }
+  out.append(text);
+  return out;
+}
+
 }  // namespace kiln

@@ -17,6 +17,7 @@
 #include "train/memory_check.h"
 #include "train/optimizer_groups.h"
 #include "train/signals.h"
+#include "train/tensorboard_log.h"
 
 #include <fmt/format.h>
 
@@ -176,10 +177,16 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
     io::replace_file_atomically((fs::path(config_.train.out_dir) / "config.toml").string(), config_to_toml(config_),
                                 "train");
   if (writes_files()) {
+    // A failed record write is handled as a failed save (checkpoint.on_save_error).
+    const bool stop_on_error = config_.checkpoint.on_save_error == "stop";
     const std::string metrics_path = (fs::path(config_.train.out_dir) / config_.log.metrics_file).string();
     if (!resume) set_aside_earlier_metrics(metrics_path);
-    // A failed metrics write is handled as a failed save (checkpoint.on_save_error).
-    records_.add(std::make_unique<MetricsLog>(metrics_path, config_.checkpoint.on_save_error == "stop"));
+    records_.add(std::make_unique<MetricsLog>(metrics_path, stop_on_error));
+    if (config_.log.tensorboard) {
+      const std::string dir = (fs::path(config_.train.out_dir) / config_.log.tensorboard_dir).string();
+      records_.add(std::make_unique<TensorBoardLog>(prepare_tensorboard_dir(dir, resume.has_value()),
+                                                    progress_.step + 1, stop_on_error));
+    }
   }
   if (resume) {
     records_.resume(progress_.step, resume->path);

@@ -1,7 +1,7 @@
 // The training loop: packed micro-batches -> forward/backward with token-exact gradient
 // accumulation -> fault guard -> clip -> optimizer -> schedule, with validation, samples,
-// console progress, a JSONL metrics file, and resumable checkpoints (periodic, at the
-// end, and on SIGTERM/SIGINT).
+// console progress, the run's records (a JSONL metrics file, TensorBoard event files), and
+// resumable checkpoints (periodic, at the end, and on SIGTERM/SIGINT).
 #pragma once
 
 #include "data/batch_stream.h"
@@ -128,7 +128,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Schedule> schedule_;
   std::unique_ptr<DeviceStep> device_step_;  // the GPU's step (null: the op-by-op loop)
-  RunRecords records_;  // rank 0: metrics.jsonl; other ranks record nothing
+  RunRecords records_;  // rank 0: metrics.jsonl and TensorBoard; other ranks record nothing
   std::unique_ptr<TrainingSampler> sampler_;  // null when train.sample_tokens = 0
 
   FaultInjector faults_;        // test-only (KILN_FAULT_INJECT); empty otherwise
