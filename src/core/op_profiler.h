@@ -1,10 +1,13 @@
 // Per-op timing for `kiln bench`: when enabled, every op front end records its time (CUDA
-// events on the GPU, wall clock on the CPU) under the op's name; collect() sums them.
-// Disabled (the default), a scope costs one branch.
+// events on the GPU, wall clock on the CPU) under the op's name; collect() sums them, and
+// scopes() lists them one by one for a trace (core/trace.h). Enabled, each scope is also an
+// NVTX range, so nsys shows the ops under the step's phases. Disabled (the default), a scope
+// costs one branch.
 #pragma once
 
 #include "core/dtype.h"
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -16,6 +19,18 @@ struct OpTime {
   int64_t calls = 0;
 };
 
+// One recorded scope on the host's steady clock. A GPU scope's CUDA events are placed on
+// that clock through a reference event recorded while the device was idle (the first GPU
+// scope after a reset() waits for the device to record it), so its start is when the GPU
+// ran it, not when the host launched it.
+struct OpInterval {
+  const char* op = nullptr;
+  std::chrono::steady_clock::time_point start;
+  double milliseconds = 0;
+  int depth = 0;        // scopes open around it (an op front end that calls another)
+  bool device = false;  // timed by CUDA events
+};
+
 class OpProfiler {
  public:
   static void set_enabled(bool enabled);
@@ -23,6 +38,9 @@ class OpProfiler {
   // Waits for the device, adds up every recorded scope since the last collect() into the
   // running totals, and returns the totals, largest first.
   static std::vector<OpTime> collect();
+  // Waits for the device and returns the scopes recorded since the last collect() or
+  // reset(), in the order they began; they stay for collect().
+  static std::vector<OpInterval> scopes();
   static void reset();
 
  private:
