@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include "core/device_memory.h"
+#include "core/phase_scope.h"
 #include "core/rng.h"
 #include "ops/embedding/embedding.h"
 #include "ops/elementwise/elementwise.h"
@@ -147,6 +148,7 @@ double Model::flops_per_token(int64_t seq_len) const {
 }
 
 void Model::load_batch(const HostBatch& batch) {
+  KILN_PHASE("load batch");
   KILN_CHECK(batch.size() > 0 && batch.size() <= options_.max_tokens, "model",
              "batch of {} tokens does not fit the planned budget of {}", batch.size(), options_.max_tokens);
   KILN_CHECK(batch.max_seqlen <= config_.max_seq_len, "model",
@@ -229,6 +231,7 @@ void Model::refresh_compute_weights() {
 
 void Model::forward() {
   KILN_CHECK(rows_ > 0, "model", "forward before load_batch");
+  KILN_PHASE("forward");
   // Masters change under the optimizer, checkpoint loads and imports; converting them
   // before every forward (one pass over the weights, ~1% of a step) keeps the copies
   // from ever going stale.
@@ -239,6 +242,7 @@ void Model::forward() {
 // The heads over the backbone's hidden states: their loss sums, and with `backward` their
 // gradients into d(hidden) (=) and their own weights (+=).
 LossSums Model::heads(LossScale scale, bool backward, double* device_sums) {
+  KILN_PHASE("loss");  // the heads' forward, and with `backward` their backward
   LossSums sums = pending_;
   const Tensor dhidden = backward ? backbone_->dhidden().rows(0, rows_) : Tensor();
   head_->loss(backbone_->hidden().rows(0, rows_), targets_.rows(0, rows_), scale, dhidden, sums.slot, device_sums);
@@ -263,7 +267,7 @@ LossSums Model::forward_backward(double loss_scale) {
   begin_losses(true, loss_scale);
   forward();
   const LossSums sums = heads(LossScale{loss_scale, nullptr}, true, nullptr);
-  backbone_->backward(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr);
+  backward();
   return sums;
 }
 
@@ -273,6 +277,11 @@ void Model::forward_backward_on_device(const float* loss_scale, double* slot_sum
   losses_.device_sums = slot_sums;  // the objectives inside the backbone (routers) add there too
   forward();
   heads(LossScale{1.0, loss_scale}, true, slot_sums);
+  backward();
+}
+
+void Model::backward() {
+  KILN_PHASE("backward");
   backbone_->backward(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr);
 }
 
@@ -306,10 +315,19 @@ Tensor Model::all_gradients() const {
 
 void Model::zero_grads() { zero_tensor(all_gradients()); }
 
-double Model::gradient_norm() const { return std::sqrt(ops::sum_squares(all_gradients())); }
+double Model::gradient_norm() const {
+  KILN_PHASE("gradient norm");
+  return std::sqrt(ops::sum_squares(all_gradients()));
+}
 
-void Model::gradient_sum_squares_to_device(double* out) const { ops::sum_squares_to_device(all_gradients(), out); }
+void Model::gradient_sum_squares_to_device(double* out) const {
+  KILN_PHASE("gradient norm");
+  ops::sum_squares_to_device(all_gradients(), out);
+}
 
-void Model::scale_gradients(double factor) { ops::scale_inplace(all_gradients(), factor); }
+void Model::scale_gradients(double factor) {
+  KILN_PHASE("clip");
+  ops::scale_inplace(all_gradients(), factor);
+}
 
 }  // namespace kiln

@@ -113,6 +113,7 @@ class Model {
 
  private:
   void forward();  // the backbone over the loaded rows
+  void backward();  // the backbone's backward from d(hidden) the heads left
   void begin_losses(bool backward, double per_target_scale);
   LossSums heads(LossScale scale, bool backward, double* device_sums);
 

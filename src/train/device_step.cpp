@@ -1,6 +1,7 @@
 #include "train/device_step.h"
 
 #include "core/error.h"
+#include "core/phase_scope.h"
 
 #include <algorithm>
 
@@ -63,18 +64,32 @@ DeviceStepOutcome DeviceStep::run(const std::vector<HostBatch>& batches, int64_t
       data_parallel_->sum(device->step_sums, ops::kStepLossSlots, Device::cuda);
     }
     model_.gradient_sum_squares_to_device(&device->grad_sum_squares);
-    ops::finish_step_on_device(device);
+    {
+      KILN_PHASE("guard and clip");  // the fault guard's verdict and the clip factor
+      ops::finish_step_on_device(device);
+    }
     optimizer_.step_on_device(&device->update);
   };
+  // Phases on the host: with graphs, a replayed micro-batch or update is one launch inside
+  // its phase, and the phases within (forward, backward, ...) appear only when it runs op
+  // by op.
   for (size_t i = 0; i < batches.size(); ++i) {
+    KILN_PHASE("micro-batch");
     int32_t* staging = staging_[i].data();
-    const Model::StagedShape shape = model_.stage_batch(batches[i], staging);
-    model_.load_staged(staging, shape);
+    Model::StagedShape shape;
+    {
+      KILN_PHASE("load batch");
+      shape = model_.stage_batch(batches[i], staging);
+      model_.load_staged(staging, shape);
+    }
     if (micro_graphs_) micro_graphs_->run(shape.key(), micro_batch);
     else micro_batch();
   }
-  if (update_graphs_) update_graphs_->run(0, update);
-  else update();
+  {
+    KILN_PHASE("update");
+    if (update_graphs_) update_graphs_->run(0, update);
+    else update();
+  }
   copy_to_host_async(&host, device, sizeof(host));
   synchronize_stream();  // the step's one wait
   DeviceStepOutcome outcome{host.loss, host.grad_norm, {}, host.verdict};

@@ -1,5 +1,7 @@
 #include "train/optimizer_groups.h"
 
+#include "core/phase_scope.h"
+
 #include <algorithm>
 #include <tuple>
 
@@ -60,6 +62,7 @@ class GroupedOptimizer final : public Optimizer {
     for (auto& m : members_) m->plan(state);
   }
   void step(double lr) override {
+    KILN_PHASE("optimizer");
     for (size_t i = 0; i < members_.size(); ++i) members_[i]->step(lr * groups_[i].lr_scale);
   }
   int64_t steps_taken() const override { return members_.empty() ? steps_ : members_.front()->steps_taken(); }
@@ -83,6 +86,7 @@ class GroupedOptimizer final : public Optimizer {
     for (size_t i = 0; i < members_.size(); ++i) members_[i]->prepare_device_update(lr * groups_[i].lr_scale, scalars);
   }
   void step_on_device(const ops::DeviceUpdateScalars* scalars) override {
+    KILN_PHASE("optimizer");
     for (auto& m : members_) m->step_on_device(scalars);
   }
   void count_update() override {
