@@ -2,6 +2,7 @@
 // tokens laid out as the PyTorch peer lays them out (micro_batch_tokens / max_seq_len
 // sequences of max_seq_len tokens), so both arms do the same work.
 #include "cli/bench_imbalance.h"
+#include "cli/bench_trace.h"
 #include "cli/commands.h"
 #include "core/peak_flops.h"
 #include "core/device_memory.h"
@@ -70,7 +71,7 @@ void add_bench_command(CLI::App& app) {
     std::vector<std::string> overrides;
     int64_t steps = 10, warmup = 3;
     double imbalance = 0;
-    std::string json;
+    std::string json, trace;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("bench", "time full training steps of a model shape (synthetic tokens)");
@@ -79,6 +80,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "timed steps")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--json", o->json, "also write the result as one JSON line to this file");
+  cmd->add_option("--trace", o->trace,
+                  "also write a Chrome/Perfetto trace of one step's phases, ops and kernels to this file "
+                  "(cli/bench_trace.h)");
   cmd->add_option("--imbalance", o->imbalance,
                   "hold each sparse layer's busiest expert at this x the mean load (sigmoid_bias routing; "
                   "sets optim.lr=1e-9 and model.moe.bias_rate=0: cli/bench_imbalance.h)")
@@ -88,6 +92,10 @@ void add_bench_command(CLI::App& app) {
     if (o->imbalance > 0)  // the steered bias and the router it was set for stay (bench_imbalance.h)
       overrides.insert(overrides.end(), {"model.moe.bias_rate=0", "optim.lr=1e-9"});
     const Config config = load_config(o->config, overrides);
+    if (!o->trace.empty()) {  // refused now rather than after the timed steps (app: an existing file is kept)
+      std::ofstream probe(o->trace, std::ios::app);
+      KILN_CHECK(probe.good(), "bench", "--trace {}: cannot write: {}", o->trace, std::strerror(errno));
+    }
     const Device device = resolve_device(config.train.device);
     set_cpu_threads(config.train.threads);
     const BuildOptions build = training_build_options(config, device);
@@ -208,6 +216,14 @@ void add_bench_command(CLI::App& app) {
           << '\n';
       out.close();
       KILN_CHECK(!out.fail(), "bench", "{}: cannot write: {}", o->json, std::strerror(errno));
+    }
+    if (!o->trace.empty()) {
+      BenchTraceRun run;
+      run.step = [&] { step(); };
+      run.device = device;
+      run.cuda_graphs = device_step != nullptr;
+      run.graph_launches = [&] { return device_step ? device_step->graph_launches() : 0; };
+      write_bench_trace(o->trace, run);
     }
   });
 }
