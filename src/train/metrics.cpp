@@ -1,6 +1,7 @@
 #include "train/metrics.h"
 
 #include "core/error.h"
+#include "core/json_number.h"
 #include "io/durable_io.h"
 
 #include <fmt/format.h>
@@ -50,9 +51,11 @@ void MetricsLog::sample(int64_t step, const std::string& text) {
 }
 
 void MetricsLog::skip(int64_t step, const std::string& reason, double loss, double grad_norm) {
-  auto number = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
-  file_.append(line_of(
-      {{"kind", "skip"}, {"step", step}, {"reason", reason}, {"loss", number(loss)}, {"grad_norm", number(grad_norm)}}));
+  file_.append(line_of({{"kind", "skip"},
+                        {"step", step},
+                        {"reason", reason},
+                        {"loss", json_number(loss)},
+                        {"grad_norm", json_number(grad_norm)}}));
 }
 
 void MetricsLog::checkpoint(int64_t step, const std::string& path, double seconds) {

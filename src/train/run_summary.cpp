@@ -1,5 +1,6 @@
 #include "train/run_summary.h"
 
+#include "core/json_number.h"
 #include "io/durable_io.h"
 
 #include <nlohmann/json.hpp>
@@ -7,12 +8,6 @@
 #include <fstream>
 
 namespace kiln {
-
-namespace {
-
-nlohmann::json number_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
-
-}  // namespace
 
 BestValidation best_validation_in(const std::string& metrics_path) {
   BestValidation best;
@@ -36,11 +31,11 @@ void write_run_summary(const std::string& path, const RunSummary& s) {
       {"document_tokens", s.document_tokens},
       {"seconds", s.seconds},
       {"elapsed_seconds", s.elapsed_seconds},
-      {"tokens_per_second", number_or_null(s.tokens_per_second)},
-      {"document_tokens_per_second", number_or_null(s.document_tokens_per_second)},
-      {"final_train_loss", number_or_null(s.final_train_loss)},
-      {"final_validation_loss", number_or_null(s.final_validation_loss)},
-      {"best_validation_loss", number_or_null(s.best.loss)},
+      {"tokens_per_second", json_number(s.tokens_per_second)},
+      {"document_tokens_per_second", json_number(s.document_tokens_per_second)},
+      {"final_train_loss", json_number(s.final_train_loss)},
+      {"final_validation_loss", json_number(s.final_validation_loss)},
+      {"best_validation_loss", json_number(s.best.loss)},
       {"best_validation_step", std::isnan(s.best.loss) ? nlohmann::json(nullptr) : nlohmann::json(s.best.step)},
       {"skipped_steps", s.skipped_steps},
       {"stopped_by", s.stopped_by.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.stopped_by)}};
