@@ -14,6 +14,7 @@
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 namespace kiln::test {
@@ -109,6 +110,32 @@ inline std::vector<nlohmann::json> metrics_of_kind(const std::string& out_dir, c
     if (j["kind"] == kind) out.push_back(j);
   }
   return out;
+}
+
+// A test's own directory with a tiny corpus in it (corpus_); the directory is kept when the
+// test fails, to look at, and removed when it passes.
+class TinyRunTest : public ::testing::Test {
+ protected:
+  explicit TinyRunTest(std::string name, int documents = 60) : name_(std::move(name)), documents_(documents) {}
+  void SetUp() override {
+    dir_ = temp_dir(name_);
+    corpus_ = write_tiny_corpus(dir_, documents_);
+  }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+  std::string dir_, corpus_;
+
+ private:
+  std::string name_;
+  int documents_;
+};
+
+// The "step" of each record, in order.
+inline std::vector<int64_t> steps_of(const std::vector<nlohmann::json>& records) {
+  std::vector<int64_t> steps;
+  for (const auto& r : records) steps.push_back(r["step"].get<int64_t>());
+  return steps;
 }
 
 inline std::string checkpoint_path(const std::string& out_dir, int64_t step) {

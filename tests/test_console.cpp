@@ -10,15 +10,9 @@ using namespace kiln::test;
 
 namespace {
 
-class Console : public ::testing::Test {
+class Console : public TinyRunTest {
  protected:
-  void SetUp() override {
-    dir_ = temp_dir("kiln_console");
-    corpus_ = write_tiny_corpus(dir_, 60);
-  }
-  void TearDown() override {
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
-  }
+  Console() : TinyRunTest("kiln_console") {}
   // `command` (through /bin/sh) on a pseudo-terminal of its own, its output captured.
   std::string on_terminal(const std::string& command, const std::string& env = "") {
     int master = -1;
@@ -42,7 +36,6 @@ class Console : public ::testing::Test {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
     return output;
   }
-  std::string dir_, corpus_;
 };
 
 constexpr const char* kClearLine = "\r\033[2K";

@@ -5,6 +5,7 @@
 #include "export_fixture.h"
 #include "greedy_steps.h"
 #include "infer/generator.h"
+#include "full_forward.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,9 @@
 
 namespace kiln {
 namespace {
+
+using test::full_forward_last;
+using test::scaled_diff;
 
 ModelConfig small_config(bool qk_norm, bool tied, bool bias, const std::string& position = "rope") {
   ModelConfig c;
@@ -55,31 +59,6 @@ std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& x : t) x = static_cast<int32_t>(rng.below(259));
   return t;
-}
-
-// Logits of the last position of `tokens`, by the full (training-path) forward.
-std::vector<float> full_forward_last(Model& model, const std::vector<int32_t>& tokens) {
-  HostBatch b;
-  b.tokens = tokens;
-  b.targets.assign(tokens.size(), kIgnoreTarget);
-  b.positions.resize(tokens.size());
-  std::iota(b.positions.begin(), b.positions.end(), 0);
-  b.cu_seqlens = {0, static_cast<int32_t>(tokens.size())};
-  b.max_seqlen = static_cast<int32_t>(tokens.size());
-  model.load_batch(b);
-  std::vector<float> out;
-  model.logits(static_cast<int64_t>(tokens.size()) - 1, 1, out);
-  return out;
-}
-
-double scaled_diff(const float* a, const float* b, int64_t n) {
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    EXPECT_TRUE(std::isfinite(a[i]));
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
 }
 
 // An inference-only model of `config` on the CPU (fp32), every parameter random from

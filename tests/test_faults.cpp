@@ -17,15 +17,9 @@ namespace fs = std::filesystem;
 using test::run_with_fault;
 using test::tiny_train;
 
-class Faults : public ::testing::Test {
+class Faults : public test::TinyRunTest {
  protected:
-  void SetUp() override {
-    dir_ = test::temp_dir("kiln-faults");
-    corpus_ = test::write_tiny_corpus(dir_, 40);
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
+  Faults() : test::TinyRunTest("kiln-faults", 40) {}
   std::string run_dir(const std::string& name) const { return dir_ + "/" + name; }
   // A straight 12-step run: the reference a recovered run must equal bitwise.
   std::string straight() {
@@ -40,7 +34,6 @@ class Faults : public ::testing::Test {
     EXPECT_EQ(test::read_file(a + "/model/model.safetensors"), test::read_file(b + "/model/model.safetensors"))
         << "final weights differ";
   }
-  std::string dir_, corpus_;
 };
 
 // ---- kill -9 during a checkpoint write --------------------------------------------

@@ -11,15 +11,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class InputBounds : public ::testing::Test {
+class InputBounds : public test::TinyRunTest {
  protected:
-  void SetUp() override {
-    dir_ = test::temp_dir("kiln-bounds");
-    corpus_ = test::write_tiny_corpus(dir_, 20);
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
+  InputBounds() : test::TinyRunTest("kiln-bounds", 20) {}
   // Runs `command`, which must fail within `seconds` with one error line; returns it.
   std::string one_line_error(const std::string& command, double seconds = 10) {
     std::string output;
@@ -32,7 +26,6 @@ class InputBounds : public ::testing::Test {
     return output;
   }
   std::string train(const std::string& extra) { return test::tiny_train(corpus_, dir_ + "/run", extra); }
-  std::string dir_, corpus_;
 };
 
 TEST_F(InputBounds, HugeValuesAreRefusedByKeyBeforeAnythingIsAllocated) {

@@ -12,23 +12,10 @@ using namespace kiln::test;
 
 namespace {
 
-class Bookkeeping : public ::testing::Test {
+class Bookkeeping : public TinyRunTest {
  protected:
-  void SetUp() override {
-    dir_ = temp_dir("kiln_bookkeeping");
-    corpus_ = write_tiny_corpus(dir_, 60);
-  }
-  void TearDown() override {
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
-  }
-  std::string dir_, corpus_;
+  Bookkeeping() : TinyRunTest("kiln_bookkeeping") {}
 };
-
-std::vector<int64_t> steps_of(const std::vector<nlohmann::json>& records) {
-  std::vector<int64_t> steps;
-  for (const auto& r : records) steps.push_back(r["step"].get<int64_t>());
-  return steps;
-}
 
 }  // namespace
 

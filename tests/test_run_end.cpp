@@ -21,15 +21,9 @@ using test::tiny_train;
 constexpr const char* kEndOfRun =
     "--set data.val_fraction=0.2 --set train.eval_batches=8 --set train.sample_tokens=30 ";
 
-class RunEnd : public ::testing::Test {
+class RunEnd : public test::TinyRunTest {
  protected:
-  void SetUp() override {
-    dir_ = test::temp_dir("kiln-run-end");
-    corpus_ = test::write_tiny_corpus(dir_, 200);
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
+  RunEnd() : test::TinyRunTest("kiln-run-end", 200) {}
   // The model and the final checkpoint of a 12-step run are there and whole.
   void expect_saved(const std::string& out) {
     EXPECT_TRUE(fs::exists(out + "/model/model.safetensors"));
@@ -57,7 +51,6 @@ class RunEnd : public ::testing::Test {
     *output = test::read_file(log);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
   }
-  std::string dir_, corpus_;
 };
 
 TEST_F(RunEnd, TheModelAndTheFinalCheckpointAreSavedBeforeTheFinalValidationAndSample) {

@@ -12,6 +12,7 @@
 #include "gpu/gpu_harness.h"
 #include "infer/decoder.h"
 #include "model/model.h"
+#include "full_forward.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -24,6 +25,9 @@
 
 namespace kiln {
 namespace {
+
+using test::full_forward_last;
+using test::scaled_diff;
 
 using namespace gpu_test;
 
@@ -50,30 +54,6 @@ void randomize(Model& model, uint64_t seed, double router_scale) {
     for (int64_t i = 0; i < v->numel(); ++i) v->data<float>()[i] = static_cast<float>((gain ? 1.0 : 0.0) + scale * rng.normal());
     copy_tensor(*v, p->value());
   }
-}
-
-std::vector<float> full_forward_last(Model& model, const std::vector<int32_t>& tokens) {
-  HostBatch b;
-  b.tokens = tokens;
-  b.targets.assign(tokens.size(), kIgnoreTarget);
-  b.positions.resize(tokens.size());
-  std::iota(b.positions.begin(), b.positions.end(), 0);
-  b.cu_seqlens = {0, static_cast<int32_t>(tokens.size())};
-  b.max_seqlen = static_cast<int32_t>(tokens.size());
-  model.load_batch(b);
-  std::vector<float> out;
-  model.logits(static_cast<int64_t>(tokens.size()) - 1, 1, out);
-  return out;
-}
-
-double scaled_diff(const float* a, const float* b, int64_t n) {
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    EXPECT_TRUE(std::isfinite(a[i]));
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
 }
 
 std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
