@@ -38,6 +38,8 @@ void Generator::validate(const GenerationRequest& request) const {
   for (const int32_t id : request.prompt)
     KILN_CHECK(id >= 0 && id < choosable_, "generate", "token id {} is outside the vocabulary [0, {})", id, choosable_);
   KILN_CHECK(request.top_logprobs >= 0, "generate", "top_logprobs must be >= 0");
+  KILN_CHECK(request.prompt_logprobs_from >= 1, "generate", "prompt_logprobs_from must be >= 1, got {}",
+             request.prompt_logprobs_from);
   request.sampling.validate();
 }
 
@@ -49,8 +51,13 @@ void Generator::submit(GenerationRequest request, Done done) {
   s->context = request.prompt;
   s->result.prompt_tokens = n;
   if (request.prompt_logprobs) {
+    // Positions before prompt_logprobs_from (the first always: nothing predicts it) keep
+    // their token and a NaN logprob.
     s->result.prompt_logprobs.resize(static_cast<size_t>(n));
-    s->result.prompt_logprobs[0] = {request.prompt[0], std::numeric_limits<double>::quiet_NaN(), {}};
+    const int64_t unscored = std::min(n, request.prompt_logprobs_from);
+    for (int64_t p = 0; p < unscored; ++p)
+      s->result.prompt_logprobs[static_cast<size_t>(p)] = {request.prompt[static_cast<size_t>(p)],
+                                                           std::numeric_limits<double>::quiet_NaN(), {}};
   }
   s->request = std::move(request);
   s->done = std::move(done);
@@ -135,7 +142,8 @@ bool Generator::step() {
     const int64_t take = std::min(prompt - s.cached, budget - static_cast<int64_t>(tokens_.size()));
     for (int64_t p = s.cached; p < s.cached + take; ++p) {
       const bool last = p == prompt - 1;
-      add_row(s, p, s.request.prompt_logprobs || (last && s.request.max_tokens > 0));
+      const bool scored = s.request.prompt_logprobs && p + 1 < prompt && p + 1 >= s.request.prompt_logprobs_from;
+      add_row(s, p, scored || (last && s.request.max_tokens > 0));
     }
   }
 
@@ -170,7 +178,7 @@ bool Generator::step() {
       }
       if (!has_logits) continue;
       const auto prompt = static_cast<int64_t>(s.request.prompt.size());
-      if (s.request.prompt_logprobs && p + 1 < prompt) {
+      if (s.request.prompt_logprobs && p + 1 < prompt && p + 1 >= s.request.prompt_logprobs_from) {
         log_softmax({row, static_cast<size_t>(choosable_)}, logprobs_);  // over the ids the tokenizer has
         const int32_t next = s.request.prompt[static_cast<size_t>(p + 1)];
         s.result.prompt_logprobs[static_cast<size_t>(p + 1)] = {next, logprobs_[static_cast<size_t>(next)],

@@ -32,6 +32,9 @@ struct GenerationRequest {
   std::vector<std::string> stop;   // stop strings: generation ends when the text contains one
   bool stop_at_eos = true;
   bool prompt_logprobs = false;    // logprob of each prompt token given those before it
+  // ...from this prompt position on: the earlier positions' logprobs stay NaN and their rows
+  // compute no logits (a scorer's context, whose tokens it does not score).
+  int64_t prompt_logprobs_from = 1;
   bool logprobs = false;           // logprob of each generated token (raw model distribution)
   int64_t top_logprobs = 0;        // alternatives recorded with every logprob above
 };
