@@ -27,6 +27,7 @@ void add_import_command(CLI::App& app);
 void add_eval_quant_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_score_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_plot_command(CLI::App& app);

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_eval_quant_command(app);
   kiln::cli::add_serve_command(app);
   kiln::cli::add_score_command(app);
+  kiln::cli::add_eval_command(app);
   kiln::cli::add_tokenize_command(app);
   kiln::cli::add_launch_command(app);
   kiln::cli::add_plot_command(app);
