@@ -253,6 +253,18 @@ struct CheckpointConfig {
   std::string on_save_error = "stop";  // stop | continue: a failed save or metrics write ends the run or warns
 };
 
+// Downstream evaluation during training (eval/eval_suite.h, `kiln eval`): multiple-choice
+// tasks scored by log-likelihood and the perplexity of text files, every N steps and at the
+// end, on the device the model trains on; logged, in metrics.jsonl and TensorBoard.
+struct EvalConfig {
+  std::string tasks = "";   // multiple-choice task files (JSONL), comma-separated; "" = none
+  std::string texts = "";   // text or JSONL files whose perplexity is measured, comma-separated
+  int64_t every = 0;        // steps between evaluations; 0 = only at the end of training
+  int64_t limit = 0;        // examples per task (the first ones); 0 = all
+  int64_t slots = 8;        // sequences scored at once (the evaluation decoder's KV-cache slots)
+  bool bos = true;          // BOS before each context, as training documents start
+};
+
 // Multi-process runs (docs/distributed.md); the ranks come from the launcher's environment.
 struct DistConfig {
   // Seconds a collective, or the rendezvous at start, waits for the other ranks before
@@ -268,6 +280,7 @@ struct Config {
   OptimConfig optim;
   LogConfig log;
   CheckpointConfig checkpoint;
+  EvalConfig eval;
   DistConfig dist;
 };
 

@@ -207,16 +207,24 @@ const std::array kFields = {
     KILN_FIELD(checkpoint, keep_best, none(), "also keep the best validation loss's checkpoint (DIR/best names it)"),
     KILN_FIELD(checkpoint, on_save_error, one_of("stop|continue"), "a failed save or metrics write: stop | continue"),
 
+    KILN_FIELD(eval, tasks, none(), "multiple-choice task files (JSONL), comma-separated; \"\" = none"),
+    KILN_FIELD(eval, texts, none(), "text or JSONL files whose perplexity is measured, comma-separated"),
+    KILN_FIELD(eval, every, non_negative(), "steps between evaluations; 0 = only at the end"),
+    KILN_FIELD(eval, limit, non_negative(), "examples per task (the first ones); 0 = all"),
+    KILN_FIELD(eval, slots, positive().up_to(4096, "sequences scored at once"), "sequences scored at once"),
+    KILN_FIELD(eval, bos, none(), "BOS before each context, as training documents start"),
+
     KILN_FIELD(dist, timeout, positive(), "seconds a collective waits for the other ranks before failing"),
 };
 
 #undef KILN_ROLE_FIELDS
 #undef KILN_FIELD
 
-constexpr std::array<std::string_view, 18> kSections = {
+constexpr std::array<std::string_view, 19> kSections = {
     "model",        "model.rope",   "model.moe",    "data",         "train",       "optim",
     "optim.embedding", "optim.head", "optim.matrix", "optim.expert", "optim.router", "optim.norm",
-    "optim.bias",   "optim.muon",   "optim.qk_clip", "log",         "checkpoint",  "dist"};
+    "optim.bias",   "optim.muon",   "optim.qk_clip", "log",         "checkpoint",  "eval",
+    "dist"};
 
 }  // namespace
 

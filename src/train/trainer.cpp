@@ -134,6 +134,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
              "{} is smaller than the {} tokenizer's vocabulary ({})", config_.model.vocab_size, tokenizer_->name(),
              tokenizer_->vocab_size());
   TrainingSampler::check_fits(config_, *tokenizer_);  // the sample's context, before any data is read
+  eval::EvalSuite eval_suite = TrainingEvaluator::read_suite(config_.eval);  // a bad file costs no training
   dataset_ = std::make_unique<TokenDataset>(config_.data, *tokenizer_);
   // Before anything large is allocated (batches, arenas): stop now if it cannot fit.
   check_memory_fits(config_, device_, plan_training_memory(config_, device_), available_memory(device_));
@@ -167,6 +168,8 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   if (resume) restore(*resume, train_options.allow_data_change);
   else model_->init_weights(config_.train.seed);
   if (config_.train.sample_tokens > 0) sampler_ = std::make_unique<TrainingSampler>(*model_, *tokenizer_, config_.train);
+  if (!eval_suite.empty())
+    evaluator_ = std::make_unique<TrainingEvaluator>(*model_, *tokenizer_, config_.eval, std::move(eval_suite));
   // The GPU step with its scalars on the device, unless the op-by-op one is asked for or
   // test faults must be injected between its parts.
   if (device_ == Device::cuda && config_.train.cuda_graphs && optimizer_->updates_on_device() && !faults_.numeric())
@@ -454,6 +457,17 @@ double Trainer::show_validation(int64_t step) {
   return val;
 }
 
+void Trainer::show_eval(int64_t step) {
+  if (!evaluator_) return;
+  const std::optional<eval::EvalResults> results = evaluator_->evaluate([this] { return stop_requested(); });
+  if (!results) return;
+  console_.print("evaluation at step {} ({:.1f} s):\n{}", step, results->seconds, eval::format_eval_table(*results));
+  std::fflush(stdout);
+  NamedValues values = eval::eval_scalars(*results);
+  values.emplace_back("seconds", results->seconds);
+  records_.scalars(step, "eval", values);
+}
+
 void Trainer::show_sample(int64_t step) {
   const std::optional<std::string> text = sample(config_.train.seed + static_cast<uint64_t>(step));
   if (!text) return;
@@ -536,6 +550,7 @@ TrainResult Trainer::run() {
       keep_if_best(m.step, result);
     }
     if (t.sample_every > 0 && m.step % t.sample_every == 0) show_sample(m.step);
+    if (config_.eval.every > 0 && m.step % config_.eval.every == 0) show_eval(m.step);
     p.elapsed_seconds = now_seconds() - start;
     if (due(config_.checkpoint.every, config_.checkpoint.every_tokens)) save_checkpoint_or_warn(result);
     if (due(config_.checkpoint.export_hf_every, 0)) export_hf_at(m.step, result);
@@ -663,6 +678,7 @@ void Trainer::finish(TrainResult& result) {
     keep_if_best(p.step, result);
   });
   report([&] { show_sample(p.step); });
+  report([&] { show_eval(p.step); });
   result.seconds = now_seconds() - run_start_;
   if (const int sig = stop_signal()) {
     result.stopped_by = StopSignals::name(sig);

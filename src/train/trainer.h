@@ -19,6 +19,7 @@
 #include "train/run_records.h"
 #include "train/run_summary.h"
 #include "train/schedules.h"
+#include "train/training_evaluator.h"
 #include "train/training_sampler.h"
 
 #include <memory>
@@ -81,6 +82,8 @@ class Trainer {
   // validation set.
   double show_validation(int64_t step);
   void show_sample(int64_t step);
+  // The [eval] suite at `step`, printed and recorded (nothing when a stop cut it short).
+  void show_eval(int64_t step);
   // After the last step: saves the model and the final checkpoint, then validates and
   // samples. Nothing after the save can lose the run: a stop signal ends the validation or
   // sample early (exit 0), a failing one is a warning.
@@ -130,6 +133,7 @@ class Trainer {
   std::unique_ptr<DeviceStep> device_step_;  // the GPU's step (null: the op-by-op loop)
   RunRecords records_;  // rank 0: metrics.jsonl and TensorBoard; other ranks record nothing
   std::unique_ptr<TrainingSampler> sampler_;  // null when train.sample_tokens = 0
+  std::unique_ptr<TrainingEvaluator> evaluator_;  // null when [eval] names no task or text
 
   FaultInjector faults_;        // test-only (KILN_FAULT_INJECT); empty otherwise
   FaultGuard guard_;
