@@ -46,7 +46,10 @@ MoeRun train(std::vector<std::string> overrides, const std::string& out) {
     nlohmann::json j = nlohmann::json::parse(line);
     if (j["kind"] != "train") continue;
     r.losses.push_back(j["loss"].get<double>());
-    for (const char* timing : {"step_seconds", "elapsed_seconds", "tokens_per_second", "mfu"}) j.erase(timing);
+    // What the machine measured (time, memory in use), not what the steps computed.
+    for (const char* measured : {"step_seconds", "elapsed_seconds", "tokens_per_second", "mfu", "device_memory_used_bytes",
+                                 "host_peak_rss_bytes"})
+      j.erase(measured);
     r.lines.push_back(j.dump());
     r.last = j;
   }
