@@ -9,12 +9,13 @@
 # takes ~41 MiB to ~13 MiB of the device tool's 64 MiB carry limit). scripts/gpu_check.sh
 # unpacks it there. Then, on the device tool: run(carry=[".gpu"], command="bash scripts/gpu_check.sh").
 #
-# Usage: scripts/gpu_stage.sh [extra cmake args...]     (JOBS=N to limit build parallelism)
+# Usage: scripts/gpu_stage.sh [extra cmake args...]     (JOBS=N to limit build parallelism;
+#        BUILD=build to stage setup.sh's build, also Release and sm_90a, instead of a second one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/runtime_libs.sh
 
-BUILD=build-cuda
+BUILD=${BUILD:-build-cuda}
 STAGE=$BUILD/gpu-stage
 PACK=.gpu/kiln-gpu.tar.gz
 LIMIT_MIB=64  # the device tool carries at most 64 MiB, working tree included
