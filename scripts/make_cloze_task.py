@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Writes data/eval/shakespeare_cloze.jsonl: a multiple-choice task (`kiln eval --task`)
 from tinyshakespeare's held-out documents (kiln's own validation split, the FNV-1a hash of
-src/data/dataset.cpp), so a model trained on the bundled corpus never saw its texts.
+src/data/dataset.cpp), so a model trained on the bundled corpus never saw its texts; and
+data/eval/shakespeare_held_out.txt, those documents as one text (`kiln eval --text`).
 
 Each example: a speech's first lines as the context, and as choices its true next line
 and three next lines of other held-out speeches of similar length (deterministic: seeded).
 Chance is 25%; a model that learned the corpus's language does better.
 
 usage: scripts/make_cloze_task.py [--count 100] [--out data/eval/shakespeare_cloze.jsonl]
+                                  [--text-out data/eval/shakespeare_held_out.txt]
 """
 
 import argparse
@@ -22,8 +24,12 @@ def main():
     p.add_argument("--text", default="data/tinyshakespeare.txt")
     p.add_argument("--count", type=int, default=100)
     p.add_argument("--out", default="data/eval/shakespeare_cloze.jsonl")
+    p.add_argument("--text-out", default="data/eval/shakespeare_held_out.txt")
     a = p.parse_args()
     docs, _, _ = held_out_documents(a.text, 0.05, 0, 10**9)
+    with open(a.text_out, "wb") as f:  # the corpus's own layout: documents between blank lines
+        f.write(b"\n\n".join(docs) + b"\n")
+    print(f"{a.text_out}: {len(docs)} held-out documents")
     # (context, next line) of speeches with a speaker line and at least two more lines.
     pairs = []
     for d in docs:
