@@ -3,6 +3,7 @@
 // with a message (never a crash), concurrent requests batched with the same answers as
 // alone, and the CLI server started and stopped by signal. Request counts and timeouts are
 // bounded.
+#include "full_forward.h"
 #include "serve_fixture.h"
 
 #include <fmt/format.h>
@@ -10,6 +11,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -57,16 +60,7 @@ class ServeTest : public ::testing::Test {
   }
   // Log-probabilities of every token of `ids` given those before it, by the full forward.
   std::vector<double> reference_logprobs(const std::vector<int32_t>& ids) {
-    HostBatch b;
-    b.tokens = ids;
-    b.targets.assign(ids.size(), kIgnoreTarget);
-    b.positions.resize(ids.size());
-    std::iota(b.positions.begin(), b.positions.end(), 0);
-    b.cu_seqlens = {0, static_cast<int32_t>(ids.size())};
-    b.max_seqlen = static_cast<int32_t>(ids.size());
-    model_->load_batch(b);
-    std::vector<float> logits;
-    model_->logits(0, static_cast<int64_t>(ids.size()), logits);
+    const std::vector<float> logits = test::full_forward_logits(*model_, ids, 0, static_cast<int64_t>(ids.size()));
     std::vector<double> out{NAN}, lp;
     for (size_t i = 1; i < ids.size(); ++i) {
       log_softmax(std::span<const float>(logits.data() + (i - 1) * 259, 259), lp);
@@ -133,6 +127,57 @@ TEST_F(ServeTest, LoglikelihoodRequestsAsLmEvalSendsThem) {
     EXPECT_EQ(c["text"].get<std::string>().substr(0, 11), "The cat sat");
     EXPECT_EQ(r["usage"]["prompt_tokens"], full.size() + context.size());
   }
+}
+
+// Byte-level, with its EOS moved to a chosen id: the token the model's greedy choice will
+// be, so that a generation ends by EOS at a known step.
+class MovableEosTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text) const override { return bytes_.encode(text); }
+  std::string decode(std::span<const int32_t> ids) const override { return bytes_.decode(ids); }
+  int32_t vocab_size() const override { return bytes_.vocab_size(); }
+  int32_t bos_id() const override { return bytes_.bos_id(); }
+  int32_t eos_id() const override { return eos; }
+  int32_t pad_id() const override { return bytes_.pad_id(); }
+  std::string name() const override { return "movable-eos"; }
+  std::atomic<int32_t> eos{257};
+
+ private:
+  ByteTokenizer bytes_;
+};
+
+// A generation that ends by EOS still lists the EOS's log-probability after the generated
+// tokens (none here), as OpenAI-style servers do, without its text: lm-eval's
+// local-completions takes the last entry of an echoed prompt's list for the generated token
+// and drops it, so without the EOS entry it dropped the continuation's last token instead.
+TEST(ServeEos, AnEndingEosIsListedWithItsLogprobAfterTheEchoedPrompt) {
+  MovableEosTokenizer tokenizer;
+  test::ServedModel served(tokenizer, serve::ServeOptions{});
+  const std::vector<int32_t> full = bytes_of("The cat sat");
+  const std::vector<float> last = test::full_forward_last(*served.model, full);
+  const auto greedy = static_cast<int32_t>(std::max_element(last.begin(), last.begin() + 259) - last.begin());
+  std::vector<double> lp;
+  log_softmax(std::span<const float>(last.data(), 259), lp);
+  tokenizer.eos = greedy;  // the model's next token is now its EOS
+  httplib::Client c("127.0.0.1", served.port);
+  c.set_read_timeout(30, 0);
+  const json body = {{"model", "kiln"}, {"prompt", json::array({full})}, {"max_tokens", 1}, {"temperature", 0},
+                     {"logprobs", 1},   {"echo", true}};
+  const auto res = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json choice = json::parse(res->body)["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "stop");
+  EXPECT_EQ(choice["text"], "The cat sat");  // the EOS adds no text
+  const json& token_logprobs = choice["logprobs"]["token_logprobs"];
+  ASSERT_EQ(token_logprobs.size(), full.size() + 1);
+  EXPECT_NEAR(token_logprobs.back().get<double>(), lp[static_cast<size_t>(greedy)], 1e-4);
+  EXPECT_EQ(choice["logprobs"]["top_logprobs"].back().begin().value().get<double>(), token_logprobs.back());
+  // lm-eval's parse of it: every continuation token of " sat" counted.
+  const size_t context = bytes_of("The cat").size();
+  double continuation = 0;
+  for (size_t i = context; i < full.size(); ++i) continuation += token_logprobs[i].get<double>();
+  EXPECT_DOUBLE_EQ(lm_eval_parse(choice, context, true).first, continuation);
 }
 
 // A token as the logprobs list shows it, back to its id (byte-level).

@@ -76,9 +76,11 @@ void Generator::sample_next(Sequence& s, const float* logits) {
   if (s.request.logprobs) log_softmax({logits, vocab}, logprobs_);
   row_.assign(logits, logits + vocab);
   const int32_t token = sampler_.sample(row_, s.context, s.request.sampling, s.rng);
-  if (s.request.logprobs && !(s.request.stop_at_eos && token == tokenizer_.eos_id()))
-    s.result.logprobs.push_back({token, logprobs_[static_cast<size_t>(token)],
-                                 top_logprobs(logprobs_, s.request.top_logprobs)});
+  if (s.request.logprobs) {
+    TokenLogprob lp{token, logprobs_[static_cast<size_t>(token)], top_logprobs(logprobs_, s.request.top_logprobs)};
+    if (s.request.stop_at_eos && token == tokenizer_.eos_id()) s.result.eos_logprob = std::move(lp);
+    else s.result.logprobs.push_back(std::move(lp));
+  }
   append(s, token);
 }
 

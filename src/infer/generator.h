@@ -19,6 +19,7 @@
 
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,11 @@ struct GenerationResult {
   std::string finish_reason;           // "stop" (EOS or a stop string) | "length" | "error"
   std::vector<TokenLogprob> prompt_logprobs;  // one per prompt token when asked
   std::vector<TokenLogprob> logprobs;         // one per generated token when asked
+  // The EOS that ended the sequence (finish_reason "stop" by EOS), when logprobs were asked:
+  // not a generated token (no text), but OpenAI-style servers list it after them, and
+  // lm-eval's local-completions drops the last entry of an echoed prompt's list as the
+  // generated one.
+  std::optional<TokenLogprob> eos_logprob;
   int64_t prompt_tokens = 0;
   std::string error;                   // why it failed (finish_reason "error"); empty otherwise
 };

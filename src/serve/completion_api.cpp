@@ -238,6 +238,7 @@ json completion_response(const CompletionRequest& request, const std::vector<Gen
         for (size_t t = 0; t < q.prompt.size(); ++t)
           add(q.prompt[t], t < g.prompt_logprobs.size() ? &g.prompt_logprobs[t] : nullptr);
       for (size_t t = 0; t < g.tokens.size(); ++t) add(g.tokens[t], t < g.logprobs.size() ? &g.logprobs[t] : nullptr);
+      if (g.eos_logprob) add(g.eos_logprob->token, &*g.eos_logprob);  // listed, as OpenAI's servers do; no text
       choice["logprobs"] = {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops},
                             {"text_offset", offsets}};
     }
