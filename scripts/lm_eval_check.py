@@ -10,9 +10,10 @@ hand (not in CI: lm-eval and its dependencies are large). CPU only.
   3. `kiln serve MODEL --device cpu`; lm-eval's local-completions against it, twice: with
      add_bos_token=True (its contexts start with BOS, as `kiln eval`'s default) for the task,
      and with add_bos_token=False for the task again and the text (`kiln eval --no-bos`:
-     contexts without BOS; the text's first window is BOS alone either way). max_length is
-     the model's context less one (local-completions asks for one generated token more),
-     and `kiln eval --max-length` gets the same.
+     contexts without BOS; the text's first window is BOS alone either way). lm-eval's
+     max_length is the model's context; it scores at most one token less a request (it keeps
+     one for the token local-completions asks to generate), which is what `kiln eval
+     --max-length` gets.
   4. `kiln eval ... --json --samples` both ways; compared: every choice's log-likelihood
      (lm-eval's logged samples), acc, acc_norm, and the text's metrics.
 Writes OUT/lm_eval_check.json and prints a table; exits 1 if a log-likelihood differs by
@@ -106,6 +107,7 @@ def lm_eval(tasks_dir, task_names, port, tokenizer, max_length, bos, out):
     args = (f"model=kiln,base_url=http://127.0.0.1:{port}/v1/completions,tokenizer={tokenizer},"
             f"tokenizer_backend=huggingface,max_length={max_length},add_bos_token={bos},"
             f"num_concurrent=1,max_retries=1")
+    shutil.rmtree(out, ignore_errors=True)  # an earlier run's results would be read too
     run([sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", args,
          "--tasks", ",".join(task_names), "--include_path", tasks_dir, "--batch_size", "4",
          "--output_path", out, "--log_samples"])
@@ -133,6 +135,9 @@ def main():
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     context = tomllib.load(open(os.path.join(a.model, "config.toml"), "rb"))["model"]["max_seq_len"]
+    # lm-eval's API models keep one token of max_length for the generated one (TemplateAPI:
+    # self.max_length = max_length - 1): given the model's context, they score at most
+    # context - 1 tokens a request, and a rolling window predicts context - 2.
     max_length = context - 1
 
     hf = os.path.join(a.out, "hf")
@@ -152,8 +157,8 @@ def main():
                                "--max-prompts", "64"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(f"http://127.0.0.1:{port}/v1/models", server)
-        harness = {True: lm_eval(tasks_dir, ["kiln_mc"], port, hf, max_length, True, os.path.join(a.out, "lm_eval_bos1")),
-                   False: lm_eval(tasks_dir, ["kiln_mc", "kiln_text"], port, hf, max_length, False,
+        harness = {True: lm_eval(tasks_dir, ["kiln_mc"], port, hf, context, True, os.path.join(a.out, "lm_eval_bos1")),
+                   False: lm_eval(tasks_dir, ["kiln_mc", "kiln_text"], port, hf, context, False,
                                   os.path.join(a.out, "lm_eval_bos0"))}
     finally:
         server.terminate()
