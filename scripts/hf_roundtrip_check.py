@@ -66,6 +66,8 @@ def check_model(args, model_dir, work):
     res = {"model": name, "arch": arch, "config": {k: m[k] for k in ("hidden", "layers", "heads", "kv_heads", "head_dim",
                                                                       "ffn_hidden", "vocab_size", "qk_norm",
                                                                       "tie_embeddings", "attention_bias")}}
+    if m.get("sliding_window", 0):
+        res["config"].update({k: m.get(k) for k in ("sliding_window", "full_attention_layers")})
     if arch in ("qwen3_moe", "dots1"):
         res["config"]["moe"] = m["moe"]
         res["config"].update({k: m.get(k) for k in ("mlp", "alt_mlp", "alt_mlp_layers")})
@@ -80,6 +82,9 @@ def check_model(args, model_dir, work):
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     res["hf_class"] = type(model).__name__
     assert res["hf_class"] == EXPECTED_CLASS[arch], f"{name}: loaded as {res['hf_class']}"
+    if m.get("sliding_window", 0):  # what transformers made of the windows (the logits below check them)
+        res["hf_windows"] = {"sliding_window": model.config.sliding_window,
+                             "layer_types": getattr(model.config, "layer_types", None)}
     model.eval()
 
     L = args.length
@@ -144,11 +149,14 @@ def check_model(args, model_dir, work):
     # must refuse other models, in one line naming the key.
     # llama.cpp's dots1 always has a shared expert, reads a separate output matrix and k/v
     # of as many heads as q.
-    # kiln's GGUF export carries RoPE scaling only where llama.cpp's is known to equal kiln's.
+    # kiln's GGUF export carries RoPE scaling only where llama.cpp's is known to equal kiln's,
+    # and windowed layers nowhere.
     # A model with several of these is refused by whichever kiln checks first.
     refused_keys = []
     if (m.get("rope") or {}).get("scaling") in ("yarn", "llama3"):
         refused_keys.append("model.rope.scaling")
+    if m.get("sliding_window", 0):  # llama.cpp's qwen2/qwen3/qwen3moe have no sliding window
+        refused_keys.append("model.sliding_window")
     if arch == "qwen3_moe" and (m.get("alt_mlp_layers") or m.get("mlp") != "moe"):
         refused_keys.append("alt_mlp_layers")
     if arch == "qwen3_moe" and not m["moe"]["norm_topk_prob"]:

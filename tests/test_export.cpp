@@ -3,6 +3,7 @@
 // reproduces every weight bit for bit (fp32) and the same loss, and models or files that no
 // stock class represents are refused with an error naming the reason.
 #include "export_fixture.h"
+#include "io/gguf_export.h"
 #include "io/hf_config.h"
 #include "io/hf_export.h"
 #include "io/hf_import.h"
@@ -54,13 +55,25 @@ ModelConfig dots1_config() {
   return c;
 }
 
+// A model whose layers `full` see every key and the others the last `window` (16 here,
+// shorter than the test text, so the windows bite).
+ModelConfig windowed(ModelConfig c, const std::string& full) {
+  c.sliding_window = 16;
+  c.full_attention_layers = full;
+  return c;
+}
+
 std::vector<Case> cases() {
   ModelConfig llama = test::tiny_config(false, false, false, 48);  // head_dim 16 != 48 / 4
   return {{"qwen3", test::tiny_config(true, true, false), io::HfArch::qwen3},
           {"llama", llama, io::HfArch::llama},
           {"qwen2", test::tiny_config(false, true, true), io::HfArch::qwen2},
           {"qwen3_moe", qwen3_moe_config(), io::HfArch::qwen3_moe},
-          {"dots1", dots1_config(), io::HfArch::dots1}};
+          {"dots1", dots1_config(), io::HfArch::dots1},
+          // Windowed layers: Qwen3's and Qwen2's layer_types, Qwen3-MoE's every layer.
+          {"qwen3_window", windowed(test::tiny_config(true, true, false), "1"), io::HfArch::qwen3},
+          {"qwen2_window", windowed(test::tiny_config(false, true, true), ""), io::HfArch::qwen2},
+          {"qwen3_moe_window", windowed(qwen3_moe_config(), ""), io::HfArch::qwen3_moe}};
 }
 
 void expect_same_weights(const std::string& a_dir, const std::string& b_dir, bool bitwise) {
@@ -107,6 +120,8 @@ TEST(ExportHf, EachArchitecturePassesThePythonChecksAndRoundTripsBitwise) {
     EXPECT_EQ(cfg.model.norm_eps, c.config.norm_eps);
     EXPECT_EQ(cfg.model.tie_embeddings, c.config.tie_embeddings);
     EXPECT_EQ(cfg.model.attention_bias, c.config.attention_bias);
+    EXPECT_EQ(cfg.model.sliding_window, c.config.sliding_window);
+    EXPECT_EQ(cfg.model.full_attention_layers, c.config.full_attention_layers);
     EXPECT_EQ(cfg.model.mlp, c.config.mlp);
     EXPECT_EQ(cfg.model.alt_mlp_layers, c.config.alt_mlp_layers);
     EXPECT_EQ(cfg.model.moe.experts, c.config.moe.experts);
@@ -179,9 +194,13 @@ TEST(ExportHf, RefusesWhatNoStockClassComputes) {
   m = test::tiny_config(false, false, false);
   m.logit_softcap = 15;
   EXPECT_NE(refusal(m).find("model.logit_softcap = 15"), std::string::npos) << refusal(m);
-  m = test::tiny_config(false, true, true);
-  m.sliding_window = 64;
-  EXPECT_NE(refusal(m).find("model.sliding_window = 64: windowed attention is not exported"), std::string::npos)
+  // Windows: Llama has none; Qwen3-MoE windows all layers or none.
+  m = windowed(test::tiny_config(false, true, false), "");
+  EXPECT_NE(refusal(m).find("model.sliding_window = 16: no sliding window in this architecture"), std::string::npos)
+      << refusal(m);
+  m = windowed(qwen3_moe_config(), "0");
+  EXPECT_NE(refusal(m).find("model.full_attention_layers: the layers differ in 'use_sliding_window'"),
+            std::string::npos)
       << refusal(m);
   // Per-layer patterns: a NoPE layer is refused; an alternative MLP that is the same
   // component writes the same fields, and is the plain model.
@@ -276,7 +295,13 @@ TEST(ImportHf, RefusesFeaturesKilnDoesNotCompute) {
               c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", 0.707}, {"mscale_all_dim", 0.707}};
             }).find("mscale"),
             std::string::npos);
-  EXPECT_NE(import_error([](json& c) { c["use_sliding_window"] = true; }).find("use_sliding_window"), std::string::npos);
+  EXPECT_NE(import_error([](json& c) { c["layer_types"][0] = "chunked_attention"; })
+                .find("config.json: layer_types[0] = 'chunked_attention': kiln computes full_attention and "
+                      "sliding_attention layers"),
+            std::string::npos);
+  EXPECT_NE(import_error([](json& c) { c["layer_types"] = json::array({"full_attention"}); })
+                .find("layer_types has 1 entries for 2 layers"),
+            std::string::npos);
   EXPECT_NE(import_error([](json& c) { c["hidden_act"] = "gelu"; }).find("hidden_act"), std::string::npos);
   EXPECT_NE(import_error([](json& c) { c["model_type"] = "mistral"; }).find("mistral"), std::string::npos);
   EXPECT_NE(import_error([](json& c) { c["head_dim"] = 8; }).find("shape"), std::string::npos);
@@ -315,6 +340,39 @@ TEST(ImportHf, RefusesFeaturesKilnDoesNotCompute) {
 
 // A config.json value nested 300000 arrays deep: the type error dump()ed it, and the
 // recursion overflowed the stack (SIGSEGV of `kiln import hf`).
+// config.json's windows read as transformers derives them: layer_types when given, else the
+// layers from max_window_layers on; none without use_sliding_window. llama.cpp has none.
+TEST(ImportHf, WindowsAsTransformersDerivesThem) {
+  const std::string root = test::temp_dir("kiln-import-windows");
+  const std::string model = test::save_random_model(windowed(test::tiny_config(true, true, false), "1"), root + "/model");
+  auto imported = [&](const std::function<void(json&)>& edit) {
+    fs::remove_all(root + "/hf");
+    fs::remove_all(root + "/back");
+    io::export_hf(model, root + "/hf", {});
+    edit_export(root + "/hf", edit);
+    io::import_hf(root + "/hf", root + "/back");
+    return load_config(root + "/back/config.toml").model;
+  };
+  const ModelConfig by_max = imported([](json& c) {
+    c.erase("layer_types");
+    c["max_window_layers"] = 1;  // layer 1 on: windowed; layer 0 full
+  });
+  EXPECT_EQ(by_max.sliding_window, 16);
+  EXPECT_EQ(by_max.full_attention_layers, "0");
+  const ModelConfig flag_off = imported([](json& c) { c["use_sliding_window"] = false; });
+  EXPECT_EQ(flag_off.sliding_window, 0);  // transformers drops sliding_window: full attention
+  EXPECT_EQ(flag_off.full_attention_layers, "");
+  try {
+    io::export_gguf(model, root + "/model.gguf", {});
+    ADD_FAILURE() << "a windowed model exported to GGUF";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.sliding_window = 16: llama.cpp's architecture has no sliding window"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(root);
+}
+
 TEST(ImportHf, DeeplyNestedConfigValuesAreRefusedInOneLine) {
   const std::string root = test::temp_dir("kiln-import-deep");
   const std::string model = test::save_random_model(test::tiny_config(true, true, false), root + "/model");

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 namespace kiln::io {
 
@@ -68,7 +69,16 @@ json hf_config_json(const Model& model, HfArch arch, const HfSpecialTokens& spec
   model.backbone().export_config(out);
   model.head().export_config(out);
   c["use_cache"] = true;
-  if (arch != HfArch::llama) c["max_window_layers"] = m.layers;  // no window on any layer
+  if (arch != HfArch::llama) {
+    // Qwen2/3 and Dots1 window the layers from max_window_layers on when layer_types is
+    // absent: none by that rule. Qwen2/3 read the windowed layers from layer_types instead
+    // (written by the attention), Qwen3-MoE windows all layers by use_sliding_window alone.
+    c["max_window_layers"] = m.layers;
+    if (!c.contains("use_sliding_window")) {  // no windowed layer
+      c["use_sliding_window"] = false;
+      c["sliding_window"] = nullptr;
+    }
+  }
   const bool sparse = arch == HfArch::qwen3_moe || arch == HfArch::dots1;
   if (sparse && !c.contains("intermediate_size")) c["intermediate_size"] = m.ffn_hidden;  // no dense layer wrote it
   if (special.bos >= 0) c["bos_token_id"] = special.bos;
@@ -103,6 +113,53 @@ template <typename T>
 T require(const json& c, const char* key, const std::string& where) {
   KILN_CHECK(c.contains(key) && !c[key].is_null(), "import", "{}: missing field '{}'", where, key);
   return get<T>(c, key, T{}, where);
+}
+
+// The layers `member` holds as a layer set (config/layer_pattern.h): "0,3,5"; "" for none.
+std::string layer_list(const std::vector<bool>& member) {
+  std::string out;
+  for (size_t l = 0; l < member.size(); ++l) {
+    if (!member[l]) continue;
+    if (!out.empty()) out += ',';
+    out += std::to_string(l);
+  }
+  return out;
+}
+
+// Which layers transformers windows, as model.sliding_window and model.full_attention_layers.
+// Qwen2/3 (and Dots1): layer_types when given, else the layers from max_window_layers on;
+// "sliding_attention" layers see sliding_window keys, which Qwen2/3/Qwen3-MoE drop (full
+// attention) unless use_sliding_window. Qwen3-MoE windows every layer when it is set. Llama
+// has no window.
+void read_windows(const json& c, HfArch arch, const std::string& where, ModelConfig& m) {
+  if (arch == HfArch::llama) return;
+  const JsonField root(c, "import", where);
+  const bool has_flag = arch != HfArch::dots1;  // Dots1Config has no use_sliding_window
+  const auto window_field = root.find("sliding_window");
+  const bool on = (!has_flag || get<bool>(c, "use_sliding_window", false, where)) && window_field;
+  std::vector<bool> sliding(static_cast<size_t>(m.layers), false);
+  if (arch == HfArch::qwen3_moe) {
+    sliding.assign(sliding.size(), on);
+  } else if (const auto layer_types = root.find("layer_types")) {
+    KILN_CHECK(static_cast<int64_t>(layer_types->array_size()) == m.layers, "import",
+               "{}: layer_types has {} entries for {} layers", where, layer_types->array_size(), m.layers);
+    for (size_t i = 0; i < sliding.size(); ++i) {
+      const std::string& t = layer_types->element(i).string();
+      KILN_CHECK(t == "full_attention" || t == "sliding_attention", "import",
+                 "{}: layer_types[{}] = '{}': kiln computes full_attention and sliding_attention layers", where, i,
+                 printable(t));
+      sliding[i] = on && t == "sliding_attention";
+    }
+  } else {
+    const int64_t from = get<int64_t>(c, "max_window_layers", arch == HfArch::dots1 ? 62 : 28, where);
+    for (size_t i = 0; i < sliding.size(); ++i) sliding[i] = on && static_cast<int64_t>(i) >= from;
+  }
+  if (std::find(sliding.begin(), sliding.end(), true) == sliding.end()) return;
+  const int64_t window = window_field->integer(1, INT64_MAX);
+  m.sliding_window = window;
+  std::vector<bool> full(sliding.size());
+  for (size_t i = 0; i < sliding.size(); ++i) full[i] = !sliding[i];
+  m.full_attention_layers = layer_list(full);  // the global layers
 }
 
 // rope_scaling / rope_parameters: plain RoPE or one of kiln's scalings (nn/rope_scaling.h:
@@ -172,11 +229,12 @@ static void read_qwen3_moe(const json& c, const std::string& where, ModelConfig&
   std::vector<int64_t> dense_only;
   if (const auto only = JsonField(c, "import", where).find("mlp_only_layers"); only && !only->is_null())
     for (size_t i = 0; i < only->array_size(); ++i) dense_only.push_back(only->element(i).integer(0, m.layers - 1));
-  std::string dense;
+  std::vector<bool> is_dense(static_cast<size_t>(m.layers));
   for (int64_t l = 0; l < m.layers; ++l) {
     const bool listed = std::find(dense_only.begin(), dense_only.end(), l) != dense_only.end();
-    if (listed || (l + 1) % step != 0) dense += (dense.empty() ? "" : ",") + std::to_string(l);
+    is_dense[static_cast<size_t>(l)] = listed || (l + 1) % step != 0;
   }
+  const std::string dense = layer_list(is_dense);
   m.mlp = "moe";
   if (!dense.empty()) m.alt_mlp = "swiglu", m.alt_mlp_layers = dense;
 }
@@ -263,21 +321,8 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
                "{}: attention_bias = true biases o_proj too, which kiln's attention does not compute", where);
   KILN_CHECK(!get<bool>(c, "mlp_bias", false, where), "import", "{}: mlp_bias = true: kiln's MLP has no biases",
              where);
-  KILN_CHECK(!get<bool>(c, "use_sliding_window", false, where), "import",
-             "{}: use_sliding_window = true: kiln computes full causal attention", where);
+  read_windows(c, spec.arch, where, m);
   const JsonField root(c, "import", where);
-  // Dots1Config makes layers from max_window_layers on sliding when layer_types is absent.
-  if (spec.arch == HfArch::dots1 && !root.find("layer_types") && root.find("sliding_window") &&
-      !c["sliding_window"].is_null())
-    KILN_CHECK(get<int64_t>(c, "max_window_layers", 62, where) >= m.layers, "import",
-               "{}: sliding_window with max_window_layers < num_hidden_layers: kiln computes full attention only",
-               where);
-  if (const auto layer_types = root.find("layer_types"))
-    for (size_t i = 0; i < layer_types->array_size(); ++i) {
-      const std::string& t = layer_types->element(i).string();
-      KILN_CHECK(t == "full_attention", "import", "{}: layer_types has '{}': kiln computes full attention only", where,
-                 printable(t));
-    }
 
   spec.special.bos = get<int64_t>(c, "bos_token_id", -1, where);
   spec.special.pad = get<int64_t>(c, "pad_token_id", -1, where);

@@ -185,16 +185,20 @@ double GqaAttention::extra_forward_flops_per_token(int64_t seq_len) const {
 }
 
 // Qwen3 is the family with q/k norms and no biases; Qwen2 biases q, k and v (never o);
-// Llama has neither (its attention_bias would bias o_proj too). None has a softcap, NoPE
-// layers, or (not yet verified against transformers: Qwen2/3 describe them by
-// layer_types) windowed layers.
+// Llama has neither (its attention_bias would bias o_proj too). None has a softcap or NoPE
+// layers. Windowed layers: Qwen2 and Qwen3 name each layer's kind in layer_types
+// ("sliding_attention" with the one sliding_window, or "full_attention"); Qwen3-MoE
+// windows every layer or none; Llama, Dots1 and llama.cpp's qwen2/qwen3 have no windows.
 void GqaAttention::export_config(ExportConfig& out) const {
   const bool qk_norm = qk_norm_, bias = bias_;
   if (options_.softcap > 0) out.refuse("model.attention_softcap", fmt::format("{}", options_.softcap), "no softcap");
   if (!rotary_) out.refuse("model.nope_layers", fmt::format("layer {}", layer_), "every layer rotates");
-  if (options_.window > 0)
+  const bool windowed_family = out.format() == ExportConfig::Format::hf &&
+                               (out.is("qwen2") || out.is("qwen3") || out.is("qwen3_moe"));
+  if (options_.window > 0 && !windowed_family)
     out.refuse("model.sliding_window", std::to_string(options_.window),
-               "windowed attention is not exported yet (no verified mapping to a stock class)");
+               out.format() == ExportConfig::Format::gguf ? "llama.cpp's architecture has no sliding window"
+                                                          : "no sliding window in this architecture");
   // Qwen3's attention: also Qwen3-MoE's and Dots1's.
   const bool qwen3 = out.is("qwen3") || out.is("qwen3_moe") || out.is("dots1"), qwen2 = out.is("qwen2");
   if (qk_norm != qwen3) out.refuse("model.qk_norm", qk_norm ? "true" : "false", "only Qwen3 has q/k norms");
@@ -222,10 +226,18 @@ void GqaAttention::export_config(ExportConfig& out) const {
   out.set("attention_dropout", 0.0, "model.attention");
   if (!qwen2) out.set("attention_bias", false, "model.attention_bias");
   if (out.is("llama")) out.set("pretraining_tp", 1, "model.attention");
-  if (qwen3 || qwen2) {
-    out.set("use_sliding_window", false, "model.sliding_window");
-    out.set("sliding_window", nullptr, "model.sliding_window");
-    out.set_layer("layer_types", layer_, "full_attention");
+  if (out.is("qwen3_moe")) {  // one setting for every layer: a mixed model is refused here
+    out.set("use_sliding_window", options_.window > 0, "model.full_attention_layers");
+    out.set("sliding_window", options_.window > 0 ? nlohmann::json(options_.window) : nlohmann::json(nullptr),
+            "model.full_attention_layers");
+  } else if (qwen3 || qwen2) {
+    // A full layer leaves use_sliding_window and sliding_window to the windowed ones (the
+    // export writes false and null when there are none).
+    if (options_.window > 0) {
+      out.set("use_sliding_window", true, "model.sliding_window");
+      out.set("sliding_window", options_.window, "model.sliding_window");
+    }
+    out.set_layer("layer_types", layer_, options_.window > 0 ? "sliding_attention" : "full_attention");
   }
 }
 

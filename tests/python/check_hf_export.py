@@ -55,11 +55,15 @@ def check_config(out, m):
         for k, v in want.items():
             check(cfg[k] == v, f"config.json {k} = {cfg[k]!r}, expected {v!r}")
         check(sparse == list(range(sparse[0], m["layers"])), f"sparse layers {sparse} are not the last ones")
-        check(cfg["sliding_window"] is None, "sliding_window")
     if arch != "qwen2":
         check(cfg["attention_bias"] is False, "attention_bias")
-    if arch != "llama":
-        check(cfg["use_sliding_window"] is False, "sliding window")
+    if arch != "llama":  # transformers' Qwen2/3: layer_types; Qwen3-MoE: every layer or none
+        windowed = ref.windowed_layers(m)
+        check(cfg["use_sliding_window"] is bool(windowed), f"use_sliding_window with windowed layers {windowed}")
+        check(cfg["sliding_window"] == (m["sliding_window"] if windowed else None), "sliding_window")
+        if arch in ("qwen2", "qwen3"):
+            kinds = ["sliding_attention" if l in windowed else "full_attention" for l in range(m["layers"])]
+            check(cfg["layer_types"] == kinds, f"layer_types {cfg['layer_types']} != {kinds}")
     gen = json.load(open(f"{out}/generation_config.json"))
     check((gen["bos_token_id"], gen["eos_token_id"], gen["pad_token_id"]) == (ref.BOS, ref.EOS, ref.PAD), "generation_config ids")
     print(f"OK config.json: {cfg['architectures'][0]}, {m['layers']} layers, head_dim {m['head_dim']}")

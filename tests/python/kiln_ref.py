@@ -46,6 +46,15 @@ def sparse_layers(m):
     return [l for l in range(m["layers"]) if m.get("mlp") == "moe" and l not in alt]
 
 
+def windowed_layers(m):
+    """The layers with model.sliding_window (all but model.full_attention_layers; the tests
+    write it as a plain comma list)."""
+    if not m.get("sliding_window", 0):
+        return []
+    full = {int(x) for x in m.get("full_attention_layers", "").split(",") if x.strip()}
+    return [l for l in range(m["layers"]) if l not in full]
+
+
 def expected_arch(m):
     if sparse_layers(m):  # sigmoid_bias routing is DeepSeek-V3's, as dots.llm1 (Dots1) holds it
         return "dots1" if m["moe"].get("router") == "sigmoid_bias" else "qwen3_moe"
