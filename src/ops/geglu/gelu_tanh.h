@@ -9,11 +9,7 @@
 // the f32 tolerance of 1e-5); s is formed without a difference.
 #pragma once
 
-#ifdef __CUDACC__
-#define KILN_HOST_DEVICE __host__ __device__
-#else
-#define KILN_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 #include <cmath>
 

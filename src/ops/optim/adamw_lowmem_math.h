@@ -6,11 +6,7 @@
 // and written back to their storage.
 #pragma once
 
-#ifdef __CUDACC__
-#define KILN_HOST_DEVICE __host__ __device__
-#else
-#define KILN_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 #include <cmath>
 #include <cstdint>
