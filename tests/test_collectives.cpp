@@ -2,11 +2,10 @@
 // (the training tests run them as processes: test_distributed.cpp).
 #include "dist/gloo_communicator.h"
 #include "dist/process_group.h"
+#include "dist/free_port.h"
 #include "dist/tcp_store.h"
 #include "test_util.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -19,18 +18,6 @@ using kiln::test::error_of;
 using namespace std::chrono_literals;
 
 namespace {
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // Runs body(rank) on `world` threads; the errors they threw, by rank ("" = none).
 std::vector<std::string> run_ranks(int world, const std::function<void(int)>& body) {
@@ -60,7 +47,7 @@ ProcessPlacement placement(int rank, int world, int port) {
 }  // namespace
 
 TEST(TcpStore, GetWaitsForTheKeyAndTimesOutNamingIt) {
-  const int port = free_port();
+  const int port = free_loopback_port();
   TcpStore root("127.0.0.1", port, true, 2000ms);
   TcpStore other("127.0.0.1", port, false, 300ms);
   std::thread setter([&] {
@@ -74,13 +61,13 @@ TEST(TcpStore, GetWaitsForTheKeyAndTimesOutNamingIt) {
 }
 
 TEST(TcpStore, NoRankZeroIsAnErrorNamingTheAddress) {
-  const int port = free_port();
+  const int port = free_loopback_port();
   EXPECT_NE(error_of([&] { TcpStore("127.0.0.1", port, false, 200ms); }).find("no answer from rank 0 at 127.0.0.1:"),
             std::string::npos);
 }
 
 TEST(Gloo, AllReduceSumAndMaxOfEachTypeAndBroadcast) {
-  const int world = 3, port = free_port();
+  const int world = 3, port = free_loopback_port();
   std::vector<std::vector<double>> sums(world);
   std::vector<std::vector<int32_t>> maxes(world);
   std::vector<int64_t> broadcast(world);
@@ -108,7 +95,7 @@ TEST(Gloo, AllReduceSumAndMaxOfEachTypeAndBroadcast) {
 }
 
 TEST(Gloo, ARankThatNeverComesTimesTheOthersOutNamingTheCollective) {
-  const int world = 2, port = free_port();
+  const int world = 2, port = free_loopback_port();
   std::atomic<bool> done{false};
   const auto errors = run_ranks(world, [&](int r) {
     ProcessGroup group(placement(r, world, port), Device::cpu, 500ms);
@@ -129,7 +116,7 @@ TEST(Gloo, ARankThatNeverComesTimesTheOthersOutNamingTheCollective) {
 }
 
 TEST(ProcessGroup, ARankWhoseTextDiffersIsRefusedOnEveryRank) {
-  const int world = 3, port = free_port();
+  const int world = 3, port = free_loopback_port();
   const auto errors = run_ranks(world, [&](int r) {
     ProcessGroup group(placement(r, world, port), Device::cpu, 10000ms);
     group.require_same_as_root("a = 1\nb = 2\n", "config");  // the same everywhere: passes

@@ -5,12 +5,11 @@
 // that outlives a failed one by more than --grace seconds is killed.
 #include "cli/commands.h"
 #include "core/error.h"
+#include "dist/free_port.h"
 
 #include <fmt/format.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,21 +27,6 @@ namespace {
 volatile sig_atomic_t forwarded_signal = 0;
 
 void remember_signal(int sig) { forwarded_signal = sig; }
-
-// A TCP port no one listens on now (the kernel's pick), for rank 0's rendezvous.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  KILN_CHECK(fd >= 0, "launch", "no socket: {}", std::strerror(errno));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  ::close(fd);
-  KILN_CHECK(ok, "launch", "cannot pick a free port: {}", std::strerror(errno));
-  return ntohs(a.sin_port);
-}
 
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
@@ -80,7 +64,7 @@ int exit_code(int status) {
 
 int launch(int nproc, int port, double grace_seconds, const std::vector<std::string>& args) {
   KILN_CHECK(!args.empty(), "launch", "no command to run: kiln launch --nproc N -- train CONFIG ...");
-  if (port == 0) port = free_port();
+  if (port == 0) port = dist::free_loopback_port();
   struct sigaction action {};
   action.sa_handler = remember_signal;
   sigemptyset(&action.sa_mask);
