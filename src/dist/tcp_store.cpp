@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -27,19 +29,33 @@ namespace {
 // key exists. Lengths are 32-bit, host order (every rank runs this same program).
 constexpr char kSet = 'S', kGet = 'G';
 
-bool read_exact(int fd, void* data, size_t bytes) {
+enum class ReadResult { done, closed, timed_out };
+
+// Reads exactly `bytes` from fd, each part awaited until `deadline` (none: as long as it
+// takes). closed: the peer went away or the socket failed.
+ReadResult read_exact(int fd, void* data, size_t bytes,
+                      std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt) {
   auto* p = static_cast<char*>(data);
   while (bytes > 0) {
-    const ssize_t n = ::recv(fd, p, bytes, 0);
-    if (n == 0) return false;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
+    if (deadline) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now());
+      pollfd pfd{fd, POLLIN, 0};
+      const int ready = left.count() > 0 ? ::poll(&pfd, 1, static_cast<int>(left.count())) : 0;
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0) return ReadResult::timed_out;
     }
+    const ssize_t n = ::recv(fd, p, bytes, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ReadResult::closed;
     p += n;
     bytes -= static_cast<size_t>(n);
   }
-  return true;
+  return ReadResult::done;
+}
+
+bool read_exact_or_closed(int fd, void* data, size_t bytes) {
+  return read_exact(fd, data, bytes) == ReadResult::done;
 }
 
 bool write_exact(int fd, const void* data, size_t bytes) {
@@ -58,9 +74,9 @@ bool write_exact(int fd, const void* data, size_t bytes) {
 
 bool read_string(int fd, std::string& s) {
   uint32_t n = 0;
-  if (!read_exact(fd, &n, sizeof(n))) return false;
+  if (!read_exact_or_closed(fd, &n, sizeof(n))) return false;
   s.resize(n);
-  return read_exact(fd, s.data(), n);
+  return read_exact_or_closed(fd, s.data(), n);
 }
 
 bool write_string(int fd, const std::string& s) {
@@ -140,7 +156,7 @@ class TcpStore::Server {
     for (;;) {
       char op = 0;
       std::string key, value;
-      if (!read_exact(fd, &op, 1) || !read_string(fd, key)) return;
+      if (!read_exact_or_closed(fd, &op, 1) || !read_string(fd, key)) return;
       if (op == kSet) {
         if (!read_string(fd, value)) return;
         {
@@ -221,21 +237,10 @@ void TcpStore::send_all(const void* data, size_t bytes, const std::string& key) 
 }
 
 void TcpStore::receive_all(void* data, size_t bytes, const std::string& key) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  auto* p = static_cast<char*>(data);
-  while (bytes > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    pollfd pfd{socket_, POLLIN, 0};
-    const int ready = left.count() > 0 ? ::poll(&pfd, 1, static_cast<int>(left.count())) : 0;
-    if (ready < 0 && errno == EINTR) continue;
-    KILN_CHECK(ready > 0, "dist", "rendezvous at {}: '{}' was not set by any rank within {} s", address_, key,
-               timeout_.count() / 1000.0);
-    const ssize_t n = ::recv(socket_, p, bytes, 0);
-    if (n < 0 && errno == EINTR) continue;
-    KILN_CHECK(n > 0, "dist", "rendezvous at {}: rank 0 went away while '{}' was awaited", address_, key);
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
+  const ReadResult r = read_exact(socket_, data, bytes, std::chrono::steady_clock::now() + timeout_);
+  KILN_CHECK(r != ReadResult::timed_out, "dist", "rendezvous at {}: '{}' was not set by any rank within {} s", address_,
+             key, timeout_.count() / 1000.0);
+  KILN_CHECK(r == ReadResult::done, "dist", "rendezvous at {}: rank 0 went away while '{}' was awaited", address_, key);
 }
 
 void TcpStore::set(const std::string& key, const std::string& value) {
