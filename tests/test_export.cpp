@@ -70,10 +70,11 @@ std::vector<Case> cases() {
           {"qwen2", test::tiny_config(false, true, true), io::HfArch::qwen2},
           {"qwen3_moe", qwen3_moe_config(), io::HfArch::qwen3_moe},
           {"dots1", dots1_config(), io::HfArch::dots1},
-          // Windowed layers: Qwen3's and Qwen2's layer_types, Qwen3-MoE's every layer.
+          // Windowed layers: Qwen3's, Qwen2's and Dots1's layer_types, Qwen3-MoE's every layer.
           {"qwen3_window", windowed(test::tiny_config(true, true, false), "1"), io::HfArch::qwen3},
           {"qwen2_window", windowed(test::tiny_config(false, true, true), ""), io::HfArch::qwen2},
-          {"qwen3_moe_window", windowed(qwen3_moe_config(), ""), io::HfArch::qwen3_moe}};
+          {"qwen3_moe_window", windowed(qwen3_moe_config(), ""), io::HfArch::qwen3_moe},
+          {"dots1_window", windowed(dots1_config(), "0"), io::HfArch::dots1}};
 }
 
 void expect_same_weights(const std::string& a_dir, const std::string& b_dir, bool bitwise) {

@@ -71,8 +71,8 @@ json hf_config_json(const Model& model, HfArch arch, const HfSpecialTokens& spec
   c["use_cache"] = true;
   if (arch != HfArch::llama) {
     // Qwen2/3 and Dots1 window the layers from max_window_layers on when layer_types is
-    // absent: none by that rule. Qwen2/3 read the windowed layers from layer_types instead
-    // (written by the attention), Qwen3-MoE windows all layers by use_sliding_window alone.
+    // absent: none by that rule. They read the windowed layers from layer_types instead
+    // (written by the attention); Qwen3-MoE windows all layers by use_sliding_window alone.
     c["max_window_layers"] = m.layers;
     if (!c.contains("use_sliding_window")) {  // no windowed layer
       c["use_sliding_window"] = false;

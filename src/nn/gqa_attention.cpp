@@ -186,15 +186,15 @@ double GqaAttention::extra_forward_flops_per_token(int64_t seq_len) const {
 
 // Qwen3 is the family with q/k norms and no biases; Qwen2 biases q, k and v (never o);
 // Llama has neither (its attention_bias would bias o_proj too). None has a softcap or NoPE
-// layers. Windowed layers: Qwen2 and Qwen3 name each layer's kind in layer_types
+// layers. Windowed layers: Qwen2, Qwen3 and Dots1 name each layer's kind in layer_types
 // ("sliding_attention" with the one sliding_window, or "full_attention"); Qwen3-MoE
-// windows every layer or none; Llama, Dots1 and llama.cpp's qwen2/qwen3 have no windows.
+// windows every layer or none; Llama and llama.cpp's architectures have no windows.
 void GqaAttention::export_config(ExportConfig& out) const {
   const bool qk_norm = qk_norm_, bias = bias_;
   if (options_.softcap > 0) out.refuse("model.attention_softcap", fmt::format("{}", options_.softcap), "no softcap");
   if (!rotary_) out.refuse("model.nope_layers", fmt::format("layer {}", layer_), "every layer rotates");
   const bool windowed_family = out.format() == ExportConfig::Format::hf &&
-                               (out.is("qwen2") || out.is("qwen3") || out.is("qwen3_moe"));
+                               (out.is("qwen2") || out.is("qwen3") || out.is("qwen3_moe") || out.is("dots1"));
   if (options_.window > 0 && !windowed_family)
     out.refuse("model.sliding_window", std::to_string(options_.window),
                out.format() == ExportConfig::Format::gguf ? "llama.cpp's architecture has no sliding window"

@@ -57,11 +57,11 @@ def check_config(out, m):
         check(sparse == list(range(sparse[0], m["layers"])), f"sparse layers {sparse} are not the last ones")
     if arch != "qwen2":
         check(cfg["attention_bias"] is False, "attention_bias")
-    if arch != "llama":  # transformers' Qwen2/3: layer_types; Qwen3-MoE: every layer or none
+    if arch != "llama":  # transformers' Qwen2/3, Dots1: layer_types; Qwen3-MoE: every layer or none
         windowed = ref.windowed_layers(m)
         check(cfg["use_sliding_window"] is bool(windowed), f"use_sliding_window with windowed layers {windowed}")
         check(cfg["sliding_window"] == (m["sliding_window"] if windowed else None), "sliding_window")
-        if arch in ("qwen2", "qwen3"):
+        if arch in ("qwen2", "qwen3", "dots1"):
             kinds = ["sliding_attention" if l in windowed else "full_attention" for l in range(m["layers"])]
             check(cfg["layer_types"] == kinds, f"layer_types {cfg['layer_types']} != {kinds}")
     gen = json.load(open(f"{out}/generation_config.json"))
