@@ -54,6 +54,16 @@ TEST_F(Console, ATerminalGetsOneLiveProgressLineWithMessagesAboveIt) {
   EXPECT_CONTAINS(output, "validation at step 4: loss");  // messages still scroll
   EXPECT_CONTAINS(output, "done: 12 steps");
   EXPECT_EQ(output.find("MFU"), std::string::npos);  // a CPU run has no MFU
+  // The validation after the last step is drawn into the line left on the screen.
+  const std::string final_message = "validation at step 12: loss ";
+  const size_t at = output.find(final_message);
+  ASSERT_NE(at, std::string::npos) << output;
+  const size_t value_at = at + final_message.size();
+  const std::string value = output.substr(value_at, output.find(' ', value_at) - value_at);
+  const size_t redraw = output.rfind(std::string(kClearLine) + "step 12/12 | loss ");
+  ASSERT_NE(redraw, std::string::npos);
+  EXPECT_GT(redraw, at) << "no progress line drawn after the final validation";
+  EXPECT_CONTAINS(output.substr(redraw, output.find('\r', redraw + 1) - redraw), " | val " + value + " | ");
 }
 
 TEST_F(Console, AFileOrKilnPlainGetsPlainLines) {

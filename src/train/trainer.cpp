@@ -406,6 +406,7 @@ void Trainer::show_progress(const StepMetrics& m, double step_seconds, double el
   const double eta = elapsed / static_cast<double>(m.step) * static_cast<double>(m.total_steps - m.step);
   line += fmt::format(" | elapsed {} | eta {}", format_duration(elapsed), format_duration(eta));
   console_.progress(line);
+  last_progress_ = ProgressPoint{m, step_seconds, elapsed};
 }
 
 double Trainer::mfu(double tokens_per_second) const {
@@ -454,6 +455,11 @@ double Trainer::show_validation(int64_t step) {
   records_.validation(step, val, now_seconds() - run_start_);
   best_validation_.offer(val, step);
   last_validation_ = val;
+  // The line shows the new "val" now, not at the next step (after the last step, never).
+  if (console_.live() && last_progress_) {
+    const ProgressPoint p = *last_progress_;
+    show_progress(p.metrics, p.step_seconds, p.elapsed);
+  }
   return val;
 }
 

@@ -146,8 +146,14 @@ class Trainer {
   // This run's own start (its clock and the tokens done before it), for summary.json.
   double this_run_start_ = 0;
   int64_t tokens_before_run_ = 0, document_tokens_before_run_ = 0;
-  BestValidation best_validation_;
-  double last_validation_ = std::nan("");  // for the progress line        // of every run so far (a resume reads the earlier runs')
+  BestValidation best_validation_;         // of every run so far (a resume reads the earlier runs')
+  double last_validation_ = std::nan("");  // for the progress line
+  // The last progress line's step, to draw it again when a validation changes its "val".
+  struct ProgressPoint {
+    StepMetrics metrics;
+    double step_seconds = 0, elapsed = 0;
+  };
+  std::optional<ProgressPoint> last_progress_;
 };
 
 // Resolves train.device ("auto" picks CUDA only where the CUDA training path exists).
