@@ -206,8 +206,11 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
                     ops.lines.size(), static_cast<long long>(ops.skips), static_cast<long long>(graphs.graph_launches));
         EXPECT_EQ(ops.graph_launches, 0);
         EXPECT_GT(graphs.graph_launches, 24);  // the graphs ran, not only the warm-ups
-        if (guard) EXPECT_GT(ops.skips, 0);     // the guard fired: the device's skip path ran
-        else EXPECT_EQ(ops.skips, 0);
+        if (guard) {
+          EXPECT_GT(ops.skips, 0);  // the guard fired: the device's skip path ran
+        } else {
+          EXPECT_EQ(ops.skips, 0);
+        }
         if (optimizer.ends_with("+qk_clip")) EXPECT_GT(ops.clipped, 0);  // heads were clipped
         EXPECT_EQ(graphs.lines, ops.lines);
         ASSERT_EQ(graphs.weights.size(), ops.weights.size());
