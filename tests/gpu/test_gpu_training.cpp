@@ -211,7 +211,9 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
         } else {
           EXPECT_EQ(ops.skips, 0);
         }
-        if (optimizer.ends_with("+qk_clip")) EXPECT_GT(ops.clipped, 0);  // heads were clipped
+        if (optimizer.ends_with("+qk_clip")) {
+          EXPECT_GT(ops.clipped, 0);  // heads were clipped
+        }
         EXPECT_EQ(graphs.lines, ops.lines);
         ASSERT_EQ(graphs.weights.size(), ops.weights.size());
         for (size_t i = 0; i < ops.weights.size(); ++i)
