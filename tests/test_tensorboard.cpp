@@ -27,15 +27,9 @@ using test::tiny_train;
 // tag -> step -> value (a number, or "nan" / "inf" / "-inf", or text).
 using Series = std::map<std::string, std::map<int64_t, json>>;
 
-class Tensorboard : public ::testing::Test {
+class Tensorboard : public test::TinyRunTest {
  protected:
-  void SetUp() override {
-    dir_ = test::temp_dir("kiln-tensorboard");
-    corpus_ = test::write_tiny_corpus(dir_, 60);
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
+  Tensorboard() : TinyRunTest("kiln-tensorboard") {}
   // What TensorBoard's readers find in `tensorboard_dir` (fails the test if they fail).
   json read_back(const std::string& tensorboard_dir) {
     const std::string log = dir_ + "/reader.log";  // its messages (a purge is announced), apart from the JSON
@@ -48,7 +42,6 @@ class Tensorboard : public ::testing::Test {
     EXPECT_FALSE(j.is_discarded()) << output;
     return j.is_discarded() ? json::object() : j;
   }
-  std::string dir_, corpus_;
 };
 
 // The readers' list of [step, value] pairs per tag as a Series; a step twice fails.
