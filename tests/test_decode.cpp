@@ -197,6 +197,19 @@ ModelConfig breadth_config(const std::string& norm, const std::string& mlp) {
   return c;
 }
 
+// Partial rotary: a quarter of the 16 head dims rotated, by YaRN-scaled tables whose
+// pass-through columns the decode path must read as the full forward does.
+ModelConfig partial_rotary_config() {
+  ModelConfig c = small_config(true, false, false);
+  c.rope = {.scaling = "yarn", .factor = 4.0, .original_max_seq_len = 8, .fraction = 0.25};
+  return c;
+}
+
+TEST(Decoder, PartialRotaryMatchesFullForward) {
+  check_decoder_matches(partial_rotary_config(), DType::f64, 1e-12);
+  check_decoder_matches(partial_rotary_config(), DType::f32, 2e-5);
+}
+
 TEST(Decoder, BreadthComponentsMatchFullForward) {
   for (const auto& [norm, mlp] : {std::pair<const char*, const char*>{"gemma_rmsnorm", "gelu"}, {"dyt", "relu2"}}) {
     SCOPED_TRACE(fmt::format("{} {}", norm, mlp));

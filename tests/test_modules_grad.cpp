@@ -184,6 +184,13 @@ TEST(ModulesGrad, PerLayerPatternModelMatchesFiniteDifferences) {
   check_model_gradient(c, Variant{true, false, 1e-3});
 }
 
+// Partial rotary: half of each 4-dim head rotated (one pair), the other pair passed through.
+TEST(ModulesGrad, PartialRotaryModelMatchesFiniteDifferences) {
+  ModelConfig c = tiny_config(true, false);
+  c.rope.fraction = 0.5;
+  check_model_gradient(c, Variant{true, false, 1e-3});
+}
+
 // The loss of the tiny model (seed 7, three documents and a PAD tail) with `edit` applied
 // to its config.
 double loss_of(const std::function<void(ModelConfig&)>& edit) {

@@ -20,13 +20,17 @@ struct StepResult {
   size_t activation_bytes = 0;
 };
 
-StepResult one_step(int64_t recompute_blocks, bool qk_norm, bool tie) {
+// dropout: the recomputed forward must draw the masks the first forward drew.
+StepResult one_step(int64_t recompute_blocks, bool qk_norm, bool tie, double dropout = 0) {
   BuildOptions options = tiny_build(24, 7, 1e-3);
   options.recompute_blocks = recompute_blocks;
-  Model model(tiny_config(qk_norm, tie), options);
+  ModelConfig config = tiny_config(qk_norm, tie);
+  config.dropout = dropout;
+  Model model(config, options);
   model.allocate();
   init_tiny_model(model, 33);
-  const HostBatch batch = pack_docs(three_docs(), 4);
+  HostBatch batch = pack_docs(three_docs(), 4);
+  batch.dropout_key = 91;
   StepResult r;
   r.activation_bytes = model.memory_plan().activations;
   // Two micro-batches accumulate into the gradients, as grad_accum does.
@@ -47,23 +51,26 @@ bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
 TEST(Recompute, SameLossAndGradientsToTheBitWithLessMemory) {
   for (bool qk_norm : {false, true}) {
     for (bool tie : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "qk_norm " << qk_norm << ", tied " << tie);
-      const StepResult kept = one_step(0, qk_norm, tie);
-      size_t previous_bytes = kept.activation_bytes;
-      for (int64_t blocks : {1, 2}) {  // the tiny model has 2 layers
-        SCOPED_TRACE(::testing::Message() << "recompute_blocks " << blocks);
-        const StepResult recomputed = one_step(blocks, qk_norm, tie);
-        EXPECT_EQ(std::memcmp(&kept.sums.loss, &recomputed.sums.loss, sizeof(double)), 0)
-            << kept.sums.loss << " vs " << recomputed.sums.loss;
-        EXPECT_EQ(kept.sums.count, recomputed.sums.count);
-        ASSERT_EQ(kept.grads.size(), recomputed.grads.size());
-        for (size_t i = 0; i < kept.grads.size(); ++i) EXPECT_TRUE(same_bits(kept.grads[i], recomputed.grads[i])) << i;
-        // One block's activations are shared by all recomputed blocks: 1 block saves
-        // nothing (its region is still one block), 2 blocks save one block's worth.
-        EXPECT_LE(recomputed.activation_bytes, previous_bytes);
-        previous_bytes = recomputed.activation_bytes;
+      for (double dropout : {0.0, 0.25}) {
+        SCOPED_TRACE(::testing::Message() << "qk_norm " << qk_norm << ", tied " << tie << ", dropout " << dropout);
+        const StepResult kept = one_step(0, qk_norm, tie, dropout);
+        size_t previous_bytes = kept.activation_bytes;
+        for (int64_t blocks : {1, 2}) {  // the tiny model has 2 layers
+          SCOPED_TRACE(::testing::Message() << "recompute_blocks " << blocks);
+          const StepResult recomputed = one_step(blocks, qk_norm, tie, dropout);
+          EXPECT_EQ(std::memcmp(&kept.sums.loss, &recomputed.sums.loss, sizeof(double)), 0)
+              << kept.sums.loss << " vs " << recomputed.sums.loss;
+          EXPECT_EQ(kept.sums.count, recomputed.sums.count);
+          ASSERT_EQ(kept.grads.size(), recomputed.grads.size());
+          for (size_t i = 0; i < kept.grads.size(); ++i)
+            EXPECT_TRUE(same_bits(kept.grads[i], recomputed.grads[i])) << i;
+          // One block's activations are shared by all recomputed blocks: 1 block saves
+          // nothing (its region is still one block), 2 blocks save one block's worth.
+          EXPECT_LE(recomputed.activation_bytes, previous_bytes);
+          previous_bytes = recomputed.activation_bytes;
+        }
+        EXPECT_LT(previous_bytes, kept.activation_bytes);
       }
-      EXPECT_LT(previous_bytes, kept.activation_bytes);
     }
   }
 }

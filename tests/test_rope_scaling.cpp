@@ -1,14 +1,16 @@
 // RoPE's frequency scalings (nn/rope_scaling.h) against transformers: the inverse
 // frequencies and attention factors its Qwen3RotaryEmbedding computes for the
 // rope_parameters kiln exports (tests/data/rope/golden.json, scripts/make_rope_golden.py),
-// bit for bit; the config's rules for [model.rope]; and a scaled model exported to
-// Hugging Face, read back, and computing the same loss.
+// bit for bit; the config's rules for [model.rope]; a scaled model exported to Hugging
+// Face, read back, and computing the same loss; and partial rotary (model.rope.fraction),
+// whose tables rotate the first pairs and pass the rest.
 #include "config/config.h"
 #include "export_fixture.h"
 #include "io/gguf_export.h"
 #include "io/hf_export.h"
 #include "io/hf_import.h"
 #include "nn/rope_scaling.h"
+#include "ops/rope/rope.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -209,6 +211,84 @@ TEST(RopeScaling, ChangesTheLossAndGgufRefusesYarnAndLlama3) {
   EXPECT_NE(test::error_of([&] { io::export_gguf(yarn, root + "/yarn.gguf", {}); })
                 .find("model.rope.scaling = 'yarn'"),
             std::string::npos);
+  fs::remove_all(root);
+}
+
+// Partial rotary, R = 8 of D = 16 dims, with YaRN (so cos and sin carry an attention factor):
+// pairs (j, j + 8) for j < 4 rotate by the frequencies of an 8-dim RoPE, the other pairs'
+// dims come out bit for bit as they went in (their cos is 1, not the factor), and the
+// inverse rotation restores the input.
+TEST(PartialRotary, TablesRotateTheFirstPairsAndPassTheRest) {
+  constexpr int64_t kDims = 16, kRotated = 8, kPositions = 40, kTokens = 6, kHeads = 3;
+  const RopeConfig yarn{.scaling = "yarn", .factor = 4.0, .original_max_seq_len = 16, .fraction = 0.5};
+  const RopeFrequencies f = rope_frequencies(yarn, 10000.0, kRotated);
+  ASSERT_EQ(f.inv_freq.size(), size_t{kRotated / 2});
+  ASSERT_NE(f.attention_factor, 1.0f);
+  OwnedTensor cos(DType::f64, Device::cpu, Shape{kPositions, kDims / 2}), sin(DType::f64, Device::cpu, cos->shape());
+  ops::rope_fill_tables(f.inv_freq, *cos, *sin, f.attention_factor);
+
+  const OwnedTensor x = test::random_tensor(DType::f64, Shape{kTokens, kHeads, kDims}, 11);
+  OwnedTensor y(DType::f64, Device::cpu, x->shape());
+  copy_tensor(*x, *y);
+  OwnedTensor positions(DType::i32, Device::cpu, Shape{kTokens});
+  const int32_t pos[kTokens] = {0, 1, 7, 19, 3, 39};
+  std::memcpy(positions->data<int32_t>(), pos, sizeof pos);
+  ops::rope_apply(*y, *positions, *cos, *sin, false);
+
+  const double* in = x->data<double>();
+  const double* out = y->data<double>();
+  for (int64_t i = 0; i < kTokens; ++i)
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const int64_t row = (i * kHeads + h) * kDims;
+      for (int64_t j = 0; j < kDims / 2; ++j) {
+        const double x1 = in[row + j], x2 = in[row + j + kDims / 2];
+        if (j >= kRotated / 2) {  // passed through
+          EXPECT_EQ(out[row + j], x1) << "token " << i << " dim " << j;
+          EXPECT_EQ(out[row + j + kDims / 2], x2) << "token " << i << " dim " << j + kDims / 2;
+          continue;
+        }
+        const float angle = static_cast<float>(pos[i]) * f.inv_freq[static_cast<size_t>(j)];
+        const double c = std::cos(static_cast<double>(angle)) * f.attention_factor;
+        const double s = std::sin(static_cast<double>(angle)) * f.attention_factor;
+        EXPECT_NEAR(out[row + j], x1 * c - x2 * s, 1e-14) << "token " << i << " dim " << j;
+        EXPECT_NEAR(out[row + j + kDims / 2], x2 * c + x1 * s, 1e-14) << "token " << i << " dim " << j;
+      }
+    }
+  // The 8-dim RoPE's frequencies: those of theta^(2j / 8), bent by YaRN, not of 16 dims.
+  EXPECT_EQ(f.inv_freq.front(), 1.0f);
+  EXPECT_NE(f.inv_freq, rope_frequencies(yarn, 10000.0, kDims).inv_freq);
+
+  ops::rope_apply(*y, *positions, *cos, *sin, true);  // the backward: the transposed rotation
+  for (int64_t e = 0; e < x->numel(); ++e) EXPECT_NEAR(out[e], in[e], 1e-14) << e;
+}
+
+TEST(PartialRotary, ConfigNamesTheKeyAtFault) {
+  EXPECT_EQ(validation_error([](Config& c) { c.model.head_dim = 64, c.model.rope.fraction = 0.25; }), "");
+  // 0.3 x 64 = 19.2 dims, 0.25 x 24 = 6 is fine but 0.125 x 24 = 3 is odd, 1.5 is over the head.
+  for (const auto& [head_dim, fraction] : {std::pair<int64_t, double>{64, 0.3}, {24, 0.125}, {64, 1.5}}) {
+    const std::string error = validation_error([&](Config& c) {
+      c.model.head_dim = head_dim;
+      c.model.rope.fraction = fraction;
+    });
+    EXPECT_NE(error.find(fmt::format("model.rope.fraction = {} must be below 1 and rotate an even number", fraction)),
+              std::string::npos)
+        << error;
+  }
+  EXPECT_NE(validation_error([](Config& c) { c.model.rope.fraction = 0.5, c.model.position = "none"; })
+                .find("model.rope.fraction = 0.5 needs model.position = 'rope'"),
+            std::string::npos);
+  EXPECT_NE(validation_error([](Config& c) { c.model.rope.fraction = 0; }).find("model.rope.fraction"),
+            std::string::npos);
+}
+
+// Rotating half the head computes another model than rotating all of it.
+TEST(PartialRotary, ChangesTheLoss) {
+  const std::string root = test::temp_dir("kiln-partial-rotary");
+  const std::string text = "Now is the winter of our discontent made glorious summer.";
+  ModelConfig config = test::tiny_config(true, true, false);
+  const double whole = test::text_loss(test::save_random_model(config, root + "/whole"), text);
+  config.rope.fraction = 0.5;
+  EXPECT_NE(test::text_loss(test::save_random_model(config, root + "/half"), text), whole);
   fs::remove_all(root);
 }
 

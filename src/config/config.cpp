@@ -319,6 +319,15 @@ void check_rule(const ConfigField& field, const ConfigRule& rule, const T& value
 // must stay at its default (a key set for nothing is a mistake worth naming).
 void validate_rope_scaling(const ModelConfig& m) {
   const RopeConfig& r = m.rope;
+  if (r.fraction != 1.0) {
+    KILN_CHECK(m.position == "rope", kWhere, "model.rope.fraction = {} needs model.position = 'rope' (got '{}')",
+               r.fraction, m.position);
+    const double dims = r.fraction * static_cast<double>(m.head_dim);
+    KILN_CHECK(r.fraction < 1.0 && dims == std::round(dims) && std::llround(dims) % 2 == 0 && dims >= 2, kWhere,
+               "model.rope.fraction = {} must be below 1 and rotate an even number of model.head_dim's {} dims "
+               "(it gives {})",
+               r.fraction, m.head_dim, dims);
+  }
   if (r.scaling == "none") {
     KILN_CHECK(r.factor == 1.0, kWhere, "model.rope.factor ({}) needs model.rope.scaling (linear, ntk, yarn or llama3)",
                r.factor);
@@ -338,10 +347,15 @@ void validate_rope_scaling(const ModelConfig& m) {
     KILN_CHECK(r.beta_fast > r.beta_slow, kWhere, "model.rope.beta_fast ({}) must be > model.rope.beta_slow ({})",
                r.beta_fast, r.beta_slow);
   if (r.scaling == "ntk")
-    KILN_CHECK(m.head_dim > 2, kWhere, "model.rope.scaling = 'ntk' needs model.head_dim > 2 (got {})", m.head_dim);
+    KILN_CHECK(rotary_dims(m) > 2, kWhere, "model.rope.scaling = 'ntk' needs more than 2 rotated dims (got {})",
+               rotary_dims(m));
 }
 
 }  // namespace
+
+int64_t rotary_dims(const ModelConfig& model) {
+  return std::llround(model.rope.fraction * static_cast<double>(model.head_dim));
+}
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   Config config;
@@ -405,6 +419,8 @@ void validate_config(const Config& config) {
              m.heads, m.kv_heads);
   validate_layer_patterns(m);
   validate_rope_scaling(m);
+  KILN_CHECK(m.dropout < 1.0, kWhere, "model.dropout ({}) must be below 1", m.dropout);
+  KILN_CHECK(m.embed_dropout < 1.0, kWhere, "model.embed_dropout ({}) must be below 1", m.embed_dropout);
   const MoeConfig& moe = m.moe;
   KILN_CHECK(moe.top_k <= moe.experts, kWhere, "model.moe.top_k ({}) must be <= model.moe.experts ({})", moe.top_k,
              moe.experts);

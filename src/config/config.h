@@ -51,6 +51,8 @@ struct RopeConfig {
   double beta_fast = 32.0;             // yarn: rotations where extrapolation ends ...
   double beta_slow = 1.0;              // ... and where interpolation begins
   double attention_factor = 0.0;       // yarn: cos/sin x this; 0 = 0.1 ln(factor) + 1 (the paper's)
+  double fraction = 1.0;               // partial rotary: the share of each head's dims rotated (transformers'
+                                       // partial_rotary_factor); the frequencies are those of that many dims
 };
 
 struct ModelConfig {
@@ -76,6 +78,11 @@ struct ModelConfig {
   int64_t ungated_ffn_hidden = 0;  // the ungated MLPs' (gelu, relu2) width; 0 = 4 x hidden (GPT-2)
   bool tie_embeddings = true;
   double embed_scale = 1.0;        // the embedding's output x this (Gemma: sqrt(hidden))
+  // Dropout, training only (evaluation, sampling and decode drop nothing): the probability
+  // of zeroing each element of every block's attention and MLP output before its residual
+  // add, and of the embedding's output (ops/dropout).
+  double dropout = 0.0;
+  double embed_dropout = 0.0;
   bool attention_bias = false;     // bias on q/k/v projections (Qwen2-style)
   double init_std = 0.02;
   int64_t sliding_window = 0;      // query i sees keys j with i - j < window; 0 = full causal
@@ -291,6 +298,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 void apply_override(Config& config, const std::string& assignment);
 // Checks ranges and cross-field rules (heads % kv_heads == 0, ...); throws naming the key.
 void validate_config(const Config& config);
+// The head dims RoPE rotates: model.rope.fraction x model.head_dim, which validate_config
+// holds to an even whole number (pairs (j, j + head_dim / 2) for j < this / 2 rotate).
+int64_t rotary_dims(const ModelConfig& model);
 // The fully resolved configuration as TOML, every key present; load_config reads it back.
 std::string config_to_toml(const Config& config);
 

@@ -72,6 +72,8 @@ const std::array kFields = {
     KILN_FIELD(model, nope_layers, none(), "layer set without model.position (NoPE layers)"),
     KILN_FIELD(model, alt_mlp, none(), "registry: mlps, for the layers of alt_mlp_layers"),
     KILN_FIELD(model, alt_mlp_layers, none(), "layer set whose MLP is alt_mlp instead of mlp"),
+    KILN_FIELD(model, dropout, non_negative(), "drop probability of each block's attention and MLP output (training)"),
+    KILN_FIELD(model, embed_dropout, non_negative(), "drop probability of the embedding's output (training)"),
     KILN_FIELD(model, attention_softcap, non_negative(), "cap * tanh(x / cap) of attention logits; 0 = off"),
     KILN_FIELD(model, logit_softcap, non_negative(), "cap * tanh(x / cap) of the LM head's logits; 0 = off"),
 
@@ -85,6 +87,7 @@ const std::array kFields = {
     KILN_FIELD(model.rope, beta_fast, positive(), "yarn: rotations where extrapolation ends"),
     KILN_FIELD(model.rope, beta_slow, positive(), "yarn: rotations where interpolation begins"),
     KILN_FIELD(model.rope, attention_factor, non_negative(), "yarn: cos/sin x this; 0 = 0.1 ln(factor) + 1"),
+    KILN_FIELD(model.rope, fraction, positive(), "partial rotary: the share of each head's dims rotated; 1 = all"),
 
     KILN_FIELD(model.moe, experts, positive(), "routed experts"),
     KILN_FIELD(model.moe, top_k, positive(), "experts per token"),

@@ -22,6 +22,9 @@ struct HostBatch {
   int32_t max_seqlen = 0;           // longest sequence in this batch
   int64_t target_count = 0;         // number of targets != kIgnoreTarget
   int64_t document_tokens = 0;      // tokens that belong to documents (not PAD)
+  // Dropout's masks for this micro-batch (ops/dropout/dropout_mask.h: stream_key); set by
+  // the trainer, unused where the model has no dropout or does not train.
+  uint64_t dropout_key = 0;
 
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_seqs() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }

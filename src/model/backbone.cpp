@@ -1,6 +1,7 @@
 #include "model/backbone.h"
 
 #include "config/layer_pattern.h"
+#include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
 
@@ -53,6 +54,8 @@ void Backbone::forward(const Tensor& tokens, const SeqInfo& seq) {
   rows_ = tokens.size(0);
   ops::embedding_forward(tokens, embed_->value(), residual_[0].rows(0, rows_));
   if (config_.embed_scale != 1.0) ops::scale_inplace(residual_[0].rows(0, rows_), config_.embed_scale);
+  if (embedding_drops(seq))
+    ops::dropout_apply(residual_[0].rows(0, rows_), embedding_dropout(seq), residual_[0].rows(0, rows_));
   for (size_t l = 0; l < blocks_.size(); ++l)
     blocks_[l]->forward(residual_[l].rows(0, rows_), seq, residual_[l + 1].rows(0, rows_));
   final_norm_->forward(residual_.back().rows(0, rows_), hidden_.rows(0, rows_));
@@ -72,7 +75,9 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
     }
     blocks_[l]->backward(dres, dres_compute, seq);
   }
-  // The embedding's scale, onto the residual's gradient (read by nothing after the table's).
+  // The embedding's dropout and scale, onto the residual's gradient (read by nothing after
+  // the table's).
+  if (embedding_drops(seq)) ops::dropout_apply(dres, embedding_dropout(seq), dres);
   if (config_.embed_scale != 1.0) ops::scale_inplace(dres, config_.embed_scale);
   if (groups != nullptr) {  // GPU: fixed summation order, no atomics
     ops::TokenGroups g = *groups;

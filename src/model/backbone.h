@@ -7,6 +7,7 @@
 #include "config/config.h"
 #include "model/build_options.h"
 #include "nn/block.h"
+#include "ops/dropout/dropout.h"
 #include "ops/embedding/embedding.h"
 
 #include <memory>
@@ -61,6 +62,10 @@ class Backbone {
   std::vector<Tensor> residual_;  // residual_[l] = input of block l [T, hidden]; [layers] = final-norm input
   Tensor hidden_, dhidden_;       // [T, hidden] compute dtype
   Tensor dres_, dres_compute_;    // [T, hidden]: the residual gradient (wide) and its compute copy (mixed path)
+
+  // model.embed_dropout on the embedding's output: mask site 0 (the blocks take 1, 2, ...).
+  bool embedding_drops(const SeqInfo& seq) const { return config_.embed_dropout > 0 && seq.dropout_key.defined(); }
+  ops::DropoutSite embedding_dropout(const SeqInfo& seq) const { return {config_.embed_dropout, 0, seq.dropout_key}; }
 };
 
 }  // namespace kiln

@@ -72,13 +72,14 @@ void Model::allocate() {
 }
 
 // inputs_ = tokens [T] | targets [T] | positions [T] | cu_seqlens [T+1] | token groups
-// (GPU training): order [T] | group_tokens [T] | group_starts [T+1].
+// (GPU training): order [T] | group_tokens [T] | group_starts [T+1] | dropout key [2].
 void Model::bind_input_views() {
   const int64_t t = options_.max_tokens;
   tokens_ = inputs_.rows(0, t);
   targets_ = inputs_.rows(t, 2 * t);
   positions_ = inputs_.rows(2 * t, 3 * t);
   cu_seqlens_ = inputs_.rows(3 * t, 4 * t + 1);
+  dropout_key_ = inputs_.rows(7 * t + 2, 7 * t + 4);
   if (options_.training && options_.device == Device::cuda) {
     token_groups_.order = inputs_.rows(4 * t + 1, 5 * t + 1);
     token_groups_.group_tokens = inputs_.rows(5 * t + 1, 6 * t + 1);
@@ -147,6 +148,15 @@ double Model::flops_per_token(int64_t seq_len) const {
   return 3.0 * (2.0 * matmul + backbone_->extra_forward_flops_per_token(seq_len));
 }
 
+namespace {
+
+// The dropout key as the two i32 words of the input buffer (low, high).
+std::vector<int32_t> dropout_key_words(uint64_t key) {
+  return {static_cast<int32_t>(static_cast<uint32_t>(key)), static_cast<int32_t>(static_cast<uint32_t>(key >> 32))};
+}
+
+}  // namespace
+
 void Model::load_batch(const HostBatch& batch) {
   KILN_PHASE("load batch");
   KILN_CHECK(batch.size() > 0 && batch.size() <= options_.max_tokens, "model",
@@ -162,6 +172,8 @@ void Model::load_batch(const HostBatch& batch) {
   upload(batch.targets, targets_, rows);
   upload(batch.positions, positions_, rows);
   upload(batch.cu_seqlens, cu_seqlens_, seqs + 1);
+  const std::vector<int32_t> key = dropout_key_words(batch.dropout_key);
+  upload(key, dropout_key_, 2);
   int64_t groups = 0;
   if (token_groups_.order.defined()) {
     ops::group_tokens(batch.tokens.data(), rows, group_counts_, group_order_, group_tokens_, group_starts_);
@@ -216,6 +228,7 @@ Model::StagedShape Model::stage_batch(const HostBatch& batch, int32_t* staging) 
   std::fill(staging + 5 * t + 1 + groups, staging + 6 * t + 1, 0);  // empty groups: the kernel skips them
   put(group_starts_.data(), groups + 1, 6 * t + 1);
   std::fill(staging + 6 * t + 2 + groups, staging + 7 * t + 2, static_cast<int32_t>(t));
+  put(dropout_key_words(batch.dropout_key).data(), 2, 7 * t + 2);
   return shape;
 }
 
@@ -255,6 +268,8 @@ LossSums Model::heads(LossScale scale, bool backward, double* device_sums) {
 // Before a forward: where this micro-batch's objectives add their sums and how they scale
 // their gradients.
 void Model::begin_losses(bool backward, double per_target_scale) {
+  // Only a training forward (the one a backward follows) drops.
+  seq_.dropout_key = backward ? dropout_key_ : Tensor();
   pending_ = LossSums{};
   losses_.backward = backward;
   losses_.per_target_scale = per_target_scale;

@@ -135,12 +135,13 @@ class Model {
   std::unique_ptr<LmHead> head_;
 
   // Inputs of the current micro-batch (i32), views of one buffer so a staged batch is one
-  // copy: tokens, targets, positions [T]; cu_seqlens [T+1]; the token groups below.
-  static int64_t input_ints(int64_t t) { return 7 * t + 2; }
+  // copy: tokens, targets, positions [T]; cu_seqlens [T+1]; the token groups below; the
+  // dropout key [2].
+  static int64_t input_ints(int64_t t) { return 7 * t + 4; }
   void bind_input_views();
   void set_loaded_shape(int64_t rows, int64_t seqs, int64_t max_seqlen, int64_t groups, bool uniform);
   Tensor inputs_;
-  Tensor tokens_, targets_, positions_, cu_seqlens_;
+  Tensor tokens_, targets_, positions_, cu_seqlens_, dropout_key_;
   int64_t rows_ = 0;
   SeqInfo seq_;
   // Token groups for the deterministic embedding backward (GPU): built on the host in

@@ -1,5 +1,6 @@
 #include "nn/block.h"
 
+#include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
 
 namespace kiln {
@@ -7,6 +8,9 @@ namespace kiln {
 TransformerBlock::TransformerBlock(BuildContext& ctx, const LayerSpec& layer, PositionEncoding& position)
     : workspace_(ctx.workspace), compute_dtype_(ctx.dtype), mixed_(ctx.mixed()) {
   const ModelConfig& m = *layer.model;
+  dropout_ = m.dropout;
+  attention_site_ = static_cast<uint32_t>(1 + 2 * layer.index);  // site 0 is the embedding's
+  mlp_site_ = attention_site_ + 1;
   const int64_t t = ctx.max_tokens;
   attn_norm_ = norm_registry().build("model.norm", m.norm, ctx,
                                      NormSpec{layer.names.child("attn_norm.", "input_layernorm.", "attn_norm."),
@@ -20,9 +24,9 @@ TransformerBlock::TransformerBlock(BuildContext& ctx, const LayerSpec& layer, Po
   ctx.saved_wide(mid_, Shape{t, m.hidden});  // residual stream between the branches
   // Scratch, one [t, hidden] each: the norm output a branch reads (recomputed in backward
   // rather than saved: one cheap pass) and the branch output (forward) or the branch input
-  // gradient (backward).
+  // gradient (backward); with dropout a third, the branch output's dropped gradient.
   const size_t row_block = Workspace::footprint(ctx.dtype, Shape{t, m.hidden});
-  ctx.workspace.reserve_peak(2 * row_block, Workspace::Level::outer);
+  ctx.workspace.reserve_peak((dropout_ > 0 ? 3 : 2) * row_block, Workspace::Level::outer);
 }
 
 void TransformerBlock::forward(const Tensor& x, const SeqInfo& seq, const Tensor& y) {
@@ -33,8 +37,10 @@ void TransformerBlock::forward(const Tensor& x, const SeqInfo& seq, const Tensor
   Tensor branch = scope.take(compute_dtype_, x.shape());
   attn_norm_->forward(x, normed);
   attention_->forward(normed, seq, branch);
+  if (drops(seq)) ops::dropout_apply(branch, {dropout_, attention_site_, seq.dropout_key}, branch);
   mlp_norm_->forward_add(x, branch, mid, normed);  // mid = x + branch, normed = norm2(mid)
   mlp_->forward(normed, branch);
+  if (drops(seq)) ops::dropout_apply(branch, {dropout_, mlp_site_, seq.dropout_key}, branch);
   ops::add(mid, branch, y);
 }
 
@@ -44,13 +50,20 @@ void TransformerBlock::backward(const Tensor& dres, const Tensor& dres_compute, 
   Tensor dbranch_in = scope.take(compute_dtype_, dres.shape());
   // On the mixed path every accumulation into the fp32 dres also rewrites its bf16 copy.
   const Tensor copy = mixed_ ? dres_compute : Tensor();
+  // A dropped branch's output gradient: dres through the forward's mask (found again).
+  const Tensor dropped = drops(seq) ? scope.take(compute_dtype_, dres.shape()) : Tensor();
+  auto branch_grad = [&](uint32_t site) {
+    if (!dropped.defined()) return dres_compute;
+    ops::dropout_apply(dres_compute, {dropout_, site, seq.dropout_key}, dropped);
+    return dropped;
+  };
   // y = h + mlp(norm2(h)): dL/dh = dres + norm2'(mlp'(dres)), accumulated into dres.
   mlp_norm_->recompute(normed);
-  mlp_->backward(normed, dres_compute, dbranch_in);
+  mlp_->backward(normed, branch_grad(mlp_site_), dbranch_in);
   mlp_norm_->backward(dbranch_in, dres, true, copy);
   // h = x + attn(norm1(x)): same again.
   attn_norm_->recompute(normed);
-  attention_->backward(normed, dres_compute, seq, dbranch_in);
+  attention_->backward(normed, branch_grad(attention_site_), seq, dbranch_in);
   attn_norm_->backward(dbranch_in, dres, true, copy);
 }
 

@@ -63,6 +63,10 @@ class TransformerBlock {
   std::unique_ptr<Attention> attention_;
   std::unique_ptr<Mlp> mlp_;
   Tensor mid_;  // saved [T, hidden]: h (the norm outputs are recomputed in backward)
+  // Dropout on the two branch outputs (model.dropout); the sites tell the masks apart.
+  double dropout_ = 0;
+  uint32_t attention_site_ = 0, mlp_site_ = 0;
+  bool drops(const SeqInfo& seq) const { return dropout_ > 0 && seq.dropout_key.defined(); }
 };
 
 // x += branch: in place, or wide + compute dtype -> wide on the mixed path.

@@ -28,6 +28,9 @@ struct SeqInfo {
   // max_seqlen), as an unpacked run's or the benchmark's rows: attention may use a layout
   // without per-sequence offsets.
   bool uniform = false;
+  // Dropout's stream key for this micro-batch (i32 [2] on the model's device, ops/dropout):
+  // defined only for a training forward and its backward, so evaluation drops nothing.
+  Tensor dropout_key;
 };
 
 class Norm {

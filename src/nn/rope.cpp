@@ -3,6 +3,12 @@
 // (model.rope.scaling: linear, ntk, yarn, llama3) change only the tables: the inverse
 // frequencies and YaRN's factor on cos and sin (nn/rope_scaling.h); every kernel that
 // rotates reads the tables, so training, decode and both devices agree by construction.
+//
+// Partial rotary (model.rope.fraction < 1) is tables too: the frequencies of a RoPE over
+// R = fraction x D dims fill the first R/2 pairs (j, j + D/2), and the pairs after them
+// hold cos 1 and sin 0, so their dims pass unrotated. GPT-NeoX's convention rotates the
+// first R dims instead (pairs (j, j + R/2)); the two differ by one fixed permutation of the
+// head dims, the same for q and k, which leaves every q.k as it is.
 #include "nn/modules.h"
 #include "nn/rope_scaling.h"
 #include "ops/rope/rope.h"
@@ -14,8 +20,8 @@ namespace {
 class Rope final : public PositionEncoding {
  public:
   Rope(BuildContext& ctx, const ModelConfig& model)
-      : theta_(model.rope_theta), head_dim_(model.head_dim), scaling_(model.rope) {
-    frequencies_ = rope_frequencies(model.rope, model.rope_theta, model.head_dim);
+      : theta_(model.rope_theta), head_dim_(model.head_dim), rotary_dims_(rotary_dims(model)), scaling_(model.rope) {
+    frequencies_ = rope_frequencies(model.rope, model.rope_theta, rotary_dims_);
     // Tables are planned like any buffer and filled once, after allocation, on first use.
     ctx.buffer(cos_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.master_dtype);
     ctx.buffer(sin_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.master_dtype);
@@ -30,10 +36,15 @@ class Rope final : public PositionEncoding {
   // exporter permutes the q/k rows the attention marks).
   void export_config(ExportConfig& out) const override {
     if (head_dim_ % 2 != 0) out.refuse("model.head_dim", std::to_string(head_dim_), "RoPE needs an even head_dim");
+    // transformers' partial_rotary_factor lives in GPT-NeoX/StableLM/GLM-shaped classes,
+    // none of them a family kiln exports; GGUF's llama/qwen3 rotate the whole head.
+    if (scaling_.fraction != 1.0)
+      out.refuse("model.rope.fraction", fmt::format("{}", scaling_.fraction),
+                 "the families kiln exports rotate the whole head");
     // ntk exports as the plain RoPE of its effective base: the same frequencies at every
     // length (transformers' "dynamic" type would recompute them past max_position_embeddings).
     const bool ntk = scaling_.scaling == "ntk";
-    const double theta = ntk ? ntk_theta(scaling_, theta_, head_dim_) : theta_;
+    const double theta = ntk ? ntk_theta(scaling_, theta_, rotary_dims_) : theta_;
     const bool plain = scaling_.scaling == "none" || ntk;
     if (out.format() == ExportConfig::Format::gguf) {
       export_gguf(out, theta, plain);
@@ -94,6 +105,7 @@ class Rope final : public PositionEncoding {
 
   double theta_;
   int64_t head_dim_;
+  int64_t rotary_dims_;  // R of the file comment: head_dim_ unless partial
   RopeConfig scaling_;
   RopeFrequencies frequencies_;
   Tensor cos_, sin_;  // [max_seq_len, head_dim / 2]

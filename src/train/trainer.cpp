@@ -12,6 +12,7 @@
 #include "nn/modules.h"
 #include "nn/moe/router.h"
 #include "ops/blas.h"
+#include "ops/dropout/dropout_mask.h"
 #include "ops/parallel.h"
 #include "plot/plot.h"
 #include "train/memory_check.h"
@@ -238,8 +239,11 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
   // Token-exact accumulation: the loss of the whole step is the mean over all its target
   // tokens, so every micro-batch's gradient is scaled by 1 / (targets in the whole step).
   int64_t targets = 0;
-  for (HostBatch& batch : micro_batches_) {
+  const int64_t rank = data_parallel_ ? data_parallel_->rank() : 0;
+  for (size_t i = 0; i < micro_batches_.size(); ++i) {
+    HostBatch& batch = micro_batches_[i];
     stream_->next(batch);
+    batch.dropout_key = dropout::stream_key(config_.train.seed, step_index, static_cast<int64_t>(i), rank);
     targets += batch.target_count;
     m.tokens += batch.size();
     m.document_tokens += batch.document_tokens;

@@ -549,6 +549,16 @@ TEST_F(DecoderGpu, WindowAndSoftcapsMatchCpuDecoder) {
   check_gpu_decoder_of(config, "window_softcap_d64", DType::bf16, false, 5e-2, true);
 }
 
+// Partial rotary (a quarter of the head, YaRN-scaled tables) through both GPU decoders: the
+// fused decode kernels rotate by the same tables as the CPU decoder.
+TEST_F(DecoderGpu, PartialRotaryMatchesCpuDecoder) {
+  ModelConfig config = tiny_config(64);
+  config.rope = {.scaling = "yarn", .factor = 4.0, .original_max_seq_len = 16, .fraction = 0.25};
+  check_gpu_decoder_of(config, "partial_rotary_d64", DType::f32, true, 1e-4, true);
+  check_gpu_decoder_of(config, "partial_rotary_d64", DType::bf16, true, 5e-2, true);
+  check_gpu_decoder_of(config, "partial_rotary_d64", DType::bf16, false, 5e-2, true);
+}
+
 // A per-layer pattern (windowed and full layers, a NoPE layer, a GeGLU layer) through the
 // GPU decoders against the CPU one: with RMSNorm the fused branches where a component has
 // them (the GeGLU layer's MLP runs unfused in the same captured step), with LayerNorm every

@@ -166,7 +166,8 @@ class LayerNormGegluModel : public GpuTest {
  protected:
   // The CPU fp32 model and its results, and the GPU model of `dtype` with the same weights.
   void compare(DType dtype, ModelTolerance tol, const ModelConfig& c = layer_norm_geglu_config()) {
-    const HostBatch batch = three_documents();
+    HostBatch batch = three_documents();
+    batch.dropout_key = 0x5eed5eedull;  // the masks of a dropout config (the same on both devices)
     Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
     cpu.allocate();
     init_weights(cpu, 17);
@@ -243,6 +244,41 @@ TEST_F(LayerNormGegluModel, DytRelu2Fp32GpuMatchesTheCpu) {
 
 TEST_F(LayerNormGegluModel, DytRelu2Bf16GpuMatchesTheFp32Cpu) {
   compare(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}, breadth_config("dyt", "relu2"));
+}
+
+// Partial rotary with YaRN, on the dense RMSNorm/SwiGLU model with q/k norms: the fused
+// q/k norm + RoPE kernel and its backward read the tables' pass-through columns as the CPU.
+ModelConfig partial_rotary_config() {
+  ModelConfig c = layer_norm_geglu_config();
+  c.norm = "rmsnorm";
+  c.mlp = "swiglu";
+  c.rope = {.scaling = "yarn", .factor = 4.0, .original_max_seq_len = 16, .fraction = 0.5};
+  return c;
+}
+
+TEST_F(LayerNormGegluModel, PartialRotaryFp32GpuMatchesTheCpu) {
+  compare(DType::f32, {1e-4, 1e-5, 1e-3, kFloorFraction}, partial_rotary_config());
+}
+
+TEST_F(LayerNormGegluModel, PartialRotaryBf16GpuMatchesTheFp32Cpu) {
+  compare(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}, partial_rotary_config());
+}
+
+// Dropout on every branch and the embedding: the GPU's training forward drops the elements
+// the CPU's does (one mask function, the key in device memory), and its backward too.
+ModelConfig dropout_config() {
+  ModelConfig c = layer_norm_geglu_config();
+  c.dropout = 0.3;
+  c.embed_dropout = 0.1;
+  return c;
+}
+
+TEST_F(LayerNormGegluModel, DropoutFp32GpuMatchesTheCpu) {
+  compare(DType::f32, {1e-4, 1e-5, 1e-3, kFloorFraction}, dropout_config());
+}
+
+TEST_F(LayerNormGegluModel, DropoutBf16GpuMatchesTheFp32Cpu) {
+  compare(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}, dropout_config());
 }
 
 // Recompute calls the norm's forward again (and the MLP its activation): the same bits.

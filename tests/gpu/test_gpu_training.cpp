@@ -94,10 +94,12 @@ TEST_F(Training, MuonOnTheGpuFollowsTheCpuMuonCurve) {
 // logs the same losses, bit for bit, as a run that never stopped. Every GPU kernel of the
 // training step sums in a fixed order (the embedding backward by token groups), so the
 // GPU path is deterministic as it is. With AdamW, with Muon for the matrices, and with
-// AdamW's bf16 and 8-bit moments (optim.adamw_state).
+// AdamW's bf16 and 8-bit moments (optim.adamw_state), and with dropout (each step's masks
+// come from its index, so the resumed steps draw the masks the straight run drew).
 TEST_F(Training, GpuResumeAfterKillIsBitwiseEqual) {
   for (const std::string optimizer :
-       {"adamw", "muon", "adamw --set optim.adamw_state=bf16", "adamw --set optim.adamw_state=int8"}) {
+       {"adamw", "muon", "adamw --set optim.adamw_state=bf16", "adamw --set optim.adamw_state=int8",
+        "adamw --set model.dropout=0.2 --set model.embed_dropout=0.1"}) {
     SCOPED_TRACE(optimizer);
     const std::string dir = test::temp_dir("kiln-gpu-resume");
     test::write_file(dir + "/empty.toml", "");
@@ -159,6 +161,9 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
     // "muon+qk_clip": Muon with QK-Clip at a tau this model's logits pass.
     const bool clip = optimizer.ends_with("+qk_clip");
     overrides.push_back("optim.name=" + optimizer.substr(0, optimizer.find('+')));
+    // "adamw+dropout": the staged key of each micro-batch reaches the replayed graph's masks.
+    if (optimizer.ends_with("+dropout"))
+      for (const char* o : {"model.dropout=0.2", "model.embed_dropout=0.1"}) overrides.emplace_back(o);
     if (clip)
       for (const char* o : {"optim.qk_clip.enabled=true", "optim.qk_clip.tau=3"}) overrides.emplace_back(o);
     if (guard)
@@ -192,9 +197,10 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
   // AdamW for every role, then Muon for the matrices (AdamW for the rest): two optimizers
   // in one captured update; AdamW's bf16 and 8-bit moments (optim.adamw_state; with int8
   // the small tensors keep fp32 moments: two AdamW kernels in one update); then Muon with
-  // QK-Clip measuring inside the graph and clipping after it.
+  // QK-Clip measuring inside the graph and clipping after it; then AdamW with dropout.
   const std::vector<std::pair<std::string, std::string>> optimizers = {
-      {"adamw", "fp32"}, {"muon", "fp32"}, {"adamw", "bf16"}, {"adamw", "int8"}, {"muon+qk_clip", "fp32"}};
+      {"adamw", "fp32"}, {"muon", "fp32"}, {"adamw", "bf16"}, {"adamw", "int8"}, {"muon+qk_clip", "fp32"},
+      {"adamw+dropout", "fp32"}};
   for (const auto& [optimizer, state] : optimizers) {
     for (const std::string precision : {"bf16", "fp32"}) {
       for (const bool guard : {false, true}) {

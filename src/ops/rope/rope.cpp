@@ -22,19 +22,24 @@ void rope_fill_tables(const std::vector<float>& inv_freq, const Tensor& cos, con
   const char* op = "rope_tables";
   const int64_t half = static_cast<int64_t>(inv_freq.size());
   expect_rank(op, "cos", cos, 2);
-  KILN_CHECK(cos.size(1) == half, op, "cos must have {} columns, got {}", half, cos.describe());
+  KILN_CHECK(cos.size(1) >= half, op, "cos must have at least {} columns, got {}", half, cos.describe());
   expect_shape(op, "sin", sin, cos.shape());
   expect_same(op, "sin", sin, cos);
   KILN_CHECK(cos.device() == Device::cpu, op, "tables are built on the host");
   dispatch_cpu_float(op, cos.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    for (int64_t p = 0; p < cos.size(0); ++p)
+    const int64_t columns = cos.size(1);
+    for (int64_t p = 0; p < cos.size(0); ++p) {
+      T* c = cos.data<T>() + p * columns;
+      T* s = sin.data<T>() + p * columns;
       for (int64_t j = 0; j < half; ++j) {
         const float angle = static_cast<float>(p) * inv_freq[static_cast<size_t>(j)];
         // cos and sin rounded to T, then scaled in T (transformers: emb.cos() * scaling).
-        cos.data<T>()[p * half + j] = static_cast<T>(std::cos(static_cast<double>(angle))) * static_cast<T>(scale);
-        sin.data<T>()[p * half + j] = static_cast<T>(std::sin(static_cast<double>(angle))) * static_cast<T>(scale);
+        c[j] = static_cast<T>(std::cos(static_cast<double>(angle))) * static_cast<T>(scale);
+        s[j] = static_cast<T>(std::sin(static_cast<double>(angle))) * static_cast<T>(scale);
       }
+      for (int64_t j = half; j < columns; ++j) c[j] = T(1), s[j] = T(0);
+    }
   });
 }
 

@@ -1,0 +1,181 @@
+// Dropout (ops/dropout, model.dropout and model.embed_dropout): the mask drops the rate it
+// is given and scales what it keeps; it is a function of (key, site, index), so the same
+// key finds the same mask and another key or site another; the whole model's gradient with
+// dropout on matches finite differences of its own dropped loss (the backward finds the
+// forward's masks); evaluation drops nothing; and the trainer's keys differ by step,
+// micro-batch and rank.
+#include "config/config.h"
+#include "grad_check.h"
+#include "ops/dropout/dropout.h"
+#include "ops/dropout/dropout_mask.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+namespace kiln {
+namespace {
+
+using namespace kiln::test;
+
+// The key as the model's input buffer holds it: i32 [2], low word first.
+OwnedTensor key_tensor(uint64_t key) {
+  OwnedTensor t(DType::i32, Device::cpu, Shape{2});
+  t->data<int32_t>()[0] = static_cast<int32_t>(static_cast<uint32_t>(key));
+  t->data<int32_t>()[1] = static_cast<int32_t>(static_cast<uint32_t>(key >> 32));
+  return t;
+}
+
+OwnedTensor dropped(const Tensor& x, double p, uint32_t site, uint64_t key) {
+  OwnedTensor y(x.dtype(), Device::cpu, x.shape());
+  const OwnedTensor k = key_tensor(key);
+  ops::dropout_apply(x, {p, site, *k}, *y);
+  return y;
+}
+
+// Ones in, so a kept element reads 1 / (1 - p) and a dropped one 0.
+TEST(Dropout, DropsTheRateAndScalesWhatItKeeps) {
+  constexpr int64_t kRows = 1000, kCols = 1000;
+  OwnedTensor ones(DType::f64, Device::cpu, Shape{kRows, kCols});
+  for (int64_t i = 0; i < ones->numel(); ++i) ones->data<double>()[i] = 1.0;
+  for (const double p : {0.1, 0.5, 0.9}) {
+    const OwnedTensor y = dropped(*ones, p, 3, 0x1234abcdull);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < y->numel(); ++i) {
+      const double v = y->data<double>()[i];
+      ASSERT_TRUE(v == 0.0 || v == 1.0 / (1.0 - p)) << v;
+      kept += v != 0.0;
+    }
+    // 1e6 Bernoulli draws: 5 standard deviations of the kept share.
+    const double share = static_cast<double>(kept) / static_cast<double>(y->numel());
+    const double sigma = std::sqrt(p * (1 - p) / static_cast<double>(y->numel()));
+    EXPECT_NEAR(share, 1 - p, 5 * sigma) << "p " << p;
+  }
+  // p = 0 keeps everything as it is.
+  const OwnedTensor x = random_tensor(DType::f64, Shape{7, 9}, 5);
+  const OwnedTensor same = dropped(*x, 0.0, 1, 99);
+  for (int64_t i = 0; i < x->numel(); ++i) EXPECT_EQ(same->data<double>()[i], x->data<double>()[i]);
+}
+
+TEST(Dropout, TheMaskIsAFunctionOfKeySiteAndIndex) {
+  const OwnedTensor x = random_tensor(DType::f32, Shape{64, 48}, 8);
+  auto mask = [&](uint32_t site, uint64_t key) {
+    const OwnedTensor y = dropped(*x, 0.5, site, key);
+    std::vector<bool> m(static_cast<size_t>(y->numel()));
+    for (int64_t i = 0; i < y->numel(); ++i) m[static_cast<size_t>(i)] = y->data<float>()[i] != 0.0f;
+    return m;
+  };
+  const auto base = mask(1, 42);
+  EXPECT_EQ(mask(1, 42), base);  // found again: the backward's and a recompute's mask
+  auto agreement = [&](const std::vector<bool>& other) {
+    int64_t same = 0;
+    for (size_t i = 0; i < base.size(); ++i) same += base[i] == other[i];
+    return static_cast<double>(same) / static_cast<double>(base.size());
+  };
+  // Independent masks at p = 0.5 agree on half the elements (3072 of them: within 0.1).
+  EXPECT_NEAR(agreement(mask(2, 42)), 0.5, 0.1);  // another site
+  EXPECT_NEAR(agreement(mask(1, 43)), 0.5, 0.1);  // another key
+  // In place, as the block applies it to its branch output.
+  OwnedTensor inplace(DType::f32, Device::cpu, x->shape());
+  copy_tensor(*x, *inplace);
+  const OwnedTensor k = key_tensor(42);
+  ops::dropout_apply(*inplace, {0.5, 1, *k}, *inplace);
+  const OwnedTensor out = dropped(*x, 0.5, 1, 42);
+  for (int64_t i = 0; i < x->numel(); ++i) EXPECT_EQ(inplace->data<float>()[i], out->data<float>()[i]);
+}
+
+TEST(Dropout, StreamKeysDifferByStepMicroBatchAndRank) {
+  std::set<uint64_t> keys;
+  for (int64_t step = 0; step < 20; ++step)
+    for (int64_t micro = 0; micro < 4; ++micro)
+      for (int64_t rank = 0; rank < 4; ++rank) keys.insert(dropout::stream_key(1337, step, micro, rank));
+  EXPECT_EQ(keys.size(), 20u * 4u * 4u);
+  EXPECT_EQ(dropout::stream_key(1337, 5, 1, 0), dropout::stream_key(1337, 5, 1, 0));
+  EXPECT_NE(dropout::stream_key(1337, 5, 1, 0), dropout::stream_key(1338, 5, 1, 0));
+}
+
+ModelConfig dropout_config() {
+  ModelConfig c = tiny_config(true, false);
+  c.dropout = 0.3;
+  c.embed_dropout = 0.2;
+  return c;
+}
+
+// Evaluation drops nothing (the same weights without dropout give the same loss, bit for
+// bit); the training forward drops (another loss), and its key decides its masks.
+TEST(Dropout, OnlyTheTrainingForwardDrops) {
+  HostBatch batch = pack_docs(three_docs(), 4);
+  batch.dropout_key = 77;
+  auto loss = [&](const ModelConfig& c, bool train, uint64_t key) {
+    Model m(c, tiny_build());
+    m.allocate();
+    init_tiny_model(m, 7);
+    batch.dropout_key = key;
+    m.load_batch(batch);
+    return train ? m.forward_backward(1.0).loss : m.evaluate().loss;
+  };
+  ModelConfig plain = dropout_config();
+  plain.dropout = plain.embed_dropout = 0;
+  const double evaluated = loss(dropout_config(), false, 77);
+  EXPECT_EQ(evaluated, loss(plain, false, 77));
+  EXPECT_EQ(loss(plain, true, 77), evaluated);  // without dropout, training's forward is evaluation's
+  const double trained = loss(dropout_config(), true, 77);
+  EXPECT_NE(trained, evaluated);
+  EXPECT_EQ(loss(dropout_config(), true, 77), trained);
+  EXPECT_NE(loss(dropout_config(), true, 78), trained);
+  // Each kind alone reaches the loss.
+  ModelConfig embed_only = plain, residual_only = plain;
+  embed_only.embed_dropout = 0.2;
+  residual_only.dropout = 0.3;
+  EXPECT_NE(loss(embed_only, true, 77), evaluated);
+  EXPECT_NE(loss(residual_only, true, 77), evaluated);
+}
+
+// The gradient of the dropped loss (a fixed key: a fixed mask) against finite differences
+// of that same loss, every parameter: the backward applies the forward's masks.
+TEST(Dropout, GradientMatchesFiniteDifferencesOfTheDroppedLoss) {
+  HostBatch batch = pack_docs(three_docs(), 4);
+  batch.dropout_key = 2024;
+  Model m(dropout_config(), tiny_build());
+  m.allocate();
+  init_tiny_model(m, 7);
+  m.load_batch(batch);
+  const double scale = 1.0 / static_cast<double>(batch.target_count);
+  m.zero_grads();
+  m.forward_backward(scale);
+  std::vector<std::vector<double>> grads;
+  for (const auto& p : m.parameters()) grads.push_back(values_of(p->grad()));
+  ScopedCpuThreads one_thread(1);
+  const auto objective = [&] { return m.forward_backward(scale).loss * scale; };  // its gradients are not read
+  GradCheckOptions o;
+  o.order = 4;
+  o.eps = 1e-4;
+  o.floor = 1e-4;
+  o.tol = 1e-6;
+  int64_t checked = 0;
+  for (size_t i = 0; i < m.parameters().size(); ++i) {
+    const auto& p = m.parameters()[i];
+    const GradCheckReport r = check_gradient_scalar(p->value(), grads[i], objective, o);
+    EXPECT_TRUE(r.ok()) << p->name() << ": " << r.str();
+    checked += r.checked;
+  }
+  EXPECT_EQ(checked, m.parameter_count());
+}
+
+TEST(Dropout, ConfigNamesTheKeyAtFault) {
+  for (const char* key : {"model.dropout", "model.embed_dropout"}) {
+    Config c;
+    apply_override(c, std::string(key) + "=1");
+    EXPECT_NE(error_of([&] { validate_config(c); }).find(std::string(key) + " (1) must be below 1"), std::string::npos);
+    Config negative;
+    EXPECT_NE(error_of([&] { apply_override(negative, std::string(key) + "=-0.1"); validate_config(negative); })
+                  .find(key),
+              std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace kiln
