@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Dropout's measurement, run ON the GPU machine (after scripts/gpu_stage.sh; carry .gpu):
 # tinyshakespeare, the 9.5M shape of docs/optimizers.md (large enough to overfit the 1.1M
-# bytes), trained for STEPS steps without dropout and with model.dropout = DROPOUT (and
-# model.embed_dropout = EMBED): each run's best validation loss, the step it came at and
-# the wall time to it, and the last validation loss. docs/dropout.md has what this measured.
+# bytes), trained for STEPS steps at each model.dropout of DROPOUTS (default "0 0.1 0.2";
+# model.embed_dropout = EMBED in the arms with dropout): each run's best validation loss, the
+# step it came at and the wall time to it, and the last validation loss. docs/dropout.md
+# has what this measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${OUT:-/tmp/out}; mkdir -p "$LOGS"
@@ -14,8 +15,10 @@ shape="--set model.hidden=384 --set model.layers=6 --set model.heads=6 --set mod
   --set train.steps=${STEPS:-3000} --set train.eval_every=${EVAL:-100} --set train.eval_batches=4
   --set optim.lr=${LR:-1e-3} --set optim.warmup_steps=100 --set train.sample_every=0 --set log.every=100
   --set checkpoint.save_final=false --set checkpoint.every=0"
-for arm in "none 0 0" "dropout ${DROPOUT:-0.2} ${EMBED:-0}"; do
-  read -r name p e <<< "$arm"
+for p in ${DROPOUTS:-0 0.1 0.2}; do
+  e=${EMBED:-0}
+  [ "$p" = 0 ] && e=0
+  name=dropout-$p
   dir=$LOGS/$name
   timeout "${LIMIT:-280}" "$STAGE/bin/kiln" train configs/default.toml --set train.device=cuda \
     --set train.out_dir="$dir" $shape --set model.dropout="$p" --set model.embed_dropout="$e" > "$LOGS/$name.log" 2>&1

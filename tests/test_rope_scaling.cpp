@@ -217,7 +217,8 @@ TEST(RopeScaling, ChangesTheLossAndGgufRefusesYarnAndLlama3) {
 // Partial rotary, R = 8 of D = 16 dims, with YaRN (so cos and sin carry an attention factor):
 // pairs (j, j + 8) for j < 4 rotate by the frequencies of an 8-dim RoPE, the other pairs'
 // dims come out bit for bit as they went in (their cos is 1, not the factor), and the
-// inverse rotation restores the input.
+// transposed rotation (the backward) brings the rotated dims back scaled by the factor
+// squared (cos and sin both carry it) and leaves the passed ones as they are.
 TEST(PartialRotary, TablesRotateTheFirstPairsAndPassTheRest) {
   constexpr int64_t kDims = 16, kRotated = 8, kPositions = 40, kTokens = 6, kHeads = 3;
   const RopeConfig yarn{.scaling = "yarn", .factor = 4.0, .original_max_seq_len = 16, .fraction = 0.5};
@@ -259,7 +260,11 @@ TEST(PartialRotary, TablesRotateTheFirstPairsAndPassTheRest) {
   EXPECT_NE(f.inv_freq, rope_frequencies(yarn, 10000.0, kDims).inv_freq);
 
   ops::rope_apply(*y, *positions, *cos, *sin, true);  // the backward: the transposed rotation
-  for (int64_t e = 0; e < x->numel(); ++e) EXPECT_NEAR(out[e], in[e], 1e-14) << e;
+  const double factor_squared = static_cast<double>(f.attention_factor) * f.attention_factor;
+  for (int64_t e = 0; e < x->numel(); ++e) {
+    const bool rotated = e % (kDims / 2) < kRotated / 2;  // dim j and j + D/2 share a pair
+    EXPECT_NEAR(out[e], rotated ? in[e] * factor_squared : in[e], 1e-13) << e;
+  }
 }
 
 TEST(PartialRotary, ConfigNamesTheKeyAtFault) {
