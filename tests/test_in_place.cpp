@@ -65,5 +65,29 @@ TEST(InPlace, ConversionsRefuseAnOutputThatIsInsideOrAroundTheirInput) {
   fs::remove_all(dir);
 }
 
+// `kiln import hf X RUN_DIR` overwrote the run's config.toml, `import hf X RUN/model` the
+// trained model: a destination that holds anything is refused; a new or empty one is used.
+TEST(InPlace, ImportRefusesADestinationThatHoldsFiles) {
+  const std::string dir = fs::canonical(test::temp_dir("kiln-in-place-import")).string();
+  const std::string model = test::save_random_model(test::tiny_config(true, true, false), dir + "/model");
+  const std::string hf = dir + "/hf";
+  std::string output;
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " export hf " + model + " " + hf, &output), 0) << output;
+  test::write_file(dir + "/run/config.toml", "[train]\n");
+  const auto before = snapshot(dir);
+  for (const std::string& destination : {model, dir + "/run"}) {
+    SCOPED_TRACE(destination);
+    EXPECT_EQ(test::run_command(test::kiln_binary() + " import hf " + hf + " " + destination, &output), 1) << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+    EXPECT_CONTAINS(output, "kiln: error: [import] the output " + destination + " already holds files (");
+    EXPECT_CONTAINS(output, "choose a new or empty directory");
+  }
+  EXPECT_EQ(snapshot(dir), before) << "a refused import changed a file";
+  fs::create_directory(dir + "/empty");
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " import hf " + hf + " " + dir + "/empty", &output), 0) << output;
+  EXPECT_TRUE(fs::exists(dir + "/empty/model.safetensors"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kiln
