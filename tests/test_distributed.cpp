@@ -276,3 +276,29 @@ TEST_F(Distributed, SigtermToTheLauncherStopsEveryRankWithACheckpoint) {
   EXPECT_CONTAINS(read_file(out + "/rank-1.log"), "stopped by SIGTERM after step");
   EXPECT_TRUE(std::filesystem::exists(out + "/checkpoints/" + latest_of(out) + "/manifest.json"));
 }
+
+// Resuming at another process count with the same train.grad_accum used to change the
+// global batch silently (1 process after 2 ranks: half the tokens per step, losses off by
+// 7e-3). Now grad_accum is set so a step keeps the checkpoint's tokens, and the run says
+// so; where no grad_accum can (1 process's 256 tokens over 2 ranks of 256), it is refused
+// naming train.grad_accum and the numbers.
+TEST_F(Distributed, ResumingAtAnotherProcessCountKeepsTheGlobalBatch) {
+  std::string output;
+  const std::string straight = dir_ + "/straight", moved = dir_ + "/moved";
+  ASSERT_EQ(run_with_fault(single(straight, 2), "", &output), 0) << output;
+  ASSERT_NE(run_with_fault(launch(2, moved, 1), "kill_at_step:5", &output), 0) << output;
+  ASSERT_EQ(latest_of(moved), "step-00000004");
+  ASSERT_EQ(run_with_fault(single(moved, 1, "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "resume: the checkpoint's run took 512 tokens per step (2 processes x grad_accum 1); on 1 "
+                          "processes train.grad_accum 1 -> 2 keeps them");
+  expect_same_training(moved, straight, 1e-5);
+  EXPECT_LT(weight_difference(moved, straight), 1e-5);
+
+  const std::string halved = dir_ + "/halved";
+  ASSERT_EQ(run_with_fault(single(halved, 1), "kill_at_step:5", &output), -SIGKILL) << output;
+  EXPECT_EQ(run_with_fault(launch(2, halved, 1, "--resume"), "", &output), 1) << output;
+  EXPECT_CONTAINS(output, "kiln: error: [train.grad_accum] " + checkpoint_path(halved, 4) +
+                              ": the checkpoint's run took 256 tokens per step (1 processes x grad_accum 1 x 256 "
+                              "micro-batch tokens); 2 processes x 256 micro-batch tokens make no such step at any "
+                              "train.grad_accum: resume on a process count that divides 1");
+}

@@ -171,7 +171,8 @@ TEST_F(Faults, FullDiskForTheConfigOrTheMetricsStopsLoudly) {
   const std::string metrics = run_dir("metrics");
   fs::create_directories(metrics);
   fs::create_symlink("/dev/full", metrics + "/metrics.jsonl");
-  EXPECT_EQ(run_with_fault(tiny_train(corpus_, metrics), "", &output), 1) << output;
+  // --resume: a fresh run would refuse the planted metrics file as an earlier run's.
+  EXPECT_EQ(run_with_fault(tiny_train(corpus_, metrics, "--resume"), "", &output), 1) << output;
   EXPECT_EQ(test::last_line(output), "kiln: error: [metrics] " + metrics +
                                          "/metrics.jsonl: write failed: No space left on device "
                                          "(checkpoint.on_save_error = stop)");
@@ -183,7 +184,8 @@ TEST_F(Faults, FullDiskForTheMetricsWithOnSaveErrorContinueWarnsOnceAndTrainsOn)
   fs::create_directories(out);
   fs::create_symlink("/dev/full", out + "/metrics.jsonl");
   std::string output;
-  ASSERT_EQ(run_with_fault(tiny_train(corpus_, out, "--set checkpoint.on_save_error=continue"), "", &output), 0)
+  // --resume: a fresh run would refuse the planted metrics file as an earlier run's.
+  ASSERT_EQ(run_with_fault(tiny_train(corpus_, out, "--resume --set checkpoint.on_save_error=continue"), "", &output), 0)
       << output;
   const std::string warning = "kiln: warning: [metrics] " + out + "/metrics.jsonl: write failed: No space left on device";
   EXPECT_CONTAINS(output, warning);

@@ -65,5 +65,82 @@ TEST(InPlace, ConversionsRefuseAnOutputThatIsInsideOrAroundTheirInput) {
   fs::remove_all(dir);
 }
 
+// A run's outputs (issue 38, items 8 and 9) used to go wherever they were named: the
+// metrics file over the run's config.toml, checkpoints/latest or any file outside the run
+// (exit 0, the content lost), train.out_dir into the data directory (the next start read
+// the run's files as data). Now refused before anything is read or written, naming the
+// keys; every byte stays as it was.
+TEST(InPlace, TrainRefusesOutputsOverItsOwnFilesItsInputsOrItsData) {
+  const std::string dir = fs::canonical(test::temp_dir("kiln-in-place-train")).string();
+  const std::string corpus = test::write_tiny_corpus(dir, 40), out = dir + "/run", data = dir + "/data";
+  std::string output;
+  ASSERT_EQ(test::run_command(test::tiny_train(corpus, out), &output), 0) << output;
+  fs::create_directory(data);
+  fs::copy_file(corpus, data + "/corpus.txt");
+  test::write_file(out + "/tok.json", "a tokenizer of the user's");
+  const auto before = snapshot(dir);
+
+  struct Case {
+    std::string command, error;
+  };
+  const std::vector<Case> cases = {
+      {test::tiny_train(corpus, out, "--resume --set log.metrics_file=config.toml"),
+       "[log.metrics_file] " + out + "/config.toml (log.metrics_file) is the run's config.toml (" + out +
+           "/config.toml): kiln's own files are never another output"},
+      {test::tiny_train(corpus, out, "--resume --set log.metrics_file=checkpoints/latest"),
+       "[log.metrics_file] " + out + "/checkpoints/latest (log.metrics_file) lies inside the run's checkpoints/"},
+      {test::tiny_train(corpus, out, "--resume --set log.metrics_file=../data/corpus.txt"),
+       "[log.metrics_file] '../data/corpus.txt' must be a path inside train.out_dir (relative, without '..')"},
+      {test::tiny_train(corpus, out, "--resume --set log.metrics_file=" + corpus),
+       "[log.metrics_file] '" + corpus + "' must be a path inside train.out_dir"},
+      {test::tiny_train(corpus, out, "--resume --set log.tensorboard_dir=model"),
+       "[log.tensorboard_dir] " + out + "/model (log.tensorboard_dir) is the run's model/"},
+      {test::tiny_train(corpus, out, "--resume --set log.metrics_file=tok.json --set data.tokenizer=" + out + "/tok.json"),
+       "[log.metrics_file] " + out + "/tok.json (log.metrics_file) is data.tokenizer " + out +
+           "/tok.json: writing it would destroy an input"},
+      {test::tiny_train(data, data), "[train.out_dir] " + data + " is data.path " + data + ": the run would write "
+                                     "among its training data; choose a train.out_dir apart from it"},
+      {test::tiny_train(data, data + "/run"), "[train.out_dir] " + data + "/run lies inside data.path " + data + ":"},
+      {test::tiny_train("'" + data + "/*.txt'", data + "/run"), "[train.out_dir] " + data + "/run lies inside data.path " +
+                                                             data + ":"},
+      {test::tiny_train(corpus, dir), "[train.out_dir] " + dir + " contains data.path " + corpus + ":"},
+      {test::tiny_train(data, dir + "/other", "--set checkpoint.dir=" + data + "/checkpoints"),
+       "[checkpoint.dir] " + data + "/checkpoints lies inside data.path " + data + ": checkpoints would be written "
+       "among the training data"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.command);
+    EXPECT_EQ(test::run_command(c.command, &output), 1) << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+    EXPECT_CONTAINS(output, "kiln: error: " + c.error);
+  }
+  EXPECT_EQ(snapshot(dir), before) << "a refused run changed a file";
+  fs::remove_all(dir);
+}
+
+// `kiln import hf X RUN_DIR` overwrote the run's config.toml, `import hf X RUN/model` the
+// trained model: a destination that holds anything is refused; a new or empty one is used.
+TEST(InPlace, ImportRefusesADestinationThatHoldsFiles) {
+  const std::string dir = fs::canonical(test::temp_dir("kiln-in-place-import")).string();
+  const std::string model = test::save_random_model(test::tiny_config(true, true, false), dir + "/model");
+  const std::string hf = dir + "/hf";
+  std::string output;
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " export hf " + model + " " + hf, &output), 0) << output;
+  test::write_file(dir + "/run/config.toml", "[train]\n");
+  const auto before = snapshot(dir);
+  for (const std::string& destination : {model, dir + "/run"}) {
+    SCOPED_TRACE(destination);
+    EXPECT_EQ(test::run_command(test::kiln_binary() + " import hf " + hf + " " + destination, &output), 1) << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+    EXPECT_CONTAINS(output, "kiln: error: [import] the output " + destination + " already holds files (");
+    EXPECT_CONTAINS(output, "choose a new or empty directory");
+  }
+  EXPECT_EQ(snapshot(dir), before) << "a refused import changed a file";
+  fs::create_directory(dir + "/empty");
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " import hf " + hf + " " + dir + "/empty", &output), 0) << output;
+  EXPECT_TRUE(fs::exists(dir + "/empty/model.safetensors"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -101,16 +101,18 @@ TEST_F(Resume, QkClipKillInsideAGradientAccumulationRunResumesBitwise) {
   expect_same_run(straight, killed);
 }
 
-// A second run into the same out_dir without --resume: its metrics.jsonl holds its own 12
-// steps once (not appended to the first run's), and the first run's records are in
-// metrics.jsonl.previous, announced.
-TEST_F(Resume, AFreshRunIntoAnEarlierRunsDirectoryStartsANewMetricsFile) {
+// A restart with --resume of an attempt that died before its first checkpoint (a scheduler
+// restarts every attempt so): its metrics.jsonl holds its own 12 steps once (not appended
+// to the dead attempt's), and the dead attempt's records are in metrics.jsonl.previous,
+// announced. (A fresh run into an earlier run's directory is refused: test_run_directory.)
+TEST_F(Resume, ARestartWithoutACheckpointStartsANewMetricsFile) {
   const std::string corpus = test::write_tiny_corpus(dir_, 40);
   const std::string out = dir_ + "/run";
   std::string output;
-  ASSERT_EQ(run_with_fault(tiny_train(corpus, out), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, out, "--set checkpoint.every=0"), "kill_at_step:3", &output), -SIGKILL)
+      << output;
   const std::string first = test::read_file(out + "/metrics.jsonl");
-  ASSERT_EQ(run_with_fault(tiny_train(corpus, out, "--set optim.lr=5e-3"), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, out, "--set optim.lr=5e-3 --resume"), "", &output), 0) << output;
   EXPECT_CONTAINS(output, "metrics: " + out + "/metrics.jsonl held an earlier run's records: moved to " + out +
                               "/metrics.jsonl.previous");
   EXPECT_EQ(test::read_file(out + "/metrics.jsonl.previous"), first);

@@ -232,15 +232,17 @@ TEST_F(Tensorboard, AResumedRunShowsEachStepOnce) {
   expect_server_agrees(read);
 }
 
-// A second fresh run into the same out_dir: the first run's event files move to
-// tensorboard.previous, announced; log.tensorboard = false writes none.
-TEST_F(Tensorboard, AFreshRunSetsAnEarlierRunsEventFilesAside) {
+// A restart (--resume) of an attempt that died before its first checkpoint: the dead
+// attempt's event files move to tensorboard.previous, announced; log.tensorboard = false
+// writes none.
+TEST_F(Tensorboard, ARestartWithoutACheckpointSetsTheEarlierEventFilesAside) {
   const std::string out = dir_ + "/run";
   std::string output;
-  ASSERT_EQ(run_with_fault(tiny_train(corpus_, out, "--set train.steps=2"), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus_, out, "--set checkpoint.every=0"), "kill_at_step:3", &output), -SIGKILL)
+      << output;
   const std::vector<std::string> first = event_files(out + "/tensorboard");
   ASSERT_EQ(first.size(), 1u);
-  ASSERT_EQ(run_with_fault(tiny_train(corpus_, out, "--set train.steps=2"), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus_, out, "--set train.steps=2 --resume"), "", &output), 0) << output;
   EXPECT_CONTAINS(output, "tensorboard: " + out + "/tensorboard held an earlier run's event files: moved to " + out +
                               "/tensorboard.previous");
   EXPECT_EQ(event_files(out + "/tensorboard.previous"), first);

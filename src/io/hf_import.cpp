@@ -64,6 +64,7 @@ WeightFiles open_weights(const fs::path& dir) {
 
 HfImportReport import_hf(const std::string& hf_dir, const std::string& out_dir) {
   check_output_apart_from_input(hf_dir, out_dir, "import");  // before anything is read
+  check_output_new_or_empty(out_dir, "import");  // never over a model or a run's files
   const fs::path dir(hf_dir);
   const fs::path config_path = dir / "config.json";
   KILN_CHECK(fs::exists(config_path), "import", "'{}' has no config.json", hf_dir);

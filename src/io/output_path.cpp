@@ -1,9 +1,13 @@
 #include "io/output_path.h"
 
 #include "core/error.h"
+#include "core/printable.h"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <vector>
 
 namespace kiln::io {
 
@@ -28,13 +32,34 @@ bool is_within(const fs::path& inner, const fs::path& outer) {
 
 }  // namespace
 
+std::optional<std::string_view> path_overlap(const std::string& path, const std::string& other) {
+  const fs::path a = resolved(path), b = resolved(other);
+  const bool inside = is_within(a, b), contains = is_within(b, a);
+  if (!inside && !contains) return std::nullopt;
+  return inside && contains ? "is" : inside ? "lies inside" : "contains";
+}
+
 void check_output_apart_from_input(const std::string& input, const std::string& output, std::string_view where) {
-  const fs::path in = resolved(input), out = resolved(output);
-  const bool inside = is_within(out, in), contains = is_within(in, out);
-  if (!inside && !contains) return;
-  const char* relation = inside && contains ? "is" : inside ? "lies inside" : "contains";
+  const std::optional<std::string_view> relation = path_overlap(output, input);
+  if (!relation) return;
   fail(where, "the output {} {} the input {}: writing it would overwrite or mix with what is read; choose another "
-       "output", output, relation, input);
+       "output", output, *relation, input);
+}
+
+void check_output_new_or_empty(const std::string& output, std::string_view where) {
+  std::error_code ec;
+  if (!fs::exists(output, ec)) return;
+  KILN_CHECK(fs::is_directory(output, ec), where, "the output {} exists and is not a directory; choose a new or empty "
+             "directory", output);
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(output, ec)) names.push_back(entry.path().filename().string());
+  if (names.empty()) return;
+  std::sort(names.begin(), names.end());
+  std::string listed = names[0];
+  for (size_t i = 1; i < std::min<size_t>(names.size(), 3); ++i) listed += ", " + names[i];
+  if (names.size() > 3) listed += fmt::format(" and {} more", names.size() - 3);
+  fail(where, "the output {} already holds files ({}): writing into it would replace or mix with them; choose a new "
+       "or empty directory", output, printable(listed, 200));
 }
 
 }  // namespace kiln::io

@@ -91,6 +91,8 @@ std::string state_to_json(const CheckpointState& s) {
       {"precision", s.precision},
       {"threads", s.threads},
       {"config", s.config_toml},
+      {"run_id", s.run_id},
+      {"world_size", s.world_size},
   };
   // nlohmann writes doubles with enough digits to read back the same bits.
   return j.dump(1) + "\n";
@@ -139,9 +141,20 @@ CheckpointState state_from_json(const std::string& text, const std::string& path
   s.precision = get<std::string>(j, "precision", path);
   s.threads = get<int64_t>(j, "threads", path);
   s.config_toml = get<std::string>(j, "config", path);
+  // Both absent from checkpoints written before they were recorded.
+  if (j.contains("run_id")) s.run_id = get<std::string>(j, "run_id", path);
+  if (j.contains("world_size")) s.world_size = get<int64_t>(j, "world_size", path);
   KILN_CHECK(p.step >= 0 && s.optimizer_steps >= 0 && s.optimizer_steps <= p.step, "checkpoint",
              "{}: inconsistent counters (step {}, optimizer_steps {})", path, p.step, s.optimizer_steps);
   return s;
+}
+
+int64_t saved_world_size(const CheckpointState& saved, const Config& saved_config) {
+  if (saved.world_size > 0) return saved.world_size;
+  const TrainProgress& p = saved.progress;
+  const int64_t per_process = p.step * saved_config.train.grad_accum * saved_config.train.micro_batch_tokens;
+  if (per_process <= 0 || p.tokens % per_process != 0) return 0;
+  return p.tokens / per_process;
 }
 
 std::vector<std::string> config_differences(const Config& saved, const Config& now) {

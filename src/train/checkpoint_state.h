@@ -47,11 +47,19 @@ struct CheckpointState {
   std::string precision = "f32";  // compute dtype (bf16: fp32 masters and optimizer state)
   int64_t threads = 0;          // CPU threads of the saving run (bitwise resume needs the same)
   std::string config_toml;      // the resolved configuration of the saving run
+  // The run the checkpoint belongs to (train/run_directory.h); "" in older checkpoints.
+  std::string run_id;
+  // Processes whose gradients made a step; 0 when unknown (older checkpoints).
+  int64_t world_size = 0;
 };
 
 std::string state_to_json(const CheckpointState& state);
 // Throws "[checkpoint] PATH: ..." naming the missing or ill-typed key.
 CheckpointState state_from_json(const std::string& text, const std::string& path);
+
+// Processes of the saving run: its world_size, or for an older checkpoint what its tokens
+// per step tell (tokens / steps / (grad_accum x micro_batch_tokens)); 0 when unknown.
+int64_t saved_world_size(const CheckpointState& saved, const Config& saved_config);
 
 // "section.key (saved -> now)" for every field that differs.
 std::vector<std::string> config_differences(const Config& saved, const Config& now);

@@ -17,6 +17,7 @@
 #include "plot/plot.h"
 #include "train/memory_check.h"
 #include "train/optimizer_groups.h"
+#include "train/run_paths.h"
 #include "train/signals.h"
 #include "train/tensorboard_log.h"
 
@@ -120,8 +121,13 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
       guard_(config.train) {
   validate_config(config_);
   check_component_names(config_);  // before any data is read: config mistakes surface first
+  check_run_paths(config_);        // no output over an input or another output
   io::ensure_writable_dir(config_.train.out_dir, "train.out_dir");  // before any work starts
   join_process_group();
+  if (writes_files()) {  // rank 0 owns the run directory: locked, and never another run's
+    run_dir_ = std::make_unique<RunDirectory>(config_);
+    if (train_options.resume.empty()) run_dir_->check_fresh_start(train_options.overwrite);
+  }
   // train.threads = 0: this node's cores, shared by its ranks.
   const int local_ranks = group_ ? group_->placement().local_world_size : 1;
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency() / local_ranks);
@@ -129,6 +135,11 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   threads_ = threads;
   checkpoints_ = std::make_unique<CheckpointWriter>(config_, faults_);
   if (writes_files()) checkpoints_->prepare();  // an unusable checkpoint directory fails now, not at the first save
+
+  // Found and verified (checksums, run, model and precision guards) before anything is
+  // read or allocated; the process count may set train.grad_accum, which sizes the rest.
+  const std::optional<CheckpointInfo> resume = find_resume_checkpoint(train_options);
+  if (resume) keep_global_batch(*resume);
 
   tokenizer_ = tokenizer_from_config(config_.data.tokenizer);  // "byte" or a tokenizer.json
   KILN_CHECK(config_.model.vocab_size >= tokenizer_->vocab_size(), "model.vocab_size",
@@ -162,8 +173,6 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   schedule_ = make_schedule(config_.optim, config_.train.steps,
                             config_.train.micro_batch_tokens * config_.train.grad_accum * stream_->options().world_size);
   optimizer_->plan(optimizer_state_);
-  // Found and verified (checksums, model and precision guards) before allocating.
-  const std::optional<CheckpointInfo> resume = find_resume_checkpoint(train_options);
   model_->allocate();
   optimizer_state_.allocate();
   if (resume) restore(*resume, train_options.allow_data_change);
@@ -177,9 +186,11 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
     device_step_ =
         std::make_unique<DeviceStep>(*model_, *optimizer_, config_.train.grad_accum, true, data_parallel_.get());
 
-  if (writes_files())
+  if (writes_files()) {
+    claim_run_directory(train_options);
     io::replace_file_atomically((fs::path(config_.train.out_dir) / "config.toml").string(), config_to_toml(config_),
                                 "train");
+  }
   if (writes_files()) {
     // A failed record write is handled as a failed save (checkpoint.on_save_error).
     const bool stop_on_error = config_.checkpoint.on_save_error == "stop";

@@ -16,6 +16,7 @@
 #include "train/fault_inject.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/run_directory.h"
 #include "train/run_records.h"
 #include "train/run_summary.h"
 #include "train/schedules.h"
@@ -36,6 +37,9 @@ struct TrainOptions {
   // checkpoint directory.
   std::string resume;
   bool allow_data_change = false;  // resume although the data fingerprint changed
+  // A fresh run into a directory holding an earlier run removes that run's files
+  // (otherwise it is refused); not with `resume`.
+  bool overwrite = false;
 };
 
 struct TrainResult {
@@ -110,6 +114,11 @@ class Trainer {
   // trainer_checkpoint.cpp: the glue between the loop and train/checkpoint.h.
   std::optional<CheckpointInfo> find_resume_checkpoint(const TrainOptions& options);
   void restore(const CheckpointInfo& checkpoint, bool allow_data_change);
+  // On resume at another process count: train.grad_accum set so that a step takes the
+  // checkpoint's tokens, or an error naming it when none can.
+  void keep_global_batch(const CheckpointInfo& checkpoint);
+  // Rank 0, before the run's first write: --overwrite's removal, then DIR/run_id.
+  void claim_run_directory(const TrainOptions& options);
   CheckpointState checkpoint_state() const;
   std::string save_checkpoint();
   // A periodic or final save; a failure stops the run or warns (checkpoint.on_save_error).
@@ -139,6 +148,8 @@ class Trainer {
   FaultGuard guard_;
   TrainProgress progress_;      // everything the loop carries from step to step
   std::unique_ptr<CheckpointWriter> checkpoints_;
+  std::unique_ptr<RunDirectory> run_dir_;  // rank 0: locked for the run's lifetime
+  std::string run_id_;                     // recorded in every checkpoint
   int64_t checkpoint_step_ = -1;  // step of the checkpoint last saved or resumed from
   int threads_ = 0;
   const StopSignals* signals_ = nullptr;  // installed by run() for its duration

@@ -29,12 +29,51 @@ std::optional<CheckpointInfo> Trainer::find_resume_checkpoint(const TrainOptions
   if (path.empty()) {
     // A scheduler may restart every attempt with --resume; the first has nothing yet.
     KILN_CHECK(latest, "checkpoint", "{}: holds no complete checkpoint", where);
+    if (run_dir_) run_dir_->check_restart_without_checkpoint();
     console_.print("resume: no checkpoint in {} yet; starting from step 0\n", where);
     return std::nullopt;
   }
   CheckpointInfo info = read_checkpoint(path);  // every checksum verified
-  check_resume_model(path, info.state, info.config, config_, model_->options().dtype);
+  if (run_dir_) check_same_run(path, info.state.run_id, config_.train.out_dir, run_dir_->run_id());
+  run_id_ = info.state.run_id;  // "" for an older checkpoint: the directory's, or a new one
+  check_resume_model(path, info.state, info.config, config_, training_build_options(config_, device_).dtype);
   return info;
+}
+
+void Trainer::keep_global_batch(const CheckpointInfo& checkpoint) {
+  const TrainConfig& saved = checkpoint.config.train;
+  TrainConfig& now = config_.train;
+  const int64_t saved_world = saved_world_size(checkpoint.state, checkpoint.config);
+  const int64_t world = group_ ? group_->world_size() : 1;
+  const int64_t saved_tokens = saved_world * saved.grad_accum * saved.micro_batch_tokens;
+  const int64_t per_accum = world * now.micro_batch_tokens;
+  if (saved_world == 0 || saved_tokens == per_accum * now.grad_accum) return;
+  if (saved_world == world) {  // the same processes: the config's grad_accum, a change made on purpose
+    console_.print("resume: {} tokens per step, the checkpoint's run took {} (train.grad_accum {} -> {})\n",
+                   per_accum * now.grad_accum, saved_tokens, saved.grad_accum, now.grad_accum);
+    return;
+  }
+  // Another process count: the global batch (and with it the schedule's tokens and the
+  // loss's scale) is kept, by the micro-batches each process accumulates.
+  KILN_CHECK(saved_tokens % per_accum == 0, "train.grad_accum",
+             "{}: the checkpoint's run took {} tokens per step ({} processes x grad_accum {} x {} micro-batch tokens); "
+             "{} processes x {} micro-batch tokens make no such step at any train.grad_accum: resume on a process "
+             "count that divides {}",
+             checkpoint.path, saved_tokens, saved_world, saved.grad_accum, saved.micro_batch_tokens, world,
+             now.micro_batch_tokens, saved_tokens / now.micro_batch_tokens);
+  const int64_t grad_accum = saved_tokens / per_accum;
+  console_.print("resume: the checkpoint's run took {} tokens per step ({} processes x grad_accum {}); on {} "
+                 "processes train.grad_accum {} -> {} keeps them\n",
+                 saved_tokens, saved_world, saved.grad_accum, world, now.grad_accum, grad_accum);
+  now.grad_accum = grad_accum;
+}
+
+void Trainer::claim_run_directory(const TrainOptions& options) {
+  if (options.overwrite) run_dir_->remove_earlier_run();
+  // A resumed run is the checkpoint's; a restart keeps the directory's; else a new one.
+  const std::string in_dir = run_dir_->run_id();
+  if (run_id_.empty()) run_id_ = !in_dir.empty() && !options.overwrite ? in_dir : new_run_id();
+  if (run_id_ != in_dir) run_dir_->write_run_id(run_id_);
 }
 
 void Trainer::restore(const CheckpointInfo& checkpoint, bool allow_data_change) {
@@ -80,6 +119,8 @@ CheckpointState Trainer::checkpoint_state() const {
   s.precision = std::string(dtype_name(model_->options().dtype));
   s.threads = threads_;
   s.config_toml = config_to_toml(config_);
+  s.run_id = run_id_;
+  s.world_size = group_ ? group_->world_size() : 1;
   return s;
 }
 
