@@ -167,11 +167,13 @@ TEST(BpeOracle, ModelTrainsWithABpeTokenizerFromDataTokenizer) {
       << out;
   EXPECT_NE(out.find("ROMEO:"), std::string::npos) << out;
   std::filesystem::rename(dir + "/moved.json", dir + "/tokenizer.json");
-  // A byte-level run into the same folder leaves no BPE file behind to override its tokenizer.
-  EXPECT_EQ(test::run_command(base + " --set model.vocab_size=259 --set data.tokenizer=byte", &out), 0) << out;
+  // A byte-level run replacing it in the same folder leaves no BPE file behind to override
+  // its tokenizer.
+  EXPECT_EQ(test::run_command(base + " --overwrite --set model.vocab_size=259 --set data.tokenizer=byte", &out), 0)
+      << out;
   EXPECT_FALSE(std::filesystem::exists(dir + "/run/model/tokenizer.json"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/run/model/tokenizer_config.json"));
-  EXPECT_NE(test::run_command(base + " --set model.vocab_size=259", &out), 0);
+  EXPECT_NE(test::run_command(base + " --overwrite --set model.vocab_size=259", &out), 0);
   EXPECT_NE(out.find("model.vocab_size"), std::string::npos) << out;
   EXPECT_NE(out.find("3000"), std::string::npos) << out;
 }
