@@ -233,6 +233,25 @@ TEST(ServeFaults, BodiesPastTheBufferBudgetAre503UntilRoomComesBack) {
   }));
 }
 
+// The 64 KiB limit on a request's head held only while the head was still arriving: a
+// head whose end came in the same read (a 70 KB or an 880 KB head sent in one write) was
+// served (issue 38). Either is 431 now, and the server carries on.
+TEST(ServeFaults, AHeadOverTheLimitIs431HoweverItArrives) {
+  ByteTokenizer tokenizer;
+  test::ServedModel served(tokenizer, serve::ServeOptions{});
+  for (const size_t header_bytes : {size_t(70) << 10, size_t(880) << 10}) {
+    RawConnection c(served.port);
+    const std::string header = "X-Padding: " + std::string(header_bytes, 'a') + "\r\n";
+    ASSERT_TRUE(c.send(test::http_request("POST", "/tokenize", R"({"prompt": "a"})", header)));
+    const auto r = c.read_response(10);
+    ASSERT_TRUE(r) << header_bytes << " bytes of header: no answer";
+    EXPECT_EQ(r->status, 431) << header_bytes << " bytes of header: " << r->body;
+    EXPECT_NE(r->body.find("the request head (request line and headers) is over 65536 bytes"), std::string::npos)
+        << r->body;
+  }
+  EXPECT_TRUE(test::health_answers(served.port, 5));
+}
+
 // A model directory for the process tests, made once per suite run.
 struct ServeProcessTest : ::testing::Test {
   static void SetUpTestSuite() {
@@ -436,9 +455,11 @@ TEST_F(ServeProcessTest, AnApiKeyFromTheEnvironmentIsRequired) {
     ASSERT_TRUE(models);
     EXPECT_EQ(models->status, 401);
   }
-  auto ok = c.Post("/v1/completions", {{"Authorization", "Bearer s3cret-key"}}, body, "application/json");
-  ASSERT_TRUE(ok);
-  EXPECT_EQ(ok->status, 200) << ok->body;
+  for (const char* authorization : {"Bearer s3cret-key", "bearer s3cret-key"}) {  // the scheme in any case
+    auto ok = c.Post("/v1/completions", {{"Authorization", authorization}}, body, "application/json");
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200) << authorization << ": " << ok->body;
+  }
   EXPECT_TRUE(test::health_answers(port, 5));  // no key needed
   EXPECT_EQ(serve.stop(), 0) << serve.log();
 }
@@ -458,9 +479,12 @@ TEST_F(ServeProcessTest, NoKeyBeyondLoopbackWarns) {
   EXPECT_NE(out.find("cannot listen on 192.0.2.1:0"), std::string::npos) << out;
 }
 
-TEST(ServeApiKey, BearerMatchesOnlyTheWholeKey) {
-  EXPECT_TRUE(serve::bearer_matches("Bearer abc", "abc"));
-  for (const char* header : {"", "abc", "Bearer ", "Bearer ab", "Bearer abcd", "Bearer abd", "bearer abc", "Basic abc"})
+// The scheme is case-insensitive (RFC 7235): "bearer KEY" was refused with 401 (issue 38).
+TEST(ServeApiKey, BearerMatchesOnlyTheWholeKeyAfterTheSchemeInAnyCase) {
+  for (const char* header : {"Bearer abc", "bearer abc", "BEARER abc", "bEaReR abc", "Bearer  abc"})
+    EXPECT_TRUE(serve::bearer_matches(header, "abc")) << header;
+  for (const char* header : {"", "abc", "Bearer ", "Bearer ab", "Bearer abcd", "Bearer abd", "Bearerabc",
+                             "Bearer\tabc", "Bearers abc", "Basic abc", "bearer"})
     EXPECT_FALSE(serve::bearer_matches(header, "abc")) << header;
   EXPECT_FALSE(serve::bearer_matches("Bearer ", ""));
 }
