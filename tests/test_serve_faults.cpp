@@ -8,10 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <fmt/format.h>
 #include <mutex>
 
@@ -461,6 +464,44 @@ TEST_F(ServeProcessTest, AnApiKeyFromTheEnvironmentIsRequired) {
     EXPECT_EQ(ok->status, 200) << authorization << ": " << ok->body;
   }
   EXPECT_TRUE(test::health_answers(port, 5));  // no key needed
+  EXPECT_EQ(serve.stop(), 0) << serve.log();
+}
+
+// `--threads 1` was set on the main thread alone (OpenMP's thread count is per thread), and
+// the batch worker decoded with OpenMP's default: OMP_NUM_THREADS, else every core (issue
+// 38). With OMP_NUM_THREADS=8 in its environment, the server now decodes without starting a
+// thread: the process has as many while it decodes as it had idle.
+TEST_F(ServeProcessTest, ThreadsOneDecodesWithoutStartingThreads) {
+  const char* before = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = before ? before : "";
+  ::setenv("OMP_NUM_THREADS", "8", 1);
+  test::ServeProcess serve(model, {"--threads", "1"}, root);
+  if (saved.empty()) ::unsetenv("OMP_NUM_THREADS");
+  else ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  const int port = serve.wait_for_port();
+  ASSERT_GT(port, 0) << serve.log();
+  const std::string tasks = fmt::format("/proc/{}/task", serve.pid());
+  const auto threads = [&] {
+    const auto entries = fs::directory_iterator(tasks);
+    return std::distance(fs::begin(entries), fs::end(entries));
+  };
+  const auto idle = threads();
+  std::atomic<bool> answered{false};
+  std::thread client([&] {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    auto res = c.Post("/v1/completions", completion("Hello", 40).dump(), "application/json");
+    EXPECT_TRUE(res && res->status == 200) << (res ? res->body : "no answer");
+    answered = true;
+  });
+  auto most = idle;
+  while (!answered) {  // sampled while the model decodes (OpenMP's threads, once started, stay)
+    most = std::max(most, threads());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  client.join();
+  most = std::max(most, threads());
+  EXPECT_EQ(most, idle) << "threads started by decoding with --threads 1";
   EXPECT_EQ(serve.stop(), 0) << serve.log();
 }
 
