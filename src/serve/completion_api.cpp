@@ -1,5 +1,7 @@
 #include "serve/completion_api.h"
 
+#include "core/json_field.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -32,9 +34,10 @@ int64_t get_int(const json& body, const char* key, int64_t fallback, int64_t lo,
   if (!present(body, key)) return fallback;
   const json& v = body[key];
   if (!v.is_number_integer()) throw ApiError(400, fmt::format("'{}' must be an integer, got {}", key, shown(v)), key);
-  const auto x = v.get<int64_t>();
-  if (x < lo || x > hi) throw ApiError(400, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, x), key);
-  return x;
+  const std::optional<int64_t> x = json_int64(v);  // nullopt from 2^63 up
+  if (!x || *x < lo || *x > hi)
+    throw ApiError(400, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, shown(v)), key);
+  return *x;
 }
 
 double get_number(const json& body, const char* key, double fallback, double lo, double hi) {
@@ -57,10 +60,10 @@ std::vector<int32_t> token_ids(const json& v, const ApiLimits& limits, const cha
   std::vector<int32_t> ids;
   for (const json& x : v) {
     if (!x.is_number_integer()) throw ApiError(400, fmt::format("{} must hold integer token ids", what), param);
-    const auto id = x.get<int64_t>();
-    if (id < 0 || id >= limits.vocab)
-      throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", id, limits.vocab), param);
-    ids.push_back(static_cast<int32_t>(id));
+    const std::optional<int64_t> id = json_int64(x);
+    if (!id || *id < 0 || *id >= limits.vocab)
+      throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", shown(x), limits.vocab), param);
+    ids.push_back(static_cast<int32_t>(*id));
   }
   return ids;
 }
