@@ -261,6 +261,43 @@ TEST_F(ServeTest, IntegersBeyondInt64AreRefusedNamingTheField) {
             1u);
 }
 
+// /tokenize and /detokenize were bounded by the body limit alone, and held about 44 times
+// the body (a 16 MiB text became 16M ids as a JSON array, about 700 MB; 8M ids to
+// detokenize 350 MB; issue 38). Text bytes and ids per request are bounded now (413 naming
+// the field and the bound), the ids counted while the body is parsed.
+TEST(ServeTokenize, TextAndIdsPerRequestAreBoundedNamingTheField) {
+  ByteTokenizer tokenizer;
+  serve::ServeOptions options;
+  options.limits.max_tokenize_bytes = 1000;
+  options.limits.max_detokenize_ids = 100;
+  test::ServedModel served(tokenizer, options);
+  httplib::Client c = served.client();
+  const auto post = [&](const char* path, const json& body) {
+    auto res = c.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res) << path;
+    return res ? std::make_pair(res->status, json::parse(res->body)) : std::make_pair(0, json());
+  };
+  auto [status, answer] = post("/tokenize", {{"prompt", std::string(1000, 'a')}});
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(answer["count"], 1001);
+  EXPECT_EQ(answer["tokens"], json(bytes_of(std::string(1000, 'a'))));
+  std::tie(status, answer) = post("/tokenize", {{"prompt", std::string(1001, 'a')}});
+  EXPECT_EQ(status, 413);
+  EXPECT_EQ(answer["error"]["param"], "prompt");
+  EXPECT_EQ(answer["error"]["message"], "'prompt' is 1001 bytes; /tokenize takes at most 1000 bytes of text a request");
+
+  std::tie(status, answer) = post("/detokenize", {{"tokens", std::vector<int32_t>(100, 'a')}});
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(answer["prompt"], std::string(100, 'a'));
+  for (const size_t ids : {101, 100000}) {  // one past the bound; far past it (refused mid-parse)
+    std::tie(status, answer) = post("/detokenize", {{"model", "kiln"}, {"tokens", std::vector<int32_t>(ids, 'a')}});
+    EXPECT_EQ(status, 413) << ids;
+    EXPECT_EQ(answer["error"]["param"], "tokens");
+    EXPECT_EQ(answer["error"]["message"], "'tokens' holds more than 100 ids, the most /detokenize takes a request");
+  }
+  EXPECT_TRUE(test::health_answers(served.port, 5));
+}
+
 TEST_F(ServeTest, BadRequestsGet4xxAndTheServerCarriesOn) {
   const std::vector<std::pair<std::string, int>> bad = {
       {"{\"prompt\": \"x\",", 400},                                   // malformed JSON

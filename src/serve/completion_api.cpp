@@ -3,6 +3,7 @@
 #include "core/json_field.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <set>
@@ -258,21 +259,34 @@ json completion_response(const CompletionRequest& request, const std::vector<Gen
             {"total_tokens", prompt_tokens + completion_tokens}}}};
 }
 
-json tokenize_response(const json& body, const Tokenizer& tokenizer, const ApiLimits& limits) {
+std::string tokenize_response(const json& body, const Tokenizer& tokenizer, const ApiLimits& limits) {
   only_fields(body, {"model", "prompt", "add_special_tokens"});
   if (!body.contains("prompt") || !body["prompt"].is_string())
     throw ApiError(400, "'prompt' must be a string", "prompt");
   const bool special = get_bool(body, "add_special_tokens", true);
-  std::vector<int32_t> ids;
-  if (special) ids.push_back(tokenizer.bos_id());
-  for (int32_t id : tokenizer.encode(body["prompt"].get<std::string>())) ids.push_back(id);
-  return {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", limits.context}};
+  const auto& text = body["prompt"].get_ref<const std::string&>();
+  if (static_cast<int64_t>(text.size()) > limits.max_tokenize_bytes)
+    throw ApiError(413,
+                   fmt::format("'prompt' is {} bytes; /tokenize takes at most {} bytes of text a request", text.size(),
+                               limits.max_tokenize_bytes),
+                   "prompt");
+  std::vector<int32_t> ids = tokenizer.encode(text);
+  if (special) ids.insert(ids.begin(), tokenizer.bos_id());
+  return fmt::format(R"({{"tokens":[{}],"count":{},"max_model_len":{}}})", fmt::join(ids, ","), ids.size(),
+                     limits.context);
+}
+
+ApiError too_many_detokenize_ids(const ApiLimits& limits) {
+  return ApiError(413, fmt::format("'tokens' holds more than {} ids, the most /detokenize takes a request",
+                                   limits.max_detokenize_ids),
+                  "tokens");
 }
 
 json detokenize_response(const json& body, const Tokenizer& tokenizer, const ApiLimits& limits) {
   only_fields(body, {"model", "tokens"});
   if (!body.contains("tokens") || !body["tokens"].is_array())
     throw ApiError(400, "'tokens' must be a list of token ids", "tokens");
+  if (static_cast<int64_t>(body["tokens"].size()) > limits.max_detokenize_ids) throw too_many_detokenize_ids(limits);
   ApiLimits l = limits;
   l.vocab = std::min<int64_t>(limits.vocab, tokenizer.vocab_size());
   return {{"prompt", tokenizer.decode(token_ids(body["tokens"], l, "'tokens'", "tokens"))}};
