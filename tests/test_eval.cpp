@@ -285,6 +285,12 @@ TEST(Eval, BadTaskFilesAreErrorsNamingFileAndLine) {
             std::string::npos);
   EXPECT_NE(message(R"({"context": "a", "choices": ["a", "b"], "answer": 2})").find(":1: 'answer' 2 is not the index"),
             std::string::npos);
+  // 2^64 - 1 was read as -1 (nlohmann's unsigned integers wrap in get<int64_t>): shown as given.
+  EXPECT_NE(message(R"({"context": "a", "choices": ["a", "b"], "answer": 18446744073709551615})")
+                .find(":1: 'answer' 18446744073709551615 is not the index of one of the 2 choices"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"context": "a", "choices": ["a", "b"], "answer": 1e300})").find(":1: 'answer' must be an integer"),
+            std::string::npos);
   EXPECT_NE(message(R"({"context": "a", "choices": ["a", ""], "answer": 0})").find(":1: every one of 'choices'"),
             std::string::npos);
   EXPECT_NE(message("{not json\n").find(":1: not JSON"), std::string::npos);

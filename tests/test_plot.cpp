@@ -122,6 +122,35 @@ TEST(PlotTicks, LogAxesTickPowersOrTheirMultiples) {
   for (const double t : narrow.ticks) EXPECT_TRUE(t >= narrow.lo && t <= narrow.hi) << t;
 }
 
+// A constant 5e-324 (the smallest double) made a tick step of 0 and ticks without end
+// (bad_alloc at 4.4 GB); 1e17 to 1e17 + 16 a step the tick count could not advance past;
+// 1e300 a 289-digit label (issue 38). Each axis now has a few finite, distinct ticks inside
+// it, with short labels.
+TEST(PlotTicks, DegenerateAndHugeRangesHaveAFewShortTicks) {
+  const auto check = [](const Axis& axis, const std::string& what) {
+    SCOPED_TRACE(what);
+    EXPECT_TRUE(std::isfinite(axis.lo) && std::isfinite(axis.hi) && axis.lo < axis.hi) << axis.lo << " " << axis.hi;
+    EXPECT_GE(axis.ticks.size(), 2u);
+    EXPECT_LE(axis.ticks.size(), 20u);
+    for (size_t i = 0; i < axis.ticks.size(); ++i) {
+      // A tick within a millionth of the span of an end is on it (linear_axis).
+      const double slack = (axis.hi - axis.lo) * 1e-6;
+      EXPECT_TRUE(std::isfinite(axis.ticks[i]) && axis.ticks[i] >= axis.lo - slack && axis.ticks[i] <= axis.hi + slack)
+          << axis.ticks[i];
+      if (i > 0) EXPECT_LT(axis.ticks[i - 1], axis.ticks[i]);
+    }
+    for (const std::string& label : tick_labels(axis)) EXPECT_LE(label.size(), 10u) << label;
+  };
+  const std::pair<double, double> ranges[] = {{5e-324, 5e-324}, {0, 5e-324},      {1e17, 1e17 + 16},
+                                              {1e300, 1e300},   {0, 1e300},       {-1e308, 1e308},
+                                              {1.7e308, 1.79e308}, {-1.79e308, 1.79e308}, {3, 3 + 1e-12}};
+  for (const auto& [lo, hi] : ranges)
+    for (const bool whole : {true, false}) check(linear_axis(lo, hi, 5, whole), fmt::format("{} {} {}", lo, hi, whole));
+  const std::pair<double, double> positive[] = {{5e-324, 5e-324}, {5e-324, 1}, {1e-300, 1e300}, {1e300, 1.7e308}};
+  for (const auto& [lo, hi] : positive) check(log_axis(lo, hi), fmt::format("log {} {}", lo, hi));
+  EXPECT_EQ(tick_labels(linear_axis(0, 1e300, 5)), (std::vector<std::string>{"0", "2e299", "4e299", "6e299", "8e299", "1e300"}));
+}
+
 // ---- series ----
 
 TEST_F(Plot, TrainRecordsSumTheirWindowsIntoTokensAndRates) {
@@ -441,6 +470,23 @@ TEST_F(Plot, TheCommandDrawsRunsAndRefusesBadInputInOneLine) {
   test::write_file(dir_ + "/empty/metrics.jsonl", "");
   EXPECT_CONTAINS(one_line_error(kiln + dir_ + "/empty -o x.png"), "metrics.jsonl: no train or validation records");
   EXPECT_FALSE(fs::exists("x.png"));
+}
+
+// `kiln plot` of a constant loss of 5e-324 ended in bad_alloc, and of a loss reaching 1e300
+// blamed --size for labels too wide to fit (issue 38). Both draw.
+TEST_F(Plot, TheCommandDrawsDegenerateAndHugeLosses) {
+  for (const char* loss : {"5e-324", "1e300"}) {
+    std::string metrics;
+    for (int64_t s = 10; s <= 30; s += 10)
+      metrics += train_record(s, s == 10 && std::string(loss) == "1e300" ? "0" : loss, 1e-3, "0.8", 1000, 1.0);
+    const std::string run = run_dir(std::string("run-") + loss, metrics);
+    for (const char* log : {"", " --log-y loss"}) {
+      std::string output;
+      EXPECT_EQ(test::run_command(test::kiln_binary() + " plot " + run + " -o " + run + "/plot.png" + log, &output), 0)
+          << loss << log << ": " << output;
+      EXPECT_CONTAINS(output, "plot: 1 run drawn into");
+    }
+  }
 }
 
 TEST_F(Plot, ATrainingRunLeavesItsPlotInItsOutDir) {

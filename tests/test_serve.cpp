@@ -224,6 +224,80 @@ TEST_F(ServeTest, GenerationWithStopsAndTokenizeEndpoints) {
   EXPECT_EQ(post("/tokenize", json{{"prompt", "ab"}, {"add_special_tokens", false}}.dump())["count"], 2);
 }
 
+// JSON integers of 2^63 and above wrapped to negatives (nlohmann keeps them unsigned and
+// get<int64_t>() wraps): top_k 2^64 - 1 was read as -1 (off) and served, a seed of 2^63 as
+// -2^63, an id of 2^64 - 1 refused as "token id -1" (issue 38). Each is a 400 naming the
+// field and showing the number as sent; numbers JSON parses as doubles (2^64, -2^63 - 1,
+// 1e300) are not integers.
+TEST_F(ServeTest, IntegersBeyondInt64AreRefusedNamingTheField) {
+  struct Case {
+    std::string path, body, param, message;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/completions", R"({"prompt": "x", "top_k": 18446744073709551615})", "top_k",
+       "'top_k' must be in [-1, 2147483648], got 18446744073709551615"},
+      {"/v1/completions", R"({"prompt": "x", "top_k": 9223372036854775808})", "top_k", "got 9223372036854775808"},
+      {"/v1/completions", R"({"prompt": "x", "seed": 9223372036854775808})", "seed",
+       "'seed' must be in [-9223372036854775808, 9223372036854775807], got 9223372036854775808"},
+      {"/v1/completions", R"({"prompt": "x", "seed": 18446744073709551616})", "seed", "'seed' must be an integer"},
+      {"/v1/completions", R"({"prompt": "x", "seed": -9223372036854775809})", "seed", "'seed' must be an integer"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 18446744073709551615})", "max_tokens",
+       "got 18446744073709551615"},
+      {"/v1/completions", R"({"prompt": "x", "logprobs": 18446744073709551615})", "logprobs",
+       "got 18446744073709551615"},
+      {"/v1/completions", R"({"prompt": "x", "temperature": 1e300})", "temperature", "'temperature' must be in"},
+      {"/v1/completions", R"({"prompt": [256, 18446744073709551615]})", "prompt",
+       "token id 18446744073709551615 is outside the vocabulary [0, 259)"},
+      {"/v1/completions", R"({"prompt": [[256, 9223372036854775808]]})", "prompt",
+       "token id 9223372036854775808 is outside"},
+      {"/detokenize", R"({"tokens": [18446744073709551615]})", "tokens", "token id 18446744073709551615 is outside"},
+  };
+  for (const Case& c : cases) {
+    const json error = post(c.path, c.body, 400)["error"];
+    EXPECT_EQ(error["param"], c.param) << c.body;
+    EXPECT_NE(error["message"].get<std::string>().find(c.message), std::string::npos) << c.body << " -> " << error;
+  }
+  EXPECT_EQ(post("/v1/completions", R"({"prompt": "ok", "max_tokens": 2, "seed": 9223372036854775807})")["choices"].size(),
+            1u);
+}
+
+// /tokenize and /detokenize were bounded by the body limit alone, and held about 44 times
+// the body (a 16 MiB text became 16M ids as a JSON array, about 700 MB; 8M ids to
+// detokenize 350 MB; issue 38). Text bytes and ids per request are bounded now (413 naming
+// the field and the bound), the ids counted while the body is parsed.
+TEST(ServeTokenize, TextAndIdsPerRequestAreBoundedNamingTheField) {
+  ByteTokenizer tokenizer;
+  serve::ServeOptions options;
+  options.limits.max_tokenize_bytes = 1000;
+  options.limits.max_detokenize_ids = 100;
+  test::ServedModel served(tokenizer, options);
+  httplib::Client c = served.client();
+  const auto post = [&](const char* path, const json& body) {
+    auto res = c.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res) << path;
+    return res ? std::make_pair(res->status, json::parse(res->body)) : std::make_pair(0, json());
+  };
+  auto [status, answer] = post("/tokenize", {{"prompt", std::string(1000, 'a')}});
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(answer["count"], 1001);
+  EXPECT_EQ(answer["tokens"], json(bytes_of(std::string(1000, 'a'))));
+  std::tie(status, answer) = post("/tokenize", {{"prompt", std::string(1001, 'a')}});
+  EXPECT_EQ(status, 413);
+  EXPECT_EQ(answer["error"]["param"], "prompt");
+  EXPECT_EQ(answer["error"]["message"], "'prompt' is 1001 bytes; /tokenize takes at most 1000 bytes of text a request");
+
+  std::tie(status, answer) = post("/detokenize", {{"tokens", std::vector<int32_t>(100, 'a')}});
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(answer["prompt"], std::string(100, 'a'));
+  for (const size_t ids : {101, 100000}) {  // one past the bound; far past it (refused mid-parse)
+    std::tie(status, answer) = post("/detokenize", {{"model", "kiln"}, {"tokens", std::vector<int32_t>(ids, 'a')}});
+    EXPECT_EQ(status, 413) << ids;
+    EXPECT_EQ(answer["error"]["param"], "tokens");
+    EXPECT_EQ(answer["error"]["message"], "'tokens' holds more than 100 ids, the most /detokenize takes a request");
+  }
+  EXPECT_TRUE(test::health_answers(served.port, 5));
+}
+
 TEST_F(ServeTest, BadRequestsGet4xxAndTheServerCarriesOn) {
   const std::vector<std::pair<std::string, int>> bad = {
       {"{\"prompt\": \"x\",", 400},                                   // malformed JSON

@@ -8,10 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <fmt/format.h>
 #include <mutex>
 
@@ -233,6 +236,25 @@ TEST(ServeFaults, BodiesPastTheBufferBudgetAre503UntilRoomComesBack) {
   }));
 }
 
+// The 64 KiB limit on a request's head held only while the head was still arriving: a
+// head whose end came in the same read (a 70 KB or an 880 KB head sent in one write) was
+// served (issue 38). Either is 431 now, and the server carries on.
+TEST(ServeFaults, AHeadOverTheLimitIs431HoweverItArrives) {
+  ByteTokenizer tokenizer;
+  test::ServedModel served(tokenizer, serve::ServeOptions{});
+  for (const size_t header_bytes : {size_t(70) << 10, size_t(880) << 10}) {
+    RawConnection c(served.port);
+    const std::string header = "X-Padding: " + std::string(header_bytes, 'a') + "\r\n";
+    ASSERT_TRUE(c.send(test::http_request("POST", "/tokenize", R"({"prompt": "a"})", header)));
+    const auto r = c.read_response(10);
+    ASSERT_TRUE(r) << header_bytes << " bytes of header: no answer";
+    EXPECT_EQ(r->status, 431) << header_bytes << " bytes of header: " << r->body;
+    EXPECT_NE(r->body.find("the request head (request line and headers) is over 65536 bytes"), std::string::npos)
+        << r->body;
+  }
+  EXPECT_TRUE(test::health_answers(served.port, 5));
+}
+
 // A model directory for the process tests, made once per suite run.
 struct ServeProcessTest : ::testing::Test {
   static void SetUpTestSuite() {
@@ -436,10 +458,50 @@ TEST_F(ServeProcessTest, AnApiKeyFromTheEnvironmentIsRequired) {
     ASSERT_TRUE(models);
     EXPECT_EQ(models->status, 401);
   }
-  auto ok = c.Post("/v1/completions", {{"Authorization", "Bearer s3cret-key"}}, body, "application/json");
-  ASSERT_TRUE(ok);
-  EXPECT_EQ(ok->status, 200) << ok->body;
+  for (const char* authorization : {"Bearer s3cret-key", "bearer s3cret-key"}) {  // the scheme in any case
+    auto ok = c.Post("/v1/completions", {{"Authorization", authorization}}, body, "application/json");
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200) << authorization << ": " << ok->body;
+  }
   EXPECT_TRUE(test::health_answers(port, 5));  // no key needed
+  EXPECT_EQ(serve.stop(), 0) << serve.log();
+}
+
+// `--threads 1` was set on the main thread alone (OpenMP's thread count is per thread), and
+// the batch worker decoded with OpenMP's default: OMP_NUM_THREADS, else every core (issue
+// 38). With OMP_NUM_THREADS=8 in its environment, the server now decodes without starting a
+// thread: the process has as many while it decodes as it had idle.
+TEST_F(ServeProcessTest, ThreadsOneDecodesWithoutStartingThreads) {
+  const char* before = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = before ? before : "";
+  ::setenv("OMP_NUM_THREADS", "8", 1);
+  test::ServeProcess serve(model, {"--threads", "1"}, root);
+  if (saved.empty()) ::unsetenv("OMP_NUM_THREADS");
+  else ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  const int port = serve.wait_for_port();
+  ASSERT_GT(port, 0) << serve.log();
+  const std::string tasks = fmt::format("/proc/{}/task", serve.pid());
+  const auto threads = [&] {
+    const auto entries = fs::directory_iterator(tasks);
+    return std::distance(fs::begin(entries), fs::end(entries));
+  };
+  const auto idle = threads();
+  std::atomic<bool> answered{false};
+  std::thread client([&] {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    auto res = c.Post("/v1/completions", completion("Hello", 40).dump(), "application/json");
+    EXPECT_TRUE(res && res->status == 200) << (res ? res->body : "no answer");
+    answered = true;
+  });
+  auto most = idle;
+  while (!answered) {  // sampled while the model decodes (OpenMP's threads, once started, stay)
+    most = std::max(most, threads());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  client.join();
+  most = std::max(most, threads());
+  EXPECT_EQ(most, idle) << "threads started by decoding with --threads 1";
   EXPECT_EQ(serve.stop(), 0) << serve.log();
 }
 
@@ -458,9 +520,12 @@ TEST_F(ServeProcessTest, NoKeyBeyondLoopbackWarns) {
   EXPECT_NE(out.find("cannot listen on 192.0.2.1:0"), std::string::npos) << out;
 }
 
-TEST(ServeApiKey, BearerMatchesOnlyTheWholeKey) {
-  EXPECT_TRUE(serve::bearer_matches("Bearer abc", "abc"));
-  for (const char* header : {"", "abc", "Bearer ", "Bearer ab", "Bearer abcd", "Bearer abd", "bearer abc", "Basic abc"})
+// The scheme is case-insensitive (RFC 7235): "bearer KEY" was refused with 401 (issue 38).
+TEST(ServeApiKey, BearerMatchesOnlyTheWholeKeyAfterTheSchemeInAnyCase) {
+  for (const char* header : {"Bearer abc", "bearer abc", "BEARER abc", "bEaReR abc", "Bearer  abc"})
+    EXPECT_TRUE(serve::bearer_matches(header, "abc")) << header;
+  for (const char* header : {"", "abc", "Bearer ", "Bearer ab", "Bearer abcd", "Bearer abd", "Bearerabc",
+                             "Bearer\tabc", "Bearers abc", "Basic abc", "bearer"})
     EXPECT_FALSE(serve::bearer_matches(header, "abc")) << header;
   EXPECT_FALSE(serve::bearer_matches("Bearer ", ""));
 }

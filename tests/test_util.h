@@ -57,6 +57,7 @@ class ServeProcess {
   std::string log() const;
   // Sends `sig` (SIGSTOP and SIGCONT, to hold the server still while a test fills its queue).
   void signal(int sig) const;
+  int pid() const { return pid_; }
 
  private:
   int pid_ = -1;

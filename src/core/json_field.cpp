@@ -37,6 +37,12 @@ std::string shown_value(const json& v) {
 
 }  // namespace
 
+std::optional<int64_t> json_int64(const json& v) {
+  if (!v.is_number_integer()) return std::nullopt;
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
+  return v.get<int64_t>();
+}
+
 JsonField::JsonField(const json& root, std::string_view where, std::string_view file)
     : value_(&root), where_(where), file_(file) {}
 

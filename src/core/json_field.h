@@ -18,6 +18,12 @@
 
 namespace kiln {
 
+// `v` as an int64 when it is a JSON integer that fits one, else nullopt. Where a number is
+// not read through JsonField (request bodies, task files), this is how an integer is read:
+// nlohmann keeps integers from 2^63 to 2^64 - 1 as unsigned, and get<int64_t>() wraps them
+// to negatives (2^64 - 1 reads as -1); integers beyond those it parses as doubles.
+std::optional<int64_t> json_int64(const nlohmann::json& v);
+
 class JsonField {
  public:
   // The document's root. Errors read "[where] FILE: FIELD ..."; `where` and `file` must

@@ -1,6 +1,7 @@
 #include "data/prefetch.h"
 
 #include "core/error.h"
+#include "ops/parallel.h"
 
 #include <chrono>
 
@@ -10,7 +11,7 @@ Prefetcher::Prefetcher(int64_t depth, Produce produce) : produce_(std::move(prod
   KILN_CHECK(depth > 0, "data.prefetch", "must be positive to prefetch, got {}", depth);
   slots_.resize(static_cast<size_t>(depth));
   states_.resize(static_cast<size_t>(depth));
-  thread_ = std::thread([this] { run(); });
+  thread_ = start_cpu_thread([this] { run(); });  // any OpenMP loop in produce_ keeps train.threads
 }
 
 Prefetcher::~Prefetcher() {

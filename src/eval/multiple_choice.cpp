@@ -1,6 +1,7 @@
 #include "eval/multiple_choice.h"
 
 #include "core/error.h"
+#include "core/json_field.h"
 #include "core/utf8.h"
 
 #include <nlohmann/json.hpp>
@@ -31,9 +32,10 @@ MultipleChoiceExample parse_example(const json& j, const std::string& where) {
   }
   const auto answer = j.find("answer");
   KILN_CHECK(answer != j.end() && answer->is_number_integer(), "eval", "{}: 'answer' must be an integer", where);
-  e.answer = answer->get<int64_t>();
-  KILN_CHECK(e.answer >= 0 && e.answer < static_cast<int64_t>(e.choices.size()), "eval",
-             "{}: 'answer' {} is not the index of one of the {} choices", where, e.answer, e.choices.size());
+  const std::optional<int64_t> index = json_int64(*answer);  // nullopt from 2^63 up
+  KILN_CHECK(index && *index >= 0 && *index < static_cast<int64_t>(e.choices.size()), "eval",
+             "{}: 'answer' {} is not the index of one of the {} choices", where, answer->dump(), e.choices.size());
+  e.answer = *index;
   return e;
 }
 

@@ -4,7 +4,7 @@
 
 #include <omp.h>
 
-#include <thread>
+#include <algorithm>
 
 namespace kiln {
 
@@ -17,5 +17,7 @@ int set_cpu_threads(int64_t threads) {
 }
 
 int cpu_threads() { return omp_get_max_threads(); }
+
+void set_openmp_threads_of_this_thread(int threads) { omp_set_num_threads(std::max(threads, 1)); }
 
 }  // namespace kiln

@@ -1,11 +1,13 @@
 #include "serve/batch_worker.h"
 
+#include "ops/parallel.h"
+
 #include <stdexcept>
 
 namespace kiln::serve {
 
 BatchWorker::BatchWorker(Generator& generator, int64_t max_pending)
-    : generator_(generator), max_pending_(max_pending), thread_([this] { loop(); }) {}
+    : generator_(generator), max_pending_(max_pending), thread_(start_cpu_thread([this] { loop(); })) {}
 
 BatchWorker::~BatchWorker() { stop(); }
 

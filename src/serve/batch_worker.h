@@ -2,7 +2,8 @@
 // hand it the sequences of a request and wait on futures; it feeds everything pending into
 // its Generator between decoder steps, so sequences of concurrent requests share every
 // forward (continuous batching). The queue is bounded: past max_pending sequences a
-// submission is refused (the server answers 503) instead of growing without limit.
+// submission is refused (the server answers 503) instead of growing without limit. The
+// thread runs OpenMP loops with the count of the thread that made the worker (`--threads`).
 #pragma once
 
 #include "infer/generator.h"

@@ -1,6 +1,9 @@
 #include "serve/completion_api.h"
 
+#include "core/json_field.h"
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <set>
@@ -32,9 +35,10 @@ int64_t get_int(const json& body, const char* key, int64_t fallback, int64_t lo,
   if (!present(body, key)) return fallback;
   const json& v = body[key];
   if (!v.is_number_integer()) throw ApiError(400, fmt::format("'{}' must be an integer, got {}", key, shown(v)), key);
-  const auto x = v.get<int64_t>();
-  if (x < lo || x > hi) throw ApiError(400, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, x), key);
-  return x;
+  const std::optional<int64_t> x = json_int64(v);  // nullopt from 2^63 up
+  if (!x || *x < lo || *x > hi)
+    throw ApiError(400, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, shown(v)), key);
+  return *x;
 }
 
 double get_number(const json& body, const char* key, double fallback, double lo, double hi) {
@@ -57,10 +61,10 @@ std::vector<int32_t> token_ids(const json& v, const ApiLimits& limits, const cha
   std::vector<int32_t> ids;
   for (const json& x : v) {
     if (!x.is_number_integer()) throw ApiError(400, fmt::format("{} must hold integer token ids", what), param);
-    const auto id = x.get<int64_t>();
-    if (id < 0 || id >= limits.vocab)
-      throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", id, limits.vocab), param);
-    ids.push_back(static_cast<int32_t>(id));
+    const std::optional<int64_t> id = json_int64(x);
+    if (!id || *id < 0 || *id >= limits.vocab)
+      throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", shown(x), limits.vocab), param);
+    ids.push_back(static_cast<int32_t>(*id));
   }
   return ids;
 }
@@ -255,21 +259,34 @@ json completion_response(const CompletionRequest& request, const std::vector<Gen
             {"total_tokens", prompt_tokens + completion_tokens}}}};
 }
 
-json tokenize_response(const json& body, const Tokenizer& tokenizer, const ApiLimits& limits) {
+std::string tokenize_response(const json& body, const Tokenizer& tokenizer, const ApiLimits& limits) {
   only_fields(body, {"model", "prompt", "add_special_tokens"});
   if (!body.contains("prompt") || !body["prompt"].is_string())
     throw ApiError(400, "'prompt' must be a string", "prompt");
   const bool special = get_bool(body, "add_special_tokens", true);
-  std::vector<int32_t> ids;
-  if (special) ids.push_back(tokenizer.bos_id());
-  for (int32_t id : tokenizer.encode(body["prompt"].get<std::string>())) ids.push_back(id);
-  return {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", limits.context}};
+  const auto& text = body["prompt"].get_ref<const std::string&>();
+  if (static_cast<int64_t>(text.size()) > limits.max_tokenize_bytes)
+    throw ApiError(413,
+                   fmt::format("'prompt' is {} bytes; /tokenize takes at most {} bytes of text a request", text.size(),
+                               limits.max_tokenize_bytes),
+                   "prompt");
+  std::vector<int32_t> ids = tokenizer.encode(text);
+  if (special) ids.insert(ids.begin(), tokenizer.bos_id());
+  return fmt::format(R"({{"tokens":[{}],"count":{},"max_model_len":{}}})", fmt::join(ids, ","), ids.size(),
+                     limits.context);
+}
+
+ApiError too_many_detokenize_ids(const ApiLimits& limits) {
+  return ApiError(413, fmt::format("'tokens' holds more than {} ids, the most /detokenize takes a request",
+                                   limits.max_detokenize_ids),
+                  "tokens");
 }
 
 json detokenize_response(const json& body, const Tokenizer& tokenizer, const ApiLimits& limits) {
   only_fields(body, {"model", "tokens"});
   if (!body.contains("tokens") || !body["tokens"].is_array())
     throw ApiError(400, "'tokens' must be a list of token ids", "tokens");
+  if (static_cast<int64_t>(body["tokens"].size()) > limits.max_detokenize_ids) throw too_many_detokenize_ids(limits);
   ApiLimits l = limits;
   l.vocab = std::min<int64_t>(limits.vocab, tokenizer.vocab_size());
   return {{"prompt", tokenizer.decode(token_ids(body["tokens"], l, "'tokens'", "tokens"))}};

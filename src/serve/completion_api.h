@@ -39,6 +39,11 @@ struct ApiLimits {
   int64_t max_prompts = 1024;   // prompts in one request
   int64_t max_logprobs = 20;    // logprobs / top alternatives
   bool add_bos = true;          // BOS before string prompts
+  // /tokenize and /detokenize are not bounded by the context (they count and cut prompts
+  // that are too long), so by these: a 16 MiB text used to become 16M ids held as a JSON
+  // array, about 700 MB for one request.
+  int64_t max_tokenize_bytes = int64_t(1) << 20;  // text bytes per /tokenize request (413 above)
+  int64_t max_detokenize_ids = int64_t(1) << 18;  // ids per /detokenize request (413 above)
 };
 
 struct CompletionRequest {
@@ -56,10 +61,17 @@ nlohmann::json completion_response(const CompletionRequest& request, const std::
                                    const Tokenizer& tokenizer, const std::string& model, const std::string& id,
                                    int64_t created);
 
-// POST /tokenize {"prompt": "text", "add_special_tokens": true} -> {"tokens", "count", "max_model_len"};
-// POST /detokenize {"tokens": [ids]} -> {"prompt": "text"}.
-nlohmann::json tokenize_response(const nlohmann::json& body, const Tokenizer& tokenizer, const ApiLimits& limits);
+// POST /tokenize {"prompt": "text", "add_special_tokens": true} -> {"tokens", "count", "max_model_len"},
+// the answer's JSON text: the ids are written straight into it (as a JSON array each id
+// was a 16-byte value, four times the ids themselves, before the text was even made).
+// A prompt over limits.max_tokenize_bytes is ApiError 413 naming 'prompt'.
+std::string tokenize_response(const nlohmann::json& body, const Tokenizer& tokenizer, const ApiLimits& limits);
+// POST /detokenize {"tokens": [ids]} -> {"prompt": "text"}; over limits.max_detokenize_ids
+// ids is ApiError 413 naming 'tokens'.
 nlohmann::json detokenize_response(const nlohmann::json& body, const Tokenizer& tokenizer, const ApiLimits& limits);
+// The error for a /detokenize body with more than limits.max_detokenize_ids ids (the
+// server raises it while parsing, before the ids are held as JSON values).
+ApiError too_many_detokenize_ids(const ApiLimits& limits);
 
 // A token as logprobs show it: its text when that is valid UTF-8, special tokens by name,
 // otherwise "bytes:\xNN..." (so every id has a distinct, valid JSON string).

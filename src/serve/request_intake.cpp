@@ -42,6 +42,10 @@ std::string response(int status, const std::string& body, bool close, const char
                      reason(status), body.size(), close ? "Connection: close\r\n" : "", extra_headers, body);
 }
 
+std::string head_too_large() {
+  return fmt::format("the request head (request line and headers) is over {} bytes", kMaxHeadBytes);
+}
+
 // Writes all of `bytes` without waiting, or nothing useful: the answers sent from the
 // intake are small and go into an empty socket buffer; a client that does not read them
 // loses its connection rather than stalling the intake.
@@ -183,10 +187,11 @@ void RequestIntake::advance(Held& h) {
       const size_t end = find_head_end(buffer, h.scanned);
       if (end == std::string::npos) {
         h.scanned = buffer.size() < 3 ? 0 : buffer.size() - 3;
-        if (buffer.size() > kMaxHeadBytes)
-          answer_and_close(h, 431, fmt::format("the request head is over {} bytes", kMaxHeadBytes));
+        if (buffer.size() > kMaxHeadBytes) answer_and_close(h, 431, head_too_large());
         return;
       }
+      // A head that arrived whole in one read is held to the same limit as one still coming.
+      if (end > kMaxHeadBytes) return answer_and_close(h, 431, head_too_large());
       HeadParse parse = parse_request_head(std::string_view(buffer).substr(0, end), options_.max_body_bytes);
       if (!parse.ok) return answer_and_close(h, parse.status, parse.message);
       if (buffered_bytes_ + parse.head.body_bytes > options_.max_buffered_bytes)

@@ -7,7 +7,8 @@
 // prompts past the context, too many prompts) are 4xx with {"error": {"message", ...}}
 // (an unknown path 404, a known one asked with the other method 405 with Allow); a body
 // over the size limit is 413 and an invalid Content-Length 400, both before the body is
-// read; a request not received whole within request_timeout 408; a full queue 503 with
+// read; a head over 64 KiB 431; /tokenize text or /detokenize ids past ApiLimits' bounds
+// 413; a request not received whole within request_timeout 408; a full queue 503 with
 // Retry-After; a missing or wrong API key (when one is set) 401; nothing a client sends
 // can stop the server.
 //
