@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -162,6 +164,19 @@ inline int count_leftovers(const std::string& out_dir) {
 
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "missing '" << (needle) << "' in:\n" << (haystack)
+
+// Runs `command`, which must fail within `seconds` with exit code 1 and one line,
+// "kiln: error: ..."; returns the output.
+inline std::string one_line_error(const std::string& command, double seconds = 10) {
+  std::string output;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(run_with_fault(command, "", &output), 1) << command << "\n" << output;
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, seconds) << command;
+  EXPECT_EQ(output.rfind("kiln: error: ", 0), 0u) << output;
+  EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << "not one line:\n" << output;
+  return output;
+}
 
 // The run's last output line (an error line ends the output).
 inline std::string last_line(const std::string& output) {

@@ -213,6 +213,13 @@ TEST(BpeCli, TrainTokenizerRejectsBadArgumentsInOneLine) {
   EXPECT_EQ(test::run_command(test::kiln_binary() + " train-tokenizer " + corpus + " --vocab-size 1000000000000 --out /tmp/x", &out), 1);
   EXPECT_EQ(out, "kiln: error: [train-tokenizer] --vocab-size 1000000000000 is above kiln's limit of 2097152 ids for a "
                  "tokenizer.json\n");
+  // Issue 38: both were taken (-1 written into tokenizer_config.json).
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " train-tokenizer " + corpus +
+                                  " --vocab-size 300 --min-frequency -5 --out /tmp/x", &out), 1);
+  EXPECT_EQ(out, "kiln: error: [train-tokenizer] --min-frequency -5 must be >= 1\n");
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " train-tokenizer " + corpus +
+                                  " --vocab-size 300 --model-max-length -1 --out /tmp/x", &out), 1);
+  EXPECT_EQ(out, "kiln: error: [train-tokenizer] --model-max-length -1 must be >= 1\n");
 }
 
 }  // namespace

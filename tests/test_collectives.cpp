@@ -66,6 +66,16 @@ TEST(TcpStore, NoRankZeroIsAnErrorNamingTheAddress) {
             std::string::npos);
 }
 
+// Issue 38: it waited out the timeout and then said "no answer from rank 0".
+TEST(TcpStore, AnAddressThatDoesNotResolveIsNamed) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = error_of([&] { TcpStore("no-such-host.invalid", free_loopback_port(), false, 3000ms); });
+  EXPECT_NE(error.find("[dist] rendezvous: MASTER_ADDR 'no-such-host.invalid' does not resolve"), std::string::npos)
+      << error;
+  // At once where a resolver answers; a resolver that cannot be reached is retried until the timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
 TEST(Gloo, AllReduceSumAndMaxOfEachTypeAndBroadcast) {
   const int world = 3, port = free_loopback_port();
   std::vector<std::vector<double>> sums(world);

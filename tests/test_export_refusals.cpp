@@ -115,3 +115,21 @@ TEST(ExportRefusals, TheUnchangedModelExports) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Issue 38: the export ran, then failed its rename into place with "cannot rename ...:
+// Success" (the error code was overwritten by the cleanup's).
+TEST(ExportRefusals, AGgufOutputThatIsADirectoryIsRefusedFirst) {
+  const std::string root = test::temp_dir("kiln-export-gguf-dir");
+  const std::string model = test::save_random_model(test::tiny_config(true, true, false), root + "/model");
+  fs::create_directories(root + "/out.gguf");
+  std::string output;
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " export gguf " + model + " " + root + "/out.gguf", &output), 1);
+  EXPECT_EQ(output, "kiln: error: [export] " + root + "/out.gguf: is a directory; the output is a .gguf file\n");
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace kiln

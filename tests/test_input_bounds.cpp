@@ -4,7 +4,6 @@
 // defaults, read without end or print raw bytes to the terminal).
 #include "fault_test_util.h"
 
-#include <chrono>
 
 namespace kiln {
 namespace {
@@ -14,16 +13,8 @@ namespace fs = std::filesystem;
 class InputBounds : public test::TinyRunTest {
  protected:
   InputBounds() : test::TinyRunTest("kiln-bounds", 20) {}
-  // Runs `command`, which must fail within `seconds` with one error line; returns it.
   std::string one_line_error(const std::string& command, double seconds = 10) {
-    std::string output;
-    const auto start = std::chrono::steady_clock::now();
-    EXPECT_EQ(test::run_with_fault(command, "", &output), 1) << command << "\n" << output;
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_LT(took, seconds) << command;
-    EXPECT_EQ(output.rfind("kiln: error: ", 0), 0u) << output;
-    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << "not one line:\n" << output;
-    return output;
+    return test::one_line_error(command, seconds);
   }
   std::string train(const std::string& extra) { return test::tiny_train(corpus_, dir_ + "/run", extra); }
 };
@@ -45,6 +36,21 @@ TEST_F(InputBounds, HugeValuesAreRefusedByKeyBeforeAnythingIsAllocated) {
       {"train.grad_accum=1000000000", "[config] train.grad_accum must be <= 65536"},
       {"train.threads=1000000000", "[config] train.threads must be <= 4096"},
       {"train.eval_batches=1000000000", "[config] train.eval_batches must be <= 65536"},
+      // 2^31 experts was 16 s and then "internal error: std::bad_alloc", naming no key.
+      {"model.mlp=moe --set model.moe.experts=2147483648",
+       "[config] model.moe.experts must be <= 4096 (10x the most experts in use; each is allocated), got 2147483648"},
+      // A billion Sinkhorn passes made the first step endless (and SIGTERM waits for its end).
+      {"model.mlp=moe --set model.moe.router=sinkhorn --set model.moe.sinkhorn_iterations=1000000000",
+       "[config] model.moe.sinkhorn_iterations must be <= 1000 (each is a pass over the routing matrix in every step)"},
+      // 1e300 cast a capacity past INT64_MAX: "capacity -9223372036854775808".
+      {"model.mlp=moe --set model.moe.capacity_factor=1e300",
+       "[config] model.moe.capacity_factor must be <= 4096 (from E / k on nothing is dropped, and E <= 4096), got "
+       "1e+300"},
+      // Accepted, then Gloo's "Invalid timeout" after the rendezvous (1e308 s overflows its milliseconds).
+      {"dist.timeout=1e308", "[config] dist.timeout must be <= 604800 (a week; a collective waiting longer is hung)"},
+      {"model.rope.scaling=yarn --set model.rope.factor=4 --set model.rope.original_max_seq_len=16 "
+       "--set model.rope.attention_factor=1e300",
+       "[config] model.rope.attention_factor must be <= 16"},
       // Within its field's range, but not within the sample's context (BOS + "ROMEO:").
       {"train.sample_tokens=1000000000",
        "[train.sample_tokens] 1000000000 tokens after the 7-token prompt (BOS + train.sample_prompt) exceed "
@@ -58,12 +64,32 @@ TEST_F(InputBounds, HugeValuesAreRefusedByKeyBeforeAnythingIsAllocated) {
   EXPECT_FALSE(fs::exists(dir_ + "/run/metrics.jsonl")) << "a refused run started";
 }
 
+// WORLD_SIZE=1000000000 grew Gloo's context to 9 GB before the rendezvous, past
+// dist.timeout; a WORLD_SIZE without RANK trained alone.
+TEST_F(InputBounds, LauncherEnvironmentBeyondItsBoundsIsRefusedBeforeTheRendezvous) {
+  EXPECT_CONTAINS(one_line_error("env RANK=0 WORLD_SIZE=1000000000 " + train(""), 5),
+                  "kiln: error: [dist] environment WORLD_SIZE='1000000000' is not an integer in 1..65536");
+  EXPECT_CONTAINS(one_line_error("env -u RANK WORLD_SIZE=4 " + train(""), 5),
+                  "kiln: error: [dist] environment WORLD_SIZE=4 is set but RANK is not");
+  // It waited out dist.timeout, then blamed rank 0: "no answer".
+  EXPECT_CONTAINS(one_line_error("env RANK=1 WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid " +
+                                     train("--set dist.timeout=3"),
+                                 6),
+                  "kiln: error: [dist] rendezvous: MASTER_ADDR 'no-such-host.invalid' does not resolve");
+  EXPECT_FALSE(fs::exists(dir_ + "/run/metrics.jsonl")) << "a refused run started";
+}
+
 TEST_F(InputBounds, AConfigPathThatIsNoConfigFileIsRefused) {
   const std::string kiln = test::kiln_binary() + " train ";
   // A directory used to train on the defaults; /dev/zero used to be read without end.
   EXPECT_CONTAINS(one_line_error(kiln + dir_), "kiln: error: [config] " + dir_ + ": is a directory, not a config file");
   EXPECT_CONTAINS(one_line_error(kiln + "/dev/zero", 5),
-                  "kiln: error: [config] /dev/zero: larger than 4194304 bytes: not a config file");
+                  "kiln: error: [config] /dev/zero: is a character device, not a config file");
+  const std::string large = dir_ + "/large.toml";
+  test::write_file(large, "");
+  fs::resize_file(large, (size_t{4} << 20) + 1);  // sparse: no disk used
+  EXPECT_CONTAINS(one_line_error(kiln + large, 5),
+                  "kiln: error: [config] " + large + ": larger than 4194304 bytes: not a config file");
 }
 
 TEST_F(InputBounds, ACorruptLatestFileIsShownEscapedAndCut) {

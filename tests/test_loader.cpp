@@ -173,7 +173,7 @@ TEST(LoaderOptions, FromConfigOrTorchrunEnvironment) {
     loader_options(c);
     ADD_FAILURE();
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "[dist] environment RANK='x' is not an integer >= 0");
+    EXPECT_STREQ(e.what(), "[dist] environment RANK='x' is not an integer in 0..65536");
   }
   unsetenv("RANK");
   unsetenv("WORLD_SIZE");

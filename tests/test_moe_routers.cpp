@@ -455,3 +455,21 @@ TEST(MoeRouterModel, CapacityDropsInTrainingAndReportsTheDrops) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Issue 38: a factor of 1e300 cast a capacity past INT64_MAX to int64_t ("capacity
+// -9223372036854775808"); any factor past E / k keeps every token.
+TEST(ExpertCapacity, AHugeFactorKeepsEveryTokenWithoutOverflowing) {
+  MoeConfig moe;
+  moe.experts = 8;
+  moe.top_k = 2;
+  EXPECT_EQ(expert_capacity(moe, 1000, 1e300), 1000);
+  EXPECT_EQ(expert_capacity(moe, 1000, 4096), 1000);
+  EXPECT_EQ(expert_capacity(moe, 1000, 1.0), 250);  // ceil(1 x 1000 x 2 / 8)
+  EXPECT_EQ(expert_capacity(moe, 1000, 0), 0);
+}
+
+}  // namespace
+}  // namespace kiln

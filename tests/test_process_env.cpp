@@ -90,13 +90,49 @@ TEST(ProcessEnv, TorchrunWinsOverTheSchedulersItRunsUnder) {
 
 TEST(ProcessEnv, BadValuesAreNamed) {
   EXPECT_EQ(error_of([] { process_placement(env_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}})); }),
-            "[dist] environment RANK='x' is not an integer >= 0");
+            "[dist] environment RANK='x' is not an integer in 0..65536");
   EXPECT_EQ(error_of([] { process_placement(env_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}})); }),
             "[dist] environment RANK=2 is not below the world size 2");
   EXPECT_EQ(error_of([] { process_placement(env_of({{"RANK", "0"}})); }),
             "[dist] RANK is set but WORLD_SIZE is not: the RANK launch is incomplete");
   EXPECT_EQ(error_of([] { process_placement(env_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}})); }),
             "[dist] environment MASTER_PORT=70000 is not a TCP port");
+}
+
+// Issue 38: WORLD_SIZE=1000000000 sized Gloo's context (9 GB before the rendezvous, past
+// dist.timeout); each launcher's sizes stop at kMaxWorldSize.
+TEST(ProcessEnv, SizesAboveTheBoundAreRefusedByName) {
+  EXPECT_EQ(error_of([] { process_placement(env_of({{"RANK", "0"}, {"WORLD_SIZE", "1000000000"}})); }),
+            "[dist] environment WORLD_SIZE='1000000000' is not an integer in 1..65536");
+  EXPECT_EQ(error_of([] {
+              process_placement(env_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "65537"},
+                                        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}}));
+            }),
+            "[dist] environment OMPI_COMM_WORLD_SIZE='65537' is not an integer in 1..65536");
+  EXPECT_EQ(error_of([] {
+              process_placement(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "99999999"}, {"SLURM_LOCALID", "0"}}));
+            }),
+            "[dist] environment SLURM_NTASKS='99999999' is not an integer in 1..65536");
+  const auto p = process_placement(env_of({{"RANK", "65535"}, {"WORLD_SIZE", "65536"}, {"MASTER_ADDR", "h"}}));
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->world_size, 65536);
+}
+
+// It used to say "torchrun ranks span several nodes: set MASTER_ADDR", about another thing.
+TEST(ProcessEnv, ALocalRankBeyondItsNodeIsNamed) {
+  EXPECT_EQ(error_of([] {
+              process_placement(env_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"},
+                                        {"LOCAL_WORLD_SIZE", "2"}}));
+            }),
+            "[dist] environment LOCAL_RANK=2 is not below the node's 2 ranks");
+}
+
+// It used to be ignored: the process trained alone, as if no launcher had started it.
+TEST(ProcessEnv, WorldSizeWithoutRankIsRefused) {
+  EXPECT_EQ(error_of([] { process_placement(env_of({{"WORLD_SIZE", "4"}})); }),
+            "[dist] environment WORLD_SIZE=4 is set but RANK is not: set RANK (0..3) in each process, or use kiln "
+            "launch");
+  EXPECT_FALSE(process_placement(env_of({{"WORLD_SIZE", "1"}})).has_value());
 }
 
 TEST(ProcessEnv, FirstSlurmHost) {

@@ -51,6 +51,10 @@ void add_train_tokenizer_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->callback([o] {
+    // Both used to be taken: -5 merged every pair, and -1 was written into tokenizer_config.json.
+    KILN_CHECK(o->trainer.min_frequency >= 1, "train-tokenizer", "--min-frequency {} must be >= 1",
+               o->trainer.min_frequency);
+    KILN_CHECK(o->model_max_length >= 1, "train-tokenizer", "--model-max-length {} must be >= 1", o->model_max_length);
     const int threads = set_cpu_threads(o->threads);
     const std::string_view named = bpe::named_pattern(o->pattern);
     o->trainer.pattern = named.empty() ? o->pattern : std::string(named);

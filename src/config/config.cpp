@@ -285,9 +285,8 @@ void check_rule(const ConfigField& field, const ConfigRule& rule, const T& value
       case ConfigRule::kNone: break;
       default: fail(kWhere, "{}: rule does not apply to a number", field.name());
     }
-    if constexpr (std::is_same_v<T, int64_t>)
-      KILN_CHECK(rule.max <= 0 || value <= rule.max, kWhere, "{} must be <= {} ({}), got {}", field.name(), rule.max,
-                 rule.max_why, value);
+    KILN_CHECK(rule.max <= 0 || value <= static_cast<T>(rule.max), kWhere, "{} must be <= {} ({}), got {}",
+               field.name(), rule.max, rule.max_why, value);
   } else if constexpr (std::is_same_v<T, std::string>) {
     switch (rule.kind) {
       case ConfigRule::kNonEmpty:

@@ -25,6 +25,16 @@ constexpr int64_t kMaxHeadDim = 1024;
 constexpr int64_t kMaxHeldBatches = 65536;
 constexpr int64_t kMaxThreads = 4096;
 constexpr int64_t kMaxSpikeWindow = 100000;
+// Kimi K2 routes over 384 experts; each expert's matrices are allocated, so 2^31 of them
+// was a 16 s bad_alloc naming nothing.
+constexpr int64_t kMaxExperts = 4096;
+// Sinkhorn converges in tens of passes; a billion made the first step endless, and SIGTERM
+// waits for a step boundary.
+constexpr int64_t kMaxSinkhornIterations = 1000;
+// A week: a collective that waits longer is hung, and 1e308 s overflowed Gloo's
+// millisecond timeout ("Invalid timeout", after the rendezvous).
+constexpr int64_t kMaxTimeoutSeconds = 7 * 24 * 3600;
+
 
 // One line per key: section, member of Config, rule, help.
 #define KILN_FIELD(section, key, rule, help) \
@@ -86,10 +96,13 @@ const std::array kFields = {
     KILN_FIELD(model.rope, high_freq_factor, positive(), "llama3: wavelengths below original / this are kept"),
     KILN_FIELD(model.rope, beta_fast, positive(), "yarn: rotations where extrapolation ends"),
     KILN_FIELD(model.rope, beta_slow, positive(), "yarn: rotations where interpolation begins"),
-    KILN_FIELD(model.rope, attention_factor, non_negative(), "yarn: cos/sin x this; 0 = 0.1 ln(factor) + 1"),
+    KILN_FIELD(model.rope, attention_factor,
+               non_negative().up_to(16, "its default 0.1 ln(factor) + 1 stays below 4 for any stretch"),
+               "yarn: cos/sin x this; 0 = 0.1 ln(factor) + 1"),
     KILN_FIELD(model.rope, fraction, positive(), "partial rotary: the share of each head's dims rotated; 1 = all"),
 
-    KILN_FIELD(model.moe, experts, positive(), "routed experts"),
+    KILN_FIELD(model.moe, experts, positive().up_to(kMaxExperts, "10x the most experts in use; each is allocated"),
+               "routed experts"),
     KILN_FIELD(model.moe, top_k, positive(), "experts per token"),
     KILN_FIELD(model.moe, expert_hidden, positive(), "each routed expert's SwiGLU width"),
     KILN_FIELD(model.moe, shared_hidden, non_negative(), "the always-on shared expert's width; 0 = none"),
@@ -102,8 +115,12 @@ const std::array kFields = {
     KILN_FIELD(model.moe, bias_update, one_of("sign|proportional"), "sigmoid_bias: sign | proportional"),
     KILN_FIELD(model.moe, groups, positive(), "group-limited routing: expert groups"),
     KILN_FIELD(model.moe, top_groups, positive(), "group-limited routing: groups a token may use"),
-    KILN_FIELD(model.moe, capacity_factor, non_negative(), "per-expert capacity x T k / E; 0 = dropless (expert_choice: 1)"),
-    KILN_FIELD(model.moe, sinkhorn_iterations, positive(), "sinkhorn: balancing iterations per micro-batch"),
+    KILN_FIELD(model.moe, capacity_factor,
+               non_negative().up_to(kMaxExperts, "from E / k on nothing is dropped, and E <= 4096"),
+               "per-expert capacity x T k / E; 0 = dropless (expert_choice: 1)"),
+    KILN_FIELD(model.moe, sinkhorn_iterations,
+               positive().up_to(kMaxSinkhornIterations, "each is a pass over the routing matrix in every step"),
+               "sinkhorn: balancing iterations per micro-batch"),
     KILN_FIELD(model.moe, l1_coef, positive(), "relu: the L1 penalty's initial coefficient"),
     KILN_FIELD(model.moe, l1_rate, positive(), "relu: the coefficient's adaptation factor per step (> 1)"),
 
@@ -217,7 +234,8 @@ const std::array kFields = {
     KILN_FIELD(eval, slots, positive().up_to(4096, "sequences scored at once"), "sequences scored at once"),
     KILN_FIELD(eval, bos, none(), "BOS before each context, as training documents start"),
 
-    KILN_FIELD(dist, timeout, positive(), "seconds a collective waits for the other ranks before failing"),
+    KILN_FIELD(dist, timeout, positive().up_to(kMaxTimeoutSeconds, "a week; a collective waiting longer is hung"),
+               "seconds a collective waits for the other ranks before failing"),
 };
 
 #undef KILN_ROLE_FIELDS

@@ -35,7 +35,7 @@ struct ConfigRule {
   };
   Kind kind = kNone;
   std::string_view choices = {};
-  // int64_t fields: when > 0, the value must also be <= max, because of `max_why` (what
+  // Numeric fields: when > 0, the value must also be <= max, because of `max_why` (what
   // the limit protects: 32-bit positions, a plan that must stay quick, memory reserved
   // per unit). Checked with the rest by validate_config, before anything is allocated.
   int64_t max = 0;

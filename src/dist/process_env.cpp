@@ -1,6 +1,7 @@
 #include "dist/process_env.h"
 
 #include "core/error.h"
+#include "core/printable.h"
 
 #include <algorithm>
 #include <charconv>
@@ -10,15 +11,17 @@ namespace kiln::dist {
 
 namespace {
 
-// An integer variable; nullopt when unset. `minimum` guards ranks (0) and sizes (1).
+// An integer variable; nullopt when unset. `minimum` guards ranks (0) and sizes (1); every
+// value is at most kMaxWorldSize, checked here, before Gloo sizes its context by it (a
+// WORLD_SIZE of 1e9 grew to 9 GB before the rendezvous, past dist.timeout).
 std::optional<int> env_int(const EnvLookup& env, const char* name, int minimum) {
   const std::optional<std::string> value = env(name);
   if (!value) return std::nullopt;
   int v = 0;
   const char* end = value->data() + value->size();
   const auto [ptr, ec] = std::from_chars(value->data(), end, v);
-  KILN_CHECK(ec == std::errc() && ptr == end && v >= minimum, "dist",
-             "environment {}='{}' is not an integer >= {}", name, *value, minimum);
+  KILN_CHECK(ec == std::errc() && ptr == end && v >= minimum && v <= kMaxWorldSize, "dist",
+             "environment {}='{}' is not an integer in {}..{}", name, printable(*value, 40), minimum, kMaxWorldSize);
   return v;
 }
 
@@ -34,8 +37,6 @@ void check_placement(const ProcessPlacement& p, const char* rank_name, const cha
              p.world_size);
   KILN_CHECK(p.local_rank < p.local_world_size, "dist", "environment {}={} is not below the node's {} ranks",
              local_name, p.local_rank, p.local_world_size);
-  KILN_CHECK(p.master_port > 0 && p.master_port < 65536, "dist", "environment MASTER_PORT={} is not a TCP port",
-             p.master_port);
 }
 
 // MASTER_ADDR and MASTER_PORT where set; a single-node run defaults to this host.
@@ -45,20 +46,33 @@ void rendezvous_address(const EnvLookup& env, ProcessPlacement& p, const std::st
   else
     KILN_CHECK(p.local_world_size == p.world_size, "dist",
                "{} ranks span several nodes: set MASTER_ADDR to the host of rank 0", p.convention);
-  if (const std::optional<int> port = env_int(env, "MASTER_PORT", 1)) p.master_port = *port;
+  if (const std::optional<std::string> port = env("MASTER_PORT")) {
+    const char* end = port->data() + port->size();
+    const auto [ptr, ec] = std::from_chars(port->data(), end, p.master_port);
+    KILN_CHECK(ec == std::errc() && ptr == end && p.master_port > 0 && p.master_port < 65536, "dist",
+               "environment MASTER_PORT={} is not a TCP port", printable(*port, 40));
+  }
 }
 
 std::optional<ProcessPlacement> torchrun(const EnvLookup& env) {
   const std::optional<int> rank = env_int(env, "RANK", 0);
-  if (!rank) return std::nullopt;
+  if (!rank) {
+    // A WORLD_SIZE meant for kiln without the RANK that goes with it used to be ignored:
+    // the run trained alone. WORLD_SIZE=1 says the same as nothing.
+    const std::optional<int> world = env_int(env, "WORLD_SIZE", 1);
+    KILN_CHECK(!world || *world == 1, "dist",
+               "environment WORLD_SIZE={} is set but RANK is not: set RANK (0..{}) in each process, or use kiln launch",
+               *world, *world - 1);
+    return std::nullopt;
+  }
   ProcessPlacement p;
   p.convention = "torchrun";
   p.rank = *rank;
   p.world_size = required_int(env, "WORLD_SIZE", 1, "RANK");
   p.local_rank = env_int(env, "LOCAL_RANK", 0).value_or(p.rank);
   p.local_world_size = env_int(env, "LOCAL_WORLD_SIZE", 1).value_or(p.world_size);
+  check_placement(p, "RANK", "LOCAL_RANK");  // before the address: a bad LOCAL_RANK is not "several nodes"
   rendezvous_address(env, p, "");
-  check_placement(p, "RANK", "LOCAL_RANK");
   return p;
 }
 
@@ -71,8 +85,8 @@ std::optional<ProcessPlacement> openmpi(const EnvLookup& env) {
   p.world_size = required_int(env, "OMPI_COMM_WORLD_SIZE", 1, "OMPI_COMM_WORLD_RANK");
   p.local_rank = required_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, "OMPI_COMM_WORLD_RANK");
   p.local_world_size = required_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, "OMPI_COMM_WORLD_RANK");
-  rendezvous_address(env, p, "");  // mpirun does not say where rank 0 runs
   check_placement(p, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK");
+  rendezvous_address(env, p, "");  // mpirun does not say where rank 0 runs
   return p;
 }
 
@@ -99,8 +113,8 @@ std::optional<ProcessPlacement> slurm(const EnvLookup& env) {
   if (host.empty() && p.local_world_size == p.world_size) host = "127.0.0.1";
   KILN_CHECK(!host.empty() || env("MASTER_ADDR"), "dist",
              "a Slurm launch without SLURM_JOB_NODELIST or MASTER_ADDR: rank 0's host is unknown");
-  rendezvous_address(env, p, host);
   check_placement(p, "SLURM_PROCID", "SLURM_LOCALID");
+  rendezvous_address(env, p, host);
   return p;
 }
 

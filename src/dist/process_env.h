@@ -10,6 +10,10 @@
 
 namespace kiln::dist {
 
+// The most ranks (and ranks per node) kiln takes from the environment: far past any run,
+// and refused before Gloo allocates per rank. `kiln launch --nproc` stops at 1024.
+inline constexpr int kMaxWorldSize = 65536;
+
 struct ProcessPlacement {
   int rank = 0, world_size = 1;
   int local_rank = 0, local_world_size = 1;  // among the ranks of this node

@@ -189,13 +189,15 @@ class TcpStore::Server {
 
 namespace {
 
-// One connection attempt to every address of host:port; -1 when none answers.
-int try_connect(const std::string& host, int port) {
+// One connection attempt to every address of host:port; -1 when none answers. `lookup`
+// gets getaddrinfo's result (0 when the name resolved).
+int try_connect(const std::string& host, int port, int& lookup) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return -1;
+  lookup = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (lookup != 0) return -1;
   int fd = -1;
   for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
     fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
@@ -216,11 +218,18 @@ TcpStore::TcpStore(const std::string& host, int port, bool serve, std::chrono::m
   if (serve) server_ = std::make_unique<Server>(port);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    socket_ = try_connect(host, port);
+    int lookup = 0;
+    socket_ = try_connect(host, port, lookup);
     if (socket_ >= 0) break;
-    KILN_CHECK(std::chrono::steady_clock::now() < deadline, "dist",
-               "rendezvous: no answer from rank 0 at {} (MASTER_ADDR:MASTER_PORT) within {} s", address_,
-               timeout.count() / 1000.0);
+    // A name no resolver knows is a typo, said at once; it used to wait out dist.timeout
+    // and then blame rank 0 ("no answer"). EAI_AGAIN (no resolver reached yet) is retried.
+    KILN_CHECK(lookup == 0 || lookup == EAI_AGAIN, "dist", "rendezvous: MASTER_ADDR '{}' does not resolve: {}", host,
+               ::gai_strerror(lookup));
+    const bool late = std::chrono::steady_clock::now() >= deadline;
+    KILN_CHECK(!late || lookup == 0, "dist", "rendezvous: MASTER_ADDR '{}' does not resolve within {} s: {}", host,
+               timeout.count() / 1000.0, ::gai_strerror(lookup));
+    KILN_CHECK(!late, "dist", "rendezvous: no answer from rank 0 at {} (MASTER_ADDR:MASTER_PORT) within {} s",
+               address_, timeout.count() / 1000.0);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   const int one = 1;

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/json_number.h"
+#include "core/small_file.h"
 #include "core/utf8.h"
 #include "data/document_reader.h"
 
@@ -36,7 +37,7 @@ TextSet read_text_set(const std::string& path) {
     for (Document& d : read_documents(data)) set.documents.push_back(std::move(d.text));
     return set;
   }
-  std::string text = read_file_bytes(path);
+  std::string text = read_small_file(path, kMaxEvalFileBytes, "text file", "eval");
   const size_t bad = find_invalid_utf8(text);
   KILN_CHECK(bad == std::string::npos, "eval", "{}: invalid UTF-8 at byte {}", path, bad);
   KILN_CHECK(!text.empty(), "eval", "{}: the file is empty", path);

@@ -2,13 +2,14 @@
 
 #include "core/error.h"
 #include "core/json_field.h"
+#include "core/small_file.h"
 #include "core/utf8.h"
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <limits>
 
 namespace kiln::eval {
@@ -49,11 +50,12 @@ double characters(const std::string& text) {
 }  // namespace
 
 MultipleChoiceTask read_multiple_choice_task(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  KILN_CHECK(in, "eval", "{}: cannot open the task file", path);
+  // Capped and refused unless a regular file: /dev/zero was one line read without end.
+  const std::string text = read_small_file(path, kMaxEvalFileBytes, "task file (JSONL)", "eval");
   MultipleChoiceTask task;
   task.path = path;
   task.name = std::filesystem::path(path).stem().string();
+  std::istringstream in(text);
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -67,10 +69,29 @@ MultipleChoiceTask read_multiple_choice_task(const std::string& path) {
       fail("eval", "{}: not JSON ({})", where, e.what());
     }
     task.examples.push_back(parse_example(j, where));
+    task.examples.back().line = number;
   }
-  KILN_CHECK(!in.bad(), "eval", "{}: read failed", path);
   KILN_CHECK(!task.examples.empty(), "eval", "{}: no examples in the task file", path);
   return task;
+}
+
+std::vector<Continuation> encode_task(const Tokenizer& tokenizer, const MultipleChoiceTask& task, bool bos,
+                                     int64_t limit, int64_t max_len) {
+  const size_t count = limit > 0 ? std::min(task.examples.size(), static_cast<size_t>(limit)) : task.examples.size();
+  std::vector<Continuation> requests;
+  for (size_t i = 0; i < count; ++i) {
+    const MultipleChoiceExample& e = task.examples[i];
+    for (size_t c = 0; c < e.choices.size(); ++c) {
+      requests.push_back(encode_pair(tokenizer, e.context, e.choices[c], bos));
+      const size_t tokens = requests.back().continuation.size();
+      KILN_CHECK(tokens > 0, "eval", "{}:{}: choice {} has no token to score", task.path, e.line, c);
+      // One position more than the choice predicts its first token (score_continuations).
+      KILN_CHECK(static_cast<int64_t>(tokens) < max_len, "eval",
+                 "{}:{}: choice {} has {} tokens; at most {} fit the model's context of {}", task.path, e.line, c,
+                 tokens, max_len - 1, max_len);
+    }
+  }
+  return requests;
 }
 
 MeanWithError mean_with_error(const std::vector<double>& values) {
@@ -93,14 +114,8 @@ MultipleChoiceResult evaluate_multiple_choice(Generator& generator, const Tokeni
                                               const MultipleChoiceTask& task, bool bos, int64_t limit,
                                               const ScoringOptions& options) {
   const size_t count = limit > 0 ? std::min(task.examples.size(), static_cast<size_t>(limit)) : task.examples.size();
-  std::vector<Continuation> requests;
-  for (size_t i = 0; i < count; ++i)
-    for (const std::string& choice : task.examples[i].choices)
-      requests.push_back(encode_pair(tokenizer, task.examples[i].context, choice, bos));
-  for (size_t r = 0, i = 0; i < count; ++i)
-    for (size_t c = 0; c < task.examples[i].choices.size(); ++c, ++r)
-      KILN_CHECK(!requests[r].continuation.empty(), "eval", "{}: example {} choice {}: no token to score", task.path,
-                 i + 1, c);
+  const std::vector<Continuation> requests =
+      encode_task(tokenizer, task, bos, limit, scoring_length(generator, options));
   const std::vector<ContinuationScore> scores = score_continuations(generator, requests, options);
 
   MultipleChoiceResult result;

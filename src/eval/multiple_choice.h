@@ -11,16 +11,22 @@
 
 #include "eval/loglikelihood.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace kiln::eval {
 
+// The cap on a task file and on a plain-text eval file, each read whole: HellaSwag's
+// validation set is 11 MB, wikitext-103's test set 1.3 MB.
+inline constexpr size_t kMaxEvalFileBytes = size_t{256} << 20;
+
 struct MultipleChoiceExample {
   std::string context;
   std::vector<std::string> choices;  // at least two
   int64_t answer = 0;                // index into choices
+  int64_t line = 0;                  // in the task file, for errors
 };
 
 struct MultipleChoiceTask {
@@ -43,6 +49,13 @@ struct MultipleChoiceResult {
   // continuation: what lm-eval logs as its samples' resps.
   std::vector<std::vector<ContinuationScore>> scores;
 };
+
+// The scoring requests of the first `limit` examples (all when 0), one per choice in
+// order. A choice with no token of its own, or too long to be scored in `max_len` tokens,
+// is refused naming the file and line ("[eval] PATH:LINE: choice 1 has 100000 tokens ...").
+// Training calls it at startup, so a bad task file costs no training.
+std::vector<Continuation> encode_task(const Tokenizer& tokenizer, const MultipleChoiceTask& task, bool bos,
+                                     int64_t limit, int64_t max_len);
 
 // Scores the first `limit` examples (all when 0) with BOS first when `bos`.
 MultipleChoiceResult evaluate_multiple_choice(Generator& generator, const Tokenizer& tokenizer,

@@ -154,6 +154,8 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
                              const GgufExportOptions& options) {
   const std::string dir = resolve_model_dir(model_path);
   check_output_apart_from_input(dir, out_path, "export");
+  // Before the work: the rename into place at the end said "cannot rename ...: Success".
+  KILN_CHECK(!fs::is_directory(out_path), "export", "{}: is a directory; the output is a .gguf file", out_path);
   LoadedModel loaded = load_for_inference(dir, 1);  // a checkpoint's checksums, shapes, finite weights
   const Config config = load_config((fs::path(dir) / "config.toml").string());
   const ModelConfig& m = config.model;

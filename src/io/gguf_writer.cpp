@@ -191,7 +191,8 @@ void GgufWriter::write(const std::string& path) const {
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
-    std::filesystem::remove(tmp, ec);
+    std::error_code ignored;  // not ec: the message must stay the rename's ("Success" otherwise)
+    std::filesystem::remove(tmp, ignored);
     fail("gguf", "{}: cannot rename {} into place: {}", path, tmp, ec.message());
   }
 }

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -60,5 +61,15 @@ struct HfModelSpec {
 // Reads a config.json (parsed); `where` names the file in errors. Throws naming the field
 // when the model is not one kiln computes exactly.
 HfModelSpec hf_config_to_model(const nlohmann::json& config, const std::string& where);
+
+// The Config `kiln import hf` saves for `spec`: its model, with a micro-batch that holds one
+// whole context (e.g. 40960 positions for Qwen3). Validated here, before any model is
+// allocated (num_experts = 2^31 grew past 5 GB); an error names `where` and kiln's key.
+Config hf_import_config(const HfModelSpec& spec, const std::string& where);
+
+// model.safetensors.index.json's weight_map: tensor name -> shard, a file name inside the
+// model's directory. Typed (a shard name that is not a string was nlohmann's type_error,
+// naming nothing); `where` names the file in errors.
+std::map<std::string, std::string> read_weight_map(const nlohmann::json& index, const std::string& where);
 
 }  // namespace kiln::io

@@ -1,6 +1,7 @@
 #include "io/hf_import.h"
 
 #include "core/json_file.h"
+#include "core/printable.h"
 #include "data/bpe/bpe_tokenizer.h"
 #include "io/byte_tokenizer_json.h"
 #include "io/export_names.h"
@@ -32,20 +33,15 @@ WeightFiles open_weights(const fs::path& dir) {
   WeightFiles w;
   const fs::path index = dir / "model.safetensors.index.json";
   if (fs::exists(index)) {
-    const json j = read_json(index);
-    KILN_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "import", "{}: no weight_map",
-               index.string());
+    const std::string index_name = index.string();
     std::map<std::string, size_t> file_index;
-    for (const auto& [tensor, file] : j["weight_map"].items()) {
-      const std::string name = file.get<std::string>();
-      KILN_CHECK(name.find('/') == std::string::npos && name.find("..") == std::string::npos, "import",
-                 "{}: shard name '{}' points outside the directory", index.string(), name);
+    for (const auto& [tensor, name] : read_weight_map(read_json(index), index_name)) {
       if (!file_index.count(name)) {
         file_index[name] = w.files.size();
         w.files.push_back(SafetensorsFile::open((dir / name).string()));
       }
-      KILN_CHECK(w.files[file_index[name]].contains(tensor), "import", "{}: tensor '{}' is not in {}", index.string(),
-                 tensor, name);
+      KILN_CHECK(w.files[file_index[name]].contains(tensor), "import", "{}: tensor '{}' is not in {}", index_name,
+                 printable(tensor), printable(name));
       w.where[tensor] = file_index[name];
     }
   } else {
@@ -73,11 +69,7 @@ HfImportReport import_hf(const std::string& hf_dir, const std::string& out_dir) 
   report.arch = spec.arch;
   report.model = spec.model;
 
-  Config config;
-  config.model = spec.model;
-  // A micro-batch must hold one whole context (e.g. 40960 positions for Qwen3).
-  config.train.micro_batch_tokens = std::max(config.train.micro_batch_tokens, spec.model.max_seq_len);
-  validate_config(config);
+  Config config = hf_import_config(spec, config_path.string());
 
   const fs::path tokenizer = dir / "tokenizer.json";
   if (fs::exists(tokenizer)) {

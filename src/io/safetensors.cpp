@@ -2,6 +2,7 @@
 
 #include "core/device_memory.h"
 #include "core/printable.h"
+#include "core/small_file.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -125,8 +126,9 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile file;
   file.path_ = path;
 
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(kWhere, "{}: cannot open: {}", path, std::strerror(errno));
+  // A FIFO named model.safetensors hung `kiln import hf` in open(); only a regular file
+  // can be mapped.
+  const int fd = open_regular_file(path, "safetensors file", kWhere);
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     const int err = errno;

@@ -57,6 +57,8 @@ FaultInjector::FaultInjector(std::string_view spec) {
     } else if (f.name == "eval_error") {
       KILN_CHECK(f.arg == "validation" || f.arg == "sample", kWhere, "'{}': expected eval_error:validation|sample",
                  item);
+    } else if (f.name == "nan_validation") {
+      KILN_CHECK(f.arg == "all", kWhere, "'{}': expected nan_validation:all", item);
     } else if (contains(kStepFaults, f.name)) {
       const size_t dash = f.arg.find('-');
       f.first = parse_int(std::string_view(f.arg).substr(0, dash), item);

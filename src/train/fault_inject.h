@@ -19,6 +19,7 @@
 //                             sampled token (signal tests of the end-of-run work)
 //   eval_error:<what>         every validation (what = validation) or sample (sample)
 //                             fails with an error
+//   nan_validation:all        every validation loss is NaN (a diverged model's)
 #pragma once
 
 #include "nn/parameter.h"

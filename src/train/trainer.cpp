@@ -351,6 +351,7 @@ double Trainer::validate() {
     loss = totals[0];
     count = static_cast<int64_t>(totals[1]);
   }
+  if (faults_.has("nan_validation", "all")) return std::nan("");  // tests only
   return count > 0 ? loss / static_cast<double>(count) : std::nan("");
 }
 
@@ -464,7 +465,9 @@ void Trainer::join_process_group() {
 
 double Trainer::show_validation(int64_t step) {
   const double val = validate();
-  if (std::isnan(val) || stop_requested()) return std::nan("");
+  // A diverged model's loss is NaN too, and is shown and recorded: only a stop or an empty
+  // validation set go unshown.
+  if (stop_requested() || validation_.empty()) return std::nan("");
   console_.print("validation at step {}: loss {:.4f} nats/token ({:.4f} bits/byte)\n", step, val, val / std::log(2.0));
   std::fflush(stdout);  // a log read while the run goes on sees it now
   records_.validation(step, val, now_seconds() - run_start_);
@@ -694,8 +697,10 @@ void Trainer::finish(TrainResult& result) {
     }
   };
   result.final_val_loss = std::nan("");
+  bool validated = false;  // NaN alone cannot tell a failed validation from a diverged model
   report([&] {
     result.final_val_loss = show_validation(p.step);
+    validated = !validation_.empty();
     keep_if_best(p.step, result);
   });
   report([&] { show_sample(p.step); });
@@ -711,7 +716,7 @@ void Trainer::finish(TrainResult& result) {
   }
   write_summary(result);
   const std::string validation = validation_.empty()                  ? std::string("no validation set")
-                                 : std::isnan(result.final_val_loss) ? std::string("no validation loss")
+                                 : !validated ? std::string("no validation loss")
                                                                      : fmt::format("validation loss {:.4f}",
                                                                                    result.final_val_loss);
   console_.print("done: {} steps in {} | final train loss {:.4f} | {}\n", p.step, format_duration(result.seconds),

@@ -1,6 +1,7 @@
 #include "train/training_evaluator.h"
 
 #include "core/error.h"
+#include "eval/multiple_choice.h"
 #include "infer/decoder.h"
 #include "infer/generator.h"
 
@@ -19,6 +20,10 @@ TrainingEvaluator::TrainingEvaluator(Model& model, const Tokenizer& tokenizer, c
   d.max_rows = 256;  // prefill chunks: scoring is all prefill
   decoder_ = std::make_unique<Decoder>(model, d);
   generator_ = std::make_unique<Generator>(*decoder_, tokenizer);
+  // Every choice encoded and measured now, before the first step: a choice too long for the
+  // context used to fail after the last step, as a warning, and the run exited 0.
+  const int64_t max_len = eval::scoring_length(*generator_, {});
+  for (const eval::MultipleChoiceTask& task : suite_.tasks) eval::encode_task(tokenizer_, task, config_.bos, config_.limit, max_len);
 }
 
 TrainingEvaluator::~TrainingEvaluator() = default;

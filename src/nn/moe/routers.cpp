@@ -97,7 +97,9 @@ class SigmoidBias final : public Router {
 int64_t expert_capacity(const MoeConfig& moe, int64_t tokens, double factor) {
   if (factor <= 0) return 0;
   const double pairs = factor * static_cast<double>(tokens * moe.top_k) / static_cast<double>(moe.experts);
-  return std::min<int64_t>(tokens, static_cast<int64_t>(std::ceil(pairs - 1e-9)));
+  // Capped in double: a capacity past INT64_MAX cast to int64_t was undefined (1e300 gave
+  // "capacity -9223372036854775808").
+  return static_cast<int64_t>(std::min(static_cast<double>(tokens), std::ceil(pairs - 1e-9)));
 }
 
 RouterRegistry& router_registry() {
