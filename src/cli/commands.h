@@ -16,6 +16,7 @@ inline CLI::Option* add_device_option(CLI::App* cmd, std::string& device) {
 }
 
 void add_train_command(CLI::App& app);
+void add_config_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_list_command(CLI::App& app);

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", KILN_VERSION);
   kiln::cli::add_train_command(app);
+  kiln::cli::add_config_command(app);
   kiln::cli::add_sample_command(app);
   kiln::cli::add_plan_command(app);
   kiln::cli::add_list_command(app);
