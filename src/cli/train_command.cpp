@@ -2,7 +2,40 @@
 #include "core/error.h"
 #include "train/trainer.h"
 
+#include <filesystem>
+
 namespace kiln::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The config file `kiln train` reads. With --resume, a run directory (a train.out_dir)
+// stands for the configuration that run saved, so a resume needs none of its --set
+// repeated; --set still applies on top. The run must be that directory's own: a model or
+// checkpoint directory also holds a config.toml, of the run around it.
+std::string train_config_path(const std::string& given, bool resume) {
+  if (!fs::is_directory(given)) return given;
+  const fs::path saved = fs::path(given) / "config.toml";
+  // Without --resume, load_config refuses a directory; one holding a run gets the command.
+  KILN_CHECK(resume || !fs::is_regular_file(saved), "config",
+             "{}: is a directory, not a config file; to continue the run in it: kiln train {} --resume", given, given);
+  if (!resume) return given;
+  KILN_CHECK(fs::is_regular_file(saved), "train",
+             "{} holds no config.toml: kiln train DIR --resume takes a run's train.out_dir", given);
+  return saved.string();
+}
+
+void check_own_run_directory(const std::string& given, const std::string& config_path, const Config& config) {
+  if (config_path == given) return;
+  std::error_code ec;
+  KILN_CHECK(fs::equivalent(given, config.train.out_dir, ec), "train",
+             "{} is not a run's train.out_dir: its config.toml names train.out_dir = '{}' (a model or checkpoint "
+             "directory? a moved run: --set train.out_dir={})",
+             given, config.train.out_dir, given);
+}
+
+}  // namespace
 
 void add_train_command(CLI::App& app) {
   struct Options {
@@ -30,7 +63,9 @@ void add_train_command(CLI::App& app) {
   cmd->callback([options, resume] {
     KILN_CHECK(!options->overwrite || resume->count() == 0, "train",
                "--overwrite starts afresh and --resume continues a run: pass one of them");
-    const Config config = load_config(options->config, options->overrides);
+    const std::string config_path = train_config_path(options->config, resume->count() > 0);
+    const Config config = load_config(config_path, options->overrides);
+    check_own_run_directory(options->config, config_path, config);
     TrainOptions train;
     if (resume->count() > 0) train.resume = options->resume.empty() ? "latest" : options->resume;
     train.allow_data_change = options->allow_data_change;
