@@ -71,6 +71,9 @@ Config tiny_config(const std::string& out_dir) {
   c.model.max_seq_len = 64;
   c.train.micro_batch_tokens = 128;
   c.train.out_dir = out_dir;
+  // Absolute, as load_config resolves it: a saved config.toml's relative paths would read
+  // relative to the checkpoint's directory.
+  c.data.path = std::filesystem::absolute(c.data.path).string();
   c.checkpoint.keep_last = 0;
   return c;
 }

@@ -42,6 +42,16 @@ class ConfigFile : public ::testing::Test {
 
 #define EXPECT_HAS(haystack, needle) EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
+// `c` as load_config resolves it when no file gives its paths: the relative ones (the
+// defaults data.path and train.out_dir) against the working directory.
+Config resolved(Config c) {
+  const auto in_cwd = [](std::string& p) {
+    if (!p.empty()) p = std::filesystem::absolute(p).lexically_normal().string();
+  };
+  for (std::string* p : {&c.data.path, &c.data.val_path, &c.train.out_dir, &c.checkpoint.dir}) in_cwd(*p);
+  return c;
+}
+
 // ---- field table --------------------------------------------------------------------
 
 TEST(ConfigFields, TableIsConsistent) {
@@ -72,7 +82,7 @@ TEST(ConfigFields, EveryFieldHasADistinctAddress) {
 
 TEST(Config, DefaultsAreValid) {
   const Config c = load_config("");
-  EXPECT_TRUE(config_equal(c, Config{}));
+  EXPECT_TRUE(config_equal(c, resolved(Config{})));
   EXPECT_NO_THROW(validate_config(Config{}));
 }
 
@@ -115,8 +125,42 @@ lr = 0.001
   EXPECT_EQ(c.train.steps, Config{}.train.steps);
 }
 
+// A config's paths are found where the file is, whatever the working directory: a
+// relative path in a file is relative to its directory; --set paths (typed in the shell)
+// to the working directory. The resolved paths are absolute.
+TEST_F(ConfigFile, PathsInAFileAreRelativeToItsDirectory) {
+  std::filesystem::create_directories(dir_ + "/sub");
+  const std::string path = write(R"(
+[data]
+path = "corpus.txt"
+val_path = "../val.txt"
+tokenizer = "tok/tokenizer.json"
+[train]
+out_dir = "runs/a"
+[checkpoint]
+dir = "/elsewhere/ck"
+[eval]
+tasks = "t1.jsonl, /x/t2.jsonl"
+)", "sub/run.toml");
+  const Config c = load_config(path);
+  EXPECT_EQ(c.data.path, dir_ + "/sub/corpus.txt");
+  EXPECT_EQ(c.data.val_path, dir_ + "/val.txt");
+  EXPECT_EQ(c.data.tokenizer, dir_ + "/sub/tok/tokenizer.json");
+  EXPECT_EQ(c.train.out_dir, dir_ + "/sub/runs/a");
+  EXPECT_EQ(c.checkpoint.dir, "/elsewhere/ck");
+  EXPECT_EQ(c.eval.tasks, dir_ + "/sub/t1.jsonl,/x/t2.jsonl");
+  EXPECT_EQ(c.eval.texts, "");  // unset stays unset
+
+  const std::string cwd = std::filesystem::current_path().string();
+  const Config set = load_config(path, {"data.path=here.txt", "eval.texts=a.txt,b.txt"});
+  EXPECT_EQ(set.data.path, cwd + "/here.txt");
+  EXPECT_EQ(set.eval.texts, cwd + "/a.txt," + cwd + "/b.txt");
+  // A tokenizer's name is no path.
+  EXPECT_EQ(load_config(write("[data]\ntokenizer = \"byte\"\n", "sub/byte.toml")).data.tokenizer, "byte");
+}
+
 TEST_F(ConfigFile, EmptyFileIsDefaults) {
-  EXPECT_TRUE(config_equal(load_config(write("")), Config{}));
+  EXPECT_TRUE(config_equal(load_config(write("")), resolved(Config{})));
 }
 
 TEST_F(ConfigFile, MissingFile) {
@@ -277,6 +321,7 @@ TEST_F(ConfigFile, OverridesTheSavedConfigCannotHoldAreRefused) {
   EXPECT_EQ(c.train.out_dir, Config{}.train.out_dir);
   // What is taken reads back the same from the saved file.
   apply_override(c, "train.out_dir=runs/\xd1\x87 \x01\x7f");
+  c = resolved(c);
   EXPECT_TRUE(config_equal(load_config(write(config_to_toml(c))), c));
 }
 
@@ -287,7 +332,7 @@ TEST(ConfigOverride, LoadConfigValidatesOverrides) {
 // ---- round trip ---------------------------------------------------------------------
 
 TEST_F(ConfigFile, RoundTripDefaults) {
-  const Config c;
+  const Config c = resolved(Config{});
   const std::string text = config_to_toml(c);
   EXPECT_EQ(text.rfind("# kiln resolved configuration\n", 0), 0u);
   for (const std::string_view s : config_sections()) EXPECT_HAS(text, fmt::format("[{}]\n", s));
@@ -298,7 +343,7 @@ TEST_F(ConfigFile, RoundTripDefaults) {
 }
 
 TEST_F(ConfigFile, RoundTripChangedConfig) {
-  Config c;
+  Config c = resolved(Config{});
   c.model.name = "quote \" back\\slash \t tab \x01 ctl \x7f del é";
   c.model.layers = 17;
   c.model.norm_eps = 1.0 / 3.0;
@@ -332,7 +377,8 @@ TEST_F(ConfigFile, RoundTripEveryFieldChanged) {
           using T = std::remove_pointer_t<decltype(p)>;
           if constexpr (std::is_same_v<T, bool>) *p = !*p;
           else if constexpr (std::is_same_v<T, std::string>) {
-            if (f.rule.kind != ConfigRule::kOneOf) *p += "~\"x\"\n";
+            if (f.rule.path != ConfigRule::kNotPath) *p = "/abs/" + *p + "~\"x\"\n";  // as a saved config has them
+            else if (f.rule.kind != ConfigRule::kOneOf) *p += "~\"x\"\n";
           } else if constexpr (std::is_same_v<T, double>) {
             *p = f.rule.unset_allowed && *p == -1 ? 0.375 : *p * 0.5 + 0.125;  // -1: unset ([optim.<role>])
           }

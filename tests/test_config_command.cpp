@@ -1,8 +1,8 @@
 // The resolved configuration as users see it, through real `kiln` processes: `kiln config`
-// prints every key described, configs/default.toml lists every key, and bad keys are
-// refused as `kiln train` refuses them.
+// prints every key described, configs/default.toml lists every key, bad keys are refused
+// as `kiln train` refuses them, and a config file's paths are relative to the file.
 #include "config/config_fields.h"
-#include "test_util.h"
+#include "fault_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -80,6 +80,77 @@ TEST(ConfigCommand, RefusesBadKeysAsTrainDoes) {
     EXPECT_EQ(std::count(config_error.begin(), config_error.end(), '\n'), 1) << config_error;
     EXPECT_EQ(config_error, train_error);
   }
+}
+
+// A tiny run whose paths, all relative, are given by a config file in another directory
+// than the working one.
+const char* kRelativePathsToml = R"([data]
+path = "corpus.txt"
+val_fraction = 0.0
+[model]
+hidden = 32
+layers = 1
+heads = 2
+kv_heads = 1
+head_dim = 16
+ffn_hidden = 64
+max_seq_len = 64
+[train]
+out_dir = "runs/a"
+micro_batch_tokens = 256
+steps = 2
+eval_every = 0
+eval_batches = 0
+sample_every = 0
+sample_tokens = 0
+threads = 2
+[optim]
+warmup_steps = 1
+[log]
+every = 1
+plot = false
+)";
+
+TEST(ConfigPaths, AFilesPathsAreRelativeToItAndTheSavedConfigLoadsFromAnywhere) {
+  const std::string dir = test::temp_dir("kiln-config-paths");
+  const std::string kiln = test::kiln_binary();
+  test::write_tiny_corpus(dir + "/cfg", 40);
+  test::write_file(dir + "/cfg/run.toml", kRelativePathsToml);
+  // Run from `dir`: corpus.txt and runs/a are found next to cfg/run.toml, not in `dir`.
+  std::string output;
+  ASSERT_EQ(test::run_command("cd " + dir + " && " + kiln + " train cfg/run.toml 2>&1", &output), 0) << output;
+  const std::string run = dir + "/cfg/runs/a";
+  EXPECT_FALSE(fs::exists(dir + "/runs"));
+  // The saved config holds absolute paths, so it resumes from any working directory.
+  const std::string saved = test::read_file(run + "/config.toml");
+  EXPECT_NE(saved.find("path = \"" + dir + "/cfg/corpus.txt\""), std::string::npos) << saved;
+  ASSERT_EQ(test::run_command("cd / && " + kiln + " train " + run + " --resume --set train.steps=3 2>&1", &output), 0)
+      << output;
+  EXPECT_EQ(test::steps_of(test::metrics_of_kind(run, "train")), (std::vector<int64_t>{1, 2, 3}));
+  fs::remove_all(dir);
+}
+
+TEST(ConfigPaths, AMissingInputIsNamedByItsKeyAndWhereItWasLookedFor) {
+  const std::string dir = test::temp_dir("kiln-config-missing");
+  test::write_file(dir + "/cfg/run.toml", std::string(kRelativePathsToml) + "[eval]\ntasks = \"tasks/none.jsonl\"\n");
+  test::write_tiny_corpus(dir + "/cfg", 4);
+  const std::string train = "cd / && " + test::kiln_binary() + " train " + dir + "/cfg/run.toml";
+  EXPECT_EQ(test::one_line_error(train + " --set data.path=nothere.txt"),
+            "kiln: error: [data.path] '/nothere.txt': no such file or directory\n");
+  EXPECT_EQ(test::one_line_error(train),
+            "kiln: error: [eval.tasks] '" + dir + "/cfg/tasks/none.jsonl': no such file or directory\n");
+  EXPECT_FALSE(fs::exists(dir + "/cfg/runs"));  // refused before anything was created
+  fs::remove_all(dir);
+}
+
+// scripts/train_default.sh runs configs/default.toml from the repository root; its paths,
+// relative to configs/, name the bundled corpus and runs/default from anywhere.
+TEST(ConfigPaths, DefaultTomlNamesTheBundledCorpusFromAnyDirectory) {
+  const std::string output = run_ok("cd / && " + test::kiln_binary() + " config " + kDefaultToml);
+  const std::string root = fs::path(KILN_SOURCE_DIR).lexically_normal().string();
+  EXPECT_NE(output.find("\npath = \"" + root + "/data/tinyshakespeare.txt\""), std::string::npos) << output;
+  EXPECT_NE(output.find("\nout_dir = \"" + root + "/runs/default\""), std::string::npos) << output;
+  EXPECT_TRUE(fs::exists(root + "/data/tinyshakespeare.txt"));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "core/utf8.h"
 #include "config/config_fields.h"
 #include "config/layer_pattern.h"
+#include "data/tokenizer.h"
 
 // Debian's libtomlplusplus-dev ships <toml++/toml.h>; upstream also has toml.hpp.
 #if __has_include(<toml++/toml.hpp>)
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <type_traits>
 
@@ -195,28 +197,66 @@ std::string read_node(const toml::node& node, T& out) {
   return {};
 }
 
+// ---- paths --------------------------------------------------------------------------
+
+namespace fs = std::filesystem;
+
+std::string absolute_path(const std::string& path, const fs::path& base) {
+  if (path.empty()) return path;
+  return (fs::path(path).is_absolute() ? fs::path(path) : base / path).lexically_normal().string();
+}
+
+// Makes the path `field` holds absolute against `base` (ConfigRule::PathKind says how the
+// value reads); anything else is left alone.
+void resolve_path(const ConfigField& field, Config& config, const fs::path& base) {
+  if (field.rule.path == ConfigRule::kNotPath) return;
+  std::string& value = *std::get<std::string*>(field.get(config));
+  if (field.rule.path == ConfigRule::kTokenizer) {
+    const std::vector<std::string> names = tokenizer_names();
+    // As io/model_dir.cpp reads it: "bpe" itself needs a file, so it is one.
+    if (value != "bpe" && std::find(names.begin(), names.end(), value) != names.end()) return;
+  }
+  if (field.rule.path != ConfigRule::kPathList) {
+    value = absolute_path(value, base);
+    return;
+  }
+  std::string list;
+  size_t start = 0;
+  while (start <= value.size()) {
+    const size_t end = std::min(value.find(',', start), value.size());
+    const std::string item(trim(std::string_view(value).substr(start, end - start)));
+    if (!item.empty()) list += (list.empty() ? "" : ",") + absolute_path(item, base);
+    start = end + 1;
+  }
+  value = list;
+}
+
 bool is_section(std::string_view name) {
   const auto& sections = config_sections();
   return std::find(sections.begin(), sections.end(), name) != sections.end();
 }
 
 // One section's table; a key holding a table is a nested section ([model.moe]).
-void apply_section(Config& config, const std::string& section, const toml::table& table, const std::string& file) {
+// `base`: the file's directory, against which its relative paths resolve.
+void apply_section(Config& config, const std::string& section, const toml::table& table, const std::string& file,
+                   const fs::path& base) {
   for (const auto& [key, value_node] : table) {
     const toml::node& node = value_node;  // clang before 16 cannot capture a structured binding
     const std::string nested = fmt::format("{}.{}", section, key.str());
     if (node.is_table() && is_section(nested)) {
-      apply_section(config, nested, *node.as_table(), file);
+      apply_section(config, nested, *node.as_table(), file, base);
       continue;
     }
     const ConfigField* field = find_config_field(section, key.str());
     if (!field) fail(kWhere, "{}: {}", file, unknown_key(nested));
     const std::string error = std::visit([&](auto* value) { return read_node(node, *value); }, field->get(config));
     if (!error.empty()) fail(kWhere, "{}: '{}' {}", file, field->name(), error);
+    resolve_path(*field, config, base);
   }
 }
 
 void apply_table(Config& config, const toml::table& root, const std::string& file) {
+  const fs::path base = fs::absolute(fs::path(file)).parent_path();
   for (const auto& [section_key, section_node] : root) {
     const std::string section(section_key.str());
     if (!is_section(section) || section.find('.') != std::string::npos)
@@ -224,7 +264,7 @@ void apply_table(Config& config, const toml::table& root, const std::string& fil
     const toml::table* table = section_node.as_table();
     if (!table)
       fail(kWhere, "{}: '{}' must be a table, got {}", file, printable(section), toml_type_name(section_node.type()));
-    apply_section(config, section, *table, file);
+    apply_section(config, section, *table, file, base);
   }
 }
 
@@ -373,6 +413,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     apply_table(config, root, path);
   }
   for (const std::string& assignment : overrides) apply_override(config, assignment);
+  // What no file gave (--set values, defaults) is relative to the working directory. The
+  // resolved config is then absolute throughout, so the config.toml a run saves loads the
+  // same from any directory.
+  const fs::path cwd = fs::current_path();
+  for (const ConfigField& field : config_fields()) resolve_path(field, config, cwd);
   validate_config(config);
   return config;
 }

@@ -293,6 +293,8 @@ struct Config {
 
 // Loads a TOML file (empty path = defaults only), then applies "section.key=value"
 // overrides in order, then validates. Throws kiln::Error naming the file, key or value.
+// Path keys (ConfigRule::PathKind) come back absolute: relative ones given by the file
+// against its directory, the others (--set, defaults) against the working directory.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // Applies one "section.key=value" override; throws naming the key on error.
 void apply_override(Config& config, const std::string& assignment);

@@ -42,10 +42,25 @@ struct ConfigRule {
   std::string_view max_why = {};
   // -1 is accepted besides the rule's values: "unset, take the general key's value".
   bool unset_allowed = false;
+  // Path keys (not a check, but how the value reads): load_config makes them absolute, a
+  // relative one against the directory of the config file that gives it, else (--set, a
+  // default) against the working directory. "" stays "" (unset).
+  enum PathKind {
+    kNotPath,
+    kPath,       // one path (a file, directory or glob)
+    kPathList,   // comma-separated paths
+    kTokenizer,  // a registered tokenizer name ("byte"), else a path
+  };
+  PathKind path = kNotPath;
 
   constexpr ConfigRule or_unset() const {
     ConfigRule r = *this;
     r.unset_allowed = true;
+    return r;
+  }
+  constexpr ConfigRule as(PathKind kind) const {
+    ConfigRule r = *this;
+    r.path = kind;
     return r;
   }
   constexpr ConfigRule up_to(int64_t limit, std::string_view why) const {

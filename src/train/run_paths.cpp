@@ -75,6 +75,12 @@ std::vector<RunOutput> run_outputs(const Config& config) {
 }
 
 void check_run_paths(const Config& config) {
+  // Every input is there, named by its key, before anything is created (a relative path
+  // in a config file is relative to the file's directory: the error shows where it looked).
+  for (const RunInput& input : all_inputs(config)) {
+    std::error_code ec;
+    KILN_CHECK(fs::exists(input.path, ec), input.key, "'{}': no such file or directory", input.path);
+  }
   // The run directory and the checkpoint directory apart from the data they train on: a
   // run written into its data would read its own files as data at the next start.
   for (const RunInput& data : data_inputs(config)) {
