@@ -66,6 +66,9 @@ struct ModelConfig {
   int64_t ffn_hidden = 512;        // SwiGLU intermediate size
   int64_t max_seq_len = 256;       // longest sequence attention sees (context)
   std::string norm = "rmsnorm";    // registry: norms
+  // The norm before the LM head; "" = model.norm. DyT models learn only with a norm that
+  // rescales here (docs/dyt.md: a DyT before the head saturates at the unigram plateau).
+  std::string final_norm;
   double norm_eps = 1e-6;
   std::string mlp = "swiglu";      // registry: mlps
   std::string attention = "gqa";   // registry: attention

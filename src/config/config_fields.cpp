@@ -63,6 +63,7 @@ const std::array kFields = {
     KILN_FIELD(model, max_seq_len, positive().up_to(kMaxPositions, "positions are 32-bit"),
                "longest sequence attention sees"),
     KILN_FIELD(model, norm, none(), "registry: norms"),
+    KILN_FIELD(model, final_norm, none(), "registry: norms, the norm before the LM head; \"\" = model.norm"),
     KILN_FIELD(model, norm_eps, positive(), "epsilon inside the norm"),
     KILN_FIELD(model, mlp, none(), "registry: mlps"),
     KILN_FIELD(model, attention, none(), "registry: attention"),
