@@ -113,6 +113,12 @@ TEST_F(InitFrom, AHuggingFaceExportStartsAtItsModelsLoss) {
   ASSERT_EQ(train_from(hf, out, &output), 0) << output;
   EXPECT_CONTAINS(output, "init: weights from " + hf + " (Hugging Face qwen3)");
   expect_started_from(source + "/model", out, source);  // float32 export: the same weights
+  // The README's way: `kiln import hf` first, then init_from the imported model directory.
+  const std::string imported = dir_ + "/imported", from_import = dir_ + "/from-import";
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " import hf " + hf + " " + imported, &output), 0) << output;
+  ASSERT_EQ(train_from(imported, from_import, &output), 0) << output;
+  EXPECT_CONTAINS(output, "init: weights from " + imported + " (kiln model)");
+  expect_started_from(source + "/model", from_import, source);
 }
 
 TEST_F(InitFrom, AModelOfOtherShapesIsRefusedNamingTheTensorAndTheKey) {
