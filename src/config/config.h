@@ -131,6 +131,10 @@ struct TrainConfig {
   int64_t micro_batch_tokens = 4096;   // fixed token budget per micro-batch
   int64_t grad_accum = 1;              // micro-batches per optimizer step
   uint64_t seed = 1337;                // weight init and sampling
+  // Continued pretraining: the initial weights from a kiln model directory, checkpoint or
+  // run directory, or a Hugging Face folder (train/init_from.h); "" = random init. The
+  // optimizer, step count, schedule and data position start fresh; a resume ignores it.
+  std::string init_from;
   std::string device = "auto";         // auto | cpu | cuda
   // auto = bf16 on the GPU (bf16 activations, fp32 masters, gradients and optimizer
   // state), fp32 on the CPU; fp32 forces fp32 everywhere; bf16 needs the GPU.

@@ -151,6 +151,8 @@ const std::array kFields = {
     KILN_FIELD(train, grad_accum, positive().up_to(kMaxHeldBatches, "each is a micro-batch held in memory"),
                "micro-batches per optimizer step"),
     KILN_FIELD(train, seed, none(), "weight init and sampling"),
+    KILN_FIELD(train, init_from, none(),
+               "continued pretraining: start from a kiln model, checkpoint or HF folder; empty = random init"),
     KILN_FIELD(train, device, one_of("auto|cpu|cuda"), "auto | cpu | cuda"),
     KILN_FIELD(train, precision, one_of("auto|fp32|bf16"), "auto (bf16 on the GPU, fp32 on the CPU) | fp32 | bf16"),
     KILN_FIELD(train, recompute_blocks, non_negative(), "blocks (the first N) whose activations are recomputed in backward"),
