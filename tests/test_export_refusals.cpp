@@ -1,5 +1,6 @@
 // Components that no stock Hugging Face class or llama.cpp graph computes -- Gemma's RMSNorm,
-// DyT (as the block norms or the q/k norm), the ungated MLPs and partial rotary -- are refused by
+// DyT (as the block norms or the q/k norm), the ungated MLPs, partial rotary and a final norm
+// of another kind than the blocks' -- are refused by
 // `kiln export hf` and `kiln export gguf` alike: exit non-zero, one error line naming the
 // config key and its value, and nothing written at the destination.
 #include "export_fixture.h"
@@ -37,6 +38,7 @@ const Refused kRefused[] = {
      "model.alt_mlp = 'relu2'"},
     {"embed_scale", [](ModelConfig& c) { c.embed_scale = 8; }, "model.embed_scale = 8"},
     {"partial_rotary", [](ModelConfig& c) { c.rope.fraction = 0.5; }, "model.rope.fraction = 0.5"},
+    {"final_norm", [](ModelConfig& c) { c.final_norm = "layernorm"; }, "model.final_norm = 'layernorm'"},
 };
 
 // Runs an export expected to be refused; checks the one line it prints names what it must.

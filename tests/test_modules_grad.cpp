@@ -165,6 +165,21 @@ TEST(ModulesGrad, GemmaDytUngatedModelMatchesFiniteDifferences) {
   }
 }
 
+// DyT blocks with another norm before the LM head (model.final_norm): the final norm's
+// parameters are RMSNorm's, under its names, and every gradient matches.
+TEST(ModulesGrad, DytBlocksWithAnRmsNormBeforeTheHeadMatchFiniteDifferences) {
+  ModelConfig c = tiny_config(true, false);
+  c.norm = "dyt";
+  c.final_norm = "rmsnorm";
+  {
+    Model m(c, tiny_build());
+    EXPECT_NE(m.find_parameter("layers.0.attn_norm.alpha"), nullptr);
+    EXPECT_NE(m.find_parameter("final_norm.weight"), nullptr);
+    EXPECT_EQ(m.find_parameter("final_norm.alpha"), nullptr);
+  }
+  check_model_gradient(c, Variant{true, false, 1e-3});
+}
+
 // A sliding window (2 tokens: it bites on every document here), an attention softcap and an
 // LM-head softcap, each small enough to change the logits a lot.
 TEST(ModulesGrad, WindowedSoftcappedModelMatchesFiniteDifferences) {

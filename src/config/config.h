@@ -66,6 +66,9 @@ struct ModelConfig {
   int64_t ffn_hidden = 512;        // SwiGLU intermediate size
   int64_t max_seq_len = 256;       // longest sequence attention sees (context)
   std::string norm = "rmsnorm";    // registry: norms
+  // The norm before the LM head; "" = model.norm. DyT models learn only with a norm that
+  // rescales here (docs/dyt.md: a DyT before the head saturates at the unigram plateau).
+  std::string final_norm;
   double norm_eps = 1e-6;
   std::string mlp = "swiglu";      // registry: mlps
   std::string attention = "gqa";   // registry: attention
@@ -128,6 +131,10 @@ struct TrainConfig {
   int64_t micro_batch_tokens = 4096;   // fixed token budget per micro-batch
   int64_t grad_accum = 1;              // micro-batches per optimizer step
   uint64_t seed = 1337;                // weight init and sampling
+  // Continued pretraining: the initial weights from a kiln model directory, checkpoint or
+  // run directory, or a Hugging Face folder (train/init_from.h); "" = random init. The
+  // optimizer, step count, schedule and data position start fresh; a resume ignores it.
+  std::string init_from;
   std::string device = "auto";         // auto | cpu | cuda
   // auto = bf16 on the GPU (bf16 activations, fp32 masters, gradients and optimizer
   // state), fp32 on the CPU; fp32 forces fp32 everywhere; bf16 needs the GPU.

@@ -11,8 +11,10 @@
 #pragma once
 
 #include "io/hf_config.h"
+#include "model/model.h"
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln::io {
@@ -27,5 +29,14 @@ struct HfImportReport {
 };
 
 HfImportReport import_hf(const std::string& hf_dir, const std::string& out_dir);
+
+// Reads the weights of the Hugging Face folder `hf_dir` (model.safetensors or its shards)
+// into `model`, built and allocated for the config that folder's config.json describes
+// (or one of the same shapes): every parameter by its Hugging Face name, with its exact
+// shape; a missing or leftover tensor is an error "[where] ..." naming it (`model_type`
+// says what the leftover has no place in). Returns the source dtypes, e.g. {"BF16"}.
+// import_hf and train.init_from (train/init_from.h) share it.
+std::vector<std::string> load_hf_weights(const std::string& hf_dir, Model& model, std::string_view model_type,
+                                         std::string_view where);
 
 }  // namespace kiln::io

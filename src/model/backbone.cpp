@@ -36,8 +36,9 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
       blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, *position_));
     }
   }
+  const bool own_final_norm = !config.final_norm.empty();
   final_norm_ = norm_registry().build(
-      "model.norm", config.norm, ctx,
+      own_final_norm ? "model.final_norm" : "model.norm", own_final_norm ? config.final_norm : config.norm, ctx,
       NormSpec{NameScope{"final_norm.", "model.norm.", "output_norm."}, d, t, config.norm_eps, config.dyt_alpha});
   residual_.resize(static_cast<size_t>(config.layers + 1));
   for (Tensor& r : residual_) ctx.saved_wide(r, Shape{t, d});
@@ -90,6 +91,9 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
 
 void Backbone::export_config(ExportConfig& out) const {
   const ModelConfig& m = config_;
+  if (!m.final_norm.empty() && m.final_norm != m.norm)
+    out.refuse("model.final_norm", fmt::format("'{}'", m.final_norm),
+               fmt::format("the exported families' final norm is their blocks' ('{}')", m.norm));
   if (m.embed_scale != 1.0)  // Gemma's families scale by sqrt(hidden); kiln does not export them yet
     out.refuse("model.embed_scale", fmt::format("{}", m.embed_scale), "the exported families do not scale the embedding");
   if (out.format() == ExportConfig::Format::hf) {

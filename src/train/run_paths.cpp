@@ -37,11 +37,15 @@ std::vector<RunInput> data_inputs(const Config& config) {
   return inputs;
 }
 
-// Every file the run reads: its data, a tokenizer file, the [eval] lists' files.
+// Every file the run reads: its data, a tokenizer file, the [eval] lists' files, the
+// train.init_from weights.
 std::vector<RunInput> all_inputs(const Config& config) {
   std::vector<RunInput> inputs = data_inputs(config);
   std::error_code ec;
   if (fs::exists(config.data.tokenizer, ec)) inputs.push_back({config.data.tokenizer, "data.tokenizer"});
+  // The weights a run starts from: overwriting them (out_dir = the source run) would lose them.
+  if (!config.train.init_from.empty() && fs::exists(config.train.init_from, ec))
+    inputs.push_back({config.train.init_from, "train.init_from"});
   for (const std::string& file : eval::split_file_list(config.eval.tasks)) inputs.push_back({file, "eval.tasks"});
   for (const std::string& file : eval::split_file_list(config.eval.texts)) inputs.push_back({file, "eval.texts"});
   return inputs;

@@ -15,6 +15,7 @@
 #include "ops/dropout/dropout_mask.h"
 #include "ops/parallel.h"
 #include "plot/plot.h"
+#include "train/init_from.h"
 #include "train/memory_check.h"
 #include "train/optimizer_groups.h"
 #include "train/run_paths.h"
@@ -140,6 +141,11 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   // read or allocated; the process count may set train.grad_accum, which sizes the rest.
   const std::optional<CheckpointInfo> resume = find_resume_checkpoint(train_options);
   if (resume) keep_global_batch(*resume);
+  // train.init_from: a fresh run's starting weights; a resumed run has its checkpoint's.
+  std::optional<InitialWeights> initial;
+  if (!resume) initial = find_initial_weights(config_);
+  else if (!config_.train.init_from.empty())
+    console_.print("resume: train.init_from ignored, the run continues from its checkpoint\n");
 
   tokenizer_ = tokenizer_from_config(config_.data.tokenizer);  // "byte" or a tokenizer.json
   KILN_CHECK(config_.model.vocab_size >= tokenizer_->vocab_size(), "model.vocab_size",
@@ -176,6 +182,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   model_->allocate();
   optimizer_state_.allocate();
   if (resume) restore(*resume, train_options.allow_data_change);
+  else if (initial) start_from(*initial);
   else model_->init_weights(config_.train.seed);
   if (config_.train.sample_tokens > 0) sampler_ = std::make_unique<TrainingSampler>(*model_, *tokenizer_, config_.train);
   if (!eval_suite.empty())

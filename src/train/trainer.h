@@ -14,6 +14,7 @@
 #include "train/device_step.h"
 #include "train/fault_guard.h"
 #include "train/fault_inject.h"
+#include "train/init_from.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/run_directory.h"
@@ -114,6 +115,8 @@ class Trainer {
   // trainer_checkpoint.cpp: the glue between the loop and train/checkpoint.h.
   std::optional<CheckpointInfo> find_resume_checkpoint(const TrainOptions& options);
   void restore(const CheckpointInfo& checkpoint, bool allow_data_change);
+  // train.init_from: the source's weights into the allocated model (train/init_from.h).
+  void start_from(const InitialWeights& source);
   // On resume at another process count: train.grad_accum set so that a step takes the
   // checkpoint's tokens, or an error naming it when none can.
   void keep_global_batch(const CheckpointInfo& checkpoint);

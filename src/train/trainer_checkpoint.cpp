@@ -110,6 +110,15 @@ void Trainer::restore(const CheckpointInfo& checkpoint, bool allow_data_change) 
   best_validation_ = best_validation_in(metrics);  // the best so far carries on
 }
 
+void Trainer::start_from(const InitialWeights& source) {
+  const std::vector<std::string> differences = load_initial_weights(source, config_, *model_);
+  console_.print("init: weights from {} ({}); optimizer, step count, schedule and data position start fresh\n",
+                 source.dir, source.hugging_face ? "Hugging Face " + source.model_type : std::string("kiln model"));
+  std::string changed;
+  for (const std::string& d : differences) changed += (changed.empty() ? "" : ", ") + d;
+  if (!changed.empty()) console_.print("init: the model configuration differs from the source's in: {}\n", changed);
+}
+
 CheckpointState Trainer::checkpoint_state() const {
   CheckpointState s;
   s.progress = progress_;
