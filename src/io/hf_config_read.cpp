@@ -319,7 +319,9 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
 }
 
 Config hf_import_config(const HfModelSpec& spec, const std::string& where) {
-  Config config;
+  // The defaults resolved as any config is (paths absolute against the working directory),
+  // so the config.toml the import saves loads back the same from its own folder.
+  Config config = load_config("");
   config.model = spec.model;
   config.train.micro_batch_tokens = std::max(config.train.micro_batch_tokens, spec.model.max_seq_len);
   try {
