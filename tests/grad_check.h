@@ -32,6 +32,17 @@ struct GradCheckOptions {
   uint64_t seed = 12345;      // chooses the subset
 };
 
+// What the whole-model fp64 checks use: the five-point stencil with step 1e-4, relative
+// errors above a 1e-4 floor within 1e-6.
+inline GradCheckOptions model_grad_check_options() {
+  GradCheckOptions o;
+  o.order = 4;
+  o.eps = 1e-4;
+  o.floor = 1e-4;
+  o.tol = 1e-6;
+  return o;
+}
+
 struct GradCheckReport {
   int64_t checked = 0;
   int64_t failures = 0;       // elements whose relative error exceeds tol (or is not finite)

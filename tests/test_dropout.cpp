@@ -150,11 +150,7 @@ TEST(Dropout, GradientMatchesFiniteDifferencesOfTheDroppedLoss) {
   for (const auto& p : m.parameters()) grads.push_back(values_of(p->grad()));
   ScopedCpuThreads one_thread(1);
   const auto objective = [&] { return m.forward_backward(scale).loss * scale; };  // its gradients are not read
-  GradCheckOptions o;
-  o.order = 4;
-  o.eps = 1e-4;
-  o.floor = 1e-4;
-  o.tol = 1e-6;
+  const GradCheckOptions o = model_grad_check_options();
   int64_t checked = 0;
   for (size_t i = 0; i < m.parameters().size(); ++i) {
     const auto& p = m.parameters()[i];

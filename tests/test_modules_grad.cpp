@@ -81,11 +81,7 @@ void check_model_gradient(const ModelConfig& config, const Variant& v) {
       const LossSums s = m.evaluate();
       return (s.loss + v.z * s.z) * scale;
     };
-    GradCheckOptions o;
-    o.order = 4;
-    o.eps = 1e-4;
-    o.floor = 1e-4;
-    o.tol = 1e-6;
+    const GradCheckOptions o = model_grad_check_options();
     int64_t checked = 0;
     double worst = 0;
     std::string worst_name;

@@ -277,11 +277,7 @@ void check_moe_gradient(const ModelConfig& config) {
     return s.loss * scale + config.moe.aux_loss * s.slot[static_cast<size_t>(aux)] +
            config.moe.z_loss * s.slot[static_cast<size_t>(z)];
   };
-  GradCheckOptions o;
-  o.order = 4;
-  o.eps = 1e-4;
-  o.floor = 1e-4;
-  o.tol = 1e-6;
+  const GradCheckOptions o = model_grad_check_options();
   int64_t checked = 0;
   for (const auto& p : m.parameters()) {
     if (!p->trainable()) continue;

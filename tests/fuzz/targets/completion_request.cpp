@@ -5,27 +5,9 @@
 // both); anything else would be a 500 or a crash. A request that parses is inside the
 // limits: prompts non-empty, ids in the vocabulary, prompt + max_tokens within the context.
 #include "../fuzz_target.h"
+#include "../served.h"
 
 #include "serve/completion_api.h"
-
-namespace {
-
-// True when fn returned; an ApiError (a client error) or a one-line kiln::Error is a refusal.
-template <typename Fn>
-bool serves(Fn&& fn) {
-  bool refused = false;
-  const bool returned = kiln::fuzz::accepts([&] {
-    try {
-      fn();
-    } catch (const kiln::serve::ApiError& e) {
-      KILN_FUZZ_CHECK(e.status >= 400 && e.status < 500, "an ApiError that is not a client error");
-      refused = true;
-    }
-  });
-  return returned && !refused;
-}
-
-}  // namespace
 
 KILN_FUZZ_TARGET(completion_request) {
   using namespace kiln;
@@ -41,7 +23,7 @@ KILN_FUZZ_TARGET(completion_request) {
   limits.vocab = tokenizer.vocab_size();
   limits.max_prompts = 8;
   serve::CompletionRequest request;
-  if (serves([&] { request = serve::parse_completion_request(body, tokenizer, limits, 17); })) {
+  if (fuzz::served([&] { request = serve::parse_completion_request(body, tokenizer, limits, 17); })) {
     KILN_FUZZ_CHECK(!request.sequences.empty(), "a request without sequences");
     KILN_FUZZ_CHECK(static_cast<int64_t>(request.sequences.size()) <= limits.max_prompts, "too many prompts");
     for (const GenerationRequest& g : request.sequences) {
@@ -50,6 +32,6 @@ KILN_FUZZ_TARGET(completion_request) {
       for (const int32_t id : g.prompt) KILN_FUZZ_CHECK(id >= 0 && id < limits.vocab, "a prompt id outside the vocabulary");
     }
   }
-  serves([&] { serve::tokenize_response(body, tokenizer, limits); });
-  serves([&] { serve::detokenize_response(body, tokenizer, limits); });
+  fuzz::served([&] { serve::tokenize_response(body, tokenizer, limits); });
+  fuzz::served([&] { serve::detokenize_response(body, tokenizer, limits); });
 }

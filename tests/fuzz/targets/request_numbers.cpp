@@ -6,6 +6,7 @@
 // other number the double written; a request holding anything else is refused (ApiError
 // 4xx or a one-line kiln::Error), never read as another number.
 #include "../fuzz_target.h"
+#include "../served.h"
 
 #include "core/json_field.h"
 #include "serve/completion_api.h"
@@ -15,21 +16,6 @@
 namespace {
 
 using nlohmann::json;
-
-// True when fn returned; an ApiError must be a client error.
-template <typename Fn>
-bool parses(Fn&& fn) {
-  bool refused = false;
-  const bool returned = kiln::fuzz::accepts([&] {
-    try {
-      fn();
-    } catch (const kiln::serve::ApiError& e) {
-      KILN_FUZZ_CHECK(e.status >= 400 && e.status < 500, "an ApiError that is not a client error");
-      refused = true;
-    }
-  });
-  return returned && !refused;
-}
 
 bool given(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
 
@@ -97,10 +83,10 @@ KILN_FUZZ_TARGET(request_numbers) {
   limits.vocab = tokenizer.vocab_size();
   limits.max_prompts = 8;
   serve::CompletionRequest request;
-  if (parses([&] { request = serve::parse_completion_request(body, tokenizer, limits, 17); }))
+  if (fuzz::served([&] { request = serve::parse_completion_request(body, tokenizer, limits, 17); }))
     check_completion(body, request, limits.vocab);
   json text;
-  if (parses([&] { text = serve::detokenize_response(body, tokenizer, limits); })) {
+  if (fuzz::served([&] { text = serve::detokenize_response(body, tokenizer, limits); })) {
     const std::vector<int32_t> ids = sent_ids(body["tokens"], limits.vocab);
     KILN_FUZZ_CHECK(text["prompt"] == tokenizer.decode(ids), "detokenized other ids than those sent");
   }
