@@ -113,7 +113,7 @@ struct Fp32Set {
       copy_tensor(*grads_from.g[i], *g[i]);
       list.push_back({*p[i], *g[i], *m[i], *v[i], 0.1 * (i % 2)});
     }
-    ops::adamw_update_all(list, s, table);
+    ops::adamw_update_all(process_exec(), list, s, table);
   }
 };
 
@@ -147,7 +147,7 @@ TEST(AdamWLowMem, UpdatesFollowFp32StateAdamW) {
     Fp32Set ref(set);
     ops::AdamWLowMemDeviceTable table;
     ops::AdamWDeviceTable ref_table;
-    ops::adamw_lowmem_update_all(state, set.list(), step_of(1), table);
+    ops::adamw_lowmem_update_all(process_exec(), state, set.list(), step_of(1), table);
     ref.step(set, step_of(1), ref_table);
     for (size_t i = 0; i < shapes.size(); ++i)
       for (int64_t j = 0; j < set.p[i]->numel(); ++j)
@@ -156,7 +156,7 @@ TEST(AdamWLowMem, UpdatesFollowFp32StateAdamW) {
             << "tensor " << i << " element " << j;
     for (int64_t t = 2; t <= 20; ++t) {
       set.regrad(1000 * t);
-      ops::adamw_lowmem_update_all(state, set.list(), step_of(t), table);
+      ops::adamw_lowmem_update_all(process_exec(), state, set.list(), step_of(t), table);
       ref.step(set, step_of(t), ref_table);
     }
     const double err = relative_update_error(start, set, ref);
@@ -174,8 +174,8 @@ TEST(AdamWLowMem, StepsAreReproducible) {
     ops::AdamWLowMemDeviceTable ta, tb;
     for (int64_t t = 1; t <= 3; ++t) {
       a.regrad(77 * t), b.regrad(77 * t);
-      ops::adamw_lowmem_update_all(state, a.list(), step_of(t), ta);
-      ops::adamw_lowmem_update_all(state, b.list(), step_of(t), tb);
+      ops::adamw_lowmem_update_all(process_exec(), state, a.list(), step_of(t), ta);
+      ops::adamw_lowmem_update_all(process_exec(), state, b.list(), step_of(t), tb);
     }
     EXPECT_TRUE(a.state_bytes() == b.state_bytes());
   }
@@ -184,7 +184,7 @@ TEST(AdamWLowMem, StepsAreReproducible) {
 TEST(AdamWLowMem, MismatchedStateIsRefused) {
   LowMemSet set(ops::AdamWState::bf16, {Shape{8}}, 1);
   ops::AdamWLowMemDeviceTable table;
-  EXPECT_THROW(ops::adamw_lowmem_update_all(ops::AdamWState::int8, set.list(), step_of(1), table), Error);
+  EXPECT_THROW(ops::adamw_lowmem_update_all(process_exec(), ops::AdamWState::int8, set.list(), step_of(1), table), Error);
   EXPECT_THROW(ops::adamw_state_from_name("fp8"), Error);
 }
 

@@ -32,7 +32,7 @@ OwnedTensor key_tensor(uint64_t key) {
 OwnedTensor dropped(const Tensor& x, double p, uint32_t site, uint64_t key) {
   OwnedTensor y(x.dtype(), Device::cpu, x.shape());
   const OwnedTensor k = key_tensor(key);
-  ops::dropout_apply(x, {p, site, *k}, *y);
+  ops::dropout_apply(process_exec(), x, {p, site, *k}, *y);
   return y;
 }
 
@@ -82,7 +82,7 @@ TEST(Dropout, TheMaskIsAFunctionOfKeySiteAndIndex) {
   OwnedTensor inplace(DType::f32, Device::cpu, x->shape());
   copy_tensor(*x, *inplace);
   const OwnedTensor k = key_tensor(42);
-  ops::dropout_apply(*inplace, {0.5, 1, *k}, *inplace);
+  ops::dropout_apply(process_exec(), *inplace, {0.5, 1, *k}, *inplace);
   const OwnedTensor out = dropped(*x, 0.5, 1, 42);
   for (int64_t i = 0; i < x->numel(); ++i) EXPECT_EQ(inplace->data<float>()[i], out->data<float>()[i]);
 }

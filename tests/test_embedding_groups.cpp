@@ -31,8 +31,8 @@ TEST(EmbeddingGroups, GroupedBackwardEqualsScatter) {
   const Tensor starts_t(starts.data(), DType::i32, Device::cpu, Shape{static_cast<int64_t>(starts.size())});
   const OwnedTensor dout = test::random_tensor(DType::f64, Shape{n, dim}, 7);
   OwnedTensor a = test::random_tensor(DType::f64, Shape{vocab, dim}, 8), b = test::random_tensor(DType::f64, Shape{vocab, dim}, 8);
-  ops::embedding_backward(Tensor(tokens.data(), DType::i32, Device::cpu, Shape{n}), *dout, *a);
-  ops::embedding_backward(ops::TokenGroups{order_t, ids_t, starts_t, static_cast<int64_t>(ids.size())}, *dout, *b);
+  ops::embedding_backward(process_exec(), Tensor(tokens.data(), DType::i32, Device::cpu, Shape{n}), *dout, *a);
+  ops::embedding_backward(process_exec(), ops::TokenGroups{order_t, ids_t, starts_t, static_cast<int64_t>(ids.size())}, *dout, *b);
   for (int64_t i = 0; i < vocab * dim; ++i) EXPECT_NEAR(a->data<double>()[i], b->data<double>()[i], 1e-12);
 }
 

@@ -52,13 +52,13 @@ TEST(MoeDispatch, GroupsPairsByExpertStably) {
   // Tokens 0..2, top 2 of 4: pairs p = 2t + j.
   const OwnedTensor experts = i32_tensor({1, 3, 1, 0, 2, 1}, Shape{3, 2});
   Dispatch disp(3, 2, 4);
-  ops::moe_dispatch(*experts, disp.d);
+  ops::moe_dispatch(process_exec(), *experts, disp.d);
   EXPECT_EQ(ints(*disp.counts), (std::vector<int32_t>{1, 3, 1, 1}));
   EXPECT_EQ(ints(*disp.offsets), (std::vector<int32_t>{0, 1, 4, 5, 6}));
   EXPECT_EQ(ints(*disp.pair_of_row), (std::vector<int32_t>{3, 0, 2, 5, 4, 1}));  // expert 1: pairs 0, 2, 5 in order
   for (int32_t p = 0; p < 6; ++p) EXPECT_EQ(disp.pair_of_row->data<int32_t>()[disp.row_of_pair->data<int32_t>()[p]], p);
   const OwnedTensor bad = i32_tensor({1, 4, 0, 0, 0, 0}, Shape{3, 2});
-  EXPECT_THROW(ops::moe_dispatch(*bad, disp.d), Error);
+  EXPECT_THROW(ops::moe_dispatch(process_exec(), *bad, disp.d), Error);
 }
 
 // gather -> grouped linear -> combine equals, per token, sum_j w_j W_{e_j} x; and the
@@ -68,15 +68,15 @@ TEST(MoeOps, ChainMatchesNaiveAndFiniteDifferences) {
   const int64_t t_count = 5, k = 2, e_count = 4, in = 3, out = 2;
   const OwnedTensor experts = i32_tensor({0, 1, 0, 2, 1, 0, 0, 2, 2, 0}, Shape{t_count, k});
   Dispatch disp(t_count, k, e_count);
-  ops::moe_dispatch(*experts, disp.d);
+  ops::moe_dispatch(process_exec(), *experts, disp.d);
   OwnedTensor x = f64_random(Shape{t_count, in}, 1), w = f64_random(Shape{e_count * out, in}, 2);
   OwnedTensor weights = f64_random(Shape{t_count, k}, 3);
   OwnedTensor grouped(DType::f64, Device::cpu, Shape{t_count * k, in}), y(DType::f64, Device::cpu, Shape{t_count * k, out});
   OwnedTensor result(DType::f64, Device::cpu, Shape{t_count, out});
   auto run = [&] {
-    ops::moe_gather(*x, disp.d, *grouped);
-    ops::moe_grouped_linear_forward(*grouped, *w, disp.d, *y);
-    ops::moe_combine(*y, *weights, disp.d, *result);
+    ops::moe_gather(process_exec(), *x, disp.d, *grouped);
+    ops::moe_grouped_linear_forward(process_exec(), *grouped, *w, disp.d, *y);
+    ops::moe_combine(process_exec(), *y, *weights, disp.d, *result);
   };
   run();
   for (int64_t t = 0; t < t_count; ++t)
@@ -96,9 +96,9 @@ TEST(MoeOps, ChainMatchesNaiveAndFiniteDifferences) {
   OwnedTensor dgrouped(DType::f64, Device::cpu, grouped->shape()), dx(DType::f64, Device::cpu, x->shape());
   OwnedTensor dw(DType::f64, Device::cpu, w->shape());
   zero_tensor(*dw);
-  ops::moe_combine_backward(*y, *weights, *g, disp.d, *dy, *dweights);
-  ops::moe_grouped_linear_backward(*grouped, *w, *dy, disp.d, *dgrouped, *dw);
-  ops::moe_gather_backward(*dgrouped, disp.d, *dx, false);
+  ops::moe_combine_backward(process_exec(), *y, *weights, *g, disp.d, *dy, *dweights);
+  ops::moe_grouped_linear_backward(process_exec(), *grouped, *w, *dy, disp.d, *dgrouped, *dw);
+  ops::moe_gather_backward(process_exec(), *dgrouped, disp.d, *dx, false);
   auto objective = [&] {
     run();
     double l = 0;
@@ -121,7 +121,7 @@ TEST(Routers, SoftmaxTopKFollowsItsDefinition) {
     OwnedTensor probs(DType::f64, Device::cpu, logits->shape()), ids(DType::i32, Device::cpu, Shape{t_count, k});
     OwnedTensor weights(DType::f64, Device::cpu, Shape{t_count, k});
     const ops::Routes routes{*ids, *weights};
-    ops::softmax_topk_forward(*logits, normalize, *probs, routes);
+    ops::softmax_topk_forward(process_exec(), *logits, normalize, *probs, routes);
     for (int64_t t = 0; t < t_count; ++t) {
       const double* l = logits->data<double>() + t * e_count;
       double sum = 0;
@@ -139,9 +139,9 @@ TEST(Routers, SoftmaxTopKFollowsItsDefinition) {
     // Backward: L = sum(weights * a) + sum(probs * b) against finite differences in the logits.
     const OwnedTensor a = f64_random(Shape{t_count, k}, 8), b = f64_random(Shape{t_count, e_count}, 9);
     OwnedTensor dlogits(DType::f64, Device::cpu, logits->shape());
-    ops::softmax_topk_backward(*probs, routes, normalize, *a, *b, *dlogits);
+    ops::softmax_topk_backward(process_exec(), *probs, routes, normalize, *a, *b, *dlogits);
     auto objective = [&] {
-      ops::softmax_topk_forward(*logits, normalize, *probs, routes);
+      ops::softmax_topk_forward(process_exec(), *logits, normalize, *probs, routes);
       double l = 0;
       for (int64_t i = 0; i < weights->numel(); ++i) l += weights->data<double>()[i] * a->data<double>()[i];
       for (int64_t i = 0; i < probs->numel(); ++i) l += probs->data<double>()[i] * b->data<double>()[i];
@@ -164,14 +164,14 @@ TEST(Routers, SigmoidBiasChoosesOnScorePlusBiasAndWeighsOnTheScore) {
   OwnedTensor weights(DType::f64, Device::cpu, Shape{1, 2});
   const ops::Routes routes{*ids, *weights};
   auto sig = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
-  ops::sigmoid_bias_forward(*l, *bias, 1, 1, true, 2.5, *scores, routes);
+  ops::sigmoid_bias_forward(process_exec(), *l, *bias, 1, 1, true, 2.5, *scores, routes);
   EXPECT_EQ(ints(*ids), (std::vector<int32_t>{2, 0}));  // keys: s2 + 0.5 = 1.12 > s0 = 0.88 > s1 = 0.73
   const double s0 = sig(2.0), s2 = sig(0.5);
   EXPECT_NEAR(weights->data<double>()[0], 2.5 * s2 / (s0 + s2), 1e-15);
   EXPECT_NEAR(weights->data<double>()[1], 2.5 * s0 / (s0 + s2), 1e-15);
   // Two groups {0, 1} and {2, 3}: group scores (s0 + s1) and (s2 + b2 + s3); with one group
   // allowed, both choices come from the first.
-  ops::sigmoid_bias_forward(*l, *bias, 2, 1, false, 1.0, *scores, routes);
+  ops::sigmoid_bias_forward(process_exec(), *l, *bias, 2, 1, false, 1.0, *scores, routes);
   EXPECT_EQ(ints(*ids), (std::vector<int32_t>{0, 1}));
   EXPECT_NEAR(weights->data<double>()[1], sig(1.0), 1e-15);
   // Backward against finite differences (random logits, groups on, both normalizations).
@@ -180,12 +180,12 @@ TEST(Routers, SigmoidBiasChoosesOnScorePlusBiasAndWeighsOnTheScore) {
   OwnedTensor i8(DType::i32, Device::cpu, Shape{6, 3}), w8(DType::f64, Device::cpu, Shape{6, 3});
   const ops::Routes r8{*i8, *w8};
   for (bool normalize : {true, false}) {
-    ops::sigmoid_bias_forward(*big, *b8, 4, 2, normalize, 1.5, *s8, r8);
+    ops::sigmoid_bias_forward(process_exec(), *big, *b8, 4, 2, normalize, 1.5, *s8, r8);
     const OwnedTensor a = f64_random(Shape{6, 3}, 13), c = f64_random(Shape{6, 8}, 14);
     OwnedTensor dlogits(DType::f64, Device::cpu, big->shape());
-    ops::sigmoid_bias_backward(*s8, r8, normalize, 1.5, *a, *c, *dlogits);
+    ops::sigmoid_bias_backward(process_exec(), *s8, r8, normalize, 1.5, *a, *c, *dlogits);
     auto objective = [&] {
-      ops::sigmoid_bias_forward(*big, *b8, 4, 2, normalize, 1.5, *s8, r8);
+      ops::sigmoid_bias_forward(process_exec(), *big, *b8, 4, 2, normalize, 1.5, *s8, r8);
       double v = 0;
       for (int64_t i = 0; i < w8->numel(); ++i) v += w8->data<double>()[i] * a->data<double>()[i];
       for (int64_t i = 0; i < s8->numel(); ++i) v += s8->data<double>()[i] * c->data<double>()[i];
@@ -215,14 +215,14 @@ TEST(Routers, BalanceAndZLossesFollowTheirDefinitions) {
   }
   OwnedTensor dprobs(DType::f64, Device::cpu, probs->shape());
   zero_tensor(*dprobs);
-  EXPECT_NEAR(ops::balance_loss(*probs, *counts, 2, 0.5, *dprobs), want, 1e-15);
+  EXPECT_NEAR(ops::balance_loss(process_exec(), *probs, *counts, 2, 0.5, *dprobs), want, 1e-15);
   const GradCheckReport r = check_gradient_scalar(
-      *probs, values_of(*dprobs), [&] { return 0.5 * ops::balance_loss(*probs, *counts, 2, 0, Tensor()); });
+      *probs, values_of(*dprobs), [&] { return 0.5 * ops::balance_loss(process_exec(), *probs, *counts, 2, 0, Tensor()); });
   EXPECT_TRUE(r.ok()) << r.str();
   // Perfectly balanced routing with uniform probabilities: the loss is exactly 1.
   OwnedTensor uniform(DType::f64, Device::cpu, Shape{3, 3});
   for (int64_t i = 0; i < 9; ++i) uniform->data<double>()[i] = 1.0 / 3.0;
-  EXPECT_NEAR(ops::balance_loss(*uniform, *i32_tensor({2, 2, 2}, Shape{3}), 2, 0, Tensor()), 1.0, 1e-15);
+  EXPECT_NEAR(ops::balance_loss(process_exec(), *uniform, *i32_tensor({2, 2, 2}, Shape{3}), 2, 0, Tensor()), 1.0, 1e-15);
   // z-loss: mean lse^2 and its gradient.
   OwnedTensor dlogits(DType::f64, Device::cpu, logits->shape());
   zero_tensor(*dlogits);
@@ -232,9 +232,9 @@ TEST(Routers, BalanceAndZLossesFollowTheirDefinitions) {
     for (int64_t j = 0; j < e_count; ++j) sum += std::exp(logits->data<double>()[t * e_count + j]);
     z += std::log(sum) * std::log(sum) / t_count;
   }
-  EXPECT_NEAR(ops::router_z_loss(*logits, 2.0, *dlogits), z, 1e-14);
+  EXPECT_NEAR(ops::router_z_loss(process_exec(), *logits, 2.0, *dlogits), z, 1e-14);
   const GradCheckReport rz =
-      check_gradient_scalar(*logits, values_of(*dlogits), [&] { return 2.0 * ops::router_z_loss(*logits, 0, Tensor()); });
+      check_gradient_scalar(*logits, values_of(*dlogits), [&] { return 2.0 * ops::router_z_loss(process_exec(), *logits, 0, Tensor()); });
   EXPECT_TRUE(rz.ok()) << rz.str();
 }
 

@@ -68,7 +68,7 @@ TEST(MoeDispatch, EmptySlotsTakeNoRowAndTheCapacityDropsByPosition) {
   // 4 tokens x 2 slots over 3 experts: pairs 0..7.
   const OwnedTensor experts = i32_tensor({1, -1, 1, 0, 1, 2, -1, 1}, Shape{4, 2});
   Dispatch disp(4, 2, 3, 6, 2);
-  ops::moe_dispatch(*experts, disp.d);
+  ops::moe_dispatch(process_exec(), *experts, disp.d);
   EXPECT_EQ(ints(*disp.counts), (std::vector<int32_t>{1, 4, 1}));   // routed, before the drop
   EXPECT_EQ(ints(*disp.offsets), (std::vector<int32_t>{0, 1, 3, 4}));  // kept: 1, 2, 1
   EXPECT_EQ(ints(*disp.row_of_pair), (std::vector<int32_t>{1, -1, 2, 0, -1, 3, -1, -1}));
@@ -77,11 +77,11 @@ TEST(MoeDispatch, EmptySlotsTakeNoRowAndTheCapacityDropsByPosition) {
   EXPECT_EQ(disp.dropped->data<int32_t>()[0], 2);  // expert 1's pairs 4 and 7
   // Without the capacity every routed pair is kept; more live rows than the layout holds is an error.
   Dispatch all(4, 2, 3, 6, 0);
-  ops::moe_dispatch(*experts, all.d);
+  ops::moe_dispatch(process_exec(), *experts, all.d);
   EXPECT_EQ(ints(*all.offsets), (std::vector<int32_t>{0, 1, 5, 6}));
   EXPECT_EQ(all.dropped->data<int32_t>()[0], 0);
   Dispatch small(4, 2, 3, 5, 0);
-  EXPECT_THROW(ops::moe_dispatch(*experts, small.d), Error);
+  EXPECT_THROW(ops::moe_dispatch(process_exec(), *experts, small.d), Error);
 }
 
 // gather -> grouped linear -> combine with empty and dropped pairs: they contribute nothing
@@ -91,16 +91,16 @@ TEST(MoeOps, EmptyAndDroppedPairsContributeNothing) {
   const int64_t t_count = 5, k = 2, e_count = 3, in = 3, out = 2, rows = 7, capacity = 2;
   const OwnedTensor experts = i32_tensor({0, 1, 0, -1, 0, 2, 1, 0, -1, 2}, Shape{t_count, k});
   Dispatch disp(t_count, k, e_count, rows, capacity);
-  ops::moe_dispatch(*experts, disp.d);
+  ops::moe_dispatch(process_exec(), *experts, disp.d);
   ASSERT_EQ(disp.dropped->data<int32_t>()[0], 2);  // expert 0's pairs 4 and 7
   OwnedTensor x = f64_random(Shape{t_count, in}, 1), w = f64_random(Shape{e_count * out, in}, 2);
   OwnedTensor weights = f64_random(Shape{t_count, k}, 3);
   OwnedTensor grouped = f64_zeros(Shape{rows, in}), y = f64_zeros(Shape{rows, out}), result = f64_zeros(Shape{t_count, out});
   for (int64_t i = 0; i < grouped->numel(); ++i) grouped->data<double>()[i] = 7.0;  // gather must zero the unused rows
   auto run = [&] {
-    ops::moe_gather(*x, disp.d, *grouped);
-    ops::moe_grouped_linear_forward(*grouped, *w, disp.d, *y);
-    ops::moe_combine(*y, *weights, disp.d, *result);
+    ops::moe_gather(process_exec(), *x, disp.d, *grouped);
+    ops::moe_grouped_linear_forward(process_exec(), *grouped, *w, disp.d, *y);
+    ops::moe_combine(process_exec(), *y, *weights, disp.d, *result);
   };
   run();
   for (int64_t r = 6; r < rows; ++r)  // 6 rows kept
@@ -121,9 +121,9 @@ TEST(MoeOps, EmptyAndDroppedPairsContributeNothing) {
   const OwnedTensor g = f64_random(Shape{t_count, out}, 4);
   OwnedTensor dy = f64_zeros(y->shape()), dweights = f64_random(weights->shape(), 5);  // junk: must be overwritten
   OwnedTensor dgrouped = f64_zeros(grouped->shape()), dx = f64_zeros(x->shape()), dw = f64_zeros(w->shape());
-  ops::moe_combine_backward(*y, *weights, *g, disp.d, *dy, *dweights);
-  ops::moe_grouped_linear_backward(*grouped, *w, *dy, disp.d, *dgrouped, *dw);
-  ops::moe_gather_backward(*dgrouped, disp.d, *dx, false);
+  ops::moe_combine_backward(process_exec(), *y, *weights, *g, disp.d, *dy, *dweights);
+  ops::moe_grouped_linear_backward(process_exec(), *grouped, *w, *dy, disp.d, *dgrouped, *dw);
+  ops::moe_gather_backward(process_exec(), *dgrouped, disp.d, *dx, false);
   for (size_t p = 0; p < kept.size(); ++p)
     if (!kept[p]) EXPECT_EQ(dweights->data<double>()[p], 0.0) << p;
   auto objective = [&] {
@@ -158,7 +158,7 @@ TEST(Routers, SinkhornBalancesTheChoiceAndWeighsOnTheSoftmax) {
     SCOPED_TRACE(k);
     OwnedTensor ids(DType::i32, Device::cpu, Shape{t_count, k}), weights = f64_zeros(Shape{t_count, k});
     const ops::Routes routes{*ids, *weights};
-    ops::sinkhorn_topk_forward(*logits, 50, true, *probs, *rows, *cols, routes);
+    ops::sinkhorn_topk_forward(process_exec(), *logits, 50, true, *probs, *rows, *cols, routes);
     auto max_load = [&](const Tensor& chosen) {
       std::vector<int> load(static_cast<size_t>(e_count), 0);
       for (int32_t e : ints(chosen)) ++load[static_cast<size_t>(e)];
@@ -168,7 +168,7 @@ TEST(Routers, SinkhornBalancesTheChoiceAndWeighsOnTheSoftmax) {
     EXPECT_LE(max_load(*ids), 1.5 * mean);
     {
       OwnedTensor plain(DType::i32, Device::cpu, Shape{t_count, k}), plain_w = f64_zeros(Shape{t_count, k});
-      ops::softmax_topk_forward(*logits, true, *probs, {*plain, *plain_w});
+      ops::softmax_topk_forward(process_exec(), *logits, true, *probs, {*plain, *plain_w});
       EXPECT_GE(max_load(*plain), 2.0 * mean);  // the imbalance it corrects
     }
     for (int64_t e = 0; e < e_count; ++e) {
@@ -188,18 +188,18 @@ TEST(Routers, SinkhornBalancesTheChoiceAndWeighsOnTheSoftmax) {
     // Zero iterations: the softmax's own top k.
     OwnedTensor ids0(DType::i32, Device::cpu, Shape{t_count, k}), weights0 = f64_zeros(Shape{t_count, k});
     OwnedTensor ids1(DType::i32, Device::cpu, Shape{t_count, k}), weights1 = f64_zeros(Shape{t_count, k});
-    ops::sinkhorn_topk_forward(*logits, 0, true, *probs, *rows, *cols, {*ids0, *weights0});
-    ops::softmax_topk_forward(*logits, true, *probs, {*ids1, *weights1});
+    ops::sinkhorn_topk_forward(process_exec(), *logits, 0, true, *probs, *rows, *cols, {*ids0, *weights0});
+    ops::softmax_topk_forward(process_exec(), *logits, true, *probs, {*ids1, *weights1});
     EXPECT_EQ(ints(*ids0), ints(*ids1));
     EXPECT_EQ(values_of(*weights0), values_of(*weights1));
     // Backward (softmax_topk's) against finite differences of the Sinkhorn-routed forward.
     for (bool normalize : {true, false}) {
-      ops::sinkhorn_topk_forward(*logits, 5, normalize, *probs, *rows, *cols, routes);
+      ops::sinkhorn_topk_forward(process_exec(), *logits, 5, normalize, *probs, *rows, *cols, routes);
       const OwnedTensor a = f64_random(Shape{t_count, k}, 32), b = f64_random(Shape{t_count, e_count}, 33);
       OwnedTensor dlogits = f64_zeros(logits->shape());
-      ops::softmax_topk_backward(*probs, routes, normalize, *a, *b, *dlogits);
+      ops::softmax_topk_backward(process_exec(), *probs, routes, normalize, *a, *b, *dlogits);
       const GradCheckReport r = check_gradient_scalar(*logits, values_of(*dlogits), [&] {
-        ops::sinkhorn_topk_forward(*logits, 5, normalize, *probs, *rows, *cols, routes);
+        ops::sinkhorn_topk_forward(process_exec(), *logits, 5, normalize, *probs, *rows, *cols, routes);
         return dot(*weights, *a) + dot(*probs, *b);
       });
       EXPECT_TRUE(r.ok()) << r.str();
@@ -215,7 +215,7 @@ TEST(Routers, ExpertChoiceGivesEachExpertItsTopTokens) {
   OwnedTensor probs = f64_zeros(logits->shape()), ids(DType::i32, Device::cpu, Shape{t_count, e_count});
   OwnedTensor weights = f64_zeros(Shape{t_count, e_count});
   const ops::Routes routes{*ids, *weights};
-  ops::expert_choice_forward(*logits, capacity, *probs, routes);
+  ops::expert_choice_forward(process_exec(), *logits, capacity, *probs, routes);
   std::vector<int> per_token(static_cast<size_t>(t_count), 0);
   for (int64_t e = 0; e < e_count; ++e) {
     std::vector<std::pair<double, int64_t>> column;
@@ -233,9 +233,9 @@ TEST(Routers, ExpertChoiceGivesEachExpertItsTopTokens) {
   EXPECT_EQ(std::accumulate(per_token.begin(), per_token.end(), 0), e_count * capacity);
   const OwnedTensor a = f64_random(Shape{t_count, e_count}, 42), b = f64_random(Shape{t_count, e_count}, 43);
   OwnedTensor dlogits = f64_zeros(logits->shape());
-  ops::softmax_topk_backward(*probs, routes, false, *a, *b, *dlogits);
+  ops::softmax_topk_backward(process_exec(), *probs, routes, false, *a, *b, *dlogits);
   const GradCheckReport r = check_gradient_scalar(*logits, values_of(*dlogits), [&] {
-    ops::expert_choice_forward(*logits, capacity, *probs, routes);
+    ops::expert_choice_forward(process_exec(), *logits, capacity, *probs, routes);
     return dot(*weights, *a) + dot(*probs, *b);
   });
   EXPECT_TRUE(r.ok()) << r.str();
@@ -251,7 +251,7 @@ TEST(Routers, ReluRoutesEveryPositiveGateWithAnAdaptiveL1) {
   OwnedTensor weights = f64_zeros(Shape{t_count, e_count}), coef(DType::f64, Device::cpu, Shape{1});
   coef->data<double>()[0] = 0.3;
   const ops::Routes routes{*ids, *weights};
-  ops::relu_route_forward(*logits, *probs, routes);
+  ops::relu_route_forward(process_exec(), *logits, *probs, routes);
   double l1 = 0;
   for (int64_t t = 0; t < t_count; ++t) {
     double sum = 0;
@@ -264,26 +264,26 @@ TEST(Routers, ReluRoutesEveryPositiveGateWithAnAdaptiveL1) {
       EXPECT_NEAR(probs->data<double>()[t * e_count + e], l > 0 ? l / sum : 0.0, 1e-15);
     }
   }
-  EXPECT_NEAR(ops::relu_l1(*logits), l1, 1e-14);
+  EXPECT_NEAR(ops::relu_l1(process_exec(), *logits), l1, 1e-14);
   const double scale = 0.5;
   const OwnedTensor a = f64_random(Shape{t_count, e_count}, 52);
   OwnedTensor dlogits = f64_zeros(logits->shape());
-  ops::relu_route_backward(routes, *a, *coef, scale, *dlogits);
+  ops::relu_route_backward(process_exec(), routes, *a, *coef, scale, *dlogits);
   const GradCheckReport r = check_gradient_scalar(*logits, values_of(*dlogits), [&] {
-    ops::relu_route_forward(*logits, *probs, routes);
-    return dot(*weights, *a) + 0.3 * scale * ops::relu_l1(*logits);
+    ops::relu_route_forward(process_exec(), *logits, *probs, routes);
+    return dot(*weights, *a) + 0.3 * scale * ops::relu_l1(process_exec(), *logits);
   });
   EXPECT_TRUE(r.ok()) << r.str();
   // Target 1 of 4 experts (sparsity 0.75) over 10 tokens: 20 pairs is sparsity 0.5 (too
   // dense: x 1.2), 5 pairs 0.875 (too sparse: / 1.2); no tokens: unchanged.
   OwnedTensor tokens(DType::f64, Device::cpu, Shape{1});
   tokens->data<double>()[0] = 10;
-  ops::relu_l1_update(*coef, *i32_tensor({8, 4, 4, 4}, Shape{4}), *tokens, 1, 1.2);
+  ops::relu_l1_update(process_exec(), *coef, *i32_tensor({8, 4, 4, 4}, Shape{4}), *tokens, 1, 1.2);
   EXPECT_NEAR(coef->data<double>()[0], 0.36, 1e-15);
-  ops::relu_l1_update(*coef, *i32_tensor({2, 1, 1, 1}, Shape{4}), *tokens, 1, 1.2);
+  ops::relu_l1_update(process_exec(), *coef, *i32_tensor({2, 1, 1, 1}, Shape{4}), *tokens, 1, 1.2);
   EXPECT_NEAR(coef->data<double>()[0], 0.3, 1e-15);
   tokens->data<double>()[0] = 0;
-  ops::relu_l1_update(*coef, *i32_tensor({0, 0, 0, 0}, Shape{4}), *tokens, 1, 1.2);
+  ops::relu_l1_update(process_exec(), *coef, *i32_tensor({0, 0, 0, 0}, Shape{4}), *tokens, 1, 1.2);
   EXPECT_NEAR(coef->data<double>()[0], 0.3, 1e-15);
 }
 

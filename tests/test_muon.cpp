@@ -77,7 +77,7 @@ TEST(Muon, NewtonSchulzActsOnEachSingularValueAsTheQuintic) {
     const std::vector<double> s_in = singular_values(x0, rows, cols);
 
     OwnedTensor x = copy_of(*input);
-    ops::newton_schulz(*x, steps, eps);
+    ops::newton_schulz(process_exec(), *x, steps, eps);
     const std::vector<double> s_out = singular_values(values_of(*x), rows, cols);
 
     // The quintic is not monotone: sort the predictions before pairing them.
@@ -99,7 +99,7 @@ TEST(Muon, NewtonSchulzActsOnEachSingularValueAsTheQuintic) {
     }
 
     OwnedTensor x32 = as_f32(*input);
-    ops::newton_schulz(*x32, steps, eps);
+    ops::newton_schulz(process_exec(), *x32, steps, eps);
     const double f32_error = max_abs_diff(*x32, *x);
     EXPECT_LT(f32_error, 5e-6);
     ::testing::Test::RecordProperty(
@@ -163,7 +163,7 @@ TEST(Muon, MomentumAndNesterovFollowTheirDefinitions) {
         m[i].assign(p[i].size(), 0.0);
       }
       for (const auto* grads : {&pr.g1, &pr.g2}) {
-        update.step(pr.matrices(*grads), pr.lr);
+        update.step(process_exec(), pr.matrices(*grads), pr.lr);
         for (size_t i = 0; i < pr.shapes.size(); ++i) {
           const std::vector<double> g = values_of(*(*grads)[i]);
           OwnedTensor u(DType::f64, Device::cpu, pr.shapes[i]);
@@ -171,7 +171,7 @@ TEST(Muon, MomentumAndNesterovFollowTheirDefinitions) {
             m[i][j] = ema ? mu * m[i][j] + (1 - mu) * g[j] : mu * m[i][j] + g[j];
             u->data<double>()[j] = !nesterov ? m[i][j] : ema ? (1 - mu) * g[j] + mu * m[i][j] : g[j] + mu * m[i][j];
           }
-          ops::newton_schulz(*u, settings.ns_steps, settings.ns_eps);
+          ops::newton_schulz(process_exec(), *u, settings.ns_steps, settings.ns_eps);
           const double decay = 1 - pr.lr * pr.wd;
           for (size_t j = 0; j < g.size(); ++j) p[i][j] = p[i][j] * decay - pr.lr * pr.scale[i] * u->data<double>()[j];
           const std::vector<double> got_m = values_of(*pr.m[i]), got_p = values_of(*pr.p[i]);
@@ -203,7 +203,7 @@ TEST(Muon, ZeroGradientOnlyDecays) {
     ops::MuonUpdate update({}, pr.shapes, Device::cpu);
     std::vector<OwnedTensor> before;
     for (const auto& p : pr.p) before.push_back(copy_of(*p));
-    update.step(pr.matrices(pr.g1), pr.lr);
+    update.step(process_exec(), pr.matrices(pr.g1), pr.lr);
     for (size_t i = 0; i < pr.shapes.size(); ++i) {
       OwnedTensor expected = copy_of(*before[i]);
       for (int64_t j = 0; j < expected->numel(); ++j) {
@@ -225,8 +225,8 @@ TEST(Muon, GradScaleEqualsPrescaledGradients) {
   for (auto& g : b.g1)
     for (int64_t j = 0; j < g->numel(); ++j) g->data<double>()[j] *= s;
   ops::MuonUpdate ua({}, a.shapes, Device::cpu), ub({}, b.shapes, Device::cpu);
-  ua.step(a.matrices(a.g1), a.lr, s);
-  ub.step(b.matrices(b.g1), b.lr, 1.0);
+  ua.step(process_exec(), a.matrices(a.g1), a.lr, s);
+  ub.step(process_exec(), b.matrices(b.g1), b.lr, 1.0);
   for (size_t i = 0; i < a.shapes.size(); ++i) {
     EXPECT_LT(max_abs_diff(*a.p[i], *b.p[i]), 1e-12) << "param " << i;
     EXPECT_LT(max_abs_diff(*a.m[i], *b.m[i]), 1e-12) << "momentum " << i;
@@ -240,16 +240,16 @@ TEST(Muon, ErrorsNameTheOp) {
   ops::MuonUpdate update({}, pr.shapes, Device::cpu);
   auto list = pr.matrices(pr.g1);
   list.pop_back();
-  EXPECT_NE(test::error_of([&] { update.step(list, 0.1); }).find("[muon] 1 matrices given, 2 planned"),
+  EXPECT_NE(test::error_of([&] { update.step(process_exec(), list, 0.1); }).find("[muon] 1 matrices given, 2 planned"),
             std::string::npos);
   list = pr.matrices(pr.g1);
   std::swap(list[0], list[1]);
-  EXPECT_NE(test::error_of([&] { update.step(list, 0.1); }).find("[muon] matrix 0: param must be [6, 10]"),
+  EXPECT_NE(test::error_of([&] { update.step(process_exec(), list, 0.1); }).find("[muon] matrix 0: param must be [6, 10]"),
             std::string::npos);
   list = pr.matrices(pr.g1);
   OwnedTensor g32 = as_f32(*pr.g1[0]);
   list[0].grad = *g32;
-  EXPECT_NE(test::error_of([&] { update.step(list, 0.1); }).find("[muon] grad must be f64@cpu"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { update.step(process_exec(), list, 0.1); }).find("[muon] grad must be f64@cpu"), std::string::npos);
   ops::MuonSettings bad;
   bad.momentum = 1.0;
   EXPECT_NE(test::error_of([&] { ops::MuonUpdate u(bad, pr.shapes, Device::cpu); }).find("[muon] momentum"),
@@ -257,7 +257,7 @@ TEST(Muon, ErrorsNameTheOp) {
   EXPECT_NE(test::error_of([&] { ops::MuonUpdate u({}, {Shape{4}}, Device::cpu); }).find("[muon] matrix 0"),
             std::string::npos);
   OwnedTensor v(DType::f64, Device::cpu, Shape{5});
-  EXPECT_NE(test::error_of([&] { ops::newton_schulz(*v, 5); }).find("[newton_schulz] x must have rank 2"),
+  EXPECT_NE(test::error_of([&] { ops::newton_schulz(process_exec(), *v, 5); }).find("[newton_schulz] x must have rank 2"),
             std::string::npos);
 }
 

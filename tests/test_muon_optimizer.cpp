@@ -67,7 +67,7 @@ std::vector<std::vector<double>> first_updates(const std::string& scale, double 
   c.matrix.weight_decay = c.expert.weight_decay = 0;
   c.muon.scale = scale;
   Arena state("optimizer", Device::cpu);
-  auto optimizer = make_optimizer(c, m.parameters());
+  auto optimizer = make_optimizer(m.exec(), c, m.parameters());
   optimizer->plan(state);
   m.allocate();
   state.allocate();

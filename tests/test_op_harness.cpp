@@ -75,9 +75,9 @@ TEST(GradChecker, ReportsAWrongOpGradient) {
   OwnedTensor x = random_f64(Shape{7, 5}, 3), w = random_f64(Shape{3, 5}, 4), r = random_f64(Shape{7, 3}, 5);
   OwnedTensor y(DType::f64, Device::cpu, Shape{7, 3});
   OwnedTensor dw = filled_f64(Shape{3, 5}, 0);
-  ops::linear_backward(*x, *w, *r, Tensor(), *dw, Tensor());
+  ops::linear_backward(process_exec(), *x, *w, *r, Tensor(), *dw, Tensor());
   const EvalFn eval = [&](std::vector<double>& out) {
-    ops::linear_forward(*x, *w, Tensor(), *y);
+    ops::linear_forward(process_exec(), *x, *w, Tensor(), *y);
     out = values_of(*y);
   };
   std::vector<double> g = values_of(*dw);
@@ -135,12 +135,12 @@ OpCase doubling() {
   // Through real ops, so any device and precision runs it.
   c.forward = [](const Tensors& t) {
     copy_tensor(t["x"], t["y"]);
-    ops::scale_inplace(t["y"], 2.0);
+    ops::scale_inplace(process_exec(), t["y"], 2.0);
     copy_tensor(t["y"], t["y_copy"]);
   };
   c.backward = [](const Tensors& t) {
     copy_tensor(t["dy"], t["dx"]);
-    ops::scale_inplace(t["dx"], 2.0);
+    ops::scale_inplace(process_exec(), t["dx"], 2.0);
   };
   c.reference = [](const Tensors& t) {
     for (int64_t i = 0; i < 10; ++i) t.f64("y")[i] = 2 * t.f64("x")[i];
@@ -168,7 +168,7 @@ TEST(OpRunner, CatchesDifferentBitsBetweenRuns) {
   c.forward = [full](const Tensors& t) {
     static int calls = 0;
     full(t);
-    if (++calls % 2 == 0) ops::scale_inplace(t["y"].rows(0, 1), 1.0 + 1e-7);  // every other run
+    if (++calls % 2 == 0) ops::scale_inplace(process_exec(), t["y"].rows(0, 1), 1.0 + 1e-7);  // every other run
   };
   EXPECT_NONFATAL_FAILURE(check_device(c, DType::f32, Device::cpu), "y differs between two identical runs");
 }

@@ -119,7 +119,7 @@ TEST(OpsGrad, LayerNorm) {
       OwnedTensor y = nan_f64(Shape{C::kRows, C::kCols}), mean = nan_f64(Shape{C::kRows}),
                   rstd = nan_f64(Shape{C::kRows});
       const EvalFn eval = [&](std::vector<double>& o) {
-        ops::layer_norm_forward(*t.x, wt, bt, C::kEps, *y, *mean, *rstd);
+        ops::layer_norm_forward(process_exec(), *t.x, wt, bt, C::kEps, *y, *mean, *rstd);
         o = values_of(*y);
       };
       std::vector<double> forward;
@@ -137,7 +137,7 @@ TEST(OpsGrad, LayerNorm) {
       OwnedTensor dx = nan_f64(Shape{C::kRows, C::kCols});
       OwnedTensor dw0 = random_f64(Shape{C::kCols}, 34), db0 = random_f64(Shape{C::kCols}, 35);
       OwnedTensor dw = copy_of(*dw0), db = copy_of(*db0);
-      ops::layer_norm_backward(*t.x, wt, *mean, *rstd, *r, *dx, gain ? *dw : Tensor(), bias ? *db : Tensor());
+      ops::layer_norm_backward(process_exec(), *t.x, wt, *mean, *rstd, *r, *dx, gain ? *dw : Tensor(), bias ? *db : Tensor());
       const std::vector<double> weights = values_of(*r);
       expect_grad("layer_norm dx", *t.x, values_of(*dx), eval, weights, kNorm);
       if (gain) expect_grad("layer_norm dw", *t.w, minus(*dw, *dw0), eval, weights, kNorm);
@@ -160,16 +160,16 @@ TEST(OpsGrad, LayerNorm) {
 
       // accumulate_dx = true adds the same gradient to what dx holds.
       OwnedTensor dx_acc = random_f64(Shape{C::kRows, C::kCols}, 36), dx_pre = copy_of(*dx_acc);
-      ops::layer_norm_backward(*t.x, wt, *mean, *rstd, *r, *dx_acc, Tensor(), Tensor(), true);
+      ops::layer_norm_backward(process_exec(), *t.x, wt, *mean, *rstd, *r, *dx_acc, Tensor(), Tensor(), true);
       EXPECT_LT(max_abs_diff(minus(*dx_acc, *dx_pre), values_of(*dx)), 1e-12);
 
       // dx_copy receives dx's final values; a copy of the wrong shape is refused by name.
       OwnedTensor copy = nan_f64(Shape{C::kRows, C::kCols});
-      ops::layer_norm_backward(*t.x, wt, *mean, *rstd, *r, *dx_acc, Tensor(), Tensor(), true, *copy);
+      ops::layer_norm_backward(process_exec(), *t.x, wt, *mean, *rstd, *r, *dx_acc, Tensor(), Tensor(), true, *copy);
       EXPECT_EQ(max_abs_diff(values_of(*copy), values_of(*dx_acc)), 0.0);
       OwnedTensor short_copy = nan_f64(Shape{C::kRows - 1, C::kCols});
       const std::string error = error_of(
-          [&] { ops::layer_norm_backward(*t.x, wt, *mean, *rstd, *r, *dx_acc, Tensor(), Tensor(), true, *short_copy); });
+          [&] { ops::layer_norm_backward(process_exec(), *t.x, wt, *mean, *rstd, *r, *dx_acc, Tensor(), Tensor(), true, *short_copy); });
       EXPECT_NE(error.find("[layer_norm_backward] dx_copy"), std::string::npos) << error;
 
       // Recompute: the forward run again gives the same bits.
@@ -183,7 +183,7 @@ TEST(OpsGrad, LayerNorm) {
       OwnedTensor x32 = to_f32(*t.x), w32 = to_f32(*t.w), b32 = to_f32(*t.b);
       OwnedTensor y32(DType::f32, Device::cpu, Shape{C::kRows, C::kCols});
       OwnedTensor mean32(DType::f32, Device::cpu, Shape{C::kRows}), rstd32(DType::f32, Device::cpu, Shape{C::kRows});
-      ops::layer_norm_forward(*x32, gain ? *w32 : Tensor(), bias ? *b32 : Tensor(), C::kEps, *y32, *mean32, *rstd32);
+      ops::layer_norm_forward(process_exec(), *x32, gain ? *w32 : Tensor(), bias ? *b32 : Tensor(), C::kEps, *y32, *mean32, *rstd32);
       const std::vector<double> y32v = values_of(*y32);
       auto rows_of = [](const std::vector<double>& v, int64_t begin, int64_t end) {
         return std::vector<double>(v.begin() + begin * C::kCols, v.begin() + end * C::kCols);
@@ -205,12 +205,12 @@ TEST(OpsGrad, AddLayerNormIsAddThenNorm) {
   OwnedTensor a = random_f64(Shape{C::kRows, C::kCols}, 40), branch = random_f64(Shape{C::kRows, C::kCols}, 41);
   OwnedTensor sum = nan_f64(a->shape()), y = nan_f64(a->shape()), mean = nan_f64(Shape{C::kRows}),
               rstd = nan_f64(Shape{C::kRows});
-  ops::add_layer_norm_forward(*a, *branch, *t.w, *t.b, C::kEps, *sum, *y, *mean, *rstd);
+  ops::add_layer_norm_forward(process_exec(), *a, *branch, *t.w, *t.b, C::kEps, *sum, *y, *mean, *rstd);
   std::vector<double> expected_sum = values_of(*a);
   for (size_t i = 0; i < expected_sum.size(); ++i) expected_sum[i] += values_of(*branch)[i];
   EXPECT_EQ(max_abs_diff(values_of(*sum), expected_sum), 0.0);
   OwnedTensor y2 = nan_f64(a->shape()), mean2 = nan_f64(Shape{C::kRows}), rstd2 = nan_f64(Shape{C::kRows});
-  ops::layer_norm_forward(*sum, *t.w, *t.b, C::kEps, *y2, *mean2, *rstd2);
+  ops::layer_norm_forward(process_exec(), *sum, *t.w, *t.b, C::kEps, *y2, *mean2, *rstd2);
   EXPECT_EQ(max_abs_diff(values_of(*y), values_of(*y2)), 0.0);
   EXPECT_EQ(max_abs_diff(values_of(*rstd), values_of(*rstd2)), 0.0);
   EXPECT_EQ(max_abs_diff(values_of(*mean), values_of(*mean2)), 0.0);
@@ -223,20 +223,20 @@ TEST(OpsGrad, LayerNormRejectsBadInput) {
   OwnedTensor short_w = nan_f64(Shape{C::kCols - 1}), short_rows = nan_f64(Shape{C::kRows - 1});
   OwnedTensor y32(DType::f32, Device::cpu, t.x->shape());
   auto starts_with = [](const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; };
-  std::string e = error_of([&] { ops::layer_norm_forward(*t.x, *short_w, *t.b, C::kEps, *y, *mean, *rstd); });
+  std::string e = error_of([&] { ops::layer_norm_forward(process_exec(), *t.x, *short_w, *t.b, C::kEps, *y, *mean, *rstd); });
   EXPECT_TRUE(starts_with(e, "[layer_norm] w must be [7]")) << e;
-  e = error_of([&] { ops::layer_norm_forward(*t.x, *t.w, *short_w, C::kEps, *y, *mean, *rstd); });
+  e = error_of([&] { ops::layer_norm_forward(process_exec(), *t.x, *t.w, *short_w, C::kEps, *y, *mean, *rstd); });
   EXPECT_TRUE(starts_with(e, "[layer_norm] b must be [7]")) << e;
-  e = error_of([&] { ops::layer_norm_forward(*t.x, *t.w, *t.b, C::kEps, *y, *short_rows, *rstd); });
+  e = error_of([&] { ops::layer_norm_forward(process_exec(), *t.x, *t.w, *t.b, C::kEps, *y, *short_rows, *rstd); });
   EXPECT_TRUE(starts_with(e, "[layer_norm] mean must be [6]")) << e;
-  e = error_of([&] { ops::layer_norm_forward(*t.x, *t.w, *t.b, 0.0, *y, *mean, *rstd); });
+  e = error_of([&] { ops::layer_norm_forward(process_exec(), *t.x, *t.w, *t.b, 0.0, *y, *mean, *rstd); });
   EXPECT_TRUE(starts_with(e, "[layer_norm] eps must be positive")) << e;
-  e = error_of([&] { ops::layer_norm_forward(*t.x, *t.w, *t.b, C::kEps, *y32, *mean, *rstd); });
+  e = error_of([&] { ops::layer_norm_forward(process_exec(), *t.x, *t.w, *t.b, C::kEps, *y32, *mean, *rstd); });
   EXPECT_TRUE(starts_with(e, "[layer_norm] y must be f64")) << e;
   OwnedTensor dx = nan_f64(t.x->shape()), dw = nan_f64(Shape{C::kCols});
-  e = error_of([&] { ops::layer_norm_backward(*t.x, Tensor(), *mean, *rstd, *y, *dx, *dw, Tensor()); });
+  e = error_of([&] { ops::layer_norm_backward(process_exec(), *t.x, Tensor(), *mean, *rstd, *y, *dx, *dw, Tensor()); });
   EXPECT_TRUE(starts_with(e, "[layer_norm_backward] dw given for a norm without gain")) << e;
-  e = error_of([&] { ops::layer_norm_backward(*t.x, *t.w, *mean, *rstd, *y, *dx, Tensor(), *short_w); });
+  e = error_of([&] { ops::layer_norm_backward(process_exec(), *t.x, *t.w, *mean, *rstd, *y, *dx, Tensor(), *short_w); });
   EXPECT_TRUE(starts_with(e, "[layer_norm_backward] db must be [7]")) << e;
 }
 
@@ -256,7 +256,7 @@ TEST(OpsGrad, Geglu) {
   gu->data<double>()[1] = -7.25;
   OwnedTensor out = nan_f64(Shape{n, f});
   const EvalFn eval = [&](std::vector<double>& o) {
-    ops::geglu_forward(*gu, *out);
+    ops::geglu_forward(process_exec(), *gu, *out);
     o = values_of(*out);
   };
   std::vector<double> ref;
@@ -271,22 +271,22 @@ TEST(OpsGrad, Geglu) {
       EXPECT_NEAR(naive_gelu_tanh(g), 0.5 * g * (1 + std::erf(g / std::sqrt(2.0))), 1e-3);
     }
   OwnedTensor dgu = nan_f64(gu->shape());
-  ops::geglu_backward(*gu, *r, *dgu);
+  ops::geglu_backward(process_exec(), *gu, *r, *dgu);
   expect_grad("geglu dgate_up", *gu, values_of(*dgu), eval, values_of(*r), kPointwise);
   // The backward that rebuilds the output over its input gradient (the MLP's recompute):
   // the same gradient, and the forward's output to the bit.
   OwnedTensor dgu2 = nan_f64(gu->shape()), r_then_out = copy_of(*r);
-  ops::geglu_backward(*gu, *r_then_out, *dgu2, *r_then_out);
+  ops::geglu_backward(process_exec(), *gu, *r_then_out, *dgu2, *r_then_out);
   EXPECT_EQ(max_abs_diff(values_of(*dgu2), values_of(*dgu)), 0.0);
   EXPECT_EQ(max_abs_diff(values_of(*r_then_out), ref), 0.0);
   OwnedTensor gu32 = to_f32(*gu), o32(DType::f32, Device::cpu, Shape{n, f});
-  ops::geglu_forward(*gu32, *o32);
+  ops::geglu_forward(process_exec(), *gu32, *o32);
   expect_f32_close("geglu", values_of(*o32), ref);
   // Validation names the op and the operand.
   OwnedTensor odd = nan_f64(Shape{n, 2 * f + 1}), wrong = nan_f64(Shape{n, f + 1});
-  std::string e = error_of([&] { ops::geglu_forward(*odd, *out); });
+  std::string e = error_of([&] { ops::geglu_forward(process_exec(), *odd, *out); });
   EXPECT_EQ(e.rfind("[geglu] gate_up must have an even number of columns", 0), 0u) << e;
-  e = error_of([&] { ops::geglu_backward(*gu, *wrong, *dgu); });
+  e = error_of([&] { ops::geglu_backward(process_exec(), *gu, *wrong, *dgu); });
   EXPECT_EQ(e.rfind("[geglu_backward] dout must be [5, 7]", 0), 0u) << e;
 }
 
@@ -313,10 +313,10 @@ TEST(OpsOracle, LayerNormAndGegluMatchNumpy) {
     OwnedTensor bt = dtype == DType::f64 ? copy_of(*b) : to_f32(*b), gut = dtype == DType::f64 ? copy_of(*gu) : to_f32(*gu);
     OwnedTensor y(dtype, Device::cpu, Shape{rows, cols}), mean(dtype, Device::cpu, Shape{rows}),
         rstd(dtype, Device::cpu, Shape{rows}), y_nobias(dtype, Device::cpu, Shape{rows, cols});
-    ops::layer_norm_forward(*xt, *wt, *bt, eps, *y, *mean, *rstd);
-    ops::layer_norm_forward(*xt, *wt, Tensor(), eps, *y_nobias, *mean, *rstd);
+    ops::layer_norm_forward(process_exec(), *xt, *wt, *bt, eps, *y, *mean, *rstd);
+    ops::layer_norm_forward(process_exec(), *xt, *wt, Tensor(), eps, *y_nobias, *mean, *rstd);
     OwnedTensor act(dtype, Device::cpu, Shape{rows, f});
-    ops::geglu_forward(*gut, *act);
+    ops::geglu_forward(process_exec(), *gut, *act);
     file.add("layer_norm.y." + tag, *y);
     file.add("layer_norm_nobias.y." + tag, *y_nobias);
     file.add("geglu.out." + tag, *act);

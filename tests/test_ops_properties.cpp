@@ -40,18 +40,32 @@ struct RopeTables {
   OwnedTensor cos, sin;
   RopeTables(double theta, int64_t head_dim, int64_t max_pos, DType dtype)
       : cos(dtype, Device::cpu, Shape{max_pos, head_dim / 2}), sin(dtype, Device::cpu, Shape{max_pos, head_dim / 2}) {
-    ops::rope_fill_tables(ops::rope_inverse_frequencies(theta, head_dim), *cos, *sin);
+    ops::rope_fill_tables(process_exec(), ops::rope_inverse_frequencies(theta, head_dim), *cos, *sin);
   }
 };
 
 TEST(OpsProperties, RmsNormRefusesADxCopyOfTheWrongShapeByName) {
   OwnedTensor x = random_f64(Shape{6, 7}, 30), w = random_f64(Shape{7}, 31), dy = random_f64(Shape{6, 7}, 32);
   OwnedTensor y = nan_f64(Shape{6, 7}), rstd = nan_f64(Shape{6}), dx = nan_f64(Shape{6, 7});
-  ops::rms_norm_forward(*x, *w, 1e-5, *y, *rstd);
+  ops::rms_norm_forward(process_exec(), *x, *w, 1e-5, *y, *rstd);
   OwnedTensor short_copy = nan_f64(Shape{5, 7});
   const std::string error =
-      test::error_of([&] { ops::rms_norm_backward(*x, *w, *rstd, *dy, *dx, Tensor(), false, *short_copy); });
+      test::error_of([&] { ops::rms_norm_backward(process_exec(), *x, *w, *rstd, *dy, *dx, Tensor(), false, *short_copy); });
   EXPECT_NE(error.find("dx_copy"), std::string::npos) << error;
+}
+
+// A context naming a stream the op's kernels do not launch on is refused by name rather than
+// run on the process-wide stream behind its caller's back (core/exec_context.h, step (a)).
+TEST(OpsProperties, OpsRefuseAContextWhoseStreamTheyDoNotLaunchOn) {
+  OwnedTensor x = random_f64(Shape{6, 7}, 30), w = random_f64(Shape{7}, 31);
+  OwnedTensor y = nan_f64(Shape{6, 7}), rstd = nan_f64(Shape{6});
+  ExecContext elsewhere;
+  elsewhere.stream = reinterpret_cast<void*>(uintptr_t{0x1000});
+  const std::string error = test::error_of([&] { ops::rms_norm_forward(elsewhere, *x, *w, 1e-5, *y, *rstd); });
+  EXPECT_NE(error.find("[rms_norm] runs on the process-wide CUDA stream only"), std::string::npos) << error;
+  EXPECT_TRUE(std::isnan(y->data<double>()[0])) << "the refused op wrote its output";
+  ops::rms_norm_forward(process_exec(), *x, *w, 1e-5, *y, *rstd);
+  EXPECT_FALSE(std::isnan(y->data<double>()[0]));
 }
 
 // The tables as transformers builds them: inv_freq_j = 1 / theta^(2j / D) and angle =
@@ -65,7 +79,7 @@ TEST(OpsProperties, RopeTablesFollowTheTransformersConvention) {
       SCOPED_TRACE(fmt::format("head_dim {} theta {}", d, theta));
       RopeTables t(theta, d, max_pos, DType::f64);
       OwnedTensor x = random_f64(Shape{n, heads, d}, 40), y = copy_of(*x);
-      ops::rope_apply(*y, *positions, *t.cos, *t.sin, false);
+      ops::rope_apply(process_exec(), *y, *positions, *t.cos, *t.sin, false);
       const std::vector<float> inv = ops::rope_inverse_frequencies(theta, d);
       const int64_t half = d / 2;
       double worst = 0;
@@ -84,7 +98,7 @@ TEST(OpsProperties, RopeTablesFollowTheTransformersConvention) {
       EXPECT_GT(max_abs_diff(values_of(*y), values_of(*x)), 1e-2);  // it did rotate
       // On f64 tables the inverse undoes the rotation to rounding (the op table's cases use
       // fp32-rounded tables, where cos^2 + sin^2 is 1 only within 2^-23).
-      ops::rope_apply(*y, *positions, *t.cos, *t.sin, true);
+      ops::rope_apply(process_exec(), *y, *positions, *t.cos, *t.sin, true);
       EXPECT_LT(max_abs_diff(values_of(*y), values_of(*x)), 1e-14);
     }
 }
@@ -95,10 +109,10 @@ TEST(OpsProperties, AttentionNeverCrossesDocuments) {
   OwnedTensor cu_t = i32_tensor(cu);
   OwnedTensor q = random_f64(Shape{11, 2, 4}, 60), k = random_f64(Shape{11, 1, 4}, 61), v = random_f64(Shape{11, 1, 4}, 62);
   OwnedTensor out = nan_f64(q->shape()), lse = nan_f64(Shape{11, 2});
-  ops::attention_forward(*q, *k, *v, *cu_t, {}, *out, *lse);
+  ops::attention_forward(process_exec(), *q, *k, *v, *cu_t, {}, *out, *lse);
   const std::vector<double> before = values_of(out->rows(5, 11));
   for (int64_t i = 0; i < 5 * 4; ++i) k->data<double>()[i] += 3, v->data<double>()[i] -= 2;
-  ops::attention_forward(*q, *k, *v, *cu_t, {}, *out, *lse);
+  ops::attention_forward(process_exec(), *q, *k, *v, *cu_t, {}, *out, *lse);
   EXPECT_EQ(max_abs_diff(values_of(out->rows(5, 11)), before), 0.0);
 }
 
@@ -120,18 +134,18 @@ TEST(OpsProperties, QkvPrepareGivesTheUnfusedOpsBits) {
     if (norm) p.q_gain = *q_gain, p.k_gain = *k_gain;
     if (rope) p.cos = *t.cos, p.sin = *t.sin, p.positions = *positions;
     OwnedTensor q = nan_f64(Shape{n, hq, d}), k = nan_f64(Shape{n, hkv, d}), v = nan_f64(Shape{n, hkv, d});
-    ops::qkv_prepare_forward(*qkv, p, *q, *k, *v);
+    ops::qkv_prepare_forward(process_exec(), *qkv, p, *q, *k, *v);
 
     OwnedTensor sq = nan_f64(q->shape()), sk = nan_f64(k->shape()), sv = nan_f64(v->shape());
-    ops::qkv_split(*qkv, *sq, *sk, *sv);
+    ops::qkv_split(process_exec(), *qkv, *sq, *sk, *sv);
     for (auto [part, gain, heads] : {std::tuple{&sq, &q_gain, hq}, {&sk, &k_gain, hkv}}) {
       OwnedTensor& x = *part;
       if (norm) {
         OwnedTensor normed = nan_f64(x->shape()), rstd = nan_f64(Shape{n * heads});
-        ops::rms_norm_forward(x->view(Shape{n * heads, d}), **gain, eps, normed->view(Shape{n * heads, d}), *rstd);
+        ops::rms_norm_forward(process_exec(), x->view(Shape{n * heads, d}), **gain, eps, normed->view(Shape{n * heads, d}), *rstd);
         x = std::move(normed);
       }
-      if (rope) ops::rope_apply(*x, *positions, *t.cos, *t.sin, false);
+      if (rope) ops::rope_apply(process_exec(), *x, *positions, *t.cos, *t.sin, false);
     }
     EXPECT_EQ(max_abs_diff(concat(values_of(*q), values_of(*k), values_of(*v)),
                            concat(values_of(*sq), values_of(*sk), values_of(*sv))),
@@ -147,12 +161,12 @@ TEST(OpsProperties, QkvPrepareRejectsBadInput) {
   RopeTables t(10000.0, 4, 2, DType::f64);
   OwnedTensor far = i32_tensor({0, 1, 2});  // 2 is outside a table of 2 positions
   p.cos = *t.cos, p.sin = *t.sin, p.positions = *far;
-  EXPECT_THROW(ops::qkv_prepare_forward(*qkv, p, *q, *k, *v), Error);
+  EXPECT_THROW(ops::qkv_prepare_forward(process_exec(), *qkv, p, *q, *k, *v), Error);
   OwnedTensor near = i32_tensor({0, 1, 1});
   p.positions = *near;
-  ops::qkv_prepare_forward(*qkv, p, *q, *k, *v);
+  ops::qkv_prepare_forward(process_exec(), *qkv, p, *q, *k, *v);
   p.head_dim = 3;  // odd, and no longer fits qkv
-  EXPECT_THROW(ops::qkv_prepare_forward(*qkv, p, *q, *k, *v), Error);
+  EXPECT_THROW(ops::qkv_prepare_forward(process_exec(), *qkv, p, *q, *k, *v), Error);
 }
 
 // The vector exp of the CPU softmax and SwiGLU: every 512th float from -87.33 to 88.37

@@ -123,7 +123,7 @@ struct OneStep {
 OneStep one_step(const OptimConfig& c) {
   Model m(every_role_config(), tiny_build());
   Arena state("optimizer", Device::cpu);
-  auto optimizer = make_optimizer(c, m.parameters());
+  auto optimizer = make_optimizer(m.exec(), c, m.parameters());
   optimizer->plan(state);
   m.allocate();
   state.allocate();

@@ -74,20 +74,20 @@ TEST(MaxLogit, EachHeadsMaximumOverItsVisiblePairsAcrossSequencesAndWindows) {
     ops::AttentionOptions o;
     o.window = window;
     o.softcap = 5;  // not applied: the measure is of the raw logits
-    ops::attention_max_logits(*q, *k, *cu_tensor(cu), o, *running);
-    const std::vector<float> got = ops::read_max_logits(*running);
+    ops::attention_max_logits(process_exec(), *q, *k, *cu_tensor(cu), o, *running);
+    const std::vector<float> got = ops::read_max_logits(process_exec(), *running);
     const std::vector<double> want = brute_force_max(*q, *k, cu, window);
     for (size_t h = 0; h < 4; ++h) EXPECT_NEAR(got[h], want[h], 1e-6 * std::abs(want[h])) << "window " << window << " head " << h;
     // A second batch raises a head's maximum only where it is larger.
     const OwnedTensor k2 = test::random_tensor(DType::f64, Shape{13, 2, 8}, 3, 2.0);
-    ops::attention_max_logits(*q, *k2, *cu_tensor(cu), o, *running);
+    ops::attention_max_logits(process_exec(), *q, *k2, *cu_tensor(cu), o, *running);
     const std::vector<double> want2 = brute_force_max(*q, *k2, cu, window);
-    const std::vector<float> both = ops::read_max_logits(*running);
+    const std::vector<float> both = ops::read_max_logits(process_exec(), *running);
     for (size_t h = 0; h < 4; ++h) EXPECT_NEAR(both[h], std::max(want[h], want2[h]), 1e-6 * std::abs(want2[h]));
     OwnedTensor last(DType::i32, Device::cpu, Shape{4});
-    ops::take_max_logits(*running, *last);
-    EXPECT_EQ(ops::read_max_logits(*last), both);
-    for (const float m : ops::read_max_logits(*running)) EXPECT_EQ(m, -kInf);
+    ops::take_max_logits(process_exec(), *running, *last);
+    EXPECT_EQ(ops::read_max_logits(process_exec(), *last), both);
+    for (const float m : ops::read_max_logits(process_exec(), *running)) EXPECT_EQ(m, -kInf);
   }
 }
 
@@ -100,7 +100,7 @@ OwnedTensor keys_of(const std::vector<float>& max) {
 std::vector<float> factors(ops::QkClipSharing sharing, int64_t q_count, int64_t k_count, std::vector<float>* k_out) {
   const OwnedTensor keys = keys_of({2.0f, 5.0f, 10.0f, -3.0f});
   OwnedTensor qf(DType::f32, Device::cpu, Shape{q_count}), kf(DType::f32, Device::cpu, Shape{k_count});
-  ops::qk_clip_factors(*keys, 4.0, sharing, *qf, *kf);
+  ops::qk_clip_factors(process_exec(), *keys, 4.0, sharing, *qf, *kf);
   k_out->assign(kf->data<float>(), kf->data<float>() + k_count);
   return {qf->data<float>(), qf->data<float>() + q_count};
 }
@@ -119,7 +119,7 @@ TEST(QkClipFactors, EachSharingSplitsGammaAsDocumented) {
   OwnedTensor empty(DType::i32, Device::cpu, Shape{2}), qf(DType::f32, Device::cpu, Shape{2}),
       kf(DType::f32, Device::cpu, Shape{2});
   zero_tensor(*empty);
-  ops::qk_clip_factors(*empty, 4.0, ops::QkClipSharing::per_head, *qf, *kf);
+  ops::qk_clip_factors(process_exec(), *empty, 4.0, ops::QkClipSharing::per_head, *qf, *kf);
   EXPECT_EQ(values_of(*qf), (std::vector<double>{1.0, 1.0}));
 }
 
@@ -127,14 +127,14 @@ TEST(ScaleHeadRows, RowsOfEachHeadTakeItsFactorAndGainsTheirOffsetForm) {
   OwnedTensor w(DType::f32, Device::cpu, Shape{4, 3}), f(DType::f32, Device::cpu, Shape{2});
   for (int64_t i = 0; i < 12; ++i) w->data<float>()[i] = static_cast<float>(i + 1);
   f->data<float>()[0] = 0.5f, f->data<float>()[1] = 2.0f;
-  ops::scale_head_rows(*w, *f, 2);  // rows 0-1 by 0.5, rows 2-3 by 2
+  ops::scale_head_rows(process_exec(), *w, *f, 2);  // rows 0-1 by 0.5, rows 2-3 by 2
   EXPECT_EQ(values_of(*w), (std::vector<double>{0.5, 1, 1.5, 2, 2.5, 3, 14, 16, 18, 20, 22, 24}));
   OwnedTensor gain(DType::f32, Device::cpu, Shape{3}), one(DType::f32, Device::cpu, Shape{1});
   gain->data<float>()[0] = 0.0f, gain->data<float>()[1] = 1.0f, gain->data<float>()[2] = -0.5f;
   one->data<float>()[0] = 0.5f;
-  ops::scale_head_rows(*gain, *one, 3, /*gain_offset=*/true);  // 1 + w halved
+  ops::scale_head_rows(process_exec(), *gain, *one, 3, /*gain_offset=*/true);  // 1 + w halved
   EXPECT_EQ(values_of(*gain), (std::vector<double>{-0.5, 0.0, -0.75}));
-  EXPECT_NE(test::error_of([&] { ops::scale_head_rows(*w, *f, 3); }).find("not whole heads"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { ops::scale_head_rows(process_exec(), *w, *f, 3); }).find("not whole heads"), std::string::npos);
 }
 
 // The model's largest logit (over layers) and clipped heads of the last step, from its report.

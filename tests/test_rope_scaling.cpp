@@ -226,7 +226,7 @@ TEST(PartialRotary, TablesRotateTheFirstPairsAndPassTheRest) {
   ASSERT_EQ(f.inv_freq.size(), size_t{kRotated / 2});
   ASSERT_NE(f.attention_factor, 1.0f);
   OwnedTensor cos(DType::f64, Device::cpu, Shape{kPositions, kDims / 2}), sin(DType::f64, Device::cpu, cos->shape());
-  ops::rope_fill_tables(f.inv_freq, *cos, *sin, f.attention_factor);
+  ops::rope_fill_tables(process_exec(), f.inv_freq, *cos, *sin, f.attention_factor);
 
   const OwnedTensor x = test::random_tensor(DType::f64, Shape{kTokens, kHeads, kDims}, 11);
   OwnedTensor y(DType::f64, Device::cpu, x->shape());
@@ -234,7 +234,7 @@ TEST(PartialRotary, TablesRotateTheFirstPairsAndPassTheRest) {
   OwnedTensor positions(DType::i32, Device::cpu, Shape{kTokens});
   const int32_t pos[kTokens] = {0, 1, 7, 19, 3, 39};
   std::memcpy(positions->data<int32_t>(), pos, sizeof pos);
-  ops::rope_apply(*y, *positions, *cos, *sin, false);
+  ops::rope_apply(process_exec(), *y, *positions, *cos, *sin, false);
 
   const double* in = x->data<double>();
   const double* out = y->data<double>();
@@ -259,7 +259,7 @@ TEST(PartialRotary, TablesRotateTheFirstPairsAndPassTheRest) {
   EXPECT_EQ(f.inv_freq.front(), 1.0f);
   EXPECT_NE(f.inv_freq, rope_frequencies(yarn, 10000.0, kDims).inv_freq);
 
-  ops::rope_apply(*y, *positions, *cos, *sin, true);  // the backward: the transposed rotation
+  ops::rope_apply(process_exec(), *y, *positions, *cos, *sin, true);  // the backward: the transposed rotation
   const double factor_squared = static_cast<double>(f.attention_factor) * f.attention_factor;
   for (int64_t e = 0; e < x->numel(); ++e) {
     const bool rotated = e % (kDims / 2) < kRotated / 2;  // dim j and j + D/2 share a pair

@@ -101,7 +101,7 @@ void add_bench_command(CLI::App& app) {
     const BuildOptions build = training_build_options(config, device);
     Model model(config.model, build);
     Arena optimizer_state("optimizer", device);
-    auto optimizer = make_optimizer(config.optim, model.parameters());
+    auto optimizer = make_optimizer(model.exec(), config.optim, model.parameters());
     optimizer->plan(optimizer_state);
     size_t free_before = 0, total = 0;
     cuda_memory_info(&free_before, &total);

@@ -6,9 +6,16 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "core/exec_context.h"
+
 namespace kiln::cuda {
 
 cudaStream_t stream();
+// The stream an execution context names (core/exec_context.h): its own, or the
+// process-wide one when it names none.
+inline cudaStream_t stream(const ExecContext& ctx) {
+  return ctx.stream ? static_cast<cudaStream_t>(ctx.stream) : stream();
+}
 cublasHandle_t blas();
 // Streaming multiprocessors of the current device (asked once): kernels that size their
 // grid to what is resident at once.

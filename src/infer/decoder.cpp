@@ -53,7 +53,7 @@ Decoder::Decoder(Model& model, const DecoderOptions& options)
 
   // The components' decoders: each plans its state and scratch here.
   model.refresh_compute_weights();  // the copies the decoders read (a forward would do it)
-  DecodeContext ctx{arena_, workspace_, device_, dtype_, wide_};
+  DecodeContext ctx{arena_, workspace_, exec_, device_, dtype_, wide_};
   ctx.slots = options_.slots, ctx.max_len = options_.max_len, ctx.max_rows = options_.max_rows;
   ctx.fuse = fuse, ctx.fused_branch_rows = fused_branch_rows_, ctx.one_kernel_attention = options_.one_kernel_attention;
   const Backbone& backbone = model.backbone();
@@ -163,11 +163,11 @@ void Decoder::step(int64_t n, bool with_logits) {
   rows.distinct_slots = distinct_slots_;
   rows.fused_branches = with_logits && n <= fused_branch_rows_;
   DecodeStepBuffers s{x_.rows(0, n), h_.rows(0, n), branch_.rows(0, n)};
-  ops::embedding_forward(rows.tokens, embed_, s.x);
-  if (config_.embed_scale != 1.0) ops::scale_inplace(s.x, config_.embed_scale);
+  ops::embedding_forward(exec_, rows.tokens, embed_, s.x);
+  if (config_.embed_scale != 1.0) ops::scale_inplace(exec_, s.x, config_.embed_scale);
   for (const auto& block : blocks_) block->forward(s, rows);
   if (rows.fused_branches && head_->fused()) {  // the final norm folded into the head
-    if (s.pending) residual_add(s.x, s.branch, dtype_ != wide_);
+    if (s.pending) residual_add(exec_, s.x, s.branch, dtype_ != wide_);
     head_->logits_fused(s.x, logits_.rows(0, n));
     return;
   }

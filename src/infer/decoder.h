@@ -126,6 +126,7 @@ class Decoder {
   int64_t graph_rows_; // steps of at most this many rows are CUDA graphs (0 = none)
   int64_t fused_branch_rows_ = 0;  // steps of at most this many rows with logits fuse whole branches
   bool distinct_slots_ = false;    // the rows of the current step are distinct sequences
+  ExecContext exec_;  // where its ops run and its steps are captured (core/exec_context.h)
   Arena arena_;
   Workspace workspace_;
   // The components' decoders, in the model's order.

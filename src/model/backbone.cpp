@@ -11,7 +11,7 @@ namespace kiln {
 
 Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOptions& options,
                    std::vector<std::unique_ptr<Arena>>& recompute_arenas)
-    : config_(config), losses_(ctx.losses), recompute_blocks_(options.recompute_blocks) {
+    : exec_(ctx.exec), config_(config), losses_(ctx.losses), recompute_blocks_(options.recompute_blocks) {
   const int64_t t = options.max_tokens, d = config.hidden;
   ctx.parameter(embed_w_, embed_g_, ParamName{"embed.weight", "model.embed_tokens.weight", "token_embd.weight"},
                 Shape{config.vocab_size, d}, ParamRole::embedding, Init::normal(config.init_std));
@@ -27,7 +27,7 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
       // The block plans its saved activations in its own arena, bound later to the
       // region every recomputed block shares.
       recompute_arenas.push_back(std::make_unique<Arena>("recomputed activations", options.device));
-      BuildContext block_ctx{ctx.params,      ctx.grads,           *recompute_arenas.back(), ctx.workspace,
+      BuildContext block_ctx{ctx.exec, ctx.params,      ctx.grads,           *recompute_arenas.back(), ctx.workspace,
                              ctx.parameters,  ctx.compute_weights, ctx.dtype,                ctx.master_dtype,
                              ctx.device,      ctx.max_tokens,      ctx.training,             ctx.deterministic,
                              ctx.losses,      &ctx.activations,    ctx.qk_clip_tau,          ctx.step_statistics};
@@ -53,10 +53,10 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
 
 void Backbone::forward(const Tensor& tokens, const SeqInfo& seq) {
   rows_ = tokens.size(0);
-  ops::embedding_forward(tokens, embed_->value(), residual_[0].rows(0, rows_));
-  if (config_.embed_scale != 1.0) ops::scale_inplace(residual_[0].rows(0, rows_), config_.embed_scale);
+  ops::embedding_forward(exec_, tokens, embed_->value(), residual_[0].rows(0, rows_));
+  if (config_.embed_scale != 1.0) ops::scale_inplace(exec_, residual_[0].rows(0, rows_), config_.embed_scale);
   if (embedding_drops(seq))
-    ops::dropout_apply(residual_[0].rows(0, rows_), embedding_dropout(seq), residual_[0].rows(0, rows_));
+    ops::dropout_apply(exec_, residual_[0].rows(0, rows_), embedding_dropout(seq), residual_[0].rows(0, rows_));
   for (size_t l = 0; l < blocks_.size(); ++l)
     blocks_[l]->forward(residual_[l].rows(0, rows_), seq, residual_[l + 1].rows(0, rows_));
   final_norm_->forward(residual_.back().rows(0, rows_), hidden_.rows(0, rows_));
@@ -78,14 +78,14 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
   }
   // The embedding's dropout and scale, onto the residual's gradient (read by nothing after
   // the table's).
-  if (embedding_drops(seq)) ops::dropout_apply(dres, embedding_dropout(seq), dres);
-  if (config_.embed_scale != 1.0) ops::scale_inplace(dres, config_.embed_scale);
+  if (embedding_drops(seq)) ops::dropout_apply(exec_, dres, embedding_dropout(seq), dres);
+  if (config_.embed_scale != 1.0) ops::scale_inplace(exec_, dres, config_.embed_scale);
   if (groups != nullptr) {  // GPU: fixed summation order, no atomics
     ops::TokenGroups g = *groups;
     g.order = groups->order.rows(0, rows_);
-    ops::embedding_backward(g, dres, embed_g_);
+    ops::embedding_backward(exec_, g, dres, embed_g_);
   } else {
-    ops::embedding_backward(tokens, dres, embed_g_);
+    ops::embedding_backward(exec_, tokens, dres, embed_g_);
   }
 }
 

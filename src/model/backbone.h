@@ -50,6 +50,7 @@ class Backbone {
   void export_config(ExportConfig& out) const;
 
  private:
+  const ExecContext& exec_;
   const ModelConfig& config_;
   LossContext* losses_;
   int64_t rows_ = 0;

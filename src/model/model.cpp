@@ -24,7 +24,7 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
   KILN_CHECK(options.dtype != DType::bf16 || options.device == Device::cuda, "model",
              "bf16 (mixed precision) runs on the GPU only; the CPU computes in f32");
   const DType master = options.dtype == DType::bf16 ? DType::f32 : options.dtype;
-  BuildContext ctx{params_,          grads_,        activations_,   workspace_, parameters_, compute_weights_,
+  BuildContext ctx{exec_, params_,          grads_,        activations_,   workspace_, parameters_, compute_weights_,
                    options.dtype,    master,        options.device, t,          options.training,
                    options.deterministic, &losses_};
   ctx.qk_clip_tau = options.training ? options.qk_clip_tau : 0;
@@ -239,7 +239,7 @@ void Model::load_staged(const int32_t* staging, const StagedShape& shape) {
 }
 
 void Model::refresh_compute_weights() {
-  for (const auto& [master, copy] : compute_weights_.pairs) ops::convert(*master, *copy);
+  for (const auto& [master, copy] : compute_weights_.pairs) ops::convert(exec_, *master, *copy);
 }
 
 void Model::forward() {
@@ -332,17 +332,17 @@ void Model::zero_grads() { zero_tensor(all_gradients()); }
 
 double Model::gradient_norm() const {
   KILN_PHASE("gradient norm");
-  return std::sqrt(ops::sum_squares(all_gradients()));
+  return std::sqrt(ops::sum_squares(exec_, all_gradients()));
 }
 
 void Model::gradient_sum_squares_to_device(double* out) const {
   KILN_PHASE("gradient norm");
-  ops::sum_squares_to_device(all_gradients(), out);
+  ops::sum_squares_to_device(exec_, all_gradients(), out);
 }
 
 void Model::scale_gradients(double factor) {
   KILN_PHASE("clip");
-  ops::scale_inplace(all_gradients(), factor);
+  ops::scale_inplace(exec_, all_gradients(), factor);
 }
 
 }  // namespace kiln

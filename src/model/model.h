@@ -4,6 +4,7 @@
 // every buffer is planned at build time and allocated once.
 #pragma once
 
+#include "core/exec_context.h"
 #include "data/batch.h"
 #include "model/backbone.h"
 #include "model/build_options.h"
@@ -29,6 +30,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const BuildOptions& options() const { return options_; }
+  const ExecContext& exec() const { return exec_; }
   MemoryPlan memory_plan() const;
   void allocate();                 // the one allocation of every arena
   void init_weights(uint64_t seed);
@@ -119,6 +121,8 @@ class Model {
 
   ModelConfig config_;
   BuildOptions options_;
+  // Where the model's ops run (core/exec_context.h); its modules keep a reference.
+  ExecContext exec_;
   Arena params_, grads_, activations_;
   Workspace workspace_;
   std::vector<std::unique_ptr<Parameter>> parameters_;

@@ -6,7 +6,7 @@
 namespace kiln {
 
 TransformerBlock::TransformerBlock(BuildContext& ctx, const LayerSpec& layer, PositionEncoding& position)
-    : workspace_(ctx.workspace), compute_dtype_(ctx.dtype), mixed_(ctx.mixed()) {
+    : exec_(ctx.exec), workspace_(ctx.workspace), compute_dtype_(ctx.dtype), mixed_(ctx.mixed()) {
   const ModelConfig& m = *layer.model;
   dropout_ = m.dropout;
   attention_site_ = static_cast<uint32_t>(1 + 2 * layer.index);  // site 0 is the embedding's
@@ -37,11 +37,11 @@ void TransformerBlock::forward(const Tensor& x, const SeqInfo& seq, const Tensor
   Tensor branch = scope.take(compute_dtype_, x.shape());
   attn_norm_->forward(x, normed);
   attention_->forward(normed, seq, branch);
-  if (drops(seq)) ops::dropout_apply(branch, {dropout_, attention_site_, seq.dropout_key}, branch);
+  if (drops(seq)) ops::dropout_apply(exec_, branch, {dropout_, attention_site_, seq.dropout_key}, branch);
   mlp_norm_->forward_add(x, branch, mid, normed);  // mid = x + branch, normed = norm2(mid)
   mlp_->forward(normed, branch);
-  if (drops(seq)) ops::dropout_apply(branch, {dropout_, mlp_site_, seq.dropout_key}, branch);
-  ops::add(mid, branch, y);
+  if (drops(seq)) ops::dropout_apply(exec_, branch, {dropout_, mlp_site_, seq.dropout_key}, branch);
+  ops::add(exec_, mid, branch, y);
 }
 
 void TransformerBlock::backward(const Tensor& dres, const Tensor& dres_compute, const SeqInfo& seq) {
@@ -54,7 +54,7 @@ void TransformerBlock::backward(const Tensor& dres, const Tensor& dres_compute, 
   const Tensor dropped = drops(seq) ? scope.take(compute_dtype_, dres.shape()) : Tensor();
   auto branch_grad = [&](uint32_t site) {
     if (!dropped.defined()) return dres_compute;
-    ops::dropout_apply(dres_compute, {dropout_, site, seq.dropout_key}, dropped);
+    ops::dropout_apply(exec_, dres_compute, {dropout_, site, seq.dropout_key}, dropped);
     return dropped;
   };
   // y = h + mlp(norm2(h)): dL/dh = dres + norm2'(mlp'(dres)), accumulated into dres.
@@ -68,7 +68,8 @@ void TransformerBlock::backward(const Tensor& dres, const Tensor& dres_compute, 
 }
 
 std::unique_ptr<BlockDecoder> TransformerBlock::make_decoder(DecodeContext& ctx) const {
-  return std::make_unique<BlockDecoder>(attn_norm_->make_decoder(ctx), attention_->make_decoder(ctx, *attn_norm_),
+  return std::make_unique<BlockDecoder>(ctx.exec, attn_norm_->make_decoder(ctx),
+                                        attention_->make_decoder(ctx, *attn_norm_),
                                         mlp_norm_->make_decoder(ctx), mlp_->make_decoder(ctx, *mlp_norm_),
                                         ctx.mixed());
 }
@@ -84,9 +85,11 @@ double TransformerBlock::extra_forward_flops_per_token(int64_t seq_len) const {
   return attention_->extra_forward_flops_per_token(seq_len);
 }
 
-BlockDecoder::BlockDecoder(std::unique_ptr<NormDecoder> attn_norm, std::unique_ptr<BranchDecoder> attention,
-                           std::unique_ptr<NormDecoder> mlp_norm, std::unique_ptr<BranchDecoder> mlp, bool mixed)
-    : attn_norm_(std::move(attn_norm)),
+BlockDecoder::BlockDecoder(const ExecContext& exec, std::unique_ptr<NormDecoder> attn_norm,
+                           std::unique_ptr<BranchDecoder> attention, std::unique_ptr<NormDecoder> mlp_norm,
+                           std::unique_ptr<BranchDecoder> mlp, bool mixed)
+    : exec_(exec),
+      attn_norm_(std::move(attn_norm)),
       mlp_norm_(std::move(mlp_norm)),
       attention_(std::move(attention)),
       mlp_(std::move(mlp)),
@@ -102,7 +105,7 @@ void BlockDecoder::forward(DecodeStepBuffers& s, const DecodeRows& rows) {
 // branch before (one pass) and this branch's output is left pending for the next norm.
 void BlockDecoder::branch(NormDecoder& norm, BranchDecoder& branch, DecodeStepBuffers& s, const DecodeRows& rows) {
   if (rows.fused_branches && branch.fused_branch()) {
-    if (s.pending) residual_add(s.x, s.branch, mixed_);
+    if (s.pending) residual_add(exec_, s.x, s.branch, mixed_);
     s.pending = false;
     branch.forward_fused(s.x, rows);
     return;
@@ -112,8 +115,8 @@ void BlockDecoder::branch(NormDecoder& norm, BranchDecoder& branch, DecodeStepBu
   s.pending = true;
 }
 
-void residual_add(const Tensor& x, const Tensor& branch, bool mixed) {
-  mixed ? ops::add(x, branch, x) : ops::add_inplace(x, branch);
+void residual_add(const ExecContext& exec, const Tensor& x, const Tensor& branch, bool mixed) {
+  mixed ? ops::add(exec, x, branch, x) : ops::add_inplace(exec, x, branch);
 }
 
 }  // namespace kiln

@@ -19,14 +19,16 @@ struct DecodeStepBuffers {
 
 class BlockDecoder {
  public:
-  BlockDecoder(std::unique_ptr<NormDecoder> attn_norm, std::unique_ptr<BranchDecoder> attention,
-               std::unique_ptr<NormDecoder> mlp_norm, std::unique_ptr<BranchDecoder> mlp, bool mixed);
+  BlockDecoder(const ExecContext& exec, std::unique_ptr<NormDecoder> attn_norm,
+               std::unique_ptr<BranchDecoder> attention, std::unique_ptr<NormDecoder> mlp_norm,
+               std::unique_ptr<BranchDecoder> mlp, bool mixed);
   // The block over the step's rows, from and into s.x (with s.pending as it comes).
   void forward(DecodeStepBuffers& s, const DecodeRows& rows);
 
  private:
   void branch(NormDecoder& norm, BranchDecoder& branch, DecodeStepBuffers& s, const DecodeRows& rows);
 
+  const ExecContext& exec_;
   std::unique_ptr<NormDecoder> attn_norm_, mlp_norm_;
   std::unique_ptr<BranchDecoder> attention_, mlp_;
   bool mixed_;
@@ -56,6 +58,7 @@ class TransformerBlock {
   }
 
  private:
+  const ExecContext& exec_;
   Workspace& workspace_;
   DType compute_dtype_;  // of the branches (norm outputs, branch outputs and gradients)
   bool mixed_;           // residual stream wider than the branches (the GPU's bf16 path)
@@ -70,6 +73,6 @@ class TransformerBlock {
 };
 
 // x += branch: in place, or wide + compute dtype -> wide on the mixed path.
-void residual_add(const Tensor& x, const Tensor& branch, bool mixed);
+void residual_add(const ExecContext& exec, const Tensor& x, const Tensor& branch, bool mixed);
 
 }  // namespace kiln

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "core/arena.h"
+#include "core/exec_context.h"
 
 #include <memory>
 
@@ -21,6 +22,7 @@ namespace kiln {
 struct DecodeContext {
   Arena& state;           // decode state and per-step buffers (allocated once by the decoder)
   Workspace& workspace;   // scratch taken inside one step (reserve_peak when planning)
+  const ExecContext& exec;  // where the decoder's ops run (core/exec_context.h)
   Device device;
   DType dtype;            // compute dtype: activations, caches, the weights GEMMs read
   DType wide;             // residual stream, gains, statistics (f32, or f64 on the CPU reference)

@@ -15,14 +15,15 @@ namespace {
 class DytDecoder final : public NormDecoder {
  public:
   DytDecoder(const Tensor& alpha, const Tensor& weight, const Tensor& bias, DecodeContext& ctx)
-      : alpha_(alpha), weight_(weight), bias_(bias), mixed_(ctx.mixed()) {}
+      : exec_(ctx.exec), alpha_(alpha), weight_(weight), bias_(bias), mixed_(ctx.mixed()) {}
 
   void add_norm(const Tensor& x, const Tensor& add, const Tensor& y) override {
-    if (add.defined()) residual_add(x, add, mixed_);
-    ops::dyt_forward(x, alpha_, weight_, bias_, y);
+    if (add.defined()) residual_add(exec_, x, add, mixed_);
+    ops::dyt_forward(exec_, x, alpha_, weight_, bias_, y);
   }
 
  private:
+  const ExecContext& exec_;
   const Tensor& alpha_;
   const Tensor& weight_;
   const Tensor& bias_;
@@ -31,7 +32,7 @@ class DytDecoder final : public NormDecoder {
 
 class DytNorm final : public Norm {
  public:
-  DytNorm(BuildContext& ctx, const NormSpec& spec) {
+  DytNorm(BuildContext& ctx, const NormSpec& spec) : exec_(ctx.exec) {
     ctx.parameter(alpha_, alpha_grad_, spec.names("alpha", "alpha", "alpha"), Shape{1}, ParamRole::norm,
                   Init::constant(spec.alpha_init));
     ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, ParamRole::norm,
@@ -42,20 +43,20 @@ class DytNorm final : public Norm {
 
   void forward(const Tensor& x, const Tensor& y) override {
     saved_x_ = x;
-    ops::dyt_forward(x, alpha_, weight_, bias_, y);
+    ops::dyt_forward(exec_, x, alpha_, weight_, bias_, y);
   }
 
   // Two passes (the add, then DyT): DyT has no reduction for a fused kernel to share.
   void forward_add(const Tensor& a, const Tensor& b, const Tensor& sum, const Tensor& y) override {
-    ops::add(a, b, sum);
+    ops::add(exec_, a, b, sum);
     forward(sum, y);
   }
 
   void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dx_copy) override {
-    ops::dyt_backward(saved_x_, alpha_, weight_, dy, dx, alpha_grad_, weight_grad_, bias_grad_, accumulate_dx, dx_copy);
+    ops::dyt_backward(exec_, saved_x_, alpha_, weight_, dy, dx, alpha_grad_, weight_grad_, bias_grad_, accumulate_dx, dx_copy);
   }
 
-  void recompute(const Tensor& y) override { ops::dyt_forward(saved_x_, alpha_, weight_, bias_, y); }
+  void recompute(const Tensor& y) override { ops::dyt_forward(exec_, saved_x_, alpha_, weight_, bias_, y); }
 
   std::unique_ptr<NormDecoder> make_decoder(DecodeContext& ctx) const override {
     return std::make_unique<DytDecoder>(alpha_, weight_, bias_, ctx);
@@ -66,6 +67,7 @@ class DytNorm final : public Norm {
   }
 
  private:
+  const ExecContext& exec_;
   Tensor alpha_, alpha_grad_;    // [1]
   Tensor weight_, weight_grad_;  // [dim]
   Tensor bias_, bias_grad_;      // [dim]

@@ -27,8 +27,9 @@ namespace {
 // An activation of the gated form: its ops, its name in Hugging Face configs, and whether the
 // fused decode projections compute it.
 struct GatedActivation {
-  void (*forward)(const Tensor& gate_up, const Tensor& out);
-  void (*backward)(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, const Tensor& out);
+  void (*forward)(const ExecContext& ctx, const Tensor& gate_up, const Tensor& out);
+  void (*backward)(const ExecContext& ctx, const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up,
+                   const Tensor& out);
   const char* hf_act;       // config.json's hidden_act
   bool llama_cpp;           // llama.cpp's llama/qwen2/qwen3 graphs compute it (they hard-code silu)
   bool fused_decode;        // ops/decode's norm_gemv_swiglu computes it
@@ -41,7 +42,7 @@ class GatedDecoder final : public BranchDecoder {
  public:
   GatedDecoder(const GatedActivation& act, const Tensor& gate_up_w, const Tensor& down_w, DecodeContext& ctx,
                const Norm& pre_norm)
-      : act_(act), gate_up_w_(gate_up_w), down_w_(down_w), workspace_(ctx.workspace), dtype_(ctx.dtype) {
+      : act_(act), gate_up_w_(gate_up_w), down_w_(down_w), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype) {
     const int64_t r = ctx.max_rows, f = down_w.size(1);
     ctx.workspace.reserve_peak(Workspace::footprint(ctx.dtype, Shape{r, 2 * f}) +
                                Workspace::footprint(ctx.dtype, Shape{r, f}));
@@ -60,9 +61,9 @@ class GatedDecoder final : public BranchDecoder {
     const int64_t n = rows.count, f = down_w_.size(1);
     Workspace::Scope scope(workspace_);
     const Tensor gate_up = scope.take(dtype_, Shape{n, 2 * f}), act = scope.take(dtype_, Shape{n, f});
-    ops::linear_forward(h, gate_up_w_, Tensor(), gate_up);
-    act_.forward(gate_up, act);
-    ops::linear_forward(act, down_w_, Tensor(), out);
+    ops::linear_forward(exec_, h, gate_up_w_, Tensor(), gate_up);
+    act_.forward(exec_, gate_up, act);
+    ops::linear_forward(exec_, act, down_w_, Tensor(), out);
   }
 
   bool fused_branch() const override { return fused_branch_; }
@@ -85,6 +86,7 @@ class GatedDecoder final : public BranchDecoder {
  private:
   const GatedActivation& act_;
   Tensor gate_up_w_, down_w_;  // [2F, hidden], [hidden, F] (compute copies)
+  const ExecContext& exec_;
   Workspace& workspace_;
   DType dtype_;
   bool fused_branch_ = false;
@@ -94,7 +96,7 @@ class GatedDecoder final : public BranchDecoder {
 class GatedMlp final : public Mlp {
  public:
   GatedMlp(BuildContext& ctx, const LayerSpec& layer, const GatedActivation& act, const char* key)
-      : act_(act), key_(key), layer_(layer.index), workspace_(ctx.workspace) {
+      : act_(act), key_(key), layer_(layer.index), exec_(ctx.exec), workspace_(ctx.workspace) {
     const ModelConfig& m = *layer.model;
     const int64_t t = ctx.max_tokens, f = m.ffn_hidden;
     const NameScope n = layer.names.child("mlp.", "mlp.", "");
@@ -115,9 +117,9 @@ class GatedMlp final : public Mlp {
     const int64_t t = x.size(0);
     Workspace::Scope scope(workspace_);
     Tensor gate_up = gate_up_.rows(0, t), act = scope.take(gate_up.dtype(), Shape{t, gate_up.size(1) / 2});
-    ops::linear_forward(x, gate_up_w_, Tensor(), gate_up);
-    act_.forward(gate_up, act);
-    ops::linear_forward(act, down_w_, Tensor(), out);
+    ops::linear_forward(exec_, x, gate_up_w_, Tensor(), gate_up);
+    act_.forward(exec_, gate_up, act);
+    ops::linear_forward(exec_, act, down_w_, Tensor(), out);
   }
 
   void backward(const Tensor& x, const Tensor& dout, const Tensor& dx) override {
@@ -128,10 +130,10 @@ class GatedMlp final : public Mlp {
     Tensor dgate_up = scope.take(dout.dtype(), gate_up.shape());
     // d(act) = dout Wdown (x is only read for a weight gradient: none is asked here); then
     // dact is overwritten by the activation itself, which the weight gradient reads.
-    ops::linear_backward(dact, down_w_, dout, dact, Tensor(), Tensor());
-    act_.backward(gate_up, dact, dgate_up, dact);
-    ops::linear_backward(dact, down_w_, dout, Tensor(), down_g_, Tensor());
-    ops::linear_backward(x, gate_up_w_, dgate_up, dx, gate_up_g_, Tensor());
+    ops::linear_backward(exec_, dact, down_w_, dout, dact, Tensor(), Tensor());
+    act_.backward(exec_, gate_up, dact, dgate_up, dact);
+    ops::linear_backward(exec_, dact, down_w_, dout, Tensor(), down_g_, Tensor());
+    ops::linear_backward(exec_, x, gate_up_w_, dgate_up, dx, gate_up_g_, Tensor());
   }
 
   std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override {
@@ -159,6 +161,7 @@ class GatedMlp final : public Mlp {
   const GatedActivation& act_;
   const char* key_;  // the config key that chose it (model.mlp or model.alt_mlp), for refusals
   int64_t layer_;
+  const ExecContext& exec_;
   Workspace& workspace_;
   Tensor gate_up_w_, gate_up_g_;  // [2F, hidden]: gate rows, then up rows
   Tensor down_w_, down_g_;        // [hidden, F]

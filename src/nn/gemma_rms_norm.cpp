@@ -17,22 +17,23 @@ namespace {
 class GemmaRmsNormDecoder final : public NormDecoder {
  public:
   GemmaRmsNormDecoder(const Tensor& weight, double eps, DecodeContext& ctx)
-      : weight_(weight), eps_(eps), workspace_(ctx.workspace), wide_(ctx.wide), mixed_(ctx.mixed()) {
+      : weight_(weight), eps_(eps), exec_(ctx.exec), workspace_(ctx.workspace), wide_(ctx.wide), mixed_(ctx.mixed()) {
     ctx.workspace.reserve_peak(Workspace::footprint(ctx.wide, Shape{ctx.max_rows}) +
                                Workspace::footprint(ctx.wide, weight.shape()));
   }
 
   void add_norm(const Tensor& x, const Tensor& add, const Tensor& y) override {
     const int64_t n = x.size(0);
-    if (add.defined()) residual_add(x, add, mixed_);
+    if (add.defined()) residual_add(exec_, x, add, mixed_);
     Workspace::Scope scope(workspace_);
     const Tensor gain = scope.take(wide_, weight_.shape());
-    ops::gemma_rms_norm_forward(x, weight_, eps_, gain, y, scope.take(wide_, Shape{n}));
+    ops::gemma_rms_norm_forward(exec_, x, weight_, eps_, gain, y, scope.take(wide_, Shape{n}));
   }
 
  private:
   const Tensor& weight_;
   double eps_;
+  const ExecContext& exec_;
   Workspace& workspace_;
   DType wide_;
   bool mixed_;
@@ -40,7 +41,7 @@ class GemmaRmsNormDecoder final : public NormDecoder {
 
 class GemmaRmsNorm final : public Norm {
  public:
-  GemmaRmsNorm(BuildContext& ctx, const NormSpec& spec) : eps_(spec.eps) {
+  GemmaRmsNorm(BuildContext& ctx, const NormSpec& spec) : exec_(ctx.exec), eps_(spec.eps) {
     ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, ParamRole::norm,
                   Init::zeros());
     ctx.buffer(gain_, Shape{spec.dim}, ctx.master_dtype);
@@ -49,19 +50,19 @@ class GemmaRmsNorm final : public Norm {
 
   void forward(const Tensor& x, const Tensor& y) override {
     saved_x_ = x;
-    ops::gemma_rms_norm_forward(x, weight_, eps_, gain_, y, rstd());
+    ops::gemma_rms_norm_forward(exec_, x, weight_, eps_, gain_, y, rstd());
   }
 
   void forward_add(const Tensor& a, const Tensor& b, const Tensor& sum, const Tensor& y) override {
     saved_x_ = sum;
-    ops::add_gemma_rms_norm_forward(a, b, weight_, eps_, gain_, sum, y, rstd());
+    ops::add_gemma_rms_norm_forward(exec_, a, b, weight_, eps_, gain_, sum, y, rstd());
   }
 
   void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dx_copy) override {
-    ops::gemma_rms_norm_backward(saved_x_, gain_, rstd(), dy, dx, weight_grad_, accumulate_dx, dx_copy);
+    ops::gemma_rms_norm_backward(exec_, saved_x_, gain_, rstd(), dy, dx, weight_grad_, accumulate_dx, dx_copy);
   }
 
-  void recompute(const Tensor& y) override { ops::gemma_rms_norm_forward(saved_x_, weight_, eps_, gain_, y, rstd()); }
+  void recompute(const Tensor& y) override { ops::gemma_rms_norm_forward(exec_, saved_x_, weight_, eps_, gain_, y, rstd()); }
 
   std::unique_ptr<NormDecoder> make_decoder(DecodeContext& ctx) const override {
     return std::make_unique<GemmaRmsNormDecoder>(weight_, eps_, ctx);
@@ -75,6 +76,7 @@ class GemmaRmsNorm final : public Norm {
   }
 
  private:
+  const ExecContext& exec_;
   Tensor rstd() const { return rstd_.rows(0, saved_x_.size(0)); }
 
   double eps_;

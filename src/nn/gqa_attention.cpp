@@ -11,7 +11,7 @@
 namespace kiln {
 
 GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEncoding& position)
-    : position_(position), workspace_(ctx.workspace), losses_(ctx.losses) {
+    : position_(position), exec_(ctx.exec), workspace_(ctx.workspace), losses_(ctx.losses) {
   const ModelConfig& m = *layer.model;
   const int64_t t = ctx.max_tokens;
   layer_ = layer.index, hidden_ = m.hidden, hq_ = m.heads, hkv_ = m.kv_heads, d_ = m.head_dim;
@@ -112,7 +112,7 @@ void GqaAttention::forward(const Tensor& x, const SeqInfo& seq, const Tensor& ou
   const int64_t t = x.size(0);
   Workspace::Scope scope(workspace_);
   Tensor qkv = qkv_.rows(0, t);
-  ops::linear_forward(x, qkv_w_, qkv_b_, qkv);
+  ops::linear_forward(exec_, x, qkv_w_, qkv_b_, qkv);
   Tensor q = scope.take(qkv.dtype(), Shape{t, hq_, d_});
   Tensor k = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
   Tensor v = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
@@ -122,8 +122,8 @@ void GqaAttention::forward(const Tensor& x, const SeqInfo& seq, const Tensor& ou
   if (clip_ && losses_->backward && !losses_->recomputing)  // a training forward, measured once
     clip_->measure(q, k, seq.cu_seqlens, attention_options(seq));
   Tensor o = o_.rows(0, t);
-  ops::attention_forward(q, k, v, seq.cu_seqlens, attention_options(seq), o, lse_.rows(0, t));
-  ops::linear_forward(o.view(Shape{t, hq_ * d_}), o_w_, Tensor(), out);
+  ops::attention_forward(exec_, q, k, v, seq.cu_seqlens, attention_options(seq), o, lse_.rows(0, t));
+  ops::linear_forward(exec_, o.view(Shape{t, hq_ * d_}), o_w_, Tensor(), out);
 }
 
 void GqaAttention::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq, const Tensor& dx) {
@@ -131,7 +131,7 @@ void GqaAttention::backward(const Tensor& x, const Tensor& dout, const SeqInfo& 
   Workspace::Scope scope(workspace_);
   Tensor d_o = scope.take(dout.dtype(), Shape{t, hq_, d_});
   Tensor o = o_.rows(0, t), qkv = qkv_.rows(0, t);
-  ops::linear_backward(o.view(Shape{t, hq_ * d_}), o_w_, dout, d_o.view(Shape{t, hq_ * d_}), o_g_, Tensor());
+  ops::linear_backward(exec_, o.view(Shape{t, hq_ * d_}), o_w_, dout, d_o.view(Shape{t, hq_ * d_}), o_g_, Tensor());
   // q, k, v exactly as forward computed them (same kernels, same input).
   Tensor q = scope.take(qkv.dtype(), Shape{t, hq_, d_});
   Tensor k = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
@@ -142,27 +142,27 @@ void GqaAttention::backward(const Tensor& x, const Tensor& dout, const SeqInfo& 
   Tensor dq = scope.take(dout.dtype(), Shape{t, hq_, d_});
   Tensor dk = scope.take(dout.dtype(), Shape{t, hkv_, d_});
   Tensor dv = scope.take(dout.dtype(), Shape{t, hkv_, d_});
-  ops::attention_backward(q, k, v, o, lse_.rows(0, t), d_o, seq.cu_seqlens, attention_options(seq), dq, dk, dv);
+  ops::attention_backward(exec_, q, k, v, o, lse_.rows(0, t), d_o, seq.cu_seqlens, attention_options(seq), dq, dk, dv);
   Tensor dqkv = scope.take(dout.dtype(), Shape{t, qkv_cols_});
   if (!dyt()) {
-    ops::qkv_prepare_backward(qkv, prepare_at(seq.positions), dq, dk, dv, dqkv, q_gain_grad_, k_gain_grad_);
+    ops::qkv_prepare_backward(exec_, qkv, prepare_at(seq.positions), dq, dk, dv, dqkv, q_gain_grad_, k_gain_grad_);
   } else {
     // Back through RoPE (the transposed rotation), then DyT into q and k's buffers (free now),
     // then the split.
     if (rotary_) {
       const RotaryTables tables = position_.rotary();
-      ops::rope_apply(dq, seq.positions, tables.cos, tables.sin, true);
-      ops::rope_apply(dk, seq.positions, tables.cos, tables.sin, true);
+      ops::rope_apply(exec_, dq, seq.positions, tables.cos, tables.sin, true);
+      ops::rope_apply(exec_, dk, seq.positions, tables.cos, tables.sin, true);
     }
-    ops::dyt_backward(q_raw.view(Shape{t * hq_, d_}), q_alpha_, q_weight_, dq.view(Shape{t * hq_, d_}),
+    ops::dyt_backward(exec_, q_raw.view(Shape{t * hq_, d_}), q_alpha_, q_weight_, dq.view(Shape{t * hq_, d_}),
                       q.view(Shape{t * hq_, d_}), q_alpha_grad_, q_gain_grad_, q_bias_grad_);
-    ops::dyt_backward(k_raw.view(Shape{t * hkv_, d_}), k_alpha_, k_weight_, dk.view(Shape{t * hkv_, d_}),
+    ops::dyt_backward(exec_, k_raw.view(Shape{t * hkv_, d_}), k_alpha_, k_weight_, dk.view(Shape{t * hkv_, d_}),
                       k.view(Shape{t * hkv_, d_}), k_alpha_grad_, k_gain_grad_, k_bias_grad_);
     ops::QkvPrepare split = prepare_;
     split.positions = seq.positions;
-    ops::qkv_prepare_backward(qkv, split, q, k, dv, dqkv, Tensor(), Tensor());
+    ops::qkv_prepare_backward(exec_, qkv, split, q, k, dv, dqkv, Tensor(), Tensor());
   }
-  ops::linear_backward(x, qkv_w_, dqkv, dx, qkv_g_, qkv_bg_);
+  ops::linear_backward(exec_, x, qkv_w_, dqkv, dx, qkv_g_, qkv_bg_);
 }
 
 void GqaAttention::after_step(bool applied) {
@@ -253,24 +253,24 @@ ops::QkvPrepare GqaAttention::prepare_at(const Tensor& positions) const {
 
 void GqaAttention::form_gemma_gains() const {
   if (qk_kind_ != QkNormKind::gemma_rmsnorm) return;
-  ops::gemma_gain(q_weight_, prepare_.q_gain);
-  ops::gemma_gain(k_weight_, prepare_.k_gain);
+  ops::gemma_gain(exec_, q_weight_, prepare_.q_gain);
+  ops::gemma_gain(exec_, k_weight_, prepare_.k_gain);
 }
 
 void GqaAttention::prepare_qkv(const Tensor& qkv, const Tensor& positions, const Tensor& q, const Tensor& k,
                                const Tensor& v, const Tensor& q_raw, const Tensor& k_raw) const {
   form_gemma_gains();
-  if (!dyt()) return ops::qkv_prepare_forward(qkv, prepare_at(positions), q, k, v);
+  if (!dyt()) return ops::qkv_prepare_forward(exec_, qkv, prepare_at(positions), q, k, v);
   ops::QkvPrepare split = prepare_;  // no gains: the op only splits
   split.positions = positions;
-  ops::qkv_prepare_forward(qkv, split, q_raw, k_raw, v);
+  ops::qkv_prepare_forward(exec_, qkv, split, q_raw, k_raw, v);
   const int64_t n = qkv.size(0);
-  ops::dyt_forward(q_raw.view(Shape{n * hq_, d_}), q_alpha_, q_weight_, q_bias_, q.view(Shape{n * hq_, d_}));
-  ops::dyt_forward(k_raw.view(Shape{n * hkv_, d_}), k_alpha_, k_weight_, k_bias_, k.view(Shape{n * hkv_, d_}));
+  ops::dyt_forward(exec_, q_raw.view(Shape{n * hq_, d_}), q_alpha_, q_weight_, q_bias_, q.view(Shape{n * hq_, d_}));
+  ops::dyt_forward(exec_, k_raw.view(Shape{n * hkv_, d_}), k_alpha_, k_weight_, k_bias_, k.view(Shape{n * hkv_, d_}));
   if (!rotary_) return;
   const RotaryTables tables = position_.rotary();
-  ops::rope_apply(q, positions, tables.cos, tables.sin, false);
-  ops::rope_apply(k, positions, tables.cos, tables.sin, false);
+  ops::rope_apply(exec_, q, positions, tables.cos, tables.sin, false);
+  ops::rope_apply(exec_, k, positions, tables.cos, tables.sin, false);
 }
 
 ops::AttentionOptions GqaAttention::attention_options(const SeqInfo& seq) const {

@@ -55,6 +55,7 @@ class GqaAttention final : public Attention {
   enum class QkNormKind { rmsnorm, gemma_rmsnorm, dyt };
 
   PositionEncoding& position_;
+  const ExecContext& exec_;
   Workspace& workspace_;
   const LossContext* losses_;  // whether a forward is a training one (QK-Clip measures those)
   std::unique_ptr<QkClip> clip_;  // training with [optim.qk_clip]

@@ -24,7 +24,7 @@ namespace kiln {
 class GqaDecoder final : public BranchDecoder {
  public:
   GqaDecoder(const GqaAttention& a, DecodeContext& ctx, const Norm& pre_norm)
-      : a_(a), workspace_(ctx.workspace), dtype_(ctx.dtype), max_len_(ctx.max_len) {
+      : a_(a), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype), max_len_(ctx.max_len) {
     const int64_t r = ctx.max_rows, hq = a.hq_, hkv = a.hkv_, d = a.d_;
     ctx.state.reserve(k_cache_, ctx.dtype, Shape{ctx.slots, ctx.max_len, hkv, d});
     ctx.state.reserve(v_cache_, ctx.dtype, Shape{ctx.slots, ctx.max_len, hkv, d});
@@ -58,9 +58,9 @@ class GqaDecoder final : public BranchDecoder {
     Workspace::Scope scope(workspace_);
     const Tensor qkv = scope.take(dtype_, Shape{n, a_.qkv_cols_});
     const Tensor o = scope.take(dtype_, Shape{n, a_.hq_, a_.d_});
-    ops::linear_forward(h, a_.qkv_w_, a_.qkv_b_, qkv);
+    ops::linear_forward(exec_, h, a_.qkv_w_, a_.qkv_b_, qkv);
     attend(qkv, rows, o, scope);
-    ops::linear_forward(o.view(Shape{n, a_.hq_ * a_.d_}), a_.o_w_, Tensor(), out);
+    ops::linear_forward(exec_, o.view(Shape{n, a_.hq_ * a_.d_}), a_.o_w_, Tensor(), out);
   }
 
   bool fused_branch() const override { return fused_branch_; }
@@ -108,10 +108,10 @@ class GqaDecoder final : public BranchDecoder {
       const Tensor q_raw = a_.dyt() ? scope.take(dtype_, q.shape()) : Tensor();
       const Tensor k_raw = a_.dyt() ? scope.take(dtype_, k.shape()) : Tensor();
       a_.prepare_qkv(qkv, rows.positions, q, k, v, q_raw, k_raw);
-      ops::kv_cache_write(k, v, rows.slots, rows.positions, k_cache_, v_cache_);
+      ops::kv_cache_write(exec_, k, v, rows.slots, rows.positions, k_cache_, v_cache_);
     }
     const Tensor split = split_elems_ > 0 ? scope.take(DType::f32, Shape{split_elems_}) : Tensor();
-    ops::cached_attention_forward(q, k_cache_, v_cache_, rows.slots, rows.positions, options_, o, split);
+    ops::cached_attention_forward(exec_, q, k_cache_, v_cache_, rows.slots, rows.positions, options_, o, split);
   }
 
 #if KILN_WITH_CUDA
@@ -135,6 +135,7 @@ class GqaDecoder final : public BranchDecoder {
 #endif
 
   const GqaAttention& a_;
+  const ExecContext& exec_;
   Workspace& workspace_;
   DType dtype_;
   int64_t max_len_;

@@ -15,21 +15,22 @@ namespace {
 class LayerNormDecoder final : public NormDecoder {
  public:
   LayerNormDecoder(const Tensor& weight, const Tensor& bias, double eps, DecodeContext& ctx)
-      : weight_(weight), bias_(bias), eps_(eps), workspace_(ctx.workspace), wide_(ctx.wide), mixed_(ctx.mixed()) {
+      : weight_(weight), bias_(bias), eps_(eps), exec_(ctx.exec), workspace_(ctx.workspace), wide_(ctx.wide), mixed_(ctx.mixed()) {
     ctx.workspace.reserve_peak(2 * Workspace::footprint(ctx.wide, Shape{ctx.max_rows}));
   }
 
   void add_norm(const Tensor& x, const Tensor& add, const Tensor& y) override {
     const int64_t n = x.size(0);
-    if (add.defined()) residual_add(x, add, mixed_);
+    if (add.defined()) residual_add(exec_, x, add, mixed_);
     Workspace::Scope scope(workspace_);
-    ops::layer_norm_forward(x, weight_, bias_, eps_, y, scope.take(wide_, Shape{n}), scope.take(wide_, Shape{n}));
+    ops::layer_norm_forward(exec_, x, weight_, bias_, eps_, y, scope.take(wide_, Shape{n}), scope.take(wide_, Shape{n}));
   }
 
  private:
   const Tensor& weight_;
   const Tensor& bias_;
   double eps_;
+  const ExecContext& exec_;
   Workspace& workspace_;
   DType wide_;
   bool mixed_;
@@ -37,7 +38,7 @@ class LayerNormDecoder final : public NormDecoder {
 
 class LayerNorm final : public Norm {
  public:
-  LayerNorm(BuildContext& ctx, const NormSpec& spec, bool bias) : eps_(spec.eps), bias_on_(bias) {
+  LayerNorm(BuildContext& ctx, const NormSpec& spec, bool bias) : exec_(ctx.exec), eps_(spec.eps), bias_on_(bias) {
     ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, ParamRole::norm,
                   Init::ones());
     if (bias)
@@ -49,20 +50,20 @@ class LayerNorm final : public Norm {
 
   void forward(const Tensor& x, const Tensor& y) override {
     saved_x_ = x;
-    ops::layer_norm_forward(x, weight_, bias_, eps_, y, mean(), rstd());
+    ops::layer_norm_forward(exec_, x, weight_, bias_, eps_, y, mean(), rstd());
   }
 
   void forward_add(const Tensor& a, const Tensor& b, const Tensor& sum, const Tensor& y) override {
     saved_x_ = sum;
-    ops::add_layer_norm_forward(a, b, weight_, bias_, eps_, sum, y, mean(), rstd());
+    ops::add_layer_norm_forward(exec_, a, b, weight_, bias_, eps_, sum, y, mean(), rstd());
   }
 
   void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dx_copy) override {
-    ops::layer_norm_backward(saved_x_, weight_, mean(), rstd(), dy, dx, weight_grad_, bias_grad_, accumulate_dx,
+    ops::layer_norm_backward(exec_, saved_x_, weight_, mean(), rstd(), dy, dx, weight_grad_, bias_grad_, accumulate_dx,
                              dx_copy);
   }
 
-  void recompute(const Tensor& y) override { ops::layer_norm_forward(saved_x_, weight_, bias_, eps_, y, mean(), rstd()); }
+  void recompute(const Tensor& y) override { ops::layer_norm_forward(exec_, saved_x_, weight_, bias_, eps_, y, mean(), rstd()); }
 
   std::unique_ptr<NormDecoder> make_decoder(DecodeContext& ctx) const override {
     return std::make_unique<LayerNormDecoder>(weight_, bias_, eps_, ctx);
@@ -75,6 +76,7 @@ class LayerNorm final : public Norm {
   }
 
  private:
+  const ExecContext& exec_;
   // The statistics of the rows the last forward saw.
   Tensor mean() const { return mean_.rows(0, saved_x_.size(0)); }
   Tensor rstd() const { return rstd_.rows(0, saved_x_.size(0)); }

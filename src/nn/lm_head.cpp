@@ -15,7 +15,7 @@ namespace kiln {
 
 LmHead::LmHead(BuildContext& ctx, const ModelConfig& m, const Tensor& embed, const Tensor& embed_grad,
                const LmHeadSpec& spec, int first_slot)
-    : tied_(m.tie_embeddings), softcap_(m.logit_softcap), spec_(spec), embed_(embed), embed_grad_(embed_grad),
+    : exec_(ctx.exec), tied_(m.tie_embeddings), softcap_(m.logit_softcap), spec_(spec), embed_(embed), embed_grad_(embed_grad),
       first_slot_(first_slot) {
   if (!tied_)
     ctx.parameter(weight_, grad_, ParamName{"lm_head.weight", "lm_head.weight", "output.weight"},
@@ -36,7 +36,7 @@ void LmHead::loss(const Tensor& hidden, const Tensor& targets, LossScale scale, 
   o.loss_scale_on_device = scale.device;
   o.sums_on_device = device_sums ? device_sums + first_slot_ : nullptr;
   const Tensor dw = dhidden.defined() ? (tied_ ? embed_grad_ : grad_) : Tensor();
-  const ops::LossSums s = ops::lm_head_loss(hidden, weight(), targets, o, scratch_, dhidden, dw);
+  const ops::LossSums s = ops::lm_head_loss(exec_, hidden, weight(), targets, o, scratch_, dhidden, dw);
   sums[static_cast<size_t>(first_slot_)] = s.loss;
   sums[static_cast<size_t>(first_slot_ + 1)] = s.z;
   sums[static_cast<size_t>(first_slot_ + 2)] = static_cast<double>(s.count);
@@ -49,7 +49,7 @@ void LmHead::logits(const Tensor& hidden, std::vector<float>& out) {
   // bf16 logits (the GPU's mixed path) take the softcap here, in fp32, after the copy:
   // lm_head_logits caps f32 logits only.
   const bool cap_on_host = logits.dtype() == DType::bf16 && softcap_ > 0;
-  ops::lm_head_logits(hidden, weight(), cap_on_host ? 0.0 : softcap_, logits);
+  ops::lm_head_logits(exec_, hidden, weight(), cap_on_host ? 0.0 : softcap_, logits);
   OwnedTensor host(logits.dtype(), Device::cpu, logits.shape());
   copy_tensor(logits, *host);
   out.resize(static_cast<size_t>(rows * vocab));
@@ -77,7 +77,7 @@ std::unique_ptr<HeadDecoder> LmHead::make_decoder(DecodeContext& ctx, const Norm
 }
 
 HeadDecoder::HeadDecoder(const Tensor& weight, double softcap, DecodeContext& ctx, const Norm& final_norm)
-    : weight_(weight), softcap_(softcap) {
+    : exec_(ctx.exec), weight_(weight), softcap_(softcap) {
 #if KILN_WITH_CUDA
   const std::optional<RmsNormForm> norm = final_norm.rms_form();
   const int64_t rows = std::min<int64_t>(ctx.fused_branch_rows, ctx.max_rows);
@@ -89,7 +89,7 @@ HeadDecoder::HeadDecoder(const Tensor& weight, double softcap, DecodeContext& ct
 #endif
 }
 
-void HeadDecoder::logits(const Tensor& h, const Tensor& out) { ops::lm_head_logits(h, weight_, softcap_, out); }
+void HeadDecoder::logits(const Tensor& h, const Tensor& out) { ops::lm_head_logits(exec_, h, weight_, softcap_, out); }
 
 void HeadDecoder::logits_fused([[maybe_unused]] const Tensor& x, [[maybe_unused]] const Tensor& out) {
 #if KILN_WITH_CUDA

@@ -41,6 +41,7 @@ class HeadDecoder {
   void logits_fused(const Tensor& x, const Tensor& out);
 
  private:
+  const ExecContext& exec_;
   const Tensor& weight_;
   double softcap_;
   bool fused_ = false;
@@ -69,6 +70,7 @@ class LmHead {
   int first_slot() const { return first_slot_; }
 
  private:
+  const ExecContext& exec_;
   bool tied_;
   double softcap_;
   LmHeadSpec spec_;

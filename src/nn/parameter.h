@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/arena.h"
+#include "core/exec_context.h"
 #include "nn/loss_terms.h"
 #include "nn/step_statistics.h"
 #include "nn/param_role.h"
@@ -106,6 +107,9 @@ struct ComputeWeights {
 
 // Everything a module needs to plan its memory when it is built.
 struct BuildContext {
+  // Where the modules' ops run (core/exec_context.h): the model's context, which each
+  // module keeps.
+  const ExecContext& exec;
   Arena& params;
   Arena& grads;
   Arena& activations;

@@ -42,6 +42,7 @@ class QkClip {
   void report(std::vector<std::pair<std::string, double>>& out) const;
 
  private:
+  const ExecContext& exec_;
   int64_t layer_, hq_, hkv_, d_;
   double tau_;
   ops::QkClipSharing sharing_;

@@ -17,7 +17,7 @@ namespace {
 class RmsNormDecoder final : public NormDecoder {
  public:
   RmsNormDecoder(const Tensor& weight, double eps, DecodeContext& ctx)
-      : weight_(weight), eps_(eps), workspace_(ctx.workspace), wide_(ctx.wide), mixed_(ctx.mixed()),
+      : weight_(weight), eps_(eps), exec_(ctx.exec), workspace_(ctx.workspace), wide_(ctx.wide), mixed_(ctx.mixed()),
         fuse_(ctx.device == Device::cuda && ctx.fuse) {
     ctx.workspace.reserve_peak(Workspace::footprint(ctx.wide, Shape{ctx.max_rows}));
   }
@@ -33,14 +33,15 @@ class RmsNormDecoder final : public NormDecoder {
       return;
     }
     // x += add: in place, or wide + compute dtype -> wide on the mixed path.
-    if (add.defined()) mixed_ ? ops::add(x, add, x) : ops::add_inplace(x, add);
+    if (add.defined()) mixed_ ? ops::add(exec_, x, add, x) : ops::add_inplace(exec_, x, add);
     Workspace::Scope scope(workspace_);
-    ops::rms_norm_forward(x, weight_, eps_, y, scope.take(wide_, Shape{n}));
+    ops::rms_norm_forward(exec_, x, weight_, eps_, y, scope.take(wide_, Shape{n}));
   }
 
  private:
   Tensor weight_;
   double eps_;
+  const ExecContext& exec_;
   Workspace& workspace_;
   DType wide_;
   bool mixed_, fuse_;
@@ -48,7 +49,7 @@ class RmsNormDecoder final : public NormDecoder {
 
 class RmsNorm final : public Norm {
  public:
-  RmsNorm(BuildContext& ctx, const NormSpec& spec) : eps_(spec.eps) {
+  RmsNorm(BuildContext& ctx, const NormSpec& spec) : exec_(ctx.exec), eps_(spec.eps) {
     ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, ParamRole::norm,
                   Init::ones());
     ctx.saved_wide(rstd_, Shape{spec.rows});
@@ -56,21 +57,21 @@ class RmsNorm final : public Norm {
 
   void forward(const Tensor& x, const Tensor& y) override {
     saved_x_ = x;
-    ops::rms_norm_forward(x, weight_, eps_, y, rstd_.rows(0, x.size(0)));
+    ops::rms_norm_forward(exec_, x, weight_, eps_, y, rstd_.rows(0, x.size(0)));
   }
 
   void forward_add(const Tensor& a, const Tensor& b, const Tensor& sum, const Tensor& y) override {
     saved_x_ = sum;
-    ops::add_rms_norm_forward(a, b, weight_, eps_, sum, y, rstd_.rows(0, sum.size(0)));
+    ops::add_rms_norm_forward(exec_, a, b, weight_, eps_, sum, y, rstd_.rows(0, sum.size(0)));
   }
 
   void backward(const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dx_copy) override {
-    ops::rms_norm_backward(saved_x_, weight_, rstd_.rows(0, saved_x_.size(0)), dy, dx, weight_grad_,
+    ops::rms_norm_backward(exec_, saved_x_, weight_, rstd_.rows(0, saved_x_.size(0)), dy, dx, weight_grad_,
                            accumulate_dx, dx_copy);
   }
 
   void recompute(const Tensor& y) override {
-    ops::rms_norm_forward(saved_x_, weight_, eps_, y, rstd_.rows(0, saved_x_.size(0)));
+    ops::rms_norm_forward(exec_, saved_x_, weight_, eps_, y, rstd_.rows(0, saved_x_.size(0)));
   }
 
   std::unique_ptr<NormDecoder> make_decoder(DecodeContext& ctx) const override {
@@ -85,6 +86,7 @@ class RmsNorm final : public Norm {
   }
 
  private:
+  const ExecContext& exec_;
   double eps_;
   Tensor weight_, weight_grad_;
   Tensor rstd_;     // [rows] 1/rms of each row, saved for backward

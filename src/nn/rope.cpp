@@ -20,7 +20,7 @@ namespace {
 class Rope final : public PositionEncoding {
  public:
   Rope(BuildContext& ctx, const ModelConfig& model)
-      : theta_(model.rope_theta), head_dim_(model.head_dim), rotary_dims_(rotary_dims(model)), scaling_(model.rope) {
+      : exec_(ctx.exec), theta_(model.rope_theta), head_dim_(model.head_dim), rotary_dims_(rotary_dims(model)), scaling_(model.rope) {
     frequencies_ = rope_frequencies(model.rope, model.rope_theta, rotary_dims_);
     // Tables are planned like any buffer and filled once, after allocation, on first use.
     ctx.buffer(cos_, Shape{model.max_seq_len, model.head_dim / 2}, ctx.master_dtype);
@@ -61,6 +61,7 @@ class Rope final : public PositionEncoding {
   }
 
  private:
+  const ExecContext& exec_;
   // The keys of transformers' rope_parameters for the scaling (modeling_rope_utils).
   nlohmann::json scaling_parameters() const {
     const RopeConfig& r = scaling_;
@@ -93,10 +94,10 @@ class Rope final : public PositionEncoding {
   void fill() {
     const float scale = frequencies_.attention_factor;
     if (cos_.device() == Device::cpu) {
-      ops::rope_fill_tables(frequencies_.inv_freq, cos_, sin_, scale);
+      ops::rope_fill_tables(exec_, frequencies_.inv_freq, cos_, sin_, scale);
     } else {  // build on the host, copy once
       OwnedTensor hc(cos_.dtype(), Device::cpu, cos_.shape()), hs(sin_.dtype(), Device::cpu, sin_.shape());
-      ops::rope_fill_tables(frequencies_.inv_freq, *hc, *hs, scale);
+      ops::rope_fill_tables(exec_, frequencies_.inv_freq, *hc, *hs, scale);
       copy_tensor(*hc, cos_);
       copy_tensor(*hs, sin_);
     }

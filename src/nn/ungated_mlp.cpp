@@ -21,7 +21,7 @@ using activation::Kind;
 class UngatedDecoder final : public BranchDecoder {
  public:
   UngatedDecoder(Kind kind, const Tensor& up_w, const Tensor& down_w, DecodeContext& ctx)
-      : kind_(kind), up_w_(up_w), down_w_(down_w), workspace_(ctx.workspace), dtype_(ctx.dtype) {
+      : kind_(kind), up_w_(up_w), down_w_(down_w), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype) {
     ctx.workspace.reserve_peak(2 * Workspace::footprint(ctx.dtype, Shape{ctx.max_rows, up_w.size(0)}));
   }
 
@@ -29,14 +29,15 @@ class UngatedDecoder final : public BranchDecoder {
     const int64_t n = rows.count, f = up_w_.size(0);
     Workspace::Scope scope(workspace_);
     const Tensor up = scope.take(dtype_, Shape{n, f}), act = scope.take(dtype_, Shape{n, f});
-    ops::linear_forward(h, up_w_, Tensor(), up);
-    ops::activation_forward(kind_, up, act);
-    ops::linear_forward(act, down_w_, Tensor(), out);
+    ops::linear_forward(exec_, h, up_w_, Tensor(), up);
+    ops::activation_forward(exec_, kind_, up, act);
+    ops::linear_forward(exec_, act, down_w_, Tensor(), out);
   }
 
  private:
   Kind kind_;
   Tensor up_w_, down_w_;  // [F, hidden], [hidden, F] (compute copies)
+  const ExecContext& exec_;
   Workspace& workspace_;
   DType dtype_;
 };
@@ -44,7 +45,7 @@ class UngatedDecoder final : public BranchDecoder {
 class UngatedMlp final : public Mlp {
  public:
   UngatedMlp(BuildContext& ctx, const LayerSpec& layer, Kind kind, const char* key)
-      : kind_(kind), key_(key), workspace_(ctx.workspace) {
+      : kind_(kind), key_(key), exec_(ctx.exec), workspace_(ctx.workspace) {
     const ModelConfig& m = *layer.model;
     const int64_t t = ctx.max_tokens, f = m.ungated_ffn_hidden > 0 ? m.ungated_ffn_hidden : 4 * m.hidden;
     const NameScope n = layer.names.child("mlp.", "mlp.", "");
@@ -62,9 +63,9 @@ class UngatedMlp final : public Mlp {
     const int64_t t = x.size(0);
     Workspace::Scope scope(workspace_);
     Tensor up = up_.rows(0, t), act = scope.take(up.dtype(), up.shape());
-    ops::linear_forward(x, up_w_, Tensor(), up);
-    ops::activation_forward(kind_, up, act);
-    ops::linear_forward(act, down_w_, Tensor(), out);
+    ops::linear_forward(exec_, x, up_w_, Tensor(), up);
+    ops::activation_forward(exec_, kind_, up, act);
+    ops::linear_forward(exec_, act, down_w_, Tensor(), out);
   }
 
   void backward(const Tensor& x, const Tensor& dout, const Tensor& dx) override {
@@ -74,10 +75,10 @@ class UngatedMlp final : public Mlp {
     Tensor dact = scope.take(dout.dtype(), up.shape()), dup = scope.take(dout.dtype(), up.shape());
     // d(act) = dout Wdown; then dact is overwritten by the activation itself, which the
     // down projection's weight gradient reads.
-    ops::linear_backward(dact, down_w_, dout, dact, Tensor(), Tensor());
-    ops::activation_backward(kind_, up, dact, dup, dact);
-    ops::linear_backward(dact, down_w_, dout, Tensor(), down_g_, Tensor());
-    ops::linear_backward(x, up_w_, dup, dx, up_g_, Tensor());
+    ops::linear_backward(exec_, dact, down_w_, dout, dact, Tensor(), Tensor());
+    ops::activation_backward(exec_, kind_, up, dact, dup, dact);
+    ops::linear_backward(exec_, dact, down_w_, dout, Tensor(), down_g_, Tensor());
+    ops::linear_backward(exec_, x, up_w_, dup, dx, up_g_, Tensor());
   }
 
   std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override {
@@ -95,6 +96,7 @@ class UngatedMlp final : public Mlp {
  private:
   Kind kind_;
   const char* key_;  // the config key that chose it (model.mlp or model.alt_mlp), for refusals
+  const ExecContext& exec_;
   Workspace& workspace_;
   Tensor up_w_, up_g_;      // [F, hidden]
   Tensor down_w_, down_g_;  // [hidden, F]

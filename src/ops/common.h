@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/error.h"
+#include "core/exec_context.h"
 #include "core/tensor.h"
 
 namespace kiln::ops {
@@ -73,6 +74,13 @@ void dispatch_cpu_float(const char* op, DType dtype, Fn&& fn) {
 // The CUDA path of an op that does not have a kernel yet.
 [[noreturn]] inline void no_cuda_kernel(const char* op) {
   fail(op, "no CUDA kernel yet{}", KILN_WITH_CUDA ? "" : " (this kiln was built without CUDA)");
+}
+
+// Step (a) of the step program (core/exec_context.h): an op whose kernels still launch
+// on the process-wide stream refuses a context that names another, rather than running
+// on a stream its caller did not choose.
+inline void expect_process_stream(const char* op, const ExecContext& ctx) {
+  KILN_CHECK(ctx.stream == nullptr, op, "runs on the process-wide CUDA stream only, got a context with another");
 }
 
 }  // namespace kiln::ops

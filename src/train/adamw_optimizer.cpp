@@ -17,7 +17,7 @@ namespace {
 class AdamW final : public Optimizer {
  public:
   explicit AdamW(const OptimizerGroup& group)
-      : index_(group.index), beta1_(group.beta1), beta2_(group.beta2), eps_(group.config->eps),
+      : exec_(*group.exec), index_(group.index), beta1_(group.beta1), beta2_(group.beta2), eps_(group.config->eps),
         weight_decay_(group.weight_decay), state_(ops::adamw_state_from_name(group.config->adamw_state)) {
     for (const Parameter* p : group.parameters) {
       Slot s;
@@ -51,8 +51,8 @@ class AdamW final : public Optimizer {
   void step(double lr) override {
     ++steps_;
     const ops::AdamWStep step = step_scalars(lr, steps_);
-    ops::adamw_update_all(tensors(), step, table_);
-    ops::adamw_lowmem_update_all(state_, lowmem_tensors(), step, lowmem_table_);
+    ops::adamw_update_all(exec_, tensors(), step, table_);
+    ops::adamw_lowmem_update_all(exec_, state_, lowmem_tensors(), step, lowmem_table_);
   }
 
   int64_t steps_taken() const override { return steps_; }
@@ -70,8 +70,8 @@ class AdamW final : public Optimizer {
 
   void step_on_device(const ops::DeviceUpdateScalars* scalars) override {
     const ops::AdamWStep fixed = step_scalars(0, steps_ + 1);
-    ops::adamw_update_all_on_device(tensors(), fixed, scalars, index_, table_);
-    ops::adamw_lowmem_update_all_on_device(state_, lowmem_tensors(), fixed, scalars, index_, lowmem_table_);
+    ops::adamw_update_all_on_device(exec_, tensors(), fixed, scalars, index_, table_);
+    ops::adamw_lowmem_update_all_on_device(exec_, state_, lowmem_tensors(), fixed, scalars, index_, lowmem_table_);
   }
 
   void count_update() override { ++steps_; }
@@ -90,6 +90,7 @@ class AdamW final : public Optimizer {
   }
 
  private:
+  const ExecContext& exec_;
   struct Slot {
     const Parameter* param = nullptr;
     ops::AdamWState format = ops::AdamWState::fp32;  // of this tensor's moments

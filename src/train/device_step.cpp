@@ -56,7 +56,7 @@ DeviceStepOutcome DeviceStep::run(const std::vector<HostBatch>& batches, int64_t
   // from device memory.
   auto micro_batch = [this, device] {
     model_.forward_backward_on_device(&device->loss_scale, device->micro_sums);
-    ops::add_micro_sums_on_device(device);
+    ops::add_micro_sums_on_device(model_.exec(), device);
   };
   auto update = [this, device] {
     if (data_parallel_) {
@@ -66,7 +66,7 @@ DeviceStepOutcome DeviceStep::run(const std::vector<HostBatch>& batches, int64_t
     model_.gradient_sum_squares_to_device(&device->grad_sum_squares);
     {
       KILN_PHASE("guard and clip");  // the fault guard's verdict and the clip factor
-      ops::finish_step_on_device(device);
+      ops::finish_step_on_device(model_.exec(), device);
     }
     optimizer_.step_on_device(&device->update);
   };

@@ -138,7 +138,7 @@ void inject_numeric_faults(const FaultInjector& faults, int64_t step, double& lo
   }
   if (faults.at_step("grad_spike", step))
     for (const auto& p : parameters)
-      if (p->trainable()) ops::scale_inplace(p->grad(), 1e4);
+      if (p->trainable()) ops::scale_inplace(process_exec(), p->grad(), 1e4);
 }
 
 void kill_self() {

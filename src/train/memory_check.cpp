@@ -40,7 +40,7 @@ size_t read_cgroup(const char* path) {
 MemoryBudget plan_training_memory(const Config& config, Device device) {
   const Model model(config.model, training_build_options(config, device));  // plans arenas, allocates nothing
   Arena optimizer_state("optimizer", device);
-  make_optimizer(config.optim, model.parameters())->plan(optimizer_state);
+  make_optimizer(model.exec(), config.optim, model.parameters())->plan(optimizer_state);
   const MemoryPlan plan = model.memory_plan();
   MemoryBudget b;
   b.parameters = plan.parameters;

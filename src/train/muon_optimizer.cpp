@@ -27,7 +27,7 @@ double update_scale(const std::string& scale, const Shape& shape) {
 
 class Muon final : public Optimizer {
  public:
-  explicit Muon(const OptimizerGroup& group) : index_(group.index), weight_decay_(group.weight_decay) {
+  explicit Muon(const OptimizerGroup& group) : exec_(*group.exec), index_(group.index), weight_decay_(group.weight_decay) {
     const MuonConfig& c = group.config->muon;
     settings_.momentum = group.beta1;
     settings_.nesterov = c.nesterov;
@@ -52,7 +52,7 @@ class Muon final : public Optimizer {
 
   void step(double lr) override {
     ++steps_;
-    update_->step(matrices(), lr);
+    update_->step(exec_, matrices(), lr);
   }
 
   int64_t steps_taken() const override { return steps_; }
@@ -63,7 +63,7 @@ class Muon final : public Optimizer {
     scalars.group[index_] = {static_cast<float>(lr), 1.0f, 1.0f};
   }
   void step_on_device(const ops::DeviceUpdateScalars* scalars) override {
-    update_->step_on_device(matrices(), scalars, index_);
+    update_->step_on_device(exec_, matrices(), scalars, index_);
   }
   void count_update() override { ++steps_; }
 
@@ -74,6 +74,7 @@ class Muon final : public Optimizer {
   }
 
  private:
+  const ExecContext& exec_;
   struct Slot {
     const Parameter* param;
     Tensor momentum;

@@ -59,6 +59,7 @@ struct OptimizerGroup {
   double beta1 = 0.9, beta2 = 0.95; // AdamW's moments; Muon's momentum is beta1
   const OptimConfig* config = nullptr;  // the rest: eps, [optim.muon]
   std::vector<const Parameter*> parameters;  // trainable, in model order
+  const ExecContext* exec = &process_exec();  // where its updates run: the model's context
   // The section whose key chose this optimizer, for errors ("optim.matrix.optimizer").
   std::string key() const;
 };

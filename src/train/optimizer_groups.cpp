@@ -138,8 +138,11 @@ std::vector<OptimizerGroup> group_parameters(const OptimConfig& config, const Pa
   return groups;
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config, const ParameterList& parameters) {
-  return std::make_unique<GroupedOptimizer>(group_parameters(config, parameters));
+std::unique_ptr<Optimizer> make_optimizer(const ExecContext& exec, const OptimConfig& config,
+                                          const ParameterList& parameters) {
+  std::vector<OptimizerGroup> groups = group_parameters(config, parameters);
+  for (OptimizerGroup& g : groups) g.exec = &exec;
+  return std::make_unique<GroupedOptimizer>(std::move(groups));
 }
 
 std::vector<std::string> describe_groups(const std::vector<OptimizerGroup>& groups) {

@@ -18,7 +18,8 @@ namespace kiln {
 // or a role an optimizer cannot update.
 std::vector<OptimizerGroup> group_parameters(const OptimConfig& config, const ParameterList& parameters);
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config, const ParameterList& parameters);
+std::unique_ptr<Optimizer> make_optimizer(const ExecContext& exec, const OptimConfig& config,
+                                          const ParameterList& parameters);
 
 // One line per group for the training banner: "muon [matrix, expert]: 42 tensors, lr x1, weight decay 0.1, beta1 0.95".
 std::vector<std::string> describe_groups(const std::vector<OptimizerGroup>& groups);

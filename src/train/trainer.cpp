@@ -175,7 +175,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   // Periodic exports of a model with no stock class (a component refuses): say so now.
   if (config_.checkpoint.export_hf_every > 0)
     io::hf_config_json(*model_, io::choose_hf_arch(config_.model), io::HfSpecialTokens{}, "float32");
-  optimizer_ = make_optimizer(config_.optim, model_->parameters());
+  optimizer_ = make_optimizer(model_->exec(), config_.optim, model_->parameters());
   schedule_ = make_schedule(config_.optim, config_.train.steps,
                             config_.train.micro_batch_tokens * config_.train.grad_accum * stream_->options().world_size);
   optimizer_->plan(optimizer_state_);

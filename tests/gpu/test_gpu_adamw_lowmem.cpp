@@ -42,8 +42,8 @@ TEST_F(GpuAdamWLowMem, MatchesTheCpuReferenceBitwise) {
     ops::AdamWLowMemDeviceTable cpu_table, gpu_table;
     for (int64_t t = 1; t <= 3; ++t) {
       cpu.regrad(500 * t), gpu.regrad(500 * t);
-      ops::adamw_lowmem_update_all(state, cpu.list(), step_of(t), cpu_table);
-      ops::adamw_lowmem_update_all(state, gpu.list(), step_of(t), gpu_table);
+      ops::adamw_lowmem_update_all(process_exec(), state, cpu.list(), step_of(t), cpu_table);
+      ops::adamw_lowmem_update_all(process_exec(), state, gpu.list(), step_of(t), gpu_table);
     }
     const size_t differ = differing_bytes(cpu, gpu);
     std::printf("adamw %s moments: GPU against CPU after 3 steps: %zu bytes differ\n", name_of(state), differ);
@@ -70,13 +70,13 @@ TEST_F(GpuAdamWLowMem, DeviceScalarsMatchHostScalarsAndSkipChangesNothing) {
     for (OwnedTensor& g : cpu.g)
       for (int64_t i = 0; i < g->numel(); ++i) g->data<float>()[i] *= host.grad_scale;
     ops::AdamWLowMemDeviceTable cpu_table, gpu_table;
-    ops::adamw_lowmem_update_all(state, cpu.list(), s, cpu_table);
-    ops::adamw_lowmem_update_all_on_device(state, gpu.list(), s, scalars, 3, gpu_table);
+    ops::adamw_lowmem_update_all(process_exec(), state, cpu.list(), s, cpu_table);
+    ops::adamw_lowmem_update_all_on_device(process_exec(), state, gpu.list(), s, scalars, 3, gpu_table);
     EXPECT_EQ(differing_bytes(cpu, gpu), 0u);
 
     host.skip = 1;
     device_copy(device.data(), Device::cuda, &host, Device::cpu, sizeof(host));
-    ops::adamw_lowmem_update_all_on_device(state, gpu.list(), s, scalars, 3, gpu_table);
+    ops::adamw_lowmem_update_all_on_device(process_exec(), state, gpu.list(), s, scalars, 3, gpu_table);
     EXPECT_EQ(differing_bytes(cpu, gpu), 0u) << "a skipped step changed something";
   }
 }
@@ -97,7 +97,7 @@ TEST_F(GpuAdamWLowMem, CapturedStepMatchesTheOpByOpStep) {
     LowMemSet work(seed, Device::cuda), first(seed, Device::cuda);
     ops::AdamWLowMemDeviceTable table;
     const auto list = work.list();
-    auto step = [&] { ops::adamw_lowmem_update_all_on_device(state, list, step_of(2), scalars, 1, table); };
+    auto step = [&] { ops::adamw_lowmem_update_all_on_device(process_exec(), state, list, step_of(2), scalars, 1, table); };
     cuda::StepGraphs graphs("adamw lowmem test");
     graphs.run(0, step);  // runs op by op (and builds the table), then captures
     ASSERT_TRUE(graphs.captured(0)) << "the device-scalar step could not be captured";

@@ -142,7 +142,7 @@ void check_cached_attention(const CacheCase& c, DType dtype, bool split) {
   options.softcap = c.softcap;
 
   OwnedTensor ref(DType::f64, Device::cpu, qs);
-  ops::cached_attention_forward(*host_f64(q, qs), *host_f64(kc, cs), *host_f64(vc, cs), *i32_tensor(slots, Device::cpu),
+  ops::cached_attention_forward(process_exec(), *host_f64(q, qs), *host_f64(kc, cs), *host_f64(vc, cs), *i32_tensor(slots, Device::cpu),
                                 *i32_tensor(positions, Device::cpu), options, *ref);
 
   OwnedTensor dq = device_of(q, qs, dtype), dk = device_of(kc, cs, dtype), dv = device_of(vc, cs, dtype);
@@ -155,7 +155,7 @@ void check_cached_attention(const CacheCase& c, DType dtype, bool split) {
     workspace = OwnedTensor(DType::f32, Device::cuda, Shape{elems});
     poison(*workspace);
   }
-  ops::cached_attention_forward(*dq, *dk, *dv, *i32_tensor(slots, Device::cuda), *i32_tensor(positions, Device::cuda),
+  ops::cached_attention_forward(process_exec(), *dq, *dk, *dv, *i32_tensor(slots, Device::cuda), *i32_tensor(positions, Device::cuda),
                                 options, *out, workspace.tensor.defined() ? *workspace : Tensor());
   // Each output is a convex combination of V rows: its rounding error scales with |V| (the
   // terms), not with |out|, which cancellation makes small (an average of 384 random rows
@@ -184,9 +184,9 @@ TEST_F(CachedAttentionGpu, KvCacheWriteMatchesCpuBitwise) {
       // CPU: the same bytes (the CPU op moves rows as bytes whatever the dtype).
       OwnedTensor hk = to_host(*device_of(k, ks, dtype)), hv = to_host(*device_of(v, ks, dtype));
       OwnedTensor hkc = to_host(*device_of(old, cs, dtype)), hvc = to_host(*device_of(old, cs, dtype));
-      ops::kv_cache_write(*hk, *hv, *i32_tensor(slots, Device::cpu), *i32_tensor(positions, Device::cpu), *hkc, *hvc);
+      ops::kv_cache_write(process_exec(), *hk, *hv, *i32_tensor(slots, Device::cpu), *i32_tensor(positions, Device::cpu), *hkc, *hvc);
       OwnedTensor dkc = device_of(old, cs, dtype), dvc = device_of(old, cs, dtype);
-      ops::kv_cache_write(*device_of(k, ks, dtype), *device_of(v, ks, dtype), *i32_tensor(slots, Device::cuda),
+      ops::kv_cache_write(process_exec(), *device_of(k, ks, dtype), *device_of(v, ks, dtype), *i32_tensor(slots, Device::cuda),
                           *i32_tensor(positions, Device::cuda), *dkc, *dvc);
       EXPECT_TRUE(same_bytes(*to_host(*dkc), *hkc)) << "k cache";
       EXPECT_TRUE(same_bytes(*to_host(*dvc), *hvc)) << "v cache";
@@ -246,7 +246,7 @@ void check_one_kernel_attention(const OneKernelCase& c) {
     positions.push_back(static_cast<int32_t>(p));
   }
   OwnedTensor cos_host(DType::f32, Device::cpu, Shape{c.max_len, hd / 2}), sin_host(DType::f32, Device::cpu, Shape{c.max_len, hd / 2});
-  ops::rope_fill_tables(ops::rope_inverse_frequencies(1e6, hd), *cos_host, *sin_host);
+  ops::rope_fill_tables(process_exec(), ops::rope_inverse_frequencies(1e6, hd), *cos_host, *sin_host);
   OwnedTensor cos = to_device(*cos_host), sin = to_device(*sin_host);
   OwnedTensor d_qkv = device_of(qkv, qkv_shape, DType::bf16);
   OwnedTensor d_q_gain = device_of(q_gain, Shape{hd}, DType::f32), d_k_gain = device_of(k_gain, Shape{hd}, DType::f32);
@@ -295,7 +295,7 @@ void check_one_kernel_attention(const OneKernelCase& c) {
   };
   ops::AttentionOptions options;
   options.window = c.window, options.softcap = c.softcap;
-  ops::cached_attention_forward(*f64_of(*q3), *f64_of(*k3), *f64_of(*v3), *i32_tensor(slot_ids, Device::cpu),
+  ops::cached_attention_forward(process_exec(), *f64_of(*q3), *f64_of(*k3), *f64_of(*v3), *i32_tensor(slot_ids, Device::cpu),
                                 *i32_tensor(positions, Device::cpu), options, *ref);
   double v_scale = 0;
   for (const float x : cache) v_scale = std::max(v_scale, std::fabs(static_cast<double>(x)));

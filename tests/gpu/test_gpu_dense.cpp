@@ -24,9 +24,9 @@ TEST_F(Dense, RmsNormRepeatedCallsAreStable) {
   const Shape xs{64, 8192};
   OwnedTensor x = test::random_tensor(DType::f32, xs, 99);
   OwnedTensor xd = to_device(*x), yd(DType::f32, Device::cuda, xs), rstdd(DType::f32, Device::cuda, Shape{64});
-  ops::rms_norm_forward(*xd, Tensor(), 1e-6, *yd, *rstdd);
+  ops::rms_norm_forward(process_exec(), *xd, Tensor(), 1e-6, *yd, *rstdd);
   OwnedTensor first = to_host(*yd);
-  for (int i = 0; i < 100; ++i) ops::rms_norm_forward(*xd, Tensor(), 1e-6, *yd, *rstdd);
+  for (int i = 0; i < 100; ++i) ops::rms_norm_forward(process_exec(), *xd, Tensor(), 1e-6, *yd, *rstdd);
   OwnedTensor last = to_host(*yd);
   EXPECT_TRUE(same_bytes(*first, *last));
 }
@@ -34,11 +34,11 @@ TEST_F(Dense, RmsNormRepeatedCallsAreStable) {
 TEST_F(Dense, AllFiniteFindsOneInfinity) {
   const int64_t n = 100003;
   OwnedTensor a = to_device(*test::random_tensor(DType::f32, Shape{n}, 61));
-  EXPECT_TRUE(ops::all_finite(*a));
+  EXPECT_TRUE(ops::all_finite(process_exec(), *a));
   std::vector<float> bad(static_cast<size_t>(n), 1.0f);
   bad[77777] = INFINITY;
   copy_tensor(Tensor(bad.data(), DType::f32, Device::cpu, Shape{n}), *a);
-  EXPECT_FALSE(ops::all_finite(*a));
+  EXPECT_FALSE(ops::all_finite(process_exec(), *a));
 }
 
 // kernel's bits, for sizes below, at and across its 65536-element chunks.
@@ -63,11 +63,11 @@ TEST_F(Dense, AdamWManyTensorsMatchesOneByOne) {
     many.push_back({*pa, *ga, *ma, *va, decay});
     ops::AdamWStep one = s;
     one.weight_decay = decay;
-    ops::adamw_update(*pb, *ga, *mb, *vb, one);
+    ops::adamw_update(process_exec(), *pb, *ga, *mb, *vb, one);
     for (OwnedTensor* t : {&pa, &ma, &va, &ga, &pb, &mb, &vb}) keep.push_back(std::move(*t));
   }
   ops::AdamWDeviceTable table;
-  ops::adamw_update_all(many, s, table);
+  ops::adamw_update_all(process_exec(), many, s, table);
   for (size_t i = 0; i < many.size(); ++i) {
     const OwnedTensor& pb = keep[7 * i + 4];
     const OwnedTensor& mb = keep[7 * i + 5];
@@ -113,16 +113,16 @@ TEST_F(Dense, AdamWWithDeviceScalarsMatchesScaledUpdate) {
       OwnedTensor pb = to_device(*p0), mb = to_device(*m0), vb = to_device(*v0), gb = to_device(*g0);
       many.push_back({*pa, *ga, *ma, *va, decay});
       if (!skip) {  // the reference: scale the gradient, then the per-tensor update
-        ops::scale_inplace(*gb, host.grad_scale);
+        ops::scale_inplace(process_exec(), *gb, host.grad_scale);
         ops::AdamWStep one = s;
         one.lr = group.lr;
         one.weight_decay = decay;
-        ops::adamw_update(*pb, *gb, *mb, *vb, one);
+        ops::adamw_update(process_exec(), *pb, *gb, *mb, *vb, one);
       }
       for (OwnedTensor* t : {&pa, &ma, &va, &ga, &pb, &mb, &vb, &gb}) keep.push_back(std::move(*t));
     }
     ops::AdamWDeviceTable table;
-    ops::adamw_update_all_on_device(many, s, static_cast<const ops::DeviceUpdateScalars*>(device.data()), kGroup, table);
+    ops::adamw_update_all_on_device(process_exec(), many, s, static_cast<const ops::DeviceUpdateScalars*>(device.data()), kGroup, table);
     for (size_t i = 0; i < many.size(); ++i) {
       EXPECT_TRUE(same_bytes(*to_host(many[i].param), *to_host(*keep[8 * i + 4]))) << "param " << i;
       EXPECT_TRUE(same_bytes(*to_host(many[i].m), *to_host(*keep[8 * i + 5]))) << "m " << i;

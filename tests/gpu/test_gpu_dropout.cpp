@@ -30,21 +30,21 @@ TEST_F(DropoutGpu, MatchesTheCpuMaskAndValues) {
       SCOPED_TRACE(fmt::format("key {:x} p {}", key, p));
       const OwnedTensor host_key = key_tensor(key), device_key = to_device(*host_key);
       OwnedTensor want(DType::f32, Device::cpu, shape);
-      ops::dropout_apply(*x, {p, 5, *host_key}, *want);
+      ops::dropout_apply(process_exec(), *x, {p, 5, *host_key}, *want);
 
       const OwnedTensor dx = to_device(*x);
       OwnedTensor dy(DType::f32, Device::cuda, shape);
-      ops::dropout_apply(*dx, {p, 5, *device_key}, *dy);
+      ops::dropout_apply(process_exec(), *dx, {p, 5, *device_key}, *dy);
       const OwnedTensor got = to_host(*dy);
       EXPECT_EQ(std::memcmp(got->raw(), want->raw(), want->nbytes()), 0) << "fp32 not bit for bit";
 
       // bf16 in, bf16 out (in place): the fp32 product of the bf16 input, rounded once.
       const OwnedTensor xb = bf16_of(*x);
       const OwnedTensor dxb = to_device(*xb);
-      ops::dropout_apply(*dxb, {p, 5, *device_key}, *dxb);
+      ops::dropout_apply(process_exec(), *dxb, {p, 5, *device_key}, *dxb);
       const OwnedTensor gotb = f32_of_bf16(*to_host(*dxb));
       OwnedTensor from_bf16(DType::f32, Device::cpu, shape);
-      ops::dropout_apply(*f32_of_bf16(*xb), {p, 5, *host_key}, *from_bf16);
+      ops::dropout_apply(process_exec(), *f32_of_bf16(*xb), {p, 5, *host_key}, *from_bf16);
       const OwnedTensor wantb = f32_of_bf16(*bf16_of(*from_bf16));
       EXPECT_EQ(std::memcmp(gotb->raw(), wantb->raw(), wantb->nbytes()), 0) << "bf16 not the rounded fp32";
     }

@@ -56,20 +56,20 @@ TEST_F(GegluGpu, ForwardAndBackwardMatchTheReference) {
 
       OwnedTensor gu64 = to_f64(*gu), dout64 = to_f64(*dout);
       OwnedTensor out64(DType::f64, Device::cpu, Shape{n, f}), dgu64(DType::f64, Device::cpu, Shape{n, 2 * f});
-      ops::geglu_forward(*gu64, *out64);
-      ops::geglu_backward(*gu64, *dout64, *dgu64);
+      ops::geglu_forward(process_exec(), *gu64, *out64);
+      ops::geglu_backward(process_exec(), *gu64, *dout64, *dgu64);
 
       OwnedTensor gud = upload(*gu, dtype), doutd = upload(*dout, dtype);
       OwnedTensor outd = poisoned(dtype, Shape{n, f}), dgud = poisoned(dtype, Shape{n, 2 * f});
-      ops::geglu_forward(*gud, *outd);
-      ops::geglu_backward(*gud, *doutd, *dgud);
+      ops::geglu_forward(process_exec(), *gud, *outd);
+      ops::geglu_backward(process_exec(), *gud, *doutd, *dgud);
       const bool bf16 = dtype == DType::bf16;
       expect_close("out", *download_f32(*outd), *out64, bf16 ? 1e-2 : kF32.forward);
       expect_close("dgate_up", *download_f32(*dgud), *dgu64, bf16 ? 1e-2 : kF32.backward);
 
       // The MLP's form: the backward rewrites dout with the forward's output.
       OwnedTensor dout_then_out = upload(*dout, dtype), dgu2 = poisoned(dtype, Shape{n, 2 * f});
-      ops::geglu_backward(*gud, *dout_then_out, *dgu2, *dout_then_out);
+      ops::geglu_backward(process_exec(), *gud, *dout_then_out, *dgu2, *dout_then_out);
       EXPECT_TRUE(same_bytes(*to_host(*dgu2), *to_host(*dgud))) << "dgate_up differs when out is rebuilt";
       EXPECT_TRUE(same_bytes(*to_host(*dout_then_out), *to_host(*outd))) << "the rebuilt out is not the forward's";
     }
@@ -86,11 +86,11 @@ TEST_F(GegluGpu, UnalignedViewsTakeTheScalarPath) {
     OwnedTensor gud = upload(*gu, dtype), outd = poisoned(dtype, Shape{n * f + 1});
     const Tensor gate_up(static_cast<char*>(gud->raw()) + elem, dtype, Device::cuda, Shape{n, 2 * f});
     const Tensor out(static_cast<char*>(outd->raw()) + elem, dtype, Device::cuda, Shape{n, f});
-    ops::geglu_forward(gate_up, out);
+    ops::geglu_forward(process_exec(), gate_up, out);
     // The same values, aligned.
     OwnedTensor aligned_in(dtype, Device::cuda, Shape{n, 2 * f}), aligned_out = poisoned(dtype, Shape{n, f});
     copy_tensor(gate_up, *aligned_in);
-    ops::geglu_forward(*aligned_in, *aligned_out);
+    ops::geglu_forward(process_exec(), *aligned_in, *aligned_out);
     OwnedTensor got = download_f32(*outd), want = download_f32(*aligned_out);
     EXPECT_TRUE(std::isnan(got->data<float>()[0])) << "wrote before the start";
     const Tensor got_values(got->data<float>() + 1, DType::f32, Device::cpu, Shape{n, f});

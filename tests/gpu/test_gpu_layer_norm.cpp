@@ -157,12 +157,12 @@ void check_forward(const ForwardParam& p) {
   OwnedTensor x64 = to_f64(*in.x), w64 = f64_or_none(in.w), b64 = f64_or_none(in.b);
   OwnedTensor y64(DType::f64, Device::cpu, in.shape()), mean64(DType::f64, Device::cpu, Shape{rows}),
       rstd64(DType::f64, Device::cpu, Shape{rows});
-  ops::layer_norm_forward(*x64, w64.tensor, b64.tensor, kEps, *y64, *mean64, *rstd64);
+  ops::layer_norm_forward(process_exec(), *x64, w64.tensor, b64.tensor, kEps, *y64, *mean64, *rstd64);
 
   OwnedTensor xd = upload(*in.x, x_dtype), wd = device_or_none(in.w), bd = device_or_none(in.b);
   OwnedTensor yd = poisoned(y_dtype, in.shape()), meand = poisoned(DType::f32, Shape{rows}),
               rstdd = poisoned(DType::f32, Shape{rows});
-  ops::layer_norm_forward(*xd, wd.tensor, bd.tensor, kEps, *yd, *meand, *rstdd);
+  ops::layer_norm_forward(process_exec(), *xd, wd.tensor, bd.tensor, kEps, *yd, *meand, *rstdd);
 
   expect_y_close("y", *download_f32(*yd), *y64, y_dtype == DType::bf16, terms_scale(in, *rstd64));
   expect_close("mean", *to_host(*meand), *mean64, kF32.forward, max_abs(*in.x));  // judged against |x|
@@ -215,7 +215,7 @@ void check_backward(const BackwardParam& p) {
   OwnedTensor x64 = to_f64(*in.x), w64 = f64_or_none(in.w), b64 = f64_or_none(in.b);
   OwnedTensor y64(DType::f64, Device::cpu, xs), mean64(DType::f64, Device::cpu, Shape{rows}),
       rstd64(DType::f64, Device::cpu, Shape{rows});
-  ops::layer_norm_forward(*x64, w64.tensor, b64.tensor, kEps, *y64, *mean64, *rstd64);
+  ops::layer_norm_forward(process_exec(), *x64, w64.tensor, b64.tensor, kEps, *y64, *mean64, *rstd64);
   OwnedTensor mean = to_f32(*mean64), rstd = to_f32(*rstd64);
   mean64 = to_f64(*mean);
   rstd64 = to_f64(*rstd);
@@ -225,7 +225,7 @@ void check_backward(const BackwardParam& p) {
   OwnedTensor dy64 = to_f64(*dy);
   OwnedTensor dx64 = accumulate ? to_f64(*dx_init) : OwnedTensor(DType::f64, Device::cpu, xs);
   OwnedTensor dw64 = gain ? to_f64(*dw_init) : OwnedTensor(), db64 = bias ? to_f64(*db_init) : OwnedTensor();
-  ops::layer_norm_backward(*x64, w64.tensor, *mean64, *rstd64, *dy64, *dx64, dw64.tensor, db64.tensor, accumulate);
+  ops::layer_norm_backward(process_exec(), *x64, w64.tensor, *mean64, *rstd64, *dy64, *dx64, dw64.tensor, db64.tensor, accumulate);
 
   // The GPU twice from the same state; the second run also writes dx's bf16 copy (mixed).
   OwnedTensor xd = upload(*in.x, x_dtype), wd = device_or_none(in.w), dyd = upload(*dy, y_dtype);
@@ -240,7 +240,7 @@ void check_backward(const BackwardParam& p) {
     copy_tensor(*dw_init, *dwd);
     copy_tensor(*db_init, *dbd);
     const Tensor copy = run == 1 && mixed ? copyd.tensor : Tensor();
-    ops::layer_norm_backward(*xd, wd.tensor, *meand, *rstdd, *dyd, *dxd, gain ? dwd.tensor : Tensor(),
+    ops::layer_norm_backward(process_exec(), *xd, wd.tensor, *meand, *rstdd, *dyd, *dxd, gain ? dwd.tensor : Tensor(),
                              bias ? dbd.tensor : Tensor(), accumulate, copy);
     dx_runs[run] = to_host(*dxd);
     dw_runs[run] = to_host(*dwd);
@@ -343,11 +343,11 @@ TEST_F(LayerNormGpu, FusedAddMatchesAddThenNorm) {
       OwnedTensor a = to_device(*in.x), bd = upload(*branch, y_dtype), w = to_device(*in.w), b = to_device(*in.b);
       OwnedTensor sum_ref = poisoned(DType::f32, in.shape()), y_ref = poisoned(y_dtype, in.shape());
       OwnedTensor mean_ref = poisoned(DType::f32, Shape{rows}), rstd_ref = poisoned(DType::f32, Shape{rows});
-      ops::add(*a, *bd, *sum_ref);
-      ops::layer_norm_forward(*sum_ref, *w, *b, kEps, *y_ref, *mean_ref, *rstd_ref);
+      ops::add(process_exec(), *a, *bd, *sum_ref);
+      ops::layer_norm_forward(process_exec(), *sum_ref, *w, *b, kEps, *y_ref, *mean_ref, *rstd_ref);
       OwnedTensor sum = poisoned(DType::f32, in.shape()), y = poisoned(y_dtype, in.shape());
       OwnedTensor mean = poisoned(DType::f32, Shape{rows}), rstd = poisoned(DType::f32, Shape{rows});
-      ops::add_layer_norm_forward(*a, *bd, *w, *b, kEps, *sum, *y, *mean, *rstd);
+      ops::add_layer_norm_forward(process_exec(), *a, *bd, *w, *b, kEps, *sum, *y, *mean, *rstd);
       EXPECT_TRUE(same_bytes(*to_host(*sum), *to_host(*sum_ref))) << "sum differs from ops::add";
       EXPECT_TRUE(same_bytes(*to_host(*y), *to_host(*y_ref))) << "y differs from the unfused norm";
       EXPECT_TRUE(same_bytes(*to_host(*mean), *to_host(*mean_ref))) << "mean differs from the unfused norm";
@@ -363,7 +363,7 @@ TEST_F(LayerNormGpu, UnalignedViewsTakeTheScalarPath) {
   OwnedTensor x64 = to_f64(*in.x), w64 = to_f64(*in.w), b64 = to_f64(*in.b);
   OwnedTensor y64(DType::f64, Device::cpu, in.shape()), mean64(DType::f64, Device::cpu, Shape{rows}),
       rstd64(DType::f64, Device::cpu, Shape{rows});
-  ops::layer_norm_forward(*x64, *w64, *b64, kEps, *y64, *mean64, *rstd64);
+  ops::layer_norm_forward(process_exec(), *x64, *w64, *b64, kEps, *y64, *mean64, *rstd64);
   for (DType y_dtype : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(y_dtype));
     OwnedTensor x_buf(DType::f32, Device::cuda, Shape{n + 1});
@@ -373,7 +373,7 @@ TEST_F(LayerNormGpu, UnalignedViewsTakeTheScalarPath) {
     const Tensor y(static_cast<char*>(y_buf->raw()) + dtype_size(y_dtype), y_dtype, Device::cuda, in.shape());
     OwnedTensor w = to_device(*in.w), b = to_device(*in.b), mean = poisoned(DType::f32, Shape{rows}),
                 rstd = poisoned(DType::f32, Shape{rows});
-    ops::layer_norm_forward(x, *w, *b, kEps, y, *mean, *rstd);
+    ops::layer_norm_forward(process_exec(), x, *w, *b, kEps, y, *mean, *rstd);
     OwnedTensor y_host = download_f32(*y_buf);
     EXPECT_TRUE(std::isnan(y_host->data<float>()[0])) << "wrote before the start";
     const Tensor y_values(y_host->data<float>() + 1, DType::f32, Device::cpu, in.shape());
@@ -388,11 +388,11 @@ TEST_F(LayerNormGpu, RefusesDtypesWithoutAKernel) {
   OwnedTensor x = upload(*in.x, DType::bf16), w = to_device(*in.w), b = to_device(*in.b);
   OwnedTensor y = poisoned(DType::f32, in.shape()), mean = poisoned(DType::f32, Shape{4}),
               rstd = poisoned(DType::f32, Shape{4});
-  const std::string e = test::error_of([&] { ops::layer_norm_forward(*x, *w, *b, kEps, *y, *mean, *rstd); });
+  const std::string e = test::error_of([&] { ops::layer_norm_forward(process_exec(), *x, *w, *b, kEps, *y, *mean, *rstd); });
   EXPECT_EQ(e.rfind("[layer_norm] x must be f32 on the GPU", 0), 0u) << e;
   OwnedTensor w64 = to_device(*to_f64(*in.w));
   OwnedTensor y16 = poisoned(DType::bf16, in.shape());
-  const std::string e2 = test::error_of([&] { ops::layer_norm_forward(*x, *w64, *b, kEps, *y16, *mean, *rstd); });
+  const std::string e2 = test::error_of([&] { ops::layer_norm_forward(process_exec(), *x, *w64, *b, kEps, *y16, *mean, *rstd); });
   EXPECT_EQ(e2.rfind("[layer_norm] w must be f32", 0), 0u) << e2;
 }
 

@@ -155,9 +155,9 @@ TEST_F(GpuMuon, MatchesTheCpuReference) {
     GpuUpdate g(settings, c.shapes());
     ops::MuonUpdate u32(settings, c.shapes(), Device::cpu), u64(settings, c.shapes(), Device::cpu);
     for (const bool second : {false, true}) {
-      g.update.step(gpu.list(c, second), kLr, kGradScale);
-      u32.step(cpu32.list(c, second), kLr, kGradScale);
-      u64.step(cpu64.list(c, second), kLr, kGradScale);
+      g.update.step(process_exec(), gpu.list(c, second), kLr, kGradScale);
+      u32.step(process_exec(), cpu32.list(c, second), kLr, kGradScale);
+      u64.step(process_exec(), cpu64.list(c, second), kLr, kGradScale);
     }
     for (size_t i = 0; i < c.fused.size(); ++i)
       EXPECT_TRUE(same_bytes(*to_host(*gpu.m[i]), *cpu32.m[i])) << "momentum of fused tensor " << i;
@@ -200,14 +200,14 @@ TEST_F(GpuMuon, DeviceScalarsMatchHostScalarsAndSkipChangesNothing) {
   Tensors a(c, DType::f32, Device::cuda), b(c, DType::f32, Device::cuda);
   GpuUpdate ua(settings, c.shapes()), ub(settings, c.shapes());
   for (const bool second : {false, true}) {
-    ua.update.step(a.list(c, second), host.group[3].lr, host.grad_scale);
-    ub.update.step_on_device(b.list(c, second), scalars, 3);
+    ua.update.step(process_exec(), a.list(c, second), host.group[3].lr, host.grad_scale);
+    ub.update.step_on_device(process_exec(), b.list(c, second), scalars, 3);
   }
   EXPECT_TRUE(same_state(c, a, b));
 
   host.skip = 1;
   device_copy(device.data(), Device::cuda, &host, Device::cpu, sizeof(host));
-  ub.update.step_on_device(b.list(c, false), scalars, 3);
+  ub.update.step_on_device(process_exec(), b.list(c, false), scalars, 3);
   EXPECT_TRUE(same_state(c, a, b)) << "a skipped step changed something";
 }
 
@@ -220,8 +220,8 @@ TEST_F(GpuMuon, NewtonSchulzSingularValuesStayInTheBand) {
     SCOPED_TRACE(shape.str());
     const OwnedTensor x32 = test::random_tensor(DType::f32, shape, 77);
     OwnedTensor xd = to_device(*x32), x64 = to_f64(*x32);
-    ops::newton_schulz(*xd, 5);
-    ops::newton_schulz(*x64, 5);
+    ops::newton_schulz(process_exec(), *xd, 5);
+    ops::newton_schulz(process_exec(), *x64, 5);
     const std::vector<double> got = host_values(*xd), ref = host_values(*x64);
     const std::vector<double> s = muon_test::singular_values(got, shape[0], shape[1]);
     EXPECT_GT(s.back(), 0.6);
@@ -252,15 +252,15 @@ TEST_F(GpuMuon, StepsAreReproducibleAndCapturable) {
   const Tensors start(c, DType::f32, Device::cuda);
   Tensors work(c, DType::f32, Device::cuda), first(c, DType::f32, Device::cuda);
   GpuUpdate u(settings, c.shapes());
-  u.update.step(work.list(c, false), kLr, kGradScale);
+  u.update.step(process_exec(), work.list(c, false), kLr, kGradScale);
   first.load_state(work);
   work.load_state(start);
-  u.update.step(work.list(c, false), kLr, kGradScale);
+  u.update.step(process_exec(), work.list(c, false), kLr, kGradScale);
   EXPECT_TRUE(same_state(c, work, first)) << "two runs of one step differ";
 
   cuda::StepGraphs graphs("muon test");
   const auto list = work.list(c, false);
-  auto step = [&] { u.update.step_on_device(list, scalars, 3); };
+  auto step = [&] { u.update.step_on_device(process_exec(), list, scalars, 3); };
   work.load_state(start);
   graphs.run(0, step);  // runs op by op, then captures
   ASSERT_TRUE(graphs.captured(0)) << "the device-scalar step could not be captured";

@@ -48,12 +48,12 @@ TEST_F(GpuQkClip, MaxLogitsMatchTheCpuOverRaggedSequencesAndWindows) {
         ops::AttentionOptions o;
         o.window = window;
         OwnedTensor cpu_keys = zero_keys(hq, Device::cpu);
-        ops::attention_max_logits(*to_f64(*q), *to_f64(*k), *i32_tensor(cu), o, *cpu_keys);
+        ops::attention_max_logits(process_exec(), *to_f64(*q), *to_f64(*k), *i32_tensor(cu), o, *cpu_keys);
         const OwnedTensor dq = bf16 ? to_device(*bf16_of(*q)) : to_device(*q);
         const OwnedTensor dk = bf16 ? to_device(*bf16_of(*k)) : to_device(*k);
         OwnedTensor gpu_keys = zero_keys(hq, Device::cuda);
-        ops::attention_max_logits(*dq, *dk, *to_device(*i32_tensor(cu)), o, *gpu_keys);
-        const std::vector<float> want = ops::read_max_logits(*cpu_keys), got = ops::read_max_logits(*gpu_keys);
+        ops::attention_max_logits(process_exec(), *dq, *dk, *to_device(*i32_tensor(cu)), o, *gpu_keys);
+        const std::vector<float> want = ops::read_max_logits(process_exec(), *cpu_keys), got = ops::read_max_logits(process_exec(), *gpu_keys);
         for (int64_t h = 0; h < hq; ++h) {
           // fp32 sums of d products of unit-scale values: a few ulps of sqrt(d) each.
           EXPECT_NEAR(got[h], want[h], 2e-5 * std::sqrt(static_cast<double>(d)))
@@ -79,8 +79,8 @@ TEST_F(GpuQkClip, FactorsAndRowScalingAreTheCpusBits) {
                        Form{ops::QkClipSharing::shared_gains, 1, 1}}) {
     OwnedTensor qf(DType::f32, Device::cpu, Shape{f.q}), kf(DType::f32, Device::cpu, Shape{f.k});
     OwnedTensor dqf(DType::f32, Device::cuda, Shape{f.q}), dkf(DType::f32, Device::cuda, Shape{f.k});
-    ops::qk_clip_factors(*host_keys, 4.0, f.sharing, *qf, *kf);
-    ops::qk_clip_factors(*dev_keys, 4.0, f.sharing, *dqf, *dkf);
+    ops::qk_clip_factors(process_exec(), *host_keys, 4.0, f.sharing, *qf, *kf);
+    ops::qk_clip_factors(process_exec(), *dev_keys, 4.0, f.sharing, *dqf, *dkf);
     EXPECT_TRUE(same_bytes(*to_host(*dqf), *qf)) << static_cast<int>(f.sharing);
     EXPECT_TRUE(same_bytes(*to_host(*dkf), *kf)) << static_cast<int>(f.sharing);
   }
@@ -89,8 +89,8 @@ TEST_F(GpuQkClip, FactorsAndRowScalingAreTheCpusBits) {
     for (const Shape shape : {Shape{48, 70}, Shape{48}}) {
       OwnedTensor w = test::random_tensor(DType::f32, shape, 8, 1.0);
       const OwnedTensor dw = to_device(*w);
-      ops::scale_head_rows(*w, *factors, 16, offset);
-      ops::scale_head_rows(*dw, *to_device(*factors), 16, offset);
+      ops::scale_head_rows(process_exec(), *w, *factors, 16, offset);
+      ops::scale_head_rows(process_exec(), *dw, *to_device(*factors), 16, offset);
       EXPECT_TRUE(same_bytes(*to_host(*dw), *w)) << shape.str() << (offset ? " offset" : "");
     }
   }

@@ -31,10 +31,10 @@ OpCase activation_case(Kind kind, int64_t n, int64_t f, std::vector<DType> cuda)
                out("dout_then_out", s).by_backward().unchecked().copied_from("dout"),
                out("dx_again", s).by_backward().unchecked()};
   c.same_bits = {{"dout_then_out", "out"}, {"dx_again", "dx"}};
-  c.forward = [kind](const Tensors& t) { ops::activation_forward(kind, t["x"], t["out"]); };
+  c.forward = [kind](const Tensors& t) { ops::activation_forward(process_exec(), kind, t["x"], t["out"]); };
   c.backward = [kind](const Tensors& t) {
-    ops::activation_backward(kind, t["x"], t["dout"], t["dx"]);
-    ops::activation_backward(kind, t["x"], t["dout_then_out"], t["dx_again"], t["dout_then_out"]);
+    ops::activation_backward(process_exec(), kind, t["x"], t["dout"], t["dx"]);
+    ops::activation_backward(process_exec(), kind, t["x"], t["dout_then_out"], t["dx_again"], t["dout_then_out"]);
   };
   c.reference = [kind](const Tensors& t) {
     const int64_t count = t["x"].numel();

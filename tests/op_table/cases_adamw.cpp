@@ -32,7 +32,7 @@ OpCase adamw_case(int64_t n) {
                // m and v are differences of nearly equal terms (b1 m and (1 - b1) g).
                out("m", {n}).copied_from("m0").judged(Error::backward),
                out("v", {n}).copied_from("v0").judged(Error::backward)};
-  c.forward = [s](const Tensors& t) { ops::adamw_update(t["p"], t["g"], t["m"], t["v"], s); };
+  c.forward = [s](const Tensors& t) { ops::adamw_update(process_exec(), t["p"], t["g"], t["m"], t["v"], s); };
   c.reference = [s, n](const Tensors& t) {
     for (int64_t i = 0; i < n; ++i) {
       const double g = t.f64("g")[i];

@@ -81,10 +81,10 @@ OpCase attention_case(AttentionShape a, double qk_scale, std::vector<DType> cuda
                grad_in("dq", "q", qs),       grad_in("dk", "k", ks),             grad_in("dv", "v", ks)};
   const ops::AttentionOptions o = a.o;
   c.forward = [o](const Tensors& t) {
-    ops::attention_forward(t["q"], t["k"], t["v"], t["cu_seqlens"], o, t["out"], t["lse"]);
+    ops::attention_forward(process_exec(), t["q"], t["k"], t["v"], t["cu_seqlens"], o, t["out"], t["lse"]);
   };
   c.backward = [o](const Tensors& t) {
-    ops::attention_backward(t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], t["cu_seqlens"], o, t["dq"],
+    ops::attention_backward(process_exec(), t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], t["cu_seqlens"], o, t["dq"],
                             t["dk"], t["dv"]);
   };
   c.reference = [o](const Tensors& t) { reference_attention(t, o); };

@@ -65,9 +65,9 @@ OpCase dyt_case(int64_t rows, int64_t cols, DytFlags f, std::vector<DType> cuda)
   if (f.accumulate) c.tensors[6].accumulating();
   c.same_bits = {{"dx_copy", "dx"}};
   const bool accumulate = f.accumulate;
-  c.forward = [](const Tensors& t) { ops::dyt_forward(t["x"], t["alpha"], t["w"], t["b"], t["y"]); };
+  c.forward = [](const Tensors& t) { ops::dyt_forward(process_exec(), t["x"], t["alpha"], t["w"], t["b"], t["y"]); };
   c.backward = [accumulate](const Tensors& t) {
-    ops::dyt_backward(t["x"], t["alpha"], t["w"], t["dy"], t["dx"], t["dalpha"], t["dw"], t["db"], accumulate,
+    ops::dyt_backward(process_exec(), t["x"], t["alpha"], t["w"], t["dy"], t["dx"], t["dalpha"], t["dw"], t["db"], accumulate,
                       t["dx_copy"]);
   };
   c.reference = [](const Tensors& t) {

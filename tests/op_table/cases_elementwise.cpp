@@ -20,10 +20,10 @@ OpCase add_case(int64_t n, bool in_place, bool unaligned, std::vector<DType> cud
   c.tensors = {in("a", {n}, Width::wide).scaled(3.0), in("b", {n})};
   if (in_place) {
     c.tensors.push_back(out("out", {n}, Width::wide).copied_from("a").within(kOneRounding));
-    c.forward = [](const Tensors& t) { ops::add(t["out"], t["b"], t["out"]); };
+    c.forward = [](const Tensors& t) { ops::add(process_exec(), t["out"], t["b"], t["out"]); };
   } else {
     c.tensors.push_back(out("out", {n}, Width::wide).within(kOneRounding));
-    c.forward = [](const Tensors& t) { ops::add(t["a"], t["b"], t["out"]); };
+    c.forward = [](const Tensors& t) { ops::add(process_exec(), t["a"], t["b"], t["out"]); };
   }
   c.reference = [n](const Tensors& t) {
     for (int64_t i = 0; i < n; ++i) t.f64("out")[i] = t.f64("a")[i] + t.f64("b")[i];
@@ -52,7 +52,7 @@ std::vector<OpCase> elementwise_cases() {
       acc.name = fmt::format("n{}{}", n, dtype == DType::bf16 ? "_mixed" : "");
       const double one_rounding = dtype == DType::bf16 ? 1.0 / 256 : kOneRounding;
       acc.tensors = {in("dst0", {n}), in("src", {n}), out("dst", {n}).copied_from("dst0").within(one_rounding)};
-      acc.forward = [](const Tensors& t) { ops::add_inplace(t["dst"], t["src"]); };
+      acc.forward = [](const Tensors& t) { ops::add_inplace(process_exec(), t["dst"], t["src"]); };
       acc.reference = [n](const Tensors& t) {
         for (int64_t i = 0; i < n; ++i) t.f64("dst")[i] = t.f64("dst0")[i] + t.f64("src")[i];
       };
@@ -66,7 +66,7 @@ std::vector<OpCase> elementwise_cases() {
     scale.op = "scale_inplace";
     scale.name = fmt::format("n{}", n);
     scale.tensors = {in("x0", {n}), out("x", {n}).copied_from("x0").within(kOneRounding)};
-    scale.forward = [](const Tensors& t) { ops::scale_inplace(t["x"], 0.37); };
+    scale.forward = [](const Tensors& t) { ops::scale_inplace(process_exec(), t["x"], 0.37); };
     scale.reference = [n](const Tensors& t) {
       for (int64_t i = 0; i < n; ++i) t.f64("x")[i] = t.f64("x0")[i] * 0.37;
     };
@@ -80,7 +80,7 @@ std::vector<OpCase> elementwise_cases() {
     sum.op = "sum_squares";
     sum.name = fmt::format("n{}", n);
     sum.tensors = {in("x", {n}), out("sum", {1}, Width::f64).on_host().within(1e-9)};
-    sum.forward = [](const Tensors& t) { t.f64("sum")[0] = ops::sum_squares(t["x"]); };
+    sum.forward = [](const Tensors& t) { t.f64("sum")[0] = ops::sum_squares(process_exec(), t["x"]); };
     sum.reference = [n](const Tensors& t) {
       double s = 0;
       for (int64_t i = 0; i < n; ++i) s += t.f64("x")[i] * t.f64("x")[i];

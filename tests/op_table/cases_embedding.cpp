@@ -29,14 +29,14 @@ OpCase embedding_case(std::vector<int32_t> ids, int64_t vocab, int64_t dim, bool
     c.tensors.push_back(ints("group_tokens", group_ids));
     c.tensors.push_back(ints("group_starts", starts));
   }
-  c.forward = [](const Tensors& t) { ops::embedding_forward(t["tokens"], t["table"], t["out"]); };
+  c.forward = [](const Tensors& t) { ops::embedding_forward(process_exec(), t["tokens"], t["table"], t["out"]); };
   if (grouped)
     c.backward = [](const Tensors& t) {
       const ops::TokenGroups groups{t["order"], t["group_tokens"], t["group_starts"], t["group_tokens"].numel()};
-      ops::embedding_backward(groups, t["dout"], t["dtable"]);
+      ops::embedding_backward(process_exec(), groups, t["dout"], t["dtable"]);
     };
   else
-    c.backward = [](const Tensors& t) { ops::embedding_backward(t["tokens"], t["dout"], t["dtable"]); };
+    c.backward = [](const Tensors& t) { ops::embedding_backward(process_exec(), t["tokens"], t["dout"], t["dtable"]); };
   c.reference = [dim](const Tensors& t) {
     const std::vector<int32_t>& tokens = t.ints("tokens");
     for (size_t i = 0; i < tokens.size(); ++i)

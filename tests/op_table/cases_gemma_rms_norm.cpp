@@ -24,10 +24,10 @@ OpCase gemma_case(int64_t rows, int64_t cols, std::vector<DType> cuda) {
                grad_out("dy", "y", xs), grad_in("dx", "x", xs, Width::wide),
                grad_in("dw", "w", {cols}, Width::wide).accumulating()};
   c.forward = [](const Tensors& t) {
-    ops::gemma_rms_norm_forward(t["x"], t["w"], kEps, t["gain"], t["y"], t["rstd"]);
+    ops::gemma_rms_norm_forward(process_exec(), t["x"], t["w"], kEps, t["gain"], t["y"], t["rstd"]);
   };
   c.backward = [](const Tensors& t) {
-    ops::gemma_rms_norm_backward(t["x"], t["gain"], t["rstd"], t["dy"], t["dx"], t["dw"]);
+    ops::gemma_rms_norm_backward(process_exec(), t["x"], t["gain"], t["rstd"], t["dy"], t["dx"], t["dw"]);
   };
   c.reference = [](const Tensors& t) {
     const double *x = t.f64("x"), *w = t.f64("w");

@@ -28,9 +28,9 @@ OpCase linear_case(int64_t n, int64_t in_f, int64_t out_f, bool bias, bool accum
     }));
     c.tensors.push_back(grad_in("db", "b", {out_f}, Width::wide).accumulating());
   }
-  c.forward = [](const Tensors& t) { ops::linear_forward(t["x"], t["w"], t.get("b"), t["y"]); };
+  c.forward = [](const Tensors& t) { ops::linear_forward(process_exec(), t["x"], t["w"], t.get("b"), t["y"]); };
   c.backward = [accumulate_dx](const Tensors& t) {
-    ops::linear_backward(t["x"], t["w"], t["dy"], t["dx"], t["dw"], t.get("db"), accumulate_dx);
+    ops::linear_backward(process_exec(), t["x"], t["w"], t["dy"], t["dx"], t["dw"], t.get("db"), accumulate_dx);
   };
   c.reference = [](const Tensors& t) {
     const int64_t rows = t["x"].size(0), k = t["x"].size(1), cols = t["w"].size(0);

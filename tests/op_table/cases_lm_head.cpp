@@ -77,14 +77,14 @@ OpCase loss_case(const Head& h, std::vector<DType> cuda) {
   c.same_bits = {{"sums_backward", "sums"}, {"dh_alone", "dh"}, {"dw_alone", "dw"}};
   const ops::LmHeadLossOptions o = h.o;
   c.forward = [o](const Tensors& t) {
-    write_sums(ops::lm_head_loss(t["h"], t["w"], t["targets"], o, {t["logits"], t["row_stats"]}, Tensor(), Tensor()),
+    write_sums(ops::lm_head_loss(process_exec(), t["h"], t["w"], t["targets"], o, {t["logits"], t["row_stats"]}, Tensor(), Tensor()),
                t.f64("sums"));
   };
   c.backward = [o](const Tensors& t) {
     const ops::LmHeadScratch s{t["logits"], t["row_stats"]};
-    ops::lm_head_loss(t["h"], t["w"], t["targets"], o, s, t["dh_alone"], Tensor());
-    ops::lm_head_loss(t["h"], t["w"], t["targets"], o, s, Tensor(), t["dw_alone"]);
-    write_sums(ops::lm_head_loss(t["h"], t["w"], t["targets"], o, s, t["dh"], t["dw"]), t.f64("sums_backward"));
+    ops::lm_head_loss(process_exec(), t["h"], t["w"], t["targets"], o, s, t["dh_alone"], Tensor());
+    ops::lm_head_loss(process_exec(), t["h"], t["w"], t["targets"], o, s, Tensor(), t["dw_alone"]);
+    write_sums(ops::lm_head_loss(process_exec(), t["h"], t["w"], t["targets"], o, s, t["dh"], t["dw"]), t.f64("sums_backward"));
   };
   c.reference = [h](const Tensors& t) { reference_loss(t, h); };
   c.invariants = [h](const Tensors& t) {  // ignored rows get exactly zero gradient
@@ -104,7 +104,7 @@ OpCase logits_case(int64_t m, int64_t d, int64_t vocab, double softcap) {
   c.op = "lm_head_logits";
   c.name = fmt::format("m{}_d{}_v{}_cap{}", m, d, vocab, softcap);
   c.tensors = {in("h", {m, d}), in("w", {vocab, d}).scaled(0.8), out("logits", {m, vocab}, Width::wide)};
-  c.forward = [softcap](const Tensors& t) { ops::lm_head_logits(t["h"], t["w"], softcap, t["logits"]); };
+  c.forward = [softcap](const Tensors& t) { ops::lm_head_logits(process_exec(), t["h"], t["w"], softcap, t["logits"]); };
   c.reference = [=](const Tensors& t) {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < vocab; ++j) {

@@ -56,7 +56,7 @@ OpCase dispatch_case(int64_t tokens, int64_t experts, int64_t k, Load load) {
   c.name = routes_name(r, load);
   c.tensors = {ints_shaped("experts", r.ids, Shape{tokens, k}), int_out("counts", experts),
                int_out("offsets", experts + 1), int_out("pair_of_row", tokens * k), int_out("row_of_pair", tokens * k)};
-  c.forward = [experts, k](const Tensors& t) { ops::moe_dispatch(t["experts"], dispatch_of(t, experts, k)); };
+  c.forward = [experts, k](const Tensors& t) { ops::moe_dispatch(process_exec(), t["experts"], dispatch_of(t, experts, k)); };
   c.reference = [r](const Tensors& t) {
     auto put = [&](const char* name, const std::vector<int32_t>& v) { std::copy(v.begin(), v.end(), t[name].data<int32_t>()); };
     put("counts", r.counts), put("offsets", r.offsets), put("pair_of_row", r.pair_of_row), put("row_of_pair", r.row_of_pair);
@@ -113,7 +113,7 @@ OpCase dispatch_capacity_case(int64_t tokens, int64_t experts, int64_t k, int64_
     ops::MoeDispatch d = dispatch_of(t, experts, k);
     d.capacity = capacity;
     d.dropped = t["dropped"];
-    ops::moe_dispatch(t["experts"], d);
+    ops::moe_dispatch(process_exec(), t["experts"], d);
   };
   c.reference = [=](const Tensors& t) {
     auto put = [&](const char* name, const std::vector<int32_t>& v) { std::copy(v.begin(), v.end(), t[name].data<int32_t>()); };
@@ -135,9 +135,9 @@ OpCase gather_case(int64_t tokens, int64_t experts, int64_t k, int64_t d, Load l
   for (TensorSpec s : {in("x", {tokens, d}), out("grouped", {tokens * k, d}).exact(),
                        grad_out("dgrouped", "grouped", {tokens * k, d}), grad_in("dx", "x", {tokens, d}).accumulating()})
     c.tensors.push_back(s);
-  c.forward = [experts, k](const Tensors& t) { ops::moe_gather(t["x"], dispatch_of(t, experts, k), t["grouped"]); };
+  c.forward = [experts, k](const Tensors& t) { ops::moe_gather(process_exec(), t["x"], dispatch_of(t, experts, k), t["grouped"]); };
   c.backward = [experts, k](const Tensors& t) {
-    ops::moe_gather_backward(t["dgrouped"], dispatch_of(t, experts, k), t["dx"], true);
+    ops::moe_gather_backward(process_exec(), t["dgrouped"], dispatch_of(t, experts, k), t["dx"], true);
   };
   c.reference = [r, d](const Tensors& t) {
     for (size_t row = 0; row < r.pair_of_row.size(); ++row)
@@ -162,10 +162,10 @@ OpCase combine_case(int64_t tokens, int64_t experts, int64_t k, int64_t d, Load 
                        grad_in("dy", "y", {tokens * k, d}), grad_in("dweights", "weights", {tokens, k}, Width::wide)})
     c.tensors.push_back(s);
   c.forward = [experts, k](const Tensors& t) {
-    ops::moe_combine(t["y"], t["weights"], dispatch_of(t, experts, k), t["out"]);
+    ops::moe_combine(process_exec(), t["y"], t["weights"], dispatch_of(t, experts, k), t["out"]);
   };
   c.backward = [experts, k](const Tensors& t) {
-    ops::moe_combine_backward(t["y"], t["weights"], t["dout"], dispatch_of(t, experts, k), t["dy"], t["dweights"]);
+    ops::moe_combine_backward(process_exec(), t["y"], t["weights"], t["dout"], dispatch_of(t, experts, k), t["dy"], t["dweights"]);
   };
   c.reference = [r, d](const Tensors& t) {
     for (int64_t tok = 0; tok < r.tokens; ++tok)
@@ -205,9 +205,9 @@ OpCase grouped_linear_case(int64_t tokens, int64_t experts, int64_t k, int64_t i
     d.offsets = t["offsets"];
     return d;
   };
-  c.forward = [dispatch](const Tensors& t) { ops::moe_grouped_linear_forward(t["x"], t["w"], dispatch(t), t["y"]); };
+  c.forward = [dispatch](const Tensors& t) { ops::moe_grouped_linear_forward(process_exec(), t["x"], t["w"], dispatch(t), t["y"]); };
   c.backward = [dispatch](const Tensors& t) {
-    ops::moe_grouped_linear_backward(t["x"], t["w"], t["dy"], dispatch(t), t["dx"], t["dw"]);
+    ops::moe_grouped_linear_backward(process_exec(), t["x"], t["w"], t["dy"], dispatch(t), t["dx"], t["dw"]);
   };
   auto expert_of_row = [r](int64_t row) {
     int64_t e = 0;

@@ -49,10 +49,10 @@ OpCase softmax_topk_case(int64_t tokens, int64_t experts, int64_t k, bool normal
                out("weights", lk, Width::wide), grad_out("dweights", "weights", lk, Width::wide),
                grad_out("dprobs", "probs", le, Width::wide), grad_in("dlogits", "logits", le, Width::wide)};
   c.forward = [normalize](const Tensors& t) {
-    ops::softmax_topk_forward(t["logits"], normalize, t["probs"], routes_of(t));
+    ops::softmax_topk_forward(process_exec(), t["logits"], normalize, t["probs"], routes_of(t));
   };
   c.backward = [normalize](const Tensors& t) {
-    ops::softmax_topk_backward(t["probs"], routes_of(t), normalize, t["dweights"], t["dprobs"], t["dlogits"]);
+    ops::softmax_topk_backward(process_exec(), t["probs"], routes_of(t), normalize, t["dweights"], t["dprobs"], t["dlogits"]);
   };
   c.reference = [=](const Tensors& t) {
     for (int64_t r = 0; r < tokens; ++r) {
@@ -92,10 +92,10 @@ OpCase sigmoid_bias_case(int64_t tokens, int64_t experts, int64_t k, int64_t gro
                out("weights", lk, Width::wide),             grad_out("dweights", "weights", lk, Width::wide),
                grad_out("dscores", "scores", le, Width::wide), grad_in("dlogits", "logits", le, Width::wide)};
   c.forward = [=](const Tensors& t) {
-    ops::sigmoid_bias_forward(t["logits"], t["bias"], groups, top_groups, normalize, scaling, t["scores"], routes_of(t));
+    ops::sigmoid_bias_forward(process_exec(), t["logits"], t["bias"], groups, top_groups, normalize, scaling, t["scores"], routes_of(t));
   };
   c.backward = [=](const Tensors& t) {
-    ops::sigmoid_bias_backward(t["scores"], routes_of(t), normalize, scaling, t["dweights"], t["dscores"], t["dlogits"]);
+    ops::sigmoid_bias_backward(process_exec(), t["scores"], routes_of(t), normalize, scaling, t["dweights"], t["dscores"], t["dlogits"]);
   };
   c.reference = [=](const Tensors& t) {
     const int64_t size = experts / groups;
@@ -160,11 +160,11 @@ OpCase sinkhorn_case(int64_t tokens, int64_t experts, int64_t k, int64_t iterati
                grad_out("dweights", "weights", lk, Width::wide), grad_out("dprobs", "probs", le, Width::wide),
                grad_in("dlogits", "logits", le, Width::wide)};
   c.forward = [=](const Tensors& t) {
-    ops::sinkhorn_topk_forward(t["logits"], iterations, normalize, t["probs"], t["row_scale"], t["col_scale"],
+    ops::sinkhorn_topk_forward(process_exec(), t["logits"], iterations, normalize, t["probs"], t["row_scale"], t["col_scale"],
                                routes_of(t));
   };
   c.backward = [normalize](const Tensors& t) {
-    ops::softmax_topk_backward(t["probs"], routes_of(t), normalize, t["dweights"], t["dprobs"], t["dlogits"]);
+    ops::softmax_topk_backward(process_exec(), t["probs"], routes_of(t), normalize, t["dweights"], t["dprobs"], t["dlogits"]);
   };
   c.reference = [=](const Tensors& t) {
     std::vector<std::vector<double>> p;
@@ -218,10 +218,10 @@ OpCase expert_choice_case(int64_t tokens, int64_t experts, int64_t capacity, std
                out("weights", le, Width::wide), grad_out("dweights", "weights", le, Width::wide),
                grad_out("dprobs", "probs", le, Width::wide), grad_in("dlogits", "logits", le, Width::wide)};
   c.forward = [capacity](const Tensors& t) {
-    ops::expert_choice_forward(t["logits"], capacity, t["probs"], routes_of(t));
+    ops::expert_choice_forward(process_exec(), t["logits"], capacity, t["probs"], routes_of(t));
   };
   c.backward = [](const Tensors& t) {
-    ops::softmax_topk_backward(t["probs"], routes_of(t), false, t["dweights"], t["dprobs"], t["dlogits"]);
+    ops::softmax_topk_backward(process_exec(), t["probs"], routes_of(t), false, t["dweights"], t["dprobs"], t["dlogits"]);
   };
   c.reference = [=](const Tensors& t) {
     for (int64_t r = 0; r < tokens; ++r) {
@@ -259,9 +259,9 @@ OpCase relu_case(int64_t tokens, int64_t experts, double coef, std::vector<DType
                in("coef", {1}, Width::wide).filled([coef](double* v, int64_t) { v[0] = coef; }),
                out("probs", le, Width::wide), int_out("experts", le), out("weights", le, Width::wide),
                grad_out("dweights", "weights", le, Width::wide), grad_in("dlogits", "logits", le, Width::wide)};
-  c.forward = [](const Tensors& t) { ops::relu_route_forward(t["logits"], t["probs"], routes_of(t)); };
+  c.forward = [](const Tensors& t) { ops::relu_route_forward(process_exec(), t["logits"], t["probs"], routes_of(t)); };
   c.backward = [](const Tensors& t) {
-    ops::relu_route_backward(routes_of(t), t["dweights"], t["coef"], 0.5, t["dlogits"]);
+    ops::relu_route_backward(process_exec(), routes_of(t), t["dweights"], t["coef"], 0.5, t["dlogits"]);
   };
   c.reference = [=](const Tensors& t) {
     for (int64_t r = 0; r < tokens; ++r) {

@@ -26,7 +26,7 @@ constexpr double kEps = 1e-6;
 std::function<void(double*, int64_t)> table(int64_t max_pos, int64_t d, bool sine) {
   return [=](double* v, int64_t) {
     OwnedTensor cos(DType::f64, Device::cpu, Shape{max_pos, d / 2}), sin(DType::f64, Device::cpu, Shape{max_pos, d / 2});
-    ops::rope_fill_tables(ops::rope_inverse_frequencies(10000.0, d), *cos, *sin);
+    ops::rope_fill_tables(process_exec(), ops::rope_inverse_frequencies(10000.0, d), *cos, *sin);
     const double* src = (sine ? sin : cos)->data<double>();
     std::copy(src, src + max_pos * d / 2, v);
   };
@@ -106,9 +106,9 @@ OpCase prepare_case(const Layout& l, std::vector<int32_t> positions, int64_t max
     if (l.rope) p.cos = t["cos"], p.sin = t["sin"], p.positions = t["positions"];
     return p;
   };
-  c.forward = [params](const Tensors& t) { ops::qkv_prepare_forward(t["qkv"], params(t), t["q"], t["k"], t["v"]); };
+  c.forward = [params](const Tensors& t) { ops::qkv_prepare_forward(process_exec(), t["qkv"], params(t), t["q"], t["k"], t["v"]); };
   c.backward = [params](const Tensors& t) {
-    ops::qkv_prepare_backward(t["qkv"], params(t), t["dq"], t["dk"], t["dv"], t["dqkv"], t["dq_gain"], t["dk_gain"]);
+    ops::qkv_prepare_backward(process_exec(), t["qkv"], params(t), t["dq"], t["dk"], t["dv"], t["dqkv"], t["dq_gain"], t["dk_gain"]);
   };
   c.reference = [l](const Tensors& t) { reference_prepare(t, l); };
   c.cuda = std::move(cuda);

@@ -36,10 +36,10 @@ OpCase split_case(const Heads& h, bool merge, std::vector<DType> cuda) {
                  out("v", ks).exact(), out("merged", fs).exact(),     grad_out("dq", "q", qs),
                  grad_out("dk", "k", ks), grad_out("dv", "v", ks), grad_in("dqkv", "qkv", fs).exact()};
     c.forward = [](const Tensors& t) {
-      ops::qkv_split(t["qkv"], t["q"], t["k"], t["v"]);
-      ops::qkv_merge(t["q"], t["k"], t["v"], t["merged"]);
+      ops::qkv_split(process_exec(), t["qkv"], t["q"], t["k"], t["v"]);
+      ops::qkv_merge(process_exec(), t["q"], t["k"], t["v"], t["merged"]);
     };
-    c.backward = [](const Tensors& t) { ops::qkv_merge(t["dq"], t["dk"], t["dv"], t["dqkv"]); };
+    c.backward = [](const Tensors& t) { ops::qkv_merge(process_exec(), t["dq"], t["dk"], t["dv"], t["dqkv"]); };
     c.reference = [h](const Tensors& t) {
       reference_split(t.f64("qkv"), h, t.f64("q"), t.f64("k"), t.f64("v"));
       std::copy(t.f64("qkv"), t.f64("qkv") + t["qkv"].numel(), t.f64("merged"));
@@ -49,8 +49,8 @@ OpCase split_case(const Heads& h, bool merge, std::vector<DType> cuda) {
                  in("v", ks),         out("qkv", fs).exact(),
                  grad_out("dqkv", "qkv", fs), grad_in("dq", "q", qs).exact(),
                  grad_in("dk", "k", ks).exact(), grad_in("dv", "v", ks).exact()};
-    c.forward = [](const Tensors& t) { ops::qkv_merge(t["q"], t["k"], t["v"], t["qkv"]); };
-    c.backward = [](const Tensors& t) { ops::qkv_split(t["dqkv"], t["dq"], t["dk"], t["dv"]); };
+    c.forward = [](const Tensors& t) { ops::qkv_merge(process_exec(), t["q"], t["k"], t["v"], t["qkv"]); };
+    c.backward = [](const Tensors& t) { ops::qkv_split(process_exec(), t["dqkv"], t["dq"], t["dk"], t["dv"]); };
     c.reference = [h](const Tensors& t) {
       const int64_t qc = h.hq * h.d, kc = h.hkv * h.d, cols = qc + 2 * kc;
       double* qkv = t.f64("qkv");

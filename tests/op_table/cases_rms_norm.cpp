@@ -89,10 +89,10 @@ OpCase rms_norm_case(Shape2 s, RmsFlags f, std::vector<DType> cuda) {
     c.same_bits.emplace_back("dw_alone", "dw");
   }
   const bool accumulate = f.accumulate;
-  c.forward = [](const Tensors& t) { ops::rms_norm_forward(t["x"], t.get("w"), kEps, t["y"], t["rstd"]); };
+  c.forward = [](const Tensors& t) { ops::rms_norm_forward(process_exec(), t["x"], t.get("w"), kEps, t["y"], t["rstd"]); };
   c.backward = [accumulate](const Tensors& t) {
-    ops::rms_norm_backward(t["x"], t.get("w"), t["rstd"], t["dy"], t["dx_alone"], t.get("dw_alone"), accumulate);
-    ops::rms_norm_backward(t["x"], t.get("w"), t["rstd"], t["dy"], t["dx"], t.get("dw"), accumulate, t["dx_copy"]);
+    ops::rms_norm_backward(process_exec(), t["x"], t.get("w"), t["rstd"], t["dy"], t["dx_alone"], t.get("dw_alone"), accumulate);
+    ops::rms_norm_backward(process_exec(), t["x"], t.get("w"), t["rstd"], t["dy"], t["dx"], t.get("dw"), accumulate, t["dx_copy"]);
   };
   c.reference = [](const Tensors& t) {
     const Tensor& x = t["x"];
@@ -120,9 +120,9 @@ OpCase add_rms_norm_case(Shape2 s) {
                out("rstd_unfused", {s.rows}, Width::wide).unchecked()};
   c.same_bits = {{"sum", "sum_unfused"}, {"y", "y_unfused"}, {"rstd", "rstd_unfused"}};
   c.forward = [](const Tensors& t) {
-    ops::add_rms_norm_forward(t["a"], t["b"], t["w"], kEps, t["sum"], t["y"], t["rstd"]);
-    ops::add(t["a"], t["b"], t["sum_unfused"]);
-    ops::rms_norm_forward(t["sum_unfused"], t["w"], kEps, t["y_unfused"], t["rstd_unfused"]);
+    ops::add_rms_norm_forward(process_exec(), t["a"], t["b"], t["w"], kEps, t["sum"], t["y"], t["rstd"]);
+    ops::add(process_exec(), t["a"], t["b"], t["sum_unfused"]);
+    ops::rms_norm_forward(process_exec(), t["sum_unfused"], t["w"], kEps, t["y_unfused"], t["rstd_unfused"]);
   };
   c.reference = [](const Tensors& t) {
     const int64_t n = t["a"].numel();

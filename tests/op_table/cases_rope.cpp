@@ -22,7 +22,7 @@ struct RopeShape {
 std::function<void(double*, int64_t)> table(const RopeShape& s, bool sine) {
   return [s, sine](double* v, int64_t) {
     OwnedTensor cos(DType::f64, Device::cpu, Shape{s.max_pos, s.half}), sin(DType::f64, Device::cpu, Shape{s.max_pos, s.half});
-    ops::rope_fill_tables(ops::rope_inverse_frequencies(s.theta, 2 * s.half), *cos, *sin);
+    ops::rope_fill_tables(process_exec(), ops::rope_inverse_frequencies(s.theta, 2 * s.half), *cos, *sin);
     const double* src = (sine ? sin : cos)->data<double>();
     std::copy(src, src + s.max_pos * s.half, v);
   };
@@ -71,11 +71,11 @@ OpCase rope_case(const RopeShape& s, std::vector<DType> cuda) {
                grad_out("dy", "y", xs),
                grad_in("dx", "x", xs).copied_from("dy").judged(Error::forward)};  // a rotation, like y
   c.forward = [](const Tensors& t) {
-    ops::rope_apply(t["y"], t["positions"], t["cos"], t["sin"], false);
+    ops::rope_apply(process_exec(), t["y"], t["positions"], t["cos"], t["sin"], false);
     copy_tensor(t["y"], t["back"]);
-    ops::rope_apply(t["back"], t["positions"], t["cos"], t["sin"], true);
+    ops::rope_apply(process_exec(), t["back"], t["positions"], t["cos"], t["sin"], true);
   };
-  c.backward = [](const Tensors& t) { ops::rope_apply(t["dx"], t["positions"], t["cos"], t["sin"], true); };
+  c.backward = [](const Tensors& t) { ops::rope_apply(process_exec(), t["dx"], t["positions"], t["cos"], t["sin"], true); };
   c.reference = [](const Tensors& t) {
     const Tensor& x = t["x"];
     const int64_t n = x.size(0), heads = x.size(1), half = x.size(2) / 2;

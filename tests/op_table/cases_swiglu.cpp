@@ -23,10 +23,10 @@ OpCase swiglu_case(int64_t n, int64_t f, std::vector<DType> cuda) {
                out("dout_then_out", os).by_backward().unchecked().copied_from("dout"),
                out("dgate_up_again", gs).by_backward().unchecked()};
   c.same_bits = {{"dout_then_out", "out"}, {"dgate_up_again", "dgate_up"}};
-  c.forward = [](const Tensors& t) { ops::swiglu_forward(t["gate_up"], t["out"]); };
+  c.forward = [](const Tensors& t) { ops::swiglu_forward(process_exec(), t["gate_up"], t["out"]); };
   c.backward = [](const Tensors& t) {
-    ops::swiglu_backward(t["gate_up"], t["dout"], t["dgate_up"]);
-    ops::swiglu_backward(t["gate_up"], t["dout_then_out"], t["dgate_up_again"], t["dout_then_out"]);
+    ops::swiglu_backward(process_exec(), t["gate_up"], t["dout"], t["dgate_up"]);
+    ops::swiglu_backward(process_exec(), t["gate_up"], t["dout_then_out"], t["dgate_up_again"], t["dout_then_out"]);
   };
   c.reference = [](const Tensors& t) {
     const int64_t rows = t["out"].size(0), cols = t["out"].size(1);

@@ -39,7 +39,7 @@
 namespace kiln {
 
 MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
-    : model_(*layer.model), moe_(layer.model->moe), workspace_(ctx.workspace), losses_(*ctx.losses), layer_(layer.index) {
+    : model_(*layer.model), moe_(layer.model->moe), exec_(ctx.exec), workspace_(ctx.workspace), losses_(*ctx.losses), layer_(layer.index) {
   const ModelConfig& m = *layer.model;
   const int64_t t = ctx.max_tokens, d = m.hidden, e_count = moe_.experts, k = moe_.top_k, f = moe_.expert_hidden;
   hidden_ = d;
@@ -138,40 +138,40 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   const bool counted = losses_.backward && !losses_.recomputing;
   if (losses_.backward && router_->capacity_drops()) d.capacity = expert_capacity(moe_, t, moe_.capacity_factor);
   if (counted) d.dropped = step_dropped_;
-  ops::router_logits(x, router_w_, logits);
+  ops::router_logits(exec_, x, router_w_, logits);
   router_->route(logits, routes, probs, router_saved_.rows(0, t), losses_.backward);
-  ops::moe_dispatch(routes.experts, d);
+  ops::moe_dispatch(exec_, routes.experts, d);
   if (counted) {
-    ops::moe_accumulate_counts(d.counts, step_counts_);
-    ops::routing_entropy_sum(probs, step_entropy_);
+    ops::moe_accumulate_counts(exec_, d.counts, step_counts_);
+    ops::routing_entropy_sum(exec_, probs, step_entropy_);
   }
   const Tensor grouped = scope.take(x.dtype(), Shape{rows, hidden_});
   const Tensor gate_up = gate_up_.rows(0, rows), act = scope.take(x.dtype(), Shape{rows, f});
   const Tensor y = expert_out_.rows(0, rows);
-  ops::moe_gather(x, d, grouped);
-  ops::moe_grouped_linear_forward(grouped, gate_up_w_, d, gate_up);
-  ops::swiglu_forward(gate_up, act);
-  ops::moe_grouped_linear_forward(act, down_w_, d, y);
-  ops::moe_combine(y, routes.weights, d, out);
+  ops::moe_gather(exec_, x, d, grouped);
+  ops::moe_grouped_linear_forward(exec_, grouped, gate_up_w_, d, gate_up);
+  ops::swiglu_forward(exec_, gate_up, act);
+  ops::moe_grouped_linear_forward(exec_, act, down_w_, d, y);
+  ops::moe_combine(exec_, y, routes.weights, d, out);
   if (moe_.shared_hidden > 0) {
     const Tensor sgu = shared_gate_up_.rows(0, t), sact = scope.take(x.dtype(), Shape{t, moe_.shared_hidden});
     const Tensor sout = scope.take(x.dtype(), Shape{t, hidden_});
-    ops::linear_forward(x, shared_gate_up_w_, Tensor(), sgu);
-    ops::swiglu_forward(sgu, sact);
-    ops::linear_forward(sact, shared_down_w_, Tensor(), sout);
-    ops::add_inplace(out, sout);
+    ops::linear_forward(exec_, x, shared_gate_up_w_, Tensor(), sgu);
+    ops::swiglu_forward(exec_, sgu, sact);
+    ops::linear_forward(exec_, sact, shared_down_w_, Tensor(), sout);
+    ops::add_inplace(exec_, out, sout);
   }
   // The losses' values of this micro-batch (their gradients are formed in backward): into
   // the device step's slots in device memory, else the host's (a GPU model reads them back).
   if (losses_.recomputing) return;
   if (double* device = losses_.device_sums) {
-    if (aux_slot_ >= 0) ops::balance_loss_sum(probs, d.counts, k, device + aux_slot_);
-    if (z_slot_ >= 0) ops::router_z_loss_sum(logits, device + z_slot_);
+    if (aux_slot_ >= 0) ops::balance_loss_sum(exec_, probs, d.counts, k, device + aux_slot_);
+    if (z_slot_ >= 0) ops::router_z_loss_sum(exec_, logits, device + z_slot_);
     router_->add_losses(logits, device, nullptr);
   } else if (losses_.host_sums != nullptr) {
     LossSlotSums& sums = *losses_.host_sums;
-    if (aux_slot_ >= 0) sums[static_cast<size_t>(aux_slot_)] += ops::balance_loss(probs, d.counts, k, 0, Tensor());
-    if (z_slot_ >= 0) sums[static_cast<size_t>(z_slot_)] += ops::router_z_loss(logits, 0, Tensor());
+    if (aux_slot_ >= 0) sums[static_cast<size_t>(aux_slot_)] += ops::balance_loss(exec_, probs, d.counts, k, 0, Tensor());
+    if (z_slot_ >= 0) sums[static_cast<size_t>(z_slot_)] += ops::router_z_loss(exec_, logits, 0, Tensor());
     router_->add_losses(logits, nullptr, &sums);
   }
 }
@@ -188,25 +188,25 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   // out = combine(y, weights): the experts' output rows' and the weights' gradients.
   const Tensor dy = scope.take(dt, Shape{rows, hidden_});
   const Tensor dweights = scope.take(wide, Shape{t, slots_});
-  ops::moe_combine_backward(y, routes.weights, dout, d, dy, dweights);
+  ops::moe_combine_backward(exec_, y, routes.weights, dout, d, dy, dweights);
   // The experts: as SwigluMlp's backward, per expert on the grouped rows.
   const Tensor dact = scope.take(dt, Shape{rows, f});
   const Tensor dgate_up = scope.take(dt, Shape{rows, 2 * f});
-  ops::moe_grouped_linear_backward(dact, down_w_, dy, d, dact, Tensor());
-  ops::swiglu_backward(gate_up, dact, dgate_up, dact);  // dact then holds the activation again
-  ops::moe_grouped_linear_backward(dact, down_w_, dy, d, Tensor(), down_g_);
+  ops::moe_grouped_linear_backward(exec_, dact, down_w_, dy, d, dact, Tensor());
+  ops::swiglu_backward(exec_, gate_up, dact, dgate_up, dact);  // dact then holds the activation again
+  ops::moe_grouped_linear_backward(exec_, dact, down_w_, dy, d, Tensor(), down_g_);
   const Tensor grouped = scope.take(dt, Shape{rows, hidden_}), dgrouped = scope.take(dt, Shape{rows, hidden_});
-  ops::moe_gather(x, d, grouped);
-  ops::moe_grouped_linear_backward(grouped, gate_up_w_, dgate_up, d, dgrouped, gate_up_g_);
-  ops::moe_gather_backward(dgrouped, d, dx, false);
+  ops::moe_gather(exec_, x, d, grouped);
+  ops::moe_grouped_linear_backward(exec_, grouped, gate_up_w_, dgate_up, d, dgrouped, gate_up_g_);
+  ops::moe_gather_backward(exec_, dgrouped, d, dx, false);
   if (moe_.shared_hidden > 0) {
     const int64_t s = moe_.shared_hidden;
     const Tensor sgu = shared_gate_up_.rows(0, t);
     const Tensor sdact = scope.take(dt, Shape{t, s}), sdgu = scope.take(dt, Shape{t, 2 * s});
-    ops::linear_backward(sdact, shared_down_w_, dout, sdact, Tensor(), Tensor());
-    ops::swiglu_backward(sgu, sdact, sdgu, sdact);
-    ops::linear_backward(sdact, shared_down_w_, dout, Tensor(), shared_down_g_, Tensor());
-    ops::linear_backward(x, shared_gate_up_w_, sdgu, dx, shared_gate_up_g_, Tensor(), true);
+    ops::linear_backward(exec_, sdact, shared_down_w_, dout, sdact, Tensor(), Tensor());
+    ops::swiglu_backward(exec_, sgu, sdact, sdgu, sdact);
+    ops::linear_backward(exec_, sdact, shared_down_w_, dout, Tensor(), shared_down_g_, Tensor());
+    ops::linear_backward(exec_, x, shared_gate_up_w_, sdgu, dx, shared_gate_up_g_, Tensor(), true);
   }
   // The router: the weights' gradient, the balance loss's (through the probabilities) and
   // the z-loss's (on the logits), scaled as the step's per-micro-batch terms.
@@ -214,13 +214,13 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   Tensor dprobs;
   if (aux_slot_ >= 0) {
     dprobs = scope.take(wide, Shape{t, e_count});
-    ops::balance_loss_backward(probs, d.counts, k, scale * moe_.aux_loss, dprobs);
+    ops::balance_loss_backward(exec_, probs, d.counts, k, scale * moe_.aux_loss, dprobs);
   }
   const Tensor dlogits = scope.take(wide, Shape{t, e_count});
   router_->backward(routes, probs, router_saved_.rows(0, t), dweights, dprobs, dlogits, scope.take(wide, Shape{t, e_count}),
                     scale);
-  if (z_slot_ >= 0) ops::router_z_loss_backward(logits, scale * moe_.z_loss, dlogits);
-  ops::router_logits_backward(x, router_w_, dlogits, scope.take(dt, Shape{t, e_count}), dx, router_g_);
+  if (z_slot_ >= 0) ops::router_z_loss_backward(exec_, logits, scale * moe_.z_loss, dlogits);
+  ops::router_logits_backward(exec_, x, router_w_, dlogits, scope.take(dt, Shape{t, e_count}), dx, router_g_);
 }
 
 // The step's routed choices reach the router (sigmoid_bias balances by them), then become
@@ -228,13 +228,13 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
 // nothing read back here.
 void MoeMlp::after_step(bool applied) {
   if (applied) router_->after_step(step_counts_, step_entropy_.rows(1, 2));
-  ops::moe_end_step(step_counts_, step_entropy_, last_counts_, last_entropy_, dead_steps_);
-  ops::moe_take_counts(step_dropped_, last_dropped_);
+  ops::moe_end_step(exec_, step_counts_, step_entropy_, last_counts_, last_entropy_, dead_steps_);
+  ops::moe_take_counts(exec_, step_dropped_, last_dropped_);
 }
 
 // Reads the last step's load back (a synchronization on the GPU: log steps only).
 void MoeMlp::report(std::vector<std::pair<std::string, double>>& out) const {
-  const ops::MoeLoadReport load = ops::moe_load_report(last_counts_, last_entropy_, dead_steps_);
+  const ops::MoeLoadReport load = ops::moe_load_report(exec_, last_counts_, last_entropy_, dead_steps_);
   const std::string prefix = fmt::format("moe.{}.", layer_);
   out.insert(out.end(), {{prefix + "load_min", load.min},
                          {prefix + "load_max", load.max},
@@ -244,7 +244,7 @@ void MoeMlp::report(std::vector<std::pair<std::string, double>>& out) const {
                          {prefix + "entropy", load.entropy}});
   if (moe_.capacity_factor > 0 && router_->capacity_drops()) {
     // The pairs the capacity dropped in the last step, and their share of the routed ones.
-    const double dropped = static_cast<double>(ops::moe_read_count(last_dropped_));
+    const double dropped = static_cast<double>(ops::moe_read_count(exec_, last_dropped_));
     out.insert(out.end(), {{prefix + "dropped", dropped}, {prefix + "dropped_share", load.routed > 0 ? dropped / load.routed : 0.0}});
   }
   router_->report(prefix, out);

@@ -40,6 +40,7 @@ class MoeMlp final : public Mlp {
 
   const ModelConfig& model_;
   const MoeConfig& moe_;
+  const ExecContext& exec_;
   Workspace& workspace_;
   LossContext& losses_;
   int64_t layer_ = 0, hidden_ = 0;

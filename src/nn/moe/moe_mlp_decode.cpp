@@ -16,7 +16,7 @@ namespace kiln {
 
 class MoeDecoder final : public BranchDecoder {
  public:
-  MoeDecoder(const MoeMlp& mlp, DecodeContext& ctx) : m_(mlp), workspace_(ctx.workspace), dtype_(ctx.dtype), wide_(ctx.wide) {
+  MoeDecoder(const MoeMlp& mlp, DecodeContext& ctx) : m_(mlp), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype), wide_(ctx.wide) {
     const MoeConfig& moe = mlp.moe_;
     const int64_t r = ctx.max_rows, k = mlp.slots_, e_count = moe.experts, f = moe.expert_hidden, d = mlp.hidden_;
     const int64_t rows = mlp.router_->most_pairs(r);
@@ -45,29 +45,30 @@ class MoeDecoder final : public BranchDecoder {
     ops::MoeDispatch dispatch = dispatch_;
     dispatch.pair_of_row = dispatch_.pair_of_row.rows(0, grouped_rows);
     dispatch.row_of_pair = dispatch_.row_of_pair.rows(0, n * k);
-    ops::router_logits(h, m_.router_w_, logits);
+    ops::router_logits(exec_, h, m_.router_w_, logits);
     m_.router_->route(logits, routes, probs, scope.take(wide_, Shape{n, e_count}), /*training=*/false);
-    ops::moe_dispatch(routes.experts, dispatch);
+    ops::moe_dispatch(exec_, routes.experts, dispatch);
     const Tensor grouped = scope.take(dtype_, Shape{grouped_rows, d});
     const Tensor gate_up = scope.take(dtype_, Shape{grouped_rows, 2 * f});
     const Tensor act = scope.take(dtype_, Shape{grouped_rows, f}), y = scope.take(dtype_, Shape{grouped_rows, d});
-    ops::moe_gather(h, dispatch, grouped);
-    ops::moe_grouped_linear_forward(grouped, m_.gate_up_w_, dispatch, gate_up);
-    ops::swiglu_forward(gate_up, act);
-    ops::moe_grouped_linear_forward(act, m_.down_w_, dispatch, y);
-    ops::moe_combine(y, routes.weights, dispatch, out);
+    ops::moe_gather(exec_, h, dispatch, grouped);
+    ops::moe_grouped_linear_forward(exec_, grouped, m_.gate_up_w_, dispatch, gate_up);
+    ops::swiglu_forward(exec_, gate_up, act);
+    ops::moe_grouped_linear_forward(exec_, act, m_.down_w_, dispatch, y);
+    ops::moe_combine(exec_, y, routes.weights, dispatch, out);
     if (moe.shared_hidden > 0) {
       const Tensor sgu = scope.take(dtype_, Shape{n, 2 * moe.shared_hidden});
       const Tensor sact = scope.take(dtype_, Shape{n, moe.shared_hidden}), sout = scope.take(dtype_, Shape{n, d});
-      ops::linear_forward(h, m_.shared_gate_up_w_, Tensor(), sgu);
-      ops::swiglu_forward(sgu, sact);
-      ops::linear_forward(sact, m_.shared_down_w_, Tensor(), sout);
-      ops::add_inplace(out, sout);
+      ops::linear_forward(exec_, h, m_.shared_gate_up_w_, Tensor(), sgu);
+      ops::swiglu_forward(exec_, sgu, sact);
+      ops::linear_forward(exec_, sact, m_.shared_down_w_, Tensor(), sout);
+      ops::add_inplace(exec_, out, sout);
     }
   }
 
  private:
   const MoeMlp& m_;
+  const ExecContext& exec_;
   Workspace& workspace_;
   DType dtype_, wide_;
   ops::MoeDispatch dispatch_;  // [E], [E + 1], [max_rows k]

@@ -15,20 +15,22 @@ namespace {
 // transformers' Qwen3MoeSparseMoeBlock. The balance loss reads the softmax itself.
 class SoftmaxTopK final : public Router {
  public:
-  explicit SoftmaxTopK(const RouterSpec& spec) : normalize_(spec.moe->norm_topk_prob), k_(spec.moe->top_k) {}
+  SoftmaxTopK(BuildContext& ctx, const RouterSpec& spec)
+      : exec_(ctx.exec), normalize_(spec.moe->norm_topk_prob), k_(spec.moe->top_k) {}
 
   int64_t slots() const override { return k_; }
 
   void route(const Tensor& logits, const ops::Routes& routes, const Tensor& probs, const Tensor&, bool) override {
-    ops::softmax_topk_forward(logits, normalize_, probs, routes);
+    ops::softmax_topk_forward(exec_, logits, normalize_, probs, routes);
   }
 
   void backward(const ops::Routes& routes, const Tensor& probs, const Tensor&, const Tensor& dweights,
                 const Tensor& dprobs, const Tensor& dlogits, const Tensor&, double) override {
-    ops::softmax_topk_backward(probs, routes, normalize_, dweights, dprobs, dlogits);
+    ops::softmax_topk_backward(exec_, probs, routes, normalize_, dweights, dprobs, dlogits);
   }
 
  private:
+  const ExecContext& exec_;
   bool normalize_;
   int64_t k_;
 };
@@ -43,7 +45,7 @@ class SoftmaxTopK final : public Router {
 class SigmoidBias final : public Router {
  public:
   SigmoidBias(BuildContext& ctx, const RouterSpec& spec)
-      : moe_(*spec.moe), sign_rule_(spec.moe->bias_update == "sign") {
+      : exec_(ctx.exec), moe_(*spec.moe), sign_rule_(spec.moe->bias_update == "sign") {
     const int64_t e = moe_.experts;
     ctx.state(bias_, spec.names("gate.e_score_correction_bias", "gate.e_score_correction_bias", "exp_probs_b.bias"),
               Shape{e}, Init::zeros());
@@ -54,9 +56,9 @@ class SigmoidBias final : public Router {
   // saved: the sigmoid scores.
   void route(const Tensor& logits, const ops::Routes& routes, const Tensor& probs, const Tensor& scores,
              bool) override {
-    ops::sigmoid_bias_forward(logits, bias_, moe_.groups, moe_.top_groups, moe_.norm_topk_prob, moe_.routed_scaling,
+    ops::sigmoid_bias_forward(exec_, logits, bias_, moe_.groups, moe_.top_groups, moe_.norm_topk_prob, moe_.routed_scaling,
                               scores, routes);
-    ops::row_normalize_forward(scores, probs);
+    ops::row_normalize_forward(exec_, scores, probs);
   }
 
   // d(probs) -> d(scores) through p = s / sum(s) into scratch, then the scores' backward.
@@ -65,9 +67,9 @@ class SigmoidBias final : public Router {
     Tensor dscores;
     if (dprobs.defined()) {
       dscores = scratch;
-      ops::row_normalize_backward(scores, probs, dprobs, dscores);
+      ops::row_normalize_backward(exec_, scores, probs, dprobs, dscores);
     }
-    ops::sigmoid_bias_backward(scores, routes, moe_.norm_topk_prob, moe_.routed_scaling, dweights, dscores, dlogits);
+    ops::sigmoid_bias_backward(exec_, scores, routes, moe_.norm_topk_prob, moe_.routed_scaling, dweights, dscores, dlogits);
   }
 
   void report(const std::string& prefix, std::vector<std::pair<std::string, double>>& out) const override {
@@ -83,10 +85,11 @@ class SigmoidBias final : public Router {
   }
 
   void after_step(const Tensor& step_counts, const Tensor&) override {
-    ops::sigmoid_bias_update(bias_, step_counts, sign_rule_, moe_.bias_rate);
+    ops::sigmoid_bias_update(exec_, bias_, step_counts, sign_rule_, moe_.bias_rate);
   }
 
  private:
+  const ExecContext& exec_;
   const MoeConfig& moe_;
   bool sign_rule_;  // model.moe.bias_update: "sign" (else "proportional")
   Tensor bias_;     // [E] wide: the load-balancing bias (state, no gradient)
@@ -117,7 +120,7 @@ RouterRegistry& router_registry() {
 
 void register_softmax_topk_router(RouterRegistry& registry) {
   registry.add("softmax_topk", "softmax over all experts, top k, renormalized if norm_topk_prob (Qwen3-MoE)",
-               [](BuildContext&, const RouterSpec& spec) { return std::make_unique<SoftmaxTopK>(spec); });
+               [](BuildContext& ctx, const RouterSpec& spec) { return std::make_unique<SoftmaxTopK>(ctx, spec); });
 }
 
 void register_sigmoid_bias_router(RouterRegistry& registry) {

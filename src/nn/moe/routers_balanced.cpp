@@ -20,7 +20,7 @@ namespace {
 // forward of an evaluation exactly, not a training forward.
 class Sinkhorn final : public Router {
  public:
-  Sinkhorn(BuildContext& ctx, const RouterSpec& spec) : moe_(*spec.moe) {
+  Sinkhorn(BuildContext& ctx, const RouterSpec& spec) : exec_(ctx.exec), moe_(*spec.moe) {
     ctx.buffer(row_scale_, Shape{ctx.max_tokens}, ctx.master_dtype);
     ctx.buffer(col_scale_, Shape{moe_.experts}, ctx.master_dtype);
   }
@@ -29,17 +29,18 @@ class Sinkhorn final : public Router {
 
   void route(const Tensor& logits, const ops::Routes& routes, const Tensor& probs, const Tensor&,
              bool training) override {
-    if (!training) return ops::softmax_topk_forward(logits, moe_.norm_topk_prob, probs, routes);
-    ops::sinkhorn_topk_forward(logits, moe_.sinkhorn_iterations, moe_.norm_topk_prob, probs,
+    if (!training) return ops::softmax_topk_forward(exec_, logits, moe_.norm_topk_prob, probs, routes);
+    ops::sinkhorn_topk_forward(exec_, logits, moe_.sinkhorn_iterations, moe_.norm_topk_prob, probs,
                                row_scale_.rows(0, logits.size(0)), col_scale_, routes);
   }
 
   void backward(const ops::Routes& routes, const Tensor& probs, const Tensor&, const Tensor& dweights,
                 const Tensor& dprobs, const Tensor& dlogits, const Tensor&, double) override {
-    ops::softmax_topk_backward(probs, routes, moe_.norm_topk_prob, dweights, dprobs, dlogits);
+    ops::softmax_topk_backward(exec_, probs, routes, moe_.norm_topk_prob, dweights, dprobs, dlogits);
   }
 
  private:
+  const ExecContext& exec_;
   const MoeConfig& moe_;
   Tensor row_scale_, col_scale_;  // [max tokens], [E] wide: the Sinkhorn scales
 };
@@ -52,7 +53,7 @@ class Sinkhorn final : public Router {
 // decoder and the exports refuse it.
 class ExpertChoice final : public Router {
  public:
-  explicit ExpertChoice(const RouterSpec& spec) : moe_(*spec.moe) {}
+  ExpertChoice(BuildContext& ctx, const RouterSpec& spec) : exec_(ctx.exec), moe_(*spec.moe) {}
 
   int64_t slots() const override { return moe_.experts; }
   int64_t most_pairs(int64_t tokens) const override { return moe_.experts * capacity(tokens); }
@@ -62,12 +63,12 @@ class ExpertChoice final : public Router {
   }
 
   void route(const Tensor& logits, const ops::Routes& routes, const Tensor& probs, const Tensor&, bool) override {
-    ops::expert_choice_forward(logits, capacity(logits.size(0)), probs, routes);
+    ops::expert_choice_forward(exec_, logits, capacity(logits.size(0)), probs, routes);
   }
 
   void backward(const ops::Routes& routes, const Tensor& probs, const Tensor&, const Tensor& dweights,
                 const Tensor& dprobs, const Tensor& dlogits, const Tensor&, double) override {
-    ops::softmax_topk_backward(probs, routes, /*normalize=*/false, dweights, dprobs, dlogits);
+    ops::softmax_topk_backward(exec_, probs, routes, /*normalize=*/false, dweights, dprobs, dlogits);
   }
 
  private:
@@ -75,6 +76,7 @@ class ExpertChoice final : public Router {
     return expert_capacity(moe_, tokens, moe_.capacity_factor > 0 ? moe_.capacity_factor : 1.0);
   }
 
+  const ExecContext& exec_;
   const MoeConfig& moe_;
 };
 
@@ -88,7 +90,7 @@ void register_sinkhorn_router(RouterRegistry& registry) {
 
 void register_expert_choice_router(RouterRegistry& registry) {
   registry.add("expert_choice", "each expert takes its top capacity tokens by softmax score (not causal: no decoding)",
-               [](BuildContext&, const RouterSpec& spec) { return std::make_unique<ExpertChoice>(spec); });
+               [](BuildContext& ctx, const RouterSpec& spec) { return std::make_unique<ExpertChoice>(ctx, spec); });
 }
 
 }  // namespace kiln

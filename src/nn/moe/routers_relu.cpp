@@ -22,7 +22,7 @@ namespace {
 // checkpoints. The probabilities the diagnostics read: the gates over their row sum.
 class Relu final : public Router {
  public:
-  Relu(BuildContext& ctx, const RouterSpec& spec) : moe_(*spec.moe) {
+  Relu(BuildContext& ctx, const RouterSpec& spec) : exec_(ctx.exec), moe_(*spec.moe) {
     ctx.state(coef_, spec.names("gate.l1_coef", "gate.l1_coef", "ffn_gate_inp.l1_coef"), Shape{1},
               Init::constant(moe_.l1_coef));
     const int found = ctx.losses->terms.find("moe_l1");
@@ -32,22 +32,22 @@ class Relu final : public Router {
   int64_t slots() const override { return moe_.experts; }
 
   void route(const Tensor& logits, const ops::Routes& routes, const Tensor& probs, const Tensor&, bool) override {
-    ops::relu_route_forward(logits, probs, routes);
+    ops::relu_route_forward(exec_, logits, probs, routes);
   }
 
   void backward(const ops::Routes& routes, const Tensor&, const Tensor&, const Tensor& dweights, const Tensor& dprobs,
                 const Tensor& dlogits, const Tensor&, double loss_scale) override {
     KILN_CHECK(!dprobs.defined(), "model.moe.router", "relu takes no balance loss (model.moe.aux_loss must be 0)");
-    ops::relu_route_backward(routes, dweights, coef_, loss_scale, dlogits);
+    ops::relu_route_backward(exec_, routes, dweights, coef_, loss_scale, dlogits);
   }
 
   void add_losses(const Tensor& logits, double* device, LossSlotSums* host) override {
-    if (device) return ops::relu_l1_sum(logits, device + slot_);
-    if (host) (*host)[static_cast<size_t>(slot_)] += ops::relu_l1(logits);
+    if (device) return ops::relu_l1_sum(exec_, logits, device + slot_);
+    if (host) (*host)[static_cast<size_t>(slot_)] += ops::relu_l1(exec_, logits);
   }
 
   void after_step(const Tensor& step_counts, const Tensor& step_tokens) override {
-    ops::relu_l1_update(coef_, step_counts, step_tokens, moe_.top_k, moe_.l1_rate);
+    ops::relu_l1_update(exec_, coef_, step_counts, step_tokens, moe_.top_k, moe_.l1_rate);
   }
 
   void report(const std::string& prefix, std::vector<std::pair<std::string, double>>& out) const override {
@@ -57,6 +57,7 @@ class Relu final : public Router {
   }
 
  private:
+  const ExecContext& exec_;
   const MoeConfig& moe_;
   Tensor coef_;    // [1] wide: the L1 coefficient lambda (state, no gradient)
   int slot_ = -1;  // the loss slot "moe_l1"

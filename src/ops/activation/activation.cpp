@@ -21,7 +21,8 @@ void validate(const char* op, const Tensor& x, const Tensor& other, const char* 
 
 }  // namespace
 
-void activation_forward(activation::Kind kind, const Tensor& x, const Tensor& out) {
+void activation_forward(const ExecContext& ctx, activation::Kind kind, const Tensor& x, const Tensor& out) {
+  expect_process_stream("activation_forward", ctx);
   const char* op = activation::name(kind);
   KILN_OP_SCOPE(op, x);
   validate(op, x, out, "out");
@@ -36,8 +37,9 @@ void activation_forward(activation::Kind kind, const Tensor& x, const Tensor& ou
   });
 }
 
-void activation_backward(activation::Kind kind, const Tensor& x, const Tensor& dout, const Tensor& dx,
+void activation_backward(const ExecContext& ctx, activation::Kind kind, const Tensor& x, const Tensor& dout, const Tensor& dx,
                          const Tensor& out) {
+  expect_process_stream("activation_backward", ctx);
   const char* op = kind == activation::Kind::gelu_tanh ? "gelu_tanh_backward" : "relu2_backward";
   KILN_OP_SCOPE(op, x);
   validate(op, x, dout, "dout");

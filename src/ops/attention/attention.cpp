@@ -88,9 +88,10 @@ cuda::AttentionArgs cuda_args(const Tensor& q, const Tensor& k, const Tensor& cu
 
 }  // namespace
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+void attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                        const AttentionOptions& options, const Tensor& out, const Tensor& lse) {
   const char* op = "attention";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, q);
   validate(op, q, k, v, cu_seqlens);
   expect_like(op, "out", out, q, q.shape());
@@ -111,10 +112,11 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   });
 }
 
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+void attention_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, const Tensor& cu_seqlens, const AttentionOptions& options,
                         const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const char* op = "attention_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, q);
   validate(op, q, k, v, cu_seqlens);
   expect_like(op, "out", out, q, q.shape());

@@ -5,6 +5,7 @@
 // sequence at or before it, so attention never crosses a document.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 
 namespace kiln::ops {
@@ -26,11 +27,11 @@ struct AttentionOptions {
 };
 
 // out [N, Hq, D] (=), lse [N, Hq] (=, log-sum-exp of each query's scores, for backward).
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+void attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                        const AttentionOptions& options, const Tensor& out, const Tensor& lse);
 
 // dq, dk, dv written with =.
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+void attention_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, const Tensor& cu_seqlens, const AttentionOptions& options,
                         const Tensor& dq, const Tensor& dk, const Tensor& dv);
 

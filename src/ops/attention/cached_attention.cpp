@@ -88,9 +88,10 @@ int64_t cached_attention_workspace(int64_t rows, int64_t q_heads, int64_t kv_hea
   return cuda::cached_attention_workspace_elems(rows, q_heads, kv_heads, head_dim, max_len);
 }
 
-void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slots, const Tensor& positions,
+void kv_cache_write(const ExecContext& ctx, const Tensor& k, const Tensor& v, const Tensor& slots, const Tensor& positions,
                     const Tensor& k_cache, const Tensor& v_cache) {
   const char* op = "kv_cache_write";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, k);
   expect_rank(op, "k", k, 3);
   expect_shape(op, "v", v, k.shape());
@@ -118,10 +119,11 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slots, const
   }
 }
 
-void cached_attention_forward(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& slots,
+void cached_attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& slots,
                               const Tensor& positions, const AttentionOptions& options, const Tensor& out,
                               const Tensor& workspace) {
   const char* op = "cached_attention";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, q);
   expect_rank(op, "q", q, 3);
   validate_rows(op, q, k_cache, slots, positions);

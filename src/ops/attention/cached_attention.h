@@ -7,13 +7,14 @@
 // rows of several sequences, and several rows of one sequence, share one call.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 #include "ops/attention/attention.h"
 
 namespace kiln::ops {
 
 // Writes k/v [N, Hkv, D] of the step's rows into the cache at (slots[i], positions[i]).
-void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slots, const Tensor& positions,
+void kv_cache_write(const ExecContext& ctx, const Tensor& k, const Tensor& v, const Tensor& slots, const Tensor& positions,
                     const Tensor& k_cache, const Tensor& v_cache);
 
 // q [N, Hq, D] -> out [N, Hq, D] (=). The cache must already hold every position a row sees
@@ -22,7 +23,7 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& slots, const
 // On the GPU, q, the cache and out are f32 or all bf16 (fp32 math), and a workspace of
 // cached_attention_workspace() f32 elements lets the kernel split each row's positions
 // over several blocks (faster for few rows); without one (or on the CPU) it is not used.
-void cached_attention_forward(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& slots,
+void cached_attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& slots,
                               const Tensor& positions, const AttentionOptions& options, const Tensor& out,
                               const Tensor& workspace = Tensor());
 

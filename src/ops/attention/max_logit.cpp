@@ -62,9 +62,10 @@ void max_logits_cpu(const Tensor& q, const Tensor& k, const Tensor& cu_seqlens, 
 
 }  // namespace
 
-void attention_max_logits(const Tensor& q, const Tensor& k, const Tensor& cu_seqlens, const AttentionOptions& options,
+void attention_max_logits(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& cu_seqlens, const AttentionOptions& options,
                           const Tensor& running) {
   const char* op = "attention_max_logits";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, q);
   validate(op, q, k, cu_seqlens, running);
   auto* keys = static_cast<uint32_t*>(running.raw());
@@ -85,8 +86,9 @@ void attention_max_logits(const Tensor& q, const Tensor& k, const Tensor& cu_seq
   });
 }
 
-void take_max_logits(const Tensor& running, const Tensor& last) {
+void take_max_logits(const ExecContext& ctx, const Tensor& running, const Tensor& last) {
   const char* op = "take_max_logits";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, running);
   expect_rank(op, "running", running, 1);
   expect_dtype(op, "running", running, DType::i32);
@@ -98,7 +100,8 @@ void take_max_logits(const Tensor& running, const Tensor& last) {
   std::fill(step, step + running.numel(), 0u);
 }
 
-std::vector<float> read_max_logits(const Tensor& running) {
+std::vector<float> read_max_logits(const ExecContext& ctx, const Tensor& running) {
+  expect_process_stream("read_max_logits", ctx);
   KILN_CHECK(running.defined() && running.rank() == 1 && running.dtype() == DType::i32, "read_max_logits",
              "expected i32 [heads] logit keys, got {}", running.describe());
   OwnedTensor host(DType::i32, Device::cpu, running.shape());

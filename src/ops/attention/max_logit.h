@@ -6,6 +6,7 @@
 // tensor collects a whole step's micro-batches.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 #include "ops/attention/attention.h"
 
@@ -15,13 +16,13 @@ namespace kiln::ops {
 
 // running [Hq] (i32 keys) = max(running, this batch's maxima). q [N, Hq, D], k [N, Hkv, D]
 // as attention_forward takes them; options' scale and window apply, its softcap does not.
-void attention_max_logits(const Tensor& q, const Tensor& k, const Tensor& cu_seqlens, const AttentionOptions& options,
+void attention_max_logits(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& cu_seqlens, const AttentionOptions& options,
                           const Tensor& running);
 
 // last = running, then running = none (zeros): the end of a step's collection.
-void take_max_logits(const Tensor& running, const Tensor& last);
+void take_max_logits(const ExecContext& ctx, const Tensor& running, const Tensor& last);
 
 // The maxima as floats (-inf where a head saw no pair). On the GPU, a synchronizing read.
-std::vector<float> read_max_logits(const Tensor& running);
+std::vector<float> read_max_logits(const ExecContext& ctx, const Tensor& running);
 
 }  // namespace kiln::ops

@@ -23,9 +23,10 @@ float clip_gamma(uint32_t key, float tau) {
 
 }  // namespace
 
-void qk_clip_factors(const Tensor& max_logit_keys, double tau, QkClipSharing sharing, const Tensor& q_factors,
+void qk_clip_factors(const ExecContext& ctx, const Tensor& max_logit_keys, double tau, QkClipSharing sharing, const Tensor& q_factors,
                      const Tensor& k_factors) {
   const char* op = "qk_clip_factors";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, max_logit_keys);
   expect_rank(op, "max_logit_keys", max_logit_keys, 1);
   expect_dtype(op, "max_logit_keys", max_logit_keys, DType::i32);
@@ -63,8 +64,9 @@ void qk_clip_factors(const Tensor& max_logit_keys, double tau, QkClipSharing sha
   }
 }
 
-void scale_head_rows(const Tensor& weight, const Tensor& factors, int64_t head_dim, bool gain_offset) {
+void scale_head_rows(const ExecContext& ctx, const Tensor& weight, const Tensor& factors, int64_t head_dim, bool gain_offset) {
   const char* op = "scale_head_rows";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, weight);
   KILN_CHECK(weight.defined() && (weight.rank() == 1 || weight.rank() == 2), op, "weight must be 1-D or 2-D, got {}",
              weight.describe());

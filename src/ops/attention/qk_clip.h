@@ -13,6 +13,7 @@
 // Every op reads and writes device memory on the GPU: no host synchronization.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 
 namespace kiln::ops {
@@ -22,12 +23,12 @@ enum class QkClipSharing { per_head, shared_keys, shared_gains };
 // From the step's maxima (i32 [Hq] logit keys; an empty key clips nothing): the factors of
 // the query rows (f32 [Hq], or [1] with shared_gains) and of the key rows (f32 [Hkv], or [1]
 // with shared_gains; all 1 with shared_keys).
-void qk_clip_factors(const Tensor& max_logit_keys, double tau, QkClipSharing sharing, const Tensor& q_factors,
+void qk_clip_factors(const ExecContext& ctx, const Tensor& max_logit_keys, double tau, QkClipSharing sharing, const Tensor& q_factors,
                      const Tensor& k_factors);
 
 // The rows of head h of `weight` (a master: fp32 on the GPU; 2-D [heads x head_dim, cols] or 1-D [heads x head_dim])
 // times factors[h] (f32 [heads]; a single factor scales every row). gain_offset: `weight`
 // holds w of a gain 1 + w (Gemma's norm), and the gain is what is scaled: w = (1 + w) f - 1.
-void scale_head_rows(const Tensor& weight, const Tensor& factors, int64_t head_dim, bool gain_offset = false);
+void scale_head_rows(const ExecContext& ctx, const Tensor& weight, const Tensor& factors, int64_t head_dim, bool gain_offset = false);
 
 }  // namespace kiln::ops

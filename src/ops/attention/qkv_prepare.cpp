@@ -213,8 +213,9 @@ void backward_cpu(const Layout<T>& l, const T* qkv, const T* dq, const T* dk, co
 
 }  // namespace
 
-void qkv_prepare_forward(const Tensor& qkv, const QkvPrepare& p, const Tensor& q, const Tensor& k, const Tensor& v) {
+void qkv_prepare_forward(const ExecContext& ctx, const Tensor& qkv, const QkvPrepare& p, const Tensor& q, const Tensor& k, const Tensor& v) {
   const char* op = "qkv_prepare";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, qkv);
   validate(op, qkv, p, q, k, v);
   KILN_ON_CUDA(qkv, op, cuda::qkv_prepare_forward(cuda_args(qkv, p), qkv.raw(), q.raw(), k.raw(), v.raw()));
@@ -224,9 +225,10 @@ void qkv_prepare_forward(const Tensor& qkv, const QkvPrepare& p, const Tensor& q
   });
 }
 
-void qkv_prepare_backward(const Tensor& qkv, const QkvPrepare& p, const Tensor& dq, const Tensor& dk,
+void qkv_prepare_backward(const ExecContext& ctx, const Tensor& qkv, const QkvPrepare& p, const Tensor& dq, const Tensor& dk,
                           const Tensor& dv, const Tensor& dqkv, const Tensor& dq_gain, const Tensor& dk_gain) {
   const char* op = "qkv_prepare_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, qkv);
   validate(op, qkv, p, dq, dk, dv);
   expect_tensor(op, "dqkv", dqkv, qkv.shape(), qkv.dtype(), qkv.device());

@@ -6,6 +6,7 @@
 // projection (not raw and normed copies of q and k).
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 
 namespace kiln::ops {
@@ -19,11 +20,11 @@ struct QkvPrepare {
 };
 
 // qkv [T, (Hq + 2 Hkv) D] -> q [T, Hq, D], k and v [T, Hkv, D] (=).
-void qkv_prepare_forward(const Tensor& qkv, const QkvPrepare& p, const Tensor& q, const Tensor& k, const Tensor& v);
+void qkv_prepare_forward(const ExecContext& ctx, const Tensor& qkv, const QkvPrepare& p, const Tensor& q, const Tensor& k, const Tensor& v);
 
 // dq, dk (gradients of forward's q and k) and dv -> dqkv [T, (Hq + 2 Hkv) D] (=); the gain
 // gradients are accumulated (+=) when given (both or neither) and the norm has gains.
-void qkv_prepare_backward(const Tensor& qkv, const QkvPrepare& p, const Tensor& dq, const Tensor& dk,
+void qkv_prepare_backward(const ExecContext& ctx, const Tensor& qkv, const QkvPrepare& p, const Tensor& dq, const Tensor& dk,
                           const Tensor& dv, const Tensor& dqkv, const Tensor& dq_gain, const Tensor& dk_gain);
 
 }  // namespace kiln::ops

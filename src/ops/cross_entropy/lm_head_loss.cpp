@@ -112,9 +112,10 @@ LossSums lm_head_loss_mixed(const Tensor& h, const Tensor& w, const Tensor& targ
 
 }  // namespace
 
-LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
+LossSums lm_head_loss(const ExecContext& ctx, const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
                       const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw) {
   const char* op = "lm_head_loss";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, h);
   expect_rank(op, "h", h, 2);
   expect_rank(op, "w", w, 2);
@@ -188,8 +189,9 @@ LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, c
   return sums;
 }
 
-void lm_head_logits(const Tensor& h, const Tensor& w, double softcap, const Tensor& logits) {
+void lm_head_logits(const ExecContext& ctx, const Tensor& h, const Tensor& w, double softcap, const Tensor& logits) {
   const char* op = "lm_head_logits";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, h);
   expect_rank(op, "h", h, 2);
   expect_same(op, "w", w, h);

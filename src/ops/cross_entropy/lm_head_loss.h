@@ -4,6 +4,7 @@
 // formed at once and pushed into dh and dw before the next chunk reuses the buffer.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 
 namespace kiln::ops {
@@ -38,10 +39,10 @@ struct LmHeadScratch {
 // h [N, d], w [V, d], targets i32 [N] (kIgnoreTarget = -1 skipped). If dh is defined it is
 // written (=) with loss_scale * d(objective)/dh; if dw is defined it is accumulated (+=).
 // With neither, this is evaluation only.
-LossSums lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& options,
+LossSums lm_head_loss(const ExecContext& ctx, const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& options,
                       const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw);
 
 // Logits of the given rows only (for sampling): h [M, d] -> logits [M, V].
-void lm_head_logits(const Tensor& h, const Tensor& w, double softcap, const Tensor& logits);
+void lm_head_logits(const ExecContext& ctx, const Tensor& h, const Tensor& w, double softcap, const Tensor& logits);
 
 }  // namespace kiln::ops

@@ -7,8 +7,9 @@
 
 namespace kiln::ops {
 
-void dropout_apply(const Tensor& x, const DropoutSite& site, const Tensor& y) {
+void dropout_apply(const ExecContext& ctx, const Tensor& x, const DropoutSite& site, const Tensor& y) {
   const char* op = "dropout";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   expect_rank(op, "x", x, 2);
   expect_same(op, "y", y, x);

@@ -4,6 +4,7 @@
 // function of (key, site, index), found again rather than stored.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 
 #include <cstdint>
@@ -19,6 +20,6 @@ struct DropoutSite {
 };
 
 // x [rows, cols] -> y (=, may alias x); the flat index of (r, c) is r * cols + c.
-void dropout_apply(const Tensor& x, const DropoutSite& site, const Tensor& y);
+void dropout_apply(const ExecContext& ctx, const Tensor& x, const DropoutSite& site, const Tensor& y);
 
 }  // namespace kiln::ops

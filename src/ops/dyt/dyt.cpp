@@ -63,8 +63,9 @@ void backward_cpu(const T* x, T alpha, const T* w, const T* dy, int64_t rows, in
 
 }  // namespace
 
-void dyt_forward(const Tensor& x, const Tensor& alpha, const Tensor& w, const Tensor& b, const Tensor& y) {
+void dyt_forward(const ExecContext& ctx, const Tensor& x, const Tensor& alpha, const Tensor& w, const Tensor& b, const Tensor& y) {
   const char* op = "dyt";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(y);
   validate(op, x, alpha, w, mixed);
@@ -80,9 +81,10 @@ void dyt_forward(const Tensor& x, const Tensor& alpha, const Tensor& w, const Te
   });
 }
 
-void dyt_backward(const Tensor& x, const Tensor& alpha, const Tensor& w, const Tensor& dy, const Tensor& dx,
+void dyt_backward(const ExecContext& ctx, const Tensor& x, const Tensor& alpha, const Tensor& w, const Tensor& dy, const Tensor& dx,
                   const Tensor& dalpha, const Tensor& dw, const Tensor& db, bool accumulate_dx, const Tensor& dx_copy) {
   const char* op = "dyt_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(dy);
   validate(op, x, alpha, w, mixed);
@@ -114,7 +116,7 @@ void dyt_backward(const Tensor& x, const Tensor& alpha, const Tensor& w, const T
                       dw.defined() ? dw.data<T>() : nullptr, db.defined() ? db.data<T>() : nullptr);
     });
   }
-  if (dx_copy.defined() && !copy_in_pass.defined()) convert(dx, dx_copy);
+  if (dx_copy.defined() && !copy_in_pass.defined()) convert(ctx, dx, dx_copy);
 }
 
 }  // namespace kiln::ops

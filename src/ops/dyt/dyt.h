@@ -7,12 +7,13 @@
 // the mixed path, else f32; dx has x's dtype. All arithmetic is fp32 or wider.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 
 namespace kiln::ops {
 
 // x [R, C], alpha [1], w [C] and b [C] (each optional: undefined w is ones, b zeros) -> y [R, C] (=).
-void dyt_forward(const Tensor& x, const Tensor& alpha, const Tensor& w, const Tensor& b, const Tensor& y);
+void dyt_forward(const ExecContext& ctx, const Tensor& x, const Tensor& alpha, const Tensor& w, const Tensor& b, const Tensor& y);
 
 // From the forward's x and dy [R, C]:
 //   dx [R, C] = (or += when accumulate_dx) dy w alpha (1 - t^2),  t = tanh(alpha x);
@@ -21,7 +22,7 @@ void dyt_forward(const Tensor& x, const Tensor& alpha, const Tensor& w, const Te
 // by the shape (no atomics), so a backward gives the same bits every run. dx_copy (if
 // defined, [R, C]) receives dx's final values too (the mixed path's bf16 copy of the
 // residual gradient, written in the same pass).
-void dyt_backward(const Tensor& x, const Tensor& alpha, const Tensor& w, const Tensor& dy, const Tensor& dx,
+void dyt_backward(const ExecContext& ctx, const Tensor& x, const Tensor& alpha, const Tensor& w, const Tensor& dy, const Tensor& dx,
                   const Tensor& dalpha, const Tensor& dw, const Tensor& db, bool accumulate_dx = false,
                   const Tensor& dx_copy = Tensor());
 

@@ -8,8 +8,9 @@
 
 namespace kiln::ops {
 
-void add_inplace(const Tensor& dst, const Tensor& src) {
+void add_inplace(const ExecContext& ctx, const Tensor& dst, const Tensor& src) {
   const char* op = "add_inplace";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dst);
   expect_same(op, "src", src, dst);
   KILN_CHECK(src.numel() == dst.numel(), op, "size mismatch {} vs {}", dst.describe(), src.describe());
@@ -28,8 +29,9 @@ void add_inplace(const Tensor& dst, const Tensor& src) {
   });
 }
 
-void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+void add(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& out) {
   const char* op = "add";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, a);
   expect_same(op, "out", out, a);
   if (is_mixed(b))  // fp32 residual + bf16 branch output
@@ -55,8 +57,9 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
   });
 }
 
-void convert(const Tensor& src, const Tensor& dst) {
+void convert(const ExecContext& ctx, const Tensor& src, const Tensor& dst) {
   const char* op = "convert";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, src);
   KILN_CHECK(src.numel() == dst.numel() && src.device() == dst.device(), op, "cannot convert {} into {}",
              src.describe(), dst.describe());
@@ -75,8 +78,9 @@ void convert(const Tensor& src, const Tensor& dst) {
   fail(op, "no CPU conversion from {} to {}", dtype_name(src.dtype()), dtype_name(dst.dtype()));
 }
 
-void sum_squares_to_device(const Tensor& x, double* out) {
+void sum_squares_to_device(const ExecContext& ctx, const Tensor& x, double* out) {
   const char* op = "sum_squares";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   KILN_CHECK(x.device() == Device::cuda, op, "the device-memory form needs a GPU tensor, got {}", x.describe());
   expect_dtype(op, "x", x, DType::f32);
@@ -88,8 +92,9 @@ void sum_squares_to_device(const Tensor& x, double* out) {
 #endif
 }
 
-double sum_squares(const Tensor& x) {
+double sum_squares(const ExecContext& ctx, const Tensor& x) {
   const char* op = "sum_squares";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
@@ -108,8 +113,9 @@ double sum_squares(const Tensor& x) {
   return total;
 }
 
-void scale_inplace(const Tensor& x, double factor) {
+void scale_inplace(const ExecContext& ctx, const Tensor& x, double factor) {
   const char* op = "scale_inplace";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   KILN_ON_CUDA(x, op, cuda::scale_inplace_f32(x.data<float>(), x.numel(), static_cast<float>(factor)));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
@@ -119,8 +125,9 @@ void scale_inplace(const Tensor& x, double factor) {
   });
 }
 
-bool all_finite(const Tensor& x) {
+bool all_finite(const ExecContext& ctx, const Tensor& x) {
   const char* op = "all_finite";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA

@@ -19,8 +19,9 @@ void validate(const char* op, const Tensor& tokens, const Tensor& table, const T
 }
 }  // namespace
 
-void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) {
+void embedding_forward(const ExecContext& ctx, const Tensor& tokens, const Tensor& table, const Tensor& out) {
   const char* op = "embedding";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, table);
   validate(op, tokens, table, out);
   // Device ids are trusted: the data pipeline checks every id against the vocabulary.
@@ -39,8 +40,9 @@ void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& 
   });
 }
 
-void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable) {
+void embedding_backward(const ExecContext& ctx, const Tensor& tokens, const Tensor& dout, const Tensor& dtable) {
   const char* op = "embedding_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dtable);
   validate(op, tokens, dtable, dout);
   KILN_ON_CUDA(dtable, op, cuda::embedding_backward_f32(tokens.data<int32_t>(), dout.data<float>(), tokens.size(0),
@@ -86,8 +88,9 @@ void group_tokens(const int32_t* tokens, int64_t n, std::vector<int32_t>& counts
   for (int32_t t : group_tokens) counts[static_cast<size_t>(t)] = 0;
 }
 
-void embedding_backward(const TokenGroups& groups, const Tensor& dout, const Tensor& dtable) {
+void embedding_backward(const ExecContext& ctx, const TokenGroups& groups, const Tensor& dout, const Tensor& dtable) {
   const char* op = "embedding_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dtable);
   expect_rank(op, "dout", dout, 2);
   expect_rank(op, "dtable", dtable, 2);

@@ -26,8 +26,9 @@ void validate(const char* op, const Tensor& gate_up, const Tensor& half, const c
 
 }  // namespace
 
-void geglu_forward(const Tensor& gate_up, const Tensor& out) {
+void geglu_forward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& out) {
   const char* op = "geglu";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, out, "out");
   KILN_ON_CUDA(gate_up, op,
@@ -44,8 +45,9 @@ void geglu_forward(const Tensor& gate_up, const Tensor& out) {
 }
 
 // d out / d gate = gelu_tanh'(gate) * up, d out / d up = gelu_tanh(gate).
-void geglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, const Tensor& out) {
+void geglu_backward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, const Tensor& out) {
   const char* op = "geglu_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, dout, "dout");
   expect_shape(op, "dgate_up", dgate_up, gate_up.shape());

@@ -9,8 +9,9 @@
 
 namespace kiln::ops {
 
-void gemma_gain(const Tensor& w, const Tensor& gain) {
+void gemma_gain(const ExecContext& ctx, const Tensor& w, const Tensor& gain) {
   const char* op = "gemma_gain";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, w);
   expect_rank(op, "w", w, 1);
   expect_shape(op, "gain", gain, w.shape());
@@ -25,21 +26,24 @@ void gemma_gain(const Tensor& w, const Tensor& gain) {
   });
 }
 
-void gemma_rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& gain, const Tensor& y,
+void gemma_rms_norm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, double eps, const Tensor& gain, const Tensor& y,
                             const Tensor& rstd) {
-  gemma_gain(w, gain);
-  rms_norm_forward(x, gain, eps, y, rstd);
+  expect_process_stream("gemma_rms_norm_forward", ctx);
+  gemma_gain(ctx, w, gain);
+  rms_norm_forward(ctx, x, gain, eps, y, rstd);
 }
 
-void add_gemma_rms_norm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, const Tensor& gain,
+void add_gemma_rms_norm_forward(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& w, double eps, const Tensor& gain,
                                 const Tensor& sum, const Tensor& y, const Tensor& rstd) {
-  gemma_gain(w, gain);
-  add_rms_norm_forward(a, b, gain, eps, sum, y, rstd);
+  expect_process_stream("add_gemma_rms_norm_forward", ctx);
+  gemma_gain(ctx, w, gain);
+  add_rms_norm_forward(ctx, a, b, gain, eps, sum, y, rstd);
 }
 
-void gemma_rms_norm_backward(const Tensor& x, const Tensor& gain, const Tensor& rstd, const Tensor& dy,
+void gemma_rms_norm_backward(const ExecContext& ctx, const Tensor& x, const Tensor& gain, const Tensor& rstd, const Tensor& dy,
                              const Tensor& dx, const Tensor& dw, bool accumulate_dx, const Tensor& dx_copy) {
-  rms_norm_backward(x, gain, rstd, dy, dx, dw, accumulate_dx, dx_copy);
+  expect_process_stream("gemma_rms_norm_backward", ctx);
+  rms_norm_backward(ctx, x, gain, rstd, dy, dx, dw, accumulate_dx, dx_copy);
 }
 
 }  // namespace kiln::ops

@@ -6,22 +6,23 @@
 // the gain into a buffer and runs the RMSNorm kernels (ops/rms_norm) with it.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 
 namespace kiln::ops {
 
 // gain [C] = 1 + w [C] (same dtype and device; f32 on the GPU).
-void gemma_gain(const Tensor& w, const Tensor& gain);
+void gemma_gain(const ExecContext& ctx, const Tensor& w, const Tensor& gain);
 
 // x [R, C], w [C] -> gain [C] (= 1 + w, kept for backward), y [R, C], rstd [R].
-void gemma_rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& gain, const Tensor& y,
+void gemma_rms_norm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, double eps, const Tensor& gain, const Tensor& y,
                             const Tensor& rstd);
 // sum = a + b, then the forward of sum (as ops::add_rms_norm_forward).
-void add_gemma_rms_norm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, const Tensor& gain,
+void add_gemma_rms_norm_forward(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& w, double eps, const Tensor& gain,
                                 const Tensor& sum, const Tensor& y, const Tensor& rstd);
 // From the forward's x, gain and rstd: dx = (or +=), dw += (skipped if undefined), dx_copy as
 // ops::rms_norm_backward.
-void gemma_rms_norm_backward(const Tensor& x, const Tensor& gain, const Tensor& rstd, const Tensor& dy,
+void gemma_rms_norm_backward(const ExecContext& ctx, const Tensor& x, const Tensor& gain, const Tensor& rstd, const Tensor& dy,
                              const Tensor& dx, const Tensor& dw, bool accumulate_dx = false,
                              const Tensor& dx_copy = Tensor());
 

@@ -38,9 +38,10 @@ DType output_dtype(const Tensor& x, bool mixed) { return mixed ? DType::bf16 : x
 
 }  // namespace
 
-void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+void layer_norm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                         const Tensor& mean, const Tensor& rstd) {
   const char* op = "layer_norm";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(y);
   validate(op, x, w, b, mean, rstd, mixed);
@@ -57,12 +58,13 @@ void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, doubl
   });
 }
 
-void add_layer_norm_forward(const Tensor& a, const Tensor& branch, const Tensor& w, const Tensor& b, double eps,
+void add_layer_norm_forward(const ExecContext& ctx, const Tensor& a, const Tensor& branch, const Tensor& w, const Tensor& b, double eps,
                             const Tensor& sum, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   const char* op = "add_layer_norm";
+  expect_process_stream(op, ctx);
   if (a.device() == Device::cpu) {  // the reference: the two ops in turn
-    add(a, branch, sum);
-    layer_norm_forward(sum, w, b, eps, y, mean, rstd);
+    add(ctx, a, branch, sum);
+    layer_norm_forward(ctx, sum, w, b, eps, y, mean, rstd);
     return;
   }
   KILN_OP_SCOPE(op, a);
@@ -80,10 +82,11 @@ void add_layer_norm_forward(const Tensor& a, const Tensor& branch, const Tensor&
                                         rstd.data<float>(), branch.raw(), sum.data<float>()));
 }
 
-void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+void layer_norm_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                          const Tensor& dx, const Tensor& dw, const Tensor& db, bool accumulate_dx,
                          const Tensor& dx_copy) {
   const char* op = "layer_norm_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(dy);
   validate(op, x, w, Tensor(), mean, rstd, mixed);
@@ -114,7 +117,7 @@ void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, c
                                   accumulate_dx);
     });
   }
-  if (dx_copy.defined() && !copy_in_pass.defined()) convert(dx, dx_copy);
+  if (dx_copy.defined() && !copy_in_pass.defined()) convert(ctx, dx, dx_copy);
 }
 
 }  // namespace kiln::ops

@@ -103,8 +103,9 @@ void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& bi
 
 }  // namespace
 
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+void linear_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
   const char* op = "linear";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   validate(op, x, w, bias);
   expect_shape(op, "y", y, Shape{x.size(0), w.size(0)});
@@ -127,9 +128,10 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   });
 }
 
-void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
+void linear_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
                      const Tensor& dbias, bool accumulate_dx) {
   const char* op = "linear_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   validate(op, x, w, Tensor());
   expect_shape(op, "dy", dy, Shape{x.size(0), w.size(0)});

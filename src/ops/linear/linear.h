@@ -1,16 +1,17 @@
 // Linear layer y = x W^T (+ b), weights in PyTorch's [out, in] layout.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 
 namespace kiln::ops {
 
 // x [N, in], w [out, in], bias [out] or undefined -> y [N, out] (written with =).
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y);
+void linear_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y);
 
 // dy [N, out]. dx [N, in]: written with = (or += when accumulate_dx); skipped if undefined.
 // dw [out, in] and dbias [out]: accumulated with += (skipped if undefined).
-void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
+void linear_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
                      const Tensor& dbias, bool accumulate_dx = false);
 
 // C [M, N] = alpha * op(A) op(B) + beta * C on the CPU, row-major (BLAS underneath).

@@ -30,8 +30,9 @@ OwnedTensor on_host(const Tensor& t) {
 
 }  // namespace
 
-void moe_accumulate_counts(const Tensor& counts, const Tensor& total) {
+void moe_accumulate_counts(const ExecContext& ctx, const Tensor& counts, const Tensor& total) {
   const char* op = "moe_accumulate_counts";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, counts);
   expect_rank(op, "counts", counts, 1);
   expect_counts(op, "counts", counts, counts);
@@ -42,8 +43,9 @@ void moe_accumulate_counts(const Tensor& counts, const Tensor& total) {
   for (int64_t e = 0; e < counts.numel(); ++e) sum[e] += c[e];
 }
 
-void routing_entropy_sum(const Tensor& probs, const Tensor& sums) {
+void routing_entropy_sum(const ExecContext& ctx, const Tensor& probs, const Tensor& sums) {
   const char* op = "routing_entropy_sum";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, probs);
   expect_rank(op, "probs", probs, 2);
   expect_sums(op, "sums", sums, probs.device());
@@ -63,9 +65,10 @@ void routing_entropy_sum(const Tensor& probs, const Tensor& sums) {
   });
 }
 
-void moe_end_step(const Tensor& counts, const Tensor& entropy, const Tensor& last_counts, const Tensor& last_entropy,
+void moe_end_step(const ExecContext& ctx, const Tensor& counts, const Tensor& entropy, const Tensor& last_counts, const Tensor& last_entropy,
                   const Tensor& dead_steps) {
   const char* op = "moe_end_step";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, counts);
   expect_rank(op, "counts", counts, 1);
   expect_counts(op, "counts", counts, counts);
@@ -88,8 +91,9 @@ void moe_end_step(const Tensor& counts, const Tensor& entropy, const Tensor& las
   }
 }
 
-void moe_take_counts(const Tensor& counts, const Tensor& last) {
+void moe_take_counts(const ExecContext& ctx, const Tensor& counts, const Tensor& last) {
   const char* op = "moe_take_counts";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, counts);
   expect_rank(op, "counts", counts, 1);
   expect_counts(op, "counts", counts, counts);
@@ -99,13 +103,15 @@ void moe_take_counts(const Tensor& counts, const Tensor& last) {
   for (int64_t i = 0; i < counts.numel(); ++i) l[i] = c[i], c[i] = 0;
 }
 
-int64_t moe_read_count(const Tensor& counts) {
+int64_t moe_read_count(const ExecContext& ctx, const Tensor& counts) {
+  expect_process_stream("moe_read_count", ctx);
   expect_counts("moe_read_count", "counts", counts, counts);
   return on_host(counts)->data<int32_t>()[0];
 }
 
-MoeLoadReport moe_load_report(const Tensor& last_counts, const Tensor& last_entropy, const Tensor& dead_steps) {
+MoeLoadReport moe_load_report(const ExecContext& ctx, const Tensor& last_counts, const Tensor& last_entropy, const Tensor& dead_steps) {
   const char* op = "moe_load_report";
+  expect_process_stream(op, ctx);
   expect_rank(op, "last_counts", last_counts, 1);
   expect_counts(op, "dead_steps", dead_steps, last_counts);
   expect_sums(op, "last_entropy", last_entropy, last_counts.device());

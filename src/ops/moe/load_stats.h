@@ -5,28 +5,29 @@
 // moe_load_report reads them back, at log steps.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 
 namespace kiln::ops {
 
 // total i32 [E] += counts i32 [E] (a micro-batch's routed choices, summed over the step).
-void moe_accumulate_counts(const Tensor& counts, const Tensor& total);
+void moe_accumulate_counts(const ExecContext& ctx, const Tensor& counts, const Tensor& total);
 
 // sums f64 [2] += (sum over the rows of probs [T, E] (wide) of -sum_j p_j log p_j, T):
 // each token's routing entropy and the tokens, summed in a fixed order.
-void routing_entropy_sum(const Tensor& probs, const Tensor& sums);
+void routing_entropy_sum(const ExecContext& ctx, const Tensor& probs, const Tensor& sums);
 
 // The end of a step: dead_steps[e] = counts[e] == 0 ? dead_steps[e] + 1 : 0, then
 // last_counts = counts and last_entropy = entropy, and counts and entropy are zeroed for the
 // next step (counts, last_counts, dead_steps i32 [E]; entropy, last_entropy f64 [2]).
-void moe_end_step(const Tensor& counts, const Tensor& entropy, const Tensor& last_counts, const Tensor& last_entropy,
+void moe_end_step(const ExecContext& ctx, const Tensor& counts, const Tensor& entropy, const Tensor& last_counts, const Tensor& last_entropy,
                   const Tensor& dead_steps);
 
 // The end of a step for a counter (the capacity's dropped pairs, i32 [n]): last = counts,
 // counts = 0.
-void moe_take_counts(const Tensor& counts, const Tensor& last);
+void moe_take_counts(const ExecContext& ctx, const Tensor& counts, const Tensor& last);
 // A counter's first value on the host (i32; a synchronization on the GPU).
-int64_t moe_read_count(const Tensor& counts);
+int64_t moe_read_count(const ExecContext& ctx, const Tensor& counts);
 
 // The last step's load, relative to the mean count: min, max and the coefficient of
 // variation; experts without a token and the longest run of such steps; the mean routing
@@ -37,6 +38,6 @@ struct MoeLoadReport {
   double entropy = 0;
   double routed = 0;  // the step's routed pairs (the counts' sum)
 };
-MoeLoadReport moe_load_report(const Tensor& last_counts, const Tensor& last_entropy, const Tensor& dead_steps);
+MoeLoadReport moe_load_report(const ExecContext& ctx, const Tensor& last_counts, const Tensor& last_entropy, const Tensor& dead_steps);
 
 }  // namespace kiln::ops

@@ -65,8 +65,9 @@ std::vector<int32_t> host_offsets(const MoeDispatch& d) {
 
 }  // namespace
 
-void moe_dispatch(const Tensor& experts, const MoeDispatch& out) {
+void moe_dispatch(const ExecContext& ctx, const Tensor& experts, const MoeDispatch& out) {
   const char* op = "moe_dispatch";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, experts);
   expect_rank(op, "experts", experts, 2);
   expect_dtype(op, "experts", experts, DType::i32);
@@ -111,8 +112,9 @@ void moe_dispatch(const Tensor& experts, const MoeDispatch& out) {
   if (out.dropped.defined()) out.dropped.data<int32_t>()[0] += dropped;
 }
 
-void moe_gather(const Tensor& x, const MoeDispatch& d, const Tensor& grouped) {
+void moe_gather(const ExecContext& ctx, const Tensor& x, const MoeDispatch& d, const Tensor& grouped) {
   const char* op = "moe_gather";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   expect_rank(op, "x", x, 2);
   check_dispatch(op, d, x.size(0));
@@ -139,8 +141,9 @@ void moe_gather(const Tensor& x, const MoeDispatch& d, const Tensor& grouped) {
   });
 }
 
-void moe_gather_backward(const Tensor& dgrouped, const MoeDispatch& d, const Tensor& dx, bool accumulate) {
+void moe_gather_backward(const ExecContext& ctx, const Tensor& dgrouped, const MoeDispatch& d, const Tensor& dx, bool accumulate) {
   const char* op = "moe_gather_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dgrouped);
   expect_rank(op, "dx", dx, 2);
   check_dispatch(op, d, dx.size(0));
@@ -168,8 +171,9 @@ void moe_gather_backward(const Tensor& dgrouped, const MoeDispatch& d, const Ten
   });
 }
 
-void moe_grouped_linear_forward(const Tensor& x, const Tensor& w, const MoeDispatch& d, const Tensor& y) {
+void moe_grouped_linear_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const MoeDispatch& d, const Tensor& y) {
   const char* op = "moe_grouped_linear";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const int64_t out = expert_width(op, x, w, d);
   expect_same(op, "y", y, x);
@@ -185,13 +189,14 @@ void moe_grouped_linear_forward(const Tensor& x, const Tensor& w, const MoeDispa
   const std::vector<int32_t> o = host_offsets(d);
   for (int64_t e = 0; e < d.experts; ++e) {
     if (o[e + 1] == o[e]) continue;
-    linear_forward(x.rows(o[e], o[e + 1]), w.rows(e * out, (e + 1) * out), Tensor(), y.rows(o[e], o[e + 1]));
+    linear_forward(ctx, x.rows(o[e], o[e + 1]), w.rows(e * out, (e + 1) * out), Tensor(), y.rows(o[e], o[e + 1]));
   }
 }
 
-void moe_grouped_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const MoeDispatch& d,
+void moe_grouped_linear_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const MoeDispatch& d,
                                  const Tensor& dx, const Tensor& dw) {
   const char* op = "moe_grouped_linear_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dy);
   const int64_t out = expert_width(op, x, w, d);
   expect_same(op, "dy", dy, x);
@@ -217,13 +222,14 @@ void moe_grouped_linear_backward(const Tensor& x, const Tensor& w, const Tensor&
     if (o[e + 1] == o[e]) continue;
     const Tensor rows_dx = dx.defined() ? dx.rows(o[e], o[e + 1]) : Tensor();
     const Tensor rows_dw = dw.defined() ? dw.rows(e * out, (e + 1) * out) : Tensor();
-    linear_backward(x.rows(o[e], o[e + 1]), w.rows(e * out, (e + 1) * out), dy.rows(o[e], o[e + 1]), rows_dx, rows_dw,
+    linear_backward(ctx, x.rows(o[e], o[e + 1]), w.rows(e * out, (e + 1) * out), dy.rows(o[e], o[e + 1]), rows_dx, rows_dw,
                     Tensor());
   }
 }
 
-void moe_combine(const Tensor& y, const Tensor& weights, const MoeDispatch& d, const Tensor& out) {
+void moe_combine(const ExecContext& ctx, const Tensor& y, const Tensor& weights, const MoeDispatch& d, const Tensor& out) {
   const char* op = "moe_combine";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, y);
   expect_rank(op, "out", out, 2);
   check_dispatch(op, d, out.size(0));
@@ -253,9 +259,10 @@ void moe_combine(const Tensor& y, const Tensor& weights, const MoeDispatch& d, c
   });
 }
 
-void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& dout, const MoeDispatch& d,
+void moe_combine_backward(const ExecContext& ctx, const Tensor& y, const Tensor& weights, const Tensor& dout, const MoeDispatch& d,
                           const Tensor& dy, const Tensor& dweights) {
   const char* op = "moe_combine_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dout);
   expect_rank(op, "dout", dout, 2);
   check_dispatch(op, d, dout.size(0));

@@ -24,6 +24,7 @@
 // floats; the grouped products as grouped_gemm_cuda.h says).
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 
 namespace kiln::ops {
@@ -42,26 +43,26 @@ struct MoeDispatch {
 // experts i32 [T, k] (every id in [0, E), or -1: empty) -> counts, offsets and the
 // permutation (=), dropped (+=). The live rows must fit in R (an error on the CPU; a trap
 // on the GPU, which cannot read them).
-void moe_dispatch(const Tensor& experts, const MoeDispatch& out);
+void moe_dispatch(const ExecContext& ctx, const Tensor& experts, const MoeDispatch& out);
 
 // x [T, d] -> grouped [R, d] (=; rows past the live ones zero).
-void moe_gather(const Tensor& x, const MoeDispatch& dispatch, const Tensor& grouped);
+void moe_gather(const ExecContext& ctx, const Tensor& x, const MoeDispatch& dispatch, const Tensor& grouped);
 // dgrouped [R, d] -> dx [T, d]: the sum of each token's kept rows, in slot order (= or +=).
-void moe_gather_backward(const Tensor& dgrouped, const MoeDispatch& dispatch, const Tensor& dx, bool accumulate);
+void moe_gather_backward(const ExecContext& ctx, const Tensor& dgrouped, const MoeDispatch& dispatch, const Tensor& dx, bool accumulate);
 
 // x [R, in], w [E out, in] -> y [R, out] (=): expert e's rows times its weight (rows past
 // the live ones untouched).
-void moe_grouped_linear_forward(const Tensor& x, const Tensor& w, const MoeDispatch& dispatch, const Tensor& y);
+void moe_grouped_linear_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const MoeDispatch& dispatch, const Tensor& y);
 // dy [R, out] -> dx [R, in] (=; skipped if undefined) and dw [E out, in] (+=; skipped if
 // undefined).
-void moe_grouped_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const MoeDispatch& dispatch,
+void moe_grouped_linear_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const MoeDispatch& dispatch,
                                  const Tensor& dx, const Tensor& dw);
 
 // y [R, d], weights [T, k] (wide: the rows' dtype on the CPU, fp32 on the GPU) -> out [T, d] (=).
-void moe_combine(const Tensor& y, const Tensor& weights, const MoeDispatch& dispatch, const Tensor& out);
+void moe_combine(const ExecContext& ctx, const Tensor& y, const Tensor& weights, const MoeDispatch& dispatch, const Tensor& out);
 // dout [T, d] -> dy [R, d] (= weights x dout on the live rows) and dweights [T, k] (= dout
 // . y, wide; 0 for an empty or dropped pair).
-void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& dout, const MoeDispatch& dispatch,
+void moe_combine_backward(const ExecContext& ctx, const Tensor& y, const Tensor& weights, const Tensor& dout, const MoeDispatch& dispatch,
                           const Tensor& dy, const Tensor& dweights);
 
 }  // namespace kiln::ops

@@ -36,8 +36,9 @@ void softmax_row_backward(const T* p, const double* dp, int64_t n, T* dl) {
 
 }  // namespace
 
-void softmax_topk_forward(const Tensor& logits, bool normalize, const Tensor& probs, const Routes& out) {
+void softmax_topk_forward(const ExecContext& ctx, const Tensor& logits, bool normalize, const Tensor& probs, const Routes& out) {
   const char* op = "softmax_topk";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   check_routes(op, logits, out);
   expect_same(op, "probs", probs, logits);
@@ -72,9 +73,10 @@ void softmax_topk_forward(const Tensor& logits, bool normalize, const Tensor& pr
   });
 }
 
-void softmax_topk_backward(const Tensor& probs, const Routes& routes, bool normalize, const Tensor& dweights,
+void softmax_topk_backward(const ExecContext& ctx, const Tensor& probs, const Routes& routes, bool normalize, const Tensor& dweights,
                            const Tensor& dprobs, const Tensor& dlogits) {
   const char* op = "softmax_topk_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, probs);
   check_routes(op, probs, routes);
   expect_same(op, "dweights", dweights, routes.weights);
@@ -114,9 +116,10 @@ void softmax_topk_backward(const Tensor& probs, const Routes& routes, bool norma
   });
 }
 
-void sigmoid_bias_forward(const Tensor& logits, const Tensor& bias, int64_t groups, int64_t top_groups, bool normalize,
+void sigmoid_bias_forward(const ExecContext& ctx, const Tensor& logits, const Tensor& bias, int64_t groups, int64_t top_groups, bool normalize,
                           double scaling, const Tensor& scores, const Routes& out) {
   const char* op = "sigmoid_bias";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   check_routes(op, logits, out);
   const int64_t e_count = logits.size(1), k = out.experts.size(1);
@@ -168,9 +171,10 @@ void sigmoid_bias_forward(const Tensor& logits, const Tensor& bias, int64_t grou
   });
 }
 
-void sigmoid_bias_backward(const Tensor& scores, const Routes& routes, bool normalize, double scaling,
+void sigmoid_bias_backward(const ExecContext& ctx, const Tensor& scores, const Routes& routes, bool normalize, double scaling,
                            const Tensor& dweights, const Tensor& dscores, const Tensor& dlogits) {
   const char* op = "sigmoid_bias_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, scores);
   check_routes(op, scores, routes);
   expect_shape(op, "dweights", dweights, routes.weights.shape());
@@ -271,8 +275,9 @@ double router_z_loss_cpu(const char* op, const Tensor& logits, double grad_scale
 
 }  // namespace
 
-double balance_loss(const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs) {
+double balance_loss(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs) {
   const char* op = "balance_loss";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, probs);
   check_balance(op, probs, counts, dprobs);
   if (probs.device() == Device::cuda) {
@@ -289,8 +294,9 @@ double balance_loss(const Tensor& probs, const Tensor& counts, int64_t top_k, do
   return balance_loss_cpu(op, probs, counts, top_k, grad_scale, dprobs);
 }
 
-void balance_loss_sum(const Tensor& probs, const Tensor& counts, int64_t top_k, double* sum) {
+void balance_loss_sum(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double* sum) {
   const char* op = "balance_loss";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, probs);
   check_balance(op, probs, counts, Tensor());
   KILN_CHECK(sum != nullptr, op, "no sum to add to");
@@ -300,9 +306,10 @@ void balance_loss_sum(const Tensor& probs, const Tensor& counts, int64_t top_k, 
   *sum += balance_loss_cpu(op, probs, counts, top_k, 0, Tensor());
 }
 
-void balance_loss_backward(const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale,
+void balance_loss_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale,
                            const Tensor& dprobs) {
   const char* op = "balance_loss_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, probs);
   check_balance(op, probs, counts, dprobs);
   KILN_CHECK(dprobs.defined(), op, "dprobs is undefined");
@@ -314,8 +321,9 @@ void balance_loss_backward(const Tensor& probs, const Tensor& counts, int64_t to
   balance_loss_cpu(op, probs, counts, top_k, grad_scale, dprobs);
 }
 
-double router_z_loss(const Tensor& logits, double grad_scale, const Tensor& dlogits) {
+double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits) {
   const char* op = "router_z_loss";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   check_z(op, logits, dlogits);
   if (logits.device() == Device::cuda) {
@@ -331,8 +339,9 @@ double router_z_loss(const Tensor& logits, double grad_scale, const Tensor& dlog
   return router_z_loss_cpu(op, logits, grad_scale, dlogits);
 }
 
-void router_z_loss_sum(const Tensor& logits, double* sum) {
+void router_z_loss_sum(const ExecContext& ctx, const Tensor& logits, double* sum) {
   const char* op = "router_z_loss";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   check_z(op, logits, Tensor());
   KILN_CHECK(sum != nullptr, op, "no sum to add to");
@@ -340,8 +349,9 @@ void router_z_loss_sum(const Tensor& logits, double* sum) {
   *sum += router_z_loss_cpu(op, logits, 0, Tensor());
 }
 
-void router_z_loss_backward(const Tensor& logits, double grad_scale, const Tensor& dlogits) {
+void router_z_loss_backward(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits) {
   const char* op = "router_z_loss_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   check_z(op, logits, dlogits);
   KILN_CHECK(dlogits.defined(), op, "dlogits is undefined");
@@ -351,14 +361,15 @@ void router_z_loss_backward(const Tensor& logits, double grad_scale, const Tenso
   router_z_loss_cpu(op, logits, grad_scale, dlogits);
 }
 
-void router_logits(const Tensor& x, const Tensor& w, const Tensor& logits) {
+void router_logits(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& logits) {
   const char* op = "router_logits";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   expect_rank(op, "x", x, 2);
   expect_rank(op, "w", w, 2);
   expect_same(op, "w", w, x);
   KILN_CHECK(x.size(1) == w.size(1), op, "x {} and w {} disagree on the hidden size", x.describe(), w.describe());
-  if (!is_mixed(x)) return linear_forward(x, w, Tensor(), logits);
+  if (!is_mixed(x)) return linear_forward(ctx, x, w, Tensor(), logits);
   expect_tensor(op, "logits", logits, Shape{x.size(0), w.size(0)}, DType::f32, x.device());
 #if KILN_WITH_CUDA
   cuda::gemm(false, true, x.size(0), w.size(0), x.size(1), 1.0f, x.raw(), x.size(1), w.raw(), x.size(1), DType::bf16,
@@ -366,19 +377,21 @@ void router_logits(const Tensor& x, const Tensor& w, const Tensor& logits) {
 #endif
 }
 
-void router_logits_backward(const Tensor& x, const Tensor& w, const Tensor& dlogits, const Tensor& scratch,
+void router_logits_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dlogits, const Tensor& scratch,
                             const Tensor& dx, const Tensor& dw) {
   const char* op = "router_logits_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
-  if (!is_mixed(x)) return linear_backward(x, w, dlogits, dx, dw, Tensor(), true);
+  if (!is_mixed(x)) return linear_backward(ctx, x, w, dlogits, dx, dw, Tensor(), true);
   expect_tensor(op, "dlogits", dlogits, Shape{x.size(0), w.size(0)}, DType::f32, x.device());
   expect_tensor(op, "scratch", scratch, dlogits.shape(), DType::bf16, x.device());
-  convert(dlogits, scratch);
-  linear_backward(x, w, scratch, dx, dw, Tensor(), true);
+  convert(ctx, dlogits, scratch);
+  linear_backward(ctx, x, w, scratch, dx, dw, Tensor(), true);
 }
 
-void row_normalize_forward(const Tensor& scores, const Tensor& probs) {
+void row_normalize_forward(const ExecContext& ctx, const Tensor& scores, const Tensor& probs) {
   const char* op = "row_normalize";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, scores);
   expect_rank(op, "scores", scores, 2);
   gpu_router_math(op, scores);
@@ -398,8 +411,9 @@ void row_normalize_forward(const Tensor& scores, const Tensor& probs) {
   });
 }
 
-void row_normalize_backward(const Tensor& scores, const Tensor& probs, const Tensor& dprobs, const Tensor& dscores) {
+void row_normalize_backward(const ExecContext& ctx, const Tensor& scores, const Tensor& probs, const Tensor& dprobs, const Tensor& dscores) {
   const char* op = "row_normalize_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, scores);
   expect_rank(op, "scores", scores, 2);
   gpu_router_math(op, scores);
@@ -424,8 +438,9 @@ void row_normalize_backward(const Tensor& scores, const Tensor& probs, const Ten
   });
 }
 
-void sigmoid_bias_update(const Tensor& bias, const Tensor& counts, bool sign_rule, double rate) {
+void sigmoid_bias_update(const ExecContext& ctx, const Tensor& bias, const Tensor& counts, bool sign_rule, double rate) {
   const char* op = "sigmoid_bias_update";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, bias);
   expect_rank(op, "bias", bias, 1);
   gpu_router_math(op, bias);

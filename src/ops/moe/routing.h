@@ -11,6 +11,7 @@
 // be captured as a CUDA graph.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 
 namespace kiln::ops {
@@ -22,19 +23,19 @@ struct Routes {
 
 // The router's logits: x [T, d] (activations) times its weight w [E, d] -> logits [T, E]
 // (=, wide: on the GPU's mixed path bf16 x and w, fp32 logits from fp32 accumulation).
-void router_logits(const Tensor& x, const Tensor& w, const Tensor& logits);
+void router_logits(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& logits);
 // dlogits [T, E] (wide) -> dx [T, d] (+=) and dw [E, d] (+=, wide). On the mixed path the
 // products read dlogits rounded to bf16 (as an autocast linear's gradient): `scratch`, bf16
 // [T, E]; elsewhere unused (may be undefined).
-void router_logits_backward(const Tensor& x, const Tensor& w, const Tensor& dlogits, const Tensor& scratch,
+void router_logits_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dlogits, const Tensor& scratch,
                             const Tensor& dx, const Tensor& dw);
 
 // softmax_topk (Qwen3-MoE): p = softmax(logits) over all experts (probs [T, E], =); the k
 // largest; weights = p at them, divided by their sum when `normalize` (norm_topk_prob).
-void softmax_topk_forward(const Tensor& logits, bool normalize, const Tensor& probs, const Routes& out);
+void softmax_topk_forward(const ExecContext& ctx, const Tensor& logits, bool normalize, const Tensor& probs, const Routes& out);
 // dweights [T, k], and dprobs [T, E] (a gradient wrt probs from elsewhere, e.g. the
 // balance loss; undefined: none) -> dlogits [T, E] (=).
-void softmax_topk_backward(const Tensor& probs, const Routes& routes, bool normalize, const Tensor& dweights,
+void softmax_topk_backward(const ExecContext& ctx, const Tensor& probs, const Routes& routes, bool normalize, const Tensor& dweights,
                            const Tensor& dprobs, const Tensor& dlogits);
 
 // sinkhorn (balanced assignment; routing_sinkhorn.cpp): p = softmax(logits) (probs [T, E],
@@ -45,73 +46,73 @@ void softmax_topk_backward(const Tensor& probs, const Routes& routes, bool norma
 // change a row's order); weights = p at them, divided by their sum when `normalize`. The
 // scales are the caller's buffers (row_scale [T], col_scale [E], wide). The backward is
 // softmax_topk_backward's (the weights are the softmax's; the balancing has no gradient).
-void sinkhorn_topk_forward(const Tensor& logits, int64_t iterations, bool normalize, const Tensor& probs,
+void sinkhorn_topk_forward(const ExecContext& ctx, const Tensor& logits, int64_t iterations, bool normalize, const Tensor& probs,
                            const Tensor& row_scale, const Tensor& col_scale, const Routes& out);
 
 // expert_choice (routing_expert_choice.cpp): p = softmax(logits) (probs [T, E], =); expert
 // e takes the `capacity` tokens of largest p_te (equal: the lower token). Routes of E slots:
 // token t's slot e is e when expert e took it (weight p_te), else -1 (weight 0). The
 // backward is softmax_topk_backward's (not normalized; empty slots carry nothing).
-void expert_choice_forward(const Tensor& logits, int64_t capacity, const Tensor& probs, const Routes& out);
+void expert_choice_forward(const ExecContext& ctx, const Tensor& logits, int64_t capacity, const Tensor& probs, const Routes& out);
 
 // relu (ReMoE; routing_relu.cpp): gates g = max(logits, 0). Routes of E slots: token t's
 // slot e is e when g_te > 0 (weight g_te), else -1 (weight 0); probs [T, E] = g / sum_e g
 // (a row without a gate: 0).
-void relu_route_forward(const Tensor& logits, const Tensor& probs, const Routes& out);
+void relu_route_forward(const ExecContext& ctx, const Tensor& logits, const Tensor& probs, const Routes& out);
 // dlogits [T, E] (=) = [routed: l > 0] (dweights + coef[0] x grad_scale / T): the weights'
 // gradient and the L1 penalty's, coef (wide [1], on the logits' device) its adaptive
 // coefficient.
-void relu_route_backward(const Routes& routes, const Tensor& dweights, const Tensor& coef, double grad_scale,
+void relu_route_backward(const ExecContext& ctx, const Routes& routes, const Tensor& dweights, const Tensor& coef, double grad_scale,
                          const Tensor& dlogits);
 // The L1 penalty's value before its coefficient, mean_t sum_e g_te: returned (the GPU
 // synchronizes), or added (+=) to *sum where logits lives (no synchronization).
-double relu_l1(const Tensor& logits);
-void relu_l1_sum(const Tensor& logits, double* sum);
+double relu_l1(const ExecContext& ctx, const Tensor& logits);
+void relu_l1_sum(const ExecContext& ctx, const Tensor& logits, double* sum);
 // ReMoE's adaptation after an applied step, from its routed pairs per expert (counts i32
 // [E]) over its tokens (f64 [1]): the sparsity 1 - pairs / (tokens E) below the target 1 -
 // k / E (too many experts in use) multiplies coef by `factor`, else divides it; nothing
 // without tokens.
-void relu_l1_update(const Tensor& coef, const Tensor& counts, const Tensor& tokens, int64_t top_k, double factor);
+void relu_l1_update(const ExecContext& ctx, const Tensor& coef, const Tensor& counts, const Tensor& tokens, int64_t top_k, double factor);
 
 // sigmoid_bias (DeepSeek-V3, aux-loss-free): s = sigmoid(logits) (scores [T, E], =); the k
 // experts with the largest s + bias (bias [E], no gradient), from the top_groups of
 // `groups` equal groups whose score is the sum of their two largest s + bias (groups = 1:
 // all experts); weights = s at them (divided by their sum when `normalize`) x scaling.
-void sigmoid_bias_forward(const Tensor& logits, const Tensor& bias, int64_t groups, int64_t top_groups, bool normalize,
+void sigmoid_bias_forward(const ExecContext& ctx, const Tensor& logits, const Tensor& bias, int64_t groups, int64_t top_groups, bool normalize,
                           double scaling, const Tensor& scores, const Routes& out);
-void sigmoid_bias_backward(const Tensor& scores, const Routes& routes, bool normalize, double scaling,
+void sigmoid_bias_backward(const ExecContext& ctx, const Tensor& scores, const Routes& routes, bool normalize, double scaling,
                            const Tensor& dweights, const Tensor& dscores, const Tensor& dlogits);
 
 // sigmoid_bias's distribution for the balance loss: probs [T, E] = scores / their row sums
 // (=); and back, dscores [T, E] (=) from dprobs.
-void row_normalize_forward(const Tensor& scores, const Tensor& probs);
-void row_normalize_backward(const Tensor& scores, const Tensor& probs, const Tensor& dprobs, const Tensor& dscores);
+void row_normalize_forward(const ExecContext& ctx, const Tensor& scores, const Tensor& probs);
+void row_normalize_backward(const ExecContext& ctx, const Tensor& scores, const Tensor& probs, const Tensor& dprobs, const Tensor& dscores);
 
 // sigmoid_bias's balancing step after an applied optimizer step, from the step's routed
 // choices per expert (counts i32 [E], on bias's device): bias [E] += rate x sign(mean -
 // count) (sign_rule) or rate x (mean - count) / mean; nothing when no choice was made.
-void sigmoid_bias_update(const Tensor& bias, const Tensor& counts, bool sign_rule, double rate);
+void sigmoid_bias_update(const ExecContext& ctx, const Tensor& bias, const Tensor& counts, bool sign_rule, double rate);
 
 // The Switch load-balancing loss of one micro-batch: E sum_i f_i P_i, f_i the share of the
 // T k choices that went to expert i (counts i32 [E], on probs' device), P_i the mean of
 // probs [T, E] (each row a distribution over the experts) over the tokens. Returns it
 // (the GPU reads it back: a synchronization); with dprobs defined also adds its gradient x
 // grad_scale (+=; f held fixed).
-double balance_loss(const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs);
+double balance_loss(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs);
 // Its value added (+=) to *sum, a double where probs lives (device memory for GPU
 // tensors): no synchronization.
-void balance_loss_sum(const Tensor& probs, const Tensor& counts, int64_t top_k, double* sum);
+void balance_loss_sum(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double* sum);
 // Its gradient only: dprobs = grad_scale x d(loss)/d(probs) (=: the balance loss is the only
 // gradient probs get from outside the router).
-void balance_loss_backward(const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale,
+void balance_loss_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale,
                            const Tensor& dprobs);
 
 // The router z-loss of one micro-batch: mean over tokens of logsumexp(logits)^2. Returns
 // it (the GPU synchronizes); with dlogits defined also adds its gradient x grad_scale (+=).
-double router_z_loss(const Tensor& logits, double grad_scale, const Tensor& dlogits);
+double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits);
 // Its value added (+=) to *sum (where logits lives; no synchronization), and its gradient
 // only (dlogits +=).
-void router_z_loss_sum(const Tensor& logits, double* sum);
-void router_z_loss_backward(const Tensor& logits, double grad_scale, const Tensor& dlogits);
+void router_z_loss_sum(const ExecContext& ctx, const Tensor& logits, double* sum);
+void router_z_loss_backward(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits);
 
 }  // namespace kiln::ops

@@ -9,8 +9,9 @@
 
 namespace kiln::ops {
 
-void expert_choice_forward(const Tensor& logits, int64_t capacity, const Tensor& probs, const Routes& out) {
+void expert_choice_forward(const ExecContext& ctx, const Tensor& logits, int64_t capacity, const Tensor& probs, const Routes& out) {
   const char* op = "expert_choice";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   routing_detail::check_routes(op, logits, out);
   const int64_t t_count = logits.size(0), e_count = logits.size(1);

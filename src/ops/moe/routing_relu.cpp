@@ -31,8 +31,9 @@ double relu_l1_cpu(const char* op, const Tensor& logits) {
 
 }  // namespace
 
-void relu_route_forward(const Tensor& logits, const Tensor& probs, const Routes& out) {
+void relu_route_forward(const ExecContext& ctx, const Tensor& logits, const Tensor& probs, const Routes& out) {
   const char* op = "relu_route";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   check_relu_routes(op, logits, out);
   expect_same(op, "probs", probs, logits);
@@ -57,9 +58,10 @@ void relu_route_forward(const Tensor& logits, const Tensor& probs, const Routes&
   });
 }
 
-void relu_route_backward(const Routes& routes, const Tensor& dweights, const Tensor& coef, double grad_scale,
+void relu_route_backward(const ExecContext& ctx, const Routes& routes, const Tensor& dweights, const Tensor& coef, double grad_scale,
                          const Tensor& dlogits) {
   const char* op = "relu_route_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dlogits);
   check_relu_routes(op, dlogits, routes);
   expect_same(op, "dweights", dweights, routes.weights);
@@ -79,8 +81,9 @@ void relu_route_backward(const Routes& routes, const Tensor& dweights, const Ten
   });
 }
 
-double relu_l1(const Tensor& logits) {
+double relu_l1(const ExecContext& ctx, const Tensor& logits) {
   const char* op = "relu_l1";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   expect_rank(op, "logits", logits, 2);
   routing_detail::gpu_router_math(op, logits);
@@ -97,8 +100,9 @@ double relu_l1(const Tensor& logits) {
   return relu_l1_cpu(op, logits);
 }
 
-void relu_l1_sum(const Tensor& logits, double* sum) {
+void relu_l1_sum(const ExecContext& ctx, const Tensor& logits, double* sum) {
   const char* op = "relu_l1";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   expect_rank(op, "logits", logits, 2);
   routing_detail::gpu_router_math(op, logits);
@@ -107,8 +111,9 @@ void relu_l1_sum(const Tensor& logits, double* sum) {
   *sum += relu_l1_cpu(op, logits);
 }
 
-void relu_l1_update(const Tensor& coef, const Tensor& counts, const Tensor& tokens, int64_t top_k, double factor) {
+void relu_l1_update(const ExecContext& ctx, const Tensor& coef, const Tensor& counts, const Tensor& tokens, int64_t top_k, double factor) {
   const char* op = "relu_l1_update";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, coef);
   expect_shape(op, "coef", coef, Shape{1});
   routing_detail::gpu_router_math(op, coef);

@@ -15,9 +15,10 @@ constexpr double kSinkhornEps = 1e-8;  // Megatron's: keeps an expert no token w
 
 }  // namespace
 
-void sinkhorn_topk_forward(const Tensor& logits, int64_t iterations, bool normalize, const Tensor& probs,
+void sinkhorn_topk_forward(const ExecContext& ctx, const Tensor& logits, int64_t iterations, bool normalize, const Tensor& probs,
                            const Tensor& row_scale, const Tensor& col_scale, const Routes& out) {
   const char* op = "sinkhorn_topk";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   routing_detail::check_routes(op, logits, out);
   const int64_t t_count = logits.size(0), e_count = logits.size(1), k = out.experts.size(1);

@@ -8,8 +8,9 @@
 
 namespace kiln::ops {
 
-void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s) {
+void adamw_update(const ExecContext& ctx, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s) {
   const char* op = "adamw";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, param);
   expect_same(op, "grad", grad, param);
   expect_same(op, "m", m, param);
@@ -72,7 +73,8 @@ cuda::AdamWTable& table_of(AdamWDeviceTable& table) {
 }  // namespace
 #endif
 
-void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& s, AdamWDeviceTable& table) {
+void adamw_update_all(const ExecContext& ctx, const std::vector<AdamWTensor>& tensors, const AdamWStep& s, AdamWDeviceTable& table) {
+  expect_process_stream("adamw_update_all", ctx);
   if (tensors.empty()) return;
   if (tensors.front().param.device() == Device::cuda) {
 #if KILN_WITH_CUDA
@@ -91,13 +93,14 @@ void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWStep& 
   for (const AdamWTensor& t : tensors) {
     AdamWStep one = s;
     one.weight_decay = t.weight_decay;
-    adamw_update(t.param, t.grad, t.m, t.v, one);
+    adamw_update(ctx, t.param, t.grad, t.m, t.v, one);
   }
 }
 
-void adamw_update_all_on_device(const std::vector<AdamWTensor>& tensors, const AdamWStep& fixed,
+void adamw_update_all_on_device(const ExecContext& ctx, const std::vector<AdamWTensor>& tensors, const AdamWStep& fixed,
                                 const DeviceUpdateScalars* scalars, int group, AdamWDeviceTable& table) {
   const char* op = "adamw";
+  expect_process_stream(op, ctx);
   if (tensors.empty()) return;
   KILN_CHECK(tensors.front().param.device() == Device::cuda, op, "scalars in device memory need GPU tensors");
   KILN_OP_SCOPE(op, tensors.front().param);

@@ -112,8 +112,9 @@ cuda::AdamWLowMemTable& table_of(AdamWLowMemDeviceTable& table) {
 
 }  // namespace
 
-void adamw_lowmem_update_all(AdamWState state, const std::vector<AdamWLowMemTensor>& tensors, const AdamWStep& s,
+void adamw_lowmem_update_all(const ExecContext& ctx, AdamWState state, const std::vector<AdamWLowMemTensor>& tensors, const AdamWStep& s,
                              AdamWLowMemDeviceTable& table) {
+  expect_process_stream("adamw_lowmem_update_all", ctx);
   if (tensors.empty()) return;
   KILN_OP_SCOPE(kOp, tensors.front().param);
   if (tensors.front().param.device() == Device::cuda) {
@@ -140,9 +141,10 @@ void adamw_lowmem_update_all(AdamWState state, const std::vector<AdamWLowMemTens
   }
 }
 
-void adamw_lowmem_update_all_on_device(AdamWState state, const std::vector<AdamWLowMemTensor>& tensors,
+void adamw_lowmem_update_all_on_device(const ExecContext& ctx, AdamWState state, const std::vector<AdamWLowMemTensor>& tensors,
                                        const AdamWStep& fixed, const DeviceUpdateScalars* scalars, int group,
                                        AdamWLowMemDeviceTable& table) {
+  expect_process_stream("adamw_lowmem_update_all_on_device", ctx);
   if (tensors.empty()) return;
   KILN_CHECK(tensors.front().param.device() == Device::cuda, kOp, "scalars in device memory need GPU tensors");
   KILN_OP_SCOPE(kOp, tensors.front().param);

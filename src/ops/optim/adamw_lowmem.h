@@ -8,6 +8,7 @@
 // (ops/optim/adamw_lowmem_math.h). Parameters and gradients are fp32.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
 #include "ops/optim/adamw.h"
 #include "ops/optim/adamw_lowmem_cuda.h"
@@ -32,11 +33,11 @@ using AdamWLowMemDeviceTable = std::shared_ptr<cuda::AdamWLowMemTable>;
 
 // All tensors of one storage format (`state`: bf16 or int8), each with its own weight
 // decay (step.weight_decay is ignored): one launch on the GPU, a loop on the CPU.
-void adamw_lowmem_update_all(AdamWState state, const std::vector<AdamWLowMemTensor>& tensors, const AdamWStep& step,
+void adamw_lowmem_update_all(const ExecContext& ctx, AdamWState state, const std::vector<AdamWLowMemTensor>& tensors, const AdamWStep& step,
                              AdamWLowMemDeviceTable& table);
 
 // The GPU form with its scalars in device memory, as adamw_update_all_on_device.
-void adamw_lowmem_update_all_on_device(AdamWState state, const std::vector<AdamWLowMemTensor>& tensors,
+void adamw_lowmem_update_all_on_device(const ExecContext& ctx, AdamWState state, const std::vector<AdamWLowMemTensor>& tensors,
                                        const AdamWStep& fixed, const DeviceUpdateScalars* scalars, int group,
                                        AdamWLowMemDeviceTable& table);
 

@@ -242,7 +242,8 @@ void check_matrix(const MuonMatrix& mm, size_t i, const Shape& shape, Device dev
 
 }  // namespace
 
-void MuonUpdate::step(const std::vector<MuonMatrix>& matrices, double lr, double grad_scale) {
+void MuonUpdate::step(const ExecContext& ctx, const std::vector<MuonMatrix>& matrices, double lr, double grad_scale) {
+  expect_process_stream(kOp, ctx);
   State& st = *state_;
   KILN_CHECK(matrices.size() == st.shapes.size(), kOp, "{} matrices given, {} planned", matrices.size(),
              st.shapes.size());
@@ -269,8 +270,9 @@ void MuonUpdate::step(const std::vector<MuonMatrix>& matrices, double lr, double
   }
 }
 
-void MuonUpdate::step_on_device(const std::vector<MuonMatrix>& matrices, const DeviceUpdateScalars* scalars,
-                                int group) {
+void MuonUpdate::step_on_device(const ExecContext& ctx, const std::vector<MuonMatrix>& matrices,
+                                const DeviceUpdateScalars* scalars, int group) {
+  expect_process_stream(kOp, ctx);
   State& st = *state_;
   KILN_CHECK(st.device == Device::cuda, kOp, "scalars in device memory need a GPU update");
   KILN_CHECK(scalars != nullptr, kOp, "no device scalars");
@@ -365,8 +367,9 @@ void MuonUpdate::State::run_on_device(const std::vector<MuonMatrix>& matrices, c
 #endif
 }
 
-void newton_schulz(const Tensor& x, int steps, double eps) {
+void newton_schulz(const ExecContext& ctx, const Tensor& x, int steps, double eps) {
   const char* op = "newton_schulz";
+  expect_process_stream(op, ctx);
   expect_rank(op, "x", x, 2);
   KILN_CHECK(steps >= 0, op, "steps must be >= 0, got {}", steps);
   KILN_CHECK(eps > 0, op, "eps must be > 0, got {}", eps);

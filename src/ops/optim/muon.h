@@ -15,6 +15,7 @@
 #pragma once
 
 #include "core/arena.h"
+#include "core/exec_context.h"
 #include "core/tensor.h"
 #include "ops/optim/update_scalars.h"
 
@@ -64,7 +65,7 @@ struct MuonMatrix {
 // computed in that dtype. GPU: f32 in and out, the iteration on bf16 operands with fp32
 // accumulation. Allocates its scratch on each call (a tool and test entry point; the
 // optimizer's update, MuonUpdate, keeps its own).
-void newton_schulz(const Tensor& x, int steps, double eps = 1e-7);
+void newton_schulz(const ExecContext& ctx, const Tensor& x, int steps, double eps = 1e-7);
 
 // The update of a fixed list of matrices (shapes given at construction, in order). Each
 // optimizer instance owns one, with its scratch (CPU) or its workspace and device tables
@@ -97,7 +98,7 @@ class MuonUpdate {
 
   // One update with host scalars (CPU or GPU): lr and grad_scale as given. `matrices`
   // follows the constructor's shapes, in order.
-  void step(const std::vector<MuonMatrix>& matrices, double lr, double grad_scale = 1.0);
+  void step(const ExecContext& ctx, const std::vector<MuonMatrix>& matrices, double lr, double grad_scale = 1.0);
   // The GPU update with its scalars in device memory, read when the kernels run (a
   // captured training step): lr = scalars->group[group].lr, grad_scale =
   // scalars->grad_scale; while scalars->skip != 0 nothing changes (param, momentum).
@@ -105,7 +106,8 @@ class MuonUpdate {
   // device table is rewritten only when the list changes, which bumps the capture
   // generation, core/step_graphs.h). Same kernels as step(): the same bits for the same
   // scalar values.
-  void step_on_device(const std::vector<MuonMatrix>& matrices, const DeviceUpdateScalars* scalars, int group);
+  void step_on_device(const ExecContext& ctx, const std::vector<MuonMatrix>& matrices, const DeviceUpdateScalars* scalars,
+                      int group);
 
   const MuonSettings& settings() const;
   const std::vector<Shape>& shapes() const;

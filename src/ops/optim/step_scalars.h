@@ -4,6 +4,7 @@
 // kernel decides before the optimizer runs. One copy in, one copy out per step.
 #pragma once
 
+#include "core/exec_context.h"
 #include "ops/optim/update_scalars.h"
 
 #include <cstdint>
@@ -38,10 +39,10 @@ struct DeviceStepScalars {
 };
 
 // step_sums += micro_sums, then micro_sums = 0 (after a micro-batch's forward and backward).
-void add_micro_sums_on_device(DeviceStepScalars* scalars);
+void add_micro_sums_on_device(const ExecContext& ctx, DeviceStepScalars* scalars);
 // loss = step_sums[0] / targets, grad_norm = sqrt(grad_sum_squares); the
 // verdict (the fault guard's checks in its order); the update's skip flag and gradient
 // factor (clip / (grad_norm + 1e-6) above the clip, else 1).
-void finish_step_on_device(DeviceStepScalars* scalars);
+void finish_step_on_device(const ExecContext& ctx, DeviceStepScalars* scalars);
 
 }  // namespace kiln::ops

@@ -32,13 +32,13 @@ __global__ void finish_step_kernel(DeviceStepScalars* s) {
 
 }  // namespace
 
-void add_micro_sums_on_device(DeviceStepScalars* scalars) {
-  add_micro_sums_kernel<<<1, 1, 0, cuda::stream()>>>(scalars);
+void add_micro_sums_on_device(const ExecContext& ctx, DeviceStepScalars* scalars) {
+  add_micro_sums_kernel<<<1, 1, 0, cuda::stream(ctx)>>>(scalars);
   cuda::check_launch("device_step", "add_micro_sums_kernel");
 }
 
-void finish_step_on_device(DeviceStepScalars* scalars) {
-  finish_step_kernel<<<1, 1, 0, cuda::stream()>>>(scalars);
+void finish_step_on_device(const ExecContext& ctx, DeviceStepScalars* scalars) {
+  finish_step_kernel<<<1, 1, 0, cuda::stream(ctx)>>>(scalars);
   cuda::check_launch("device_step", "finish_step_kernel");
 }
 

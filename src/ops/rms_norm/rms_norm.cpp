@@ -22,8 +22,9 @@ void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& rs
 }
 }  // namespace
 
-void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
+void rms_norm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
   const char* op = "rms_norm";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(y);
   validate(op, x, w, rstd, mixed);
@@ -51,13 +52,14 @@ void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor
   });
 }
 
-void add_rms_norm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, const Tensor& sum,
+void add_rms_norm_forward(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& w, double eps, const Tensor& sum,
                           const Tensor& y, const Tensor& rstd) {
   const char* op = "add_rms_norm";
+  expect_process_stream(op, ctx);
   const bool fused = is_mixed(y) && a.dtype() == DType::f32 && b.dtype() == DType::bf16;
   if (!fused) {
-    add(a, b, sum);
-    rms_norm_forward(sum, w, eps, y, rstd);
+    add(ctx, a, b, sum);
+    rms_norm_forward(ctx, sum, w, eps, y, rstd);
     return;
   }
   KILN_OP_SCOPE(op, a);
@@ -76,9 +78,10 @@ void add_rms_norm_forward(const Tensor& a, const Tensor& b, const Tensor& w, dou
 #endif
 }
 
-void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+void rms_norm_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                        const Tensor& dw, bool accumulate_dx, const Tensor& dx_copy) {
   const char* op = "rms_norm_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(dy);
   validate(op, x, w, rstd, mixed);
@@ -103,7 +106,7 @@ void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, con
     cuda::rms_norm_backward_f32(x.data<float>(), w.defined() ? w.data<float>() : nullptr, rstd.data<float>(),
                                 dy.data<float>(), x.size(0), x.size(1), dx.data<float>(),
                                 dw.defined() ? dw.data<float>() : nullptr, accumulate_dx, nullptr);
-    if (dx_copy.defined()) convert(dx, dx_copy);
+    if (dx_copy.defined()) convert(ctx, dx, dx_copy);
     return;
 #else
     no_cuda_kernel(op);
@@ -115,7 +118,7 @@ void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, con
                               x.size(0), x.size(1), dx.data<T>(), dw.defined() ? dw.data<T>() : nullptr,
                               accumulate_dx);
   });
-  if (dx_copy.defined()) convert(dx, dx_copy);
+  if (dx_copy.defined()) convert(ctx, dx, dx_copy);
 }
 
 }  // namespace kiln::ops

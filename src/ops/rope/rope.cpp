@@ -18,8 +18,9 @@ std::vector<float> rope_inverse_frequencies(double theta, int64_t head_dim) {
   return inv;
 }
 
-void rope_fill_tables(const std::vector<float>& inv_freq, const Tensor& cos, const Tensor& sin, float scale) {
+void rope_fill_tables(const ExecContext& ctx, const std::vector<float>& inv_freq, const Tensor& cos, const Tensor& sin, float scale) {
   const char* op = "rope_tables";
+  expect_process_stream(op, ctx);
   const int64_t half = static_cast<int64_t>(inv_freq.size());
   expect_rank(op, "cos", cos, 2);
   KILN_CHECK(cos.size(1) >= half, op, "cos must have at least {} columns, got {}", half, cos.describe());
@@ -43,8 +44,9 @@ void rope_fill_tables(const std::vector<float>& inv_freq, const Tensor& cos, con
   });
 }
 
-void rope_apply(const Tensor& x, const Tensor& positions, const Tensor& cos, const Tensor& sin, bool inverse) {
+void rope_apply(const ExecContext& ctx, const Tensor& x, const Tensor& positions, const Tensor& cos, const Tensor& sin, bool inverse) {
   const char* op = "rope";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   expect_rank(op, "x", x, 3);
   expect_shape(op, "positions", positions, Shape{x.size(0)});

@@ -54,7 +54,8 @@ void shuffle(T* fused, T* q, T* k, T* v, int64_t n, int64_t q_cols, int64_t kv_c
 
 }  // namespace
 
-void qkv_split(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v) {
+void qkv_split(const ExecContext& ctx, const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v) {
+  expect_process_stream("qkv_split", ctx);
   validate("qkv_split", qkv, q, k, v);
   KILN_OP_SCOPE("qkv_split", q);
   KILN_ON_CUDA(q, "qkv_split", shuffle_cuda(qkv, q, k, v, true));
@@ -65,7 +66,8 @@ void qkv_split(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor
   });
 }
 
-void qkv_merge(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dqkv) {
+void qkv_merge(const ExecContext& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dqkv) {
+  expect_process_stream("qkv_merge", ctx);
   validate("qkv_merge", dqkv, dq, dk, dv);
   KILN_OP_SCOPE("qkv_merge", dq);
   KILN_ON_CUDA(dq, "qkv_merge", shuffle_cuda(dqkv, dq, dk, dv, false));

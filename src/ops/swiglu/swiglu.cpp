@@ -20,8 +20,9 @@ void validate(const char* op, const Tensor& gate_up, const Tensor& half, const c
 }
 }  // namespace
 
-void swiglu_forward(const Tensor& gate_up, const Tensor& out) {
+void swiglu_forward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& out) {
   const char* op = "swiglu";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, out, "out");
   KILN_ON_CUDA(gate_up, op, {
@@ -50,8 +51,9 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& out) {
 }
 
 // silu(g) = g s(g), s = sigmoid; d silu/dg = s (1 + g (1 - s)).
-void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, const Tensor& out) {
+void swiglu_backward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, const Tensor& out) {
   const char* op = "swiglu_backward";
+  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, dout, "dout");
   expect_shape(op, "dgate_up", dgate_up, gate_up.shape());
