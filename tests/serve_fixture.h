@@ -131,6 +131,15 @@ class RawConnection {
       if (!fill(deadline)) return false;
     return true;
   }
+  // The bytes received up to and including the first `text`, taken from the buffer, or
+  // nullopt if `text` did not come within `seconds`.
+  std::optional<std::string> read_through(const std::string& text, double seconds) {
+    if (!received(text, seconds)) return std::nullopt;
+    const size_t end = buffer_.find(text) + text.size();
+    std::string out = buffer_.substr(0, end);
+    buffer_.erase(0, end);
+    return out;
+  }
   // True when the server closes the connection within `seconds` (what it sent is dropped).
   bool closed_within(double seconds) {
     const auto deadline = after(seconds);

@@ -12,15 +12,29 @@
 #include <fmt/format.h>
 
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <pthread.h>
 #include <thread>
 
 namespace kiln::cli {
 
+namespace {
+
+// "runs/default/model/" -> "model": what a client names the model by default.
+std::string folder_name(const std::string& dir) {
+  std::filesystem::path p(dir);
+  if (p.filename().empty()) p = p.parent_path();
+  const std::string name = std::filesystem::absolute(p).lexically_normal().filename().string();
+  return name.empty() ? "kiln" : name;
+}
+
+}  // namespace
+
 void add_serve_command(CLI::App& app) {
   struct Options {
     std::string model;
+    std::string model_name;
     serve::ServeOptions serve;
     int64_t slots = 8, max_rows = 256, threads = 0;
     bool no_bos = false;
@@ -35,7 +49,8 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--port-file", o->port_file, "also write the bound port to this file");
-  cmd->add_option("--model-name", o->serve.model_name, "model id reported by the API")->capture_default_str();
+  cmd->add_option("--model-name", o->model_name,
+                  "model id the API serves (default: the model folder's name); requests may also name it 'kiln'");
   cmd->add_option("--slots", o->slots, "sequences decoded at once (KV-cache slots)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -83,6 +98,7 @@ void add_serve_command(CLI::App& app) {
                                 "(--api-key or KILN_API_KEY)",
                                 o->serve.host));
     const std::string dir = io::resolve_model_dir(o->model);
+    o->serve.model_name = o->model_name.empty() ? folder_name(dir) : o->model_name;
     io::LoadedModel loaded = io::load_for_decoding(dir, resolve_device(o->device));
     DecoderOptions d;
     d.slots = o->slots;
@@ -95,7 +111,8 @@ void add_serve_command(CLI::App& app) {
     const int port = server.bind();
     // Checked: whoever waits on the port file (a test, a script) would otherwise wait forever.
     if (!o->port_file.empty()) io::replace_file_atomically(o->port_file, fmt::format("{}\n", port), "serve");
-    fmt::print("kiln serve: {} ({} layers, context {}) on http://{}:{} ({} slots, {:.1f} MB KV cache, {}{})\n", dir,
+    fmt::print("kiln serve: {} as '{}' ({} layers, context {}) on http://{}:{} ({} slots, {:.1f} MB KV cache, {}{})\n",
+               dir, o->serve.model_name,
                loaded.config.model.layers, decoder.max_len(), o->serve.host, port, decoder.slots(),
                static_cast<double>(decoder.state_bytes()) / 1e6, device_name(loaded.model->options().device),
                o->serve.api_key.empty() ? "" : ", API key required");

@@ -108,10 +108,42 @@ void Generator::append(Sequence& s, int32_t token) {
     s.result.text.resize(cut);
     return finish(s, "stop");
   }
-  if (static_cast<int64_t>(s.result.tokens.size()) >= s.request.max_tokens) finish(s, "length");
+  if (static_cast<int64_t>(s.result.tokens.size()) >= s.request.max_tokens) return finish(s, "length");
+  if (s.request.on_token) s.request.on_token(s.result);
+}
+
+// Ends the sequences whose `cancelled` flag is set, queued or running, before a step puts
+// them in its forward: a running one's slot goes to the next in the queue this step.
+void Generator::drop_cancelled() {
+  auto is_cancelled = [](const std::unique_ptr<Sequence>& s) {
+    return s->request.cancelled && s->request.cancelled->load(std::memory_order_relaxed);
+  };
+  std::vector<std::unique_ptr<Sequence>> dropped;
+  for (auto it = active_.begin(); it != active_.end();) {
+    if (!is_cancelled(*it)) {
+      ++it;
+      continue;
+    }
+    free_slots_.push_back((*it)->slot);
+    dropped.push_back(std::move(*it));
+    it = active_.erase(it);
+  }
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (!is_cancelled(*it)) {
+      ++it;
+      continue;
+    }
+    dropped.push_back(std::move(*it));
+    it = queue_.erase(it);
+  }
+  for (auto& s : dropped) {
+    finish(*s, "cancelled");
+    if (s->done) s->done(std::move(s->result));
+  }
 }
 
 bool Generator::step() {
+  drop_cancelled();
   while (!queue_.empty() && !free_slots_.empty()) {
     queue_.front()->slot = free_slots_.back();
     free_slots_.pop_back();

@@ -17,13 +17,17 @@
 #include "infer/decoder.h"
 #include "infer/sampling.h"
 
+#include <atomic>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace kiln {
+
+struct GenerationResult;
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;     // token ids, at least one (BOS first if the caller wants it)
@@ -38,6 +42,12 @@ struct GenerationRequest {
   int64_t prompt_logprobs_from = 1;
   bool logprobs = false;           // logprob of each generated token (raw model distribution)
   int64_t top_logprobs = 0;        // alternatives recorded with every logprob above
+  // Streaming: called from step() after each generated token that did not end the sequence,
+  // with the result so far (text cut at stop strings as it stands); `done` reports the end.
+  std::function<void(const GenerationResult&)> on_token;
+  // Set from any thread to end the sequence at the next step() and free its slot at once
+  // (a streaming client that went away); it ends with finish_reason "cancelled".
+  std::shared_ptr<const std::atomic<bool>> cancelled;
 };
 
 struct TokenLogprob {
@@ -49,7 +59,7 @@ struct TokenLogprob {
 struct GenerationResult {
   std::vector<int32_t> tokens;         // generated ids (an ending EOS is not included)
   std::string text;                    // their text, cut before a stop string
-  std::string finish_reason;           // "stop" (EOS or a stop string) | "length" | "error"
+  std::string finish_reason;           // "stop" (EOS or a stop string) | "length" | "error" | "cancelled"
   std::vector<TokenLogprob> prompt_logprobs;  // one per prompt token when asked
   std::vector<TokenLogprob> logprobs;         // one per generated token when asked
   // The EOS that ended the sequence (finish_reason "stop" by EOS), when logprobs were asked:
@@ -100,6 +110,7 @@ class Generator {
   void append(Sequence& s, int32_t token);
   bool argmax_only(const Sequence& s, int64_t position) const;
   void finish(Sequence& s, const char* reason);
+  void drop_cancelled();
 
   Decoder& decoder_;
   const Tokenizer& tokenizer_;

@@ -11,42 +11,43 @@ BatchWorker::BatchWorker(Generator& generator, int64_t max_pending)
 
 BatchWorker::~BatchWorker() { stop(); }
 
-std::vector<std::future<GenerationResult>> BatchWorker::submit(std::vector<GenerationRequest> sequences) {
+void BatchWorker::submit(std::vector<GenerationRequest> sequences, Done done) {
   for (const GenerationRequest& r : sequences) generator_.validate(r);
-  std::vector<std::future<GenerationResult>> futures;
+  auto shared = std::make_shared<Done>(std::move(done));
   {
     std::lock_guard lock(mutex_);
     if (!running_) throw std::length_error("the server is shutting down");
     if (in_flight_ + static_cast<int64_t>(sequences.size()) > max_pending_)
       throw std::length_error("too many sequences queued; try again later");
-    for (GenerationRequest& r : sequences) {
-      std::promise<GenerationResult> promise;
-      futures.push_back(promise.get_future());
-      pending_.emplace_back(std::move(r), std::move(promise));
-    }
+    for (size_t i = 0; i < sequences.size(); ++i)
+      pending_.emplace_back(std::move(sequences[i]), [this, shared, i](GenerationResult&& r) {
+        (*shared)(i, std::move(r));
+        std::lock_guard lock(mutex_);
+        --in_flight_;
+      });
     in_flight_ += static_cast<int64_t>(sequences.size());
   }
   wake_.notify_one();
+}
+
+std::vector<std::future<GenerationResult>> BatchWorker::submit(std::vector<GenerationRequest> sequences) {
+  auto promises = std::make_shared<std::vector<std::promise<GenerationResult>>>(sequences.size());
+  std::vector<std::future<GenerationResult>> futures;
+  for (auto& p : *promises) futures.push_back(p.get_future());
+  submit(std::move(sequences), [promises](size_t i, GenerationResult&& r) { (*promises)[i].set_value(std::move(r)); });
   return futures;
 }
 
 void BatchWorker::loop() {
   for (;;) {
-    std::vector<std::pair<GenerationRequest, std::promise<GenerationResult>>> incoming;
+    std::vector<std::pair<GenerationRequest, Generator::Done>> incoming;
     {
       std::unique_lock lock(mutex_);
       wake_.wait(lock, [&] { return !pending_.empty() || !running_ || !generator_.idle(); });
       if (!running_) break;
       incoming.swap(pending_);
     }
-    for (auto& [request, promise] : incoming) {
-      auto shared = std::make_shared<std::promise<GenerationResult>>(std::move(promise));
-      generator_.submit(std::move(request), [this, shared](GenerationResult&& r) {
-        shared->set_value(std::move(r));
-        std::lock_guard lock(mutex_);
-        --in_flight_;
-      });
-    }
+    for (auto& [request, done] : incoming) generator_.submit(std::move(request), std::move(done));
     const int64_t batch = generator_.active() + generator_.queued();
     try {
       generator_.step();
@@ -61,14 +62,17 @@ void BatchWorker::loop() {
     max_batch_ = std::max(max_batch_, batch);
   }
   generator_.abort("the server is shutting down");
-  std::lock_guard lock(mutex_);
-  for (auto& [request, promise] : pending_) {
+  std::vector<std::pair<GenerationRequest, Generator::Done>> left;
+  {
+    std::lock_guard lock(mutex_);
+    left.swap(pending_);
+  }
+  for (auto& [request, done] : left) {  // unlocked: each done takes the lock to count itself
     GenerationResult r;
     r.error = "the server is shutting down";
     r.finish_reason = "error";
-    promise.set_value(std::move(r));
+    done(std::move(r));
   }
-  pending_.clear();
 }
 
 void BatchWorker::stop() {

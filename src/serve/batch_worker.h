@@ -9,6 +9,7 @@
 #include "infer/generator.h"
 
 #include <condition_variable>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -23,8 +24,14 @@ class BatchWorker {
   BatchWorker(const BatchWorker&) = delete;
   BatchWorker& operator=(const BatchWorker&) = delete;
 
+  // Called on the worker's thread with each sequence's index in the submission and its
+  // result (also at shutdown, with an error).
+  using Done = std::function<void(size_t index, GenerationResult&&)>;
+
   // Validates every sequence first (throws kiln::Error, nothing queued), then queues all
   // of them. Throws std::length_error when the queue is full or the worker has stopped.
+  void submit(std::vector<GenerationRequest> sequences, Done done);
+  // The same, with a future per sequence.
   std::vector<std::future<GenerationResult>> submit(std::vector<GenerationRequest> sequences);
   // Finishes the current step, ends what is left with an error, joins the thread.
   void stop();
@@ -40,7 +47,7 @@ class BatchWorker {
   const int64_t max_pending_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::vector<std::pair<GenerationRequest, std::promise<GenerationResult>>> pending_;
+  std::vector<std::pair<GenerationRequest, Generator::Done>> pending_;
   int64_t in_flight_ = 0;  // submitted and not yet finished
   bool running_ = true;
   int64_t steps_ = 0, max_batch_ = 0;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -14,15 +15,28 @@ using nlohmann::json;
 
 namespace {
 
+// The fields parse_completion_request reads. Any other is ignored (and named in
+// CompletionRequest::ignored_fields), as OpenAI-compatible servers do: clients send fields
+// newer than the server (metadata, service_tier, ...). A field kiln knows but cannot honour
+// (n > 1, penalties, logit_bias, suffix) is refused by name instead: ignoring it would
+// silently answer a different request.
 const std::set<std::string> kCompletionFields = {
-    "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop",
-    "seed", "echo", "logprobs", "n", "best_of", "stream", "ignore_eos", "user", "presence_penalty",
-    "frequency_penalty", "logit_bias", "suffix"};
+    "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "repetition_penalty", "stop", "seed", "echo", "logprobs", "n", "best_of", "stream", "stream_options",
+    "ignore_eos", "user", "presence_penalty", "frequency_penalty", "logit_bias", "suffix"};
 
 void only_fields(const json& body, const std::set<std::string>& known) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
   for (const auto& [key, value] : body.items())
     if (!known.count(key)) throw ApiError(400, fmt::format("unknown field '{}'", key), key);
+}
+
+std::vector<std::string> unknown_fields(const json& body, const std::set<std::string>& known) {
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  std::vector<std::string> unknown;
+  for (const auto& [key, value] : body.items())
+    if (!known.count(key)) unknown.push_back(key);
+  return unknown;
 }
 
 bool present(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
@@ -84,12 +98,26 @@ bool valid_utf8(const std::string& s) {
 
 }  // namespace
 
-json error_body(int status, const std::string& message, const std::string& param) {
+json error_body(int status, const std::string& message, const std::string& param, const std::string& code) {
   return {{"error",
            {{"message", message},
             {"type", status >= 500 ? "server_error" : "invalid_request_error"},
             {"param", param.empty() ? json(nullptr) : json(param)},
-            {"code", status}}}};
+            {"code", code.empty() ? json(status) : json(code)}}}};
+}
+
+void check_model(const json& body, const std::vector<std::string>& served) {
+  if (!body.is_object() || !present(body, "model")) return;
+  if (!body["model"].is_string()) throw ApiError(400, "'model' must be a string", "model");
+  const auto& name = body["model"].get_ref<const std::string&>();
+  if (std::find(served.begin(), served.end(), name) == served.end())
+    throw model_not_found(name, served.empty() ? std::string() : served.front());
+}
+
+ApiError model_not_found(const std::string& name, const std::string& served) {
+  // OpenAI's status, type and code (which clients match on), and the name that would do.
+  return ApiError(404, fmt::format("The model `{}` does not exist; this server serves `{}`", name, served), "model",
+                  "model_not_found");
 }
 
 std::string token_text(const Tokenizer& tokenizer, int32_t id) {
@@ -110,21 +138,40 @@ std::string token_text(const Tokenizer& tokenizer, int32_t id) {
 
 CompletionRequest parse_completion_request(const json& body, const Tokenizer& tokenizer, const ApiLimits& limits,
                                            uint64_t default_seed) {
-  only_fields(body, kCompletionFields);
+  CompletionRequest r;
+  r.ignored_fields = unknown_fields(body, kCompletionFields);
   if (present(body, "model") && !body["model"].is_string()) throw ApiError(400, "'model' must be a string", "model");
-  if (get_int(body, "n", 1, 1, 1) != 1 || get_int(body, "best_of", 1, 1, 1) != 1)
-    throw ApiError(400, "only n = 1 is supported", "n");
-  if (get_bool(body, "stream", false)) throw ApiError(400, "streaming is not supported", "stream");
+  for (const char* key : {"n", "best_of"})
+    if (get_int(body, key, 1, 1, INT64_MAX) != 1)
+      throw ApiError(400, fmt::format("'{}' must be 1: kiln serve returns one completion a prompt", key), key);
   for (const char* key : {"presence_penalty", "frequency_penalty"})
     if (get_number(body, key, 0, -2, 2) != 0)
       throw ApiError(400, fmt::format("'{}' is not supported (use repetition_penalty)", key), key);
   if (present(body, "logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
     throw ApiError(400, "'logit_bias' is not supported", "logit_bias");
-  if (present(body, "suffix")) throw ApiError(400, "'suffix' is not supported", "suffix");
+  if (present(body, "suffix") && !(body["suffix"].is_string() && body["suffix"].get_ref<const std::string&>().empty()))
+    throw ApiError(400, "'suffix' is not supported", "suffix");
   if (present(body, "user") && !body["user"].is_string()) throw ApiError(400, "'user' must be a string", "user");
+  r.stream = get_bool(body, "stream", false);
+  if (present(body, "stream_options")) {
+    const json& o = body["stream_options"];
+    if (!o.is_object()) throw ApiError(400, "'stream_options' must be an object", "stream_options");
+    if (!r.stream) throw ApiError(400, "'stream_options' is only allowed with \"stream\": true", "stream_options");
+    if (present(o, "include_usage") && !o["include_usage"].is_boolean())
+      throw ApiError(400, "'stream_options.include_usage' must be true or false", "stream_options");
+    r.include_usage = present(o, "include_usage") && o["include_usage"].get<bool>();
+    for (const std::string& key : unknown_fields(o, {"include_usage"})) r.ignored_fields.push_back("stream_options." + key);
+  }
+  if (r.stream && present(body, "logprobs"))
+    throw ApiError(400, "'logprobs' is not supported with \"stream\": true", "logprobs");
 
-  CompletionRequest r;
-  const int64_t max_tokens = get_int(body, "max_tokens", 16, 0, limits.context);
+  // max_completion_tokens: the newer name of max_tokens (OpenAI's chat API; clients send it
+  // for completions too). Both given, they must agree.
+  const int64_t max_tokens = get_int(body, "max_tokens", get_int(body, "max_completion_tokens", 16, 0, limits.context),
+                                     0, limits.context);
+  if (present(body, "max_tokens") && present(body, "max_completion_tokens") &&
+      get_int(body, "max_completion_tokens", 0, 0, limits.context) != max_tokens)
+    throw ApiError(400, "'max_tokens' and 'max_completion_tokens' differ; give one", "max_completion_tokens");
   SamplingParams sampling;
   sampling.temperature = get_number(body, "temperature", 1.0, 0, 1e6);
   sampling.top_p = get_number(body, "top_p", 1.0, 0, 1);

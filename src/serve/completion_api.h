@@ -1,12 +1,15 @@
 // The OpenAI-compatible completions API of `kiln serve`: request validation and response
 // formatting, apart from HTTP (serve/server.h) so tests can check them directly.
 //
-// POST /v1/completions accepts (unknown fields are a 400 that names them):
-//   model (string, any), prompt (string | [string] | [int] | [[int]]), max_tokens (>= 0,
-//   default 16), temperature (>= 0, default 1), top_p, top_k, min_p, repetition_penalty,
-//   stop (string | [string]), seed, echo, logprobs (null | 0..max), n / best_of (1 only),
-//   stream (false only), ignore_eos, user, presence_penalty / frequency_penalty (0 only),
-//   logit_bias (empty only), suffix (null only).
+// POST /v1/completions accepts:
+//   model (string: a served name, else 404 model_not_found; check_model), prompt (string |
+//   [string] | [int] | [[int]]), max_tokens or max_completion_tokens (>= 0, default 16),
+//   temperature (>= 0, default 1), top_p, top_k, min_p, repetition_penalty, stop (string |
+//   [string]), seed, echo, logprobs (null | 0..max; not with stream), stream,
+//   stream_options {include_usage}, ignore_eos, user, and, where they change nothing,
+//   n / best_of (1), presence_penalty / frequency_penalty (0), logit_bias ({}), suffix
+//   (null or ""): other values of those are a 400 naming the field. Fields it does not
+//   know are ignored and listed in ignored_fields (the server logs them).
 // String prompts are tokenized with BOS first (as kiln trains); id prompts are taken as
 // given. The legacy logprobs object {tokens, token_logprobs, top_logprobs, text_offset}
 // covers the prompt too when echo is set (first entry null), which is what
@@ -27,10 +30,11 @@ namespace kiln::serve {
 
 // A client error: HTTP status (400, 404, 413, 422, 503 ...) and a message.
 struct ApiError : std::runtime_error {
-  ApiError(int status, const std::string& message, std::string param = "")
-      : std::runtime_error(message), status(status), param(std::move(param)) {}
+  ApiError(int status, const std::string& message, std::string param = "", std::string code = "")
+      : std::runtime_error(message), status(status), param(std::move(param)), code(std::move(code)) {}
   int status;
   std::string param;
+  std::string code;  // OpenAI's error code ("model_not_found"); empty: the status
 };
 
 struct ApiLimits {
@@ -51,6 +55,9 @@ struct CompletionRequest {
   std::vector<std::string> prompt_texts;     // each prompt's text (for echo)
   bool echo = false;
   std::optional<int64_t> logprobs;           // null = no logprobs object
+  bool stream = false;                       // answer as server-sent events (serve/completion_stream.h)
+  bool include_usage = false;                // stream_options.include_usage
+  std::vector<std::string> ignored_fields;   // fields not known, ignored ("stream_options.x" inside it)
 };
 
 // Parses and validates a request body (already JSON). Throws ApiError(400, ...).
@@ -77,6 +84,12 @@ ApiError too_many_detokenize_ids(const ApiLimits& limits);
 // otherwise "bytes:\xNN..." (so every id has a distinct, valid JSON string).
 std::string token_text(const Tokenizer& tokenizer, int32_t id);
 
-nlohmann::json error_body(int status, const std::string& message, const std::string& param = "");
+nlohmann::json error_body(int status, const std::string& message, const std::string& param = "",
+                          const std::string& code = "");
+
+// A request's `model`, when given, must be one of `served` (the served name first):
+// otherwise ApiError 404 with OpenAI's code model_not_found.
+void check_model(const nlohmann::json& body, const std::vector<std::string>& served);
+ApiError model_not_found(const std::string& name, const std::string& served);
 
 }  // namespace kiln::serve

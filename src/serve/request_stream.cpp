@@ -11,6 +11,8 @@ namespace kiln::serve {
 
 namespace {
 
+thread_local RequestStream* serving = nullptr;
+
 void address_of(const sockaddr_storage& addr, socklen_t len, std::string& ip, int& port) {
   char host[NI_MAXHOST] = "", service[NI_MAXSERV] = "";
   if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof(host), service, sizeof(service),
@@ -21,6 +23,10 @@ void address_of(const sockaddr_storage& addr, socklen_t len, std::string& ip, in
 }
 
 }  // namespace
+
+RequestStream* RequestStream::current() { return serving; }
+RequestStream::Serving::Serving(RequestStream& stream) { serving = &stream; }
+RequestStream::Serving::~Serving() { serving = nullptr; }
 
 RequestStream::RequestStream(int fd, std::string request, std::chrono::milliseconds write_timeout)
     : fd_(fd), request_(std::move(request)), write_timeout_(write_timeout) {}
@@ -35,6 +41,11 @@ ssize_t RequestStream::read(char* ptr, size_t size) {
 }
 
 ssize_t RequestStream::write(const char* ptr, size_t size) {
+  if (discarding_ && !write_failed_) return static_cast<ssize_t>(size);
+  return write_raw(ptr, size);
+}
+
+ssize_t RequestStream::write_raw(const char* ptr, size_t size) {
   using Clock = std::chrono::steady_clock;
   if (write_failed_) return -1;
   if (write_deadline_ == Clock::time_point{}) write_deadline_ = Clock::now() + write_timeout_;

@@ -1,11 +1,15 @@
 #include "serve/server.h"
 
 #include "serve/api_key.h"
+#include "serve/completion_stream.h"
+#include "serve/event_stream.h"
 #include "serve/request_stream.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace kiln::serve {
@@ -34,8 +38,9 @@ void reply(httplib::Response& res, int status, const json& body) {
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-void reply_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "") {
-  reply(res, status, error_body(status, message, param));
+void reply_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "",
+                 const std::string& code = "") {
+  reply(res, status, error_body(status, message, param, code));
 }
 
 json parse_body(const httplib::Request& req) {
@@ -71,7 +76,7 @@ void guarded(httplib::Response& res, Fn&& fn) {
   try {
     fn();
   } catch (const ApiError& e) {
-    reply_error(res, e.status, e.what(), e.param);
+    reply_error(res, e.status, e.what(), e.param, e.code);
   } catch (const Error& e) {  // kiln validation (prompt limits, ids, sampling values)
     reply_error(res, 400, e.what());
   } catch (const std::length_error& e) {
@@ -122,18 +127,29 @@ void CompletionServer::routes() {
     guarded(res, [&] {
       const uint64_t n = requests_.fetch_add(1);
       const json body = parse_body(req);
-      const CompletionRequest request = parse_completion_request(body, tokenizer_, options_.limits, n * 1000003 + 17);
+      check_model(body, served_names());
+      CompletionRequest request = parse_completion_request(body, tokenizer_, options_.limits, n * 1000003 + 17);
+      warn_ignored(request.ignored_fields);
+      const std::string id = fmt::format("cmpl-kiln-{}", n);
+      const auto created = std::chrono::duration_cast<std::chrono::seconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+      if (request.stream) {
+        RequestStream& stream = *RequestStream::current();
+        EventStreamOptions o;
+        o.chunked = req.version == "HTTP/1.1";  // chunked framing is HTTP/1.1's
+        o.close = stream.close();
+        o.include_usage = request.include_usage;
+        CompletionChunks format(request, id, options_.model_name, created);
+        stream_generation(stream, *worker_, std::move(request.sequences), format, o);
+        return;
+      }
       std::vector<std::future<GenerationResult>> futures = worker_->submit(request.sequences);
       std::vector<GenerationResult> results;
       for (auto& f : futures) results.push_back(f.get());
       for (const GenerationResult& r : results)
         if (!r.error.empty()) throw std::runtime_error(r.error);
-      const auto created = std::chrono::duration_cast<std::chrono::seconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count();
-      reply(res, 200,
-            completion_response(request, results, tokenizer_, options_.model_name, fmt::format("cmpl-kiln-{}", n),
-                                created));
+      reply(res, 200, completion_response(request, results, tokenizer_, options_.model_name, id, created));
     });
   });
   post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
@@ -150,10 +166,21 @@ void CompletionServer::routes() {
       reply(res, 200, detokenize_response(body, tokenizer_, options_.limits));
     });
   });
-  get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    json model = {{"id", options_.model_name}, {"object", "model"}, {"owned_by", "kiln"},
-                  {"max_model_len", options_.limits.context}};
-    reply(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+  auto model_object = [this](const std::string& id) {
+    return json{{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "kiln"},
+                {"max_model_len", options_.limits.context}};
+  };
+  get("/v1/models", [this, model_object](const httplib::Request&, httplib::Response& res) {
+    reply(res, 200, {{"object", "list"}, {"data", json::array({model_object(options_.model_name)})}});
+  });
+  // An id may hold slashes ("org/name"), so the rest of the path is the id.
+  http_->Get(R"(/v1/models/(.+))", [this, model_object](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] {
+      const std::string id = req.matches[1];
+      const std::vector<std::string> served = served_names();
+      if (std::find(served.begin(), served.end(), id) == served.end()) throw model_not_found(id, served.front());
+      reply(res, 200, model_object(id));
+    });
   });
   // GET /health is answered by RequestIntake before a request reaches a handler; this route
   // is what the 405 answers below know it by.
@@ -193,6 +220,27 @@ void CompletionServer::routes() {
   });
 }
 
+std::vector<std::string> CompletionServer::served_names() const {
+  std::vector<std::string> names = {options_.model_name};
+  for (const std::string& alias : options_.model_aliases)
+    if (alias != options_.model_name) names.push_back(alias);
+  return names;
+}
+
+// Once per field name for the server's life: a client sends the same fields with every
+// request, and a line per request would bury the log.
+void CompletionServer::warn_ignored(const std::vector<std::string>& fields) {
+  std::vector<std::string> fresh;
+  {
+    std::lock_guard lock(warned_mutex_);
+    for (const std::string& f : fields)
+      if (warned_.insert(f).second) fresh.push_back(f);
+  }
+  if (!fresh.empty())
+    warn("serve", fmt::format("ignoring request field{} '{}' (not used by kiln; logged once)",
+                              fresh.size() > 1 ? "s" : "", fmt::join(fresh, "', '")));
+}
+
 int CompletionServer::bind() {
   KILN_CHECK(!socket_, "serve", "bind() twice");
   socket_ = std::make_unique<ListenSocket>(options_.host, options_.port);
@@ -227,13 +275,15 @@ void CompletionServer::handle(ReadyRequest& request) {
   Connection& connection = *request.connection;
   const bool close = !request.head.keep_alive || ++connection.served >= kRequestsPerConnection || stopping_;
   RequestStream stream(connection.fd(), std::move(request.bytes), milliseconds(options_.write_timeout_s));
+  stream.set_close(close);
   bool closed_by_client = false;
   try {
+    RequestStream::Serving serving(stream);
     http_->process_request(stream, close, closed_by_client, nullptr);
   } catch (const std::exception&) {  // httplib catches what handlers throw; anything else drops the connection
     return;
   }
-  if (!close && !closed_by_client && !stream.write_failed()) intake_->resume(std::move(request.connection));
+  if (!stream.close() && !closed_by_client && !stream.write_failed()) intake_->resume(std::move(request.connection));
 }
 
 }  // namespace kiln::serve

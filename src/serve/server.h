@@ -1,8 +1,9 @@
 // `kiln serve`: an OpenAI-compatible completions endpoint for evaluation harnesses, on
 // loopback unless told otherwise.
-//   POST /v1/completions   serve/completion_api.h
+//   POST /v1/completions   serve/completion_api.h; "stream": true as server-sent events
+//                          (serve/event_stream.h, serve/completion_stream.h)
 //   POST /tokenize, /detokenize
-//   GET  /v1/models, /health
+//   GET  /v1/models, /v1/models/{id}, /health
 // Every answer is JSON. Client mistakes (malformed JSON, unknown or ill-typed fields,
 // prompts past the context, too many prompts) are 4xx with {"error": {"message", ...}}
 // (an unknown path 404, a known one asked with the other method 405 with Allow); a body
@@ -27,7 +28,10 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace kiln::serve {
 
@@ -36,7 +40,10 @@ class HttpRouter;
 struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                          // 0 = any free port (see bound_port()); at most 65535
-  std::string model_name = "kiln";
+  std::string model_name = "kiln";         // `kiln serve` sets the model folder's name unless told
+  // A request's `model` may also be one of these (404 model_not_found for any other):
+  // "kiln" was the name every kiln server answered to, and clients configured with it go on.
+  std::vector<std::string> model_aliases = {"kiln"};
   std::string api_key;                      // when set, all but /health need "Authorization: Bearer KEY"
   int64_t threads = 8;                      // HTTP handler threads
   int64_t queue = 256;                      // complete requests waiting for a handler before 503
@@ -72,12 +79,16 @@ class CompletionServer {
  private:
   void routes();
   void handle(ReadyRequest& request);
+  std::vector<std::string> served_names() const;
+  void warn_ignored(const std::vector<std::string>& fields);
 
   const Tokenizer& tokenizer_;
   ServeOptions options_;
   std::unique_ptr<BatchWorker> worker_;
   std::unique_ptr<HttpRouter> http_;
   std::map<std::string, std::string> methods_;  // path -> the method it answers (routes())
+  std::mutex warned_mutex_;
+  std::set<std::string> warned_;  // ignored request fields logged already (once each)
   std::atomic<uint64_t> requests_{0};
   std::atomic<bool> stopping_{false};
   std::unique_ptr<ListenSocket> socket_;

@@ -1,0 +1,38 @@
+#include "serve/completion_stream.h"
+
+namespace kiln::serve {
+
+using nlohmann::json;
+
+CompletionChunks::CompletionChunks(const CompletionRequest& request, std::string id, std::string model,
+                                   int64_t created)
+    : id_(std::move(id)), model_(std::move(model)), created_(created), include_usage_(request.include_usage) {
+  if (request.echo) echo_ = request.prompt_texts;
+}
+
+json CompletionChunks::base() const {
+  return {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_}};
+}
+
+json CompletionChunks::chunk(size_t index, const std::string& text, const std::string* finish_reason) {
+  std::string shown = text;
+  if (index < echo_.size()) shown = std::exchange(echo_[index], std::string()) + text;
+  json c = base();
+  c["choices"] = json::array({{{"index", index},
+                               {"text", shown},
+                               {"logprobs", nullptr},
+                               {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)}}});
+  if (include_usage_) c["usage"] = nullptr;
+  return c;
+}
+
+json CompletionChunks::usage_chunk(int64_t prompt_tokens, int64_t completion_tokens) {
+  json c = base();
+  c["choices"] = json::array();
+  c["usage"] = {{"prompt_tokens", prompt_tokens},
+                {"completion_tokens", completion_tokens},
+                {"total_tokens", prompt_tokens + completion_tokens}};
+  return c;
+}
+
+}  // namespace kiln::serve

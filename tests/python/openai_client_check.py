@@ -1,0 +1,70 @@
+"""The official `openai` client, unchanged, against `kiln serve` on loopback.
+
+Usage: openai_client_check.py PORT MODEL_NAME PROMPT MAX_TOKENS EXPECTED_FILE
+
+EXPECTED_FILE holds `kiln sample`'s greedy continuation of PROMPT. Checks: models.list and
+models.retrieve; completions.create with and without stream=True (the streamed pieces add
+up to the same text, usage last with include_usage); max_completion_tokens through
+extra_body; an unknown model and an unknown id answered with NotFoundError
+model_not_found; a field kiln cannot honour (n=2) refused naming it. Exit 0 when all hold.
+"""
+import sys
+
+import openai
+
+
+def main():
+    port, name, prompt, max_tokens, expected_file = sys.argv[1:6]
+    max_tokens = int(max_tokens)
+    expected = open(expected_file, encoding="utf-8").read()
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+
+    assert [m.id for m in client.models.list().data] == [name]
+    assert client.models.retrieve(name).id == name
+
+    whole = client.completions.create(model=name, prompt=prompt, max_tokens=max_tokens, temperature=0)
+    assert whole.choices[0].text == expected, (whole.choices[0].text, expected)
+
+    text, finish, usage = "", None, None
+    stream = client.completions.create(model=name, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
+    for chunk in stream:
+        assert usage is None, "a chunk after the usage chunk"
+        if chunk.usage is not None:
+            assert chunk.choices == []
+            usage = chunk.usage
+            continue
+        assert finish is None, "a chunk after the one with finish_reason"
+        text += chunk.choices[0].text
+        finish = chunk.choices[0].finish_reason
+    assert text == expected, (text, expected)
+    assert finish == whole.choices[0].finish_reason, (finish, whole.choices[0].finish_reason)
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens, usage
+    # A fast model's tokens may come together in one chunk (the server sends what has
+    # settled when it gets to write), so the count of chunks is not checked.
+
+    plain = "".join(c.choices[0].text for c in client.completions.create(
+        model=name, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True))
+    assert plain == expected, (plain, expected)
+
+    short = client.completions.create(model=name, prompt=prompt, temperature=0,
+                                      extra_body={"max_completion_tokens": 2, "metadata": {"ignored": True}})
+    assert short.usage.completion_tokens <= 2 and expected.startswith(short.choices[0].text), short
+
+    for call in (lambda: client.models.retrieve("not-" + name),
+                 lambda: client.completions.create(model="not-" + name, prompt=prompt, max_tokens=1)):
+        try:
+            call()
+            raise AssertionError("an unknown model was served")
+        except openai.NotFoundError as e:
+            assert e.code == "model_not_found", e
+    try:
+        client.completions.create(model=name, prompt=prompt, max_tokens=1, n=2)
+        raise AssertionError("n=2 was accepted")
+    except openai.BadRequestError as e:
+        assert e.param == "n", e
+    print(f"openai {openai.__version__}: completions, streaming and models agree with kiln sample")
+
+
+if __name__ == "__main__":
+    main()
