@@ -3,9 +3,11 @@
 #include "dist/gloo_communicator.h"
 #include "dist/process_group.h"
 #include "dist/free_port.h"
+#include "dist/rank_progress.h"
 #include "dist/tcp_store.h"
 #include "test_util.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -104,7 +106,9 @@ TEST(Gloo, AllReduceSumAndMaxOfEachTypeAndBroadcast) {
   }
 }
 
-TEST(Gloo, ARankThatNeverComesTimesTheOthersOutNamingTheCollective) {
+// Issue 38: the error named the collective, not the rank it waited for. Rank 1 is alive
+// (its heartbeat goes on) but never calls the collective: named as such.
+TEST(Gloo, ARankThatNeverComesTimesTheOthersOutNamingTheCollectiveAndTheRank) {
   const int world = 2, port = free_loopback_port();
   std::atomic<bool> done{false};
   const auto errors = run_ranks(world, [&](int r) {
@@ -122,7 +126,76 @@ TEST(Gloo, ARankThatNeverComesTimesTheOthersOutNamingTheCollective) {
     }
     done = true;
   });
-  EXPECT_NE(errors[0].find("rank 0 of 2: the collective 'gradients' failed"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find(fmt::format("[dist] rank 0 of 2: the collective 'gradients' (#1) did not finish within "
+                                       "dist.timeout = 0.5 s: rank 1 (pid {} on ", getpid())),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[0].find("never entered it (last entered none yet) but is alive (heartbeat "), std::string::npos)
+      << errors[0];
+}
+
+// The store stamps each write with its age and marks the keys of a connection that closed:
+// what tells a stopped or dead rank from a live one.
+TEST(TcpStore, PeekGivesAKeysAgeAndWhetherItsWriterIsGone) {
+  const int port = free_loopback_port();
+  TcpStore root("127.0.0.1", port, true, 2000ms);
+  EXPECT_EQ(root.peek("k").status, TcpStore::Peek::absent);
+  {
+    TcpStore writer("127.0.0.1", port, false, 2000ms);
+    writer.set("k", "v");
+    root.get("k");
+    const TcpStore::Peek live = root.peek("k");
+    EXPECT_EQ(live.status, TcpStore::Peek::found);
+    EXPECT_EQ(live.value, "v");
+    EXPECT_FALSE(live.writer_gone);
+    std::this_thread::sleep_for(300ms);
+    EXPECT_GE(root.peek("k").age, 300ms);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 2s;
+  while (!root.peek("k").writer_gone && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(root.peek("k").writer_gone);
+}
+
+TEST(RankProgress, RecordsParseAndTheRanksWaitedForAreNamedByState) {
+  EXPECT_FALSE(parse_record("garbage").present);
+  const PeerRecord base = parse_record("1234 hostA 57 57 ok");
+  ASSERT_TRUE(base.present);
+  EXPECT_EQ(base.pid, 1234);
+  EXPECT_EQ(base.host, "hostA");
+  EXPECT_EQ(base.entered, 57);
+  EXPECT_EQ(base.finished, 57);
+  EXPECT_FALSE(base.failed);
+  EXPECT_TRUE(parse_record("1 h 3 3 failed").failed);
+
+  std::vector<PeerRecord> records(4, base);  // rank 0 (self) and rank 1: in #57, alive
+  EXPECT_EQ(describe_waited_for(57, 0, records, 5),
+            "every rank is alive and inside it or an earlier collective (the connection between ranks broke or "
+            "stalled)");
+  records[2].entered = 56;
+  records[2].age_s = 31;  // stopped
+  EXPECT_EQ(describe_waited_for(57, 0, records, 5),
+            "rank 2 (pid 1234 on hostA) sent no heartbeat for 31 s: stopped or hung (at its last heartbeat it had "
+            "entered #56)");
+  records[2].age_s = 0.4;  // alive, busy elsewhere
+  records[2].finished = 56;
+  EXPECT_EQ(describe_waited_for(57, 0, records, 5),
+            "rank 2 (pid 1234 on hostA) never entered it (last entered #56) but is alive (heartbeat 0.4 s ago): slow "
+            "or stuck outside the collectives");
+  records[2].finished = 55;  // still inside #56, waiting like this rank: not the cause
+  EXPECT_EQ(describe_waited_for(57, 0, records, 5),
+            "every rank is alive and inside it or an earlier collective (the connection between ranks broke or "
+            "stalled)");
+  records[2] = base;
+  records[2].age_s = 12;  // stopped inside it
+  records[3].gone = true;
+  records[1].failed = true;  // a fellow waiter that gave up: not the cause
+  records[1].entered = 3;
+  EXPECT_EQ(describe_waited_for(57, 0, records, 5),
+            "rank 2 (pid 1234 on hostA) sent no heartbeat for 12 s: stopped or hung (at its last heartbeat it had entered #57); "
+            "rank 3 (pid 1234 on hostA) died or exited: its connection to the store closed (last entered #57)");
+  records[1] = PeerRecord{};
+  EXPECT_EQ(describe_waited_for(1, 2, std::vector<PeerRecord>(records.begin(), records.begin() + 2), 5),
+            "rank 1 never wrote its progress record");
 }
 
 TEST(ProcessGroup, ARankWhoseTextDiffersIsRefusedOnEveryRank) {

@@ -2,6 +2,7 @@
 // step equals one process's over the same global batch, every launcher's environment
 // starts a run, checkpoints resume at another world size, and a dead, stopped or
 // misconfigured rank ends the run with a clear error rather than a hang.
+#include "dist/free_port.h"
 #include "fault_test_util.h"
 #include "io/safetensors.h"
 
@@ -209,6 +210,79 @@ TEST_F(Distributed, KillingOneRankEndsTheOthersWithAnErrorNamingTheCollective) {
   EXPECT_EQ(status, 1) << log;
   EXPECT_LT(seconds, 30) << log;
   EXPECT_CONTAINS(log, "kiln: error: [dist] rank 0 of 2: the collective '");
+  EXPECT_CONTAINS(log, fmt::format("rank 1 (pid {} on ", ranks[1]));
+  EXPECT_CONTAINS(log, "died or exited: its connection to the store closed");
+}
+
+// Issue 38: the waiting ranks named the collective and dist.timeout, not the rank that
+// hung. Rank 2 of 3 is stopped whole (SIGSTOP: its heartbeat stops too) mid-training;
+// ranks 0 and 1 fail within dist.timeout plus the diagnosis, naming it by rank and pid.
+TEST_F(Distributed, AStoppedRankIsNamedByTheRanksThatTimeOutWaitingForIt) {
+  const std::string out = dir_ + "/frozen";
+  const std::string train = single(out, 1, "--set train.steps=100000 --set dist.timeout=10");
+  const std::vector<pid_t> ranks = spawn_ranks(dir_, test_port(3), {train, train, train});
+  ASSERT_TRUE(wait_for_text(out + "/rank-2.log", "step     3/", 90)) << read_file(dir_ + "/rank0.out");
+  kill(ranks[2], SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  const int status0 = wait_exit(ranks[0], 60), status1 = wait_exit(ranks[1], 60);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  wait_exit(ranks[2], 0);  // SIGKILL ends a stopped process too
+  // Both name rank 2 and neither blames the other. The first waiter to time out closes its
+  // Gloo connections: the other may fail just before its own timeout, and says after how long.
+  const std::string named = fmt::format("rank 2 (pid {} on ", ranks[2]);
+  std::string both;
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = read_file(fmt::format("{}/rank{}.out", dir_, r));
+    EXPECT_EQ(r == 0 ? status0 : status1, 1) << log;
+    EXPECT_CONTAINS(log, fmt::format("kiln: error: [dist] rank {} of 3: the collective '", r));
+    EXPECT_CONTAINS(log, "dist.timeout = 10 s");
+    EXPECT_CONTAINS(log, ": " + named);
+    EXPECT_CONTAINS(log, ") sent no heartbeat for ");
+    EXPECT_CONTAINS(log, " s: stopped or hung (at its last heartbeat it had entered ");
+    EXPECT_EQ(log.find(fmt::format("rank {} (pid", 1 - r)), std::string::npos) << log;
+    both += log;
+  }
+  EXPECT_CONTAINS(both, "did not finish within dist.timeout = 10 s: " + named);
+  EXPECT_LT(seconds, 10 + 15);  // rank 0 stays up to 5 s for rank 1 to read the store
+}
+
+// Rank 0 stopped: its process serves the store the records are in, so the others cannot
+// read them; they say that rank 0 does not answer.
+TEST_F(Distributed, AStoppedRankZeroIsNamedAsTheStoreThatDoesNotAnswer) {
+  const std::string out = dir_ + "/frozen0";
+  const std::string train = single(out, 1, "--set train.steps=100000 --set dist.timeout=6");
+  const std::vector<pid_t> ranks = spawn_ranks(dir_, dist::free_loopback_port(), {train, train});
+  ASSERT_TRUE(wait_for_text(out + "/rank-1.log", "step     3/", 90)) << read_file(dir_ + "/rank0.out");
+  kill(ranks[0], SIGSTOP);
+  const int status = wait_exit(ranks[1], 60);
+  wait_exit(ranks[0], 0);
+  const std::string log = read_file(dir_ + "/rank1.out");
+  EXPECT_EQ(status, 1) << log;
+  EXPECT_CONTAINS(log, fmt::format("did not finish within dist.timeout = 6 s: rank 0 (pid {} on ", ranks[0]));
+  EXPECT_CONTAINS(log, "whose process serves the run's store, did not answer it within 3 s: stopped or hung");
+}
+
+// A rank alive but busy outside the collectives (here a 10-minute step) is named as such,
+// not as stopped: its heartbeat goes on.
+TEST_F(Distributed, ARankSlowOutsideTheCollectivesIsNamedAsAliveButNotThere) {
+  const std::string out = dir_ + "/slow";
+  const std::string train = single(out, 1, "--set train.steps=100000 --set dist.timeout=6");
+  const std::vector<pid_t> ranks = spawn_ranks(dir_, dist::free_loopback_port(),
+                                               {train, train, "env KILN_FAULT_INJECT=step_delay_ms:600000 " + train});
+  const int status0 = wait_exit(ranks[0], 90), status1 = wait_exit(ranks[1], 30);
+  wait_exit(ranks[2], 0);
+  const std::string named = fmt::format("rank 2 (pid {} on ", ranks[2]);
+  std::string both;
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = read_file(fmt::format("{}/rank{}.out", dir_, r));
+    EXPECT_EQ(r == 0 ? status0 : status1, 1) << log;
+    EXPECT_CONTAINS(log, "dist.timeout = 6 s");
+    EXPECT_CONTAINS(log, ": " + named);
+    EXPECT_CONTAINS(log, ") but is alive (heartbeat ");
+    EXPECT_EQ(log.find(fmt::format("rank {} (pid", 1 - r)), std::string::npos) << log;
+    both += log;
+  }
+  EXPECT_CONTAINS(both, "did not finish within dist.timeout = 6 s: " + named);
 }
 
 TEST_F(Distributed, SigtermToOneRankCheckpointsEveryRankAtOneStepAndExitsZero) {

@@ -2,11 +2,15 @@
 
 #include "core/error.h"
 
+#include <fmt/format.h>
+
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
 
 namespace kiln::dist {
 
@@ -58,8 +62,8 @@ void run_all_reduce(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
 }  // namespace
 
 GlooCommunicator::GlooCommunicator(TcpStore& store, const GlooEndpoint& endpoint, int rank, int world_size,
-                                   std::chrono::milliseconds timeout)
-    : rank_(rank), world_size_(world_size), timeout_(timeout) {
+                                   std::chrono::milliseconds timeout, RankProgress& progress)
+    : rank_(rank), world_size_(world_size), timeout_(timeout), progress_(progress) {
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = endpoint.host;
@@ -79,32 +83,58 @@ GlooCommunicator::GlooCommunicator(TcpStore& store, const GlooEndpoint& endpoint
 
 GlooCommunicator::~GlooCommunicator() = default;
 
-void GlooCommunicator::lost(std::string_view what, const std::exception& e) const {
-  fail("dist", "rank {} of {}: the collective '{}' failed (a rank died, hung past dist.timeout = {} s, or "
-       "disagrees on the step): {}", rank_, world_size_, what, timeout_.count() / 1000.0, e.what());
+int64_t GlooCommunicator::enter() {
+  const int64_t seq = static_cast<int64_t>(tag_) + 1;
+  progress_.enter(seq);
+  return seq;
+}
+
+// Waited out dist.timeout, or a peer's connection broke (a rank died, or a fellow waiter
+// timed out first and closed it): either way the line names the rank(s) the collective
+// waited for, from every rank's progress record; Gloo's own words only when none is.
+void GlooCommunicator::lost(std::string_view what, int64_t seq, std::chrono::steady_clock::time_point entered,
+                            const std::exception& e) const {
+  const auto waited = std::chrono::steady_clock::now() - entered;
+  const RankProgress::Diagnosis found = progress_.diagnose(seq, waited >= timeout_);
+  std::string cause;
+  if (!found.named) {
+    cause = fmt::format(" (Gloo: {})", e.what());
+    std::replace(cause.begin(), cause.end(), '\n', ' ');
+  }
+  const double timeout_s = static_cast<double>(timeout_.count()) / 1000.0;
+  if (waited >= timeout_)
+    fail("dist", "rank {} of {}: the collective '{}' (#{}) did not finish within dist.timeout = {} s: {}{}", rank_,
+         world_size_, what, seq, timeout_s, found.text, cause);
+  fail("dist", "rank {} of {}: the collective '{}' (#{}) failed after {:.1f} s (dist.timeout = {} s): {}{}", rank_,
+       world_size_, what, seq, std::chrono::duration<double>(waited).count(), timeout_s, found.text, cause);
 }
 
 void GlooCommunicator::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, std::string_view what) {
   if (count == 0) return;
+  const auto entered = std::chrono::steady_clock::now();
+  const int64_t seq = enter();
   try {
     const std::shared_ptr<gloo::Context>& c = context_;
     const uint32_t tag = tag_++;
     switch (dtype) {
-      case DType::f32: return run_all_reduce<float>(c, tag, timeout_, data, count, op);
-      case DType::f64: return run_all_reduce<double>(c, tag, timeout_, data, count, op);
-      case DType::i32: return run_all_reduce<int32_t>(c, tag, timeout_, data, count, op);
-      case DType::i64: return run_all_reduce<int64_t>(c, tag, timeout_, data, count, op);
+      case DType::f32: run_all_reduce<float>(c, tag, timeout_, data, count, op); break;
+      case DType::f64: run_all_reduce<double>(c, tag, timeout_, data, count, op); break;
+      case DType::i32: run_all_reduce<int32_t>(c, tag, timeout_, data, count, op); break;
+      case DType::i64: run_all_reduce<int64_t>(c, tag, timeout_, data, count, op); break;
       default: fail("dist", "all_reduce '{}': no Gloo reduction for {}", what, dtype_name(dtype));
     }
+    progress_.finish(seq);
   } catch (const kiln::Error&) {
     throw;
   } catch (const std::exception& e) {
-    lost(what, e);
+    lost(what, seq, entered, e);
   }
 }
 
 void GlooCommunicator::broadcast(void* data, int64_t bytes, int root, std::string_view what) {
   if (bytes == 0) return;
+  const auto entered = std::chrono::steady_clock::now();
+  const int64_t seq = enter();
   try {
     gloo::BroadcastOptions opts(context_);
     opts.setOutput(static_cast<uint8_t*>(data), static_cast<size_t>(bytes));
@@ -112,10 +142,11 @@ void GlooCommunicator::broadcast(void* data, int64_t bytes, int root, std::strin
     opts.setTag(tag_++);
     opts.setTimeout(timeout_);
     gloo::broadcast(opts);
+    progress_.finish(seq);
   } catch (const kiln::Error&) {
     throw;
   } catch (const std::exception& e) {
-    lost(what, e);
+    lost(what, seq, entered, e);
   }
 }
 

@@ -42,8 +42,10 @@ std::chrono::milliseconds collective_timeout(double seconds) {
 ProcessGroup::ProcessGroup(const ProcessPlacement& placement, Device device, std::chrono::milliseconds timeout)
     : placement_(placement), timeout_(timeout) {
   store_ = std::make_unique<TcpStore>(placement.master_addr, placement.master_port, placement.rank == 0, timeout);
+  progress_ = std::make_unique<RankProgress>(*store_, placement.master_addr, placement.master_port, placement.rank,
+                                             placement.world_size, timeout);
   host_ = std::make_unique<GlooCommunicator>(*store_, gloo_endpoint(placement), placement.rank, placement.world_size,
-                                             timeout);
+                                             timeout, *progress_);
   if (device == Device::cuda) {
 #if KILN_WITH_CUDA
     select_cuda_device(placement.local_rank);

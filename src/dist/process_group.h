@@ -6,6 +6,7 @@
 
 #include "dist/communicator.h"
 #include "dist/process_env.h"
+#include "dist/rank_progress.h"
 #include "dist/tcp_store.h"
 
 #include <chrono>
@@ -40,6 +41,7 @@ class ProcessGroup {
   ProcessPlacement placement_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<TcpStore> store_;
+  std::unique_ptr<RankProgress> progress_;  // after the store, before the communicators that use it
   std::unique_ptr<Communicator> host_, device_;
 };
 

@@ -24,10 +24,12 @@ namespace kiln::dist {
 
 namespace {
 
-// A request: op (1 byte: 'S' set, 'G' get), key length, key, then for 'S' the value's
-// length and the value. A get is answered with the value's length and the value once the
-// key exists. Lengths are 32-bit, host order (every rank runs this same program).
-constexpr char kSet = 'S', kGet = 'G';
+// A request: op (1 byte: 'S' set, 'G' get, 'P' peek), key length, key, then for 'S' the
+// value's length and the value. A get is answered with the value's length and the value
+// once the key exists; a peek at once, with a byte saying whether the key exists and, if
+// so, the value, its age (ms, int64) and a byte saying whether the connection that set it
+// has closed. Lengths are 32-bit, host order (every rank runs this same program).
+constexpr char kSet = 'S', kGet = 'G', kPeek = 'P';
 
 enum class ReadResult { done, closed, timed_out };
 
@@ -152,7 +154,15 @@ class TcpStore::Server {
     }
   }
 
+  // When a connection ends, the keys it set last are marked: their writer died or exited.
   void serve(int fd) {
+    talk(fd);
+    std::lock_guard lock(mutex_);
+    for (auto& [key, stamp] : stamps_)
+      if (stamp.writer == fd) stamp.writer_gone = true;
+  }
+
+  void talk(int fd) {
     for (;;) {
       char op = 0;
       std::string key, value;
@@ -162,6 +172,7 @@ class TcpStore::Server {
         {
           std::lock_guard lock(mutex_);
           values_[key] = std::move(value);
+          stamps_[key] = {std::chrono::steady_clock::now(), fd, false};
         }
         changed_.notify_all();
       } else if (op == kGet) {
@@ -171,6 +182,23 @@ class TcpStore::Server {
         value = values_[key];
         lock.unlock();
         if (!write_string(fd, value)) return;
+      } else if (op == kPeek) {
+        std::string reply;
+        {
+          std::lock_guard lock(mutex_);
+          const auto found = values_.find(key);
+          reply.push_back(found != values_.end() ? 1 : 0);
+          if (found != values_.end()) {
+            const Stamp& stamp = stamps_[key];
+            const auto n = static_cast<uint32_t>(found->second.size());
+            const int64_t age = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::steady_clock::now() - stamp.when).count();
+            reply.append(reinterpret_cast<const char*>(&n), sizeof(n)).append(found->second);
+            reply.append(reinterpret_cast<const char*>(&age), sizeof(age));
+            reply.push_back(stamp.writer_gone ? 1 : 0);
+          }
+        }
+        if (!write_exact(fd, reply.data(), reply.size())) return;
       } else {
         return;  // not a kiln rank: drop it
       }
@@ -182,6 +210,13 @@ class TcpStore::Server {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::map<std::string, std::string> values_;
+  // When each key was last set, on this (rank 0's) clock, and by which connection.
+  struct Stamp {
+    std::chrono::steady_clock::time_point when;
+    int writer = -1;
+    bool writer_gone = false;
+  };
+  std::map<std::string, Stamp> stamps_;
   std::vector<int> clients_;
   std::vector<std::thread> handlers_;
   bool stopping_ = false;
@@ -270,6 +305,38 @@ std::string TcpStore::get(const std::string& key) {
   std::string value(n, '\0');
   receive_all(value.data(), n, key);
   return value;
+}
+
+TcpStore::Peek TcpStore::peek(const std::string& key) {
+  std::string request(1, kPeek);
+  const auto k = static_cast<uint32_t>(key.size());
+  request.append(reinterpret_cast<const char*>(&k), sizeof(k)).append(key);
+  Peek out;
+  if (!write_exact(socket_, request.data(), request.size())) {
+    out.status = Peek::lost;
+    return out;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  auto read = [&](void* data, size_t bytes) {
+    const ReadResult r = read_exact(socket_, data, bytes, deadline);
+    if (r != ReadResult::done) out.status = r == ReadResult::timed_out ? Peek::timed_out : Peek::lost;
+    return r == ReadResult::done;
+  };
+  char found = 0, gone = 0;
+  uint32_t n = 0;
+  int64_t age = 0;
+  if (!read(&found, 1)) return out;
+  if (found == 0) {
+    out.status = Peek::absent;
+    return out;
+  }
+  if (!read(&n, sizeof(n))) return out;
+  out.value.resize(n);
+  if (!read(out.value.data(), n) || !read(&age, sizeof(age)) || !read(&gone, 1)) return out;
+  out.status = Peek::found;
+  out.age = std::chrono::milliseconds(age);
+  out.writer_gone = gone != 0;
+  return out;
 }
 
 }  // namespace kiln::dist
