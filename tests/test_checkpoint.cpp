@@ -87,7 +87,7 @@ struct Trained {
     BuildOptions o;
     o.max_tokens = c.train.micro_batch_tokens;
     model = std::make_unique<Model>(c.model, o);
-    optimizer = make_optimizer(model->exec(), c.optim, model->parameters());
+    optimizer = make_optimizer(model->exec(), c.optim, model->parameters(), 1.0);
     optimizer->plan(state);
     model->allocate();
     state.allocate();

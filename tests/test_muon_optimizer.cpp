@@ -37,7 +37,7 @@ TEST(MuonOptimizer, TakesTheMatricesAndLeavesTheRestToAdamW) {
   Model m(moe_tiny(), tiny_build());
   OptimConfig c;
   c.name = "muon";
-  const std::vector<OptimizerGroup> groups = group_parameters(c, m.parameters());
+  const std::vector<OptimizerGroup> groups = group_parameters(c, m.parameters(), 1.0);
   ASSERT_EQ(groups.size(), 3u);
   EXPECT_EQ(groups[0].optimizer, "adamw");
   EXPECT_EQ(groups[0].roles, (std::vector<ParamRole>{ParamRole::embedding, ParamRole::router, ParamRole::norm,
@@ -55,7 +55,7 @@ TEST(MuonOptimizer, ARoleOfVectorsIsRefusedNamingItsKey) {
   Model m(moe_tiny(), tiny_build());
   OptimConfig c;
   c.norm.optimizer = "muon";
-  const std::string e = test::error_of([&] { group_parameters(c, m.parameters()); });
+  const std::string e = test::error_of([&] { group_parameters(c, m.parameters(), 1.0); });
   EXPECT_NE(e.find("optim.norm.optimizer: muon updates 2-D matrices only, but role norm holds"), std::string::npos) << e;
 }
 
@@ -67,7 +67,7 @@ std::vector<std::vector<double>> first_updates(const std::string& scale, double 
   c.matrix.weight_decay = c.expert.weight_decay = 0;
   c.muon.scale = scale;
   Arena state("optimizer", Device::cpu);
-  auto optimizer = make_optimizer(m.exec(), c, m.parameters());
+  auto optimizer = make_optimizer(m.exec(), c, m.parameters(), 1.0);
   optimizer->plan(state);
   m.allocate();
   state.allocate();

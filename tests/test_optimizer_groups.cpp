@@ -69,7 +69,7 @@ TEST(OptimizerGroups, EachComponentGivesItsParametersTheirRole) {
 TEST(OptimizerGroups, DefaultsSplitDecayedFromUndecayedRolesUnderAdamW) {
   Model m(every_role_config(), tiny_build());
   const OptimConfig c;
-  const std::vector<OptimizerGroup> groups = group_parameters(c, m.parameters());
+  const std::vector<OptimizerGroup> groups = group_parameters(c, m.parameters(), 1.0);
   ASSERT_EQ(groups.size(), 2u);
   // The embedding comes first, so its (undecayed) group is group 0.
   EXPECT_EQ(groups[0].roles, (std::vector<ParamRole>{ParamRole::embedding, ParamRole::router, ParamRole::norm,
@@ -94,7 +94,7 @@ TEST(OptimizerGroups, ARoleWithItsOwnSettingsGetsItsOwnGroup) {
   OptimConfig c;
   c.router.lr_scale = 0.5;
   c.expert.beta2 = 0.99;
-  const std::vector<OptimizerGroup> groups = group_parameters(c, m.parameters());
+  const std::vector<OptimizerGroup> groups = group_parameters(c, m.parameters(), 1.0);
   ASSERT_EQ(groups.size(), 4u);
   EXPECT_EQ(groups[2].roles, std::vector<ParamRole>{ParamRole::expert});
   EXPECT_EQ(groups[2].beta2, 0.99);
@@ -107,12 +107,12 @@ TEST(OptimizerGroups, AnUnknownOptimizerIsRefusedNamingItsKey) {
   Model m(every_role_config(), tiny_build());
   OptimConfig c;
   c.norm.optimizer = "sgd";
-  EXPECT_NE(test::error_of([&] { group_parameters(c, m.parameters()); })
+  EXPECT_NE(test::error_of([&] { group_parameters(c, m.parameters(), 1.0); })
                 .find("optim.norm.optimizer: unknown optimizer 'sgd'"),
             std::string::npos);
   c = OptimConfig();
   c.name = "lion";
-  EXPECT_NE(test::error_of([&] { group_parameters(c, m.parameters()); }).find("optim.name: unknown optimizer 'lion'"),
+  EXPECT_NE(test::error_of([&] { group_parameters(c, m.parameters(), 1.0); }).find("optim.name: unknown optimizer 'lion'"),
             std::string::npos);
 }
 
@@ -123,7 +123,7 @@ struct OneStep {
 OneStep one_step(const OptimConfig& c) {
   Model m(every_role_config(), tiny_build());
   Arena state("optimizer", Device::cpu);
-  auto optimizer = make_optimizer(m.exec(), c, m.parameters());
+  auto optimizer = make_optimizer(m.exec(), c, m.parameters(), 1.0);
   optimizer->plan(state);
   m.allocate();
   state.allocate();

@@ -132,6 +132,15 @@ TEST(Presets, SparkgptCountsEqualSeed004s) {
   EXPECT_EQ(at(moe.active, 1e5), 507);  // 50.7M
 }
 
+// Seed 004 always trains with muP, its learning rate tuned at width 256 (docs/mup.md).
+TEST(Presets, SparkgptTurnsMupOnAtBaseWidth256) {
+  for (const char* name : {"sparkgpt-50m", "sparkgpt-moe-8x2"}) {
+    const Config config = load_config(preset_path(name));
+    EXPECT_EQ(config.model.mup_base_width, 256) << name;
+    EXPECT_FALSE(config.model.tie_embeddings) << name;
+  }
+}
+
 // Qwen3-0.6B's model card: 0.6B parameters, 0.44B non-embedding (the embedding tied to the
 // head, so counted once; the hub's 752M counts the stored lm_head.weight again).
 TEST(Presets, Qwen3SmallCountsEqualItsModelCard) {

@@ -9,6 +9,7 @@
 #include "core/op_profiler.h"
 #include "core/rng.h"
 #include "model/model.h"
+#include "nn/mup.h"
 #include "ops/blas.h"
 #include "ops/parallel.h"
 #include "train/device_step.h"
@@ -101,7 +102,8 @@ void add_bench_command(CLI::App& app) {
     const BuildOptions build = training_build_options(config, device);
     Model model(config.model, build);
     Arena optimizer_state("optimizer", device);
-    auto optimizer = make_optimizer(model.exec(), config.optim, model.parameters());
+    auto optimizer =
+        make_optimizer(model.exec(), config.optim, model.parameters(), mup_width_ratio(config.model));
     optimizer->plan(optimizer_state);
     size_t free_before = 0, total = 0;
     cuda_memory_info(&free_before, &total);

@@ -9,6 +9,7 @@
 #include "config/config_fields.h"
 #include "config/layer_pattern.h"
 #include "data/tokenizer.h"
+#include "nn/mup.h"
 
 // Debian's libtomlplusplus-dev ships <toml++/toml.h>; upstream also has toml.hpp.
 #if __has_include(<toml++/toml.hpp>)
@@ -476,6 +477,7 @@ void validate_config(const Config& config) {
              "model.moe.top_k ({}) exceeds the experts of model.moe.top_groups ({} of {} experts each)", moe.top_k,
              moe.top_groups, moe.experts / moe.groups);
   validate_moe_router(config);
+  check_mup(m);
   KILN_CHECK(m.max_seq_len <= config.train.micro_batch_tokens, kWhere,
              "model.max_seq_len ({}) must be <= train.micro_batch_tokens ({})", m.max_seq_len,
              config.train.micro_batch_tokens);

@@ -88,6 +88,10 @@ struct ModelConfig {
   double embed_dropout = 0.0;
   bool attention_bias = false;     // bias on q/k/v projections (Qwen2-style)
   double init_std = 0.02;
+  // muP (docs/mup.md): the width the hyperparameters were tuned at; hidden init std, residual
+  // writers, the LM head's init and AdamW learning rates then scale with hidden / this, so
+  // they transfer across widths. 0 = off.
+  int64_t mup_base_width = 0;
   int64_t sliding_window = 0;      // query i sees keys j with i - j < window; 0 = full causal
   // Per-layer patterns, each a layer set (config/layer_pattern.h: "3", "0-5", "every:4",
   // "first:2", "from:2", "all", "~..." for the complement, "" for none).

@@ -78,6 +78,8 @@ const std::array kFields = {
     KILN_FIELD(model, embed_scale, positive(), "the embedding's output x this (Gemma: sqrt(hidden)); 1 = none"),
     KILN_FIELD(model, attention_bias, none(), "bias on q/k/v projections"),
     KILN_FIELD(model, init_std, non_negative(), "std of the normal weight init"),
+    KILN_FIELD(model, mup_base_width, non_negative(),
+               "muP: the width hyperparameters were tuned at (docs/mup.md); 0 = off"),
     KILN_FIELD(model, sliding_window, non_negative(), "attention window in tokens; 0 = full causal"),
     KILN_FIELD(model, full_attention_layers, none(), "layer set exempt from sliding_window, e.g. \"every:6\""),
     KILN_FIELD(model, nope_layers, none(), "layer set without model.position (NoPE layers)"),

@@ -25,6 +25,9 @@ class Backbone {
   // tokens i32 [T] -> hidden [T, hidden] (compute dtype), T <= the planned rows.
   void forward(const Tensor& tokens, const SeqInfo& seq);
   const Tensor& hidden() const { return hidden_; }  // [planned rows, hidden]
+  // The residual stream of the last forward, [planned rows, hidden]: the input of block l,
+  // or for l = model.layers the final norm's input (diagnostics: the muP coordinate check).
+  const Tensor& residual(int64_t l) const { return residual_.at(static_cast<size_t>(l)); }
   // d(hidden) for the rows of the last forward, written by the heads (=), compute dtype.
   const Tensor& dhidden() const { return dhidden_; }
   // Backward of the last forward from dhidden: parameter gradients accumulate (+=). The

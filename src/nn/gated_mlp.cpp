@@ -9,6 +9,7 @@
 // gate|up product, the residual add into the down product).
 #include "core/op_profiler.h"
 #include "nn/modules.h"
+#include "nn/mup.h"
 #include "ops/geglu/geglu.h"
 #include "ops/linear/linear.h"
 #include "ops/swiglu/swiglu.h"
@@ -103,9 +104,9 @@ class GatedMlp final : public Mlp {
     ctx.fused_parameter(gate_up_w_, gate_up_g_,
                         {{n("gate_proj.weight", "gate_proj.weight", "ffn_gate.weight"), f},
                          {n("up_proj.weight", "up_proj.weight", "ffn_up.weight"), f}},
-                        m.hidden, ParamRole::matrix, Init::normal(m.init_std));
+                        m.hidden, ParamRole::matrix, Init::normal(hidden_init_std(m)));
     ctx.parameter(down_w_, down_g_, n("down_proj.weight", "down_proj.weight", "ffn_down.weight"), Shape{m.hidden, f},
-                  ParamRole::matrix, Init::normal(m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers))));
+                  ParamRole::matrix, Init::normal(residual_init_std(m)));
     ctx.saved(gate_up_, Shape{t, 2 * f});
     // Forward scratch: the activation [t, f]. Backward: d(act) [t, f] (then the activation
     // again, in place) and d(gate_up) [t, 2f].

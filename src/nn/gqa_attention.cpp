@@ -1,5 +1,6 @@
 #include "nn/gqa_attention.h"
 
+#include "nn/mup.h"
 #include "ops/dyt/dyt.h"
 #include "ops/gemma_rms_norm/gemma_rms_norm.h"
 #include "ops/linear/linear.h"
@@ -27,7 +28,7 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
                           {{n("q_proj.weight", "q_proj.weight", "attn_q.weight", rope_rows), q_cols},
                            {n("k_proj.weight", "k_proj.weight", "attn_k.weight", rope_rows), kv_cols},
                            {n("v_proj.weight", "v_proj.weight", "attn_v.weight"), kv_cols}},
-                          m.hidden, ParamRole::matrix, Init::normal(m.init_std));
+                          m.hidden, ParamRole::matrix, Init::normal(hidden_init_std(m)));
   if (m.attention_bias)
     ctx.fused_parameter(qkv_b_, qkv_bg_,
                         {{n("q_proj.bias", "q_proj.bias", "attn_q.bias"), q_cols},
@@ -36,7 +37,7 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
                         0, ParamRole::bias, Init::zeros());
   // Output projection: scaled init keeps the residual stream's variance flat in depth.
   ctx.parameter(o_w_, o_g_, n("o_proj.weight", "o_proj.weight", "attn_output.weight"), Shape{m.hidden, q_cols},
-                ParamRole::matrix, Init::normal(m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers))));
+                ParamRole::matrix, Init::normal(residual_init_std(m)));
   options_.deterministic = ctx.deterministic;
   options_.window = layer.choices.window;
   options_.softcap = m.attention_softcap;

@@ -2,6 +2,7 @@
 
 #include "config/config.h"
 #include "core/op_profiler.h"
+#include "nn/mup.h"
 
 #if KILN_WITH_CUDA
 #include "ops/cross_entropy/cross_entropy_cuda.h"
@@ -17,9 +18,12 @@ LmHead::LmHead(BuildContext& ctx, const ModelConfig& m, const Tensor& embed, con
                const LmHeadSpec& spec, int first_slot)
     : exec_(ctx.exec), tied_(m.tie_embeddings), softcap_(m.logit_softcap), spec_(spec), embed_(embed), embed_grad_(embed_grad),
       first_slot_(first_slot) {
+  check_mup(m);
+  // muP: a zero head, so the logits start at 0 and move at a width-independent rate.
   if (!tied_)
     ctx.parameter(weight_, grad_, ParamName{"lm_head.weight", "lm_head.weight", "output.weight"},
-                  Shape{m.vocab_size, m.hidden}, ParamRole::head, Init::normal(m.init_std));
+                  Shape{m.vocab_size, m.hidden}, ParamRole::head,
+                  mup_enabled(m) ? Init::zeros() : Init::normal(m.init_std));
   const int64_t chunk = std::min(spec.chunk_rows, ctx.max_tokens);
   spec_.chunk_rows = chunk;
   ctx.buffer(scratch_.logits, Shape{chunk, m.vocab_size}, ctx.dtype);

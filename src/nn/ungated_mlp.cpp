@@ -7,6 +7,7 @@
 //
 // Decode: the same ops over the step's rows.
 #include "nn/modules.h"
+#include "nn/mup.h"
 #include "ops/activation/activation.h"
 #include "ops/linear/linear.h"
 
@@ -50,9 +51,9 @@ class UngatedMlp final : public Mlp {
     const int64_t t = ctx.max_tokens, f = m.ungated_ffn_hidden > 0 ? m.ungated_ffn_hidden : 4 * m.hidden;
     const NameScope n = layer.names.child("mlp.", "mlp.", "");
     ctx.parameter(up_w_, up_g_, n("up_proj.weight", "up_proj.weight", "ffn_up.weight"), Shape{f, m.hidden},
-                  ParamRole::matrix, Init::normal(m.init_std));
+                  ParamRole::matrix, Init::normal(hidden_init_std(m)));
     ctx.parameter(down_w_, down_g_, n("down_proj.weight", "down_proj.weight", "ffn_down.weight"), Shape{m.hidden, f},
-                  ParamRole::matrix, Init::normal(m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers))));
+                  ParamRole::matrix, Init::normal(residual_init_std(m)));
     ctx.saved(up_, Shape{t, f});
     // Forward scratch: the activation [t, f]. Backward: d(act) [t, f] (then the activation
     // again, in place) and d(up) [t, f].

@@ -3,6 +3,7 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "model/model.h"
+#include "nn/mup.h"
 #include "train/optimizer_groups.h"
 #include "train/trainer.h"
 
@@ -40,7 +41,8 @@ size_t read_cgroup(const char* path) {
 MemoryBudget plan_training_memory(const Config& config, Device device) {
   const Model model(config.model, training_build_options(config, device));  // plans arenas, allocates nothing
   Arena optimizer_state("optimizer", device);
-  make_optimizer(model.exec(), config.optim, model.parameters())->plan(optimizer_state);
+  make_optimizer(model.exec(), config.optim, model.parameters(), mup_width_ratio(config.model))
+      ->plan(optimizer_state);
   const MemoryPlan plan = model.memory_plan();
   MemoryBudget b;
   b.parameters = plan.parameters;

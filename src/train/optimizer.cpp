@@ -35,10 +35,10 @@ OptimizerRegistry& optimizer_registry() {
       traits_table()[name] = std::move(traits);
     };
     add("adamw", "Adam with decoupled weight decay",
-        {{kTrainedRoles.begin(), kTrainedRoles.end()}, false, [](const OptimConfig& c) { return c.beta1; }, true},
+        {{kTrainedRoles.begin(), kTrainedRoles.end()}, false, [](const OptimConfig& c) { return c.beta1; }, true, true},
         make_adamw_optimizer);
     add("muon", "momentum orthogonalized by Newton-Schulz, for matrices (AdamW for the other roles)",
-        {{ParamRole::matrix, ParamRole::expert}, true, [](const OptimConfig& c) { return c.muon.momentum; }, false},
+        {{ParamRole::matrix, ParamRole::expert}, true, [](const OptimConfig& c) { return c.muon.momentum; }, false, false},
         make_muon_optimizer);
     return r;
   }();

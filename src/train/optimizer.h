@@ -77,6 +77,11 @@ struct OptimizerTraits {
   // whether beta2 means anything to it.
   double (*default_beta1)(const OptimConfig&) = nullptr;
   bool uses_beta2 = false;
+  // muP (nn/mup.h): whether its learning rate of a width-fan-in matrix scales by base /
+  // width. AdamW's per-coordinate update is width-independent, so its effect on a matrix's
+  // output grows with fan-in; Muon's update is orthogonalized and RMS-matched per shape, and
+  // seed 004 transfers it unscaled.
+  bool mup_scales_lr = false;
 };
 const OptimizerTraits& optimizer_traits(const std::string& name);
 

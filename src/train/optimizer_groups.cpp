@@ -1,6 +1,7 @@
 #include "train/optimizer_groups.h"
 
 #include "core/phase_scope.h"
+#include "nn/mup.h"
 
 #include <algorithm>
 #include <tuple>
@@ -24,7 +25,7 @@ const RoleOptimConfig& role_config(const OptimConfig& c, ParamRole role) {
 }
 
 // A role's settings with "auto" and -1 resolved.
-OptimizerGroup resolve(const OptimConfig& c, ParamRole role) {
+OptimizerGroup resolve(const OptimConfig& c, ParamRole role, double mup_width_ratio) {
   const RoleOptimConfig& r = role_config(c, role);
   const std::string key = fmt::format("optim.{}.optimizer", role_name(role));
   OptimizerGroup g;
@@ -42,6 +43,7 @@ OptimizerGroup resolve(const OptimConfig& c, ParamRole role) {
   }
   const OptimizerTraits& traits = optimizer_traits(g.optimizer);
   g.lr_scale = r.lr_scale;
+  if (traits.mup_scales_lr && mup_scales_role(role)) g.lr_scale /= mup_width_ratio;
   g.weight_decay = r.weight_decay == -1 ? c.weight_decay : r.weight_decay;
   g.beta1 = r.beta1 == -1 ? traits.default_beta1(c) : r.beta1;
   g.beta2 = r.beta2 == -1 ? c.beta2 : r.beta2;
@@ -102,10 +104,11 @@ class GroupedOptimizer final : public Optimizer {
 
 }  // namespace
 
-std::vector<OptimizerGroup> group_parameters(const OptimConfig& config, const ParameterList& parameters) {
+std::vector<OptimizerGroup> group_parameters(const OptimConfig& config, const ParameterList& parameters,
+                                             double mup_width_ratio) {
   std::vector<OptimizerGroup> groups;
   for (const ParamRole role : kTrainedRoles) {
-    OptimizerGroup resolved = resolve(config, role);
+    OptimizerGroup resolved = resolve(config, role, mup_width_ratio);
     std::vector<const Parameter*> members;
     for (const auto& p : parameters)
       if (p->trainable() && p->role() == role) members.push_back(p.get());
@@ -139,21 +142,21 @@ std::vector<OptimizerGroup> group_parameters(const OptimConfig& config, const Pa
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const ExecContext& exec, const OptimConfig& config,
-                                          const ParameterList& parameters) {
-  std::vector<OptimizerGroup> groups = group_parameters(config, parameters);
+                                          const ParameterList& parameters, double mup_width_ratio) {
+  std::vector<OptimizerGroup> groups = group_parameters(config, parameters, mup_width_ratio);
   for (OptimizerGroup& g : groups) g.exec = &exec;
   return std::make_unique<GroupedOptimizer>(std::move(groups));
 }
 
-std::vector<std::string> describe_groups(const std::vector<OptimizerGroup>& groups) {
+std::vector<std::string> describe_groups(const std::vector<OptimizerGroup>& groups, double lr) {
   std::vector<std::string> lines;
   for (const OptimizerGroup& g : groups) {
     std::string roles;
     for (const ParamRole r : g.roles) roles += fmt::format("{}{}", roles.empty() ? "" : ", ", role_name(r));
     // AdamW's moment format, when not the default fp32 (optim.adamw_state).
     const bool lowmem = g.optimizer == "adamw" && g.config != nullptr && g.config->adamw_state != "fp32";
-    lines.push_back(fmt::format("{} [{}]: {} tensors, lr x{}, weight decay {}, beta1 {}{}{}", g.optimizer, roles,
-                                g.parameters.size(), g.lr_scale, g.weight_decay, g.beta1,
+    lines.push_back(fmt::format("{} [{}]: {} tensors, lr {:.6g} (x{:.6g}), weight decay {}, beta1 {}{}{}", g.optimizer,
+                                roles, g.parameters.size(), lr * g.lr_scale, g.lr_scale, g.weight_decay, g.beta1,
                                 optimizer_traits(g.optimizer).uses_beta2 ? fmt::format(", beta2 {}", g.beta2)
                                                                          : std::string(),
                                 lowmem ? ", moments " + g.config->adamw_state : std::string()));

@@ -15,13 +15,17 @@ namespace kiln {
 
 // The groups of `parameters` (trainable ones; roles without any are left out), in
 // kTrainedRoles order of their first role. Throws naming the key for an unknown optimizer
-// or a role an optimizer cannot update.
-std::vector<OptimizerGroup> group_parameters(const OptimConfig& config, const ParameterList& parameters);
+// or a role an optimizer cannot update. `mup_width_ratio` is nn/mup.h's W / B (1 = muP
+// off): an optimizer that scales under muP (AdamW) gets lr_scale x 1 / it on the roles
+// whose fan-in is the width, so those roles form groups of their own.
+std::vector<OptimizerGroup> group_parameters(const OptimConfig& config, const ParameterList& parameters,
+                                             double mup_width_ratio);
 
 std::unique_ptr<Optimizer> make_optimizer(const ExecContext& exec, const OptimConfig& config,
-                                          const ParameterList& parameters);
+                                          const ParameterList& parameters, double mup_width_ratio);
 
-// One line per group for the training banner: "muon [matrix, expert]: 42 tensors, lr x1, weight decay 0.1, beta1 0.95".
-std::vector<std::string> describe_groups(const std::vector<OptimizerGroup>& groups);
+// One line per group for the training banner, with the peak learning rate each gets
+// (optim.lr x its scale): "muon [matrix, expert]: 42 tensors, lr 0.004 (x1), weight decay 0.1, beta1 0.95".
+std::vector<std::string> describe_groups(const std::vector<OptimizerGroup>& groups, double lr);
 
 }  // namespace kiln

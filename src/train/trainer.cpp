@@ -11,6 +11,7 @@
 #include "io/model_io.h"
 #include "nn/modules.h"
 #include "nn/moe/router.h"
+#include "nn/mup.h"
 #include "ops/blas.h"
 #include "ops/dropout/dropout_mask.h"
 #include "ops/parallel.h"
@@ -175,7 +176,8 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   // Periodic exports of a model with no stock class (a component refuses): say so now.
   if (config_.checkpoint.export_hf_every > 0)
     io::hf_config_json(*model_, io::choose_hf_arch(config_.model), io::HfSpecialTokens{}, "float32");
-  optimizer_ = make_optimizer(model_->exec(), config_.optim, model_->parameters());
+  optimizer_ =
+      make_optimizer(model_->exec(), config_.optim, model_->parameters(), mup_width_ratio(config_.model));
   schedule_ = make_schedule(config_.optim, config_.train.steps,
                             config_.train.micro_batch_tokens * config_.train.grad_accum * stream_->options().world_size);
   optimizer_->plan(optimizer_state_);
@@ -243,7 +245,9 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
                  "workspace {:.1f} MiB | run directory {}\n",
                  plan.parameters / 1048576.0, plan.gradients / 1048576.0, optimizer_state_.planned_bytes() / 1048576.0,
                  plan.activations / 1048576.0, plan.workspace / 1048576.0, config_.train.out_dir);
-  for (const std::string& line : describe_groups(group_parameters(config_.optim, model_->parameters())))
+  for (const std::string& line :
+       describe_groups(group_parameters(config_.optim, model_->parameters(), mup_width_ratio(config_.model)),
+                       config_.optim.lr))
     console_.print("optimizer: {}\n", line);
   if (config_.optim.qk_clip.enabled)
     console_.print("qk-clip: tau {} (each head's largest attention logit, clipped after each update)\n",

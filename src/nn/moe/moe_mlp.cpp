@@ -27,6 +27,7 @@
 #include "nn/moe/moe_mlp.h"
 
 #include "nn/moe/router.h"
+#include "nn/mup.h"
 #include "ops/linear/linear.h"
 #include "ops/moe/load_stats.h"
 #include "ops/moe/moe.h"
@@ -44,10 +45,10 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   const int64_t t = ctx.max_tokens, d = m.hidden, e_count = moe_.experts, k = moe_.top_k, f = moe_.expert_hidden;
   hidden_ = d;
   const NameScope n = layer.names.child("mlp.", "mlp.", "");
-  const double out_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.layers));
+  const double out_std = residual_init_std(m);
   // The router: no weight decay (as the norms' gains; its scale is what routes).
   ctx.parameter(router_w_, router_g_, n("gate.weight", "gate.weight", "ffn_gate_inp.weight"), Shape{e_count, d},
-                ParamRole::router, Init::normal(m.init_std));
+                ParamRole::router, Init::normal(hidden_init_std(m)));
   std::vector<std::pair<ParamName, int64_t>> gate_up, down;
   for (int64_t e = 0; e < e_count; ++e) {
     const std::string ex = "experts." + std::to_string(e) + ".";
@@ -60,7 +61,7 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
     down.push_back({dn, d});
   }
   const size_t first_expert = ctx.parameters.size();
-  ctx.fused_parameter(gate_up_w_, gate_up_g_, gate_up, d, ParamRole::expert, Init::normal(m.init_std));
+  ctx.fused_parameter(gate_up_w_, gate_up_g_, gate_up, d, ParamRole::expert, Init::normal(hidden_init_std(m)));
   ctx.fused_parameter(down_w_, down_g_, down, f, ParamRole::expert, Init::normal(out_std));
   const double active = static_cast<double>(k) / static_cast<double>(e_count);
   for (size_t i = first_expert; i < ctx.parameters.size(); ++i) ctx.parameters[i]->set_active_fraction(active);
@@ -70,7 +71,7 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
     ctx.fused_parameter(shared_gate_up_w_, shared_gate_up_g_,
                         {{sh("gate_proj.weight", "gate_proj.weight", "ffn_gate_shexp.weight"), s},
                          {sh("up_proj.weight", "up_proj.weight", "ffn_up_shexp.weight"), s}},
-                        d, ParamRole::matrix, Init::normal(m.init_std));
+                        d, ParamRole::matrix, Init::normal(hidden_init_std(m)));
     ctx.parameter(shared_down_w_, shared_down_g_, sh("down_proj.weight", "down_proj.weight", "ffn_down_shexp.weight"),
                   Shape{d, s}, ParamRole::matrix, Init::normal(out_std));
     ctx.saved(shared_gate_up_, Shape{t, 2 * s});
