@@ -10,6 +10,7 @@
 #include "train/checkpoint.h"
 #include "config/config_fields.h"
 #include "train/memory_check.h"
+#include "ops/optim/step_rules.h"
 #include "train/metrics.h"
 #include "train/optimizer_groups.h"
 
@@ -361,6 +362,34 @@ TEST(FaultGuard, SkipsNonFiniteAndSpikesAndStopsAfterTooManyInARow) {
   guard.restore(long_window);  // train.spike_window shrank to 2: the newest are kept
   EXPECT_EQ(guard.state().recent_loss, (std::vector<double>{3, 4}));
   EXPECT_EQ(guard.state().recent_grad_norm, (std::vector<double>{7, 8}));
+}
+
+// The device step reaches its verdict with ops::step_verdict and the guard's limits; the
+// host words it with reason(). Both must say what check() says, rule for rule.
+TEST(FaultGuard, TheDeviceVerdictIsWordedAsTheHostChecksIt) {
+  TrainConfig c;
+  c.spike_window = 2;
+  FaultGuard guard(c);
+  guard.accept(2.0, 1.0);
+  guard.accept(2.0, 3.0);
+  double loss_limit = 0, grad_limit = 0;
+  guard.spike_limits(&loss_limit, &grad_limit);
+  EXPECT_EQ(loss_limit, 4.0);
+  EXPECT_EQ(grad_limit, 20.0);
+  const std::pair<double, double> cases[] = {{std::nan(""), 1.0}, {2.0, INFINITY}, {4.1, 1.0}, {2.0, 20.1}, {3.9, 19.9}};
+  const ops::StepVerdict expected[] = {ops::StepVerdict::non_finite_loss, ops::StepVerdict::non_finite_grad_norm,
+                                       ops::StepVerdict::loss_spike, ops::StepVerdict::grad_spike,
+                                       ops::StepVerdict::apply};
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const auto [loss, norm] = cases[i];
+    const ops::StepVerdict verdict = ops::step_verdict(loss, norm, loss_limit, grad_limit);
+    EXPECT_EQ(verdict, expected[i]) << i;
+    EXPECT_EQ(guard.reason(verdict, loss, norm), guard.check(loss, norm)) << i;
+  }
+  EXPECT_TRUE(ops::clip_applies(1.0, 1.5));
+  EXPECT_FALSE(ops::clip_applies(1.0, 1.0));
+  EXPECT_FALSE(ops::clip_applies(0.0, 1e9));  // 0: off
+  EXPECT_EQ(ops::clip_factor(1.0, 2.0), 1.0 / (2.0 + 1e-6));
 }
 
 // ---- memory, metrics, directories -------------------------------------------------------

@@ -13,6 +13,7 @@
 #include "ops/blas.h"
 #include "ops/parallel.h"
 #include "train/device_step.h"
+#include "ops/optim/step_rules.h"
 #include "train/optimizer_groups.h"
 #include "train/trainer.h"
 
@@ -139,7 +140,7 @@ void add_bench_command(CLI::App& app) {
         loss += model.forward_backward(scale).loss;
       }
       const double norm = model.gradient_norm(), clip = config.optim.grad_clip;
-      if (clip > 0 && norm > clip) model.scale_gradients(clip / (norm + 1e-6));
+      if (ops::clip_applies(clip, norm)) model.scale_gradients(ops::clip_factor(clip, norm));
       optimizer->step(config.optim.lr);
       model.after_step(true);
       return loss;

@@ -49,16 +49,25 @@ void FaultGuard::spike_limits(double* loss_limit, double* grad_limit) const {
 }
 
 std::string FaultGuard::check(double loss, double grad_norm) const {
-  if (!std::isfinite(loss)) return fmt::format("non-finite loss {}", loss);
-  if (!std::isfinite(grad_norm)) return fmt::format("non-finite gradient norm {}", grad_norm);
   double loss_limit = 0, grad_limit = 0;
   spike_limits(&loss_limit, &grad_limit);
-  if (loss > loss_limit)
-    return fmt::format("loss spike {:.4g} > {} x recent mean {:.4g}", loss, loss_ratio_, loss_limit / loss_ratio_);
-  if (grad_norm > grad_limit)
-    return fmt::format("gradient norm spike {:.4g} > {} x recent mean {:.4g}", grad_norm, grad_ratio_,
-                       grad_limit / grad_ratio_);
-  return {};
+  return reason(ops::step_verdict(loss, grad_norm, loss_limit, grad_limit), loss, grad_norm);
+}
+
+std::string FaultGuard::reason(ops::StepVerdict verdict, double loss, double grad_norm) const {
+  double loss_limit = 0, grad_limit = 0;
+  spike_limits(&loss_limit, &grad_limit);
+  switch (verdict) {
+    case ops::StepVerdict::apply: return {};
+    case ops::StepVerdict::non_finite_loss: return fmt::format("non-finite loss {}", loss);
+    case ops::StepVerdict::non_finite_grad_norm: return fmt::format("non-finite gradient norm {}", grad_norm);
+    case ops::StepVerdict::loss_spike:
+      return fmt::format("loss spike {:.4g} > {} x recent mean {:.4g}", loss, loss_ratio_, loss_limit / loss_ratio_);
+    case ops::StepVerdict::grad_spike:
+      return fmt::format("gradient norm spike {:.4g} > {} x recent mean {:.4g}", grad_norm, grad_ratio_,
+                         grad_limit / grad_ratio_);
+  }
+  fail("train", "unknown step verdict {}", static_cast<int>(verdict));
 }
 
 void FaultGuard::accept(double loss, double grad_norm) {

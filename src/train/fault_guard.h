@@ -9,6 +9,7 @@
 #pragma once
 
 #include "config/config.h"
+#include "ops/optim/step_rules.h"
 
 #include <cstdint>
 #include <string>
@@ -30,8 +31,11 @@ class FaultGuard {
   explicit FaultGuard(const TrainConfig& config);
 
   // Why this step's update must be skipped, or "" to apply it. `grad_norm` is the global
-  // norm before clipping.
+  // norm before clipping. The rules are ops::step_verdict's (ops/optim/step_rules.h).
   std::string check(double loss, double grad_norm) const;
+  // The reason check() gives for a verdict already reached from these values (by the
+  // device step, which applies the same rules to the same limits).
+  std::string reason(ops::StepVerdict verdict, double loss, double grad_norm) const;
   // The spike limits check() applies now: skip when loss > *loss_limit or grad_norm >
   // *grad_limit (+inf while the guard is off or its window not yet full). A step deciding
   // on the device (train/device_step.h) compares against these.

@@ -18,6 +18,7 @@
 #include "plot/plot.h"
 #include "train/init_from.h"
 #include "train/memory_check.h"
+#include "ops/optim/step_rules.h"
 #include "train/optimizer_groups.h"
 #include "train/run_paths.h"
 #include "train/signals.h"
@@ -292,11 +293,9 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
     m.loss = outcome.loss;
     m.terms = reported_terms(outcome.step_sums, targets);
     m.grad_norm = outcome.grad_norm;
-    m.skipped = guard_.check(m.loss, m.grad_norm);
-    // The device applied (or skipped) the update on its own copy of the guard's rules.
-    KILN_CHECK(m.skipped.empty() == (outcome.verdict == ops::StepVerdict::apply), "train",
-               "step {}: the device's guard verdict ({}) disagrees with the host's ('{}'): an internal error",
-               m.step, static_cast<int>(outcome.verdict), m.skipped);
+    // The device reached the verdict with the guard's rules (ops/optim/step_rules.h) and the
+    // limits above, and applied or skipped the update by it: the host only words it.
+    m.skipped = guard_.reason(outcome.verdict, m.loss, m.grad_norm);
     model_->after_step(m.skipped.empty());
     if (!m.skipped.empty()) return skip_update(m);
     optimizer_->count_update();
@@ -324,7 +323,7 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
     model_->after_step(false);
     return skip_update(m);
   }
-  if (clip > 0 && m.grad_norm > clip) model_->scale_gradients(clip / (m.grad_norm + 1e-6));
+  if (ops::clip_applies(clip, m.grad_norm)) model_->scale_gradients(ops::clip_factor(clip, m.grad_norm));
   optimizer_->step(m.lr);
   model_->after_step(true);
   guard_.accept(m.loss, m.grad_norm);

@@ -5,14 +5,12 @@
 #pragma once
 
 #include "core/exec_context.h"
+#include "ops/optim/step_rules.h"
 #include "ops/optim/update_scalars.h"
 
 #include <cstdint>
 
 namespace kiln::ops {
-
-// Why an update is skipped (train/fault_guard.h decides the same from the same values).
-enum class StepVerdict : int32_t { apply = 0, non_finite_loss, non_finite_grad_norm, loss_spike, grad_spike };
 
 // Loss slots per micro-batch and step (nn/loss_terms.h's kMaxLossSlots: the model's
 // objectives each add into theirs).

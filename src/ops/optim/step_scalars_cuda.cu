@@ -14,20 +14,15 @@ __global__ void add_micro_sums_kernel(DeviceStepScalars* s) {
   }
 }
 
-// One thread: the same double arithmetic as Trainer's host path, so the same values (and
-// the same verdict) come out of either.
+// One thread: the same double arithmetic as Trainer's host path and the same rules
+// (step_rules.h), so the same values and the same verdict come out of either.
 __global__ void finish_step_kernel(DeviceStepScalars* s) {
   s->loss = s->step_sums[0] / s->targets;
   s->grad_norm = sqrt(s->grad_sum_squares);
-  StepVerdict verdict = StepVerdict::apply;
-  if (!isfinite(s->loss)) verdict = StepVerdict::non_finite_loss;
-  else if (!isfinite(s->grad_norm)) verdict = StepVerdict::non_finite_grad_norm;
-  else if (s->loss > s->loss_limit) verdict = StepVerdict::loss_spike;
-  else if (s->grad_norm > s->grad_limit) verdict = StepVerdict::grad_spike;
-  s->verdict = verdict;
-  s->update.skip = verdict != StepVerdict::apply;
-  const bool clip = s->clip > 0 && s->grad_norm > s->clip;
-  s->update.grad_scale = clip ? static_cast<float>(s->clip / (s->grad_norm + 1e-6)) : 1.0f;
+  s->verdict = step_verdict(s->loss, s->grad_norm, s->loss_limit, s->grad_limit);
+  s->update.skip = s->verdict != StepVerdict::apply;
+  s->update.grad_scale =
+      clip_applies(s->clip, s->grad_norm) ? static_cast<float>(clip_factor(s->clip, s->grad_norm)) : 1.0f;
 }
 
 }  // namespace
