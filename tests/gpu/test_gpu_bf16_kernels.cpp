@@ -185,7 +185,7 @@ TEST_F(Bf16Kernels, CastF32ToBf16RoundsToNearestEven) {
       SCOPED_TRACE(fmt::format("n={} offset={}", n, offset));
       const std::vector<float> src = cast_inputs(n + offset, 40 + n);
       OwnedTensor src_dev = upload(src), dst_dev = poisoned<uint16_t>(n + offset);
-      cuda::cast_f32_to_bf16(ptr<float>(src_dev) + offset, static_cast<int64_t>(n), ptr<uint16_t>(dst_dev) + offset);
+      cuda::cast_f32_to_bf16(process_exec(), ptr<float>(src_dev) + offset, static_cast<int64_t>(n), ptr<uint16_t>(dst_dev) + offset);
       const std::vector<uint16_t> dst = download<uint16_t>(*dst_dev);
       size_t mismatches = 0, first = 0;
       for (size_t i = offset; i < n + offset; ++i) {
@@ -209,8 +209,8 @@ TEST_F(Bf16Kernels, CastBf16ToF32IsExactAndRoundTrips) {
     for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>((i - offset) * 40503u);
     const size_t n = src.size() - offset;
     OwnedTensor src_dev = upload(src), f32_dev = poisoned<float>(src.size()), back_dev = poisoned<uint16_t>(src.size());
-    cuda::cast_bf16_to_f32(ptr<uint16_t>(src_dev) + offset, static_cast<int64_t>(n), ptr<float>(f32_dev) + offset);
-    cuda::cast_f32_to_bf16(ptr<float>(f32_dev) + offset, static_cast<int64_t>(n), ptr<uint16_t>(back_dev) + offset);
+    cuda::cast_bf16_to_f32(process_exec(), ptr<uint16_t>(src_dev) + offset, static_cast<int64_t>(n), ptr<float>(f32_dev) + offset);
+    cuda::cast_f32_to_bf16(process_exec(), ptr<float>(f32_dev) + offset, static_cast<int64_t>(n), ptr<uint16_t>(back_dev) + offset);
     const std::vector<float> f32 = download<float>(*f32_dev);
     const std::vector<uint16_t> back = download<uint16_t>(*back_dev);
     size_t bad_value = 0, bad_trip = 0;

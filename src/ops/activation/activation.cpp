@@ -22,11 +22,10 @@ void validate(const char* op, const Tensor& x, const Tensor& other, const char* 
 }  // namespace
 
 void activation_forward(const ExecContext& ctx, activation::Kind kind, const Tensor& x, const Tensor& out) {
-  expect_process_stream("activation_forward", ctx);
   const char* op = activation::name(kind);
   KILN_OP_SCOPE(op, x);
   validate(op, x, out, "out");
-  KILN_ON_CUDA(x, op, cuda::activation_forward(kind, x.raw(), x.dtype(), x.numel(), out.raw()));
+  KILN_ON_CUDA(x, op, cuda::activation_forward(ctx, kind, x.raw(), x.dtype(), x.numel(), out.raw()));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* in = x.data<T>();
@@ -39,14 +38,13 @@ void activation_forward(const ExecContext& ctx, activation::Kind kind, const Ten
 
 void activation_backward(const ExecContext& ctx, activation::Kind kind, const Tensor& x, const Tensor& dout, const Tensor& dx,
                          const Tensor& out) {
-  expect_process_stream("activation_backward", ctx);
   const char* op = kind == activation::Kind::gelu_tanh ? "gelu_tanh_backward" : "relu2_backward";
   KILN_OP_SCOPE(op, x);
   validate(op, x, dout, "dout");
   validate(op, x, dx, "dx");
   if (out.defined()) validate(op, x, out, "out");
   KILN_ON_CUDA(x, op,
-               cuda::activation_backward(kind, x.raw(), dout.raw(), x.dtype(), x.numel(), dx.raw(),
+               cuda::activation_backward(ctx, kind, x.raw(), dout.raw(), x.dtype(), x.numel(), dx.raw(),
                                          out.defined() ? out.raw() : nullptr));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);

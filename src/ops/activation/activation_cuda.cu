@@ -69,7 +69,7 @@ void with_type(Kind kind, DType dtype, const char* op, F&& launch) {
 
 }  // namespace
 
-void activation_forward(Kind kind, const void* x, DType dtype, int64_t count, void* out) {
+void activation_forward(const ExecContext& ctx, Kind kind, const void* x, DType dtype, int64_t count, void* out) {
   if (count == 0) return;
   const bool vec = count % kVec == 0 && aligned16(x) && aligned16(out);
   with_type(kind, dtype, activation::name(kind), [&](auto zero, auto k) {
@@ -78,13 +78,13 @@ void activation_forward(Kind kind, const void* x, DType dtype, int64_t count, vo
     const T* in = static_cast<const T*>(x);
     T* o = static_cast<T*>(out);
     if (vec)
-      forward_kernel<T, K, kVec><<<blocks_for(count / kVec, kThreads), kThreads, 0, stream()>>>(in, count / kVec, o);
-    else forward_kernel<T, K, 1><<<blocks_for(count, kThreads), kThreads, 0, stream()>>>(in, count, o);
+      forward_kernel<T, K, kVec><<<blocks_for(count / kVec, kThreads), kThreads, 0, stream(ctx)>>>(in, count / kVec, o);
+    else forward_kernel<T, K, 1><<<blocks_for(count, kThreads), kThreads, 0, stream(ctx)>>>(in, count, o);
     check_launch(activation::name(kind), "forward_kernel");
   });
 }
 
-void activation_backward(Kind kind, const void* x, const void* dout, DType dtype, int64_t count, void* dx, void* out) {
+void activation_backward(const ExecContext& ctx, Kind kind, const void* x, const void* dout, DType dtype, int64_t count, void* dx, void* out) {
   if (count == 0) return;
   const bool vec = count % kVec == 0 && aligned16(x) && aligned16(dout) && aligned16(dx) && aligned16(out);
   with_type(kind, dtype, activation::name(kind), [&](auto zero, auto k) {
@@ -96,8 +96,8 @@ void activation_backward(Kind kind, const void* x, const void* dout, DType dtype
     T* o = static_cast<T*>(out);
     if (vec)
       backward_kernel<T, K, kVec>
-          <<<blocks_for(count / kVec, kThreads), kThreads, 0, stream()>>>(in, d, count / kVec, g, o);
-    else backward_kernel<T, K, 1><<<blocks_for(count, kThreads), kThreads, 0, stream()>>>(in, d, count, g, o);
+          <<<blocks_for(count / kVec, kThreads), kThreads, 0, stream(ctx)>>>(in, d, count / kVec, g, o);
+    else backward_kernel<T, K, 1><<<blocks_for(count, kThreads), kThreads, 0, stream(ctx)>>>(in, d, count, g, o);
     check_launch(activation::name(kind), "backward_kernel");
   });
 }

@@ -5,6 +5,8 @@
 // kiln::cuda::stream() and trust their inputs.
 #pragma once
 
+#include "core/exec_context.h"
+
 #include "core/dtype.h"
 #include "ops/activation/activation_math.h"
 
@@ -13,9 +15,9 @@
 namespace kiln::cuda {
 
 // x [count] -> out [count] = act(x).
-void activation_forward(activation::Kind kind, const void* x, DType dtype, int64_t count, void* out);
+void activation_forward(const ExecContext& ctx, activation::Kind kind, const void* x, DType dtype, int64_t count, void* out);
 // dx = dout * act'(x); out (null: skipped; may alias dout) receives act(x) again.
-void activation_backward(activation::Kind kind, const void* x, const void* dout, DType dtype, int64_t count, void* dx,
+void activation_backward(const ExecContext& ctx, activation::Kind kind, const void* x, const void* dout, DType dtype, int64_t count, void* dx,
                          void* out);
 
 }  // namespace kiln::cuda

@@ -10,15 +10,14 @@ namespace kiln::ops {
 
 void add_inplace(const ExecContext& ctx, const Tensor& dst, const Tensor& src) {
   const char* op = "add_inplace";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dst);
   expect_same(op, "src", src, dst);
   KILN_CHECK(src.numel() == dst.numel(), op, "size mismatch {} vs {}", dst.describe(), src.describe());
   // bf16 on the GPU's mixed path (the shared expert's output onto the routed experts').
   KILN_ON_CUDA(dst, op,
                dst.dtype() == DType::bf16
-                   ? cuda::add_inplace_bf16(bf16_data(dst), bf16_data(src), dst.numel())
-                   : cuda::add_inplace_f32(dst.data<float>(), src.data<float>(), dst.numel()));
+                   ? cuda::add_inplace_bf16(ctx, bf16_data(dst), bf16_data(src), dst.numel())
+                   : cuda::add_inplace_f32(ctx, dst.data<float>(), src.data<float>(), dst.numel()));
   dispatch_cpu_float(op, dst.dtype(), [&](auto zero) {
     using T = decltype(zero);
     T* d = dst.data<T>();
@@ -31,7 +30,6 @@ void add_inplace(const ExecContext& ctx, const Tensor& dst, const Tensor& src) {
 
 void add(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& out) {
   const char* op = "add";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, a);
   expect_same(op, "out", out, a);
   if (is_mixed(b))  // fp32 residual + bf16 branch output
@@ -42,9 +40,9 @@ void add(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor&
              b.describe(), out.describe());
   KILN_ON_CUDA(a, op, {
     if (is_mixed(b))
-      cuda::add_f32_bf16(a.data<float>(), bf16_data(b), a.numel(), out.data<float>());
+      cuda::add_f32_bf16(ctx, a.data<float>(), bf16_data(b), a.numel(), out.data<float>());
     else
-      cuda::add_f32(a.data<float>(), b.data<float>(), a.numel(), out.data<float>());
+      cuda::add_f32(ctx, a.data<float>(), b.data<float>(), a.numel(), out.data<float>());
   });
   dispatch_cpu_float(op, a.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -59,7 +57,7 @@ void add(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor&
 
 void convert(const ExecContext& ctx, const Tensor& src, const Tensor& dst) {
   const char* op = "convert";
-  expect_process_stream(op, ctx);
+  expect_process_stream(op, ctx);  // a same-dtype convert copies on the process-wide stream
   KILN_OP_SCOPE(op, src);
   KILN_CHECK(src.numel() == dst.numel() && src.device() == dst.device(), op, "cannot convert {} into {}",
              src.describe(), dst.describe());
@@ -69,9 +67,9 @@ void convert(const ExecContext& ctx, const Tensor& src, const Tensor& dst) {
   }
   KILN_ON_CUDA(src, op, {
     if (src.dtype() == DType::f32 && dst.dtype() == DType::bf16)
-      cuda::cast_f32_to_bf16(src.data<float>(), src.numel(), bf16_data(dst));
+      cuda::cast_f32_to_bf16(ctx, src.data<float>(), src.numel(), bf16_data(dst));
     else if (src.dtype() == DType::bf16 && dst.dtype() == DType::f32)
-      cuda::cast_bf16_to_f32(bf16_data(src), src.numel(), dst.data<float>());
+      cuda::cast_bf16_to_f32(ctx, bf16_data(src), src.numel(), dst.data<float>());
     else
       fail(op, "no GPU conversion from {} to {}", dtype_name(src.dtype()), dtype_name(dst.dtype()));
   });
@@ -80,12 +78,12 @@ void convert(const ExecContext& ctx, const Tensor& src, const Tensor& dst) {
 
 void sum_squares_to_device(const ExecContext& ctx, const Tensor& x, double* out) {
   const char* op = "sum_squares";
-  expect_process_stream(op, ctx);
+  expect_process_stream(op, ctx);  // its reduction's module-level scratch: one stream at a time
   KILN_OP_SCOPE(op, x);
   KILN_CHECK(x.device() == Device::cuda, op, "the device-memory form needs a GPU tensor, got {}", x.describe());
   expect_dtype(op, "x", x, DType::f32);
 #if KILN_WITH_CUDA
-  cuda::sum_squares_to_device_f32(x.data<float>(), x.numel(), out);
+  cuda::sum_squares_to_device_f32(ctx, x.data<float>(), x.numel(), out);
 #else
   (void)out;
   ops::no_cuda_kernel(op);
@@ -94,12 +92,12 @@ void sum_squares_to_device(const ExecContext& ctx, const Tensor& x, double* out)
 
 double sum_squares(const ExecContext& ctx, const Tensor& x) {
   const char* op = "sum_squares";
-  expect_process_stream(op, ctx);
+  expect_process_stream(op, ctx);  // its reduction's module-level scratch: one stream at a time
   KILN_OP_SCOPE(op, x);
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     expect_dtype(op, "x", x, DType::f32);
-    return cuda::sum_squares_f32(x.data<float>(), x.numel());
+    return cuda::sum_squares_f32(ctx, x.data<float>(), x.numel());
 #else
     no_cuda_kernel(op);
 #endif
@@ -115,9 +113,8 @@ double sum_squares(const ExecContext& ctx, const Tensor& x) {
 
 void scale_inplace(const ExecContext& ctx, const Tensor& x, double factor) {
   const char* op = "scale_inplace";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
-  KILN_ON_CUDA(x, op, cuda::scale_inplace_f32(x.data<float>(), x.numel(), static_cast<float>(factor)));
+  KILN_ON_CUDA(x, op, cuda::scale_inplace_f32(ctx, x.data<float>(), x.numel(), static_cast<float>(factor)));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     T* p = x.data<T>();
@@ -127,12 +124,12 @@ void scale_inplace(const ExecContext& ctx, const Tensor& x, double factor) {
 
 bool all_finite(const ExecContext& ctx, const Tensor& x) {
   const char* op = "all_finite";
-  expect_process_stream(op, ctx);
+  expect_process_stream(op, ctx);  // its reduction's module-level scratch: one stream at a time
   KILN_OP_SCOPE(op, x);
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     expect_dtype(op, "x", x, DType::f32);
-    return cuda::all_finite_f32(x.data<float>(), x.numel());
+    return cuda::all_finite_f32(ctx, x.data<float>(), x.numel());
 #else
     no_cuda_kernel(op);
 #endif

@@ -95,79 +95,86 @@ __global__ void sum_partials(int blocks, double* out) {
 
 // The partials, then their sum into `out` (device memory): nothing waits for it.
 template <typename Kernel>
-void reduce_into(Kernel kernel, const float* x, int64_t n, const char* op, double* out) {
+void reduce_into(cudaStream_t s, Kernel kernel, const float* x, int64_t n, const char* op, double* out) {
   const int blocks = static_cast<int>(std::min<int64_t>(kReduceBlocks, (n + kThreads - 1) / kThreads + 1));
-  kernel<<<blocks, kThreads, 0, stream()>>>(x, n);
+  kernel<<<blocks, kThreads, 0, s>>>(x, n);
   check_launch(op, "partial");
-  sum_partials<<<1, 1, 0, stream()>>>(blocks, out);
+  sum_partials<<<1, 1, 0, s>>>(blocks, out);
   check_launch(op, "sum_partials");
 }
 
 template <typename Kernel>
-double reduce(Kernel kernel, const float* x, int64_t n, const char* op) {
+double reduce(cudaStream_t s, Kernel kernel, const float* x, int64_t n, const char* op) {
   void* result_on_device = nullptr;
   check(cudaGetSymbolAddress(&result_on_device, g_result), op, "cudaGetSymbolAddress");
-  reduce_into(kernel, x, n, op, static_cast<double*>(result_on_device));
+  reduce_into(s, kernel, x, n, op, static_cast<double*>(result_on_device));
   double result = 0;
-  check(cudaMemcpyAsync(&result, result_on_device, sizeof(double), cudaMemcpyDeviceToHost, stream()), op,
-        "copy result");
-  check(cudaStreamSynchronize(stream()), op, "synchronize");
+  check(cudaMemcpyAsync(&result, result_on_device, sizeof(double), cudaMemcpyDeviceToHost, s), op, "copy result");
+  check(cudaStreamSynchronize(s), op, "synchronize");
   return result;
 }
 
-#define KILN_LAUNCH(op, kernel, n, ...)                                            \
+#define KILN_LAUNCH(s, op, kernel, n, ...)                                         \
   do {                                                                             \
-    kernel<<<blocks_for((n), kThreads), kThreads, 0, stream()>>>(__VA_ARGS__);     \
+    kernel<<<blocks_for((n), kThreads), kThreads, 0, (s)>>>(__VA_ARGS__);          \
     check_launch(op, #kernel);                                                     \
   } while (0)
 
 template <typename B>
-void add(const float* a, const B* b, int64_t n, float* out, const char* op) {
+void add(cudaStream_t s, const float* a, const B* b, int64_t n, float* out, const char* op) {
   if (n == 0) return;
   // The vector kernel's grid covers the n / 8 vectors; its tail of < 8 elements needs one block.
   if (aligned16(a) && aligned16(b) && aligned16(out))
-    add_kernel<B, kVec><<<blocks_for(n / kVec, kThreads), kThreads, 0, stream()>>>(a, b, n, out);
+    add_kernel<B, kVec><<<blocks_for(n / kVec, kThreads), kThreads, 0, s>>>(a, b, n, out);
   else
-    add_kernel<B, 1><<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(a, b, n, out);
+    add_kernel<B, 1><<<blocks_for(n, kThreads), kThreads, 0, s>>>(a, b, n, out);
   check_launch(op, "add_kernel");
 }
 
 template <typename From, typename To>
-void convert(const From* src, int64_t n, To* dst, const char* op) {
+void convert(cudaStream_t s, const From* src, int64_t n, To* dst, const char* op) {
   if (n == 0) return;
   if (aligned16(src) && aligned16(dst))
-    convert_kernel<From, To, kVec><<<blocks_for(n / kVec, kThreads), kThreads, 0, stream()>>>(src, n, dst);
+    convert_kernel<From, To, kVec><<<blocks_for(n / kVec, kThreads), kThreads, 0, s>>>(src, n, dst);
   else
-    convert_kernel<From, To, 1><<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(src, n, dst);
+    convert_kernel<From, To, 1><<<blocks_for(n, kThreads), kThreads, 0, s>>>(src, n, dst);
   check_launch(op, "convert_kernel");
 }
 
 }  // namespace
 
-void add_f32(const float* a, const float* b, int64_t n, float* out) { add(a, b, n, out, "add"); }
-void add_f32_bf16(const float* a, const bf16_bits* b, int64_t n, float* out) {
-  add(a, reinterpret_cast<const bf16*>(b), n, out, "add_f32_bf16");
+void add_f32(const ExecContext& ctx, const float* a, const float* b, int64_t n, float* out) {
+  add(stream(ctx), a, b, n, out, "add");
 }
-void add_inplace_f32(float* dst, const float* src, int64_t n) {
-  KILN_LAUNCH("add_inplace", add_inplace_kernel, n, dst, src, n);
+void add_f32_bf16(const ExecContext& ctx, const float* a, const bf16_bits* b, int64_t n, float* out) {
+  add(stream(ctx), a, reinterpret_cast<const bf16*>(b), n, out, "add_f32_bf16");
 }
-void add_inplace_bf16(bf16_bits* dst, const bf16_bits* src, int64_t n) {
-  KILN_LAUNCH("add_inplace", add_inplace_bf16_kernel, n, reinterpret_cast<bf16*>(dst),
+void add_inplace_f32(const ExecContext& ctx, float* dst, const float* src, int64_t n) {
+  KILN_LAUNCH(stream(ctx), "add_inplace", add_inplace_kernel, n, dst, src, n);
+}
+void add_inplace_bf16(const ExecContext& ctx, bf16_bits* dst, const bf16_bits* src, int64_t n) {
+  KILN_LAUNCH(stream(ctx), "add_inplace", add_inplace_bf16_kernel, n, reinterpret_cast<bf16*>(dst),
               reinterpret_cast<const bf16*>(src), n);
 }
-void scale_inplace_f32(float* x, int64_t n, float factor) { KILN_LAUNCH("scale_inplace", scale_kernel, n, x, n, factor); }
-
-void cast_f32_to_bf16(const float* src, int64_t n, bf16_bits* dst) {
-  convert(src, n, reinterpret_cast<bf16*>(dst), "cast_f32_to_bf16");
-}
-void cast_bf16_to_f32(const bf16_bits* src, int64_t n, float* dst) {
-  convert(reinterpret_cast<const bf16*>(src), n, dst, "cast_bf16_to_f32");
+void scale_inplace_f32(const ExecContext& ctx, float* x, int64_t n, float factor) {
+  KILN_LAUNCH(stream(ctx), "scale_inplace", scale_kernel, n, x, n, factor);
 }
 
-double sum_squares_f32(const float* x, int64_t n) { return reduce(sum_squares_partial, x, n, "sum_squares"); }
-void sum_squares_to_device_f32(const float* x, int64_t n, double* out) {
-  reduce_into(sum_squares_partial, x, n, "sum_squares", out);
+void cast_f32_to_bf16(const ExecContext& ctx, const float* src, int64_t n, bf16_bits* dst) {
+  convert(stream(ctx), src, n, reinterpret_cast<bf16*>(dst), "cast_f32_to_bf16");
 }
-bool all_finite_f32(const float* x, int64_t n) { return reduce(non_finite_partial, x, n, "all_finite") == 0.0; }
+void cast_bf16_to_f32(const ExecContext& ctx, const bf16_bits* src, int64_t n, float* dst) {
+  convert(stream(ctx), reinterpret_cast<const bf16*>(src), n, dst, "cast_bf16_to_f32");
+}
+
+double sum_squares_f32(const ExecContext& ctx, const float* x, int64_t n) {
+  return reduce(stream(ctx), sum_squares_partial, x, n, "sum_squares");
+}
+void sum_squares_to_device_f32(const ExecContext& ctx, const float* x, int64_t n, double* out) {
+  reduce_into(stream(ctx), sum_squares_partial, x, n, "sum_squares", out);
+}
+bool all_finite_f32(const ExecContext& ctx, const float* x, int64_t n) {
+  return reduce(stream(ctx), non_finite_partial, x, n, "all_finite") == 0.0;
+}
 
 }  // namespace kiln::cuda

@@ -28,11 +28,10 @@ void validate(const char* op, const Tensor& gate_up, const Tensor& half, const c
 
 void geglu_forward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& out) {
   const char* op = "geglu";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, out, "out");
   KILN_ON_CUDA(gate_up, op,
-               cuda::geglu_forward(gate_up.raw(), gate_up.dtype(), gate_up.size(0), out.size(1), out.raw()));
+               cuda::geglu_forward(ctx, gate_up.raw(), gate_up.dtype(), gate_up.size(0), out.size(1), out.raw()));
   dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = gate_up.size(0), f = out.size(1);
@@ -47,14 +46,13 @@ void geglu_forward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& 
 // d out / d gate = gelu_tanh'(gate) * up, d out / d up = gelu_tanh(gate).
 void geglu_backward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, const Tensor& out) {
   const char* op = "geglu_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, dout, "dout");
   expect_shape(op, "dgate_up", dgate_up, gate_up.shape());
   expect_same(op, "dgate_up", dgate_up, gate_up);
   if (out.defined()) validate(op, gate_up, out, "out");
   KILN_ON_CUDA(gate_up, op,
-               cuda::geglu_backward(gate_up.raw(), dout.raw(), gate_up.dtype(), gate_up.size(0), dout.size(1),
+               cuda::geglu_backward(ctx, gate_up.raw(), dout.raw(), gate_up.dtype(), gate_up.size(0), dout.size(1),
                                     dgate_up.raw(), out.defined() ? out.raw() : nullptr));
   dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
     using T = decltype(zero);

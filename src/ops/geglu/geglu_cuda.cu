@@ -83,20 +83,20 @@ void with_type(DType dtype, const char* op, F&& launch) {
 
 }  // namespace
 
-void geglu_forward(const void* gate_up, DType dtype, int64_t n, int64_t f, void* out) {
+void geglu_forward(const ExecContext& ctx, const void* gate_up, DType dtype, int64_t n, int64_t f, void* out) {
   if (n * f == 0) return;
   const bool vec = f % kVec == 0 && aligned16(gate_up) && aligned16(out);
   with_type(dtype, "geglu", [&](auto zero) {
     using T = decltype(zero);
     const T* gu = static_cast<const T*>(gate_up);
     T* o = static_cast<T*>(out);
-    if (vec) forward_kernel<T, kVec><<<blocks_for(n * f / kVec, kThreads), kThreads, 0, stream()>>>(gu, n, f, o);
-    else forward_kernel<T, 1><<<blocks_for(n * f, kThreads), kThreads, 0, stream()>>>(gu, n, f, o);
+    if (vec) forward_kernel<T, kVec><<<blocks_for(n * f / kVec, kThreads), kThreads, 0, stream(ctx)>>>(gu, n, f, o);
+    else forward_kernel<T, 1><<<blocks_for(n * f, kThreads), kThreads, 0, stream(ctx)>>>(gu, n, f, o);
     check_launch("geglu", "forward_kernel");
   });
 }
 
-void geglu_backward(const void* gate_up, const void* dout, DType dtype, int64_t n, int64_t f, void* dgate_up,
+void geglu_backward(const ExecContext& ctx, const void* gate_up, const void* dout, DType dtype, int64_t n, int64_t f, void* dgate_up,
                     void* out) {
   if (n * f == 0) return;
   const bool vec = f % kVec == 0 && aligned16(gate_up) && aligned16(dout) && aligned16(dgate_up) && aligned16(out);
@@ -107,9 +107,9 @@ void geglu_backward(const void* gate_up, const void* dout, DType dtype, int64_t 
     T* dgu = static_cast<T*>(dgate_up);
     T* o = static_cast<T*>(out);
     if (vec)
-      backward_kernel<T, kVec><<<blocks_for(n * f / kVec, kThreads), kThreads, 0, stream()>>>(gu, d, n, f, dgu, o);
+      backward_kernel<T, kVec><<<blocks_for(n * f / kVec, kThreads), kThreads, 0, stream(ctx)>>>(gu, d, n, f, dgu, o);
     else
-      backward_kernel<T, 1><<<blocks_for(n * f, kThreads), kThreads, 0, stream()>>>(gu, d, n, f, dgu, o);
+      backward_kernel<T, 1><<<blocks_for(n * f, kThreads), kThreads, 0, stream(ctx)>>>(gu, d, n, f, dgu, o);
     check_launch("geglu_backward", "backward_kernel");
   });
 }

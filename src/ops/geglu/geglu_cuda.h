@@ -5,6 +5,8 @@
 // kiln::cuda::stream() and trust their inputs.
 #pragma once
 
+#include "core/exec_context.h"
+
 #include "core/dtype.h"
 
 #include <cstdint>
@@ -12,10 +14,10 @@
 namespace kiln::cuda {
 
 // gate_up [n, 2f] (gate | up) -> out [n, f] = gelu_tanh(gate) * up.
-void geglu_forward(const void* gate_up, DType dtype, int64_t n, int64_t f, void* out);
+void geglu_forward(const ExecContext& ctx, const void* gate_up, DType dtype, int64_t n, int64_t f, void* out);
 // dgate_up [n, 2f] from dout [n, f]; out (null: skipped; may alias dout) receives the
 // forward's output again, computed as geglu_forward computes it.
-void geglu_backward(const void* gate_up, const void* dout, DType dtype, int64_t n, int64_t f, void* dgate_up,
+void geglu_backward(const ExecContext& ctx, const void* gate_up, const void* dout, DType dtype, int64_t n, int64_t f, void* dgate_up,
                     void* out);
 
 }  // namespace kiln::cuda

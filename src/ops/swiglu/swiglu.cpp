@@ -22,14 +22,13 @@ void validate(const char* op, const Tensor& gate_up, const Tensor& half, const c
 
 void swiglu_forward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& out) {
   const char* op = "swiglu";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, out, "out");
   KILN_ON_CUDA(gate_up, op, {
     if (is_mixed(gate_up))
-      cuda::swiglu_forward_bf16(bf16_data(gate_up), gate_up.size(0), out.size(1), bf16_data(out));
+      cuda::swiglu_forward_bf16(ctx, bf16_data(gate_up), gate_up.size(0), out.size(1), bf16_data(out));
     else
-      cuda::swiglu_forward_f32(gate_up.data<float>(), gate_up.size(0), out.size(1), out.data<float>());
+      cuda::swiglu_forward_f32(ctx, gate_up.data<float>(), gate_up.size(0), out.size(1), out.data<float>());
   });
   dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -53,7 +52,6 @@ void swiglu_forward(const ExecContext& ctx, const Tensor& gate_up, const Tensor&
 // silu(g) = g s(g), s = sigmoid; d silu/dg = s (1 + g (1 - s)).
 void swiglu_backward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, const Tensor& out) {
   const char* op = "swiglu_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, dout, "dout");
   expect_shape(op, "dgate_up", dgate_up, gate_up.shape());
@@ -61,10 +59,10 @@ void swiglu_backward(const ExecContext& ctx, const Tensor& gate_up, const Tensor
   if (out.defined()) validate(op, gate_up, out, "out");
   KILN_ON_CUDA(gate_up, op, {
     if (is_mixed(gate_up))
-      cuda::swiglu_backward_bf16(bf16_data(gate_up), bf16_data(dout), gate_up.size(0), dout.size(1),
+      cuda::swiglu_backward_bf16(ctx, bf16_data(gate_up), bf16_data(dout), gate_up.size(0), dout.size(1),
                                  bf16_data(dgate_up), out.defined() ? bf16_data(out) : nullptr);
     else
-      cuda::swiglu_backward_f32(gate_up.data<float>(), dout.data<float>(), gate_up.size(0), dout.size(1),
+      cuda::swiglu_backward_f32(ctx, gate_up.data<float>(), dout.data<float>(), gate_up.size(0), dout.size(1),
                                 dgate_up.data<float>(), out.defined() ? out.data<float>() : nullptr);
   });
   dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {

@@ -65,24 +65,24 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ gu, const T* dout, 
 bool aligned16(const void* p) { return p == nullptr || vec::aligned16(p); }
 
 template <typename T>
-void forward(const T* gu, int64_t n, int64_t f, T* out) {
+void forward(cudaStream_t s, const T* gu, int64_t n, int64_t f, T* out) {
   if (n * f == 0) return;
   if (f % vec::kWidth == 0 && aligned16(gu) && aligned16(out))
     swiglu_forward_kernel<T, vec::kWidth>
-        <<<blocks_for(n * f / vec::kWidth, kThreads), kThreads, 0, stream()>>>(gu, n, f, out);
+        <<<blocks_for(n * f / vec::kWidth, kThreads), kThreads, 0, s>>>(gu, n, f, out);
   else
-    swiglu_forward_kernel<T, 1><<<blocks_for(n * f, kThreads), kThreads, 0, stream()>>>(gu, n, f, out);
+    swiglu_forward_kernel<T, 1><<<blocks_for(n * f, kThreads), kThreads, 0, s>>>(gu, n, f, out);
   check_launch("swiglu", "swiglu_forward_kernel");
 }
 
 template <typename T>
-void backward(const T* gu, const T* dout, int64_t n, int64_t f, T* dgu, T* out) {
+void backward(cudaStream_t s, const T* gu, const T* dout, int64_t n, int64_t f, T* dgu, T* out) {
   if (n * f == 0) return;
   if (f % vec::kWidth == 0 && aligned16(gu) && aligned16(dout) && aligned16(dgu) && aligned16(out))
     swiglu_backward_kernel<T, vec::kWidth>
-        <<<blocks_for(n * f / vec::kWidth, kThreads), kThreads, 0, stream()>>>(gu, dout, n, f, dgu, out);
+        <<<blocks_for(n * f / vec::kWidth, kThreads), kThreads, 0, s>>>(gu, dout, n, f, dgu, out);
   else
-    swiglu_backward_kernel<T, 1><<<blocks_for(n * f, kThreads), kThreads, 0, stream()>>>(gu, dout, n, f, dgu, out);
+    swiglu_backward_kernel<T, 1><<<blocks_for(n * f, kThreads), kThreads, 0, s>>>(gu, dout, n, f, dgu, out);
   check_launch("swiglu_backward", "swiglu_backward_kernel");
 }
 
@@ -91,20 +91,22 @@ bf16* as_bf16(bf16_bits* p) { return reinterpret_cast<bf16*>(p); }
 
 }  // namespace
 
-void swiglu_forward_f32(const float* gate_up, int64_t n, int64_t f, float* out) { forward(gate_up, n, f, out); }
+void swiglu_forward_f32(const ExecContext& ctx, const float* gate_up, int64_t n, int64_t f, float* out) {
+  forward(stream(ctx), gate_up, n, f, out);
+}
 
-void swiglu_backward_f32(const float* gate_up, const float* dout, int64_t n, int64_t f, float* dgate_up,
+void swiglu_backward_f32(const ExecContext& ctx, const float* gate_up, const float* dout, int64_t n, int64_t f, float* dgate_up,
                          float* out) {
-  backward(gate_up, dout, n, f, dgate_up, out);
+  backward(stream(ctx), gate_up, dout, n, f, dgate_up, out);
 }
 
-void swiglu_forward_bf16(const bf16_bits* gate_up, int64_t n, int64_t f, bf16_bits* out) {
-  forward(as_bf16(gate_up), n, f, as_bf16(out));
+void swiglu_forward_bf16(const ExecContext& ctx, const bf16_bits* gate_up, int64_t n, int64_t f, bf16_bits* out) {
+  forward(stream(ctx), as_bf16(gate_up), n, f, as_bf16(out));
 }
 
-void swiglu_backward_bf16(const bf16_bits* gate_up, const bf16_bits* dout, int64_t n, int64_t f,
+void swiglu_backward_bf16(const ExecContext& ctx, const bf16_bits* gate_up, const bf16_bits* dout, int64_t n, int64_t f,
                           bf16_bits* dgate_up, bf16_bits* out) {
-  backward(as_bf16(gate_up), as_bf16(dout), n, f, as_bf16(dgate_up), out ? as_bf16(out) : nullptr);
+  backward(stream(ctx), as_bf16(gate_up), as_bf16(dout), n, f, as_bf16(dgate_up), out ? as_bf16(out) : nullptr);
 }
 
 }  // namespace kiln::cuda

@@ -2,18 +2,20 @@
 // silu(gate) * up, and its backward; fp32, or bf16 on the mixed path (fp32 arithmetic).
 #pragma once
 
+#include "core/exec_context.h"
+
 #include "ops/mixed_precision.h"
 
 #include <cstdint>
 
 namespace kiln::cuda {
 
-void swiglu_forward_f32(const float* gate_up, int64_t n, int64_t f, float* out);
+void swiglu_forward_f32(const ExecContext& ctx, const float* gate_up, int64_t n, int64_t f, float* out);
 // out (null: skipped; may alias dout) receives the forward's output again.
-void swiglu_backward_f32(const float* gate_up, const float* dout, int64_t n, int64_t f, float* dgate_up,
+void swiglu_backward_f32(const ExecContext& ctx, const float* gate_up, const float* dout, int64_t n, int64_t f, float* dgate_up,
                          float* out);
-void swiglu_forward_bf16(const bf16_bits* gate_up, int64_t n, int64_t f, bf16_bits* out);
-void swiglu_backward_bf16(const bf16_bits* gate_up, const bf16_bits* dout, int64_t n, int64_t f,
+void swiglu_forward_bf16(const ExecContext& ctx, const bf16_bits* gate_up, int64_t n, int64_t f, bf16_bits* out);
+void swiglu_backward_bf16(const ExecContext& ctx, const bf16_bits* gate_up, const bf16_bits* dout, int64_t n, int64_t f,
                           bf16_bits* dgate_up, bf16_bits* out);
 
 }  // namespace kiln::cuda
