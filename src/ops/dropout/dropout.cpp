@@ -9,7 +9,6 @@ namespace kiln::ops {
 
 void dropout_apply(const ExecContext& ctx, const Tensor& x, const DropoutSite& site, const Tensor& y) {
   const char* op = "dropout";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   expect_rank(op, "x", x, 2);
   expect_same(op, "y", y, x);
@@ -21,10 +20,10 @@ void dropout_apply(const ExecContext& ctx, const Tensor& x, const DropoutSite& s
   const double scale = 1.0 / (1.0 - site.p);
   KILN_ON_CUDA(x, op, {
     if (x.dtype() == DType::bf16)
-      cuda::dropout_apply_bf16(bf16_data(x), x.numel(), site.key.data<int32_t>(), site.site, threshold,
+      cuda::dropout_apply_bf16(ctx, bf16_data(x), x.numel(), site.key.data<int32_t>(), site.site, threshold,
                                static_cast<float>(scale), bf16_data(y));
     else
-      cuda::dropout_apply_f32(x.data<float>(), x.numel(), site.key.data<int32_t>(), site.site, threshold,
+      cuda::dropout_apply_f32(ctx, x.data<float>(), x.numel(), site.key.data<int32_t>(), site.site, threshold,
                               static_cast<float>(scale), y.data<float>());
   });
   const int32_t* words = site.key.data<int32_t>();

@@ -35,22 +35,22 @@ __global__ void dropout_kernel(const T* x, int64_t n, const int32_t* __restrict_
 }
 
 template <typename T>
-void launch(const T* x, int64_t n, const int32_t* key, uint32_t site, uint32_t threshold, float scale, T* y) {
+void launch(cudaStream_t s, const T* x, int64_t n, const int32_t* key, uint32_t site, uint32_t threshold, float scale, T* y) {
   if (n == 0) return;
-  dropout_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(x, n, key, site, threshold, scale, y);
+  dropout_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, n, key, site, threshold, scale, y);
   check_launch("dropout", "dropout_kernel");
 }
 
 }  // namespace
 
-void dropout_apply_f32(const float* x, int64_t n, const int32_t* key, uint32_t site, uint32_t threshold, float scale,
+void dropout_apply_f32(const ExecContext& ctx, const float* x, int64_t n, const int32_t* key, uint32_t site, uint32_t threshold, float scale,
                        float* y) {
-  launch(x, n, key, site, threshold, scale, y);
+  launch(stream(ctx), x, n, key, site, threshold, scale, y);
 }
 
-void dropout_apply_bf16(const bf16_bits* x, int64_t n, const int32_t* key, uint32_t site, uint32_t threshold,
+void dropout_apply_bf16(const ExecContext& ctx, const bf16_bits* x, int64_t n, const int32_t* key, uint32_t site, uint32_t threshold,
                         float scale, bf16_bits* y) {
-  launch(reinterpret_cast<const bf16*>(x), n, key, site, threshold, scale, reinterpret_cast<bf16*>(y));
+  launch(stream(ctx), reinterpret_cast<const bf16*>(x), n, key, site, threshold, scale, reinterpret_cast<bf16*>(y));
 }
 
 }  // namespace kiln::cuda

@@ -21,11 +21,10 @@ void validate(const char* op, const Tensor& tokens, const Tensor& table, const T
 
 void embedding_forward(const ExecContext& ctx, const Tensor& tokens, const Tensor& table, const Tensor& out) {
   const char* op = "embedding";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, table);
   validate(op, tokens, table, out);
   // Device ids are trusted: the data pipeline checks every id against the vocabulary.
-  KILN_ON_CUDA(table, op, cuda::embedding_forward_f32(tokens.data<int32_t>(), table.data<float>(), tokens.size(0),
+  KILN_ON_CUDA(table, op, cuda::embedding_forward_f32(ctx, tokens.data<int32_t>(), table.data<float>(), tokens.size(0),
                                                       table.size(1), out.data<float>()));
   const int32_t* ids = tokens.data<int32_t>();
   const int64_t n = tokens.size(0), vocab = table.size(0), dim = table.size(1);
@@ -42,10 +41,9 @@ void embedding_forward(const ExecContext& ctx, const Tensor& tokens, const Tenso
 
 void embedding_backward(const ExecContext& ctx, const Tensor& tokens, const Tensor& dout, const Tensor& dtable) {
   const char* op = "embedding_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dtable);
   validate(op, tokens, dtable, dout);
-  KILN_ON_CUDA(dtable, op, cuda::embedding_backward_f32(tokens.data<int32_t>(), dout.data<float>(), tokens.size(0),
+  KILN_ON_CUDA(dtable, op, cuda::embedding_backward_f32(ctx, tokens.data<int32_t>(), dout.data<float>(), tokens.size(0),
                                                         dtable.size(1), dtable.data<float>()));
   const int32_t* ids = tokens.data<int32_t>();
   const int64_t n = tokens.size(0), dim = dtable.size(1);
@@ -90,7 +88,6 @@ void group_tokens(const int32_t* tokens, int64_t n, std::vector<int32_t>& counts
 
 void embedding_backward(const ExecContext& ctx, const TokenGroups& groups, const Tensor& dout, const Tensor& dtable) {
   const char* op = "embedding_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dtable);
   expect_rank(op, "dout", dout, 2);
   expect_rank(op, "dtable", dtable, 2);
@@ -98,7 +95,7 @@ void embedding_backward(const ExecContext& ctx, const TokenGroups& groups, const
   expect_shape(op, "order", groups.order, Shape{dout.size(0)});
   KILN_CHECK(groups.group_starts.size(0) >= groups.groups + 1, op, "group_starts holds {} entries for {} groups",
              groups.group_starts.size(0), groups.groups);
-  KILN_ON_CUDA(dtable, op, cuda::embedding_backward_grouped_f32(
+  KILN_ON_CUDA(dtable, op, cuda::embedding_backward_grouped_f32(ctx,
                                groups.order.data<int32_t>(), groups.group_tokens.data<int32_t>(),
                                groups.group_starts.data<int32_t>(), groups.groups, dout.data<float>(), dtable.size(1),
                                dtable.data<float>()));

@@ -38,20 +38,20 @@ __global__ void embedding_backward_grouped_kernel(const int32_t* order, const in
 
 }  // namespace
 
-void embedding_forward_f32(const int32_t* tokens, const float* table, int64_t n, int64_t dim, float* out) {
-  embedding_forward_kernel<<<blocks_for(n * dim, kThreads), kThreads, 0, stream()>>>(tokens, table, n, dim, out);
+void embedding_forward_f32(const ExecContext& ctx, const int32_t* tokens, const float* table, int64_t n, int64_t dim, float* out) {
+  embedding_forward_kernel<<<blocks_for(n * dim, kThreads), kThreads, 0, stream(ctx)>>>(tokens, table, n, dim, out);
   check_launch("embedding", "embedding_forward_kernel");
 }
 
-void embedding_backward_f32(const int32_t* tokens, const float* dout, int64_t n, int64_t dim, float* dtable) {
-  embedding_backward_kernel<<<blocks_for(n * dim, kThreads), kThreads, 0, stream()>>>(tokens, dout, n, dim, dtable);
+void embedding_backward_f32(const ExecContext& ctx, const int32_t* tokens, const float* dout, int64_t n, int64_t dim, float* dtable) {
+  embedding_backward_kernel<<<blocks_for(n * dim, kThreads), kThreads, 0, stream(ctx)>>>(tokens, dout, n, dim, dtable);
   check_launch("embedding_backward", "embedding_backward_kernel");
 }
 
-void embedding_backward_grouped_f32(const int32_t* order, const int32_t* group_tokens, const int32_t* group_starts,
+void embedding_backward_grouped_f32(const ExecContext& ctx, const int32_t* order, const int32_t* group_tokens, const int32_t* group_starts,
                                     int64_t groups, const float* dout, int64_t dim, float* dtable) {
   if (groups == 0) return;
-  embedding_backward_grouped_kernel<<<static_cast<unsigned>(groups), 256, 0, stream()>>>(order, group_tokens,
+  embedding_backward_grouped_kernel<<<static_cast<unsigned>(groups), 256, 0, stream(ctx)>>>(order, group_tokens,
                                                                                          group_starts, dout, dim, dtable);
   check_launch("embedding_backward", "embedding_backward_grouped_kernel");
 }

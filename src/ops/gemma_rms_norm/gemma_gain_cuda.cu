@@ -14,10 +14,10 @@ __global__ void gain_kernel(const float* __restrict__ w, int64_t count, float* _
 
 }  // namespace
 
-void gemma_gain(const float* w, int64_t count, float* gain) {
+void gemma_gain(const ExecContext& ctx, const float* w, int64_t count, float* gain) {
   if (count == 0) return;
   constexpr int kThreads = 256;
-  gain_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream()>>>(w, count, gain);
+  gain_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream(ctx)>>>(w, count, gain);
   check_launch("gemma_gain", "gain_kernel");
 }
 

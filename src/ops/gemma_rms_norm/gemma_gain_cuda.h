@@ -3,10 +3,12 @@
 // gain is fp32 on each). Launches on kiln::cuda::stream(); the front end validates.
 #pragma once
 
+#include "core/exec_context.h"
+
 #include <cstdint>
 
 namespace kiln::cuda {
 
-void gemma_gain(const float* w, int64_t count, float* gain);
+void gemma_gain(const ExecContext& ctx, const float* w, int64_t count, float* gain);
 
 }  // namespace kiln::cuda

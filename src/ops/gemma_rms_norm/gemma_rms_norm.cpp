@@ -11,13 +11,12 @@ namespace kiln::ops {
 
 void gemma_gain(const ExecContext& ctx, const Tensor& w, const Tensor& gain) {
   const char* op = "gemma_gain";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, w);
   expect_rank(op, "w", w, 1);
   expect_shape(op, "gain", gain, w.shape());
   expect_same(op, "gain", gain, w);
   if (w.device() == Device::cuda) expect_dtype(op, "w", w, DType::f32);
-  KILN_ON_CUDA(w, op, cuda::gemma_gain(w.data<float>(), w.numel(), gain.data<float>()));
+  KILN_ON_CUDA(w, op, cuda::gemma_gain(ctx, w.data<float>(), w.numel(), gain.data<float>()));
   dispatch_cpu_float(op, w.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* in = w.data<T>();
@@ -28,21 +27,18 @@ void gemma_gain(const ExecContext& ctx, const Tensor& w, const Tensor& gain) {
 
 void gemma_rms_norm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, double eps, const Tensor& gain, const Tensor& y,
                             const Tensor& rstd) {
-  expect_process_stream("gemma_rms_norm_forward", ctx);
   gemma_gain(ctx, w, gain);
   rms_norm_forward(ctx, x, gain, eps, y, rstd);
 }
 
 void add_gemma_rms_norm_forward(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& w, double eps, const Tensor& gain,
                                 const Tensor& sum, const Tensor& y, const Tensor& rstd) {
-  expect_process_stream("add_gemma_rms_norm_forward", ctx);
   gemma_gain(ctx, w, gain);
   add_rms_norm_forward(ctx, a, b, gain, eps, sum, y, rstd);
 }
 
 void gemma_rms_norm_backward(const ExecContext& ctx, const Tensor& x, const Tensor& gain, const Tensor& rstd, const Tensor& dy,
                              const Tensor& dx, const Tensor& dw, bool accumulate_dx, const Tensor& dx_copy) {
-  expect_process_stream("gemma_rms_norm_backward", ctx);
   rms_norm_backward(ctx, x, gain, rstd, dy, dx, dw, accumulate_dx, dx_copy);
 }
 

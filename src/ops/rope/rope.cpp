@@ -46,7 +46,6 @@ void rope_fill_tables(const ExecContext& ctx, const std::vector<float>& inv_freq
 
 void rope_apply(const ExecContext& ctx, const Tensor& x, const Tensor& positions, const Tensor& cos, const Tensor& sin, bool inverse) {
   const char* op = "rope";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   expect_rank(op, "x", x, 3);
   expect_shape(op, "positions", positions, Shape{x.size(0)});
@@ -63,10 +62,10 @@ void rope_apply(const ExecContext& ctx, const Tensor& x, const Tensor& positions
   }
   KILN_ON_CUDA(x, op, {
     if (is_mixed(x))
-      cuda::rope_apply_bf16(bf16_data(x), positions.data<int32_t>(), cos.data<float>(), sin.data<float>(), x.size(0),
+      cuda::rope_apply_bf16(ctx, bf16_data(x), positions.data<int32_t>(), cos.data<float>(), sin.data<float>(), x.size(0),
                             x.size(1), x.size(2) / 2, inverse);
     else
-      cuda::rope_apply_f32(x.data<float>(), positions.data<int32_t>(), cos.data<float>(), sin.data<float>(),
+      cuda::rope_apply_f32(ctx, x.data<float>(), positions.data<int32_t>(), cos.data<float>(), sin.data<float>(),
                            x.size(0), x.size(1), x.size(2) / 2, inverse);
   });
   const int64_t n = x.size(0), heads = x.size(1), half = x.size(2) / 2, max_pos = cos.size(0);

@@ -48,30 +48,30 @@ __global__ void rope_kernel(T* __restrict__ x, const int32_t* __restrict__ pos, 
 }
 
 template <typename T>
-void apply(T* x, const int32_t* positions, const float* cos, const float* sin, int64_t n, int64_t heads, int64_t half,
+void apply(cudaStream_t s, T* x, const int32_t* positions, const float* cos, const float* sin, int64_t n, int64_t heads, int64_t half,
            bool inverse) {
   const int64_t items = n * heads * half;
   if (items == 0) return;
   const float sign = inverse ? -1.0f : 1.0f;
   if (half % vec::kWidth == 0 && vec::aligned16(x) && vec::aligned16(cos) && vec::aligned16(sin))
-    rope_kernel<T, vec::kWidth><<<blocks_for(items / vec::kWidth, kThreads), kThreads, 0, stream()>>>(
+    rope_kernel<T, vec::kWidth><<<blocks_for(items / vec::kWidth, kThreads), kThreads, 0, s>>>(
         x, positions, cos, sin, n, heads, half, sign);
   else
-    rope_kernel<T, 1><<<blocks_for(items, kThreads), kThreads, 0, stream()>>>(x, positions, cos, sin, n, heads, half,
+    rope_kernel<T, 1><<<blocks_for(items, kThreads), kThreads, 0, s>>>(x, positions, cos, sin, n, heads, half,
                                                                              sign);
   check_launch("rope", "rope_kernel");
 }
 
 }  // namespace
 
-void rope_apply_f32(float* x, const int32_t* positions, const float* cos, const float* sin, int64_t n, int64_t heads,
+void rope_apply_f32(const ExecContext& ctx, float* x, const int32_t* positions, const float* cos, const float* sin, int64_t n, int64_t heads,
                     int64_t half, bool inverse) {
-  apply(x, positions, cos, sin, n, heads, half, inverse);
+  apply(stream(ctx), x, positions, cos, sin, n, heads, half, inverse);
 }
 
-void rope_apply_bf16(bf16_bits* x, const int32_t* positions, const float* cos, const float* sin, int64_t n,
+void rope_apply_bf16(const ExecContext& ctx, bf16_bits* x, const int32_t* positions, const float* cos, const float* sin, int64_t n,
                      int64_t heads, int64_t half, bool inverse) {
-  apply(reinterpret_cast<bf16*>(x), positions, cos, sin, n, heads, half, inverse);
+  apply(stream(ctx), reinterpret_cast<bf16*>(x), positions, cos, sin, n, heads, half, inverse);
 }
 
 }  // namespace kiln::cuda

@@ -42,23 +42,22 @@ void shuffle(T* fused, T* q, T* k, T* v, int64_t n, int64_t q_cols, int64_t kv_c
   }
 }
 
-[[maybe_unused]] void shuffle_cuda(const Tensor& fused, const Tensor& q, const Tensor& k, const Tensor& v,
+[[maybe_unused]] void shuffle_cuda(const ExecContext& ctx, const Tensor& fused, const Tensor& q, const Tensor& k, const Tensor& v,
                                   bool to_parts) {
   const int64_t n = q.size(0), q_cols = q.size(1) * q.size(2), kv_cols = k.size(1) * k.size(2);
   if (is_mixed(q))
-    cuda::qkv_shuffle_bf16(bf16_data(fused), bf16_data(q), bf16_data(k), bf16_data(v), n, q_cols, kv_cols, to_parts);
+    cuda::qkv_shuffle_bf16(ctx, bf16_data(fused), bf16_data(q), bf16_data(k), bf16_data(v), n, q_cols, kv_cols, to_parts);
   else
-    cuda::qkv_shuffle_f32(fused.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(), n, q_cols, kv_cols,
+    cuda::qkv_shuffle_f32(ctx, fused.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(), n, q_cols, kv_cols,
                           to_parts);
 }
 
 }  // namespace
 
 void qkv_split(const ExecContext& ctx, const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v) {
-  expect_process_stream("qkv_split", ctx);
   validate("qkv_split", qkv, q, k, v);
   KILN_OP_SCOPE("qkv_split", q);
-  KILN_ON_CUDA(q, "qkv_split", shuffle_cuda(qkv, q, k, v, true));
+  KILN_ON_CUDA(q, "qkv_split", shuffle_cuda(ctx, qkv, q, k, v, true));
   dispatch_cpu_float("qkv_split", q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     shuffle<T>(qkv.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(), q.size(0), q.size(1) * q.size(2),
@@ -67,10 +66,9 @@ void qkv_split(const ExecContext& ctx, const Tensor& qkv, const Tensor& q, const
 }
 
 void qkv_merge(const ExecContext& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dqkv) {
-  expect_process_stream("qkv_merge", ctx);
   validate("qkv_merge", dqkv, dq, dk, dv);
   KILN_OP_SCOPE("qkv_merge", dq);
-  KILN_ON_CUDA(dq, "qkv_merge", shuffle_cuda(dqkv, dq, dk, dv, false));
+  KILN_ON_CUDA(dq, "qkv_merge", shuffle_cuda(ctx, dqkv, dq, dk, dv, false));
   dispatch_cpu_float("qkv_merge", dq.dtype(), [&](auto zero) {
     using T = decltype(zero);
     shuffle<T>(dqkv.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), dq.size(0), dq.size(1) * dq.size(2),

@@ -38,31 +38,31 @@ __global__ void qkv_shuffle_kernel(T* fused, T* q, T* k, T* v, int64_t n, int64_
 }
 
 template <typename T>
-void shuffle(T* fused, T* q, T* k, T* v, int64_t n, int64_t q_cols, int64_t kv_cols, bool to_parts) {
+void shuffle(cudaStream_t s, T* fused, T* q, T* k, T* v, int64_t n, int64_t q_cols, int64_t kv_cols, bool to_parts) {
   constexpr int W = 16 / sizeof(T);
   const int64_t items = n * (q_cols + 2 * kv_cols);
   if (items == 0) return;
   const bool wide = q_cols % W == 0 && kv_cols % W == 0 && vec::aligned16(fused) && vec::aligned16(q) &&
                     vec::aligned16(k) && vec::aligned16(v);
   if (wide)
-    qkv_shuffle_kernel<T, W><<<blocks_for(items / W, kThreads), kThreads, 0, stream()>>>(fused, q, k, v, n, q_cols,
+    qkv_shuffle_kernel<T, W><<<blocks_for(items / W, kThreads), kThreads, 0, s>>>(fused, q, k, v, n, q_cols,
                                                                                         kv_cols, to_parts);
   else
-    qkv_shuffle_kernel<T, 1><<<blocks_for(items, kThreads), kThreads, 0, stream()>>>(fused, q, k, v, n, q_cols,
+    qkv_shuffle_kernel<T, 1><<<blocks_for(items, kThreads), kThreads, 0, s>>>(fused, q, k, v, n, q_cols,
                                                                                     kv_cols, to_parts);
   check_launch("qkv_split", "qkv_shuffle_kernel");
 }
 
 }  // namespace
 
-void qkv_shuffle_f32(float* fused, float* q, float* k, float* v, int64_t n, int64_t q_cols, int64_t kv_cols,
+void qkv_shuffle_f32(const ExecContext& ctx, float* fused, float* q, float* k, float* v, int64_t n, int64_t q_cols, int64_t kv_cols,
                      bool to_parts) {
-  shuffle(fused, q, k, v, n, q_cols, kv_cols, to_parts);
+  shuffle(stream(ctx), fused, q, k, v, n, q_cols, kv_cols, to_parts);
 }
 
-void qkv_shuffle_bf16(bf16_bits* fused, bf16_bits* q, bf16_bits* k, bf16_bits* v, int64_t n, int64_t q_cols,
+void qkv_shuffle_bf16(const ExecContext& ctx, bf16_bits* fused, bf16_bits* q, bf16_bits* k, bf16_bits* v, int64_t n, int64_t q_cols,
                       int64_t kv_cols, bool to_parts) {
-  shuffle(fused, q, k, v, n, q_cols, kv_cols, to_parts);
+  shuffle(stream(ctx), fused, q, k, v, n, q_cols, kv_cols, to_parts);
 }
 
 }  // namespace kiln::cuda
