@@ -317,7 +317,7 @@ TEST_F(ServeTest, BadRequestsGet4xxAndTheServerCarriesOn) {
       {R"({"prompt": [[256, 9999]]})", 400},                          // id outside the vocabulary
       {R"({"prompt": {"a": 1}})", 400},
       {R"({"prompt": "x", "stop": [1]})", 400},
-      {R"({"prompt": "x", "presence_penalty": 0.5})", 400},
+      {R"({"prompt": "x", "presence_penalty": 2.5})", 400},
       {R"({"prompt": "x", "max_tokens": 63})", 400},                  // prompt + max_tokens > 64
       {json{{"prompt", std::string(70, 'a')}, {"max_tokens", 0}}.dump(), 400},
       {json{{"prompt", std::vector<std::string>(17, "a")}}.dump(), 400},  // more prompts than allowed

@@ -130,10 +130,13 @@ TEST(ServeFields, IgnoredRefusedAndSynonyms) {
   const std::vector<std::pair<std::string, std::string>> refused = {
       {R"({"prompt": "x", "n": 2})", "n"},
       {R"({"prompt": "x", "best_of": 3})", "best_of"},
-      {R"({"prompt": "x", "logit_bias": {"50": 1}})", "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"50": 101}})", "logit_bias"},   // past OpenAI's [-100, 100]
+      {R"({"prompt": "x", "logit_bias": {"-1": 1}})", "logit_bias"},     // not a token id
+      {R"({"prompt": "x", "logit_bias": {"99999": 1}})", "logit_bias"},  // past the vocabulary
+      {R"({"prompt": "x", "logit_bias": [1]})", "logit_bias"},
       {R"({"prompt": "x", "suffix": "tail"})", "suffix"},
-      {R"({"prompt": "x", "presence_penalty": 0.5})", "presence_penalty"},
-      {R"({"prompt": "x", "frequency_penalty": -1})", "frequency_penalty"},
+      {R"({"prompt": "x", "presence_penalty": 2.5})", "presence_penalty"},  // past OpenAI's [-2, 2]
+      {R"({"prompt": "x", "frequency_penalty": "1"})", "frequency_penalty"},
       {R"({"prompt": "x", "stream": true, "logprobs": 1})", "logprobs"},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options"},
       {R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}})", "stream_options"},

@@ -1,5 +1,6 @@
 // `kiln serve CHECKPOINT --port P`: the completions server (serve/server.h), loopback by
-// default. SIGINT/SIGTERM stop it cleanly. On the GPU (--device, default auto) the decoder
+// default. SIGINT/SIGTERM stop it gracefully: no new connections, requests in progress
+// finish within --shutdown-grace seconds (a second signal cuts them off at once), exit 0. On the GPU (--device, default auto) the decoder
 // is the bf16, graph-captured one that `kiln sample` uses.
 #include "cli/commands.h"
 #include "core/error.h"
@@ -11,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <cstdio>
@@ -37,7 +39,7 @@ void add_serve_command(CLI::App& app) {
     std::string model_name;
     serve::ServeOptions serve;
     int64_t slots = 8, max_rows = 256, threads = 0;
-    bool no_bos = false;
+    bool no_bos = false, no_access_log = false;
     std::string port_file;
     std::string device = "auto";
   };
@@ -80,6 +82,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-pending", o->serve.max_pending, "sequences queued or running before 503")
       ->capture_default_str();
   cmd->add_flag("--no-bos", o->no_bos, "do not put BOS before string prompts");
+  cmd->add_option("--shutdown-grace", o->serve.shutdown_grace_s,
+                  "seconds requests in progress get to finish after SIGTERM/SIGINT before they are cut off")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--no-access-log", o->no_access_log, "no line per request on stderr");
   cmd->add_option("--threads", o->threads, "CPU threads for the model (0 = all)")->capture_default_str();
   add_device_option(cmd, o->device);
   cmd->callback([o] {
@@ -93,6 +100,7 @@ void add_serve_command(CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     set_cpu_threads(o->threads);
     o->serve.limits.add_bos = !o->no_bos;
+    o->serve.access_log = !o->no_access_log;
     if (o->serve.api_key.empty() && !serve::is_loopback_host(o->serve.host))
       warn("serve", fmt::format("listening on {} with no API key: anyone who can reach it can use the model "
                                 "(--api-key or KILN_API_KEY)",
@@ -117,15 +125,28 @@ void add_serve_command(CLI::App& app) {
                static_cast<double>(decoder.state_bytes()) / 1e6, device_name(loaded.model->options().device),
                o->serve.api_key.empty() ? "" : ", API key required");
     std::fflush(stdout);
+    std::atomic<bool> listening{true};
     std::thread waiter([&] {
-      int sig = 0;
-      sigwait(&signals, &sig);
-      server.stop();
+      for (int signals_seen = 0; listening; ++signals_seen) {
+        int sig = 0;
+        sigwait(&signals, &sig);
+        if (!listening) break;
+        if (signals_seen == 0) {
+          fmt::print(stderr, "kiln serve: {}: stopping; requests in progress get up to {} s to finish (a second "
+                             "signal cuts them off)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", o->serve.shutdown_grace_s);
+          server.stop();
+        } else {
+          server.stop_now();
+        }
+      }
     });
-    server.listen();
-    pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the waiter if listen() ended on its own
+    const int64_t cut = server.listen();
+    listening = false;
+    pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the waiter
     waiter.join();
-    fmt::print("kiln serve: stopped after {} model steps\n", server.worker().steps());
+    fmt::print("kiln serve: stopped after {} model steps{}\n", server.worker().steps(),
+               cut == 0 ? std::string()
+                        : fmt::format("; {} request{} in progress cut off at the shutdown bound", cut, cut == 1 ? "" : "s"));
   });
 }
 

@@ -75,7 +75,8 @@ void Generator::sample_next(Sequence& s, const float* logits) {
   const auto vocab = static_cast<size_t>(choosable_);  // a padded vocabulary's tail is never drawn
   if (s.request.logprobs) log_softmax({logits, vocab}, logprobs_);
   row_.assign(logits, logits + vocab);
-  const int32_t token = sampler_.sample(row_, s.context, s.request.sampling, s.rng);
+  const int32_t token =
+      sampler_.sample(row_, s.context, s.request.sampling, s.rng, static_cast<size_t>(s.result.prompt_tokens));
   if (s.request.logprobs) {
     TokenLogprob lp{token, logprobs_[static_cast<size_t>(token)], top_logprobs(logprobs_, s.request.top_logprobs)};
     if (s.request.stop_at_eos && token == tokenizer_.eos_id()) s.result.eos_logprob = std::move(lp);
@@ -85,13 +86,13 @@ void Generator::sample_next(Sequence& s, const float* logits) {
 }
 
 // The row at `position` of s needs only its argmax: it predicts a generated token, greedily
-// (temperature 0), with no penalty to apply and no logprobs to report. Its logits then stay
+// (temperature 0), with no penalty or bias to apply and no logprobs to report. Its logits then stay
 // on the device (Decoder::greedy: one id per row comes back), unless the vocabulary is
 // padded: the device's argmax would see the padded ids too.
 bool Generator::argmax_only(const Sequence& s, int64_t position) const {
   const GenerationRequest& r = s.request;
   return choosable_ == decoder_.vocab_size() && position + 1 >= static_cast<int64_t>(r.prompt.size()) &&
-         r.sampling.temperature == 0.0 && r.sampling.repetition_penalty == 1.0 && !r.logprobs;
+         r.sampling.temperature == 0.0 && !r.sampling.changes_logits() && !r.logprobs;
 }
 
 // Takes `token` as the next of s (an EOS ends it instead when asked) and applies the stop

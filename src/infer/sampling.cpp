@@ -16,10 +16,24 @@ void SamplingParams::validate() const {
   KILN_CHECK(min_p >= 0 && min_p <= 1, "sampling", "min_p must be in [0, 1], got {}", min_p);
   KILN_CHECK(std::isfinite(repetition_penalty) && repetition_penalty > 0, "sampling",
              "repetition_penalty must be > 0, got {}", repetition_penalty);
+  KILN_CHECK(std::isfinite(presence_penalty) && std::abs(presence_penalty) <= 2, "sampling",
+             "presence_penalty must be in [-2, 2], got {}", presence_penalty);
+  KILN_CHECK(std::isfinite(frequency_penalty) && std::abs(frequency_penalty) <= 2, "sampling",
+             "frequency_penalty must be in [-2, 2], got {}", frequency_penalty);
+  for (const auto& [id, bias] : logit_bias)
+    KILN_CHECK(id >= 0 && std::isfinite(bias) && std::abs(bias) <= 100, "sampling",
+               "logit_bias must map token ids >= 0 to biases in [-100, 100], got {} -> {}", id, bias);
 }
 
-int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> context, const SamplingParams& p, Rng& rng) {
+bool SamplingParams::changes_logits() const {
+  return repetition_penalty != 1.0 || presence_penalty != 0 || frequency_penalty != 0 || !logit_bias.empty();
+}
+
+int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> context, const SamplingParams& p, Rng& rng,
+                        size_t prompt_length) {
   const auto vocab = static_cast<int32_t>(logits.size());
+  for (const auto& [id, bias] : p.logit_bias)
+    if (id < vocab) logits[static_cast<size_t>(id)] += bias;  // ids past the row: a padded vocabulary's, never drawn
   if (p.repetition_penalty != 1.0) {
     seen_.assign(logits.size(), 0);
     const auto penalty = static_cast<float>(p.repetition_penalty);
@@ -29,6 +43,14 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> contex
       float& l = logits[static_cast<size_t>(t)];
       l = l > 0 ? l / penalty : l * penalty;
     }
+  }
+  if (p.presence_penalty != 0 || p.frequency_penalty != 0) {
+    counts_.assign(logits.size(), 0);
+    for (size_t i = std::min(prompt_length, context.size()); i < context.size(); ++i)
+      if (context[i] >= 0 && context[i] < vocab) ++counts_[static_cast<size_t>(context[i])];
+    for (size_t t = 0; t < counts_.size(); ++t)
+      if (counts_[t] > 0)
+        logits[t] -= static_cast<float>(p.presence_penalty + p.frequency_penalty * counts_[t]);
   }
   // Greedy: the first maximum (lowest id on ties), as torch.argmax.
   if (p.temperature == 0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());

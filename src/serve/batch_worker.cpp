@@ -1,26 +1,72 @@
 #include "serve/batch_worker.h"
 
 #include "ops/parallel.h"
+#include "serve/access_log.h"
 
+#include <chrono>
 #include <stdexcept>
 
 namespace kiln::serve {
 
-BatchWorker::BatchWorker(Generator& generator, int64_t max_pending)
-    : generator_(generator), max_pending_(max_pending), thread_(start_cpu_thread([this] { loop(); })) {}
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// One sequence's token times, for the latency histograms. The generator reports every
+// token but the last through on_token (on the model's thread) and the last through done.
+struct TokenTimes {
+  Clock::time_point submitted = Clock::now(), last{};
+  size_t seen = 0;
+  void token(ServeMetrics& metrics) {
+    const auto now = Clock::now();
+    if (seen++ == 0)
+      metrics.time_to_first_token(seconds(now - submitted));
+    else
+      metrics.inter_token_latency(seconds(now - last));
+    last = now;
+  }
+};
+
+}  // namespace
+
+BatchWorker::BatchWorker(Generator& generator, int64_t max_pending, ServeMetrics* metrics)
+    : generator_(generator),
+      max_pending_(max_pending),
+      metrics_(metrics),
+      thread_(start_cpu_thread([this] { loop(); })) {}
 
 BatchWorker::~BatchWorker() { stop(); }
 
 void BatchWorker::submit(std::vector<GenerationRequest> sequences, Done done) {
   for (const GenerationRequest& r : sequences) generator_.validate(r);
   auto shared = std::make_shared<Done>(std::move(done));
+  const std::shared_ptr<RequestTally> tally = current_tally();
+  std::vector<std::shared_ptr<TokenTimes>> times(sequences.size());
+  if (metrics_)
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      times[i] = std::make_shared<TokenTimes>();
+      sequences[i].on_token = [t = times[i], m = metrics_, inner = std::move(sequences[i].on_token)](
+                                  const GenerationResult& r) {
+        t->token(*m);
+        if (inner) inner(r);
+      };
+    }
   {
     std::lock_guard lock(mutex_);
     if (!running_) throw std::length_error("the server is shutting down");
     if (in_flight_ + static_cast<int64_t>(sequences.size()) > max_pending_)
       throw std::length_error("too many sequences queued; try again later");
     for (size_t i = 0; i < sequences.size(); ++i)
-      pending_.emplace_back(std::move(sequences[i]), [this, shared, i](GenerationResult&& r) {
+      pending_.emplace_back(std::move(sequences[i]), [this, shared, i, tally, t = times[i]](GenerationResult&& r) {
+        const auto generated = static_cast<int64_t>(r.tokens.size());
+        if (t && r.tokens.size() > t->seen) t->token(*metrics_);  // the last token
+        if (metrics_) metrics_->sequence(r.prompt_tokens, generated);
+        if (tally) {
+          tally->prompt_tokens += r.prompt_tokens;
+          tally->completion_tokens += generated;
+        }
         (*shared)(i, std::move(r));
         std::lock_guard lock(mutex_);
         --in_flight_;
@@ -60,6 +106,8 @@ void BatchWorker::loop() {
     std::lock_guard lock(mutex_);
     ++steps_;
     max_batch_ = std::max(max_batch_, batch);
+    slots_busy_ = generator_.active();
+    generator_queued_ = generator_.queued();
   }
   generator_.abort("the server is shutting down");
   std::vector<std::pair<GenerationRequest, Generator::Done>> left;
@@ -98,5 +146,21 @@ int64_t BatchWorker::max_batch() const {
   std::lock_guard lock(mutex_);
   return max_batch_;
 }
+
+}  // namespace kiln::serve
+
+namespace kiln::serve {
+
+int64_t BatchWorker::slots_busy() const {
+  std::lock_guard lock(mutex_);
+  return slots_busy_;
+}
+
+int64_t BatchWorker::sequences_waiting() const {
+  std::lock_guard lock(mutex_);
+  return generator_queued_ + static_cast<int64_t>(pending_.size());
+}
+
+int64_t BatchWorker::slots() const { return generator_.decoder().slots(); }
 
 }  // namespace kiln::serve

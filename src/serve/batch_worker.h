@@ -7,6 +7,7 @@
 #pragma once
 
 #include "infer/generator.h"
+#include "serve/serve_metrics.h"
 
 #include <condition_variable>
 #include <functional>
@@ -19,7 +20,9 @@ namespace kiln::serve {
 
 class BatchWorker {
  public:
-  BatchWorker(Generator& generator, int64_t max_pending);
+  // `metrics` (may be null; must outlive the worker) gets each sequence's token counts,
+  // time to first token and inter-token latencies.
+  BatchWorker(Generator& generator, int64_t max_pending, ServeMetrics* metrics = nullptr);
   ~BatchWorker();  // stop()
   BatchWorker(const BatchWorker&) = delete;
   BatchWorker& operator=(const BatchWorker&) = delete;
@@ -30,6 +33,7 @@ class BatchWorker {
 
   // Validates every sequence first (throws kiln::Error, nothing queued), then queues all
   // of them. Throws std::length_error when the queue is full or the worker has stopped.
+  // The sequences' tokens are added to the calling thread's current_tally() as they end.
   void submit(std::vector<GenerationRequest> sequences, Done done);
   // The same, with a future per sequence.
   std::vector<std::future<GenerationResult>> submit(std::vector<GenerationRequest> sequences);
@@ -39,18 +43,24 @@ class BatchWorker {
   int64_t steps() const;       // decoder steps run so far
   int64_t in_flight() const;   // sequences submitted and not yet finished
   int64_t max_batch() const;   // most sequences in the generator (running or waiting for a slot) at a step
+  // As of the last step: sequences in a decode slot, and those waiting for one (in the
+  // generator's queue or not yet handed to it).
+  int64_t slots_busy() const;
+  int64_t sequences_waiting() const;
+  int64_t slots() const;       // decode slots in all
 
  private:
   void loop();
 
   Generator& generator_;
   const int64_t max_pending_;
+  ServeMetrics* const metrics_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::vector<std::pair<GenerationRequest, Generator::Done>> pending_;
   int64_t in_flight_ = 0;  // submitted and not yet finished
   bool running_ = true;
-  int64_t steps_ = 0, max_batch_ = 0;
+  int64_t steps_ = 0, max_batch_ = 0, slots_busy_ = 0, generator_queued_ = 0;
   std::thread thread_;
 };
 

@@ -18,8 +18,8 @@ namespace {
 // The fields parse_completion_request reads. Any other is ignored (and named in
 // CompletionRequest::ignored_fields), as OpenAI-compatible servers do: clients send fields
 // newer than the server (metadata, service_tier, ...). A field kiln knows but cannot honour
-// (n > 1, penalties, logit_bias, suffix) is refused by name instead: ignoring it would
-// silently answer a different request.
+// (n > 1, suffix) is refused by name instead: ignoring it would silently answer a
+// different request.
 const std::set<std::string> kCompletionFields = {
     "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "stop", "seed", "echo", "logprobs", "n", "best_of", "stream", "stream_options",
@@ -62,6 +62,31 @@ double get_number(const json& body, const char* key, double fallback, double lo,
   const double x = v.get<double>();
   if (!(x >= lo && x <= hi)) throw ApiError(400, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, x), key);
   return x;
+}
+
+// OpenAI's logit_bias: {"token id": bias in [-100, 100]}, the ids as decimal strings (JSON
+// keys); null or {} for none.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& body, int64_t vocab) {
+  std::vector<std::pair<int32_t, float>> bias;
+  if (!present(body, "logit_bias")) return bias;
+  const json& o = body["logit_bias"];
+  if (!o.is_object()) throw ApiError(400, "'logit_bias' must be an object of token ids to biases", "logit_bias");
+  for (const auto& [key, value] : o.items()) {
+    int64_t id = -1;
+    const bool digits = !key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), [](char c) {
+      return c >= '0' && c <= '9';
+    });
+    if (digits) id = std::stoll(key);
+    if (id < 0 || id >= vocab)
+      throw ApiError(400, fmt::format("'logit_bias' keys must be token ids in [0, {}), got '{}'", vocab, key.substr(0, 24)),
+                     "logit_bias");
+    if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100))
+      throw ApiError(400, fmt::format("'logit_bias' values must be numbers in [-100, 100], got {} for '{}'",
+                                      shown(value), key),
+                     "logit_bias");
+    bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(value.get<double>()));
+  }
+  return bias;
 }
 
 bool get_bool(const json& body, const char* key, bool fallback) {
@@ -144,11 +169,6 @@ CompletionRequest parse_completion_request(const json& body, const Tokenizer& to
   for (const char* key : {"n", "best_of"})
     if (get_int(body, key, 1, 1, INT64_MAX) != 1)
       throw ApiError(400, fmt::format("'{}' must be 1: kiln serve returns one completion a prompt", key), key);
-  for (const char* key : {"presence_penalty", "frequency_penalty"})
-    if (get_number(body, key, 0, -2, 2) != 0)
-      throw ApiError(400, fmt::format("'{}' is not supported (use repetition_penalty)", key), key);
-  if (present(body, "logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
-    throw ApiError(400, "'logit_bias' is not supported", "logit_bias");
   if (present(body, "suffix") && !(body["suffix"].is_string() && body["suffix"].get_ref<const std::string&>().empty()))
     throw ApiError(400, "'suffix' is not supported", "suffix");
   if (present(body, "user") && !body["user"].is_string()) throw ApiError(400, "'user' must be a string", "user");
@@ -180,6 +200,9 @@ CompletionRequest parse_completion_request(const json& body, const Tokenizer& to
   if (sampling.top_k < 0) sampling.top_k = 0;  // -1 = off (vLLM's convention)
   sampling.min_p = get_number(body, "min_p", 0.0, 0, 1);
   sampling.repetition_penalty = get_number(body, "repetition_penalty", 1.0, 1e-6, 1e6);
+  sampling.presence_penalty = get_number(body, "presence_penalty", 0, -2, 2);
+  sampling.frequency_penalty = get_number(body, "frequency_penalty", 0, -2, 2);
+  sampling.logit_bias = parse_logit_bias(body, limits.vocab);
   r.echo = get_bool(body, "echo", false);
   if (present(body, "logprobs")) r.logprobs = get_int(body, "logprobs", 0, 0, limits.max_logprobs);
   const uint64_t seed = present(body, "seed") ? static_cast<uint64_t>(get_int(body, "seed", 0, INT64_MIN, INT64_MAX))

@@ -4,11 +4,12 @@
 // POST /v1/completions accepts:
 //   model (string: a served name, else 404 model_not_found; check_model), prompt (string |
 //   [string] | [int] | [[int]]), max_tokens or max_completion_tokens (>= 0, default 16),
-//   temperature (>= 0, default 1), top_p, top_k, min_p, repetition_penalty, stop (string |
-//   [string]), seed, echo, logprobs (null | 0..max; not with stream), stream,
-//   stream_options {include_usage}, ignore_eos, user, and, where they change nothing,
-//   n / best_of (1), presence_penalty / frequency_penalty (0), logit_bias ({}), suffix
-//   (null or ""): other values of those are a 400 naming the field. Fields it does not
+//   temperature (>= 0, default 1), top_p, top_k, min_p, repetition_penalty,
+//   presence_penalty and frequency_penalty ([-2, 2], OpenAI's), logit_bias ({"id": bias in
+//   [-100, 100]}), stop (string | [string]), seed, echo, logprobs (null | 0..max; not with
+//   stream), stream, stream_options {include_usage}, ignore_eos, user, and, where they
+//   change nothing, n / best_of (1), suffix (null or ""): other values of those are a 400
+//   naming the field. Fields it does not
 //   know are ignored and listed in ignored_fields (the server logs them).
 // String prompts are tokenized with BOS first (as kiln trains); id prompts are taken as
 // given. The legacy logprobs object {tokens, token_logprobs, top_logprobs, text_offset}

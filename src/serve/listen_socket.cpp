@@ -60,8 +60,11 @@ ListenSocket::ListenSocket(const std::string& host, int port) {
   port_ = bound_port(fd_);
 }
 
-ListenSocket::~ListenSocket() {
+ListenSocket::~ListenSocket() { close(); }
+
+void ListenSocket::close() {
   if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 bool is_loopback_host(const std::string& host) {

@@ -22,6 +22,8 @@ class ListenSocket {
   ListenSocket& operator=(const ListenSocket&) = delete;
 
   int fd() const { return fd_; }
+  // Stops listening: from here a new connection is refused. port() stays.
+  void close();
   int port() const { return port_; }  // the bound port, also when asked for 0
 
  private:

@@ -181,7 +181,8 @@ void RequestIntake::advance(Held& h) {
     std::string& buffer = h.connection->buffer;
     if (h.phase == Phase::idle) {  // the first byte of the next request: its deadline starts
       h.phase = Phase::reading;
-      h.deadline = Clock::now() + options_.request_timeout;
+      h.started = Clock::now();
+      h.deadline = h.started + options_.request_timeout;
     }
     if (!h.head) {
       const size_t end = find_head_end(buffer, h.scanned);
@@ -212,12 +213,15 @@ void RequestIntake::advance(Held& h) {
     if (head.method == "GET" && head.path == "/health") {
       const bool keep = head.keep_alive;
       buffer.erase(0, total);
+      const auto started = h.started;
+      if (options_.answered) options_.answered(&head, 200, started);  // before `h` is replaced: head is in it
       h = Held{std::move(h.connection), Phase::idle, Clock::now() + options_.keep_alive_timeout};
       if (!send_now(h.connection->fd(), response(200, R"({"status":"ok"})", !keep)) || !keep) h.connection.reset();
       continue;
     }
     auto ready = std::make_shared<ReadyRequest>();
     ready->head = head;
+    ready->started = h.started;
     ready->bytes = buffer.substr(0, total);
     if (head.expects_continue) ready->bytes.erase(head.expect_begin, head.expect_end - head.expect_begin);
     buffer.erase(0, total);
@@ -225,6 +229,8 @@ void RequestIntake::advance(Held& h) {
     ready->body = std::move(h.body);
     if (!dispatch_(ready)) {
       Held refused(std::move(ready->connection), Phase::reading, Clock::now());
+      refused.head = ready->head;
+      refused.started = ready->started;
       answer_and_close(refused, 503, "the server is busy (its request queue is full); try again later",
                        "Retry-After: 1\r\n");
       if (refused.connection) held_.push_back(std::move(refused));
@@ -237,6 +243,7 @@ void RequestIntake::advance(Held& h) {
 // first: closing a socket with unread input resets it, and the client may then never see
 // the answer (a 413 sent while its body is on the way).
 void RequestIntake::answer_and_close(Held& h, int status, const std::string& message, const char* extra_headers) {
+  if (options_.answered) options_.answered(h.head ? &*h.head : nullptr, status, h.started);
   const bool sent = send_now(h.connection->fd(), response(status, error_body(status, message).dump(), true, extra_headers));
   if (!sent || ::shutdown(h.connection->fd(), SHUT_WR) != 0) {
     h.connection.reset();

@@ -31,6 +31,10 @@ struct IntakeOptions {
   std::chrono::milliseconds request_timeout{10000};    // a request's first byte to its last
   std::chrono::milliseconds keep_alive_timeout{5000};  // a connection idle between requests
   size_t max_connections = 512;                        // open at once; more are answered 503
+  // Called on the intake's thread for each request it answers itself (GET /health, and
+  // 408, 413, 431, 503 refusals): its head (null when none was read whole), the status,
+  // and when its first byte came. For the access log and the metrics.
+  std::function<void(const RequestHead* head, int status, std::chrono::steady_clock::time_point started)> answered;
 };
 
 // One client connection; closing its socket when destroyed.
@@ -78,6 +82,7 @@ class BodyReservation {
 struct ReadyRequest {
   std::unique_ptr<Connection> connection;
   RequestHead head;
+  std::chrono::steady_clock::time_point started;  // its first byte came
   std::string bytes;  // exactly the request: its head (less any Expect: 100-continue) and body
   BodyReservation body;
 };
@@ -108,6 +113,7 @@ class RequestIntake {
     std::unique_ptr<Connection> connection;  // null once handed on or closed
     Phase phase;
     std::chrono::steady_clock::time_point deadline;
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();  // the request's first byte
     size_t scanned = 0;       // buffer bytes searched for the end of the head
     std::optional<RequestHead> head;
     BodyReservation body;     // once the head is in

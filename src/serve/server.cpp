@@ -1,5 +1,6 @@
 #include "serve/server.h"
 
+#include "serve/access_log.h"
 #include "serve/api_key.h"
 #include "serve/completion_stream.h"
 #include "serve/event_stream.h"
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 namespace kiln::serve {
 
@@ -27,6 +29,10 @@ class HttpRouter final : public httplib::Server {
 namespace {
 
 constexpr int64_t kRequestsPerConnection = 1000;  // then the connection closes (Keep-Alive max)
+
+// The status httplib answered the request on this handler thread with (its logger's
+// report); 0 when it wrote none.
+thread_local int answered_status = 0;
 
 std::chrono::milliseconds milliseconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
@@ -99,7 +105,7 @@ CompletionServer::CompletionServer(Generator& generator, const Tokenizer& tokeni
              "serve", "max_body_bytes and the timeouts must be positive");
   options_.limits.context = generator.decoder().max_len();
   options_.limits.vocab = std::min<int64_t>(generator.decoder().vocab_size(), tokenizer.vocab_size());
-  worker_ = std::make_unique<BatchWorker>(generator, options_.max_pending);
+  worker_ = std::make_unique<BatchWorker>(generator, options_.max_pending, &metrics_);
   http_->set_payload_max_length(options_.max_body_bytes);  // RequestIntake enforces it first
   http_->set_keep_alive_max_count(kRequestsPerConnection);
   http_->set_keep_alive_timeout(static_cast<time_t>(std::max(1.0, options_.keep_alive_timeout_s)));
@@ -182,6 +188,16 @@ void CompletionServer::routes() {
       reply(res, 200, model_object(id));
     });
   });
+  get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    ServeGauges g;
+    g.requests_waiting = static_cast<int64_t>(pool_->queued());
+    g.requests_running = static_cast<int64_t>(pool_->busy());  // this one among them
+    g.sequences_waiting = worker_->sequences_waiting();
+    g.slots_busy = worker_->slots_busy();
+    g.slots = worker_->slots();
+    res.status = 200;
+    res.set_content(metrics_.render(g), "text/plain; version=0.0.4; charset=utf-8");
+  });
   // GET /health is answered by RequestIntake before a request reaches a handler; this route
   // is what the 405 answers below know it by.
   get("/health", [](const httplib::Request&, httplib::Response& res) { reply(res, 200, {{"status", "ok"}}); });
@@ -197,6 +213,7 @@ void CompletionServer::routes() {
     reply(res, 401, body);
     return httplib::Server::HandlerResponse::Handled;
   });
+  http_->set_logger([](const httplib::Request&, const httplib::Response& res) { answered_status = res.status; });
   http_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     reply_error(res, 500, "internal error");
   });
@@ -250,6 +267,9 @@ int CompletionServer::bind() {
   intake.request_timeout = milliseconds(options_.request_timeout_s);
   intake.keep_alive_timeout = milliseconds(options_.keep_alive_timeout_s);
   intake.max_connections = static_cast<size_t>(options_.max_connections);
+  intake.answered = [this](const RequestHead* head, int status, std::chrono::steady_clock::time_point started) {
+    answered(head ? head->method : "-", head ? head->path : "-", status, started, nullptr);
+  };
   intake_ = std::make_unique<RequestIntake>(socket_->fd(), intake, [this](const std::shared_ptr<ReadyRequest>& r) {
     std::function<void()> job = [this, r] { handle(*r); };
     return pool_->try_post(job);
@@ -258,15 +278,30 @@ int CompletionServer::bind() {
   return socket_->port();
 }
 
-void CompletionServer::listen() {
+int64_t CompletionServer::listen() {
   KILN_CHECK(intake_ != nullptr, "serve", "listen() before bind()");
   intake_->run();
-  pool_->shutdown();  // answers in progress or queued finish
+  socket_->close();  // a client connecting now is refused at once, not left in the backlog
+  const auto deadline = std::chrono::steady_clock::now() + milliseconds(options_.shutdown_grace_s);
+  auto unfinished = [&] { return static_cast<int64_t>(pool_->busy() + pool_->queued()); };
+  while (unfinished() > 0 && !cut_now_ && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const int64_t cut = unfinished();
+  // Past the bound: the model stops, ending every sequence with an error, so the handlers
+  // answer (a stream with its error event and [DONE]) and return.
+  if (cut > 0) worker_->stop();
+  pool_->shutdown();
+  return cut;
 }
 
 void CompletionServer::stop() {
   stopping_ = true;
   if (intake_) intake_->stop();
+}
+
+void CompletionServer::stop_now() {
+  cut_now_ = true;
+  stop();
 }
 
 // On a handler thread: httplib parses the request (read whole already), routes it and
@@ -277,13 +312,40 @@ void CompletionServer::handle(ReadyRequest& request) {
   RequestStream stream(connection.fd(), std::move(request.bytes), milliseconds(options_.write_timeout_s));
   stream.set_close(close);
   bool closed_by_client = false;
+  auto tally = std::make_shared<RequestTally>();
+  answered_status = 0;
+  bool dropped = false;
   try {
+    TallyScope tallying(tally);
     RequestStream::Serving serving(stream);
     http_->process_request(stream, close, closed_by_client, nullptr);
   } catch (const std::exception&) {  // httplib catches what handlers throw; anything else drops the connection
-    return;
+    dropped = true;
   }
+  answered(request.head.method, request.head.path, answered_status, request.started, tally.get());
+  if (dropped) return;
   if (!stream.close() && !closed_by_client && !stream.write_failed()) intake_->resume(std::move(request.connection));
+}
+
+}  // namespace kiln::serve
+
+namespace kiln::serve {
+
+// Routes by name, "/v1/models/{id}" for any model id, "other" for any path no route has:
+// a label per raw path would let clients grow the metrics without bound.
+std::string CompletionServer::endpoint(const std::string& path) const {
+  if (methods_.count(path)) return path;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  return "other";
+}
+
+void CompletionServer::answered(const std::string& method, const std::string& path, int status,
+                                std::chrono::steady_clock::time_point started, const RequestTally* tally) {
+  metrics_.request(endpoint(path), status);
+  if (!options_.access_log) return;
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  write_access_line(access_line(method, path, status, tally ? tally->prompt_tokens.load() : 0,
+                                tally ? tally->completion_tokens.load() : 0, ms));
 }
 
 }  // namespace kiln::serve

@@ -4,6 +4,7 @@
 //                          (serve/event_stream.h, serve/completion_stream.h)
 //   POST /tokenize, /detokenize
 //   GET  /v1/models, /v1/models/{id}, /health
+//   GET  /metrics          Prometheus text format (serve/serve_metrics.h)
 // Every answer is JSON. Client mistakes (malformed JSON, unknown or ill-typed fields,
 // prompts past the context, too many prompts) are 4xx with {"error": {"message", ...}}
 // (an unknown path 404, a known one asked with the other method 405 with Allow); a body
@@ -23,9 +24,11 @@
 #include "serve/completion_api.h"
 #include "serve/listen_socket.h"
 #include "serve/request_intake.h"
+#include "serve/serve_metrics.h"
 #include "serve/worker_pool.h"
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +39,7 @@
 namespace kiln::serve {
 
 class HttpRouter;
+struct RequestTally;
 
 struct ServeOptions {
   std::string host = "127.0.0.1";
@@ -54,6 +58,10 @@ struct ServeOptions {
   double request_timeout_s = 10;            // to receive one whole request: line, headers and body
   double write_timeout_s = 30;              // to send one whole answer
   double keep_alive_timeout_s = 5;          // an idle connection between requests
+  // After stop(): how long requests in progress (and queued for a handler) may take to
+  // finish before their sequences are ended with an error.
+  double shutdown_grace_s = 30;
+  bool access_log = false;                  // a line per answered request on stderr (serve/access_log.h)
   ApiLimits limits;                         // context and vocab are filled from the model
 };
 
@@ -68,10 +76,14 @@ class CompletionServer {
   // Binds host:port (exclusively: a second server on the port fails here); returns the
   // port. Throws kiln::Error naming host and port if it cannot.
   int bind();
-  // Serves until stop() (from another thread or a signal thread); answers in progress
-  // finish first.
-  void listen();
+  // Serves until stop() (from another thread or a signal thread). Then: no new connection
+  // is accepted (the listening socket closes), and requests in progress or queued finish
+  // within shutdown_grace_s; past it their sequences end with an error. Returns how many
+  // requests were cut off so (0 when all finished).
+  int64_t listen();
   void stop();
+  // stop(), and cut off what is in progress now rather than at the grace bound.
+  void stop_now();
   int bound_port() const { return socket_ ? socket_->port() : -1; }
   const BatchWorker& worker() const { return *worker_; }
   const WorkerPool& handlers() const { return *pool_; }
@@ -79,18 +91,22 @@ class CompletionServer {
  private:
   void routes();
   void handle(ReadyRequest& request);
+  std::string endpoint(const std::string& path) const;  // the metrics' label for a request path
+  void answered(const std::string& method, const std::string& path, int status,
+                std::chrono::steady_clock::time_point started, const RequestTally* tally);
   std::vector<std::string> served_names() const;
   void warn_ignored(const std::vector<std::string>& fields);
 
   const Tokenizer& tokenizer_;
   ServeOptions options_;
+  ServeMetrics metrics_;  // before worker_, which reports to it
   std::unique_ptr<BatchWorker> worker_;
   std::unique_ptr<HttpRouter> http_;
   std::map<std::string, std::string> methods_;  // path -> the method it answers (routes())
   std::mutex warned_mutex_;
   std::set<std::string> warned_;  // ignored request fields logged already (once each)
   std::atomic<uint64_t> requests_{0};
-  std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopping_{false}, cut_now_{false};
   std::unique_ptr<ListenSocket> socket_;
   std::unique_ptr<RequestIntake> intake_;
   std::unique_ptr<WorkerPool> pool_;  // last: destroyed first, its threads joined before the rest goes
