@@ -3,6 +3,7 @@
 #include "core/device_memory.h"
 #include "core/peak_flops.h"
 #include "core/process_memory.h"
+#include "data/mixture.h"
 #include "core/printable.h"
 #include "io/durable_io.h"
 #include "io/hf_config.h"
@@ -226,8 +227,17 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   console_.print("kiln {} | device {} | model {}: {} parameters, {} layers, hidden {}\n", KILN_VERSION, device,
                  config_.model.name, human_count(static_cast<double>(model_->parameter_count())), config_.model.layers,
                  config_.model.hidden);
+  // A mixture is named by its sources and their shares of the documents drawn.
+  std::string data_name = config_.data.path;
+  if (!config_.data.sources.empty()) {
+    double total = 0;
+    for (const DataSource& s : config_.data.sources) total += s.weight;
+    data_name = "mixture";
+    for (const DataSource& s : config_.data.sources)
+      data_name += fmt::format(" {} {:.3g}%", source_name(s), 100.0 * s.weight / total);
+  }
   console_.print("data {}: {} train / {} validation documents ({} / {} tokens) | {} tokens per step ({} x {})\n",
-                 config_.data.path, dataset_->num_documents(Split::train), dataset_->num_documents(Split::validation),
+                 data_name, dataset_->num_documents(Split::train), dataset_->num_documents(Split::validation),
                  human_count(static_cast<double>(dataset_->num_tokens(Split::train))),
                  human_count(static_cast<double>(dataset_->num_tokens(Split::validation))),
                  config_.train.micro_batch_tokens * micro_batches_per_step(), micro_batches_per_step(),
