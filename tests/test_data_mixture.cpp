@@ -218,10 +218,25 @@ TEST(Mixture, EachSourceHoldsOutItsOwnShareAndValidationIsTheirUnion) {
   const std::vector<Ids> train = test::documents_of(ds.split(Split::train));
   EXPECT_EQ(std::multiset<Ids>(train.begin(), train.end()), expected_train);
   for (const Ids& d : val) EXPECT_TRUE(is_validation_document(std::string(d.begin(), d.end()), 0.2));
-  // Interleaved by weight, so a cap on validation batches still sees both sources.
-  int64_t b_in_first_10 = 0;
-  for (size_t i = 0; i < 10; ++i) b_in_first_10 += val[i][0] == 'B';
-  EXPECT_EQ(b_in_first_10, 2);
+  // Validation batches: each source packed apart, the batches interleaved 4:1, so a cap
+  // (train.eval_batches) still sees both sources; each batch's source is given.
+  std::vector<int32_t> sources;
+  const std::vector<HostBatch> batches = validation_batches(ds, make_packer(32, 16), 10, &sources);
+  ASSERT_EQ(batches.size(), 10u);
+  EXPECT_EQ(sources, (std::vector<int32_t>{0, 0, 1, 0, 0, 0, 0, 1, 0, 0}));
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const HostBatch& b = batches[i];
+    for (int64_t q = 0; q < b.num_seqs(); ++q) {
+      const int32_t first = b.tokens[b.cu_seqlens[q]];
+      if (first == ByteTokenizer::kPad) continue;
+      const int32_t letter = first == ByteTokenizer::kBos ? b.tokens[b.cu_seqlens[q] + 1] : 'x';
+      if (letter != 'x') EXPECT_EQ(letter, sources[i] == 0 ? 'A' : 'B') << "batch " << i;
+    }
+  }
+  // Without a cap: every batch of every source, each tagged.
+  const size_t all = validation_batches(ds, make_packer(32, 16), 1000, &sources).size();
+  EXPECT_EQ(all, sources.size());
+  EXPECT_GT(all, 10u);
 }
 
 TEST(Mixture, AFailingSourceIsNamed) {

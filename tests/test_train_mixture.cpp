@@ -1,5 +1,6 @@
 // A real `kiln train` on configs/examples/mixture.toml (its JSONL made from the bundled
-// text as the example says), and a run killed mid-way that resumes bitwise.
+// text as the example says): per-source validation losses, and a run killed mid-way
+// that resumes bitwise.
 #include "fault_test_util.h"
 
 #include <gtest/gtest.h>
@@ -47,7 +48,7 @@ std::string tiny(const std::string& config, const std::string& out_dir, const st
          " --set model.hidden=32 --set model.layers=1 --set model.heads=2 --set model.kv_heads=1"
          " --set model.head_dim=16 --set model.ffn_hidden=64 --set model.max_seq_len=64"
          " --set train.micro_batch_tokens=256 --set train.steps=8 --set optim.warmup_steps=2"
-         " --set train.eval_every=4 --set train.eval_batches=2 --set train.sample_every=0"
+         " --set train.eval_every=4 --set train.eval_batches=3 --set train.sample_every=0"
          " --set train.sample_tokens=0 --set log.every=1 --set train.threads=2 --set data.prefetch=2"
          " --set checkpoint.every=4 --set checkpoint.keep_last=0 --set log.plot=false " + extra + " 2>&1";
 }
@@ -59,6 +60,11 @@ TEST(TrainMixture, TheExampleConfigTrainsAndAKilledRunResumesBitwise) {
   ASSERT_EQ(test::run_command(tiny(config, dir + "/straight"), &output), 0) << output;
   EXPECT_NE(output.find("data mixture fineweb-edu 80% cosmopedia 20%"), std::string::npos) << output;
   EXPECT_EQ(test::metrics_of_kind(dir + "/straight", "validation").size(), 2u) << output;
+  // A loss per source besides the union's (3 batches: fineweb-edu, fineweb-edu, cosmopedia).
+  const auto per_source = test::metrics_of_kind(dir + "/straight", "validation_sources");
+  ASSERT_EQ(per_source.size(), 2u) << output;
+  EXPECT_TRUE(per_source[0].contains("fineweb-edu") && per_source[0].contains("cosmopedia")) << per_source[0].dump();
+  EXPECT_NE(output.find("per source: fineweb-edu "), std::string::npos) << output;
   // The saved config keeps the sources and loads back.
   const std::string saved = test::read_file(dir + "/straight/config.toml");
   EXPECT_NE(saved.find("[[data.sources]]"), std::string::npos) << saved;

@@ -10,6 +10,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string_view>
 
@@ -249,11 +250,15 @@ double BatchStream::wait_seconds() const {
   return retired_wait_seconds_ + (prefetcher_ != nullptr ? prefetcher_->wait_seconds() : 0.0);
 }
 
-std::vector<HostBatch> validation_batches(const TokenizedSplit& split, const Packer& packer, int64_t max_batches) {
+namespace {
+
+// Documents [first, end) of `split` packed in order, up to `max_batches` batches.
+std::vector<HostBatch> pack_in_order(const TokenizedSplit& split, int64_t first, int64_t end, const Packer& packer,
+                                     int64_t max_batches) {
   std::vector<HostBatch> batches;
   HostBatch batch;
   packer.begin(batch);
-  for (int64_t doc = 0; doc < split.num_documents() && static_cast<int64_t>(batches.size()) < max_batches; ++doc) {
+  for (int64_t doc = first; doc < end && static_cast<int64_t>(batches.size()) < max_batches; ++doc) {
     const TokenSpan tokens = split.document(doc);
     const auto n = static_cast<int64_t>(tokens.size());
     const int64_t pieces = packer.num_pieces(n, split.document_id(doc));
@@ -271,6 +276,36 @@ std::vector<HostBatch> validation_batches(const TokenizedSplit& split, const Pac
   if (static_cast<int64_t>(batches.size()) < max_batches && batch.num_seqs() > 0) {
     packer.finish(batch);
     batches.push_back(std::move(batch));
+  }
+  return batches;
+}
+
+}  // namespace
+
+std::vector<HostBatch> validation_batches(const TokenizedSplit& split, const Packer& packer, int64_t max_batches,
+                                          std::vector<int32_t>* batch_sources) {
+  if (batch_sources) batch_sources->clear();
+  const std::vector<SplitSource>& sources = split.sources();
+  if (sources.empty()) return pack_in_order(split, 0, split.num_documents(), packer, max_batches);
+  std::vector<std::vector<HostBatch>> per_source;
+  std::vector<double> weights;
+  for (const SplitSource& s : sources) {
+    per_source.push_back(pack_in_order(split, s.first, s.first + s.count, packer, max_batches));
+    weights.push_back(s.weight);
+  }
+  std::vector<uint64_t> taken(sources.size(), 0);
+  std::unique_ptr<bool[]> active(new bool[sources.size()]);
+  int64_t left = 0;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    active[s] = !per_source[s].empty();
+    left += static_cast<int64_t>(per_source[s].size());
+  }
+  std::vector<HostBatch> batches;
+  for (uint64_t draw = 0; left > 0 && static_cast<int64_t>(batches.size()) < max_batches; ++draw, --left) {
+    const size_t s = mixture_pick(weights, draw, taken, std::span<const bool>(active.get(), sources.size()));
+    batches.push_back(std::move(per_source[s][taken[s]]));
+    if (batch_sources) batch_sources->push_back(static_cast<int32_t>(s));
+    if (++taken[s] == per_source[s].size()) active[s] = false;
   }
   return batches;
 }

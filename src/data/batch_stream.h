@@ -127,9 +127,15 @@ class BatchStream {
 // The first `max_batches` micro-batches of one pass over `split` in file order (all of
 // them when there are fewer; none for an empty split). Fixed across calls and runs, so
 // validation losses are comparable step to step; the trainer computes it once.
-std::vector<HostBatch> validation_batches(const TokenizedSplit& split, const Packer& packer, int64_t max_batches);
-inline std::vector<HostBatch> validation_batches(const TokenDataset& dataset, const Packer& packer, int64_t max_batches) {
-  return validation_batches(dataset.split(Split::validation), packer, max_batches);
+// A mixture's split (SplitSource ranges): each source's documents are packed apart and
+// its batches interleaved by the weights' schedule (data/mixture.h), so that a cap keeps
+// the mixture's proportions and each batch has one source, which `batch_sources` (when
+// given) receives per batch: the trainer reports a loss per source besides the union's.
+std::vector<HostBatch> validation_batches(const TokenizedSplit& split, const Packer& packer, int64_t max_batches,
+                                          std::vector<int32_t>* batch_sources = nullptr);
+inline std::vector<HostBatch> validation_batches(const TokenDataset& dataset, const Packer& packer, int64_t max_batches,
+                                                 std::vector<int32_t>* batch_sources = nullptr) {
+  return validation_batches(dataset.split(Split::validation), packer, max_batches, batch_sources);
 }
 
 // Documents of `split` that the packer's long_doc policy drops (throws under "error").

@@ -78,15 +78,10 @@ class TokenizedSplit {
   // A mixture's sources, each a contiguous range of documents (empty: one source).
   // BatchStream draws from them by weight (data/mixture.h).
   const std::vector<SplitSource>& sources() const { return sources_; }
-  // The training split of a mixture: the parts' documents, part after part, with
-  // `names` and `weights` per part. Its fingerprint covers the parts' and the weights.
+  // A split of a mixture: the parts' documents, part after part, with `names` and
+  // `weights` per part (validation_batches packs each part apart, data/batch_stream.h). Its fingerprint covers the parts' and the weights.
   static TokenizedSplit concatenate(const std::vector<TokenizedSplit>& parts, const std::vector<std::string>& names,
                                     const std::vector<double>& weights);
-  // The validation split of a mixture: the parts' documents, each part in file order,
-  // interleaved by the weights' schedule (data/mixture.h) until every part is used up, so
-  // that the first batches (train.eval_batches) hold the mixture's proportions. One
-  // source (no SplitSource ranges): the validation set is scored as one union.
-  static TokenizedSplit interleave(const std::vector<TokenizedSplit>& parts, const std::vector<double>& weights);
 
  private:
   struct DocRef {
@@ -105,9 +100,8 @@ class TokenizedSplit {
 
 class TokenDataset {
  public:
-  // Reads data.path, or each of data.sources alike (each split by its own hash rule; the
-  // training split their concatenation with SplitSource ranges, the validation split
-  // their interleaving; data/mixture.cpp). Reads data.path (text/JSONL: read, split by val_fraction and tokenized once, in
+  // Reads data.path, or each of data.sources alike (each split by its own hash rule; each
+  // split the sources' concatenation with SplitSource ranges; data/mixture.cpp). Reads data.path (text/JSONL: read, split by val_fraction and tokenized once, in
   // parallel; shards/llmc/raw: memory-mapped and validated) and data.val_path when set.
   // Bad input follows data.lenient (data/bad_input.h). Throws kiln::Error when there are
   // no documents, or when a split is empty (train always; validation when

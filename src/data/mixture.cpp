@@ -74,36 +74,6 @@ TokenizedSplit TokenizedSplit::concatenate(const std::vector<TokenizedSplit>& pa
   return out;
 }
 
-TokenizedSplit TokenizedSplit::interleave(const std::vector<TokenizedSplit>& parts, const std::vector<double>& weights) {
-  TokenizedSplit out;
-  std::vector<uint32_t> segment_base;
-  uint64_t hash = mix_value(0x76616c6964617465ull, parts.size());
-  for (const TokenizedSplit& part : parts) {
-    segment_base.push_back(static_cast<uint32_t>(out.segments_.size()));
-    out.segments_.insert(out.segments_.end(), part.segments_.begin(), part.segments_.end());
-    out.owners_.insert(out.owners_.end(), part.owners_.begin(), part.owners_.end());
-    out.num_tokens_ += part.num_tokens_;
-    hash = mix_value(hash, part.fingerprint_);
-  }
-  std::vector<uint64_t> taken(parts.size(), 0);
-  // std::vector<bool> gives no span; mixture_pick reads these flags.
-  std::unique_ptr<bool[]> active(new bool[parts.size()]);
-  uint64_t total = 0;
-  for (size_t p = 0; p < parts.size(); ++p) {
-    active[p] = parts[p].num_documents() > 0;
-    total += static_cast<uint64_t>(parts[p].num_documents());
-  }
-  for (uint64_t draw = 0; draw < total; ++draw) {
-    const size_t p = mixture_pick(weights, draw, taken, std::span<const bool>(active.get(), parts.size()));
-    DocRef d = parts[p].docs_[taken[p]];
-    d.segment += segment_base[p];
-    out.docs_.push_back(d);
-    if (++taken[p] == static_cast<uint64_t>(parts[p].num_documents())) active[p] = false;
-  }
-  out.fingerprint_ = hash;
-  return out;
-}
-
 TokenDataset TokenDataset::read_mixture(const DataConfig& config, const Tokenizer& tokenizer) {
   std::vector<TokenizedSplit> train, validation;
   std::vector<std::string> names;
@@ -131,7 +101,7 @@ TokenDataset TokenDataset::read_mixture(const DataConfig& config, const Tokenize
     }
   }
   out.train_ = TokenizedSplit::concatenate(train, names, weights);
-  out.validation_ = TokenizedSplit::interleave(validation, weights);
+  out.validation_ = TokenizedSplit::concatenate(validation, names, weights);
   out.skipped_summary_ = summaries.empty() ? "none" : summaries;
   return out;
 }
