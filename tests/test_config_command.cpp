@@ -18,7 +18,8 @@ namespace fs = std::filesystem;
 const std::string kDefaultToml = KILN_SOURCE_DIR "/configs/default.toml";
 
 // The "section.key" of every assignment line of a TOML text written as kiln writes it
-// (a "[section]" header, then "key = value" lines); comments and blank lines skipped.
+// (a "[section]" or "[[array.of.tables]]" header, then "key = value" lines); comments and
+// blank lines skipped. A table of an array gives "data.sources.path".
 std::set<std::string> toml_keys(const std::string& text) {
   std::set<std::string> keys;
   std::istringstream lines(text);
@@ -26,7 +27,8 @@ std::set<std::string> toml_keys(const std::string& text) {
   while (std::getline(lines, line)) {
     if (line.empty() || line[0] == '#' || line[0] == ' ') continue;
     if (line[0] == '[') {
-      section = line.substr(1, line.find(']') - 1);
+      const size_t open = line.find_first_not_of('[');
+      section = line.substr(open, line.find(']') - open);
       continue;
     }
     const size_t eq = line.find(" = ");
@@ -68,6 +70,24 @@ TEST(ConfigCommand, AppliesSetAndItsOutputLoadsBackTheSame) {
 TEST(ConfigCommand, DefaultTomlListsEveryKey) {
   const std::string resolved = run_ok(test::kiln_binary() + " config " + kDefaultToml);
   EXPECT_EQ(toml_keys(test::read_file(kDefaultToml)), toml_keys(resolved));
+}
+
+// [[data.sources]] (an array of tables, not in the field table): printed after [data]'s
+// keys, and the printed config loads back the same.
+TEST(ConfigCommand, PrintsAMixturesSourcesAndItsOutputLoadsBackTheSame) {
+  const std::string dir = test::temp_dir("kiln-config-mixture");
+  const std::string kiln = test::kiln_binary();
+  const std::string output = run_ok(kiln + " config " KILN_SOURCE_DIR "/configs/examples/mixture.toml");
+  const std::set<std::string> keys = toml_keys(output);
+  for (const char* key : {"data.sources.path", "data.sources.weight", "data.sources.name"})
+    EXPECT_EQ(keys.count(key), 1u) << key << "\n" << output;
+  EXPECT_NE(output.find("\n[[data.sources]]\npath = \"" KILN_SOURCE_DIR "/data/tinyshakespeare.txt\""),
+            std::string::npos) << output;
+  EXPECT_NE(output.find("\nweight = 4.0 "), std::string::npos) << output;
+  EXPECT_NE(output.find("\npath = \"\" "), std::string::npos) << output;  // data.path gives way
+  test::write_file(dir + "/resolved.toml", output);
+  EXPECT_EQ(run_ok(kiln + " config " + dir + "/resolved.toml"), output);
+  fs::remove_all(dir);
 }
 
 TEST(ConfigCommand, RefusesBadKeysAsTrainDoes) {

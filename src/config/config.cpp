@@ -232,6 +232,45 @@ void resolve_path(const ConfigField& field, Config& config, const fs::path& base
   value = list;
 }
 
+// [[data.sources]]: an array of tables, read by hand (the field table holds scalars).
+// Each source's path is resolved against the file like any other path key.
+void read_sources(const toml::node& node, DataConfig& data, const std::string& file, const fs::path& base) {
+  const toml::array* array = node.as_array();
+  if (!array)
+    fail(kWhere, "{}: 'data.sources' must be an array of tables ([[data.sources]]), got {}", file,
+         toml_type_name(node.type()));
+  data.sources.clear();
+  for (size_t i = 0; i < array->size(); ++i) {
+    const toml::table* table = (*array)[i].as_table();
+    if (!table)
+      fail(kWhere, "{}: 'data.sources[{}]' must be a table with path and weight, got {}", file, i,
+           toml_type_name((*array)[i].type()));
+    DataSource source;
+    bool has_path = false, has_weight = false;
+    for (const auto& [key, value_node] : *table) {
+      const toml::node& value = value_node;
+      const std::string name = fmt::format("data.sources[{}].{}", i, key.str());
+      std::string error;
+      if (key.str() == "path") {
+        error = read_node(value, source.path);
+        has_path = true;
+      } else if (key.str() == "weight") {
+        error = read_node(value, source.weight);
+        has_weight = true;
+      } else if (key.str() == "name") {
+        error = read_node(value, source.name);
+      } else {
+        fail(kWhere, "{}: unknown key '{}' (a source has path, weight and name)", file, printable(name));
+      }
+      if (!error.empty()) fail(kWhere, "{}: '{}' {}", file, name, error);
+    }
+    KILN_CHECK(has_path, kWhere, "{}: data.sources[{}].path is missing", file, i);
+    KILN_CHECK(has_weight, kWhere, "{}: data.sources[{}].weight is missing", file, i);
+    source.path = absolute_path(source.path, base);
+    data.sources.push_back(std::move(source));
+  }
+}
+
 bool is_section(std::string_view name) {
   const auto& sections = config_sections();
   return std::find(sections.begin(), sections.end(), name) != sections.end();
@@ -246,6 +285,10 @@ void apply_section(Config& config, const std::string& section, const toml::table
     const std::string nested = fmt::format("{}.{}", section, key.str());
     if (node.is_table() && is_section(nested)) {
       apply_section(config, nested, *node.as_table(), file, base);
+      continue;
+    }
+    if (section == "data" && key.str() == "sources") {
+      read_sources(node, config.data, file, base);
       continue;
     }
     const ConfigField* field = find_config_field(section, key.str());
@@ -302,6 +345,30 @@ std::string toml_value(const double* v) {
   std::string s = fmt::format("{}", *v);
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   return s;
+}
+
+// [[data.sources]] after [data]'s keys; none: a commented example, so that a config
+// written by kiln (configs/default.toml, `kiln config`) shows the key.
+std::string sources_to_toml(const std::vector<DataSource>& sources) {
+  std::string out;
+  const auto line = [&](std::string_view text, std::string_view help) {
+    out += help.empty() ? fmt::format("{}\n", text) : fmt::format("{:<40}# {}\n", std::string(text) + " ", help);
+  };
+  if (sources.empty()) {
+    out += "\n# A weighted mixture instead of data.path (docs/data.md \"Mixtures\"), one table per source:\n";
+    line("# [[data.sources]]", "");
+    line("# path = \"fineweb-edu/\"", "any path data.path takes, relative to this file");
+    line("# weight = 4.0", "> 0; documents drawn in proportion to the weights");
+    line("# name = \"fineweb-edu\"", "for logs; \"\" = the path's last part");
+    return out;
+  }
+  for (const DataSource& s : sources) {
+    out += "\n[[data.sources]]\n";
+    line("path = " + toml_string(s.path), "any path data.path takes");
+    line("weight = " + toml_value(&s.weight), "> 0; documents drawn in proportion to the weights");
+    line("name = " + toml_string(s.name), "for logs; \"\" = the path's last part");
+  }
+  return out;
 }
 
 // ---- validation ---------------------------------------------------------------------
@@ -399,6 +466,7 @@ int64_t rotary_dims(const ModelConfig& model) {
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   Config config;
+  bool path_given = false;  // data.path set by the file or --set (not its default)
   if (!path.empty()) {
     // Bounded, and a directory refused: a wrong path must not train on defaults or be
     // read without end (/dev/zero).
@@ -412,8 +480,16 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
            printable(e.description(), 200));
     }
     apply_table(config, root, path);
+    path_given = root["data"]["path"].is_string();
   }
-  for (const std::string& assignment : overrides) apply_override(config, assignment);
+  for (const std::string& assignment : overrides) {
+    apply_override(config, assignment);
+    const std::string_view name = trim(std::string_view(assignment).substr(0, assignment.find('=')));
+    if (name == "data.path") path_given = true;
+  }
+  // data.path has a default; a mixture replaces it unless data.path was given too, which
+  // validate_config then refuses naming both keys.
+  if (!config.data.sources.empty() && !path_given) config.data.path.clear();
   // What no file gave (--set values, defaults) is relative to the working directory. The
   // resolved config is then absolute throughout, so the config.toml a run saves loads the
   // same from any directory.
@@ -429,6 +505,8 @@ void apply_override(Config& config, const std::string& assignment) {
   const size_t dot = name.rfind('.');  // the key is the last part: model.moe.experts
   if (eq == std::string::npos || dot == std::string_view::npos || dot == 0 || dot + 1 == name.size())
     fail(kWhere, "--set '{}': expected section.key=value", printable(assignment));
+  if (name.starts_with("data.sources"))
+    fail(kWhere, "--set cannot give data.sources (an array of tables): write [[data.sources]] in the config file");
   const ConfigField* field = find_config_field(name.substr(0, dot), name.substr(dot + 1));
   if (!field) fail(kWhere, "--set: {}", unknown_key(name));
   const std::string_view text = std::string_view(assignment).substr(eq + 1);
@@ -453,11 +531,31 @@ void validate_moe_router(const Config& config) {
              "KV-cache decoder cannot sample it", config.train.sample_tokens);
 }
 
+// [[data.sources]]: each source complete, and no other key naming the training data.
+void validate_sources(const DataConfig& d) {
+  for (size_t i = 0; i < d.sources.size(); ++i) {
+    const DataSource& s = d.sources[i];
+    KILN_CHECK(!s.path.empty(), kWhere, "data.sources[{}].path must not be empty", i);
+    KILN_CHECK(std::isfinite(s.weight) && s.weight > 0, kWhere, "data.sources[{}].weight must be > 0, got {}", i,
+               s.weight);
+  }
+  if (d.sources.empty()) return;
+  KILN_CHECK(d.path.empty(), kWhere,
+             "data.path ('{}') and data.sources are mutually exclusive: give the training data by one of them",
+             printable(d.path));
+  KILN_CHECK(d.val_path.empty(), kWhere,
+             "data.val_path ('{}') and data.sources are mutually exclusive: each source holds out its own validation "
+             "share (data.val_fraction)", printable(d.val_path));
+}
+
 }  // namespace
 
 void validate_config(const Config& config) {
-  for (const ConfigField& field : config_fields())
+  for (const ConfigField& field : config_fields()) {
+    // A mixture leaves data.path empty; validate_sources checks the pair.
+    if (!config.data.sources.empty() && field.section == "data" && field.key == "path") continue;
     std::visit([&](const auto* value) { check_rule(field, field.rule, *value); }, field.get(config));
+  }
 
   const ModelConfig& m = config.model;
   KILN_CHECK(m.heads % m.kv_heads == 0, kWhere, "model.heads ({}) must be a multiple of model.kv_heads ({})",
@@ -477,6 +575,7 @@ void validate_config(const Config& config) {
              "model.moe.top_k ({}) exceeds the experts of model.moe.top_groups ({} of {} experts each)", moe.top_k,
              moe.top_groups, moe.experts / moe.groups);
   validate_moe_router(config);
+  validate_sources(config.data);
   check_mup(m);
   KILN_CHECK(m.max_seq_len <= config.train.micro_batch_tokens, kWhere,
              "model.max_seq_len ({}) must be <= train.micro_batch_tokens ({})", m.max_seq_len,
@@ -493,6 +592,7 @@ std::string config_to_toml(const Config& config) {
           "{} = {}", field.key, std::visit([](const auto* value) { return toml_value(value); }, field.get(config)));
       out += fmt::format("{:<40}# {}\n", line + " ", field.help);
     }
+    if (section == "data") out += sources_to_toml(config.data.sources);
   }
   return out;
 }

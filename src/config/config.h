@@ -104,7 +104,17 @@ struct ModelConfig {
   MoeConfig moe;                   // [model.moe]: used by layers whose MLP is "moe"
 };
 
+// One source of a weighted mixture ([[data.sources]], docs/data.md "Mixtures"): any path
+// data.path takes, drawn in proportion to `weight` (normalized over the sources).
+struct DataSource {
+  std::string path;  // file, directory or glob; relative to the config file that gives it
+  double weight = 0.0;  // > 0; required
+  std::string name;  // for logs and metrics; "" = the path's file name
+  bool operator==(const DataSource&) const = default;
+};
+
 struct DataConfig {
+  // "" when data.sources is given (the two are mutually exclusive).
   std::string path = "data/tinyshakespeare.txt";
   std::string tokenizer = "byte";      // "byte", or a tokenizer.json path (byte-level BPE, docs/data.md)
   std::string format = "auto";         // auto | text | jsonl | shards | llmc | raw_u16 | raw_u32
@@ -125,6 +135,9 @@ struct DataConfig {
   int64_t prefetch = 4;                // micro-batches packed ahead by a background thread; 0 = off
   int64_t rank = 0;                    // data-parallel rank (used when world_size > 0)
   int64_t world_size = 0;              // data-parallel ranks; 0 = env RANK/WORLD_SIZE, else 1
+  // [[data.sources]]: a weighted mixture instead of data.path; empty = data.path. Not a
+  // KILN_FIELD (an array of tables): config.cpp reads, checks and writes it by hand.
+  std::vector<DataSource> sources;
 };
 
 struct TrainConfig {

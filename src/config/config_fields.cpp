@@ -279,7 +279,7 @@ bool config_equal(const Config& a, const Config& b) {
         [&](auto* pa) { return *pa == *std::get<decltype(pa)>(f.get(b)); }, f.get(a));
     if (!same) return false;
   }
-  return true;
+  return a.data.sources == b.data.sources;  // not a field: an array of tables
 }
 
 }  // namespace kiln

@@ -2,12 +2,15 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/mixture.h"
 #include "data/prefetch.h"
 #include "dist/process_env.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string_view>
 
@@ -76,27 +79,57 @@ BatchStream::BatchStream(const TokenizedSplit& split, const Packer& packer, uint
   // choice existed, so such a checkpoint resumes with data.long_doc_offset = "zero".
   if (o.offset_per_epoch) h = mix(h, 0x0ffe75e7);
   fingerprint_ = h;
-  order_.resize(static_cast<size_t>(split_.num_documents()));
-  shuffle_for_epoch();
+  // One lane for a single source, with the seed and order it always had; a mixture's
+  // lanes shuffle from (seed, source).
+  const std::vector<SplitSource>& sources = split_.sources();
+  if (sources.empty()) {
+    lanes_.push_back(Lane{0, seed_, std::vector<int64_t>(static_cast<size_t>(split_.num_documents()))});
+    weights_.push_back(1.0);
+  }
+  for (size_t s = 0; s < sources.size(); ++s) {
+    const SplitSource& source = sources[s];
+    int64_t dropped = 0;
+    for (int64_t i = source.first; i < source.first + source.count; ++i)
+      if (packer_.num_pieces(static_cast<int64_t>(split_.document(i).size()), split_.document_id(i)) == 0) ++dropped;
+    KILN_CHECK(source.count > dropped, "data",
+               "data.sources[{}] ('{}'): no document to train on: {} documents, {} longer than model.max_seq_len {} "
+               "dropped (data.long_doc)", s, source.name, source.count, dropped, packer_.options().max_seq_len);
+    lanes_.push_back(Lane{source.first, mix(mix(seed_, 0x6d6978), s), std::vector<int64_t>(static_cast<size_t>(source.count))});
+    weights_.push_back(source.weight);
+  }
+  counts_.assign(lanes_.size(), 0);
+  for (Lane& lane : lanes_) shuffle_for_epoch(lane);
   consumer_ = position();
 }
 
 BatchStream::~BatchStream() = default;
 
-int64_t BatchStream::piece_offset(int64_t doc, int64_t num_tokens) const {
+int64_t BatchStream::piece_offset(const Lane& lane, int64_t doc, int64_t num_tokens) const {
   const int64_t L = packer_.options().max_seq_len;
-  if (epoch_ == 0 || !packer_.options().offset_per_epoch || num_tokens + 1 <= L) return 0;
-  Rng rng = Rng::derive(mix(seed_, epoch_), static_cast<uint64_t>(doc));
+  if (lane.epoch == 0 || !packer_.options().offset_per_epoch || num_tokens + 1 <= L) return 0;
+  Rng rng = Rng::derive(mix(lane.seed, lane.epoch), static_cast<uint64_t>(doc));
   return static_cast<int64_t>(rng.below(static_cast<uint64_t>(L)));
 }
 
-void BatchStream::shuffle_for_epoch() {
-  std::iota(order_.begin(), order_.end(), int64_t{0});
-  Rng rng = Rng::derive(seed_, epoch_);
-  for (size_t i = order_.size(); i > 1; --i) {
+void BatchStream::shuffle_for_epoch(Lane& lane) {
+  std::iota(lane.order.begin(), lane.order.end(), lane.first);
+  Rng rng = Rng::derive(lane.seed, lane.epoch);
+  for (size_t i = lane.order.size(); i > 1; --i) {
     const size_t j = static_cast<size_t>(rng.below(i));
-    std::swap(order_[i - 1], order_[j]);
+    std::swap(lane.order[i - 1], lane.order[j]);
   }
+}
+
+size_t BatchStream::current_lane() const { return is_mixture() ? mixture_pick(weights_, draws_, counts_) : 0; }
+
+StreamState BatchStream::position() const {
+  if (!is_mixture()) return StreamState{lanes_[0].epoch, lanes_[0].next_document, next_piece_, fingerprint_, {}};
+  StreamState state{0, draws_, next_piece_, fingerprint_, {}};
+  for (size_t s = 0; s < lanes_.size(); ++s) {
+    state.sources.push_back(SourcePosition{lanes_[s].epoch, lanes_[s].next_document, counts_[s]});
+    state.epoch = std::max(state.epoch, lanes_[s].epoch);
+  }
+  return state;
 }
 
 template <bool kEmit>
@@ -107,18 +140,26 @@ void BatchStream::advance(HostBatch* batch) {
   // Terminates: the constructor guaranteed at least one packable document, and every
   // piece fits an empty batch (L <= T), so each pass over an epoch adds something.
   for (;;) {
-    if (next_document_ == order_.size()) {
-      ++epoch_;
-      next_document_ = 0;
+    const size_t l = current_lane();
+    Lane& lane = lanes_[l];
+    if (lane.next_document == lane.order.size()) {  // this source's epoch ends alone
+      ++lane.epoch;
+      lane.next_document = 0;
       next_piece_ = 0;
-      shuffle_for_epoch();
+      shuffle_for_epoch(lane);
     }
-    const int64_t doc = order_[next_document_];
+    const int64_t doc = lane.order[lane.next_document];
     const TokenSpan tokens = split_.document(doc);
     const auto n = static_cast<int64_t>(tokens.size());
-    const int64_t offset = piece_offset(doc, n);
+    const int64_t offset = piece_offset(lane, doc, n);
     if (static_cast<int64_t>(next_piece_) >= packer_.num_pieces(n, split_.document_id(doc), offset)) {
-      ++next_document_;
+      // A document done is a draw; a dropped one (no piece) is passed over, so the
+      // schedule counts only documents that train.
+      if (next_piece_ > 0) {
+        ++counts_[l];
+        ++draws_;
+      }
+      ++lane.next_document;
       next_piece_ = 0;
       continue;
     }
@@ -159,32 +200,65 @@ void BatchStream::set_state(const StreamState& state) {
   KILN_CHECK(state.fingerprint == fingerprint_, "data",
              "saved stream position is for different data, data.seed or packing (fingerprint {:016x}, expected {:016x})",
              state.fingerprint, fingerprint_);
-  KILN_CHECK(state.next_document <= order_.size(), "data", "saved stream position {} is past the {} documents",
-             state.next_document, order_.size());
+  KILN_CHECK(state.sources.size() == (is_mixture() ? lanes_.size() : 0), "data",
+             "saved stream position has {} sources, the data has {}", state.sources.size(),
+             is_mixture() ? lanes_.size() : 1);
+  uint64_t draws = 0;
+  for (size_t s = 0; s < state.sources.size(); ++s) {
+    KILN_CHECK(state.sources[s].next_document <= lanes_[s].order.size(), "data",
+               "saved stream position {} of data.sources[{}] is past its {} documents", state.sources[s].next_document, s,
+               lanes_[s].order.size());
+    draws += state.sources[s].draws;
+  }
+  KILN_CHECK(!is_mixture() || draws == state.next_document, "data",
+             "saved mixture position draws {} documents, its sources {}", state.next_document, draws);
+  KILN_CHECK(is_mixture() || state.next_document <= lanes_[0].order.size(), "data",
+             "saved stream position {} is past the {} documents", state.next_document, lanes_[0].order.size());
   if (prefetcher_ != nullptr) {
     retired_wait_seconds_ += prefetcher_->wait_seconds();
     prefetcher_.reset();  // joins the thread; its batches were for the old position
   }
-  epoch_ = state.epoch;
-  next_document_ = state.next_document;
+  if (is_mixture()) {
+    for (size_t s = 0; s < lanes_.size(); ++s) {
+      lanes_[s].epoch = state.sources[s].epoch;
+      lanes_[s].next_document = state.sources[s].next_document;
+      counts_[s] = state.sources[s].draws;
+    }
+    draws_ = state.next_document;
+  } else {
+    lanes_[0].epoch = state.epoch;
+    lanes_[0].next_document = state.next_document;
+  }
   next_piece_ = state.next_piece;
-  shuffle_for_epoch();
+  for (Lane& lane : lanes_) shuffle_for_epoch(lane);
   consumer_ = position();
 }
 
 double BatchStream::epoch_progress() const {
-  return order_.empty() ? 0.0 : static_cast<double>(consumer_.next_document) / static_cast<double>(order_.size());
+  // A mixture: the source furthest through its epochs (the one repeating soonest).
+  double progress = 0;
+  for (size_t s = 0; s < lanes_.size(); ++s) {
+    const uint64_t next = is_mixture() ? consumer_.sources[s].next_document : consumer_.next_document;
+    const uint64_t epoch = is_mixture() ? consumer_.sources[s].epoch : consumer_.epoch;
+    if (lanes_[s].order.empty() || epoch != consumer_.epoch) continue;
+    progress = std::max(progress, static_cast<double>(next) / static_cast<double>(lanes_[s].order.size()));
+  }
+  return progress;
 }
 
 double BatchStream::wait_seconds() const {
   return retired_wait_seconds_ + (prefetcher_ != nullptr ? prefetcher_->wait_seconds() : 0.0);
 }
 
-std::vector<HostBatch> validation_batches(const TokenizedSplit& split, const Packer& packer, int64_t max_batches) {
+namespace {
+
+// Documents [first, end) of `split` packed in order, up to `max_batches` batches.
+std::vector<HostBatch> pack_in_order(const TokenizedSplit& split, int64_t first, int64_t end, const Packer& packer,
+                                     int64_t max_batches) {
   std::vector<HostBatch> batches;
   HostBatch batch;
   packer.begin(batch);
-  for (int64_t doc = 0; doc < split.num_documents() && static_cast<int64_t>(batches.size()) < max_batches; ++doc) {
+  for (int64_t doc = first; doc < end && static_cast<int64_t>(batches.size()) < max_batches; ++doc) {
     const TokenSpan tokens = split.document(doc);
     const auto n = static_cast<int64_t>(tokens.size());
     const int64_t pieces = packer.num_pieces(n, split.document_id(doc));
@@ -202,6 +276,36 @@ std::vector<HostBatch> validation_batches(const TokenizedSplit& split, const Pac
   if (static_cast<int64_t>(batches.size()) < max_batches && batch.num_seqs() > 0) {
     packer.finish(batch);
     batches.push_back(std::move(batch));
+  }
+  return batches;
+}
+
+}  // namespace
+
+std::vector<HostBatch> validation_batches(const TokenizedSplit& split, const Packer& packer, int64_t max_batches,
+                                          std::vector<int32_t>* batch_sources) {
+  if (batch_sources) batch_sources->clear();
+  const std::vector<SplitSource>& sources = split.sources();
+  if (sources.empty()) return pack_in_order(split, 0, split.num_documents(), packer, max_batches);
+  std::vector<std::vector<HostBatch>> per_source;
+  std::vector<double> weights;
+  for (const SplitSource& s : sources) {
+    per_source.push_back(pack_in_order(split, s.first, s.first + s.count, packer, max_batches));
+    weights.push_back(s.weight);
+  }
+  std::vector<uint64_t> taken(sources.size(), 0);
+  std::unique_ptr<bool[]> active(new bool[sources.size()]);
+  int64_t left = 0;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    active[s] = !per_source[s].empty();
+    left += static_cast<int64_t>(per_source[s].size());
+  }
+  std::vector<HostBatch> batches;
+  for (uint64_t draw = 0; left > 0 && static_cast<int64_t>(batches.size()) < max_batches; ++draw, --left) {
+    const size_t s = mixture_pick(weights, draw, taken, std::span<const bool>(active.get(), sources.size()));
+    batches.push_back(std::move(per_source[s][taken[s]]));
+    if (batch_sources) batch_sources->push_back(static_cast<int32_t>(s));
+    if (++taken[s] == per_source[s].size()) active[s] = false;
   }
   return batches;
 }

@@ -13,6 +13,12 @@
 // token). Ranks get disjoint micro-batches whose union is the single-process stream, and
 // every rank's StreamState is the same (the start of the next round of W batches).
 //
+// A mixture (a split with SplitSource ranges, from data.sources) keeps such an order,
+// epoch and position per source, its epochs shuffled from (seed, source) so that sources
+// of equal size do not share an order; documents are drawn from the sources by the
+// weighted round-robin of data/mixture.h, and a source that runs out starts its next
+// epoch alone, as a single source does. One source is the same stream as before mixtures.
+//
 // Prefetching (data.prefetch = K > 0): a background thread packs up to K batches ahead
 // (data/prefetch.h); the batches and states are exactly those of the synchronous stream.
 #pragma once
@@ -78,15 +84,26 @@ class BatchStream {
   double wait_seconds() const;
 
  private:
-  void shuffle_for_epoch();
-  // Where the current epoch cuts document `doc` of `num_tokens` tokens (Packer's offset).
-  int64_t piece_offset(int64_t doc, int64_t num_tokens) const;
+  // One source's documents [first, first + count) of the split, and its position.
+  struct Lane {
+    int64_t first = 0;
+    uint64_t seed = 0;              // its epochs' shuffles and cut offsets
+    std::vector<int64_t> order;     // document indices of the current epoch
+    uint64_t epoch = 0;
+    uint64_t next_document = 0;
+  };
+  bool is_mixture() const { return lanes_.size() > 1; }
+  void shuffle_for_epoch(Lane& lane);
+  // The lane the current document comes from (the schedule's pick at draws_).
+  size_t current_lane() const;
+  // Where the lane's current epoch cuts document `doc` of `num_tokens` tokens (Packer's offset).
+  int64_t piece_offset(const Lane& lane, int64_t doc, int64_t num_tokens) const;
   // Packs (kEmit) or skips the next global micro-batch from the current position.
   template <bool kEmit>
   void advance(HostBatch* batch);
   // One round: skip rank batches, pack ours, skip the rest of the world's.
   void next_round(HostBatch& batch);
-  StreamState position() const { return StreamState{epoch_, next_document_, next_piece_, fingerprint_}; }
+  StreamState position() const;
 
   const TokenizedSplit& split_;
   Packer packer_;
@@ -94,10 +111,12 @@ class BatchStream {
   LoaderOptions options_;
   uint64_t fingerprint_;
   int64_t dropped_ = 0;
-  std::vector<int64_t> order_;  // document indices of the current epoch
-  // The producer's position (with prefetching, touched only by the prefetch thread).
-  uint64_t epoch_ = 0;
-  uint64_t next_document_ = 0;
+  // The producer's position (with prefetching, touched only by the prefetch thread):
+  // the lanes', the documents drawn over all of them, and the current document's piece.
+  std::vector<Lane> lanes_;
+  std::vector<double> weights_;   // per lane
+  std::vector<uint64_t> counts_;  // per lane: documents (with a piece) drawn from it
+  uint64_t draws_ = 0;
   uint64_t next_piece_ = 0;
   // With prefetching: the consumer's position, and the thread (started by next()).
   StreamState consumer_;
@@ -108,9 +127,15 @@ class BatchStream {
 // The first `max_batches` micro-batches of one pass over `split` in file order (all of
 // them when there are fewer; none for an empty split). Fixed across calls and runs, so
 // validation losses are comparable step to step; the trainer computes it once.
-std::vector<HostBatch> validation_batches(const TokenizedSplit& split, const Packer& packer, int64_t max_batches);
-inline std::vector<HostBatch> validation_batches(const TokenDataset& dataset, const Packer& packer, int64_t max_batches) {
-  return validation_batches(dataset.split(Split::validation), packer, max_batches);
+// A mixture's split (SplitSource ranges): each source's documents are packed apart and
+// its batches interleaved by the weights' schedule (data/mixture.h), so that a cap keeps
+// the mixture's proportions and each batch has one source, which `batch_sources` (when
+// given) receives per batch: the trainer reports a loss per source besides the union's.
+std::vector<HostBatch> validation_batches(const TokenizedSplit& split, const Packer& packer, int64_t max_batches,
+                                          std::vector<int32_t>* batch_sources = nullptr);
+inline std::vector<HostBatch> validation_batches(const TokenDataset& dataset, const Packer& packer, int64_t max_batches,
+                                                 std::vector<int32_t>* batch_sources = nullptr) {
+  return validation_batches(dataset.split(Split::validation), packer, max_batches, batch_sources);
 }
 
 // Documents of `split` that the packer's long_doc policy drops (throws under "error").

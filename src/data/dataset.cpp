@@ -120,6 +120,10 @@ TokenizedSplit read_whole(const std::string& path, const DataConfig& config, con
 }  // namespace
 
 TokenDataset::TokenDataset(const DataConfig& config, const Tokenizer& tokenizer) {
+  if (!config.sources.empty()) {
+    *this = read_mixture(config, tokenizer);
+    return;
+  }
   KILN_CHECK(config.val_fraction >= 0.0 && config.val_fraction < 1.0, "data.val_fraction", "must be in [0, 1), got {}",
              config.val_fraction);
   BadInputLog log(config.lenient);

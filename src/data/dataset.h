@@ -39,6 +39,14 @@ bool is_validation_document(std::string_view text, double val_fraction);
 // stored token bytes).
 bool is_validation_hash(uint64_t hash, double val_fraction);
 
+// One source of a mixture split (data.sources): documents [first, first + count).
+struct SplitSource {
+  std::string name;
+  double weight = 1.0;
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
 // The tokenized documents of one split, in file order.
 class TokenizedSplit {
  public:
@@ -67,6 +75,14 @@ class TokenizedSplit {
   uint64_t layout_hash(uint64_t seed) const;
   void set_fingerprint(uint64_t fingerprint) { fingerprint_ = fingerprint; }
 
+  // A mixture's sources, each a contiguous range of documents (empty: one source).
+  // BatchStream draws from them by weight (data/mixture.h).
+  const std::vector<SplitSource>& sources() const { return sources_; }
+  // A split of a mixture: the parts' documents, part after part, with `names` and
+  // `weights` per part (validation_batches packs each part apart, data/batch_stream.h). Its fingerprint covers the parts' and the weights.
+  static TokenizedSplit concatenate(const std::vector<TokenizedSplit>& parts, const std::vector<std::string>& names,
+                                    const std::vector<double>& weights);
+
  private:
   struct DocRef {
     uint64_t begin;
@@ -77,13 +93,15 @@ class TokenizedSplit {
   std::vector<TokenSpan> segments_;
   std::vector<std::shared_ptr<const void>> owners_;
   std::vector<DocRef> docs_;
+  std::vector<SplitSource> sources_;
   int64_t num_tokens_ = 0;
   uint64_t fingerprint_ = 0;
 };
 
 class TokenDataset {
  public:
-  // Reads data.path (text/JSONL: read, split by val_fraction and tokenized once, in
+  // Reads data.path, or each of data.sources alike (each split by its own hash rule; each
+  // split the sources' concatenation with SplitSource ranges; data/mixture.cpp). Reads data.path (text/JSONL: read, split by val_fraction and tokenized once, in
   // parallel; shards/llmc/raw: memory-mapped and validated) and data.val_path when set.
   // Bad input follows data.lenient (data/bad_input.h). Throws kiln::Error when there are
   // no documents, or when a split is empty (train always; validation when
@@ -104,6 +122,10 @@ class TokenDataset {
   const std::string& skipped_summary() const { return skipped_summary_; }
 
  private:
+  TokenDataset() = default;
+  // data.sources: each source read as data.path is, then joined (data/mixture.cpp).
+  static TokenDataset read_mixture(const DataConfig& config, const Tokenizer& tokenizer);
+
   TokenizedSplit train_;
   TokenizedSplit validation_;
   BadInputCounts skipped_;

@@ -94,6 +94,10 @@ std::string state_to_json(const CheckpointState& s) {
       {"run_id", s.run_id},
       {"world_size", s.world_size},
   };
+  // A mixture's per-source positions (data.sources); absent for one source, as before.
+  for (const SourcePosition& source : s.stream.sources)
+    j["data"]["sources"].push_back(
+        {{"epoch", source.epoch}, {"next_document", source.next_document}, {"draws", source.draws}});
   // nlohmann writes doubles with enough digits to read back the same bits.
   return j.dump(1) + "\n";
 }
@@ -133,6 +137,13 @@ CheckpointState state_from_json(const std::string& text, const std::string& path
   s.stream.epoch = get<uint64_t>(d, "epoch", path);
   s.stream.next_document = get<uint64_t>(d, "next_document", path);
   s.stream.next_piece = get<uint64_t>(d, "next_piece", path);
+  if (d.contains("sources")) {
+    KILN_CHECK(d["sources"].is_array(), "checkpoint", "{}: data.sources is not an array", path);
+    for (const json& source : d["sources"])
+      s.stream.sources.push_back(SourcePosition{get<uint64_t>(source, "epoch", path),
+                                                get<uint64_t>(source, "next_document", path),
+                                                get<uint64_t>(source, "draws", path)});
+  }
   const json g = get<json>(j, "fault_guard", path);
   s.guard.consecutive_skips = get<int64_t>(g, "consecutive_skips", path);
   s.guard.total_skips = get<int64_t>(g, "total_skips", path);
@@ -192,6 +203,7 @@ bool check_resume_data(const std::string& path, const CheckpointState& saved, co
                        f.name() == "model.max_seq_len";
     if (feeds && !same_value(f.get(saved_config), f.get(now))) changed.push_back(std::string(f.name()));
   }
+  if (saved_config.data.sources != now.data.sources) changed.push_back("data.sources");
   const std::string what = changed.empty() ? "the contents of data.path" : join(changed);
   KILN_CHECK(allow_data_change, "checkpoint",
              "{}: the training data differs from the checkpoint's (fingerprint {} -> {}; changed: {}); pass "

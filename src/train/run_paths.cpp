@@ -32,7 +32,10 @@ std::string data_root(const std::string& path) {
 }
 
 std::vector<RunInput> data_inputs(const Config& config) {
-  std::vector<RunInput> inputs = {{data_root(config.data.path), "data.path"}};
+  std::vector<RunInput> inputs;
+  if (!config.data.path.empty()) inputs.push_back({data_root(config.data.path), "data.path"});
+  for (size_t i = 0; i < config.data.sources.size(); ++i)
+    inputs.push_back({data_root(config.data.sources[i].path), fmt::format("data.sources[{}].path", i)});
   if (!config.data.val_path.empty()) inputs.push_back({data_root(config.data.val_path), "data.val_path"});
   return inputs;
 }

@@ -3,6 +3,7 @@
 #include "core/device_memory.h"
 #include "core/peak_flops.h"
 #include "core/process_memory.h"
+#include "data/mixture.h"
 #include "core/printable.h"
 #include "io/durable_io.h"
 #include "io/hf_config.h"
@@ -168,7 +169,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
     config_.train.steps = (config_.train.tokens + per_step - 1) / per_step;
     console_.print("train.tokens {}: {} steps of {} tokens\n", config_.train.tokens, config_.train.steps, per_step);
   }
-  validation_ = validation_batches(*dataset_, packer, config_.train.eval_batches);
+  validation_ = validation_batches(*dataset_, packer, config_.train.eval_batches, &validation_sources_);
   micro_batches_.resize(static_cast<size_t>(config_.train.grad_accum));
 
   model_ = std::make_unique<Model>(config_.model, training_build_options(config_, device_));
@@ -227,8 +228,17 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   console_.print("kiln {} | device {} | model {}: {} parameters, {} layers, hidden {}\n", KILN_VERSION, device,
                  config_.model.name, human_count(static_cast<double>(model_->parameter_count())), config_.model.layers,
                  config_.model.hidden);
+  // A mixture is named by its sources and their shares of the documents drawn.
+  std::string data_name = config_.data.path;
+  if (!config_.data.sources.empty()) {
+    double total = 0;
+    for (const DataSource& s : config_.data.sources) total += s.weight;
+    data_name = "mixture";
+    for (const DataSource& s : config_.data.sources)
+      data_name += fmt::format(" {} {:.3g}%", source_name(s), 100.0 * s.weight / total);
+  }
   console_.print("data {}: {} train / {} validation documents ({} / {} tokens) | {} tokens per step ({} x {})\n",
-                 config_.data.path, dataset_->num_documents(Split::train), dataset_->num_documents(Split::validation),
+                 data_name, dataset_->num_documents(Split::train), dataset_->num_documents(Split::validation),
                  human_count(static_cast<double>(dataset_->num_tokens(Split::train))),
                  human_count(static_cast<double>(dataset_->num_tokens(Split::validation))),
                  config_.train.micro_batch_tokens * micro_batches_per_step(), micro_batches_per_step(),
@@ -347,6 +357,9 @@ double Trainer::validate() {
   // sums are added.
   const size_t ranks = data_parallel_ ? static_cast<size_t>(data_parallel_->world_size()) : 1;
   const size_t rank = data_parallel_ ? static_cast<size_t>(data_parallel_->rank()) : 0;
+  // A mixture: (loss, count) per source too, each batch holding one source's documents.
+  const std::vector<DataSource>& sources = config_.data.sources;
+  std::vector<double> per_source(validation_sources_.empty() ? 0 : 2 * sources.size(), 0.0);
   for (size_t i = rank; i < validation_.size(); i += ranks) {
     if (faults_.any()) inject_eval_faults(faults_, "validation", false);
     if (stop_requested()) return std::nan("");  // polled per batch: a stop does not wait for the pass
@@ -354,12 +367,27 @@ double Trainer::validate() {
     const LossSums sums = model_->evaluate();
     loss += sums.loss;
     count += sums.count;
+    if (!per_source.empty()) {
+      per_source[2 * static_cast<size_t>(validation_sources_[i])] += sums.loss;
+      per_source[2 * static_cast<size_t>(validation_sources_[i]) + 1] += static_cast<double>(sums.count);
+    }
   }
   if (data_parallel_) {
     double totals[2] = {loss, static_cast<double>(count)};
     data_parallel_->sum(totals, 2, Device::cpu);
     loss = totals[0];
     count = static_cast<int64_t>(totals[1]);
+    if (!per_source.empty()) data_parallel_->sum(per_source.data(), static_cast<int64_t>(per_source.size()), Device::cpu);
+  }
+  source_validation_.clear();
+  for (size_t s = 0; 2 * s < per_source.size(); ++s) {
+    if (per_source[2 * s + 1] <= 0) continue;
+    // Two sources may share a name (dir1/train.jsonl, dir2/train.jsonl): their index tells them apart.
+    std::string name = source_name(sources[s]);
+    for (size_t t = 0; t < sources.size(); ++t)
+      if (t != s && source_name(sources[t]) == name) name = fmt::format("{}[{}]", name, s);
+    if (name == "kind" || name == "step") name = fmt::format("{}[{}]", name, s);  // the record's own keys
+    source_validation_.emplace_back(name, per_source[2 * s] / per_source[2 * s + 1]);
   }
   if (faults_.has("nan_validation", "all")) return std::nan("");  // tests only
   return count > 0 ? loss / static_cast<double>(count) : std::nan("");
@@ -481,6 +509,12 @@ double Trainer::show_validation(int64_t step) {
   console_.print("validation at step {}: loss {:.4f} nats/token ({:.4f} bits/byte)\n", step, val, val / std::log(2.0));
   std::fflush(stdout);  // a log read while the run goes on sees it now
   records_.validation(step, val, now_seconds() - run_start_);
+  if (!source_validation_.empty()) {
+    std::string parts;
+    for (const auto& [name, loss] : source_validation_) parts += fmt::format("{}{} {:.4f}", parts.empty() ? "" : ", ", name, loss);
+    console_.print("validation at step {} per source: {}\n", step, parts);
+    records_.scalars(step, "validation_sources", source_validation_);
+  }
   best_validation_.offer(val, step);
   last_validation_ = val;
   // The line shows the new "val" now, not at the next step (after the last step, never).

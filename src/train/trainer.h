@@ -138,6 +138,10 @@ class Trainer {
   std::unique_ptr<BatchStream> stream_;
   std::vector<HostBatch> micro_batches_;  // one step's worth, reused every step
   std::vector<HostBatch> validation_;
+  // A mixture: each validation batch's source (data.sources index), and the last pass's
+  // loss per source, recorded as a "validation_sources" record; empty for one source.
+  std::vector<int32_t> validation_sources_;
+  NamedValues source_validation_;
   std::unique_ptr<Model> model_;
   Arena optimizer_state_;
   std::unique_ptr<Optimizer> optimizer_;
