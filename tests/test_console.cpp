@@ -14,9 +14,13 @@ class Console : public TinyRunTest {
  protected:
   Console() : TinyRunTest("kiln_console") {}
   // `command` (through /bin/sh) on a pseudo-terminal of its own, its output captured.
-  std::string on_terminal(const std::string& command, const std::string& env = "") {
+  // `columns`: the terminal's width (0: the pseudo-terminal's default, none set).
+  std::string on_terminal(const std::string& command, const std::string& env = "", int columns = 0) {
     int master = -1;
-    const pid_t pid = forkpty(&master, nullptr, nullptr, nullptr);
+    winsize size{};
+    size.ws_row = 24;
+    size.ws_col = static_cast<unsigned short>(columns);
+    const pid_t pid = forkpty(&master, nullptr, nullptr, columns > 0 ? &size : nullptr);
     if (pid == 0) {
       const std::string line = env + " exec " + command + " 2>&1";
       execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
@@ -64,6 +68,25 @@ TEST_F(Console, ATerminalGetsOneLiveProgressLineWithMessagesAboveIt) {
   ASSERT_NE(redraw, std::string::npos);
   EXPECT_GT(redraw, at) << "no progress line drawn after the final validation";
   EXPECT_CONTAINS(output.substr(redraw, output.find('\r', redraw + 1) - redraw), " | val " + value + " | ");
+}
+
+// A progress line wider than the terminal would wrap, and each redraw would leave its
+// first row behind (the erase reaches only the cursor's row): it is cut to the width.
+TEST_F(Console, TheLiveLineFitsANarrowTerminal) {
+  const std::string output = on_terminal(tiny_train(corpus_, dir_ + "/narrow"), "", 40);
+  size_t redraws = 0;
+  for (size_t at = output.find(kClearLine); at != std::string::npos; at = output.find(kClearLine, at + 1)) {
+    const size_t start = at + std::string(kClearLine).size();
+    const size_t end = output.find_first_of("\r\n", start);
+    // A message printed above the line ends with its newline (\r\n on a terminal); the
+    // live line does not.
+    if (end != std::string::npos && (output[end] == '\n' || output.compare(end, 2, "\r\n") == 0)) continue;
+    const std::string drawn = output.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (drawn.rfind("step ", 0) != 0) continue;
+    ++redraws;
+    EXPECT_LE(drawn.size(), 39u) << drawn;
+  }
+  EXPECT_GE(redraws, 12u) << output;
 }
 
 TEST_F(Console, AFileOrKilnPlainGetsPlainLines) {

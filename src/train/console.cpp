@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,7 +11,27 @@
 namespace kiln {
 
 namespace {
+
 constexpr const char* kClearLine = "\r\033[2K";  // to the line's start, erase it
+
+// The terminal's columns now (it may have been resized), or 0 when unknown.
+int terminal_columns() {
+  winsize size{};
+  if (ioctl(fileno(stdout), TIOCGWINSZ, &size) != 0) return 0;
+  return size.ws_col;
+}
+
+}  // namespace
+
+std::string fit_to_width(const std::string& line, int columns) {
+  if (columns <= 0) return line;
+  const size_t limit = static_cast<size_t>(columns - 1);
+  size_t characters = 0;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const bool starts_character = (static_cast<unsigned char>(line[i]) & 0xC0) != 0x80;
+    if (starts_character && characters++ == limit) return line.substr(0, i);
+  }
+  return line;
 }
 
 Console::Console() {
@@ -39,7 +60,7 @@ void Console::warn(std::string_view where, std::string_view text) const {
 
 void Console::progress(const std::string& line) {
   if (!live_) return;
-  line_ = line;
+  line_ = fit_to_width(line, terminal_columns());
   std::fputs(kClearLine, stdout);
   std::fputs(line_.c_str(), stdout);
   std::fflush(stdout);

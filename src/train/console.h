@@ -2,7 +2,9 @@
 // step (step/total, loss, the last validation loss, tokens/s, MFU on the GPU, elapsed,
 // ETA) and every other message scrolls above it; elsewhere (a file, a pipe, CI) each
 // message is a plain line, as the log has always been, and the periodic step lines keep
-// their log.every cadence. KILN_PLAIN=1 asks for plain lines on a terminal too.
+// their log.every cadence. KILN_PLAIN=1 asks for plain lines on a terminal too. The live
+// line is cut to the terminal's width, read at every redraw: a line that wrapped would
+// leave its first row behind at each redraw (the erase reaches only the cursor's row).
 #pragma once
 
 #include <fmt/format.h>
@@ -11,6 +13,10 @@
 #include <string_view>
 
 namespace kiln {
+
+// `line` cut to at most columns - 1 characters (UTF-8 code points, never split), so
+// the cursor stays on the line's row; unchanged when columns <= 0 (width unknown).
+std::string fit_to_width(const std::string& line, int columns);
 
 class Console {
  public:
