@@ -1,6 +1,7 @@
 // `kiln bench --imbalance R` on the CPU: the sigmoid_bias layers' busiest expert is held
 // at R x the mean load through the timed steps (bench_imbalance.h), and a model it cannot
-// steer is refused by name.
+// steer is refused by name. Also what a CPU bench prints: no GPU figures (MFU), and no
+// op shown with 0 calls per step.
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -53,6 +54,20 @@ TEST(BenchImbalance, RefusesARouterWithoutABias) {
   const std::string out = bench("bench-moe-1b.toml", " --set model.moe.experts=8 --imbalance 2", &code);
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("--imbalance needs sparse layers routed by sigmoid_bias"), std::string::npos) << out;
+}
+
+TEST(BenchCpu, PrintsNoGpuFiguresAndNoOpWithZeroCalls) {
+  int code = 0;
+  const std::string json = test::temp_dir("kiln-bench-cpu") + "/bench.jsonl";
+  const std::string out = bench("bench-moe-shared.toml", " --json " + json, &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(out.find("MFU"), std::string::npos) << out;
+  EXPECT_NE(out.find("model TFLOP/s"), std::string::npos) << out;
+  EXPECT_FALSE(std::regex_search(out, std::regex(R"( 0 calls)"))) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"( [0-9.]+ calls)"))) << out;
+  std::string line;
+  ASSERT_EQ(test::run_command("cat " + json, &line), 0);
+  EXPECT_NE(line.find("\"mfu\":null"), std::string::npos) << line;
 }
 
 }  // namespace
