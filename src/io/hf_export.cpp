@@ -1,11 +1,13 @@
 #include "io/hf_export.h"
 
+#include "core/json_file.h"
 #include "io/byte_tokenizer_json.h"
 #include "io/durable_io.h"
 #include "io/export_names.h"
 #include "io/model_dir.h"
 #include "io/output_path.h"
 #include "io/safetensors.h"
+#include "io/tokenizer_bos.h"
 
 #include <fmt/format.h>
 
@@ -142,7 +144,10 @@ HfExportReport export_hf(const std::string& model_path, const std::string& out_d
                {{"bos_token", kBosText}, {"eos_token", kEosText}, {"pad_token", kPadText}});
     report.files.insert(report.files.end(), {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"});
   } else {
-    fs::copy_file(trained_tokenizer, out / "tokenizer.json", fs::copy_options::overwrite_existing);
+    // As trained: BOS before every document (io/tokenizer_bos.h).
+    write_json(out / "tokenizer.json",
+               with_bos_post_processor(read_json_file(trained_tokenizer.string(), "export"), special.bos,
+                                       trained_tokenizer.string()));
     report.files.push_back("tokenizer.json");
     for (const char* extra : {"tokenizer_config.json", "special_tokens_map.json"}) {
       const fs::path src = trained_tokenizer.parent_path() / extra;
