@@ -222,5 +222,46 @@ TEST(BpeCli, TrainTokenizerRejectsBadArgumentsInOneLine) {
   EXPECT_EQ(out, "kiln: error: [train-tokenizer] --model-max-length -1 must be >= 1\n");
 }
 
+// Issue 44: JSONL was read as plain text (the vocabulary learned `{"`, `":` and `text`) and a
+// directory was refused. Inputs now go as data.path does: JSONL by its documents' text, a
+// directory by every file below it; pre-tokenized files are refused by name.
+TEST(BpeCli, TrainTokenizerReadsJsonlDocumentsAndDirectoriesAsDataPathDoes) {
+  const std::string dir = test::temp_dir("kiln-train-tok-inputs");
+  std::string jsonl;
+  for (int i = 0; i < 200; ++i)
+    jsonl += nlohmann::json{{"body", "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog"}}.dump() + "\n";
+  test::write_file(dir + "/corpus/a.jsonl", jsonl);
+  test::write_file(dir + "/corpus/b.txt", "plain text beside it, read whole\n");
+  std::string out;
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " train-tokenizer " + dir + "/corpus --text-key body --vocab-size 300 --out " +
+                                  dir + "/tok",
+                              &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("train-tokenizer: 2 files"), std::string::npos) << out;
+  const nlohmann::json vocab = nlohmann::json::parse(test::read_file(dir + "/tok/tokenizer.json"))["model"]["vocab"];
+  for (const auto& [token, id] : vocab.items()) {  // the learned tokens (the 256 bytes hold '{' alone)
+    std::string bytes;
+    ASSERT_TRUE(bpe::token_to_bytes(token, bytes)) << token;
+    if (bytes.size() < 2) continue;
+    EXPECT_EQ(token.find("body"), std::string::npos) << token;
+    EXPECT_EQ(token.find('{'), std::string::npos) << token;
+    EXPECT_EQ(token.find('"'), std::string::npos) << token;
+  }
+  EXPECT_TRUE(vocab.contains(bpe::bytes_to_token(" quick")) || vocab.contains(bpe::bytes_to_token(" the")));
+  // A JSONL line without the key names the file and line, as training does.
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " train-tokenizer " + dir + "/corpus/a.jsonl --vocab-size 300 --out " +
+                                  dir + "/tok2",
+                              &out),
+            1);
+  EXPECT_NE(out.find(dir + "/corpus/a.jsonl:1"), std::string::npos) << out;
+  test::write_file(dir + "/tokens.bin", std::string(1024, '\0'));
+  EXPECT_EQ(test::run_command(test::kiln_binary() + " train-tokenizer " + dir + "/tokens.bin --vocab-size 300 --out " +
+                                  dir + "/tok3",
+                              &out),
+            1);
+  EXPECT_NE(out.find("(pre-tokenized); it reads text or JSONL"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace kiln

@@ -1,10 +1,16 @@
 // `kiln train-tokenizer INPUT... --vocab-size N --out DIR`: trains a byte-level BPE and
-// writes Hugging Face tokenizer.json + tokenizer_config.json (docs/data.md).
+// writes Hugging Face tokenizer.json + tokenizer_config.json (docs/data.md). Inputs are
+// what data.path takes: files, directories or globs of text and JSONL (the document in
+// --text-key, as data.text_key), plain or .zst/.gz.
 #include "cli/commands.h"
 #include "core/error.h"
+#include "data/bad_input.h"
 #include "data/bpe/bpe_tokenizer.h"
 #include "data/bpe/bpe_trainer.h"
 #include "data/bpe/pretokenizer.h"
+#include "data/data_format.h"
+#include "data/readers/glob.h"
+#include "data/readers/jsonl.h"
 #include "ops/parallel.h"
 
 #include <fmt/format.h>
@@ -19,11 +25,37 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Counts one input's text into the trainer; returns its bytes of text. A text file is
+// counted whole, in blocks (pretokens may span what the text reader would call documents,
+// as Hugging Face's trainer reads a file); a JSONL file by its documents, so the JSON
+// around them is never learned. Pre-tokenized files are refused by name.
+size_t add_input(bpe::BpeTrainer& trainer, const std::string& input, const std::string& text_key, size_t* files) {
+  size_t bytes = 0;
+  for (const std::string& file : expand_data_path(input)) {
+    ++*files;
+    const DataFormat format = format_of_file(file);
+    if (format == DataFormat::text) {
+      bytes += trainer.add_file(file);
+      continue;
+    }
+    KILN_CHECK(format == DataFormat::jsonl, "train-tokenizer", "'{}' is {} (pre-tokenized); it reads text or JSONL",
+               file, format_name(format));
+    BadInputLog strict;
+    JsonlFileSource source(file, text_key, strict);
+    for (Document doc; source.next(doc);) {
+      trainer.add_text(doc.text);
+      bytes += doc.text.size();
+    }
+  }
+  return bytes;
+}
+
 }  // namespace
 
 void add_train_tokenizer_command(CLI::App& app) {
   struct Options {
     std::vector<std::string> inputs;
+    std::string text_key = "text";
     std::string out_dir;
     bpe::BpeTrainerOptions trainer;
     std::string pattern = "qwen2";
@@ -33,7 +65,9 @@ void add_train_tokenizer_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("train-tokenizer", "train a byte-level BPE tokenizer (writes tokenizer.json)");
-  cmd->add_option("inputs", o->inputs, "UTF-8 text files")->required()->check(CLI::ExistingFile);
+  cmd->add_option("inputs", o->inputs, "text or JSONL files, directories or globs (as data.path)")->required();
+  cmd->add_option("--text-key", o->text_key, "JSONL field holding the document (as data.text_key)")
+      ->capture_default_str();
   cmd->add_option("--vocab-size", o->trainer.vocab_size, "vocabulary size, special tokens included")
       ->required()
       ->check(CLI::PositiveNumber);
@@ -69,11 +103,11 @@ void add_train_tokenizer_command(CLI::App& app) {
 
     const auto t0 = std::chrono::steady_clock::now();
     bpe::BpeTrainer trainer(o->trainer);
-    size_t bytes = 0;
-    for (const std::string& path : o->inputs) bytes += trainer.add_file(path);
+    size_t bytes = 0, files = 0;
+    for (const std::string& input : o->inputs) bytes += add_input(trainer, input, o->text_key, &files);
     const double count_s = seconds_since(t0);
     fmt::print("train-tokenizer: {} files, {:.1f} MB, {} pretokens ({} distinct) counted in {:.2f} s on {} threads\n",
-               o->inputs.size(), static_cast<double>(bytes) / 1e6, trainer.total_words(), trainer.unique_words(),
+               files, static_cast<double>(bytes) / 1e6, trainer.total_words(), trainer.unique_words(),
                count_s, threads);
     std::fflush(stdout);
     const bpe::TrainedBpe result = trainer.train();
