@@ -1,7 +1,7 @@
 // A bounded load test of the `kiln serve` binary on loopback: 200 concurrent completion
-// requests, 8 clients trickling their request a header line at a time, and /health probed
-// throughout. Every completion must match the same request served alone (greedy, so
-// deterministic), every slow client must be cut off with 408 at the request deadline, and
+// requests (every fourth streamed as server-sent events), 8 clients trickling their request
+// a header line at a time, and /health probed throughout. Every completion, streamed or not,
+// must match the same request served alone (greedy, so deterministic), every slow client must be cut off with 408 at the request deadline, and
 // /health must never fail. The numbers are printed (docs/reliability.md quotes them).
 #include "serve_fixture.h"
 
@@ -36,11 +36,29 @@ TEST(ServeLoad, ConcurrentRequestsSlowClientsAndHealthTogether) {
   const int port = serve.wait_for_port();
   ASSERT_GT(port, 0) << serve.log();
 
-  auto body = [](int i) {
-    i %= kDistinct;
-    return json{{"prompt", fmt::format("load request {} says", i)}, {"max_tokens", 2 + i % 3}, {"temperature", 0},
-                {"ignore_eos", true}}
-        .dump();
+  // Every fourth of the concurrent requests streams; the answers alone never do.
+  auto streamed = [](int i) { return i >= kDistinct && i % 4 == 0; };
+  auto body = [&](int i) {
+    json b = {{"prompt", fmt::format("load request {} says", i % kDistinct)},
+              {"max_tokens", 2 + i % kDistinct % 3},
+              {"temperature", 0},
+              {"ignore_eos", true}};
+    if (streamed(i)) b["stream"] = true;
+    return b.dump();
+  };
+  // The completion's text, from a whole answer or from its events' pieces ("" if none).
+  auto text_of = [&](int i, const std::string& answer) -> std::string {
+    if (!streamed(i)) return json::parse(answer)["choices"][0]["text"].dump();
+    std::string text;
+    bool done = false;
+    for (size_t at = 0; (at = answer.find("data: ", at)) != std::string::npos;) {
+      const size_t end = answer.find("\n\n", at);
+      const std::string data = answer.substr(at + 6, end - at - 6);
+      at = end;
+      if (data == "[DONE]") done = true;
+      else if (!json::parse(data)["choices"].empty()) text += json::parse(data)["choices"][0]["text"].get<std::string>();
+    }
+    return done ? json(text).dump() : std::string();
   };
   auto ask = [&](int i, int* status, int* retries) -> std::string {
     httplib::Client c("127.0.0.1", port);
@@ -54,12 +72,12 @@ TEST(ServeLoad, ConcurrentRequestsSlowClientsAndHealthTogether) {
         continue;
       }
       *status = res ? res->status : -1;
-      return res && res->status == 200 ? json::parse(res->body)["choices"][0]["text"].dump() : std::string();
+      return res && res->status == 200 ? text_of(i, res->body) : std::string();
     }
     return "";
   };
 
-  // Each request alone, one after another: the answers to match.
+  // Each request alone, one after another, none streamed: the answers to match.
   std::vector<std::string> alone(kDistinct);
   int status = 0, retries = 0;
   for (int i = 0; i < kDistinct; ++i) {
@@ -114,13 +132,14 @@ TEST(ServeLoad, ConcurrentRequestsSlowClientsAndHealthTogether) {
   loaded = false;
   prober.join();
 
-  int matched = 0, total_retries = 0;
+  int matched = 0, total_retries = 0, streams = 0;
   for (int i = 0; i < kRequests; ++i) {
     const auto k = static_cast<size_t>(i);
     EXPECT_EQ(statuses[k], 200) << "request " << i;
     const std::string& want = alone[k % kDistinct];
     EXPECT_EQ(loaded_answers[k], want) << "request " << i;
     matched += statuses[k] == 200 && loaded_answers[k] == want;
+    streams += streamed(i);
     total_retries += retried[k];
   }
   for (int i = 0; i < kSlowClients; ++i) {
@@ -134,10 +153,11 @@ TEST(ServeLoad, ConcurrentRequestsSlowClientsAndHealthTogether) {
   std::sort(latency.begin(), latency.end());
   const auto [slowest_cut, fastest_cut] = std::pair{*std::max_element(slow_cut.begin(), slow_cut.end()),
                                                     *std::min_element(slow_cut.begin(), slow_cut.end())};
-  fmt::print("serve load: {} of {} concurrent requests answered as alone in {:.2f} s (latency p50 {:.3f} s, max "
+  EXPECT_EQ(streams, kRequests / 4 - 10);  // every fourth, the first 40 (the ones asked alone too) aside
+  fmt::print("serve load: {} of {} concurrent requests ({} streamed) answered as alone in {:.2f} s (latency p50 {:.3f} s, max "
              "{:.3f} s, {} retries after 503); {} slow clients cut at {:.2f}-{:.2f} s; /health {} probes, {} failed, "
              "slowest {} ms; test wall {:.1f} s\n",
-             matched, kRequests, load_seconds, latency[kRequests / 2], latency.back(), total_retries, kSlowClients,
+             matched, kRequests, streams, load_seconds, latency[kRequests / 2], latency.back(), total_retries, kSlowClients,
              fastest_cut, slowest_cut, probes.load(), probe_failures.load(), worst_probe_ms.load(),
              seconds_since(test_start));
   EXPECT_EQ(serve.stop(), 0) << serve.log();
