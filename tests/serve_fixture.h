@@ -197,4 +197,18 @@ inline bool health_answers(int port, double seconds) {
   return false;
 }
 
+// A model (served as "slow", its folder's name) whose stream of 2000 tokens takes seconds of
+// the model's time on one thread, so a client or signal acting after the first event finds
+// the stream in progress.
+inline std::string slow_streaming_model(const std::string& root) {
+  ModelConfig config = tiny_config(true, true, false, 256);
+  config.heads = 4;
+  config.kv_heads = 2;
+  config.head_dim = 64;
+  config.layers = 4;
+  config.ffn_hidden = 1024;
+  config.max_seq_len = 2048;
+  return save_random_model(config, root + "/slow");
+}
+
 }  // namespace kiln::test

@@ -144,19 +144,6 @@ TEST(ServeMetricsEndpoint, CountsTheRequestsAndTokensServed) {
   EXPECT_EQ(requests("/metrics", 200), 1);
 }
 
-// The model of ServeStreamProcess: a stream of 2000 tokens takes it seconds on one thread,
-// so a signal sent after its first event finds it in progress.
-std::string slow_model(const std::string& root) {
-  ModelConfig config = test::tiny_config(true, true, false, 256);
-  config.heads = 4;
-  config.kv_heads = 2;
-  config.head_dim = 64;
-  config.layers = 4;
-  config.ffn_hidden = 1024;
-  config.max_seq_len = 2048;
-  return test::save_random_model(config, root + "/slow");
-}
-
 constexpr int kLongStream = 2000;
 
 std::string long_stream_request() {
@@ -178,7 +165,7 @@ bool refused_within(int port, double seconds) {
 
 TEST(ServeOpsProcess, SigtermLetsAStreamFinishRefusesNewConnectionsAndExitsZero) {
   const std::string root = test::temp_dir("kiln-serve-ops");
-  test::ServeProcess serve(slow_model(root), {"--threads", "1", "--slots", "1", "--shutdown-grace", "120"}, root);
+  test::ServeProcess serve(test::slow_streaming_model(root), {"--threads", "1", "--slots", "1", "--shutdown-grace", "120"}, root);
   const int port = serve.wait_for_port(30);
   ASSERT_GT(port, 0) << serve.log();
   test::RawConnection c(port);
@@ -206,7 +193,7 @@ TEST(ServeOpsProcess, SigtermLetsAStreamFinishRefusesNewConnectionsAndExitsZero)
 
 TEST(ServeOpsProcess, AStreamPastTheShutdownBoundIsCutOffAndNamed) {
   const std::string root = test::temp_dir("kiln-serve-ops-cut");
-  test::ServeProcess serve(slow_model(root), {"--threads", "1", "--slots", "1", "--shutdown-grace", "0"}, root);
+  test::ServeProcess serve(test::slow_streaming_model(root), {"--threads", "1", "--slots", "1", "--shutdown-grace", "0"}, root);
   const int port = serve.wait_for_port(30);
   ASSERT_GT(port, 0) << serve.log();
   test::RawConnection c(port);

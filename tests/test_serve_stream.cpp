@@ -271,21 +271,14 @@ TEST_F(ServeStreamTest, ModelsByIdAndTheModelField) {
 // abandoned stream: far fewer steps than its max_tokens).
 TEST(ServeStreamProcess, AClientLeavingMidStreamFreesItsSlotAtOnce) {
   const std::string root = test::temp_dir("kiln-serve-stream");
-  ModelConfig config = test::tiny_config(true, true, false, 256);
-  config.heads = 4;
-  config.kv_heads = 2;
-  config.head_dim = 64;
-  config.layers = 4;
-  config.ffn_hidden = 1024;
-  config.max_seq_len = 2048;  // a stream of 2000 tokens: seconds of the model's time on one thread
-  const std::string model = test::save_random_model(config, root + "/tiny-streamer");
+  const std::string model = test::slow_streaming_model(root);
   test::ServeProcess serve(model, {"--threads", "1", "--slots", "1"}, root);
   const int port = serve.wait_for_port(30);
   ASSERT_GT(port, 0) << serve.log();
   constexpr int kAbandoned = 2000;
   {
     test::RawConnection c(port);
-    const json body = {{"model", "tiny-streamer"}, {"prompt", "x"},     {"max_tokens", kAbandoned},
+    const json body = {{"model", "slow"}, {"prompt", "x"},     {"max_tokens", kAbandoned},
                        {"temperature", 0},         {"ignore_eos", true}, {"stream", true}};
     ASSERT_TRUE(c.send(test::http_request("POST", "/v1/completions", body.dump())));
     ASSERT_TRUE(c.read_through("data: {", 60)) << serve.log();
