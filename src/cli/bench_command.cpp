@@ -12,9 +12,8 @@
 #include "nn/mup.h"
 #include "ops/blas.h"
 #include "ops/parallel.h"
-#include "train/device_step.h"
-#include "ops/optim/step_rules.h"
 #include "train/optimizer_groups.h"
+#include "train/step_program.h"
 #include "train/trainer.h"
 
 #include <fmt/format.h>
@@ -113,38 +112,17 @@ void add_bench_command(CLI::App& app) {
     model.init_weights(config.train.seed);
     const HostBatch batch = synthetic_batch(config);
 
-    // One optimizer step of grad_accum micro-batches, as the trainer runs it: on the GPU
-    // with its scalars on the device and CUDA graphs (unless train.cuda_graphs = false).
-    std::unique_ptr<DeviceStep> device_step;
-    if (device == Device::cuda && config.train.cuda_graphs && optimizer->updates_on_device())
-      device_step = std::make_unique<DeviceStep>(model, *optimizer, config.train.grad_accum, true);
+    // One optimizer step of grad_accum micro-batches, as the trainer runs it: captured on
+    // the GPU (unless train.cuda_graphs = false), with no fault guard limits.
+    StepProgram program(model, *optimizer, config.train.grad_accum,
+                        choose_step_execution(device, config.train.cuda_graphs, *optimizer));
     const std::vector<HostBatch> batches(static_cast<size_t>(config.train.grad_accum), batch);
-    auto step = [&] {
-      if (device_step) {
-        DeviceStepPlan plan;
-        plan.lr = config.optim.lr;
-        plan.loss_limit = plan.grad_limit = std::numeric_limits<double>::infinity();
-        plan.clip = config.optim.grad_clip;
-        const int64_t targets = batch.target_count * config.train.grad_accum;
-        const DeviceStepOutcome outcome = device_step->run(batches, targets, plan);
-        const bool applied = outcome.verdict == ops::StepVerdict::apply;
-        if (applied) optimizer->count_update();
-        model.after_step(applied);  // the components' state between steps (a router's load and bias), as trained
-        return outcome.loss * static_cast<double>(targets);
-      }
-      model.zero_grads();
-      const double scale = 1.0 / static_cast<double>(batch.target_count * config.train.grad_accum);
-      double loss = 0;
-      for (int64_t m = 0; m < config.train.grad_accum; ++m) {
-        model.load_batch(batch);
-        loss += model.forward_backward(scale).loss;
-      }
-      const double norm = model.gradient_norm(), clip = config.optim.grad_clip;
-      if (ops::clip_applies(clip, norm)) model.scale_gradients(ops::clip_factor(clip, norm));
-      optimizer->step(config.optim.lr);
-      model.after_step(true);
-      return loss;
-    };
+    const int64_t targets = batch.target_count * config.train.grad_accum;
+    StepPlan step_plan;
+    step_plan.lr = config.optim.lr;
+    step_plan.loss_limit = step_plan.grad_limit = std::numeric_limits<double>::infinity();
+    step_plan.clip = config.optim.grad_clip;
+    auto step = [&] { return program.run(batches, targets, step_plan).step_sums[0]; };  // the step's loss sum
     std::string imbalance;
     if (o->imbalance > 0) imbalance = describe(hold_imbalance(model, o->imbalance, [&] { step(); }));
     for (int64_t i = 0; i < o->warmup; ++i) step();
@@ -169,9 +147,10 @@ void add_bench_command(CLI::App& app) {
     fmt::print("bench {} on {}: {} parameters, {} tokens per step, {} kernels, {}\n", config.model.name, where,
                model.parameter_count(), config.train.micro_batch_tokens * config.train.grad_accum,
                build.deterministic ? "deterministic" : "non-deterministic (train.deterministic = false)",
-               device_step ? fmt::format("CUDA graphs ({} captured, {} launches)", device_step->graphs_captured(),
-                                         device_step->graph_launches())
-                           : "op by op");
+               program.execution() == StepExecution::captured
+                   ? fmt::format("CUDA graphs ({} captured, {} launches)", program.graphs_captured(),
+                                 program.graph_launches())
+                   : "op by op");
     const std::string libraries = cuda_library_versions();
     if (!libraries.empty()) fmt::print("  {}\n", libraries);
     if (!imbalance.empty()) fmt::print("  routing held uneven: {}\n", imbalance);
@@ -185,7 +164,7 @@ void add_bench_command(CLI::App& app) {
                       : "");
     fmt::print("  memory: planned {:.2f} GiB{} | last loss {:.4f} (random tokens: ~ln(vocab) = {:.2f})\n", planned_gib,
                device == Device::cuda ? fmt::format(", device in use {:.2f} GiB", device_gib) : "",
-               loss / static_cast<double>(batch.target_count), std::log(static_cast<double>(config.model.vocab_size)));
+               loss / static_cast<double>(targets), std::log(static_cast<double>(config.model.vocab_size)));
     fmt::print("  FLOPs per token {:.4g} = 6 x matmul parameters (incl. LM head) + 6 x layers x heads x head_dim x seq\n",
                flops);
     // Where the time goes: two more steps with every op front end timed (CUDA events).
@@ -230,8 +209,8 @@ void add_bench_command(CLI::App& app) {
       BenchTraceRun run;
       run.step = [&] { step(); };
       run.device = device;
-      run.cuda_graphs = device_step != nullptr;
-      run.graph_launches = [&] { return device_step ? device_step->graph_launches() : 0; };
+      run.cuda_graphs = program.execution() == StepExecution::captured;
+      run.graph_launches = [&] { return program.graph_launches(); };
       write_bench_trace(o->trace, run);
     }
   });

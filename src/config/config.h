@@ -165,7 +165,7 @@ struct TrainConfig {
   bool deterministic = true;
   // GPU: the step keeps its scalars (loss, gradient norm, guard verdict, clip, learning
   // rate) in device memory, reads them once when it has run, and replays each micro-batch
-  // and the update as CUDA graphs (train/device_step.h). false: the op-by-op step that
+  // and the update as CUDA graphs (train/step_program.h). false: the op-by-op step that
   // reads the loss after each micro-batch and the norm before the update (same results).
   bool cuda_graphs = true;
   int64_t threads = 0;                 // CPU threads; 0 = all cores

@@ -67,7 +67,7 @@ class Model {
   // Copies a packed batch into the model's input buffers (its size must be <= max_tokens).
   void load_batch(const HostBatch& batch);
 
-  // ---- a training step whose scalars stay on the device (GPU; train/device_step.h) ----
+  // ---- a training step whose scalars stay on the device (GPU; train/step_program.h) ----
   // A micro-batch staged in host memory exactly as the input buffers take it, padded to
   // static shapes so one captured CUDA graph serves every batch of a bucket: all
   // max_tokens rows (the batch must fill them, as the packer's do), the sequence count

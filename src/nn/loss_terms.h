@@ -4,7 +4,7 @@
 // line and metrics.jsonl read them by name through this table, not by position.
 //
 // A slot holds a sum over a step's target tokens, added micro-batch by micro-batch in
-// order: on the host (the op-by-op step) or in device memory (train/device_step.h keeps
+// order: on the host (the op-by-op step) or in device memory (train/step_program.h keeps
 // kMaxLossSlots doubles per micro-batch and per step). A reported term's value is its sum
 // divided by the step's target tokens. Slot 0 is always the main loss: the value logged
 // as "loss", checked by the fault guard, and the one validation reports.
@@ -66,7 +66,7 @@ struct LossContext {
   double per_target_scale = 1;          // gradient scale of per-target terms: 1 / the step's targets
   double per_micro_batch_scale = 1;     // of per-micro-batch terms: 1 / the step's micro-batches
   LossSlotSums* host_sums = nullptr;    // the op-by-op step: this micro-batch's slot sums
-  // The step on the device (train/device_step.h): this micro-batch's slot sums, kMaxLossSlots
+  // The step on the device (train/step_program.h): this micro-batch's slot sums, kMaxLossSlots
   // doubles in device memory that objectives add to (+=) without a host read; null
   // otherwise. When set, it replaces host_sums.
   double* device_sums = nullptr;

@@ -38,7 +38,7 @@ class FaultGuard {
   std::string reason(ops::StepVerdict verdict, double loss, double grad_norm) const;
   // The spike limits check() applies now: skip when loss > *loss_limit or grad_norm >
   // *grad_limit (+inf while the guard is off or its window not yet full). A step deciding
-  // on the device (train/device_step.h) compares against these.
+  // on the device (train/step_program.h) compares against these.
   void spike_limits(double* loss_limit, double* grad_limit) const;
   // The update was applied: the values enter the spike window.
   void accept(double loss, double grad_norm);

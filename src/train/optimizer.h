@@ -38,7 +38,7 @@ class Optimizer {
   virtual std::vector<OptimizerStateTensor> state_tensors() const = 0;
   virtual void set_steps_taken(int64_t steps) = 0;
 
-  // A step whose scalars stay on the device (train/device_step.h): whether this optimizer
+  // A step whose scalars stay on the device (train/step_program.h): whether this optimizer
   // can update with them; the lr (and bias corrections) of the next update (number
   // steps_taken() + 1) into its group's slot of the host copy of `scalars`; the update
   // itself, enqueued, reading `scalars` in device memory (where the guard may have set

@@ -19,7 +19,6 @@
 #include "plot/plot.h"
 #include "train/init_from.h"
 #include "train/memory_check.h"
-#include "ops/optim/step_rules.h"
 #include "train/optimizer_groups.h"
 #include "train/run_paths.h"
 #include "train/signals.h"
@@ -191,11 +190,11 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   if (config_.train.sample_tokens > 0) sampler_ = std::make_unique<TrainingSampler>(*model_, *tokenizer_, config_.train);
   if (!eval_suite.empty())
     evaluator_ = std::make_unique<TrainingEvaluator>(*model_, *tokenizer_, config_.eval, std::move(eval_suite));
-  // The GPU step with its scalars on the device, unless the op-by-op one is asked for or
-  // test faults must be injected between its parts.
-  if (device_ == Device::cuda && config_.train.cuda_graphs && optimizer_->updates_on_device() && !faults_.numeric())
-    device_step_ =
-        std::make_unique<DeviceStep>(*model_, *optimizer_, config_.train.grad_accum, true, data_parallel_.get());
+  // The captured step where it can run, unless test faults must be injected between its
+  // phases (train/step_program.h).
+  const StepExecution execution = faults_.numeric() ? StepExecution::op_by_op
+                                                    : choose_step_execution(device_, config_.train.cuda_graphs, *optimizer_);
+  step_ = std::make_unique<StepProgram>(*model_, *optimizer_, config_.train.grad_accum, execution, data_parallel_.get());
 
   if (writes_files()) {
     claim_run_directory(train_options);
@@ -223,7 +222,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   const char* precision = model_->options().dtype == DType::bf16 ? "bf16 mixed" : "fp32";
   const std::string device = device_ == Device::cuda
                                  ? fmt::format("cuda ({}, {}, {})", cuda_device_name(), precision,
-                                               device_step_ ? "CUDA graphs" : "op by op")
+                                               step_execution_name(step_->execution()))
                                  : fmt::format("cpu ({} threads, {}, {})", threads, precision, blas_summary());
   console_.print("kiln {} | device {} | model {}: {} parameters, {} layers, hidden {}\n", KILN_VERSION, device,
                  config_.model.name, human_count(static_cast<double>(model_->parameter_count())), config_.model.layers,
@@ -292,50 +291,20 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
   m.target_tokens = targets;
   // The schedule's position is the count of applied updates: a skipped step leaves it.
   m.lr = schedule_->lr(optimizer_->steps_taken());
-  const double clip = config_.optim.grad_clip;
-
-  if (device_step_) {  // GPU: scalars on the device, one read when the step has run
-    DeviceStepPlan plan;
-    plan.lr = m.lr;
-    guard_.spike_limits(&plan.loss_limit, &plan.grad_limit);
-    plan.clip = clip;
-    const DeviceStepOutcome outcome = device_step_->run(micro_batches_, targets, plan);
-    m.loss = outcome.loss;
-    m.terms = reported_terms(outcome.step_sums, targets);
-    m.grad_norm = outcome.grad_norm;
-    // The device reached the verdict with the guard's rules (ops/optim/step_rules.h) and the
-    // limits above, and applied or skipped the update by it: the host only words it.
-    m.skipped = guard_.reason(outcome.verdict, m.loss, m.grad_norm);
-    model_->after_step(m.skipped.empty());
-    if (!m.skipped.empty()) return skip_update(m);
-    optimizer_->count_update();
-    guard_.accept(m.loss, m.grad_norm);
-    return true;
-  }
-
-  model_->zero_grads();
-  LossSlotSums step_sums{};  // added micro-batch by micro-batch, in order (as the device step does)
-  for (const HostBatch& batch : micro_batches_) {
-    model_->load_batch(batch);
-    const LossSums sums = model_->forward_backward(1.0 / static_cast<double>(targets));
-    for (size_t k = 0; k < step_sums.size(); ++k) step_sums[k] += sums.slot[k];
-  }
-  if (data_parallel_) {
-    data_parallel_->reduce_gradients();
-    data_parallel_->sum(step_sums.data(), static_cast<int64_t>(step_sums.size()), Device::cpu);
-  }
-  m.loss = step_sums[0] / static_cast<double>(targets);
-  m.terms = reported_terms(step_sums, targets);
-  if (faults_.numeric()) inject_numeric_faults(faults_, m.step, m.loss, model_->parameters());  // tests only
-  m.grad_norm = model_->gradient_norm();
-  m.skipped = guard_.check(m.loss, m.grad_norm);
-  if (!m.skipped.empty()) {
-    model_->after_step(false);
-    return skip_update(m);
-  }
-  if (ops::clip_applies(clip, m.grad_norm)) model_->scale_gradients(ops::clip_factor(clip, m.grad_norm));
-  optimizer_->step(m.lr);
-  model_->after_step(true);
+  StepPlan plan;
+  plan.lr = m.lr;
+  guard_.spike_limits(&plan.loss_limit, &plan.grad_limit);
+  plan.clip = config_.optim.grad_clip;
+  if (faults_.numeric())  // tests only
+    step_->set_fault_hook([&](double& loss) { inject_numeric_faults(faults_, m.step, loss, model_->parameters()); });
+  const StepOutcome outcome = step_->run(micro_batches_, targets, plan);
+  m.loss = outcome.loss;
+  m.terms = reported_terms(outcome.step_sums, targets);
+  m.grad_norm = outcome.grad_norm;
+  // The step reached its verdict with the guard's rules (ops/optim/step_rules.h) and the
+  // limits above, and applied or skipped the update by it: the guard only words it here.
+  m.skipped = guard_.reason(outcome.verdict, m.loss, m.grad_norm);
+  if (!m.skipped.empty()) return skip_update(m);
   guard_.accept(m.loss, m.grad_norm);
   return true;
 }

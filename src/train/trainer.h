@@ -11,7 +11,6 @@
 #include "train/console.h"
 #include "train/data_parallel.h"
 #include "config/config.h"
-#include "train/device_step.h"
 #include "train/fault_guard.h"
 #include "train/fault_inject.h"
 #include "train/init_from.h"
@@ -21,6 +20,7 @@
 #include "train/run_records.h"
 #include "train/run_summary.h"
 #include "train/schedules.h"
+#include "train/step_program.h"
 #include "train/training_evaluator.h"
 #include "train/training_sampler.h"
 
@@ -67,7 +67,7 @@ class Trainer {
   std::optional<std::string> sample(uint64_t seed);
   Model& model() { return *model_; }
   // Steps (micro-batches and updates) that ran as captured CUDA graphs so far.
-  int64_t graph_launches() const { return device_step_ ? device_step_->graph_launches() : 0; }
+  int64_t graph_launches() const { return step_->graph_launches(); }
 
  private:
   // One step; false when the fault guard skipped its update.
@@ -146,7 +146,7 @@ class Trainer {
   Arena optimizer_state_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Schedule> schedule_;
-  std::unique_ptr<DeviceStep> device_step_;  // the GPU's step (null: the op-by-op loop)
+  std::unique_ptr<StepProgram> step_;  // one step's phases, op by op or captured
   RunRecords records_;  // rank 0: metrics.jsonl and TensorBoard; other ranks record nothing
   std::unique_ptr<TrainingSampler> sampler_;  // null when train.sample_tokens = 0
   std::unique_ptr<TrainingEvaluator> evaluator_;  // null when [eval] names no task or text

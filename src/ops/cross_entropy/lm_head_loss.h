@@ -14,7 +14,7 @@ struct LmHeadLossOptions {
   double z_loss = 0;       // adds z_loss * logsumexp^2 per target token
   double loss_scale = 1;   // gradient of the objective = loss_scale * sum over tokens
   double softcap = 0;      // final-logit softcap: softcap * tanh(logits / softcap); 0 = off
-  // A step that stays on the device (GPU only; train/device_step.h): loss_scale read from
+  // A step that stays on the device (GPU only; train/step_program.h): loss_scale read from
   // this float in device memory when the kernels run, and the loss sums added (+=) to
   // these three doubles (loss, z, count) in device memory instead of being read back;
   // lm_head_loss then returns zeros and does not synchronize.

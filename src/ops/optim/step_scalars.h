@@ -1,4 +1,4 @@
-// The scalars of one training step kept in device memory (train/device_step.h), so the
+// The scalars of one training step kept in device memory (train/step_program.h), so the
 // step runs, and replays as CUDA graphs, without the host reading anything until it ends:
 // what the host writes before the step, what the LM head accumulates, and what the guard
 // kernel decides before the optimizer runs. One copy in, one copy out per step.

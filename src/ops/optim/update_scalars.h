@@ -1,5 +1,5 @@
 // The scalars of one optimizer update kept in device memory, read when the update's
-// kernels run (a training step captured as a CUDA graph, train/device_step.h): the
+// kernels run (a training step captured as a CUDA graph, train/step_program.h): the
 // gradient factor (the clip; 1 = none) and the skip flag, written by the step's guard
 // kernel for every optimizer, and each parameter group's learning rate and bias
 // corrections, written by the host before the step into that group's own slot.

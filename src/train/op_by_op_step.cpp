@@ -1,0 +1,90 @@
+// The op-by-op executor of a step (train/step_executor.h): its scalars in host memory, each
+// phase run as it comes. The CPU's step, and the GPU's with train.cuda_graphs = false.
+//
+// It clips by scaling the gradients before the update, where the captured executor hands
+// the factor to the update; both follow ops/optim/step_rules.h, and this order is the one
+// the CPU's golden loss curve and resume tests hold bit for bit.
+#include "train/step_executor.h"
+
+#include "core/error.h"
+
+#include <optional>
+
+namespace kiln {
+
+namespace {
+
+class OpByOpStep final : public StepExecutor {
+ public:
+  OpByOpStep(Model& model, Optimizer& optimizer, DataParallel* data_parallel)
+      : model_(model), optimizer_(optimizer), data_parallel_(data_parallel) {}
+
+  void begin(int64_t targets, const StepPlan& plan) override {
+    targets_ = targets;
+    plan_ = plan;
+    outcome_ = StepOutcome{};
+    model_.zero_grads();
+  }
+
+  int64_t load(size_t, const HostBatch& batch) override {
+    model_.load_batch(batch);
+    return 0;
+  }
+
+  void run(Part, int64_t, const std::function<void()>& work) override { work(); }
+
+  void forward_backward() override { micro_sums_ = model_.forward_backward(1.0 / static_cast<double>(targets_)); }
+
+  void add_micro_sums() override {
+    for (size_t k = 0; k < outcome_.step_sums.size(); ++k) outcome_.step_sums[k] += micro_sums_.slot[k];
+  }
+
+  void synchronize() override {
+    if (!data_parallel_) return;
+    data_parallel_->reduce_gradients();
+    data_parallel_->sum(outcome_.step_sums.data(), static_cast<int64_t>(outcome_.step_sums.size()), Device::cpu);
+  }
+
+  void fault_hook(const StepProgram::FaultHook& hook) override {
+    double loss = step_loss();
+    hook(loss);
+    loss_override_ = loss;
+  }
+
+  void gradient_norm() override { outcome_.grad_norm = model_.gradient_norm(); }
+
+  void verdict_and_clip() override {
+    outcome_.loss = loss_override_ ? *loss_override_ : step_loss();
+    loss_override_.reset();
+    outcome_.verdict = ops::step_verdict(outcome_.loss, outcome_.grad_norm, plan_.loss_limit, plan_.grad_limit);
+    if (outcome_.applied() && ops::clip_applies(plan_.clip, outcome_.grad_norm))
+      model_.scale_gradients(ops::clip_factor(plan_.clip, outcome_.grad_norm));
+  }
+
+  void update() override {
+    if (outcome_.applied()) optimizer_.step(plan_.lr);  // counts the update itself
+  }
+
+  StepOutcome finish() override { return outcome_; }
+
+ private:
+  double step_loss() const { return outcome_.step_sums[0] / static_cast<double>(targets_); }
+
+  Model& model_;
+  Optimizer& optimizer_;
+  DataParallel* data_parallel_;
+  int64_t targets_ = 0;
+  StepPlan plan_;
+  LossSums micro_sums_;
+  StepOutcome outcome_;
+  std::optional<double> loss_override_;  // the fault hook's loss, for this step only
+};
+
+}  // namespace
+
+std::unique_ptr<StepExecutor> make_op_by_op_executor(Model& model, Optimizer& optimizer,
+                                                     DataParallel* data_parallel) {
+  return std::make_unique<OpByOpStep>(model, optimizer, data_parallel);
+}
+
+}  // namespace kiln
