@@ -14,7 +14,8 @@
 #include "ops/parallel.h"
 #include "train/optimizer_groups.h"
 #include "train/step_program.h"
-#include "train/trainer.h"
+#include "core/device_choice.h"
+#include "train/training_build.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -24,7 +24,7 @@
 #include "infer/decoder.h"
 #include "model/model.h"
 #include "ops/parallel.h"
-#include "train/trainer.h"
+#include "core/device_choice.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

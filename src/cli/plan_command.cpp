@@ -2,7 +2,7 @@
 #include "model/model.h"
 #include "core/device_memory.h"
 #include "train/memory_check.h"
-#include "train/trainer.h"
+#include "train/training_build.h"
 
 #include <fmt/format.h>
 

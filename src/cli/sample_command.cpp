@@ -6,7 +6,7 @@
 #include "infer/generator.h"
 #include "io/model_dir.h"
 #include "ops/parallel.h"
-#include "train/trainer.h"
+#include "core/device_choice.h"
 
 #include <fmt/format.h>
 

@@ -8,7 +8,7 @@
 #include "io/model_dir.h"
 #include "ops/parallel.h"
 #include "serve/server.h"
-#include "train/trainer.h"
+#include "core/device_choice.h"
 
 #include <fmt/format.h>
 

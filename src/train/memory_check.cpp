@@ -5,7 +5,7 @@
 #include "model/model.h"
 #include "nn/mup.h"
 #include "train/optimizer_groups.h"
-#include "train/trainer.h"
+#include "train/training_build.h"
 
 #include <fmt/format.h>
 

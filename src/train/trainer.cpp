@@ -86,36 +86,6 @@ std::string keyed_config_lines(const std::string& toml) {
 
 }  // namespace
 
-Device resolve_device(const std::string& setting) {
-  const bool gpu = cuda_available();
-  if (setting == "cuda") {
-    KILN_CHECK(gpu, "train.device", "cuda requested, but {}",
-               KILN_WITH_CUDA ? "no CUDA device is visible" : "this kiln was built without the CUDA backend");
-    return Device::cuda;
-  }
-  return setting == "auto" && gpu ? Device::cuda : Device::cpu;
-}
-
-DType resolve_precision(const std::string& setting, Device device) {
-  if (setting == "fp32") return DType::f32;
-  KILN_CHECK(setting != "bf16" || device == Device::cuda, "train.precision",
-             "bf16 runs on the GPU only (this run uses the CPU); use fp32 or auto");
-  return device == Device::cuda ? DType::bf16 : DType::f32;
-}
-
-BuildOptions training_build_options(const Config& config, Device device) {
-  BuildOptions options;
-  options.device = device;
-  options.dtype = resolve_precision(config.train.precision, device);
-  options.recompute_blocks = config.train.recompute_blocks;
-  options.deterministic = config.train.deterministic;
-  options.max_tokens = config.train.micro_batch_tokens;
-  options.loss_chunk_rows = config.train.loss_chunk_tokens;
-  options.z_loss = config.train.z_loss;
-  if (config.optim.qk_clip.enabled) options.qk_clip_tau = config.optim.qk_clip.tau;
-  return options;
-}
-
 Trainer::Trainer(const Config& config, const TrainOptions& train_options)
     : config_(config),
       device_(resolve_device(config.train.device)),

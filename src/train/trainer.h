@@ -11,6 +11,7 @@
 #include "train/console.h"
 #include "train/data_parallel.h"
 #include "config/config.h"
+#include "core/device_choice.h"
 #include "train/fault_guard.h"
 #include "train/fault_inject.h"
 #include "train/init_from.h"
@@ -21,6 +22,7 @@
 #include "train/run_summary.h"
 #include "train/schedules.h"
 #include "train/step_program.h"
+#include "train/training_build.h"
 #include "train/training_evaluator.h"
 #include "train/training_sampler.h"
 
@@ -173,13 +175,5 @@ class Trainer {
   };
   std::optional<ProgressPoint> last_progress_;
 };
-
-// Resolves train.device ("auto" picks CUDA only where the CUDA training path exists).
-Device resolve_device(const std::string& setting);
-// train.precision on that device: the compute dtype of BuildOptions.
-DType resolve_precision(const std::string& setting, Device device);
-// The model build of a training run of `config` on `device` (what train, bench, plan and
-// the memory check all build): precision, token budget, loss chunk, recompute, determinism.
-BuildOptions training_build_options(const Config& config, Device device);
 
 }  // namespace kiln

@@ -1,0 +1,20 @@
+#include "train/training_build.h"
+
+#include "core/device_choice.h"
+
+namespace kiln {
+
+BuildOptions training_build_options(const Config& config, Device device) {
+  BuildOptions options;
+  options.device = device;
+  options.dtype = resolve_precision(config.train.precision, device);
+  options.recompute_blocks = config.train.recompute_blocks;
+  options.deterministic = config.train.deterministic;
+  options.max_tokens = config.train.micro_batch_tokens;
+  options.loss_chunk_rows = config.train.loss_chunk_tokens;
+  options.z_loss = config.train.z_loss;
+  if (config.optim.qk_clip.enabled) options.qk_clip_tau = config.optim.qk_clip.tau;
+  return options;
+}
+
+}  // namespace kiln
