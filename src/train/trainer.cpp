@@ -17,6 +17,7 @@
 #include "ops/dropout/dropout_mask.h"
 #include "ops/parallel.h"
 #include "plot/plot.h"
+#include "train/action_schedule.h"
 #include "train/init_from.h"
 #include "train/memory_check.h"
 #include "train/optimizer_groups.h"
@@ -506,9 +507,44 @@ TrainResult Trainer::run() {
   // continues the same average; non-finite losses of skipped steps are left out of it.
   TrainProgress& p = progress_;
   double window_start = now_seconds();
+  StepMetrics m;  // the step just run, as the actions see it
+
+  // The periodic actions, in the order they run after a step. Only the log runs after the
+  // last step too; the end of the run saves, validates and samples (finish()).
+  ActionSchedule actions;
+  actions.add("log", {config_.log.every, 0, true}, [&](const StepSpan&) {
+    StepMetrics w = m;  // the window's averages, recorded at this step
+    const double now = now_seconds();
+    w.step_seconds = now - window_start;
+    w.elapsed_seconds = now - start;
+    w.tokens = p.window_tokens;
+    w.document_tokens = p.window_document_tokens;
+    w.loss = p.window_losses > 0 ? p.window_loss / static_cast<double>(p.window_losses) : std::nan("");
+    w.components = model_->component_metrics();  // of this step
+    w.window_steps = p.window_steps;
+    w.mfu = mfu(w.tokens_per_second());
+    w.device_memory_used_bytes = device_memory_used_bytes();
+    w.host_peak_rss_bytes = host_peak_rss_bytes();
+    log_step(w);
+    records_.step(w);
+    p.window_loss = 0;
+    p.window_losses = p.window_steps = p.window_tokens = p.window_document_tokens = 0;
+    window_start = now_seconds();
+  });
+  actions.add("validation", {t.eval_every, t.eval_every_tokens}, [&](const StepSpan& span) {
+    show_validation(span.step);
+    keep_if_best(span.step, result);
+  });
+  actions.add("sample", {t.sample_every}, [&](const StepSpan& span) { show_sample(span.step); });
+  actions.add("eval", {config_.eval.every}, [&](const StepSpan& span) { show_eval(span.step); });
+  actions.add("checkpoint", {config_.checkpoint.every, config_.checkpoint.every_tokens},
+              [&](const StepSpan&) { save_checkpoint_or_warn(result); });
+  actions.add("export", {config_.checkpoint.export_hf_every},
+              [&](const StepSpan& span) { export_hf_at(span.step, result); });
+
   for (int64_t s = p.step; s < t.steps; ++s) {
     if (faults_.any()) inject_before_step(faults_, s + 1);  // tests only
-    StepMetrics m;
+    m = StepMetrics{};
     m.step = s + 1;
     m.total_steps = t.steps;
     const double step_start = now_seconds();
@@ -516,11 +552,11 @@ TrainResult Trainer::run() {
     if (console_.live()) show_progress(m, now_seconds() - step_start, now_seconds() - start);
     m.skipped_total = guard_.state().total_skips;
     result.final_train_loss = m.loss;
+    const StepSpan span{m.step, t.steps, p.tokens, p.tokens + m.tokens};
     p.step = m.step;
     p.tokens += m.tokens;
     p.target_tokens += m.target_tokens;
     p.document_tokens += m.document_tokens;
-    const int64_t step_tokens = m.tokens;
     if (std::isfinite(m.loss)) {
       p.window_loss += m.loss;
       ++p.window_losses;
@@ -528,39 +564,8 @@ TrainResult Trainer::run() {
     p.window_tokens += m.tokens;
     p.window_document_tokens += m.document_tokens;
     ++p.window_steps;
-    if (m.step % config_.log.every == 0 || m.step == t.steps) {
-      const double now = now_seconds();
-      m.step_seconds = now - window_start;
-      m.elapsed_seconds = now - start;
-      m.tokens = p.window_tokens;
-      m.document_tokens = p.window_document_tokens;
-      m.loss = p.window_losses > 0 ? p.window_loss / static_cast<double>(p.window_losses) : std::nan("");
-      m.components = model_->component_metrics();  // of this step
-      m.window_steps = p.window_steps;
-      m.mfu = mfu(m.tokens_per_second());
-      m.device_memory_used_bytes = device_memory_used_bytes();
-      m.host_peak_rss_bytes = host_peak_rss_bytes();
-      log_step(m);
-      records_.step(m);
-      p.window_loss = 0;
-      p.window_losses = p.window_steps = p.window_tokens = p.window_document_tokens = 0;
-      window_start = now_seconds();
-    }
-    if (m.step == t.steps) break;  // the last step: finish() saves, whatever arrived meanwhile
-    // Every N steps, or each time the tokens trained cross a multiple of N tokens.
-    const auto due = [&](int64_t every_steps, int64_t every_tokens) {
-      return (every_steps > 0 && m.step % every_steps == 0) ||
-             (every_tokens > 0 && p.tokens / every_tokens != (p.tokens - step_tokens) / every_tokens);
-    };
-    if (due(t.eval_every, t.eval_every_tokens)) {
-      show_validation(m.step);
-      keep_if_best(m.step, result);
-    }
-    if (t.sample_every > 0 && m.step % t.sample_every == 0) show_sample(m.step);
-    if (config_.eval.every > 0 && m.step % config_.eval.every == 0) show_eval(m.step);
-    p.elapsed_seconds = now_seconds() - start;
-    if (due(config_.checkpoint.every, config_.checkpoint.every_tokens)) save_checkpoint_or_warn(result);
-    if (due(config_.checkpoint.export_hf_every, 0)) export_hf_at(m.step, result);
+    actions.run_due(span);
+    if (span.last()) break;  // the last step: finish() saves, whatever arrived meanwhile
     if (const int sig = agree_on_stop()) {
       // Not subject to on_save_error: a stop whose state is not saved must fail loudly.
       if (checkpoint_step_ != p.step) result.checkpoint = save_checkpoint();

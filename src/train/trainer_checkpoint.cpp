@@ -122,6 +122,7 @@ void Trainer::start_from(const InitialWeights& source) {
 CheckpointState Trainer::checkpoint_state() const {
   CheckpointState s;
   s.progress = progress_;
+  if (run_start_ > 0) s.progress.elapsed_seconds = now_seconds() - run_start_;  // the run's clock at the save
   s.optimizer_steps = optimizer_->steps_taken();
   s.stream = stream_->get_state();
   s.guard = guard_.state();
