@@ -216,6 +216,52 @@ TEST(DataArrow, TrainTokenizerReadsParquetAndSaveToDiskAsJsonl) {
   fs::remove_all(dir);
 }
 
+// `kiln tokenize` writes the same shards from a save_to_disk folder and a Parquet file as
+// from the JSONL of the same documents.
+TEST(DataArrow, TokenizeWritesTheSameShardsAsFromJsonl) {
+  const std::string dir = test::temp_dir("kiln-data-arrow-tokenize");
+  const std::vector<std::string> docs = tricky_documents(50);
+  write_parquet(dir + "/corpus.parquet", table_of(rows_of(docs)), 16);
+  write_saved_dataset(dir + "/saved", docs, 2);
+  write_jsonl(dir + "/corpus.jsonl", docs);
+  const auto shard_of = [&](const std::string& input, const std::string& out) {
+    std::string output;
+    EXPECT_EQ(test::run_command(test::kiln_binary() + " tokenize " + input + " -o " + dir + "/" + out +
+                                    " -q --threads 1 --set data.val_fraction=0.2 2>&1",
+                                &output),
+              0)
+        << output;
+    return test::read_file(dir + "/" + out + "/train_000000.kiln") + test::read_file(dir + "/" + out + "/val_000000.kiln");
+  };
+  const std::string from_jsonl = shard_of(dir + "/corpus.jsonl", "jsonl");
+  EXPECT_GT(from_jsonl.size(), 1000u);
+  EXPECT_EQ(shard_of(dir + "/corpus.parquet", "parquet"), from_jsonl);
+  EXPECT_EQ(shard_of(dir + "/saved", "saved"), from_jsonl);
+  fs::remove_all(dir);
+}
+
+// A large_string text column (datasets' Value("large_string")), and the IPC file format
+// (Feather v2, "ARROW1" magic) beside the stream format save_to_disk writes.
+TEST(DataArrow, LargeStringColumnsAndIpcFilesReadToo) {
+  const std::string dir = test::temp_dir("kiln-data-arrow-large");
+  const std::vector<std::string> docs = tricky_documents(12);
+  arrow::LargeStringBuilder builder;
+  for (const std::string& d : docs) ASSERT_TRUE(builder.Append(d).ok());
+  const auto table = arrow::Table::Make(arrow::schema({arrow::field("text", arrow::large_utf8())}), {*builder.Finish()});
+  write_parquet(dir + "/large.parquet", table, 5);
+  EXPECT_EQ(texts_of(read_documents(config_for(dir + "/large.parquet"))), docs);
+  auto out = arrow::io::FileOutputStream::Open(dir + "/large.arrow");
+  ASSERT_TRUE(out.ok());
+  auto writer = arrow::ipc::MakeFileWriter(*out, table->schema());
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->WriteTable(*table, 5).ok());
+  ASSERT_TRUE((*writer)->Close().ok());
+  ASSERT_TRUE((*out)->Close().ok());
+  ASSERT_EQ(test::read_file(dir + "/large.arrow").substr(0, 6), "ARROW1");
+  EXPECT_EQ(texts_of(read_documents(config_for(dir + "/large.arrow"))), docs);
+  fs::remove_all(dir);
+}
+
 TEST(DataArrow, AMissingOrNonStringTextColumnIsAOneLineErrorListingTheColumns) {
   const std::string dir = test::temp_dir("kiln-data-arrow-columns");
   const std::string path = dir + "/corpus.parquet";
@@ -241,7 +287,7 @@ TEST(DataArrow, ANullRowIsAnErrorNamingItOrSkippedWhenLenient) {
   const Rows rows = {"zero", "one", std::nullopt, "three", "", "five"};
   write_parquet(dir + "/corpus.parquet", table_of(rows), 2);
   write_arrow_stream(dir + "/corpus.arrow", table_of(rows), 4);
-  for (const std::string path : {dir + "/corpus.parquet", dir + "/corpus.arrow"}) {
+  for (const std::string& path : {dir + "/corpus.parquet", dir + "/corpus.arrow"}) {
     EXPECT_EQ(error_of([&] { read_documents(config_for(path)); }), "[data] " + path + ":row 2: null in column 'text'");
     BadInputLog log(true);
     EXPECT_EQ(texts_of(read_documents(config_for(path, true), log)),
