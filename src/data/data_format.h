@@ -38,7 +38,7 @@ DataFormat format_of_file(std::string_view path);
 // manifest.json (or the manifest itself) -> shards; a directory or glob -> the format
 // of its files (document formats -- text, jsonl, parquet, arrow -- may mix: each file is
 // read by its own extension; a Hugging Face save_to_disk folder is its .arrow files; token
-// files may not mix with text); a file -> format_of_file. Throws naming data.format for
+// files may not mix with them); a file -> format_of_file. Throws naming data.format for
 // an unknown name.
 DataFormat resolve_data_format(const std::string& path, const std::string& format);
 inline DataFormat resolve_data_format(const DataConfig& c) { return resolve_data_format(c.path, c.format); }
