@@ -3,7 +3,9 @@
 # machine needs, so a device run only carries files, never builds:
 #   bin/kiln, bin/kiln_gpu_tests   stripped binaries
 #   lib/*.so*                      shared libraries the GPU machine's image may lack (it has
-#                                  no Debian -dev packages: OpenBLAS, gomp, fmt, toml++ ...),
+#                                  no Debian -dev packages: OpenBLAS, gomp, fmt, toml++ ...;
+#                                  and Arrow's libarrow/libparquet from .deps/arrow, ~49 MB
+#                                  stripped, ~18 MB of the pack),
 #                                  named by soname
 # staged in build-cuda/gpu-stage/ and packed as .gpu/kiln-gpu.tar.gz (git-ignored; gzip
 # takes ~41 MiB to ~13 MiB of the device tool's 64 MiB carry limit). scripts/gpu_check.sh

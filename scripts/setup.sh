@@ -18,6 +18,10 @@ fi
 # Python oracles for the tests (Hugging Face tokenizers, safetensors, gguf, tensorboard); training never uses them.
 kiln_python=$(scripts/python_env.sh)
 
+# Arrow C++ (libarrow, libparquet and headers, from the pinned pyarrow wheel): Parquet files
+# and Hugging Face save_to_disk folders as training data.
+PYTHON="$kiln_python" scripts/arrow.sh >/dev/null
+
 # The cuDNN frontend headers (the CUDA build's attention) and CUTLASS (the experts' grouped
 # GEMM on Hopper): header-only, pinned PyPI wheels.
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then

@@ -260,7 +260,7 @@ TEST(BpeCli, TrainTokenizerReadsJsonlDocumentsAndDirectoriesAsDataPathDoes) {
                                   dir + "/tok3",
                               &out),
             1);
-  EXPECT_NE(out.find("(pre-tokenized); it reads text or JSONL"), std::string::npos) << out;
+  EXPECT_NE(out.find("(pre-tokenized); it reads text, JSONL, Parquet or Arrow"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -554,7 +554,7 @@ TEST(ConfigValidate, Ranges) {
 
 TEST(ConfigValidate, Choices) {
   EXPECT_EQ(validation_error([](Config& c) { c.data.format = "csv"; }),
-            "[config] data.format must be one of auto|text|jsonl|shards|llmc|raw_u16|raw_u32, got 'csv'");
+            "[config] data.format must be one of auto|text|jsonl|parquet|arrow|shards|llmc|raw_u16|raw_u32, got 'csv'");
   EXPECT_HAS(validation_error([](Config& c) { c.data.long_doc = "truncate"; }), "data.long_doc must be one of");
   EXPECT_HAS(validation_error([](Config& c) { c.train.device = "gpu"; }), "train.device must be one of");
   EXPECT_HAS(validation_error([](Config& c) { c.train.device = ""; }), "train.device must be one of");

@@ -101,7 +101,7 @@ TEST(TextReader, Errors) {
   test::write_file(blank, "\n\n \n\n\t\n");
   EXPECT_EQ(error_of([&] { read_documents(config_for(blank)); }), "[data] '" + blank + "' contains no documents");
   EXPECT_EQ(error_of([&] { read_documents(config_for(blank, "csv")); }),
-            "[data.format] unknown format 'csv' (known: auto|text|jsonl|shards|llmc|raw_u16|raw_u32)");
+            "[data.format] unknown format 'csv' (known: auto|text|jsonl|parquet|arrow|shards|llmc|raw_u16|raw_u32)");
   DataConfig no_sep = config_for(blank);
   no_sep.doc_separator = "";
   EXPECT_EQ(error_of([&] { read_documents(no_sep); }), "[data.doc_separator] must not be empty");

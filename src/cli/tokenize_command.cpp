@@ -1,4 +1,5 @@
-// `kiln tokenize INPUT -o DIR`: a text/JSONL corpus (file, directory or glob; .zst/.gz)
+// `kiln tokenize INPUT -o DIR`: a corpus of documents (text/JSONL, .zst/.gz too, Parquet,
+// Arrow and Hugging Face save_to_disk folders; a file, directory or glob)
 // -> kiln shards + manifest.json, which `kiln train` reads with data.path = DIR.
 #include "cli/commands.h"
 #include "data/tokenize.h"
@@ -34,8 +35,8 @@ void add_tokenize_command(CLI::App& app) {
     bool quiet = false;
   };
   auto o = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("tokenize", "tokenize a text/JSONL corpus into kiln shards (streaming, parallel)");
-  cmd->add_option("input", o->input, "file, directory or glob of text/JSONL files (.zst/.gz too)")->required();
+  CLI::App* cmd = app.add_subcommand("tokenize", "tokenize a text/JSONL/Parquet/Arrow corpus into kiln shards (streaming, parallel)");
+  cmd->add_option("input", o->input, "file, directory or glob of text/JSONL (.zst/.gz too), Parquet or Arrow files, or a save_to_disk folder")->required();
   cmd->add_option("-o,--out", o->out, "output directory for the shards and manifest.json")->required();
   cmd->add_option("--config", o->config, "TOML config whose [data] keys (tokenizer, format, text_key, doc_separator, "
                                          "val_fraction, lenient) apply");

@@ -1,7 +1,8 @@
 // `kiln train-tokenizer INPUT... --vocab-size N --out DIR`: trains a byte-level BPE and
 // writes Hugging Face tokenizer.json + tokenizer_config.json (docs/data.md). Inputs are
-// what data.path takes: files, directories or globs of text and JSONL (the document in
-// --text-key, as data.text_key), plain or .zst/.gz.
+// what data.path takes: files, directories or globs of text and JSONL (plain or .zst/.gz),
+// Parquet and Arrow (Hugging Face save_to_disk folders); the document in --text-key, as
+// data.text_key.
 #include "cli/commands.h"
 #include "core/error.h"
 #include "data/bad_input.h"
@@ -10,7 +11,7 @@
 #include "data/bpe/pretokenizer.h"
 #include "data/data_format.h"
 #include "data/readers/glob.h"
-#include "data/readers/jsonl.h"
+#include "data/document_reader.h"
 #include "ops/parallel.h"
 
 #include <fmt/format.h>
@@ -27,8 +28,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // Counts one input's text into the trainer; returns its bytes of text. A text file is
 // counted whole, in blocks (pretokens may span what the text reader would call documents,
-// as Hugging Face's trainer reads a file); a JSONL file by its documents, so the JSON
-// around them is never learned. Pre-tokenized files are refused by name.
+// as Hugging Face's trainer reads a file); a JSONL, Parquet or Arrow file by its
+// documents, so the JSON (or other columns) around them is never learned. Pre-tokenized files are refused by name.
 size_t add_input(bpe::BpeTrainer& trainer, const std::string& input, const std::string& text_key, size_t* files) {
   size_t bytes = 0;
   for (const std::string& file : expand_data_path(input)) {
@@ -38,11 +39,13 @@ size_t add_input(bpe::BpeTrainer& trainer, const std::string& input, const std::
       bytes += trainer.add_file(file);
       continue;
     }
-    KILN_CHECK(format == DataFormat::jsonl, "train-tokenizer", "'{}' is {} (pre-tokenized); it reads text or JSONL",
-               file, format_name(format));
+    KILN_CHECK(!is_token_format(format), "train-tokenizer",
+               "'{}' is {} (pre-tokenized); it reads text, JSONL, Parquet or Arrow", file, format_name(format));
     BadInputLog strict;
-    JsonlFileSource source(file, text_key, strict);
-    for (Document doc; source.next(doc);) {
+    DataConfig config;
+    config.text_key = text_key;
+    const std::unique_ptr<DocumentSource> source = open_document_file(file, format, config, strict);
+    for (Document doc; source->next(doc);) {
       trainer.add_text(doc.text);
       bytes += doc.text.size();
     }
@@ -65,8 +68,8 @@ void add_train_tokenizer_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("train-tokenizer", "train a byte-level BPE tokenizer (writes tokenizer.json)");
-  cmd->add_option("inputs", o->inputs, "text or JSONL files, directories or globs (as data.path)")->required();
-  cmd->add_option("--text-key", o->text_key, "JSONL field holding the document (as data.text_key)")
+  cmd->add_option("inputs", o->inputs, "text, JSONL, Parquet or Arrow files, directories or globs (as data.path)")->required();
+  cmd->add_option("--text-key", o->text_key, "JSONL field / Parquet or Arrow column holding the document (as data.text_key)")
       ->capture_default_str();
   cmd->add_option("--vocab-size", o->trainer.vocab_size, "vocabulary size, special tokens included")
       ->required()

@@ -117,8 +117,8 @@ struct DataConfig {
   // "" when data.sources is given (the two are mutually exclusive).
   std::string path = "data/tinyshakespeare.txt";
   std::string tokenizer = "byte";      // "byte", or a tokenizer.json path (byte-level BPE, docs/data.md)
-  std::string format = "auto";         // auto | text | jsonl | shards | llmc | raw_u16 | raw_u32
-  std::string text_key = "text";       // JSONL field holding the document
+  std::string format = "auto";         // auto | text | jsonl | parquet | arrow | shards | llmc | raw_u16 | raw_u32
+  std::string text_key = "text";       // JSONL field / Parquet or Arrow column holding the document
   std::string doc_separator = "\n\n";  // text files: documents are separated by this
   double val_fraction = 0.05;          // share of documents held out, chosen by hash
   std::string long_doc = "split";      // split | drop | error: documents over max_seq_len

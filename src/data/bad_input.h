@@ -21,7 +21,7 @@ namespace kiln {
 enum class BadInput : int {
   malformed_json,      // a JSONL line that does not parse, or is not an object
   invalid_utf8,        // document text that is not valid UTF-8
-  missing_text_key,    // a JSONL object without a string field data.text_key
+  missing_text_key,    // a JSONL object without a string field data.text_key; a null in a Parquet/Arrow text column
   empty_document,      // a document with no text (JSONL "") or no tokens
   truncated,           // a file shorter (or longer) than its header says; a cut compressed stream
   bad_header,          // wrong magic or version in a token file

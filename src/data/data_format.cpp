@@ -31,6 +31,8 @@ std::string_view format_name(DataFormat format) {
   switch (format) {
     case DataFormat::text: return "text";
     case DataFormat::jsonl: return "jsonl";
+    case DataFormat::parquet: return "parquet";
+    case DataFormat::arrow: return "arrow";
     case DataFormat::shards: return "shards";
     case DataFormat::llmc: return "llmc";
     case DataFormat::raw_u16: return "raw_u16";
@@ -43,14 +45,16 @@ DataFormat format_of_file(std::string_view path) {
   const std::string name = lower(strip_compression_extension(path));
   if (ends_with(name, "manifest.json") && (name.size() == 13 || name[name.size() - 14] == '/')) return DataFormat::shards;
   if (ends_with(name, ".jsonl") || ends_with(name, ".json")) return DataFormat::jsonl;
+  if (ends_with(name, ".parquet")) return DataFormat::parquet;
+  if (ends_with(name, ".arrow")) return DataFormat::arrow;
   if (ends_with(name, ".bin")) return DataFormat::llmc;
   if (ends_with(name, ".kiln")) return DataFormat::shards;
   return DataFormat::text;
 }
 
 DataFormat resolve_data_format(const std::string& path, const std::string& format) {
-  for (const DataFormat f : {DataFormat::text, DataFormat::jsonl, DataFormat::shards, DataFormat::llmc,
-                             DataFormat::raw_u16, DataFormat::raw_u32}) {
+  for (const DataFormat f : {DataFormat::text, DataFormat::jsonl, DataFormat::parquet, DataFormat::arrow,
+                             DataFormat::shards, DataFormat::llmc, DataFormat::raw_u16, DataFormat::raw_u32}) {
     if (format == format_name(f)) return f;
   }
   if (format != "auto") fail("data.format", "unknown format '{}' (known: {})", printable(format), kDataFormatChoices);
@@ -60,7 +64,8 @@ DataFormat resolve_data_format(const std::string& path, const std::string& forma
   if (directory && fs::exists(fs::path(path) / "manifest.json", ec)) return DataFormat::shards;
   if (!directory && !(is_glob_pattern(path) && !fs::exists(path, ec))) return format_of_file(path);
 
-  // A directory or glob: every file must be text/JSONL, or every file a token file.
+  // A directory or glob: every file must hold documents (text, JSONL, Parquet, Arrow), or
+  // every file be a token file of one format.
   const std::vector<std::string> files = expand_data_path(path);
   const DataFormat first = format_of_file(files.front());
   for (const std::string& file : files) {

@@ -3,8 +3,10 @@
 #include "core/error.h"
 #include "data/data_format.h"
 #include "data/readers/compressed.h"
+#include "data/readers/arrow_stream.h"
 #include "data/readers/glob.h"
 #include "data/readers/jsonl.h"
+#include "data/readers/parquet.h"
 #include "data/readers/text.h"
 
 namespace kiln {
@@ -31,17 +33,24 @@ bool FileListSource::next(Document& doc) {
       if (next_file_ == files_.size()) return false;
       const std::string& file = files_[next_file_++];
       const DataFormat format = config_.format == "auto" ? format_of_file(file) : resolve_data_format(file, config_.format);
-      if (format == DataFormat::jsonl) {
-        current_ = std::make_unique<JsonlFileSource>(file, config_.text_key, log_);
-      } else {
-        current_ = std::make_unique<TextFileSource>(file, config_.doc_separator, log_);
-      }
+      current_ = open_document_file(file, format, config_, log_);
     }
     if (current_->next(doc)) {
       doc.id = next_id_++;
       return true;
     }
     current_.reset();
+  }
+}
+
+std::unique_ptr<DocumentSource> open_document_file(const std::string& file, DataFormat format,
+                                                   const DataConfig& config, BadInputLog& log) {
+  switch (format) {
+    case DataFormat::jsonl: return std::make_unique<JsonlFileSource>(file, config.text_key, log);
+    case DataFormat::parquet: return std::make_unique<ParquetFileSource>(file, config.text_key, log);
+    case DataFormat::arrow: return std::make_unique<ArrowStreamFileSource>(file, config.text_key, log);
+    case DataFormat::text: return std::make_unique<TextFileSource>(file, config.doc_separator, log);
+    default: fail("data", "'{}' holds pre-tokenized data (format {}), not documents", file, format_name(format));
   }
 }
 

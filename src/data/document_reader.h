@@ -2,7 +2,8 @@
 //
 // A DocumentSource yields the documents of a corpus one at a time, in a fixed order
 // with stable ids, so that splits, shuffles and resume positions can name a document.
-// Sources stream: a text or JSONL file (plain, .zst or .gz) is read in chunks, never
+// Sources stream: a text or JSONL file (plain, .zst or .gz) is read in chunks, a Parquet
+// file by row group, an Arrow IPC file (Hugging Face save_to_disk) by record batch, never
 // whole. data.path may name a file, a directory (every file below it) or a glob; the
 // files are read in sorted order and their documents numbered as one sequence.
 //
@@ -11,6 +12,7 @@
 #pragma once
 
 #include "data/bad_input.h"
+#include "data/data_format.h"
 #include "config/config.h"
 
 #include <cstdint>
@@ -40,8 +42,8 @@ class DocumentSource {
   std::vector<Document> read_all();
 };
 
-// The documents of several text/JSONL files in order, numbered as one sequence. Each
-// file is read as `format` ("text" or "jsonl"), or by its own extension for "auto".
+// The documents of several text/JSONL/Parquet/Arrow files in order, numbered as one
+// sequence. Each file is read as data.format, or by its own extension for "auto".
 class FileListSource final : public DocumentSource {
  public:
   FileListSource(std::string origin, std::vector<std::string> files, const DataConfig& config, BadInputLog& log);
@@ -60,11 +62,16 @@ class FileListSource final : public DocumentSource {
   uint64_t next_id_ = 0;
 };
 
+// One file's documents, read as `format` (a document format: text, jsonl, parquet,
+// arrow); throws for a pre-tokenized one. `log` must outlive the source.
+std::unique_ptr<DocumentSource> open_document_file(const std::string& file, DataFormat format,
+                                                   const DataConfig& config, BadInputLog& log);
+
 // The format data.format selects for data.path ("text", "jsonl", "shards", "llmc",
 // "raw_u16", "raw_u32"); see data/data_format.h. Throws naming data.format for an
 // unknown format.
 std::string resolve_format(const DataConfig& config);
-// A streaming source over data.path (a file, directory or glob of text/JSONL files);
+// A streaming source over data.path (a file, directory or glob of document files);
 // throws for a pre-tokenized format. `log` must outlive the source.
 std::unique_ptr<DocumentSource> make_document_source(const DataConfig& config, BadInputLog& log);
 // Every document of data.path, with bad input handled per data.lenient.
