@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine, from the repo root, with the staged binaries carried (see
-# scripts/gpu_stage.sh; by default .gpu/kiln-gpu.tar.gz, or KILN_STAGE=<tarball or folder>):
+# scripts/gpu_stage.sh; by default .gpu/kiln-gpu.tar.xz, or KILN_STAGE=<tarball or folder>):
 #   device run: carry [".gpu"], command "bash scripts/decode_bench.sh", timeout_s 300
 # Decode speed of the 0.6B shape in one run on one card: `kiln bench-decode` (bf16 decoder,
 # CUDA-graph steps, static KV cache; also timed with plain projections and without its fused

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine, from the repo root, with .gpu/ carried (made by scripts/gpu_stage.sh,
-# which packs the binaries and the libraries they need into .gpu/kiln-gpu.tar.gz):
+# which packs the binaries and the libraries they need into .gpu/kiln-gpu.tar.xz):
 #   device run: carry [".gpu"], command "bash scripts/gpu_check.sh", timeout_s 300
 # Runs the GPU test binaries (and, later, benchmarks) and prints one table last:
 #   suite | tests | passed | failed | skipped | seconds

@@ -2,18 +2,28 @@
 # Sourced (not run) by the scripts that run ON the GPU machine, from the repo root
 # (scripts/gpu_check.sh, scripts/decode_bench.sh). Sets STAGE to the staged binaries and
 # libraries made by scripts/gpu_stage.sh: $KILN_STAGE (a tarball or a folder), else
-# .gpu/kiln-gpu.tar.gz unpacked into a temporary folder, else .gpu/{bin,lib}; puts the
+# .gpu/kiln-gpu.tar.xz (or .tar.gz) unpacked into a temporary folder, else .gpu/{bin,lib}; puts the
 # libraries on LD_LIBRARY_PATH (bundled ones first, then the PyTorch venv's newer
 # cuDNN/NCCL/cuBLAS, then the toolkit's; the driver's libcuda is found by the loader's
 # own configuration); keeps NVLink multicast off (see the device tool's KINDS.md).
 # Returns non-zero, with a message, when the stage cannot be unpacked.
 
 STAGE=${KILN_STAGE:-.gpu}
-[ -z "${KILN_STAGE:-}" ] && [ -f .gpu/kiln-gpu.tar.gz ] && STAGE=.gpu/kiln-gpu.tar.gz
+if [ -z "${KILN_STAGE:-}" ]; then
+  for gpu_env_pack in .gpu/kiln-gpu.tar.xz .gpu/kiln-gpu.tar.gz; do
+    [ -f "$gpu_env_pack" ] && { STAGE=$gpu_env_pack; break; }
+  done
+fi
 if [ -f "$STAGE" ]; then
   gpu_env_tarball=$STAGE
   STAGE=$(mktemp -d /tmp/kiln-gpu.XXXXXX)
-  tar -xzf "$gpu_env_tarball" -C "$STAGE" || { echo "gpu_env: cannot unpack $gpu_env_tarball"; return 1; }
+  # tar picks the compression; where the image lacks xz, Python's tarfile (lzma is in its
+  # standard library) unpacks it.
+  if [[ $gpu_env_tarball == *.xz ]] && ! command -v xz >/dev/null; then
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$gpu_env_tarball" "$STAGE"
+  else
+    tar -xf "$gpu_env_tarball" -C "$STAGE"
+  fi || { echo "gpu_env: cannot unpack $gpu_env_tarball"; return 1; }
 fi
 [ -d "$STAGE" ] || { echo "gpu_env: no staged binaries at $STAGE (run scripts/gpu_stage.sh, carry .gpu)"; return 1; }
 

@@ -7,9 +7,9 @@
 #                                  and Arrow's libarrow/libparquet from .deps/arrow, ~49 MB
 #                                  stripped, ~18 MB of the pack),
 #                                  named by soname
-# staged in build-cuda/gpu-stage/ and packed as .gpu/kiln-gpu.tar.gz (git-ignored; gzip
-# takes ~41 MiB to ~13 MiB of the device tool's 64 MiB carry limit). scripts/gpu_check.sh
-# unpacks it there. Then, on the device tool: run(carry=[".gpu"], command="bash scripts/gpu_check.sh").
+# staged in build-cuda/gpu-stage/ and packed as .gpu/kiln-gpu.tar.xz (git-ignored; xz, not
+# gzip: with Arrow's libraries the gzip pack (~57 MiB) and the working tree passed the
+# device tool's 64 MiB carry limit). scripts/gpu_env.sh unpacks it there. Then, on the device tool: run(carry=[".gpu"], command="bash scripts/gpu_check.sh").
 #
 # Usage: scripts/gpu_stage.sh [extra cmake args...]     (JOBS=N to limit build parallelism;
 #        BUILD=build to stage setup.sh's build, also Release and sm_90a, instead of a second one)
@@ -19,7 +19,7 @@ source scripts/runtime_libs.sh
 
 BUILD=${BUILD:-build-cuda}
 STAGE=$BUILD/gpu-stage
-PACK=.gpu/kiln-gpu.tar.gz
+PACK=.gpu/kiln-gpu.tar.xz
 LIMIT_MIB=64  # the device tool carries at most 64 MiB, working tree included
 
 cmake -S . -B "$BUILD" -G Ninja -DKILN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release "$@" \
@@ -72,9 +72,9 @@ glibc=$(objdump -T "$STAGE"/bin/* "$STAGE"/lib/* 2>/dev/null | grep -o 'GLIBC_[0
 glibcxx=$(objdump -T "$STAGE"/bin/* "$STAGE"/lib/* 2>/dev/null | grep -o 'GLIBCXX_[0-9.]*' | sort -Vu | tail -1)
 echo "gpu_stage: needs $glibc, $glibcxx on the GPU machine"
 
-rm -rf .gpu/bin .gpu/lib "$PACK"
+rm -rf .gpu/bin .gpu/lib .gpu/kiln-gpu.tar.gz "$PACK"
 mkdir -p .gpu
-tar -czf "$PACK" -C "$STAGE" bin lib
+XZ_OPT="-6 -T0" tar -cJf "$PACK" -C "$STAGE" bin lib
 stage_kib=$(du -sk "$STAGE" | cut -f1)
 carry_kib=$(du -sk .gpu | cut -f1)
 tree_kib=$( (git ls-files -z; git ls-files -z -o --exclude-standard) | du -ck --files0-from=- 2>/dev/null | tail -1 | cut -f1)
