@@ -6,6 +6,7 @@
 #include "ops/attention/attention.h"
 #include "ops/attention/qkv_prepare.h"
 #include "ops/cpu_exp.h"
+#include "ops/layer_norm/layer_norm.h"
 #include "ops/rms_norm/rms_norm.h"
 #include "ops/rope/rope.h"
 #include "ops/split/qkv_split.h"
@@ -57,15 +58,20 @@ TEST(OpsProperties, RmsNormRefusesADxCopyOfTheWrongShapeByName) {
 // A context naming a stream the op's kernels do not launch on is refused by name rather than
 // run on the process-wide stream behind its caller's back (core/exec_context.h, step (a)).
 TEST(OpsProperties, OpsRefuseAContextWhoseStreamTheyDoNotLaunchOn) {
-  OwnedTensor x = random_f64(Shape{6, 7}, 30), w = random_f64(Shape{7}, 31);
-  OwnedTensor y = nan_f64(Shape{6, 7}), rstd = nan_f64(Shape{6});
+  // layer_norm_backward reduces dw and db through module-level device scratch, so it runs on
+  // the process-wide stream only (until the scratch moves into the workspace).
+  OwnedTensor x = random_f64(Shape{6, 7}, 30), w = random_f64(Shape{7}, 31), dy = random_f64(Shape{6, 7}, 32);
+  OwnedTensor y = nan_f64(Shape{6, 7}), mean = nan_f64(Shape{6}), rstd = nan_f64(Shape{6});
+  ops::layer_norm_forward(process_exec(), *x, *w, Tensor(), 1e-5, *y, *mean, *rstd);
+  OwnedTensor dx = nan_f64(Shape{6, 7});
   ExecContext elsewhere;
   elsewhere.stream = reinterpret_cast<void*>(uintptr_t{0x1000});
-  const std::string error = test::error_of([&] { ops::rms_norm_forward(elsewhere, *x, *w, 1e-5, *y, *rstd); });
-  EXPECT_NE(error.find("[rms_norm] runs on the process-wide CUDA stream only"), std::string::npos) << error;
-  EXPECT_TRUE(std::isnan(y->data<double>()[0])) << "the refused op wrote its output";
-  ops::rms_norm_forward(process_exec(), *x, *w, 1e-5, *y, *rstd);
-  EXPECT_FALSE(std::isnan(y->data<double>()[0]));
+  const std::string error = test::error_of(
+      [&] { ops::layer_norm_backward(elsewhere, *x, *w, *mean, *rstd, *dy, *dx, Tensor(), Tensor(), false, Tensor()); });
+  EXPECT_NE(error.find("[layer_norm_backward] runs on the process-wide CUDA stream only"), std::string::npos) << error;
+  EXPECT_TRUE(std::isnan(dx->data<double>()[0])) << "the refused op wrote its output";
+  ops::layer_norm_backward(process_exec(), *x, *w, *mean, *rstd, *dy, *dx, Tensor(), Tensor(), false, Tensor());
+  EXPECT_FALSE(std::isnan(dx->data<double>()[0]));
 }
 
 // The tables as transformers builds them: inv_freq_j = 1 / theta^(2j / D) and angle =

@@ -17,6 +17,10 @@ inline cudaStream_t stream(const ExecContext& ctx) {
   return ctx.stream ? static_cast<cudaStream_t>(ctx.stream) : stream();
 }
 cublasHandle_t blas();
+// A cuBLAS handle bound to the stream a context names (the one above for the process-wide
+// stream; one per other stream, created on its first use, so that two streams never share
+// a handle's workspace).
+cublasHandle_t blas(const ExecContext& ctx);
 // Streaming multiprocessors of the current device (asked once): kernels that size their
 // grid to what is resident at once.
 int sm_count();

@@ -85,6 +85,9 @@ void device_memset_zero(void* ptr, Device device, size_t bytes) {
 #if KILN_WITH_CUDA
 namespace cuda {
 cudaStream_t stream();  // core/cuda_context.h, without its cuBLAS include
+inline cudaStream_t stream(const ExecContext& ctx) {
+  return ctx.stream ? static_cast<cudaStream_t>(ctx.stream) : stream();
+}
 }
 #endif
 
@@ -109,15 +112,15 @@ void pinned_free(void* ptr) {
 
 #if KILN_WITH_CUDA
 namespace {
-void copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, cuda::stream()), "cudaMemcpyAsync");
+void copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, stream), "cudaMemcpyAsync");
 }
 }  // namespace
 #endif
 
 void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes) {
 #if KILN_WITH_CUDA
-  copy_async(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
+  copy_async(device_dst, host_src, bytes, cudaMemcpyHostToDevice, cuda::stream());
 #else
   (void)device_dst, (void)host_src, (void)bytes;
   no_cuda("copy_to_device_async");
@@ -126,7 +129,7 @@ void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes) 
 
 void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) {
 #if KILN_WITH_CUDA
-  copy_async(host_dst, device_src, bytes, cudaMemcpyDeviceToHost);
+  copy_async(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, cuda::stream());
 #else
   (void)host_dst, (void)device_src, (void)bytes;
   no_cuda("copy_to_host_async");
@@ -137,6 +140,33 @@ void synchronize_stream() {
 #if KILN_WITH_CUDA
   check_cuda(cudaStreamSynchronize(cuda::stream()), "cudaStreamSynchronize");
 #else
+  no_cuda("synchronize_stream");
+#endif
+}
+
+void copy_to_device_async(const ExecContext& ctx, void* device_dst, const void* host_src, size_t bytes) {
+#if KILN_WITH_CUDA
+  copy_async(device_dst, host_src, bytes, cudaMemcpyHostToDevice, cuda::stream(ctx));
+#else
+  (void)ctx, (void)device_dst, (void)host_src, (void)bytes;
+  no_cuda("copy_to_device_async");
+#endif
+}
+
+void copy_to_host_async(const ExecContext& ctx, void* host_dst, const void* device_src, size_t bytes) {
+#if KILN_WITH_CUDA
+  copy_async(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, cuda::stream(ctx));
+#else
+  (void)ctx, (void)host_dst, (void)device_src, (void)bytes;
+  no_cuda("copy_to_host_async");
+#endif
+}
+
+void synchronize_stream(const ExecContext& ctx) {
+#if KILN_WITH_CUDA
+  check_cuda(cudaStreamSynchronize(cuda::stream(ctx)), "cudaStreamSynchronize");
+#else
+  (void)ctx;
   no_cuda("synchronize_stream");
 #endif
 }

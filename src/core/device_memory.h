@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "core/exec_context.h"
 
 #include <cstddef>
 #include <memory>
@@ -31,6 +32,10 @@ void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes);
 void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes);
 // Waits until everything enqueued on kiln's CUDA stream has run.
 void synchronize_stream();
+// The same on the stream an execution context names (core/exec_context.h).
+void copy_to_device_async(const ExecContext& ctx, void* device_dst, const void* host_src, size_t bytes);
+void copy_to_host_async(const ExecContext& ctx, void* host_dst, const void* device_src, size_t bytes);
+void synchronize_stream(const ExecContext& ctx);
 
 // A pinned host buffer of `count` values of T.
 template <typename T>

@@ -101,7 +101,8 @@ void HeadDecoder::logits_fused([[maybe_unused]] const Tensor& x, [[maybe_unused]
   OpScope op("final norm + lm head (fused)", Device::cuda);
   cuda::norm_gemv(DType::f32, x.data<float>(), norm_.gain.data<float>(), static_cast<float>(norm_.eps), n, x.size(1),
                   weight_.raw(), vocab, out.raw());
-  if (softcap_ > 0) cuda::softcap_f32(out.data<float>(), n * vocab, static_cast<float>(softcap_));
+  // On the process-wide stream, as norm_gemv before it (the decoder's kernels run there).
+  if (softcap_ > 0) cuda::softcap_f32(process_exec(), out.data<float>(), n * vocab, static_cast<float>(softcap_));
 #endif
 }
 

@@ -29,12 +29,12 @@ __device__ __forceinline__ void allow_dependents() {
 #endif
 }
 
-// kernel<<<grid, block, smem, stream()>>>(args...) that may overlap the previous kernel
+// kernel<<<grid, block, smem, stream>>>(args...) that may overlap the previous kernel
 // (see above); `what` names it in a launch error. cluster > 1 launches thread-block clusters
 // of that many blocks along x (grid.x a multiple of it; sm_90 and later).
 template <typename... Params, typename... Args>
-void launch_dependent_clusters(const char* op, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block,
-                               size_t smem, unsigned cluster, Args&&... args) {
+void launch_dependent_clusters_on(cudaStream_t stream, const char* op, const char* what, void (*kernel)(Params...),
+                                  dim3 grid, dim3 block, size_t smem, unsigned cluster, Args&&... args) {
   cudaLaunchAttribute attributes[2]{};
   attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[0].val.programmaticStreamSerializationAllowed = 1;
@@ -46,16 +46,29 @@ void launch_dependent_clusters(const char* op, const char* what, void (*kernel)(
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
-  config.stream = stream();
+  config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = cluster > 1 ? 2 : 1;
   check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), op, what);
 }
 
 template <typename... Params, typename... Args>
+void launch_dependent_on(cudaStream_t stream, const char* op, const char* what, void (*kernel)(Params...), dim3 grid,
+                         dim3 block, size_t smem, Args&&... args) {
+  launch_dependent_clusters_on(stream, op, what, kernel, grid, block, smem, 1, std::forward<Args>(args)...);
+}
+
+// The same on the process-wide stream (the decoder's kernels, which launch only there).
+template <typename... Params, typename... Args>
+void launch_dependent_clusters(const char* op, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block,
+                               size_t smem, unsigned cluster, Args&&... args) {
+  launch_dependent_clusters_on(stream(), op, what, kernel, grid, block, smem, cluster, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
 void launch_dependent(const char* op, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                       Args&&... args) {
-  launch_dependent_clusters(op, what, kernel, grid, block, smem, 1, std::forward<Args>(args)...);
+  launch_dependent_clusters_on(stream(), op, what, kernel, grid, block, smem, 1, std::forward<Args>(args)...);
 }
 
 }  // namespace kiln::cuda

@@ -190,7 +190,7 @@ void check_attention(const std::vector<int32_t>& lengths, Heads heads, int64_t w
   const auto* qp = static_cast<const bf16_bits*>(q_dev->raw());
   const auto* kp = static_cast<const bf16_bits*>(k_dev->raw());
   const auto* vp = static_cast<const bf16_bits*>(v_dev->raw());
-  cuda::attention_forward_bf16(a, max_len, qp, kp, vp, static_cast<bf16_bits*>(out_dev->raw()),
+  cuda::attention_forward_bf16(process_exec(), a, max_len, qp, kp, vp, static_cast<bf16_bits*>(out_dev->raw()),
                                static_cast<float*>(lse_dev->raw()));
   const std::vector<double> out = host_bf16(*out_dev);
   std::vector<double> lse = host_f32(*lse_dev);
@@ -209,7 +209,7 @@ void check_attention(const std::vector<int32_t>& lengths, Heads heads, int64_t w
   for (int run = 0; run < 2; ++run) {
     OwnedTensor dq_dev = device_output(DType::bf16, q_n), dk_dev = device_output(DType::bf16, kv_n),
                 dv_dev = device_output(DType::bf16, kv_n);
-    cuda::attention_backward_bf16(a, max_len, qp, kp, vp, static_cast<const bf16_bits*>(out_dev->raw()),
+    cuda::attention_backward_bf16(process_exec(), a, max_len, qp, kp, vp, static_cast<const bf16_bits*>(out_dev->raw()),
                                   static_cast<const float*>(lse_dev->raw()),
                                   static_cast<const bf16_bits*>(dout_dev->raw()),
                                   static_cast<bf16_bits*>(dq_dev->raw()), static_cast<bf16_bits*>(dk_dev->raw()),
@@ -407,7 +407,7 @@ TEST_F(CudnnAttention, NegativeSoftcapIsRefused) {
   a.scale = 0.125f;
   a.softcap = -1;
   const std::string message = test::error_of([&] {
-    cuda::attention_forward_bf16(a, 4, nullptr, nullptr, nullptr, nullptr, nullptr);
+    cuda::attention_forward_bf16(process_exec(), a, 4, nullptr, nullptr, nullptr, nullptr, nullptr);
   });
   EXPECT_NE(message.find("softcap -1 is negative"), std::string::npos) << message;
 }

@@ -326,7 +326,7 @@ TEST_F(Bf16Kernels, CrossEntropyRows) {
         std::vector<double> stats_runs[2];
         std::vector<uint16_t> grad_runs[2];
         for (int run = 0; run < 2; ++run) {
-          cuda::cross_entropy_rows_to_bf16(ptr<float>(logits_dev), ptr<int32_t>(targets_dev), rows, vocab, o.z_loss,
+          cuda::cross_entropy_rows_to_bf16(process_exec(), ptr<float>(logits_dev), ptr<int32_t>(targets_dev), rows, vocab, o.z_loss,
                                            o.loss_scale, o.softcap, grad, ptr<double>(stats_dev),
                                            ptr<uint16_t>(grad_dev));
           stats_runs[run] = download<double>(*stats_dev);
@@ -374,7 +374,7 @@ TEST_F(Bf16Kernels, CrossEntropyRowsInPlaceOnBf16Logits) {
         const std::vector<int32_t> targets = ce_targets(rows, vocab);
         OwnedTensor logits_dev = upload(bits), targets_dev = upload(targets);
         OwnedTensor stats_dev = poisoned<double>(static_cast<size_t>(2 * rows));
-        cuda::cross_entropy_rows_bf16(ptr<uint16_t>(logits_dev), ptr<int32_t>(targets_dev), rows, vocab, o.z_loss,
+        cuda::cross_entropy_rows_bf16(process_exec(), ptr<uint16_t>(logits_dev), ptr<int32_t>(targets_dev), rows, vocab, o.z_loss,
                                       o.loss_scale, o.softcap, grad, ptr<double>(stats_dev));
         const std::vector<double> stats = download<double>(*stats_dev);
         const std::vector<uint16_t> out = download<uint16_t>(*logits_dev);
@@ -421,12 +421,12 @@ TEST_F(Bf16Kernels, SkinnyGemmMatchesReference) {
         OwnedTensor a_dev = upload(a);
         if (f32_out) {
           OwnedTensor c_dev = upload(c0v);
-          cuda::gemm(false, true, m, n, k, 1.0f, ptr<uint16_t>(a_dev), k, ptr<uint16_t>(b_dev), k, DType::bf16, beta,
+          cuda::gemm(process_exec(), false, true, m, n, k, 1.0f, ptr<uint16_t>(a_dev), k, ptr<uint16_t>(b_dev), k, DType::bf16, beta,
                      ptr<float>(c_dev), n, DType::f32);
           expect_values_close("skinny gemm f32", download<float>(*c_dev), ref, 1e-3, 0, &scale);
         } else {
           OwnedTensor c_dev = upload(c0);
-          cuda::gemm(false, true, m, n, k, 1.0f, ptr<uint16_t>(a_dev), k, ptr<uint16_t>(b_dev), k, DType::bf16, beta,
+          cuda::gemm(process_exec(), false, true, m, n, k, 1.0f, ptr<uint16_t>(a_dev), k, ptr<uint16_t>(b_dev), k, DType::bf16, beta,
                      ptr<uint16_t>(c_dev), n, DType::bf16);
           expect_bf16_close("skinny gemm bf16", download<uint16_t>(*c_dev), ref, kBf16Tol, 0, &scale);
         }
@@ -557,7 +557,7 @@ TEST_F(Bf16Kernels, CrossEntropyRowsBeyond2To31Logits) {
   for (int64_t r : checked)
     device_copy(grad + r * vocab, Device::cuda, poison_row.data(), Device::cpu, poison_row.size() * 2);
 
-  cuda::cross_entropy_rows_to_bf16(logits, ptr<int32_t>(targets_dev), rows, vocab, o.z_loss, o.loss_scale, o.softcap,
+  cuda::cross_entropy_rows_to_bf16(process_exec(), logits, ptr<int32_t>(targets_dev), rows, vocab, o.z_loss, o.loss_scale, o.softcap,
                                    true, ptr<double>(stats_dev), grad);
 
   std::vector<double> lse(static_cast<size_t>(patterns));

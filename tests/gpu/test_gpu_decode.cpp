@@ -268,7 +268,7 @@ void check_one_kernel_attention(const OneKernelCase& c) {
   OwnedTensor workspace(DType::f32, Device::cuda, Shape{std::max<int64_t>(elems, 1)});
   const cuda::CachedAttentionArgs three{c.rows, hq, hkv, hd, c.max_len, d_slots->data<int32_t>(), d_positions->data<int32_t>(),
                                         scale, c.window, static_cast<float>(c.softcap)};
-  cuda::cached_attention_forward(three, DType::bf16, q3->raw(), k3->raw(), v3->raw(), out3->raw(), workspace->data<float>(),
+  cuda::cached_attention_forward(process_exec(), three, DType::bf16, q3->raw(), k3->raw(), v3->raw(), out3->raw(), workspace->data<float>(),
                                  elems);
 
   // The one kernel.

@@ -91,7 +91,6 @@ cuda::AttentionArgs cuda_args(const Tensor& q, const Tensor& k, const Tensor& cu
 void attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                        const AttentionOptions& options, const Tensor& out, const Tensor& lse) {
   const char* op = "attention";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, q);
   validate(op, q, k, v, cu_seqlens);
   expect_like(op, "out", out, q, q.shape());
@@ -99,10 +98,10 @@ void attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k,
   KILN_ON_CUDA(q, op, {
     const cuda::AttentionArgs args = cuda_args(q, k, cu_seqlens, options);
     if (is_mixed(q))
-      cuda::attention_forward_bf16(args, max_seqlen_of(op, options), bf16_data(q), bf16_data(k), bf16_data(v),
+      cuda::attention_forward_bf16(ctx, args, max_seqlen_of(op, options), bf16_data(q), bf16_data(k), bf16_data(v),
                                    bf16_data(out), lse.data<float>());
     else
-      cuda::attention_forward_f32(args, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+      cuda::attention_forward_f32(ctx, args, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                                   lse.data<float>());
   });
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
@@ -116,7 +115,6 @@ void attention_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k
                         const Tensor& dout, const Tensor& cu_seqlens, const AttentionOptions& options,
                         const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const char* op = "attention_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, q);
   validate(op, q, k, v, cu_seqlens);
   expect_like(op, "out", out, q, q.shape());
@@ -128,11 +126,11 @@ void attention_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k
   KILN_ON_CUDA(q, op, {
     const cuda::AttentionArgs args = cuda_args(q, k, cu_seqlens, options);
     if (is_mixed(q))
-      cuda::attention_backward_bf16(args, max_seqlen_of(op, options), bf16_data(q), bf16_data(k), bf16_data(v),
+      cuda::attention_backward_bf16(ctx, args, max_seqlen_of(op, options), bf16_data(q), bf16_data(k), bf16_data(v),
                                     bf16_data(out), lse.data<float>(), bf16_data(dout), bf16_data(dq), bf16_data(dk),
                                     bf16_data(dv));
     else
-      cuda::attention_backward_f32(args, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+      cuda::attention_backward_f32(ctx, args, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                                    lse.data<float>(), dout.data<float>(), dq.data<float>(), dk.data<float>(),
                                    dv.data<float>());
   });

@@ -162,22 +162,22 @@ unsigned blocks_for_warps(int64_t warps) {
 
 }  // namespace
 
-void attention_forward_f32(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out,
+void attention_forward_f32(const ExecContext& ctx, const AttentionArgs& a, const float* q, const float* k, const float* v, float* out,
                            float* lse) {
   if (a.head_dim > kWarp * kMaxPerLane) fail("attention", "CUDA kernel supports head_dim <= {}", kWarp * kMaxPerLane);
   if (a.tokens == 0) return;
-  forward_kernel<<<blocks_for_warps(a.tokens * a.q_heads), kWarp * kWarpsPerBlock, 0, stream()>>>(a, q, k, v, out, lse);
+  forward_kernel<<<blocks_for_warps(a.tokens * a.q_heads), kWarp * kWarpsPerBlock, 0, stream(ctx)>>>(a, q, k, v, out, lse);
   check_launch("attention", "forward_kernel");
 }
 
-void attention_backward_f32(const AttentionArgs& a, const float* q, const float* k, const float* v, const float* out,
+void attention_backward_f32(const ExecContext& ctx, const AttentionArgs& a, const float* q, const float* k, const float* v, const float* out,
                             const float* lse, const float* dout, float* dq, float* dk, float* dv) {
   if (a.head_dim > kWarp * kMaxPerLane) fail("attention", "CUDA kernel supports head_dim <= {}", kWarp * kMaxPerLane);
   if (a.tokens == 0) return;
-  dq_kernel<<<blocks_for_warps(a.tokens * a.q_heads), kWarp * kWarpsPerBlock, 0, stream()>>>(a, q, k, v, out, lse,
+  dq_kernel<<<blocks_for_warps(a.tokens * a.q_heads), kWarp * kWarpsPerBlock, 0, stream(ctx)>>>(a, q, k, v, out, lse,
                                                                                              dout, dq);
   check_launch("attention_backward", "dq_kernel");
-  dkdv_kernel<<<blocks_for_warps(a.tokens * a.kv_heads), kWarp * kWarpsPerBlock, 0, stream()>>>(a, q, k, v, out, lse,
+  dkdv_kernel<<<blocks_for_warps(a.tokens * a.kv_heads), kWarp * kWarpsPerBlock, 0, stream(ctx)>>>(a, q, k, v, out, lse,
                                                                                                 dout, dk, dv);
   check_launch("attention_backward", "dkdv_kernel");
 }

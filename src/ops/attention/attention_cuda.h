@@ -1,7 +1,9 @@
 // The fp32 CUDA kernels behind ops/attention/attention.h (attention_cuda.cu: one warp per
 // query or key row, exact and deterministic) and the arguments they share with the bf16
-// cuDNN path (attention_cudnn.h). They launch on kiln::cuda::stream() and trust their inputs.
+// cuDNN path (attention_cudnn.h). They launch on the context's stream and trust their inputs.
 #pragma once
+
+#include "core/exec_context.h"
 
 #include <cstdint>
 
@@ -21,9 +23,9 @@ struct AttentionArgs {
 
 // q [tokens, q_heads, head_dim], k/v [tokens, kv_heads, head_dim] -> out like q, lse
 // [tokens, q_heads]; the backward writes dq, dk, dv (=).
-void attention_forward_f32(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out,
+void attention_forward_f32(const ExecContext& ctx, const AttentionArgs& a, const float* q, const float* k, const float* v, float* out,
                            float* lse);
-void attention_backward_f32(const AttentionArgs& a, const float* q, const float* k, const float* v, const float* out,
+void attention_backward_f32(const ExecContext& ctx, const AttentionArgs& a, const float* q, const float* k, const float* v, const float* out,
                             const float* lse, const float* dout, float* dq, float* dk, float* dv);
 
 }  // namespace kiln::cuda

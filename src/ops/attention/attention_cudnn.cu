@@ -11,7 +11,7 @@
 // bottom-right since q and kv lengths are equal); a sliding window is its left bound
 // (the frontend keeps key j for query i when j + left_bound > i, i.e. i - j < window).
 // The offsets and lengths are computed on the device from cu_seqlens by a small kernel,
-// every call, on kiln::cuda::stream(): the host never reads cu_seqlens and never syncs.
+// every call, on the caller's stream: the host never reads cu_seqlens and never syncs.
 //
 // Uniform batches (AttentionArgs::uniform: every sequence holds exactly max_seqlen rows, one
 // after the other, as the benchmark's and an unpacked run's rows do) take a plain graph
@@ -160,12 +160,19 @@ struct DeviceBuffer {
 
 // ---- process-wide state --------------------------------------------------------------
 
+// The buffers of the calls on one stream (calls on one stream are ordered; two streams
+// never share a buffer).
+struct StreamBuffers {
+  DeviceBuffer workspace;  // what the plans ask for
+  DeviceBuffer layout;     // seq_len_q, seq_len_kv, ragged offsets of the current call
+};
+
 struct State {
   std::mutex mutex;
   cudnnHandle_t handle = nullptr;
+  cudaStream_t handle_stream = nullptr;  // the stream the handle is bound to
   std::map<Key, std::unique_ptr<SdpaGraph>> graphs;
-  DeviceBuffer workspace;  // what the plans ask for (shared: calls are ordered on one stream)
-  DeviceBuffer layout;     // seq_len_q, seq_len_kv, ragged offsets of the current call
+  std::map<cudaStream_t, StreamBuffers> buffers;  // per stream, kept for the process
   int bucketing = -1;      // -1: not decided yet (KILN_CUDNN_BUCKET, default on)
   int64_t atomic_fallbacks = 0;  // deterministic backward calls too large for their workspace
 };
@@ -193,7 +200,7 @@ void check_fe(fe::error_t status, const char* what) {
   if (status.is_bad()) fail(kWhere, "cuDNN {}: {}", what, status.get_message());
 }
 
-// Created on first use, bound to kiln's stream.
+// Created on first use, bound to kiln's stream (handle_on binds it to a call's stream).
 cudnnHandle_t handle(State& st) {
   if (st.handle == nullptr) {
     const size_t version = cudnnGetVersion();
@@ -204,8 +211,19 @@ cudnnHandle_t handle(State& st) {
     check_cudnn(cudnnCreate(&h), "cudnnCreate");
     check_cudnn(cudnnSetStream(h, stream()), "cudnnSetStream");
     st.handle = h;
+    st.handle_stream = stream();
   }
   return st.handle;
+}
+
+// The handle, bound to `s` (the calls hold the state's mutex, so one call at a time sets it).
+cudnnHandle_t handle_on(State& st, cudaStream_t s) {
+  const cudnnHandle_t h = handle(st);
+  if (st.handle_stream != s) {
+    check_cudnn(cudnnSetStream(h, s), "cudnnSetStream");
+    st.handle_stream = s;
+  }
+  return h;
 }
 
 // ---- device layout: lengths and ragged offsets ----------------------------------------
@@ -254,14 +272,14 @@ struct LayoutPointers {
   void *seq_q, *seq_kv, *offset_q, *offset_kv, *offset_stats;
 };
 
-LayoutPointers prepare_layout(State& st, const AttentionArgs& a, int64_t batch) {
+LayoutPointers prepare_layout(StreamBuffers& buffers, cudaStream_t s, const AttentionArgs& a, int64_t batch) {
   const LayoutSpans spans = layout_spans(batch);
-  st.layout.reserve(spans.bytes, stream(), "layout buffer");
-  char* base = static_cast<char*>(st.layout.ptr);
+  buffers.layout.reserve(spans.bytes, s, "layout buffer");
+  char* base = static_cast<char*>(buffers.layout.ptr);
   LayoutPointers p{base + spans.seq_q, base + spans.seq_kv, base + spans.offset_q, base + spans.offset_kv,
                    base + spans.offset_stats};
   constexpr int kThreads = 256;
-  ragged_layout_kernel<<<blocks_for(batch + 1, kThreads), kThreads, 0, stream()>>>(
+  ragged_layout_kernel<<<blocks_for(batch + 1, kThreads), kThreads, 0, s>>>(
       a.cu_seqlens, a.num_seqs, batch, a.q_heads * a.head_dim, a.kv_heads * a.head_dim, a.q_heads,
       static_cast<int32_t*>(p.seq_q), static_cast<int32_t*>(p.seq_kv), static_cast<int64_t*>(p.offset_q),
       static_cast<int64_t*>(p.offset_kv), static_cast<int64_t*>(p.offset_stats));
@@ -446,11 +464,11 @@ std::unique_ptr<SdpaGraph> build_backward(State& st, const Key& k) {
 }
 
 // The cached graph for `k`, built on first use (never during CUDA graph capture).
-SdpaGraph& graph_for(State& st, const Key& k) {
+SdpaGraph& graph_for(State& st, const Key& k, cudaStream_t s) {
   auto it = st.graphs.find(k);
   if (it != st.graphs.end()) return *it->second;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(stream(), &capture), kWhere, "cudaStreamIsCapturing");
+  check(cudaStreamIsCapturing(s, &capture), kWhere, "cudaStreamIsCapturing");
   if (capture != cudaStreamCaptureStatusNone)
     fail(kWhere, "cuDNN graph for a new shape (batch {}, seq {}) requested during CUDA graph capture; run this "
          "shape once before capturing", k.batch, k.seq);
@@ -563,7 +581,7 @@ int64_t attention_cudnn_graph_count() {
   return static_cast<int64_t>(st.graphs.size());
 }
 
-void attention_forward_bf16(const AttentionArgs& a, int64_t max_seqlen, const bf16_bits* q, const bf16_bits* k,
+void attention_forward_bf16(const ExecContext& ctx, const AttentionArgs& a, int64_t max_seqlen, const bf16_bits* q, const bf16_bits* k,
                             const bf16_bits* v, bf16_bits* out, float* lse) {
   validate(a, "forward");
   if (a.tokens <= 0 || a.num_seqs <= 0 || max_seqlen <= 0) return;
@@ -571,19 +589,21 @@ void attention_forward_bf16(const AttentionArgs& a, int64_t max_seqlen, const bf
     State& st = state();
     std::lock_guard<std::mutex> lock(st.mutex);
     const Key key = key_of(st, a, max_seqlen, false);
-    SdpaGraph& g = graph_for(st, key);
-    st.workspace.reserve(static_cast<size_t>(g.workspace_bytes), stream(), "workspace");
+    const cudaStream_t s = stream(ctx);
+    SdpaGraph& g = graph_for(st, key, s);
+    StreamBuffers& buffers = st.buffers[s];
+    buffers.workspace.reserve(static_cast<size_t>(g.workspace_bytes), s, "workspace");
     std::unordered_map<TensorPtr, void*> pack = {{g.q, const_cast<bf16_bits*>(q)},
                                                  {g.k, const_cast<bf16_bits*>(k)},
                                                  {g.v, const_cast<bf16_bits*>(v)},
                                                  {g.o, out},
                                                  {g.stats, lse}};
-    if (key.ragged) add_layout(pack, g, prepare_layout(st, a, key.batch));
-    check_fe(g.graph->execute(handle(st), pack, st.workspace.ptr), "forward execute");
+    if (key.ragged) add_layout(pack, g, prepare_layout(buffers, s, a, key.batch));
+    check_fe(g.graph->execute(handle_on(st, s), pack, buffers.workspace.ptr), "forward execute");
   });
 }
 
-void attention_backward_bf16(const AttentionArgs& a, int64_t max_seqlen, const bf16_bits* q, const bf16_bits* k,
+void attention_backward_bf16(const ExecContext& ctx, const AttentionArgs& a, int64_t max_seqlen, const bf16_bits* q, const bf16_bits* k,
                              const bf16_bits* v, const bf16_bits* out, const float* lse, const bf16_bits* dout,
                              bf16_bits* dq, bf16_bits* dk, bf16_bits* dv) {
   validate(a, "backward");
@@ -592,8 +612,10 @@ void attention_backward_bf16(const AttentionArgs& a, int64_t max_seqlen, const b
     State& st = state();
     std::lock_guard<std::mutex> lock(st.mutex);
     const Key key = key_of(st, a, max_seqlen, true);
-    SdpaGraph& g = graph_for(st, key);
-    st.workspace.reserve(static_cast<size_t>(g.workspace_bytes), stream(), "workspace");
+    const cudaStream_t s = stream(ctx);
+    SdpaGraph& g = graph_for(st, key, s);
+    StreamBuffers& buffers = st.buffers[s];
+    buffers.workspace.reserve(static_cast<size_t>(g.workspace_bytes), s, "workspace");
     std::unordered_map<TensorPtr, void*> pack = {{g.q, const_cast<bf16_bits*>(q)},
                                                  {g.k, const_cast<bf16_bits*>(k)},
                                                  {g.v, const_cast<bf16_bits*>(v)},
@@ -603,8 +625,8 @@ void attention_backward_bf16(const AttentionArgs& a, int64_t max_seqlen, const b
                                                  {g.dq, dq},
                                                  {g.dk, dk},
                                                  {g.dv, dv}};
-    if (key.ragged) add_layout(pack, g, prepare_layout(st, a, key.batch));
-    check_fe(g.graph->execute(handle(st), pack, st.workspace.ptr), "backward execute");
+    if (key.ragged) add_layout(pack, g, prepare_layout(buffers, s, a, key.batch));
+    check_fe(g.graph->execute(handle_on(st, s), pack, buffers.workspace.ptr), "backward execute");
   });
 }
 

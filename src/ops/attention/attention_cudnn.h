@@ -18,9 +18,9 @@
 namespace kiln::cuda {
 
 // max_seqlen: the longest sequence of this batch (host value; SeqInfo::max_seqlen).
-void attention_forward_bf16(const AttentionArgs& a, int64_t max_seqlen, const bf16_bits* q, const bf16_bits* k,
+void attention_forward_bf16(const ExecContext& ctx, const AttentionArgs& a, int64_t max_seqlen, const bf16_bits* q, const bf16_bits* k,
                             const bf16_bits* v, bf16_bits* out, float* lse);
-void attention_backward_bf16(const AttentionArgs& a, int64_t max_seqlen, const bf16_bits* q, const bf16_bits* k,
+void attention_backward_bf16(const ExecContext& ctx, const AttentionArgs& a, int64_t max_seqlen, const bf16_bits* q, const bf16_bits* k,
                              const bf16_bits* v, const bf16_bits* out, const float* lse, const bf16_bits* dout,
                              bf16_bits* dq, bf16_bits* dk, bf16_bits* dv);
 

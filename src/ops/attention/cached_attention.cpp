@@ -91,7 +91,6 @@ int64_t cached_attention_workspace(int64_t rows, int64_t q_heads, int64_t kv_hea
 void kv_cache_write(const ExecContext& ctx, const Tensor& k, const Tensor& v, const Tensor& slots, const Tensor& positions,
                     const Tensor& k_cache, const Tensor& v_cache) {
   const char* op = "kv_cache_write";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, k);
   expect_rank(op, "k", k, 3);
   expect_shape(op, "v", v, k.shape());
@@ -103,7 +102,7 @@ void kv_cache_write(const ExecContext& ctx, const Tensor& k, const Tensor& v, co
   KILN_CHECK(k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2), op, "k {} does not fit the cache {}",
              k.describe(), k_cache.describe());
   expect_gpu_dtype(op, k);
-  KILN_ON_CUDA(k, op, cuda::kv_cache_write(k.raw(), v.raw(), k.dtype(), slots.data<int32_t>(),
+  KILN_ON_CUDA(k, op, cuda::kv_cache_write(ctx, k.raw(), v.raw(), k.dtype(), slots.data<int32_t>(),
                                            positions.data<int32_t>(), k.size(0), k.size(1) * k.size(2),
                                            k_cache.size(1), k_cache.raw(), v_cache.raw()));
   const int64_t n = k.size(0), row = k.size(1) * k.size(2), len = k_cache.size(1);
@@ -123,7 +122,6 @@ void cached_attention_forward(const ExecContext& ctx, const Tensor& q, const Ten
                               const Tensor& positions, const AttentionOptions& options, const Tensor& out,
                               const Tensor& workspace) {
   const char* op = "cached_attention";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, q);
   expect_rank(op, "q", q, 3);
   validate_rows(op, q, k_cache, slots, positions);
@@ -156,7 +154,7 @@ void cached_attention_forward(const ExecContext& ctx, const Tensor& q, const Ten
                                          static_cast<float>(scale),
                                          options.window,
                                          static_cast<float>(options.softcap)};
-    cuda::cached_attention_forward(args, q.dtype(), q.raw(), k_cache.raw(), v_cache.raw(), out.raw(),
+    cuda::cached_attention_forward(ctx, args, q.dtype(), q.raw(), k_cache.raw(), v_cache.raw(), out.raw(),
                                    workspace.defined() ? workspace.data<float>() : nullptr,
                                    workspace.defined() ? workspace.numel() : 0);
   });

@@ -50,10 +50,10 @@ __global__ void kv_cache_write_kernel(const W* __restrict__ k, const W* __restri
 }
 
 template <typename W>
-void launch_write(const void* k, const void* v, const int32_t* slots, const int32_t* positions, int64_t rows,
+void launch_write(cudaStream_t stream, const void* k, const void* v, const int32_t* slots, const int32_t* positions, int64_t rows,
                   int64_t row_bytes, int64_t max_len, void* kc, void* vc) {
   const int64_t row_words = row_bytes / static_cast<int64_t>(sizeof(W));
-  kv_cache_write_kernel<W><<<blocks_for(rows * row_words, 256), 256, 0, stream()>>>(
+  kv_cache_write_kernel<W><<<blocks_for(rows * row_words, 256), 256, 0, stream>>>(
       static_cast<const W*>(k), static_cast<const W*>(v), slots, positions, rows, row_words, max_len,
       static_cast<W*>(kc), static_cast<W*>(vc));
   check_launch("kv_cache_write", "kv_cache_write_kernel");
@@ -401,7 +401,7 @@ __global__ void merge_splits_kernel(CachedAttentionArgs a, int64_t splits, const
 // Head dims of 32 per lane times 2, 4 or 8 take the one-warp kernel (its loads need the
 // caches, q and out 16-byte aligned, as the decoder's are); others the per-dimension one.
 template <typename T, int P>
-void launch_attention(const CachedAttentionArgs& a, int64_t splits, const void* q, const void* kc, const void* vc,
+void launch_attention(cudaStream_t stream, const CachedAttentionArgs& a, int64_t splits, const void* q, const void* kc, const void* vc,
                       void* out, float* ws) {
   const int64_t tiles = (a.q_heads / a.kv_heads + kTile - 1) / kTile;
   const dim3 grid(static_cast<unsigned>(a.rows * a.kv_heads * tiles), static_cast<unsigned>(splits));
@@ -409,38 +409,38 @@ void launch_attention(const CachedAttentionArgs& a, int64_t splits, const void* 
                            aligned(kc, 16) && aligned(vc, 16) && aligned(out, 16);
   if constexpr (P == 2 || P == 4 || P == 8) {
     if (warp_kernel) {
-      launch_dependent("cached_attention", "warp_attention_kernel", warp_attention_kernel<T, P>, grid, dim3(32), 0,
+      launch_dependent_on(stream, "cached_attention", "warp_attention_kernel", warp_attention_kernel<T, P>, grid, dim3(32), 0,
                        a, tiles, splits, static_cast<const T*>(q), static_cast<const T*>(kc),
                        static_cast<const T*>(vc), static_cast<T*>(out), ws);
     }
   }
   if (!warp_kernel) {
     const size_t smem = sizeof(float) * kWarps * kTile * static_cast<size_t>(a.head_dim + 2);
-    cached_attention_kernel<T, P><<<grid, kThreads, smem, stream()>>>(
+    cached_attention_kernel<T, P><<<grid, kThreads, smem, stream>>>(
         a, tiles, splits, static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc),
         static_cast<T*>(out), ws);
     check_launch("cached_attention", "cached_attention_kernel");
   }
   if (splits == 1) return;
-  launch_dependent("cached_attention", "merge_splits_kernel", merge_splits_kernel<T>,
+  launch_dependent_on(stream, "cached_attention", "merge_splits_kernel", merge_splits_kernel<T>,
                    dim3(static_cast<unsigned>(a.rows * a.q_heads)), dim3(kMergeThreads), 0, a, splits,
                    static_cast<const float*>(ws), static_cast<T*>(out));
 }
 
 template <typename T>
-void dispatch_head_dim(const CachedAttentionArgs& a, int64_t splits, const void* q, const void* kc, const void* vc,
+void dispatch_head_dim(cudaStream_t stream, const CachedAttentionArgs& a, int64_t splits, const void* q, const void* kc, const void* vc,
                        void* out, float* ws) {
-  if (a.head_dim <= 32) return launch_attention<T, 1>(a, splits, q, kc, vc, out, ws);
-  if (a.head_dim <= 64) return launch_attention<T, 2>(a, splits, q, kc, vc, out, ws);
-  if (a.head_dim <= 128) return launch_attention<T, 4>(a, splits, q, kc, vc, out, ws);
-  if (a.head_dim <= 256) return launch_attention<T, 8>(a, splits, q, kc, vc, out, ws);
-  if (a.head_dim <= 512) return launch_attention<T, 16>(a, splits, q, kc, vc, out, ws);
+  if (a.head_dim <= 32) return launch_attention<T, 1>(stream, a, splits, q, kc, vc, out, ws);
+  if (a.head_dim <= 64) return launch_attention<T, 2>(stream, a, splits, q, kc, vc, out, ws);
+  if (a.head_dim <= 128) return launch_attention<T, 4>(stream, a, splits, q, kc, vc, out, ws);
+  if (a.head_dim <= 256) return launch_attention<T, 8>(stream, a, splits, q, kc, vc, out, ws);
+  if (a.head_dim <= 512) return launch_attention<T, 16>(stream, a, splits, q, kc, vc, out, ws);
   fail("cached_attention", "head_dim {} exceeds 512", a.head_dim);
 }
 
 }  // namespace
 
-void kv_cache_write(const void* k, const void* v, DType dtype, const int32_t* slots, const int32_t* positions,
+void kv_cache_write(const ExecContext& ctx, const void* k, const void* v, DType dtype, const int32_t* slots, const int32_t* positions,
                     int64_t rows, int64_t row_elems, int64_t max_len, void* k_cache, void* v_cache) {
   if (rows == 0) return;
   const int64_t row_bytes = row_elems * static_cast<int64_t>(dtype_size(dtype));
@@ -448,19 +448,19 @@ void kv_cache_write(const void* k, const void* v, DType dtype, const int32_t* sl
     return row_bytes % static_cast<int64_t>(word) == 0 && aligned(k, word) && aligned(v, word) &&
            aligned(k_cache, word) && aligned(v_cache, word);
   };
-  if (fits(16)) return launch_write<uint4>(k, v, slots, positions, rows, row_bytes, max_len, k_cache, v_cache);
-  if (fits(4)) return launch_write<uint32_t>(k, v, slots, positions, rows, row_bytes, max_len, k_cache, v_cache);
-  launch_write<uint16_t>(k, v, slots, positions, rows, row_bytes, max_len, k_cache, v_cache);
+  if (fits(16)) return launch_write<uint4>(stream(ctx), k, v, slots, positions, rows, row_bytes, max_len, k_cache, v_cache);
+  if (fits(4)) return launch_write<uint32_t>(stream(ctx), k, v, slots, positions, rows, row_bytes, max_len, k_cache, v_cache);
+  launch_write<uint16_t>(stream(ctx), k, v, slots, positions, rows, row_bytes, max_len, k_cache, v_cache);
 }
 
-void cached_attention_forward(const CachedAttentionArgs& a, DType dtype, const void* q, const void* k_cache,
+void cached_attention_forward(const ExecContext& ctx, const CachedAttentionArgs& a, DType dtype, const void* q, const void* k_cache,
                               const void* v_cache, void* out, float* workspace, int64_t workspace_elems) {
   if (a.rows == 0) return;
   int64_t splits = cached_attention_splits(a.rows, a.q_heads, a.kv_heads, a.max_len);
   if (workspace == nullptr || workspace_elems < a.rows * a.q_heads * splits * (a.head_dim + 2)) splits = 1;
   switch (dtype) {
-    case DType::f32: return dispatch_head_dim<float>(a, splits, q, k_cache, v_cache, out, workspace);
-    case DType::bf16: return dispatch_head_dim<bf16>(a, splits, q, k_cache, v_cache, out, workspace);
+    case DType::f32: return dispatch_head_dim<float>(stream(ctx), a, splits, q, k_cache, v_cache, out, workspace);
+    case DType::bf16: return dispatch_head_dim<bf16>(stream(ctx), a, splits, q, k_cache, v_cache, out, workspace);
     default: fail("cached_attention", "the GPU computes in f32 or bf16, got {}", dtype_name(dtype));
   }
 }

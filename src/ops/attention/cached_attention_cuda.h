@@ -14,12 +14,13 @@
 // valid whatever positions it is replayed with. Each split's length is derived on the
 // device from the row's position, so short contexts use fewer, full splits.
 //
-// These launch on kiln::cuda::stream(), neither synchronize nor allocate (a decode step is
+// These launch on the context's stream, neither synchronize nor allocate (a decode step is
 // captured as a CUDA graph), and trust their inputs (the front end validates; slots and
 // positions are device data nobody checks here).
 #pragma once
 
 #include "core/dtype.h"
+#include "core/exec_context.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -59,12 +60,12 @@ struct CachedAttentionArgs {
 
 // k/v [rows, row_elems] (row_elems = kv_heads * head_dim) into the caches at
 // (slots[i], positions[i]); dtype f32 or bf16 (all four tensors share it).
-void kv_cache_write(const void* k, const void* v, DType dtype, const int32_t* slots, const int32_t* positions,
+void kv_cache_write(const ExecContext& ctx, const void* k, const void* v, DType dtype, const int32_t* slots, const int32_t* positions,
                     int64_t rows, int64_t row_elems, int64_t max_len, void* k_cache, void* v_cache);
 
 // q, out [rows, q_heads, head_dim]; dtype f32 or bf16. workspace holds workspace_elems f32
 // (at least cached_attention_workspace_elems(...) to split, else one split is used).
-void cached_attention_forward(const CachedAttentionArgs& a, DType dtype, const void* q, const void* k_cache,
+void cached_attention_forward(const ExecContext& ctx, const CachedAttentionArgs& a, DType dtype, const void* q, const void* k_cache,
                               const void* v_cache, void* out, float* workspace, int64_t workspace_elems);
 
 }  // namespace kiln::cuda

@@ -3,6 +3,7 @@
 // kernels are max_logit_cuda.h.
 #include "ops/attention/max_logit.h"
 
+#include "core/device_memory.h"
 #include "core/op_profiler.h"
 #include "ops/attention/logit_key.h"
 #include "ops/attention/max_logit_cuda.h"
@@ -65,7 +66,6 @@ void max_logits_cpu(const Tensor& q, const Tensor& k, const Tensor& cu_seqlens, 
 void attention_max_logits(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& cu_seqlens, const AttentionOptions& options,
                           const Tensor& running) {
   const char* op = "attention_max_logits";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, q);
   validate(op, q, k, cu_seqlens, running);
   auto* keys = static_cast<uint32_t*>(running.raw());
@@ -77,9 +77,9 @@ void attention_max_logits(const ExecContext& ctx, const Tensor& q, const Tensor&
     a.scale = static_cast<float>(scale_of(q, options));
     a.window = options.window;
     if (is_mixed(q))
-      cuda::attention_max_logits_bf16(a, bf16_data(q), bf16_data(k), keys);
+      cuda::attention_max_logits_bf16(ctx, a, bf16_data(q), bf16_data(k), keys);
     else
-      cuda::attention_max_logits_f32(a, q.data<float>(), k.data<float>(), keys);
+      cuda::attention_max_logits_f32(ctx, a, q.data<float>(), k.data<float>(), keys);
   });
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     max_logits_cpu<decltype(zero)>(q, k, cu_seqlens, options, keys);
@@ -88,22 +88,23 @@ void attention_max_logits(const ExecContext& ctx, const Tensor& q, const Tensor&
 
 void take_max_logits(const ExecContext& ctx, const Tensor& running, const Tensor& last) {
   const char* op = "take_max_logits";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, running);
   expect_rank(op, "running", running, 1);
   expect_dtype(op, "running", running, DType::i32);
   expect_tensor(op, "last", last, running.shape(), DType::i32, running.device());
   auto* step = static_cast<uint32_t*>(running.raw());
   auto* kept = static_cast<uint32_t*>(last.raw());
-  KILN_ON_CUDA(running, op, cuda::take_max_logits(step, running.numel(), kept));
+  KILN_ON_CUDA(running, op, cuda::take_max_logits(ctx, step, running.numel(), kept));
   std::copy(step, step + running.numel(), kept);
   std::fill(step, step + running.numel(), 0u);
 }
 
 std::vector<float> read_max_logits(const ExecContext& ctx, const Tensor& running) {
-  expect_process_stream("read_max_logits", ctx);
   KILN_CHECK(running.defined() && running.rank() == 1 && running.dtype() == DType::i32, "read_max_logits",
              "expected i32 [heads] logit keys, got {}", running.describe());
+  // The plain copy below is ordered only with the process-wide stream: wait for the
+  // context's stream, which wrote the keys, first.
+  if (running.device() == Device::cuda) synchronize_stream(ctx);
   OwnedTensor host(DType::i32, Device::cpu, running.shape());
   copy_tensor(running, *host);
   std::vector<float> out(static_cast<size_t>(running.numel()));

@@ -214,16 +214,16 @@ __global__ void take_kernel(uint32_t* __restrict__ running, int64_t n, uint32_t*
 }
 
 template <typename T>
-void launch_plain(const char* op, const AttentionArgs& a, const T* q, const T* k, uint32_t* running) {
+void launch_plain(cudaStream_t stream, const char* op, const AttentionArgs& a, const T* q, const T* k, uint32_t* running) {
   const int64_t warps = a.tokens * a.q_heads;
   constexpr int kPlainThreads = 256;
   const auto blocks = static_cast<unsigned>((warps * 32 + kPlainThreads - 1) / kPlainThreads);
-  max_logits_plain_kernel<T><<<blocks, kPlainThreads, 0, stream()>>>(a, q, k, running);
+  max_logits_plain_kernel<T><<<blocks, kPlainThreads, 0, stream>>>(a, q, k, running);
   check_launch(op, "max_logits_plain_kernel");
 }
 
 template <int D>
-void launch_wmma(const AttentionArgs& a, const __nv_bfloat16* q, const __nv_bfloat16* k, uint32_t* running) {
+void launch_wmma(cudaStream_t stream, const AttentionArgs& a, const __nv_bfloat16* q, const __nv_bfloat16* k, uint32_t* running) {
   constexpr size_t bytes = TileLayout<D>::kBytes;
   static const bool configured = [] {
     check(cudaFuncSetAttribute(max_logits_wmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -234,32 +234,32 @@ void launch_wmma(const AttentionArgs& a, const __nv_bfloat16* q, const __nv_bflo
   (void)configured;
   constexpr int64_t rows = rows_of<D>();
   const dim3 grid(static_cast<unsigned>((a.tokens + rows - 1) / rows), static_cast<unsigned>(a.q_heads));
-  max_logits_wmma_kernel<D><<<grid, kThreads, bytes, stream()>>>(a, q, k, running);
+  max_logits_wmma_kernel<D><<<grid, kThreads, bytes, stream>>>(a, q, k, running);
   check_launch("attention_max_logits", "max_logits_wmma_kernel");
 }
 
 }  // namespace
 
-void attention_max_logits_bf16(const AttentionArgs& a, const bf16_bits* q, const bf16_bits* k, uint32_t* running) {
+void attention_max_logits_bf16(const ExecContext& ctx, const AttentionArgs& a, const bf16_bits* q, const bf16_bits* k, uint32_t* running) {
   if (a.tokens == 0) return;
   const auto* qb = reinterpret_cast<const __nv_bfloat16*>(q);
   const auto* kb = reinterpret_cast<const __nv_bfloat16*>(k);
   switch (a.head_dim) {
-    case 64: return launch_wmma<64>(a, qb, kb, running);
-    case 128: return launch_wmma<128>(a, qb, kb, running);
-    case 256: return launch_wmma<256>(a, qb, kb, running);
-    default: return launch_plain("attention_max_logits", a, qb, kb, running);
+    case 64: return launch_wmma<64>(stream(ctx), a, qb, kb, running);
+    case 128: return launch_wmma<128>(stream(ctx), a, qb, kb, running);
+    case 256: return launch_wmma<256>(stream(ctx), a, qb, kb, running);
+    default: return launch_plain(stream(ctx), "attention_max_logits", a, qb, kb, running);
   }
 }
 
-void attention_max_logits_f32(const AttentionArgs& a, const float* q, const float* k, uint32_t* running) {
+void attention_max_logits_f32(const ExecContext& ctx, const AttentionArgs& a, const float* q, const float* k, uint32_t* running) {
   if (a.tokens == 0) return;
-  launch_plain("attention_max_logits", a, q, k, running);
+  launch_plain(stream(ctx), "attention_max_logits", a, q, k, running);
 }
 
-void take_max_logits(uint32_t* running, int64_t n, uint32_t* last) {
+void take_max_logits(const ExecContext& ctx, uint32_t* running, int64_t n, uint32_t* last) {
   if (n == 0) return;
-  take_kernel<<<1, 128, 0, stream()>>>(running, n, last);
+  take_kernel<<<1, 128, 0, stream(ctx)>>>(running, n, last);
   check_launch("take_max_logits", "take_kernel");
 }
 

@@ -26,7 +26,6 @@ float clip_gamma(uint32_t key, float tau) {
 void qk_clip_factors(const ExecContext& ctx, const Tensor& max_logit_keys, double tau, QkClipSharing sharing, const Tensor& q_factors,
                      const Tensor& k_factors) {
   const char* op = "qk_clip_factors";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, max_logit_keys);
   expect_rank(op, "max_logit_keys", max_logit_keys, 1);
   expect_dtype(op, "max_logit_keys", max_logit_keys, DType::i32);
@@ -43,7 +42,7 @@ void qk_clip_factors(const ExecContext& ctx, const Tensor& max_logit_keys, doubl
   const auto* keys = static_cast<const uint32_t*>(max_logit_keys.raw());
   const auto tau_f = static_cast<float>(tau);
   KILN_ON_CUDA(max_logit_keys, op,
-               cuda::qk_clip_factors(keys, hq, hkv, tau_f, static_cast<int>(sharing), q_factors.data<float>(),
+               cuda::qk_clip_factors(ctx, keys, hq, hkv, tau_f, static_cast<int>(sharing), q_factors.data<float>(),
                                      k_factors.data<float>()));
   float* qf = q_factors.data<float>();
   float* kf = k_factors.data<float>();
@@ -66,7 +65,6 @@ void qk_clip_factors(const ExecContext& ctx, const Tensor& max_logit_keys, doubl
 
 void scale_head_rows(const ExecContext& ctx, const Tensor& weight, const Tensor& factors, int64_t head_dim, bool gain_offset) {
   const char* op = "scale_head_rows";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, weight);
   KILN_CHECK(weight.defined() && (weight.rank() == 1 || weight.rank() == 2), op, "weight must be 1-D or 2-D, got {}",
              weight.describe());
@@ -81,7 +79,7 @@ void scale_head_rows(const ExecContext& ctx, const Tensor& weight, const Tensor&
   const bool single = factors.size(0) == 1;
   KILN_ON_CUDA(weight, op, {
     expect_dtype(op, "weight", weight, DType::f32);  // a master
-    cuda::scale_head_rows(weight.data<float>(), rows, cols, factors.data<float>(), head_dim, single, gain_offset);
+    cuda::scale_head_rows(ctx, weight.data<float>(), rows, cols, factors.data<float>(), head_dim, single, gain_offset);
   });
   dispatch_cpu_float(op, weight.dtype(), [&](auto zero) {
     using T = decltype(zero);

@@ -49,17 +49,17 @@ __global__ void scale_rows_kernel(float* __restrict__ w, int64_t rows, int64_t c
 
 }  // namespace
 
-void qk_clip_factors(const uint32_t* keys, int64_t q_heads, int64_t kv_heads, float tau, int sharing,
+void qk_clip_factors(const ExecContext& ctx, const uint32_t* keys, int64_t q_heads, int64_t kv_heads, float tau, int sharing,
                      float* q_factors, float* k_factors) {
-  factors_kernel<<<1, 32, 0, stream()>>>(keys, q_heads, kv_heads, tau, sharing, q_factors, k_factors);
+  factors_kernel<<<1, 32, 0, stream(ctx)>>>(keys, q_heads, kv_heads, tau, sharing, q_factors, k_factors);
   check_launch("qk_clip_factors", "factors_kernel");
 }
 
-void scale_head_rows(float* weight, int64_t rows, int64_t cols, const float* factors, int64_t head_dim, bool single,
+void scale_head_rows(const ExecContext& ctx, float* weight, int64_t rows, int64_t cols, const float* factors, int64_t head_dim, bool single,
                      bool gain_offset) {
   const int64_t n = rows * cols;
   if (n == 0) return;
-  scale_rows_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(weight, rows, cols, factors, head_dim, single,
+  scale_rows_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream(ctx)>>>(weight, rows, cols, factors, head_dim, single,
                                                                         gain_offset);
   check_launch("scale_head_rows", "scale_rows_kernel");
 }

@@ -215,10 +215,9 @@ void backward_cpu(const Layout<T>& l, const T* qkv, const T* dq, const T* dk, co
 
 void qkv_prepare_forward(const ExecContext& ctx, const Tensor& qkv, const QkvPrepare& p, const Tensor& q, const Tensor& k, const Tensor& v) {
   const char* op = "qkv_prepare";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, qkv);
   validate(op, qkv, p, q, k, v);
-  KILN_ON_CUDA(qkv, op, cuda::qkv_prepare_forward(cuda_args(qkv, p), qkv.raw(), q.raw(), k.raw(), v.raw()));
+  KILN_ON_CUDA(qkv, op, cuda::qkv_prepare_forward(ctx, cuda_args(qkv, p), qkv.raw(), q.raw(), k.raw(), v.raw()));
   dispatch_cpu_float(op, qkv.dtype(), [&](auto zero) {
     using T = decltype(zero);
     forward_cpu<T>(layout_of<T>(qkv, p), qkv.data<T>(), q.data<T>(), k.data<T>(), v.data<T>());
@@ -228,18 +227,20 @@ void qkv_prepare_forward(const ExecContext& ctx, const Tensor& qkv, const QkvPre
 void qkv_prepare_backward(const ExecContext& ctx, const Tensor& qkv, const QkvPrepare& p, const Tensor& dq, const Tensor& dk,
                           const Tensor& dv, const Tensor& dqkv, const Tensor& dq_gain, const Tensor& dk_gain) {
   const char* op = "qkv_prepare_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, qkv);
   validate(op, qkv, p, dq, dk, dv);
   expect_tensor(op, "dqkv", dqkv, qkv.shape(), qkv.dtype(), qkv.device());
   KILN_CHECK(dq_gain.defined() == dk_gain.defined(), op, "q and k gain gradients come together");
   const bool gain_grads = dq_gain.defined() && p.q_gain.defined();
+  // The gain gradients reduce through module-level device scratch, shared by every stream:
+  // the process-wide stream only, until the scratch moves into the workspace.
+  if (gain_grads) expect_process_stream(op, ctx);
   if (gain_grads) {
     expect_tensor(op, "dq_gain", dq_gain, p.q_gain.shape(), p.q_gain.dtype(), qkv.device());
     expect_tensor(op, "dk_gain", dk_gain, p.k_gain.shape(), p.k_gain.dtype(), qkv.device());
   }
   KILN_ON_CUDA(qkv, op,
-               cuda::qkv_prepare_backward(cuda_args(qkv, p), qkv.raw(), dq.raw(), dk.raw(), dv.raw(), dqkv.raw(),
+               cuda::qkv_prepare_backward(ctx, cuda_args(qkv, p), qkv.raw(), dq.raw(), dk.raw(), dv.raw(), dqkv.raw(),
                                           gain_grads ? dq_gain.data<float>() : nullptr,
                                           gain_grads ? dk_gain.data<float>() : nullptr));
   dispatch_cpu_float(op, qkv.dtype(), [&](auto zero) {

@@ -298,7 +298,7 @@ bool vector_path(const Geometry& g, std::initializer_list<const void*> pointers)
 
 }  // namespace
 
-void qkv_prepare_forward(const QkvPrepareArgs& a, const void* qkv, void* q, void* k, void* v) {
+void qkv_prepare_forward(const ExecContext& ctx, const QkvPrepareArgs& a, const void* qkv, void* q, void* k, void* v) {
   const Geometry g = geometry_of(a);
   const int64_t rows = g.tokens * (g.q_heads + 2 * g.kv_heads);
   if (rows == 0 || g.half == 0) return;
@@ -306,13 +306,13 @@ void qkv_prepare_forward(const QkvPrepareArgs& a, const void* qkv, void* q, void
     using T = decltype(tz);
     constexpr int G = decltype(threads)::value, W = decltype(width)::value;
     constexpr int64_t kRows = kBlockThreads / G;
-    forward_kernel<T, G, W><<<grid_size((rows + kRows - 1) / kRows), kBlockThreads, 0, stream()>>>(
+    forward_kernel<T, G, W><<<grid_size((rows + kRows - 1) / kRows), kBlockThreads, 0, stream(ctx)>>>(
         g, static_cast<const T*>(qkv), static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v));
     check_launch(kOp, "forward_kernel");
   });
 }
 
-void qkv_prepare_backward(const QkvPrepareArgs& a, const void* qkv, const void* dq, const void* dk, const void* dv,
+void qkv_prepare_backward(const ExecContext& ctx, const QkvPrepareArgs& a, const void* qkv, const void* dq, const void* dk, const void* dv,
                           void* dqkv, float* q_gain_grad, float* k_gain_grad) {
   const Geometry g = geometry_of(a);
   const int64_t rows = g.tokens * (g.q_heads + 2 * g.kv_heads), d = 2 * g.half;
@@ -329,13 +329,13 @@ void qkv_prepare_backward(const QkvPrepareArgs& a, const void* qkv, const void* 
     const size_t shared = with_gain_grad ? static_cast<size_t>(kRows * 2 * d) * sizeof(float) : 0;
     // At most 48 KiB (the default limit): kRows * 2 * d floats with d <= 512 and G >= 4.
     KILN_CHECK(shared <= 48 * 1024, kOp, "head_dim {} needs {} bytes of shared memory", d, shared);
-    backward_kernel<T, G, W><<<grid_size(blocks), kBlockThreads, shared, stream()>>>(
+    backward_kernel<T, G, W><<<grid_size(blocks), kBlockThreads, shared, stream(ctx)>>>(
         g, static_cast<const T*>(qkv), static_cast<const T*>(dq), static_cast<const T*>(dk),
         static_cast<const T*>(dv), rows_per_block, static_cast<T*>(dqkv), with_gain_grad);
     check_launch(kOp, "backward_kernel");
     if (with_gain_grad) {
       gain_sum_kernel<<<grid_size((2 * d + kColumnSumCols - 1) / kColumnSumCols), dim3(kColumnSumCols, kSumSlices), 0,
-                        stream()>>>(
+                        stream(ctx)>>>(
           blocks, d, q_gain_grad, k_gain_grad);
       check_launch(kOp, "gain_sum_kernel");
     }

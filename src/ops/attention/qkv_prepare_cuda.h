@@ -1,7 +1,11 @@
 // CUDA kernels behind ops/attention/qkv_prepare.h (qkv_prepare_cuda.cu): per-head q/k
-// RMSNorm, RoPE and the q|k|v split in one pass, and its backward. They launch on
-// kiln::cuda::stream() and trust their inputs.
+// RMSNorm, RoPE and the q|k|v split in one pass, and its backward. They launch on the
+// context's stream and trust their inputs; the backward's gain gradients reduce through
+// module-level scratch, so with them it runs on kiln::cuda::stream() only (the front end
+// refuses others).
 #pragma once
+
+#include "core/exec_context.h"
 
 #include <cstdint>
 
@@ -19,9 +23,9 @@ struct QkvPrepareArgs {
   const float* sin;
   bool bf16;
 };
-void qkv_prepare_forward(const QkvPrepareArgs& a, const void* qkv, void* q, void* k, void* v);
+void qkv_prepare_forward(const ExecContext& ctx, const QkvPrepareArgs& a, const void* qkv, void* q, void* k, void* v);
 // Gain gradients (+=) in a fixed order; null (or no gains): not computed.
-void qkv_prepare_backward(const QkvPrepareArgs& a, const void* qkv, const void* dq, const void* dk, const void* dv,
+void qkv_prepare_backward(const ExecContext& ctx, const QkvPrepareArgs& a, const void* qkv, const void* dq, const void* dk, const void* dv,
                           void* dqkv, float* q_gain_grad, float* k_gain_grad);
 
 }  // namespace kiln::cuda

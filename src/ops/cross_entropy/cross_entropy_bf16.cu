@@ -103,33 +103,33 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename In>
-void launch_rows(const In* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
+void launch_rows(cudaStream_t stream, const In* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
                  LossScale loss_scale, float softcap, bool grad, double* row_stats, bf16* g) {
   if (rows == 0) return;
   KILN_CHECK(rows <= INT_MAX, kOp, "{} rows exceed the grid limit", rows);
   const bool vec = vocab % kVec == 0 && aligned16(logits) && (!grad || aligned16(g));
   if (vec)
-    rows_kernel<In, kVec><<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(
+    rows_kernel<In, kVec><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
         logits, targets, vocab, z_loss, loss_scale, softcap, grad, row_stats, g);
   else
-    rows_kernel<In, 1><<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(logits, targets, vocab, z_loss,
+    rows_kernel<In, 1><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, targets, vocab, z_loss,
                                                                               loss_scale, softcap, grad, row_stats, g);
   check_launch(kOp, "rows_kernel");
 }
 
 }  // namespace
 
-void cross_entropy_rows_to_bf16(const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+void cross_entropy_rows_to_bf16(const ExecContext& ctx, const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                                 float z_loss, LossScale loss_scale, float softcap, bool grad, double* row_stats,
                                 bf16_bits* grad_out) {
-  launch_rows(logits, targets, rows, vocab, z_loss, loss_scale, softcap, grad, row_stats,
+  launch_rows(stream(ctx), logits, targets, rows, vocab, z_loss, loss_scale, softcap, grad, row_stats,
               reinterpret_cast<bf16*>(grad_out));
 }
 
-void cross_entropy_rows_bf16(bf16_bits* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
+void cross_entropy_rows_bf16(const ExecContext& ctx, bf16_bits* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
                              LossScale loss_scale, float softcap, bool grad, double* row_stats) {
   bf16* x = reinterpret_cast<bf16*>(logits);
-  launch_rows<bf16>(x, targets, rows, vocab, z_loss, loss_scale, softcap, grad, row_stats, grad ? x : nullptr);
+  launch_rows<bf16>(stream(ctx), x, targets, rows, vocab, z_loss, loss_scale, softcap, grad, row_stats, grad ? x : nullptr);
 }
 
 }  // namespace kiln::cuda

@@ -100,37 +100,37 @@ __global__ void __launch_bounds__(kSumThreads)
 
 }  // namespace
 
-void loss_sums_reset(double* sums) {
-  sums_reset_kernel<<<1, 1, 0, stream()>>>(sums_or_own(sums));
+void loss_sums_reset(const ExecContext& ctx, double* sums) {
+  sums_reset_kernel<<<1, 1, 0, stream(ctx)>>>(sums_or_own(sums));
   check_launch("lm_head_loss", "sums_reset_kernel");
 }
 
-void loss_sums_accumulate(double* sums, const double* row_stats, const int32_t* targets, int64_t rows) {
+void loss_sums_accumulate(const ExecContext& ctx, double* sums, const double* row_stats, const int32_t* targets, int64_t rows) {
   if (rows == 0) return;
-  sums_accumulate_kernel<<<1, kSumThreads, 0, stream()>>>(sums_or_own(sums), row_stats, targets, rows);
+  sums_accumulate_kernel<<<1, kSumThreads, 0, stream(ctx)>>>(sums_or_own(sums), row_stats, targets, rows);
   check_launch("lm_head_loss", "sums_accumulate_kernel");
 }
 
-void loss_sums_read(const double* sums, double* loss, double* z, int64_t* count) {
+void loss_sums_read(const ExecContext& ctx, const double* sums, double* loss, double* z, int64_t* count) {
   double host[3];
-  check(cudaMemcpyAsync(host, sums_or_own(const_cast<double*>(sums)), sizeof(host), cudaMemcpyDeviceToHost, stream()),
+  check(cudaMemcpyAsync(host, sums_or_own(const_cast<double*>(sums)), sizeof(host), cudaMemcpyDeviceToHost, stream(ctx)),
         "lm_head_loss", "copy sums");
-  check(cudaStreamSynchronize(stream()), "lm_head_loss", "synchronize");
+  check(cudaStreamSynchronize(stream(ctx)), "lm_head_loss", "synchronize");
   *loss = host[0];
   *z = host[1];
   *count = static_cast<int64_t>(host[2]);
 }
 
-void cross_entropy_rows_f32(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
+void cross_entropy_rows_f32(const ExecContext& ctx, float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
                             LossScale loss_scale, float softcap, bool grad, double* row_stats) {
   if (rows == 0) return;
-  rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(logits, targets, vocab, z_loss, loss_scale,
+  rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream(ctx)>>>(logits, targets, vocab, z_loss, loss_scale,
                                                                       softcap, grad, row_stats);
   check_launch("lm_head_loss", "rows_kernel");
 }
 
-void softcap_f32(float* x, int64_t n, float cap) {
-  softcap_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(x, n, cap);
+void softcap_f32(const ExecContext& ctx, float* x, int64_t n, float cap) {
+  softcap_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream(ctx)>>>(x, n, cap);
   check_launch("lm_head_logits", "softcap_kernel");
 }
 

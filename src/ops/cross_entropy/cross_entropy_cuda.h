@@ -1,9 +1,11 @@
 // CUDA kernels behind ops/cross_entropy/lm_head_loss.h: cross-entropy rows of a logits
 // chunk (fp32 in cross_entropy_cuda.cu; the mixed path's in cross_entropy_bf16.cu), the
 // final-logit softcap, and the loss sums kept on the device. They launch on
-// kiln::cuda::stream() and trust their inputs.
+// the context's stream and trust their inputs. The loss sums' own storage (sums null) is
+// module-level scratch: the front end then refuses a stream other than the process-wide one.
 #pragma once
 
+#include "core/exec_context.h"
 #include "ops/mixed_precision.h"
 
 #include <cstdint>
@@ -26,31 +28,31 @@ struct LossScale {
 // Cross-entropy rows of a logits chunk [rows, vocab] in place: with grad, each row becomes
 // loss_scale * d(objective)/dlogits (zero for ignored targets); row_stats [rows, 2] (f64)
 // receives each row's loss and logsumexp^2.
-void cross_entropy_rows_f32(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
+void cross_entropy_rows_f32(const ExecContext& ctx, float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
                             LossScale loss_scale, float softcap, bool grad, double* row_stats);
 
 // Cross-entropy rows of an fp32 logits chunk [rows, vocab] (the LM head GEMM writes fp32
 // logits from bf16 operands). With grad, grad_out [rows, vocab] (bf16) receives
 // loss_scale * d(objective)/dlogits (zero rows for ignored targets), ready for the two
 // backward GEMMs; logits are left as they were. row_stats as cross_entropy_rows_f32.
-void cross_entropy_rows_to_bf16(const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+void cross_entropy_rows_to_bf16(const ExecContext& ctx, const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                                 float z_loss, LossScale loss_scale, float softcap, bool grad, double* row_stats,
                                 bf16_bits* grad_out);
 
 // The same on a bf16 logits chunk, in place: with grad, each row of `logits` becomes its
 // bf16 gradient (the LM head's mixed path keeps logits in bf16, as autocast does).
-void cross_entropy_rows_bf16(bf16_bits* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
+void cross_entropy_rows_bf16(const ExecContext& ctx, bf16_bits* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
                              LossScale loss_scale, float softcap, bool grad, double* row_stats);
 
 // x = cap * tanh(x / cap), in place (the sampled rows' logits).
-void softcap_f32(float* x, int64_t n, float cap);
+void softcap_f32(const ExecContext& ctx, float* x, int64_t n, float cap);
 
 // Loss sums (loss, z, count: three doubles in device memory) accumulated in row order:
 // reset, accumulate each chunk's row_stats, then read (synchronizes). `sums` null: the
 // process's own three (one lm_head_loss call at a time); a caller's array lets a step
 // accumulate over its micro-batches on the device and read once.
-void loss_sums_reset(double* sums);
-void loss_sums_accumulate(double* sums, const double* row_stats, const int32_t* targets, int64_t rows);
-void loss_sums_read(const double* sums, double* loss, double* z, int64_t* count);
+void loss_sums_reset(const ExecContext& ctx, double* sums);
+void loss_sums_accumulate(const ExecContext& ctx, double* sums, const double* row_stats, const int32_t* targets, int64_t rows);
+void loss_sums_read(const ExecContext& ctx, const double* sums, double* loss, double* z, int64_t* count);
 
 }  // namespace kiln::cuda

@@ -49,36 +49,36 @@ void row_loss(T* row, int64_t vocab, int32_t target, const LmHeadLossOptions& o,
 #if KILN_WITH_CUDA
 // The same chunk loop on the GPU: cuBLAS products, the row kernel in place, and the sums
 // kept on the device until the end (one synchronization per call).
-LossSums lm_head_loss_cuda(const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
+LossSums lm_head_loss_cuda(const ExecContext& ctx, const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
                            const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw) {
   const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0);
   const bool grad = dh.defined() || dw.defined();
   float* lc = scratch.logits.data<float>();
   double* const sums_on_device = o.sums_on_device;  // null: the op's own, read at the end
-  if (sums_on_device == nullptr) cuda::loss_sums_reset(nullptr);
+  if (sums_on_device == nullptr) cuda::loss_sums_reset(ctx, nullptr);
   const cuda::LossScale scale(static_cast<float>(o.loss_scale), o.loss_scale_on_device);
   for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
     const int64_t rows = std::min(o.chunk_rows, n - begin);
     const float* hc = h.data<float>() + begin * d;
-    cuda::gemm_f32(false, true, rows, vocab, d, 1.0f, hc, d, w.data<float>(), d, 0.0f, lc, vocab);
-    cuda::cross_entropy_rows_f32(lc, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
+    cuda::gemm_f32(ctx, false, true, rows, vocab, d, 1.0f, hc, d, w.data<float>(), d, 0.0f, lc, vocab);
+    cuda::cross_entropy_rows_f32(ctx, lc, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
                                  scale, static_cast<float>(o.softcap), grad,
                                  scratch.row_stats.data<double>());
-    cuda::loss_sums_accumulate(sums_on_device, scratch.row_stats.data<double>(), targets.data<int32_t>() + begin,
+    cuda::loss_sums_accumulate(ctx, sums_on_device, scratch.row_stats.data<double>(), targets.data<int32_t>() + begin,
                                rows);
     if (dh.defined())
-      cuda::gemm_f32(false, false, rows, d, vocab, 1.0f, lc, vocab, w.data<float>(), d, 0.0f, dh.data<float>() + begin * d, d);
-    if (dw.defined()) cuda::gemm_f32(true, false, vocab, d, rows, 1.0f, lc, vocab, hc, d, 1.0f, dw.data<float>(), d);
+      cuda::gemm_f32(ctx, false, false, rows, d, vocab, 1.0f, lc, vocab, w.data<float>(), d, 0.0f, dh.data<float>() + begin * d, d);
+    if (dw.defined()) cuda::gemm_f32(ctx, true, false, vocab, d, rows, 1.0f, lc, vocab, hc, d, 1.0f, dw.data<float>(), d);
   }
   LossSums sums;
-  if (sums_on_device == nullptr) cuda::loss_sums_read(nullptr, &sums.loss, &sums.z, &sums.count);
+  if (sums_on_device == nullptr) cuda::loss_sums_read(ctx, nullptr, &sums.loss, &sums.z, &sums.count);
   return sums;
 }
 
 // The mixed path: bf16 h and w, bf16 logits from the product (as under autocast; the row
 // kernel computes in fp32), replaced in place by the bf16 logit gradient the two backward
 // products read; dh bf16, dw fp32 (+=).
-LossSums lm_head_loss_mixed(const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
+LossSums lm_head_loss_mixed(const ExecContext& ctx, const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
                             const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw) {
   const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0);
   const bool grad = dh.defined() || dw.defined();
@@ -86,26 +86,26 @@ LossSums lm_head_loss_mixed(const Tensor& h, const Tensor& w, const Tensor& targ
   const uint16_t* hp = bf16_data(h);
   const uint16_t* wp = bf16_data(w);
   double* const sums_on_device = o.sums_on_device;  // null: the op's own, read at the end
-  if (sums_on_device == nullptr) cuda::loss_sums_reset(nullptr);
+  if (sums_on_device == nullptr) cuda::loss_sums_reset(ctx, nullptr);
   const cuda::LossScale scale(static_cast<float>(o.loss_scale), o.loss_scale_on_device);
   for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
     const int64_t rows = std::min(o.chunk_rows, n - begin);
     const uint16_t* hc = hp + begin * d;
-    cuda::gemm(false, true, rows, vocab, d, 1.0f, hc, d, wp, d, DType::bf16, 0.0f, lc, vocab, DType::bf16);
-    cuda::cross_entropy_rows_bf16(lc, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
+    cuda::gemm(ctx, false, true, rows, vocab, d, 1.0f, hc, d, wp, d, DType::bf16, 0.0f, lc, vocab, DType::bf16);
+    cuda::cross_entropy_rows_bf16(ctx, lc, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
                                   scale, static_cast<float>(o.softcap), grad,
                                   scratch.row_stats.data<double>());
-    cuda::loss_sums_accumulate(sums_on_device, scratch.row_stats.data<double>(), targets.data<int32_t>() + begin,
+    cuda::loss_sums_accumulate(ctx, sums_on_device, scratch.row_stats.data<double>(), targets.data<int32_t>() + begin,
                                rows);
     if (dh.defined())
-      cuda::gemm(false, false, rows, d, vocab, 1.0f, lc, vocab, wp, d, DType::bf16, 0.0f, bf16_data(dh) + begin * d,
+      cuda::gemm(ctx, false, false, rows, d, vocab, 1.0f, lc, vocab, wp, d, DType::bf16, 0.0f, bf16_data(dh) + begin * d,
                  d, DType::bf16);
     if (dw.defined())
-      cuda::gemm(true, false, vocab, d, rows, 1.0f, lc, vocab, hc, d, DType::bf16, 1.0f, dw.data<float>(), d,
+      cuda::gemm(ctx, true, false, vocab, d, rows, 1.0f, lc, vocab, hc, d, DType::bf16, 1.0f, dw.data<float>(), d,
                  DType::f32);
   }
   LossSums sums;
-  if (sums_on_device == nullptr) cuda::loss_sums_read(nullptr, &sums.loss, &sums.z, &sums.count);
+  if (sums_on_device == nullptr) cuda::loss_sums_read(ctx, nullptr, &sums.loss, &sums.z, &sums.count);
   return sums;
 }
 #endif
@@ -115,7 +115,10 @@ LossSums lm_head_loss_mixed(const Tensor& h, const Tensor& w, const Tensor& targ
 LossSums lm_head_loss(const ExecContext& ctx, const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
                       const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw) {
   const char* op = "lm_head_loss";
-  expect_process_stream(op, ctx);
+  // Its own sums (none given in device memory) live in module-level device scratch, shared
+  // by every stream: only the process-wide stream may use them until they move into the
+  // workspace (issue 39, stage c).
+  if (o.sums_on_device == nullptr) expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, h);
   expect_rank(op, "h", h, 2);
   expect_rank(op, "w", w, 2);
@@ -137,9 +140,9 @@ LossSums lm_head_loss(const ExecContext& ctx, const Tensor& h, const Tensor& w, 
   if (dw.defined()) expect_tensor(op, "dw", dw, w.shape(), wide, h.device());
   if (h.device() == Device::cuda) {
 #if KILN_WITH_CUDA
-    if (mixed) return lm_head_loss_mixed(h, w, targets, o, scratch, dh, dw);
+    if (mixed) return lm_head_loss_mixed(ctx, h, w, targets, o, scratch, dh, dw);
     expect_dtype(op, "h", h, DType::f32);
-    return lm_head_loss_cuda(h, w, targets, o, scratch, dh, dw);
+    return lm_head_loss_cuda(ctx, h, w, targets, o, scratch, dh, dw);
 #else
     no_cuda_kernel(op);
 #endif
@@ -191,7 +194,6 @@ LossSums lm_head_loss(const ExecContext& ctx, const Tensor& h, const Tensor& w, 
 
 void lm_head_logits(const ExecContext& ctx, const Tensor& h, const Tensor& w, double softcap, const Tensor& logits) {
   const char* op = "lm_head_logits";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, h);
   expect_rank(op, "h", h, 2);
   expect_same(op, "w", w, h);
@@ -203,9 +205,9 @@ void lm_head_logits(const ExecContext& ctx, const Tensor& h, const Tensor& w, do
     expect_same(op, "logits", logits, h);
   }
   KILN_ON_CUDA(h, op, {
-    cuda::gemm(false, true, h.size(0), w.size(0), h.size(1), 1.0f, h.raw(), h.size(1), w.raw(), h.size(1), h.dtype(),
+    cuda::gemm(ctx, false, true, h.size(0), w.size(0), h.size(1), 1.0f, h.raw(), h.size(1), w.raw(), h.size(1), h.dtype(),
                0.0f, logits.raw(), w.size(0), logits.dtype());
-    if (softcap > 0) cuda::softcap_f32(logits.data<float>(), logits.numel(), static_cast<float>(softcap));
+    if (softcap > 0) cuda::softcap_f32(ctx, logits.data<float>(), logits.numel(), static_cast<float>(softcap));
   });
   dispatch_cpu_float(op, h.dtype(), [&](auto zero) {
     using T = decltype(zero);

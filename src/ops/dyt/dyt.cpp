@@ -65,14 +65,13 @@ void backward_cpu(const T* x, T alpha, const T* w, const T* dy, int64_t rows, in
 
 void dyt_forward(const ExecContext& ctx, const Tensor& x, const Tensor& alpha, const Tensor& w, const Tensor& b, const Tensor& y) {
   const char* op = "dyt";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(y);
   validate(op, x, alpha, w, mixed);
   if (b.defined()) expect_tensor(op, "b", b, Shape{x.size(1)}, param_dtype(x), x.device());
   expect_tensor(op, "y", y, x.shape(), output_dtype(x, mixed), x.device());
   KILN_ON_CUDA(x, op,
-               cuda::dyt_forward(x.raw(), x.dtype(), alpha.data<float>(), f32_or_null(w), f32_or_null(b), x.size(0),
+               cuda::dyt_forward(ctx, x.raw(), x.dtype(), alpha.data<float>(), f32_or_null(w), f32_or_null(b), x.size(0),
                                  x.size(1), y.raw(), y.dtype()));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -84,6 +83,8 @@ void dyt_forward(const ExecContext& ctx, const Tensor& x, const Tensor& alpha, c
 void dyt_backward(const ExecContext& ctx, const Tensor& x, const Tensor& alpha, const Tensor& w, const Tensor& dy, const Tensor& dx,
                   const Tensor& dalpha, const Tensor& dw, const Tensor& db, bool accumulate_dx, const Tensor& dx_copy) {
   const char* op = "dyt_backward";
+  // Its sums go through module-level device scratch, shared by every stream: the
+  // process-wide stream only, until the scratch moves into the workspace.
   expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(dy);

@@ -11,7 +11,7 @@
 // static device scratch, with its dalpha partial. A second kernel adds the blocks' rows in a
 // fixed order (ops/column_sums.cuh), so the same inputs give the same bits every run, with no
 // allocation or host synchronization (safe under CUDA-graph capture). Only
-// kiln::cuda::stream() runs these kernels, so two calls never share the scratch at once.
+// kiln::cuda::stream() runs the backward, so two calls never share the scratch at once.
 #include "ops/dyt/dyt_cuda.h"
 
 #include "core/cuda_check.h"
@@ -140,13 +140,13 @@ void dispatch(DType x_dtype, DType y_dtype, const char* op, F&& launch) {
 
 }  // namespace
 
-void dyt_forward(const void* x, DType x_dtype, const float* alpha, const float* w, const float* b, int64_t rows,
+void dyt_forward(const ExecContext& ctx, const void* x, DType x_dtype, const float* alpha, const float* w, const float* b, int64_t rows,
                  int64_t cols, void* y, DType y_dtype) {
   if (rows * cols == 0) return;
   dispatch(x_dtype, y_dtype, "dyt", [&](auto tx, auto ty) {
     using TX = decltype(tx);
     using TY = decltype(ty);
-    forward_kernel<TX, TY><<<blocks_for(rows * cols, kThreads), kThreads, 0, stream()>>>(
+    forward_kernel<TX, TY><<<blocks_for(rows * cols, kThreads), kThreads, 0, stream(ctx)>>>(
         static_cast<const TX*>(x), alpha, w, b, rows, cols, static_cast<TY*>(y));
     check_launch("dyt", "forward_kernel");
   });

@@ -3,18 +3,20 @@
 //   fp32:  x, y, dy, dx fp32;
 //   mixed: x fp32 (the residual stream) or bf16 (q/k heads), y and dy bf16, dx of x's dtype;
 // alpha, w, b and their gradients fp32, all arithmetic fp32. bf16 values cross this header as
-// their 16 bits so host code needs no CUDA headers. The front end validates; these launch on
-// kiln::cuda::stream() and trust their inputs. No output may alias an input.
+// their 16 bits so host code needs no CUDA headers. The front end validates; these trust
+// their inputs. The forward launches on the context's stream, the backward (its sums go
+// through module-level scratch) on kiln::cuda::stream() only. No output may alias an input.
 #pragma once
 
 #include "core/dtype.h"
+#include "core/exec_context.h"
 
 #include <cstdint>
 
 namespace kiln::cuda {
 
 // y = tanh(alpha x) w + b; w, b null: ones / zeros.
-void dyt_forward(const void* x, DType x_dtype, const float* alpha, const float* w, const float* b, int64_t rows,
+void dyt_forward(const ExecContext& ctx, const void* x, DType x_dtype, const float* alpha, const float* w, const float* b, int64_t rows,
                  int64_t cols, void* y, DType y_dtype);
 
 // dx (x_dtype) = or +=; dalpha [1], dw, db [cols] += (null: skipped), each summed through

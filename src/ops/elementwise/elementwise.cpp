@@ -57,11 +57,11 @@ void add(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor&
 
 void convert(const ExecContext& ctx, const Tensor& src, const Tensor& dst) {
   const char* op = "convert";
-  expect_process_stream(op, ctx);  // a same-dtype convert copies on the process-wide stream
   KILN_OP_SCOPE(op, src);
   KILN_CHECK(src.numel() == dst.numel() && src.device() == dst.device(), op, "cannot convert {} into {}",
              src.describe(), dst.describe());
   if (src.dtype() == dst.dtype()) {
+    expect_process_stream(op, ctx);  // a same-dtype convert copies on the process-wide stream
     copy_tensor(src, dst);
     return;
   }

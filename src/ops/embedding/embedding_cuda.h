@@ -1,5 +1,5 @@
 // CUDA kernels behind ops/embedding/embedding.h (embedding_cuda.cu), fp32 tables. They
-// launch on kiln::cuda::stream() and trust their inputs.
+// launch on the context's stream and trust their inputs.
 #pragma once
 
 #include "core/exec_context.h"

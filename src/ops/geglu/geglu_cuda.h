@@ -2,7 +2,7 @@
 // paths: `dtype` is f32 (the fp32 path) or bf16 (the mixed path; the values cross this
 // header as their 16 bits). Arithmetic is fp32 either way, so bf16 rounds only where data
 // is loaded and stored, as the SwiGLU kernels do. The front end validates; these launch on
-// kiln::cuda::stream() and trust their inputs.
+// the context's stream and trust their inputs.
 #pragma once
 
 #include "core/exec_context.h"

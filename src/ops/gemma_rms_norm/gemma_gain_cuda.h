@@ -1,6 +1,6 @@
 // The CUDA kernel behind ops::gemma_gain (gemma_gain_cuda.cu): gain = 1 + w in fp32, the
 // one step Gemma's RMSNorm adds to the RMSNorm kernels (which serve both GPU paths: the
-// gain is fp32 on each). Launches on kiln::cuda::stream(); the front end validates.
+// gain is fp32 on each). Launches on the context's stream; the front end validates.
 #pragma once
 
 #include "core/exec_context.h"

@@ -41,14 +41,13 @@ DType output_dtype(const Tensor& x, bool mixed) { return mixed ? DType::bf16 : x
 void layer_norm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                         const Tensor& mean, const Tensor& rstd) {
   const char* op = "layer_norm";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(y);
   validate(op, x, w, b, mean, rstd, mixed);
   expect_tensor(op, "y", y, x.shape(), output_dtype(x, mixed), x.device());
   KILN_CHECK(eps > 0, op, "eps must be positive, got {}", eps);
   KILN_ON_CUDA(x, op,
-               cuda::layer_norm_forward(x.raw(), x.dtype(), f32_or_null(w), f32_or_null(b), static_cast<float>(eps),
+               cuda::layer_norm_forward(ctx, x.raw(), x.dtype(), f32_or_null(w), f32_or_null(b), static_cast<float>(eps),
                                         x.size(0), x.size(1), y.raw(), y.dtype(), mean.data<float>(),
                                         rstd.data<float>()));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
@@ -61,7 +60,6 @@ void layer_norm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w
 void add_layer_norm_forward(const ExecContext& ctx, const Tensor& a, const Tensor& branch, const Tensor& w, const Tensor& b, double eps,
                             const Tensor& sum, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   const char* op = "add_layer_norm";
-  expect_process_stream(op, ctx);
   if (a.device() == Device::cpu) {  // the reference: the two ops in turn
     add(ctx, a, branch, sum);
     layer_norm_forward(ctx, sum, w, b, eps, y, mean, rstd);
@@ -77,7 +75,7 @@ void add_layer_norm_forward(const ExecContext& ctx, const Tensor& a, const Tenso
   KILN_CHECK(sum.raw() != a.raw() && sum.raw() != branch.raw(), op, "sum must not alias a or branch");
   KILN_CHECK(eps > 0, op, "eps must be positive, got {}", eps);
   KILN_ON_CUDA(a, op,
-               cuda::layer_norm_forward(a.raw(), DType::f32, f32_or_null(w), f32_or_null(b), static_cast<float>(eps),
+               cuda::layer_norm_forward(ctx, a.raw(), DType::f32, f32_or_null(w), f32_or_null(b), static_cast<float>(eps),
                                         a.size(0), a.size(1), y.raw(), y.dtype(), mean.data<float>(),
                                         rstd.data<float>(), branch.raw(), sum.data<float>()));
 }
@@ -86,6 +84,8 @@ void layer_norm_backward(const ExecContext& ctx, const Tensor& x, const Tensor& 
                          const Tensor& dx, const Tensor& dw, const Tensor& db, bool accumulate_dx,
                          const Tensor& dx_copy) {
   const char* op = "layer_norm_backward";
+  // Its dw and db reduce through module-level device scratch, shared by every stream: the
+  // process-wide stream only, until the scratch moves into the workspace.
   expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(dy);

@@ -18,7 +18,7 @@
 // by column in a fixed order before one `+=` per column. The block count depends only on
 // the shape and the path, so dw and db are the same bits every run; no atomics, no
 // allocation, no host synchronization (safe under CUDA-graph capture). Only
-// kiln::cuda::stream() runs these kernels, so two calls never share the scratch at once.
+// kiln::cuda::stream() runs the backward, so two calls never share the scratch at once.
 #include "ops/layer_norm/layer_norm_cuda.h"
 
 #include "core/cuda_check.h"
@@ -284,7 +284,7 @@ void allow_shared_memory(Kernel kernel, size_t bytes) {
 
 }  // namespace
 
-void layer_norm_forward(const void* x, DType x_dtype, const float* w, const float* b, float eps, int64_t rows,
+void layer_norm_forward(const ExecContext& ctx, const void* x, DType x_dtype, const float* w, const float* b, float eps, int64_t rows,
                         int64_t cols, void* y, DType y_dtype, float* mean, float* rstd, const void* branch,
                         float* sum) {
   if (rows == 0 || cols == 0) return;
@@ -296,7 +296,7 @@ void layer_norm_forward(const void* x, DType x_dtype, const float* w, const floa
     using TY = decltype(ty);
     constexpr int kThreads = decltype(threads)::value, W = decltype(width)::value;
     constexpr int kRows = kBlockThreads / kThreads;
-    forward_kernel<TX, TY, kThreads, W><<<grid_size((rows + kRows - 1) / kRows), kBlockThreads, 0, stream()>>>(
+    forward_kernel<TX, TY, kThreads, W><<<grid_size((rows + kRows - 1) / kRows), kBlockThreads, 0, stream(ctx)>>>(
         static_cast<const TX*>(x), static_cast<const TY*>(branch), sum, w, b, eps, rows, cols, static_cast<TY*>(y),
         mean, rstd);
     check_launch(kOp, "forward_kernel");

@@ -4,11 +4,13 @@
 //   mixed: x fp32 (the residual stream) or bf16, y and dy bf16, dx of x's dtype;
 // gains, biases, mean, rstd and their gradients are fp32 in both, all arithmetic fp32.
 // bf16 values cross this header as their 16 bits (uint16_t) so host code needs no CUDA
-// headers. The front end validates shapes and dtypes; these launch on
-// kiln::cuda::stream() and trust their inputs. No output may alias an input.
+// headers. The front end validates shapes and dtypes; these trust their inputs. The forward
+// launches on the context's stream; the backward (its column sums go through module-level
+// scratch) on kiln::cuda::stream() only. No output may alias an input.
 #pragma once
 
 #include "core/dtype.h"
+#include "core/exec_context.h"
 
 #include <cstdint>
 
@@ -18,7 +20,7 @@ namespace kiln::cuda {
 // mean, rstd [rows]. w, b [cols] (null: ones / zeros). With branch (y_dtype, [rows, cols];
 // f32 x only) the input is x + branch, also written to sum (f32, [rows, cols]): the
 // residual add fused in.
-void layer_norm_forward(const void* x, DType x_dtype, const float* w, const float* b, float eps, int64_t rows,
+void layer_norm_forward(const ExecContext& ctx, const void* x, DType x_dtype, const float* w, const float* b, float eps, int64_t rows,
                         int64_t cols, void* y, DType y_dtype, float* mean, float* rstd, const void* branch = nullptr,
                         float* sum = nullptr);
 

@@ -37,12 +37,26 @@ cudaDataType_t cuda_type(DType dtype) {
 
 struct LtContext {
   cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-  LtContext() {
-    check_lt(cublasLtCreate(&handle), "create");
-    // Allocated once, on first use (before any graph capture: the model's first forward).
-    check(cudaMalloc(&workspace, kWorkspaceBytes), "gemm", "cudaMalloc workspace");
+  LtContext() { check_lt(cublasLtCreate(&handle), "create"); }
+  // One workspace per stream (products on two streams must not share one), each allocated
+  // once, on the stream's first product (before any graph capture: the model's first
+  // forward). Kept for the life of the process.
+  void* workspace(cudaStream_t stream) {
+    if (last_workspace && stream == last_stream) return last_workspace;
+    auto it = workspaces.find(stream);
+    if (it == workspaces.end()) {
+      void* w = nullptr;
+      check(cudaMalloc(&w, kWorkspaceBytes), "gemm", "cudaMalloc workspace");
+      it = workspaces.emplace(stream, w).first;
+    }
+    last_stream = stream, last_workspace = it->second;
+    return last_workspace;
   }
+
+ private:
+  std::map<cudaStream_t, void*> workspaces;
+  cudaStream_t last_stream = nullptr;
+  void* last_workspace = nullptr;
 };
 
 LtContext& lt() {
@@ -132,19 +146,20 @@ const Plan& plan_for(const Problem& p) {
 
 }  // namespace
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
+void gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
           const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype) {
   if (m == 0 || n == 0) return;
   if (k == 0) fail("gemm", "k = 0 (m={} n={})", m, n);
-  if (try_skinny_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, ab_dtype, beta, c, ldc, c_dtype)) return;
+  if (try_skinny_gemm(ctx, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, ab_dtype, beta, c, ldc, c_dtype)) return;
   const Problem problem{trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_dtype, c_dtype, beta != 0.0f};
   const Plan& plan = plan_for(problem);
+  const cudaStream_t s = stream(ctx);
   check_lt(cublasLtMatmul(lt().handle, plan.op, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c, &plan.algo,
-                          lt().workspace, kWorkspaceBytes, stream()),
+                          lt().workspace(s), kWorkspaceBytes, s),
            "matmul");
 }
 
-void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+void gemm_strided_batched(const ExecContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
                           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, DType ab_dtype,
                           float beta, const void* c, void* d, int64_t ldc, int64_t stride_c, DType cd_dtype,
                           int64_t batch) {
@@ -155,10 +170,11 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   const Problem problem{trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_dtype, cd_dtype, beta != 0.0f,
                         batch, stride_a, stride_b, stride_c};
   const Plan& plan = plan_for(problem);
+  const cudaStream_t s = stream(ctx);
   // C is read only with beta != 0; cuBLASLt still wants a pointer, D serves.
   const void* c_in = beta != 0.0f ? c : d;
   check_lt(cublasLtMatmul(lt().handle, plan.op, &alpha, b, plan.a, a, plan.b, &beta, c_in, plan.c, d, plan.c,
-                          &plan.algo, lt().workspace, kWorkspaceBytes, stream()),
+                          &plan.algo, lt().workspace(s), kWorkspaceBytes, s),
            "matmul");
 }
 

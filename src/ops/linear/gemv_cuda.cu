@@ -8,7 +8,7 @@
 
 namespace kiln::cuda {
 
-bool try_skinny_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+bool try_skinny_gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
                      int64_t lda, const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc,
                      DType c_dtype) {
   if (trans_a || !trans_b || ab_dtype != DType::bf16 || m < 1 || m > kMaxSkinnyRows) return false;
@@ -20,9 +20,9 @@ bool try_skinny_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   p.out = c, p.ldo = ldc, p.alpha = alpha, p.beta = beta;
   if (!gemv::fits(p, gemv::Input::bf16_rows)) return false;
   if (c_dtype == DType::f32)
-    gemv::launch<gemv::Input::bf16_rows, gemv::Output::store, float>(p);
+    gemv::launch<gemv::Input::bf16_rows, gemv::Output::store, float>(p, stream(ctx));
   else
-    gemv::launch<gemv::Input::bf16_rows, gemv::Output::store, gemv::bf16>(p);
+    gemv::launch<gemv::Input::bf16_rows, gemv::Output::store, gemv::bf16>(p, stream(ctx));
   return true;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "core/exec_context.h"
 
 #include <cstdint>
 
@@ -18,7 +19,7 @@ constexpr int64_t kMaxSkinnyRows = 8;
 // Runs C = alpha A B^T + beta C on the skinny kernel and returns true when the problem
 // fits it (row-major A [m, k] with m <= kMaxSkinnyRows, B [n, k] not transposed in
 // memory, bf16 operands, bf16 or f32 C, 16-byte aligned rows, A small enough to stage); else returns false.
-bool try_skinny_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+bool try_skinny_gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
                      int64_t lda, const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc,
                      DType c_dtype);
 

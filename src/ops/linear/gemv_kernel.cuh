@@ -374,7 +374,7 @@ inline bool fits(const Args& p, Input in) {
 // Enqueues the kernel on the stream. The k split is the smallest that leaves each warp at
 // most G k groups of its tile (so every load is issued up front), at most one split per warp.
 template <int M, int G, Input In, Output Out, typename TOut>
-void launch_split(Args p) {
+void launch_split(Args p, cudaStream_t stream) {
   constexpr int64_t kColumns = Out == Output::swiglu ? kTileRows / 2 : kTileRows;
   const int64_t k_groups = (p.k / kVec + kGroupVecs - 1) / kGroupVecs;
   int splits = 1;
@@ -391,11 +391,11 @@ void launch_split(Args p) {
   const int64_t resident = static_cast<int64_t>(resident_blocks(kernel, smem)) * sm_count();
   if (resident < 1) fail("gemv", "no block of {} bytes of shared memory fits an SM", smem);
   const auto grid = static_cast<unsigned>(std::min(blocks, resident));
-  launch_dependent("gemv", "gemv_kernel", kernel, dim3(grid), dim3(kThreads), smem, p);
+  launch_dependent_on(stream, "gemv", "gemv_kernel", kernel, dim3(grid), dim3(kThreads), smem, p);
 }
 
 template <int M, Input In, Output Out, typename TOut>
-void launch_rows(const Args& p) {
+void launch_rows(const Args& p, cudaStream_t stream) {
   const int64_t k_groups = (p.k / kVec + kGroupVecs - 1) / kGroupVecs;
   // Four groups in flight per lane where the registers allow: the copied rows' long k (the
   // o and down projections), and the normalized rows up to 4 of them (q|k|v, gate|up and the
@@ -403,21 +403,22 @@ void launch_rows(const Args& p) {
   // H200: 0.848 -> 0.811 ms per 0.6B decode step at batch 1; the o projection (k = 2048)
   // on four groups was slower.
   if constexpr (In == Input::bf16_rows) {
-    if (k_groups > kWarps * kGroupsInFlight) return launch_split<M, kMostGroupsInFlight, In, Out, TOut>(p);
+    if (k_groups > kWarps * kGroupsInFlight) return launch_split<M, kMostGroupsInFlight, In, Out, TOut>(p, stream);
   } else if constexpr (M <= 4) {
-    if (k_groups > 2 * kGroupsInFlight) return launch_split<M, kMostGroupsInFlight, In, Out, TOut>(p);
+    if (k_groups > 2 * kGroupsInFlight) return launch_split<M, kMostGroupsInFlight, In, Out, TOut>(p, stream);
   }
-  launch_split<M, kGroupsInFlight, In, Out, TOut>(p);
+  launch_split<M, kGroupsInFlight, In, Out, TOut>(p, stream);
 }
 
 // Picks the row-count instantiation (1, 2, 4 or 8 rows; rows past m are zero). The
-// products cost the same at any row count; the staging does not.
+// products cost the same at any row count; the staging does not. On `stream`; the
+// process-wide one by default (the decoder's projections).
 template <Input In, Output Out, typename TOut>
-void launch(const Args& p) {
-  if (p.m <= 1) return launch_rows<1, In, Out, TOut>(p);
-  if (p.m <= 2) return launch_rows<2, In, Out, TOut>(p);
-  if (p.m <= 4) return launch_rows<4, In, Out, TOut>(p);
-  launch_rows<8, In, Out, TOut>(p);
+void launch(const Args& p, cudaStream_t stream = ::kiln::cuda::stream()) {
+  if (p.m <= 1) return launch_rows<1, In, Out, TOut>(p, stream);
+  if (p.m <= 2) return launch_rows<2, In, Out, TOut>(p, stream);
+  if (p.m <= 4) return launch_rows<4, In, Out, TOut>(p, stream);
+  launch_rows<8, In, Out, TOut>(p, stream);
 }
 
 }  // namespace kiln::cuda::gemv

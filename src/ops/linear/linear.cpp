@@ -105,14 +105,13 @@ void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& bi
 
 void linear_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
   const char* op = "linear";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   validate(op, x, w, bias);
   expect_shape(op, "y", y, Shape{x.size(0), w.size(0)});
   expect_same(op, "y", y, x);
   KILN_CHECK(x.device() == Device::cpu || x.dtype() == DType::f32 || x.dtype() == DType::bf16, op,
              "the GPU computes in f32 or bf16, got {}", x.describe());
-  KILN_ON_CUDA(x, op, cuda::linear_forward(x.raw(), w.raw(), x.dtype(), f32_or_null(bias), x.size(0), x.size(1),
+  KILN_ON_CUDA(x, op, cuda::linear_forward(ctx, x.raw(), w.raw(), x.dtype(), f32_or_null(bias), x.size(0), x.size(1),
                                            w.size(0), y.raw()));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -131,7 +130,6 @@ void linear_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, co
 void linear_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
                      const Tensor& dbias, bool accumulate_dx) {
   const char* op = "linear_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   validate(op, x, w, Tensor());
   expect_shape(op, "dy", dy, Shape{x.size(0), w.size(0)});
@@ -142,7 +140,7 @@ void linear_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, c
   KILN_ON_CUDA(x, op, {
     KILN_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, op, "the GPU computes in f32 or bf16, got {}",
                x.describe());
-    cuda::linear_backward(x.raw(), w.raw(), dy.raw(), x.dtype(), x.size(0), x.size(1), w.size(0), raw_or_null(dx),
+    cuda::linear_backward(ctx, x.raw(), w.raw(), dy.raw(), x.dtype(), x.size(0), x.size(1), w.size(0), raw_or_null(dx),
                           accumulate_dx, raw_or_null(dw), dw.defined() ? dw.dtype() : x.dtype(), f32_or_null(dbias));
   });
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {

@@ -33,32 +33,32 @@ __global__ void column_sums(const T* __restrict__ dy, int64_t n, int64_t cols, f
 }
 
 template <typename T>
-void launch_bias(const float* bias, int64_t n, int64_t out, void* y) {
-  broadcast_rows<<<blocks_for(n * out, 256), 256, 0, stream()>>>(bias, n, out, static_cast<T*>(y));
+void launch_bias(cudaStream_t stream, const float* bias, int64_t n, int64_t out, void* y) {
+  broadcast_rows<<<blocks_for(n * out, 256), 256, 0, stream>>>(bias, n, out, static_cast<T*>(y));
   check_launch("linear", "broadcast_rows");
 }
 
 template <typename T>
-void launch_column_sums(const void* dy, int64_t n, int64_t out, float* dbias) {
-  column_sums<<<blocks_for(out, 256), 256, 0, stream()>>>(static_cast<const T*>(dy), n, out, dbias);
+void launch_column_sums(cudaStream_t stream, const void* dy, int64_t n, int64_t out, float* dbias) {
+  column_sums<<<blocks_for(out, 256), 256, 0, stream>>>(static_cast<const T*>(dy), n, out, dbias);
   check_launch("linear_backward", "column_sums");
 }
 
 }  // namespace
 
-void linear_forward(const void* x, const void* w, DType dtype, const float* bias, int64_t n, int64_t in,
+void linear_forward(const ExecContext& ctx, const void* x, const void* w, DType dtype, const float* bias, int64_t n, int64_t in,
                     int64_t out, void* y) {
-  if (bias) dtype == DType::bf16 ? launch_bias<__nv_bfloat16>(bias, n, out, y) : launch_bias<float>(bias, n, out, y);
-  gemm(false, true, n, out, in, 1.0f, x, in, w, in, dtype, bias ? 1.0f : 0.0f, y, out, dtype);
+  if (bias) dtype == DType::bf16 ? launch_bias<__nv_bfloat16>(stream(ctx), bias, n, out, y) : launch_bias<float>(stream(ctx), bias, n, out, y);
+  gemm(ctx, false, true, n, out, in, 1.0f, x, in, w, in, dtype, bias ? 1.0f : 0.0f, y, out, dtype);
 }
 
-void linear_backward(const void* x, const void* w, const void* dy, DType dtype, int64_t n, int64_t in, int64_t out,
+void linear_backward(const ExecContext& ctx, const void* x, const void* w, const void* dy, DType dtype, int64_t n, int64_t in, int64_t out,
                      void* dx, bool accumulate_dx, void* dw, DType dw_dtype, float* dbias) {
-  if (dx) gemm(false, false, n, in, out, 1.0f, dy, out, w, in, dtype, accumulate_dx ? 1.0f : 0.0f, dx, in, dtype);
-  if (dw) gemm(true, false, out, in, n, 1.0f, dy, out, x, in, dtype, 1.0f, dw, in, dw_dtype);
+  if (dx) gemm(ctx, false, false, n, in, out, 1.0f, dy, out, w, in, dtype, accumulate_dx ? 1.0f : 0.0f, dx, in, dtype);
+  if (dw) gemm(ctx, true, false, out, in, n, 1.0f, dy, out, x, in, dtype, 1.0f, dw, in, dw_dtype);
   if (dbias)
-    dtype == DType::bf16 ? launch_column_sums<__nv_bfloat16>(dy, n, out, dbias)
-                         : launch_column_sums<float>(dy, n, out, dbias);
+    dtype == DType::bf16 ? launch_column_sums<__nv_bfloat16>(stream(ctx), dy, n, out, dbias)
+                         : launch_column_sums<float>(stream(ctx), dy, n, out, dbias);
 }
 
 }  // namespace kiln::cuda

@@ -67,6 +67,7 @@ std::vector<int32_t> host_offsets(const MoeDispatch& d) {
 
 void moe_dispatch(const ExecContext& ctx, const Tensor& experts, const MoeDispatch& out) {
   const char* op = "moe_dispatch";
+  // Counts through module-level device scratch (chunk counts) shared by every stream.
   expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, experts);
   expect_rank(op, "experts", experts, 2);
@@ -114,7 +115,6 @@ void moe_dispatch(const ExecContext& ctx, const Tensor& experts, const MoeDispat
 
 void moe_gather(const ExecContext& ctx, const Tensor& x, const MoeDispatch& d, const Tensor& grouped) {
   const char* op = "moe_gather";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   expect_rank(op, "x", x, 2);
   check_dispatch(op, d, x.size(0));
@@ -123,7 +123,7 @@ void moe_gather(const ExecContext& ctx, const Tensor& x, const MoeDispatch& d, c
   expect_on(op, d, x.device());
   KILN_ON_CUDA(x, op, {
     expect_gpu_rows(op, "x", x);
-    cuda::moe_gather(x.raw(), x.dtype(), grouped_rows(d), x.size(1), d.top_k, d.pair_of_row.data<int32_t>(),
+    cuda::moe_gather(ctx, x.raw(), x.dtype(), grouped_rows(d), x.size(1), d.top_k, d.pair_of_row.data<int32_t>(),
                      d.offsets.data<int32_t>() + d.experts, grouped.raw());
   });
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
@@ -143,7 +143,6 @@ void moe_gather(const ExecContext& ctx, const Tensor& x, const MoeDispatch& d, c
 
 void moe_gather_backward(const ExecContext& ctx, const Tensor& dgrouped, const MoeDispatch& d, const Tensor& dx, bool accumulate) {
   const char* op = "moe_gather_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dgrouped);
   expect_rank(op, "dx", dx, 2);
   check_dispatch(op, d, dx.size(0));
@@ -152,7 +151,7 @@ void moe_gather_backward(const ExecContext& ctx, const Tensor& dgrouped, const M
   expect_on(op, d, dx.device());
   KILN_ON_CUDA(dx, op, {
     expect_gpu_rows(op, "dx", dx);
-    cuda::moe_gather_backward(dgrouped.raw(), dx.dtype(), dx.size(0), dx.size(1), d.top_k,
+    cuda::moe_gather_backward(ctx, dgrouped.raw(), dx.dtype(), dx.size(0), dx.size(1), d.top_k,
                               d.row_of_pair.data<int32_t>(), dx.raw(), accumulate);
   });
   dispatch_cpu_float(op, dx.dtype(), [&](auto zero) {
@@ -173,6 +172,8 @@ void moe_gather_backward(const ExecContext& ctx, const Tensor& dgrouped, const M
 
 void moe_grouped_linear_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const MoeDispatch& d, const Tensor& y) {
   const char* op = "moe_grouped_linear";
+  // The CUTLASS plans' device arrays (problem sizes, pointers, workspace) are one per shape,
+  // shared by every stream.
   expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const int64_t out = expert_width(op, x, w, d);
@@ -196,6 +197,8 @@ void moe_grouped_linear_forward(const ExecContext& ctx, const Tensor& x, const T
 void moe_grouped_linear_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const MoeDispatch& d,
                                  const Tensor& dx, const Tensor& dw) {
   const char* op = "moe_grouped_linear_backward";
+  // The CUTLASS plans' device arrays (problem sizes, pointers, workspace) are one per shape,
+  // shared by every stream.
   expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dy);
   const int64_t out = expert_width(op, x, w, d);
@@ -229,7 +232,6 @@ void moe_grouped_linear_backward(const ExecContext& ctx, const Tensor& x, const 
 
 void moe_combine(const ExecContext& ctx, const Tensor& y, const Tensor& weights, const MoeDispatch& d, const Tensor& out) {
   const char* op = "moe_combine";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, y);
   expect_rank(op, "out", out, 2);
   check_dispatch(op, d, out.size(0));
@@ -239,7 +241,7 @@ void moe_combine(const ExecContext& ctx, const Tensor& y, const Tensor& weights,
   expect_on(op, d, out.device());
   KILN_ON_CUDA(out, op, {
     expect_gpu_rows(op, "out", out);
-    cuda::moe_combine(y.raw(), y.dtype(), weights.data<float>(), out.size(0), out.size(1), d.top_k,
+    cuda::moe_combine(ctx, y.raw(), y.dtype(), weights.data<float>(), out.size(0), out.size(1), d.top_k,
                       d.row_of_pair.data<int32_t>(), out.raw());
   });
   dispatch_cpu_float(op, out.dtype(), [&](auto zero) {
@@ -262,7 +264,6 @@ void moe_combine(const ExecContext& ctx, const Tensor& y, const Tensor& weights,
 void moe_combine_backward(const ExecContext& ctx, const Tensor& y, const Tensor& weights, const Tensor& dout, const MoeDispatch& d,
                           const Tensor& dy, const Tensor& dweights) {
   const char* op = "moe_combine_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dout);
   expect_rank(op, "dout", dout, 2);
   check_dispatch(op, d, dout.size(0));
@@ -275,7 +276,7 @@ void moe_combine_backward(const ExecContext& ctx, const Tensor& y, const Tensor&
   expect_on(op, d, dout.device());
   KILN_ON_CUDA(dout, op, {
     expect_gpu_rows(op, "dout", dout);
-    cuda::moe_combine_backward(y.raw(), y.dtype(), weights.data<float>(), dout.raw(), dout.size(0), dout.size(1),
+    cuda::moe_combine_backward(ctx, y.raw(), y.dtype(), weights.data<float>(), dout.raw(), dout.size(0), dout.size(1),
                                d.top_k, d.row_of_pair.data<int32_t>(), dy.raw(), dweights.data<float>());
   });
   dispatch_cpu_float(op, dout.dtype(), [&](auto zero) {

@@ -11,7 +11,8 @@
 //      before it in its chunk.
 // Rows of an expert are therefore in pair order, as the CPU's stable counting sort gives,
 // for any schedule. chunk_counts is static device scratch: only kiln::cuda::stream() runs
-// these kernels, so two dispatches never share it at once.
+// the dispatch (the front end refuses other streams), so two dispatches never share it at
+// once.
 //
 // Row kernels (gather, gather backward, combine, combine backward): a warp per row, eight
 // rows per 256-thread block; rows whose width is a multiple of 8 with 16-byte aligned
@@ -320,42 +321,42 @@ void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int64_
   check_launch(kOp, "place_pairs");
 }
 
-void moe_gather(const void* x, DType dtype, int64_t rows, int64_t cols, int64_t k, const int32_t* pair_of_row,
+void moe_gather(const ExecContext& ctx, const void* x, DType dtype, int64_t rows, int64_t cols, int64_t k, const int32_t* pair_of_row,
                 const int32_t* live, void* grouped) {
   if (rows == 0 || cols == 0) return;
   by_dtype(dtype, vectorizable(cols, {x, grouped}), [&]<typename T, int W>() {
-    gather_kernel<T, W><<<row_blocks(rows), kThreads, 0, stream()>>>(static_cast<const T*>(x), rows, cols, k,
+    gather_kernel<T, W><<<row_blocks(rows), kThreads, 0, stream(ctx)>>>(static_cast<const T*>(x), rows, cols, k,
                                                                        pair_of_row, live, static_cast<T*>(grouped));
     check_launch("moe_gather", "gather_kernel");
   });
 }
 
-void moe_gather_backward(const void* dgrouped, DType dtype, int64_t tokens, int64_t cols, int64_t k,
+void moe_gather_backward(const ExecContext& ctx, const void* dgrouped, DType dtype, int64_t tokens, int64_t cols, int64_t k,
                          const int32_t* row_of_pair, void* dx, bool accumulate) {
   if (tokens == 0 || cols == 0) return;
   by_dtype(dtype, vectorizable(cols, {dgrouped, dx}), [&]<typename T, int W>() {
-    gather_backward_kernel<T, W><<<row_blocks(tokens), kThreads, 0, stream()>>>(
+    gather_backward_kernel<T, W><<<row_blocks(tokens), kThreads, 0, stream(ctx)>>>(
         static_cast<const T*>(dgrouped), tokens, cols, k, row_of_pair, static_cast<T*>(dx), accumulate);
     check_launch("moe_gather_backward", "gather_backward_kernel");
   });
 }
 
-void moe_combine(const void* y, DType dtype, const float* weights, int64_t tokens, int64_t cols, int64_t k,
+void moe_combine(const ExecContext& ctx, const void* y, DType dtype, const float* weights, int64_t tokens, int64_t cols, int64_t k,
                  const int32_t* row_of_pair, void* out) {
   if (tokens == 0 || cols == 0) return;
   by_dtype(dtype, vectorizable(cols, {y, out}), [&]<typename T, int W>() {
-    combine_kernel<T, W><<<row_blocks(tokens), kThreads, 0, stream()>>>(static_cast<const T*>(y), weights, tokens,
+    combine_kernel<T, W><<<row_blocks(tokens), kThreads, 0, stream(ctx)>>>(static_cast<const T*>(y), weights, tokens,
                                                                           cols, k, row_of_pair, static_cast<T*>(out));
     check_launch("moe_combine", "combine_kernel");
   });
 }
 
-void moe_combine_backward(const void* y, DType dtype, const float* weights, const void* dout, int64_t tokens,
+void moe_combine_backward(const ExecContext& ctx, const void* y, DType dtype, const float* weights, const void* dout, int64_t tokens,
                           int64_t cols, int64_t k, const int32_t* row_of_pair, void* dy, float* dweights) {
   const int64_t pairs = tokens * k;
   if (pairs == 0) return;
   by_dtype(dtype, vectorizable(cols, {y, dout, dy}), [&]<typename T, int W>() {
-    combine_backward_kernel<T, W><<<row_blocks(pairs), kThreads, 0, stream()>>>(
+    combine_backward_kernel<T, W><<<row_blocks(pairs), kThreads, 0, stream(ctx)>>>(
         static_cast<const T*>(y), weights, static_cast<const T*>(dout), pairs, cols, k, row_of_pair,
         static_cast<T*>(dy), dweights);
     check_launch("moe_combine_backward", "combine_backward_kernel");

@@ -8,11 +8,13 @@
 // order (a token's k rows in choice order; a row dot product in a butterfly fixed by the
 // width). No atomics on floats. Token rows (y, out, dout, dy, x, dx, grouped) are of
 // `dtype` (f32, or bf16 on the mixed path); routing weights and their gradient are fp32.
-// The front end validates shapes and dtypes; these launch on kiln::cuda::stream() and
-// trust their inputs (an expert id outside [0, E) traps). No output may alias an input.
+// The front end validates shapes and dtypes; the row kernels launch on the context's
+// stream, the dispatch on kiln::cuda::stream() only (static scratch). They trust their
+// inputs (an expert id outside [0, E) traps). No output may alias an input.
 #pragma once
 
 #include "core/dtype.h"
+#include "core/exec_context.h"
 
 #include <cstdint>
 
@@ -28,19 +30,19 @@ void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int64_
 
 // grouped [rows, cols] = x[pair_of_row[r] / k] for the *live rows (offsets[E], on the
 // device) first rows, zero after.
-void moe_gather(const void* x, DType dtype, int64_t rows, int64_t cols, int64_t k, const int32_t* pair_of_row,
+void moe_gather(const ExecContext& ctx, const void* x, DType dtype, int64_t rows, int64_t cols, int64_t k, const int32_t* pair_of_row,
                 const int32_t* live, void* grouped);
 // dx [tokens, cols] (= or +=) the sum of each token's kept rows of dgrouped, in slot order.
-void moe_gather_backward(const void* dgrouped, DType dtype, int64_t tokens, int64_t cols, int64_t k,
+void moe_gather_backward(const ExecContext& ctx, const void* dgrouped, DType dtype, int64_t tokens, int64_t cols, int64_t k,
                          const int32_t* row_of_pair, void* dx, bool accumulate);
 
 // out [tokens, cols] = sum_j weights[t, j] y[row_of_pair[t k + j]] over the kept pairs
 // (fp32 sums in slot order).
-void moe_combine(const void* y, DType dtype, const float* weights, int64_t tokens, int64_t cols, int64_t k,
+void moe_combine(const ExecContext& ctx, const void* y, DType dtype, const float* weights, int64_t tokens, int64_t cols, int64_t k,
                  const int32_t* row_of_pair, void* out);
 // dy's live rows = weights x dout (row by row), dweights [tokens, k] = dout . y (fp32; 0
 // for an empty or dropped pair).
-void moe_combine_backward(const void* y, DType dtype, const float* weights, const void* dout, int64_t tokens,
+void moe_combine_backward(const ExecContext& ctx, const void* y, DType dtype, const float* weights, const void* dout, int64_t tokens,
                           int64_t cols, int64_t k, const int32_t* row_of_pair, void* dy, float* dweights);
 
 }  // namespace kiln::cuda

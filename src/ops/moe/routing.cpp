@@ -363,7 +363,6 @@ void router_z_loss_backward(const ExecContext& ctx, const Tensor& logits, double
 
 void router_logits(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& logits) {
   const char* op = "router_logits";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   expect_rank(op, "x", x, 2);
   expect_rank(op, "w", w, 2);
@@ -372,7 +371,7 @@ void router_logits(const ExecContext& ctx, const Tensor& x, const Tensor& w, con
   if (!is_mixed(x)) return linear_forward(ctx, x, w, Tensor(), logits);
   expect_tensor(op, "logits", logits, Shape{x.size(0), w.size(0)}, DType::f32, x.device());
 #if KILN_WITH_CUDA
-  cuda::gemm(false, true, x.size(0), w.size(0), x.size(1), 1.0f, x.raw(), x.size(1), w.raw(), x.size(1), DType::bf16,
+  cuda::gemm(ctx, false, true, x.size(0), w.size(0), x.size(1), 1.0f, x.raw(), x.size(1), w.raw(), x.size(1), DType::bf16,
              0.0f, logits.raw(), w.size(0), DType::f32);
 #endif
 }
@@ -380,7 +379,6 @@ void router_logits(const ExecContext& ctx, const Tensor& x, const Tensor& w, con
 void router_logits_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dlogits, const Tensor& scratch,
                             const Tensor& dx, const Tensor& dw) {
   const char* op = "router_logits_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   if (!is_mixed(x)) return linear_backward(ctx, x, w, dlogits, dx, dw, Tensor(), true);
   expect_tensor(op, "dlogits", dlogits, Shape{x.size(0), w.size(0)}, DType::f32, x.device());

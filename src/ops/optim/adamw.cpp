@@ -10,7 +10,6 @@ namespace kiln::ops {
 
 void adamw_update(const ExecContext& ctx, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s) {
   const char* op = "adamw";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, param);
   expect_same(op, "grad", grad, param);
   expect_same(op, "m", m, param);
@@ -18,7 +17,7 @@ void adamw_update(const ExecContext& ctx, const Tensor& param, const Tensor& gra
   KILN_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(), op,
              "size mismatch: param {}, grad {}, m {}, v {}", param.describe(), grad.describe(), m.describe(),
              v.describe());
-  KILN_ON_CUDA(param, op, cuda::adamw_update_f32(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
+  KILN_ON_CUDA(param, op, cuda::adamw_update_f32(ctx, param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
                                                  param.numel(), static_cast<float>(s.lr), static_cast<float>(s.beta1),
                                                  static_cast<float>(s.beta2), static_cast<float>(s.eps),
                                                  static_cast<float>(s.weight_decay),
@@ -74,14 +73,13 @@ cuda::AdamWTable& table_of(AdamWDeviceTable& table) {
 #endif
 
 void adamw_update_all(const ExecContext& ctx, const std::vector<AdamWTensor>& tensors, const AdamWStep& s, AdamWDeviceTable& table) {
-  expect_process_stream("adamw_update_all", ctx);
   if (tensors.empty()) return;
   if (tensors.front().param.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     const char* op = "adamw";
     KILN_OP_SCOPE(op, tensors.front().param);
     const auto& list = device_list(op, tensors);
-    cuda::adamw_update_many_f32(table_of(table), list.data(), static_cast<int64_t>(list.size()), static_cast<float>(s.lr),
+    cuda::adamw_update_many_f32(ctx, table_of(table), list.data(), static_cast<int64_t>(list.size()), static_cast<float>(s.lr),
                                 static_cast<float>(s.beta1), static_cast<float>(s.beta2), static_cast<float>(s.eps),
                                 static_cast<float>(s.bias_correction1), static_cast<float>(s.bias_correction2));
     return;
@@ -100,13 +98,12 @@ void adamw_update_all(const ExecContext& ctx, const std::vector<AdamWTensor>& te
 void adamw_update_all_on_device(const ExecContext& ctx, const std::vector<AdamWTensor>& tensors, const AdamWStep& fixed,
                                 const DeviceUpdateScalars* scalars, int group, AdamWDeviceTable& table) {
   const char* op = "adamw";
-  expect_process_stream(op, ctx);
   if (tensors.empty()) return;
   KILN_CHECK(tensors.front().param.device() == Device::cuda, op, "scalars in device memory need GPU tensors");
   KILN_OP_SCOPE(op, tensors.front().param);
 #if KILN_WITH_CUDA
   const auto& list = device_list(op, tensors);
-  cuda::adamw_update_many_device_f32(table_of(table), list.data(), static_cast<int64_t>(list.size()),
+  cuda::adamw_update_many_device_f32(ctx, table_of(table), list.data(), static_cast<int64_t>(list.size()),
                                      static_cast<float>(fixed.beta1), static_cast<float>(fixed.beta2),
                                      static_cast<float>(fixed.eps), scalars, group);
 #else

@@ -132,30 +132,30 @@ class AdamWTable {
 
 std::shared_ptr<AdamWTable> make_adamw_table() { return std::make_shared<AdamWTable>(); }
 
-void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+void adamw_update_f32(const ExecContext& ctx, float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
                       float eps, float weight_decay, float bc1, float bc2) {
-  adamw_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay,
+  adamw_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream(ctx)>>>(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay,
                                                                     bc1, bc2);
   check_launch("adamw", "adamw_kernel");
 }
 
-void adamw_update_many_f32(AdamWTable& table, const AdamWTensorF32* tensors, int64_t count, float lr, float beta1,
+void adamw_update_many_f32(const ExecContext& ctx, AdamWTable& table, const AdamWTensorF32* tensors, int64_t count, float lr, float beta1,
                            float beta2, float eps, float bc1, float bc2) {
   table.update(tensors, count);
   if (table.chunk_count == 0) return;
   KILN_CHECK(table.chunk_count <= 0x7fffffff, "adamw", "{} chunks exceed the grid", table.chunk_count);
-  adamw_multi_kernel<<<static_cast<unsigned>(table.chunk_count), kThreads, 0, stream()>>>(
+  adamw_multi_kernel<<<static_cast<unsigned>(table.chunk_count), kThreads, 0, stream(ctx)>>>(
       table.tensors, table.chunks, lr, beta1, beta2, eps, bc1, bc2);
   check_launch("adamw", "adamw_multi_kernel");
 }
 
-void adamw_update_many_device_f32(AdamWTable& table, const AdamWTensorF32* tensors, int64_t count, float beta1,
+void adamw_update_many_device_f32(const ExecContext& ctx, AdamWTable& table, const AdamWTensorF32* tensors, int64_t count, float beta1,
                                   float beta2, float eps, const ops::DeviceUpdateScalars* scalars, int group) {
   KILN_CHECK(group >= 0 && group < ops::kMaxUpdateGroups, "adamw", "update group {} out of range", group);
   table.update(tensors, count);
   if (table.chunk_count == 0) return;
   KILN_CHECK(table.chunk_count <= 0x7fffffff, "adamw", "{} chunks exceed the grid", table.chunk_count);
-  adamw_multi_device_kernel<<<static_cast<unsigned>(table.chunk_count), kThreads, 0, stream()>>>(
+  adamw_multi_device_kernel<<<static_cast<unsigned>(table.chunk_count), kThreads, 0, stream(ctx)>>>(
       table.tensors, table.chunks, beta1, beta2, eps, scalars, group);
   check_launch("adamw", "adamw_multi_device_kernel");
 }

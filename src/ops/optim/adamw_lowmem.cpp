@@ -114,13 +114,12 @@ cuda::AdamWLowMemTable& table_of(AdamWLowMemDeviceTable& table) {
 
 void adamw_lowmem_update_all(const ExecContext& ctx, AdamWState state, const std::vector<AdamWLowMemTensor>& tensors, const AdamWStep& s,
                              AdamWLowMemDeviceTable& table) {
-  expect_process_stream("adamw_lowmem_update_all", ctx);
   if (tensors.empty()) return;
   KILN_OP_SCOPE(kOp, tensors.front().param);
   if (tensors.front().param.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     const auto& list = device_list(state, tensors);
-    cuda::adamw_lowmem_update_many(table_of(table), state == AdamWState::int8, list.data(),
+    cuda::adamw_lowmem_update_many(ctx, table_of(table), state == AdamWState::int8, list.data(),
                                    static_cast<int64_t>(list.size()), static_cast<float>(s.lr),
                                    static_cast<float>(s.beta1), static_cast<float>(s.beta2), static_cast<float>(s.eps),
                                    static_cast<float>(s.bias_correction1), static_cast<float>(s.bias_correction2));
@@ -144,13 +143,12 @@ void adamw_lowmem_update_all(const ExecContext& ctx, AdamWState state, const std
 void adamw_lowmem_update_all_on_device(const ExecContext& ctx, AdamWState state, const std::vector<AdamWLowMemTensor>& tensors,
                                        const AdamWStep& fixed, const DeviceUpdateScalars* scalars, int group,
                                        AdamWLowMemDeviceTable& table) {
-  expect_process_stream("adamw_lowmem_update_all_on_device", ctx);
   if (tensors.empty()) return;
   KILN_CHECK(tensors.front().param.device() == Device::cuda, kOp, "scalars in device memory need GPU tensors");
   KILN_OP_SCOPE(kOp, tensors.front().param);
 #if KILN_WITH_CUDA
   const auto& list = device_list(state, tensors);
-  cuda::adamw_lowmem_update_many_device(table_of(table), state == AdamWState::int8, list.data(),
+  cuda::adamw_lowmem_update_many_device(ctx, table_of(table), state == AdamWState::int8, list.data(),
                                         static_cast<int64_t>(list.size()), static_cast<float>(fixed.beta1),
                                         static_cast<float>(fixed.beta2), static_cast<float>(fixed.eps), scalars,
                                         group);

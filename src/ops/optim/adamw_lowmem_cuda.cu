@@ -178,24 +178,24 @@ class AdamWLowMemTable {
 
 std::shared_ptr<AdamWLowMemTable> make_adamw_lowmem_table() { return std::make_shared<AdamWLowMemTable>(); }
 
-void adamw_lowmem_update_many(AdamWLowMemTable& table, bool int8, const AdamWLowMemTensorDev* tensors, int64_t count,
+void adamw_lowmem_update_many(const ExecContext& ctx, AdamWLowMemTable& table, bool int8, const AdamWLowMemTensorDev* tensors, int64_t count,
                               float lr, float beta1, float beta2, float eps, float bc1, float bc2) {
   table.update(tensors, count);
   if (table.chunk_count == 0) return;
   KILN_CHECK(table.chunk_count <= 0x7fffffff, "adamw_lowmem", "{} chunks exceed the grid", table.chunk_count);
-  lowmem_kernel<<<static_cast<unsigned>(table.chunk_count), kThreads, 0, stream()>>>(
+  lowmem_kernel<<<static_cast<unsigned>(table.chunk_count), kThreads, 0, stream(ctx)>>>(
       table.tensors, table.chunks, table.maps, int8, lr, beta1, beta2, eps, bc1, bc2);
   check_launch("adamw_lowmem", "lowmem_kernel");
 }
 
-void adamw_lowmem_update_many_device(AdamWLowMemTable& table, bool int8, const AdamWLowMemTensorDev* tensors,
+void adamw_lowmem_update_many_device(const ExecContext& ctx, AdamWLowMemTable& table, bool int8, const AdamWLowMemTensorDev* tensors,
                                      int64_t count, float beta1, float beta2, float eps,
                                      const ops::DeviceUpdateScalars* scalars, int group) {
   KILN_CHECK(group >= 0 && group < ops::kMaxUpdateGroups, "adamw_lowmem", "update group {} out of range", group);
   table.update(tensors, count);
   if (table.chunk_count == 0) return;
   KILN_CHECK(table.chunk_count <= 0x7fffffff, "adamw_lowmem", "{} chunks exceed the grid", table.chunk_count);
-  lowmem_device_kernel<<<static_cast<unsigned>(table.chunk_count), kThreads, 0, stream()>>>(
+  lowmem_device_kernel<<<static_cast<unsigned>(table.chunk_count), kThreads, 0, stream(ctx)>>>(
       table.tensors, table.chunks, table.maps, int8, beta1, beta2, eps, scalars, group);
   check_launch("adamw_lowmem", "lowmem_device_kernel");
 }

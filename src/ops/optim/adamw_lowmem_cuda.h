@@ -2,6 +2,7 @@
 // launch, on the arithmetic of ops/optim/adamw_lowmem_math.h (the CPU reference's bits).
 #pragma once
 
+#include "core/exec_context.h"
 #include "ops/optim/update_scalars.h"
 
 #include <cstdint>
@@ -29,10 +30,10 @@ std::shared_ptr<AdamWLowMemTable> make_adamw_lowmem_table();
 
 // `int8` false: bf16 moments; true: 8-bit. Scalars from the host (grad scale 1) or from
 // device memory (group `group`; nothing when skip is set).
-void adamw_lowmem_update_many(AdamWLowMemTable& table, bool int8, const AdamWLowMemTensorDev* tensors, int64_t count,
+void adamw_lowmem_update_many(const ExecContext& ctx, AdamWLowMemTable& table, bool int8, const AdamWLowMemTensorDev* tensors, int64_t count,
                               float lr, float beta1, float beta2, float eps, float bias_correction1,
                               float bias_correction2);
-void adamw_lowmem_update_many_device(AdamWLowMemTable& table, bool int8, const AdamWLowMemTensorDev* tensors,
+void adamw_lowmem_update_many_device(const ExecContext& ctx, AdamWLowMemTable& table, bool int8, const AdamWLowMemTensorDev* tensors,
                                      int64_t count, float beta1, float beta2, float eps,
                                      const ops::DeviceUpdateScalars* scalars, int group);
 

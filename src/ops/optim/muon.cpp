@@ -133,7 +133,7 @@ struct MuonUpdate::State {
   bool chunks_uploaded = false;
 
   // The GPU update of checked matrices with these scalars (both step forms).
-  void run_on_device(const std::vector<MuonMatrix>& matrices, const cuda::MuonScalars& scalars);
+  void run_on_device(const ExecContext& ctx, const std::vector<MuonMatrix>& matrices, const cuda::MuonScalars& scalars);
 
   size_t table_bytes() const { return sizeof(cuda::MuonMatrixF32) * order.size(); }
   size_t chunk_bytes() const { return sizeof(cuda::MuonChunk) * static_cast<size_t>(chunk_count); }
@@ -243,7 +243,6 @@ void check_matrix(const MuonMatrix& mm, size_t i, const Shape& shape, Device dev
 }  // namespace
 
 void MuonUpdate::step(const ExecContext& ctx, const std::vector<MuonMatrix>& matrices, double lr, double grad_scale) {
-  expect_process_stream(kOp, ctx);
   State& st = *state_;
   KILN_CHECK(matrices.size() == st.shapes.size(), kOp, "{} matrices given, {} planned", matrices.size(),
              st.shapes.size());
@@ -254,7 +253,7 @@ void MuonUpdate::step(const ExecContext& ctx, const std::vector<MuonMatrix>& mat
     cuda::MuonScalars scalars;
     scalars.lr = static_cast<float>(lr);
     scalars.grad_scale = static_cast<float>(grad_scale);
-    st.run_on_device(matrices, scalars);
+    st.run_on_device(ctx, matrices, scalars);
     return;
   }
   for (const MuonMatrix& mm : matrices) {
@@ -272,7 +271,6 @@ void MuonUpdate::step(const ExecContext& ctx, const std::vector<MuonMatrix>& mat
 
 void MuonUpdate::step_on_device(const ExecContext& ctx, const std::vector<MuonMatrix>& matrices,
                                 const DeviceUpdateScalars* scalars, int group) {
-  expect_process_stream(kOp, ctx);
   State& st = *state_;
   KILN_CHECK(st.device == Device::cuda, kOp, "scalars in device memory need a GPU update");
   KILN_CHECK(scalars != nullptr, kOp, "no device scalars");
@@ -286,10 +284,10 @@ void MuonUpdate::step_on_device(const ExecContext& ctx, const std::vector<MuonMa
   cuda::MuonScalars device_scalars;
   device_scalars.device = scalars;
   device_scalars.group = group;
-  st.run_on_device(matrices, device_scalars);
+  st.run_on_device(ctx, matrices, device_scalars);
 }
 
-void MuonUpdate::State::run_on_device(const std::vector<MuonMatrix>& matrices, const cuda::MuonScalars& scalars) {
+void MuonUpdate::State::run_on_device(const ExecContext& ctx, const std::vector<MuonMatrix>& matrices, const cuda::MuonScalars& scalars) {
 #if KILN_WITH_CUDA
   State& st = *this;
   KILN_CHECK(st.planned && st.workspace.defined(), kOp,
@@ -340,7 +338,7 @@ void MuonUpdate::State::run_on_device(const std::vector<MuonMatrix>& matrices, c
   bool same = st.uploaded.size() == st.host_table.size();
   for (size_t i = 0; same && i < st.host_table.size(); ++i) same = same_entry(st.host_table[i], st.uploaded[i]);
   if (!same || !st.chunks_uploaded) {
-    // Ordered on kiln's stream behind any update still reading the old table; from pageable
+    // Ordered on the context's stream behind any update still reading the old table; from pageable
     // memory, staged before the call returns. Graphs captured with the old contents must
     // not run again.
     if (!st.chunks_uploaded) {
@@ -349,27 +347,26 @@ void MuonUpdate::State::run_on_device(const std::vector<MuonMatrix>& matrices, c
       for (size_t e = 0; e < st.order.size(); ++e)
         for (int64_t begin = 0; begin < st.host_table[e].n; begin += cuda::kMuonChunk)
           chunks.push_back({static_cast<int64_t>(e), begin});
-      copy_to_device_async(st.chunks.raw(), chunks.data(), st.chunk_bytes());
+      copy_to_device_async(ctx, st.chunks.raw(), chunks.data(), st.chunk_bytes());
       st.chunks_uploaded = true;
     }
-    copy_to_device_async(st.table.raw(), st.host_table.data(), st.table_bytes());
+    copy_to_device_async(ctx, st.table.raw(), st.host_table.data(), st.table_bytes());
     st.uploaded = st.host_table;
     cuda::bump_capture_generation();
   }
   const cuda::MuonDeviceTable table{static_cast<const cuda::MuonMatrixF32*>(st.table.raw()),
                                     static_cast<const cuda::MuonChunk*>(st.chunks.raw()),
                                     st.partials.data<float>(), st.chunk_count};
-  cuda::muon_momentum_f32(table, ks, scalars);
-  for (const cuda::MuonBatchF32& b : batches) cuda::muon_orthogonalize_apply_f32(table, b, ks, scalars);
+  cuda::muon_momentum_f32(ctx, table, ks, scalars);
+  for (const cuda::MuonBatchF32& b : batches) cuda::muon_orthogonalize_apply_f32(ctx, table, b, ks, scalars);
 #else
-  (void)matrices, (void)scalars;
+  (void)ctx, (void)matrices, (void)scalars;
   no_cuda_kernel(kOp);
 #endif
 }
 
 void newton_schulz(const ExecContext& ctx, const Tensor& x, int steps, double eps) {
   const char* op = "newton_schulz";
-  expect_process_stream(op, ctx);
   expect_rank(op, "x", x, 2);
   KILN_CHECK(steps >= 0, op, "steps must be >= 0, got {}", steps);
   KILN_CHECK(eps > 0, op, "eps must be > 0, got {}", eps);
@@ -380,8 +377,8 @@ void newton_schulz(const ExecContext& ctx, const Tensor& x, int steps, double ep
 #if KILN_WITH_CUDA
     expect_dtype(op, "x", x, DType::f32);
     Storage workspace(Device::cuda, cuda::newton_schulz_workspace_bytes(rows, cols));
-    cuda::newton_schulz_f32(x.data<float>(), rows, cols, steps, static_cast<float>(eps), workspace.data());
-    synchronize_stream();  // the workspace is freed on return
+    cuda::newton_schulz_f32(ctx, x.data<float>(), rows, cols, steps, static_cast<float>(eps), workspace.data());
+    synchronize_stream(ctx);  // the workspace is freed on return
     return;
 #else
     no_cuda_kernel(op);

@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) ns_store_kernel(const bf16* in, int6
 // with its beta term (C read, D written elsewhere where the output is a new buffer):
 //   wide: A = X X^T;   B = c A A + b A (C = A, D = B);   X' = B X + a X (C = X, D = X')
 //   tall: A = X^T X;   B as above;                      X' = X B + a X
-void ns_iterations(const MuonBatchF32& b, int steps) {
+void ns_iterations(const ExecContext& ctx, const MuonBatchF32& b, int steps) {
   const float ka = static_cast<float>(ops::kNewtonSchulzA), kb = static_cast<float>(ops::kNewtonSchulzB),
               kc = static_cast<float>(ops::kNewtonSchulzC);
   const bool wide = b.rows <= b.cols;
@@ -234,17 +234,17 @@ void ns_iterations(const MuonBatchF32& b, int steps) {
     const bf16_bits* x = s % 2 ? b.x1 : b.x0;
     bf16_bits* y = s % 2 ? b.x0 : b.x1;
     if (wide)
-      gemm_strided_batched(false, true, n, n, cols, 1.0f, x, cols, sx, x, cols, sx, t, 0.0f, nullptr, b.a, n, sa, t,
+      gemm_strided_batched(ctx, false, true, n, n, cols, 1.0f, x, cols, sx, x, cols, sx, t, 0.0f, nullptr, b.a, n, sa, t,
                            b.count);
     else
-      gemm_strided_batched(true, false, n, n, b.rows, 1.0f, x, cols, sx, x, cols, sx, t, 0.0f, nullptr, b.a, n, sa, t,
+      gemm_strided_batched(ctx, true, false, n, n, b.rows, 1.0f, x, cols, sx, x, cols, sx, t, 0.0f, nullptr, b.a, n, sa, t,
                            b.count);
-    gemm_strided_batched(false, false, n, n, n, kc, b.a, n, sa, b.a, n, sa, t, kb, b.a, b.b, n, sa, t, b.count);
+    gemm_strided_batched(ctx, false, false, n, n, n, kc, b.a, n, sa, b.a, n, sa, t, kb, b.a, b.b, n, sa, t, b.count);
     if (wide)
-      gemm_strided_batched(false, false, b.rows, cols, b.rows, 1.0f, b.b, n, sa, x, cols, sx, t, ka, x, y, cols, sx, t,
+      gemm_strided_batched(ctx, false, false, b.rows, cols, b.rows, 1.0f, b.b, n, sa, x, cols, sx, t, ka, x, y, cols, sx, t,
                            b.count);
     else
-      gemm_strided_batched(false, false, b.rows, cols, cols, 1.0f, x, cols, sx, b.b, n, sa, t, ka, x, y, cols, sx, t,
+      gemm_strided_batched(ctx, false, false, b.rows, cols, cols, 1.0f, x, cols, sx, b.b, n, sa, t, ka, x, y, cols, sx, t,
                            b.count);
   }
 }
@@ -258,24 +258,24 @@ unsigned grid_of(int64_t blocks) {
 
 }  // namespace
 
-void muon_momentum_f32(const MuonDeviceTable& table, const MuonKernelSettings& settings, const MuonScalars& scalars) {
+void muon_momentum_f32(const ExecContext& ctx, const MuonDeviceTable& table, const MuonKernelSettings& settings, const MuonScalars& scalars) {
   if (table.chunk_count == 0) return;
-  muon_momentum_kernel<<<grid_of(table.chunk_count), kThreads, 0, stream()>>>(table.matrices, table.chunks,
+  muon_momentum_kernel<<<grid_of(table.chunk_count), kThreads, 0, stream(ctx)>>>(table.matrices, table.chunks,
                                                                                table.partials, settings, scalars);
   check_launch("muon", "muon_momentum_kernel");
 }
 
-void muon_orthogonalize_apply_f32(const MuonDeviceTable& table, const MuonBatchF32& batch,
+void muon_orthogonalize_apply_f32(const ExecContext& ctx, const MuonDeviceTable& table, const MuonBatchF32& batch,
                                   const MuonKernelSettings& settings, const MuonScalars& scalars) {
   const int64_t blocks = batch.chunk_end - batch.chunk_begin;
   if (blocks == 0) return;
-  muon_normalize_kernel<<<grid_of(blocks), kThreads, 0, stream()>>>(table.matrices, table.chunks, table.partials,
+  muon_normalize_kernel<<<grid_of(blocks), kThreads, 0, stream(ctx)>>>(table.matrices, table.chunks, table.partials,
                                                                      batch.chunk_begin, settings, scalars);
   check_launch("muon", "muon_normalize_kernel");
   // Skipped steps still run the GEMMs (on whatever the workspace holds): no host read of
   // the flag, and nothing they write is read by the skipped update.
-  ns_iterations(batch, settings.ns_steps);
-  muon_apply_kernel<<<grid_of(blocks), kThreads, 0, stream()>>>(table.matrices, table.chunks, batch.chunk_begin,
+  ns_iterations(ctx, batch, settings.ns_steps);
+  muon_apply_kernel<<<grid_of(blocks), kThreads, 0, stream(ctx)>>>(table.matrices, table.chunks, batch.chunk_begin,
                                                                  scalars);
   check_launch("muon", "muon_apply_kernel");
 }
@@ -287,7 +287,7 @@ size_t newton_schulz_workspace_bytes(int64_t rows, int64_t cols) {
   return partials + 2 * static_cast<size_t>(2 * padded(rows * cols) + 2 * padded(n * n));
 }
 
-void newton_schulz_f32(float* x, int64_t rows, int64_t cols, int steps, float eps, void* workspace) {
+void newton_schulz_f32(const ExecContext& ctx, float* x, int64_t rows, int64_t cols, int steps, float eps, void* workspace) {
   const int64_t count = rows * cols, chunks = chunks_of(count), n = rows < cols ? rows : cols;
   if (count == 0) return;
   auto* partials = static_cast<float*>(workspace);
@@ -297,13 +297,13 @@ void newton_schulz_f32(float* x, int64_t rows, int64_t cols, int steps, float ep
   batch.x1 = batch.x0 + batch.stride_x;
   batch.a = batch.x1 + batch.stride_x;
   batch.b = batch.a + batch.stride_a;
-  ns_sum_squares_kernel<<<grid_of(chunks), kThreads, 0, stream()>>>(x, count, partials);
+  ns_sum_squares_kernel<<<grid_of(chunks), kThreads, 0, stream(ctx)>>>(x, count, partials);
   check_launch("newton_schulz", "ns_sum_squares_kernel");
-  ns_normalize_kernel<<<grid_of(chunks), kThreads, 0, stream()>>>(x, count, partials, chunks, eps,
+  ns_normalize_kernel<<<grid_of(chunks), kThreads, 0, stream(ctx)>>>(x, count, partials, chunks, eps,
                                                                    reinterpret_cast<bf16*>(batch.x0));
   check_launch("newton_schulz", "ns_normalize_kernel");
-  ns_iterations(batch, steps);
-  ns_store_kernel<<<grid_of(chunks), kThreads, 0, stream()>>>(
+  ns_iterations(ctx, batch, steps);
+  ns_store_kernel<<<grid_of(chunks), kThreads, 0, stream(ctx)>>>(
       reinterpret_cast<const bf16*>(steps % 2 ? batch.x1 : batch.x0), count, x);
   check_launch("newton_schulz", "ns_store_kernel");
 }

@@ -13,6 +13,7 @@
 // (step_on_device); either way the kernels compute the same float arithmetic.
 #pragma once
 
+#include "core/exec_context.h"
 #include "ops/mixed_precision.h"
 #include "ops/optim/update_scalars.h"
 
@@ -81,14 +82,14 @@ struct MuonBatchF32 {
 };
 
 // Step 1 above, over every chunk of the table.
-void muon_momentum_f32(const MuonDeviceTable& table, const MuonKernelSettings& settings, const MuonScalars& scalars);
+void muon_momentum_f32(const ExecContext& ctx, const MuonDeviceTable& table, const MuonKernelSettings& settings, const MuonScalars& scalars);
 // Step 2 above, for one batch.
-void muon_orthogonalize_apply_f32(const MuonDeviceTable& table, const MuonBatchF32& batch,
+void muon_orthogonalize_apply_f32(const ExecContext& ctx, const MuonDeviceTable& table, const MuonBatchF32& batch,
                                   const MuonKernelSettings& settings, const MuonScalars& scalars);
 
 // The standalone in-place iteration on one fp32 matrix (ops::newton_schulz on the GPU),
 // with `workspace` of newton_schulz_workspace_bytes(rows, cols) (256-byte aligned).
 size_t newton_schulz_workspace_bytes(int64_t rows, int64_t cols);
-void newton_schulz_f32(float* x, int64_t rows, int64_t cols, int steps, float eps, void* workspace);
+void newton_schulz_f32(const ExecContext& ctx, float* x, int64_t rows, int64_t cols, int steps, float eps, void* workspace);
 
 }  // namespace kiln::cuda

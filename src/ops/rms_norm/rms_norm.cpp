@@ -24,7 +24,6 @@ void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& rs
 
 void rms_norm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
   const char* op = "rms_norm";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(y);
   validate(op, x, w, rstd, mixed);
@@ -33,13 +32,13 @@ void rms_norm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, 
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     if (mixed) {
-      cuda::rms_norm_forward_mixed(x.raw(), x.dtype(), w.defined() ? w.data<float>() : nullptr,
+      cuda::rms_norm_forward_mixed(ctx, x.raw(), x.dtype(), w.defined() ? w.data<float>() : nullptr,
                                    static_cast<float>(eps), x.size(0), x.size(1), bf16_data(y), rstd.data<float>());
       return;
     }
     expect_dtype(op, "x", x, DType::f32);
-    cuda::rms_norm_forward_f32(x.data<float>(), w.defined() ? w.data<float>() : nullptr, static_cast<float>(eps),
-                               x.size(0), x.size(1), y.data<float>(), rstd.data<float>(), nullptr);
+    cuda::rms_norm_forward_f32(ctx, x.data<float>(), w.defined() ? w.data<float>() : nullptr, static_cast<float>(eps),
+                               x.size(0), x.size(1), y.data<float>(), rstd.data<float>());
     return;
 #else
     no_cuda_kernel(op);
@@ -55,7 +54,6 @@ void rms_norm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, 
 void add_rms_norm_forward(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& w, double eps, const Tensor& sum,
                           const Tensor& y, const Tensor& rstd) {
   const char* op = "add_rms_norm";
-  expect_process_stream(op, ctx);
   const bool fused = is_mixed(y) && a.dtype() == DType::f32 && b.dtype() == DType::bf16;
   if (!fused) {
     add(ctx, a, b, sum);
@@ -70,7 +68,7 @@ void add_rms_norm_forward(const ExecContext& ctx, const Tensor& a, const Tensor&
   KILN_CHECK(sum.raw() != a.raw() && sum.raw() != b.raw(), op, "sum must not alias a or b");
   KILN_CHECK(eps > 0, op, "eps must be positive, got {}", eps);
 #if KILN_WITH_CUDA
-  cuda::rms_norm_forward_mixed(a.raw(), DType::f32, w.defined() ? w.data<float>() : nullptr, static_cast<float>(eps),
+  cuda::rms_norm_forward_mixed(ctx, a.raw(), DType::f32, w.defined() ? w.data<float>() : nullptr, static_cast<float>(eps),
                                a.size(0), a.size(1), bf16_data(y), rstd.data<float>(), bf16_data(b),
                                sum.data<float>());
 #else
@@ -81,9 +79,11 @@ void add_rms_norm_forward(const ExecContext& ctx, const Tensor& a, const Tensor&
 void rms_norm_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                        const Tensor& dw, bool accumulate_dx, const Tensor& dx_copy) {
   const char* op = "rms_norm_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(dy);
+  // The mixed path's dw reduces through module-level device scratch, shared by every
+  // stream: the process-wide stream only, until it moves into the workspace.
+  if (mixed && dw.defined()) expect_process_stream(op, ctx);
   validate(op, x, w, rstd, mixed);
   expect_tensor(op, "dy", dy, x.shape(), mixed ? DType::bf16 : x.dtype(), x.device());
   expect_tensor(op, "dx", dx, x.shape(), x.dtype(), x.device());
@@ -96,16 +96,16 @@ void rms_norm_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w,
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     if (mixed) {
-      cuda::rms_norm_backward_mixed(x.raw(), x.dtype(), w.defined() ? w.data<float>() : nullptr, rstd.data<float>(),
+      cuda::rms_norm_backward_mixed(ctx, x.raw(), x.dtype(), w.defined() ? w.data<float>() : nullptr, rstd.data<float>(),
                                     bf16_data(dy), x.size(0), x.size(1), dx.raw(), accumulate_dx,
                                     dw.defined() ? dw.data<float>() : nullptr,
                                     dx_copy.defined() ? bf16_data(dx_copy) : nullptr);
       return;
     }
     expect_dtype(op, "x", x, DType::f32);
-    cuda::rms_norm_backward_f32(x.data<float>(), w.defined() ? w.data<float>() : nullptr, rstd.data<float>(),
+    cuda::rms_norm_backward_f32(ctx, x.data<float>(), w.defined() ? w.data<float>() : nullptr, rstd.data<float>(),
                                 dy.data<float>(), x.size(0), x.size(1), dx.data<float>(),
-                                dw.defined() ? dw.data<float>() : nullptr, accumulate_dx, nullptr);
+                                dw.defined() ? dw.data<float>() : nullptr, accumulate_dx);
     if (dx_copy.defined()) convert(ctx, dx, dx_copy);
     return;
 #else

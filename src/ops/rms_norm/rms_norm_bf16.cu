@@ -18,8 +18,9 @@
 // partial rows column by column in a fixed order and does `dw +=`. The block count
 // depends only on the shape and the path taken (dtype, vector or scalar), so dw is
 // bitwise reproducible. The scratch is a static device array: no allocation, no host
-// synchronization, safe under CUDA-graph capture. Only one stream
-// (kiln::cuda::stream()) runs these kernels, so two calls never share it at once.
+// synchronization, safe under CUDA-graph capture. Only one stream (the process-wide one:
+// the front end refuses a dw on any other) runs the dw kernels, so two calls never share it
+// at once.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/rms_norm/rms_norm_cuda.h"
@@ -255,7 +256,7 @@ void allow_shared_memory(Kernel kernel, size_t bytes) {
 
 }  // namespace
 
-void rms_norm_forward_mixed(const void* x, DType x_dtype, const float* w, float eps, int64_t rows, int64_t cols,
+void rms_norm_forward_mixed(const ExecContext& ctx, const void* x, DType x_dtype, const float* w, float eps, int64_t rows, int64_t cols,
                             bf16_bits* y, float* rstd, const bf16_bits* b, float* sum) {
   if (rows == 0) return;
   KILN_CHECK(!b || (x_dtype == DType::f32 && sum), kOp, "the fused residual add takes fp32 x and a sum output");
@@ -264,14 +265,14 @@ void rms_norm_forward_mixed(const void* x, DType x_dtype, const float* w, float 
     using TX = decltype(tx);
     constexpr int kThreads = decltype(threads)::value, W = decltype(width)::value;
     constexpr int kRows = kBlockThreads / kThreads;
-    forward_kernel<TX, kThreads, W><<<grid_size((rows + kRows - 1) / kRows), kBlockThreads, 0, stream()>>>(
+    forward_kernel<TX, kThreads, W><<<grid_size((rows + kRows - 1) / kRows), kBlockThreads, 0, stream(ctx)>>>(
         static_cast<const TX*>(x), reinterpret_cast<const bf16*>(b), sum, w, eps, rows, cols,
         reinterpret_cast<bf16*>(y), rstd);
     check_launch(kOp, "forward_kernel");
   });
 }
 
-void rms_norm_backward_mixed(const void* x, DType x_dtype, const float* w, const float* rstd, const bf16_bits* dy,
+void rms_norm_backward_mixed(const ExecContext& ctx, const void* x, DType x_dtype, const float* w, const float* rstd, const bf16_bits* dy,
                              int64_t rows, int64_t cols, void* dx, bool accumulate_dx, float* dw,
                              bf16_bits* dx_copy) {
   if (rows == 0 || cols == 0) return;
@@ -292,13 +293,13 @@ void rms_norm_backward_mixed(const void* x, DType x_dtype, const float* w, const
     const size_t shared = with_dw ? static_cast<size_t>(kRows * cols) * sizeof(float) : 0;
     auto kernel = backward_kernel<TX, kThreads, W>;
     allow_shared_memory(kernel, shared);
-    kernel<<<grid_size(blocks), kBlockThreads, shared, stream()>>>(
+    kernel<<<grid_size(blocks), kBlockThreads, shared, stream(ctx)>>>(
         static_cast<const TX*>(x), w, rstd, reinterpret_cast<const bf16*>(dy), rows, cols, rows_per_block,
         static_cast<TX*>(dx), accumulate_dx, with_dw, reinterpret_cast<bf16*>(dx_copy));
     check_launch(kOp, "backward_kernel");
     if (with_dw) {
       dw_sum_kernel<<<grid_size((cols + kColumnSumCols - 1) / kColumnSumCols), dim3(kColumnSumCols, kSumSlices), 0,
-                      stream()>>>(
+                      stream(ctx)>>>(
           blocks, cols, dw);
       check_launch(kOp, "dw_sum_kernel");
     }

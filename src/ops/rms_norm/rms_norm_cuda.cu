@@ -191,19 +191,17 @@ struct LaunchBackwardDx {
 
 }  // namespace
 
-void rms_norm_forward_f32(const float* x, const float* w, float eps, int64_t rows, int64_t cols, float* y,
-                          float* rstd, void* stream) {
+void rms_norm_forward_f32(const ExecContext& ctx, const float* x, const float* w, float eps, int64_t rows, int64_t cols,
+                          float* y, float* rstd) {
   if (rows == 0) return;
   const bool vec = cols % 4 == 0 && aligned16(x) && aligned16(w) && aligned16(y);
-  // nullptr = the kernels' stream (the front end passes none).
-  launch_rows<LaunchForward>(rows, cols, vec, stream ? as_stream(stream) : kiln::cuda::stream(), x, w, eps, rows, cols, y,
-                             rstd);
+  launch_rows<LaunchForward>(rows, cols, vec, stream(ctx), x, w, eps, rows, cols, y, rstd);
 }
 
-void rms_norm_backward_f32(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
-                           int64_t cols, float* dx, float* dw, bool accumulate_dx, void* stream) {
+void rms_norm_backward_f32(const ExecContext& ctx, const float* x, const float* w, const float* rstd, const float* dy,
+                           int64_t rows, int64_t cols, float* dx, float* dw, bool accumulate_dx) {
   if (rows == 0 || cols == 0) return;
-  const cudaStream_t s = stream ? as_stream(stream) : kiln::cuda::stream();
+  const cudaStream_t s = stream(ctx);
   const bool vec = cols % 4 == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx);
   launch_rows<LaunchBackwardDx>(rows, cols, vec, s, x, w, rstd, dy, rows, cols, dx, accumulate_dx);
   if (dw) {
