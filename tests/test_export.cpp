@@ -296,6 +296,14 @@ TEST(ImportHf, RefusesFeaturesKilnDoesNotCompute) {
               c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", 0.707}, {"mscale_all_dim", 0.707}};
             }).find("mscale"),
             std::string::npos);
+  // partial_rotary_factor, top level (transformers 4.x) or in rope_parameters (5.x): the
+  // stock classes rotate the whole head whatever it says, so it is refused, not guessed at.
+  EXPECT_NE(import_error([](json& c) { c["partial_rotary_factor"] = 0.5; })
+                .find("config.json: partial_rotary_factor = 0.5: the stock Llama/Qwen classes ignore it"),
+            std::string::npos);
+  EXPECT_NE(import_error([](json& c) { c["rope_parameters"]["partial_rotary_factor"] = 0.25; })
+                .find("config.json: rope_parameters.partial_rotary_factor = 0.25: the stock"),
+            std::string::npos);
   EXPECT_NE(import_error([](json& c) { c["layer_types"][0] = "chunked_attention"; })
                 .find("config.json: layer_types[0] = 'chunked_attention': kiln computes full_attention and "
                       "sliding_attention layers"),
@@ -336,6 +344,8 @@ TEST(ImportHf, RefusesFeaturesKilnDoesNotCompute) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.gate_proj.bias"), std::string::npos) << e.what();
   }
+  // Last: accepted, it writes the output the refusals above never reach.
+  EXPECT_EQ(import_error([](json& c) { c["partial_rotary_factor"] = 1.0; }), "accepted");
   fs::remove_all(root);
 }
 

@@ -1,6 +1,6 @@
 // Components that no stock Hugging Face class or llama.cpp graph computes -- Gemma's RMSNorm,
-// DyT (as the block norms or the q/k norm), the ungated MLPs, partial rotary and a final norm
-// of another kind than the blocks' -- are refused by
+// DyT (as the block norms or the q/k norm), the ungated MLPs and a final norm of another kind
+// than the blocks' -- are refused by
 // `kiln export hf` and `kiln export gguf` alike: exit non-zero, one error line naming the
 // config key and its value, and nothing written at the destination.
 #include "export_fixture.h"
@@ -37,7 +37,6 @@ const Refused kRefused[] = {
      },
      "model.alt_mlp = 'relu2'"},
     {"embed_scale", [](ModelConfig& c) { c.embed_scale = 8; }, "model.embed_scale = 8"},
-    {"partial_rotary", [](ModelConfig& c) { c.rope.fraction = 0.5; }, "model.rope.fraction = 0.5"},
     {"final_norm", [](ModelConfig& c) { c.final_norm = "layernorm"; }, "model.final_norm = 'layernorm'"},
 };
 
@@ -98,6 +97,33 @@ TEST(ExportRefusals, Dots1ModelsLlamaCppCannotReadAreRefusedForGgufOnly) {
     EXPECT_TRUE(fs::exists(hf_out + "/config.json"));
     expect_refused(test::kiln_binary() + " export gguf " + model + " " + gguf_out, g.key_and_value);
     EXPECT_FALSE(fs::exists(gguf_out));
+  }
+  fs::remove_all(root);
+}
+
+// Partial rotary: the stock Llama/Qwen classes rotate the whole head (they ignore
+// partial_rotary_factor), so the HF export is refused; llama.cpp's qwen3/qwen2 rotate the
+// first rope.dimension_count dims (Gguf.PartialRotaryWritesTheRotatedDimsAndReordersQk), its
+// llama refuses fewer than head_dim, so the GGUF export of a llama-shaped model is refused.
+TEST(ExportRefusals, PartialRotaryIsRefusedForHfAndForGgufLlama) {
+  const std::string root = test::temp_dir("kiln-export-refusals-partial-rotary");
+  for (const bool qwen3 : {true, false}) {
+    SCOPED_TRACE(qwen3 ? "qwen3" : "llama");
+    ModelConfig c = test::tiny_config(qwen3, true, false);
+    c.rope.fraction = 0.5;
+    const std::string dir = root + (qwen3 ? "/qwen3" : "/llama");
+    const std::string model = test::save_random_model(c, dir + "/model");
+    expect_refused(test::kiln_binary() + " export hf " + model + " " + dir + "/hf", "model.rope.fraction = 0.5");
+    EXPECT_FALSE(fs::exists(dir + "/hf"));
+    const std::string gguf = test::kiln_binary() + " export gguf " + model + " " + dir + "/model.gguf";
+    if (qwen3) {
+      std::string output;
+      EXPECT_EQ(test::run_command(gguf, &output), 0) << output;
+      EXPECT_TRUE(fs::exists(dir + "/model.gguf"));
+    } else {
+      expect_refused(gguf, "model.rope.fraction = 0.5");
+      EXPECT_FALSE(fs::exists(dir + "/model.gguf"));
+    }
   }
   fs::remove_all(root);
 }

@@ -64,15 +64,12 @@ TEST(Q8_0, BlocksScalesAndRounding) {
 
 struct GgufCase {
   const char* name;
+  const char* arch;
   ModelConfig config;
 };
 
-TEST(Gguf, ExportsPassThePythonChecksAndReadBack) {
-  const std::string root = test::temp_dir("kiln-gguf");
-  // llama: hidden 48, so matrices reading the hidden state stay f32 under q8_0 (48 % 32 != 0).
-  const std::vector<GgufCase> cases = {{"qwen3", test::tiny_config(true, true, false)},
-                                       {"llama", test::tiny_config(false, false, false, 48)},
-                                       {"qwen2", test::tiny_config(false, true, true)}};
+// Each case exported at every type, checked by tests/python/check_gguf.py and read back.
+void export_check_and_read_back(const std::vector<GgufCase>& cases, const std::string& root) {
   for (const GgufCase& c : cases) {
     const std::string model = test::save_random_model(c.config, root + "/" + c.name);
     for (const std::string type : {"f32", "bf16", "q8_0"}) {
@@ -81,7 +78,7 @@ TEST(Gguf, ExportsPassThePythonChecksAndReadBack) {
       io::GgufExportOptions o;
       o.type = type;
       const io::GgufExportReport report = io::export_gguf(model, file, o);
-      EXPECT_EQ(report.arch, c.name);
+      EXPECT_EQ(report.arch, c.arch);
       write_kiln_dequant(file, file + ".kiln.safetensors");
       std::string output;
       EXPECT_EQ(test::run_python("check_gguf.py " + file + " " + model + " " + type + " " + file + ".kiln.safetensors",
@@ -90,7 +87,7 @@ TEST(Gguf, ExportsPassThePythonChecksAndReadBack) {
           << output;
       std::printf("%s %s: %s", c.name, type.c_str(), output.c_str());
 
-      // Read back into a model: f32 is bitwise (llama's permutation undone), others close.
+      // Read back into a model: f32 is bitwise (q/k reorderings undone), others close.
       std::unique_ptr<Model> original = load(model), back = load(model);
       io::load_gguf_weights(*back, file);
       for (const auto& p : original->parameters()) {
@@ -105,6 +102,28 @@ TEST(Gguf, ExportsPassThePythonChecksAndReadBack) {
       }
     }
   }
+}
+
+TEST(Gguf, ExportsPassThePythonChecksAndReadBack) {
+  const std::string root = test::temp_dir("kiln-gguf");
+  // llama: hidden 48, so matrices reading the hidden state stay f32 under q8_0 (48 % 32 != 0).
+  export_check_and_read_back({{"qwen3", "qwen3", test::tiny_config(true, true, false)},
+                              {"llama", "llama", test::tiny_config(false, false, false, 48)},
+                              {"qwen2", "qwen2", test::tiny_config(false, true, true)}},
+                             root);
+  fs::remove_all(root);
+}
+
+// Partial rotary (model.rope.fraction) as llama.cpp's qwen3 and qwen2 compute it:
+// rope.dimension_count = R, and q/k rows, biases and norm gains reordered so that its NEOX
+// rotation of the first R dims is kiln's rotation of pairs (j, j + D/2), j < R/2 (check_gguf.py
+// checks the order and, at f32, layer 0's attention scores from both layouts).
+TEST(Gguf, PartialRotaryWritesTheRotatedDimsAndReordersQk) {
+  const std::string root = test::temp_dir("kiln-gguf-partial");
+  ModelConfig qwen3 = test::tiny_config(true, true, false), qwen2 = test::tiny_config(false, true, true);
+  qwen3.rope.fraction = 0.25;
+  qwen2.rope.fraction = 0.5;
+  export_check_and_read_back({{"qwen3_partial", "qwen3", qwen3}, {"qwen2_partial", "qwen2", qwen2}}, root);
   fs::remove_all(root);
 }
 

@@ -194,8 +194,10 @@ TEST(ExportNames, ComponentsNameTheirParametersAsTheStockLayouts) {
     }
     EXPECT_EQ(n.hf, want.first) << n.kiln;
     EXPECT_EQ(n.gguf, want.second) << n.kiln;
-    // llama.cpp's llama architecture pairs RoPE rows interleaved: q and k weights only.
-    const bool rope_rows = n.kiln.find("q_proj.weight") != std::string::npos || n.kiln.find("k_proj.weight") != std::string::npos;
+    // The tensors whose rows follow a head's dims, which the GGUF exporter reorders where
+    // llama.cpp pairs RoPE's dims otherwise (llama: interleaved; partial rotary): q and k
+    // weights, biases and norm gains; never v.
+    const bool rope_rows = n.kiln.find("attn.q_") != std::string::npos || n.kiln.find("attn.k_") != std::string::npos;
     EXPECT_EQ(n.gguf_layout == GgufLayout::rope_rows, rope_rows) << n.kiln;
     ++checked;
   }

@@ -25,28 +25,50 @@ using nlohmann::json;
 
 namespace {
 
-// llama.cpp's "llama" rotates interleaved pairs: within each head of `head_dim` rows, row
-// s * D/2 + j (s = half, j < D/2) moves to 2j + s (convert_hf_to_gguf.py's permute). The
-// inverse maps it back. `rows` of `cols` floats.
-std::vector<float> permute_rows(const std::vector<float>& w, int64_t rows, int64_t cols, int64_t head_dim,
-                                bool inverse) {
+// Where each of a head's D dims goes in llama.cpp's layout (to[kiln dim]), or empty where
+// it is kiln's own. kiln rotates pairs (j, j + D/2) for j < R/2 and passes the rest.
+//   llama (R = D): interleaved pairs, dim s * D/2 + j to 2j + s (convert_hf_to_gguf.py's
+//     permute; llama.cpp's llama refuses rope.dimension_count != D, so the Rope refuses R < D).
+//   qwen2/qwen3 (NEOX) with R < D: pairs (j, j + R/2) over the first R dims and the rest
+//     passed, so [0, R/2) stays, [D/2, D/2 + R/2) follows it, then the passed dims in order:
+//     the same rotation of the same values, and q.k is unchanged by one order for q and k.
+std::vector<int64_t> rope_dim_order(HfArch arch, int64_t head_dim, int64_t rotary) {
+  const int64_t half = head_dim / 2, rotated = rotary / 2;
+  std::vector<int64_t> to(static_cast<size_t>(head_dim));
+  if (arch == HfArch::llama) {
+    for (int64_t d = 0; d < head_dim; ++d) to[static_cast<size_t>(d)] = 2 * (d % half) + d / half;
+    return to;
+  }
+  if (rotary == head_dim) return {};
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const int64_t s = d / half, j = d % half;  // d is the first (s = 0) or second of pair j
+    to[static_cast<size_t>(d)] = j < rotated ? s * rotated + j : rotary + s * (half - rotated) + (j - rotated);
+  }
+  return to;
+}
+
+// Reorders the rows of each head (`rows` of `cols` floats, heads of to.size() rows) by `to`;
+// inverse maps them back. A 1-D tensor (a bias, a norm gain) is rows of one.
+std::vector<float> permute_rows(const std::vector<float>& w, int64_t rows, int64_t cols,
+                                const std::vector<int64_t>& to, bool inverse) {
   std::vector<float> out(w.size());
-  const int64_t half = head_dim / 2;
+  const int64_t head_dim = static_cast<int64_t>(to.size());
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t h = r / head_dim, within = r % head_dim;
-    const int64_t s = within / half, j = within % half;
-    const int64_t to = h * head_dim + 2 * j + s;
-    const int64_t dst = inverse ? r : to, src = inverse ? to : r;
+    const int64_t moved = r / head_dim * head_dim + to[static_cast<size_t>(r % head_dim)];
+    const int64_t dst = inverse ? r : moved, src = inverse ? moved : r;
     std::copy(w.begin() + src * cols, w.begin() + (src + 1) * cols, out.begin() + dst * cols);
   }
   return out;
 }
 
-// llama.cpp's llama architecture rotates interleaved pairs: the rows its component marks
-// (the q and k projections of rotating layers) are permuted for it; the other
-// architectures kiln writes (qwen2, qwen3) rotate as Hugging Face does.
-bool permuted(HfArch arch, const Parameter& p) {
-  return arch == HfArch::llama && p.names().gguf_layout == GgufLayout::rope_rows;
+// A parameter's floats in llama.cpp's order (or back, inverse): the q/k tensors of rotating
+// layers (ParamName's rope_rows) reordered by rope_dim_order, the others as they are.
+std::vector<float> gguf_order(std::vector<float> x, const Parameter& p, const std::vector<int64_t>& to,
+                              bool inverse) {
+  if (to.empty() || p.names().gguf_layout != GgufLayout::rope_rows) return x;
+  const Shape shape = p.shape();
+  const int64_t cols = shape.rank() == 2 ? shape[1] : 1;
+  return permute_rows(x, shape[0], cols, to, inverse);
 }
 
 std::vector<float> host_floats(const Tensor& t) {
@@ -160,6 +182,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
   const Config config = load_config((fs::path(dir) / "config.toml").string());
   const ModelConfig& m = config.model;
   const HfArch arch = choose_hf_arch(m);
+  const std::vector<int64_t> order = rope_dim_order(arch, m.head_dim, rotary_dims(m));
   const std::string& type = options.type;
   KILN_CHECK(type == "f32" || type == "bf16" || type == "q8_0", "export", "--type '{}': expected f32, bf16 or q8_0",
              type);
@@ -216,7 +239,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
     std::vector<float> x;
     for (const Parameter* p : tensor.parts) {
       std::vector<float> part = host_floats(p->value());
-      if (permuted(arch, *p)) part = permute_rows(part, p->shape()[0], p->shape()[1], m.head_dim, false);
+      part = gguf_order(std::move(part), *p, order, false);
       x.insert(x.end(), part.begin(), part.end());
     }
     const std::vector<int64_t> shape = gguf_shape(tensor);
@@ -254,6 +277,7 @@ void load_gguf_weights(Model& model, const std::string& path) {
   const GgufFile file = GgufFile::open(path);
   const ModelConfig& m = model.config();
   const HfArch arch = choose_hf_arch(m);
+  const std::vector<int64_t> order = rope_dim_order(arch, m.head_dim, rotary_dims(m));
   const auto& file_arch = std::get<std::string>(file.get("general.architecture"));
   KILN_CHECK(file_arch == gguf_architecture(arch), "gguf", "{}: architecture '{}', this model exports as '{}'", path,
              file_arch, gguf_architecture(arch));
@@ -270,7 +294,7 @@ void load_gguf_weights(Model& model, const std::string& path) {
       std::vector<float> x(all.begin() + static_cast<std::ptrdiff_t>(at),
                            all.begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(value.numel())));
       at += static_cast<size_t>(value.numel());
-      if (permuted(arch, *p)) x = permute_rows(x, value.size(0), value.size(1), m.head_dim, true);
+      x = gguf_order(std::move(x), *p, order, true);
       Tensor host(x.data(), DType::f32, Device::cpu, value.shape());
       copy_tensor(host, value);
     }

@@ -6,7 +6,9 @@
 // head_dim is written as attention.key_length / value_length. RoPE pairing: llama.cpp's
 // "llama" applies RoPE to interleaved pairs (2i, 2i+1), so q/k rows are permuted within each
 // head as convert_hf_to_gguf.py does; "qwen3"/"qwen2" use NEOX (rotate_half) pairs like kiln,
-// so their weights go unchanged.
+// so their weights go unchanged, except under partial rotary (model.rope.fraction < 1):
+// llama.cpp rotates the first rope.dimension_count = R dims, pairs (j, j + R/2), kiln pairs
+// (j, j + D/2) for j < R/2, so q/k rows, biases and norm gains are reordered per head.
 // Weight types: f32, bf16 or q8_0 for matrices (a matrix whose rows are not a multiple of 32
 // stays f32 under q8_0); norms and biases always f32. The tokenizer is embedded as a "gpt2"
 // vocabulary (tokens, token types, merges, bos/eos/pad ids).
@@ -34,7 +36,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
                              const GgufExportOptions& options);
 
 // Reads the weights of a GGUF file that export_gguf wrote back into a built, allocated f32
-// model of the same configuration: dequantized, llama q/k rows un-permuted. Every parameter
+// model of the same configuration: dequantized, q/k rows back in kiln's order. Every parameter
 // must be present with its shape; an extra tensor is an error.
 void load_gguf_weights(Model& model, const std::string& gguf_path);
 

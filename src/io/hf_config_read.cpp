@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -144,6 +145,16 @@ void read_windows(const json& c, HfArch arch, const std::string& where, ModelCon
   m.full_attention_layers = layer_list(full);  // the global layers
 }
 
+// partial_rotary_factor (top level in transformers 4.x, in rope_parameters in 5.x): the
+// Llama/Qwen classes kiln imports rotate the whole head whatever it says, so a value below 1
+// names a model those classes do not compute as its authors meant; refused rather than guessed.
+void check_whole_head_rotary(double factor, const std::string& where, std::string_view key) {
+  KILN_CHECK(factor == 1.0, "import",
+             "{}: {} = {}: the stock Llama/Qwen classes ignore it and rotate the whole head (kiln's "
+             "model.rope.fraction exports only to GGUF's qwen2/qwen3)",
+             where, key, factor);
+}
+
 // rope_scaling / rope_parameters: plain RoPE or one of kiln's scalings (nn/rope_scaling.h:
 // linear, yarn, llama3, with the parameters transformers reads). Returns theta if given
 // there; the scaling goes to `rope`.
@@ -153,8 +164,7 @@ std::optional<double> read_rope(const json& c, const char* key, const std::strin
   if (!field || field->is_null()) return std::nullopt;
   const std::string type = field->string_or("rope_type", field->string_or("type", "default"));
   if (const auto factor = field->find("partial_rotary_factor"))
-    KILN_CHECK(factor->number() == 1.0, "import", "{}: {}.partial_rotary_factor != 1: kiln rotates the whole head",
-               where, key);
+    check_whole_head_rotary(factor->number(), where, std::string(key) + ".partial_rotary_factor");
   auto number = [&](const char* name, double fallback) {
     const auto f = field->find(name);
     return f && !f->is_null() ? f->number() : fallback;
@@ -293,6 +303,7 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   m.attention_bias = spec.arch == HfArch::qwen2;
   m.name = get<std::string>(c, "kiln_model_name", std::string(hf_model_type(spec.arch)) + "-import", where);
 
+  check_whole_head_rotary(get<double>(c, "partial_rotary_factor", 1.0, where), where, "partial_rotary_factor");
   double theta = get<double>(c, "rope_theta", 10000.0, where);
   if (auto t = read_rope(c, "rope_scaling", where, m.max_seq_len, m.rope)) theta = *t;
   if (auto t = read_rope(c, "rope_parameters", where, m.max_seq_len, m.rope)) theta = *t;

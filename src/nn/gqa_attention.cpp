@@ -20,8 +20,9 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
   qk_norm_ = m.qk_norm, bias_ = m.attention_bias;
   const int64_t q_cols = hq_ * d_, kv_cols = hkv_ * d_, qkv_cols = q_cols + 2 * kv_cols;
   const NameScope n = layer.names.child("attn.", "self_attn.", "");
-  // llama.cpp's llama architecture pairs RoPE's rows interleaved: its exporter permutes
-  // the q and k rows of rotating layers.
+  // llama.cpp pairs RoPE's dims otherwise than kiln where the family is "llama"
+  // (interleaved) or the rotation partial (the first dims): its exporter reorders the q and
+  // k rows of rotating layers, and their biases and norm gains with them.
   const GgufLayout rope_rows = rotary_ ? GgufLayout::rope_rows : GgufLayout::plain;
   const Tensor& qkv_master =
       ctx.fused_parameter(qkv_w_, qkv_g_,
@@ -31,8 +32,8 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
                           m.hidden, ParamRole::matrix, Init::normal(hidden_init_std(m)));
   if (m.attention_bias)
     ctx.fused_parameter(qkv_b_, qkv_bg_,
-                        {{n("q_proj.bias", "q_proj.bias", "attn_q.bias"), q_cols},
-                         {n("k_proj.bias", "k_proj.bias", "attn_k.bias"), kv_cols},
+                        {{n("q_proj.bias", "q_proj.bias", "attn_q.bias", rope_rows), q_cols},
+                         {n("k_proj.bias", "k_proj.bias", "attn_k.bias", rope_rows), kv_cols},
                          {n("v_proj.bias", "v_proj.bias", "attn_v.bias"), kv_cols}},
                         0, ParamRole::bias, Init::zeros());
   // Output projection: scaled init keeps the residual stream's variance flat in depth.
@@ -43,8 +44,8 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
   options_.softcap = m.attention_softcap;
   prepare_.q_heads = hq_, prepare_.kv_heads = hkv_, prepare_.head_dim = d_;
   if (m.qk_norm) {
-    const ParamName q_w = n("q_norm.weight", "q_norm.weight", "attn_q_norm.weight");
-    const ParamName k_w = n("k_norm.weight", "k_norm.weight", "attn_k_norm.weight");
+    const ParamName q_w = n("q_norm.weight", "q_norm.weight", "attn_q_norm.weight", rope_rows);
+    const ParamName k_w = n("k_norm.weight", "k_norm.weight", "attn_k_norm.weight", rope_rows);
     qk_kind_ = m.qk_norm_type == "gemma_rmsnorm" ? QkNormKind::gemma_rmsnorm
                : m.qk_norm_type == "dyt"         ? QkNormKind::dyt
                                                  : QkNormKind::rmsnorm;

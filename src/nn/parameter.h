@@ -17,8 +17,10 @@
 namespace kiln {
 
 // How llama.cpp lays out a tensor against Hugging Face's (the GGUF exporter's only
-// per-tensor transform): rope_rows marks q/k projections whose rows its "llama"
-// architecture pairs interleaved (convert_hf_to_gguf.py's permute).
+// per-tensor transform): rope_rows marks the q/k tensors of rotating layers whose rows
+// (projections; biases and q/k norm gains as rows of one) follow a head's dims, which the
+// exporter reorders where llama.cpp pairs them otherwise: "llama" pairs interleaved
+// (convert_hf_to_gguf.py's permute), and partial rotary rotates the first dims.
 enum class GgufLayout { plain, rope_rows };
 
 // A parameter's names: kiln's whole-model name (checkpoints, model.safetensors) and, given

@@ -8,7 +8,8 @@
 // R = fraction x D dims fill the first R/2 pairs (j, j + D/2), and the pairs after them
 // hold cos 1 and sin 0, so their dims pass unrotated. GPT-NeoX's convention rotates the
 // first R dims instead (pairs (j, j + R/2)); the two differ by one fixed permutation of the
-// head dims, the same for q and k, which leaves every q.k as it is.
+// head dims, the same for q and k, which leaves every q.k as it is (the GGUF exporter
+// applies it to q/k rows for llama.cpp, which rotates GPT-NeoX's way: io/gguf_export.h).
 #include "nn/modules.h"
 #include "nn/rope_scaling.h"
 #include "ops/rope/rope.h"
@@ -36,11 +37,15 @@ class Rope final : public PositionEncoding {
   // exporter permutes the q/k rows the attention marks).
   void export_config(ExportConfig& out) const override {
     if (head_dim_ % 2 != 0) out.refuse("model.head_dim", std::to_string(head_dim_), "RoPE needs an even head_dim");
-    // transformers' partial_rotary_factor lives in GPT-NeoX/StableLM/GLM-shaped classes,
-    // none of them a family kiln exports; GGUF's llama/qwen3 rotate the whole head.
-    if (scaling_.fraction != 1.0)
+    // transformers' partial_rotary_factor lives in GPT-NeoX/Phi/StableLM/GLM-shaped
+    // classes; the Llama/Qwen2/Qwen3 classes kiln exports to rotate the whole head whatever
+    // it says. llama.cpp's qwen2/qwen3 (NEOX) rotate the first rope.dimension_count dims
+    // (the exporter reorders q/k rows to match: io/gguf_export.h); its llama refuses fewer.
+    if (rotary_dims_ != head_dim_ && (out.format() == ExportConfig::Format::hf || out.is("llama")))
       out.refuse("model.rope.fraction", fmt::format("{}", scaling_.fraction),
-                 "the families kiln exports rotate the whole head");
+                 out.format() == ExportConfig::Format::hf
+                     ? "the stock Llama/Qwen classes rotate the whole head (they ignore partial_rotary_factor)"
+                     : "llama.cpp's llama rotates the whole head (rope.dimension_count must be head_dim)");
     // ntk exports as the plain RoPE of its effective base: the same frequencies at every
     // length (transformers' "dynamic" type would recompute them past max_position_embeddings).
     const bool ntk = scaling_.scaling == "ntk";
@@ -81,7 +86,7 @@ class Rope final : public PositionEncoding {
   }
 
   void export_gguf(ExportConfig& out, double theta, bool plain) const {
-    out.set("rope.dimension_count", head_dim_, "model.head_dim");
+    out.set("rope.dimension_count", rotary_dims_, rotary_dims_ == head_dim_ ? "model.head_dim" : "model.rope.fraction");
     out.set("rope.freq_base", static_cast<float>(theta), "model.rope_theta");
     if (plain) return;
     if (scaling_.scaling != "linear")  // llama.cpp's yarn and rope_freqs are not checked against kiln's tables

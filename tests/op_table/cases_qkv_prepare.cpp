@@ -2,7 +2,8 @@
 // split in one pass, and its backward with the gain gradients (+=). Shapes cover every
 // launch shape of the kernel: scalar rows (head_dim 12, 8), 4, 8 and 16 threads per row
 // (head_dim 16, 64/128, 256), with and without the norm and the rotation, single tokens,
-// odd counts, and more row groups than blocks (each block loops over several).
+// odd counts, and more row groups than blocks (each block loops over several), and partial
+// rotary (tables of the first pairs, the rest cos 1 / sin 0, passed through by the reference).
 #include "op_table/op_table.h"
 #include "ops/attention/qkv_prepare.h"
 #include "ops/rope/rope.h"
@@ -19,21 +20,24 @@ namespace {
 struct Layout {
   int64_t tokens, hq, hkv, d;
   bool norm, rope;
+  int64_t rotary = 0;  // dims rotated (partial rotary); 0 = d
+
+  int64_t rotary_dims() const { return rotary > 0 ? rotary : d; }
 };
 
 constexpr double kEps = 1e-6;
 
-std::function<void(double*, int64_t)> table(int64_t max_pos, int64_t d, bool sine) {
+std::function<void(double*, int64_t)> table(int64_t max_pos, int64_t d, int64_t rotary, bool sine) {
   return [=](double* v, int64_t) {
     OwnedTensor cos(DType::f64, Device::cpu, Shape{max_pos, d / 2}), sin(DType::f64, Device::cpu, Shape{max_pos, d / 2});
-    ops::rope_fill_tables(process_exec(), ops::rope_inverse_frequencies(10000.0, d), *cos, *sin);
+    ops::rope_fill_tables(process_exec(), ops::rope_inverse_frequencies(10000.0, rotary), *cos, *sin);
     const double* src = (sine ? sin : cos)->data<double>();
     std::copy(src, src + max_pos * d / 2, v);
   };
 }
 
 // Head by head: q and k normalized (1/sqrt(mean(x^2) + eps) times the gain) and rotated
-// (pairs j, j + d/2), v copied.
+// (pairs j, j + d/2 for j below rotary / 2, the others passed), v copied.
 void reference_prepare(const Tensors& t, const Layout& l) {
   const int64_t heads = l.hq + 2 * l.hkv, half = l.d / 2;
   const double* qkv = t.f64("qkv");
@@ -55,7 +59,7 @@ void reference_prepare(const Tensors& t, const Layout& l) {
         for (int64_t c = 0; c < l.d; ++c) head[static_cast<size_t>(c)] *= inv * gain[c];
       }
       if (!is_v && l.rope)
-        for (int64_t j = 0; j < half; ++j) {
+        for (int64_t j = 0; j < l.rotary_dims() / 2; ++j) {
           const double c = t.f64("cos")[pos[i] * half + j], s = t.f64("sin")[pos[i] * half + j];
           const double a = head[static_cast<size_t>(j)], b = head[static_cast<size_t>(j + half)];
           head[static_cast<size_t>(j)] = a * c - b * s;
@@ -70,14 +74,14 @@ OpCase prepare_case(const Layout& l, std::vector<int32_t> positions, int64_t max
   const Shape fs{l.tokens, cols}, qs{l.tokens, l.hq, l.d}, ks{l.tokens, l.hkv, l.d}, gs{l.d}, ts{max_pos, l.d / 2};
   OpCase c;
   c.op = "qkv_prepare";
-  c.name = fmt::format("t{}_h{}x{}_d{}_{}_{}", l.tokens, l.hq, l.hkv, l.d, l.norm ? "norm" : "nonorm",
-                       l.rope ? "rope" : "norope");
+  c.name = fmt::format("t{}_h{}x{}_d{}_{}_{}{}", l.tokens, l.hq, l.hkv, l.d, l.norm ? "norm" : "nonorm",
+                       l.rope ? "rope" : "norope", l.rotary > 0 ? fmt::format("{}", l.rotary) : "");
   c.tensors = {in("qkv", fs).scaled(1.5),
                in("q_gain", gs, Width::wide).scaled(0.3, 1.0),
                in("k_gain", gs, Width::wide).scaled(0.3, 1.0),
                ints("positions", std::move(positions)),
-               in("cos", ts, Width::wide).filled(table(max_pos, l.d, false)),
-               in("sin", ts, Width::wide).filled(table(max_pos, l.d, true)),
+               in("cos", ts, Width::wide).filled(table(max_pos, l.d, l.rotary_dims(), false)),
+               in("sin", ts, Width::wide).filled(table(max_pos, l.d, l.rotary_dims(), true)),
                out("q", qs),
                out("k", ks),
                out("v", ks).exact(),
@@ -128,6 +132,11 @@ std::vector<OpCase> qkv_prepare_cases() {
     c.finite_differences = true;
     cases.push_back(std::move(c));
   }
+  for (bool norm : {true, false}) {  // partial rotary: 4 of 8 dims
+    OpCase c = prepare_case({7, 4, 2, 8, norm, true, 4}, {0, 1, 2, 0, 1, 5, 3}, 8, {});
+    c.finite_differences = true;
+    cases.push_back(std::move(c));
+  }
   const Layout gpu[] = {
       {29, 4, 2, 12, true, true},     // half 6: scalar path
       {1, 1, 1, 8, true, true},       // one token, half 4: scalar
@@ -137,6 +146,9 @@ std::vector<OpCase> qkv_prepare_cases() {
       {33, 4, 2, 128, true, false},   // NoPE
       {300, 2, 1, 256, true, true},   // 16 threads per row, several blocks
       {33000, 2, 1, 64, true, true},  // over 2048 groups of rows: each block takes several
+      {37, 16, 8, 128, true, true, 64},  // partial rotary, half the head (vector path)
+      {29, 4, 2, 12, true, true, 4},     // partial, scalar path
+      {5, 2, 2, 64, false, true, 16},    // partial without q/k norm
   };
   constexpr int64_t kMaxPos = 64;
   for (const Layout& l : gpu) {

@@ -7,7 +7,9 @@ usage: check_gguf.py FILE.gguf KILN_MODEL_DIR TYPE [KILN_DEQUANT.safetensors]
   KILN_DEQUANT: kiln's own reading of FILE (GgufFile::read_f32, by GGUF name); each tensor
                 must equal gguf-py's dequantization bit for bit.
 Checks metadata, tensor names, shapes and types; for Q8_0, that gguf-py's quantizer applied
-to kiln's f32 weights gives kiln's bytes exactly; for llama, the q/k permutation.
+to kiln's f32 weights gives kiln's bytes exactly; for llama, the q/k permutation; under
+partial rotary (model.rope.fraction < 1), the q/k reordering into llama.cpp's NEOX layout
+and, at f32, that llama.cpp's rotation of the first R dims gives kiln's attention scores.
 """
 
 import os
@@ -30,6 +32,60 @@ def field(reader, key):
     return f.contents()
 
 
+def rotary_dims(m):
+    return round(m.get("rope", {}).get("fraction", 1.0) * m["head_dim"])
+
+
+def neox_partial_order(w, n_head, head_dim, rotary):
+    """kiln rotates pairs (j, j + D/2) for j < R/2; llama.cpp's NEOX rope with n_rot = R pairs
+    (j, j + R/2) over the first R dims and passes the rest: per head, gather [0, R/2),
+    [D/2, D/2 + R/2), then the passed dims in order."""
+    half, r2 = head_dim // 2, rotary // 2
+    idx = list(range(r2)) + list(range(half, half + r2)) + list(range(r2, half)) + list(range(half + r2, head_dim))
+    return w.reshape(n_head, head_dim, *w.shape[1:])[:, idx].reshape(w.shape)
+
+
+def rope_heads(x, pos, theta, rotary, pairs_at):
+    """Rotates x [H, D] at position pos by an R-dim RoPE (transformers' default inverse
+    frequencies over R): pairs (j, j + pairs_at) for j < R/2, the other dims passed."""
+    inv = 1.0 / theta ** (np.arange(0, rotary, 2, dtype=np.float64) / rotary)
+    c, s = np.cos(pos * inv), np.sin(pos * inv)
+    out = x.copy()
+    a, b = x[:, : rotary // 2], x[:, pairs_at : pairs_at + rotary // 2]
+    out[:, : rotary // 2] = a * c - b * s
+    out[:, pairs_at : pairs_at + rotary // 2] = b * c + a * s
+    return out
+
+
+def check_partial_rotary_scores(gguf, kiln, m):
+    """Layer 0's attention scores q(pos 5) . k(pos 2) as llama.cpp computes them from the
+    GGUF tensors (NEOX rope over the first R dims: rotate_half within them, as transformers'
+    partial_rotary_factor classes do) equal kiln's from its own (pairs (j, j + D/2))."""
+    D, R, H, KV = m["head_dim"], rotary_dims(m), m["heads"], m["kv_heads"]
+    x = np.random.default_rng(7).standard_normal(m["hidden"])
+
+    def heads(get, qk, n, pairs_at, pos):  # get(qk, "weight" | "bias" | "norm")
+        y = (get(qk, "weight").astype(np.float64) @ x).reshape(n, D)
+        if m["attention_bias"]:
+            y = y + get(qk, "bias").astype(np.float64).reshape(n, D)
+        if m["qk_norm"]:
+            y = y / np.sqrt((y * y).mean(-1, keepdims=True) + m["norm_eps"]) * get(qk, "norm").astype(np.float64)
+        return rope_heads(y, pos, m["rope_theta"], R, pairs_at)
+
+    def scores(get, pairs_at):
+        q, k = heads(get, "q", H, pairs_at, 5), heads(get, "k", KV, pairs_at, 2)
+        return np.array([q[h] @ k[h // (H // KV)] for h in range(H)])
+
+    gguf_names = {"weight": "blk.0.attn_{}.weight", "bias": "blk.0.attn_{}.bias", "norm": "blk.0.attn_{}_norm.weight"}
+    kiln_names = {"weight": "layers.0.attn.{}_proj.weight", "bias": "layers.0.attn.{}_proj.bias",
+                  "norm": "layers.0.attn.{}_norm.weight"}
+    theirs = scores(lambda qk, part: gguf[gguf_names[part].format(qk)], R // 2)
+    ours = scores(lambda qk, part: kiln[kiln_names[part].format(qk)], D // 2)
+    err = np.abs(theirs - ours).max() / np.abs(ours).max()
+    check(err < 1e-5, f"partial rotary: llama.cpp's scores differ from kiln's by {err:.3e} (relative)")
+    print(f"OK partial rotary: {R} of {D} dims, layer 0's {H} scores agree within {err:.1e}")
+
+
 def check_metadata(r, m, typ):
     arch = ref.expected_arch(m)
     check(field(r, "general.architecture") == arch, f"architecture {field(r, 'general.architecture')} != {arch}")
@@ -37,7 +93,7 @@ def check_metadata(r, m, typ):
     want = {"context_length": m["max_seq_len"], "embedding_length": m["hidden"], "block_count": m["layers"],
             "feed_forward_length": m["ffn_hidden"], "attention.head_count": m["heads"],
             "attention.head_count_kv": m["kv_heads"], "attention.key_length": m["head_dim"],
-            "attention.value_length": m["head_dim"], "rope.dimension_count": m["head_dim"], "vocab_size": m["vocab_size"]}
+            "attention.value_length": m["head_dim"], "rope.dimension_count": rotary_dims(m), "vocab_size": m["vocab_size"]}
     for k, v in want.items():
         check(field(r, f"{arch}.{k}") == v, f"{arch}.{k} = {field(r, f'{arch}.{k}')} != {v}")
     check(np.float32(field(r, f"{arch}.rope.freq_base")) == np.float32(m["rope_theta"]), "rope.freq_base")
@@ -73,12 +129,17 @@ def main():
             theirs = {k: f.get_tensor(k) for k in f.keys()}
     arch = ref.expected_arch(m)
     counts = {}
+    f32_values = {}
     for name, t in got.items():
         hf, shape = shapes[name]
         check(tuple(int(x) for x in reversed(t.shape)) == shape, f"{name}: ggml shape {list(t.shape)} for {shape}")
         w = kiln[ref.kiln_name(hf)]
         if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             w = ref.llama_permute(w, m["heads"] if "attn_q" in name else m["kv_heads"])
+        rope_tensors = ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias", "attn_q_norm.weight", "attn_k_norm.weight")
+        if rotary_dims(m) < m["head_dim"] and name.endswith(rope_tensors):
+            heads = 1 if "_norm" in name else m["heads"] if "attn_q" in name else m["kv_heads"]
+            w = neox_partial_order(w, heads, m["head_dim"], rotary_dims(m))
         if len(shape) == 1:
             want_type = Q.F32
         elif typ == "q8_0":
@@ -90,6 +151,7 @@ def main():
         if want_type == Q.F32:
             values = np.asarray(t.data).reshape(shape)
             check(np.array_equal(values, w), f"{name}: f32 values differ from kiln's weights")
+            f32_values[name] = values
         elif want_type == Q.BF16:
             bits = np.asarray(t.data).view(np.uint16).reshape(shape)
             check(np.array_equal(bits, ref.f32_to_bf16_bits(w)), f"{name}: bf16 bits differ")
@@ -103,6 +165,8 @@ def main():
         if kiln_dequant:
             check(np.array_equal(theirs[name].reshape(shape), values.astype(np.float32)),
                   f"{name}: kiln's dequantization differs from gguf-py's")
+    if rotary_dims(m) < m["head_dim"] and typ == "f32":
+        check_partial_rotary_scores(f32_values, kiln, m)
     print(f"OK tensors: {len(got)} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))})"
           + (", kiln's dequantization equals gguf-py's bit for bit" if kiln_dequant else ""))
 
