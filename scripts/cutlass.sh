@@ -25,27 +25,9 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# An interpreter with pip: $PYTHON, the tests' virtualenv (scripts/python_env.sh), python3;
-# else a throwaway virtualenv (Debian's python3 has no pip without python3-pip).
-python=""
-for candidate in "${PYTHON:-}" build/pyenv/bin/python python3; do
-  if [ -n "$candidate" ] && "$candidate" -m pip --version >/dev/null 2>&1; then
-    python=$candidate
-    break
-  fi
-done
-if [ -z "$python" ]; then
-  python3 -m venv "$tmp/venv" >&2 || { echo "cutlass: no pip (install python3-pip or python3-venv)" >&2; exit 1; }
-  python=$tmp/venv/bin/python
-fi
-
-echo "cutlass: downloading nvidia-cutlass $VERSION" >&2
-"$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-  "nvidia-cutlass==$VERSION" -d "$tmp/wheel" >&2
-wheel=$tmp/wheel/$WHEEL
-[ -f "$wheel" ] || { echo "cutlass: pip did not fetch $WHEEL" >&2; exit 1; }
-echo "$SHA256  $wheel" | sha256sum -c --quiet - >&2 ||
-  { echo "cutlass: $WHEEL does not have the pinned sha256" >&2; exit 1; }
+source scripts/pinned_wheel.sh
+python=$(wheel_python cutlass "$tmp")
+wheel=$(fetch_wheel cutlass "$python" "$tmp" "$WHEEL" "$SHA256" "nvidia-cutlass==$VERSION")
 
 # The headers live under cutlass_library/source/include/ in the wheel (which also holds the
 # Python packages, the examples and the tools). Python's zipfile, as unzip may be absent.
