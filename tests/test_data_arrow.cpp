@@ -2,7 +2,8 @@
 // data: the same documents as the equivalent JSONL, through data.path, directories,
 // globs and data.sources; the errors for a missing or non-string text column, a null
 // row (strict and lenient) and a DatasetDict folder; and a `kiln train` run on Parquet.
-// The fixtures are written with Arrow C++ itself (the library kiln reads them with).
+// The fixtures are written with Arrow C++ itself (the library kiln reads them with), and
+// once with pyarrow from the tests' Python environment.
 #include "data/data_format.h"
 #include "data/dataset.h"
 #include "data/document_reader.h"
@@ -136,6 +137,24 @@ TEST(DataArrow, ParquetReadsTheSameDocumentsAsJsonl) {
   write_jsonl(dir + "/corpus.jsonl", docs);
   EXPECT_EQ(resolve_format(config_for(dir + "/corpus.parquet")), "parquet");
   expect_same_as_jsonl(dir + "/corpus.parquet", dir + "/corpus.jsonl");
+  fs::remove_all(dir);
+}
+
+// Files written by pyarrow (the pinned wheel in the tests' Python environment), not by the
+// Arrow C++ this test links: what a user's datasets and pandas tooling writes.
+TEST(DataArrow, FilesWrittenByPyarrowReadTheSameDocumentsAsJsonl) {
+  const std::string dir = test::temp_dir("kiln-data-pyarrow");
+  const std::vector<std::string> docs = tricky_documents(23);
+  test::write_file(dir + "/docs.json", nlohmann::json(docs).dump());
+  std::string output;
+  ASSERT_EQ(test::run_command(test::kiln_python() + " " KILN_SOURCE_DIR "/tests/python/write_arrow_files.py " + dir +
+                                  "/docs.json " + dir,
+                              &output),
+            0)
+      << output;
+  write_jsonl(dir + "/corpus.jsonl", docs);
+  expect_same_as_jsonl(dir + "/corpus.parquet", dir + "/corpus.jsonl");
+  expect_same_as_jsonl(dir + "/corpus.arrow", dir + "/corpus.jsonl");
   fs::remove_all(dir);
 }
 
