@@ -118,32 +118,6 @@ void copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, c
 }  // namespace
 #endif
 
-void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes) {
-#if KILN_WITH_CUDA
-  copy_async(device_dst, host_src, bytes, cudaMemcpyHostToDevice, cuda::stream());
-#else
-  (void)device_dst, (void)host_src, (void)bytes;
-  no_cuda("copy_to_device_async");
-#endif
-}
-
-void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) {
-#if KILN_WITH_CUDA
-  copy_async(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, cuda::stream());
-#else
-  (void)host_dst, (void)device_src, (void)bytes;
-  no_cuda("copy_to_host_async");
-#endif
-}
-
-void synchronize_stream() {
-#if KILN_WITH_CUDA
-  check_cuda(cudaStreamSynchronize(cuda::stream()), "cudaStreamSynchronize");
-#else
-  no_cuda("synchronize_stream");
-#endif
-}
-
 void copy_to_device_async(const ExecContext& ctx, void* device_dst, const void* host_src, size_t bytes) {
 #if KILN_WITH_CUDA
   copy_async(device_dst, host_src, bytes, cudaMemcpyHostToDevice, cuda::stream(ctx));
@@ -170,6 +144,17 @@ void synchronize_stream(const ExecContext& ctx) {
   no_cuda("synchronize_stream");
 #endif
 }
+
+// The process-wide stream's (process_exec()).
+void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes) {
+  copy_to_device_async(process_exec(), device_dst, host_src, bytes);
+}
+
+void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes) {
+  copy_to_host_async(process_exec(), host_dst, device_src, bytes);
+}
+
+void synchronize_stream() { synchronize_stream(process_exec()); }
 
 bool cuda_available() {
 #if KILN_WITH_CUDA

@@ -47,7 +47,7 @@ class CapturedStep final : public StepExecutor {
     host.grad_limit = plan.grad_limit;
     host.clip = plan.clip;
     optimizer_.prepare_device_update(plan.lr, host.update);
-    copy_to_device_async(device_, &host, sizeof(host));
+    copy_to_device_async(model_.exec(), device_, &host, sizeof(host));
     model_.zero_grads();
   }
 
@@ -84,8 +84,8 @@ class CapturedStep final : public StepExecutor {
 
   StepOutcome finish() override {
     ops::DeviceStepScalars& host = host_scalars_[0];
-    copy_to_host_async(&host, device_, sizeof(host));
-    synchronize_stream();  // the step's one wait
+    copy_to_host_async(model_.exec(), &host, device_, sizeof(host));
+    synchronize_stream(model_.exec());  // the step's one wait
     StepOutcome outcome{host.loss, host.grad_norm, {}, host.verdict};
     std::copy(std::begin(host.step_sums), std::end(host.step_sums), outcome.step_sums.begin());
     // The device applied or skipped the update by the verdict; only now the host knows which.
