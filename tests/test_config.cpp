@@ -399,6 +399,8 @@ TEST_F(ConfigFile, RoundTripEveryFieldChanged) {
   c.model.moe.groups = 2;  // experts (10) in groups; top_k (4) within the top group's 5
   c.model.moe.top_groups = 1;
   c.model.moe.l1_rate = 1.5;  // a factor > 1
+  c.model.mtp.weights = "0.25,0.5";  // one weight per depth (the changed depth is 2)
+  c.model.mtp.form = "parallel";
   const Config back = load_config(write(config_to_toml(c)));
   EXPECT_TRUE(config_equal(back, c)) << config_to_toml(c);
   EXPECT_FALSE(config_equal(back, Config{}));

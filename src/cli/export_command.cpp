@@ -59,6 +59,8 @@ void add_export_command(CLI::App& app) {
     fmt::print("exported {} ({}, {} tensors, {:.1f} MB of {} weights) to {}: {}\n", io::hf_architecture(r.arch),
                io::hf_model_type(r.arch), r.tensors, static_cast<double>(r.weight_bytes) / 1e6, hf->dtype, hf->out,
                fmt::join(r.files, ", "));
+    if (r.training_only > 0)
+      fmt::print("left out {} multi-token prediction tensors (training only; [model.mtp])\n", r.training_only);
   });
 
   struct GgufOptions {
@@ -78,6 +80,8 @@ void add_export_command(CLI::App& app) {
                                                 : fmt::format("{} {}, {} f32", r.quantized, gg->type, r.kept_f32);
     fmt::print("exported GGUF '{}' ({} tensors: {}; {:.1f} MB) to {}\n", r.arch, r.tensors, types,
                static_cast<double>(r.bytes) / 1e6, gg->out);
+    if (r.training_only > 0)
+      fmt::print("left out {} multi-token prediction tensors (training only; [model.mtp])\n", r.training_only);
   });
 }
 

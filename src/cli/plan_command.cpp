@@ -51,6 +51,10 @@ void add_plan_command(CLI::App& app) {
     fmt::print("active          {:>14L}  ({})\n", static_cast<int64_t>(std::llround(active)),
                active < static_cast<double>(params) ? "per token: each expert weighed by top_k / experts"
                                                     : "dense: every parameter, per token");
+    int64_t training_only = 0;
+    for (const auto& p : model.parameters()) training_only += p->training_only() ? p->shape().numel() : 0;
+    if (training_only > 0)
+      fmt::print("training only   {:>14L}  (multi-token prediction: not active, not exported)\n", training_only);
     fmt::print("FLOPs per token {:>14.4g}  (6 x active matmul params + attention's 6 x heads x head_dim x context, "
                "windows counted)\n", flops);
     fmt::print("FLOPs per step  {:>14.4g}  ({} tokens)\n", flops * static_cast<double>(step_tokens), step_tokens);

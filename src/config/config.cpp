@@ -8,6 +8,7 @@
 #include "core/utf8.h"
 #include "config/config_fields.h"
 #include "config/layer_pattern.h"
+#include "config/mtp_weights.h"
 #include "data/tokenizer.h"
 #include "nn/mup.h"
 
@@ -577,6 +578,7 @@ void validate_config(const Config& config) {
   validate_moe_router(config);
   validate_sources(config.data);
   check_mup(m);
+  mtp_loss_weights(m);  // throws naming model.mtp.weights
   KILN_CHECK(m.max_seq_len <= config.train.micro_batch_tokens, kWhere,
              "model.max_seq_len ({}) must be <= train.micro_batch_tokens ({})", m.max_seq_len,
              config.train.micro_batch_tokens);

@@ -55,6 +55,18 @@ struct RopeConfig {
                                        // partial_rotary_factor); the frequencies are those of that many dims
 };
 
+// Multi-token prediction ([model.mtp], training only; model/multi_token_prediction.h): heads
+// that learn to predict tokens further ahead than the next, whose losses join the objective.
+// Validation, evaluation, decode and exports use the main head only.
+struct MtpConfig {
+  int64_t depth = 0;                   // predicted tokens beyond the next (t+2 .. t+1+depth); 0 = off
+  std::string form = "sequential";     // sequential (DeepSeek-V3's modules) | parallel (seed 002's heads)
+  // Each depth's loss weight, comma-separated ("0.1,0.05"); "" = the form's default:
+  // sequential 0.1 / depth each beside the main loss at 1 (DeepSeek-V3); parallel the plain
+  // average of the main loss and every depth's, 1 / (depth + 1) each (seed 002).
+  std::string weights;
+};
+
 struct ModelConfig {
   std::string name = "qwen3-byte-tiny";
   int64_t vocab_size = 259;        // byte-level: 256 bytes + BOS, EOS, PAD
@@ -102,6 +114,7 @@ struct ModelConfig {
   double attention_softcap = 0;    // attention logits -> cap * tanh(logits / cap); 0 = off
   double logit_softcap = 0;        // LM head logits -> cap * tanh(logits / cap); 0 = off
   MoeConfig moe;                   // [model.moe]: used by layers whose MLP is "moe"
+  MtpConfig mtp;                   // [model.mtp]: multi-token prediction (training only)
 };
 
 // One source of a weighted mixture ([[data.sources]], docs/data.md "Mixtures"): any path

@@ -34,6 +34,9 @@ constexpr int64_t kMaxSinkhornIterations = 1000;
 // A week: a collective that waits longer is hung, and 1e308 s overflowed Gloo's
 // millisecond timeout ("Invalid timeout", after the rendezvous).
 constexpr int64_t kMaxTimeoutSeconds = 7 * 24 * 3600;
+// Multi-token prediction depths: each takes three of the step's loss slots
+// (nn/loss_terms.h); DeepSeek-V3 uses 1, seed 001 up to 4.
+constexpr int64_t kMaxMtpDepth = 8;
 
 
 // One line per key: section, member of Config, rule, help.
@@ -126,6 +129,13 @@ const std::array kFields = {
                "sinkhorn: balancing iterations per micro-batch"),
     KILN_FIELD(model.moe, l1_coef, positive(), "relu: the L1 penalty's initial coefficient"),
     KILN_FIELD(model.moe, l1_rate, positive(), "relu: the coefficient's adaptation factor per step (> 1)"),
+
+    KILN_FIELD(model.mtp, depth, non_negative().up_to(kMaxMtpDepth, "each depth takes three loss slots"),
+               "multi-token prediction: tokens predicted beyond the next; 0 = off"),
+    KILN_FIELD(model.mtp, form, one_of("sequential|parallel"),
+               "sequential (DeepSeek-V3's modules) | parallel (extra heads on the final hidden state)"),
+    KILN_FIELD(model.mtp, weights, none(),
+               "each depth's loss weight, comma-separated; \"\" = sequential 0.1/depth, parallel the average"),
 
     KILN_FIELD(data, path, non_empty().as(ConfigRule::kPath),
                "training data: a file, directory or glob (text, JSONL, .zst/.gz, Parquet, .arrow/HF save_to_disk, shards, .bin)"),
@@ -248,8 +258,8 @@ const std::array kFields = {
 #undef KILN_ROLE_FIELDS
 #undef KILN_FIELD
 
-constexpr std::array<std::string_view, 19> kSections = {
-    "model",        "model.rope",   "model.moe",    "data",         "train",       "optim",
+constexpr std::array<std::string_view, 20> kSections = {
+    "model",        "model.rope",   "model.moe",    "model.mtp",    "data",         "train",       "optim",
     "optim.embedding", "optim.head", "optim.matrix", "optim.expert", "optim.router", "optim.norm",
     "optim.bias",   "optim.muon",   "optim.qk_clip", "log",         "checkpoint",  "eval",
     "dist"};

@@ -84,7 +84,7 @@ Decoder::Decoder(Model& model, const DecoderOptions& options)
   // embedding's compute copy whole.
   const Parameter* embedding = &backbone.embedding();
   for (const auto& p : model.parameters())
-    if (p.get() != embedding)
+    if (p.get() != embedding && !p->training_only())
       weight_bytes_ += static_cast<size_t>(p->shape().numel()) * dtype_size(p->shape().rank() == 2 ? dt : wide);
   if (m.tie_embeddings) weight_bytes_ += static_cast<size_t>(m.vocab_size * d) * dtype_size(dt);
   tokens_ = inputs_.rows(0, 1).view(Shape{r});

@@ -144,6 +144,7 @@ std::vector<GgufTensor> gguf_tensors(const Model& model) {
   std::vector<GgufTensor> out;
   std::map<std::string, size_t> stacks;
   for (const auto& p : model.parameters()) {
+    if (p->training_only()) continue;  // llama.cpp's archs have no place for them
     const std::string& name = gguf_name(*p);
     if (p->names().gguf_stack < 0) {
       out.push_back({name, {p.get()}});
@@ -235,6 +236,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
   w.set("tokenizer.ggml.add_bos_token", true);
   w.set("tokenizer.ggml.add_eos_token", false);
 
+  for (const auto& p : loaded.model->parameters()) report.training_only += p->training_only() ? 1 : 0;
   for (const GgufTensor& tensor : gguf_tensors(*loaded.model)) {
     std::vector<float> x;
     for (const Parameter* p : tensor.parts) {

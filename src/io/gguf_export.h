@@ -30,6 +30,7 @@ struct GgufExportReport {
   int64_t quantized = 0;   // matrices stored as bf16 / q8_0
   int64_t kept_f32 = 0;    // norms, biases, and matrices whose rows do not fit the blocks
   int64_t bytes = 0;       // tensor data
+  int64_t training_only = 0;  // tensors left out: used in training only (multi-token prediction)
 };
 
 GgufExportReport export_gguf(const std::string& model_path, const std::string& out_path,

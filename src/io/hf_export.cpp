@@ -98,6 +98,10 @@ HfExportReport export_hf(const std::string& model_path, const std::string& out_d
   std::vector<std::vector<const Parameter*>> shards(1);
   int64_t shard_bytes = 0;
   for (const auto& p : loaded.model->parameters()) {
+    if (p->training_only()) {  // the stock classes have no place for them
+      ++report.training_only;
+      continue;
+    }
     const int64_t bytes = p->shape().numel() * static_cast<int64_t>(dtype_size(dtype));
     if (!shards.back().empty() && shard_bytes + bytes > options.max_shard_bytes) {
       shards.emplace_back();

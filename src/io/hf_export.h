@@ -28,6 +28,7 @@ struct HfExportReport {
   std::vector<std::string> files;  // written, relative to the output directory
   int64_t weight_bytes = 0;
   int64_t tensors = 0;
+  int64_t training_only = 0;  // tensors left out: used in training only (multi-token prediction)
 };
 
 // model_path: a kiln model (or run) directory. Throws before writing anything when the

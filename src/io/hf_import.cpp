@@ -65,6 +65,7 @@ std::vector<std::string> load_hf_weights(const std::string& hf_dir, Model& model
   std::set<std::string> used;
   std::set<std::string> dtypes;
   for (const auto& p : model.parameters()) {
+    if (p->training_only()) continue;  // no stock checkpoint has them: they keep their initial values
     const std::string hf = hf_name(*p);
     const auto it = weights.where.find(hf);
     KILN_CHECK(it != weights.where.end(), where, "{}: missing tensor '{}' (kiln parameter '{}')", hf_dir, hf,

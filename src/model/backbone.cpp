@@ -62,10 +62,15 @@ void Backbone::forward(const Tensor& tokens, const SeqInfo& seq) {
   final_norm_->forward(residual_.back().rows(0, rows_), hidden_.rows(0, rows_));
 }
 
-void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::TokenGroups* groups) {
+void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::TokenGroups* groups,
+                        const ExtraGradients& extra) {
   const Tensor dres = dres_.rows(0, rows_);
   const Tensor dres_compute = dres_compute_.defined() ? dres_compute_.rows(0, rows_) : dres;
-  final_norm_->backward(dhidden_.rows(0, rows_), dres, false, dres_compute_.defined() ? dres_compute : Tensor());
+  // A head's gradient of the final norm's input goes in first, so the norm's backward adds
+  // to it and keeps the mixed path's bf16 copy current.
+  const bool extra_top = extra.final_norm_input.defined();
+  if (extra_top) ops::convert(exec_, extra.final_norm_input, dres);
+  final_norm_->backward(dhidden_.rows(0, rows_), dres, extra_top, dres_compute_.defined() ? dres_compute : Tensor());
   for (size_t l = blocks_.size(); l-- > 0;) {
     // A recomputed block's saved activations were overwritten by later blocks: run its
     // forward again from its saved input (it rewrites its output with the same values).
@@ -80,6 +85,8 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
   // the table's).
   if (embedding_drops(seq)) ops::dropout_apply(exec_, dres, embedding_dropout(seq), dres);
   if (config_.embed_scale != 1.0) ops::scale_inplace(exec_, dres, config_.embed_scale);
+  // Rows of the table read by heads directly (unscaled, undropped): their gradient joins here.
+  if (extra.embedding_rows.defined()) ops::add_inplace(exec_, dres, extra.embedding_rows);
   if (groups != nullptr) {  // GPU: fixed summation order, no atomics
     ops::TokenGroups g = *groups;
     g.order = groups->order.rows(0, rows_);

@@ -30,9 +30,17 @@ class Backbone {
   const Tensor& residual(int64_t l) const { return residual_.at(static_cast<size_t>(l)); }
   // d(hidden) for the rows of the last forward, written by the heads (=), compute dtype.
   const Tensor& dhidden() const { return dhidden_; }
+  // What heads that read more than the final hidden state add to the backbone's backward
+  // (multi-token prediction's modules), master dtype [rows, hidden], undefined for none:
+  // d(the final norm's input), and d(the embedding's rows) for the table's gradient.
+  struct ExtraGradients {
+    Tensor final_norm_input;
+    Tensor embedding_rows;
+  };
   // Backward of the last forward from dhidden: parameter gradients accumulate (+=). The
   // embedding's gradient takes the token groups (GPU: a fixed summation order) when given.
-  void backward(const Tensor& tokens, const SeqInfo& seq, const ops::TokenGroups* groups);
+  void backward(const Tensor& tokens, const SeqInfo& seq, const ops::TokenGroups* groups,
+                const ExtraGradients& extra = {});
 
   // The embedding: its master (the lookup reads fp32 rows) and compute copy (a tied head's
   // weight) and gradient.
@@ -40,6 +48,7 @@ class Backbone {
   const Tensor& embedding_compute() const { return embed_w_; }
   const Tensor& embedding_grad() const { return embed_g_; }
   const Norm& final_norm() const { return *final_norm_; }
+  PositionEncoding& position() { return *position_; }
   const std::vector<std::unique_ptr<TransformerBlock>>& blocks() const { return blocks_; }
 
   // Forward FLOPs per token beyond 2 x the weight matrices (attention's scores), summed over

@@ -2,6 +2,7 @@
 
 #include "core/device_memory.h"
 #include "core/phase_scope.h"
+#include "config/mtp_weights.h"
 #include "core/rng.h"
 #include "ops/embedding/embedding.h"
 #include "ops/elementwise/elementwise.h"
@@ -33,12 +34,14 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
   LmHeadSpec head;
   head.chunk_rows = options.loss_chunk_rows;
   head.z_loss = options.z_loss;
+  head.weight = mtp_loss_weights(config).main;
   const int head_slot = losses_.terms.reserve({{"loss", true}, {"z", head.z_loss > 0}, {"target_count", false}});
   backbone_ = std::make_unique<Backbone>(ctx, config_, options, recompute_arenas_);
   head_ = std::make_unique<LmHead>(ctx, config_, backbone_->embedding_compute(), backbone_->embedding_grad(), head,
                                    head_slot);
+  if (config.mtp.depth > 0) mtp_ = std::make_unique<MultiTokenPrediction>(ctx, config_, *backbone_, *head_);
 
-  ctx.buffer(inputs_, Shape{input_ints(t)}, DType::i32);  // views bound in allocate()
+  ctx.buffer(inputs_, Shape{input_ints()}, DType::i32);  // views bound in allocate()
   if (options.training && options.device == Device::cuda) {
     group_counts_.assign(static_cast<size_t>(config.vocab_size), 0);
     group_order_.reserve(static_cast<size_t>(t));
@@ -85,6 +88,7 @@ void Model::bind_input_views() {
     token_groups_.group_tokens = inputs_.rows(5 * t + 1, 6 * t + 1);
     token_groups_.group_starts = inputs_.rows(6 * t + 1, 7 * t + 2);
   }
+  if (mtp_) mtp_->bind_inputs(inputs_.rows(base_input_ints(t), input_ints()));
 }
 
 void Model::init_weights(uint64_t seed) {
@@ -128,7 +132,8 @@ int64_t Model::parameter_count() const {
 
 double Model::active_parameter_count() const {
   double n = 0;
-  for (const auto& p : parameters_) n += static_cast<double>(p->shape().numel()) * p->active_fraction();
+  for (const auto& p : parameters_)
+    if (!p->training_only()) n += static_cast<double>(p->shape().numel()) * p->active_fraction();
   return n;
 }
 
@@ -145,7 +150,12 @@ double Model::flops_per_token(int64_t seq_len) const {
     if (p->shape().rank() == 2 && p.get() != embed)
       matmul += static_cast<double>(p->shape().numel()) * p->active_fraction();
   if (config_.tie_embeddings) matmul += static_cast<double>(config_.vocab_size * config_.hidden);
-  return 3.0 * (2.0 * matmul + backbone_->extra_forward_flops_per_token(seq_len));
+  // Sequential multi-token prediction predicts through the main head once per depth.
+  if (mtp_ && config_.mtp.form == "sequential")
+    matmul += static_cast<double>(mtp_->depth() * config_.vocab_size * config_.hidden);
+  const double extra = backbone_->extra_forward_flops_per_token(seq_len) +
+                       (mtp_ ? mtp_->extra_forward_flops_per_token(seq_len) : 0.0);
+  return 3.0 * (2.0 * matmul + extra);
 }
 
 namespace {
@@ -181,6 +191,12 @@ void Model::load_batch(const HostBatch& batch) {
     upload(group_order_, token_groups_.order, rows);
     upload(group_tokens_, token_groups_.group_tokens, groups);
     upload(group_starts_, token_groups_.group_starts, groups + 1);
+  }
+  if (mtp_) {
+    const int64_t t = options_.max_tokens;
+    mtp_inputs_.resize(static_cast<size_t>(input_ints() - base_input_ints(t)));
+    MultiTokenPrediction::stage_inputs(batch, t, mtp_->depth(), mtp_inputs_.data());
+    upload(mtp_inputs_, inputs_.rows(base_input_ints(t), input_ints()), static_cast<int64_t>(mtp_inputs_.size()));
   }
   set_loaded_shape(rows, seqs, batch.max_seqlen, groups, batch.uniform());
 }
@@ -229,12 +245,13 @@ Model::StagedShape Model::stage_batch(const HostBatch& batch, int32_t* staging) 
   put(group_starts_.data(), groups + 1, 6 * t + 1);
   std::fill(staging + 6 * t + 2 + groups, staging + 7 * t + 2, static_cast<int32_t>(t));
   put(dropout_key_words(batch.dropout_key).data(), 2, 7 * t + 2);
+  if (mtp_) MultiTokenPrediction::stage_inputs(batch, t, mtp_->depth(), staging + base_input_ints(t));
   return shape;
 }
 
 void Model::load_staged(const int32_t* staging, const StagedShape& shape) {
   const int64_t t = options_.max_tokens;
-  copy_to_device_async(inputs_.raw(), staging, static_cast<size_t>(input_ints(t)) * sizeof(int32_t));
+  copy_to_device_async(inputs_.raw(), staging, static_cast<size_t>(input_ints()) * sizeof(int32_t));
   set_loaded_shape(t, shape.seqs, shape.max_seqlen, t, shape.uniform);
 }
 
@@ -254,11 +271,12 @@ void Model::forward() {
 
 // The heads over the backbone's hidden states: their loss sums, and with `backward` their
 // gradients into d(hidden) (=) and their own weights (+=).
-LossSums Model::heads(LossScale scale, bool backward, double* device_sums) {
+LossSums Model::heads(LossScale scale, bool backward, double* device_sums, bool training_heads) {
   KILN_PHASE("loss");  // the heads' forward, and with `backward` their backward
   LossSums sums = pending_;
   const Tensor dhidden = backward ? backbone_->dhidden().rows(0, rows_) : Tensor();
   head_->loss(backbone_->hidden().rows(0, rows_), targets_.rows(0, rows_), scale, dhidden, sums.slot, device_sums);
+  if (mtp_ && training_heads) mtp_->run(rows_, seq_, scale, backward, sums.slot, device_sums);
   sums.loss = sums.slot[0];
   sums.z = sums.slot[1];
   sums.count = static_cast<int64_t>(sums.slot[2]);
@@ -281,7 +299,7 @@ LossSums Model::forward_backward(double loss_scale) {
   KILN_CHECK(options_.training, "model", "forward_backward on a model built without training buffers");
   begin_losses(true, loss_scale);
   forward();
-  const LossSums sums = heads(LossScale{loss_scale, nullptr}, true, nullptr);
+  const LossSums sums = heads(LossScale{loss_scale, nullptr}, true, nullptr, true);
   backward();
   return sums;
 }
@@ -291,19 +309,26 @@ void Model::forward_backward_on_device(const float* loss_scale, double* slot_sum
   begin_losses(true, 1.0);
   losses_.device_sums = slot_sums;  // the objectives inside the backbone (routers) add there too
   forward();
-  heads(LossScale{1.0, loss_scale}, true, slot_sums);
+  heads(LossScale{1.0, loss_scale}, true, slot_sums, true);
   backward();
 }
 
 void Model::backward() {
   KILN_PHASE("backward");
-  backbone_->backward(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr);
+  backbone_->backward(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr,
+                      mtp_ ? mtp_->backbone_extra() : Backbone::ExtraGradients{});
 }
 
 LossSums Model::evaluate() {
   begin_losses(false, 1.0);
   forward();
-  return heads(LossScale{}, false, nullptr);
+  return heads(LossScale{}, false, nullptr, false);
+}
+
+LossSums Model::evaluate_objective() {
+  begin_losses(false, 1.0);
+  forward();
+  return heads(LossScale{}, false, nullptr, true);
 }
 
 void Model::logits(int64_t first, int64_t count, std::vector<float>& out) {

@@ -8,6 +8,7 @@
 #include "data/batch.h"
 #include "model/backbone.h"
 #include "model/build_options.h"
+#include "model/multi_token_prediction.h"
 #include "nn/lm_head.h"
 #include "nn/loss_terms.h"
 
@@ -48,14 +49,19 @@ class Model {
   const LmHead& head() const { return *head_; }
   const LossTerms& loss_terms() const { return losses_.terms; }
   // After each optimizer step, applied or skipped: the components' state between steps.
-  void after_step(bool applied) { backbone_->after_step(applied); }
+  void after_step(bool applied) {
+    backbone_->after_step(applied);
+    if (mtp_) mtp_->after_step(applied);
+  }
   // The components' diagnostics of the last step, by name ("moe.3.load_max", ...).
   std::vector<std::pair<std::string, double>> component_metrics() const {
     std::vector<std::pair<std::string, double>> out;
     backbone_->report(out);
+    if (mtp_) mtp_->report(out);
     return out;
   }
-  // Parameters weighted by the share of tokens that use them (experts: top_k / experts).
+  // Parameters weighted by the share of tokens that use them (experts: top_k / experts), of
+  // the model as it is served: training-only ones (multi-token prediction) left out.
   double active_parameter_count() const;
   // Gradient scale of the per-micro-batch loss terms: 1 / micro-batches per step (the
   // trainer sets it from train.grad_accum).
@@ -81,7 +87,7 @@ class Model {
     bool uniform = false;
     int64_t key() const { return int64_t{uniform} << 62 | seqs << 32 | max_seqlen; }  // both below 2^31
   };
-  int64_t staged_ints() const { return input_ints(options_.max_tokens); }  // int32 values per staged batch
+  int64_t staged_ints() const { return input_ints(); }  // int32 values per staged batch
   StagedShape stage_batch(const HostBatch& batch, int32_t* staging);
   // Enqueues the copy of a staged batch (pinned host memory, left untouched until the
   // stream has run the copy) into the input buffers; no synchronization.
@@ -95,8 +101,11 @@ class Model {
   // Forward, losses and backward of the loaded batch; parameter gradients accumulate (+=).
   // The objective's gradient is scaled by loss_scale (1 / target tokens of the whole step).
   LossSums forward_backward(double loss_scale);
-  // Forward and losses only.
+  // Forward and the main head's losses only (validation, evaluation).
   LossSums evaluate();
+  // Forward and every training objective's losses (the multi-token prediction depths' too),
+  // without a backward: the objective forward_backward differentiates (gradient checks).
+  LossSums evaluate_objective();
   // Forward of the loaded batch, then the logits of rows [first, first + count) into
   // `out` (host, f32, row-major [count, V]), computed a chunk of rows at a time.
   void logits(int64_t first, int64_t count, std::vector<float>& out);
@@ -117,7 +126,8 @@ class Model {
   void forward();  // the backbone over the loaded rows
   void backward();  // the backbone's backward from d(hidden) the heads left
   void begin_losses(bool backward, double per_target_scale);
-  LossSums heads(LossScale scale, bool backward, double* device_sums);
+  // training_heads: the heads that only training runs too (multi-token prediction).
+  LossSums heads(LossScale scale, bool backward, double* device_sums, bool training_heads);
 
   ModelConfig config_;
   BuildOptions options_;
@@ -137,11 +147,17 @@ class Model {
   LossSums pending_;    // the current micro-batch's sums (host), the backbone's objectives' first
   std::unique_ptr<Backbone> backbone_;
   std::unique_ptr<LmHead> head_;
+  std::unique_ptr<MultiTokenPrediction> mtp_;  // [model.mtp]; null when off
 
   // Inputs of the current micro-batch (i32), views of one buffer so a staged batch is one
   // copy: tokens, targets, positions [T]; cu_seqlens [T+1]; the token groups below; the
-  // dropout key [2].
-  static int64_t input_ints(int64_t t) { return 7 * t + 4; }
+  // dropout key [2]; the multi-token prediction depths' inputs.
+  static int64_t base_input_ints(int64_t t) { return 7 * t + 4; }
+  int64_t input_ints() const {
+    const int64_t t = options_.max_tokens;
+    return base_input_ints(t) + MultiTokenPrediction::input_ints(t, mtp_ ? mtp_->depth() : 0);
+  }
+  std::vector<int32_t> mtp_inputs_;  // load_batch's host staging of them
   void bind_input_views();
   void set_loaded_shape(int64_t rows, int64_t seqs, int64_t max_seqlen, int64_t groups, bool uniform);
   Tensor inputs_;

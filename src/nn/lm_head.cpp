@@ -32,18 +32,25 @@ LmHead::LmHead(BuildContext& ctx, const ModelConfig& m, const Tensor& embed, con
 
 void LmHead::loss(const Tensor& hidden, const Tensor& targets, LossScale scale, const Tensor& dhidden,
                   LossSlotSums& sums, double* device_sums) {
+  loss_through(weight(), weight_grad(), spec_.weight, first_slot_, hidden, targets, scale, dhidden, sums, device_sums);
+}
+
+void LmHead::loss_through(const Tensor& w, const Tensor& dw, double weight, int first_slot, const Tensor& hidden,
+                          const Tensor& targets, LossScale scale, const Tensor& dhidden, LossSlotSums& sums,
+                          double* device_sums) {
   ops::LmHeadLossOptions o;
   o.chunk_rows = spec_.chunk_rows;
   o.z_loss = spec_.z_loss;
   o.softcap = softcap_;
   o.loss_scale = scale.host;
+  o.weight = weight;
   o.loss_scale_on_device = scale.device;
-  o.sums_on_device = device_sums ? device_sums + first_slot_ : nullptr;
-  const Tensor dw = dhidden.defined() ? (tied_ ? embed_grad_ : grad_) : Tensor();
-  const ops::LossSums s = ops::lm_head_loss(exec_, hidden, weight(), targets, o, scratch_, dhidden, dw);
-  sums[static_cast<size_t>(first_slot_)] = s.loss;
-  sums[static_cast<size_t>(first_slot_ + 1)] = s.z;
-  sums[static_cast<size_t>(first_slot_ + 2)] = static_cast<double>(s.count);
+  o.sums_on_device = device_sums ? device_sums + first_slot : nullptr;
+  const ops::LossSums s =
+      ops::lm_head_loss(exec_, hidden, w, targets, o, scratch_, dhidden, dhidden.defined() ? dw : Tensor());
+  sums[static_cast<size_t>(first_slot)] = s.loss;
+  sums[static_cast<size_t>(first_slot + 1)] = s.z;
+  sums[static_cast<size_t>(first_slot + 2)] = static_cast<double>(s.count);
 }
 
 void LmHead::logits(const Tensor& hidden, std::vector<float>& out) {

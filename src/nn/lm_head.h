@@ -20,6 +20,7 @@ struct ModelConfig;
 struct LmHeadSpec {
   int64_t chunk_rows = 1024;  // logits rows computed at once
   double z_loss = 0;          // coefficient of mean(logsumexp^2) in the objective
+  double weight = 1;          // the main loss's weight in the objective (below 1 beside MTP's average)
 };
 
 // How a loss's gradient is scaled: 1 / (target tokens of the whole step), a host value, or
@@ -61,6 +62,14 @@ class LmHead {
   // dhidden defined, also the backward: dhidden (=) and the head weight's gradient (+=).
   void loss(const Tensor& hidden, const Tensor& targets, LossScale scale, const Tensor& dhidden,
             LossSlotSums& sums, double* device_sums);
+  // The same loss through another output matrix w [V, hidden] (this head's own, weight(),
+  // or a multi-token prediction head's) with its gradient dw (+=), of other targets, into
+  // the three slots from `first_slot`, its gradient x `weight`: what a multi-token
+  // prediction depth predicts through. Shares this head's logits scratch.
+  void loss_through(const Tensor& w, const Tensor& dw, double weight, int first_slot, const Tensor& hidden,
+                    const Tensor& targets, LossScale scale, const Tensor& dhidden, LossSlotSums& sums,
+                    double* device_sums);
+  const Tensor& weight_grad() const { return tied_ ? embed_grad_ : grad_; }
   // Logits of hidden rows [M, hidden] (M <= the chunk) as host floats [M, V].
   void logits(const Tensor& hidden, std::vector<float>& out);
 

@@ -16,9 +16,11 @@ int LossTerms::reserve(const std::vector<LossTerm>& terms) {
   return first;
 }
 
-double LossTerms::value(int slot, double sum, int64_t targets, int64_t micro_batches) const {
-  const bool per_target = slots_[static_cast<size_t>(slot)].per == LossTerm::Per::target;
-  return sum / static_cast<double>(per_target ? targets : micro_batches);
+double LossTerms::value(int slot, const LossSlotSums& sums, int64_t targets, int64_t micro_batches) const {
+  const LossTerm& term = slots_[static_cast<size_t>(slot)];
+  const double sum = sums[static_cast<size_t>(slot)];
+  if (term.count_slot >= 0) return sum / sums[static_cast<size_t>(term.count_slot)];
+  return sum / static_cast<double>(term.per == LossTerm::Per::target ? targets : micro_batches);
 }
 
 int LossTerms::find(std::string_view name) const {

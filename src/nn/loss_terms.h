@@ -1,5 +1,5 @@
 // The named scalars a step's objectives add to: the LM head's cross-entropy, logsumexp^2
-// and target count today; router losses and multi-token prediction depths next. Each
+// and target count, router losses, multi-token prediction depths. Each
 // objective reserves its slots when it is built; the trainer, the fault guard, the log
 // line and metrics.jsonl read them by name through this table, not by position.
 //
@@ -18,7 +18,8 @@
 
 namespace kiln {
 
-inline constexpr int kMaxLossSlots = 8;
+// The LM head's 3, a router's few, 3 per multi-token prediction depth (at most 8).
+inline constexpr int kMaxLossSlots = 32;
 using LossSlotSums = std::array<double, kMaxLossSlots>;
 
 // The slot sums of one micro-batch (or step), with the LM head's named: it reserves the
@@ -38,12 +39,16 @@ struct LossTerm {
   std::string name;       // its key in the log line and metrics.jsonl ("loss", "z", ...)
   bool reported = true;   // false: bookkeeping (the target count), not a value to show
   Per per = Per::target;
+  // >= 0: the value is divided by that slot's sum instead of the step's targets (a term
+  // over fewer tokens than the main loss: a multi-token prediction depth's own targets).
+  int count_slot = -1;
 };
 
 class LossTerms {
  public:
-  // The value of a slot over a step: its sum divided by the step's targets or micro-batches.
-  double value(int slot, double sum, int64_t targets, int64_t micro_batches) const;
+  // The value of a slot over a step: its sum divided by the step's targets, its count
+  // slot's sum, or the step's micro-batches.
+  double value(int slot, const LossSlotSums& sums, int64_t targets, int64_t micro_batches) const;
   // Reserves consecutive slots, one per term; returns the first. Throws past kMaxLossSlots
   // or on a name taken twice.
   int reserve(const std::vector<LossTerm>& terms);

@@ -81,6 +81,10 @@ class Parameter {
   // parameter counts and FLOPs weigh it so.
   double active_fraction() const { return active_fraction_; }
   void set_active_fraction(double f) { active_fraction_ = f; }
+  // Used in training only (a multi-token prediction head's): saved in checkpoints, trained,
+  // left out by the exporters and the decoder.
+  bool training_only() const { return training_only_; }
+  void set_training_only() { training_only_ = true; }
   // What it is for: optimizers group parameters by role (train/optimizer_groups.h).
   ParamRole role() const { return role_; }
   const Init& init() const { return init_; }
@@ -95,6 +99,7 @@ class Parameter {
   ParamRole role_;
   Init init_;
   double active_fraction_ = 1.0;
+  bool training_only_ = false;
 };
 
 // Compute copies of the rank-2 weights on the mixed-precision path: modules compute with

@@ -349,7 +349,7 @@ std::vector<std::pair<std::string, double>> Trainer::reported_terms(const LossSl
   const std::vector<LossTerm>& slots = model_->loss_terms().slots();
   for (size_t k = 1; k < slots.size(); ++k)
     if (slots[k].reported)
-      out.emplace_back(slots[k].name, model_->loss_terms().value(static_cast<int>(k), sums[k], targets,
+      out.emplace_back(slots[k].name, model_->loss_terms().value(static_cast<int>(k), sums, targets,
                                                                  micro_batches_per_step()));
   return out;
 }

@@ -166,6 +166,11 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
       for (const char* o : {"model.dropout=0.2", "model.embed_dropout=0.1"}) overrides.emplace_back(o);
     if (clip)
       for (const char* o : {"optim.qk_clip.enabled=true", "optim.qk_clip.tau=3"}) overrides.emplace_back(o);
+    // "adamw+mtp" / "adamw+mtp_parallel": multi-token prediction's staged inputs, its
+    // modules (or heads) and their loss slots inside the replayed graph.
+    if (optimizer.ends_with("+mtp")) overrides.emplace_back("model.mtp.depth=2");
+    if (optimizer.ends_with("+mtp_parallel"))
+      for (const char* o : {"model.mtp.depth=2", "model.mtp.form=parallel"}) overrides.emplace_back(o);
     if (guard)
       for (const char* o : {"train.spike_window=2", "train.spike_grad_ratio=1.02", "train.max_consecutive_skips=0"})
         overrides.emplace_back(o);
@@ -181,7 +186,7 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
       if (j["kind"] == "train") {  // without the timings
         nlohmann::json kept{{"step", j["step"]}, {"loss", j["loss"]}, {"grad_norm", j["grad_norm"]}, {"lr", j["lr"]}};
         for (const auto& [key, value] : j.items())
-          if (key.starts_with("attn.")) kept[key] = value;  // QK-Clip's logits and clipped heads
+          if (key.starts_with("attn.") || key.starts_with("mtp.")) kept[key] = value;  // QK-Clip's; MTP's losses
         for (const auto& [key, value] : j.items())
           if (key.ends_with(".clipped")) r.clipped += value.get<double>();
         r.lines.push_back(kept.dump());
@@ -197,10 +202,11 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
   // AdamW for every role, then Muon for the matrices (AdamW for the rest): two optimizers
   // in one captured update; AdamW's bf16 and 8-bit moments (optim.adamw_state; with int8
   // the small tensors keep fp32 moments: two AdamW kernels in one update); then Muon with
-  // QK-Clip measuring inside the graph and clipping after it; then AdamW with dropout.
+  // QK-Clip measuring inside the graph and clipping after it; then AdamW with dropout, and
+  // with multi-token prediction in each form.
   const std::vector<std::pair<std::string, std::string>> optimizers = {
       {"adamw", "fp32"}, {"muon", "fp32"}, {"adamw", "bf16"}, {"adamw", "int8"}, {"muon+qk_clip", "fp32"},
-      {"adamw+dropout", "fp32"}};
+      {"adamw+dropout", "fp32"}, {"adamw+mtp", "fp32"}, {"adamw+mtp_parallel", "fp32"}};
   for (const auto& [optimizer, state] : optimizers) {
     for (const std::string precision : {"bf16", "fp32"}) {
       for (const bool guard : {false, true}) {

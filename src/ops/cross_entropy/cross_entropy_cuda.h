@@ -14,14 +14,15 @@ namespace kiln::cuda {
 
 // The scale of the loss gradient: a value fixed at launch, or (device != null) a float the
 // kernel reads from device memory when it runs, so a captured CUDA graph can be replayed
-// for steps with other target counts.
+// for steps with other target counts, times the loss's weight in the objective.
 struct LossScale {
   float value = 1.0f;
   const float* device = nullptr;
+  float weight = 1.0f;  // applied to the device value (value already includes it)
   LossScale(float v) : value(v) {}  // NOLINT: a plain float is the common case
-  LossScale(float v, const float* on_device) : value(v), device(on_device) {}
+  LossScale(float v, const float* on_device, float w = 1.0f) : value(v), device(on_device), weight(w) {}
 #ifdef __CUDACC__
-  __device__ float get() const { return device != nullptr ? *device : value; }
+  __device__ float get() const { return device != nullptr ? *device * weight : value; }
 #endif
 };
 

@@ -42,7 +42,7 @@ void row_loss(T* row, int64_t vocab, int32_t target, const LmHeadLossOptions& o,
       const double t = static_cast<double>(row[j]) / o.softcap;  // row holds capped logits
       g *= 1.0 - t * t;
     }
-    row[j] = static_cast<T>(g * o.loss_scale);
+    row[j] = static_cast<T>(g * o.loss_scale * o.weight);
   }
 }
 
@@ -56,7 +56,8 @@ LossSums lm_head_loss_cuda(const ExecContext& ctx, const Tensor& h, const Tensor
   float* lc = scratch.logits.data<float>();
   double* const sums_on_device = o.sums_on_device;  // null: the op's own, read at the end
   if (sums_on_device == nullptr) cuda::loss_sums_reset(ctx, nullptr);
-  const cuda::LossScale scale(static_cast<float>(o.loss_scale), o.loss_scale_on_device);
+  const cuda::LossScale scale(static_cast<float>(o.loss_scale * o.weight), o.loss_scale_on_device,
+                              static_cast<float>(o.weight));
   for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
     const int64_t rows = std::min(o.chunk_rows, n - begin);
     const float* hc = h.data<float>() + begin * d;
@@ -87,7 +88,8 @@ LossSums lm_head_loss_mixed(const ExecContext& ctx, const Tensor& h, const Tenso
   const uint16_t* wp = bf16_data(w);
   double* const sums_on_device = o.sums_on_device;  // null: the op's own, read at the end
   if (sums_on_device == nullptr) cuda::loss_sums_reset(ctx, nullptr);
-  const cuda::LossScale scale(static_cast<float>(o.loss_scale), o.loss_scale_on_device);
+  const cuda::LossScale scale(static_cast<float>(o.loss_scale * o.weight), o.loss_scale_on_device,
+                              static_cast<float>(o.weight));
   for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
     const int64_t rows = std::min(o.chunk_rows, n - begin);
     const uint16_t* hc = hp + begin * d;

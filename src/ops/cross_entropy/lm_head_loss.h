@@ -13,6 +13,9 @@ struct LmHeadLossOptions {
   int64_t chunk_rows = 1024;
   double z_loss = 0;       // adds z_loss * logsumexp^2 per target token
   double loss_scale = 1;   // gradient of the objective = loss_scale * sum over tokens
+  // This loss's weight in the objective (a multi-token prediction depth's, or the main
+  // loss's beside them): its gradient x weight, on top of loss_scale (host or device).
+  double weight = 1;
   double softcap = 0;      // final-logit softcap: softcap * tanh(logits / softcap); 0 = off
   // A step that stays on the device (GPU only; train/step_program.h): loss_scale read from
   // this float in device memory when the kernels run, and the loss sums added (+=) to

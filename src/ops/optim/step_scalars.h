@@ -14,7 +14,7 @@ namespace kiln::ops {
 
 // Loss slots per micro-batch and step (nn/loss_terms.h's kMaxLossSlots: the model's
 // objectives each add into theirs).
-inline constexpr int kStepLossSlots = 8;
+inline constexpr int kStepLossSlots = 32;
 
 struct DeviceStepScalars {
   // Written by the host before the step.
