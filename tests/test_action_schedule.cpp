@@ -33,6 +33,16 @@ TEST(ActionSchedule, TheLastStepRunsOnlyWhatAsksForIt) {
   EXPECT_EQ(due_steps({0, 0, true}, 4, 100), (std::vector<int64_t>{4}));
 }
 
+TEST(ActionSchedule, CrossedCountsTheLastStepForTheEndOfTheRun) {
+  const Cadence by_tokens{0, 300};
+  const StepSpan before_600{4, 6, 300, 400}, last_to_600{6, 6, 500, 600};
+  EXPECT_FALSE(by_tokens.crossed(before_600));
+  EXPECT_TRUE(by_tokens.crossed(last_to_600));  // 600 crossed by the last step ...
+  EXPECT_FALSE(by_tokens.due(last_to_600));     // ... which the schedule leaves to the end
+  EXPECT_TRUE((Cadence{3, 0}.crossed(last_to_600)));
+  EXPECT_FALSE((Cadence{4, 0}.crossed(last_to_600)));
+}
+
 TEST(ActionSchedule, DueActionsRunInTheOrderAdded) {
   std::vector<std::string> ran;
   ActionSchedule schedule;

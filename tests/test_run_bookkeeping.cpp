@@ -41,6 +41,37 @@ TEST_F(Bookkeeping, ATokenBudgetSetsTheStepsAndTokenIntervalsTheirEvents) {
   EXPECT_EQ(steps_of(metrics_of_kind(out, "checkpoint")), (std::vector<int64_t>{4, 8}));
 }
 
+// 512 tokens a step, 12 steps: each action every N tokens instead of every N steps.
+TEST_F(Bookkeeping, LogSampleEvalAndExportRunEveryNTokens) {
+  const std::string out = dir_ + "/token-cadences";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus_, out,
+                                      "--set log.every=0 --set log.every_tokens=1024"
+                                      " --set train.sample_tokens=4 --set train.sample_every_tokens=1536"
+                                      " --set eval.texts=" KILN_SOURCE_DIR "/data/eval/shakespeare_held_out.txt"
+                                      " --set eval.limit=2 --set eval.every_tokens=2048"
+                                      " --set checkpoint.every=0 --set checkpoint.export_hf_every_tokens=3072"),
+                           "", &output),
+            0)
+      << output;
+  // 1024 is crossed every 2 steps; the log runs after the last step too.
+  EXPECT_EQ(steps_of(metrics_of_kind(out, "train")), (std::vector<int64_t>{2, 4, 6, 8, 10, 12}));
+  // 1536: steps 3, 6, 9; the end of the run samples and evaluates (12) either way.
+  EXPECT_EQ(steps_of(metrics_of_kind(out, "sample")), (std::vector<int64_t>{3, 6, 9, 12}));
+  EXPECT_EQ(steps_of(metrics_of_kind(out, "eval")), (std::vector<int64_t>{4, 8, 12}));
+  // 3072 after step 6 and the last, 12, which the end of the run exports after its save.
+  EXPECT_CONTAINS(output, "export: step 6 as Qwen3ForCausalLM");
+  EXPECT_CONTAINS(output, "export: step 12 as Qwen3ForCausalLM");
+  EXPECT_FALSE(std::filesystem::exists(out + "/hf/step-4"));
+}
+
+TEST_F(Bookkeeping, AStepsAndATokensCadenceForOneActionAreRefused) {
+  std::string output;
+  EXPECT_EQ(run_with_fault(tiny_train(corpus_, dir_ + "/both", "--set log.every_tokens=1024"), "", &output), 1)
+      << output;  // tiny_train gives log.every=1
+  EXPECT_CONTAINS(output, "kiln: error: [config] log.every (1) and log.every_tokens (1024) are mutually exclusive");
+}
+
 TEST_F(Bookkeeping, RealTokensLeavePadOutAndAddUp) {
   const std::string out = dir_ + "/real";
   std::string output;

@@ -3,6 +3,7 @@
 // checks it, so a bad key or value is the same one-line error.
 #include "cli/commands.h"
 #include "config/config.h"
+#include "data/shards/shard_tokenizer.h"
 
 #include <fmt/format.h>
 
@@ -19,7 +20,11 @@ void add_config_command(CLI::App& app) {
   cmd->add_option("--set", o->overrides, "override a key: --set model.layers=8 (repeatable)")
       ->take_all()
       ->allow_extra_args(false);
-  cmd->callback([o] { fmt::print("{}", config_to_toml(load_config(o->config, o->overrides))); });
+  cmd->callback([o] {
+    Config config = load_config(o->config, o->overrides);
+    adopt_shard_tokenizer(config);  // as kiln train resolves it
+    fmt::print("{}", config_to_toml(config));
+  });
 }
 
 }  // namespace kiln::cli

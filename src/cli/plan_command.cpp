@@ -1,4 +1,5 @@
 #include "cli/commands.h"
+#include "data/shards/shard_tokenizer.h"
 #include "model/model.h"
 #include "core/device_memory.h"
 #include "train/memory_check.h"
@@ -28,7 +29,8 @@ void add_plan_command(CLI::App& app) {
                   "also print the largest train.micro_batch_tokens whose plan fits in this many GiB")
       ->check(CLI::PositiveNumber);
   cmd->callback([o] {
-    const Config config = load_config(o->config, o->overrides);
+    Config config = load_config(o->config, o->overrides);
+    adopt_shard_tokenizer(config);  // shards give model.vocab_size
     // The plan of the run this config would make: on the GPU when train.device names it
     // (or "auto" finds one) or train.precision asks for bf16. Planning allocates nothing,
     // so a GPU plan needs no GPU here.

@@ -1,5 +1,6 @@
 #include "cli/commands.h"
 #include "core/error.h"
+#include "data/shards/shard_tokenizer.h"
 #include "train/trainer.h"
 
 #include <filesystem>
@@ -64,7 +65,8 @@ void add_train_command(CLI::App& app) {
     KILN_CHECK(!options->overwrite || resume->count() == 0, "train",
                "--overwrite starts afresh and --resume continues a run: pass one of them");
     const std::string config_path = train_config_path(options->config, resume->count() > 0);
-    const Config config = load_config(config_path, options->overrides);
+    Config config = load_config(config_path, options->overrides);
+    adopt_shard_tokenizer(config);  // data.path's shards name their tokenizer and vocabulary
     check_own_run_directory(options->config, config_path, config);
     TrainOptions train;
     if (resume->count() > 0) train.resume = options->resume.empty() ? "latest" : options->resume;

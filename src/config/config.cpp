@@ -6,6 +6,7 @@
 #include "core/printable.h"
 #include "core/small_file.h"
 #include "core/utf8.h"
+#include "config/cadence_keys.h"
 #include "config/config_fields.h"
 #include "config/layer_pattern.h"
 #include "config/mtp_weights.h"
@@ -277,6 +278,17 @@ bool is_section(std::string_view name) {
   return std::find(sections.begin(), sections.end(), name) != sections.end();
 }
 
+// True when `field` holds its built-in default in `config` (before path resolution).
+bool is_default(const ConfigField& field, Config& config) {
+  static Config defaults;
+  return std::visit(
+      [&](auto* value) {
+        using T = std::remove_pointer_t<decltype(value)>;
+        return *value == *std::get<T*>(field.get(defaults));
+      },
+      field.get(config));
+}
+
 // One section's table; a key holding a table is a nested section ([model.moe]).
 // `base`: the file's directory, against which its relative paths resolve.
 void apply_section(Config& config, const std::string& section, const toml::table& table, const std::string& file,
@@ -296,6 +308,7 @@ void apply_section(Config& config, const std::string& section, const toml::table
     if (!field) fail(kWhere, "{}: {}", file, unknown_key(nested));
     const std::string error = std::visit([&](auto* value) { return read_node(node, *value); }, field->get(config));
     if (!error.empty()) fail(kWhere, "{}: '{}' {}", file, field->name(), error);
+    if (!is_default(*field, config)) config.chosen.push_back(field->name());
     resolve_path(*field, config, base);
   }
 }
@@ -491,6 +504,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   // data.path has a default; a mixture replaces it unless data.path was given too, which
   // validate_config then refuses naming both keys.
   if (!config.data.sources.empty() && !path_given) config.data.path.clear();
+  give_way_to_token_cadences(config);
   // What no file gave (--set values, defaults) is relative to the working directory. The
   // resolved config is then absolute throughout, so the config.toml a run saves loads the
   // same from any directory.
@@ -513,6 +527,11 @@ void apply_override(Config& config, const std::string& assignment) {
   const std::string_view text = std::string_view(assignment).substr(eq + 1);
   const std::string error = std::visit([&](auto* value) { return parse_text(text, *value); }, field->get(config));
   if (!error.empty()) fail(kWhere, "--set {}: {}", field->name(), error);
+  config.chosen.push_back(field->name());
+}
+
+bool Config::was_chosen(const std::string& key) const {
+  return std::find(chosen.begin(), chosen.end(), key) != chosen.end();
 }
 
 namespace {
@@ -577,6 +596,7 @@ void validate_config(const Config& config) {
              moe.top_groups, moe.experts / moe.groups);
   validate_moe_router(config);
   validate_sources(config.data);
+  validate_cadences(config);
   check_mup(m);
   mtp_loss_weights(m);  // throws naming model.mtp.weights
   KILN_CHECK(m.max_seq_len <= config.train.micro_batch_tokens, kWhere,

@@ -185,10 +185,14 @@ struct TrainConfig {
   std::string out_dir = "runs/default";
   double z_loss = 0.0;                 // coefficient of mean(logsumexp^2)
   int64_t loss_chunk_tokens = 1024;    // LM head rows per chunk (logits never whole)
+  // A periodic action's cadence is steps (*_every) or tokens (*_every_tokens: each time
+  // the tokens trained cross a multiple), one of them: a tokens key > 0 makes its steps
+  // key's default 0, and both given > 0 are refused (validate_config).
   int64_t eval_every = 100;            // steps between validation; 0 = only at the end
-  int64_t eval_every_tokens = 0;       // also each time the tokens trained cross a multiple of this; 0 = off
+  int64_t eval_every_tokens = 0;       // tokens between validation instead; 0 = off
   int64_t eval_batches = 8;            // micro-batches of held-out data per validation
   int64_t sample_every = 200;          // steps between samples; 0 = only at the end
+  int64_t sample_every_tokens = 0;     // tokens between samples instead; 0 = off
   int64_t sample_tokens = 200;
   double sample_temperature = 0.8;
   int64_t sample_top_k = 40;
@@ -272,7 +276,8 @@ struct OptimConfig {
 };
 
 struct LogConfig {
-  int64_t every = 10;                 // console/metrics line every N steps
+  int64_t every = 10;                 // console/metrics line every N steps (0 only with every_tokens)
+  int64_t every_tokens = 0;           // a line each time the tokens cross a multiple instead; 0 = off
   std::string metrics_file = "metrics.jsonl";
   bool plot = true;                   // draw the run's curves into <out_dir>/plot.png at the end (kiln plot)
   // TensorBoard event files of every record metrics.jsonl has (train/tensorboard_log.h).
@@ -284,10 +289,11 @@ struct CheckpointConfig {
   bool save_final = true;  // write <out_dir>/model at the end of training
   // Resumable checkpoints (train/checkpoint.h): DIR/step-NNNNNNNN/ plus DIR/latest.
   int64_t every = 100;                 // steps between checkpoints (and one at the end); 0 = off
-  int64_t every_tokens = 0;            // also each time the tokens trained cross a multiple of this; 0 = off
+  int64_t every_tokens = 0;            // tokens between checkpoints instead; 0 = off
   // A stock Hugging Face export (io/hf_export.h, fp32) of the model every N steps into
   // <train.out_dir>/hf/step-N, from that step's checkpoint (saved then if none was due); 0 = off.
   int64_t export_hf_every = 0;
+  int64_t export_hf_every_tokens = 0;  // tokens between exports instead; 0 = off
   std::string dir = "";                // "" = <train.out_dir>/checkpoints
   int64_t keep_last = 2;               // newest checkpoints kept; 0 = keep all
   int64_t keep_every = 0;              // also keep every checkpoint whose step is a multiple; 0 = none
@@ -304,6 +310,7 @@ struct EvalConfig {
   std::string tasks = "";   // multiple-choice task files (JSONL), comma-separated; "" = none
   std::string texts = "";   // text or JSONL files whose perplexity is measured, comma-separated
   int64_t every = 0;        // steps between evaluations; 0 = only at the end of training
+  int64_t every_tokens = 0; // tokens between evaluations instead; 0 = off
   int64_t limit = 0;        // examples per task (the first ones); 0 = all
   int64_t slots = 8;        // sequences scored at once (the evaluation decoder's KV-cache slots)
   bool bos = true;          // BOS before each context, as training documents start
@@ -326,6 +333,12 @@ struct Config {
   CheckpointConfig checkpoint;
   EvalConfig eval;
   DistConfig dist;
+  // The keys the user chose: given by --set, or by the config file with a value other than
+  // the default (a file such as configs/default.toml lists every key). Where the user chose
+  // nothing a default may give way: a token cadence's steps key, a shard set's tokenizer
+  // (data/shards/shard_tokenizer.h). Filled by load_config; not written to TOML.
+  std::vector<std::string> chosen;
+  bool was_chosen(const std::string& key) const;
 };
 
 // Loads a TOML file (empty path = defaults only), then applies "section.key=value"

@@ -4,6 +4,7 @@
 #include "data/dataset.h"
 #include "data/document_reader.h"
 #include "data/shards/kiln_shard.h"
+#include "data/shards/shard_tokenizer.h"
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -196,6 +197,7 @@ TokenizeReport tokenize_to_shards(const TokenizeOptions& options, const Tokenize
 
   m.skipped = log.counts();
   m.fingerprint = m.compute_fingerprint();
+  store_shard_tokenizer(data.tokenizer, tokenizer, options.out_dir, m);  // the shards carry their tokenizer
   write_manifest((fs::path(options.out_dir) / kManifestName).string(), m);
   report.skipped_summary = log.summary();
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -4,11 +4,12 @@
 
 namespace kiln {
 
-bool Cadence::due(const StepSpan& span) const {
-  if (span.last()) return at_last_step;
+bool Cadence::crossed(const StepSpan& span) const {
   return (steps > 0 && span.step % steps == 0) ||
          (tokens > 0 && span.tokens_after / tokens != span.tokens_before / tokens);
 }
+
+bool Cadence::due(const StepSpan& span) const { return span.last() ? at_last_step : crossed(span); }
 
 void ActionSchedule::add(const char* name, Cadence cadence, Action action) {
   if (cadence.steps <= 0 && cadence.tokens <= 0 && !cadence.at_last_step) return;

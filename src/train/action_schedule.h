@@ -25,6 +25,9 @@ struct Cadence {
   int64_t steps = 0, tokens = 0;
   bool at_last_step = false;
   bool due(const StepSpan& span) const;
+  // Whether `span` is one of the cadence's steps, the last one too (for what the end of the
+  // run does in the action's place).
+  bool crossed(const StepSpan& span) const;
 };
 
 class ActionSchedule {

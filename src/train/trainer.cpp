@@ -146,7 +146,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   model_->set_micro_batches(micro_batches_per_step());
   if (group_) data_parallel_ = std::make_unique<DataParallel>(*group_, *model_);
   // Periodic exports of a model with no stock class (a component refuses): say so now.
-  if (config_.checkpoint.export_hf_every > 0)
+  if (config_.checkpoint.export_hf_every > 0 || config_.checkpoint.export_hf_every_tokens > 0)
     io::hf_config_json(*model_, io::choose_hf_arch(config_.model), io::HfSpecialTokens{}, "float32");
   optimizer_ =
       make_optimizer(model_->exec(), config_.optim, model_->parameters(), mup_width_ratio(config_.model));
@@ -512,7 +512,7 @@ TrainResult Trainer::run() {
   // The periodic actions, in the order they run after a step. Only the log runs after the
   // last step too; the end of the run saves, validates and samples (finish()).
   ActionSchedule actions;
-  actions.add("log", {config_.log.every, 0, true}, [&](const StepSpan&) {
+  actions.add("log", {config_.log.every, config_.log.every_tokens, true}, [&](const StepSpan&) {
     StepMetrics w = m;  // the window's averages, recorded at this step
     const double now = now_seconds();
     w.step_seconds = now - window_start;
@@ -535,12 +535,14 @@ TrainResult Trainer::run() {
     show_validation(span.step);
     keep_if_best(span.step, result);
   });
-  actions.add("sample", {t.sample_every}, [&](const StepSpan& span) { show_sample(span.step); });
-  actions.add("eval", {config_.eval.every}, [&](const StepSpan& span) { show_eval(span.step); });
+  actions.add("sample", {t.sample_every, t.sample_every_tokens}, [&](const StepSpan& span) { show_sample(span.step); });
+  actions.add("eval", {config_.eval.every, config_.eval.every_tokens}, [&](const StepSpan& span) { show_eval(span.step); });
   actions.add("checkpoint", {config_.checkpoint.every, config_.checkpoint.every_tokens},
               [&](const StepSpan&) { save_checkpoint_or_warn(result); });
-  actions.add("export", {config_.checkpoint.export_hf_every},
-              [&](const StepSpan& span) { export_hf_at(span.step, result); });
+  const Cadence export_cadence{config_.checkpoint.export_hf_every, config_.checkpoint.export_hf_every_tokens};
+  actions.add("export", export_cadence, [&](const StepSpan& span) { export_hf_at(span.step, result); });
+  // What finish() asks of the last step: a resumed run that has no step left crossed nothing.
+  StepSpan last{p.step, t.steps, p.tokens, p.tokens};
 
   for (int64_t s = p.step; s < t.steps; ++s) {
     if (faults_.any()) inject_before_step(faults_, s + 1);  // tests only
@@ -565,6 +567,7 @@ TrainResult Trainer::run() {
     p.window_document_tokens += m.document_tokens;
     ++p.window_steps;
     actions.run_due(span);
+    last = span;
     if (span.last()) break;  // the last step: finish() saves, whatever arrived meanwhile
     if (const int sig = agree_on_stop()) {
       // Not subject to on_save_error: a stop whose state is not saved must fail loudly.
@@ -580,7 +583,7 @@ TrainResult Trainer::run() {
     // Time spent validating, sampling and saving is not training throughput.
     if (p.window_steps == 0) window_start = now_seconds();
   }
-  finish(result);
+  finish(result, export_cadence.crossed(last));
   return result;
 }
 
@@ -646,7 +649,7 @@ void Trainer::write_summary(const TrainResult& result) const {
   }
 }
 
-void Trainer::finish(TrainResult& result) {
+void Trainer::finish(TrainResult& result, bool export_due) {
   const TrainConfig& t = config_.train;
   TrainProgress& p = progress_;
   result.steps = p.step;
@@ -668,8 +671,7 @@ void Trainer::finish(TrainResult& result) {
     if (stop_requested()) result.checkpoint = save_checkpoint();
     else save_checkpoint_or_warn(result);
   }
-  if (config_.checkpoint.export_hf_every > 0 && p.step % config_.checkpoint.export_hf_every == 0)
-    export_hf_at(p.step, result);
+  if (export_due) export_hf_at(p.step, result);
   const bool model_saved = config_.checkpoint.save_final, checkpoint_saved = checkpoint_step_ == p.step;
   const std::string saved = model_saved && checkpoint_saved ? "the model and the final checkpoint were"
                             : model_saved                   ? "the model was"

@@ -93,8 +93,9 @@ class Trainer {
   void show_eval(int64_t step);
   // After the last step: saves the model and the final checkpoint, then validates and
   // samples. Nothing after the save can lose the run: a stop signal ends the validation or
-  // sample early (exit 0), a failing one is a warning.
-  void finish(TrainResult& result);
+  // sample early (exit 0), a failing one is a warning. `export_due`: the last step is one
+  // of the export's cadence (the schedule leaves it to the end, after the final save).
+  void finish(TrainResult& result, bool export_due);
   void write_summary(const TrainResult& result) const;
   void keep_if_best(int64_t step, TrainResult& result);
   // checkpoint.export_hf_every: a stock Hugging Face export of `step`'s checkpoint (saved

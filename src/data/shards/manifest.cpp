@@ -87,12 +87,17 @@ void write_manifest(const std::string& path, const Manifest& m) {
   nlohmann::json skipped = nlohmann::json::object();
   for (int r = 0; r < kBadInputReasons; ++r)
     skipped[std::string(bad_input_key(static_cast<BadInput>(r)))] = m.skipped[static_cast<BadInput>(r)];
+  nlohmann::json tokenizer = {{"name", m.tokenizer_name}, {"vocab_size", m.vocab_size},
+                               {"hash", hex64(m.tokenizer_hash)}, {"bos_id", m.bos_id},
+                               {"eos_id", m.eos_id}, {"pad_id", m.pad_id}};
+  if (!m.tokenizer_file.empty()) {
+    tokenizer["file"] = m.tokenizer_file;
+    tokenizer["file_hash"] = hex64(m.tokenizer_file_hash);
+  }
   const nlohmann::json j = {
       {"format", "kiln-shards"},
       {"version", kManifestVersion},
-      {"tokenizer",
-       {{"name", m.tokenizer_name}, {"vocab_size", m.vocab_size}, {"hash", hex64(m.tokenizer_hash)},
-        {"bos_id", m.bos_id}, {"eos_id", m.eos_id}, {"pad_id", m.pad_id}}},
+      {"tokenizer", tokenizer},
       {"token_bytes", m.token_bytes},
       {"source", m.source},
       {"splits", {{"train", split_json(m.train)}, {"validation", split_json(m.validation)}}},
@@ -133,6 +138,14 @@ Manifest read_manifest(const std::string& path) {
   m.bos_id = t.member("bos_id").integer(-1, INT32_MAX);
   m.eos_id = t.member("eos_id").integer(-1, INT32_MAX);
   m.pad_id = t.member("pad_id").integer(-1, INT32_MAX);
+  if (const auto file = t.find("file")) {  // optional: shards made before it carry no tokenizer file
+    m.tokenizer_file = file->string();
+    if (m.tokenizer_file.empty() || m.tokenizer_file.find('/') != std::string::npos ||
+        m.tokenizer_file.find('\0') != std::string::npos || m.tokenizer_file.front() == '.')
+      fail("data", "{}: tokenizer file name '{}' must be a plain name in the manifest's directory", path,
+           printable(m.tokenizer_file));
+    m.tokenizer_file_hash = parse_hex(t.member("file_hash"));
+  }
   const uint64_t token_bytes = root.member("token_bytes").unsigned_integer();
   if (token_bytes != 2 && token_bytes != 4) fail("data", "{}: token_bytes must be 2 or 4, got {}", path, token_bytes);
   m.token_bytes = static_cast<int>(token_bytes);

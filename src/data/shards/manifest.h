@@ -4,7 +4,9 @@
 //
 //   {"format": "kiln-shards", "version": 1,
 //    "tokenizer": {"name": "byte", "vocab_size": 259, "hash": "<16 hex>",
-//                  "bos_id": 256, "eos_id": 257, "pad_id": 258},
+//                  "bos_id": 256, "eos_id": 257, "pad_id": 258,
+//                  "file": "tokenizer.json", "file_hash": "<16 hex>"},  (a file's tokenizer, copied beside
+//                                                               the manifest; absent in shards made before)
 //    "token_bytes": 2,
 //    "source": {"path": ..., "format": ..., "text_key": ..., "doc_separator": ..., "val_fraction": ...},
 //    "splits": {"train":      {"documents": N, "tokens": M, "shards": [
@@ -48,6 +50,10 @@ struct Manifest {
   uint64_t vocab_size = 0;
   uint64_t tokenizer_hash = 0;
   int64_t bos_id = 0, eos_id = 0, pad_id = 0;
+  // The tokenizer's own file, beside the manifest (data/shards/shard_tokenizer.h), and the
+  // XXH64 of its bytes; "" for a tokenizer that needs no file ("byte") and in older shards.
+  std::string tokenizer_file;
+  uint64_t tokenizer_file_hash = 0;
   int token_bytes = 4;
   nlohmann::json source = nlohmann::json::object();
   ManifestSplit train;
