@@ -22,6 +22,9 @@ kiln_python=$(scripts/python_env.sh)
 # and Hugging Face save_to_disk folders as training data.
 PYTHON="$kiln_python" scripts/arrow.sh >/dev/null
 
+# minja (header-only Jinja for `kiln serve`'s chat templates), from a pinned PyPI sdist.
+PYTHON="$kiln_python" scripts/minja.sh >/dev/null
+
 # The cuDNN frontend headers (the CUDA build's attention) and CUTLASS (the experts' grouped
 # GEMM on Hopper): header-only, pinned PyPI wheels.
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then

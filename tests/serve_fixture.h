@@ -181,6 +181,29 @@ inline std::string http_request(const std::string& method, const std::string& pa
          "\r\n" + body;
 }
 
+// The events of a chunked event-stream answer (its head checked), through [DONE].
+inline std::vector<std::string> read_events(RawConnection& c, std::string* head = nullptr) {
+  const std::optional<std::string> bytes = c.read_through("\r\n0\r\n\r\n", 60);
+  if (!bytes) return {};
+  const size_t body = bytes->find("\r\n\r\n") + 4;
+  if (head) *head = bytes->substr(0, body);
+  std::string events;
+  for (size_t at = body; at < bytes->size();) {  // de-chunk
+    const size_t line = bytes->find("\r\n", at);
+    const size_t n = std::stoul(bytes->substr(at, line - at), nullptr, 16);
+    events += bytes->substr(line + 2, n);
+    at = line + 2 + n + 2;
+  }
+  std::vector<std::string> out;
+  for (size_t at = 0; at < events.size();) {
+    const size_t end = events.find("\n\n", at);
+    EXPECT_EQ(events.compare(at, 6, "data: "), 0) << events;
+    out.push_back(events.substr(at + 6, end - at - 6));
+    at = end + 2;
+  }
+  return out;
+}
+
 // GET /health answered 200 within `seconds` (a fresh connection each try, retried until
 // the deadline: the first try may race a connection the kernel has not accepted yet).
 inline bool health_answers(int port, double seconds) {

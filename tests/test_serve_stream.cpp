@@ -169,29 +169,6 @@ TEST(ServeFields, IgnoredRefusedAndSynonyms) {
   }
 }
 
-// The events of a chunked event-stream answer (its head checked), through [DONE].
-std::vector<std::string> read_events(test::RawConnection& c, std::string* head = nullptr) {
-  const std::optional<std::string> bytes = c.read_through("\r\n0\r\n\r\n", 60);
-  if (!bytes) return {};
-  const size_t body = bytes->find("\r\n\r\n") + 4;
-  if (head) *head = bytes->substr(0, body);
-  std::string events;
-  for (size_t at = body; at < bytes->size();) {  // de-chunk
-    const size_t line = bytes->find("\r\n", at);
-    const size_t n = std::stoul(bytes->substr(at, line - at), nullptr, 16);
-    events += bytes->substr(line + 2, n);
-    at = line + 2 + n + 2;
-  }
-  std::vector<std::string> out;
-  for (size_t at = 0; at < events.size();) {
-    const size_t end = events.find("\n\n", at);
-    EXPECT_EQ(events.compare(at, 6, "data: "), 0) << events;
-    out.push_back(events.substr(at + 6, end - at - 6));
-    at = end + 2;
-  }
-  return out;
-}
-
 class ServeStreamTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -217,7 +194,7 @@ TEST_F(ServeStreamTest, AStreamedCompletionIsTheUnstreamedOneInPieces) {
   for (int round = 0; round < 2; ++round) {  // twice on one connection: the stream leaves it reusable
     ASSERT_TRUE(c.send(test::http_request("POST", "/v1/completions", streamed.dump())));
     std::string head;
-    const std::vector<std::string> events = read_events(c, &head);
+    const std::vector<std::string> events = test::read_events(c, &head);
     ASSERT_GE(events.size(), 4u) << head;
     EXPECT_NE(head.find("Content-Type: text/event-stream\r\n"), std::string::npos) << head;
     EXPECT_EQ(events.back(), "[DONE]");
@@ -301,9 +278,10 @@ TEST(ServeStreamProcess, AClientLeavingMidStreamFreesItsSlotAtOnce) {
 }
 
 // The official `openai` Python client (pinned in scripts/python-requirements.txt) against
-// the binary serving a briefly trained model: completions with and without stream=True
-// and models.retrieve, the greedy text that of `kiln sample` (tests/python/openai_client_check.py).
-TEST(ServeOpenAIClient, CompletionsStreamingAndModelsAgreeWithSample) {
+// the binary serving a briefly trained model: completions and chat completions with and
+// without stream=True and models.retrieve, the greedy text that of `kiln sample` (for chat,
+// of the prompt kiln's default template renders; tests/python/openai_client_check.py).
+TEST(ServeOpenAIClient, CompletionsChatStreamingAndModelsAgreeWithSample) {
   const std::string root = test::temp_dir("kiln-serve-openai");
   std::string out;
   ASSERT_EQ(test::run_command(test::kiln_binary() + " train " KILN_SOURCE_DIR "/configs/default.toml --set data.path="
@@ -328,11 +306,27 @@ TEST(ServeOpenAIClient, CompletionsStreamingAndModelsAgreeWithSample) {
   {
     std::ofstream(root + "/expected.txt", std::ios::binary) << expected;
   }
+  // The chat prompt of [{"role": "user", "content": "KING"}] by kiln's default template
+  // (serve/chat_template.h), continued by `kiln sample` (the shell keeps the newlines
+  // inside single quotes).
+  const std::string chat_prompt = "<|user|>\nKING\n<|assistant|>\n";
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " sample " + model + " -p '" + chat_prompt +
+                                  "' -n 24 -t 0 --threads 2 2>/dev/null",
+                              &out),
+            0)
+      << out;
+  ASSERT_EQ(out.rfind(chat_prompt, 0), 0u) << out;
+  const std::string chat_expected = out.substr(chat_prompt.size(), out.size() - chat_prompt.size() - 1);
+  ASSERT_FALSE(chat_expected.empty()) << "an empty continuation would check nothing";
+  {
+    std::ofstream(root + "/chat_expected.txt", std::ios::binary) << chat_expected;
+  }
   test::ServeProcess serve(model, {"--threads", "1"}, root);
   const int port = serve.wait_for_port(30);
   ASSERT_GT(port, 0) << serve.log();
-  const int code = test::run_command(fmt::format("{} {}/tests/python/openai_client_check.py {} model KING 24 {}/expected.txt",
-                                                 test::kiln_python(), KILN_SOURCE_DIR, port, root),
+  const int code = test::run_command(
+      fmt::format("{} {}/tests/python/openai_client_check.py {} model KING 24 {}/expected.txt {}/chat_expected.txt",
+                  test::kiln_python(), KILN_SOURCE_DIR, port, root, root),
                                      &out);
   EXPECT_EQ(code, 0) << out << "\n" << serve.log();
   fmt::print("{}", out);

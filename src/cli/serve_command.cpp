@@ -31,6 +31,15 @@ std::string folder_name(const std::string& dir) {
   return name.empty() ? "kiln" : name;
 }
 
+// Where the model's tokenizer_config.json (and so its chat template) is: the model folder
+// (export and import put the tokenizer files there), else beside the tokenizer.json its
+// config names; "" for a byte-level model without one.
+std::string chat_template_dir(const std::string& dir) {
+  if (std::filesystem::exists(std::filesystem::path(dir) / "tokenizer_config.json")) return dir;
+  const std::string json = io::model_tokenizer_json(dir);
+  return json.empty() ? "" : std::filesystem::path(json).parent_path().string();
+}
+
 }  // namespace
 
 void add_serve_command(CLI::App& app) {
@@ -107,6 +116,9 @@ void add_serve_command(CLI::App& app) {
                                 o->serve.host));
     const std::string dir = io::resolve_model_dir(o->model);
     o->serve.model_name = o->model_name.empty() ? folder_name(dir) : o->model_name;
+    // Before the model loads, so a template that does not parse stops the server at once.
+    o->serve.chat_template = std::make_shared<const serve::ChatTemplate>(
+        serve::ChatTemplate::for_model(chat_template_dir(dir)));
     io::LoadedModel loaded = io::load_for_decoding(dir, resolve_device(o->device));
     DecoderOptions d;
     d.slots = o->slots;

@@ -32,6 +32,8 @@ bool stream_generation(RequestStream& stream, BatchWorker& worker, std::vector<G
     return false;
   };
   if (!out.begin()) return gone();
+  for (const nlohmann::json& chunk : format.opening())
+    if (!out.event(chunk)) return gone();
   while (!feed->finished()) {
     const std::vector<TokenFeed::Update> updates = feed->wait(kQuietCheck);
     if (updates.empty() && out.client_gone()) return gone();

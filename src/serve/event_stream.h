@@ -1,6 +1,6 @@
 // A generation streamed to its client as server-sent events (serve/sse.h), shared by the
 // endpoints that stream: each shapes its chunks with a ChunkFormat (completions:
-// serve/completion_stream.h; chat would add its own), the loop here is the same for all.
+// serve/completion_stream.h; chat: serve/chat_stream.h), the loop here is the same for all.
 #pragma once
 
 #include "serve/batch_worker.h"
@@ -17,6 +17,8 @@ class RequestStream;
 class ChunkFormat {
  public:
   virtual ~ChunkFormat() = default;
+  // Chunks sent before any text, once the stream has begun (chat's delta.role); none by default.
+  virtual std::vector<nlohmann::json> opening() { return {}; }
   // A chunk with new `text` for choice `index`; `finish_reason` is null but on its last.
   virtual nlohmann::json chunk(size_t index, const std::string& text, const std::string* finish_reason) = 0;
   // The chunk after the last choice's: usage, and no choices (stream_options.include_usage).

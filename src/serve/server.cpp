@@ -2,6 +2,8 @@
 
 #include "serve/access_log.h"
 #include "serve/api_key.h"
+#include "serve/chat_api.h"
+#include "serve/chat_stream.h"
 #include "serve/completion_stream.h"
 #include "serve/event_stream.h"
 #include "serve/request_stream.h"
@@ -106,6 +108,7 @@ CompletionServer::CompletionServer(Generator& generator, const Tokenizer& tokeni
   options_.limits.context = generator.decoder().max_len();
   options_.limits.vocab = std::min<int64_t>(generator.decoder().vocab_size(), tokenizer.vocab_size());
   worker_ = std::make_unique<BatchWorker>(generator, options_.max_pending, &metrics_);
+  if (!options_.chat_template) options_.chat_template = std::make_shared<const ChatTemplate>(ChatTemplate::kiln_default());
   http_->set_payload_max_length(options_.max_body_bytes);  // RequestIntake enforces it first
   http_->set_keep_alive_max_count(kRequestsPerConnection);
   http_->set_keep_alive_timeout(static_cast<time_t>(std::max(1.0, options_.keep_alive_timeout_s)));
@@ -135,27 +138,17 @@ void CompletionServer::routes() {
       const json body = parse_body(req);
       check_model(body, served_names());
       CompletionRequest request = parse_completion_request(body, tokenizer_, options_.limits, n * 1000003 + 17);
-      warn_ignored(request.ignored_fields);
-      const std::string id = fmt::format("cmpl-kiln-{}", n);
-      const auto created = std::chrono::duration_cast<std::chrono::seconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count();
-      if (request.stream) {
-        RequestStream& stream = *RequestStream::current();
-        EventStreamOptions o;
-        o.chunked = req.version == "HTTP/1.1";  // chunked framing is HTTP/1.1's
-        o.close = stream.close();
-        o.include_usage = request.include_usage;
-        CompletionChunks format(request, id, options_.model_name, created);
-        stream_generation(stream, *worker_, std::move(request.sequences), format, o);
-        return;
-      }
-      std::vector<std::future<GenerationResult>> futures = worker_->submit(request.sequences);
-      std::vector<GenerationResult> results;
-      for (auto& f : futures) results.push_back(f.get());
-      for (const GenerationResult& r : results)
-        if (!r.error.empty()) throw std::runtime_error(r.error);
-      reply(res, 200, completion_response(request, results, tokenizer_, options_.model_name, id, created));
+      generate(Api::completions, request, n, req, res);
+    });
+  });
+  post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] {
+      const uint64_t n = requests_.fetch_add(1);
+      const json body = parse_body(req);
+      check_model(body, served_names());
+      CompletionRequest request =
+          parse_chat_request(body, tokenizer_, *options_.chat_template, options_.limits, n * 1000003 + 17);
+      generate(Api::chat, request, n, req, res);
     });
   });
   post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
@@ -235,6 +228,34 @@ void CompletionServer::routes() {
       reply_error(res, res.status, message);
     }
   });
+}
+
+void CompletionServer::generate(Api api, CompletionRequest& request, uint64_t n, const httplib::Request& req,
+                                httplib::Response& res) {
+  warn_ignored(request.ignored_fields);
+  const std::string id = fmt::format("{}-kiln-{}", api == Api::chat ? "chatcmpl" : "cmpl", n);
+  const auto created =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (request.stream) {
+    RequestStream& stream = *RequestStream::current();
+    EventStreamOptions o;
+    o.chunked = req.version == "HTTP/1.1";  // chunked framing is HTTP/1.1's
+    o.close = stream.close();
+    o.include_usage = request.include_usage;
+    std::unique_ptr<ChunkFormat> format;
+    if (api == Api::chat) format = std::make_unique<ChatChunks>(request, id, options_.model_name, created);
+    else format = std::make_unique<CompletionChunks>(request, id, options_.model_name, created);
+    stream_generation(stream, *worker_, std::move(request.sequences), *format, o);
+    return;
+  }
+  std::vector<std::future<GenerationResult>> futures = worker_->submit(request.sequences);
+  std::vector<GenerationResult> results;
+  for (auto& f : futures) results.push_back(f.get());
+  for (const GenerationResult& r : results)
+    if (!r.error.empty()) throw std::runtime_error(r.error);
+  reply(res, 200, api == Api::chat
+                      ? chat_completion_response(request, results, tokenizer_, options_.model_name, id, created)
+                      : completion_response(request, results, tokenizer_, options_.model_name, id, created));
 }
 
 std::vector<std::string> CompletionServer::served_names() const {

@@ -2,6 +2,8 @@
 // loopback unless told otherwise.
 //   POST /v1/completions   serve/completion_api.h; "stream": true as server-sent events
 //                          (serve/event_stream.h, serve/completion_stream.h)
+//   POST /v1/chat/completions  serve/chat_api.h: the messages rendered by the model's chat
+//                          template, then the same path; streamed chunks serve/chat_stream.h
 //   POST /tokenize, /detokenize
 //   GET  /v1/models, /v1/models/{id}, /health
 //   GET  /metrics          Prometheus text format (serve/serve_metrics.h)
@@ -21,6 +23,7 @@
 #pragma once
 
 #include "serve/batch_worker.h"
+#include "serve/chat_template.h"
 #include "serve/completion_api.h"
 #include "serve/listen_socket.h"
 #include "serve/request_intake.h"
@@ -35,6 +38,11 @@
 #include <set>
 #include <string>
 #include <vector>
+
+namespace httplib {
+struct Request;
+struct Response;
+}  // namespace httplib
 
 namespace kiln::serve {
 
@@ -63,6 +71,8 @@ struct ServeOptions {
   double shutdown_grace_s = 30;
   bool access_log = false;                  // a line per answered request on stderr (serve/access_log.h)
   ApiLimits limits;                         // context and vocab are filled from the model
+  // Renders /v1/chat/completions' messages (ChatTemplate::for_model); null: kiln's default.
+  std::shared_ptr<const ChatTemplate> chat_template;
 };
 
 class CompletionServer {
@@ -90,6 +100,9 @@ class CompletionServer {
 
  private:
   void routes();
+  // Answers a parsed completion or chat request: unstreamed, or streamed in its API's chunks.
+  enum class Api { completions, chat };
+  void generate(Api api, CompletionRequest& request, uint64_t n, const httplib::Request& req, httplib::Response& res);
   void handle(ReadyRequest& request);
   std::string endpoint(const std::string& path) const;  // the metrics' label for a request path
   void answered(const std::string& method, const std::string& path, int status,

@@ -1,12 +1,16 @@
 """The official `openai` client, unchanged, against `kiln serve` on loopback.
 
-Usage: openai_client_check.py PORT MODEL_NAME PROMPT MAX_TOKENS EXPECTED_FILE
+Usage: openai_client_check.py PORT MODEL_NAME PROMPT MAX_TOKENS EXPECTED_FILE CHAT_EXPECTED_FILE
 
-EXPECTED_FILE holds `kiln sample`'s greedy continuation of PROMPT. Checks: models.list and
+EXPECTED_FILE holds `kiln sample`'s greedy continuation of PROMPT, CHAT_EXPECTED_FILE its
+continuation of the chat prompt [{"role": "user", "content": PROMPT}] renders to with
+kiln's default template. Checks: models.list and
 models.retrieve; completions.create with and without stream=True (the streamed pieces add
 up to the same text, usage last with include_usage); max_completion_tokens through
 extra_body; an unknown model and an unknown id answered with NotFoundError
-model_not_found; a field kiln cannot honour (n=2) refused naming it. Exit 0 when all hold.
+model_not_found; a field kiln cannot honour (n=2) refused naming it; chat.completions.create
+with and without stream=True (the role first, then the content adding up to the same
+text), its logprobs, and response_format json_object refused naming it. Exit 0 when all hold.
 """
 import sys
 
@@ -14,9 +18,10 @@ import openai
 
 
 def main():
-    port, name, prompt, max_tokens, expected_file = sys.argv[1:6]
+    port, name, prompt, max_tokens, expected_file, chat_expected_file = sys.argv[1:7]
     max_tokens = int(max_tokens)
     expected = open(expected_file, encoding="utf-8").read()
+    chat_expected = open(chat_expected_file, encoding="utf-8").read()
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
 
     assert [m.id for m in client.models.list().data] == [name]
@@ -63,7 +68,50 @@ def main():
         raise AssertionError("n=2 was accepted")
     except openai.BadRequestError as e:
         assert e.param == "n", e
-    print(f"openai {openai.__version__}: completions, streaming and models agree with kiln sample")
+    check_chat(client, name, prompt, max_tokens, chat_expected)
+    print(f"openai {openai.__version__}: completions, chat, streaming and models agree with kiln sample")
+
+
+def check_chat(client, name, prompt, max_tokens, expected):
+    messages = [{"role": "user", "content": prompt}]
+    whole = client.chat.completions.create(model=name, messages=messages, max_tokens=max_tokens, temperature=0,
+                                           logprobs=True, top_logprobs=2)
+    assert whole.object == "chat.completion", whole
+    message = whole.choices[0].message
+    assert message.role == "assistant" and message.content == expected, (message, expected)
+    content = whole.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == expected, content
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.logprob - 1e-6 for t in content), content
+    assert whole.usage.completion_tokens == len(content), whole.usage
+
+    roles, text, finish, usage = [], "", None, None
+    stream = client.chat.completions.create(model=name, messages=messages, max_completion_tokens=max_tokens,
+                                            temperature=0, stream=True, stream_options={"include_usage": True})
+    for chunk in stream:
+        assert chunk.object == "chat.completion.chunk", chunk
+        assert usage is None, "a chunk after the usage chunk"
+        if chunk.usage is not None:
+            assert chunk.choices == []
+            usage = chunk.usage
+            continue
+        assert finish is None, "a chunk after the one with finish_reason"
+        delta = chunk.choices[0].delta
+        if delta.role is not None:
+            assert text == "" and not roles, "the role after content"
+            roles.append(delta.role)
+        text += delta.content or ""
+        finish = chunk.choices[0].finish_reason
+    assert roles == ["assistant"], roles
+    assert text == expected, (text, expected)
+    assert finish == whole.choices[0].finish_reason, (finish, whole.choices[0].finish_reason)
+    assert usage == whole.usage, (usage, whole.usage)
+
+    try:
+        client.chat.completions.create(model=name, messages=messages, max_tokens=1,
+                                       response_format={"type": "json_object"})
+        raise AssertionError("response_format json_object was accepted")
+    except openai.BadRequestError as e:
+        assert e.param == "response_format" and "json_object" in e.message, e
 
 
 if __name__ == "__main__":
