@@ -69,6 +69,9 @@ struct ModelConfig {
   // The norm before the LM head; "" = model.norm. DyT models learn only with a norm that
   // rescales here (docs/dyt.md: a DyT before the head saturates at the unigram plateau).
   std::string final_norm;
+  // Sandwich norms (Gemma 2/3): a model.norm on each branch's output too, before its
+  // residual add: h = x + norm(attn(norm(x))), y = h + norm(mlp(norm(h))).
+  bool sandwich_norms = false;
   double norm_eps = 1e-6;
   std::string mlp = "swiglu";      // registry: mlps
   std::string attention = "gqa";   // registry: attention

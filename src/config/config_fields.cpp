@@ -64,6 +64,8 @@ const std::array kFields = {
                "longest sequence attention sees"),
     KILN_FIELD(model, norm, none(), "registry: norms"),
     KILN_FIELD(model, final_norm, none(), "registry: norms, the norm before the LM head; \"\" = model.norm"),
+    KILN_FIELD(model, sandwich_norms, none(),
+               "a model.norm on each branch's output before its residual add too (Gemma 2/3's post-norms)"),
     KILN_FIELD(model, norm_eps, positive(), "epsilon inside the norm"),
     KILN_FIELD(model, mlp, none(), "registry: mlps"),
     KILN_FIELD(model, attention, none(), "registry: attention"),
