@@ -206,7 +206,7 @@ ModelConfig partial_rotary_config() {
 }
 
 // Gemma 2/3's block shape: sandwich norms of Gemma's RMSNorm around a GeGLU MLP, windowed
-// and global layers.
+// layers rotating by a local base of their own (Gemma 3) beside a global layer.
 ModelConfig gemma_config() {
   ModelConfig c = small_config(true, false, false);
   c.layers = 3;
@@ -217,10 +217,12 @@ ModelConfig gemma_config() {
   c.embed_scale = std::sqrt(static_cast<double>(c.hidden));
   c.sliding_window = 5;
   c.full_attention_layers = "every:3";
+  c.rope_theta = 1e6;
+  c.rope.local_theta = 10.0;
   return c;
 }
 
-TEST(Decoder, SandwichNormsMatchFullForward) {
+TEST(Decoder, SandwichNormsAndLocalRopeBaseMatchFullForward) {
   check_decoder_matches(gemma_config(), DType::f64, 1e-12);
   check_decoder_matches(gemma_config(), DType::f32, 2e-5);
   ModelConfig rms = gemma_config();  // the norm whose fused decode kernels the GPU folds in

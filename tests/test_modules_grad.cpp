@@ -231,6 +231,17 @@ TEST(ModulesGrad, SandwichNormModelMatchesFiniteDifferences) {
   }
 }
 
+// Gemma 3's local RoPE base: the windowed layer (0) rotates by model.rope.local_theta, the
+// global one (1) by model.rope_theta.
+TEST(ModulesGrad, LocalRopeBaseModelMatchesFiniteDifferences) {
+  ModelConfig c = tiny_config(true, false);
+  c.sliding_window = 2;
+  c.full_attention_layers = "1";
+  c.rope_theta = 1e6;
+  c.rope.local_theta = 3.0;  // a base this small turns by a large angle per position: it bites
+  check_model_gradient(c, Variant{true, false, 1e-3});
+}
+
 // The loss of the tiny model (seed 7, three documents and a PAD tail) with `edit` applied
 // to its config.
 double loss_of(const std::function<void(ModelConfig&)>& edit) {
@@ -280,6 +291,24 @@ TEST(ModulesGrad, WindowAndSoftcapsChangeTheLossOnlyWhenTheyBite) {
 // Sandwich norms change the model (their gradients are checked above).
 TEST(ModulesGrad, SandwichNormsChangeTheLoss) {
   EXPECT_NE(loss_of([](ModelConfig& c) { c.sandwich_norms = true; }), loss_of([](ModelConfig&) {}));
+}
+
+// model.rope.local_theta reaches the windowed layers only: equal to rope_theta it is the
+// plain model bitwise; another base changes the loss with a windowed layer 0 or 1, by a
+// different amount for each.
+TEST(ModulesGrad, LocalRopeBaseAppliesToTheWindowedLayersOnly) {
+  auto windowed = [](const char* global, double local) {
+    return [=](ModelConfig& c) {
+      c.sliding_window = 3, c.full_attention_layers = global, c.rope.local_theta = local;
+    };
+  };
+  const double plain = loss_of(windowed("1", 0));
+  EXPECT_EQ(loss_of(windowed("1", 10000.0)), plain);  // rope_theta's default
+  const double local0 = loss_of(windowed("1", 3.0));
+  const double local1 = loss_of(windowed("0", 3.0));
+  EXPECT_NE(local0, plain);
+  EXPECT_NE(local1, loss_of(windowed("0", 0)));
+  EXPECT_NE(local0 - plain, local1 - loss_of(windowed("0", 0)));
 }
 
 TEST(ModulesGrad, ZLossChangesTheGradient) {

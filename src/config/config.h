@@ -53,6 +53,9 @@ struct RopeConfig {
   double attention_factor = 0.0;       // yarn: cos/sin x this; 0 = 0.1 ln(factor) + 1 (the paper's)
   double fraction = 1.0;               // partial rotary: the share of each head's dims rotated (transformers'
                                        // partial_rotary_factor); the frequencies are those of that many dims
+  // The base of the windowed (local) layers' RoPE, plain (unscaled) as Gemma 3's local layers
+  // (rope_local_base_freq); the global layers keep model.rope_theta and the scaling. 0 = one base.
+  double local_theta = 0.0;
 };
 
 struct ModelConfig {

@@ -105,6 +105,8 @@ const std::array kFields = {
                non_negative().up_to(16, "its default 0.1 ln(factor) + 1 stays below 4 for any stretch"),
                "yarn: cos/sin x this; 0 = 0.1 ln(factor) + 1"),
     KILN_FIELD(model.rope, fraction, positive(), "partial rotary: the share of each head's dims rotated; 1 = all"),
+    KILN_FIELD(model.rope, local_theta, non_negative(),
+               "RoPE base of the windowed layers, unscaled (Gemma 3: 10000); 0 = model.rope_theta"),
 
     KILN_FIELD(model.moe, experts, positive().up_to(kMaxExperts, "10x the most experts in use; each is allocated"),
                "routed experts"),

@@ -17,12 +17,22 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
                 Shape{config.vocab_size, d}, ParamRole::embedding, Init::normal(config.init_std));
   embed_ = ctx.parameters.back().get();
   position_ = position_registry().build("model.position", config.position, ctx, config);
+  if (config.rope.local_theta > 0) {
+    // The windowed layers' RoPE (Gemma 3's local layers): its own base, unscaled, the
+    // fraction kept. The encoding copies what it reads, so the edited config may go.
+    ModelConfig local = config;
+    local.rope_theta = config.rope.local_theta;
+    local.rope = RopeConfig{};
+    local.rope.fraction = config.rope.fraction;
+    local_position_ = position_registry().build("model.position", config.position, ctx, local);
+  }
   KILN_CHECK(options.recompute_blocks >= 0 && options.recompute_blocks <= config.layers, "train.recompute_blocks",
              "{} blocks to recompute, but the model has {} (model.layers)", options.recompute_blocks, config.layers);
   for (int64_t l = 0; l < config.layers; ++l) {
     const std::string index = std::to_string(l);
     const LayerSpec layer{NameScope{"layers." + index + ".", "model.layers." + index + ".", "blk." + index + "."}, l,
                           &config, layer_choices(config, l)};
+    PositionEncoding& position = local_position_ && layer.choices.window > 0 ? *local_position_ : *position_;
     if (options.training && l < options.recompute_blocks) {
       // The block plans its saved activations in its own arena, bound later to the
       // region every recomputed block shares.
@@ -31,9 +41,9 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
                              ctx.parameters,  ctx.compute_weights, ctx.dtype,                ctx.master_dtype,
                              ctx.device,      ctx.max_tokens,      ctx.training,             ctx.deterministic,
                              ctx.losses,      &ctx.activations,    ctx.qk_clip_tau,          ctx.step_statistics};
-      blocks_.push_back(std::make_unique<TransformerBlock>(block_ctx, layer, *position_));
+      blocks_.push_back(std::make_unique<TransformerBlock>(block_ctx, layer, position));
     } else {
-      blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, *position_));
+      blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, position));
     }
   }
   const bool own_final_norm = !config.final_norm.empty();
@@ -109,6 +119,9 @@ void Backbone::export_config(ExportConfig& out) const {
     out.set("block_count", m.layers, "model.layers");
   }
   position_->export_config(out);
+  if (local_position_)  // Gemma 3 carries it (rope_local_base_freq); the others have one base
+    out.refuse("model.rope.local_theta", fmt::format("{}", m.rope.local_theta),
+               "the exported families have one RoPE base for every layer");
   for (const auto& block : blocks_) block->export_config(out);
   final_norm_->export_config(out);
 }
