@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 namespace kiln {
 
 Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOptions& options,
@@ -104,7 +106,13 @@ void Backbone::export_config(ExportConfig& out) const {
   if (!m.final_norm.empty() && m.final_norm != m.norm)
     out.refuse("model.final_norm", fmt::format("'{}'", m.final_norm),
                fmt::format("the exported families' final norm is their blocks' ('{}')", m.norm));
-  if (m.embed_scale != 1.0)  // Gemma's families scale by sqrt(hidden); kiln does not export them yet
+  const bool gemma = out.format() == ExportConfig::Format::hf && (out.is("gemma2") || out.is("gemma3_text"));
+  // Gemma multiplies the embedding by sqrt(hidden_size), which it derives: no other scale.
+  const double gemma_scale = std::sqrt(static_cast<double>(m.hidden));
+  if (gemma && std::abs(m.embed_scale - gemma_scale) > 1e-12 * gemma_scale)
+    out.refuse("model.embed_scale", fmt::format("{}", m.embed_scale),
+               fmt::format("Gemma scales the embedding by sqrt(hidden) = {}", gemma_scale));
+  if (!gemma && m.embed_scale != 1.0)
     out.refuse("model.embed_scale", fmt::format("{}", m.embed_scale), "the exported families do not scale the embedding");
   if (out.format() == ExportConfig::Format::hf) {
     out.set("vocab_size", m.vocab_size, "model.vocab_size");
@@ -119,9 +127,19 @@ void Backbone::export_config(ExportConfig& out) const {
     out.set("block_count", m.layers, "model.layers");
   }
   position_->export_config(out);
-  if (local_position_)  // Gemma 3 carries it (rope_local_base_freq); the others have one base
+  if (out.is("gemma3_text")) {
+    // Gemma 3's sliding layers rotate by rope_local_base_freq, unscaled: kiln's local base
+    // (or, without one, its single base where no scaling makes the two differ).
+    bool windowed = false;
+    for (int64_t l = 0; l < m.layers; ++l) windowed = windowed || layer_choices(m, l).window > 0;
+    if (windowed && !local_position_ && m.rope.scaling != "none")
+      out.refuse("model.rope.local_theta", "0",
+                 "Gemma 3's sliding layers rotate unscaled at rope_local_base_freq: set model.rope.local_theta");
+    out.set("rope_local_base_freq", local_position_ ? m.rope.local_theta : m.rope_theta, "model.rope.local_theta");
+  } else if (local_position_) {
     out.refuse("model.rope.local_theta", fmt::format("{}", m.rope.local_theta),
-               "the exported families have one RoPE base for every layer");
+               "only Gemma 3 has a RoPE base of its own for the windowed layers");
+  }
   for (const auto& block : blocks_) block->export_config(out);
   final_norm_->export_config(out);
 }

@@ -114,7 +114,8 @@ void TransformerBlock::export_config(ExportConfig& out) const {
   mlp_norm_->export_config(out);
   mlp_->export_config(out);
   if (post_attn_norm_) {
-    out.refuse("model.sandwich_norms", "true", "the families kiln exports do not norm the branch outputs (Gemma 2/3)");
+    if (!out.is("gemma2") && !out.is("gemma3_text"))
+      out.refuse("model.sandwich_norms", "true", "only Gemma 2/3 norm the branch outputs");
     post_attn_norm_->export_config(out);
     post_mlp_norm_->export_config(out);
   }
