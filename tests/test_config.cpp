@@ -529,6 +529,24 @@ TEST(ConfigValidate, SeqLenFitsMicroBatch) {
   EXPECT_NO_THROW(validate_config(ok));
 }
 
+// model.rope.local_theta is the windowed layers' base: a model without one is told so.
+TEST(ConfigValidate, LocalRopeBaseNeedsAWindowedLayer) {
+  EXPECT_HAS(validation_error([](Config& c) { c.model.rope.local_theta = 10000; }),
+             "model.rope.local_theta = 10000 applies to windowed layers, but none has a window");
+  EXPECT_HAS(validation_error([](Config& c) {
+               c.model.rope.local_theta = 10000, c.model.sliding_window = 8, c.model.full_attention_layers = "all";
+             }),
+             "model.rope.local_theta");
+  EXPECT_HAS(validation_error([](Config& c) {
+               c.model.rope.local_theta = 10000, c.model.sliding_window = 8, c.model.position = "none";
+             }),
+             "model.rope.local_theta = 10000 needs model.position = 'rope'");
+  EXPECT_HAS(validation_error([](Config& c) { c.model.rope.local_theta = -1; }), "model.rope.local_theta");
+  Config ok;
+  ok.model.rope.local_theta = 10000, ok.model.sliding_window = 8, ok.model.full_attention_layers = "every:2";
+  EXPECT_NO_THROW(validate_config(ok));
+}
+
 TEST(ConfigValidate, Ranges) {
   EXPECT_HAS(validation_error([](Config& c) { c.data.val_fraction = 1.0; }), "data.val_fraction must be in [0, 1)");
   EXPECT_HAS(validation_error([](Config& c) { c.data.val_fraction = -0.1; }), "data.val_fraction");

@@ -205,6 +205,31 @@ ModelConfig partial_rotary_config() {
   return c;
 }
 
+// Gemma 2/3's block shape: sandwich norms of Gemma's RMSNorm around a GeGLU MLP, windowed
+// layers rotating by a local base of their own (Gemma 3) beside a global layer.
+ModelConfig gemma_config() {
+  ModelConfig c = small_config(true, false, false);
+  c.layers = 3;
+  c.norm = "gemma_rmsnorm";
+  c.qk_norm_type = "gemma_rmsnorm";
+  c.mlp = "geglu";
+  c.sandwich_norms = true;
+  c.embed_scale = std::sqrt(static_cast<double>(c.hidden));
+  c.sliding_window = 5;
+  c.full_attention_layers = "every:3";
+  c.rope_theta = 1e6;
+  c.rope.local_theta = 10.0;
+  return c;
+}
+
+TEST(Decoder, SandwichNormsAndLocalRopeBaseMatchFullForward) {
+  check_decoder_matches(gemma_config(), DType::f64, 1e-12);
+  check_decoder_matches(gemma_config(), DType::f32, 2e-5);
+  ModelConfig rms = gemma_config();  // the norm whose fused decode kernels the GPU folds in
+  rms.norm = "rmsnorm";
+  check_decoder_matches(rms, DType::f64, 1e-12);
+}
+
 TEST(Decoder, PartialRotaryMatchesFullForward) {
   check_decoder_matches(partial_rotary_config(), DType::f64, 1e-12);
   check_decoder_matches(partial_rotary_config(), DType::f32, 2e-5);

@@ -65,7 +65,10 @@ ModelConfig windowed(ModelConfig c, const std::string& full) {
 
 std::vector<Case> cases() {
   ModelConfig llama = test::tiny_config(false, false, false, 48);  // head_dim 16 != 48 / 4
+  ModelConfig geglu = test::tiny_config(true, true, false);  // hidden_act gelu_pytorch_tanh, imported as geglu
+  geglu.mlp = "geglu";
   return {{"qwen3", test::tiny_config(true, true, false), io::HfArch::qwen3},
+          {"qwen3_geglu", geglu, io::HfArch::qwen3},
           {"llama", llama, io::HfArch::llama},
           {"qwen2", test::tiny_config(false, true, true), io::HfArch::qwen2},
           {"qwen3_moe", qwen3_moe_config(), io::HfArch::qwen3_moe},

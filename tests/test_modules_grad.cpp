@@ -202,6 +202,46 @@ TEST(ModulesGrad, PartialRotaryModelMatchesFiniteDifferences) {
   check_model_gradient(c, Variant{true, false, 1e-3});
 }
 
+// Sandwich norms (Gemma 2/3): a norm on each branch's output before its residual add, of
+// the model's norm kind (Gemma's, with its embedding scale, and the plain RMSNorm), under
+// the names they promise (Gemma's for Hugging Face and llama.cpp).
+TEST(ModulesGrad, SandwichNormModelMatchesFiniteDifferences) {
+  for (const char* norm : {"gemma_rmsnorm", "rmsnorm"}) {
+    SCOPED_TRACE(norm);
+    ModelConfig c = tiny_config(true, false);
+    c.norm = norm;
+    c.mlp = "geglu";
+    c.sandwich_norms = true;
+    if (std::string(norm) == "gemma_rmsnorm") c.embed_scale = std::sqrt(static_cast<double>(c.hidden));
+    {
+      Model m(c, tiny_build());
+      const Parameter* post_attn = m.find_parameter("layers.1.post_attn_norm.weight");
+      const Parameter* post_mlp = m.find_parameter("layers.0.post_mlp_norm.weight");
+      const Parameter* pre_mlp = m.find_parameter("layers.0.mlp_norm.weight");
+      ASSERT_NE(post_attn, nullptr);
+      ASSERT_NE(post_mlp, nullptr);
+      ASSERT_NE(pre_mlp, nullptr);
+      EXPECT_EQ(post_attn->names().hf, "model.layers.1.post_attention_layernorm.weight");
+      EXPECT_EQ(post_attn->names().gguf, "blk.1.post_attention_norm.weight");
+      EXPECT_EQ(post_mlp->names().hf, "model.layers.0.post_feedforward_layernorm.weight");
+      EXPECT_EQ(post_mlp->names().gguf, "blk.0.post_ffw_norm.weight");
+      EXPECT_EQ(pre_mlp->names().hf, "model.layers.0.pre_feedforward_layernorm.weight");
+    }
+    check_model_gradient(c, Variant{true, false, 1e-3});
+  }
+}
+
+// Gemma 3's local RoPE base: the windowed layer (0) rotates by model.rope.local_theta, the
+// global one (1) by model.rope_theta.
+TEST(ModulesGrad, LocalRopeBaseModelMatchesFiniteDifferences) {
+  ModelConfig c = tiny_config(true, false);
+  c.sliding_window = 2;
+  c.full_attention_layers = "1";
+  c.rope_theta = 1e6;
+  c.rope.local_theta = 3.0;  // a base this small turns by a large angle per position: it bites
+  check_model_gradient(c, Variant{true, false, 1e-3});
+}
+
 // The loss of the tiny model (seed 7, three documents and a PAD tail) with `edit` applied
 // to its config.
 double loss_of(const std::function<void(ModelConfig&)>& edit) {
@@ -246,6 +286,29 @@ TEST(ModulesGrad, WindowAndSoftcapsChangeTheLossOnlyWhenTheyBite) {
   EXPECT_GT(std::abs(loss_of([](ModelConfig& c) { c.attention_softcap = 0.1; }) - plain), 1e-6 * plain);
   EXPECT_NEAR(loss_of([](ModelConfig& c) { c.logit_softcap = 1e6; }), plain, 1e-9 * plain);
   EXPECT_GT(std::abs(loss_of([](ModelConfig& c) { c.logit_softcap = 0.5; }) - plain), 1e-6 * plain);
+}
+
+// Sandwich norms change the model (their gradients are checked above).
+TEST(ModulesGrad, SandwichNormsChangeTheLoss) {
+  EXPECT_NE(loss_of([](ModelConfig& c) { c.sandwich_norms = true; }), loss_of([](ModelConfig&) {}));
+}
+
+// model.rope.local_theta reaches the windowed layers only: equal to rope_theta it is the
+// plain model bitwise; another base changes the loss with a windowed layer 0 or 1, by a
+// different amount for each.
+TEST(ModulesGrad, LocalRopeBaseAppliesToTheWindowedLayersOnly) {
+  auto windowed = [](const char* global, double local) {
+    return [=](ModelConfig& c) {
+      c.sliding_window = 3, c.full_attention_layers = global, c.rope.local_theta = local;
+    };
+  };
+  const double plain = loss_of(windowed("1", 0));
+  EXPECT_EQ(loss_of(windowed("1", 10000.0)), plain);  // rope_theta's default
+  const double local0 = loss_of(windowed("1", 3.0));
+  const double local1 = loss_of(windowed("0", 3.0));
+  EXPECT_NE(local0, plain);
+  EXPECT_NE(local1, loss_of(windowed("0", 0)));
+  EXPECT_NE(local0 - plain, local1 - loss_of(windowed("0", 0)));
 }
 
 TEST(ModulesGrad, ZLossChangesTheGradient) {

@@ -440,6 +440,14 @@ void check_rule(const ConfigField& field, const ConfigRule& rule, const T& value
 // must stay at its default (a key set for nothing is a mistake worth naming).
 void validate_rope_scaling(const ModelConfig& m) {
   const RopeConfig& r = m.rope;
+  if (r.local_theta != 0) {
+    KILN_CHECK(m.position == "rope", kWhere, "model.rope.local_theta = {} needs model.position = 'rope' (got '{}')",
+               r.local_theta, m.position);
+    bool windowed = false;
+    for (int64_t l = 0; l < m.layers; ++l) windowed = windowed || layer_choices(m, l).window > 0;
+    KILN_CHECK(windowed, kWhere, "model.rope.local_theta = {} applies to windowed layers, but none has a window "
+               "(model.sliding_window, model.full_attention_layers)", r.local_theta);
+  }
   if (r.fraction != 1.0) {
     KILN_CHECK(m.position == "rope", kWhere, "model.rope.fraction = {} needs model.position = 'rope' (got '{}')",
                r.fraction, m.position);

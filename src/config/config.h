@@ -53,6 +53,9 @@ struct RopeConfig {
   double attention_factor = 0.0;       // yarn: cos/sin x this; 0 = 0.1 ln(factor) + 1 (the paper's)
   double fraction = 1.0;               // partial rotary: the share of each head's dims rotated (transformers'
                                        // partial_rotary_factor); the frequencies are those of that many dims
+  // The base of the windowed (local) layers' RoPE, plain (unscaled) as Gemma 3's local layers
+  // (rope_local_base_freq); the global layers keep model.rope_theta and the scaling. 0 = one base.
+  double local_theta = 0.0;
 };
 
 // Multi-token prediction ([model.mtp], training only; model/multi_token_prediction.h): heads
@@ -81,6 +84,9 @@ struct ModelConfig {
   // The norm before the LM head; "" = model.norm. DyT models learn only with a norm that
   // rescales here (docs/dyt.md: a DyT before the head saturates at the unigram plateau).
   std::string final_norm;
+  // Sandwich norms (Gemma 2/3): a model.norm on each branch's output too, before its
+  // residual add: h = x + norm(attn(norm(x))), y = h + norm(mlp(norm(h))).
+  bool sandwich_norms = false;
   double norm_eps = 1e-6;
   std::string mlp = "swiglu";      // registry: mlps
   std::string attention = "gqa";   // registry: attention

@@ -67,6 +67,8 @@ const std::array kFields = {
                "longest sequence attention sees"),
     KILN_FIELD(model, norm, none(), "registry: norms"),
     KILN_FIELD(model, final_norm, none(), "registry: norms, the norm before the LM head; \"\" = model.norm"),
+    KILN_FIELD(model, sandwich_norms, none(),
+               "a model.norm on each branch's output before its residual add too (Gemma 2/3's post-norms)"),
     KILN_FIELD(model, norm_eps, positive(), "epsilon inside the norm"),
     KILN_FIELD(model, mlp, none(), "registry: mlps"),
     KILN_FIELD(model, attention, none(), "registry: attention"),
@@ -106,6 +108,8 @@ const std::array kFields = {
                non_negative().up_to(16, "its default 0.1 ln(factor) + 1 stays below 4 for any stretch"),
                "yarn: cos/sin x this; 0 = 0.1 ln(factor) + 1"),
     KILN_FIELD(model.rope, fraction, positive(), "partial rotary: the share of each head's dims rotated; 1 = all"),
+    KILN_FIELD(model.rope, local_theta, non_negative(),
+               "RoPE base of the windowed layers, unscaled (Gemma 3: 10000); 0 = model.rope_theta"),
 
     KILN_FIELD(model.moe, experts, positive().up_to(kMaxExperts, "10x the most experts in use; each is allocated"),
                "routed experts"),

@@ -183,6 +183,8 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
   const Config config = load_config((fs::path(dir) / "config.toml").string());
   const ModelConfig& m = config.model;
   const HfArch arch = choose_hf_arch(m);
+  KILN_CHECK(!is_gemma(arch), "export", "model.sandwich_norms = true: a {} model; kiln's GGUF export does not write "
+             "llama.cpp's {} architecture (export hf)", hf_architecture(arch), gguf_architecture(arch));
   const std::vector<int64_t> order = rope_dim_order(arch, m.head_dim, rotary_dims(m));
   const std::string& type = options.type;
   KILN_CHECK(type == "f32" || type == "bf16" || type == "q8_0", "export", "--type '{}': expected f32, bf16 or q8_0",

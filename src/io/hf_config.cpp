@@ -18,7 +18,17 @@ json hf_config_json(const Model& model, HfArch arch, const HfSpecialTokens& spec
   model.backbone().export_config(out);
   model.head().export_config(out);
   c["use_cache"] = true;
-  if (arch != HfArch::llama) {
+  if (is_gemma(arch)) {
+    // No flag: layer_types says which layers slide (transformers >= 4.53 reads it).
+    if (!c.contains("sliding_window")) c["sliding_window"] = nullptr;
+    if (arch == HfArch::gemma3) {
+      // transformers 5 keeps one RoPE per layer kind; 4.x reads rope_theta, rope_scaling
+      // and rope_local_base_freq, written beside it.
+      const json global = c["rope_parameters"];
+      c["rope_parameters"] = {{"full_attention", global},
+                              {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", c["rope_local_base_freq"]}}}};
+    }
+  } else if (arch != HfArch::llama) {
     // Qwen2/3 and Dots1 window the layers from max_window_layers on when layer_types is
     // absent: none by that rule. They read the windowed layers from layer_types instead
     // (written by the attention); Qwen3-MoE windows all layers by use_sliding_window alone.

@@ -9,12 +9,16 @@
 //   ... routed by sigmoid_bias  -> Dots1ForCausalLM (model_type "dots1", dots.llm1: Qwen3's
 //                                  attention with DeepSeek-V3's router, shared experts and
 //                                  the dense layers first; nn/moe/moe_export.cpp)
+//   sandwich_norms, qk_norm on  -> Gemma3ForCausalLM (model_type "gemma3_text": Gemma's
+//                                  norms, sandwiched; q/k norms; local and global RoPE bases)
+//   sandwich_norms, qk_norm off -> Gemma2ForCausalLM (model_type "gemma2": Gemma's norms,
+//                                  sandwiched; softcaps; the embedding x sqrt(hidden))
 //   qk_norm on                  -> Qwen3ForCausalLM  (model_type "qwen3")
 //   qk_norm off, q/k/v bias     -> Qwen2ForCausalLM  (model_type "qwen2")
 //   qk_norm off, no bias        -> LlamaForCausalLM  (model_type "llama"; head_dim written
 //                                  explicitly, so head_dim may differ from hidden / heads)
-// Every one of them: RMSNorm, SwiGLU (silu), RoPE by rotate_half with one theta, causal
-// full attention, and the same eps, vocabulary and tying.
+// The Qwen/Llama families: RMSNorm, a gated MLP, RoPE by rotate_half with one theta, causal
+// attention (windowed per layer in Qwen2/3), and the same eps, vocabulary and tying.
 // Import reads those model types back and refuses any field kiln cannot compute
 // (rope scaling, sliding windows, o_proj / MLP biases, another activation).
 #pragma once
@@ -31,7 +35,10 @@
 
 namespace kiln::io {
 
-enum class HfArch { qwen3, llama, qwen2, qwen3_moe, dots1 };
+enum class HfArch { qwen3, llama, qwen2, qwen3_moe, dots1, gemma2, gemma3 };
+
+// Gemma 2 or 3: the families of sandwich norms (their own config fields, io/hf_config.cpp).
+inline bool is_gemma(HfArch arch) { return arch == HfArch::gemma2 || arch == HfArch::gemma3; }
 
 std::string_view hf_model_type(HfArch arch);        // "qwen3"
 std::string_view hf_architecture(HfArch arch);      // "Qwen3ForCausalLM"

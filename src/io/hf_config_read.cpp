@@ -34,6 +34,8 @@ constexpr Family kFamilies[] = {
     {HfArch::qwen2, "qwen2", "Qwen2ForCausalLM", "qwen2"},
     {HfArch::qwen3_moe, "qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe"},
     {HfArch::dots1, "dots1", "Dots1ForCausalLM", "dots1"},
+    {HfArch::gemma2, "gemma2", "Gemma2ForCausalLM", "gemma2"},
+    {HfArch::gemma3, "gemma3_text", "Gemma3ForCausalLM", "gemma3"},
 };
 
 const Family& family(HfArch arch) {
@@ -55,6 +57,7 @@ std::string_view hf_architecture(HfArch arch) { return family(arch).architecture
 std::string_view gguf_architecture(HfArch arch) { return family(arch).gguf; }
 
 HfArch choose_hf_arch(const ModelConfig& m) {
+  if (m.sandwich_norms && !has_sparse_layers(m)) return m.qk_norm ? HfArch::gemma3 : HfArch::gemma2;
   if (has_sparse_layers(m)) return m.moe.router == "sigmoid_bias" ? HfArch::dots1 : HfArch::qwen3_moe;
   if (m.qk_norm) return HfArch::qwen3;
   return m.attention_bias ? HfArch::qwen2 : HfArch::llama;
@@ -117,9 +120,12 @@ std::string layer_list(const std::vector<bool>& member) {
 void read_windows(const json& c, HfArch arch, const std::string& where, ModelConfig& m) {
   if (arch == HfArch::llama) return;
   const JsonField root(c, "import", where);
-  const bool has_flag = arch != HfArch::dots1;  // Dots1Config has no use_sliding_window
+  const bool gemma = is_gemma(arch);
+  const bool has_flag = arch != HfArch::dots1 && !gemma;  // Dots1Config and Gemma have no use_sliding_window
   const auto window_field = root.find("sliding_window");
-  const bool on = (!has_flag || get<bool>(c, "use_sliding_window", false, where)) && window_field;
+  const bool gemma_window = gemma && !(window_field && window_field->is_null());  // absent: Gemma's 4096
+  const bool on = gemma ? gemma_window
+                        : (!has_flag || get<bool>(c, "use_sliding_window", false, where)) && window_field;
   std::vector<bool> sliding(static_cast<size_t>(m.layers), false);
   if (arch == HfArch::qwen3_moe) {
     sliding.assign(sliding.size(), on);
@@ -133,12 +139,18 @@ void read_windows(const json& c, HfArch arch, const std::string& where, ModelCon
                  printable(t));
       sliding[i] = on && t == "sliding_attention";
     }
+  } else if (gemma) {
+    // Before layer_types: Gemma 2 slides its even layers, Gemma 3 all but every
+    // sliding_window_pattern-th (transformers' Gemma2/Gemma3 decoder layers).
+    const int64_t pattern = arch == HfArch::gemma2 ? 2 : get<int64_t>(c, "sliding_window_pattern", 6, where);
+    KILN_CHECK(pattern >= 1, "import", "{}: sliding_window_pattern = {} must be >= 1", where, pattern);
+    for (size_t i = 0; i < sliding.size(); ++i) sliding[i] = on && (static_cast<int64_t>(i) + 1) % pattern != 0;
   } else {
     const int64_t from = get<int64_t>(c, "max_window_layers", arch == HfArch::dots1 ? 62 : 28, where);
     for (size_t i = 0; i < sliding.size(); ++i) sliding[i] = on && static_cast<int64_t>(i) >= from;
   }
   if (std::find(sliding.begin(), sliding.end(), true) == sliding.end()) return;
-  const int64_t window = window_field->integer(1, INT64_MAX);
+  const int64_t window = window_field ? window_field->integer(1, INT64_MAX) : 4096;
   m.sliding_window = window;
   std::vector<bool> full(sliding.size());
   for (size_t i = 0; i < sliding.size(); ++i) full[i] = !sliding[i];
@@ -255,6 +267,33 @@ static void read_dots1(const json& c, const std::string& where, ModelConfig& m) 
   if (dense > 0) m.alt_mlp = "swiglu", m.alt_mlp_layers = dense == 1 ? "0" : fmt::format("0-{}", dense - 1);
 }
 
+// Gemma 2/3 (Gemma2Config, Gemma3TextConfig): Gemma's norms (gain 1 + w) before and after
+// each branch, the embedding x sqrt(hidden), softcaps (Gemma 2's on by default), Gemma 3's
+// q/k norms. q.k is scaled by query_pre_attn_scalar^-0.5, kiln's by head_dim^-0.5: equal only.
+static void read_gemma(const json& c, HfArch arch, const std::string& where, ModelConfig& m) {
+  m.norm = "gemma_rmsnorm";
+  m.sandwich_norms = true;
+  m.embed_scale = std::sqrt(static_cast<double>(m.hidden));
+  m.qk_norm = arch == HfArch::gemma3;
+  if (m.qk_norm) m.qk_norm_type = "gemma_rmsnorm";
+  const JsonField root(c, "import", where);
+  auto cap = [&](const char* key, double fallback) {
+    const auto f = root.find(key);
+    if (!f) return fallback;
+    if (f->is_null()) return 0.0;
+    const double v = f->number();
+    KILN_CHECK(v >= 0, "import", "{}: {} = {} must be >= 0", where, key, v);
+    return v;
+  };
+  const bool two = arch == HfArch::gemma2;
+  m.attention_softcap = cap("attn_logit_softcapping", two ? 50.0 : 0.0);
+  m.logit_softcap = cap("final_logit_softcapping", two ? 30.0 : 0.0);
+  const double scalar = get<double>(c, "query_pre_attn_scalar", 256.0, where);
+  KILN_CHECK(scalar == static_cast<double>(m.head_dim), "import",
+             "{}: query_pre_attn_scalar = {}: kiln scales q.k by head_dim^-0.5 (head_dim = {})", where, scalar,
+             m.head_dim);
+}
+
 HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   KILN_CHECK(c.is_object(), "import", "{}: not a JSON object", where);
   const std::string type = get<std::string>(c, "model_type", "", where);
@@ -269,13 +308,25 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
     spec.arch = HfArch::qwen3_moe;
   } else if (type == "dots1") {
     spec.arch = HfArch::dots1;
+  } else if (type == "gemma2") {
+    spec.arch = HfArch::gemma2;
+  } else if (type == "gemma3_text") {
+    spec.arch = HfArch::gemma3;
   } else {
-    fail("import", "{}: model_type '{}' is not one kiln imports (qwen3, llama, qwen2, qwen3_moe, dots1)", where,
-         printable(type));
+    fail("import", "{}: model_type '{}' is not one kiln imports (qwen3, llama, qwen2, qwen3_moe, dots1, gemma2, "
+         "gemma3_text)", where, printable(type));
   }
   KILN_CHECK(!c.contains("quantization_config"), "import", "{}: quantized checkpoints are not supported", where);
-  const std::string act = get<std::string>(c, "hidden_act", "silu", where);
-  KILN_CHECK(act == "silu", "import", "{}: hidden_act = '{}': kiln's MLP is SwiGLU (silu)", where, printable(act));
+  const bool gemma = is_gemma(spec.arch);
+  // Gemma's MLP reads hidden_activation (its configs carry hidden_act too, unused).
+  const char* act_key = gemma && c.contains("hidden_activation") ? "hidden_activation" : "hidden_act";
+  const std::string act = get<std::string>(c, act_key, gemma ? "gelu_pytorch_tanh" : "silu", where);
+  KILN_CHECK(act == "silu" || act == "gelu_pytorch_tanh", "import",
+             "{}: {} = '{}': kiln's gated MLPs are swiglu (silu) and geglu (gelu_pytorch_tanh)", where, act_key,
+             printable(act));
+  KILN_CHECK(act == "silu" || spec.arch == HfArch::qwen3 || spec.arch == HfArch::llama || spec.arch == HfArch::qwen2 ||
+                 gemma,
+             "import", "{}: {} = '{}': kiln's experts are SwiGLU (silu)", where, act_key, printable(act));
 
   ModelConfig& m = spec.model;
   m.vocab_size = require<int64_t>(c, "vocab_size", where);
@@ -285,28 +336,44 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   m.kv_heads = get<int64_t>(c, "num_key_value_heads", m.heads, where);
   m.ffn_hidden = require<int64_t>(c, "intermediate_size", where);
   KILN_CHECK(m.heads > 0 && m.hidden > 0, "import", "{}: hidden_size and num_attention_heads must be positive", where);
-  // Qwen3Config's head_dim defaults to 128; Llama/Qwen2/Dots1 fall back to hidden / heads.
+  // Qwen3Config's head_dim defaults to 128, Gemma's to 256; Llama/Qwen2/Dots1 fall back to hidden / heads.
   const bool qwen3 = spec.arch == HfArch::qwen3 || spec.arch == HfArch::qwen3_moe;
-  m.head_dim = get<int64_t>(c, "head_dim", qwen3 ? 128 : m.hidden / m.heads, where);
+  m.head_dim = get<int64_t>(c, "head_dim", qwen3 ? 128 : gemma ? 256 : m.hidden / m.heads, where);
   const bool short_context = spec.arch == HfArch::llama || spec.arch == HfArch::dots1;  // their 2048 default
-  m.max_seq_len = get<int64_t>(c, "max_position_embeddings", short_context ? 2048 : 32768, where);
+  const int64_t default_context = short_context ? 2048 : spec.arch == HfArch::gemma2 ? 8192
+                                                       : spec.arch == HfArch::gemma3 ? 131072 : 32768;
+  m.max_seq_len = get<int64_t>(c, "max_position_embeddings", default_context, where);
   m.norm_eps = get<double>(c, "rms_norm_eps", 1e-6, where);
-  m.tie_embeddings = get<bool>(c, "tie_word_embeddings", false, where);
+  m.tie_embeddings = get<bool>(c, "tie_word_embeddings", gemma, where);
   m.init_std = get<double>(c, "initializer_range", 0.02, where);
   m.norm = "rmsnorm";
-  m.mlp = "swiglu";
+  m.mlp = act == "silu" ? "swiglu" : "geglu";  // the sparse families (silu only) set theirs below
   m.attention = "gqa";
   m.position = "rope";
   m.qk_norm = qwen3 || spec.arch == HfArch::dots1;
   if (spec.arch == HfArch::qwen3_moe) read_qwen3_moe(c, where, m);
   if (spec.arch == HfArch::dots1) read_dots1(c, where, m);
+  if (gemma) read_gemma(c, spec.arch, where, m);
   m.attention_bias = spec.arch == HfArch::qwen2;
   m.name = get<std::string>(c, "kiln_model_name", std::string(hf_model_type(spec.arch)) + "-import", where);
 
   check_whole_head_rotary(get<double>(c, "partial_rotary_factor", 1.0, where), where, "partial_rotary_factor");
-  double theta = get<double>(c, "rope_theta", 10000.0, where);
+  double theta = get<double>(c, "rope_theta", spec.arch == HfArch::gemma3 ? 1e6 : 10000.0, where);
+  double local_theta = get<double>(c, "rope_local_base_freq", 10000.0, where);  // Gemma 3's sliding layers
   if (auto t = read_rope(c, "rope_scaling", where, m.max_seq_len, m.rope)) theta = *t;
-  if (auto t = read_rope(c, "rope_parameters", where, m.max_seq_len, m.rope)) theta = *t;
+  const auto per_kind = JsonField(c, "import", where).find("rope_parameters");
+  if (spec.arch == HfArch::gemma3 && per_kind && !per_kind->is_null() && per_kind->find("full_attention")) {
+    // transformers 5's Gemma 3: one RoPE per layer kind; the sliding one plain.
+    const json& kinds = c["rope_parameters"];
+    if (auto t = read_rope(kinds, "full_attention", where, m.max_seq_len, m.rope)) theta = *t;
+    RopeConfig local_rope;
+    if (auto t = read_rope(kinds, "sliding_attention", where, m.max_seq_len, local_rope)) local_theta = *t;
+    KILN_CHECK(local_rope.scaling == "none", "import",
+               "{}: rope_parameters.sliding_attention.rope_type = '{}': kiln's local RoPE is unscaled", where,
+               local_rope.scaling);
+  } else if (auto t = read_rope(c, "rope_parameters", where, m.max_seq_len, m.rope)) {
+    theta = *t;
+  }
   m.rope_theta = theta;
 
   if (spec.arch != HfArch::qwen2)
@@ -315,6 +382,8 @@ HfModelSpec hf_config_to_model(const json& c, const std::string& where) {
   KILN_CHECK(!get<bool>(c, "mlp_bias", false, where), "import", "{}: mlp_bias = true: kiln's MLP has no biases",
              where);
   read_windows(c, spec.arch, where, m);
+  // Gemma 3's sliding layers rotate by their own base (kept only where a layer slides).
+  if (spec.arch == HfArch::gemma3 && m.sliding_window > 0) m.rope.local_theta = local_theta;
   const JsonField root(c, "import", where);
 
   spec.special.bos = get<int64_t>(c, "bos_token_id", -1, where);

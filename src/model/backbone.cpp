@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 namespace kiln {
 
 Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOptions& options,
@@ -17,12 +19,22 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
                 Shape{config.vocab_size, d}, ParamRole::embedding, Init::normal(config.init_std));
   embed_ = ctx.parameters.back().get();
   position_ = position_registry().build("model.position", config.position, ctx, config);
+  if (config.rope.local_theta > 0) {
+    // The windowed layers' RoPE (Gemma 3's local layers): its own base, unscaled, the
+    // fraction kept. The encoding copies what it reads, so the edited config may go.
+    ModelConfig local = config;
+    local.rope_theta = config.rope.local_theta;
+    local.rope = RopeConfig{};
+    local.rope.fraction = config.rope.fraction;
+    local_position_ = position_registry().build("model.position", config.position, ctx, local);
+  }
   KILN_CHECK(options.recompute_blocks >= 0 && options.recompute_blocks <= config.layers, "train.recompute_blocks",
              "{} blocks to recompute, but the model has {} (model.layers)", options.recompute_blocks, config.layers);
   for (int64_t l = 0; l < config.layers; ++l) {
     const std::string index = std::to_string(l);
     const LayerSpec layer{NameScope{"layers." + index + ".", "model.layers." + index + ".", "blk." + index + "."}, l,
                           &config, layer_choices(config, l)};
+    PositionEncoding& position = local_position_ && layer.choices.window > 0 ? *local_position_ : *position_;
     if (options.training && l < options.recompute_blocks) {
       // The block plans its saved activations in its own arena, bound later to the
       // region every recomputed block shares.
@@ -31,9 +43,9 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
                              ctx.parameters,  ctx.compute_weights, ctx.dtype,                ctx.master_dtype,
                              ctx.device,      ctx.max_tokens,      ctx.training,             ctx.deterministic,
                              ctx.losses,      &ctx.activations,    ctx.qk_clip_tau,          ctx.step_statistics};
-      blocks_.push_back(std::make_unique<TransformerBlock>(block_ctx, layer, *position_));
+      blocks_.push_back(std::make_unique<TransformerBlock>(block_ctx, layer, position));
     } else {
-      blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, *position_));
+      blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, position));
     }
   }
   const bool own_final_norm = !config.final_norm.empty();
@@ -101,7 +113,13 @@ void Backbone::export_config(ExportConfig& out) const {
   if (!m.final_norm.empty() && m.final_norm != m.norm)
     out.refuse("model.final_norm", fmt::format("'{}'", m.final_norm),
                fmt::format("the exported families' final norm is their blocks' ('{}')", m.norm));
-  if (m.embed_scale != 1.0)  // Gemma's families scale by sqrt(hidden); kiln does not export them yet
+  const bool gemma = out.format() == ExportConfig::Format::hf && (out.is("gemma2") || out.is("gemma3_text"));
+  // Gemma multiplies the embedding by sqrt(hidden_size), which it derives: no other scale.
+  const double gemma_scale = std::sqrt(static_cast<double>(m.hidden));
+  if (gemma && std::abs(m.embed_scale - gemma_scale) > 1e-12 * gemma_scale)
+    out.refuse("model.embed_scale", fmt::format("{}", m.embed_scale),
+               fmt::format("Gemma scales the embedding by sqrt(hidden) = {}", gemma_scale));
+  if (!gemma && m.embed_scale != 1.0)
     out.refuse("model.embed_scale", fmt::format("{}", m.embed_scale), "the exported families do not scale the embedding");
   if (out.format() == ExportConfig::Format::hf) {
     out.set("vocab_size", m.vocab_size, "model.vocab_size");
@@ -116,6 +134,19 @@ void Backbone::export_config(ExportConfig& out) const {
     out.set("block_count", m.layers, "model.layers");
   }
   position_->export_config(out);
+  if (out.is("gemma3_text")) {
+    // Gemma 3's sliding layers rotate by rope_local_base_freq, unscaled: kiln's local base
+    // (or, without one, its single base where no scaling makes the two differ).
+    bool windowed = false;
+    for (int64_t l = 0; l < m.layers; ++l) windowed = windowed || layer_choices(m, l).window > 0;
+    if (windowed && !local_position_ && m.rope.scaling != "none")
+      out.refuse("model.rope.local_theta", "0",
+                 "Gemma 3's sliding layers rotate unscaled at rope_local_base_freq: set model.rope.local_theta");
+    out.set("rope_local_base_freq", local_position_ ? m.rope.local_theta : m.rope_theta, "model.rope.local_theta");
+  } else if (local_position_) {
+    out.refuse("model.rope.local_theta", fmt::format("{}", m.rope.local_theta),
+               "only Gemma 3 has a RoPE base of its own for the windowed layers");
+  }
   for (const auto& block : blocks_) block->export_config(out);
   final_norm_->export_config(out);
 }

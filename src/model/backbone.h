@@ -70,6 +70,7 @@ class Backbone {
   Tensor embed_w_, embed_g_;
   const Parameter* embed_ = nullptr;
   std::unique_ptr<PositionEncoding> position_;
+  std::unique_ptr<PositionEncoding> local_position_;  // the windowed layers' (model.rope.local_theta); null: position_
   std::vector<std::unique_ptr<TransformerBlock>> blocks_;
   std::unique_ptr<Norm> final_norm_;
   std::vector<Tensor> residual_;  // residual_[l] = input of block l [T, hidden]; [layers] = final-norm input

@@ -12,21 +12,37 @@ TransformerBlock::TransformerBlock(BuildContext& ctx, const LayerSpec& layer, Po
   attention_site_ = static_cast<uint32_t>(1 + 2 * layer.index);  // site 0 is the embedding's
   mlp_site_ = attention_site_ + 1;
   const int64_t t = ctx.max_tokens;
-  attn_norm_ = norm_registry().build("model.norm", m.norm, ctx,
-                                     NormSpec{layer.names.child("attn_norm.", "input_layernorm.", "attn_norm."),
-                                              m.hidden, t, m.norm_eps, m.dyt_alpha});
+  const NormSpec base{layer.names, m.hidden, t, m.norm_eps, m.dyt_alpha};
+  auto norm = [&](const char* kiln, const char* hf, const char* gguf) {
+    NormSpec spec = base;
+    spec.names = layer.names.child(kiln, hf, gguf);
+    return norm_registry().build("model.norm", m.norm, ctx, spec);
+  };
+  const bool sandwich = m.sandwich_norms;
+  attn_norm_ = norm("attn_norm.", "input_layernorm.", "attn_norm.");
   attention_ = attention_registry().build("model.attention", m.attention, ctx, layer, position);
-  mlp_norm_ = norm_registry().build("model.norm", m.norm, ctx,
-                                    NormSpec{layer.names.child("mlp_norm.", "post_attention_layernorm.", "ffn_norm."),
-                                             m.hidden, t, m.norm_eps, m.dyt_alpha});
+  // Gemma 2/3 name the MLP's pre-norm pre_feedforward_layernorm and give post_attention_
+  // layernorm to the attention's post-norm; Llama/Qwen call the MLP's pre-norm that.
+  mlp_norm_ = sandwich ? norm("mlp_norm.", "pre_feedforward_layernorm.", "ffn_norm.")
+                       : norm("mlp_norm.", "post_attention_layernorm.", "ffn_norm.");
+  if (sandwich) {
+    post_attn_norm_ = norm("post_attn_norm.", "post_attention_layernorm.", "post_attention_norm.");
+    post_mlp_norm_ = norm("post_mlp_norm.", "post_feedforward_layernorm.", "post_ffw_norm.");
+  }
   const char* mlp_key = layer.choices.mlp == m.mlp ? "model.mlp" : "model.alt_mlp";
   mlp_ = mlp_registry().build(mlp_key, layer.choices.mlp, ctx, layer);
   ctx.saved_wide(mid_, Shape{t, m.hidden});  // residual stream between the branches
+  if (sandwich) {
+    ctx.saved(attn_out_, Shape{t, m.hidden});
+    ctx.saved(mlp_out_, Shape{t, m.hidden});
+  }
   // Scratch, one [t, hidden] each: the norm output a branch reads (recomputed in backward
   // rather than saved: one cheap pass) and the branch output (forward) or the branch input
-  // gradient (backward); with dropout a third, the branch output's dropped gradient.
+  // gradient (backward); with dropout a third, the branch output's dropped gradient; with
+  // sandwich norms one more, the gradient through the post-norm.
   const size_t row_block = Workspace::footprint(ctx.dtype, Shape{t, m.hidden});
-  ctx.workspace.reserve_peak((dropout_ > 0 ? 3 : 2) * row_block, Workspace::Level::outer);
+  const size_t blocks = 2 + (dropout_ > 0 ? 1 : 0) + (sandwich ? 1 : 0);
+  ctx.workspace.reserve_peak(blocks * row_block, Workspace::Level::outer);
 }
 
 void TransformerBlock::forward(const Tensor& x, const SeqInfo& seq, const Tensor& y) {
@@ -35,11 +51,16 @@ void TransformerBlock::forward(const Tensor& x, const SeqInfo& seq, const Tensor
   Workspace::Scope scope(workspace_);
   Tensor normed = scope.take(compute_dtype_, x.shape());
   Tensor branch = scope.take(compute_dtype_, x.shape());
+  // With sandwich norms a branch writes its saved output, which its post-norm reads into branch.
+  const Tensor attn_out = post_attn_norm_ ? attn_out_.rows(0, t) : branch;
+  const Tensor mlp_out = post_mlp_norm_ ? mlp_out_.rows(0, t) : branch;
   attn_norm_->forward(x, normed);
-  attention_->forward(normed, seq, branch);
+  attention_->forward(normed, seq, attn_out);
+  if (post_attn_norm_) post_attn_norm_->forward(attn_out, branch);
   if (drops(seq)) ops::dropout_apply(exec_, branch, {dropout_, attention_site_, seq.dropout_key}, branch);
   mlp_norm_->forward_add(x, branch, mid, normed);  // mid = x + branch, normed = norm2(mid)
-  mlp_->forward(normed, branch);
+  mlp_->forward(normed, mlp_out);
+  if (post_mlp_norm_) post_mlp_norm_->forward(mlp_out, branch);
   if (drops(seq)) ops::dropout_apply(exec_, branch, {dropout_, mlp_site_, seq.dropout_key}, branch);
   ops::add(exec_, mid, branch, y);
 }
@@ -52,26 +73,39 @@ void TransformerBlock::backward(const Tensor& dres, const Tensor& dres_compute, 
   const Tensor copy = mixed_ ? dres_compute : Tensor();
   // A dropped branch's output gradient: dres through the forward's mask (found again).
   const Tensor dropped = drops(seq) ? scope.take(compute_dtype_, dres.shape()) : Tensor();
-  auto branch_grad = [&](uint32_t site) {
-    if (!dropped.defined()) return dres_compute;
-    ops::dropout_apply(exec_, dres_compute, {dropout_, site, seq.dropout_key}, dropped);
-    return dropped;
+  // The gradient at a branch's own output: through its post-norm when it has one.
+  const Tensor dpost = post_attn_norm_ ? scope.take(compute_dtype_, dres.shape()) : Tensor();
+  auto branch_grad = [&](uint32_t site, Norm* post) {
+    Tensor g = dres_compute;
+    if (dropped.defined()) {
+      ops::dropout_apply(exec_, dres_compute, {dropout_, site, seq.dropout_key}, dropped);
+      g = dropped;
+    }
+    if (post == nullptr) return g;
+    post->backward(g, dpost, false);
+    return dpost;
   };
   // y = h + mlp(norm2(h)): dL/dh = dres + norm2'(mlp'(dres)), accumulated into dres.
+  const Tensor dmlp = branch_grad(mlp_site_, post_mlp_norm_.get());
   mlp_norm_->recompute(normed);
-  mlp_->backward(normed, branch_grad(mlp_site_), dbranch_in);
+  mlp_->backward(normed, dmlp, dbranch_in);
   mlp_norm_->backward(dbranch_in, dres, true, copy);
   // h = x + attn(norm1(x)): same again.
+  const Tensor dattn = branch_grad(attention_site_, post_attn_norm_.get());
   attn_norm_->recompute(normed);
-  attention_->backward(normed, branch_grad(attention_site_), seq, dbranch_in);
+  attention_->backward(normed, dattn, seq, dbranch_in);
   attn_norm_->backward(dbranch_in, dres, true, copy);
 }
 
 std::unique_ptr<BlockDecoder> TransformerBlock::make_decoder(DecodeContext& ctx) const {
-  return std::make_unique<BlockDecoder>(ctx.exec, attn_norm_->make_decoder(ctx),
-                                        attention_->make_decoder(ctx, *attn_norm_),
-                                        mlp_norm_->make_decoder(ctx), mlp_->make_decoder(ctx, *mlp_norm_),
-                                        ctx.mixed());
+  auto post = [&](const std::unique_ptr<Norm>& n) { return n ? n->make_decoder(ctx) : nullptr; };
+  BranchDecoders attention{attn_norm_->make_decoder(ctx), attention_->make_decoder(ctx, *attn_norm_),
+                           post(post_attn_norm_)};
+  BranchDecoders mlp{mlp_norm_->make_decoder(ctx), mlp_->make_decoder(ctx, *mlp_norm_), post(post_mlp_norm_)};
+  if (post_attn_norm_)  // the post-norm's wide input on the mixed path (BlockDecoder::branch)
+    ctx.workspace.reserve_peak(Workspace::footprint(ctx.wide, Shape{ctx.max_rows, mid_.size(1)}),
+                               Workspace::Level::outer);
+  return std::make_unique<BlockDecoder>(ctx, std::move(attention), std::move(mlp));
 }
 
 void TransformerBlock::export_config(ExportConfig& out) const {
@@ -79,40 +113,58 @@ void TransformerBlock::export_config(ExportConfig& out) const {
   attention_->export_config(out);
   mlp_norm_->export_config(out);
   mlp_->export_config(out);
+  if (post_attn_norm_) {
+    if (!out.is("gemma2") && !out.is("gemma3_text"))
+      out.refuse("model.sandwich_norms", "true", "only Gemma 2/3 norm the branch outputs");
+    post_attn_norm_->export_config(out);
+    post_mlp_norm_->export_config(out);
+  }
 }
 
 double TransformerBlock::extra_forward_flops_per_token(int64_t seq_len) const {
   return attention_->extra_forward_flops_per_token(seq_len);
 }
 
-BlockDecoder::BlockDecoder(const ExecContext& exec, std::unique_ptr<NormDecoder> attn_norm,
-                           std::unique_ptr<BranchDecoder> attention, std::unique_ptr<NormDecoder> mlp_norm,
-                           std::unique_ptr<BranchDecoder> mlp, bool mixed)
-    : exec_(exec),
-      attn_norm_(std::move(attn_norm)),
-      mlp_norm_(std::move(mlp_norm)),
+BlockDecoder::BlockDecoder(DecodeContext& ctx, BranchDecoders attention, BranchDecoders mlp)
+    : exec_(ctx.exec),
+      workspace_(ctx.workspace),
+      wide_(ctx.wide),
       attention_(std::move(attention)),
       mlp_(std::move(mlp)),
-      mixed_(mixed) {}
+      mixed_(ctx.mixed()) {}
 
 void BlockDecoder::forward(DecodeStepBuffers& s, const DecodeRows& rows) {
-  branch(*attn_norm_, *attention_, s, rows);
-  branch(*mlp_norm_, *mlp_, s, rows);
+  branch(attention_, s, rows);
+  branch(mlp_, s, rows);
 }
 
 // One pre-norm branch: x += branch(norm(x)). On the fused projections the branch reads x
 // through its norm and adds into x itself; otherwise the norm adds the pending output of the
-// branch before (one pass) and this branch's output is left pending for the next norm.
-void BlockDecoder::branch(NormDecoder& norm, BranchDecoder& branch, DecodeStepBuffers& s, const DecodeRows& rows) {
-  if (rows.fused_branches && branch.fused_branch()) {
+// branch before (one pass) and this branch's output is left pending for the next norm. A
+// post-norm (sandwich norms) runs on the output and adds it at once: the fused projections,
+// which add inside, have no place for it.
+void BlockDecoder::branch(BranchDecoders& b, DecodeStepBuffers& s, const DecodeRows& rows) {
+  if (rows.fused_branches && b.branch->fused_branch() && !b.post_norm) {
     if (s.pending) residual_add(exec_, s.x, s.branch, mixed_);
     s.pending = false;
-    branch.forward_fused(s.x, rows);
+    b.branch->forward_fused(s.x, rows);
     return;
   }
-  norm.add_norm(s.x, s.pending ? s.branch : Tensor(), s.h);
-  branch.forward(s.h, rows, s.branch);
+  b.norm->add_norm(s.x, s.pending ? s.branch : Tensor(), s.h);
+  b.branch->forward(s.h, rows, s.branch);
   s.pending = true;
+  if (!b.post_norm) return;
+  // The norm decoders read a wide input (the residual stream's dtype); on the mixed path the
+  // output is widened first, exactly, as the training forward's norm reads bf16 in fp32.
+  Workspace::Scope scope(workspace_);
+  Tensor in = s.branch;
+  if (mixed_) {
+    in = scope.take(wide_, s.branch.shape());
+    ops::convert(exec_, s.branch, in);
+  }
+  b.post_norm->add_norm(in, Tensor(), s.h);
+  residual_add(exec_, s.x, s.h, mixed_);
+  s.pending = false;
 }
 
 void residual_add(const ExecContext& exec, const Tensor& x, const Tensor& branch, bool mixed) {

@@ -1,5 +1,7 @@
 // A pre-norm transformer block on the flat residual stream:
 //   h = x + attention(norm1(x));   y = h + mlp(norm2(h))
+// or, with model.sandwich_norms (Gemma 2/3), a norm on each branch's output as well:
+//   h = x + post1(attention(norm1(x)));   y = h + post2(mlp(norm2(h)))
 // Its components come from the registries by the layer's choices (nn/modules.h: the
 // model's per-layer patterns applied).
 #pragma once
@@ -17,20 +19,27 @@ struct DecodeStepBuffers {
   bool pending = false;
 };
 
+// One branch's decoders: its pre-norm, the branch, and its post-norm (sandwich norms; null
+// when the model has none).
+struct BranchDecoders {
+  std::unique_ptr<NormDecoder> norm;
+  std::unique_ptr<BranchDecoder> branch;
+  std::unique_ptr<NormDecoder> post_norm;
+};
+
 class BlockDecoder {
  public:
-  BlockDecoder(const ExecContext& exec, std::unique_ptr<NormDecoder> attn_norm,
-               std::unique_ptr<BranchDecoder> attention, std::unique_ptr<NormDecoder> mlp_norm,
-               std::unique_ptr<BranchDecoder> mlp, bool mixed);
+  BlockDecoder(DecodeContext& ctx, BranchDecoders attention, BranchDecoders mlp);
   // The block over the step's rows, from and into s.x (with s.pending as it comes).
   void forward(DecodeStepBuffers& s, const DecodeRows& rows);
 
  private:
-  void branch(NormDecoder& norm, BranchDecoder& branch, DecodeStepBuffers& s, const DecodeRows& rows);
+  void branch(BranchDecoders& b, DecodeStepBuffers& s, const DecodeRows& rows);
 
   const ExecContext& exec_;
-  std::unique_ptr<NormDecoder> attn_norm_, mlp_norm_;
-  std::unique_ptr<BranchDecoder> attention_, mlp_;
+  Workspace& workspace_;
+  DType wide_;
+  BranchDecoders attention_, mlp_;
   bool mixed_;
 };
 
@@ -66,6 +75,10 @@ class TransformerBlock {
   std::unique_ptr<Attention> attention_;
   std::unique_ptr<Mlp> mlp_;
   Tensor mid_;  // saved [T, hidden]: h (the norm outputs are recomputed in backward)
+  // Sandwich norms (model.sandwich_norms; null otherwise) and the branch outputs they
+  // normalize, saved [T, hidden] compute dtype: their backward reads its input.
+  std::unique_ptr<Norm> post_attn_norm_, post_mlp_norm_;
+  Tensor attn_out_, mlp_out_;
   // Dropout on the two branch outputs (model.dropout); the sites tell the masks apart.
   double dropout_ = 0;
   uint32_t attention_site_ = 0, mlp_site_ = 0;

@@ -154,6 +154,7 @@ class GatedMlp final : public Mlp {
     }
     out.set("intermediate_size", width, "model.ffn_hidden");
     out.set("hidden_act", act_.hf_act, key_);
+    if (out.is("gemma2") || out.is("gemma3_text")) out.set("hidden_activation", act_.hf_act, key_);  // what they read
     if (out.is("llama")) out.set("mlp_bias", false, key_);
     if (out.is("qwen3_moe")) out.append("mlp_only_layers", layer_);  // a dense layer among sparse ones
   }

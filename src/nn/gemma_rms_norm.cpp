@@ -68,11 +68,15 @@ class GemmaRmsNorm final : public Norm {
     return std::make_unique<GemmaRmsNormDecoder>(weight_, eps_, ctx);
   }
 
-  // Gemma's families express this norm, but their export (embedding scale, gelu MLP, the
-  // extra norms of Gemma 2/3) is not written yet; the families kiln writes scale by w itself.
+  // Gemma 2/3 (chosen by model.sandwich_norms) compute this norm; the other families scale
+  // by w itself, and Gemma 1 (no sandwich norms) is not written.
   void export_config(ExportConfig& out) const override {
+    if (out.format() == ExportConfig::Format::hf && (out.is("gemma2") || out.is("gemma3_text")))
+      return out.set("rms_norm_eps", eps_, "model.norm_eps");
     out.refuse("model.norm", "'gemma_rmsnorm'",
-               "its gain is 1 + weight (Gemma's RMSNorm; a Gemma export is not written yet)");
+               out.format() == ExportConfig::Format::gguf
+                   ? "kiln's GGUF export writes no Gemma architecture"
+                   : "its gain is 1 + weight: kiln exports it as Gemma 2/3, which need model.sandwich_norms = true");
   }
 
  private:

@@ -187,29 +187,38 @@ double GqaAttention::extra_forward_flops_per_token(int64_t seq_len) const {
 }
 
 // Qwen3 is the family with q/k norms and no biases; Qwen2 biases q, k and v (never o);
-// Llama has neither (its attention_bias would bias o_proj too). None has a softcap or NoPE
-// layers. Windowed layers: Qwen2, Qwen3 and Dots1 name each layer's kind in layer_types
-// ("sliding_attention" with the one sliding_window, or "full_attention"); Qwen3-MoE
-// windows every layer or none; Llama and llama.cpp's architectures have no windows.
+// Llama has neither (its attention_bias would bias o_proj too). Gemma 2 has neither q/k norms
+// nor biases but softcaps; Gemma 3 has Gemma's q/k norms (gain 1 + w) and may softcap too.
+// None has NoPE layers. Windowed layers: Qwen2, Qwen3, Dots1 and Gemma 2/3 name each layer's
+// kind in layer_types ("sliding_attention" with the one sliding_window, or "full_attention");
+// Qwen3-MoE windows every layer or none; Llama and llama.cpp's architectures have no windows.
 void GqaAttention::export_config(ExportConfig& out) const {
   const bool qk_norm = qk_norm_, bias = bias_;
-  if (options_.softcap > 0) out.refuse("model.attention_softcap", fmt::format("{}", options_.softcap), "no softcap");
+  const bool hf = out.format() == ExportConfig::Format::hf;
+  const bool gemma = hf && (out.is("gemma2") || out.is("gemma3_text")), gemma3 = gemma && out.is("gemma3_text");
+  if (options_.softcap > 0 && !gemma)
+    out.refuse("model.attention_softcap", fmt::format("{}", options_.softcap), "no softcap");
   if (!rotary_) out.refuse("model.nope_layers", fmt::format("layer {}", layer_), "every layer rotates");
-  const bool windowed_family = out.format() == ExportConfig::Format::hf &&
-                               (out.is("qwen2") || out.is("qwen3") || out.is("qwen3_moe") || out.is("dots1"));
+  const bool windowed_family = hf && (out.is("qwen2") || out.is("qwen3") || out.is("qwen3_moe") || out.is("dots1") || gemma);
   if (options_.window > 0 && !windowed_family)
     out.refuse("model.sliding_window", std::to_string(options_.window),
                out.format() == ExportConfig::Format::gguf ? "llama.cpp's architecture has no sliding window"
                                                           : "no sliding window in this architecture");
-  // Qwen3's attention: also Qwen3-MoE's and Dots1's.
+  // Qwen3's attention: also Qwen3-MoE's and Dots1's; Gemma 3's with its own norm kind.
   const bool qwen3 = out.is("qwen3") || out.is("qwen3_moe") || out.is("dots1"), qwen2 = out.is("qwen2");
-  if (qk_norm != qwen3) out.refuse("model.qk_norm", qk_norm ? "true" : "false", "only Qwen3 has q/k norms");
-  if (qk_norm && qk_kind_ != QkNormKind::rmsnorm)
-    out.refuse("model.qk_norm_type", fmt::format("'{}'", qk_kind_ == QkNormKind::dyt ? "dyt" : "gemma_rmsnorm"),
-               "Qwen3's q/k norms are RMSNorm with a plain gain");
+  if (qk_norm != (qwen3 || gemma3))
+    out.refuse("model.qk_norm", qk_norm ? "true" : "false", "only Qwen3 and Gemma 3 have q/k norms");
+  const QkNormKind family_kind = gemma3 ? QkNormKind::gemma_rmsnorm : QkNormKind::rmsnorm;
+  if (qk_norm && qk_kind_ != family_kind)
+    out.refuse("model.qk_norm_type",
+               fmt::format("'{}'", qk_kind_ == QkNormKind::dyt             ? "dyt"
+                                   : qk_kind_ == QkNormKind::gemma_rmsnorm ? "gemma_rmsnorm"
+                                                                           : "rmsnorm"),
+               gemma3 ? "Gemma 3's q/k norms have the gain 1 + w (gemma_rmsnorm)"
+                      : "Qwen3's q/k norms are RMSNorm with a plain gain");
   if (bias != qwen2)
     out.refuse("model.attention_bias", bias ? "true" : "false",
-               bias ? "Qwen3's and Llama's attention_bias also biases o_proj" : "Qwen2 biases q, k and v");
+               bias ? "Qwen3's, Llama's and Gemma's attention_bias also biases o_proj" : "Qwen2 biases q, k and v");
   if (out.format() == ExportConfig::Format::gguf) {
     if (out.is("dots1") && hkv_ != hq_)  // llama_model_dots1::load_arch_tensors: k, v of n_head heads
       out.refuse("model.kv_heads", std::to_string(hkv_),
@@ -228,7 +237,15 @@ void GqaAttention::export_config(ExportConfig& out) const {
   out.set("attention_dropout", 0.0, "model.attention");
   if (!qwen2) out.set("attention_bias", false, "model.attention_bias");
   if (out.is("llama")) out.set("pretraining_tp", 1, "model.attention");
-  if (out.is("qwen3_moe")) {  // one setting for every layer: a mixed model is refused here
+  if (gemma) {
+    // Gemma scales q.k by query_pre_attn_scalar^-0.5, kiln by head_dim^-0.5; transformers'
+    // Gemma2Config defaults both softcaps on (50, 30), so "off" is written as null.
+    out.set("query_pre_attn_scalar", d_, "model.head_dim");
+    out.set("attn_logit_softcapping", options_.softcap > 0 ? nlohmann::json(options_.softcap) : nlohmann::json(nullptr),
+            "model.attention_softcap");
+    if (options_.window > 0) out.set("sliding_window", options_.window, "model.sliding_window");
+    out.set_layer("layer_types", layer_, options_.window > 0 ? "sliding_attention" : "full_attention");
+  } else if (out.is("qwen3_moe")) {  // one setting for every layer: a mixed model is refused here
     out.set("use_sliding_window", options_.window > 0, "model.full_attention_layers");
     out.set("sliding_window", options_.window > 0 ? nlohmann::json(options_.window) : nlohmann::json(nullptr),
             "model.full_attention_layers");

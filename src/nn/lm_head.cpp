@@ -77,7 +77,12 @@ void LmHead::logits(const Tensor& hidden, std::vector<float>& out) {
 
 // A tied head is the embedding (Hugging Face: tie_word_embeddings; GGUF: no output.weight).
 void LmHead::export_config(ExportConfig& out) const {
-  if (softcap_ > 0) out.refuse("model.logit_softcap", fmt::format("{}", softcap_), "its LM head has no softcap");
+  const bool gemma = out.format() == ExportConfig::Format::hf && (out.is("gemma2") || out.is("gemma3_text"));
+  if (gemma)  // written either way: Gemma2Config's default caps the logits at 30
+    out.set("final_logit_softcapping", softcap_ > 0 ? nlohmann::json(softcap_) : nlohmann::json(nullptr),
+            "model.logit_softcap");
+  else if (softcap_ > 0)
+    out.refuse("model.logit_softcap", fmt::format("{}", softcap_), "its LM head has no softcap");
   if (out.format() == ExportConfig::Format::hf) out.set("tie_word_embeddings", tied_, "model.tie_embeddings");
   else if (tied_ && out.is("dots1"))
     out.refuse("model.tie_embeddings", "true", "llama.cpp's dots1 reads a separate output matrix");

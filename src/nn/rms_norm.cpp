@@ -81,6 +81,8 @@ class RmsNorm final : public Norm {
   std::optional<RmsNormForm> rms_form() const override { return RmsNormForm{weight_, eps_}; }
 
   void export_config(ExportConfig& out) const override {
+    if (out.is("gemma2") || out.is("gemma3_text"))
+      out.refuse("model.norm", "'rmsnorm'", "Gemma's norms have the gain 1 + weight (model.norm = 'gemma_rmsnorm')");
     if (out.format() == ExportConfig::Format::hf) out.set("rms_norm_eps", eps_, "model.norm_eps");
     else out.set("attention.layer_norm_rms_epsilon", static_cast<float>(eps_), "model.norm_eps");
   }

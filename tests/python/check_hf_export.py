@@ -31,7 +31,8 @@ def check_config(out, m):
     want = {"vocab_size": m["vocab_size"], "hidden_size": m["hidden"], "num_hidden_layers": m["layers"],
             "num_attention_heads": m["heads"], "num_key_value_heads": m["kv_heads"], "head_dim": m["head_dim"],
             "intermediate_size": m["ffn_hidden"], "max_position_embeddings": m["max_seq_len"],
-            "rms_norm_eps": m["norm_eps"], "tie_word_embeddings": m["tie_embeddings"], "hidden_act": "silu",
+            "rms_norm_eps": m["norm_eps"], "tie_word_embeddings": m["tie_embeddings"],
+            "hidden_act": "gelu_pytorch_tanh" if m.get("mlp") == "geglu" else "silu",
             "bos_token_id": ref.BOS, "eos_token_id": ref.EOS, "pad_token_id": ref.PAD}
     for k, v in want.items():
         check(cfg[k] == v, f"config.json {k} = {cfg[k]!r}, expected {v!r}")
