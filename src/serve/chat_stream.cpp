@@ -34,9 +34,7 @@ json ChatChunks::chunk(size_t index, const std::string& text, const std::string*
 json ChatChunks::usage_chunk(int64_t prompt_tokens, int64_t completion_tokens) {
   json c = {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", model_}};
   c["choices"] = json::array();
-  c["usage"] = {{"prompt_tokens", prompt_tokens},
-                {"completion_tokens", completion_tokens},
-                {"total_tokens", prompt_tokens + completion_tokens}};
+  c["usage"] = usage_json(prompt_tokens, completion_tokens);
   return c;
 }
 

@@ -323,10 +323,13 @@ json completion_response(const CompletionRequest& request, const std::vector<Gen
           {"created", created},
           {"model", model},
           {"choices", choices},
-          {"usage",
-           {{"prompt_tokens", prompt_tokens},
-            {"completion_tokens", completion_tokens},
-            {"total_tokens", prompt_tokens + completion_tokens}}}};
+          {"usage", usage_json(prompt_tokens, completion_tokens)}};
+}
+
+json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
 std::string tokenize_response(const json& body, const Tokenizer& tokenizer, const ApiLimits& limits) {

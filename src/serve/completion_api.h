@@ -65,6 +65,9 @@ struct CompletionRequest {
 CompletionRequest parse_completion_request(const nlohmann::json& body, const Tokenizer& tokenizer,
                                            const ApiLimits& limits, uint64_t default_seed);
 
+// OpenAI's usage object: prompt, completion and total tokens.
+nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+
 nlohmann::json completion_response(const CompletionRequest& request, const std::vector<GenerationResult>& results,
                                    const Tokenizer& tokenizer, const std::string& model, const std::string& id,
                                    int64_t created);

@@ -29,9 +29,7 @@ json CompletionChunks::chunk(size_t index, const std::string& text, const std::s
 json CompletionChunks::usage_chunk(int64_t prompt_tokens, int64_t completion_tokens) {
   json c = base();
   c["choices"] = json::array();
-  c["usage"] = {{"prompt_tokens", prompt_tokens},
-                {"completion_tokens", completion_tokens},
-                {"total_tokens", prompt_tokens + completion_tokens}};
+  c["usage"] = usage_json(prompt_tokens, completion_tokens);
   return c;
 }
 
