@@ -120,6 +120,7 @@ void MultiTokenPrediction::bind_inputs(const Tensor& inputs) {
     targets_.push_back(inputs.rows((3 * k + 1) * t, (3 * k + 2) * t));
     gradient_rows_.push_back(inputs.rows((3 * k + 2) * t, (3 * k + 3) * t));
   }
+  if (dembedding_source_.defined()) zero_tensor(dembedding_source_.rows(t, t + 1));  // nothing writes it after
 }
 
 void MultiTokenPrediction::run(int64_t rows, const SeqInfo& seq, LossScale scale, bool backward, LossSlotSums& sums,
@@ -171,7 +172,6 @@ void MultiTokenPrediction::run_sequential(int64_t rows, const SeqInfo& seq, Loss
   }
   // Losses, and with backward the gradients from the last depth down to the first: module
   // k's d(h_{k-1}) is module k-1's d(output).
-  if (backward) zero_tensor(dembedding_source_.rows(max_tokens_, max_tokens_ + 1));
   for (size_t k = modules_.size(); k-- > 0;) {
     Module& mod = *modules_[k];
     const Tensor dres = backward ? mod.dres.rows(0, rows) : Tensor();

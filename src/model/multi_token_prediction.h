@@ -45,7 +45,9 @@ class MultiTokenPrediction {
   // on, or kIgnoreTarget), [t] the row each row's embedding gradient comes from (k rows
   // back, or t: a zero row).
   static void stage_inputs(const HostBatch& batch, int64_t t, int64_t depth, int32_t* out);
-  // Binds the inputs' views in the model's input buffer (i32 [input_ints(t, depth)]).
+  // Binds the inputs' views in the model's input buffer (i32 [input_ints(t, depth)]), once
+  // its memory exists, and zeroes the row the embedding gradient's gather reads for rows
+  // without a source (a step, which may be a captured CUDA graph, writes no memset).
   void bind_inputs(const Tensor& inputs);
 
   // The depths' losses over the backbone's last forward of `rows` rows: sums into their
