@@ -302,13 +302,13 @@ TEST_F(ServeTest, BadRequestsGet4xxAndTheServerCarriesOn) {
   const std::vector<std::pair<std::string, int>> bad = {
       {"{\"prompt\": \"x\",", 400},                                   // malformed JSON
       {"[1, 2]", 400},                                                // not an object
-      {R"({"prompt": "x", "best_of": 2})", 400},                      // a field kiln cannot honour
+      {R"({"prompt": "x", "n": 2, "best_of": 1})", 400},              // best_of below n
       {R"({"max_tokens": 3})", 400},                                  // no prompt
       {R"({"prompt": "x", "max_tokens": "3"})", 400},                 // wrong type
       {R"({"prompt": "x", "max_tokens": -1})", 400},
       {R"({"prompt": "x", "temperature": -0.5})", 400},
       {R"({"prompt": "x", "top_p": 0})", 400},
-      {R"({"prompt": "x", "n": 2})", 400},
+      {R"({"prompt": "x", "n": 9})", 400},                            // more choices than slots
       {R"({"prompt": "x", "stream": true, "logprobs": 1})", 400},
       {R"({"prompt": "x", "logprobs": 99})", 400},
       {R"({"prompt": [], "max_tokens": 1})", 400},

@@ -143,7 +143,7 @@ TEST(ServeChatFields, ChatsOwnFieldsAndRefusals) {
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})", "top_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stream": true, "logprobs": true})", "logprobs"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", "n"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 0})", "n"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 99})", "max_tokens"},
       {R"({"messages": [{"role": "tool", "content": "x"}]})", "messages"},
       {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", "messages"},

@@ -114,6 +114,7 @@ TEST(ServeFields, IgnoredRefusedAndSynonyms) {
   serve::ApiLimits limits;
   limits.context = 64;
   limits.vocab = 259;
+  limits.slots = 4;
   auto parse = [&](const std::string& body) {
     return serve::parse_completion_request(json::parse(body), tokenizer, limits, 1);
   };
@@ -128,8 +129,11 @@ TEST(ServeFields, IgnoredRefusedAndSynonyms) {
                 .ignored_fields.size(),
             0u);
   const std::vector<std::pair<std::string, std::string>> refused = {
-      {R"({"prompt": "x", "n": 2})", "n"},
-      {R"({"prompt": "x", "best_of": 3})", "best_of"},
+      {R"({"prompt": "x", "n": 5})", "n"},                               // more than the 4 slots
+      {R"({"prompt": "x", "n": 2, "best_of": 5})", "best_of"},
+      {R"({"prompt": "x", "n": 3, "best_of": 2})", "best_of"},           // below n
+      {R"({"prompt": "x", "best_of": 2, "stream": true})", "best_of"},   // the best known only at the end
+      {R"({"prompt": "x", "n": 0})", "n"},
       {R"({"prompt": "x", "logit_bias": {"50": 101}})", "logit_bias"},   // past OpenAI's [-100, 100]
       {R"({"prompt": "x", "logit_bias": {"-1": 1}})", "logit_bias"},     // not a token id
       {R"({"prompt": "x", "logit_bias": {"99999": 1}})", "logit_bias"},  // past the vocabulary

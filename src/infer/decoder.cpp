@@ -1,5 +1,7 @@
 #include "infer/decoder.h"
 
+#include "nn/slot_state.h"
+
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
 
@@ -107,6 +109,14 @@ size_t Decoder::graphs() const {
   if (graphs_) return graphs_->size();
 #endif
   return 0;
+}
+
+void Decoder::copy_slot(int32_t from, int32_t to, int64_t positions) {
+  KILN_CHECK(from >= 0 && from < options_.slots && to >= 0 && to < options_.slots && from != to, "decoder",
+             "copy_slot from slot {} to slot {} (distinct slots in [0, {}) needed)", from, to, options_.slots);
+  KILN_CHECK(positions >= 0 && positions <= options_.max_len, "decoder", "copy_slot of {} positions (at most {})",
+             positions, options_.max_len);
+  copy_slot_states(arena_, from, to, positions);
 }
 
 void Decoder::forward(std::span<const int32_t> tokens, std::span<const int32_t> slots,

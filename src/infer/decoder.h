@@ -111,6 +111,10 @@ class Decoder {
   // the GPU the ids feed back on the device, so the host enqueues all the steps without
   // waiting for any and copies the ids back once: no round trip per token.
   void greedy_chain(int64_t steps, std::vector<int32_t>& out);
+  // Copies the cached positions [0, positions) of slot `from` into slot `to`, in every
+  // layer: `to` then continues as if it had run those rows itself, bit for bit, without
+  // running them (a prompt prefilled once for several sequences). Between forwards only.
+  void copy_slot(int32_t from, int32_t to, int64_t positions);
 
  private:
   void check_rows(std::span<const int32_t> rows) const;

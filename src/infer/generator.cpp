@@ -17,6 +17,9 @@ struct Generator::Sequence {
   std::vector<int32_t> context;   // prompt, then generated tokens
   GenerationResult result;
   bool finished = false;
+  // The sequences sharing this one's prefill (GenerationRequest::shares_prefill) until they
+  // fork from it: they hold slots from admission on but run no rows before.
+  std::vector<std::unique_ptr<Sequence>> followers;
 };
 
 Generator::Generator(Decoder& decoder, const Tokenizer& tokenizer)
@@ -59,9 +62,50 @@ void Generator::submit(GenerationRequest request, Done done) {
       s->result.prompt_logprobs[static_cast<size_t>(p)] = {request.prompt[static_cast<size_t>(p)],
                                                            std::numeric_limits<double>::quiet_NaN(), {}};
   }
+  const bool follows = request.shares_prefill;
   s->request = std::move(request);
   s->done = std::move(done);
-  queue_.push_back(std::move(s));
+  if (!follows) return queue_.push_back(std::move(s));
+  KILN_CHECK(!queue_.empty() && queue_.back()->request.prompt == s->request.prompt, "generate",
+             "a request sharing a prefill must follow one with the same prompt, still queued");
+  Sequence& leader = *queue_.back();
+  // A group larger than the cache would wait for its slots forever.
+  KILN_CHECK(static_cast<int64_t>(leader.followers.size()) + 2 <= decoder_.slots(), "generate",
+             "{} sequences sharing one prefill need as many slots; the decoder has {}", leader.followers.size() + 2,
+             decoder_.slots());
+  leader.followers.push_back(std::move(s));
+}
+
+// The leader's last prompt row has run (its logits `logits`, or only their argmax): each
+// follower takes the cached prompt and draws its first token from the same row.
+void Generator::fork(Sequence& leader, const int32_t* argmax, const float* logits) {
+  const auto prompt = static_cast<int64_t>(leader.request.prompt.size());
+  for (auto& f : leader.followers) {
+    decoder_.copy_slot(leader.slot, f->slot, prompt);
+    f->cached = prompt;
+    f->result.prompt_logprobs = leader.result.prompt_logprobs;
+    try {
+      if (f->request.max_tokens > 0 && argmax) append(*f, *argmax);
+      else if (f->request.max_tokens > 0 && logits) sample_next(*f, logits);
+    } catch (const std::exception& e) {
+      f->result.error = e.what();
+      finish(*f, "error");
+    }
+    active_.push_back(std::move(f));
+  }
+  leader.followers.clear();
+}
+
+// A leader that ends before its followers forked (it failed in its prompt, or was
+// cancelled) ends them too, freeing the slots they held.
+void Generator::fail_followers(Sequence& leader, const std::string& why, bool held_slots) {
+  for (auto& f : leader.followers) {
+    if (held_slots) free_slots_.push_back(f->slot);
+    f->result.error = why;
+    f->result.finish_reason = why.empty() ? "cancelled" : "error";
+    if (f->done) f->done(std::move(f->result));
+  }
+  leader.followers.clear();
 }
 
 void Generator::finish(Sequence& s, const char* reason) {
@@ -126,6 +170,7 @@ void Generator::drop_cancelled() {
       continue;
     }
     free_slots_.push_back((*it)->slot);
+    fail_followers(**it, "", true);
     dropped.push_back(std::move(*it));
     it = active_.erase(it);
   }
@@ -134,6 +179,7 @@ void Generator::drop_cancelled() {
       ++it;
       continue;
     }
+    fail_followers(**it, "", false);
     dropped.push_back(std::move(*it));
     it = queue_.erase(it);
   }
@@ -145,9 +191,16 @@ void Generator::drop_cancelled() {
 
 bool Generator::step() {
   drop_cancelled();
-  while (!queue_.empty() && !free_slots_.empty()) {
-    queue_.front()->slot = free_slots_.back();
+  // A group sharing a prefill takes a slot for each of its sequences at once (the first in
+  // line waits for them, so a group is not passed over for ever by single requests).
+  while (!queue_.empty() && free_slots_.size() >= 1 + queue_.front()->followers.size()) {
+    Sequence& s = *queue_.front();
+    s.slot = free_slots_.back();
     free_slots_.pop_back();
+    for (auto& f : s.followers) {
+      f->slot = free_slots_.back();
+      free_slots_.pop_back();
+    }
     active_.push_back(std::move(queue_.front()));
     queue_.pop_front();
   }
@@ -175,6 +228,7 @@ bool Generator::step() {
     const auto prompt = static_cast<int64_t>(s.request.prompt.size());
     if (s.cached >= prompt) continue;
     const int64_t take = std::min(prompt - s.cached, budget - static_cast<int64_t>(tokens_.size()));
+    prefilled_tokens_ += take;
     for (int64_t p = s.cached; p < s.cached + take; ++p) {
       const bool last = p == prompt - 1;
       const bool scored = s.request.prompt_logprobs && p + 1 < prompt && p + 1 >= s.request.prompt_logprobs_from;
@@ -206,24 +260,27 @@ bool Generator::step() {
     // What follows the forward is one sequence's own work (sampling, decoding its text,
     // stop strings, logprobs): when it throws, that sequence alone ends with the error and
     // the others of the step go on.
+    const auto prompt = static_cast<int64_t>(s.request.prompt.size());
     try {
       if (has_argmax) {
         if (!s.finished && s.request.max_tokens > 0) append(s, argmax);
-        continue;
+      } else if (has_logits) {
+        if (s.request.prompt_logprobs && p + 1 < prompt && p + 1 >= s.request.prompt_logprobs_from) {
+          log_softmax({row, static_cast<size_t>(choosable_)}, logprobs_);  // over the ids the tokenizer has
+          const int32_t next = s.request.prompt[static_cast<size_t>(p + 1)];
+          s.result.prompt_logprobs[static_cast<size_t>(p + 1)] = {next, logprobs_[static_cast<size_t>(next)],
+                                                                  top_logprobs(logprobs_, s.request.top_logprobs)};
+        }
+        if (p + 1 >= prompt && !s.finished && s.request.max_tokens > 0) sample_next(s, row);
       }
-      if (!has_logits) continue;
-      const auto prompt = static_cast<int64_t>(s.request.prompt.size());
-      if (s.request.prompt_logprobs && p + 1 < prompt && p + 1 >= s.request.prompt_logprobs_from) {
-        log_softmax({row, static_cast<size_t>(choosable_)}, logprobs_);  // over the ids the tokenizer has
-        const int32_t next = s.request.prompt[static_cast<size_t>(p + 1)];
-        s.result.prompt_logprobs[static_cast<size_t>(p + 1)] = {next, logprobs_[static_cast<size_t>(next)],
-                                                                top_logprobs(logprobs_, s.request.top_logprobs)};
-      }
-      if (p + 1 >= prompt && !s.finished && s.request.max_tokens > 0) sample_next(s, row);
     } catch (const std::exception& e) {
       s.result.error = e.what();
       finish(s, "error");
     }
+    // The prompt is whole in the leader's cache: its followers fork from it (only while it
+    // has no error: a failed prompt row leaves their prompt logprobs incomplete).
+    if (p + 1 == prompt && !s.followers.empty() && s.result.error.empty())
+      fork(s, has_argmax ? &argmax : nullptr, has_logits ? row : nullptr);
   }
   // Scoring-only requests end with their prompt.
   for (auto& s : active_)
@@ -238,6 +295,7 @@ bool Generator::step() {
     std::unique_ptr<Sequence> s = std::move(active_[i]);
     active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
     free_slots_.push_back(s->slot);
+    fail_followers(*s, s->result.error.empty() ? "the shared prompt ended" : s->result.error, true);
     if (s->done) s->done(std::move(s->result));
   }
   return true;
@@ -246,6 +304,7 @@ bool Generator::step() {
 void Generator::fail_active(const std::string& why) {
   for (auto& s : active_) {
     free_slots_.push_back(s->slot);
+    fail_followers(*s, why, true);
     s->result.error = why;
     s->result.finish_reason = "error";
     if (s->done) s->done(std::move(s->result));
@@ -258,6 +317,10 @@ void Generator::abort(const std::string& why) {
   active_.clear();
   for (auto& s : queue_) all.push_back(std::move(s));
   queue_.clear();
+  for (size_t i = 0, n = all.size(); i < n; ++i) {  // followers not yet forked are ended too
+    for (auto& f : all[i]->followers) all.push_back(std::move(f));
+    all[i]->followers.clear();
+  }
   free_slots_.clear();
   for (int32_t s = static_cast<int32_t>(decoder_.slots()); s-- > 0;) free_slots_.push_back(s);
   for (auto& s : all) {

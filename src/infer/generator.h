@@ -48,6 +48,14 @@ struct GenerationRequest {
   // Set from any thread to end the sequence at the next step() and free its slot at once
   // (a streaming client that went away); it ends with finish_reason "cancelled".
   std::shared_ptr<const std::atomic<bool>> cancelled;
+  // One of several sequences of one prompt (OpenAI's n, best_of): this request shares the
+  // prefill of the request submitted just before it (no step() between), whose prompt must
+  // be the same. The group is admitted when there is a slot for each of its sequences; the
+  // first runs the prompt, and when its last prompt row has run, each other sequence takes
+  // a copy of its cached prompt (Decoder::copy_slot) and draws its first token from that
+  // same row's logits with its own seed. So each sequence is exactly what it would be
+  // alone, and the prompt runs once.
+  bool shares_prefill = false;
 };
 
 struct TokenLogprob {
@@ -100,6 +108,8 @@ class Generator {
   const Decoder& decoder() const { return decoder_; }
   int64_t active() const { return static_cast<int64_t>(active_.size()); }
   int64_t queued() const { return static_cast<int64_t>(queue_.size()); }
+  // Prompt positions run through the decoder so far (a shared prefill counts once).
+  int64_t prefilled_tokens() const { return prefilled_tokens_; }
 
   // Runs requests to completion; results in request order.
   std::vector<GenerationResult> run(std::vector<GenerationRequest> requests);
@@ -111,6 +121,8 @@ class Generator {
   bool argmax_only(const Sequence& s, int64_t position) const;
   void finish(Sequence& s, const char* reason);
   void drop_cancelled();
+  void fork(Sequence& leader, const int32_t* argmax, const float* logits);
+  void fail_followers(Sequence& leader, const std::string& why, bool held_slots);
 
   Decoder& decoder_;
   const Tokenizer& tokenizer_;
@@ -128,6 +140,7 @@ class Generator {
   std::vector<float> logits_, row_;
   std::vector<double> logprobs_;
   size_t rotate_ = 0;  // first sequence given a decode row when the budget is short
+  int64_t prefilled_tokens_ = 0;
 };
 
 }  // namespace kiln

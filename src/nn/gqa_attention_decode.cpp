@@ -9,6 +9,7 @@
 // the attention of distinct sequences as one kernel (ops/decode/decode_kernels.h).
 #include "core/op_profiler.h"
 #include "nn/gqa_attention.h"
+#include "nn/slot_state.h"
 #include "ops/attention/cached_attention.h"
 #include "ops/linear/linear.h"
 
@@ -24,10 +25,14 @@ namespace kiln {
 class GqaDecoder final : public BranchDecoder {
  public:
   GqaDecoder(const GqaAttention& a, DecodeContext& ctx, const Norm& pre_norm)
-      : a_(a), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype), max_len_(ctx.max_len) {
+      : a_(a), state_(ctx.state), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype), max_len_(ctx.max_len) {
     const int64_t r = ctx.max_rows, hq = a.hq_, hkv = a.hkv_, d = a.d_;
     ctx.state.reserve(k_cache_, ctx.dtype, Shape{ctx.slots, ctx.max_len, hkv, d});
     ctx.state.reserve(v_cache_, ctx.dtype, Shape{ctx.slots, ctx.max_len, hkv, d});
+    // The caches are per slot: a shared prefill copies one slot's into another (the fused
+    // kernels read the same [slots, max_len, Hkv, D] layout, so they need nothing more).
+    register_slot_state(state_, &k_cache_);
+    register_slot_state(state_, &v_cache_);
     options_.window = a.options_.window;
     options_.softcap = a.options_.softcap;
     if (a.rotary_) rotary_ = a.position_.rotary();  // filled now, not inside a captured step
@@ -61,6 +66,11 @@ class GqaDecoder final : public BranchDecoder {
     ops::linear_forward(exec_, h, a_.qkv_w_, a_.qkv_b_, qkv);
     attend(qkv, rows, o, scope);
     ops::linear_forward(exec_, o.view(Shape{n, a_.hq_ * a_.d_}), a_.o_w_, Tensor(), out);
+  }
+
+  ~GqaDecoder() override {
+    unregister_slot_state(state_, &k_cache_);
+    unregister_slot_state(state_, &v_cache_);
   }
 
   bool fused_branch() const override { return fused_branch_; }
@@ -135,6 +145,7 @@ class GqaDecoder final : public BranchDecoder {
 #endif
 
   const GqaAttention& a_;
+  const Arena& state_;  // where the caches are planned (their slot-state registration's key)
   const ExecContext& exec_;
   Workspace& workspace_;
   DType dtype_;

@@ -108,6 +108,7 @@ void BatchWorker::loop() {
     max_batch_ = std::max(max_batch_, batch);
     slots_busy_ = generator_.active();
     generator_queued_ = generator_.queued();
+    prefill_tokens_ = generator_.prefilled_tokens();
   }
   generator_.abort("the server is shutting down");
   std::vector<std::pair<GenerationRequest, Generator::Done>> left;
@@ -162,5 +163,10 @@ int64_t BatchWorker::sequences_waiting() const {
 }
 
 int64_t BatchWorker::slots() const { return generator_.decoder().slots(); }
+
+int64_t BatchWorker::prefill_tokens() const {
+  std::lock_guard lock(mutex_);
+  return prefill_tokens_;
+}
 
 }  // namespace kiln::serve

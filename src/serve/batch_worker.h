@@ -48,6 +48,7 @@ class BatchWorker {
   int64_t slots_busy() const;
   int64_t sequences_waiting() const;
   int64_t slots() const;       // decode slots in all
+  int64_t prefill_tokens() const;  // prompt tokens the model computed (Generator::prefilled_tokens)
 
  private:
   void loop();
@@ -60,7 +61,7 @@ class BatchWorker {
   std::vector<std::pair<GenerationRequest, Generator::Done>> pending_;
   int64_t in_flight_ = 0;  // submitted and not yet finished
   bool running_ = true;
-  int64_t steps_ = 0, max_batch_ = 0, slots_busy_ = 0, generator_queued_ = 0;
+  int64_t steps_ = 0, max_batch_ = 0, slots_busy_ = 0, generator_queued_ = 0, prefill_tokens_ = 0;
   std::thread thread_;
 };
 

@@ -149,13 +149,15 @@ json chat_completion_response(const CompletionRequest& request, const std::vecto
   // The usage and each choice's fields are the completion's; the message and logprobs are chat's.
   json out = completion_response(request, results, tokenizer, model, id, created);
   out["object"] = "chat.completion";
-  for (size_t i = 0; i < results.size(); ++i) {
+  const std::vector<size_t> chosen = answer_sequences(request, results);
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const GenerationResult& result = results[chosen[i]];
     json& choice = out["choices"][i];
     choice.erase("text");
-    choice["message"] = {{"role", "assistant"}, {"content", results[i].text}};
+    choice["message"] = {{"role", "assistant"}, {"content", result.text}};
     if (!request.logprobs) continue;
     json content = json::array();
-    for (const TokenLogprob& lp : results[i].logprobs) content.push_back(chat_logprob(tokenizer, lp));
+    for (const TokenLogprob& lp : result.logprobs) content.push_back(chat_logprob(tokenizer, lp));
     choice["logprobs"] = {{"content", content}};
   }
   return out;

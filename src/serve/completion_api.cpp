@@ -166,9 +166,19 @@ CompletionRequest parse_completion_request(const json& body, const Tokenizer& to
   CompletionRequest r;
   r.ignored_fields = unknown_fields(body, kCompletionFields);
   if (present(body, "model") && !body["model"].is_string()) throw ApiError(400, "'model' must be a string", "model");
-  for (const char* key : {"n", "best_of"})
-    if (get_int(body, key, 1, 1, INT64_MAX) != 1)
-      throw ApiError(400, fmt::format("'{}' must be 1: kiln serve returns one completion a prompt", key), key);
+  // OpenAI's bounds: n up to 128, best_of up to 20.
+  r.n = get_int(body, "n", 1, 1, 128);
+  r.best_of = get_int(body, "best_of", r.n, 1, 20);
+  if (r.best_of < r.n)
+    throw ApiError(400, fmt::format("'best_of' ({}) must be at least 'n' ({})", r.best_of, r.n), "best_of");
+  // The group field: best_of when it asks for more sequences than n, else n.
+  const char* group = r.best_of > r.n ? "best_of" : "n";
+  if (limits.slots > 0 && r.best_of > limits.slots)
+    throw ApiError(400,
+                   fmt::format("'{}' is {}: a prompt's sequences run at once, one decode slot each, and this server "
+                               "has {} (--slots)",
+                               group, r.best_of, limits.slots),
+                   group);
   if (present(body, "suffix") && !(body["suffix"].is_string() && body["suffix"].get_ref<const std::string&>().empty()))
     throw ApiError(400, "'suffix' is not supported", "suffix");
   if (present(body, "user") && !body["user"].is_string()) throw ApiError(400, "'user' must be a string", "user");
@@ -182,6 +192,8 @@ CompletionRequest parse_completion_request(const json& body, const Tokenizer& to
     r.include_usage = present(o, "include_usage") && o["include_usage"].get<bool>();
     for (const std::string& key : unknown_fields(o, {"include_usage"})) r.ignored_fields.push_back("stream_options." + key);
   }
+  if (r.stream && r.best_of > r.n)  // the best are known only at the end (OpenAI refuses it too)
+    throw ApiError(400, "'best_of' greater than 'n' is not supported with \"stream\": true", "best_of");
   if (r.stream && present(body, "logprobs"))
     throw ApiError(400, "'logprobs' is not supported with \"stream\": true", "logprobs");
 
@@ -253,6 +265,12 @@ CompletionRequest parse_completion_request(const json& body, const Tokenizer& to
   if (static_cast<int64_t>(prompts.size()) > limits.max_prompts)
     throw ApiError(400, fmt::format("{} prompts in one request; at most {}", prompts.size(), limits.max_prompts),
                    "prompt");
+  if (limits.max_sequences > 0 && static_cast<int64_t>(prompts.size()) * r.best_of > limits.max_sequences)
+    throw ApiError(400,
+                   fmt::format("{} prompts x '{}' {} = {} sequences; this server queues at most {} (--max-pending)",
+                               prompts.size(), group, r.best_of, static_cast<int64_t>(prompts.size()) * r.best_of,
+                               limits.max_sequences),
+                   group);
   for (size_t i = 0; i < prompts.size(); ++i) {
     const auto n = static_cast<int64_t>(prompts[i].size());
     if (n == 0) throw ApiError(400, fmt::format("prompt {} is empty", i), "prompt");
@@ -266,13 +284,17 @@ CompletionRequest parse_completion_request(const json& body, const Tokenizer& to
     g.prompt = std::move(prompts[i]);
     g.max_tokens = max_tokens;
     g.sampling = sampling;
-    g.seed = seed + i;
     g.stop = stop;
     g.stop_at_eos = !ignore_eos;
-    g.logprobs = r.logprobs.has_value();
+    // best_of ranks by the logprobs, so they are computed even when not shown.
+    g.logprobs = r.logprobs.has_value() || r.best_of > r.n;
     g.prompt_logprobs = r.logprobs.has_value() && r.echo;
     g.top_logprobs = r.logprobs.value_or(0);
-    r.sequences.push_back(std::move(g));
+    for (int64_t c = 0; c < r.best_of; ++c) {
+      g.seed = seed + static_cast<uint64_t>(r.sequences.size());
+      g.shares_prefill = c > 0;
+      r.sequences.push_back(g);
+    }
   }
   return r;
 }
@@ -281,14 +303,15 @@ json completion_response(const CompletionRequest& request, const std::vector<Gen
                          const Tokenizer& tokenizer, const std::string& model, const std::string& id,
                          int64_t created) {
   json choices = json::array();
-  int64_t prompt_tokens = 0, completion_tokens = 0;
-  for (size_t i = 0; i < results.size(); ++i) {
-    const GenerationResult& g = results[i];
-    const GenerationRequest& q = request.sequences[i];
-    prompt_tokens += static_cast<int64_t>(q.prompt.size());
-    completion_tokens += static_cast<int64_t>(g.tokens.size());
+  int64_t completion_tokens = 0;  // of every sequence generated, those best_of left out too
+  for (const GenerationResult& g : results) completion_tokens += static_cast<int64_t>(g.tokens.size());
+  const std::vector<size_t> chosen = answer_sequences(request, results);
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const GenerationResult& g = results[chosen[i]];
+    const GenerationRequest& q = request.sequences[chosen[i]];
+    const std::string& prompt_text = request.prompt_texts[chosen[i] / static_cast<size_t>(request.best_of)];
     json choice = {{"index", i},
-                   {"text", (request.echo ? request.prompt_texts[i] : std::string()) + g.text},
+                   {"text", (request.echo ? prompt_text : std::string()) + g.text},
                    {"finish_reason", g.finish_reason},
                    {"logprobs", nullptr}};
     if (request.logprobs) {
@@ -323,7 +346,7 @@ json completion_response(const CompletionRequest& request, const std::vector<Gen
           {"created", created},
           {"model", model},
           {"choices", choices},
-          {"usage", usage_json(prompt_tokens, completion_tokens)}};
+          {"usage", usage_json(prompt_tokens(request.sequences), completion_tokens)}};
 }
 
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {

@@ -7,10 +7,11 @@
 //   temperature (>= 0, default 1), top_p, top_k, min_p, repetition_penalty,
 //   presence_penalty and frequency_penalty ([-2, 2], OpenAI's), logit_bias ({"id": bias in
 //   [-100, 100]}), stop (string | [string]), seed, echo, logprobs (null | 0..max; not with
-//   stream), stream, stream_options {include_usage}, ignore_eos, user, and, where they
-//   change nothing, n / best_of (1), suffix (null or ""): other values of those are a 400
-//   naming the field. Fields it does not
-//   know are ignored and listed in ignored_fields (the server logs them).
+//   stream), stream, stream_options {include_usage}, ignore_eos, user, n (choices per
+//   prompt) and best_of (sequences generated per prompt, >= n; not above n with stream),
+//   and, where it changes nothing, suffix (null or ""): other values of that are a 400
+//   naming it. Fields it does not know are ignored and listed in ignored_fields (the
+//   server logs them).
 // String prompts are tokenized with BOS first (as kiln trains); id prompts are taken as
 // given. The legacy logprobs object {tokens, token_logprobs, top_logprobs, text_offset}
 // covers the prompt too when echo is set (first entry null), which is what
@@ -43,6 +44,12 @@ struct ApiLimits {
   int64_t vocab = 0;            // token ids accepted: [0, vocab)
   int64_t max_prompts = 1024;   // prompts in one request
   int64_t max_logprobs = 20;    // logprobs / top alternatives
+  // The sequences of one prompt (best_of, else n) run at once, one slot each: at most
+  // `slots` (the decoder's; 0 = unbounded). A request's sequences in all: at most
+  // `max_sequences` (the worker's queue bound; 0 = unbounded). Past either it is a 400
+  // naming the field, not a 503 that no retry would get past.
+  int64_t slots = 0;
+  int64_t max_sequences = 0;
   bool add_bos = true;          // BOS before string prompts
   // /tokenize and /detokenize are not bounded by the context (they count and cut prompts
   // that are too long), so by these: a 16 MiB text used to become 16M ids held as a JSON
@@ -52,8 +59,13 @@ struct ApiLimits {
 };
 
 struct CompletionRequest {
-  std::vector<GenerationRequest> sequences;  // one per prompt
+  // best_of per prompt, prompt-major: sequence k is prompt k / best_of's, seeded seed + k
+  // (so with n = 1 and one prompt, choice 0 is the request's seed), and each but the
+  // first of a prompt shares the first's prefill (GenerationRequest::shares_prefill).
+  std::vector<GenerationRequest> sequences;
   std::vector<std::string> prompt_texts;     // each prompt's text (for echo)
+  int64_t n = 1;                             // choices per prompt
+  int64_t best_of = 1;                       // sequences per prompt (>= n; == n when streaming)
   bool echo = false;
   std::optional<int64_t> logprobs;           // null = no logprobs object
   bool stream = false;                       // answer as server-sent events (serve/completion_stream.h)
@@ -67,6 +79,17 @@ CompletionRequest parse_completion_request(const nlohmann::json& body, const Tok
 
 // OpenAI's usage object: prompt, completion and total tokens.
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+
+// The answer's choices, in order: the sequence each one is. All sequences, unless best_of
+// > n: then each prompt's n sequences with the highest mean_logprob, best first (ties: the
+// earlier sequence).
+std::vector<size_t> answer_sequences(const CompletionRequest& request, const std::vector<GenerationResult>& results);
+// best_of's rank, OpenAI's documented rule ("the highest log probability per token"): the
+// mean of the model's own logprobs (as `logprobs` reports them) of the tokens drawn, an
+// ending EOS among them; 0 for a sequence that drew none.
+double mean_logprob(const GenerationResult& result);
+// Prompt tokens as usage counts them: each prompt once, however many sequences share it.
+int64_t prompt_tokens(const std::vector<GenerationRequest>& sequences);
 
 nlohmann::json completion_response(const CompletionRequest& request, const std::vector<GenerationResult>& results,
                                    const Tokenizer& tokenizer, const std::string& model, const std::string& id,

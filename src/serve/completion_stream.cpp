@@ -7,7 +7,9 @@ using nlohmann::json;
 CompletionChunks::CompletionChunks(const CompletionRequest& request, std::string id, std::string model,
                                    int64_t created)
     : id_(std::move(id)), model_(std::move(model)), created_(created), include_usage_(request.include_usage) {
-  if (request.echo) echo_ = request.prompt_texts;
+  // Indexed by choice: each of a prompt's n choices starts with its text.
+  if (request.echo)
+    for (const std::string& text : request.prompt_texts) echo_.insert(echo_.end(), static_cast<size_t>(request.n), text);
 }
 
 json CompletionChunks::base() const {

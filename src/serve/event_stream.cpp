@@ -17,8 +17,7 @@ constexpr auto kQuietCheck = std::chrono::milliseconds(50);
 
 bool stream_generation(RequestStream& stream, BatchWorker& worker, std::vector<GenerationRequest> sequences,
                        ChunkFormat& format, const EventStreamOptions& options) {
-  int64_t prompt_tokens = 0;
-  for (const GenerationRequest& g : sequences) prompt_tokens += static_cast<int64_t>(g.prompt.size());
+  const int64_t prompt = prompt_tokens(sequences);  // each prompt once, however many choices share it
   auto feed = std::make_shared<TokenFeed>();
   BatchWorker::Done done = TokenFeed::connect(feed, sequences);
   worker.submit(std::move(sequences), std::move(done));
@@ -46,7 +45,7 @@ bool stream_generation(RequestStream& stream, BatchWorker& worker, std::vector<G
         return gone();
     }
   }
-  if (options.include_usage && !out.event(format.usage_chunk(prompt_tokens, feed->completion_tokens())))
+  if (options.include_usage && !out.event(format.usage_chunk(prompt, feed->completion_tokens())))
     return gone();
   return out.done();
 }

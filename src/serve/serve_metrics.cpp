@@ -86,6 +86,8 @@ std::string ServeMetrics::render(const ServeGauges& g) const {
     head(out, "kiln_sequences_total", "counter", "Sequences (one per prompt) that ended, however they ended.");
     out += fmt::format("kiln_sequences_total {}\n", sequences_);
   }
+  head(out, "kiln_prefill_tokens_total", "counter", "Prompt tokens the model computed (a shared prompt once).");
+  out += fmt::format("kiln_prefill_tokens_total {}\n", g.prefill_tokens);
   head(out, "kiln_requests_waiting", "gauge", "Complete requests waiting for a handler thread.");
   out += fmt::format("kiln_requests_waiting {}\n", g.requests_waiting);
   head(out, "kiln_requests_running", "gauge", "Requests a handler thread is answering.");

@@ -38,6 +38,9 @@ struct ServeGauges {
   int64_t sequences_waiting = 0;  // sequences submitted and not yet in a decode slot
   int64_t slots_busy = 0;         // decode slots holding a sequence
   int64_t slots = 0;              // decode slots in all
+  // Prompt tokens the model computed (a counter kept by the model's thread): a prompt
+  // shared by n choices counts once, where kiln_prompt_tokens_total counts it per sequence.
+  int64_t prefill_tokens = 0;
 };
 
 class ServeMetrics {

@@ -107,6 +107,8 @@ CompletionServer::CompletionServer(Generator& generator, const Tokenizer& tokeni
              "serve", "max_body_bytes and the timeouts must be positive");
   options_.limits.context = generator.decoder().max_len();
   options_.limits.vocab = std::min<int64_t>(generator.decoder().vocab_size(), tokenizer.vocab_size());
+  options_.limits.slots = generator.decoder().slots();
+  options_.limits.max_sequences = options_.max_pending;
   worker_ = std::make_unique<BatchWorker>(generator, options_.max_pending, &metrics_);
   if (!options_.chat_template) options_.chat_template = std::make_shared<const ChatTemplate>(ChatTemplate::kiln_default());
   http_->set_payload_max_length(options_.max_body_bytes);  // RequestIntake enforces it first
@@ -188,6 +190,7 @@ void CompletionServer::routes() {
     g.sequences_waiting = worker_->sequences_waiting();
     g.slots_busy = worker_->slots_busy();
     g.slots = worker_->slots();
+    g.prefill_tokens = worker_->prefill_tokens();
     res.status = 200;
     res.set_content(metrics_.render(g), "text/plain; version=0.0.4; charset=utf-8");
   });

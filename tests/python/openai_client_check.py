@@ -8,7 +8,9 @@ kiln's default template. Checks: models.list and
 models.retrieve; completions.create with and without stream=True (the streamed pieces add
 up to the same text, usage last with include_usage); max_completion_tokens through
 extra_body; an unknown model and an unknown id answered with NotFoundError
-model_not_found; a field kiln cannot honour (n=2) refused naming it; chat.completions.create
+model_not_found; n=2 sampled with a seed, each choice equal to an n=1 request with its seed
+(seed + index), streamed too (both indices, each adding up to its choice), and best_of with
+stream refused naming it; chat.completions.create
 with and without stream=True (the role first, then the content adding up to the same
 text), its logprobs, and response_format json_object refused naming it. Exit 0 when all hold.
 """
@@ -63,13 +65,34 @@ def main():
             raise AssertionError("an unknown model was served")
         except openai.NotFoundError as e:
             assert e.code == "model_not_found", e
-    try:
-        client.completions.create(model=name, prompt=prompt, max_tokens=1, n=2)
-        raise AssertionError("n=2 was accepted")
-    except openai.BadRequestError as e:
-        assert e.param == "n", e
+    check_choices(client, name, prompt, max_tokens)
     check_chat(client, name, prompt, max_tokens, chat_expected)
     print(f"openai {openai.__version__}: completions, chat, streaming and models agree with kiln sample")
+
+
+def check_choices(client, name, prompt, max_tokens):
+    """n=2: choice i is what n=1 with seed + i answers (one prefill, each choice its own draws)."""
+    sampled = dict(model=name, prompt=prompt, max_tokens=max_tokens, temperature=1.0, extra_body={"ignore_eos": True})
+    both = client.completions.create(n=2, seed=11, **sampled)
+    alone = [client.completions.create(n=1, seed=11 + i, **sampled).choices[0].text for i in range(2)]
+    assert [c.index for c in both.choices] == [0, 1], both
+    assert [c.text for c in both.choices] == alone, (both, alone)
+    texts = ["", ""]
+    for chunk in client.completions.create(n=2, seed=11, stream=True, **sampled):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == alone, (texts, alone)
+    chat = client.chat.completions.create(model=name, messages=[{"role": "user", "content": prompt}], n=2, seed=11,
+                                          max_tokens=max_tokens, temperature=1.0)
+    chat_alone = [client.chat.completions.create(model=name, messages=[{"role": "user", "content": prompt}], seed=11 + i,
+                                                 max_tokens=max_tokens, temperature=1.0).choices[0].message.content
+                  for i in range(2)]
+    assert [c.message.content for c in chat.choices] == chat_alone, (chat, chat_alone)
+    try:
+        client.completions.create(model=name, prompt=prompt, max_tokens=1, n=1, best_of=2, stream=True)
+        raise AssertionError("best_of with stream was accepted")
+    except openai.BadRequestError as e:
+        assert e.param == "best_of", e
 
 
 def check_chat(client, name, prompt, max_tokens, expected):
