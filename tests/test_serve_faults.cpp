@@ -485,7 +485,15 @@ TEST_F(ServeProcessTest, ThreadsOneDecodesWithoutStartingThreads) {
     const auto entries = fs::directory_iterator(tasks);
     return std::distance(fs::begin(entries), fs::end(entries));
   };
-  const auto idle = threads();
+  // The server's own threads may still be starting when its port answers (seen under a
+  // loaded ctest -j3): the idle count is taken once it has held for 200 ms.
+  auto idle = threads();
+  for (int held = 0; held < 100;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const auto now = threads();
+    held = now == idle ? held + 1 : 0;
+    idle = now;
+  }
   std::atomic<bool> answered{false};
   std::thread client([&] {
     httplib::Client c("127.0.0.1", port);
