@@ -2,7 +2,7 @@
 # Multi-token prediction's measurement (docs/mtp.md): the same model and data trained for
 # the same steps (so the same tokens) without MTP and with each form at depths 1 and 2;
 # for each arm, the main head's validation loss (last and best), each depth's last training
-# loss, and the median step time. Runs where it is started: on the CPU with build/src/kiln
+# loss, the median step time (meaningful only on an otherwise idle machine) and the tokens. Runs where it is started: on the CPU with build/src/kiln
 # (default), or on the GPU machine with KILN=$STAGE/bin/kiln and ARGS="--set
 # train.device=cuda ...". CONFIG (default configs/default.toml), STEPS (300), EVAL (50) and
 # ARMS choose the runs; extra settings go in ARGS.
@@ -31,6 +31,6 @@ depths = " ".join(f"{k} {v:.4f}" for k, v in train[-1].items() if k.startswith("
 step_ms = 1000 * statistics.median(r["step_seconds"] / r["window_steps"] for r in train[1:])
 best = min(val, key=lambda r: r["loss"])
 print(f"{arm:14s} val {val[-1]['loss']:.4f} (best {best['loss']:.4f} at {best['step']}) | "
-      f"{step_ms:.1f} ms/step | tokens {train[-1]['tokens']} | {depths or 'no depths'}")
+      f"{step_ms:.1f} ms/step | {sum(r['tokens'] for r in train)} tokens | {depths or 'no depths'}")
 PY
 done
