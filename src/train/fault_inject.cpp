@@ -123,7 +123,7 @@ void inject_eval_faults(const FaultInjector& faults, std::string_view what, bool
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
-void inject_numeric_faults(const FaultInjector& faults, int64_t step, double& loss,
+void inject_numeric_faults(const ExecContext& exec, const FaultInjector& faults, int64_t step, double& loss,
                            const std::vector<std::unique_ptr<Parameter>>& parameters) {
   if (faults.at_step("nan_loss", step)) loss = std::nan("");
   if (faults.at_step("inf_grad", step)) {
@@ -138,7 +138,7 @@ void inject_numeric_faults(const FaultInjector& faults, int64_t step, double& lo
   }
   if (faults.at_step("grad_spike", step))
     for (const auto& p : parameters)
-      if (p->trainable()) ops::scale_inplace(process_exec(), p->grad(), 1e4);
+      if (p->trainable()) ops::scale_inplace(exec, p->grad(), 1e4);
 }
 
 void kill_self() {

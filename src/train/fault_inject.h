@@ -67,8 +67,9 @@ void inject_before_step(const FaultInjector& faults, int64_t step);
 // Before each validation batch or sampled token (`what`: "validation" or "sample"), and with
 // `starting` once before the first: eval_delay_ms, eval_error.
 void inject_eval_faults(const FaultInjector& faults, std::string_view what, bool starting);
-// After a step's backward, before the fault guard looks: nan_loss, inf_grad, grad_spike.
-void inject_numeric_faults(const FaultInjector& faults, int64_t step, double& loss,
+// After a step's backward, before the fault guard looks: nan_loss, inf_grad, grad_spike
+// (on the model's context, `exec`, where its step runs).
+void inject_numeric_faults(const ExecContext& exec, const FaultInjector& faults, int64_t step, double& loss,
                            const std::vector<std::unique_ptr<Parameter>>& parameters);
 
 // Kills the calling process with SIGKILL (no handlers, no flushing: a real crash).

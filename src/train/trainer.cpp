@@ -267,7 +267,7 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
   guard_.spike_limits(&plan.loss_limit, &plan.grad_limit);
   plan.clip = config_.optim.grad_clip;
   if (faults_.numeric())  // tests only
-    step_->set_fault_hook([&](double& loss) { inject_numeric_faults(faults_, m.step, loss, model_->parameters()); });
+    step_->set_fault_hook([&](double& loss) { inject_numeric_faults(model_->exec(), faults_, m.step, loss, model_->parameters()); });
   const StepOutcome outcome = step_->run(micro_batches_, targets, plan);
   m.loss = outcome.loss;
   m.terms = reported_terms(outcome.step_sums, targets);
