@@ -24,9 +24,16 @@ KILN_FUZZ_TARGET(completion_request) {
   limits.context = 64;
   limits.vocab = tokenizer.vocab_size();
   limits.max_prompts = 8;
+  limits.slots = 4;           // best_of (else n) sequences of a prompt at once
+  limits.max_sequences = 16;  // prompts x best_of in all
   auto check = [&](const serve::CompletionRequest& request) {
     KILN_FUZZ_CHECK(!request.sequences.empty(), "a request without sequences");
-    KILN_FUZZ_CHECK(static_cast<int64_t>(request.sequences.size()) <= limits.max_prompts, "too many prompts");
+    const auto sequences = static_cast<int64_t>(request.sequences.size());
+    KILN_FUZZ_CHECK(request.best_of >= request.n && request.n >= 1, "best_of below n");
+    KILN_FUZZ_CHECK(request.best_of <= limits.slots, "more sequences per prompt than slots");
+    KILN_FUZZ_CHECK(sequences % request.best_of == 0, "a prompt without its best_of sequences");
+    KILN_FUZZ_CHECK(sequences / request.best_of <= limits.max_prompts, "too many prompts");
+    KILN_FUZZ_CHECK(sequences <= limits.max_sequences, "more sequences than the queue takes");
     for (const GenerationRequest& g : request.sequences) {
       KILN_FUZZ_CHECK(!g.prompt.empty(), "an empty prompt");
       KILN_FUZZ_CHECK(static_cast<int64_t>(g.prompt.size()) + g.max_tokens <= limits.context, "over the context");
