@@ -1,0 +1,133 @@
+#include "ops/kda/kda.h"
+
+#include "core/op_profiler.h"
+#include "ops/common.h"
+#include "ops/kda/kda_cpu.h"
+
+#include <cmath>
+#include <tuple>
+#include <utility>
+
+namespace kiln::ops {
+
+namespace {
+
+// q, k, g [N, H, d_k], v [N, H, d_v], beta [N, H], cu_seqlens i32 [S+1] from 0 to N, all
+// float tensors of q's dtype on the CPU (no CUDA kernel yet).
+void validate(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+              const Tensor& cu_seqlens) {
+  expect_rank(op, "q", q, 3);
+  expect_rank(op, "v", v, 3);
+  if (q.device() == Device::cuda) no_cuda_kernel(op);
+  expect_shape(op, "k", k, q.shape());
+  expect_shape(op, "g", g, q.shape());
+  KILN_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1), op, "v {} and q {} disagree", v.describe(), q.describe());
+  expect_shape(op, "beta", beta, Shape{q.size(0), q.size(1)});
+  for (const auto& [name, t] : {std::pair{"k", &k}, {"v", &v}, {"g", &g}, {"beta", &beta}}) expect_same(op, name, *t, q);
+  expect_rank(op, "cu_seqlens", cu_seqlens, 1);
+  expect_dtype(op, "cu_seqlens", cu_seqlens, DType::i32);
+  KILN_CHECK(cu_seqlens.device() == Device::cpu, op, "cu_seqlens must be on the cpu, got {}", cu_seqlens.describe());
+  const int64_t s = cu_seqlens.size(0) - 1;
+  KILN_CHECK(s >= 1, op, "cu_seqlens needs at least 2 entries");
+  const int32_t* cu = cu_seqlens.data<int32_t>();
+  KILN_CHECK(cu[0] == 0 && cu[s] == q.size(0), op, "cu_seqlens must run from 0 to {} tokens, got {}..{}", q.size(0),
+             cu[0], cu[s]);
+  for (int64_t i = 0; i < s; ++i) KILN_CHECK(cu[i] <= cu[i + 1], op, "cu_seqlens must not decrease (entry {})", i + 1);
+}
+
+// A per-sequence state [S, H, d_k, d_v] of q's dtype, or undefined.
+void validate_state(const char* op, const char* name, const Tensor& state, const Tensor& q, const Tensor& v,
+                    const Tensor& cu_seqlens) {
+  if (!state.defined()) return;
+  expect_shape(op, name, state, Shape{cu_seqlens.size(0) - 1, q.size(1), q.size(2), v.size(2)});
+  expect_same(op, name, state, q);
+}
+
+cpu::KdaShape shape_of(const Tensor& q, const Tensor& v, const Tensor& cu, const KdaOptions& o) {
+  cpu::KdaShape s;
+  s.tokens = q.size(0);
+  s.heads = q.size(1);
+  s.dk = q.size(2);
+  s.dv = v.size(2);
+  s.num_seqs = cu.size(0) - 1;
+  s.cu_seqlens = cu.data<int32_t>();
+  s.scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(s.dk));
+  s.chunk = o.chunk;
+  return s;
+}
+
+template <typename T>
+const T* maybe(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+template <typename T>
+T* maybe_mut(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+}  // namespace
+
+void kda_recurrent_forward(const ExecContext&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                           const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
+                           const KdaOptions& options, const Tensor& out, const Tensor& final_state) {
+  const char* op = "kda_recurrent_forward";
+  KILN_OP_SCOPE(op, q);
+  validate(op, q, k, v, g, beta, cu_seqlens);
+  validate_state(op, "initial_state", initial_state, q, v, cu_seqlens);
+  validate_state(op, "final_state", final_state, q, v, cu_seqlens);
+  expect_shape(op, "out", out, v.shape());
+  expect_same(op, "out", out, q);
+  dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::kda_recurrent_forward<T>(shape_of(q, v, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
+                                  g.data<T>(), beta.data<T>(), maybe<T>(initial_state), out.data<T>(),
+                                  maybe_mut<T>(final_state));
+  });
+}
+
+void kda_chunked_forward(const ExecContext&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                         const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
+                         const KdaOptions& options, const Tensor& out, const Tensor& final_state) {
+  const char* op = "kda_chunked_forward";
+  KILN_OP_SCOPE(op, q);
+  validate(op, q, k, v, g, beta, cu_seqlens);
+  validate_state(op, "initial_state", initial_state, q, v, cu_seqlens);
+  validate_state(op, "final_state", final_state, q, v, cu_seqlens);
+  expect_shape(op, "out", out, v.shape());
+  expect_same(op, "out", out, q);
+  KILN_CHECK(options.chunk >= 1, op, "chunk must be at least 1, got {}", options.chunk);
+  dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::kda_chunked_forward<T>(shape_of(q, v, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
+                                g.data<T>(), beta.data<T>(), maybe<T>(initial_state), out.data<T>(),
+                                maybe_mut<T>(final_state));
+  });
+}
+
+void kda_recurrent_backward(const ExecContext&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                            const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
+                            const Tensor& dout, const Tensor& d_final_state, const KdaOptions& options, const Tensor& dq,
+                            const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                            const Tensor& d_initial_state) {
+  const char* op = "kda_recurrent_backward";
+  KILN_OP_SCOPE(op, q);
+  validate(op, q, k, v, g, beta, cu_seqlens);
+  validate_state(op, "initial_state", initial_state, q, v, cu_seqlens);
+  validate_state(op, "d_final_state", d_final_state, q, v, cu_seqlens);
+  validate_state(op, "d_initial_state", d_initial_state, q, v, cu_seqlens);
+  for (const auto& [name, t, like] : {std::tuple{"dout", &dout, &v}, {"dq", &dq, &q}, {"dk", &dk, &k},
+                                      {"dv", &dv, &v}, {"dg", &dg, &g}, {"dbeta", &dbeta, &beta}}) {
+    expect_shape(op, name, *t, like->shape());
+    expect_same(op, name, *t, q);
+  }
+  dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::kda_recurrent_backward<T>(shape_of(q, v, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
+                                   g.data<T>(), beta.data<T>(), maybe<T>(initial_state), dout.data<T>(),
+                                   maybe<T>(d_final_state), dq.data<T>(), dk.data<T>(), dv.data<T>(), dg.data<T>(),
+                                   dbeta.data<T>(), maybe_mut<T>(d_initial_state));
+  });
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,46 @@
+// Kimi Delta Attention (KDA): the gated delta rule with a channel-wise decay, over packed
+// variable-length sequences. Per head, a state S [d_k, d_v] runs through each document:
+//   S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T
+//   o_t = scale * S_t^T q_t                                  (scale 0 = 1/sqrt(d_k))
+// q, k, g [N, H, d_k] (q and k L2-normalized upstream, g = log decay <= 0), v, o
+// [N, H, d_v], beta [N, H] in (0, 1). Sequence s spans rows [cu_seqlens[s],
+// cu_seqlens[s+1]) (i32 [S+1]); the state starts at initial_state[s] (or zero) at each
+// document's start, so documents never share state, and final_state [S, H, d_k, d_v]
+// receives the state after its last token (what decode continues from).
+//
+// CPU only for now (f32 or f64, accumulated in the input's type); not yet wired into the
+// model. Two forwards: the token-by-token recurrence (the oracle) and the chunked WY form
+// the GPU kernel will follow. The backward is the recurrent one; there is no chunked
+// backward yet.
+#pragma once
+
+#include "core/exec_context.h"
+#include "core/tensor.h"
+
+namespace kiln::ops {
+
+struct KdaOptions {
+  double scale = 0;     // 0 = 1/sqrt(d_k)
+  int64_t chunk = 64;   // kda_chunked_forward's chunk length (tokens, within a document)
+};
+
+// out (=); initial_state and final_state may be undefined (zero start / not written).
+void kda_recurrent_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                           const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
+                           const KdaOptions& options, const Tensor& out, const Tensor& final_state = Tensor());
+
+// The same outputs by chunks of options.chunk tokens per document (kda_chunked.cpp).
+void kda_chunked_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                         const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
+                         const KdaOptions& options, const Tensor& out, const Tensor& final_state = Tensor());
+
+// From dout (and d_final_state, the gradient of final_state; undefined = zero):
+// dq, dk, dv, dg, dbeta (=) and d_initial_state (=, skipped if undefined). The states are
+// recomputed from the inputs (kda_recurrent.cpp), nothing is saved by the forward.
+void kda_recurrent_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                            const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
+                            const Tensor& dout, const Tensor& d_final_state, const KdaOptions& options, const Tensor& dq,
+                            const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                            const Tensor& d_initial_state = Tensor());
+
+}  // namespace kiln::ops

@@ -1,0 +1,107 @@
+#include "ops/kda/kda_gate.h"
+
+#include "core/op_profiler.h"
+#include "ops/common.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kiln::ops {
+
+namespace {
+
+// log(1 + e^x) without overflow for large x or loss of e^x for very negative x.
+template <typename T>
+T softplus(T x) {
+  return std::max(x, T(0)) + std::log1p(std::exp(-std::abs(x)));
+}
+
+template <typename T>
+T sigmoid(T x) {
+  return x >= 0 ? T(1) / (T(1) + std::exp(-x)) : std::exp(x) / (T(1) + std::exp(x));
+}
+
+void validate(const char* op, const Tensor& raw, const Tensor& A_log, const Tensor& dt_bias) {
+  expect_rank(op, "raw", raw, 3);
+  if (raw.device() == Device::cuda) no_cuda_kernel(op);
+  expect_shape(op, "A_log", A_log, Shape{raw.size(1)});
+  expect_same(op, "A_log", A_log, raw);
+  if (dt_bias.defined()) {
+    expect_shape(op, "dt_bias", dt_bias, Shape{raw.size(1), raw.size(2)});
+    expect_same(op, "dt_bias", dt_bias, raw);
+  }
+}
+
+void expect_like(const char* op, const char* name, const Tensor& t, const Tensor& like) {
+  expect_shape(op, name, t, like.shape());
+  expect_same(op, name, t, like);
+}
+
+}  // namespace
+
+void kda_gate_forward(const ExecContext&, const Tensor& raw, const Tensor& A_log, const Tensor& dt_bias,
+                      const Tensor& g) {
+  const char* op = "kda_gate_forward";
+  KILN_OP_SCOPE(op, raw);
+  validate(op, raw, A_log, dt_bias);
+  expect_like(op, "g", g, raw);
+  dispatch_cpu_float(op, raw.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t n = raw.size(0), heads = raw.size(1), dk = raw.size(2);
+    const T *x = raw.data<T>(), *a = A_log.data<T>(), *bias = dt_bias.defined() ? dt_bias.data<T>() : nullptr;
+    T* out = g.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < dk; ++i) {
+          const int64_t c = h * dk + i;
+          out[t * heads * dk + c] = -std::exp(a[h]) * softplus(x[t * heads * dk + c] + (bias ? bias[c] : T(0)));
+        }
+  });
+}
+
+// With x = raw + dt_bias: dg/draw = dg/d dt_bias = -exp(A_log) sigmoid(x) (softplus' is
+// the sigmoid) and dg/dA_log = g itself.
+void kda_gate_backward(const ExecContext&, const Tensor& raw, const Tensor& A_log, const Tensor& dt_bias,
+                       const Tensor& dg, const Tensor& draw, const Tensor& dA_log, const Tensor& ddt_bias) {
+  const char* op = "kda_gate_backward";
+  KILN_OP_SCOPE(op, raw);
+  validate(op, raw, A_log, dt_bias);
+  expect_like(op, "dg", dg, raw);
+  expect_like(op, "draw", draw, raw);
+  if (dA_log.defined()) expect_like(op, "dA_log", dA_log, A_log);
+  if (ddt_bias.defined()) {
+    expect_shape(op, "ddt_bias", ddt_bias, Shape{raw.size(1), raw.size(2)});
+    expect_same(op, "ddt_bias", ddt_bias, raw);
+  }
+  dispatch_cpu_float(op, raw.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t n = raw.size(0), heads = raw.size(1), dk = raw.size(2), row = heads * dk;
+    const T *x = raw.data<T>(), *a = A_log.data<T>(), *bias = dt_bias.defined() ? dt_bias.data<T>() : nullptr;
+    const T* d = dg.data<T>();
+    T* dx = draw.data<T>();
+    T* da = dA_log.defined() ? dA_log.data<T>() : nullptr;
+    T* db = ddt_bias.defined() ? ddt_bias.data<T>() : nullptr;
+    // One head per item: it owns dA_log[h] and its channels' ddt_bias (sums over tokens).
+#pragma omp parallel for schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+      const T rate = std::exp(a[h]);
+      T sum_a = 0;
+      for (int64_t i = 0; i < dk; ++i) {
+        const int64_t c = h * dk + i;
+        T sum_b = 0;
+        for (int64_t t = 0; t < n; ++t) {
+          const T xi = x[t * row + c] + (bias ? bias[c] : T(0)), dy = d[t * row + c];
+          const T dxi = -rate * sigmoid(xi) * dy;
+          dx[t * row + c] = dxi;
+          sum_b += dxi;
+          sum_a += -rate * softplus(xi) * dy;
+        }
+        if (db) db[c] += sum_b;
+      }
+      if (da) da[h] += sum_a;
+    }
+  });
+}
+
+}  // namespace kiln::ops
