@@ -309,7 +309,7 @@ TEST_F(ServeTest, BadRequestsGet4xxAndTheServerCarriesOn) {
       {R"({"prompt": "x", "temperature": -0.5})", 400},
       {R"({"prompt": "x", "top_p": 0})", 400},
       {R"({"prompt": "x", "n": 9})", 400},                            // more choices than slots
-      {R"({"prompt": "x", "stream": true, "logprobs": 1})", 400},
+      {R"({"prompt": "x", "stream": true, "best_of": 2})", 400},     // the best known only at the end
       {R"({"prompt": "x", "logprobs": 99})", 400},
       {R"({"prompt": [], "max_tokens": 1})", 400},
       {R"({"prompt": [[]], "max_tokens": 1})", 400},

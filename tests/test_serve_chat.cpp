@@ -142,7 +142,6 @@ TEST(ServeChatFields, ChatsOwnFieldsAndRefusals) {
       {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 2})", "logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})", "top_logprobs"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "stream": true, "logprobs": true})", "logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "n": 0})", "n"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 99})", "max_tokens"},
       {R"({"messages": [{"role": "tool", "content": "x"}]})", "messages"},
@@ -170,7 +169,8 @@ TEST(ServeChatFields, ChatsOwnFieldsAndRefusals) {
 TEST(ServeSse, ChatChunksAreOpenAIsShape) {
   serve::CompletionRequest request;
   request.sequences.resize(1);
-  serve::ChatChunks plain(request, "chatcmpl-kiln-7", "tiny", 1700000000);
+  ByteTokenizer tokenizer;
+  serve::ChatChunks plain(request, tokenizer, "chatcmpl-kiln-7", "tiny", 1700000000);
   const std::vector<json> opening = plain.opening();
   ASSERT_EQ(opening.size(), 1u);
   EXPECT_EQ(serve::sse_event(opening[0]),
@@ -187,7 +187,7 @@ TEST(ServeSse, ChatChunksAreOpenAIsShape) {
             "\"created\":1700000000,\"id\":\"chatcmpl-kiln-7\",\"model\":\"tiny\",\"object\":\"chat.completion.chunk\"}"
             "\n\n\r\n");
   request.include_usage = true;
-  serve::ChatChunks usage(request, "c", "m", 1);
+  serve::ChatChunks usage(request, tokenizer, "c", "m", 1);
   EXPECT_TRUE(usage.chunk(0, "z", nullptr)["usage"].is_null());
   EXPECT_EQ(serve::sse_event(usage.usage_chunk(3, 4)),
             "data: {\"choices\":[],\"created\":1,\"id\":\"c\",\"model\":\"m\",\"object\":\"chat.completion.chunk\","
@@ -241,9 +241,7 @@ TEST_F(ServeChatTest, AChatIsTheCompletionOfItsRenderedPrompt) {
     EXPECT_TRUE(content[i]["bytes"].is_array());
   }
 
-  json streamed = request;
-  streamed.erase("logprobs");
-  streamed.erase("top_logprobs");
+  json streamed = request;  // with its logprobs: the chunks' content lists join to the unstreamed one
   streamed["stream"] = true;
   streamed["stream_options"] = {{"include_usage", true}};
   test::RawConnection raw(served_->port);
@@ -252,17 +250,20 @@ TEST_F(ServeChatTest, AChatIsTheCompletionOfItsRenderedPrompt) {
   ASSERT_GE(events.size(), 4u);
   EXPECT_EQ(events.back(), "[DONE]");
   EXPECT_EQ(json::parse(events[0])["choices"][0]["delta"], (json{{"role", "assistant"}, {"content", ""}}));
+  EXPECT_TRUE(json::parse(events[0])["choices"][0]["logprobs"].is_null());
   EXPECT_EQ(json::parse(events[events.size() - 2])["usage"], chat["usage"]);
   std::string text;
-  json finish;
+  json finish, joined = json::array();
   for (size_t i = 1; i + 2 < events.size(); ++i) {
     const json e = json::parse(events[i]);
     EXPECT_EQ(e["object"], "chat.completion.chunk");
     EXPECT_FALSE(e["choices"][0]["delta"].contains("role"));
     text += e["choices"][0]["delta"].value("content", "");
     finish = e["choices"][0]["finish_reason"];
+    for (const json& t : e["choices"][0]["logprobs"]["content"]) joined.push_back(t);
   }
   EXPECT_EQ(text, choice["message"]["content"]);
+  EXPECT_EQ(joined, content);
   EXPECT_EQ(finish, choice["finish_reason"]);
 
   res = c.Post("/v1/chat/completions",

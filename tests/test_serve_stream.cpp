@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -38,7 +39,8 @@ TEST(ServeSse, EventsChunksAndHeadsAreTheseBytes) {
 TEST(ServeSse, CompletionChunksAreOpenAIsShape) {
   serve::CompletionRequest request;
   request.prompt_texts = {"Hi", "Yo"};
-  serve::CompletionChunks plain(request, "cmpl-kiln-7", "tiny", 1700000000);
+  ByteTokenizer tokenizer;
+  serve::CompletionChunks plain(request, tokenizer, "cmpl-kiln-7", "tiny", 1700000000);
   const std::string stop = "stop";
   EXPECT_EQ(serve::sse_event(plain.chunk(1, "ab", nullptr)),
             "data: {\"choices\":[{\"finish_reason\":null,\"index\":1,\"logprobs\":null,\"text\":\"ab\"}],"
@@ -48,7 +50,7 @@ TEST(ServeSse, CompletionChunksAreOpenAIsShape) {
             "\"created\":1700000000,\"id\":\"cmpl-kiln-7\",\"model\":\"tiny\",\"object\":\"text_completion\"}\n\n\r\n");
   request.echo = true;
   request.include_usage = true;
-  serve::CompletionChunks echoed(request, "c", "m", 1);
+  serve::CompletionChunks echoed(request, tokenizer, "c", "m", 1);
   EXPECT_EQ(echoed.chunk(1, "x", nullptr)["choices"][0]["text"], "Yox");  // the prompt, once
   EXPECT_EQ(echoed.chunk(1, "y", nullptr)["choices"][0]["text"], "y");
   EXPECT_TRUE(echoed.chunk(0, "z", nullptr)["usage"].is_null());
@@ -107,6 +109,46 @@ TEST(ServeSse, AFeedsDeltasAddUpToTheFinalText) {
   EXPECT_TRUE(sequences[0].cancelled->load());
 }
 
+// Logprobs are handed on as drawn, not held back with the text: each update brings those
+// of the tokens since the last (the prompt's in the first), the ending EOS's in the last.
+TEST(ServeSse, AFeedHandsOnEachLogprobOnce) {
+  auto feed = std::make_shared<serve::TokenFeed>();
+  std::vector<GenerationRequest> sequences(1);
+  sequences[0].stop = {"END"};
+  const serve::BatchWorker::Done done = serve::TokenFeed::connect(feed, sequences);
+  GenerationResult partial;
+  partial.prompt_logprobs = {{7, std::nan(""), {}}, {8, -1.5, {}}};
+  partial.logprobs = {{'a', -0.5, {}}};
+  partial.text = "a";
+  sequences[0].on_token(partial);
+  auto updates = feed->wait(std::chrono::milliseconds(100));
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0].prompt_logprobs.size(), 2u);
+  ASSERT_EQ(updates[0].logprobs.size(), 1u);
+  partial.logprobs.push_back({'E', -0.25, {}});  // "E" may start "END": its text waits, its logprob does not
+  partial.text = "aE";
+  sequences[0].on_token(partial);
+  updates = feed->wait(std::chrono::milliseconds(100));
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0].text, "");
+  EXPECT_TRUE(updates[0].prompt_logprobs.empty());
+  ASSERT_EQ(updates[0].logprobs.size(), 1u);
+  EXPECT_EQ(updates[0].logprobs[0].token, 'E');
+  GenerationResult final = partial;
+  final.logprobs.push_back({'x', -2.0, {}});
+  final.text = "aEx";
+  final.eos_logprob = TokenLogprob{2, -0.125, {}};
+  final.finish_reason = "stop";
+  done(0, std::move(final));
+  updates = feed->wait(std::chrono::milliseconds(100));
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0].text, "Ex");
+  ASSERT_EQ(updates[0].logprobs.size(), 1u);
+  EXPECT_EQ(updates[0].logprobs[0].token, 'x');
+  ASSERT_TRUE(updates[0].eos_logprob);
+  EXPECT_EQ(updates[0].eos_logprob->token, 2);
+}
+
 // Unknown fields are ignored and listed; those whose meaning kiln would change are refused
 // naming the field; max_completion_tokens is max_tokens' other name.
 TEST(ServeFields, IgnoredRefusedAndSynonyms) {
@@ -141,7 +183,6 @@ TEST(ServeFields, IgnoredRefusedAndSynonyms) {
       {R"({"prompt": "x", "suffix": "tail"})", "suffix"},
       {R"({"prompt": "x", "presence_penalty": 2.5})", "presence_penalty"},  // past OpenAI's [-2, 2]
       {R"({"prompt": "x", "frequency_penalty": "1"})", "frequency_penalty"},
-      {R"({"prompt": "x", "stream": true, "logprobs": 1})", "logprobs"},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options"},
       {R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}})", "stream_options"},
       {R"({"prompt": "x", "stream": "yes"})", "stream"},
@@ -220,6 +261,39 @@ TEST_F(ServeStreamTest, AStreamedCompletionIsTheUnstreamedOneInPieces) {
     for (size_t i = 0; i < 2; ++i) {
       EXPECT_EQ(text[i], whole["choices"][i]["text"]) << i;
       EXPECT_EQ(finish[i], whole["choices"][i]["finish_reason"]) << i;
+    }
+  }
+}
+
+// Streamed with logprobs, each choice's chunks' lists joined are the unstreamed answer's
+// (tokens, token_logprobs, top_logprobs, text_offset), with echo's prompt entries first.
+TEST_F(ServeStreamTest, StreamedLogprobsJoinToTheUnstreamedOnes) {
+  for (const bool echo : {false, true}) {
+    const json request = {{"prompt", {"Once upon", "a time"}}, {"max_tokens", 12}, {"temperature", 0},
+                          {"stop", "ee"}, {"logprobs", 2}, {"echo", echo}};
+    auto res = served_->client().Post("/v1/completions", request.dump(), "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json whole = json::parse(res->body);
+    json streamed = request;
+    streamed["stream"] = true;
+    test::RawConnection c(served_->port);
+    ASSERT_TRUE(c.send(test::http_request("POST", "/v1/completions", streamed.dump())));
+    const std::vector<std::string> events = test::read_events(c);
+    ASSERT_GE(events.size(), 3u);
+    std::vector<json> joined(2, serve::legacy_logprobs());
+    std::vector<std::string> text(2);
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+      const json choice = json::parse(events[i])["choices"][0];
+      const size_t index = choice["index"];
+      text[index] += choice["text"].get<std::string>();
+      for (const char* list : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+        for (const json& x : choice["logprobs"][list]) joined[index][list].push_back(x);
+    }
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(text[i], whole["choices"][i]["text"]) << i;
+      EXPECT_EQ(joined[i], whole["choices"][i]["logprobs"]) << "echo " << echo << ", choice " << i;
+      EXPECT_FALSE(joined[i]["tokens"].empty());
     }
   }
 }

@@ -3,7 +3,10 @@
 //    "choices": [{"index", "delta": {...}, "logprobs": null, "finish_reason"}]}
 // First, before any text, each choice's delta {"role": "assistant", "content": ""}; then
 // deltas {"content": text}; a choice's last chunk has its finish_reason (and delta {} when
-// no text came with it). Usage as for completions (serve/completion_stream.h).
+// no text came with it). Usage as for completions (serve/completion_stream.h). With
+// "logprobs": true, each chunk after the role's has logprobs {"content": [...]} of the
+// tokens it brings (chat_logprob's entries; the role's chunk has null), so the chunks'
+// lists joined are the unstreamed answer's.
 #pragma once
 
 #include "serve/completion_api.h"
@@ -15,17 +18,22 @@ namespace kiln::serve {
 
 class ChatChunks final : public ChunkFormat {
  public:
-  ChatChunks(const CompletionRequest& request, std::string id, std::string model, int64_t created);
+  ChatChunks(const CompletionRequest& request, const Tokenizer& tokenizer, std::string id, std::string model,
+             int64_t created);
   std::vector<nlohmann::json> opening() override;
-  nlohmann::json chunk(size_t index, const std::string& text, const std::string* finish_reason) override;
+  using ChunkFormat::chunk;
+  nlohmann::json chunk(const TokenFeed::Update& u) override;
   nlohmann::json usage_chunk(int64_t prompt_tokens, int64_t completion_tokens) override;
 
  private:
-  nlohmann::json with_choice(size_t index, nlohmann::json delta, const std::string* finish_reason) const;
+  nlohmann::json with_choice(size_t index, nlohmann::json delta, nlohmann::json logprobs,
+                             const std::string& finish_reason) const;
 
+  const Tokenizer& tokenizer_;
   std::string id_, model_;
   int64_t created_;
   bool include_usage_;
+  bool logprobs_;
   size_t choices_;
 };
 

@@ -194,8 +194,6 @@ CompletionRequest parse_completion_request(const json& body, const Tokenizer& to
   }
   if (r.stream && r.best_of > r.n)  // the best are known only at the end (OpenAI refuses it too)
     throw ApiError(400, "'best_of' greater than 'n' is not supported with \"stream\": true", "best_of");
-  if (r.stream && present(body, "logprobs"))
-    throw ApiError(400, "'logprobs' is not supported with \"stream\": true", "logprobs");
 
   // max_completion_tokens: the newer name of max_tokens (OpenAI's chat API; clients send it
   // for completions too). Both given, they must agree.
@@ -315,29 +313,17 @@ json completion_response(const CompletionRequest& request, const std::vector<Gen
                    {"finish_reason", g.finish_reason},
                    {"logprobs", nullptr}};
     if (request.logprobs) {
-      json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+      json lp = legacy_logprobs();
       int64_t offset = 0;
-      auto add = [&](int32_t token, const TokenLogprob* lp) {
-        tokens.push_back(token_text(tokenizer, token));
-        offsets.push_back(offset);
-        offset += static_cast<int64_t>(tokenizer.decode(std::span<const int32_t>(&token, 1)).size());
-        if (lp == nullptr || std::isnan(lp->logprob)) {
-          values.push_back(nullptr);
-          tops.push_back(nullptr);
-          return;
-        }
-        values.push_back(lp->logprob);
-        json top = json::object();
-        for (const auto& [alt, value] : lp->top) top[token_text(tokenizer, alt)] = value;
-        tops.push_back(top);
-      };
       if (request.echo)
         for (size_t t = 0; t < q.prompt.size(); ++t)
-          add(q.prompt[t], t < g.prompt_logprobs.size() ? &g.prompt_logprobs[t] : nullptr);
-      for (size_t t = 0; t < g.tokens.size(); ++t) add(g.tokens[t], t < g.logprobs.size() ? &g.logprobs[t] : nullptr);
-      if (g.eos_logprob) add(g.eos_logprob->token, &*g.eos_logprob);  // listed, as OpenAI's servers do; no text
-      choice["logprobs"] = {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops},
-                            {"text_offset", offsets}};
+          append_logprob(lp, tokenizer, q.prompt[t], t < g.prompt_logprobs.size() ? &g.prompt_logprobs[t] : nullptr,
+                         offset);
+      for (size_t t = 0; t < g.tokens.size(); ++t)
+        append_logprob(lp, tokenizer, g.tokens[t], t < g.logprobs.size() ? &g.logprobs[t] : nullptr, offset);
+      // The ending EOS: listed, as OpenAI's servers do; no text.
+      if (g.eos_logprob) append_logprob(lp, tokenizer, g.eos_logprob->token, &*g.eos_logprob, offset);
+      choice["logprobs"] = std::move(lp);
     }
     choices.push_back(std::move(choice));
   }
@@ -347,6 +333,27 @@ json completion_response(const CompletionRequest& request, const std::vector<Gen
           {"model", model},
           {"choices", choices},
           {"usage", usage_json(prompt_tokens(request.sequences), completion_tokens)}};
+}
+
+json legacy_logprobs() {
+  return {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+          {"text_offset", json::array()}};
+}
+
+void append_logprob(json& logprobs, const Tokenizer& tokenizer, int32_t token, const TokenLogprob* logprob,
+                    int64_t& offset) {
+  logprobs["tokens"].push_back(token_text(tokenizer, token));
+  logprobs["text_offset"].push_back(offset);
+  offset += static_cast<int64_t>(tokenizer.decode(std::span<const int32_t>(&token, 1)).size());
+  if (logprob == nullptr || std::isnan(logprob->logprob)) {
+    logprobs["token_logprobs"].push_back(nullptr);
+    logprobs["top_logprobs"].push_back(nullptr);
+    return;
+  }
+  logprobs["token_logprobs"].push_back(logprob->logprob);
+  json top = json::object();
+  for (const auto& [alt, value] : logprob->top) top[token_text(tokenizer, alt)] = value;
+  logprobs["top_logprobs"].push_back(std::move(top));
 }
 
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {

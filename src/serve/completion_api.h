@@ -6,12 +6,11 @@
 //   [string] | [int] | [[int]]), max_tokens or max_completion_tokens (>= 0, default 16),
 //   temperature (>= 0, default 1), top_p, top_k, min_p, repetition_penalty,
 //   presence_penalty and frequency_penalty ([-2, 2], OpenAI's), logit_bias ({"id": bias in
-//   [-100, 100]}), stop (string | [string]), seed, echo, logprobs (null | 0..max; not with
-//   stream), stream, stream_options {include_usage}, ignore_eos, user, n (choices per
-//   prompt) and best_of (sequences generated per prompt, >= n; not above n with stream),
-//   and, where it changes nothing, suffix (null or ""): other values of that are a 400
-//   naming it. Fields it does not know are ignored and listed in ignored_fields (the
-//   server logs them).
+//   [-100, 100]}), stop (string | [string]), seed, echo, logprobs (null | 0..max), stream,
+//   stream_options {include_usage}, ignore_eos, user, n (choices per prompt) and best_of
+//   (sequences generated per prompt, >= n; not above n with stream), and, where it changes
+//   nothing, suffix (null or ""): other values of that are a 400 naming it. Fields it does
+//   not know are ignored and listed in ignored_fields (the server logs them).
 // String prompts are tokenized with BOS first (as kiln trains); id prompts are taken as
 // given. The legacy logprobs object {tokens, token_logprobs, top_logprobs, text_offset}
 // covers the prompt too when echo is set (first entry null), which is what
@@ -106,6 +105,14 @@ nlohmann::json detokenize_response(const nlohmann::json& body, const Tokenizer& 
 // The error for a /detokenize body with more than limits.max_detokenize_ids ids (the
 // server raises it while parsing, before the ids are held as JSON values).
 ApiError too_many_detokenize_ids(const ApiLimits& limits);
+
+// OpenAI's legacy logprobs object {tokens, token_logprobs, top_logprobs, text_offset},
+// empty, and one token added to it (`logprob` null or NaN: null entries, as for a prompt's
+// first token). `offset` is the token's text_offset, the bytes of the choice's text before
+// it, and moves past the token: a stream carries it from chunk to chunk.
+nlohmann::json legacy_logprobs();
+void append_logprob(nlohmann::json& logprobs, const Tokenizer& tokenizer, int32_t token, const TokenLogprob* logprob,
+                    int64_t& offset);
 
 // A token as logprobs show it: its text when that is valid UTF-8, special tokens by name,
 // otherwise "bytes:\xNN..." (so every id has a distinct, valid JSON string).

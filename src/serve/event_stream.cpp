@@ -15,6 +15,14 @@ constexpr auto kQuietCheck = std::chrono::milliseconds(50);
 
 }  // namespace
 
+nlohmann::json ChunkFormat::chunk(size_t index, const std::string& text, const std::string* finish_reason) {
+  TokenFeed::Update u;
+  u.index = index;
+  u.text = text;
+  if (finish_reason) u.finish_reason = *finish_reason;
+  return chunk(u);
+}
+
 bool stream_generation(RequestStream& stream, BatchWorker& worker, std::vector<GenerationRequest> sequences,
                        ChunkFormat& format, const EventStreamOptions& options) {
   const int64_t prompt = prompt_tokens(sequences);  // each prompt once, however many choices share it
@@ -41,8 +49,7 @@ bool stream_generation(RequestStream& stream, BatchWorker& worker, std::vector<G
         feed->cancel();
         return out.event(error_body(500, "generation failed: " + u.error)) && out.done();
       }
-      if (!out.event(format.chunk(u.index, u.text, u.finish_reason.empty() ? nullptr : &u.finish_reason)))
-        return gone();
+      if (!out.event(format.chunk(u))) return gone();
     }
   }
   if (options.include_usage && !out.event(format.usage_chunk(prompt, feed->completion_tokens())))

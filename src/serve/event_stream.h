@@ -4,6 +4,7 @@
 #pragma once
 
 #include "serve/batch_worker.h"
+#include "serve/token_feed.h"
 
 #include <nlohmann/json.hpp>
 
@@ -19,8 +20,11 @@ class ChunkFormat {
   virtual ~ChunkFormat() = default;
   // Chunks sent before any text, once the stream has begun (chat's delta.role); none by default.
   virtual std::vector<nlohmann::json> opening() { return {}; }
-  // A chunk with new `text` for choice `index`; `finish_reason` is null but on its last.
-  virtual nlohmann::json chunk(size_t index, const std::string& text, const std::string* finish_reason) = 0;
+  // The chunk of one update of choice u.index: its new text, the logprobs that came with it
+  // (when asked), finish_reason null but on its last.
+  virtual nlohmann::json chunk(const TokenFeed::Update& u) = 0;
+  // The same for text alone; `finish_reason` null but on its last.
+  nlohmann::json chunk(size_t index, const std::string& text, const std::string* finish_reason);
   // The chunk after the last choice's: usage, and no choices (stream_options.include_usage).
   virtual nlohmann::json usage_chunk(int64_t prompt_tokens, int64_t completion_tokens) = 0;
 };

@@ -246,8 +246,8 @@ void CompletionServer::generate(Api api, CompletionRequest& request, uint64_t n,
     o.close = stream.close();
     o.include_usage = request.include_usage;
     std::unique_ptr<ChunkFormat> format;
-    if (api == Api::chat) format = std::make_unique<ChatChunks>(request, id, options_.model_name, created);
-    else format = std::make_unique<CompletionChunks>(request, id, options_.model_name, created);
+    if (api == Api::chat) format = std::make_unique<ChatChunks>(request, tokenizer_, id, options_.model_name, created);
+    else format = std::make_unique<CompletionChunks>(request, tokenizer_, id, options_.model_name, created);
     stream_generation(stream, *worker_, std::move(request.sequences), *format, o);
     return;
   }

@@ -28,6 +28,21 @@ size_t settled_length(std::string_view text, const std::vector<std::string>& sto
   return n;
 }
 
+namespace {
+
+// Copies the logprobs of `result` that `s` has not taken yet into its pending lists.
+template <class Sequence>
+void take_logprobs(Sequence& s, const GenerationResult& result) {
+  if (!s.prompt_taken) {
+    s.prompt_logprobs = result.prompt_logprobs;
+    s.prompt_taken = true;
+  }
+  for (; s.logprobs_taken < result.logprobs.size(); ++s.logprobs_taken)
+    s.logprobs.push_back(result.logprobs[s.logprobs_taken]);
+}
+
+}  // namespace
+
 BatchWorker::Done TokenFeed::connect(const std::shared_ptr<TokenFeed>& feed, std::vector<GenerationRequest>& sequences) {
   {
     std::lock_guard lock(feed->mutex_);
@@ -41,8 +56,10 @@ BatchWorker::Done TokenFeed::connect(const std::shared_ptr<TokenFeed>& feed, std
     sequences[i].on_token = [feed, i](const GenerationResult& partial) {
       {
         std::lock_guard lock(feed->mutex_);
-        feed->sequences_[i].latest = partial.text;
-        feed->sequences_[i].fresh = true;
+        Sequence& s = feed->sequences_[i];
+        s.latest = partial.text;
+        take_logprobs(s, partial);
+        s.fresh = true;
       }
       feed->changed_.notify_one();
     };
@@ -51,6 +68,7 @@ BatchWorker::Done TokenFeed::connect(const std::shared_ptr<TokenFeed>& feed, std
     {
       std::lock_guard lock(feed->mutex_);
       Sequence& s = feed->sequences_[i];
+      take_logprobs(s, result);
       s.result = std::move(result);
       s.ended = s.fresh = true;
     }
@@ -77,11 +95,16 @@ std::vector<TokenFeed::Update> TokenFeed::wait(std::chrono::milliseconds timeout
     if (settled > s.sent.size() && text.compare(0, s.sent.size(), s.sent) == 0)
       u.text = text.substr(s.sent.size(), settled - s.sent.size());
     s.sent += u.text;
+    u.prompt_logprobs = std::move(s.prompt_logprobs);
+    u.logprobs = std::move(s.logprobs);
+    s.prompt_logprobs.clear();
+    s.logprobs.clear();
     if (s.ended) {
       s.reported = true;
       u.finish_reason = s.result.finish_reason;
       u.error = s.result.error;
-    } else if (u.text.empty()) {
+      u.eos_logprob = s.result.eos_logprob;
+    } else if (u.text.empty() && u.logprobs.empty() && u.prompt_logprobs.empty()) {
       continue;
     }
     updates.push_back(std::move(u));

@@ -4,6 +4,9 @@
 // that cannot change any more: a trailing piece of a stop string (the generator may yet
 // cut the text there) and a trailing incomplete UTF-8 character wait for the next token,
 // so the deltas of a sequence add up to exactly the text a non-streamed request returns.
+// Logprobs (when the sequences ask for them) are not held back: each update carries those
+// of every token drawn since the last, so they too add up to the unstreamed lists, though
+// a token's text may come an update later than its logprob.
 #pragma once
 
 #include "infer/generator.h"
@@ -14,6 +17,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +35,9 @@ class TokenFeed {
     std::string text;            // its new text
     std::string finish_reason;   // on its last update only
     std::string error;           // why it failed (finish_reason "error")
+    std::vector<TokenLogprob> prompt_logprobs;  // the prompt's (echo), in its first update
+    std::vector<TokenLogprob> logprobs;         // the tokens drawn since the last update
+    std::optional<TokenLogprob> eos_logprob;    // the ending EOS's, in the last update
   };
 
   // Sets each sequence's on_token and cancelled to feed `feed`; returns the done to
@@ -48,6 +55,12 @@ class TokenFeed {
   struct Sequence {
     std::vector<std::string> stops;
     std::string latest;          // its text at the last token
+    // Logprobs taken from the model's side and not yet handed on; how many of the
+    // generated ones were taken (on_token sees the whole list each time: only the new
+    // ones are copied); whether the prompt's were.
+    std::vector<TokenLogprob> prompt_logprobs, logprobs;
+    size_t logprobs_taken = 0;
+    bool prompt_taken = false;
     bool fresh = false;          // changed since the handler looked
     bool ended = false;
     GenerationResult result;     // once ended

@@ -12,7 +12,8 @@ model_not_found; n=2 sampled with a seed, each choice equal to an n=1 request wi
 (seed + index), streamed too (both indices, each adding up to its choice), and best_of with
 stream refused naming it; chat.completions.create
 with and without stream=True (the role first, then the content adding up to the same
-text), its logprobs, and response_format json_object refused naming it. Exit 0 when all hold.
+text), its logprobs, and response_format json_object refused naming it; logprobs streamed
+(both APIs) joining to the unstreamed ones. Exit 0 when all hold.
 """
 import sys
 
@@ -67,6 +68,7 @@ def main():
             assert e.code == "model_not_found", e
     check_choices(client, name, prompt, max_tokens)
     check_chat(client, name, prompt, max_tokens, chat_expected)
+    check_streamed_logprobs(client, name, prompt, max_tokens)
     print(f"openai {openai.__version__}: completions, chat, streaming and models agree with kiln sample")
 
 
@@ -135,6 +137,27 @@ def check_chat(client, name, prompt, max_tokens, expected):
         raise AssertionError("response_format json_object was accepted")
     except openai.BadRequestError as e:
         assert e.param == "response_format" and "json_object" in e.message, e
+
+
+def check_streamed_logprobs(client, name, prompt, max_tokens):
+    """Greedy, streamed: each chunk's logprobs are its tokens'; joined, the unstreamed answer's."""
+    args = dict(model=name, prompt=prompt, max_tokens=max_tokens, temperature=0, logprobs=2)
+    whole = client.completions.create(**args).choices[0].logprobs
+    joined = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in client.completions.create(stream=True, **args):
+        for key, values in joined.items():
+            values.extend(getattr(chunk.choices[0].logprobs, key))
+    assert joined == whole.model_dump(), (joined, whole)
+
+    args = dict(model=name, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
+                logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**args).choices[0].logprobs.content
+    joined = []
+    for chunk in client.chat.completions.create(stream=True, **args):
+        if chunk.choices[0].logprobs is not None:  # null on the role's chunk
+            joined.extend(chunk.choices[0].logprobs.content)
+    assert joined == whole, (joined, whole)
+    assert len(whole) > 0
 
 
 if __name__ == "__main__":
