@@ -3,8 +3,12 @@
 #include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/kda/kda_cpu.h"
+#if KILN_WITH_CUDA
+#include "ops/kda/kda_cuda.h"
+#endif
 
 #include <cmath>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -12,13 +16,18 @@ namespace kiln::ops {
 
 namespace {
 
-// q, k, g [N, H, d_k], v [N, H, d_v], beta [N, H], cu_seqlens i32 [S+1] from 0 to N, all
-// float tensors of q's dtype on the CPU (no CUDA kernel yet).
+// q, k, g [N, H, d_k], v [N, H, d_v], beta [N, H], all float tensors of q's dtype (f32 or
+// bf16 on the GPU), cu_seqlens i32 [S+1] from 0 to N on q's device. The GPU's cu_seqlens
+// is not read back to check its values (as attention's): the caller vouches for them.
 void validate(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-              const Tensor& cu_seqlens) {
+              const Tensor& cu_seqlens, bool has_cuda_kernel = true) {
   expect_rank(op, "q", q, 3);
   expect_rank(op, "v", v, 3);
-  if (q.device() == Device::cuda) no_cuda_kernel(op);
+  if (q.device() == Device::cuda) {
+    if (!has_cuda_kernel) no_cuda_kernel(op);
+    KILN_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16, op, "q must be f32 or bf16 on the GPU, got {}",
+               q.describe());
+  }
   expect_shape(op, "k", k, q.shape());
   expect_shape(op, "g", g, q.shape());
   KILN_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1), op, "v {} and q {} disagree", v.describe(), q.describe());
@@ -26,22 +35,47 @@ void validate(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
   for (const auto& [name, t] : {std::pair{"k", &k}, {"v", &v}, {"g", &g}, {"beta", &beta}}) expect_same(op, name, *t, q);
   expect_rank(op, "cu_seqlens", cu_seqlens, 1);
   expect_dtype(op, "cu_seqlens", cu_seqlens, DType::i32);
-  KILN_CHECK(cu_seqlens.device() == Device::cpu, op, "cu_seqlens must be on the cpu, got {}", cu_seqlens.describe());
+  KILN_CHECK(cu_seqlens.device() == q.device(), op, "cu_seqlens must be on {}, got {}", device_name(q.device()),
+             cu_seqlens.describe());
   const int64_t s = cu_seqlens.size(0) - 1;
   KILN_CHECK(s >= 1, op, "cu_seqlens needs at least 2 entries");
+  if (cu_seqlens.device() == Device::cuda) return;
   const int32_t* cu = cu_seqlens.data<int32_t>();
   KILN_CHECK(cu[0] == 0 && cu[s] == q.size(0), op, "cu_seqlens must run from 0 to {} tokens, got {}..{}", q.size(0),
              cu[0], cu[s]);
   for (int64_t i = 0; i < s; ++i) KILN_CHECK(cu[i] <= cu[i + 1], op, "cu_seqlens must not decrease (entry {})", i + 1);
 }
 
-// A per-sequence state [S, H, d_k, d_v] of q's dtype, or undefined.
+// A per-sequence state [S, H, d_k, d_v] of q's dtype (f32 on the GPU), or undefined.
 void validate_state(const char* op, const char* name, const Tensor& state, const Tensor& q, const Tensor& v,
                     const Tensor& cu_seqlens) {
   if (!state.defined()) return;
-  expect_shape(op, name, state, Shape{cu_seqlens.size(0) - 1, q.size(1), q.size(2), v.size(2)});
-  expect_same(op, name, state, q);
+  const Shape shape{cu_seqlens.size(0) - 1, q.size(1), q.size(2), v.size(2)};
+  if (q.device() == Device::cuda)
+    expect_tensor(op, name, state, shape, DType::f32, Device::cuda);
+  else {
+    expect_shape(op, name, state, shape);
+    expect_same(op, name, state, q);
+  }
 }
+
+#if KILN_WITH_CUDA
+cuda::KdaArgs cuda_args(const Tensor& q, const Tensor& v, const Tensor& cu, const KdaOptions& o) {
+  cuda::KdaArgs a;
+  a.tokens = q.size(0);
+  a.heads = q.size(1);
+  a.dk = q.size(2);
+  a.dv = v.size(2);
+  a.num_seqs = cu.size(0) - 1;
+  a.cu_seqlens = cu.data<int32_t>();
+  a.scale = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(a.dk)));
+  a.dtype = q.dtype();
+  return a;
+}
+
+const float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+float* f32_mut_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+#endif
 
 cpu::KdaShape shape_of(const Tensor& q, const Tensor& v, const Tensor& cu, const KdaOptions& o) {
   cpu::KdaShape s;
@@ -68,7 +102,7 @@ T* maybe_mut(const Tensor& t) {
 
 }  // namespace
 
-void kda_recurrent_forward(const ExecContext&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+void kda_recurrent_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                            const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
                            const KdaOptions& options, const Tensor& out, const Tensor& final_state) {
   const char* op = "kda_recurrent_forward";
@@ -78,6 +112,10 @@ void kda_recurrent_forward(const ExecContext&, const Tensor& q, const Tensor& k,
   validate_state(op, "final_state", final_state, q, v, cu_seqlens);
   expect_shape(op, "out", out, v.shape());
   expect_same(op, "out", out, q);
+  KILN_ON_CUDA(q, op,
+               cuda::kda_recurrent_forward(ctx, cuda_args(q, v, cu_seqlens, options), q.raw(), k.raw(), v.raw(), g.raw(),
+                                           beta.raw(), f32_or_null(initial_state), out.raw(),
+                                           f32_mut_or_null(final_state)));
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cpu::kda_recurrent_forward<T>(shape_of(q, v, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
@@ -91,7 +129,7 @@ void kda_chunked_forward(const ExecContext&, const Tensor& q, const Tensor& k, c
                          const KdaOptions& options, const Tensor& out, const Tensor& final_state) {
   const char* op = "kda_chunked_forward";
   KILN_OP_SCOPE(op, q);
-  validate(op, q, k, v, g, beta, cu_seqlens);
+  validate(op, q, k, v, g, beta, cu_seqlens, /*has_cuda_kernel=*/false);
   validate_state(op, "initial_state", initial_state, q, v, cu_seqlens);
   validate_state(op, "final_state", final_state, q, v, cu_seqlens);
   expect_shape(op, "out", out, v.shape());
@@ -105,11 +143,20 @@ void kda_chunked_forward(const ExecContext&, const Tensor& q, const Tensor& k, c
   });
 }
 
-void kda_recurrent_backward(const ExecContext&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+int64_t kda_backward_workspace(int64_t tokens, int64_t heads, int64_t dk, int64_t dv, int64_t num_seqs) {
+#if KILN_WITH_CUDA
+  return cuda::kda_backward_workspace_elems(tokens, heads, dk, dv, num_seqs);
+#else
+  (void)tokens, (void)heads, (void)dk, (void)dv, (void)num_seqs;
+  return 0;
+#endif
+}
+
+void kda_recurrent_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                             const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
                             const Tensor& dout, const Tensor& d_final_state, const KdaOptions& options, const Tensor& dq,
                             const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
-                            const Tensor& d_initial_state) {
+                            const Tensor& d_initial_state, const Tensor& workspace) {
   const char* op = "kda_recurrent_backward";
   KILN_OP_SCOPE(op, q);
   validate(op, q, k, v, g, beta, cu_seqlens);
@@ -121,6 +168,18 @@ void kda_recurrent_backward(const ExecContext&, const Tensor& q, const Tensor& k
     expect_shape(op, name, *t, like->shape());
     expect_same(op, name, *t, q);
   }
+  if (q.device() == Device::cuda && KILN_WITH_CUDA) {
+    const int64_t need = kda_backward_workspace(q.size(0), q.size(1), q.size(2), v.size(2), cu_seqlens.size(0) - 1);
+    KILN_CHECK(workspace.defined() && workspace.dtype() == DType::f32 && workspace.device() == Device::cuda &&
+                   workspace.numel() >= need,
+               op, "needs an f32 cuda workspace of at least {} elements (kda_backward_workspace), got {}", need,
+               workspace.defined() ? workspace.describe() : std::string("none"));
+  }
+  KILN_ON_CUDA(q, op,
+               cuda::kda_recurrent_backward(ctx, cuda_args(q, v, cu_seqlens, options), q.raw(), k.raw(), v.raw(),
+                                            g.raw(), beta.raw(), f32_or_null(initial_state), dout.raw(),
+                                            f32_or_null(d_final_state), dq.raw(), dk.raw(), dv.raw(), dg.raw(),
+                                            dbeta.raw(), f32_mut_or_null(d_initial_state), workspace.data<float>()));
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cpu::kda_recurrent_backward<T>(shape_of(q, v, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),

@@ -8,10 +8,16 @@
 // document's start, so documents never share state, and final_state [S, H, d_k, d_v]
 // receives the state after its last token (what decode continues from).
 //
-// CPU only for now (f32 or f64, accumulated in the input's type); not yet wired into the
-// model. Two forwards: the token-by-token recurrence (the oracle) and the chunked WY form
-// the GPU kernel will follow. The backward is the recurrent one; there is no chunked
-// backward yet.
+// CPU: f32 or f64, accumulated in the input's type. Two forwards: the token-by-token
+// recurrence (the oracle) and the chunked WY form the fast GPU kernel will follow. The
+// backward is the recurrent one; there is no chunked backward yet. Not yet wired into the
+// model.
+//
+// GPU (ops/kda/kda_cuda.h): the recurrent forward and backward only (correctness first;
+// kda_chunked_forward has no CUDA kernel yet). q, k, v, g, beta, out and the gradients f32
+// or bf16 (fp32 math, results stored in the input dtype), the states and their gradients
+// f32, cu_seqlens i32 on the device (its values are trusted, not read back), d_k <= 256.
+// The backward takes an f32 workspace of kda_backward_workspace(...) elements.
 #pragma once
 
 #include "core/exec_context.h"
@@ -41,6 +47,11 @@ void kda_recurrent_backward(const ExecContext& ctx, const Tensor& q, const Tenso
                             const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
                             const Tensor& dout, const Tensor& d_final_state, const KdaOptions& options, const Tensor& dq,
                             const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
-                            const Tensor& d_initial_state = Tensor());
+                            const Tensor& d_initial_state = Tensor(), const Tensor& workspace = Tensor());
+
+// f32 elements of kda_recurrent_backward's GPU workspace (checkpointed states every 64
+// tokens, per-d_v-slice partial sums); depends on shapes only; 0 without CUDA. The CPU
+// path takes no workspace.
+int64_t kda_backward_workspace(int64_t tokens, int64_t heads, int64_t dk, int64_t dv, int64_t num_seqs);
 
 }  // namespace kiln::ops

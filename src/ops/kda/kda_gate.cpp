@@ -2,6 +2,9 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
+#if KILN_WITH_CUDA
+#include "ops/kda/kda_cuda.h"
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -21,16 +24,27 @@ T sigmoid(T x) {
   return x >= 0 ? T(1) / (T(1) + std::exp(-x)) : std::exp(x) / (T(1) + std::exp(x));
 }
 
+// The parameters' dtype: raw's on the CPU, f32 on the GPU (raw f32 or bf16 there).
+DType param_dtype(const Tensor& raw) { return raw.device() == Device::cuda ? DType::f32 : raw.dtype(); }
+
+// A parameter (or its gradient) of the gate: param_dtype on raw's device.
+void expect_param(const char* op, const char* name, const Tensor& t, const Tensor& raw, Shape shape) {
+  expect_tensor(op, name, t, shape, param_dtype(raw), raw.device());
+}
+
 void validate(const char* op, const Tensor& raw, const Tensor& A_log, const Tensor& dt_bias) {
   expect_rank(op, "raw", raw, 3);
-  if (raw.device() == Device::cuda) no_cuda_kernel(op);
-  expect_shape(op, "A_log", A_log, Shape{raw.size(1)});
-  expect_same(op, "A_log", A_log, raw);
-  if (dt_bias.defined()) {
-    expect_shape(op, "dt_bias", dt_bias, Shape{raw.size(1), raw.size(2)});
-    expect_same(op, "dt_bias", dt_bias, raw);
-  }
+  if (raw.device() == Device::cuda)
+    KILN_CHECK(raw.dtype() == DType::f32 || raw.dtype() == DType::bf16, op, "raw must be f32 or bf16 on the GPU, got {}",
+               raw.describe());
+  expect_param(op, "A_log", A_log, raw, Shape{raw.size(1)});
+  if (dt_bias.defined()) expect_param(op, "dt_bias", dt_bias, raw, Shape{raw.size(1), raw.size(2)});
 }
+
+#if KILN_WITH_CUDA
+const float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+float* f32_mut_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+#endif
 
 void expect_like(const char* op, const char* name, const Tensor& t, const Tensor& like) {
   expect_shape(op, name, t, like.shape());
@@ -39,12 +53,15 @@ void expect_like(const char* op, const char* name, const Tensor& t, const Tensor
 
 }  // namespace
 
-void kda_gate_forward(const ExecContext&, const Tensor& raw, const Tensor& A_log, const Tensor& dt_bias,
+void kda_gate_forward(const ExecContext& ctx, const Tensor& raw, const Tensor& A_log, const Tensor& dt_bias,
                       const Tensor& g) {
   const char* op = "kda_gate_forward";
   KILN_OP_SCOPE(op, raw);
   validate(op, raw, A_log, dt_bias);
   expect_like(op, "g", g, raw);
+  KILN_ON_CUDA(raw, op,
+               cuda::kda_gate_forward(ctx, raw.raw(), raw.dtype(), A_log.data<float>(), f32_or_null(dt_bias),
+                                      raw.size(0), raw.size(1), raw.size(2), g.raw()));
   dispatch_cpu_float(op, raw.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = raw.size(0), heads = raw.size(1), dk = raw.size(2);
@@ -62,18 +79,19 @@ void kda_gate_forward(const ExecContext&, const Tensor& raw, const Tensor& A_log
 
 // With x = raw + dt_bias: dg/draw = dg/d dt_bias = -exp(A_log) sigmoid(x) (softplus' is
 // the sigmoid) and dg/dA_log = g itself.
-void kda_gate_backward(const ExecContext&, const Tensor& raw, const Tensor& A_log, const Tensor& dt_bias,
+void kda_gate_backward(const ExecContext& ctx, const Tensor& raw, const Tensor& A_log, const Tensor& dt_bias,
                        const Tensor& dg, const Tensor& draw, const Tensor& dA_log, const Tensor& ddt_bias) {
   const char* op = "kda_gate_backward";
   KILN_OP_SCOPE(op, raw);
   validate(op, raw, A_log, dt_bias);
   expect_like(op, "dg", dg, raw);
   expect_like(op, "draw", draw, raw);
-  if (dA_log.defined()) expect_like(op, "dA_log", dA_log, A_log);
-  if (ddt_bias.defined()) {
-    expect_shape(op, "ddt_bias", ddt_bias, Shape{raw.size(1), raw.size(2)});
-    expect_same(op, "ddt_bias", ddt_bias, raw);
-  }
+  if (dA_log.defined()) expect_param(op, "dA_log", dA_log, raw, Shape{raw.size(1)});
+  if (ddt_bias.defined()) expect_param(op, "ddt_bias", ddt_bias, raw, Shape{raw.size(1), raw.size(2)});
+  KILN_ON_CUDA(raw, op,
+               cuda::kda_gate_backward(ctx, raw.raw(), raw.dtype(), A_log.data<float>(), f32_or_null(dt_bias), dg.raw(),
+                                       raw.size(0), raw.size(1), raw.size(2), draw.raw(), f32_mut_or_null(dA_log),
+                                       f32_mut_or_null(ddt_bias)));
   dispatch_cpu_float(op, raw.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = raw.size(0), heads = raw.size(1), dk = raw.size(2), row = heads * dk;

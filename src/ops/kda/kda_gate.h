@@ -3,6 +3,9 @@
 //   g[t, h, i] = -exp(A_log[h]) * softplus(raw[t, h, i] + dt_bias[h, i])
 // so the per-token decay a = exp(g) lies in (0, 1): A_log sets each head's time scale,
 // dt_bias each channel's. softplus(x) = log(1 + e^x), in its overflow-free form.
+//
+// On the GPU raw, g, dg and draw are f32 or bf16 (fp32 math), A_log, dt_bias and their
+// gradients f32; the parameter gradients are summed in a fixed order (same bits every run).
 #pragma once
 
 #include "core/exec_context.h"
