@@ -4,8 +4,11 @@
 // restart the state, a final state continued as an initial one (what decode does), and the
 // decay gate with its golden value.
 //
-// Tolerances: chunked vs recurrent in f64 1e-10 relative (to max(|x|, rms)); gradients
-// 1e-7 relative error with floor 1e-4 at step 1e-4; f32 chunked vs f64 recurrent 1e-4.
+// The chunked backward against the recurrent one (every gradient, in f64 and f32).
+//
+// Tolerances: chunked vs recurrent in f64 1e-10 relative (to max(|x|, rms)), forward and
+// backward; gradients 1e-7 relative error with floor 1e-4 at step 1e-4; f32 chunked vs f64
+// recurrent 1e-4, forward and backward.
 #include "grad_check.h"
 #include "ops/kda/kda.h"
 #include "ops/kda/kda_gate.h"
@@ -225,6 +228,87 @@ TEST(Kda, RecurrentBackwardWithoutStates) {
   for (const auto& [name, x, d] : {std::tuple{"k", &c.k, &dk}, {"g", &c.g, &dg}, {"beta", &c.beta, &db}}) {
     const GradCheckReport rep = check_gradient(**x, values_of(**d), eval, values_of(*r), kda_tolerance());
     EXPECT_TRUE(rep.ok()) << "d" << name << ": " << rep.str();
+  }
+}
+
+// ---- the chunked backward -------------------------------------------------------------
+
+// dq, dk, dv, dg, dbeta and d_initial_state of one backward.
+struct Grads {
+  std::vector<double> dq, dk, dv, dg, dbeta, dh0;
+};
+
+// The gradients of L = sum(out R) (+ sum(final R_s) with d_final_state), by either form;
+// d_initial_state is asked for when with_dh0. Inputs of f32 run in f32 (the case's f64
+// inputs converted), gradients returned as f64.
+Grads backward(Form form, const KdaCase& c, bool with_h0, bool with_dht, bool with_dh0, int64_t chunk = 64,
+               DType dtype = DType::f64) {
+  OwnedTensor r = random_f64(c.out_shape(), 7), rs = random_f64(c.state_shape(), 8);
+  auto as = [&](const Tensor& t) { return dtype == DType::f32 ? to_f32(t) : copy_of(t); };
+  OwnedTensor q = as(*c.q), k = as(*c.k), v = as(*c.v), g = as(*c.g), b = as(*c.beta), h0 = as(*c.h0), dout = as(*r),
+              dht = as(*rs);
+  OwnedTensor dq(dtype, Device::cpu, c.q->shape()), dk(dtype, Device::cpu, c.k->shape()),
+      dv(dtype, Device::cpu, c.v->shape()), dg(dtype, Device::cpu, c.g->shape()),
+      db(dtype, Device::cpu, c.beta->shape()), dh0(dtype, Device::cpu, c.state_shape());
+  ops::KdaOptions o;
+  o.chunk = chunk;
+  const Tensor h0_arg = with_h0 ? *h0 : Tensor(), dht_arg = with_dht ? *dht : Tensor(),
+               dh0_arg = with_dh0 ? *dh0 : Tensor();
+  if (form == Form::recurrent)
+    ops::kda_recurrent_backward(process_exec(), *q, *k, *v, *g, *b, *c.cu, h0_arg, *dout, dht_arg, o, *dq, *dk, *dv,
+                                *dg, *db, dh0_arg);
+  else
+    ops::kda_chunked_backward(process_exec(), *q, *k, *v, *g, *b, *c.cu, h0_arg, *dout, dht_arg, o, *dq, *dk, *dv,
+                              *dg, *db, dh0_arg);
+  return {values_of(*dq), values_of(*dk), values_of(*dv),
+          values_of(*dg), values_of(*db), with_dh0 ? values_of(*dh0) : std::vector<double>()};
+}
+
+// Every gradient of `got` within `tol` of `ref` (relative to max(|x|, rms)).
+void expect_grads_near(const Grads& got, const Grads& ref, double tol) {
+  for (const auto& [name, a, b] : {std::tuple{"dq", &got.dq, &ref.dq}, {"dk", &got.dk, &ref.dk},
+                                   {"dv", &got.dv, &ref.dv}, {"dg", &got.dg, &ref.dg},
+                                   {"dbeta", &got.dbeta, &ref.dbeta}, {"d_initial_state", &got.dh0, &ref.dh0}}) {
+    ASSERT_EQ(a->size(), b->size()) << name;
+    if (!a->empty()) EXPECT_LT(rel(*a, *b), tol) << name;
+  }
+}
+
+// The chunked backward gives the recurrent backward's gradients in f64: lengths around
+// the chunk (1, 63, 64, 65, 130), several documents (one empty), with and without the
+// initial state and the final state's gradient, chunks of 64 and 16.
+TEST(Kda, ChunkedBackwardMatchesRecurrent) {
+  const std::vector<std::vector<int32_t>> batches = {{1}, {63}, {64}, {65}, {130}, {65, 1, 130, 0, 63, 64, 7}};
+  for (const auto& lengths : batches)
+    for (bool with_h0 : {false, true})
+      for (bool with_dht : {false, true})
+        for (int64_t chunk : {64, 16}) {
+          SCOPED_TRACE(fmt::format("lengths {} h0 {} dht {} chunk {}", fmt::join(lengths, ","), with_h0, with_dht,
+                                   chunk));
+          const KdaCase c(lengths, 3, 5, 4, 100);
+          const Grads ref = backward(Form::recurrent, c, with_h0, with_dht, true);
+          expect_grads_near(backward(Form::chunked, c, with_h0, with_dht, true, chunk), ref, 1e-10);
+        }
+}
+
+// Without d_initial_state asked for, the other gradients are the same; odd chunk lengths
+// (1: every token its own chunk; 7; longer than the document) too.
+TEST(Kda, ChunkedBackwardOtherChunks) {
+  const KdaCase c({40, 9}, 2, 6, 3, 150);
+  Grads ref = backward(Form::recurrent, c, true, true, false);
+  for (int64_t chunk : {1, 7, 64, 100}) {
+    SCOPED_TRACE(fmt::format("chunk {}", chunk));
+    expect_grads_near(backward(Form::chunked, c, true, true, false, chunk), ref, 1e-10);
+  }
+}
+
+// The f32 chunked backward against the f64 recurrent one: 1e-4 relative (to max(|x|, rms)).
+TEST(Kda, F32ChunkedBackwardMatchesF64) {
+  const KdaCase c({65, 30, 130}, 2, 6, 5, 200);
+  for (int64_t chunk : {64, 16}) {
+    SCOPED_TRACE(fmt::format("chunk {}", chunk));
+    const Grads ref = backward(Form::recurrent, c, true, true, true);
+    expect_grads_near(backward(Form::chunked, c, true, true, true, chunk, DType::f32), ref, 1e-4);
   }
 }
 

@@ -59,6 +59,24 @@ void validate_state(const char* op, const char* name, const Tensor& state, const
   }
 }
 
+// The backward's arguments: the forward's, the states' gradients and dout, dq, dk, dv, dg,
+// dbeta shaped as their primals.
+void validate_backward(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                       const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state, const Tensor& dout,
+                       const Tensor& d_final_state, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                       const Tensor& dg, const Tensor& dbeta, const Tensor& d_initial_state,
+                       bool has_cuda_kernel = true) {
+  validate(op, q, k, v, g, beta, cu_seqlens, has_cuda_kernel);
+  validate_state(op, "initial_state", initial_state, q, v, cu_seqlens);
+  validate_state(op, "d_final_state", d_final_state, q, v, cu_seqlens);
+  validate_state(op, "d_initial_state", d_initial_state, q, v, cu_seqlens);
+  for (const auto& [name, t, like] : {std::tuple{"dout", &dout, &v}, {"dq", &dq, &q}, {"dk", &dk, &k},
+                                      {"dv", &dv, &v}, {"dg", &dg, &g}, {"dbeta", &dbeta, &beta}}) {
+    expect_shape(op, name, *t, like->shape());
+    expect_same(op, name, *t, q);
+  }
+}
+
 #if KILN_WITH_CUDA
 cuda::KdaArgs cuda_args(const Tensor& q, const Tensor& v, const Tensor& cu, const KdaOptions& o) {
   cuda::KdaArgs a;
@@ -159,15 +177,8 @@ void kda_recurrent_backward(const ExecContext& ctx, const Tensor& q, const Tenso
                             const Tensor& d_initial_state, const Tensor& workspace) {
   const char* op = "kda_recurrent_backward";
   KILN_OP_SCOPE(op, q);
-  validate(op, q, k, v, g, beta, cu_seqlens);
-  validate_state(op, "initial_state", initial_state, q, v, cu_seqlens);
-  validate_state(op, "d_final_state", d_final_state, q, v, cu_seqlens);
-  validate_state(op, "d_initial_state", d_initial_state, q, v, cu_seqlens);
-  for (const auto& [name, t, like] : {std::tuple{"dout", &dout, &v}, {"dq", &dq, &q}, {"dk", &dk, &k},
-                                      {"dv", &dv, &v}, {"dg", &dg, &g}, {"dbeta", &dbeta, &beta}}) {
-    expect_shape(op, name, *t, like->shape());
-    expect_same(op, name, *t, q);
-  }
+  validate_backward(op, q, k, v, g, beta, cu_seqlens, initial_state, dout, d_final_state, dq, dk, dv, dg, dbeta,
+                    d_initial_state);
   if (q.device() == Device::cuda && KILN_WITH_CUDA) {
     const int64_t need = kda_backward_workspace(q.size(0), q.size(1), q.size(2), v.size(2), cu_seqlens.size(0) - 1);
     KILN_CHECK(workspace.defined() && workspace.dtype() == DType::f32 && workspace.device() == Device::cuda &&
@@ -186,6 +197,25 @@ void kda_recurrent_backward(const ExecContext& ctx, const Tensor& q, const Tenso
                                    g.data<T>(), beta.data<T>(), maybe<T>(initial_state), dout.data<T>(),
                                    maybe<T>(d_final_state), dq.data<T>(), dk.data<T>(), dv.data<T>(), dg.data<T>(),
                                    dbeta.data<T>(), maybe_mut<T>(d_initial_state));
+  });
+}
+
+void kda_chunked_backward(const ExecContext&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                          const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
+                          const Tensor& dout, const Tensor& d_final_state, const KdaOptions& options, const Tensor& dq,
+                          const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                          const Tensor& d_initial_state) {
+  const char* op = "kda_chunked_backward";
+  KILN_OP_SCOPE(op, q);
+  validate_backward(op, q, k, v, g, beta, cu_seqlens, initial_state, dout, d_final_state, dq, dk, dv, dg, dbeta,
+                    d_initial_state, /*has_cuda_kernel=*/false);
+  KILN_CHECK(options.chunk >= 1, op, "chunk must be at least 1, got {}", options.chunk);
+  dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::kda_chunked_backward<T>(shape_of(q, v, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
+                                 g.data<T>(), beta.data<T>(), maybe<T>(initial_state), dout.data<T>(),
+                                 maybe<T>(d_final_state), dq.data<T>(), dk.data<T>(), dv.data<T>(), dg.data<T>(),
+                                 dbeta.data<T>(), maybe_mut<T>(d_initial_state));
   });
 }
 

@@ -8,10 +8,9 @@
 // document's start, so documents never share state, and final_state [S, H, d_k, d_v]
 // receives the state after its last token (what decode continues from).
 //
-// CPU: f32 or f64, accumulated in the input's type. Two forwards: the token-by-token
-// recurrence (the oracle) and the chunked WY form the fast GPU kernel will follow. The
-// backward is the recurrent one; there is no chunked backward yet. Not yet wired into the
-// model.
+// CPU: f32 or f64, accumulated in the input's type. Two forwards and two backwards: the
+// token-by-token recurrence (the oracle) and the chunked WY form the fast GPU kernel will
+// follow (kda_chunked.cpp has the math of both directions). Not yet wired into the model.
 //
 // GPU (ops/kda/kda_cuda.h): the recurrent forward and backward only (correctness first;
 // kda_chunked_forward has no CUDA kernel yet). q, k, v, g, beta, out and the gradients f32
@@ -27,7 +26,7 @@ namespace kiln::ops {
 
 struct KdaOptions {
   double scale = 0;     // 0 = 1/sqrt(d_k)
-  int64_t chunk = 64;   // kda_chunked_forward's chunk length (tokens, within a document)
+  int64_t chunk = 64;   // the chunked forward's and backward's chunk length (tokens, within a document)
 };
 
 // out (=); initial_state and final_state may be undefined (zero start / not written).
@@ -48,6 +47,16 @@ void kda_recurrent_backward(const ExecContext& ctx, const Tensor& q, const Tenso
                             const Tensor& dout, const Tensor& d_final_state, const KdaOptions& options, const Tensor& dq,
                             const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
                             const Tensor& d_initial_state = Tensor(), const Tensor& workspace = Tensor());
+
+// The same gradients by chunks of options.chunk tokens per document (kda_chunked.cpp), as
+// flash-linear-attention's chunk_kda backward: a forward pass keeps the state entering each
+// chunk, then the chunks run in reverse, carrying the state's gradient from chunk to chunk
+// and differentiating each chunk through its WY factors. CPU only for now.
+void kda_chunked_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                          const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
+                          const Tensor& dout, const Tensor& d_final_state, const KdaOptions& options, const Tensor& dq,
+                          const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                          const Tensor& d_initial_state = Tensor());
 
 // f32 elements of kda_recurrent_backward's GPU workspace (checkpointed states every 64
 // tokens, per-d_v-slice partial sums); depends on shapes only; 0 without CUDA. The CPU

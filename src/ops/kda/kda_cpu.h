@@ -11,7 +11,7 @@ struct KdaShape {
   int64_t tokens, heads, dk, dv, num_seqs;
   const int32_t* cu_seqlens;
   double scale;
-  int64_t chunk;  // the chunked forward's chunk length
+  int64_t chunk;  // the chunked forms' chunk length
 };
 
 // Row offsets of token t, head h in the [N, H, d] layouts and of (s, h) in the states.
@@ -31,5 +31,10 @@ void kda_chunked_forward(const KdaShape& s, const T* q, const T* k, const T* v, 
 template <typename T>
 void kda_recurrent_backward(const KdaShape& s, const T* q, const T* k, const T* v, const T* g, const T* beta,
                             const T* h0, const T* dout, const T* dht, T* dq, T* dk, T* dv, T* dg, T* dbeta, T* dh0);
+
+// The same gradients by chunks of s.chunk tokens per document (kda_chunked.cpp).
+template <typename T>
+void kda_chunked_backward(const KdaShape& s, const T* q, const T* k, const T* v, const T* g, const T* beta,
+                          const T* h0, const T* dout, const T* dht, T* dq, T* dk, T* dv, T* dg, T* dbeta, T* dh0);
 
 }  // namespace kiln::cpu
