@@ -55,25 +55,6 @@ TEST(OpsProperties, RmsNormRefusesADxCopyOfTheWrongShapeByName) {
   EXPECT_NE(error.find("dx_copy"), std::string::npos) << error;
 }
 
-// A context naming a stream the op's kernels do not launch on is refused by name rather than
-// run on the process-wide stream behind its caller's back (core/exec_context.h, step (a)).
-TEST(OpsProperties, OpsRefuseAContextWhoseStreamTheyDoNotLaunchOn) {
-  // layer_norm_backward reduces dw and db through module-level device scratch, so it runs on
-  // the process-wide stream only (until the scratch moves into the workspace).
-  OwnedTensor x = random_f64(Shape{6, 7}, 30), w = random_f64(Shape{7}, 31), dy = random_f64(Shape{6, 7}, 32);
-  OwnedTensor y = nan_f64(Shape{6, 7}), mean = nan_f64(Shape{6}), rstd = nan_f64(Shape{6});
-  ops::layer_norm_forward(process_exec(), *x, *w, Tensor(), 1e-5, *y, *mean, *rstd);
-  OwnedTensor dx = nan_f64(Shape{6, 7});
-  ExecContext elsewhere;
-  elsewhere.stream = reinterpret_cast<void*>(uintptr_t{0x1000});
-  const std::string error = test::error_of(
-      [&] { ops::layer_norm_backward(elsewhere, *x, *w, *mean, *rstd, *dy, *dx, Tensor(), Tensor(), false, Tensor()); });
-  EXPECT_NE(error.find("[layer_norm_backward] runs on the process-wide CUDA stream only"), std::string::npos) << error;
-  EXPECT_TRUE(std::isnan(dx->data<double>()[0])) << "the refused op wrote its output";
-  ops::layer_norm_backward(process_exec(), *x, *w, *mean, *rstd, *dy, *dx, Tensor(), Tensor(), false, Tensor());
-  EXPECT_FALSE(std::isnan(dx->data<double>()[0]));
-}
-
 // The tables as transformers builds them: inv_freq_j = 1 / theta^(2j / D) and angle =
 // fp32(pos * inv_freq_j), rotate_half pairing (j, j + D/2); the inverse undoes it.
 TEST(OpsProperties, RopeTablesFollowTheTransformersConvention) {

@@ -212,6 +212,7 @@ void add_bench_command(CLI::App& app) {
       run.device = device;
       run.cuda_graphs = program.execution() == StepExecution::captured;
       run.graph_launches = [&] { return program.graph_launches(); };
+      run.exec = model.exec();
       write_bench_trace(o->trace, run);
     }
   });

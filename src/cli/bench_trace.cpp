@@ -116,7 +116,7 @@ void write_bench_trace(const std::string& path, const BenchTraceRun& run) {
   }
 #if KILN_WITH_CUDA
   if (kernels) {
-    kernels->finish(trace);
+    kernels->finish(trace, run.exec);
     if (kernels->dropped() > 0) {
       trace.set_metadata("dropped_gpu_records", kernels->dropped());
       warn("bench", fmt::format("--trace: CUPTI dropped {} GPU records (its buffers were full)", kernels->dropped()));

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "core/exec_context.h"
 
 #include <functional>
 #include <string>
@@ -22,6 +23,7 @@ struct BenchTraceRun {
   Device device = Device::cpu;
   bool cuda_graphs = false;                  // the step replays captured graphs when not profiled
   std::function<int64_t()> graph_launches;   // graph launches so far (with cuda_graphs)
+  ExecContext exec;                          // the step's stream: its track is marked as kiln's
 };
 
 // Runs the traced steps, writes `path` and prints one line with the path and the event

@@ -3,9 +3,10 @@
 // decides where work runs: the step program (issue 39) puts gradient reduction on a
 // stream of its own, a pipeline stage its model on its own device.
 //
-// Step (a) of that redesign: every context is still the process-wide stream of
-// core/cuda_context.h (a null `stream`); ops that launch only there refuse any other
-// (ops::expect_process_stream) until their kernels take the stream from the context.
+// Every op launches on its context's stream, and what a kernel family keeps between its
+// launches lives in that context's scratch (core/context_scratch.h), so work on two
+// streams never meets. A null `stream` names the process-wide stream of
+// core/cuda_context.h (the default context of tests, tools and today's model).
 #pragma once
 
 namespace kiln {

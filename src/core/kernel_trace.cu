@@ -171,10 +171,10 @@ void KernelTrace::stop() {
   recording_ = false;
 }
 
-size_t KernelTrace::finish(TraceRecorder& trace) {
+size_t KernelTrace::finish(TraceRecorder& trace, const ExecContext& exec) {
   if (recording_) stop();
   uint32_t kiln_stream = 0;
-  const bool known = cuptiGetStreamIdEx(nullptr, cuda::stream(), 0, &kiln_stream) == CUPTI_SUCCESS;
+  const bool known = cuptiGetStreamIdEx(nullptr, stream(exec), 0, &kiln_stream) == CUPTI_SUCCESS;
   std::vector<Activity> activities;
   {
     Collected& c = collected();

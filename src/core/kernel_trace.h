@@ -10,6 +10,7 @@
 // builds only: CPU builds never construct one). One at a time per process.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/trace.h"
 
 #include <cstddef>
@@ -28,8 +29,9 @@ class KernelTrace {
   KernelTrace& operator=(const KernelTrace&) = delete;
 
   // Waits for the device, stops recording and adds everything recorded to `trace` (the
-  // recorder given to the constructor). Returns the number of events added.
-  size_t finish(TraceRecorder& trace);
+  // recorder given to the constructor), the track of `exec`'s stream named as kiln's.
+  // Returns the number of events added.
+  size_t finish(TraceRecorder& trace, const ExecContext& exec);
   // Records CUPTI dropped for want of buffer space (0 normally; named in the trace).
   uint64_t dropped() const { return dropped_; }
 

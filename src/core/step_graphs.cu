@@ -33,7 +33,7 @@ void StepGraphs::run(int64_t key, const std::function<void()>& step) {
     generation_ = capture_generation();
   }
   if (auto it = graphs_.find(key); it != graphs_.end()) {
-    check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(it->second), stream()), owner_, "cudaGraphLaunch");
+    check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(it->second), stream(exec_)), owner_, "cudaGraphLaunch");
     ++launches_;
     return;
   }
@@ -64,7 +64,7 @@ void StepGraphs::run(int64_t key, const std::function<void()>& step) {
 }
 
 void StepGraphs::capture(int64_t key, const std::function<void()>& step) {
-  const cudaStream_t s = stream();
+  const cudaStream_t s = stream(exec_);
   // Thread-local mode: a call in this thread that could synchronize or allocate while the
   // stream captures fails (and fails the capture) instead of silently escaping the graph;
   // other threads' unrelated CUDA work is not affected.

@@ -4,6 +4,8 @@
 // CPU builds never construct one).
 #pragma once
 
+#include "core/exec_context.h"
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -20,14 +22,15 @@ void bump_capture_generation();
 // Executable graphs of a step, one per key.
 class StepGraphs {
  public:
-  explicit StepGraphs(const char* owner) : owner_(owner) {}
+  // Captures and launches on the stream `exec` names (held by value: a context is its stream).
+  StepGraphs(const char* owner, const ExecContext& exec) : owner_(owner), exec_(exec) {}
   ~StepGraphs();
   StepGraphs(const StepGraphs&) = delete;
   StepGraphs& operator=(const StepGraphs&) = delete;
 
   // The first call for `key` runs step() as it is: that is the warm-up after which every
   // cuBLASLt plan, cuDNN graph, handle and workspace the step uses exists. Then it captures
-  // step() on kiln::cuda::stream() (capture records, it does not run again) and
+  // step() on the context's stream (capture records, it does not run again) and
   // instantiates the graph; later calls for `key` launch that graph. step() must only
   // enqueue work on that stream, identical for a key (shapes and pointers fixed, varying
   // data and scalars in device memory): no synchronization, allocation or legacy-stream
@@ -45,6 +48,7 @@ class StepGraphs {
   void clear();
 
   const char* owner_;                // names this user in errors and warnings
+  ExecContext exec_;                 // where the steps are captured and launched
   std::map<int64_t, void*> graphs_;  // cudaGraphExec_t by key
   std::set<int64_t> failed_;         // keys whose capture failed
   uint64_t generation_ = 0;          // capture_generation() the graphs were captured under

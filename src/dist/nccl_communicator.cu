@@ -26,7 +26,8 @@ ncclDataType_t nccl_type(DType dtype, std::string_view what) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(const ncclUniqueId& id, int rank, int world_size) : rank_(rank), world_size_(world_size) {
+  NcclCommunicator(const ncclUniqueId& id, int rank, int world_size, const ExecContext& exec)
+      : rank_(rank), world_size_(world_size), stream_(cuda::stream(exec)) {
     check(ncclCommInitRank(&comm_, world_size, id, rank), "joining the NCCL communicator");
   }
   ~NcclCommunicator() override {
@@ -41,13 +42,13 @@ class NcclCommunicator final : public Communicator {
   void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, std::string_view what) override {
     if (count == 0) return;
     check(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dtype, what),
-                        op == ReduceOp::sum ? ncclSum : ncclMax, comm_, cuda::stream()),
+                        op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream_),
           what);
   }
 
   void broadcast(void* data, int64_t bytes, int root, std::string_view what) override {
     if (bytes == 0) return;
-    check(ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8, root, comm_, cuda::stream()), what);
+    check(ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8, root, comm_, stream_), what);
   }
 
  private:
@@ -57,13 +58,14 @@ class NcclCommunicator final : public Communicator {
          ncclGetLastError(comm_));
   }
   int rank_, world_size_;
+  cudaStream_t stream_;  // where its collectives run
   ncclComm_t comm_ = nullptr;
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(TcpStore& store, const std::string& key, int rank,
-                                                     int world_size) {
+                                                     int world_size, const ExecContext& exec) {
   setenv("NCCL_NVLS_ENABLE", "0", 0);  // no multicast unless the environment asks for it
   ncclUniqueId id{};
   if (rank == 0) {
@@ -76,8 +78,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(TcpStore& store, const std:
                sizeof(id));
     std::memcpy(&id, value.data(), sizeof(id));
   }
-  cuda::stream();  // the stream (and the CUDA context) before NCCL binds to the device
-  return std::make_unique<NcclCommunicator>(id, rank, world_size);
+  cuda::stream(exec);  // the stream (and the CUDA context) before NCCL binds to the device
+  return std::make_unique<NcclCommunicator>(id, rank, world_size, exec);
 }
 
 }  // namespace kiln::dist

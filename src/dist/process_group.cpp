@@ -49,7 +49,8 @@ ProcessGroup::ProcessGroup(const ProcessPlacement& placement, Device device, std
   if (device == Device::cuda) {
 #if KILN_WITH_CUDA
     select_cuda_device(placement.local_rank);
-    device_ = make_nccl_communicator(*store_, "nccl/id", placement.rank, placement.world_size);
+    // Collectives on the process-wide stream, where the model runs (core/exec_context.h).
+    device_ = make_nccl_communicator(*store_, "nccl/id", placement.rank, placement.world_size, process_exec());
 #else
     fail("dist", "a GPU run needs the CUDA backend");
 #endif

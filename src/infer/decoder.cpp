@@ -44,8 +44,8 @@ Decoder::Decoder(Model& model, const DecoderOptions& options)
              dtype_name(dtype_), dtype_name(wide_));
   const bool mixed = dtype_ != wide_;
   const bool fuse = device_ == Device::cuda && options_.fuse;
-  // Capture needs every kernel on kiln::cuda::stream(); the fp32 RMSNorm front end launches
-  // on the legacy stream, so the unfused fp32 GPU path runs its steps uncaptured.
+  // Capture needs every kernel on the context's stream; the fp32 RMSNorm front end launched
+  // on the legacy stream once, so the unfused fp32 GPU path runs its steps uncaptured.
   const bool capturable = mixed || fuse;
   graph_rows_ = device_ == Device::cuda && capturable
                     ? std::max<int64_t>(0, std::min({options_.graph_rows, options_.max_rows, options_.logit_rows}))
@@ -98,7 +98,7 @@ Decoder::Decoder(Model& model, const DecoderOptions& options)
   sorted_slots_.reserve(static_cast<size_t>(r));
   if (device_ != Device::cpu || wide != DType::f32) host_logits_ = OwnedTensor(wide, Device::cpu, logits_.shape());
 #if KILN_WITH_CUDA
-  if (graph_rows_ > 0) graphs_ = std::make_shared<cuda::StepGraphs>("decoder");
+  if (graph_rows_ > 0) graphs_ = std::make_shared<cuda::StepGraphs>("decoder", exec_);
 #endif
 }
 
@@ -247,7 +247,7 @@ void Decoder::greedy(std::span<const int32_t> rows, std::vector<int32_t>& out) {
 #if KILN_WITH_CUDA
   auto ids = [&](const Tensor& lg) {  // argmax of each row of lg on the device, then to host_argmax_
     const int64_t m = lg.size(0);
-    cuda::argmax_rows_f32(lg.data<float>(), m, vocab, argmax_.data<int32_t>());
+    cuda::argmax_rows_f32(exec_, lg.data<float>(), m, vocab, argmax_.data<int32_t>());
     copy_to_host_async(host_argmax_.data(), argmax_.raw(), sizeof(int32_t) * static_cast<size_t>(m));
     synchronize_stream();
   };
@@ -285,14 +285,14 @@ void Decoder::greedy_chain(int64_t steps, std::vector<int32_t>& out) {
     const float* logits = logits_.data<float>();
     int32_t* ids = argmax_.data<int32_t>();
     const int64_t vocab = config_.vocab_size;
-    cuda::argmax_rows_f32(logits, n, vocab, ids);
+    cuda::argmax_rows_f32(exec_, logits, n, vocab, ids);
     for (int64_t s = 1; s < steps; ++s)
       graphs_->run(kChainKey + n, [&] {
-        cuda::record_greedy_ids(ids, n, history, counter, true, tokens_.data<int32_t>(), positions_.data<int32_t>());
+        cuda::record_greedy_ids(exec_, ids, n, history, counter, true, tokens_.data<int32_t>(), positions_.data<int32_t>());
         step(n, true);
-        cuda::argmax_rows_f32(logits, n, vocab, ids);
+        cuda::argmax_rows_f32(exec_, logits, n, vocab, ids);
       });
-    cuda::record_greedy_ids(ids, n, history, counter, false, nullptr, nullptr);
+    cuda::record_greedy_ids(exec_, ids, n, history, counter, false, nullptr, nullptr);
     copy_to_host_async(host_chain_.data(), history, sizeof(int32_t) * static_cast<size_t>(steps * n));
     synchronize_stream();
     std::copy_n(host_chain_.data(), steps * n, out.begin());

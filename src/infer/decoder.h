@@ -19,7 +19,7 @@
 // whole branches on the fused decode projections, the attention of distinct sequences as
 // one kernel (ops/decode/decode_kernels.h). A step of at most graph_rows rows (a decode
 // step) is a CUDA graph: the first step of each row count (and kind: distinct sequences
-// or not) runs as is (the warm-up), is then captured on kiln::cuda::stream(), and later
+// or not) runs as is (the warm-up), is then captured on the decoder's stream, and later
 // steps of that count upload their inputs into the same device buffers and replay it. A
 // captured step also computes the logits of all its rows, so logits() and greedy() only
 // copy them out.

@@ -87,16 +87,16 @@ __global__ void record_greedy_ids_kernel(const int32_t* __restrict__ ids, int64_
 
 }  // namespace
 
-void record_greedy_ids(const int32_t* ids, int64_t rows, int32_t* history, int32_t* counter, bool advance,
+void record_greedy_ids(const ExecContext& ctx, const int32_t* ids, int64_t rows, int32_t* history, int32_t* counter, bool advance,
                        int32_t* tokens, int32_t* positions) {
   const auto threads = static_cast<unsigned>((rows + 31) / 32 * 32);
-  launch_dependent("decoder", "record_greedy_ids_kernel", record_greedy_ids_kernel, dim3(1), dim3(threads), 0, ids, rows,
+  launch_dependent_on(stream(ctx), "decoder", "record_greedy_ids_kernel", record_greedy_ids_kernel, dim3(1), dim3(threads), 0, ids, rows,
                    history, counter, advance, tokens, positions);
 }
 
-void argmax_rows_f32(const float* logits, int64_t rows, int64_t vocab, int32_t* out) {
+void argmax_rows_f32(const ExecContext& ctx, const float* logits, int64_t rows, int64_t vocab, int32_t* out) {
   if (rows == 0) return;
-  launch_dependent("decoder", "argmax_rows_kernel", argmax_rows_kernel, dim3(static_cast<unsigned>(rows)),
+  launch_dependent_on(stream(ctx), "decoder", "argmax_rows_kernel", argmax_rows_kernel, dim3(static_cast<unsigned>(rows)),
                    dim3(kArgmaxThreads), 0, logits, vocab, out);
 }
 

@@ -76,11 +76,11 @@ class GatedDecoder final : public BranchDecoder {
     const Tensor act = scope.take(dtype_, Shape{n, f});
     {
       OpScope op("norm + gate|up + swiglu (fused)", Device::cuda);
-      cuda::norm_gemv_swiglu(x.data<float>(), norm_.gain.data<float>(), static_cast<float>(norm_.eps), n, d,
+      cuda::norm_gemv_swiglu(exec_, x.data<float>(), norm_.gain.data<float>(), static_cast<float>(norm_.eps), n, d,
                              gate_up_w_.raw(), f, act.raw());
     }
     OpScope op("down projection + residual (fused)", Device::cuda);
-    cuda::gemv_add_residual(act.raw(), n, f, down_w_.raw(), d, x.data<float>());
+    cuda::gemv_add_residual(exec_, act.raw(), n, f, down_w_.raw(), d, x.data<float>());
 #endif
   }
 

@@ -83,18 +83,18 @@ class GqaDecoder final : public BranchDecoder {
     const Tensor o = scope.take(dtype_, Shape{n, hq, d});
     {
       OpScope op("norm + qkv projection (fused)", Device::cuda);
-      cuda::norm_gemv(dtype_, x.data<float>(), norm_.gain.data<float>(), static_cast<float>(norm_.eps), n, hidden,
+      cuda::norm_gemv(exec_, dtype_, x.data<float>(), norm_.gain.data<float>(), static_cast<float>(norm_.eps), n, hidden,
                       a_.qkv_w_.raw(), a_.qkv_cols_, qkv.raw());
     }
     if (one_kernel_ && rows.distinct_slots) {
       a_.form_gemma_gains();
       OpScope op("attention with q/k norm, RoPE, cache write (fused)", Device::cuda);
-      cuda::decode_attention(one_kernel_args(qkv, rows, o));
+      cuda::decode_attention(exec_, one_kernel_args(qkv, rows, o));
     } else {
       attend(qkv, rows, o, scope);
     }
     OpScope op("o projection + residual (fused)", Device::cuda);
-    cuda::gemv_add_residual(o.raw(), n, hq * d, a_.o_w_.raw(), hidden, x.data<float>());
+    cuda::gemv_add_residual(exec_, o.raw(), n, hq * d, a_.o_w_.raw(), hidden, x.data<float>());
 #endif
   }
 
@@ -108,7 +108,7 @@ class GqaDecoder final : public BranchDecoder {
 #if KILN_WITH_CUDA
       a_.form_gemma_gains();
       OpScope op("qkv_to_cache (fused)", Device::cuda);
-      cuda::qkv_to_cache(dtype_, qkv.raw(), n, hq, hkv, d, gain(a_.prepare_.q_gain), gain(a_.prepare_.k_gain),
+      cuda::qkv_to_cache(exec_, dtype_, qkv.raw(), n, hq, hkv, d, gain(a_.prepare_.q_gain), gain(a_.prepare_.k_gain),
                          static_cast<float>(a_.prepare_.eps), gain(rotary_.cos), gain(rotary_.sin),
                          rows.slots.data<int32_t>(), rows.positions.data<int32_t>(), max_len_, q.raw(),
                          k_cache_.raw(), v_cache_.raw());

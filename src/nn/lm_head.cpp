@@ -111,10 +111,9 @@ void HeadDecoder::logits_fused([[maybe_unused]] const Tensor& x, [[maybe_unused]
 #if KILN_WITH_CUDA
   const int64_t n = x.size(0), vocab = weight_.size(0);
   OpScope op("final norm + lm head (fused)", Device::cuda);
-  cuda::norm_gemv(DType::f32, x.data<float>(), norm_.gain.data<float>(), static_cast<float>(norm_.eps), n, x.size(1),
+  cuda::norm_gemv(exec_, DType::f32, x.data<float>(), norm_.gain.data<float>(), static_cast<float>(norm_.eps), n, x.size(1),
                   weight_.raw(), vocab, out.raw());
-  // On the process-wide stream, as norm_gemv before it (the decoder's kernels run there).
-  if (softcap_ > 0) cuda::softcap_f32(process_exec(), out.data<float>(), n * vocab, static_cast<float>(softcap_));
+  if (softcap_ > 0) cuda::softcap_f32(exec_, out.data<float>(), n * vocab, static_cast<float>(softcap_));
 #endif
 }
 

@@ -27,7 +27,7 @@ class RmsNormDecoder final : public NormDecoder {
     if (fuse_) {
 #if KILN_WITH_CUDA
       OpScope op("add_rms_norm (fused)", Device::cuda);
-      cuda::add_rms_norm(y.dtype(), x.data<float>(), add.defined() ? add.raw() : nullptr, weight_.data<float>(),
+      cuda::add_rms_norm(exec_, y.dtype(), x.data<float>(), add.defined() ? add.raw() : nullptr, weight_.data<float>(),
                          static_cast<float>(eps_), n, x.size(1), y.raw());
 #endif
       return;

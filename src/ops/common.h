@@ -76,11 +76,4 @@ void dispatch_cpu_float(const char* op, DType dtype, Fn&& fn) {
   fail(op, "no CUDA kernel yet{}", KILN_WITH_CUDA ? "" : " (this kiln was built without CUDA)");
 }
 
-// Step (a) of the step program (core/exec_context.h): an op whose kernels still launch
-// on the process-wide stream refuses a context that names another, rather than running
-// on a stream its caller did not choose.
-inline void expect_process_stream(const char* op, const ExecContext& ctx) {
-  KILN_CHECK(ctx.stream == nullptr, op, "runs on the process-wide CUDA stream only, got a context with another");
-}
-
 }  // namespace kiln::ops

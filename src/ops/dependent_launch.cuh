@@ -58,17 +58,4 @@ void launch_dependent_on(cudaStream_t stream, const char* op, const char* what, 
   launch_dependent_clusters_on(stream, op, what, kernel, grid, block, smem, 1, std::forward<Args>(args)...);
 }
 
-// The same on the process-wide stream (the decoder's kernels, which launch only there).
-template <typename... Params, typename... Args>
-void launch_dependent_clusters(const char* op, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block,
-                               size_t smem, unsigned cluster, Args&&... args) {
-  launch_dependent_clusters_on(stream(), op, what, kernel, grid, block, smem, cluster, std::forward<Args>(args)...);
-}
-
-template <typename... Params, typename... Args>
-void launch_dependent(const char* op, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                      Args&&... args) {
-  launch_dependent_clusters_on(stream(), op, what, kernel, grid, block, smem, 1, std::forward<Args>(args)...);
-}
-
 }  // namespace kiln::cuda

@@ -29,8 +29,8 @@ class CapturedStep final : public StepExecutor {
         optimizer_(optimizer),
         data_parallel_(data_parallel),
         host_scalars_(1),
-        micro_graphs_("training micro-batch"),
-        update_graphs_("optimizer update") {
+        micro_graphs_("training micro-batch", model.exec()),
+        update_graphs_("optimizer update", model.exec()) {
     // One staged batch per micro-batch: a batch's pinned copy must stay untouched until
     // the stream has copied it, and the host stages the next while the GPU still runs.
     for (int64_t i = 0; i < micro_batches; ++i) staging_.emplace_back(static_cast<size_t>(model.staged_ints()));

@@ -98,7 +98,7 @@ TEST_F(GpuAdamWLowMem, CapturedStepMatchesTheOpByOpStep) {
     ops::AdamWLowMemDeviceTable table;
     const auto list = work.list();
     auto step = [&] { ops::adamw_lowmem_update_all_on_device(process_exec(), state, list, step_of(2), scalars, 1, table); };
-    cuda::StepGraphs graphs("adamw lowmem test");
+    cuda::StepGraphs graphs("adamw lowmem test", process_exec());
     graphs.run(0, step);  // runs op by op (and builds the table), then captures
     ASSERT_TRUE(graphs.captured(0)) << "the device-scalar step could not be captured";
     first.load_state(work);

@@ -485,17 +485,17 @@ TEST_F(Bf16Kernels, DecodeProjectionsMatchReference) {
     OwnedTensor x_dev = upload(x), gain_dev = upload(gain), w_dev = upload(w);
 
     OwnedTensor f32_out = poisoned<float>(static_cast<size_t>(m * n));
-    cuda::norm_gemv(DType::f32, ptr<float>(x_dev), ptr<float>(gain_dev), kEps, m, k, ptr<uint16_t>(w_dev), n,
+    cuda::norm_gemv(process_exec(), DType::f32, ptr<float>(x_dev), ptr<float>(gain_dev), kEps, m, k, ptr<uint16_t>(w_dev), n,
                     ptr<float>(f32_out));
     const std::vector<float> first = download<float>(*f32_out);
     expect_values_close("norm_gemv f32", first, ref, 2e-4, 0, &floors);
-    cuda::norm_gemv(DType::f32, ptr<float>(x_dev), ptr<float>(gain_dev), kEps, m, k, ptr<uint16_t>(w_dev), n,
+    cuda::norm_gemv(process_exec(), DType::f32, ptr<float>(x_dev), ptr<float>(gain_dev), kEps, m, k, ptr<uint16_t>(w_dev), n,
                     ptr<float>(f32_out));
     EXPECT_EQ(std::memcmp(first.data(), download<float>(*f32_out).data(), first.size() * sizeof(float)), 0)
         << "norm_gemv is not bitwise repeatable";
 
     OwnedTensor bf16_out = poisoned<uint16_t>(static_cast<size_t>(m * n));
-    cuda::norm_gemv(DType::bf16, ptr<float>(x_dev), ptr<float>(gain_dev), kEps, m, k, ptr<uint16_t>(w_dev), n,
+    cuda::norm_gemv(process_exec(), DType::bf16, ptr<float>(x_dev), ptr<float>(gain_dev), kEps, m, k, ptr<uint16_t>(w_dev), n,
                     ptr<uint16_t>(bf16_out));
     expect_bf16_close("norm_gemv bf16", download<uint16_t>(*bf16_out), ref, kBf16Tol, 0, &floors);
 
@@ -503,14 +503,14 @@ TEST_F(Bf16Kernels, DecodeProjectionsMatchReference) {
     const std::vector<uint16_t> a = to_bf16(h);
     const std::vector<float> x0 = random_f32(static_cast<size_t>(m * n), seed + 3);
     OwnedTensor a_dev = upload(a), residual = upload(x0);
-    cuda::gemv_add_residual(ptr<uint16_t>(a_dev), m, k, ptr<uint16_t>(w_dev), n, ptr<float>(residual));
+    cuda::gemv_add_residual(process_exec(), ptr<uint16_t>(a_dev), m, k, ptr<uint16_t>(w_dev), n, ptr<float>(residual));
     std::vector<double> added(ref.size()), added_floors(ref.size());
     for (size_t i = 0; i < ref.size(); ++i) added[i] = x0[i] + ref[i], added_floors[i] = std::fabs(x0[i]) + floors[i];
     expect_values_close("gemv_add_residual", download<float>(*residual), added, kBf16Tol, 0, &added_floors);
 
     // SwiGLU of gate | up: W rows j and n + j.
     OwnedTensor act = poisoned<uint16_t>(static_cast<size_t>(m * n));
-    cuda::norm_gemv_swiglu(ptr<float>(x_dev), ptr<float>(gain_dev), kEps, m, k, ptr<uint16_t>(w_dev), n,
+    cuda::norm_gemv_swiglu(process_exec(), ptr<float>(x_dev), ptr<float>(gain_dev), kEps, m, k, ptr<uint16_t>(w_dev), n,
                            ptr<uint16_t>(act));
     std::vector<double> act_ref(ref.size()), act_floors(ref.size());
     for (int64_t r = 0; r < m; ++r)

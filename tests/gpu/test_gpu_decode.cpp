@@ -262,7 +262,7 @@ void check_one_kernel_attention(const OneKernelCase& c) {
   OwnedTensor k3 = device_of(cache, cs, DType::bf16), v3 = device_of(cache, cs, DType::bf16);
   OwnedTensor q3(DType::bf16, Device::cuda, qs), out3(DType::bf16, Device::cuda, qs);
   poison(*q3), poison(*out3);
-  cuda::qkv_to_cache(DType::bf16, d_qkv->raw(), c.rows, hq, hkv, hd, qg, kg, eps, cp, sp, d_slots->data<int32_t>(),
+  cuda::qkv_to_cache(process_exec(), DType::bf16, d_qkv->raw(), c.rows, hq, hkv, hd, qg, kg, eps, cp, sp, d_slots->data<int32_t>(),
                      d_positions->data<int32_t>(), c.max_len, q3->raw(), k3->raw(), v3->raw());
   const int64_t elems = ops::cached_attention_workspace(c.rows, hq, hkv, hd, c.max_len);
   OwnedTensor workspace(DType::f32, Device::cuda, Shape{std::max<int64_t>(elems, 1)});
@@ -281,7 +281,7 @@ void check_one_kernel_attention(const OneKernelCase& c) {
   one.slots = d_slots->data<int32_t>(), one.positions = d_positions->data<int32_t>();
   one.scale = scale, one.window = c.window, one.softcap = static_cast<float>(c.softcap);
   one.k_cache = k1->raw(), one.v_cache = v1->raw(), one.out = out1->raw();
-  cuda::decode_attention(one);
+  cuda::decode_attention(process_exec(), one);
 
   EXPECT_TRUE(same_bytes(*to_host(*k1), *to_host(*k3))) << "k cache";
   EXPECT_TRUE(same_bytes(*to_host(*v1), *to_host(*v3))) << "v cache";
@@ -337,7 +337,7 @@ TEST_F(ArgmaxGpu, RowsMatchTheHostScan) {
     for (int64_t j = 0; j < vocab; ++j) at(5, j) = 0.25f;     // all equal: 0
     OwnedTensor logits = device_of(v, Shape{rows, vocab}, DType::f32);
     OwnedTensor ids(DType::i32, Device::cuda, Shape{rows});
-    cuda::argmax_rows_f32(logits->data<float>(), rows, vocab, ids->data<int32_t>());
+    cuda::argmax_rows_f32(process_exec(), logits->data<float>(), rows, vocab, ids->data<int32_t>());
     OwnedTensor got = to_host(*ids);
     for (int64_t r = 0; r < rows; ++r) {
       float best = -std::numeric_limits<float>::max();

@@ -258,7 +258,7 @@ TEST_F(GpuMuon, StepsAreReproducibleAndCapturable) {
   u.update.step(process_exec(), work.list(c, false), kLr, kGradScale);
   EXPECT_TRUE(same_state(c, work, first)) << "two runs of one step differ";
 
-  cuda::StepGraphs graphs("muon test");
+  cuda::StepGraphs graphs("muon test", process_exec());
   const auto list = work.list(c, false);
   auto step = [&] { u.update.step_on_device(process_exec(), list, scalars, 3); };
   work.load_state(start);

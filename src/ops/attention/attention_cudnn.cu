@@ -200,7 +200,8 @@ void check_fe(fe::error_t status, const char* what) {
   if (status.is_bad()) fail(kWhere, "cuDNN {}: {}", what, status.get_message());
 }
 
-// Created on first use, bound to kiln's stream (handle_on binds it to a call's stream).
+// Created on first use, bound to the process-wide context's stream, where plans are built
+// (handle_on binds it to each call's stream).
 cudnnHandle_t handle(State& st) {
   if (st.handle == nullptr) {
     const size_t version = cudnnGetVersion();
@@ -209,9 +210,10 @@ cudnnHandle_t handle(State& st) {
            version / 100 % 100, version % 100);
     cudnnHandle_t h = nullptr;
     check_cudnn(cudnnCreate(&h), "cudnnCreate");
-    check_cudnn(cudnnSetStream(h, stream()), "cudnnSetStream");
+    const cudaStream_t s = stream(process_exec());
+    check_cudnn(cudnnSetStream(h, s), "cudnnSetStream");
     st.handle = h;
-    st.handle_stream = stream();
+    st.handle_stream = s;
   }
   return st.handle;
 }

@@ -232,9 +232,6 @@ void qkv_prepare_backward(const ExecContext& ctx, const Tensor& qkv, const QkvPr
   expect_tensor(op, "dqkv", dqkv, qkv.shape(), qkv.dtype(), qkv.device());
   KILN_CHECK(dq_gain.defined() == dk_gain.defined(), op, "q and k gain gradients come together");
   const bool gain_grads = dq_gain.defined() && p.q_gain.defined();
-  // The gain gradients reduce through module-level device scratch, shared by every stream:
-  // the process-wide stream only, until the scratch moves into the workspace.
-  if (gain_grads) expect_process_stream(op, ctx);
   if (gain_grads) {
     expect_tensor(op, "dq_gain", dq_gain, p.q_gain.shape(), p.q_gain.dtype(), qkv.device());
     expect_tensor(op, "dk_gain", dk_gain, p.k_gain.shape(), p.k_gain.dtype(), qkv.device());

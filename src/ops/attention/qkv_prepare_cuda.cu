@@ -11,9 +11,11 @@
 // The backward's gain gradients (sum over rows of d * x * rstd, per column) follow
 // rms_norm_bf16.cu: each block owns a contiguous range of rows, each group keeps its own
 // column sums in shared memory, the block folds its groups in order into one row of
-// partials in fixed device scratch, and a second kernel adds the partial rows in order.
-// The block count depends only on the shape, so the gradients are bitwise reproducible;
-// no allocation or host synchronization (CUDA-graph safe); one stream runs these kernels.
+// partials in the context's device scratch, and a second kernel adds the partial rows in
+// order. The block count depends only on the shape, so the gradients are bitwise
+// reproducible; no allocation after the first call and no host synchronization (CUDA-graph
+// safe); each stream has its own scratch.
+#include "core/context_scratch.h"
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/bf16_vector.cuh"
@@ -40,7 +42,8 @@ constexpr int64_t kMaxHeadDim = 512;
 // rows one at a time. 2048 blocks fill the GPU several times over (4096 measured slower).
 constexpr int64_t kGainBlocks = 2048;
 constexpr int64_t kGainScratchFloats = kGainBlocks * 2 * kMaxHeadDim;  // 8 MiB
-__device__ float g_gain_partials[kGainScratchFloats];  // [block][q gain cols | k gain cols]
+// [block][q gain cols | k gain cols], in the context's scratch (core/context_scratch.h).
+constexpr ScratchKind kGainPartials{"qkv_prepare_backward", kGainScratchFloats * sizeof(float)};
 
 struct Geometry {
   int64_t tokens;
@@ -143,7 +146,8 @@ __device__ __forceinline__ int64_t slot(int64_t half, int p, int64_t i, int e) {
 template <typename T, int G, int W>
 __global__ void __launch_bounds__(kBlockThreads, 4)
     backward_kernel(Geometry g, const T* __restrict__ qkv, const T* __restrict__ dq, const T* __restrict__ dk,
-                    const T* __restrict__ dv, int64_t rows_per_block, T* __restrict__ dqkv, bool with_gain_grad) {
+                    const T* __restrict__ dv, int64_t rows_per_block, T* __restrict__ dqkv, bool with_gain_grad,
+                    float* __restrict__ gain_partials) {
   constexpr int kRows = kBlockThreads / G;
   extern __shared__ float gain_sums[];  // kRows groups x [q gain cols | k gain cols]
   const int t = static_cast<int>(threadIdx.x % G);
@@ -231,7 +235,7 @@ __global__ void __launch_bounds__(kBlockThreads, 4)
   if (!with_gain_grad) return;
 
   __syncthreads();  // every group's sums are complete
-  float* partial = g_gain_partials + static_cast<int64_t>(blockIdx.x) * 2 * d;
+  float* partial = gain_partials + static_cast<int64_t>(blockIdx.x) * 2 * d;
   for (int64_t c = threadIdx.x; c < 2 * d; c += kBlockThreads) {
     const int64_t kind_offset = c / d * d, col = c % d;
     const int p = static_cast<int>(col / g.half);
@@ -248,10 +252,11 @@ __global__ void __launch_bounds__(kBlockThreads, 4)
 constexpr int kSumSlices = 32;
 
 __global__ void __launch_bounds__(kColumnSumCols* kSumSlices)
-    gain_sum_kernel(int64_t blocks, int64_t d, float* __restrict__ q_gain_grad, float* __restrict__ k_gain_grad) {
+    gain_sum_kernel(const float* __restrict__ gain_partials, int64_t blocks, int64_t d, float* __restrict__ q_gain_grad,
+                    float* __restrict__ k_gain_grad) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnSumCols + threadIdx.x;
   float total;
-  if (!column_total<kSumSlices>(g_gain_partials, blocks, 2 * d, c, total)) return;
+  if (!column_total<kSumSlices>(gain_partials, blocks, 2 * d, c, total)) return;
   if (c < d) q_gain_grad[c] += total;
   else k_gain_grad[c - d] += total;
 }
@@ -318,6 +323,7 @@ void qkv_prepare_backward(const ExecContext& ctx, const QkvPrepareArgs& a, const
   const int64_t rows = g.tokens * (g.q_heads + 2 * g.kv_heads), d = 2 * g.half;
   if (rows == 0 || g.half == 0) return;
   const bool with_gain_grad = q_gain_grad != nullptr && a.q_gain != nullptr;
+  float* const gain_partials = with_gain_grad ? context_scratch_as<float>(ctx, kGainPartials) : nullptr;
   dispatch(a.bf16, g.half, vector_path(g, {qkv, dq, dk, dv, dqkv}), [&](auto tz, auto threads, auto width) {
     using T = decltype(tz);
     constexpr int G = decltype(threads)::value, W = decltype(width)::value;
@@ -331,12 +337,12 @@ void qkv_prepare_backward(const ExecContext& ctx, const QkvPrepareArgs& a, const
     KILN_CHECK(shared <= 48 * 1024, kOp, "head_dim {} needs {} bytes of shared memory", d, shared);
     backward_kernel<T, G, W><<<grid_size(blocks), kBlockThreads, shared, stream(ctx)>>>(
         g, static_cast<const T*>(qkv), static_cast<const T*>(dq), static_cast<const T*>(dk),
-        static_cast<const T*>(dv), rows_per_block, static_cast<T*>(dqkv), with_gain_grad);
+        static_cast<const T*>(dv), rows_per_block, static_cast<T*>(dqkv), with_gain_grad, gain_partials);
     check_launch(kOp, "backward_kernel");
     if (with_gain_grad) {
       gain_sum_kernel<<<grid_size((2 * d + kColumnSumCols - 1) / kColumnSumCols), dim3(kColumnSumCols, kSumSlices), 0,
                         stream(ctx)>>>(
-          blocks, d, q_gain_grad, k_gain_grad);
+          gain_partials, blocks, d, q_gain_grad, k_gain_grad);
       check_launch(kOp, "gain_sum_kernel");
     }
   });

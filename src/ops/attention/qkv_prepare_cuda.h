@@ -1,8 +1,7 @@
 // CUDA kernels behind ops/attention/qkv_prepare.h (qkv_prepare_cuda.cu): per-head q/k
 // RMSNorm, RoPE and the q|k|v split in one pass, and its backward. They launch on the
 // context's stream and trust their inputs; the backward's gain gradients reduce through
-// module-level scratch, so with them it runs on kiln::cuda::stream() only (the front end
-// refuses others).
+// the context's scratch (core/context_scratch.h).
 #pragma once
 
 #include "core/exec_context.h"

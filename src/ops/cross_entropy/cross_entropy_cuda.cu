@@ -1,5 +1,6 @@
 // fp32 cross-entropy over a chunk of LM-head logits, one block per row, in place: the row
 // becomes its own gradient so the chunk buffer feeds the dh/dw GEMMs directly.
+#include "core/context_scratch.h"
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/block_reduce.cuh"
@@ -56,16 +57,11 @@ __global__ void softcap_kernel(float* x, int64_t n, float cap) {
     x[i] = cap * tanhf(x[i] / cap);
 }
 
-__device__ double g_sums[3];  // loss, z, count of the current lm_head_loss call (sums == null)
+// Loss, z and count of the current lm_head_loss call when it was given no sums of its own.
+constexpr ScratchKind kOwnSums{"lm_head_loss", 3 * sizeof(double)};
 
-double* sums_or_own(double* sums) {
-  if (sums != nullptr) return sums;
-  static double* const own = [] {  // looked up once, not for every chunk of every call
-    void* address = nullptr;
-    check(cudaGetSymbolAddress(&address, g_sums), "lm_head_loss", "cudaGetSymbolAddress");
-    return static_cast<double*>(address);
-  }();
-  return own;
+double* sums_or_own(const ExecContext& ctx, double* sums) {
+  return sums != nullptr ? sums : context_scratch_as<double>(ctx, kOwnSums);
 }
 
 __global__ void sums_reset_kernel(double* sums) { sums[0] = sums[1] = sums[2] = 0; }
@@ -101,19 +97,19 @@ __global__ void __launch_bounds__(kSumThreads)
 }  // namespace
 
 void loss_sums_reset(const ExecContext& ctx, double* sums) {
-  sums_reset_kernel<<<1, 1, 0, stream(ctx)>>>(sums_or_own(sums));
+  sums_reset_kernel<<<1, 1, 0, stream(ctx)>>>(sums_or_own(ctx, sums));
   check_launch("lm_head_loss", "sums_reset_kernel");
 }
 
 void loss_sums_accumulate(const ExecContext& ctx, double* sums, const double* row_stats, const int32_t* targets, int64_t rows) {
   if (rows == 0) return;
-  sums_accumulate_kernel<<<1, kSumThreads, 0, stream(ctx)>>>(sums_or_own(sums), row_stats, targets, rows);
+  sums_accumulate_kernel<<<1, kSumThreads, 0, stream(ctx)>>>(sums_or_own(ctx, sums), row_stats, targets, rows);
   check_launch("lm_head_loss", "sums_accumulate_kernel");
 }
 
 void loss_sums_read(const ExecContext& ctx, const double* sums, double* loss, double* z, int64_t* count) {
   double host[3];
-  check(cudaMemcpyAsync(host, sums_or_own(const_cast<double*>(sums)), sizeof(host), cudaMemcpyDeviceToHost, stream(ctx)),
+  check(cudaMemcpyAsync(host, sums_or_own(ctx, const_cast<double*>(sums)), sizeof(host), cudaMemcpyDeviceToHost, stream(ctx)),
         "lm_head_loss", "copy sums");
   check(cudaStreamSynchronize(stream(ctx)), "lm_head_loss", "synchronize");
   *loss = host[0];

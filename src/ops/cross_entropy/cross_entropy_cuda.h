@@ -2,7 +2,7 @@
 // chunk (fp32 in cross_entropy_cuda.cu; the mixed path's in cross_entropy_bf16.cu), the
 // final-logit softcap, and the loss sums kept on the device. They launch on
 // the context's stream and trust their inputs. The loss sums' own storage (sums null) is
-// module-level scratch: the front end then refuses a stream other than the process-wide one.
+// the context's device scratch (core/context_scratch.h).
 #pragma once
 
 #include "core/exec_context.h"

@@ -117,10 +117,6 @@ LossSums lm_head_loss_mixed(const ExecContext& ctx, const Tensor& h, const Tenso
 LossSums lm_head_loss(const ExecContext& ctx, const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
                       const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw) {
   const char* op = "lm_head_loss";
-  // Its own sums (none given in device memory) live in module-level device scratch, shared
-  // by every stream: only the process-wide stream may use them until they move into the
-  // workspace (issue 39, stage c).
-  if (o.sums_on_device == nullptr) expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, h);
   expect_rank(op, "h", h, 2);
   expect_rank(op, "w", w, 2);

@@ -389,7 +389,7 @@ int64_t resident_clusters(Kernel kernel, int splits, size_t smem, size_t most_sm
 constexpr int dense_min_blocks(int dpl, int ht) { return dpl <= 4 && dpl * ht <= 8 ? 3 : 1; }
 
 template <int DPL, int HT>
-void launch(const DecodeAttentionArgs& a) {
+void launch(cudaStream_t s, const DecodeAttentionArgs& a) {
   const int64_t items = a.rows * a.kv_heads;
   auto roomy = decode_attention_kernel<DPL, HT, 1>;
   auto dense = decode_attention_kernel<DPL, HT, dense_min_blocks(DPL, HT)>;
@@ -397,25 +397,25 @@ void launch(const DecodeAttentionArgs& a) {
     return resident_clusters(kernel, splits, partials_bytes<DPL, HT>(splits), partials_bytes<DPL, HT>(kMaxSplits));
   };
   if (items <= resident(roomy, kMaxSplits)) {
-    launch_dependent_clusters("decoder", "decode_attention_kernel", roomy,
+    launch_dependent_clusters_on(s, "decoder", "decode_attention_kernel", roomy,
                               dim3(static_cast<unsigned>(items * kMaxSplits)), dim3(kThreads),
                               partials_bytes<DPL, HT>(kMaxSplits), static_cast<unsigned>(kMaxSplits), a);
     return;
   }
   int splits = kMaxSplits;
   while (splits > 1 && items > resident(dense, splits)) splits /= 2;
-  launch_dependent_clusters("decoder", "decode_attention_kernel", dense, dim3(static_cast<unsigned>(items * splits)),
+  launch_dependent_clusters_on(s, "decoder", "decode_attention_kernel", dense, dim3(static_cast<unsigned>(items * splits)),
                             dim3(kThreads), partials_bytes<DPL, HT>(splits), static_cast<unsigned>(splits), a);
 }
 
 template <int DPL>
-void dispatch_group(const DecodeAttentionArgs& a) {
+void dispatch_group(cudaStream_t s, const DecodeAttentionArgs& a) {
   switch (a.q_heads / a.kv_heads) {
-    case 1: return launch<DPL, 1>(a);
-    case 2: return launch<DPL, 2>(a);
-    case 4: return launch<DPL, 4>(a);
+    case 1: return launch<DPL, 1>(s, a);
+    case 2: return launch<DPL, 2>(s, a);
+    case 4: return launch<DPL, 4>(s, a);
     case 8:
-      if constexpr (DPL <= 4) return launch<DPL, 8>(a);
+      if constexpr (DPL <= 4) return launch<DPL, 8>(s, a);
       break;
     default: break;
   }
@@ -437,14 +437,14 @@ bool decode_attention_fits(int64_t q_heads, int64_t kv_heads, int64_t head_dim) 
          (head_dim == 64 || head_dim == 128 || head_dim == 256) && group * head_dim <= 1024;
 }
 
-void decode_attention(const DecodeAttentionArgs& a) {
+void decode_attention(const ExecContext& ctx, const DecodeAttentionArgs& a) {
   if (a.rows == 0) return;
   if (!decode_attention_fits(a.q_heads, a.kv_heads, a.head_dim))
     fail("decoder", "decode attention: {} query heads over {} kv heads of {} (see decode_attention_fits)", a.q_heads,
          a.kv_heads, a.head_dim);
-  if (a.head_dim == 64) return dispatch_group<2>(a);
-  if (a.head_dim == 128) return dispatch_group<4>(a);
-  dispatch_group<8>(a);  // head_dim 256: groups of at most 4 (fits)
+  if (a.head_dim == 64) return dispatch_group<2>(stream(ctx), a);
+  if (a.head_dim == 128) return dispatch_group<4>(stream(ctx), a);
+  dispatch_group<8>(stream(ctx), a);  // head_dim 256: groups of at most 4 (fits)
 }
 
 }  // namespace kiln::cuda

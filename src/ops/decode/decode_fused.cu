@@ -119,45 +119,45 @@ __global__ void __launch_bounds__(kNormThreads)
 }
 
 template <typename T>
-void launch_qkv(const void* qkv, int64_t n, int64_t hq, int64_t hkv, int64_t hd, const float* q_gain,
+void launch_qkv(const ExecContext& ctx, const void* qkv, int64_t n, int64_t hq, int64_t hkv, int64_t hd, const float* q_gain,
                 const float* k_gain, float eps, const float* cos, const float* sin, const int32_t* slots,
                 const int32_t* positions, int64_t max_len, void* q, void* k_cache, void* v_cache) {
   const int64_t items = n * (hq + 2 * hkv);
-  launch_dependent("decoder", "qkv_to_cache_kernel", qkv_to_cache_kernel<T>,
+  launch_dependent_on(stream(ctx), "decoder", "qkv_to_cache_kernel", qkv_to_cache_kernel<T>,
                    dim3(static_cast<unsigned>((items + kWarps - 1) / kWarps)), dim3(32 * kWarps), 0,
                    static_cast<const T*>(qkv), n, hq, hkv, hd, q_gain, k_gain, eps, cos, sin, slots, positions,
                    max_len, static_cast<T*>(q), static_cast<T*>(k_cache), static_cast<T*>(v_cache));
 }
 
 template <typename T>
-void launch_norm(float* x, const void* branch, const float* gain, float eps, int64_t n, int64_t d, void* y) {
-  add_rms_norm_kernel<T><<<static_cast<unsigned>(n), kNormThreads, 0, stream()>>>(
+void launch_norm(const ExecContext& ctx, float* x, const void* branch, const float* gain, float eps, int64_t n, int64_t d, void* y) {
+  add_rms_norm_kernel<T><<<static_cast<unsigned>(n), kNormThreads, 0, stream(ctx)>>>(
       x, static_cast<const T*>(branch), gain, eps, d, static_cast<T*>(y));
   check_launch("decoder", "add_rms_norm_kernel");
 }
 
 }  // namespace
 
-void qkv_to_cache(DType dtype, const void* qkv, int64_t n, int64_t hq, int64_t hkv, int64_t hd, const float* q_gain,
+void qkv_to_cache(const ExecContext& ctx, DType dtype, const void* qkv, int64_t n, int64_t hq, int64_t hkv, int64_t hd, const float* q_gain,
                   const float* k_gain, float eps, const float* cos, const float* sin, const int32_t* slots,
                   const int32_t* positions, int64_t max_len, void* q, void* k_cache, void* v_cache) {
   if (n == 0) return;
   if (hd > kMaxHeadDim || (cos != nullptr && hd % 2 != 0))
     fail("decoder", "fused q/k/v kernel: head_dim {} (at most {}, even with RoPE)", hd, kMaxHeadDim);
   if (dtype == DType::bf16)
-    return launch_qkv<bf16>(qkv, n, hq, hkv, hd, q_gain, k_gain, eps, cos, sin, slots, positions, max_len, q,
+    return launch_qkv<bf16>(ctx, qkv, n, hq, hkv, hd, q_gain, k_gain, eps, cos, sin, slots, positions, max_len, q,
                             k_cache, v_cache);
   if (dtype == DType::f32)
-    return launch_qkv<float>(qkv, n, hq, hkv, hd, q_gain, k_gain, eps, cos, sin, slots, positions, max_len, q,
+    return launch_qkv<float>(ctx, qkv, n, hq, hkv, hd, q_gain, k_gain, eps, cos, sin, slots, positions, max_len, q,
                              k_cache, v_cache);
   fail("decoder", "fused q/k/v kernel: no {} version", dtype_name(dtype));
 }
 
-void add_rms_norm(DType dtype, float* x, const void* branch, const float* gain, float eps, int64_t n, int64_t d,
+void add_rms_norm(const ExecContext& ctx, DType dtype, float* x, const void* branch, const float* gain, float eps, int64_t n, int64_t d,
                   void* y) {
   if (n == 0) return;
-  if (dtype == DType::bf16) return launch_norm<bf16>(x, branch, gain, eps, n, d, y);
-  if (dtype == DType::f32) return launch_norm<float>(x, branch, gain, eps, n, d, y);
+  if (dtype == DType::bf16) return launch_norm<bf16>(ctx, x, branch, gain, eps, n, d, y);
+  if (dtype == DType::f32) return launch_norm<float>(ctx, x, branch, gain, eps, n, d, y);
   fail("decoder", "fused add + RMSNorm: no {} version", dtype_name(dtype));
 }
 

@@ -32,29 +32,29 @@ bool decode_gemv_fits(int64_t m, int64_t k) {
   return gemv::fits(p, gemv::Input::rms_norm);
 }
 
-void norm_gemv(DType out_dtype, const float* x, const float* gain, float eps, int64_t m, int64_t k, const void* w,
+void norm_gemv(const ExecContext& ctx, DType out_dtype, const float* x, const float* gain, float eps, int64_t m, int64_t k, const void* w,
                int64_t n, void* out) {
   gemv::Args p = args(m, k, w, n);
   p.x = x, p.ldx = k, p.gain = gain, p.eps = eps, p.out = out, p.ldo = n;
   require_fit(p, gemv::Input::rms_norm, "norm_gemv");
-  if (out_dtype == DType::f32) return gemv::launch<gemv::Input::rms_norm, gemv::Output::store, float>(p);
-  if (out_dtype == DType::bf16) return gemv::launch<gemv::Input::rms_norm, gemv::Output::store, gemv::bf16>(p);
+  if (out_dtype == DType::f32) return gemv::launch<gemv::Input::rms_norm, gemv::Output::store, float>(p, stream(ctx));
+  if (out_dtype == DType::bf16) return gemv::launch<gemv::Input::rms_norm, gemv::Output::store, gemv::bf16>(p, stream(ctx));
   fail("decoder", "norm_gemv: no {} output", dtype_name(out_dtype));
 }
 
-void gemv_add_residual(const void* a, int64_t m, int64_t k, const void* w, int64_t n, float* x) {
+void gemv_add_residual(const ExecContext& ctx, const void* a, int64_t m, int64_t k, const void* w, int64_t n, float* x) {
   gemv::Args p = args(m, k, w, n);
   p.a = static_cast<const gemv::bf16*>(a), p.lda = k, p.residual = x, p.ldr = n;
   require_fit(p, gemv::Input::bf16_rows, "gemv_add_residual");
-  gemv::launch<gemv::Input::bf16_rows, gemv::Output::add_residual, float>(p);
+  gemv::launch<gemv::Input::bf16_rows, gemv::Output::add_residual, float>(p, stream(ctx));
 }
 
-void norm_gemv_swiglu(const float* x, const float* gain, float eps, int64_t m, int64_t k, const void* w, int64_t f,
+void norm_gemv_swiglu(const ExecContext& ctx, const float* x, const float* gain, float eps, int64_t m, int64_t k, const void* w, int64_t f,
                       void* act) {
   gemv::Args p = args(m, k, w, f);
   p.x = x, p.ldx = k, p.gain = gain, p.eps = eps, p.second_row = f, p.out = act, p.ldo = f;
   require_fit(p, gemv::Input::rms_norm, "norm_gemv_swiglu");
-  gemv::launch<gemv::Input::rms_norm, gemv::Output::swiglu, gemv::bf16>(p);
+  gemv::launch<gemv::Input::rms_norm, gemv::Output::swiglu, gemv::bf16>(p, stream(ctx));
 }
 
 }  // namespace kiln::cuda

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "core/exec_context.h"
 
 #include <cstdint>
 
@@ -20,13 +21,13 @@ namespace kiln::cuda {
 // hd] at (slots[i], positions[i]): per-head RMSNorm of q and k with the gains (skipped when
 // null) and RoPE of both with the tables [max_len, hd / 2] (skipped when null). Replaces
 // qkv_split, rms_norm_forward x 2, rope_apply x 2 and kv_cache_write.
-void qkv_to_cache(DType dtype, const void* qkv, int64_t n, int64_t hq, int64_t hkv, int64_t hd, const float* q_gain,
+void qkv_to_cache(const ExecContext& ctx, DType dtype, const void* qkv, int64_t n, int64_t hq, int64_t hkv, int64_t hd, const float* q_gain,
                   const float* k_gain, float eps, const float* cos, const float* sin, const int32_t* slots,
                   const int32_t* positions, int64_t max_len, void* q, void* k_cache, void* v_cache);
 
 // x (fp32 residual stream [n, d]) += branch ([n, d], dtype; skipped when null), then
 // y = RMSNorm(x) * gain (dtype). Replaces add / add_inplace and rms_norm_forward.
-void add_rms_norm(DType dtype, float* x, const void* branch, const float* gain, float eps, int64_t n, int64_t d,
+void add_rms_norm(const ExecContext& ctx, DType dtype, float* x, const void* branch, const float* gain, float eps, int64_t n, int64_t d,
                   void* y);
 
 // ---- a decode step's attention in one kernel (decode_attention.cu) --------------------
@@ -56,7 +57,7 @@ struct DecodeAttentionArgs {
 // it runs as thread-block clusters).
 bool decode_attention_fits(int64_t q_heads, int64_t kv_heads, int64_t head_dim);
 
-void decode_attention(const DecodeAttentionArgs& args);
+void decode_attention(const ExecContext& ctx, const DecodeAttentionArgs& args);
 
 // ---- the decode step's projections (decode_gemv.cu) ----------------------------------
 // bf16 weights W [n, k] (row-major, 16-byte aligned), up to 8 rows; fp32 residual stream.
@@ -70,15 +71,15 @@ bool decode_gemv_fits(int64_t m, int64_t k);
 
 // out [m, n] (f32 or bf16) = bf16(RMSNorm(x) * gain) W^T, x fp32 [m, k]: a block's q|k|v
 // projection or the LM head after the norm before it.
-void norm_gemv(DType out_dtype, const float* x, const float* gain, float eps, int64_t m, int64_t k, const void* w,
+void norm_gemv(const ExecContext& ctx, DType out_dtype, const float* x, const float* gain, float eps, int64_t m, int64_t k, const void* w,
                int64_t n, void* out);
 
 // x [m, n] += bf16(a W^T), a bf16 [m, k]: the o and down projections with the residual add.
-void gemv_add_residual(const void* a, int64_t m, int64_t k, const void* w, int64_t n, float* x);
+void gemv_add_residual(const ExecContext& ctx, const void* a, int64_t m, int64_t k, const void* w, int64_t n, float* x);
 
 // act [m, f] (bf16) = silu(g) * u with g | u = bf16(RMSNorm(x) * gain) W^T, W [2f, k] the
 // gate rows then the up rows: the MLP's norm, gate|up projection and SwiGLU.
-void norm_gemv_swiglu(const float* x, const float* gain, float eps, int64_t m, int64_t k, const void* w, int64_t f,
+void norm_gemv_swiglu(const ExecContext& ctx, const float* x, const float* gain, float eps, int64_t m, int64_t k, const void* w, int64_t f,
                       void* act);
 
 }  // namespace kiln::cuda

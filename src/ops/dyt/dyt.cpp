@@ -83,9 +83,6 @@ void dyt_forward(const ExecContext& ctx, const Tensor& x, const Tensor& alpha, c
 void dyt_backward(const ExecContext& ctx, const Tensor& x, const Tensor& alpha, const Tensor& w, const Tensor& dy, const Tensor& dx,
                   const Tensor& dalpha, const Tensor& dw, const Tensor& db, bool accumulate_dx, const Tensor& dx_copy) {
   const char* op = "dyt_backward";
-  // Its sums go through module-level device scratch, shared by every stream: the
-  // process-wide stream only, until the scratch moves into the workspace.
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(dy);
   validate(op, x, alpha, w, mixed);
@@ -103,7 +100,7 @@ void dyt_backward(const ExecContext& ctx, const Tensor& x, const Tensor& alpha, 
   const Tensor copy_in_pass = mixed ? dx_copy : Tensor();
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
-    cuda::dyt_backward(x.raw(), x.dtype(), alpha.data<float>(), f32_or_null(w), dy.raw(), dy.dtype(), x.size(0),
+    cuda::dyt_backward(ctx, x.raw(), x.dtype(), alpha.data<float>(), f32_or_null(w), dy.raw(), dy.dtype(), x.size(0),
                        x.size(1), dx.raw(), accumulate_dx, f32_or_null(dalpha), f32_or_null(dw), f32_or_null(db),
                        copy_in_pass.defined() ? copy_in_pass.raw() : nullptr);
 #else

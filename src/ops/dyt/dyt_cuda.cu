@@ -8,12 +8,14 @@
 // of the block busy; rows of kThreads or more columns have one slice, whose lanes stride
 // over the columns. Each thread keeps its dw/db partials in registers; the slices' partials
 // are added in slice order through shared memory, and the block's row of partials goes to
-// static device scratch, with its dalpha partial. A second kernel adds the blocks' rows in a
-// fixed order (ops/column_sums.cuh), so the same inputs give the same bits every run, with no
-// allocation or host synchronization (safe under CUDA-graph capture). Only
-// kiln::cuda::stream() runs the backward, so two calls never share the scratch at once.
+// the context's device scratch (core/context_scratch.h), with its dalpha partial. A second
+// kernel adds the blocks' rows in a fixed order (ops/column_sums.cuh), so the same inputs
+// give the same bits every run, with no allocation after the first call and no host
+// synchronization (safe under CUDA-graph capture). Each stream has its own scratch and its
+// calls run one after another, so two calls never share it at once.
 #include "ops/dyt/dyt_cuda.h"
 
+#include "core/context_scratch.h"
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
@@ -39,8 +41,8 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxPartialRows = 512;         // blocks of the backward at most
 constexpr int64_t kScratchFloats = int64_t{1} << 21;  // dw|db partials: [blocks, 2 cols]
 
-__device__ float g_partials[kScratchFloats];
-__device__ float g_alpha_partials[kMaxPartialRows];
+// The dw|db partial rows, then the blocks' dalpha partials.
+constexpr ScratchKind kPartials{"dyt_backward", (kScratchFloats + kMaxPartialRows) * sizeof(float)};
 
 template <typename TX, typename TY>
 __global__ void forward_kernel(const TX* __restrict__ x, const float* __restrict__ alpha, const float* __restrict__ w,
@@ -57,13 +59,13 @@ template <typename TX, typename TY>
 __global__ void __launch_bounds__(kThreads)
     backward_kernel(const TX* __restrict__ x, const float* __restrict__ alpha, const float* __restrict__ w,
                     const TY* __restrict__ dy, int64_t rows, int64_t cols, int64_t rows_per_block, int lanes,
-                    TX* __restrict__ dx, bool accumulate, TY* __restrict__ dx_copy, bool partials) {
+                    TX* __restrict__ dx, bool accumulate, TY* __restrict__ dx_copy, float* __restrict__ partials) {
   __shared__ float slice_dw[kThreads], slice_db[kThreads];
   const float a = *alpha;
   const int lane = static_cast<int>(threadIdx.x) % lanes, slice = static_cast<int>(threadIdx.x) / lanes;
   const int slices = kThreads / lanes;
   const int64_t r0 = blockIdx.x * rows_per_block, r1 = min(rows, r0 + rows_per_block);
-  float* partial = g_partials + blockIdx.x * 2 * cols;
+  float* partial = partials + blockIdx.x * 2 * cols;
   float alpha_sum = 0.0f;
   // Every thread takes the same number of turns (the barriers below need all of them).
   for (int64_t c0 = 0; c0 < cols; c0 += lanes) {
@@ -95,7 +97,7 @@ __global__ void __launch_bounds__(kThreads)
     if (partials && slice == 0 && c < cols) partial[c] = dw, partial[cols + c] = db;
   }
   const float total = row_group_sum<kThreads>(alpha_sum);
-  if (partials && threadIdx.x == 0) g_alpha_partials[blockIdx.x] = total;
+  if (partials && threadIdx.x == 0) partials[kScratchFloats + blockIdx.x] = total;
 }
 
 // The lanes per slice of the backward for rows of `cols` columns: the power of two covering
@@ -110,10 +112,11 @@ int lanes_for(int64_t cols) {
 constexpr int kSumSlices = 16;
 
 __global__ void __launch_bounds__(kColumnSumCols* kSumSlices)
-    column_sum_kernel(int64_t blocks, int64_t cols, float* __restrict__ dw, float* __restrict__ db) {
+    column_sum_kernel(const float* __restrict__ partials, int64_t blocks, int64_t cols, float* __restrict__ dw,
+                      float* __restrict__ db) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(kColumnSumCols) + threadIdx.x;
   float total;
-  if (!column_total<kSumSlices>(g_partials, blocks, 2 * cols, c, total)) return;
+  if (!column_total<kSumSlices>(partials, blocks, 2 * cols, c, total)) return;
   if (c < cols) {
     if (dw) dw[c] += total;
   } else if (db) {
@@ -122,9 +125,10 @@ __global__ void __launch_bounds__(kColumnSumCols* kSumSlices)
 }
 
 // dalpha += the blocks' partials, in a fixed order (one block).
-__global__ void __launch_bounds__(kThreads) alpha_sum_kernel(int64_t blocks, float* __restrict__ dalpha) {
+__global__ void __launch_bounds__(kThreads) alpha_sum_kernel(const float* __restrict__ partials, int64_t blocks,
+                                                                  float* __restrict__ dalpha) {
   float sum = 0.0f;
-  for (int64_t b = threadIdx.x; b < blocks; b += kThreads) sum += g_alpha_partials[b];
+  for (int64_t b = threadIdx.x; b < blocks; b += kThreads) sum += partials[kScratchFloats + b];
   const float total = row_group_sum<kThreads>(sum);
   if (threadIdx.x == 0) *dalpha += total;
 }
@@ -152,12 +156,12 @@ void dyt_forward(const ExecContext& ctx, const void* x, DType x_dtype, const flo
   });
 }
 
-void dyt_backward(const void* x, DType x_dtype, const float* alpha, const float* w, const void* dy, DType y_dtype,
+void dyt_backward(const ExecContext& ctx, const void* x, DType x_dtype, const float* alpha, const float* w, const void* dy, DType y_dtype,
                   int64_t rows, int64_t cols, void* dx, bool accumulate_dx, float* dalpha, float* dw, float* db,
                   void* dx_copy) {
   if (rows == 0 || cols == 0) return;
   KILN_CHECK(2 * cols <= kScratchFloats, kOp, "{} columns exceed the gain/bias gradient scratch", cols);
-  const bool partials = dalpha || dw || db;
+  float* const partials = dalpha || dw || db ? context_scratch_as<float>(ctx, kPartials) : nullptr;
   // As many blocks as the scratch holds (at most kMaxPartialRows), the rows spread evenly.
   int64_t blocks = std::min({rows, kMaxPartialRows, kScratchFloats / (2 * cols)});
   const int64_t rows_per_block = (rows + blocks - 1) / blocks;
@@ -165,18 +169,18 @@ void dyt_backward(const void* x, DType x_dtype, const float* alpha, const float*
   dispatch(x_dtype, y_dtype, kOp, [&](auto tx, auto ty) {
     using TX = decltype(tx);
     using TY = decltype(ty);
-    backward_kernel<TX, TY><<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(
+    backward_kernel<TX, TY><<<static_cast<unsigned>(blocks), kThreads, 0, stream(ctx)>>>(
         static_cast<const TX*>(x), alpha, w, static_cast<const TY*>(dy), rows, cols, rows_per_block, lanes_for(cols),
         static_cast<TX*>(dx), accumulate_dx, static_cast<TY*>(dx_copy), partials);
     check_launch(kOp, "backward_kernel");
   });
   if (dw || db) {
-    column_sum_kernel<<<blocks_for(2 * cols, kColumnSumCols), dim3(kColumnSumCols, kSumSlices), 0, stream()>>>(
-        blocks, cols, dw, db);
+    column_sum_kernel<<<blocks_for(2 * cols, kColumnSumCols), dim3(kColumnSumCols, kSumSlices), 0, stream(ctx)>>>(
+        partials, blocks, cols, dw, db);
     check_launch(kOp, "column_sum_kernel");
   }
   if (dalpha) {
-    alpha_sum_kernel<<<1, kThreads, 0, stream()>>>(blocks, dalpha);
+    alpha_sum_kernel<<<1, kThreads, 0, stream(ctx)>>>(partials, blocks, dalpha);
     check_launch(kOp, "alpha_sum_kernel");
   }
 }

@@ -4,8 +4,8 @@
 //   mixed: x fp32 (the residual stream) or bf16 (q/k heads), y and dy bf16, dx of x's dtype;
 // alpha, w, b and their gradients fp32, all arithmetic fp32. bf16 values cross this header as
 // their 16 bits so host code needs no CUDA headers. The front end validates; these trust
-// their inputs. The forward launches on the context's stream, the backward (its sums go
-// through module-level scratch) on kiln::cuda::stream() only. No output may alias an input.
+// their inputs. Both launch on the context's stream (the backward's sums go through the
+// context's scratch, core/context_scratch.h). No output may alias an input.
 #pragma once
 
 #include "core/dtype.h"
@@ -21,7 +21,7 @@ void dyt_forward(const ExecContext& ctx, const void* x, DType x_dtype, const flo
 
 // dx (x_dtype) = or +=; dalpha [1], dw, db [cols] += (null: skipped), each summed through
 // per-block partials added in a fixed order; dx_copy (null: none; y_dtype) receives dx.
-void dyt_backward(const void* x, DType x_dtype, const float* alpha, const float* w, const void* dy, DType y_dtype,
+void dyt_backward(const ExecContext& ctx, const void* x, DType x_dtype, const float* alpha, const float* w, const void* dy, DType y_dtype,
                   int64_t rows, int64_t cols, void* dx, bool accumulate_dx, float* dalpha, float* dw, float* db,
                   void* dx_copy);
 

@@ -61,7 +61,13 @@ void convert(const ExecContext& ctx, const Tensor& src, const Tensor& dst) {
   KILN_CHECK(src.numel() == dst.numel() && src.device() == dst.device(), op, "cannot convert {} into {}",
              src.describe(), dst.describe());
   if (src.dtype() == dst.dtype()) {
-    expect_process_stream(op, ctx);  // a same-dtype convert copies on the process-wide stream
+    // On the GPU a copy on the context's stream, ordered with its kernels (and capturable).
+#if KILN_WITH_CUDA
+    if (src.device() == Device::cuda) {
+      cuda::copy_bytes(ctx, src.raw(), static_cast<size_t>(src.numel()) * dtype_size(src.dtype()), dst.raw());
+      return;
+    }
+#endif
     copy_tensor(src, dst);
     return;
   }
@@ -78,7 +84,6 @@ void convert(const ExecContext& ctx, const Tensor& src, const Tensor& dst) {
 
 void sum_squares_to_device(const ExecContext& ctx, const Tensor& x, double* out) {
   const char* op = "sum_squares";
-  expect_process_stream(op, ctx);  // its reduction's module-level scratch: one stream at a time
   KILN_OP_SCOPE(op, x);
   KILN_CHECK(x.device() == Device::cuda, op, "the device-memory form needs a GPU tensor, got {}", x.describe());
   expect_dtype(op, "x", x, DType::f32);
@@ -92,7 +97,6 @@ void sum_squares_to_device(const ExecContext& ctx, const Tensor& x, double* out)
 
 double sum_squares(const ExecContext& ctx, const Tensor& x) {
   const char* op = "sum_squares";
-  expect_process_stream(op, ctx);  // its reduction's module-level scratch: one stream at a time
   KILN_OP_SCOPE(op, x);
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
@@ -124,7 +128,6 @@ void scale_inplace(const ExecContext& ctx, const Tensor& x, double factor) {
 
 bool all_finite(const ExecContext& ctx, const Tensor& x) {
   const char* op = "all_finite";
-  expect_process_stream(op, ctx);  // its reduction's module-level scratch: one stream at a time
   KILN_OP_SCOPE(op, x);
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA

@@ -7,6 +7,7 @@
 // W = 1 (offset views); a tail of fewer than 8 elements goes one per thread. The add is one
 // kernel for fp32 and bf16 branches (the mixed path's fp32 + bf16 -> fp32): the same
 // formula, only the branch's load differs.
+#include "core/context_scratch.h"
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/bf16_vector.cuh"
@@ -68,46 +69,49 @@ __global__ void convert_kernel(const From* __restrict__ src, int64_t n, To* __re
   }
 }
 
-// Reductions write one partial per block into fixed device storage (no allocation),
-// then one block sums the partials in index order: the same result every run.
-__device__ double g_partials[kReduceBlocks];
-__device__ double g_result;
+// Reductions write one partial per block into the context's device scratch
+// (core/context_scratch.h; no allocation after the first call), then one block sums the
+// partials in index order: the same result every run. The slot after the partials holds
+// the result that reduce() copies to the host.
+constexpr ScratchKind kReduceScratch{"reduction", (kReduceBlocks + 1) * sizeof(double)};
 
-__global__ void sum_squares_partial(const float* x, int64_t n) {
+__global__ void sum_squares_partial(const float* x, int64_t n, double* partials) {
   double sum = 0;
   KILN_GRID_STRIDE(i, n) sum += static_cast<double>(x[i]) * x[i];
   sum = block_sum<kThreads>(sum);
-  if (threadIdx.x == 0) g_partials[blockIdx.x] = sum;
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
-__global__ void non_finite_partial(const float* x, int64_t n) {
+__global__ void non_finite_partial(const float* x, int64_t n, double* partials) {
   double bad = 0;
   KILN_GRID_STRIDE(i, n) bad += isfinite(x[i]) ? 0.0 : 1.0;
   bad = block_sum<kThreads>(bad);  // whole numbers: exact in any order
-  if (threadIdx.x == 0) g_partials[blockIdx.x] = bad;
+  if (threadIdx.x == 0) partials[blockIdx.x] = bad;
 }
 
-__global__ void sum_partials(int blocks, double* out) {
+__global__ void sum_partials(const double* partials, int blocks, double* out) {
   double total = 0;
-  for (int b = 0; b < blocks; ++b) total += g_partials[b];
+  for (int b = 0; b < blocks; ++b) total += partials[b];
   *out = total;
 }
 
 // The partials, then their sum into `out` (device memory): nothing waits for it.
 template <typename Kernel>
-void reduce_into(cudaStream_t s, Kernel kernel, const float* x, int64_t n, const char* op, double* out) {
+void reduce_into(const ExecContext& ctx, Kernel kernel, const float* x, int64_t n, const char* op, double* out) {
   const int blocks = static_cast<int>(std::min<int64_t>(kReduceBlocks, (n + kThreads - 1) / kThreads + 1));
-  kernel<<<blocks, kThreads, 0, s>>>(x, n);
+  double* const partials = context_scratch_as<double>(ctx, kReduceScratch);
+  const cudaStream_t s = stream(ctx);
+  kernel<<<blocks, kThreads, 0, s>>>(x, n, partials);
   check_launch(op, "partial");
-  sum_partials<<<1, 1, 0, s>>>(blocks, out);
+  sum_partials<<<1, 1, 0, s>>>(partials, blocks, out);
   check_launch(op, "sum_partials");
 }
 
 template <typename Kernel>
-double reduce(cudaStream_t s, Kernel kernel, const float* x, int64_t n, const char* op) {
-  void* result_on_device = nullptr;
-  check(cudaGetSymbolAddress(&result_on_device, g_result), op, "cudaGetSymbolAddress");
-  reduce_into(s, kernel, x, n, op, static_cast<double*>(result_on_device));
+double reduce(const ExecContext& ctx, Kernel kernel, const float* x, int64_t n, const char* op) {
+  double* const result_on_device = context_scratch_as<double>(ctx, kReduceScratch) + kReduceBlocks;
+  reduce_into(ctx, kernel, x, n, op, result_on_device);
+  const cudaStream_t s = stream(ctx);
   double result = 0;
   check(cudaMemcpyAsync(&result, result_on_device, sizeof(double), cudaMemcpyDeviceToHost, s), op, "copy result");
   check(cudaStreamSynchronize(s), op, "synchronize");
@@ -167,14 +171,18 @@ void cast_bf16_to_f32(const ExecContext& ctx, const bf16_bits* src, int64_t n, f
   convert(stream(ctx), reinterpret_cast<const bf16*>(src), n, dst, "cast_bf16_to_f32");
 }
 
+void copy_bytes(const ExecContext& ctx, const void* src, size_t bytes, void* dst) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(ctx)), "convert", "cudaMemcpyAsync");
+}
+
 double sum_squares_f32(const ExecContext& ctx, const float* x, int64_t n) {
-  return reduce(stream(ctx), sum_squares_partial, x, n, "sum_squares");
+  return reduce(ctx, sum_squares_partial, x, n, "sum_squares");
 }
 void sum_squares_to_device_f32(const ExecContext& ctx, const float* x, int64_t n, double* out) {
-  reduce_into(stream(ctx), sum_squares_partial, x, n, "sum_squares", out);
+  reduce_into(ctx, sum_squares_partial, x, n, "sum_squares", out);
 }
 bool all_finite_f32(const ExecContext& ctx, const float* x, int64_t n) {
-  return reduce(stream(ctx), non_finite_partial, x, n, "all_finite") == 0.0;
+  return reduce(ctx, non_finite_partial, x, n, "all_finite") == 0.0;
 }
 
 }  // namespace kiln::cuda

@@ -84,9 +84,6 @@ void layer_norm_backward(const ExecContext& ctx, const Tensor& x, const Tensor& 
                          const Tensor& dx, const Tensor& dw, const Tensor& db, bool accumulate_dx,
                          const Tensor& dx_copy) {
   const char* op = "layer_norm_backward";
-  // Its dw and db reduce through module-level device scratch, shared by every stream: the
-  // process-wide stream only, until the scratch moves into the workspace.
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(dy);
   validate(op, x, w, Tensor(), mean, rstd, mixed);
@@ -102,7 +99,7 @@ void layer_norm_backward(const ExecContext& ctx, const Tensor& x, const Tensor& 
   const Tensor copy_in_pass = mixed ? dx_copy : Tensor();
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
-    cuda::layer_norm_backward(x.raw(), x.dtype(), f32_or_null(w), mean.data<float>(), rstd.data<float>(), dy.raw(),
+    cuda::layer_norm_backward(ctx, x.raw(), x.dtype(), f32_or_null(w), mean.data<float>(), rstd.data<float>(), dy.raw(),
                               dy.dtype(), x.size(0), x.size(1), dx.raw(), accumulate_dx, f32_or_null(dw),
                               f32_or_null(db), copy_in_pass.defined() ? copy_in_pass.raw() : nullptr);
 #else

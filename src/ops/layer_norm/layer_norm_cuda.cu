@@ -14,13 +14,15 @@
 // Backward: dw = sum dy * xhat and db = sum dy over rows are fused into the dx kernel, as
 // in rms_norm_bf16.cu: each block owns a contiguous range of rows, its groups keep running
 // column sums in shared memory, the block folds its groups in order into one row of
-// partial sums in static device scratch, and a second kernel adds the partial rows column
-// by column in a fixed order before one `+=` per column. The block count depends only on
-// the shape and the path, so dw and db are the same bits every run; no atomics, no
-// allocation, no host synchronization (safe under CUDA-graph capture). Only
-// kiln::cuda::stream() runs the backward, so two calls never share the scratch at once.
+// partial sums in the context's device scratch (core/context_scratch.h), and a second
+// kernel adds the partial rows column by column in a fixed order before one `+=` per
+// column. The block count depends only on the shape and the path, so dw and db are the same
+// bits every run; no atomics, no allocation after the first call, no host synchronization
+// (safe under CUDA-graph capture). Each stream has its own scratch, and the calls on one
+// stream run one after another, so two calls never share it at once.
 #include "ops/layer_norm/layer_norm_cuda.h"
 
+#include "core/context_scratch.h"
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
@@ -52,7 +54,7 @@ constexpr int kVec = vec::kWidth;
 // (dw, db) x cols floats, 16 MiB in all; long rows get fewer blocks so that they fit.
 constexpr int64_t kMaxPartialRows = 2048;
 constexpr int64_t kScratchFloats = int64_t{1} << 22;
-__device__ float g_partials[kScratchFloats];
+constexpr ScratchKind kPartials{"layer_norm_backward", kScratchFloats * sizeof(float)};
 
 bool aligned16(const void* p) { return p == nullptr || vec::aligned16(p); }
 
@@ -139,7 +141,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     backward_kernel(const TX* __restrict__ x, const float* __restrict__ w, const float* __restrict__ mean,
                     const float* __restrict__ rstd, const TY* __restrict__ dy, int64_t rows, int64_t cols,
                     int64_t rows_per_block, TX* __restrict__ dx, bool accumulate, TY* __restrict__ dx_copy,
-                    bool with_dw, bool with_db) {
+                    bool with_dw, bool with_db, float* __restrict__ partials) {
   constexpr int kRows = kBlockThreads / kThreads;
   // Per group: the dw sums (if with_dw), then the db sums (if with_db), cols floats each.
   // Column i * W + k sits at [k * (cols / W) + i]: for each k a warp touches consecutive
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (sums == 0) return;
 
   __syncthreads();  // every group's sums are complete
-  float* partial = g_partials + static_cast<int64_t>(blockIdx.x) * sums * cols;
+  float* partial = partials + static_cast<int64_t>(blockIdx.x) * sums * cols;
   for (int64_t c = threadIdx.x; c < cols; c += kBlockThreads) {
     const int64_t slot = c % W * stride + c / W;
     for (int64_t part = 0; part < sums; ++part) {
@@ -229,10 +231,11 @@ __global__ void __launch_bounds__(kBlockThreads)
 constexpr int kSumSlices = 16;
 
 __global__ void __launch_bounds__(kColumnSumCols* kSumSlices)
-    column_sum_kernel(int64_t blocks, int64_t cols, int64_t width, float* __restrict__ dw, float* __restrict__ db) {
+    column_sum_kernel(const float* __restrict__ partials, int64_t blocks, int64_t cols, int64_t width, float* __restrict__ dw,
+                      float* __restrict__ db) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnSumCols + threadIdx.x;
   float total;
-  if (!column_total<kSumSlices>(g_partials, blocks, width, c, total)) return;
+  if (!column_total<kSumSlices>(partials, blocks, width, c, total)) return;
   if (dw && c < cols) dw[c] += total;
   else db[c - (dw ? cols : 0)] += total;
 }
@@ -303,7 +306,7 @@ void layer_norm_forward(const ExecContext& ctx, const void* x, DType x_dtype, co
   });
 }
 
-void layer_norm_backward(const void* x, DType x_dtype, const float* w, const float* mean, const float* rstd,
+void layer_norm_backward(const ExecContext& ctx, const void* x, DType x_dtype, const float* w, const float* mean, const float* rstd,
                          const void* dy, DType y_dtype, int64_t rows, int64_t cols, void* dx, bool accumulate_dx,
                          float* dw, float* db, void* dx_copy) {
   if (rows == 0 || cols == 0) return;
@@ -311,6 +314,7 @@ void layer_norm_backward(const void* x, DType x_dtype, const float* w, const flo
   KILN_CHECK(sums * cols <= kScratchFloats, kOp, "{} columns exceed the gain/bias gradient scratch", cols);
   const bool vec =
       cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx) && aligned16(dx_copy);
+  float* const partials = sums > 0 ? context_scratch_as<float>(ctx, kPartials) : nullptr;
   dispatch(x_dtype, y_dtype, cols, vec, [&](auto tx, auto ty, auto threads, auto width) {
     using TX = decltype(tx);
     using TY = decltype(ty);
@@ -328,14 +332,14 @@ void layer_norm_backward(const void* x, DType x_dtype, const float* w, const flo
     const size_t shared = static_cast<size_t>(sums * kRows * cols) * sizeof(float);
     auto kernel = backward_kernel<TX, TY, kThreads, W>;
     allow_shared_memory(kernel, shared);
-    kernel<<<grid_size(blocks), kBlockThreads, shared, stream()>>>(
+    kernel<<<grid_size(blocks), kBlockThreads, shared, stream(ctx)>>>(
         static_cast<const TX*>(x), w, mean, rstd, static_cast<const TY*>(dy), rows, cols, rows_per_block,
-        static_cast<TX*>(dx), accumulate_dx, static_cast<TY*>(dx_copy), dw != nullptr, db != nullptr);
+        static_cast<TX*>(dx), accumulate_dx, static_cast<TY*>(dx_copy), dw != nullptr, db != nullptr, partials);
     check_launch(kOp, "backward_kernel");
     if (sums > 0) {
       const int64_t width_all = sums * cols;
       column_sum_kernel<<<grid_size((width_all + kColumnSumCols - 1) / kColumnSumCols),
-                          dim3(kColumnSumCols, kSumSlices), 0, stream()>>>(blocks, cols, width_all, dw, db);
+                          dim3(kColumnSumCols, kSumSlices), 0, stream(ctx)>>>(partials, blocks, cols, width_all, dw, db);
       check_launch(kOp, "column_sum_kernel");
     }
   });

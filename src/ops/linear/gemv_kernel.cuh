@@ -414,7 +414,7 @@ void launch_rows(const Args& p, cudaStream_t stream) {
 // products cost the same at any row count; the staging does not. On `stream`; the
 // process-wide one by default (the decoder's projections).
 template <Input In, Output Out, typename TOut>
-void launch(const Args& p, cudaStream_t stream = ::kiln::cuda::stream()) {
+void launch(const Args& p, cudaStream_t stream) {
   if (p.m <= 1) return launch_rows<1, In, Out, TOut>(p, stream);
   if (p.m <= 2) return launch_rows<2, In, Out, TOut>(p, stream);
   if (p.m <= 4) return launch_rows<4, In, Out, TOut>(p, stream);

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T, Product P, typename TC>
-void launch_portable(const void* a, const void* b, const int32_t* offsets, int64_t experts, int64_t rows, int64_t in,
+void launch_portable(const ExecContext& ctx, const void* a, const void* b, const int32_t* offsets, int64_t experts, int64_t rows, int64_t in,
                      int64_t out, TC* c, const char* op) {
   KILN_CHECK(experts <= 65535, op, "{} experts", experts);
   const Operands<T, P> ops{static_cast<const T*>(a), static_cast<const T*>(b), in, out};
@@ -174,7 +174,7 @@ void launch_portable(const void* a, const void* b, const int32_t* offsets, int64
     KILN_CHECK(n_tiles <= 65535, op, "{} columns", n_total);
     grid = dim3(static_cast<unsigned>(rows / kTileM + experts), static_cast<unsigned>(n_tiles));
   }
-  grouped_gemm_kernel<T, TC, P><<<grid, kThreads, 0, stream()>>>(ops, offsets, experts, n_total, c);
+  grouped_gemm_kernel<T, TC, P><<<grid, kThreads, 0, stream(ctx)>>>(ops, offsets, experts, n_total, c);
   check_launch(op, "grouped_gemm_kernel");
 }
 
@@ -195,43 +195,43 @@ bool grouped_gemm_uses_cutlass(DType dtype, int64_t in, int64_t out, std::initia
 
 void set_grouped_gemm_cutlass(bool enabled) { g_cutlass_enabled.store(enabled); }
 
-void grouped_linear_forward(const void* x, const void* w, DType dtype, const int32_t* offsets, int64_t experts,
+void grouped_linear_forward(const ExecContext& ctx, const void* x, const void* w, DType dtype, const int32_t* offsets, int64_t experts,
                             int64_t rows, int64_t in, int64_t out, void* y) {
   constexpr const char* kOp = "moe_grouped_linear";
   if (rows == 0 || out == 0) return;
   if (use_cutlass(dtype, in, out, {x, w, y}))
-    return sm90::grouped_forward(static_cast<const bf16_bits*>(x), static_cast<const bf16_bits*>(w), offsets, experts,
+    return sm90::grouped_forward(ctx, static_cast<const bf16_bits*>(x), static_cast<const bf16_bits*>(w), offsets, experts,
                                  in, out, static_cast<bf16_bits*>(y));
   if (dtype == DType::bf16)
-    launch_portable<bf16, Product::forward>(x, w, offsets, experts, rows, in, out, static_cast<bf16*>(y), kOp);
+    launch_portable<bf16, Product::forward>(ctx, x, w, offsets, experts, rows, in, out, static_cast<bf16*>(y), kOp);
   else
-    launch_portable<float, Product::forward>(x, w, offsets, experts, rows, in, out, static_cast<float*>(y), kOp);
+    launch_portable<float, Product::forward>(ctx, x, w, offsets, experts, rows, in, out, static_cast<float*>(y), kOp);
 }
 
-void grouped_linear_backward_input(const void* dy, const void* w, DType dtype, const int32_t* offsets,
+void grouped_linear_backward_input(const ExecContext& ctx, const void* dy, const void* w, DType dtype, const int32_t* offsets,
                                    int64_t experts, int64_t rows, int64_t in, int64_t out, void* dx) {
   constexpr const char* kOp = "moe_grouped_linear_backward";
   if (rows == 0 || in == 0) return;
   if (use_cutlass(dtype, in, out, {dy, w, dx}))
-    return sm90::grouped_backward_input(static_cast<const bf16_bits*>(dy), static_cast<const bf16_bits*>(w), offsets,
+    return sm90::grouped_backward_input(ctx, static_cast<const bf16_bits*>(dy), static_cast<const bf16_bits*>(w), offsets,
                                         experts, in, out, static_cast<bf16_bits*>(dx));
   if (dtype == DType::bf16)
-    launch_portable<bf16, Product::input_grad>(dy, w, offsets, experts, rows, in, out, static_cast<bf16*>(dx), kOp);
+    launch_portable<bf16, Product::input_grad>(ctx, dy, w, offsets, experts, rows, in, out, static_cast<bf16*>(dx), kOp);
   else
-    launch_portable<float, Product::input_grad>(dy, w, offsets, experts, rows, in, out, static_cast<float*>(dx), kOp);
+    launch_portable<float, Product::input_grad>(ctx, dy, w, offsets, experts, rows, in, out, static_cast<float*>(dx), kOp);
 }
 
-void grouped_linear_backward_weight(const void* x, const void* dy, DType dtype, const int32_t* offsets,
+void grouped_linear_backward_weight(const ExecContext& ctx, const void* x, const void* dy, DType dtype, const int32_t* offsets,
                                     int64_t experts, int64_t rows, int64_t in, int64_t out, float* dw) {
   constexpr const char* kOp = "moe_grouped_linear_backward";
   if (rows == 0 || in == 0 || out == 0) return;
   if (use_cutlass(dtype, in, out, {x, dy, dw}))
-    return sm90::grouped_backward_weight(static_cast<const bf16_bits*>(x), static_cast<const bf16_bits*>(dy), offsets,
+    return sm90::grouped_backward_weight(ctx, static_cast<const bf16_bits*>(x), static_cast<const bf16_bits*>(dy), offsets,
                                          experts, in, out, dw);
   if (dtype == DType::bf16)
-    launch_portable<bf16, Product::weight_grad>(dy, x, offsets, experts, rows, in, out, dw, kOp);
+    launch_portable<bf16, Product::weight_grad>(ctx, dy, x, offsets, experts, rows, in, out, dw, kOp);
   else
-    launch_portable<float, Product::weight_grad>(dy, x, offsets, experts, rows, in, out, dw, kOp);
+    launch_portable<float, Product::weight_grad>(ctx, dy, x, offsets, experts, rows, in, out, dw, kOp);
 }
 
 }  // namespace kiln::cuda

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "core/exec_context.h"
 
 #include <cstdint>
 #include <initializer_list>
@@ -24,13 +25,13 @@ namespace kiln::cuda {
 
 // x [rows, in], w [E out, in] (expert e's rows [e out, (e + 1) out)) -> y [rows, out] (=):
 // y_e = x_e W_e^T. x, w, y of dtype (f32 or bf16).
-void grouped_linear_forward(const void* x, const void* w, DType dtype, const int32_t* offsets, int64_t experts,
+void grouped_linear_forward(const ExecContext& ctx, const void* x, const void* w, DType dtype, const int32_t* offsets, int64_t experts,
                             int64_t rows, int64_t in, int64_t out, void* y);
 // dx [rows, in] (=) = dy_e W_e per expert.
-void grouped_linear_backward_input(const void* dy, const void* w, DType dtype, const int32_t* offsets,
+void grouped_linear_backward_input(const ExecContext& ctx, const void* dy, const void* w, DType dtype, const int32_t* offsets,
                                    int64_t experts, int64_t rows, int64_t in, int64_t out, void* dx);
 // dw [E out, in] (fp32, +=): dW_e += dy_e^T x_e, a sum over the expert's rows (none: unchanged).
-void grouped_linear_backward_weight(const void* x, const void* dy, DType dtype, const int32_t* offsets,
+void grouped_linear_backward_weight(const ExecContext& ctx, const void* x, const void* dy, DType dtype, const int32_t* offsets,
                                     int64_t experts, int64_t rows, int64_t in, int64_t out, float* dw);
 
 // Whether a call of this dtype, these widths and these operand bases takes CUTLASS's kernel.

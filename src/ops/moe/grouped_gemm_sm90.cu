@@ -102,10 +102,10 @@ struct Plan {
   void* workspace = nullptr;
   typename G::Gemm gemm;
 
-  Plan(int64_t e, int64_t lda, int64_t ldb, int64_t ldd, float beta) : experts(e) {
+  Plan(const ExecContext& ctx, int64_t e, int64_t lda, int64_t ldb, int64_t ldd, float beta) : experts(e) {
     const char* op = "moe_grouped_linear";
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    check(cudaStreamIsCapturing(stream(), &capture), op, "cudaStreamIsCapturing");
+    check(cudaStreamIsCapturing(stream(ctx), &capture), op, "cudaStreamIsCapturing");
     KILN_CHECK(capture == cudaStreamCaptureStatusNone, op,
                "the grouped GEMM's first call for these shapes is inside a CUDA graph capture (run the step once "
                "before capturing)");
@@ -170,25 +170,26 @@ struct Plan {
                cutlassGetStatusString(ok));
     const size_t workspace_bytes = G::Gemm::get_workspace_size(args);
     if (workspace_bytes > 0) check(cudaMalloc(&workspace, workspace_bytes), op, "cudaMalloc CUTLASS workspace");
-    const cutlass::Status init = gemm.initialize(args, workspace, stream());
+    const cutlass::Status init = gemm.initialize(args, workspace, stream(ctx));
     KILN_CHECK(init == cutlass::Status::kSuccess, op, "CUTLASS initialize: {}", cutlassGetStatusString(init));
   }
 
-  void run() {
-    const cutlass::Status status = gemm.run(stream());
+  void run(const ExecContext& ctx) {
+    const cutlass::Status status = gemm.run(stream(ctx));
     KILN_CHECK(status == cutlass::Status::kSuccess, "moe_grouped_linear", "CUTLASS run: {}",
                cutlassGetStatusString(status));
     check_launch("moe_grouped_linear", "CUTLASS grouped GEMM");
   }
 };
 
-// The plan of a product for these sizes, made on first use. Plans live as long as the
-// process (the kernels' parameters point into their arrays).
+// The plan of a product for these sizes on the context's stream, made on first use: a
+// plan's device arrays are rewritten by every call, so two streams never share one. Plans
+// live as long as the process (the kernels' parameters point into their arrays).
 template <class G>
-Plan<G>& plan_for(int64_t experts, int64_t lda, int64_t ldb, int64_t ldd, float beta) {
-  static std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<Plan<G>>> plans;
-  auto& plan = plans[{experts, lda, ldb, ldd}];
-  if (!plan) plan = std::make_unique<Plan<G>>(experts, lda, ldb, ldd, beta);
+Plan<G>& plan_for(const ExecContext& ctx, int64_t experts, int64_t lda, int64_t ldb, int64_t ldd, float beta) {
+  static std::map<std::tuple<cudaStream_t, int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<Plan<G>>> plans;
+  auto& plan = plans[{stream(ctx), experts, lda, ldb, ldd}];
+  if (!plan) plan = std::make_unique<Plan<G>>(ctx, experts, lda, ldb, ldd, beta);
   return *plan;
 }
 
@@ -257,46 +258,46 @@ Bf16* as_cutlass(bf16_bits* p) { return reinterpret_cast<Bf16*>(p); }
 
 bool grouped_gemm_available() { return device_is_sm90(); }
 
-void grouped_forward(const bf16_bits* x, const bf16_bits* w, const int32_t* offsets, int64_t experts, int64_t in,
+void grouped_forward(const ExecContext& ctx, const bf16_bits* x, const bf16_bits* w, const int32_t* offsets, int64_t experts, int64_t in,
                      int64_t out, bf16_bits* y) {
-  Plan<Forward>& plan = plan_for<Forward>(experts, in, in, out, 0.0f);
-  forward_problems<<<problem_blocks(experts), kProblemThreads, 0, stream()>>>(
+  Plan<Forward>& plan = plan_for<Forward>(ctx, experts, in, in, out, 0.0f);
+  forward_problems<<<problem_blocks(experts), kProblemThreads, 0, stream(ctx)>>>(
       offsets, experts, in, out, as_cutlass(x), as_cutlass(w), as_cutlass(y), plan.problems, plan.a, plan.b, plan.d);
   check_launch("moe_grouped_linear", "forward_problems");
-  plan.run();
+  plan.run(ctx);
 }
 
-void grouped_backward_input(const bf16_bits* dy, const bf16_bits* w, const int32_t* offsets, int64_t experts,
+void grouped_backward_input(const ExecContext& ctx, const bf16_bits* dy, const bf16_bits* w, const int32_t* offsets, int64_t experts,
                             int64_t in, int64_t out, bf16_bits* dx) {
-  Plan<InputGrad>& plan = plan_for<InputGrad>(experts, out, in, in, 0.0f);
-  input_grad_problems<<<problem_blocks(experts), kProblemThreads, 0, stream()>>>(
+  Plan<InputGrad>& plan = plan_for<InputGrad>(ctx, experts, out, in, in, 0.0f);
+  input_grad_problems<<<problem_blocks(experts), kProblemThreads, 0, stream(ctx)>>>(
       offsets, experts, in, out, as_cutlass(dy), as_cutlass(w), as_cutlass(dx), plan.problems, plan.a, plan.b,
       plan.d);
   check_launch("moe_grouped_linear_backward", "input_grad_problems");
-  plan.run();
+  plan.run(ctx);
 }
 
-void grouped_backward_weight(const bf16_bits* x, const bf16_bits* dy, const int32_t* offsets, int64_t experts,
+void grouped_backward_weight(const ExecContext& ctx, const bf16_bits* x, const bf16_bits* dy, const int32_t* offsets, int64_t experts,
                              int64_t in, int64_t out, float* dw) {
-  Plan<WeightGrad>& plan = plan_for<WeightGrad>(experts, out, in, in, 1.0f);
-  weight_grad_problems<<<problem_blocks(experts), kProblemThreads, 0, stream()>>>(
+  Plan<WeightGrad>& plan = plan_for<WeightGrad>(ctx, experts, out, in, in, 1.0f);
+  weight_grad_problems<<<problem_blocks(experts), kProblemThreads, 0, stream(ctx)>>>(
       offsets, experts, in, out, as_cutlass(x), as_cutlass(dy), dw, plan.problems, plan.a, plan.b, plan.c, plan.d);
   check_launch("moe_grouped_linear_backward", "weight_grad_problems");
-  plan.run();
+  plan.run(ctx);
 }
 
 #else  // built without CUTLASS for sm_90a: the portable kernel serves every call
 
 bool grouped_gemm_available() { return false; }
 
-void grouped_forward(const bf16_bits*, const bf16_bits*, const int32_t*, int64_t, int64_t, int64_t, bf16_bits*) {
+void grouped_forward(const ExecContext&, const bf16_bits*, const bf16_bits*, const int32_t*, int64_t, int64_t, int64_t, bf16_bits*) {
   fail("moe_grouped_linear", "kiln was built without CUTLASS's sm_90a grouped GEMM");
 }
-void grouped_backward_input(const bf16_bits*, const bf16_bits*, const int32_t*, int64_t, int64_t, int64_t,
+void grouped_backward_input(const ExecContext&, const bf16_bits*, const bf16_bits*, const int32_t*, int64_t, int64_t, int64_t,
                             bf16_bits*) {
   fail("moe_grouped_linear_backward", "kiln was built without CUTLASS's sm_90a grouped GEMM");
 }
-void grouped_backward_weight(const bf16_bits*, const bf16_bits*, const int32_t*, int64_t, int64_t, int64_t, float*) {
+void grouped_backward_weight(const ExecContext&, const bf16_bits*, const bf16_bits*, const int32_t*, int64_t, int64_t, int64_t, float*) {
   fail("moe_grouped_linear_backward", "kiln was built without CUTLASS's sm_90a grouped GEMM");
 }
 

@@ -12,6 +12,7 @@
 // capture: the warm-up step) and reused, so later calls only launch.
 #pragma once
 
+#include "core/exec_context.h"
 #include "ops/mixed_precision.h"
 
 #include <cstdint>
@@ -21,11 +22,11 @@ namespace kiln::cuda::sm90 {
 // Built with CUTLASS for sm_90a and running on a compute capability 9.0 GPU.
 bool grouped_gemm_available();
 
-void grouped_forward(const bf16_bits* x, const bf16_bits* w, const int32_t* offsets, int64_t experts, int64_t in,
+void grouped_forward(const ExecContext& ctx, const bf16_bits* x, const bf16_bits* w, const int32_t* offsets, int64_t experts, int64_t in,
                      int64_t out, bf16_bits* y);
-void grouped_backward_input(const bf16_bits* dy, const bf16_bits* w, const int32_t* offsets, int64_t experts,
+void grouped_backward_input(const ExecContext& ctx, const bf16_bits* dy, const bf16_bits* w, const int32_t* offsets, int64_t experts,
                             int64_t in, int64_t out, bf16_bits* dx);
-void grouped_backward_weight(const bf16_bits* x, const bf16_bits* dy, const int32_t* offsets, int64_t experts,
+void grouped_backward_weight(const ExecContext& ctx, const bf16_bits* x, const bf16_bits* dy, const int32_t* offsets, int64_t experts,
                              int64_t in, int64_t out, float* dw);
 
 }  // namespace kiln::cuda::sm90

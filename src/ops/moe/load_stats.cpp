@@ -2,6 +2,7 @@
 // kernels are load_stats_cuda.h.
 #include "ops/moe/load_stats.h"
 
+#include "core/device_memory.h"
 #include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/moe/load_stats_cuda.h"
@@ -32,12 +33,11 @@ OwnedTensor on_host(const Tensor& t) {
 
 void moe_accumulate_counts(const ExecContext& ctx, const Tensor& counts, const Tensor& total) {
   const char* op = "moe_accumulate_counts";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, counts);
   expect_rank(op, "counts", counts, 1);
   expect_counts(op, "counts", counts, counts);
   expect_counts(op, "total", total, counts);
-  KILN_ON_CUDA(counts, op, cuda::add_counts(counts.data<int32_t>(), counts.numel(), total.data<int32_t>()));
+  KILN_ON_CUDA(counts, op, cuda::add_counts(ctx, counts.data<int32_t>(), counts.numel(), total.data<int32_t>()));
   const int32_t* c = counts.data<int32_t>();
   int32_t* sum = total.data<int32_t>();
   for (int64_t e = 0; e < counts.numel(); ++e) sum[e] += c[e];
@@ -45,13 +45,12 @@ void moe_accumulate_counts(const ExecContext& ctx, const Tensor& counts, const T
 
 void routing_entropy_sum(const ExecContext& ctx, const Tensor& probs, const Tensor& sums) {
   const char* op = "routing_entropy_sum";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, probs);
   expect_rank(op, "probs", probs, 2);
   expect_sums(op, "sums", sums, probs.device());
   KILN_ON_CUDA(probs, op, {
     expect_dtype(op, "probs", probs, DType::f32);
-    cuda::routing_entropy_sum(probs.data<float>(), probs.size(0), probs.size(1), sums.data<double>());
+    cuda::routing_entropy_sum(ctx, probs.data<float>(), probs.size(0), probs.size(1), sums.data<double>());
   });
   dispatch_cpu_float(op, probs.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -68,7 +67,6 @@ void routing_entropy_sum(const ExecContext& ctx, const Tensor& probs, const Tens
 void moe_end_step(const ExecContext& ctx, const Tensor& counts, const Tensor& entropy, const Tensor& last_counts, const Tensor& last_entropy,
                   const Tensor& dead_steps) {
   const char* op = "moe_end_step";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, counts);
   expect_rank(op, "counts", counts, 1);
   expect_counts(op, "counts", counts, counts);
@@ -77,7 +75,7 @@ void moe_end_step(const ExecContext& ctx, const Tensor& counts, const Tensor& en
   expect_sums(op, "entropy", entropy, counts.device());
   expect_sums(op, "last_entropy", last_entropy, counts.device());
   KILN_ON_CUDA(counts, op,
-               cuda::moe_end_step(counts.data<int32_t>(), entropy.data<double>(), last_counts.data<int32_t>(),
+               cuda::moe_end_step(ctx, counts.data<int32_t>(), entropy.data<double>(), last_counts.data<int32_t>(),
                                   last_entropy.data<double>(), dead_steps.data<int32_t>(), counts.numel()));
   int32_t *c = counts.data<int32_t>(), *last = last_counts.data<int32_t>(), *dead = dead_steps.data<int32_t>();
   for (int64_t e = 0; e < counts.numel(); ++e) {
@@ -93,28 +91,29 @@ void moe_end_step(const ExecContext& ctx, const Tensor& counts, const Tensor& en
 
 void moe_take_counts(const ExecContext& ctx, const Tensor& counts, const Tensor& last) {
   const char* op = "moe_take_counts";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, counts);
   expect_rank(op, "counts", counts, 1);
   expect_counts(op, "counts", counts, counts);
   expect_counts(op, "last", last, counts);
-  KILN_ON_CUDA(counts, op, cuda::take_counts(counts.data<int32_t>(), counts.numel(), last.data<int32_t>()));
+  KILN_ON_CUDA(counts, op, cuda::take_counts(ctx, counts.data<int32_t>(), counts.numel(), last.data<int32_t>()));
   int32_t *c = counts.data<int32_t>(), *l = last.data<int32_t>();
   for (int64_t i = 0; i < counts.numel(); ++i) l[i] = c[i], c[i] = 0;
 }
 
 int64_t moe_read_count(const ExecContext& ctx, const Tensor& counts) {
-  expect_process_stream("moe_read_count", ctx);
   expect_counts("moe_read_count", "counts", counts, counts);
+  // on_host copies on the legacy stream, which a stream other than the process-wide one
+  // does not wait for.
+  if (counts.device() == Device::cuda) synchronize_stream(ctx);
   return on_host(counts)->data<int32_t>()[0];
 }
 
 MoeLoadReport moe_load_report(const ExecContext& ctx, const Tensor& last_counts, const Tensor& last_entropy, const Tensor& dead_steps) {
   const char* op = "moe_load_report";
-  expect_process_stream(op, ctx);
   expect_rank(op, "last_counts", last_counts, 1);
   expect_counts(op, "dead_steps", dead_steps, last_counts);
   expect_sums(op, "last_entropy", last_entropy, last_counts.device());
+  if (last_counts.device() == Device::cuda) synchronize_stream(ctx);  // as moe_read_count
   const OwnedTensor counts_host = on_host(last_counts), dead_host = on_host(dead_steps), entropy_host = on_host(last_entropy);
   const int32_t* counts = counts_host->data<int32_t>();
   const int32_t* dead = dead_host->data<int32_t>();

@@ -67,8 +67,6 @@ std::vector<int32_t> host_offsets(const MoeDispatch& d) {
 
 void moe_dispatch(const ExecContext& ctx, const Tensor& experts, const MoeDispatch& out) {
   const char* op = "moe_dispatch";
-  // Counts through module-level device scratch (chunk counts) shared by every stream.
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, experts);
   expect_rank(op, "experts", experts, 2);
   expect_dtype(op, "experts", experts, DType::i32);
@@ -78,7 +76,7 @@ void moe_dispatch(const ExecContext& ctx, const Tensor& experts, const MoeDispat
   KILN_CHECK(out.capacity >= 0, op, "capacity {}", out.capacity);
   if (out.dropped.defined()) expect_tensor(op, "dropped", out.dropped, Shape{1}, DType::i32, experts.device());
   KILN_ON_CUDA(experts, op,
-               cuda::moe_dispatch(experts.data<int32_t>(), experts.numel(), out.experts, out.capacity,
+               cuda::moe_dispatch(ctx, experts.data<int32_t>(), experts.numel(), out.experts, out.capacity,
                                   grouped_rows(out), out.counts.data<int32_t>(), out.offsets.data<int32_t>(),
                                   out.pair_of_row.data<int32_t>(), out.row_of_pair.data<int32_t>(),
                                   out.dropped.defined() ? out.dropped.data<int32_t>() : nullptr));
@@ -172,9 +170,6 @@ void moe_gather_backward(const ExecContext& ctx, const Tensor& dgrouped, const M
 
 void moe_grouped_linear_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const MoeDispatch& d, const Tensor& y) {
   const char* op = "moe_grouped_linear";
-  // The CUTLASS plans' device arrays (problem sizes, pointers, workspace) are one per shape,
-  // shared by every stream.
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, x);
   const int64_t out = expert_width(op, x, w, d);
   expect_same(op, "y", y, x);
@@ -184,7 +179,7 @@ void moe_grouped_linear_forward(const ExecContext& ctx, const Tensor& x, const T
              d.offsets.describe());
   KILN_ON_CUDA(x, op, {
     expect_gpu_rows(op, "x", x);
-    cuda::grouped_linear_forward(x.raw(), w.raw(), x.dtype(), d.offsets.data<int32_t>(), d.experts, x.size(0),
+    cuda::grouped_linear_forward(ctx, x.raw(), w.raw(), x.dtype(), d.offsets.data<int32_t>(), d.experts, x.size(0),
                                  x.size(1), out, y.raw());
   });
   const std::vector<int32_t> o = host_offsets(d);
@@ -197,9 +192,6 @@ void moe_grouped_linear_forward(const ExecContext& ctx, const Tensor& x, const T
 void moe_grouped_linear_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const MoeDispatch& d,
                                  const Tensor& dx, const Tensor& dw) {
   const char* op = "moe_grouped_linear_backward";
-  // The CUTLASS plans' device arrays (problem sizes, pointers, workspace) are one per shape,
-  // shared by every stream.
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dy);
   const int64_t out = expert_width(op, x, w, d);
   expect_same(op, "dy", dy, x);
@@ -214,10 +206,10 @@ void moe_grouped_linear_backward(const ExecContext& ctx, const Tensor& x, const 
     expect_gpu_rows(op, "dy", dy);
     const int32_t* offsets = d.offsets.data<int32_t>();
     if (dx.defined())
-      cuda::grouped_linear_backward_input(dy.raw(), w.raw(), dy.dtype(), offsets, d.experts, x.size(0), x.size(1), out,
+      cuda::grouped_linear_backward_input(ctx, dy.raw(), w.raw(), dy.dtype(), offsets, d.experts, x.size(0), x.size(1), out,
                                           dx.raw());
     if (dw.defined())
-      cuda::grouped_linear_backward_weight(x.raw(), dy.raw(), dy.dtype(), offsets, d.experts, x.size(0), x.size(1),
+      cuda::grouped_linear_backward_weight(ctx, x.raw(), dy.raw(), dy.dtype(), offsets, d.experts, x.size(0), x.size(1),
                                            out, dw.data<float>());
   });
   const std::vector<int32_t> o = host_offsets(d);

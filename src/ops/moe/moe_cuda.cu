@@ -10,15 +10,16 @@
 //   3. place_pairs: a pair's row = offsets[e] + rows of e before its chunk + pairs of e
 //      before it in its chunk.
 // Rows of an expert are therefore in pair order, as the CPU's stable counting sort gives,
-// for any schedule. chunk_counts is static device scratch: only kiln::cuda::stream() runs
-// the dispatch (the front end refuses other streams), so two dispatches never share it at
-// once.
+// for any schedule. chunk_counts is the context's device scratch (core/context_scratch.h):
+// each stream has its own and runs its dispatches one after another, so two dispatches
+// never share it at once.
 //
 // Row kernels (gather, gather backward, combine, combine backward): a warp per row, eight
 // rows per 256-thread block; rows whose width is a multiple of 8 with 16-byte aligned
 // data move 8 elements per access, others one.
 #include "ops/moe/moe_cuda.h"
 
+#include "core/context_scratch.h"
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
@@ -46,7 +47,7 @@ constexpr int kVec = vec::kWidth;
 
 constexpr int64_t kChunkCountsMax = int64_t{1} << 22;  // 16 MiB of per-chunk expert counts
 constexpr int64_t kMostChunks = 128;
-__device__ int32_t g_chunk_counts[kChunkCountsMax];
+constexpr ScratchKind kChunkCounts{"moe_dispatch", kChunkCountsMax * sizeof(int32_t)};
 
 // An expert id, or -1 for an empty slot.
 __device__ __forceinline__ int32_t checked_expert(const int32_t* experts, int64_t p, int64_t e_count) {
@@ -145,15 +146,6 @@ __global__ void place_pairs(const int32_t* __restrict__ experts, int64_t pairs, 
     pair_of_row[row] = static_cast<int32_t>(begin + q);
     row_of_pair[begin + q] = row;
   }
-}
-
-int32_t* chunk_counts_scratch() {
-  static int32_t* const scratch = [] {
-    void* address = nullptr;
-    check(cudaGetSymbolAddress(&address, g_chunk_counts), "moe_dispatch", "cudaGetSymbolAddress");
-    return static_cast<int32_t*>(address);
-  }();
-  return scratch;
 }
 
 // ---- rows ---------------------------------------------------------------------------------
@@ -292,7 +284,7 @@ void by_dtype(DType dtype, bool vector, Launch&& launch) {
 
 }  // namespace
 
-void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int64_t capacity, int64_t rows,
+void moe_dispatch(const ExecContext& ctx, const int32_t* experts, int64_t pairs, int64_t e_count, int64_t capacity, int64_t rows,
                   int32_t* counts, int32_t* offsets, int32_t* pair_of_row, int32_t* row_of_pair, int32_t* dropped) {
   constexpr const char* kOp = "moe_dispatch";
   // Chunks of at least kThreads pairs, longer so that there are at most kMostChunks of them:
@@ -307,16 +299,16 @@ void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int64_
   const size_t ids_bytes = static_cast<size_t>(chunk) * sizeof(int32_t);
   KILN_CHECK(hist_bytes <= 48u << 10 && ids_bytes <= 48u << 10, kOp, "{} experts over {} pairs need {} and {} bytes of "
              "shared memory", e_count, pairs, hist_bytes, ids_bytes);
-  int32_t* scratch = chunk_counts_scratch();
+  int32_t* scratch = context_scratch_as<int32_t>(ctx, kChunkCounts);
   if (pairs > 0) {
-    count_chunks<<<static_cast<unsigned>(chunks), kThreads, hist_bytes, stream()>>>(experts, pairs, e_count, chunk,
+    count_chunks<<<static_cast<unsigned>(chunks), kThreads, hist_bytes, stream(ctx)>>>(experts, pairs, e_count, chunk,
                                                                                    scratch);
     check_launch(kOp, "count_chunks");
   }
-  scan_chunks<<<1, kScanThreads, 0, stream()>>>(chunks, e_count, capacity, rows, scratch, counts, offsets, dropped);
+  scan_chunks<<<1, kScanThreads, 0, stream(ctx)>>>(chunks, e_count, capacity, rows, scratch, counts, offsets, dropped);
   check_launch(kOp, "scan_chunks");
   if (pairs == 0) return;
-  place_pairs<<<static_cast<unsigned>(chunks), kThreads, ids_bytes, stream()>>>(experts, pairs, e_count, chunk, scratch,
+  place_pairs<<<static_cast<unsigned>(chunks), kThreads, ids_bytes, stream(ctx)>>>(experts, pairs, e_count, chunk, scratch,
                                                                               offsets, pair_of_row, row_of_pair);
   check_launch(kOp, "place_pairs");
 }

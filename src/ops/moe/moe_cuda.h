@@ -9,7 +9,7 @@
 // width). No atomics on floats. Token rows (y, out, dout, dy, x, dx, grouped) are of
 // `dtype` (f32, or bf16 on the mixed path); routing weights and their gradient are fp32.
 // The front end validates shapes and dtypes; the row kernels launch on the context's
-// stream, the dispatch on kiln::cuda::stream() only (static scratch). They trust their
+// stream, the dispatch too (its chunk counts in the context's scratch). They trust their
 // inputs (an expert id outside [0, E) traps). No output may alias an input.
 #pragma once
 
@@ -25,7 +25,7 @@ namespace kiln::cuda {
 // in pair order), pair_of_row [rows], row_of_pair [pairs] (-1: empty or dropped), and
 // *dropped += the pairs past a capacity (dropped null: not counted). More live rows than
 // `rows` trap.
-void moe_dispatch(const int32_t* experts, int64_t pairs, int64_t e_count, int64_t capacity, int64_t rows,
+void moe_dispatch(const ExecContext& ctx, const int32_t* experts, int64_t pairs, int64_t e_count, int64_t capacity, int64_t rows,
                   int32_t* counts, int32_t* offsets, int32_t* pair_of_row, int32_t* row_of_pair, int32_t* dropped);
 
 // grouped [rows, cols] = x[pair_of_row[r] / k] for the *live rows (offsets[E], on the

@@ -38,13 +38,12 @@ void softmax_row_backward(const T* p, const double* dp, int64_t n, T* dl) {
 
 void softmax_topk_forward(const ExecContext& ctx, const Tensor& logits, bool normalize, const Tensor& probs, const Routes& out) {
   const char* op = "softmax_topk";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   check_routes(op, logits, out);
   expect_same(op, "probs", probs, logits);
   expect_shape(op, "probs", probs, logits.shape());
   KILN_ON_CUDA(logits, op,
-               cuda::softmax_topk_forward(logits.data<float>(), logits.size(0), logits.size(1), out.experts.size(1),
+               cuda::softmax_topk_forward(ctx, logits.data<float>(), logits.size(0), logits.size(1), out.experts.size(1),
                                           normalize, probs.data<float>(), out.experts.data<int32_t>(),
                                           out.weights.data<float>()));
   dispatch_cpu_float(op, logits.dtype(), [&](auto zero) {
@@ -76,7 +75,6 @@ void softmax_topk_forward(const ExecContext& ctx, const Tensor& logits, bool nor
 void softmax_topk_backward(const ExecContext& ctx, const Tensor& probs, const Routes& routes, bool normalize, const Tensor& dweights,
                            const Tensor& dprobs, const Tensor& dlogits) {
   const char* op = "softmax_topk_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, probs);
   check_routes(op, probs, routes);
   expect_same(op, "dweights", dweights, routes.weights);
@@ -85,7 +83,7 @@ void softmax_topk_backward(const ExecContext& ctx, const Tensor& probs, const Ro
   expect_shape(op, "dlogits", dlogits, probs.shape());
   if (dprobs.defined()) expect_shape(op, "dprobs", dprobs, probs.shape()), expect_same(op, "dprobs", dprobs, probs);
   KILN_ON_CUDA(probs, op,
-               cuda::softmax_topk_backward(probs.data<float>(), routes.experts.data<int32_t>(),
+               cuda::softmax_topk_backward(ctx, probs.data<float>(), routes.experts.data<int32_t>(),
                                            routes.weights.data<float>(), probs.size(0), probs.size(1),
                                            routes.experts.size(1), normalize, dweights.data<float>(),
                                            f32_or_null(dprobs), dlogits.data<float>()));
@@ -119,7 +117,6 @@ void softmax_topk_backward(const ExecContext& ctx, const Tensor& probs, const Ro
 void sigmoid_bias_forward(const ExecContext& ctx, const Tensor& logits, const Tensor& bias, int64_t groups, int64_t top_groups, bool normalize,
                           double scaling, const Tensor& scores, const Routes& out) {
   const char* op = "sigmoid_bias";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   check_routes(op, logits, out);
   const int64_t e_count = logits.size(1), k = out.experts.size(1);
@@ -131,7 +128,7 @@ void sigmoid_bias_forward(const ExecContext& ctx, const Tensor& logits, const Te
              op, "top {} of {} experts in the top {} of {} groups", k, e_count, top_groups, groups);
   KILN_ON_CUDA(logits, op, {
     expect_same(op, "bias", bias, logits);
-    cuda::sigmoid_bias_forward(logits.data<float>(), bias.data<float>(), logits.size(0), e_count, k, groups, top_groups,
+    cuda::sigmoid_bias_forward(ctx, logits.data<float>(), bias.data<float>(), logits.size(0), e_count, k, groups, top_groups,
                                normalize, static_cast<float>(scaling), scores.data<float>(), out.experts.data<int32_t>(),
                                out.weights.data<float>());
   });
@@ -174,7 +171,6 @@ void sigmoid_bias_forward(const ExecContext& ctx, const Tensor& logits, const Te
 void sigmoid_bias_backward(const ExecContext& ctx, const Tensor& scores, const Routes& routes, bool normalize, double scaling,
                            const Tensor& dweights, const Tensor& dscores, const Tensor& dlogits) {
   const char* op = "sigmoid_bias_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, scores);
   check_routes(op, scores, routes);
   expect_shape(op, "dweights", dweights, routes.weights.shape());
@@ -183,7 +179,7 @@ void sigmoid_bias_backward(const ExecContext& ctx, const Tensor& scores, const R
   expect_same(op, "dlogits", dlogits, scores);
   if (dscores.defined()) expect_shape(op, "dscores", dscores, scores.shape()), expect_same(op, "dscores", dscores, scores);
   KILN_ON_CUDA(scores, op,
-               cuda::sigmoid_bias_backward(scores.data<float>(), routes.experts.data<int32_t>(), scores.size(0),
+               cuda::sigmoid_bias_backward(ctx, scores.data<float>(), routes.experts.data<int32_t>(), scores.size(0),
                                            scores.size(1), routes.experts.size(1), normalize,
                                            static_cast<float>(scaling), dweights.data<float>(), f32_or_null(dscores),
                                            dlogits.data<float>()));
@@ -277,16 +273,15 @@ double router_z_loss_cpu(const char* op, const Tensor& logits, double grad_scale
 
 double balance_loss(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs) {
   const char* op = "balance_loss";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, probs);
   check_balance(op, probs, counts, dprobs);
   if (probs.device() == Device::cuda) {
 #if KILN_WITH_CUDA
-    double* sum = cuda::own_loss_sum();
-    cuda::reset_loss_sum(sum);
-    cuda::balance_loss(probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, grad_scale,
+    double* sum = cuda::own_loss_sum(ctx);
+    cuda::reset_loss_sum(ctx, sum);
+    cuda::balance_loss(ctx, probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, grad_scale,
                        sum, f32_or_null_mut(dprobs), /*accumulate=*/true);
-    return cuda::read_loss_sum(sum);
+    return cuda::read_loss_sum(ctx, sum);
 #else
     no_cuda_kernel(op);
 #endif
@@ -296,12 +291,11 @@ double balance_loss(const ExecContext& ctx, const Tensor& probs, const Tensor& c
 
 void balance_loss_sum(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double* sum) {
   const char* op = "balance_loss";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, probs);
   check_balance(op, probs, counts, Tensor());
   KILN_CHECK(sum != nullptr, op, "no sum to add to");
   KILN_ON_CUDA(probs, op,
-               cuda::balance_loss(probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, 0,
+               cuda::balance_loss(ctx, probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, 0,
                                   sum, nullptr, true));
   *sum += balance_loss_cpu(op, probs, counts, top_k, 0, Tensor());
 }
@@ -309,12 +303,11 @@ void balance_loss_sum(const ExecContext& ctx, const Tensor& probs, const Tensor&
 void balance_loss_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale,
                            const Tensor& dprobs) {
   const char* op = "balance_loss_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, probs);
   check_balance(op, probs, counts, dprobs);
   KILN_CHECK(dprobs.defined(), op, "dprobs is undefined");
   KILN_ON_CUDA(probs, op, {
-    cuda::balance_loss(probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, grad_scale,
+    cuda::balance_loss(ctx, probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, grad_scale,
                        nullptr, dprobs.data<float>(), /*accumulate=*/false);
   });
   zero_tensor(dprobs);
@@ -323,15 +316,14 @@ void balance_loss_backward(const ExecContext& ctx, const Tensor& probs, const Te
 
 double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits) {
   const char* op = "router_z_loss";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   check_z(op, logits, dlogits);
   if (logits.device() == Device::cuda) {
 #if KILN_WITH_CUDA
-    double* sum = cuda::own_loss_sum();
-    cuda::reset_loss_sum(sum);
-    cuda::router_z_loss(logits.data<float>(), logits.size(0), logits.size(1), grad_scale, sum, f32_or_null_mut(dlogits));
-    return cuda::read_loss_sum(sum);
+    double* sum = cuda::own_loss_sum(ctx);
+    cuda::reset_loss_sum(ctx, sum);
+    cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), grad_scale, sum, f32_or_null_mut(dlogits));
+    return cuda::read_loss_sum(ctx, sum);
 #else
     no_cuda_kernel(op);
 #endif
@@ -341,22 +333,20 @@ double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_s
 
 void router_z_loss_sum(const ExecContext& ctx, const Tensor& logits, double* sum) {
   const char* op = "router_z_loss";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   check_z(op, logits, Tensor());
   KILN_CHECK(sum != nullptr, op, "no sum to add to");
-  KILN_ON_CUDA(logits, op, cuda::router_z_loss(logits.data<float>(), logits.size(0), logits.size(1), 0, sum, nullptr));
+  KILN_ON_CUDA(logits, op, cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), 0, sum, nullptr));
   *sum += router_z_loss_cpu(op, logits, 0, Tensor());
 }
 
 void router_z_loss_backward(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits) {
   const char* op = "router_z_loss_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   check_z(op, logits, dlogits);
   KILN_CHECK(dlogits.defined(), op, "dlogits is undefined");
   KILN_ON_CUDA(logits, op,
-               cuda::router_z_loss(logits.data<float>(), logits.size(0), logits.size(1), grad_scale, nullptr,
+               cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), grad_scale, nullptr,
                                    dlogits.data<float>()));
   router_z_loss_cpu(op, logits, grad_scale, dlogits);
 }
@@ -389,14 +379,13 @@ void router_logits_backward(const ExecContext& ctx, const Tensor& x, const Tenso
 
 void row_normalize_forward(const ExecContext& ctx, const Tensor& scores, const Tensor& probs) {
   const char* op = "row_normalize";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, scores);
   expect_rank(op, "scores", scores, 2);
   gpu_router_math(op, scores);
   expect_same(op, "probs", probs, scores);
   expect_shape(op, "probs", probs, scores.shape());
   const int64_t rows = scores.size(0), e = scores.size(1);
-  KILN_ON_CUDA(scores, op, cuda::row_normalize_forward(scores.data<float>(), rows, e, probs.data<float>()));
+  KILN_ON_CUDA(scores, op, cuda::row_normalize_forward(ctx, scores.data<float>(), rows, e, probs.data<float>()));
   dispatch_cpu_float(op, scores.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* s = scores.data<T>();
@@ -411,7 +400,6 @@ void row_normalize_forward(const ExecContext& ctx, const Tensor& scores, const T
 
 void row_normalize_backward(const ExecContext& ctx, const Tensor& scores, const Tensor& probs, const Tensor& dprobs, const Tensor& dscores) {
   const char* op = "row_normalize_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, scores);
   expect_rank(op, "scores", scores, 2);
   gpu_router_math(op, scores);
@@ -421,7 +409,7 @@ void row_normalize_backward(const ExecContext& ctx, const Tensor& scores, const 
   }
   const int64_t rows = scores.size(0), e = scores.size(1);
   KILN_ON_CUDA(scores, op,
-               cuda::row_normalize_backward(scores.data<float>(), probs.data<float>(), dprobs.data<float>(), rows, e,
+               cuda::row_normalize_backward(ctx, scores.data<float>(), probs.data<float>(), dprobs.data<float>(), rows, e,
                                             dscores.data<float>()));
   // ds_m = (dp_m - sum_j dp_j p_j) / sum(s).
   dispatch_cpu_float(op, scores.dtype(), [&](auto zero) {
@@ -438,13 +426,12 @@ void row_normalize_backward(const ExecContext& ctx, const Tensor& scores, const 
 
 void sigmoid_bias_update(const ExecContext& ctx, const Tensor& bias, const Tensor& counts, bool sign_rule, double rate) {
   const char* op = "sigmoid_bias_update";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, bias);
   expect_rank(op, "bias", bias, 1);
   gpu_router_math(op, bias);
   expect_tensor(op, "counts", counts, bias.shape(), DType::i32, bias.device());
   const int64_t e = bias.numel();
-  KILN_ON_CUDA(bias, op, cuda::sigmoid_bias_update(bias.data<float>(), counts.data<int32_t>(), e, sign_rule, rate));
+  KILN_ON_CUDA(bias, op, cuda::sigmoid_bias_update(ctx, bias.data<float>(), counts.data<int32_t>(), e, sign_rule, rate));
   const int32_t* c = counts.data<int32_t>();
   double mean = 0;
   for (int64_t j = 0; j < e; ++j) mean += c[j];

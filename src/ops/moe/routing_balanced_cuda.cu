@@ -32,8 +32,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t j = lane; j < e_count; j += kWarpSize) probs[t * e_count + j] = expf(l[j] - m) / sum;
 }
 
-void softmax_rows(const float* logits, int64_t tokens, int64_t e_count, float* probs, const char* op) {
-  softmax_rows_kernel<<<row_blocks(tokens), kThreads, 0, stream()>>>(logits, tokens, e_count, probs);
+void softmax_rows(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, float* probs, const char* op) {
+  softmax_rows_kernel<<<row_blocks(tokens), kThreads, 0, stream(ctx)>>>(logits, tokens, e_count, probs);
   check_launch(op, "softmax_rows_kernel");
 }
 
@@ -158,34 +158,34 @@ __global__ void __launch_bounds__(kChoiceThreads)
 
 }  // namespace
 
-void sinkhorn_topk_forward(const float* logits, int64_t tokens, int64_t e_count, int64_t k, int64_t iterations,
+void sinkhorn_topk_forward(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, int64_t k, int64_t iterations,
                            bool normalize, float* probs, float* row_scale, float* col_scale, int32_t* experts,
                            float* weights) {
   constexpr const char* kOp = "sinkhorn_topk";
   if (tokens == 0) return;
-  softmax_rows(logits, tokens, e_count, probs, kOp);
-  fill_kernel<<<blocks_for(e_count, kThreads), kThreads, 0, stream()>>>(col_scale, e_count, 1.0f);
+  softmax_rows(ctx, logits, tokens, e_count, probs, kOp);
+  fill_kernel<<<blocks_for(e_count, kThreads), kThreads, 0, stream(ctx)>>>(col_scale, e_count, 1.0f);
   check_launch(kOp, "fill_kernel");
   for (int64_t it = 0; it < iterations; ++it) {
-    row_scale_kernel<<<row_blocks(tokens), kThreads, 0, stream()>>>(probs, col_scale, tokens, e_count, row_scale);
+    row_scale_kernel<<<row_blocks(tokens), kThreads, 0, stream(ctx)>>>(probs, col_scale, tokens, e_count, row_scale);
     check_launch(kOp, "row_scale_kernel");
-    col_scale_kernel<<<static_cast<unsigned>(e_count), kThreads, 0, stream()>>>(probs, row_scale, tokens, e_count,
+    col_scale_kernel<<<static_cast<unsigned>(e_count), kThreads, 0, stream(ctx)>>>(probs, row_scale, tokens, e_count,
                                                                                 col_scale);
     check_launch(kOp, "col_scale_kernel");
   }
   by_width(e_count, [&]<int kPer>() {
-    scaled_topk_kernel<kPer><<<row_blocks(tokens), kThreads, 0, stream()>>>(probs, col_scale, tokens, e_count, k,
+    scaled_topk_kernel<kPer><<<row_blocks(tokens), kThreads, 0, stream(ctx)>>>(probs, col_scale, tokens, e_count, k,
                                                                             normalize, experts, weights);
     check_launch(kOp, "scaled_topk_kernel");
   });
 }
 
-void expert_choice_forward(const float* logits, int64_t tokens, int64_t e_count, int64_t capacity, float* probs,
+void expert_choice_forward(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, int64_t capacity, float* probs,
                            int32_t* experts, float* weights) {
   constexpr const char* kOp = "expert_choice";
   if (tokens == 0) return;
-  softmax_rows(logits, tokens, e_count, probs, kOp);
-  expert_choice_kernel<<<static_cast<unsigned>(e_count), kChoiceThreads, 0, stream()>>>(probs, tokens, e_count,
+  softmax_rows(ctx, logits, tokens, e_count, probs, kOp);
+  expert_choice_kernel<<<static_cast<unsigned>(e_count), kChoiceThreads, 0, stream(ctx)>>>(probs, tokens, e_count,
                                                                                         capacity, experts, weights);
   check_launch(kOp, "expert_choice_kernel");
 }

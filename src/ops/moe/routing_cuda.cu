@@ -5,12 +5,14 @@
 // knows each round's winner. Softmax, sigmoid and their backwards compute in fp32; the
 // z-loss's logsumexp and both losses' sums in fp64, as the CPU reference does.
 //
-// Loss values: per-block partial sums in a fixed order into static device scratch, then
-// one warp adds the partials in order and adds the total to the caller's double. Only
-// kiln::cuda::stream() runs these, so two calls never share the scratch at once.
+// Loss values: per-block partial sums in a fixed order into the context's device scratch
+// (core/context_scratch.h), then one warp adds the partials in order and adds the total to
+// the caller's double. Each stream has its own scratch and runs its calls one after another,
+// so two calls never share it at once.
 #include "ops/moe/routing_cuda.h"
 #include "ops/moe/routing_topk.cuh"
 
+#include "core/context_scratch.h"
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
@@ -259,17 +261,12 @@ __global__ void __launch_bounds__(kThreads)
 // ---- losses -----------------------------------------------------------------------------------
 
 constexpr int kMaxPartials = 1024;
-__device__ double g_partials[kMaxPartials];
-__device__ double g_loss_value;
+// The losses' per-block partials, and the loss value the front ends read back, in the
+// context's device scratch (core/context_scratch.h).
+constexpr ScratchKind kLossPartials{"moe losses", kMaxPartials * sizeof(double)};
+constexpr ScratchKind kLossValue{"moe loss value", sizeof(double)};
 
-double* partials() {
-  static double* const p = [] {
-    void* address = nullptr;
-    check(cudaGetSymbolAddress(&address, g_partials), "moe losses", "cudaGetSymbolAddress");
-    return static_cast<double*>(address);
-  }();
-  return p;
-}
+double* partials(const ExecContext& ctx) { return context_scratch_as<double>(ctx, kLossPartials); }
 
 // *sum += scale x the sum of partials [0, n) (in lane order, then the butterfly).
 __global__ void add_partials(const double* __restrict__ partial, int n, double scale, double* __restrict__ sum) {
@@ -358,121 +355,114 @@ __global__ void reset_kernel(double* sum) { *sum = 0; }
 
 }  // namespace
 
-void softmax_topk_forward(const float* logits, int64_t tokens, int64_t e_count, int64_t k, bool normalize,
+void softmax_topk_forward(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, int64_t k, bool normalize,
                           float* probs, int32_t* experts, float* weights) {
   if (tokens == 0) return;
   by_width(e_count, [&]<int kPer>() {
-    softmax_topk_kernel<kPer><<<row_blocks(tokens), kThreads, 0, stream()>>>(logits, tokens, e_count, k, normalize,
+    softmax_topk_kernel<kPer><<<row_blocks(tokens), kThreads, 0, stream(ctx)>>>(logits, tokens, e_count, k, normalize,
                                                                              probs, experts, weights);
     check_launch("softmax_topk", "softmax_topk_kernel");
   });
 }
 
-void softmax_topk_backward(const float* probs, const int32_t* experts, const float* weights, int64_t tokens,
+void softmax_topk_backward(const ExecContext& ctx, const float* probs, const int32_t* experts, const float* weights, int64_t tokens,
                            int64_t e_count, int64_t k, bool normalize, const float* dweights, const float* dprobs,
                            float* dlogits) {
   if (tokens == 0) return;
   by_width(e_count, [&]<int kPer>() {
-    softmax_topk_backward_kernel<kPer><<<row_blocks(tokens), kThreads, 0, stream()>>>(
+    softmax_topk_backward_kernel<kPer><<<row_blocks(tokens), kThreads, 0, stream(ctx)>>>(
         probs, experts, weights, tokens, e_count, k, normalize, dweights, dprobs, dlogits);
     check_launch("softmax_topk_backward", "softmax_topk_backward_kernel");
   });
 }
 
-void sigmoid_bias_forward(const float* logits, const float* bias, int64_t tokens, int64_t e_count, int64_t k,
+void sigmoid_bias_forward(const ExecContext& ctx, const float* logits, const float* bias, int64_t tokens, int64_t e_count, int64_t k,
                           int64_t groups, int64_t top_groups, bool normalize, float scaling, float* scores,
                           int32_t* experts, float* weights) {
   if (tokens == 0) return;
   const size_t shared = groups > 1 ? static_cast<size_t>(kWarps * e_count) * sizeof(float) : 0;
   by_width(e_count, [&]<int kPer>() {
-    sigmoid_bias_kernel<kPer><<<row_blocks(tokens), kThreads, shared, stream()>>>(
+    sigmoid_bias_kernel<kPer><<<row_blocks(tokens), kThreads, shared, stream(ctx)>>>(
         logits, bias, tokens, e_count, k, groups, top_groups, normalize, scaling, scores, experts, weights);
     check_launch("sigmoid_bias", "sigmoid_bias_kernel");
   });
 }
 
-void sigmoid_bias_backward(const float* scores, const int32_t* experts, int64_t tokens, int64_t e_count, int64_t k,
+void sigmoid_bias_backward(const ExecContext& ctx, const float* scores, const int32_t* experts, int64_t tokens, int64_t e_count, int64_t k,
                            bool normalize, float scaling, const float* dweights, const float* dscores, float* dlogits) {
   if (tokens == 0) return;
   by_width(e_count, [&]<int kPer>() {
-    sigmoid_bias_backward_kernel<kPer><<<row_blocks(tokens), kThreads, 0, stream()>>>(
+    sigmoid_bias_backward_kernel<kPer><<<row_blocks(tokens), kThreads, 0, stream(ctx)>>>(
         scores, experts, tokens, e_count, k, normalize, scaling, dweights, dscores, dlogits);
     check_launch("sigmoid_bias_backward", "sigmoid_bias_backward_kernel");
   });
 }
 
-void row_normalize_forward(const float* scores, int64_t tokens, int64_t e_count, float* probs) {
+void row_normalize_forward(const ExecContext& ctx, const float* scores, int64_t tokens, int64_t e_count, float* probs) {
   if (tokens == 0) return;
-  row_normalize_kernel<<<row_blocks(tokens), kThreads, 0, stream()>>>(scores, tokens, e_count, probs);
+  row_normalize_kernel<<<row_blocks(tokens), kThreads, 0, stream(ctx)>>>(scores, tokens, e_count, probs);
   check_launch("row_normalize", "row_normalize_kernel");
 }
 
-void row_normalize_backward(const float* scores, const float* probs, const float* dprobs, int64_t tokens,
+void row_normalize_backward(const ExecContext& ctx, const float* scores, const float* probs, const float* dprobs, int64_t tokens,
                             int64_t e_count, float* dscores) {
   if (tokens == 0) return;
-  row_normalize_backward_kernel<<<row_blocks(tokens), kThreads, 0, stream()>>>(scores, probs, dprobs, tokens, e_count,
+  row_normalize_backward_kernel<<<row_blocks(tokens), kThreads, 0, stream(ctx)>>>(scores, probs, dprobs, tokens, e_count,
                                                                                dscores);
   check_launch("row_normalize_backward", "row_normalize_backward_kernel");
 }
 
-void balance_loss(const float* probs, const int32_t* counts, int64_t tokens, int64_t e_count, int64_t k,
+void balance_loss(const ExecContext& ctx, const float* probs, const int32_t* counts, int64_t tokens, int64_t e_count, int64_t k,
                   double grad_scale, double* sum, float* dprobs, bool accumulate) {
   constexpr const char* kOp = "balance_loss";
   KILN_CHECK(e_count <= kMaxPartials, kOp, "{} experts", e_count);
   if (tokens == 0) return;
   if (sum) {
-    balance_terms<<<static_cast<unsigned>(e_count), kThreads, 0, stream()>>>(probs, counts, tokens, e_count, k,
-                                                                            partials());
+    balance_terms<<<static_cast<unsigned>(e_count), kThreads, 0, stream(ctx)>>>(probs, counts, tokens, e_count, k,
+                                                                            partials(ctx));
     check_launch(kOp, "balance_terms");
-    add_partials<<<1, kWarpSize, 0, stream()>>>(partials(), static_cast<int>(e_count), 1.0, sum);
+    add_partials<<<1, kWarpSize, 0, stream(ctx)>>>(partials(ctx), static_cast<int>(e_count), 1.0, sum);
     check_launch(kOp, "add_partials");
   }
   if (dprobs) {
-    balance_gradient<<<blocks_for(tokens * e_count, kThreads), kThreads, 0, stream()>>>(counts, tokens, e_count, k,
+    balance_gradient<<<blocks_for(tokens * e_count, kThreads), kThreads, 0, stream(ctx)>>>(counts, tokens, e_count, k,
                                                                                         grad_scale, dprobs,
                                                                                         accumulate);
     check_launch(kOp, "balance_gradient");
   }
 }
 
-void router_z_loss(const float* logits, int64_t tokens, int64_t e_count, double grad_scale, double* sum,
+void router_z_loss(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, double grad_scale, double* sum,
                    float* dlogits) {
   constexpr const char* kOp = "router_z_loss";
   if (tokens == 0 || (!sum && !dlogits)) return;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(row_blocks(tokens), kMaxPartials));
-  z_loss_rows<<<blocks, kThreads, 0, stream()>>>(logits, tokens, e_count, grad_scale, sum ? partials() : nullptr,
+  z_loss_rows<<<blocks, kThreads, 0, stream(ctx)>>>(logits, tokens, e_count, grad_scale, sum ? partials(ctx) : nullptr,
                                                  dlogits);
   check_launch(kOp, "z_loss_rows");
   if (!sum) return;
-  add_partials<<<1, kWarpSize, 0, stream()>>>(partials(), static_cast<int>(blocks), 1.0 / static_cast<double>(tokens),
+  add_partials<<<1, kWarpSize, 0, stream(ctx)>>>(partials(ctx), static_cast<int>(blocks), 1.0 / static_cast<double>(tokens),
                                               sum);
   check_launch(kOp, "add_partials");
 }
 
-void sigmoid_bias_update(float* bias, const int32_t* counts, int64_t e_count, bool sign_rule, double rate) {
+void sigmoid_bias_update(const ExecContext& ctx, float* bias, const int32_t* counts, int64_t e_count, bool sign_rule, double rate) {
   KILN_CHECK(e_count <= kRoutingMaxExperts, "sigmoid_bias", "{} experts", e_count);
-  bias_update_kernel<<<1, kRoutingMaxExperts, 0, stream()>>>(bias, counts, e_count, sign_rule, rate);
+  bias_update_kernel<<<1, kRoutingMaxExperts, 0, stream(ctx)>>>(bias, counts, e_count, sign_rule, rate);
   check_launch("sigmoid_bias", "bias_update_kernel");
 }
 
-double* own_loss_sum() {
-  static double* const own = [] {
-    void* address = nullptr;
-    check(cudaGetSymbolAddress(&address, g_loss_value), "moe losses", "cudaGetSymbolAddress");
-    return static_cast<double*>(address);
-  }();
-  return own;
-}
+double* own_loss_sum(const ExecContext& ctx) { return context_scratch_as<double>(ctx, kLossValue); }
 
-void reset_loss_sum(double* sum) {
-  reset_kernel<<<1, 1, 0, stream()>>>(sum);
+void reset_loss_sum(const ExecContext& ctx, double* sum) {
+  reset_kernel<<<1, 1, 0, stream(ctx)>>>(sum);
   check_launch("moe losses", "reset_kernel");
 }
 
-double read_loss_sum(const double* sum) {
+double read_loss_sum(const ExecContext& ctx, const double* sum) {
   double host = 0;
-  check(cudaMemcpyAsync(&host, sum, sizeof(host), cudaMemcpyDeviceToHost, stream()), "moe losses", "copy the sum");
-  check(cudaStreamSynchronize(stream()), "moe losses", "synchronize");
+  check(cudaMemcpyAsync(&host, sum, sizeof(host), cudaMemcpyDeviceToHost, stream(ctx)), "moe losses", "copy the sum");
+  check(cudaStreamSynchronize(stream(ctx)), "moe losses", "synchronize");
   return host;
 }
 

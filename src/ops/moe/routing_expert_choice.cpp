@@ -11,7 +11,6 @@ namespace kiln::ops {
 
 void expert_choice_forward(const ExecContext& ctx, const Tensor& logits, int64_t capacity, const Tensor& probs, const Routes& out) {
   const char* op = "expert_choice";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   routing_detail::check_routes(op, logits, out);
   const int64_t t_count = logits.size(0), e_count = logits.size(1);
@@ -21,7 +20,7 @@ void expert_choice_forward(const ExecContext& ctx, const Tensor& logits, int64_t
   expect_same(op, "probs", probs, logits);
   expect_shape(op, "probs", probs, logits.shape());
   KILN_ON_CUDA(logits, op,
-               cuda::expert_choice_forward(logits.data<float>(), t_count, e_count, capacity, probs.data<float>(),
+               cuda::expert_choice_forward(ctx, logits.data<float>(), t_count, e_count, capacity, probs.data<float>(),
                                            out.experts.data<int32_t>(), out.weights.data<float>()));
   dispatch_cpu_float(op, logits.dtype(), [&](auto zero) {
     using T = decltype(zero);

@@ -33,14 +33,13 @@ double relu_l1_cpu(const char* op, const Tensor& logits) {
 
 void relu_route_forward(const ExecContext& ctx, const Tensor& logits, const Tensor& probs, const Routes& out) {
   const char* op = "relu_route";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   check_relu_routes(op, logits, out);
   expect_same(op, "probs", probs, logits);
   expect_shape(op, "probs", probs, logits.shape());
   const int64_t t_count = logits.size(0), e_count = logits.size(1);
   KILN_ON_CUDA(logits, op,
-               cuda::relu_route_forward(logits.data<float>(), t_count, e_count, probs.data<float>(),
+               cuda::relu_route_forward(ctx, logits.data<float>(), t_count, e_count, probs.data<float>(),
                                         out.experts.data<int32_t>(), out.weights.data<float>()));
   dispatch_cpu_float(op, logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -61,7 +60,6 @@ void relu_route_forward(const ExecContext& ctx, const Tensor& logits, const Tens
 void relu_route_backward(const ExecContext& ctx, const Routes& routes, const Tensor& dweights, const Tensor& coef, double grad_scale,
                          const Tensor& dlogits) {
   const char* op = "relu_route_backward";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, dlogits);
   check_relu_routes(op, dlogits, routes);
   expect_same(op, "dweights", dweights, routes.weights);
@@ -69,7 +67,7 @@ void relu_route_backward(const ExecContext& ctx, const Routes& routes, const Ten
   check_coef(op, coef, dlogits);
   const int64_t t_count = dlogits.size(0), e_count = dlogits.size(1);
   KILN_ON_CUDA(dlogits, op,
-               cuda::relu_route_backward(routes.experts.data<int32_t>(), t_count, e_count, dweights.data<float>(),
+               cuda::relu_route_backward(ctx, routes.experts.data<int32_t>(), t_count, e_count, dweights.data<float>(),
                                          coef.data<float>(), grad_scale, dlogits.data<float>()));
   dispatch_cpu_float(op, dlogits.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -83,16 +81,15 @@ void relu_route_backward(const ExecContext& ctx, const Routes& routes, const Ten
 
 double relu_l1(const ExecContext& ctx, const Tensor& logits) {
   const char* op = "relu_l1";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   expect_rank(op, "logits", logits, 2);
   routing_detail::gpu_router_math(op, logits);
   if (logits.device() == Device::cuda) {
 #if KILN_WITH_CUDA
-    double* sum = cuda::own_loss_sum();
-    cuda::reset_loss_sum(sum);
-    cuda::relu_l1_sum(logits.data<float>(), logits.size(0), logits.size(1), sum);
-    return cuda::read_loss_sum(sum);
+    double* sum = cuda::own_loss_sum(ctx);
+    cuda::reset_loss_sum(ctx, sum);
+    cuda::relu_l1_sum(ctx, logits.data<float>(), logits.size(0), logits.size(1), sum);
+    return cuda::read_loss_sum(ctx, sum);
 #else
     no_cuda_kernel(op);
 #endif
@@ -102,18 +99,16 @@ double relu_l1(const ExecContext& ctx, const Tensor& logits) {
 
 void relu_l1_sum(const ExecContext& ctx, const Tensor& logits, double* sum) {
   const char* op = "relu_l1";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   expect_rank(op, "logits", logits, 2);
   routing_detail::gpu_router_math(op, logits);
   KILN_CHECK(sum != nullptr, op, "no sum to add to");
-  KILN_ON_CUDA(logits, op, cuda::relu_l1_sum(logits.data<float>(), logits.size(0), logits.size(1), sum));
+  KILN_ON_CUDA(logits, op, cuda::relu_l1_sum(ctx, logits.data<float>(), logits.size(0), logits.size(1), sum));
   *sum += relu_l1_cpu(op, logits);
 }
 
 void relu_l1_update(const ExecContext& ctx, const Tensor& coef, const Tensor& counts, const Tensor& tokens, int64_t top_k, double factor) {
   const char* op = "relu_l1_update";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, coef);
   expect_shape(op, "coef", coef, Shape{1});
   routing_detail::gpu_router_math(op, coef);
@@ -124,7 +119,7 @@ void relu_l1_update(const ExecContext& ctx, const Tensor& coef, const Tensor& co
   KILN_CHECK(top_k >= 1 && top_k <= e_count && factor > 1, op, "target {} of {} experts, factor {}", top_k, e_count,
              factor);
   KILN_ON_CUDA(coef, op,
-               cuda::relu_l1_update(coef.data<float>(), counts.data<int32_t>(), e_count, tokens.data<double>(), top_k,
+               cuda::relu_l1_update(ctx, coef.data<float>(), counts.data<int32_t>(), e_count, tokens.data<double>(), top_k,
                                     factor));
   const double n = tokens.data<double>()[0];
   if (n <= 0) return;

@@ -5,6 +5,7 @@
 #include "ops/moe/routing_cuda.h"
 #include "ops/moe/routing_topk.cuh"
 
+#include "core/context_scratch.h"
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/grid_stride.cuh"
@@ -14,7 +15,7 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kL1Blocks = 128;
-__device__ double g_l1_partials[kL1Blocks];
+constexpr ScratchKind kL1Partials{"relu_l1", kL1Blocks * sizeof(double)};
 
 // Row t: slot e routed where l > 0 (weight l), probs = the gates over their sum (fp64, the
 // lane's order then the butterfly).
@@ -49,16 +50,18 @@ __global__ void relu_backward_kernel(const int32_t* __restrict__ experts, int64_
 }
 
 // Block b, thread i: the elements b kThreads + i, then a grid's stride on, summed in fp64.
-__global__ void __launch_bounds__(kThreads) l1_partials_kernel(const float* __restrict__ logits, int64_t n) {
+__global__ void __launch_bounds__(kThreads) l1_partials_kernel(const float* __restrict__ logits, int64_t n,
+                                                                 double* __restrict__ partials) {
   double s = 0;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n; i += int64_t{kL1Blocks} * kThreads)
     s += fmaxf(logits[i], 0.0f);
   s = block_sum<kThreads>(s);
-  if (threadIdx.x == 0) g_l1_partials[blockIdx.x] = s;
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
-__global__ void __launch_bounds__(kL1Blocks) l1_total_kernel(int64_t tokens, double* __restrict__ sum) {
-  const double s = block_sum<kL1Blocks>(g_l1_partials[threadIdx.x]);
+__global__ void __launch_bounds__(kL1Blocks) l1_total_kernel(const double* __restrict__ partials, int64_t tokens,
+                                                           double* __restrict__ sum) {
+  const double s = block_sum<kL1Blocks>(partials[threadIdx.x]);
   if (threadIdx.x == 0) *sum += s / static_cast<double>(tokens);
 }
 
@@ -76,32 +79,33 @@ __global__ void l1_update_kernel(float* __restrict__ coef, const int32_t* __rest
 
 }  // namespace
 
-void relu_route_forward(const float* logits, int64_t tokens, int64_t e_count, float* probs, int32_t* experts,
+void relu_route_forward(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, float* probs, int32_t* experts,
                         float* weights) {
   if (tokens == 0) return;
-  relu_route_kernel<<<row_blocks(tokens), kThreads, 0, stream()>>>(logits, tokens, e_count, probs, experts, weights);
+  relu_route_kernel<<<row_blocks(tokens), kThreads, 0, stream(ctx)>>>(logits, tokens, e_count, probs, experts, weights);
   check_launch("relu_route", "relu_route_kernel");
 }
 
-void relu_route_backward(const int32_t* experts, int64_t tokens, int64_t e_count, const float* dweights,
+void relu_route_backward(const ExecContext& ctx, const int32_t* experts, int64_t tokens, int64_t e_count, const float* dweights,
                          const float* coef, double grad_scale, float* dlogits) {
   if (tokens == 0) return;
-  relu_backward_kernel<<<blocks_for(tokens * e_count, kThreads), kThreads, 0, stream()>>>(
+  relu_backward_kernel<<<blocks_for(tokens * e_count, kThreads), kThreads, 0, stream(ctx)>>>(
       experts, tokens, e_count, dweights, coef, grad_scale, dlogits);
   check_launch("relu_route_backward", "relu_backward_kernel");
 }
 
-void relu_l1_sum(const float* logits, int64_t tokens, int64_t e_count, double* sum) {
+void relu_l1_sum(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, double* sum) {
   if (tokens == 0) return;
-  l1_partials_kernel<<<kL1Blocks, kThreads, 0, stream()>>>(logits, tokens * e_count);
+  double* const partials = context_scratch_as<double>(ctx, kL1Partials);
+  l1_partials_kernel<<<kL1Blocks, kThreads, 0, stream(ctx)>>>(logits, tokens * e_count, partials);
   check_launch("relu_l1", "l1_partials_kernel");
-  l1_total_kernel<<<1, kL1Blocks, 0, stream()>>>(tokens, sum);
+  l1_total_kernel<<<1, kL1Blocks, 0, stream(ctx)>>>(partials, tokens, sum);
   check_launch("relu_l1", "l1_total_kernel");
 }
 
-void relu_l1_update(float* coef, const int32_t* counts, int64_t e_count, const double* tokens, int64_t top_k,
+void relu_l1_update(const ExecContext& ctx, float* coef, const int32_t* counts, int64_t e_count, const double* tokens, int64_t top_k,
                     double factor) {
-  l1_update_kernel<<<1, 1, 0, stream()>>>(coef, counts, e_count, tokens, top_k, factor);
+  l1_update_kernel<<<1, 1, 0, stream(ctx)>>>(coef, counts, e_count, tokens, top_k, factor);
   check_launch("relu_l1_update", "l1_update_kernel");
 }
 

@@ -18,7 +18,6 @@ constexpr double kSinkhornEps = 1e-8;  // Megatron's: keeps an expert no token w
 void sinkhorn_topk_forward(const ExecContext& ctx, const Tensor& logits, int64_t iterations, bool normalize, const Tensor& probs,
                            const Tensor& row_scale, const Tensor& col_scale, const Routes& out) {
   const char* op = "sinkhorn_topk";
-  expect_process_stream(op, ctx);
   KILN_OP_SCOPE(op, logits);
   routing_detail::check_routes(op, logits, out);
   const int64_t t_count = logits.size(0), e_count = logits.size(1), k = out.experts.size(1);
@@ -30,7 +29,7 @@ void sinkhorn_topk_forward(const ExecContext& ctx, const Tensor& logits, int64_t
   expect_shape(op, "col_scale", col_scale, Shape{e_count});
   KILN_CHECK(iterations >= 0, op, "{} iterations", iterations);
   KILN_ON_CUDA(logits, op,
-               cuda::sinkhorn_topk_forward(logits.data<float>(), t_count, e_count, k, iterations, normalize,
+               cuda::sinkhorn_topk_forward(ctx, logits.data<float>(), t_count, e_count, k, iterations, normalize,
                                            probs.data<float>(), row_scale.data<float>(), col_scale.data<float>(),
                                            out.experts.data<int32_t>(), out.weights.data<float>()));
   dispatch_cpu_float(op, logits.dtype(), [&](auto zero) {

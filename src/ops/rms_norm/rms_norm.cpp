@@ -81,9 +81,6 @@ void rms_norm_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w,
   const char* op = "rms_norm_backward";
   KILN_OP_SCOPE(op, x);
   const bool mixed = is_mixed(dy);
-  // The mixed path's dw reduces through module-level device scratch, shared by every
-  // stream: the process-wide stream only, until it moves into the workspace.
-  if (mixed && dw.defined()) expect_process_stream(op, ctx);
   validate(op, x, w, rstd, mixed);
   expect_tensor(op, "dy", dy, x.shape(), mixed ? DType::bf16 : x.dtype(), x.device());
   expect_tensor(op, "dx", dx, x.shape(), x.dtype(), x.device());

@@ -14,13 +14,13 @@
 // and its cols / 32 blocks are too few to stream at full bandwidth). Each block owns a
 // contiguous range of rows, every thread keeps its columns' running sums in shared
 // memory (one set per group), and at the end the block folds its groups in order and
-// writes one row of partial sums to fixed device scratch. A second kernel adds the
-// partial rows column by column in a fixed order and does `dw +=`. The block count
-// depends only on the shape and the path taken (dtype, vector or scalar), so dw is
-// bitwise reproducible. The scratch is a static device array: no allocation, no host
-// synchronization, safe under CUDA-graph capture. Only one stream (the process-wide one:
-// the front end refuses a dw on any other) runs the dw kernels, so two calls never share it
-// at once.
+// writes one row of partial sums to the context's device scratch (core/context_scratch.h).
+// A second kernel adds the partial rows column by column in a fixed order and does
+// `dw +=`. The block count depends only on the shape and the path taken (dtype, vector or
+// scalar), so dw is bitwise reproducible. No allocation after the first call, no host
+// synchronization: safe under CUDA-graph capture. Each stream has its own scratch and its
+// calls run one after another, so two calls never share it at once.
+#include "core/context_scratch.h"
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/rms_norm/rms_norm_cuda.h"
@@ -52,7 +52,7 @@ constexpr int kVec = vec::kWidth;
 // is short; longer rows get fewer blocks so that blocks * cols fits.
 constexpr int64_t kDwBlocks = 2048;
 constexpr int64_t kDwScratchFloats = int64_t{1} << 22;
-__device__ float g_dw_partials[kDwScratchFloats];
+constexpr ScratchKind kDwPartials{"rms_norm_backward", kDwScratchFloats * sizeof(float)};
 
 bool aligned16(const void* p) { return p == nullptr || vec::aligned16(p); }
 
@@ -132,7 +132,8 @@ template <typename TX, int kThreads, int W>
 __global__ void __launch_bounds__(kBlockThreads)
     backward_kernel(const TX* __restrict__ x, const float* __restrict__ w, const float* __restrict__ rstd,
                     const bf16* __restrict__ dy, int64_t rows, int64_t cols, int64_t rows_per_block,
-                    TX* __restrict__ dx, bool accumulate, bool with_dw, bf16* __restrict__ dx_copy) {
+                    TX* __restrict__ dx, bool accumulate, bool with_dw, bf16* __restrict__ dx_copy,
+                    float* __restrict__ dw_partials) {
   constexpr int kRows = kBlockThreads / kThreads;
   extern __shared__ float dw_sums[];  // kRows sets of cols sums when with_dw
   const int t = static_cast<int>(threadIdx.x % kThreads);
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (!with_dw) return;
 
   __syncthreads();  // every group's sums are complete
-  float* partial = g_dw_partials + static_cast<int64_t>(blockIdx.x) * cols;
+  float* partial = dw_partials + static_cast<int64_t>(blockIdx.x) * cols;
   for (int64_t c = threadIdx.x; c < cols; c += kBlockThreads) {
     float total = 0.0f;
     const int64_t slot = c % W * stride + c / W;
@@ -203,14 +204,14 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
-// dw[c] += sum over blocks b of g_dw_partials[b][c], in a fixed order (ops/column_sums.cuh).
+// dw[c] += sum over blocks b of dw_partials[b][c], in a fixed order (ops/column_sums.cuh).
 constexpr int kSumSlices = 16;
 
 __global__ void __launch_bounds__(kColumnSumCols* kSumSlices)
-    dw_sum_kernel(int64_t blocks, int64_t cols, float* __restrict__ dw) {
+    dw_sum_kernel(const float* __restrict__ dw_partials, int64_t blocks, int64_t cols, float* __restrict__ dw) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnSumCols + threadIdx.x;
   float total;
-  if (column_total<kSumSlices>(g_dw_partials, blocks, cols, c, total)) dw[c] += total;
+  if (column_total<kSumSlices>(dw_partials, blocks, cols, c, total)) dw[c] += total;
 }
 
 // ---- launch shapes --------------------------------------------------------------------------
@@ -280,6 +281,7 @@ void rms_norm_backward_mixed(const ExecContext& ctx, const void* x, DType x_dtyp
   const bool vec =
       cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx) && aligned16(dx_copy);
   const bool with_dw = dw != nullptr;
+  float* const dw_partials = with_dw ? context_scratch_as<float>(ctx, kDwPartials) : nullptr;
   dispatch(x_dtype, cols, vec, [&](auto tx, auto threads, auto width) {
     using TX = decltype(tx);
     constexpr int kThreads = decltype(threads)::value, W = decltype(width)::value;
@@ -295,12 +297,12 @@ void rms_norm_backward_mixed(const ExecContext& ctx, const void* x, DType x_dtyp
     allow_shared_memory(kernel, shared);
     kernel<<<grid_size(blocks), kBlockThreads, shared, stream(ctx)>>>(
         static_cast<const TX*>(x), w, rstd, reinterpret_cast<const bf16*>(dy), rows, cols, rows_per_block,
-        static_cast<TX*>(dx), accumulate_dx, with_dw, reinterpret_cast<bf16*>(dx_copy));
+        static_cast<TX*>(dx), accumulate_dx, with_dw, reinterpret_cast<bf16*>(dx_copy), dw_partials);
     check_launch(kOp, "backward_kernel");
     if (with_dw) {
       dw_sum_kernel<<<grid_size((cols + kColumnSumCols - 1) / kColumnSumCols), dim3(kColumnSumCols, kSumSlices), 0,
                       stream(ctx)>>>(
-          blocks, cols, dw);
+          dw_partials, blocks, cols, dw);
       check_launch(kOp, "dw_sum_kernel");
     }
   });

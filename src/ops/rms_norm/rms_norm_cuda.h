@@ -25,8 +25,8 @@ void rms_norm_forward_mixed(const ExecContext& ctx, const void* x, DType x_dtype
                             bf16_bits* y, float* rstd, const bf16_bits* b = nullptr, float* sum = nullptr);
 // dy bf16; dx has x's dtype and is written (=) or accumulated (+=, the fp32 residual
 // gradient); dw (fp32, [cols]) is accumulated (+=) in a fixed order; dx_copy (null: none)
-// receives dx's final values in bf16. With dw, it reduces through module-level device
-// scratch: the process-wide stream only (the front end refuses others).
+// receives dx's final values in bf16. With dw, it reduces through the context's device
+// scratch (core/context_scratch.h).
 void rms_norm_backward_mixed(const ExecContext& ctx, const void* x, DType x_dtype, const float* w, const float* rstd, const bf16_bits* dy,
                              int64_t rows, int64_t cols, void* dx, bool accumulate_dx, float* dw,
                              bf16_bits* dx_copy);

@@ -20,7 +20,6 @@ std::vector<float> rope_inverse_frequencies(double theta, int64_t head_dim) {
 
 void rope_fill_tables(const ExecContext& ctx, const std::vector<float>& inv_freq, const Tensor& cos, const Tensor& sin, float scale) {
   const char* op = "rope_tables";
-  expect_process_stream(op, ctx);
   const int64_t half = static_cast<int64_t>(inv_freq.size());
   expect_rank(op, "cos", cos, 2);
   KILN_CHECK(cos.size(1) >= half, op, "cos must have at least {} columns, got {}", half, cos.describe());
