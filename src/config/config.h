@@ -328,6 +328,10 @@ struct DistConfig {
   // this rank stops with an error naming it: a dead or hung rank never hangs the others.
   // Longer than the longest pause of rank 0 alone (a checkpoint save).
   double timeout = 300;
+  // Data parallelism reduces the gradients in buckets of about this many MiB, each launched
+  // as soon as backward has written its last gradient, overlapping the rest of backward
+  // (train/gradient_buckets.h). 0: one reduction of every gradient after backward.
+  double bucket_mb = 25;
 };
 
 struct Config {

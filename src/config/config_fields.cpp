@@ -261,6 +261,8 @@ const std::array kFields = {
 
     KILN_FIELD(dist, timeout, positive().up_to(kMaxTimeoutSeconds, "a week; a collective waiting longer is hung"),
                "seconds a collective waits for the other ranks before failing"),
+    KILN_FIELD(dist, bucket_mb, non_negative().up_to(65536, "64 GiB; more than any model's gradients"),
+               "MiB of gradients per bucket reduced during backward; 0 = one reduction after backward"),
 };
 
 #undef KILN_ROLE_FIELDS

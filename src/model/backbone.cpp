@@ -75,7 +75,10 @@ void Backbone::forward(const Tensor& tokens, const SeqInfo& seq) {
 }
 
 void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::TokenGroups* groups,
-                        const ExtraGradients& extra) {
+                        const ExtraGradients& extra, const BackwardProgress* progress) {
+  const auto tell = [progress](int event) {
+    if (progress) (*progress)(event);
+  };
   const Tensor dres = dres_.rows(0, rows_);
   const Tensor dres_compute = dres_compute_.defined() ? dres_compute_.rows(0, rows_) : dres;
   // A head's gradient of the final norm's input goes in first, so the norm's backward adds
@@ -83,6 +86,7 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
   const bool extra_top = extra.final_norm_input.defined();
   if (extra_top) ops::convert(exec_, extra.final_norm_input, dres);
   final_norm_->backward(dhidden_.rows(0, rows_), dres, extra_top, dres_compute_.defined() ? dres_compute : Tensor());
+  tell(0);
   for (size_t l = blocks_.size(); l-- > 0;) {
     // A recomputed block's saved activations were overwritten by later blocks: run its
     // forward again from its saved input (it rewrites its output with the same values).
@@ -92,6 +96,7 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
       losses_->recomputing = false;
     }
     blocks_[l]->backward(dres, dres_compute, seq);
+    tell(static_cast<int>(blocks_.size() - l));
   }
   // The embedding's dropout and scale, onto the residual's gradient (read by nothing after
   // the table's).
@@ -106,6 +111,7 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
   } else {
     ops::embedding_backward(exec_, tokens, dres, embed_g_);
   }
+  tell(static_cast<int>(blocks_.size()) + 1);
 }
 
 void Backbone::export_config(ExportConfig& out) const {

@@ -6,6 +6,7 @@
 
 #include "config/config.h"
 #include "model/build_options.h"
+#include "model/gradient_ready.h"
 #include "nn/block.h"
 #include "ops/dropout/dropout.h"
 #include "ops/embedding/embedding.h"
@@ -39,8 +40,9 @@ class Backbone {
   };
   // Backward of the last forward from dhidden: parameter gradients accumulate (+=). The
   // embedding's gradient takes the token groups (GPU: a fixed summation order) when given.
+  // `progress` (may be null) is told each event as it finishes (model/gradient_ready.h).
   void backward(const Tensor& tokens, const SeqInfo& seq, const ops::TokenGroups* groups,
-                const ExtraGradients& extra = {});
+                const ExtraGradients& extra = {}, const BackwardProgress* progress = nullptr);
 
   // The embedding: its master (the lookup reads fp32 rows) and compute copy (a tied head's
   // weight) and gradient.

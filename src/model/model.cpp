@@ -316,7 +316,8 @@ void Model::forward_backward_on_device(const float* loss_scale, double* slot_sum
 void Model::backward() {
   KILN_PHASE("backward");
   backbone_->backward(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr,
-                      mtp_ ? mtp_->backbone_extra() : Backbone::ExtraGradients{});
+                      mtp_ ? mtp_->backbone_extra() : Backbone::ExtraGradients{},
+                      backward_progress_ ? &backward_progress_ : nullptr);
 }
 
 LossSums Model::evaluate() {
@@ -354,6 +355,31 @@ Tensor Model::all_gradients() const {
 }
 
 void Model::zero_grads() { zero_tensor(all_gradients()); }
+
+std::vector<GradientRange> Model::gradient_ranges() const {
+  const Tensor all = all_gradients();
+  const auto* base = static_cast<const unsigned char*>(all.raw());
+  const size_t element = dtype_size(all.dtype());
+  const int layers = static_cast<int>(config_.layers);
+  std::vector<GradientRange> ranges;
+  for (const auto& p : parameters_) {
+    const Tensor g = p->grad();
+    if (!g.defined()) continue;
+    const std::string& name = p->names().kiln;
+    // Blocks by their prefix "layers.<l>."; the table last; everything else (heads, the
+    // final norm, multi-token prediction's modules) before the blocks.
+    int ready = 0;
+    if (name == "embed.weight") {
+      ready = layers + 1;
+    } else if (name.rfind("layers.", 0) == 0) {
+      ready = layers - std::stoi(name.substr(7));
+    }
+    const auto offset = static_cast<int64_t>((static_cast<const unsigned char*>(g.raw()) - base) / element);
+    ranges.push_back({offset, offset + g.numel(), ready});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const GradientRange& a, const GradientRange& b) { return a.begin < b.begin; });
+  return ranges;
+}
 
 double Model::gradient_norm() const {
   KILN_PHASE("gradient norm");

@@ -121,6 +121,12 @@ class Model {
   // What the components collect over a step and act on in after_step(), for the ranks of a
   // data-parallel run to combine first.
   const StepStatistics& step_statistics() const { return step_statistics_; }
+  // Each trainable parameter's range of all_gradients() and the backward event after which
+  // it is final (model/gradient_ready.h), in the arena's order.
+  std::vector<GradientRange> gradient_ranges() const;
+  // Told backward's progress from now on (an empty function: no one); data parallelism
+  // reduces finished gradients while backward runs.
+  void set_backward_progress(BackwardProgress progress) { backward_progress_ = std::move(progress); }
 
  private:
   void forward();  // the backbone over the loaded rows
@@ -134,6 +140,7 @@ class Model {
   // Where the model's ops run (core/exec_context.h); its modules keep a reference.
   ExecContext exec_;
   Arena params_, grads_, activations_;
+  BackwardProgress backward_progress_;
   Workspace workspace_;
   std::vector<std::unique_ptr<Parameter>> parameters_;
   ComputeWeights compute_weights_;

@@ -6,18 +6,27 @@
 // components' step statistics (nn/step_statistics.h) are combined before they act on them.
 // Every rank then holds the same gradients, takes the same decisions and keeps the same
 // weights, so rank 0's checkpoint is the run's.
+//
+// With dist.bucket_mb > 0 on the CPU (Gloo), the gradients of a step's last micro-batch are
+// reduced in buckets while its backward still runs (train/gradient_buckets.h); on the GPU
+// (NCCL) and with 0, in one reduction after backward.
 #pragma once
 
 #include "dist/process_group.h"
 #include "model/model.h"
+#include "train/gradient_buckets.h"
 
 #include <cstdint>
+#include <memory>
 
 namespace kiln {
 
 class DataParallel {
  public:
-  DataParallel(dist::ProcessGroup& group, Model& model) : group_(group), model_(model) {}
+  // bucket_mb: dist.bucket_mb (0: no buckets).
+  DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb)
+      : group_(group), model_(model), bucket_mb_(bucket_mb) {}
+  ~DataParallel();
 
   int rank() const { return group_.rank(); }
   int world_size() const { return group_.world_size(); }
@@ -27,17 +36,27 @@ class DataParallel {
   void sum_counts(int64_t* counts, int count);
   // The signal any rank received (the largest number; 0 = none), so all stop at one step.
   int agree_on_stop(int local_signal);
-  // Sums the gradients and combines the step statistics over the ranks, in place on the
-  // model's device (on the GPU: on kiln's stream, with no host wait; a step graph may
-  // capture it).
+  // Before each micro-batch's forward and backward: the last of a step reduces its
+  // finished gradients in buckets while backward runs, where buckets apply (above).
+  void before_backward(bool last_micro_batch);
+  // Sums the gradients (or waits for the buckets' sums) and combines the step statistics
+  // over the ranks, in place on the model's device (on the GPU: on the model's stream, with
+  // no host wait; a step graph may capture it).
   void reduce_gradients();
+  // The buckets of the last step's reduction (empty: one reduction after backward).
+  std::vector<GradientBucket> buckets() const;
   // Sums `count` doubles over the ranks in place: host memory, or the device's (the device
   // step's loss sums).
   void sum(double* values, int64_t count, Device where);
 
  private:
+  bool bucketed() const { return bucket_mb_ > 0 && group_.device().device() == Device::cpu; }
+
   dist::ProcessGroup& group_;
   Model& model_;
+  double bucket_mb_;
+  std::unique_ptr<BucketedGradientReduction> buckets_;  // made at the first bucketed step
+  bool reducing_ = false;                                // this step's buckets are under way
 };
 
 }  // namespace kiln

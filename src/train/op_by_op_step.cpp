@@ -16,8 +16,8 @@ namespace {
 
 class OpByOpStep final : public StepExecutor {
  public:
-  OpByOpStep(Model& model, Optimizer& optimizer, DataParallel* data_parallel)
-      : model_(model), optimizer_(optimizer), data_parallel_(data_parallel) {}
+  OpByOpStep(Model& model, Optimizer& optimizer, int64_t micro_batches, DataParallel* data_parallel)
+      : model_(model), optimizer_(optimizer), micro_batches_(micro_batches), data_parallel_(data_parallel) {}
 
   void begin(int64_t targets, const StepPlan& plan) override {
     targets_ = targets;
@@ -26,14 +26,18 @@ class OpByOpStep final : public StepExecutor {
     model_.zero_grads();
   }
 
-  int64_t load(size_t, const HostBatch& batch) override {
+  int64_t load(size_t index, const HostBatch& batch) override {
     model_.load_batch(batch);
+    last_micro_batch_ = static_cast<int64_t>(index) + 1 == micro_batches_;
     return 0;
   }
 
   void run(Part, int64_t, const std::function<void()>& work) override { work(); }
 
-  void forward_backward() override { micro_sums_ = model_.forward_backward(1.0 / static_cast<double>(targets_)); }
+  void forward_backward() override {
+    if (data_parallel_) data_parallel_->before_backward(last_micro_batch_);
+    micro_sums_ = model_.forward_backward(1.0 / static_cast<double>(targets_));
+  }
 
   void add_micro_sums() override {
     for (size_t k = 0; k < outcome_.step_sums.size(); ++k) outcome_.step_sums[k] += micro_sums_.slot[k];
@@ -72,7 +76,9 @@ class OpByOpStep final : public StepExecutor {
 
   Model& model_;
   Optimizer& optimizer_;
+  int64_t micro_batches_;
   DataParallel* data_parallel_;
+  bool last_micro_batch_ = false;  // the loaded one is the step's last (its backward may reduce)
   int64_t targets_ = 0;
   StepPlan plan_;
   LossSums micro_sums_;
@@ -82,9 +88,9 @@ class OpByOpStep final : public StepExecutor {
 
 }  // namespace
 
-std::unique_ptr<StepExecutor> make_op_by_op_executor(Model& model, Optimizer& optimizer,
+std::unique_ptr<StepExecutor> make_op_by_op_executor(Model& model, Optimizer& optimizer, int64_t micro_batches,
                                                      DataParallel* data_parallel) {
-  return std::make_unique<OpByOpStep>(model, optimizer, data_parallel);
+  return std::make_unique<OpByOpStep>(model, optimizer, micro_batches, data_parallel);
 }
 
 }  // namespace kiln

@@ -44,7 +44,7 @@ class StepExecutor {
 };
 
 // The two executors (op_by_op_step.cpp, captured_step.cpp).
-std::unique_ptr<StepExecutor> make_op_by_op_executor(Model& model, Optimizer& optimizer,
+std::unique_ptr<StepExecutor> make_op_by_op_executor(Model& model, Optimizer& optimizer, int64_t micro_batches,
                                                      DataParallel* data_parallel);
 std::unique_ptr<StepExecutor> make_captured_executor(Model& model, Optimizer& optimizer, int64_t micro_batches,
                                                      DataParallel* data_parallel);

@@ -21,7 +21,7 @@ StepProgram::StepProgram(Model& model, Optimizer& optimizer, int64_t micro_batch
   KILN_CHECK(micro_batches > 0, "train", "a step needs at least one micro-batch");
   executor_ = execution == StepExecution::captured
                   ? make_captured_executor(model, optimizer, micro_batches, data_parallel)
-                  : make_op_by_op_executor(model, optimizer, data_parallel);
+                  : make_op_by_op_executor(model, optimizer, micro_batches, data_parallel);
 }
 
 StepProgram::~StepProgram() = default;

@@ -144,7 +144,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
 
   model_ = std::make_unique<Model>(config_.model, training_build_options(config_, device_));
   model_->set_micro_batches(micro_batches_per_step());
-  if (group_) data_parallel_ = std::make_unique<DataParallel>(*group_, *model_);
+  if (group_) data_parallel_ = std::make_unique<DataParallel>(*group_, *model_, config_.dist.bucket_mb);
   // Periodic exports of a model with no stock class (a component refuses): say so now.
   if (config_.checkpoint.export_hf_every > 0 || config_.checkpoint.export_hf_every_tokens > 0)
     io::hf_config_json(*model_, io::choose_hf_arch(config_.model), io::HfSpecialTokens{}, "float32");

@@ -1,0 +1,116 @@
+#include "train/gradient_buckets.h"
+
+#include "core/error.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace kiln {
+
+std::vector<GradientBucket> plan_gradient_buckets(const std::vector<GradientRange>& ranges, int64_t total,
+                                                  int64_t bucket_elements) {
+  KILN_CHECK(bucket_elements > 0, "dist", "a bucket must hold at least one element");
+  std::vector<GradientBucket> buckets;
+  int64_t end = total;  // the open bucket's end: the last bucket's start, or the arena's end
+  GradientBucket open{total, total, 0};
+  for (size_t i = ranges.size(); i-- > 0;) {
+    const GradientRange& r = ranges[i];
+    KILN_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= end, "dist", "gradient ranges overlap or leave the arena");
+    open.begin = r.begin;
+    open.ready_after = std::max(open.ready_after, r.ready_after);
+    // Closed once it holds enough; the first range of the arena closes the last one.
+    if (open.end - open.begin >= bucket_elements) {
+      buckets.push_back(open);
+      end = open.begin;
+      open = GradientBucket{end, end, 0};
+    }
+  }
+  // What is left, down to the arena's start (padding before the first range included).
+  open.begin = 0;
+  if (open.end > 0) buckets.push_back(open);
+  return buckets;
+}
+
+BucketedGradientReduction::BucketedGradientReduction(dist::Communicator& comm, const Tensor& gradients,
+                                                     std::vector<GradientBucket> buckets)
+    : comm_(comm), gradients_(gradients), buckets_(std::move(buckets)), launched_(buckets_.size(), false) {
+  KILN_CHECK(gradients.device() == Device::cpu, "dist",
+             "buckets reduced during backward run on the CPU (Gloo) only; got gradients on {}",
+             device_name(gradients.device()));
+  thread_ = std::thread([this] { communicate(); });
+}
+
+BucketedGradientReduction::~BucketedGradientReduction() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  work_.notify_all();
+  thread_.join();
+}
+
+void BucketedGradientReduction::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  KILN_CHECK(queue_.empty() && in_flight_ == 0, "dist", "a bucketed reduction started before the last one finished");
+  std::fill(launched_.begin(), launched_.end(), false);
+}
+
+void BucketedGradientReduction::ready(int event) { launch_up_to(event); }
+
+void BucketedGradientReduction::launch_up_to(int event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  bool any = false;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (launched_[b] || buckets_[b].ready_after > event) continue;
+    launched_[b] = true;
+    queue_.push_back(b);
+    ++in_flight_;
+    any = true;
+  }
+  if (any) work_.notify_one();
+}
+
+void BucketedGradientReduction::finish() {
+  launch_up_to(std::numeric_limits<int>::max());
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [this] { return in_flight_ == 0; });
+  if (error_) {
+    std::exception_ptr error = error_;
+    error_ = nullptr;
+    std::rethrow_exception(error);
+  }
+}
+
+void BucketedGradientReduction::communicate() {
+  const size_t element = dtype_size(gradients_.dtype());
+  auto* base = static_cast<unsigned char*>(gradients_.raw());
+  for (;;) {
+    size_t b = 0;
+    bool failed = false;  // after an error the rest are only counted off: the step fails at finish()
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      work_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      b = queue_.front();
+      queue_.pop_front();
+      failed = error_ != nullptr;
+    }
+    const GradientBucket& bucket = buckets_[b];
+    try {
+      if (!failed) {
+        comm_.all_reduce(base + static_cast<size_t>(bucket.begin) * element, bucket.end - bucket.begin,
+                         gradients_.dtype(), dist::ReduceOp::sum, "gradients");
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      error_ = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --in_flight_;
+    }
+    done_.notify_all();
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,79 @@
+// Data parallelism's gradient reduction in buckets, overlapped with backward (issue 39
+// stage e). The flat gradient (Model::all_gradients) is cut into buckets of about
+// dist.bucket_mb, at parameter boundaries, from the end of the arena (the head and the
+// last blocks, whose gradients backward finishes first) to its start. A bucket is reduced
+// as soon as backward has finished every gradient in it (model/gradient_ready.h), while
+// backward goes on with the blocks below; the step waits for the last bucket only before
+// it reads the gradients (the norm). Every rank launches the buckets in the same order.
+//
+// On the CPU (Gloo) the reductions run on a thread of their own, the communication
+// "stream": backward's threads keep computing while it sends and sums. The GPU's form (a
+// communication stream ordered by events, inside the captured step) is not built yet;
+// NCCL runs reduce every gradient after backward, as before.
+#pragma once
+
+#include "core/tensor.h"
+#include "dist/communicator.h"
+#include "model/gradient_ready.h"
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kiln {
+
+// Elements [begin, end) of the flat gradient, reduced once backward has finished event
+// `ready_after`.
+struct GradientBucket {
+  int64_t begin = 0, end = 0;
+  int ready_after = 0;
+};
+
+// Buckets covering [0, total) (padding between tensors included), each holding whole
+// ranges and, where a range allows, at most bucket_elements elements; in launch order: from
+// the end of the arena to its start. `ranges` are sorted by begin, disjoint, within total.
+std::vector<GradientBucket> plan_gradient_buckets(const std::vector<GradientRange>& ranges, int64_t total,
+                                                  int64_t bucket_elements);
+
+class BucketedGradientReduction {
+ public:
+  // Reduces (sums) buckets of `gradients` over `comm`'s ranks on a thread of its own.
+  BucketedGradientReduction(dist::Communicator& comm, const Tensor& gradients, std::vector<GradientBucket> buckets);
+  ~BucketedGradientReduction();
+  BucketedGradientReduction(const BucketedGradientReduction&) = delete;
+  BucketedGradientReduction& operator=(const BucketedGradientReduction&) = delete;
+
+  // A step's last backward begins: no bucket launched yet.
+  void start();
+  // Backward finished `event`: the buckets ready after it (and not yet launched) are
+  // handed to the communication thread, in plan order.
+  void ready(int event);
+  // Launches what is left, then waits until every bucket is reduced; rethrows the first
+  // error of the communication thread (a rank lost, a timeout).
+  void finish();
+
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+
+ private:
+  void launch_up_to(int event);
+  void communicate();  // the communication thread
+
+  dist::Communicator& comm_;
+  Tensor gradients_;
+  std::vector<GradientBucket> buckets_;
+  std::vector<bool> launched_;
+
+  std::mutex mutex_;
+  std::condition_variable work_, done_;
+  std::deque<size_t> queue_;   // buckets handed over, not yet taken
+  size_t in_flight_ = 0;       // handed over and not yet reduced
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+}  // namespace kiln
