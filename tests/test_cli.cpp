@@ -156,8 +156,9 @@ TEST(Cli, ErrorsQuotingUserTextStayOneLine) {
   fs::remove_all(dir);
 }
 
-// `kiln list` names every registered component under the key that chooses it: the norms,
-// MLPs and the rest, each line "  <name> <description>" below its "<kind> (<key>):" header.
+// `kiln list` names every registered component under the keys that choose it: the norms,
+// token mixers, MLPs and the rest, each line "  <name> <description>" below its
+// "<kind>s (<key>[, <key>]):" header.
 TEST(Cli, ListShowsEachComponentUnderItsKey) {
   std::string output;
   ASSERT_EQ(test::run_command(test::kiln_binary() + " list", &output), 0) << output;
@@ -170,6 +171,7 @@ TEST(Cli, ListShowsEachComponentUnderItsKey) {
     } else {  // a header: the key in parentheses, or none ("tokenizer:")
       const size_t open = line.find(" ("), close = line.rfind("):");
       key = open != std::string::npos && close != std::string::npos ? line.substr(open + 2, close - open - 2) : line;
+      key = key.substr(0, key.find(", "));  // the first of the keys: model.attention, model.alt_attention
     }
   }
   for (const char* norm : {"rmsnorm", "layernorm", "layernorm_nobias", "gemma_rmsnorm", "dyt"})
@@ -178,6 +180,7 @@ TEST(Cli, ListShowsEachComponentUnderItsKey) {
     EXPECT_TRUE(names["model.mlp"].count(mlp)) << mlp << "\n" << output;
   EXPECT_FALSE(names["model.norm"].count("gelu")) << output;  // each under its own key only
   EXPECT_TRUE(names["model.attention"].count("gqa")) << output;
+  EXPECT_NE(output.find("token mixers (model.attention, model.alt_attention):"), std::string::npos) << output;
 }
 
 TEST(Cli, PlanReportsWithoutAllocating) {

@@ -392,6 +392,7 @@ TEST_F(ConfigFile, RoundTripEveryFieldChanged) {
   c.model.full_attention_layers = "0";  // layer sets must parse
   c.model.nope_layers = "~1";
   c.model.alt_mlp_layers = "every:2";
+  c.model.alt_attention_layers = "every:2";
   c.model.rope.scaling = "yarn";  // a scaling that reads the changed factor (>= 1), of RoPE
   c.model.position = "rope";
   c.model.rope.factor = 4.125;
@@ -645,7 +646,21 @@ TEST(LayerSet, LayerChoicesFollowThePatterns) {
     EXPECT_EQ(c.window, l == 2 || l == 5 ? 0 : 64) << l;
     EXPECT_EQ(c.rotary, l != 5) << l;
     EXPECT_EQ(c.mlp, l == 0 ? "geglu" : "swiglu") << l;
+    EXPECT_EQ(c.mixer, "gqa") << l;
   }
+}
+
+// The token mixer is chosen per layer as the MLP is: three layers of one mixer, then full
+// attention, every four layers (KDA's pattern), with the windows and NoPE on top.
+TEST(LayerSet, LayerChoicesResolveEachLayersTokenMixer) {
+  ModelConfig m;
+  m.layers = 8;
+  m.attention = "kda";
+  m.alt_attention = "gqa";
+  m.alt_attention_layers = "every:4";
+  for (int64_t l = 0; l < 8; ++l) EXPECT_EQ(layer_choices(m, l).mixer, l % 4 == 3 ? "gqa" : "kda") << l;
+  m.alt_attention_layers = "~every:4";  // the complement swaps them
+  for (int64_t l = 0; l < 8; ++l) EXPECT_EQ(layer_choices(m, l).mixer, l % 4 == 3 ? "kda" : "gqa") << l;
 }
 
 TEST(ConfigValidate, LayerPatterns) {
@@ -657,6 +672,14 @@ TEST(ConfigValidate, LayerPatterns) {
   EXPECT_NE(error_with([](Config& c) { c.model.nope_layers = "9"; }).find("model.nope_layers = '9'"), std::string::npos);
   EXPECT_EQ(error_with([](Config& c) { c.model.alt_mlp_layers = "0"; }),
             "[config] model.alt_mlp_layers = '0' names layers, but model.alt_mlp (their MLP) is empty");
+  EXPECT_EQ(error_with([](Config& c) { c.model.alt_attention_layers = "first:2"; }),
+            "[config] model.alt_attention_layers = 'first:2' names layers, but model.alt_attention (their token mixer) "
+            "is empty");
+  EXPECT_EQ(error_with([](Config& c) {
+              c.model.alt_attention = "gqa";
+              c.model.alt_attention_layers = "every:x";
+            }).rfind("[config] model.alt_attention_layers = 'every:x': 'every:x' needs a positive count", 0),
+            0u);
   EXPECT_EQ(error_with([](Config& c) { c.model.full_attention_layers = "0"; }),
             "[config] model.full_attention_layers = '0' exempts layers from a window, but model.sliding_window is 0");
 }

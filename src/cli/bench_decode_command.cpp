@@ -105,6 +105,7 @@ DecodeTiming generate(Decoder& decoder, const std::vector<std::vector<int32_t>>&
   DecodeTiming t;
   t.generated.resize(prompts.size());
   std::vector<int32_t> tok, slot, pos, rows, last(prompts.size()), next;
+  for (int32_t s = 0; s < batch; ++s) decoder.reset_slot(s);  // new sequences (a warm-up ran in these slots)
   const auto prefill_start = Clock::now();
   for (int32_t s = 0; s < batch; ++s) {
     const auto& p = prompts[static_cast<size_t>(s)];

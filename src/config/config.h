@@ -89,7 +89,7 @@ struct ModelConfig {
   bool sandwich_norms = false;
   double norm_eps = 1e-6;
   std::string mlp = "swiglu";      // registry: mlps
-  std::string attention = "gqa";   // registry: attention
+  std::string attention = "gqa";   // registry: token mixers (attention)
   std::string position = "rope";   // registry: position encodings
   double rope_theta = 10000.0;
   RopeConfig rope;                 // [model.rope]: its scaling
@@ -117,6 +117,8 @@ struct ModelConfig {
   std::string nope_layers = "";            // layers without model.position (NoPE)
   std::string alt_mlp = "";                // registry: mlps; the MLP of the layers below
   std::string alt_mlp_layers = "";         // layers whose MLP is alt_mlp instead of mlp
+  std::string alt_attention = "";          // registry: token mixers; the mixer of the layers below
+  std::string alt_attention_layers = "";   // layers whose token mixer is alt_attention instead of attention
   double attention_softcap = 0;    // attention logits -> cap * tanh(logits / cap); 0 = off
   double logit_softcap = 0;        // LM head logits -> cap * tanh(logits / cap); 0 = off
   MoeConfig moe;                   // [model.moe]: used by layers whose MLP is "moe"

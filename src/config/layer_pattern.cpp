@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <charconv>
 
 namespace kiln {
@@ -74,6 +75,8 @@ std::vector<bool> parse_layer_set(std::string_view key, std::string_view text, i
 LayerChoices layer_choices(const ModelConfig& m, int64_t layer) {
   const auto l = static_cast<size_t>(layer);
   LayerChoices c;
+  c.mixer = parse_layer_set("model.alt_attention_layers", m.alt_attention_layers, m.layers)[l] ? m.alt_attention
+                                                                                               : m.attention;
   const bool full = parse_layer_set("model.full_attention_layers", m.full_attention_layers, m.layers)[l];
   c.window = full ? 0 : m.sliding_window;
   c.rotary = !parse_layer_set("model.nope_layers", m.nope_layers, m.layers)[l];
@@ -84,11 +87,17 @@ LayerChoices layer_choices(const ModelConfig& m, int64_t layer) {
 void validate_layer_patterns(const ModelConfig& m) {
   parse_layer_set("model.full_attention_layers", m.full_attention_layers, m.layers);
   parse_layer_set("model.nope_layers", m.nope_layers, m.layers);
-  const std::vector<bool> alt = parse_layer_set("model.alt_mlp_layers", m.alt_mlp_layers, m.layers);
-  bool any_alt = false;
-  for (const bool b : alt) any_alt = any_alt || b;
-  KILN_CHECK(!any_alt || !m.alt_mlp.empty(), "config",
-             "model.alt_mlp_layers = '{}' names layers, but model.alt_mlp (their MLP) is empty", m.alt_mlp_layers);
+  // An alternative component's layer set must name one when it names any layer.
+  auto check_alt = [&](const char* key, const std::string& set, const char* alt_key, const std::string& alt,
+                       const char* what) {
+    const std::vector<bool> layers = parse_layer_set(key, set, m.layers);
+    const bool any = std::find(layers.begin(), layers.end(), true) != layers.end();
+    KILN_CHECK(!any || !alt.empty(), "config", "{} = '{}' names layers, but {} (their {}) is empty", key, set, alt_key,
+               what);
+  };
+  check_alt("model.alt_mlp_layers", m.alt_mlp_layers, "model.alt_mlp", m.alt_mlp, "MLP");
+  check_alt("model.alt_attention_layers", m.alt_attention_layers, "model.alt_attention", m.alt_attention,
+            "token mixer");
   KILN_CHECK(m.full_attention_layers.empty() || m.sliding_window > 0, "config",
              "model.full_attention_layers = '{}' exempts layers from a window, but model.sliding_window is 0",
              m.full_attention_layers);

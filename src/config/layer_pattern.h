@@ -1,5 +1,5 @@
 // Per-layer patterns: which layers a model.*_layers key picks, and what each layer of a
-// model then gets (its attention window, position encoding and MLP).
+// model then gets (its token mixer, attention window, position encoding and MLP).
 //
 // A layer set is written as comma-separated items, each adding layers (0-based):
 //   3          layer 3                      2-5        layers 2, 3, 4 and 5
@@ -23,6 +23,7 @@ std::vector<bool> parse_layer_set(std::string_view key, std::string_view text, i
 
 // What layer `layer` of `model` gets once the patterns are applied.
 struct LayerChoices {
+  std::string mixer;      // the token mixer's registry name (model.attention or model.alt_attention)
   int64_t window = 0;     // attention window (0: full causal)
   bool rotary = true;     // model.position applies (false: a NoPE layer)
   std::string mlp;        // the MLP's registry name

@@ -1,7 +1,5 @@
 #include "infer/decoder.h"
 
-#include "nn/slot_state.h"
-
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
 
@@ -116,7 +114,13 @@ void Decoder::copy_slot(int32_t from, int32_t to, int64_t positions) {
              "copy_slot from slot {} to slot {} (distinct slots in [0, {}) needed)", from, to, options_.slots);
   KILN_CHECK(positions >= 0 && positions <= options_.max_len, "decoder", "copy_slot of {} positions (at most {})",
              positions, options_.max_len);
-  copy_slot_states(arena_, from, to, positions);
+  for (const auto& block : blocks_) block->copy_slot(from, to, positions);
+}
+
+void Decoder::reset_slot(int32_t slot) {
+  KILN_CHECK(slot >= 0 && slot < options_.slots, "decoder", "reset_slot of slot {} outside [0, {})", slot,
+             options_.slots);
+  for (const auto& block : blocks_) block->reset_slot(slot);
 }
 
 void Decoder::forward(std::span<const int32_t> tokens, std::span<const int32_t> slots,

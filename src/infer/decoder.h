@@ -1,8 +1,9 @@
 // Decoder: the inference path of a Model with a KV cache. It drives the model's own
-// components through their decode entries (nn/decode.h): each block's norms, attention and
-// MLP, the final norm and the LM head make decoder objects for this decoder, which plan
-// their decode state (the attention's KV cache) in the decoder's arena and choose their
-// kernels (fused or not) once, here. Nothing here knows what a component computes.
+// components through their decode entries (nn/decode.h): each block's norms, token mixer
+// and MLP, the final norm and the LM head make decoder objects for this decoder, which
+// plan their decode state (attention's KV cache, a recurrent mixer's fixed-size state) in
+// the decoder's arena and choose their kernels (fused or not) once, here. Nothing here
+// knows what a component computes.
 //
 // One forward() runs a "step" of up to max_rows rows, each a (token, slot, position):
 // prefill chunks of one or several prompts and single decode tokens of many sequences mix
@@ -111,10 +112,16 @@ class Decoder {
   // the GPU the ids feed back on the device, so the host enqueues all the steps without
   // waiting for any and copies the ids back once: no round trip per token.
   void greedy_chain(int64_t steps, std::vector<int32_t>& out);
-  // Copies the cached positions [0, positions) of slot `from` into slot `to`, in every
-  // layer: `to` then continues as if it had run those rows itself, bit for bit, without
-  // running them (a prompt prefilled once for several sequences). Between forwards only.
+  // Copies slot `from`'s decode state after its first `positions` rows into slot `to`, in
+  // every layer (cached positions; a fixed-size state whole): `to` then continues as if
+  // it had run those rows itself, bit for bit, without running them (a prompt prefilled
+  // once for several sequences). Between forwards only.
   void copy_slot(int32_t from, int32_t to, int64_t positions);
+  // A new sequence starts in `slot` (a finished one's slot reused, or a first use): every
+  // layer's fixed-size decode state of that slot starts again from zero (a KV cache needs
+  // nothing, its positions are overwritten). Call it before the slot's first row, between
+  // forwards; a new decoder's slots are all fresh.
+  void reset_slot(int32_t slot);
 
  private:
   void check_rows(std::span<const int32_t> rows) const;

@@ -193,14 +193,18 @@ bool Generator::step() {
   drop_cancelled();
   // A group sharing a prefill takes a slot for each of its sequences at once (the first in
   // line waits for them, so a group is not passed over for ever by single requests).
+  // Each slot taken starts a new sequence: its decode state is reset (a recurrent mixer's
+  // would otherwise carry the previous sequence's; a follower's is then copied over).
+  auto take_slot = [&] {
+    const int32_t slot = free_slots_.back();
+    free_slots_.pop_back();
+    decoder_.reset_slot(slot);
+    return slot;
+  };
   while (!queue_.empty() && free_slots_.size() >= 1 + queue_.front()->followers.size()) {
     Sequence& s = *queue_.front();
-    s.slot = free_slots_.back();
-    free_slots_.pop_back();
-    for (auto& f : s.followers) {
-      f->slot = free_slots_.back();
-      free_slots_.pop_back();
-    }
+    s.slot = take_slot();
+    for (auto& f : s.followers) f->slot = take_slot();
     active_.push_back(std::move(queue_.front()));
     queue_.pop_front();
   }

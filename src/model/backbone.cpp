@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace kiln {
@@ -48,6 +49,13 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
       blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, position));
     }
   }
+  // QK-Clip applies to the mixers with query-key logits (TokenMixer::clips_qk); asked for
+  // with none, it would silently do nothing.
+  const bool any_clips = std::any_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->mixer().clips_qk(); });
+  KILN_CHECK(ctx.qk_clip_tau == 0 || any_clips, "config",
+             "optim.qk_clip.enabled = true: no layer's token mixer has query-key logits to clip (model.attention = "
+             "'{}', model.alt_attention = '{}')",
+             config.attention, config.alt_attention);
   const bool own_final_norm = !config.final_norm.empty();
   final_norm_ = norm_registry().build(
       own_final_norm ? "model.final_norm" : "model.norm", own_final_norm ? config.final_norm : config.norm, ctx,

@@ -20,7 +20,7 @@ TransformerBlock::TransformerBlock(BuildContext& ctx, const LayerSpec& layer, Po
   };
   const bool sandwich = m.sandwich_norms;
   attn_norm_ = norm("attn_norm.", "input_layernorm.", "attn_norm.");
-  attention_ = attention_registry().build("model.attention", m.attention, ctx, layer, position);
+  mixer_ = mixer_registry().build(mixer_key(layer), layer.choices.mixer, ctx, layer, position);
   // Gemma 2/3 name the MLP's pre-norm pre_feedforward_layernorm and give post_attention_
   // layernorm to the attention's post-norm; Llama/Qwen call the MLP's pre-norm that.
   mlp_norm_ = sandwich ? norm("mlp_norm.", "pre_feedforward_layernorm.", "ffn_norm.")
@@ -55,7 +55,7 @@ void TransformerBlock::forward(const Tensor& x, const SeqInfo& seq, const Tensor
   const Tensor attn_out = post_attn_norm_ ? attn_out_.rows(0, t) : branch;
   const Tensor mlp_out = post_mlp_norm_ ? mlp_out_.rows(0, t) : branch;
   attn_norm_->forward(x, normed);
-  attention_->forward(normed, seq, attn_out);
+  mixer_->forward(normed, seq, attn_out);
   if (post_attn_norm_) post_attn_norm_->forward(attn_out, branch);
   if (drops(seq)) ops::dropout_apply(exec_, branch, {dropout_, attention_site_, seq.dropout_key}, branch);
   mlp_norm_->forward_add(x, branch, mid, normed);  // mid = x + branch, normed = norm2(mid)
@@ -93,24 +93,23 @@ void TransformerBlock::backward(const Tensor& dres, const Tensor& dres_compute, 
   // h = x + attn(norm1(x)): same again.
   const Tensor dattn = branch_grad(attention_site_, post_attn_norm_.get());
   attn_norm_->recompute(normed);
-  attention_->backward(normed, dattn, seq, dbranch_in);
+  mixer_->backward(normed, dattn, seq, dbranch_in);
   attn_norm_->backward(dbranch_in, dres, true, copy);
 }
 
 std::unique_ptr<BlockDecoder> TransformerBlock::make_decoder(DecodeContext& ctx) const {
   auto post = [&](const std::unique_ptr<Norm>& n) { return n ? n->make_decoder(ctx) : nullptr; };
-  BranchDecoders attention{attn_norm_->make_decoder(ctx), attention_->make_decoder(ctx, *attn_norm_),
-                           post(post_attn_norm_)};
+  BranchDecoders mixer{attn_norm_->make_decoder(ctx), mixer_->make_decoder(ctx, *attn_norm_), post(post_attn_norm_)};
   BranchDecoders mlp{mlp_norm_->make_decoder(ctx), mlp_->make_decoder(ctx, *mlp_norm_), post(post_mlp_norm_)};
   if (post_attn_norm_)  // the post-norm's wide input on the mixed path (BlockDecoder::branch)
     ctx.workspace.reserve_peak(Workspace::footprint(ctx.wide, Shape{ctx.max_rows, mid_.size(1)}),
                                Workspace::Level::outer);
-  return std::make_unique<BlockDecoder>(ctx, std::move(attention), std::move(mlp));
+  return std::make_unique<BlockDecoder>(ctx, std::move(mixer), std::move(mlp));
 }
 
 void TransformerBlock::export_config(ExportConfig& out) const {
   attn_norm_->export_config(out);
-  attention_->export_config(out);
+  mixer_->export_config(out);
   mlp_norm_->export_config(out);
   mlp_->export_config(out);
   if (post_attn_norm_) {
@@ -122,20 +121,30 @@ void TransformerBlock::export_config(ExportConfig& out) const {
 }
 
 double TransformerBlock::extra_forward_flops_per_token(int64_t seq_len) const {
-  return attention_->extra_forward_flops_per_token(seq_len);
+  return mixer_->extra_forward_flops_per_token(seq_len);
 }
 
-BlockDecoder::BlockDecoder(DecodeContext& ctx, BranchDecoders attention, BranchDecoders mlp)
+BlockDecoder::BlockDecoder(DecodeContext& ctx, BranchDecoders mixer, BranchDecoders mlp)
     : exec_(ctx.exec),
       workspace_(ctx.workspace),
       wide_(ctx.wide),
-      attention_(std::move(attention)),
+      mixer_(std::move(mixer)),
       mlp_(std::move(mlp)),
       mixed_(ctx.mixed()) {}
 
 void BlockDecoder::forward(DecodeStepBuffers& s, const DecodeRows& rows) {
-  branch(attention_, s, rows);
+  branch(mixer_, s, rows);
   branch(mlp_, s, rows);
+}
+
+void BlockDecoder::reset_slot(int32_t slot) {
+  mixer_.branch->reset_slot(slot);
+  mlp_.branch->reset_slot(slot);
+}
+
+void BlockDecoder::copy_slot(int32_t from, int32_t to, int64_t positions) {
+  mixer_.branch->copy_slot(from, to, positions);
+  mlp_.branch->copy_slot(from, to, positions);
 }
 
 // One pre-norm branch: x += branch(norm(x)). On the fused projections the branch reads x

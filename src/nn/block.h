@@ -1,7 +1,9 @@
 // A pre-norm transformer block on the flat residual stream:
-//   h = x + attention(norm1(x));   y = h + mlp(norm2(h))
+//   h = x + mixer(norm1(x));   y = h + mlp(norm2(h))
 // or, with model.sandwich_norms (Gemma 2/3), a norm on each branch's output as well:
-//   h = x + post1(attention(norm1(x)));   y = h + post2(mlp(norm2(h)))
+//   h = x + post1(mixer(norm1(x)));   y = h + post2(mlp(norm2(h)))
+// The token mixer is attention (model.attention) or, on model.alt_attention_layers,
+// model.alt_attention.
 // Its components come from the registries by the layer's choices (nn/modules.h: the
 // model's per-layer patterns applied).
 #pragma once
@@ -29,9 +31,12 @@ struct BranchDecoders {
 
 class BlockDecoder {
  public:
-  BlockDecoder(DecodeContext& ctx, BranchDecoders attention, BranchDecoders mlp);
+  BlockDecoder(DecodeContext& ctx, BranchDecoders mixer, BranchDecoders mlp);
   // The block over the step's rows, from and into s.x (with s.pending as it comes).
   void forward(DecodeStepBuffers& s, const DecodeRows& rows);
+  // BranchDecoder's slot contract, passed to both branches (nn/decode.h).
+  void reset_slot(int32_t slot);
+  void copy_slot(int32_t from, int32_t to, int64_t positions);
 
  private:
   void branch(BranchDecoders& b, DecodeStepBuffers& s, const DecodeRows& rows);
@@ -39,7 +44,7 @@ class BlockDecoder {
   const ExecContext& exec_;
   Workspace& workspace_;
   DType wide_;
-  BranchDecoders attention_, mlp_;
+  BranchDecoders mixer_, mlp_;
   bool mixed_;
 };
 
@@ -58,13 +63,14 @@ class TransformerBlock {
   double extra_forward_flops_per_token(int64_t seq_len) const;
   void export_config(ExportConfig& out) const;
   void after_step(bool applied) {
-    attention_->after_step(applied);
+    mixer_->after_step(applied);
     mlp_->after_step(applied);
   }
   void report(std::vector<std::pair<std::string, double>>& out) const {
-    attention_->report(out);
+    mixer_->report(out);
     mlp_->report(out);
   }
+  const TokenMixer& mixer() const { return *mixer_; }
 
  private:
   const ExecContext& exec_;
@@ -72,7 +78,7 @@ class TransformerBlock {
   DType compute_dtype_;  // of the branches (norm outputs, branch outputs and gradients)
   bool mixed_;           // residual stream wider than the branches (the GPU's bf16 path)
   std::unique_ptr<Norm> attn_norm_, mlp_norm_;
-  std::unique_ptr<Attention> attention_;
+  std::unique_ptr<TokenMixer> mixer_;
   std::unique_ptr<Mlp> mlp_;
   Tensor mid_;  // saved [T, hidden]: h (the norm outputs are recomputed in backward)
   // Sandwich norms (model.sandwich_norms; null otherwise) and the branch outputs they

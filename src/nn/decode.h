@@ -1,7 +1,7 @@
 // The decode side of the component contract: what a KV-cache decoder (infer/decoder.h)
 // asks of the modules it drives. Each module type that can run in a decode step makes a
-// decoder object for one decode context: the object plans its decode state (a KV cache
-// today; a latent cache or a recurrent state later) and scratch when it is made, chooses
+// decoder object for one decode context: the object plans its decode state (a KV cache,
+// or a fixed-size recurrent state per slot) and scratch when it is made, chooses
 // its kernels then (fused or not, by the context's options), and afterwards only enqueues
 // work: no allocation, no synchronization, so a decode step can be captured as a CUDA graph.
 //
@@ -74,6 +74,20 @@ class BranchDecoder {
   virtual void forward_fused(const Tensor& x, const DecodeRows& rows) {
     (void)x, (void)rows;
   }
+
+  // The slot contract: what a branch keeps between steps is indexed by slot (helpers in
+  // nn/slot_state.h), and the Decoder tells it when a slot's sequence changes. Between
+  // steps only; on the GPU they are enqueued in order with the steps. Stateless branches
+  // (norms, MLPs) keep the defaults.
+  //
+  // A new sequence starts in `slot` (the Generator calls it before the slot's first row):
+  // a fixed-size state (a recurrent mixer's) starts again from zero. A positional state
+  // (a KV cache) needs nothing: each position is written before it is read.
+  virtual void reset_slot(int32_t slot) { (void)slot; }
+  // Slot `to` continues as slot `from` after its first `positions` rows (a prompt
+  // prefilled once for several sequences), bit for bit: a positional state copies those
+  // positions, a fixed-size state the whole slot.
+  virtual void copy_slot(int32_t from, int32_t to, int64_t positions) { (void)from, (void)to, (void)positions; }
 };
 
 // What a norm exposes to the fused decode kernels that fold it into a projection: an

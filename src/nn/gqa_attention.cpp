@@ -299,7 +299,7 @@ ops::AttentionOptions GqaAttention::attention_options(const SeqInfo& seq) const 
   return o;
 }
 
-void register_gqa_attention(AttentionRegistry& registry) {
+void register_gqa_attention(MixerRegistry& registry) {
   registry.add("gqa", "causal grouped-query attention over packed documents, optional q/k norm (model.qk_norm_type)",
                [](BuildContext& ctx, const LayerSpec& layer, PositionEncoding& position) {
                  return std::make_unique<GqaAttention>(ctx, layer, position);

@@ -22,7 +22,7 @@
 
 namespace kiln {
 
-class GqaAttention final : public Attention {
+class GqaAttention final : public TokenMixer {
  public:
   GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEncoding& position);
 
@@ -31,6 +31,7 @@ class GqaAttention final : public Attention {
   std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override;
   double extra_forward_flops_per_token(int64_t seq_len) const override;
   void export_config(ExportConfig& out) const override;
+  bool clips_qk() const override { return true; }  // its QkClip, when training asks for one
   void after_step(bool applied) override;
   void report(std::vector<std::pair<std::string, double>>& out) const override;
 

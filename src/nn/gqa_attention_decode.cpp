@@ -25,14 +25,10 @@ namespace kiln {
 class GqaDecoder final : public BranchDecoder {
  public:
   GqaDecoder(const GqaAttention& a, DecodeContext& ctx, const Norm& pre_norm)
-      : a_(a), state_(ctx.state), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype), max_len_(ctx.max_len) {
+      : a_(a), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype), max_len_(ctx.max_len) {
     const int64_t r = ctx.max_rows, hq = a.hq_, hkv = a.hkv_, d = a.d_;
     ctx.state.reserve(k_cache_, ctx.dtype, Shape{ctx.slots, ctx.max_len, hkv, d});
     ctx.state.reserve(v_cache_, ctx.dtype, Shape{ctx.slots, ctx.max_len, hkv, d});
-    // The caches are per slot: a shared prefill copies one slot's into another (the fused
-    // kernels read the same [slots, max_len, Hkv, D] layout, so they need nothing more).
-    register_slot_state(state_, &k_cache_);
-    register_slot_state(state_, &v_cache_);
     options_.window = a.options_.window;
     options_.softcap = a.options_.softcap;
     if (a.rotary_) rotary_ = a.position_.rotary();  // filled now, not inside a captured step
@@ -68,9 +64,13 @@ class GqaDecoder final : public BranchDecoder {
     ops::linear_forward(exec_, o.view(Shape{n, a_.hq_ * a_.d_}), a_.o_w_, Tensor(), out);
   }
 
-  ~GqaDecoder() override {
-    unregister_slot_state(state_, &k_cache_);
-    unregister_slot_state(state_, &v_cache_);
+  // The caches are positional: a new sequence writes each position before it reads it, so
+  // a reused slot needs no reset; a shared prefill copies the prompt's positions (the fused
+  // kernels read the same [slots, max_len, Hkv, D] layout, so they need nothing more).
+  void reset_slot(int32_t slot) override { (void)slot; }
+  void copy_slot(int32_t from, int32_t to, int64_t positions) override {
+    copy_slot_positions(k_cache_, from, to, positions);
+    copy_slot_positions(v_cache_, from, to, positions);
   }
 
   bool fused_branch() const override { return fused_branch_; }
@@ -145,7 +145,6 @@ class GqaDecoder final : public BranchDecoder {
 #endif
 
   const GqaAttention& a_;
-  const Arena& state_;  // where the caches are planned (their slot-state registration's key)
   const ExecContext& exec_;
   Workspace& workspace_;
   DType dtype_;

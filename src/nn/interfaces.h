@@ -18,7 +18,7 @@
 
 namespace kiln {
 
-// Per-micro-batch inputs every position-aware module may read. Only attention and
+// Per-micro-batch inputs every position-aware module may read. Only token mixers and
 // position encodings use them; everything else is a per-token op.
 struct SeqInfo {
   Tensor positions;    // i32 [T]: position within the token's own sequence
@@ -69,22 +69,33 @@ class PositionEncoding {
   virtual void export_config(ExportConfig& out) const = 0;
 };
 
-class Attention {
+// A token mixer: the branch that mixes information across a sequence's positions (the
+// only one that reads SeqInfo). Attention is one; a mixer with a fixed-size recurrent
+// state (linear attention, KDA) is another. Each layer builds the one its per-layer
+// pattern names (model.attention, or model.alt_attention on model.alt_attention_layers).
+class TokenMixer {
  public:
-  virtual ~Attention() = default;
+  virtual ~TokenMixer() = default;
   // x [T, hidden] (normalized) -> out [T, hidden].
   virtual void forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) = 0;
   // dout [T, hidden] -> dx [T, hidden] (=); x is the forward's input again (the caller
   // keeps or recomputes it).
   virtual void backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq, const Tensor& dx) = 0;
 
-  // Plans its decode state (the KV cache) in ctx; pre_norm is the norm before the branch,
-  // which a fused decode branch may fold in.
+  // Plans its decode state (a KV cache, or a fixed-size state per slot: the slot contract
+  // of BranchDecoder, nn/decode.h) in ctx; pre_norm is the norm before the branch, which a
+  // fused decode branch may fold in.
   virtual std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const = 0;
   // Forward FLOPs per token beyond its weight matrices' 2 x parameters (attention's scores
   // and their weighted values), at sequences of `seq_len` tokens.
   virtual double extra_forward_flops_per_token(int64_t seq_len) const = 0;
+  // Its fields of a stock model's configuration, or a refusal naming the key that chose it
+  // (mixer_key(), nn/modules.h): a mixer no stock family computes refuses.
   virtual void export_config(ExportConfig& out) const = 0;
+  // Whether QK-Clip ([optim.qk_clip], nn/qk_clip.h) applies: the mixer has query-key
+  // logits and clips them itself when the build asks (BuildContext::qk_clip_tau). Mixers
+  // without logits ignore it; a model none of whose layers clip is refused.
+  virtual bool clips_qk() const { return false; }
   // After each optimizer step (applied or skipped by the fault guard), and the last step's
   // diagnostics, as Mlp's: QK-Clip (nn/qk_clip.h) clips and reports here.
   virtual void after_step(bool applied) { (void)applied; }
@@ -95,7 +106,7 @@ class Mlp {
  public:
   virtual ~Mlp() = default;
   virtual void forward(const Tensor& x, const Tensor& out) = 0;
-  // As Attention::backward: x is the forward's input again.
+  // As TokenMixer::backward: x is the forward's input again.
   virtual void backward(const Tensor& x, const Tensor& dout, const Tensor& dx) = 0;
 
   virtual std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const = 0;

@@ -27,9 +27,9 @@ PositionRegistry& position_registry() {
   return *registry;
 }
 
-AttentionRegistry& attention_registry() {
-  static AttentionRegistry* registry = [] {
-    auto* r = new AttentionRegistry("attention");
+MixerRegistry& mixer_registry() {
+  static MixerRegistry* registry = [] {
+    auto* r = new MixerRegistry("token mixer");
     register_gqa_attention(*r);
     return r;
   }();

@@ -26,14 +26,19 @@ struct LayerSpec {
   LayerChoices choices;    // what this layer gets of the model's per-layer patterns
 };
 
+// The config key that chose the layer's token mixer, for its errors and export refusals.
+inline const char* mixer_key(const LayerSpec& layer) {
+  return layer.choices.mixer == layer.model->attention ? "model.attention" : "model.alt_attention";
+}
+
 using NormRegistry = Registry<Norm, BuildContext&, const NormSpec&>;
 using PositionRegistry = Registry<PositionEncoding, BuildContext&, const ModelConfig&>;
-using AttentionRegistry = Registry<Attention, BuildContext&, const LayerSpec&, PositionEncoding&>;
+using MixerRegistry = Registry<TokenMixer, BuildContext&, const LayerSpec&, PositionEncoding&>;
 using MlpRegistry = Registry<Mlp, BuildContext&, const LayerSpec&>;
 
 NormRegistry& norm_registry();
 PositionRegistry& position_registry();
-AttentionRegistry& attention_registry();
+MixerRegistry& mixer_registry();  // token mixers: model.attention, model.alt_attention
 MlpRegistry& mlp_registry();
 
 // Registration hooks of the built-in components (one per file).
@@ -42,7 +47,7 @@ void register_layer_norm(NormRegistry& registry);
 void register_gemma_rms_norm(NormRegistry& registry);
 void register_dyt_norm(NormRegistry& registry);
 void register_rope(PositionRegistry& registry);
-void register_gqa_attention(AttentionRegistry& registry);
+void register_gqa_attention(MixerRegistry& registry);
 void register_swiglu_mlp(MlpRegistry& registry);
 void register_geglu_mlp(MlpRegistry& registry);
 void register_ungated_mlps(MlpRegistry& registry);

@@ -1,5 +1,7 @@
 // QK-Clip of one attention layer ([optim.qk_clip]; the rule and its grouped-query and
-// q/k-norm forms are in ops/attention/qk_clip.h). Training forwards raise the step's
+// q/k-norm forms are in ops/attention/qk_clip.h). A token mixer with query-key logits owns
+// one (TokenMixer::clips_qk: gqa's); the others have nothing to clip and ignore the key,
+// and a model none of whose layers clip is refused when built (model/backbone.cpp). Training forwards raise the step's
 // per-head maximum logits (ops/attention/max_logit.h, once per micro-batch: a recomputed
 // forward is not measured again); after an applied update the heads over tau have their
 // query and key weights (the fp32 masters, with their biases) or, under q/k norms, the

@@ -1,25 +1,25 @@
-// Decode state indexed by slot: a component whose state between steps is a tensor
-// [slots, max_len, ...] (attention's K and V caches) registers it here against the Arena
-// it is planned in (DecodeContext::state). The Decoder that owns that arena can then copy
-// one slot's first positions into another (Decoder::copy_slot: a prompt prefilled once and
-// continued by several sequences) without knowing its components, and the components
-// without state between steps (norms, MLPs, MoE's per-step buffers) need nothing at all.
+// Decode state indexed by slot: the copies and resets behind BranchDecoder's slot contract
+// (nn/decode.h), for a component's decoder to apply to its own state tensors. Two shapes:
+//   positional [slots, max_len, ...]  a KV cache: a sequence writes each position before
+//                                     it reads it, so only copies (of a prefix) are needed
+//   fixed      [slots, ...]           a recurrent state: whole per sequence, carried from
+//                                     step to step, so a new sequence starts from zero
+// Each is one contiguous copy or fill per slot: a memcpy on the CPU, a device copy or
+// memset on the GPU. Those run on the legacy stream, which waits for kiln's (blocking)
+// stream: they follow the step that wrote the slot, and the next step follows them.
 #pragma once
 
-#include "core/arena.h"
+#include "core/tensor.h"
 
 #include <cstdint>
 
 namespace kiln {
 
-// `state` must stay at its address while registered (a member of a heap-held decoder
-// object); its first dimension is the slot and its second the position.
-void register_slot_state(const Arena& arena, const Tensor* state);
-void unregister_slot_state(const Arena& arena, const Tensor* state);
-
-// Positions [0, positions) of slot `from` into slot `to`, in every state registered
-// against `arena`: one copy each (the slot's rows are contiguous), a memcpy on the CPU and
-// a device-to-device copy on the GPU.
-void copy_slot_states(const Arena& arena, int32_t from, int32_t to, int64_t positions);
+// Positions [0, positions) of slot `from` into slot `to` of a positional state.
+void copy_slot_positions(const Tensor& state, int32_t from, int32_t to, int64_t positions);
+// Slot `from` of a fixed-size state into slot `to`, whole.
+void copy_slot_whole(const Tensor& state, int32_t from, int32_t to);
+// Slot `slot` of a fixed-size state to zero (the state a new sequence starts from).
+void zero_slot(const Tensor& state, int32_t slot);
 
 }  // namespace kiln

@@ -27,6 +27,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -59,7 +60,8 @@ void check_component_names(const Config& c) {
                registry.known());
   };
   check(norm_registry(), "model.norm", c.model.norm);
-  check(attention_registry(), "model.attention", c.model.attention);
+  check(mixer_registry(), "model.attention", c.model.attention);
+  if (!c.model.alt_attention.empty()) check(mixer_registry(), "model.alt_attention", c.model.alt_attention);
   check(mlp_registry(), "model.mlp", c.model.mlp);
   if (!c.model.alt_mlp.empty()) check(mlp_registry(), "model.alt_mlp", c.model.alt_mlp);
   check(position_registry(), "model.position", c.model.position);
@@ -230,9 +232,17 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
        describe_groups(group_parameters(config_.optim, model_->parameters(), mup_width_ratio(config_.model)),
                        config_.optim.lr))
     console_.print("optimizer: {}\n", line);
-  if (config_.optim.qk_clip.enabled)
-    console_.print("qk-clip: tau {} (each head's largest attention logit, clipped after each update)\n",
-                   config_.optim.qk_clip.tau);
+  if (config_.optim.qk_clip.enabled) {
+    // Only the layers whose token mixer has query-key logits clip (TokenMixer::clips_qk).
+    const auto& blocks = model_->backbone().blocks();
+    const auto clipped = std::count_if(blocks.begin(), blocks.end(), [](const auto& b) { return b->mixer().clips_qk(); });
+    const std::string where = clipped == static_cast<std::ptrdiff_t>(blocks.size())
+                                  ? ""
+                                  : fmt::format(" on {} of {} layers (the others' token mixers have no logits)",
+                                                clipped, blocks.size());
+    console_.print("qk-clip: tau {}{} (each head's largest attention logit, clipped after each update)\n",
+                   config_.optim.qk_clip.tau, where);
+  }
   std::fflush(stdout);
 }
 
