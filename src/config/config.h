@@ -118,6 +118,9 @@ struct ModelConfig {
   std::string alt_mlp = "";                // registry: mlps; the MLP of the layers below
   std::string alt_mlp_layers = "";         // layers whose MLP is alt_mlp instead of mlp
   double attention_softcap = 0;    // attention logits -> cap * tanh(logits / cap); 0 = off
+  // A learnable sink logit per query head in every attention softmax's denominator, with no
+  // value (GPT-OSS's sinks; docs/attention-sinks.md). CPU only.
+  bool attention_sinks = false;
   double logit_softcap = 0;        // LM head logits -> cap * tanh(logits / cap); 0 = off
   MoeConfig moe;                   // [model.moe]: used by layers whose MLP is "moe"
   MtpConfig mtp;                   // [model.mtp]: multi-token prediction (training only)
