@@ -230,6 +230,18 @@ TEST(Decoder, SandwichNormsAndLocalRopeBaseMatchFullForward) {
   check_decoder_matches(rms, DType::f64, 1e-12);
 }
 
+// Attention sinks (GPT-OSS): the cache's softmax takes each head's sink as the full
+// forward's does, with a window and softcaps (windowed_softcapped_config) and without.
+TEST(Decoder, AttentionSinksMatchFullForward) {
+  for (bool windowed : {false, true}) {
+    SCOPED_TRACE(windowed ? "windowed, softcapped" : "plain");
+    ModelConfig c = windowed ? windowed_softcapped_config() : small_config(true, false, false);
+    c.attention_sinks = true;
+    check_decoder_matches(c, DType::f64, 1e-12);
+    check_decoder_matches(c, DType::f32, 2e-5);
+  }
+}
+
 TEST(Decoder, PartialRotaryMatchesFullForward) {
   check_decoder_matches(partial_rotary_config(), DType::f64, 1e-12);
   check_decoder_matches(partial_rotary_config(), DType::f32, 2e-5);

@@ -38,6 +38,8 @@ const Refused kRefused[] = {
      "model.alt_mlp = 'relu2'"},
     {"embed_scale", [](ModelConfig& c) { c.embed_scale = 8; }, "model.embed_scale = 8"},
     {"final_norm", [](ModelConfig& c) { c.final_norm = "layernorm"; }, "model.final_norm = 'layernorm'"},
+    // GPT-OSS's sinks: no family kiln exports carries them.
+    {"attention_sinks", [](ModelConfig& c) { c.attention_sinks = true; }, "model.attention_sinks = true"},
 };
 
 // Runs an export expected to be refused; checks the one line it prints names what it must.

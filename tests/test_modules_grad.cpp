@@ -231,6 +231,25 @@ TEST(ModulesGrad, SandwichNormModelMatchesFiniteDifferences) {
   }
 }
 
+// Attention sinks (GPT-OSS): a [heads] parameter per layer under GPT-OSS's names, its
+// gradient and every other one matching finite differences, with a window of 2 on layer 0
+// and full attention on layer 1 over the packed documents.
+TEST(ModulesGrad, AttentionSinksModelMatchesFiniteDifferences) {
+  ModelConfig c = tiny_config(true, false);
+  c.attention_sinks = true;
+  c.sliding_window = 2;
+  c.full_attention_layers = "1";
+  {
+    Model m(c, tiny_build());
+    const Parameter* sinks = m.find_parameter("layers.1.attn.sinks");
+    ASSERT_NE(sinks, nullptr);
+    EXPECT_EQ(sinks->shape(), (Shape{c.heads}));
+    EXPECT_EQ(sinks->names().hf, "model.layers.1.self_attn.sinks");
+    EXPECT_EQ(sinks->names().gguf, "blk.1.attn_sinks.weight");
+  }
+  check_model_gradient(c, Variant{true, false, 1e-3});
+}
+
 // Gemma 3's local RoPE base: the windowed layer (0) rotates by model.rope.local_theta, the
 // global one (1) by model.rope_theta.
 TEST(ModulesGrad, LocalRopeBaseModelMatchesFiniteDifferences) {
@@ -291,6 +310,11 @@ TEST(ModulesGrad, WindowAndSoftcapsChangeTheLossOnlyWhenTheyBite) {
 // Sandwich norms change the model (their gradients are checked above).
 TEST(ModulesGrad, SandwichNormsChangeTheLoss) {
   EXPECT_NE(loss_of([](ModelConfig& c) { c.sandwich_norms = true; }), loss_of([](ModelConfig&) {}));
+}
+
+// Sinks change the loss (they take a share of every softmax).
+TEST(ModulesGrad, AttentionSinksChangeTheLoss) {
+  EXPECT_NE(loss_of([](ModelConfig& c) { c.attention_sinks = true; }), loss_of([](ModelConfig&) {}));
 }
 
 // model.rope.local_theta reaches the windowed layers only: equal to rope_theta it is the

@@ -120,6 +120,9 @@ struct ModelConfig {
   std::string alt_attention = "";          // registry: token mixers; the mixer of the layers below
   std::string alt_attention_layers = "";   // layers whose token mixer is alt_attention instead of attention
   double attention_softcap = 0;    // attention logits -> cap * tanh(logits / cap); 0 = off
+  // A learnable sink logit per query head in every attention softmax's denominator, with no
+  // value (GPT-OSS's sinks; docs/attention-sinks.md). CPU only.
+  bool attention_sinks = false;
   double logit_softcap = 0;        // LM head logits -> cap * tanh(logits / cap); 0 = off
   MoeConfig moe;                   // [model.moe]: used by layers whose MLP is "moe"
   MtpConfig mtp;                   // [model.mtp]: multi-token prediction (training only)

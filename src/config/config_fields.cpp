@@ -95,6 +95,8 @@ const std::array kFields = {
     KILN_FIELD(model, dropout, non_negative(), "drop probability of each block's attention and MLP output (training)"),
     KILN_FIELD(model, embed_dropout, non_negative(), "drop probability of the embedding's output (training)"),
     KILN_FIELD(model, attention_softcap, non_negative(), "cap * tanh(x / cap) of attention logits; 0 = off"),
+    KILN_FIELD(model, attention_sinks, none(),
+               "a learned per-head logit in each attention softmax's denominator (GPT-OSS); CPU only"),
     KILN_FIELD(model, logit_softcap, non_negative(), "cap * tanh(x / cap) of the LM head's logits; 0 = off"),
 
     KILN_FIELD(model.rope, scaling, one_of("none|linear|ntk|yarn|llama3"),

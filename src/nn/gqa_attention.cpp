@@ -42,6 +42,15 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
   options_.deterministic = ctx.deterministic;
   options_.window = layer.choices.window;
   options_.softcap = m.attention_softcap;
+  if (m.attention_sinks) {
+    // No GPU attention kernel takes a sink: cuDNN's frontend does (set_sink_token) but needs
+    // cuDNN >= 9.26 for ragged batches, and kiln's own fp32 and decode kernels do not.
+    KILN_CHECK(ctx.device == Device::cpu, "model.attention_sinks",
+               "attention sinks run on the CPU only: no GPU attention kernel of kiln takes a sink yet");
+    // Zero: at first the sink is one more key of logit 0 (GPT-OSS draws N(0, std) instead).
+    ctx.parameter(options_.sinks, sinks_grad_, n("sinks", "sinks", "attn_sinks.weight"), Shape{hq_}, ParamRole::bias,
+                  Init::zeros());
+  }
   prepare_.q_heads = hq_, prepare_.kv_heads = hkv_, prepare_.head_dim = d_;
   if (m.qk_norm) {
     const ParamName q_w = n("q_norm.weight", "q_norm.weight", "attn_q_norm.weight", rope_rows);
@@ -144,7 +153,8 @@ void GqaAttention::backward(const Tensor& x, const Tensor& dout, const SeqInfo& 
   Tensor dq = scope.take(dout.dtype(), Shape{t, hq_, d_});
   Tensor dk = scope.take(dout.dtype(), Shape{t, hkv_, d_});
   Tensor dv = scope.take(dout.dtype(), Shape{t, hkv_, d_});
-  ops::attention_backward(exec_, q, k, v, o, lse_.rows(0, t), d_o, seq.cu_seqlens, attention_options(seq), dq, dk, dv);
+  ops::attention_backward(exec_, q, k, v, o, lse_.rows(0, t), d_o, seq.cu_seqlens, attention_options(seq), dq, dk, dv,
+                          sinks_grad_);
   Tensor dqkv = scope.take(dout.dtype(), Shape{t, qkv_cols_});
   if (!dyt()) {
     ops::qkv_prepare_backward(exec_, qkv, prepare_at(seq.positions), dq, dk, dv, dqkv, q_gain_grad_, k_gain_grad_);
@@ -198,6 +208,12 @@ void GqaAttention::export_config(ExportConfig& out) const {
   const bool gemma = hf && (out.is("gemma2") || out.is("gemma3_text")), gemma3 = gemma && out.is("gemma3_text");
   if (options_.softcap > 0 && !gemma)
     out.refuse("model.attention_softcap", fmt::format("{}", options_.softcap), "no softcap");
+  // transformers' GptOssForCausalLM and llama.cpp's gpt-oss carry sinks, but kiln exports
+  // no GPT-OSS family (its MoE, biases and alternating windows are another model).
+  if (options_.sinks.defined())
+    out.refuse("model.attention_sinks", "true",
+               out.format() == ExportConfig::Format::gguf ? "kiln's GGUF architectures have no attention sinks"
+                                                          : "no attention sinks in this architecture");
   if (!rotary_) out.refuse("model.nope_layers", fmt::format("layer {}", layer_), "every layer rotates");
   const bool windowed_family = hf && (out.is("qwen2") || out.is("qwen3") || out.is("qwen3_moe") || out.is("dots1") || gemma);
   if (options_.window > 0 && !windowed_family)

@@ -3,7 +3,8 @@
 //   q, k <- per-head norm (if model.qk_norm; parameters shared by the heads, as Qwen3's
 //           q_norm / k_norm; model.qk_norm_type: RMSNorm, Gemma's RMSNorm or DyT)
 //           -> rotary position encoding (unless the layer is NoPE)
-//   o = attention(q, k, v) over packed sequences (the layer's window, the softcap);  out = o Wo^T
+//   o = attention(q, k, v) over packed sequences (the layer's window, the softcap, the
+//       sinks: a learned logit per head in each softmax's denominator);  out = o Wo^T
 // The per-head steps are one fused op (ops/attention/qkv_prepare.h); Gemma's RMSNorm
 // passes it the gains 1 + w, formed before each use; DyT, which that op does not compute,
 // runs as the op's split, ops/dyt and ops/rope in turn. Only the raw
@@ -65,9 +66,10 @@ class GqaAttention final : public TokenMixer {
   bool qk_norm_ = false;      // q and k pass a per-head norm (model.qk_norm) ...
   QkNormKind qk_kind_ = QkNormKind::rmsnorm;  // ... of this kind (model.qk_norm_type)
   bool bias_ = false;         // q/k/v projections have biases (model.attention_bias)
-  ops::AttentionOptions options_;
+  ops::AttentionOptions options_;  // window, softcap and the sinks parameter (model.attention_sinks)
   ops::QkvPrepare prepare_;   // heads and gains; tables and positions per call
   Tensor qkv_w_, qkv_g_, qkv_b_, qkv_bg_, o_w_, o_g_, q_gain_grad_, k_gain_grad_;
+  Tensor sinks_grad_;  // [Hq], with model.attention_sinks
   // Gemma's RMSNorm: the weights w (prepare_'s gains are 1 + w); DyT: the gains. [D] each.
   Tensor q_weight_, k_weight_;
   Tensor q_alpha_, k_alpha_, q_alpha_grad_, k_alpha_grad_;      // DyT: [1] each

@@ -31,6 +31,7 @@ class GqaDecoder final : public BranchDecoder {
     ctx.state.reserve(v_cache_, ctx.dtype, Shape{ctx.slots, ctx.max_len, hkv, d});
     options_.window = a.options_.window;
     options_.softcap = a.options_.softcap;
+    options_.sinks = a.options_.sinks;  // the parameter itself: decode sees its current values
     if (a.rotary_) rotary_ = a.position_.rotary();  // filled now, not inside a captured step
     // The split partials of cached attention on the GPU: the most any row count needs.
     if (ctx.device == Device::cuda)
@@ -149,7 +150,7 @@ class GqaDecoder final : public BranchDecoder {
   Workspace& workspace_;
   DType dtype_;
   int64_t max_len_;
-  ops::AttentionOptions options_;  // the layer's window and softcap
+  ops::AttentionOptions options_;  // the layer's window, softcap and sinks
   RotaryTables rotary_;            // undefined on NoPE layers
   Tensor k_cache_, v_cache_;       // [slots, max_len, Hkv, D]
   int64_t split_elems_ = 0;        // f32 elements of cached attention's split partials (GPU)

@@ -1,7 +1,7 @@
 // attention (ops/attention/attention.h): causal grouped-query attention over packed
-// sequences, with sliding window, softcap and an explicit scale. The reference is a full
-// softmax per query with explicit causal, window and document masks (two passes, no
-// online rescaling). GPU: the fp32 kernels (the bf16 cuDNN path has its own suite,
+// sequences, with sliding window, softcap, an explicit scale and sinks (a per-head logit in
+// the denominator, CPU only). The reference is a full softmax per query with explicit
+// causal, window and document masks (two passes, no online rescaling). GPU: the fp32 kernels (the bf16 cuDNN path has its own suite,
 // tests/gpu/test_gpu_attention_cudnn.cpp).
 #include "op_table/op_table.h"
 #include "ops/attention/attention.h"
@@ -20,6 +20,7 @@ struct AttentionShape {
   std::vector<int32_t> lengths;
   int64_t hq, hkv, d;
   ops::AttentionOptions o;
+  bool sinks = false;
 };
 
 void reference_attention(const Tensors& t, const ops::AttentionOptions& o) {
@@ -28,6 +29,7 @@ void reference_attention(const Tensors& t, const ops::AttentionOptions& o) {
   const double scale = o.scale > 0 ? o.scale : 1 / std::sqrt(static_cast<double>(d));
   const double *qp = t.f64("q"), *kp = t.f64("k"), *vp = t.f64("v");
   double *out = t.f64("out"), *lse = t.f64("lse");
+  const double* sinks = t.has("sinks") ? t.f64("sinks") : nullptr;
   const std::vector<int32_t>& cu = t.ints("cu_seqlens");
   std::vector<int64_t> doc(static_cast<size_t>(n));
   for (size_t s = 0; s + 1 < cu.size(); ++s)
@@ -36,7 +38,7 @@ void reference_attention(const Tensors& t, const ops::AttentionOptions& o) {
     for (int64_t h = 0; h < hq; ++h) {
       const int64_t g = h / (hq / hkv);
       std::vector<double> s(static_cast<size_t>(n), -std::numeric_limits<double>::infinity());
-      double m = -std::numeric_limits<double>::infinity();
+      double m = sinks ? sinks[h] : -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < n; ++j) {
         const bool visible = doc[static_cast<size_t>(j)] == doc[static_cast<size_t>(i)] && j <= i &&
                              (o.window == 0 || i - j < o.window);
@@ -48,7 +50,7 @@ void reference_attention(const Tensors& t, const ops::AttentionOptions& o) {
         s[static_cast<size_t>(j)] = sc;
         m = std::max(m, sc);
       }
-      double sum = 0;
+      double sum = sinks ? std::exp(sinks[h] - m) : 0.0;  // the sink: in the sum, no value
       for (int64_t j = 0; j < n; ++j) sum += std::exp(s[static_cast<size_t>(j)] - m);
       double* o_row = out + (i * hq + h) * d;
       std::fill(o_row, o_row + d, 0.0);
@@ -73,21 +75,29 @@ OpCase attention_case(AttentionShape a, double qk_scale, std::vector<DType> cuda
   const Shape qs{n, a.hq, a.d}, ks{n, a.hkv, a.d};
   OpCase c;
   c.op = "attention";
-  c.name = fmt::format("len{}_h{}x{}_d{}_w{}_cap{}{}", lengths, a.hq, a.hkv, a.d, a.o.window, a.o.softcap,
-                       a.o.scale > 0 ? fmt::format("_scale{}", a.o.scale) : "");
+  c.name = fmt::format("len{}_h{}x{}_d{}_w{}_cap{}{}{}", lengths, a.hq, a.hkv, a.d, a.o.window, a.o.softcap,
+                       a.o.scale > 0 ? fmt::format("_scale{}", a.o.scale) : "", a.sinks ? "_sinks" : "");
   std::replace(c.name.begin(), c.name.end(), '.', 'p');
   c.tensors = {in("q", qs).scaled(qk_scale), in("k", ks).scaled(qk_scale), in("v", ks), ints("cu_seqlens", cu),
                out("out", qs),               out("lse", {n, a.hq}, Width::wide), grad_out("dout", "out", qs),
                grad_in("dq", "q", qs),       grad_in("dk", "k", ks),             grad_in("dv", "v", ks)};
-  const ops::AttentionOptions o = a.o;
-  c.forward = [o](const Tensors& t) {
-    ops::attention_forward(process_exec(), t["q"], t["k"], t["v"], t["cu_seqlens"], o, t["out"], t["lse"]);
+  if (a.sinks)  // about 1: comparable to the scores, so the sink takes a real share
+    c.tensors.insert(c.tensors.end(), {in("sinks", {a.hq}, Width::wide).scaled(1.0, 1.0),
+                                       grad_in("dsinks", "sinks", {a.hq}, Width::wide).accumulating()});
+  const ops::AttentionOptions base = a.o;
+  auto with_sinks = [base](const Tensors& t) {
+    ops::AttentionOptions o = base;
+    o.sinks = t.get("sinks");
+    return o;
   };
-  c.backward = [o](const Tensors& t) {
-    ops::attention_backward(process_exec(), t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], t["cu_seqlens"], o, t["dq"],
-                            t["dk"], t["dv"]);
+  c.forward = [with_sinks](const Tensors& t) {
+    ops::attention_forward(process_exec(), t["q"], t["k"], t["v"], t["cu_seqlens"], with_sinks(t), t["out"], t["lse"]);
   };
-  c.reference = [o](const Tensors& t) { reference_attention(t, o); };
+  c.backward = [with_sinks](const Tensors& t) {
+    ops::attention_backward(process_exec(), t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], t["cu_seqlens"],
+                            with_sinks(t), t["dq"], t["dk"], t["dv"], t.get("dsinks"));
+  };
+  c.reference = [base](const Tensors& t) { reference_attention(t, base); };
   c.cuda = std::move(cuda);
   c.cpu = qs.numel() <= kCpuMaxElements;
   c.finite_differences = c.cpu && c.cuda.empty();
@@ -121,6 +131,14 @@ std::vector<OpCase> attention_cases() {
   wide.o.window = 100;
   wide.o.softcap = 2.0;
   for (const AttentionShape& a : {empty, w1, wide}) cases.push_back(attention_case(a, 1.5, {}));
+  // Sinks (CPU only): GQA over packed documents (one empty), with and without a window
+  // and a softcap; window 1 leaves each query its own key and the sink.
+  for (auto [window, softcap] : {std::pair<int64_t, double>{0, 0.0}, {3, 5.0}, {1, 0.0}}) {
+    AttentionShape a{{1, 5, 0, 17, 3}, 4, 2, 6, {}, true};
+    a.o.window = window;
+    a.o.softcap = softcap;
+    cases.push_back(attention_case(a, 1.5, {}));
+  }
   // GPU: sequences of 1 to 40 tokens, 4 query heads over 1, 2 or 4 kv heads, head dims
   // below, at and above a warp's multiple.
   for (int64_t hkv : {1, 2, 4})

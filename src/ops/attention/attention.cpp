@@ -55,6 +55,15 @@ void validate(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
   }
 }
 
+// Sinks [Hq] in lse's dtype, beside q. On the GPU none of the attention kernels takes a sink
+// (cuDNN's needs 9.26 for ragged batches): a model with sinks is refused when built there.
+void expect_sinks(const char* op, const Tensor& sinks, const Tensor& q, const Tensor& lse) {
+  if (!sinks.defined()) return;
+  expect_shape(op, "sinks", sinks, Shape{q.size(1)});
+  expect_same(op, "sinks", sinks, lse);
+  KILN_CHECK(q.device() == Device::cpu, op, "attention sinks run on the CPU only, got {}", q.describe());
+}
+
 // The shape and options as the CPU reference (cpu::AttentionShape, double scale and softcap)
 // or the CUDA kernels (cuda::AttentionArgs, float) take them: the same fields.
 template <typename Shape>
@@ -86,6 +95,11 @@ cuda::AttentionArgs cuda_args(const Tensor& q, const Tensor& k, const Tensor& cu
 }
 #endif
 
+template <typename T>
+T* sink_data(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
 }  // namespace
 
 void attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
@@ -95,6 +109,7 @@ void attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k,
   validate(op, q, k, v, cu_seqlens);
   expect_like(op, "out", out, q, q.shape());
   expect_lse(op, lse, q);
+  expect_sinks(op, options.sinks, q, lse);
   KILN_ON_CUDA(q, op, {
     const cuda::AttentionArgs args = cuda_args(q, k, cu_seqlens, options);
     if (is_mixed(q))
@@ -107,13 +122,13 @@ void attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k,
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cpu::attention_forward<T>(shape_of(q, k, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
-                              out.data<T>(), lse.data<T>());
+                              out.data<T>(), lse.data<T>(), sink_data<T>(options.sinks));
   });
 }
 
 void attention_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, const Tensor& cu_seqlens, const AttentionOptions& options,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dsinks) {
   const char* op = "attention_backward";
   KILN_OP_SCOPE(op, q);
   validate(op, q, k, v, cu_seqlens);
@@ -123,6 +138,12 @@ void attention_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k
   expect_like(op, "dq", dq, q, q.shape());
   expect_like(op, "dk", dk, q, k.shape());
   expect_like(op, "dv", dv, q, v.shape());
+  expect_sinks(op, options.sinks, q, lse);
+  if (dsinks.defined()) {
+    KILN_CHECK(options.sinks.defined(), op, "dsinks given without sinks");
+    expect_shape(op, "dsinks", dsinks, options.sinks.shape());
+    expect_same(op, "dsinks", dsinks, options.sinks);
+  }
   KILN_ON_CUDA(q, op, {
     const cuda::AttentionArgs args = cuda_args(q, k, cu_seqlens, options);
     if (is_mixed(q))
@@ -138,7 +159,7 @@ void attention_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k
     using T = decltype(zero);
     cpu::attention_backward<T>(shape_of(q, k, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
                                out.data<T>(), lse.data<T>(), dout.data<T>(), dq.data<T>(), dk.data<T>(),
-                               dv.data<T>());
+                               dv.data<T>(), sink_data<T>(options.sinks), sink_data<T>(dsinks));
   });
 }
 

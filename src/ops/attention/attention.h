@@ -24,15 +24,20 @@ struct AttentionOptions {
   // GPU path runs cuDNN's plain layout instead of the ragged one, and its lse buffer then
   // holds [sequences, Hq, max_seqlen] (head-major) for the backward of the same batch.
   bool uniform = false;
+  // Learnable attention sinks (GPT-OSS): [Hq] logits, one per query head, that join each
+  // query's softmax denominator and attend to nothing (their value is zero); the lse then
+  // includes them. Undefined = none. lse's dtype; CPU only (docs/attention-sinks.md).
+  Tensor sinks;
 };
 
 // out [N, Hq, D] (=), lse [N, Hq] (=, log-sum-exp of each query's scores, for backward).
 void attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                        const AttentionOptions& options, const Tensor& out, const Tensor& lse);
 
-// dq, dk, dv written with =.
+// dq, dk, dv written with =; dsinks [Hq] (with options.sinks) accumulated with +=, as a
+// parameter's gradient.
 void attention_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, const Tensor& cu_seqlens, const AttentionOptions& options,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv);
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dsinks = Tensor());
 
 }  // namespace kiln::ops

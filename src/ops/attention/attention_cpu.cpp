@@ -20,7 +20,7 @@ int64_t first_key(int64_t i, int64_t begin, int64_t window) {
 // Each work item (sequence, query head) transposes its kv head's keys once (attention_math.h),
 // then takes each query's row of scores across the keys, its softmax and output.
 template <typename T>
-void attention_forward(const AttentionShape& sh, const T* q, const T* k, const T* v, T* out, T* lse) {
+void attention_forward(const AttentionShape& sh, const T* q, const T* k, const T* v, T* out, T* lse, const T* sinks) {
   const int64_t d = sh.head_dim, group = sh.q_heads / sh.kv_heads, stride = sh.kv_heads * d;
   const int64_t work = sh.num_seqs * sh.q_heads;
   const T scale = static_cast<T>(sh.scale);
@@ -42,7 +42,7 @@ void attention_forward(const AttentionShape& sh, const T* q, const T* k, const T
         transposed_scores(q + (i * sh.q_heads + h) * d, kt.data() + j0, ld, n, d, scale, s.data());
         if (sh.softcap > 0) softcap_scores(s.data(), n, sh.softcap, static_cast<T*>(nullptr));
         lse[i * sh.q_heads + h] = softmax_combine(s.data(), n, d, [&](int64_t j) { return vg + (begin + j0 + j) * stride; },
-                                                  out + (i * sh.q_heads + h) * d);
+                                                  out + (i * sh.q_heads + h) * d, sinks ? sinks + h : nullptr);
       }
     }
   }
@@ -53,9 +53,17 @@ void attention_forward(const AttentionShape& sh, const T* q, const T* k, const T
 // scores are the forward's (the same transposed keys and sums); dP takes V transposed alike.
 // Queries go in pairs (i, i + 1) of one head, so each key row of dK and dV is read and
 // written once per pair (adding query i's term, then i + 1's: the order of one at a time).
+//
+// Sinks: a sink is one more key of query i, logit s_h, value 0. Its probability
+// p_sink = exp(s_h - lse_i) is in lse, so P above (exp(S - lse)) already carries the
+// sink's denominator. Softmax's backward dlogit_k = p_k (dp_k - sum_l p_l dp_l), summed over
+// all keys l with dp_l = dO_i . v_l: the sink's dp is dO_i . 0 = 0, so the sum is still
+// dO_i . O_i = delta_i and dS is unchanged, and the sink's own dlogit is
+// p_sink (0 - delta_i). s_h is shared by every query of head h:
+//   dsinks[h] += -sum_i exp(s_h - lse_i) (dO_i . O_i).
 template <typename T>
 void attention_backward(const AttentionShape& sh, const T* q, const T* k, const T* v, const T* out, const T* lse,
-                        const T* dout, T* dq, T* dk, T* dv) {
+                        const T* dout, T* dq, T* dk, T* dv, const T* sinks, T* dsinks) {
   const int64_t d = sh.head_dim, group = sh.q_heads / sh.kv_heads, stride = sh.kv_heads * d;
   const int64_t work = sh.num_seqs * sh.kv_heads;
   const T scale = static_cast<T>(sh.scale);
@@ -132,15 +140,29 @@ void attention_backward(const AttentionShape& sh, const T* q, const T* k, const 
       }
     }
   }
+  if (!sinks || !dsinks) return;
+  // One head per thread, its queries in order: a fixed sum (packed sequences and windows
+  // do not matter: every query sees its head's sink).
+#pragma omp parallel for schedule(static)
+  for (int64_t h = 0; h < sh.q_heads; ++h) {
+    T sum = 0;
+    for (int64_t i = 0; i < sh.tokens; ++i) {
+      const int64_t row = i * sh.q_heads + h;
+      sum += std::exp(sinks[h] - lse[row]) * dot(dout + row * d, out + row * d, d);
+    }
+    dsinks[h] -= sum;
+  }
 }
 
 template void attention_forward<float>(const AttentionShape&, const float*, const float*, const float*, float*,
-                                       float*);
+                                       float*, const float*);
 template void attention_forward<double>(const AttentionShape&, const double*, const double*, const double*,
-                                        double*, double*);
+                                        double*, double*, const double*);
 template void attention_backward<float>(const AttentionShape&, const float*, const float*, const float*,
-                                        const float*, const float*, const float*, float*, float*, float*);
+                                        const float*, const float*, const float*, float*, float*, float*,
+                                        const float*, float*);
 template void attention_backward<double>(const AttentionShape&, const double*, const double*, const double*,
-                                         const double*, const double*, const double*, double*, double*, double*);
+                                         const double*, const double*, const double*, double*, double*, double*,
+                                         const double*, double*);
 
 }  // namespace kiln::cpu

@@ -17,11 +17,14 @@ struct AttentionShape {
   double softcap;
 };
 
+// sinks [q_heads] (or null): each head's sink logit, in every query's denominator.
 template <typename T>
-void attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v, T* out, T* lse);
+void attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v, T* out, T* lse,
+                       const T* sinks = nullptr);
 
+// dsinks [q_heads] (with sinks) += the sinks' gradient.
 template <typename T>
 void attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v, const T* out, const T* lse,
-                        const T* dout, T* dq, T* dk, T* dv);
+                        const T* dout, T* dq, T* dk, T* dv, const T* sinks = nullptr, T* dsinks = nullptr);
 
 }  // namespace kiln::cpu

@@ -27,7 +27,7 @@ struct CacheShape {
 // transposes a sequence's, then takes the same scores, softmax and output.
 template <typename T>
 void cached_attention_cpu(const CacheShape& s, const T* q, const T* kc, const T* vc, const int32_t* slot,
-                          const int32_t* pos, T* out) {
+                          const int32_t* pos, T* out, const T* sinks) {
   const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
   const T scale = static_cast<T>(s.scale);
 #pragma omp parallel
@@ -49,7 +49,7 @@ void cached_attention_cpu(const CacheShape& s, const T* q, const T* kc, const T*
       cpu::transposed_scores(q + (i * s.q_heads + h) * d, kt.data(), ld, n, d, scale, sc.data());
       if (s.softcap > 0) cpu::softcap_scores(sc.data(), n, s.softcap, static_cast<T*>(nullptr));
       cpu::softmax_combine(sc.data(), n, d, [&](int64_t j) { return vbase + (first + j) * stride; },
-                           out + (i * s.q_heads + h) * d);
+                           out + (i * s.q_heads + h) * d, sinks ? sinks + h : nullptr);
     }
   }
 }
@@ -142,6 +142,11 @@ void cached_attention_forward(const ExecContext& ctx, const Tensor& q, const Ten
     KILN_CHECK(workspace.device() == q.device(), op, "workspace must be on {}, got {}", device_name(q.device()),
                workspace.describe());
   }
+  if (options.sinks.defined()) {  // the packed forward's sinks, in its dtype
+    expect_shape(op, "sinks", options.sinks, Shape{q.size(1)});
+    expect_same(op, "sinks", options.sinks, q);
+    KILN_CHECK(q.device() == Device::cpu, op, "attention sinks run on the CPU only, got {}", q.describe());
+  }
   const double scale = options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
   KILN_ON_CUDA(q, op, {
     const cuda::CachedAttentionArgs args{q.size(0),
@@ -170,7 +175,8 @@ void cached_attention_forward(const ExecContext& ctx, const Tensor& q, const Ten
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cached_attention_cpu<T>(s, q.data<T>(), k_cache.data<T>(), v_cache.data<T>(), slots.data<int32_t>(),
-                            positions.data<int32_t>(), out.data<T>());
+                            positions.data<int32_t>(), out.data<T>(),
+                            options.sinks.defined() ? options.sinks.data<T>() : nullptr);
   });
 }
 
