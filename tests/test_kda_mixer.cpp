@@ -2,11 +2,13 @@
 // gradient of a hybrid "kda, kda, kda, gqa" model against finite differences in f64 (as
 // test_modules_grad.cpp: five-point stencil, e = 1e-4, relative error < 1e-6 over a packed
 // batch of three documents and a PAD tail); the decoder's logits against the full forward in
-// f64 (chunks and single tokens of two sequences in one step, a reused slot, a forked one);
-// its names and init; and a short training run on the bundled corpus whose loss falls.
+// f64 (chunks and single tokens of two sequences in one step, a reused slot, a forked one),
+// and through the Generator (a reused slot, a shared prefill) the tokens of each sequence
+// alone; its names and init; and a short training run on the bundled corpus whose loss falls.
 #include "full_forward.h"
 #include "grad_check.h"
 #include "infer/decoder.h"
+#include "infer/generator.h"
 #include "tiny_model.h"
 #include "train/trainer.h"
 #include "test_util.h"
@@ -127,7 +129,8 @@ struct DecodeCheck {
   }
 };
 
-TEST(KdaMixer, DecoderMatchesFullForward) {
+// A "kda, kda, kda, gqa" model of f64 weights, random, with KDA heads of its own width.
+std::unique_ptr<Model> decode_model() {
   ModelConfig c;
   c.vocab_size = 259, c.hidden = 32, c.heads = 2, c.kv_heads = 1, c.head_dim = 8, c.ffn_hidden = 48;
   c.max_seq_len = 32;
@@ -138,9 +141,15 @@ TEST(KdaMixer, DecoderMatchesFullForward) {
   o.dtype = DType::f64;
   o.training = false;
   o.max_tokens = c.max_seq_len;
-  Model model(c, o);
-  model.allocate();
-  randomize(model, 5);
+  auto model = std::make_unique<Model>(c, o);
+  model->allocate();
+  randomize(*model, 5);
+  return model;
+}
+
+TEST(KdaMixer, DecoderMatchesFullForward) {
+  const auto owned = decode_model();
+  Model& model = *owned;
   DecoderOptions d;
   d.slots = 2;
   d.max_rows = 6;
@@ -173,6 +182,50 @@ TEST(KdaMixer, DecoderMatchesFullForward) {
   EXPECT_EQ(check.checked, 19 + 7 + 5 + 14);
   EXPECT_LT(check.worst, 1e-12) << "decoder logits vs full forward";
   std::printf("kda decode: %d logit rows, worst scaled error %.2e\n", check.checked, check.worst);
+}
+
+GenerationRequest greedy(int32_t first, size_t prompt_length, int64_t max_tokens) {
+  GenerationRequest r;
+  for (size_t i = 0; i < prompt_length; ++i) r.prompt.push_back(static_cast<int32_t>((first + 37 * i) % 256));
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.stop_at_eos = false;
+  return r;
+}
+
+// The Generator resets a reused slot and copies a shared prefill's state: each sequence's
+// tokens are those it gets alone in a fresh decoder.
+TEST(KdaMixer, GeneratorResetsAndForksTheState) {
+  const auto model = decode_model();
+  ByteTokenizer tokenizer;
+  const auto alone = [&](GenerationRequest r) {
+    r.shares_prefill = false;
+    DecoderOptions d;
+    d.slots = 1, d.max_rows = 8;
+    Decoder decoder(*model, d);
+    Generator generator(decoder, tokenizer);
+    return generator.run({r})[0].tokens;
+  };
+  const GenerationRequest first = greedy(3, 11, 6), second = greedy(50, 6, 6);
+  DecoderOptions one;
+  one.slots = 1, one.max_rows = 8;
+  Decoder reused(*model, one);
+  Generator serial(reused, tokenizer);
+  EXPECT_EQ(serial.run({first})[0].tokens, alone(first));
+  EXPECT_EQ(serial.run({second})[0].tokens, alone(second));  // slot 0 again, from zero
+
+  DecoderOptions two;
+  two.slots = 2, two.max_rows = 8;
+  Decoder forked(*model, two);
+  Generator group(forked, tokenizer);
+  std::vector<GenerationRequest> pair = {greedy(9, 13, 5), greedy(9, 13, 5)};
+  pair[1].shares_prefill = true;
+  // The follower, greedy too, may not take the leader's second token: its own way after it.
+  pair[1].sampling.logit_bias = {{alone(pair[0])[1], -100.0f}};
+  const auto results = group.run(pair);
+  EXPECT_EQ(results[0].tokens, alone(pair[0]));
+  EXPECT_EQ(results[1].tokens, alone(pair[1]));
+  EXPECT_NE(results[0].tokens, results[1].tokens);
 }
 
 TEST(KdaMixer, GpuBuildAndBadKernelAreRefusedByKey) {
