@@ -55,6 +55,8 @@ KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
                 hidden_init);
   ctx.parameter(gb_w_, gb_g_, n("g_b_proj.weight", "g_b_proj.weight", ""), Shape{vc, rank_}, ParamRole::matrix,
                 hidden_init);
+  // The output gate's one bias, as Kimi Linear's g_proj (zero: sigmoid 1/2 at first).
+  ctx.parameter(gb_b_, gb_bg_, n("g_b_proj.bias", "g_b_proj.bias", ""), Shape{vc}, ParamRole::bias, Init::zeros());
   ctx.parameter(gain_, gain_g_, n("o_norm.weight", "o_norm.weight", ""), Shape{dv_}, ParamRole::norm, Init::ones());
   // The residual writer: scaled init keeps the residual stream's variance flat in depth.
   ctx.parameter(o_w_, o_g_, n("o_proj.weight", "o_proj.weight", ""), Shape{hidden_, vc}, ParamRole::matrix,
@@ -97,7 +99,7 @@ void KdaMixer::forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) {
   ops::kda_beta_forward(exec_, braw, beta);
   ops::kda_chunked_forward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), {}, o);
   ops::linear_forward(exec_, x, ga_w_, Tensor(), ga);
-  ops::linear_forward(exec_, ga, gb_w_, Tensor(), gpre);
+  ops::linear_forward(exec_, ga, gb_w_, gb_b_, gpre);
   const Tensor y = scope.take(dt, Shape{t, h_ * dv_});
   ops::kda_output_gate_forward(exec_, o, gain_, gpre, norm_eps_, y);
   ops::linear_forward(exec_, y, o_w_, Tensor(), out);
@@ -117,7 +119,7 @@ void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
   const Tensor d_o = scope.take(dt, Shape{t, h_, dv_}), dgpre = scope.take(dt, Shape{t, h_ * dv_});
   ops::kda_output_gate_backward(exec_, o, gain_, gpre, norm_eps_, dy, d_o, dgpre, gain_g_);
   const Tensor dlow = scope.take(dt, Shape{t, rank_});
-  ops::linear_backward(exec_, ga, gb_w_, dgpre, dlow, gb_g_, Tensor());
+  ops::linear_backward(exec_, ga, gb_w_, dgpre, dlow, gb_g_, gb_bg_);
   ops::linear_backward(exec_, x, ga_w_, dlow, dx, ga_g_, Tensor());
   // The delta rule, its inputs rebuilt from what forward saved.
   const Tensor q = scope.take(dt, Shape{t, h_, dk_}), k = scope.take(dt, Shape{t, h_, dk_});

@@ -6,7 +6,7 @@
 //   g    = -exp(A_log) softplus(Wfb Wfa x + dt_bias)   channel-wise log decay (ops/kda/kda_gate.h)
 //   beta = sigmoid(Wb x)                      per head
 //   o    = KDA(q, k, v, g, beta)              the gated delta rule, scale 1/sqrt(d_k), chunked
-//   out  = Wo [RMSNorm_head(o) * gain * sigmoid(Wgb Wga x)]
+//   out  = Wo [RMSNorm_head(o) * gain * sigmoid(Wgb Wga x + bgb)]
 // Wfa/Wfb and Wga/Wgb are low rank (model.kda.gate_rank). Documents never share state: the
 // convolution and the delta rule restart at each document of a packed batch.
 //
@@ -44,7 +44,7 @@ class KdaMixer final : public TokenMixer {
   int64_t hidden_ = 0, h_ = 0, dk_ = 0, dv_ = 0, rank_ = 0, kernel_ = 0, qkv_cols_ = 0;
   double norm_eps_ = 1e-6;
   Tensor qkv_w_, qkv_g_, conv_w_, conv_g_, fa_w_, fa_g_, fb_w_, fb_g_, b_w_, b_g_;
-  Tensor a_log_, a_log_g_, dt_bias_, dt_bias_g_, ga_w_, ga_g_, gb_w_, gb_g_, gain_, gain_g_, o_w_, o_g_;
+  Tensor a_log_, a_log_g_, dt_bias_, dt_bias_g_, ga_w_, ga_g_, gb_w_, gb_g_, gb_b_, gb_bg_, gain_, gain_g_, o_w_, o_g_;
   // Saved by forward (backward recomputes q, k, v, g, beta and the gated output from them).
   Tensor qkv_raw_, qkv_act_, fa_, graw_, braw_, o_, ga_, gpre_;
 };

@@ -62,7 +62,7 @@ class KdaDecoder final : public BranchDecoder {
     }
     const Tensor gpre = scope.take(dtype_, Shape{n, a.h_ * a.dv_}), y = scope.take(dtype_, Shape{n, a.h_ * a.dv_});
     ops::linear_forward(exec_, h, a.ga_w_, Tensor(), low);
-    ops::linear_forward(exec_, low, a.gb_w_, Tensor(), gpre);
+    ops::linear_forward(exec_, low, a.gb_w_, a.gb_b_, gpre);
     ops::kda_output_gate_forward(exec_, o, a.gain_, gpre, a.norm_eps_, y);
     ops::linear_forward(exec_, y, a.o_w_, Tensor(), out);
   }
