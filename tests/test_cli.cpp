@@ -180,6 +180,7 @@ TEST(Cli, ListShowsEachComponentUnderItsKey) {
     EXPECT_TRUE(names["model.mlp"].count(mlp)) << mlp << "\n" << output;
   EXPECT_FALSE(names["model.norm"].count("gelu")) << output;  // each under its own key only
   EXPECT_TRUE(names["model.attention"].count("gqa")) << output;
+  EXPECT_TRUE(names["model.attention"].count("kda")) << output;
   EXPECT_NE(output.find("token mixers (model.attention, model.alt_attention):"), std::string::npos) << output;
 }
 

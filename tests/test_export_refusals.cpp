@@ -40,6 +40,14 @@ const Refused kRefused[] = {
     {"final_norm", [](ModelConfig& c) { c.final_norm = "layernorm"; }, "model.final_norm = 'layernorm'"},
     // GPT-OSS's sinks: no family kiln exports carries them.
     {"attention_sinks", [](ModelConfig& c) { c.attention_sinks = true; }, "model.attention_sinks = true"},
+    // KDA: no stock family computes it; a hybrid is refused under the key of its KDA layers.
+    {"kda", [](ModelConfig& c) { c.attention = "kda"; }, "model.attention = 'kda'"},
+    {"kda_alt",
+     [](ModelConfig& c) {
+       c.alt_attention = "kda";
+       c.alt_attention_layers = "1";
+     },
+     "model.alt_attention = 'kda'"},
 };
 
 // Runs an export expected to be refused; checks the one line it prints names what it must.

@@ -70,6 +70,15 @@ struct MtpConfig {
   std::string weights;
 };
 
+// Kimi Delta Attention's keys ([model.kda]; the token mixer "kda", nn/kda_mixer.h,
+// docs/kda.md). 0 = the default named beside each.
+struct KdaConfig {
+  int64_t heads = 0;        // KDA heads; 0 = model.heads
+  int64_t head_dim = 0;     // d_k = d_v per head; 0 = model.head_dim
+  int64_t conv_kernel = 4;  // the causal depthwise short convolution's width over q, k, v
+  int64_t gate_rank = 0;    // the low-rank decay and output gates' inner width; 0 = head_dim
+};
+
 struct ModelConfig {
   std::string name = "qwen3-byte-tiny";
   int64_t vocab_size = 259;        // byte-level: 256 bytes + BOS, EOS, PAD
@@ -126,6 +135,7 @@ struct ModelConfig {
   double logit_softcap = 0;        // LM head logits -> cap * tanh(logits / cap); 0 = off
   MoeConfig moe;                   // [model.moe]: used by layers whose MLP is "moe"
   MtpConfig mtp;                   // [model.mtp]: multi-token prediction (training only)
+  KdaConfig kda;                   // [model.kda]: used by layers whose token mixer is "kda"
 };
 
 // One source of a weighted mixture ([[data.sources]], docs/data.md "Mixtures"): any path

@@ -145,6 +145,12 @@ const std::array kFields = {
     KILN_FIELD(model.mtp, weights, none(),
                "each depth's loss weight, comma-separated; \"\" = sequential 0.1/depth, parallel the average"),
 
+    KILN_FIELD(model.kda, heads, non_negative(), "kda mixer: heads; 0 = model.heads"),
+    KILN_FIELD(model.kda, head_dim, non_negative(), "kda mixer: d_k = d_v per head; 0 = model.head_dim"),
+    KILN_FIELD(model.kda, conv_kernel, positive().up_to(64, "a short convolution; its decode state keeps kernel - 1 rows"),
+               "kda mixer: the causal depthwise convolution's width over q, k, v"),
+    KILN_FIELD(model.kda, gate_rank, non_negative(), "kda mixer: the low-rank decay and output gates' width; 0 = head_dim"),
+
     KILN_FIELD(data, path, non_empty().as(ConfigRule::kPath),
                "training data: a file, directory or glob (text, JSONL, .zst/.gz, Parquet, .arrow/HF save_to_disk, shards, .bin)"),
     KILN_FIELD(data, tokenizer, non_empty().as(ConfigRule::kTokenizer),
@@ -272,9 +278,9 @@ const std::array kFields = {
 #undef KILN_ROLE_FIELDS
 #undef KILN_FIELD
 
-constexpr std::array<std::string_view, 20> kSections = {
-    "model",        "model.rope",   "model.moe",    "model.mtp",    "data",         "train",       "optim",
-    "optim.embedding", "optim.head", "optim.matrix", "optim.expert", "optim.router", "optim.norm",
+constexpr std::array<std::string_view, 21> kSections = {
+    "model",        "model.rope",   "model.moe",    "model.mtp",    "model.kda",    "data",        "train",
+    "optim",        "optim.embedding", "optim.head", "optim.matrix", "optim.expert", "optim.router", "optim.norm",
     "optim.bias",   "optim.muon",   "optim.qk_clip", "log",         "checkpoint",  "eval",
     "dist"};
 

@@ -106,6 +106,17 @@ void Model::init_weights(uint64_t seed) {
         case InitKind::ones: v[j] = 1.0; break;
         case InitKind::zeros: v[j] = 0.0; break;
         case InitKind::constant: v[j] = p.init().std; break;
+        case InitKind::uniform: v[j] = (2 * rng.uniform() - 1) * p.init().std; break;
+        case InitKind::log_uniform:
+          v[j] = std::log(p.init().std + (p.init().hi - p.init().std) * rng.uniform());
+          break;
+        case InitKind::inverse_softplus_log_uniform: {
+          // FLA's dt: exp(U(log lo, log hi)) floored at 1e-4, then x with softplus(x) = dt.
+          const double lo = std::log(p.init().std), hi = std::log(p.init().hi);
+          const double dt = std::max(std::exp(lo + (hi - lo) * rng.uniform()), 1e-4);
+          v[j] = dt + std::log(-std::expm1(-dt));
+          break;
+        }
       }
     }
     if (value.dtype() == DType::f64) {

@@ -31,6 +31,7 @@ MixerRegistry& mixer_registry() {
   static MixerRegistry* registry = [] {
     auto* r = new MixerRegistry("token mixer");
     register_gqa_attention(*r);
+    register_kda_mixer(*r);
     return r;
   }();
   return *registry;

@@ -47,15 +47,24 @@ struct NameScope {
   NameScope child(std::string_view kiln_part, std::string_view hf_part, std::string_view gguf_part) const;
 };
 
-enum class InitKind { normal, ones, zeros, constant };
+// uniform, log_uniform and inverse_softplus_log_uniform draw from [std, hi] (uniform: [-std,
+// std]): the short convolution's kaiming bound, and KDA's A_log = log U(1, 16) and dt_bias =
+// softplus^-1(dt) with dt log-uniform in [0.001, 0.1] (Mamba's and FLA's initializers).
+enum class InitKind { normal, ones, zeros, constant, uniform, log_uniform, inverse_softplus_log_uniform };
 
 struct Init {
   InitKind kind = InitKind::normal;
-  double std = 0.02;   // normal: the standard deviation; constant: the value
+  double std = 0.02;   // normal: the standard deviation; constant: the value; the ranges' low end
+  double hi = 0;       // the ranges' high end
   static Init normal(double std) { return {InitKind::normal, std}; }
   static Init ones() { return {InitKind::ones, 0}; }
   static Init zeros() { return {InitKind::zeros, 0}; }
   static Init constant(double value) { return {InitKind::constant, value}; }
+  static Init uniform(double bound) { return {InitKind::uniform, bound}; }
+  static Init log_uniform(double lo, double hi) { return {InitKind::log_uniform, lo, hi}; }
+  static Init inverse_softplus_log_uniform(double lo, double hi) {
+    return {InitKind::inverse_softplus_log_uniform, lo, hi};
+  }
 };
 
 // A named weight and its gradient. Several parameters may share one fused storage

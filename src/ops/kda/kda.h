@@ -10,7 +10,8 @@
 //
 // CPU: f32 or f64, accumulated in the input's type. Two forwards and two backwards: the
 // token-by-token recurrence (the oracle) and the chunked WY form the fast GPU kernel will
-// follow (kda_chunked.cpp has the math of both directions). Not yet wired into the model.
+// follow (kda_chunked.cpp has the math of both directions). The "kda" token mixer
+// (nn/kda_mixer.h) trains on the chunked form and decodes on the recurrent one.
 //
 // GPU (ops/kda/kda_cuda.h): the recurrent forward and backward only (correctness first;
 // kda_chunked_forward has no CUDA kernel yet). q, k, v, g, beta, out and the gradients f32

@@ -1,0 +1,174 @@
+#include "nn/kda_mixer.h"
+
+#include "nn/mup.h"
+#include "ops/kda/kda.h"
+#include "ops/kda/kda_gate.h"
+#include "ops/kda/kda_mixer_ops.h"
+#include "ops/linear/linear.h"
+#include "ops/short_conv/short_conv.h"
+
+#include <cmath>
+
+namespace kiln {
+
+KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
+    : exec_(ctx.exec), workspace_(ctx.workspace), key_(mixer_key(layer)) {
+  const ModelConfig& m = *layer.model;
+  KILN_CHECK(ctx.device == Device::cpu, key_,
+             "'kda' runs on the CPU only for now: its CUDA mixer (short convolution, gates, output norm) is not "
+             "built yet");
+  const KdaConfig& c = m.kda;
+  hidden_ = m.hidden, h_ = c.heads > 0 ? c.heads : m.heads;
+  dk_ = dv_ = c.head_dim > 0 ? c.head_dim : m.head_dim;
+  rank_ = c.gate_rank > 0 ? c.gate_rank : dk_;
+  kernel_ = c.conv_kernel, norm_eps_ = m.norm_eps;
+  // Decode keeps the last kernel - 1 inputs: a kernel of 1 would keep none (and mix nothing).
+  KILN_CHECK(kernel_ >= 2, "model.kda.conv_kernel", "= {}: the short convolution needs at least 2 taps", kernel_);
+  const int64_t kc = h_ * dk_, vc = h_ * dv_, t = ctx.max_tokens;
+  qkv_cols_ = 2 * kc + vc;
+  // Kimi Linear's tensor names (self_attn.q_conv1d, f_a_proj, ...); llama.cpp has none.
+  const NameScope n = layer.names.child("kda.", "self_attn.", "");
+  const Init hidden_init = Init::normal(hidden_init_std(m));
+  ctx.fused_parameter(qkv_w_, qkv_g_,
+                      {{n("q_proj.weight", "q_proj.weight", ""), kc},
+                       {n("k_proj.weight", "k_proj.weight", ""), kc},
+                       {n("v_proj.weight", "v_proj.weight", ""), vc}},
+                      hidden_, ParamRole::matrix, hidden_init);
+  // PyTorch's Conv1d init (kaiming uniform, fan_in = kernel for a depthwise filter), as FLA's.
+  ctx.fused_parameter(conv_w_, conv_g_,
+                      {{n("q_conv1d.weight", "q_conv1d.weight", ""), kc},
+                       {n("k_conv1d.weight", "k_conv1d.weight", ""), kc},
+                       {n("v_conv1d.weight", "v_conv1d.weight", ""), vc}},
+                      kernel_, ParamRole::matrix, Init::uniform(1.0 / std::sqrt(static_cast<double>(kernel_))));
+  ctx.parameter(fa_w_, fa_g_, n("f_a_proj.weight", "f_a_proj.weight", ""), Shape{rank_, hidden_}, ParamRole::matrix,
+                hidden_init);
+  ctx.parameter(fb_w_, fb_g_, n("f_b_proj.weight", "f_b_proj.weight", ""), Shape{kc, rank_}, ParamRole::matrix,
+                hidden_init);
+  ctx.parameter(b_w_, b_g_, n("b_proj.weight", "b_proj.weight", ""), Shape{h_, hidden_}, ParamRole::matrix,
+                hidden_init);
+  // Each head's time scale exp(A_log) in [1, 16] and each channel's dt in [0.001, 0.1]
+  // (Mamba's and FLA's init); neither decays (ParamRole::bias, as FLA's _no_weight_decay).
+  ctx.parameter(a_log_, a_log_g_, n("A_log", "A_log", ""), Shape{h_}, ParamRole::bias, Init::log_uniform(1, 16));
+  ctx.parameter(dt_bias_, dt_bias_g_, n("dt_bias", "dt_bias", ""), Shape{kc}, ParamRole::bias,
+                Init::inverse_softplus_log_uniform(0.001, 0.1));
+  ctx.parameter(ga_w_, ga_g_, n("g_a_proj.weight", "g_a_proj.weight", ""), Shape{rank_, hidden_}, ParamRole::matrix,
+                hidden_init);
+  ctx.parameter(gb_w_, gb_g_, n("g_b_proj.weight", "g_b_proj.weight", ""), Shape{vc, rank_}, ParamRole::matrix,
+                hidden_init);
+  // The output gate's one bias, as Kimi Linear's g_proj (zero: sigmoid 1/2 at first).
+  ctx.parameter(gb_b_, gb_bg_, n("g_b_proj.bias", "g_b_proj.bias", ""), Shape{vc}, ParamRole::bias, Init::zeros());
+  ctx.parameter(gain_, gain_g_, n("o_norm.weight", "o_norm.weight", ""), Shape{dv_}, ParamRole::norm, Init::ones());
+  // The residual writer: scaled init keeps the residual stream's variance flat in depth.
+  ctx.parameter(o_w_, o_g_, n("o_proj.weight", "o_proj.weight", ""), Shape{hidden_, vc}, ParamRole::matrix,
+                Init::normal(residual_init_std(m)));
+  ctx.saved(qkv_raw_, Shape{t, qkv_cols_});
+  ctx.saved(qkv_act_, Shape{t, qkv_cols_});
+  ctx.saved(fa_, Shape{t, rank_});
+  ctx.saved(graw_, Shape{t, kc});
+  ctx.saved(braw_, Shape{t, h_});
+  ctx.saved(o_, Shape{t, h_, dv_});
+  ctx.saved(ga_, Shape{t, rank_});
+  ctx.saved(gpre_, Shape{t, vc});
+  // Backward's peak: d(gated output), d_o, dgpre, q, k, v, g, beta and their gradients, the
+  // gate's and the convolution's input gradients (every piece at once, a bound).
+  auto bytes = [&](int64_t cols) { return Workspace::footprint(ctx.dtype, Shape{t, cols}); };
+  ctx.workspace.reserve_peak(6 * bytes(vc) + 7 * bytes(kc) + 3 * bytes(h_) + bytes(rank_) + 2 * bytes(qkv_cols_));
+}
+
+void KdaMixer::gate(const Tensor& graw, const Tensor& g) const {
+  ops::kda_gate_forward(exec_, graw.view(Shape{graw.size(0), h_, dk_}), a_log_, dt_bias_2d(), g);
+}
+
+void KdaMixer::forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) {
+  const int64_t t = x.size(0);
+  Workspace::Scope scope(workspace_);
+  const DType dt = x.dtype();
+  const Tensor qkv_raw = qkv_raw_.rows(0, t), qkv_act = qkv_act_.rows(0, t), fa = fa_.rows(0, t);
+  const Tensor graw = graw_.rows(0, t), braw = braw_.rows(0, t), o = o_.rows(0, t), ga = ga_.rows(0, t);
+  const Tensor gpre = gpre_.rows(0, t);
+  ops::linear_forward(exec_, x, qkv_w_, Tensor(), qkv_raw);
+  ops::short_conv_forward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, qkv_act);
+  const Tensor q = scope.take(dt, Shape{t, h_, dk_}), k = scope.take(dt, Shape{t, h_, dk_});
+  const Tensor v = scope.take(dt, Shape{t, h_, dv_}), g = scope.take(dt, Shape{t, h_, dk_});
+  const Tensor beta = scope.take(dt, Shape{t, h_});
+  ops::kda_split_norm_forward(exec_, qkv_act, q, k, v);
+  ops::linear_forward(exec_, x, fa_w_, Tensor(), fa);
+  ops::linear_forward(exec_, fa, fb_w_, Tensor(), graw);
+  gate(graw, g);
+  ops::linear_forward(exec_, x, b_w_, Tensor(), braw);
+  ops::kda_beta_forward(exec_, braw, beta);
+  ops::kda_chunked_forward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), {}, o);
+  ops::linear_forward(exec_, x, ga_w_, Tensor(), ga);
+  ops::linear_forward(exec_, ga, gb_w_, gb_b_, gpre);
+  const Tensor y = scope.take(dt, Shape{t, h_ * dv_});
+  ops::kda_output_gate_forward(exec_, o, gain_, gpre, norm_eps_, y);
+  ops::linear_forward(exec_, y, o_w_, Tensor(), out);
+}
+
+void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq, const Tensor& dx) {
+  const int64_t t = dout.size(0);
+  Workspace::Scope scope(workspace_);
+  const DType dt = dout.dtype();
+  const Tensor qkv_raw = qkv_raw_.rows(0, t), qkv_act = qkv_act_.rows(0, t), fa = fa_.rows(0, t);
+  const Tensor graw = graw_.rows(0, t), braw = braw_.rows(0, t), o = o_.rows(0, t), ga = ga_.rows(0, t);
+  const Tensor gpre = gpre_.rows(0, t);
+  // Output side: Wo, then the gated norm, then the output gate's low-rank pair.
+  const Tensor y = scope.take(dt, Shape{t, h_ * dv_}), dy = scope.take(dt, Shape{t, h_ * dv_});
+  ops::kda_output_gate_forward(exec_, o, gain_, gpre, norm_eps_, y);
+  ops::linear_backward(exec_, y, o_w_, dout, dy, o_g_, Tensor());
+  const Tensor d_o = scope.take(dt, Shape{t, h_, dv_}), dgpre = scope.take(dt, Shape{t, h_ * dv_});
+  ops::kda_output_gate_backward(exec_, o, gain_, gpre, norm_eps_, dy, d_o, dgpre, gain_g_);
+  const Tensor dlow = scope.take(dt, Shape{t, rank_});
+  ops::linear_backward(exec_, ga, gb_w_, dgpre, dlow, gb_g_, gb_bg_);
+  ops::linear_backward(exec_, x, ga_w_, dlow, dx, ga_g_, Tensor());
+  // The delta rule, its inputs rebuilt from what forward saved.
+  const Tensor q = scope.take(dt, Shape{t, h_, dk_}), k = scope.take(dt, Shape{t, h_, dk_});
+  const Tensor v = scope.take(dt, Shape{t, h_, dv_}), g = scope.take(dt, Shape{t, h_, dk_});
+  const Tensor beta = scope.take(dt, Shape{t, h_});
+  ops::kda_split_norm_forward(exec_, qkv_act, q, k, v);
+  gate(graw, g);
+  ops::kda_beta_forward(exec_, braw, beta);
+  const Tensor dq = scope.take(dt, q.shape()), dk = scope.take(dt, k.shape()), dv = scope.take(dt, v.shape());
+  const Tensor dg = scope.take(dt, g.shape()), dbeta = scope.take(dt, beta.shape());
+  ops::kda_chunked_backward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), d_o, Tensor(), {}, dq, dk, dv, dg,
+                            dbeta);
+  // The decay gate: through softplus into its low-rank pair.
+  const Tensor dgraw = scope.take(dt, Shape{t, h_ * dk_});
+  ops::kda_gate_backward(exec_, graw.view(Shape{t, h_, dk_}), a_log_, dt_bias_2d(), dg,
+                         dgraw.view(Shape{t, h_, dk_}), a_log_g_, dt_bias_g_.view(Shape{h_, dk_}));
+  ops::linear_backward(exec_, fa, fb_w_, dgraw, dlow, fb_g_, Tensor());
+  ops::linear_backward(exec_, x, fa_w_, dlow, dx, fa_g_, Tensor(), true);
+  const Tensor dbraw = scope.take(dt, Shape{t, h_});
+  ops::kda_beta_backward(exec_, braw, dbeta, dbraw);
+  ops::linear_backward(exec_, x, b_w_, dbraw, dx, b_g_, Tensor(), true);
+  // q, k, v: the per-head norm, the convolution and SiLU, the projection.
+  const Tensor dact = scope.take(dt, Shape{t, qkv_cols_}), draw = scope.take(dt, Shape{t, qkv_cols_});
+  ops::kda_split_norm_backward(exec_, qkv_act, dq, dk, dv, dact);
+  ops::short_conv_backward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, dact, draw, conv_g_);
+  ops::linear_backward(exec_, x, qkv_w_, draw, dx, qkv_g_, Tensor(), true);
+}
+
+// Per token and head the recurrence decays S, reads k^T S, writes the rank-one update and
+// reads S^T q: about 4 x 2 d_k d_v FLOPs; the convolution 2 x kernel per channel.
+double KdaMixer::extra_forward_flops_per_token(int64_t seq_len) const {
+  (void)seq_len;  // linear in the sequence: no term grows with it
+  return 8.0 * static_cast<double>(h_ * dk_ * dv_) + 2.0 * static_cast<double>(kernel_ * qkv_cols_);
+}
+
+void KdaMixer::export_config(ExportConfig& out) const {
+  out.refuse(key_, "'kda'",
+             out.format() == ExportConfig::Format::gguf
+                 ? "llama.cpp's architectures kiln writes have no KDA layer"
+                 : "no stock transformers class computes KDA (Kimi Linear's checkpoints need remote code)");
+}
+
+void register_kda_mixer(MixerRegistry& registry) {
+  registry.add("kda",
+               "Kimi Delta Attention: gated delta rule with a fixed-size state, short conv, low-rank gates ([model.kda]; "
+               "CPU only)",
+               [](BuildContext& ctx, const LayerSpec& layer, PositionEncoding&) {
+                 return std::make_unique<KdaMixer>(ctx, layer);
+               });
+}
+
+}  // namespace kiln

@@ -1,0 +1,52 @@
+// Kimi Delta Attention as a token mixer (registry name "kda"; Kimi Linear's layer, as
+// flash-linear-attention's layers/kda.py), per layer:
+//   q|k|v = silu(short_conv(x Wqkv^T))       depthwise, causal, kernel model.kda.conv_kernel,
+//                                             per document (ops/short_conv)
+//   q, k <- L2-normalized per head            (eps 1e-6, FLA's l2norm)
+//   g    = -exp(A_log) softplus(Wfb Wfa x + dt_bias)   channel-wise log decay (ops/kda/kda_gate.h)
+//   beta = sigmoid(Wb x)                      per head
+//   o    = KDA(q, k, v, g, beta)              the gated delta rule, scale 1/sqrt(d_k), chunked
+//   out  = Wo [RMSNorm_head(o) * gain * sigmoid(Wgb Wga x + bgb)]
+// Wfa/Wfb and Wga/Wgb are low rank (model.kda.gate_rank). Documents never share state: the
+// convolution and the delta rule restart at each document of a packed batch.
+//
+// CPU only for now (f32, f64): the delta rule has CUDA kernels, the convolution, gates and
+// output norm do not, so a GPU build refuses naming the key that chose "kda". Exports refuse
+// it too (no stock transformers or llama.cpp family computes it).
+//
+// Decode (kda_mixer_decode.cpp): a fixed-size state per slot, the convolution's last
+// kernel - 1 inputs and the delta rule's S [H, d_k, d_v].
+#pragma once
+
+#include "nn/modules.h"
+
+namespace kiln {
+
+class KdaMixer final : public TokenMixer {
+ public:
+  KdaMixer(BuildContext& ctx, const LayerSpec& layer);
+
+  void forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) override;
+  void backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq, const Tensor& dx) override;
+  std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override;
+  double extra_forward_flops_per_token(int64_t seq_len) const override;
+  void export_config(ExportConfig& out) const override;
+
+ private:
+  friend class KdaDecoder;
+  // g [n, H, d_k] from the low-rank projection's output graw [n, H d_k].
+  void gate(const Tensor& graw, const Tensor& g) const;
+  Tensor dt_bias_2d() const { return dt_bias_.view(Shape{h_, dk_}); }
+
+  const ExecContext& exec_;
+  Workspace& workspace_;
+  std::string key_;  // model.attention or model.alt_attention: its refusals name it
+  int64_t hidden_ = 0, h_ = 0, dk_ = 0, dv_ = 0, rank_ = 0, kernel_ = 0, qkv_cols_ = 0;
+  double norm_eps_ = 1e-6;
+  Tensor qkv_w_, qkv_g_, conv_w_, conv_g_, fa_w_, fa_g_, fb_w_, fb_g_, b_w_, b_g_;
+  Tensor a_log_, a_log_g_, dt_bias_, dt_bias_g_, ga_w_, ga_g_, gb_w_, gb_g_, gb_b_, gb_bg_, gain_, gain_g_, o_w_, o_g_;
+  // Saved by forward (backward recomputes q, k, v, g, beta and the gated output from them).
+  Tensor qkv_raw_, qkv_act_, fa_, graw_, braw_, o_, ga_, gpre_;
+};
+
+}  // namespace kiln

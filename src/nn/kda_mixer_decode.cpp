@@ -1,0 +1,95 @@
+// The decode side of KdaMixer (nn/kda_mixer.h): a fixed-size state per slot, never per
+// position: the short convolution's last kernel - 1 inputs [slots, K-1, C] and the delta
+// rule's state [slots, H, d_k, d_v], both in the wide dtype. A step's rows run the mixer's
+// ops and then advance their slots' states one row at a time, in order: a prefill chunk's
+// rows (consecutive positions of one slot) and single tokens alike, O(1) per token.
+#include "core/op_profiler.h"
+#include "nn/kda_mixer.h"
+#include "nn/slot_state.h"
+#include "ops/kda/kda.h"
+#include "ops/kda/kda_gate.h"
+#include "ops/kda/kda_mixer_ops.h"
+#include "ops/linear/linear.h"
+#include "ops/short_conv/short_conv.h"
+
+namespace kiln {
+
+class KdaDecoder final : public BranchDecoder {
+ public:
+  KdaDecoder(const KdaMixer& a, DecodeContext& ctx) : a_(a), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype) {
+    // The mixer is built on the CPU only, where the compute dtype is the wide one: the
+    // states are read and written by the same f32/f64 ops as the activations.
+    KILN_CHECK(ctx.dtype == ctx.wide, a.key_, "'kda' decodes in one dtype (got compute {} and wide {})",
+               dtype_name(ctx.dtype), dtype_name(ctx.wide));
+    ctx.state.reserve(conv_state_, ctx.wide, Shape{ctx.slots, a.kernel_ - 1, a.qkv_cols_});
+    ctx.state.reserve(kda_state_, ctx.wide, Shape{ctx.slots, a.h_, a.dk_, a.dv_});
+    ctx.state.reserve(one_seq_, DType::i32, Shape{2});
+    const int64_t r = ctx.max_rows;
+    auto bytes = [&](int64_t cols) { return Workspace::footprint(ctx.dtype, Shape{r, cols}); };
+    const int64_t kc = a.h_ * a.dk_, vc = a.h_ * a.dv_;
+    // raw, act; q, k, g, graw; v, o, gpre, y; braw, beta; the gates' low-rank rows.
+    ctx.workspace.reserve_peak(2 * bytes(a.qkv_cols_) + 4 * bytes(kc) + 4 * bytes(vc) + 2 * bytes(a.h_) +
+                               bytes(a.rank_));
+  }
+
+  void forward(const Tensor& h, const DecodeRows& rows, const Tensor& out) override {
+    const KdaMixer& a = a_;
+    const int64_t n = rows.count;
+    Workspace::Scope scope(workspace_);
+    const Tensor raw = scope.take(dtype_, Shape{n, a.qkv_cols_}), act = scope.take(dtype_, Shape{n, a.qkv_cols_});
+    ops::linear_forward(exec_, h, a.qkv_w_, Tensor(), raw);
+    ops::short_conv_step(exec_, raw, a.conv_w_, rows.slots, conv_state_, act);
+    const Tensor q = scope.take(dtype_, Shape{n, a.h_, a.dk_}), k = scope.take(dtype_, Shape{n, a.h_, a.dk_});
+    const Tensor v = scope.take(dtype_, Shape{n, a.h_, a.dv_}), g = scope.take(dtype_, Shape{n, a.h_, a.dk_});
+    ops::kda_split_norm_forward(exec_, act, q, k, v);
+    const Tensor low = scope.take(dtype_, Shape{n, a.rank_}), graw = scope.take(dtype_, Shape{n, a.h_ * a.dk_});
+    ops::linear_forward(exec_, h, a.fa_w_, Tensor(), low);
+    ops::linear_forward(exec_, low, a.fb_w_, Tensor(), graw);
+    a.gate(graw, g);
+    const Tensor braw = scope.take(dtype_, Shape{n, a.h_}), beta = scope.take(dtype_, Shape{n, a.h_});
+    ops::linear_forward(exec_, h, a.b_w_, Tensor(), braw);
+    ops::kda_beta_forward(exec_, braw, beta);
+    // Row by row: each continues its slot's state (the op copies the initial state in
+    // before it writes the final one, so both may be the slot's block).
+    const Tensor o = scope.take(dtype_, Shape{n, a.h_, a.dv_});
+    int32_t* cu = one_seq_.data<int32_t>();
+    cu[0] = 0, cu[1] = 1;
+    const int32_t* slot = rows.slots.data<int32_t>();  // the CPU's: host memory
+    for (int64_t i = 0; i < n; ++i) {
+      const Tensor state = kda_state_.rows(slot[i], slot[i] + 1);
+      ops::kda_recurrent_forward(exec_, q.rows(i, i + 1), k.rows(i, i + 1), v.rows(i, i + 1), g.rows(i, i + 1),
+                                 beta.rows(i, i + 1), one_seq_, state, {}, o.rows(i, i + 1), state);
+    }
+    const Tensor gpre = scope.take(dtype_, Shape{n, a.h_ * a.dv_}), y = scope.take(dtype_, Shape{n, a.h_ * a.dv_});
+    ops::linear_forward(exec_, h, a.ga_w_, Tensor(), low);
+    ops::linear_forward(exec_, low, a.gb_w_, a.gb_b_, gpre);
+    ops::kda_output_gate_forward(exec_, o, a.gain_, gpre, a.norm_eps_, y);
+    ops::linear_forward(exec_, y, a.o_w_, Tensor(), out);
+  }
+
+  // Fixed-size states: a new sequence starts from zero, a follower takes the whole state.
+  void reset_slot(int32_t slot) override {
+    zero_slot(conv_state_, slot);
+    zero_slot(kda_state_, slot);
+  }
+  void copy_slot(int32_t from, int32_t to, int64_t positions) override {
+    (void)positions;  // the state after the shared prompt is the whole slot
+    copy_slot_whole(conv_state_, from, to);
+    copy_slot_whole(kda_state_, from, to);
+  }
+
+ private:
+  const KdaMixer& a_;
+  const ExecContext& exec_;
+  Workspace& workspace_;
+  DType dtype_;
+  Tensor conv_state_, kda_state_;  // [slots, K-1, C], [slots, H, d_k, d_v]
+  Tensor one_seq_;                 // i32 {0, 1}: one row as one sequence
+};
+
+std::unique_ptr<BranchDecoder> KdaMixer::make_decoder(DecodeContext& ctx, const Norm& pre_norm) const {
+  (void)pre_norm;  // no fused decode branch: the norm runs on its own
+  return std::make_unique<KdaDecoder>(*this, ctx);
+}
+
+}  // namespace kiln

@@ -1,0 +1,272 @@
+// The "kda" token mixer (nn/kda_mixer.h) in whole models on the CPU: every parameter's
+// gradient of a hybrid "kda, kda, kda, gqa" model against finite differences in f64 (as
+// test_modules_grad.cpp: five-point stencil, e = 1e-4, relative error < 1e-6 over a packed
+// batch of three documents and a PAD tail); the decoder's logits against the full forward in
+// f64 (chunks and single tokens of two sequences in one step, a reused slot, a forked one),
+// and through the Generator (a reused slot, a shared prefill) the tokens of each sequence
+// alone; its names and init; and a short training run on the bundled corpus whose loss falls.
+#include "full_forward.h"
+#include "grad_check.h"
+#include "infer/decoder.h"
+#include "infer/generator.h"
+#include "tiny_model.h"
+#include "train/trainer.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+namespace kiln {
+namespace {
+
+using namespace kiln::test;
+
+// Three KDA layers, then one of grouped-query attention (the Kimi Linear pattern).
+ModelConfig hybrid(ModelConfig c) {
+  c.layers = 4;
+  c.attention = "kda";
+  c.alt_attention = "gqa";
+  c.alt_attention_layers = "every:4";
+  return c;
+}
+
+TEST(KdaMixer, HybridModelMatchesFiniteDifferences) {
+  ModelConfig c = hybrid(tiny_config(true, false));
+  c.kda.gate_rank = 3;  // != head_dim: the low-rank shapes are not square by accident
+  const HostBatch batch = pack_docs(three_docs(), 4);
+  Model m(c, tiny_build(24, 7));
+  m.allocate();
+  init_tiny_model(m, 7);
+  m.load_batch(batch);
+  const double scale = 1.0 / static_cast<double>(batch.target_count);
+  m.zero_grads();
+  const LossSums fb = m.forward_backward(scale);
+  EXPECT_NEAR(fb.loss, m.evaluate().loss, 1e-13 * fb.loss);
+  ScopedCpuThreads one_thread(1);
+  const auto objective = [&] { return m.evaluate().loss * scale; };
+  int64_t checked = 0;
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& p : m.parameters()) {
+    const GradCheckReport r = check_gradient_scalar(p->value(), values_of(p->grad()), objective,
+                                                    model_grad_check_options());
+    EXPECT_TRUE(r.ok()) << p->name() << ": " << r.str();
+    checked += r.checked;
+    if (r.max_rel > worst) worst = r.max_rel, worst_name = p->name();
+  }
+  EXPECT_EQ(checked, m.parameter_count());
+  std::printf("[ kda x3 + gqa ] %lld parameters checked, max rel err %.2e (%s)\n", static_cast<long long>(checked),
+              worst, worst_name.c_str());
+}
+
+TEST(KdaMixer, NamesShapesAndInit) {
+  ModelConfig c = hybrid(tiny_config(true, true));
+  Model m(c, tiny_build());
+  m.allocate();
+  m.init_weights(3);
+  const Parameter* a_log = m.find_parameter("layers.0.kda.A_log");
+  ASSERT_NE(a_log, nullptr);
+  EXPECT_EQ(a_log->names().hf, "model.layers.0.self_attn.A_log");
+  EXPECT_EQ(a_log->shape(), (Shape{c.heads}));
+  for (double v : values_of(a_log->value())) EXPECT_TRUE(v >= 0 && v <= std::log(16.0)) << v;
+  // dt_bias = softplus^-1(dt), dt in [0.001, 0.1]
+  for (double v : values_of(m.find_parameter("layers.2.kda.dt_bias")->value())) {
+    const double dt = std::log1p(std::exp(v));
+    EXPECT_TRUE(dt >= 0.001 * (1 - 1e-9) && dt <= 0.1 * (1 + 1e-9)) << dt;
+  }
+  EXPECT_EQ(m.find_parameter("layers.1.kda.q_conv1d.weight")->shape(), (Shape{c.heads * c.head_dim, 4}));
+  EXPECT_EQ(m.find_parameter("layers.1.kda.o_proj.weight")->names().hf, "model.layers.1.self_attn.o_proj.weight");
+  EXPECT_EQ(m.find_parameter("layers.3.kda.A_log"), nullptr);  // layer 3 is attention
+  EXPECT_NE(m.find_parameter("layers.3.attn.o_proj.weight"), nullptr);
+}
+
+// Every parameter N(0, 0.3) (gains around 1): no part of the math trivial.
+void randomize(Model& m, uint64_t seed) {
+  Rng rng(seed);
+  for (const auto& p : m.parameters()) {
+    const bool gain = p->name().find("norm") != std::string::npos;
+    double* v = p->value().data<double>();
+    for (int64_t i = 0; i < p->value().numel(); ++i) v[i] = (gain ? 1.0 : 0.0) + 0.3 * rng.normal();
+  }
+}
+
+std::vector<int32_t> tokens(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng.below(259));
+  return t;
+}
+
+// The decoder and the sequences it holds: each step's rows are checked against the full
+// forward over their prefixes.
+struct DecodeCheck {
+  Model& model;
+  Decoder& decoder;
+  double worst = 0;
+  int checked = 0;
+
+  // Runs `rows` (sequence, slot, position) as one step and checks every row's logits.
+  void step(const std::vector<std::tuple<const std::vector<int32_t>*, int32_t, int32_t>>& rows) {
+    std::vector<int32_t> tok, slot, pos, which;
+    for (const auto& [seq, s, p] : rows) {
+      tok.push_back((*seq)[static_cast<size_t>(p)]), slot.push_back(s), pos.push_back(p);
+      which.push_back(static_cast<int32_t>(which.size()));
+    }
+    decoder.forward(tok, slot, pos);
+    std::vector<float> logits;
+    decoder.logits(which, logits);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const auto& [seq, s, p] = rows[r];
+      const std::vector<int32_t> prefix(seq->begin(), seq->begin() + p + 1);
+      const std::vector<float> want = full_forward_last(model, prefix);
+      worst = std::max(worst, scaled_diff(logits.data() + r * want.size(), want.data(), static_cast<int64_t>(want.size())));
+      ++checked;
+    }
+  }
+};
+
+// A "kda, kda, kda, gqa" model of f64 weights, random, with KDA heads of its own width.
+std::unique_ptr<Model> decode_model() {
+  ModelConfig c;
+  c.vocab_size = 259, c.hidden = 32, c.heads = 2, c.kv_heads = 1, c.head_dim = 8, c.ffn_hidden = 48;
+  c.max_seq_len = 32;
+  c = hybrid(c);
+  c.kda.heads = 3;  // its own heads and width, unlike the attention layer's
+  c.kda.head_dim = 6;
+  BuildOptions o;
+  o.dtype = DType::f64;
+  o.training = false;
+  o.max_tokens = c.max_seq_len;
+  auto model = std::make_unique<Model>(c, o);
+  model->allocate();
+  randomize(*model, 5);
+  return model;
+}
+
+TEST(KdaMixer, DecoderMatchesFullForward) {
+  const auto owned = decode_model();
+  Model& model = *owned;
+  DecoderOptions d;
+  d.slots = 2;
+  d.max_rows = 6;
+  Decoder decoder(model, d);
+  DecodeCheck check{model, decoder};
+  const std::vector<int32_t> a = tokens(14, 1), b = tokens(9, 2), fresh = tokens(7, 3), shared = tokens(12, 4);
+  // Slot 0 prefills a in chunks while slot 1 decodes b one token per step.
+  decoder.reset_slot(0), decoder.reset_slot(1);
+  const std::vector<int> chunks = {4, 1, 3, 1, 5};
+  int32_t at = 0;
+  for (size_t s = 0; s < chunks.size(); ++s) {
+    std::vector<std::tuple<const std::vector<int32_t>*, int32_t, int32_t>> rows;
+    for (int i = 0; i < chunks[s]; ++i) rows.emplace_back(&a, 0, at++);
+    rows.emplace_back(&b, 1, static_cast<int32_t>(s));
+    check.step(rows);
+  }
+  // Slot 1 takes a new sequence: reset, then its own tokens only.
+  decoder.reset_slot(1);
+  check.step({{&fresh, 1, 0}, {&fresh, 1, 1}, {&fresh, 1, 2}});
+  for (int32_t p = 3; p < 7; ++p) check.step({{&fresh, 1, p}});
+  // A fork: slot 0 prefills 5 tokens of `shared`, slot 1 takes its state, then each goes on
+  // its own way (slot 1 with other tokens after the prompt).
+  std::vector<int32_t> other = shared;
+  for (size_t i = 5; i < other.size(); ++i) other[i] = (other[i] + 7) % 259;
+  decoder.reset_slot(0);
+  check.step({{&shared, 0, 0}, {&shared, 0, 1}, {&shared, 0, 2}, {&shared, 0, 3}, {&shared, 0, 4}});
+  decoder.reset_slot(1);
+  decoder.copy_slot(0, 1, 5);
+  for (int32_t p = 5; p < 12; ++p) check.step({{&shared, 0, p}, {&other, 1, p}});
+  EXPECT_EQ(check.checked, 19 + 7 + 5 + 14);
+  EXPECT_LT(check.worst, 1e-12) << "decoder logits vs full forward";
+  std::printf("kda decode: %d logit rows, worst scaled error %.2e\n", check.checked, check.worst);
+}
+
+GenerationRequest greedy(int32_t first, size_t prompt_length, int64_t max_tokens) {
+  GenerationRequest r;
+  for (size_t i = 0; i < prompt_length; ++i) r.prompt.push_back(static_cast<int32_t>((first + 37 * i) % 256));
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.stop_at_eos = false;
+  return r;
+}
+
+// The Generator resets a reused slot and copies a shared prefill's state: each sequence's
+// tokens are those it gets alone in a fresh decoder.
+TEST(KdaMixer, GeneratorResetsAndForksTheState) {
+  const auto model = decode_model();
+  ByteTokenizer tokenizer;
+  const auto alone = [&](GenerationRequest r) {
+    r.shares_prefill = false;
+    DecoderOptions d;
+    d.slots = 1, d.max_rows = 8;
+    Decoder decoder(*model, d);
+    Generator generator(decoder, tokenizer);
+    return generator.run({r})[0].tokens;
+  };
+  const GenerationRequest first = greedy(3, 11, 6), second = greedy(50, 6, 6);
+  DecoderOptions one;
+  one.slots = 1, one.max_rows = 8;
+  Decoder reused(*model, one);
+  Generator serial(reused, tokenizer);
+  EXPECT_EQ(serial.run({first})[0].tokens, alone(first));
+  EXPECT_EQ(serial.run({second})[0].tokens, alone(second));  // slot 0 again, from zero
+
+  DecoderOptions two;
+  two.slots = 2, two.max_rows = 8;
+  Decoder forked(*model, two);
+  Generator group(forked, tokenizer);
+  std::vector<GenerationRequest> pair = {greedy(9, 13, 5), greedy(9, 13, 5)};
+  pair[1].shares_prefill = true;
+  // The follower, greedy too, may not take the leader's second token: its own way after it.
+  pair[1].sampling.logit_bias = {{alone(pair[0])[1], -100.0f}};
+  const auto results = group.run(pair);
+  EXPECT_EQ(results[0].tokens, alone(pair[0]));
+  EXPECT_EQ(results[1].tokens, alone(pair[1]));
+  EXPECT_NE(results[0].tokens, results[1].tokens);
+}
+
+TEST(KdaMixer, GpuBuildAndBadKernelAreRefusedByKey) {
+  BuildOptions o;
+  o.training = false;
+  o.device = Device::cuda;
+  const std::string gpu = error_of([&] { const Model m(hybrid(tiny_config(true, true)), o); });
+  EXPECT_EQ(gpu.rfind("[model.attention] 'kda' runs on the CPU only", 0), 0u) << gpu;
+  ModelConfig c = tiny_config(true, true);
+  c.kda.conv_kernel = 1;
+  c.alt_attention = "kda", c.alt_attention_layers = "1";
+  const std::string kernel = error_of([&] { const Model m(c, tiny_build()); });
+  EXPECT_EQ(kernel.rfind("[model.kda.conv_kernel] = 1:", 0), 0u) << kernel;
+}
+
+// The losses of a short CPU run of a "kda, gqa" model on the bundled corpus.
+TEST(KdaMixer, HybridModelLearnsOnTheCpu) {
+  const std::string dir = temp_dir("kiln-kda-train");
+  const std::vector<std::string> overrides = {
+      "data.path=" + source_dir() + "/data/tinyshakespeare.txt", "train.out_dir=" + dir, "train.device=cpu",
+      "model.hidden=32", "model.layers=2", "model.heads=4", "model.kv_heads=2", "model.head_dim=8",
+      "model.ffn_hidden=64", "model.max_seq_len=64", "model.attention=kda", "model.alt_attention=gqa",
+      "model.alt_attention_layers=1", "train.micro_batch_tokens=256", "train.steps=30", "train.eval_every=0",
+      "train.eval_batches=1", "train.sample_every=0", "train.sample_tokens=8", "log.every=1", "train.threads=2",
+      "checkpoint.save_final=false", "optim.warmup_steps=5"};
+  Trainer trainer(load_config("", overrides));
+  trainer.run();
+  std::vector<double> losses;
+  std::ifstream in(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") losses.push_back(j["loss"]);
+  }
+  ASSERT_EQ(losses.size(), 30u);
+  for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+  // The mean of the last five steps well below the first step's (byte-level: ln 259 = 5.56 at start).
+  const double last = (losses[25] + losses[26] + losses[27] + losses[28] + losses[29]) / 5;
+  std::printf("kda hybrid: loss %.3f -> %.3f over 30 steps\n", losses[0], last);
+  EXPECT_LT(last, losses[0] - 1.0);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln
