@@ -90,8 +90,8 @@ struct ModelConfig {
   int64_t ffn_hidden = 512;        // SwiGLU intermediate size
   int64_t max_seq_len = 256;       // longest sequence attention sees (context)
   std::string norm = "rmsnorm";    // registry: norms
-  // The norm before the LM head; "" = model.norm. DyT models learn only with a norm that
-  // rescales here (docs/dyt.md: a DyT before the head saturates at the unigram plateau).
+  // The norm before the LM head; "" = model.norm. A DyT model needs a rescaling norm here or
+  // embed_scale about 2 / init_std, else it stays at the unigram plateau (docs/dyt.md).
   std::string final_norm;
   // Sandwich norms (Gemma 2/3): a model.norm on each branch's output too, before its
   // residual add: h = x + norm(attn(norm(x))), y = h + norm(mlp(norm(h))).
