@@ -12,11 +12,8 @@
 namespace kiln {
 
 KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
-    : exec_(ctx.exec), workspace_(ctx.workspace), key_(mixer_key(layer)) {
+    : exec_(ctx.exec), workspace_(ctx.workspace), key_(mixer_key(layer)), cuda_(ctx.device == Device::cuda) {
   const ModelConfig& m = *layer.model;
-  KILN_CHECK(ctx.device == Device::cpu, key_,
-             "'kda' runs on the CPU only for now: its CUDA mixer (short convolution, gates, output norm) is not "
-             "built yet");
   const KdaConfig& c = m.kda;
   hidden_ = m.hidden, h_ = c.heads > 0 ? c.heads : m.heads;
   dk_ = dv_ = c.head_dim > 0 ? c.head_dim : m.head_dim;
@@ -72,7 +69,15 @@ KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
   // Backward's peak: d(gated output), d_o, dgpre, q, k, v, g, beta and their gradients, the
   // gate's and the convolution's input gradients (every piece at once, a bound).
   auto bytes = [&](int64_t cols) { return Workspace::footprint(ctx.dtype, Shape{t, cols}); };
-  ctx.workspace.reserve_peak(6 * bytes(vc) + 7 * bytes(kc) + 3 * bytes(h_) + bytes(rank_) + 2 * bytes(qkv_cols_));
+  // On the GPU the recurrent backward's f32 workspace too: it holds a state per document and
+  // per 64 tokens, so it is planned for one document per kTokensPerDoc tokens.
+  int64_t recurrent = 0;
+  if (cuda_ && ctx.training) {
+    max_docs_ = t / kTokensPerDoc + 1;
+    recurrent = Workspace::footprint(DType::f32, Shape{ops::kda_backward_workspace(t, h_, dk_, dv_, max_docs_)});
+  }
+  ctx.workspace.reserve_peak(6 * bytes(vc) + 7 * bytes(kc) + 3 * bytes(h_) + bytes(rank_) + 2 * bytes(qkv_cols_) +
+                             recurrent);
 }
 
 void KdaMixer::gate(const Tensor& graw, const Tensor& g) const {
@@ -97,7 +102,11 @@ void KdaMixer::forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) {
   gate(graw, g);
   ops::linear_forward(exec_, x, b_w_, Tensor(), braw);
   ops::kda_beta_forward(exec_, braw, beta);
-  ops::kda_chunked_forward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), {}, o);
+  // The delta rule: the recurrent kernels on the GPU (no chunked CUDA kernel yet), chunked on the CPU.
+  if (cuda_)
+    ops::kda_recurrent_forward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), {}, o);
+  else
+    ops::kda_chunked_forward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), {}, o);
   ops::linear_forward(exec_, x, ga_w_, Tensor(), ga);
   ops::linear_forward(exec_, ga, gb_w_, gb_b_, gpre);
   const Tensor y = scope.take(dt, Shape{t, h_ * dv_});
@@ -130,8 +139,17 @@ void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
   ops::kda_beta_forward(exec_, braw, beta);
   const Tensor dq = scope.take(dt, q.shape()), dk = scope.take(dt, k.shape()), dv = scope.take(dt, v.shape());
   const Tensor dg = scope.take(dt, g.shape()), dbeta = scope.take(dt, beta.shape());
-  ops::kda_chunked_backward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), d_o, Tensor(), {}, dq, dk, dv, dg,
-                            dbeta);
+  if (cuda_) {
+    const int64_t docs = seq.cu_seqlens.size(0) - 1;
+    KILN_CHECK(docs <= max_docs_, key_, "'kda' on the GPU plans its backward for at most {} documents in {} tokens, got {}",
+               max_docs_, qkv_raw_.size(0), docs);
+    const Tensor work = scope.take(DType::f32, Shape{ops::kda_backward_workspace(t, h_, dk_, dv_, docs)});
+    ops::kda_recurrent_backward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), d_o, Tensor(), {}, dq, dk, dv, dg,
+                                dbeta, Tensor(), work);
+  } else {
+    ops::kda_chunked_backward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), d_o, Tensor(), {}, dq, dk, dv, dg,
+                              dbeta);
+  }
   // The decay gate: through softplus into its low-rank pair.
   const Tensor dgraw = scope.take(dt, Shape{t, h_ * dk_});
   ops::kda_gate_backward(exec_, graw.view(Shape{t, h_, dk_}), a_log_, dt_bias_2d(), dg,
@@ -165,7 +183,7 @@ void KdaMixer::export_config(ExportConfig& out) const {
 void register_kda_mixer(MixerRegistry& registry) {
   registry.add("kda",
                "Kimi Delta Attention: gated delta rule with a fixed-size state, short conv, low-rank gates ([model.kda]; "
-               "CPU only)",
+               "GPU decode not yet)",
                [](BuildContext& ctx, const LayerSpec& layer, PositionEncoding&) {
                  return std::make_unique<KdaMixer>(ctx, layer);
                });

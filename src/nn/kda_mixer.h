@@ -10,9 +10,10 @@
 // Wfa/Wfb and Wga/Wgb are low rank (model.kda.gate_rank). Documents never share state: the
 // convolution and the delta rule restart at each document of a packed batch.
 //
-// CPU only for now (f32, f64): the delta rule has CUDA kernels, the convolution, gates and
-// output norm do not, so a GPU build refuses naming the key that chose "kda". Exports refuse
-// it too (no stock transformers or llama.cpp family computes it).
+// CPU (f32, f64) trains on the chunked delta rule; the GPU (f32, or bf16 with fp32 math)
+// on the recurrent CUDA kernels (no chunked CUDA kernel yet), whose backward workspace is
+// planned for at most one document per kTokensPerDoc tokens. GPU decode refuses naming the
+// key. Exports refuse it too (no stock transformers or llama.cpp family computes it).
 //
 // Decode (kda_mixer_decode.cpp): a fixed-size state per slot, the convolution's last
 // kernel - 1 inputs and the delta rule's S [H, d_k, d_v].
@@ -40,7 +41,10 @@ class KdaMixer final : public TokenMixer {
 
   const ExecContext& exec_;
   Workspace& workspace_;
+  static constexpr int64_t kTokensPerDoc = 16;
   std::string key_;  // model.attention or model.alt_attention: its refusals name it
+  bool cuda_ = false;
+  int64_t max_docs_ = 0;  // documents per micro-batch the GPU backward's workspace holds
   int64_t hidden_ = 0, h_ = 0, dk_ = 0, dv_ = 0, rank_ = 0, kernel_ = 0, qkv_cols_ = 0;
   double norm_eps_ = 1e-6;
   Tensor qkv_w_, qkv_g_, conv_w_, conv_g_, fa_w_, fa_g_, fb_w_, fb_g_, b_w_, b_g_;

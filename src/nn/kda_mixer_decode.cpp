@@ -89,6 +89,8 @@ class KdaDecoder final : public BranchDecoder {
 
 std::unique_ptr<BranchDecoder> KdaMixer::make_decoder(DecodeContext& ctx, const Norm& pre_norm) const {
   (void)pre_norm;  // no fused decode branch: the norm runs on its own
+  // The short convolution's step and the state slots have no CUDA kernels yet.
+  KILN_CHECK(ctx.device == Device::cpu, key_, "'kda' decodes on the CPU only for now (no CUDA decode step yet)");
   return std::make_unique<KdaDecoder>(*this, ctx);
 }
 

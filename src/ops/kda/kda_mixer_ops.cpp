@@ -2,6 +2,9 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
+#if KILN_WITH_CUDA
+#include "ops/kda/kda_mixer_cuda.h"
+#endif
 
 #include <cmath>
 
@@ -14,10 +17,18 @@ T sigmoid(T z) {
   return z >= 0 ? T(1) / (T(1) + std::exp(-z)) : std::exp(z) / (T(1) + std::exp(z));
 }
 
-void expect_cpu_like(const char* op, const char* name, const Tensor& t, Shape shape, const Tensor& like) {
-  if (like.device() == Device::cuda) no_cuda_kernel(op);
+// An activation shaped `shape` of like's dtype and device (f32 or bf16 on the GPU).
+void expect_like(const char* op, const char* name, const Tensor& t, Shape shape, const Tensor& like) {
+  if (like.device() == Device::cuda)
+    KILN_CHECK(like.dtype() == DType::f32 || like.dtype() == DType::bf16, op, "{} must be f32 or bf16 on the GPU, got {}",
+               name, like.describe());
   expect_shape(op, name, t, shape);
   expect_same(op, name, t, like);
+}
+
+// The norm's gain and its gradient: o's dtype on the CPU, the fp32 master on the GPU.
+void expect_gain(const char* op, const char* name, const Tensor& t, const Tensor& o) {
+  expect_tensor(op, name, t, Shape{o.size(2)}, o.device() == Device::cuda ? DType::f32 : o.dtype(), o.device());
 }
 
 // q [N, H, d_k], v [N, H, d_v] against qkv [N, 2 H d_k + H d_v].
@@ -25,19 +36,22 @@ void validate_split(const char* op, const Tensor& qkv, const Tensor& q, const Te
   expect_rank(op, "q", q, 3);
   expect_rank(op, "v", v, 3);
   const int64_t n = q.size(0), h = q.size(1), dk = q.size(2), dv = v.size(2);
-  expect_cpu_like(op, "qkv", qkv, Shape{n, h * (2 * dk + dv)}, q);
-  expect_cpu_like(op, "k", k, q.shape(), q);
-  expect_cpu_like(op, "v", v, Shape{n, h, dv}, q);
+  expect_like(op, "qkv", qkv, Shape{n, h * (2 * dk + dv)}, q);
+  expect_like(op, "k", k, q.shape(), q);
+  expect_like(op, "v", v, Shape{n, h, dv}, q);
 }
 
 }  // namespace
 
 void kda_split_norm_forward(const ExecContext& ctx, const Tensor& qkv, const Tensor& q, const Tensor& k,
                             const Tensor& v) {
-  (void)ctx;
+  (void)ctx;  // CPU builds: only the CUDA path reads it
   const char* op = "kda_split_norm_forward";
   KILN_OP_SCOPE(op, qkv);
   validate_split(op, qkv, q, k, v);
+  KILN_ON_CUDA(q, op,
+               cuda::kda_split_norm_forward(ctx, q.dtype(), qkv.raw(), q.size(0), q.size(1), q.size(2), v.size(2),
+                                            static_cast<float>(kKdaL2NormEps), q.raw(), k.raw(), v.raw()));
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = q.size(0), heads = q.size(1), dk = q.size(2), dv = v.size(2), cols = qkv.size(1);
@@ -63,11 +77,15 @@ void kda_split_norm_forward(const ExecContext& ctx, const Tensor& qkv, const Ten
 // y = x r with r = (|x|^2 + eps)^-1/2: dx = r (dy - y (y . dy)).
 void kda_split_norm_backward(const ExecContext& ctx, const Tensor& qkv, const Tensor& dq, const Tensor& dk,
                              const Tensor& dv, const Tensor& dqkv) {
-  (void)ctx;
+  (void)ctx;  // CPU builds: only the CUDA path reads it
   const char* op = "kda_split_norm_backward";
   KILN_OP_SCOPE(op, qkv);
   validate_split(op, qkv, dq, dk, dv);
-  expect_cpu_like(op, "dqkv", dqkv, qkv.shape(), dq);
+  expect_like(op, "dqkv", dqkv, qkv.shape(), dq);
+  KILN_ON_CUDA(dq, op,
+               cuda::kda_split_norm_backward(ctx, dq.dtype(), qkv.raw(), dq.raw(), dk.raw(), dv.raw(), dq.size(0),
+                                             dq.size(1), dq.size(2), dv.size(2), static_cast<float>(kKdaL2NormEps),
+                                             dqkv.raw()));
   dispatch_cpu_float(op, dq.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = dq.size(0), heads = dq.size(1), d_k = dq.size(2), d_v = dv.size(2), cols = qkv.size(1);
@@ -93,10 +111,11 @@ void kda_split_norm_backward(const ExecContext& ctx, const Tensor& qkv, const Te
 }
 
 void kda_beta_forward(const ExecContext& ctx, const Tensor& raw, const Tensor& beta) {
-  (void)ctx;
+  (void)ctx;  // CPU builds: only the CUDA path reads it
   const char* op = "kda_beta_forward";
   KILN_OP_SCOPE(op, raw);
-  expect_cpu_like(op, "beta", beta, raw.shape(), raw);
+  expect_like(op, "beta", beta, raw.shape(), raw);
+  KILN_ON_CUDA(raw, op, cuda::kda_beta_forward(ctx, raw.dtype(), raw.raw(), raw.numel(), beta.raw()));
   dispatch_cpu_float(op, raw.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* x = raw.data<T>();
@@ -106,11 +125,12 @@ void kda_beta_forward(const ExecContext& ctx, const Tensor& raw, const Tensor& b
 }
 
 void kda_beta_backward(const ExecContext& ctx, const Tensor& raw, const Tensor& dbeta, const Tensor& draw) {
-  (void)ctx;
+  (void)ctx;  // CPU builds: only the CUDA path reads it
   const char* op = "kda_beta_backward";
   KILN_OP_SCOPE(op, raw);
-  expect_cpu_like(op, "dbeta", dbeta, raw.shape(), raw);
-  expect_cpu_like(op, "draw", draw, raw.shape(), raw);
+  expect_like(op, "dbeta", dbeta, raw.shape(), raw);
+  expect_like(op, "draw", draw, raw.shape(), raw);
+  KILN_ON_CUDA(raw, op, cuda::kda_beta_backward(ctx, raw.dtype(), raw.raw(), dbeta.raw(), raw.numel(), draw.raw()));
   dispatch_cpu_float(op, raw.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T *x = raw.data<T>(), *d = dbeta.data<T>();
@@ -127,19 +147,22 @@ namespace {
 void validate_gate(const char* op, const Tensor& o, const Tensor& gain, const Tensor& gate, const Tensor& y) {
   expect_rank(op, "o", o, 3);
   const int64_t n = o.size(0), cols = o.size(1) * o.size(2);
-  expect_cpu_like(op, "gain", gain, Shape{o.size(2)}, o);
-  expect_cpu_like(op, "gate", gate, Shape{n, cols}, o);
-  expect_cpu_like(op, "y", y, Shape{n, cols}, o);
+  expect_gain(op, "gain", gain, o);
+  expect_like(op, "gate", gate, Shape{n, cols}, o);
+  expect_like(op, "y", y, Shape{n, cols}, o);
 }
 
 }  // namespace
 
 void kda_output_gate_forward(const ExecContext& ctx, const Tensor& o, const Tensor& gain, const Tensor& gate,
                              double eps, const Tensor& y) {
-  (void)ctx;
+  (void)ctx;  // CPU builds: only the CUDA path reads it
   const char* op = "kda_output_gate_forward";
   KILN_OP_SCOPE(op, o);
   validate_gate(op, o, gain, gate, y);
+  KILN_ON_CUDA(o, op,
+               cuda::kda_output_gate_forward(ctx, o.dtype(), o.raw(), gain.data<float>(), gate.raw(),
+                                             o.size(0) * o.size(1), o.size(2), static_cast<float>(eps), y.raw()));
   dispatch_cpu_float(op, o.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t rows = o.size(0) * o.size(1), d = o.size(2);
@@ -160,13 +183,17 @@ void kda_output_gate_forward(const ExecContext& ctx, const Tensor& o, const Tens
 void kda_output_gate_backward(const ExecContext& ctx, const Tensor& o, const Tensor& gain, const Tensor& gate,
                               double eps, const Tensor& dy, const Tensor& d_o, const Tensor& dgate,
                               const Tensor& dgain) {
-  (void)ctx;
+  (void)ctx;  // CPU builds: only the CUDA path reads it
   const char* op = "kda_output_gate_backward";
   KILN_OP_SCOPE(op, o);
   validate_gate(op, o, gain, gate, dy);
-  expect_cpu_like(op, "d_o", d_o, o.shape(), o);
-  expect_cpu_like(op, "dgate", dgate, gate.shape(), o);
-  expect_cpu_like(op, "dgain", dgain, gain.shape(), o);
+  expect_like(op, "d_o", d_o, o.shape(), o);
+  expect_like(op, "dgate", dgate, gate.shape(), o);
+  expect_gain(op, "dgain", dgain, o);
+  KILN_ON_CUDA(o, op,
+               cuda::kda_output_gate_backward(ctx, o.dtype(), o.raw(), gain.data<float>(), gate.raw(), dy.raw(),
+                                              o.size(0) * o.size(1), o.size(2), static_cast<float>(eps), d_o.raw(),
+                                              dgate.raw(), dgain.data<float>()));
   dispatch_cpu_float(op, o.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t rows = o.size(0) * o.size(1), d = o.size(2);

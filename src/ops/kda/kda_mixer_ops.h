@@ -6,7 +6,8 @@
 //   output_gate  y = RMSNorm_head(o) * gain * sigmoid(gate): o [N, H, d_v], gain [d_v]
 //                (shared by the heads, as FLA's FusedRMSNormGated), gate and y [N, H d_v]
 // Backwards recompute from their inputs (nothing saved); parameter gradients accumulate.
-// CPU only (f32, f64): the GPU refuses.
+// CPU: f32, f64. GPU (kda_mixer_cuda.h): activations f32 or bf16 (fp32 math), gain and
+// dgain fp32; dgain summed in a fixed order (the same bits every run).
 #pragma once
 
 #include "core/exec_context.h"

@@ -2,6 +2,9 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
+#if KILN_WITH_CUDA
+#include "ops/kda/kda_mixer_cuda.h"
+#endif
 
 #include <cmath>
 #include <utility>
@@ -15,16 +18,23 @@ T sigmoid(T z) {
   return z >= 0 ? T(1) / (T(1) + std::exp(-z)) : std::exp(z) / (T(1) + std::exp(z));
 }
 
-void validate(const char* op, const Tensor& x, const Tensor& w) {
+void validate(const char* op, const Tensor& x, const Tensor& w, bool has_cuda_kernel = true) {
   expect_rank(op, "x", x, 2);
   expect_rank(op, "w", w, 2);
-  if (x.device() == Device::cuda) no_cuda_kernel(op);
+  if (x.device() == Device::cuda) {
+    if (!has_cuda_kernel) no_cuda_kernel(op);
+    KILN_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, op, "x must be f32 or bf16 on the GPU, got {}",
+               x.describe());
+  }
   KILN_CHECK(w.size(0) == x.size(1), op, "w {} must have one row per channel of x {}", w.describe(), x.describe());
   expect_same(op, "w", w, x);
 }
 
+// On the GPU cu_seqlens lives on the device and is trusted (not read back), as attention's.
 void validate_seqlens(const char* op, const Tensor& x, const Tensor& cu_seqlens) {
-  expect_tensor(op, "cu_seqlens", cu_seqlens, Shape{cu_seqlens.size(0)}, DType::i32, Device::cpu);
+  expect_tensor(op, "cu_seqlens", cu_seqlens, Shape{cu_seqlens.size(0)}, DType::i32, x.device());
+  KILN_CHECK(cu_seqlens.size(0) >= 2, op, "cu_seqlens needs at least 2 entries");
+  if (x.device() == Device::cuda) return;
   const int32_t* cu = cu_seqlens.data<int32_t>();
   const int64_t s = cu_seqlens.size(0) - 1;
   KILN_CHECK(s >= 1 && cu[0] == 0 && cu[s] == x.size(0), op, "cu_seqlens must run from 0 to {} tokens", x.size(0));
@@ -46,13 +56,16 @@ T conv_at(const T* x, const T* w, int64_t channels, int64_t kernel, int64_t star
 
 void short_conv_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& cu_seqlens,
                         const Tensor& y) {
-  (void)ctx;
+  (void)ctx;  // CPU builds: only the CUDA path reads it
   const char* op = "short_conv_forward";
   KILN_OP_SCOPE(op, x);
   validate(op, x, w);
   validate_seqlens(op, x, cu_seqlens);
   expect_shape(op, "y", y, x.shape());
   expect_same(op, "y", y, x);
+  KILN_ON_CUDA(x, op,
+               cuda::short_conv_forward(ctx, x.dtype(), x.raw(), w.raw(), cu_seqlens.data<int32_t>(),
+                                        cu_seqlens.size(0) - 1, x.size(0), x.size(1), w.size(1), y.raw()));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t ch = x.size(1), kernel = w.size(1), seqs = cu_seqlens.size(0) - 1;
@@ -74,7 +87,7 @@ void short_conv_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w
 // w[j] dz[t] from the K tokens t that read src; dw[c, j] sums dz[t] x[src] over tokens.
 void short_conv_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& cu_seqlens,
                          const Tensor& dy, const Tensor& dx, const Tensor& dw) {
-  (void)ctx;
+  (void)ctx;  // CPU builds: only the CUDA path reads it
   const char* op = "short_conv_backward";
   KILN_OP_SCOPE(op, x);
   validate(op, x, w);
@@ -83,10 +96,19 @@ void short_conv_backward(const ExecContext& ctx, const Tensor& x, const Tensor& 
     expect_shape(op, name, *t, x.shape());
     expect_same(op, name, *t, x);
   }
+  // dw is the fp32 master gradient on the GPU (w its compute copy there).
   if (dw.defined()) {
-    expect_shape(op, "dw", dw, w.shape());
-    expect_same(op, "dw", dw, w);
+    if (x.device() == Device::cuda)
+      expect_tensor(op, "dw", dw, w.shape(), DType::f32, Device::cuda);
+    else {
+      expect_shape(op, "dw", dw, w.shape());
+      expect_same(op, "dw", dw, w);
+    }
   }
+  KILN_ON_CUDA(x, op,
+               cuda::short_conv_backward(ctx, x.dtype(), x.raw(), w.raw(), cu_seqlens.data<int32_t>(),
+                                         cu_seqlens.size(0) - 1, x.size(0), x.size(1), w.size(1), dy.raw(), dx.raw(),
+                                         dw.defined() ? dw.data<float>() : nullptr));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = x.size(0), ch = x.size(1), kernel = w.size(1), seqs = cu_seqlens.size(0) - 1;
@@ -118,7 +140,7 @@ void short_conv_step(const ExecContext& ctx, const Tensor& x, const Tensor& w, c
   (void)ctx;
   const char* op = "short_conv_step";
   KILN_OP_SCOPE(op, x);
-  validate(op, x, w);
+  validate(op, x, w, /*has_cuda_kernel=*/false);
   const int64_t n = x.size(0), ch = x.size(1), kernel = w.size(1);
   expect_tensor(op, "slots", slots, Shape{n}, DType::i32, Device::cpu);
   expect_rank(op, "state", state, 3);

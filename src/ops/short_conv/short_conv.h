@@ -4,7 +4,8 @@
 // where rows before the start of t's document count as zero: documents never share inputs,
 // as they share no attention. x, y [N, C], w [C, K], cu_seqlens i32 [S+1].
 //
-// CPU only (f32, f64); the GPU refuses (no kernel yet).
+// CPU: f32, f64. GPU (ops/kda/kda_mixer_cuda.h): forward and backward, x, w, y f32 or bf16
+// (fp32 math), dw fp32, cu_seqlens on the device; the decode step is CPU only.
 #pragma once
 
 #include "core/exec_context.h"
