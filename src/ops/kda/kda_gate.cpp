@@ -2,6 +2,7 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
+#include "ops/stable_math.h"
 #if KILN_WITH_CUDA
 #include "ops/kda/kda_cuda.h"
 #endif
@@ -12,17 +13,6 @@
 namespace kiln::ops {
 
 namespace {
-
-// log(1 + e^x) without overflow for large x or loss of e^x for very negative x.
-template <typename T>
-T softplus(T x) {
-  return std::max(x, T(0)) + std::log1p(std::exp(-std::abs(x)));
-}
-
-template <typename T>
-T sigmoid(T x) {
-  return x >= 0 ? T(1) / (T(1) + std::exp(-x)) : std::exp(x) / (T(1) + std::exp(x));
-}
 
 // The parameters' dtype: raw's on the CPU, f32 on the GPU (raw f32 or bf16 there).
 DType param_dtype(const Tensor& raw) { return raw.device() == Device::cuda ? DType::f32 : raw.dtype(); }
@@ -72,7 +62,7 @@ void kda_gate_forward(const ExecContext& ctx, const Tensor& raw, const Tensor& A
       for (int64_t h = 0; h < heads; ++h)
         for (int64_t i = 0; i < dk; ++i) {
           const int64_t c = h * dk + i;
-          out[t * heads * dk + c] = -std::exp(a[h]) * softplus(x[t * heads * dk + c] + (bias ? bias[c] : T(0)));
+          out[t * heads * dk + c] = -std::exp(a[h]) * cpu::stable_softplus(x[t * heads * dk + c] + (bias ? bias[c] : T(0)));
         }
   });
 }
@@ -110,10 +100,10 @@ void kda_gate_backward(const ExecContext& ctx, const Tensor& raw, const Tensor& 
         T sum_b = 0;
         for (int64_t t = 0; t < n; ++t) {
           const T xi = x[t * row + c] + (bias ? bias[c] : T(0)), dy = d[t * row + c];
-          const T dxi = -rate * sigmoid(xi) * dy;
+          const T dxi = -rate * cpu::stable_sigmoid(xi) * dy;
           dx[t * row + c] = dxi;
           sum_b += dxi;
-          sum_a += -rate * softplus(xi) * dy;
+          sum_a += -rate * cpu::stable_softplus(xi) * dy;
         }
         if (db) db[c] += sum_b;
       }

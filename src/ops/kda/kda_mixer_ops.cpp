@@ -2,6 +2,7 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
+#include "ops/stable_math.h"
 #if KILN_WITH_CUDA
 #include "ops/kda/kda_mixer_cuda.h"
 #endif
@@ -11,11 +12,6 @@
 namespace kiln::ops {
 
 namespace {
-
-template <typename T>
-T sigmoid(T z) {
-  return z >= 0 ? T(1) / (T(1) + std::exp(-z)) : std::exp(z) / (T(1) + std::exp(z));
-}
 
 // An activation shaped `shape` of like's dtype and device (f32 or bf16 on the GPU).
 void expect_like(const char* op, const char* name, const Tensor& t, Shape shape, const Tensor& like) {
@@ -120,7 +116,7 @@ void kda_beta_forward(const ExecContext& ctx, const Tensor& raw, const Tensor& b
     using T = decltype(zero);
     const T* x = raw.data<T>();
     T* y = beta.data<T>();
-    for (int64_t i = 0; i < raw.numel(); ++i) y[i] = sigmoid(x[i]);
+    for (int64_t i = 0; i < raw.numel(); ++i) y[i] = cpu::stable_sigmoid(x[i]);
   });
 }
 
@@ -136,7 +132,7 @@ void kda_beta_backward(const ExecContext& ctx, const Tensor& raw, const Tensor& 
     const T *x = raw.data<T>(), *d = dbeta.data<T>();
     T* dx = draw.data<T>();
     for (int64_t i = 0; i < raw.numel(); ++i) {
-      const T s = sigmoid(x[i]);
+      const T s = cpu::stable_sigmoid(x[i]);
       dx[i] = d[i] * s * (T(1) - s);
     }
   });
@@ -173,7 +169,7 @@ void kda_output_gate_forward(const ExecContext& ctx, const Tensor& o, const Tens
       T ss = 0;
       for (int64_t i = 0; i < d; ++i) ss += x[r * d + i] * x[r * d + i];
       const T rstd = T(1) / std::sqrt(ss / T(d) + T(eps));
-      for (int64_t i = 0; i < d; ++i) out[r * d + i] = x[r * d + i] * rstd * w[i] * sigmoid(g[r * d + i]);
+      for (int64_t i = 0; i < d; ++i) out[r * d + i] = x[r * d + i] * rstd * w[i] * cpu::stable_sigmoid(g[r * d + i]);
     }
   });
 }
@@ -207,14 +203,14 @@ void kda_output_gate_backward(const ExecContext& ctx, const Tensor& o, const Ten
       T dot = 0;
       for (int64_t i = 0; i < d; ++i) {
         const int64_t at = r * d + i;
-        const T n = x[at] * rstd, s = sigmoid(g[at]);
+        const T n = x[at] * rstd, s = cpu::stable_sigmoid(g[at]);
         dg[at] = dyp[at] * n * w[i] * s * (T(1) - s);
         dw[i] += dyp[at] * n * s;
         dot += n * dyp[at] * w[i] * s;
       }
       for (int64_t i = 0; i < d; ++i) {
         const int64_t at = r * d + i;
-        dx[at] = rstd * (dyp[at] * w[i] * sigmoid(g[at]) - x[at] * rstd * dot / T(d));
+        dx[at] = rstd * (dyp[at] * w[i] * cpu::stable_sigmoid(g[at]) - x[at] * rstd * dot / T(d));
       }
     }
   });

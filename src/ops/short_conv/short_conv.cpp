@@ -2,6 +2,7 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
+#include "ops/stable_math.h"
 #if KILN_WITH_CUDA
 #include "ops/kda/kda_mixer_cuda.h"
 #endif
@@ -12,11 +13,6 @@
 namespace kiln::ops {
 
 namespace {
-
-template <typename T>
-T sigmoid(T z) {
-  return z >= 0 ? T(1) / (T(1) + std::exp(-z)) : std::exp(z) / (T(1) + std::exp(z));
-}
 
 void validate(const char* op, const Tensor& x, const Tensor& w, bool has_cuda_kernel = true) {
   expect_rank(op, "x", x, 2);
@@ -78,7 +74,7 @@ void short_conv_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w
       for (int64_t s = 0; s < seqs; ++s)
         for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
           const T z = conv_at(xp, wp, ch, kernel, cu[s], t, c);
-          yp[t * ch + c] = z * sigmoid(z);
+          yp[t * ch + c] = z * cpu::stable_sigmoid(z);
         }
   });
 }
@@ -122,7 +118,7 @@ void short_conv_backward(const ExecContext& ctx, const Tensor& x, const Tensor& 
       for (int64_t t = 0; t < n; ++t) dxp[t * ch + c] = 0;
       for (int64_t s = 0; s < seqs; ++s)
         for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
-          const T z = conv_at(xp, wp, ch, kernel, cu[s], t, c), sg = sigmoid(z);
+          const T z = conv_at(xp, wp, ch, kernel, cu[s], t, c), sg = cpu::stable_sigmoid(z);
           const T dz = d[t * ch + c] * sg * (T(1) + z * (T(1) - sg));
           for (int64_t j = 0; j < kernel; ++j) {
             const int64_t src = t - kernel + 1 + j;
@@ -163,7 +159,7 @@ void short_conv_step(const ExecContext& ctx, const Tensor& x, const Tensor& w, c
       for (int64_t c = 0; c < ch; ++c) {
         T z = wp[c * kernel + held] * xp[i * ch + c];
         for (int64_t j = 0; j < held; ++j) z += wp[c * kernel + j] * past[j * ch + c];
-        yp[i * ch + c] = z * sigmoid(z);
+        yp[i * ch + c] = z * cpu::stable_sigmoid(z);
         for (int64_t j = 0; j + 1 < held; ++j) past[j * ch + c] = past[(j + 1) * ch + c];
         if (held > 0) past[(held - 1) * ch + c] = xp[i * ch + c];
       }
