@@ -200,5 +200,30 @@ TEST(Cli, PlanReportsWithoutAllocating) {
   EXPECT_NE(output.find("FLOPs per token"), std::string::npos);
 }
 
+// Per-rank memory at 4 ranks: ZeRO-1 keeps about a quarter of DDP's optimizer state, and a
+// gather buffer of the parameters' size; the rest is DDP's.
+TEST(Cli, PlanPrintsEachRanksMemoryWithAndWithoutZero) {
+  std::string output;
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " plan " KILN_SOURCE_DIR "/configs/default.toml --world-size 4",
+                              &output),
+            0)
+      << output;
+  const auto columns = [&](const std::string& mode) {
+    const size_t at = output.find("\n  " + mode + " ");
+    EXPECT_NE(at, std::string::npos) << output;
+    std::istringstream line(output.substr(at + 3 + mode.size()));
+    std::vector<double> v(6);
+    for (double& x : v) line >> x;
+    return v;  // parameters, gradients, optimizer, gather buffer, activations, total
+  };
+  const std::vector<double> ddp = columns("DDP"), zero = columns("ZeRO-1");
+  EXPECT_EQ(ddp[0], zero[0]);
+  EXPECT_EQ(ddp[1], zero[1]);
+  EXPECT_EQ(ddp[3], 0.0);
+  EXPECT_NEAR(zero[2], ddp[2] / 4, ddp[2] * 0.02) << output;  // a quarter, within the cuts' alignment
+  EXPECT_NEAR(zero[3], ddp[0], ddp[0] * 0.02) << output;      // 4 x the largest shard
+  EXPECT_NEAR(zero[5] - ddp[5], zero[2] - ddp[2] + zero[3], 0.02) << output;
+}
+
 }  // namespace
 }  // namespace kiln

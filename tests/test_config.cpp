@@ -403,6 +403,7 @@ TEST_F(ConfigFile, RoundTripEveryFieldChanged) {
   c.model.moe.l1_rate = 1.5;  // a factor > 1
   c.model.mtp.weights = "0.25,0.5";  // one weight per depth (the changed depth is 2)
   c.model.mtp.form = "parallel";
+  c.dist.zero = 1;  // the stages built (0, 1)
   for (const CadenceKeys& k : cadence_keys()) k.steps(c) = 0;  // a cadence by steps or by tokens, not both
   const Config back = load_config(write(config_to_toml(c)));
   EXPECT_TRUE(config_equal(back, c)) << config_to_toml(c);

@@ -2,6 +2,7 @@
 #include "data/shards/shard_tokenizer.h"
 #include "model/model.h"
 #include "core/device_memory.h"
+#include "core/error.h"
 #include "train/memory_check.h"
 #include "train/training_build.h"
 
@@ -13,6 +14,29 @@ namespace kiln::cli {
 
 namespace {
 double mib(size_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
+
+// Each rank's memory at `world` data-parallel ranks: DDP keeps everything whole on every
+// rank; ZeRO-1 (dist.zero = 1) keeps the optimizer state of one shard, plus the buffer its
+// updated parameters are all-gathered through (train/parameter_shards.h).
+void print_per_rank(const Config& config, Device device, const MemoryBudget& plan, int world) {
+  fmt::print("per rank at {} data-parallel ranks:\n", world);
+  fmt::print("  {:<8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "mode", "parameters", "gradients", "optimizer",
+             "gather buf", "activations", "total MiB");
+  const size_t rest = plan.activations + plan.workspace + plan.batches;
+  const auto row = [&](const char* mode, size_t optimizer, size_t gather) {
+    fmt::print("  {:<8} {:>12.2f} {:>12.2f} {:>12.2f} {:>12.2f} {:>12.2f} {:>12.2f}\n", mode, mib(plan.parameters),
+               mib(plan.gradients), mib(optimizer), mib(gather), mib(rest),
+               mib(plan.parameters + plan.gradients + optimizer + gather + rest));
+  };
+  row("DDP", plan.optimizer, 0);
+  try {
+    const ZeroBudget zero = plan_zero_memory(config, device, world);
+    row("ZeRO-1", zero.optimizer, zero.gather_buffer);
+  } catch (const Error& e) {
+    fmt::print("  ZeRO-1   {}\n", e.what());
+  }
+  fmt::print("  (activations: activations, workspace and host batches; ZeRO-2, sharded gradients, is not built yet)\n");
+}
 }  // namespace
 
 void add_plan_command(CLI::App& app) {
@@ -20,6 +44,7 @@ void add_plan_command(CLI::App& app) {
     std::string config;
     std::vector<std::string> overrides;
     double fit_gib = 0;
+    int world_size = 0;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("plan", "parameter count, memory and FLOPs of a config, without allocating");
@@ -27,6 +52,9 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--set", o->overrides, "override a key: --set model.layers=8 (repeatable)")->take_all();
   cmd->add_option("--fit-memory", o->fit_gib,
                   "also print the largest train.micro_batch_tokens whose plan fits in this many GiB")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--world-size", o->world_size,
+                  "also print each rank's memory at this many data-parallel ranks, without and with ZeRO-1")
       ->check(CLI::PositiveNumber);
   cmd->callback([o] {
     Config config = load_config(o->config, o->overrides);
@@ -70,6 +98,7 @@ void add_plan_command(CLI::App& app) {
     fmt::print("  workspace       {:>10.2f} MiB\n", mib(plan.workspace));
     if (plan.batches > 0) fmt::print("  batches         {:>10.2f} MiB  (host micro-batches kept)\n", mib(plan.batches));
     fmt::print("  total           {:>10.2f} MiB\n", mib(plan.total()));
+    if (o->world_size > 0) print_per_rank(config, build.device, plan, o->world_size);
     if (o->fit_gib > 0) {
       // The trainer compares this plan with the free bytes it finds once its CUDA context
       // exists (train/memory_check.h), so GIB means free memory, not the card's size.

@@ -347,6 +347,10 @@ struct DistConfig {
   // as soon as backward has written its last gradient, overlapping the rest of backward
   // (train/gradient_buckets.h). 0: one reduction of every gradient after backward.
   double bucket_mb = 25;
+  // ZeRO stage (docs/distributed.md): 0 keeps the optimizer state whole on every rank; 1
+  // gives each rank the state of one contiguous shard of the parameters, which it alone
+  // updates, and all-gathers the updated parameters. CPU (Gloo) only so far.
+  int64_t zero = 0;
 };
 
 struct Config {

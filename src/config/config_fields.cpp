@@ -273,6 +273,8 @@ const std::array kFields = {
                "seconds a collective waits for the other ranks before failing"),
     KILN_FIELD(dist, bucket_mb, non_negative().up_to(65536, "64 GiB; more than any model's gradients"),
                "MiB of gradients per bucket reduced during backward; 0 = one reduction after backward"),
+    KILN_FIELD(dist, zero, non_negative().up_to(1, "stage 2 (sharded gradients) is not built yet"),
+               "ZeRO stage: 0 = whole optimizer state on every rank, 1 = each rank updates its shard"),
 };
 
 #undef KILN_ROLE_FIELDS

@@ -26,6 +26,9 @@ class Communicator {
   virtual void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, std::string_view what) = 0;
   // `bytes` from rank `root` to every rank, in place.
   virtual void broadcast(void* data, int64_t bytes, int root, std::string_view what) = 0;
+  // In place over world_size() chunks of `bytes_per_rank`: rank r's chunk starts at
+  // data + r * bytes_per_rank; every rank ends with every rank's chunk.
+  virtual void all_gather(void* data, int64_t bytes_per_rank, std::string_view what) = 0;
 };
 
 }  // namespace kiln::dist

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
@@ -142,6 +143,25 @@ void GlooCommunicator::broadcast(void* data, int64_t bytes, int root, std::strin
     opts.setTag(tag_++);
     opts.setTimeout(timeout_);
     gloo::broadcast(opts);
+    progress_.finish(seq);
+  } catch (const kiln::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    lost(what, seq, entered, e);
+  }
+}
+
+void GlooCommunicator::all_gather(void* data, int64_t bytes_per_rank, std::string_view what) {
+  if (bytes_per_rank == 0) return;
+  const auto entered = std::chrono::steady_clock::now();
+  const int64_t seq = enter();
+  try {
+    // No input buffer: Gloo gathers in place, taking this rank's chunk from the output.
+    gloo::AllgatherOptions opts(context_);
+    opts.setOutput(static_cast<uint8_t*>(data), static_cast<size_t>(bytes_per_rank) * static_cast<size_t>(world_size_));
+    opts.setTag(tag_++);
+    opts.setTimeout(timeout_);
+    gloo::allgather(opts);
     progress_.finish(seq);
   } catch (const kiln::Error&) {
     throw;

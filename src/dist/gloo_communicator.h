@@ -38,6 +38,7 @@ class GlooCommunicator final : public Communicator {
   std::string_view backend() const override { return "gloo"; }
   void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, std::string_view what) override;
   void broadcast(void* data, int64_t bytes, int root, std::string_view what) override;
+  void all_gather(void* data, int64_t bytes_per_rank, std::string_view what) override;
 
  private:
   // The number of the collective a call enters (from 1, the same on every rank): its tag + 1.

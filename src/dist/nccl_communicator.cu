@@ -51,6 +51,14 @@ class NcclCommunicator final : public Communicator {
     check(ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8, root, comm_, stream_), what);
   }
 
+  void all_gather(void* data, int64_t bytes_per_rank, std::string_view what) override {
+    if (bytes_per_rank == 0) return;
+    auto* chunks = static_cast<uint8_t*>(data);
+    check(ncclAllGather(chunks + rank_ * bytes_per_rank, chunks, static_cast<size_t>(bytes_per_rank), ncclUint8, comm_,
+                        stream_),
+          what);
+  }
+
  private:
   void check(ncclResult_t result, std::string_view what) const {
     if (result == ncclSuccess) return;

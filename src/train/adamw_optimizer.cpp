@@ -7,6 +7,7 @@
 #include "ops/optim/adamw_lowmem.h"
 #include "ops/optim/adamw_lowmem_math.h"
 #include "train/optimizer_kinds.h"
+#include "train/parameter_shards.h"
 
 #include <cmath>
 
@@ -17,11 +18,21 @@ namespace {
 class AdamW final : public Optimizer {
  public:
   explicit AdamW(const OptimizerGroup& group)
-      : exec_(*group.exec), index_(group.index), beta1_(group.beta1), beta2_(group.beta2), eps_(group.config->eps),
+      : exec_(*group.exec),
+        device_(group.parameters.empty() ? Device::cpu : group.parameters.front()->value().device()), index_(group.index), beta1_(group.beta1), beta2_(group.beta2), eps_(group.config->eps),
         weight_decay_(group.weight_decay), state_(ops::adamw_state_from_name(group.config->adamw_state)) {
     for (const Parameter* p : group.parameters) {
       Slot s;
       s.param = p;
+      s.count = p->shape().numel();
+      if (group.shards != nullptr) {  // ZeRO: only this rank's piece, if it has one
+        const std::optional<ParameterPiece> piece = group.shards->piece(group.shard_rank, p);
+        if (!piece) continue;
+        s.begin = piece->begin;
+        s.count = piece->count;
+        s.sliced = true;  // its state is this rank's part of the whole (even when all of it)
+      }
+      // The whole tensor's size decides, so every rank's piece has the format it would have whole.
       s.format = state_ == ops::AdamWState::int8 && p->shape().numel() < adamw_lowmem::kMinQuantizedNumel
                      ? ops::AdamWState::fp32
                      : state_;
@@ -38,10 +49,11 @@ class AdamW final : public Optimizer {
       const DType moment = s.format == ops::AdamWState::bf16   ? DType::bf16
                            : s.format == ops::AdamWState::int8 ? DType::u8
                                                                : dtype;
-      state.reserve(s.m, moment, s.param->shape());
-      state.reserve(s.v, moment, s.param->shape());
+      const Shape shape = s.sliced ? Shape{s.count} : s.param->shape();
+      state.reserve(s.m, moment, shape);
+      state.reserve(s.v, moment, shape);
       if (s.format == ops::AdamWState::int8) {
-        const Shape blocks{adamw_lowmem::blocks_of(s.param->shape().numel())};
+        const Shape blocks{adamw_lowmem::blocks_of(s.count)};
         state.reserve(s.m_absmax, DType::f32, blocks);
         state.reserve(s.v_absmax, DType::f32, blocks);
       }
@@ -58,7 +70,7 @@ class AdamW final : public Optimizer {
   int64_t steps_taken() const override { return steps_; }
   void set_steps_taken(int64_t steps) override { steps_ = steps; }
 
-  bool updates_on_device() const override { return !slots_.empty() && slots_[0].param->value().device() == Device::cuda; }
+  bool updates_on_device() const override { return device_ == Device::cuda; }
 
   void prepare_device_update(double lr, ops::DeviceUpdateScalars& scalars) const override {
     const ops::AdamWStep step = step_scalars(lr, steps_ + 1);
@@ -79,11 +91,18 @@ class AdamW final : public Optimizer {
   std::vector<OptimizerStateTensor> state_tensors() const override {
     std::vector<OptimizerStateTensor> out;
     for (const Slot& s : slots_) {
-      out.push_back({s.param->name() + ".exp_avg", s.m});
-      out.push_back({s.param->name() + ".exp_avg_sq", s.v});
+      const int64_t numel = s.param->shape().numel();
+      // A piece of a sliced moment starts on a block (train/parameter_shards.h), so its
+      // absmax values are a slice of the whole tensor's too.
+      const auto add = [&](const std::string& suffix, const Tensor& t, Shape whole, int64_t offset) {
+        out.push_back({s.param->name() + suffix, t, s.sliced, whole, offset});
+      };
+      add(".exp_avg", s.m, s.param->shape(), s.begin);
+      add(".exp_avg_sq", s.v, s.param->shape(), s.begin);
       if (s.format == ops::AdamWState::int8) {
-        out.push_back({s.param->name() + ".exp_avg.absmax", s.m_absmax});
-        out.push_back({s.param->name() + ".exp_avg_sq.absmax", s.v_absmax});
+        const Shape blocks{adamw_lowmem::blocks_of(numel)};
+        add(".exp_avg.absmax", s.m_absmax, blocks, s.begin / adamw_lowmem::kBlock);
+        add(".exp_avg_sq.absmax", s.v_absmax, blocks, s.begin / adamw_lowmem::kBlock);
       }
     }
     return out;
@@ -91,9 +110,19 @@ class AdamW final : public Optimizer {
 
  private:
   const ExecContext& exec_;
+  Device device_;  // its parameters'
   struct Slot {
     const Parameter* param = nullptr;
+    int64_t begin = 0, count = 0;  // the elements it updates (all of them unless sharded)
+    bool sliced = false;           // under ZeRO: a piece (all of it or part) of the parameter
     ops::AdamWState format = ops::AdamWState::fp32;  // of this tensor's moments
+    // The value and gradient it updates: the parameter's, or flat views of its piece.
+    Tensor value() const { return sliced ? piece_of(param->value()) : param->value(); }
+    Tensor grad() const { return sliced ? piece_of(param->grad()) : param->grad(); }
+    Tensor piece_of(const Tensor& t) const {
+      return Tensor(static_cast<unsigned char*>(t.raw()) + begin * static_cast<int64_t>(dtype_size(t.dtype())),
+                    t.dtype(), t.device(), Shape{count});
+    }
     Tensor m, v, m_absmax, v_absmax;                // absmax: int8 only
   };
   const char* state_name() const {
@@ -116,14 +145,14 @@ class AdamW final : public Optimizer {
     batch_.clear();
     for (const Slot& s : slots_)
       if (s.format == ops::AdamWState::fp32)
-        batch_.push_back({s.param->value(), s.param->grad(), s.m, s.v, weight_decay_});
+        batch_.push_back({s.value(), s.grad(), s.m, s.v, weight_decay_});
     return batch_;
   }
   const std::vector<ops::AdamWLowMemTensor>& lowmem_tensors() {
     lowmem_batch_.clear();
     for (const Slot& s : slots_)
       if (s.format != ops::AdamWState::fp32)
-        lowmem_batch_.push_back({s.param->value(), s.param->grad(), s.m, s.v, s.m_absmax, s.v_absmax, weight_decay_});
+        lowmem_batch_.push_back({s.value(), s.grad(), s.m, s.v, s.m_absmax, s.v_absmax, weight_decay_});
     return lowmem_batch_;
   }
 

@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include "core/checksum.h"
+#include "core/device_memory.h"
 #include "core/printable.h"
 #include "core/small_file.h"
 #include "io/checkpoint_manifest.h"
@@ -79,7 +80,8 @@ void CheckpointWriter::remove_quietly(const std::string& path) {
 }
 
 void CheckpointWriter::write_files(const std::string& tmp, const Model& model, const Optimizer& optimizer,
-                                   const CheckpointState& state) {
+                                   const CheckpointState& state,
+                                   const std::vector<OptimizerStateTensor>& optimizer_state) {
   {
     io::SafetensorsWriter writer;  // scoped: its copy of the weights is freed before the next file
     io::add_model_weights(writer, model);
@@ -89,7 +91,8 @@ void CheckpointWriter::write_files(const std::string& tmp, const Model& model, c
   {
     io::SafetensorsWriter writer;
     size_t bytes = 0;
-    for (const OptimizerStateTensor& t : optimizer.state_tensors()) {
+    for (const OptimizerStateTensor& t : optimizer_state) {
+      KILN_CHECK(!t.sliced, kWhere, "optimizer state '{}' is one rank's slice: it must be joined first", t.name);
       writer.add(t.name, t.tensor);
       bytes += t.tensor.nbytes();
     }
@@ -136,7 +139,8 @@ void CheckpointWriter::write_files(const std::string& tmp, const Model& model, c
   faults_.kill_point("manifest", saves_);
 }
 
-std::string CheckpointWriter::save(const Model& model, const Optimizer& optimizer, const CheckpointState& state) {
+std::string CheckpointWriter::save(const Model& model, const Optimizer& optimizer, const CheckpointState& state,
+                                   const std::vector<OptimizerStateTensor>* whole_state) {
   ++saves_;
   const std::string name = checkpoint_name(state.progress.step);
   const std::string final_dir = join_path(root_, name), tmp = join_path(root_, ".tmp-" + name);
@@ -146,7 +150,7 @@ std::string CheckpointWriter::save(const Model& model, const Optimizer& optimize
     fs::create_directories(tmp, ec);
     if (ec) fail(kWhere, "{}: cannot create: {}", tmp, ec.message());
     faults_.kill_point("begin", saves_);
-    write_files(tmp, model, optimizer, state);
+    write_files(tmp, model, optimizer, state, whole_state ? *whole_state : optimizer.state_tensors());
     if (fs::exists(final_dir)) {
       // A checkpoint of this step from an abandoned run (crashed before `latest` moved,
       // or one resumed from an older checkpoint): replaced, never merged.
@@ -250,18 +254,38 @@ CheckpointInfo read_checkpoint(const std::string& path) {
   return info;
 }
 
+namespace {
+
+// ZeRO: this rank's slice of a whole state tensor, read straight out of the file, so a
+// checkpoint loads at any world size (train/zero_state.h).
+void read_slice(const io::SafetensorsFile& file, const OptimizerStateTensor& t) {
+  const io::TensorInfo& info = file.info(t.name);
+  KILN_CHECK(info.dtype == t.tensor.dtype() && info.kiln_shape() == t.whole, kWhere,
+             "{}: optimizer state '{}' is {}{}, this run keeps it as {}{}", file.path(), t.name,
+             dtype_name(info.dtype), info.shape_str(), dtype_name(t.tensor.dtype()), t.whole.str());
+  const size_t element = dtype_size(t.tensor.dtype());
+  device_copy(t.tensor.raw(), t.tensor.device(),
+              static_cast<const unsigned char*>(file.data(t.name)) + static_cast<size_t>(t.offset) * element, Device::cpu,
+              t.tensor.nbytes());
+}
+
+}  // namespace
+
 void load_checkpoint_tensors(const CheckpointInfo& checkpoint, Model& model, Optimizer& optimizer) {
   io::load_weights(model, io::SafetensorsFile::open(join_path(checkpoint.path, "model.safetensors")));
   const std::string path = join_path(checkpoint.path, "optimizer.safetensors");
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
   std::set<std::string> expected;
+  bool sliced = false;  // ZeRO: the file's other tensors are the other ranks' to read
   for (const OptimizerStateTensor& t : optimizer.state_tensors()) {
     expected.insert(t.name);
+    sliced = sliced || t.sliced;
     KILN_CHECK(file.contains(t.name), kWhere, "{}: missing optimizer state '{}'", path, t.name);
-    io::read_into(file, t.name, t.tensor);
+    if (t.sliced) read_slice(file, t);
+    else io::read_into(file, t.name, t.tensor);
   }
   for (const std::string& name : file.names())
-    KILN_CHECK(expected.count(name), kWhere, "{}: tensor '{}' does not belong to this optimizer", path, name);
+    KILN_CHECK(sliced || expected.count(name), kWhere, "{}: tensor '{}' does not belong to this optimizer", path, name);
   optimizer.set_steps_taken(checkpoint.state.optimizer_steps);
 }
 

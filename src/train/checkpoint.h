@@ -49,15 +49,17 @@ class CheckpointWriter {
   // Writes a complete checkpoint and moves `latest` to it, then applies retention
   // (a failed delete only warns). On failure throws "[checkpoint] DIR: save failed: ...",
   // having removed its temporary directory; the previous checkpoint and `latest` are
-  // untouched. Returns the checkpoint's path.
-  std::string save(const Model& model, const Optimizer& optimizer, const CheckpointState& state);
+  // untouched. Returns the checkpoint's path. `whole_state`: the optimizer's state tensors
+  // joined over ZeRO's ranks (train/zero_state.h); null: optimizer.state_tensors().
+  std::string save(const Model& model, const Optimizer& optimizer, const CheckpointState& state,
+                   const std::vector<OptimizerStateTensor>* whole_state = nullptr);
   // Names the checkpoint of `step` (saved before) as the best (DIR/best, replaced
   // atomically): retention keeps it until another takes its place.
   void mark_best(int64_t step);
 
  private:
   void write_files(const std::string& tmp, const Model& model, const Optimizer& optimizer,
-                   const CheckpointState& state);
+                   const CheckpointState& state, const std::vector<OptimizerStateTensor>& optimizer_state);
   void apply_retention(int64_t newest);
   void remove_quietly(const std::string& path);
 

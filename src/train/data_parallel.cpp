@@ -1,11 +1,56 @@
 #include "train/data_parallel.h"
 
+#include "core/phase_scope.h"
+#include "ops/optim/adamw_lowmem_math.h"
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace kiln {
 
+DataParallel::DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb, int zero)
+    : group_(group), model_(model), bucket_mb_(bucket_mb) {
+  if (zero == 0) return;
+  KILN_CHECK(group.device().device() == Device::cpu, "dist.zero",
+             "ZeRO runs on the CPU (Gloo) so far; on the GPU use dist.zero = 0");
+  std::vector<const Parameter*> trainable;
+  for (const auto& p : model.parameters())
+    if (p->trainable()) trainable.push_back(p.get());
+  // Cuts on AdamW's int8 blocks: no block of a quantized moment is split between ranks.
+  shards_ = std::make_unique<ParameterShards>(trainable, group.world_size(), adamw_lowmem::kBlock);
+}
+
 DataParallel::~DataParallel() { model_.set_backward_progress({}); }
+
+// Each rank's shard goes to its chunk of the buffer (rank r's at r x the largest shard),
+// the buffer is all-gathered, and the other ranks' chunks go back into the parameters.
+void DataParallel::gather_parameters() {
+  if (!shards_) return;
+  KILN_PHASE("parameter all-gather");
+  const ParameterShards& s = *shards_;
+  const size_t element = dtype_size(s.dtype());
+  const size_t chunk = static_cast<size_t>(s.largest()) * element;
+  gathered_.resize(chunk * static_cast<size_t>(s.world_size()));
+  const auto at = [&](int r, const ParameterPiece& piece) {
+    return gathered_.data() + chunk * static_cast<size_t>(r) + static_cast<size_t>(piece.flat - s.bound(r)) * element;
+  };
+  const auto in_parameter = [&](const ParameterPiece& piece) {
+    return static_cast<unsigned char*>(piece.parameter->value().raw()) + static_cast<size_t>(piece.begin) * element;
+  };
+  const int me = rank();
+  for (const ParameterPiece& piece : s.pieces(me))
+    std::memcpy(at(me, piece), in_parameter(piece), static_cast<size_t>(piece.count) * element);
+  group_.host().all_gather(gathered_.data(), static_cast<int64_t>(chunk), "updated parameters");
+  for (int r = 0; r < s.world_size(); ++r)
+    if (r != me)
+      for (const ParameterPiece& piece : s.pieces(r))
+        std::memcpy(in_parameter(piece), at(r, piece), static_cast<size_t>(piece.count) * element);
+}
+
+GatheredOptimizerState DataParallel::gather_optimizer_state(const Optimizer& optimizer) {
+  return kiln::gather_optimizer_state(group_.host(), optimizer.state_tensors());
+}
 
 void DataParallel::before_backward(bool last_micro_batch) {
   if (!bucketed() || !last_micro_batch) {

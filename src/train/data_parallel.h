@@ -10,11 +10,18 @@
 // With dist.bucket_mb > 0 on the CPU (Gloo), the gradients of a step's last micro-batch are
 // reduced in buckets while its backward still runs (train/gradient_buckets.h); on the GPU
 // (NCCL) and with 0, in one reduction after backward.
+//
+// With dist.zero = 1 (ZeRO-1, CPU so far) the gradients are still summed whole, so the
+// norm, guard and clip see the whole model, but each rank's optimizer updates only its
+// shard of the parameters (train/parameter_shards.h) and keeps state for it alone; the
+// updated shards are then all-gathered, so every rank again holds the same weights.
 #pragma once
 
 #include "dist/process_group.h"
 #include "model/model.h"
 #include "train/gradient_buckets.h"
+#include "train/parameter_shards.h"
+#include "train/zero_state.h"
 
 #include <cstdint>
 #include <memory>
@@ -23,9 +30,8 @@ namespace kiln {
 
 class DataParallel {
  public:
-  // bucket_mb: dist.bucket_mb (0: no buckets).
-  DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb)
-      : group_(group), model_(model), bucket_mb_(bucket_mb) {}
+  // bucket_mb: dist.bucket_mb (0: no buckets); zero: dist.zero.
+  DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb, int zero = 0);
   ~DataParallel();
 
   int rank() const { return group_.rank(); }
@@ -49,6 +55,13 @@ class DataParallel {
   // step's loss sums).
   void sum(double* values, int64_t count, Device where);
 
+  // ZeRO: the shards the optimizer updates (null without ZeRO); after an update, every
+  // rank's updated shard to every rank; at a checkpoint, every rank's slices of the
+  // optimizer state joined on rank 0 (train/zero_state.h). Every rank calls these two.
+  const ParameterShards* shards() const { return shards_.get(); }
+  void gather_parameters();
+  GatheredOptimizerState gather_optimizer_state(const Optimizer& optimizer);
+
  private:
   bool bucketed() const { return bucket_mb_ > 0 && group_.device().device() == Device::cpu; }
 
@@ -57,6 +70,8 @@ class DataParallel {
   double bucket_mb_;
   std::unique_ptr<BucketedGradientReduction> buckets_;  // made at the first bucketed step
   bool reducing_ = false;                                // this step's buckets are under way
+  std::unique_ptr<ParameterShards> shards_;              // ZeRO's; null without
+  std::vector<unsigned char> gathered_;                  // the all-gather's chunks, one per rank
 };
 
 }  // namespace kiln

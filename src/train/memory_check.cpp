@@ -4,7 +4,9 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "nn/mup.h"
+#include "ops/optim/adamw_lowmem_math.h"
 #include "train/optimizer_groups.h"
+#include "train/parameter_shards.h"
 #include "train/training_build.h"
 
 #include <fmt/format.h>
@@ -57,6 +59,23 @@ MemoryBudget plan_training_memory(const Config& config, Device device) {
         static_cast<size_t>(config.train.grad_accum + config.data.prefetch + config.train.eval_batches);
     b.batches = batches * static_cast<size_t>(config.train.micro_batch_tokens + 1) * 4 * sizeof(int32_t);
   }
+  return b;
+}
+
+ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size) {
+  const Model model(config.model, training_build_options(config, device));
+  std::vector<const Parameter*> trainable;
+  for (const auto& p : model.parameters())
+    if (p->trainable()) trainable.push_back(p.get());
+  const ParameterShards shards(trainable, world_size, adamw_lowmem::kBlock);
+  ZeroBudget b;
+  for (int r = 0; r < world_size; ++r) {
+    Arena state("optimizer", device);
+    make_optimizer(model.exec(), config.optim, model.parameters(), mup_width_ratio(config.model), &shards, r)
+        ->plan(state);
+    b.optimizer = std::max(b.optimizer, state.planned_bytes());
+  }
+  b.gather_buffer = static_cast<size_t>(world_size) * static_cast<size_t>(shards.largest()) * dtype_size(shards.dtype());
   return b;
 }
 

@@ -22,6 +22,15 @@ struct MemoryBudget {
 // The plan for `config` on `device`, built without allocating (as `kiln plan` does).
 MemoryBudget plan_training_memory(const Config& config, Device device);
 
+// ZeRO-1 at `world_size` ranks (train/parameter_shards.h): the optimizer state of the rank
+// that keeps the most, and the buffer the updated shards are all-gathered through
+// (world_size x the largest shard). Throws naming dist.zero where an optimizer cannot be
+// sharded (Muon).
+struct ZeroBudget {
+  size_t optimizer = 0, gather_buffer = 0;
+};
+ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size);
+
 struct AvailableMemory {
   size_t bytes = 0;
   std::string source;  // "MemAvailable", "cgroup memory.max", "cudaMemGetInfo"

@@ -28,6 +28,9 @@ double update_scale(const std::string& scale, const Shape& shape) {
 class Muon final : public Optimizer {
  public:
   explicit Muon(const OptimizerGroup& group) : exec_(*group.exec), index_(group.index), weight_decay_(group.weight_decay) {
+    // Orthogonalization needs whole matrices: ZeRO's Muon (whole matrices per rank) is not built yet.
+    KILN_CHECK(group.shards == nullptr, "dist.zero", "ZeRO does not shard Muon's state yet ({} uses muon); use "
+               "dist.zero = 0, or AdamW for every role", group.key());
     const MuonConfig& c = group.config->muon;
     settings_.momentum = group.beta1;
     settings_.nesterov = c.nesterov;

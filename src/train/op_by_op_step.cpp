@@ -66,7 +66,9 @@ class OpByOpStep final : public StepExecutor {
   }
 
   void update() override {
-    if (outcome_.applied()) optimizer_.step(plan_.lr);  // counts the update itself
+    if (!outcome_.applied()) return;
+    optimizer_.step(plan_.lr);  // counts the update itself
+    if (data_parallel_) data_parallel_->gather_parameters();  // ZeRO: the ranks' updated shards
   }
 
   StepOutcome finish() override { return outcome_; }

@@ -17,11 +17,18 @@
 namespace kiln {
 
 // One tensor of optimizer state under a whole-model name ("<parameter>.exp_avg"), so a
-// checkpoint does not depend on how parameters are laid out, grouped or sharded.
+// checkpoint does not depend on how parameters are laid out, grouped or sharded. Under
+// ZeRO a rank holds a slice of it: `tensor` is elements [offset, offset + numel) of a
+// tensor of shape `whole`.
 struct OptimizerStateTensor {
   std::string name;
   Tensor tensor;
+  bool sliced = false;
+  Shape whole;         // when sliced
+  int64_t offset = 0;  // when sliced, in elements
 };
+
+class ParameterShards;
 
 class Optimizer {
  public:
@@ -60,6 +67,10 @@ struct OptimizerGroup {
   const OptimConfig* config = nullptr;  // the rest: eps, [optim.muon]
   std::vector<const Parameter*> parameters;  // trainable, in model order
   const ExecContext* exec = &process_exec();  // where its updates run: the model's context
+  // ZeRO (train/parameter_shards.h): this rank updates only its pieces of the parameters
+  // and keeps state for them alone. Null: every parameter whole.
+  const ParameterShards* shards = nullptr;
+  int shard_rank = 0;
   // The section whose key chose this optimizer, for errors ("optim.matrix.optimizer").
   std::string key() const;
 };

@@ -142,9 +142,14 @@ std::vector<OptimizerGroup> group_parameters(const OptimConfig& config, const Pa
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const ExecContext& exec, const OptimConfig& config,
-                                          const ParameterList& parameters, double mup_width_ratio) {
+                                          const ParameterList& parameters, double mup_width_ratio,
+                                          const ParameterShards* shards, int shard_rank) {
   std::vector<OptimizerGroup> groups = group_parameters(config, parameters, mup_width_ratio);
-  for (OptimizerGroup& g : groups) g.exec = &exec;
+  for (OptimizerGroup& g : groups) {
+    g.exec = &exec;
+    g.shards = shards;
+    g.shard_rank = shard_rank;
+  }
   return std::make_unique<GroupedOptimizer>(std::move(groups));
 }
 

@@ -21,8 +21,10 @@ namespace kiln {
 std::vector<OptimizerGroup> group_parameters(const OptimConfig& config, const ParameterList& parameters,
                                              double mup_width_ratio);
 
+// `shards` (ZeRO; null: none): every group updates only rank `shard_rank`'s pieces.
 std::unique_ptr<Optimizer> make_optimizer(const ExecContext& exec, const OptimConfig& config,
-                                          const ParameterList& parameters, double mup_width_ratio);
+                                          const ParameterList& parameters, double mup_width_ratio,
+                                          const ParameterShards* shards = nullptr, int shard_rank = 0);
 
 // One line per group for the training banner, with the peak learning rate each gets
 // (optim.lr x its scale): "muon [matrix, expert]: 42 tensors, lr 0.004 (x1), weight decay 0.1, beta1 0.95".

@@ -130,7 +130,13 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   eval::EvalSuite eval_suite = TrainingEvaluator::read_suite(config_.eval);  // a bad file costs no training
   dataset_ = std::make_unique<TokenDataset>(config_.data, *tokenizer_);
   // Before anything large is allocated (batches, arenas): stop now if it cannot fit.
-  check_memory_fits(config_, device_, plan_training_memory(config_, device_), available_memory(device_));
+  MemoryBudget budget = plan_training_memory(config_, device_);
+  if (group_ && config_.dist.zero > 0) {  // this rank's shard of the optimizer state, and the gather's buffer
+    const ZeroBudget zero = plan_zero_memory(config_, device_, group_->world_size());
+    budget.optimizer = zero.optimizer;
+    budget.parameters += zero.gather_buffer;
+  }
+  check_memory_fits(config_, device_, budget, available_memory(device_));
   const Packer packer(packer_options(config_, *tokenizer_));
   // data.seed, rank sharding (data.rank/world_size or RANK/WORLD_SIZE) and data.prefetch.
   stream_ = std::make_unique<BatchStream>(*dataset_, Split::train, packer, config_.data);
@@ -146,12 +152,14 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
 
   model_ = std::make_unique<Model>(config_.model, training_build_options(config_, device_));
   model_->set_micro_batches(micro_batches_per_step());
-  if (group_) data_parallel_ = std::make_unique<DataParallel>(*group_, *model_, config_.dist.bucket_mb);
+  if (group_)
+    data_parallel_ = std::make_unique<DataParallel>(*group_, *model_, config_.dist.bucket_mb,
+                                                    static_cast<int>(config_.dist.zero));
   // Periodic exports of a model with no stock class (a component refuses): say so now.
   if (config_.checkpoint.export_hf_every > 0 || config_.checkpoint.export_hf_every_tokens > 0)
     io::hf_config_json(*model_, io::choose_hf_arch(config_.model), io::HfSpecialTokens{}, "float32");
-  optimizer_ =
-      make_optimizer(model_->exec(), config_.optim, model_->parameters(), mup_width_ratio(config_.model));
+  optimizer_ = make_optimizer(model_->exec(), config_.optim, model_->parameters(), mup_width_ratio(config_.model),
+                              data_parallel_ ? data_parallel_->shards() : nullptr, group_ ? group_->rank() : 0);
   schedule_ = make_schedule(config_.optim, config_.train.steps,
                             config_.train.micro_batch_tokens * config_.train.grad_accum * stream_->options().world_size);
   optimizer_->plan(optimizer_state_);

@@ -135,12 +135,17 @@ CheckpointState Trainer::checkpoint_state() const {
 }
 
 std::string Trainer::save_checkpoint() {
-  if (!writes_files()) {  // rank 0 saves the run: every rank holds the same state
+  // ZeRO: each rank holds a slice of the optimizer state; every rank sends its slices, and
+  // rank 0 writes them whole (train/zero_state.h).
+  const bool sharded = data_parallel_ && data_parallel_->shards();
+  GatheredOptimizerState whole;
+  if (sharded) whole = data_parallel_->gather_optimizer_state(*optimizer_);
+  if (!writes_files()) {  // rank 0 saves the run: every rank holds the same model
     checkpoint_step_ = progress_.step;
     return (fs::path(checkpoints_->root()) / checkpoint_name(progress_.step)).string();
   }
   const double start = now_seconds();
-  const std::string path = checkpoints_->save(*model_, *optimizer_, checkpoint_state());
+  const std::string path = checkpoints_->save(*model_, *optimizer_, checkpoint_state(), sharded ? &whole.tensors : nullptr);
   checkpoint_step_ = progress_.step;
   const double seconds = now_seconds() - start;
   records_.checkpoint(progress_.step, path, seconds);

@@ -1,0 +1,133 @@
+// ZeRO's shards (train/parameter_shards.h) and the optimizer state they leave each rank:
+// every trainable element belongs to exactly one rank, a cut inside a tensor falls on an
+// int8 block, the shards are balanced, and AdamW steps taken on every rank's shard (fp32
+// and int8 moments) leave exactly the weights and, joined, the state of one whole update.
+#include "ops/optim/adamw_lowmem_math.h"
+#include "tiny_model.h"
+#include "train/optimizer_groups.h"
+#include "train/parameter_shards.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <vector>
+
+namespace kiln {
+namespace {
+
+using namespace kiln::test;
+
+// f32 (int8 moments need fp32 parameters), and a vocabulary whose embedding and head are
+// large enough for int8 moments (adamw_lowmem::kMinQuantizedNumel).
+ModelConfig shard_config() { return tiny_config(true, false, 600); }
+BuildOptions shard_build() {
+  BuildOptions o = tiny_build(24, 7);
+  o.dtype = DType::f32;
+  return o;
+}
+
+std::vector<const Parameter*> trainable_of(const Model& model) {
+  std::vector<const Parameter*> out;
+  for (const auto& p : model.parameters())
+    if (p->trainable()) out.push_back(p.get());
+  return out;
+}
+
+TEST(ZeroShards, EveryElementIsOneRanksAndCutsFallOnBlocks) {
+  Model model(shard_config(), shard_build());
+  const std::vector<const Parameter*> trainable = trainable_of(model);
+  int64_t total = 0;
+  for (const Parameter* p : trainable) total += p->shape().numel();
+  for (int world : {1, 2, 3, 4, 7}) {
+    SCOPED_TRACE(::testing::Message() << world << " ranks");
+    const ParameterShards shards(trainable, world, adamw_lowmem::kBlock);
+    ASSERT_EQ(shards.total(), total);
+    std::map<const Parameter*, std::vector<char>> owned;  // per element: how many ranks own it
+    for (const Parameter* p : trainable) owned[p].assign(static_cast<size_t>(p->shape().numel()), 0);
+    for (int r = 0; r < world; ++r) {
+      int64_t size = 0;
+      for (const ParameterPiece& piece : shards.pieces(r)) {
+        ASSERT_GT(piece.count, 0);
+        EXPECT_GE(piece.flat, shards.bound(r));
+        EXPECT_LE(piece.flat + piece.count, shards.bound(r + 1));
+        // A piece starts at its tensor's start or on a block, and ends at its end or on one.
+        EXPECT_EQ(piece.begin % adamw_lowmem::kBlock, 0) << piece.parameter->name();
+        const int64_t end = piece.begin + piece.count;
+        EXPECT_TRUE(end == piece.parameter->shape().numel() || end % adamw_lowmem::kBlock == 0);
+        for (int64_t i = piece.begin; i < end; ++i) ++owned[piece.parameter][static_cast<size_t>(i)];
+        size += piece.count;
+      }
+      EXPECT_EQ(size, shards.bound(r + 1) - shards.bound(r));
+      // Balanced: each shard within one block of an equal share.
+      EXPECT_LE(std::abs(size - total / world), adamw_lowmem::kBlock + 1);
+    }
+    for (const auto& [p, counts] : owned)
+      for (char c : counts) ASSERT_EQ(c, 1) << p->name();
+  }
+}
+
+// W ranks' sharded AdamW updates, simulated in one process over one model: each rank's
+// optimizer updates its shard from the same gradients; the union of their results equals
+// one whole optimizer's update, bit for bit, with fp32 and with int8 moments.
+TEST(ZeroShards, ShardedAdamWUpdatesEqualOneWholeUpdate) {
+  for (const char* state : {"fp32", "int8"}) {
+    SCOPED_TRACE(state);
+    OptimConfig optim;
+    optim.adamw_state = state;
+    Model whole_model(shard_config(), shard_build());
+    Model sharded_model(shard_config(), shard_build());
+    const int world = 3;
+    const ParameterShards shards(trainable_of(sharded_model), world, adamw_lowmem::kBlock);
+    auto whole = make_optimizer(whole_model.exec(), optim, whole_model.parameters(), 1.0);
+    std::vector<std::unique_ptr<Optimizer>> ranks;
+    for (int r = 0; r < world; ++r)
+      ranks.push_back(make_optimizer(sharded_model.exec(), optim, sharded_model.parameters(), 1.0, &shards, r));
+    Arena whole_state("whole state", Device::cpu), rank_state("rank state", Device::cpu);
+    whole->plan(whole_state);
+    for (auto& o : ranks) o->plan(rank_state);
+    EXPECT_LT(rank_state.planned_bytes(), whole_state.planned_bytes() * 3 / 2);  // not 3 copies
+    for (Model* m : {&whole_model, &sharded_model}) {
+      m->allocate();
+      m->init_weights(11);
+    }
+    whole_state.allocate();
+    rank_state.allocate();
+    const HostBatch batch = pack_docs(three_docs(), 4);
+    for (int step = 0; step < 3; ++step) {
+      for (Model* m : {&whole_model, &sharded_model}) {
+        m->zero_grads();
+        m->load_batch(batch);
+        m->forward_backward(1.0 / static_cast<double>(batch.target_count));
+      }
+      whole->step(1e-2);
+      for (auto& o : ranks) o->step(1e-2);  // each writes only its shard of the shared weights
+    }
+    for (size_t i = 0; i < whole_model.parameters().size(); ++i) {
+      const Tensor a = whole_model.parameters()[i]->value(), b = sharded_model.parameters()[i]->value();
+      ASSERT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << whole_model.parameters()[i]->name();
+    }
+    // The ranks' state slices, placed at their offsets, are the whole optimizer's state.
+    std::map<std::string, Tensor> reference;
+    for (const OptimizerStateTensor& t : whole->state_tensors()) reference[t.name] = t.tensor;
+    std::map<std::string, int64_t> covered;
+    for (auto& o : ranks)
+      for (const OptimizerStateTensor& t : o->state_tensors()) {
+        ASSERT_TRUE(t.sliced);
+        ASSERT_TRUE(reference.count(t.name)) << t.name;
+        const Tensor& full = reference[t.name];
+        ASSERT_EQ(full.shape(), t.whole) << t.name;
+        const size_t element = dtype_size(full.dtype());
+        EXPECT_EQ(std::memcmp(static_cast<const unsigned char*>(full.raw()) + static_cast<size_t>(t.offset) * element,
+                              t.tensor.raw(), t.tensor.nbytes()),
+                  0)
+            << t.name;
+        covered[t.name] += t.tensor.numel();
+      }
+    ASSERT_EQ(covered.size(), reference.size());
+    for (const auto& [name, t] : reference) EXPECT_EQ(covered[name], t.numel()) << name;
+  }
+}
+
+}  // namespace
+}  // namespace kiln
