@@ -103,6 +103,20 @@ TEST(MlaMixer, UnsupportedOptionsAreRefusedByKey) {
   EXPECT_EQ(rank.rfind("[model.mla.kv_rank]", 0), 0u) << rank;
 }
 
+// A GPU build is refused (planning allocates nothing, so no GPU is needed to see it), under
+// whichever key chose the layer's mixer.
+TEST(MlaMixer, GpuBuildIsRefusedByTheKeyThatChoseIt) {
+  BuildOptions gpu = tiny_build();
+  gpu.device = Device::cuda, gpu.dtype = DType::f32;
+  const ModelConfig first = with_mla(tiny_config(true, true), 2, "gqa", 4, 4);
+  const std::string e = error_of([&] { const Model m(first, gpu); });
+  EXPECT_EQ(e.rfind("[model.attention] 'mla' is CPU-only", 0), 0u) << e;
+  ModelConfig alt = tiny_config(true, true);
+  alt.alt_attention = "mla", alt.alt_attention_layers = "1";
+  const std::string a = error_of([&] { const Model m(alt, gpu); });
+  EXPECT_EQ(a.rfind("[model.alt_attention] 'mla' is CPU-only", 0), 0u) << a;
+}
+
 // Every parameter N(0, 0.3) (gains around 1): no part of the math trivial.
 void randomize(Model& m, uint64_t seed) {
   Rng rng(seed);
