@@ -48,6 +48,8 @@ const Refused kRefused[] = {
        c.alt_attention_layers = "1";
      },
      "model.alt_attention = 'kda'"},
+    // NoPE MLA: no stock family kiln exports has it.
+    {"mla", [](ModelConfig& c) { c.attention = "mla"; }, "model.attention = 'mla'"},
 };
 
 // Runs an export expected to be refused; checks the one line it prints names what it must.

@@ -79,6 +79,14 @@ struct KdaConfig {
   int64_t gate_rank = 0;    // the low-rank decay and output gates' inner width; 0 = head_dim
 };
 
+// NoPE multi-head latent attention's keys ([model.mla]; the token mixer "mla",
+// nn/mla_mixer.h, docs/mla.md). 0 = the default named beside each; heads are model.heads.
+struct MlaConfig {
+  int64_t kv_rank = 0;      // the latent c's width (what decode caches); 0 = model.hidden / 4
+  int64_t qk_head_dim = 0;  // d_qk per head; 0 = model.head_dim
+  int64_t v_head_dim = 0;   // d_v per head; 0 = model.head_dim
+};
+
 struct ModelConfig {
   std::string name = "qwen3-byte-tiny";
   int64_t vocab_size = 259;        // byte-level: 256 bytes + BOS, EOS, PAD
@@ -136,6 +144,7 @@ struct ModelConfig {
   MoeConfig moe;                   // [model.moe]: used by layers whose MLP is "moe"
   MtpConfig mtp;                   // [model.mtp]: multi-token prediction (training only)
   KdaConfig kda;                   // [model.kda]: used by layers whose token mixer is "kda"
+  MlaConfig mla;                   // [model.mla]: used by layers whose token mixer is "mla"
 };
 
 // One source of a weighted mixture ([[data.sources]], docs/data.md "Mixtures"): any path

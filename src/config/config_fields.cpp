@@ -151,6 +151,10 @@ const std::array kFields = {
                "kda mixer: the causal depthwise convolution's width over q, k, v"),
     KILN_FIELD(model.kda, gate_rank, non_negative(), "kda mixer: the low-rank decay and output gates' width; 0 = head_dim"),
 
+    KILN_FIELD(model.mla, kv_rank, non_negative(), "mla mixer: the cached latent's width; 0 = model.hidden / 4"),
+    KILN_FIELD(model.mla, qk_head_dim, non_negative(), "mla mixer: query/key width per head; 0 = model.head_dim"),
+    KILN_FIELD(model.mla, v_head_dim, non_negative(), "mla mixer: value width per head; 0 = model.head_dim"),
+
     KILN_FIELD(data, path, non_empty().as(ConfigRule::kPath),
                "training data: a file, directory or glob (text, JSONL, .zst/.gz, Parquet, .arrow/HF save_to_disk, shards, .bin)"),
     KILN_FIELD(data, tokenizer, non_empty().as(ConfigRule::kTokenizer),
@@ -280,8 +284,8 @@ const std::array kFields = {
 #undef KILN_ROLE_FIELDS
 #undef KILN_FIELD
 
-constexpr std::array<std::string_view, 21> kSections = {
-    "model",        "model.rope",   "model.moe",    "model.mtp",    "model.kda",    "data",        "train",
+constexpr std::array<std::string_view, 22> kSections = {
+    "model",        "model.rope",   "model.moe",    "model.mtp",    "model.kda",    "model.mla",    "data",        "train",
     "optim",        "optim.embedding", "optim.head", "optim.matrix", "optim.expert", "optim.router", "optim.norm",
     "optim.bias",   "optim.muon",   "optim.qk_clip", "log",         "checkpoint",  "eval",
     "dist"};

@@ -32,6 +32,7 @@ MixerRegistry& mixer_registry() {
     auto* r = new MixerRegistry("token mixer");
     register_gqa_attention(*r);
     register_kda_mixer(*r);
+    register_mla_mixer(*r);
     return r;
   }();
   return *registry;

@@ -49,6 +49,7 @@ void register_dyt_norm(NormRegistry& registry);
 void register_rope(PositionRegistry& registry);
 void register_gqa_attention(MixerRegistry& registry);
 void register_kda_mixer(MixerRegistry& registry);
+void register_mla_mixer(MixerRegistry& registry);
 void register_swiglu_mlp(MlpRegistry& registry);
 void register_geglu_mlp(MlpRegistry& registry);
 void register_ungated_mlps(MlpRegistry& registry);

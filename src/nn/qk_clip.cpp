@@ -36,11 +36,13 @@ void QkClip::after_step(bool applied) {
       // The fused projection's q rows, then its k rows (left alone when key heads are shared).
       const bool keys = sharing_ == ops::QkClipSharing::per_head;
       const int64_t q_rows = hq_ * d_, k_rows = hkv_ * d_;
+      const Tensor* k_own = weights_.k_master;
       for (const Tensor* w : {weights_.qkv_master, weights_.qkv_bias}) {
         if (w == nullptr || !w->defined()) continue;
         ops::scale_head_rows(exec_, w->rows(0, q_rows), q_factors_, d_);
-        if (keys) ops::scale_head_rows(exec_, w->rows(q_rows, q_rows + k_rows), k_factors_, d_);
+        if (keys && k_own == nullptr) ops::scale_head_rows(exec_, w->rows(q_rows, q_rows + k_rows), k_factors_, d_);
       }
+      if (keys && k_own != nullptr) ops::scale_head_rows(exec_, k_own->rows(0, k_rows), k_factors_, d_);
     }
   }
   ops::take_max_logits(exec_, step_keys_, last_keys_);

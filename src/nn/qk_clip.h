@@ -23,6 +23,9 @@ namespace kiln {
 struct QkClipWeights {
   const Tensor* qkv_master = nullptr;  // [(Hq + 2 Hkv) D, hidden] fp32: q rows, then k rows, then v rows
   const Tensor* qkv_bias = nullptr;    // [(Hq + 2 Hkv) D] fp32, or null
+  // The key rows in a weight of their own ([Hkv D, cols] first, as MLA's k_b_proj): then
+  // qkv_master holds only the q rows and this the k rows.
+  const Tensor* k_master = nullptr;
   // Under q/k norms: the tensors that set each side's scale ([D] gains; DyT's gain and
   // bias), and whether a gain is stored as w of 1 + w (Gemma's norm).
   std::vector<const Tensor*> q_gains, k_gains;

@@ -1,0 +1,61 @@
+// NoPE multi-head latent attention as a token mixer (registry name "mla"; DeepSeek-V2's
+// MLA without its rotary part, as the K3-style hybrids interleave it with KDA), per layer:
+//   q_h      = (W_q x)_h                       d_qk per head (no low-rank query path)
+//   c        = RMSNorm(W_kva x) * gain         the latent, model.mla.kv_rank wide
+//   k_h, v_h = (W_kb c)_h, (W_vb c)_h          d_qk and d_v per head (they may differ)
+//   o_h      = causal softmax(q_h k_h^T / sqrt(d_qk)) v_h   per document of a packed batch
+//   out      = W_o concat_h(o_h)
+// No position encoding at all (the layer is NoPE whatever model.position says). Heads are
+// model.heads; W_kb and W_vb are one fused weight, the k rows first (k_b_proj, v_b_proj).
+// The attention is kiln's packed causal attention op, on q, k and v zero-padded to one
+// head width max(d_qk, d_v) (ops/mla/mla_heads.h).
+//
+// CPU only (f32, f64): a GPU build is refused naming the key that chose it, and so are
+// exports (no stock family has a NoPE MLA layer). QK-Clip: per head, the head's q rows of
+// W_q and k rows of W_kb scaled by sqrt(tau / max) each; W_vb untouched.
+//
+// Decode (mla_mixer_decode.cpp): caches the latent c per position (r numbers, not k and
+// v), with W_kb absorbed into the query and W_vb applied after the weighted sum of latents.
+#pragma once
+
+#include "nn/modules.h"
+#include "nn/qk_clip.h"
+#include "ops/attention/attention.h"
+
+namespace kiln {
+
+class MlaMixer final : public TokenMixer {
+ public:
+  MlaMixer(BuildContext& ctx, const LayerSpec& layer);
+
+  void forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) override;
+  void backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq, const Tensor& dx) override;
+  std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override;
+  double extra_forward_flops_per_token(int64_t seq_len) const override;
+  void export_config(ExportConfig& out) const override;
+  bool clips_qk() const override { return true; }  // its QkClip, when training asks for one
+  void after_step(bool applied) override;
+  void report(std::vector<std::pair<std::string, double>>& out) const override;
+
+ private:
+  friend class MlaDecoder;
+  ops::AttentionOptions attention_options(const SeqInfo& seq) const;
+  // The key and value rows of the fused up-projection (views of kvb_w_ or its gradient).
+  Tensor k_rows(const Tensor& w) const { return w.rows(0, h_ * dqk_); }
+  Tensor v_rows(const Tensor& w) const { return w.rows(h_ * dqk_, h_ * (dqk_ + dv_)); }
+
+  const ExecContext& exec_;
+  Workspace& workspace_;
+  const LossContext* losses_;     // whether a forward is a training one (QK-Clip measures those)
+  std::unique_ptr<QkClip> clip_;  // training with [optim.qk_clip]
+  std::string key_;               // model.attention or model.alt_attention: its refusals name it
+  int64_t h_ = 0, dqk_ = 0, dv_ = 0, d_ = 0, rank_ = 0;  // d_ = max(dqk_, dv_): attention's width
+  double norm_eps_ = 1e-6;
+  ops::AttentionOptions options_;  // scale 1/sqrt(d_qk)
+  Tensor q_w_, q_g_, kva_w_, kva_g_, gain_, gain_g_, kvb_w_, kvb_g_, o_w_, o_g_;
+  // Saved by forward: the latent before and after its norm (and the norm's rstd), the padded
+  // q, k, v, the attention's output and its softmax statistics.
+  Tensor a_, c_, rstd_, q_, k_, v_, o_, lse_;
+};
+
+}  // namespace kiln
