@@ -4,7 +4,8 @@
 //     same function, since every step between is linear or per-expert), with every router;
 //   - every parameter's gradient against fp64 finite differences, balance and z losses on;
 //   - parameter names, shapes and the total and active counts, worked out by hand;
-//   - the KV-cache decoder against the full forward;
+//   - recomputed blocks against kept activations, and the KV-cache decoder against the
+//     full forward;
 //   - a GPU build and an export refused by the key's name;
 //   - a short training run through the `kiln` binary whose loss falls.
 #include "export_fixture.h"
@@ -156,6 +157,27 @@ TEST(LatentMoe, SigmoidBiasModelWithSharedExpertMatchesFiniteDifferences) {
   check_latent_gradient(latent_config("sigmoid_bias", 5));
 }
 
+// Recomputed blocks (BuildOptions::recompute_blocks) refill the latent's saved buffers:
+// the same loss and gradients to the bit as keeping them.
+TEST(LatentMoe, RecomputedBlocksGiveTheSameGradients) {
+  std::vector<std::vector<double>> grads[2];
+  double losses[2] = {0, 0};
+  for (int recompute : {0, 1}) {
+    BuildOptions o = tiny_build();
+    o.recompute_blocks = recompute * 2;
+    Model m(latent_config("softmax_topk", 5), o);
+    m.allocate();
+    init_tiny_model(m, 5);
+    m.load_batch(pack_docs(three_docs(), 4));
+    m.zero_grads();
+    losses[recompute] = m.forward_backward(0.1).loss;
+    for (const auto& p : m.parameters())
+      if (p->trainable()) grads[recompute].push_back(values_of(p->grad()));
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(grads[0], grads[1]);
+}
+
 // Names and shapes; and the counts against a dense twin (model.mlp = swiglu, width 12),
 // so that only the MLPs differ, per layer by hand:
 //   router E d = 4 x 8 = 32, W_down L d = 3 x 8 = 24, W_up d L = 24, shared 3 S d = 3 x 5 x 8
@@ -281,9 +303,9 @@ TEST(LatentMoe, ShortTrainingRunLearns) {
       " --set model.head_dim=16 --set model.max_seq_len=128 --set model.mlp=moe --set model.moe.experts=4"
       " --set model.moe.top_k=2 --set model.moe.expert_hidden=64 --set model.moe.latent_width=32"
       " --set model.moe.shared_hidden=64 --set model.moe.aux_loss=0.01 --set model.moe.z_loss=0.001"
-      " --set train.micro_batch_tokens=1024 --set train.steps=120 --set optim.warmup_steps=20 --set optim.lr=3e-3"
+      " --set train.micro_batch_tokens=1024 --set train.steps=300 --set optim.warmup_steps=20 --set optim.lr=3e-3"
       " --set train.eval_every=0 --set train.eval_batches=2 --set train.sample_every=0 --set train.sample_tokens=20"
-      " --set log.every=40 --set train.threads=2 --set checkpoint.every=0";
+      " --set log.every=100 --set train.threads=2 --set checkpoint.every=0";
   std::string output;
   ASSERT_EQ(run_command(command, &output), 0) << output;
   std::vector<double> losses;
@@ -296,9 +318,11 @@ TEST(LatentMoe, ShortTrainingRunLearns) {
     losses.push_back(j["loss"].get<double>());
     last = j;
   }
-  ASSERT_EQ(losses.size(), 3u) << output;  // steps 40, 80, 120
-  EXPECT_GT(losses.front(), losses.back() + 0.3) << output;
-  EXPECT_LT(losses.back(), 3.0) << output;
+  ASSERT_EQ(losses.size(), 3u) << output;  // steps 100, 200, 300
+  // Past the byte unigram plateau (~3.3): seeds 1 and 2 went 3.38 / 3.37 at step 100 to
+  // 2.47 / 2.44 at step 300.
+  EXPECT_GT(losses.front(), losses.back() + 0.6) << output;
+  EXPECT_LT(losses.back(), 2.7) << output;
   EXPECT_TRUE(last.contains("moe.0.load_max")) << last.dump();
 }
 
