@@ -22,6 +22,7 @@ struct MoeConfig {
   int64_t top_k = 2;                   // experts per token
   int64_t expert_hidden = 128;         // each routed expert's SwiGLU width (moe_intermediate_size)
   int64_t shared_hidden = 0;           // the shared expert's SwiGLU width, applied to every token; 0 = none
+  int64_t latent_width = 0;            // LatentMoE: routed experts work in a projected latent of this width; 0 = off
   std::string router = "softmax_topk"; // registry: routers
   bool norm_topk_prob = true;          // routing weights renormalized over the chosen experts
   double routed_scaling = 1.0;         // routing weights x this (DeepSeek-V3's routed_scaling_factor)

@@ -120,6 +120,8 @@ const std::array kFields = {
     KILN_FIELD(model.moe, top_k, positive(), "experts per token"),
     KILN_FIELD(model.moe, expert_hidden, positive(), "each routed expert's SwiGLU width"),
     KILN_FIELD(model.moe, shared_hidden, non_negative(), "the always-on shared expert's width; 0 = none"),
+    KILN_FIELD(model.moe, latent_width, non_negative().up_to(kMaxWidth, "a latent wider than any model width"),
+               "LatentMoE: the routed experts' latent width (x projected down, their sum up); 0 = off"),
     KILN_FIELD(model.moe, router, none(), "registry: routers"),
     KILN_FIELD(model.moe, norm_topk_prob, none(), "renormalize the routing weights over the chosen experts"),
     KILN_FIELD(model.moe, routed_scaling, positive(), "routing weights x this"),

@@ -22,6 +22,10 @@
 namespace kiln {
 
 void MoeMlp::export_config(ExportConfig& out) const {
+  // LatentMoE: neither stock family projects its experts' input and output.
+  if (latent())
+    out.refuse("model.moe.latent_width", std::to_string(moe_.latent_width),
+               "no exported family (Qwen3-MoE, Dots1) has LatentMoE's latent projections");
   // expert_choice: no stock model can compute a router that reads later tokens.
   if (const std::string why = router_->not_causal(); !why.empty())
     out.refuse("model.moe.router", "'" + moe_.router + "'", why);

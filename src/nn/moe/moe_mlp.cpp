@@ -3,6 +3,14 @@
 // weights, plus an optional shared expert every token passes:
 //   logits = x Wr^T (fp32);  (experts, weights) = router(logits)
 //   out = sum_j weights_j SwiGLU_{experts_j}(x) + SwiGLU_shared(x)
+//
+// LatentMoE (model.moe.latent_width = L > 0; Nemotron-3's LatentMoE, seed 001): the routed
+// experts work in a latent of width L, the router and the shared expert on x itself:
+//   z = W_down x [L];  out = W_up (sum_j weights_j SwiGLU_{experts_j}(z)) + SwiGLU_shared(x)
+// Each expert's gate|up is then [2F, L] and its down [L, F]. The weight multiplies the
+// expert's output, which equals applying it to the activation before the down projection
+// (seed 001's form): the projection is linear and has no bias. CPU only for now.
+//
 // Dropless by default: an expert takes every token routed to it; with
 // model.moe.capacity_factor a token-choice router's expert keeps at most ceil(cf T k / E)
 // of a training micro-batch's pairs, the first in token order (Switch / GShard), the rest
@@ -44,6 +52,11 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   const ModelConfig& m = *layer.model;
   const int64_t t = ctx.max_tokens, d = m.hidden, e_count = moe_.experts, k = moe_.top_k, f = moe_.expert_hidden;
   hidden_ = d;
+  expert_io_ = latent() ? moe_.latent_width : d;
+  if (latent())
+    KILN_CHECK(ctx.device == Device::cpu, "model.moe.latent_width",
+               "LatentMoE ({}) runs on the CPU only for now: its GPU path is untested; set it to 0 on the GPU",
+               moe_.latent_width);
   const NameScope n = layer.names.child("mlp.", "mlp.", "");
   const double out_std = residual_init_std(m);
   // The router: no weight decay (as the norms' gains; its scale is what routes).
@@ -58,11 +71,22 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
     gate.gguf_stack = up.gguf_stack = dn.gguf_stack = e;
     gate_up.push_back({gate, f});
     gate_up.push_back({up, f});
-    down.push_back({dn, d});
+    down.push_back({dn, expert_io_});
+  }
+  // LatentMoE's projections: always active (every token passes them), as the router.
+  if (latent()) {
+    const int64_t l = moe_.latent_width;
+    ctx.parameter(latent_down_w_, latent_down_g_, n("latent_down_proj.weight", "latent_down_proj.weight", "ffn_latent_down.weight"),
+                  Shape{l, d}, ParamRole::matrix, Init::normal(hidden_init_std(m)));
+    ctx.parameter(latent_up_w_, latent_up_g_, n("latent_up_proj.weight", "latent_up_proj.weight", "ffn_latent_up.weight"),
+                  Shape{d, l}, ParamRole::matrix, Init::normal(out_std));
+    ctx.saved(latent_in_, Shape{t, l});
+    ctx.saved(latent_sum_, Shape{t, l});
   }
   const size_t first_expert = ctx.parameters.size();
-  ctx.fused_parameter(gate_up_w_, gate_up_g_, gate_up, d, ParamRole::expert, Init::normal(hidden_init_std(m)));
-  ctx.fused_parameter(down_w_, down_g_, down, f, ParamRole::expert, Init::normal(out_std));
+  ctx.fused_parameter(gate_up_w_, gate_up_g_, gate_up, expert_io_, ParamRole::expert, Init::normal(hidden_init_std(m)));
+  // The residual's scale goes to whichever matrix writes the branch's output: W_up in LatentMoE.
+  ctx.fused_parameter(down_w_, down_g_, down, f, ParamRole::expert, Init::normal(latent() ? hidden_init_std(m) : out_std));
   const double active = static_cast<double>(k) / static_cast<double>(e_count);
   for (size_t i = first_expert; i < ctx.parameters.size(); ++i) ctx.parameters[i]->set_active_fraction(active);
   if (moe_.shared_hidden > 0) {
@@ -93,7 +117,7 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   ctx.buffer(dispatch_.pair_of_row, Shape{rows}, DType::i32);
   ctx.buffer(dispatch_.row_of_pair, Shape{t * slots_}, DType::i32);
   ctx.saved(gate_up_, Shape{rows, 2 * f});
-  ctx.saved(expert_out_, Shape{rows, d});
+  ctx.saved(expert_out_, Shape{rows, expert_io_});
   ctx.step_statistic(step_counts_, Shape{e_count}, DType::i32, StepReduction::sum);
   ctx.step_statistic(step_entropy_, Shape{2}, DType::f64, StepReduction::sum);
   ctx.step_buffer(last_counts_, Shape{e_count}, DType::i32);
@@ -113,11 +137,12 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
                                                      bytes(ctx.dtype, Shape{t, d})
                                                : 0;
   // Also the router's backward scratch [T, E] (wide) and the logits' gradient in the compute
-  // dtype (the mixed path's bf16 products read it).
-  ctx.workspace.reserve_peak(3 * bytes(ctx.dtype, Shape{rows, d}) + bytes(ctx.dtype, Shape{rows, f}) +
+  // dtype (the mixed path's bf16 products read it). LatentMoE: the latent's two gradients.
+  const size_t latent_grads = latent() ? 2 * bytes(ctx.dtype, Shape{t, moe_.latent_width}) : 0;
+  ctx.workspace.reserve_peak(3 * bytes(ctx.dtype, Shape{rows, expert_io_}) + bytes(ctx.dtype, Shape{rows, f}) +
                              bytes(ctx.dtype, Shape{rows, 2 * f}) + bytes(ctx.master_dtype, Shape{t, slots_}) +
                              3 * bytes(ctx.master_dtype, Shape{t, e_count}) + bytes(ctx.dtype, Shape{t, e_count}) +
-                             shared);
+                             shared + latent_grads);
 }
 
 MoeMlp::~MoeMlp() = default;
@@ -139,6 +164,9 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   const bool counted = losses_.backward && !losses_.recomputing;
   if (losses_.backward && router_->capacity_drops()) d.capacity = expert_capacity(moe_, t, moe_.capacity_factor);
   if (counted) d.dropped = step_dropped_;
+  // The experts read `in` and sum into `routed`: x and out, or LatentMoE's latent.
+  const Tensor in = latent() ? latent_in_.rows(0, t) : x, routed = latent() ? latent_sum_.rows(0, t) : out;
+  if (latent()) ops::linear_forward(exec_, x, latent_down_w_, Tensor(), in);
   ops::router_logits(exec_, x, router_w_, logits);
   router_->route(logits, routes, probs, router_saved_.rows(0, t), losses_.backward);
   ops::moe_dispatch(exec_, routes.experts, d);
@@ -146,14 +174,15 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
     ops::moe_accumulate_counts(exec_, d.counts, step_counts_);
     ops::routing_entropy_sum(exec_, probs, step_entropy_);
   }
-  const Tensor grouped = scope.take(x.dtype(), Shape{rows, hidden_});
+  const Tensor grouped = scope.take(x.dtype(), Shape{rows, expert_io_});
   const Tensor gate_up = gate_up_.rows(0, rows), act = scope.take(x.dtype(), Shape{rows, f});
   const Tensor y = expert_out_.rows(0, rows);
-  ops::moe_gather(exec_, x, d, grouped);
+  ops::moe_gather(exec_, in, d, grouped);
   ops::moe_grouped_linear_forward(exec_, grouped, gate_up_w_, d, gate_up);
   ops::swiglu_forward(exec_, gate_up, act);
   ops::moe_grouped_linear_forward(exec_, act, down_w_, d, y);
-  ops::moe_combine(exec_, y, routes.weights, d, out);
+  ops::moe_combine(exec_, y, routes.weights, d, routed);
+  if (latent()) ops::linear_forward(exec_, routed, latent_up_w_, Tensor(), out);
   if (moe_.shared_hidden > 0) {
     const Tensor sgu = shared_gate_up_.rows(0, t), sact = scope.take(x.dtype(), Shape{t, moe_.shared_hidden});
     const Tensor sout = scope.take(x.dtype(), Shape{t, hidden_});
@@ -186,20 +215,32 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   const ops::MoeDispatch d = dispatch_rows(t);
   const Tensor gate_up = gate_up_.rows(0, rows), y = expert_out_.rows(0, rows);
   const DType dt = dout.dtype(), wide = logits.dtype();
-  // out = combine(y, weights): the experts' output rows' and the weights' gradients.
-  const Tensor dy = scope.take(dt, Shape{rows, hidden_});
+  // LatentMoE: out = W_up routed, so the routed sum's gradient is dout W_up.
+  Tensor drouted = dout;
+  if (latent()) {
+    drouted = scope.take(dt, Shape{t, moe_.latent_width});
+    ops::linear_backward(exec_, latent_sum_.rows(0, t), latent_up_w_, dout, drouted, latent_up_g_, Tensor());
+  }
+  // routed = combine(y, weights): the experts' output rows' and the weights' gradients.
+  const Tensor dy = scope.take(dt, Shape{rows, expert_io_});
   const Tensor dweights = scope.take(wide, Shape{t, slots_});
-  ops::moe_combine_backward(exec_, y, routes.weights, dout, d, dy, dweights);
+  ops::moe_combine_backward(exec_, y, routes.weights, drouted, d, dy, dweights);
   // The experts: as SwigluMlp's backward, per expert on the grouped rows.
   const Tensor dact = scope.take(dt, Shape{rows, f});
   const Tensor dgate_up = scope.take(dt, Shape{rows, 2 * f});
   ops::moe_grouped_linear_backward(exec_, dact, down_w_, dy, d, dact, Tensor());
   ops::swiglu_backward(exec_, gate_up, dact, dgate_up, dact);  // dact then holds the activation again
   ops::moe_grouped_linear_backward(exec_, dact, down_w_, dy, d, Tensor(), down_g_);
-  const Tensor grouped = scope.take(dt, Shape{rows, hidden_}), dgrouped = scope.take(dt, Shape{rows, hidden_});
-  ops::moe_gather(exec_, x, d, grouped);
+  const Tensor grouped = scope.take(dt, Shape{rows, expert_io_}), dgrouped = scope.take(dt, Shape{rows, expert_io_});
+  ops::moe_gather(exec_, latent() ? latent_in_.rows(0, t) : x, d, grouped);
   ops::moe_grouped_linear_backward(exec_, grouped, gate_up_w_, dgate_up, d, dgrouped, gate_up_g_);
-  ops::moe_gather_backward(exec_, dgrouped, d, dx, false);
+  if (latent()) {  // z = W_down x: the latent's gradient back to x (dx =) and W_down
+    const Tensor dz = scope.take(dt, Shape{t, moe_.latent_width});
+    ops::moe_gather_backward(exec_, dgrouped, d, dz, false);
+    ops::linear_backward(exec_, x, latent_down_w_, dz, dx, latent_down_g_, Tensor());
+  } else {
+    ops::moe_gather_backward(exec_, dgrouped, d, dx, false);
+  }
   if (moe_.shared_hidden > 0) {
     const int64_t s = moe_.shared_hidden;
     const Tensor sgu = shared_gate_up_.rows(0, t);
@@ -270,7 +311,8 @@ std::unique_ptr<BranchDecoder> MoeMlp::make_decoder(DecodeContext& ctx, const No
 }
 
 void register_moe_mlp(MlpRegistry& registry) {
-  registry.add("moe", "routed SwiGLU experts + optional shared expert ([model.moe]; DeepSeekMoE / Qwen3-MoE)",
+  registry.add("moe", "routed SwiGLU experts + optional shared expert ([model.moe]; DeepSeekMoE / Qwen3-MoE; "
+               "LatentMoE with model.moe.latent_width)",
                [](BuildContext& ctx, const LayerSpec& layer) { return std::make_unique<MoeMlp>(ctx, layer); });
 }
 

@@ -1,4 +1,5 @@
-// The sparse MLP (registry "moe"): see moe_mlp.cpp.
+// The sparse MLP (registry "moe"), and its LatentMoE form (model.moe.latent_width): see
+// moe_mlp.cpp.
 #pragma once
 
 #include "nn/modules.h"
@@ -44,6 +45,10 @@ class MoeMlp final : public Mlp {
   Workspace& workspace_;
   LossContext& losses_;
   int64_t layer_ = 0, hidden_ = 0;
+  // The routed experts' input and output width: model.moe.latent_width with LatentMoE's
+  // projections, else the model's (hidden_).
+  int64_t expert_io_ = 0;
+  bool latent() const { return moe_.latent_width > 0; }
   int aux_slot_ = -1, z_slot_ = -1;  // loss slots of the balance loss and the z-loss (-1: off)
   std::unique_ptr<Router> router_;
   Tensor router_w_, router_g_;                  // [E, d]
@@ -51,13 +56,17 @@ class MoeMlp final : public Mlp {
   Tensor down_w_, down_g_;                      // [E d, F]
   Tensor shared_gate_up_w_, shared_gate_up_g_;  // [2S, d]
   Tensor shared_down_w_, shared_down_g_;        // [d, S]
+  Tensor latent_down_w_, latent_down_g_;        // LatentMoE [L, d]: x into the experts' latent
+  Tensor latent_up_w_, latent_up_g_;            // LatentMoE [d, L]: their weighted sum back out
   Tensor logits_, probs_;                       // saved [T, E] wide
   Tensor router_saved_;                         // saved [T, E] wide: what the router keeps for backward
   ops::Routes routes_;                          // saved: experts i32 [T, S], weights [T, S] wide
   ops::MoeDispatch dispatch_;                   // saved: counts [E], offsets [E + 1], permutation [R], [T S]
   Tensor gate_up_;                              // saved [R, 2F]: the experts' pre-activations (R: grouped rows)
-  Tensor expert_out_;                           // saved [R, d]: the experts' outputs (rows of the grouped layout)
+  Tensor expert_out_;                           // saved [R, d or L]: the experts' outputs (rows of the grouped layout)
   Tensor shared_gate_up_;                       // saved [T, 2S]
+  Tensor latent_in_;                            // LatentMoE, saved [T, L]: x projected down
+  Tensor latent_sum_;                           // LatentMoE, saved [T, L]: the experts' weighted sum
   // The load diagnostics (ops/moe/load_stats.h), on the model's device so that a captured
   // step adds to them without a host read; report() reads them back at log steps only.
   Tensor step_counts_;   // i32 [E]: choices per expert over the step's micro-batches
