@@ -106,6 +106,24 @@ TEST(Gloo, AllReduceSumAndMaxOfEachTypeAndBroadcast) {
   }
 }
 
+// In place: each rank writes only its own chunk, and every rank ends with all of them.
+TEST(Gloo, AllGatherInPlaceGivesEveryRankEveryChunk) {
+  const int world = 3, port = free_loopback_port();
+  std::vector<std::vector<int32_t>> gathered(world);
+  const auto errors = run_ranks(world, [&](int r) {
+    ProcessGroup group(placement(r, world, port), Device::cpu, 10000ms);
+    std::vector<int32_t> chunks(6, -1);  // 2 values per rank; the others' left at -1 here
+    chunks[static_cast<size_t>(2 * r)] = 10 * r;
+    chunks[static_cast<size_t>(2 * r + 1)] = 10 * r + 1;
+    group.host().all_gather(chunks.data(), 2 * sizeof(int32_t), "test gather");
+    gathered[static_cast<size_t>(r)] = chunks;
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "");
+    EXPECT_EQ(gathered[static_cast<size_t>(r)], (std::vector<int32_t>{0, 1, 10, 11, 20, 21}));
+  }
+}
+
 // Issue 38: the error named the collective, not the rank it waited for. Rank 1 is alive
 // (its heartbeat goes on) but never calls the collective: named as such.
 TEST(Gloo, ARankThatNeverComesTimesTheOthersOutNamingTheCollectiveAndTheRank) {

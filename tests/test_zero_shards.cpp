@@ -9,7 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <map>
 #include <vector>
 
@@ -67,18 +69,44 @@ TEST(ZeroShards, EveryElementIsOneRanksAndCutsFallOnBlocks) {
   }
 }
 
-// W ranks' sharded AdamW updates, simulated in one process over one model: each rank's
+// A tensor kept whole (Muon's matrices) is one rank's, and the cuts still balance the
+// shards within half the largest such tensor.
+TEST(ZeroShards, TensorsKeptWholeAreNeverCut) {
+  Model model(shard_config(), shard_build());
+  OptimConfig optim;
+  optim.name = "muon";
+  for (int world : {2, 3, 5}) {
+    SCOPED_TRACE(::testing::Message() << world << " ranks");
+    const ParameterShards shards = make_parameter_shards(optim, model.parameters(), 1.0, world);
+    int64_t largest_whole = 0, whole_pieces = 0;
+    for (const auto& p : model.parameters())
+      if (p->trainable() && p->role() == ParamRole::matrix) largest_whole = std::max(largest_whole, p->shape().numel());
+    for (int r = 0; r < world; ++r) {
+      for (const ParameterPiece& piece : shards.pieces(r))
+        if (piece.parameter->role() == ParamRole::matrix) {
+          EXPECT_EQ(piece.count, piece.parameter->shape().numel()) << piece.parameter->name();
+          ++whole_pieces;
+        }
+      const int64_t size = shards.bound(r + 1) - shards.bound(r);
+      EXPECT_LE(std::abs(size - shards.total() / world), largest_whole / 2 + adamw_lowmem::kBlock + 1);
+    }
+    EXPECT_GT(whole_pieces, 0);
+  }
+}
+
+// W ranks' sharded updates, simulated in one process over one model: each rank's
 // optimizer updates its shard from the same gradients; the union of their results equals
-// one whole optimizer's update, bit for bit, with fp32 and with int8 moments.
-TEST(ZeroShards, ShardedAdamWUpdatesEqualOneWholeUpdate) {
-  for (const char* state : {"fp32", "int8"}) {
+// one whole optimizer's update, bit for bit, with fp32 and int8 moments and with Muon.
+TEST(ZeroShards, ShardedUpdatesEqualOneWholeUpdate) {
+  for (const char* state : {"fp32", "int8", "muon"}) {
     SCOPED_TRACE(state);
     OptimConfig optim;
-    optim.adamw_state = state;
+    if (std::string(state) == "muon") optim.name = "muon";  // matrices whole per rank, AdamW for the rest
+    else optim.adamw_state = state;
     Model whole_model(shard_config(), shard_build());
     Model sharded_model(shard_config(), shard_build());
     const int world = 3;
-    const ParameterShards shards(trainable_of(sharded_model), world, adamw_lowmem::kBlock);
+    const ParameterShards shards = make_parameter_shards(optim, sharded_model.parameters(), 1.0, world);
     auto whole = make_optimizer(whole_model.exec(), optim, whole_model.parameters(), 1.0);
     std::vector<std::unique_ptr<Optimizer>> ranks;
     for (int r = 0; r < world; ++r)
@@ -86,7 +114,8 @@ TEST(ZeroShards, ShardedAdamWUpdatesEqualOneWholeUpdate) {
     Arena whole_state("whole state", Device::cpu), rank_state("rank state", Device::cpu);
     whole->plan(whole_state);
     for (auto& o : ranks) o->plan(rank_state);
-    EXPECT_LT(rank_state.planned_bytes(), whole_state.planned_bytes() * 3 / 2);  // not 3 copies
+    if (optim.name == "adamw")  // Muon's ranks each plan Newton-Schulz workspace too
+      EXPECT_LT(rank_state.planned_bytes(), whole_state.planned_bytes() * 3 / 2);  // not 3 copies
     for (Model* m : {&whole_model, &sharded_model}) {
       m->allocate();
       m->init_weights(11);

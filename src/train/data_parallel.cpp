@@ -1,7 +1,6 @@
 #include "train/data_parallel.h"
 
 #include "core/phase_scope.h"
-#include "ops/optim/adamw_lowmem_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,16 +8,13 @@
 
 namespace kiln {
 
-DataParallel::DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb, int zero)
-    : group_(group), model_(model), bucket_mb_(bucket_mb) {
-  if (zero == 0) return;
-  KILN_CHECK(group.device().device() == Device::cpu, "dist.zero",
+DataParallel::DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb,
+                           std::unique_ptr<ParameterShards> shards)
+    : group_(group), model_(model), bucket_mb_(bucket_mb), shards_(std::move(shards)) {
+  KILN_CHECK(!shards_ || group.device().device() == Device::cpu, "dist.zero",
              "ZeRO runs on the CPU (Gloo) so far; on the GPU use dist.zero = 0");
-  std::vector<const Parameter*> trainable;
-  for (const auto& p : model.parameters())
-    if (p->trainable()) trainable.push_back(p.get());
-  // Cuts on AdamW's int8 blocks: no block of a quantized moment is split between ranks.
-  shards_ = std::make_unique<ParameterShards>(trainable, group.world_size(), adamw_lowmem::kBlock);
+  KILN_CHECK(!shards_ || shards_->world_size() == group.world_size(), "dist.zero", "shards for {} ranks, {} run",
+             shards_ ? shards_->world_size() : 0, group.world_size());
 }
 
 DataParallel::~DataParallel() { model_.set_backward_progress({}); }

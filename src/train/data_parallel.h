@@ -30,8 +30,9 @@ namespace kiln {
 
 class DataParallel {
  public:
-  // bucket_mb: dist.bucket_mb (0: no buckets); zero: dist.zero.
-  DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb, int zero = 0);
+  // bucket_mb: dist.bucket_mb (0: no buckets); shards: ZeRO's (dist.zero = 1), null without.
+  DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb,
+               std::unique_ptr<ParameterShards> shards = nullptr);
   ~DataParallel();
 
   int rank() const { return group_.rank(); }

@@ -4,7 +4,6 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "nn/mup.h"
-#include "ops/optim/adamw_lowmem_math.h"
 #include "train/optimizer_groups.h"
 #include "train/parameter_shards.h"
 #include "train/training_build.h"
@@ -64,10 +63,8 @@ MemoryBudget plan_training_memory(const Config& config, Device device) {
 
 ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size) {
   const Model model(config.model, training_build_options(config, device));
-  std::vector<const Parameter*> trainable;
-  for (const auto& p : model.parameters())
-    if (p->trainable()) trainable.push_back(p.get());
-  const ParameterShards shards(trainable, world_size, adamw_lowmem::kBlock);
+  const ParameterShards shards =
+      make_parameter_shards(config.optim, model.parameters(), mup_width_ratio(config.model), world_size);
   ZeroBudget b;
   for (int r = 0; r < world_size; ++r) {
     Arena state("optimizer", device);

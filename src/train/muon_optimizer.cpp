@@ -7,6 +7,7 @@
 // name ("<parameter>.momentum_buffer").
 #include "ops/optim/muon.h"
 #include "train/optimizer_kinds.h"
+#include "train/parameter_shards.h"
 
 #include <algorithm>
 #include <cmath>
@@ -27,10 +28,12 @@ double update_scale(const std::string& scale, const Shape& shape) {
 
 class Muon final : public Optimizer {
  public:
-  explicit Muon(const OptimizerGroup& group) : exec_(*group.exec), index_(group.index), weight_decay_(group.weight_decay) {
-    // Orthogonalization needs whole matrices: ZeRO's Muon (whole matrices per rank) is not built yet.
-    KILN_CHECK(group.shards == nullptr, "dist.zero", "ZeRO does not shard Muon's state yet ({} uses muon); use "
-               "dist.zero = 0, or AdamW for every role", group.key());
+  explicit Muon(const OptimizerGroup& group)
+      : exec_(*group.exec),
+        device_(group.parameters.empty() ? Device::cpu : group.parameters.front()->value().device()),
+        sharded_(group.shards != nullptr),
+        index_(group.index),
+        weight_decay_(group.weight_decay) {
     const MuonConfig& c = group.config->muon;
     settings_.momentum = group.beta1;
     settings_.nesterov = c.nesterov;
@@ -39,6 +42,12 @@ class Muon final : public Optimizer {
     for (const Parameter* p : group.parameters) {
       KILN_CHECK(p->shape().rank() == 2, group.key(), "muon updates 2-D matrices only, got {} ({})", p->name(),
                  p->shape().str());
+      if (group.shards != nullptr) {  // ZeRO: the matrices this rank was given, each whole
+        const std::optional<ParameterPiece> piece = group.shards->piece(group.shard_rank, p);
+        if (!piece) continue;
+        KILN_CHECK(piece->count == p->shape().numel(), "dist.zero", "{} is cut between ranks: Muon needs it whole",
+                   p->name());
+      }
       slots_.push_back({p, Tensor(), update_scale(c.scale, p->shape())});
     }
   }
@@ -61,7 +70,7 @@ class Muon final : public Optimizer {
   int64_t steps_taken() const override { return steps_; }
   void set_steps_taken(int64_t steps) override { steps_ = steps; }
 
-  bool updates_on_device() const override { return !slots_.empty() && slots_[0].param->value().device() == Device::cuda; }
+  bool updates_on_device() const override { return device_ == Device::cuda; }
   void prepare_device_update(double lr, ops::DeviceUpdateScalars& scalars) const override {
     scalars.group[index_] = {static_cast<float>(lr), 1.0f, 1.0f};
   }
@@ -72,12 +81,16 @@ class Muon final : public Optimizer {
 
   std::vector<OptimizerStateTensor> state_tensors() const override {
     std::vector<OptimizerStateTensor> out;
-    for (const Slot& s : slots_) out.push_back({s.param->name() + ".momentum_buffer", s.momentum});
+    // Under ZeRO each buffer is whole, but only this rank's: a slice of the run's state.
+    for (const Slot& s : slots_)
+      out.push_back({s.param->name() + ".momentum_buffer", s.momentum, sharded_, s.param->shape(), 0});
     return out;
   }
 
  private:
   const ExecContext& exec_;
+  Device device_;  // its parameters'
+  bool sharded_;   // ZeRO: it updates this rank's matrices only
   struct Slot {
     const Parameter* param;
     Tensor momentum;

@@ -38,7 +38,8 @@ OptimizerRegistry& optimizer_registry() {
         {{kTrainedRoles.begin(), kTrainedRoles.end()}, false, [](const OptimConfig& c) { return c.beta1; }, true, true},
         make_adamw_optimizer);
     add("muon", "momentum orthogonalized by Newton-Schulz, for matrices (AdamW for the other roles)",
-        {{ParamRole::matrix, ParamRole::expert}, true, [](const OptimConfig& c) { return c.muon.momentum; }, false, false},
+        {{ParamRole::matrix, ParamRole::expert}, true, [](const OptimConfig& c) { return c.muon.momentum; }, false, false,
+         true},
         make_muon_optimizer);
     return r;
   }();

@@ -93,6 +93,9 @@ struct OptimizerTraits {
   // output grows with fan-in; Muon's update is orthogonalized and RMS-matched per shape, and
   // seed 004 transfers it unscaled.
   bool mup_scales_lr = false;
+  // Its update reads each tensor whole (Muon orthogonalizes a matrix): ZeRO gives each such
+  // tensor to one rank, never a part of it to several (train/parameter_shards.h).
+  bool whole_tensors = false;
 };
 const OptimizerTraits& optimizer_traits(const std::string& name);
 

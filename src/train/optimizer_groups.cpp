@@ -2,8 +2,10 @@
 
 #include "core/phase_scope.h"
 #include "nn/mup.h"
+#include "ops/optim/adamw_lowmem_math.h"
 
 #include <algorithm>
+#include <set>
 #include <tuple>
 
 namespace kiln {
@@ -151,6 +153,21 @@ std::unique_ptr<Optimizer> make_optimizer(const ExecContext& exec, const OptimCo
     g.shard_rank = shard_rank;
   }
   return std::make_unique<GroupedOptimizer>(std::move(groups));
+}
+
+ParameterShards make_parameter_shards(const OptimConfig& config, const ParameterList& parameters,
+                                      double mup_width_ratio, int world_size) {
+  std::set<const Parameter*> whole;
+  for (const OptimizerGroup& g : group_parameters(config, parameters, mup_width_ratio))
+    if (optimizer_traits(g.optimizer).whole_tensors) whole.insert(g.parameters.begin(), g.parameters.end());
+  std::vector<const Parameter*> trainable;
+  std::vector<bool> keep_whole;
+  for (const auto& p : parameters)
+    if (p->trainable()) {
+      trainable.push_back(p.get());
+      keep_whole.push_back(whole.count(p.get()) != 0);
+    }
+  return ParameterShards(trainable, world_size, adamw_lowmem::kBlock, keep_whole);
 }
 
 std::vector<std::string> describe_groups(const std::vector<OptimizerGroup>& groups, double lr) {

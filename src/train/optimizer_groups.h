@@ -6,6 +6,7 @@
 #pragma once
 
 #include "train/optimizer.h"
+#include "train/parameter_shards.h"
 
 #include <memory>
 #include <string>
@@ -20,6 +21,11 @@ namespace kiln {
 // whose fan-in is the width, so those roles form groups of their own.
 std::vector<OptimizerGroup> group_parameters(const OptimConfig& config, const ParameterList& parameters,
                                              double mup_width_ratio);
+
+// ZeRO's shards of `parameters` at `world_size` ranks (train/parameter_shards.h): cuts on
+// AdamW's int8 blocks, and the tensors of an optimizer that needs them whole (Muon) never cut.
+ParameterShards make_parameter_shards(const OptimConfig& config, const ParameterList& parameters,
+                                      double mup_width_ratio, int world_size);
 
 // `shards` (ZeRO; null: none): every group updates only rank `shard_rank`'s pieces.
 std::unique_ptr<Optimizer> make_optimizer(const ExecContext& exec, const OptimConfig& config,

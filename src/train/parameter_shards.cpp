@@ -6,8 +6,11 @@
 
 namespace kiln {
 
-ParameterShards::ParameterShards(const std::vector<const Parameter*>& trainable, int world_size, int64_t align) {
+ParameterShards::ParameterShards(const std::vector<const Parameter*>& trainable, int world_size, int64_t align,
+                                 const std::vector<bool>& keep_whole) {
   KILN_CHECK(world_size >= 1 && align >= 1, "dist.zero", "{} ranks, alignment {}", world_size, align);
+  KILN_CHECK(keep_whole.empty() || keep_whole.size() == trainable.size(), "dist.zero", "{} whole-tensor flags for {} tensors",
+             keep_whole.size(), trainable.size());
   std::vector<int64_t> starts;  // each parameter's first flat index
   int64_t total = 0;
   for (const Parameter* p : trainable) {
@@ -19,14 +22,17 @@ ParameterShards::ParameterShards(const std::vector<const Parameter*>& trainable,
   }
   if (!trainable.empty()) dtype_ = trainable.front()->value().dtype();
 
-  // Equal cuts, each moved back onto the alignment of the tensor it falls in.
+  // Equal cuts, each moved back onto the alignment of the tensor it falls in, or to the
+  // nearer end of a tensor kept whole.
   bounds_.assign(static_cast<size_t>(world_size) + 1, total);
   bounds_[0] = 0;
   for (int r = 1; r < world_size && total > 0; ++r) {
     const int64_t cut = total * r / world_size;
-    const auto inside = std::upper_bound(starts.begin(), starts.end(), cut) - 1;  // the tensor holding `cut`
-    const int64_t aligned = *inside + (cut - *inside) / align * align;
-    bounds_[static_cast<size_t>(r)] = std::max(bounds_[static_cast<size_t>(r) - 1], aligned);
+    const auto i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), cut) - starts.begin() - 1);
+    const int64_t start = starts[i], end = start + trainable[i]->shape().numel();  // the tensor holding `cut`
+    const int64_t moved = !keep_whole.empty() && keep_whole[i] ? (cut - start <= end - cut ? start : end)
+                                                               : start + (cut - start) / align * align;
+    bounds_[static_cast<size_t>(r)] = std::max(bounds_[static_cast<size_t>(r) - 1], moved);
   }
 
   pieces_.resize(static_cast<size_t>(world_size));

@@ -3,7 +3,10 @@
 // contiguous shards of nearly equal size; rank r updates (and keeps optimizer state for)
 // only the elements of shard r. A cut inside a tensor falls on a multiple of `align`
 // elements from the tensor's start, so a block-quantized moment's blocks (AdamW's int8
-// state, ops/optim/adamw_lowmem_math.h) are never split between two ranks.
+// state, ops/optim/adamw_lowmem_math.h) are never split between two ranks. A tensor kept
+// whole (one Muon orthogonalizes) is never cut: a cut falling inside it moves to its
+// nearer end, so it belongs to one rank (Moonlight's distributed Muon gives each matrix to
+// one rank the same way).
 #pragma once
 
 #include "nn/parameter.h"
@@ -24,8 +27,10 @@ struct ParameterPiece {
 
 class ParameterShards {
  public:
-  // `trainable`: the parameters in model order (every one must share one dtype).
-  ParameterShards(const std::vector<const Parameter*>& trainable, int world_size, int64_t align);
+  // `trainable`: the parameters in model order (every one must share one dtype);
+  // `keep_whole[i]`: trainable[i] is never cut (empty: none is).
+  ParameterShards(const std::vector<const Parameter*>& trainable, int world_size, int64_t align,
+                  const std::vector<bool>& keep_whole = {});
 
   int world_size() const { return static_cast<int>(pieces_.size()); }
   int64_t total() const { return bounds_.back(); }  // elements of every trainable parameter

@@ -152,9 +152,13 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
 
   model_ = std::make_unique<Model>(config_.model, training_build_options(config_, device_));
   model_->set_micro_batches(micro_batches_per_step());
-  if (group_)
-    data_parallel_ = std::make_unique<DataParallel>(*group_, *model_, config_.dist.bucket_mb,
-                                                    static_cast<int>(config_.dist.zero));
+  if (group_) {
+    std::unique_ptr<ParameterShards> shards;  // ZeRO's
+    if (config_.dist.zero > 0)
+      shards = std::make_unique<ParameterShards>(make_parameter_shards(
+          config_.optim, model_->parameters(), mup_width_ratio(config_.model), group_->world_size()));
+    data_parallel_ = std::make_unique<DataParallel>(*group_, *model_, config_.dist.bucket_mb, std::move(shards));
+  }
   // Periodic exports of a model with no stock class (a component refuses): say so now.
   if (config_.checkpoint.export_hf_every > 0 || config_.checkpoint.export_hf_every_tokens > 0)
     io::hf_config_json(*model_, io::choose_hf_arch(config_.model), io::HfSpecialTokens{}, "float32");
