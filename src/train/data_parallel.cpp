@@ -19,29 +19,52 @@ DataParallel::DataParallel(dist::ProcessGroup& group, Model& model, double bucke
 
 DataParallel::~DataParallel() { model_.set_backward_progress({}); }
 
-// Each rank's shard goes to its chunk of the buffer (rank r's at r x the largest shard),
-// the buffer is all-gathered, and the other ranks' chunks go back into the parameters.
+namespace {
+
+// Copies rank r's flat elements [lo, hi) between its parameters and `window` (hi - lo
+// elements): into the window, or out of it.
+void copy_window(const ParameterShards& s, int r, int64_t lo, int64_t hi, unsigned char* window, bool into_window) {
+  const size_t element = dtype_size(s.dtype());
+  for (const ParameterPiece& piece : s.pieces(r)) {
+    const int64_t a = std::max(lo, piece.flat), b = std::min(hi, piece.flat + piece.count);
+    if (a >= b) continue;
+    auto* parameter = static_cast<unsigned char*>(piece.parameter->value().raw()) +
+                      static_cast<size_t>(piece.begin + a - piece.flat) * element;
+    unsigned char* in_window = window + static_cast<size_t>(a - lo) * element;
+    const size_t bytes = static_cast<size_t>(b - a) * element;
+    if (into_window) std::memcpy(in_window, parameter, bytes);
+    else std::memcpy(parameter, in_window, bytes);
+  }
+}
+
+}  // namespace
+
+// In rounds of a chunk per rank (train/parameter_shards.h: gather_chunk, about
+// dist.bucket_mb in all): each rank copies the round's window of its shard into its chunk
+// of the buffer, the buffer is all-gathered, and the other ranks' windows go back into the
+// parameters. The buffer stays bucket-sized, not parameter-sized.
 void DataParallel::gather_parameters() {
   if (!shards_) return;
   KILN_PHASE("parameter all-gather");
   const ParameterShards& s = *shards_;
-  const size_t element = dtype_size(s.dtype());
-  const size_t chunk = static_cast<size_t>(s.largest()) * element;
-  gathered_.resize(chunk * static_cast<size_t>(s.world_size()));
-  const auto at = [&](int r, const ParameterPiece& piece) {
-    return gathered_.data() + chunk * static_cast<size_t>(r) + static_cast<size_t>(piece.flat - s.bound(r)) * element;
-  };
-  const auto in_parameter = [&](const ParameterPiece& piece) {
-    return static_cast<unsigned char*>(piece.parameter->value().raw()) + static_cast<size_t>(piece.begin) * element;
-  };
+  const int64_t chunk = s.gather_chunk(bucket_mb_);
+  const size_t chunk_bytes = static_cast<size_t>(chunk) * dtype_size(s.dtype());
+  gathered_.resize(chunk_bytes * static_cast<size_t>(s.world_size()));
   const int me = rank();
-  for (const ParameterPiece& piece : s.pieces(me))
-    std::memcpy(at(me, piece), in_parameter(piece), static_cast<size_t>(piece.count) * element);
-  group_.host().all_gather(gathered_.data(), static_cast<int64_t>(chunk), "updated parameters");
-  for (int r = 0; r < s.world_size(); ++r)
-    if (r != me)
-      for (const ParameterPiece& piece : s.pieces(r))
-        std::memcpy(in_parameter(piece), at(r, piece), static_cast<size_t>(piece.count) * element);
+  for (int64_t first = 0; first < s.largest(); first += chunk) {
+    const auto window = [&](int r) {  // rank r's elements this round
+      const int64_t lo = std::min(s.bound(r) + first, s.bound(r + 1));
+      return std::make_pair(lo, std::min(lo + chunk, s.bound(r + 1)));
+    };
+    const auto [lo, hi] = window(me);
+    copy_window(s, me, lo, hi, gathered_.data() + chunk_bytes * static_cast<size_t>(me), true);
+    group_.host().all_gather(gathered_.data(), static_cast<int64_t>(chunk_bytes), "updated parameters");
+    for (int r = 0; r < s.world_size(); ++r) {
+      if (r == me) continue;
+      const auto [from, to] = window(r);
+      copy_window(s, r, from, to, gathered_.data() + chunk_bytes * static_cast<size_t>(r), false);
+    }
+  }
 }
 
 GatheredOptimizerState DataParallel::gather_optimizer_state(const Optimizer& optimizer) {

@@ -72,7 +72,8 @@ ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size)
         ->plan(state);
     b.optimizer = std::max(b.optimizer, state.planned_bytes());
   }
-  b.gather_buffer = static_cast<size_t>(world_size) * static_cast<size_t>(shards.largest()) * dtype_size(shards.dtype());
+  b.gather_buffer = static_cast<size_t>(world_size) * static_cast<size_t>(shards.gather_chunk(config.dist.bucket_mb)) *
+                    dtype_size(shards.dtype());
   return b;
 }
 

@@ -24,7 +24,7 @@ MemoryBudget plan_training_memory(const Config& config, Device device);
 
 // ZeRO-1 at `world_size` ranks (train/parameter_shards.h): the optimizer state of the rank
 // that keeps the most, and the buffer the updated shards are all-gathered through
-// (world_size x the largest shard).
+// (about dist.bucket_mb; ParameterShards::gather_chunk).
 struct ZeroBudget {
   size_t optimizer = 0, gather_buffer = 0;
 };

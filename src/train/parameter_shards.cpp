@@ -51,6 +51,13 @@ int64_t ParameterShards::largest() const {
   return most;
 }
 
+int64_t ParameterShards::gather_chunk(double bucket_mb) const {
+  const int64_t most = std::max<int64_t>(1, largest());
+  if (bucket_mb <= 0) return most;
+  const double elements = bucket_mb * 1048576.0 / static_cast<double>(dtype_size(dtype_) * world_size());
+  return std::clamp<int64_t>(static_cast<int64_t>(elements), 1, most);
+}
+
 std::optional<ParameterPiece> ParameterShards::piece(int rank, const Parameter* p) const {
   for (const ParameterPiece& piece : pieces(rank))
     if (piece.parameter == p) return piece;

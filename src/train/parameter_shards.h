@@ -37,6 +37,9 @@ class ParameterShards {
   // Shard r is [bound(r), bound(r + 1)) of the flat space.
   int64_t bound(int r) const { return bounds_[static_cast<size_t>(r)]; }
   int64_t largest() const;  // elements of the largest shard
+  // Elements per rank and round of the updated parameters' all-gather, so the rounds'
+  // buffer (world_size x chunk) is about dist.bucket_mb (0: one round of the largest shard).
+  int64_t gather_chunk(double bucket_mb) const;
   DType dtype() const { return dtype_; }
   const std::vector<ParameterPiece>& pieces(int rank) const { return pieces_[static_cast<size_t>(rank)]; }
   // The part of `p` that `rank` updates, if any.
