@@ -118,6 +118,15 @@ void copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, c
 }  // namespace
 #endif
 
+void copy_on_device_async(const ExecContext& ctx, void* device_dst, const void* device_src, size_t bytes) {
+#if KILN_WITH_CUDA
+  copy_async(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, cuda::stream(ctx));
+#else
+  (void)ctx, (void)device_dst, (void)device_src, (void)bytes;
+  no_cuda("copy_on_device_async");
+#endif
+}
+
 void copy_to_device_async(const ExecContext& ctx, void* device_dst, const void* host_src, size_t bytes) {
 #if KILN_WITH_CUDA
   copy_async(device_dst, host_src, bytes, cudaMemcpyHostToDevice, cuda::stream(ctx));

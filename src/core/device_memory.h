@@ -35,6 +35,8 @@ void synchronize_stream();
 // The same on the stream an execution context names (core/exec_context.h).
 void copy_to_device_async(const ExecContext& ctx, void* device_dst, const void* host_src, size_t bytes);
 void copy_to_host_async(const ExecContext& ctx, void* host_dst, const void* device_src, size_t bytes);
+// From device memory to device memory, on the context's stream (a CUDA graph may capture it).
+void copy_on_device_async(const ExecContext& ctx, void* device_dst, const void* device_src, size_t bytes);
 void synchronize_stream(const ExecContext& ctx);
 
 // A pinned host buffer of `count` values of T.

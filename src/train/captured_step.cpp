@@ -80,7 +80,12 @@ class CapturedStep final : public StepExecutor {
   void gradient_norm() override { model_.gradient_sum_squares_to_device(&device_->grad_sum_squares); }
   // The loss, the norm, the guard's verdict and the update's skip flag and clip factor.
   void verdict_and_clip() override { ops::finish_step_on_device(model_.exec(), device_); }
-  void update() override { optimizer_.step_on_device(&device_->update); }
+  void update() override {
+    optimizer_.step_on_device(&device_->update);
+    // ZeRO: the ranks' updated shards (NCCL and copies on the stream); a skipped update
+    // leaves every shard as it was, so gathering it changes nothing.
+    if (data_parallel_) data_parallel_->gather_parameters();
+  }
 
   StepOutcome finish() override {
     ops::DeviceStepScalars& host = host_scalars_[0];

@@ -1,5 +1,6 @@
 #include "train/data_parallel.h"
 
+#include "core/device_memory.h"
 #include "core/phase_scope.h"
 
 #include <algorithm>
@@ -11,10 +12,12 @@ namespace kiln {
 DataParallel::DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb,
                            std::unique_ptr<ParameterShards> shards)
     : group_(group), model_(model), bucket_mb_(bucket_mb), shards_(std::move(shards)) {
-  KILN_CHECK(!shards_ || group.device().device() == Device::cpu, "dist.zero",
-             "ZeRO runs on the CPU (Gloo) so far; on the GPU use dist.zero = 0");
-  KILN_CHECK(!shards_ || shards_->world_size() == group.world_size(), "dist.zero", "shards for {} ranks, {} run",
-             shards_ ? shards_->world_size() : 0, group.world_size());
+  if (!shards_) return;
+  KILN_CHECK(shards_->world_size() == group.world_size(), "dist.zero", "shards for {} ranks, {} run",
+             shards_->world_size(), group.world_size());
+  // The all-gather's buffer, where its collectives run; made now, never inside a capture.
+  const size_t chunk_bytes = static_cast<size_t>(shards_->gather_chunk(bucket_mb)) * dtype_size(shards_->dtype());
+  gathered_ = Storage(group.device().device(), chunk_bytes * static_cast<size_t>(group.world_size()));
 }
 
 DataParallel::~DataParallel() { model_.set_backward_progress({}); }
@@ -22,8 +25,10 @@ DataParallel::~DataParallel() { model_.set_backward_progress({}); }
 namespace {
 
 // Copies rank r's flat elements [lo, hi) between its parameters and `window` (hi - lo
-// elements): into the window, or out of it.
-void copy_window(const ParameterShards& s, int r, int64_t lo, int64_t hi, unsigned char* window, bool into_window) {
+// elements): into the window, or out of it; on the host, or enqueued on the model's
+// stream (a captured update replays the copies).
+void copy_window(const ParameterShards& s, int r, int64_t lo, int64_t hi, unsigned char* window, bool into_window,
+                 const ExecContext& exec, Device device) {
   const size_t element = dtype_size(s.dtype());
   for (const ParameterPiece& piece : s.pieces(r)) {
     const int64_t a = std::max(lo, piece.flat), b = std::min(hi, piece.flat + piece.count);
@@ -31,9 +36,11 @@ void copy_window(const ParameterShards& s, int r, int64_t lo, int64_t hi, unsign
     auto* parameter = static_cast<unsigned char*>(piece.parameter->value().raw()) +
                       static_cast<size_t>(piece.begin + a - piece.flat) * element;
     unsigned char* in_window = window + static_cast<size_t>(a - lo) * element;
+    unsigned char* dst = into_window ? in_window : parameter;
+    const unsigned char* src = into_window ? parameter : in_window;
     const size_t bytes = static_cast<size_t>(b - a) * element;
-    if (into_window) std::memcpy(in_window, parameter, bytes);
-    else std::memcpy(parameter, in_window, bytes);
+    if (device == Device::cpu) std::memcpy(dst, src, bytes);
+    else copy_on_device_async(exec, dst, src, bytes);
   }
 }
 
@@ -42,14 +49,16 @@ void copy_window(const ParameterShards& s, int r, int64_t lo, int64_t hi, unsign
 // In rounds of a chunk per rank (train/parameter_shards.h: gather_chunk, about
 // dist.bucket_mb in all): each rank copies the round's window of its shard into its chunk
 // of the buffer, the buffer is all-gathered, and the other ranks' windows go back into the
-// parameters. The buffer stays bucket-sized, not parameter-sized.
+// parameters. The buffer stays bucket-sized, not parameter-sized. On the GPU every copy and
+// the NCCL all-gather are enqueued on the model's stream, inside the captured update.
 void DataParallel::gather_parameters() {
   if (!shards_) return;
   KILN_PHASE("parameter all-gather");
   const ParameterShards& s = *shards_;
+  const Device device = group_.device().device();
   const int64_t chunk = s.gather_chunk(bucket_mb_);
   const size_t chunk_bytes = static_cast<size_t>(chunk) * dtype_size(s.dtype());
-  gathered_.resize(chunk_bytes * static_cast<size_t>(s.world_size()));
+  auto* buffer = static_cast<unsigned char*>(gathered_.data());
   const int me = rank();
   for (int64_t first = 0; first < s.largest(); first += chunk) {
     const auto window = [&](int r) {  // rank r's elements this round
@@ -57,12 +66,12 @@ void DataParallel::gather_parameters() {
       return std::make_pair(lo, std::min(lo + chunk, s.bound(r + 1)));
     };
     const auto [lo, hi] = window(me);
-    copy_window(s, me, lo, hi, gathered_.data() + chunk_bytes * static_cast<size_t>(me), true);
-    group_.host().all_gather(gathered_.data(), static_cast<int64_t>(chunk_bytes), "updated parameters");
+    copy_window(s, me, lo, hi, buffer + chunk_bytes * static_cast<size_t>(me), true, model_.exec(), device);
+    group_.device().all_gather(buffer, static_cast<int64_t>(chunk_bytes), "updated parameters");
     for (int r = 0; r < s.world_size(); ++r) {
       if (r == me) continue;
       const auto [from, to] = window(r);
-      copy_window(s, r, from, to, gathered_.data() + chunk_bytes * static_cast<size_t>(r), false);
+      copy_window(s, r, from, to, buffer + chunk_bytes * static_cast<size_t>(r), false, model_.exec(), device);
     }
   }
 }

@@ -11,7 +11,7 @@
 // reduced in buckets while its backward still runs (train/gradient_buckets.h); on the GPU
 // (NCCL) and with 0, in one reduction after backward.
 //
-// With dist.zero = 1 (ZeRO-1, CPU so far) the gradients are still summed whole, so the
+// With dist.zero = 1 (ZeRO-1) the gradients are still summed whole, so the
 // norm, guard and clip see the whole model, but each rank's optimizer updates only its
 // shard of the parameters (train/parameter_shards.h) and keeps state for it alone; the
 // updated shards are then all-gathered, so every rank again holds the same weights.
@@ -72,7 +72,7 @@ class DataParallel {
   std::unique_ptr<BucketedGradientReduction> buckets_;  // made at the first bucketed step
   bool reducing_ = false;                                // this step's buckets are under way
   std::unique_ptr<ParameterShards> shards_;              // ZeRO's; null without
-  std::vector<unsigned char> gathered_;                  // the all-gather's chunks, one per rank
+  Storage gathered_;  // ZeRO's all-gather buffer: a chunk per rank, on the collectives' device
 };
 
 }  // namespace kiln

@@ -1,6 +1,6 @@
 // Data parallelism on the GPU: the NCCL path (gradients, loss sums and step statistics
 // reduced on kiln's stream, inside the captured update graph) at world size 1 gives the
-// single-device step bit for bit, captured and op by op; with two GPUs or more, two ranks
+// single-device step bit for bit, captured and op by op, with and without ZeRO-1; with two GPUs or more, two ranks
 // equal one process over the same global batch (the multi-GPU measurements are issue 24).
 #include "gpu/gpu_harness.h"
 #include "test_util.h"
@@ -58,9 +58,15 @@ TEST_F(Distributed, OneRankOverNcclIsTheSingleDeviceStepBitForBit) {
       "--set model.mlp=moe --set model.moe.experts=4 --set model.moe.top_k=2 --set model.moe.expert_hidden=64"
       " --set model.moe.router=sigmoid_bias --set model.moe.aux_loss=0.01 --set optim.qk_clip.enabled=true"
       " --set optim.qk_clip.tau=2 --set optim.name=muon";
+  // ZeRO-1 at one rank: the shard is every parameter, but the update's all-gather and its
+  // copies run (inside the captured update, or op by op) and must change nothing.
+  const std::string zero = " --set dist.zero=1 --set dist.bucket_mb=0.01";
   for (const std::string& variant : {std::string("--set train.grad_accum=2"),
                                      std::string("--set train.grad_accum=2 --set train.cuda_graphs=false"),
-                                     "--set train.grad_accum=2 " + sparse}) {
+                                     "--set train.grad_accum=2 " + sparse,
+                                     "--set train.grad_accum=2" + zero,
+                                     "--set train.grad_accum=2 --set train.cuda_graphs=false" + zero,
+                                     "--set train.grad_accum=2 " + sparse + zero}) {
     SCOPED_TRACE(variant);
     std::filesystem::remove_all(dir + "/alone");
     std::filesystem::remove_all(dir + "/ranked");
