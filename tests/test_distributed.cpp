@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <sstream>
 #include <thread>
 
 using namespace kiln;
@@ -167,6 +168,18 @@ TEST_F(Distributed, ZeroOneTrainsBitwiseAsDataParallel) {
       ASSERT_EQ(run_with_fault(launch(nproc, zero, 1, extra + "--set dist.zero=1"), "", &output), 0) << output;
       EXPECT_EQ(weight_difference(zero, ddp), 0.0);
       expect_same_training(zero, ddp, 0.0);
+      // Each rank's log names its share: about 1 / nproc of the parameters (cuts on 256-element blocks).
+      for (int r = 1; r < nproc; ++r) {
+        const std::string log = read_file(fmt::format("{}/rank-{}.log", zero, r));
+        const std::string said = fmt::format("ZeRO-1: rank {} updates ", r);
+        const size_t at = log.find(said);
+        ASSERT_NE(at, std::string::npos) << log;
+        std::istringstream share(log.substr(at + said.size()));
+        int64_t mine = 0, total = 0;
+        std::string of;
+        share >> mine >> of >> total;
+        EXPECT_LE(std::abs(mine - total / nproc), 257) << log;
+      }
     }
   }
 }

@@ -60,6 +60,7 @@ class DataParallel {
   // rank's updated shard to every rank; at a checkpoint, every rank's slices of the
   // optimizer state joined on rank 0 (train/zero_state.h). Every rank calls these two.
   const ParameterShards* shards() const { return shards_.get(); }
+  size_t gather_buffer_bytes() const { return gathered_.bytes(); }
   void gather_parameters();
   GatheredOptimizerState gather_optimizer_state(const Optimizer& optimizer);
 

@@ -244,6 +244,14 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
        describe_groups(group_parameters(config_.optim, model_->parameters(), mup_width_ratio(config_.model)),
                        config_.optim.lr))
     console_.print("optimizer: {}\n", line);
+  if (data_parallel_ && data_parallel_->shards()) {  // ZeRO: this rank's share, measured above
+    const ParameterShards& shards = *data_parallel_->shards();
+    const int r = group_->rank();
+    console_.print("ZeRO-1: rank {} updates {} of {} parameters and keeps their state ({:.1f} MiB); "
+                   "all-gather buffer {:.1f} MiB\n",
+                   r, shards.bound(r + 1) - shards.bound(r), shards.total(),
+                   optimizer_state_.planned_bytes() / 1048576.0, data_parallel_->gather_buffer_bytes() / 1048576.0);
+  }
   if (config_.optim.qk_clip.enabled) {
     // Only the layers whose token mixer has query-key logits clip (TokenMixer::clips_qk).
     const auto& blocks = model_->backbone().blocks();
