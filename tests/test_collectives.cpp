@@ -152,6 +152,86 @@ TEST(Gloo, ARankThatNeverComesTimesTheOthersOutNamingTheCollectiveAndTheRank) {
       << errors[0];
 }
 
+// Point to point: each rank sends to the next and receives from the one before, sending
+// first (a blocking send would deadlock the ring; send is an isend), three messages, two
+// of one tag (matched in order) and one received before an earlier-sent tag.
+TEST(Gloo, SendAndRecvAroundARingSendingFirst) {
+  const int world = 3, port = free_loopback_port();
+  std::vector<std::vector<double>> got(world);
+  const auto errors = run_ranks(world, [&](int r) {
+    ProcessGroup group(placement(r, world, port), Device::cpu, 10000ms);
+    Communicator& comm = group.host();
+    const int next = (r + 1) % world, prev = (r + world - 1) % world;
+    std::vector<double> a = {1.0 * r, 10.0 + r}, b = {100.0 + r, -1.0 * r}, c = {1000.0 + r};
+    comm.send(a.data(), 16, next, 7, "first");
+    comm.send(b.data(), 16, next, 7, "second");
+    comm.send(c.data(), 8, next, 9, "third");
+    a.assign(2, -5.0);  // send copied: changing the buffer now changes nothing sent
+    std::vector<double> x(2), y(2), z(1);
+    comm.recv(z.data(), 8, prev, 9, "third");
+    comm.recv(x.data(), 16, prev, 7, "first");
+    comm.recv(y.data(), 16, prev, 7, "second");
+    got[static_cast<size_t>(r)] = {x[0], x[1], y[0], y[1], z[0]};
+    group.host().all_reduce(x.data(), 1, DType::f64, ReduceOp::sum, "after");  // collectives still pair up
+  });
+  for (int r = 0; r < world; ++r) {
+    const double p = (r + world - 1) % world;
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "");
+    EXPECT_EQ(got[static_cast<size_t>(r)], (std::vector<double>{p, 10.0 + p, 100.0 + p, -p, 1000.0 + p}));
+  }
+}
+
+TEST(Gloo, ARecvWhosePeerNeverSendsTimesOutNamingThePeer) {
+  const int world = 2, port = free_loopback_port();
+  std::atomic<bool> done{false};
+  const auto errors = run_ranks(world, [&](int r) {
+    ProcessGroup group(placement(r, world, port), Device::cpu, 500ms);
+    if (r == 1) {  // alive, never sends
+      while (!done) std::this_thread::sleep_for(10ms);
+      return;
+    }
+    double x = 0;
+    try {
+      group.host().recv(&x, sizeof(x), 1, 3, "pipeline rA0@1");
+    } catch (...) {
+      done = true;
+      throw;
+    }
+    done = true;
+  });
+  EXPECT_NE(errors[0].find("[dist] rank 0 of 2: the receive 'pipeline rA0@1' (tag 3) from rank 1 did not finish "
+                           "within dist.timeout = 0.5 s: rank 1 did not send it"),
+            std::string::npos)
+      << errors[0];
+}
+
+// A send never received fails the sender's next point-to-point call, naming the peer.
+TEST(Gloo, ASendNeverReceivedFailsTheNextCallNamingThePeer) {
+  const int world = 2, port = free_loopback_port();
+  std::atomic<bool> done{false};
+  const auto errors = run_ranks(world, [&](int r) {
+    ProcessGroup group(placement(r, world, port), Device::cpu, 300ms);
+    if (r == 1) {
+      while (!done) std::this_thread::sleep_for(10ms);
+      return;
+    }
+    double x = 1;
+    group.host().send(&x, sizeof(x), 1, 4, "pipeline sG2@1");  // returns at once
+    std::this_thread::sleep_for(800ms);
+    try {
+      group.host().send(&x, sizeof(x), 1, 5, "later");
+    } catch (...) {
+      done = true;
+      throw;
+    }
+    done = true;
+  });
+  EXPECT_NE(errors[0].find("[dist] rank 0 of 2: the send 'pipeline sG2@1' (tag 4) to rank 1 did not finish within "
+                           "dist.timeout = 0.3 s: rank 1 did not receive it"),
+            std::string::npos)
+      << errors[0];
+}
+
 // The store stamps each write with its age and marks the keys of a connection that closed:
 // what tells a stopped or dead rank from a live one.
 TEST(TcpStore, PeekGivesAKeysAgeAndWhetherItsWriterIsGone) {

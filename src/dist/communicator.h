@@ -3,6 +3,9 @@
 // them and can be captured into a step's CUDA graph). Every rank calls the same
 // collectives in the same order; `what` names the collective in errors ("gradients",
 // "step targets"), so a lost rank is reported with what the others were waiting for.
+//
+// Point to point (send, recv) is between two ranks only, for the pipeline's activations
+// and gradients (train/pipeline_engine.h): a message is matched by its peer and `tag`.
 #pragma once
 
 #include "core/dtype.h"
@@ -29,6 +32,19 @@ class Communicator {
   // In place over world_size() chunks of `bytes_per_rank`: rank r's chunk starts at
   // data + r * bytes_per_rank; every rank ends with every rank's chunk.
   virtual void all_gather(void* data, int64_t bytes_per_rank, std::string_view what) = 0;
+
+  // `bytes` to rank `peer`, to be matched by its recv with this rank and the same `tag`
+  // (>= 0); messages of one tag between two ranks arrive in the order sent. A send is
+  // posted and returns (an isend, as the pipeline simulator assumes): `data` may be reused
+  // at once, and a send whose receive never comes fails a later send or recv (Gloo) within
+  // the timeout. So a rank never waits on its own sends, only on what it receives, and a
+  // schedule the simulator passes cannot deadlock on them. (NCCL, untested: ncclSend and
+  // ncclRecv on the stream; NCCL has no tags, so messages between two ranks match in the
+  // order issued, and a large send waits on the GPU for its receive: the pipeline engine
+  // refuses it until sends and receives are grouped.)
+  virtual void send(const void* data, int64_t bytes, int peer, int tag, std::string_view what) = 0;
+  // Waits for `bytes` from rank `peer`'s send with `tag`, into `data`.
+  virtual void recv(void* data, int64_t bytes, int peer, int tag, std::string_view what) = 0;
 };
 
 }  // namespace kiln::dist

@@ -10,8 +10,13 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
 
 namespace kiln::dist {
 
@@ -60,7 +65,25 @@ void run_all_reduce(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
   gloo::allreduce(opts);
 }
 
+// Gloo's collectives take slot prefixes 0x01..0x08 (gloo/types.h); point to point uses
+// its own, so a tag never meets a collective's slot.
+constexpr uint8_t kPointToPointSlotPrefix = 0x40;
+
+uint64_t p2p_slot(int tag) { return gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag)); }
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 }  // namespace
+
+struct GlooCommunicator::PostedSend {
+  std::vector<unsigned char> bytes;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;  // over `bytes`
+  int peer = 0, tag = 0;
+  std::string what;
+  std::chrono::steady_clock::time_point posted;
+};
 
 GlooCommunicator::GlooCommunicator(TcpStore& store, const GlooEndpoint& endpoint, int rank, int world_size,
                                    std::chrono::milliseconds timeout, RankProgress& progress)
@@ -82,7 +105,17 @@ GlooCommunicator::GlooCommunicator(TcpStore& store, const GlooEndpoint& endpoint
   }
 }
 
-GlooCommunicator::~GlooCommunicator() = default;
+// Sends still in flight leave before the connections close (a step's last gradients: their
+// receivers are on their way to them). Bounded by dist.timeout: a send not received by then
+// fails, Gloo closes the connections, and the others fail at once.
+GlooCommunicator::~GlooCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(sends_mutex_);
+    closing_ = true;
+  }
+  sends_changed_.notify_all();
+  if (send_waiter_.joinable()) send_waiter_.join();
+}
 
 int64_t GlooCommunicator::enter() {
   const int64_t seq = static_cast<int64_t>(tag_) + 1;
@@ -167,6 +200,105 @@ void GlooCommunicator::all_gather(void* data, int64_t bytes_per_rank, std::strin
     throw;
   } catch (const std::exception& e) {
     lost(what, seq, entered, e);
+  }
+}
+
+
+void GlooCommunicator::check_peer(std::string_view verb, std::string_view what, int peer, int tag) const {
+  KILN_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "dist",
+             "rank {} of {}: cannot {} '{}' with rank {} (another rank of the run, 0..{})", rank_, world_size_, verb,
+             what, peer, world_size_ - 1);
+  KILN_CHECK(tag >= 0, "dist", "rank {} of {}: {} '{}': a tag must be >= 0, got {}", rank_, world_size_, verb, what,
+             tag);
+}
+
+// Waited out dist.timeout, or the connection to the peer broke (it died, or a waiter on
+// either side timed out first and Gloo closed every connection).
+std::string GlooCommunicator::p2p_failure(std::string_view verb, std::string_view what, int peer, int tag,
+                                          std::chrono::steady_clock::time_point posted,
+                                          const std::exception& e) const {
+  std::string cause = e.what();
+  std::replace(cause.begin(), cause.end(), '\n', ' ');
+  const double timeout_s = static_cast<double>(timeout_.count()) / 1000.0;
+  const double waited = seconds_since(posted);
+  const char* partner = verb == "send" ? "to" : "from";
+  if (waited >= timeout_s)
+    return fmt::format("rank {} of {}: the {} '{}' (tag {}) {} rank {} did not finish within dist.timeout = {} s: "
+                       "rank {} did not {} it (Gloo: {})",
+                       rank_, world_size_, verb, what, tag, partner, peer, timeout_s, peer,
+                       verb == "send" ? "receive" : "send", cause);
+  return fmt::format("rank {} of {}: the {} '{}' (tag {}) {} rank {} failed after {:.1f} s (dist.timeout = {} s): "
+                     "the connection broke (Gloo: {})",
+                     rank_, world_size_, verb, what, tag, partner, peer, waited, timeout_s, cause);
+}
+
+void GlooCommunicator::throw_if_a_send_failed() {
+  std::lock_guard<std::mutex> lock(sends_mutex_);
+  if (!send_failure_.empty()) throw Error("[dist] " + send_failure_);
+}
+
+void GlooCommunicator::send(const void* data, int64_t bytes, int peer, int tag, std::string_view what) {
+  check_peer("send", what, peer, tag);
+  throw_if_a_send_failed();
+  if (bytes == 0) return;
+  auto posted = std::make_unique<PostedSend>();
+  posted->bytes.resize(static_cast<size_t>(bytes));
+  std::memcpy(posted->bytes.data(), data, static_cast<size_t>(bytes));
+  posted->peer = peer;
+  posted->tag = tag;
+  posted->what = std::string(what);
+  posted->posted = std::chrono::steady_clock::now();
+  try {
+    posted->buffer = context_->createUnboundBuffer(posted->bytes.data(), posted->bytes.size());
+    posted->buffer->send(peer, p2p_slot(tag));
+  } catch (const std::exception& e) {
+    fail("dist", "{}", p2p_failure("send", what, peer, tag, posted->posted, e));
+  }
+  {
+    std::lock_guard<std::mutex> lock(sends_mutex_);
+    sends_.push_back(std::move(posted));
+    if (!send_waiter_.joinable()) send_waiter_ = std::thread([this] { wait_for_receives(); });
+  }
+  sends_changed_.notify_all();
+}
+
+void GlooCommunicator::wait_for_receives() {
+  std::unique_lock<std::mutex> lock(sends_mutex_);
+  for (;;) {
+    sends_changed_.wait(lock, [&] { return closing_ || !sends_.empty(); });
+    if (sends_.empty()) return;  // closing, every send received
+    PostedSend* send = sends_.front().get();
+    lock.unlock();
+    // The wait's clock starts here, at or after the post: a send is failed no sooner than
+    // dist.timeout after it was posted.
+    std::string failure;
+    try {
+      send->buffer->waitSend(timeout_);
+    } catch (const std::exception& e) {
+      failure = p2p_failure("send", send->what, send->peer, send->tag, send->posted, e);
+    }
+    lock.lock();
+    if (!failure.empty()) {
+      send_failure_ = failure;
+      return;
+    }
+    sends_.pop_front();
+  }
+}
+
+void GlooCommunicator::recv(void* data, int64_t bytes, int peer, int tag, std::string_view what) {
+  check_peer("receive", what, peer, tag);
+  throw_if_a_send_failed();
+  if (bytes == 0) return;
+  const auto entered = std::chrono::steady_clock::now();
+  try {
+    auto buffer = context_->createUnboundBuffer(data, static_cast<size_t>(bytes));
+    buffer->recv(peer, p2p_slot(tag));
+    buffer->waitRecv(timeout_);
+  } catch (const std::exception& e) {
+    // A send of this rank that timed out closes every connection: that is the cause.
+    throw_if_a_send_failed();
+    fail("dist", "{}", p2p_failure("receive", what, peer, tag, entered, e));
   }
 }
 

@@ -59,7 +59,28 @@ class NcclCommunicator final : public Communicator {
           what);
   }
 
+  // Untested (no multi-GPU machine here). NCCL has no tags: messages between two ranks
+  // match in the order they are issued, so `tag` is only checked. Unlike Gloo's, a send is
+  // not buffered: beyond NCCL's small-message buffers it waits on the GPU for its receive.
+  void send(const void* data, int64_t bytes, int peer, int tag, std::string_view what) override {
+    check_peer(peer, tag, what);
+    if (bytes == 0) return;
+    check(ncclSend(data, static_cast<size_t>(bytes), ncclUint8, peer, comm_, stream_), what);
+  }
+
+  void recv(void* data, int64_t bytes, int peer, int tag, std::string_view what) override {
+    check_peer(peer, tag, what);
+    if (bytes == 0) return;
+    check(ncclRecv(data, static_cast<size_t>(bytes), ncclUint8, peer, comm_, stream_), what);
+  }
+
  private:
+  void check_peer(int peer, int tag, std::string_view what) const {
+    KILN_CHECK(peer >= 0 && peer < world_size_ && peer != rank_ && tag >= 0, "dist",
+               "rank {} of {}: '{}' with rank {} (tag {}): not another rank of the run, or a negative tag", rank_,
+               world_size_, what, peer, tag);
+  }
+
   void check(ncclResult_t result, std::string_view what) const {
     if (result == ncclSuccess) return;
     fail("dist", "rank {} of {}: NCCL failed in '{}': {} ({})", rank_, world_size_, what, ncclGetErrorString(result),
