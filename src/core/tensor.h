@@ -55,6 +55,11 @@ class Tensor {
     if (dtype_of<T>() != dtype_) fail("tensor", "accessed {} as {}", describe(), dtype_name(dtype_of<T>()));
     return static_cast<T*>(data_);
   }
+  // data<T>() of a tensor that may be absent (an optional weight, bias or state): null then.
+  template <typename T>
+  T* data_or_null() const {
+    return defined() ? data<T>() : nullptr;
+  }
 
   // Same memory, new shape (same element count).
   Tensor view(Shape shape) const;

@@ -17,8 +17,6 @@ namespace {
 // The parameters' dtype: x's on the CPU (f32 or f64), f32 on the GPU (both paths).
 DType param_dtype(const Tensor& x) { return x.device() == Device::cuda ? DType::f32 : x.dtype(); }
 
-[[maybe_unused]] float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-
 // y's (and dy's) dtype: bf16 on the mixed path, else x's.
 DType output_dtype(const Tensor& x, bool mixed) { return mixed ? DType::bf16 : x.dtype(); }
 
@@ -71,7 +69,7 @@ void dyt_forward(const ExecContext& ctx, const Tensor& x, const Tensor& alpha, c
   if (b.defined()) expect_tensor(op, "b", b, Shape{x.size(1)}, param_dtype(x), x.device());
   expect_tensor(op, "y", y, x.shape(), output_dtype(x, mixed), x.device());
   KILN_ON_CUDA(x, op,
-               cuda::dyt_forward(ctx, x.raw(), x.dtype(), alpha.data<float>(), f32_or_null(w), f32_or_null(b), x.size(0),
+               cuda::dyt_forward(ctx, x.raw(), x.dtype(), alpha.data<float>(), w.data_or_null<float>(), b.data_or_null<float>(), x.size(0),
                                  x.size(1), y.raw(), y.dtype()));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -100,8 +98,8 @@ void dyt_backward(const ExecContext& ctx, const Tensor& x, const Tensor& alpha, 
   const Tensor copy_in_pass = mixed ? dx_copy : Tensor();
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
-    cuda::dyt_backward(ctx, x.raw(), x.dtype(), alpha.data<float>(), f32_or_null(w), dy.raw(), dy.dtype(), x.size(0),
-                       x.size(1), dx.raw(), accumulate_dx, f32_or_null(dalpha), f32_or_null(dw), f32_or_null(db),
+    cuda::dyt_backward(ctx, x.raw(), x.dtype(), alpha.data<float>(), w.data_or_null<float>(), dy.raw(), dy.dtype(), x.size(0),
+                       x.size(1), dx.raw(), accumulate_dx, dalpha.data_or_null<float>(), dw.data_or_null<float>(), db.data_or_null<float>(),
                        copy_in_pass.defined() ? copy_in_pass.raw() : nullptr);
 #else
     no_cuda_kernel(op);

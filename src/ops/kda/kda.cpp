@@ -91,8 +91,6 @@ cuda::KdaArgs cuda_args(const Tensor& q, const Tensor& v, const Tensor& cu, cons
   return a;
 }
 
-const float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-float* f32_mut_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 #endif
 
 cpu::KdaShape shape_of(const Tensor& q, const Tensor& v, const Tensor& cu, const KdaOptions& o) {
@@ -132,8 +130,8 @@ void kda_recurrent_forward(const ExecContext& ctx, const Tensor& q, const Tensor
   expect_same(op, "out", out, q);
   KILN_ON_CUDA(q, op,
                cuda::kda_recurrent_forward(ctx, cuda_args(q, v, cu_seqlens, options), q.raw(), k.raw(), v.raw(), g.raw(),
-                                           beta.raw(), f32_or_null(initial_state), out.raw(),
-                                           f32_mut_or_null(final_state)));
+                                           beta.raw(), initial_state.data_or_null<float>(), out.raw(),
+                                           final_state.data_or_null<float>()));
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cpu::kda_recurrent_forward<T>(shape_of(q, v, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
@@ -188,9 +186,9 @@ void kda_recurrent_backward(const ExecContext& ctx, const Tensor& q, const Tenso
   }
   KILN_ON_CUDA(q, op,
                cuda::kda_recurrent_backward(ctx, cuda_args(q, v, cu_seqlens, options), q.raw(), k.raw(), v.raw(),
-                                            g.raw(), beta.raw(), f32_or_null(initial_state), dout.raw(),
-                                            f32_or_null(d_final_state), dq.raw(), dk.raw(), dv.raw(), dg.raw(),
-                                            dbeta.raw(), f32_mut_or_null(d_initial_state), workspace.data<float>()));
+                                            g.raw(), beta.raw(), initial_state.data_or_null<float>(), dout.raw(),
+                                            d_final_state.data_or_null<float>(), dq.raw(), dk.raw(), dv.raw(), dg.raw(),
+                                            dbeta.raw(), d_initial_state.data_or_null<float>(), workspace.data<float>()));
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cpu::kda_recurrent_backward<T>(shape_of(q, v, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),

@@ -31,11 +31,6 @@ void validate(const char* op, const Tensor& raw, const Tensor& A_log, const Tens
   if (dt_bias.defined()) expect_param(op, "dt_bias", dt_bias, raw, Shape{raw.size(1), raw.size(2)});
 }
 
-#if KILN_WITH_CUDA
-const float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-float* f32_mut_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-#endif
-
 void expect_like(const char* op, const char* name, const Tensor& t, const Tensor& like) {
   expect_shape(op, name, t, like.shape());
   expect_same(op, name, t, like);
@@ -50,7 +45,7 @@ void kda_gate_forward(const ExecContext& ctx, const Tensor& raw, const Tensor& A
   validate(op, raw, A_log, dt_bias);
   expect_like(op, "g", g, raw);
   KILN_ON_CUDA(raw, op,
-               cuda::kda_gate_forward(ctx, raw.raw(), raw.dtype(), A_log.data<float>(), f32_or_null(dt_bias),
+               cuda::kda_gate_forward(ctx, raw.raw(), raw.dtype(), A_log.data<float>(), dt_bias.data_or_null<float>(),
                                       raw.size(0), raw.size(1), raw.size(2), g.raw()));
   dispatch_cpu_float(op, raw.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -79,9 +74,9 @@ void kda_gate_backward(const ExecContext& ctx, const Tensor& raw, const Tensor& 
   if (dA_log.defined()) expect_param(op, "dA_log", dA_log, raw, Shape{raw.size(1)});
   if (ddt_bias.defined()) expect_param(op, "ddt_bias", ddt_bias, raw, Shape{raw.size(1), raw.size(2)});
   KILN_ON_CUDA(raw, op,
-               cuda::kda_gate_backward(ctx, raw.raw(), raw.dtype(), A_log.data<float>(), f32_or_null(dt_bias), dg.raw(),
-                                       raw.size(0), raw.size(1), raw.size(2), draw.raw(), f32_mut_or_null(dA_log),
-                                       f32_mut_or_null(ddt_bias)));
+               cuda::kda_gate_backward(ctx, raw.raw(), raw.dtype(), A_log.data<float>(), dt_bias.data_or_null<float>(), dg.raw(),
+                                       raw.size(0), raw.size(1), raw.size(2), draw.raw(), dA_log.data_or_null<float>(),
+                                       ddt_bias.data_or_null<float>()));
   dispatch_cpu_float(op, raw.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = raw.size(0), heads = raw.size(1), dk = raw.size(2), row = heads * dk;

@@ -15,9 +15,6 @@ namespace {
 // The statistics' dtype: x's on the CPU (f32 or f64), f32 on the GPU (both paths).
 DType stats_dtype(const Tensor& x) { return x.device() == Device::cuda ? DType::f32 : x.dtype(); }
 
-// An optional fp32 operand of the GPU kernels (gain, bias and their gradients): null if absent.
-[[maybe_unused]] float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-
 // x [R, C] with optional gain and bias [C] and the saved statistics [R]. On the GPU x is
 // f32 (the fp32 path, or the mixed path's residual stream) or bf16 (mixed path only).
 void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
@@ -47,7 +44,7 @@ void layer_norm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w
   expect_tensor(op, "y", y, x.shape(), output_dtype(x, mixed), x.device());
   KILN_CHECK(eps > 0, op, "eps must be positive, got {}", eps);
   KILN_ON_CUDA(x, op,
-               cuda::layer_norm_forward(ctx, x.raw(), x.dtype(), f32_or_null(w), f32_or_null(b), static_cast<float>(eps),
+               cuda::layer_norm_forward(ctx, x.raw(), x.dtype(), w.data_or_null<float>(), b.data_or_null<float>(), static_cast<float>(eps),
                                         x.size(0), x.size(1), y.raw(), y.dtype(), mean.data<float>(),
                                         rstd.data<float>()));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
@@ -75,7 +72,7 @@ void add_layer_norm_forward(const ExecContext& ctx, const Tensor& a, const Tenso
   KILN_CHECK(sum.raw() != a.raw() && sum.raw() != branch.raw(), op, "sum must not alias a or branch");
   KILN_CHECK(eps > 0, op, "eps must be positive, got {}", eps);
   KILN_ON_CUDA(a, op,
-               cuda::layer_norm_forward(ctx, a.raw(), DType::f32, f32_or_null(w), f32_or_null(b), static_cast<float>(eps),
+               cuda::layer_norm_forward(ctx, a.raw(), DType::f32, w.data_or_null<float>(), b.data_or_null<float>(), static_cast<float>(eps),
                                         a.size(0), a.size(1), y.raw(), y.dtype(), mean.data<float>(),
                                         rstd.data<float>(), branch.raw(), sum.data<float>()));
 }
@@ -99,9 +96,9 @@ void layer_norm_backward(const ExecContext& ctx, const Tensor& x, const Tensor& 
   const Tensor copy_in_pass = mixed ? dx_copy : Tensor();
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
-    cuda::layer_norm_backward(ctx, x.raw(), x.dtype(), f32_or_null(w), mean.data<float>(), rstd.data<float>(), dy.raw(),
-                              dy.dtype(), x.size(0), x.size(1), dx.raw(), accumulate_dx, f32_or_null(dw),
-                              f32_or_null(db), copy_in_pass.defined() ? copy_in_pass.raw() : nullptr);
+    cuda::layer_norm_backward(ctx, x.raw(), x.dtype(), w.data_or_null<float>(), mean.data<float>(), rstd.data<float>(), dy.raw(),
+                              dy.dtype(), x.size(0), x.size(1), dx.raw(), accumulate_dx, dw.data_or_null<float>(),
+                              db.data_or_null<float>(), copy_in_pass.defined() ? copy_in_pass.raw() : nullptr);
 #else
     no_cuda_kernel(op);
 #endif

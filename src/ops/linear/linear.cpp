@@ -98,7 +98,6 @@ void validate(const char* op, const Tensor& x, const Tensor& w, const Tensor& bi
   if (bias.defined()) expect_param(op, "bias", bias, x, Shape{w.size(0)});
 }
 
-[[maybe_unused]] float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 [[maybe_unused]] void* raw_or_null(const Tensor& t) { return t.defined() ? t.raw() : nullptr; }
 
 }  // namespace
@@ -111,7 +110,7 @@ void linear_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, co
   expect_same(op, "y", y, x);
   KILN_CHECK(x.device() == Device::cpu || x.dtype() == DType::f32 || x.dtype() == DType::bf16, op,
              "the GPU computes in f32 or bf16, got {}", x.describe());
-  KILN_ON_CUDA(x, op, cuda::linear_forward(ctx, x.raw(), w.raw(), x.dtype(), f32_or_null(bias), x.size(0), x.size(1),
+  KILN_ON_CUDA(x, op, cuda::linear_forward(ctx, x.raw(), w.raw(), x.dtype(), bias.data_or_null<float>(), x.size(0), x.size(1),
                                            w.size(0), y.raw()));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -141,7 +140,7 @@ void linear_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, c
     KILN_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, op, "the GPU computes in f32 or bf16, got {}",
                x.describe());
     cuda::linear_backward(ctx, x.raw(), w.raw(), dy.raw(), x.dtype(), x.size(0), x.size(1), w.size(0), raw_or_null(dx),
-                          accumulate_dx, raw_or_null(dw), dw.defined() ? dw.dtype() : x.dtype(), f32_or_null(dbias));
+                          accumulate_dx, raw_or_null(dw), dw.defined() ? dw.dtype() : x.dtype(), dbias.data_or_null<float>());
   });
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);

@@ -23,9 +23,6 @@ using routing_detail::top_k;
 
 namespace {
 
-[[maybe_unused]] const float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-[[maybe_unused]] float* f32_or_null_mut(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-
 // dlogits of a softmax row p from dp: p_j (dp_j - sum_m p_m dp_m).
 template <typename T>
 void softmax_row_backward(const T* p, const double* dp, int64_t n, T* dl) {
@@ -86,7 +83,7 @@ void softmax_topk_backward(const ExecContext& ctx, const Tensor& probs, const Ro
                cuda::softmax_topk_backward(ctx, probs.data<float>(), routes.experts.data<int32_t>(),
                                            routes.weights.data<float>(), probs.size(0), probs.size(1),
                                            routes.experts.size(1), normalize, dweights.data<float>(),
-                                           f32_or_null(dprobs), dlogits.data<float>()));
+                                           dprobs.data_or_null<float>(), dlogits.data<float>()));
   dispatch_cpu_float(op, probs.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t t_count = probs.size(0), e_count = probs.size(1), k = routes.experts.size(1);
@@ -181,7 +178,7 @@ void sigmoid_bias_backward(const ExecContext& ctx, const Tensor& scores, const R
   KILN_ON_CUDA(scores, op,
                cuda::sigmoid_bias_backward(ctx, scores.data<float>(), routes.experts.data<int32_t>(), scores.size(0),
                                            scores.size(1), routes.experts.size(1), normalize,
-                                           static_cast<float>(scaling), dweights.data<float>(), f32_or_null(dscores),
+                                           static_cast<float>(scaling), dweights.data<float>(), dscores.data_or_null<float>(),
                                            dlogits.data<float>()));
   dispatch_cpu_float(op, scores.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -280,7 +277,7 @@ double balance_loss(const ExecContext& ctx, const Tensor& probs, const Tensor& c
     double* sum = cuda::own_loss_sum(ctx);
     cuda::reset_loss_sum(ctx, sum);
     cuda::balance_loss(ctx, probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, grad_scale,
-                       sum, f32_or_null_mut(dprobs), /*accumulate=*/true);
+                       sum, dprobs.data_or_null<float>(), /*accumulate=*/true);
     return cuda::read_loss_sum(ctx, sum);
 #else
     no_cuda_kernel(op);
@@ -322,7 +319,7 @@ double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_s
 #if KILN_WITH_CUDA
     double* sum = cuda::own_loss_sum(ctx);
     cuda::reset_loss_sum(ctx, sum);
-    cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), grad_scale, sum, f32_or_null_mut(dlogits));
+    cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), grad_scale, sum, dlogits.data_or_null<float>());
     return cuda::read_loss_sum(ctx, sum);
 #else
     no_cuda_kernel(op);
