@@ -142,6 +142,11 @@ struct ModelConfig {
   // value (GPT-OSS's sinks; docs/attention-sinks.md). CPU only.
   bool attention_sinks = false;
   double logit_softcap = 0;        // LM head logits -> cap * tanh(logits / cap); 0 = off
+  // Block Attention Residuals (Kimi, docs/attn-res.md): each sublayer (an attention or MLP
+  // output) reads a learned softmax mix over depth of the embedding and the block sums
+  // instead of the plain residual stream; this many sublayers make one block. 0 = off.
+  // CPU only.
+  int64_t attn_res_block = 0;
   MoeConfig moe;                   // [model.moe]: used by layers whose MLP is "moe"
   MtpConfig mtp;                   // [model.mtp]: multi-token prediction (training only)
   KdaConfig kda;                   // [model.kda]: used by layers whose token mixer is "kda"

@@ -1,5 +1,7 @@
 #include "infer/decoder.h"
 
+#include "nn/attn_res_decode.h"
+
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
 
@@ -58,6 +60,7 @@ Decoder::Decoder(Model& model, const DecoderOptions& options)
   ctx.fuse = fuse, ctx.fused_branch_rows = fused_branch_rows_, ctx.one_kernel_attention = options_.one_kernel_attention;
   const Backbone& backbone = model.backbone();
   for (const auto& block : backbone.blocks()) blocks_.push_back(block->make_decoder(ctx));
+  if (backbone.attn_res()) attn_res_ = std::make_unique<AttnResDecoder>(ctx, *backbone.attn_res(), m.hidden);
   state_bytes_ = arena_.planned_bytes();
   final_norm_ = backbone.final_norm().make_decoder(ctx);
   head_ = model.head().make_decoder(ctx, backbone.final_norm());
@@ -179,7 +182,11 @@ void Decoder::step(int64_t n, bool with_logits) {
   DecodeStepBuffers s{x_.rows(0, n), h_.rows(0, n), branch_.rows(0, n)};
   ops::embedding_forward(exec_, rows.tokens, embed_, s.x);
   if (config_.embed_scale != 1.0) ops::scale_inplace(exec_, s.x, config_.embed_scale);
-  for (const auto& block : blocks_) block->forward(s, rows);
+  if (attn_res_) {
+    attn_res_->forward(blocks_, s, rows);  // Block Attention Residuals (nn/attn_res_decode.h)
+  } else {
+    for (const auto& block : blocks_) block->forward(s, rows);
+  }
   if (rows.fused_branches && head_->fused()) {  // the final norm folded into the head
     if (s.pending) residual_add(exec_, s.x, s.branch, dtype_ != wide_);
     head_->logits_fused(s.x, logits_.rows(0, n));

@@ -39,7 +39,9 @@ namespace kiln {
 
 namespace cuda {
 class StepGraphs;
-}
+}  // namespace cuda
+
+class AttnResDecoder;  // nn/attn_res_decode.h
 
 struct DecoderOptions {
   int64_t slots = 8;        // sequences held in the cache at once
@@ -142,6 +144,7 @@ class Decoder {
   Workspace workspace_;
   // The components' decoders, in the model's order.
   std::vector<std::unique_ptr<BlockDecoder>> blocks_;
+  std::unique_ptr<AttnResDecoder> attn_res_;  // model.attn_res_block > 0, else null
   std::unique_ptr<NormDecoder> final_norm_;
   std::unique_ptr<HeadDecoder> head_;
   Tensor embed_;       // the embedding's master: rows looked up into the wide residual stream

@@ -60,6 +60,15 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
   final_norm_ = norm_registry().build(
       own_final_norm ? "model.final_norm" : "model.norm", own_final_norm ? config.final_norm : config.norm, ctx,
       NormSpec{NameScope{"final_norm.", "model.norm.", "output_norm."}, d, t, config.norm_eps, config.dyt_alpha});
+  if (config.attn_res_block > 0) {
+    // Recompute reruns a block's forward from the residual stream, which these blocks do not
+    // read; multi-token prediction's gradient into the final norm's input is not wired here.
+    KILN_CHECK(options.recompute_blocks == 0, "model.attn_res_block",
+               "Block Attention Residuals do not take train.recompute_blocks yet ({} asked)", options.recompute_blocks);
+    KILN_CHECK(config.mtp.depth == 0, "model.attn_res_block",
+               "Block Attention Residuals do not take model.mtp yet (model.mtp.depth = {})", config.mtp.depth);
+    attn_res_ = std::make_unique<BlockAttnRes>(ctx, config);
+  }
   residual_.resize(static_cast<size_t>(config.layers + 1));
   for (Tensor& r : residual_) ctx.saved_wide(r, Shape{t, d});
   ctx.saved(hidden_, Shape{t, d});
@@ -77,8 +86,12 @@ void Backbone::forward(const Tensor& tokens, const SeqInfo& seq) {
   if (config_.embed_scale != 1.0) ops::scale_inplace(exec_, residual_[0].rows(0, rows_), config_.embed_scale);
   if (embedding_drops(seq))
     ops::dropout_apply(exec_, residual_[0].rows(0, rows_), embedding_dropout(seq), residual_[0].rows(0, rows_));
-  for (size_t l = 0; l < blocks_.size(); ++l)
-    blocks_[l]->forward(residual_[l].rows(0, rows_), seq, residual_[l + 1].rows(0, rows_));
+  if (attn_res_) {
+    forward_attn_res(seq);
+  } else {
+    for (size_t l = 0; l < blocks_.size(); ++l)
+      blocks_[l]->forward(residual_[l].rows(0, rows_), seq, residual_[l + 1].rows(0, rows_));
+  }
   final_norm_->forward(residual_.back().rows(0, rows_), hidden_.rows(0, rows_));
 }
 
@@ -89,6 +102,17 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
   };
   const Tensor dres = dres_.rows(0, rows_);
   const Tensor dres_compute = dres_compute_.defined() ? dres_compute_.rows(0, rows_) : dres;
+  if (attn_res_) {
+    backward_attn_res(seq, extra, tell);
+  } else {
+    backward_blocks(dres, dres_compute, seq, extra, tell);
+  }
+  embedding_backward(tokens, dres, seq, groups, extra);
+  tell(static_cast<int>(blocks_.size()) + 1);
+}
+
+void Backbone::backward_blocks(const Tensor& dres, const Tensor& dres_compute, const SeqInfo& seq,
+                               const ExtraGradients& extra, const std::function<void(int)>& tell) {
   // A head's gradient of the final norm's input goes in first, so the norm's backward adds
   // to it and keeps the mixed path's bf16 copy current.
   const bool extra_top = extra.final_norm_input.defined();
@@ -106,6 +130,10 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
     blocks_[l]->backward(dres, dres_compute, seq);
     tell(static_cast<int>(blocks_.size() - l));
   }
+}
+
+void Backbone::embedding_backward(const Tensor& tokens, const Tensor& dres, const SeqInfo& seq,
+                                  const ops::TokenGroups* groups, const ExtraGradients& extra) {
   // The embedding's dropout and scale, onto the residual's gradient (read by nothing after
   // the table's).
   if (embedding_drops(seq)) ops::dropout_apply(exec_, dres, embedding_dropout(seq), dres);
@@ -119,11 +147,58 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
   } else {
     ops::embedding_backward(exec_, tokens, dres, embed_g_);
   }
-  tell(static_cast<int>(blocks_.size()) + 1);
+}
+
+// Sublayer j = 2l + which reads the mix attn_res_->mix(j) (layer 0's attention: the
+// embedding itself) and adds its output to its block's sum; the final read mixes them all.
+void Backbone::forward_attn_res(const SeqInfo& seq) {
+  const BlockAttnRes& res = *attn_res_;
+  const Tensor embedding = residual_[0].rows(0, rows_), out = res.output(rows_);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const auto j = static_cast<int64_t>(2 * l);
+    const Tensor attn_in = residual_[l].rows(0, rows_), mlp_in = blocks_[l]->mlp_input(rows_);
+    if (j > 0) res.mix(j, embedding, attn_in);
+    blocks_[l]->sublayer_forward(Sublayer::attention, attn_in, seq, out);
+    res.add_output(j, out);
+    res.mix(j + 1, embedding, mlp_in);
+    blocks_[l]->sublayer_forward(Sublayer::mlp, mlp_in, seq, out);
+    res.add_output(j + 1, out);
+  }
+  res.mix(res.sublayers(), embedding, residual_.back().rows(0, rows_));
+}
+
+// The reverse: each sublayer's output gradient is its block sum's, complete once the
+// sublayers after it have given theirs (BlockAttnRes::output_grad); every mix's gradient
+// reaches the embedding's output through dres, which starts at zero.
+void Backbone::backward_attn_res(const SeqInfo& seq, const ExtraGradients& extra, const std::function<void(int)>& tell) {
+  const BlockAttnRes& res = *attn_res_;
+  const Tensor embedding = residual_[0].rows(0, rows_), dres = dres_.rows(0, rows_);
+  const Tensor dinput = res.input_grad(rows_);
+  (void)extra;  // multi-token prediction is refused at build (the constructor)
+  zero_tensor(dres);
+  res.begin_backward(rows_);
+  final_norm_->backward(dhidden_.rows(0, rows_), dinput, false);
+  res.mix_backward(res.sublayers(), embedding, dinput, dres);
+  tell(0);
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    const auto j = static_cast<int64_t>(2 * l);
+    blocks_[l]->sublayer_backward(Sublayer::mlp, res.output_grad(j + 1, rows_), seq, dinput, false);
+    res.mix_backward(j + 1, embedding, dinput, dres);
+    if (j > 0) {
+      blocks_[l]->sublayer_backward(Sublayer::attention, res.output_grad(j, rows_), seq, dinput, false);
+      res.mix_backward(j, embedding, dinput, dres);
+    } else {  // layer 0's attention read the embedding itself
+      blocks_[l]->sublayer_backward(Sublayer::attention, res.output_grad(j, rows_), seq, dres, true);
+    }
+    tell(static_cast<int>(blocks_.size() - l));
+  }
 }
 
 void Backbone::export_config(ExportConfig& out) const {
   const ModelConfig& m = config_;
+  if (attn_res_)
+    out.refuse("model.attn_res_block", fmt::format("{}", m.attn_res_block),
+               "no stock family mixes its sublayers' inputs over depth (Block Attention Residuals)");
   if (!m.final_norm.empty() && m.final_norm != m.norm)
     out.refuse("model.final_norm", fmt::format("'{}'", m.final_norm),
                fmt::format("the exported families' final norm is their blocks' ('{}')", m.norm));
@@ -176,6 +251,7 @@ void Backbone::report(std::vector<std::pair<std::string, double>>& out) const {
 double Backbone::extra_forward_flops_per_token(int64_t seq_len) const {
   double flops = 0;
   for (const auto& block : blocks_) flops += block->extra_forward_flops_per_token(seq_len);
+  if (attn_res_) flops += attn_res_->forward_flops_per_token();
   return flops;
 }
 

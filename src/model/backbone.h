@@ -7,10 +7,12 @@
 #include "config/config.h"
 #include "model/build_options.h"
 #include "model/gradient_ready.h"
+#include "nn/attn_res.h"
 #include "nn/block.h"
 #include "ops/dropout/dropout.h"
 #include "ops/embedding/embedding.h"
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -52,6 +54,8 @@ class Backbone {
   const Norm& final_norm() const { return *final_norm_; }
   PositionEncoding& position() { return *position_; }
   const std::vector<std::unique_ptr<TransformerBlock>>& blocks() const { return blocks_; }
+  // Block Attention Residuals (model.attn_res_block > 0), else null.
+  const BlockAttnRes* attn_res() const { return attn_res_.get(); }
 
   // Forward FLOPs per token beyond 2 x the weight matrices (attention's scores), summed over
   // the blocks, at sequences of seq_len tokens.
@@ -75,9 +79,21 @@ class Backbone {
   std::unique_ptr<PositionEncoding> local_position_;  // the windowed layers' (model.rope.local_theta); null: position_
   std::vector<std::unique_ptr<TransformerBlock>> blocks_;
   std::unique_ptr<Norm> final_norm_;
+  // model.attn_res_block > 0: the sublayers read mixes over depth (nn/attn_res.h). Then
+  // residual_[l] holds layer l's attention input (layer 0's: the embedding), each block's
+  // mlp_input its MLP's, and residual_[layers] the final read.
+  std::unique_ptr<BlockAttnRes> attn_res_;
   std::vector<Tensor> residual_;  // residual_[l] = input of block l [T, hidden]; [layers] = final-norm input
   Tensor hidden_, dhidden_;       // [T, hidden] compute dtype
   Tensor dres_, dres_compute_;    // [T, hidden]: the residual gradient (wide) and its compute copy (mixed path)
+
+  void backward_blocks(const Tensor& dres, const Tensor& dres_compute, const SeqInfo& seq, const ExtraGradients& extra,
+                       const std::function<void(int)>& tell);
+  // The embedding's dropout and scale, then its table's gradient, from d(its output) in dres.
+  void embedding_backward(const Tensor& tokens, const Tensor& dres, const SeqInfo& seq, const ops::TokenGroups* groups,
+                          const ExtraGradients& extra);
+  void forward_attn_res(const SeqInfo& seq);
+  void backward_attn_res(const SeqInfo& seq, const ExtraGradients& extra, const std::function<void(int)>& tell);
 
   // model.embed_dropout on the embedding's output: mask site 0 (the blocks take 1, 2, ...).
   bool embedding_drops(const SeqInfo& seq) const { return config_.embed_dropout > 0 && seq.dropout_key.defined(); }

@@ -97,6 +97,54 @@ void TransformerBlock::backward(const Tensor& dres, const Tensor& dres_compute, 
   attn_norm_->backward(dbranch_in, dres, true, copy);
 }
 
+void TransformerBlock::sublayer_forward(Sublayer which, const Tensor& input, const SeqInfo& seq, const Tensor& out) {
+  const bool attention = which == Sublayer::attention;
+  Norm& pre = attention ? *attn_norm_ : *mlp_norm_;
+  Norm* post = attention ? post_attn_norm_.get() : post_mlp_norm_.get();
+  const int64_t t = input.size(0);
+  Workspace::Scope scope(workspace_);
+  Tensor normed = scope.take(compute_dtype_, input.shape());
+  // With a post-norm the branch writes its saved output, which the post-norm reads into out.
+  const Tensor branch_out = post ? (attention ? attn_out_ : mlp_out_).rows(0, t) : out;
+  pre.forward(input, normed);
+  if (attention) {
+    mixer_->forward(normed, seq, branch_out);
+  } else {
+    mlp_->forward(normed, branch_out);
+  }
+  if (post) post->forward(branch_out, out);
+  const uint32_t site = attention ? attention_site_ : mlp_site_;
+  if (drops(seq)) ops::dropout_apply(exec_, out, {dropout_, site, seq.dropout_key}, out);
+}
+
+void TransformerBlock::sublayer_backward(Sublayer which, const Tensor& dout, const SeqInfo& seq, const Tensor& dinput,
+                                         bool accumulate) {
+  const bool attention = which == Sublayer::attention;
+  Norm& pre = attention ? *attn_norm_ : *mlp_norm_;
+  Norm* post = attention ? post_attn_norm_.get() : post_mlp_norm_.get();
+  Workspace::Scope scope(workspace_);
+  Tensor normed = scope.take(compute_dtype_, dout.shape());
+  Tensor dbranch_in = scope.take(compute_dtype_, dout.shape());
+  Tensor g = dout;
+  if (drops(seq)) {  // dout through the forward's mask (found again)
+    const Tensor dropped = scope.take(compute_dtype_, dout.shape());
+    ops::dropout_apply(exec_, dout, {dropout_, attention ? attention_site_ : mlp_site_, seq.dropout_key}, dropped);
+    g = dropped;
+  }
+  if (post) {
+    const Tensor dpost = scope.take(compute_dtype_, dout.shape());
+    post->backward(g, dpost, false);
+    g = dpost;
+  }
+  pre.recompute(normed);
+  if (attention) {
+    mixer_->backward(normed, g, seq, dbranch_in);
+  } else {
+    mlp_->backward(normed, g, dbranch_in);
+  }
+  pre.backward(dbranch_in, dinput, accumulate);
+}
+
 std::unique_ptr<BlockDecoder> TransformerBlock::make_decoder(DecodeContext& ctx) const {
   auto post = [&](const std::unique_ptr<Norm>& n) { return n ? n->make_decoder(ctx) : nullptr; };
   BranchDecoders mixer{attn_norm_->make_decoder(ctx), mixer_->make_decoder(ctx, *attn_norm_), post(post_attn_norm_)};
@@ -135,6 +183,17 @@ BlockDecoder::BlockDecoder(DecodeContext& ctx, BranchDecoders mixer, BranchDecod
 void BlockDecoder::forward(DecodeStepBuffers& s, const DecodeRows& rows) {
   branch(mixer_, s, rows);
   branch(mlp_, s, rows);
+}
+
+void BlockDecoder::sublayer(Sublayer which, const Tensor& input, const DecodeRows& rows, const Tensor& h,
+                            const Tensor& out) {
+  KILN_CHECK(!mixed_, "model.attn_res_block", "Block Attention Residuals decode in the compute dtype only");
+  BranchDecoders& b = which == Sublayer::attention ? mixer_ : mlp_;
+  b.norm->add_norm(input, Tensor(), h);
+  b.branch->forward(h, rows, out);
+  if (!b.post_norm) return;
+  b.post_norm->add_norm(out, Tensor(), h);
+  copy_tensor(h, out);
 }
 
 void BlockDecoder::reset_slot(int32_t slot) {

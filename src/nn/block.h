@@ -12,6 +12,9 @@
 
 namespace kiln {
 
+// A block's two sublayers, which Block Attention Residuals (nn/attn_res.h) run apart.
+enum class Sublayer { attention, mlp };
+
 // The buffers a decode step threads through the blocks (infer/decoder.h owns them).
 struct DecodeStepBuffers {
   Tensor x;       // [n, hidden] wide: the residual stream
@@ -34,6 +37,10 @@ class BlockDecoder {
   BlockDecoder(DecodeContext& ctx, BranchDecoders mixer, BranchDecoders mlp);
   // The block over the step's rows, from and into s.x (with s.pending as it comes).
   void forward(DecodeStepBuffers& s, const DecodeRows& rows);
+  // Block Attention Residuals: out = one sublayer's output (no residual add) from its input
+  // (wide, left as it is), h its normed input. The CPU reference's dtypes only (compute =
+  // wide): a post-norm reads the output as its wide input.
+  void sublayer(Sublayer which, const Tensor& input, const DecodeRows& rows, const Tensor& h, const Tensor& out);
   // BranchDecoder's slot contract, passed to both branches (nn/decode.h).
   void reset_slot(int32_t slot);
   void copy_slot(int32_t from, int32_t to, int64_t positions);
@@ -58,6 +65,17 @@ class TransformerBlock {
   // dres_compute is dres in the compute dtype, current on entry and kept current: a bf16
   // copy on the mixed path (the norm backwards write it), otherwise dres itself.
   void backward(const Tensor& dres, const Tensor& dres_compute, const SeqInfo& seq);
+
+  // Block Attention Residuals (nn/attn_res.h) run the two sublayers apart, each from an
+  // input of its own rather than the residual stream.
+  // out = the sublayer's output (pre-norm, branch, post-norm, dropout; no residual add) from
+  // input [T, hidden] (wide), which is kept for sublayer_backward. The MLP's input may be
+  // mlp_input(): the buffer the plain stream keeps h in.
+  void sublayer_forward(Sublayer which, const Tensor& input, const SeqInfo& seq, const Tensor& out);
+  // dinput = (or += with accumulate) d(input) of the last sublayer_forward(which), from dout.
+  void sublayer_backward(Sublayer which, const Tensor& dout, const SeqInfo& seq, const Tensor& dinput,
+                         bool accumulate);
+  Tensor mlp_input(int64_t rows) const { return mid_.rows(0, rows); }
 
   std::unique_ptr<BlockDecoder> make_decoder(DecodeContext& ctx) const;
   double extra_forward_flops_per_token(int64_t seq_len) const;

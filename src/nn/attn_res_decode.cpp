@@ -1,0 +1,39 @@
+#include "nn/attn_res_decode.h"
+
+#include "ops/elementwise/elementwise.h"
+
+namespace kiln {
+
+AttnResDecoder::AttnResDecoder(DecodeContext& ctx, const BlockAttnRes& res, int64_t hidden)
+    : exec_(ctx.exec), res_(res) {
+  KILN_CHECK(ctx.device == Device::cpu && !ctx.mixed(), "model.attn_res_block",
+             "Block Attention Residuals decode on the CPU only, in the compute dtype");
+  sums_.resize(static_cast<size_t>(res.blocks()));
+  for (Tensor& s : sums_) ctx.state.reserve(s, ctx.wide, Shape{ctx.max_rows, hidden});
+  ctx.state.reserve(mix_, ctx.wide, Shape{ctx.max_rows, hidden});
+}
+
+void AttnResDecoder::forward(const std::vector<std::unique_ptr<BlockDecoder>>& blocks, DecodeStepBuffers& s,
+                             const DecodeRows& rows) {
+  const int64_t n = rows.count, size = res_.block_size();
+  std::vector<Tensor> sums;
+  for (const Tensor& t : sums_) sums.push_back(t.rows(0, n));
+  const Tensor embedding = s.x, mix = mix_.rows(0, n);
+  for (size_t l = 0; l < blocks.size(); ++l)
+    for (const Sublayer which : {Sublayer::attention, Sublayer::mlp}) {
+      const auto j = static_cast<int64_t>(2 * l) + (which == Sublayer::mlp ? 1 : 0);
+      if (j > 0) res_.mix_blocks(j, embedding, sums, mix);  // sublayer 0 reads the embedding itself
+      blocks[l]->sublayer(which, j > 0 ? mix : embedding, rows, s.h, s.branch);
+      const Tensor& sum = sums[static_cast<size_t>(j / size)];
+      if (j % size == 0) {
+        ops::convert(exec_, s.branch, sum);  // a block's first output starts its sum
+      } else {
+        ops::add_inplace(exec_, sum, s.branch);
+      }
+    }
+  res_.mix_blocks(res_.sublayers(), embedding, sums, mix);
+  copy_tensor(mix, s.x);
+  s.pending = false;
+}
+
+}  // namespace kiln
