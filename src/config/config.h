@@ -364,7 +364,7 @@ struct DistConfig {
   double bucket_mb = 25;
   // ZeRO stage (docs/distributed.md): 0 keeps the optimizer state whole on every rank; 1
   // gives each rank the state of one contiguous shard of the parameters, which it alone
-  // updates, and all-gathers the updated parameters. CPU (Gloo) only so far.
+  // updates, and all-gathers the updated parameters (docs/distributed.md).
   int64_t zero = 0;
 };
 
