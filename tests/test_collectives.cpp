@@ -1,11 +1,12 @@
 // The rendezvous store and the Gloo collectives, with ranks as threads of one process
-// (the training tests run them as processes: test_distributed.cpp).
+// (thread_ranks.h; the training tests run them as processes: test_distributed.cpp).
 #include "dist/gloo_communicator.h"
 #include "dist/process_group.h"
 #include "dist/free_port.h"
 #include "dist/rank_progress.h"
 #include "dist/tcp_store.h"
 #include "test_util.h"
+#include "thread_ranks.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -17,36 +18,9 @@
 using namespace kiln;
 using namespace kiln::dist;
 using kiln::test::error_of;
+using kiln::test::placement;
+using kiln::test::run_ranks;
 using namespace std::chrono_literals;
-
-namespace {
-
-// Runs body(rank) on `world` threads; the errors they threw, by rank ("" = none).
-std::vector<std::string> run_ranks(int world, const std::function<void(int)>& body) {
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  return errors;
-}
-
-ProcessPlacement placement(int rank, int world, int port) {
-  ProcessPlacement p;
-  p.rank = p.local_rank = rank;
-  p.world_size = p.local_world_size = world;
-  p.master_port = port;
-  p.convention = "test";
-  return p;
-}
-
-}  // namespace
 
 TEST(TcpStore, GetWaitsForTheKeyAndTimesOutNamingIt) {
   const int port = free_loopback_port();

@@ -10,6 +10,7 @@
 #include "train/pipeline_engine.h"
 #include "train/pipeline_schedule.h"
 #include "test_util.h"
+#include "thread_ranks.h"
 
 #include <cmath>
 #include <cstring>
@@ -20,6 +21,8 @@
 using namespace kiln;
 using namespace kiln::pipeline;
 using kiln::test::error_of;
+using kiln::test::placement;
+using kiln::test::run_ranks;
 using namespace std::chrono_literals;
 
 namespace {
@@ -208,30 +211,6 @@ class LoneCommunicator final : public dist::Communicator {
   void send(const void*, int64_t, int, int, std::string_view what) override { ADD_FAILURE() << "sent " << what; }
   void recv(void*, int64_t, int, int, std::string_view what) override { ADD_FAILURE() << "received " << what; }
 };
-
-std::vector<std::string> run_ranks(int world, const std::function<void(int)>& body) {
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  return errors;
-}
-
-dist::ProcessPlacement placement(int rank, int world, int port) {
-  dist::ProcessPlacement p;
-  p.rank = p.local_rank = rank;
-  p.world_size = p.local_world_size = world;
-  p.master_port = port;
-  p.convention = "test";
-  return p;
-}
 
 std::vector<Schedule> schedules(int ranks, int microbatches) {
   return {build_gpipe(ranks, microbatches), build_1f1b(ranks, microbatches),
