@@ -2,8 +2,9 @@
 // in one step -- forward a micro-batch through a stage, its backward (whole, or split into
 // the input-gradient pass B and the weight-gradient pass W), and the sends and receives of
 // activations and gradients between neighbouring stages. A schedule knows nothing of a
-// model; the simulator (train/pipeline_simulator.h) checks and times one, and an engine
-// that runs a model on them is not built yet (issue 46).
+// model; the simulator (train/pipeline_simulator.h) checks and times one, and the engine
+// (train/pipeline_engine.h) runs one against a stage; the model's stages are not built yet
+// (issue 46).
 //
 // Stages: the model is cut into ranks x stages_per_rank stages. Stage s lives on rank
 // s % ranks (Megatron's interleaving: rank r holds stages r, r + ranks, r + 2 ranks, ...);
