@@ -3,8 +3,10 @@
 # costs a single GPU. The benchmark shapes' step (kiln bench, which has no process group),
 # the PyTorch peer of bench-0.6b (torch.compile, bf16) in the same run, and a training run
 # of bench-0.6b on the bundled corpus (packed short documents) alone against the same run as
-# one rank of `kiln launch` (NCCL reduces the gradients and loss sums inside the captured
-# update graph). Logs under $OUT. STEPS: the training runs' steps (default 24).
+# one rank of `kiln launch`: with the gradients reduced in 25 MiB buckets on a
+# communication stream during the last backward (dist.bucket_mb's default), and in one
+# reduction after it (dist.bucket_mb = 0); the loss sums inside the captured update graph.
+# Logs under $OUT. STEPS: the training runs' steps (default 24).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh || exit 1
@@ -23,5 +25,7 @@ train=(train configs/bench-0.6b.toml --set data.path=data/tinyshakespeare.txt --
        --set log.every=8 --set train.eval_every=0 --set train.eval_batches=0 --set train.sample_tokens=0
        --set checkpoint.every=0 --set checkpoint.save_final=false)
 "$STAGE/bin/kiln" "${train[@]}" --set train.out_dir="$LOGS/alone" 2>&1 | grep -E "^step|error" | tail -3
-"$STAGE/bin/kiln" launch --nproc 1 -- "${train[@]}" --set train.out_dir="$LOGS/ranked" 2>&1 |
-  grep -E "^step|^distributed|error" | tail -4
+for bucket_mb in 25 0; do
+  "$STAGE/bin/kiln" launch --nproc 1 -- "${train[@]}" --set dist.bucket_mb=$bucket_mb \
+    --set train.out_dir="$LOGS/ranked-$bucket_mb" 2>&1 | grep -E "^step|^distributed|error" | tail -4
+done

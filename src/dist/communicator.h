@@ -9,6 +9,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "core/exec_context.h"
 
 #include <cstdint>
 #include <string_view>
@@ -27,6 +28,22 @@ class Communicator {
 
   // In place over `count` elements: every rank ends with the same reduction of all ranks'.
   virtual void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, std::string_view what) = 0;
+  // The same on `exec`'s stream instead of the communicator's own, for a backend whose
+  // collectives run on a stream (NCCL): a communication stream beside the model's
+  // (train/stream_gradient_buckets.h). A host backend has no stream and ignores `exec`.
+  virtual void all_reduce_on(const ExecContext& exec, void* data, int64_t count, DType dtype, ReduceOp op,
+                             std::string_view what) {
+    (void)exec;
+    all_reduce(data, count, dtype, op, what);
+  }
+  // Bounds the work enqueued on `exec`'s stream so far (a replayed graph's collectives
+  // among it) by the collectives' timeout, for a backend whose collectives run on a stream
+  // (NCCL's watchdog, dist/collective_watchdog.h); `what` names it if it is late. A host
+  // backend's collectives bound themselves: nothing to do.
+  virtual void watch(const ExecContext& exec, std::string_view what) {
+    (void)exec;
+    (void)what;
+  }
   // `bytes` from rank `root` to every rank, in place.
   virtual void broadcast(void* data, int64_t bytes, int root, std::string_view what) = 0;
   // In place over world_size() chunks of `bytes_per_rank`: rank r's chunk starts at

@@ -10,6 +10,7 @@
 #include "dist/communicator.h"
 #include "dist/tcp_store.h"
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -17,8 +18,11 @@ namespace kiln::dist {
 
 // Rank 0 makes NCCL's unique id and publishes it through the store under `key`; every
 // rank then joins the communicator on its current CUDA device. Collectives run on `exec`'s
-// stream.
+// stream. A collective enqueued outside a capture, and the work watch() is given, that
+// has not finished within `timeout` (dist.timeout) aborts the communicator and ends the
+// process with exit status 1, naming the rank and the collective on stderr.
 std::unique_ptr<Communicator> make_nccl_communicator(TcpStore& store, const std::string& key, int rank,
-                                                     int world_size, const ExecContext& exec);
+                                                     int world_size, const ExecContext& exec,
+                                                     std::chrono::milliseconds timeout);
 
 }  // namespace kiln::dist

@@ -50,7 +50,8 @@ ProcessGroup::ProcessGroup(const ProcessPlacement& placement, Device device, std
 #if KILN_WITH_CUDA
     select_cuda_device(placement.local_rank);
     // Collectives on the process-wide stream, where the model runs (core/exec_context.h).
-    device_ = make_nccl_communicator(*store_, "nccl/id", placement.rank, placement.world_size, process_exec());
+    device_ = make_nccl_communicator(*store_, "nccl/id", placement.rank, placement.world_size, process_exec(),
+                                     timeout);
 #else
     fail("dist", "a GPU run needs the CUDA backend");
 #endif

@@ -10,6 +10,7 @@
 #include "ops/optim/step_scalars.h"
 
 #include <algorithm>
+#include <limits>
 
 #if KILN_WITH_CUDA
 #include "core/step_graphs.h"
@@ -27,6 +28,7 @@ class CapturedStep final : public StepExecutor {
   CapturedStep(Model& model, Optimizer& optimizer, int64_t micro_batches, DataParallel* data_parallel)
       : model_(model),
         optimizer_(optimizer),
+        micro_batches_(micro_batches),
         data_parallel_(data_parallel),
         host_scalars_(1),
         micro_graphs_("training micro-batch", model.exec()),
@@ -55,7 +57,11 @@ class CapturedStep final : public StepExecutor {
     int32_t* staging = staging_.at(index).data();
     const Model::StagedShape shape = model_.stage_batch(batch, staging);
     model_.load_staged(staging, shape);
-    return shape.key();
+    // Under data parallelism a step's last micro-batch is a graph of its own: the buckets
+    // reduce its gradients during its backward (train/data_parallel.h), and no other's.
+    last_micro_batch_ = static_cast<int64_t>(index) + 1 == micro_batches_;
+    const bool own_graph = data_parallel_ && last_micro_batch_;
+    return own_graph ? shape.key() | std::numeric_limits<int64_t>::min() : shape.key();  // a key's sign bit is free
   }
 
   // Work replayed must be the same for every replay of a graph: fixed buffers, scalars
@@ -64,10 +70,14 @@ class CapturedStep final : public StepExecutor {
     (part == Part::micro_batch ? micro_graphs_ : update_graphs_).run(key, work);
   }
 
-  void forward_backward() override { model_.forward_backward_on_device(&device_->loss_scale, device_->micro_sums); }
+  void forward_backward() override {
+    if (data_parallel_) data_parallel_->before_backward(last_micro_batch_);
+    model_.forward_backward_on_device(&device_->loss_scale, device_->micro_sums);
+    if (data_parallel_) data_parallel_->after_backward();  // a captured graph joins its branches here
+  }
   void add_micro_sums() override { ops::add_micro_sums_on_device(model_.exec(), device_); }
 
-  void synchronize() override {  // NCCL on the stream, inside the update's graph
+  void synchronize() override {  // NCCL on the stream, inside the update's graph (the buckets: in the last micro-batch's)
     if (!data_parallel_) return;
     data_parallel_->reduce_gradients();
     data_parallel_->sum(device_->step_sums, ops::kStepLossSlots, Device::cuda);
@@ -90,6 +100,7 @@ class CapturedStep final : public StepExecutor {
   StepOutcome finish() override {
     ops::DeviceStepScalars& host = host_scalars_[0];
     copy_to_host_async(model_.exec(), &host, device_, sizeof(host));
+    if (data_parallel_) data_parallel_->watch_step();  // a lost rank ends the wait below
     synchronize_stream(model_.exec());  // the step's one wait
     StepOutcome outcome{host.loss, host.grad_norm, {}, host.verdict};
     std::copy(std::begin(host.step_sums), std::end(host.step_sums), outcome.step_sums.begin());
@@ -104,7 +115,9 @@ class CapturedStep final : public StepExecutor {
  private:
   Model& model_;
   Optimizer& optimizer_;
+  int64_t micro_batches_;
   DataParallel* data_parallel_;
+  bool last_micro_batch_ = false;  // the loaded one is the step's last
   std::vector<PinnedArray<int32_t>> staging_;
   PinnedArray<ops::DeviceStepScalars> host_scalars_;
   Storage device_scalars_;

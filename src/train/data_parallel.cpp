@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace kiln {
 
@@ -85,21 +86,44 @@ void DataParallel::before_backward(bool last_micro_batch) {
     model_.set_backward_progress({});
     return;
   }
-  if (!buckets_) {  // the arena exists only once the model is allocated
+  if (!buckets_ && !stream_buckets_) {  // the arena exists only once the model is allocated
     const Tensor grads = model_.all_gradients();
     const auto elements = static_cast<int64_t>(std::llround(bucket_mb_ * 1024 * 1024)) /
                           static_cast<int64_t>(dtype_size(grads.dtype()));
-    buckets_ = std::make_unique<BucketedGradientReduction>(
-        group_.device(), grads,
-        plan_gradient_buckets(model_.gradient_ranges(), grads.numel(), std::max<int64_t>(1, elements)));
+    std::vector<GradientBucket> plan =
+        plan_gradient_buckets(model_.gradient_ranges(), grads.numel(), std::max<int64_t>(1, elements));
+    if (on_gpu()) stream_buckets_ = std::make_unique<StreamBucketedReduction>(group_.device(), model_.exec(), grads, std::move(plan));
+    else buckets_ = std::make_unique<BucketedGradientReduction>(group_.device(), grads, std::move(plan));
   }
-  buckets_->start();
   reducing_ = true;
-  BucketedGradientReduction* reduction = buckets_.get();
-  model_.set_backward_progress([reduction](int event) { reduction->ready(event); });
+  if (stream_buckets_) {
+    StreamBucketedReduction* reduction = stream_buckets_.get();
+    reduction->start();
+    model_.set_backward_progress([reduction](int event) { reduction->ready(event); });
+  } else {
+    BucketedGradientReduction* reduction = buckets_.get();
+    reduction->start();
+    model_.set_backward_progress([reduction](int event) { reduction->ready(event); });
+  }
+}
+
+void DataParallel::after_backward() {
+  model_.set_backward_progress({});
+  if (!reducing_) return;
+  if (stream_buckets_) {
+    stream_buckets_->finish();  // the model's stream waits here; nothing is left to wait for later
+    reducing_ = false;
+  } else {
+    buckets_->ready(std::numeric_limits<int>::max());  // the thread goes on; reduce_gradients waits
+  }
+}
+
+void DataParallel::watch_step() {
+  group_.device().watch(model_.exec(), "a captured step's gradients, loss sums and step statistics");
 }
 
 std::vector<GradientBucket> DataParallel::buckets() const {
+  if (stream_buckets_) return stream_buckets_->buckets();
   return buckets_ ? buckets_->buckets() : std::vector<GradientBucket>{};
 }
 
@@ -115,9 +139,10 @@ int DataParallel::agree_on_stop(int local_signal) {
 
 void DataParallel::reduce_gradients() {
   dist::Communicator& comm = group_.device();
-  if (reducing_) {
+  if (stream_buckets_) {
+    // Summed during the last backward, joined at its end (after_backward).
+  } else if (reducing_) {
     reducing_ = false;
-    model_.set_backward_progress({});
     buckets_->finish();
   } else {
     const Tensor grads = model_.all_gradients();

@@ -7,9 +7,10 @@
 // Every rank then holds the same gradients, takes the same decisions and keeps the same
 // weights, so rank 0's checkpoint is the run's.
 //
-// With dist.bucket_mb > 0 on the CPU (Gloo), the gradients of a step's last micro-batch are
-// reduced in buckets while its backward still runs (train/gradient_buckets.h); on the GPU
-// (NCCL) and with 0, in one reduction after backward.
+// With dist.bucket_mb > 0, the gradients of a step's last micro-batch are reduced in
+// buckets while its backward still runs: on the CPU by Gloo on a thread of its own
+// (train/gradient_buckets.h), on the GPU by NCCL on a communication stream (train/
+// stream_gradient_buckets.h); with 0, in one reduction after backward.
 //
 // With dist.zero = 1 (ZeRO-1) the gradients are still summed whole, so the
 // norm, guard and clip see the whole model, but each rank's optimizer updates only its
@@ -21,6 +22,7 @@
 #include "model/model.h"
 #include "train/gradient_buckets.h"
 #include "train/parameter_shards.h"
+#include "train/stream_gradient_buckets.h"
 #include "train/zero_state.h"
 
 #include <cstdint>
@@ -46,10 +48,16 @@ class DataParallel {
   // Before each micro-batch's forward and backward: the last of a step reduces its
   // finished gradients in buckets while backward runs, where buckets apply (above).
   void before_backward(bool last_micro_batch);
+  // After it: every bucket launched; on the GPU the model's stream then waits for them
+  // (inside the micro-batch, where a captured graph must join its communication branch).
+  void after_backward();
   // Sums the gradients (or waits for the buckets' sums) and combines the step statistics
   // over the ranks, in place on the model's device (on the GPU: on the model's stream, with
   // no host wait; a step graph may capture it).
   void reduce_gradients();
+  // After a captured step's launch: its collectives bounded by dist.timeout like those
+  // enqueued op by op (NCCL's watchdog; Gloo's bound themselves).
+  void watch_step();
   // The buckets of the last step's reduction (empty: one reduction after backward).
   std::vector<GradientBucket> buckets() const;
   // Sums `count` doubles over the ranks in place: host memory, or the device's (the device
@@ -65,12 +73,14 @@ class DataParallel {
   GatheredOptimizerState gather_optimizer_state(const Optimizer& optimizer);
 
  private:
-  bool bucketed() const { return bucket_mb_ > 0 && group_.device().device() == Device::cpu; }
+  bool bucketed() const { return bucket_mb_ > 0; }
+  bool on_gpu() const { return group_.device().device() == Device::cuda; }
 
   dist::ProcessGroup& group_;
   Model& model_;
   double bucket_mb_;
-  std::unique_ptr<BucketedGradientReduction> buckets_;  // made at the first bucketed step
+  std::unique_ptr<BucketedGradientReduction> buckets_;  // the CPU's, made at the first bucketed step
+  std::unique_ptr<StreamBucketedReduction> stream_buckets_;  // the GPU's, likewise
   bool reducing_ = false;                                // this step's buckets are under way
   std::unique_ptr<ParameterShards> shards_;              // ZeRO's; null without
   Storage gathered_;  // ZeRO's all-gather buffer: a chunk per rank, on the collectives' device

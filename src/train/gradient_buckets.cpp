@@ -31,9 +31,19 @@ std::vector<GradientBucket> plan_gradient_buckets(const std::vector<GradientRang
   return buckets;
 }
 
+std::vector<size_t> BucketLaunches::take_ready(int event) {
+  std::vector<size_t> ready;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (launched_[b] || buckets_[b].ready_after > event) continue;
+    launched_[b] = true;
+    ready.push_back(b);
+  }
+  return ready;
+}
+
 BucketedGradientReduction::BucketedGradientReduction(dist::Communicator& comm, const Tensor& gradients,
                                                      std::vector<GradientBucket> buckets)
-    : comm_(comm), gradients_(gradients), buckets_(std::move(buckets)), launched_(buckets_.size(), false) {
+    : comm_(comm), gradients_(gradients), buckets_(std::move(buckets)) {
   KILN_CHECK(gradients.device() == Device::cpu, "dist",
              "buckets reduced during backward run on the CPU (Gloo) only; got gradients on {}",
              device_name(gradients.device()));
@@ -52,22 +62,17 @@ BucketedGradientReduction::~BucketedGradientReduction() {
 void BucketedGradientReduction::start() {
   std::lock_guard<std::mutex> lock(mutex_);
   KILN_CHECK(queue_.empty() && in_flight_ == 0, "dist", "a bucketed reduction started before the last one finished");
-  std::fill(launched_.begin(), launched_.end(), false);
+  launches_.reset();
 }
 
 void BucketedGradientReduction::ready(int event) { launch_up_to(event); }
 
 void BucketedGradientReduction::launch_up_to(int event) {
   std::lock_guard<std::mutex> lock(mutex_);
-  bool any = false;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (launched_[b] || buckets_[b].ready_after > event) continue;
-    launched_[b] = true;
-    queue_.push_back(b);
-    ++in_flight_;
-    any = true;
-  }
-  if (any) work_.notify_one();
+  const std::vector<size_t> ready = launches_.take_ready(event);
+  queue_.insert(queue_.end(), ready.begin(), ready.end());
+  in_flight_ += ready.size();
+  if (!ready.empty()) work_.notify_one();
 }
 
 void BucketedGradientReduction::finish() {

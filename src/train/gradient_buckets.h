@@ -7,15 +7,16 @@
 // it reads the gradients (the norm). Every rank launches the buckets in the same order.
 //
 // On the CPU (Gloo) the reductions run on a thread of their own, the communication
-// "stream": backward's threads keep computing while it sends and sums. The GPU's form (a
-// communication stream ordered by events, inside the captured step) is not built yet;
-// NCCL runs reduce every gradient after backward, as before.
+// "stream": backward's threads keep computing while it sends and sums. On the GPU (NCCL)
+// they run on a communication stream ordered by events, inside the captured micro-batch
+// (train/stream_gradient_buckets.h).
 #pragma once
 
 #include "core/tensor.h"
 #include "dist/communicator.h"
 #include "model/gradient_ready.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -38,6 +39,22 @@ struct GradientBucket {
 // the end of the arena to its start. `ranges` are sorted by begin, disjoint, within total.
 std::vector<GradientBucket> plan_gradient_buckets(const std::vector<GradientRange>& ranges, int64_t total,
                                                   int64_t bucket_elements);
+
+// Which of a step's buckets backward has made ready and which are launched, so that every
+// rank launches the same buckets in the same order.
+class BucketLaunches {
+ public:
+  explicit BucketLaunches(const std::vector<GradientBucket>& buckets) : buckets_(buckets), launched_(buckets.size()) {}
+  // A step's last backward begins: none launched.
+  void reset() { std::fill(launched_.begin(), launched_.end(), false); }
+  // The buckets ready after backward's `event` and not launched yet, in plan order, now
+  // marked launched.
+  std::vector<size_t> take_ready(int event);
+
+ private:
+  const std::vector<GradientBucket>& buckets_;
+  std::vector<bool> launched_;
+};
 
 class BucketedGradientReduction {
  public:
@@ -65,7 +82,7 @@ class BucketedGradientReduction {
   dist::Communicator& comm_;
   Tensor gradients_;
   std::vector<GradientBucket> buckets_;
-  std::vector<bool> launched_;
+  BucketLaunches launches_{buckets_};
 
   std::mutex mutex_;
   std::condition_variable work_, done_;

@@ -37,6 +37,7 @@ class OpByOpStep final : public StepExecutor {
   void forward_backward() override {
     if (data_parallel_) data_parallel_->before_backward(last_micro_batch_);
     micro_sums_ = model_.forward_backward(1.0 / static_cast<double>(targets_));
+    if (data_parallel_) data_parallel_->after_backward();
   }
 
   void add_micro_sums() override {

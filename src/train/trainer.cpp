@@ -230,9 +230,13 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   // Data readers: bad input skipped in lenient mode, and this rank's share of the stream.
   if (config_.data.lenient) console_.print("data: skipped bad input (data.lenient): {}\n", dataset_->skipped_summary());
   if (group_)
-    console_.print("distributed: {} ranks ({} launch, {} per node), gradients over {} | this is rank {}\n",
+    console_.print("distributed: {} ranks ({} launch, {} per node), gradients over {}, {} | this is rank {}\n",
                    group_->world_size(), group_->placement().convention, group_->placement().local_world_size,
-                   group_->device().backend(), group_->rank());
+                   group_->device().backend(),
+                   config_.dist.bucket_mb > 0
+                       ? fmt::format("in buckets of {} MiB during backward", config_.dist.bucket_mb)
+                       : std::string("in one reduction after backward"),
+                   group_->rank());
   if (stream_->options().world_size > 1)
     console_.print("data: rank {} of {} (the global stream's micro-batches {} mod {})\n", stream_->options().rank,
                    stream_->options().world_size, stream_->options().rank, stream_->options().world_size);

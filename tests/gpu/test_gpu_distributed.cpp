@@ -1,7 +1,13 @@
-// Data parallelism on the GPU: the NCCL path (gradients, loss sums and step statistics
-// reduced on kiln's stream, inside the captured update graph) at world size 1 gives the
-// single-device step bit for bit, captured and op by op, with and without ZeRO-1; with two GPUs or more, two ranks
+// Data parallelism on the GPU: the NCCL path (gradients, in buckets on a communication
+// stream during backward or once after it, loss sums and step statistics, inside the
+// captured graphs) at world size 1 gives the single-device step bit for bit, captured and
+// op by op, with and without ZeRO-1; a late collective ends the process (the watchdog);
+// with two GPUs or more, two ranks
 // equal one process over the same global batch (the multi-GPU measurements are issue 24).
+#include "core/cuda_context.h"
+#include "dist/free_port.h"
+#include "dist/nccl_communicator.h"
+#include "dist/tcp_store.h"
 #include "gpu/gpu_harness.h"
 #include "test_util.h"
 
@@ -9,9 +15,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 namespace kiln {
 namespace {
@@ -61,7 +69,15 @@ TEST_F(Distributed, OneRankOverNcclIsTheSingleDeviceStepBitForBit) {
   // ZeRO-1 at one rank: the shard is every parameter, but the update's all-gather and its
   // copies run (inside the captured update, or op by op) and must change nothing.
   const std::string zero = " --set dist.zero=1 --set dist.bucket_mb=0.01";
+  // Gradient buckets (dist.bucket_mb): tiny ones, many per step, reduced on the
+  // communication stream during the last backward (inside its captured graph, or op by
+  // op); and none, one reduction after backward. At one rank NCCL's sum is the identity.
+  const std::string buckets = " --set dist.bucket_mb=0.01";
   for (const std::string& variant : {std::string("--set train.grad_accum=2"),
+                                     "--set train.grad_accum=2" + buckets,
+                                     "--set train.grad_accum=2 --set train.cuda_graphs=false" + buckets,
+                                     "--set train.grad_accum=2 " + sparse + buckets,
+                                     std::string("--set train.grad_accum=2 --set dist.bucket_mb=0"),
                                      std::string("--set train.grad_accum=2 --set train.cuda_graphs=false"),
                                      "--set train.grad_accum=2 " + sparse,
                                      "--set train.grad_accum=2" + zero,
@@ -76,6 +92,10 @@ TEST_F(Distributed, OneRankOverNcclIsTheSingleDeviceStepBitForBit) {
     EXPECT_NE(output.find("distributed: 1 ranks (torchrun launch, 1 per node), gradients over nccl"),
               std::string::npos)
         << output;
+    const std::string reduction = variant.find("bucket_mb=0.01") != std::string::npos ? "in buckets of 0.01 MiB"
+                                  : variant.find("bucket_mb=0") != std::string::npos  ? "in one reduction after"
+                                                                                       : "in buckets of 25 MiB";
+    EXPECT_NE(output.find(reduction), std::string::npos) << output;
     const std::vector<Record> alone = records(dir + "/alone"), ranked = records(dir + "/ranked");
     ASSERT_EQ(alone.size(), 20u);
     EXPECT_EQ(ranked, alone);
@@ -83,6 +103,29 @@ TEST_F(Distributed, OneRankOverNcclIsTheSingleDeviceStepBitForBit) {
               test::read_file(dir + "/alone/model/model.safetensors"));
   }
   std::filesystem::remove_all(dir);
+}
+
+// NCCL's watchdog (dist/collective_watchdog.h): a collective that cannot finish within
+// dist.timeout (its stream held up by a host function that sleeps far past the timeout, as
+// a peer that never arrives holds it) ends the process with exit status 1, naming the rank
+// and the collective, instead of leaving it blocked in its next synchronization.
+TEST_F(Distributed, ALateNcclCollectiveEndsTheProcessNamingIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: CUDA and NCCL do not survive fork
+  EXPECT_EXIT(
+      {
+        dist::TcpStore store("127.0.0.1", dist::free_loopback_port(), true, std::chrono::seconds(20));
+        const auto comm =
+            dist::make_nccl_communicator(store, "nccl/id", 0, 1, process_exec(), std::chrono::milliseconds(1000));
+        const cudaStream_t stream = cuda::stream(process_exec());
+        cudaLaunchHostFunc(stream, [](void*) { std::this_thread::sleep_for(std::chrono::seconds(20)); }, nullptr);
+        void* data = nullptr;
+        cudaMalloc(&data, 64 * sizeof(float));
+        comm->all_reduce(data, 64, DType::f32, dist::ReduceOp::sum, "stalled gradients");
+        cudaStreamSynchronize(stream);  // blocks until the watchdog ends the process
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(1),
+      "rank 0 of 1: the NCCL collective 'stalled gradients' did not finish within dist.timeout = 1 s");
 }
 
 TEST_F(Distributed, TwoRanksOnTwoGpusTrainAsOneProcess) {

@@ -47,6 +47,17 @@ void row_loss(T* row, int64_t vocab, int32_t target, const LmHeadLossOptions& o,
 }
 
 #if KILN_WITH_CUDA
+// The GPU's scale of a weighted head's gradient: fp32 (1 / targets) times the fp32 weight,
+// rounded twice as the kernels round the step's scale in device memory times the weight
+// (cuda::LossScale::get), so that the op-by-op step and the captured one scale a head
+// whose weight is not 1 (multi-token prediction's) to the same bits. One rounding of the
+// double product differs from that by an ulp for some target counts (1840 of 2048, with
+// weight 0.1), which made the two steps' gradient norms differ.
+cuda::LossScale gpu_loss_scale(const LmHeadLossOptions& o) {
+  const auto weight = static_cast<float>(o.weight);
+  return cuda::LossScale(static_cast<float>(o.loss_scale) * weight, o.loss_scale_on_device, weight);
+}
+
 // The same chunk loop on the GPU: cuBLAS products, the row kernel in place, and the sums
 // kept on the device until the end (one synchronization per call).
 LossSums lm_head_loss_cuda(const ExecContext& ctx, const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
@@ -56,8 +67,7 @@ LossSums lm_head_loss_cuda(const ExecContext& ctx, const Tensor& h, const Tensor
   float* lc = scratch.logits.data<float>();
   double* const sums_on_device = o.sums_on_device;  // null: the op's own, read at the end
   if (sums_on_device == nullptr) cuda::loss_sums_reset(ctx, nullptr);
-  const cuda::LossScale scale(static_cast<float>(o.loss_scale * o.weight), o.loss_scale_on_device,
-                              static_cast<float>(o.weight));
+  const cuda::LossScale scale = gpu_loss_scale(o);
   for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
     const int64_t rows = std::min(o.chunk_rows, n - begin);
     const float* hc = h.data<float>() + begin * d;
@@ -88,8 +98,7 @@ LossSums lm_head_loss_mixed(const ExecContext& ctx, const Tensor& h, const Tenso
   const uint16_t* wp = bf16_data(w);
   double* const sums_on_device = o.sums_on_device;  // null: the op's own, read at the end
   if (sums_on_device == nullptr) cuda::loss_sums_reset(ctx, nullptr);
-  const cuda::LossScale scale(static_cast<float>(o.loss_scale * o.weight), o.loss_scale_on_device,
-                              static_cast<float>(o.weight));
+  const cuda::LossScale scale = gpu_loss_scale(o);
   for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
     const int64_t rows = std::min(o.chunk_rows, n - begin);
     const uint16_t* hc = hp + begin * d;

@@ -1,0 +1,53 @@
+// The GPU's form of data parallelism's bucketed gradient reduction (train/
+// gradient_buckets.h): each bucket is all-reduced by NCCL on a communication stream beside
+// the model's, as soon as backward has finished its gradients, while backward goes on
+// with the blocks below on the model's stream. Each launch forks the communication stream
+// after the kernels that wrote the bucket (an event); the end of backward joins it, so the
+// model's stream reads the gradients (the norm) only once every bucket is summed. All of
+// it only enqueues work: a captured micro-batch replays the overlap as the branches of its
+// graph. Every rank launches the same buckets in the same order, as NCCL requires.
+#pragma once
+
+#include "core/exec_context.h"
+#include "core/tensor.h"
+#include "dist/communicator.h"
+#include "train/gradient_buckets.h"
+
+#include <memory>
+#include <vector>
+
+namespace kiln {
+
+namespace cuda {
+class SideStream;
+}
+
+class StreamBucketedReduction {
+ public:
+  // Reduces (sums) buckets of `gradients` (device memory) over `comm`'s ranks on a stream
+  // beside `model`'s. CUDA builds only; made outside any capture.
+  StreamBucketedReduction(dist::Communicator& comm, const ExecContext& model, const Tensor& gradients,
+                          std::vector<GradientBucket> buckets);
+  ~StreamBucketedReduction();
+  StreamBucketedReduction(const StreamBucketedReduction&) = delete;
+  StreamBucketedReduction& operator=(const StreamBucketedReduction&) = delete;
+
+  // A step's last backward begins: no bucket launched yet.
+  void start();
+  // Backward finished `event`: the buckets ready after it are all-reduced on the
+  // communication stream, after the work enqueued so far on the model's.
+  void ready(int event);
+  // Backward is done: what is left is launched, and the model's stream waits for every bucket.
+  void finish();
+
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+
+ private:
+  dist::Communicator& comm_;
+  Tensor gradients_;
+  std::vector<GradientBucket> buckets_;
+  BucketLaunches launches_{buckets_};
+  std::unique_ptr<cuda::SideStream> communication_;
+};
+
+}  // namespace kiln
