@@ -5,6 +5,7 @@
 #include "io/safetensors.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -112,8 +113,8 @@ void read_optimizer_shards(const std::vector<std::string>& paths, const std::vec
     for (const Slice& s : found->second) {
       const io::SafetensorsFile& file = files[s.file];
       KILN_CHECK(s.dtype == t.tensor.dtype() && s.whole == whole, kWhere,
-                 "{}: optimizer state '{}' is {} of shape {}, this run keeps it as {}{}", file.path(), t.name,
-                 dtype_name(s.dtype), json(s.whole).dump(), dtype_name(t.tensor.dtype()), (t.sliced ? t.whole : t.tensor.shape()).str());
+                 "{}: optimizer state '{}' is {} [{}], this run keeps it as {} [{}]", file.path(), t.name,
+                 dtype_name(s.dtype), fmt::join(s.whole, ", "), dtype_name(t.tensor.dtype()), fmt::join(whole, ", "));
       const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
       if (lo >= hi) continue;
       device_copy(static_cast<unsigned char*>(t.tensor.raw()) + static_cast<size_t>(lo - begin) * element,
