@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -184,30 +185,93 @@ TEST_F(Distributed, ZeroOneTrainsBitwiseAsDataParallel) {
   }
 }
 
-// A ZeRO run's checkpoint holds the optimizer state whole, so it resumes at any world
-// size, with or without ZeRO. The same interrupted path -- 2 ranks (checkpoint at 4), then
-// 1 process (at 8), then 3 ranks to the end -- with ZeRO and without it: the checkpoints
-// are byte for byte the same files, and the runs end with the same weights bit for bit
-// (how close such a path comes to one process straight through is
-// ACheckpointResumesAtAnotherWorldSize's; int8 moments round DDP's 1e-7 differences
-// further apart).
+namespace {
+
+std::string shard_file(const std::string& checkpoint, int rank, int world) {
+  return fmt::format("{}/optimizer.rank-{:05}-of-{:05}.safetensors", checkpoint, rank, world);
+}
+
+// The optimizer state tensors of a checkpoint as raw bytes by name: a whole
+// optimizer.safetensors read as it is, or a ZeRO run's shard files joined, each slice put
+// at the offset its metadata gives (written by the test, not by kiln's reader).
+std::map<std::string, std::string> optimizer_state_bytes(const std::string& checkpoint, int shards) {
+  std::map<std::string, std::string> out;
+  const auto bytes_of = [](const SafetensorsFile& file, const std::string& name) {
+    const auto* data = static_cast<const char*>(file.data(name));
+    return std::string(data, file.info(name).nbytes());
+  };
+  if (shards == 0) {
+    const SafetensorsFile file = SafetensorsFile::open(checkpoint + "/optimizer.safetensors");
+    for (const std::string& name : file.names()) out[name] = bytes_of(file, name);
+    return out;
+  }
+  std::map<std::string, size_t> filled;
+  for (int r = 0; r < shards; ++r) {
+    const SafetensorsFile file = SafetensorsFile::open(shard_file(checkpoint, r, shards));
+    const nlohmann::json slices = nlohmann::json::parse(file.metadata("slices"));
+    for (const std::string& name : file.names()) {
+      const size_t element = dtype_size(file.info(name).dtype);
+      int64_t whole = 1;
+      for (int64_t d : slices[name]["whole"].get<std::vector<int64_t>>()) whole *= d;
+      std::string& joined = out[name];
+      joined.resize(static_cast<size_t>(whole) * element);
+      const std::string piece = bytes_of(file, name);
+      joined.replace(slices[name]["offset"].get<size_t>() * element, piece.size(), piece);
+      filled[name] += piece.size();
+    }
+  }
+  for (const auto& [name, bytes] : out) EXPECT_EQ(filled[name], bytes.size()) << name << " is not covered exactly";
+  return out;
+}
+
+}  // namespace
+
+// A ZeRO run's checkpoint holds the optimizer state in one shard file per rank (each
+// rank's slices), and resumes at any world size, with or without ZeRO. The same
+// interrupted path -- 2 ranks (checkpoint at 4), then 1 process (at 8), then 3 ranks (at
+// 12), then 2 ranks to the end -- with ZeRO and without it: so a single process reads 2
+// ZeRO ranks' shards, ZeRO ranks read a whole file, and 2 ZeRO ranks read 3 ranks'
+// shards. The shard files joined equal the whole file byte for byte per tensor, and the
+// runs end with the same weights bit for bit (how close such a path comes to one process
+// straight through is ACheckpointResumesAtAnotherWorldSize's; int8 moments round DDP's
+// 1e-7 differences further apart).
 TEST_F(Distributed, AZeroCheckpointResumesAtAnyWorldSize) {
   std::string output;
-  const std::string int8 = "--set optim.adamw_state=int8 --set dist.bucket_mb=0 ";
+  const std::string int8 = "--set optim.adamw_state=int8 --set dist.bucket_mb=0 --set train.steps=16 ";
   for (const char* zero : {"0", "1"}) {
     SCOPED_TRACE(::testing::Message() << "dist.zero=" << zero);
+    const bool sharded = std::string(zero) == "1";
     const std::string run = fmt::format("{}/moved-zero{}", dir_, zero);
     const std::string extra = int8 + fmt::format("--set dist.zero={} ", zero);
     ASSERT_NE(run_with_fault(launch(2, run, 3, extra), "kill_at_step:5", &output), 0) << output;
     EXPECT_EQ(latest_of(run), "step-00000004");
+    // A ZeRO save: one file per rank, and no whole file.
+    const std::string at4 = checkpoint_path(run, 4);
+    EXPECT_EQ(std::filesystem::exists(at4 + "/optimizer.safetensors"), !sharded);
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(std::filesystem::exists(shard_file(at4, r, 2)), sharded) << r;
+    EXPECT_FALSE(std::filesystem::exists(shard_file(at4, 2, 2)));
     ASSERT_EQ(run_with_fault(single(run, 6, int8 + "--resume"), "kill_at_step:9", &output), -SIGKILL) << output;
     EXPECT_EQ(latest_of(run), "step-00000008");
-    ASSERT_EQ(run_with_fault(launch(3, run, 2, extra + "--resume"), "", &output), 0) << output;
+    EXPECT_TRUE(std::filesystem::exists(checkpoint_path(run, 8) + "/optimizer.safetensors"));
+    ASSERT_NE(run_with_fault(launch(3, run, 2, extra + "--resume"), "kill_at_step:13", &output), 0) << output;
     EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(run, 8) + " at step 8");
+    EXPECT_EQ(latest_of(run), "step-00000012");
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(std::filesystem::exists(shard_file(checkpoint_path(run, 12), r, 3)), sharded);
+    ASSERT_EQ(run_with_fault(launch(2, run, 3, extra + "--resume"), "", &output), 0) << output;
+    EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(run, 12) + " at step 12");
   }
   const std::string ddp = dir_ + "/moved-zero0", zero = dir_ + "/moved-zero1";
-  EXPECT_EQ(read_file(checkpoint_path(zero, 4) + "/optimizer.safetensors"),
-            read_file(checkpoint_path(ddp, 4) + "/optimizer.safetensors"));
+  for (const auto& [step, ranks] : {std::pair{4, 2}, {12, 3}}) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    const auto whole = optimizer_state_bytes(checkpoint_path(ddp, step), 0);
+    const auto joined = optimizer_state_bytes(checkpoint_path(zero, step), ranks);
+    ASSERT_FALSE(whole.empty());
+    EXPECT_EQ(joined.size(), whole.size());
+    for (const auto& [name, bytes] : whole) {
+      ASSERT_TRUE(joined.count(name)) << name;
+      EXPECT_TRUE(joined.at(name) == bytes) << name << " differs";
+    }
+  }
   EXPECT_EQ(weight_difference(zero, ddp), 0.0);
   expect_same_training(zero, ddp, 0.0);
 }
@@ -300,6 +364,47 @@ bool wait_for_text(const std::string& file, const std::string& text, double seco
 int test_port(int offset) { return 30700 + static_cast<int>(getpid() % 400) * 4 + offset; }
 
 }  // namespace
+
+// kill -9 of one ZeRO rank while it writes its optimizer shard file (the second save, at
+// step 8): rank 0 never writes the manifest, so step 4 stays the latest checkpoint, and 2
+// ZeRO ranks resume from it to the end with the losses and weights of an uninterrupted
+// run, bit for bit (the same ranks: the same reductions).
+TEST_F(Distributed, ARankKilledDuringAShardedSaveLeavesThePreviousCheckpointLatest) {
+  const std::string zero = "--set dist.zero=1 --set dist.bucket_mb=0 --set dist.timeout=20 ";
+  std::string output;
+  const std::string straight = dir_ + "/straight", out = dir_ + "/killed";
+  ASSERT_EQ(run_with_fault(launch(2, straight, 2, zero), "", &output), 0) << output;
+  const std::string train = single(out, 2, zero);
+  const std::vector<pid_t> ranks = spawn_ranks(
+      dir_, dist::free_loopback_port(), {train, "env KILN_FAULT_INJECT=checkpoint_write:shard@2 " + train});
+  EXPECT_EQ(wait_exit(ranks[1], 120), 128 + SIGKILL) << read_file(out + "/rank-1.log");
+  EXPECT_EQ(wait_exit(ranks[0], 60), 1) << read_file(dir_ + "/rank0.out");
+  EXPECT_EQ(latest_of(out), "step-00000004");
+  EXPECT_FALSE(std::filesystem::exists(checkpoint_path(out, 8)));
+  ASSERT_EQ(run_with_fault(launch(2, out, 2, zero + "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(out, 4) + " at step 4");
+  EXPECT_EQ(weight_difference(out, straight), 0.0);
+  expect_same_training(out, straight, 0.0);
+}
+
+// A ZeRO checkpoint whose shard file is gone, or cut short, is refused in one line naming
+// the file, at the same world size and at another.
+TEST_F(Distributed, AMissingOrShortShardFileIsRefusedNamingIt) {
+  const std::string zero = "--set dist.zero=1 --set dist.bucket_mb=0 ";
+  std::string output;
+  const std::string out = dir_ + "/sharded";
+  ASSERT_EQ(run_with_fault(launch(2, out, 2, zero + "--set train.steps=4"), "", &output), 0) << output;
+  const std::string shard = shard_file(checkpoint_path(out, 4), 1, 2);
+  const std::string bytes = read_file(shard);
+  ASSERT_GT(bytes.size(), 16u);
+  std::filesystem::remove(shard);
+  EXPECT_NE(run_with_fault(launch(2, out, 2, zero + "--resume --set train.steps=8"), "", &output), 0);
+  EXPECT_CONTAINS(output, "kiln: error: [checkpoint] " + shard + ": missing\n");
+  write_file(shard, bytes.substr(0, bytes.size() / 2));
+  EXPECT_NE(run_with_fault(single(out, 4, "--resume --set train.steps=8"), "", &output), 0);
+  EXPECT_CONTAINS(output, fmt::format("kiln: error: [checkpoint] {}: truncated ({} bytes, the manifest says {})\n",
+                                      shard, bytes.size() / 2, bytes.size()));
+}
 
 TEST_F(Distributed, KillingOneRankEndsTheOthersWithAnErrorNamingTheCollective) {
   const std::string out = dir_ + "/killed";

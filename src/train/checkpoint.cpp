@@ -4,16 +4,19 @@
 #include "core/device_memory.h"
 #include "core/printable.h"
 #include "core/small_file.h"
+#include "dist/communicator.h"
 #include "io/checkpoint_manifest.h"
 #include "io/durable_io.h"
 #include "io/model_dir.h"
 #include "io/model_io.h"
 #include "io/safetensors.h"
+#include "train/optimizer_shard_files.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <filesystem>
@@ -31,7 +34,10 @@ namespace {
 constexpr std::string_view kWhere = "checkpoint";
 // `latest` holds "step-NNNNNNNN\n"; anything much longer is not one.
 constexpr size_t kMaxLatestBytes = 4096;
-constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "config.toml", "state.json"};
+// Every checkpoint's files; besides, the optimizer's state: kWholeOptimizer, or a ZeRO run's
+// shard files (train/optimizer_shard_files.h), which the manifest counts.
+constexpr const char* kFiles[] = {"model.safetensors", "config.toml", "state.json"};
+constexpr const char* kWholeOptimizer = "optimizer.safetensors";
 // Besides: a trained tokenizer's files (io::kTokenizerFiles), when the run has one, so the
 // checkpoint, itself a model directory, stands alone; listed and checksummed like the rest
 // (readers that predate them check kFiles only).
@@ -39,6 +45,15 @@ constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", 
 std::string join_path(const std::string& dir, std::string_view name) { return (fs::path(dir) / name).string(); }
 
 // step-N -> N; -1 for any other name.
+// Rank `root`'s `text` on every rank (host collectives).
+std::string broadcast_text(dist::Communicator& comm, int root, const std::string& text) {
+  int64_t size = comm.rank() == root ? static_cast<int64_t>(text.size()) : 0;
+  comm.broadcast(&size, sizeof(size), root, "checkpoint save");
+  std::string out = comm.rank() == root ? text : std::string(static_cast<size_t>(size), '\0');
+  if (size > 0) comm.broadcast(out.data(), size, root, "checkpoint save");
+  return out;
+}
+
 int64_t step_of(const std::string& name) {
   if (name.rfind("step-", 0) != 0 || name.size() == 5) return -1;
   int64_t step = -1;
@@ -79,27 +94,33 @@ void CheckpointWriter::remove_quietly(const std::string& path) {
   if (ec) warn(kWhere, fmt::format("{}: cannot delete: {}; continuing", path, ec.message()));
 }
 
+void CheckpointWriter::make_empty(const std::string& tmp) {
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) fail(kWhere, "{}: cannot create: {}", tmp, ec.message());
+}
+
 void CheckpointWriter::write_files(const std::string& tmp, const Model& model, const Optimizer& optimizer,
-                                   const CheckpointState& state,
-                                   const std::vector<OptimizerStateTensor>& optimizer_state) {
+                                   const CheckpointState& state, bool sharded) {
   {
     io::SafetensorsWriter writer;  // scoped: its copy of the weights is freed before the next file
     io::add_model_weights(writer, model);
     writer.write(join_path(tmp, "model.safetensors"));
   }
   faults_.kill_point("model", saves_);
-  {
+  if (!sharded) {
     io::SafetensorsWriter writer;
     size_t bytes = 0;
-    for (const OptimizerStateTensor& t : optimizer_state) {
-      KILN_CHECK(!t.sliced, kWhere, "optimizer state '{}' is one rank's slice: it must be joined first", t.name);
+    for (const OptimizerStateTensor& t : optimizer.state_tensors()) {
+      KILN_CHECK(!t.sliced, kWhere, "optimizer state '{}' is one rank's slice: a ZeRO run saves shards", t.name);
       writer.add(t.name, t.tensor);
       bytes += t.tensor.nbytes();
     }
     writer.set_metadata("format", "kiln-optimizer");
     writer.set_metadata("optimizer", optimizer_name_);
     writer.set_metadata("steps", std::to_string(optimizer.steps_taken()));
-    const std::string path = join_path(tmp, "optimizer.safetensors");
+    const std::string path = join_path(tmp, kWholeOptimizer);
     if (faults_.value("checkpoint_enospc", 0) == saves_) {  // injected: a disk that fills up mid-file
       io::write_file_synced(path, std::string(bytes / 2, '\0'), kWhere);
       fail("safetensors", "{}: write failed: {}", path, std::strerror(ENOSPC));
@@ -119,7 +140,9 @@ void CheckpointWriter::write_files(const std::string& tmp, const Model& model, c
   }
   io::write_file_synced(join_path(tmp, "state.json"), state_json, kWhere);
   faults_.kill_point("state", saves_);
+}
 
+void CheckpointWriter::write_manifest(const std::string& tmp, const CheckpointState& state, const json& shards) {
   json manifest = {{"format", "kiln-checkpoint"},
                    {"format_version", io::kCheckpointFormatVersion},
                    {"kiln_version", KILN_VERSION},
@@ -131,47 +154,128 @@ void CheckpointWriter::write_files(const std::string& tmp, const Model& model, c
     manifest["files"][name] = {{"bytes", d.bytes}, {"xxh64", hex64(d.hash)}};
   };
   for (const char* name : kFiles) list(name);
+  if (shards.empty()) list(kWholeOptimizer);
   for (const char* name : io::kTokenizerFiles)
     if (fs::exists(join_path(tmp, name))) list(name);
+  // The shards as their ranks reported them once durable: rank 0 never reads them back.
+  for (const auto& [name, digest] : shards.items()) manifest["files"][name] = digest;
+  if (!shards.empty()) manifest["optimizer_shards"] = shards.size();
   manifest["manifest_xxh64"] = hex64(io::checkpoint_manifest_hash(manifest));
   io::write_file_synced(join_path(tmp, "manifest.json"), manifest.dump(1) + "\n", kWhere);
-  io::fsync_path(tmp, kWhere);
+  io::fsync_path(tmp, kWhere);  // the directory: every file's entry, the ranks' shards among them
   faults_.kill_point("manifest", saves_);
 }
 
-std::string CheckpointWriter::save(const Model& model, const Optimizer& optimizer, const CheckpointState& state,
-                                   const std::vector<OptimizerStateTensor>* whole_state) {
-  ++saves_;
-  const std::string name = checkpoint_name(state.progress.step);
-  const std::string final_dir = join_path(root_, name), tmp = join_path(root_, ".tmp-" + name);
+void CheckpointWriter::publish(const std::string& tmp, const std::string& final_dir, int64_t step) {
+  const std::string name = checkpoint_name(step);
+  if (fs::exists(final_dir)) {
+    // A checkpoint of this step from an abandoned run (crashed before `latest` moved,
+    // or one resumed from an older checkpoint): replaced, never merged.
+    const std::string trash = join_path(root_, fmt::format(".trash-{}-{}", name, ::getpid()));
+    io::rename_synced(final_dir, trash, kWhere);
+    remove_quietly(trash);
+  }
+  io::rename_synced(tmp, final_dir, kWhere);
+}
+
+void CheckpointWriter::point_latest(const std::string& final_dir, int64_t step) {
+  faults_.kill_point("rename", saves_);
   try {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp, ec);
-    if (ec) fail(kWhere, "{}: cannot create: {}", tmp, ec.message());
+    io::replace_file_atomically(join_path(root_, "latest"), checkpoint_name(step) + "\n", kWhere);
+  } catch (const Error& e) {
+    fail(kWhere, "{}: saved, but 'latest' could not be moved to it: {}", final_dir, e.what());
+  }
+  faults_.kill_point("latest", saves_);
+  apply_retention(step);
+}
+
+std::string CheckpointWriter::save(const Model& model, const Optimizer& optimizer, const CheckpointState& state) {
+  ++saves_;
+  const int64_t step = state.progress.step;
+  const std::string final_dir = join_path(root_, checkpoint_name(step));
+  const std::string tmp = join_path(root_, ".tmp-" + checkpoint_name(step));
+  try {
+    make_empty(tmp);
     faults_.kill_point("begin", saves_);
-    write_files(tmp, model, optimizer, state, whole_state ? *whole_state : optimizer.state_tensors());
-    if (fs::exists(final_dir)) {
-      // A checkpoint of this step from an abandoned run (crashed before `latest` moved,
-      // or one resumed from an older checkpoint): replaced, never merged.
-      const std::string trash = join_path(root_, fmt::format(".trash-{}-{}", name, ::getpid()));
-      io::rename_synced(final_dir, trash, kWhere);
-      remove_quietly(trash);
-    }
-    io::rename_synced(tmp, final_dir, kWhere);
+    write_files(tmp, model, optimizer, state, false);
+    write_manifest(tmp, state, json::object());
+    publish(tmp, final_dir, step);
   } catch (const Error& e) {
     std::error_code ec;
     fs::remove_all(tmp, ec);  // best effort; a leftover is removed by the next prepare()
     fail(kWhere, "{}: save failed: {}", final_dir, e.what());
   }
-  faults_.kill_point("rename", saves_);
-  try {
-    io::replace_file_atomically(join_path(root_, "latest"), name + "\n", kWhere);
-  } catch (const Error& e) {
-    fail(kWhere, "{}: saved, but 'latest' could not be moved to it: {}", final_dir, e.what());
+  point_latest(final_dir, step);
+  return final_dir;
+}
+
+std::string CheckpointWriter::save_sharded(const Model& model, const Optimizer& optimizer,
+                                           const CheckpointState& state, dist::Communicator& comm) {
+  ++saves_;
+  const bool root = comm.rank() == 0;
+  const int world = comm.world_size();
+  const int64_t step = state.progress.step;
+  const std::string final_dir = join_path(root_, checkpoint_name(step));
+  const std::string tmp = join_path(root_, ".tmp-" + checkpoint_name(step));
+  // This rank's first failure. Every rank runs every collective below whatever fails, so
+  // none waits for one that gave up; rank 0 decides, and tells the others, at the end.
+  std::string error;
+  const auto attempt = [&](const auto& work) {
+    if (!error.empty()) return;
+    try {
+      work();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  };
+  if (root) attempt([&] {
+    make_empty(tmp);
+    faults_.kill_point("begin", saves_);
+  });
+  error = broadcast_text(comm, 0, error);  // no rank writes into a directory rank 0 could not make
+  json report;
+  attempt([&] {
+    const std::string path = join_path(tmp, optimizer_shard_name(comm.rank(), world));
+    write_optimizer_shard(path, optimizer.state_tensors(), optimizer_name_, optimizer.steps_taken(), comm.rank(), world);
+    if (faults_.at_write_point("shard", saves_)) {  // injected: this rank dies with its file half written
+      fs::resize_file(path, fs::file_size(path) / 2);
+      kill_self();
+    }
+    const FileDigest d = xxh64_file(path);  // written and fsynced: durable
+    report = {{"bytes", d.bytes}, {"xxh64", hex64(d.hash)}};
+  });
+  if (root) attempt([&] { write_files(tmp, model, optimizer, state, true); });
+  // Every rank's shard, durable, or its error: only then may rank 0 write the manifest.
+  json shards = json::object();
+  for (int r = 0; r < world; ++r) {
+    const json said = json::parse(broadcast_text(comm, r, error.empty() ? report.dump() : json{{"error", error}}.dump()));
+    if (!root) continue;
+    if (said.contains("error")) {
+      if (error.empty()) error = fmt::format("rank {}: {}", r, said["error"].get<std::string>());
+    } else {
+      shards[optimizer_shard_name(r, world)] = said;
+    }
   }
-  faults_.kill_point("latest", saves_);
-  apply_retention(state.progress.step);
+  std::string outcome;  // rank 0's: empty once the checkpoint is in place and `latest` names it
+  if (root) {
+    attempt([&] {
+      write_manifest(tmp, state, shards);
+      publish(tmp, final_dir, step);
+    });
+    if (!error.empty()) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);  // best effort; a leftover is removed by the next prepare()
+      outcome = fmt::format("[{}] {}: save failed: {}", kWhere, final_dir, error);
+    } else {
+      try {
+        point_latest(final_dir, step);
+      } catch (const Error& e) {
+        outcome = e.what();
+      }
+    }
+  }
+  outcome = broadcast_text(comm, 0, outcome);
+  if (!outcome.empty()) throw Error(outcome);
   return final_dir;
 }
 
@@ -246,6 +350,20 @@ CheckpointInfo read_checkpoint(const std::string& path) {
   const int64_t step = io::verify_checkpoint_files(path, kFiles);  // before anything in it is believed
   CheckpointInfo info;
   info.path = path;
+  // The optimizer's files, as the (verified) manifest lists them: whole, or W shards.
+  const std::string manifest_path = join_path(path, "manifest.json");
+  const json manifest = json::parse(io::read_file_bytes(manifest_path, kWhere));
+  const json& files = manifest.at("files");
+  const int64_t shards = manifest.value("optimizer_shards", int64_t{0});
+  KILN_CHECK(shards >= 0 && shards < (int64_t{1} << 20), kWhere, "{}: optimizer_shards {} is no rank count",
+             manifest_path, shards);
+  if (shards == 0)
+    KILN_CHECK(files.contains(kWholeOptimizer), kWhere, "{}: does not list {}", manifest_path, kWholeOptimizer);
+  for (int r = 0; r < shards; ++r) {
+    const std::string name = optimizer_shard_name(r, static_cast<int>(shards));
+    KILN_CHECK(files.contains(name), kWhere, "{}: does not list {}", manifest_path, name);
+    info.optimizer_shards.push_back(join_path(path, name));
+  }
   const std::string state_path = join_path(path, "state.json");
   info.state = state_from_json(io::read_file_bytes(state_path, kWhere), state_path);
   info.config = load_config(join_path(path, "config.toml"));
@@ -273,7 +391,14 @@ void read_slice(const io::SafetensorsFile& file, const OptimizerStateTensor& t) 
 
 void load_checkpoint_tensors(const CheckpointInfo& checkpoint, Model& model, Optimizer& optimizer) {
   io::load_weights(model, io::SafetensorsFile::open(join_path(checkpoint.path, "model.safetensors")));
-  const std::string path = join_path(checkpoint.path, "optimizer.safetensors");
+  if (!checkpoint.optimizer_shards.empty()) {  // a ZeRO run's: each tensor put together from its slices
+    const std::vector<OptimizerStateTensor> state = optimizer.state_tensors();
+    const bool sliced = std::any_of(state.begin(), state.end(), [](const OptimizerStateTensor& t) { return t.sliced; });
+    read_optimizer_shards(checkpoint.optimizer_shards, state, !sliced);
+    optimizer.set_steps_taken(checkpoint.state.optimizer_steps);
+    return;
+  }
+  const std::string path = join_path(checkpoint.path, kWholeOptimizer);
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
   std::set<std::string> expected;
   bool sliced = false;  // ZeRO: the file's other tensors are the other ranks' to read

@@ -6,7 +6,11 @@
 //     model.safetensors      fp32 master weights under whole-model names (no device,
 //                            fusion or sharding layout baked in); `kiln sample` loads it
 //     optimizer.safetensors  optimizer state by name ("<param>.exp_avg", ...), metadata
-//                            optimizer name and step count
+//                            optimizer name and step count; or, from a ZeRO run, instead:
+//     optimizer.rank-RRRRR-of-WWWWW.safetensors
+//                            each rank's slices of it, written by that rank
+//                            (train/optimizer_shard_files.h); the manifest's
+//                            "optimizer_shards" is W (0 or absent: the whole file)
 //     state.json             step, tokens, schedule position, data loader position,
 //                            fault-guard window, precision, resolved config (checkpoint_state.h)
 //     config.toml            the resolved configuration (same text as in state.json)
@@ -20,6 +24,11 @@
 // then is `latest` replaced (write latest.tmp, fsync, rename). Old checkpoints are
 // deleted after that, by renaming them to .trash-* first, so a half-deleted directory is
 // never mistaken for a checkpoint. Leftover .tmp-*/.trash-* are removed at the next start.
+// A sharded save (save_sharded) keeps the protocol: rank 0 makes .tmp-step-N/, every rank
+// writes and fsyncs its shard file there, rank 0 writes the manifest only once every rank
+// has reported its file durable (with its size and XXH64), so a rank that dies mid-save
+// leaves no manifest, and the previous checkpoint stays `latest`. (The ranks must share
+// the checkpoint directory's file system.)
 #pragma once
 
 #include "model/model.h"
@@ -27,9 +36,15 @@
 #include "train/fault_inject.h"
 #include "train/optimizer.h"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace kiln::dist {
+class Communicator;
+}
 
 namespace kiln {
 
@@ -49,17 +64,30 @@ class CheckpointWriter {
   // Writes a complete checkpoint and moves `latest` to it, then applies retention
   // (a failed delete only warns). On failure throws "[checkpoint] DIR: save failed: ...",
   // having removed its temporary directory; the previous checkpoint and `latest` are
-  // untouched. Returns the checkpoint's path. `whole_state`: the optimizer's state tensors
-  // joined over ZeRO's ranks (train/zero_state.h); null: optimizer.state_tensors().
-  std::string save(const Model& model, const Optimizer& optimizer, const CheckpointState& state,
-                   const std::vector<OptimizerStateTensor>* whole_state = nullptr);
+  // untouched. Returns the checkpoint's path. Rank 0's (or the only process's) call.
+  std::string save(const Model& model, const Optimizer& optimizer, const CheckpointState& state);
+  // ZeRO: every rank calls it at once (host collectives on `comm`); each writes its own
+  // optimizer shard file, rank 0 the rest and the manifest (above). Fails on every rank,
+  // with rank 0's message, when the save fails on any; returns the checkpoint's path.
+  std::string save_sharded(const Model& model, const Optimizer& optimizer, const CheckpointState& state,
+                           dist::Communicator& comm);
   // Names the checkpoint of `step` (saved before) as the best (DIR/best, replaced
   // atomically): retention keeps it until another takes its place.
   void mark_best(int64_t step);
 
  private:
+  // Everything but the manifest; the whole optimizer file unless `sharded`.
   void write_files(const std::string& tmp, const Model& model, const Optimizer& optimizer,
-                   const CheckpointState& state, const std::vector<OptimizerStateTensor>& optimizer_state);
+                   const CheckpointState& state, bool sharded);
+  // The manifest, last: every file in `tmp` it lists, `shards` (name -> size and XXH64, as
+  // their ranks reported them) among them.
+  void write_manifest(const std::string& tmp, const CheckpointState& state, const nlohmann::json& shards);
+  // Removes and makes `tmp` empty.
+  void make_empty(const std::string& tmp);
+  // Moves a written `tmp` to `final_dir` (replacing an abandoned one of the same step).
+  void publish(const std::string& tmp, const std::string& final_dir, int64_t step);
+  // Then: `latest` names it, and retention runs.
+  void point_latest(const std::string& final_dir, int64_t step);
   void apply_retention(int64_t newest);
   void remove_quietly(const std::string& path);
 
@@ -81,6 +109,8 @@ std::string resolve_checkpoint(const std::string& path);
 
 struct CheckpointInfo {
   std::string path;
+  // A ZeRO run's optimizer shard files (rank order); empty: optimizer.safetensors.
+  std::vector<std::string> optimizer_shards;
   CheckpointState state;
   Config config;  // the saving run's resolved configuration
 };

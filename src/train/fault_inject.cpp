@@ -17,7 +17,7 @@ namespace kiln {
 namespace {
 
 constexpr std::string_view kWhere = "KILN_FAULT_INJECT";
-constexpr std::string_view kWritePoints[] = {"begin", "model", "optimizer", "partial",
+constexpr std::string_view kWritePoints[] = {"begin", "shard", "model", "optimizer", "partial",
                                              "state", "manifest", "rename", "latest"};
 constexpr std::string_view kStepFaults[] = {"kill_at_step", "nan_loss", "inf_grad", "grad_spike"};
 

@@ -6,7 +6,8 @@
 //   checkpoint_write:<point>[@<n>]  SIGKILL this process at a point of the n-th (default
 //                             first) checkpoint save: begin, model, optimizer, partial
 //                             (state.json half written), state, manifest, rename, latest
-//                             (in protocol order; see checkpoint.cpp)
+//                             (in protocol order; see checkpoint.cpp); shard: a ZeRO
+//                             rank, with its optimizer shard file half written
 //   checkpoint_enospc:<n>     the n-th checkpoint save of this process fails with ENOSPC
 //                             after writing part of its optimizer file
 //   checkpoint_delete:fail    deleting an old checkpoint (retention) fails

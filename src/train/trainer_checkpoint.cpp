@@ -135,18 +135,19 @@ CheckpointState Trainer::checkpoint_state() const {
 }
 
 std::string Trainer::save_checkpoint() {
-  // ZeRO: each rank holds a slice of the optimizer state; every rank sends its slices, and
-  // rank 0 writes them whole (train/zero_state.h).
+  // ZeRO: each rank holds a slice of the optimizer state and writes it to a file of its
+  // own; rank 0 writes the rest and commits the checkpoint (CheckpointWriter::save_sharded).
+  // Without it rank 0 saves the run alone: every rank holds the same model and state.
   const bool sharded = data_parallel_ && data_parallel_->shards();
-  GatheredOptimizerState whole;
-  if (sharded) whole = data_parallel_->gather_optimizer_state(*optimizer_);
-  if (!writes_files()) {  // rank 0 saves the run: every rank holds the same model
+  if (!sharded && !writes_files()) {
     checkpoint_step_ = progress_.step;
     return (fs::path(checkpoints_->root()) / checkpoint_name(progress_.step)).string();
   }
   const double start = now_seconds();
-  const std::string path = checkpoints_->save(*model_, *optimizer_, checkpoint_state(), sharded ? &whole.tensors : nullptr);
+  const std::string path = sharded ? checkpoints_->save_sharded(*model_, *optimizer_, checkpoint_state(), group_->host())
+                                   : checkpoints_->save(*model_, *optimizer_, checkpoint_state());
   checkpoint_step_ = progress_.step;
+  if (!writes_files()) return path;
   const double seconds = now_seconds() - start;
   records_.checkpoint(progress_.step, path, seconds);
   console_.print("checkpoint: step {} saved to {} ({:.2f}s)\n", progress_.step, path, seconds);

@@ -1,8 +1,8 @@
-// ZeRO's optimizer state at a checkpoint: each rank holds slices of the state tensors
-// (OptimizerStateTensor::sliced); the save joins them into whole tensors on rank 0, which
-// writes the same optimizer.safetensors a run without ZeRO writes. So a checkpoint loads
-// at any world size, with or without ZeRO: each rank reads its slices back out of the
-// whole tensors (load_checkpoint_tensors).
+// ZeRO's optimizer state joined whole on rank 0: each rank holds slices of the state
+// tensors (OptimizerStateTensor::sliced); this joins them into the tensors a run without
+// ZeRO keeps. Checkpoints no longer use it -- each rank writes its own slices to a shard
+// file (train/optimizer_shard_files.h), so rank 0 never holds the whole state -- but
+// DataParallel::gather_optimizer_state still offers it (a tool that wants the whole state).
 #pragma once
 
 #include "dist/communicator.h"
