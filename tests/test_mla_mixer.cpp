@@ -103,18 +103,23 @@ TEST(MlaMixer, UnsupportedOptionsAreRefusedByKey) {
   EXPECT_EQ(rank.rfind("[model.mla.kv_rank]", 0), 0u) << rank;
 }
 
-// A GPU build is refused (planning allocates nothing, so no GPU is needed to see it), under
-// whichever key chose the layer's mixer.
-TEST(MlaMixer, GpuBuildIsRefusedByTheKeyThatChoseIt) {
+// A GPU build plans (planning allocates nothing, so no GPU is needed to see it), in fp32
+// and bf16; a head too wide for the GPU's attention is refused naming its key.
+TEST(MlaMixer, GpuBuildPlansAndRefusesHeadsTooWideByKey) {
   BuildOptions gpu = tiny_build();
   gpu.device = Device::cuda, gpu.dtype = DType::f32;
-  const ModelConfig first = with_mla(tiny_config(true, true), 2, "gqa", 4, 4);
-  const std::string e = error_of([&] { const Model m(first, gpu); });
-  EXPECT_EQ(e.rfind("[model.attention] 'mla' is CPU-only", 0), 0u) << e;
-  ModelConfig alt = tiny_config(true, true);
-  alt.alt_attention = "mla", alt.alt_attention_layers = "1";
-  const std::string a = error_of([&] { const Model m(alt, gpu); });
-  EXPECT_EQ(a.rfind("[model.alt_attention] 'mla' is CPU-only", 0), 0u) << a;
+  ModelConfig c = with_mla(tiny_config(true, true), 2, "gqa", 6, 3);
+  { const Model m(c, gpu); }
+  gpu.dtype = DType::bf16;
+  { const Model m(c, gpu); }
+  c.mla.qk_head_dim = 251;  // 256 once padded to a multiple of 8: still fits
+  { const Model m(c, gpu); }
+  c.mla.qk_head_dim = 257;
+  const std::string qk = error_of([&] { const Model m(c, gpu); });
+  EXPECT_EQ(qk.rfind("[model.mla.qk_head_dim] = 257: 'mla' on the GPU", 0), 0u) << qk;
+  c.mla.qk_head_dim = 4, c.mla.v_head_dim = 300;
+  const std::string v = error_of([&] { const Model m(c, gpu); });
+  EXPECT_EQ(v.rfind("[model.mla.v_head_dim] = 300: 'mla' on the GPU", 0), 0u) << v;
 }
 
 // Every parameter N(0, 0.3) (gains around 1): no part of the math trivial.

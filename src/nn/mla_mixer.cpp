@@ -13,7 +13,6 @@ namespace kiln {
 MlaMixer::MlaMixer(BuildContext& ctx, const LayerSpec& layer)
     : exec_(ctx.exec), workspace_(ctx.workspace), losses_(ctx.losses), key_(mixer_key(layer)) {
   const ModelConfig& m = *layer.model;
-  KILN_CHECK(ctx.device == Device::cpu, key_, "'mla' is CPU-only for now (no CUDA path yet): train it with train.device=cpu");
   KILN_CHECK(layer.choices.window == 0, "model.sliding_window",
              "'mla' layers attend to the whole causal context: list layer {} in model.full_attention_layers", layer.index);
   KILN_CHECK(m.attention_softcap == 0, "model.attention_softcap", "'mla' layers have no logit softcap");
@@ -24,6 +23,13 @@ MlaMixer::MlaMixer(BuildContext& ctx, const LayerSpec& layer)
   rank_ = m.mla.kv_rank > 0 ? m.mla.kv_rank : m.hidden / 4;
   KILN_CHECK(rank_ > 0, "model.mla.kv_rank", "= 0 defaults to model.hidden / 4, which is 0 here: set it");
   d_ = std::max(dqk_, dv_);
+  if (ctx.device == Device::cuda) {
+    // cuDNN's attention (the bf16 path) takes head widths that are multiples of 8, at most
+    // 256: more zero columns, which change nothing, and a refusal past the limit.
+    d_ = (d_ + 7) / 8 * 8;
+    KILN_CHECK(d_ <= kMaxGpuHeadDim, dqk_ >= dv_ ? "model.mla.qk_head_dim" : "model.mla.v_head_dim",
+               "= {}: 'mla' on the GPU attends over heads at most {} wide", std::max(dqk_, dv_), kMaxGpuHeadDim);
+  }
   options_.scale = 1.0 / std::sqrt(static_cast<double>(dqk_));
   options_.deterministic = ctx.deterministic;
   const int64_t t = ctx.max_tokens, qc = h_ * dqk_, vc = h_ * dv_;
@@ -145,7 +151,7 @@ void MlaMixer::export_config(ExportConfig& out) const {
 void register_mla_mixer(MixerRegistry& registry) {
   registry.add("mla",
                "NoPE multi-head latent attention: a normed low-rank latent expanded to k and v per head "
-               "([model.mla]; CPU only, decode caches the latent)",
+               "([model.mla]; decode caches the latent, CPU only)",
                [](BuildContext& ctx, const LayerSpec& layer, PositionEncoding&) {
                  return std::make_unique<MlaMixer>(ctx, layer);
                });

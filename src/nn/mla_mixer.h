@@ -8,11 +8,16 @@
 // No position encoding at all (the layer is NoPE whatever model.position says). Heads are
 // model.heads; W_kb and W_vb are one fused weight, the k rows first (k_b_proj, v_b_proj).
 // The attention is kiln's packed causal attention op, on q, k and v zero-padded to one
-// head width max(d_qk, d_v) (ops/mla/mla_heads.h).
+// head width max(d_qk, d_v) (ops/mla/mla_heads.h), on the GPU rounded up to a multiple of
+// 8 (cuDNN's SDPA, the bf16 path, takes one head width for q, k and v as kiln calls it).
 //
-// CPU only (f32, f64): a GPU build is refused naming the key that chose it, and so are
-// exports (no stock family has a NoPE MLA layer). QK-Clip: per head, the head's q rows of
-// W_q and k rows of W_kb scaled by sqrt(tau / max) each; W_vb untouched.
+// Training runs on the CPU (f32, f64) and the GPU (f32, or bf16 compute copies with fp32
+// master gradients, the latent norm's gain and statistics fp32), composed of the linear,
+// rms_norm and attention ops and one head-copy kernel: everything enqueues on the
+// context's stream, so the step can be captured in a CUDA graph. GPU decode is refused
+// naming the key (the absorbed products have no CUDA kernels yet), and so are exports (no
+// stock family has a NoPE MLA layer). QK-Clip: per head, the head's q rows of W_q and k
+// rows of W_kb scaled by sqrt(tau / max) each; W_vb untouched.
 //
 // Decode (mla_mixer_decode.cpp): caches the latent c per position (r numbers, not k and
 // v), with W_kb absorbed into the query and W_vb applied after the weighted sum of latents.
@@ -43,6 +48,9 @@ class MlaMixer final : public TokenMixer {
   // The key and value rows of the fused up-projection (views of kvb_w_ or its gradient).
   Tensor k_rows(const Tensor& w) const { return w.rows(0, h_ * dqk_); }
   Tensor v_rows(const Tensor& w) const { return w.rows(h_ * dqk_, h_ * (dqk_ + dv_)); }
+
+  // The widest padded head the GPU's attention takes (cuDNN's limit; the fp32 kernel's too).
+  static constexpr int64_t kMaxGpuHeadDim = 256;
 
   const ExecContext& exec_;
   Workspace& workspace_;

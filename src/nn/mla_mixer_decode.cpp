@@ -15,7 +15,7 @@ namespace kiln {
 class MlaDecoder final : public BranchDecoder {
  public:
   MlaDecoder(const MlaMixer& a, DecodeContext& ctx) : a_(a), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype) {
-    // The mixer is built on the CPU only, where the compute dtype is the wide one.
+    // Decoders are made on the CPU only (make_decoder), where the compute dtype is the wide one.
     KILN_CHECK(ctx.dtype == ctx.wide, a.key_, "'mla' decodes in one dtype (got compute {} and wide {})",
                dtype_name(ctx.dtype), dtype_name(ctx.wide));
     ctx.state.reserve(cache_, ctx.dtype, Shape{ctx.slots, ctx.max_len, 1, a.rank_});
@@ -64,7 +64,7 @@ class MlaDecoder final : public BranchDecoder {
 
 std::unique_ptr<BranchDecoder> MlaMixer::make_decoder(DecodeContext& ctx, const Norm& pre_norm) const {
   (void)pre_norm;  // no fused decode branch: the norm runs on its own
-  KILN_CHECK(ctx.device == Device::cpu, key_, "'mla' decodes on the CPU only for now (no CUDA path yet)");
+  KILN_CHECK(ctx.device == Device::cpu, key_, "'mla' decodes on the CPU only for now (its absorbed products have no CUDA kernels yet)");
   return std::make_unique<MlaDecoder>(*this, ctx);
 }
 

@@ -2,6 +2,9 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
+#if KILN_WITH_CUDA
+#include "ops/mla/mla_heads_cuda.h"
+#endif
 
 #include <algorithm>
 
@@ -15,7 +18,9 @@ void mla_copy_heads(const ExecContext& ctx, const Tensor& src, const Tensor& dst
   expect_rank(op, "dst", dst, 3);
   expect_shape(op, "dst", dst, Shape{src.size(0), src.size(1), dst.size(2)});
   expect_same(op, "dst", dst, src);
-  KILN_CHECK(src.device() == Device::cpu, op, "CPU only (the mla mixer has no CUDA path yet)");
+  KILN_ON_CUDA(src, op,
+               cuda::mla_copy_heads(ctx, static_cast<int64_t>(dtype_size(src.dtype())), src.raw(),
+                                    src.size(0) * src.size(1), src.size(2), dst.size(2), dst.raw()));
   dispatch_cpu_float(op, src.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t rows = src.size(0) * src.size(1), a = src.size(2), b = dst.size(2), keep = std::min(a, b);

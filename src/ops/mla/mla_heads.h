@@ -5,7 +5,7 @@
 // and crops the gradients back.
 //   copy_heads   src [N, H, a] -> dst [N, H, b]: the first min(a, b) columns of each head,
 //                the rest of dst zero. Padding (b > a), cropping (b < a) or a plain copy.
-// CPU only (f32, f64): the mixer refuses the GPU when built.
+// CPU (f32, f64) and CUDA (f32, bf16: mla_heads_cuda.h, bits moved, nothing converted).
 #pragma once
 
 #include "core/exec_context.h"
