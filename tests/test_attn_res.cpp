@@ -229,6 +229,15 @@ TEST(AttnResModel, GpuPlansRecomputeAndMtpAreRefusedNamingTheKey) {
     ASSERT_EQ(m.parameters().size(), cpu.parameters().size());
     for (size_t i = 0; i < cpu.parameters().size(); ++i) EXPECT_EQ(m.parameters()[i]->name(), cpu.parameters()[i]->name());
   }
+  // The GPU kernel mixes at most 32 sources: full AttnRes over 15 layers has 31 at the final
+  // read (the embedding and 30 one-sublayer blocks), over 16 layers 33.
+  BuildOptions gpu = tiny_build();
+  gpu.device = Device::cuda, gpu.dtype = DType::f32;
+  EXPECT_NO_THROW({ const Model m(attn_res_config(15, 1), gpu); });
+  const std::string e = error_of([&] { const Model m(attn_res_config(16, 1), gpu); });
+  EXPECT_EQ(e.rfind("[model.attn_res_block] ", 0), 0u) << e;
+  EXPECT_NE(e.find("33 sources"), std::string::npos) << e;
+  EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 0) << e;
   // Neither recompute (it reruns a block from the residual stream) nor MTP yet.
   BuildOptions recompute = tiny_build();
   recompute.recompute_blocks = 1;

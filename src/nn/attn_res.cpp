@@ -12,6 +12,11 @@ BlockAttnRes::BlockAttnRes(BuildContext& ctx, const ModelConfig& config)
       sublayers_(2 * config.layers),
       hidden_(config.hidden),
       eps_(config.norm_eps) {
+  // The GPU kernel takes a bounded number of sources; the final read has the most.
+  const auto most_sources = static_cast<int64_t>(1 + sums_read(sublayers_).size());
+  KILN_CHECK(ctx.device == Device::cpu || most_sources <= ops::kAttnResGpuMaxSources, "model.attn_res_block",
+             "{} sublayers per block over {} sublayers: the final read mixes {} sources, the GPU kernel at most {}",
+             block_, sublayers_, most_sources, ops::kAttnResGpuMaxSources);
   const int64_t t = ctx.max_tokens, d = config.hidden;
   queries_.resize(static_cast<size_t>(sublayers_ + 1));
   query_grads_.resize(queries_.size());

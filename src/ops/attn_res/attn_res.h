@@ -16,6 +16,9 @@
 
 namespace kiln::ops {
 
+// The most sources one mix reads on the GPU (the kernel passes their addresses by value).
+constexpr int kAttnResGpuMaxSources = 32;
+
 void attn_res_mix_forward(const ExecContext& ctx, std::span<const Tensor> sources, const Tensor& query, double eps,
                           const Tensor& out);
 

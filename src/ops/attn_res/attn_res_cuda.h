@@ -9,13 +9,14 @@
 #pragma once
 
 #include "core/exec_context.h"
+#include "ops/attn_res/attn_res.h"
 
 #include <cstdint>
 
 namespace kiln::cuda {
 
 // The most sources one mix reads (the embedding, the completed blocks, the partial sum).
-constexpr int kAttnResMaxSources = 32;
+constexpr int kAttnResMaxSources = ops::kAttnResGpuMaxSources;
 
 // out [rows, cols] = sum_s a_s V_s, a = softmax_s(w . V_s / rms(V_s)); sources: n pointers
 // (held on the host, passed by value to the kernel).
