@@ -1,8 +1,8 @@
 // Block Attention Residuals (model.attn_res_block, nn/attn_res.h): the depth mix against a
 // direct reference (a zero pseudo-query mixes the plain mean) and finite differences; every
 // parameter of small models with completed and partial blocks against fp64 finite
-// differences; f32 against f64; the decoder against the full forward; the refusals (GPU,
-// exports) naming the key; and a short training run through the binary that learns.
+// differences; f32 against f64; the decoder against the full forward; a GPU plan; the refusals
+// (recompute, MTP, exports) naming the key; and a short training run through the binary that learns.
 #include "export_fixture.h"
 #include "full_forward.h"
 #include "grad_check.h"
@@ -218,12 +218,25 @@ TEST(AttnResModel, PlanCountsTheQueriesAndTheMixes) {
   EXPECT_EQ(parameters(" --set model.attn_res_block=4") - parameters(""), 8 * 192);
 }
 
-// Planning a GPU model allocates nothing: the refusal needs no GPU to be seen.
-TEST(AttnResModel, GpuRecomputeAndMtpAreRefusedNamingTheKey) {
+// Planning a GPU model allocates nothing (no GPU needed): fp32 and the mixed path plan with
+// the CPU model's parameters (their numbers: tests/gpu/test_gpu_attn_res.cpp).
+TEST(AttnResModel, GpuPlansRecomputeAndMtpAreRefusedNamingTheKey) {
+  const Model cpu(attn_res_config(2, 2), tiny_build());
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    BuildOptions gpu = tiny_build();
+    gpu.device = Device::cuda, gpu.dtype = dtype;
+    const Model m(attn_res_config(2, 2), gpu);
+    ASSERT_EQ(m.parameters().size(), cpu.parameters().size());
+    for (size_t i = 0; i < cpu.parameters().size(); ++i) EXPECT_EQ(m.parameters()[i]->name(), cpu.parameters()[i]->name());
+  }
+  // The GPU kernel mixes at most 32 sources: full AttnRes over 15 layers has 31 at the final
+  // read (the embedding and 30 one-sublayer blocks), over 16 layers 33.
   BuildOptions gpu = tiny_build();
   gpu.device = Device::cuda, gpu.dtype = DType::f32;
-  const std::string e = error_of([&] { const Model m(attn_res_config(2, 2), gpu); });
+  EXPECT_NO_THROW({ const Model m(attn_res_config(15, 1), gpu); });
+  const std::string e = error_of([&] { const Model m(attn_res_config(16, 1), gpu); });
   EXPECT_EQ(e.rfind("[model.attn_res_block] ", 0), 0u) << e;
+  EXPECT_NE(e.find("33 sources"), std::string::npos) << e;
   EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 0) << e;
   // Neither recompute (it reruns a block from the residual stream) nor MTP yet.
   BuildOptions recompute = tiny_build();

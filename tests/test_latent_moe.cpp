@@ -6,7 +6,7 @@
 //   - parameter names, shapes and the total and active counts, worked out by hand;
 //   - recomputed blocks against kept activations, and the KV-cache decoder against the
 //     full forward;
-//   - a GPU build and an export refused by the key's name;
+//   - a GPU plan with the CPU's parameters, and an export refused by the key's name;
 //   - a short training run through the `kiln` binary whose loss falls.
 #include "export_fixture.h"
 #include "grad_check.h"
@@ -257,16 +257,23 @@ TEST(LatentMoe, DecoderMatchesTheFullForward) {
   EXPECT_LT(worst, 1e-6);   // f64 math, logits returned as f32
 }
 
-// CPU only for now: a GPU build (planning alone, as `kiln plan` does) is refused by the key.
-TEST(LatentMoe, GpuBuildIsRefusedNamingTheKey) {
-  BuildOptions o = tiny_build();
-  o.device = Device::cuda;
-  o.dtype = DType::f32;
-  try {
-    const Model m(latent_config("softmax_topk", 0), o);
-    ADD_FAILURE() << "a GPU LatentMoE model was built";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model.moe.latent_width"), std::string::npos) << e.what();
+// A GPU model (planning alone, as `kiln plan` does: nothing allocated, no device needed)
+// builds in fp32 and bf16 with the CPU model's parameters, names and shapes alike; its
+// numbers against the CPU's are tests/gpu/test_gpu_latent_moe.cpp's.
+TEST(LatentMoe, GpuPlanHasTheCpuParameters) {
+  const ModelConfig c = latent_config("softmax_topk", 5);
+  const Model cpu(c, tiny_build());
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    BuildOptions o = tiny_build();
+    o.device = Device::cuda;
+    o.dtype = dtype;
+    const Model gpu(c, o);
+    ASSERT_EQ(gpu.parameters().size(), cpu.parameters().size());
+    for (size_t i = 0; i < cpu.parameters().size(); ++i) {
+      EXPECT_EQ(gpu.parameters()[i]->name(), cpu.parameters()[i]->name());
+      EXPECT_EQ(gpu.parameters()[i]->value().shape(), cpu.parameters()[i]->value().shape()) << cpu.parameters()[i]->name();
+    }
+    EXPECT_NE(gpu.find_parameter("layers.1.mlp.latent_up_proj.weight"), nullptr);
   }
 }
 

@@ -175,7 +175,7 @@ void Backbone::backward_attn_res(const SeqInfo& seq, const ExtraGradients& extra
   const Tensor embedding = residual_[0].rows(0, rows_), dres = dres_.rows(0, rows_);
   const Tensor dinput = res.input_grad(rows_);
   (void)extra;  // multi-token prediction is refused at build (the constructor)
-  zero_tensor(dres);
+  ops::zero(exec_, dres);  // on the stream: captured steps
   res.begin_backward(rows_);
   final_norm_->backward(dhidden_.rows(0, rows_), dinput, false);
   res.mix_backward(res.sublayers(), embedding, dinput, dres);

@@ -12,12 +12,11 @@ BlockAttnRes::BlockAttnRes(BuildContext& ctx, const ModelConfig& config)
       sublayers_(2 * config.layers),
       hidden_(config.hidden),
       eps_(config.norm_eps) {
-  // No CUDA kernels yet, and the mixed path (a bf16 branch beside an fp32 stream) is the
-  // GPU's alone: refuse before anything is planned.
-  KILN_CHECK(ctx.device == Device::cpu && !ctx.mixed(), "model.attn_res_block",
-             "{} sublayers per block: Block Attention Residuals are CPU-only for now (no CUDA kernel for the "
-             "mix yet; train.device = \"cpu\")",
-             config.attn_res_block);
+  // The GPU kernel takes a bounded number of sources; the final read has the most.
+  const auto most_sources = static_cast<int64_t>(1 + sums_read(sublayers_).size());
+  KILN_CHECK(ctx.device == Device::cpu || most_sources <= ops::kAttnResGpuMaxSources, "model.attn_res_block",
+             "{} sublayers per block over {} sublayers: the final read mixes {} sources, the GPU kernel at most {}",
+             block_, sublayers_, most_sources, ops::kAttnResGpuMaxSources);
   const int64_t t = ctx.max_tokens, d = config.hidden;
   queries_.resize(static_cast<size_t>(sublayers_ + 1));
   query_grads_.resize(queries_.size());
@@ -37,6 +36,8 @@ BlockAttnRes::BlockAttnRes(BuildContext& ctx, const ModelConfig& config)
     ctx.buffer(input_grad_, Shape{t, d}, ctx.master_dtype);
     grads_.resize(static_cast<size_t>(block_of(sublayers_ - 1) + 1));
     for (Tensor& g : grads_) ctx.buffer(g, Shape{t, d}, ctx.master_dtype);
+    // The mixed path's branches take their output's gradient in bf16: a copy of the block's.
+    if (ctx.mixed()) ctx.buffer(output_grad_compute_, Shape{t, d}, ctx.dtype);
   }
 }
 
@@ -81,11 +82,15 @@ void BlockAttnRes::add_output(int64_t j, const Tensor& out) const {
 }
 
 void BlockAttnRes::begin_backward(int64_t rows) const {
-  for (const Tensor& g : grads_) zero_tensor(g.rows(0, rows));
+  for (const Tensor& g : grads_) ops::zero(exec_, g.rows(0, rows));  // on the stream: captured steps
 }
 
 Tensor BlockAttnRes::output_grad(int64_t j, int64_t rows) const {
-  return grads_.at(static_cast<size_t>(block_of(j))).rows(0, rows);
+  const Tensor grad = grads_.at(static_cast<size_t>(block_of(j))).rows(0, rows);
+  if (!output_grad_compute_.defined()) return grad;
+  const Tensor copy = output_grad_compute_.rows(0, rows);
+  ops::convert(exec_, grad, copy);
+  return copy;
 }
 
 void BlockAttnRes::mix_backward(int64_t j, const Tensor& embedding, const Tensor& dinput,

@@ -17,6 +17,11 @@
 // Memory: one saved [T, hidden] per sublayer, the running sum of its block after it
 // (sums_[j]); a completed block is its last one, kept once and read by every later mix.
 // The mixed inputs live in the buffers the plain stream would use (Backbone).
+//
+// GPU (ops/attn_res/attn_res_cuda.h): fp32, and on the mixed path the same fp32 mix beside
+// the bf16 branches: the sources (the embedding, the block sums), the mixes and their
+// gradients are wide; a sublayer's bf16 output is added into its block's fp32 sum, and
+// its output gradient reaches it as a bf16 copy of the block sum's.
 #pragma once
 
 #include "nn/modules.h"
@@ -54,7 +59,9 @@ class BlockAttnRes {
   // backward, sublayers in reverse after the final read: zeroes the block sums' gradients.
   void begin_backward(int64_t rows) const;
   // d(sublayer j's output), [rows, hidden]: complete once every mix after j is through
-  // mix_backward (the gradient of its block's sum, the later partial sums' added in).
+  // mix_backward (the gradient of its block's sum, the later partial sums' added in). In the
+  // compute dtype: on the mixed path a bf16 copy of the fp32 sum's gradient, made by this
+  // call (read it before the next call).
   Tensor output_grad(int64_t j, int64_t rows) const;
   // The gradient of mix(j) from d(input): into dembedding (+=), the sums it read and its
   // query's gradient (+=).
@@ -74,6 +81,7 @@ class BlockAttnRes {
   std::vector<Tensor> sums_;   // [sublayers] saved [T, hidden]
   std::vector<Tensor> grads_;  // per block [T, hidden]: d(its sum), training only
   Tensor output_, input_grad_;
+  Tensor output_grad_compute_;  // mixed path, training: output_grad's bf16 copy
 };
 
 }  // namespace kiln

@@ -155,3 +155,24 @@ TEST_F(MoeDecoderGpu, Bf16EveryExpertMatchesTheFullForward) {
 
 }  // namespace
 }  // namespace kiln
+
+// LatentMoE (model.moe.latent_width): the projections around the experts in the decoder's
+// step as in the full forward. Latent 24 (CUTLASS's grouped GEMM in bf16 on Hopper) and 20
+// (the portable kernel). Written, not yet run on a GPU.
+namespace kiln {
+namespace {
+
+ModelConfig latent_decode_config(int64_t top_k, int64_t latent) {
+  ModelConfig c = moe_decode_config("softmax_topk", top_k);
+  c.moe.latent_width = latent;
+  return c;
+}
+
+TEST_F(MoeDecoderGpu, LatentMoeMatchesTheFullForward) {
+  check_decoder_matches_full_forward(latent_decode_config(2, 24), DType::f32, 1e-4);
+  check_decoder_matches_full_forward(latent_decode_config(2, 20), DType::f32, 1e-4);
+  check_decoder_matches_full_forward(latent_decode_config(8, 24), DType::bf16, 5e-2);
+}
+
+}  // namespace
+}  // namespace kiln

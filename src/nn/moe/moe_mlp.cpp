@@ -9,7 +9,9 @@
 //   z = W_down x [L];  out = W_up (sum_j weights_j SwiGLU_{experts_j}(z)) + SwiGLU_shared(x)
 // Each expert's gate|up is then [2F, L] and its down [L, F]. The weight multiplies the
 // expert's output, which equals applying it to the activation before the down projection
-// (seed 001's form): the projection is linear and has no bias. CPU only for now.
+// (seed 001's form): the projection is linear and has no bias. On the GPU the projections
+// are the CUDA linear ops (cuBLASLt) and the experts the same dispatch, grouped GEMMs and
+// combine as the plain sparse MLP's, at width L (tests/gpu/test_gpu_latent_moe.cpp).
 //
 // Dropless by default: an expert takes every token routed to it; with
 // model.moe.capacity_factor a token-choice router's expert keeps at most ceil(cf T k / E)
@@ -53,10 +55,6 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   const int64_t t = ctx.max_tokens, d = m.hidden, e_count = moe_.experts, k = moe_.top_k, f = moe_.expert_hidden;
   hidden_ = d;
   expert_io_ = latent() ? moe_.latent_width : d;
-  if (latent())
-    KILN_CHECK(ctx.device == Device::cpu, "model.moe.latent_width",
-               "LatentMoE ({}) runs on the CPU only for now: its GPU path is untested; set it to 0 on the GPU",
-               moe_.latent_width);
   const NameScope n = layer.names.child("mlp.", "mlp.", "");
   const double out_std = residual_init_std(m);
   // The router: no weight decay (as the norms' gains; its scale is what routes).

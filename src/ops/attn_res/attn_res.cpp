@@ -3,6 +3,10 @@
 #include "core/op_profiler.h"
 #include "ops/common.h"
 
+#if KILN_WITH_CUDA
+#include "ops/attn_res/attn_res_cuda.h"
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -14,8 +18,8 @@ namespace {
 void validate(const char* op, std::span<const Tensor> sources, const Tensor& query, const Tensor& like) {
   KILN_CHECK(!sources.empty(), op, "needs at least one source");
   expect_rank(op, "out", like, 2);
-  KILN_CHECK(like.device() == Device::cpu, op, "CPU only (model.attn_res_block has no CUDA path yet), got {}",
-             like.describe());
+  // The GPU mixes the fp32 stream (the mixed path's too: attn_res_cuda.h).
+  if (like.device() == Device::cuda) expect_dtype(op, "out", like, DType::f32);
   for (const Tensor& v : sources) {
     expect_shape(op, "source", v, like.shape());
     expect_same(op, "source", v, like);
@@ -52,14 +56,26 @@ std::vector<const T*> pointers(std::span<const Tensor> tensors) {
   return p;
 }
 
+#if KILN_WITH_CUDA
+std::vector<float*> mutable_pointers(std::span<const Tensor> tensors) {
+  std::vector<float*> p;
+  for (const Tensor& x : tensors) p.push_back(x.data<float>());
+  return p;
+}
+#endif
+
 }  // namespace
 
 void attn_res_mix_forward(const ExecContext& ctx, std::span<const Tensor> sources, const Tensor& query, double eps,
                           const Tensor& out) {
-  (void)ctx;
+  (void)ctx;  // the CUDA path's stream (unused on the CPU)
   const char* op = "attn_res_mix_forward";
   KILN_OP_SCOPE(op, out);
   validate(op, sources, query, out);
+  KILN_ON_CUDA(out, op,
+               cuda::attn_res_mix_forward(ctx, pointers<float>(sources).data(), static_cast<int>(sources.size()),
+                                          query.data<float>(), static_cast<float>(eps), out.size(0), out.size(1),
+                                          out.data<float>()));
   dispatch_cpu_float(op, out.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const std::vector<const T*> v = pointers<T>(sources);
@@ -96,6 +112,10 @@ void attn_res_mix_backward(const ExecContext& ctx, std::span<const Tensor> sourc
   validate(op, dsources, dquery, dout);
   KILN_CHECK(dsources.size() == sources.size(), op, "{} sources but {} source gradients", sources.size(),
              dsources.size());
+  KILN_ON_CUDA(dout, op,
+               cuda::attn_res_mix_backward(ctx, pointers<float>(sources).data(), static_cast<int>(sources.size()),
+                                           query.data<float>(), static_cast<float>(eps), dout.data<float>(), dout.size(0),
+                                           dout.size(1), mutable_pointers(dsources).data(), dquery.data<float>()));
   dispatch_cpu_float(op, dout.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const std::vector<const T*> v = pointers<T>(sources);

@@ -5,7 +5,8 @@
 //   out = sum_s a_s V_s
 // The sources mix per row: positions never meet (a mix over depth, not over the sequence).
 //
-// CPU: f32, f64 (no CUDA kernel: model.attn_res_block refuses the GPU at build).
+// CPU: f32, f64. CUDA: f32 (attn_res_cuda.h; on the mixed path the stream the mix reads
+// and writes is fp32 too).
 #pragma once
 
 #include "core/exec_context.h"
@@ -14,6 +15,9 @@
 #include <span>
 
 namespace kiln::ops {
+
+// The most sources one mix reads on the GPU (the kernel passes their addresses by value).
+constexpr int kAttnResGpuMaxSources = 32;
 
 void attn_res_mix_forward(const ExecContext& ctx, std::span<const Tensor> sources, const Tensor& query, double eps,
                           const Tensor& out);

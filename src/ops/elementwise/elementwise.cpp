@@ -28,6 +28,13 @@ void add_inplace(const ExecContext& ctx, const Tensor& dst, const Tensor& src) {
   });
 }
 
+void zero(const ExecContext& ctx, const Tensor& t) {
+  (void)ctx;
+  if (t.nbytes() == 0) return;
+  KILN_ON_CUDA(t, "zero", cuda::zero_bytes(ctx, t.raw(), t.nbytes()));
+  zero_tensor(t);
+}
+
 void add(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& out) {
   const char* op = "add";
   KILN_OP_SCOPE(op, a);

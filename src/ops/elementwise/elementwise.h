@@ -8,6 +8,9 @@ namespace kiln::ops {
 
 // dst += src (same shape).
 void add_inplace(const ExecContext& ctx, const Tensor& dst, const Tensor& src);
+// t = 0, on the context's stream on the GPU (zero_tensor's cudaMemset is not: a captured
+// step zeroes through this).
+void zero(const ExecContext& ctx, const Tensor& t);
 // out = a + b. On the GPU's mixed path a and out are fp32 (the residual stream), b bf16.
 void add(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& out);
 // dst = src converted to dst's dtype (same element count and device): bf16 <-> f32 on

@@ -171,6 +171,10 @@ void cast_bf16_to_f32(const ExecContext& ctx, const bf16_bits* src, int64_t n, f
   convert(stream(ctx), reinterpret_cast<const bf16*>(src), n, dst, "cast_bf16_to_f32");
 }
 
+void zero_bytes(const ExecContext& ctx, void* dst, size_t bytes) {
+  check(cudaMemsetAsync(dst, 0, bytes, stream(ctx)), "zero", "cudaMemsetAsync");
+}
+
 void copy_bytes(const ExecContext& ctx, const void* src, size_t bytes, void* dst) {
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(ctx)), "convert", "cudaMemcpyAsync");
 }

@@ -22,6 +22,8 @@ void add_f32_bf16(const ExecContext& ctx, const float* a, const bf16_bits* b, in
 // dst = bf16(src), round to nearest even (weights' compute copies, fp32 -> bf16 grads).
 void cast_f32_to_bf16(const ExecContext& ctx, const float* src, int64_t n, bf16_bits* dst);
 void cast_bf16_to_f32(const ExecContext& ctx, const bf16_bits* src, int64_t n, float* dst);
+// bytes of dst zeroed on the context's stream.
+void zero_bytes(const ExecContext& ctx, void* dst, size_t bytes);
 // bytes of src into dst, device to device, on the context's stream (a same-dtype convert).
 void copy_bytes(const ExecContext& ctx, const void* src, size_t bytes, void* dst);
 

@@ -1,0 +1,183 @@
+// Block Attention Residuals (model.attn_res_block; nn/attn_res.h, ops/attn_res/attn_res_cuda.cu)
+// on the GPU:
+//   - the mix op, forward and backward, in fp32 against the CPU reference in fp64 on the
+//     same inputs (5 sources, 37 rows of width 200: columns past one block's threads);
+//   - a whole model (3 layers in blocks of 2: completed blocks, partial sums and a partial
+//     last block at the final read) on the GPU in fp32 and bf16 mixed precision against
+//     the same model on the CPU (fp32), the pseudo-queries random (not the plain mean):
+//     logits, loss and every parameter's gradient.
+// Tolerances: the op 1e-5 relative (fp32 against fp64); the model as
+// test_gpu_moe_model.cpp's (fp32: logits 1e-4, loss 1e-5, gradients 1e-3 with a floor of
+// 1% of each tensor's max; bf16: 3e-2, 1e-3, 6e-2 against each tensor's max). Written,
+// not yet run on a GPU.
+#include "core/exec_context.h"
+#include "core/rng.h"
+#include "gpu/gpu_harness.h"
+#include "model/model.h"
+#include "ops/attn_res/attn_res.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace kiln {
+namespace {
+
+using namespace gpu_test;
+using test::random_tensor;
+
+class AttnResGpu : public GpuTest {};
+
+TEST_F(AttnResGpu, MixForwardAndBackwardMatchTheCpuReference) {
+  constexpr int64_t kRows = 37, kCols = 200;
+  constexpr int kSources = 5;
+  constexpr double kEps = 1e-6;
+  ExecContext cpu_ctx, gpu_ctx;
+  std::vector<OwnedTensor> v64, dv64, vdev, dvdev;
+  std::vector<Tensor> v64_t, dv64_t, vdev_t, dvdev_t;
+  for (int s = 0; s < kSources; ++s) {
+    // Sources of different scales, so the RMSNorm matters.
+    OwnedTensor v = random_tensor(DType::f32, Shape{kRows, kCols}, 100 + s, 0.5 + s);
+    OwnedTensor dv0 = random_tensor(DType::f32, Shape{kRows, kCols}, 200 + s, 0.1);  // += onto these
+    v64.push_back(to_f64(*v));
+    dv64.push_back(to_f64(*dv0));
+    vdev.push_back(to_device(*v));
+    dvdev.push_back(to_device(*dv0));
+  }
+  for (int s = 0; s < kSources; ++s) {
+    v64_t.push_back(*v64[static_cast<size_t>(s)]);
+    dv64_t.push_back(*dv64[static_cast<size_t>(s)]);
+    vdev_t.push_back(*vdev[static_cast<size_t>(s)]);
+    dvdev_t.push_back(*dvdev[static_cast<size_t>(s)]);
+  }
+  OwnedTensor w = random_tensor(DType::f32, Shape{kCols}, 7, 0.3);
+  OwnedTensor dout = random_tensor(DType::f32, Shape{kRows, kCols}, 8, 1.0);
+  OwnedTensor dw0 = random_tensor(DType::f32, Shape{kCols}, 9, 0.1);
+  OwnedTensor w64 = to_f64(*w), dout64 = to_f64(*dout), dw64 = to_f64(*dw0);
+  OwnedTensor wdev = to_device(*w), doutdev = to_device(*dout), dwdev = to_device(*dw0);
+
+  OwnedTensor out64(DType::f64, Device::cpu, Shape{kRows, kCols});
+  OwnedTensor outdev(DType::f32, Device::cuda, Shape{kRows, kCols});
+  poison(*outdev);
+  ops::attn_res_mix_forward(cpu_ctx, v64_t, *w64, kEps, *out64);
+  ops::attn_res_mix_forward(gpu_ctx, vdev_t, *wdev, kEps, *outdev);
+  expect_close("out", *to_host(*outdev), *out64, 1e-5);
+
+  ops::attn_res_mix_backward(cpu_ctx, v64_t, *w64, kEps, *dout64, dv64_t, *dw64);
+  ops::attn_res_mix_backward(gpu_ctx, vdev_t, *wdev, kEps, *doutdev, dvdev_t, *dwdev);
+  for (int s = 0; s < kSources; ++s)
+    expect_close(fmt::format("dsource{}", s).c_str(), *to_host(dvdev_t[static_cast<size_t>(s)]),
+                 dv64_t[static_cast<size_t>(s)], 1e-5);
+  expect_close("dquery", *to_host(*dwdev), *dw64, 1e-5);
+}
+
+// Three layers of hidden 64, blocks of 2 sublayers.
+ModelConfig attn_res_config() {
+  ModelConfig c;
+  c.name = "attn-res-tiny";
+  c.vocab_size = 259, c.hidden = 64, c.layers = 3, c.heads = 4, c.kv_heads = 2, c.head_dim = 16, c.ffn_hidden = 128;
+  c.max_seq_len = 128, c.tie_embeddings = false, c.qk_norm = true;
+  c.attn_res_block = 2;
+  return c;
+}
+
+// Two documents of 30 and 41 bytes and a 9-token PAD tail without targets.
+HostBatch two_documents() {
+  constexpr int32_t kBos = 256, kEos = 257, kPad = 258;
+  Rng rng(2027);
+  HostBatch b;
+  b.cu_seqlens.push_back(0);
+  auto add = [&](int64_t length, bool pad) {
+    const size_t first = b.tokens.size();
+    for (int64_t i = 0; i < length; ++i) {
+      b.tokens.push_back(pad ? kPad : i == 0 ? kBos : static_cast<int32_t>(rng.below(256)));
+      b.positions.push_back(static_cast<int32_t>(i));
+      if (!pad) ++b.document_tokens;
+    }
+    for (int64_t i = 0; i < length; ++i) {
+      const int32_t target = pad ? kIgnoreTarget : i + 1 < length ? b.tokens[first + static_cast<size_t>(i) + 1] : kEos;
+      b.targets.push_back(target);
+      if (target != kIgnoreTarget) ++b.target_count;
+    }
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+    b.max_seqlen = std::max(b.max_seqlen, static_cast<int32_t>(length));
+  };
+  for (int64_t length : {30, 41}) add(length, false);
+  add(9, true);
+  return b;
+}
+
+BuildOptions options_for(Device device, DType dtype, int64_t tokens) {
+  BuildOptions o;
+  o.device = device;
+  o.dtype = dtype;
+  o.max_tokens = tokens;
+  o.loss_chunk_rows = 16;
+  return o;
+}
+
+struct Results {
+  std::vector<float> logits;
+  double loss = 0;
+  std::vector<std::string> names;
+  std::vector<OwnedTensor> grads;  // host f32
+};
+
+Results run(Model& m, const HostBatch& batch) {
+  Results r;
+  m.load_batch(batch);
+  m.logits(0, batch.size(), r.logits);
+  m.zero_grads();
+  const LossSums sums = m.forward_backward(1.0 / static_cast<double>(batch.target_count));
+  r.loss = sums.loss / static_cast<double>(sums.count);
+  for (const auto& p : m.parameters()) {
+    if (!p->trainable()) continue;
+    r.names.push_back(p->name());
+    r.grads.push_back(to_host(p->grad()));
+  }
+  return r;
+}
+
+void compare(DType dtype, double logits_tol, double loss_tol, double grads_tol, double floor_fraction) {
+  const ModelConfig c = attn_res_config();
+  const HostBatch batch = two_documents();
+  Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
+  cpu.allocate();
+  cpu.init_weights(53);
+  Rng rng(54);
+  int queries = 0;
+  for (const auto& p : cpu.parameters()) {  // the pseudo-queries off zero: a mix that is not the mean
+    if (p->name().find("attn_res.") == std::string::npos) continue;
+    ++queries;
+    float* v = p->value().data<float>();
+    for (int64_t i = 0; i < p->value().numel(); ++i) v[i] = static_cast<float>(0.3 * rng.normal());
+  }
+  EXPECT_EQ(queries, 2 * c.layers);  // sublayers 1 .. 2L - 1 and the final read
+  Model gpu(c, options_for(Device::cuda, dtype, batch.size()));
+  gpu.allocate();
+  ASSERT_EQ(cpu.parameters().size(), gpu.parameters().size());
+  for (size_t i = 0; i < cpu.parameters().size(); ++i) copy_tensor(cpu.parameters()[i]->value(), gpu.parameters()[i]->value());
+  const Results want = run(cpu, batch), got = run(gpu, batch);
+  const Shape logits_shape{batch.size(), c.vocab_size};
+  OwnedTensor want_logits = to_f64(Tensor(const_cast<float*>(want.logits.data()), DType::f32, Device::cpu, logits_shape));
+  const double logits_error =
+      expect_close("logits", Tensor(const_cast<float*>(got.logits.data()), DType::f32, Device::cpu, logits_shape),
+                   *want_logits, logits_tol, 0, floor_fraction);
+  EXPECT_NEAR(got.loss, want.loss, loss_tol * want.loss);
+  double grad_error = 0;
+  for (size_t i = 0; i < want.grads.size(); ++i)
+    grad_error = std::max(grad_error, expect_close(want.names[i].c_str(), *got.grads[i], *to_f64(*want.grads[i]),
+                                                   grads_tol, 0, floor_fraction));
+  std::printf("attn_res model, GPU %s vs CPU f32: logits error %.2e, loss %.7f vs %.7f, worst gradient error %.2e\n",
+              std::string(dtype_name(dtype)).c_str(), logits_error, got.loss, want.loss, grad_error);
+}
+
+TEST_F(AttnResGpu, Fp32ModelMatchesTheCpu) { compare(DType::f32, 1e-4, 1e-5, 1e-3, kFloorFraction); }
+TEST_F(AttnResGpu, Bf16MixedModelMatchesTheFp32Cpu) { compare(DType::bf16, 3e-2, 1e-3, 6e-2, 1.0); }
+
+}  // namespace
+}  // namespace kiln
