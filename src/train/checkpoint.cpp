@@ -375,7 +375,7 @@ CheckpointInfo read_checkpoint(const std::string& path) {
 namespace {
 
 // ZeRO: this rank's slice of a whole state tensor, read straight out of the file, so a
-// checkpoint loads at any world size (train/zero_state.h).
+// checkpoint loads at any world size (train/parameter_shards.h).
 void read_slice(const io::SafetensorsFile& file, const OptimizerStateTensor& t) {
   const io::TensorInfo& info = file.info(t.name);
   KILN_CHECK(info.dtype == t.tensor.dtype() && info.kiln_shape() == t.whole, kWhere,

@@ -77,10 +77,6 @@ void DataParallel::gather_parameters() {
   }
 }
 
-GatheredOptimizerState DataParallel::gather_optimizer_state(const Optimizer& optimizer) {
-  return kiln::gather_optimizer_state(group_.host(), optimizer.state_tensors());
-}
-
 void DataParallel::before_backward(bool last_micro_batch) {
   if (!bucketed() || !last_micro_batch) {
     model_.set_backward_progress({});

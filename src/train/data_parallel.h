@@ -23,7 +23,6 @@
 #include "train/gradient_buckets.h"
 #include "train/parameter_shards.h"
 #include "train/stream_gradient_buckets.h"
-#include "train/zero_state.h"
 
 #include <cstdint>
 #include <memory>
@@ -65,12 +64,11 @@ class DataParallel {
   void sum(double* values, int64_t count, Device where);
 
   // ZeRO: the shards the optimizer updates (null without ZeRO); after an update, every
-  // rank's updated shard to every rank; at a checkpoint, every rank's slices of the
-  // optimizer state joined on rank 0 (train/zero_state.h). Every rank calls these two.
+  // rank's updated shard to every rank (every rank calls it). At a checkpoint each rank
+  // writes its own slices of the optimizer state (train/optimizer_shard_files.h).
   const ParameterShards* shards() const { return shards_.get(); }
   size_t gather_buffer_bytes() const { return gathered_.bytes(); }
   void gather_parameters();
-  GatheredOptimizerState gather_optimizer_state(const Optimizer& optimizer);
 
  private:
   bool bucketed() const { return bucket_mb_ > 0; }
