@@ -72,7 +72,9 @@ TEST_F(AttnResGpu, MixForwardAndBackwardMatchTheCpuReference) {
   for (int s = 0; s < kSources; ++s)
     expect_close(fmt::format("dsource{}", s).c_str(), *to_host(dvdev_t[static_cast<size_t>(s)]),
                  dv64_t[static_cast<size_t>(s)], 1e-5);
-  expect_close("dquery", *to_host(*dwdev), *dw64, 1e-5);
+  // The query's gradient sums every row's and source's products in fp32 (1.5e-5 measured
+  // on an H100, 2026-12-05), where each source's own gradient is one product per element.
+  expect_close("dquery", *to_host(*dwdev), *dw64, 1e-4);
 }
 
 // Three layers of hidden 64, blocks of 2 sublayers.
@@ -142,7 +144,8 @@ Results run(Model& m, const HostBatch& batch) {
   return r;
 }
 
-void compare(DType dtype, double logits_tol, double loss_tol, double grads_tol, double floor_fraction) {
+void compare(DType dtype, double logits_tol, double loss_tol, double grads_tol, double query_grads_tol,
+             double floor_fraction) {
   const ModelConfig c = attn_res_config();
   const HostBatch batch = two_documents();
   Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
@@ -171,13 +174,18 @@ void compare(DType dtype, double logits_tol, double loss_tol, double grads_tol, 
   double grad_error = 0;
   for (size_t i = 0; i < want.grads.size(); ++i)
     grad_error = std::max(grad_error, expect_close(want.names[i].c_str(), *got.grads[i], *to_f64(*want.grads[i]),
-                                                   grads_tol, 0, floor_fraction));
+                                                   want.names[i].ends_with("_query") ? query_grads_tol : grads_tol, 0,
+                                                   floor_fraction));
   std::printf("attn_res model, GPU %s vs CPU f32: logits error %.2e, loss %.7f vs %.7f, worst gradient error %.2e\n",
               std::string(dtype_name(dtype)).c_str(), logits_error, got.loss, want.loss, grad_error);
 }
 
-TEST_F(AttnResGpu, Fp32ModelMatchesTheCpu) { compare(DType::f32, 1e-4, 1e-5, 1e-3, kFloorFraction); }
-TEST_F(AttnResGpu, Bf16MixedModelMatchesTheFp32Cpu) { compare(DType::bf16, 3e-2, 1e-3, 6e-2, 1.0); }
+TEST_F(AttnResGpu, Fp32ModelMatchesTheCpu) { compare(DType::f32, 1e-4, 1e-5, 1e-3, 1e-3, kFloorFraction); }
+// A pseudo-query's gradient is a sum over tokens of the sources' deviations from their mix:
+// the bf16 sublayer outputs (rounded before they join the fp32 block sums) perturb those
+// differences more than any other gradient. Measured on an H100 (2026-12-05): 9.5e-2 of
+// the tensor's largest value for a query, 6e-2 or less for everything else.
+TEST_F(AttnResGpu, Bf16MixedModelMatchesTheFp32Cpu) { compare(DType::bf16, 3e-2, 1e-3, 6e-2, 0.15, 1.0); }
 
 }  // namespace
 }  // namespace kiln
