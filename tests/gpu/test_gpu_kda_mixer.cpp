@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "gpu/bf16_tensors.h"
 #include "gpu/gpu_harness.h"
+#include "gpu/packed_documents.h"
 #include "grad_check.h"
 #include "model/model.h"
 #include "ops/kda/kda_mixer_ops.h"
@@ -214,39 +215,7 @@ ModelConfig hybrid_config() {
 }
 
 // Three documents of 17, 40 and 23 tokens (BOS first, EOS the last target) and a PAD tail of 8.
-HostBatch three_documents() {
-  constexpr int32_t kBos = 256, kEos = 257, kPad = 258;
-  Rng rng(2024);
-  HostBatch b;
-  b.cu_seqlens.push_back(0);
-  auto add = [&](int64_t length, bool pad) {
-    const size_t first = b.tokens.size();
-    for (int64_t i = 0; i < length; ++i) {
-      b.tokens.push_back(pad ? kPad : i == 0 ? kBos : static_cast<int32_t>(rng.below(256)));
-      b.positions.push_back(static_cast<int32_t>(i));
-      if (!pad) ++b.document_tokens;
-    }
-    for (int64_t i = 0; i < length; ++i) {
-      const int32_t target = pad ? kIgnoreTarget : i + 1 < length ? b.tokens[first + static_cast<size_t>(i) + 1] : kEos;
-      b.targets.push_back(target);
-      if (target != kIgnoreTarget) ++b.target_count;
-    }
-    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
-    b.max_seqlen = std::max(b.max_seqlen, static_cast<int32_t>(length));
-  };
-  for (int64_t length : {17, 40, 23}) add(length, false);
-  add(8, true);
-  return b;
-}
-
-BuildOptions options_for(Device device, DType dtype, int64_t tokens) {
-  BuildOptions o;
-  o.device = device;
-  o.dtype = dtype;
-  o.max_tokens = tokens;
-  o.loss_chunk_rows = 16;
-  return o;
-}
+HostBatch three_documents() { return packed_documents({17, 40, 23}, 8, 2024); }
 
 struct Results {
   std::vector<float> logits;

@@ -16,6 +16,7 @@
 // logits 4.6e-3, loss 1.7e-5 relative, gradients 1.3e-2 (the q_norm gain).
 #include "core/rng.h"
 #include "gpu/gpu_harness.h"
+#include "gpu/packed_documents.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -62,41 +63,7 @@ ModelConfig layer_pattern_config() {
 
 // Three documents of 17, 40 and 23 bytes (BOS first, EOS as the last target) and an
 // 8-token PAD tail without targets.
-HostBatch three_documents() {
-  constexpr int32_t kBos = 256, kEos = 257, kPad = 258;
-  Rng rng(2024);
-  HostBatch b;
-  b.cu_seqlens.push_back(0);
-  auto add = [&](int64_t length, bool pad) {
-    for (int64_t i = 0; i < length; ++i) {
-      const int32_t token = pad ? kPad : i == 0 ? kBos : static_cast<int32_t>(rng.below(256));
-      b.tokens.push_back(token);
-      b.positions.push_back(static_cast<int32_t>(i));
-      if (!pad) ++b.document_tokens;
-    }
-    for (int64_t i = 0; i < length; ++i) {
-      const size_t at = b.tokens.size() - static_cast<size_t>(length) + static_cast<size_t>(i);
-      const int32_t target = pad ? kIgnoreTarget : i + 1 < length ? b.tokens[at + 1] : kEos;
-      b.targets.push_back(target);
-      if (target != kIgnoreTarget) ++b.target_count;
-    }
-    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
-    b.max_seqlen = std::max(b.max_seqlen, static_cast<int32_t>(length));
-  };
-  for (int64_t length : {17, 40, 23}) add(length, false);
-  add(8, true);
-  return b;
-}
-
-BuildOptions options_for(Device device, DType dtype, int64_t tokens, int64_t recompute = 0) {
-  BuildOptions o;
-  o.device = device;
-  o.dtype = dtype;
-  o.max_tokens = tokens;
-  o.loss_chunk_rows = 16;
-  o.recompute_blocks = recompute;
-  return o;
-}
+HostBatch three_documents() { return packed_documents({17, 40, 23}, 8, 2024); }
 
 // Random init, then every rank-1 parameter moved: gains to 1 + 0.3 N(0, 1), biases (the
 // norms' and attention's) to 0.2 N(0, 1), so a path that ignores one cannot pass.

@@ -19,6 +19,7 @@
 // a GPU either.
 #include "core/rng.h"
 #include "gpu/gpu_harness.h"
+#include "gpu/packed_documents.h"
 #include "model/model.h"
 #include "ops/moe/grouped_gemm_cuda.h"
 #include "test_util.h"
@@ -58,39 +59,7 @@ ModelConfig moe_config(const std::string& router, int64_t top_k, int64_t expert_
 }
 
 // Three documents of 17, 40 and 23 bytes and an 8-token PAD tail without targets.
-HostBatch three_documents() {
-  constexpr int32_t kBos = 256, kEos = 257, kPad = 258;
-  Rng rng(2025);
-  HostBatch b;
-  b.cu_seqlens.push_back(0);
-  auto add = [&](int64_t length, bool pad) {
-    const size_t first = b.tokens.size();
-    for (int64_t i = 0; i < length; ++i) {
-      b.tokens.push_back(pad ? kPad : i == 0 ? kBos : static_cast<int32_t>(rng.below(256)));
-      b.positions.push_back(static_cast<int32_t>(i));
-      if (!pad) ++b.document_tokens;
-    }
-    for (int64_t i = 0; i < length; ++i) {
-      const int32_t target = pad ? kIgnoreTarget : i + 1 < length ? b.tokens[first + static_cast<size_t>(i) + 1] : kEos;
-      b.targets.push_back(target);
-      if (target != kIgnoreTarget) ++b.target_count;
-    }
-    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
-    b.max_seqlen = std::max(b.max_seqlen, static_cast<int32_t>(length));
-  };
-  for (int64_t length : {17, 40, 23}) add(length, false);
-  add(8, true);
-  return b;
-}
-
-BuildOptions options_for(Device device, DType dtype, int64_t tokens) {
-  BuildOptions o;
-  o.device = device;
-  o.dtype = dtype;
-  o.max_tokens = tokens;
-  o.loss_chunk_rows = 16;
-  return o;
-}
+HostBatch three_documents() { return packed_documents({17, 40, 23}, 8, 2025); }
 
 // Random init with the routers' weights x 30 (logits of a few units: clear choices) and
 // sigmoid_bias's bias moved off 0 (so a path that ignores it cannot pass). expert_choice
