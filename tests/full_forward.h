@@ -48,4 +48,50 @@ inline double scaled_diff(const float* a, const float* b, int64_t n) {
   return diff / scale;
 }
 
+// One row of a decode step: its sequence, its decoder slot and its position (the token
+// the decoder is given is the sequence's token there).
+struct DecodeRow {
+  const std::vector<int32_t>* sequence;
+  int32_t slot, position;
+};
+
+// Runs `rows` as one decode step of `decoder` (over `model`'s weights); the worst scaled
+// difference (scaled_diff) of their logits from the full forward over each row's prefix.
+template <class DecoderT>
+double decode_step_error(Model& model, DecoderT& decoder, const std::vector<DecodeRow>& rows) {
+  std::vector<int32_t> tok, slot, pos, which;
+  for (const DecodeRow& r : rows) {
+    tok.push_back((*r.sequence)[static_cast<size_t>(r.position)]), slot.push_back(r.slot), pos.push_back(r.position);
+    which.push_back(static_cast<int32_t>(which.size()));
+  }
+  decoder.forward(tok, slot, pos);
+  std::vector<float> logits;
+  decoder.logits(which, logits);
+  double worst = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const DecodeRow& r = rows[i];
+    const std::vector<int32_t> prefix(r.sequence->begin(), r.sequence->begin() + r.position + 1);
+    const std::vector<float> want = full_forward_last(model, prefix);
+    worst = std::max(worst, scaled_diff(logits.data() + i * want.size(), want.data(), static_cast<int64_t>(want.size())));
+  }
+  return worst;
+}
+
+// Every sequence one token a step, in lockstep from position 0 (one slot each, a shorter
+// sequence dropping out when it ends); the worst decode_step_error of the steps.
+template <class DecoderT>
+double lockstep_decode_error(Model& model, DecoderT& decoder, const std::vector<std::vector<int32_t>>& sequences) {
+  size_t longest = 0;
+  for (const auto& s : sequences) longest = std::max(longest, s.size());
+  double worst = 0;
+  for (size_t position = 0; position < longest; ++position) {
+    std::vector<DecodeRow> rows;
+    for (size_t s = 0; s < sequences.size(); ++s)
+      if (position < sequences[s].size())
+        rows.push_back({&sequences[s], static_cast<int32_t>(s), static_cast<int32_t>(position)});
+    worst = std::max(worst, decode_step_error(model, decoder, rows));
+  }
+  return worst;
+}
+
 }  // namespace kiln::test

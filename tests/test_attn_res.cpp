@@ -274,21 +274,11 @@ TEST(AttnResModel, DecoderMatchesFullForward) {
     int32_t at = 0;
     const std::vector<int> chunks = {4, 1, 3, 1, 3};
     for (size_t step = 0; step < chunks.size(); ++step) {
-      std::vector<int32_t> tok, slot, pos, which;
-      for (int i = 0; i < chunks[step]; ++i, ++at) tok.push_back(a[static_cast<size_t>(at)]), slot.push_back(0), pos.push_back(at);
-      tok.push_back(b[step]), slot.push_back(1), pos.push_back(static_cast<int32_t>(step));
-      for (size_t r = 0; r < tok.size(); ++r) which.push_back(static_cast<int32_t>(r));
-      decoder.forward(tok, slot, pos);
-      std::vector<float> logits;
-      decoder.logits(which, logits);
-      for (size_t r = 0; r < tok.size(); ++r) {
-        const std::vector<int32_t>& seq = slot[r] == 0 ? a : b;
-        const std::vector<int32_t> prefix(seq.begin(), seq.begin() + pos[r] + 1);
-        const std::vector<float> want = full_forward_last(model, prefix);
-        worst = std::max(worst, scaled_diff(logits.data() + r * want.size(), want.data(),
-                                            static_cast<int64_t>(want.size())));
-        ++checked;
-      }
+      std::vector<DecodeRow> rows;
+      for (int i = 0; i < chunks[step]; ++i, ++at) rows.push_back({&a, 0, at});
+      rows.push_back({&b, 1, static_cast<int32_t>(step)});
+      worst = std::max(worst, decode_step_error(model, decoder, rows));
+      checked += static_cast<int>(rows.size());
     }
     EXPECT_EQ(checked, 12 + 5);
     EXPECT_LT(worst, 1e-6) << "decoder logits vs full forward";  // f64 math, logits as f32

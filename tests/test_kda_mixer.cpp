@@ -109,23 +109,10 @@ struct DecodeCheck {
   double worst = 0;
   int checked = 0;
 
-  // Runs `rows` (sequence, slot, position) as one step and checks every row's logits.
-  void step(const std::vector<std::tuple<const std::vector<int32_t>*, int32_t, int32_t>>& rows) {
-    std::vector<int32_t> tok, slot, pos, which;
-    for (const auto& [seq, s, p] : rows) {
-      tok.push_back((*seq)[static_cast<size_t>(p)]), slot.push_back(s), pos.push_back(p);
-      which.push_back(static_cast<int32_t>(which.size()));
-    }
-    decoder.forward(tok, slot, pos);
-    std::vector<float> logits;
-    decoder.logits(which, logits);
-    for (size_t r = 0; r < rows.size(); ++r) {
-      const auto& [seq, s, p] = rows[r];
-      const std::vector<int32_t> prefix(seq->begin(), seq->begin() + p + 1);
-      const std::vector<float> want = full_forward_last(model, prefix);
-      worst = std::max(worst, scaled_diff(logits.data() + r * want.size(), want.data(), static_cast<int64_t>(want.size())));
-      ++checked;
-    }
+  // Runs `rows` as one step and checks every row's logits.
+  void step(const std::vector<DecodeRow>& rows) {
+    worst = std::max(worst, decode_step_error(model, decoder, rows));
+    checked += static_cast<int>(rows.size());
   }
 };
 
@@ -161,7 +148,7 @@ TEST(KdaMixer, DecoderMatchesFullForward) {
   const std::vector<int> chunks = {4, 1, 3, 1, 5};
   int32_t at = 0;
   for (size_t s = 0; s < chunks.size(); ++s) {
-    std::vector<std::tuple<const std::vector<int32_t>*, int32_t, int32_t>> rows;
+    std::vector<DecodeRow> rows;
     for (int i = 0; i < chunks[s]; ++i) rows.emplace_back(&a, 0, at++);
     rows.emplace_back(&b, 1, static_cast<int32_t>(s));
     check.step(rows);

@@ -139,27 +139,7 @@ std::vector<int32_t> tokens(int64_t n, uint64_t seed) {
   return t;
 }
 
-using Row = std::tuple<const std::vector<int32_t>*, int32_t, int32_t>;  // sequence, slot, position
-
-// Runs `rows` as one decode step; the worst scaled difference of their logits from the full
-// forward over each row's prefix.
-double decode_error(Model& model, Decoder& decoder, const std::vector<Row>& rows) {
-  std::vector<int32_t> tok, slot, pos, which;
-  for (const auto& [seq, s, p] : rows) {
-    tok.push_back((*seq)[static_cast<size_t>(p)]), slot.push_back(s), pos.push_back(p);
-    which.push_back(static_cast<int32_t>(which.size()));
-  }
-  decoder.forward(tok, slot, pos);
-  std::vector<float> logits;
-  decoder.logits(which, logits);
-  double worst = 0;
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const auto& [seq, s, p] = rows[r];
-    const std::vector<float> want = full_forward_last(model, std::vector<int32_t>(seq->begin(), seq->begin() + p + 1));
-    worst = std::max(worst, scaled_diff(logits.data() + r * want.size(), want.data(), static_cast<int64_t>(want.size())));
-  }
-  return worst;
-}
+using Row = DecodeRow;
 
 TEST(MlaMixer, AbsorbedDecoderMatchesFullForward) {
   ModelConfig c;
@@ -180,7 +160,7 @@ TEST(MlaMixer, AbsorbedDecoderMatchesFullForward) {
   const std::vector<int32_t> a = tokens(14, 1), b = tokens(9, 2), fresh = tokens(7, 3), shared = tokens(12, 4);
   double worst = 0;
   int steps = 0;
-  auto step = [&](const std::vector<Row>& rows) { worst = std::max(worst, decode_error(model, decoder, rows)), ++steps; };
+  auto step = [&](const std::vector<Row>& rows) { worst = std::max(worst, decode_step_error(model, decoder, rows)), ++steps; };
   // Slot 0 prefills a in chunks while slot 1 decodes b one token per step.
   decoder.reset_slot(0), decoder.reset_slot(1);
   int32_t at = 0;

@@ -3,6 +3,7 @@
 // differences, the choice held fixed), sigmoid_bias's balancing bias, and the sparse MLP
 // through a whole model: every parameter's gradient with the balance and z losses on, the
 // KV-cache decoder against the full forward, and losses that reach the log.
+#include "full_forward.h"
 #include "grad_check.h"
 #include "infer/decoder.h"
 #include "nn/moe/router.h"
@@ -364,35 +365,9 @@ TEST(MoeModel, DecoderMatchesTheFullForward) {
   d.logit_rows = 4;
   Decoder decoder(model, d);
   const std::vector<std::vector<int32_t>> seqs = {{1, 5, 7, 2, 9, 3}, {4, 4, 11, 6}};
-  // Prefill both in steps of mixed rows, then compare every row with the full forward.
-  double worst = 0;
-  for (size_t len = 1; len <= 6; ++len) {
-    std::vector<int32_t> tok, slot, pos;
-    for (int32_t s = 0; s < 2; ++s)
-      if (len <= seqs[static_cast<size_t>(s)].size())
-        tok.push_back(seqs[static_cast<size_t>(s)][len - 1]), slot.push_back(s), pos.push_back(static_cast<int32_t>(len - 1));
-    decoder.forward(tok, slot, pos);
-    std::vector<int32_t> rows(tok.size());
-    std::iota(rows.begin(), rows.end(), 0);
-    std::vector<float> logits;
-    decoder.logits(rows, logits);
-    for (size_t r = 0; r < tok.size(); ++r) {
-      const auto& seq = seqs[static_cast<size_t>(slot[r])];
-      HostBatch b;
-      b.tokens.assign(seq.begin(), seq.begin() + static_cast<std::ptrdiff_t>(len));
-      b.targets.assign(len, kIgnoreTarget);
-      b.positions.resize(len);
-      std::iota(b.positions.begin(), b.positions.end(), 0);
-      b.cu_seqlens = {0, static_cast<int32_t>(len)};
-      b.max_seqlen = static_cast<int32_t>(len);
-      model.load_batch(b);
-      std::vector<float> want;
-      model.logits(static_cast<int64_t>(len) - 1, 1, want);
-      for (int64_t v = 0; v < c.vocab_size; ++v)
-        worst = std::max(worst, std::abs(static_cast<double>(logits[r * 13 + static_cast<size_t>(v)]) - want[static_cast<size_t>(v)]));
-    }
-  }
-  EXPECT_LT(worst, 1e-6);  // f64 math, logits returned as f32
+  // Both in lockstep (the shorter drops out), every row against the full forward.
+  const double worst = lockstep_decode_error(model, decoder, seqs);
+  EXPECT_LT(worst, 1e-6);  // f64 math, logits returned as f32 (scaled by the largest logit)
 }
 
 }  // namespace
