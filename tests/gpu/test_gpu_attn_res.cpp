@@ -13,7 +13,7 @@
 #include "core/exec_context.h"
 #include "core/rng.h"
 #include "gpu/gpu_harness.h"
-#include "gpu/packed_documents.h"
+#include "gpu/whole_model.h"
 #include "model/model.h"
 #include "ops/attn_res/attn_res.h"
 #include "test_util.h"
@@ -91,28 +91,6 @@ ModelConfig attn_res_config() {
 // Two documents of 30 and 41 bytes and a 9-token PAD tail without targets.
 HostBatch two_documents() { return packed_documents({30, 41}, 9, 2027); }
 
-struct Results {
-  std::vector<float> logits;
-  double loss = 0;
-  std::vector<std::string> names;
-  std::vector<OwnedTensor> grads;  // host f32
-};
-
-Results run(Model& m, const HostBatch& batch) {
-  Results r;
-  m.load_batch(batch);
-  m.logits(0, batch.size(), r.logits);
-  m.zero_grads();
-  const LossSums sums = m.forward_backward(1.0 / static_cast<double>(batch.target_count));
-  r.loss = sums.loss / static_cast<double>(sums.count);
-  for (const auto& p : m.parameters()) {
-    if (!p->trainable()) continue;
-    r.names.push_back(p->name());
-    r.grads.push_back(to_host(p->grad()));
-  }
-  return r;
-}
-
 void compare(DType dtype, double logits_tol, double loss_tol, double grads_tol, double query_grads_tol,
              double floor_fraction) {
   const ModelConfig c = attn_res_config();
@@ -133,7 +111,7 @@ void compare(DType dtype, double logits_tol, double loss_tol, double grads_tol, 
   gpu.allocate();
   ASSERT_EQ(cpu.parameters().size(), gpu.parameters().size());
   for (size_t i = 0; i < cpu.parameters().size(); ++i) copy_tensor(cpu.parameters()[i]->value(), gpu.parameters()[i]->value());
-  const Results want = run(cpu, batch), got = run(gpu, batch);
+  const ModelRun want = run_model(cpu, batch), got = run_model(gpu, batch);
   const Shape logits_shape{batch.size(), c.vocab_size};
   OwnedTensor want_logits = to_f64(Tensor(const_cast<float*>(want.logits.data()), DType::f32, Device::cpu, logits_shape));
   const double logits_error =

@@ -17,7 +17,7 @@
 // tensor's max). Written, not yet run on a GPU.
 #include "core/rng.h"
 #include "gpu/gpu_harness.h"
-#include "gpu/packed_documents.h"
+#include "gpu/whole_model.h"
 #include "model/model.h"
 
 #include <gtest/gtest.h>
@@ -54,49 +54,12 @@ ModelConfig latent_config(const std::string& router, int64_t top_k, int64_t late
 // Three documents of 17, 40 and 23 bytes and an 8-token PAD tail without targets.
 HostBatch three_documents() { return packed_documents({17, 40, 23}, 8, 2026); }
 
-// Random init with the routers' weights x 30 (clear choices) and sigmoid_bias's bias off 0.
-void init_weights(Model& m, uint64_t seed) {
-  m.init_weights(seed);
-  Rng rng(seed ^ 0xb1a5ull);
-  for (const auto& p : m.parameters()) {
-    float* v = p->value().data<float>();
-    if (p->name().ends_with("mlp.gate.weight"))
-      for (int64_t i = 0; i < p->value().numel(); ++i) v[i] *= 30.0f;
-    if (p->name().ends_with("e_score_correction_bias"))
-      for (int64_t i = 0; i < p->value().numel(); ++i) v[i] = static_cast<float>(0.1 * rng.normal());
-  }
-}
-
 void copy_weights(Model& from, Model& to) {
   ASSERT_EQ(from.parameters().size(), to.parameters().size());
   for (size_t i = 0; i < from.parameters().size(); ++i) {
     ASSERT_EQ(from.parameters()[i]->name(), to.parameters()[i]->name());
     copy_tensor(from.parameters()[i]->value(), to.parameters()[i]->value());
   }
-}
-
-struct Results {
-  std::vector<float> logits;
-  double loss = 0;
-  LossSlotSums slots{};
-  std::vector<std::string> names;
-  std::vector<OwnedTensor> grads;  // host f32
-};
-
-Results run(Model& m, const HostBatch& batch) {
-  Results r;
-  m.load_batch(batch);
-  m.logits(0, batch.size(), r.logits);
-  m.zero_grads();
-  const LossSums sums = m.forward_backward(1.0 / static_cast<double>(batch.target_count));
-  r.loss = sums.loss / static_cast<double>(sums.count);
-  r.slots = sums.slot;
-  for (const auto& p : m.parameters()) {
-    if (!p->trainable()) continue;
-    r.names.push_back(p->name());
-    r.grads.push_back(to_host(p->grad()));
-  }
-  return r;
 }
 
 struct ModelTolerance {
@@ -112,11 +75,11 @@ class LatentMoeGpu : public GpuTest {
     const HostBatch batch = three_documents();
     Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
     cpu.allocate();
-    init_weights(cpu, 37);
+    init_moe_weights(cpu, 37);
     Model gpu(c, options_for(Device::cuda, dtype, batch.size()));
     gpu.allocate();
     copy_weights(cpu, gpu);
-    const Results want = run(cpu, batch), got = run(gpu, batch);
+    const ModelRun want = run_model(cpu, batch), got = run_model(gpu, batch);
     const Shape logits_shape{batch.size(), c.vocab_size};
     OwnedTensor want_logits = to_f64(Tensor(const_cast<float*>(want.logits.data()), DType::f32, Device::cpu, logits_shape));
     const double logits_error =
@@ -160,13 +123,13 @@ TEST_F(LatentMoeGpu, Bf16TopTwoIsBitwiseRepeatable) {
   const HostBatch batch = three_documents();
   Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
   cpu.allocate();
-  init_weights(cpu, 41);
-  std::vector<Results> results;
+  init_moe_weights(cpu, 41);
+  std::vector<ModelRun> results;
   for (int i = 0; i < 2; ++i) {
     Model gpu(c, options_for(Device::cuda, DType::bf16, batch.size()));
     gpu.allocate();
     copy_weights(cpu, gpu);
-    results.push_back(run(gpu, batch));
+    results.push_back(run_model(gpu, batch));
   }
   EXPECT_EQ(std::memcmp(&results[0].loss, &results[1].loss, sizeof(double)), 0);
   EXPECT_EQ(std::memcmp(results[0].logits.data(), results[1].logits.data(), results[0].logits.size() * sizeof(float)), 0);

@@ -16,7 +16,7 @@
 // logits 4.6e-3, loss 1.7e-5 relative, gradients 1.3e-2 (the q_norm gain).
 #include "core/rng.h"
 #include "gpu/gpu_harness.h"
-#include "gpu/packed_documents.h"
+#include "gpu/whole_model.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -95,28 +95,6 @@ void scale_matrices_to_unit_activations(Model& m, uint64_t seed) {
   }
 }
 
-struct Results {
-  std::vector<float> logits;
-  double loss = 0;
-  std::vector<std::string> names;
-  std::vector<OwnedTensor> grads;  // host f32
-};
-
-// Logits of every row, then the loss and gradients of one forward_backward.
-Results run(Model& m, const HostBatch& batch) {
-  Results r;
-  m.load_batch(batch);
-  m.logits(0, batch.size(), r.logits);
-  m.zero_grads();
-  const LossSums sums = m.forward_backward(1.0 / static_cast<double>(batch.target_count));
-  r.loss = sums.loss / static_cast<double>(sums.count);
-  for (const auto& p : m.parameters()) {
-    r.names.push_back(p->name());
-    r.grads.push_back(to_host(p->grad()));
-  }
-  return r;
-}
-
 // A scalar's gradient (DyT's alpha) is one sum over every element its norm sees, of both
 // signs: in bf16 it keeps the rounding of its terms, not of its result, and q_norm.alpha of
 // layer 0 came out -7.0e-5 for -8.5e-5 on the H200 (2026-12-01; fp32 agrees to 1e-3, and
@@ -152,7 +130,7 @@ class LayerNormGegluModel : public GpuTest {
     }
     std::printf("%s:\n", c.name.c_str());
 
-    const Results want = run(cpu, batch), got = run(gpu, batch);
+    const ModelRun want = run_model(cpu, batch), got = run_model(gpu, batch);
     const Shape logits_shape{batch.size(), c.vocab_size};
     OwnedTensor want_logits = to_f64(Tensor(const_cast<float*>(want.logits.data()), DType::f32, Device::cpu, logits_shape));
     const double logits_error =
@@ -255,13 +233,13 @@ TEST_F(LayerNormGegluModel, RecomputedBlocksGiveTheSameGradientsBf16) {
   Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
   cpu.allocate();
   init_weights(cpu, 23);
-  std::vector<Results> results;
+  std::vector<ModelRun> results;
   for (int64_t recompute : {0, 2}) {
     Model gpu(c, options_for(Device::cuda, DType::bf16, batch.size(), recompute));
     gpu.allocate();
     for (size_t i = 0; i < cpu.parameters().size(); ++i)
       copy_tensor(cpu.parameters()[i]->value(), gpu.parameters()[i]->value());
-    results.push_back(run(gpu, batch));
+    results.push_back(run_model(gpu, batch));
   }
   EXPECT_EQ(std::memcmp(&results[0].loss, &results[1].loss, sizeof(double)), 0)
       << results[0].loss << " vs " << results[1].loss;

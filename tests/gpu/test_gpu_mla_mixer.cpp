@@ -11,7 +11,7 @@
 #include "core/rng.h"
 #include "gpu/bf16_tensors.h"
 #include "gpu/gpu_harness.h"
-#include "gpu/packed_documents.h"
+#include "gpu/whole_model.h"
 #include "grad_check.h"
 #include "infer/decoder.h"
 #include "model/model.h"
@@ -80,27 +80,6 @@ ModelConfig mla_config(bool hybrid) {
 // Three documents of 17, 40 and 23 tokens (BOS first, EOS the last target) and a PAD tail of 8.
 HostBatch three_documents() { return packed_documents({17, 40, 23}, 8, 2025); }
 
-struct Results {
-  std::vector<float> logits;
-  double loss = 0;
-  std::vector<std::string> names;
-  std::vector<OwnedTensor> grads;  // host, the model's master dtype
-};
-
-Results run(Model& m, const HostBatch& batch) {
-  Results r;
-  m.load_batch(batch);
-  m.logits(0, batch.size(), r.logits);
-  m.zero_grads();
-  const LossSums sums = m.forward_backward(1.0 / static_cast<double>(batch.target_count));
-  r.loss = sums.loss / static_cast<double>(sums.count);
-  for (const auto& p : m.parameters()) {
-    r.names.push_back(p->name());
-    r.grads.push_back(to_host(p->grad()));
-  }
-  return r;
-}
-
 class MlaModelGpu : public GpuTest {
  protected:
   void compare(bool hybrid, DType dtype, double logits_tol, double loss_tol, double grads_tol, double floor_fraction) {
@@ -128,7 +107,7 @@ class MlaModelGpu : public GpuTest {
       copy_tensor(*to_f64(*f32), v);
       copy_tensor(*f32, gpu.parameters()[i]->value());
     }
-    const Results want = run(cpu, batch), got = run(gpu, batch);
+    const ModelRun want = run_model(cpu, batch), got = run_model(gpu, batch);
     const Shape logits_shape{batch.size(), c.vocab_size};
     OwnedTensor want_logits = to_f64(Tensor(const_cast<float*>(want.logits.data()), DType::f32, Device::cpu, logits_shape));
     expect_close("logits", Tensor(const_cast<float*>(got.logits.data()), DType::f32, Device::cpu, logits_shape),

@@ -19,7 +19,7 @@
 // a GPU either.
 #include "core/rng.h"
 #include "gpu/gpu_harness.h"
-#include "gpu/packed_documents.h"
+#include "gpu/whole_model.h"
 #include "model/model.h"
 #include "ops/moe/grouped_gemm_cuda.h"
 #include "test_util.h"
@@ -61,55 +61,12 @@ ModelConfig moe_config(const std::string& router, int64_t top_k, int64_t expert_
 // Three documents of 17, 40 and 23 bytes and an 8-token PAD tail without targets.
 HostBatch three_documents() { return packed_documents({17, 40, 23}, 8, 2025); }
 
-// Random init with the routers' weights x 30 (logits of a few units: clear choices) and
-// sigmoid_bias's bias moved off 0 (so a path that ignores it cannot pass). expert_choice
-// ranks tokens, not experts: at x 30 many tokens' probabilities saturate within ulps of 1,
-// the CPU's and the GPU's exp order them differently at the capacity's cut (a PAD row's
-// logits 0.23 apart on the H200, 2026-12-01), so its router is x 3: spread probabilities.
-void init_weights(Model& m, uint64_t seed) {
-  m.init_weights(seed);
-  Rng rng(seed ^ 0xb1a5ull);
-  const float router_scale = m.config().moe.router == "expert_choice" ? 3.0f : 30.0f;
-  for (const auto& p : m.parameters()) {
-    float* v = p->value().data<float>();
-    if (p->name().ends_with("mlp.gate.weight"))
-      for (int64_t i = 0; i < p->value().numel(); ++i) v[i] *= router_scale;
-    if (p->name().ends_with("e_score_correction_bias"))  // sigmoid_bias's balancing bias
-      for (int64_t i = 0; i < p->value().numel(); ++i) v[i] = static_cast<float>(0.1 * rng.normal());
-  }
-}
-
 void copy_weights(Model& from, Model& to) {
   ASSERT_EQ(from.parameters().size(), to.parameters().size());
   for (size_t i = 0; i < from.parameters().size(); ++i) {
     ASSERT_EQ(from.parameters()[i]->name(), to.parameters()[i]->name());
     copy_tensor(from.parameters()[i]->value(), to.parameters()[i]->value());  // state too (the bias)
   }
-}
-
-struct Results {
-  std::vector<float> logits;
-  double loss = 0;
-  LossSlotSums slots{};
-  std::vector<std::string> names;
-  std::vector<OwnedTensor> grads;  // host f32
-};
-
-// Logits of every row, then the loss (and the loss slots) and gradients of one forward_backward.
-Results run(Model& m, const HostBatch& batch) {
-  Results r;
-  m.load_batch(batch);
-  m.logits(0, batch.size(), r.logits);
-  m.zero_grads();
-  const LossSums sums = m.forward_backward(1.0 / static_cast<double>(batch.target_count));
-  r.loss = sums.loss / static_cast<double>(sums.count);
-  r.slots = sums.slot;
-  for (const auto& p : m.parameters()) {
-    if (!p->trainable()) continue;
-    r.names.push_back(p->name());
-    r.grads.push_back(to_host(p->grad()));
-  }
-  return r;
 }
 
 struct ModelTolerance {
@@ -122,11 +79,11 @@ class MoeModelGpu : public GpuTest {
     const HostBatch batch = three_documents();
     Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
     cpu.allocate();
-    init_weights(cpu, 31);
+    init_moe_weights(cpu, 31);
     Model gpu(c, options_for(Device::cuda, dtype, batch.size()));
     gpu.allocate();
     copy_weights(cpu, gpu);
-    const Results want = run(cpu, batch), got = run(gpu, batch);
+    const ModelRun want = run_model(cpu, batch), got = run_model(gpu, batch);
     const Shape logits_shape{batch.size(), c.vocab_size};
     OwnedTensor want_logits = to_f64(Tensor(const_cast<float*>(want.logits.data()), DType::f32, Device::cpu, logits_shape));
     const double logits_error =
@@ -170,13 +127,13 @@ class MoeModelGpu : public GpuTest {
     const HostBatch batch = three_documents();
     Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
     cpu.allocate();
-    init_weights(cpu, 41);
-    std::vector<Results> results;
+    init_moe_weights(cpu, 41);
+    std::vector<ModelRun> results;
     for (int i = 0; i < 2; ++i) {
       Model gpu(c, options_for(Device::cuda, dtype, batch.size()));
       gpu.allocate();
       copy_weights(cpu, gpu);
-      results.push_back(run(gpu, batch));
+      results.push_back(run_model(gpu, batch));
     }
     EXPECT_EQ(std::memcmp(&results[0].loss, &results[1].loss, sizeof(double)), 0)
         << results[0].loss << " vs " << results[1].loss;
@@ -214,13 +171,13 @@ TEST_F(MoeModelGpu, Bf16CutlassAndPortableGroupedGemmsAgree) {
   const HostBatch batch = three_documents();
   Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
   cpu.allocate();
-  init_weights(cpu, 43);
+  init_moe_weights(cpu, 43);
   Model gpu(c, options_for(Device::cuda, DType::bf16, batch.size()));
   gpu.allocate();
   copy_weights(cpu, gpu);
-  const Results cutlass = run(gpu, batch);
+  const ModelRun cutlass = run_model(gpu, batch);
   cuda::set_grouped_gemm_cutlass(false);
-  const Results portable = run(gpu, batch);
+  const ModelRun portable = run_model(gpu, batch);
   cuda::set_grouped_gemm_cutlass(true);
   const Shape logits_shape{batch.size(), c.vocab_size};
   OwnedTensor want = to_f64(Tensor(const_cast<float*>(portable.logits.data()), DType::f32, Device::cpu, logits_shape));
