@@ -82,32 +82,28 @@ void DataParallel::before_backward(bool last_micro_batch) {
     model_.set_backward_progress({});
     return;
   }
-  if (!buckets_ && !stream_buckets_) {  // the arena exists only once the model is allocated
+  if (!buckets_) {  // the arena exists only once the model is allocated
     const Tensor grads = model_.all_gradients();
     const auto elements = static_cast<int64_t>(std::llround(bucket_mb_ * 1024 * 1024)) /
                           static_cast<int64_t>(dtype_size(grads.dtype()));
     std::vector<GradientBucket> plan =
         plan_gradient_buckets(model_.gradient_ranges(), grads.numel(), std::max<int64_t>(1, elements));
-    if (on_gpu()) stream_buckets_ = std::make_unique<StreamBucketedReduction>(group_.device(), model_.exec(), grads, std::move(plan));
-    else buckets_ = std::make_unique<BucketedGradientReduction>(group_.device(), grads, std::move(plan));
+    if (on_gpu())
+      buckets_ = std::make_unique<StreamBucketedReduction>(group_.device(), model_.exec(), grads, std::move(plan));
+    else
+      buckets_ = std::make_unique<BucketedGradientReduction>(group_.device(), grads, std::move(plan));
   }
   reducing_ = true;
-  if (stream_buckets_) {
-    StreamBucketedReduction* reduction = stream_buckets_.get();
-    reduction->start();
-    model_.set_backward_progress([reduction](int event) { reduction->ready(event); });
-  } else {
-    BucketedGradientReduction* reduction = buckets_.get();
-    reduction->start();
-    model_.set_backward_progress([reduction](int event) { reduction->ready(event); });
-  }
+  BucketReduction* reduction = buckets_.get();
+  reduction->start();
+  model_.set_backward_progress([reduction](int event) { reduction->ready(event); });
 }
 
 void DataParallel::after_backward() {
   model_.set_backward_progress({});
   if (!reducing_) return;
-  if (stream_buckets_) {
-    stream_buckets_->finish();  // the model's stream waits here; nothing is left to wait for later
+  if (on_gpu()) {
+    buckets_->finish();  // the model's stream waits here, inside the micro-batch's graph
     reducing_ = false;
   } else {
     buckets_->ready(std::numeric_limits<int>::max());  // the thread goes on; reduce_gradients waits
@@ -119,7 +115,6 @@ void DataParallel::watch_step() {
 }
 
 std::vector<GradientBucket> DataParallel::buckets() const {
-  if (stream_buckets_) return stream_buckets_->buckets();
   return buckets_ ? buckets_->buckets() : std::vector<GradientBucket>{};
 }
 
@@ -135,15 +130,13 @@ int DataParallel::agree_on_stop(int local_signal) {
 
 void DataParallel::reduce_gradients() {
   dist::Communicator& comm = group_.device();
-  if (stream_buckets_) {
-    // Summed during the last backward, joined at its end (after_backward).
-  } else if (reducing_) {
+  if (reducing_) {  // the CPU's buckets went out during backward: wait for the last
     reducing_ = false;
     buckets_->finish();
-  } else {
+  } else if (!buckets_ || !on_gpu()) {  // no buckets: one reduction now
     const Tensor grads = model_.all_gradients();
     comm.all_reduce(grads.raw(), grads.numel(), grads.dtype(), dist::ReduceOp::sum, "gradients");
-  }
+  }  // (the GPU's buckets were summed during backward and joined at its end: after_backward)
   for (const StepStatistic& s : model_.step_statistics())
     comm.all_reduce(s.tensor->raw(), s.tensor->numel(), s.tensor->dtype(),
                     s.reduction == StepReduction::sum ? dist::ReduceOp::sum : dist::ReduceOp::max, "step statistics");

@@ -77,9 +77,8 @@ class DataParallel {
   dist::ProcessGroup& group_;
   Model& model_;
   double bucket_mb_;
-  std::unique_ptr<BucketedGradientReduction> buckets_;  // the CPU's, made at the first bucketed step
-  std::unique_ptr<StreamBucketedReduction> stream_buckets_;  // the GPU's, likewise
-  bool reducing_ = false;                                // this step's buckets are under way
+  std::unique_ptr<BucketReduction> buckets_;  // made at the first bucketed step
+  bool reducing_ = false;                     // this step's buckets are under way
   std::unique_ptr<ParameterShards> shards_;              // ZeRO's; null without
   Storage gathered_;  // ZeRO's all-gather buffer: a chunk per rank, on the collectives' device
 };

@@ -56,24 +56,38 @@ class BucketLaunches {
   std::vector<bool> launched_;
 };
 
-class BucketedGradientReduction {
+// A step's bucketed reduction as backward drives it: the CPU's on a thread (below), the
+// GPU's on a communication stream (train/stream_gradient_buckets.h).
+class BucketReduction {
+ public:
+  virtual ~BucketReduction() = default;
+  // A step's last backward begins: no bucket launched yet.
+  virtual void start() = 0;
+  // Backward finished `event`: the buckets ready after it (and not yet launched) go out,
+  // in plan order.
+  virtual void ready(int event) = 0;
+  // Launches what is left; then whoever reads the gradients next waits for every bucket
+  // (the CPU's caller here; the GPU's stream, without a host wait).
+  virtual void finish() = 0;
+  virtual const std::vector<GradientBucket>& buckets() const = 0;
+};
+
+class BucketedGradientReduction final : public BucketReduction {
  public:
   // Reduces (sums) buckets of `gradients` over `comm`'s ranks on a thread of its own.
   BucketedGradientReduction(dist::Communicator& comm, const Tensor& gradients, std::vector<GradientBucket> buckets);
-  ~BucketedGradientReduction();
+  ~BucketedGradientReduction() override;
   BucketedGradientReduction(const BucketedGradientReduction&) = delete;
   BucketedGradientReduction& operator=(const BucketedGradientReduction&) = delete;
 
-  // A step's last backward begins: no bucket launched yet.
-  void start();
-  // Backward finished `event`: the buckets ready after it (and not yet launched) are
-  // handed to the communication thread, in plan order.
-  void ready(int event);
-  // Launches what is left, then waits until every bucket is reduced; rethrows the first
-  // error of the communication thread (a rank lost, a timeout).
-  void finish();
+  void start() override;
+  // Hands the ready buckets to the communication thread.
+  void ready(int event) override;
+  // Waits until every bucket is reduced; rethrows the first error of the communication
+  // thread (a rank lost, a timeout).
+  void finish() override;
 
-  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+  const std::vector<GradientBucket>& buckets() const override { return buckets_; }
 
  private:
   void launch_up_to(int event);

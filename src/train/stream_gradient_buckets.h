@@ -22,25 +22,24 @@ namespace cuda {
 class SideStream;
 }
 
-class StreamBucketedReduction {
+class StreamBucketedReduction final : public BucketReduction {
  public:
   // Reduces (sums) buckets of `gradients` (device memory) over `comm`'s ranks on a stream
   // beside `model`'s. CUDA builds only; made outside any capture.
   StreamBucketedReduction(dist::Communicator& comm, const ExecContext& model, const Tensor& gradients,
                           std::vector<GradientBucket> buckets);
-  ~StreamBucketedReduction();
+  ~StreamBucketedReduction() override;
   StreamBucketedReduction(const StreamBucketedReduction&) = delete;
   StreamBucketedReduction& operator=(const StreamBucketedReduction&) = delete;
 
-  // A step's last backward begins: no bucket launched yet.
-  void start();
-  // Backward finished `event`: the buckets ready after it are all-reduced on the
-  // communication stream, after the work enqueued so far on the model's.
-  void ready(int event);
-  // Backward is done: what is left is launched, and the model's stream waits for every bucket.
-  void finish();
+  void start() override;
+  // All-reduces the ready buckets on the communication stream, after the work enqueued so
+  // far on the model's.
+  void ready(int event) override;
+  // The model's stream waits for every bucket.
+  void finish() override;
 
-  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+  const std::vector<GradientBucket>& buckets() const override { return buckets_; }
 
  private:
   dist::Communicator& comm_;
