@@ -8,7 +8,8 @@
 //   code      = encode(x * scale) (fp32 product, then round-to-nearest-even, saturating)
 //   scale_inv = 1 / scale         (fp32 division), what is stored and what dequantize uses:
 //   value     = decode(code) * scale_inv
-// so a block's largest element lands on fp8_max and nothing saturates. The scale rule is
+// so a block's largest element lands on fp8_max (saturation only absorbs the fp32 rounding
+// of amax * scale). The scale rule is
 // Transformer Engine's current scaling (no amax history); stored inverse scales are
 // DeepSeek-V3's layout. The shapes in use:
 //   per-tensor (TE "current scaling"):  one block, the whole matrix;
