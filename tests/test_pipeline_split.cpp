@@ -3,7 +3,10 @@
 #include "train/pipeline_split.h"
 
 #include "core/error.h"
+#include "model/model.h"
 #include "test_util.h"
+#include "train/pipeline_costs.h"
+#include "train/training_build.h"
 
 #include <gtest/gtest.h>
 
@@ -188,6 +191,52 @@ TEST(PipelineSplit, GivenSplitIsValidatedInOneLineNamingTheKey) {
   EXPECT_EQ(parse_pipeline_split("0,6,12", key), (PipelineSplit{0, 6, 12}));
   EXPECT_THROW(parse_pipeline_split("0,x", key), Error);
   EXPECT_THROW(parse_pipeline_split("0,-3", key), Error);
+}
+
+// Costs from the config: a dense layer's time by hand (default.toml: hidden 192, 6 q / 2 kv
+// heads of 32, SwiGLU 512, context 256), every layer's the same; the layers' and the head's
+// times add up to the model's own FLOPs count (the MFU one).
+TEST(PipelineCosts, DenseLayersCostWhatTheyComputeAndAddUpToTheModel) {
+  const Config config = load_config(KILN_SOURCE_DIR "/configs/default.toml", {"train.device=cpu"});
+  const PipelineCosts costs = pipeline_costs_from_config(config, Device::cpu);
+  ASSERT_EQ(costs.layers.size(), 4u);
+  const double d = 192, q = 6 * 32, kv = 2 * 32, ffn = 512, seq = 256;
+  const double matmul = d * q + 2 * d * kv + q * d + 3 * d * ffn;
+  const double by_hand = 3 * (2 * matmul + 2 * q * seq);  // scores and values at an average context of seq / 2
+  double sum = costs.last_extra.time + costs.first_extra.time;
+  for (const LayerCost& layer : costs.layers) {
+    EXPECT_DOUBLE_EQ(layer.time, by_hand);
+    EXPECT_EQ(layer.memory, costs.layers[0].memory);
+    // f32: at least the parameters and their gradients, 4 bytes each.
+    EXPECT_GT(layer.memory, 8 * matmul);
+    sum += layer.time;
+  }
+  const Model model(config.model, training_build_options(config, Device::cpu));
+  EXPECT_NEAR(sum, model.flops_per_token(256), 1e-9 * sum);
+  EXPECT_GT(costs.last_extra.time, 0);  // the head's 6 x vocab x hidden
+  EXPECT_GT(costs.first_extra.memory, 0);
+}
+
+// A hybrid: KDA on every 4th layer of 8, attention elsewhere. Layers of one kind cost the
+// same, the two kinds differ.
+TEST(PipelineCosts, HybridLayersGetUnevenCosts) {
+  const Config config = load_config(KILN_SOURCE_DIR "/configs/default.toml",
+                                    {"train.device=cpu", "model.layers=8", "model.alt_attention=kda",
+                                     "model.alt_attention_layers=every:4"});
+  const PipelineCosts costs = pipeline_costs_from_config(config, Device::cpu);
+  ASSERT_EQ(costs.layers.size(), 8u);
+  for (int l = 0; l < 8; ++l) {
+    const int same = l % 4 == 3 ? 3 : 0;  // "every:4" is layers 3 and 7
+    EXPECT_EQ(costs.layers[l].time, costs.layers[same].time) << l;
+    EXPECT_EQ(costs.layer_kinds[l], costs.layer_kinds[same]) << l;
+  }
+  EXPECT_NE(costs.layers[0].time, costs.layers[3].time);
+  EXPECT_NE(costs.layer_kinds[0], costs.layer_kinds[3]);
+  EXPECT_EQ(costs.layer_kinds[3], "kda+swiglu");
+  const Model model(config.model, training_build_options(config, Device::cpu));
+  double sum = costs.first_extra.time + costs.last_extra.time;
+  for (const LayerCost& layer : costs.layers) sum += layer.time;
+  EXPECT_NEAR(sum, model.flops_per_token(256), 1e-9 * sum);
 }
 
 TEST(PipelineSplit, KilnPlanPrintsTheSplitOfAPreset) {
