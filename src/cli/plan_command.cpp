@@ -4,6 +4,7 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "train/memory_check.h"
+#include "train/pipeline_costs.h"
 #include "train/training_build.h"
 
 #include <fmt/format.h>
@@ -37,6 +38,25 @@ void print_per_rank(const Config& config, Device device, const MemoryBudget& pla
   }
   fmt::print("  (activations: activations, workspace and host batches; ZeRO-2, sharded gradients, is not built yet)\n");
 }
+
+// The pipeline split (train/pipeline_split.h) of the config's layers into `stages` stages,
+// or the one given by --pipeline-split, with its predicted balance from costs estimated
+// from the config (train/pipeline_costs.h).
+void print_pipeline_split(const Config& config, Device device, int64_t stages, const std::string& given,
+                          double stage_memory_gib) {
+  const PipelineCosts costs = pipeline_costs_from_config(config, device);
+  PipelineSplit split;
+  if (!given.empty()) {
+    split = parse_pipeline_split(given, "--pipeline-split");
+    validate_pipeline_split(split, config.model.layers, stages, "--pipeline-split");
+  } else {
+    split = plan_pipeline_split(costs, stages, stage_memory_gib * 1073741824.0, "--pipeline-stages",
+                                "--stage-memory-gib");
+  }
+  fmt::print("pipeline split into {} stages ({}; costs estimated from the config, not measured):\n", split.size(),
+             given.empty() ? "chosen: the least slowest stage" : "given by --pipeline-split");
+  fmt::print("{}", describe_pipeline_balance(costs, pipeline_balance(costs, split)));
+}
 }  // namespace
 
 void add_plan_command(CLI::App& app) {
@@ -45,6 +65,9 @@ void add_plan_command(CLI::App& app) {
     std::vector<std::string> overrides;
     double fit_gib = 0;
     int world_size = 0;
+    int pipeline_stages = 0;
+    std::string pipeline_split;
+    double stage_memory_gib = 0;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("plan", "parameter count, memory and FLOPs of a config, without allocating");
@@ -55,6 +78,14 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--world-size", o->world_size,
                   "also print each rank's memory at this many data-parallel ranks, without and with ZeRO-1")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--pipeline-stages", o->pipeline_stages,
+                  "also print the split of the layers into this many pipeline stages and its predicted balance")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--pipeline-split", o->pipeline_split,
+                  "print this split's balance instead: the first layer of each stage, e.g. 0,6,12,18");
+  cmd->add_option("--stage-memory-gib", o->stage_memory_gib,
+                  "with --pipeline-stages: keep every stage's memory within this many GiB")
       ->check(CLI::PositiveNumber);
   cmd->callback([o] {
     Config config = load_config(o->config, o->overrides);
@@ -99,6 +130,8 @@ void add_plan_command(CLI::App& app) {
     if (plan.batches > 0) fmt::print("  batches         {:>10.2f} MiB  (host micro-batches kept)\n", mib(plan.batches));
     fmt::print("  total           {:>10.2f} MiB\n", mib(plan.total()));
     if (o->world_size > 0) print_per_rank(config, build.device, plan, o->world_size);
+    if (o->pipeline_stages > 0 || !o->pipeline_split.empty())
+      print_pipeline_split(config, build.device, o->pipeline_stages, o->pipeline_split, o->stage_memory_gib);
     if (o->fit_gib > 0) {
       // The trainer compares this plan with the free bytes it finds once its CUDA context
       // exists (train/memory_check.h), so GIB means free memory, not the card's size.
