@@ -398,6 +398,7 @@ TEST_F(ConfigFile, RoundTripEveryFieldChanged) {
   c.model.rope.factor = 4.125;
   c.model.head_dim = 36;  // partial rotary: 0.5 x 36 rotates an even 18 dims
   c.model.rope.fraction = 0.5;
+  c.train.loss_scale_init = 32768;  // a power of two, as validation requires
   c.model.moe.groups = 2;  // experts (10) in groups; top_k (4) within the top group's 5
   c.model.moe.top_groups = 1;
   c.model.moe.l1_rate = 1.5;  // a factor > 1

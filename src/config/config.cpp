@@ -591,6 +591,9 @@ void validate_config(const Config& config) {
   validate_layer_patterns(m);
   validate_rope_scaling(m);
   KILN_CHECK(m.dropout < 1.0, kWhere, "model.dropout ({}) must be below 1", m.dropout);
+  const double scale = config.train.loss_scale_init;
+  KILN_CHECK(scale >= 1 && std::exp2(std::round(std::log2(scale))) == scale, kWhere,
+             "train.loss_scale_init ({}) must be a power of two >= 1: scaling by one is exact", scale);
   KILN_CHECK(m.embed_dropout < 1.0, kWhere, "model.embed_dropout ({}) must be below 1", m.embed_dropout);
   const MoeConfig& moe = m.moe;
   KILN_CHECK(moe.top_k <= moe.experts, kWhere, "model.moe.top_k ({}) must be <= model.moe.experts ({})", moe.top_k,

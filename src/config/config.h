@@ -240,6 +240,10 @@ struct TrainConfig {
   int64_t spike_window = 0;            // applied steps in the spike guard's window; 0 = off
   double spike_loss_ratio = 2.0;       // skip when loss > ratio x window mean
   double spike_grad_ratio = 10.0;      // skip when grad norm (before clipping) > ratio x window mean
+  // Dynamic loss scaling (train/loss_scaler.h), fp16's: "none" | "dynamic".
+  std::string loss_scale = "none";
+  double loss_scale_init = 65536;             // the first scale, a power of two >= 1
+  int64_t loss_scale_growth_interval = 2000;  // applied steps without overflow before the scale doubles
 };
 
 // One parameter role's optimizer ([optim.<role>], nn/param_role.h). -1 takes the [optim]

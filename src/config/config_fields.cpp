@@ -217,6 +217,10 @@ const std::array kFields = {
                "spike guard window in applied steps; 0 = off"),
     KILN_FIELD(train, spike_loss_ratio, positive(), "spike guard: skip when loss > ratio x window mean"),
     KILN_FIELD(train, spike_grad_ratio, positive(), "spike guard: skip when grad norm > ratio x window mean"),
+    KILN_FIELD(train, loss_scale, one_of("none|dynamic"), "dynamic loss scaling (fp16's): none | dynamic"),
+    KILN_FIELD(train, loss_scale_init, positive(), "dynamic loss scaling: the first scale, a power of two >= 1"),
+    KILN_FIELD(train, loss_scale_growth_interval, positive(),
+               "dynamic loss scaling: applied steps without overflow before the scale doubles"),
 
     KILN_FIELD(optim, name, none(), "registry: optimizers"),
     KILN_FIELD(optim, lr, positive(), "peak learning rate"),

@@ -44,7 +44,8 @@ class CapturedStep final : public StepExecutor {
     ops::DeviceStepScalars& host = host_scalars_[0];
     host = ops::DeviceStepScalars{};
     host.targets = static_cast<double>(targets);
-    host.loss_scale = static_cast<float>(1.0 / static_cast<double>(targets));
+    host.loss_scale = static_cast<float>(plan.loss_scale / static_cast<double>(targets));
+    host.inverse_loss_scale = 1 / plan.loss_scale;
     host.loss_limit = plan.loss_limit;
     host.grad_limit = plan.grad_limit;
     host.clip = plan.clip;

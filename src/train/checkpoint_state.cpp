@@ -94,6 +94,10 @@ std::string state_to_json(const CheckpointState& s) {
       {"run_id", s.run_id},
       {"world_size", s.world_size},
   };
+  if (s.loss_scaler)  // absent where the saving run did not scale its loss
+    j["loss_scaler"] = {{"scale", s.loss_scaler->scale},
+                        {"clean_steps", s.loss_scaler->clean_steps},
+                        {"overflows", s.loss_scaler->overflows}};
   // A mixture's per-source positions (data.sources); absent for one source, as before.
   for (const SourcePosition& source : s.stream.sources)
     j["data"]["sources"].push_back(
@@ -155,6 +159,11 @@ CheckpointState state_from_json(const std::string& text, const std::string& path
   // Both absent from checkpoints written before they were recorded.
   if (j.contains("run_id")) s.run_id = get<std::string>(j, "run_id", path);
   if (j.contains("world_size")) s.world_size = get<int64_t>(j, "world_size", path);
+  if (j.contains("loss_scaler")) {
+    const json& l = j["loss_scaler"];
+    s.loss_scaler = LossScalerState{get<double>(l, "scale", path), get<int64_t>(l, "clean_steps", path),
+                                    get<int64_t>(l, "overflows", path)};
+  }
   KILN_CHECK(p.step >= 0 && s.optimizer_steps >= 0 && s.optimizer_steps <= p.step, "checkpoint",
              "{}: inconsistent counters (step {}, optimizer_steps {})", path, p.step, s.optimizer_steps);
   return s;

@@ -7,8 +7,10 @@
 #include "config/config.h"
 #include "io/checkpoint_manifest.h"
 #include "train/fault_guard.h"
+#include "train/loss_scaler.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,8 @@ struct CheckpointState {
   int64_t optimizer_steps = 0;
   StreamState stream;           // exact data loader position (its fingerprint: data + seed + packing)
   FaultGuardState guard;
+  // The dynamic loss scale's state; absent (nullopt) where the saving run did not scale.
+  std::optional<LossScalerState> loss_scaler;
   std::string precision = "f32";  // compute dtype (bf16: fp32 masters and optimizer state)
   int64_t threads = 0;          // CPU threads of the saving run (bitwise resume needs the same)
   std::string config_toml;      // the resolved configuration of the saving run

@@ -33,6 +33,7 @@ void MetricsLog::step(const StepMetrics& m) {
                       {"elapsed_seconds", m.elapsed_seconds}};
   for (const auto& [name, value] : m.terms) j[name] = value;
   for (const auto& [name, value] : m.components) j[name] = value;
+  if (m.loss_scale > 0) j["loss_scale"] = m.loss_scale;
   if (!m.skipped.empty()) j["skipped"] = m.skipped;
   if (m.skipped_total > 0) j["skipped_total"] = m.skipped_total;
   j["window_steps"] = m.window_steps;

@@ -36,7 +36,7 @@ class OpByOpStep final : public StepExecutor {
 
   void forward_backward() override {
     if (data_parallel_) data_parallel_->before_backward(last_micro_batch_);
-    micro_sums_ = model_.forward_backward(1.0 / static_cast<double>(targets_));
+    micro_sums_ = model_.forward_backward(plan_.loss_scale / static_cast<double>(targets_));
     if (data_parallel_) data_parallel_->after_backward();
   }
 
@@ -56,14 +56,17 @@ class OpByOpStep final : public StepExecutor {
     loss_override_ = loss;
   }
 
-  void gradient_norm() override { outcome_.grad_norm = model_.gradient_norm(); }
+  void gradient_norm() override { outcome_.grad_norm = model_.gradient_norm() / plan_.loss_scale; }
 
   void verdict_and_clip() override {
     outcome_.loss = loss_override_ ? *loss_override_ : step_loss();
     loss_override_.reset();
     outcome_.verdict = ops::step_verdict(outcome_.loss, outcome_.grad_norm, plan_.loss_limit, plan_.grad_limit);
-    if (outcome_.applied() && ops::clip_applies(plan_.clip, outcome_.grad_norm))
-      model_.scale_gradients(ops::clip_factor(plan_.clip, outcome_.grad_norm));
+    if (!outcome_.applied()) return;
+    // Unscaled and clipped in one pass: 1 / S (exact, a power of two) times the clip's factor.
+    double factor = 1 / plan_.loss_scale;
+    if (ops::clip_applies(plan_.clip, outcome_.grad_norm)) factor *= ops::clip_factor(plan_.clip, outcome_.grad_norm);
+    if (factor != 1) model_.scale_gradients(factor);
   }
 
   void update() override {

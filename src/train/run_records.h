@@ -36,6 +36,7 @@ struct StepMetrics {
   int64_t target_tokens = 0;   // tokens with a loss
   double step_seconds = 0;
   double elapsed_seconds = 0;
+  double loss_scale = 0;       // the step's dynamic loss scale (train/loss_scaler.h); 0: scaling off
   std::string skipped;         // why the update was skipped (fault guard), "" when applied
   int64_t skipped_total = 0;   // skipped updates so far in the run
   // A log step's record averages over its window: the steps since the last log step.

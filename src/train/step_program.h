@@ -38,11 +38,14 @@ struct StepPlan {
   double lr = 0;
   double loss_limit = 0, grad_limit = 0;  // the fault guard's spike limits (+inf: none)
   double clip = 0;                        // optim.grad_clip (0: off)
+  // The loss scale S (train/loss_scaler.h), a power of two: the loss gradient is multiplied
+  // by it and the gradients divided by it before the norm; 1: none.
+  double loss_scale = 1;
 };
 
 // What it reads after the step.
 struct StepOutcome {
-  double loss = 0, grad_norm = 0;  // mean main loss per target token; norm before the clip
+  double loss = 0, grad_norm = 0;  // mean main loss per target token; norm before the clip (unscaled)
   LossSlotSums step_sums{};        // every loss slot's sum over the step (over every rank)
   ops::StepVerdict verdict = ops::StepVerdict::apply;
   bool applied() const { return verdict == ops::StepVerdict::apply; }

@@ -52,6 +52,7 @@ TensorBoardLog::TensorBoardLog(const std::string& path, int64_t first_step, bool
 void TensorBoardLog::step(const StepMetrics& m) {
   NamedValues v = {{"train/loss", m.loss}};
   for (const auto& [name, value] : m.terms) v.emplace_back("train/" + name, value);
+  if (m.loss_scale > 0) v.emplace_back("train/loss_scale", m.loss_scale);
   v.insert(v.end(), {{"train/lr", m.lr},
                      {"train/grad_norm", m.grad_norm},
                      {"perf/tokens_per_second", m.tokens_per_second()},

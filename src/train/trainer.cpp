@@ -94,7 +94,8 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
       device_(resolve_device(config.train.device)),
       optimizer_state_("optimizer", device_),
       faults_(FaultInjector::from_env()),
-      guard_(config.train) {
+      guard_(config.train),
+      scaler_(config.train) {
   validate_config(config_);
   check_component_names(config_);  // before any data is read: config mistakes surface first
   check_run_paths(config_);        // no output over an input or another output
@@ -300,6 +301,8 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
   plan.lr = m.lr;
   guard_.spike_limits(&plan.loss_limit, &plan.grad_limit);
   plan.clip = config_.optim.grad_clip;
+  plan.loss_scale = scaler_.scale();
+  if (scaler_.enabled()) m.loss_scale = plan.loss_scale;
   if (faults_.numeric())  // tests only
     step_->set_fault_hook([&](double& loss) { inject_numeric_faults(model_->exec(), faults_, m.step, loss, model_->parameters()); });
   const StepOutcome outcome = step_->run(micro_batches_, targets, plan);
@@ -309,6 +312,12 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
   // The step reached its verdict with the guard's rules (ops/optim/step_rules.h) and the
   // limits above, and applied or skipped the update by it: the guard only words it here.
   m.skipped = guard_.reason(outcome.verdict, m.loss, m.grad_norm);
+  if (scaler_.after_step(outcome.verdict)) {  // an overflow of the loss scale: not a fault
+    m.skipped = fmt::format("gradient overflow at loss scale {}; the scale is now {}", plan.loss_scale, scaler_.scale());
+    console_.print("step {}: update skipped ({})\n", m.step, m.skipped);
+    records_.skip(m.step, m.skipped, m.loss, m.grad_norm);
+    return false;
+  }
   if (!m.skipped.empty()) return skip_update(m);
   guard_.accept(m.loss, m.grad_norm);
   return true;

@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "core/device_choice.h"
 #include "train/fault_guard.h"
+#include "train/loss_scaler.h"
 #include "train/fault_inject.h"
 #include "train/init_from.h"
 #include "train/metrics.h"
@@ -156,6 +157,7 @@ class Trainer {
 
   FaultInjector faults_;        // test-only (KILN_FAULT_INJECT); empty otherwise
   FaultGuard guard_;
+  LossScaler scaler_;  // train.loss_scale
   TrainProgress progress_;      // everything the loop carries from step to step
   std::unique_ptr<CheckpointWriter> checkpoints_;
   std::unique_ptr<RunDirectory> run_dir_;  // rank 0: locked for the run's lifetime

@@ -98,6 +98,7 @@ void Trainer::restore(const CheckpointInfo& checkpoint, bool allow_data_change) 
                      checkpoint.path));
   }
   guard_.restore(saved.guard);
+  if (saved.loss_scaler) scaler_.restore(*saved.loss_scaler);  // else (not scaled before) from loss_scale_init
   progress_ = saved.progress;
   checkpoint_step_ = progress_.step;
   if (progress_.step >= config_.train.steps)
@@ -126,6 +127,7 @@ CheckpointState Trainer::checkpoint_state() const {
   s.optimizer_steps = optimizer_->steps_taken();
   s.stream = stream_->get_state();
   s.guard = guard_.state();
+  if (scaler_.enabled()) s.loss_scaler = scaler_.state();
   s.precision = std::string(dtype_name(model_->options().dtype));
   s.threads = threads_;
   s.config_toml = config_to_toml(config_);

@@ -169,6 +169,11 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
     // "adamw+mtp" / "adamw+mtp_parallel": multi-token prediction's staged inputs, its
     // modules (or heads) and their loss slots inside the replayed graph.
     if (optimizer.ends_with("+mtp")) overrides.emplace_back("model.mtp.depth=2");
+    // "adamw+loss_scale": dynamic loss scaling (2^10, doubling every third step) in the
+    // device scale and the update's factor.
+    if (optimizer.ends_with("+loss_scale"))
+      for (const char* o : {"train.loss_scale=dynamic", "train.loss_scale_init=1024", "train.loss_scale_growth_interval=3"})
+        overrides.emplace_back(o);
     if (optimizer.ends_with("+mtp_parallel"))
       for (const char* o : {"model.mtp.depth=2", "model.mtp.form=parallel"}) overrides.emplace_back(o);
     if (guard)
@@ -206,7 +211,7 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
   // with multi-token prediction in each form.
   const std::vector<std::pair<std::string, std::string>> optimizers = {
       {"adamw", "fp32"}, {"muon", "fp32"}, {"adamw", "bf16"}, {"adamw", "int8"}, {"muon+qk_clip", "fp32"},
-      {"adamw+dropout", "fp32"}, {"adamw+mtp", "fp32"}, {"adamw+mtp_parallel", "fp32"}};
+      {"adamw+dropout", "fp32"}, {"adamw+mtp", "fp32"}, {"adamw+mtp_parallel", "fp32"}, {"adamw+loss_scale", "fp32"}};
   for (const auto& [optimizer, state] : optimizers) {
     for (const std::string precision : {"bf16", "fp32"}) {
       for (const bool guard : {false, true}) {

@@ -22,7 +22,8 @@ struct DeviceStepScalars {
   double loss_limit = 0;  // spike guard: skip when loss > loss_limit (+inf: off)
   double grad_limit = 0;  // and when grad_norm > grad_limit
   double clip = 0;        // optim.grad_clip (0: off)
-  float loss_scale = 0;   // float(1 / targets): the LM head's gradient scale
+  float loss_scale = 0;   // float(S / targets): the LM head's gradient scale (S: the loss scale)
+  double inverse_loss_scale = 1;  // 1 / S: unscales the norm and the update's gradient factor
   // The loss slots' sums: of the current micro-batch (zero at its start), and of the step
   // (each micro-batch's added in order, as the host loop adds them). Slot 0 is the main loss.
   double micro_sums[kStepLossSlots] = {};
@@ -38,9 +39,9 @@ struct DeviceStepScalars {
 
 // step_sums += micro_sums, then micro_sums = 0 (after a micro-batch's forward and backward).
 void add_micro_sums_on_device(const ExecContext& ctx, DeviceStepScalars* scalars);
-// loss = step_sums[0] / targets, grad_norm = sqrt(grad_sum_squares); the
+// loss = step_sums[0] / targets, grad_norm = sqrt(grad_sum_squares) / S; the
 // verdict (the fault guard's checks in its order); the update's skip flag and gradient
-// factor (clip / (grad_norm + 1e-6) above the clip, else 1).
+// factor (clip / (grad_norm + 1e-6) above the clip, else 1; times 1 / S).
 void finish_step_on_device(const ExecContext& ctx, DeviceStepScalars* scalars);
 
 }  // namespace kiln::ops
