@@ -5,6 +5,9 @@
 #include "io/model_io.h"
 #include "test_util.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <string>
 #include <numeric>
 
 namespace kiln::test {
@@ -50,6 +53,21 @@ inline std::string save_random_model(const ModelConfig& config, const std::strin
   full.model = config;
   io::save_model(model, full, dir);
   return dir;
+}
+
+// `kiln export hf` and `kiln export gguf` of the model in `model_dir` both fail with one
+// line that starts "kiln: error: [export] <key_and_value>: " and write nothing under `root`.
+inline void expect_exports_refused(const std::string& model_dir, const std::string& root,
+                                   const std::string& key_and_value) {
+  for (const char* format : {"hf", "gguf"}) {
+    SCOPED_TRACE(format);
+    const std::string out = root + "/" + format;
+    std::string output;
+    EXPECT_NE(run_command(kiln_binary() + " export " + format + " " + model_dir + " " + out, &output), 0) << output;
+    EXPECT_EQ(output.rfind("kiln: error: [export] " + key_and_value + ": ", 0), 0u) << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+    EXPECT_FALSE(std::filesystem::exists(out));
+  }
 }
 
 // Mean next-byte cross-entropy of `text` (BOS + bytes + EOS) under the model in `dir`.

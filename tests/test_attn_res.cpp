@@ -291,15 +291,7 @@ TEST(AttnResModel, ExportsAreRefusedNamingTheKey) {
   ModelConfig c = tiny_config(true, false, false);  // export_fixture.h's Qwen3-shaped model
   c.attn_res_block = 2;
   const std::string model = save_random_model(c, root + "/model");
-  for (const char* format : {"hf", "gguf"}) {
-    SCOPED_TRACE(format);
-    const std::string out = root + "/" + format;
-    std::string output;
-    EXPECT_NE(run_command(kiln_binary() + " export " + format + " " + model + " " + out, &output), 0) << output;
-    EXPECT_EQ(output.rfind("kiln: error: [export] model.attn_res_block = 2: ", 0), 0u) << output;
-    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
-    EXPECT_FALSE(std::filesystem::exists(out));
-  }
+  expect_exports_refused(model, root, "model.attn_res_block = 2");
   std::filesystem::remove_all(root);
 }
 

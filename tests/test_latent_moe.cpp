@@ -258,15 +258,7 @@ TEST(LatentMoe, ExportsAreRefusedNamingTheKey) {
   c.moe.expert_hidden = 32;
   c.moe.latent_width = 16;
   const std::string model = save_random_model(c, root + "/model");
-  for (const char* format : {"hf", "gguf"}) {
-    SCOPED_TRACE(format);
-    const std::string out = root + "/" + format;
-    std::string output;
-    EXPECT_NE(run_command(kiln_binary() + " export " + format + " " + model + " " + out, &output), 0) << output;
-    EXPECT_EQ(output.rfind("kiln: error: [export] model.moe.latent_width = 16: ", 0), 0u) << output;
-    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
-    EXPECT_FALSE(std::filesystem::exists(out));
-  }
+  expect_exports_refused(model, root, "model.moe.latent_width = 16");
   std::filesystem::remove_all(root);
 }
 

@@ -112,11 +112,7 @@ void compare(DType dtype, double logits_tol, double loss_tol, double grads_tol, 
   ASSERT_EQ(cpu.parameters().size(), gpu.parameters().size());
   for (size_t i = 0; i < cpu.parameters().size(); ++i) copy_tensor(cpu.parameters()[i]->value(), gpu.parameters()[i]->value());
   const ModelRun want = run_model(cpu, batch), got = run_model(gpu, batch);
-  const Shape logits_shape{batch.size(), c.vocab_size};
-  OwnedTensor want_logits = to_f64(Tensor(const_cast<float*>(want.logits.data()), DType::f32, Device::cpu, logits_shape));
-  const double logits_error =
-      expect_close("logits", Tensor(const_cast<float*>(got.logits.data()), DType::f32, Device::cpu, logits_shape),
-                   *want_logits, logits_tol, 0, floor_fraction);
+  const double logits_error = expect_logits_close(want, got, c.vocab_size, logits_tol, floor_fraction);
   EXPECT_NEAR(got.loss, want.loss, loss_tol * want.loss);
   double grad_error = 0;
   for (size_t i = 0; i < want.grads.size(); ++i)

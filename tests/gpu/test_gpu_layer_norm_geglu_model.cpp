@@ -131,11 +131,7 @@ class LayerNormGegluModel : public GpuTest {
     std::printf("%s:\n", c.name.c_str());
 
     const ModelRun want = run_model(cpu, batch), got = run_model(gpu, batch);
-    const Shape logits_shape{batch.size(), c.vocab_size};
-    OwnedTensor want_logits = to_f64(Tensor(const_cast<float*>(want.logits.data()), DType::f32, Device::cpu, logits_shape));
-    const double logits_error =
-        expect_close("logits", Tensor(const_cast<float*>(got.logits.data()), DType::f32, Device::cpu, logits_shape),
-                     *want_logits, tol.logits, 0, tol.floor_fraction);
+    const double logits_error = expect_logits_close(want, got, c.vocab_size, tol.logits, tol.floor_fraction);
     EXPECT_NEAR(got.loss, want.loss, tol.loss * want.loss);
     double grad_error = 0;
     for (size_t i = 0; i < want.grads.size(); ++i)

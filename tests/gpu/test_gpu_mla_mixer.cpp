@@ -108,10 +108,7 @@ class MlaModelGpu : public GpuTest {
       copy_tensor(*f32, gpu.parameters()[i]->value());
     }
     const ModelRun want = run_model(cpu, batch), got = run_model(gpu, batch);
-    const Shape logits_shape{batch.size(), c.vocab_size};
-    OwnedTensor want_logits = to_f64(Tensor(const_cast<float*>(want.logits.data()), DType::f32, Device::cpu, logits_shape));
-    expect_close("logits", Tensor(const_cast<float*>(got.logits.data()), DType::f32, Device::cpu, logits_shape),
-                 *want_logits, logits_tol, 0, floor_fraction);
+    expect_logits_close(want, got, c.vocab_size, logits_tol, floor_fraction);
     EXPECT_NEAR(got.loss, want.loss, loss_tol * want.loss);
     bool latent = false;
     for (size_t i = 0; i < want.grads.size(); ++i) {

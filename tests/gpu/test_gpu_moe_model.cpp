@@ -84,11 +84,7 @@ class MoeModelGpu : public GpuTest {
     gpu.allocate();
     copy_weights(cpu, gpu);
     const ModelRun want = run_model(cpu, batch), got = run_model(gpu, batch);
-    const Shape logits_shape{batch.size(), c.vocab_size};
-    OwnedTensor want_logits = to_f64(Tensor(const_cast<float*>(want.logits.data()), DType::f32, Device::cpu, logits_shape));
-    const double logits_error =
-        expect_close("logits", Tensor(const_cast<float*>(got.logits.data()), DType::f32, Device::cpu, logits_shape),
-                     *want_logits, tol.logits, 0, tol.floor_fraction);
+    const double logits_error = expect_logits_close(want, got, c.vocab_size, tol.logits, tol.floor_fraction);
     EXPECT_NEAR(got.loss, want.loss, tol.loss * want.loss);
     // The router losses' slots (the balance loss, the z-loss, relu's L1), formed on the device.
     for (const char* name : {"moe_aux", "moe_z", "moe_l1"}) {

@@ -101,4 +101,14 @@ inline ModelRun run_model(Model& m, const HostBatch& batch) {
   return r;
 }
 
+// The GPU run's logits [rows, vocab] against the CPU run's (gpu_harness.h's expect_close:
+// `tolerance` relative to the floor); the worst error.
+inline double expect_logits_close(const ModelRun& want, const ModelRun& got, int64_t vocab, double tolerance,
+                                  double floor_fraction) {
+  const Shape shape{static_cast<int64_t>(want.logits.size()) / vocab, vocab};
+  const OwnedTensor want64 = to_f64(Tensor(const_cast<float*>(want.logits.data()), DType::f32, Device::cpu, shape));
+  return expect_close("logits", Tensor(const_cast<float*>(got.logits.data()), DType::f32, Device::cpu, shape),
+                      *want64, tolerance, 0, floor_fraction);
+}
+
 }  // namespace kiln::gpu_test
