@@ -6,10 +6,9 @@
 //     last block at the final read) on the GPU in fp32 and bf16 mixed precision against
 //     the same model on the CPU (fp32), the pseudo-queries random (not the plain mean):
 //     logits, loss and every parameter's gradient.
-// Tolerances: the op 1e-5 relative (fp32 against fp64); the model as
+// Tolerances: the op 5e-5 relative (fp32 against fp64; see the op test); the model as
 // test_gpu_moe_model.cpp's (fp32: logits 1e-4, loss 1e-5, gradients 1e-3 with a floor of
-// 1% of each tensor's max; bf16: 3e-2, 1e-3, 6e-2 against each tensor's max). Written,
-// not yet run on a GPU.
+// 1% of each tensor's max; bf16: 3e-2, 1e-3, 6e-2 against each tensor's max).
 #include "core/exec_context.h"
 #include "core/rng.h"
 #include "gpu/gpu_harness.h"
@@ -66,13 +65,18 @@ TEST_F(AttnResGpu, MixForwardAndBackwardMatchTheCpuReference) {
   poison(*outdev);
   ops::attn_res_mix_forward(cpu_ctx, v64_t, *w64, kEps, *out64);
   ops::attn_res_mix_forward(gpu_ctx, vdev_t, *wdev, kEps, *outdev);
-  expect_close("out", *to_host(*outdev), *out64, 1e-5);
+  // Each weight is a softmax of an fp32 dot product over 200 columns (absolute error about
+  // 1e-5 on logits of order 10), and the output mixes sources of both signs, so an
+  // element's relative error grows where they cancel: 1.96e-5 (out) and 1.88e-5 (source
+  // gradients) measured on an H100, 2026-12-05; a wrong weight or term is off by far more.
+  constexpr double kMixTolerance = 5e-5;
+  expect_close("out", *to_host(*outdev), *out64, kMixTolerance);
 
   ops::attn_res_mix_backward(cpu_ctx, v64_t, *w64, kEps, *dout64, dv64_t, *dw64);
   ops::attn_res_mix_backward(gpu_ctx, vdev_t, *wdev, kEps, *doutdev, dvdev_t, *dwdev);
   for (int s = 0; s < kSources; ++s)
     expect_close(fmt::format("dsource{}", s).c_str(), *to_host(dvdev_t[static_cast<size_t>(s)]),
-                 dv64_t[static_cast<size_t>(s)], 1e-5);
+                 dv64_t[static_cast<size_t>(s)], kMixTolerance);
   // The query's gradient sums every row's and source's products in fp32 (1.5e-5 measured
   // on an H100, 2026-12-05), where each source's own gradient is one product per element.
   expect_close("dquery", *to_host(*dwdev), *dw64, 1e-4);
