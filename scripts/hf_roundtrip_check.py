@@ -14,6 +14,8 @@ For each trained kiln model directory given:
   5. Greedy generation: kiln's KV-cache decoder (`kiln sample -t 0`) vs argmax of transformers'
      forward over the growing sequence (bytes compared; specials dropped on both sides).
   6. Where transformers can read GGUF (needs the gguf package), the f32 GGUF export too.
+Models with sandwich norms export as Gemma2ForCausalLM (no q/k norms) or Gemma3ForCausalLM
+(q/k norms), whose GGUF export kiln refuses naming model.sandwich_norms.
 Sparse models: softmax_topk exports as Qwen3MoeForCausalLM, sigmoid_bias as Dots1ForCausalLM
 (dots.llm1: DeepSeek-V3's router with Qwen3's attention); the GGUF refusals expected of
 each (llama.cpp's qwen3moe has no dense layers, its dots1 always a shared expert, an
@@ -41,7 +43,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from check_common import BOS, compare, held_out_documents, read_toml_model, run
 
 EXPECTED_CLASS = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3_moe": "Qwen3MoeForCausalLM", "dots1": "Dots1ForCausalLM"}
+                  "qwen3_moe": "Qwen3MoeForCausalLM", "dots1": "Dots1ForCausalLM",
+                  "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 
 def hf_logits(model, ids, device):
@@ -63,6 +66,8 @@ def check_model(args, model_dir, work):
     arch = "qwen3" if m["qk_norm"] else ("qwen2" if m["attention_bias"] else "llama")
     if m.get("mlp") == "moe" or m.get("alt_mlp") == "moe":  # sigmoid_bias routing exports as dots.llm1
         arch = "dots1" if m["moe"]["router"] == "sigmoid_bias" else "qwen3_moe"
+    if m.get("sandwich_norms"):  # kiln picks Gemma 3 where the model has q/k norms (docs/export.md)
+        arch = "gemma3" if m["qk_norm"] else "gemma2"
     res = {"model": name, "arch": arch, "config": {k: m[k] for k in ("hidden", "layers", "heads", "kv_heads", "head_dim",
                                                                       "ffn_hidden", "vocab_size", "qk_norm",
                                                                       "tie_embeddings", "attention_bias")}}
@@ -132,7 +137,7 @@ def check_model(args, model_dir, work):
     same = 0
     for p in prompts:
         r = subprocess.run([args.kiln, "sample", model_dir, "-p", p, "-n", str(args.gen_tokens), "-t", "0",
-                            "--ignore-eos", "--threads", "4"], capture_output=True)
+                            "--ignore-eos", "--threads", "4", "--device", "cpu"], capture_output=True)
         assert r.returncode == 0, r.stderr
         kiln_ids = bytes(r.stdout[len(p.encode()):].rstrip(b"\n"))
         seq = [BOS] + list(p.encode())
@@ -153,6 +158,8 @@ def check_model(args, model_dir, work):
     # and windowed layers nowhere.
     # A model with several of these is refused by whichever kiln checks first.
     refused_keys = []
+    if arch in ("gemma2", "gemma3"):  # no gemma2/gemma3 GGUF writer in kiln yet
+        refused_keys.append("model.sandwich_norms")
     if (m.get("rope") or {}).get("scaling") in ("yarn", "llama3"):
         refused_keys.append("model.rope.scaling")
     if m.get("sliding_window", 0):  # llama.cpp's qwen2/qwen3/qwen3moe have no sliding window

@@ -9,6 +9,10 @@
 #   there: device run with carry [".gpu"]: bash scripts/hf_roundtrip_gpu.sh check
 #          unpacks it, installs the gguf wheel into /tmp, and runs scripts/hf_roundtrip_check.py
 #          on every model (the JSON report lands in $OUT), then scripts/hf_import_stock_check.py
+#   there: bash scripts/hf_roundtrip_gpu.sh check-staged MODEL_DIR...
+#          the same check with the kiln of scripts/gpu_stage.sh's pack (carry .gpu; its kiln
+#          runs export, import, score and sample on the CPU too) on model directories
+#          carried in .gpu; no gguf wheel, so only the GGUF refusals are checked
 #
 # Any trained kiln model: dense ones check as Qwen3/Llama/Qwen2, sparse softmax_topk ones as
 # Qwen3-MoE, sparse sigmoid_bias ones as Dots1 (dots.llm1), each with the GGUF refusals its
@@ -65,8 +69,18 @@ check() {
   python3 scripts/hf_import_stock_check.py --kiln "$root/bin/kiln"
 }
 
+check_staged() {
+  source scripts/gpu_env.sh || exit 1
+  "$STAGE/bin/kiln" --version
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+  local out=${OUT:-/tmp/kiln-hfrt-out}
+  mkdir -p "$out"
+  python3 scripts/hf_roundtrip_check.py --kiln "$STAGE/bin/kiln" --out "$out" "$@"
+}
+
 case "${1:-}" in
   stage) shift; stage "$@" ;;
   check) check ;;
-  *) echo "usage: $0 stage MODEL_DIR... | check" >&2; exit 1 ;;
+  check-staged) shift; check_staged "$@" ;;
+  *) echo "usage: $0 stage MODEL_DIR... | check | check-staged MODEL_DIR..." >&2; exit 1 ;;
 esac

@@ -54,21 +54,6 @@ ModelConfig latent_config(const std::string& router, int64_t top_k, int64_t late
 // Three documents of 17, 40 and 23 bytes and an 8-token PAD tail without targets.
 HostBatch three_documents() { return packed_documents({17, 40, 23}, 8, 2026); }
 
-void copy_weights(Model& from, Model& to) {
-  ASSERT_EQ(from.parameters().size(), to.parameters().size());
-  for (size_t i = 0; i < from.parameters().size(); ++i) {
-    ASSERT_EQ(from.parameters()[i]->name(), to.parameters()[i]->name());
-    copy_tensor(from.parameters()[i]->value(), to.parameters()[i]->value());
-  }
-}
-
-struct ModelTolerance {
-  double logits, loss, grads, floor_fraction;
-};
-
-constexpr ModelTolerance kFp32{1e-4, 1e-5, 1e-3, kFloorFraction};
-constexpr ModelTolerance kBf16{3e-2, 1e-3, 6e-2, 1.0};
-
 class LatentMoeGpu : public GpuTest {
  protected:
   void compare(const ModelConfig& c, DType dtype, ModelTolerance tol) {
@@ -104,13 +89,13 @@ class LatentMoeGpu : public GpuTest {
   }
 };
 
-TEST_F(LatentMoeGpu, Fp32SoftmaxTopKMatchesTheCpu) { compare(latent_config("softmax_topk", 2, 24), DType::f32, kFp32); }
-TEST_F(LatentMoeGpu, Fp32SigmoidBiasMatchesTheCpu) { compare(latent_config("sigmoid_bias", 2, 24), DType::f32, kFp32); }
-TEST_F(LatentMoeGpu, Fp32OddLatentWidthMatchesTheCpu) { compare(latent_config("softmax_topk", 2, 20), DType::f32, kFp32); }
+TEST_F(LatentMoeGpu, Fp32SoftmaxTopKMatchesTheCpu) { compare(latent_config("softmax_topk", 2, 24), DType::f32, kFp32Model); }
+TEST_F(LatentMoeGpu, Fp32SigmoidBiasMatchesTheCpu) { compare(latent_config("sigmoid_bias", 2, 24), DType::f32, kFp32Model); }
+TEST_F(LatentMoeGpu, Fp32OddLatentWidthMatchesTheCpu) { compare(latent_config("softmax_topk", 2, 20), DType::f32, kFp32Model); }
 
 TEST_F(LatentMoeGpu, Bf16EveryExpertMatchesTheFp32Cpu) {
-  compare(latent_config("softmax_topk", 8, 24), DType::bf16, kBf16);  // CUTLASS's grouped GEMM on Hopper
-  compare(latent_config("softmax_topk", 8, 20), DType::bf16, kBf16);  // the portable one
+  compare(latent_config("softmax_topk", 8, 24), DType::bf16, kBf16Model);  // CUTLASS's grouped GEMM on Hopper
+  compare(latent_config("softmax_topk", 8, 20), DType::bf16, kBf16Model);  // the portable one
 }
 
 // Two GPU models with the same weights give the same bits (bf16, top 2).

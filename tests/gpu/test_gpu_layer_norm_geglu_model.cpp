@@ -103,10 +103,6 @@ double gradient_tolerance(DType dtype, const Tensor& grad, double tolerance) {
   return dtype == DType::bf16 && grad.numel() == 1 ? std::max(tolerance, 0.25) : tolerance;
 }
 
-struct ModelTolerance {
-  double logits, loss, grads, floor_fraction;
-};
-
 class LayerNormGegluModel : public GpuTest {
  protected:
   // The CPU fp32 model and its results, and the GPU model of `dtype` with the same weights.
@@ -119,11 +115,7 @@ class LayerNormGegluModel : public GpuTest {
     if (c.norm == "dyt") scale_matrices_to_unit_activations(cpu, 17);
     Model gpu(c, options_for(Device::cuda, dtype, batch.size()));
     gpu.allocate();
-    ASSERT_EQ(cpu.parameters().size(), gpu.parameters().size());
-    for (size_t i = 0; i < cpu.parameters().size(); ++i) {
-      ASSERT_EQ(cpu.parameters()[i]->name(), gpu.parameters()[i]->name());
-      copy_tensor(cpu.parameters()[i]->value(), gpu.parameters()[i]->value());
-    }
+    copy_weights(cpu, gpu);
     if (c.norm == "layernorm") {  // the biases are what this model adds over RMSNorm
       ASSERT_NE(cpu.find_parameter("layers.1.mlp_norm.bias"), nullptr);
       ASSERT_NE(cpu.find_parameter("final_norm.bias"), nullptr);
@@ -144,9 +136,9 @@ class LayerNormGegluModel : public GpuTest {
   }
 };
 
-TEST_F(LayerNormGegluModel, Fp32GpuMatchesTheCpu) { compare(DType::f32, {1e-4, 1e-5, 1e-3, kFloorFraction}); }
+TEST_F(LayerNormGegluModel, Fp32GpuMatchesTheCpu) { compare(DType::f32, kFp32Model); }
 
-TEST_F(LayerNormGegluModel, Bf16GpuMatchesTheFp32Cpu) { compare(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}); }
+TEST_F(LayerNormGegluModel, Bf16GpuMatchesTheFp32Cpu) { compare(DType::bf16, kBf16Model); }
 
 // The per-layer pattern's forward and backward on the GPU (windowed and full layers, a NoPE
 // layer, two MLPs) against the CPU: each layer's choices reach the GPU kernels.

@@ -75,6 +75,26 @@ inline void init_moe_weights(Model& m, uint64_t seed) {
   }
 }
 
+// The bars of a GPU model against the same model on the CPU in fp32: logits and each
+// gradient relative to the floor (floor_fraction of the tensor's largest |value|, see
+// gpu_harness.h), the loss relative. fp32 differs from the CPU by summation order only;
+// bf16 mixed by its roundings, so its floor is the tensor's max.
+struct ModelTolerance {
+  double logits, loss, grads, floor_fraction;
+};
+inline constexpr ModelTolerance kFp32Model{1e-4, 1e-5, 1e-3, kFloorFraction};
+inline constexpr ModelTolerance kBf16Model{3e-2, 1e-3, 6e-2, 1.0};
+
+// The same weights (and parameter state, such as a router's bias) in another model of
+// the same config, whatever the devices and dtypes.
+inline void copy_weights(Model& from, Model& to) {
+  ASSERT_EQ(from.parameters().size(), to.parameters().size());
+  for (size_t i = 0; i < from.parameters().size(); ++i) {
+    ASSERT_EQ(from.parameters()[i]->name(), to.parameters()[i]->name());
+    copy_tensor(from.parameters()[i]->value(), to.parameters()[i]->value());
+  }
+}
+
 // What a model gives to compare: every row's logits, then one forward_backward's mean loss,
 // its loss slots and each trainable parameter's gradient (host, the master dtype).
 struct ModelRun {
