@@ -87,8 +87,8 @@ class KdaDecoder final : public BranchDecoder {
 std::unique_ptr<BranchDecoder> KdaMixer::make_decoder(DecodeContext& ctx, const Norm& pre_norm) const {
   (void)pre_norm;  // no fused decode branch: the norm runs on its own
   // The GPU's step kernels take d_k up to 256 (ops/kda/kda_cuda.h).
-  KILN_CHECK(ctx.device == Device::cpu || dk_ <= 256, key_, "'kda' decodes on the GPU with head_dim <= 256, got {}",
-             dk_);
+  KILN_CHECK(ctx.device == Device::cpu || dk_ <= 256, key_,
+             "'kda' decodes on the GPU with model.kda.head_dim <= 256, got {}", dk_);
   return std::make_unique<KdaDecoder>(*this, ctx);
 }
 

@@ -66,13 +66,6 @@ OwnedTensor device_empty(Shape shape) {
   return t;
 }
 
-// A host copy of an f32 tensor (the CPU op's in-place state).
-OwnedTensor clone(const Tensor& t) {
-  OwnedTensor c(t.dtype(), Device::cpu, t.shape());
-  copy_tensor(t, *c);
-  return c;
-}
-
 double check(const char* name, const Tensor& gpu, const Tensor& cpu) {
   const double e = expect_close(name, *to_host(gpu), *to_f64(cpu), 1e-5);
   std::printf("kda decode op %s: max relative error %.2e\n", name, e);
