@@ -1,10 +1,10 @@
 // KDA kernels (declared in kda_cuda.h): the token-by-token recurrence of
 // kda_recurrent.cpp on the GPU, and the decay gate of kda_gate.cpp.
 //
-// Recurrence (the block's layout and step: kda_recurrent_step.cuh): one block of 128
-// threads (4 warps) per (d_v slice, head, document). A lane
-// owns R = ceil(d_k / 32) rows of the state (i = lane + 32 r), a warp C = 16 / R columns,
-// so every thread holds 16 fp32 state values in registers and a block a slice of
+// Recurrence (the block's layout and step live in kda_recurrent_step.cuh, shared with the
+// decode kernel): one block of 128 threads (4 warps) per (d_v slice, head, document). A
+// lane owns R = ceil(d_k / 32) rows of the state (i = lane + 32 r), a warp C = 16 / R
+// columns, so every thread holds 16 fp32 state values in registers and a block a slice of
 // BV = 4 C columns. Each token: the decay, the misprediction w_j = v_j - sum_i k_i S'_ij
 // and the read-out o_j = scale sum_i q_i S_ij are warp reductions over rows (xor
 // butterflies: every lane gets the same bits), the rank-1 update is per thread.
