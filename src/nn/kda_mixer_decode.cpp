@@ -1,12 +1,15 @@
 // The decode side of KdaMixer (nn/kda_mixer.h): a fixed-size state per slot, never per
-// position: the short convolution's last kernel - 1 inputs [slots, K-1, C] and the delta
-// rule's state [slots, H, d_k, d_v], both in the wide dtype. A step's rows run the mixer's
-// ops and then advance their slots' states one row at a time, in order: a prefill chunk's
-// rows (consecutive positions of one slot) and single tokens alike, O(1) per token.
+// position: the short convolution's last kernel - 1 inputs [slots, K-1, C] (of the compute
+// dtype: they are the projection's outputs as computed) and the delta rule's state [slots,
+// H, d_k, d_v] (fp32 on the GPU, the wide dtype on the CPU, as the sequence op keeps it). A
+// step's rows run the mixer's ops and then advance their slots' states one row at a time,
+// in order: a prefill chunk's rows (consecutive positions of one slot) and single tokens
+// alike, O(1) per token. On the GPU every op enqueues on the context's stream without
+// allocating or reading back, so a step can be captured.
 #include "core/op_profiler.h"
 #include "nn/kda_mixer.h"
 #include "nn/slot_state.h"
-#include "ops/kda/kda.h"
+#include "ops/kda/kda_decode.h"
 #include "ops/kda/kda_gate.h"
 #include "ops/kda/kda_mixer_ops.h"
 #include "ops/linear/linear.h"
@@ -17,13 +20,14 @@ namespace kiln {
 class KdaDecoder final : public BranchDecoder {
  public:
   KdaDecoder(const KdaMixer& a, DecodeContext& ctx) : a_(a), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype) {
-    // The mixer is built on the CPU only, where the compute dtype is the wide one: the
-    // states are read and written by the same f32/f64 ops as the activations.
-    KILN_CHECK(ctx.dtype == ctx.wide, a.key_, "'kda' decodes in one dtype (got compute {} and wide {})",
+    // On the CPU the compute dtype is the wide one: the states are read and written by the
+    // same f32/f64 ops as the activations. The GPU keeps the delta rule's state in fp32
+    // whatever the activations' dtype, as the sequence kernels do.
+    const bool gpu = ctx.device == Device::cuda;
+    KILN_CHECK(gpu || ctx.dtype == ctx.wide, a.key_, "'kda' decodes in one dtype on the CPU (got compute {} and wide {})",
                dtype_name(ctx.dtype), dtype_name(ctx.wide));
-    ctx.state.reserve(conv_state_, ctx.wide, Shape{ctx.slots, a.kernel_ - 1, a.qkv_cols_});
-    ctx.state.reserve(kda_state_, ctx.wide, Shape{ctx.slots, a.h_, a.dk_, a.dv_});
-    ctx.state.reserve(one_seq_, DType::i32, Shape{2});
+    ctx.state.reserve(conv_state_, ctx.dtype, Shape{ctx.slots, a.kernel_ - 1, a.qkv_cols_});
+    ctx.state.reserve(kda_state_, gpu ? DType::f32 : ctx.wide, Shape{ctx.slots, a.h_, a.dk_, a.dv_});
     const int64_t r = ctx.max_rows;
     auto bytes = [&](int64_t cols) { return Workspace::footprint(ctx.dtype, Shape{r, cols}); };
     const int64_t kc = a.h_ * a.dk_, vc = a.h_ * a.dv_;
@@ -45,21 +49,15 @@ class KdaDecoder final : public BranchDecoder {
     const Tensor low = scope.take(dtype_, Shape{n, a.rank_}), graw = scope.take(dtype_, Shape{n, a.h_ * a.dk_});
     ops::linear_forward(exec_, h, a.fa_w_, Tensor(), low);
     ops::linear_forward(exec_, low, a.fb_w_, Tensor(), graw);
-    a.gate(graw, g);
+    // The gate as KdaMixer::gate, on the decoder's context (its stream, which a step's
+    // capture records) rather than the mixer's.
+    ops::kda_gate_forward(exec_, graw.view(Shape{n, a.h_, a.dk_}), a.a_log_, a.dt_bias_2d(), g);
     const Tensor braw = scope.take(dtype_, Shape{n, a.h_}), beta = scope.take(dtype_, Shape{n, a.h_});
     ops::linear_forward(exec_, h, a.b_w_, Tensor(), braw);
     ops::kda_beta_forward(exec_, braw, beta);
-    // Row by row: each continues its slot's state (the op copies the initial state in
-    // before it writes the final one, so both may be the slot's block).
+    // Each row continues its slot's state; a slot's rows in order.
     const Tensor o = scope.take(dtype_, Shape{n, a.h_, a.dv_});
-    int32_t* cu = one_seq_.data<int32_t>();
-    cu[0] = 0, cu[1] = 1;
-    const int32_t* slot = rows.slots.data<int32_t>();  // the CPU's: host memory
-    for (int64_t i = 0; i < n; ++i) {
-      const Tensor state = kda_state_.rows(slot[i], slot[i] + 1);
-      ops::kda_recurrent_forward(exec_, q.rows(i, i + 1), k.rows(i, i + 1), v.rows(i, i + 1), g.rows(i, i + 1),
-                                 beta.rows(i, i + 1), one_seq_, state, {}, o.rows(i, i + 1), state);
-    }
+    ops::kda_decode_step(exec_, q, k, v, g, beta, rows.slots, rows.distinct_slots, {}, kda_state_, o);
     const Tensor gpre = scope.take(dtype_, Shape{n, a.h_ * a.dv_}), y = scope.take(dtype_, Shape{n, a.h_ * a.dv_});
     ops::linear_forward(exec_, h, a.ga_w_, Tensor(), low);
     ops::linear_forward(exec_, low, a.gb_w_, a.gb_b_, gpre);
@@ -84,13 +82,13 @@ class KdaDecoder final : public BranchDecoder {
   Workspace& workspace_;
   DType dtype_;
   Tensor conv_state_, kda_state_;  // [slots, K-1, C], [slots, H, d_k, d_v]
-  Tensor one_seq_;                 // i32 {0, 1}: one row as one sequence
 };
 
 std::unique_ptr<BranchDecoder> KdaMixer::make_decoder(DecodeContext& ctx, const Norm& pre_norm) const {
   (void)pre_norm;  // no fused decode branch: the norm runs on its own
-  // The short convolution's step and the state slots have no CUDA kernels yet.
-  KILN_CHECK(ctx.device == Device::cpu, key_, "'kda' decodes on the CPU only for now (no CUDA decode step yet)");
+  // The GPU's step kernels take d_k up to 256 (ops/kda/kda_cuda.h).
+  KILN_CHECK(ctx.device == Device::cpu || dk_ <= 256, key_,
+             "'kda' decodes on the GPU with model.kda.head_dim <= 256, got {}", dk_);
   return std::make_unique<KdaDecoder>(*this, ctx);
 }
 

@@ -1,9 +1,10 @@
 // KDA kernels (declared in kda_cuda.h): the token-by-token recurrence of
 // kda_recurrent.cpp on the GPU, and the decay gate of kda_gate.cpp.
 //
-// Recurrence: one block of 128 threads (4 warps) per (d_v slice, head, document). A lane
-// owns R = ceil(d_k / 32) rows of the state (i = lane + 32 r), a warp C = 16 / R columns,
-// so every thread holds 16 fp32 state values in registers and a block a slice of
+// Recurrence (the block's layout and step live in kda_recurrent_step.cuh, shared with the
+// decode kernel): one block of 128 threads (4 warps) per (d_v slice, head, document). A
+// lane owns R = ceil(d_k / 32) rows of the state (i = lane + 32 r), a warp C = 16 / R
+// columns, so every thread holds 16 fp32 state values in registers and a block a slice of
 // BV = 4 C columns. Each token: the decay, the misprediction w_j = v_j - sum_i k_i S'_ij
 // and the read-out o_j = scale sum_i q_i S_ij are warp reductions over rows (xor
 // butterflies: every lane gets the same bits), the rank-1 update is per thread.
@@ -27,6 +28,7 @@
 #include "core/cuda_context.h"
 #include "core/error.h"
 #include "ops/bf16_vector.cuh"
+#include "ops/kda/kda_recurrent_step.cuh"
 
 #include <cuda_bf16.h>
 
@@ -37,78 +39,17 @@ namespace kiln::cuda {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
-using vec::from_f32;
-using vec::to_f32;
+using namespace kda_step;  // the block's layout and the step (kda_recurrent_step.cuh)
 
-constexpr int kThreads = 128;  // 4 warps
-constexpr int kWarps = kThreads / 32;
-constexpr int kRegs = 16;      // state values per thread: R rows x C columns
 constexpr int kCheckpoint = 64;  // tokens between the states the backward keeps in global memory
 constexpr int kPiece = 8;        // tokens between the states a backward block keeps in shared memory
 constexpr int kPieces = kCheckpoint / kPiece;
-constexpr int kMaxDk = 256;
 
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int m = 16; m >= 1; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-  return x;
-}
-
-int rows_per_lane(int64_t dk) { return dk <= 32 ? 1 : dk <= 64 ? 2 : dk <= 128 ? 4 : 8; }
-int64_t slice_columns(int64_t dk) { return int64_t{kWarps} * (kRegs / rows_per_lane(dk)); }
-int64_t slices(int64_t dk, int64_t dv) { return (dv + slice_columns(dk) - 1) / slice_columns(dk); }
 int64_t checkpoint_slots(int64_t tokens, int64_t num_seqs) { return tokens / kCheckpoint + num_seqs; }
 
 // The first checkpoint slot of document `seq` starting at token `begin`: floor(begin / 64)
 // + seq, so a document of L tokens owns ceil(L / 64) slots before the next one's first.
 __device__ __forceinline__ int64_t first_slot(int64_t begin, int64_t seq) { return begin / kCheckpoint + seq; }
-
-// One token's inputs for this thread's rows and columns, as fp32.
-template <typename T, int R, int C>
-struct Token {
-  float k[R], a[R], q[R], v[C], beta;
-
-  __device__ __forceinline__ void load(const KdaArgs& s, const T* q_, const T* k_, const T* v_, const T* g_,
-                                       const T* beta_, int64_t row, int lane, int64_t j0) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = lane + 32 * r;
-      const bool ok = i < s.dk;
-      k[r] = ok ? to_f32(k_[row * s.dk + i]) : 0.f;
-      q[r] = ok ? to_f32(q_[row * s.dk + i]) : 0.f;
-      a[r] = ok ? expf(to_f32(g_[row * s.dk + i])) : 1.f;
-    }
-#pragma unroll
-    for (int c = 0; c < C; ++c) v[c] = j0 + c < s.dv ? to_f32(v_[row * s.dv + j0 + c]) : 0.f;
-    beta = to_f32(beta_[row]);
-  }
-};
-
-// A state slice [R][C] to or from fp32 global memory [.., d_k, d_v] at `base`.
-template <int R, int C>
-__device__ __forceinline__ void load_state(const KdaArgs& s, const float* base, int lane, int64_t j0,
-                                           float (&S)[R][C]) {
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const int64_t i = lane + 32 * r, j = j0 + c;
-      S[r][c] = base && i < s.dk && j < s.dv ? base[i * s.dv + j] : 0.f;
-    }
-}
-
-template <int R, int C>
-__device__ __forceinline__ void store_state(const KdaArgs& s, float* base, int lane, int64_t j0,
-                                            const float (&S)[R][C]) {
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const int64_t i = lane + 32 * r, j = j0 + c;
-      if (i < s.dk && j < s.dv) base[i * s.dv + j] = S[r][c];
-    }
-}
 
 // This thread's values in per-thread shared-memory slot `slot` (conflict-free: thread-minor).
 template <int R, int C>
@@ -125,29 +66,6 @@ __device__ __forceinline__ void from_shared(const float* sm, int slot, float (&S
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int c = 0; c < C; ++c) S[r][c] = sm[(slot * kRegs + r * C + c) * kThreads + threadIdx.x];
-}
-
-// One step of the recurrence in place: S = Diag(a) S; w = v - S^T k; S += k (beta w)^T.
-// Returns nothing; w is left in `w`.
-template <typename T, int R, int C>
-__device__ __forceinline__ void step(const Token<T, R, C>& x, float (&S)[R][C], float (&w)[C]) {
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int c = 0; c < C; ++c) S[r][c] *= x.a[r];
-#pragma unroll
-  for (int c = 0; c < C; ++c) {
-    float p = 0.f;
-#pragma unroll
-    for (int r = 0; r < R; ++r) p += x.k[r] * S[r][c];
-    w[c] = x.v[c] - warp_sum(p);
-  }
-#pragma unroll
-  for (int c = 0; c < C; ++c) {
-    const float d = x.beta * w[c];
-#pragma unroll
-    for (int r = 0; r < R; ++r) S[r][c] += x.k[r] * d;
-  }
 }
 
 // Forward over one document, head and slice: out (null: not written), the final state ht
@@ -171,15 +89,7 @@ __global__ void __launch_bounds__(kThreads) kda_forward_kernel(KdaArgs s, const 
     Token<T, R, C> x;
     x.load(s, q, k, v, g, beta, row, lane, j0);
     step(x, S, w);
-    if (!out) continue;
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      float p = 0.f;
-#pragma unroll
-      for (int r = 0; r < R; ++r) p += x.q[r] * S[r][c];
-      const float o = s.scale * warp_sum(p);
-      if (lane == c && j0 + c < s.dv) from_f32(o, out + row * s.dv + j0 + c);
-    }
+    if (out) read_out(s, x, S, lane, j0, out + row * s.dv);
   }
   if (ht) store_state<R, C>(s, ht + state, lane, j0, S);
 }
@@ -382,26 +292,6 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const void* q, co
   sum_slices_kernel<T>
       <<<blocks_for(rows, threads), threads, 0, stream(ctx)>>>(part.dbeta, n_slices, rows, static_cast<T*>(dbeta));
   check_launch("kda_recurrent_backward", "sum_slices_kernel");
-}
-
-// Calls f.template operator()<T, R>() for the dtype and d_k.
-template <typename F>
-void dispatch(const char* op, DType dtype, int64_t dk, F&& f) {
-  KILN_CHECK(dk >= 1 && dk <= kMaxDk, op, "d_k must be in [1, {}] on the GPU, got {}", kMaxDk, dk);
-  KILN_CHECK(dtype == DType::f32 || dtype == DType::bf16, op, "f32 or bf16 only on the GPU");
-  auto by_rows = [&](auto zero) {
-    using T = decltype(zero);
-    switch (rows_per_lane(dk)) {
-      case 1: f.template operator()<T, 1>(); break;
-      case 2: f.template operator()<T, 2>(); break;
-      case 4: f.template operator()<T, 4>(); break;
-      default: f.template operator()<T, 8>(); break;
-    }
-  };
-  if (dtype == DType::f32)
-    by_rows(float{});
-  else
-    by_rows(bf16{});
 }
 
 // ---- gate --------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include "ops/common.h"
 #include "ops/stable_math.h"
 #if KILN_WITH_CUDA
+#include "ops/kda/kda_decode_cuda.h"
 #include "ops/kda/kda_mixer_cuda.h"
 #endif
 
@@ -133,18 +134,23 @@ void short_conv_backward(const ExecContext& ctx, const Tensor& x, const Tensor& 
 
 void short_conv_step(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& slots,
                      const Tensor& state, const Tensor& y) {
-  (void)ctx;
+  (void)ctx;  // CPU builds: only the CUDA path reads it
   const char* op = "short_conv_step";
   KILN_OP_SCOPE(op, x);
-  validate(op, x, w, /*has_cuda_kernel=*/false);
+  validate(op, x, w);
   const int64_t n = x.size(0), ch = x.size(1), kernel = w.size(1);
-  expect_tensor(op, "slots", slots, Shape{n}, DType::i32, Device::cpu);
+  // On the GPU the slots live on the device and are trusted (not read back), as the
+  // cache ops' are.
+  expect_tensor(op, "slots", slots, Shape{n}, DType::i32, x.device());
   expect_rank(op, "state", state, 3);
   KILN_CHECK(state.size(1) == kernel - 1 && state.size(2) == ch, op, "state {} must be [slots, {}, {}]",
              state.describe(), kernel - 1, ch);
   expect_same(op, "state", state, x);
   expect_shape(op, "y", y, x.shape());
   expect_same(op, "y", y, x);
+  KILN_ON_CUDA(x, op,
+               cuda::short_conv_step(ctx, x.dtype(), x.raw(), w.raw(), slots.data<int32_t>(), n, ch, kernel,
+                                     state.raw(), y.raw()));
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int32_t* slot = slots.data<int32_t>();

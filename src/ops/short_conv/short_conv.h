@@ -5,7 +5,8 @@
 // as they share no attention. x, y [N, C], w [C, K], cu_seqlens i32 [S+1].
 //
 // CPU: f32, f64. GPU (ops/kda/kda_mixer_cuda.h): forward and backward, x, w, y f32 or bf16
-// (fp32 math), dw fp32, cu_seqlens on the device; the decode step is CPU only.
+// (fp32 math), dw fp32, cu_seqlens on the device; the decode step (ops/kda/kda_decode_cuda.h)
+// with its state of x's dtype and slots on the device.
 #pragma once
 
 #include "core/exec_context.h"
