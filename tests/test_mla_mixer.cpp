@@ -188,6 +188,30 @@ TEST(MlaMixer, AbsorbedDecoderMatchesFullForward) {
   std::printf("mla decode: %d steps, worst scaled error %.2e\n", steps, worst);
 }
 
+// The latent is the cached attention's head (at most 512 wide, CPU and GPU): a wider one is
+// refused when a decoder is made, in one line naming the key; 512 decodes.
+TEST(MlaMixer, DecodeRefusesALatentWiderThan512ByKey) {
+  BuildOptions o;
+  o.dtype = DType::f32;
+  o.training = false;
+  DecoderOptions d;
+  d.slots = 1, d.max_rows = 2;
+  for (const int64_t rank : {512, 513}) {
+    ModelConfig c = with_mla(tiny_config(true, true), 2, "gqa", 4, 4);
+    c.mla.kv_rank = rank;
+    o.max_tokens = c.max_seq_len;
+    Model model(c, o);
+    model.allocate();
+    if (rank == 512) {
+      const Decoder decoder(model, d);
+      continue;
+    }
+    const std::string e = error_of([&] { const Decoder decoder(model, d); });
+    EXPECT_EQ(e.rfind("[model.mla.kv_rank] = 513: 'mla' decodes over latents at most 512 wide", 0), 0u) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+}
+
 // The model's largest logit over layers and its clipped heads, from the last step's report.
 std::pair<double, double> last_step_logits(const Model& m) {
   double largest = -INFINITY, clipped = 0;

@@ -151,7 +151,7 @@ void MlaMixer::export_config(ExportConfig& out) const {
 void register_mla_mixer(MixerRegistry& registry) {
   registry.add("mla",
                "NoPE multi-head latent attention: a normed low-rank latent expanded to k and v per head "
-               "([model.mla]; decode caches the latent, CPU only)",
+               "([model.mla]; decode caches the latent)",
                [](BuildContext& ctx, const LayerSpec& layer, PositionEncoding&) {
                  return std::make_unique<MlaMixer>(ctx, layer);
                });

@@ -14,13 +14,13 @@
 // Training runs on the CPU (f32, f64) and the GPU (f32, or bf16 compute copies with fp32
 // master gradients, the latent norm's gain and statistics fp32), composed of the linear,
 // rms_norm and attention ops and one head-copy kernel: everything enqueues on the
-// context's stream, so the step can be captured in a CUDA graph. GPU decode is refused
-// naming the key (the absorbed products have no CUDA kernels yet), and so are exports (no
-// stock family has a NoPE MLA layer). QK-Clip: per head, the head's q rows of W_q and k
+// context's stream, so the step can be captured in a CUDA graph. Exports are refused
+// naming the key (no stock family has a NoPE MLA layer). QK-Clip: per head, the head's q rows of W_q and k
 // rows of W_kb scaled by sqrt(tau / max) each; W_vb untouched.
 //
 // Decode (mla_mixer_decode.cpp): caches the latent c per position (r numbers, not k and
-// v), with W_kb absorbed into the query and W_vb applied after the weighted sum of latents.
+// v), with W_kb absorbed into the query and W_vb applied after the weighted sum of latents;
+// on the CPU and the GPU (f32, bf16), latents at most 512 wide (model.mla.kv_rank).
 #pragma once
 
 #include "nn/modules.h"

@@ -3,28 +3,41 @@
 // rows write their latents, then attend with W_kb absorbed into the query (q' = W_kb,h^T q_h,
 // so q'.c_t = q_h.k_t) and W_vb applied after the weighted sum (o_h = W_vb,h sum_t p_t c_t):
 // the cached attention op over one shared "key head" c, which serves as its own value.
+//
+// The same ops run on the CPU (f32, f64) and the GPU (f32, or bf16 activations, weights and
+// cache with the latent norm's gain and rstd fp32): linear, rms_norm, kv_cache_write,
+// cached_attention (its GPU kernel takes latents up to 512 wide) and the absorbed products
+// (ops/mla/mla_absorb.h). Everything is planned here and only enqueued in a step, so the
+// GPU's decode steps can be captured as CUDA graphs. No fused decode branch.
 #include "nn/mla_mixer.h"
 #include "nn/slot_state.h"
+#include "ops/attention/attention_cpu.h"
 #include "ops/attention/cached_attention.h"
 #include "ops/linear/linear.h"
 #include "ops/mla/mla_absorb.h"
 #include "ops/rms_norm/rms_norm.h"
 
+#include <algorithm>
+
 namespace kiln {
 
 class MlaDecoder final : public BranchDecoder {
  public:
-  MlaDecoder(const MlaMixer& a, DecodeContext& ctx) : a_(a), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype) {
-    // Decoders are made on the CPU only (make_decoder), where the compute dtype is the wide one.
-    KILN_CHECK(ctx.dtype == ctx.wide, a.key_, "'mla' decodes in one dtype (got compute {} and wide {})",
-               dtype_name(ctx.dtype), dtype_name(ctx.wide));
+  MlaDecoder(const MlaMixer& a, DecodeContext& ctx)
+      : a_(a), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype), wide_(ctx.wide) {
     ctx.state.reserve(cache_, ctx.dtype, Shape{ctx.slots, ctx.max_len, 1, a.rank_});
     options_.scale = a.options_.scale;
     const int64_t r = ctx.max_rows;
+    // The split partials of cached attention on the GPU: the most any row count needs.
+    if (ctx.device == Device::cuda)
+      for (int64_t n = 1; n <= r; ++n)
+        split_elems_ = std::max(split_elems_, ops::cached_attention_workspace(n, a.h_, 1, a.rank_, ctx.max_len));
     auto bytes = [&](Shape s) { return Workspace::footprint(ctx.dtype, s); };
-    // q, the latent and its rstd, q', the weighted latents, the head outputs.
-    ctx.workspace.reserve_peak(bytes(Shape{r, a.h_ * a.dqk_}) + 2 * bytes(Shape{r, a.rank_}) + bytes(Shape{r}) +
-                               2 * bytes(Shape{r, a.h_, a.rank_}) + bytes(Shape{r, a.h_ * a.dv_}));
+    // q, the latent, its rstd (wide), q', the weighted latents, the head outputs, the splits.
+    ctx.workspace.reserve_peak(bytes(Shape{r, a.h_ * a.dqk_}) + 2 * bytes(Shape{r, a.rank_}) +
+                               Workspace::footprint(ctx.wide, Shape{r}) + 2 * bytes(Shape{r, a.h_, a.rank_}) +
+                               bytes(Shape{r, a.h_ * a.dv_}) +
+                               Workspace::footprint(DType::f32, Shape{std::max<int64_t>(split_elems_, 1)}));
   }
 
   void forward(const Tensor& h, const DecodeRows& rows, const Tensor& out) override {
@@ -36,11 +49,12 @@ class MlaDecoder final : public BranchDecoder {
     // The rows' latents into the cache (one tensor as both "keys" and "values").
     const Tensor raw = scope.take(dtype_, Shape{n, a.rank_}), c = scope.take(dtype_, Shape{n, 1, a.rank_});
     ops::linear_forward(exec_, h, a.kva_w_, Tensor(), raw);
-    ops::rms_norm_forward(exec_, raw, a.gain_, a.norm_eps_, c.view(Shape{n, a.rank_}), scope.take(dtype_, Shape{n}));
+    ops::rms_norm_forward(exec_, raw, a.gain_, a.norm_eps_, c.view(Shape{n, a.rank_}), scope.take(wide_, Shape{n}));
     ops::kv_cache_write(exec_, c, c, rows.slots, rows.positions, cache_, cache_);
     const Tensor q_abs = scope.take(dtype_, Shape{n, a.h_, a.rank_}), cbar = scope.take(dtype_, Shape{n, a.h_, a.rank_});
     ops::mla_absorb_query(exec_, q, a.k_rows(a.kvb_w_), q_abs);
-    ops::cached_attention_forward(exec_, q_abs, cache_, cache_, rows.slots, rows.positions, options_, cbar);
+    const Tensor split = split_elems_ > 0 ? scope.take(DType::f32, Shape{split_elems_}) : Tensor();
+    ops::cached_attention_forward(exec_, q_abs, cache_, cache_, rows.slots, rows.positions, options_, cbar, split);
     const Tensor o = scope.take(dtype_, Shape{n, a.h_, a.dv_});
     ops::mla_expand_values(exec_, cbar, a.v_rows(a.kvb_w_), o);
     ops::linear_forward(exec_, o.view(Shape{n, a.h_ * a.dv_}), a.o_w_, Tensor(), out);
@@ -57,14 +71,17 @@ class MlaDecoder final : public BranchDecoder {
   const MlaMixer& a_;
   const ExecContext& exec_;
   Workspace& workspace_;
-  DType dtype_;
+  DType dtype_, wide_;             // compute (activations, weights, cache); the norm's rstd
   ops::AttentionOptions options_;  // scale 1/sqrt(d_qk)
   Tensor cache_;                   // [slots, max_len, 1, r]: the normed latents
+  int64_t split_elems_ = 0;        // f32 elements of cached attention's split partials (GPU)
 };
 
 std::unique_ptr<BranchDecoder> MlaMixer::make_decoder(DecodeContext& ctx, const Norm& pre_norm) const {
   (void)pre_norm;  // no fused decode branch: the norm runs on its own
-  KILN_CHECK(ctx.device == Device::cpu, key_, "'mla' decodes on the CPU only for now (its absorbed products have no CUDA kernels yet)");
+  // The latent is the cached attention's head: its kernels (and the CPU's) take at most 512.
+  KILN_CHECK(rank_ <= cpu::kMaxAttentionHeadDim, "model.mla.kv_rank",
+             "= {}: 'mla' decodes over latents at most {} wide", rank_, cpu::kMaxAttentionHeadDim);
   return std::make_unique<MlaDecoder>(*this, ctx);
 }
 

@@ -3,7 +3,7 @@
 // models, GPU vs the CPU f64 model with the same weights: loss, logits and every parameter
 // gradient, fp32 and bf16 mixed precision; the captured training step (CUDA graphs) against
 // the op-by-op one with QK-Clip on, and the loss falling as on the CPU
-// (tests/test_mla_mixer.cpp's run); GPU decode refused naming the key.
+// (tests/test_mla_mixer.cpp's run). GPU decode: test_gpu_mla_decode.cpp.
 //
 // Model bars: those of test_gpu_kda_mixer.cpp (fp32 logits 1e-4, loss 1e-5 relative,
 // gradients 1e-3 with the 1% floor; bf16 3e-2, 1e-3, 6e-2 against each tensor's largest
@@ -13,7 +13,6 @@
 #include "gpu/gpu_harness.h"
 #include "gpu/whole_model.h"
 #include "grad_check.h"
-#include "infer/decoder.h"
 #include "model/model.h"
 #include "ops/mla/mla_heads.h"
 #include "test_util.h"
@@ -123,20 +122,6 @@ TEST_F(MlaModelGpu, HybridFp32GpuMatchesTheF64Cpu) { compare(true, DType::f32, 1
 TEST_F(MlaModelGpu, HybridBf16GpuMatchesTheF64Cpu) { compare(true, DType::bf16, 3e-2, 1e-3, 6e-2, 1.0); }
 TEST_F(MlaModelGpu, MlaOnlyFp32GpuMatchesTheF64Cpu) { compare(false, DType::f32, 1e-4, 1e-5, 1e-3, kFloorFraction); }
 TEST_F(MlaModelGpu, MlaOnlyBf16GpuMatchesTheF64Cpu) { compare(false, DType::bf16, 3e-2, 1e-3, 6e-2, 1.0); }
-
-// GPU decode is not written yet: refused naming the key, in one line.
-TEST_F(MlaModelGpu, GpuDecodeIsRefusedNamingTheKey) {
-  ModelConfig c = mla_config(true);
-  BuildOptions o = options_for(Device::cuda, DType::bf16, c.max_seq_len);
-  o.training = false;
-  Model m(c, o);
-  m.allocate();
-  DecoderOptions d;
-  d.slots = 1, d.max_rows = 4;
-  const std::string e = test::error_of([&] { Decoder decoder(m, d); });
-  EXPECT_EQ(e.rfind("[model.attention] 'mla' decodes on the CPU only", 0), 0u) << e;
-  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
-}
 
 // ---- training: captured vs op by op ----------------------------------------------------
 

@@ -2,6 +2,9 @@
 
 #include "core/op_profiler.h"
 #include "ops/common.h"
+#if KILN_WITH_CUDA
+#include "ops/mla/mla_absorb_cuda.h"
+#endif
 
 namespace kiln::ops {
 
@@ -16,7 +19,8 @@ void validate(const char* op, const Tensor& small, const Tensor& w, const Tensor
   expect_shape(op, "w", w, Shape{h * small.size(2), r});
   expect_same(op, "latent rows", latent, small);
   expect_same(op, "w", w, small);
-  KILN_CHECK(small.device() == Device::cpu, op, "CPU only (the mla mixer has no CUDA path yet)");
+  KILN_CHECK(small.device() == Device::cpu || small.dtype() == DType::f32 || small.dtype() == DType::bf16, op,
+             "the GPU computes in f32 or bf16, got {}", small.describe());
 }
 
 }  // namespace
@@ -26,6 +30,9 @@ void mla_absorb_query(const ExecContext& ctx, const Tensor& q, const Tensor& w_k
   const char* op = "mla_absorb_query";
   KILN_OP_SCOPE(op, q);
   validate(op, q, w_kb, q_abs);
+  KILN_ON_CUDA(q, op,
+               cuda::mla_absorb_query(ctx, q.dtype(), q.raw(), q.size(0), q.size(1), q.size(2), w_kb.raw(),
+                                      q_abs.size(2), q_abs.raw()));
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = q.size(0), heads = q.size(1), d = q.size(2), r = q_abs.size(2);
@@ -50,6 +57,9 @@ void mla_expand_values(const ExecContext& ctx, const Tensor& cbar, const Tensor&
   const char* op = "mla_expand_values";
   KILN_OP_SCOPE(op, cbar);
   validate(op, o, w_vb, cbar);
+  KILN_ON_CUDA(o, op,
+               cuda::mla_expand_values(ctx, o.dtype(), cbar.raw(), o.size(0), o.size(1), cbar.size(2), w_vb.raw(),
+                                       o.size(2), o.raw()));
   dispatch_cpu_float(op, o.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = o.size(0), heads = o.size(1), d = o.size(2), r = cbar.size(2);

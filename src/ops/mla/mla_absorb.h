@@ -5,7 +5,8 @@
 //   absorb_query   q'_h = W_kb,h^T q_h   q [N, H, d_qk] -> q' [N, H, r]    (q'.c = q.k)
 //   expand_values  o_h  = W_vb,h cbar_h  cbar [N, H, r] -> o [N, H, d_v]   (cbar = sum_t p_t c_t)
 // w_kb is [H d_qk, r], w_vb [H d_v, r] (row views of the fused k_b|v_b weight). Outputs
-// are written with =. CPU only (f32, f64).
+// are written with =. CPU (f32, f64) and CUDA (f32, bf16 with fp32 accumulation:
+// mla_absorb_cuda.h).
 #pragma once
 
 #include "core/exec_context.h"
