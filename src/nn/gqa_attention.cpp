@@ -43,10 +43,8 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
   options_.window = layer.choices.window;
   options_.softcap = m.attention_softcap;
   if (m.attention_sinks) {
-    // No GPU attention kernel takes a sink: cuDNN's frontend does (set_sink_token) but needs
-    // cuDNN >= 9.26 for ragged batches, and kiln's own fp32 and decode kernels do not.
-    KILN_CHECK(ctx.device == Device::cpu, "model.attention_sinks",
-               "attention sinks run on the CPU only: no GPU attention kernel of kiln takes a sink yet");
+    // On the GPU the sink-free kernels' output and lse are corrected for the sink
+    // (ops/attention/attention_sinks_cuda.h); GPU decode refuses it (gqa_attention_decode.cpp).
     // Zero: at first the sink is one more key of logit 0 (GPT-OSS draws N(0, std) instead).
     ctx.parameter(options_.sinks, sinks_grad_, n("sinks", "sinks", "attn_sinks.weight"), Shape{hq_}, ParamRole::bias,
                   Init::zeros());

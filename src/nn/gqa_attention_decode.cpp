@@ -31,6 +31,10 @@ class GqaDecoder final : public BranchDecoder {
     ctx.state.reserve(v_cache_, ctx.dtype, Shape{ctx.slots, ctx.max_len, hkv, d});
     options_.window = a.options_.window;
     options_.softcap = a.options_.softcap;
+    // The GPU's cached-attention and fused decode kernels have no sink in their softmax yet.
+    KILN_CHECK(ctx.device == Device::cpu || !a.options_.sinks.defined(), "model.attention_sinks",
+               "attention sinks decode on the CPU only (GPU training takes them; GPU sampling and "
+               "generation do not yet: their decode kernels have no sink)");
     options_.sinks = a.options_.sinks;  // the parameter itself: decode sees its current values
     if (a.rotary_) rotary_ = a.position_.rotary();  // filled now, not inside a captured step
     // The split partials of cached attention on the GPU: the most any row count needs.

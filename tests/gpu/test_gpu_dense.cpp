@@ -289,24 +289,5 @@ TEST_F(Dense, GoldenModelOnGpu) { check_golden_model(DType::f32, {1e-4, 1e-4, 1e
 // operand, fp32 read as bf16) is off by O(1) of the scale and fails by far.
 TEST_F(Dense, GoldenModelOnGpuBf16) { check_golden_model(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}); }
 
-// No GPU attention kernel takes a sink (docs/attention-sinks.md): a model with sinks is
-// refused when built, naming the key, in either precision.
-TEST_F(Dense, AttentionSinksAreRefusedWhenBuilt) {
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    ModelConfig c;
-    c.attention_sinks = true;
-    BuildOptions options;
-    options.device = Device::cuda;
-    options.dtype = dtype;
-    options.max_tokens = 16;
-    try {
-      Model model(c, options);
-      ADD_FAILURE() << "built a model with sinks on the GPU";
-    } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()).rfind("[model.attention_sinks] ", 0), 0u) << e.what();
-    }
-  }
-}
-
 }  // namespace
 }  // namespace kiln

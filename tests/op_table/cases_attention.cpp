@@ -1,6 +1,6 @@
 // attention (ops/attention/attention.h): causal grouped-query attention over packed
 // sequences, with sliding window, softcap, an explicit scale and sinks (a per-head logit in
-// the denominator, CPU only). The reference is a full softmax per query with explicit
+// the denominator; on the GPU a correction around the kernels, attention_sinks_cuda.h). The reference is a full softmax per query with explicit
 // causal, window and document masks (two passes, no online rescaling). GPU: the fp32 kernels (the bf16 cuDNN path has its own suite,
 // tests/gpu/test_gpu_attention_cudnn.cpp).
 #include "op_table/op_table.h"
@@ -131,13 +131,21 @@ std::vector<OpCase> attention_cases() {
   wide.o.window = 100;
   wide.o.softcap = 2.0;
   for (const AttentionShape& a : {empty, w1, wide}) cases.push_back(attention_case(a, 1.5, {}));
-  // Sinks (CPU only): GQA over packed documents (one empty), with and without a window
+  // Sinks (finite differences on the CPU): GQA over packed documents (one empty), with and without a window
   // and a softcap; window 1 leaves each query its own key and the sink.
   for (auto [window, softcap] : {std::pair<int64_t, double>{0, 0.0}, {3, 5.0}, {1, 0.0}}) {
     AttentionShape a{{1, 5, 0, 17, 3}, 4, 2, 6, {}, true};
     a.o.window = window;
     a.o.softcap = softcap;
     cases.push_back(attention_case(a, 1.5, {}));
+  }
+  // Sinks on the GPU (the fp32 kernels, then attention_sinks_cuda.h's correction): packed
+  // documents with an empty one, GQA, a window shorter than the longest, a softcap.
+  for (auto [window, softcap] : {std::pair<int64_t, double>{0, 0.0}, {7, 5.0}}) {
+    AttentionShape a{{1, 5, 0, 17, 40}, 4, 2, 64, {}, true};
+    a.o.window = window;
+    a.o.softcap = softcap;
+    cases.push_back(attention_case(a, 0.5, {DType::f32}));
   }
   // GPU: sequences of 1 to 40 tokens, 4 query heads over 1, 2 or 4 kv heads, head dims
   // below, at and above a warp's multiple.

@@ -5,6 +5,7 @@
 #include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/attention/attention_cuda.h"
+#include "ops/attention/attention_sinks_cuda.h"
 
 #include <cmath>
 
@@ -55,13 +56,13 @@ void validate(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
   }
 }
 
-// Sinks [Hq] in lse's dtype, beside q. On the GPU none of the attention kernels takes a sink
-// (cuDNN's needs 9.26 for ragged batches): a model with sinks is refused when built there.
+// Sinks [Hq] in lse's dtype, beside q. On the GPU no attention kernel takes a sink (cuDNN's
+// needs 9.26 for ragged batches): attention_sinks_cuda.h corrects the sink-free kernels'
+// output and lse instead.
 void expect_sinks(const char* op, const Tensor& sinks, const Tensor& q, const Tensor& lse) {
   if (!sinks.defined()) return;
   expect_shape(op, "sinks", sinks, Shape{q.size(1)});
   expect_same(op, "sinks", sinks, lse);
-  KILN_CHECK(q.device() == Device::cpu, op, "attention sinks run on the CPU only, got {}", q.describe());
 }
 
 // The shape and options as the CPU reference (cpu::AttentionShape, double scale and softcap)
@@ -93,6 +94,18 @@ cuda::AttentionArgs cuda_args(const Tensor& q, const Tensor& k, const Tensor& cu
   a.uniform = o.uniform;
   return a;
 }
+
+// The sinks' correction's view of a batch: cuDNN's lse of a uniform batch is head-major by
+// sequence (attention_cudnn.h; one token per sequence lays out the same either way).
+cuda::SinkArgs sink_args(const Tensor& q, const AttentionOptions& o) {
+  cuda::SinkArgs s;
+  s.tokens = q.size(0);
+  s.q_heads = q.size(1);
+  s.head_dim = q.size(2);
+  s.bf16 = is_mixed(q);
+  s.lse_seq = s.bf16 && o.uniform ? o.max_seqlen : 0;
+  return s;
+}
 #endif
 
 template <typename T>
@@ -118,6 +131,9 @@ void attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k,
     else
       cuda::attention_forward_f32(ctx, args, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                                   lse.data<float>());
+    if (options.sinks.defined())
+      cuda::attention_sinks_forward(ctx, sink_args(q, options), out.raw(), lse.data<float>(),
+                                    options.sinks.data<float>());
   });
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -154,6 +170,11 @@ void attention_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k
       cuda::attention_backward_f32(ctx, args, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                                    lse.data<float>(), dout.data<float>(), dq.data<float>(), dk.data<float>(),
                                    dv.data<float>());
+    // out and lse are the forward's corrected O' and lse', so the kernels above already
+    // gave the sink-inclusive dq, dk, dv; the sinks' own gradient is one reduction more.
+    if (dsinks.defined())
+      cuda::attention_sinks_backward(ctx, sink_args(q, options), out.raw(), lse.data<float>(), dout.raw(),
+                                     options.sinks.data<float>(), dsinks.data<float>());
   });
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);

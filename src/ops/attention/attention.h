@@ -26,7 +26,8 @@ struct AttentionOptions {
   bool uniform = false;
   // Learnable attention sinks (GPT-OSS): [Hq] logits, one per query head, that join each
   // query's softmax denominator and attend to nothing (their value is zero); the lse then
-  // includes them. Undefined = none. lse's dtype; CPU only (docs/attention-sinks.md).
+  // includes them. Undefined = none. lse's dtype; on the GPU a correction around the
+  // sink-free kernels (attention_sinks_cuda.h, docs/attention-sinks.md).
   Tensor sinks;
 };
 
