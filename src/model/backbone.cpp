@@ -80,19 +80,31 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
   }
 }
 
-void Backbone::forward(const Tensor& tokens, const SeqInfo& seq) {
+void Backbone::forward(const Tensor& tokens, const SeqInfo& seq) { forward_layers(tokens, seq, 0, config_.layers); }
+
+void Backbone::check_layer_range(int64_t first, int64_t last) const {
+  KILN_CHECK(0 <= first && first <= last && last <= config_.layers, "model",
+             "layer range [{}, {}) outside the model's {} layers (model.layers)", first, last, config_.layers);
+  KILN_CHECK(!attn_res_ || (first == 0 && last == config_.layers), "model.attn_res_block",
+             "Block Attention Residuals run over all layers at once, not over layers [{}, {})", first, last);
+}
+
+void Backbone::forward_layers(const Tensor& tokens, const SeqInfo& seq, int64_t first, int64_t last) {
+  check_layer_range(first, last);
   rows_ = tokens.size(0);
-  ops::embedding_forward(exec_, tokens, embed_->value(), residual_[0].rows(0, rows_));
-  if (config_.embed_scale != 1.0) ops::scale_inplace(exec_, residual_[0].rows(0, rows_), config_.embed_scale);
-  if (embedding_drops(seq))
-    ops::dropout_apply(exec_, residual_[0].rows(0, rows_), embedding_dropout(seq), residual_[0].rows(0, rows_));
+  if (first == 0) {
+    ops::embedding_forward(exec_, tokens, embed_->value(), residual_[0].rows(0, rows_));
+    if (config_.embed_scale != 1.0) ops::scale_inplace(exec_, residual_[0].rows(0, rows_), config_.embed_scale);
+    if (embedding_drops(seq))
+      ops::dropout_apply(exec_, residual_[0].rows(0, rows_), embedding_dropout(seq), residual_[0].rows(0, rows_));
+  }
   if (attn_res_) {
     forward_attn_res(seq);
   } else {
-    for (size_t l = 0; l < blocks_.size(); ++l)
+    for (auto l = static_cast<size_t>(first); l < static_cast<size_t>(last); ++l)
       blocks_[l]->forward(residual_[l].rows(0, rows_), seq, residual_[l + 1].rows(0, rows_));
   }
-  final_norm_->forward(residual_.back().rows(0, rows_), hidden_.rows(0, rows_));
+  if (last == config_.layers) final_norm_->forward(residual_.back().rows(0, rows_), hidden_.rows(0, rows_));
 }
 
 void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::TokenGroups* groups,
@@ -105,21 +117,40 @@ void Backbone::backward(const Tensor& tokens, const SeqInfo& seq, const ops::Tok
   if (attn_res_) {
     backward_attn_res(seq, extra, tell);
   } else {
-    backward_blocks(dres, dres_compute, seq, extra, tell);
+    backward_blocks(dres, dres_compute, seq, extra, tell, 0, config_.layers);
   }
   embedding_backward(tokens, dres, seq, groups, extra);
   tell(static_cast<int>(blocks_.size()) + 1);
 }
 
+void Backbone::backward_layers(const Tensor& tokens, const SeqInfo& seq, const ops::TokenGroups* groups,
+                               int64_t first, int64_t last) {
+  check_layer_range(first, last);
+  if (attn_res_) {  // the whole model (check_layer_range)
+    backward(tokens, seq, groups);
+    return;
+  }
+  const Tensor dres = dres_.rows(0, rows_);
+  const Tensor dres_compute = dres_compute_.defined() ? dres_compute_.rows(0, rows_) : dres;
+  // A later stage's output gradient arrives in dres (wide): the mixed path's blocks read its
+  // compute copy too, which the final norm's backward keeps on the last stage.
+  if (last < config_.layers && dres_compute_.defined()) ops::convert(exec_, dres, dres_compute);
+  backward_blocks(dres, dres_compute, seq, ExtraGradients{}, [](int) {}, first, last);
+  if (first == 0) embedding_backward(tokens, dres, seq, groups, ExtraGradients{});
+}
+
 void Backbone::backward_blocks(const Tensor& dres, const Tensor& dres_compute, const SeqInfo& seq,
-                               const ExtraGradients& extra, const std::function<void(int)>& tell) {
-  // A head's gradient of the final norm's input goes in first, so the norm's backward adds
-  // to it and keeps the mixed path's bf16 copy current.
-  const bool extra_top = extra.final_norm_input.defined();
-  if (extra_top) ops::convert(exec_, extra.final_norm_input, dres);
-  final_norm_->backward(dhidden_.rows(0, rows_), dres, extra_top, dres_compute_.defined() ? dres_compute : Tensor());
-  tell(0);
-  for (size_t l = blocks_.size(); l-- > 0;) {
+                               const ExtraGradients& extra, const std::function<void(int)>& tell, int64_t first,
+                               int64_t last) {
+  if (last == config_.layers) {
+    // A head's gradient of the final norm's input goes in first, so the norm's backward adds
+    // to it and keeps the mixed path's bf16 copy current.
+    const bool extra_top = extra.final_norm_input.defined();
+    if (extra_top) ops::convert(exec_, extra.final_norm_input, dres);
+    final_norm_->backward(dhidden_.rows(0, rows_), dres, extra_top, dres_compute_.defined() ? dres_compute : Tensor());
+    tell(0);
+  }
+  for (auto l = static_cast<size_t>(last); l-- > static_cast<size_t>(first);) {
     // A recomputed block's saved activations were overwritten by later blocks: run its
     // forward again from its saved input (it rewrites its output with the same values).
     if (static_cast<int64_t>(l) < recompute_blocks_) {

@@ -46,6 +46,19 @@ class Backbone {
   void backward(const Tensor& tokens, const SeqInfo& seq, const ops::TokenGroups* groups,
                 const ExtraGradients& extra = {}, const BackwardProgress* progress = nullptr);
 
+  // A pipeline stage's part (train/pipeline_model_stage.h): forward() and backward() over
+  // blocks [first, last) only, which forward() and backward() are over all of them. The
+  // embedding runs when first == 0, else block first's input is residual(first), written
+  // by the caller; the final norm runs when last == model.layers. backward_layers starts
+  // from dhidden when last == model.layers, else from residual_grad(), written by the
+  // caller with d(block last's input), and leaves d(block first's input) there. Not with
+  // Block Attention Residuals (their sublayers read more than the residual stream: refused).
+  void forward_layers(const Tensor& tokens, const SeqInfo& seq, int64_t first, int64_t last);
+  void backward_layers(const Tensor& tokens, const SeqInfo& seq, const ops::TokenGroups* groups, int64_t first,
+                       int64_t last);
+  // The residual stream's gradient, [planned rows, hidden], master dtype (see backward_layers).
+  const Tensor& residual_grad() const { return dres_; }
+
   // The embedding: its master (the lookup reads fp32 rows) and compute copy (a tied head's
   // weight) and gradient.
   const Parameter& embedding() const { return *embed_; }
@@ -87,8 +100,10 @@ class Backbone {
   Tensor hidden_, dhidden_;       // [T, hidden] compute dtype
   Tensor dres_, dres_compute_;    // [T, hidden]: the residual gradient (wide) and its compute copy (mixed path)
 
+  // Blocks [first, last) backward, the final norm's first when last is model.layers.
   void backward_blocks(const Tensor& dres, const Tensor& dres_compute, const SeqInfo& seq, const ExtraGradients& extra,
-                       const std::function<void(int)>& tell);
+                       const std::function<void(int)>& tell, int64_t first, int64_t last);
+  void check_layer_range(int64_t first, int64_t last) const;
   // The embedding's dropout and scale, then its table's gradient, from d(its output) in dres.
   void embedding_backward(const Tensor& tokens, const Tensor& dres, const SeqInfo& seq, const ops::TokenGroups* groups,
                           const ExtraGradients& extra);

@@ -331,6 +331,35 @@ void Model::backward() {
                       backward_progress_ ? &backward_progress_ : nullptr);
 }
 
+LossSums Model::forward_layers(int64_t first, int64_t last, double loss_scale, bool recomputing) {
+  KILN_CHECK(options_.training, "model", "forward_layers on a model built without training buffers");
+  KILN_CHECK(rows_ > 0, "model", "forward before load_batch");
+  KILN_PHASE("forward");
+  begin_losses(true, loss_scale);
+  losses_.recomputing = recomputing;
+  refresh_compute_weights();
+  backbone_->forward_layers(tokens_.rows(0, rows_), seq_, first, last);
+  losses_.recomputing = false;
+  LossSums sums = pending_;
+  sums.loss = sums.slot[0];
+  sums.z = sums.slot[1];
+  sums.count = static_cast<int64_t>(sums.slot[2]);
+  return sums;
+}
+
+LossSums Model::stage_heads(double loss_scale) {
+  // The heads add to pending_, which holds the blocks' sums of this forward: start afresh,
+  // so a stage's blocks' and heads' sums are counted once each.
+  pending_ = LossSums{};
+  return heads(LossScale{loss_scale, nullptr}, true, nullptr, true);
+}
+
+void Model::backward_layers(int64_t first, int64_t last) {
+  KILN_PHASE("backward");
+  backbone_->backward_layers(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr,
+                             first, last);
+}
+
 LossSums Model::evaluate() {
   begin_losses(false, 1.0);
   forward();

@@ -110,6 +110,24 @@ class Model {
   // `out` (host, f32, row-major [count, V]), computed a chunk of rows at a time.
   void logits(int64_t first, int64_t count, std::vector<float>& out);
 
+  // ---- a pipeline stage's part of forward_backward (train/pipeline_model_stage.h) ----
+  // The loaded batch through blocks [first, last) (Backbone::forward_layers): the embedding
+  // on the first stage, the final norm on the last; a later stage's input is written into
+  // stage_activation(first) before. Returns the sums the blocks' objectives (routers) add
+  // for this micro-batch. `recomputing`: this micro-batch's forward run again before its
+  // backward, whose objectives and statistics count nothing a second time.
+  LossSums forward_layers(int64_t first, int64_t last, double loss_scale, bool recomputing);
+  // The last stage, after forward_layers: the heads' losses and their gradient d(hidden).
+  LossSums stage_heads(double loss_scale);
+  // Backward of the last forward_layers(first, last): from d(hidden) the heads left
+  // (last == model.layers), else from stage_gradient(), written with d(block last's input);
+  // leaves d(block first's input) there. Gradients accumulate (+=) for this range only.
+  void backward_layers(int64_t first, int64_t last);
+  // The residual stream entering block l of the loaded rows [rows, hidden], master dtype
+  // (l = model.layers: the final norm's input); its gradient, the same shape.
+  Tensor stage_activation(int64_t l) const { return backbone_->residual(l).rows(0, rows_); }
+  Tensor stage_gradient() const { return backbone_->residual_grad().rows(0, rows_); }
+
   // Every parameter gradient lives in one arena of one dtype (zero between tensors), so
   // these run as single kernels over it rather than one launch (and, for the norm, one
   // host synchronization) per parameter.

@@ -3,8 +3,7 @@
 // the input-gradient pass B and the weight-gradient pass W), and the sends and receives of
 // activations and gradients between neighbouring stages. A schedule knows nothing of a
 // model; the simulator (train/pipeline_simulator.h) checks and times one, and the engine
-// (train/pipeline_engine.h) runs one against a stage; the model's stages are not built yet
-// (issue 46).
+// (train/pipeline_engine.h) runs one against a stage (kiln's model: pipeline_model_stage.h).
 //
 // Stages: the model is cut into ranks x stages_per_rank stages. Stage s lives on rank
 // s % ranks (Megatron's interleaving: rank r holds stages r, r + ranks, r + 2 ranks, ...);

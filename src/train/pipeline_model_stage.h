@@ -1,0 +1,84 @@
+// kiln's model as pipeline stages (train/pipeline_engine.h): stage s runs the contiguous
+// blocks [bounds[s], bounds[s + 1]) of the model; stage 0 also the embedding, the last
+// stage also the final norm, the LM head and its loss. What crosses a stage boundary is the
+// residual stream entering the next stage's first block, [tokens, hidden] in the model's
+// wide (master) dtype, and its gradient.
+//
+// First step of issue 46, on the CPU:
+// - Stage-input frames with recompute. The model keeps one micro-batch of saved
+//   activations as members, so a stage cannot hold several micro-batches' forward state.
+//   The forward of micro-batch m keeps only the stage's input; its backward runs the
+//   stage's forward for m again (counting no objective or statistic twice, as
+//   train.recompute_blocks does) and then the backward. That costs one extra forward per
+//   stage and micro-batch, which activation frames (saved activations per micro-batch in
+//   flight) will remove. Since every pass is self-contained, one rank may hold several
+//   stages (the interleaved schedule) on one model.
+// - Every rank builds the whole model (its memory too) but runs, and so accumulates
+//   gradients of, only its stages' layers: every other parameter's gradient is left as it
+//   was. A model built per stage comes with activation frames.
+// - The weight-gradient pass is not split from the input-gradient pass: backward_input
+//   does the whole backward and backward_weight nothing, so zero-bubble schedules run
+//   correctly but without their gain.
+// - Refused: tied embeddings over several stages (the table's gradient would come from
+//   the first and the last stage and needs their sum), multi-token prediction (its heads
+//   read the embedding on the last stage), Block Attention Residuals (their sublayers read
+//   more than the residual stream), a device other than the CPU (the engine is host-only).
+// - Every rank reads the step's micro-batches: stages after the first use their positions
+//   and sequence boundaries (attention), the last stage their targets.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "data/batch.h"
+#include "model/model.h"
+#include "nn/loss_terms.h"
+#include "train/pipeline_engine.h"
+
+namespace kiln::pipeline {
+
+class ModelStage final : public PipelineStage {
+ public:
+  // `model`: built for training, allocated and initialized the same on every rank.
+  // `bounds`: the stages' layer boundaries, 0 = bounds[0] < ... < bounds.back() =
+  // model.layers (train/pipeline_split.h plans them). `microbatches`: the step's, in order,
+  // each within the model's token budget. `loss_scale`: as Model::forward_backward's
+  // (1 / the step's target tokens).
+  ModelStage(Model& model, std::vector<int64_t> bounds, std::vector<HostBatch> microbatches, double loss_scale);
+
+  int stages() const { return static_cast<int>(bounds_.size()) - 1; }
+  // The layers [first, last) of `stage`.
+  std::pair<int64_t, int64_t> layers(int stage) const;
+
+  // Every boundary buffer holds the planned rows (model token budget): the engine's buffer
+  // sizes are per stage, while a micro-batch may have fewer rows (the rest is zero).
+  int64_t input_bytes(int stage) const override;
+  int64_t output_bytes(int stage) const override { return input_bytes(stage + 1); }
+  void forward(int microbatch, int stage, const void* input, void* output) override;
+  void backward_input(int microbatch, int stage, const void* output_grad, void* input_grad) override;
+  void backward_weight(int, int) override {}  // backward_input did the whole backward (above)
+
+  // By micro-batch: the sums of the objectives this rank's stages computed (the LM head's
+  // on the last stage; routers' in any stage's blocks). Summed over the ranks, a micro-
+  // batch's slot sums are Model::forward_backward's.
+  const std::map<int, LossSums>& losses() const { return losses_; }
+  // Stage inputs kept for a backward still to come (0 after a whole step).
+  size_t inputs_kept() const { return inputs_.size(); }
+
+ private:
+  // Loads micro-batch m and runs the stage's forward from `input` (nullptr on stage 0).
+  LossSums run_forward(int microbatch, int stage, const void* input, bool recomputing);
+  const HostBatch& batch(int microbatch) const;
+  int64_t row_bytes() const;
+
+  Model& model_;
+  const std::vector<int64_t> bounds_;
+  const std::vector<HostBatch> microbatches_;
+  const double loss_scale_;
+  std::map<std::pair<int, int>, std::vector<unsigned char>> inputs_;  // (micro-batch, stage) -> its input
+  std::map<int, LossSums> losses_;
+};
+
+}  // namespace kiln::pipeline

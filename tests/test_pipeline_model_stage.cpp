@@ -1,0 +1,229 @@
+// kiln's model cut into pipeline stages (train/pipeline_model_stage.h), run by the pipeline
+// engine over ranks that are threads joined by Gloo, against one model running the same 4
+// micro-batches as gradient accumulation (Model::forward_backward). Every rank builds the
+// whole model; a parameter of a rank's stages must have the reference's gradient bit for
+// bit, every other parameter's gradient must stay zero. Bitwise is expected: each stage runs
+// the same kernels on the same inputs (the residual stream crosses in the wide dtype,
+// unrounded), and every schedule runs a stage's backwards in micro-batch order, the order
+// the reference accumulates in. The loss, its target count and z match bit for bit too (the
+// LM head runs only on the last stage); the routers' objectives of a MoE model are summed
+// per stage and then over stages, not block after block, so those slots match to 1e-12
+// relative (f64).
+#include "dist/free_port.h"
+#include "dist/process_group.h"
+#include "grad_check.h"
+#include "test_util.h"
+#include "thread_ranks.h"
+#include "tiny_model.h"
+#include "train/pipeline_engine.h"
+#include "train/pipeline_model_stage.h"
+#include "train/pipeline_schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+
+namespace kiln {
+namespace {
+
+using namespace kiln::test;
+using namespace kiln::pipeline;
+using namespace std::chrono_literals;
+
+constexpr int kMicrobatches = 4;
+constexpr int64_t kLayers = 4;
+
+ModelConfig dense_config() {
+  ModelConfig c = tiny_config(true, false);
+  c.layers = kLayers;
+  c.dropout = 0.1;  // the recomputed forward must draw the masks the first drew
+  return c;
+}
+
+ModelConfig moe_config() {
+  ModelConfig c = tiny_config(true, false);
+  c.layers = kLayers;
+  c.mlp = "moe";
+  c.moe.experts = 4, c.moe.top_k = 2, c.moe.expert_hidden = 6;
+  c.moe.router = "sigmoid_bias";
+  c.moe.aux_loss = 1e-2, c.moe.z_loss = 1e-3;
+  return c;
+}
+
+// Four different micro-batches: content tokens shifted by m, and a PAD tail on odd m (a
+// micro-batch of fewer rows than the budget of 24).
+std::vector<HostBatch> microbatches() {
+  std::vector<HostBatch> out;
+  for (int m = 0; m < kMicrobatches; ++m) {
+    std::vector<Doc> docs = three_docs();
+    for (Doc& d : docs)
+      for (size_t i = 1; i < d.tokens.size(); ++i) d.tokens[i] = (d.tokens[i] + m) % 10;
+    HostBatch b = pack_docs(docs, m % 2 == 1 ? 4 : 0);
+    b.dropout_key = 91 + static_cast<uint64_t>(m);
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+double loss_scale(const std::vector<HostBatch>& batches) {
+  int64_t targets = 0;
+  for (const HostBatch& b : batches) targets += b.target_count;
+  return 1.0 / static_cast<double>(targets);
+}
+
+std::unique_ptr<Model> build(const ModelConfig& config) {
+  auto model = std::make_unique<Model>(config, tiny_build(24, 7, 1e-3));
+  model->allocate();
+  init_tiny_model(*model, 33);
+  model->set_micro_batches(kMicrobatches);
+  model->zero_grads();
+  return model;
+}
+
+struct Reference {
+  std::vector<LossSums> sums;                 // by micro-batch
+  std::vector<std::vector<double>> grads;     // by parameter
+  std::vector<std::string> names;
+};
+
+Reference reference(const ModelConfig& config) {
+  const std::vector<HostBatch> batches = microbatches();
+  std::unique_ptr<Model> model = build(config);
+  Reference r;
+  for (const HostBatch& b : batches) {
+    model->load_batch(b);
+    r.sums.push_back(model->forward_backward(loss_scale(batches)));
+  }
+  for (const auto& p : model->parameters()) {
+    r.grads.push_back(p->trainable() ? values_of(p->grad()) : std::vector<double>{});  // a router's bias: none
+    r.names.push_back(p->name());
+  }
+  return r;
+}
+
+// The stage holding a parameter: its block's, the embedding on the first, the rest (final
+// norm, LM head) on the last.
+int stage_of(const std::string& name, const std::vector<int64_t>& bounds) {
+  const int last = static_cast<int>(bounds.size()) - 2;
+  if (name == "embed.weight") return 0;
+  if (name.rfind("layers.", 0) != 0) return last;
+  const int64_t layer = std::stoll(name.substr(7));
+  for (int s = 0; s <= last; ++s)
+    if (layer < bounds[static_cast<size_t>(s) + 1]) return s;
+  return -1;
+}
+
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+bool all_zero(const std::vector<double>& a) {
+  for (double v : a)
+    if (v != 0) return false;
+  return true;
+}
+
+void expect_pipeline_matches_one_model(const ModelConfig& config, const Schedule& schedule,
+                                       const std::vector<int64_t>& bounds, const Reference& want) {
+  SCOPED_TRACE(::testing::Message() << schedule.name << ", " << schedule.ranks << " ranks x "
+                                    << schedule.stages_per_rank << " stages");
+  ASSERT_EQ(static_cast<int>(bounds.size()) - 1, schedule.stages());
+  const int ranks = schedule.ranks;
+  const std::vector<HostBatch> batches = microbatches();
+  // Built before the threads start, as a rank's process would before its first step.
+  std::vector<std::unique_ptr<Model>> models;
+  std::vector<std::unique_ptr<ModelStage>> stages;
+  for (int r = 0; r < ranks; ++r) {
+    models.push_back(build(config));
+    stages.push_back(std::make_unique<ModelStage>(*models.back(), bounds, batches, loss_scale(batches)));
+  }
+  const int port = dist::free_loopback_port();
+  const auto errors = run_ranks(ranks, [&](int r) {
+    dist::ProcessGroup group(placement(r, ranks, port), Device::cpu, 20000ms);
+    run_pipeline_step(schedule, *stages[static_cast<size_t>(r)], group.host());
+  });
+  for (int r = 0; r < ranks; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+
+  // Losses: each micro-batch's slot sums over the ranks.
+  for (int m = 0; m < kMicrobatches; ++m) {
+    LossSums got;
+    for (const auto& stage : stages) {
+      EXPECT_EQ(stage->inputs_kept(), 0u);
+      const auto it = stage->losses().find(m);
+      if (it == stage->losses().end()) continue;
+      for (size_t i = 0; i < got.slot.size(); ++i) got.slot[i] += it->second.slot[i];
+    }
+    const LossSums& ref = want.sums[static_cast<size_t>(m)];
+    EXPECT_GT(ref.loss, 0.0);
+    EXPECT_EQ(std::memcmp(&got.slot[0], &ref.loss, sizeof(double)), 0) << "micro-batch " << m << ": " << got.slot[0]
+                                                                         << " vs " << ref.loss;
+    EXPECT_EQ(got.slot[1], ref.z) << "micro-batch " << m;
+    EXPECT_EQ(static_cast<int64_t>(got.slot[2]), ref.count) << "micro-batch " << m;
+    for (size_t i = 3; i < got.slot.size(); ++i)
+      EXPECT_NEAR(got.slot[i], ref.slot[i], 1e-12 * std::abs(ref.slot[i])) << "micro-batch " << m << " slot " << i;
+  }
+
+  // Gradients: the reference's on the owning rank, zero elsewhere.
+  int compared = 0, nonzero = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const auto& params = models[static_cast<size_t>(r)]->parameters();
+    ASSERT_EQ(params.size(), want.grads.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i]->trainable()) continue;
+      const int owner = stage_of(want.names[i], bounds);
+      ASSERT_GE(owner, 0) << want.names[i];
+      const std::vector<double> got = values_of(params[i]->grad());
+      if (schedule.rank_of(owner) == r) {
+        EXPECT_TRUE(same_bits(got, want.grads[i])) << want.names[i] << " on rank " << r;
+        ++compared;
+        nonzero += !all_zero(want.grads[i]);
+      } else {
+        EXPECT_TRUE(all_zero(got)) << want.names[i] << " outside rank " << r << "'s stages";
+      }
+    }
+  }
+  EXPECT_EQ(compared, static_cast<int>(want.grads.size()) -
+                          static_cast<int>(std::count_if(models[0]->parameters().begin(), models[0]->parameters().end(),
+                                                         [](const auto& p) { return !p->trainable(); })));
+  // Comparisons that can fail: all but a few gradients are nonzero (an expert no token of
+  // the 4 micro-batches was routed to has none).
+  EXPECT_GE(nonzero * 10, compared * 9);
+}
+
+void expect_every_cut_matches(const ModelConfig& config) {
+  const Reference want = reference(config);
+  // 2 stages on 2 ranks, each schedule; 3 uneven stages with 1F1B; 4 stages interleaved on
+  // 2 ranks; 2 stages on one rank (handed over in memory, one model running both).
+  for (const Schedule& s :
+       {build_gpipe(2, kMicrobatches), build_1f1b(2, kMicrobatches), build_zero_bubble_h1(2, kMicrobatches)})
+    expect_pipeline_matches_one_model(config, s, {0, 2, 4}, want);
+  expect_pipeline_matches_one_model(config, build_1f1b(3, kMicrobatches), {0, 1, 3, 4}, want);
+  expect_pipeline_matches_one_model(config, build_interleaved_1f1b(2, 2, kMicrobatches), {0, 1, 2, 3, 4}, want);
+  expect_pipeline_matches_one_model(config, build_interleaved_1f1b(1, 2, kMicrobatches), {0, 3, 4}, want);
+}
+
+TEST(PipelineModelStage, DenseStagesMatchOneModelBitForBit) { expect_every_cut_matches(dense_config()); }
+
+TEST(PipelineModelStage, MoeStagesMatchOneModelBitForBit) { expect_every_cut_matches(moe_config()); }
+
+TEST(PipelineModelStage, ATiedHeadOverSeveralStagesIsRefusedByName) {
+  ModelConfig c = dense_config();
+  c.tie_embeddings = true;
+  std::unique_ptr<Model> model = build(c);
+  EXPECT_EQ(error_of([&] { ModelStage stage(*model, {0, 2, 4}, microbatches(), 1.0); }),
+            "[model.tie_embeddings] a tied LM head is not pipelined yet: the table's gradient would come from the "
+            "first and the last of 2 stages");
+}
+
+TEST(PipelineModelStage, BoundsThatDoNotCoverTheModelAreRefused) {
+  std::unique_ptr<Model> model = build(dense_config());
+  EXPECT_EQ(error_of([&] { ModelStage stage(*model, {0, 2, 3}, microbatches(), 1.0); }),
+            "[pipeline] stage boundaries must run from 0 to model.layers = 4");
+}
+
+}  // namespace
+}  // namespace kiln
