@@ -210,6 +210,9 @@ TEST(ExportGemma, RefusesWhatTheGemmaClassesCannotCarry) {
   EXPECT_HAS(export_error([](ModelConfig& c) { c.qk_norm_type = "rmsnorm"; }), "model.qk_norm_type = 'rmsnorm'");
   EXPECT_HAS(export_error([](ModelConfig& c) { c.embed_scale = 1.0; }), "model.embed_scale = 1");
   EXPECT_HAS(export_error([](ModelConfig& c) { c.attention_bias = true; }), "model.attention_bias = true");
+  // transformers' Gemma 3 attends uncapped (found against transformers 5.17 on 2026-12-05).
+  EXPECT_HAS(export_error([](ModelConfig& c) { c.attention_softcap = 5.0; }), "model.attention_softcap = 5");
+  EXPECT_EQ(export_error([](ModelConfig& c) { c.logit_softcap = 5.0; }), "");
   EXPECT_HAS(export_error([](ModelConfig& c) { c.nope_layers = "1"; }), "model.nope_layers");
   EXPECT_HAS(export_error([](ModelConfig& c) { c.rope.local_theta = 0, c.rope.scaling = "linear", c.rope.factor = 2; }),
              "model.rope.local_theta = 0");

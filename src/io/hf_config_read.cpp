@@ -268,8 +268,8 @@ static void read_dots1(const json& c, const std::string& where, ModelConfig& m) 
 }
 
 // Gemma 2/3 (Gemma2Config, Gemma3TextConfig): Gemma's norms (gain 1 + w) before and after
-// each branch, the embedding x sqrt(hidden), softcaps (Gemma 2's on by default), Gemma 3's
-// q/k norms. q.k is scaled by query_pre_attn_scalar^-0.5, kiln's by head_dim^-0.5: equal only.
+// each branch, the embedding x sqrt(hidden), softcaps (Gemma 2's on by default; Gemma 3's
+// logit softcap only), Gemma 3's q/k norms. q.k is scaled by query_pre_attn_scalar^-0.5, kiln's by head_dim^-0.5: equal only.
 static void read_gemma(const json& c, HfArch arch, const std::string& where, ModelConfig& m) {
   m.norm = "gemma_rmsnorm";
   m.sandwich_norms = true;
@@ -286,7 +286,9 @@ static void read_gemma(const json& c, HfArch arch, const std::string& where, Mod
     return v;
   };
   const bool two = arch == HfArch::gemma2;
-  m.attention_softcap = cap("attn_logit_softcapping", two ? 50.0 : 0.0);
+  // transformers' Gemma3Attention stores attn_logit_softcapping and never applies it: Gemma 3
+  // attends uncapped whatever its config.json says.
+  m.attention_softcap = two ? cap("attn_logit_softcapping", 50.0) : 0.0;
   m.logit_softcap = cap("final_logit_softcapping", two ? 30.0 : 0.0);
   const double scalar = get<double>(c, "query_pre_attn_scalar", 256.0, where);
   KILN_CHECK(scalar == static_cast<double>(m.head_dim), "import",

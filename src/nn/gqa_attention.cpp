@@ -251,6 +251,9 @@ void GqaAttention::export_config(ExportConfig& out) const {
   out.set("attention_dropout", 0.0, "model.attention");
   if (!qwen2) out.set("attention_bias", false, "model.attention_bias");
   if (out.is("llama")) out.set("pretraining_tp", 1, "model.attention");
+  if (gemma3 && options_.softcap > 0)  // Gemma3Attention keeps the key but never passes it on
+    out.refuse("model.attention_softcap", fmt::format("{}", options_.softcap),
+               "transformers' Gemma3ForCausalLM does not apply attn_logit_softcapping (Gemma 2 does)");
   if (gemma) {
     // Gemma scales q.k by query_pre_attn_scalar^-0.5, kiln by head_dim^-0.5; transformers'
     // Gemma2Config defaults both softcaps on (50, 30), so "off" is written as null.

@@ -13,7 +13,8 @@ transformers reads them (modeling_gemma2.py / modeling_gemma3.py, transformers 4
     x += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))
   Gemma's RMSNorm x / sqrt(mean(x^2) + eps) * (1 + w); Gemma 3's q/k norms of the same kind
   per head before RoPE; RoPE rotate_half with rope_theta (Gemma 3's sliding layers:
-  rope_local_base_freq); scores x query_pre_attn_scalar^-0.5, then attn_logit_softcapping;
+  rope_local_base_freq); scores x query_pre_attn_scalar^-0.5, then attn_logit_softcapping
+  (Gemma 2 only: transformers' Gemma 3 ignores it);
   a sliding layer's query i sees keys j with i - j < sliding_window; the MLP
   down(act(gate(x)) * up(x)) with hidden_activation; the final norm, the tied (or lm_head)
   projection, then final_logit_softcapping.
@@ -80,7 +81,8 @@ def forward(cfg, w, tokens):
         rep = nh // nkv
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) * cfg["query_pre_attn_scalar"] ** -0.5
-        scores = softcap(scores, cfg.get("attn_logit_softcapping"))
+        # Gemma3Attention keeps attn_logit_softcapping in its config and never applies it.
+        scores = softcap(scores, None if gemma3 else cfg.get("attn_logit_softcapping"))
         i, j = np.arange(t)[:, None], np.arange(t)[None, :]
         allowed = j <= i
         if sliding:
