@@ -360,6 +360,27 @@ void Model::backward_layers(int64_t first, int64_t last) {
                              first, last);
 }
 
+void Model::clear_step_routes() {
+  for (Tensor* counts : losses_.step_routes) zero_tensor(*counts);
+}
+
+// The training forward again (its dropout key too, so every route is the training pass's),
+// with nothing but the sparse layers' routed counts kept: no heads, no loss, no load.
+void Model::count_step_routes() {
+  KILN_CHECK(options_.training, "model", "the counting pass on a model built without training buffers");
+  begin_losses(false, 1.0);
+  seq_.dropout_key = dropout_key_;
+  losses_.host_sums = nullptr;
+  losses_.counting_routes = true;
+  try {
+    forward();
+  } catch (...) {
+    losses_.counting_routes = false;
+    throw;
+  }
+  losses_.counting_routes = false;
+}
+
 LossSums Model::evaluate() {
   begin_losses(false, 1.0);
   forward();
