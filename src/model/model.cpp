@@ -333,6 +333,8 @@ void Model::backward() {
 
 LossSums Model::forward_layers(int64_t first, int64_t last, double loss_scale, bool recomputing) {
   KILN_CHECK(options_.training, "model", "forward_layers on a model built without training buffers");
+  // The step's balance counts come from StepProgram's counting pass, which stages do not run.
+  KILN_CHECK(!counts_step_routes(), "model.moe.balance_scope", "'step' is not supported by pipeline stages yet");
   KILN_CHECK(rows_ > 0, "model", "forward before load_batch");
   KILN_PHASE("forward");
   begin_losses(true, loss_scale);
