@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <fstream>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -107,6 +108,37 @@ TEST_F(Distributed, TwoAndFourRanksTrainAsOneProcessOverTheSameGlobalBatch) {
   for (const auto& entry : std::filesystem::directory_iterator(four + "/tensorboard"))
     event_files += entry.path().filename().string().find(".tfevents.") != std::string::npos;
   EXPECT_EQ(event_files, 1);
+}
+
+// The step's balance loss (model.moe.balance_scope = "step"; docs/moe-routers.md): each
+// rank's counting pass sees only its micro-batches, so the counts must be summed over the
+// ranks before backward for 2 ranks to train as one process over the same global batch
+// (the losses, norms, the logged moe_aux and the weights, to rounding).
+std::vector<double> moe_aux_values(const std::string& out_dir) {
+  std::vector<double> out;
+  std::ifstream in(out_dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train" && j.contains("moe_aux")) out.push_back(j["moe_aux"].get<double>());
+  }
+  return out;
+}
+
+TEST_F(Distributed, TheStepBalanceLossOverTwoRanksEqualsOneProcess) {
+  const std::string sparse =
+      "--set model.mlp=moe --set model.moe.experts=4 --set model.moe.top_k=2 --set model.moe.expert_hidden=32 "
+      "--set model.moe.aux_loss=0.1 --set model.moe.balance_scope=step ";
+  std::string output;
+  const std::string one = dir_ + "/balance-one", two = dir_ + "/balance-two";
+  ASSERT_EQ(run_with_fault(single(one, 4, sparse), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(launch(2, two, 2, sparse), "", &output), 0) << output;
+  expect_same_training(two, one, 1e-5);
+  EXPECT_LT(weight_difference(two, one), 1e-5);
+  const std::vector<double> a = moe_aux_values(two), b = moe_aux_values(one);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_LE(relative(a[i], b[i]), 1e-5) << "record " << i;
 }
 
 // Buckets reduced during backward (dist.bucket_mb, train/gradient_buckets.h) against one

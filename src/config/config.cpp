@@ -554,6 +554,11 @@ void validate_moe_router(const Config& config) {
   KILN_CHECK(!variable || moe.aux_loss == 0, kWhere,
              "model.moe.aux_loss ({}) must be 0 with model.moe.router = '{}' ({})", moe.aux_loss, moe.router,
              moe.router == "relu" ? "it balances by its adaptive L1 penalty" : "its experts take equal shares by construction");
+  KILN_CHECK(moe.balance_scope != "step" || moe.aux_loss > 0, kWhere,
+             "model.moe.balance_scope = 'step' scopes the balance loss, but model.moe.aux_loss is 0");
+  // The multi-token prediction heads' sparse layers run in the heads, after the counting pass.
+  KILN_CHECK(moe.balance_scope != "step" || config.model.mtp.depth == 0, kWhere,
+             "model.moe.balance_scope = 'step' is not supported with model.mtp.depth > 0 ({})", config.model.mtp.depth);
   KILN_CHECK(moe.router != "expert_choice" || config.train.sample_tokens == 0, kWhere,
              "train.sample_tokens ({}) must be 0 with model.moe.router = 'expert_choice': it is not causal, so the "
              "KV-cache decoder cannot sample it", config.train.sample_tokens);

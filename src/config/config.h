@@ -28,6 +28,10 @@ struct MoeConfig {
   double routed_scaling = 1.0;         // routing weights x this (DeepSeek-V3's routed_scaling_factor)
   double aux_loss = 0.0;               // load-balancing loss coefficient (Switch form: E sum_i f_i P_i)
   double z_loss = 0.0;                 // router z-loss coefficient (mean logsumexp(router logits)^2)
+  // What the balance loss's f_i and P_i average over: each micro-batch (micro_batch), or the
+  // whole step, every micro-batch of every data-parallel rank (step; seed 004, transformers),
+  // at one extra forward per step (docs/moe-routers.md).
+  std::string balance_scope = "micro_batch";
   double bias_rate = 1e-3;             // sigmoid_bias: step of the load-balancing bias update
   std::string bias_update = "sign";    // sigmoid_bias: sign | proportional
   int64_t groups = 1;                  // group-limited routing: experts in this many groups ...

@@ -130,6 +130,8 @@ const std::array kFields = {
     KILN_FIELD(model.moe, routed_scaling, positive(), "routing weights x this"),
     KILN_FIELD(model.moe, aux_loss, non_negative(), "load-balancing loss coefficient (E sum f_i P_i)"),
     KILN_FIELD(model.moe, z_loss, non_negative(), "router z-loss coefficient"),
+    KILN_FIELD(model.moe, balance_scope, one_of("micro_batch|step"),
+               "the balance loss's f_i, P_i over: micro_batch | step (all micro-batches and ranks)"),
     KILN_FIELD(model.moe, bias_rate, non_negative(), "sigmoid_bias: bias update step"),
     KILN_FIELD(model.moe, bias_update, one_of("sign|proportional"), "sigmoid_bias: sign | proportional"),
     KILN_FIELD(model.moe, groups, positive(), "group-limited routing: expert groups"),

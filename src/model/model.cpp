@@ -333,6 +333,8 @@ void Model::backward() {
 
 LossSums Model::forward_layers(int64_t first, int64_t last, double loss_scale, bool recomputing) {
   KILN_CHECK(options_.training, "model", "forward_layers on a model built without training buffers");
+  // The step's balance counts come from StepProgram's counting pass, which stages do not run.
+  KILN_CHECK(!counts_step_routes(), "model.moe.balance_scope", "'step' is not supported by pipeline stages yet");
   KILN_CHECK(rows_ > 0, "model", "forward before load_batch");
   KILN_PHASE("forward");
   begin_losses(true, loss_scale);
@@ -358,6 +360,27 @@ void Model::backward_layers(int64_t first, int64_t last) {
   KILN_PHASE("backward");
   backbone_->backward_layers(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr,
                              first, last);
+}
+
+void Model::clear_step_routes() {
+  for (Tensor* counts : losses_.step_routes) zero_tensor(*counts);
+}
+
+// The training forward again (its dropout key too, so every route is the training pass's),
+// with nothing but the sparse layers' routed counts kept: no heads, no loss, no load.
+void Model::count_step_routes() {
+  KILN_CHECK(options_.training, "model", "the counting pass on a model built without training buffers");
+  begin_losses(false, 1.0);
+  seq_.dropout_key = dropout_key_;
+  losses_.host_sums = nullptr;
+  losses_.counting_routes = true;
+  try {
+    forward();
+  } catch (...) {
+    losses_.counting_routes = false;
+    throw;
+  }
+  losses_.counting_routes = false;
 }
 
 LossSums Model::evaluate() {

@@ -66,6 +66,14 @@ class Model {
   // Gradient scale of the per-micro-batch loss terms: 1 / micro-batches per step (the
   // trainer sets it from train.grad_accum).
   void set_micro_batches(int64_t micro_batches) { losses_.per_micro_batch_scale = 1.0 / static_cast<double>(micro_batches); }
+  // model.moe.balance_scope = "step": the balance loss's f_i over the whole step, so its
+  // counts come before any backward (train/step_program.cpp): cleared, then the counting
+  // pass over every micro-batch (the training forward again, dropout included, with only
+  // the routed counts kept), then summed over the ranks (step_routes(): host f64 buffers).
+  bool counts_step_routes() const { return !losses_.step_routes.empty(); }
+  void clear_step_routes();
+  void count_step_routes();  // of the loaded batch
+  const std::vector<Tensor*>& step_routes() const { return losses_.step_routes; }
   // Masters -> their bf16 compute copies (mixed path; a no-op otherwise). Every forward
   // does it; a decoder, which reads the copies without a forward, calls it once when made.
   void refresh_compute_weights();

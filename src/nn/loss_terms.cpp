@@ -20,6 +20,7 @@ double LossTerms::value(int slot, const LossSlotSums& sums, int64_t targets, int
   const LossTerm& term = slots_[static_cast<size_t>(slot)];
   const double sum = sums[static_cast<size_t>(slot)];
   if (term.count_slot >= 0) return sum / sums[static_cast<size_t>(term.count_slot)];
+  if (term.per == LossTerm::Per::step) return sum;  // the micro-batches' shares of the step's value
   return sum / static_cast<double>(term.per == LossTerm::Per::target ? targets : micro_batches);
 }
 

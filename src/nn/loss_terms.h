@@ -18,6 +18,8 @@
 
 namespace kiln {
 
+class Tensor;
+
 // The LM head's 3, a router's few, 3 per multi-token prediction depth (at most 8).
 inline constexpr int kMaxLossSlots = 32;
 using LossSlotSums = std::array<double, kMaxLossSlots>;
@@ -34,8 +36,10 @@ struct LossSums {
 struct LossTerm {
   // How a step's value is formed from the slot's sum: per target token (the LM head's
   // terms: sums over tokens), or per micro-batch (a term computed once per micro-batch,
-  // such as the load-balancing loss: the mean over the step's micro-batches).
-  enum class Per { target, micro_batch };
+  // such as the load-balancing loss: the mean over the step's micro-batches), or per step
+  // (each micro-batch adds its share of a term defined over the whole step: the sum is the
+  // value; the balance loss with model.moe.balance_scope = "step").
+  enum class Per { target, micro_batch, step };
   std::string name;       // its key in the log line and metrics.jsonl ("loss", "z", ...)
   bool reported = true;   // false: bookkeeping (the target count), not a value to show
   Per per = Per::target;
@@ -47,7 +51,7 @@ struct LossTerm {
 class LossTerms {
  public:
   // The value of a slot over a step: its sum divided by the step's targets, its count
-  // slot's sum, or the step's micro-batches.
+  // slot's sum, or the step's micro-batches (a per-step term: the sum itself).
   double value(int slot, const LossSlotSums& sums, int64_t targets, int64_t micro_batches) const;
   // Reserves consecutive slots, one per term; returns the first. Throws past kMaxLossSlots
   // or on a name taken twice.
@@ -75,6 +79,12 @@ struct LossContext {
   // doubles in device memory that objectives add to (+=) without a host read; null
   // otherwise. When set, it replaces host_sums.
   double* device_sums = nullptr;
+  // model.moe.balance_scope = "step" (nn/moe/moe_mlp.cpp): each sparse layer's buffer of the
+  // step's routed counts, f64 [E + 1] in host memory (choices per expert, then the routed
+  // tokens), filled by the counting pass (Model::count_step_routes) before the step's first
+  // backward and summed over the ranks; empty otherwise.
+  std::vector<Tensor*> step_routes;
+  bool counting_routes = false;  // this forward is the counting pass: routes counted, no loss or load
 };
 
 }  // namespace kiln

@@ -44,7 +44,8 @@ bool is_incompatible(const ConfigField& f) {
   // The router's training coefficients may change on resume; the experts' shapes and
   // routing may not.
   if (f.section == "model.moe")
-    return f.key != "aux_loss" && f.key != "z_loss" && f.key != "bias_rate" && f.key != "bias_update";
+    return f.key != "aux_loss" && f.key != "z_loss" && f.key != "balance_scope" && f.key != "bias_rate" &&
+           f.key != "bias_update";
   // Another optimizer for a role cannot continue the state saved for it (Muon's momentum
   // is not AdamW's moments), nor AdamW its moments saved in another format (fp32, bf16 or
   // 8-bit codes); learning rates, decay and betas may change.

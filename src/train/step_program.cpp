@@ -17,8 +17,11 @@ const char* step_execution_name(StepExecution execution) {
 
 StepProgram::StepProgram(Model& model, Optimizer& optimizer, int64_t micro_batches, StepExecution execution,
                          DataParallel* data_parallel)
-    : model_(model), micro_batches_(micro_batches), execution_(execution) {
+    : model_(model), micro_batches_(micro_batches), execution_(execution), data_parallel_(data_parallel) {
   KILN_CHECK(micro_batches > 0, "train", "a step needs at least one micro-batch");
+  // The counting pass runs op by op on the host; the sparse layers refuse the GPU already.
+  KILN_CHECK(!model.counts_step_routes() || execution == StepExecution::op_by_op, "model.moe.balance_scope",
+             "'step' needs the op-by-op step (CPU)");
   executor_ = execution == StepExecution::captured
                   ? make_captured_executor(model, optimizer, micro_batches, data_parallel)
                   : make_op_by_op_executor(model, optimizer, micro_batches, data_parallel);
@@ -38,6 +41,7 @@ StepOutcome StepProgram::run(const std::vector<HostBatch>& batches, int64_t targ
   KILN_CHECK(targets > 0, "train", "a step without target tokens");
   StepExecutor& step = *executor_;
   step.begin(targets, plan);
+  if (model_.counts_step_routes()) count_step_routes(step, batches);
   // Phases on the host: where work replays as a graph, a micro-batch or the update is one
   // launch inside its phase, and the phases within (forward, backward, ...) appear only when
   // it runs uncaptured.
@@ -68,7 +72,23 @@ StepOutcome StepProgram::run(const std::vector<HostBatch>& batches, int64_t targ
   }
   const StepOutcome outcome = step.finish();
   model_.after_step(outcome.applied());
+  if (model_.counts_step_routes()) model_.clear_step_routes();  // a forward outside a step has none
   return outcome;
+}
+
+// model.moe.balance_scope = "step": the balance loss's f_i are the whole step's, and each
+// micro-batch's backward needs them, so they are counted first: the forward of every
+// micro-batch (one extra forward per step; its routes are the training pass's, the weights
+// unchanged until the update), then the counts summed over the ranks.
+void StepProgram::count_step_routes(StepExecutor& step, const std::vector<HostBatch>& batches) {
+  KILN_PHASE("count routes");
+  model_.clear_step_routes();
+  for (size_t i = 0; i < batches.size(); ++i) {
+    step.load(i, batches[i]);
+    model_.count_step_routes();
+  }
+  if (!data_parallel_) return;
+  for (Tensor* counts : model_.step_routes()) data_parallel_->sum(counts->data<double>(), counts->numel(), Device::cpu);
 }
 
 size_t StepProgram::graphs_captured() const { return executor_->graphs_captured(); }

@@ -1,4 +1,6 @@
 // One training step, written once (StepProgram::run): its phases in order --
+//   with model.moe.balance_scope = "step" only: the counting pass (every micro-batch's
+//     forward, the routed counts kept, summed over the ranks; one extra forward a step);
 //   per micro-batch: load the batch into the model's input buffers; forward, heads and
 //     backward (gradients accumulate, each scaled by 1 / the step's target tokens); the
 //     micro-batch's loss sums added to the step's, in order;
@@ -90,8 +92,13 @@ class StepProgram {
 
  private:
   Model& model_;
+  // model.moe.balance_scope = "step": the counting pass over the step's batches, and the
+  // counts summed over the ranks, before the first micro-batch's forward and backward.
+  void count_step_routes(StepExecutor& step, const std::vector<HostBatch>& batches);
+
   int64_t micro_batches_;
   StepExecution execution_;
+  DataParallel* data_parallel_;
   FaultHook fault_hook_;
   std::unique_ptr<StepExecutor> executor_;
 };

@@ -28,6 +28,18 @@
 // its coefficient is set, as slots "moe_aux" and "moe_z" summed over the sparse layers.
 // Their gradients reach the router (f_i held fixed).
 //
+// With model.moe.balance_scope = "step" the balance loss is the whole step's instead (seed
+// 004's and transformers' definition): f_i and P_i over every micro-batch of every rank.
+// Each micro-batch's backward needs the step's f_i, so the step program first runs a
+// counting pass (train/step_program.cpp): the training forward of every micro-batch again
+// (one extra forward per step), of which only the routed counts are kept here, summed over
+// the ranks. Its routing is the training pass's: the same weights and batches, the same
+// dropout keys, the training route (sinkhorn's balancing, the capacity's drops), and no
+// router draws at random. Each micro-batch then adds its share E sum_i f_i P_i^(mb), P_i^(mb)
+// its tokens' probabilities summed / the step's tokens, so the shares sum to the step's
+// loss (slot per step), and its gradient E aux f_i / T_step per token, unscaled by the
+// micro-batch count. CPU only: refused on the GPU at build time.
+//
 // On the GPU (bf16 mixed precision or fp32) the same ops run with every size in device
 // memory: the router's logits in fp32 from the bf16 activations, its math and the routing
 // weights in fp32, the experts as grouped products over the device offsets, the step's
@@ -124,7 +136,14 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   ctx.step_statistic(step_dropped_, Shape{1}, DType::i32, StepReduction::sum);
   ctx.step_buffer(last_dropped_, Shape{1}, DType::i32);
 
-  if (moe_.aux_loss > 0) aux_slot_ = slot(ctx, "moe_aux");
+  if (moe_.aux_loss > 0 && moe_.balance_scope == "step" && ctx.training) {
+    KILN_CHECK(ctx.device == Device::cpu, "model.moe.balance_scope",
+               "'step' runs on the CPU only; use 'micro_batch' on the GPU (docs/moe-routers.md)");
+    step_scope_ = true;
+    ctx.step_buffer(balance_counts_, Shape{e_count + 1}, DType::f64);
+    ctx.losses->step_routes.push_back(&balance_counts_);
+  }
+  if (moe_.aux_loss > 0) aux_slot_ = slot(ctx, "moe_aux", step_scope() ? LossTerm::Per::step : LossTerm::Per::micro_batch);
   if (moe_.z_loss > 0) z_slot_ = slot(ctx, "moe_z");
 
   // Scratch: the grouped input rows [T k, d] and the activation [T k, F] (forward); in
@@ -146,10 +165,10 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
 MoeMlp::~MoeMlp() = default;
 
 // The sparse layers share one slot per loss: the first reserves it, the others add to it.
-int MoeMlp::slot(BuildContext& ctx, const char* name) {
+int MoeMlp::slot(BuildContext& ctx, const char* name, LossTerm::Per per) {
   const int found = ctx.losses->terms.find(name);
   if (found >= 0) return found;
-  return ctx.losses->terms.reserve({{name, true, LossTerm::Per::micro_batch}});
+  return ctx.losses->terms.reserve({{name, true, per}});
 }
 
 void MoeMlp::forward(const Tensor& x, const Tensor& out) {
@@ -160,14 +179,17 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   ops::MoeDispatch d = dispatch_rows(t);
   // The step's load and drops: of training forwards, once (not a recomputed block's forward again).
   const bool counted = losses_.backward && !losses_.recomputing;
-  if (losses_.backward && router_->capacity_drops()) d.capacity = expert_capacity(moe_, t, moe_.capacity_factor);
+  // The counting pass routes as the training forward it precedes (the capacity's drops too).
+  const bool training = losses_.backward || losses_.counting_routes;
+  if (training && router_->capacity_drops()) d.capacity = expert_capacity(moe_, t, moe_.capacity_factor);
   if (counted) d.dropped = step_dropped_;
   // The experts read `in` and sum into `routed`: x and out, or LatentMoE's latent.
   const Tensor in = latent() ? latent_in_.rows(0, t) : x, routed = latent() ? latent_sum_.rows(0, t) : out;
   if (latent()) ops::linear_forward(exec_, x, latent_down_w_, Tensor(), in);
   ops::router_logits(exec_, x, router_w_, logits);
-  router_->route(logits, routes, probs, router_saved_.rows(0, t), losses_.backward);
+  router_->route(logits, routes, probs, router_saved_.rows(0, t), training);
   ops::moe_dispatch(exec_, routes.experts, d);
+  if (losses_.counting_routes && step_scope()) count_step_routes(d.counts, t);
   if (counted) {
     ops::moe_accumulate_counts(exec_, d.counts, step_counts_);
     ops::routing_entropy_sum(exec_, probs, step_entropy_);
@@ -191,14 +213,14 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   }
   // The losses' values of this micro-batch (their gradients are formed in backward): into
   // the device step's slots in device memory, else the host's (a GPU model reads them back).
-  if (losses_.recomputing) return;
+  if (losses_.recomputing || losses_.counting_routes) return;
   if (double* device = losses_.device_sums) {
     if (aux_slot_ >= 0) ops::balance_loss_sum(exec_, probs, d.counts, k, device + aux_slot_);
     if (z_slot_ >= 0) ops::router_z_loss_sum(exec_, logits, device + z_slot_);
     router_->add_losses(logits, device, nullptr);
   } else if (losses_.host_sums != nullptr) {
     LossSlotSums& sums = *losses_.host_sums;
-    if (aux_slot_ >= 0) sums[static_cast<size_t>(aux_slot_)] += ops::balance_loss(exec_, probs, d.counts, k, 0, Tensor());
+    if (aux_slot_ >= 0) sums[static_cast<size_t>(aux_slot_)] += balance_loss(probs, d.counts, 0, Tensor());
     if (z_slot_ >= 0) sums[static_cast<size_t>(z_slot_)] += ops::router_z_loss(exec_, logits, 0, Tensor());
     router_->add_losses(logits, nullptr, &sums);
   }
@@ -254,7 +276,12 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   Tensor dprobs;
   if (aux_slot_ >= 0) {
     dprobs = scope.take(wide, Shape{t, e_count});
-    ops::balance_loss_backward(exec_, probs, d.counts, k, scale * moe_.aux_loss, dprobs);
+    if (step_scope()) {  // the step's loss: its gradient is not divided among the micro-batches
+      zero_tensor(dprobs);
+      balance_loss(probs, d.counts, moe_.aux_loss, dprobs);
+    } else {
+      ops::balance_loss_backward(exec_, probs, d.counts, k, scale * moe_.aux_loss, dprobs);
+    }
   }
   const Tensor dlogits = scope.take(wide, Shape{t, e_count});
   router_->backward(routes, probs, router_saved_.rows(0, t), dweights, dprobs, dlogits, scope.take(wide, Shape{t, e_count}),
@@ -288,6 +315,30 @@ void MoeMlp::report(std::vector<std::pair<std::string, double>>& out) const {
     out.insert(out.end(), {{prefix + "dropped", dropped}, {prefix + "dropped_share", load.routed > 0 ? dropped / load.routed : 0.0}});
   }
   router_->report(prefix, out);
+}
+
+// The counting pass (balance_scope = "step"): this micro-batch's choices per expert and its
+// tokens added to the step's, on the host (the scope is CPU only).
+void MoeMlp::count_step_routes(const Tensor& counts, int64_t tokens) {
+  const int64_t e_count = moe_.experts;
+  double* step = balance_counts_.data<double>();
+  const int32_t* c = counts.data<int32_t>();
+  for (int64_t e = 0; e < e_count; ++e) step[e] += static_cast<double>(c[e]);
+  step[e_count] += static_cast<double>(tokens);
+}
+
+// The balance loss's value (with dprobs, += its gradient x grad_scale): this micro-batch's,
+// or its share of the step's once the counting pass has run (a forward outside a step, such
+// as a validation batch, has no step counts and takes its own).
+double MoeMlp::balance_loss(const Tensor& probs, const Tensor& counts, double grad_scale, const Tensor& dprobs) const {
+  const int64_t e_count = moe_.experts;
+  if (step_scope()) {
+    const double step_tokens = balance_counts_.data<double>()[e_count];
+    if (step_tokens > 0)
+      return ops::balance_loss_step_share(exec_, probs, balance_counts_.rows(0, e_count), step_tokens, moe_.top_k,
+                                          grad_scale, dprobs);
+  }
+  return ops::balance_loss(exec_, probs, counts, moe_.top_k, grad_scale, dprobs);
 }
 
 ops::Routes MoeMlp::routes_rows(int64_t t) const {

@@ -311,6 +311,36 @@ void balance_loss_backward(const ExecContext& ctx, const Tensor& probs, const Te
   balance_loss_cpu(op, probs, counts, top_k, grad_scale, dprobs);
 }
 
+// The step-scope share: balance_loss_cpu's sums with the step's counts and tokens in place
+// of the micro-batch's (f_i = c_i / (k T_step), P_i's share = its rows' sum / T_step).
+double balance_loss_step_share(const ExecContext& ctx, const Tensor& probs, const Tensor& step_counts, double step_tokens,
+                               int64_t top_k, double grad_scale, const Tensor& dprobs) {
+  (void)ctx;
+  const char* op = "balance_loss_step_share";
+  KILN_OP_SCOPE(op, probs);
+  expect_rank(op, "probs", probs, 2);
+  KILN_CHECK(probs.device() == Device::cpu, op, "CPU only (model.moe.balance_scope = 'step' is refused on the GPU)");
+  expect_tensor(op, "step_counts", step_counts, Shape{probs.size(1)}, DType::f64, Device::cpu);
+  KILN_CHECK(step_tokens > 0, op, "a step without routed tokens");
+  if (dprobs.defined()) expect_shape(op, "dprobs", dprobs, probs.shape()), expect_same(op, "dprobs", dprobs, probs);
+  double loss = 0;
+  dispatch_cpu_float(op, probs.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t t_count = probs.size(0), e_count = probs.size(1);
+    const double pairs = step_tokens * static_cast<double>(top_k);
+    for (int64_t e = 0; e < e_count; ++e) {
+      const double f = step_counts.data<double>()[e] / pairs;
+      double p = 0;
+      for (int64_t t = 0; t < t_count; ++t) p += static_cast<double>(probs.data<T>()[t * e_count + e]);
+      loss += static_cast<double>(e_count) * f * p / step_tokens;
+      if (!dprobs.defined()) continue;
+      const double g = grad_scale * static_cast<double>(e_count) * f / step_tokens;
+      for (int64_t t = 0; t < t_count; ++t) dprobs.data<T>()[t * e_count + e] += static_cast<T>(g);
+    }
+  });
+  return loss;
+}
+
 double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits) {
   const char* op = "router_z_loss";
   KILN_OP_SCOPE(op, logits);

@@ -107,6 +107,14 @@ void balance_loss_sum(const ExecContext& ctx, const Tensor& probs, const Tensor&
 void balance_loss_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale,
                            const Tensor& dprobs);
 
+// The balance loss over a whole step (model.moe.balance_scope = "step"), one micro-batch's
+// share: with the step's counts c_i (f64 [E], host) and routed tokens `step_tokens`,
+// f_i = c_i / (k step_tokens) and the share E sum_i f_i (sum over this micro-batch's rows of
+// probs_ti) / step_tokens, so the shares sum to the step's loss. Returns it; with dprobs
+// defined also adds its gradient x grad_scale (+=; f held fixed). CPU only.
+double balance_loss_step_share(const ExecContext& ctx, const Tensor& probs, const Tensor& step_counts, double step_tokens,
+                               int64_t top_k, double grad_scale, const Tensor& dprobs);
+
 // The router z-loss of one micro-batch: mean over tokens of logsumexp(logits)^2. Returns
 // it (the GPU synchronizes); with dlogits defined also adds its gradient x grad_scale (+=).
 double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits);
