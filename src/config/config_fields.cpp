@@ -96,7 +96,7 @@ const std::array kFields = {
     KILN_FIELD(model, embed_dropout, non_negative(), "drop probability of the embedding's output (training)"),
     KILN_FIELD(model, attention_softcap, non_negative(), "cap * tanh(x / cap) of attention logits; 0 = off"),
     KILN_FIELD(model, attention_sinks, none(),
-               "a learned per-head logit in each attention softmax's denominator (GPT-OSS); no GPU decode yet"),
+               "a learned per-head logit in each attention softmax's denominator (GPT-OSS)"),
     KILN_FIELD(model, logit_softcap, non_negative(), "cap * tanh(x / cap) of the LM head's logits; 0 = off"),
     KILN_FIELD(model, attn_res_block, non_negative().up_to(2 * kMaxLayers, "a block past every sublayer is one block"),
                "Block Attention Residuals: sublayers (attention or MLP outputs) per block; 0 = plain residual stream "

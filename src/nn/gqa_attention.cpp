@@ -44,7 +44,7 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
   options_.softcap = m.attention_softcap;
   if (m.attention_sinks) {
     // On the GPU the sink-free kernels' output and lse are corrected for the sink
-    // (ops/attention/attention_sinks_cuda.h); GPU decode refuses it (gqa_attention_decode.cpp).
+    // (ops/attention/attention_sinks_cuda.h); the decode kernels add it to their softmax.
     // Zero: at first the sink is one more key of logit 0 (GPT-OSS draws N(0, std) instead).
     ctx.parameter(options_.sinks, sinks_grad_, n("sinks", "sinks", "attn_sinks.weight"), Shape{hq_}, ParamRole::bias,
                   Init::zeros());

@@ -31,11 +31,10 @@ class GqaDecoder final : public BranchDecoder {
     ctx.state.reserve(v_cache_, ctx.dtype, Shape{ctx.slots, ctx.max_len, hkv, d});
     options_.window = a.options_.window;
     options_.softcap = a.options_.softcap;
-    // The GPU's cached-attention and fused decode kernels have no sink in their softmax yet.
-    KILN_CHECK(ctx.device == Device::cpu || !a.options_.sinks.defined(), "model.attention_sinks",
-               "attention sinks decode on the CPU only (GPU training takes them; GPU sampling and "
-               "generation do not yet: their decode kernels have no sink)");
-    options_.sinks = a.options_.sinks;  // the parameter itself: decode sees its current values
+    // The parameter itself (f32 on the GPU): decode sees its current values. Every attention
+    // kernel below (cached attention, its split merge, the one-kernel decode) adds the sink
+    // where it normalizes the softmax.
+    options_.sinks = a.options_.sinks;
     if (a.rotary_) rotary_ = a.position_.rotary();  // filled now, not inside a captured step
     // The split partials of cached attention on the GPU: the most any row count needs.
     if (ctx.device == Device::cuda)
@@ -145,6 +144,7 @@ class GqaDecoder final : public BranchDecoder {
     p.window = options_.window, p.softcap = static_cast<float>(options_.softcap);
     p.k_cache = k_cache_.raw(), p.v_cache = v_cache_.raw();
     p.out = o.raw();
+    p.sinks = options_.sinks.defined() ? options_.sinks.data<float>() : nullptr;
     return p;
   }
 #endif

@@ -9,13 +9,14 @@
 // (cuDNN's head-major lse). dsinks starts at 0.5 on the GPU: it must be added to (+=).
 // Model: a 2-layer model with attention_sinks = true (a windowed and a full layer, sinks
 // moved off zero) on the GPU in fp32 and bf16 against the CPU model in fp32: logits, loss,
-// every gradient (the sinks' included), whole_model.h's bars. Decode: a GPU decoder of such a
-// model is refused naming model.attention_sinks (its kernels have no sink yet).
+// every gradient (the sinks' included), whole_model.h's bars. Decode: the GPU decoder of such a
+// model against its own GPU full forward (every kernel path), and cached attention with sinks
+// against the CPU op in f64 (both kernels, split or not).
 //
 // Tolerances: fp32 as the op table's f32 row (kF32: summation order only); bf16 2e-2 of each
 // tensor's largest value (the flash kernels round P to bf16, 2^-9 of the terms; O' one more
 // bf16 rounding), lse 1e-3 absolute, dsinks 3e-2 of its largest value.
-// Not yet run on a GPU: the errors are printed for the record.
+// The decode tests have not run on a GPU yet: the errors are printed for the record.
 #include "core/rng.h"
 #include "gpu/bf16_tensors.h"
 #include "gpu/gpu_harness.h"
@@ -23,6 +24,7 @@
 #include "infer/decoder.h"
 #include "model/model.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/cached_attention.h"
 #include "test_util.h"
 
 #include <fmt/format.h>
@@ -30,6 +32,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -190,23 +193,28 @@ ModelConfig sinks_config() {
   return c;
 }
 
+// Allocates the CPU model and draws its weights, with the sinks off their zero init, both
+// signs, so a path that drops them cannot pass.
+void init_with_sinks(Model& cpu, const ModelConfig& c) {
+  cpu.allocate();
+  cpu.init_weights(29);
+  int64_t moved = 0;
+  for (const auto& p : cpu.parameters()) {
+    if (!p->name().ends_with("attn.sinks")) continue;
+    const int64_t layer = moved++;
+    for (int64_t h = 0; h < c.heads; ++h)
+      p->value().data<float>()[h] = static_cast<float>((h % 2 ? -1.0 : 1.0) * (0.5 + 0.6 * h + 0.3 * layer));
+  }
+  ASSERT_EQ(moved, c.layers) << "a sinks parameter per layer";
+}
+
 class AttentionSinksModel : public GpuTest {
  protected:
   void compare(DType dtype, ModelTolerance tol) {
     const ModelConfig c = sinks_config();
     const HostBatch batch = packed_documents({17, 40, 23}, 8, 2025);
     Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
-    cpu.allocate();
-    cpu.init_weights(29);
-    // Sinks off their zero init, both signs, so a path that drops them cannot pass.
-    int64_t moved = 0;
-    for (const auto& p : cpu.parameters()) {
-      if (!p->name().ends_with("attn.sinks")) continue;
-      const int64_t layer = moved++;
-      for (int64_t h = 0; h < c.heads; ++h)
-        p->value().data<float>()[h] = static_cast<float>((h % 2 ? -1.0 : 1.0) * (0.5 + 0.6 * h + 0.3 * layer));
-    }
-    ASSERT_EQ(moved, c.layers) << "a sinks parameter per layer";
+    init_with_sinks(cpu, c);
     Model gpu(c, options_for(Device::cuda, dtype, batch.size()));
     gpu.allocate();
     copy_weights(cpu, gpu);
@@ -231,24 +239,140 @@ TEST_F(AttentionSinksModel, Fp32GpuMatchesTheCpu) { compare(DType::f32, kFp32Mod
 
 TEST_F(AttentionSinksModel, Bf16GpuMatchesTheFp32Cpu) { compare(DType::bf16, kBf16Model); }
 
-// GPU decode has no sink in its kernels yet: a decoder of a model with sinks is refused when
-// built, naming the key, in either precision (the model itself builds and trains).
-TEST_F(AttentionSinksModel, GpuDecodeIsRefusedWhenBuilt) {
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(dtype_name(dtype));
-    Model model(sinks_config(), options_for(Device::cuda, dtype, 16));
-    model.allocate();
-    DecoderOptions d;
-    d.slots = 1;
-    d.max_rows = 4;
-    d.logit_rows = 1;
-    try {
-      Decoder decoder(model, d);
-      ADD_FAILURE() << "built a GPU decoder of a model with sinks";
-    } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()).rfind("[model.attention_sinks] ", 0), 0u) << e.what();
-    }
-  }
+// Decode: a GPU decoder of the sinks model against the same GPU model's full forward (its
+// logits already checked against the CPU above), in f32 and bf16, with the fused kernels and
+// without (DecoderOptions::fuse), at head_dim 16 (cached attention's per-dimension kernel)
+// and 64 (its one-warp kernel; with bf16 and fuse the one-kernel decode attention on the
+// single-token steps). Three documents are prefilled in chunks of up to 5 rows mixing them,
+// then decoded one token per document per step; every row's logits are compared with the
+// full forward's row of the same document and position (scaled error: max |diff| over the
+// row's largest |logit|; bars as test_gpu_decode's decoder against the CPU).
+TEST_F(AttentionSinksModel, GpuDecodeMatchesTheGpuFullForward) {
+  for (const int64_t head_dim : {16, 64})
+    for (const DType dtype : {DType::f32, DType::bf16})
+      for (const bool fuse : {true, false}) {
+        const std::string label = fmt::format("d{} {}{}", head_dim, dtype_name(dtype), fuse ? " fused" : " ops");
+        SCOPED_TRACE(label);
+        ModelConfig c = sinks_config();
+        c.head_dim = head_dim;
+        const HostBatch batch = packed_documents({17, 11, 23}, 8, 2026);
+        Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
+        init_with_sinks(cpu, c);
+        Model gpu(c, options_for(Device::cuda, dtype, batch.size()));
+        gpu.allocate();
+        copy_weights(cpu, gpu);
+        gpu.load_batch(batch);
+        std::vector<float> full;
+        gpu.logits(0, batch.size(), full);
+
+        DecoderOptions d;
+        d.slots = 3;
+        d.max_rows = 5;
+        d.logit_rows = 5;
+        d.graph_rows = 4;
+        d.fuse = fuse;
+        Decoder decoder(gpu, d);
+        const int64_t vocab = c.vocab_size;
+        constexpr int kDocs = 3;
+        std::vector<size_t> length(kDocs), fed(kDocs, 0);
+        for (int s = 0; s < kDocs; ++s) length[s] = static_cast<size_t>(batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]);
+        double worst = 0;
+        int rows_checked = 0;
+        // One forward: prefill (up to 5 rows, each document's tokens below prefill_to in turn)
+        // or, with SIZE_MAX, a decode step (the next token of each unfinished document); then
+        // every row's logits against the full forward's. False once nothing is left to feed.
+        auto step = [&](size_t prefill_to) {
+          std::vector<int32_t> tok, slot, pos, rows, full_row;
+          for (int s = 0; s < kDocs; ++s)
+            while (fed[s] < std::min(length[s], prefill_to) && tok.size() < 5) {
+              const int32_t at = batch.cu_seqlens[s] + static_cast<int32_t>(fed[s]);
+              rows.push_back(static_cast<int32_t>(tok.size()));
+              tok.push_back(batch.tokens[at]), slot.push_back(s), pos.push_back(static_cast<int32_t>(fed[s]++));
+              full_row.push_back(at);
+              if (prefill_to == SIZE_MAX) break;  // a decode step: one row per document
+            }
+          if (tok.empty()) return false;
+          decoder.forward(tok, slot, pos);
+          std::vector<float> got;
+          decoder.logits(rows, got);
+          for (size_t r = 0; r < rows.size(); ++r) {
+            const float* g = got.data() + static_cast<int64_t>(r) * vocab;
+            const float* w = full.data() + static_cast<int64_t>(full_row[r]) * vocab;
+            double diff = 0, scale = 0;
+            for (int64_t i = 0; i < vocab; ++i) {
+              EXPECT_TRUE(std::isfinite(g[i])) << "logit " << i;
+              diff = std::max(diff, std::fabs(static_cast<double>(g[i]) - w[i]));
+              scale = std::max(scale, std::fabs(static_cast<double>(w[i])));
+            }
+            worst = std::max(worst, diff / scale);
+            ++rows_checked;
+          }
+          return true;
+        };
+        while (step(8)) {  // prefill: each document's first 8 tokens, 5 rows at a time across them
+        }
+        while (step(SIZE_MAX)) {  // decode: a row per unfinished document per step
+        }
+        const double bar = dtype == DType::f32 ? 1e-4 : 5e-2;
+        EXPECT_EQ(rows_checked, 17 + 11 + 23);
+        EXPECT_LE(worst, bar) << "decoder logits vs the full forward's";
+        std::printf("attention sinks decode %s: %d rows, worst scaled logit error %.2e (bar %.0e)\n", label.c_str(),
+                    rows_checked, worst, bar);
+      }
+}
+
+// Cached attention with sinks on the GPU against the op on the CPU in f64 (the CPU decode's
+// op, itself checked against the full forward by test_decode): with the split workspace (the
+// sink joins in the merge of the splits) and without (in the block that writes the row), at
+// head_dim 16 and 64 (both kernels), with and without a window and softcap; fp32 1e-5 (the
+// order of a sum), bf16 1e-2 of the largest output (one bf16 rounding of it).
+TEST_F(AttentionSinksGpu, CachedAttentionMatchesTheF64Cpu) {
+  const int64_t hq = 4, hkv = 2, slots = 2, max_len = 64;
+  const std::vector<int32_t> slot = {0, 1, 1, 0}, pos = {0, 9, 40, 63};
+  const int64_t n = static_cast<int64_t>(slot.size());
+  for (const int64_t d : {16, 64})
+    for (const auto& [window, softcap] : {std::pair<int64_t, double>{0, 0.0}, {7, 20.0}})
+      for (const DType dtype : {DType::f32, DType::bf16})
+        for (const bool split : {true, false}) {
+          const std::string label = fmt::format("D={} window={} softcap={} {} {}", d, window, softcap, dtype_name(dtype),
+                                                split ? "split" : "one block per row");
+          SCOPED_TRACE(label);
+          const bool bf16 = dtype == DType::bf16;
+          // Inputs as the GPU will read them (bf16-rounded on that path), f32 on the host.
+          auto input = [&](Shape shape, uint64_t seed) {
+            OwnedTensor t = test::random_tensor(DType::f32, shape, seed);
+            return bf16 ? f32_of_bf16(*bf16_of(*t)) : std::move(t);
+          };
+          OwnedTensor q = input(Shape{n, hq, d}, 1), kc = input(Shape{slots, max_len, hkv, d}, 2),
+                      vc = input(Shape{slots, max_len, hkv, d}, 3);
+          OwnedTensor sinks(DType::f32, Device::cpu, Shape{hq});
+          for (int64_t h = 0; h < hq; ++h) sinks->data<float>()[h] = static_cast<float>((h % 2 ? -1.0 : 1.0) * (0.4 + 0.9 * h));
+          OwnedTensor slot_t(DType::i32, Device::cpu, Shape{n}), pos_t(DType::i32, Device::cpu, Shape{n});
+          std::copy(slot.begin(), slot.end(), slot_t->data<int32_t>());
+          std::copy(pos.begin(), pos.end(), pos_t->data<int32_t>());
+
+          ops::AttentionOptions cpu_options;
+          cpu_options.window = window, cpu_options.softcap = softcap;
+          OwnedTensor q64 = to_f64(*q), k64 = to_f64(*kc), v64 = to_f64(*vc), sinks64 = to_f64(*sinks);
+          cpu_options.sinks = *sinks64;
+          OwnedTensor want(DType::f64, Device::cpu, Shape{n, hq, d});
+          ops::cached_attention_forward(process_exec(), *q64, *k64, *v64, *slot_t, *pos_t, cpu_options, *want);
+
+          ops::AttentionOptions gpu_options = cpu_options;
+          OwnedTensor sinks_d = to_device(*sinks);
+          gpu_options.sinks = *sinks_d;
+          OwnedTensor qd = upload(*q, dtype), kd = upload(*kc, dtype), vd = upload(*vc, dtype);
+          OwnedTensor slot_d = to_device(*slot_t), pos_d = to_device(*pos_t);
+          OwnedTensor out = poisoned(dtype, Shape{n, hq, d});
+          const int64_t elems = ops::cached_attention_workspace(n, hq, hkv, d, max_len);
+          ASSERT_GT(elems, 0) << "this shape splits";
+          OwnedTensor ws(DType::f32, Device::cuda, Shape{elems});
+          ops::cached_attention_forward(process_exec(), *qd, *kd, *vd, *slot_d, *pos_d, gpu_options, *out,
+                                        split ? *ws : Tensor());
+          const double err = bf16 ? expect_close("out", *download_f32(*out), *want, 1e-2, 0, 1.0)
+                                  : expect_close("out", *download_f32(*out), *want, 1e-5);
+          std::printf("attention sinks cached attention %s: out error %.2e\n", label.c_str(), err);
+        }
 }
 
 }  // namespace

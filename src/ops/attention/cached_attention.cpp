@@ -142,10 +142,15 @@ void cached_attention_forward(const ExecContext& ctx, const Tensor& q, const Ten
     KILN_CHECK(workspace.device() == q.device(), op, "workspace must be on {}, got {}", device_name(q.device()),
                workspace.describe());
   }
-  if (options.sinks.defined()) {  // the packed forward's sinks, in its dtype
+  if (options.sinks.defined()) {  // the packed forward's sinks: q's dtype on the CPU, f32 on the GPU (as its lse)
     expect_shape(op, "sinks", options.sinks, Shape{q.size(1)});
-    expect_same(op, "sinks", options.sinks, q);
-    KILN_CHECK(q.device() == Device::cpu, op, "attention sinks run on the CPU only, got {}", q.describe());
+    if (q.device() == Device::cpu) {
+      expect_same(op, "sinks", options.sinks, q);
+    } else {
+      expect_dtype(op, "sinks", options.sinks, DType::f32);
+      KILN_CHECK(options.sinks.device() == q.device(), op, "sinks must be on {}, got {}", device_name(q.device()),
+                 options.sinks.describe());
+    }
   }
   const double scale = options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
   KILN_ON_CUDA(q, op, {
@@ -158,7 +163,8 @@ void cached_attention_forward(const ExecContext& ctx, const Tensor& q, const Ten
                                          positions.data<int32_t>(),
                                          static_cast<float>(scale),
                                          options.window,
-                                         static_cast<float>(options.softcap)};
+                                         static_cast<float>(options.softcap),
+                                         options.sinks.defined() ? options.sinks.data<float>() : nullptr};
     cuda::cached_attention_forward(ctx, args, q.dtype(), q.raw(), k_cache.raw(), v_cache.raw(), out.raw(),
                                    workspace.defined() ? workspace.data<float>() : nullptr,
                                    workspace.defined() ? workspace.numel() : 0);

@@ -19,7 +19,8 @@ void kv_cache_write(const ExecContext& ctx, const Tensor& k, const Tensor& v, co
 
 // q [N, Hq, D] -> out [N, Hq, D] (=). The cache must already hold every position a row sees
 // (write the step's own K/V first). Same math as attention_forward: scale 1/sqrt(D) (or
-// options.scale), optional sliding window, softcap and sinks (CPU only), blocked online softmax.
+// options.scale), optional sliding window, softcap and sinks ([Hq]: q's dtype on the CPU, f32 on
+// the GPU), blocked online softmax.
 // On the GPU, q, the cache and out are f32 or all bf16 (fp32 math), and a workspace of
 // cached_attention_workspace() f32 elements lets the kernel split each row's positions
 // over several blocks (faster for few rows); without one (or on the CPU) it is not used.

@@ -4,6 +4,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/bf16_vector.cuh"
+#include "ops/attention/attention_sink.cuh"
 #include "ops/attention/warp_attention.cuh"
 #include "ops/dependent_launch.cuh"
 #include "ops/block_reduce.cuh"
@@ -223,7 +224,8 @@ __global__ void __launch_bounds__(kThreads)
       x += slot[2 + c] * f;
     }
     if (splits == 1) {
-      from_f32(x / sum, &out[(row * a.q_heads + h0 + t) * d + c]);
+      const SinkNormalizer sink = sink_normalizer(mx, sum, a.sinks, h0 + t);
+      from_f32(x * sink.scale / sink.denominator, &out[(row * a.q_heads + h0 + t) * d + c]);
     } else {
       float* dst = partial + t * splits * width;
       if (c == 0) dst[0] = mx, dst[1] = sum;
@@ -360,8 +362,9 @@ __global__ void __launch_bounds__(32)
     if (t >= nh) break;
     if (splits == 1) {
       T* dst = out + (row * a.q_heads + h0 + t) * D + lane * DPL;
+      const SinkNormalizer sink = sink_normalizer(m[t], l[t], a.sinks, h0 + t);
 #pragma unroll
-      for (int e = 0; e < DPL; ++e) from_f32(acc[t][e] / l[t], dst + e);
+      for (int e = 0; e < DPL; ++e) from_f32(acc[t][e] * sink.scale / sink.denominator, dst + e);
     } else {
       float* dst = partial + t * splits * (D + 2);
       if (lane == 0) dst[0] = m[t], dst[1] = l[t];
@@ -394,7 +397,8 @@ __global__ void merge_splits_kernel(CachedAttentionArgs a, int64_t splits, const
       sum += part[1] * f;
       x += part[2 + c] * f;
     }
-    from_f32(x / sum, &out[item * d + c]);
+    const SinkNormalizer sink = sink_normalizer(mx, sum, a.sinks, item % a.q_heads);
+    from_f32(x * sink.scale / sink.denominator, &out[item * d + c]);
   }
 }
 

@@ -9,7 +9,8 @@
 // outputs, several times fewer instructions; see warp_attention_kernel.) With one split the
 // block writes the output; with more,
 // each writes (max, sum, unnormalized accumulator) into a workspace and a second kernel
-// merges the splits. The split count depends on shapes only (rows, heads, the cache's
+// merges the splits. A head's sink (docs/attention-sinks.md) joins the softmax where the
+// output is normalized: in the block that writes it, or in the merge. The split count depends on shapes only (rows, heads, the cache's
 // max_len), never on positions, which live on the device: a captured decode step stays
 // valid whatever positions it is replayed with. Each split's length is derived on the
 // device from the row's position, so short contexts use fewer, full splits.
@@ -56,6 +57,7 @@ struct CachedAttentionArgs {
   float scale;
   int64_t window;  // 0 = unlimited
   float softcap;   // 0 = off
+  const float* sinks = nullptr;  // [q_heads] f32, device: the heads' sink logits (null: none)
 };
 
 // k/v [rows, row_elems] (row_elems = kv_heads * head_dim) into the caches at

@@ -25,6 +25,7 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "ops/attention/attention_sink.cuh"
 #include "ops/attention/warp_attention.cuh"
 #include "ops/dependent_launch.cuh"
 #include "ops/block_reduce.cuh"
@@ -334,7 +335,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) decode_attention_kernel(c
       sum += inbox_ml[r][t][1] * f;
       x += inbox_acc[(r * HT + t) * D + c] * f;
     }
-    static_cast<bf16*>(a.out)[(row * a.q_heads + h0 + t) * D + c] = __float2bfloat16_rn(x / sum);
+    const SinkNormalizer sink = sink_normalizer(mx, sum, a.sinks, h0 + t);
+    const float y = x * sink.scale / sink.denominator;
+    static_cast<bf16*>(a.out)[(row * a.q_heads + h0 + t) * D + c] = __float2bfloat16_rn(y);
   }
 #endif
 }

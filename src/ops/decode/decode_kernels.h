@@ -33,7 +33,8 @@ void add_rms_norm(const ExecContext& ctx, DType dtype, float* x, const void* bra
 // ---- a decode step's attention in one kernel (decode_attention.cu) --------------------
 // For steps whose rows are distinct slots, bf16: qkv_to_cache, cached_attention_forward and
 // its split merge as one kernel (one cluster of blocks per row and kv head), the cache
-// written at each row's position as qkv_to_cache writes it.
+// written at each row's position as qkv_to_cache writes it; a head's sink
+// (docs/attention-sinks.md) joins the softmax in the final merge, as in the merge it replaces.
 struct DecodeAttentionArgs {
   int64_t rows, q_heads, kv_heads, head_dim, max_len;  // cache [slots, max_len, kv_heads, head_dim]
   const void* qkv;                                     // [rows, (q_heads + 2 kv_heads) head_dim] bf16
@@ -50,6 +51,7 @@ struct DecodeAttentionArgs {
   void* k_cache;   // bf16
   void* v_cache;
   void* out;  // [rows, q_heads, head_dim] bf16
+  const float* sinks = nullptr;  // [q_heads] f32: the heads' sink logits (null: none)
 };
 
 // Whether the kernel takes heads of this shape (groups of 1, 2, 4 or 8 query heads per kv
