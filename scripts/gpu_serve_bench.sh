@@ -9,8 +9,10 @@
 # threads (a stream holds its handler thread to the end: fewer would queue clients), then
 # scripts/serve_bench.py with CLIENTS streaming chat clients, REQUESTS each (or DURATION
 # seconds), MAX_TOKENS each (ignore_eos), and the server stopped by SIGTERM. MODELS="dir ..."
-# serves those folders instead of training. One JSON per model and a table last; logs,
-# models and JSON under $OUT (or /tmp/kiln-serve-bench).
+# serves those folders instead of training. GRAPH_ROWS is kiln serve's --graph-rows (default
+# 16: steps of more rows, such as a decode step of 17 or more busy slots, run uncaptured).
+# One JSON per model and a table last; logs, models and JSON under $OUT (or
+# /tmp/kiln-serve-bench).
 #
 # No peer: llama.cpp's server would come from llama-cpp-python, and PyPI has no binary wheel
 # of it for Linux x86_64 (`pip download llama-cpp-python --only-binary=:all:
@@ -62,7 +64,7 @@ for entry in $MODELS; do
   echo "== serving $name ($model)"
   rm -f "$LOGS/$name.port"
   "$KILN" serve "$model" --port 0 --port-file "$LOGS/$name.port" --model-name "$name" --device "$DEVICE" \
-    --slots "$CLIENTS" --http-threads "$CLIENTS" --no-access-log \
+    --slots "$CLIENTS" --http-threads "$CLIENTS" --graph-rows "${GRAPH_ROWS:-16}" --no-access-log \
     >"$LOGS/serve-$name.log" 2>&1 &
   server=$!
   for _ in $(seq 600); do  # loading (and CUDA graph capture) may take a while

@@ -48,6 +48,7 @@ void add_serve_command(CLI::App& app) {
     std::string model_name;
     serve::ServeOptions serve;
     int64_t slots = 8, max_rows = 256, threads = 0;
+    int64_t graph_rows = DecoderOptions{}.graph_rows;
     bool no_bos = false, no_access_log = false;
     std::string port_file;
     std::string device = "auto";
@@ -68,6 +69,12 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-rows", o->max_rows, "token rows per model step (prefill chunk + decode tokens)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  // At 64 busy slots of the 0.6B shape a decode step (64 rows, past the default 16) took 8 ms
+  // uncaptured on an H100; whether capturing it helps is not yet measured.
+  cmd->add_option("--graph-rows", o->graph_rows,
+                  "GPU: model steps of at most this many rows run as CUDA graphs (at most 64; 0 = none)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{64}));
   cmd->add_option("--api-key", o->serve.api_key,
                   "require 'Authorization: Bearer KEY' on every endpoint but /health (or set KILN_API_KEY)")
       ->envname("KILN_API_KEY");
@@ -123,10 +130,7 @@ void add_serve_command(CLI::App& app) {
     DecoderOptions d;
     d.slots = o->slots;
     d.max_rows = std::max(o->max_rows, o->slots);
-    // A decode step has a row per busy slot: with every slot busy it should still be a CUDA
-    // graph rather than hundreds of launches from the host (64 busy slots of the 0.6B shape
-    // took 8 ms a step uncaptured on an H100). The decoder caps this at logit_rows.
-    d.graph_rows = std::max(d.graph_rows, o->slots);
+    d.graph_rows = o->graph_rows;
     Decoder decoder(*loaded.model, d);
     const auto tokenizer = io::model_tokenizer(dir);
     Generator generator(decoder, *tokenizer);
