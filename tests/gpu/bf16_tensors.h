@@ -5,6 +5,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "gpu/gpu_harness.h"
 
 #include <cstdint>
 
@@ -29,6 +30,24 @@ inline OwnedTensor f32_of_bf16(const Tensor& bf16) {
 // f32 values rounded to bf16 and back, in place: inputs both sides then read identically.
 inline void round_to_bf16(const Tensor& f32) {
   for (int64_t i = 0; i < f32.numel(); ++i) f32.data<float>()[i] = bf16_to_float(float_to_bf16(f32.data<float>()[i]));
+}
+
+// A device tensor of `dtype` holding f32's values (rounded when bf16), and its values back
+// as f32 on the host.
+inline OwnedTensor upload(const Tensor& f32, DType dtype) {
+  return to_device(dtype == DType::bf16 ? *bf16_of(f32) : f32);
+}
+inline OwnedTensor download_f32(const Tensor& dev) {
+  OwnedTensor host = to_host(dev);
+  if (dev.dtype() == DType::bf16) return f32_of_bf16(*host);
+  return host;
+}
+
+// A device tensor filled with NaNs: a kernel that leaves an element unwritten shows.
+inline OwnedTensor poisoned(DType dtype, Shape shape) {
+  OwnedTensor t(dtype, Device::cuda, shape);
+  poison(*t);
+  return t;
 }
 
 }  // namespace kiln::gpu_test

@@ -55,20 +55,6 @@ std::string describe(const SinkCase& c, DType dtype) {
                      fmt::join(c.lengths, ","), c.q_heads, c.kv_heads, c.head_dim, c.window, c.softcap, c.uniform);
 }
 
-OwnedTensor upload(const Tensor& f32, DType dtype) { return to_device(dtype == DType::bf16 ? *bf16_of(f32) : f32); }
-
-OwnedTensor download_f32(const Tensor& dev) {
-  OwnedTensor host = to_host(dev);
-  if (dev.dtype() == DType::bf16) return f32_of_bf16(*host);
-  return host;
-}
-
-OwnedTensor poisoned(DType dtype, Shape shape) {
-  OwnedTensor t(dtype, Device::cuda, shape);
-  poison(*t);
-  return t;
-}
-
 // The GPU's lse in the packed [tokens, Hq] order (a uniform bf16 batch's is [B, Hq, S]).
 OwnedTensor packed_lse(const Tensor& gpu_lse, int64_t tokens, int64_t heads, int64_t seq) {
   OwnedTensor host = to_host(gpu_lse);

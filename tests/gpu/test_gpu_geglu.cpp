@@ -27,20 +27,6 @@ namespace {
 
 using namespace gpu_test;
 
-OwnedTensor upload(const Tensor& f32, DType dtype) { return to_device(dtype == DType::bf16 ? *bf16_of(f32) : f32); }
-
-OwnedTensor download_f32(const Tensor& dev) {
-  OwnedTensor host = to_host(dev);
-  if (dev.dtype() == DType::bf16) return f32_of_bf16(*host);
-  return host;
-}
-
-OwnedTensor poisoned(DType dtype, Shape shape) {
-  OwnedTensor t(dtype, Device::cuda, shape);
-  poison(*t);
-  return t;
-}
-
 class GegluGpu : public GpuTest {};
 
 TEST_F(GegluGpu, ForwardAndBackwardMatchTheReference) {

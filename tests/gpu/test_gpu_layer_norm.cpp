@@ -97,24 +97,10 @@ struct Inputs {
 OwnedTensor f64_or_none(const OwnedTensor& t) { return t->defined() ? to_f64(*t) : OwnedTensor(); }
 OwnedTensor device_or_none(const OwnedTensor& t) { return t->defined() ? to_device(*t) : OwnedTensor(); }
 
-// A device tensor of `dtype` holding f32's values (rounded when bf16), and back.
-OwnedTensor upload(const Tensor& f32, DType dtype) { return to_device(dtype == DType::bf16 ? *bf16_of(f32) : f32); }
-OwnedTensor download_f32(const Tensor& dev) {
-  OwnedTensor host = to_host(dev);
-  if (dev.dtype() == DType::bf16) return f32_of_bf16(*host);
-  return host;
-}
-
 OwnedTensor host_copy(const Tensor& t) {
   OwnedTensor c(t.dtype(), Device::cpu, t.shape());
   copy_tensor(t, *c);
   return c;
-}
-
-OwnedTensor poisoned(DType dtype, Shape shape) {
-  OwnedTensor t(dtype, Device::cuda, shape);
-  poison(*t);
-  return t;
 }
 
 // The size of the terms the forward rounds: max over elements of |x| r |w|, plus max |b|
