@@ -33,8 +33,8 @@ using namespace std::chrono_literals;
 
 constexpr double kTolerance = 1e-10;
 
-// The tiny model with both MLPs sparse and a large balance coefficient, so that the balance
-// loss's gradient is a large part of the router's.
+// The tiny model with both MLPs sparse and large balance and z-loss coefficients, so that
+// their gradients are a large part of the router's.
 ModelConfig moe_config(const std::string& scope) {
   ModelConfig c = test::tiny_config(true, false);
   c.mlp = "moe";
@@ -42,6 +42,7 @@ ModelConfig moe_config(const std::string& scope) {
   c.moe.top_k = 2;
   c.moe.expert_hidden = 6;
   c.moe.aux_loss = 0.5;
+  c.moe.z_loss = 0.2;
   c.moe.balance_scope = scope;
   return c;
 }
@@ -72,6 +73,9 @@ struct MoeRun {
   }
   double balance_loss(const StepOutcome& o, int64_t targets, int64_t micro_batches) const {
     return model.loss_terms().value(model.loss_terms().find("moe_aux"), o.step_sums, targets, micro_batches);
+  }
+  double z_loss(const StepOutcome& o, int64_t targets, int64_t micro_batches) const {
+    return model.loss_terms().value(model.loss_terms().find("moe_z"), o.step_sums, targets, micro_batches);
   }
 };
 
@@ -114,7 +118,7 @@ double difference(const std::vector<double>& a, const std::vector<double>& b) {
 
 struct Reference {
   std::vector<double> gradients;
-  double balance_loss = 0, loss = 0;
+  double balance_loss = 0, z_loss = 0, loss = 0;
 };
 
 // The whole batch as one micro-batch, default scope.
@@ -123,7 +127,7 @@ Reference whole_batch() {
   const std::vector<HostBatch> batches = split(1);
   StepProgram program(run.model, *run.optimizer, 1, StepExecution::op_by_op);
   const StepOutcome o = program.run(batches, targets_of(batches), frozen());
-  return {run.gradients(), run.balance_loss(o, targets_of(batches), 1), o.loss};
+  return {run.gradients(), run.balance_loss(o, targets_of(batches), 1), run.z_loss(o, targets_of(batches), 1), o.loss};
 }
 
 TEST(MoeStepBalance, GradAccumOneTwoAndFourGiveTheWholeBatchsStep) {
@@ -137,6 +141,7 @@ TEST(MoeStepBalance, GradAccumOneTwoAndFourGiveTheWholeBatchsStep) {
     StepProgram program(run.model, *run.optimizer, parts, StepExecution::op_by_op);
     const StepOutcome o = program.run(batches, targets_of(batches), frozen());
     EXPECT_NEAR(run.balance_loss(o, targets_of(batches), parts), ref.balance_loss, kTolerance * ref.balance_loss);
+    EXPECT_NEAR(run.z_loss(o, targets_of(batches), parts), ref.z_loss, kTolerance * ref.z_loss);
     EXPECT_NEAR(o.loss, ref.loss, kTolerance * ref.loss);
     const double d = difference(run.gradients(), ref.gradients);
     RecordProperty(fmt::format("gradient_relative_difference_{}", parts), fmt::format("{:.3g}", d));
@@ -153,6 +158,9 @@ TEST(MoeStepBalance, TheMicroBatchScopeDiffersAtGradAccumTwo) {
   StepProgram program(run.model, *run.optimizer, 2, StepExecution::op_by_op);
   const StepOutcome o = program.run(batches, targets_of(batches), frozen());
   EXPECT_GT(std::abs(run.balance_loss(o, targets_of(batches), 2) - ref.balance_loss), 1e-4 * ref.balance_loss);
+  // The halves hold different numbers of rows: the mean of their z-loss means is not the
+  // step's mean.
+  EXPECT_GT(std::abs(run.z_loss(o, targets_of(batches), 2) - ref.z_loss), 1e-6 * ref.z_loss);
   const double d = difference(run.gradients(), ref.gradients);
   RecordProperty("gradient_relative_difference", fmt::format("{:.3g}", d));
   EXPECT_GT(d, 1e-6);
@@ -166,7 +174,7 @@ TEST(MoeStepBalance, TwoRanksGiveTheWholeBatchsStep) {
   const std::vector<HostBatch> halves = split(2);
   const int64_t targets = targets_of(halves);
   std::vector<std::vector<double>> gradients(world);
-  std::vector<double> balance(world), loss(world);
+  std::vector<double> balance(world), z(world), loss(world);
   const std::vector<std::string> errors = test::run_ranks(world, [&](int r) {
     dist::ProcessGroup group(test::placement(r, world, port), Device::cpu, 20000ms);
     MoeRun run("step", world);
@@ -175,12 +183,14 @@ TEST(MoeStepBalance, TwoRanksGiveTheWholeBatchsStep) {
     const StepOutcome o = program.run({halves[static_cast<size_t>(r)]}, targets, frozen());
     gradients[static_cast<size_t>(r)] = run.gradients();
     balance[static_cast<size_t>(r)] = run.balance_loss(o, targets, world);
+    z[static_cast<size_t>(r)] = run.z_loss(o, targets, world);
     loss[static_cast<size_t>(r)] = o.loss;
   });
   for (int r = 0; r < world; ++r) {
     SCOPED_TRACE(::testing::Message() << "rank " << r);
     ASSERT_EQ(errors[static_cast<size_t>(r)], "");
     EXPECT_NEAR(balance[static_cast<size_t>(r)], ref.balance_loss, kTolerance * ref.balance_loss);
+    EXPECT_NEAR(z[static_cast<size_t>(r)], ref.z_loss, kTolerance * ref.z_loss);
     EXPECT_NEAR(loss[static_cast<size_t>(r)], ref.loss, kTolerance * ref.loss);
     const double d = difference(gradients[static_cast<size_t>(r)], ref.gradients);
     RecordProperty(fmt::format("gradient_relative_difference_rank_{}", r), fmt::format("{:.3g}", d));

@@ -38,7 +38,8 @@
 // router draws at random. Each micro-batch then adds its share E sum_i f_i P_i^(mb), P_i^(mb)
 // its tokens' probabilities summed / the step's tokens, so the shares sum to the step's
 // loss (slot per step), and its gradient E aux f_i / T_step per token, unscaled by the
-// micro-batch count. CPU only: refused on the GPU at build time.
+// micro-batch count. The z-loss under this scope is the mean over the step's tokens in the
+// same way (z_share). CPU only: refused on the GPU at build time.
 //
 // On the GPU (bf16 mixed precision or fp32) the same ops run with every size in device
 // memory: the router's logits in fp32 from the bf16 activations, its math and the routing
@@ -144,7 +145,7 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
     ctx.losses->step_routes.push_back(&balance_counts_);
   }
   if (moe_.aux_loss > 0) aux_slot_ = slot(ctx, "moe_aux", step_scope() ? LossTerm::Per::step : LossTerm::Per::micro_batch);
-  if (moe_.z_loss > 0) z_slot_ = slot(ctx, "moe_z");
+  if (moe_.z_loss > 0) z_slot_ = slot(ctx, "moe_z", step_scope() ? LossTerm::Per::step : LossTerm::Per::micro_batch);
 
   // Scratch: the grouped input rows [T k, d] and the activation [T k, F] (forward); in
   // backward also their gradients, the weights' and probabilities' gradients, the logits'.
@@ -221,7 +222,7 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   } else if (losses_.host_sums != nullptr) {
     LossSlotSums& sums = *losses_.host_sums;
     if (aux_slot_ >= 0) sums[static_cast<size_t>(aux_slot_)] += balance_loss(probs, d.counts, 0, Tensor());
-    if (z_slot_ >= 0) sums[static_cast<size_t>(z_slot_)] += ops::router_z_loss(exec_, logits, 0, Tensor());
+    if (z_slot_ >= 0) sums[static_cast<size_t>(z_slot_)] += z_share(t) * ops::router_z_loss(exec_, logits, 0, Tensor());
     router_->add_losses(logits, nullptr, &sums);
   }
 }
@@ -286,7 +287,7 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   const Tensor dlogits = scope.take(wide, Shape{t, e_count});
   router_->backward(routes, probs, router_saved_.rows(0, t), dweights, dprobs, dlogits, scope.take(wide, Shape{t, e_count}),
                     scale);
-  if (z_slot_ >= 0) ops::router_z_loss_backward(exec_, logits, scale * moe_.z_loss, dlogits);
+  if (z_slot_ >= 0) ops::router_z_loss_backward(exec_, logits, (step_scope() ? z_share(t) : scale) * moe_.z_loss, dlogits);
   ops::router_logits_backward(exec_, x, router_w_, dlogits, scope.take(dt, Shape{t, e_count}), dx, router_g_);
 }
 
@@ -339,6 +340,15 @@ double MoeMlp::balance_loss(const Tensor& probs, const Tensor& counts, double gr
                                           grad_scale, dprobs);
   }
   return ops::balance_loss(exec_, probs, counts, moe_.top_k, grad_scale, dprobs);
+}
+
+// The weight of this micro-batch's mean z-loss over its `tokens`: under the step scope, its
+// share of the step's routed tokens (so the shares add up to the mean over the step, and
+// each token's gradient is z_loss / the step's tokens, whatever the split); else 1.
+double MoeMlp::z_share(int64_t tokens) const {
+  if (!step_scope()) return 1.0;
+  const double step_tokens = balance_counts_.data<double>()[moe_.experts];
+  return step_tokens > 0 ? static_cast<double>(tokens) / step_tokens : 1.0;
 }
 
 ops::Routes MoeMlp::routes_rows(int64_t t) const {
