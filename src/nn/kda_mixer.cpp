@@ -183,7 +183,7 @@ void KdaMixer::export_config(ExportConfig& out) const {
 void register_kda_mixer(MixerRegistry& registry) {
   registry.add("kda",
                "Kimi Delta Attention: gated delta rule with a fixed-size state, short conv, low-rank gates ([model.kda]; "
-               "GPU decode not yet)",
+               "decode keeps the state per slot)",
                [](BuildContext& ctx, const LayerSpec& layer, PositionEncoding&) {
                  return std::make_unique<KdaMixer>(ctx, layer);
                });
