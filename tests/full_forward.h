@@ -3,6 +3,7 @@
 // difference of two logit rows scaled by the reference's largest magnitude.
 #pragma once
 
+#include "core/rng.h"
 #include "data/batch.h"
 #include "model/model.h"
 
@@ -15,6 +16,14 @@
 #include <vector>
 
 namespace kiln::test {
+
+// n tokens drawn uniformly from the byte-level vocabulary (259 ids), from `seed`.
+inline std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng.below(259));
+  return t;
+}
 
 // Logits [rows, vocab] of positions first_row.. of `tokens`, by the full forward.
 inline std::vector<float> full_forward_logits(Model& model, const std::vector<int32_t>& tokens, int64_t first_row,

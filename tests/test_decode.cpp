@@ -21,6 +21,7 @@ namespace {
 
 using test::full_forward_last;
 using test::scaled_diff;
+using test::random_tokens;
 
 ModelConfig small_config(bool qk_norm, bool tied, bool bias, const std::string& position = "rope") {
   ModelConfig c;
@@ -52,13 +53,6 @@ void randomize(Model& model, uint64_t seed) {
     }
     copy_tensor(*r, v);
   }
-}
-
-std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng.below(259));
-  return t;
 }
 
 // An inference-only model of `config` on the CPU (fp32), every parameter random from

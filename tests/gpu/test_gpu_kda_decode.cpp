@@ -45,6 +45,7 @@ namespace {
 using namespace gpu_test;
 using test::decode_step_error;
 using test::DecodeRow;
+using test::random_tokens;
 
 // ---- the decode ops ---------------------------------------------------------------------
 
@@ -169,13 +170,6 @@ void randomize(Model& model, uint64_t seed) {
       v->data<float>()[i] = static_cast<float>((gain ? 1.0 : 0.0) + scale * rng.normal());
     copy_tensor(*v, p->value());
   }
-}
-
-std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng.below(259));
-  return t;
 }
 
 class KdaDecoderGpu : public GpuTest, public ::testing::WithParamInterface<DType> {};

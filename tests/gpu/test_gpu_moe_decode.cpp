@@ -28,6 +28,7 @@ namespace {
 
 using test::full_forward_last;
 using test::scaled_diff;
+using test::random_tokens;
 
 using namespace gpu_test;
 
@@ -54,13 +55,6 @@ void randomize(Model& model, uint64_t seed, double router_scale) {
     for (int64_t i = 0; i < v->numel(); ++i) v->data<float>()[i] = static_cast<float>((gain ? 1.0 : 0.0) + scale * rng.normal());
     copy_tensor(*v, p->value());
   }
-}
-
-std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng.below(259));
-  return t;
 }
 
 void check_decoder_matches_full_forward(const ModelConfig& config, DType dtype, double tolerance) {
