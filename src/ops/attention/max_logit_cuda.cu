@@ -91,6 +91,9 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     max_logits_wmma_kernel(AttentionArgs a, const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                            uint32_t* __restrict__ running) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // bf16 WMMA is sm_80 and later: attention_max_logits_bf16 takes the plain kernel there
+#else
   using namespace nvcuda;
   using L = TileLayout<D>;
   constexpr int G = groups_of<D>(), kWarpRows = 16 * G, kRows = L::kRows;
@@ -181,6 +184,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   best = warp_max(best);
   if (lane == 0) raise_running(running + head, best, a.scale);
+#endif
 }
 
 // One warp per (query row, head): its visible keys in turn, the dot split across lanes.
@@ -238,12 +242,26 @@ void launch_wmma(cudaStream_t stream, const AttentionArgs& a, const __nv_bfloat1
   check_launch("attention_max_logits", "max_logits_wmma_kernel");
 }
 
+// bf16 tensor-core fragments (WMMA) need compute capability 8.0; on a Turing card (sm_75)
+// the bf16 path takes the plain kernel. One GPU per process, so read once.
+bool bf16_wmma_supported() {
+  static const bool supported = [] {
+    int device = 0, major = 0;
+    check(cudaGetDevice(&device), "attention_max_logits", "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "attention_max_logits",
+          "compute capability");
+    return major >= 8;
+  }();
+  return supported;
+}
+
 }  // namespace
 
 void attention_max_logits_bf16(const ExecContext& ctx, const AttentionArgs& a, const bf16_bits* q, const bf16_bits* k, uint32_t* running) {
   if (a.tokens == 0) return;
   const auto* qb = reinterpret_cast<const __nv_bfloat16*>(q);
   const auto* kb = reinterpret_cast<const __nv_bfloat16*>(k);
+  if (!bf16_wmma_supported()) return launch_plain(stream(ctx), "attention_max_logits", a, qb, kb, running);
   switch (a.head_dim) {
     case 64: return launch_wmma<64>(stream(ctx), a, qb, kb, running);
     case 128: return launch_wmma<128>(stream(ctx), a, qb, kb, running);
