@@ -254,11 +254,16 @@ void Backbone::export_config(ExportConfig& out) const {
     out.set("block_count", m.layers, "model.layers");
   }
   position_->export_config(out);
+  bool windowed = false;
+  for (int64_t l = 0; l < m.layers; ++l) windowed = windowed || layer_choices(m, l).window > 0;
+  // llama.cpp's gemma2 always builds its sliding-window cache, which asserts that some layer
+  // slides (llama-model.cpp: GGML_ASSERT(hparams.is_swa_any())): a file without one crashes it.
+  if (out.is("gemma2") && out.format() == ExportConfig::Format::gguf && !windowed)
+    out.refuse("model.sliding_window", std::to_string(m.sliding_window),
+               "llama.cpp's gemma2 needs at least one sliding layer (it aborts on a file without one)");
   if (out.is("gemma3_text")) {
     // Gemma 3's sliding layers rotate by rope_local_base_freq, unscaled: kiln's local base
     // (or, without one, its single base where no scaling makes the two differ).
-    bool windowed = false;
-    for (int64_t l = 0; l < m.layers; ++l) windowed = windowed || layer_choices(m, l).window > 0;
     if (windowed && !local_position_ && m.rope.scaling != "none")
       out.refuse("model.rope.local_theta", "0",
                  "Gemma 3's sliding layers rotate unscaled at rope_local_base_freq: set model.rope.local_theta");
