@@ -368,8 +368,11 @@ TEST(ExportGemma, GgufRefusesWhatLlamaCppsGemmaCannotCompute) {
   constexpr bool gguf = true;
   EXPECT_EQ(export_error([](ModelConfig&) {}, gguf), "");
   EXPECT_EQ(export_error(gemma2([](ModelConfig&) {}), gguf), "");
-  EXPECT_EQ(export_error([](ModelConfig& c) { c.logit_softcap = 5.0, c.sliding_window = 0, c.full_attention_layers = "", c.rope.local_theta = 0; },
-                         gguf),
+  EXPECT_EQ(export_error(
+                [](ModelConfig& c) {
+                  c.logit_softcap = 5.0, c.sliding_window = 0, c.full_attention_layers = "", c.rope.local_theta = 0;
+                },
+                gguf),
             "");
   // Gemma 3 without a window has no sliding cache in llama.cpp; Gemma 2's always has one,
   // and llama.cpp aborts when no layer slides.
@@ -377,7 +380,8 @@ TEST(ExportGemma, GgufRefusesWhatLlamaCppsGemmaCannotCompute) {
              "model.sliding_window = 0");
   EXPECT_HAS(export_error(gemma2([](ModelConfig& c) { c.full_attention_layers = "0,1,2"; }), gguf),
              "model.sliding_window = 16");
-  EXPECT_HAS(export_error(gemma2([](ModelConfig& c) { c.attention_softcap = 0; }), gguf), "model.attention_softcap = 0");
+  EXPECT_HAS(export_error(gemma2([](ModelConfig& c) { c.attention_softcap = 0; }), gguf),
+             "model.attention_softcap = 0");
   EXPECT_HAS(export_error(gemma2([](ModelConfig& c) { c.logit_softcap = 0; }), gguf), "model.logit_softcap = 0");
   EXPECT_HAS(export_error(gemma2([](ModelConfig& c) { c.tie_embeddings = false; }), gguf),
              "model.tie_embeddings = false");

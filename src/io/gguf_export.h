@@ -1,6 +1,7 @@
 // `kiln export gguf`: a saved kiln model as a GGUF v3 file for llama.cpp, under its
-// qwen3 / llama / qwen2 (qwen3moe, dots1, gemma2, gemma3) architectures (the same choice, and the same refusals, as the HF
-// export: io/hf_config.h), with llama.cpp's metadata keys and tensor names:
+// qwen3 / llama / qwen2 (qwen3moe, dots1, gemma2, gemma3) architectures (the same choice,
+// and the same refusals, as the HF export: io/hf_config.h), with llama.cpp's metadata keys
+// and tensor names:
 //   token_embd, output_norm, output (untied only), blk.N.{attn_norm, attn_q, attn_k, attn_v,
 //   attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}[.bias]
 // head_dim is written as attention.key_length / value_length. RoPE pairing: llama.cpp's

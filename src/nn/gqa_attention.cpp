@@ -213,7 +213,8 @@ void GqaAttention::export_config(ExportConfig& out) const {
                out.format() == ExportConfig::Format::gguf ? "kiln's GGUF architectures have no attention sinks"
                                                           : "no attention sinks in this architecture");
   if (!rotary_) out.refuse("model.nope_layers", fmt::format("layer {}", layer_), "every layer rotates");
-  const bool windowed_family = gemma || (hf && (out.is("qwen2") || out.is("qwen3") || out.is("qwen3_moe") || out.is("dots1")));
+  const bool windowed_family =
+      gemma || (hf && (out.is("qwen2") || out.is("qwen3") || out.is("qwen3_moe") || out.is("dots1")));
   if (options_.window > 0 && !windowed_family)
     out.refuse("model.sliding_window", std::to_string(options_.window),
                out.format() == ExportConfig::Format::gguf ? "llama.cpp's architecture has no sliding window"
