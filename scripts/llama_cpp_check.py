@@ -15,11 +15,13 @@ For each trained kiln model directory and GGUF type (f32, q8_0):
      awkward UTF-8 strings gives kiln's ids (BOS, then the bytes), and detokenize gives the
      bytes back.
 Writes OUT/llama_cpp.json and prints a table; exits 1 if an f32 export disagrees (rel err
-above 1e-4 or losses more than 1e-4 apart) or a q8_0 one is off (mean KL above 1e-3).
+above 1e-4, gemma2/gemma3 1e-3: ggml's CPU GELU is an fp16 table, see
+llama_cpp_gemma_gelu.py; or losses more than 1e-4 apart) or a q8_0 one is off (mean KL
+above 1e-3).
 
-Any architecture kiln exports: dense ones, and sparse ones as qwen3moe (softmax_topk) or
+Any architecture kiln exports: dense ones, sparse ones as qwen3moe (softmax_topk) or
 dots1 (sigmoid_bias; llama.cpp's dots1 needs a shared expert, an untied head and kv_heads =
-heads, else kiln refuses the export).
+heads, else kiln refuses the export), and Gemma 2/3 (model.sandwich_norms) as gemma2/gemma3.
 
 usage: llama_cpp_check.py --kiln BIN --out DIR [--text data/tinyshakespeare.txt] MODEL_DIR...
 """
@@ -48,9 +50,10 @@ def llama_cpp_logits(gguf, ids, threads):
     of the q8_0 files of these byte-level models (vocab 259, a q8_0 output matrix whose row
     count is not a multiple of 4) crashes inside llama.cpp, while single tokens do not."""
     # The KV cache in f32 (type 0; llama.cpp's default is f16), so that an f32 export is
-    # compared at full precision.
+    # compared at full precision. swa_full: gemma2/gemma3's sliding layers keep a cache of
+    # the whole context, as the others do (no cells dropped; the window is the mask's).
     llm = Llama(model_path=gguf, n_ctx=ids.shape[1], n_batch=1, n_ubatch=1, logits_all=True, n_threads=threads,
-                type_k=0, type_v=0, verbose=False)
+                type_k=0, type_v=0, swa_full=True, verbose=False)
     rows = []
     for seq in ids:
         llm.reset()
@@ -122,7 +125,11 @@ def check_model(args, model_dir):
         r["seconds"] = time.time() - t
         r["metadata"] = meta
         if gtype == "f32":
-            r["pass"] = r["max_rel_err"] <= 1e-4 and abs(r["llama_cpp_loss"] - kiln_loss) <= 1e-4
+            # ggml's CPU GELU (gemma2/gemma3's gated MLP) reads a table of fp16 values, which
+            # puts llama.cpp ~5e-5 from the exact f32 forward that kiln computes
+            # (scripts/llama_cpp_gemma_gelu.py shows it): 1e-3 there, 1e-4 elsewhere.
+            gelu_fp16 = meta.get("general.architecture") in ("gemma2", "gemma3")
+            r["pass"] = r["max_rel_err"] <= (1e-3 if gelu_fp16 else 1e-4) and abs(r["llama_cpp_loss"] - kiln_loss) <= 1e-4
         else:
             r["pass"] = r["mean_kl"] <= 1e-3
         if gtype == "f32":

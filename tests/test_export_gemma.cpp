@@ -2,12 +2,15 @@
 // stock Gemma2ForCausalLM / Gemma3ForCausalLM reads; the exported folder run by a numpy
 // forward written from transformers' definitions (tests/python/check_gemma_export.py) gives
 // kiln's logits; import(export(model)) reproduces every weight bit for bit and the loss; and
-// what the Gemma classes cannot carry is refused by its key.
+// what the Gemma classes cannot carry is refused by its key. The GGUF export as llama.cpp's
+// gemma2 / gemma3: keys, tensors, gains stored as 1 + w, read back, and its refusals.
 #include "export_fixture.h"
 #include "full_forward.h"
 #include "io/gguf_export.h"
 #include "io/hf_config.h"
 #include "io/hf_export.h"
+#include "io/export_names.h"
+#include "io/gguf_writer.h"
 #include "io/hf_import.h"
 #include "io/safetensors.h"
 
@@ -185,6 +188,126 @@ TEST(ExportGemma, ConfigNamesNumpyForwardAndBitwiseRoundTrip) {
   fs::remove_all(root);
 }
 
+std::unique_ptr<Model> load_model(const std::string& dir) {
+  return std::move(io::load_model(dir, [] {
+                     BuildOptions o;
+                     o.training = false;
+                     o.max_tokens = 64;
+                     return o;
+                   }())
+                       .model);
+}
+
+// llama.cpp's gemma2 / gemma3 (src/models/gemma2.cpp, gemma3.cpp, llama-model.cpp's
+// load_swa_pattern): the keys they read, the tensors they create, Gemma's gains stored as
+// 1 + w (llama.cpp multiplies by the stored gain), and load_gguf_weights reading the file
+// back: every weight bitwise except the gains, which come back as (w + 1) - 1 in fp32.
+TEST(ExportGemma, GgufKeysTensorsGainsAndReadBack) {
+  const std::string root = test::temp_dir("kiln-export-gemma-gguf");
+  for (const GemmaCase& c : {GemmaCase{"gemma2", gemma2_config(), io::HfArch::gemma2},
+                             GemmaCase{"gemma3", gemma3_config(), io::HfArch::gemma3}}) {
+    SCOPED_TRACE(c.name);
+    const bool three = c.arch == io::HfArch::gemma3;
+    const std::string a = three ? "gemma3" : "gemma2";
+    const std::string model = test::save_random_model(c.config, root + "/" + c.name + "-model");
+    const std::string file = root + "/" + c.name + ".gguf";
+    EXPECT_EQ(io::export_gguf(model, file, {}).arch, a);
+    const io::GgufFile g = io::GgufFile::open(file);
+    auto u32 = [&](const std::string& key) { return std::get<uint32_t>(g.get(a + "." + key)); };
+    auto f32 = [&](const std::string& key) { return std::get<float>(g.get(a + "." + key)); };
+    EXPECT_EQ(std::get<std::string>(g.get("general.architecture")), a);
+    EXPECT_EQ(u32("block_count"), 3u);
+    EXPECT_EQ(u32("embedding_length"), 64u);
+    EXPECT_EQ(u32("feed_forward_length"), 96u);
+    EXPECT_EQ(u32("attention.head_count"), 4u);
+    EXPECT_EQ(u32("attention.head_count_kv"), 2u);
+    EXPECT_EQ(u32("attention.key_length"), 16u);
+    EXPECT_EQ(u32("rope.dimension_count"), 16u);
+    EXPECT_EQ(f32("attention.layer_norm_rms_epsilon"), static_cast<float>(c.config.norm_eps));
+    EXPECT_EQ(f32("rope.freq_base"), static_cast<float>(c.config.rope_theta));
+    EXPECT_EQ(u32("attention.sliding_window"), 16u);
+    EXPECT_EQ(std::get<std::vector<bool>>(g.get(a + ".attention.sliding_window_pattern")),
+              (std::vector<bool>{true, false, true}));
+    if (three) {
+      EXPECT_EQ(f32("rope.freq_base_swa"), 50.0f);
+      EXPECT_FALSE(g.contains("gemma3.attn_logit_softcapping"));
+      EXPECT_FALSE(g.contains("gemma3.final_logit_softcapping"));  // llama.cpp's gemma3: no cap without it
+    } else {
+      EXPECT_EQ(f32("attn_logit_softcapping"), 3.0f);
+      EXPECT_EQ(f32("final_logit_softcapping"), 6.0f);
+      EXPECT_FALSE(g.contains("gemma2.rope.freq_base_swa"));  // llama.cpp's default: rope.freq_base
+    }
+
+    std::vector<std::string> want = {"token_embd.weight", "output_norm.weight"};
+    if (three) want.push_back("output.weight");
+    for (int l = 0; l < 3; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      for (const char* leaf : {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                               "attn_output.weight", "post_attention_norm.weight", "ffn_norm.weight",
+                               "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "post_ffw_norm.weight"})
+        want.push_back(p + leaf);
+      if (three) want.insert(want.end(), {p + "attn_q_norm.weight", p + "attn_k_norm.weight"});
+    }
+    std::vector<std::string> names;
+    for (const auto& t : g.tensors()) names.push_back(t.name);
+    std::sort(want.begin(), want.end());
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, want);
+    EXPECT_EQ(g.tensor("blk.0.attn_q.weight").shape, (std::vector<int64_t>{64, 64}));
+    EXPECT_EQ(g.tensor("blk.0.attn_k.weight").shape, (std::vector<int64_t>{32, 64}));
+    EXPECT_EQ(g.tensor("blk.0.ffn_down.weight").shape, (std::vector<int64_t>{64, 96}));
+    if (three) EXPECT_EQ(g.tensor("blk.0.attn_q_norm.weight").shape, (std::vector<int64_t>{16}));
+
+    // The file's gains are kiln's w + 1 (fp32), every other tensor kiln's values as they are
+    // (NEOX rotation, as kiln's: no q/k reordering).
+    std::unique_ptr<Model> original = load_model(model), back = load_model(model);
+    int gains = 0, gains_rounded = 0;
+    for (const auto& p : original->parameters()) {
+      if (p->training_only()) continue;
+      const std::string& name = io::gguf_name(*p);
+      const bool gain = name.ends_with("norm.weight");
+      const std::vector<float> stored = g.read_f32(name);
+      const Tensor w = p->value();
+      ASSERT_EQ(static_cast<int64_t>(stored.size()), w.numel()) << name;
+      for (int64_t i = 0; i < w.numel(); ++i) {
+        const float x = w.data<float>()[i];
+        ASSERT_EQ(stored[static_cast<size_t>(i)], gain ? x + 1.0f : x) << name << " " << i;
+      }
+      gains += gain ? 1 : 0;
+    }
+    EXPECT_EQ(gains, three ? 3 * 6 + 1 : 3 * 4 + 1);
+    io::load_gguf_weights(*back, file);
+    for (const auto& p : original->parameters()) {
+      if (p->training_only()) continue;
+      const bool gain = io::gguf_name(*p).ends_with("norm.weight");
+      const Tensor x = p->value(), y = back->find_parameter(p->name())->value();
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        const float w = x.data<float>()[i];
+        const float want_back = gain ? (w + 1.0f) - 1.0f : w;  // fp32, as the file holds it
+        ASSERT_EQ(y.data<float>()[i], want_back) << p->name() << " " << i;
+        gains_rounded += gain && want_back != w ? 1 : 0;
+      }
+    }
+    // The random gains near 1 (test::randomize_weights) lose their last bit in w + 1 about
+    // half the time: bitwise only where 1 + w is exact.
+    EXPECT_GT(gains_rounded, 0);
+
+    // gguf-py's reading of every type (tests/python/check_gguf.py: keys, names, shapes, types,
+    // values, the gains as 1 + w).
+    for (const std::string type : {"f32", "bf16", "q8_0"}) {
+      const std::string typed = root + "/" + c.name + "-" + type + ".gguf";
+      io::GgufExportOptions o;
+      o.type = type;
+      io::export_gguf(model, typed, o);
+      std::string output;
+      EXPECT_EQ(test::run_python("check_gguf.py " + typed + " " + model + " " + type, &output), 0) << type << output;
+      EXPECT_NE(output.find("OK " + a + " keys"), std::string::npos) << output;
+      std::printf("%s %s: %s", c.name, type.c_str(), output.c_str());
+    }
+  }
+  fs::remove_all(root);
+}
+
 std::string export_error(const std::function<void(ModelConfig&)>& edit, bool gguf = false) {
   const std::string root = test::temp_dir("kiln-export-gemma-refuse");
   ModelConfig c = gemma3_config();
@@ -231,8 +354,46 @@ TEST(ExportGemma, RefusesWhatTheGemmaClassesCannotCarry) {
                c.sandwich_norms = false, c.embed_scale = 1, c.rope.local_theta = 0, c.qk_norm_type = "rmsnorm";
              }),
              "model.norm = 'gemma_rmsnorm'");
-  EXPECT_HAS(export_error([](ModelConfig&) {}, true), "model.sandwich_norms = true");
-  EXPECT_HAS(export_error([](ModelConfig&) {}, true), "gemma3");
+}
+
+// What llama.cpp's gemma2 / gemma3 cannot compute (or kiln has not checked there) is refused
+// by its key; Gemma 2's edits start from Gemma 3's config as above.
+TEST(ExportGemma, GgufRefusesWhatLlamaCppsGemmaCannotCompute) {
+  auto gemma2 = [](const std::function<void(ModelConfig&)>& edit) {
+    return [edit](ModelConfig& c) {
+      c.qk_norm = false, c.rope.local_theta = 0, c.attention_softcap = 3, c.logit_softcap = 6, c.tie_embeddings = true;
+      edit(c);
+    };
+  };
+  constexpr bool gguf = true;
+  EXPECT_EQ(export_error([](ModelConfig&) {}, gguf), "");
+  EXPECT_EQ(export_error(gemma2([](ModelConfig&) {}), gguf), "");
+  EXPECT_EQ(export_error(
+                [](ModelConfig& c) {
+                  c.logit_softcap = 5.0, c.sliding_window = 0, c.full_attention_layers = "", c.rope.local_theta = 0;
+                },
+                gguf),
+            "");
+  // Gemma 3 without a window has no sliding cache in llama.cpp; Gemma 2's always has one,
+  // and llama.cpp aborts when no layer slides.
+  EXPECT_HAS(export_error(gemma2([](ModelConfig& c) { c.sliding_window = 0, c.full_attention_layers = ""; }), gguf),
+             "model.sliding_window = 0");
+  EXPECT_HAS(export_error(gemma2([](ModelConfig& c) { c.full_attention_layers = "0,1,2"; }), gguf),
+             "model.sliding_window = 16");
+  EXPECT_HAS(export_error(gemma2([](ModelConfig& c) { c.attention_softcap = 0; }), gguf),
+             "model.attention_softcap = 0");
+  EXPECT_HAS(export_error(gemma2([](ModelConfig& c) { c.logit_softcap = 0; }), gguf), "model.logit_softcap = 0");
+  EXPECT_HAS(export_error(gemma2([](ModelConfig& c) { c.tie_embeddings = false; }), gguf),
+             "model.tie_embeddings = false");
+  EXPECT_HAS(export_error([](ModelConfig& c) { c.attention_softcap = 5.0; }, gguf), "model.attention_softcap = 5");
+  EXPECT_HAS(export_error([](ModelConfig& c) { c.mlp = "swiglu"; }, gguf), "model.mlp = 'swiglu'");
+  EXPECT_HAS(export_error([](ModelConfig& c) { c.rope.scaling = "linear", c.rope.factor = 2; }, gguf),
+             "model.rope.scaling = 'linear'");
+  EXPECT_HAS(export_error([](ModelConfig& c) { c.rope.fraction = 0.5; }, gguf), "model.rope.fraction = 0.5");
+  // At 62 layers (46 for Gemma 2) llama.cpp scales q by 1/sqrt(hidden / heads) = 1/sqrt(16).
+  EXPECT_HAS(export_error([](ModelConfig& c) { c.layers = 62, c.head_dim = 32; }, gguf), "model.head_dim = 32");
+  EXPECT_EQ(export_error([](ModelConfig& c) { c.layers = 62; }, gguf), "");
+  EXPECT_HAS(export_error(gemma2([](ModelConfig& c) { c.layers = 46, c.head_dim = 8; }), gguf), "model.head_dim = 8");
 }
 
 }  // namespace

@@ -71,6 +71,15 @@ std::vector<float> gguf_order(std::vector<float> x, const Parameter& p, const st
   return permute_rows(x, shape[0], cols, to, inverse);
 }
 
+// Gemma's norms compute x * rstd * (1 + w) and kiln stores w; llama.cpp's gemma2/gemma3
+// multiply by the stored gain, so the file holds 1 + w (conversion/gemma.py: every tensor
+// whose name ends in "norm.weight", the q/k norms included), and reading it back subtracts
+// 1. In fp32 (1 + w) - 1 is w only where 1 + w is exact: a w below about 2^-24 in size, or
+// with bits below 1's last place, comes back rounded to 1's grid (the file has no more).
+bool stores_gain_offset(HfArch arch, const std::string& gguf_name) {
+  return is_gemma(arch) && gguf_name.ends_with("norm.weight");
+}
+
 std::vector<float> host_floats(const Tensor& t) {
   OwnedTensor host(DType::f32, Device::cpu, t.shape());
   copy_tensor(t, *host);
@@ -183,8 +192,6 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
   const Config config = load_config((fs::path(dir) / "config.toml").string());
   const ModelConfig& m = config.model;
   const HfArch arch = choose_hf_arch(m);
-  KILN_CHECK(!is_gemma(arch), "export", "model.sandwich_norms = true: a {} model; kiln's GGUF export does not write "
-             "llama.cpp's {} architecture (export hf)", hf_architecture(arch), gguf_architecture(arch));
   const std::vector<int64_t> order = rope_dim_order(arch, m.head_dim, rotary_dims(m));
   const std::string& type = options.type;
   KILN_CHECK(type == "f32" || type == "bf16" || type == "q8_0", "export", "--type '{}': expected f32, bf16 or q8_0",
@@ -209,6 +216,7 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
     if (value.is_number_integer()) w.set(key, static_cast<uint32_t>(value.get<int64_t>()));
     else if (value.is_number_float()) w.set(key, value.get<float>());
     else if (value.is_boolean()) w.set(key, value.get<bool>());
+    else if (value.is_array() && !value.empty() && value[0].is_boolean()) w.set(key, value.get<std::vector<bool>>());
     else fail("export", "internal: GGUF field '{}' = {} has no GGUF type here", key, value.dump());
   }
 
@@ -246,6 +254,8 @@ GgufExportReport export_gguf(const std::string& model_path, const std::string& o
       part = gguf_order(std::move(part), *p, order, false);
       x.insert(x.end(), part.begin(), part.end());
     }
+    if (stores_gain_offset(arch, tensor.name))
+      for (float& v : x) v += 1.0f;
     const std::vector<int64_t> shape = gguf_shape(tensor);
     // A router stays f32 at every type, as llama.cpp's converter and quantizer keep
     // ffn_gate_inp: its logits choose the experts.
@@ -298,6 +308,8 @@ void load_gguf_weights(Model& model, const std::string& path) {
       std::vector<float> x(all.begin() + static_cast<std::ptrdiff_t>(at),
                            all.begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(value.numel())));
       at += static_cast<size_t>(value.numel());
+      if (stores_gain_offset(arch, tensor.name))
+        for (float& v : x) v -= 1.0f;
       x = gguf_order(std::move(x), *p, order, true);
       Tensor host(x.data(), DType::f32, Device::cpu, value.shape());
       copy_tensor(host, value);

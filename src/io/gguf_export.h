@@ -1,6 +1,7 @@
 // `kiln export gguf`: a saved kiln model as a GGUF v3 file for llama.cpp, under its
-// qwen3 / llama / qwen2 architectures (the same choice, and the same refusals, as the HF
-// export: io/hf_config.h), with llama.cpp's metadata keys and tensor names:
+// qwen3 / llama / qwen2 (qwen3moe, dots1, gemma2, gemma3) architectures (the same choice,
+// and the same refusals, as the HF export: io/hf_config.h), with llama.cpp's metadata keys
+// and tensor names:
 //   token_embd, output_norm, output (untied only), blk.N.{attn_norm, attn_q, attn_k, attn_v,
 //   attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}[.bias]
 // head_dim is written as attention.key_length / value_length. RoPE pairing: llama.cpp's
@@ -9,6 +10,9 @@
 // so their weights go unchanged, except under partial rotary (model.rope.fraction < 1):
 // llama.cpp rotates the first rope.dimension_count = R dims, pairs (j, j + R/2), kiln pairs
 // (j, j + D/2) for j < R/2, so q/k rows, biases and norm gains are reordered per head.
+// Gemma 2/3 (sandwich norms) go to llama.cpp's gemma2 / gemma3 (NEOX too), with the sandwich
+// norms as post_attention_norm / post_ffw_norm and every *norm.weight stored as 1 + w
+// (Gemma's gain; llama.cpp multiplies by the stored one), which load_gguf_weights undoes.
 // Weight types: f32, bf16 or q8_0 for matrices (a matrix whose rows are not a multiple of 32
 // stays f32 under q8_0); norms and biases always f32. The tokenizer is embedded as a "gpt2"
 // vocabulary (tokens, token types, merges, bos/eos/pad ids).

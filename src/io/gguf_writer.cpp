@@ -49,10 +49,14 @@ void write_value(Out& o, const GgufValue& v) {
         else {
           o.pod<uint32_t>(kArray);
           using E = typename T::value_type;
-          o.pod<uint32_t>(std::is_same_v<E, std::string> ? kString : std::is_same_v<E, int32_t> ? kI32 : kF32);
+          o.pod<uint32_t>(std::is_same_v<E, std::string> ? kString
+                          : std::is_same_v<E, int32_t>   ? kI32
+                          : std::is_same_v<E, bool>      ? kBool
+                                                         : kF32);
           o.pod<uint64_t>(x.size());
           for (const auto& e : x) {
             if constexpr (std::is_same_v<E, std::string>) o.str(e);
+            else if constexpr (std::is_same_v<E, bool>) o.pod<uint8_t>(e ? 1 : 0);  // one byte each, as gguf's bool
             else o.pod(e);
           }
         }
@@ -231,6 +235,10 @@ GgufFile GgufFile::open(const std::string& path) {
       } else if (et == kF32) {
         std::vector<float> v;
         for (uint64_t j = 0; j < n; ++j) v.push_back(in.pod<float>());
+        f.metadata_.emplace_back(key, std::move(v));
+      } else if (et == kBool) {
+        std::vector<bool> v;
+        for (uint64_t j = 0; j < n; ++j) v.push_back(in.pod<uint8_t>() != 0);
         f.metadata_.emplace_back(key, std::move(v));
       } else {
         fail("gguf", "{}: array '{}' of element type {} is not supported here", path, key, et);

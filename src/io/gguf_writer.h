@@ -23,7 +23,7 @@ size_t ggml_row_bytes(GgmlType type, int64_t count);
 
 // A metadata value: scalars, a string, or an array of one of those.
 using GgufValue = std::variant<uint32_t, int32_t, uint64_t, float, bool, std::string, std::vector<std::string>,
-                               std::vector<int32_t>, std::vector<float>>;
+                               std::vector<int32_t>, std::vector<float>, std::vector<bool>>;
 
 class GgufWriter {
  public:

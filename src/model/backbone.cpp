@@ -233,7 +233,7 @@ void Backbone::export_config(ExportConfig& out) const {
   if (!m.final_norm.empty() && m.final_norm != m.norm)
     out.refuse("model.final_norm", fmt::format("'{}'", m.final_norm),
                fmt::format("the exported families' final norm is their blocks' ('{}')", m.norm));
-  const bool gemma = out.format() == ExportConfig::Format::hf && (out.is("gemma2") || out.is("gemma3_text"));
+  const bool gemma = out.gemma();
   // Gemma multiplies the embedding by sqrt(hidden_size), which it derives: no other scale.
   const double gemma_scale = std::sqrt(static_cast<double>(m.hidden));
   if (gemma && std::abs(m.embed_scale - gemma_scale) > 1e-12 * gemma_scale)
@@ -254,15 +254,23 @@ void Backbone::export_config(ExportConfig& out) const {
     out.set("block_count", m.layers, "model.layers");
   }
   position_->export_config(out);
+  bool windowed = false;
+  for (int64_t l = 0; l < m.layers; ++l) windowed = windowed || layer_choices(m, l).window > 0;
+  // llama.cpp's gemma2 always builds its sliding-window cache, which asserts that some layer
+  // slides (llama-model.cpp: GGML_ASSERT(hparams.is_swa_any())): a file without one crashes it.
+  if (out.is("gemma2") && out.format() == ExportConfig::Format::gguf && !windowed)
+    out.refuse("model.sliding_window", std::to_string(m.sliding_window),
+               "llama.cpp's gemma2 needs at least one sliding layer (it aborts on a file without one)");
   if (out.is("gemma3_text")) {
     // Gemma 3's sliding layers rotate by rope_local_base_freq, unscaled: kiln's local base
     // (or, without one, its single base where no scaling makes the two differ).
-    bool windowed = false;
-    for (int64_t l = 0; l < m.layers; ++l) windowed = windowed || layer_choices(m, l).window > 0;
     if (windowed && !local_position_ && m.rope.scaling != "none")
       out.refuse("model.rope.local_theta", "0",
                  "Gemma 3's sliding layers rotate unscaled at rope_local_base_freq: set model.rope.local_theta");
-    out.set("rope_local_base_freq", local_position_ ? m.rope.local_theta : m.rope_theta, "model.rope.local_theta");
+    const double local = local_position_ ? m.rope.local_theta : m.rope_theta;
+    // llama.cpp's gemma3 reads rope.freq_base_swa for its sliding layers (when it has a window).
+    if (out.format() == ExportConfig::Format::hf) out.set("rope_local_base_freq", local, "model.rope.local_theta");
+    else if (windowed) out.set("rope.freq_base_swa", static_cast<float>(local), "model.rope.local_theta");
   } else if (local_position_) {
     out.refuse("model.rope.local_theta", fmt::format("{}", m.rope.local_theta),
                "only Gemma 3 has a RoPE base of its own for the windowed layers");

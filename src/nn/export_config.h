@@ -29,6 +29,9 @@ class ExportConfig {
   Format format() const { return format_; }
   const std::string& family() const { return family_; }
   bool is(std::string_view family) const { return family_ == family; }
+  // Gemma 2 or 3 (model_type "gemma2" / "gemma3_text"), in either format.
+  bool gemma() const { return is("gemma2") || is("gemma3_text"); }
+  int64_t layers() const { return layers_; }
 
   // out[key] = value; throws naming config_key when key already holds another value.
   void set(const std::string& key, const nlohmann::json& value, std::string_view config_key);

@@ -32,7 +32,8 @@ struct GatedActivation {
   void (*backward)(const ExecContext& ctx, const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up,
                    const Tensor& out);
   const char* hf_act;       // config.json's hidden_act
-  bool llama_cpp;           // llama.cpp's llama/qwen2/qwen3 graphs compute it (they hard-code silu)
+  bool llama_cpp;           // llama.cpp's llama/qwen2/qwen3 graphs compute it (they hard-code silu;
+                            // its gemma2/gemma3 hard-code GELU: the other one)
   bool fused_decode;        // ops/decode's norm_gemv_swiglu computes it
 };
 
@@ -146,7 +147,10 @@ class GatedMlp final : public Mlp {
   void export_config(ExportConfig& out) const override {
     const int64_t width = down_w_.shape()[1];
     if (out.format() == ExportConfig::Format::gguf) {
-      if (!act_.llama_cpp)
+      // llama.cpp's gemma2/gemma3 gate with GELU (tanh form, LLM_FFN_GELU), the others with silu.
+      if (out.gemma() && act_.llama_cpp)
+        out.refuse(key_, "'swiglu'", "llama.cpp's gemma2/gemma3 gate with GELU (model.mlp = 'geglu')");
+      if (!out.gemma() && !act_.llama_cpp)
         out.refuse(key_, "'geglu'", "llama.cpp's graph of this family gates with silu");
       if (out.is("qwen3_moe"))
         out.refuse("model.alt_mlp_layers", std::to_string(layer_), "llama.cpp's qwen3moe has sparse layers only");
@@ -154,7 +158,7 @@ class GatedMlp final : public Mlp {
     }
     out.set("intermediate_size", width, "model.ffn_hidden");
     out.set("hidden_act", act_.hf_act, key_);
-    if (out.is("gemma2") || out.is("gemma3_text")) out.set("hidden_activation", act_.hf_act, key_);  // what they read
+    if (out.gemma()) out.set("hidden_activation", act_.hf_act, key_);  // what they read
     if (out.is("llama")) out.set("mlp_bias", false, key_);
     if (out.is("qwen3_moe")) out.append("mlp_only_layers", layer_);  // a dense layer among sparse ones
   }

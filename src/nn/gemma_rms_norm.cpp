@@ -69,14 +69,15 @@ class GemmaRmsNorm final : public Norm {
   }
 
   // Gemma 2/3 (chosen by model.sandwich_norms) compute this norm; the other families scale
-  // by w itself, and Gemma 1 (no sandwich norms) is not written.
+  // by w itself, and Gemma 1 (no sandwich norms) is not written. llama.cpp's gemma2/gemma3
+  // multiply by the stored gain, so the GGUF export stores 1 + w (io/gguf_export.cpp).
   void export_config(ExportConfig& out) const override {
-    if (out.format() == ExportConfig::Format::hf && (out.is("gemma2") || out.is("gemma3_text")))
-      return out.set("rms_norm_eps", eps_, "model.norm_eps");
+    if (out.gemma()) {
+      if (out.format() == ExportConfig::Format::hf) return out.set("rms_norm_eps", eps_, "model.norm_eps");
+      return out.set("attention.layer_norm_rms_epsilon", static_cast<float>(eps_), "model.norm_eps");
+    }
     out.refuse("model.norm", "'gemma_rmsnorm'",
-               out.format() == ExportConfig::Format::gguf
-                   ? "kiln's GGUF export writes no Gemma architecture"
-                   : "its gain is 1 + weight: kiln exports it as Gemma 2/3, which need model.sandwich_norms = true");
+               "its gain is 1 + weight: kiln exports it as Gemma 2/3, which need model.sandwich_norms = true");
   }
 
  private:

@@ -203,7 +203,7 @@ double GqaAttention::extra_forward_flops_per_token(int64_t seq_len) const {
 void GqaAttention::export_config(ExportConfig& out) const {
   const bool qk_norm = qk_norm_, bias = bias_;
   const bool hf = out.format() == ExportConfig::Format::hf;
-  const bool gemma = hf && (out.is("gemma2") || out.is("gemma3_text")), gemma3 = gemma && out.is("gemma3_text");
+  const bool gemma = out.gemma(), gemma3 = out.is("gemma3_text");
   if (options_.softcap > 0 && !gemma)
     out.refuse("model.attention_softcap", fmt::format("{}", options_.softcap), "no softcap");
   // transformers' GptOssForCausalLM and llama.cpp's gpt-oss carry sinks, but kiln exports
@@ -213,7 +213,8 @@ void GqaAttention::export_config(ExportConfig& out) const {
                out.format() == ExportConfig::Format::gguf ? "kiln's GGUF architectures have no attention sinks"
                                                           : "no attention sinks in this architecture");
   if (!rotary_) out.refuse("model.nope_layers", fmt::format("layer {}", layer_), "every layer rotates");
-  const bool windowed_family = hf && (out.is("qwen2") || out.is("qwen3") || out.is("qwen3_moe") || out.is("dots1") || gemma);
+  const bool windowed_family =
+      gemma || (hf && (out.is("qwen2") || out.is("qwen3") || out.is("qwen3_moe") || out.is("dots1")));
   if (options_.window > 0 && !windowed_family)
     out.refuse("model.sliding_window", std::to_string(options_.window),
                out.format() == ExportConfig::Format::gguf ? "llama.cpp's architecture has no sliding window"
@@ -243,6 +244,7 @@ void GqaAttention::export_config(ExportConfig& out) const {
     out.set("attention.head_count_kv", hkv_, "model.kv_heads");
     out.set("attention.key_length", d_, "model.head_dim");
     out.set("attention.value_length", d_, "model.head_dim");
+    if (gemma) export_gemma_gguf(out);
     return;
   }
   out.set("num_attention_heads", hq_, "model.heads");
@@ -275,6 +277,28 @@ void GqaAttention::export_config(ExportConfig& out) const {
     }
     out.set_layer("layer_types", layer_, options_.window > 0 ? "sliding_attention" : "full_attention");
   }
+}
+
+// llama.cpp's gemma2/gemma3 (src/models/gemma2.cpp, gemma3.cpp): q scaled by 1/sqrt(head_dim)
+// as kiln's, except at the layer counts of Gemma 2 27B (46) and Gemma 3 27B (62), where it is
+// 1/sqrt(hidden / heads); gemma2 caps every score (tanh(x / cap) * cap, so a cap of 0 divides
+// by zero), gemma3 none. Windows: one sliding_window and a per-layer pattern (true = sliding;
+// load_swa_pattern reads the array before any default), so any interleave is written as it is.
+void GqaAttention::export_gemma_gguf(ExportConfig& out) const {
+  const bool gemma3 = out.is("gemma3_text");
+  if (out.layers() == (gemma3 ? 62 : 46) && hidden_ / hq_ != d_)
+    out.refuse("model.head_dim", std::to_string(d_),
+               fmt::format("llama.cpp's {} scales q by 1/sqrt(hidden / heads) = 1/sqrt({}) at {} layers (its 27B), "
+                           "kiln by 1/sqrt(head_dim)",
+                           gemma3 ? "gemma3" : "gemma2", hidden_ / hq_, out.layers()));
+  if (gemma3 && options_.softcap > 0)
+    out.refuse("model.attention_softcap", fmt::format("{}", options_.softcap),
+               "llama.cpp's gemma3 does not softcap the attention scores");
+  if (!gemma3 && options_.softcap <= 0)
+    out.refuse("model.attention_softcap", "0", "llama.cpp's gemma2 always softcaps the attention scores (set a cap)");
+  if (!gemma3) out.set("attn_logit_softcapping", static_cast<float>(options_.softcap), "model.attention_softcap");
+  if (options_.window > 0) out.set("attention.sliding_window", options_.window, "model.sliding_window");
+  out.set_layer("attention.sliding_window_pattern", layer_, options_.window > 0);
 }
 
 ops::QkvPrepare GqaAttention::prepare_at(const Tensor& positions) const {

@@ -42,6 +42,7 @@ class GqaAttention final : public TokenMixer {
   int64_t window() const { return options_.window; }
 
  private:
+  void export_gemma_gguf(ExportConfig& out) const;  // gemma2/gemma3's attention keys
   friend class GqaDecoder;
   // The q/k preparation for these positions (the layer's rotary tables, if it rotates).
   ops::QkvPrepare prepare_at(const Tensor& positions) const;

@@ -77,15 +77,23 @@ void LmHead::logits(const Tensor& hidden, std::vector<float>& out) {
 
 // A tied head is the embedding (Hugging Face: tie_word_embeddings; GGUF: no output.weight).
 void LmHead::export_config(ExportConfig& out) const {
-  const bool gemma = out.format() == ExportConfig::Format::hf && (out.is("gemma2") || out.is("gemma3_text"));
-  if (gemma)  // written either way: Gemma2Config's default caps the logits at 30
+  const bool hf = out.format() == ExportConfig::Format::hf;
+  if (out.gemma() && hf)  // written either way: Gemma2Config's default caps the logits at 30
     out.set("final_logit_softcapping", softcap_ > 0 ? nlohmann::json(softcap_) : nlohmann::json(nullptr),
             "model.logit_softcap");
+  else if (out.gemma() && softcap_ > 0)
+    out.set("final_logit_softcapping", static_cast<float>(softcap_), "model.logit_softcap");
   else if (softcap_ > 0)
     out.refuse("model.logit_softcap", fmt::format("{}", softcap_), "its LM head has no softcap");
-  if (out.format() == ExportConfig::Format::hf) out.set("tie_word_embeddings", tied_, "model.tie_embeddings");
-  else if (tied_ && out.is("dots1"))
+  if (hf) return out.set("tie_word_embeddings", tied_, "model.tie_embeddings");
+  if (tied_ && out.is("dots1"))
     out.refuse("model.tie_embeddings", "true", "llama.cpp's dots1 reads a separate output matrix");
+  // llama.cpp's gemma2 caps the logits always (tanh(x / cap) * cap; 0 divides by zero) and
+  // reads token_embd as its output matrix; its gemma3 caps when the key is there.
+  if (out.is("gemma2") && softcap_ <= 0)
+    out.refuse("model.logit_softcap", "0", "llama.cpp's gemma2 always softcaps the logits (set a cap)");
+  if (out.is("gemma2") && !tied_)
+    out.refuse("model.tie_embeddings", "false", "llama.cpp's gemma2 reads token_embd as its output matrix");
 }
 
 std::unique_ptr<HeadDecoder> LmHead::make_decoder(DecodeContext& ctx, const Norm& final_norm) const {

@@ -41,11 +41,13 @@ class Rope final : public PositionEncoding {
     // classes; the Llama/Qwen2/Qwen3 classes kiln exports to rotate the whole head whatever
     // it says. llama.cpp's qwen2/qwen3 (NEOX) rotate the first rope.dimension_count dims
     // (the exporter reorders q/k rows to match: io/gguf_export.h); its llama refuses fewer.
-    if (rotary_dims_ != head_dim_ && (out.format() == ExportConfig::Format::hf || out.is("llama")))
+    // (kiln's export of llama.cpp's gemma2/gemma3 is checked with whole-head rotation only.)
+    if (rotary_dims_ != head_dim_ && (out.format() == ExportConfig::Format::hf || out.is("llama") || out.gemma()))
       out.refuse("model.rope.fraction", fmt::format("{}", scaling_.fraction),
                  out.format() == ExportConfig::Format::hf
                      ? "the stock Llama/Qwen classes rotate the whole head (they ignore partial_rotary_factor)"
-                     : "llama.cpp's llama rotates the whole head (rope.dimension_count must be head_dim)");
+                     : "llama.cpp's llama rotates the whole head and kiln's gemma2/gemma3 GGUF export writes "
+                       "whole-head rotation only (rope.dimension_count must be head_dim)");
     // ntk exports as the plain RoPE of its effective base: the same frequencies at every
     // length (transformers' "dynamic" type would recompute them past max_position_embeddings).
     const bool ntk = scaling_.scaling == "ntk";
@@ -89,6 +91,11 @@ class Rope final : public PositionEncoding {
     out.set("rope.dimension_count", rotary_dims_, rotary_dims_ == head_dim_ ? "model.head_dim" : "model.rope.fraction");
     out.set("rope.freq_base", static_cast<float>(theta), "model.rope_theta");
     if (plain) return;
+    // llama.cpp's gemma3 leaves its sliding layers unscaled (rope_freq_scale_train_swa),
+    // which kiln's local RoPE would match, but that is not checked against llama.cpp yet.
+    if (out.gemma())
+      out.refuse("model.rope.scaling", "'" + scaling_.scaling + "'",
+                 "kiln's gemma2/gemma3 GGUF export writes unscaled (or ntk) RoPE only (export hf)");
     if (scaling_.scaling != "linear")  // llama.cpp's yarn and rope_freqs are not checked against kiln's tables
       out.refuse("model.rope.scaling", "'" + scaling_.scaling + "'",
                  "kiln's GGUF export carries linear and ntk RoPE scaling only (yarn and llama3: export hf)");

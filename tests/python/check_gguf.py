@@ -9,7 +9,9 @@ usage: check_gguf.py FILE.gguf KILN_MODEL_DIR TYPE [KILN_DEQUANT.safetensors]
 Checks metadata, tensor names, shapes and types; for Q8_0, that gguf-py's quantizer applied
 to kiln's f32 weights gives kiln's bytes exactly; for llama, the q/k permutation; under
 partial rotary (model.rope.fraction < 1), the q/k reordering into llama.cpp's NEOX layout
-and, at f32, that llama.cpp's rotation of the first R dims gives kiln's attention scores.
+and, at f32, that llama.cpp's rotation of the first R dims gives kiln's attention scores;
+for Gemma (model.sandwich_norms: llama.cpp's gemma2 / gemma3), its keys (softcaps, window
+pattern, local RoPE base), its tensor names and every norm gain stored as 1 + w.
 """
 
 import os
@@ -86,8 +88,61 @@ def check_partial_rotary_scores(gguf, kiln, m):
     print(f"OK partial rotary: {R} of {D} dims, layer 0's {H} scores agree within {err:.1e}")
 
 
+def gguf_arch(m):
+    """Sandwich norms are Gemma's block: llama.cpp's gemma3 with q/k norms, else gemma2."""
+    if m.get("sandwich_norms", False):
+        return "gemma3" if m["qk_norm"] else "gemma2"
+    return ref.expected_arch(m)
+
+
+def gemma_tensors(m):
+    """GGUF name -> (kiln name, shape) of llama.cpp's gemma2/gemma3 tensors (load_arch_tensors
+    in src/models/gemma2.cpp, gemma3.cpp), written out from conversion/gemma.py's names."""
+    d, hd, q, kv, f, v = m["hidden"], m["head_dim"], m["heads"] * m["head_dim"], m["kv_heads"] * m["head_dim"], m["ffn_hidden"], m["vocab_size"]
+    out = {"token_embd.weight": ("embed.weight", (v, d)), "output_norm.weight": ("final_norm.weight", (d,))}
+    if not m["tie_embeddings"]:
+        out["output.weight"] = ("lm_head.weight", (v, d))
+    for l in range(m["layers"]):
+        for g, k, shape in [("attn_norm", "attn_norm", (d,)), ("attn_q", "attn.q_proj", (q, d)),
+                            ("attn_k", "attn.k_proj", (kv, d)), ("attn_v", "attn.v_proj", (kv, d)),
+                            ("attn_output", "attn.o_proj", (d, q)), ("post_attention_norm", "post_attn_norm", (d,)),
+                            ("ffn_norm", "mlp_norm", (d,)), ("ffn_gate", "mlp.gate_proj", (f, d)),
+                            ("ffn_up", "mlp.up_proj", (f, d)), ("ffn_down", "mlp.down_proj", (d, f)),
+                            ("post_ffw_norm", "post_mlp_norm", (d,))] + (
+                [("attn_q_norm", "attn.q_norm", (hd,)), ("attn_k_norm", "attn.k_norm", (hd,))] if m["qk_norm"] else []):
+            out[f"blk.{l}.{g}.weight"] = (f"layers.{l}.{k}.weight", shape)
+    return out
+
+
+def check_gemma_metadata(r, m, arch):
+    """The keys llama.cpp's gemma2/gemma3 read (load_arch_hparams, load_swa_pattern)."""
+    def f32(key):
+        return np.float32(field(r, f"{arch}.{key}"))
+    windowed = ref.windowed_layers(m)
+    pattern = [l in windowed for l in range(m["layers"])]
+    check(list(field(r, f"{arch}.attention.sliding_window_pattern")) == pattern, f"sliding_window_pattern != {pattern}")
+    if windowed:
+        check(field(r, f"{arch}.attention.sliding_window") == m["sliding_window"], "attention.sliding_window")
+    else:
+        check(r.get_field(f"{arch}.attention.sliding_window") is None, "attention.sliding_window without a window")
+    softcap, final = m.get("attention_softcap", 0.0), m.get("logit_softcap", 0.0)
+    if arch == "gemma2":  # applied always: both written
+        check(f32("attn_logit_softcapping") == np.float32(softcap), "attn_logit_softcapping")
+        check(f32("final_logit_softcapping") == np.float32(final), "final_logit_softcapping")
+    else:
+        check(r.get_field("gemma3.attn_logit_softcapping") is None, "gemma3 has no attention softcap")
+        if final:
+            check(f32("final_logit_softcapping") == np.float32(final), "final_logit_softcapping")
+        else:
+            check(r.get_field("gemma3.final_logit_softcapping") is None, "final_logit_softcapping without a cap")
+        if windowed:
+            local = m.get("rope", {}).get("local_theta", 0.0) or m["rope_theta"]
+            check(f32("rope.freq_base_swa") == np.float32(local), "rope.freq_base_swa")
+    print(f"OK {arch} keys: window pattern {''.join('s' if p else 'g' for p in pattern)}, softcaps {softcap} / {final}")
+
+
 def check_metadata(r, m, typ):
-    arch = ref.expected_arch(m)
+    arch = gguf_arch(m)
     check(field(r, "general.architecture") == arch, f"architecture {field(r, 'general.architecture')} != {arch}")
     check(field(r, "general.file_type") == {"f32": 0, "bf16": 32, "q8_0": 7}[typ], "general.file_type")
     want = {"context_length": m["max_seq_len"], "embedding_length": m["hidden"], "block_count": m["layers"],
@@ -108,6 +163,8 @@ def check_metadata(r, m, typ):
     check(field(r, "tokenizer.ggml.merges") == [], "merges must be empty for the byte vocabulary")
     ids = [field(r, f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "padding")]
     check(ids == [ref.BOS, ref.EOS, ref.PAD], f"special ids {ids}")
+    if arch in ("gemma2", "gemma3"):
+        check_gemma_metadata(r, m, arch)
     print(f"OK metadata: {arch}, {len(r.fields)} keys, {len(tokens)} tokens")
 
 
@@ -120,20 +177,26 @@ def main():
     check_metadata(r, m, typ)
 
     kiln = ref.kiln_weights(model_dir)
-    shapes = {ref.gguf_name(hf): (hf, s) for hf, s in ref.hf_tensor_shapes(m).items()}
+    arch = gguf_arch(m)
+    gemma = arch in ("gemma2", "gemma3")
+    if gemma:
+        shapes = gemma_tensors(m)
+    else:
+        shapes = {ref.gguf_name(hf): (ref.kiln_name(hf), s) for hf, s in ref.hf_tensor_shapes(m).items()}
     got = {t.name: t for t in r.tensors}
     check(set(got) == set(shapes), f"tensors: extra {set(got) - set(shapes)}, missing {set(shapes) - set(got)}")
     theirs = {}
     if kiln_dequant:
         with safe_open(kiln_dequant, framework="numpy") as f:
             theirs = {k: f.get_tensor(k) for k in f.keys()}
-    arch = ref.expected_arch(m)
     counts = {}
     f32_values = {}
     for name, t in got.items():
-        hf, shape = shapes[name]
+        kiln_name, shape = shapes[name]
         check(tuple(int(x) for x in reversed(t.shape)) == shape, f"{name}: ggml shape {list(t.shape)} for {shape}")
-        w = kiln[ref.kiln_name(hf)]
+        w = kiln[kiln_name]
+        if gemma and name.endswith("norm.weight"):  # llama.cpp multiplies by the stored gain: 1 + w
+            w = w.astype(np.float32) + np.float32(1)
         if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             w = ref.llama_permute(w, m["heads"] if "attn_q" in name else m["kv_heads"])
         rope_tensors = ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias", "attn_q_norm.weight", "attn_k_norm.weight")
