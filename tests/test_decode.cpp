@@ -241,11 +241,16 @@ TEST(Decoder, PartialRotaryMatchesFullForward) {
   check_decoder_matches(partial_rotary_config(), DType::f32, 2e-5);
 }
 
+// The DyT model's f32 bar is wider: DyT rescales nothing (q and k included) and relu2
+// squares, so rounding differences between the decoder's one-row products and the full
+// forward's batched ones grow more than in a normalized model. Measured 3.4e-6 with
+// OpenBLAS's SkylakeX kernels and 7.0e-5 with its Haswell ones (an AMD EPYC); the f64 check
+// at 1e-12 is the one that says decode computes the same function.
 TEST(Decoder, BreadthComponentsMatchFullForward) {
   for (const auto& [norm, mlp] : {std::pair<const char*, const char*>{"gemma_rmsnorm", "gelu"}, {"dyt", "relu2"}}) {
     SCOPED_TRACE(fmt::format("{} {}", norm, mlp));
     check_decoder_matches(breadth_config(norm, mlp), DType::f64, 1e-12);
-    check_decoder_matches(breadth_config(norm, mlp), DType::f32, 2e-5);
+    check_decoder_matches(breadth_config(norm, mlp), DType::f32, std::string(norm) == "dyt" ? 2e-4 : 2e-5);
   }
 }
 
