@@ -1,5 +1,5 @@
 // The presets (configs/presets/*.toml; docs/presets.md) against the parameter counts their
-// seeds publish (/work/shared/seeds: 000 KohakUwULLM's ladder, 002 KochiLLM, 004 sparkgpt)
+// seeds publish (/work/shared/seeds: 000 KohakUwULLM's ladder, 001 K3-mini, 002 KochiLLM, 004 sparkgpt)
 // and Qwen3-0.6B's model card. kiln's own counts are pinned exactly (each one equals the
 // closed form of the seed's shapes: per layer q/o d h dh, k/v d kv dh, two d-gains and two
 // dh q/k gains, 3 d f per SwiGLU, E d per router; plus the embedding, an untied head and
@@ -152,13 +152,44 @@ TEST(Presets, Qwen3SmallCountsEqualItsModelCard) {
   EXPECT_EQ(c.total + c.embedding, 751632384);  // the checkpoint's tensors, head included
 }
 
+// Seed 001's primary profile (its configs/primary.json): "445,227,336 total parameters and
+// an estimated 179,806,536 active", which are its PyTorch modules' exact counts. kiln's
+// model differs by two named things: KDA's output gate has a bias (Kimi Linear's and FLA's
+// g_b_proj.bias, 768 per KDA layer, 12 layers) that the seed's has not; and Block AttnRes's
+// score RMSNorm has no gain in kiln (the seed keeps a key_weight per read: 2 per layer and
+// the final read's, 33 of 768) nor a query at layer 0's attention, whose one source, the
+// embedding, takes all the weight (docs/attn-res.md). Both are in the total and the active
+// count alike.
+TEST(Presets, K3MiniPrimaryCountsEqualSeed001sByNamedDifferences) {
+  const Counts c = count("k3-mini-primary");
+  EXPECT_EQ(c.total, 445210440);
+  EXPECT_EQ(c.active, 179789640);
+  EXPECT_EQ(c.embedding, 128001 * 768);  // tied: the table once
+  const Config config = load_config(preset_path("k3-mini-primary"));
+  BuildOptions options;
+  options.training = false;
+  options.max_tokens = config.model.max_seq_len;
+  const Model model(config.model, options);
+  int64_t gate_biases = 0, queries = 0;
+  for (const auto& p : model.parameters()) {
+    if (p->name().ends_with("kda.g_b_proj.bias")) gate_biases += p->shape().numel();
+    if (p->name().ends_with("_query")) queries += p->shape().numel();
+  }
+  EXPECT_EQ(gate_biases, 12 * 768);
+  EXPECT_EQ(queries, (2 * 16 - 1 + 1) * 768);  // 2L sublayers less layer 0's attention, and the final read
+  const int64_t seed_key_gains = (2 * 16 + 1) * 768, seed_layer0_query = 768;
+  EXPECT_EQ(c.total - gate_biases + seed_key_gains + seed_layer0_query, 445227336);
+  EXPECT_EQ(c.active - gate_biases + seed_key_gains + seed_layer0_query, 179806536);
+}
+
 // Every preset file is one of the above (a new one needs its published counts here), and
 // `kiln plan` takes each: parameters, active, embedding, FLOPs, GPU memory and the largest
 // micro-batch of --fit-memory, on this machine whether or not it has a GPU.
 TEST(Presets, PlanReportsEveryPreset) {
   std::set<std::string> tested;
   for (const Row& r : kKohaku) tested.insert(r.preset);
-  for (const char* name : {"kochi-1b-moe", "sparkgpt-50m", "sparkgpt-moe-8x2", "qwen3-0.6b"}) tested.insert(name);
+  for (const char* name : {"kochi-1b-moe", "sparkgpt-50m", "sparkgpt-moe-8x2", "qwen3-0.6b", "k3-mini-primary"})
+    tested.insert(name);
   std::set<std::string> files;
   for (const auto& e : std::filesystem::directory_iterator(test::source_dir() + "/configs/presets"))
     if (e.path().extension() == ".toml") files.insert(e.path().stem().string());
