@@ -143,18 +143,11 @@ TEST(Dropout, OnlyTheTrainingForwardDrops) {
   EXPECT_NE(loss(attention_only, true, 78), attention_trained);
 }
 
-// The attention probabilities' dropout on its own: the whole model's gradient against
-// finite differences of its dropped loss, with GQA over packed documents, a window on one
-// layer and a softcap (the residual dropouts off, so only the attention's masks act).
-TEST(Dropout, AttentionDropoutGradientMatchesFiniteDifferences) {
-  ModelConfig c = dropout_config();
-  c.dropout = c.embed_dropout = 0;
-  c.attention_dropout = 0.4;
-  c.sliding_window = 3;
-  c.full_attention_layers = "1";
-  c.attention_softcap = 4.0;
+// The whole model's gradient against finite differences of its dropped loss (a fixed key:
+// fixed masks), every parameter; the masks must act (the loss differs from evaluation's).
+void check_dropped_gradients(const ModelConfig& c, uint64_t key) {
   HostBatch batch = pack_docs(three_docs(), 4);
-  batch.dropout_key = 4242;
+  batch.dropout_key = key;
   Model m(c, tiny_build());
   m.allocate();
   init_tiny_model(m, 11);
@@ -164,7 +157,7 @@ TEST(Dropout, AttentionDropoutGradientMatchesFiniteDifferences) {
   const double dropped = m.forward_backward(scale).loss;
   std::vector<std::vector<double>> grads;
   for (const auto& p : m.parameters()) grads.push_back(values_of(p->grad()));
-  EXPECT_NE(dropped, m.evaluate().loss);  // the masks act
+  EXPECT_NE(dropped, m.evaluate().loss);
   m.load_batch(batch);
   ScopedCpuThreads one_thread(1);
   const auto objective = [&] { return m.forward_backward(scale).loss * scale; };
@@ -177,6 +170,35 @@ TEST(Dropout, AttentionDropoutGradientMatchesFiniteDifferences) {
     checked += r.checked;
   }
   EXPECT_EQ(checked, m.parameter_count());
+}
+
+ModelConfig attention_dropout_only() {
+  ModelConfig c = dropout_config();
+  c.dropout = c.embed_dropout = 0;
+  c.attention_dropout = 0.4;
+  return c;
+}
+
+// The attention probabilities' dropout on its own (so only its masks act): GQA over packed
+// documents, a window on one layer and a softcap.
+TEST(Dropout, AttentionDropoutGradientMatchesFiniteDifferences) {
+  ModelConfig c = attention_dropout_only();
+  c.sliding_window = 3;
+  c.full_attention_layers = "1";
+  c.attention_softcap = 4.0;
+  check_dropped_gradients(c, 4242);
+}
+
+// The same through an MLA layer (its own site) beside a GQA one.
+TEST(Dropout, MlaAttentionDropoutGradientMatchesFiniteDifferences) {
+  ModelConfig c = attention_dropout_only();
+  c.attention = "mla";
+  c.alt_attention = "gqa";
+  c.alt_attention_layers = "from:1";
+  c.mla.kv_rank = 5;
+  c.mla.qk_head_dim = 6;
+  c.mla.v_head_dim = 3;
+  check_dropped_gradients(c, 4343);
 }
 
 // The logits forward (sampling's, the serving prefill's) carries no key: a model with

@@ -130,10 +130,6 @@ Forward run_forward(const Problem& pr, const ops::AttentionOptions& o) {
   return {download_f32(*out), to_host(*lse)};
 }
 
-std::vector<float> values(const Tensor& host_f32) {
-  return {host_f32.data<float>(), host_f32.data<float>() + host_f32.numel()};
-}
-
 // The same key gives the same bits; another key other masks (about 2p(1-p) of the output
 // rows' elements change); the lse is the undropped softmax's. Ragged and uniform layouts.
 TEST_F(DropoutGpu, CudnnAttentionMasksFollowTheKey) {
@@ -350,7 +346,9 @@ TEST_F(DropoutGpu, CapturedAttentionDrawsEachReplaysKey) {
     };
     auto results = [&] {
       synchronize_stream();
-      return std::vector<OwnedTensor>{to_host(*out), to_host(*dq), to_host(*dk), to_host(*dv)};
+      std::vector<OwnedTensor> r;
+      for (const OwnedTensor* t : {&out, &dq, &dk, &dv}) r.push_back(to_host(**t));
+      return r;
     };
     cuda::StepGraphs graphs("attention dropout test", process_exec());
     set_key(101);
