@@ -238,7 +238,8 @@ TEST_F(DropoutGpu, CudnnAttentionBackwardUsesTheForwardsMask) {
     // P in fp64 from the bf16 q, k and the GPU's lse; Z from the output's zeros.
     auto prob = [&](int64_t i, int64_t h, int64_t j) {
       double s = 0;
-      for (int64_t c = 0; c < d; ++c) s += static_cast<double>(qv[(i * hq + h) * d + c]) * kv[(j * hkv + h / group) * d + c];
+      const float *qr = qv + (i * hq + h) * d, *kr = kv + (j * hkv + h / group) * d;
+      for (int64_t c = 0; c < d; ++c) s += static_cast<double>(qr[c]) * kr[c];
       return std::exp(s * scale - lh->data<float>()[i * hq + h]);
     };
     std::vector<double> z(static_cast<size_t>(n * hq * d), 0.0);  // [i, h, key offset]
@@ -316,6 +317,23 @@ TEST_F(DropoutGpu, CudnnAttentionBackwardUsesTheForwardsMask) {
     expect_vectors("dk", *dk1, rk);
     expect_vectors("dv", *dv1, rv);
   }
+}
+
+// Sinks are corrected around cuDNN's kernels, whose Philox masks nothing checks against the
+// CPU: with attention dropout that combination is refused, naming both keys.
+TEST_F(DropoutGpu, CudnnAttentionRefusesSinksWithDropoutByKey) {
+  const Layout l = layout_of({5, 3});
+  const Problem pr(l, 2, 1, 64, DType::bf16, test::random_tensor(DType::f32, Shape{8, 2, 64}, 31),
+                   test::random_tensor(DType::f32, Shape{8, 1, 64}, 32),
+                   test::random_tensor(DType::f32, Shape{8, 1, 64}, 33));
+  const OwnedTensor key = to_device(*key_tensor(9));
+  OwnedTensor sinks(DType::f32, Device::cuda, Shape{2});
+  ops::AttentionOptions o = dropout_options(l, 0.1, *key);
+  o.sinks = *sinks;
+  OwnedTensor out(DType::bf16, Device::cuda, pr.q_shape()), lse(DType::f32, Device::cuda, Shape{8, 2});
+  const std::string error =
+      test::error_of([&] { ops::attention_forward(process_exec(), *pr.q, *pr.k, *pr.v, *pr.cu, o, *out, *lse); });
+  EXPECT_NE(error.find("model.attention_dropout with model.attention_sinks"), std::string::npos) << error;
 }
 
 // A captured forward and backward (one step graph) replays with the key in device memory
