@@ -526,7 +526,7 @@ SdpaGraph& graph_for(State& st, const Key& k, cudaStream_t s) {
   std::unique_ptr<SdpaGraph> built;
   try {
     built = k.backward ? build_backward(st, k) : build_forward(st, k);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // kiln::Error from check_fe, or the frontend's own
     if (k.dropout_bits == 0) throw;
     fail(kWhere, "model.attention_dropout: cuDNN has no attention with dropout for this configuration (window {}, "
          "softcap {}): {}", k.window, float_of(k.softcap_bits), e.what());
