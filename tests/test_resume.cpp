@@ -101,6 +101,25 @@ TEST_F(Resume, QkClipKillInsideAGradientAccumulationRunResumesBitwise) {
   expect_same_run(straight, killed);
 }
 
+// Attention dropout (with the residual dropout): the masks are a function of the seed,
+// step and micro-batch, so the resumed steps draw the masks the straight run drew. The
+// run without it logs other losses: the trainer's key reaches the attention's masks.
+TEST_F(Resume, AttentionDropoutKillResumesBitwise) {
+  const std::string corpus = test::write_tiny_corpus(dir_, 40);
+  const std::string straight = dir_ + "/straight", killed = dir_ + "/killed", plain = dir_ + "/plain";
+  const std::string drop = "--set model.attention_dropout=0.3 --set model.dropout=0.1";
+  std::string output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, straight, drop), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, drop), "kill_at_step:7", &output), -SIGKILL) << output;
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, killed, drop + " --resume"), "", &output), 0) << output;
+  expect_same_run(straight, killed);
+  ASSERT_EQ(run_with_fault(tiny_train(corpus, plain, "--set model.dropout=0.1"), "", &output), 0) << output;
+  const auto with = test::train_records(straight), without = test::train_records(plain);
+  ASSERT_FALSE(with.empty());
+  ASSERT_EQ(with.size(), without.size());
+  EXPECT_NE(with[0].loss, without[0].loss) << "attention dropout left the first step's loss as it was";
+}
+
 // A restart with --resume of an attempt that died before its first checkpoint (a scheduler
 // restarts every attempt so): its metrics.jsonl holds its own 12 steps once (not appended
 // to the dead attempt's), and the dead attempt's records are in metrics.jsonl.previous,

@@ -600,6 +600,7 @@ void validate_config(const Config& config) {
   KILN_CHECK(scale >= 1 && std::exp2(std::round(std::log2(scale))) == scale, kWhere,
              "train.loss_scale_init ({}) must be a power of two >= 1: scaling by one is exact", scale);
   KILN_CHECK(m.embed_dropout < 1.0, kWhere, "model.embed_dropout ({}) must be below 1", m.embed_dropout);
+  KILN_CHECK(m.attention_dropout < 1.0, kWhere, "model.attention_dropout ({}) must be below 1", m.attention_dropout);
   const MoeConfig& moe = m.moe;
   KILN_CHECK(moe.top_k <= moe.experts, kWhere, "model.moe.top_k ({}) must be <= model.moe.experts ({})", moe.top_k,
              moe.experts);

@@ -123,9 +123,11 @@ struct ModelConfig {
   double embed_scale = 1.0;        // the embedding's output x this (Gemma: sqrt(hidden))
   // Dropout, training only (evaluation, sampling and decode drop nothing): the probability
   // of zeroing each element of every block's attention and MLP output before its residual
-  // add, and of the embedding's output (ops/dropout).
+  // add, and of the embedding's output (ops/dropout); and of each attention layer's softmax
+  // probabilities (ops/attention/attention.h: AttentionOptions::dropout).
   double dropout = 0.0;
   double embed_dropout = 0.0;
+  double attention_dropout = 0.0;
   bool attention_bias = false;     // bias on q/k/v projections (Qwen2-style)
   double init_std = 0.02;
   // muP (docs/mup.md): the width the hyperparameters were tuned at; hidden init std, residual

@@ -94,6 +94,8 @@ const std::array kFields = {
     KILN_FIELD(model, alt_attention_layers, none(), "layer set whose token mixer is alt_attention instead of attention"),
     KILN_FIELD(model, dropout, non_negative(), "drop probability of each block's attention and MLP output (training)"),
     KILN_FIELD(model, embed_dropout, non_negative(), "drop probability of the embedding's output (training)"),
+    KILN_FIELD(model, attention_dropout, non_negative(),
+               "drop probability of each attention layer's softmax probabilities (training)"),
     KILN_FIELD(model, attention_softcap, non_negative(), "cap * tanh(x / cap) of attention logits; 0 = off"),
     KILN_FIELD(model, attention_sinks, none(),
                "a learned per-head logit in each attention softmax's denominator (GPT-OSS)"),

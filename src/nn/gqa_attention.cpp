@@ -1,6 +1,7 @@
 #include "nn/gqa_attention.h"
 
 #include "nn/mup.h"
+#include "ops/dropout/dropout_mask.h"
 #include "ops/dyt/dyt.h"
 #include "ops/gemma_rms_norm/gemma_rms_norm.h"
 #include "ops/linear/linear.h"
@@ -42,6 +43,8 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
   options_.deterministic = ctx.deterministic;
   options_.window = layer.choices.window;
   options_.softcap = m.attention_softcap;
+  options_.dropout.p = m.attention_dropout;  // drawn only where a batch's key is given (training)
+  options_.dropout.site = dropout::attention_site(layer_);
   if (m.attention_sinks) {
     // On the GPU the sink-free kernels' output and lse are corrected for the sink
     // (ops/attention/attention_sinks_cuda.h); the decode kernels add it to their softmax.
@@ -250,7 +253,7 @@ void GqaAttention::export_config(ExportConfig& out) const {
   out.set("num_attention_heads", hq_, "model.heads");
   out.set("num_key_value_heads", hkv_, "model.kv_heads");
   out.set("head_dim", d_, "model.head_dim");
-  out.set("attention_dropout", 0.0, "model.attention");
+  out.set("attention_dropout", options_.dropout.p, "model.attention_dropout");
   if (!qwen2) out.set("attention_bias", false, "model.attention_bias");
   if (out.is("llama")) out.set("pretraining_tp", 1, "model.attention");
   if (gemma3 && options_.softcap > 0)  // Gemma3Attention keeps the key but never passes it on
@@ -337,6 +340,7 @@ ops::AttentionOptions GqaAttention::attention_options(const SeqInfo& seq) const 
   ops::AttentionOptions o = options_;
   o.max_seqlen = seq.max_seqlen;
   o.uniform = seq.uniform;
+  o.dropout.key = seq.dropout_key;  // defined only for a batch that runs a backward
   return o;
 }
 

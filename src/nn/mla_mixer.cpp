@@ -1,6 +1,7 @@
 #include "nn/mla_mixer.h"
 
 #include "nn/mup.h"
+#include "ops/dropout/dropout_mask.h"
 #include "ops/linear/linear.h"
 #include "ops/mla/mla_heads.h"
 #include "ops/rms_norm/rms_norm.h"
@@ -32,6 +33,8 @@ MlaMixer::MlaMixer(BuildContext& ctx, const LayerSpec& layer)
   }
   options_.scale = 1.0 / std::sqrt(static_cast<double>(dqk_));
   options_.deterministic = ctx.deterministic;
+  options_.dropout.p = m.attention_dropout;  // drawn only where a batch's key is given (training)
+  options_.dropout.site = dropout::attention_site(layer.index);
   const int64_t t = ctx.max_tokens, qc = h_ * dqk_, vc = h_ * dv_;
   // DeepSeek-V2's names (self_attn.q_proj, kv_a_proj, kv_a_layernorm; kv_b_proj split into
   // its k and v rows); llama.cpp has none for a NoPE MLA.
@@ -73,6 +76,7 @@ ops::AttentionOptions MlaMixer::attention_options(const SeqInfo& seq) const {
   ops::AttentionOptions o = options_;
   o.max_seqlen = seq.max_seqlen;
   o.uniform = seq.uniform;
+  o.dropout.key = seq.dropout_key;  // defined only for a batch that runs a backward
   return o;
 }
 

@@ -210,6 +210,14 @@ TEST_F(LayerNormGegluModel, DropoutFp32GpuMatchesTheCpu) {
   compare(DType::f32, {1e-4, 1e-5, 1e-3, kFloorFraction}, dropout_config());
 }
 
+// The attention probabilities' dropout too: the fp32 kernels draw the CPU's mask (cuDNN's
+// bf16 path draws Philox masks the CPU cannot: tests/gpu/test_gpu_dropout.cpp).
+TEST_F(LayerNormGegluModel, AttentionDropoutFp32GpuMatchesTheCpu) {
+  ModelConfig c = dropout_config();
+  c.attention_dropout = 0.2;
+  compare(DType::f32, {1e-4, 1e-5, 1e-3, kFloorFraction}, c);
+}
+
 TEST_F(LayerNormGegluModel, DropoutBf16GpuMatchesTheFp32Cpu) {
   compare(DType::bf16, {3e-2, 1e-3, 6e-2, 1.0}, dropout_config());
 }

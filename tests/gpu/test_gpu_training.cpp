@@ -99,7 +99,7 @@ TEST_F(Training, MuonOnTheGpuFollowsTheCpuMuonCurve) {
 TEST_F(Training, GpuResumeAfterKillIsBitwiseEqual) {
   for (const std::string optimizer :
        {"adamw", "muon", "adamw --set optim.adamw_state=bf16", "adamw --set optim.adamw_state=int8",
-        "adamw --set model.dropout=0.2 --set model.embed_dropout=0.1"}) {
+        "adamw --set model.dropout=0.2 --set model.embed_dropout=0.1 --set model.attention_dropout=0.1"}) {
     SCOPED_TRACE(optimizer);
     const std::string dir = test::temp_dir("kiln-gpu-resume");
     test::write_file(dir + "/empty.toml", "");
@@ -161,9 +161,11 @@ TEST_F(Training, CapturedStepMatchesTheOpByOpStep) {
     // "muon+qk_clip": Muon with QK-Clip at a tau this model's logits pass.
     const bool clip = optimizer.ends_with("+qk_clip");
     overrides.push_back("optim.name=" + optimizer.substr(0, optimizer.find('+')));
-    // "adamw+dropout": the staged key of each micro-batch reaches the replayed graph's masks.
+    // "adamw+dropout": the staged key of each micro-batch reaches the replayed graph's masks
+    // (the attention's too: the fp32 kernels' hash, cuDNN's Philox seed).
     if (optimizer.ends_with("+dropout"))
-      for (const char* o : {"model.dropout=0.2", "model.embed_dropout=0.1"}) overrides.emplace_back(o);
+      for (const char* o : {"model.dropout=0.2", "model.embed_dropout=0.1", "model.attention_dropout=0.1"})
+        overrides.emplace_back(o);
     if (clip)
       for (const char* o : {"optim.qk_clip.enabled=true", "optim.qk_clip.tau=3"}) overrides.emplace_back(o);
     // "adamw+mtp" / "adamw+mtp_parallel": multi-token prediction's staged inputs, its

@@ -3,14 +3,20 @@
 // the denominator; on the GPU a correction around the kernels, attention_sinks_cuda.h). The reference is a full softmax per query with explicit
 // causal, window and document masks (two passes, no online rescaling). GPU: the fp32 kernels (the bf16 cuDNN path has its own suite,
 // tests/gpu/test_gpu_attention_cudnn.cpp).
+// Dropout of the probabilities: the reference draws dropout::attention_keeps itself and
+// weighs each kept probability by 1 / (1 - p); with the key fixed the op is a
+// differentiable function, so finite differences check the backward's mask too, and the
+// GPU's fp32 kernels must drop what the CPU drops.
 #include "op_table/op_table.h"
 #include "ops/attention/attention.h"
+#include "ops/dropout/dropout_mask.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 namespace kiln::op_test {
 
@@ -21,9 +27,18 @@ struct AttentionShape {
   int64_t hq, hkv, d;
   ops::AttentionOptions o;
   bool sinks = false;
+  double dropout = 0;  // drop probability of the softmax probabilities (key and site below)
 };
 
-void reference_attention(const Tensors& t, const ops::AttentionOptions& o) {
+// The dropout cases' stream key (as an i32 [2] input) and site.
+constexpr uint64_t kDropoutKey = 0x9e3779b97f4a7c15ull;
+const uint32_t kDropoutSite = dropout::attention_site(3);
+
+std::vector<int32_t> key_words(uint64_t key) {
+  return {static_cast<int32_t>(static_cast<uint32_t>(key)), static_cast<int32_t>(static_cast<uint32_t>(key >> 32))};
+}
+
+void reference_attention(const Tensors& t, const ops::AttentionOptions& o, double drop) {
   const Tensor& q = t["q"];
   const int64_t n = q.size(0), hq = q.size(1), hkv = t["k"].size(1), d = q.size(2);
   const double scale = o.scale > 0 ? o.scale : 1 / std::sqrt(static_cast<double>(d));
@@ -54,8 +69,12 @@ void reference_attention(const Tensors& t, const ops::AttentionOptions& o) {
       for (int64_t j = 0; j < n; ++j) sum += std::exp(s[static_cast<size_t>(j)] - m);
       double* o_row = out + (i * hq + h) * d;
       std::fill(o_row, o_row + d, 0.0);
+      const uint64_t row_key = dropout::attention_row_key(kDropoutKey, kDropoutSite, static_cast<uint64_t>(i * hq + h));
       for (int64_t j = 0; j < n; ++j) {
-        const double p = std::exp(s[static_cast<size_t>(j)] - m) / sum;
+        double p = std::exp(s[static_cast<size_t>(j)] - m) / sum;
+        if (drop > 0)
+          p *= dropout::attention_keeps(row_key, static_cast<uint64_t>(j), dropout::threshold_of(drop)) ? 1 / (1 - drop)
+                                                                                                       : 0.0;
         if (p == 0) continue;
         for (int64_t c = 0; c < d; ++c) o_row[c] += p * vp[(j * hkv + g) * d + c];
       }
@@ -75,8 +94,9 @@ OpCase attention_case(AttentionShape a, double qk_scale, std::vector<DType> cuda
   const Shape qs{n, a.hq, a.d}, ks{n, a.hkv, a.d};
   OpCase c;
   c.op = "attention";
-  c.name = fmt::format("len{}_h{}x{}_d{}_w{}_cap{}{}{}", lengths, a.hq, a.hkv, a.d, a.o.window, a.o.softcap,
-                       a.o.scale > 0 ? fmt::format("_scale{}", a.o.scale) : "", a.sinks ? "_sinks" : "");
+  c.name = fmt::format("len{}_h{}x{}_d{}_w{}_cap{}{}{}{}", lengths, a.hq, a.hkv, a.d, a.o.window, a.o.softcap,
+                       a.o.scale > 0 ? fmt::format("_scale{}", a.o.scale) : "", a.sinks ? "_sinks" : "",
+                       a.dropout > 0 ? fmt::format("_drop{}", a.dropout) : "");
   std::replace(c.name.begin(), c.name.end(), '.', 'p');
   c.tensors = {in("q", qs).scaled(qk_scale), in("k", ks).scaled(qk_scale), in("v", ks), ints("cu_seqlens", cu),
                out("out", qs),               out("lse", {n, a.hq}, Width::wide), grad_out("dout", "out", qs),
@@ -84,10 +104,13 @@ OpCase attention_case(AttentionShape a, double qk_scale, std::vector<DType> cuda
   if (a.sinks)  // about 1: comparable to the scores, so the sink takes a real share
     c.tensors.insert(c.tensors.end(), {in("sinks", {a.hq}, Width::wide).scaled(1.0, 1.0),
                                        grad_in("dsinks", "sinks", {a.hq}, Width::wide).accumulating()});
+  if (a.dropout > 0) c.tensors.push_back(ints("dropout_key", key_words(kDropoutKey)));
   const ops::AttentionOptions base = a.o;
-  auto with_sinks = [base](const Tensors& t) {
+  const double drop = a.dropout;
+  auto with_sinks = [base, drop](const Tensors& t) {
     ops::AttentionOptions o = base;
     o.sinks = t.get("sinks");
+    if (drop > 0) o.dropout = {drop, kDropoutSite, t["dropout_key"]};
     return o;
   };
   c.forward = [with_sinks](const Tensors& t) {
@@ -97,7 +120,7 @@ OpCase attention_case(AttentionShape a, double qk_scale, std::vector<DType> cuda
     ops::attention_backward(process_exec(), t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], t["cu_seqlens"],
                             with_sinks(t), t["dq"], t["dk"], t["dv"], t.get("dsinks"));
   };
-  c.reference = [base](const Tensors& t) { reference_attention(t, base); };
+  c.reference = [base, drop](const Tensors& t) { reference_attention(t, base, drop); };
   c.cuda = std::move(cuda);
   c.cpu = qs.numel() <= kCpuMaxElements;
   c.finite_differences = c.cpu && c.cuda.empty();
@@ -143,6 +166,28 @@ std::vector<OpCase> attention_cases() {
   // documents with an empty one, GQA, a window shorter than the longest, a softcap.
   for (auto [window, softcap] : {std::pair<int64_t, double>{0, 0.0}, {7, 5.0}}) {
     AttentionShape a{{1, 5, 0, 17, 40}, 4, 2, 64, {}, true};
+    a.o.window = window;
+    a.o.softcap = softcap;
+    cases.push_back(attention_case(a, 0.5, {DType::f32}));
+  }
+  // Dropout of the probabilities (finite differences on the CPU): packed documents with an
+  // empty one, GQA, with and without a window and a softcap, p 0.3 and 0.6; with sinks.
+  for (double p : {0.3, 0.6})
+    for (auto [window, softcap] : {std::pair<int64_t, double>{0, 0.0}, {3, 5.0}}) {
+      AttentionShape a{{1, 5, 0, 17, 3}, 4, 2, 6, {}};
+      a.o.window = window;
+      a.o.softcap = softcap;
+      a.dropout = p;
+      cases.push_back(attention_case(a, 1.5, {}));
+    }
+  AttentionShape sink_drop{{1, 5, 0, 17, 3}, 4, 2, 6, {}, true, 0.3};
+  sink_drop.o.window = 3;
+  cases.push_back(attention_case(sink_drop, 1.5, {}));
+  // Dropout on the GPU's fp32 kernels (the CPU's mask): GQA, packed documents, a window and a
+  // softcap, with sinks (the correction around the kernels).
+  for (auto [window, softcap, sinks] : {std::tuple<int64_t, double, bool>{0, 0.0, false}, {7, 5.0, false},
+                                        {0, 0.0, true}, {7, 5.0, true}}) {
+    AttentionShape a{{1, 5, 0, 17, 40}, 4, 2, 64, {}, sinks, 0.2};
     a.o.window = window;
     a.o.softcap = softcap;
     cases.push_back(attention_case(a, 0.5, {DType::f32}));

@@ -6,6 +6,7 @@
 #include "ops/common.h"
 #include "ops/attention/attention_cuda.h"
 #include "ops/attention/attention_sinks_cuda.h"
+#include "ops/dropout/dropout_mask.h"
 
 #include <cmath>
 
@@ -65,6 +66,17 @@ void expect_sinks(const char* op, const Tensor& sinks, const Tensor& q, const Te
   expect_same(op, "sinks", sinks, lse);
 }
 
+// The dropout of the probabilities: its key beside q, p in [0, 1). cuDNN's path corrects
+// sinks around kernels whose Philox masks nothing here can check against the CPU, so
+// that combination is refused rather than left untested.
+void expect_dropout(const char* op, const Tensor& q, const AttentionOptions& o) {
+  if (!o.drops()) return;
+  KILN_CHECK(o.dropout.p < 1, op, "model.attention_dropout ({}) must be below 1", o.dropout.p);
+  expect_tensor(op, "dropout key", o.dropout.key, Shape{2}, DType::i32, q.device());
+  KILN_CHECK(!(o.sinks.defined() && is_mixed(q) && q.device() == Device::cuda), op,
+             "model.attention_dropout with model.attention_sinks is not supported on the bf16 GPU path (cuDNN)");
+}
+
 // The shape and options as the CPU reference (cpu::AttentionShape, double scale and softcap)
 // or the CUDA kernels (cuda::AttentionArgs, float) take them: the same fields.
 template <typename Shape>
@@ -80,11 +92,19 @@ Shape shape_as(const Tensor& q, const Tensor& k, const Tensor& cu, const Attenti
   s.scale = static_cast<Real>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2))));
   s.window = o.window;
   s.softcap = static_cast<Real>(o.softcap);
+  if (o.drops()) {
+    s.dropout_site = o.dropout.site;
+    s.dropout_threshold = dropout::threshold_of(o.dropout.p);
+    s.dropout_scale = static_cast<Real>(1.0 / (1.0 - o.dropout.p));  // in double, then rounded
+  }
   return s;
 }
 
 cpu::AttentionShape shape_of(const Tensor& q, const Tensor& k, const Tensor& cu, const AttentionOptions& o) {
-  return shape_as<cpu::AttentionShape>(q, k, cu, o);
+  cpu::AttentionShape s = shape_as<cpu::AttentionShape>(q, k, cu, o);
+  s.dropout = o.drops();
+  if (s.dropout) s.dropout_key = dropout::key_of_words(o.dropout.key.data<int32_t>());
+  return s;
 }
 
 #if KILN_WITH_CUDA
@@ -92,6 +112,10 @@ cuda::AttentionArgs cuda_args(const Tensor& q, const Tensor& k, const Tensor& cu
   cuda::AttentionArgs a = shape_as<cuda::AttentionArgs>(q, k, cu, o);
   a.deterministic = o.deterministic;
   a.uniform = o.uniform;
+  if (o.drops()) {
+    a.dropout_key = o.dropout.key.data<int32_t>();
+    a.dropout_p = static_cast<float>(o.dropout.p);
+  }
   return a;
 }
 
@@ -123,6 +147,7 @@ void attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k,
   expect_like(op, "out", out, q, q.shape());
   expect_lse(op, lse, q);
   expect_sinks(op, options.sinks, q, lse);
+  expect_dropout(op, q, options);
   KILN_ON_CUDA(q, op, {
     const cuda::AttentionArgs args = cuda_args(q, k, cu_seqlens, options);
     if (is_mixed(q))
@@ -160,6 +185,7 @@ void attention_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k
     expect_shape(op, "dsinks", dsinks, options.sinks.shape());
     expect_same(op, "dsinks", dsinks, options.sinks);
   }
+  expect_dropout(op, q, options);
   KILN_ON_CUDA(q, op, {
     const cuda::AttentionArgs args = cuda_args(q, k, cu_seqlens, options);
     if (is_mixed(q))

@@ -7,6 +7,7 @@
 
 #include "core/exec_context.h"
 #include "core/tensor.h"
+#include "ops/dropout/dropout.h"
 
 namespace kiln::ops {
 
@@ -29,6 +30,14 @@ struct AttentionOptions {
   // includes them. Undefined = none. lse's dtype; on the GPU a correction around the
   // sink-free kernels (attention_sinks_cuda.h, docs/attention-sinks.md).
   Tensor sinks;
+  // Dropout of the softmax probabilities (model.attention_dropout), training only: on when
+  // dropout.p > 0 and dropout.key is defined. out = (P * M / (1 - p)) V, M the mask of
+  // (key, site, (query token, head), key token) (ops/dropout/dropout_mask.h; site:
+  // dropout::attention_site(layer)); lse stays the undropped softmax's, and the backward
+  // finds the same mask. CPU and fp32 CUDA draw that hash mask; cuDNN (bf16) draws Philox
+  // masks from a seed derived on the device from the key and site (docs/dropout.md).
+  DropoutSite dropout;
+  bool drops() const { return dropout.p > 0 && dropout.key.defined(); }
 };
 
 // out [N, Hq, D] (=), lse [N, Hq] (=, log-sum-exp of each query's scores, for backward).

@@ -1,5 +1,6 @@
 #include "ops/attention/attention_cpu.h"
 #include "ops/attention/attention_math.h"
+#include "ops/dropout/dropout_mask.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +16,16 @@ int64_t first_key(int64_t i, int64_t begin, int64_t window) {
   return window > 0 ? std::max(begin, i - window + 1) : begin;
 }
 
+// Query row `row` (token * q_heads + head)'s dropout weights of keys [j0, j0 + n): 0 or
+// the scale, from dropout::attention_keeps over the keys' packed token indices.
+template <typename T>
+void dropout_row(const AttentionShape& sh, int64_t row, int64_t j0, int64_t n, T* z) {
+  const uint64_t row_key = dropout::attention_row_key(sh.dropout_key, sh.dropout_site, static_cast<uint64_t>(row));
+  const T scale = static_cast<T>(sh.dropout_scale);
+  for (int64_t j = 0; j < n; ++j)
+    z[j] = dropout::attention_keeps(row_key, static_cast<uint64_t>(j0 + j), sh.dropout_threshold) ? scale : T(0);
+}
+
 }  // namespace
 
 // Each work item (sequence, query head) transposes its kv head's keys once (attention_math.h),
@@ -26,7 +37,7 @@ void attention_forward(const AttentionShape& sh, const T* q, const T* k, const T
   const T scale = static_cast<T>(sh.scale);
 #pragma omp parallel
   {
-    std::vector<T> kt, s;
+    std::vector<T> kt, s, z;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < work; ++item) {
       const int64_t seq = item / sh.q_heads, h = item % sh.q_heads, g = h / group;
@@ -35,20 +46,25 @@ void attention_forward(const AttentionShape& sh, const T* q, const T* k, const T
       const int64_t ld = transposed_ld(len);
       kt.resize(static_cast<size_t>(d * ld));
       s.resize(static_cast<size_t>(len));
+      z.resize(static_cast<size_t>(len));
       transpose_keys(k + (begin * sh.kv_heads + g) * d, stride, len, d, kt.data(), ld);
       const T* vg = v + g * d;
       for (int64_t i = begin; i < end; ++i) {
         const int64_t j0 = first_key(i, begin, sh.window) - begin, n = i - begin + 1 - j0;
         transposed_scores(q + (i * sh.q_heads + h) * d, kt.data() + j0, ld, n, d, scale, s.data());
         if (sh.softcap > 0) softcap_scores(s.data(), n, sh.softcap, static_cast<T*>(nullptr));
+        if (sh.dropout) dropout_row(sh, i * sh.q_heads + h, begin + j0, n, z.data());
         lse[i * sh.q_heads + h] = softmax_combine(s.data(), n, d, [&](int64_t j) { return vg + (begin + j0 + j) * stride; },
-                                                  out + (i * sh.q_heads + h) * d, sinks ? sinks + h : nullptr);
+                                                  out + (i * sh.q_heads + h) * d, sinks ? sinks + h : nullptr,
+                                                  sh.dropout ? z.data() : nullptr);
       }
     }
   }
 }
 
 // With P = softmax(S): dV += P^T dO; dP = dO V^T; dS = P * (dP - rowsum(dO * O));
+// with dropout (Z: 0 or 1 / (1 - p), O the dropped output) P Z takes P's place in dV and
+// dP becomes dP Z: dS = P * (dP Z - rowsum(dO * O)), since rowsum(dO * O) = sum_j P Z dP;
 // dQ = scale dS K; dK = scale dS^T Q (through the softcap's tanh derivative if on). The
 // scores are the forward's (the same transposed keys and sums); dP takes V transposed alike.
 // Queries go in pairs (i, i + 1) of one head, so each key row of dK and dV is read and
@@ -80,7 +96,7 @@ void attention_backward(const AttentionShape& sh, const T* q, const T* k, const 
       const int64_t ld = transposed_ld(len);
       kt.resize(static_cast<size_t>(d * ld));
       vt.resize(static_cast<size_t>(d * ld));
-      buffers.resize(static_cast<size_t>(6 * len));
+      buffers.resize(static_cast<size_t>(7 * len));
       transpose_keys(k + (begin * sh.kv_heads + g) * d, stride, len, d, kt.data(), ld);
       transpose_keys(v + (begin * sh.kv_heads + g) * d, stride, len, d, vt.data(), ld);
       for (int64_t j = begin; j < end; ++j) {
@@ -90,7 +106,9 @@ void attention_backward(const AttentionShape& sh, const T* q, const T* k, const 
       T* const dk_g = dk + g * d;  // key j's dK row at dk_g + j * stride, likewise dV, K
       T* const dv_g = dv + g * d;
       const T* const k_g = k + g * d;
+      T* const z = buffers.data() + 6 * len;  // the current query's dropout weights
       // Query i's P (over its keys from j0) and dS into p and ds; dQ written; returns j0.
+      // With dropout, p leaves holding P Z (dV's weights).
       auto query = [&](int64_t h, int64_t i, T* p, T* ds, T* t) {
         const T* qi = q + (i * sh.q_heads + h) * d;
         const T* doi = dout + (i * sh.q_heads + h) * d;
@@ -100,6 +118,10 @@ void attention_backward(const AttentionShape& sh, const T* q, const T* k, const 
         if (sh.softcap > 0) softcap_scores(p, n, sh.softcap, t);
         exp_shifted(p, n, lse[i * sh.q_heads + h]);
         transposed_scores(doi, vt.data() + (j0 - begin), ld, n, d, T(1), ds);
+        if (sh.dropout) {
+          dropout_row(sh, i * sh.q_heads + h, j0, n, z);
+          for (int64_t j = 0; j < n; ++j) ds[j] *= z[j];
+        }
         if (sh.softcap > 0) {
           for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - delta) * (T(1) - t[j] * t[j]) * scale;
         } else {
@@ -107,6 +129,8 @@ void attention_backward(const AttentionShape& sh, const T* q, const T* k, const 
           for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - delta) * scale;
         }
         weighted_row_sum(ds, n, d, [&](int64_t j) { return k_g + (j0 + j) * stride; }, dq + (i * sh.q_heads + h) * d);
+        if (sh.dropout)
+          for (int64_t j = 0; j < n; ++j) p[j] *= z[j];
         return j0;
       };
       T* const pa = buffers.data();

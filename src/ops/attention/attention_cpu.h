@@ -15,6 +15,12 @@ struct AttentionShape {
   double scale;
   int64_t window;
   double softcap;
+  // Dropout of the probabilities (AttentionOptions::dropout), on when `dropout`: kept
+  // probabilities times dropout_scale = 1 / (1 - p), the mask dropout::attention_keeps.
+  bool dropout = false;
+  uint64_t dropout_key = 0;
+  uint32_t dropout_site = 0, dropout_threshold = 0;
+  double dropout_scale = 1;
 };
 
 // sinks [q_heads] (or null): each head's sink logit, in every query's denominator.

@@ -6,6 +6,7 @@
 #include "core/cuda_context.h"
 #include "ops/attention/attention_cuda.h"
 #include "ops/block_reduce.cuh"
+#include "ops/dropout/dropout_mask.h"
 
 namespace kiln::cuda {
 
@@ -64,6 +65,20 @@ __device__ __forceinline__ float capped(float raw, float cap, float* t) {
   return raw;
 }
 
+// Dropout of the probabilities: a row's hash (the same for every lane), then each key's
+// weight, 0 or 1 / (1 - p) (dropout::attention_keeps, the CPU's mask); 1 without dropout.
+struct DropoutRow {
+  uint64_t row_key = 0;
+  bool on = false;
+  __device__ DropoutRow(const AttentionArgs& a, int64_t row) : on(a.dropout_key != nullptr) {
+    if (on) row_key = dropout::attention_row_key(dropout::key_of_words(a.dropout_key), a.dropout_site, row);
+  }
+  __device__ float weight(const AttentionArgs& a, int64_t j) const {
+    if (!on) return 1.0f;
+    return dropout::attention_keeps(row_key, static_cast<uint64_t>(j), a.dropout_threshold) ? a.dropout_scale : 0.0f;
+  }
+};
+
 __global__ void forward_kernel(AttentionArgs a, const float* __restrict__ q, const float* __restrict__ k,
                                const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse) {
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
@@ -76,6 +91,7 @@ __global__ void forward_kernel(AttentionArgs a, const float* __restrict__ q, con
   qi.load(q + (i * a.q_heads + h) * d, d, lane);
   acc.zero();
   float m = -INFINITY, l = 0, t = 0;
+  const DropoutRow drop(a, i * a.q_heads + h);
   for (int64_t j = first; j <= i; ++j) {
     const float s = capped(qi.dot(k + (j * a.kv_heads + g) * d, d, lane) * a.scale, a.softcap, &t);
     if (s > m) {
@@ -87,13 +103,14 @@ __global__ void forward_kernel(AttentionArgs a, const float* __restrict__ q, con
     }
     const float p = __expf(s - m);
     l += p;
-    acc.axpy(p, v + (j * a.kv_heads + g) * d, d, lane);
+    acc.axpy(p * drop.weight(a, j), v + (j * a.kv_heads + g) * d, d, lane);  // the sum l stays undropped
   }
   acc.store(out + (i * a.q_heads + h) * d, d, lane, 1.0f / l);
   if (lane == 0) lse[i * a.q_heads + h] = m + logf(l);
 }
 
 // dq for one (query row, head): dS_ij = P_ij (dO_i . v_j - dO_i . O_i), dq_i = scale sum_j dS_ij k_j.
+// With dropout, dS_ij = P_ij (Z_ij dO_i . v_j - dO_i . O_i), O the dropped output.
 __global__ void dq_kernel(AttentionArgs a, const float* __restrict__ q, const float* __restrict__ k,
                           const float* __restrict__ v, const float* __restrict__ out, const float* __restrict__ lse,
                           const float* __restrict__ dout, float* __restrict__ dq) {
@@ -110,10 +127,11 @@ __global__ void dq_kernel(AttentionArgs a, const float* __restrict__ q, const fl
   dqi.zero();
   const float delta = doi.dot(out + row, d, lane), lse_i = lse[i * a.q_heads + h];
   float t = 0;
+  const DropoutRow drop(a, i * a.q_heads + h);
   for (int64_t j = first; j <= i; ++j) {
     const float* kj = k + (j * a.kv_heads + g) * d;
     const float p = __expf(capped(qi.dot(kj, d, lane) * a.scale, a.softcap, &t) - lse_i);
-    float ds = p * (doi.dot(v + (j * a.kv_heads + g) * d, d, lane) - delta);
+    float ds = p * (drop.weight(a, j) * doi.dot(v + (j * a.kv_heads + g) * d, d, lane) - delta);
     if (a.softcap > 0) ds *= 1.0f - t * t;
     dqi.axpy(ds * a.scale, kj, d, lane);
   }
@@ -121,7 +139,8 @@ __global__ void dq_kernel(AttentionArgs a, const float* __restrict__ q, const fl
 }
 
 // dk, dv for one (key row, kv head), summed over the query heads of its group and the
-// queries that see it: dv_j = sum P_ij dO_i, dk_j = scale sum dS_ij q_i.
+// queries that see it: dv_j = sum P_ij dO_i, dk_j = scale sum dS_ij q_i (with dropout
+// P_ij Z_ij in dv_j).
 __global__ void dkdv_kernel(AttentionArgs a, const float* __restrict__ q, const float* __restrict__ k,
                             const float* __restrict__ v, const float* __restrict__ out, const float* __restrict__ lse,
                             const float* __restrict__ dout, float* __restrict__ dk, float* __restrict__ dv) {
@@ -147,9 +166,10 @@ __global__ void dkdv_kernel(AttentionArgs a, const float* __restrict__ q, const 
       Row o;
       o.load(out + row, d, lane);
       const float delta = o.dot(doi, d, lane);
-      float ds = p * (vj.dot(doi, d, lane) - delta);
+      const float z = DropoutRow(a, i * a.q_heads + h).weight(a, j);
+      float ds = p * (z * vj.dot(doi, d, lane) - delta);
       if (a.softcap > 0) ds *= 1.0f - t * t;
-      dvj.axpy(p, doi, d, lane);
+      dvj.axpy(p * z, doi, d, lane);
       dkj.axpy(ds * a.scale, qi, d, lane);
     }
   dkj.store(dk + (j * a.kv_heads + g) * d, d, lane, 1.0f);

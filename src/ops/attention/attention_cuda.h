@@ -19,6 +19,13 @@ struct AttentionArgs {
   // Every sequence holds exactly max_seqlen rows (tokens = num_seqs * max_seqlen): the bf16
   // (cuDNN) path then runs a plain, faster graph. Ignored by the fp32 kernels.
   bool uniform = false;
+  // Dropout of the probabilities (AttentionOptions::dropout): the stream key's two words in
+  // device memory (null = off), so a captured graph replays with each step's key. The fp32
+  // kernels draw dropout::attention_keeps (the CPU's mask); cuDNN seeds Philox from the key
+  // and site (attention_cudnn.h).
+  const int32_t* dropout_key = nullptr;
+  uint32_t dropout_site = 0, dropout_threshold = 0;
+  float dropout_p = 0, dropout_scale = 1;
 };
 
 // q [tokens, q_heads, head_dim], k/v [tokens, kv_heads, head_dim] -> out like q, lse

@@ -35,10 +35,19 @@
 // of a workspace of about B * Hq * S * S * 2 bytes. The forward has no atomics. A built graph
 // always runs the same execution plan, so results are bitwise reproducible run to run.
 // Off, the faster backward accumulates dQ with atomics, as PyTorch's SDPA backends do.
+//
+// Dropout of the probabilities (AttentionArgs::dropout_key set: model.attention_dropout in
+// training): SDPA's own Philox dropout (set_dropout with seed and offset tensors), both
+// directions with the same seed, so the backward drops what the forward dropped. The seed
+// is a hash of the micro-batch's stream key and the layer's site, written to device memory
+// by a small kernel before each call (the offset is 0): a captured graph reads each
+// replay's key, and a layer's forward and backward compute the same seed. cuDNN's masks
+// are not the CPU's (dropout::attention_keeps); docs/dropout.md says what is checked.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/step_graphs.h"
 #include "ops/attention/attention_cudnn.h"
+#include "ops/dropout/dropout_mask.h"
 
 #include <cudnn.h>
 #include <cudnn_frontend.h>
@@ -107,9 +116,10 @@ struct Key {
   uint32_t scale_bits, softcap_bits;  // softcap 0 = off
   bool deterministic;
   bool ragged;  // false: a uniform batch (no offsets, no padding mask)
+  uint32_t dropout_bits;  // the drop probability's float bits; 0 = no dropout
   auto tie() const {
     return std::tie(backward, batch, seq, q_heads, kv_heads, head_dim, window, scale_bits, softcap_bits, deterministic,
-                    ragged);
+                    ragged, dropout_bits);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -126,6 +136,8 @@ struct SdpaGraph {
   // and the cap as a scalar tensor; null without a softcap.
   std::shared_ptr<fe::graph::attn::score_modifiers::Softcap> softcap;
   TensorPtr cap;
+  // Dropout's Philox seed and offset (int64 scalars in device memory); null without dropout.
+  TensorPtr seed, offset;
   int64_t workspace_bytes = 0;
 };
 
@@ -165,6 +177,7 @@ struct DeviceBuffer {
 struct StreamBuffers {
   DeviceBuffer workspace;  // what the plans ask for
   DeviceBuffer layout;     // seq_len_q, seq_len_kv, ragged offsets of the current call
+  DeviceBuffer philox;     // dropout's seed and offset of the current call
 };
 
 struct State {
@@ -289,6 +302,24 @@ LayoutPointers prepare_layout(StreamBuffers& buffers, cudaStream_t s, const Atte
   return p;
 }
 
+// Dropout's Philox seed (a hash of the stream key and the site) and offset (0), read from
+// the key's device words at run time.
+__global__ void philox_seed_kernel(const int32_t* key_words, uint32_t site, int64_t* seed_offset) {
+  const uint64_t key = dropout::key_of_words(key_words);
+  seed_offset[0] = static_cast<int64_t>(dropout::mix64(key ^ dropout::mix64(static_cast<uint64_t>(site) << 40)));
+  seed_offset[1] = 0;
+}
+
+void add_philox(std::unordered_map<TensorPtr, void*>& pack, const SdpaGraph& g, StreamBuffers& buffers,
+                cudaStream_t s, const AttentionArgs& a) {
+  buffers.philox.reserve(2 * sizeof(int64_t), s, "dropout seed buffer");
+  int64_t* seed_offset = static_cast<int64_t*>(buffers.philox.ptr);
+  philox_seed_kernel<<<1, 1, 0, s>>>(a.dropout_key, a.dropout_site, seed_offset);
+  check_launch(kWhere, "philox_seed_kernel");
+  pack[g.seed] = seed_offset;
+  pack[g.offset] = seed_offset + 1;
+}
+
 // The ragged graphs' variant-pack entries for the lengths and offsets.
 void add_layout(std::unordered_map<TensorPtr, void*>& pack, const SdpaGraph& g, const LayoutPointers& p) {
   pack[g.seq_q] = p.seq_q;
@@ -400,6 +431,22 @@ void set_masks(Attributes& attr, SdpaGraph& s, const Key& k) {
   if (k.window > 0) attr.set_diagonal_band_left_bound(static_cast<int>(k.window));
 }
 
+// Dropout (the probability's bits nonzero): Philox seed and offset as int64 scalars.
+template <typename Attributes>
+void set_dropout(Attributes& attr, SdpaGraph& s, const Key& k) {
+  if (k.dropout_bits == 0) return;
+  auto scalar = [&](const char* name) {
+    return s.graph->tensor(fe::graph::Tensor_attributes()
+                               .set_name(name)
+                               .set_dim({1, 1, 1, 1})
+                               .set_stride({1, 1, 1, 1})
+                               .set_data_type(fe::DataType_t::INT64));
+  };
+  s.seed = scalar("dropout_seed");
+  s.offset = scalar("dropout_offset");
+  attr.set_dropout(float_of(k.dropout_bits), s.seed, s.offset);
+}
+
 void finish_graph(State& st, SdpaGraph& s) {
   fe::graph::Graph& g = *s.graph;
   const cudnnHandle_t h = handle(st);
@@ -417,6 +464,7 @@ std::unique_ptr<SdpaGraph> build_forward(State& st, const Key& k) {
   fe::graph::SDPA_attributes attr;
   attr.set_name("sdpa_forward").set_generate_stats(true);
   set_masks(attr, *s, k);
+  set_dropout(attr, *s, k);
   auto [o, stats] = s->graph->sdpa(s->q, s->k, s->v, attr);
   s->o = o;
   s->stats = stats;
@@ -445,6 +493,7 @@ std::unique_ptr<SdpaGraph> build_backward(State& st, const Key& k) {
   fe::graph::SDPA_backward_attributes attr;
   attr.set_name("sdpa_backward").set_deterministic_algorithm(k.deterministic);
   set_masks(attr, *s, k);
+  set_dropout(attr, *s, k);
   if (s->softcap) {
     auto softcap = s->softcap;
     auto cap = s->cap;
@@ -474,7 +523,14 @@ SdpaGraph& graph_for(State& st, const Key& k, cudaStream_t s) {
   if (capture != cudaStreamCaptureStatusNone)
     fail(kWhere, "cuDNN graph for a new shape (batch {}, seq {}) requested during CUDA graph capture; run this "
          "shape once before capturing", k.batch, k.seq);
-  std::unique_ptr<SdpaGraph> built = k.backward ? build_backward(st, k) : build_forward(st, k);
+  std::unique_ptr<SdpaGraph> built;
+  try {
+    built = k.backward ? build_backward(st, k) : build_forward(st, k);
+  } catch (const std::exception& e) {  // kiln::Error from check_fe, or the frontend's own
+    if (k.dropout_bits == 0) throw;
+    fail(kWhere, "model.attention_dropout: cuDNN has no attention with dropout for this configuration (window {}, "
+         "softcap {}): {}", k.window, float_of(k.softcap_bits), e.what());
+  }
   return *st.graphs.emplace(k, std::move(built)).first->second;
 }
 
@@ -532,6 +588,8 @@ Key key_of(State& st, const AttentionArgs& a, int64_t max_seqlen, bool backward)
   const Bucket b = plain ? Bucket{a.num_seqs, max_seqlen} : bucket_of(a.num_seqs, max_seqlen, bucketing_enabled(st));
   Key k{};
   k.ragged = !plain;
+  const float p = a.dropout_key != nullptr ? a.dropout_p : 0.0f;
+  std::memcpy(&k.dropout_bits, &p, sizeof(k.dropout_bits));
   k.backward = backward;
   k.batch = b.batch;
   k.seq = b.seq;
@@ -601,6 +659,7 @@ void attention_forward_bf16(const ExecContext& ctx, const AttentionArgs& a, int6
                                                  {g.o, out},
                                                  {g.stats, lse}};
     if (key.ragged) add_layout(pack, g, prepare_layout(buffers, s, a, key.batch));
+    if (key.dropout_bits != 0) add_philox(pack, g, buffers, s, a);
     check_fe(g.graph->execute(handle_on(st, s), pack, buffers.workspace.ptr), "forward execute");
   });
 }
@@ -628,6 +687,7 @@ void attention_backward_bf16(const ExecContext& ctx, const AttentionArgs& a, int
                                                  {g.dk, dk},
                                                  {g.dv, dv}};
     if (key.ragged) add_layout(pack, g, prepare_layout(buffers, s, a, key.batch));
+    if (key.dropout_bits != 0) add_philox(pack, g, buffers, s, a);
     check_fe(g.graph->execute(handle_on(st, s), pack, buffers.workspace.ptr), "backward execute");
   });
 }

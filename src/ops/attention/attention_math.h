@@ -193,12 +193,17 @@ inline void add_scaled_rows2(const T* wa, const T* xa, const T* wb, const T* xb,
 // The softmax of one query's n scores s (replaced by exp(s - m)), and out [d] = the
 // probability-weighted sum of the value rows (value_row(j): key j's row), normalized.
 // A sink (if not null: a logit with no value, GPT-OSS's) joins the maximum and the
-// denominator only. Returns the log-sum-exp m + log(l), the sink's term included.
+// denominator only. Dropout (if `drop` is not null: each key's 0 or 1 / (1 - p)) weighs
+// the values after the denominator is summed, so the log-sum-exp is the undropped one.
+// Returns the log-sum-exp m + log(l), the sink's term included.
 template <typename T, typename ValueRow>
-inline T softmax_combine(T* s, int64_t n, int64_t d, ValueRow value_row, T* out, const T* sink = nullptr) {
+inline T softmax_combine(T* s, int64_t n, int64_t d, ValueRow value_row, T* out, const T* sink = nullptr,
+                         const T* drop = nullptr) {
   const T m = sink ? std::max(row_max(s, n), *sink) : row_max(s, n);
   exp_shifted(s, n, m);
   const T l = sink ? lane_sum(s, n) + std::exp(*sink - m) : lane_sum(s, n);
+  if (drop)
+    for (int64_t j = 0; j < n; ++j) s[j] *= drop[j];
   weighted_row_sum(s, n, d, value_row, out);
   const T inv = T(1) / l;
   for (int64_t c = 0; c < d; ++c) out[c] *= inv;
