@@ -14,12 +14,13 @@
 # One JSON per model and a table last; logs, models and JSON under $OUT (or
 # /tmp/kiln-serve-bench).
 #
-# No peer: llama.cpp's server would come from llama-cpp-python, and PyPI has no binary wheel
-# of it for Linux x86_64 (`pip download llama-cpp-python --only-binary=:all:
-# --platform manylinux2014_x86_64 --python-version 3.12` finds none: source only), nothing
-# installs on the GPU machine, and building it there is out of scope. A carried wheel could
-# be run against the same shape's GGUF (`kiln export gguf`) by serve_bench.py, which
-# speaks plain OpenAI streaming.
+# PEER=1 also serves each model by llama.cpp's server, the peer the issue names: its GGUF
+# (`kiln export gguf --type bf16`, the weights kiln serves in bf16) under llama-server
+# (built on this machine by scripts/gpu_llama_server.sh from the carried
+# .gpu/llama.cpp-src.tar.xz; LLAMA_SERVER names another binary) with CLIENTS parallel slots
+# of LLAMA_CTX tokens each, every layer on the GPU, kiln's default chat template (so both
+# render the same prompt), continuous batching; the same serve_bench.py run against it.
+# PyPI has no binary of it (llama-cpp-python is published as source), hence the build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,8 @@ DURATION=${DURATION:-0}
 MAX_TOKENS=${MAX_TOKENS:-128}
 DEVICE=${DEVICE:-auto}
 LOGS=${OUT:-/tmp/kiln-serve-bench}
+PEER=${PEER:-0}
+LLAMA_CTX=${LLAMA_CTX:-512}
 mkdir -p "$LOGS"
 rm -f "$LOGS"/bench-*.json
 shopt -s nullglob
@@ -43,6 +46,53 @@ KILN="$STAGE/bin/kiln"
 PYTHON=${BENCH_PYTHON:-python3}  # serve_bench.py needs the standard library only
 command -v nvidia-smi >/dev/null &&
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /'
+
+healthy() {  # llama-server answers /health with 200 once the model is loaded
+  "$PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2)' \
+    "$1" >/dev/null 2>&1
+}
+
+# llama.cpp's server on MODEL's GGUF, benchmarked as kiln was (label "NAME llama.cpp").
+serve_llama_cpp() {
+  local model=$1 name=$2 llama port=8199 server
+  llama=${LLAMA_SERVER:-$(bash scripts/gpu_llama_server.sh | tail -1)}
+  [ -x "$llama" ] || { echo "gpu_serve_bench: no llama-server ($llama)"; return 1; }
+  "$KILN" export gguf "$model" "$LOGS/$name.gguf" --type bf16 >"$LOGS/export-$name.log" 2>&1 ||
+    { echo "gpu_serve_bench: kiln export gguf $name failed:"; tail -3 "$LOGS/export-$name.log"; return 1; }
+  # kiln's default template (docs/serving.md), which kiln serve applied above.
+  # (printf of a command substitution: the file ends where the template does, no newline after it)
+  printf '%s' "$(cat <<'JINJA'
+{% for message in messages %}<|{{ message['role'] }}|>
+{{ message['content'] }}
+{% endfor %}{% if add_generation_prompt %}<|assistant|>
+{% endif %}
+JINJA
+)" >"$LOGS/kiln-chat.jinja"
+  echo "== serving $name by llama.cpp ($llama)"
+  "$llama" -m "$LOGS/$name.gguf" --host 127.0.0.1 --port "$port" --alias "$name" --n-gpu-layers 999 \
+    --parallel "$CLIENTS" --ctx-size $((CLIENTS * LLAMA_CTX)) --cont-batching --threads-http "$CLIENTS" \
+    --jinja --chat-template-file "$LOGS/kiln-chat.jinja" --no-webui >"$LOGS/llama-server-$name.log" 2>&1 &
+  server=$!
+  for _ in $(seq 600); do
+    healthy "$port" && break
+    kill -0 "$server" 2>/dev/null || break
+    sleep 0.5
+  done
+  if ! healthy "$port"; then
+    echo "gpu_serve_bench: llama-server for $name did not start:"
+    tail -8 "$LOGS/llama-server-$name.log"
+    kill "$server" 2>/dev/null
+    return 1
+  fi
+  local rc=0
+  "$PYTHON" scripts/serve_bench.py --url "http://127.0.0.1:$port" --clients "$CLIENTS" --requests "$REQUESTS" \
+    --duration "$DURATION" --max-tokens "$MAX_TOKENS" --label "$name llama.cpp" \
+    --json "$LOGS/bench-$name-llama.cpp.json" || rc=1
+  kill -TERM "$server"
+  wait "$server"
+  grep -m3 -i "CUDA0\|flash_attn\|n_ctx_seq" "$LOGS/llama-server-$name.log"
+  return $rc
+}
 
 status=0
 if [ -z "$MODELS" ]; then
@@ -85,6 +135,7 @@ for entry in $MODELS; do
   kill -TERM "$server"
   wait "$server" || { echo "gpu_serve_bench: kiln serve for $name exited non-zero"; status=1; }
   tail -1 "$LOGS/serve-$name.log"
+  [ "$PEER" = 1 ] && { serve_llama_cpp "$model" "$name" || status=1; }
 done
 
 echo

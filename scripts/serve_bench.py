@@ -62,21 +62,35 @@ class Client:
 
     async def request(self, body):
         """One streamed chat request: {ttft, gaps, latency, tokens} or raises."""
-        if self.conn is None:
-            self.conn = await asyncio.open_connection(self.host, self.port)
-        reader, writer = self.conn
         data = json.dumps(body).encode()
-        start = time.perf_counter()
-        writer.write(f"POST {self.path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(data)}\r\nAccept: text/event-stream\r\n\r\n".encode() + data)
-        await writer.drain()
-        status = (await reader.readline()).decode().split()
+        # A kept-alive connection the server closed after its last response (llama.cpp's server
+        # does, whatever its Keep-Alive header says) answers nothing: reconnect and send again,
+        # as HTTP clients' pools do; the time starts with the send that is answered.
+        for fresh in (self.conn is None, True):
+            if fresh:
+                self.close()
+                self.conn = await asyncio.open_connection(self.host, self.port)
+            reader, writer = self.conn
+            start = time.perf_counter()
+            writer.write(f"POST {self.path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(data)}\r\nAccept: text/event-stream\r\n\r\n".encode() + data)
+            try:
+                await writer.drain()
+                status_line = await reader.readline()
+            except ConnectionError:
+                status_line = b""
+            if status_line or fresh:
+                break
+        status = status_line.decode().split()
         headers = {}
         while (line := await reader.readline()) not in (b"\r\n", b""):
             key, _, value = line.decode().partition(":")
             headers[key.strip().lower()] = value.strip()
-        if headers.get("connection", "").lower() == "close":
-            self.conn = None  # the next request opens a new connection
+        # The next request opens a new connection where this one ends with the response: the
+        # server said so, or the body has no length and no chunks, so only EOF ends it.
+        delimited = "content-length" in headers or headers.get("transfer-encoding", "").lower() == "chunked"
+        if headers.get("connection", "").lower() == "close" or not delimited:
+            self.conn = None
         times, usage, buffer, done = [], None, b"", False
         async for piece in read_body(reader, headers):
             if len(status) < 2 or status[1] != "200":
