@@ -14,11 +14,9 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 namespace kiln {
 namespace {
@@ -236,12 +234,7 @@ TEST(KdaMixer, HybridModelLearnsOnTheCpu) {
       "checkpoint.save_final=false", "optim.warmup_steps=5"};
   Trainer trainer(load_config("", overrides));
   trainer.run();
-  std::vector<double> losses;
-  std::ifstream in(dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") losses.push_back(j["loss"]);
-  }
+  const std::vector<double> losses = train_losses(dir);
   ASSERT_EQ(losses.size(), 30u);
   for (double l : losses) EXPECT_TRUE(std::isfinite(l));
   // The mean of the last five steps well below the first step's (byte-level: ln 259 = 5.56 at start).

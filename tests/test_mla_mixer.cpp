@@ -13,11 +13,9 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 namespace kiln {
@@ -286,12 +284,7 @@ TEST(MlaMixer, HybridModelLearnsOnTheCpu) {
       "log.every=1", "train.threads=2", "checkpoint.save_final=false", "optim.warmup_steps=5"};
   Trainer trainer(load_config("", overrides));
   trainer.run();
-  std::vector<double> losses;
-  std::ifstream in(dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") losses.push_back(j["loss"]);
-  }
+  const std::vector<double> losses = train_losses(dir);
   ASSERT_EQ(losses.size(), 30u);
   for (double l : losses) EXPECT_TRUE(std::isfinite(l));
   const double last = (losses[25] + losses[26] + losses[27] + losses[28] + losses[29]) / 5;

@@ -14,11 +14,9 @@
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 namespace kiln {
@@ -207,12 +205,7 @@ TEST(Presets, K3MiniPrimarySmallVersionLearnsOnTheCpu) {
   ASSERT_EQ(layer_choices(config.model, 1).mlp, "moe");
   Trainer trainer(config);
   trainer.run();
-  std::vector<double> losses;
-  std::ifstream in(dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") losses.push_back(j["loss"]);
-  }
+  const std::vector<double> losses = test::train_losses(dir);
   ASSERT_EQ(losses.size(), 40u);
   for (double l : losses) EXPECT_TRUE(std::isfinite(l));
   // The last five steps' mean well below the first step's (byte-level: ln 259 = 5.56 at start).

@@ -8,10 +8,8 @@
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <fstream>
 
 namespace kiln {
 namespace {
@@ -63,13 +61,7 @@ std::vector<double> train_losses(const std::string& dir, const std::string& alt_
   }
   Trainer trainer(load_config("", overrides));
   trainer.run();
-  std::vector<double> losses;
-  std::ifstream in(dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") losses.push_back(j["loss"]);
-  }
-  return losses;
+  return test::train_losses(dir);
 }
 
 // Layer 1 on recording_gqa (gqa under another name, registered here, so the trainer's

@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include <nlohmann/json.hpp>
+
 #include <array>
 #include <chrono>
 #include <csignal>
@@ -26,6 +28,16 @@ OwnedTensor random_tensor(DType dtype, Shape shape, uint64_t seed, double scale)
     fail("test", "random_tensor supports f32 and f64");
   }
   return t;
+}
+
+std::vector<double> train_losses(const std::string& run_dir) {
+  std::vector<double> losses;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
 }
 
 std::string temp_dir(const std::string& prefix) {

@@ -38,6 +38,9 @@ std::string error_of(Fn&& fn) {
   return "";
 }
 
+// The training losses a run logged, step by step (the "train" records of RUN_DIR/metrics.jsonl).
+std::vector<double> train_losses(const std::string& run_dir);
+
 // Path of the built `kiln` binary.
 std::string kiln_binary();
 
