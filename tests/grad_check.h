@@ -12,6 +12,7 @@
 #include "ops/parallel.h"
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -131,6 +132,22 @@ inline GradCheckReport check_gradient_scalar(const Tensor& x, const std::vector<
 
 // f64 values drawn from N(0, scale) and rounded to f32, so the same inputs feed the f32
 // and f64 paths exactly.
+// Every parameter of model `m` (its analytic gradients in `grads`, in parameter order)
+// against central differences of `objective`; together they must cover every value.
+template <typename Model, typename Objective>
+void expect_parameter_gradients_match(const Model& m, const std::vector<std::vector<double>>& grads,
+                                      const Objective& objective) {
+  const GradCheckOptions o = model_grad_check_options();
+  int64_t checked = 0;
+  for (size_t i = 0; i < m.parameters().size(); ++i) {
+    const auto& p = m.parameters()[i];
+    const GradCheckReport r = check_gradient_scalar(p->value(), grads[i], objective, o);
+    EXPECT_TRUE(r.ok()) << p->name() << ": " << r.str();
+    checked += r.checked;
+  }
+  EXPECT_EQ(checked, m.parameter_count());
+}
+
 inline OwnedTensor random_f64(Shape shape, uint64_t seed, double scale = 1.0) {
   OwnedTensor t(DType::f64, Device::cpu, shape);
   Rng rng(seed);

@@ -161,15 +161,7 @@ void check_dropped_gradients(const ModelConfig& c, uint64_t key) {
   m.load_batch(batch);
   ScopedCpuThreads one_thread(1);
   const auto objective = [&] { return m.forward_backward(scale).loss * scale; };
-  const GradCheckOptions o = model_grad_check_options();
-  int64_t checked = 0;
-  for (size_t i = 0; i < m.parameters().size(); ++i) {
-    const auto& p = m.parameters()[i];
-    const GradCheckReport r = check_gradient_scalar(p->value(), grads[i], objective, o);
-    EXPECT_TRUE(r.ok()) << p->name() << ": " << r.str();
-    checked += r.checked;
-  }
-  EXPECT_EQ(checked, m.parameter_count());
+  expect_parameter_gradients_match(m, grads, objective);
 }
 
 ModelConfig attention_dropout_only() {
@@ -274,15 +266,7 @@ TEST(Dropout, GradientMatchesFiniteDifferencesOfTheDroppedLoss) {
   for (const auto& p : m.parameters()) grads.push_back(values_of(p->grad()));
   ScopedCpuThreads one_thread(1);
   const auto objective = [&] { return m.forward_backward(scale).loss * scale; };  // its gradients are not read
-  const GradCheckOptions o = model_grad_check_options();
-  int64_t checked = 0;
-  for (size_t i = 0; i < m.parameters().size(); ++i) {
-    const auto& p = m.parameters()[i];
-    const GradCheckReport r = check_gradient_scalar(p->value(), grads[i], objective, o);
-    EXPECT_TRUE(r.ok()) << p->name() << ": " << r.str();
-    checked += r.checked;
-  }
-  EXPECT_EQ(checked, m.parameter_count());
+  expect_parameter_gradients_match(m, grads, objective);
 }
 
 TEST(Dropout, ConfigNamesTheKeyAtFault) {
