@@ -132,22 +132,6 @@ inline GradCheckReport check_gradient_scalar(const Tensor& x, const std::vector<
 
 // f64 values drawn from N(0, scale) and rounded to f32, so the same inputs feed the f32
 // and f64 paths exactly.
-// Every parameter of model `m` (its analytic gradients in `grads`, in parameter order)
-// against central differences of `objective`; together they must cover every value.
-template <typename Model, typename Objective>
-void expect_parameter_gradients_match(const Model& m, const std::vector<std::vector<double>>& grads,
-                                      const Objective& objective) {
-  const GradCheckOptions o = model_grad_check_options();
-  int64_t checked = 0;
-  for (size_t i = 0; i < m.parameters().size(); ++i) {
-    const auto& p = m.parameters()[i];
-    const GradCheckReport r = check_gradient_scalar(p->value(), grads[i], objective, o);
-    EXPECT_TRUE(r.ok()) << p->name() << ": " << r.str();
-    checked += r.checked;
-  }
-  EXPECT_EQ(checked, m.parameter_count());
-}
-
 inline OwnedTensor random_f64(Shape shape, uint64_t seed, double scale = 1.0) {
   OwnedTensor t(DType::f64, Device::cpu, shape);
   Rng rng(seed);
@@ -210,6 +194,43 @@ inline double rms(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x * x;
   return v.empty() ? 0 : std::sqrt(s / static_cast<double>(v.size()));
+}
+
+// What a whole-model gradient check measured: elements checked, and the worst relative
+// error with its parameter's name (the tests print it, so a bar's margin is visible).
+struct ParameterGradientReport {
+  int64_t checked = 0;
+  double worst = 0;
+  std::string worst_name;
+  std::string str() const {
+    return fmt::format("{} parameters checked, max rel err {:.2e} ({})", checked, worst, worst_name);
+  }
+};
+
+// Every parameter of model `m` (its analytic gradients in `grads`, in parameter order)
+// against central differences of `objective`; together they must cover every value.
+template <typename Model, typename Objective>
+ParameterGradientReport expect_parameter_gradients_match(const Model& m, const std::vector<std::vector<double>>& grads,
+                                                         const Objective& objective) {
+  const GradCheckOptions o = model_grad_check_options();
+  ParameterGradientReport report;
+  for (size_t i = 0; i < m.parameters().size(); ++i) {
+    const auto& p = m.parameters()[i];
+    const GradCheckReport r = check_gradient_scalar(p->value(), grads[i], objective, o);
+    EXPECT_TRUE(r.ok()) << p->name() << ": " << r.str();
+    report.checked += r.checked;
+    if (r.max_rel > report.worst) report.worst = r.max_rel, report.worst_name = p->name();
+  }
+  EXPECT_EQ(report.checked, m.parameter_count());
+  return report;
+}
+
+// The same with the gradients the parameters hold now (after the model's backward).
+template <typename Model, typename Objective>
+ParameterGradientReport expect_parameter_gradients_match(const Model& m, const Objective& objective) {
+  std::vector<std::vector<double>> grads;
+  for (const auto& p : m.parameters()) grads.push_back(values_of(p->grad()));
+  return expect_parameter_gradients_match(m, grads, objective);
 }
 
 // Runs a scope on a given CPU thread count, restoring the previous count on exit. Finite

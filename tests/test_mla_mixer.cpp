@@ -46,20 +46,10 @@ void check_all_gradients(const ModelConfig& c, const char* label) {
   EXPECT_NEAR(fb.loss, m.evaluate().loss, 1e-13 * fb.loss);
   ScopedCpuThreads one_thread(1);
   const auto objective = [&] { return m.evaluate().loss * scale; };
-  int64_t checked = 0;
-  double worst = 0;
-  std::string worst_name;
-  for (const auto& p : m.parameters()) {
-    const GradCheckReport r =
-        check_gradient_scalar(p->value(), values_of(p->grad()), objective, model_grad_check_options());
-    EXPECT_TRUE(r.ok()) << label << " " << p->name() << ": " << r.str();
-    checked += r.checked;
-    if (r.max_rel > worst) worst = r.max_rel, worst_name = p->name();
-  }
-  EXPECT_EQ(checked, m.parameter_count());
+  SCOPED_TRACE(label);
+  const ParameterGradientReport report = expect_parameter_gradients_match(m, objective);
   EXPECT_NE(m.find_parameter("layers.0.mla.kv_a_layernorm.weight"), nullptr);
-  std::printf("[ %s ] %lld parameters checked, max rel err %.2e (%s)\n", label, static_cast<long long>(checked), worst,
-              worst_name.c_str());
+  std::printf("[ %s ] %s\n", label, report.str().c_str());
 }
 
 TEST(MlaMixer, HybridModelMatchesFiniteDifferences) {
