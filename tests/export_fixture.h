@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <numeric>
 
@@ -53,6 +54,14 @@ inline std::string save_random_model(const ModelConfig& config, const std::strin
   full.model = config;
   io::save_model(model, full, dir);
   return dir;
+}
+
+// The model saved in `dir`, loaded for inference (no gradients; `max_tokens` per forward).
+inline std::unique_ptr<Model> load_inference_model(const std::string& dir, int64_t max_tokens = 64) {
+  BuildOptions o;
+  o.training = false;
+  o.max_tokens = max_tokens;
+  return std::move(io::load_model(dir, o).model);
 }
 
 // `kiln export hf` and `kiln export gguf` of the model in `model_dir` both fail with one

@@ -188,16 +188,6 @@ TEST(ExportGemma, ConfigNamesNumpyForwardAndBitwiseRoundTrip) {
   fs::remove_all(root);
 }
 
-std::unique_ptr<Model> load_model(const std::string& dir) {
-  return std::move(io::load_model(dir, [] {
-                     BuildOptions o;
-                     o.training = false;
-                     o.max_tokens = 64;
-                     return o;
-                   }())
-                       .model);
-}
-
 // llama.cpp's gemma2 / gemma3 (src/models/gemma2.cpp, gemma3.cpp, llama-model.cpp's
 // load_swa_pattern): the keys they read, the tensors they create, Gemma's gains stored as
 // 1 + w (llama.cpp multiplies by the stored gain), and load_gguf_weights reading the file
@@ -260,7 +250,7 @@ TEST(ExportGemma, GgufKeysTensorsGainsAndReadBack) {
 
     // The file's gains are kiln's w + 1 (fp32), every other tensor kiln's values as they are
     // (NEOX rotation, as kiln's: no q/k reordering).
-    std::unique_ptr<Model> original = load_model(model), back = load_model(model);
+    std::unique_ptr<Model> original = test::load_inference_model(model), back = test::load_inference_model(model);
     int gains = 0, gains_rounded = 0;
     for (const auto& p : original->parameters()) {
       if (p->training_only()) continue;

@@ -36,16 +36,6 @@ void write_kiln_dequant(const std::string& gguf, const std::string& out) {
   w.write(out);
 }
 
-std::unique_ptr<Model> load(const std::string& dir) {
-  return std::move(io::load_model(dir, [] {
-                     BuildOptions o;
-                     o.training = false;
-                     o.max_tokens = 64;
-                     return o;
-                   }())
-                       .model);
-}
-
 TEST(Q8_0, BlocksScalesAndRounding) {
   std::vector<float> x(64);
   for (int i = 0; i < 32; ++i) x[static_cast<size_t>(i)] = 0.0f;  // an all-zero block
@@ -88,7 +78,7 @@ void export_check_and_read_back(const std::vector<GgufCase>& cases, const std::s
       std::printf("%s %s: %s", c.name, type.c_str(), output.c_str());
 
       // Read back into a model: f32 is bitwise (q/k reorderings undone), others close.
-      std::unique_ptr<Model> original = load(model), back = load(model);
+      std::unique_ptr<Model> original = test::load_inference_model(model), back = test::load_inference_model(model);
       io::load_gguf_weights(*back, file);
       for (const auto& p : original->parameters()) {
         const Tensor a = p->value(), b = back->find_parameter(p->name())->value();
@@ -168,7 +158,7 @@ TEST(Gguf, SigmoidBiasModelExportsAsDots1) {
       {"blk.1.ffn_gate_shexp.weight", {64, 64}},   {"blk.1.ffn_up_shexp.weight", {64, 64}},
       {"blk.1.ffn_down_shexp.weight", {64, 64}},   {"output.weight", {259, 64}}};
   for (const auto& [name, shape] : shapes) EXPECT_EQ(g.tensor(name).shape, shape) << name;
-  std::unique_ptr<Model> original = load(model), back = load(model);
+  std::unique_ptr<Model> original = test::load_inference_model(model), back = test::load_inference_model(model);
   io::load_gguf_weights(*back, file);
   for (const auto& p : original->parameters()) {
     const Tensor a = p->value(), b = back->find_parameter(p->name())->value();
@@ -239,12 +229,12 @@ TEST(Gguf, QuantizationEvaluation) {
     for (int i = 0; i < 40; ++i) t.push_back(static_cast<int32_t>(rng.below(256)));
     texts.push_back(t);
   }
-  std::unique_ptr<Model> ref = load(model);
+  std::unique_ptr<Model> ref = test::load_inference_model(model);
   for (const std::string type : {"f32", "q8_0"}) {
     io::GgufExportOptions o;
     o.type = type;
     io::export_gguf(model, root + "/m.gguf", o);
-    std::unique_ptr<Model> q = load(model);
+    std::unique_ptr<Model> q = test::load_inference_model(model);
     io::load_gguf_weights(*q, root + "/m.gguf");
     const QuantEvalResult r = evaluate_quantization(*ref, *q, texts);
     EXPECT_EQ(r.positions, 3 * 40);
