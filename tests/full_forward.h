@@ -12,16 +12,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <vector>
 
 namespace kiln::test {
 
-// n tokens drawn uniformly from the byte-level vocabulary (259 ids), from `seed`.
-inline std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
+// n tokens drawn uniformly from a vocabulary (default: the byte-level one, 259 ids), from `seed`.
+inline std::vector<int32_t> random_tokens(int64_t n, uint64_t seed, int64_t vocab = 259) {
   Rng rng(seed);
   std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng.below(259));
+  for (auto& x : t) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
   return t;
 }
 
@@ -100,6 +101,62 @@ double lockstep_decode_error(Model& model, DecoderT& decoder, const std::vector<
         rows.push_back({&sequences[s], static_cast<int32_t>(s), static_cast<int32_t>(position)});
     worst = std::max(worst, decode_step_error(model, decoder, rows));
   }
+  return worst;
+}
+
+// The decode script of the mixers' decoder tests (MLA, KDA, Block Attention Residuals; CPU
+// and GPU), over two slots: slot 0 prefills a sequence in chunks of 4, 1, 3, 1 and 5 rows
+// while slot 1 decodes another a token per step; slot 1 is reset and takes a new sequence;
+// slot 0 prefills a 5-token prompt, slot 1 forks it (copy_slot) and both go on with
+// different tokens. `step` runs one step's rows; `reset` and `copy` make the slot calls.
+struct SlotScript {
+  std::function<void(const std::vector<DecodeRow>&)> step;
+  std::function<void(int32_t slot)> reset;
+  std::function<void(int32_t from, int32_t to, int64_t positions)> copy;
+};
+inline constexpr int kSlotScriptSteps = 18, kSlotScriptRows = 45;
+
+// Runs the script on tokens of a `vocab`-id vocabulary; returns the rows it ran
+// (kSlotScriptRows).
+inline int run_slot_script(const SlotScript& s, int64_t vocab = 259) {
+  const std::vector<int32_t> a = random_tokens(14, 1, vocab), b = random_tokens(9, 2, vocab),
+                             fresh = random_tokens(7, 3, vocab), shared = random_tokens(12, 4, vocab);
+  std::vector<int32_t> other = shared;  // shared's 5-token prompt, then other tokens
+  for (size_t i = 5; i < other.size(); ++i) other[i] = static_cast<int32_t>((other[i] + 7) % vocab);
+  int rows_run = 0;
+  auto step = [&](const std::vector<DecodeRow>& rows) { s.step(rows), rows_run += static_cast<int>(rows.size()); };
+  s.reset(0), s.reset(1);
+  int32_t at = 0;
+  const std::vector<int> chunks = {4, 1, 3, 1, 5};
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    std::vector<DecodeRow> rows;
+    for (int i = 0; i < chunks[c]; ++i) rows.push_back({&a, 0, at++});
+    rows.push_back({&b, 1, static_cast<int32_t>(c)});
+    step(rows);
+  }
+  s.reset(1);  // slot 1 reused: its own tokens only from here
+  step({{&fresh, 1, 0}, {&fresh, 1, 1}, {&fresh, 1, 2}});
+  for (int32_t p = 3; p < 7; ++p) step({{&fresh, 1, p}});
+  s.reset(0);
+  step({{&shared, 0, 0}, {&shared, 0, 1}, {&shared, 0, 2}, {&shared, 0, 3}, {&shared, 0, 4}});
+  s.reset(1);
+  s.copy(0, 1, 5);
+  for (int32_t p = 5; p < 12; ++p) step({{&shared, 0, p}, {&other, 1, p}});
+  return rows_run;
+}
+
+// The script on one decoder, each step's logits against the full forward of `model`: the
+// worst decode_step_error. Checks that every row ran.
+template <class DecoderT>
+double slot_script_decode_error(Model& model, DecoderT& decoder) {
+  double worst = 0;
+  const int rows = run_slot_script({[&](const std::vector<DecodeRow>& r) {
+                                      worst = std::max(worst, decode_step_error(model, decoder, r));
+                                    },
+                                    [&](int32_t slot) { decoder.reset_slot(slot); },
+                                    [&](int32_t from, int32_t to, int64_t n) { decoder.copy_slot(from, to, n); }},
+                                   model.config().vocab_size);
+  EXPECT_EQ(rows, kSlotScriptRows);
   return worst;
 }
 

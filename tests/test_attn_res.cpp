@@ -244,10 +244,10 @@ TEST(AttnResModel, GpuPlansRecomputeAndMtpAreRefusedNamingTheKey) {
   EXPECT_EQ(t.rfind("[model.attn_res_block] ", 0), 0u) << t;
 }
 
-// The mix runs over depth only, so the decoder needs no cache of its own: each step's rows,
-// prefilled in chunks or decoded one by one, give the full forward's logits of their
-// prefixes. Blocks of 4 over 3 layers (a partial block at the final read) and of 3 over 2
-// with sandwich norms.
+// The mix runs over depth only, so the decoder needs no cache of its own: each step's rows
+// of the slot script (chunked prefill beside single tokens, a reused slot, a fork; see
+// full_forward.h) give the full forward's logits of their prefixes. Blocks of 4 over 3
+// layers (a partial block at the final read) and of 3 over 2 with sandwich norms.
 TEST(AttnResModel, DecoderMatchesFullForward) {
   const std::vector<std::tuple<int64_t, int64_t, bool>> cases = {{3, 4, false}, {2, 3, true}};
   for (const auto& [layers, block, sandwich] : cases) {
@@ -261,23 +261,9 @@ TEST(AttnResModel, DecoderMatchesFullForward) {
     d.slots = 2;
     d.max_rows = 6;
     Decoder decoder(model, d);
-    decoder.reset_slot(0), decoder.reset_slot(1);
-    const std::vector<int32_t> a = {10, 3, 5, 7, 2, 9, 1, 4, 4, 8, 0, 6}, b = {10, 2, 2, 6, 1, 9};
-    double worst = 0;
-    int checked = 0;
-    // Slot 0 prefills a in chunks of 4, 1, 3, 1, 3 while slot 1 decodes b a token a step.
-    int32_t at = 0;
-    const std::vector<int> chunks = {4, 1, 3, 1, 3};
-    for (size_t step = 0; step < chunks.size(); ++step) {
-      std::vector<DecodeRow> rows;
-      for (int i = 0; i < chunks[step]; ++i, ++at) rows.push_back({&a, 0, at});
-      rows.push_back({&b, 1, static_cast<int32_t>(step)});
-      worst = std::max(worst, decode_step_error(model, decoder, rows));
-      checked += static_cast<int>(rows.size());
-    }
-    EXPECT_EQ(checked, 12 + 5);
+    const double worst = slot_script_decode_error(model, decoder);
     EXPECT_LT(worst, 1e-6) << "decoder logits vs full forward";  // f64 math, logits as f32
-    std::printf("attn_res decode: %d logit rows, worst scaled error %.2e\n", checked, worst);
+    std::printf("attn_res decode: %d logit rows, worst scaled error %.2e\n", kSlotScriptRows, worst);
   }
 }
 

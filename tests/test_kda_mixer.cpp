@@ -80,28 +80,6 @@ void randomize(Model& m, uint64_t seed) {
   }
 }
 
-std::vector<int32_t> tokens(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng.below(259));
-  return t;
-}
-
-// The decoder and the sequences it holds: each step's rows are checked against the full
-// forward over their prefixes.
-struct DecodeCheck {
-  Model& model;
-  Decoder& decoder;
-  double worst = 0;
-  int checked = 0;
-
-  // Runs `rows` as one step and checks every row's logits.
-  void step(const std::vector<DecodeRow>& rows) {
-    worst = std::max(worst, decode_step_error(model, decoder, rows));
-    checked += static_cast<int>(rows.size());
-  }
-};
-
 // A "kda, kda, kda, gqa" model of f64 weights, random, with KDA heads of its own width.
 std::unique_ptr<Model> decode_model() {
   ModelConfig c;
@@ -127,34 +105,9 @@ TEST(KdaMixer, DecoderMatchesFullForward) {
   d.slots = 2;
   d.max_rows = 6;
   Decoder decoder(model, d);
-  DecodeCheck check{model, decoder};
-  const std::vector<int32_t> a = tokens(14, 1), b = tokens(9, 2), fresh = tokens(7, 3), shared = tokens(12, 4);
-  // Slot 0 prefills a in chunks while slot 1 decodes b one token per step.
-  decoder.reset_slot(0), decoder.reset_slot(1);
-  const std::vector<int> chunks = {4, 1, 3, 1, 5};
-  int32_t at = 0;
-  for (size_t s = 0; s < chunks.size(); ++s) {
-    std::vector<DecodeRow> rows;
-    for (int i = 0; i < chunks[s]; ++i) rows.emplace_back(&a, 0, at++);
-    rows.emplace_back(&b, 1, static_cast<int32_t>(s));
-    check.step(rows);
-  }
-  // Slot 1 takes a new sequence: reset, then its own tokens only.
-  decoder.reset_slot(1);
-  check.step({{&fresh, 1, 0}, {&fresh, 1, 1}, {&fresh, 1, 2}});
-  for (int32_t p = 3; p < 7; ++p) check.step({{&fresh, 1, p}});
-  // A fork: slot 0 prefills 5 tokens of `shared`, slot 1 takes its state, then each goes on
-  // its own way (slot 1 with other tokens after the prompt).
-  std::vector<int32_t> other = shared;
-  for (size_t i = 5; i < other.size(); ++i) other[i] = (other[i] + 7) % 259;
-  decoder.reset_slot(0);
-  check.step({{&shared, 0, 0}, {&shared, 0, 1}, {&shared, 0, 2}, {&shared, 0, 3}, {&shared, 0, 4}});
-  decoder.reset_slot(1);
-  decoder.copy_slot(0, 1, 5);
-  for (int32_t p = 5; p < 12; ++p) check.step({{&shared, 0, p}, {&other, 1, p}});
-  EXPECT_EQ(check.checked, 19 + 7 + 5 + 14);
-  EXPECT_LT(check.worst, 1e-12) << "decoder logits vs full forward";
-  std::printf("kda decode: %d logit rows, worst scaled error %.2e\n", check.checked, check.worst);
+  const double worst = slot_script_decode_error(model, decoder);
+  EXPECT_LT(worst, 1e-12) << "decoder logits vs full forward";
+  std::printf("kda decode: %d logit rows, worst scaled error %.2e\n", kSlotScriptRows, worst);
 }
 
 GenerationRequest greedy(int32_t first, size_t prompt_length, int64_t max_tokens) {

@@ -120,15 +120,6 @@ void randomize(Model& m, uint64_t seed) {
   }
 }
 
-std::vector<int32_t> tokens(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng.below(259));
-  return t;
-}
-
-using Row = DecodeRow;
-
 TEST(MlaMixer, AbsorbedDecoderMatchesFullForward) {
   ModelConfig c;
   c.vocab_size = 259, c.hidden = 32, c.heads = 3, c.kv_heads = 1, c.head_dim = 8, c.ffn_hidden = 48;
@@ -145,35 +136,9 @@ TEST(MlaMixer, AbsorbedDecoderMatchesFullForward) {
   DecoderOptions d;
   d.slots = 2, d.max_rows = 6;
   Decoder decoder(model, d);
-  const std::vector<int32_t> a = tokens(14, 1), b = tokens(9, 2), fresh = tokens(7, 3), shared = tokens(12, 4);
-  double worst = 0;
-  int steps = 0;
-  auto step = [&](const std::vector<Row>& rows) { worst = std::max(worst, decode_step_error(model, decoder, rows)), ++steps; };
-  // Slot 0 prefills a in chunks while slot 1 decodes b one token per step.
-  decoder.reset_slot(0), decoder.reset_slot(1);
-  int32_t at = 0;
-  const std::vector<int> chunks = {4, 1, 3, 1, 5};
-  for (size_t s = 0; s < chunks.size(); ++s) {
-    std::vector<Row> rows;
-    for (int i = 0; i < chunks[s]; ++i) rows.emplace_back(&a, 0, at++);
-    rows.emplace_back(&b, 1, static_cast<int32_t>(s));
-    step(rows);
-  }
-  // Slot 1 takes a new sequence over its old positions.
-  decoder.reset_slot(1);
-  step({{&fresh, 1, 0}, {&fresh, 1, 1}, {&fresh, 1, 2}});
-  for (int32_t p = 3; p < 7; ++p) step({{&fresh, 1, p}});
-  // A fork: slot 1 continues slot 0's prompt of 5 tokens with other tokens.
-  std::vector<int32_t> other = shared;
-  for (size_t i = 5; i < other.size(); ++i) other[i] = (other[i] + 7) % 259;
-  decoder.reset_slot(0);
-  step({{&shared, 0, 0}, {&shared, 0, 1}, {&shared, 0, 2}, {&shared, 0, 3}, {&shared, 0, 4}});
-  decoder.reset_slot(1);
-  decoder.copy_slot(0, 1, 5);
-  for (int32_t p = 5; p < 12; ++p) step({{&shared, 0, p}, {&other, 1, p}});
-  EXPECT_EQ(steps, 5 + 5 + 1 + 7);
+  const double worst = slot_script_decode_error(model, decoder);
   EXPECT_LT(worst, 1e-12) << "absorbed decoder logits vs full forward";
-  std::printf("mla decode: %d steps, worst scaled error %.2e\n", steps, worst);
+  std::printf("mla decode: %d steps, worst scaled error %.2e\n", kSlotScriptSteps, worst);
 }
 
 // The latent is the cached attention's head (at most 512 wide, CPU and GPU): a wider one is

@@ -5,9 +5,7 @@
 namespace kiln {
 
 AttnResDecoder::AttnResDecoder(DecodeContext& ctx, const BlockAttnRes& res, int64_t hidden)
-    : exec_(ctx.exec), res_(res) {
-  KILN_CHECK(ctx.device == Device::cpu && !ctx.mixed(), "model.attn_res_block",
-             "Block Attention Residuals decode on the CPU only, in the compute dtype");
+    : exec_(ctx.exec), res_(res), mixed_(ctx.mixed()) {
   sums_.resize(static_cast<size_t>(res.blocks()));
   for (Tensor& s : sums_) ctx.state.reserve(s, ctx.wide, Shape{ctx.max_rows, hidden});
   ctx.state.reserve(mix_, ctx.wide, Shape{ctx.max_rows, hidden});
@@ -25,10 +23,12 @@ void AttnResDecoder::forward(const std::vector<std::unique_ptr<BlockDecoder>>& b
       if (j > 0) res_.mix_blocks(j, embedding, sums, mix);  // sublayer 0 reads the embedding itself
       blocks[l]->sublayer(which, j > 0 ? mix : embedding, rows, s.h, s.branch);
       const Tensor& sum = sums[static_cast<size_t>(j / size)];
+      // A block's first output starts its sum (widened on the mixed path); the others add
+      // into it, as the training forward's BlockAttnRes::add_output does.
       if (j % size == 0) {
-        ops::convert(exec_, s.branch, sum);  // a block's first output starts its sum
+        ops::convert(exec_, s.branch, sum);
       } else {
-        ops::add_inplace(exec_, sum, s.branch);
+        residual_add(exec_, sum, s.branch, mixed_);
       }
     }
   res_.mix_blocks(res_.sublayers(), embedding, sums, mix);

@@ -24,6 +24,7 @@ class AttnResDecoder {
  private:
   const ExecContext& exec_;
   const BlockAttnRes& res_;
+  bool mixed_;                // sums wide, sublayer outputs in the compute dtype (the GPU's bf16)
   std::vector<Tensor> sums_;  // per block [max_rows, hidden]
   Tensor mix_;                // [max_rows, hidden]: a sublayer's input, then the final read
 };

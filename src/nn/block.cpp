@@ -149,7 +149,7 @@ std::unique_ptr<BlockDecoder> TransformerBlock::make_decoder(DecodeContext& ctx)
   auto post = [&](const std::unique_ptr<Norm>& n) { return n ? n->make_decoder(ctx) : nullptr; };
   BranchDecoders mixer{attn_norm_->make_decoder(ctx), mixer_->make_decoder(ctx, *attn_norm_), post(post_attn_norm_)};
   BranchDecoders mlp{mlp_norm_->make_decoder(ctx), mlp_->make_decoder(ctx, *mlp_norm_), post(post_mlp_norm_)};
-  if (post_attn_norm_)  // the post-norm's wide input on the mixed path (BlockDecoder::branch)
+  if (post_attn_norm_)  // the post-norm's wide input on the mixed path (BlockDecoder::widened)
     ctx.workspace.reserve_peak(Workspace::footprint(ctx.wide, Shape{ctx.max_rows, mid_.size(1)}),
                                Workspace::Level::outer);
   return std::make_unique<BlockDecoder>(ctx, std::move(mixer), std::move(mlp));
@@ -187,13 +187,22 @@ void BlockDecoder::forward(DecodeStepBuffers& s, const DecodeRows& rows) {
 
 void BlockDecoder::sublayer(Sublayer which, const Tensor& input, const DecodeRows& rows, const Tensor& h,
                             const Tensor& out) {
-  KILN_CHECK(!mixed_, "model.attn_res_block", "Block Attention Residuals decode in the compute dtype only");
   BranchDecoders& b = which == Sublayer::attention ? mixer_ : mlp_;
   b.norm->add_norm(input, Tensor(), h);
   b.branch->forward(h, rows, out);
   if (!b.post_norm) return;
-  b.post_norm->add_norm(out, Tensor(), h);
+  Workspace::Scope scope(workspace_);
+  b.post_norm->add_norm(widened(scope, out), Tensor(), h);
   copy_tensor(h, out);
+}
+
+Tensor BlockDecoder::widened(Workspace::Scope& scope, const Tensor& branch_out) const {
+  // The norm decoders read a wide input (the residual stream's dtype); on the mixed path the
+  // output is widened first, exactly, as the training forward's norm reads bf16 in fp32.
+  if (!mixed_) return branch_out;
+  const Tensor wide = scope.take(wide_, branch_out.shape());
+  ops::convert(exec_, branch_out, wide);
+  return wide;
 }
 
 void BlockDecoder::reset_slot(int32_t slot) {
@@ -222,15 +231,8 @@ void BlockDecoder::branch(BranchDecoders& b, DecodeStepBuffers& s, const DecodeR
   b.branch->forward(s.h, rows, s.branch);
   s.pending = true;
   if (!b.post_norm) return;
-  // The norm decoders read a wide input (the residual stream's dtype); on the mixed path the
-  // output is widened first, exactly, as the training forward's norm reads bf16 in fp32.
   Workspace::Scope scope(workspace_);
-  Tensor in = s.branch;
-  if (mixed_) {
-    in = scope.take(wide_, s.branch.shape());
-    ops::convert(exec_, s.branch, in);
-  }
-  b.post_norm->add_norm(in, Tensor(), s.h);
+  b.post_norm->add_norm(widened(scope, s.branch), Tensor(), s.h);
   residual_add(exec_, s.x, s.h, mixed_);
   s.pending = false;
 }

@@ -37,9 +37,8 @@ class BlockDecoder {
   BlockDecoder(DecodeContext& ctx, BranchDecoders mixer, BranchDecoders mlp);
   // The block over the step's rows, from and into s.x (with s.pending as it comes).
   void forward(DecodeStepBuffers& s, const DecodeRows& rows);
-  // Block Attention Residuals: out = one sublayer's output (no residual add) from its input
-  // (wide, left as it is), h its normed input. The CPU reference's dtypes only (compute =
-  // wide): a post-norm reads the output as its wide input.
+  // Block Attention Residuals: out = one sublayer's output (no residual add, compute dtype)
+  // from its input (wide, left as it is), h its normed input.
   void sublayer(Sublayer which, const Tensor& input, const DecodeRows& rows, const Tensor& h, const Tensor& out);
   // BranchDecoder's slot contract, passed to both branches (nn/decode.h).
   void reset_slot(int32_t slot);
@@ -47,6 +46,8 @@ class BlockDecoder {
 
  private:
   void branch(BranchDecoders& b, DecodeStepBuffers& s, const DecodeRows& rows);
+  // A branch's output as the post-norm's input: itself, or a wide copy taken from `scope`.
+  Tensor widened(Workspace::Scope& scope, const Tensor& branch_out) const;
 
   const ExecContext& exec_;
   Workspace& workspace_;

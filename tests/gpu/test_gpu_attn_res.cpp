@@ -6,13 +6,20 @@
 //     last block at the final read) on the GPU in fp32 and bf16 mixed precision against
 //     the same model on the CPU (fp32), the pseudo-queries random (not the plain mean):
 //     logits, loss and every parameter's gradient.
+//   - the decoder (nn/attn_res_decode.cpp) in fp32 and bf16, with and without sandwich
+//     norms, through tests/full_forward.h's slot script (chunked prefill beside single
+//     tokens, a reused slot, a fork), steps of up to 4 rows captured as CUDA graphs, against
+//     the same GPU model's full forward over each prefix: the other mixers' decode bars
+//     (f32 1e-4, bf16 5e-2 of the largest |logit|). Not yet run on a GPU.
 // Tolerances: the op 5e-5 relative (fp32 against fp64; see the op test); the model as
 // test_gpu_moe_model.cpp's (fp32: logits 1e-4, loss 1e-5, gradients 1e-3 with a floor of
 // 1% of each tensor's max; bf16: 3e-2, 1e-3, 6e-2 against each tensor's max).
 #include "core/exec_context.h"
 #include "core/rng.h"
+#include "full_forward.h"
 #include "gpu/gpu_harness.h"
 #include "gpu/whole_model.h"
+#include "infer/decoder.h"
 #include "model/model.h"
 #include "ops/attn_res/attn_res.h"
 #include "test_util.h"
@@ -95,6 +102,20 @@ ModelConfig attn_res_config() {
 // Two documents of 30 and 41 bytes and a 9-token PAD tail without targets.
 HostBatch two_documents() { return packed_documents({30, 41}, 9, 2027); }
 
+// The pseudo-queries off zero: a mix that is not the plain mean. Returns how many there are.
+int randomize_queries(Model& model, uint64_t seed) {
+  Rng rng(seed);
+  int queries = 0;
+  for (const auto& p : model.parameters()) {
+    if (p->name().find("attn_res.") == std::string::npos) continue;
+    ++queries;
+    OwnedTensor v(DType::f32, Device::cpu, p->shape());
+    for (int64_t i = 0; i < v->numel(); ++i) v->data<float>()[i] = static_cast<float>(0.3 * rng.normal());
+    copy_tensor(*v, p->value());
+  }
+  return queries;
+}
+
 void compare(DType dtype, double logits_tol, double loss_tol, double grads_tol, double query_grads_tol,
              double floor_fraction) {
   const ModelConfig c = attn_res_config();
@@ -102,15 +123,7 @@ void compare(DType dtype, double logits_tol, double loss_tol, double grads_tol, 
   Model cpu(c, options_for(Device::cpu, DType::f32, batch.size()));
   cpu.allocate();
   cpu.init_weights(53);
-  Rng rng(54);
-  int queries = 0;
-  for (const auto& p : cpu.parameters()) {  // the pseudo-queries off zero: a mix that is not the mean
-    if (p->name().find("attn_res.") == std::string::npos) continue;
-    ++queries;
-    float* v = p->value().data<float>();
-    for (int64_t i = 0; i < p->value().numel(); ++i) v[i] = static_cast<float>(0.3 * rng.normal());
-  }
-  EXPECT_EQ(queries, 2 * c.layers);  // sublayers 1 .. 2L - 1 and the final read
+  EXPECT_EQ(randomize_queries(cpu, 54), 2 * c.layers);  // sublayers 1 .. 2L - 1 and the final read
   Model gpu(c, options_for(Device::cuda, dtype, batch.size()));
   gpu.allocate();
   ASSERT_EQ(cpu.parameters().size(), gpu.parameters().size());
@@ -133,6 +146,38 @@ TEST_F(AttnResGpu, Fp32ModelMatchesTheCpu) { compare(DType::f32, 1e-4, 1e-5, 1e-
 // differences more than any other gradient. Measured on an H100 (2026-12-05): 9.5e-2 of
 // the tensor's largest value for a query, 6e-2 or less for everything else.
 TEST_F(AttnResGpu, Bf16MixedModelMatchesTheFp32Cpu) { compare(DType::bf16, 3e-2, 1e-3, 6e-2, 0.15, 1.0); }
+
+// The GPU decoder against the same GPU model's full forward (the header's last item).
+void decode_against_full_forward(DType dtype, bool sandwich, double tolerance) {
+  ModelConfig c = attn_res_config();
+  c.sandwich_norms = sandwich;
+  c.max_seq_len = 32;
+  BuildOptions o = options_for(Device::cuda, dtype, c.max_seq_len);
+  o.training = false;
+  Model model(c, o);
+  model.allocate();
+  model.init_weights(61);
+  EXPECT_EQ(randomize_queries(model, 62), 2 * c.layers);
+  DecoderOptions d;
+  d.slots = 2, d.max_rows = 6, d.logit_rows = 6;
+  d.graph_rows = 4;  // the 5- and 6-row chunks run op by op, the others are captured
+  Decoder decoder(model, d);
+  ASSERT_EQ(decoder.dtype(), dtype);
+  const double worst = test::slot_script_decode_error(model, decoder);
+  EXPECT_GT(decoder.graphs(), 0u) << "no step was captured";
+  EXPECT_LT(worst, tolerance) << "attn_res GPU decode vs its full forward";
+  std::printf("attn_res GPU decode (%s, sandwich %d) vs its full forward: %d rows, worst scaled error %.2e (bar %.0e)\n",
+              std::string(dtype_name(dtype)).c_str(), sandwich, test::kSlotScriptRows, worst, tolerance);
+}
+
+TEST_F(AttnResGpu, Fp32DecodeMatchesItsFullForward) {
+  decode_against_full_forward(DType::f32, false, 1e-4);
+  decode_against_full_forward(DType::f32, true, 1e-4);
+}
+TEST_F(AttnResGpu, Bf16DecodeMatchesItsFullForward) {
+  decode_against_full_forward(DType::bf16, false, 5e-2);
+  decode_against_full_forward(DType::bf16, true, 5e-2);
+}
 
 }  // namespace
 }  // namespace kiln

@@ -43,9 +43,6 @@ namespace kiln {
 namespace {
 
 using namespace gpu_test;
-using test::decode_step_error;
-using test::DecodeRow;
-using test::random_tokens;
 
 // ---- the decode ops ---------------------------------------------------------------------
 
@@ -193,45 +190,14 @@ TEST_P(KdaDecoderGpu, MatchesItsFullForward) {
   d.logit_rows = 6;
   d.graph_rows = 4;
   Decoder decoder(model, d);
-  double worst = 0;
-  int checked = 0;
-  auto step = [&](const std::vector<DecodeRow>& rows) {
-    worst = std::max(worst, decode_step_error(model, decoder, rows));
-    checked += static_cast<int>(rows.size());
-  };
-  const std::vector<int32_t> a = random_tokens(14, 1), b = random_tokens(9, 2), fresh = random_tokens(7, 3);
-  const std::vector<int32_t> shared = random_tokens(12, 4);
-  // Slot 0 prefills a in chunks while slot 1 decodes b one token per step.
-  decoder.reset_slot(0), decoder.reset_slot(1);
-  const std::vector<int> chunks = {4, 1, 3, 1, 5};
-  int32_t at = 0;
-  for (size_t s = 0; s < chunks.size(); ++s) {
-    std::vector<DecodeRow> rows;
-    for (int i = 0; i < chunks[s]; ++i) rows.push_back({&a, 0, at++});
-    rows.push_back({&b, 1, static_cast<int32_t>(s)});
-    step(rows);
-  }
-  // Slot 1 is reused for a new sequence: reset, then its own tokens only.
-  decoder.reset_slot(1);
-  step({{&fresh, 1, 0}, {&fresh, 1, 1}, {&fresh, 1, 2}});
-  for (int32_t p = 3; p < 7; ++p) step({{&fresh, 1, p}});
-  // A fork: slot 0 prefills 5 tokens of `shared`, slot 1 takes its state, then each goes
-  // on its own way (slot 1 with other tokens after the prompt).
-  std::vector<int32_t> other = shared;
-  for (size_t i = 5; i < other.size(); ++i) other[i] = (other[i] + 7) % 259;
-  decoder.reset_slot(0);
-  step({{&shared, 0, 0}, {&shared, 0, 1}, {&shared, 0, 2}, {&shared, 0, 3}, {&shared, 0, 4}});
-  decoder.reset_slot(1);
-  decoder.copy_slot(0, 1, 5);
-  for (int32_t p = 5; p < 12; ++p) step({{&shared, 0, p}, {&other, 1, p}});
-  EXPECT_EQ(checked, 19 + 7 + 5 + 14);
+  const double worst = test::slot_script_decode_error(model, decoder);
   EXPECT_LT(worst, tolerance) << "GPU decoder logits vs the GPU full forward";
   if (dtype == DType::bf16) {
     EXPECT_GT(decoder.graphs(), 0u) << "the decode steps ran as CUDA graphs";
   }
   ::testing::Test::RecordProperty("worst_scaled_error", fmt::format("{:.3e}", worst));
   std::printf("kda decoder %s: %d logit rows, worst scaled error %.2e (bar %.0e), %zu graphs\n",
-              std::string(dtype_name(dtype)).c_str(), checked, worst, tolerance, decoder.graphs());
+              std::string(dtype_name(dtype)).c_str(), test::kSlotScriptRows, worst, tolerance, decoder.graphs());
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, KdaDecoderGpu, ::testing::Values(DType::f32, DType::bf16),

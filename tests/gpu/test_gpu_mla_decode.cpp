@@ -118,57 +118,11 @@ void same_random_weights(const std::vector<Model*>& models, uint64_t seed) {
   }
 }
 
-std::vector<int32_t> tokens(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng.below(259));
-  return t;
-}
-
 DecoderOptions decoder_options() {
   DecoderOptions d;
   d.slots = 2, d.max_rows = 6, d.logit_rows = 6;
   d.graph_rows = 4;  // the 5- and 6-row chunks run op by op, the others are captured
   return d;
-}
-
-// The script (tests/test_mla_mixer.cpp's): slot 0 prefills a in chunks while slot 1 decodes
-// b a token per step; slot 1 is reused for a new sequence; slot 1 forks slot 0's 5-token
-// prompt (copy_slot) and both go on. `step` runs one step's rows; `reset` and `copy` the
-// slot calls, on every decoder under test.
-struct Script {
-  std::function<void(const std::vector<DecodeRow>&)> step;
-  std::function<void(int32_t)> reset;
-  std::function<void(int32_t, int32_t, int64_t)> copy;
-};
-
-int run_script(const Script& s) {
-  static const std::vector<int32_t> a = tokens(14, 1), b = tokens(9, 2), fresh = tokens(7, 3), shared = tokens(12, 4);
-  static const std::vector<int32_t> other = [] {
-    std::vector<int32_t> o = shared;
-    for (size_t i = 5; i < o.size(); ++i) o[i] = (o[i] + 7) % 259;
-    return o;
-  }();
-  int steps = 0;
-  auto step = [&](const std::vector<DecodeRow>& rows) { s.step(rows), ++steps; };
-  s.reset(0), s.reset(1);
-  int32_t at = 0;
-  const std::vector<int> chunks = {4, 1, 3, 1, 5};
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    std::vector<DecodeRow> rows;
-    for (int i = 0; i < chunks[c]; ++i) rows.push_back({&a, 0, at++});
-    rows.push_back({&b, 1, static_cast<int32_t>(c)});
-    step(rows);
-  }
-  s.reset(1);
-  step({{&fresh, 1, 0}, {&fresh, 1, 1}, {&fresh, 1, 2}});
-  for (int32_t p = 3; p < 7; ++p) step({{&fresh, 1, p}});
-  s.reset(0);
-  step({{&shared, 0, 0}, {&shared, 0, 1}, {&shared, 0, 2}, {&shared, 0, 3}, {&shared, 0, 4}});
-  s.reset(1);
-  s.copy(0, 1, 5);
-  for (int32_t p = 5; p < 12; ++p) step({{&shared, 0, p}, {&other, 1, p}});
-  return steps;
 }
 
 class MlaDecodeGpu : public GpuTest {
@@ -179,17 +133,11 @@ class MlaDecodeGpu : public GpuTest {
     same_random_weights({model.get()}, 29);
     Decoder decoder(*model, decoder_options());
     ASSERT_EQ(decoder.dtype(), dtype);
-    double worst = 0;
-    const int steps = run_script({[&](const std::vector<DecodeRow>& rows) {
-                                    worst = std::max(worst, test::decode_step_error(*model, decoder, rows));
-                                  },
-                                  [&](int32_t slot) { decoder.reset_slot(slot); },
-                                  [&](int32_t from, int32_t to, int64_t n) { decoder.copy_slot(from, to, n); }});
-    EXPECT_EQ(steps, 18);
+    const double worst = test::slot_script_decode_error(*model, decoder);
     EXPECT_GT(decoder.graphs(), 0u) << "no step was captured";
     EXPECT_LT(worst, tolerance) << "mla GPU decode vs its full forward";
     fmt::print("mla GPU decode ({}) vs its full forward: {} steps, worst scaled error {:.2e} (bar {:.0e})\n",
-               dtype_name(dtype), steps, worst, tolerance);
+               dtype_name(dtype), test::kSlotScriptSteps, worst, tolerance);
   }
 };
 
@@ -202,7 +150,7 @@ TEST_F(MlaDecodeGpu, Fp32DecodeMatchesTheCpuDecode) {
   same_random_weights({cpu_model.get(), gpu_model.get()}, 31);
   Decoder cpu(*cpu_model, decoder_options()), gpu(*gpu_model, decoder_options());
   double worst = 0;
-  const int steps = run_script(
+  const int rows_run = test::run_slot_script(
       {[&](const std::vector<DecodeRow>& rows) {
          std::vector<int32_t> tok, slot, pos, which;
          for (const DecodeRow& r : rows) {
@@ -222,9 +170,9 @@ TEST_F(MlaDecodeGpu, Fp32DecodeMatchesTheCpuDecode) {
        },
        [&](int32_t slot) { cpu.reset_slot(slot), gpu.reset_slot(slot); },
        [&](int32_t from, int32_t to, int64_t n) { cpu.copy_slot(from, to, n), gpu.copy_slot(from, to, n); }});
-  EXPECT_EQ(steps, 18);
+  EXPECT_EQ(rows_run, test::kSlotScriptRows);
   EXPECT_LT(worst, 1e-4) << "mla GPU f32 decode vs the CPU f32 decode";
-  std::printf("mla GPU f32 decode vs the CPU f32 decode: %d steps, worst scaled error %.2e (bar 1e-04)\n", steps,
+  std::printf("mla GPU f32 decode vs the CPU f32 decode: %d rows, worst scaled error %.2e (bar 1e-04)\n", rows_run,
               worst);
 }
 
