@@ -25,6 +25,9 @@ from torch_peer import DenseMlp, RMSNorm, load_config, run
 from torch_peer_kda import KdaMixer
 from torch_peer_moe import MoeMlp, grouped
 
+# torch._grouped_mm is for Hopper (sm90); decided once, a constant under torch.compile.
+GROUPED = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
 # Keys beyond torch_peer's, with kiln's defaults (src/config/config.h).
 EXTRA = dict(model=dict(attention="gqa", alt_attention="", alt_attention_layers="", attn_res_block=0,
                         tie_embeddings=True),
@@ -75,7 +78,7 @@ class LatentMoe(MoeMlp):
 
     def experts(self, z, offsets):
         """Rows z [n, L] grouped by expert (offsets: each expert's end row) -> [n, L]."""
-        if z.is_cuda and torch.cuda.get_device_capability(z.device)[0] == 9:
+        if z.is_cuda and GROUPED:
             gate, up = grouped(z, self.gate_up, offsets).chunk(2, -1)
             return grouped(F.silu(gate) * up, self.down, offsets)
         out, start = [], 0
@@ -166,6 +169,9 @@ class Model(nn.Module):
         self.blocks = nn.ModuleList(Block(c, i) for i in range(c["layers"]))
         self.norm = RMSNorm(c["hidden"], c["norm_eps"])
         self.final_query = nn.Parameter(torch.zeros(c["hidden"]))
+        for m in self.modules():  # kiln's N(0, init_std) for the matrices (the loss starts near ln V)
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
 
     def hidden(self, ids):
         """The final norm's output and the MoE layers' summed losses."""
