@@ -114,22 +114,29 @@ def sparse_layer(c, i):
     return i >= int(pattern.split(":")[1])
 
 
-def load_config(path, overrides):
+def load_config(path, overrides, extra=None):
+    """The config's keys the peer reads, with kiln's defaults. extra (torch_peer_k3.py) adds
+    keys: "model" to the top table, "moe" to [model.moe], any other name a [model.NAME] table."""
+    extra = extra or {}
     defaults = dict(vocab_size=259, hidden=192, layers=4, heads=6, kv_heads=2, head_dim=32, ffn_hidden=512,
                     max_seq_len=256, norm_eps=1e-6, rope_theta=10000.0, micro_batch_tokens=4096, mlp="swiglu",
-                    alt_mlp="", alt_mlp_layers="")
+                    alt_mlp="", alt_mlp_layers="", **extra.get("model", {}))
     with open(path, "rb") as f:
         raw = tomllib.load(f)
     c = dict(defaults)
     c.update({k: v for k, v in raw.get("model", {}).items() if k in defaults})
     c.update({k: v for k, v in raw.get("train", {}).items() if k in defaults})
-    moe = moe_defaults()
-    c["moe"] = dict(moe)
-    c["moe"].update({k: v for k, v in raw.get("model", {}).get("moe", {}).items() if k in moe})
+    tables = {"moe": dict(moe_defaults(), **extra.get("moe", {}))}
+    tables.update({name: t for name, t in extra.items() if name not in ("model", "moe")})
+    for name, table in tables.items():
+        c[name] = dict(table)
+        c[name].update({k: v for k, v in raw.get("model", {}).get(name, {}).items() if k in table})
     for o in overrides:
         key, value = o.split("=", 1)
-        table, name = (c["moe"], moe) if key.startswith("model.moe.") else (c, defaults)
-        field = key.split(".")[-1]
+        parts = key.split(".")
+        sub = parts[1] if len(parts) == 3 and parts[0] == "model" else None
+        table, name = (c[sub], tables[sub]) if sub in tables else (c, defaults)
+        field = parts[-1]
         kind = type(name[field])
         table[field] = value.lower() == "true" if kind is bool else kind(value)
     if c["mlp"] != "moe":
@@ -137,10 +144,13 @@ def load_config(path, overrides):
     return c
 
 
-def run(c, mode, dtype, steps, warmup):
+def run(c, mode, dtype, steps, warmup, make_model=None):
+    """Times steps of make_model(c) (default Model) on the GPU, or on the CPU where there is none
+    (a smoke run: no peak memory)."""
     torch.manual_seed(0)
-    dev = "cuda"
-    model = Model(c).to(dev)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    cuda = dev == "cuda"
+    model = (make_model or Model)(c).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     seq = min(c["max_seq_len"], c["micro_batch_tokens"])
     batch = c["micro_batch_tokens"] // seq
@@ -149,7 +159,7 @@ def run(c, mode, dtype, steps, warmup):
     fn = torch.compile(model) if mode == "compile" else model
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=dtype == "bf16"):
             loss = fn(ids, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -159,17 +169,19 @@ def run(c, mode, dtype, steps, warmup):
 
     for _ in range(warmup):
         step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for _ in range(steps):
         loss = step()
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     tokens = batch * seq * steps
-    return dict(peer=f"torch {torch.__version__} {mode} {dtype}", tokens_per_second=tokens / seconds,
-                ms_per_step=1e3 * seconds / steps, peak_gib=torch.cuda.max_memory_allocated() / 2**30,
-                loss=loss.item())
+    return dict(peer=f"torch {torch.__version__} {mode} {dtype}" + ("" if cuda else " cpu"),
+                tokens_per_second=tokens / seconds, ms_per_step=1e3 * seconds / steps,
+                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None, loss=loss.item())
 
 
 def main():
