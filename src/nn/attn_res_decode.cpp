@@ -32,7 +32,7 @@ void AttnResDecoder::forward(const std::vector<std::unique_ptr<BlockDecoder>>& b
       }
     }
   res_.mix_blocks(res_.sublayers(), embedding, sums, mix);
-  copy_tensor(mix, s.x);
+  ops::convert(exec_, mix, s.x);  // on the stream: a captured step
   s.pending = false;
 }
 

@@ -193,7 +193,7 @@ void BlockDecoder::sublayer(Sublayer which, const Tensor& input, const DecodeRow
   if (!b.post_norm) return;
   Workspace::Scope scope(workspace_);
   b.post_norm->add_norm(widened(scope, out), Tensor(), h);
-  copy_tensor(h, out);
+  ops::convert(exec_, h, out);  // on the stream: a captured step
 }
 
 Tensor BlockDecoder::widened(Workspace::Scope& scope, const Tensor& branch_out) const {

@@ -235,12 +235,20 @@ TEST_F(DropoutGpu, CudnnAttentionBackwardUsesTheForwardsMask) {
     ops::attention_forward(process_exec(), *pr.q, *pr.k, *pr.v, *pr.cu, o, *out, *lse);
     const OwnedTensor oh = download_f32(*out), lh = to_host(*lse);
     const float *qv = pr.qh->data<float>(), *kv = pr.kh->data<float>(), *ov = oh->data<float>();
+    // The lse's layout (ops/attention/attention_cudnn.cu): packed [tokens, Hq], or head-major
+    // [B, Hq, S] for a uniform batch.
+    auto lse_at = [&](int64_t i, int64_t h) {
+      const float* lse_rows = lh->data<float>();
+      if (!l.uniform) return static_cast<double>(lse_rows[i * hq + h]);
+      const int64_t s = l.max_len;
+      return static_cast<double>(lse_rows[(i / s * hq + h) * s + i % s]);
+    };
     // P in fp64 from the bf16 q, k and the GPU's lse; Z from the output's zeros.
     auto prob = [&](int64_t i, int64_t h, int64_t j) {
       double s = 0;
       const float *qr = qv + (i * hq + h) * d, *kr = kv + (j * hkv + h / group) * d;
       for (int64_t c = 0; c < d; ++c) s += static_cast<double>(qr[c]) * kr[c];
-      return std::exp(s * scale - lh->data<float>()[i * hq + h]);
+      return std::exp(s * scale - lse_at(i, h));
     };
     std::vector<double> z(static_cast<size_t>(n * hq * d), 0.0);  // [i, h, key offset]
     int64_t dropped = 0, visible = 0;
