@@ -116,8 +116,7 @@ class Trainer {
   int64_t micro_batches_per_step() const { return config_.train.grad_accum * data_ranks(); }
   // The ranks that read micro-batches of their own: the group's, or 1 when they are a
   // pipeline's (every stage reads the step's micro-batches; train/pipeline_trainer_step.h).
-  int64_t data_ranks() const { return group_ && !pipeline_config_on() ? group_->world_size() : 1; }
-  bool pipeline_config_on() const { return config_.dist.pipeline_stages > 1; }
+  int64_t data_ranks() const { return group_ && !pipelined(config_) ? group_->world_size() : 1; }
   // Joins the launcher's ranks, if it started several (before anything else is made).
   void join_process_group();
 
