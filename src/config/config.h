@@ -376,6 +376,12 @@ struct DistConfig {
   // gives each rank the state of one contiguous shard of the parameters, which it alone
   // updates, and all-gathers the updated parameters (docs/distributed.md).
   int64_t zero = 0;
+  // Pipeline parallelism on the CPU (docs/distributed.md, "Training with a pipeline"): the
+  // model's layers cut into this many stages, one per rank; 1 = off.
+  int64_t pipeline_stages = 1;
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb_h1
+  int64_t pipeline_virtual_stages = 1;     // interleaved: stages per rank (v)
+  std::string pipeline_split = "";         // first layer of each stage ("0,3,6"); "" = planned
 };
 
 struct Config {

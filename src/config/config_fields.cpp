@@ -286,6 +286,13 @@ const std::array kFields = {
     KILN_FIELD(eval, slots, positive().up_to(4096, "sequences scored at once"), "sequences scored at once"),
     KILN_FIELD(eval, bos, none(), "BOS before each context, as training documents start"),
 
+    KILN_FIELD(dist, pipeline_stages, positive().up_to(kMaxLayers, "a stage needs a layer"),
+               "pipeline stages, one per rank (CPU); 1 = off"),
+    KILN_FIELD(dist, pipeline_schedule, one_of("gpipe|1f1b|interleaved|zb_h1"),
+               "pipeline schedule: gpipe | 1f1b | interleaved | zb_h1"),
+    KILN_FIELD(dist, pipeline_virtual_stages, positive().up_to(kMaxLayers, "a stage needs a layer"),
+               "stages per rank of the interleaved schedule (v)"),
+    KILN_FIELD(dist, pipeline_split, none(), "first layer of each stage, \"0,3,6\"; \"\" = planned from costs"),
     KILN_FIELD(dist, timeout, positive().up_to(kMaxTimeoutSeconds, "a week; a collective waiting longer is hung"),
                "seconds a collective waits for the other ranks before failing"),
     KILN_FIELD(dist, bucket_mb, non_negative().up_to(65536, "64 GiB; more than any model's gradients"),

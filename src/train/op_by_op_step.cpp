@@ -44,6 +44,10 @@ class OpByOpStep final : public StepExecutor {
     for (size_t k = 0; k < outcome_.step_sums.size(); ++k) outcome_.step_sums[k] += micro_sums_.slot[k];
   }
 
+  void add_step_sums(const LossSlotSums& sums) override {
+    for (size_t k = 0; k < outcome_.step_sums.size(); ++k) outcome_.step_sums[k] += sums[k];
+  }
+
   void synchronize() override {
     if (!data_parallel_) return;
     data_parallel_->reduce_gradients();

@@ -48,6 +48,10 @@ class ModelStage final : public PipelineStage {
   // (1 / the step's target tokens).
   ModelStage(Model& model, std::vector<int64_t> bounds, std::vector<HostBatch> microbatches, double loss_scale);
 
+  // The refusals above (tied embeddings over several stages, multi-token prediction, Block
+  // Attention Residuals) for a model of `c` cut into `stages`: one line naming the key.
+  static void check_pipelinable(const ModelConfig& c, int stages);
+
   int stages() const { return static_cast<int>(bounds_.size()) - 1; }
   // The layers [first, last) of `stage`.
   std::pair<int64_t, int64_t> layers(int stage) const;

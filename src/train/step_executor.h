@@ -31,6 +31,9 @@ class StepExecutor {
   // The phases, in StepProgram::run's order.
   virtual void forward_backward() = 0;        // the loaded micro-batch: forward, heads, backward
   virtual void add_micro_sums() = 0;          // its loss sums into the step's
+  // Instead of the two above: loss sums of micro-batches run elsewhere (a micro-batch
+  // runner, StepProgram::set_micro_batch_runner) into the step's. Op by op only.
+  virtual void add_step_sums(const LossSlotSums& sums);
   virtual void synchronize() = 0;             // gradients and loss sums over the ranks
   virtual void fault_hook(const StepProgram::FaultHook& hook) = 0;  // tests only
   virtual void gradient_norm() = 0;           // the global norm (its sum of squares)

@@ -15,6 +15,10 @@ const char* step_execution_name(StepExecution execution) {
   return execution == StepExecution::captured ? "CUDA graphs" : "op by op";
 }
 
+void StepExecutor::add_step_sums(const LossSlotSums&) {
+  fail("train", "this step executor takes its loss sums micro-batch by micro-batch only");
+}
+
 StepProgram::StepProgram(Model& model, Optimizer& optimizer, int64_t micro_batches, StepExecution execution,
                          DataParallel* data_parallel)
     : model_(model), micro_batches_(micro_batches), execution_(execution), data_parallel_(data_parallel) {
@@ -35,6 +39,14 @@ void StepProgram::set_fault_hook(FaultHook hook) {
   fault_hook_ = std::move(hook);
 }
 
+void StepProgram::set_micro_batch_runner(MicroBatchRunner runner) {
+  KILN_CHECK(execution_ == StepExecution::op_by_op || !runner, "train",
+             "a micro-batch runner (the pipeline) needs the op-by-op step");
+  KILN_CHECK(!model_.counts_step_routes() || !runner, "model.moe.balance_scope",
+             "'step' needs every micro-batch's forward before the first backward: not with a micro-batch runner");
+  micro_batch_runner_ = std::move(runner);
+}
+
 StepOutcome StepProgram::run(const std::vector<HostBatch>& batches, int64_t targets, const StepPlan& plan) {
   KILN_CHECK(static_cast<int64_t>(batches.size()) == micro_batches_, "train",
              "{} micro-batches for a step planned with {}", batches.size(), micro_batches_);
@@ -45,7 +57,11 @@ StepOutcome StepProgram::run(const std::vector<HostBatch>& batches, int64_t targ
   // Phases on the host: where work replays as a graph, a micro-batch or the update is one
   // launch inside its phase, and the phases within (forward, backward, ...) appear only when
   // it runs uncaptured.
-  for (size_t i = 0; i < batches.size(); ++i) {
+  if (micro_batch_runner_) {
+    KILN_PHASE("micro-batches");
+    step.add_step_sums(micro_batch_runner_(batches, plan.loss_scale / static_cast<double>(targets)));
+  }
+  for (size_t i = 0; i < batches.size() && !micro_batch_runner_; ++i) {
     KILN_PHASE("micro-batch");
     int64_t key = 0;
     {

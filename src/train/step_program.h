@@ -78,6 +78,13 @@ class StepProgram {
   using FaultHook = std::function<void(double& loss)>;
   void set_fault_hook(FaultHook hook);
 
+  // Runs the step's micro-batches' forward and backward in place of one after another (the
+  // pipeline's schedule, train/pipeline_trainer_step.h): gradients accumulated into the
+  // model's, each scaled by `gradient_scale`; returns the step's loss sums (this rank's
+  // share, summed over the ranks with the gradients). Op by op only.
+  using MicroBatchRunner = std::function<LossSlotSums(const std::vector<HostBatch>& batches, double gradient_scale)>;
+  void set_micro_batch_runner(MicroBatchRunner runner);
+
   // One step over `batches` (each filling the model's token budget) with `targets` target
   // tokens in all (over every rank). Zeroes the gradients first; applies the update unless
   // the verdict skips it, and then counts it (Optimizer::steps_taken); tells the model's
@@ -100,6 +107,7 @@ class StepProgram {
   StepExecution execution_;
   DataParallel* data_parallel_;
   FaultHook fault_hook_;
+  MicroBatchRunner micro_batch_runner_;
   std::unique_ptr<StepExecutor> executor_;
 };
 

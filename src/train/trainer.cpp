@@ -101,6 +101,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   check_run_paths(config_);        // no output over an input or another output
   io::ensure_writable_dir(config_.train.out_dir, "train.out_dir");  // before any work starts
   join_process_group();
+  check_pipeline_config(config_, group_ ? group_->world_size() : 1, device_);
   if (writes_files()) {  // rank 0 owns the run directory: locked, and never another run's
     run_dir_ = std::make_unique<RunDirectory>(config_);
     if (train_options.resume.empty()) run_dir_->check_fresh_start(train_options.overwrite);
@@ -140,7 +141,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   check_memory_fits(config_, device_, budget, available_memory(device_));
   const Packer packer(packer_options(config_, *tokenizer_));
   // data.seed, rank sharding (data.rank/world_size or RANK/WORLD_SIZE) and data.prefetch.
-  stream_ = std::make_unique<BatchStream>(*dataset_, Split::train, packer, config_.data);
+  stream_ = std::make_unique<BatchStream>(*dataset_, Split::train, packer, pipeline_data_config(config_));
   if (group_)  // the same documents, tokenizer and packing on every rank
     group_->require_same_as_root(fmt::format("{:016x}", stream_->get_state().fingerprint), "data fingerprint");
   if (config_.train.tokens > 0) {  // a token budget: the steps it takes
@@ -158,7 +159,9 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
     if (config_.dist.zero > 0)
       shards = std::make_unique<ParameterShards>(make_parameter_shards(
           config_.optim, model_->parameters(), mup_width_ratio(config_.model), group_->world_size()));
-    data_parallel_ = std::make_unique<DataParallel>(*group_, *model_, config_.dist.bucket_mb, std::move(shards));
+    // A pipeline's gradients are summed in one reduction after its schedule has run.
+    data_parallel_ = std::make_unique<DataParallel>(*group_, *model_, pipelined(config_) ? 0 : config_.dist.bucket_mb,
+                                                    std::move(shards));
   }
   // Periodic exports of a model with no stock class (a component refuses): say so now.
   if (config_.checkpoint.export_hf_every > 0 || config_.checkpoint.export_hf_every_tokens > 0)
@@ -181,6 +184,10 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   const StepExecution execution = faults_.numeric() ? StepExecution::op_by_op
                                                     : choose_step_execution(device_, config_.train.cuda_graphs, *optimizer_);
   step_ = std::make_unique<StepProgram>(*model_, *optimizer_, config_.train.grad_accum, execution, data_parallel_.get());
+  if (pipelined(config_)) {
+    pipeline_ = std::make_unique<PipelineTrainerStep>(config_, *model_, group_->host());
+    step_->set_micro_batch_runner([this](const auto& batches, double scale) { return pipeline_->run(batches, scale); });
+  }
 
   if (writes_files()) {
     claim_run_directory(train_options);
@@ -234,10 +241,11 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
     console_.print("distributed: {} ranks ({} launch, {} per node), gradients over {}, {} | this is rank {}\n",
                    group_->world_size(), group_->placement().convention, group_->placement().local_world_size,
                    group_->device().backend(),
-                   config_.dist.bucket_mb > 0
+                   config_.dist.bucket_mb > 0 && !pipeline_
                        ? fmt::format("in buckets of {} MiB during backward", config_.dist.bucket_mb)
                        : std::string("in one reduction after backward"),
                    group_->rank());
+  if (pipeline_) console_.print("{}\n", pipeline_->describe());
   if (stream_->options().world_size > 1)
     console_.print("data: rank {} of {} (the global stream's micro-batches {} mod {})\n", stream_->options().rank,
                    stream_->options().world_size, stream_->options().rank, stream_->options().world_size);
@@ -277,7 +285,7 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
   // Token-exact accumulation: the loss of the whole step is the mean over all its target
   // tokens, so every micro-batch's gradient is scaled by 1 / (targets in the whole step).
   int64_t targets = 0;
-  const int64_t rank = data_parallel_ ? data_parallel_->rank() : 0;
+  const int64_t rank = data_ranks() > 1 ? data_parallel_->rank() : 0;
   for (size_t i = 0; i < micro_batches_.size(); ++i) {
     HostBatch& batch = micro_batches_[i];
     stream_->next(batch);
@@ -286,7 +294,7 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
     m.tokens += batch.size();
     m.document_tokens += batch.document_tokens;
   }
-  if (data_parallel_) {  // the step's tokens over every rank
+  if (data_ranks() > 1) {  // the step's tokens over every rank
     int64_t counts[2] = {targets, m.document_tokens};
     data_parallel_->sum_counts(counts, 2);
     targets = counts[0];

@@ -10,6 +10,7 @@
 #include "train/checkpoint.h"
 #include "train/console.h"
 #include "train/data_parallel.h"
+#include "train/pipeline_trainer_step.h"
 #include "config/config.h"
 #include "core/device_choice.h"
 #include "train/fault_guard.h"
@@ -112,7 +113,10 @@ class Trainer {
   // single process, or rank 0 of several.
   bool writes_files() const { return !group_ || group_->is_root(); }
   // Micro-batches of one step over every rank (the per-micro-batch loss terms' divisor).
-  int64_t micro_batches_per_step() const { return config_.train.grad_accum * (group_ ? group_->world_size() : 1); }
+  int64_t micro_batches_per_step() const { return config_.train.grad_accum * data_ranks(); }
+  // The ranks that read micro-batches of their own: the group's, or 1 when they are a
+  // pipeline's (every stage reads the step's micro-batches; train/pipeline_trainer_step.h).
+  int64_t data_ranks() const { return group_ && !pipelined(config_) ? group_->world_size() : 1; }
   // Joins the launcher's ranks, if it started several (before anything else is made).
   void join_process_group();
 
@@ -150,6 +154,7 @@ class Trainer {
   Arena optimizer_state_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Schedule> schedule_;
+  std::unique_ptr<PipelineTrainerStep> pipeline_;  // dist.pipeline_stages > 1: the step's micro-batches
   std::unique_ptr<StepProgram> step_;  // one step's phases, op by op or captured
   RunRecords records_;  // rank 0: metrics.jsonl and TensorBoard; other ranks record nothing
   std::unique_ptr<TrainingSampler> sampler_;  // null when train.sample_tokens = 0

@@ -44,7 +44,7 @@ void Trainer::keep_global_batch(const CheckpointInfo& checkpoint) {
   const TrainConfig& saved = checkpoint.config.train;
   TrainConfig& now = config_.train;
   const int64_t saved_world = saved_world_size(checkpoint.state, checkpoint.config);
-  const int64_t world = group_ ? group_->world_size() : 1;
+  const int64_t world = data_ranks();
   const int64_t saved_tokens = saved_world * saved.grad_accum * saved.micro_batch_tokens;
   const int64_t per_accum = world * now.micro_batch_tokens;
   if (saved_world == 0 || saved_tokens == per_accum * now.grad_accum) return;
@@ -132,7 +132,7 @@ CheckpointState Trainer::checkpoint_state() const {
   s.threads = threads_;
   s.config_toml = config_to_toml(config_);
   s.run_id = run_id_;
-  s.world_size = group_ ? group_->world_size() : 1;
+  s.world_size = data_ranks();  // a pipeline's ranks read one stream: 1
   return s;
 }
 

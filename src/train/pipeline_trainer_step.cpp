@@ -1,0 +1,133 @@
+#include "train/pipeline_trainer_step.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "core/error.h"
+#include "train/pipeline_costs.h"
+#include "train/pipeline_engine.h"
+#include "train/pipeline_model_stage.h"
+#include "train/pipeline_split.h"
+
+namespace kiln {
+namespace {
+
+int model_stages(const Config& config) {
+  return static_cast<int>(config.dist.pipeline_stages * config.dist.pipeline_virtual_stages);
+}
+
+}  // namespace
+
+void check_pipeline_config(const Config& config, int world_size, Device device) {
+  const DistConfig& d = config.dist;
+  if (!pipelined(config)) {
+    KILN_CHECK(d.pipeline_split.empty(), "dist.pipeline_split",
+               "'{}' is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_split);
+    KILN_CHECK(d.pipeline_virtual_stages == 1, "dist.pipeline_virtual_stages",
+               "{} is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_virtual_stages);
+    return;
+  }
+  KILN_CHECK(world_size == d.pipeline_stages, "dist.pipeline_stages",
+             "{} stages need {} ranks (one per stage), {} run: pipeline x data parallel (2-D) is not built yet",
+             d.pipeline_stages, d.pipeline_stages, world_size);
+  KILN_CHECK(device == Device::cpu, "train.device",
+             "the pipeline (dist.pipeline_stages = {}) runs on the CPU only for now (Gloo; the engine's buffers are "
+             "host memory)",
+             d.pipeline_stages);
+  KILN_CHECK(d.pipeline_virtual_stages == 1 || d.pipeline_schedule == "interleaved", "dist.pipeline_virtual_stages",
+             "{} stages per rank need dist.pipeline_schedule = interleaved, not '{}'", d.pipeline_virtual_stages,
+             d.pipeline_schedule);
+  KILN_CHECK(d.zero == 0, "dist.zero", "ZeRO-{} with a pipeline (dist.pipeline_stages = {}) is not built yet", d.zero,
+             d.pipeline_stages);
+  // The counting pass runs every micro-batch through the whole model and sums over the
+  // ranks: with the pipeline's ranks reading the same micro-batches it would count them W times.
+  KILN_CHECK(config.model.moe.balance_scope != "step", "model.moe.balance_scope",
+             "'step' is not pipelined yet (dist.pipeline_stages = {})", d.pipeline_stages);
+  pipeline::ModelStage::check_pipelinable(config.model, model_stages(config));
+  pipeline_bounds(config);                    // the split: given and valid, or plannable
+  pipeline_schedule(config, world_size);      // the micro-batches the schedule needs (train.grad_accum)
+}
+
+DataConfig pipeline_data_config(const Config& config) {
+  DataConfig data = config.data;
+  if (pipelined(config)) {
+    data.world_size = 1;
+    data.rank = 0;
+  }
+  return data;
+}
+
+std::vector<int64_t> pipeline_bounds(const Config& config) {
+  const int stages = model_stages(config);
+  PipelineSplit split;
+  if (!config.dist.pipeline_split.empty()) {
+    split = parse_pipeline_split(config.dist.pipeline_split, "dist.pipeline_split");
+    validate_pipeline_split(split, config.model.layers, stages, "dist.pipeline_split");
+  } else {
+    KILN_CHECK(stages <= config.model.layers, "dist.pipeline_stages",
+               "{} stages ({} ranks x {} virtual) for model.layers = {}: a stage needs a layer", stages,
+               config.dist.pipeline_stages, config.dist.pipeline_virtual_stages, config.model.layers);
+    split = plan_pipeline_split(pipeline_costs_from_config(config, Device::cpu), stages, 0, "dist.pipeline_stages");
+  }
+  split.push_back(config.model.layers);
+  return split;
+}
+
+pipeline::Schedule pipeline_schedule(const Config& config, int ranks) {
+  const std::string& name = config.dist.pipeline_schedule;
+  const auto m = static_cast<int>(config.train.grad_accum);
+  if (name == "gpipe") return pipeline::build_gpipe(ranks, m);
+  if (name == "1f1b") return pipeline::build_1f1b(ranks, m);
+  if (name == "interleaved")
+    return pipeline::build_interleaved_1f1b(ranks, static_cast<int>(config.dist.pipeline_virtual_stages), m);
+  if (name == "zb_h1") return pipeline::build_zero_bubble_h1(ranks, m);
+  fail("dist.pipeline_schedule", "unknown schedule '{}' (known: gpipe, 1f1b, interleaved, zb_h1)", name);
+}
+
+PipelineTrainerStep::PipelineTrainerStep(const Config& config, Model& model, dist::Communicator& comm)
+    : model_(model), comm_(comm), bounds_(pipeline_bounds(config)), schedule_(pipeline_schedule(config, comm.world_size())) {}
+
+LossSlotSums PipelineTrainerStep::run(const std::vector<HostBatch>& batches, double gradient_scale) {
+  KILN_CHECK(static_cast<int>(batches.size()) == schedule_.microbatches, "train",
+             "{} micro-batches for a pipeline schedule of {}", batches.size(), schedule_.microbatches);
+  pipeline::ModelStage stage(model_, bounds_, batches, gradient_scale);
+  pipeline::run_pipeline_step(schedule_, stage, comm_);
+  neutral_unmeasured_maxima();
+  // In micro-batch order, as the one-process step adds them: the main loss (the last
+  // stage's) sums bit for bit alike.
+  LossSlotSums sums{};
+  for (const auto& [microbatch, micro] : stage.losses())
+    for (size_t k = 0; k < sums.size(); ++k) sums[k] += micro.slot[k];
+  return sums;
+}
+
+// The step statistics reduced by max are QK-Clip's logit keys (ops/attention/logit_key.h):
+// unsigned, 0 = "no logit yet", reduced over the ranks as signed i32. Under data
+// parallelism every rank measures every layer; here a layer is measured on one rank only,
+// and the others' 0 would win the signed max over a positive logit's key (sign bit set).
+// INT32_MIN is the signed max's neutral value: the measuring rank's key then wins, whatever
+// its sign.
+void PipelineTrainerStep::neutral_unmeasured_maxima() {
+  for (const StepStatistic& s : model_.step_statistics()) {
+    if (s.reduction != StepReduction::max) continue;
+    KILN_CHECK(s.tensor->dtype() == DType::i32 && s.tensor->device() == Device::cpu, "pipeline",
+               "a step maximum other than a host i32 logit key: {}", s.tensor->describe());
+    auto* keys = s.tensor->data<int32_t>();
+    for (int64_t i = 0; i < s.tensor->numel(); ++i)
+      if (keys[i] == 0) keys[i] = std::numeric_limits<int32_t>::min();
+  }
+}
+
+std::string PipelineTrainerStep::describe() const {
+  std::string layers, mine;
+  for (size_t s = 0; s + 1 < bounds_.size(); ++s) {
+    layers += fmt::format("{}{}..{}", s == 0 ? "" : ", ", bounds_[s], bounds_[s + 1] - 1);
+    if (schedule_.rank_of(static_cast<int>(s)) == comm_.rank()) mine += fmt::format("{}{}", mine.empty() ? "" : ", ", s);
+  }
+  return fmt::format("pipeline: {} stages on {} ranks ({}, {} micro-batches a step), layers {}; this rank runs "
+                     "stage {}; every rank keeps the whole model",
+                     schedule_.stages(), schedule_.ranks, schedule_.name, schedule_.microbatches, layers, mine);
+}
+
+}  // namespace kiln

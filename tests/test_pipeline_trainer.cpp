@@ -1,0 +1,283 @@
+// The trainer with a pipeline (dist.pipeline_stages > 1; train/pipeline_trainer_step.h) on
+// the CPU with real processes joined by Gloo: every schedule over 2 and 4 stages trains
+// as one process over the same global batch, bit for bit; a pipeline checkpoint resumes in
+// one process and at another split; a killed stage ends the others naming it; bad pipeline
+// keys are refused naming the key.
+#include "config/config.h"
+#include "dist/free_port.h"
+#include "fault_test_util.h"
+#include "io/safetensors.h"
+#include "train/pipeline_trainer_step.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+// Every rank on one thread (a bitwise-comparable run needs a fixed thread count); 8 layers
+// so 4 ranks x 2 virtual stages each get one; an untied head (a tied one is refused).
+const std::string kModel =
+    "--set train.threads=1 --set model.layers=8 --set model.tie_embeddings=false --set train.steps=6 ";
+
+class PipelineTrainer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = temp_dir("kiln_pipeline_trainer");
+    corpus_ = write_tiny_corpus(dir_, 300);
+  }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+  std::string single(const std::string& out, const std::string& extra = "") const {
+    return tiny_train(corpus_, out, kModel + "--set train.grad_accum=4 " + extra);
+  }
+  // `stages` ranks by `kiln launch`, one stage each (v for the interleaved schedule).
+  std::string pipeline(int stages, const std::string& schedule, const std::string& out,
+                       const std::string& extra = "") const {
+    const std::string args = fmt::format("--set dist.pipeline_stages={} --set dist.pipeline_schedule={} {}", stages,
+                                         schedule, schedule == "interleaved" ? "--set dist.pipeline_virtual_stages=2 " : "");
+    const std::string train = single(out, args + extra);
+    return fmt::format("{} launch --nproc {} --grace 20 -- {}", kiln_binary(), stages,
+                       train.substr(kiln_binary().size() + 1));
+  }
+  // Bitwise holds because each stage runs the one-process kernels on the same inputs in
+  // the same micro-batch order (test_pipeline_model_stage), and the all-reduce adds only
+  // zeros to each gradient and to the main loss's sum (a parameter's gradient comes from
+  // one rank alone).
+  void check_every_schedule(int stages) {
+    std::string output;
+    const std::string one = dir_ + "/one";
+    ASSERT_EQ(run_with_fault(single(one), "", &output), 0) << output;
+    for (const std::string schedule : {"gpipe", "1f1b", "interleaved", "zb_h1"}) {
+      SCOPED_TRACE(fmt::format("{} stages, {}", stages, schedule));
+      const std::string out = fmt::format("{}/{}-{}", dir_, stages, schedule);
+      ASSERT_EQ(run_with_fault(pipeline(stages, schedule, out), "", &output), 0) << output;
+      EXPECT_CONTAINS(output, fmt::format("pipeline: {} stages on {} ranks (",
+                                          schedule == "interleaved" ? 2 * stages : stages, stages));
+      // Each rank ran its own stage(s): rank 1 stage 1 (and 1 + stages, interleaved).
+      EXPECT_CONTAINS(read_file(out + "/rank-1.log"), "; this rank runs stage 1");
+      expect_identical(out, one);
+    }
+  }
+  void expect_identical(const std::string& a, const std::string& b);
+  std::string dir_, corpus_;
+};
+
+// Bit for bit: every step's loss, gradient norm, learning rate and tokens, and every final weight.
+void PipelineTrainer::expect_identical(const std::string& a, const std::string& b) {
+  const std::vector<TrainRecord> x = train_records(a), y = train_records(b);
+  ASSERT_EQ(x.size(), y.size());
+  ASSERT_FALSE(x.empty());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i].step, y[i].step);
+    EXPECT_EQ(x[i].tokens, y[i].tokens) << "step " << x[i].step;
+    EXPECT_EQ(x[i].lr, y[i].lr) << "step " << x[i].step;
+    EXPECT_EQ(x[i].loss, y[i].loss) << "step " << x[i].step;
+    EXPECT_EQ(x[i].grad_norm, y[i].grad_norm) << "step " << x[i].step;
+  }
+  const io::SafetensorsFile p = io::SafetensorsFile::open(a + "/model/model.safetensors");
+  const io::SafetensorsFile q = io::SafetensorsFile::open(b + "/model/model.safetensors");
+  ASSERT_EQ(p.names(), q.names());
+  for (const std::string& name : p.names()) {
+    const OwnedTensor u = io::read_tensor(p, name, DType::f32), v = io::read_tensor(q, name, DType::f32);
+    ASSERT_EQ(u.tensor.numel(), v.tensor.numel()) << name;
+    int64_t differing = 0;
+    for (int64_t i = 0; i < u.tensor.numel(); ++i) differing += u.tensor.data<float>()[i] != v.tensor.data<float>()[i];
+    EXPECT_EQ(differing, 0) << name;
+  }
+}
+
+}  // namespace
+
+TEST_F(PipelineTrainer, EveryScheduleOverTwoStagesTrainsBitwiseAsOneProcess) { check_every_schedule(2); }
+
+TEST_F(PipelineTrainer, EveryScheduleOverFourStagesTrainsBitwiseAsOneProcess) { check_every_schedule(4); }
+
+// MoE layers (sigmoid-bias router: its balancing bias follows the step's expert loads,
+// summed over the stages) and QK-Clip (each head's largest logit, the max over the stages)
+// with Muon: the step statistics of the layers a rank does not run are the reduction's
+// neutral values, so every rank acts on the whole step's.
+TEST_F(PipelineTrainer, MoeAndQkClipTrainBitwiseAsOneProcess) {
+  const std::string sparse =
+      "--set model.mlp=moe --set model.moe.experts=4 --set model.moe.top_k=2 --set model.moe.expert_hidden=32 "
+      "--set model.moe.router=sigmoid_bias --set model.moe.aux_loss=0.01 --set optim.name=muon "
+      "--set optim.qk_clip.enabled=true --set optim.qk_clip.tau=1.5 ";
+  std::string output;
+  const std::string one = dir_ + "/one", two = dir_ + "/two";
+  ASSERT_EQ(run_with_fault(single(one, sparse), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", two, sparse), "", &output), 0) << output;
+  expect_identical(two, one);
+  const std::vector<nlohmann::json> a = metrics_of_kind(one, "train"), b = metrics_of_kind(two, "train");
+  ASSERT_EQ(a.size(), b.size());
+  for (const char* key : {"moe.0.load_max", "moe.7.load_max", "attn.0.max_logit", "attn.7.clipped"}) {
+    ASSERT_TRUE(a.back().contains(key)) << a.back().dump();
+    EXPECT_EQ(b.back()[key], a.back()[key]) << key;
+  }
+  // The routers' loss sums add per stage, then over the stages: not the one process's order.
+  const double x = a.back()["moe_aux"].get<double>(), y = b.back()["moe_aux"].get<double>();
+  EXPECT_LE(std::abs(x - y), 1e-12 * std::abs(x)) << x << " vs " << y;
+}
+
+// 12 steps in one process, against: 2 stages cut at layer 3, killed at the start of step 5
+// (checkpoint at 4); resumed as 2 stages cut at layer 6 (another split), killed at step 9
+// (checkpoint at 8); resumed in one process to the end. Bit for bit.
+TEST_F(PipelineTrainer, ACheckpointResumesInOneProcessAndAtAnotherSplit) {
+  std::string output;
+  const std::string twelve = "--set train.steps=12 ";
+  const std::string straight = dir_ + "/straight", moved = dir_ + "/moved";
+  ASSERT_EQ(run_with_fault(single(straight, twelve), "", &output), 0) << output;
+  ASSERT_NE(run_with_fault(pipeline(2, "1f1b", moved, twelve + "--set dist.pipeline_split=0,3"), "kill_at_step:5",
+                           &output),
+            0)
+      << output;
+  EXPECT_EQ(latest_of(moved), "step-00000004");
+  ASSERT_NE(run_with_fault(pipeline(2, "zb_h1", moved, twelve + "--set dist.pipeline_split=0,6 --resume"),
+                           "kill_at_step:9", &output),
+            0)
+      << output;
+  EXPECT_CONTAINS(output, "layers 0..5, 6..7; this rank runs stage 0");
+  EXPECT_EQ(latest_of(moved), "step-00000008");
+  ASSERT_EQ(run_with_fault(single(moved, twelve + "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(moved, 8) + " at step 8");
+  expect_identical(moved, straight);
+}
+
+// A pipeline checkpoint under data parallelism: 2 stages killed at step 5 (checkpoint at 4,
+// one data rank of 4 micro-batches), resumed on 2 data-parallel ranks, which keep the
+// global batch at 2 micro-batches each. Equal to the uninterrupted run within 1e-5: the
+// data-parallel sum over the ranks adds in another order than one process's accumulation.
+TEST_F(PipelineTrainer, ACheckpointResumesUnderDataParallelism) {
+  std::string output;
+  const std::string straight = dir_ + "/straight", moved = dir_ + "/moved";
+  ASSERT_EQ(run_with_fault(single(straight, "--set train.steps=8"), "", &output), 0) << output;
+  ASSERT_NE(run_with_fault(pipeline(2, "gpipe", moved, "--set train.steps=8"), "kill_at_step:5", &output), 0) << output;
+  EXPECT_EQ(latest_of(moved), "step-00000004");
+  const std::string ddp = single(moved, "--set train.steps=8 --resume");
+  ASSERT_EQ(run_with_fault(fmt::format("{} launch --nproc 2 --grace 20 -- {}", kiln_binary(),
+                                       ddp.substr(kiln_binary().size() + 1)),
+                           "", &output),
+            0)
+      << output;
+  EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(moved, 4) + " at step 4");
+  EXPECT_CONTAINS(output, "train.grad_accum 4 -> 2");
+  const std::vector<TrainRecord> x = train_records(moved), y = train_records(straight);
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i].tokens, y[i].tokens) << "step " << x[i].step;
+    const double a = x[i].loss.get<double>(), b = y[i].loss.get<double>();
+    EXPECT_LE(std::abs(a - b), 1e-5 * std::abs(b)) << "step " << x[i].step;
+  }
+}
+
+// kill -9 of stage 1 mid-run: stage 0 waits on a receive from it or on the step's
+// all-reduce, and ends with an error naming rank 1 within dist.timeout.
+TEST_F(PipelineTrainer, AKilledStageEndsTheOtherNamingIt) {
+  const std::string out = dir_ + "/killed";
+  const std::string train =
+      single(out, "--set train.steps=100000 --set dist.timeout=10 --set dist.pipeline_stages=2 --set checkpoint.every=0");
+  const int port = dist::free_loopback_port();
+  std::vector<pid_t> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.push_back(spawn(fmt::format("env RANK={} WORLD_SIZE=2 MASTER_PORT={} {}", r, port, train),
+                          fmt::format("{}/rank{}.out", dir_, r)));
+  const auto wait_for = [](const std::string& file, const std::string& text, double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (std::filesystem::exists(file) && read_file(file).find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_for(out + "/rank-1.log", "step     3/", 60)) << read_file(dir_ + "/rank0.out");
+  kill(ranks[1], SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  int status = -1;
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(40)) {
+    int s = 0;
+    if (waitpid(ranks[0], &s, WNOHANG) == ranks[0]) {
+      status = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (status == -1) kill(ranks[0], SIGKILL), waitpid(ranks[0], nullptr, 0);
+  waitpid(ranks[1], nullptr, 0);
+  const std::string log = read_file(dir_ + "/rank0.out");
+  EXPECT_EQ(status, 1) << log;
+  EXPECT_LT(seconds, 25) << log;  // dist.timeout = 10, plus the diagnosis
+  // A receive from rank 1 ("the receive 'pipeline rG0@0' (tag 1) from rank 1 failed ...: the
+  // connection broke") or, between steps, the collective naming rank 1 by pid.
+  EXPECT_CONTAINS(log, "kiln: error: [dist] rank 0 of 2: ");
+  EXPECT_CONTAINS(log, "rank 1");
+}
+
+// The keys' refusals, one line naming the key, before anything is read.
+TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
+  const auto error = [](const Config& c, int world) -> std::string {
+    try {
+      check_pipeline_config(c, world, Device::cpu);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  Config base;
+  base.model.layers = 4;
+  base.model.tie_embeddings = false;
+  base.train.grad_accum = 4;
+  base.dist.pipeline_stages = 2;
+  EXPECT_EQ(error(base, 2), "");
+  const auto expect = [&](const std::function<void(Config&)>& change, int world, const std::string& key) {
+    Config c = base;
+    change(c);
+    const std::string e = error(c, world);
+    EXPECT_CONTAINS(e, key);
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  };
+  expect([](Config&) {}, 1, "dist.pipeline_stages");  // one process
+  expect([](Config&) {}, 4, "dist.pipeline_stages");  // 2-D (pipeline x data parallel)
+  expect([](Config& c) { c.dist.pipeline_stages = 5; }, 5, "dist.pipeline_stages");  // more stages than layers
+  expect([](Config& c) { c.model.tie_embeddings = true; }, 2, "model.tie_embeddings");
+  expect([](Config& c) { c.model.mtp.depth = 1; }, 2, "model.mtp.depth");
+  expect([](Config& c) { c.dist.zero = 1; }, 2, "dist.zero");
+  expect([](Config& c) { c.model.moe.balance_scope = "step"; }, 2, "model.moe.balance_scope");
+  expect([](Config& c) { c.dist.pipeline_virtual_stages = 2; }, 2, "dist.pipeline_virtual_stages");
+  expect([](Config& c) { c.dist.pipeline_split = "0,9"; }, 2, "dist.pipeline_split");
+  expect([](Config& c) { c.dist.pipeline_split = "0,1,2"; }, 2, "dist.pipeline_split");
+  expect([](Config& c) { c.dist.pipeline_split = "0,x"; }, 2, "dist.pipeline_split");
+  expect([](Config& c) {
+    c.dist.pipeline_schedule = "interleaved";
+    c.dist.pipeline_virtual_stages = 2;
+    c.train.grad_accum = 3;
+  }, 2, "train.grad_accum");
+  expect([](Config& c) {
+    c.dist.pipeline_schedule = "interleaved";
+    c.dist.pipeline_virtual_stages = 4;  // 8 stages, 4 layers
+  }, 2, "dist.pipeline_stages");
+  // Off: its other keys must stay at their defaults.
+  expect([](Config& c) {
+    c.dist.pipeline_stages = 1;
+    c.dist.pipeline_split = "0,2";
+  }, 1, "dist.pipeline_split");
+  Config gpu = base;
+  EXPECT_THROW(check_pipeline_config(gpu, 2, Device::cuda), std::exception);
+  try {
+    check_pipeline_config(gpu, 2, Device::cuda);
+  } catch (const std::exception& e) {
+    EXPECT_CONTAINS(std::string(e.what()), "train.device");
+  }
+  // Valid: a given split, every schedule.
+  for (const char* schedule : {"gpipe", "1f1b", "zb_h1"}) {
+    Config c = base;
+    c.dist.pipeline_schedule = schedule;
+    c.dist.pipeline_split = "0,1";
+    EXPECT_EQ(error(c, 2), "") << schedule;
+  }
+}
