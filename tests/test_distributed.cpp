@@ -327,6 +327,42 @@ TEST_F(Distributed, ZeroOneWithMuonMoeAndQkClipTrainsBitwiseAsDataParallel) {
   }
 }
 
+// ZeRO-2 (dist.zero = 2): the gradients reduce-scattered into their owners' shards, the
+// norm summed from the shards' sums of squares. Against DDP over the same ranks and batch,
+// AdamW (fp32 and int8 moments, one round and many 4 KiB rounds) and Muon with MoE and
+// QK-Clip. At 2 ranks the summed gradients are DDP's bit for bit (a + b = b + a), so the
+// final weights are too; the norm, whose f64 sum of squares the ranks add in parts, within
+// 1e-13. At 4 ranks Gloo's reduce-scatter adds in another order than its all-reduce
+// (halving-doubling against a ring): losses and norms within 1e-6, weights within 1e-5
+// (the tolerance of DDP against one process, ACheckpointResumesAtAnotherWorldSize).
+TEST_F(Distributed, ZeroTwoTrainsAsDataParallel) {
+  const std::string muon =
+      "--set model.mlp=moe --set model.moe.experts=4 --set model.moe.top_k=2 --set model.moe.expert_hidden=32 "
+      "--set model.moe.router=sigmoid_bias --set model.moe.aux_loss=0.01 --set optim.name=muon "
+      "--set optim.qk_clip.enabled=true --set optim.qk_clip.tau=1.5 --set dist.bucket_mb=0 ";
+  std::string output;
+  for (const auto& [name, extra] : {std::pair<std::string, std::string>{"fp32", "--set dist.bucket_mb=0 "},
+                                    {"int8", "--set optim.adamw_state=int8 --set dist.bucket_mb=0 "},
+                                    {"rounds", "--set dist.bucket_mb=0.004 "},
+                                    {"muon", muon}}) {
+    for (int nproc : {2, 4}) {
+      SCOPED_TRACE(::testing::Message() << nproc << " ranks, " << name);
+      const std::string ddp = fmt::format("{}/ddp-{}-{}", dir_, name, nproc);
+      const std::string zero = fmt::format("{}/zero2-{}-{}", dir_, name, nproc);
+      ASSERT_EQ(run_with_fault(launch(nproc, ddp, 1, extra), "", &output), 0) << output;
+      ASSERT_EQ(run_with_fault(launch(nproc, zero, 1, extra + "--set dist.zero=2"), "", &output), 0) << output;
+      if (nproc == 2) {  // a + b = b + a: the gradients are DDP's bit for bit, the norm's f64 sum nearly
+        EXPECT_EQ(weight_difference(zero, ddp), 0.0);
+        expect_same_training(zero, ddp, 1e-13);
+      } else {
+        EXPECT_LT(weight_difference(zero, ddp), 1e-5);
+        expect_same_training(zero, ddp, 1e-6);
+      }
+      EXPECT_CONTAINS(read_file(zero + "/rank-1.log"), "ZeRO-2: rank 1 ");
+    }
+  }
+}
+
 TEST_F(Distributed, EveryLauncherConventionStartsTheSameRun) {
   // The ranks started by hand with Slurm's and Open MPI's variables, as srun and mpirun
   // set them; rank 0 serves the rendezvous on MASTER_PORT.

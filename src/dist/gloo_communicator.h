@@ -51,6 +51,7 @@ class GlooCommunicator final : public Communicator {
   void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, std::string_view what) override;
   void broadcast(void* data, int64_t bytes, int root, std::string_view what) override;
   void all_gather(void* data, int64_t bytes_per_rank, std::string_view what) override;
+  void reduce_scatter(void* data, int64_t count_per_rank, DType dtype, ReduceOp op, std::string_view what) override;
   void send(const void* data, int64_t bytes, int peer, int tag, std::string_view what) override;
   void recv(void* data, int64_t bytes, int peer, int tag, std::string_view what) override;
 
