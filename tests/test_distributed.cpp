@@ -371,6 +371,30 @@ TEST_F(Distributed, ZeroTwoTrainsAsDataParallel) {
   }
 }
 
+// ZeRO-2's guard: a non-finite gradient (inf_grad writes +Inf into the last parameter's
+// gradient after the synchronization, on every rank: inside its owner's shard there, in a
+// zeroed part elsewhere) makes every rank's summed norm infinite, so every rank skips the
+// update, and the run goes on as DDP's with the same fault, bit for bit at 2 ranks.
+TEST_F(Distributed, ZeroTwoSkipsANonFiniteGradientOnEveryRankAsDataParallel) {
+  std::string output;
+  const std::string ddp = dir_ + "/inf-ddp", zero = dir_ + "/inf-zero2";
+  ASSERT_EQ(run_with_fault(launch(2, ddp, 1, "--set dist.bucket_mb=0 "), "inf_grad:5", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(launch(2, zero, 1, "--set dist.bucket_mb=0 --set dist.zero=2 "), "inf_grad:5", &output), 0)
+      << output;
+  const std::string skipped = "step 5: update skipped (non-finite gradient norm inf)";
+  EXPECT_CONTAINS(output, skipped);                             // rank 0's console
+  EXPECT_CONTAINS(read_file(zero + "/rank-1.log"), skipped);
+  EXPECT_EQ(weight_difference(zero, ddp), 0.0);
+  const std::vector<TrainRecord> x = train_records(zero), y = train_records(ddp);
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {  // the skipped step's norm is null (Inf) in both
+    EXPECT_EQ(x[i].loss, y[i].loss) << "step " << x[i].step;
+    EXPECT_EQ(x[i].grad_norm.is_null(), y[i].grad_norm.is_null()) << "step " << x[i].step;
+    if (!y[i].grad_norm.is_null())
+      EXPECT_LE(relative(x[i].grad_norm.get<double>(), y[i].grad_norm.get<double>()), 1e-13) << "step " << x[i].step;
+  }
+}
+
 TEST_F(Distributed, EveryLauncherConventionStartsTheSameRun) {
   // The ranks started by hand with Slurm's and Open MPI's variables, as srun and mpirun
   // set them; rank 0 serves the rendezvous on MASTER_PORT.
