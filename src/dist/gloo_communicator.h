@@ -72,6 +72,7 @@ class GlooCommunicator final : public Communicator {
   RankProgress& progress_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t tag_ = 0;  // Gloo pairs collectives by tag: one per call, the same on every rank
+  int64_t reduce_scatter_slots_ = 0;  // the context's slots its reduce-scatters have taken
 
   std::mutex sends_mutex_;
   std::condition_variable sends_changed_;
