@@ -98,6 +98,62 @@ TEST(Gloo, AllGatherInPlaceGivesEveryRankEveryChunk) {
   }
 }
 
+// In place over equal chunks: each rank ends with the sum (or max) of every rank's chunk r
+// in its own chunk. 3 ranks (not a power of two: Gloo's halving-doubling crosses binary
+// blocks) and 4, with chunks of 1 and 5 elements (5: Gloo halves a buffer of 15 or 20 into
+// uneven parts); integers, so the sums are exact whatever Gloo's order.
+TEST(Gloo, ReduceScatterInPlaceLeavesEachRankItsChunksReduction) {
+  for (const int world : {3, 4})
+    for (const int64_t chunk : {int64_t{1}, int64_t{5}}) {
+      const int port = free_loopback_port();
+      const int64_t n = chunk * world;
+      std::vector<std::vector<int64_t>> sums(world), maxes(world);
+      std::vector<std::vector<double>> doubles(world);
+      const auto errors = run_ranks(world, [&](int r) {
+        ProcessGroup group(placement(r, world, port), Device::cpu, 10000ms);
+        std::vector<int64_t> s(static_cast<size_t>(n)), m(static_cast<size_t>(n));
+        std::vector<double> d(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          s[static_cast<size_t>(i)] = 1000 * r + i;
+          m[static_cast<size_t>(i)] = (r * 7 + i * 3) % 11;
+          d[static_cast<size_t>(i)] = 0.5 * r - static_cast<double>(i);
+        }
+        group.host().reduce_scatter(s.data(), chunk, DType::i64, ReduceOp::sum, "test reduce-scatter");
+        group.host().reduce_scatter(m.data(), chunk, DType::i64, ReduceOp::max, "test reduce-scatter max");
+        group.device().reduce_scatter(d.data(), chunk, DType::f64, ReduceOp::sum, "test reduce-scatter f64");
+        // Halving-doubling lets a rank finish before its peers have all they need from it: a
+        // rank whose thread ends closes its connections, which would fail a peer still
+        // waiting. One all-reduce more keeps every rank until all are done (a training step
+        // always has collectives after its reduce-scatter).
+        int32_t done = 1;
+        group.device().all_reduce(&done, 1, DType::i32, ReduceOp::sum, "test done");
+        const auto own = [&](const auto& v) {
+          return std::vector(v.begin() + chunk * r, v.begin() + chunk * (r + 1));
+        };
+        sums[static_cast<size_t>(r)] = own(s);
+        maxes[static_cast<size_t>(r)] = own(m);
+        doubles[static_cast<size_t>(r)] = own(d);
+      });
+      for (int r = 0; r < world; ++r) {
+        SCOPED_TRACE(fmt::format("{} ranks, chunk {}, rank {}", world, chunk, r));
+        EXPECT_EQ(errors[static_cast<size_t>(r)], "");
+        for (int64_t k = 0; k < chunk; ++k) {
+          const int64_t i = chunk * r + k;
+          int64_t sum = 0, most = 0;
+          double dsum = 0;
+          for (int q = 0; q < world; ++q) {
+            sum += 1000 * q + i;
+            most = std::max<int64_t>(most, (q * 7 + i * 3) % 11);
+            dsum += 0.5 * q - static_cast<double>(i);
+          }
+          EXPECT_EQ(sums[static_cast<size_t>(r)][static_cast<size_t>(k)], sum) << "element " << i;
+          EXPECT_EQ(maxes[static_cast<size_t>(r)][static_cast<size_t>(k)], most) << "element " << i;
+          EXPECT_EQ(doubles[static_cast<size_t>(r)][static_cast<size_t>(k)], dsum) << "element " << i;  // halves: exact
+        }
+      }
+    }
+}
+
 // Issue 38: the error named the collective, not the rank it waited for. Rank 1 is alive
 // (its heartbeat goes on) but never calls the collective: named as such.
 TEST(Gloo, ARankThatNeverComesTimesTheOthersOutNamingTheCollectiveAndTheRank) {

@@ -266,15 +266,19 @@ std::map<std::string, std::string> optimizer_state_bytes(const std::string& chec
 // shards. The shard files joined equal the whole file byte for byte per tensor, and the
 // runs end with the same weights bit for bit (how close such a path comes to one process
 // straight through is ACheckpointResumesAtAnotherWorldSize's; int8 moments round DDP's
-// 1e-7 differences further apart).
+// 1e-7 differences further apart). The path once more under ZeRO-2, its last leg under
+// ZeRO-1 (so ZeRO-1 reads ZeRO-2's shards): within 1e-5 of DDP, the 3 ranks' reduce-scatter
+// summing in another order.
 TEST_F(Distributed, AZeroCheckpointResumesAtAnyWorldSize) {
   std::string output;
   const std::string int8 = "--set optim.adamw_state=int8 --set dist.bucket_mb=0 --set train.steps=16 ";
-  for (const char* zero : {"0", "1"}) {
+  for (const char* zero : {"0", "1", "2"}) {
     SCOPED_TRACE(::testing::Message() << "dist.zero=" << zero);
-    const bool sharded = std::string(zero) == "1";
+    const bool sharded = std::string(zero) != "0";
     const std::string run = fmt::format("{}/moved-zero{}", dir_, zero);
     const std::string extra = int8 + fmt::format("--set dist.zero={} ", zero);
+    // ZeRO-2's last leg is ZeRO-1's: its shard files read by the other stage.
+    const std::string last = std::string(zero) == "2" ? int8 + "--set dist.zero=1 " : extra;
     ASSERT_NE(run_with_fault(launch(2, run, 3, extra), "kill_at_step:5", &output), 0) << output;
     EXPECT_EQ(latest_of(run), "step-00000004");
     // A ZeRO save: one file per rank, and no whole file.
@@ -289,14 +293,16 @@ TEST_F(Distributed, AZeroCheckpointResumesAtAnyWorldSize) {
     EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(run, 8) + " at step 8");
     EXPECT_EQ(latest_of(run), "step-00000012");
     for (int r = 0; r < 3; ++r) EXPECT_EQ(std::filesystem::exists(shard_file(checkpoint_path(run, 12), r, 3)), sharded);
-    ASSERT_EQ(run_with_fault(launch(2, run, 3, extra + "--resume"), "", &output), 0) << output;
+    ASSERT_EQ(run_with_fault(launch(2, run, 3, last + "--resume"), "", &output), 0) << output;
     EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(run, 12) + " at step 12");
   }
-  const std::string ddp = dir_ + "/moved-zero0", zero = dir_ + "/moved-zero1";
-  for (const auto& [step, ranks] : {std::pair{4, 2}, {12, 3}}) {
-    SCOPED_TRACE(::testing::Message() << "step " << step);
+  const std::string ddp = dir_ + "/moved-zero0", zero = dir_ + "/moved-zero1", zero2 = dir_ + "/moved-zero2";
+  // ZeRO-2's 2 ranks sum as DDP's bit for bit (ZeroTwoTrainsAsDataParallel): so its shards
+  // at step 4 too; at 3 ranks its reduce-scatter adds in another order.
+  for (const auto& [step, ranks, run] : {std::tuple{4, 2, zero}, {12, 3, zero}, {4, 2, zero2}}) {
+    SCOPED_TRACE(::testing::Message() << run << " step " << step);
     const auto whole = optimizer_state_bytes(checkpoint_path(ddp, step), 0);
-    const auto joined = optimizer_state_bytes(checkpoint_path(zero, step), ranks);
+    const auto joined = optimizer_state_bytes(checkpoint_path(run, step), ranks);
     ASSERT_FALSE(whole.empty());
     EXPECT_EQ(joined.size(), whole.size());
     for (const auto& [name, bytes] : whole) {
@@ -306,6 +312,8 @@ TEST_F(Distributed, AZeroCheckpointResumesAtAnyWorldSize) {
   }
   EXPECT_EQ(weight_difference(zero, ddp), 0.0);
   expect_same_training(zero, ddp, 0.0);
+  EXPECT_LT(weight_difference(zero2, ddp), 1e-5);
+  expect_same_training(zero2, ddp, 1e-6);
 }
 
 // Muon under ZeRO: each matrix is given whole to one rank (train/parameter_shards.h),
@@ -324,6 +332,66 @@ TEST_F(Distributed, ZeroOneWithMuonMoeAndQkClipTrainsBitwiseAsDataParallel) {
     ASSERT_EQ(run_with_fault(launch(nproc, zero, 1, sparse + "--set dist.zero=1"), "", &output), 0) << output;
     EXPECT_EQ(weight_difference(zero, ddp), 0.0);
     expect_same_training(zero, ddp, 0.0);
+  }
+}
+
+// ZeRO-2 (dist.zero = 2): the gradients reduce-scattered into their owners' shards, the
+// norm summed from the shards' sums of squares. Against DDP over the same ranks and batch,
+// AdamW (fp32 and int8 moments, one round and many 4 KiB rounds) and Muon with MoE and
+// QK-Clip. At 2 ranks the summed gradients are DDP's bit for bit (a + b = b + a), so the
+// final weights are too; the norm, whose f64 sum of squares the ranks add in parts, within
+// 1e-13. At 4 ranks Gloo's reduce-scatter adds in another order than its all-reduce
+// (halving-doubling against a ring): losses and norms within 1e-6, weights within 1e-5
+// (the tolerance of DDP against one process, ACheckpointResumesAtAnotherWorldSize).
+TEST_F(Distributed, ZeroTwoTrainsAsDataParallel) {
+  const std::string muon =
+      "--set model.mlp=moe --set model.moe.experts=4 --set model.moe.top_k=2 --set model.moe.expert_hidden=32 "
+      "--set model.moe.router=sigmoid_bias --set model.moe.aux_loss=0.01 --set optim.name=muon "
+      "--set optim.qk_clip.enabled=true --set optim.qk_clip.tau=1.5 --set dist.bucket_mb=0 ";
+  std::string output;
+  for (const auto& [name, extra] : {std::pair<std::string, std::string>{"fp32", "--set dist.bucket_mb=0 "},
+                                    {"int8", "--set optim.adamw_state=int8 --set dist.bucket_mb=0 "},
+                                    {"rounds", "--set dist.bucket_mb=0.004 "},
+                                    {"muon", muon}}) {
+    for (int nproc : {2, 4}) {
+      SCOPED_TRACE(::testing::Message() << nproc << " ranks, " << name);
+      const std::string ddp = fmt::format("{}/ddp-{}-{}", dir_, name, nproc);
+      const std::string zero = fmt::format("{}/zero2-{}-{}", dir_, name, nproc);
+      ASSERT_EQ(run_with_fault(launch(nproc, ddp, 1, extra), "", &output), 0) << output;
+      ASSERT_EQ(run_with_fault(launch(nproc, zero, 1, extra + "--set dist.zero=2"), "", &output), 0) << output;
+      if (nproc == 2) {  // a + b = b + a: the gradients are DDP's bit for bit, the norm's f64 sum nearly
+        EXPECT_EQ(weight_difference(zero, ddp), 0.0);
+        expect_same_training(zero, ddp, 1e-13);
+      } else {
+        EXPECT_LT(weight_difference(zero, ddp), 1e-5);
+        expect_same_training(zero, ddp, 1e-6);
+      }
+      EXPECT_CONTAINS(read_file(zero + "/rank-1.log"), "ZeRO-2: rank 1 ");
+    }
+  }
+}
+
+// ZeRO-2's guard: a non-finite gradient (inf_grad writes +Inf into the last parameter's
+// gradient after the synchronization, on every rank: inside its owner's shard there, in a
+// zeroed part elsewhere) makes every rank's summed norm infinite, so every rank skips the
+// update, and the run goes on as DDP's with the same fault, bit for bit at 2 ranks.
+TEST_F(Distributed, ZeroTwoSkipsANonFiniteGradientOnEveryRankAsDataParallel) {
+  std::string output;
+  const std::string ddp = dir_ + "/inf-ddp", zero = dir_ + "/inf-zero2";
+  ASSERT_EQ(run_with_fault(launch(2, ddp, 1, "--set dist.bucket_mb=0 "), "inf_grad:5", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(launch(2, zero, 1, "--set dist.bucket_mb=0 --set dist.zero=2 "), "inf_grad:5", &output), 0)
+      << output;
+  const std::string skipped = "step 5: update skipped (non-finite gradient norm inf)";
+  EXPECT_CONTAINS(output, skipped);                             // rank 0's console
+  EXPECT_CONTAINS(read_file(zero + "/rank-1.log"), skipped);
+  EXPECT_EQ(weight_difference(zero, ddp), 0.0);
+  const std::vector<TrainRecord> x = train_records(zero), y = train_records(ddp);
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {  // the skipped step's norm is null (Inf) in both
+    EXPECT_EQ(x[i].loss, y[i].loss) << "step " << x[i].step;
+    EXPECT_EQ(x[i].grad_norm.is_null(), y[i].grad_norm.is_null()) << "step " << x[i].step;
+    if (!y[i].grad_norm.is_null())
+      EXPECT_LE(relative(x[i].grad_norm.get<double>(), y[i].grad_norm.get<double>()), 1e-13) << "step " << x[i].step;
   }
 }
 

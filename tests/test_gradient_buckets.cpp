@@ -67,6 +67,7 @@ class RecordingCommunicator final : public dist::Communicator {
   }
   void broadcast(void*, int64_t, int, std::string_view) override {}
   void all_gather(void*, int64_t, std::string_view) override {}  // one rank: its chunk is the whole
+  void reduce_scatter(void*, int64_t, DType, dist::ReduceOp, std::string_view) override {}  // the same
   void send(const void*, int64_t, int, int, std::string_view) override { ADD_FAILURE() << "no peer to send to"; }
   void recv(void*, int64_t, int, int, std::string_view) override { ADD_FAILURE() << "no peer to receive from"; }
   // Waits (at most 20 s) until `n` reductions have been sent; false if they were not.

@@ -208,6 +208,7 @@ class LoneCommunicator final : public dist::Communicator {
   void all_reduce(void*, int64_t, DType, dist::ReduceOp, std::string_view) override {}
   void broadcast(void*, int64_t, int, std::string_view) override {}
   void all_gather(void*, int64_t, std::string_view) override {}
+  void reduce_scatter(void*, int64_t, DType, dist::ReduceOp, std::string_view) override {}
   void send(const void*, int64_t, int, int, std::string_view what) override { ADD_FAILURE() << "sent " << what; }
   void recv(void*, int64_t, int, int, std::string_view what) override { ADD_FAILURE() << "received " << what; }
 };
@@ -319,6 +320,7 @@ TEST(PipelineEngine, TheNcclCommunicatorIsRefusedForNow) {
     void all_reduce(void*, int64_t, DType, dist::ReduceOp, std::string_view) override {}
     void broadcast(void*, int64_t, int, std::string_view) override {}
     void all_gather(void*, int64_t, std::string_view) override {}
+    void reduce_scatter(void*, int64_t, DType, dist::ReduceOp, std::string_view) override {}
     void send(const void*, int64_t, int, int, std::string_view) override {}
     void recv(void*, int64_t, int, int, std::string_view) override {}
   } gpu;

@@ -36,7 +36,8 @@ void print_per_rank(const Config& config, Device device, const MemoryBudget& pla
   } catch (const Error& e) {
     fmt::print("  ZeRO-1   {}\n", e.what());
   }
-  fmt::print("  (activations: activations, workspace and host batches; ZeRO-2, sharded gradients, is not built yet)\n");
+  fmt::print("  (activations: activations, workspace and host batches; ZeRO-2, dist.zero = 2 on the CPU, holds ZeRO-1's "
+             "memory: its gradients are reduce-scattered, but their arena is still whole on every rank)\n");
 }
 
 // The pipeline split (train/pipeline_split.h) of the config's layers into `stages` stages,

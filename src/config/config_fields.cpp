@@ -297,8 +297,9 @@ const std::array kFields = {
                "seconds a collective waits for the other ranks before failing"),
     KILN_FIELD(dist, bucket_mb, non_negative().up_to(65536, "64 GiB; more than any model's gradients"),
                "MiB of gradients per bucket reduced during backward; 0 = one reduction after backward"),
-    KILN_FIELD(dist, zero, non_negative().up_to(1, "stage 2 (sharded gradients) is not built yet"),
-               "ZeRO stage: 0 = whole optimizer state on every rank, 1 = each rank updates its shard"),
+    KILN_FIELD(dist, zero, non_negative().up_to(2, "stage 3 (sharded parameters) is not built yet"),
+               "ZeRO stage: 0 = whole optimizer state on every rank, 1 = each rank updates its shard, "
+               "2 = and receives only its shard's summed gradients (CPU only)"),
 };
 
 #undef KILN_ROLE_FIELDS

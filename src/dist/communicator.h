@@ -49,6 +49,13 @@ class Communicator {
   // In place over world_size() chunks of `bytes_per_rank`: rank r's chunk starts at
   // data + r * bytes_per_rank; every rank ends with every rank's chunk.
   virtual void all_gather(void* data, int64_t bytes_per_rank, std::string_view what) = 0;
+  // In place over world_size() chunks of `count_per_rank` elements: rank r ends with the
+  // reduction of every rank's chunk r in its own chunk (data + r * count_per_rank); the other
+  // chunks are left as scratch, their contents unspecified. The chunks are equal, as NCCL's
+  // are: a caller with uneven shares pads them (train/data_parallel.h, ZeRO-2). The order of
+  // the reduction is the backend's and may differ from all_reduce's, so a float sum may
+  // differ from all_reduce's in its last bits (beyond two ranks, where a + b = b + a).
+  virtual void reduce_scatter(void* data, int64_t count_per_rank, DType dtype, ReduceOp op, std::string_view what) = 0;
 
   // `bytes` to rank `peer`, to be matched by its recv with this rank and the same `tag`
   // (>= 0); messages of one tag between two ranks arrive in the order sent. A send is

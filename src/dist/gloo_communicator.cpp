@@ -7,6 +7,7 @@
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
+#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -63,6 +65,27 @@ void run_all_reduce(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
   opts.setTag(tag);
   opts.setTimeout(timeout);
   gloo::allreduce(opts);
+}
+
+// Gloo's reduce-scatter (recursive halving and doubling, its only one) is of its older
+// algorithm interface: made per call on the context, whose own slot counter keeps its
+// slots apart from the tagged collectives' (whose slots carry a prefix in their high
+// bits), bounded by the context's timeout (dist.timeout, set when it connected). That
+// counter is an int, advanced by 4 W (W - 1) per call: about 44 million calls at 4 ranks,
+// 2 million at 32, over a communicator's life (GlooCommunicator::reduce_scatter checks). It leaves
+// this rank's reduced chunk at the start of the buffer; it moves to the rank's own chunk.
+template <typename T>
+void run_reduce_scatter(const std::shared_ptr<gloo::Context>& context, void* data, int64_t count_per_rank,
+                        ReduceOp op) {
+  const int ranks = context->size;
+  auto* elements = static_cast<T*>(data);
+  const std::vector<int> counts(static_cast<size_t>(ranks), static_cast<int>(count_per_rank));
+  gloo::ReduceScatterHalvingDoubling<T> algorithm(
+      context, {elements}, static_cast<int>(count_per_rank * ranks), counts,
+      op == ReduceOp::sum ? gloo::ReductionFunction<T>::sum : gloo::ReductionFunction<T>::max);
+  algorithm.run();
+  if (context->rank != 0)
+    std::memmove(elements + count_per_rank * context->rank, elements, static_cast<size_t>(count_per_rank) * sizeof(T));
 }
 
 // Gloo's collectives take slot prefixes 0x01..0x08 (gloo/types.h); point to point uses
@@ -203,6 +226,39 @@ void GlooCommunicator::all_gather(void* data, int64_t bytes_per_rank, std::strin
   }
 }
 
+
+void GlooCommunicator::reduce_scatter(void* data, int64_t count_per_rank, DType dtype, ReduceOp op,
+                                     std::string_view what) {
+  if (count_per_rank == 0) return;
+  // Gloo's algorithm counts its bytes in an int.
+  KILN_CHECK(count_per_rank * world_size_ * static_cast<int64_t>(dtype_size(dtype)) <= std::numeric_limits<int>::max(),
+             "dist", "reduce_scatter '{}': {} elements per rank x {} ranks exceed Gloo's 2 GiB per call", what,
+             count_per_rank, world_size_);
+  // Each call takes 4 W (W - 1) of the context's slots (an int that only grows): refuse
+  // plainly before it would overflow, rather than wrap.
+  const int64_t slots = 4 * static_cast<int64_t>(world_size_) * (world_size_ - 1);
+  KILN_CHECK(reduce_scatter_slots_ + slots <= std::numeric_limits<int>::max(), "dist",
+             "reduce_scatter '{}': Gloo's slot counter is spent after {} reduce-scatters at {} ranks; "
+             "a larger dist.bucket_mb takes fewer per step",
+             what, reduce_scatter_slots_ / std::max<int64_t>(slots, 1), world_size_);
+  reduce_scatter_slots_ += slots;
+  const auto entered = std::chrono::steady_clock::now();
+  const int64_t seq = enter();
+  try {
+    switch (dtype) {
+      case DType::f32: run_reduce_scatter<float>(context_, data, count_per_rank, op); break;
+      case DType::f64: run_reduce_scatter<double>(context_, data, count_per_rank, op); break;
+      case DType::i32: run_reduce_scatter<int32_t>(context_, data, count_per_rank, op); break;
+      case DType::i64: run_reduce_scatter<int64_t>(context_, data, count_per_rank, op); break;
+      default: fail("dist", "reduce_scatter '{}': no Gloo reduction for {}", what, dtype_name(dtype));
+    }
+    progress_.finish(seq);
+  } catch (const kiln::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    lost(what, seq, entered, e);
+  }
+}
 
 void GlooCommunicator::check_peer(std::string_view verb, std::string_view what, int peer, int tag) const {
   KILN_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "dist",

@@ -51,6 +51,7 @@ class GlooCommunicator final : public Communicator {
   void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, std::string_view what) override;
   void broadcast(void* data, int64_t bytes, int root, std::string_view what) override;
   void all_gather(void* data, int64_t bytes_per_rank, std::string_view what) override;
+  void reduce_scatter(void* data, int64_t count_per_rank, DType dtype, ReduceOp op, std::string_view what) override;
   void send(const void* data, int64_t bytes, int peer, int tag, std::string_view what) override;
   void recv(void* data, int64_t bytes, int peer, int tag, std::string_view what) override;
 
@@ -71,6 +72,7 @@ class GlooCommunicator final : public Communicator {
   RankProgress& progress_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t tag_ = 0;  // Gloo pairs collectives by tag: one per call, the same on every rank
+  int64_t reduce_scatter_slots_ = 0;  // the context's slots its reduce-scatters have taken
 
   std::mutex sends_mutex_;
   std::condition_variable sends_changed_;

@@ -72,6 +72,18 @@ class NcclCommunicator final : public Communicator {
     watch_collective(stream_, what);
   }
 
+  // In place: NCCL's reduce-scatter reads every chunk and writes this rank's, which may
+  // overlap its input exactly there (recvbuff = sendbuff + rank * recvcount).
+  void reduce_scatter(void* data, int64_t count_per_rank, DType dtype, ReduceOp op, std::string_view what) override {
+    if (count_per_rank == 0) return;
+    auto* chunks = static_cast<uint8_t*>(data);
+    const size_t chunk_bytes = static_cast<size_t>(count_per_rank) * dtype_size(dtype);
+    check(ncclReduceScatter(chunks, chunks + static_cast<size_t>(rank_) * chunk_bytes, static_cast<size_t>(count_per_rank),
+                            nccl_type(dtype, what), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream_),
+          what);
+    watch_collective(stream_, what);
+  }
+
   // Untested (no multi-GPU machine here). NCCL has no tags: messages between two ranks
   // match in the order they are issued, so `tag` is only checked. Unlike Gloo's, a send is
   // not buffered: beyond NCCL's small-message buffers it waits on the GPU for its receive.

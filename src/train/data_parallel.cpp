@@ -2,6 +2,7 @@
 
 #include "core/device_memory.h"
 #include "core/phase_scope.h"
+#include "ops/elementwise/elementwise.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,8 +12,11 @@
 namespace kiln {
 
 DataParallel::DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb,
-                           std::unique_ptr<ParameterShards> shards)
-    : group_(group), model_(model), bucket_mb_(bucket_mb), shards_(std::move(shards)) {
+                           std::unique_ptr<ParameterShards> shards, bool shard_gradients)
+    : group_(group), model_(model), bucket_mb_(bucket_mb), shards_(std::move(shards)), shard_gradients_(shard_gradients) {
+  KILN_CHECK(!shard_gradients_ || shards_, "dist.zero", "2 needs the parameters' shards");
+  KILN_CHECK(!shard_gradients_ || !on_gpu(), "dist.zero",
+             "2 (sharded gradients) runs on the CPU (Gloo) only for now; on the GPU use dist.zero = 1");
   if (!shards_) return;
   KILN_CHECK(shards_->world_size() == group.world_size(), "dist.zero", "shards for {} ranks, {} run",
              shards_->world_size(), group.world_size());
@@ -25,16 +29,17 @@ DataParallel::~DataParallel() { model_.set_backward_progress({}); }
 
 namespace {
 
-// Copies rank r's flat elements [lo, hi) between its parameters and `window` (hi - lo
-// elements): into the window, or out of it; on the host, or enqueued on the model's
-// stream (a captured update replays the copies).
+// Copies rank r's flat elements [lo, hi) between its parameters (or their gradients) and
+// `window` (hi - lo elements): into the window, or out of it; on the host, or enqueued on
+// the model's stream (a captured update replays the copies).
 void copy_window(const ParameterShards& s, int r, int64_t lo, int64_t hi, unsigned char* window, bool into_window,
-                 const ExecContext& exec, Device device) {
+                 const ExecContext& exec, Device device, bool gradients = false) {
   const size_t element = dtype_size(s.dtype());
   for (const ParameterPiece& piece : s.pieces(r)) {
     const int64_t a = std::max(lo, piece.flat), b = std::min(hi, piece.flat + piece.count);
     if (a >= b) continue;
-    auto* parameter = static_cast<unsigned char*>(piece.parameter->value().raw()) +
+    const Tensor tensor = gradients ? piece.parameter->grad() : piece.parameter->value();
+    auto* parameter = static_cast<unsigned char*>(tensor.raw()) +
                       static_cast<size_t>(piece.begin + a - piece.flat) * element;
     unsigned char* in_window = window + static_cast<size_t>(a - lo) * element;
     unsigned char* dst = into_window ? in_window : parameter;
@@ -77,8 +82,59 @@ void DataParallel::gather_parameters() {
   }
 }
 
+// ZeRO-2, the gather's mirror (on the host: Gloo): in rounds of a chunk per rank, every
+// rank copies each rank's window of its gradients into that rank's chunk of the buffer (a
+// short window's tail zeroed: Gloo's chunks are equal, as NCCL's), the buffer is
+// reduce-scattered, and this rank's summed window goes back into its gradients. Then the
+// other ranks' shards of the gradients are zeroed, so what this rank holds is its shard's
+// sums and nothing else (its sum of squares is its shard's: gradient_norm).
+void DataParallel::reduce_scatter_gradients() {
+  KILN_PHASE("gradient reduce-scatter");
+  const ParameterShards& s = *shards_;
+  const size_t element = dtype_size(s.dtype());
+  // Gloo counts a call's bytes in an int: rounds stay below 2 GiB whatever dist.bucket_mb.
+  const int64_t most = std::numeric_limits<int>::max() / static_cast<int64_t>(element * s.world_size());
+  const int64_t chunk = std::min(s.gather_chunk(bucket_mb_), most);
+  const size_t chunk_bytes = static_cast<size_t>(chunk) * element;
+  auto* buffer = static_cast<unsigned char*>(gathered_.data());
+  const int me = rank();
+  const auto window = [&](int r, int64_t first) {  // rank r's elements this round
+    const int64_t lo = std::min(s.bound(r) + first, s.bound(r + 1));
+    return std::make_pair(lo, std::min(lo + chunk, s.bound(r + 1)));
+  };
+  for (int64_t first = 0; first < s.largest(); first += chunk) {
+    for (int r = 0; r < s.world_size(); ++r) {
+      const auto [lo, hi] = window(r, first);
+      unsigned char* own = buffer + chunk_bytes * static_cast<size_t>(r);
+      copy_window(s, r, lo, hi, own, true, model_.exec(), Device::cpu, true);
+      std::memset(own + static_cast<size_t>(hi - lo) * element, 0, static_cast<size_t>(chunk - (hi - lo)) * element);
+    }
+    group_.device().reduce_scatter(buffer, chunk, s.dtype(), dist::ReduceOp::sum, "gradients (reduce-scatter)");
+    const auto [lo, hi] = window(me, first);
+    copy_window(s, me, lo, hi, buffer + chunk_bytes * static_cast<size_t>(me), false, model_.exec(), Device::cpu, true);
+  }
+  for (int r = 0; r < s.world_size(); ++r) {
+    if (r == me) continue;
+    for (const ParameterPiece& piece : s.pieces(r))
+      std::memset(static_cast<unsigned char*>(piece.parameter->grad().raw()) + static_cast<size_t>(piece.begin) * element,
+                  0, static_cast<size_t>(piece.count) * element);
+  }
+}
+
+// Without ZeRO-2 every rank holds the summed gradients: the norm is its own. With it, each
+// holds its shard's sums and zeros elsewhere, so its sum of squares is its shard's; the
+// shards partition the trainable parameters, so their sum over the ranks is the whole
+// model's sum of squares (in another order of addition: equal up to rounding).
+double DataParallel::gradient_norm() {
+  if (!shard_gradients_) return model_.gradient_norm();
+  KILN_PHASE("gradient norm");
+  double squares = ops::sum_squares(model_.exec(), model_.all_gradients());
+  group_.host().all_reduce(&squares, 1, DType::f64, dist::ReduceOp::sum, "gradient sum of squares");
+  return std::sqrt(squares);
+}
+
 void DataParallel::before_backward(bool last_micro_batch) {
-  if (!bucketed() || !last_micro_batch) {
+  if (!bucketed() || !last_micro_batch || shard_gradients_) {
     model_.set_backward_progress({});
     return;
   }
@@ -133,6 +189,8 @@ void DataParallel::reduce_gradients() {
   if (reducing_) {  // the CPU's buckets went out during backward: wait for the last
     reducing_ = false;
     buckets_->finish();
+  } else if (shard_gradients_) {  // ZeRO-2: each rank its shard's sums
+    reduce_scatter_gradients();
   } else if (!buckets_ || !on_gpu()) {  // no buckets: one reduction now
     const Tensor grads = model_.all_gradients();
     comm.all_reduce(grads.raw(), grads.numel(), grads.dtype(), dist::ReduceOp::sum, "gradients");

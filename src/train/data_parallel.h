@@ -16,6 +16,15 @@
 // norm, guard and clip see the whole model, but each rank's optimizer updates only its
 // shard of the parameters (train/parameter_shards.h) and keeps state for it alone; the
 // updated shards are then all-gathered, so every rank again holds the same weights.
+//
+// With dist.zero = 2 (ZeRO-2, the CPU's Gloo only) the gradients are reduce-scattered
+// instead: each rank ends the step's synchronization with the summed gradients of its own
+// shard, and every other rank's shard of its gradients zeroed. The norm is then each
+// rank's sum of squares summed over the ranks (gradient_norm): the shards partition the
+// trainable parameters, so this is the whole model's sum of squares, only added up in
+// another order. The guard and clip act on that norm as before; the optimizer reads only
+// its own shard's gradients. No buckets overlap backward yet: the reduce-scatter runs after
+// it, in rounds through the all-gather's buffer.
 #pragma once
 
 #include "dist/process_group.h"
@@ -31,9 +40,10 @@ namespace kiln {
 
 class DataParallel {
  public:
-  // bucket_mb: dist.bucket_mb (0: no buckets); shards: ZeRO's (dist.zero = 1), null without.
+  // bucket_mb: dist.bucket_mb (0: no buckets); shards: ZeRO's (dist.zero >= 1), null without;
+  // shard_gradients: ZeRO-2's reduce-scatter (dist.zero = 2; needs shards).
   DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb,
-               std::unique_ptr<ParameterShards> shards = nullptr);
+               std::unique_ptr<ParameterShards> shards = nullptr, bool shard_gradients = false);
   ~DataParallel();
 
   int rank() const { return group_.rank(); }
@@ -54,6 +64,10 @@ class DataParallel {
   // over the ranks, in place on the model's device (on the GPU: on the model's stream, with
   // no host wait; a step graph may capture it).
   void reduce_gradients();
+  // The L2 norm of the step's summed gradients over the whole model, on every rank (after
+  // reduce_gradients; host memory). ZeRO-2: the shards' sums of squares summed over the ranks.
+  double gradient_norm();
+  bool shards_gradients() const { return shard_gradients_; }
   // After a captured step's launch: its collectives bounded by dist.timeout like those
   // enqueued op by op (NCCL's watchdog; Gloo's bound themselves).
   void watch_step();
@@ -73,6 +87,7 @@ class DataParallel {
  private:
   bool bucketed() const { return bucket_mb_ > 0; }
   bool on_gpu() const { return group_.device().device() == Device::cuda; }
+  void reduce_scatter_gradients();  // ZeRO-2
 
   dist::ProcessGroup& group_;
   Model& model_;
@@ -80,7 +95,10 @@ class DataParallel {
   std::unique_ptr<BucketReduction> buckets_;  // made at the first bucketed step
   bool reducing_ = false;                     // this step's buckets are under way
   std::unique_ptr<ParameterShards> shards_;              // ZeRO's; null without
-  Storage gathered_;  // ZeRO's all-gather buffer: a chunk per rank, on the collectives' device
+  bool shard_gradients_ = false;                         // ZeRO-2
+  // ZeRO's all-gather buffer (and ZeRO-2's reduce-scatter's): a chunk per rank, on the
+  // collectives' device
+  Storage gathered_;
 };
 
 }  // namespace kiln

@@ -60,7 +60,9 @@ class OpByOpStep final : public StepExecutor {
     loss_override_ = loss;
   }
 
-  void gradient_norm() override { outcome_.grad_norm = model_.gradient_norm() / plan_.loss_scale; }
+  void gradient_norm() override {  // ZeRO-2: over every rank's shard (train/data_parallel.h)
+    outcome_.grad_norm = (data_parallel_ ? data_parallel_->gradient_norm() : model_.gradient_norm()) / plan_.loss_scale;
+  }
 
   void verdict_and_clip() override {
     outcome_.loss = loss_override_ ? *loss_override_ : step_loss();

@@ -161,7 +161,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
           config_.optim, model_->parameters(), mup_width_ratio(config_.model), group_->world_size()));
     // A pipeline's gradients are summed in one reduction after its schedule has run.
     data_parallel_ = std::make_unique<DataParallel>(*group_, *model_, pipelined(config_) ? 0 : config_.dist.bucket_mb,
-                                                    std::move(shards));
+                                                    std::move(shards), config_.dist.zero >= 2);
   }
   // Periodic exports of a model with no stock class (a component refuses): say so now.
   if (config_.checkpoint.export_hf_every > 0 || config_.checkpoint.export_hf_every_tokens > 0)
@@ -260,10 +260,11 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   if (data_parallel_ && data_parallel_->shards()) {  // ZeRO: this rank's share, measured above
     const ParameterShards& shards = *data_parallel_->shards();
     const int r = group_->rank();
-    console_.print("ZeRO-1: rank {} updates {} of {} parameters and keeps their state ({:.1f} MiB); "
-                   "all-gather buffer {:.1f} MiB\n",
-                   r, shards.bound(r + 1) - shards.bound(r), shards.total(),
-                   optimizer_state_.planned_bytes() / 1048576.0, data_parallel_->gather_buffer_bytes() / 1048576.0);
+    console_.print("ZeRO-{}: rank {} updates {} of {} parameters and keeps their state ({:.1f} MiB); "
+                   "all-gather buffer {:.1f} MiB{}\n",
+                   config_.dist.zero, r, shards.bound(r + 1) - shards.bound(r), shards.total(),
+                   optimizer_state_.planned_bytes() / 1048576.0, data_parallel_->gather_buffer_bytes() / 1048576.0,
+                   data_parallel_->shards_gradients() ? "; gradients reduce-scattered through it" : "");
   }
   if (config_.optim.qk_clip.enabled) {
     // Only the layers whose token mixer has query-key logits clip (TokenMixer::clips_qk).
