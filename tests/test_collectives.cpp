@@ -5,6 +5,7 @@
 #include "dist/free_port.h"
 #include "dist/rank_progress.h"
 #include "dist/tcp_store.h"
+#include "ops/attention/logit_key.h"
 #include "test_util.h"
 #include "thread_ranks.h"
 
@@ -77,6 +78,29 @@ TEST(Gloo, AllReduceSumAndMaxOfEachTypeAndBroadcast) {
     EXPECT_EQ(sums[static_cast<size_t>(r)], (std::vector<double>{3.0, 1.5, -6.0}));
     EXPECT_EQ(maxes[static_cast<size_t>(r)], (std::vector<int32_t>{2, 0, 7}));
     EXPECT_EQ(broadcast[static_cast<size_t>(r)], 424242);
+  }
+}
+
+// QK-Clip's logit keys (ops/attention/logit_key.h) order as unsigned: a positive logit's
+// key (top bit set) beats a negative one's and "none" (0), where a signed max would pick
+// the negative logit. Ranks: a positive logit, a negative one, none.
+TEST(Gloo, AnUnsignedMaxOrdersLogitKeysAsTheLogits) {
+  const int world = 3, port = free_loopback_port();
+  const std::vector<float> logits = {2.5f, -1.0f};
+  std::vector<std::vector<int32_t>> got(world);
+  const auto errors = run_ranks(world, [&](int r) {
+    ProcessGroup group(placement(r, world, port), Device::cpu, 10000ms);
+    // Column 0: rank r's logit (rank 2 measured none); column 1: only rank 1's.
+    std::vector<int32_t> keys = {r < 2 ? static_cast<int32_t>(ops::logit_key(logits[static_cast<size_t>(r)])) : 0,
+                                 r == 1 ? static_cast<int32_t>(ops::logit_key(-3.0f)) : 0};
+    group.device().all_reduce(keys.data(), 2, DType::i32, ReduceOp::max_unsigned, "test logit keys");
+    got[static_cast<size_t>(r)] = keys;
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "");
+    ASSERT_EQ(got[static_cast<size_t>(r)].size(), 2u);
+    EXPECT_EQ(ops::logit_of_key(static_cast<uint32_t>(got[static_cast<size_t>(r)][0])), 2.5f);
+    EXPECT_EQ(ops::logit_of_key(static_cast<uint32_t>(got[static_cast<size_t>(r)][1])), -3.0f);
   }
 }
 

@@ -16,7 +16,10 @@
 
 namespace kiln::dist {
 
-enum class ReduceOp : uint8_t { sum, max };
+// max_unsigned: the maximum of integer elements (i32, i64) read as unsigned, as QK-Clip's
+// logit keys order (ops/attention/logit_key.h: a positive logit's key has the top bit set,
+// and 0, "no logit yet", is the least), which a signed max would misorder.
+enum class ReduceOp : uint8_t { sum, max, max_unsigned };
 
 class Communicator {
  public:

@@ -168,6 +168,8 @@ void GlooCommunicator::lost(std::string_view what, int64_t seq, std::chrono::ste
 
 void GlooCommunicator::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, std::string_view what) {
   if (count == 0) return;
+  KILN_CHECK(op != ReduceOp::max_unsigned || dtype == DType::i32 || dtype == DType::i64, "dist",
+             "all_reduce '{}': an unsigned max of {} elements", what, dtype_name(dtype));
   const auto entered = std::chrono::steady_clock::now();
   const int64_t seq = enter();
   try {
@@ -176,8 +178,14 @@ void GlooCommunicator::all_reduce(void* data, int64_t count, DType dtype, Reduce
     switch (dtype) {
       case DType::f32: run_all_reduce<float>(c, tag, timeout_, data, count, op); break;
       case DType::f64: run_all_reduce<double>(c, tag, timeout_, data, count, op); break;
-      case DType::i32: run_all_reduce<int32_t>(c, tag, timeout_, data, count, op); break;
-      case DType::i64: run_all_reduce<int64_t>(c, tag, timeout_, data, count, op); break;
+      case DType::i32:
+        op == ReduceOp::max_unsigned ? run_all_reduce<uint32_t>(c, tag, timeout_, data, count, ReduceOp::max)
+                                     : run_all_reduce<int32_t>(c, tag, timeout_, data, count, op);
+        break;
+      case DType::i64:
+        op == ReduceOp::max_unsigned ? run_all_reduce<uint64_t>(c, tag, timeout_, data, count, ReduceOp::max)
+                                     : run_all_reduce<int64_t>(c, tag, timeout_, data, count, op);
+        break;
       default: fail("dist", "all_reduce '{}': no Gloo reduction for {}", what, dtype_name(dtype));
     }
     progress_.finish(seq);
@@ -230,6 +238,7 @@ void GlooCommunicator::all_gather(void* data, int64_t bytes_per_rank, std::strin
 void GlooCommunicator::reduce_scatter(void* data, int64_t count_per_rank, DType dtype, ReduceOp op,
                                      std::string_view what) {
   if (count_per_rank == 0) return;
+  KILN_CHECK(op != ReduceOp::max_unsigned, "dist", "reduce_scatter '{}': no unsigned max", what);
   // Gloo's algorithm counts its bytes in an int.
   KILN_CHECK(count_per_rank * world_size_ * static_cast<int64_t>(dtype_size(dtype)) <= std::numeric_limits<int>::max(),
              "dist", "reduce_scatter '{}': {} elements per rank x {} ranks exceed Gloo's 2 GiB per call", what,

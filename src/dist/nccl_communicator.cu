@@ -16,7 +16,13 @@ namespace kiln::dist {
 
 namespace {
 
-ncclDataType_t nccl_type(DType dtype, std::string_view what) {
+// The element type NCCL reduces: an unsigned max reads i32 / i64 as uint32 / uint64.
+ncclDataType_t nccl_type(DType dtype, ReduceOp op, std::string_view what) {
+  if (op == ReduceOp::max_unsigned) {
+    if (dtype == DType::i32) return ncclUint32;
+    if (dtype == DType::i64) return ncclUint64;
+    fail("dist", "'{}': an unsigned max of {} elements", what, dtype_name(dtype));
+  }
   switch (dtype) {
     case DType::f32: return ncclFloat32;
     case DType::f64: return ncclFloat64;
@@ -79,7 +85,7 @@ class NcclCommunicator final : public Communicator {
     auto* chunks = static_cast<uint8_t*>(data);
     const size_t chunk_bytes = static_cast<size_t>(count_per_rank) * dtype_size(dtype);
     check(ncclReduceScatter(chunks, chunks + static_cast<size_t>(rank_) * chunk_bytes, static_cast<size_t>(count_per_rank),
-                            nccl_type(dtype, what), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream_),
+                            nccl_type(dtype, op, what), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream_),
           what);
     watch_collective(stream_, what);
   }
@@ -106,7 +112,7 @@ class NcclCommunicator final : public Communicator {
  private:
   void reduce_on_stream(cudaStream_t stream, void* data, int64_t count, DType dtype, ReduceOp op, std::string_view what) {
     if (count == 0) return;
-    check(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dtype, what),
+    check(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dtype, op, what),
                         op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream),
           what);
     watch_collective(stream, what);

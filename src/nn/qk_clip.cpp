@@ -13,7 +13,7 @@ QkClip::QkClip(BuildContext& ctx, int64_t layer, int64_t q_heads, int64_t kv_hea
              : kv_heads < q_heads ? ops::QkClipSharing::shared_keys
                                   : ops::QkClipSharing::per_head;
   const bool shared = sharing_ == ops::QkClipSharing::shared_gains;
-  ctx.step_statistic(step_keys_, Shape{hq_}, DType::i32, StepReduction::max);
+  ctx.step_statistic(step_keys_, Shape{hq_}, DType::i32, StepReduction::max_unsigned);
   ctx.step_buffer(last_keys_, Shape{hq_}, DType::i32);
   ctx.step_buffer(q_factors_, Shape{shared ? 1 : hq_}, DType::f32);
   ctx.step_buffer(k_factors_, Shape{shared ? 1 : hkv_}, DType::f32);

@@ -11,7 +11,9 @@
 
 namespace kiln {
 
-enum class StepReduction : uint8_t { sum, max };
+// max_unsigned: QK-Clip's logit keys (ops/attention/logit_key.h), whose order is the
+// unsigned one (dist::ReduceOp::max_unsigned).
+enum class StepReduction : uint8_t { sum, max_unsigned };
 
 struct StepStatistic {
   Tensor* tensor;  // a step buffer (BuildContext::step_statistic)

@@ -197,7 +197,8 @@ void DataParallel::reduce_gradients() {
   }  // (the GPU's buckets were summed during backward and joined at its end: after_backward)
   for (const StepStatistic& s : model_.step_statistics())
     comm.all_reduce(s.tensor->raw(), s.tensor->numel(), s.tensor->dtype(),
-                    s.reduction == StepReduction::sum ? dist::ReduceOp::sum : dist::ReduceOp::max, "step statistics");
+                    s.reduction == StepReduction::sum ? dist::ReduceOp::sum : dist::ReduceOp::max_unsigned,
+                    "step statistics");
 }
 
 void DataParallel::sum(double* values, int64_t count, Device where) {

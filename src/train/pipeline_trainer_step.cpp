@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <limits>
 
 #include "core/error.h"
 #include "train/pipeline_costs.h"
@@ -93,30 +92,12 @@ LossSlotSums PipelineTrainerStep::run(const std::vector<HostBatch>& batches, dou
              "{} micro-batches for a pipeline schedule of {}", batches.size(), schedule_.microbatches);
   pipeline::ModelStage stage(model_, bounds_, batches, gradient_scale);
   pipeline::run_pipeline_step(schedule_, stage, comm_);
-  neutral_unmeasured_maxima();
   // In micro-batch order, as the one-process step adds them: the main loss (the last
   // stage's) sums bit for bit alike.
   LossSlotSums sums{};
   for (const auto& [microbatch, micro] : stage.losses())
     for (size_t k = 0; k < sums.size(); ++k) sums[k] += micro.slot[k];
   return sums;
-}
-
-// The step statistics reduced by max are QK-Clip's logit keys (ops/attention/logit_key.h):
-// unsigned, 0 = "no logit yet", reduced over the ranks as signed i32. Under data
-// parallelism every rank measures every layer; here a layer is measured on one rank only,
-// and the others' 0 would win the signed max over a positive logit's key (sign bit set).
-// INT32_MIN is the signed max's neutral value: the measuring rank's key then wins, whatever
-// its sign.
-void PipelineTrainerStep::neutral_unmeasured_maxima() {
-  for (const StepStatistic& s : model_.step_statistics()) {
-    if (s.reduction != StepReduction::max) continue;
-    KILN_CHECK(s.tensor->dtype() == DType::i32 && s.tensor->device() == Device::cpu, "pipeline",
-               "a step maximum other than a host i32 logit key: {}", s.tensor->describe());
-    auto* keys = s.tensor->data<int32_t>();
-    for (int64_t i = 0; i < s.tensor->numel(); ++i)
-      if (keys[i] == 0) keys[i] = std::numeric_limits<int32_t>::min();
-  }
 }
 
 std::string PipelineTrainerStep::describe() const {

@@ -58,8 +58,6 @@ class PipelineTrainerStep {
   std::string describe() const;
 
  private:
-  void neutral_unmeasured_maxima();
-
   Model& model_;
   dist::Communicator& comm_;
   const std::vector<int64_t> bounds_;  // first layer of each stage, then model.layers
