@@ -56,6 +56,12 @@ inline std::string tiny_train(const std::string& corpus, const std::string& out_
          extra;
 }
 
+// `command` (a kiln command line, as tiny_train's) run on `nproc` local ranks by `kiln launch`.
+inline std::string launched(int nproc, const std::string& command) {
+  return kiln_binary() + " launch --nproc " + std::to_string(nproc) + " --grace 20 -- " +
+         command.substr(kiln_binary().size() + 1);
+}
+
 // Runs `command` with KILN_FAULT_INJECT=`fault` (none when empty); returns the exit
 // code (-SIGNAL when killed by a signal) and captures the output.
 inline int run_with_fault(const std::string& command, const std::string& fault, std::string* output) {

@@ -38,7 +38,7 @@ class Distributed : public ::testing::Test {
   // `kiln launch --nproc N -- train ...` for the tiny run, `grad_accum` micro-batches per rank.
   std::string launch(int nproc, const std::string& out, int grad_accum, const std::string& extra = "") const {
     const std::string train = tiny_train(corpus_, out, kOneThread + fmt::format("--set train.grad_accum={} ", grad_accum) + extra);
-    return fmt::format("{} launch --nproc {} --grace 20 -- {}", kiln_binary(), nproc, train.substr(kiln_binary().size() + 1));
+    return launched(nproc, train);
   }
   std::string single(const std::string& out, int grad_accum, const std::string& extra = "") const {
     return tiny_train(corpus_, out, kOneThread + fmt::format("--set train.grad_accum={} ", grad_accum) + extra);

@@ -43,8 +43,7 @@ class PipelineTrainer : public ::testing::Test {
     const std::string args = fmt::format("--set dist.pipeline_stages={} --set dist.pipeline_schedule={} {}", stages,
                                          schedule, schedule == "interleaved" ? "--set dist.pipeline_virtual_stages=2 " : "");
     const std::string train = single(out, args + extra);
-    return fmt::format("{} launch --nproc {} --grace 20 -- {}", kiln_binary(), stages,
-                       train.substr(kiln_binary().size() + 1));
+    return launched(stages, train);
   }
   // Bitwise holds because each stage runs the one-process kernels on the same inputs in
   // the same micro-batch order (test_pipeline_model_stage), and the all-reduce adds only
