@@ -26,15 +26,9 @@ namespace {
 // needs a fixed thread count.
 const std::string kOneThread = "--set train.threads=1 ";
 
-class Distributed : public ::testing::Test {
+class Distributed : public TinyRunTest {
  protected:
-  void SetUp() override {
-    dir_ = temp_dir("kiln_distributed");
-    corpus_ = write_tiny_corpus(dir_, 300);
-  }
-  void TearDown() override {
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
-  }
+  Distributed() : TinyRunTest("kiln_distributed", 300) {}
   // `kiln launch --nproc N -- train ...` for the tiny run, `grad_accum` micro-batches per rank.
   std::string launch(int nproc, const std::string& out, int grad_accum, const std::string& extra = "") const {
     const std::string train = tiny_train(corpus_, out, kOneThread + fmt::format("--set train.grad_accum={} ", grad_accum) + extra);
@@ -43,7 +37,6 @@ class Distributed : public ::testing::Test {
   std::string single(const std::string& out, int grad_accum, const std::string& extra = "") const {
     return tiny_train(corpus_, out, kOneThread + fmt::format("--set train.grad_accum={} ", grad_accum) + extra);
   }
-  std::string dir_, corpus_;
 };
 
 double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }

@@ -25,15 +25,9 @@ namespace {
 const std::string kModel =
     "--set train.threads=1 --set model.layers=8 --set model.tie_embeddings=false --set train.steps=6 ";
 
-class PipelineTrainer : public ::testing::Test {
+class PipelineTrainer : public TinyRunTest {
  protected:
-  void SetUp() override {
-    dir_ = temp_dir("kiln_pipeline_trainer");
-    corpus_ = write_tiny_corpus(dir_, 300);
-  }
-  void TearDown() override {
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
-  }
+  PipelineTrainer() : TinyRunTest("kiln_pipeline_trainer", 300) {}
   std::string single(const std::string& out, const std::string& extra = "") const {
     return tiny_train(corpus_, out, kModel + "--set train.grad_accum=4 " + extra);
   }
@@ -65,7 +59,6 @@ class PipelineTrainer : public ::testing::Test {
     }
   }
   void expect_identical(const std::string& a, const std::string& b);
-  std::string dir_, corpus_;
 };
 
 // Bit for bit: every step's loss, gradient norm, learning rate and tokens, and every final weight.
