@@ -108,8 +108,10 @@ TEST(Kda, F32ForwardsMatchF64) {
     OwnedTensor out(DType::f32, Device::cpu, c.out_shape()), ht(DType::f32, Device::cpu, c.state_shape());
     OwnedTensor q = to_f32(*c.q), k = to_f32(*c.k), v = to_f32(*c.v), g = to_f32(*c.g), b = to_f32(*c.beta),
                 h0 = to_f32(*c.h0);
-    auto fn = form == Form::recurrent ? ops::kda_recurrent_forward : ops::kda_chunked_forward;
-    fn(process_exec(), *q, *k, *v, *g, *b, *c.cu, *h0, ops::KdaOptions{}, *out, *ht);
+    if (form == Form::recurrent)
+      ops::kda_recurrent_forward(process_exec(), *q, *k, *v, *g, *b, *c.cu, *h0, ops::KdaOptions{}, *out, *ht);
+    else
+      ops::kda_chunked_forward(process_exec(), *q, *k, *v, *g, *b, *c.cu, *h0, ops::KdaOptions{}, *out, *ht);
     EXPECT_LT(rel(values_of(*out), ref.out), 1e-4);
     EXPECT_LT(rel(values_of(*ht), ref.state), 1e-4);
   }

@@ -22,6 +22,7 @@ void add_plan_command(CLI::App& app);
 void add_list_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_bench_decode_command(CLI::App& app);
+void add_bench_kda_command(CLI::App& app);
 void add_train_tokenizer_command(CLI::App& app);
 void add_export_command(CLI::App& app);
 void add_import_command(CLI::App& app);

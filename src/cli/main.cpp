@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_list_command(app);
   kiln::cli::add_bench_command(app);
   kiln::cli::add_bench_decode_command(app);
+  kiln::cli::add_bench_kda_command(app);
   kiln::cli::add_train_tokenizer_command(app);
   kiln::cli::add_export_command(app);
   kiln::cli::add_import_command(app);

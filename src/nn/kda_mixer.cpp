@@ -19,6 +19,11 @@ KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
   dk_ = dv_ = c.head_dim > 0 ? c.head_dim : m.head_dim;
   rank_ = c.gate_rank > 0 ? c.gate_rank : dk_;
   kernel_ = c.conv_kernel, norm_eps_ = m.norm_eps;
+  const bool fits_chunked = dk_ <= ops::kda_chunked_max_dk();
+  KILN_CHECK(!cuda_ || c.gpu_kernel != "chunked" || fits_chunked, "model.kda.gpu_kernel",
+             "= 'chunked' takes a head_dim up to {}, got {} (use 'recurrent' or 'auto')", ops::kda_chunked_max_dk(),
+             dk_);
+  chunked_gpu_ = cuda_ && (c.gpu_kernel == "chunked" || (c.gpu_kernel == "auto" && fits_chunked));
   // Decode keeps the last kernel - 1 inputs: a kernel of 1 would keep none (and mix nothing).
   KILN_CHECK(kernel_ >= 2, "model.kda.conv_kernel", "= {}: the short convolution needs at least 2 taps", kernel_);
   const int64_t kc = h_ * dk_, vc = h_ * dv_, t = ctx.max_tokens;
@@ -69,19 +74,33 @@ KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
   // Backward's peak: d(gated output), d_o, dgpre, q, k, v, g, beta and their gradients, the
   // gate's and the convolution's input gradients (every piece at once, a bound).
   auto bytes = [&](int64_t cols) { return Workspace::footprint(ctx.dtype, Shape{t, cols}); };
-  // On the GPU the recurrent backward's f32 workspace too: it holds a state per document and
-  // per 64 tokens, so it is planned for one document per kTokensPerDoc tokens.
-  int64_t recurrent = 0;
-  if (cuda_ && ctx.training) {
+  // On the GPU the delta rule's f32 workspace too (the recurrent backward's, or the chunked
+  // kernels' in both directions): it holds tiles per document and per 64 tokens, so it is
+  // planned for one document per kTokensPerDoc tokens.
+  int64_t delta_rule = 0;
+  if (cuda_ && (ctx.training || chunked_gpu_)) {
     max_docs_ = t / kTokensPerDoc + 1;
-    recurrent = Workspace::footprint(DType::f32, Shape{ops::kda_backward_workspace(t, h_, dk_, dv_, max_docs_)});
+    const int64_t elems = chunked_gpu_ ? ops::kda_chunked_workspace(t, h_, dk_, dv_, max_docs_)
+                                       : ops::kda_backward_workspace(t, h_, dk_, dv_, max_docs_);
+    delta_rule = Workspace::footprint(DType::f32, Shape{elems});
   }
   ctx.workspace.reserve_peak(6 * bytes(vc) + 7 * bytes(kc) + 3 * bytes(h_) + bytes(rank_) + 2 * bytes(qkv_cols_) +
-                             recurrent);
+                             delta_rule);
 }
 
 void KdaMixer::gate(const Tensor& graw, const Tensor& g) const {
   ops::kda_gate_forward(exec_, graw.view(Shape{graw.size(0), h_, dk_}), a_log_, dt_bias_2d(), g);
+}
+
+Tensor KdaMixer::delta_rule_workspace(Workspace::Scope& scope, const SeqInfo& seq, int64_t tokens,
+                                      bool backward) const {
+  if (!cuda_ || !(chunked_gpu_ || backward)) return Tensor();
+  const int64_t docs = seq.cu_seqlens.size(0) - 1;
+  KILN_CHECK(docs <= max_docs_, key_, "'kda' on the GPU plans its workspace for at most {} documents in {} tokens, got {}",
+             max_docs_, qkv_raw_.size(0), docs);
+  const int64_t elems = chunked_gpu_ ? ops::kda_chunked_workspace(tokens, h_, dk_, dv_, docs)
+                                     : ops::kda_backward_workspace(tokens, h_, dk_, dv_, docs);
+  return scope.take(DType::f32, Shape{elems});
 }
 
 void KdaMixer::forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) {
@@ -102,11 +121,12 @@ void KdaMixer::forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) {
   gate(graw, g);
   ops::linear_forward(exec_, x, b_w_, Tensor(), braw);
   ops::kda_beta_forward(exec_, braw, beta);
-  // The delta rule: the recurrent kernels on the GPU (no chunked CUDA kernel yet), chunked on the CPU.
-  if (cuda_)
+  // The delta rule: chunked on the CPU, on the GPU as model.kda.gpu_kernel says.
+  if (cuda_ && !chunked_gpu_)
     ops::kda_recurrent_forward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), {}, o);
   else
-    ops::kda_chunked_forward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), {}, o);
+    ops::kda_chunked_forward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), {}, o, Tensor(),
+                             delta_rule_workspace(scope, seq, t, false));
   ops::linear_forward(exec_, x, ga_w_, Tensor(), ga);
   ops::linear_forward(exec_, ga, gb_w_, gb_b_, gpre);
   const Tensor y = scope.take(dt, Shape{t, h_ * dv_});
@@ -139,17 +159,13 @@ void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
   ops::kda_beta_forward(exec_, braw, beta);
   const Tensor dq = scope.take(dt, q.shape()), dk = scope.take(dt, k.shape()), dv = scope.take(dt, v.shape());
   const Tensor dg = scope.take(dt, g.shape()), dbeta = scope.take(dt, beta.shape());
-  if (cuda_) {
-    const int64_t docs = seq.cu_seqlens.size(0) - 1;
-    KILN_CHECK(docs <= max_docs_, key_, "'kda' on the GPU plans its backward for at most {} documents in {} tokens, got {}",
-               max_docs_, qkv_raw_.size(0), docs);
-    const Tensor work = scope.take(DType::f32, Shape{ops::kda_backward_workspace(t, h_, dk_, dv_, docs)});
+  const Tensor work = delta_rule_workspace(scope, seq, t, true);
+  if (cuda_ && !chunked_gpu_)
     ops::kda_recurrent_backward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), d_o, Tensor(), {}, dq, dk, dv, dg,
                                 dbeta, Tensor(), work);
-  } else {
+  else
     ops::kda_chunked_backward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), d_o, Tensor(), {}, dq, dk, dv, dg,
-                              dbeta);
-  }
+                              dbeta, Tensor(), work);
   // The decay gate: through softplus into its low-rank pair.
   const Tensor dgraw = scope.take(dt, Shape{t, h_ * dk_});
   ops::kda_gate_backward(exec_, graw.view(Shape{t, h_, dk_}), a_log_, dt_bias_2d(), dg,

@@ -11,9 +11,10 @@
 // convolution and the delta rule restart at each document of a packed batch.
 //
 // CPU (f32, f64) trains on the chunked delta rule; the GPU (f32, or bf16 with fp32 math)
-// on the recurrent CUDA kernels (no chunked CUDA kernel yet), whose backward workspace is
-// planned for at most one document per kTokensPerDoc tokens. GPU decode refuses naming the
-// key. Exports refuse it too (no stock transformers or llama.cpp family computes it).
+// on the CUDA kernels model.kda.gpu_kernel names, recurrent or chunked, whose f32 workspace
+// (the recurrent backward's; both directions of the chunked) is planned for at most one
+// document per kTokensPerDoc tokens of a micro-batch. Exports refuse it (no stock
+// transformers or llama.cpp family computes it).
 //
 // Decode (kda_mixer_decode.cpp): a fixed-size state per slot, the convolution's last
 // kernel - 1 inputs and the delta rule's S [H, d_k, d_v].
@@ -37,6 +38,8 @@ class KdaMixer final : public TokenMixer {
   friend class KdaDecoder;
   // g [n, H, d_k] from the low-rank projection's output graw [n, H d_k].
   void gate(const Tensor& graw, const Tensor& g) const;
+  // The GPU delta rule's f32 workspace for this micro-batch (undefined where none is needed).
+  Tensor delta_rule_workspace(Workspace::Scope& scope, const SeqInfo& seq, int64_t tokens, bool backward) const;
   Tensor dt_bias_2d() const { return dt_bias_.view(Shape{h_, dk_}); }
 
   const ExecContext& exec_;
@@ -44,7 +47,8 @@ class KdaMixer final : public TokenMixer {
   static constexpr int64_t kTokensPerDoc = 16;
   std::string key_;  // model.attention or model.alt_attention: its refusals name it
   bool cuda_ = false;
-  int64_t max_docs_ = 0;  // documents per micro-batch the GPU backward's workspace holds
+  bool chunked_gpu_ = false;  // model.kda.gpu_kernel = "chunked" on a CUDA device
+  int64_t max_docs_ = 0;      // documents per micro-batch the GPU workspace holds
   int64_t hidden_ = 0, h_ = 0, dk_ = 0, dv_ = 0, rank_ = 0, kernel_ = 0, qkv_cols_ = 0;
   double norm_eps_ = 1e-6;
   Tensor qkv_w_, qkv_g_, conv_w_, conv_g_, fa_w_, fa_g_, fb_w_, fb_g_, b_w_, b_g_;

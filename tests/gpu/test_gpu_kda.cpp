@@ -1,8 +1,8 @@
-// Kimi Delta Attention on the GPU (ops/kda/kda_cuda.cu) through the ops:: front ends,
-// against the CPU recurrent oracle run in f64 on the same inputs (rounded to bf16 first
-// where the GPU reads bf16, to f32 otherwise): the recurrent forward (out, final state),
-// its backward (dq, dk, dv, dg, dbeta, d_initial_state) and the decay gate (g; draw,
-// dA_log, ddt_bias). Outputs are poisoned (NaN bytes) before each run, so an element never
+// Kimi Delta Attention on the GPU (ops/kda/kda_cuda.cu, kda_chunked_cuda.cu) through the
+// ops:: front ends, against the CPU recurrent oracle run in f64 on the same inputs (rounded
+// to bf16 first where the GPU reads bf16, to f32 otherwise): the recurrent and the chunked
+// forward (out, final state), their backward (dq, dk, dv, dg, dbeta, d_initial_state) and
+// the decay gate (g; draw, dA_log, ddt_bias). Outputs are poisoned (NaN bytes) before each run, so an element never
 // written fails; every case runs twice and must give the same bytes (no atomics).
 //
 // Error: relative L2, ||gpu - ref|| / ||ref||, per tensor.
@@ -89,6 +89,10 @@ void expect_rel(const std::string& name, const Tensor& dev, const Tensor& ref_f6
   ::testing::Test::RecordProperty(name + "_rel_l2", fmt::format("{:.3e}", e));
 }
 
+// The GPU kernels under test: the token-by-token recurrence or the chunked WY form (the
+// latter only up to its d_k; the reference is the recurrent oracle for both).
+enum class Form { recurrent, chunked };
+
 struct Spec {
   std::vector<int32_t> lengths;
   int64_t heads, dk, dv;
@@ -103,8 +107,9 @@ std::string name_of(const Spec& s) {
                      s.dv, dtype_name(s.dtype), s.gate, s.states);
 }
 
-void run(const Spec& sp) {
-  SCOPED_TRACE(name_of(sp));
+void run_form(const Spec& sp, Form form) {
+  const bool chunked = form == Form::chunked;
+  SCOPED_TRACE(name_of(sp) + (chunked ? " chunked" : " recurrent"));
   const DType dt = sp.dtype;
   const int64_t n = std::accumulate(sp.lengths.begin(), sp.lengths.end(), int64_t{0});
   const int64_t H = sp.heads, dk = sp.dk, dv = sp.dv, S = static_cast<int64_t>(sp.lengths.size());
@@ -165,7 +170,9 @@ void run(const Spec& sp) {
               h0_d = device_of(*h0, DType::f32), dout_d = device_of(*dout, dt), dht_d = device_of(*dht, DType::f32),
               raw_d = device_of(*raw, dt), alog_d = device_of(*a_log, DType::f32),
               bias_d = device_of(*dt_bias, DType::f32), gin_d = device_of(*g, dt);
-  OwnedTensor ws(DType::f32, Device::cuda, Shape{std::max<int64_t>(ops::kda_backward_workspace(n, H, dk, dv, S), 1)});
+  const int64_t ws_elems =
+      chunked ? ops::kda_chunked_workspace(n, H, dk, dv, S) : ops::kda_backward_workspace(n, H, dk, dv, S);
+  OwnedTensor ws(DType::f32, Device::cuda, Shape{std::max<int64_t>(ws_elems, 1)});
   std::vector<std::vector<uint8_t>> first;
   for (int pass = 0; pass < 2; ++pass) {
     SCOPED_TRACE(fmt::format("pass {}", pass));
@@ -180,9 +187,16 @@ void run(const Spec& sp) {
     const Tensor h0_dev = sp.states ? *h0_d : Tensor(), dht_dev = sp.states ? *dht_d : Tensor();
     const Tensor g_use = sp.gate ? *g_d : *gin_d;
     if (sp.gate) ops::kda_gate_forward(process_exec(), *raw_d, *alog_d, *bias_d, *g_d);
-    ops::kda_recurrent_forward(process_exec(), *q_d, *k_d, *v_d, g_use, *b_d, *cu_dev, h0_dev, {}, *o_d, *ht_d);
-    ops::kda_recurrent_backward(process_exec(), *q_d, *k_d, *v_d, g_use, *b_d, *cu_dev, h0_dev, *dout_d, dht_dev, {},
+    if (chunked) {
+      ops::kda_chunked_forward(process_exec(), *q_d, *k_d, *v_d, g_use, *b_d, *cu_dev, h0_dev, {}, *o_d, *ht_d, *ws);
+      poison(*ws);  // the backward recomputes what it needs
+      ops::kda_chunked_backward(process_exec(), *q_d, *k_d, *v_d, g_use, *b_d, *cu_dev, h0_dev, *dout_d, dht_dev, {},
                                 *dq_d, *dk_d, *dv_d, *dg_d, *db_d, sp.states ? *dh0_d : Tensor(), *ws);
+    } else {
+      ops::kda_recurrent_forward(process_exec(), *q_d, *k_d, *v_d, g_use, *b_d, *cu_dev, h0_dev, {}, *o_d, *ht_d);
+      ops::kda_recurrent_backward(process_exec(), *q_d, *k_d, *v_d, g_use, *b_d, *cu_dev, h0_dev, *dout_d, dht_dev,
+                                  {}, *dq_d, *dk_d, *dv_d, *dg_d, *db_d, sp.states ? *dh0_d : Tensor(), *ws);
+    }
     if (sp.gate) ops::kda_gate_backward(process_exec(), *raw_d, *alog_d, *bias_d, *dg_d, *draw_d, *da_d, *ddb_d);
 
     const bool bf = dt == DType::bf16;
@@ -212,6 +226,12 @@ void run(const Spec& sp) {
   }
 }
 
+// Both kernels on the same inputs (the chunked one where d_k allows).
+void run(const Spec& sp) {
+  run_form(sp, Form::recurrent);
+  if (sp.dk <= ops::kda_chunked_max_dk()) run_form(sp, Form::chunked);
+}
+
 class GpuKda : public gpu_test::GpuTest {};
 
 // Seed 001's shape, B=1 T=64 H=1 D=128 in bf16, with the gate: q, k, v, beta and the
@@ -238,6 +258,33 @@ TEST_F(GpuKda, SeveralDocumentsAndOddSizes) {
     run({docs, 2, 5, 7, dt, true, true, 31});
     run({docs, 2, 48, 130, dt, false, true, 32});
     run({{70, 3}, 1, 200, 24, dt, true, true, 33});
+  }
+}
+
+// Many short documents (the chunked kernels find each chunk's document by a search over
+// cu_seqlens; most slots of the chunk grid are a document's only, short, chunk).
+TEST_F(GpuKda, ManyShortDocuments) {
+  std::vector<int32_t> docs;
+  for (int32_t i = 0; i < 90; ++i) docs.push_back((i * 37) % 71);
+  for (DType dt : {DType::f32, DType::bf16}) run({docs, 2, 64, 40, dt, true, true, 50});
+}
+
+// The chunked kernels refuse what they cannot take, in one line naming the limit.
+TEST_F(GpuKda, ChunkedRefusesWideKeysAndOtherChunks) {
+  const int64_t n = 8, H = 1;
+  OwnedTensor cu = to_device(*test::i32_tensor({0, 8}));
+  for (int64_t dk : {ops::kda_chunked_max_dk() + 1, int64_t{16}}) {
+    OwnedTensor q(DType::f32, Device::cuda, Shape{n, H, dk}), v(DType::f32, Device::cuda, Shape{n, H, 16}),
+        beta(DType::f32, Device::cuda, Shape{n, H}), o(DType::f32, Device::cuda, Shape{n, H, 16}),
+        ws(DType::f32, Device::cuda, Shape{std::max<int64_t>(ops::kda_chunked_workspace(n, H, dk, 16, 1), 1)});
+    ops::KdaOptions options;
+    if (dk == 16) options.chunk = 32;
+    try {
+      ops::kda_chunked_forward(process_exec(), *q, *q, *v, *q, *beta, *cu, Tensor(), options, *o, Tensor(), *ws);
+      ADD_FAILURE() << "d_k " << dk << " chunk " << options.chunk << " accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(dk == 16 ? "chunk 64" : "d_k up to"), std::string::npos) << e.what();
+    }
   }
 }
 

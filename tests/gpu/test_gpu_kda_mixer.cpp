@@ -219,9 +219,11 @@ HostBatch three_documents() { return packed_documents({17, 40, 23}, 8, 2024); }
 
 class KdaModelGpu : public GpuTest {
  protected:
-  void compare(DType dtype, double logits_tol, double loss_tol, double grads_tol, double floor_fraction) {
+  void compare(DType dtype, double logits_tol, double loss_tol, double grads_tol, double floor_fraction,
+               const std::string& gpu_kernel = "recurrent") {
     const HostBatch batch = three_documents();
-    const ModelConfig c = hybrid_config();
+    ModelConfig c = hybrid_config();
+    c.kda.gpu_kernel = gpu_kernel;  // the GPU model's delta rule; the CPU's is always chunked
     Model cpu(c, options_for(Device::cpu, DType::f64, batch.size()));
     cpu.allocate();
     cpu.init_weights(17);
@@ -256,6 +258,8 @@ class KdaModelGpu : public GpuTest {
 
 TEST_F(KdaModelGpu, Fp32GpuMatchesTheF64Cpu) { compare(DType::f32, 1e-4, 1e-5, 1e-3, kFloorFraction); }
 TEST_F(KdaModelGpu, Bf16GpuMatchesTheF64Cpu) { compare(DType::bf16, 3e-2, 1e-3, 6e-2, 1.0); }
+TEST_F(KdaModelGpu, Fp32ChunkedGpuMatchesTheF64Cpu) { compare(DType::f32, 1e-4, 1e-5, 1e-3, kFloorFraction, "chunked"); }
+TEST_F(KdaModelGpu, Bf16ChunkedGpuMatchesTheF64Cpu) { compare(DType::bf16, 3e-2, 1e-3, 6e-2, 1.0, "chunked"); }
 
 }  // namespace
 }  // namespace kiln

@@ -4,6 +4,7 @@
 #include "ops/common.h"
 #include "ops/kda/kda_cpu.h"
 #if KILN_WITH_CUDA
+#include "ops/kda/kda_chunked_cuda.h"
 #include "ops/kda/kda_cuda.h"
 #endif
 
@@ -20,11 +21,10 @@ namespace {
 // bf16 on the GPU), cu_seqlens i32 [S+1] from 0 to N on q's device. The GPU's cu_seqlens
 // is not read back to check its values (as attention's): the caller vouches for them.
 void validate(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-              const Tensor& cu_seqlens, bool has_cuda_kernel = true) {
+              const Tensor& cu_seqlens) {
   expect_rank(op, "q", q, 3);
   expect_rank(op, "v", v, 3);
   if (q.device() == Device::cuda) {
-    if (!has_cuda_kernel) no_cuda_kernel(op);
     KILN_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16, op, "q must be f32 or bf16 on the GPU, got {}",
                q.describe());
   }
@@ -64,9 +64,8 @@ void validate_state(const char* op, const char* name, const Tensor& state, const
 void validate_backward(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                        const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state, const Tensor& dout,
                        const Tensor& d_final_state, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                       const Tensor& dg, const Tensor& dbeta, const Tensor& d_initial_state,
-                       bool has_cuda_kernel = true) {
-  validate(op, q, k, v, g, beta, cu_seqlens, has_cuda_kernel);
+                       const Tensor& dg, const Tensor& dbeta, const Tensor& d_initial_state) {
+  validate(op, q, k, v, g, beta, cu_seqlens);
   validate_state(op, "initial_state", initial_state, q, v, cu_seqlens);
   validate_state(op, "d_final_state", d_final_state, q, v, cu_seqlens);
   validate_state(op, "d_initial_state", d_initial_state, q, v, cu_seqlens);
@@ -92,6 +91,22 @@ cuda::KdaArgs cuda_args(const Tensor& q, const Tensor& v, const Tensor& cu, cons
 }
 
 #endif
+
+// The f32 cuda workspace of at least `need` elements a GPU kernel takes.
+void expect_workspace(const char* op, const char* sizer, const Tensor& workspace, int64_t need) {
+  KILN_CHECK(workspace.defined() && workspace.dtype() == DType::f32 && workspace.device() == Device::cuda &&
+                 workspace.numel() >= need,
+             op, "needs an f32 cuda workspace of at least {} elements ({}), got {}", need, sizer,
+             workspace.defined() ? workspace.describe() : std::string("none"));
+}
+
+// The chunked GPU kernels' limits, checked before they launch.
+void expect_chunked_gpu(const char* op, const Tensor& q, const KdaOptions& options) {
+  if (q.device() != Device::cuda) return;
+  KILN_CHECK(options.chunk == 64, op, "the GPU kernels take chunk 64, got {}", options.chunk);
+  KILN_CHECK(q.size(2) <= kda_chunked_max_dk(), op, "the GPU kernels take d_k up to {}, got {}", kda_chunked_max_dk(),
+             q.size(2));
+}
 
 cpu::KdaShape shape_of(const Tensor& q, const Tensor& v, const Tensor& cu, const KdaOptions& o) {
   cpu::KdaShape s;
@@ -140,23 +155,49 @@ void kda_recurrent_forward(const ExecContext& ctx, const Tensor& q, const Tensor
   });
 }
 
-void kda_chunked_forward(const ExecContext&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+void kda_chunked_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                          const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
-                         const KdaOptions& options, const Tensor& out, const Tensor& final_state) {
+                         const KdaOptions& options, const Tensor& out, const Tensor& final_state,
+                         const Tensor& workspace) {
   const char* op = "kda_chunked_forward";
   KILN_OP_SCOPE(op, q);
-  validate(op, q, k, v, g, beta, cu_seqlens, /*has_cuda_kernel=*/false);
+  validate(op, q, k, v, g, beta, cu_seqlens);
   validate_state(op, "initial_state", initial_state, q, v, cu_seqlens);
   validate_state(op, "final_state", final_state, q, v, cu_seqlens);
   expect_shape(op, "out", out, v.shape());
   expect_same(op, "out", out, q);
   KILN_CHECK(options.chunk >= 1, op, "chunk must be at least 1, got {}", options.chunk);
+  expect_chunked_gpu(op, q, options);
+  if (q.device() == Device::cuda && KILN_WITH_CUDA)
+    expect_workspace(op, "kda_chunked_workspace", workspace,
+                     kda_chunked_workspace(q.size(0), q.size(1), q.size(2), v.size(2), cu_seqlens.size(0) - 1));
+  KILN_ON_CUDA(q, op,
+               cuda::kda_chunked_forward(ctx, cuda_args(q, v, cu_seqlens, options), q.raw(), k.raw(), v.raw(), g.raw(),
+                                         beta.raw(), initial_state.data_or_null<float>(), out.raw(),
+                                         final_state.data_or_null<float>(), workspace.data<float>()));
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cpu::kda_chunked_forward<T>(shape_of(q, v, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),
                                 g.data<T>(), beta.data<T>(), maybe<T>(initial_state), out.data<T>(),
                                 maybe_mut<T>(final_state));
   });
+}
+
+int64_t kda_chunked_workspace(int64_t tokens, int64_t heads, int64_t dk, int64_t dv, int64_t num_seqs) {
+#if KILN_WITH_CUDA
+  return cuda::kda_chunked_workspace_elems(tokens, heads, dk, dv, num_seqs);
+#else
+  (void)tokens, (void)heads, (void)dk, (void)dv, (void)num_seqs;
+  return 0;
+#endif
+}
+
+int64_t kda_chunked_max_dk() {
+#if KILN_WITH_CUDA
+  return cuda::kKdaChunkedMaxDk;
+#else
+  return 0;
+#endif
 }
 
 int64_t kda_backward_workspace(int64_t tokens, int64_t heads, int64_t dk, int64_t dv, int64_t num_seqs) {
@@ -177,13 +218,9 @@ void kda_recurrent_backward(const ExecContext& ctx, const Tensor& q, const Tenso
   KILN_OP_SCOPE(op, q);
   validate_backward(op, q, k, v, g, beta, cu_seqlens, initial_state, dout, d_final_state, dq, dk, dv, dg, dbeta,
                     d_initial_state);
-  if (q.device() == Device::cuda && KILN_WITH_CUDA) {
-    const int64_t need = kda_backward_workspace(q.size(0), q.size(1), q.size(2), v.size(2), cu_seqlens.size(0) - 1);
-    KILN_CHECK(workspace.defined() && workspace.dtype() == DType::f32 && workspace.device() == Device::cuda &&
-                   workspace.numel() >= need,
-               op, "needs an f32 cuda workspace of at least {} elements (kda_backward_workspace), got {}", need,
-               workspace.defined() ? workspace.describe() : std::string("none"));
-  }
+  if (q.device() == Device::cuda && KILN_WITH_CUDA)
+    expect_workspace(op, "kda_backward_workspace", workspace,
+                     kda_backward_workspace(q.size(0), q.size(1), q.size(2), v.size(2), cu_seqlens.size(0) - 1));
   KILN_ON_CUDA(q, op,
                cuda::kda_recurrent_backward(ctx, cuda_args(q, v, cu_seqlens, options), q.raw(), k.raw(), v.raw(),
                                             g.raw(), beta.raw(), initial_state.data_or_null<float>(), dout.raw(),
@@ -198,16 +235,25 @@ void kda_recurrent_backward(const ExecContext& ctx, const Tensor& q, const Tenso
   });
 }
 
-void kda_chunked_backward(const ExecContext&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+void kda_chunked_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                           const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
                           const Tensor& dout, const Tensor& d_final_state, const KdaOptions& options, const Tensor& dq,
                           const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
-                          const Tensor& d_initial_state) {
+                          const Tensor& d_initial_state, const Tensor& workspace) {
   const char* op = "kda_chunked_backward";
   KILN_OP_SCOPE(op, q);
   validate_backward(op, q, k, v, g, beta, cu_seqlens, initial_state, dout, d_final_state, dq, dk, dv, dg, dbeta,
-                    d_initial_state, /*has_cuda_kernel=*/false);
+                    d_initial_state);
   KILN_CHECK(options.chunk >= 1, op, "chunk must be at least 1, got {}", options.chunk);
+  expect_chunked_gpu(op, q, options);
+  if (q.device() == Device::cuda && KILN_WITH_CUDA)
+    expect_workspace(op, "kda_chunked_workspace", workspace,
+                     kda_chunked_workspace(q.size(0), q.size(1), q.size(2), v.size(2), cu_seqlens.size(0) - 1));
+  KILN_ON_CUDA(q, op,
+               cuda::kda_chunked_backward(ctx, cuda_args(q, v, cu_seqlens, options), q.raw(), k.raw(), v.raw(),
+                                          g.raw(), beta.raw(), initial_state.data_or_null<float>(), dout.raw(),
+                                          d_final_state.data_or_null<float>(), dq.raw(), dk.raw(), dv.raw(), dg.raw(),
+                                          dbeta.raw(), d_initial_state.data_or_null<float>(), workspace.data<float>()));
   dispatch_cpu_float(op, q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cpu::kda_chunked_backward<T>(shape_of(q, v, cu_seqlens, options), q.data<T>(), k.data<T>(), v.data<T>(),

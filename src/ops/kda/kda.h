@@ -13,11 +13,12 @@
 // follow (kda_chunked.cpp has the math of both directions). The "kda" token mixer
 // (nn/kda_mixer.h) trains on the chunked form and decodes on the recurrent one.
 //
-// GPU (ops/kda/kda_cuda.h): the recurrent forward and backward only (correctness first;
-// kda_chunked_forward has no CUDA kernel yet). q, k, v, g, beta, out and the gradients f32
-// or bf16 (fp32 math, results stored in the input dtype), the states and their gradients
-// f32, cu_seqlens i32 on the device (its values are trusted, not read back), d_k <= 256.
-// The backward takes an f32 workspace of kda_backward_workspace(...) elements.
+// GPU: both forms. The recurrent kernels (ops/kda/kda_cuda.h: d_k <= 256; the backward
+// takes an f32 workspace of kda_backward_workspace(...) elements) and the chunked ones
+// (ops/kda/kda_chunked_cuda.h: chunk 64, d_k <= 128; forward and backward take an f32
+// workspace of kda_chunked_workspace(...) elements). q, k, v, g, beta, out and the
+// gradients f32 or bf16 (fp32 math, results stored in the input dtype), the states and
+// their gradients f32, cu_seqlens i32 on the device (its values are trusted, not read back).
 #pragma once
 
 #include "core/exec_context.h"
@@ -35,10 +36,12 @@ void kda_recurrent_forward(const ExecContext& ctx, const Tensor& q, const Tensor
                            const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
                            const KdaOptions& options, const Tensor& out, const Tensor& final_state = Tensor());
 
-// The same outputs by chunks of options.chunk tokens per document (kda_chunked.cpp).
+// The same outputs by chunks of options.chunk tokens per document (kda_chunked.cpp; 64 on
+// the GPU, whose workspace is required there and ignored on the CPU).
 void kda_chunked_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                          const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
-                         const KdaOptions& options, const Tensor& out, const Tensor& final_state = Tensor());
+                         const KdaOptions& options, const Tensor& out, const Tensor& final_state = Tensor(),
+                         const Tensor& workspace = Tensor());
 
 // From dout (and d_final_state, the gradient of final_state; undefined = zero):
 // dq, dk, dv, dg, dbeta (=) and d_initial_state (=, skipped if undefined). The states are
@@ -52,12 +55,18 @@ void kda_recurrent_backward(const ExecContext& ctx, const Tensor& q, const Tenso
 // The same gradients by chunks of options.chunk tokens per document (kda_chunked.cpp), as
 // flash-linear-attention's chunk_kda backward: a forward pass keeps the state entering each
 // chunk, then the chunks run in reverse, carrying the state's gradient from chunk to chunk
-// and differentiating each chunk through its WY factors. CPU only for now.
+// and differentiating each chunk through its WY factors (the GPU's workspace as the forward's).
 void kda_chunked_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                           const Tensor& beta, const Tensor& cu_seqlens, const Tensor& initial_state,
                           const Tensor& dout, const Tensor& d_final_state, const KdaOptions& options, const Tensor& dq,
                           const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
-                          const Tensor& d_initial_state = Tensor());
+                          const Tensor& d_initial_state = Tensor(), const Tensor& workspace = Tensor());
+
+// f32 elements of the chunked GPU kernels' workspace (the same for both directions: per
+// 64-token chunk and head its factors, entering state and their gradients); depends on
+// shapes only; 0 without CUDA. The largest d_k they take is kda_chunked_max_dk().
+int64_t kda_chunked_workspace(int64_t tokens, int64_t heads, int64_t dk, int64_t dv, int64_t num_seqs);
+int64_t kda_chunked_max_dk();
 
 // f32 elements of kda_recurrent_backward's GPU workspace (checkpointed states every 64
 // tokens, per-d_v-slice partial sums); depends on shapes only; 0 without CUDA. The CPU

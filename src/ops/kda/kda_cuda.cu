@@ -19,12 +19,12 @@
 // the block's 4 warps in shared memory in warp order, and over the d_v slices by a second
 // kernel that adds the slices' partials (workspace) in slice order. No atomics anywhere.
 //
-// Gate: the forward is elementwise; the backward runs one block per head, a warp per
-// channel summing over tokens (lane-strided, then a butterfly), the head's channels
-// added in channel order by one thread.
+// Gate: the forward is elementwise; the backward walks chunks of tokens with a thread per
+// channel, then adds the chunks' partial sums in a fixed order (context scratch).
 #include "ops/kda/kda_cuda.h"
 
 #include "core/cuda_check.h"
+#include "core/context_scratch.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
 #include "ops/bf16_vector.cuh"
@@ -312,39 +312,54 @@ __global__ void gate_forward_kernel(const T* raw, const float* A_log, const floa
   }
 }
 
-// One block per head: warp u takes channels u, u + warps, ...; lanes stride over tokens.
+// The backward in two passes, deterministic without atomics: a thread per channel walks one
+// chunk of tokens (coalesced across channels), writing draw and its chunk's two sums per
+// channel; then per channel the chunks' sums are added in chunk order (into ddt_bias, and
+// the dA_log shares kept), and per head its channels' shares in channel order.
+constexpr int64_t kGateScratchFloats = int64_t{1} << 20;
+const ScratchKind kGatePartials{"kda_gate_backward partials", kGateScratchFloats * sizeof(float)};
+
 template <typename T>
-__global__ void gate_backward_kernel(const T* raw, const float* A_log, const float* dt_bias, const T* dg,
-                                     int64_t tokens, int64_t heads, int64_t dk, T* draw, float* dA_log,
-                                     float* ddt_bias) {
-  extern __shared__ float channel_sums[];  // [d_k]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int64_t h = blockIdx.x, row = heads * dk;
-  const float rate = expf(A_log[h]);
-  for (int64_t i = warp; i < dk; i += warps) {
-    const int64_t c = h * dk + i;
-    const float bias = dt_bias ? dt_bias[c] : 0.f;
-    float sum_b = 0.f, sum_a = 0.f;
-    for (int64_t t = lane; t < tokens; t += 32) {
-      const float x = to_f32(raw[t * row + c]) + bias, dy = to_f32(dg[t * row + c]);
-      const float dx = -rate * sigmoid(x) * dy;
-      from_f32(dx, draw + t * row + c);
-      sum_b += dx;
-      sum_a += -rate * softplus(x) * dy;
-    }
-    sum_b = warp_sum(sum_b);
-    sum_a = warp_sum(sum_a);
-    if (lane == 0) {
-      if (ddt_bias) ddt_bias[c] += sum_b;
-      channel_sums[i] = sum_a;
-    }
+__global__ void gate_backward_chunk_kernel(const T* raw, const float* A_log, const float* dt_bias, const T* dg,
+                                           int64_t tokens, int64_t heads, int64_t dk, int64_t len, T* draw,
+                                           float* partials) {
+  const int64_t row = heads * dk, c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, chunk = blockIdx.y;
+  if (c >= row) return;
+  const float rate = expf(A_log[c / dk]), bias = dt_bias ? dt_bias[c] : 0.f;
+  float sum_b = 0.f, sum_a = 0.f;
+  const int64_t end = (chunk + 1) * len < tokens ? (chunk + 1) * len : tokens;
+  for (int64_t t = chunk * len; t < end; ++t) {
+    const float x = to_f32(raw[t * row + c]) + bias, dy = to_f32(dg[t * row + c]);
+    const float dx = -rate * sigmoid(x) * dy;
+    from_f32(dx, draw + t * row + c);
+    sum_b += dx;
+    sum_a += -rate * softplus(x) * dy;
   }
-  __syncthreads();
-  if (threadIdx.x == 0 && dA_log) {
-    float total = 0.f;
-    for (int64_t i = 0; i < dk; ++i) total += channel_sums[i];
-    dA_log[h] += total;
+  partials[(chunk * 2) * row + c] = sum_b;
+  partials[(chunk * 2 + 1) * row + c] = sum_a;
+}
+
+// Per channel: the chunks' sums in order; ddt_bias += the first, the second kept in shares.
+__global__ void gate_backward_channel_kernel(const float* partials, int64_t chunks, int64_t row, float* ddt_bias,
+                                             float* shares) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= row) return;
+  float sum_b = 0.f, sum_a = 0.f;
+  for (int64_t u = 0; u < chunks; ++u) {
+    sum_b += partials[(u * 2) * row + c];
+    sum_a += partials[(u * 2 + 1) * row + c];
   }
+  if (ddt_bias) ddt_bias[c] += sum_b;
+  shares[c] = sum_a;
+}
+
+// Per head: dA_log += its channels' shares in channel order.
+__global__ void gate_backward_head_kernel(const float* shares, int64_t heads, int64_t dk, float* dA_log) {
+  const int64_t h = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (h >= heads) return;
+  float total = 0.f;
+  for (int64_t i = 0; i < dk; ++i) total += shares[h * dk + i];
+  dA_log[h] += total;
 }
 
 }  // namespace
@@ -387,19 +402,33 @@ void kda_gate_forward(const ExecContext& ctx, const void* raw, DType dtype, cons
 void kda_gate_backward(const ExecContext& ctx, const void* raw, DType dtype, const float* A_log,
                        const float* dt_bias, const void* dg, int64_t tokens, int64_t heads, int64_t dk, void* draw,
                        float* dA_log, float* ddt_bias) {
-  if (heads == 0 || dk == 0) return;
-  const int threads = 256;
-  const size_t smem = static_cast<size_t>(dk) * sizeof(float);
-  KILN_CHECK(smem <= 48 * 1024, "kda_gate_backward", "d_k {} too large for the GPU kernel", dk);
+  const char* op = "kda_gate_backward";
+  const int64_t row = heads * dk;
+  if (row == 0) return;
+  // Chunks depend on the shape only, so the order of the parameter sums does too.
+  const int64_t fit = (kGateScratchFloats - row) / (2 * row);
+  KILN_CHECK(fit >= 1, op, "{} channels exceed the partial sums' scratch", row);
+  const int64_t chunks = std::max<int64_t>(1, std::min({int64_t{256}, (tokens + 63) / 64, fit}));
+  const int64_t len = (tokens + chunks - 1) / chunks;
+  float* partials = context_scratch_as<float>(ctx, kGatePartials);
+  float* shares = partials + 2 * chunks * row;
+  const int threads = 128;
+  const dim3 grid(static_cast<unsigned>((row + threads - 1) / threads), static_cast<unsigned>(chunks));
   if (dtype == DType::f32)
-    gate_backward_kernel<float><<<static_cast<unsigned>(heads), threads, smem, stream(ctx)>>>(
-        static_cast<const float*>(raw), A_log, dt_bias, static_cast<const float*>(dg), tokens, heads, dk,
-        static_cast<float*>(draw), dA_log, ddt_bias);
+    gate_backward_chunk_kernel<float><<<grid, threads, 0, stream(ctx)>>>(
+        static_cast<const float*>(raw), A_log, dt_bias, static_cast<const float*>(dg), tokens, heads, dk, len,
+        static_cast<float*>(draw), partials);
   else
-    gate_backward_kernel<bf16><<<static_cast<unsigned>(heads), threads, smem, stream(ctx)>>>(
-        static_cast<const bf16*>(raw), A_log, dt_bias, static_cast<const bf16*>(dg), tokens, heads, dk,
-        static_cast<bf16*>(draw), dA_log, ddt_bias);
-  check_launch("kda_gate_backward", "gate_backward_kernel");
+    gate_backward_chunk_kernel<bf16><<<grid, threads, 0, stream(ctx)>>>(
+        static_cast<const bf16*>(raw), A_log, dt_bias, static_cast<const bf16*>(dg), tokens, heads, dk, len,
+        static_cast<bf16*>(draw), partials);
+  check_launch(op, "gate_backward_chunk_kernel");
+  gate_backward_channel_kernel<<<blocks_for(row, threads), threads, 0, stream(ctx)>>>(partials, chunks, row, ddt_bias,
+                                                                                      shares);
+  check_launch(op, "gate_backward_channel_kernel");
+  if (!dA_log) return;
+  gate_backward_head_kernel<<<blocks_for(heads, threads), threads, 0, stream(ctx)>>>(shares, heads, dk, dA_log);
+  check_launch(op, "gate_backward_head_kernel");
 }
 
 }  // namespace kiln::cuda

@@ -1,0 +1,639 @@
+// Chunked KDA kernels (declared in kda_chunked_cuda.h). The math, term by term, is
+// kda_chunked.cpp's header; the names here are its names: per chunk of L <= 64 tokens the
+// cumulative log decay G, A (k against k, strictly lower) and P (q against k, lower), both
+// with the pairwise decay exp(G_r - G_s) <= 1 taken per channel (never factored into
+// exp(G_r) exp(-G_s), which overflows fp32 under strong decays), M = (I + Diag(beta) A)^-1,
+// U = M Diag(beta) V, W = M Diag(beta) Gamma K, the entering state S_0, D = U - W S_0.
+//
+// Forward:  prepare   one block per (chunk, head), all chunks at once: G, A, P, M, U, W.
+//           states    one block per (d_v slice, head, document), walking its chunks in
+//                     order: S_0 of each chunk and D, then S_0 -> S_L.
+//           output    one block per (chunk, head): o = scale (Gamma q S_0 + P D).
+// Backward: prepare and states again (nothing is kept from the forward), then
+//           state_grads  per (d_v slice, head, document), chunks in reverse: dS at each
+//                     chunk's end (dL/dS_L) and dD = scale P^T dO + Kd dS, carrying
+//                     dS_0 = Gamma_L dS + scale Qg^T dO - W^T dD to the previous chunk;
+//           grads     per (chunk, head): dq, dk, dv, dg, dbeta from S_0, dS, D, dD and the
+//                     factors. The pairwise terms run a thread per channel over the chunk's
+//                     pairs (so each thread alone writes its channel's accumulators).
+//
+// Chunks are cut per document. A document starting at token b (document index s) owns the
+// chunk slots b / 64 + s, b / 64 + s + 1, ... (ceil(L / 64) of them): slots are unique and
+// fewer than tokens / 64 + documents, so a per-chunk kernel launches that many blocks
+// without reading cu_seqlens back, and each block finds its document by a binary search
+// (blocks of unused slots return at once). The workspace holds per (slot, head) the tiles
+// below, fp32.
+#include "ops/kda/kda_chunked_cuda.h"
+
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "core/error.h"
+#include "ops/bf16_vector.cuh"
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace kiln::cuda {
+
+namespace {
+
+using vec::bf16;
+using vec::from_f32;
+using vec::to_f32;
+
+constexpr int kC = static_cast<int>(kKdaChunk);
+constexpr int kThreads = 256;
+constexpr int kSlice = 32;  // d_v columns of the state per block of the sequential kernels
+
+int64_t slots_of(int64_t tokens, int64_t num_seqs) { return tokens / kC + num_seqs; }
+
+// The workspace's tiles, each [slots, H, tile elements].
+struct Tiles {
+  float *M, *A, *P;          // [C, C]
+  float *U, *D, *dD, *Xv;    // [C, d_v]
+  float *W, *dW, *Xk, *Tl;   // [C, d_k] (Tl: the Kd term's share of dG_last)
+  float *S0, *dS;            // [d_k, d_v]
+  int64_t cc, cv, ck, kv;    // tile sizes
+};
+
+__host__ __device__ inline Tiles tiles_of(float* base, int64_t slot_heads, int64_t dk, int64_t dv) {
+  Tiles t{};
+  t.cc = int64_t{kC} * kC;
+  t.cv = int64_t{kC} * dv;
+  t.ck = int64_t{kC} * dk;
+  t.kv = dk * dv;
+  float* p = base;
+  auto take = [&](int64_t size) {
+    float* at = p;
+    p += size * slot_heads;
+    return at;
+  };
+  t.M = take(t.cc);
+  t.A = take(t.cc);
+  t.P = take(t.cc);
+  t.U = take(t.cv);
+  t.D = take(t.cv);
+  t.dD = take(t.cv);
+  t.Xv = take(t.cv);
+  t.W = take(t.ck);
+  t.dW = take(t.ck);
+  t.Xk = take(t.ck);
+  t.Tl = take(t.ck);
+  t.S0 = take(t.kv);
+  t.dS = take(t.kv);
+  return t;
+}
+
+int64_t tiles_elems(int64_t slot_heads, int64_t dk, int64_t dv) {
+  const int64_t cc = int64_t{kC} * kC, cv = int64_t{kC} * dv, ck = int64_t{kC} * dk, kv = dk * dv;
+  return slot_heads * (3 * cc + 4 * cv + 4 * ck + 2 * kv);
+}
+
+// A chunk: its first token, length, document and slot.
+struct Chunk {
+  int64_t first, len, seq, slot;
+};
+
+__device__ __forceinline__ int64_t first_slot(const KdaArgs& s, int64_t seq) {
+  return s.cu_seqlens[seq] / kC + seq;
+}
+
+// The chunk in `slot`, or false for an unused slot.
+__device__ bool locate(const KdaArgs& s, int64_t slot, Chunk& c) {
+  int64_t lo = 0, hi = s.num_seqs - 1;  // the last document whose first slot is <= slot
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (first_slot(s, mid) <= slot)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int64_t begin = s.cu_seqlens[lo], end = s.cu_seqlens[lo + 1];
+  const int64_t n = slot - first_slot(s, lo);
+  if (n < 0) return false;
+  c.first = begin + n * kC;
+  if (c.first >= end) return false;
+  c.len = end - c.first < kC ? end - c.first : kC;
+  c.seq = lo;
+  c.slot = slot;
+  return true;
+}
+
+// G (the cumulative log decay of rows 0..len-1) into cum [C, d_k], a thread per channel.
+template <typename T>
+__device__ void cumulative_decay(const KdaArgs& s, const T* g, const Chunk& c, int64_t h, float* cum) {
+  for (int64_t i = threadIdx.x; i < s.dk; i += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t r = 0; r < c.len; ++r) {
+      acc += to_f32(g[((c.first + r) * s.heads + h) * s.dk + i]);
+      cum[r * s.dk + i] = acc;
+    }
+  }
+}
+
+// ---- forward -------------------------------------------------------------------------------
+
+// Shared: cum [C, d_k], A [C, C], M [C, C], beta [C].
+template <typename T>
+__global__ void __launch_bounds__(kThreads) prepare_kernel(KdaArgs s, Tiles w, const T* q, const T* k, const T* v,
+                                                           const T* g, const T* beta) {
+  extern __shared__ float sm[];
+  Chunk c;
+  if (!locate(s, blockIdx.x, c)) return;
+  const int64_t h = blockIdx.y, H = s.heads, dk = s.dk, dv = s.dv, len = c.len;
+  const int64_t at = c.slot * H + h;
+  float* cum = sm;
+  float* A = cum + kC * dk;
+  float* M = A + kC * kC;
+  float* bt = M + kC * kC;
+  cumulative_decay(s, g, c, h, cum);
+  for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
+  __syncthreads();
+  // A (s < r) and P (s <= r); zero elsewhere.
+  for (int64_t e = threadIdx.x; e < kC * kC; e += blockDim.x) {
+    const int64_t r = e / kC, col = e % kC;
+    float a = 0.f, p = 0.f;
+    if (r < len && col <= r) {
+      const T* kr = k + ((c.first + r) * H + h) * dk;
+      const T* ks = k + ((c.first + col) * H + h) * dk;
+      const T* qr = q + ((c.first + r) * H + h) * dk;
+      for (int64_t i = 0; i < dk; ++i) {
+        const float decayed = to_f32(ks[i]) * expf(cum[r * dk + i] - cum[col * dk + i]);
+        a += to_f32(kr[i]) * decayed;
+        p += to_f32(qr[i]) * decayed;
+      }
+      if (col == r) a = 0.f;
+    }
+    A[e] = a;
+    w.A[at * w.cc + e] = a;
+    w.P[at * w.cc + e] = p;
+    M[e] = r == col && r < len ? 1.f : 0.f;
+  }
+  __syncthreads();
+  // M = (I + L)^-1 by forward substitution, a row at a time: M_rc = -sum_{c<=m<r} L_rm M_mc.
+  for (int64_t r = 1; r < len; ++r) {
+    for (int64_t col = threadIdx.x; col < r; col += blockDim.x) {
+      float acc = 0.f;
+      for (int64_t m = col; m < r; ++m) acc += A[r * kC + m] * M[m * kC + col];
+      M[r * kC + col] = -bt[r] * acc;
+    }
+    __syncthreads();
+  }
+  for (int64_t e = threadIdx.x; e < kC * kC; e += blockDim.x) w.M[at * w.cc + e] = M[e];
+  // U = M Diag(beta) V, W = M Diag(beta) Gamma K.
+  for (int64_t e = threadIdx.x; e < len * dv; e += blockDim.x) {
+    const int64_t r = e / dv, j = e % dv;
+    float acc = 0.f;
+    for (int64_t col = 0; col <= r; ++col) acc += M[r * kC + col] * bt[col] * to_f32(v[((c.first + col) * H + h) * dv + j]);
+    w.U[at * w.cv + r * dv + j] = acc;
+  }
+  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
+    const int64_t r = e / dk, i = e % dk;
+    float acc = 0.f;
+    for (int64_t col = 0; col <= r; ++col)
+      acc += M[r * kC + col] * bt[col] * expf(cum[col * dk + i]) * to_f32(k[((c.first + col) * H + h) * dk + i]);
+    w.W[at * w.ck + r * dk + i] = acc;
+  }
+}
+
+// Kd [C, d_k] = exp(G_last - G_r) k_r (and, with qg, Qg = exp(G_r) q_r), elast [d_k] =
+// exp(G_last), from cum computed into kd first; a thread per channel.
+template <typename T>
+__device__ void decayed_keys(const KdaArgs& s, const T* q, const T* k, const T* g, const Chunk& c, int64_t h,
+                             float* kd, float* qg, float* elast) {
+  cumulative_decay(s, g, c, h, kd);
+  for (int64_t i = threadIdx.x; i < s.dk; i += blockDim.x) {
+    const float last = kd[(c.len - 1) * s.dk + i];
+    elast[i] = expf(last);
+    for (int64_t r = 0; r < c.len; ++r) {
+      const int64_t row = ((c.first + r) * s.heads + h) * s.dk + i;
+      const float cr = kd[r * s.dk + i];
+      if (qg) qg[r * s.dk + i] = expf(cr) * to_f32(q[row]);
+      kd[r * s.dk + i] = expf(last - cr) * to_f32(k[row]);
+    }
+  }
+}
+
+// One block per (d_v slice, head, document). Shared: Kd [C, d_k], elast [d_k], S [d_k,
+// slice], D [C, slice].
+template <typename T>
+__global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, const T* k, const T* g,
+                                                          const float* h0, float* ht) {
+  extern __shared__ float sm[];
+  const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * kSlice;
+  float* kd = sm;
+  float* elast = kd + kC * dk;
+  float* S = elast + dk;
+  float* D = S + dk * kSlice;
+  const int64_t begin = s.cu_seqlens[seq], end = s.cu_seqlens[seq + 1];
+  const int64_t state = (seq * H + h) * dk * dv;
+  for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
+    const int64_t i = e / kSlice, j = j0 + e % kSlice;
+    S[e] = h0 && j < dv ? h0[state + i * dv + j] : 0.f;
+  }
+  __syncthreads();
+  for (int64_t first = begin, n = 0; first < end; first += kC, ++n) {
+    const Chunk c{first, end - first < kC ? end - first : kC, seq, first_slot(s, seq) + n};
+    const int64_t at = c.slot * H + h;
+    for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
+      const int64_t i = e / kSlice, j = j0 + e % kSlice;
+      if (j < dv) w.S0[at * w.kv + i * dv + j] = S[e];
+    }
+    decayed_keys<T>(s, nullptr, k, g, c, h, kd, nullptr, elast);
+    // D = U - W S_0.
+    for (int64_t e = threadIdx.x; e < c.len * kSlice; e += blockDim.x) {
+      const int64_t r = e / kSlice, jj = e % kSlice, j = j0 + jj;
+      float acc = 0.f;
+      if (j < dv) {
+        acc = w.U[at * w.cv + r * dv + j];
+        const float* wr = w.W + at * w.ck + r * dk;
+        for (int64_t i = 0; i < dk; ++i) acc -= wr[i] * S[i * kSlice + jj];
+        w.D[at * w.cv + r * dv + j] = acc;
+      }
+      D[e] = acc;
+    }
+    __syncthreads();
+    // S_L = Gamma_last S_0 + Kd^T D.
+    for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
+      const int64_t i = e / kSlice, jj = e % kSlice;
+      float acc = elast[i] * S[e];
+      for (int64_t r = 0; r < c.len; ++r) acc += kd[r * dk + i] * D[r * kSlice + jj];
+      S[e] = acc;
+    }
+    __syncthreads();
+  }
+  if (ht)
+    for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
+      const int64_t i = e / kSlice, j = j0 + e % kSlice;
+      if (j < dv) ht[state + i * dv + j] = S[e];
+    }
+}
+
+// One block per (chunk, head). Shared: Qg [C, d_k].
+template <typename T>
+__global__ void __launch_bounds__(kThreads) output_kernel(KdaArgs s, Tiles w, const T* q, const T* g, T* out) {
+  extern __shared__ float sm[];
+  Chunk c;
+  if (!locate(s, blockIdx.x, c)) return;
+  const int64_t h = blockIdx.y, H = s.heads, dk = s.dk, dv = s.dv, at = c.slot * H + h;
+  float* qg = sm;
+  cumulative_decay(s, g, c, h, qg);
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x)
+    for (int64_t r = 0; r < c.len; ++r)
+      qg[r * dk + i] = expf(qg[r * dk + i]) * to_f32(q[((c.first + r) * H + h) * dk + i]);
+  __syncthreads();
+  const float* S0 = w.S0 + at * w.kv;
+  const float* P = w.P + at * w.cc;
+  const float* D = w.D + at * w.cv;
+  for (int64_t e = threadIdx.x; e < c.len * dv; e += blockDim.x) {
+    const int64_t r = e / dv, j = e % dv;
+    float acc = 0.f;
+    for (int64_t i = 0; i < dk; ++i) acc += qg[r * dk + i] * S0[i * dv + j];
+    for (int64_t col = 0; col <= r; ++col) acc += P[r * kC + col] * D[col * dv + j];
+    from_f32(s.scale * acc, out + ((c.first + r) * H + h) * dv + j);
+  }
+}
+
+// ---- backward ------------------------------------------------------------------------------
+
+// One block per (d_v slice, head, document), chunks in reverse. Shared: Kd, Qg [C, d_k],
+// elast [d_k], dS [d_k, slice], dD [C, slice].
+template <typename T>
+__global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k,
+                                                               const T* g, const T* dout, const float* dht,
+                                                               float* dh0) {
+  extern __shared__ float sm[];
+  const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * kSlice;
+  float* kd = sm;
+  float* qg = kd + kC * dk;
+  float* elast = qg + kC * dk;
+  float* dS = elast + dk;
+  float* dD = dS + dk * kSlice;
+  const int64_t begin = s.cu_seqlens[seq], end = s.cu_seqlens[seq + 1];
+  const int64_t state = (seq * H + h) * dk * dv;
+  for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
+    const int64_t i = e / kSlice, j = j0 + e % kSlice;
+    dS[e] = dht && j < dv ? dht[state + i * dv + j] : 0.f;
+  }
+  __syncthreads();
+  const int64_t chunks = (end - begin + kC - 1) / kC;
+  for (int64_t n = chunks - 1; n >= 0; --n) {
+    const int64_t first = begin + n * kC;
+    const Chunk c{first, end - first < kC ? end - first : kC, seq, first_slot(s, seq) + n};
+    const int64_t at = c.slot * H + h;
+    for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
+      const int64_t i = e / kSlice, j = j0 + e % kSlice;
+      if (j < dv) w.dS[at * w.kv + i * dv + j] = dS[e];
+    }
+    decayed_keys<T>(s, q, k, g, c, h, kd, qg, elast);
+    __syncthreads();
+    // dD = scale P^T dO + Kd dS.
+    const float* P = w.P + at * w.cc;
+    for (int64_t e = threadIdx.x; e < c.len * kSlice; e += blockDim.x) {
+      const int64_t col = e / kSlice, jj = e % kSlice, j = j0 + jj;
+      float acc = 0.f;
+      if (j < dv) {
+        for (int64_t r = col; r < c.len; ++r) acc += P[r * kC + col] * to_f32(dout[((c.first + r) * H + h) * dv + j]);
+        acc *= s.scale;
+        for (int64_t i = 0; i < dk; ++i) acc += kd[col * dk + i] * dS[i * kSlice + jj];
+        w.dD[at * w.cv + col * dv + j] = acc;
+      }
+      dD[e] = acc;
+    }
+    __syncthreads();
+    // dS_0 = Gamma_last dS + scale Qg^T dO - W^T dD.
+    const float* W = w.W + at * w.ck;
+    for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
+      const int64_t i = e / kSlice, jj = e % kSlice, j = j0 + jj;
+      if (j >= dv) continue;
+      float through_q = 0.f, through_w = 0.f;
+      for (int64_t r = 0; r < c.len; ++r) {
+        through_q += qg[r * dk + i] * to_f32(dout[((c.first + r) * H + h) * dv + j]);
+        through_w += W[r * dk + i] * dD[r * kSlice + jj];
+      }
+      dS[e] = elast[i] * dS[e] + s.scale * through_q - through_w;
+    }
+    __syncthreads();
+  }
+  if (dh0)
+    for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
+      const int64_t i = e / kSlice, j = j0 + e % kSlice;
+      if (j < dv) dh0[state + i * dv + j] = dS[e];
+    }
+}
+
+// One block per (chunk, head). Shared: cum, gq, gk, gc (dG) [C, d_k], a pair matrix [C, C]
+// (dP, then dL), beta [C] and dbeta [C]: 148 KiB at d_k 128, inside an A100's 163 KiB.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k, const T* v,
+                                                         const T* g, const T* beta, const T* dout, T* dq_out,
+                                                         T* dk_out, T* dv_out, T* dg, T* dbeta) {
+  extern __shared__ float sm[];
+  Chunk c;
+  if (!locate(s, blockIdx.x, c)) return;
+  const int64_t h = blockIdx.y, H = s.heads, dk = s.dk, dv = s.dv, len = c.len, last = len - 1;
+  const int64_t at = c.slot * H + h;
+  const float scale = s.scale;
+  float* cum = sm;
+  float* gq = cum + kC * dk;
+  float* gk = gq + kC * dk;
+  float* gc = gk + kC * dk;
+  float* pm = gc + kC * dk;
+  float* bt = pm + kC * kC;
+  float* db = bt + kC;
+  auto krow = [&](int64_t r) { return ((c.first + r) * H + h) * dk; };
+  auto key = [&](int64_t r, int64_t i) { return to_f32(k[krow(r) + i]); };
+  auto vrow = [&](int64_t r) { return ((c.first + r) * H + h) * dv; };
+  const float* S0 = w.S0 + at * w.kv;
+  const float* dS = w.dS + at * w.kv;
+  const float* D = w.D + at * w.cv;
+  const float* dD = w.dD + at * w.cv;
+  const float* M = w.M + at * w.cc;
+  float* dW = w.dW + at * w.ck;
+  float* Xk = w.Xk + at * w.ck;
+  float* Xv = w.Xv + at * w.cv;
+  float* Tl = w.Tl + at * w.ck;
+
+  cumulative_decay(s, g, c, h, cum);
+  for (int64_t e = threadIdx.x; e < kC * dk; e += blockDim.x) gq[e] = gk[e] = gc[e] = 0.f;
+  for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
+  // dP_rs = scale dO_r . D_s (s <= r).
+  for (int64_t e = threadIdx.x; e < kC * kC; e += blockDim.x) {
+    const int64_t r = e / kC, col = e % kC;
+    float acc = 0.f;
+    if (r < len && col <= r)
+      for (int64_t j = 0; j < dv; ++j) acc += to_f32(dout[vrow(r) + j]) * D[col * dv + j];
+    pm[e] = scale * acc;
+  }
+  __syncthreads();
+  // P's pairwise terms, a thread per channel.
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x)
+    for (int64_t r = 0; r < len; ++r) {
+      const float qi = to_f32(q[krow(r) + i]), cr = cum[r * dk + i];
+      float to_q = 0.f, to_g = 0.f;
+      for (int64_t col = 0; col <= r; ++col) {
+        const float df = pm[r * kC + col], e = expf(cr - cum[col * dk + i]), kc = key(col, i);
+        to_q += df * kc * e;
+        gk[col * dk + i] += df * qi * e;
+        if (col < r) {
+          const float t = df * qi * kc * e;
+          to_g += t;
+          gc[col * dk + i] -= t;
+        }
+      }
+      gq[r * dk + i] += to_q;
+      gc[r * dk + i] += to_g;
+    }
+  __syncthreads();
+  // Per element (r, i): Qg's gradient through S_0, Kd's through dS, and dW = -dD S_0^T.
+  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
+    const int64_t r = e / dk, i = e % dk;
+    float sdo = 0.f, sdd = 0.f, skd = 0.f;
+    for (int64_t j = 0; j < dv; ++j) {
+      const float s0 = S0[i * dv + j];
+      sdo += s0 * to_f32(dout[vrow(r) + j]);
+      sdd += s0 * dD[r * dv + j];
+      skd += dS[i * dv + j] * D[r * dv + j];
+    }
+    const float er = expf(cum[e]), qi = to_f32(q[krow(r) + i]);
+    gq[e] += scale * er * sdo;
+    gc[e] += scale * qi * er * sdo;
+    dW[e] = -sdd;
+    const float el = expf(cum[last * dk + i] - cum[e]);
+    gk[e] += el * skd;
+    const float t = r == last ? 0.f : key(r, i) * el * skd;
+    Tl[e] = t;
+    gc[e] -= t;
+  }
+  __syncthreads();
+  // dG_last: the Kd terms' shares and S_0's decay.
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
+    float acc = 0.f, decay = 0.f;
+    for (int64_t r = 0; r < last; ++r) acc += Tl[r * dk + i];
+    for (int64_t j = 0; j < dv; ++j) decay += S0[i * dv + j] * dS[i * dv + j];
+    gc[last * dk + i] += acc + expf(cum[last * dk + i]) * decay;
+  }
+  __syncthreads();
+  // X_v = M^T dD (and dv = beta X_v), X_k = M^T dW with its terms of dk and dG.
+  for (int64_t e = threadIdx.x; e < len * dv; e += blockDim.x) {
+    const int64_t col = e / dv, j = e % dv;
+    float acc = 0.f;
+    for (int64_t r = col; r < len; ++r) acc += M[r * kC + col] * dD[r * dv + j];
+    Xv[e] = acc;
+    from_f32(bt[col] * acc, dv_out + vrow(col) + j);
+  }
+  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
+    const int64_t col = e / dk, i = e % dk;
+    float acc = 0.f;
+    for (int64_t r = col; r < len; ++r) acc += M[r * kC + col] * dW[r * dk + i];
+    Xk[e] = acc;
+    const float ec = expf(cum[e]);
+    gk[e] += bt[col] * ec * acc;
+    gc[e] += bt[col] * key(col, i) * ec * acc;
+  }
+  __syncthreads();
+  // dbeta_c = v_c . X_v[c] + Kg_c . X_k[c]; dL_rs = -(X_v[r] . U[s] + X_k[r] . W[s]) (s < r).
+  const float* U = w.U + at * w.cv;
+  const float* W = w.W + at * w.ck;
+  for (int64_t col = threadIdx.x; col < len; col += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < dv; ++j) acc += to_f32(v[vrow(col) + j]) * Xv[col * dv + j];
+    for (int64_t i = 0; i < dk; ++i) acc += key(col, i) * expf(cum[col * dk + i]) * Xk[col * dk + i];
+    db[col] = acc;
+  }
+  for (int64_t e = threadIdx.x; e < kC * kC; e += blockDim.x) {
+    const int64_t r = e / kC, col = e % kC;
+    float acc = 0.f;
+    if (r < len && col < r) {
+      for (int64_t j = 0; j < dv; ++j) acc += Xv[r * dv + j] * U[col * dv + j];
+      for (int64_t i = 0; i < dk; ++i) acc += Xk[r * dk + i] * W[col * dk + i];
+    }
+    pm[e] = -acc;
+  }
+  __syncthreads();
+  // dbeta_r += sum_{s<r} dL_rs A_rs; A's pairwise terms with dA_rs = beta_r dL_rs.
+  const float* A = w.A + at * w.cc;
+  for (int64_t r = threadIdx.x; r < len; r += blockDim.x) {
+    float acc = db[r];
+    for (int64_t col = 0; col < r; ++col) acc += pm[r * kC + col] * A[r * kC + col];
+    from_f32(acc, dbeta + (c.first + r) * H + h);
+  }
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x)
+    for (int64_t r = 1; r < len; ++r) {
+      const float kr = key(r, i), cr = cum[r * dk + i];
+      float to_r = 0.f, to_g = 0.f;
+      for (int64_t col = 0; col < r; ++col) {
+        const float df = bt[r] * pm[r * kC + col], e = expf(cr - cum[col * dk + i]), kc = key(col, i);
+        to_r += df * kc * e;
+        gk[col * dk + i] += df * kr * e;
+        const float t = df * kr * kc * e;
+        to_g += t;
+        gc[col * dk + i] -= t;
+      }
+      gk[r * dk + i] += to_r;
+      gc[r * dk + i] += to_g;
+    }
+  __syncthreads();
+  // dg = the reversed cumulative sum of dG; dq, dk out.
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t r = last; r >= 0; --r) {
+      acc += gc[r * dk + i];
+      from_f32(acc, dg + krow(r) + i);
+    }
+  }
+  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
+    const int64_t r = e / dk, i = e % dk;
+    from_f32(gq[e], dq_out + krow(r) + i);
+    from_f32(gk[e], dk_out + krow(r) + i);
+  }
+}
+
+// ---- launches ------------------------------------------------------------------------------
+
+size_t floats(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
+
+template <typename Kernel>
+void allow_shared(Kernel kernel, size_t bytes, const char* op) {
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), op,
+        "cudaFuncSetAttribute");
+}
+
+struct Grids {
+  dim3 chunks, documents;
+};
+
+Grids grids_of(const KdaArgs& a) {
+  return {dim3(static_cast<unsigned>(slots_of(a.tokens, a.num_seqs)), static_cast<unsigned>(a.heads)),
+          dim3(static_cast<unsigned>((a.dv + kSlice - 1) / kSlice), static_cast<unsigned>(a.heads),
+               static_cast<unsigned>(a.num_seqs))};
+}
+
+// prepare, then states: the factors, S_0 of every chunk and D; ht if given.
+template <typename T>
+void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k, const T* v,
+                        const T* g, const T* beta, const float* h0, float* ht, const char* op) {
+  const Grids grid = grids_of(a);
+  const size_t prep = floats(kC * a.dk + 2 * kC * kC + kC);
+  allow_shared(prepare_kernel<T>, prep, op);
+  prepare_kernel<T><<<grid.chunks, kThreads, prep, stream(ctx)>>>(a, w, q, k, v, g, beta);
+  check_launch(op, "prepare_kernel");
+  const size_t st = floats(kC * a.dk + a.dk + a.dk * kSlice + kC * kSlice);
+  allow_shared(states_kernel<T>, st, op);
+  states_kernel<T><<<grid.documents, kThreads, st, stream(ctx)>>>(a, w, k, g, h0, ht);
+  check_launch(op, "states_kernel");
+}
+
+template <typename T>
+void forward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const T* k, const T* v, const T* g,
+                    const T* beta, const float* h0, T* out, float* ht, float* workspace) {
+  const char* op = "kda_chunked_forward";
+  const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
+  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, ht, op);
+  if (a.tokens == 0) return;
+  const size_t smem = floats(kC * a.dk);
+  allow_shared(output_kernel<T>, smem, op);
+  output_kernel<T><<<grids_of(a).chunks, kThreads, smem, stream(ctx)>>>(a, w, q, g, out);
+  check_launch(op, "output_kernel");
+}
+
+template <typename T>
+void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const T* k, const T* v, const T* g,
+                     const T* beta, const float* h0, const T* dout, const float* dht, T* dq, T* dk, T* dv, T* dg,
+                     T* dbeta, float* dh0, float* workspace) {
+  const char* op = "kda_chunked_backward";
+  const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
+  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, nullptr, op);
+  const Grids grid = grids_of(a);
+  const size_t sg = floats(2 * kC * a.dk + a.dk + a.dk * kSlice + kC * kSlice);
+  allow_shared(state_grads_kernel<T>, sg, op);
+  state_grads_kernel<T><<<grid.documents, kThreads, sg, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
+  check_launch(op, "state_grads_kernel");
+  if (a.tokens == 0) return;
+  const size_t gr = floats(4 * kC * a.dk + kC * kC + 2 * kC);
+  allow_shared(grads_kernel<T>, gr, op);
+  grads_kernel<T><<<grid.chunks, kThreads, gr, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq, dk, dv, dg, dbeta);
+  check_launch(op, "grads_kernel");
+}
+
+template <typename F>
+void by_dtype(DType dtype, F&& f) {
+  if (dtype == DType::f32)
+    f.template operator()<float>();
+  else
+    f.template operator()<bf16>();
+}
+
+}  // namespace
+
+int64_t kda_chunked_workspace_elems(int64_t tokens, int64_t heads, int64_t dk, int64_t dv, int64_t num_seqs) {
+  return tiles_elems(slots_of(tokens, num_seqs) * heads, dk, dv);
+}
+
+void kda_chunked_forward(const ExecContext& ctx, const KdaArgs& a, const void* q, const void* k, const void* v,
+                         const void* g, const void* beta, const float* h0, void* out, float* ht, float* workspace) {
+  if (a.num_seqs == 0 || a.heads == 0 || a.dv == 0) return;
+  KILN_CHECK(a.dk >= 1 && a.dk <= kKdaChunkedMaxDk, "kda_chunked_forward", "d_k must be 1..{} on the GPU, got {}",
+             kKdaChunkedMaxDk, a.dk);
+  by_dtype(a.dtype, [&]<typename T>() {
+    forward_launch<T>(ctx, a, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                      static_cast<const T*>(g), static_cast<const T*>(beta), h0, static_cast<T*>(out), ht, workspace);
+  });
+}
+
+void kda_chunked_backward(const ExecContext& ctx, const KdaArgs& a, const void* q, const void* k, const void* v,
+                          const void* g, const void* beta, const float* h0, const void* dout, const float* dht,
+                          void* dq, void* dk, void* dv, void* dg, void* dbeta, float* dh0, float* workspace) {
+  if (a.num_seqs == 0 || a.heads == 0 || a.dv == 0) return;
+  KILN_CHECK(a.dk >= 1 && a.dk <= kKdaChunkedMaxDk, "kda_chunked_backward", "d_k must be 1..{} on the GPU, got {}",
+             kKdaChunkedMaxDk, a.dk);
+  by_dtype(a.dtype, [&]<typename T>() {
+    backward_launch<T>(ctx, a, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                       static_cast<const T*>(g), static_cast<const T*>(beta), h0, static_cast<const T*>(dout), dht,
+                       static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), static_cast<T*>(dg),
+                       static_cast<T*>(dbeta), dh0, workspace);
+  });
+}
+
+}  // namespace kiln::cuda
