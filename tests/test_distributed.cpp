@@ -196,7 +196,7 @@ TEST_F(Distributed, ZeroOneTrainsBitwiseAsDataParallel) {
       expect_same_training(zero, ddp, 0.0);
       // Each rank's log names its share: about 1 / nproc of the parameters (cuts on 256-element blocks).
       for (int r = 1; r < nproc; ++r) {
-        const std::string log = read_file(fmt::format("{}/rank-{}.log", zero, r));
+        const std::string log = r == 0 ? output : read_file(fmt::format("{}/rank-{}.log", zero, r));  // 0: the console
         const std::string said = fmt::format("ZeRO-1: rank {} updates ", r);
         const size_t at = log.find(said);
         ASSERT_NE(at, std::string::npos) << log;
@@ -385,6 +385,41 @@ TEST_F(Distributed, ZeroTwoSkipsANonFiniteGradientOnEveryRankAsDataParallel) {
     EXPECT_EQ(x[i].grad_norm.is_null(), y[i].grad_norm.is_null()) << "step " << x[i].step;
     if (!y[i].grad_norm.is_null())
       EXPECT_LE(relative(x[i].grad_norm.get<double>(), y[i].grad_norm.get<double>()), 1e-13) << "step " << x[i].step;
+  }
+}
+
+// ZeRO-2's memory (train/sharded_gradients.h): with buckets, each micro-batch's finished
+// buckets are reduce-scattered during backward and the pages of other ranks' shards given
+// back, so a rank holds about its shard of the gradient arena (1 / W of it) plus the
+// buckets backward is filling, measured by mincore; and it still trains as DDP (2 micro-
+// batches per step: the sums are added per micro-batch, not after them, so not bit for bit;
+// that this alone explains the 2.6e-5 is not shown).
+TEST_F(Distributed, ZeroTwoHoldsItsShardOfTheGradientsAndTrainsAsDataParallel) {
+  std::string output;
+  for (int nproc : {2, 4}) {
+    SCOPED_TRACE(::testing::Message() << nproc << " ranks");
+    const std::string ddp = fmt::format("{}/memory-ddp-{}", dir_, nproc);
+    const std::string zero = fmt::format("{}/memory-zero2-{}", dir_, nproc);
+    const std::string buckets = "--set model.layers=8 --set model.hidden=64 --set dist.bucket_mb=0.01 ";
+    ASSERT_EQ(run_with_fault(launch(nproc, ddp, 2, buckets), "", &output), 0) << output;
+    ASSERT_EQ(run_with_fault(launch(nproc, zero, 2, buckets + "--set dist.zero=2"), "", &output), 0) << output;
+    EXPECT_LT(weight_difference(zero, ddp), 1e-4);  // measured 2.6e-5 at 2 ranks (8 layers)
+    expect_same_training(zero, ddp, 1e-5);
+    for (int r = 0; r < nproc; ++r) {
+      const std::string log = r == 0 ? output : read_file(fmt::format("{}/rank-{}.log", zero, r));  // 0: the console
+      const std::string said = fmt::format("ZeRO-2: rank {} held at most ", r);
+      const size_t at = log.find(said);
+      ASSERT_NE(at, std::string::npos) << log;
+      double held = 0, arena = 0;
+      ASSERT_EQ(std::sscanf(log.c_str() + at + said.size(), "%lf MiB of its %lf MiB", &held, &arena), 2) << log;
+      std::printf("%d ranks, rank %d: held at most %.3f of %.3f MiB\n", nproc, r, held, arena);
+      // Its shard, plus what backward has written and not yet reduce-scattered (a block's
+      // gradients, the heads' until their bucket is ready): measured 0.71 to 0.81 of the
+      // arena at 2 ranks, 0.52 to 0.62 at 4 (DDP and ZeRO-1 hold all of it).
+      EXPECT_LT(held, arena / nproc + arena / 2) << "rank " << r;
+      EXPECT_LT(held, 0.9 * arena) << "rank " << r;
+      EXPECT_GT(held, 0.0);
+    }
   }
 }
 
