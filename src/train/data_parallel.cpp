@@ -115,7 +115,7 @@ void DataParallel::scale_gradients(double factor) {
 
 std::optional<DataParallel::GradientMemory> DataParallel::gradient_memory() const {
   if (!sharded_) return std::nullopt;
-  return GradientMemory{sharded_->peak_resident_bytes(), sharded_->arena_bytes()};
+  return GradientMemory{sharded_->peak_resident_bytes(), sharded_->arena_bytes(), sharded_->shard_page_bytes()};
 }
 
 // Without ZeRO-2 every rank holds the summed gradients: the norm is its own. With it, each

@@ -78,9 +78,9 @@ class DataParallel {
   void scale_gradients(double factor);
   // ZeRO-2: the most bytes of the gradient arena this rank has held in physical memory (at
   // a bucket's reduce-scatter or a backward's end), and the arena's size; none before its
-  // first step or without ZeRO-2.
+  // first step or without ZeRO-2; and the arena's pages its shard overlaps.
   struct GradientMemory {
-    size_t peak_resident = 0, arena = 0;
+    size_t peak_resident = 0, arena = 0, shard_pages = 0;
   };
   std::optional<GradientMemory> gradient_memory() const;
   // After a captured step's launch: its collectives bounded by dist.timeout like those

@@ -70,14 +70,20 @@ ShardedGradients::ShardedGradients(dist::Communicator& comm, int rank, const Par
   arena_ = static_cast<unsigned char*>(grads.raw());
   arena_bytes_ = static_cast<size_t>(grads.numel()) * dtype_size(grads.dtype());
   const size_t element = dtype_size(shards.dtype());
-  own_begin_ = arena_bytes_;
   for (const ParameterPiece& piece : shards.pieces(rank)) {
     const auto at = static_cast<size_t>(static_cast<unsigned char*>(piece.parameter->grad().raw()) - arena_) +
                     static_cast<size_t>(piece.begin) * element;
-    own_begin_ = std::min(own_begin_, at);
-    own_end_ = std::max(own_end_, at + static_cast<size_t>(piece.count) * element);
+    own_.emplace_back(at, at + static_cast<size_t>(piece.count) * element);
   }
-  if (own_end_ == 0) own_begin_ = 0;
+  std::sort(own_.begin(), own_.end());
+  // The pages its shard overlaps: what it holds between steps, at the least.
+  uintptr_t counted = 0;  // the end of the last page counted
+  for (const auto& [lo, hi] : own_) {
+    const uintptr_t first = std::max(page_down(reinterpret_cast<uintptr_t>(arena_ + lo)), counted);
+    const uintptr_t last = page_up(reinterpret_cast<uintptr_t>(arena_ + hi));
+    if (first < last) shard_pages_ += last - first;
+    counted = std::max(counted, last);
+  }
 }
 
 void ShardedGradients::plan_buckets(std::vector<GradientBucket> buckets) {
@@ -85,46 +91,45 @@ void ShardedGradients::plan_buckets(std::vector<GradientBucket> buckets) {
   launches_ = std::make_unique<BucketLaunches>(buckets_);
 }
 
-void ShardedGradients::start() { launches_->reset(); }
+void ShardedGradients::start() {
+  launches_->reset();
+  reduced_.assign(buckets_.size(), false);
+}
 
 void ShardedGradients::ready(int event) {
+  const size_t element = dtype_size(shards_.dtype());
+  const size_t page = page_size();
   for (size_t i : launches_->take_ready(event)) {
     note_resident();
     const GradientBucket& b = buckets_[i];
     reduce_scatter_range(b.begin, b.end);
-    const size_t element = dtype_size(shards_.dtype());
-    // Its pages outside this rank's shard go back (a page it shares with a bucket not yet
-    // reduced stays until finish()).
-    unsigned char* lo = arena_ + static_cast<size_t>(b.begin) * element;
-    unsigned char* hi = arena_ + static_cast<size_t>(b.end) * element;
-    const auto page_lo = reinterpret_cast<unsigned char*>(page_up(reinterpret_cast<uintptr_t>(lo)));
-    const auto page_hi = reinterpret_cast<unsigned char*>(page_down(reinterpret_cast<uintptr_t>(hi)));
-    const auto own_lo = reinterpret_cast<unsigned char*>(page_down(reinterpret_cast<uintptr_t>(arena_ + own_begin_)));
-    const auto own_hi = reinterpret_cast<unsigned char*>(page_up(reinterpret_cast<uintptr_t>(arena_ + own_end_)));
-    if (own_begin_ >= own_end_) {
-      zero_and_release(page_lo, std::max(page_lo, page_hi));
-    } else {
-      zero_and_release(page_lo, std::max(page_lo, std::min(page_hi, own_lo)));
-      zero_and_release(std::min(page_hi, std::max(page_lo, own_hi)), page_hi);
-    }
+    reduced_[i] = true;
+    // Its whole pages outside this rank's shard go back, with the pages it shares with
+    // reduced neighbours (the plan runs down the arena: bucket i + 1 lies just below i); a
+    // page it shares with a bucket not yet reduced stays until that one is.
+    size_t lo = static_cast<size_t>(b.begin) * element, hi = static_cast<size_t>(b.end) * element;
+    if (i + 1 < buckets_.size() && reduced_[i + 1])
+      lo = std::max(static_cast<size_t>(buckets_[i + 1].begin) * element, lo >= page ? lo - page : 0);
+    if (i > 0 && reduced_[i - 1]) hi = std::min(static_cast<size_t>(buckets_[i - 1].end) * element, hi + page);
+    release_outside_own(lo, hi, true);
   }
 }
 
 void ShardedGradients::finish() {
   ready(std::numeric_limits<int>::max());
   note_resident();
-  release_outside_own();
+  release_outside_own(0, arena_bytes_, false);
 }
 
 void ShardedGradients::reduce_scatter_all() {
   reduce_scatter_range(0, static_cast<int64_t>(arena_bytes_ / dtype_size(shards_.dtype())));
   note_resident();
-  release_outside_own();
+  release_outside_own(0, arena_bytes_, false);
 }
 
 void ShardedGradients::zero() {
-  release_outside_own();
-  std::memset(arena_ + own_begin_, 0, own_end_ - own_begin_);
+  release_outside_own(0, arena_bytes_, false);
+  for (const auto& [lo, hi] : own_) std::memset(arena_ + lo, 0, hi - lo);
 }
 
 void ShardedGradients::scale(double factor) {
@@ -136,15 +141,24 @@ void ShardedGradients::scale(double factor) {
   }
 }
 
-// Every element outside this rank's shard is zero here (reduced and zeroed, or padding),
-// so writing zeros over the partial pages at the shard's edges changes nothing.
-void ShardedGradients::release_outside_own() {
-  if (own_begin_ >= own_end_) {
-    zero_and_release(arena_, arena_ + arena_bytes_);
-    return;
+// Every element outside this rank's shard in [lo, hi) is zero here (reduced and zeroed,
+// or padding), so writing zeros over the partial pages at the gaps' edges changes nothing.
+void ShardedGradients::release_outside_own(size_t lo, size_t hi, bool whole_pages_only) {
+  const auto release = [&](size_t a, size_t b) {  // a gap between this rank's ranges
+    a = std::max(a, lo);
+    b = std::min(b, hi);
+    if (a >= b) return;
+    if (!whole_pages_only) return zero_and_release(arena_ + a, arena_ + b);
+    const auto first = page_up(reinterpret_cast<uintptr_t>(arena_ + a));
+    const auto last = page_down(reinterpret_cast<uintptr_t>(arena_ + b));
+    if (first < last) zero_and_release(reinterpret_cast<unsigned char*>(first), reinterpret_cast<unsigned char*>(last));
+  };
+  size_t gap = 0;
+  for (const auto& [begin, end] : own_) {
+    release(gap, begin);
+    gap = std::max(gap, end);
   }
-  zero_and_release(arena_, arena_ + own_begin_);
-  zero_and_release(arena_ + own_end_, arena_ + arena_bytes_);
+  release(gap, arena_bytes_);
 }
 
 size_t ShardedGradients::resident_bytes() const {

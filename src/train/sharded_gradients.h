@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace kiln {
@@ -49,12 +50,17 @@ class ShardedGradients {
   size_t resident_bytes() const;
   size_t peak_resident_bytes() const { return peak_resident_; }
   size_t arena_bytes() const { return arena_bytes_; }
+  // Bytes of the arena's pages that overlap this rank's shard (about arena / world_size, plus
+  // the pages small tensors of other shards share with it).
+  size_t shard_page_bytes() const { return shard_pages_; }
 
  private:
   // Elements [begin, end) of the arena reduce-scattered into their owners' shards; the
   // other ranks' elements zeroed here.
   void reduce_scatter_range(int64_t begin, int64_t end);
-  void release_outside_own();  // every page of the arena not overlapping this rank's shard
+  // Zeroes the arena's bytes in [lo, hi) outside this rank's shard: whole pages given back,
+  // partial ones written with zeros, or with `whole_pages_only` left as they are.
+  void release_outside_own(size_t lo, size_t hi, bool whole_pages_only);
   void note_resident();
 
   dist::Communicator& comm_;
@@ -65,10 +71,14 @@ class ShardedGradients {
   int64_t chunk_;
   unsigned char* arena_ = nullptr;
   size_t arena_bytes_ = 0;
-  size_t own_begin_ = 0, own_end_ = 0;  // this rank's shard in the arena, bytes (empty: none)
+  // This rank's shard in the arena: byte ranges, sorted and disjoint (the arena's order of
+  // the parameters need not be the shards' flat order: the table may sit elsewhere).
+  std::vector<std::pair<size_t, size_t>> own_;
   std::vector<GradientBucket> buckets_;
   std::unique_ptr<BucketLaunches> launches_;  // over buckets_
+  std::vector<bool> reduced_;                 // this micro-batch's, per bucket
   size_t peak_resident_ = 0;
+  size_t shard_pages_ = 0;
 };
 
 }  // namespace kiln
