@@ -29,16 +29,16 @@ DataParallel::~DataParallel() { model_.set_backward_progress({}); }
 
 namespace {
 
-// Copies rank r's flat elements [lo, hi) between its parameters (or their gradients) and
+// Copies rank r's flat elements [lo, hi) between its parameters and
 // `window` (hi - lo elements): into the window, or out of it; on the host, or enqueued on
 // the model's stream (a captured update replays the copies).
 void copy_window(const ParameterShards& s, int r, int64_t lo, int64_t hi, unsigned char* window, bool into_window,
-                 const ExecContext& exec, Device device, bool gradients = false) {
+                 const ExecContext& exec, Device device) {
   const size_t element = dtype_size(s.dtype());
   for (const ParameterPiece& piece : s.pieces(r)) {
     const int64_t a = std::max(lo, piece.flat), b = std::min(hi, piece.flat + piece.count);
     if (a >= b) continue;
-    const Tensor tensor = gradients ? piece.parameter->grad() : piece.parameter->value();
+    const Tensor tensor = piece.parameter->value();
     auto* parameter = static_cast<unsigned char*>(tensor.raw()) +
                       static_cast<size_t>(piece.begin + a - piece.flat) * element;
     unsigned char* in_window = window + static_cast<size_t>(a - lo) * element;
