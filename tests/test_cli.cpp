@@ -225,6 +225,32 @@ TEST(Cli, PlanPrintsEachRanksMemoryWithAndWithoutZero) {
   EXPECT_NEAR(zero[2], ddp[2] / 4, ddp[2] * 0.02) << output;  // a quarter, within the cuts' alignment
   EXPECT_NEAR(zero[3], 1.0, 0.01) << output;                   // 4 x a quarter of 1 MiB
   EXPECT_NEAR(zero[5] - ddp[5], zero[2] - ddp[2] + zero[3], 0.02) << output;
+  // ZeRO-2: ZeRO-1's but for the gradients, a quarter of them plus what backward holds
+  // before its buckets go out (the largest block's, the heads' and the table's).
+  const std::vector<double> two = columns("ZeRO-2");
+  for (size_t c : {0, 2, 3, 4}) EXPECT_EQ(two[c], zero[c]) << "column " << c;
+  EXPECT_GT(two[1], ddp[1] / 4) << output;
+  EXPECT_LT(two[1], ddp[1] * 0.6) << output;
+  EXPECT_NEAR(two[5] - zero[5], two[1] - zero[1], 0.02) << output;
+}
+
+// ZeRO-2 with dist.bucket_mb = 0 reduce-scatters after backward: it holds the whole arena.
+TEST(Cli, PlanGivesZeroTwoTheWholeGradientsWithoutBuckets) {
+  std::string output;
+  ASSERT_EQ(test::run_command(test::kiln_binary() + " plan " KILN_SOURCE_DIR
+                                                    "/configs/default.toml --world-size 4 --set dist.bucket_mb=0",
+                              &output),
+            0)
+      << output;
+  const auto gradients = [&](const std::string& mode) {
+    const size_t at = output.find("\n  " + mode + " ");
+    EXPECT_NE(at, std::string::npos) << output;
+    std::istringstream line(output.substr(at + 3 + mode.size()));
+    double parameters = 0, g = 0;
+    line >> parameters >> g;
+    return g;
+  };
+  EXPECT_EQ(gradients("ZeRO-2"), gradients("DDP"));
 }
 
 }  // namespace

@@ -18,26 +18,30 @@ double mib(size_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
 
 // Each rank's memory at `world` data-parallel ranks: DDP keeps everything whole on every
 // rank; ZeRO-1 (dist.zero = 1) keeps the optimizer state of one shard, plus the buffer its
-// updated parameters are all-gathered through (train/parameter_shards.h).
+// updated parameters are all-gathered through (train/parameter_shards.h); ZeRO-2 (dist.zero
+// = 2, the CPU's) also holds at most its shard of the gradients and what backward has not
+// yet reduce-scattered (train/sharded_gradients.h).
 void print_per_rank(const Config& config, Device device, const MemoryBudget& plan, int world) {
   fmt::print("per rank at {} data-parallel ranks:\n", world);
   fmt::print("  {:<8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "mode", "parameters", "gradients", "optimizer",
              "gather buf", "activations", "total MiB");
   const size_t rest = plan.activations + plan.workspace + plan.batches;
-  const auto row = [&](const char* mode, size_t optimizer, size_t gather) {
+  const auto row = [&](const char* mode, size_t gradients, size_t optimizer, size_t gather) {
     fmt::print("  {:<8} {:>12.2f} {:>12.2f} {:>12.2f} {:>12.2f} {:>12.2f} {:>12.2f}\n", mode, mib(plan.parameters),
-               mib(plan.gradients), mib(optimizer), mib(gather), mib(rest),
-               mib(plan.parameters + plan.gradients + optimizer + gather + rest));
+               mib(gradients), mib(optimizer), mib(gather), mib(rest),
+               mib(plan.parameters + gradients + optimizer + gather + rest));
   };
-  row("DDP", plan.optimizer, 0);
+  row("DDP", plan.gradients, plan.optimizer, 0);
   try {
     const ZeroBudget zero = plan_zero_memory(config, device, world);
-    row("ZeRO-1", zero.optimizer, zero.gather_buffer);
+    row("ZeRO-1", plan.gradients, zero.optimizer, zero.gather_buffer);
+    row("ZeRO-2", zero.zero2_gradients, zero.optimizer, zero.gather_buffer);
   } catch (const Error& e) {
-    fmt::print("  ZeRO-1   {}\n", e.what());
+    fmt::print("  ZeRO     {}\n", e.what());
   }
-  fmt::print("  (activations: activations, workspace and host batches; ZeRO-2, dist.zero = 2 on the CPU, holds ZeRO-1's "
-             "memory: its gradients are reduce-scattered, but their arena is still whole on every rank)\n");
+  fmt::print("  (activations: activations, workspace and host batches; ZeRO-2's gradients: the largest shard's, plus "
+             "the largest block's, the heads' and the embedding table's, which backward holds before their buckets "
+             "are reduce-scattered; the whole arena with dist.bucket_mb = 0; page rounding not counted)\n");
 }
 
 // The pipeline split (train/pipeline_split.h) of the config's layers into `stages` stages,
@@ -78,7 +82,7 @@ void add_plan_command(CLI::App& app) {
                   "also print the largest train.micro_batch_tokens whose plan fits in this many GiB")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--world-size", o->world_size,
-                  "also print each rank's memory at this many data-parallel ranks, without and with ZeRO-1")
+                  "also print each rank's memory at this many data-parallel ranks, without and with ZeRO-1 and ZeRO-2")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--pipeline-stages", o->pipeline_stages,
                   "also print the split of the layers into this many pipeline stages and its predicted balance")

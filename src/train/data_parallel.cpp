@@ -29,16 +29,16 @@ DataParallel::~DataParallel() { model_.set_backward_progress({}); }
 
 namespace {
 
-// Copies rank r's flat elements [lo, hi) between its parameters (or their gradients) and
+// Copies rank r's flat elements [lo, hi) between its parameters and
 // `window` (hi - lo elements): into the window, or out of it; on the host, or enqueued on
 // the model's stream (a captured update replays the copies).
 void copy_window(const ParameterShards& s, int r, int64_t lo, int64_t hi, unsigned char* window, bool into_window,
-                 const ExecContext& exec, Device device, bool gradients = false) {
+                 const ExecContext& exec, Device device) {
   const size_t element = dtype_size(s.dtype());
   for (const ParameterPiece& piece : s.pieces(r)) {
     const int64_t a = std::max(lo, piece.flat), b = std::min(hi, piece.flat + piece.count);
     if (a >= b) continue;
-    const Tensor tensor = gradients ? piece.parameter->grad() : piece.parameter->value();
+    const Tensor tensor = piece.parameter->value();
     auto* parameter = static_cast<unsigned char*>(tensor.raw()) +
                       static_cast<size_t>(piece.begin + a - piece.flat) * element;
     unsigned char* in_window = window + static_cast<size_t>(a - lo) * element;
@@ -82,43 +82,40 @@ void DataParallel::gather_parameters() {
   }
 }
 
-// ZeRO-2, the gather's mirror (on the host: Gloo): in rounds of a chunk per rank, every
-// rank copies each rank's window of its gradients into that rank's chunk of the buffer (a
-// short window's tail zeroed: Gloo's chunks are equal, as NCCL's), the buffer is
-// reduce-scattered, and this rank's summed window goes back into its gradients. Then the
-// other ranks' shards of the gradients are zeroed, so what this rank holds is its shard's
-// sums and nothing else (its sum of squares is its shard's: gradient_norm).
-void DataParallel::reduce_scatter_gradients() {
-  KILN_PHASE("gradient reduce-scatter");
-  const ParameterShards& s = *shards_;
-  const size_t element = dtype_size(s.dtype());
-  // Gloo counts a call's bytes in an int: rounds stay below 2 GiB whatever dist.bucket_mb.
-  const int64_t most = std::numeric_limits<int>::max() / static_cast<int64_t>(element * s.world_size());
-  const int64_t chunk = std::min(s.gather_chunk(bucket_mb_), most);
-  const size_t chunk_bytes = static_cast<size_t>(chunk) * element;
-  auto* buffer = static_cast<unsigned char*>(gathered_.data());
-  const int me = rank();
-  const auto window = [&](int r, int64_t first) {  // rank r's elements this round
-    const int64_t lo = std::min(s.bound(r) + first, s.bound(r + 1));
-    return std::make_pair(lo, std::min(lo + chunk, s.bound(r + 1)));
-  };
-  for (int64_t first = 0; first < s.largest(); first += chunk) {
-    for (int r = 0; r < s.world_size(); ++r) {
-      const auto [lo, hi] = window(r, first);
-      unsigned char* own = buffer + chunk_bytes * static_cast<size_t>(r);
-      copy_window(s, r, lo, hi, own, true, model_.exec(), Device::cpu, true);
-      std::memset(own + static_cast<size_t>(hi - lo) * element, 0, static_cast<size_t>(chunk - (hi - lo)) * element);
+// ZeRO-2 (train/sharded_gradients.h): made at the first step, once the arena exists.
+ShardedGradients& DataParallel::sharded() {
+  if (!sharded_) {
+    const ParameterShards& s = *shards_;
+    const size_t element = dtype_size(s.dtype());
+    // Gloo counts a call's bytes in an int: rounds stay below 2 GiB whatever dist.bucket_mb.
+    const int64_t most = std::numeric_limits<int>::max() / static_cast<int64_t>(element * s.world_size());
+    sharded_ = std::make_unique<ShardedGradients>(group_.device(), rank(), s, model_,
+                                                  static_cast<unsigned char*>(gathered_.data()),
+                                                  std::min(s.gather_chunk(bucket_mb_), most));
+    if (bucketed()) {
+      const Tensor grads = model_.all_gradients();
+      const auto elements = static_cast<int64_t>(std::llround(bucket_mb_ * 1024 * 1024)) /
+                            static_cast<int64_t>(dtype_size(grads.dtype()));
+      sharded_->plan_buckets(
+          plan_gradient_buckets(model_.gradient_ranges(), grads.numel(), std::max<int64_t>(1, elements)));
     }
-    group_.device().reduce_scatter(buffer, chunk, s.dtype(), dist::ReduceOp::sum, "gradients (reduce-scatter)");
-    const auto [lo, hi] = window(me, first);
-    copy_window(s, me, lo, hi, buffer + chunk_bytes * static_cast<size_t>(me), false, model_.exec(), Device::cpu, true);
   }
-  for (int r = 0; r < s.world_size(); ++r) {
-    if (r == me) continue;
-    for (const ParameterPiece& piece : s.pieces(r))
-      std::memset(static_cast<unsigned char*>(piece.parameter->grad().raw()) + static_cast<size_t>(piece.begin) * element,
-                  0, static_cast<size_t>(piece.count) * element);
-  }
+  return *sharded_;
+}
+
+void DataParallel::zero_gradients() {
+  if (shard_gradients_) sharded().zero();
+  else model_.zero_grads();
+}
+
+void DataParallel::scale_gradients(double factor) {
+  if (shard_gradients_) sharded().scale(factor);
+  else model_.scale_gradients(factor);
+}
+
+std::optional<DataParallel::GradientMemory> DataParallel::gradient_memory() const {
+  if (!sharded_) return std::nullopt;
+  return GradientMemory{sharded_->peak_resident_bytes(), sharded_->arena_bytes(), sharded_->shard_page_bytes()};
 }
 
 // Without ZeRO-2 every rank holds the summed gradients: the norm is its own. With it, each
@@ -134,6 +131,12 @@ double DataParallel::gradient_norm() {
 }
 
 void DataParallel::before_backward(bool last_micro_batch) {
+  if (shard_gradients_ && sharded().bucketed()) {  // ZeRO-2: every micro-batch's buckets
+    ShardedGradients* reduction = &sharded();
+    reduction->start();
+    model_.set_backward_progress([reduction](int event) { reduction->ready(event); });
+    return;
+  }
   if (!bucketed() || !last_micro_batch || shard_gradients_) {
     model_.set_backward_progress({});
     return;
@@ -157,6 +160,7 @@ void DataParallel::before_backward(bool last_micro_batch) {
 
 void DataParallel::after_backward() {
   model_.set_backward_progress({});
+  if (shard_gradients_ && sharded().bucketed()) sharded().finish();
   if (!reducing_) return;
   if (on_gpu()) {
     buckets_->finish();  // the model's stream waits here, inside the micro-batch's graph
@@ -171,6 +175,7 @@ void DataParallel::watch_step() {
 }
 
 std::vector<GradientBucket> DataParallel::buckets() const {
+  if (sharded_) return sharded_->buckets();
   return buckets_ ? buckets_->buckets() : std::vector<GradientBucket>{};
 }
 
@@ -189,8 +194,8 @@ void DataParallel::reduce_gradients() {
   if (reducing_) {  // the CPU's buckets went out during backward: wait for the last
     reducing_ = false;
     buckets_->finish();
-  } else if (shard_gradients_) {  // ZeRO-2: each rank its shard's sums
-    reduce_scatter_gradients();
+  } else if (shard_gradients_) {  // ZeRO-2: each rank its shard's sums (its buckets' already)
+    if (!sharded().bucketed()) sharded().reduce_scatter_all();
   } else if (!buckets_ || !on_gpu()) {  // no buckets: one reduction now
     const Tensor grads = model_.all_gradients();
     comm.all_reduce(grads.raw(), grads.numel(), grads.dtype(), dist::ReduceOp::sum, "gradients");

@@ -23,18 +23,22 @@
 // rank's sum of squares summed over the ranks (gradient_norm): the shards partition the
 // trainable parameters, so this is the whole model's sum of squares, only added up in
 // another order. The guard and clip act on that norm as before; the optimizer reads only
-// its own shard's gradients. No buckets overlap backward yet: the reduce-scatter runs after
-// it, in rounds through the all-gather's buffer.
+// its own shard's gradients. With dist.bucket_mb > 0 every micro-batch's finished buckets
+// are reduce-scattered during its backward and the other ranks' pages of the gradient arena
+// given back (train/sharded_gradients.h); with 0, the whole arena after the last backward.
+// Either way in rounds through the all-gather's buffer.
 #pragma once
 
 #include "dist/process_group.h"
 #include "model/model.h"
 #include "train/gradient_buckets.h"
 #include "train/parameter_shards.h"
+#include "train/sharded_gradients.h"
 #include "train/stream_gradient_buckets.h"
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 namespace kiln {
 
@@ -68,6 +72,17 @@ class DataParallel {
   // reduce_gradients; host memory). ZeRO-2: the shards' sums of squares summed over the ranks.
   double gradient_norm();
   bool shards_gradients() const { return shard_gradients_; }
+  // A step begins: the gradients zeroed (ZeRO-2: its shard; the rest of the arena given back).
+  void zero_gradients();
+  // The clip: the gradients *= factor (ZeRO-2: its shard's, the rest being zero).
+  void scale_gradients(double factor);
+  // ZeRO-2: the most bytes of the gradient arena this rank has held in physical memory (at
+  // a bucket's reduce-scatter or a backward's end), and the arena's size; none before its
+  // first step or without ZeRO-2; and the arena's pages its shard overlaps.
+  struct GradientMemory {
+    size_t peak_resident = 0, arena = 0, shard_pages = 0;
+  };
+  std::optional<GradientMemory> gradient_memory() const;
   // After a captured step's launch: its collectives bounded by dist.timeout like those
   // enqueued op by op (NCCL's watchdog; Gloo's bound themselves).
   void watch_step();
@@ -87,7 +102,7 @@ class DataParallel {
  private:
   bool bucketed() const { return bucket_mb_ > 0; }
   bool on_gpu() const { return group_.device().device() == Device::cuda; }
-  void reduce_scatter_gradients();  // ZeRO-2
+  ShardedGradients& sharded();  // ZeRO-2's, made at its first use
 
   dist::ProcessGroup& group_;
   Model& model_;
@@ -99,6 +114,7 @@ class DataParallel {
   // ZeRO's all-gather buffer (and ZeRO-2's reduce-scatter's): a chunk per rank, on the
   // collectives' device
   Storage gathered_;
+  std::unique_ptr<ShardedGradients> sharded_;  // ZeRO-2's gradient memory
 };
 
 }  // namespace kiln

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 
 namespace kiln {
@@ -74,6 +75,22 @@ ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size)
   }
   b.gather_buffer = static_cast<size_t>(world_size) * static_cast<size_t>(shards.gather_chunk(config.dist.bucket_mb)) *
                     dtype_size(shards.dtype());
+  // Backward's events (model/gradient_ready.h): a block's buckets go out at its end, the
+  // heads' after them, the table's at the end; held at once at most: the largest block, the
+  // heads and the table.
+  std::map<int, int64_t> held;  // -1: the heads and the final norm, -2: the table, l: block l
+  for (int r = 0; r < world_size; ++r)
+    for (const ParameterPiece& piece : shards.pieces(r)) {
+      const std::string& name = piece.parameter->names().kiln;
+      const int group = name == "embed.weight" ? -2 : name.rfind("layers.", 0) == 0 ? std::stoi(name.substr(7)) : -1;
+      held[group] += piece.count;
+    }
+  int64_t largest_block = 0;
+  for (const auto& [group, elements] : held)
+    if (group >= 0) largest_block = std::max(largest_block, elements);
+  const int64_t elements = config.dist.bucket_mb > 0 ? shards.largest() + largest_block + held[-1] + held[-2]
+                                                     : shards.total();
+  b.zero2_gradients = static_cast<size_t>(std::min(elements, shards.total())) * dtype_size(shards.dtype());
   return b;
 }
 

@@ -23,7 +23,8 @@ class OpByOpStep final : public StepExecutor {
     targets_ = targets;
     plan_ = plan;
     outcome_ = StepOutcome{};
-    model_.zero_grads();
+    if (data_parallel_) data_parallel_->zero_gradients();  // ZeRO-2: its shard, the rest given back
+    else model_.zero_grads();
   }
 
   int64_t load(size_t index, const HostBatch& batch) override {
@@ -72,7 +73,9 @@ class OpByOpStep final : public StepExecutor {
     // Unscaled and clipped in one pass: 1 / S (exact, a power of two) times the clip's factor.
     double factor = 1 / plan_.loss_scale;
     if (ops::clip_applies(plan_.clip, outcome_.grad_norm)) factor *= ops::clip_factor(plan_.clip, outcome_.grad_norm);
-    if (factor != 1) model_.scale_gradients(factor);
+    if (factor == 1) return;
+    if (data_parallel_) data_parallel_->scale_gradients(factor);  // ZeRO-2: its shard
+    else model_.scale_gradients(factor);
   }
 
   void update() override {

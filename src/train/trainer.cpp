@@ -757,6 +757,10 @@ void Trainer::finish(TrainResult& result, bool export_due) {
     return;
   }
   write_summary(result);
+  if (const auto held = data_parallel_ ? data_parallel_->gradient_memory() : std::nullopt)  // ZeRO-2, measured
+    console_.print("ZeRO-2: rank {} held at most {:.3f} MiB of its {:.3f} MiB gradient arena in memory "
+                   "(its shard's pages: {:.3f} MiB)\n",
+                   group_->rank(), held->peak_resident / 1048576.0, held->arena / 1048576.0, held->shard_pages / 1048576.0);
   const std::string validation = validation_.empty()                  ? std::string("no validation set")
                                  : !validated ? std::string("no validation loss")
                                                                      : fmt::format("validation loss {:.4f}",

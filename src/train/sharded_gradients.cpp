@@ -1,0 +1,222 @@
+#include "train/sharded_gradients.h"
+
+#include "core/error.h"
+#include "core/phase_scope.h"
+#include "ops/elementwise/elementwise.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+namespace kiln {
+
+namespace {
+
+size_t page_size() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+uintptr_t page_up(uintptr_t a) { return (a + page_size() - 1) / page_size() * page_size(); }
+uintptr_t page_down(uintptr_t a) { return a / page_size() * page_size(); }
+
+// Zeroes [lo, hi): the partial pages at its ends by writing zeros, the whole pages between
+// by giving them back (private anonymous memory reads as zeros afterwards).
+void zero_and_release(unsigned char* lo, unsigned char* hi) {
+  if (lo >= hi) return;
+  const auto a = page_up(reinterpret_cast<uintptr_t>(lo)), b = page_down(reinterpret_cast<uintptr_t>(hi));
+  if (a >= b) {
+    std::memset(lo, 0, static_cast<size_t>(hi - lo));
+    return;
+  }
+  std::memset(lo, 0, a - reinterpret_cast<uintptr_t>(lo));
+  std::memset(reinterpret_cast<unsigned char*>(b), 0, reinterpret_cast<uintptr_t>(hi) - b);
+  KILN_CHECK(madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED) == 0, "dist.zero",
+             "2: could not give back {} bytes of gradient pages (madvise)", b - a);
+}
+
+// A run of one parameter's gradient elements inside a rank's part of a reduced range.
+struct Segment {
+  unsigned char* data;
+  int64_t count;
+};
+
+// Copies elements [lo, hi) of the concatenated segments into `window` or out of it.
+void copy_segments(const std::vector<Segment>& segments, int64_t lo, int64_t hi, unsigned char* window,
+                   bool into_window, size_t element) {
+  int64_t at = 0;
+  for (const Segment& s : segments) {
+    const int64_t a = std::max(lo, at), b = std::min(hi, at + s.count);
+    if (a < b) {
+      unsigned char* gradient = s.data + static_cast<size_t>(a - at) * element;
+      unsigned char* in_window = window + static_cast<size_t>(a - lo) * element;
+      const size_t bytes = static_cast<size_t>(b - a) * element;
+      if (into_window) std::memcpy(in_window, gradient, bytes);
+      else std::memcpy(gradient, in_window, bytes);
+    }
+    at += s.count;
+    if (at >= hi) break;
+  }
+}
+
+}  // namespace
+
+ShardedGradients::ShardedGradients(dist::Communicator& comm, int rank, const ParameterShards& shards, Model& model,
+                                   unsigned char* buffer, int64_t chunk)
+    : comm_(comm), rank_(rank), shards_(shards), model_(model), buffer_(buffer), chunk_(chunk) {
+  const Tensor grads = model.all_gradients();
+  arena_ = static_cast<unsigned char*>(grads.raw());
+  arena_bytes_ = static_cast<size_t>(grads.numel()) * dtype_size(grads.dtype());
+  const size_t element = dtype_size(shards.dtype());
+  for (const ParameterPiece& piece : shards.pieces(rank)) {
+    const auto at = static_cast<size_t>(static_cast<unsigned char*>(piece.parameter->grad().raw()) - arena_) +
+                    static_cast<size_t>(piece.begin) * element;
+    own_.emplace_back(at, at + static_cast<size_t>(piece.count) * element);
+  }
+  std::sort(own_.begin(), own_.end());
+  // The pages its shard overlaps: what it holds between steps, at the least.
+  uintptr_t counted = 0;  // the end of the last page counted
+  for (const auto& [lo, hi] : own_) {
+    const uintptr_t first = std::max(page_down(reinterpret_cast<uintptr_t>(arena_ + lo)), counted);
+    const uintptr_t last = page_up(reinterpret_cast<uintptr_t>(arena_ + hi));
+    if (first < last) shard_pages_ += last - first;
+    counted = std::max(counted, last);
+  }
+}
+
+void ShardedGradients::plan_buckets(std::vector<GradientBucket> buckets) {
+  buckets_ = std::move(buckets);
+  launches_ = std::make_unique<BucketLaunches>(buckets_);
+}
+
+void ShardedGradients::start() {
+  launches_->reset();
+  reduced_.assign(buckets_.size(), false);
+}
+
+void ShardedGradients::ready(int event) {
+  const size_t element = dtype_size(shards_.dtype());
+  const size_t page = page_size();
+  for (size_t i : launches_->take_ready(event)) {
+    note_resident();
+    const GradientBucket& b = buckets_[i];
+    reduce_scatter_range(b.begin, b.end);
+    reduced_[i] = true;
+    // Its whole pages outside this rank's shard go back, with the pages it shares with
+    // reduced neighbours (the plan runs down the arena: bucket i + 1 lies just below i); a
+    // page it shares with a bucket not yet reduced stays until that one is.
+    size_t lo = static_cast<size_t>(b.begin) * element, hi = static_cast<size_t>(b.end) * element;
+    if (i + 1 < buckets_.size() && reduced_[i + 1])
+      lo = std::max(static_cast<size_t>(buckets_[i + 1].begin) * element, lo >= page ? lo - page : 0);
+    if (i > 0 && reduced_[i - 1]) hi = std::min(static_cast<size_t>(buckets_[i - 1].end) * element, hi + page);
+    release_outside_own(lo, hi, true);
+  }
+}
+
+void ShardedGradients::finish() {
+  ready(std::numeric_limits<int>::max());
+  note_resident();
+  release_outside_own(0, arena_bytes_, false);
+}
+
+void ShardedGradients::reduce_scatter_all() {
+  reduce_scatter_range(0, static_cast<int64_t>(arena_bytes_ / dtype_size(shards_.dtype())));
+  note_resident();
+  release_outside_own(0, arena_bytes_, false);
+}
+
+void ShardedGradients::zero() {
+  release_outside_own(0, arena_bytes_, false);
+  for (const auto& [lo, hi] : own_) std::memset(arena_ + lo, 0, hi - lo);
+}
+
+void ShardedGradients::scale(double factor) {
+  KILN_PHASE("clip");
+  for (const ParameterPiece& piece : shards_.pieces(rank_)) {
+    const Tensor grad = piece.parameter->grad();
+    ops::scale_inplace(model_.exec(), grad.view(Shape{grad.numel()}).rows(piece.begin, piece.begin + piece.count),
+                       factor);
+  }
+}
+
+// Every element outside this rank's shard in [lo, hi) is zero here (reduced and zeroed,
+// or padding), so writing zeros over the partial pages at the gaps' edges changes nothing.
+void ShardedGradients::release_outside_own(size_t lo, size_t hi, bool whole_pages_only) {
+  const auto release = [&](size_t a, size_t b) {  // a gap between this rank's ranges
+    a = std::max(a, lo);
+    b = std::min(b, hi);
+    if (a >= b) return;
+    if (!whole_pages_only) return zero_and_release(arena_ + a, arena_ + b);
+    const auto first = page_up(reinterpret_cast<uintptr_t>(arena_ + a));
+    const auto last = page_down(reinterpret_cast<uintptr_t>(arena_ + b));
+    if (first < last) zero_and_release(reinterpret_cast<unsigned char*>(first), reinterpret_cast<unsigned char*>(last));
+  };
+  size_t gap = 0;
+  for (const auto& [begin, end] : own_) {
+    release(gap, begin);
+    gap = std::max(gap, end);
+  }
+  release(gap, arena_bytes_);
+}
+
+size_t ShardedGradients::resident_bytes() const {
+  const uintptr_t lo = page_down(reinterpret_cast<uintptr_t>(arena_));
+  const uintptr_t hi = page_up(reinterpret_cast<uintptr_t>(arena_ + arena_bytes_));
+  std::vector<unsigned char> pages((hi - lo) / page_size());
+  KILN_CHECK(mincore(reinterpret_cast<void*>(lo), hi - lo, pages.data()) == 0, "dist.zero",
+             "2: could not count the gradient arena's resident pages (mincore)");
+  const auto resident = static_cast<size_t>(std::count_if(pages.begin(), pages.end(), [](unsigned char p) { return p & 1; }));
+  return resident * page_size();
+}
+
+void ShardedGradients::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }
+
+// In rounds of a chunk per rank, as the parameters' all-gather (train/data_parallel.h):
+// every rank copies each rank's part of the range into that rank's chunk of the buffer (a
+// short part's tail zeroed: Gloo's chunks are equal, as NCCL's), the buffer is
+// reduce-scattered, and this rank's summed part goes back into its gradients. The other
+// ranks' parts are then zeroed here. A rank's part is its shard's pieces inside the range,
+// in flat order: over the whole arena, its whole shard (the rounds of dist.bucket_mb = 0).
+void ShardedGradients::reduce_scatter_range(int64_t begin, int64_t end) {
+  KILN_PHASE("gradient reduce-scatter");
+  const int world = shards_.world_size();
+  const size_t element = dtype_size(shards_.dtype());
+  std::vector<std::vector<Segment>> parts(static_cast<size_t>(world));
+  std::vector<int64_t> sizes(static_cast<size_t>(world), 0);
+  int64_t largest = 0;
+  for (int r = 0; r < world; ++r) {
+    for (const ParameterPiece& piece : shards_.pieces(r)) {
+      auto* grad = static_cast<unsigned char*>(piece.parameter->grad().raw());
+      const int64_t at = (grad - arena_) / static_cast<int64_t>(element) + piece.begin;
+      const int64_t a = std::max(begin, at), b = std::min(end, at + piece.count);
+      if (a >= b) continue;
+      parts[static_cast<size_t>(r)].push_back({arena_ + static_cast<size_t>(a) * element, b - a});
+      sizes[static_cast<size_t>(r)] += b - a;
+    }
+    largest = std::max(largest, sizes[static_cast<size_t>(r)]);
+  }
+  const int64_t chunk = chunk_;
+  const size_t chunk_bytes = static_cast<size_t>(chunk) * element;
+  for (int64_t first = 0; first < largest; first += chunk) {
+    for (int r = 0; r < world; ++r) {
+      const int64_t lo = std::min(first, sizes[static_cast<size_t>(r)]);
+      const int64_t hi = std::min(lo + chunk, sizes[static_cast<size_t>(r)]);
+      unsigned char* own = buffer_ + chunk_bytes * static_cast<size_t>(r);
+      copy_segments(parts[static_cast<size_t>(r)], lo, hi, own, true, element);
+      std::memset(own + static_cast<size_t>(hi - lo) * element, 0, static_cast<size_t>(chunk - (hi - lo)) * element);
+    }
+    comm_.reduce_scatter(buffer_, chunk, shards_.dtype(), dist::ReduceOp::sum, "gradients (reduce-scatter)");
+    const int64_t lo = std::min(first, sizes[static_cast<size_t>(rank_)]);
+    const int64_t hi = std::min(lo + chunk, sizes[static_cast<size_t>(rank_)]);
+    copy_segments(parts[static_cast<size_t>(rank_)], lo, hi, buffer_ + chunk_bytes * static_cast<size_t>(rank_), false,
+                  element);
+  }
+  for (int r = 0; r < world; ++r) {
+    if (r == rank_) continue;
+    for (const Segment& s : parts[static_cast<size_t>(r)]) std::memset(s.data, 0, static_cast<size_t>(s.count) * element);
+  }
+}
+
+}  // namespace kiln

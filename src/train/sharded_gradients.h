@@ -1,0 +1,84 @@
+// ZeRO-2's gradient memory on the CPU (dist.zero = 2, train/data_parallel.h). The model's
+// gradient arena keeps its addresses (backward writes every parameter's gradient in place),
+// but a rank holds physical memory only for the arena's pages that overlap its own shard
+// (train/parameter_shards.h) and for the buckets backward is filling: with dist.bucket_mb >
+// 0, each micro-batch's backward hands every finished bucket (train/gradient_buckets.h) to
+// a reduce-scatter into the owners' shards, and this rank's pages of other ranks' shards
+// are then zeroed and given back to the system (madvise MADV_DONTNEED: they read as zeros
+// and take no memory until written again). The owner's shard accumulates over the
+// micro-batches (DeepSpeed's ZeRO-2): its pages hold the sums of the earlier micro-batches
+// on this rank alone (every other rank's copy of them is zero), so the next reduce-scatter
+// adds the new gradients of every rank to them.
+#pragma once
+
+#include "dist/communicator.h"
+#include "model/model.h"
+#include "train/gradient_buckets.h"
+#include "train/parameter_shards.h"
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace kiln {
+
+class ShardedGradients {
+ public:
+  // `buffer`: the reduce-scatter's rounds, world_size chunks of `chunk` elements.
+  ShardedGradients(dist::Communicator& comm, int rank, const ParameterShards& shards, Model& model,
+                   unsigned char* buffer, int64_t chunk);
+
+  // The buckets one micro-batch's backward reduce-scatters (empty: none, the whole arena
+  // after the step's last backward).
+  void plan_buckets(std::vector<GradientBucket> buckets);
+  bool bucketed() const { return !buckets_.empty(); }
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+  // A micro-batch's backward begins, reaches `event` (its ready buckets reduce-scattered
+  // now, on backward's thread, in plan order on every rank) and ends (the rest).
+  void start();
+  void ready(int event);
+  void finish();
+  // Without buckets: the whole arena, once, after the step's last backward.
+  void reduce_scatter_all();
+  // A step begins: this rank's shard zeroed, every other page of the arena given back.
+  void zero();
+  // The clip: this rank's shard *= factor (the rest is zero).
+  void scale(double factor);
+  // Bytes of the arena in physical memory now (mincore), and the most seen at a bucket's
+  // reduce-scatter or a backward's end since the run began.
+  size_t resident_bytes() const;
+  size_t peak_resident_bytes() const { return peak_resident_; }
+  size_t arena_bytes() const { return arena_bytes_; }
+  // Bytes of the arena's pages that overlap this rank's shard (about arena / world_size, plus
+  // the pages small tensors of other shards share with it).
+  size_t shard_page_bytes() const { return shard_pages_; }
+
+ private:
+  // Elements [begin, end) of the arena reduce-scattered into their owners' shards; the
+  // other ranks' elements zeroed here.
+  void reduce_scatter_range(int64_t begin, int64_t end);
+  // Zeroes the arena's bytes in [lo, hi) outside this rank's shard: whole pages given back,
+  // partial ones written with zeros, or with `whole_pages_only` left as they are.
+  void release_outside_own(size_t lo, size_t hi, bool whole_pages_only);
+  void note_resident();
+
+  dist::Communicator& comm_;
+  int rank_;
+  const ParameterShards& shards_;
+  Model& model_;
+  unsigned char* buffer_;
+  int64_t chunk_;
+  unsigned char* arena_ = nullptr;
+  size_t arena_bytes_ = 0;
+  // This rank's shard in the arena: byte ranges, sorted and disjoint (the arena's order of
+  // the parameters need not be the shards' flat order: the table may sit elsewhere).
+  std::vector<std::pair<size_t, size_t>> own_;
+  std::vector<GradientBucket> buckets_;
+  std::unique_ptr<BucketLaunches> launches_;  // over buckets_
+  std::vector<bool> reduced_;                 // this micro-batch's, per bucket
+  size_t peak_resident_ = 0;
+  size_t shard_pages_ = 0;
+};
+
+}  // namespace kiln
