@@ -1,8 +1,9 @@
 // The trainer with a pipeline (dist.pipeline_stages > 1; train/pipeline_trainer_step.h) on
 // the CPU with real processes joined by Gloo: every schedule over 2 and 4 stages trains
-// as one process over the same global batch, bit for bit; a pipeline checkpoint resumes in
-// one process and at another split; a killed stage ends the others naming it; bad pipeline
-// keys are refused naming the key.
+// as one process over the same global batch, bit for bit; 2 stages x 2 data-parallel
+// replicas train as 2 data-parallel ranks, bit for bit; a pipeline checkpoint resumes in
+// one process, at another split and at another layout; a killed stage ends the others
+// naming it; bad pipeline keys and world sizes are refused naming the key.
 #include "config/config.h"
 #include "dist/free_port.h"
 #include "fault_test_util.h"
@@ -31,13 +32,17 @@ class PipelineTrainer : public TinyRunTest {
   std::string single(const std::string& out, const std::string& extra = "") const {
     return tiny_train(corpus_, out, kModel + "--set train.grad_accum=4 " + extra);
   }
-  // `stages` ranks by `kiln launch`, one stage each (v for the interleaved schedule).
+  // `stages` x `replicas` ranks by `kiln launch`, one stage each (v for the interleaved schedule).
   std::string pipeline(int stages, const std::string& schedule, const std::string& out,
-                       const std::string& extra = "") const {
+                       const std::string& extra = "", int replicas = 1) const {
     const std::string args = fmt::format("--set dist.pipeline_stages={} --set dist.pipeline_schedule={} {}", stages,
                                          schedule, schedule == "interleaved" ? "--set dist.pipeline_virtual_stages=2 " : "");
     const std::string train = single(out, args + extra);
-    return launched(stages, train);
+    return launched(stages * replicas, train);
+  }
+  // 2 data-parallel ranks, train.grad_accum micro-batches each.
+  std::string data_parallel(const std::string& out, const std::string& extra = "") const {
+    return launched(2, single(out, extra));
   }
   // Bitwise holds because each stage runs the one-process kernels on the same inputs in
   // the same micro-batch order (test_pipeline_model_stage), and the all-reduce adds only
@@ -167,6 +172,69 @@ TEST_F(PipelineTrainer, ACheckpointResumesUnderDataParallelism) {
   }
 }
 
+// Pipeline x data parallel: 2 stages x 2 replicas (4 ranks; stage = rank / 2, replica =
+// rank % 2) against 2 data-parallel ranks over the same data and global batch (2 x
+// grad_accum 4 micro-batches). Bit for bit: replica r reads data rank r's micro-batches and
+// its stages accumulate them as that rank does (the bitwise pipeline = one process tests
+// above), so before the all-reduce replica r's stages hold, between them, rank r's
+// gradient, and zeros elsewhere. The all-reduce over 4 ranks then adds a, 0, b, 0 in some
+// order: any order gives a + b exactly (x + 0 = x, a + b = b + a), the 2 ranks' sum; the
+// loss sums likewise (the main loss from the last stages only), and the target counts
+// summed over all 4 are each replica's twice, divided exactly.
+TEST_F(PipelineTrainer, TwoStagesByTwoReplicasTrainBitwiseAsTwoDataParallelRanks) {
+  std::string output;
+  const std::string ddp = dir_ + "/ddp";
+  ASSERT_EQ(run_with_fault(data_parallel(ddp), "", &output), 0) << output;
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved"}) {
+    SCOPED_TRACE(schedule);
+    const std::string out = dir_ + "/2x2-" + schedule;
+    ASSERT_EQ(run_with_fault(pipeline(2, schedule, out, "", 2), "", &output), 0) << output;
+    EXPECT_CONTAINS(output, "x 2 data-parallel replicas (stage = rank / 2, replica = rank % 2): this rank is replica 0");
+    EXPECT_CONTAINS(output, "data: rank 0 of 2");
+    // Rank 1: stage 0 of replica 1; rank 2: stage 1 of replica 0 (interleaved: also 2 and 3).
+    EXPECT_CONTAINS(read_file(out + "/rank-1.log"), "this rank runs stage 0");
+    EXPECT_CONTAINS(read_file(out + "/rank-1.log"), "this rank is replica 1");
+    EXPECT_CONTAINS(read_file(out + "/rank-2.log"), "this rank runs stage 1");
+    EXPECT_CONTAINS(read_file(out + "/rank-2.log"), "this rank is replica 0");
+    expect_identical(out, ddp);
+  }
+}
+
+// A 2 x 2 checkpoint at another layout: 12 steps on 2 data-parallel ranks, against: 2 x 2
+// killed at step 5 (checkpoint at 4); resumed as 2 data-parallel ranks (the same global
+// batch), killed at step 9 (checkpoint at 8); resumed in one process (grad_accum 4 -> 8
+// keeps the global batch) to the end. The 2-rank stretch is bitwise (the test above); the
+// one-process steps sum the 8 micro-batches in another order: within 1e-5.
+TEST_F(PipelineTrainer, ATwoByTwoCheckpointResumesAsDataParallelAndInOneProcess) {
+  std::string output;
+  const std::string twelve = "--set train.steps=12 ";
+  const std::string straight = dir_ + "/straight", moved = dir_ + "/moved";
+  ASSERT_EQ(run_with_fault(data_parallel(straight, twelve), "", &output), 0) << output;
+  ASSERT_NE(run_with_fault(pipeline(2, "1f1b", moved, twelve, 2), "kill_at_step:5", &output), 0) << output;
+  EXPECT_EQ(latest_of(moved), "step-00000004");
+  ASSERT_NE(run_with_fault(data_parallel(moved, twelve + "--resume"), "kill_at_step:9", &output), 0) << output;
+  EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(moved, 4) + " at step 4");
+  EXPECT_EQ(latest_of(moved), "step-00000008");
+  ASSERT_EQ(run_with_fault(single(moved, twelve + "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "train.grad_accum 4 -> 8");
+  const std::vector<TrainRecord> x = train_records(moved), y = train_records(straight);
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i].tokens, y[i].tokens) << "step " << x[i].step;
+    const double a = x[i].loss.get<double>(), b = y[i].loss.get<double>();
+    if (x[i].step <= 8) EXPECT_EQ(a, b) << "step " << x[i].step;
+    else EXPECT_LE(std::abs(a - b), 1e-5 * std::abs(b)) << "step " << x[i].step;
+  }
+}
+
+// 3 ranks for 2 stages: refused before anything is read, naming the key.
+TEST_F(PipelineTrainer, AWorldNotAMultipleOfTheStagesIsRefused) {
+  std::string output;
+  EXPECT_NE(run_with_fault(launched(3, single(dir_ + "/three", "--set dist.pipeline_stages=2")), "", &output), 0);
+  EXPECT_CONTAINS(output, "dist.pipeline_stages");
+  EXPECT_CONTAINS(output, "a multiple of 2 ranks");
+}
+
 // kill -9 of stage 1 mid-run: stage 0 waits on a receive from it or on the step's
 // all-reduce, and ends with an error naming rank 1 within dist.timeout.
 TEST_F(PipelineTrainer, AKilledStageEndsTheOtherNamingIt) {
@@ -234,7 +302,9 @@ TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   };
   expect([](Config&) {}, 1, "dist.pipeline_stages");  // one process
-  expect([](Config&) {}, 4, "dist.pipeline_stages");  // 2-D (pipeline x data parallel)
+  expect([](Config&) {}, 3, "dist.pipeline_stages");  // not a multiple of the stages
+  EXPECT_EQ(error(base, 4), "");                       // 2 stages x 2 replicas
+  EXPECT_EQ(error(base, 6), "");                       // x 3
   expect([](Config& c) { c.dist.pipeline_stages = 5; }, 5, "dist.pipeline_stages");  // more stages than layers
   expect([](Config& c) { c.model.tie_embeddings = true; }, 2, "model.tie_embeddings");
   expect([](Config& c) { c.model.mtp.depth = 1; }, 2, "model.mtp.depth");

@@ -27,8 +27,8 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
                "{} is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_virtual_stages);
     return;
   }
-  KILN_CHECK(world_size == d.pipeline_stages, "dist.pipeline_stages",
-             "{} stages need {} ranks (one per stage), {} run: pipeline x data parallel (2-D) is not built yet",
+  KILN_CHECK(world_size >= d.pipeline_stages && world_size % d.pipeline_stages == 0, "dist.pipeline_stages",
+             "{} stages need a multiple of {} ranks (one per stage in each data-parallel replica), {} run",
              d.pipeline_stages, d.pipeline_stages, world_size);
   KILN_CHECK(device == Device::cpu, "train.device",
              "the pipeline (dist.pipeline_stages = {}) runs on the CPU only for now (Gloo; the engine's buffers are "
@@ -40,19 +40,25 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
   KILN_CHECK(d.zero == 0, "dist.zero", "ZeRO-{} with a pipeline (dist.pipeline_stages = {}) is not built yet", d.zero,
              d.pipeline_stages);
   // The counting pass runs every micro-batch through the whole model and sums over the
-  // ranks: with the pipeline's ranks reading the same micro-batches it would count them W times.
+  // ranks: with a replica's ranks reading the same micro-batches it would count them `stages` times.
   KILN_CHECK(config.model.moe.balance_scope != "step", "model.moe.balance_scope",
              "'step' is not pipelined yet (dist.pipeline_stages = {})", d.pipeline_stages);
   pipeline::ModelStage::check_pipelinable(config.model, model_stages(config));
   pipeline_bounds(config);                    // the split: given and valid, or plannable
-  pipeline_schedule(config, world_size);      // the micro-batches the schedule needs (train.grad_accum)
+  pipeline_schedule(config, static_cast<int>(d.pipeline_stages));  // the micro-batches it needs (train.grad_accum)
 }
 
-DataConfig pipeline_data_config(const Config& config) {
+pipeline::Layout pipeline_layout(const Config& config, int world_size) {
+  const auto stages = static_cast<int>(config.dist.pipeline_stages);
+  return pipeline::Layout{stages, world_size / stages};
+}
+
+DataConfig pipeline_data_config(const Config& config, int rank, int world_size) {
   DataConfig data = config.data;
   if (pipelined(config)) {
-    data.world_size = 1;
-    data.rank = 0;
+    const pipeline::Layout layout = pipeline_layout(config, world_size);
+    data.world_size = layout.replicas;
+    data.rank = layout.replica_of(rank);
   }
   return data;
 }
@@ -84,14 +90,19 @@ pipeline::Schedule pipeline_schedule(const Config& config, int ranks) {
   fail("dist.pipeline_schedule", "unknown schedule '{}' (known: gpipe, 1f1b, interleaved, zb_h1)", name);
 }
 
-PipelineTrainerStep::PipelineTrainerStep(const Config& config, Model& model, dist::Communicator& comm)
-    : model_(model), comm_(comm), bounds_(pipeline_bounds(config)), schedule_(pipeline_schedule(config, comm.world_size())) {}
+PipelineTrainerStep::PipelineTrainerStep(const Config& config, Model& model, dist::Communicator& group)
+    : model_(model),
+      layout_(pipeline_layout(config, group.world_size())),
+      group_rank_(group.rank()),
+      comm_(pipeline::replica_pipeline(group, layout_)),
+      bounds_(pipeline_bounds(config)),
+      schedule_(pipeline_schedule(config, layout_.stages)) {}
 
 LossSlotSums PipelineTrainerStep::run(const std::vector<HostBatch>& batches, double gradient_scale) {
   KILN_CHECK(static_cast<int>(batches.size()) == schedule_.microbatches, "train",
              "{} micro-batches for a pipeline schedule of {}", batches.size(), schedule_.microbatches);
   pipeline::ModelStage stage(model_, bounds_, batches, gradient_scale);
-  pipeline::run_pipeline_step(schedule_, stage, comm_);
+  pipeline::run_pipeline_step(schedule_, stage, *comm_);
   // In micro-batch order, as the one-process step adds them: the main loss (the last
   // stage's) sums bit for bit alike.
   LossSlotSums sums{};
@@ -104,11 +115,16 @@ std::string PipelineTrainerStep::describe() const {
   std::string layers, mine;
   for (size_t s = 0; s + 1 < bounds_.size(); ++s) {
     layers += fmt::format("{}{}..{}", s == 0 ? "" : ", ", bounds_[s], bounds_[s + 1] - 1);
-    if (schedule_.rank_of(static_cast<int>(s)) == comm_.rank()) mine += fmt::format("{}{}", mine.empty() ? "" : ", ", s);
+    if (schedule_.rank_of(static_cast<int>(s)) == comm_->rank()) mine += fmt::format("{}{}", mine.empty() ? "" : ", ", s);
   }
+  std::string replicas;
+  if (layout_.replicas > 1)
+    replicas = fmt::format(", x {} data-parallel replicas (stage = rank / {}, replica = rank % {}): this rank is "
+                           "replica {}",
+                           layout_.replicas, layout_.replicas, layout_.replicas, layout_.replica_of(group_rank_));
   return fmt::format("pipeline: {} stages on {} ranks ({}, {} micro-batches a step), layers {}; this rank runs "
-                     "stage {}; every rank keeps the whole model",
-                     schedule_.stages(), schedule_.ranks, schedule_.name, schedule_.microbatches, layers, mine);
+                     "stage {}; every rank keeps the whole model{}",
+                     schedule_.stages(), schedule_.ranks, schedule_.name, schedule_.microbatches, layers, mine, replicas);
 }
 
 }  // namespace kiln

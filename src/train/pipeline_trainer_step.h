@@ -1,20 +1,25 @@
 // The trainer's pipeline (dist.pipeline_stages > 1; docs/distributed.md, "Training with a
 // pipeline"), first step of issue 46, on the CPU over Gloo:
-// - Every rank reads the whole step's micro-batches (train.grad_accum of them, the data
-//   stream unsharded) and runs its stages of them through the schedule
-//   (train/pipeline_engine.h) with kiln's model cut into stages (train/pipeline_model_stage.h).
+// - W = stages x D ranks form D pipelines, the replicas (train/pipeline_layout.h: stage =
+//   rank / D, replica = rank % D). Every rank of a replica reads that replica's share of the
+//   stream (data rank = replica, data world = D, as data parallelism shards it):
+//   train.grad_accum micro-batches a step, which it runs through its stages on the schedule
+//   (train/pipeline_engine.h, its sends within the replica) with kiln's model cut into
+//   stages (train/pipeline_model_stage.h).
 // - Every rank builds the whole model and accumulates gradients only for its stages'
-//   layers; the step's one all-reduce (sum) of the gradients (DataParallel::reduce_gradients,
-//   with no buckets) then gives every rank the whole gradient -- its other parameters' are
-//   zero there, and x + 0 is exact -- and the loss sums (the main loss only on the last
-//   stage). Every rank so takes the same norm, guard, clip and optimizer update, and holds
-//   the same whole model after the step: a full replica, memory saved by nothing yet.
+//   layers; the step's one all-reduce (sum) of the gradients over all W ranks
+//   (DataParallel::reduce_gradients, with no buckets) then gives every rank the whole
+//   gradient summed over the replicas -- its other stages' parameters are zero there, and
+//   x + 0 is exact -- and the loss sums (the main loss only on the last stages). Every rank
+//   so takes the same norm, guard, clip and optimizer update, and holds the same whole
+//   model after the step: a full replica, memory saved by nothing yet.
 // - So validation runs as under data parallelism (each rank its share of the batches, the
 //   sums added), and rank 0 writes an ordinary checkpoint, which resumes in one process,
 //   under data parallelism or with another split.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,29 +28,34 @@
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "nn/loss_terms.h"
+#include "train/pipeline_layout.h"
 #include "train/pipeline_schedule.h"
 
 namespace kiln {
 
 inline bool pipelined(const Config& config) { return config.dist.pipeline_stages > 1; }
 
-// The dist.pipeline_* keys against the rest of the config, `world_size` ranks and the
-// training device, before anything is read or allocated: one line naming the key. With the
-// pipeline off, only that its other keys are left at their defaults.
+// The dist.pipeline_* keys against the rest of the config, `world_size` ranks (a multiple of
+// the stages) and the training device, before anything is read or allocated: one line naming
+// the key. With the pipeline off, only that its other keys are left at their defaults.
 void check_pipeline_config(const Config& config, int world_size, Device device);
 
-// The data config the training stream reads: the config's, or with the pipeline on, one
-// reader of the whole stream (data.world_size = 1) on every rank.
-DataConfig pipeline_data_config(const Config& config);
+// The ranks' places: dist.pipeline_stages stages x world_size / stages replicas.
+pipeline::Layout pipeline_layout(const Config& config, int world_size);
 
-// The stages' first layers, and the schedule for `ranks` ranks, as the config asks
+// The data config the training stream reads: the config's, or with the pipeline on, the
+// shard of rank `rank`'s replica (data.rank = replica, data.world_size = replicas).
+DataConfig pipeline_data_config(const Config& config, int rank, int world_size);
+
+// The stages' first layers, and the schedule for `ranks` pipeline ranks, as the config asks
 // (dist.pipeline_split, else planned from the config's estimated per-layer costs).
 std::vector<int64_t> pipeline_bounds(const Config& config);
 pipeline::Schedule pipeline_schedule(const Config& config, int ranks);
 
 class PipelineTrainerStep {
  public:
-  PipelineTrainerStep(const Config& config, Model& model, dist::Communicator& comm);
+  // `group`: every rank of the run (stages x replicas), whose rank places this one.
+  PipelineTrainerStep(const Config& config, Model& model, dist::Communicator& group);
 
   // The forward and backward of the step's micro-batches through this rank's stages,
   // gradients accumulated into the model's (each scaled by `gradient_scale`, as
@@ -54,12 +64,15 @@ class PipelineTrainerStep {
   LossSlotSums run(const std::vector<HostBatch>& batches, double gradient_scale);
 
   // "pipeline: 2 stages on 2 ranks (1f1b, 4 micro-batches a step), layers 0..3, 4..7; this rank
-  // runs stage 1; every rank keeps the whole model"
+  // runs stage 1; every rank keeps the whole model", and with D > 1 replicas ", x 2 replicas
+  // (stage = rank / 2, replica = rank % 2): this rank is replica 1".
   std::string describe() const;
 
  private:
   Model& model_;
-  dist::Communicator& comm_;
+  const pipeline::Layout layout_;
+  const int group_rank_;
+  std::unique_ptr<dist::Communicator> comm_;  // this rank's replica's pipeline
   const std::vector<int64_t> bounds_;  // first layer of each stage, then model.layers
   const pipeline::Schedule schedule_;
 };

@@ -141,7 +141,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   check_memory_fits(config_, device_, budget, available_memory(device_));
   const Packer packer(packer_options(config_, *tokenizer_));
   // data.seed, rank sharding (data.rank/world_size or RANK/WORLD_SIZE) and data.prefetch.
-  stream_ = std::make_unique<BatchStream>(*dataset_, Split::train, packer, pipeline_data_config(config_));
+  stream_ = std::make_unique<BatchStream>(*dataset_, Split::train, packer, pipeline_data_config(config_, group_ ? group_->rank() : 0, group_ ? group_->world_size() : 1));
   if (group_)  // the same documents, tokenizer and packing on every rank
     group_->require_same_as_root(fmt::format("{:016x}", stream_->get_state().fingerprint), "data fingerprint");
   if (config_.train.tokens > 0) {  // a token budget: the steps it takes
@@ -286,7 +286,7 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
   // Token-exact accumulation: the loss of the whole step is the mean over all its target
   // tokens, so every micro-batch's gradient is scaled by 1 / (targets in the whole step).
   int64_t targets = 0;
-  const int64_t rank = data_ranks() > 1 ? data_parallel_->rank() : 0;
+  const int64_t rank = data_rank();
   for (size_t i = 0; i < micro_batches_.size(); ++i) {
     HostBatch& batch = micro_batches_[i];
     stream_->next(batch);
@@ -298,9 +298,11 @@ bool Trainer::step(int64_t step_index, StepMetrics& m) {
   if (data_ranks() > 1) {  // the step's tokens over every rank
     int64_t counts[2] = {targets, m.document_tokens};
     data_parallel_->sum_counts(counts, 2);
-    targets = counts[0];
-    m.document_tokens = counts[1];
-    m.tokens *= data_parallel_->world_size();  // the packer fills every micro-batch: equal on every rank
+    // Summed over every rank: a pipeline's counts once per stage of each replica.
+    const int64_t readers = data_parallel_->world_size() / data_ranks();
+    targets = counts[0] / readers;
+    m.document_tokens = counts[1] / readers;
+    m.tokens *= data_ranks();  // the packer fills every micro-batch: equal on every rank
   }
   KILN_CHECK(targets > 0, "train", "step {} has no target tokens", step_index + 1);
   m.target_tokens = targets;

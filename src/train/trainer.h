@@ -114,9 +114,18 @@ class Trainer {
   bool writes_files() const { return !group_ || group_->is_root(); }
   // Micro-batches of one step over every rank (the per-micro-batch loss terms' divisor).
   int64_t micro_batches_per_step() const { return config_.train.grad_accum * data_ranks(); }
-  // The ranks that read micro-batches of their own: the group's, or 1 when they are a
-  // pipeline's (every stage reads the step's micro-batches; train/pipeline_trainer_step.h).
-  int64_t data_ranks() const { return group_ && !pipelined(config_) ? group_->world_size() : 1; }
+  // The ranks that read micro-batches of their own: the group's, or with a pipeline its
+  // replicas (a replica's stages read the same micro-batches; train/pipeline_trainer_step.h).
+  int64_t data_ranks() const {
+    if (!group_) return 1;
+    return pipelined(config_) ? group_->world_size() / config_.dist.pipeline_stages : group_->world_size();
+  }
+  // This rank's place among them: its rank, or its pipeline replica's.
+  int64_t data_rank() const {
+    if (!group_) return 0;
+    return pipelined(config_) ? pipeline_layout(config_, group_->world_size()).replica_of(group_->rank())
+                              : group_->rank();
+  }
   // Joins the launcher's ranks, if it started several (before anything else is made).
   void join_process_group();
 

@@ -132,7 +132,7 @@ CheckpointState Trainer::checkpoint_state() const {
   s.threads = threads_;
   s.config_toml = config_to_toml(config_);
   s.run_id = run_id_;
-  s.world_size = data_ranks();  // a pipeline's ranks read one stream: 1
+  s.world_size = data_ranks();  // a pipeline's: its replicas (a replica's stages read one shard)
   return s;
 }
 
