@@ -26,6 +26,12 @@ namespace {
 const std::string kModel =
     "--set train.threads=1 --set model.layers=8 --set model.tie_embeddings=false --set train.steps=6 ";
 
+// MoE layers (sigmoid-bias router, aux loss) and QK-Clip under Muon.
+const std::string kSparse =
+    "--set model.mlp=moe --set model.moe.experts=4 --set model.moe.top_k=2 --set model.moe.expert_hidden=32 "
+    "--set model.moe.router=sigmoid_bias --set model.moe.aux_loss=0.01 --set optim.name=muon "
+    "--set optim.qk_clip.enabled=true --set optim.qk_clip.tau=1.5 ";
+
 class PipelineTrainer : public TinyRunTest {
  protected:
   PipelineTrainer() : TinyRunTest("kiln_pipeline_trainer", 300) {}
@@ -101,11 +107,8 @@ TEST_F(PipelineTrainer, EveryScheduleOverFourStagesTrainsBitwiseAsOneProcess) { 
 // with Muon: the step statistics of the layers a rank does not run are the reduction's
 // neutral values, so every rank acts on the whole step's.
 TEST_F(PipelineTrainer, MoeAndQkClipTrainBitwiseAsOneProcess) {
-  const std::string sparse =
-      "--set model.mlp=moe --set model.moe.experts=4 --set model.moe.top_k=2 --set model.moe.expert_hidden=32 "
-      "--set model.moe.router=sigmoid_bias --set model.moe.aux_loss=0.01 --set optim.name=muon "
-      "--set optim.qk_clip.enabled=true --set optim.qk_clip.tau=1.5 ";
   std::string output;
+  const std::string& sparse = kSparse;
   const std::string one = dir_ + "/one", two = dir_ + "/two";
   ASSERT_EQ(run_with_fault(single(one, sparse), "", &output), 0) << output;
   ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", two, sparse), "", &output), 0) << output;
@@ -185,7 +188,7 @@ TEST_F(PipelineTrainer, TwoStagesByTwoReplicasTrainBitwiseAsTwoDataParallelRanks
   std::string output;
   const std::string ddp = dir_ + "/ddp";
   ASSERT_EQ(run_with_fault(data_parallel(ddp), "", &output), 0) << output;
-  for (const std::string schedule : {"gpipe", "1f1b", "interleaved"}) {
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved", "zb_h1"}) {
     SCOPED_TRACE(schedule);
     const std::string out = dir_ + "/2x2-" + schedule;
     ASSERT_EQ(run_with_fault(pipeline(2, schedule, out, "", 2), "", &output), 0) << output;
@@ -198,6 +201,25 @@ TEST_F(PipelineTrainer, TwoStagesByTwoReplicasTrainBitwiseAsTwoDataParallelRanks
     EXPECT_CONTAINS(read_file(out + "/rank-2.log"), "this rank is replica 0");
     expect_identical(out, ddp);
   }
+}
+
+// MoE and QK-Clip under 2 x 2 against 2 data-parallel ranks: the expert loads summed and
+// the logits' max taken over all 4 ranks (a stage's other layers add the neutral values)
+// are the 2 ranks'.
+TEST_F(PipelineTrainer, MoeAndQkClipOverTwoByTwoTrainBitwiseAsTwoDataParallelRanks) {
+  std::string output;
+  const std::string ddp = dir_ + "/ddp", grid = dir_ + "/2x2";
+  ASSERT_EQ(run_with_fault(data_parallel(ddp, kSparse), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", grid, kSparse, 2), "", &output), 0) << output;
+  expect_identical(grid, ddp);
+  const std::vector<nlohmann::json> a = metrics_of_kind(ddp, "train"), b = metrics_of_kind(grid, "train");
+  ASSERT_EQ(a.size(), b.size());
+  for (const char* key : {"moe.0.load_max", "moe.7.load_max", "attn.0.max_logit", "attn.7.clipped"}) {
+    ASSERT_TRUE(a.back().contains(key)) << a.back().dump();
+    EXPECT_EQ(b.back()[key], a.back()[key]) << key;
+  }
+  const double x = a.back()["moe_aux"].get<double>(), y = b.back()["moe_aux"].get<double>();
+  EXPECT_LE(std::abs(x - y), 1e-12 * std::abs(x)) << x << " vs " << y;
 }
 
 // A 2 x 2 checkpoint at another layout: 12 steps on 2 data-parallel ranks, against: 2 x 2

@@ -4,9 +4,10 @@
 // The pipeline is the outer dimension, as Megatron-LM's default order (its pipeline groups
 // are ranks i, i + W/P, i + 2W/P, ...) and torchtitan's device mesh ("pp" first) place it:
 //   stage = rank / D, replica = rank % D.
-// A stage's D replicas are consecutive ranks, so on several nodes the gradients' sum, the
-// heavier traffic, stays among neighbours and only the pipeline's activations cross the
-// outer dimension. With D = 1 a rank is its stage, as before 2-D.
+// A stage's D replicas are consecutive ranks: once each stage's gradients are summed over
+// its replicas alone (with a model built per stage), that heavier traffic stays among
+// neighbours and only the pipeline's activations cross the outer dimension. Today the step's
+// one all-reduce spans every rank. With D = 1 a rank is its stage, as before 2-D.
 #pragma once
 
 #include <memory>
