@@ -1,5 +1,6 @@
 // End-to-end tests of the `kiln` binary: a short training run that learns, sampling
 // from what it saved, and one-line errors for every kind of bad input.
+#include "core/device_choice.h"
 #include "core/device_memory.h"
 #include "test_util.h"
 
@@ -130,7 +131,17 @@ TEST(Cli, BadInputGivesOneLineErrors) {
   EXPECT_NE(expect_one_line_error(kiln + " train " + dir + "/ok.toml --set model.norm=groupnorm").find("groupnorm"),
             std::string::npos);
   EXPECT_NE(expect_one_line_error(kiln + " sample " + dir + "/no-model").find("no-model"), std::string::npos);
+  EXPECT_NE(expect_one_line_error(kiln + " train " + dir + "/ok.toml --set model.kda.gpu_kernel=fast")
+                .find("model.kda.gpu_kernel"),
+            std::string::npos);
   fs::remove_all(dir);
+}
+
+// kiln bench-kda times GPU kernels: on a machine without one it says so in one line.
+TEST(Cli, BenchKdaNeedsAGpu) {
+  if (resolve_device("auto") == Device::cuda) GTEST_SKIP() << "this machine has a GPU";
+  EXPECT_NE(expect_one_line_error(test::kiln_binary() + " bench-kda --batch 1 --seq 64").find("needs a CUDA GPU"),
+            std::string::npos);
 }
 
 // Found by the config fuzz target (tests/fuzz/corpus/config/regression_*): an error that

@@ -82,9 +82,9 @@ struct KdaConfig {
   int64_t head_dim = 0;     // d_k = d_v per head; 0 = model.head_dim
   int64_t conv_kernel = 4;  // the causal depthwise short convolution's width over q, k, v
   int64_t gate_rank = 0;    // the low-rank decay and output gates' inner width; 0 = head_dim
-  // The delta rule's CUDA kernels: "recurrent" (token by token), "chunked" (the WY form by
-  // 64-token chunks, d_k <= 128) or "auto" (chunked where d_k fits). The CPU always trains
-  // on the chunked form.
+  // The delta rule's CUDA kernels: "recurrent" (token by token) or "chunked" (the WY form by
+  // 64-token chunks, d_k <= 128; docs/kda.md says which is faster where). The CPU always
+  // trains on the chunked form.
   std::string gpu_kernel = "recurrent";
 };
 

@@ -159,9 +159,9 @@ const std::array kFields = {
     KILN_FIELD(model.kda, conv_kernel, positive().up_to(64, "a short convolution; its decode state keeps kernel - 1 rows"),
                "kda mixer: the causal depthwise convolution's width over q, k, v"),
     KILN_FIELD(model.kda, gate_rank, non_negative(), "kda mixer: the low-rank decay and output gates' width; 0 = head_dim"),
-    KILN_FIELD(model.kda, gpu_kernel, one_of("auto|recurrent|chunked"),
+    KILN_FIELD(model.kda, gpu_kernel, one_of("recurrent|chunked"),
                "kda mixer: the delta rule's CUDA kernels: recurrent (token by token) | chunked (64-token chunks, "
-               "head_dim <= 128) | auto (chunked where it fits)"),
+               "head_dim <= 128)"),
 
     KILN_FIELD(model.mla, kv_rank, non_negative(), "mla mixer: the cached latent's width; 0 = model.hidden / 4"),
     KILN_FIELD(model.mla, qk_head_dim, non_negative(), "mla mixer: query/key width per head; 0 = model.head_dim"),

@@ -19,11 +19,9 @@ KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
   dk_ = dv_ = c.head_dim > 0 ? c.head_dim : m.head_dim;
   rank_ = c.gate_rank > 0 ? c.gate_rank : dk_;
   kernel_ = c.conv_kernel, norm_eps_ = m.norm_eps;
-  const bool fits_chunked = dk_ <= ops::kda_chunked_max_dk();
-  KILN_CHECK(!cuda_ || c.gpu_kernel != "chunked" || fits_chunked, "model.kda.gpu_kernel",
-             "= 'chunked' takes a head_dim up to {}, got {} (use 'recurrent' or 'auto')", ops::kda_chunked_max_dk(),
-             dk_);
-  chunked_gpu_ = cuda_ && (c.gpu_kernel == "chunked" || (c.gpu_kernel == "auto" && fits_chunked));
+  chunked_gpu_ = cuda_ && c.gpu_kernel == "chunked";
+  KILN_CHECK(!chunked_gpu_ || dk_ <= ops::kda_chunked_max_dk(), "model.kda.gpu_kernel",
+             "= 'chunked' takes a head_dim up to {}, got {} (use 'recurrent')", ops::kda_chunked_max_dk(), dk_);
   // Decode keeps the last kernel - 1 inputs: a kernel of 1 would keep none (and mix nothing).
   KILN_CHECK(kernel_ >= 2, "model.kda.conv_kernel", "= {}: the short convolution needs at least 2 taps", kernel_);
   const int64_t kc = h_ * dk_, vc = h_ * dv_, t = ctx.max_tokens;
