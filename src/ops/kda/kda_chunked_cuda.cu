@@ -53,7 +53,9 @@ struct Tiles {
   float *M, *A, *P;          // [C, C]
   float *U, *D, *dD, *Xv;    // [C, d_v]
   float *W, *dW, *Xk, *Tl;   // [C, d_k] (Tl: the Kd term's share of dG_last)
-  float *S0, *dS;            // [d_k, d_v]
+  // [d_k, d_v] for the forward's output kernel; [d_v, d_k] (transposed) in the backward,
+  // whose grads kernel reads them along d_k across its threads.
+  float *S0, *dS;
   int64_t cc, cv, ck, kv;    // tile sizes
 };
 
@@ -120,6 +122,19 @@ __device__ bool locate(const KdaArgs& s, int64_t slot, Chunk& c) {
   return true;
 }
 
+// The sum over a warp's lanes, every lane getting the same bits (a fixed xor butterfly).
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
+}
+
+// The pair (r, col) of a chunk's [C, C] matrices that warp `u` of `warps` takes next: a warp
+// per pair, its lanes along the rows' channels (coalesced reads, conflict-free shared ones).
+struct WarpPairs {
+  int lane = threadIdx.x & 31, first = threadIdx.x >> 5, step = blockDim.x >> 5;
+};
+
 // G (the cumulative log decay of rows 0..len-1) into cum [C, d_k], a thread per channel.
 template <typename T>
 __device__ void cumulative_decay(const KdaArgs& s, const T* g, const Chunk& c, int64_t h, float* cum) {
@@ -150,25 +165,29 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(KdaArgs s, Tiles w, c
   cumulative_decay(s, g, c, h, cum);
   for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
   __syncthreads();
-  // A (s < r) and P (s <= r); zero elsewhere.
-  for (int64_t e = threadIdx.x; e < kC * kC; e += blockDim.x) {
+  // A (s < r) and P (s <= r); zero elsewhere. A warp per pair.
+  const WarpPairs pairs;
+  for (int64_t e = pairs.first; e < kC * kC; e += pairs.step) {
     const int64_t r = e / kC, col = e % kC;
     float a = 0.f, p = 0.f;
     if (r < len && col <= r) {
       const T* kr = k + ((c.first + r) * H + h) * dk;
       const T* ks = k + ((c.first + col) * H + h) * dk;
       const T* qr = q + ((c.first + r) * H + h) * dk;
-      for (int64_t i = 0; i < dk; ++i) {
+      for (int64_t i = pairs.lane; i < dk; i += 32) {
         const float decayed = to_f32(ks[i]) * expf(cum[r * dk + i] - cum[col * dk + i]);
         a += to_f32(kr[i]) * decayed;
         p += to_f32(qr[i]) * decayed;
       }
-      if (col == r) a = 0.f;
+      a = col == r ? 0.f : warp_sum(a);
+      p = warp_sum(p);
     }
-    A[e] = a;
-    w.A[at * w.cc + e] = a;
-    w.P[at * w.cc + e] = p;
-    M[e] = r == col && r < len ? 1.f : 0.f;
+    if (pairs.lane == 0) {
+      A[e] = a;
+      w.A[at * w.cc + e] = a;
+      w.P[at * w.cc + e] = p;
+      M[e] = r == col && r < len ? 1.f : 0.f;
+    }
   }
   __syncthreads();
   // M = (I + L)^-1 by forward substitution, a row at a time: M_rc = -sum_{c<=m<r} L_rm M_mc.
@@ -216,10 +235,10 @@ __device__ void decayed_keys(const KdaArgs& s, const T* q, const T* k, const T* 
 }
 
 // One block per (d_v slice, head, document). Shared: Kd [C, d_k], elast [d_k], S [d_k,
-// slice], D [C, slice].
+// slice], D [C, slice]. S_0 stored [d_k, d_v], or [d_v, d_k] with `transposed` (the backward's).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, const T* k, const T* g,
-                                                          const float* h0, float* ht) {
+                                                          const float* h0, float* ht, bool transposed) {
   extern __shared__ float sm[];
   const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * kSlice;
   float* kd = sm;
@@ -238,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
     const int64_t at = c.slot * H + h;
     for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
       const int64_t i = e / kSlice, j = j0 + e % kSlice;
-      if (j < dv) w.S0[at * w.kv + i * dv + j] = S[e];
+      if (j < dv) w.S0[at * w.kv + (transposed ? j * dk + i : i * dv + j)] = S[e];
     }
     decayed_keys<T>(s, nullptr, k, g, c, h, kd, nullptr, elast);
     // D = U - W S_0.
@@ -324,7 +343,7 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
     const int64_t at = c.slot * H + h;
     for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
       const int64_t i = e / kSlice, j = j0 + e % kSlice;
-      if (j < dv) w.dS[at * w.kv + i * dv + j] = dS[e];
+      if (j < dv) w.dS[at * w.kv + j * dk + i] = dS[e];  // transposed
     }
     decayed_keys<T>(s, q, k, g, c, h, kd, qg, elast);
     __syncthreads();
@@ -385,7 +404,7 @@ __global__ void __launch_bounds__(kThreads) grads_kernel(KdaArgs s, Tiles w, con
   auto krow = [&](int64_t r) { return ((c.first + r) * H + h) * dk; };
   auto key = [&](int64_t r, int64_t i) { return to_f32(k[krow(r) + i]); };
   auto vrow = [&](int64_t r) { return ((c.first + r) * H + h) * dv; };
-  const float* S0 = w.S0 + at * w.kv;
+  const float* S0 = w.S0 + at * w.kv;  // both [d_v, d_k]
   const float* dS = w.dS + at * w.kv;
   const float* D = w.D + at * w.cv;
   const float* dD = w.dD + at * w.cv;
@@ -398,13 +417,16 @@ __global__ void __launch_bounds__(kThreads) grads_kernel(KdaArgs s, Tiles w, con
   cumulative_decay(s, g, c, h, cum);
   for (int64_t e = threadIdx.x; e < kC * dk; e += blockDim.x) gq[e] = gk[e] = gc[e] = 0.f;
   for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
-  // dP_rs = scale dO_r . D_s (s <= r).
-  for (int64_t e = threadIdx.x; e < kC * kC; e += blockDim.x) {
+  // dP_rs = scale dO_r . D_s (s <= r), a warp per pair.
+  const WarpPairs pairs;
+  for (int64_t e = pairs.first; e < kC * kC; e += pairs.step) {
     const int64_t r = e / kC, col = e % kC;
     float acc = 0.f;
-    if (r < len && col <= r)
-      for (int64_t j = 0; j < dv; ++j) acc += to_f32(dout[vrow(r) + j]) * D[col * dv + j];
-    pm[e] = scale * acc;
+    if (r < len && col <= r) {
+      for (int64_t j = pairs.lane; j < dv; j += 32) acc += to_f32(dout[vrow(r) + j]) * D[col * dv + j];
+      acc = warp_sum(acc);
+    }
+    if (pairs.lane == 0) pm[e] = scale * acc;
   }
   __syncthreads();
   // P's pairwise terms, a thread per channel.
@@ -431,10 +453,10 @@ __global__ void __launch_bounds__(kThreads) grads_kernel(KdaArgs s, Tiles w, con
     const int64_t r = e / dk, i = e % dk;
     float sdo = 0.f, sdd = 0.f, skd = 0.f;
     for (int64_t j = 0; j < dv; ++j) {
-      const float s0 = S0[i * dv + j];
+      const float s0 = S0[j * dk + i];
       sdo += s0 * to_f32(dout[vrow(r) + j]);
       sdd += s0 * dD[r * dv + j];
-      skd += dS[i * dv + j] * D[r * dv + j];
+      skd += dS[j * dk + i] * D[r * dv + j];
     }
     const float er = expf(cum[e]), qi = to_f32(q[krow(r) + i]);
     gq[e] += scale * er * sdo;
@@ -451,7 +473,7 @@ __global__ void __launch_bounds__(kThreads) grads_kernel(KdaArgs s, Tiles w, con
   for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
     float acc = 0.f, decay = 0.f;
     for (int64_t r = 0; r < last; ++r) acc += Tl[r * dk + i];
-    for (int64_t j = 0; j < dv; ++j) decay += S0[i * dv + j] * dS[i * dv + j];
+    for (int64_t j = 0; j < dv; ++j) decay += S0[j * dk + i] * dS[j * dk + i];
     gc[last * dk + i] += acc + expf(cum[last * dk + i]) * decay;
   }
   __syncthreads();
@@ -482,14 +504,15 @@ __global__ void __launch_bounds__(kThreads) grads_kernel(KdaArgs s, Tiles w, con
     for (int64_t i = 0; i < dk; ++i) acc += key(col, i) * expf(cum[col * dk + i]) * Xk[col * dk + i];
     db[col] = acc;
   }
-  for (int64_t e = threadIdx.x; e < kC * kC; e += blockDim.x) {
+  for (int64_t e = pairs.first; e < kC * kC; e += pairs.step) {
     const int64_t r = e / kC, col = e % kC;
     float acc = 0.f;
     if (r < len && col < r) {
-      for (int64_t j = 0; j < dv; ++j) acc += Xv[r * dv + j] * U[col * dv + j];
-      for (int64_t i = 0; i < dk; ++i) acc += Xk[r * dk + i] * W[col * dk + i];
+      for (int64_t j = pairs.lane; j < dv; j += 32) acc += Xv[r * dv + j] * U[col * dv + j];
+      for (int64_t i = pairs.lane; i < dk; i += 32) acc += Xk[r * dk + i] * W[col * dk + i];
+      acc = warp_sum(acc);
     }
-    pm[e] = -acc;
+    if (pairs.lane == 0) pm[e] = -acc;
   }
   __syncthreads();
   // dbeta_r += sum_{s<r} dL_rs A_rs; A's pairwise terms with dA_rs = beta_r dL_rs.
@@ -553,7 +576,7 @@ Grids grids_of(const KdaArgs& a) {
 // prepare, then states: the factors, S_0 of every chunk and D; ht if given.
 template <typename T>
 void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k, const T* v,
-                        const T* g, const T* beta, const float* h0, float* ht, const char* op) {
+                        const T* g, const T* beta, const float* h0, float* ht, bool transposed, const char* op) {
   const Grids grid = grids_of(a);
   const size_t prep = floats(kC * a.dk + 2 * kC * kC + kC);
   allow_shared(prepare_kernel<T>, prep, op);
@@ -561,7 +584,7 @@ void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w
   check_launch(op, "prepare_kernel");
   const size_t st = floats(kC * a.dk + a.dk + a.dk * kSlice + kC * kSlice);
   allow_shared(states_kernel<T>, st, op);
-  states_kernel<T><<<grid.documents, kThreads, st, stream(ctx)>>>(a, w, k, g, h0, ht);
+  states_kernel<T><<<grid.documents, kThreads, st, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
   check_launch(op, "states_kernel");
 }
 
@@ -570,7 +593,7 @@ void forward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const 
                     const T* beta, const float* h0, T* out, float* ht, float* workspace) {
   const char* op = "kda_chunked_forward";
   const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
-  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, ht, op);
+  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, ht, /*transposed=*/false, op);
   if (a.tokens == 0) return;
   const size_t smem = floats(kC * a.dk);
   allow_shared(output_kernel<T>, smem, op);
@@ -584,7 +607,7 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
                      T* dbeta, float* dh0, float* workspace) {
   const char* op = "kda_chunked_backward";
   const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
-  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, nullptr, op);
+  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, nullptr, /*transposed=*/true, op);
   const Grids grid = grids_of(a);
   const size_t sg = floats(2 * kC * a.dk + a.dk + a.dk * kSlice + kC * kSlice);
   allow_shared(state_grads_kernel<T>, sg, op);
