@@ -126,6 +126,20 @@ void PipelineTrainer::expect_identical(const std::string& a, const std::string& 
   }
 }
 
+// The last logged step's expert loads and QK-Clip figures of `run` equal `reference`'s; the
+// routers' loss sums within 1e-12 (they add per stage, then over the stages: not the one
+// process's order).
+void expect_same_moe_and_clip_logs(const std::string& reference, const std::string& run) {
+  const std::vector<nlohmann::json> a = metrics_of_kind(reference, "train"), b = metrics_of_kind(run, "train");
+  ASSERT_EQ(a.size(), b.size());
+  for (const char* key : {"moe.0.load_max", "moe.7.load_max", "attn.0.max_logit", "attn.7.clipped"}) {
+    ASSERT_TRUE(a.back().contains(key)) << a.back().dump();
+    EXPECT_EQ(b.back()[key], a.back()[key]) << key;
+  }
+  const double x = a.back()["moe_aux"].get<double>(), y = b.back()["moe_aux"].get<double>();
+  EXPECT_LE(std::abs(x - y), 1e-12 * std::abs(x)) << x << " vs " << y;
+}
+
 }  // namespace
 
 TEST_F(PipelineTrainer, EveryScheduleOverTwoStagesTrainsBitwiseAsOneProcess) { check_every_schedule(2); }
@@ -143,15 +157,7 @@ TEST_F(PipelineTrainer, MoeAndQkClipTrainBitwiseAsOneProcess) {
   ASSERT_EQ(run_with_fault(single(one, sparse), "", &output), 0) << output;
   ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", two, sparse), "", &output), 0) << output;
   expect_identical(two, one);
-  const std::vector<nlohmann::json> a = metrics_of_kind(one, "train"), b = metrics_of_kind(two, "train");
-  ASSERT_EQ(a.size(), b.size());
-  for (const char* key : {"moe.0.load_max", "moe.7.load_max", "attn.0.max_logit", "attn.7.clipped"}) {
-    ASSERT_TRUE(a.back().contains(key)) << a.back().dump();
-    EXPECT_EQ(b.back()[key], a.back()[key]) << key;
-  }
-  // The routers' loss sums add per stage, then over the stages: not the one process's order.
-  const double x = a.back()["moe_aux"].get<double>(), y = b.back()["moe_aux"].get<double>();
-  EXPECT_LE(std::abs(x - y), 1e-12 * std::abs(x)) << x << " vs " << y;
+  expect_same_moe_and_clip_logs(one, two);
 }
 
 // 12 steps in one process, against: 2 stages cut at layer 3, killed at the start of step 5
@@ -258,14 +264,7 @@ TEST_F(PipelineTrainer, MoeAndQkClipOverTwoByTwoTrainBitwiseAsTwoDataParallelRan
   ASSERT_EQ(run_with_fault(data_parallel(ddp, kSparse), "", &output), 0) << output;
   ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", grid, kSparse, 2), "", &output), 0) << output;
   expect_identical(grid, ddp);
-  const std::vector<nlohmann::json> a = metrics_of_kind(ddp, "train"), b = metrics_of_kind(grid, "train");
-  ASSERT_EQ(a.size(), b.size());
-  for (const char* key : {"moe.0.load_max", "moe.7.load_max", "attn.0.max_logit", "attn.7.clipped"}) {
-    ASSERT_TRUE(a.back().contains(key)) << a.back().dump();
-    EXPECT_EQ(b.back()[key], a.back()[key]) << key;
-  }
-  const double x = a.back()["moe_aux"].get<double>(), y = b.back()["moe_aux"].get<double>();
-  EXPECT_LE(std::abs(x - y), 1e-12 * std::abs(x)) << x << " vs " << y;
+  expect_same_moe_and_clip_logs(ddp, grid);
 }
 
 // A 2 x 2 checkpoint at another layout: 12 steps on 2 data-parallel ranks, against: 2 x 2

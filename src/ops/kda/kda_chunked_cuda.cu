@@ -234,6 +234,23 @@ __device__ void decayed_keys(const KdaArgs& s, const T* q, const T* k, const T* 
   }
 }
 
+// A state's slice of kSlice columns from j0 in shared memory, tile [d_k, kSlice], against a
+// state in global memory, [d_k, d_v] (or [d_v, d_k] with `transposed`). Columns past d_v
+// load as zero and are not stored; a null state loads as zero.
+__device__ void load_slice(const float* state, int64_t dk, int64_t dv, int64_t j0, float* tile) {
+  for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
+    const int64_t i = e / kSlice, j = j0 + e % kSlice;
+    tile[e] = state && j < dv ? state[i * dv + j] : 0.f;
+  }
+}
+
+__device__ void store_slice(const float* tile, int64_t dk, int64_t dv, int64_t j0, float* state, bool transposed) {
+  for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
+    const int64_t i = e / kSlice, j = j0 + e % kSlice;
+    if (j < dv) state[transposed ? j * dk + i : i * dv + j] = tile[e];
+  }
+}
+
 // One block per (d_v slice, head, document). Shared: Kd [C, d_k], elast [d_k], S [d_k,
 // slice], D [C, slice]. S_0 stored [d_k, d_v], or [d_v, d_k] with `transposed` (the backward's).
 template <typename T>
@@ -247,18 +264,12 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
   float* D = S + dk * kSlice;
   const int64_t begin = s.cu_seqlens[seq], end = s.cu_seqlens[seq + 1];
   const int64_t state = (seq * H + h) * dk * dv;
-  for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
-    const int64_t i = e / kSlice, j = j0 + e % kSlice;
-    S[e] = h0 && j < dv ? h0[state + i * dv + j] : 0.f;
-  }
+  load_slice(h0 ? h0 + state : nullptr, dk, dv, j0, S);
   __syncthreads();
   for (int64_t first = begin, n = 0; first < end; first += kC, ++n) {
     const Chunk c{first, end - first < kC ? end - first : kC, seq, first_slot(s, seq) + n};
     const int64_t at = c.slot * H + h;
-    for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
-      const int64_t i = e / kSlice, j = j0 + e % kSlice;
-      if (j < dv) w.S0[at * w.kv + (transposed ? j * dk + i : i * dv + j)] = S[e];
-    }
+    store_slice(S, dk, dv, j0, w.S0 + at * w.kv, transposed);
     decayed_keys<T>(s, nullptr, k, g, c, h, kd, nullptr, elast);
     // D = U - W S_0.
     for (int64_t e = threadIdx.x; e < c.len * kSlice; e += blockDim.x) {
@@ -282,11 +293,7 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
     }
     __syncthreads();
   }
-  if (ht)
-    for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
-      const int64_t i = e / kSlice, j = j0 + e % kSlice;
-      if (j < dv) ht[state + i * dv + j] = S[e];
-    }
+  if (ht) store_slice(S, dk, dv, j0, ht + state, false);
 }
 
 // One block per (chunk, head). Shared: Qg [C, d_k].
@@ -331,20 +338,14 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
   float* dD = dS + dk * kSlice;
   const int64_t begin = s.cu_seqlens[seq], end = s.cu_seqlens[seq + 1];
   const int64_t state = (seq * H + h) * dk * dv;
-  for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
-    const int64_t i = e / kSlice, j = j0 + e % kSlice;
-    dS[e] = dht && j < dv ? dht[state + i * dv + j] : 0.f;
-  }
+  load_slice(dht ? dht + state : nullptr, dk, dv, j0, dS);
   __syncthreads();
   const int64_t chunks = (end - begin + kC - 1) / kC;
   for (int64_t n = chunks - 1; n >= 0; --n) {
     const int64_t first = begin + n * kC;
     const Chunk c{first, end - first < kC ? end - first : kC, seq, first_slot(s, seq) + n};
     const int64_t at = c.slot * H + h;
-    for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
-      const int64_t i = e / kSlice, j = j0 + e % kSlice;
-      if (j < dv) w.dS[at * w.kv + j * dk + i] = dS[e];  // transposed
-    }
+    store_slice(dS, dk, dv, j0, w.dS + at * w.kv, /*transposed=*/true);
     decayed_keys<T>(s, q, k, g, c, h, kd, qg, elast);
     __syncthreads();
     // dD = scale P^T dO + Kd dS.
@@ -375,11 +376,7 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
     }
     __syncthreads();
   }
-  if (dh0)
-    for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
-      const int64_t i = e / kSlice, j = j0 + e % kSlice;
-      if (j < dv) dh0[state + i * dv + j] = dS[e];
-    }
+  if (dh0) store_slice(dS, dk, dv, j0, dh0 + state, false);
 }
 
 // One block per (chunk, head). Shared: cum, gq, gk, gc (dG) [C, d_k], a pair matrix [C, C]
