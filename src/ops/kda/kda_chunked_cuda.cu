@@ -379,6 +379,31 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
   if (dh0) store_slice(dS, dk, dv, j0, dh0 + state, false);
 }
 
+// Channel i's share of the gradient of a pairwise form F_rc = sum_i a_r[i] b_c[i]
+// exp(G_r[i] - G_c[i]) (c < r, and c = r with `diagonal`), whose upstream gradient is
+// weight(r) pm[r][c]: into a's rows (ga), b's rows (gb) and G (gc; nothing from the
+// diagonal, where G_r - G_c = 0). The thread alone writes channel i of each.
+template <typename RowA, typename RowB, typename Weight>
+__device__ void pairwise_channel(int64_t i, int64_t len, int64_t dk, const float* cum, const float* pm, bool diagonal,
+                                 RowA a, RowB b, Weight weight, float* ga, float* gb, float* gc) {
+  for (int64_t r = 0; r < len; ++r) {
+    const float ar = a(r, i), cr = cum[r * dk + i], w = weight(r);
+    float to_a = 0.f, to_g = 0.f;
+    for (int64_t col = 0; col < r + (diagonal ? 1 : 0); ++col) {
+      const float df = w * pm[r * kC + col], e = expf(cr - cum[col * dk + i]), bc = b(col, i);
+      to_a += df * bc * e;
+      gb[col * dk + i] += df * ar * e;
+      if (col < r) {
+        const float t = df * ar * bc * e;
+        to_g += t;
+        gc[col * dk + i] -= t;
+      }
+    }
+    ga[r * dk + i] += to_a;
+    gc[r * dk + i] += to_g;
+  }
+}
+
 // One block per (chunk, head). Shared: cum, gq, gk, gc (dG) [C, d_k], a pair matrix [C, C]
 // (dP, then dL), beta [C] and dbeta [C]: 148 KiB at d_k 128, inside an A100's 163 KiB.
 template <typename T>
@@ -426,24 +451,11 @@ __global__ void __launch_bounds__(kThreads) grads_kernel(KdaArgs s, Tiles w, con
     if (pairs.lane == 0) pm[e] = scale * acc;
   }
   __syncthreads();
-  // P's pairwise terms, a thread per channel.
+  // P's pairwise terms (with the diagonal), a thread per channel.
+  const auto query = [&](int64_t r, int64_t i) { return to_f32(q[krow(r) + i]); };
+  const auto unit = [](int64_t) { return 1.f; };
   for (int64_t i = threadIdx.x; i < dk; i += blockDim.x)
-    for (int64_t r = 0; r < len; ++r) {
-      const float qi = to_f32(q[krow(r) + i]), cr = cum[r * dk + i];
-      float to_q = 0.f, to_g = 0.f;
-      for (int64_t col = 0; col <= r; ++col) {
-        const float df = pm[r * kC + col], e = expf(cr - cum[col * dk + i]), kc = key(col, i);
-        to_q += df * kc * e;
-        gk[col * dk + i] += df * qi * e;
-        if (col < r) {
-          const float t = df * qi * kc * e;
-          to_g += t;
-          gc[col * dk + i] -= t;
-        }
-      }
-      gq[r * dk + i] += to_q;
-      gc[r * dk + i] += to_g;
-    }
+    pairwise_channel(i, len, dk, cum, pm, true, query, key, unit, gq, gk, gc);
   __syncthreads();
   // Per element (r, i): Qg's gradient through S_0, Kd's through dS, and dW = -dD S_0^T.
   for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
@@ -519,21 +531,9 @@ __global__ void __launch_bounds__(kThreads) grads_kernel(KdaArgs s, Tiles w, con
     for (int64_t col = 0; col < r; ++col) acc += pm[r * kC + col] * A[r * kC + col];
     from_f32(acc, dbeta + (c.first + r) * H + h);
   }
+  const auto beta_of = [&](int64_t r) { return bt[r]; };
   for (int64_t i = threadIdx.x; i < dk; i += blockDim.x)
-    for (int64_t r = 1; r < len; ++r) {
-      const float kr = key(r, i), cr = cum[r * dk + i];
-      float to_r = 0.f, to_g = 0.f;
-      for (int64_t col = 0; col < r; ++col) {
-        const float df = bt[r] * pm[r * kC + col], e = expf(cr - cum[col * dk + i]), kc = key(col, i);
-        to_r += df * kc * e;
-        gk[col * dk + i] += df * kr * e;
-        const float t = df * kr * kc * e;
-        to_g += t;
-        gc[col * dk + i] -= t;
-      }
-      gk[r * dk + i] += to_r;
-      gc[r * dk + i] += to_g;
-    }
+    pairwise_channel(i, len, dk, cum, pm, false, key, key, beta_of, gk, gk, gc);
   __syncthreads();
   // dg = the reversed cumulative sum of dG; dq, dk out.
   for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
