@@ -14,8 +14,8 @@
 //                     chunk's end (dL/dS_L) and dD = scale P^T dO + Kd dS, carrying
 //                     dS_0 = Gamma_L dS + scale Qg^T dO - W^T dD to the previous chunk;
 //           grads     per (chunk, head): dq, dk, dv, dg, dbeta from S_0, dS, D, dD and the
-//                     factors. The pairwise terms run a thread per channel over the chunk's
-//                     pairs (so each thread alone writes its channel's accumulators).
+//                     factors. The pairwise terms run a thread per element (row, channel),
+//                     summing that row's and that column's pairs in registers.
 //
 // Chunks are cut per document. A document starting at token b (document index s) owns the
 // chunk slots b / 64 + s, b / 64 + s + 1, ... (ceil(L / 64) of them): slots are unique and
@@ -207,11 +207,14 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(KdaArgs s, Tiles w, c
     for (int64_t col = 0; col <= r; ++col) acc += M[r * kC + col] * bt[col] * to_f32(v[((c.first + col) * H + h) * dv + j]);
     w.U[at * w.cv + r * dv + j] = acc;
   }
+  // cum becomes Diag(beta) Gamma K in place (an exp per element, not per product).
+  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x)
+    cum[e] = bt[e / dk] * expf(cum[e]) * to_f32(k[(c.first + e / dk) * H * dk + h * dk + e % dk]);
+  __syncthreads();
   for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
     const int64_t r = e / dk, i = e % dk;
     float acc = 0.f;
-    for (int64_t col = 0; col <= r; ++col)
-      acc += M[r * kC + col] * bt[col] * expf(cum[col * dk + i]) * to_f32(k[((c.first + col) * H + h) * dk + i]);
+    for (int64_t col = 0; col <= r; ++col) acc += M[r * kC + col] * cum[col * dk + i];
     w.W[at * w.ck + r * dk + i] = acc;
   }
 }
@@ -379,28 +382,31 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
   if (dh0) store_slice(dS, dk, dv, j0, dh0 + state, false);
 }
 
-// Channel i's share of the gradient of a pairwise form F_rc = sum_i a_r[i] b_c[i]
-// exp(G_r[i] - G_c[i]) (c < r, and c = r with `diagonal`), whose upstream gradient is
-// weight(r) pm[r][c]: into a's rows (ga), b's rows (gb) and G (gc; nothing from the
-// diagonal, where G_r - G_c = 0). The thread alone writes channel i of each.
+// The gradient of a pairwise form F_rc = sum_i a_r[i] b_c[i] exp(G_r[i] - G_c[i]) (c < r, and
+// c = r with `diagonal`) whose upstream gradient is dF_rc = weight(r) pm[r][c]:
+//   ga[r] += sum_c dF_rc b_c e_rc,   gb[c] += sum_r dF_rc a_r e_rc,
+//   gc[r] += a_r (ga's sum without c = r),   gc[c] -= b_c (gb's sum without r = c)
+// (d e_rc / dG_r = e_rc, d e_rc / dG_c = -e_rc; the diagonal's exponent is 0). A thread per
+// element (r, i) of the [len, d_k] tiles sums both its row's and its column's terms in
+// registers: every thread of the block works, and each alone writes its element (the same
+// element of ga, gb and gc in both sums, so a = b, ga = gb is allowed). e_rc is computed
+// twice (once per side), which is cheaper than the serial read-modify-writes of sharing it.
 template <typename RowA, typename RowB, typename Weight>
-__device__ void pairwise_channel(int64_t i, int64_t len, int64_t dk, const float* cum, const float* pm, bool diagonal,
-                                 RowA a, RowB b, Weight weight, float* ga, float* gb, float* gc) {
-  for (int64_t r = 0; r < len; ++r) {
-    const float ar = a(r, i), cr = cum[r * dk + i], w = weight(r);
-    float to_a = 0.f, to_g = 0.f;
-    for (int64_t col = 0; col < r + (diagonal ? 1 : 0); ++col) {
-      const float df = w * pm[r * kC + col], e = expf(cr - cum[col * dk + i]), bc = b(col, i);
-      to_a += df * bc * e;
-      gb[col * dk + i] += df * ar * e;
-      if (col < r) {
-        const float t = df * ar * bc * e;
-        to_g += t;
-        gc[col * dk + i] -= t;
-      }
-    }
-    ga[r * dk + i] += to_a;
-    gc[r * dk + i] += to_g;
+__device__ void pairwise_gradient(int64_t len, int64_t dk, const float* cum, const float* pm, bool diagonal, RowA a,
+                                  RowB b, Weight weight, float* ga, float* gb, float* gc) {
+  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
+    const int64_t n = e / dk, i = e % dk;
+    const float gn = cum[e];
+    float row = 0.f;  // n as the row r: sum over c < n
+    for (int64_t col = 0; col < n; ++col) row += pm[n * kC + col] * b(col, i) * expf(gn - cum[col * dk + i]);
+    row *= weight(n);
+    float column = 0.f;  // n as the column c: sum over r > n
+    for (int64_t r = n + 1; r < len; ++r) column += weight(r) * pm[r * kC + n] * a(r, i) * expf(cum[r * dk + i] - gn);
+    const float an = a(n, i), bn = b(n, i);
+    const float diag = diagonal ? weight(n) * pm[n * kC + n] : 0.f;
+    ga[e] += row + diag * bn;
+    gb[e] += column + diag * an;
+    gc[e] += an * row - bn * column;
   }
 }
 
@@ -454,8 +460,7 @@ __global__ void __launch_bounds__(kThreads) grads_kernel(KdaArgs s, Tiles w, con
   // P's pairwise terms (with the diagonal), a thread per channel.
   const auto query = [&](int64_t r, int64_t i) { return to_f32(q[krow(r) + i]); };
   const auto unit = [](int64_t) { return 1.f; };
-  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x)
-    pairwise_channel(i, len, dk, cum, pm, true, query, key, unit, gq, gk, gc);
+  pairwise_gradient(len, dk, cum, pm, true, query, key, unit, gq, gk, gc);
   __syncthreads();
   // Per element (r, i): Qg's gradient through S_0, Kd's through dS, and dW = -dD S_0^T.
   for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
@@ -532,8 +537,7 @@ __global__ void __launch_bounds__(kThreads) grads_kernel(KdaArgs s, Tiles w, con
     from_f32(acc, dbeta + (c.first + r) * H + h);
   }
   const auto beta_of = [&](int64_t r) { return bt[r]; };
-  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x)
-    pairwise_channel(i, len, dk, cum, pm, false, key, key, beta_of, gk, gk, gc);
+  pairwise_gradient(len, dk, cum, pm, false, key, key, beta_of, gk, gk, gc);
   __syncthreads();
   // dg = the reversed cumulative sum of dG; dq, dk out.
   for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
