@@ -47,14 +47,16 @@ ModelConfig moe_config(const std::string& scope) {
   return c;
 }
 
-// A model and its optimizer (never applied: the plans' lr is 0), initialized the same way
-// every time.
+// A model and its optimizer (applied only where a plan's lr is not 0), initialized the same
+// way every time.
 struct MoeRun {
   Model model;
   Arena state{"optimizer", Device::cpu};
   std::unique_ptr<Optimizer> optimizer;
 
-  explicit MoeRun(const std::string& scope, int64_t micro_batches_per_step) : model(moe_config(scope), test::tiny_build()) {
+  explicit MoeRun(const std::string& scope, int64_t micro_batches_per_step) : MoeRun(moe_config(scope), micro_batches_per_step) {}
+  MoeRun(const ModelConfig& config, int64_t micro_batches_per_step, const BuildOptions& build = test::tiny_build())
+      : model(config, build) {
     optimizer = make_optimizer(model.exec(), OptimConfig{}, model.parameters(), 1.0);
     optimizer->plan(state);
     model.allocate();
@@ -68,6 +70,14 @@ struct MoeRun {
     for (const auto& p : model.parameters()) {
       const double* g = p->grad().data<double>();
       out.insert(out.end(), g, g + p->grad().numel());
+    }
+    return out;
+  }
+  std::vector<double> weights() const {
+    std::vector<double> out;
+    for (const auto& p : model.parameters()) {
+      const double* w = p->value().data<double>();
+      out.insert(out.end(), w, w + p->value().numel());
     }
     return out;
   }
@@ -166,34 +176,105 @@ TEST(MoeStepBalance, TheMicroBatchScopeDiffersAtGradAccumTwo) {
   EXPECT_GT(d, 1e-6);
 }
 
-// Two Gloo ranks (threads), each with half the documents as its one micro-batch: the counts
-// summed over the ranks before backward give the whole batch's step on both.
-TEST(MoeStepBalance, TwoRanksGiveTheWholeBatchsStep) {
+// Two Gloo ranks (threads), each with half the documents as its `accum` micro-batches (one
+// each, or two each): the counts summed over the ranks before backward give the whole
+// batch's step on both.
+void expect_two_ranks_give_the_whole_batchs_step(int accum) {
   const Reference ref = whole_batch();
   const int world = 2, port = dist::free_loopback_port();
-  const std::vector<HostBatch> halves = split(2);
-  const int64_t targets = targets_of(halves);
+  const std::vector<HostBatch> parts = split(world * accum);
+  const int64_t targets = targets_of(parts);
   std::vector<std::vector<double>> gradients(world);
   std::vector<double> balance(world), z(world), loss(world);
   const std::vector<std::string> errors = test::run_ranks(world, [&](int r) {
     dist::ProcessGroup group(test::placement(r, world, port), Device::cpu, 20000ms);
-    MoeRun run("step", world);
+    MoeRun run("step", world * accum);
     DataParallel data_parallel(group, run.model, 0);
-    StepProgram program(run.model, *run.optimizer, 1, StepExecution::op_by_op, &data_parallel);
-    const StepOutcome o = program.run({halves[static_cast<size_t>(r)]}, targets, frozen());
+    StepProgram program(run.model, *run.optimizer, accum, StepExecution::op_by_op, &data_parallel);
+    const std::vector<HostBatch> mine(parts.begin() + r * accum, parts.begin() + (r + 1) * accum);
+    const StepOutcome o = program.run(mine, targets, frozen());
     gradients[static_cast<size_t>(r)] = run.gradients();
-    balance[static_cast<size_t>(r)] = run.balance_loss(o, targets, world);
-    z[static_cast<size_t>(r)] = run.z_loss(o, targets, world);
+    balance[static_cast<size_t>(r)] = run.balance_loss(o, targets, world * accum);
+    z[static_cast<size_t>(r)] = run.z_loss(o, targets, world * accum);
     loss[static_cast<size_t>(r)] = o.loss;
   });
   for (int r = 0; r < world; ++r) {
-    SCOPED_TRACE(::testing::Message() << "rank " << r);
+    SCOPED_TRACE(::testing::Message() << "rank " << r << ", grad_accum " << accum);
     ASSERT_EQ(errors[static_cast<size_t>(r)], "");
     EXPECT_NEAR(balance[static_cast<size_t>(r)], ref.balance_loss, kTolerance * ref.balance_loss);
     EXPECT_NEAR(z[static_cast<size_t>(r)], ref.z_loss, kTolerance * ref.z_loss);
     EXPECT_NEAR(loss[static_cast<size_t>(r)], ref.loss, kTolerance * ref.loss);
     const double d = difference(gradients[static_cast<size_t>(r)], ref.gradients);
-    RecordProperty(fmt::format("gradient_relative_difference_rank_{}", r), fmt::format("{:.3g}", d));
+    ::testing::Test::RecordProperty(fmt::format("gradient_relative_difference_rank_{}_accum_{}", r, accum), fmt::format("{:.3g}", d));
+    EXPECT_LE(d, kTolerance);
+  }
+}
+
+TEST(MoeStepBalance, TwoRanksGiveTheWholeBatchsStep) { expect_two_ranks_give_the_whole_batchs_step(1); }
+TEST(MoeStepBalance, TwoRanksOfTwoMicroBatchesGiveTheWholeBatchsStep) { expect_two_ranks_give_the_whole_batchs_step(2); }
+
+// Three applied AdamW steps (lr 0.02, no clip): the weights after them, and each step's
+// balance loss, at grad_accum 2 and 4 are the whole batch's at grad_accum 1. Each step
+// counts its own routes with the weights the last update left (stale counts would not pass).
+TEST(MoeStepBalance, ThreeStepsAtGradAccumTwoAndFourTrainTheWholeBatchsWeights) {
+  constexpr int kSteps = 3;
+  StepPlan plan = frozen();
+  plan.lr = 0.02;
+  auto train = [&](const std::string& scope, int parts, std::vector<double>& balance) {
+    MoeRun run(scope, parts);
+    const std::vector<HostBatch> batches = split(parts);
+    StepProgram program(run.model, *run.optimizer, parts, StepExecution::op_by_op);
+    for (int s = 0; s < kSteps; ++s) {
+      const StepOutcome o = program.run(batches, targets_of(batches), plan);
+      EXPECT_TRUE(o.applied());
+      balance.push_back(run.balance_loss(o, targets_of(batches), parts));
+    }
+    return run.weights();
+  };
+  std::vector<double> ref_balance;
+  const std::vector<double> ref = train("micro_batch", 1, ref_balance);
+  MoeRun initial("micro_batch", 1);
+  ASSERT_GT(difference(ref, initial.weights()), 1e-3);  // the steps moved the weights
+  ASSERT_GT(std::abs(ref_balance.back() - ref_balance.front()), 1e-6 * ref_balance.front());  // and the routing
+  for (int parts : {2, 4}) {
+    SCOPED_TRACE(::testing::Message() << "grad_accum " << parts);
+    std::vector<double> balance;
+    const double d = difference(train("step", parts, balance), ref);
+    RecordProperty(fmt::format("weight_relative_difference_{}", parts), fmt::format("{:.3g}", d));
+    EXPECT_LE(d, kTolerance);
+    for (int s = 0; s < kSteps; ++s)
+      EXPECT_NEAR(balance[static_cast<size_t>(s)], ref_balance[static_cast<size_t>(s)], kTolerance * ref_balance[static_cast<size_t>(s)]);
+  }
+}
+
+// At grad_accum 1 the step is the micro-batch, so the scopes agree -- also with dropout, a
+// recomputed block, a capacity, and sinkhorn (whose training route differs from its
+// evaluation one): the counting pass must route exactly as the training pass (the batch's
+// dropout key, the training route), and the recomputed forward must not count again.
+TEST(MoeStepBalance, AtGradAccumOneTheScopesAgreeWithDropoutRecomputeAndTrainingRoutes) {
+  for (const std::string router : {"softmax_topk", "sinkhorn"}) {
+    SCOPED_TRACE(router);
+    auto step = [&](const std::string& scope) {
+      ModelConfig c = moe_config(scope);
+      c.dropout = 0.3;
+      c.moe.capacity_factor = 1.0;
+      c.moe.router = router;
+      BuildOptions build = test::tiny_build();
+      build.recompute_blocks = 1;
+      MoeRun run(c, 1, build);
+      std::vector<HostBatch> batches = split(1);
+      batches[0].dropout_key = 0x1234abcdull;
+      StepProgram program(run.model, *run.optimizer, 1, StepExecution::op_by_op);
+      const StepOutcome o = program.run(batches, targets_of(batches), frozen());
+      return Reference{run.gradients(), run.balance_loss(o, targets_of(batches), 1), run.z_loss(o, targets_of(batches), 1),
+                       o.loss};
+    };
+    const Reference ref = step("micro_batch"), got = step("step");
+    EXPECT_NEAR(got.balance_loss, ref.balance_loss, kTolerance * ref.balance_loss);
+    EXPECT_NEAR(got.z_loss, ref.z_loss, kTolerance * ref.z_loss);
+    EXPECT_NEAR(got.loss, ref.loss, kTolerance * ref.loss);
+    const double d = difference(got.gradients, ref.gradients);
+    RecordProperty("gradient_relative_difference_" + router, fmt::format("{:.3g}", d));
     EXPECT_LE(d, kTolerance);
   }
 }
