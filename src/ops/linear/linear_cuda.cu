@@ -22,14 +22,28 @@ __global__ void broadcast_rows(const float* __restrict__ bias, int64_t n, int64_
     from_f32(bias[i % cols], &y[i]);
 }
 
-// dbias[c] += sum over rows of dy[r, c]: one thread per column, rows in order (deterministic).
+// dbias[c] += sum over rows of dy[r, c]. A block per 32 columns: its 32 x kRowGroups threads
+// each add every kRowGroups-th row of one column (a warp reads 32 neighbouring columns), then
+// one thread per column adds the groups' sums in order. A thread per column walking all rows
+// ran a few blocks on a card of 132 SMs (3.3 ms for 32768 x 2048); this runs 32x the threads.
+// The order is fixed by the launch, so the same inputs give the same bits.
+constexpr int kRowGroups = 32;
+
 template <typename T>
-__global__ void column_sums(const T* __restrict__ dy, int64_t n, int64_t cols, float* __restrict__ dbias) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= cols) return;
+__global__ void __launch_bounds__(32 * kRowGroups) column_sums(const T* __restrict__ dy, int64_t n, int64_t cols,
+                                                                float* __restrict__ dbias) {
+  __shared__ float partial[kRowGroups][33];
+  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
   float sum = 0;
-  for (int64_t r = 0; r < n; ++r) sum += to_f32(dy[r * cols + c]);
-  dbias[c] += sum;
+  if (c < cols)
+    for (int64_t r = threadIdx.y; r < n; r += kRowGroups) sum += to_f32(dy[r * cols + c]);
+  partial[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float total = 0;
+    for (int g = 0; g < kRowGroups; ++g) total += partial[g][threadIdx.x];
+    dbias[c] += total;
+  }
 }
 
 template <typename T>
@@ -40,7 +54,8 @@ void launch_bias(cudaStream_t stream, const float* bias, int64_t n, int64_t out,
 
 template <typename T>
 void launch_column_sums(cudaStream_t stream, const void* dy, int64_t n, int64_t out, float* dbias) {
-  column_sums<<<blocks_for(out, 256), 256, 0, stream>>>(static_cast<const T*>(dy), n, out, dbias);
+  const unsigned blocks = static_cast<unsigned>((out + 31) / 32);
+  column_sums<<<blocks, dim3(32, kRowGroups), 0, stream>>>(static_cast<const T*>(dy), n, out, dbias);
   check_launch("linear_backward", "column_sums");
 }
 
