@@ -44,6 +44,9 @@ using vec::to_f32;
 
 constexpr int kC = static_cast<int>(kKdaChunk);
 constexpr int kThreads = 256;
+// grads fills an SM's shared memory alone (one block per SM), so it takes more threads to
+// hide its loads' latency: 16 warps, not 8.
+constexpr int kGradsThreads = 512;
 constexpr int kSlice = 32;  // d_v columns of the state per block of the sequential kernels
 
 int64_t slots_of(int64_t tokens, int64_t num_seqs) { return tokens / kC + num_seqs; }
@@ -413,7 +416,7 @@ __device__ void pairwise_gradient(int64_t len, int64_t dk, const float* cum, con
 // One block per (chunk, head). Shared: cum, gq, gk, gc (dG) [C, d_k], a pair matrix [C, C]
 // (dP, then dL), beta [C] and dbeta [C]: 148 KiB at d_k 128, inside an A100's 163 KiB.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k, const T* v,
+__global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k, const T* v,
                                                          const T* g, const T* beta, const T* dout, T* dq_out,
                                                          T* dk_out, T* dv_out, T* dg, T* dbeta) {
   extern __shared__ float sm[];
@@ -617,7 +620,7 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
   if (a.tokens == 0) return;
   const size_t gr = floats(4 * kC * a.dk + kC * kC + 2 * kC);
   allow_shared(grads_kernel<T>, gr, op);
-  grads_kernel<T><<<grid.chunks, kThreads, gr, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq, dk, dv, dg, dbeta);
+  grads_kernel<T><<<grid.chunks, kGradsThreads, gr, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq, dk, dv, dg, dbeta);
   check_launch(op, "grads_kernel");
 }
 
