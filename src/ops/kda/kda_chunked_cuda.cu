@@ -411,8 +411,11 @@ __device__ void pairwise_gradient(int64_t len, int64_t dk, const float* cum, con
 }
 
 // One block per (chunk, head). Shared: cum, gq, gk, gc (dG) [C, d_k], a pair matrix [C, C]
-// (dP, then dL), beta [C] and dbeta [C]: 148 KiB at d_k 128, inside an A100's 163 KiB.
-template <typename T>
+// (dP, then dL), beta [C] and dbeta [C]: 148 KiB at d_k 128, inside an A100's 163 KiB. With
+// `staged` (where the card has the room: Hopper's 227 KiB) the chunk's k and q rows too, as
+// T [C, d_k] each: the pairwise loops read every row d_k times, and a global load's latency
+// per read made them the kernel's bottleneck.
+template <typename T, bool staged>
 __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k, const T* v,
                                                          const T* g, const T* beta, const T* dout, T* dq_out,
                                                          T* dk_out, T* dv_out, T* dg, T* dbeta) {
@@ -429,8 +432,21 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
   float* pm = gc + kC * dk;
   float* bt = pm + kC * kC;
   float* db = bt + kC;
+  T* ks = reinterpret_cast<T*>(db + kC);  // staged only
+  T* qs = ks + kC * dk;
   auto krow = [&](int64_t r) { return ((c.first + r) * H + h) * dk; };
-  auto key = [&](int64_t r, int64_t i) { return to_f32(k[krow(r) + i]); };
+  auto key = [&](int64_t r, int64_t i) {
+    if constexpr (staged)
+      return to_f32(ks[r * dk + i]);
+    else
+      return to_f32(k[krow(r) + i]);
+  };
+  const auto query = [&](int64_t r, int64_t i) {
+    if constexpr (staged)
+      return to_f32(qs[r * dk + i]);
+    else
+      return to_f32(q[krow(r) + i]);
+  };
   auto vrow = [&](int64_t r) { return ((c.first + r) * H + h) * dv; };
   const float* S0 = w.S0 + at * w.kv;  // both [d_v, d_k]
   const float* dS = w.dS + at * w.kv;
@@ -445,6 +461,11 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
   cumulative_decay(s, g, c, h, cum);
   for (int64_t e = threadIdx.x; e < kC * dk; e += blockDim.x) gq[e] = gk[e] = gc[e] = 0.f;
   for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
+  if constexpr (staged)
+    for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
+      ks[e] = k[krow(e / dk) + e % dk];
+      qs[e] = q[krow(e / dk) + e % dk];
+    }
   // dP_rs = scale dO_r . D_s (s <= r), a warp per pair.
   const WarpPairs pairs;
   for (int64_t e = pairs.first; e < kC * kC; e += pairs.step) {
@@ -458,7 +479,6 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
   }
   __syncthreads();
   // P's pairwise terms (with the diagonal), a thread per channel.
-  const auto query = [&](int64_t r, int64_t i) { return to_f32(q[krow(r) + i]); };
   const auto unit = [](int64_t) { return 1.f; };
   pairwise_gradient(len, dk, cum, pm, true, query, key, unit, gq, gk, gc);
   __syncthreads();
@@ -472,7 +492,7 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
       sdd += s0 * dD[r * dv + j];
       skd += dS[j * dk + i] * D[r * dv + j];
     }
-    const float er = expf(cum[e]), qi = to_f32(q[krow(r) + i]);
+    const float er = expf(cum[e]), qi = query(r, i);
     gq[e] += scale * er * sdo;
     gc[e] += scale * qi * er * sdo;
     dW[e] = -sdd;
@@ -564,6 +584,14 @@ void allow_shared(Kernel kernel, size_t bytes, const char* op) {
         "cudaFuncSetAttribute");
 }
 
+// The most shared memory a block of this device may opt in to.
+size_t shared_limit(const char* op) {
+  int device = 0, limit = 0;
+  check(cudaGetDevice(&device), op, "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op, "shared memory limit");
+  return static_cast<size_t>(limit);
+}
+
 struct Grids {
   dim3 chunks, documents;
 };
@@ -613,9 +641,16 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
   state_grads_kernel<T><<<grid.documents, kThreads, sg, stream(ctx)>>>(a, w, dout, dht, dh0);
   check_launch(op, "state_grads_kernel");
   if (a.tokens == 0) return;
-  const size_t gr = floats(4 * kC * a.dk + kC * kC + 2 * kC);
-  allow_shared(grads_kernel<T>, gr, op);
-  grads_kernel<T><<<grid.chunks, kGradsThreads, gr, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq, dk, dv, dg, dbeta);
+  const size_t gr = floats(4 * kC * a.dk + kC * kC + 2 * kC), staged = gr + 2 * kC * a.dk * sizeof(T);
+  if (staged <= shared_limit(op)) {
+    allow_shared(grads_kernel<T, true>, staged, op);
+    grads_kernel<T, true><<<grid.chunks, kGradsThreads, staged, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq, dk,
+                                                                               dv, dg, dbeta);
+  } else {
+    allow_shared(grads_kernel<T, false>, gr, op);
+    grads_kernel<T, false><<<grid.chunks, kGradsThreads, gr, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq, dk, dv,
+                                                                             dg, dbeta);
+  }
   check_launch(op, "grads_kernel");
 }
 
