@@ -5,8 +5,7 @@
 // exp(G_r) exp(-G_s), which overflows fp32 under strong decays), M = (I + Diag(beta) A)^-1,
 // U = M Diag(beta) V, W = M Diag(beta) Gamma K, the entering state S_0, D = U - W S_0.
 //
-// Forward:  prepare   one block per (chunk, head), all chunks at once: G, A, P, M, U, W,
-//                     and Kd = Gamma_last Gamma^-1 K, Qg = Gamma Q, exp(G_last) for the others.
+// Forward:  prepare   one block per (chunk, head), all chunks at once: G, A, P, M, U, W.
 //           states    one block per (d_v slice, head, document), walking its chunks in
 //                     order: S_0 of each chunk and D, then S_0 -> S_L.
 //           output    one block per (chunk, head): o = scale (Gamma q S_0 + P D).
@@ -57,8 +56,6 @@ struct Tiles {
   float *M, *A, *P;          // [C, C]
   float *U, *D, *dD, *Xv;    // [C, d_v]
   float *W, *dW, *Xk, *Tl;   // [C, d_k] (Tl: the Kd term's share of dG_last)
-  float *Kd, *Qg;            // [C, d_k]: exp(G_last - G_r) k_r and exp(G_r) q_r, from prepare
-  float *El;                 // [d_k]: exp(G_last)
   // [d_k, d_v] for the forward's output kernel; [d_v, d_k] (transposed) in the backward,
   // whose grads kernel reads them along d_k across its threads.
   float *S0, *dS;
@@ -88,9 +85,6 @@ __host__ __device__ inline Tiles tiles_of(float* base, int64_t slot_heads, int64
   t.dW = take(t.ck);
   t.Xk = take(t.ck);
   t.Tl = take(t.ck);
-  t.Kd = take(t.ck);
-  t.Qg = take(t.ck);
-  t.El = take(dk);
   t.S0 = take(t.kv);
   t.dS = take(t.kv);
   return t;
@@ -98,7 +92,7 @@ __host__ __device__ inline Tiles tiles_of(float* base, int64_t slot_heads, int64
 
 int64_t tiles_elems(int64_t slot_heads, int64_t dk, int64_t dv) {
   const int64_t cc = int64_t{kC} * kC, cv = int64_t{kC} * dv, ck = int64_t{kC} * dk, kv = dk * dv;
-  return slot_heads * (3 * cc + 4 * cv + 6 * ck + 2 * kv + dk);
+  return slot_heads * (3 * cc + 4 * cv + 4 * ck + 2 * kv);
 }
 
 // A chunk: its first token, length, document and slot.
@@ -174,14 +168,6 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(KdaArgs s, Tiles w, c
   cumulative_decay(s, g, c, h, cum);
   for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
   __syncthreads();
-  // The decayed keys and queries the sequential kernels read, made here for all chunks at
-  // once rather than per chunk on their critical path.
-  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
-    const int64_t r = e / dk, i = e % dk, row = ((c.first + r) * H + h) * dk + i;
-    w.Kd[at * w.ck + e] = expf(cum[(len - 1) * dk + i] - cum[e]) * to_f32(k[row]);
-    w.Qg[at * w.ck + e] = expf(cum[e]) * to_f32(q[row]);
-  }
-  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) w.El[at * dk + i] = expf(cum[(len - 1) * dk + i]);
   // A (s < r) and P (s <= r); zero elsewhere. A warp per pair.
   const WarpPairs pairs;
   for (int64_t e = pairs.first; e < kC * kC; e += pairs.step) {
@@ -236,13 +222,22 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(KdaArgs s, Tiles w, c
   }
 }
 
-// Chunk `at`'s Kd (and Qg, when given) and elast from the workspace into shared memory.
-__device__ void load_decayed(const Tiles& w, int64_t at, int64_t len, int64_t dk, float* kd, float* qg, float* elast) {
-  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
-    kd[e] = w.Kd[at * w.ck + e];
-    if (qg) qg[e] = w.Qg[at * w.ck + e];
+// Kd [C, d_k] = exp(G_last - G_r) k_r (and, with qg, Qg = exp(G_r) q_r), elast [d_k] =
+// exp(G_last), from cum computed into kd first; a thread per channel.
+template <typename T>
+__device__ void decayed_keys(const KdaArgs& s, const T* q, const T* k, const T* g, const Chunk& c, int64_t h,
+                             float* kd, float* qg, float* elast) {
+  cumulative_decay(s, g, c, h, kd);
+  for (int64_t i = threadIdx.x; i < s.dk; i += blockDim.x) {
+    const float last = kd[(c.len - 1) * s.dk + i];
+    elast[i] = expf(last);
+    for (int64_t r = 0; r < c.len; ++r) {
+      const int64_t row = ((c.first + r) * s.heads + h) * s.dk + i;
+      const float cr = kd[r * s.dk + i];
+      if (qg) qg[r * s.dk + i] = expf(cr) * to_f32(q[row]);
+      kd[r * s.dk + i] = expf(last - cr) * to_f32(k[row]);
+    }
   }
-  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) elast[i] = w.El[at * dk + i];
 }
 
 // A state's slice of kSlice columns from j0 in shared memory, tile [d_k, kSlice], against a
@@ -264,8 +259,9 @@ __device__ void store_slice(const float* tile, int64_t dk, int64_t dv, int64_t j
 
 // One block per (d_v slice, head, document). Shared: Kd [C, d_k], elast [d_k], S [d_k,
 // slice], D [C, slice]. S_0 stored [d_k, d_v], or [d_v, d_k] with `transposed` (the backward's).
-__global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, const float* h0, float* ht,
-                                                          bool transposed) {
+template <typename T>
+__global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, const T* k, const T* g,
+                                                          const float* h0, float* ht, bool transposed) {
   extern __shared__ float sm[];
   const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * kSlice;
   float* kd = sm;
@@ -280,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
     const Chunk c{first, end - first < kC ? end - first : kC, seq, first_slot(s, seq) + n};
     const int64_t at = c.slot * H + h;
     store_slice(S, dk, dv, j0, w.S0 + at * w.kv, transposed);
-    load_decayed(w, at, c.len, dk, kd, nullptr, elast);
+    decayed_keys<T>(s, nullptr, k, g, c, h, kd, nullptr, elast);
     // D = U - W S_0.
     for (int64_t e = threadIdx.x; e < c.len * kSlice; e += blockDim.x) {
       const int64_t r = e / kSlice, jj = e % kSlice, j = j0 + jj;
@@ -306,13 +302,19 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
   if (ht) store_slice(S, dk, dv, j0, ht + state, false);
 }
 
-// One block per (chunk, head).
+// One block per (chunk, head). Shared: Qg [C, d_k].
 template <typename T>
-__global__ void __launch_bounds__(kThreads) output_kernel(KdaArgs s, Tiles w, T* out) {
+__global__ void __launch_bounds__(kThreads) output_kernel(KdaArgs s, Tiles w, const T* q, const T* g, T* out) {
+  extern __shared__ float sm[];
   Chunk c;
   if (!locate(s, blockIdx.x, c)) return;
   const int64_t h = blockIdx.y, H = s.heads, dk = s.dk, dv = s.dv, at = c.slot * H + h;
-  const float* qg = w.Qg + at * w.ck;
+  float* qg = sm;
+  cumulative_decay(s, g, c, h, qg);
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x)
+    for (int64_t r = 0; r < c.len; ++r)
+      qg[r * dk + i] = expf(qg[r * dk + i]) * to_f32(q[((c.first + r) * H + h) * dk + i]);
+  __syncthreads();
   const float* S0 = w.S0 + at * w.kv;
   const float* P = w.P + at * w.cc;
   const float* D = w.D + at * w.cv;
@@ -330,7 +332,8 @@ __global__ void __launch_bounds__(kThreads) output_kernel(KdaArgs s, Tiles w, T*
 // One block per (d_v slice, head, document), chunks in reverse. Shared: Kd, Qg [C, d_k],
 // elast [d_k], dS [d_k, slice], dD [C, slice].
 template <typename T>
-__global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles w, const T* dout, const float* dht,
+__global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k,
+                                                               const T* g, const T* dout, const float* dht,
                                                                float* dh0) {
   extern __shared__ float sm[];
   const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * kSlice;
@@ -349,7 +352,7 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
     const Chunk c{first, end - first < kC ? end - first : kC, seq, first_slot(s, seq) + n};
     const int64_t at = c.slot * H + h;
     store_slice(dS, dk, dv, j0, w.dS + at * w.kv, /*transposed=*/true);
-    load_decayed(w, at, c.len, dk, kd, qg, elast);
+    decayed_keys<T>(s, q, k, g, c, h, kd, qg, elast);
     __syncthreads();
     // dD = scale P^T dO + Kd dS.
     const float* P = w.P + at * w.cc;
@@ -612,8 +615,8 @@ void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w
   prepare_kernel<T><<<grid.chunks, kThreads, prep, stream(ctx)>>>(a, w, q, k, v, g, beta);
   check_launch(op, "prepare_kernel");
   const size_t st = floats(kC * a.dk + a.dk + a.dk * kSlice + kC * kSlice);
-  allow_shared(states_kernel, st, op);
-  states_kernel<<<grid.documents, kThreads, st, stream(ctx)>>>(a, w, h0, ht, transposed);
+  allow_shared(states_kernel<T>, st, op);
+  states_kernel<T><<<grid.documents, kThreads, st, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
   check_launch(op, "states_kernel");
 }
 
@@ -624,7 +627,9 @@ void forward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const 
   const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
   factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, ht, /*transposed=*/false, op);
   if (a.tokens == 0) return;
-  output_kernel<T><<<grids_of(a).chunks, kThreads, 0, stream(ctx)>>>(a, w, out);
+  const size_t smem = floats(kC * a.dk);
+  allow_shared(output_kernel<T>, smem, op);
+  output_kernel<T><<<grids_of(a).chunks, kThreads, smem, stream(ctx)>>>(a, w, q, g, out);
   check_launch(op, "output_kernel");
 }
 
@@ -638,7 +643,7 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
   const Grids grid = grids_of(a);
   const size_t sg = floats(2 * kC * a.dk + a.dk + a.dk * kSlice + kC * kSlice);
   allow_shared(state_grads_kernel<T>, sg, op);
-  state_grads_kernel<T><<<grid.documents, kThreads, sg, stream(ctx)>>>(a, w, dout, dht, dh0);
+  state_grads_kernel<T><<<grid.documents, kThreads, sg, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
   check_launch(op, "state_grads_kernel");
   if (a.tokens == 0) return;
   const size_t gr = floats(4 * kC * a.dk + kC * kC + 2 * kC), staged = gr + 2 * kC * a.dk * sizeof(T);
