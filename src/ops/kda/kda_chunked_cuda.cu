@@ -138,13 +138,19 @@ struct WarpPairs {
   int lane = threadIdx.x & 31, first = threadIdx.x >> 5, step = blockDim.x >> 5;
 };
 
-// G (the cumulative log decay of rows 0..len-1) into cum [C, d_k], a thread per channel.
+// G (the cumulative log decay of rows 0..len-1) into cum [C, d_k]: g's rows loaded by the
+// whole block (coalesced), then a thread per channel adds them up in shared memory (a serial
+// chain of global loads per channel was the sequential kernels' critical path). Every
+// thread of the block must call it; a thread reads back only its own channels without a sync.
 template <typename T>
 __device__ void cumulative_decay(const KdaArgs& s, const T* g, const Chunk& c, int64_t h, float* cum) {
+  for (int64_t e = threadIdx.x; e < c.len * s.dk; e += blockDim.x)
+    cum[e] = to_f32(g[((c.first + e / s.dk) * s.heads + h) * s.dk + e % s.dk]);
+  __syncthreads();
   for (int64_t i = threadIdx.x; i < s.dk; i += blockDim.x) {
     float acc = 0.f;
     for (int64_t r = 0; r < c.len; ++r) {
-      acc += to_f32(g[((c.first + r) * s.heads + h) * s.dk + i]);
+      acc += cum[r * s.dk + i];
       cum[r * s.dk + i] = acc;
     }
   }
@@ -223,21 +229,23 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(KdaArgs s, Tiles w, c
 }
 
 // Kd [C, d_k] = exp(G_last - G_r) k_r (and, with qg, Qg = exp(G_r) q_r), elast [d_k] =
-// exp(G_last), from cum computed into kd first; a thread per channel.
+// exp(G_last), from cum computed into kd first; then an element per thread. Every thread
+// of the block calls it; it ends with a sync, elast written by each channel's own thread.
 template <typename T>
 __device__ void decayed_keys(const KdaArgs& s, const T* q, const T* k, const T* g, const Chunk& c, int64_t h,
                              float* kd, float* qg, float* elast) {
+  const int64_t dk = s.dk;
   cumulative_decay(s, g, c, h, kd);
-  for (int64_t i = threadIdx.x; i < s.dk; i += blockDim.x) {
-    const float last = kd[(c.len - 1) * s.dk + i];
-    elast[i] = expf(last);
-    for (int64_t r = 0; r < c.len; ++r) {
-      const int64_t row = ((c.first + r) * s.heads + h) * s.dk + i;
-      const float cr = kd[r * s.dk + i];
-      if (qg) qg[r * s.dk + i] = expf(cr) * to_f32(q[row]);
-      kd[r * s.dk + i] = expf(last - cr) * to_f32(k[row]);
-    }
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) elast[i] = kd[(c.len - 1) * dk + i];  // G_last, for now
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < c.len * dk; e += blockDim.x) {
+    const int64_t i = e % dk, row = ((c.first + e / dk) * s.heads + h) * dk + i;
+    const float cr = kd[e];
+    if (qg) qg[e] = expf(cr) * to_f32(q[row]);
+    kd[e] = expf(elast[i] - cr) * to_f32(k[row]);
   }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) elast[i] = expf(elast[i]);
 }
 
 // A state's slice of kSlice columns from j0 in shared memory, tile [d_k, kSlice], against a
