@@ -493,25 +493,41 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
   const auto unit = [](int64_t) { return 1.f; };
   pairwise_gradient(len, dk, cum, pm, true, query, key, unit, gq, gk, gc);
   __syncthreads();
-  // Per element (r, i): Qg's gradient through S_0, Kd's through dS, and dW = -dD S_0^T.
-  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
-    const int64_t r = e / dk, i = e % dk;
-    float sdo = 0.f, sdd = 0.f, skd = 0.f;
-    for (int64_t j = 0; j < dv; ++j) {
-      const float s0 = S0[j * dk + i];
-      sdo += s0 * to_f32(dout[vrow(r) + j]);
-      sdd += s0 * dD[r * dv + j];
-      skd += dS[j * dk + i] * D[r * dv + j];
+  // Per element (r, i): Qg's gradient through S_0, Kd's through dS, and dW = -dD S_0^T. A
+  // thread keeps channel i and takes kRows rows at a time, so each S_0 and dS value it
+  // loads serves kRows rows (read once per row, they were the kernel's largest traffic).
+  {
+    constexpr int kRows = 4;
+    const int64_t groups = blockDim.x / dk, i = threadIdx.x % dk, group = threadIdx.x / dk;
+    for (int64_t r0 = group * kRows; group < groups && r0 < len; r0 += groups * kRows) {
+      float sdo[kRows] = {}, sdd[kRows] = {}, skd[kRows] = {};
+      int64_t rows[kRows];
+#pragma unroll
+      for (int n = 0; n < kRows; ++n) rows[n] = r0 + n < len ? r0 + n : len - 1;  // past len: computed, not kept
+      for (int64_t j = 0; j < dv; ++j) {
+        const float s0 = S0[j * dk + i], ds = dS[j * dk + i];
+#pragma unroll
+        for (int n = 0; n < kRows; ++n) {
+          sdo[n] += s0 * to_f32(dout[vrow(rows[n]) + j]);
+          sdd[n] += s0 * dD[rows[n] * dv + j];
+          skd[n] += ds * D[rows[n] * dv + j];
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kRows; ++n) {
+        const int64_t r = r0 + n, e = r * dk + i;
+        if (r >= len) break;
+        const float er = expf(cum[e]), qi = query(r, i);
+        gq[e] += scale * er * sdo[n];
+        gc[e] += scale * qi * er * sdo[n];
+        dW[e] = -sdd[n];
+        const float el = expf(cum[last * dk + i] - cum[e]);
+        gk[e] += el * skd[n];
+        const float t = r == last ? 0.f : key(r, i) * el * skd[n];
+        Tl[e] = t;
+        gc[e] -= t;
+      }
     }
-    const float er = expf(cum[e]), qi = query(r, i);
-    gq[e] += scale * er * sdo;
-    gc[e] += scale * qi * er * sdo;
-    dW[e] = -sdd;
-    const float el = expf(cum[last * dk + i] - cum[e]);
-    gk[e] += el * skd;
-    const float t = r == last ? 0.f : key(r, i) * el * skd;
-    Tl[e] = t;
-    gc[e] -= t;
   }
   __syncthreads();
   // dG_last: the Kd terms' shares and S_0's decay.
