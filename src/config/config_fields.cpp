@@ -102,7 +102,7 @@ const std::array kFields = {
     KILN_FIELD(model, logit_softcap, non_negative(), "cap * tanh(x / cap) of the LM head's logits; 0 = off"),
     KILN_FIELD(model, attn_res_block, non_negative().up_to(2 * kMaxLayers, "a block past every sublayer is one block"),
                "Block Attention Residuals: sublayers (attention or MLP outputs) per block; 0 = plain residual stream "
-               "(CPU only, docs/attn-res.md)"),
+               "(docs/attn-res.md)"),
 
     KILN_FIELD(model.rope, scaling, one_of("none|linear|ntk|yarn|llama3"),
                "RoPE frequency scaling: none | linear | ntk | yarn | llama3"),
