@@ -248,6 +248,20 @@ __device__ void decayed_keys(const KdaArgs& s, const T* q, const T* k, const T* 
   for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) elast[i] = expf(elast[i]);
 }
 
+// The sequential kernels' products over a slice: a thread keeps one column jj of it and
+// takes the rows (or channels) group, group + kGroups, ..., so each value it loads along
+// the other axis serves all of them from registers. Every output is still one thread's
+// sum in the order of the loop it had alone, so the bits do not change.
+constexpr int kGroups = kThreads / kSlice;                    // 8
+constexpr int kRowsPerLane = kC / kGroups;                    // 8: a chunk's rows
+constexpr int kChannelsPerLane = kKdaChunkedMaxDk / kGroups;  // 16: d_k's channels
+static_assert(kC % kGroups == 0 && kKdaChunkedMaxDk % kGroups == 0);
+
+struct SliceLane {
+  int64_t jj = threadIdx.x % kSlice, group = threadIdx.x / kSlice;
+  __device__ int64_t nth(int n) const { return group + int64_t{n} * kGroups; }
+};
+
 // A state's slice of kSlice columns from j0 in shared memory, tile [d_k, kSlice], against a
 // state in global memory, [d_k, d_v] (or [d_v, d_k] with `transposed`). Columns past d_v
 // load as zero and are not stored; a null state loads as zero.
@@ -285,25 +299,47 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
     const int64_t at = c.slot * H + h;
     store_slice(S, dk, dv, j0, w.S0 + at * w.kv, transposed);
     decayed_keys<T>(s, nullptr, k, g, c, h, kd, nullptr, elast);
-    // D = U - W S_0.
-    for (int64_t e = threadIdx.x; e < c.len * kSlice; e += blockDim.x) {
-      const int64_t r = e / kSlice, jj = e % kSlice, j = j0 + jj;
-      float acc = 0.f;
-      if (j < dv) {
-        acc = w.U[at * w.cv + r * dv + j];
-        const float* wr = w.W + at * w.ck + r * dk;
-        for (int64_t i = 0; i < dk; ++i) acc -= wr[i] * S[i * kSlice + jj];
-        w.D[at * w.cv + r * dv + j] = acc;
+    const SliceLane lane;
+    const int64_t j = j0 + lane.jj;
+    // D = U - W S_0 (rows past len are computed from the last row and not kept).
+    {
+      const float* W = w.W + at * w.ck;
+      float acc[kRowsPerLane];
+#pragma unroll
+      for (int n = 0; n < kRowsPerLane; ++n)
+        acc[n] = j < dv ? w.U[at * w.cv + min(lane.nth(n), c.len - 1) * dv + j] : 0.f;
+      if (j < dv)
+        for (int64_t i = 0; i < dk; ++i) {
+          const float si = S[i * kSlice + lane.jj];
+#pragma unroll
+          for (int n = 0; n < kRowsPerLane; ++n) acc[n] -= W[min(lane.nth(n), c.len - 1) * dk + i] * si;
+        }
+#pragma unroll
+      for (int n = 0; n < kRowsPerLane; ++n) {
+        const int64_t r = lane.nth(n);
+        if (r >= c.len) break;
+        if (j < dv) w.D[at * w.cv + r * dv + j] = acc[n];
+        D[r * kSlice + lane.jj] = acc[n];
       }
-      D[e] = acc;
     }
     __syncthreads();
-    // S_L = Gamma_last S_0 + Kd^T D.
-    for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
-      const int64_t i = e / kSlice, jj = e % kSlice;
-      float acc = elast[i] * S[e];
-      for (int64_t r = 0; r < c.len; ++r) acc += kd[r * dk + i] * D[r * kSlice + jj];
-      S[e] = acc;
+    // S_L = Gamma_last S_0 + Kd^T D (channels past d_k likewise).
+    {
+      float acc[kChannelsPerLane];
+#pragma unroll
+      for (int n = 0; n < kChannelsPerLane; ++n) {
+        const int64_t i = min(lane.nth(n), dk - 1);
+        acc[n] = elast[i] * S[i * kSlice + lane.jj];
+      }
+      for (int64_t r = 0; r < c.len; ++r) {
+        const float d = D[r * kSlice + lane.jj];
+#pragma unroll
+        for (int n = 0; n < kChannelsPerLane; ++n) acc[n] += kd[r * dk + min(lane.nth(n), dk - 1)] * d;
+      }
+      __syncthreads();  // a clamped channel read S rows another thread now writes
+#pragma unroll
+      for (int n = 0; n < kChannelsPerLane; ++n)
+        if (lane.nth(n) < dk) S[lane.nth(n) * kSlice + lane.jj] = acc[n];
     }
     __syncthreads();
   }
@@ -362,31 +398,55 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
     store_slice(dS, dk, dv, j0, w.dS + at * w.kv, /*transposed=*/true);
     decayed_keys<T>(s, q, k, g, c, h, kd, qg, elast);
     __syncthreads();
-    // dD = scale P^T dO + Kd dS.
-    const float* P = w.P + at * w.cc;
-    for (int64_t e = threadIdx.x; e < c.len * kSlice; e += blockDim.x) {
-      const int64_t col = e / kSlice, jj = e % kSlice, j = j0 + jj;
-      float acc = 0.f;
+    const SliceLane lane;
+    const int64_t j = j0 + lane.jj;
+    auto dout_at = [&](int64_t r) { return to_f32(dout[((c.first + r) * H + h) * dv + j]); };
+    // dD = scale P^T dO + Kd dS, a lane's columns col = lane.nth(n) (past len: not kept).
+    {
+      const float* P = w.P + at * w.cc;
+      float acc[kRowsPerLane] = {};
       if (j < dv) {
-        for (int64_t r = col; r < c.len; ++r) acc += P[r * kC + col] * to_f32(dout[((c.first + r) * H + h) * dv + j]);
-        acc *= s.scale;
-        for (int64_t i = 0; i < dk; ++i) acc += kd[col * dk + i] * dS[i * kSlice + jj];
-        w.dD[at * w.cv + col * dv + j] = acc;
+        for (int64_t r = 0; r < c.len; ++r) {
+          const float o = dout_at(r);
+#pragma unroll
+          for (int n = 0; n < kRowsPerLane; ++n)
+            if (lane.nth(n) <= r) acc[n] += P[r * kC + lane.nth(n)] * o;
+        }
+#pragma unroll
+        for (int n = 0; n < kRowsPerLane; ++n) acc[n] *= s.scale;
+        for (int64_t i = 0; i < dk; ++i) {
+          const float ds = dS[i * kSlice + lane.jj];
+#pragma unroll
+          for (int n = 0; n < kRowsPerLane; ++n) acc[n] += kd[min(lane.nth(n), c.len - 1) * dk + i] * ds;
+        }
       }
-      dD[e] = acc;
+#pragma unroll
+      for (int n = 0; n < kRowsPerLane; ++n) {
+        const int64_t col = lane.nth(n);
+        if (col >= c.len) break;
+        if (j < dv) w.dD[at * w.cv + col * dv + j] = acc[n];
+        dD[col * kSlice + lane.jj] = acc[n];
+      }
     }
     __syncthreads();
-    // dS_0 = Gamma_last dS + scale Qg^T dO - W^T dD.
-    const float* W = w.W + at * w.ck;
-    for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
-      const int64_t i = e / kSlice, jj = e % kSlice, j = j0 + jj;
-      if (j >= dv) continue;
-      float through_q = 0.f, through_w = 0.f;
+    // dS_0 = Gamma_last dS + scale Qg^T dO - W^T dD, a lane's channels i = lane.nth(n).
+    if (j < dv) {
+      const float* W = w.W + at * w.ck;
+      float through_q[kChannelsPerLane] = {}, through_w[kChannelsPerLane] = {};
       for (int64_t r = 0; r < c.len; ++r) {
-        through_q += qg[r * dk + i] * to_f32(dout[((c.first + r) * H + h) * dv + j]);
-        through_w += W[r * dk + i] * dD[r * kSlice + jj];
+        const float o = dout_at(r), d = dD[r * kSlice + lane.jj];
+#pragma unroll
+        for (int n = 0; n < kChannelsPerLane; ++n) {
+          const int64_t i = min(lane.nth(n), dk - 1);
+          through_q[n] += qg[r * dk + i] * o;
+          through_w[n] += W[r * dk + i] * d;
+        }
       }
-      dS[e] = elast[i] * dS[e] + s.scale * through_q - through_w;
+#pragma unroll
+      for (int n = 0; n < kChannelsPerLane; ++n) {
+        const int64_t i = lane.nth(n);
+        if (i < dk) dS[i * kSlice + lane.jj] = elast[i] * dS[i * kSlice + lane.jj] + s.scale * through_q[n] - through_w[n];
+      }
     }
     __syncthreads();
   }
