@@ -260,6 +260,19 @@ static_assert(kC % kGroups == 0 && kKdaChunkedMaxDk % kGroups == 0);
 struct SliceLane {
   int64_t jj = threadIdx.x % kSlice, group = threadIdx.x / kSlice;
   __device__ int64_t nth(int n) const { return group + int64_t{n} * kGroups; }
+
+  // The lane's rows below len of a [C, slice] result into the workspace's [C, d_v] tile (at
+  // column j = j0 + jj, if j < d_v) and the shared [C, kSlice] copy.
+  __device__ void store_rows(const float (&rows)[kRowsPerLane], int64_t len, int64_t j, int64_t dv, float* tile,
+                             float* shared) const {
+#pragma unroll
+    for (int n = 0; n < kRowsPerLane; ++n) {
+      const int64_t r = nth(n);
+      if (r >= len) break;
+      if (j < dv) tile[r * dv + j] = rows[n];
+      shared[r * kSlice + jj] = rows[n];
+    }
+  }
 };
 
 // A state's slice of kSlice columns from j0 in shared memory, tile [d_k, kSlice], against a
@@ -314,13 +327,7 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
 #pragma unroll
           for (int n = 0; n < kRowsPerLane; ++n) acc[n] -= W[min(lane.nth(n), c.len - 1) * dk + i] * si;
         }
-#pragma unroll
-      for (int n = 0; n < kRowsPerLane; ++n) {
-        const int64_t r = lane.nth(n);
-        if (r >= c.len) break;
-        if (j < dv) w.D[at * w.cv + r * dv + j] = acc[n];
-        D[r * kSlice + lane.jj] = acc[n];
-      }
+      lane.store_rows(acc, c.len, j, dv, w.D + at * w.cv, D);
     }
     __syncthreads();
     // S_L = Gamma_last S_0 + Kd^T D (channels past d_k likewise).
@@ -420,13 +427,7 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
           for (int n = 0; n < kRowsPerLane; ++n) acc[n] += kd[min(lane.nth(n), c.len - 1) * dk + i] * ds;
         }
       }
-#pragma unroll
-      for (int n = 0; n < kRowsPerLane; ++n) {
-        const int64_t col = lane.nth(n);
-        if (col >= c.len) break;
-        if (j < dv) w.dD[at * w.cv + col * dv + j] = acc[n];
-        dD[col * kSlice + lane.jj] = acc[n];
-      }
+      lane.store_rows(acc, c.len, j, dv, w.dD + at * w.cv, dD);
     }
     __syncthreads();
     // dS_0 = Gamma_last dS + scale Qg^T dO - W^T dD, a lane's channels i = lane.nth(n).
