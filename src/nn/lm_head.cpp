@@ -26,7 +26,7 @@ LmHead::LmHead(BuildContext& ctx, const ModelConfig& m, const Tensor& embed, con
                   mup_enabled(m) ? Init::zeros() : Init::normal(m.init_std));
   const int64_t chunk = std::min(spec.chunk_rows, ctx.max_tokens);
   spec_.chunk_rows = chunk;
-  ctx.buffer(scratch_.logits, Shape{chunk, m.vocab_size}, ctx.dtype);
+  ctx.buffer(scratch_.logits, Shape{chunk, ops::lm_head_logits_cols(m.vocab_size)}, ctx.dtype);
   ctx.buffer(scratch_.row_stats, Shape{chunk, 2}, DType::f64);
 }
 
@@ -56,7 +56,8 @@ void LmHead::loss_through(const Tensor& w, const Tensor& dw, double weight, int 
 void LmHead::logits(const Tensor& hidden, std::vector<float>& out) {
   const int64_t rows = hidden.size(0), vocab = weight().size(0);
   KILN_CHECK(rows <= spec_.chunk_rows, "model", "logits of {} rows at once (at most {})", rows, spec_.chunk_rows);
-  const Tensor logits = scratch_.logits.rows(0, rows);
+  // The chunk's memory as dense [rows, V] (the loss's padded rows are not needed here).
+  const Tensor logits(scratch_.logits.raw(), scratch_.logits.dtype(), scratch_.logits.device(), Shape{rows, vocab});
   // bf16 logits (the GPU's mixed path) take the softcap here, in fp32, after the copy:
   // lm_head_logits caps f32 logits only.
   const bool cap_on_host = logits.dtype() == DType::bf16 && softcap_ > 0;

@@ -86,7 +86,7 @@ class LmHead {
   const Tensor& embed_;
   const Tensor& embed_grad_;
   Tensor weight_, grad_;         // [V, hidden]: the untied head's own
-  ops::LmHeadScratch scratch_;   // logits [chunk, V] (compute dtype), row statistics [chunk, 2]
+  ops::LmHeadScratch scratch_;   // logits [chunk, V padded to 8] (compute dtype), row statistics [chunk, 2]
   int first_slot_ = 0;           // "loss", then "z", then the target count
 };
 

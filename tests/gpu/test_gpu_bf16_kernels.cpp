@@ -31,6 +31,7 @@
 #include "gpu/gpu_harness.h"
 #include "infer/decoder_cuda.h"
 #include "ops/cross_entropy/cross_entropy_cuda.h"
+#include "ops/cross_entropy/lm_head_loss.h"
 #include "ops/decode/decode_kernels.h"
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/linear/linear_cuda.h"
@@ -326,7 +327,7 @@ TEST_F(Bf16Kernels, CrossEntropyRows) {
         std::vector<double> stats_runs[2];
         std::vector<uint16_t> grad_runs[2];
         for (int run = 0; run < 2; ++run) {
-          cuda::cross_entropy_rows_to_bf16(process_exec(), ptr<float>(logits_dev), ptr<int32_t>(targets_dev), rows, vocab, o.z_loss,
+          cuda::cross_entropy_rows_to_bf16(process_exec(), ptr<float>(logits_dev), vocab, ptr<int32_t>(targets_dev), rows, vocab, o.z_loss,
                                            o.loss_scale, o.softcap, grad, ptr<double>(stats_dev),
                                            ptr<uint16_t>(grad_dev));
           stats_runs[run] = download<double>(*stats_dev);
@@ -374,7 +375,7 @@ TEST_F(Bf16Kernels, CrossEntropyRowsInPlaceOnBf16Logits) {
         const std::vector<int32_t> targets = ce_targets(rows, vocab);
         OwnedTensor logits_dev = upload(bits), targets_dev = upload(targets);
         OwnedTensor stats_dev = poisoned<double>(static_cast<size_t>(2 * rows));
-        cuda::cross_entropy_rows_bf16(process_exec(), ptr<uint16_t>(logits_dev), ptr<int32_t>(targets_dev), rows, vocab, o.z_loss,
+        cuda::cross_entropy_rows_bf16(process_exec(), ptr<uint16_t>(logits_dev), vocab, ptr<int32_t>(targets_dev), rows, vocab, o.z_loss,
                                       o.loss_scale, o.softcap, grad, ptr<double>(stats_dev));
         const std::vector<double> stats = download<double>(*stats_dev);
         const std::vector<uint16_t> out = download<uint16_t>(*logits_dev);
@@ -385,6 +386,89 @@ TEST_F(Bf16Kernels, CrossEntropyRowsInPlaceOnBf16Logits) {
           expect_bf16_close("grad", out, ref.grad, kBf16Tol, 0, &ref.grad_floor);
         else
           EXPECT_TRUE(out == bits) << "grad=false must leave the logits as they were";
+      }
+    }
+  }
+}
+
+// Rows stride apart (the LM head's chunk: the vocabulary padded to 8 columns,
+// ops::lm_head_logits_cols), vocabularies that are not multiples of 8: the padding holds
+// NaN and must weigh nothing in the sums; the vector path runs (a stride of 8s) and writes
+// zeros into the gradient's padding. Both the fp32-in and the in-place bf16 kernels.
+TEST_F(Bf16Kernels, CrossEntropyRowsPaddedStride) {
+  const CeOptions option_sets[] = {{0, 1, 0}, {1e-2f, 1.0f / 37, 0}, {1e-3f, 1.0f / 3, 5}};
+  for (auto [rows, vocab] : {std::pair<int64_t, int64_t>{5, 7}, {37, 1001}, {3, 50257}}) {
+    const int64_t stride = ops::lm_head_logits_cols(vocab);
+    ASSERT_GT(stride, vocab);
+    ASSERT_EQ(stride % 8, 0);
+    for (const CeOptions& o : option_sets) {
+      for (bool grad : {true, false}) {
+        SCOPED_TRACE(fmt::format("rows={} vocab={} stride={} z={} scale={} softcap={} grad={}", rows, vocab, stride,
+                                 o.z_loss, o.loss_scale, o.softcap, grad));
+        const size_t n = static_cast<size_t>(rows * vocab), padded = static_cast<size_t>(rows * stride);
+        const std::vector<float> dense = random_f32(n, 290 + n, 2.5);
+        std::vector<float> dense_bf16(n);  // the same values rounded to bf16, for the in-place kernel
+        std::vector<float> f32_rows(padded, std::numeric_limits<float>::quiet_NaN());
+        std::vector<uint16_t> bf16_rows(padded, 0xFFFFu);  // NaN
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < vocab; ++j) {
+            const size_t i = static_cast<size_t>(r * vocab + j), k = static_cast<size_t>(r * stride + j);
+            f32_rows[k] = dense[i];
+            bf16_rows[k] = float_to_bf16(dense[i]);
+            dense_bf16[i] = bf16_to_float(bf16_rows[k]);
+          }
+        const std::vector<int32_t> targets = ce_targets(rows, vocab);
+        OwnedTensor targets_dev = upload(targets);
+        // The columns of each row before the padding, and the padding.
+        const auto unpadded = [&](const std::vector<uint16_t>& all) {
+          std::vector<uint16_t> out;
+          for (int64_t r = 0; r < rows; ++r)
+            out.insert(out.end(), all.begin() + r * stride, all.begin() + r * stride + vocab);
+          return out;
+        };
+        const auto padding_is = [&](const std::vector<uint16_t>& all, uint16_t bits) {
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = vocab; j < stride; ++j)
+              if (all[static_cast<size_t>(r * stride + j)] != bits) return false;
+          return true;
+        };
+        const auto check_stats = [&](const OwnedTensor& stats_dev, const CeChunk& ref) {
+          const std::vector<double> stats = download<double>(*stats_dev);
+          expect_values_close("row_stats", std::vector<float>(stats.begin(), stats.end()), ref.stats, kStatsTol, 0,
+                              &ref.stats_floor);
+        };
+
+        {  // fp32 logits in, bf16 gradient out
+          OwnedTensor logits_dev = upload(f32_rows), stats_dev = poisoned<double>(static_cast<size_t>(2 * rows));
+          OwnedTensor grad_dev = poisoned<uint16_t>(padded);
+          cuda::cross_entropy_rows_to_bf16(process_exec(), ptr<float>(logits_dev), stride, ptr<int32_t>(targets_dev), rows,
+                                           vocab, o.z_loss, o.loss_scale, o.softcap, grad, ptr<double>(stats_dev),
+                                           ptr<uint16_t>(grad_dev));
+          const CeChunk ref = ce_chunk_reference(dense, targets, rows, vocab, o, grad);
+          check_stats(stats_dev, ref);
+          const std::vector<uint16_t> out = download<uint16_t>(*grad_dev);
+          if (grad) {
+            expect_bf16_close("grad", unpadded(out), ref.grad, kBf16Tol, 0, &ref.grad_floor);
+            EXPECT_TRUE(padding_is(out, 0)) << "the gradient's padding must be zero";
+          } else {
+            EXPECT_TRUE(padding_is(out, 0xFFFFu) && unpadded(out) == std::vector<uint16_t>(n, 0xFFFFu))
+                << "grad=false must leave grad_out untouched";
+          }
+        }
+        {  // bf16 logits, in place
+          OwnedTensor logits_dev = upload(bf16_rows), stats_dev = poisoned<double>(static_cast<size_t>(2 * rows));
+          cuda::cross_entropy_rows_bf16(process_exec(), ptr<uint16_t>(logits_dev), stride, ptr<int32_t>(targets_dev), rows,
+                                        vocab, o.z_loss, o.loss_scale, o.softcap, grad, ptr<double>(stats_dev));
+          const CeChunk ref = ce_chunk_reference(dense_bf16, targets, rows, vocab, o, grad);
+          check_stats(stats_dev, ref);
+          const std::vector<uint16_t> out = download<uint16_t>(*logits_dev);
+          if (grad) {
+            expect_bf16_close("grad in place", unpadded(out), ref.grad, kBf16Tol, 0, &ref.grad_floor);
+            EXPECT_TRUE(padding_is(out, 0)) << "the gradient's padding must be zero";
+          } else {
+            EXPECT_TRUE(out == bf16_rows) << "grad=false must leave the logits as they were";
+          }
+        }
       }
     }
   }
@@ -557,7 +641,7 @@ TEST_F(Bf16Kernels, CrossEntropyRowsBeyond2To31Logits) {
   for (int64_t r : checked)
     device_copy(grad + r * vocab, Device::cuda, poison_row.data(), Device::cpu, poison_row.size() * 2);
 
-  cuda::cross_entropy_rows_to_bf16(process_exec(), logits, ptr<int32_t>(targets_dev), rows, vocab, o.z_loss, o.loss_scale, o.softcap,
+  cuda::cross_entropy_rows_to_bf16(process_exec(), logits, vocab, ptr<int32_t>(targets_dev), rows, vocab, o.z_loss, o.loss_scale, o.softcap,
                                    true, ptr<double>(stats_dev), grad);
 
   std::vector<double> lse(static_cast<size_t>(patterns));

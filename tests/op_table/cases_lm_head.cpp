@@ -67,7 +67,9 @@ OpCase loss_case(const Head& h, std::vector<DType> cuda) {
                }),
                grad_in("dh", "h", {h.n, h.d}),
                grad_in("dw", "w", {h.vocab, h.d}, Width::wide).accumulating(),
-               scratch("logits", {h.o.chunk_rows, h.vocab}),
+               // Rows padded to 8 columns; the padding stays poisoned (NaN), so a read of
+               // it as a logit shows in every sum and gradient.
+               scratch("logits", {h.o.chunk_rows, ops::lm_head_logits_cols(h.vocab)}),
                scratch("row_stats", {h.o.chunk_rows, 2}, Width::f64),
                // The loss of the backward's call, and dh alone and dw alone (from dw's
                // start): the same as the forward's and as both together.
@@ -132,14 +134,20 @@ std::vector<OpCase> lm_head_cases() {
         h.o.chunk_rows = chunk, h.o.z_loss = z, h.o.softcap = softcap, h.o.loss_scale = 1.0 / 10;  // 1 / targets
         cases.push_back(loss_case(h, {}));
       }
-  std::vector<int32_t> targets(50);
-  for (int32_t i = 0; i < 50; ++i) targets[static_cast<size_t>(i)] = i % 9 == 4 ? -1 : (i * 31) % 259;
-  for (double z : {0.0, 1e-2})
-    for (double softcap : {0.0, 3.0}) {
-      Head h{50, 32, 259, targets, {}, 0.3};
-      h.o.chunk_rows = 16, h.o.z_loss = z, h.o.softcap = softcap, h.o.loss_scale = 1.0 / 44;
-      cases.push_back(loss_case(h, {DType::f32}));
-    }
+  // On the GPU too: vocabularies whose logits rows are padded (259 to 264, 1001 to 1008)
+  // and one that needs no padding (256).
+  for (int64_t vocab : {259, 1001, 256}) {
+    std::vector<int32_t> targets(50);
+    for (int32_t i = 0; i < 50; ++i)
+      targets[static_cast<size_t>(i)] = i % 9 == 4 ? -1 : static_cast<int32_t>((i * 31) % vocab);
+    for (double z : {0.0, 1e-2})
+      for (double softcap : {0.0, 3.0}) {
+        if (vocab != 259 && (z > 0) != (softcap > 0)) continue;  // the other two: both off, both on
+        Head h{50, 32, vocab, targets, {}, 0.3};
+        h.o.chunk_rows = 16, h.o.z_loss = z, h.o.softcap = softcap, h.o.loss_scale = 1.0 / 44;
+        cases.push_back(loss_case(h, {DType::f32}));
+      }
+  }
   for (double softcap : {0.0, 3.0}) cases.push_back(logits_case(3, 6, 11, softcap));
   return cases;
 }

@@ -5,10 +5,12 @@
 // One 512-thread block per row. The logits are read twice, no more: a first pass keeps a
 // running (max, sum of exp) per thread (online softmax: when the max grows the sum is
 // rescaled), the pairs are combined in a fixed tree order into logsumexp; a second pass
-// recomputes the softcapped logit and writes the gradient. Rows whose length is a
+// recomputes the softcapped logit and writes the gradient. Rows whose stride is a
 // multiple of 8 with 16-byte aligned pointers move 8 logits per thread per access (two
-// float4 in, one 16-byte bf16 store out); others take the scalar path. Offsets are int64,
-// so a chunk may hold more than 2^31 logits.
+// float4 in, one 16-byte bf16 store out), whatever the vocabulary: the last vector's
+// columns past it (the row's padding) count as -inf in the sums and get a zero gradient.
+// Others take the scalar path. Offsets are int64, so a chunk may hold more than 2^31
+// logits.
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/cross_entropy/cross_entropy_cuda.h"
@@ -42,12 +44,12 @@ using vec::to_f32;
 // block's first barrier), so no __restrict__ on those two.
 template <typename In, int W>
 __global__ void __launch_bounds__(kThreads)
-    rows_kernel(const In* logits, const int32_t* __restrict__ targets, int64_t vocab, float z_loss,
+    rows_kernel(const In* logits, int64_t stride, const int32_t* __restrict__ targets, int64_t vocab, float z_loss,
                 LossScale scale, float cap, bool grad, double* __restrict__ stats, bf16* grad_out) {
   const int64_t row = blockIdx.x;
-  const In* x = logits + row * vocab;
-  bf16* g_row = grad ? grad_out + row * vocab : nullptr;
-  const int64_t vecs = vocab / W;
+  const In* x = logits + row * stride;
+  bf16* g_row = grad ? grad_out + row * stride : nullptr;
+  const int64_t vecs = (vocab + W - 1) / W;  // the last may reach into the padding (W = 8)
   const int32_t target = targets[row];
   if (target < 0) {  // the whole block returns together
     if (grad) {
@@ -68,6 +70,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       if (cap > 0) v[k] = cap * tanhf(v[k] / cap);
+      if (i * W + k >= vocab) v[k] = -INFINITY;  // padding (any bits, even NaN): no weight
       m = fmaxf(m, v[k]);
     }
     float sum = 0.0f;
@@ -96,40 +99,41 @@ __global__ void __launch_bounds__(kThreads)
         const float t = xc / cap;
         g *= 1.0f - t * t;
       }
-      v[k] = g * loss_scale;
+      v[k] = i * W + k < vocab ? g * loss_scale : 0.0f;
     }
     store<W>(g_row + i * W, v);
   }
 }
 
 template <typename In>
-void launch_rows(cudaStream_t stream, const In* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
-                 LossScale loss_scale, float softcap, bool grad, double* row_stats, bf16* g) {
+void launch_rows(cudaStream_t stream, const In* logits, int64_t stride, const int32_t* targets, int64_t rows, int64_t vocab,
+                 float z_loss, LossScale loss_scale, float softcap, bool grad, double* row_stats, bf16* g) {
   if (rows == 0) return;
   KILN_CHECK(rows <= INT_MAX, kOp, "{} rows exceed the grid limit", rows);
-  const bool vec = vocab % kVec == 0 && aligned16(logits) && (!grad || aligned16(g));
+  KILN_CHECK(stride >= vocab, kOp, "row stride {} is below the vocabulary {}", stride, vocab);
+  const bool vec = stride % kVec == 0 && aligned16(logits) && (!grad || aligned16(g));
   if (vec)
     rows_kernel<In, kVec><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        logits, targets, vocab, z_loss, loss_scale, softcap, grad, row_stats, g);
+        logits, stride, targets, vocab, z_loss, loss_scale, softcap, grad, row_stats, g);
   else
-    rows_kernel<In, 1><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, targets, vocab, z_loss,
-                                                                              loss_scale, softcap, grad, row_stats, g);
+    rows_kernel<In, 1><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        logits, stride, targets, vocab, z_loss, loss_scale, softcap, grad, row_stats, g);
   check_launch(kOp, "rows_kernel");
 }
 
 }  // namespace
 
-void cross_entropy_rows_to_bf16(const ExecContext& ctx, const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                                float z_loss, LossScale loss_scale, float softcap, bool grad, double* row_stats,
-                                bf16_bits* grad_out) {
-  launch_rows(stream(ctx), logits, targets, rows, vocab, z_loss, loss_scale, softcap, grad, row_stats,
+void cross_entropy_rows_to_bf16(const ExecContext& ctx, const float* logits, int64_t stride, const int32_t* targets,
+                                int64_t rows, int64_t vocab, float z_loss, LossScale loss_scale, float softcap, bool grad,
+                                double* row_stats, bf16_bits* grad_out) {
+  launch_rows(stream(ctx), logits, stride, targets, rows, vocab, z_loss, loss_scale, softcap, grad, row_stats,
               reinterpret_cast<bf16*>(grad_out));
 }
 
-void cross_entropy_rows_bf16(const ExecContext& ctx, bf16_bits* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
-                             LossScale loss_scale, float softcap, bool grad, double* row_stats) {
+void cross_entropy_rows_bf16(const ExecContext& ctx, bf16_bits* logits, int64_t stride, const int32_t* targets, int64_t rows,
+                             int64_t vocab, float z_loss, LossScale loss_scale, float softcap, bool grad, double* row_stats) {
   bf16* x = reinterpret_cast<bf16*>(logits);
-  launch_rows<bf16>(stream(ctx), x, targets, rows, vocab, z_loss, loss_scale, softcap, grad, row_stats, grad ? x : nullptr);
+  launch_rows<bf16>(stream(ctx), x, stride, targets, rows, vocab, z_loss, loss_scale, softcap, grad, row_stats, grad ? x : nullptr);
 }
 
 }  // namespace kiln::cuda

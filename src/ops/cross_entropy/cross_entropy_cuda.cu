@@ -12,10 +12,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void rows_kernel(float* logits, const int32_t* targets, int64_t vocab, float z_loss, LossScale scale,
-                            float cap, bool grad, double* stats) {
+__global__ void rows_kernel(float* logits, int64_t stride, const int32_t* targets, int64_t vocab, float z_loss,
+                            LossScale scale, float cap, bool grad, double* stats) {
   const int64_t row = blockIdx.x;
-  float* x = logits + row * vocab;
+  float* x = logits + row * stride;  // the first vocab columns: the padding is never read
   const int32_t target = targets[row];
   if (target < 0) {
     if (grad)
@@ -117,11 +117,11 @@ void loss_sums_read(const ExecContext& ctx, const double* sums, double* loss, do
   *count = static_cast<int64_t>(host[2]);
 }
 
-void cross_entropy_rows_f32(const ExecContext& ctx, float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
-                            LossScale loss_scale, float softcap, bool grad, double* row_stats) {
+void cross_entropy_rows_f32(const ExecContext& ctx, float* logits, int64_t stride, const int32_t* targets, int64_t rows,
+                            int64_t vocab, float z_loss, LossScale loss_scale, float softcap, bool grad, double* row_stats) {
   if (rows == 0) return;
-  rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream(ctx)>>>(logits, targets, vocab, z_loss, loss_scale,
-                                                                      softcap, grad, row_stats);
+  rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream(ctx)>>>(logits, stride, targets, vocab, z_loss,
+                                                                      loss_scale, softcap, grad, row_stats);
   check_launch("lm_head_loss", "rows_kernel");
 }
 

@@ -26,24 +26,30 @@ struct LossScale {
 #endif
 };
 
-// Cross-entropy rows of a logits chunk [rows, vocab] in place: with grad, each row becomes
+// Cross-entropy rows of a logits chunk in place: `rows` rows of `vocab` logits, row r at
+// logits + r * stride (stride >= vocab: the LM head pads its rows to 16 bytes,
+// ops::lm_head_logits_cols; the padding columns are never read as logits and may be
+// overwritten with zeros when grad is set). With grad, each row becomes
 // loss_scale * d(objective)/dlogits (zero for ignored targets); row_stats [rows, 2] (f64)
 // receives each row's loss and logsumexp^2.
-void cross_entropy_rows_f32(const ExecContext& ctx, float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
-                            LossScale loss_scale, float softcap, bool grad, double* row_stats);
+void cross_entropy_rows_f32(const ExecContext& ctx, float* logits, int64_t stride, const int32_t* targets, int64_t rows,
+                            int64_t vocab, float z_loss, LossScale loss_scale, float softcap, bool grad, double* row_stats);
 
-// Cross-entropy rows of an fp32 logits chunk [rows, vocab] (the LM head GEMM writes fp32
-// logits from bf16 operands). With grad, grad_out [rows, vocab] (bf16) receives
-// loss_scale * d(objective)/dlogits (zero rows for ignored targets), ready for the two
-// backward GEMMs; logits are left as they were. row_stats as cross_entropy_rows_f32.
-void cross_entropy_rows_to_bf16(const ExecContext& ctx, const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                                float z_loss, LossScale loss_scale, float softcap, bool grad, double* row_stats,
-                                bf16_bits* grad_out);
+// Cross-entropy rows of an fp32 logits chunk (the LM head GEMM writes fp32 logits from
+// bf16 operands), rows `stride` apart as in cross_entropy_rows_f32. With grad, grad_out
+// (bf16, the same row stride) receives loss_scale * d(objective)/dlogits (zero rows for
+// ignored targets), ready for the two backward GEMMs; logits are left as they were.
+// row_stats as cross_entropy_rows_f32. With a stride that is a multiple of 8 (and 16-byte
+// aligned pointers) the kernel moves 8 logits at a time whatever vocab is, writing zeros
+// into grad_out's padding columns.
+void cross_entropy_rows_to_bf16(const ExecContext& ctx, const float* logits, int64_t stride, const int32_t* targets,
+                                int64_t rows, int64_t vocab, float z_loss, LossScale loss_scale, float softcap, bool grad,
+                                double* row_stats, bf16_bits* grad_out);
 
 // The same on a bf16 logits chunk, in place: with grad, each row of `logits` becomes its
 // bf16 gradient (the LM head's mixed path keeps logits in bf16, as autocast does).
-void cross_entropy_rows_bf16(const ExecContext& ctx, bf16_bits* logits, const int32_t* targets, int64_t rows, int64_t vocab, float z_loss,
-                             LossScale loss_scale, float softcap, bool grad, double* row_stats);
+void cross_entropy_rows_bf16(const ExecContext& ctx, bf16_bits* logits, int64_t stride, const int32_t* targets, int64_t rows,
+                             int64_t vocab, float z_loss, LossScale loss_scale, float softcap, bool grad, double* row_stats);
 
 // x = cap * tanh(x / cap), in place (the sampled rows' logits).
 void softcap_f32(const ExecContext& ctx, float* x, int64_t n, float cap);

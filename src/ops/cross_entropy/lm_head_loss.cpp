@@ -59,10 +59,12 @@ cuda::LossScale gpu_loss_scale(const LmHeadLossOptions& o) {
 }
 
 // The same chunk loop on the GPU: cuBLAS products, the row kernel in place, and the sums
-// kept on the device until the end (one synchronization per call).
+// kept on the device until the end (one synchronization per call). The chunk's rows are
+// ld = lm_head_logits_cols(vocab) apart; the products and the row kernel cover the first
+// vocab columns only, so the padding is neither read nor needs a value.
 LossSums lm_head_loss_cuda(const ExecContext& ctx, const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
                            const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw) {
-  const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0);
+  const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0), ld = scratch.logits.size(1);
   const bool grad = dh.defined() || dw.defined();
   float* lc = scratch.logits.data<float>();
   double* const sums_on_device = o.sums_on_device;  // null: the op's own, read at the end
@@ -71,15 +73,15 @@ LossSums lm_head_loss_cuda(const ExecContext& ctx, const Tensor& h, const Tensor
   for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
     const int64_t rows = std::min(o.chunk_rows, n - begin);
     const float* hc = h.data<float>() + begin * d;
-    cuda::gemm_f32(ctx, false, true, rows, vocab, d, 1.0f, hc, d, w.data<float>(), d, 0.0f, lc, vocab);
-    cuda::cross_entropy_rows_f32(ctx, lc, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
+    cuda::gemm_f32(ctx, false, true, rows, vocab, d, 1.0f, hc, d, w.data<float>(), d, 0.0f, lc, ld);
+    cuda::cross_entropy_rows_f32(ctx, lc, ld, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
                                  scale, static_cast<float>(o.softcap), grad,
                                  scratch.row_stats.data<double>());
     cuda::loss_sums_accumulate(ctx, sums_on_device, scratch.row_stats.data<double>(), targets.data<int32_t>() + begin,
                                rows);
     if (dh.defined())
-      cuda::gemm_f32(ctx, false, false, rows, d, vocab, 1.0f, lc, vocab, w.data<float>(), d, 0.0f, dh.data<float>() + begin * d, d);
-    if (dw.defined()) cuda::gemm_f32(ctx, true, false, vocab, d, rows, 1.0f, lc, vocab, hc, d, 1.0f, dw.data<float>(), d);
+      cuda::gemm_f32(ctx, false, false, rows, d, vocab, 1.0f, lc, ld, w.data<float>(), d, 0.0f, dh.data<float>() + begin * d, d);
+    if (dw.defined()) cuda::gemm_f32(ctx, true, false, vocab, d, rows, 1.0f, lc, ld, hc, d, 1.0f, dw.data<float>(), d);
   }
   LossSums sums;
   if (sums_on_device == nullptr) cuda::loss_sums_read(ctx, nullptr, &sums.loss, &sums.z, &sums.count);
@@ -91,7 +93,7 @@ LossSums lm_head_loss_cuda(const ExecContext& ctx, const Tensor& h, const Tensor
 // products read; dh bf16, dw fp32 (+=).
 LossSums lm_head_loss_mixed(const ExecContext& ctx, const Tensor& h, const Tensor& w, const Tensor& targets, const LmHeadLossOptions& o,
                             const LmHeadScratch& scratch, const Tensor& dh, const Tensor& dw) {
-  const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0);
+  const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0), ld = scratch.logits.size(1);
   const bool grad = dh.defined() || dw.defined();
   uint16_t* lc = bf16_data(scratch.logits);
   const uint16_t* hp = bf16_data(h);
@@ -102,17 +104,17 @@ LossSums lm_head_loss_mixed(const ExecContext& ctx, const Tensor& h, const Tenso
   for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
     const int64_t rows = std::min(o.chunk_rows, n - begin);
     const uint16_t* hc = hp + begin * d;
-    cuda::gemm(ctx, false, true, rows, vocab, d, 1.0f, hc, d, wp, d, DType::bf16, 0.0f, lc, vocab, DType::bf16);
-    cuda::cross_entropy_rows_bf16(ctx, lc, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
+    cuda::gemm(ctx, false, true, rows, vocab, d, 1.0f, hc, d, wp, d, DType::bf16, 0.0f, lc, ld, DType::bf16);
+    cuda::cross_entropy_rows_bf16(ctx, lc, ld, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
                                   scale, static_cast<float>(o.softcap), grad,
                                   scratch.row_stats.data<double>());
     cuda::loss_sums_accumulate(ctx, sums_on_device, scratch.row_stats.data<double>(), targets.data<int32_t>() + begin,
                                rows);
     if (dh.defined())
-      cuda::gemm(ctx, false, false, rows, d, vocab, 1.0f, lc, vocab, wp, d, DType::bf16, 0.0f, bf16_data(dh) + begin * d,
+      cuda::gemm(ctx, false, false, rows, d, vocab, 1.0f, lc, ld, wp, d, DType::bf16, 0.0f, bf16_data(dh) + begin * d,
                  d, DType::bf16);
     if (dw.defined())
-      cuda::gemm(ctx, true, false, vocab, d, rows, 1.0f, lc, vocab, hc, d, DType::bf16, 1.0f, dw.data<float>(), d,
+      cuda::gemm(ctx, true, false, vocab, d, rows, 1.0f, lc, ld, hc, d, DType::bf16, 1.0f, dw.data<float>(), d,
                  DType::f32);
   }
   LossSums sums;
@@ -140,7 +142,7 @@ LossSums lm_head_loss(const ExecContext& ctx, const Tensor& h, const Tensor& w, 
   const bool mixed = is_mixed(h);
   const DType wide = mixed ? DType::f32 : h.dtype();
   const Tensor& logits = scratch.logits;
-  expect_tensor(op, "logits", logits, Shape{o.chunk_rows, w.size(0)}, h.dtype(), h.device());
+  expect_tensor(op, "logits", logits, Shape{o.chunk_rows, lm_head_logits_cols(w.size(0))}, h.dtype(), h.device());
   expect_shape(op, "row_stats", scratch.row_stats, Shape{o.chunk_rows, 2});
   expect_dtype(op, "row_stats", scratch.row_stats, DType::f64);
   if (dh.defined()) expect_tensor(op, "dh", dh, h.shape(), h.dtype(), h.device());
@@ -155,7 +157,7 @@ LossSums lm_head_loss(const ExecContext& ctx, const Tensor& h, const Tensor& w, 
 #endif
   }
 
-  const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0);
+  const int64_t n = h.size(0), d = h.size(1), vocab = w.size(0), ld = logits.size(1);
   const int32_t* tgt = targets.data<int32_t>();
   for (int64_t i = 0; i < n; ++i)
     KILN_CHECK(tgt[i] == -1 || (tgt[i] >= 0 && tgt[i] < vocab), op, "target {} at row {} is outside [0, {})",
@@ -168,14 +170,14 @@ LossSums lm_head_loss(const ExecContext& ctx, const Tensor& h, const Tensor& w, 
       const int64_t rows = std::min(o.chunk_rows, n - begin);
       const T* hc = h.data<T>() + begin * d;
       T* lc = logits.data<T>();
-      cpu_gemm<T>(false, true, rows, vocab, d, T(1), hc, d, w.data<T>(), d, T(0), lc, vocab);
+      cpu_gemm<T>(false, true, rows, vocab, d, T(1), hc, d, w.data<T>(), d, T(0), lc, ld);
       double* stats = scratch.row_stats.data<double>();
 #pragma omp parallel
       {
         std::vector<double> e(static_cast<size_t>(vocab));
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; ++r) {
-          T* row = lc + r * vocab;
+          T* row = lc + r * ld;  // its first vocab columns: the padding is never read
           const int32_t t = tgt[begin + r];
           if (t < 0) {
             if (grad) std::fill(row, row + vocab, T(0));
@@ -191,9 +193,9 @@ LossSums lm_head_loss(const ExecContext& ctx, const Tensor& h, const Tensor& w, 
         ++sums.count;
       }
       if (dh.defined())  // dh [rows, d] = dlogits [rows, V] @ w [V, d]
-        cpu_gemm<T>(false, false, rows, d, vocab, T(1), lc, vocab, w.data<T>(), d, T(0), dh.data<T>() + begin * d, d);
+        cpu_gemm<T>(false, false, rows, d, vocab, T(1), lc, ld, w.data<T>(), d, T(0), dh.data<T>() + begin * d, d);
       if (dw.defined())  // dw [V, d] += dlogits^T @ h
-        cpu_gemm<T>(true, false, vocab, d, rows, T(1), lc, vocab, hc, d, T(1), dw.data<T>(), d);
+        cpu_gemm<T>(true, false, vocab, d, rows, T(1), lc, ld, hc, d, T(1), dw.data<T>(), d);
     }
   });
   return sums;

@@ -31,9 +31,17 @@ struct LossSums {
   int64_t count = 0;   // tokens with a target (not kIgnoreTarget)
 };
 
-// Scratch planned by the caller: logits [chunk_rows, V] (compute dtype: bf16 on the GPU's
-// mixed path, where each chunk's logits turn into their gradient in place) and row_stats
-// f64 [chunk_rows, 2] (per-row loss and z, summed in row order so results are reproducible).
+// The logits chunk's row length: the vocabulary rounded up to 8 elements (16 bytes in
+// bf16), so that every row of the chunk starts 16-byte aligned and the three products get
+// cuBLASLt's aligned kernels. With an odd vocabulary (128,001, GPT-2's 50,257) a row
+// length of V left the products 2-byte aligned, on cuBLAS' slow align1 kernels. The
+// products still cover V columns only; the padding columns are never read as logits.
+inline int64_t lm_head_logits_cols(int64_t vocab) { return (vocab + 7) / 8 * 8; }
+
+// Scratch planned by the caller: logits [chunk_rows, lm_head_logits_cols(V)] (compute
+// dtype: bf16 on the GPU's mixed path, where each chunk's logits turn into their gradient
+// in place) and row_stats f64 [chunk_rows, 2] (per-row loss and z, summed in row order so
+// results are reproducible).
 struct LmHeadScratch {
   Tensor logits;
   Tensor row_stats;
