@@ -76,9 +76,10 @@ class DataParallel {
   void zero_gradients();
   // The clip: the gradients *= factor (ZeRO-2: its shard's, the rest being zero).
   void scale_gradients(double factor);
-  // ZeRO-2: the most bytes of the gradient arena this rank has held in physical memory (at
-  // a bucket's reduce-scatter or a backward's end), and the arena's size; none before its
-  // first step or without ZeRO-2; and the arena's pages its shard overlaps.
+  // ZeRO-2 with KILN_MEASURE_GRADIENT_MEMORY=1: the most bytes of the gradient arena this
+  // rank has held in physical memory (at a bucket's reduce-scatter or a backward's end), and
+  // the arena's size; and the arena's pages its shard overlaps. None before its first step,
+  // without ZeRO-2 or without the variable (the count is a diagnostic, off the hot path).
   struct GradientMemory {
     size_t peak_resident = 0, arena = 0, shard_pages = 0;
   };
@@ -111,6 +112,7 @@ class DataParallel {
   bool reducing_ = false;                     // this step's buckets are under way
   std::unique_ptr<ParameterShards> shards_;              // ZeRO's; null without
   bool shard_gradients_ = false;                         // ZeRO-2
+  bool measure_gradient_memory_ = false;                 // ZeRO-2: KILN_MEASURE_GRADIENT_MEMORY=1
   // ZeRO's all-gather buffer (and ZeRO-2's reduce-scatter's): a chunk per rank, on the
   // collectives' device
   Storage gathered_;

@@ -64,8 +64,9 @@ void copy_segments(const std::vector<Segment>& segments, int64_t lo, int64_t hi,
 }  // namespace
 
 ShardedGradients::ShardedGradients(dist::Communicator& comm, int rank, const ParameterShards& shards, Model& model,
-                                   unsigned char* buffer, int64_t chunk)
-    : comm_(comm), rank_(rank), shards_(shards), model_(model), buffer_(buffer), chunk_(chunk) {
+                                   unsigned char* buffer, int64_t chunk, bool measure_resident)
+    : comm_(comm), rank_(rank), shards_(shards), model_(model), buffer_(buffer), chunk_(chunk),
+      measure_resident_(measure_resident) {
   const Tensor grads = model.all_gradients();
   arena_ = static_cast<unsigned char*>(grads.raw());
   arena_bytes_ = static_cast<size_t>(grads.numel()) * dtype_size(grads.dtype());
@@ -171,7 +172,9 @@ size_t ShardedGradients::resident_bytes() const {
   return resident * page_size();
 }
 
-void ShardedGradients::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }
+void ShardedGradients::note_resident() {
+  if (measure_resident_) peak_resident_ = std::max(peak_resident_, resident_bytes());
+}
 
 // In rounds of a chunk per rank, as the parameters' all-gather (train/data_parallel.h):
 // every rank copies each rank's part of the range into that rank's chunk of the buffer (a

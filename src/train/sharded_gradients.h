@@ -26,8 +26,11 @@ namespace kiln {
 class ShardedGradients {
  public:
   // `buffer`: the reduce-scatter's rounds, world_size chunks of `chunk` elements.
+  // `measure_resident`: count the arena's resident pages (mincore) at every bucket and
+  // backward's end; a diagnostic, off in training (a system call and a page table walk of
+  // the whole arena per bucket).
   ShardedGradients(dist::Communicator& comm, int rank, const ParameterShards& shards, Model& model,
-                   unsigned char* buffer, int64_t chunk);
+                   unsigned char* buffer, int64_t chunk, bool measure_resident = false);
 
   // The buckets one micro-batch's backward reduce-scatters (empty: none, the whole arena
   // after the step's last backward).
@@ -45,9 +48,10 @@ class ShardedGradients {
   void zero();
   // The clip: this rank's shard *= factor (the rest is zero).
   void scale(double factor);
-  // Bytes of the arena in physical memory now (mincore), and the most seen at a bucket's
-  // reduce-scatter or a backward's end since the run began.
+  // Bytes of the arena in physical memory now (mincore), and, when measure_resident, the most
+  // seen at a bucket's reduce-scatter or a backward's end since the run began (else 0).
   size_t resident_bytes() const;
+  bool measures_resident() const { return measure_resident_; }
   size_t peak_resident_bytes() const { return peak_resident_; }
   size_t arena_bytes() const { return arena_bytes_; }
   // Bytes of the arena's pages that overlap this rank's shard (about arena / world_size, plus
@@ -77,6 +81,7 @@ class ShardedGradients {
   std::vector<GradientBucket> buckets_;
   std::unique_ptr<BucketLaunches> launches_;  // over buckets_
   std::vector<bool> reduced_;                 // this micro-batch's, per bucket
+  bool measure_resident_ = false;
   size_t peak_resident_ = 0;
   size_t shard_pages_ = 0;
 };
