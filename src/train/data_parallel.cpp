@@ -149,8 +149,8 @@ double DataParallel::gradient_norm() {
 }
 
 void DataParallel::before_backward(bool last_micro_batch) {
-  if (shard_gradients_ && sharded().bucketed()) {  // ZeRO-2: every micro-batch's buckets
-    ShardedGradients* reduction = &sharded();
+  if (shard_gradients_ && sharded().bucketed()) {  // ZeRO-2: every micro-batch's buckets, on a thread
+    ShardedGradients* reduction = &sharded();  // (start waits for the last micro-batch's)
     reduction->start();
     model_.set_backward_progress([reduction](int event) { reduction->ready(event); });
     return;
@@ -178,7 +178,7 @@ void DataParallel::before_backward(bool last_micro_batch) {
 
 void DataParallel::after_backward() {
   model_.set_backward_progress({});
-  if (shard_gradients_ && sharded().bucketed()) sharded().finish();
+  if (shard_gradients_ && sharded().bucketed()) sharded().finish();  // the rest handed over; waited for later
   if (!reducing_) return;
   if (on_gpu()) {
     buckets_->finish();  // the model's stream waits here, inside the micro-batch's graph
@@ -212,8 +212,9 @@ void DataParallel::reduce_gradients() {
   if (reducing_) {  // the CPU's buckets went out during backward: wait for the last
     reducing_ = false;
     buckets_->finish();
-  } else if (shard_gradients_) {  // ZeRO-2: each rank its shard's sums (its buckets' already)
-    if (!sharded().bucketed()) sharded().reduce_scatter_all();
+  } else if (shard_gradients_) {  // ZeRO-2: each rank its shard's sums (its buckets' on their thread)
+    if (sharded().bucketed()) sharded().wait();
+    else sharded().reduce_scatter_all();
   } else if (!buckets_ || !on_gpu()) {  // no buckets: one reduction now
     const Tensor grads = model_.all_gradients();
     comm.all_reduce(grads.raw(), grads.numel(), grads.dtype(), dist::ReduceOp::sum, "gradients");

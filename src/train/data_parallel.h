@@ -24,8 +24,10 @@
 // trainable parameters, so this is the whole model's sum of squares, only added up in
 // another order. The guard and clip act on that norm as before; the optimizer reads only
 // its own shard's gradients. With dist.bucket_mb > 0 every micro-batch's finished buckets
-// are reduce-scattered during its backward and the other ranks' pages of the gradient arena
-// given back (train/sharded_gradients.h); with 0, the whole arena after the last backward.
+// are reduce-scattered during its backward, on the communication thread DDP's buckets use,
+// and the other ranks' pages of the gradient arena given back (train/sharded_gradients.h);
+// the next micro-batch's backward and the step's norm wait for them. With 0, the whole
+// arena after the last backward.
 // Either way in rounds through the all-gather's buffer.
 #pragma once
 
