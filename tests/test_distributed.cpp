@@ -426,6 +426,8 @@ TEST_F(Distributed, ZeroTwoHoldsItsShardOfTheGradientsAndTrainsAsDataParallel) {
                             "(its shard's pages: %lf MiB)", &held, &arena, &shard), 3) << log;
       std::printf("%d ranks, rank %d: held at most %.3f of %.3f MiB, its shard's pages %.3f\n", nproc, r, held, arena,
                   shard);
+      // The count starts before the first step: the arena's pages untouched until written
+      // (core/arena.h: HostPages), or this rank would have held the whole arena once.
       // Its shard's pages are about 1 / W of the arena (measured 0.320 of 0.634 MiB at 2
       // ranks, 0.160 to 0.164 at 4: small tensors of other shards share its edge pages)...
       EXPECT_LT(shard, 1.1 * arena / nproc) << "rank " << r;

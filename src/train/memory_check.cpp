@@ -99,6 +99,16 @@ ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size)
   return b;
 }
 
+MemoryBudget plan_rank_memory(const Config& config, Device device, int world_size) {
+  MemoryBudget budget = plan_training_memory(config, device);
+  if (config.dist.zero == 0) return budget;
+  const ZeroBudget zero = plan_zero_memory(config, device, world_size);
+  budget.optimizer = zero.optimizer;
+  budget.parameters += zero.gather_buffer;
+  if (config.dist.zero == 2) budget.gradients = zero.zero2_gradients;
+  return budget;
+}
+
 AvailableMemory available_memory(Device device) {
   AvailableMemory a;
   if (device == Device::cuda) {

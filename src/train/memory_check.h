@@ -36,6 +36,11 @@ struct ZeroBudget {
 };
 ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size);
 
+// What one of `world_size` data-parallel ranks needs (the trainer's check): the whole plan,
+// with ZeRO's shard of the optimizer state and the gather's buffer (dist.zero >= 1) and
+// ZeRO-2's bound of the gradients (dist.zero = 2) in place of the whole.
+MemoryBudget plan_rank_memory(const Config& config, Device device, int world_size);
+
 struct AvailableMemory {
   size_t bytes = 0;
   std::string source;  // "MemAvailable", "cgroup memory.max", "cudaMemGetInfo"

@@ -85,6 +85,7 @@ ShardedGradients::ShardedGradients(dist::Communicator& comm, int rank, const Par
     if (first < last) shard_pages_ += last - first;
     counted = std::max(counted, last);
   }
+  note_resident();  // before the first step: the arena's pages untouched (core/arena.h: HostPages)
 }
 
 void ShardedGradients::plan_buckets(std::vector<GradientBucket> buckets) {
