@@ -428,8 +428,8 @@ TEST_F(Distributed, ZeroTwoHoldsItsShardOfTheGradientsAndTrainsAsDataParallel) {
                   shard);
       // The count starts before the first step: the arena's pages untouched until written
       // (core/arena.h: HostPages), or this rank would have held the whole arena once.
-      // Its shard's pages are about 1 / W of the arena (measured 0.320 of 0.634 MiB at 2
-      // ranks, 0.160 to 0.164 at 4: small tensors of other shards share its edge pages)...
+      // Its shard's pages are about 1 / W of the arena (measured 0.316 to 0.324 of 0.634 MiB
+      // at 2 ranks, 0.160 to 0.164 at 4: small tensors of other shards share its edge pages)...
       EXPECT_LT(shard, 1.1 * arena / nproc) << "rank " << r;
       // ... and it holds them, plus what backward has written and not yet reduce-scattered:
       // buckets go out at backward's events, one per block, and are reduce-scattered on the
@@ -443,6 +443,17 @@ TEST_F(Distributed, ZeroTwoHoldsItsShardOfTheGradientsAndTrainsAsDataParallel) {
       EXPECT_GT(held, 0.0);
     }
   }
+}
+
+// KILN_MEASURE_GRADIENT_MEMORY takes 0 or 1; anything else stops the run naming it.
+TEST_F(Distributed, ABadGradientMemoryMeasureIsRefusedNamingTheVariable) {
+  std::string output;
+  const std::string run = dir_ + "/bad-measure";
+  EXPECT_NE(run_with_fault("KILN_MEASURE_GRADIENT_MEMORY=yes " +
+                               launch(2, run, 1, "--set dist.zero=2 --set dist.bucket_mb=0.01 --set train.steps=2"),
+                           "", &output),
+            0);
+  EXPECT_CONTAINS(output, "[KILN_MEASURE_GRADIENT_MEMORY] 'yes' is not 0 or 1");
 }
 
 // ZeRO-2's overlap (train/sharded_gradients.h): each finished bucket is reduce-scattered on

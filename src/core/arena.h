@@ -14,9 +14,9 @@
 
 namespace kiln {
 
-// Host memory of a fresh anonymous mapping: it reads as zeros without being written, and
-// takes physical memory only for the pages written (ZeRO-2 never writes most of the gradient
-// pages of other ranks' shards, and gives back those it wrote: train/sharded_gradients.h).
+// Host memory of a fresh anonymous mapping: reads as zeros unwritten, holds only pages written
+// (ZeRO-2 writes other shards' gradient pages as backward reaches them and gives each back after
+// its bucket: never the whole arena at once, not even when allocated; train/sharded_gradients.h).
 class HostPages {
  public:
   HostPages() = default;
