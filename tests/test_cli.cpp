@@ -237,11 +237,12 @@ TEST(Cli, PlanPrintsEachRanksMemoryWithAndWithoutZero) {
   EXPECT_NEAR(zero[3], 1.0, 0.01) << output;                   // 4 x a quarter of 1 MiB
   EXPECT_NEAR(zero[5] - ddp[5], zero[2] - ddp[2] + zero[3], 0.02) << output;
   // ZeRO-2: ZeRO-1's but for the gradients, a quarter of them plus what backward holds
-  // before its buckets go out (the largest block's, the heads' and the table's).
+  // before its buckets are reduce-scattered (two blocks', the heads' and the table's: with
+  // the reduce-scatters overlapping backward, 4.74 of 6.20 MiB for this model's 4 blocks).
   const std::vector<double> two = columns("ZeRO-2");
   for (size_t c : {0, 2, 3, 4}) EXPECT_EQ(two[c], zero[c]) << "column " << c;
   EXPECT_GT(two[1], ddp[1] / 4) << output;
-  EXPECT_LT(two[1], ddp[1] * 0.6) << output;
+  EXPECT_LT(two[1], ddp[1] * 0.8) << output;
   EXPECT_NEAR(two[5] - zero[5], two[1] - zero[1], 0.02) << output;
 }
 

@@ -3,7 +3,10 @@
 // int8 block, the shards are balanced, and AdamW steps taken on every rank's shard (fp32
 // and int8 moments) leave exactly the weights and, joined, the state of one whole update.
 #include "ops/optim/adamw_lowmem_math.h"
+#include "config/config.h"
+#include "test_util.h"
 #include "tiny_model.h"
+#include "train/memory_check.h"
 #include "train/optimizer_groups.h"
 #include "train/parameter_shards.h"
 
@@ -156,6 +159,35 @@ TEST(ZeroShards, ShardedUpdatesEqualOneWholeUpdate) {
     ASSERT_EQ(covered.size(), reference.size());
     for (const auto& [name, t] : reference) EXPECT_EQ(covered[name], t.numel()) << name;
   }
+}
+
+// The trainer's memory check at W ranks (plan_rank_memory): ZeRO-1 counts its shard of the
+// optimizer state and the gather's buffer, ZeRO-2 also its bound of the gradients (the
+// largest shard plus what backward holds before its buckets go: train/memory_check.h), not
+// the whole arena, which a ZeRO-2 rank never touches whole (core/arena.h: HostPages).
+TEST(ZeroShards, TheMemoryCheckCountsARanksShareUnderZero) {
+  const std::string path = test::source_dir() + "/configs/default.toml";
+  const Config ddp = load_config(path, {"dist.bucket_mb=1"});
+  const Config one = load_config(path, {"dist.bucket_mb=1", "dist.zero=1"});
+  const Config two = load_config(path, {"dist.bucket_mb=1", "dist.zero=2"});
+  const Config whole = load_config(path, {"dist.bucket_mb=0", "dist.zero=2"});
+  const MemoryBudget full = plan_training_memory(ddp, Device::cpu);
+  const ZeroBudget zero = plan_zero_memory(two, Device::cpu, 4);
+  EXPECT_EQ(plan_rank_memory(ddp, Device::cpu, 4).total(), full.total());
+  const MemoryBudget r1 = plan_rank_memory(one, Device::cpu, 4), r2 = plan_rank_memory(two, Device::cpu, 4);
+  EXPECT_EQ(r1.gradients, full.gradients);
+  EXPECT_EQ(r1.optimizer, zero.optimizer);
+  EXPECT_EQ(r1.parameters, full.parameters + zero.gather_buffer);
+  EXPECT_EQ(r2.gradients, zero.zero2_gradients);
+  EXPECT_LT(r2.gradients, full.gradients);
+  EXPECT_GT(r2.gradients, full.gradients / 4);
+  EXPECT_EQ(r2.total(), r1.total() - (full.gradients - zero.zero2_gradients));
+  // Without buckets the reduce-scatter runs after backward: the whole arena (its gradients,
+  // without the arena's alignment padding).
+  const size_t without = plan_rank_memory(whole, Device::cpu, 4).gradients;
+  EXPECT_EQ(without, plan_zero_memory(whole, Device::cpu, 4).zero2_gradients);
+  EXPECT_GT(without, full.gradients * 0.99);
+  EXPECT_LE(without, full.gradients);
 }
 
 }  // namespace

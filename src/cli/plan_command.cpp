@@ -40,8 +40,8 @@ void print_per_rank(const Config& config, Device device, const MemoryBudget& pla
     fmt::print("  ZeRO     {}\n", e.what());
   }
   fmt::print("  (activations: activations, workspace and host batches; ZeRO-2's gradients: the largest shard's, plus "
-             "the largest block's, the heads' and the embedding table's, which backward holds before their buckets "
-             "are reduce-scattered; the whole arena with dist.bucket_mb = 0; page rounding not counted)\n");
+             "the two largest blocks', the heads' and the embedding table's, which backward holds before their "
+             "buckets are reduce-scattered; the whole arena with dist.bucket_mb = 0; page rounding not counted)\n");
 }
 
 // The pipeline split (train/pipeline_split.h) of the config's layers into `stages` stages,

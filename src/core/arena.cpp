@@ -1,12 +1,44 @@
 #include "core/arena.h"
 
 #include "core/device_memory.h"
+#include "core/error.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <utility>
 
 namespace kiln {
 
 namespace {
 size_t aligned(size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
 }  // namespace
+
+HostPages::HostPages(size_t bytes) : bytes_(std::max<size_t>(bytes, 1)) {
+  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) fail("memory", "cannot map {} bytes on the host", bytes_);
+  data_ = p;
+}
+
+HostPages::~HostPages() { release(); }
+
+HostPages::HostPages(HostPages&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+HostPages& HostPages::operator=(HostPages&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void HostPages::release() {
+  if (data_) munmap(data_, bytes_);
+  data_ = nullptr;
+  bytes_ = 0;
+}
 
 void Arena::reserve(Tensor& tensor, DType dtype, Shape shape) {
   KILN_CHECK(!allocated(), "arena", "{}: reserve after allocate", name_);
@@ -17,9 +49,13 @@ void Arena::reserve(Tensor& tensor, DType dtype, Shape shape) {
 
 void Arena::allocate() {
   KILN_CHECK(!allocated(), "arena", "{}: allocated twice", name_);
-  storage_ = Storage(device_, planned_bytes_);
-  device_memset_zero(storage_.data(), device_, storage_.bytes());
-  char* base = static_cast<char*>(storage_.data());
+  if (device_ == Device::cpu) {
+    host_ = HostPages(planned_bytes_);  // zeros already
+  } else {
+    storage_ = Storage(device_, planned_bytes_);
+    device_memset_zero(storage_.data(), device_, storage_.bytes());
+  }
+  char* base = static_cast<char*>(this->base());
   for (const Entry& e : entries_) e.tensor->bind(base + e.offset);
 }
 

@@ -14,22 +14,42 @@
 
 namespace kiln {
 
+// Host memory of a fresh anonymous mapping: reads as zeros unwritten, holds only pages written
+// (ZeRO-2 writes other shards' gradient pages as backward reaches them and gives each back after
+// its bucket: never the whole arena at once, not even when allocated; train/sharded_gradients.h).
+class HostPages {
+ public:
+  HostPages() = default;
+  explicit HostPages(size_t bytes);
+  ~HostPages();
+  HostPages(HostPages&& other) noexcept;
+  HostPages& operator=(HostPages&& other) noexcept;
+  HostPages(const HostPages&) = delete;
+  HostPages& operator=(const HostPages&) = delete;
+  void* data() const { return data_; }
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 class Arena {
  public:
   Arena(std::string name, Device device) : name_(std::move(name)), device_(device) {}
 
   void reserve(Tensor& tensor, DType dtype, Shape shape);
   size_t planned_bytes() const { return planned_bytes_; }
-  void allocate();  // zero-filled
+  void allocate();  // zero-filled (on the host: a fresh mapping, its pages untouched until written)
   // Binds every reserved tensor into memory this arena does not own (at least
   // planned_bytes() long, 256-byte aligned): several arenas whose contents are never
   // needed at the same time share one region (the activations of recomputed blocks).
   void bind_shared(void* base);
-  bool allocated() const { return storage_.data() != nullptr || shared_base_ != nullptr; }
+  bool allocated() const { return base() != nullptr || shared_base_ != nullptr; }
   const std::string& name() const { return name_; }
   Device device() const { return device_; }
   // The whole arena as one flat byte range (for bulk zeroing of gradients).
-  void* base() const { return storage_.data(); }
+  void* base() const { return host_.data() ? host_.data() : storage_.data(); }
 
  private:
   struct Entry {
@@ -40,7 +60,8 @@ class Arena {
   Device device_;
   std::vector<Entry> entries_;
   size_t planned_bytes_ = 0;
-  Storage storage_;
+  Storage storage_;  // on a device
+  HostPages host_;   // on the host
   void* shared_base_ = nullptr;
 };
 

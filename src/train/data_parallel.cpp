@@ -6,14 +6,32 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string_view>
 
 namespace kiln {
 
+namespace {
+
+// KILN_MEASURE_GRADIENT_MEMORY=1: ZeRO-2 counts the gradient arena's resident pages at every
+// bucket and backward's end, and the run's log ends with the most it held (a diagnostic:
+// the count walks the whole arena's pages each time, so training leaves it off).
+bool measure_gradient_memory() {
+  const char* value = std::getenv("KILN_MEASURE_GRADIENT_MEMORY");
+  if (value == nullptr || *value == '\0') return false;
+  const std::string_view v(value);
+  KILN_CHECK(v == "0" || v == "1", "KILN_MEASURE_GRADIENT_MEMORY", "'{}' is not 0 or 1", v);
+  return v == "1";
+}
+
+}  // namespace
+
 DataParallel::DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb,
                            std::unique_ptr<ParameterShards> shards, bool shard_gradients)
-    : group_(group), model_(model), bucket_mb_(bucket_mb), shards_(std::move(shards)), shard_gradients_(shard_gradients) {
+    : group_(group), model_(model), bucket_mb_(bucket_mb), shards_(std::move(shards)), shard_gradients_(shard_gradients),
+      measure_gradient_memory_(shard_gradients && measure_gradient_memory()) {
   KILN_CHECK(!shard_gradients_ || shards_, "dist.zero", "2 needs the parameters' shards");
   KILN_CHECK(!shard_gradients_ || !on_gpu(), "dist.zero",
              "2 (sharded gradients) runs on the CPU (Gloo) only for now; on the GPU use dist.zero = 1");
@@ -91,7 +109,7 @@ ShardedGradients& DataParallel::sharded() {
     const int64_t most = std::numeric_limits<int>::max() / static_cast<int64_t>(element * s.world_size());
     sharded_ = std::make_unique<ShardedGradients>(group_.device(), rank(), s, model_,
                                                   static_cast<unsigned char*>(gathered_.data()),
-                                                  std::min(s.gather_chunk(bucket_mb_), most));
+                                                  std::min(s.gather_chunk(bucket_mb_), most), measure_gradient_memory_);
     if (bucketed()) {
       const Tensor grads = model_.all_gradients();
       const auto elements = static_cast<int64_t>(std::llround(bucket_mb_ * 1024 * 1024)) /
@@ -114,7 +132,7 @@ void DataParallel::scale_gradients(double factor) {
 }
 
 std::optional<DataParallel::GradientMemory> DataParallel::gradient_memory() const {
-  if (!sharded_) return std::nullopt;
+  if (!sharded_ || !sharded_->measures_resident()) return std::nullopt;
   return GradientMemory{sharded_->peak_resident_bytes(), sharded_->arena_bytes(), sharded_->shard_page_bytes()};
 }
 
@@ -131,8 +149,8 @@ double DataParallel::gradient_norm() {
 }
 
 void DataParallel::before_backward(bool last_micro_batch) {
-  if (shard_gradients_ && sharded().bucketed()) {  // ZeRO-2: every micro-batch's buckets
-    ShardedGradients* reduction = &sharded();
+  if (shard_gradients_ && sharded().bucketed()) {  // ZeRO-2: every micro-batch's buckets, on a thread
+    ShardedGradients* reduction = &sharded();  // (start waits for the last micro-batch's)
     reduction->start();
     model_.set_backward_progress([reduction](int event) { reduction->ready(event); });
     return;
@@ -160,7 +178,7 @@ void DataParallel::before_backward(bool last_micro_batch) {
 
 void DataParallel::after_backward() {
   model_.set_backward_progress({});
-  if (shard_gradients_ && sharded().bucketed()) sharded().finish();
+  if (shard_gradients_ && sharded().bucketed()) sharded().finish();  // the rest handed over; waited for later
   if (!reducing_) return;
   if (on_gpu()) {
     buckets_->finish();  // the model's stream waits here, inside the micro-batch's graph
@@ -194,8 +212,9 @@ void DataParallel::reduce_gradients() {
   if (reducing_) {  // the CPU's buckets went out during backward: wait for the last
     reducing_ = false;
     buckets_->finish();
-  } else if (shard_gradients_) {  // ZeRO-2: each rank its shard's sums (its buckets' already)
-    if (!sharded().bucketed()) sharded().reduce_scatter_all();
+  } else if (shard_gradients_) {  // ZeRO-2: each rank its shard's sums (its buckets' on their thread)
+    if (sharded().bucketed()) sharded().wait();
+    else sharded().reduce_scatter_all();
   } else if (!buckets_ || !on_gpu()) {  // no buckets: one reduction now
     const Tensor grads = model_.all_gradients();
     comm.all_reduce(grads.raw(), grads.numel(), grads.dtype(), dist::ReduceOp::sum, "gradients");

@@ -24,8 +24,10 @@
 // trainable parameters, so this is the whole model's sum of squares, only added up in
 // another order. The guard and clip act on that norm as before; the optimizer reads only
 // its own shard's gradients. With dist.bucket_mb > 0 every micro-batch's finished buckets
-// are reduce-scattered during its backward and the other ranks' pages of the gradient arena
-// given back (train/sharded_gradients.h); with 0, the whole arena after the last backward.
+// are reduce-scattered during its backward, on the communication thread DDP's buckets use,
+// and the other ranks' pages of the gradient arena given back (train/sharded_gradients.h);
+// the next micro-batch's backward and the step's norm wait for them. With 0, the whole
+// arena after the last backward.
 // Either way in rounds through the all-gather's buffer.
 #pragma once
 
@@ -76,9 +78,10 @@ class DataParallel {
   void zero_gradients();
   // The clip: the gradients *= factor (ZeRO-2: its shard's, the rest being zero).
   void scale_gradients(double factor);
-  // ZeRO-2: the most bytes of the gradient arena this rank has held in physical memory (at
-  // a bucket's reduce-scatter or a backward's end), and the arena's size; none before its
-  // first step or without ZeRO-2; and the arena's pages its shard overlaps.
+  // ZeRO-2 with KILN_MEASURE_GRADIENT_MEMORY=1: the most bytes of the gradient arena this
+  // rank has held in physical memory (at a bucket's reduce-scatter or a backward's end), and
+  // the arena's size; and the arena's pages its shard overlaps. None before its first step,
+  // without ZeRO-2 or without the variable (the count is a diagnostic, off the hot path).
   struct GradientMemory {
     size_t peak_resident = 0, arena = 0, shard_pages = 0;
   };
@@ -111,6 +114,7 @@ class DataParallel {
   bool reducing_ = false;                     // this step's buckets are under way
   std::unique_ptr<ParameterShards> shards_;              // ZeRO's; null without
   bool shard_gradients_ = false;                         // ZeRO-2
+  bool measure_gradient_memory_ = false;                 // ZeRO-2: KILN_MEASURE_GRADIENT_MEMORY=1
   // ZeRO's all-gather buffer (and ZeRO-2's reduce-scatter's): a chunk per rank, on the
   // collectives' device
   Storage gathered_;

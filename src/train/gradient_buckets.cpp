@@ -41,16 +41,12 @@ std::vector<size_t> BucketLaunches::take_ready(int event) {
   return ready;
 }
 
-BucketedGradientReduction::BucketedGradientReduction(dist::Communicator& comm, const Tensor& gradients,
-                                                     std::vector<GradientBucket> buckets)
-    : comm_(comm), gradients_(gradients), buckets_(std::move(buckets)) {
-  KILN_CHECK(gradients.device() == Device::cpu, "dist",
-             "buckets reduced during backward run on the CPU (Gloo) only; got gradients on {}",
-             device_name(gradients.device()));
-  thread_ = std::thread([this] { communicate(); });
+BucketThread::BucketThread(const std::vector<GradientBucket>& buckets, std::function<void(size_t)> communicate)
+    : launches_(buckets), communicate_(std::move(communicate)) {
+  thread_ = std::thread([this] { run(); });
 }
 
-BucketedGradientReduction::~BucketedGradientReduction() {
+BucketThread::~BucketThread() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -59,26 +55,24 @@ BucketedGradientReduction::~BucketedGradientReduction() {
   thread_.join();
 }
 
-void BucketedGradientReduction::start() {
+void BucketThread::start() {
   std::lock_guard<std::mutex> lock(mutex_);
   KILN_CHECK(queue_.empty() && in_flight_ == 0, "dist", "a bucketed reduction started before the last one finished");
   launches_.reset();
 }
 
-void BucketedGradientReduction::ready(int event) { launch_up_to(event); }
-
-void BucketedGradientReduction::launch_up_to(int event) {
+size_t BucketThread::ready(int event) {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::vector<size_t> ready = launches_.take_ready(event);
   queue_.insert(queue_.end(), ready.begin(), ready.end());
   in_flight_ += ready.size();
   if (!ready.empty()) work_.notify_one();
+  return ready.size();
 }
 
-void BucketedGradientReduction::finish() {
-  launch_up_to(std::numeric_limits<int>::max());
+void BucketThread::wait(size_t in_flight) {
   std::unique_lock<std::mutex> lock(mutex_);
-  done_.wait(lock, [this] { return in_flight_ == 0; });
+  done_.wait(lock, [&] { return in_flight_ <= in_flight; });
   if (error_) {
     std::exception_ptr error = error_;
     error_ = nullptr;
@@ -86,12 +80,10 @@ void BucketedGradientReduction::finish() {
   }
 }
 
-void BucketedGradientReduction::communicate() {
-  const size_t element = dtype_size(gradients_.dtype());
-  auto* base = static_cast<unsigned char*>(gradients_.raw());
+void BucketThread::run() {
   for (;;) {
     size_t b = 0;
-    bool failed = false;  // after an error the rest are only counted off: the step fails at finish()
+    bool failed = false;  // after an error the rest are only counted off: the step fails at wait()
     {
       std::unique_lock<std::mutex> lock(mutex_);
       work_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
@@ -100,12 +92,8 @@ void BucketedGradientReduction::communicate() {
       queue_.pop_front();
       failed = error_ != nullptr;
     }
-    const GradientBucket& bucket = buckets_[b];
     try {
-      if (!failed) {
-        comm_.all_reduce(base + static_cast<size_t>(bucket.begin) * element, bucket.end - bucket.begin,
-                         gradients_.dtype(), dist::ReduceOp::sum, "gradients");
-      }
+      if (!failed) communicate_(b);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       error_ = std::current_exception();
@@ -116,6 +104,26 @@ void BucketedGradientReduction::communicate() {
     }
     done_.notify_all();
   }
+}
+
+BucketedGradientReduction::BucketedGradientReduction(dist::Communicator& comm, const Tensor& gradients,
+                                                     std::vector<GradientBucket> buckets)
+    : comm_(comm), gradients_(gradients), buckets_(std::move(buckets)), thread_(buckets_, [this](size_t b) { reduce(b); }) {
+  KILN_CHECK(gradients.device() == Device::cpu, "dist",
+             "buckets reduced during backward run on the CPU (Gloo) only; got gradients on {}",
+             device_name(gradients.device()));
+}
+
+void BucketedGradientReduction::finish() {
+  thread_.ready(std::numeric_limits<int>::max());
+  thread_.wait();
+}
+
+void BucketedGradientReduction::reduce(size_t b) {
+  const size_t element = dtype_size(gradients_.dtype());
+  const GradientBucket& bucket = buckets_[b];
+  comm_.all_reduce(static_cast<unsigned char*>(gradients_.raw()) + static_cast<size_t>(bucket.begin) * element,
+                   bucket.end - bucket.begin, gradients_.dtype(), dist::ReduceOp::sum, "gradients");
 }
 
 }  // namespace kiln

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -72,17 +73,50 @@ class BucketReduction {
   virtual const std::vector<GradientBucket>& buckets() const = 0;
 };
 
+// The CPU's communication "stream": a thread of its own that runs each bucket's collective
+// (and what goes with it) in the order the buckets are handed over -- plan order, the same
+// on every rank -- while backward's threads go on computing. Used by DDP's all-reduce
+// (below) and ZeRO-2's reduce-scatter (train/sharded_gradients.h).
+class BucketThread {
+ public:
+  // `communicate(b)`: bucket b's work, run on the thread once backward has made it ready.
+  BucketThread(const std::vector<GradientBucket>& buckets, std::function<void(size_t)> communicate);
+  ~BucketThread();
+  BucketThread(const BucketThread&) = delete;
+  BucketThread& operator=(const BucketThread&) = delete;
+
+  // A backward begins: no bucket launched (the last backward's all done: wait() ran).
+  void start();
+  // Backward finished `event`: the buckets ready after it, not yet launched, go to the
+  // thread. Returns how many.
+  size_t ready(int event);
+  // Waits until at most `in_flight` of the buckets handed over are not done (0: all done; the
+  // queue is in order, so n: all but the last n handed over); rethrows the first error of
+  // the thread (a rank lost, a timeout). Buckets not launched stay so (ready(INT_MAX) launches them).
+  void wait(size_t in_flight = 0);
+
+ private:
+  void run();  // the thread
+
+  BucketLaunches launches_;
+  std::function<void(size_t)> communicate_;
+  std::mutex mutex_;
+  std::condition_variable work_, done_;
+  std::deque<size_t> queue_;  // buckets handed over, not yet taken
+  size_t in_flight_ = 0;      // handed over and not yet done
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
 class BucketedGradientReduction final : public BucketReduction {
  public:
   // Reduces (sums) buckets of `gradients` over `comm`'s ranks on a thread of its own.
   BucketedGradientReduction(dist::Communicator& comm, const Tensor& gradients, std::vector<GradientBucket> buckets);
-  ~BucketedGradientReduction() override;
-  BucketedGradientReduction(const BucketedGradientReduction&) = delete;
-  BucketedGradientReduction& operator=(const BucketedGradientReduction&) = delete;
 
-  void start() override;
+  void start() override { thread_.start(); }
   // Hands the ready buckets to the communication thread.
-  void ready(int event) override;
+  void ready(int event) override { thread_.ready(event); }
   // Waits until every bucket is reduced; rethrows the first error of the communication
   // thread (a rank lost, a timeout).
   void finish() override;
@@ -90,21 +124,12 @@ class BucketedGradientReduction final : public BucketReduction {
   const std::vector<GradientBucket>& buckets() const override { return buckets_; }
 
  private:
-  void launch_up_to(int event);
-  void communicate();  // the communication thread
+  void reduce(size_t bucket);  // on the thread
 
   dist::Communicator& comm_;
   Tensor gradients_;
   std::vector<GradientBucket> buckets_;
-  BucketLaunches launches_{buckets_};
-
-  std::mutex mutex_;
-  std::condition_variable work_, done_;
-  std::deque<size_t> queue_;   // buckets handed over, not yet taken
-  size_t in_flight_ = 0;       // handed over and not yet reduced
-  bool stopping_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;
+  BucketThread thread_;  // last: its thread starts once the rest is made
 };
 
 }  // namespace kiln

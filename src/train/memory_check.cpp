@@ -76,8 +76,9 @@ ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size)
   b.gather_buffer = static_cast<size_t>(world_size) * static_cast<size_t>(shards.gather_chunk(config.dist.bucket_mb)) *
                     dtype_size(shards.dtype());
   // Backward's events (model/gradient_ready.h): a block's buckets go out at its end, the
-  // heads' after them, the table's at the end; held at once at most: the largest block, the
-  // heads and the table.
+  // heads' after them, the table's at the end, each reduce-scattered on the communication
+  // thread while backward computes the next block (train/sharded_gradients.h); held at once
+  // at most: two blocks (bounded by the two largest), the heads and the table.
   std::map<int, int64_t> held;  // -1: the heads and the final norm, -2: the table, l: block l
   for (int r = 0; r < world_size; ++r)
     for (const ParameterPiece& piece : shards.pieces(r)) {
@@ -85,13 +86,27 @@ ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size)
       const int group = name == "embed.weight" ? -2 : name.rfind("layers.", 0) == 0 ? std::stoi(name.substr(7)) : -1;
       held[group] += piece.count;
     }
-  int64_t largest_block = 0;
-  for (const auto& [group, elements] : held)
-    if (group >= 0) largest_block = std::max(largest_block, elements);
-  const int64_t elements = config.dist.bucket_mb > 0 ? shards.largest() + largest_block + held[-1] + held[-2]
-                                                     : shards.total();
+  int64_t largest_block = 0, second_block = 0;
+  for (const auto& [group, elements] : held) {
+    if (group < 0) continue;
+    second_block = std::max(second_block, std::min(largest_block, elements));
+    largest_block = std::max(largest_block, elements);
+  }
+  const int64_t elements = config.dist.bucket_mb > 0
+                               ? shards.largest() + largest_block + second_block + held[-1] + held[-2]
+                               : shards.total();
   b.zero2_gradients = static_cast<size_t>(std::min(elements, shards.total())) * dtype_size(shards.dtype());
   return b;
+}
+
+MemoryBudget plan_rank_memory(const Config& config, Device device, int world_size) {
+  MemoryBudget budget = plan_training_memory(config, device);
+  if (config.dist.zero == 0) return budget;
+  const ZeroBudget zero = plan_zero_memory(config, device, world_size);
+  budget.optimizer = zero.optimizer;
+  budget.parameters += zero.gather_buffer;
+  if (config.dist.zero == 2) budget.gradients = zero.zero2_gradients;
+  return budget;
 }
 
 AvailableMemory available_memory(Device device) {

@@ -27,13 +27,19 @@ MemoryBudget plan_training_memory(const Config& config, Device device);
 // (about dist.bucket_mb; ParameterShards::gather_chunk).
 // ZeRO-2 (dist.zero = 2, the CPU's; train/sharded_gradients.h) also bounds the gradient
 // memory a rank holds: the largest shard's gradients, plus what backward writes before its
-// buckets go out (the largest block's gradients, the heads' and the embedding table's, whose
-// gradient a tied head writes first); with dist.bucket_mb = 0 the whole arena.
+// buckets' reduce-scatters end (two blocks' gradients -- the one reduce-scattered while
+// backward computes the next -- the heads' and the embedding table's, whose gradient a tied
+// head writes first); with dist.bucket_mb = 0 the whole arena.
 struct ZeroBudget {
   size_t optimizer = 0, gather_buffer = 0;
   size_t zero2_gradients = 0;
 };
 ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size);
+
+// What one of `world_size` data-parallel ranks needs (the trainer's check): the whole plan,
+// with ZeRO's shard of the optimizer state and the gather's buffer (dist.zero >= 1) and
+// ZeRO-2's bound of the gradients (dist.zero = 2) in place of the whole.
+MemoryBudget plan_rank_memory(const Config& config, Device device, int world_size);
 
 struct AvailableMemory {
   size_t bytes = 0;

@@ -64,8 +64,9 @@ void copy_segments(const std::vector<Segment>& segments, int64_t lo, int64_t hi,
 }  // namespace
 
 ShardedGradients::ShardedGradients(dist::Communicator& comm, int rank, const ParameterShards& shards, Model& model,
-                                   unsigned char* buffer, int64_t chunk)
-    : comm_(comm), rank_(rank), shards_(shards), model_(model), buffer_(buffer), chunk_(chunk) {
+                                   unsigned char* buffer, int64_t chunk, bool measure_resident)
+    : comm_(comm), rank_(rank), shards_(shards), model_(model), buffer_(buffer), chunk_(chunk),
+      measure_resident_(measure_resident) {
   const Tensor grads = model.all_gradients();
   arena_ = static_cast<unsigned char*>(grads.raw());
   arena_bytes_ = static_cast<size_t>(grads.numel()) * dtype_size(grads.dtype());
@@ -84,41 +85,56 @@ ShardedGradients::ShardedGradients(dist::Communicator& comm, int rank, const Par
     if (first < last) shard_pages_ += last - first;
     counted = std::max(counted, last);
   }
+  note_resident();  // before the first step: the arena's pages untouched (core/arena.h: HostPages)
 }
 
 void ShardedGradients::plan_buckets(std::vector<GradientBucket> buckets) {
+  thread_.reset();
   buckets_ = std::move(buckets);
-  launches_ = std::make_unique<BucketLaunches>(buckets_);
+  thread_ = std::make_unique<BucketThread>(buckets_, [this](size_t i) { reduce_scatter_bucket(i); });
 }
 
 void ShardedGradients::start() {
-  launches_->reset();
+  wait();
+  thread_->start();
   reduced_.assign(buckets_.size(), false);
+  in_flight_ = true;
 }
 
+// One event's buckets in flight at most: backward computes the next block while the last
+// block's buckets are reduce-scattered, but goes no further until they are, or it would hold
+// every block's gradients the thread has not reached yet (the whole arena, measured at 4
+// ranks on 2 cores: the reduce-scatters are slower than the blocks' backward).
 void ShardedGradients::ready(int event) {
-  const size_t element = dtype_size(shards_.dtype());
-  const size_t page = page_size();
-  for (size_t i : launches_->take_ready(event)) {
-    note_resident();
-    const GradientBucket& b = buckets_[i];
-    reduce_scatter_range(b.begin, b.end);
-    reduced_[i] = true;
-    // Its whole pages outside this rank's shard go back, with the pages it shares with
-    // reduced neighbours (the plan runs down the arena: bucket i + 1 lies just below i); a
-    // page it shares with a bucket not yet reduced stays until that one is.
-    size_t lo = static_cast<size_t>(b.begin) * element, hi = static_cast<size_t>(b.end) * element;
-    if (i + 1 < buckets_.size() && reduced_[i + 1])
-      lo = std::max(static_cast<size_t>(buckets_[i + 1].begin) * element, lo >= page ? lo - page : 0);
-    if (i > 0 && reduced_[i - 1]) hi = std::min(static_cast<size_t>(buckets_[i - 1].end) * element, hi + page);
-    release_outside_own(lo, hi, true);
-  }
+  if (const size_t handed = thread_->ready(event)) thread_->wait(handed);
 }
 
-void ShardedGradients::finish() {
-  ready(std::numeric_limits<int>::max());
+void ShardedGradients::finish() { thread_->ready(std::numeric_limits<int>::max()); }
+
+void ShardedGradients::wait() {
+  if (!in_flight_) return;
+  in_flight_ = false;
+  thread_->wait();
   note_resident();
   release_outside_own(0, arena_bytes_, false);
+}
+
+void ShardedGradients::reduce_scatter_bucket(size_t i) {
+  const size_t element = dtype_size(shards_.dtype());
+  const size_t page = page_size();
+  note_resident();
+  const GradientBucket& b = buckets_[i];
+  reduce_scatter_range(b.begin, b.end);
+  reduced_[i] = true;
+  // Its whole pages outside this rank's shard go back, with the pages it shares with
+  // reduced neighbours (the plan runs down the arena: bucket i + 1 lies just below i); a
+  // page it shares with a bucket not yet reduced stays until that one is. Backward no
+  // longer writes any of them this micro-batch: they belong to reduced buckets.
+  size_t lo = static_cast<size_t>(b.begin) * element, hi = static_cast<size_t>(b.end) * element;
+  if (i + 1 < buckets_.size() && reduced_[i + 1])
+    lo = std::max(static_cast<size_t>(buckets_[i + 1].begin) * element, lo >= page ? lo - page : 0);
+  if (i > 0 && reduced_[i - 1]) hi = std::min(static_cast<size_t>(buckets_[i - 1].end) * element, hi + page);
+  release_outside_own(lo, hi, true);
 }
 
 void ShardedGradients::reduce_scatter_all() {
@@ -128,6 +144,7 @@ void ShardedGradients::reduce_scatter_all() {
 }
 
 void ShardedGradients::zero() {
+  wait();  // (done already: the step's synchronization waited)
   release_outside_own(0, arena_bytes_, false);
   for (const auto& [lo, hi] : own_) std::memset(arena_ + lo, 0, hi - lo);
 }
@@ -171,7 +188,9 @@ size_t ShardedGradients::resident_bytes() const {
   return resident * page_size();
 }
 
-void ShardedGradients::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }
+void ShardedGradients::note_resident() {
+  if (measure_resident_) peak_resident_ = std::max(peak_resident_, resident_bytes());
+}
 
 // In rounds of a chunk per rank, as the parameters' all-gather (train/data_parallel.h):
 // every rank copies each rank's part of the range into that rank's chunk of the buffer (a

@@ -132,12 +132,9 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   eval::EvalSuite eval_suite = TrainingEvaluator::read_suite(config_.eval);  // a bad file costs no training
   dataset_ = std::make_unique<TokenDataset>(config_.data, *tokenizer_);
   // Before anything large is allocated (batches, arenas): stop now if it cannot fit.
-  MemoryBudget budget = plan_training_memory(config_, device_);
-  if (group_ && config_.dist.zero > 0) {  // this rank's shard of the optimizer state, and the gather's buffer
-    const ZeroBudget zero = plan_zero_memory(config_, device_, group_->world_size());
-    budget.optimizer = zero.optimizer;
-    budget.parameters += zero.gather_buffer;
-  }
+  // ZeRO: this rank's shard of the optimizer state, the gather's buffer, ZeRO-2's gradients
+  const MemoryBudget budget =
+      group_ ? plan_rank_memory(config_, device_, group_->world_size()) : plan_training_memory(config_, device_);
   check_memory_fits(config_, device_, budget, available_memory(device_));
   const Packer packer(packer_options(config_, *tokenizer_));
   // data.seed, rank sharding (data.rank/world_size or RANK/WORLD_SIZE) and data.prefetch.
