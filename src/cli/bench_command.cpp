@@ -1,6 +1,9 @@
 // `kiln bench CONFIG`: end-to-end training-step throughput of a model shape on synthetic
 // tokens laid out as the PyTorch peer lays them out (micro_batch_tokens / max_seq_len
-// sequences of max_seq_len tokens), so both arms do the same work.
+// sequences of max_seq_len tokens), so both arms do the same work. Routing as training
+// sees it (docs/moe-routers.md): --tokens data times the run's own training micro-batches
+// (train/training_data.h), and train.init_from (--init) starts from trained weights, so an
+// MoE's router is a trained one rather than a fresh one spreading random tokens evenly.
 #include "cli/bench_imbalance.h"
 #include "cli/bench_trace.h"
 #include "cli/commands.h"
@@ -8,24 +11,29 @@
 #include "core/device_memory.h"
 #include "core/op_profiler.h"
 #include "core/rng.h"
+#include "data/mixture.h"
 #include "model/model.h"
 #include "nn/mup.h"
 #include "ops/blas.h"
 #include "ops/parallel.h"
+#include "train/init_from.h"
 #include "train/optimizer_groups.h"
 #include "train/step_program.h"
 #include "core/device_choice.h"
 #include "train/training_build.h"
+#include "train/training_data.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 
 namespace kiln::cli {
 
@@ -61,6 +69,14 @@ std::string load_range(const Model& model) {
   return layers ? fmt::format("load_max {:.2f}-{:.2f} over {} layers", lo, hi, layers) : "";
 }
 
+// What --tokens data reads: data.path, or the sources of data.sources.
+std::string data_name(const Config& c) {
+  if (c.data.sources.empty()) return c.data.path;
+  std::string names;
+  for (const DataSource& s : c.data.sources) names += (names.empty() ? "" : ", ") + source_name(s);
+  return "mixture " + names;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -73,10 +89,10 @@ void add_bench_command(CLI::App& app) {
     std::vector<std::string> overrides;
     int64_t steps = 10, warmup = 3;
     double imbalance = 0;
-    std::string json, trace;
+    std::string json, trace, init, tokens = "random";
   };
   auto o = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("bench", "time full training steps of a model shape (synthetic tokens)");
+  CLI::App* cmd = app.add_subcommand("bench", "time full training steps of a model shape (synthetic tokens, or the run's data: --tokens)");
   cmd->add_option("config", o->config, "TOML config (e.g. configs/bench-124m.toml)")->required();
   cmd->add_option("--set", o->overrides, "override a key (repeatable)")->take_all();
   cmd->add_option("--steps", o->steps, "timed steps")->capture_default_str()->check(CLI::PositiveNumber);
@@ -89,15 +105,29 @@ void add_bench_command(CLI::App& app) {
                   "hold each sparse layer's busiest expert at this x the mean load (sigmoid_bias routing; "
                   "sets optim.lr=1e-9 and model.moe.bias_rate=0: cli/bench_imbalance.h)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--tokens", o->tokens,
+                  "random: synthetic uniform tokens; data: each step the run's next training micro-batches "
+                  "(data.path / data.sources, packed as kiln train packs them)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"random", "data"}));
+  cmd->add_option("--init", o->init,
+                  "start from these weights (sets train.init_from: a model directory, checkpoint or run "
+                  "directory, or a Hugging Face folder)");
   cmd->callback([o] {
     std::vector<std::string> overrides = o->overrides;
     if (o->imbalance > 0)  // the steered bias and the router it was set for stay (bench_imbalance.h)
       overrides.insert(overrides.end(), {"model.moe.bias_rate=0", "optim.lr=1e-9"});
-    const Config config = load_config(o->config, overrides);
+    Config config = load_config(o->config, overrides);
+    if (!o->init.empty()) config.train.init_from = o->init;
+    const bool data_tokens = o->tokens == "data";
     if (!o->trace.empty()) {  // refused now rather than after the timed steps (app: an existing file is kept)
       std::ofstream probe(o->trace, std::ios::app);
       KILN_CHECK(probe.good(), "bench", "--trace {}: cannot write: {}", o->trace, std::strerror(errno));
     }
+    // Found, and the data read, before anything is allocated: a bad path fails at once.
+    const std::optional<InitialWeights> initial = find_initial_weights(config);
+    TrainingData data;
+    if (data_tokens) data = open_training_data(config);
     const Device device = resolve_device(config.train.device);
     set_cpu_threads(config.train.threads);
     const BuildOptions build = training_build_options(config, device);
@@ -110,27 +140,47 @@ void add_bench_command(CLI::App& app) {
     cuda_memory_info(&free_before, &total);
     model.allocate();
     optimizer_state.allocate();
-    model.init_weights(config.train.seed);
-    const HostBatch batch = synthetic_batch(config);
+    if (initial) load_initial_weights(*initial, config, model);  // as the trainer starts from it
+    else model.init_weights(config.train.seed);
 
     // One optimizer step of grad_accum micro-batches, as the trainer runs it: captured on
     // the GPU (unless train.cuda_graphs = false), with no fault guard limits.
     StepProgram program(model, *optimizer, config.train.grad_accum,
                         choose_step_execution(device, config.train.cuda_graphs, *optimizer));
-    const std::vector<HostBatch> batches(static_cast<size_t>(config.train.grad_accum), batch);
-    const int64_t targets = batch.target_count * config.train.grad_accum;
+    // Random tokens: one synthetic micro-batch, every step. Data: each step the stream's
+    // next grad_accum micro-batches, packed before the step's clock starts (the trainer
+    // packs ahead with data.prefetch), with their own target counts (padding has none).
+    std::vector<HostBatch> batches(static_cast<size_t>(config.train.grad_accum));
+    if (!data_tokens) std::fill(batches.begin(), batches.end(), synthetic_batch(config));
+    int64_t targets = 0;
+    auto next_batches = [&] {
+      if (data_tokens)
+        for (HostBatch& b : batches) data.stream->next(b);
+      targets = 0;
+      for (const HostBatch& b : batches) targets += b.target_count;
+    };
     StepPlan step_plan;
     step_plan.lr = config.optim.lr;
     step_plan.loss_limit = step_plan.grad_limit = std::numeric_limits<double>::infinity();
     step_plan.clip = config.optim.grad_clip;
-    auto step = [&] { return program.run(batches, targets, step_plan).step_sums[0]; };  // the step's loss sum
+    double step_seconds = 0;  // the steps' own time, batch packing left out
+    auto step = [&] {         // the step's mean loss per target
+      next_batches();
+      const auto start = std::chrono::steady_clock::now();
+      const double sum = program.run(batches, targets, step_plan).step_sums[0];  // read: synchronized
+      step_seconds += seconds_since(start);
+      return sum / static_cast<double>(targets);
+    };
     std::string imbalance;
     if (o->imbalance > 0) imbalance = describe(hold_imbalance(model, o->imbalance, [&] { step(); }));
     for (int64_t i = 0; i < o->warmup; ++i) step();
-    const auto start = std::chrono::steady_clock::now();
-    double loss = 0;
-    for (int64_t i = 0; i < o->steps; ++i) loss = step();  // each step reads its loss: synchronized
-    const double seconds = seconds_since(start);
+    step_seconds = 0;
+    double first_loss = 0, loss = 0;
+    for (int64_t i = 0; i < o->steps; ++i) {
+      loss = step();
+      if (i == 0) first_loss = loss;
+    }
+    const double seconds = step_seconds;
     const std::string routing = load_range(model);  // the last timed step's, read after the clock stopped
     size_t free_after = 0;
     cuda_memory_info(&free_after, &total);
@@ -145,8 +195,11 @@ void add_bench_command(CLI::App& app) {
     const char* precision = build.dtype == DType::bf16 ? "bf16 mixed" : "fp32";
     const std::string where = device == Device::cuda ? fmt::format("cuda ({}, {})", cuda_device_name(), precision)
                                                      : fmt::format("cpu ({}, {})", precision, blas_summary());
-    fmt::print("bench {} on {}: {} parameters, {} tokens per step, {} kernels, {}\n", config.model.name, where,
-               model.parameter_count(), config.train.micro_batch_tokens * config.train.grad_accum,
+    const std::string token_source = data_tokens ? "training data " + data_name(config) : "random tokens";
+    const std::string weights = initial ? "weights from " + initial->dir : "fresh weights";
+    fmt::print("bench {} on {}: {} parameters, {} tokens per step ({}, {}), {} kernels, {}\n", config.model.name,
+               where, model.parameter_count(), config.train.micro_batch_tokens * config.train.grad_accum, token_source,
+               weights,
                build.deterministic ? "deterministic" : "non-deterministic (train.deterministic = false)",
                program.execution() == StepExecution::captured
                    ? fmt::format("CUDA graphs ({} captured, {} launches)", program.graphs_captured(),
@@ -163,18 +216,18 @@ void add_bench_command(CLI::App& app) {
                on_gpu ? fmt::format(" | MFU {:.1f}% of {:.0f} TFLOP/s bf16 peak", 100 * tflops * 1e12 / kPeakFlops,
                                     kPeakFlops / 1e12)
                       : "");
-    fmt::print("  memory: planned {:.2f} GiB{} | last loss {:.4f} (random tokens: ~ln(vocab) = {:.2f})\n", planned_gib,
-               device == Device::cuda ? fmt::format(", device in use {:.2f} GiB", device_gib) : "",
-               loss / static_cast<double>(targets), std::log(static_cast<double>(config.model.vocab_size)));
+    fmt::print("  memory: planned {:.2f} GiB{} | loss first {:.4f}, last {:.4f} (an untrained model: ~ln(vocab) = {:.2f})\n",
+               planned_gib, device == Device::cuda ? fmt::format(", device in use {:.2f} GiB", device_gib) : "",
+               first_loss, loss, std::log(static_cast<double>(config.model.vocab_size)));
     fmt::print("  FLOPs per token {:.4g} = 6 x matmul parameters (incl. LM head) + 6 x layers x heads x head_dim x seq\n",
                flops);
     // Where the time goes: two more steps with every op front end timed (CUDA events).
     OpProfiler::set_enabled(true);
     OpProfiler::reset();
-    const auto profiled_start = std::chrono::steady_clock::now();
+    step_seconds = 0;
     for (int i = 0; i < 2; ++i) step();
     const std::vector<OpTime> ops = OpProfiler::collect();
-    const double profiled_ms = 1e3 * seconds_since(profiled_start) / 2;
+    const double profiled_ms = 1e3 * step_seconds / 2;
     OpProfiler::set_enabled(false);
     double op_ms = 0;
     for (const OpTime& t : ops) op_ms += t.milliseconds / 2;
@@ -194,6 +247,11 @@ void add_bench_command(CLI::App& app) {
                             {"planned_gib", planned_gib},          {"device_gib", device_gib},
                             {"parameters", model.parameter_count()}, {"libraries", cuda_library_versions()},
                             {"deterministic", build.deterministic},
+                            {"tokens", o->tokens},
+                            {"data", data_tokens ? data_name(config) : ""},
+                            {"init_from", initial ? initial->dir : ""},
+                            {"first_loss", first_loss},
+                            {"last_loss", loss},
                             {"imbalance", imbalance},
                             {"routing", routing},
                             {"ops", [&] {

@@ -2,11 +2,9 @@
 
 #include "core/error.h"
 
-#include <limits>
-
-#if KILN_WITH_CUDA
 #include "core/side_stream.h"
-#endif
+
+#include <limits>
 
 namespace kiln {
 

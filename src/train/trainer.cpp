@@ -24,6 +24,7 @@
 #include "train/run_paths.h"
 #include "train/signals.h"
 #include "train/tensorboard_log.h"
+#include "train/training_data.h"
 
 #include <fmt/format.h>
 
@@ -124,10 +125,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   else if (!config_.train.init_from.empty())
     console_.print("resume: train.init_from ignored, the run continues from its checkpoint\n");
 
-  tokenizer_ = tokenizer_from_config(config_.data.tokenizer);  // "byte" or a tokenizer.json
-  KILN_CHECK(config_.model.vocab_size >= tokenizer_->vocab_size(), "model.vocab_size",
-             "{} is smaller than the {} tokenizer's vocabulary ({})", config_.model.vocab_size, tokenizer_->name(),
-             tokenizer_->vocab_size());
+  tokenizer_ = training_tokenizer(config_);  // "byte" or a tokenizer.json, checked against model.vocab_size
   TrainingSampler::check_fits(config_, *tokenizer_);  // the sample's context, before any data is read
   eval::EvalSuite eval_suite = TrainingEvaluator::read_suite(config_.eval);  // a bad file costs no training
   dataset_ = std::make_unique<TokenDataset>(config_.data, *tokenizer_);
