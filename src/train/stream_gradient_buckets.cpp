@@ -4,9 +4,7 @@
 
 #include <limits>
 
-#if KILN_WITH_CUDA
 #include "core/side_stream.h"
-#endif
 
 namespace kiln {
 
@@ -26,6 +24,10 @@ StreamBucketedReduction::StreamBucketedReduction(dist::Communicator& comm, const
     : comm_(comm) {
   fail("dist", "buckets on a communication stream need the CUDA backend");
 }
+
+// A CPU build compiles no side_stream.cu, yet the member's destructor below needs one
+// (never run: the constructor above throws).
+cuda::SideStream::~SideStream() = default;
 #endif
 
 StreamBucketedReduction::~StreamBucketedReduction() = default;
