@@ -3,8 +3,9 @@
 // as one process over the same global batch, bit for bit; 2 stages x 2 data-parallel
 // replicas train as 2 data-parallel ranks, bit for bit; a pipeline checkpoint resumes in
 // one process, at another split and at another layout; 2 stages x 3 replicas match 3
-// data-parallel ranks within rounding; a killed stage ends the others
-// naming it; bad pipeline keys and world sizes are refused naming the key.
+// data-parallel ranks within rounding; a tied head trains as one process (2, 3 and
+// interleaved stages) and 2 x 2 as 2 data-parallel ranks, within rounding; a killed stage
+// ends the others naming it; bad pipeline keys and world sizes are refused naming the key.
 #include "config/config.h"
 #include "dist/free_port.h"
 #include "fault_test_util.h"
@@ -16,6 +17,8 @@
 #include <chrono>
 #include <cmath>
 #include <thread>
+#include <utility>
+#include <vector>
 
 using namespace kiln;
 using namespace kiln::test;
@@ -23,7 +26,8 @@ using namespace kiln::test;
 namespace {
 
 // Every rank on one thread (a bitwise-comparable run needs a fixed thread count); 8 layers
-// so 4 ranks x 2 virtual stages each get one; an untied head (a tied one is refused).
+// so 4 ranks x 2 virtual stages each get one; an untied head (a tied one is tested on its
+// own: its table's gradient is not bitwise).
 const std::string kModel =
     "--set train.threads=1 --set model.layers=8 --set model.tie_embeddings=false --set train.steps=6 ";
 
@@ -145,6 +149,33 @@ void expect_same_moe_and_clip_logs(const std::string& reference, const std::stri
 TEST_F(PipelineTrainer, EveryScheduleOverTwoStagesTrainsBitwiseAsOneProcess) { check_every_schedule(2); }
 
 TEST_F(PipelineTrainer, EveryScheduleOverFourStagesTrainsBitwiseAsOneProcess) { check_every_schedule(4); }
+
+// A tied head (model.tie_embeddings = true, the default config's) over 2 stages (1F1B), 3
+// stages (GPipe) and 4 stages interleaved on 2 ranks, against one process; 2 stages x 2
+// replicas against 2 data-parallel ranks. The table's gradient comes from the first stage
+// (lookup) and the last (head), on two ranks; the step's all-reduce sums the two shares,
+// and the norm counts the table once (a table counted twice, or one rank's share alone,
+// would miss the norm by far more than the tolerance). Within rounding, not bitwise: one
+// process adds head and lookup micro-batch after micro-batch, the ranks each their own
+// share over the micro-batches and then the two shares.
+TEST_F(PipelineTrainer, ATiedHeadTrainsAsOneProcessWithinRounding) {
+  std::string output;
+  const std::string tied = "--set model.tie_embeddings=true ";
+  const std::string one = dir_ + "/one", ddp = dir_ + "/ddp";
+  ASSERT_EQ(run_with_fault(single(one, tied), "", &output), 0) << output;
+  const std::vector<std::pair<int, std::string>> runs = {{2, "1f1b"}, {3, "gpipe"}, {2, "interleaved"}};
+  for (const auto& [stages, schedule] : runs) {
+    SCOPED_TRACE(fmt::format("{} stages, {}", stages, schedule));
+    const std::string out = fmt::format("{}/tied-{}-{}", dir_, stages, schedule);
+    ASSERT_EQ(run_with_fault(pipeline(stages, schedule, out, tied), "", &output), 0) << output;
+    EXPECT_CONTAINS(read_file(out + "/rank-1.log"), "; this rank runs stage 1");
+    expect_close(out, one);
+  }
+  ASSERT_EQ(run_with_fault(data_parallel(ddp, tied), "", &output), 0) << output;
+  const std::string grid = dir_ + "/tied-2x2";
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", grid, tied, 2), "", &output), 0) << output;
+  expect_close(grid, ddp);
+}
 
 // MoE layers (sigmoid-bias router: its balancing bias follows the step's expert loads,
 // summed over the stages) and QK-Clip (each head's largest logit, the max over the stages)
@@ -373,7 +404,10 @@ TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
   EXPECT_EQ(error(base, 4), "");                       // 2 stages x 2 replicas
   EXPECT_EQ(error(base, 6), "");                       // x 3
   expect([](Config& c) { c.dist.pipeline_stages = 5; }, 5, "dist.pipeline_stages");  // more stages than layers
-  expect([](Config& c) { c.model.tie_embeddings = true; }, 2, "model.tie_embeddings");
+  Config tied = base;  // a tied head is pipelined (its table's gradient summed by the step's all-reduce)
+  tied.model.tie_embeddings = true;
+  EXPECT_EQ(error(tied, 2), "");
+  EXPECT_EQ(error(tied, 4), "");
   expect([](Config& c) { c.model.mtp.depth = 1; }, 2, "model.mtp.depth");
   expect([](Config& c) { c.dist.zero = 1; }, 2, "dist.zero");
   expect([](Config& c) { c.model.moe.balance_scope = "step"; }, 2, "model.moe.balance_scope");

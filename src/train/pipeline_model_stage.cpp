@@ -28,15 +28,12 @@ ModelStage::ModelStage(Model& model, std::vector<int64_t> bounds, std::vector<Ho
   for (size_t s = 0; s + 1 < bounds_.size(); ++s)
     KILN_CHECK(bounds_[s] < bounds_[s + 1], "pipeline", "stage {} has no layers ([{}, {}))", s, bounds_[s],
                bounds_[s + 1]);
-  check_pipelinable(c, stages());
+  check_pipelinable(c);
   KILN_CHECK(!microbatches_.empty(), "pipeline", "a pipeline step needs at least one micro-batch");
 }
 
-void ModelStage::check_pipelinable(const ModelConfig& c, int stages) {
-  KILN_CHECK(!c.tie_embeddings || stages == 1, "model.tie_embeddings",
-             "a tied LM head is not pipelined yet: the table's gradient would come from the first and the last of "
-             "{} stages",
-             stages);
+void ModelStage::check_pipelinable(const ModelConfig& c) {
+  // Not refused: a tied head (the header says who sums the table's two gradients).
   KILN_CHECK(c.mtp.depth == 0, "model.mtp.depth", "multi-token prediction is not pipelined yet (depth {})",
              c.mtp.depth);
   KILN_CHECK(c.attn_res_block == 0, "model.attn_res_block",

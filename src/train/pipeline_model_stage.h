@@ -19,10 +19,15 @@
 // - The weight-gradient pass is not split from the input-gradient pass: backward_input
 //   does the whole backward and backward_weight nothing, so zero-bubble schedules run
 //   correctly but without their gain.
-// - Refused: tied embeddings over several stages (the table's gradient would come from
-//   the first and the last stage and needs their sum), multi-token prediction (its heads
-//   read the embedding on the last stage), Block Attention Residuals (their sublayers read
-//   more than the residual stream), a device other than the CPU (the engine is host-only).
+// - A tied LM head (model.tie_embeddings): the embedding table is one parameter, whose
+//   gradient both the first stage's lookup and the last stage's head add to. With those
+//   stages on two ranks, each rank holds its share after the step, and the caller sums the
+//   ranks' gradients (the trainer's one all-reduce of the whole gradient does; the other
+//   ranks add zeros): both then hold the table's whole gradient, one tensor, counted once
+//   by the norm. A rank holding both stages adds the two shares into its tensor as they run.
+// - Refused: multi-token prediction (its heads read the embedding on the last stage),
+//   Block Attention Residuals (their sublayers read more than the residual stream), a
+//   device other than the CPU (the engine is host-only).
 // - Every rank reads the step's micro-batches: stages after the first use their positions
 //   and sequence boundaries (attention), the last stage their targets.
 #pragma once
@@ -48,9 +53,9 @@ class ModelStage final : public PipelineStage {
   // (1 / the step's target tokens).
   ModelStage(Model& model, std::vector<int64_t> bounds, std::vector<HostBatch> microbatches, double loss_scale);
 
-  // The refusals above (tied embeddings over several stages, multi-token prediction, Block
-  // Attention Residuals) for a model of `c` cut into `stages`: one line naming the key.
-  static void check_pipelinable(const ModelConfig& c, int stages);
+  // The refusals above (multi-token prediction, Block Attention Residuals) for a model of
+  // `c` cut into stages: one line naming the key.
+  static void check_pipelinable(const ModelConfig& c);
 
   int stages() const { return static_cast<int>(bounds_.size()) - 1; }
   // The layers [first, last) of `stage`.

@@ -43,7 +43,7 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
   // ranks: with a replica's ranks reading the same micro-batches it would count them `stages` times.
   KILN_CHECK(config.model.moe.balance_scope != "step", "model.moe.balance_scope",
              "'step' is not pipelined yet (dist.pipeline_stages = {})", d.pipeline_stages);
-  pipeline::ModelStage::check_pipelinable(config.model, model_stages(config));
+  pipeline::ModelStage::check_pipelinable(config.model);
   pipeline_bounds(config);                    // the split: given and valid, or plannable
   pipeline_schedule(config, static_cast<int>(d.pipeline_stages));  // the micro-batches it needs (train.grad_accum)
 }

@@ -10,7 +10,10 @@
 //   layers; the step's one all-reduce (sum) of the gradients over all W ranks
 //   (DataParallel::reduce_gradients, with no buckets) then gives every rank the whole
 //   gradient summed over the replicas -- its other stages' parameters are zero there, and
-//   x + 0 is exact -- and the loss sums (the main loss only on the last stages). Every rank
+//   x + 0 is exact -- and the loss sums (the main loss only on the last stages). A tied
+//   head's table is the one parameter two stages add to (the lookup on the first, the head
+//   on the last): the same all-reduce sums their two shares, so every rank holds the
+//   table's whole gradient, once, with no exchange of its own. Every rank
 //   so takes the same norm, guard, clip and optimizer update, and holds the same whole
 //   model after the step: a full replica, memory saved by nothing yet.
 // - So validation runs as under data parallelism (each rank its share of the batches, the

@@ -1,7 +1,6 @@
 #include "train/stream_gradient_buckets.h"
 
 #include "core/error.h"
-
 #include "core/side_stream.h"
 
 #include <limits>
