@@ -462,7 +462,10 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
 // element (r, i) of the [len, d_k] tiles sums both its row's and its column's terms in
 // registers: every thread of the block works, and each alone writes its element (the same
 // element of ga, gb and gc in both sums, so a = b, ga = gb is allowed). e_rc is computed
-// twice (once per side), which is cheaper than the serial read-modify-writes of sharing it.
+// twice (once per side) so that no element is written by two threads. It replaced a thread
+// per channel (half the block idle, a shared read-modify-write per pair); with it and the
+// staging and row reuse below, `grads` went from 31.0 to 16.4 ms a call at K3's 8 x 4096 on
+// an H100 (docs/performance.md).
 template <typename RowA, typename RowB, typename Weight>
 __device__ void pairwise_gradient(int64_t len, int64_t dk, const float* cum, const float* pm, bool diagonal, RowA a,
                                   RowB b, Weight weight, float* ga, float* gb, float* gc) {
@@ -485,8 +488,8 @@ __device__ void pairwise_gradient(int64_t len, int64_t dk, const float* cum, con
 // One block per (chunk, head). Shared: cum, gq, gk, gc (dG) [C, d_k], a pair matrix [C, C]
 // (dP, then dL), beta [C] and dbeta [C]: 148 KiB at d_k 128, inside an A100's 163 KiB. With
 // `staged` (where the card has the room: Hopper's 227 KiB) the chunk's k and q rows too, as
-// T [C, d_k] each: the pairwise loops read every row d_k times, and a global load's latency
-// per read made them the kernel's bottleneck.
+// T [C, d_k] each: the pairwise loops read every row len times, from shared memory then
+// rather than through the caches.
 template <typename T, bool staged>
 __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k, const T* v,
                                                          const T* g, const T* beta, const T* dout, T* dq_out,
