@@ -152,12 +152,13 @@ TEST_F(PipelineTrainer, EveryScheduleOverFourStagesTrainsBitwiseAsOneProcess) { 
 
 // A tied head (model.tie_embeddings = true, the default config's) over 2 stages (1F1B), 3
 // stages (GPipe) and 4 stages interleaved on 2 ranks, against one process; 2 stages x 2
-// replicas against 2 data-parallel ranks. The table's gradient comes from the first stage
-// (lookup) and the last (head), on two ranks; the step's all-reduce sums the two shares,
-// and the norm counts the table once (a table counted twice, or one rank's share alone,
-// would miss the norm by far more than the tolerance). Within rounding, not bitwise: one
-// process adds head and lookup micro-batch after micro-batch, the ranks each their own
-// share over the micro-batches and then the two shares.
+// replicas against 2 data-parallel ranks; MoE layers with QK-Clip under Muon over 2 stages.
+// The table's gradient comes from the first stage (lookup) and the last (head), on two
+// ranks; the step's all-reduce sums the two shares, and the norm counts the table once (a
+// table counted twice, or one rank's share alone, would miss the norm by far more than the
+// tolerance). Within rounding, not bitwise: one process adds head and lookup micro-batch
+// after micro-batch, the ranks each their own share over the micro-batches and then the
+// two shares.
 TEST_F(PipelineTrainer, ATiedHeadTrainsAsOneProcessWithinRounding) {
   std::string output;
   const std::string tied = "--set model.tie_embeddings=true ";
@@ -175,6 +176,10 @@ TEST_F(PipelineTrainer, ATiedHeadTrainsAsOneProcessWithinRounding) {
   const std::string grid = dir_ + "/tied-2x2";
   ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", grid, tied, 2), "", &output), 0) << output;
   expect_close(grid, ddp);
+  const std::string sparse_one = dir_ + "/tied-sparse-one", sparse_two = dir_ + "/tied-sparse-two";
+  ASSERT_EQ(run_with_fault(single(sparse_one, tied + kSparse), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", sparse_two, tied + kSparse), "", &output), 0) << output;
+  expect_close(sparse_two, sparse_one);
 }
 
 // MoE layers (sigmoid-bias router: its balancing bias follows the step's expert loads,
