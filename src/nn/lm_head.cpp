@@ -28,6 +28,8 @@ LmHead::LmHead(BuildContext& ctx, const ModelConfig& m, const Tensor& embed, con
   spec_.chunk_rows = chunk;
   ctx.buffer(scratch_.logits, Shape{chunk, ops::lm_head_logits_cols(m.vocab_size)}, ctx.dtype);
   ctx.buffer(scratch_.row_stats, Shape{chunk, 2}, DType::f64);
+  if (ops::lm_head_needs_padded_weight(m.vocab_size, ctx.device, ctx.dtype))
+    ctx.buffer(scratch_.padded_weight, Shape{ops::lm_head_logits_cols(m.vocab_size), m.hidden}, ctx.dtype);
 }
 
 void LmHead::loss(const Tensor& hidden, const Tensor& targets, LossScale scale, const Tensor& dhidden,

@@ -86,7 +86,9 @@ class LmHead {
   const Tensor& embed_;
   const Tensor& embed_grad_;
   Tensor weight_, grad_;         // [V, hidden]: the untied head's own
-  ops::LmHeadScratch scratch_;   // logits [chunk, V padded to 8] (compute dtype), row statistics [chunk, 2]
+  // logits [chunk, V padded to 8] (compute dtype), row statistics [chunk, 2], and on the
+  // GPU's mixed path at an odd vocabulary the weight's padded copy
+  ops::LmHeadScratch scratch_;
   int first_slot_ = 0;           // "loss", then "z", then the target count
 };
 

@@ -474,6 +474,75 @@ TEST_F(Bf16Kernels, CrossEntropyRowsPaddedStride) {
   }
 }
 
+// The mixed LM head at vocabularies that are not multiples of 8: with the weight's padded
+// copy (ops::LmHeadScratch::padded_weight, poisoned with NaN before the call) its loss, dh
+// and dw match the same call without it, within the bf16 logits' rounding (the products
+// run different kernels, so the bits may differ), and the copy holds the weight followed
+// by zero rows: padding left unwritten would show as NaN in every output.
+TEST_F(Bf16Kernels, LmHeadLossPaddedWeightMatchesUnpadded) {
+  const int64_t n = 50, d = 64, chunk = 16;
+  for (int64_t vocab : {259, 1001}) {
+    SCOPED_TRACE(fmt::format("vocab={}", vocab));
+    const int64_t cols = ops::lm_head_logits_cols(vocab);
+    ASSERT_TRUE(ops::lm_head_needs_padded_weight(vocab, Device::cuda, DType::bf16));
+    const std::vector<uint16_t> h = random_bf16(static_cast<size_t>(n * d), 610 + vocab);
+    const std::vector<uint16_t> w = random_bf16(static_cast<size_t>(vocab * d), 620 + vocab, 0.3);
+    std::vector<int32_t> targets(n);
+    for (int64_t i = 0; i < n; ++i) targets[i] = i % 9 == 4 ? -1 : static_cast<int32_t>((i * 31) % vocab);
+    OwnedTensor h_dev = upload(h), w_dev = upload(w), t_dev = upload(targets);
+    const Tensor hv(h_dev->raw(), DType::bf16, Device::cuda, Shape{n, d});
+    const Tensor wv(w_dev->raw(), DType::bf16, Device::cuda, Shape{vocab, d});
+    const Tensor tv(t_dev->raw(), DType::i32, Device::cuda, Shape{n});
+    ops::LmHeadLossOptions o;
+    o.chunk_rows = chunk, o.z_loss = 1e-2, o.loss_scale = 1.0 / 44;
+    struct Run {
+      ops::LossSums sums;
+      std::vector<uint16_t> dh;
+      std::vector<float> dw;
+    };
+    const auto run = [&](bool padded) {
+      OwnedTensor logits = poisoned<uint16_t>(static_cast<size_t>(chunk * cols));
+      OwnedTensor stats = poisoned<double>(static_cast<size_t>(chunk * 2));
+      OwnedTensor copy = poisoned<uint16_t>(static_cast<size_t>(cols * d));
+      OwnedTensor dh = poisoned<uint16_t>(static_cast<size_t>(n * d));
+      OwnedTensor dw = upload(std::vector<float>(static_cast<size_t>(vocab * d), 0.f));
+      ops::LmHeadScratch scratch{Tensor(logits->raw(), DType::bf16, Device::cuda, Shape{chunk, cols}),
+                                 Tensor(stats->raw(), DType::f64, Device::cuda, Shape{chunk, 2}), Tensor()};
+      if (padded) scratch.padded_weight = Tensor(copy->raw(), DType::bf16, Device::cuda, Shape{cols, d});
+      Run r;
+      r.sums = ops::lm_head_loss(process_exec(), hv, wv, tv, o, scratch,
+                                 Tensor(dh->raw(), DType::bf16, Device::cuda, Shape{n, d}),
+                                 Tensor(dw->raw(), DType::f32, Device::cuda, Shape{vocab, d}));
+      r.dh = download<uint16_t>(*dh);
+      r.dw = download<float>(*dw);
+      if (padded) {
+        const std::vector<uint16_t> held = download<uint16_t>(*copy);
+        EXPECT_TRUE(std::equal(w.begin(), w.end(), held.begin())) << "the copy's first rows are the weight";
+        EXPECT_TRUE(std::all_of(held.begin() + vocab * d, held.end(), [](uint16_t b) { return b == 0; }))
+            << "the copy's padding rows are zero";
+      }
+      return r;
+    };
+    const Run plain = run(false), padded = run(true);
+    EXPECT_EQ(padded.sums.count, plain.sums.count);
+    EXPECT_NEAR(padded.sums.loss, plain.sums.loss, 1e-3 * std::fabs(plain.sums.loss));
+    EXPECT_NEAR(padded.sums.z, plain.sums.z, 1e-3 * std::fabs(plain.sums.z));
+    // Worst difference against the largest value: one bf16 rounding of a logit or a
+    // gradient (2^-8) moves an element by at most that much of its scale.
+    const auto worst = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double diff = 0, top = 0;
+      for (size_t i = 0; i < b.size(); ++i) {
+        if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
+        diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+        top = std::max(top, std::fabs(static_cast<double>(b[i])));
+      }
+      return diff / top;
+    };
+    EXPECT_LT(worst(bf16_values(padded.dh), bf16_values(plain.dh)), kBf16Tol);
+    EXPECT_LT(worst(padded.dw, plain.dw), kBf16Tol);
+  }
+}
+
 // Decode-sized products (m = 1..9 rows against a weight): m <= kMaxSkinnyRows go to the
 // skinny kernel of cuda::gemm, the rest to cuBLASLt: C = A B^T in f32 and bf16, and
 // C = A B^T + C (beta 1). The reference sums the bf16 inputs' exact values in fp64; the

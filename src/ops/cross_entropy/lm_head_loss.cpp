@@ -3,6 +3,7 @@
 #include "core/op_profiler.h"
 #include "ops/common.h"
 #include "ops/cross_entropy/cross_entropy_cuda.h"
+#include "ops/elementwise/elementwise_cuda.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/linear/linear.h"
 
@@ -98,20 +99,30 @@ LossSums lm_head_loss_mixed(const ExecContext& ctx, const Tensor& h, const Tenso
   uint16_t* lc = bf16_data(scratch.logits);
   const uint16_t* hp = bf16_data(h);
   const uint16_t* wp = bf16_data(w);
+  // The forward and dh products' vocabulary extent and weight: the padded copy where planned.
+  int64_t cols = vocab;
+  const uint16_t* wcols = wp;
+  if (scratch.padded_weight.defined()) {
+    uint16_t* padded = bf16_data(scratch.padded_weight);
+    cuda::copy_bytes(ctx, wp, static_cast<size_t>(vocab * d) * 2, padded);
+    cuda::zero_bytes(ctx, padded + vocab * d, static_cast<size_t>((ld - vocab) * d) * 2);
+    cols = ld;
+    wcols = padded;
+  }
   double* const sums_on_device = o.sums_on_device;  // null: the op's own, read at the end
   if (sums_on_device == nullptr) cuda::loss_sums_reset(ctx, nullptr);
   const cuda::LossScale scale = gpu_loss_scale(o);
   for (int64_t begin = 0; begin < n; begin += o.chunk_rows) {
     const int64_t rows = std::min(o.chunk_rows, n - begin);
     const uint16_t* hc = hp + begin * d;
-    cuda::gemm(ctx, false, true, rows, vocab, d, 1.0f, hc, d, wp, d, DType::bf16, 0.0f, lc, ld, DType::bf16);
+    cuda::gemm(ctx, false, true, rows, cols, d, 1.0f, hc, d, wcols, d, DType::bf16, 0.0f, lc, ld, DType::bf16);
     cuda::cross_entropy_rows_bf16(ctx, lc, ld, targets.data<int32_t>() + begin, rows, vocab, static_cast<float>(o.z_loss),
                                   scale, static_cast<float>(o.softcap), grad,
                                   scratch.row_stats.data<double>());
     cuda::loss_sums_accumulate(ctx, sums_on_device, scratch.row_stats.data<double>(), targets.data<int32_t>() + begin,
                                rows);
     if (dh.defined())
-      cuda::gemm(ctx, false, false, rows, d, vocab, 1.0f, lc, ld, wp, d, DType::bf16, 0.0f, bf16_data(dh) + begin * d,
+      cuda::gemm(ctx, false, false, rows, d, cols, 1.0f, lc, ld, wcols, d, DType::bf16, 0.0f, bf16_data(dh) + begin * d,
                  d, DType::bf16);
     if (dw.defined())
       cuda::gemm(ctx, true, false, vocab, d, rows, 1.0f, lc, ld, hc, d, DType::bf16, 1.0f, dw.data<float>(), d,
@@ -145,6 +156,8 @@ LossSums lm_head_loss(const ExecContext& ctx, const Tensor& h, const Tensor& w, 
   expect_tensor(op, "logits", logits, Shape{o.chunk_rows, lm_head_logits_cols(w.size(0))}, h.dtype(), h.device());
   expect_shape(op, "row_stats", scratch.row_stats, Shape{o.chunk_rows, 2});
   expect_dtype(op, "row_stats", scratch.row_stats, DType::f64);
+  if (scratch.padded_weight.defined())
+    expect_tensor(op, "padded_weight", scratch.padded_weight, Shape{logits.size(1), w.size(1)}, w.dtype(), w.device());
   if (dh.defined()) expect_tensor(op, "dh", dh, h.shape(), h.dtype(), h.device());
   if (dw.defined()) expect_tensor(op, "dw", dw, w.shape(), wide, h.device());
   if (h.device() == Device::cuda) {

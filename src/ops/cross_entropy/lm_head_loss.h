@@ -41,11 +41,25 @@ inline int64_t lm_head_logits_cols(int64_t vocab) { return (vocab + 7) / 8 * 8; 
 // Scratch planned by the caller: logits [chunk_rows, lm_head_logits_cols(V)] (compute
 // dtype: bf16 on the GPU's mixed path, where each chunk's logits turn into their gradient
 // in place) and row_stats f64 [chunk_rows, 2] (per-row loss and z, summed in row order so
-// results are reproducible).
+// results are reproducible). On the GPU's mixed path with a vocabulary that is not a
+// multiple of 8, also padded_weight [lm_head_logits_cols(V), d] (undefined otherwise; see
+// lm_head_needs_padded_weight).
 struct LmHeadScratch {
   Tensor logits;
   Tensor row_stats;
+  // The weight copied in at every call, its padding rows zero: the forward's N and the
+  // hidden gradient's K are then the padded width, a multiple of 8, and cuBLASLt picks its
+  // aligned kernels for them (with N = K = 128,001 both ran on align1 kernels, 116 of the
+  // 146 ms a step of the LM head's loss at K3's 8 x 4096 on an H100). The padding logits
+  // are h . 0 = 0 and their gradient stays 0, so the products' sums are the same.
+  Tensor padded_weight;
 };
+
+// Whether lm_head_loss wants LmHeadScratch::padded_weight: the GPU's bf16 mixed path only,
+// at a vocabulary that is not a multiple of 8.
+inline bool lm_head_needs_padded_weight(int64_t vocab, Device device, DType dtype) {
+  return device == Device::cuda && dtype == DType::bf16 && lm_head_logits_cols(vocab) != vocab;
+}
 
 // h [N, d], w [V, d], targets i32 [N] (kIgnoreTarget = -1 skipped). If dh is defined it is
 // written (=) with loss_scale * d(objective)/dh; if dw is defined it is accumulated (+=).

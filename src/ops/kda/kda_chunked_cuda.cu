@@ -31,6 +31,7 @@
 #include "ops/bf16_vector.cuh"
 
 #include <cuda_bf16.h>
+#include <cuda_pipeline.h>
 
 #include <cstdint>
 
@@ -292,14 +293,34 @@ __device__ void store_slice(const float* tile, int64_t dk, int64_t dv, int64_t j
   }
 }
 
-// One block per (d_v slice, head, document). Shared: Kd [C, d_k], elast [d_k], S [d_k,
-// slice], D [C, slice]. S_0 stored [d_k, d_v], or [d_v, d_k] with `transposed` (the backward's).
+// Starts copying n floats of a workspace tile into shared memory without waiting for them
+// (cp.async where the card has it): the sequential kernels issue a chunk's tiles first and
+// compute its decayed keys meanwhile. Read after finish_copies().
+__device__ void start_copy(float* dst, const float* src, int64_t n) {
+  const bool quads = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const int64_t vectors = quads ? n / 4 : 0;
+  for (int64_t e = threadIdx.x; e < vectors; e += blockDim.x) __pipeline_memcpy_async(dst + 4 * e, src + 4 * e, 16);
+  for (int64_t e = 4 * vectors + threadIdx.x; e < n; e += blockDim.x) __pipeline_memcpy_async(dst + e, src + e, 4);
+  __pipeline_commit();
+}
+
+// Every thread's copies done, then a barrier: after it the whole block may read them.
+__device__ void finish_copies() {
+  __pipeline_wait_prior(0);
+  __syncthreads();
+}
+
+// One block per (d_v slice, head, document). Shared: the chunk's W [C, d_k] (copied in while
+// its Kd is computed: read from global memory, its loads were the kernel's critical path),
+// Kd [C, d_k], elast [d_k], S [d_k, slice], D [C, slice]. S_0 stored [d_k, d_v], or [d_v,
+// d_k] with `transposed` (the backward's).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, const T* k, const T* g,
                                                           const float* h0, float* ht, bool transposed) {
   extern __shared__ float sm[];
   const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * kSlice;
-  float* kd = sm;
+  float* W = sm;
+  float* kd = W + kC * dk;
   float* elast = kd + kC * dk;
   float* S = elast + dk;
   float* D = S + dk * kSlice;
@@ -310,13 +331,14 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
   for (int64_t first = begin, n = 0; first < end; first += kC, ++n) {
     const Chunk c{first, end - first < kC ? end - first : kC, seq, first_slot(s, seq) + n};
     const int64_t at = c.slot * H + h;
+    start_copy(W, w.W + at * w.ck, c.len * dk);
     store_slice(S, dk, dv, j0, w.S0 + at * w.kv, transposed);
     decayed_keys<T>(s, nullptr, k, g, c, h, kd, nullptr, elast);
+    finish_copies();
     const SliceLane lane;
     const int64_t j = j0 + lane.jj;
     // D = U - W S_0 (rows past len are computed from the last row and not kept).
     {
-      const float* W = w.W + at * w.ck;
       float acc[kRowsPerLane];
 #pragma unroll
       for (int n = 0; n < kRowsPerLane; ++n)
@@ -380,15 +402,19 @@ __global__ void __launch_bounds__(kThreads) output_kernel(KdaArgs s, Tiles w, co
 
 // ---- backward ------------------------------------------------------------------------------
 
-// One block per (d_v slice, head, document), chunks in reverse. Shared: Kd, Qg [C, d_k],
-// elast [d_k], dS [d_k, slice], dD [C, slice].
+// One block per (d_v slice, head, document), chunks in reverse. Shared: the chunk's W [C,
+// d_k], P [C, C] and dO slice [C, slice] (copied in first, as in states_kernel), Kd, Qg [C,
+// d_k], elast [d_k], dS [d_k, slice], dD [C, slice].
 template <typename T>
 __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k,
                                                                const T* g, const T* dout, const float* dht,
                                                                float* dh0) {
   extern __shared__ float sm[];
   const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * kSlice;
-  float* kd = sm;
+  float* W = sm;
+  float* P = W + kC * dk;
+  float* dos = P + kC * kC;
+  float* kd = dos + kC * kSlice;
   float* qg = kd + kC * dk;
   float* elast = qg + kC * dk;
   float* dS = elast + dk;
@@ -402,15 +428,20 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
     const int64_t first = begin + n * kC;
     const Chunk c{first, end - first < kC ? end - first : kC, seq, first_slot(s, seq) + n};
     const int64_t at = c.slot * H + h;
+    start_copy(W, w.W + at * w.ck, c.len * dk);
+    start_copy(P, w.P + at * w.cc, c.len * kC);
+    for (int64_t e = threadIdx.x; e < c.len * kSlice; e += blockDim.x) {
+      const int64_t r = e / kSlice, jj = e % kSlice;
+      dos[e] = j0 + jj < dv ? to_f32(dout[((c.first + r) * H + h) * dv + j0 + jj]) : 0.f;
+    }
     store_slice(dS, dk, dv, j0, w.dS + at * w.kv, /*transposed=*/true);
     decayed_keys<T>(s, q, k, g, c, h, kd, qg, elast);
-    __syncthreads();
+    finish_copies();
     const SliceLane lane;
     const int64_t j = j0 + lane.jj;
-    auto dout_at = [&](int64_t r) { return to_f32(dout[((c.first + r) * H + h) * dv + j]); };
+    auto dout_at = [&](int64_t r) { return dos[r * kSlice + lane.jj]; };
     // dD = scale P^T dO + Kd dS, a lane's columns col = lane.nth(n) (past len: not kept).
     {
-      const float* P = w.P + at * w.cc;
       float acc[kRowsPerLane] = {};
       if (j < dv) {
         for (int64_t r = 0; r < c.len; ++r) {
@@ -432,7 +463,6 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
     __syncthreads();
     // dS_0 = Gamma_last dS + scale Qg^T dO - W^T dD, a lane's channels i = lane.nth(n).
     if (j < dv) {
-      const float* W = w.W + at * w.ck;
       float through_q[kChannelsPerLane] = {}, through_w[kChannelsPerLane] = {};
       for (int64_t r = 0; r < c.len; ++r) {
         const float o = dout_at(r), d = dD[r * kSlice + lane.jj];
@@ -702,7 +732,7 @@ void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w
   allow_shared(prepare_kernel<T>, prep, op);
   prepare_kernel<T><<<grid.chunks, kThreads, prep, stream(ctx)>>>(a, w, q, k, v, g, beta);
   check_launch(op, "prepare_kernel");
-  const size_t st = floats(kC * a.dk + a.dk + a.dk * kSlice + kC * kSlice);
+  const size_t st = floats(2 * kC * a.dk + a.dk + a.dk * kSlice + kC * kSlice);
   allow_shared(states_kernel<T>, st, op);
   states_kernel<T><<<grid.documents, kThreads, st, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
   check_launch(op, "states_kernel");
@@ -729,7 +759,7 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
   const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
   factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, nullptr, /*transposed=*/true, op);
   const Grids grid = grids_of(a);
-  const size_t sg = floats(2 * kC * a.dk + a.dk + a.dk * kSlice + kC * kSlice);
+  const size_t sg = floats(3 * kC * a.dk + kC * kC + kC * kSlice + a.dk + a.dk * kSlice + kC * kSlice);
   allow_shared(state_grads_kernel<T>, sg, op);
   state_grads_kernel<T><<<grid.documents, kThreads, sg, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
   check_launch(op, "state_grads_kernel");
