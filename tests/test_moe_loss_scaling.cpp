@@ -21,9 +21,9 @@
 namespace kiln {
 namespace {
 
-// fp64 on the CPU scales by a power of two exactly; the bound is fp32's rounding, so the
-// test also holds where a kernel rounds once in fp32, and a router loss without S (off by
-// a large share of the router's gradient) is far outside it.
+// fp64 on the CPU scales by a power of two exactly (the differences come out 0); the bound
+// is fp32's rounding, and a router loss without S (off by a large share of the router's
+// gradient) is far outside it.
 constexpr double kTolerance = 1e-6;
 
 // The tiny model with both MLPs sparse and large router-loss coefficients, so that their
@@ -121,9 +121,9 @@ TEST(MoeLossScaling, RouterLossGradientsAtScale1024UnscaleToScale1s) {
   }
 }
 
-// The check above can fail: the router losses' gradients are a large part of the whole, so
-// leaving S out of them (as before) is far outside the tolerance. The model without them
-// scaled by 1024 shows the size of the difference a missing S makes.
+// The checks here can fail: the router losses' gradients are a large part of the whole.
+// A loss that lost S keeps 1 / 1024 of its gradient after the unscaling, nearly the model
+// without it, whose gradients differ from the model's with it by far more than the bound.
 TEST(MoeLossScaling, RouterLossGradientsAreALargePartOfTheGradients) {
   for (const Case& c : cases()) {
     ModelConfig without = c.config;
