@@ -85,6 +85,26 @@ TEST_F(LossScalingRun, APowerOfTwoScaleTrainsBitForBitAsNoScale) {
   EXPECT_EQ(scales(plain), std::vector<double>(12, 0.0));  // no key without scaling
 }
 
+// The same with sparse layers and their router losses (the balance loss and the z-loss; the
+// relu router's L1), whose gradients carry S as the LM head's do.
+TEST_F(LossScalingRun, APowerOfTwoScaleTrainsMoeRouterLossesBitForBitAsNoScale) {
+  const std::string moe = "--set model.mlp=moe --set model.moe.experts=4 --set model.moe.top_k=2 "
+                          "--set model.moe.expert_hidden=16 ";
+  const std::string dynamic = "--set train.loss_scale=dynamic --set train.loss_scale_init=1024 "
+                              "--set train.loss_scale_growth_interval=3";
+  for (const auto& [name, losses] :
+       {std::pair<std::string, std::string>{"topk", "--set model.moe.aux_loss=0.5 --set model.moe.z_loss=0.2 "},
+        std::pair<std::string, std::string>{"relu", "--set model.moe.router=relu --set model.moe.aux_loss=0 "
+                                                    "--set model.moe.l1_coef=0.05 "}}) {
+    const std::string plain = train(name + "-plain", moe + losses);
+    const std::string scaled = train(name + "-scaled", moe + losses + dynamic);
+    ASSERT_EQ(test::train_records(plain).size(), 12u) << name;
+    EXPECT_EQ(test::train_records(scaled), test::train_records(plain)) << name;
+    EXPECT_EQ(model_bytes(scaled), model_bytes(plain)) << name;
+    EXPECT_EQ(scales(scaled).back(), 8192) << name;
+  }
+}
+
 // A scale far too large (2^140: the LM head's gradient rows alone overflow fp32) skips
 // steps and halves until the gradients are finite, and the guard, which would stop the run
 // after two faults in a row here, does not count them.

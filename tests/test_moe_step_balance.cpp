@@ -300,18 +300,5 @@ TEST(MoeStepBalance, BadSettingsAreRefusedByName) {
   EXPECT_NE(no_loss.find("model.moe.balance_scope"), std::string::npos) << no_loss;
 }
 
-// The routers' losses take their gradient scale from the micro-batch count alone, so a
-// dynamic loss scale would shrink them by 1 / S: refused until they carry it.
-TEST(MoeLossScaling, DynamicLossScaleWithRouterLossesIsRefusedByName) {
-  const std::string moe = "model.mlp=moe", dynamic = "train.loss_scale=dynamic";
-  for (const std::string loss : {"model.moe.aux_loss=0.01", "model.moe.z_loss=0.001"}) {
-    const std::string message = refusal({moe, "model.moe.aux_loss=0", loss, dynamic});
-    EXPECT_NE(message.find("train.loss_scale"), std::string::npos) << loss << ": " << message;
-  }
-  EXPECT_EQ(refusal({moe, "model.moe.aux_loss=0", "model.moe.z_loss=0", dynamic}), "");
-  EXPECT_EQ(refusal({moe, "model.moe.aux_loss=0.01"}), "");
-  EXPECT_EQ(refusal({"model.moe.aux_loss=0.01", dynamic}), "");  // no sparse layer
-}
-
 }  // namespace
 }  // namespace kiln

@@ -559,14 +559,6 @@ void validate_moe_router(const Config& config) {
   // The multi-token prediction heads' sparse layers run in the heads, after the counting pass.
   KILN_CHECK(moe.balance_scope != "step" || config.model.mtp.depth == 0, kWhere,
              "model.moe.balance_scope = 'step' is not supported with model.mtp.depth > 0 ({})", config.model.mtp.depth);
-  // The routers' own losses take 1 / micro-batches as their gradient scale, not the loss
-  // scale S, so dynamic scaling would shrink their gradients by 1 / S (docs/loss-scaling.md).
-  const ModelConfig& m = config.model;
-  const bool sparse = m.mlp == "moe" || (m.alt_mlp == "moe" && !m.alt_mlp_layers.empty());
-  const bool router_losses = moe.aux_loss > 0 || moe.z_loss > 0 || moe.router == "relu";
-  KILN_CHECK(config.train.loss_scale != "dynamic" || !sparse || !router_losses, kWhere,
-             "train.loss_scale = 'dynamic' is not supported with MoE router losses yet (model.moe.aux_loss, "
-             "model.moe.z_loss, the relu router's L1): their gradients would not carry the scale");
   KILN_CHECK(moe.router != "expert_choice" || config.train.sample_tokens == 0, kWhere,
              "train.sample_tokens ({}) must be 0 with model.moe.router = 'expert_choice': it is not causal, so the "
              "KV-cache decoder cannot sample it", config.train.sample_tokens);

@@ -304,6 +304,7 @@ void Model::begin_losses(bool backward, double per_target_scale) {
   losses_.per_target_scale = per_target_scale;
   losses_.host_sums = &pending_.slot;
   losses_.device_sums = nullptr;
+  losses_.loss_scale_on_device = nullptr;
 }
 
 LossSums Model::forward_backward(double loss_scale) {
@@ -315,10 +316,11 @@ LossSums Model::forward_backward(double loss_scale) {
   return sums;
 }
 
-void Model::forward_backward_on_device(const float* loss_scale, double* slot_sums) {
+void Model::forward_backward_on_device(const float* loss_scale, const double* scale, double* slot_sums) {
   KILN_CHECK(options_.training, "model", "forward_backward on a model built without training buffers");
   begin_losses(true, 1.0);
   losses_.device_sums = slot_sums;  // the objectives inside the backbone (routers) add there too
+  losses_.loss_scale_on_device = scale;  // and scale their gradients by S from there
   forward();
   heads(LossScale{1.0, loss_scale}, true, slot_sums, true);
   backward();

@@ -66,6 +66,10 @@ class Model {
   // Gradient scale of the per-micro-batch loss terms: 1 / micro-batches per step (the
   // trainer sets it from train.grad_accum).
   void set_micro_batches(int64_t micro_batches) { losses_.per_micro_batch_scale = 1.0 / static_cast<double>(micro_batches); }
+  // The step's loss scale S (train/loss_scaler.h; StepProgram sets it each step): the
+  // gradient scale forward_backward's callers pass is S / targets, and the router losses,
+  // which scale by micro-batches rather than targets, multiply theirs by S (LossContext).
+  void set_loss_scale(double scale) { losses_.loss_scale = scale; }
   // model.moe.balance_scope = "step": the balance loss's f_i over the whole step, so its
   // counts come before any backward (train/step_program.cpp): cleared, then the counting
   // pass over every micro-batch (the training forward again, dropout included, with only
@@ -102,8 +106,9 @@ class Model {
   void load_staged(const int32_t* staging, const StagedShape& shape);
   // forward_backward of the loaded batch with the loss scale read from device memory and
   // the loss slots' sums added to `slot_sums` [kMaxLossSlots] in device memory: nothing is
-  // read back.
-  void forward_backward_on_device(const float* loss_scale, double* slot_sums);
+  // read back. loss_scale: the LM head's, float(S / targets); scale: S itself, the router
+  // losses' (set_loss_scale's value is not read).
+  void forward_backward_on_device(const float* loss_scale, const double* scale, double* slot_sums);
   // gradient_norm()'s sum of squares into device memory, without waiting for it.
   void gradient_sum_squares_to_device(double* out) const;
   // Forward, losses and backward of the loaded batch; parameter gradients accumulate (+=).

@@ -74,6 +74,13 @@ struct LossContext {
   bool recomputing = false;
   double per_target_scale = 1;          // gradient scale of per-target terms: 1 / the step's targets
   double per_micro_batch_scale = 1;     // of per-micro-batch terms: 1 / the step's micro-batches
+  // The loss scale S (train/loss_scaler.h), a power of two that per_target_scale already
+  // holds (S / targets): the objectives inside the backbone (the router losses) multiply
+  // their gradients by it, so the step's division by S leaves them as without scaling. A
+  // captured step reads S from device memory instead (loss_scale_on_device, GPU only; set
+  // for its forward and backward alone), so one graph replays for every S.
+  double loss_scale = 1;
+  const double* loss_scale_on_device = nullptr;
   LossSlotSums* host_sums = nullptr;    // the op-by-op step: this micro-batch's slot sums
   // The step on the device (train/step_program.h): this micro-batch's slot sums, kMaxLossSlots
   // doubles in device memory that objectives add to (+=) without a host read; null

@@ -1,8 +1,9 @@
 // The captured executor of a step (train/step_executor.h), GPU only: the step's scalars in
-// device memory (ops/optim/step_scalars.h) -- the loss scale the LM head reads, the loss
-// sums it adds, the norm, the verdict and the clip factor the finish kernel writes, the
-// update's lr and skip flag -- so that every phase only enqueues work, a micro-batch and
-// the update replay as CUDA graphs, and the host reads the scalars once, after the step.
+// device memory (ops/optim/step_scalars.h) -- the loss scales the LM head and the router
+// losses read, the loss sums they add, the norm, the verdict and the clip factor the finish
+// kernel writes, the update's lr and skip flag -- so that every phase only enqueues work,
+// a micro-batch and the update replay as CUDA graphs, and the host reads the scalars once,
+// after the step.
 #include "train/step_executor.h"
 
 #include "core/device_memory.h"
@@ -45,7 +46,7 @@ class CapturedStep final : public StepExecutor {
     host = ops::DeviceStepScalars{};
     host.targets = static_cast<double>(targets);
     host.loss_scale = static_cast<float>(plan.loss_scale / static_cast<double>(targets));
-    host.inverse_loss_scale = 1 / plan.loss_scale;
+    host.scale = plan.loss_scale;
     host.loss_limit = plan.loss_limit;
     host.grad_limit = plan.grad_limit;
     host.clip = plan.clip;
@@ -73,7 +74,7 @@ class CapturedStep final : public StepExecutor {
 
   void forward_backward() override {
     if (data_parallel_) data_parallel_->before_backward(last_micro_batch_);
-    model_.forward_backward_on_device(&device_->loss_scale, device_->micro_sums);
+    model_.forward_backward_on_device(&device_->loss_scale, &device_->scale, device_->micro_sums);
     if (data_parallel_) data_parallel_->after_backward();  // a captured graph joins its branches here
   }
   void add_micro_sums() override { ops::add_micro_sums_on_device(model_.exec(), device_); }

@@ -52,6 +52,7 @@ StepOutcome StepProgram::run(const std::vector<HostBatch>& batches, int64_t targ
              "{} micro-batches for a step planned with {}", batches.size(), micro_batches_);
   KILN_CHECK(targets > 0, "train", "a step without target tokens");
   StepExecutor& step = *executor_;
+  model_.set_loss_scale(plan.loss_scale);  // the router losses' (the captured step reads its own copy)
   step.begin(targets, plan);
   if (model_.counts_step_routes()) count_step_routes(step, batches);
   // Phases on the host: where work replays as a graph, a micro-batch or the update is one

@@ -279,15 +279,17 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
     dprobs = scope.take(wide, Shape{t, e_count});
     if (step_scope()) {  // the step's loss: its gradient is not divided among the micro-batches
       zero_tensor(dprobs);
-      balance_loss(probs, d.counts, moe_.aux_loss, dprobs);
+      balance_loss(probs, d.counts, ops::cpu_grad_scale("model.moe.balance_scope", router_grad_scale(moe_.aux_loss)),
+                   dprobs);
     } else {
-      ops::balance_loss_backward(exec_, probs, d.counts, k, scale * moe_.aux_loss, dprobs);
+      ops::balance_loss_backward(exec_, probs, d.counts, k, router_grad_scale(scale * moe_.aux_loss), dprobs);
     }
   }
   const Tensor dlogits = scope.take(wide, Shape{t, e_count});
   router_->backward(routes, probs, router_saved_.rows(0, t), dweights, dprobs, dlogits, scope.take(wide, Shape{t, e_count}),
-                    scale);
-  if (z_slot_ >= 0) ops::router_z_loss_backward(exec_, logits, (step_scope() ? z_share(t) : scale) * moe_.z_loss, dlogits);
+                    router_grad_scale(scale));
+  if (z_slot_ >= 0)
+    ops::router_z_loss_backward(exec_, logits, router_grad_scale((step_scope() ? z_share(t) : scale) * moe_.z_loss), dlogits);
   ops::router_logits_backward(exec_, x, router_w_, dlogits, scope.take(dt, Shape{t, e_count}), dx, router_g_);
 }
 
@@ -340,6 +342,14 @@ double MoeMlp::balance_loss(const Tensor& probs, const Tensor& counts, double gr
                                           grad_scale, dprobs);
   }
   return ops::balance_loss(exec_, probs, counts, moe_.top_k, grad_scale, dprobs);
+}
+
+// A router loss's gradient scale: `factor` (its coefficient over the micro-batches, or its
+// share of the step) times the loss scale S, as the LM head's S / targets carries S: the
+// host's, or the captured step's in device memory (LossContext).
+ops::GradScale MoeMlp::router_grad_scale(double factor) const {
+  if (losses_.loss_scale_on_device) return {factor, losses_.loss_scale_on_device};
+  return factor * losses_.loss_scale;
 }
 
 // The weight of this micro-batch's mean z-loss over its `tokens`: under the step scope, its

@@ -36,6 +36,7 @@ class MoeMlp final : public Mlp {
   void count_step_routes(const Tensor& counts, int64_t tokens);
   double balance_loss(const Tensor& probs, const Tensor& counts, double grad_scale, const Tensor& dprobs) const;
   double z_share(int64_t tokens) const;
+  ops::GradScale router_grad_scale(double factor) const;
   ops::Routes routes_rows(int64_t t) const;
   ops::MoeDispatch dispatch_rows(int64_t t) const;
 

@@ -40,9 +40,10 @@ class Router {
   // The gradients of the weights (dweights [T, S]) and of probs (dprobs [T, E], from the
   // balance loss; undefined: none) -> dlogits [T, E] (=), the choice held fixed. scratch
   // [T, E] (wide): the caller's, for the router's own intermediate gradient. loss_scale:
-  // the gradient scale of per-micro-batch loss terms (the router's own: relu's L1).
+  // the gradient scale of per-micro-batch loss terms (the router's own: relu's L1), the loss
+  // scale S included (MoeMlp::router_grad_scale).
   virtual void backward(const ops::Routes& routes, const Tensor& probs, const Tensor& saved, const Tensor& dweights,
-                        const Tensor& dprobs, const Tensor& dlogits, const Tensor& scratch, double loss_scale) = 0;
+                        const Tensor& dprobs, const Tensor& dlogits, const Tensor& scratch, ops::GradScale loss_scale) = 0;
   // The router's own loss terms' values of a forward (relu's L1), where the balance loss's
   // go: into the device slots `device` (null: the host's, `host`).
   virtual void add_losses(const Tensor& logits, double* device, LossSlotSums* host) { (void)logits, (void)device, (void)host; }

@@ -25,7 +25,7 @@ class SoftmaxTopK final : public Router {
   }
 
   void backward(const ops::Routes& routes, const Tensor& probs, const Tensor&, const Tensor& dweights,
-                const Tensor& dprobs, const Tensor& dlogits, const Tensor&, double) override {
+                const Tensor& dprobs, const Tensor& dlogits, const Tensor&, ops::GradScale) override {
     ops::softmax_topk_backward(exec_, probs, routes, normalize_, dweights, dprobs, dlogits);
   }
 
@@ -63,7 +63,7 @@ class SigmoidBias final : public Router {
 
   // d(probs) -> d(scores) through p = s / sum(s) into scratch, then the scores' backward.
   void backward(const ops::Routes& routes, const Tensor& probs, const Tensor& scores, const Tensor& dweights,
-                const Tensor& dprobs, const Tensor& dlogits, const Tensor& scratch, double) override {
+                const Tensor& dprobs, const Tensor& dlogits, const Tensor& scratch, ops::GradScale) override {
     Tensor dscores;
     if (dprobs.defined()) {
       dscores = scratch;

@@ -35,7 +35,7 @@ class Sinkhorn final : public Router {
   }
 
   void backward(const ops::Routes& routes, const Tensor& probs, const Tensor&, const Tensor& dweights,
-                const Tensor& dprobs, const Tensor& dlogits, const Tensor&, double) override {
+                const Tensor& dprobs, const Tensor& dlogits, const Tensor&, ops::GradScale) override {
     ops::softmax_topk_backward(exec_, probs, routes, moe_.norm_topk_prob, dweights, dprobs, dlogits);
   }
 
@@ -67,7 +67,7 @@ class ExpertChoice final : public Router {
   }
 
   void backward(const ops::Routes& routes, const Tensor& probs, const Tensor&, const Tensor& dweights,
-                const Tensor& dprobs, const Tensor& dlogits, const Tensor&, double) override {
+                const Tensor& dprobs, const Tensor& dlogits, const Tensor&, ops::GradScale) override {
     ops::softmax_topk_backward(exec_, probs, routes, /*normalize=*/false, dweights, dprobs, dlogits);
   }
 

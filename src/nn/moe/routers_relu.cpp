@@ -36,7 +36,7 @@ class Relu final : public Router {
   }
 
   void backward(const ops::Routes& routes, const Tensor&, const Tensor&, const Tensor& dweights, const Tensor& dprobs,
-                const Tensor& dlogits, const Tensor&, double loss_scale) override {
+                const Tensor& dlogits, const Tensor&, ops::GradScale loss_scale) override {
     KILN_CHECK(!dprobs.defined(), "model.moe.router", "relu takes no balance loss (model.moe.aux_loss must be 0)");
     ops::relu_route_backward(exec_, routes, dweights, coef_, loss_scale, dlogits);
   }

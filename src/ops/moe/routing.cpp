@@ -268,6 +268,11 @@ double router_z_loss_cpu(const char* op, const Tensor& logits, double grad_scale
 
 }  // namespace
 
+double cpu_grad_scale(const char* op, GradScale scale) {
+  KILN_CHECK(scale.device == nullptr, op, "a gradient scale in device memory for a CPU tensor");
+  return scale.host;
+}
+
 double balance_loss(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs) {
   const char* op = "balance_loss";
   KILN_OP_SCOPE(op, probs);
@@ -277,7 +282,7 @@ double balance_loss(const ExecContext& ctx, const Tensor& probs, const Tensor& c
     double* sum = cuda::own_loss_sum(ctx);
     cuda::reset_loss_sum(ctx, sum);
     cuda::balance_loss(ctx, probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, grad_scale,
-                       sum, dprobs.data_or_null<float>(), /*accumulate=*/true);
+                       nullptr, sum, dprobs.data_or_null<float>(), /*accumulate=*/true);
     return cuda::read_loss_sum(ctx, sum);
 #else
     no_cuda_kernel(op);
@@ -293,22 +298,22 @@ void balance_loss_sum(const ExecContext& ctx, const Tensor& probs, const Tensor&
   KILN_CHECK(sum != nullptr, op, "no sum to add to");
   KILN_ON_CUDA(probs, op,
                cuda::balance_loss(ctx, probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, 0,
-                                  sum, nullptr, true));
+                                  nullptr, sum, nullptr, true));
   *sum += balance_loss_cpu(op, probs, counts, top_k, 0, Tensor());
 }
 
-void balance_loss_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale,
+void balance_loss_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, GradScale grad_scale,
                            const Tensor& dprobs) {
   const char* op = "balance_loss_backward";
   KILN_OP_SCOPE(op, probs);
   check_balance(op, probs, counts, dprobs);
   KILN_CHECK(dprobs.defined(), op, "dprobs is undefined");
   KILN_ON_CUDA(probs, op, {
-    cuda::balance_loss(ctx, probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, grad_scale,
-                       nullptr, dprobs.data<float>(), /*accumulate=*/false);
+    cuda::balance_loss(ctx, probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, grad_scale.host,
+                       grad_scale.device, nullptr, dprobs.data<float>(), /*accumulate=*/false);
   });
   zero_tensor(dprobs);
-  balance_loss_cpu(op, probs, counts, top_k, grad_scale, dprobs);
+  balance_loss_cpu(op, probs, counts, top_k, cpu_grad_scale(op, grad_scale), dprobs);
 }
 
 // The step-scope share: balance_loss_cpu's sums with the step's counts and tokens in place
@@ -349,7 +354,8 @@ double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_s
 #if KILN_WITH_CUDA
     double* sum = cuda::own_loss_sum(ctx);
     cuda::reset_loss_sum(ctx, sum);
-    cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), grad_scale, sum, dlogits.data_or_null<float>());
+    cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), grad_scale, nullptr, sum,
+                        dlogits.data_or_null<float>());
     return cuda::read_loss_sum(ctx, sum);
 #else
     no_cuda_kernel(op);
@@ -363,19 +369,19 @@ void router_z_loss_sum(const ExecContext& ctx, const Tensor& logits, double* sum
   KILN_OP_SCOPE(op, logits);
   check_z(op, logits, Tensor());
   KILN_CHECK(sum != nullptr, op, "no sum to add to");
-  KILN_ON_CUDA(logits, op, cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), 0, sum, nullptr));
+  KILN_ON_CUDA(logits, op, cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), 0, nullptr, sum, nullptr));
   *sum += router_z_loss_cpu(op, logits, 0, Tensor());
 }
 
-void router_z_loss_backward(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits) {
+void router_z_loss_backward(const ExecContext& ctx, const Tensor& logits, GradScale grad_scale, const Tensor& dlogits) {
   const char* op = "router_z_loss_backward";
   KILN_OP_SCOPE(op, logits);
   check_z(op, logits, dlogits);
   KILN_CHECK(dlogits.defined(), op, "dlogits is undefined");
   KILN_ON_CUDA(logits, op,
-               cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), grad_scale, nullptr,
-                                   dlogits.data<float>()));
-  router_z_loss_cpu(op, logits, grad_scale, dlogits);
+               cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), grad_scale.host,
+                                   grad_scale.device, nullptr, dlogits.data<float>()));
+  router_z_loss_cpu(op, logits, cpu_grad_scale(op, grad_scale), dlogits);
 }
 
 void router_logits(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& logits) {

@@ -16,6 +16,19 @@
 
 namespace kiln::ops {
 
+// A router loss's gradient scale: `host` (the loss's coefficient over the micro-batches,
+// times the loss scale S where the host knows it), times `device` when set (GPU only): S
+// read from device memory when the kernel runs, so a captured step replays one graph for
+// every S (train/loss_scaler.h). A plain double is the common case.
+struct GradScale {
+  double host = 1;
+  const double* device = nullptr;
+  GradScale(double h) : host(h) {}  // NOLINT: implicit, as a double was the whole scale
+  GradScale(double h, const double* on_device) : host(h), device(on_device) {}
+};
+// The scale of a CPU kernel: `host`, checked to have no device part (throws naming `op`).
+double cpu_grad_scale(const char* op, GradScale scale);
+
 struct Routes {
   Tensor experts;  // i32 [T, k]
   Tensor weights;  // wide [T, k]
@@ -62,7 +75,7 @@ void relu_route_forward(const ExecContext& ctx, const Tensor& logits, const Tens
 // dlogits [T, E] (=) = [routed: l > 0] (dweights + coef[0] x grad_scale / T): the weights'
 // gradient and the L1 penalty's, coef (wide [1], on the logits' device) its adaptive
 // coefficient.
-void relu_route_backward(const ExecContext& ctx, const Routes& routes, const Tensor& dweights, const Tensor& coef, double grad_scale,
+void relu_route_backward(const ExecContext& ctx, const Routes& routes, const Tensor& dweights, const Tensor& coef, GradScale grad_scale,
                          const Tensor& dlogits);
 // The L1 penalty's value before its coefficient, mean_t sum_e g_te: returned (the GPU
 // synchronizes), or added (+=) to *sum where logits lives (no synchronization).
@@ -104,7 +117,7 @@ double balance_loss(const ExecContext& ctx, const Tensor& probs, const Tensor& c
 void balance_loss_sum(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double* sum);
 // Its gradient only: dprobs = grad_scale x d(loss)/d(probs) (=: the balance loss is the only
 // gradient probs get from outside the router).
-void balance_loss_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale,
+void balance_loss_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, GradScale grad_scale,
                            const Tensor& dprobs);
 
 // The balance loss over a whole step (model.moe.balance_scope = "step"), one micro-batch's
@@ -121,6 +134,6 @@ double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_s
 // Its value added (+=) to *sum (where logits lives; no synchronization), and its gradient
 // only (dlogits +=).
 void router_z_loss_sum(const ExecContext& ctx, const Tensor& logits, double* sum);
-void router_z_loss_backward(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits);
+void router_z_loss_backward(const ExecContext& ctx, const Tensor& logits, GradScale grad_scale, const Tensor& dlogits);
 
 }  // namespace kiln::ops

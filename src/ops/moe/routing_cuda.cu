@@ -291,9 +291,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dprobs[t, e] (+)= grad_scale E f_e / T (as the CPU: the step in fp64, one float add).
+// dprobs[t, e] (+)= grad_scale E f_e / T (as the CPU: the step in fp64, one float add);
+// grad_scale times *device_scale (the loss scale S of a captured step) when it is set.
 __global__ void balance_gradient(const int32_t* __restrict__ counts, int64_t tokens, int64_t e_count, int64_t k,
-                                 double grad_scale, float* __restrict__ dprobs, bool accumulate) {
+                                 double grad_scale, const double* __restrict__ device_scale, float* __restrict__ dprobs,
+                                 bool accumulate) {
+  if (device_scale) grad_scale *= *device_scale;
   KILN_GRID_STRIDE(i, tokens * e_count) {
     const double f = static_cast<double>(counts[i % e_count]) / static_cast<double>(tokens * k);
     const float g = static_cast<float>(grad_scale * static_cast<double>(e_count) * f / static_cast<double>(tokens));
@@ -303,11 +306,12 @@ __global__ void balance_gradient(const int32_t* __restrict__ counts, int64_t tok
 
 // Warp w of the grid takes rows w, w + warps, ...: each row's logsumexp in fp64 (its max in
 // fp32), lse^2 summed per warp in row order, the block's warps in order into partial[block];
-// with dlogits, += grad_scale 2 lse / T softmax(row).
+// with dlogits, += grad_scale 2 lse / T softmax(row) (grad_scale times *device_scale when set).
 __global__ void __launch_bounds__(kThreads)
     z_loss_rows(const float* __restrict__ logits, int64_t tokens, int64_t e_count, double grad_scale,
-                double* __restrict__ partial, float* __restrict__ dlogits) {
+                const double* __restrict__ device_scale, double* __restrict__ partial, float* __restrict__ dlogits) {
   __shared__ double warp_values[kWarps];
+  if (dlogits && device_scale) grad_scale *= *device_scale;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
   double value = 0;
@@ -413,7 +417,7 @@ void row_normalize_backward(const ExecContext& ctx, const float* scores, const f
 }
 
 void balance_loss(const ExecContext& ctx, const float* probs, const int32_t* counts, int64_t tokens, int64_t e_count, int64_t k,
-                  double grad_scale, double* sum, float* dprobs, bool accumulate) {
+                  double grad_scale, const double* device_scale, double* sum, float* dprobs, bool accumulate) {
   constexpr const char* kOp = "balance_loss";
   KILN_CHECK(e_count <= kMaxPartials, kOp, "{} experts", e_count);
   if (tokens == 0) return;
@@ -426,19 +430,19 @@ void balance_loss(const ExecContext& ctx, const float* probs, const int32_t* cou
   }
   if (dprobs) {
     balance_gradient<<<blocks_for(tokens * e_count, kThreads), kThreads, 0, stream(ctx)>>>(counts, tokens, e_count, k,
-                                                                                        grad_scale, dprobs,
-                                                                                        accumulate);
+                                                                                        grad_scale, device_scale,
+                                                                                        dprobs, accumulate);
     check_launch(kOp, "balance_gradient");
   }
 }
 
-void router_z_loss(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, double grad_scale, double* sum,
-                   float* dlogits) {
+void router_z_loss(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, double grad_scale,
+                   const double* device_scale, double* sum, float* dlogits) {
   constexpr const char* kOp = "router_z_loss";
   if (tokens == 0 || (!sum && !dlogits)) return;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(row_blocks(tokens), kMaxPartials));
-  z_loss_rows<<<blocks, kThreads, 0, stream(ctx)>>>(logits, tokens, e_count, grad_scale, sum ? partials(ctx) : nullptr,
-                                                 dlogits);
+  z_loss_rows<<<blocks, kThreads, 0, stream(ctx)>>>(logits, tokens, e_count, grad_scale, device_scale,
+                                                 sum ? partials(ctx) : nullptr, dlogits);
   check_launch(kOp, "z_loss_rows");
   if (!sum) return;
   add_partials<<<1, kWarpSize, 0, stream(ctx)>>>(partials(ctx), static_cast<int>(blocks), 1.0 / static_cast<double>(tokens),

@@ -49,9 +49,10 @@ void expert_choice_forward(const ExecContext& ctx, const float* logits, int64_t 
 // logit; else -1, 0), probs = the gates over their row sum (0 without one).
 void relu_route_forward(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, float* probs, int32_t* experts,
                         float* weights);
-// dlogits = [experts >= 0] (dweights + coef[0] grad_scale / T).
+// dlogits = [experts >= 0] (dweights + coef[0] grad_scale / T), grad_scale times
+// *device_scale when that is not null (ops::GradScale).
 void relu_route_backward(const ExecContext& ctx, const int32_t* experts, int64_t tokens, int64_t e_count, const float* dweights,
-                         const float* coef, double grad_scale, float* dlogits);
+                         const float* coef, double grad_scale, const double* device_scale, float* dlogits);
 // *sum += mean_t sum_e max(l, 0) (fp64 sums in a fixed order).
 void relu_l1_sum(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, double* sum);
 // ReMoE's coefficient step (ops::relu_l1_update), one thread.
@@ -65,13 +66,14 @@ void row_normalize_backward(const ExecContext& ctx, const float* scores, const f
 
 // The balance loss E sum_i f_i P_i (f from counts i32 [E] over T k choices, P the mean of
 // probs' columns): *sum += its value (sum: a device double; null: not formed); with dprobs
-// (null: none) also dprobs += (accumulate) or = grad_scale x its gradient.
+// (null: none) also dprobs += (accumulate) or = grad_scale x its gradient (grad_scale
+// times *device_scale when that is not null, as in relu_route_backward).
 void balance_loss(const ExecContext& ctx, const float* probs, const int32_t* counts, int64_t tokens, int64_t e_count, int64_t k,
-                  double grad_scale, double* sum, float* dprobs, bool accumulate);
+                  double grad_scale, const double* device_scale, double* sum, float* dprobs, bool accumulate);
 // The z-loss mean_t lse(logits_t)^2: *sum += its value (null: not formed); with dlogits
-// (null: none) also dlogits += grad_scale x its gradient.
-void router_z_loss(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, double grad_scale, double* sum,
-                   float* dlogits);
+// (null: none) also dlogits += grad_scale (x *device_scale) x its gradient.
+void router_z_loss(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, double grad_scale,
+                   const double* device_scale, double* sum, float* dlogits);
 
 // sigmoid_bias's balancing step from a step's routed choices per expert (counts i32 [E]):
 // bias += rate x sign(mean - count) (sign) or rate x (mean - count) / mean; none when no

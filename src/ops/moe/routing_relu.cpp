@@ -57,7 +57,7 @@ void relu_route_forward(const ExecContext& ctx, const Tensor& logits, const Tens
   });
 }
 
-void relu_route_backward(const ExecContext& ctx, const Routes& routes, const Tensor& dweights, const Tensor& coef, double grad_scale,
+void relu_route_backward(const ExecContext& ctx, const Routes& routes, const Tensor& dweights, const Tensor& coef, GradScale grad_scale,
                          const Tensor& dlogits) {
   const char* op = "relu_route_backward";
   KILN_OP_SCOPE(op, dlogits);
@@ -68,10 +68,11 @@ void relu_route_backward(const ExecContext& ctx, const Routes& routes, const Ten
   const int64_t t_count = dlogits.size(0), e_count = dlogits.size(1);
   KILN_ON_CUDA(dlogits, op,
                cuda::relu_route_backward(ctx, routes.experts.data<int32_t>(), t_count, e_count, dweights.data<float>(),
-                                         coef.data<float>(), grad_scale, dlogits.data<float>()));
+                                         coef.data<float>(), grad_scale.host, grad_scale.device, dlogits.data<float>()));
+  const double scale = cpu_grad_scale(op, grad_scale);
   dispatch_cpu_float(op, dlogits.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const double l1 = static_cast<double>(coef.data<T>()[0]) * grad_scale / static_cast<double>(t_count);
+    const double l1 = static_cast<double>(coef.data<T>()[0]) * scale / static_cast<double>(t_count);
     for (int64_t i = 0; i < t_count * e_count; ++i) {
       const bool on = routes.experts.data<int32_t>()[i] >= 0;  // the gate is positive
       dlogits.data<T>()[i] = on ? static_cast<T>(static_cast<double>(dweights.data<T>()[i]) + l1) : T(0);

@@ -41,8 +41,11 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void relu_backward_kernel(const int32_t* __restrict__ experts, int64_t tokens, int64_t e_count,
                                      const float* __restrict__ dweights, const float* __restrict__ coef,
-                                     double grad_scale, float* __restrict__ dlogits) {
-  // As the CPU: the L1 step in fp64, one float add.
+                                     double grad_scale, const double* __restrict__ device_scale,
+                                     float* __restrict__ dlogits) {
+  // As the CPU: the L1 step in fp64, one float add; grad_scale times the captured step's
+  // loss scale S when device_scale is set.
+  if (device_scale) grad_scale *= *device_scale;
   const double l1 = static_cast<double>(coef[0]) * grad_scale / static_cast<double>(tokens);
   KILN_GRID_STRIDE(i, tokens * e_count) {
     dlogits[i] = experts[i] >= 0 ? static_cast<float>(static_cast<double>(dweights[i]) + l1) : 0.0f;
@@ -87,10 +90,10 @@ void relu_route_forward(const ExecContext& ctx, const float* logits, int64_t tok
 }
 
 void relu_route_backward(const ExecContext& ctx, const int32_t* experts, int64_t tokens, int64_t e_count, const float* dweights,
-                         const float* coef, double grad_scale, float* dlogits) {
+                         const float* coef, double grad_scale, const double* device_scale, float* dlogits) {
   if (tokens == 0) return;
   relu_backward_kernel<<<blocks_for(tokens * e_count, kThreads), kThreads, 0, stream(ctx)>>>(
-      experts, tokens, e_count, dweights, coef, grad_scale, dlogits);
+      experts, tokens, e_count, dweights, coef, grad_scale, device_scale, dlogits);
   check_launch("relu_route_backward", "relu_backward_kernel");
 }
 

@@ -23,7 +23,9 @@ struct DeviceStepScalars {
   double grad_limit = 0;  // and when grad_norm > grad_limit
   double clip = 0;        // optim.grad_clip (0: off)
   float loss_scale = 0;   // float(S / targets): the LM head's gradient scale (S: the loss scale)
-  double inverse_loss_scale = 1;  // 1 / S: unscales the norm and the update's gradient factor
+  // S itself: the router losses' gradient scale (nn/loss_terms.h), and what the norm and
+  // the update's gradient factor are divided by (exact: a power of two).
+  double scale = 1;
   // The loss slots' sums: of the current micro-batch (zero at its start), and of the step
   // (each micro-batch's added in order, as the host loop adds them). Slot 0 is the main loss.
   double micro_sums[kStepLossSlots] = {};

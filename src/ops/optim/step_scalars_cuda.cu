@@ -18,11 +18,11 @@ __global__ void add_micro_sums_kernel(DeviceStepScalars* s) {
 // (step_rules.h), so the same values and the same verdict come out of either.
 __global__ void finish_step_kernel(DeviceStepScalars* s) {
   s->loss = s->step_sums[0] / s->targets;
-  s->grad_norm = sqrt(s->grad_sum_squares) * s->inverse_loss_scale;
+  s->grad_norm = sqrt(s->grad_sum_squares) / s->scale;
   s->verdict = step_verdict(s->loss, s->grad_norm, s->loss_limit, s->grad_limit);
   s->update.skip = s->verdict != StepVerdict::apply;
   const double clip = clip_applies(s->clip, s->grad_norm) ? clip_factor(s->clip, s->grad_norm) : 1.0;
-  s->update.grad_scale = static_cast<float>(clip * s->inverse_loss_scale);
+  s->update.grad_scale = static_cast<float>(clip / s->scale);
 }
 
 }  // namespace
