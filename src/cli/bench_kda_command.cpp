@@ -87,9 +87,11 @@ double median_ms(std::vector<double> ms) {
   return ms[ms.size() / 2];
 }
 
-nlohmann::json bench_kernel(const KdaBenchShape& s, const KdaInputs& in, const std::string& kernel, int64_t warmup,
-                            int64_t iters) {
+nlohmann::json bench_kernel(const KdaBenchShape& s, const KdaInputs& in, const std::string& kernel, int slice,
+                            int64_t warmup, int64_t iters) {
   const bool chunked = kernel == "chunked";
+  ops::KdaOptions options;
+  options.gpu_slice = slice;
   const int64_t n = s.batch * s.seq, H = s.heads, D = s.dim;
   const Shape ks{n, H, D}, bs{n, H};
   size_t free_before = 0, total = 0;
@@ -104,14 +106,15 @@ nlohmann::json bench_kernel(const KdaBenchShape& s, const KdaInputs& in, const s
   const ExecContext& ctx = process_exec();
   auto forward = [&] {
     if (chunked)
-      ops::kda_chunked_forward(ctx, *in.q, *in.k, *in.v, *in.g, *in.beta, *in.cu, Tensor(), {}, *out, Tensor(), *ws);
+      ops::kda_chunked_forward(ctx, *in.q, *in.k, *in.v, *in.g, *in.beta, *in.cu, Tensor(), options, *out, Tensor(),
+                               *ws);
     else
       ops::kda_recurrent_forward(ctx, *in.q, *in.k, *in.v, *in.g, *in.beta, *in.cu, Tensor(), {}, *out);
   };
   auto backward = [&] {
     if (chunked)
-      ops::kda_chunked_backward(ctx, *in.q, *in.k, *in.v, *in.g, *in.beta, *in.cu, Tensor(), *in.dout, Tensor(), {},
-                                *dq, *dk, *dv, *dg, *dbeta, Tensor(), *ws);
+      ops::kda_chunked_backward(ctx, *in.q, *in.k, *in.v, *in.g, *in.beta, *in.cu, Tensor(), *in.dout, Tensor(),
+                                options, *dq, *dk, *dv, *dg, *dbeta, Tensor(), *ws);
     else
       ops::kda_recurrent_backward(ctx, *in.q, *in.k, *in.v, *in.g, *in.beta, *in.cu, Tensor(), *in.dout, Tensor(), {},
                                   *dq, *dk, *dv, *dg, *dbeta, Tensor(), *ws);
@@ -134,6 +137,7 @@ nlohmann::json bench_kernel(const KdaBenchShape& s, const KdaInputs& in, const s
     backward();
   });
   return {{"kernel", kernel},
+          {"slice", slice},
           {"B", s.batch},
           {"T", s.seq},
           {"H", H},
@@ -149,6 +153,7 @@ nlohmann::json bench_kernel(const KdaBenchShape& s, const KdaInputs& in, const s
 void add_bench_kda_command(CLI::App& app) {
   struct Options {
     int64_t batch = 8, seq = 4096, heads = 16, warmup = 3, iters = 10;
+    int slice = 0;
     std::vector<int64_t> dims{128, 64};
     std::vector<std::string> kernels{"recurrent", "chunked"};
     std::string dtype = "bf16", json;
@@ -163,6 +168,9 @@ void add_bench_kda_command(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::IsMember({"recurrent", "chunked"}));
+  cmd->add_option("--slice", o->slice, "the chunked kernels' state columns per sequential block: 8, 16, 32; 0 = chosen")
+      ->capture_default_str()
+      ->check(CLI::IsMember({0, 8, 16, 32}));
   cmd->add_option("--dtype", o->dtype, "bf16 | f32")->capture_default_str()->check(CLI::IsMember({"bf16", "f32"}));
   cmd->add_option("--warmup", o->warmup, "untimed passes first")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--iters", o->iters, "timed passes (the median is reported)")->capture_default_str()->check(CLI::PositiveNumber);
@@ -180,7 +188,7 @@ void add_bench_kda_command(CLI::App& app) {
       const KdaBenchShape shape{o->batch, o->seq, o->heads, dim, o->dtype == "f32" ? DType::f32 : DType::bf16};
       const KdaInputs inputs = make_inputs(shape);
       for (const std::string& kernel : o->kernels) {
-        const nlohmann::json r = bench_kernel(shape, inputs, kernel, o->warmup, o->iters);
+        const nlohmann::json r = bench_kernel(shape, inputs, kernel, o->slice, o->warmup, o->iters);
         fmt::print("{:>9} {:>3} {:>6} {:>3} {:>4} {:>5} {:>10.3f} {:>12.3f} {:>10.2f}\n", kernel, shape.batch,
                    shape.seq, shape.heads, dim, o->dtype, r["fwd_ms"].get<double>(), r["fwd_bwd_ms"].get<double>(),
                    r["tensors_and_workspace_gib"].get<double>());

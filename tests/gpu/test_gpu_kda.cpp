@@ -107,9 +107,12 @@ std::string name_of(const Spec& s) {
                      s.dv, dtype_name(s.dtype), s.gate, s.states);
 }
 
-void run_form(const Spec& sp, Form form) {
+// slice: the chunked kernels' (ops::KdaOptions::gpu_slice; 0 = chosen at launch).
+void run_form(const Spec& sp, Form form, int slice = 0) {
   const bool chunked = form == Form::chunked;
-  SCOPED_TRACE(name_of(sp) + (chunked ? " chunked" : " recurrent"));
+  SCOPED_TRACE(name_of(sp) + (chunked ? fmt::format(" chunked, slice {}", slice) : " recurrent"));
+  ops::KdaOptions chunked_options;
+  chunked_options.gpu_slice = slice;
   const DType dt = sp.dtype;
   const int64_t n = std::accumulate(sp.lengths.begin(), sp.lengths.end(), int64_t{0});
   const int64_t H = sp.heads, dk = sp.dk, dv = sp.dv, S = static_cast<int64_t>(sp.lengths.size());
@@ -188,9 +191,11 @@ void run_form(const Spec& sp, Form form) {
     const Tensor g_use = sp.gate ? *g_d : *gin_d;
     if (sp.gate) ops::kda_gate_forward(process_exec(), *raw_d, *alog_d, *bias_d, *g_d);
     if (chunked) {
-      ops::kda_chunked_forward(process_exec(), *q_d, *k_d, *v_d, g_use, *b_d, *cu_dev, h0_dev, {}, *o_d, *ht_d, *ws);
+      ops::kda_chunked_forward(process_exec(), *q_d, *k_d, *v_d, g_use, *b_d, *cu_dev, h0_dev, chunked_options, *o_d,
+                               *ht_d, *ws);
       poison(*ws);  // the backward recomputes what it needs
-      ops::kda_chunked_backward(process_exec(), *q_d, *k_d, *v_d, g_use, *b_d, *cu_dev, h0_dev, *dout_d, dht_dev, {},
+      ops::kda_chunked_backward(process_exec(), *q_d, *k_d, *v_d, g_use, *b_d, *cu_dev, h0_dev, *dout_d, dht_dev,
+                                chunked_options,
                                 *dq_d, *dk_d, *dv_d, *dg_d, *db_d, sp.states ? *dh0_d : Tensor(), *ws);
     } else {
       ops::kda_recurrent_forward(process_exec(), *q_d, *k_d, *v_d, g_use, *b_d, *cu_dev, h0_dev, {}, *o_d, *ht_d);
@@ -226,10 +231,12 @@ void run_form(const Spec& sp, Form form) {
   }
 }
 
-// Both kernels on the same inputs (the chunked one where d_k allows).
+// Both kernels on the same inputs (the chunked one where d_k allows, at the slice the
+// launch chooses and at each one it can choose).
 void run(const Spec& sp) {
   run_form(sp, Form::recurrent);
-  if (sp.dk <= ops::kda_chunked_max_dk()) run_form(sp, Form::chunked);
+  if (sp.dk <= ops::kda_chunked_max_dk())
+    for (int slice : {0, 8, 16, 32}) run_form(sp, Form::chunked, slice);
 }
 
 class GpuKda : public gpu_test::GpuTest {};

@@ -87,6 +87,7 @@ cuda::KdaArgs cuda_args(const Tensor& q, const Tensor& v, const Tensor& cu, cons
   a.cu_seqlens = cu.data<int32_t>();
   a.scale = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(a.dk)));
   a.dtype = q.dtype();
+  a.slice = o.gpu_slice;
   return a;
 }
 
@@ -104,6 +105,8 @@ void expect_workspace(const char* op, const char* sizer, const Tensor& workspace
 void expect_chunked_gpu(const char* op, const Tensor& q, const KdaOptions& options) {
   if (q.device() != Device::cuda) return;
   KILN_CHECK(options.chunk == 64, op, "the GPU kernels take chunk 64, got {}", options.chunk);
+  KILN_CHECK(options.gpu_slice == 0 || options.gpu_slice == 8 || options.gpu_slice == 16 || options.gpu_slice == 32,
+             op, "gpu_slice must be 0, 8, 16 or 32, got {}", options.gpu_slice);
   KILN_CHECK(q.size(2) <= kda_chunked_max_dk(), op, "the GPU kernels take d_k up to {}, got {}", kda_chunked_max_dk(),
              q.size(2));
 }

@@ -29,6 +29,10 @@ namespace kiln::ops {
 struct KdaOptions {
   double scale = 0;     // 0 = 1/sqrt(d_k)
   int64_t chunk = 64;   // the chunked forward's and backward's chunk length (tokens, within a document)
+  // The chunked GPU kernels' state columns per block of their sequential kernels: 8, 16 or
+  // 32; 0 = chosen at launch from the blocks the batch gives and the card's SMs. Tests and
+  // `kiln bench-kda` force each; the results are the same bits whatever it is.
+  int gpu_slice = 0;
 };
 
 // out (=); initial_state and final_state may be undefined (zero start / not written).

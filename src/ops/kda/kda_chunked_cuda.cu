@@ -48,7 +48,6 @@ constexpr int kThreads = 256;
 // grads fills an SM's shared memory alone (one block per SM), so it takes more threads to
 // hide its loads' latency: 16 warps, not 8.
 constexpr int kGradsThreads = 512;
-constexpr int kSlice = 32;  // d_v columns of the state per block of the sequential kernels
 
 int64_t slots_of(int64_t tokens, int64_t num_seqs) { return tokens / kC + num_seqs; }
 
@@ -139,20 +138,21 @@ struct WarpPairs {
   int lane = threadIdx.x & 31, first = threadIdx.x >> 5, step = blockDim.x >> 5;
 };
 
-// G (the cumulative log decay of rows 0..len-1) into cum [C, d_k]: g's rows loaded by the
-// whole block (coalesced), then a thread per channel adds them up in shared memory (a serial
-// chain of global loads per channel was the sequential kernels' critical path). Every
-// thread of the block must call it; a thread reads back only its own channels without a sync.
+// G (the cumulative log decay of rows 0..len-1) into cum [C, d_k] (rows ld apart): g's rows
+// loaded by the whole block (coalesced), then a thread per channel adds them up in shared
+// memory (a serial chain of global loads per channel was the sequential kernels' critical
+// path). Every thread of the block must call it; a thread reads back only its own channels
+// without a sync.
 template <typename T>
-__device__ void cumulative_decay(const KdaArgs& s, const T* g, const Chunk& c, int64_t h, float* cum) {
+__device__ void cumulative_decay(const KdaArgs& s, const T* g, const Chunk& c, int64_t h, float* cum, int64_t ld) {
   for (int64_t e = threadIdx.x; e < c.len * s.dk; e += blockDim.x)
-    cum[e] = to_f32(g[((c.first + e / s.dk) * s.heads + h) * s.dk + e % s.dk]);
+    cum[e / s.dk * ld + e % s.dk] = to_f32(g[((c.first + e / s.dk) * s.heads + h) * s.dk + e % s.dk]);
   __syncthreads();
   for (int64_t i = threadIdx.x; i < s.dk; i += blockDim.x) {
     float acc = 0.f;
     for (int64_t r = 0; r < c.len; ++r) {
-      acc += cum[r * s.dk + i];
-      cum[r * s.dk + i] = acc;
+      acc += cum[r * ld + i];
+      cum[r * ld + i] = acc;
     }
   }
 }
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(KdaArgs s, Tiles w, c
   float* A = cum + kC * dk;
   float* M = A + kC * kC;
   float* bt = M + kC * kC;
-  cumulative_decay(s, g, c, h, cum);
+  cumulative_decay(s, g, c, h, cum, dk);
   for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
   __syncthreads();
   // A (s < r) and P (s <= r); zero elsewhere. A warp per pair.
@@ -229,78 +229,100 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(KdaArgs s, Tiles w, c
   }
 }
 
-// Kd [C, d_k] = exp(G_last - G_r) k_r (and, with qg, Qg = exp(G_r) q_r), elast [d_k] =
-// exp(G_last), from cum computed into kd first; then an element per thread. Every thread
-// of the block calls it; it ends with a sync, elast written by each channel's own thread.
+// Kd [C, d_k] (rows ld apart) = exp(G_last - G_r) k_r (and, with qg, Qg [C, d_k] =
+// exp(G_r) q_r), elast [d_k] = exp(G_last), from cum computed into kd first; then an element
+// per thread. Every thread of the block calls it; it ends with a sync, elast written by each
+// channel's own thread.
 template <typename T>
 __device__ void decayed_keys(const KdaArgs& s, const T* q, const T* k, const T* g, const Chunk& c, int64_t h,
-                             float* kd, float* qg, float* elast) {
+                             float* kd, int64_t ld, float* qg, float* elast) {
   const int64_t dk = s.dk;
-  cumulative_decay(s, g, c, h, kd);
-  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) elast[i] = kd[(c.len - 1) * dk + i];  // G_last, for now
+  cumulative_decay(s, g, c, h, kd, ld);
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) elast[i] = kd[(c.len - 1) * ld + i];  // G_last, for now
   __syncthreads();
   for (int64_t e = threadIdx.x; e < c.len * dk; e += blockDim.x) {
     const int64_t i = e % dk, row = ((c.first + e / dk) * s.heads + h) * dk + i;
-    const float cr = kd[e];
+    float& kde = kd[e / dk * ld + i];
+    const float cr = kde;
     if (qg) qg[e] = expf(cr) * to_f32(q[row]);
-    kd[e] = expf(elast[i] - cr) * to_f32(k[row]);
+    kde = expf(elast[i] - cr) * to_f32(k[row]);
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) elast[i] = expf(elast[i]);
 }
 
-// The sequential kernels' products over a slice: a thread keeps one column jj of it and
-// takes the rows (or channels) group, group + kGroups, ..., so each value it loads along
-// the other axis serves all of them from registers. Every output is still one thread's
-// sum in the order of the loop it had alone, so the bits do not change.
-constexpr int kGroups = kThreads / kSlice;                    // 8
-constexpr int kRowsPerLane = kC / kGroups;                    // 8: a chunk's rows
-constexpr int kChannelsPerLane = kKdaChunkedMaxDk / kGroups;  // 16: d_k's channels
-static_assert(kC % kGroups == 0 && kKdaChunkedMaxDk % kGroups == 0);
-
+// The sequential kernels' products over a slice of Slice columns of the state: a thread
+// keeps one column jj of it and takes the rows (or channels) group, group + kGroups, ..., so
+// each value it loads along the other axis serves all of them from registers. Every output
+// is still one thread's sum in the order of the loop it had alone, so the bits do not
+// change with the slice. Narrower slices give more blocks (heads x documents x d_v / Slice)
+// for the same work: at one sequence of K3's 6 heads, 24 blocks of 32 columns left most of
+// the card idle.
+template <int Slice>
 struct SliceLane {
-  int64_t jj = threadIdx.x % kSlice, group = threadIdx.x / kSlice;
+  static constexpr int kGroups = kThreads / Slice;
+  static constexpr int kRows = kC / kGroups;                    // a chunk's rows per lane
+  static constexpr int kChannels = kKdaChunkedMaxDk / kGroups;  // d_k's channels per lane
+  static_assert(kThreads % Slice == 0 && kC % kGroups == 0 && kKdaChunkedMaxDk % kGroups == 0);
+
+  int64_t jj = threadIdx.x % Slice, group = threadIdx.x / Slice;
   __device__ int64_t nth(int n) const { return group + int64_t{n} * kGroups; }
 
-  // The lane's rows below len of a [C, slice] result into the workspace's [C, d_v] tile (at
-  // column j = j0 + jj, if j < d_v) and the shared [C, kSlice] copy.
-  __device__ void store_rows(const float (&rows)[kRowsPerLane], int64_t len, int64_t j, int64_t dv, float* tile,
+  // The lane's rows below len of a [C, Slice] result into the workspace's [C, d_v] tile (at
+  // column j = j0 + jj, if j < d_v) and the shared [C, Slice] copy.
+  __device__ void store_rows(const float (&rows)[kRows], int64_t len, int64_t j, int64_t dv, float* tile,
                              float* shared) const {
 #pragma unroll
-    for (int n = 0; n < kRowsPerLane; ++n) {
+    for (int n = 0; n < kRows; ++n) {
       const int64_t r = nth(n);
       if (r >= len) break;
       if (j < dv) tile[r * dv + j] = rows[n];
-      shared[r * kSlice + jj] = rows[n];
+      shared[r * Slice + jj] = rows[n];
     }
   }
 };
 
-// A state's slice of kSlice columns from j0 in shared memory, tile [d_k, kSlice], against a
+// A state's slice of Slice columns from j0 in shared memory, tile [d_k, Slice], against a
 // state in global memory, [d_k, d_v] (or [d_v, d_k] with `transposed`). Columns past d_v
 // load as zero and are not stored; a null state loads as zero.
+template <int Slice>
 __device__ void load_slice(const float* state, int64_t dk, int64_t dv, int64_t j0, float* tile) {
-  for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
-    const int64_t i = e / kSlice, j = j0 + e % kSlice;
+  for (int64_t e = threadIdx.x; e < dk * Slice; e += blockDim.x) {
+    const int64_t i = e / Slice, j = j0 + e % Slice;
     tile[e] = state && j < dv ? state[i * dv + j] : 0.f;
   }
 }
 
+template <int Slice>
 __device__ void store_slice(const float* tile, int64_t dk, int64_t dv, int64_t j0, float* state, bool transposed) {
-  for (int64_t e = threadIdx.x; e < dk * kSlice; e += blockDim.x) {
-    const int64_t i = e / kSlice, j = j0 + e % kSlice;
+  for (int64_t e = threadIdx.x; e < dk * Slice; e += blockDim.x) {
+    const int64_t i = e / Slice, j = j0 + e % Slice;
     if (j < dv) state[transposed ? j * dk + i : i * dv + j] = tile[e];
   }
 }
 
-// Starts copying n floats of a workspace tile into shared memory without waiting for them
-// (cp.async where the card has it): the sequential kernels issue a chunk's tiles first and
-// compute its decayed keys meanwhile. Read after finish_copies().
-__device__ void start_copy(float* dst, const float* src, int64_t n) {
-  const bool quads = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-  const int64_t vectors = quads ? n / 4 : 0;
-  for (int64_t e = threadIdx.x; e < vectors; e += blockDim.x) __pipeline_memcpy_async(dst + 4 * e, src + 4 * e, 16);
-  for (int64_t e = 4 * vectors + threadIdx.x; e < n; e += blockDim.x) __pipeline_memcpy_async(dst + e, src + e, 4);
+// The row stride in shared memory of the [C, d_k] tiles that lanes of one warp read at
+// different rows and the same channel (W in states, Kd in state_grads): 4 floats of padding
+// put those rows in different banks, and rows stay 16-byte aligned for the copies.
+__host__ __device__ inline int64_t padded_ld(int64_t dk) { return dk % 4 == 0 ? dk + 4 : dk; }
+
+// Starts copying the first `rows` rows of a workspace tile (`cols` floats each, contiguous)
+// into shared memory rows `ld` floats apart, without waiting for them (cp.async where the
+// card has it): the sequential kernels issue a chunk's tiles first and compute its decayed
+// keys meanwhile. Read after finish_copies().
+__device__ void start_copy(float* dst, int64_t ld, const float* src, int64_t rows, int64_t cols) {
+  const bool quads = cols % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  if (quads) {
+    const int64_t per_row = cols / 4;
+    for (int64_t e = threadIdx.x; e < rows * per_row; e += blockDim.x) {
+      const int64_t r = e / per_row, c4 = 4 * (e % per_row);
+      __pipeline_memcpy_async(dst + r * ld + c4, src + r * cols + c4, 16);
+    }
+  } else {
+    for (int64_t e = threadIdx.x; e < rows * cols; e += blockDim.x)
+      __pipeline_memcpy_async(dst + e / cols * ld + e % cols, src + e, 4);
+  }
   __pipeline_commit();
 }
 
@@ -310,69 +332,71 @@ __device__ void finish_copies() {
   __syncthreads();
 }
 
-// One block per (d_v slice, head, document). Shared: the chunk's W [C, d_k] (copied in while
-// its Kd is computed: read from global memory, its loads were the kernel's critical path),
-// Kd [C, d_k], elast [d_k], S [d_k, slice], D [C, slice]. S_0 stored [d_k, d_v], or [d_v,
+// One block per (d_v slice, head, document). Shared: the chunk's W [C, d_k] (rows padded_ld
+// apart; copied in while its Kd is computed: read from global memory, its loads were the
+// kernel's critical path), Kd [C, d_k], elast [d_k], S [d_k, Slice], D [C, Slice]. S_0 stored [d_k, d_v], or [d_v,
 // d_k] with `transposed` (the backward's).
-template <typename T>
+template <typename T, int Slice>
 __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, const T* k, const T* g,
                                                           const float* h0, float* ht, bool transposed) {
+  using Lane = SliceLane<Slice>;
   extern __shared__ float sm[];
-  const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * kSlice;
+  const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * Slice;
+  const int64_t wld = padded_ld(dk);
   float* W = sm;
-  float* kd = W + kC * dk;
+  float* kd = W + kC * wld;
   float* elast = kd + kC * dk;
   float* S = elast + dk;
-  float* D = S + dk * kSlice;
+  float* D = S + dk * Slice;
   const int64_t begin = s.cu_seqlens[seq], end = s.cu_seqlens[seq + 1];
   const int64_t state = (seq * H + h) * dk * dv;
-  load_slice(h0 ? h0 + state : nullptr, dk, dv, j0, S);
+  load_slice<Slice>(h0 ? h0 + state : nullptr, dk, dv, j0, S);
   __syncthreads();
   for (int64_t first = begin, n = 0; first < end; first += kC, ++n) {
     const Chunk c{first, end - first < kC ? end - first : kC, seq, first_slot(s, seq) + n};
     const int64_t at = c.slot * H + h;
-    start_copy(W, w.W + at * w.ck, c.len * dk);
-    store_slice(S, dk, dv, j0, w.S0 + at * w.kv, transposed);
-    decayed_keys<T>(s, nullptr, k, g, c, h, kd, nullptr, elast);
+    start_copy(W, wld, w.W + at * w.ck, c.len, dk);
+    store_slice<Slice>(S, dk, dv, j0, w.S0 + at * w.kv, transposed);
+    decayed_keys<T>(s, nullptr, k, g, c, h, kd, dk, nullptr, elast);
     finish_copies();
-    const SliceLane lane;
+    const Lane lane;
     const int64_t j = j0 + lane.jj;
     // D = U - W S_0 (rows past len are computed from the last row and not kept).
     {
-      float acc[kRowsPerLane];
+      float acc[Lane::kRows];
 #pragma unroll
-      for (int n = 0; n < kRowsPerLane; ++n)
+      for (int n = 0; n < Lane::kRows; ++n)
         acc[n] = j < dv ? w.U[at * w.cv + min(lane.nth(n), c.len - 1) * dv + j] : 0.f;
       if (j < dv)
         for (int64_t i = 0; i < dk; ++i) {
-          const float si = S[i * kSlice + lane.jj];
+          const float si = S[i * Slice + lane.jj];
 #pragma unroll
-          for (int n = 0; n < kRowsPerLane; ++n) acc[n] -= W[min(lane.nth(n), c.len - 1) * dk + i] * si;
+          for (int n = 0; n < Lane::kRows; ++n) acc[n] -= W[min(lane.nth(n), c.len - 1) * wld + i] * si;
         }
       lane.store_rows(acc, c.len, j, dv, w.D + at * w.cv, D);
     }
     __syncthreads();
     // S_L = Gamma_last S_0 + Kd^T D (channels past d_k likewise).
     {
-      float acc[kChannelsPerLane];
+      float acc[Lane::kChannels];
 #pragma unroll
-      for (int n = 0; n < kChannelsPerLane; ++n) {
+      for (int n = 0; n < Lane::kChannels; ++n) {
         const int64_t i = min(lane.nth(n), dk - 1);
-        acc[n] = elast[i] * S[i * kSlice + lane.jj];
+        acc[n] = elast[i] * S[i * Slice + lane.jj];
       }
       for (int64_t r = 0; r < c.len; ++r) {
-        const float d = D[r * kSlice + lane.jj];
+        const float d = D[r * Slice + lane.jj];
 #pragma unroll
-        for (int n = 0; n < kChannelsPerLane; ++n) acc[n] += kd[r * dk + min(lane.nth(n), dk - 1)] * d;
+        for (int n = 0; n < Lane::kChannels; ++n) acc[n] += kd[r * dk + min(lane.nth(n), dk - 1)] * d;
       }
       __syncthreads();  // a clamped channel read S rows another thread now writes
 #pragma unroll
-      for (int n = 0; n < kChannelsPerLane; ++n)
-        if (lane.nth(n) < dk) S[lane.nth(n) * kSlice + lane.jj] = acc[n];
+      for (int n = 0; n < Lane::kChannels; ++n)
+        if (lane.nth(n) < dk) S[lane.nth(n) * Slice + lane.jj] = acc[n];
     }
     __syncthreads();
   }
-  if (ht) store_slice(S, dk, dv, j0, ht + state, false);
+  if (ht) store_slice<Slice>(S, dk, dv, j0, ht + state, false);
 }
 
 // One block per (chunk, head). Shared: Qg [C, d_k].
@@ -383,7 +407,7 @@ __global__ void __launch_bounds__(kThreads) output_kernel(KdaArgs s, Tiles w, co
   if (!locate(s, blockIdx.x, c)) return;
   const int64_t h = blockIdx.y, H = s.heads, dk = s.dk, dv = s.dv, at = c.slot * H + h;
   float* qg = sm;
-  cumulative_decay(s, g, c, h, qg);
+  cumulative_decay(s, g, c, h, qg, dk);
   for (int64_t i = threadIdx.x; i < dk; i += blockDim.x)
     for (int64_t r = 0; r < c.len; ++r)
       qg[r * dk + i] = expf(qg[r * dk + i]) * to_f32(q[((c.first + r) * H + h) * dk + i]);
@@ -403,59 +427,61 @@ __global__ void __launch_bounds__(kThreads) output_kernel(KdaArgs s, Tiles w, co
 // ---- backward ------------------------------------------------------------------------------
 
 // One block per (d_v slice, head, document), chunks in reverse. Shared: the chunk's W [C,
-// d_k], P [C, C] and dO slice [C, slice] (copied in first, as in states_kernel), Kd, Qg [C,
-// d_k], elast [d_k], dS [d_k, slice], dD [C, slice].
-template <typename T>
+// d_k], P [C, C] and dO slice [C, Slice] (copied in first, as in states_kernel), Kd [C, d_k]
+// (rows padded_ld apart), Qg [C, d_k], elast [d_k], dS [d_k, Slice], dD [C, Slice].
+template <typename T, int Slice>
 __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k,
                                                                const T* g, const T* dout, const float* dht,
                                                                float* dh0) {
+  using Lane = SliceLane<Slice>;
   extern __shared__ float sm[];
-  const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * kSlice;
+  const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * Slice;
   float* W = sm;
   float* P = W + kC * dk;
   float* dos = P + kC * kC;
-  float* kd = dos + kC * kSlice;
-  float* qg = kd + kC * dk;
+  const int64_t kld = padded_ld(dk);
+  float* kd = dos + kC * Slice;
+  float* qg = kd + kC * kld;
   float* elast = qg + kC * dk;
   float* dS = elast + dk;
-  float* dD = dS + dk * kSlice;
+  float* dD = dS + dk * Slice;
   const int64_t begin = s.cu_seqlens[seq], end = s.cu_seqlens[seq + 1];
   const int64_t state = (seq * H + h) * dk * dv;
-  load_slice(dht ? dht + state : nullptr, dk, dv, j0, dS);
+  load_slice<Slice>(dht ? dht + state : nullptr, dk, dv, j0, dS);
   __syncthreads();
   const int64_t chunks = (end - begin + kC - 1) / kC;
   for (int64_t n = chunks - 1; n >= 0; --n) {
     const int64_t first = begin + n * kC;
     const Chunk c{first, end - first < kC ? end - first : kC, seq, first_slot(s, seq) + n};
     const int64_t at = c.slot * H + h;
-    start_copy(W, w.W + at * w.ck, c.len * dk);
-    start_copy(P, w.P + at * w.cc, c.len * kC);
-    for (int64_t e = threadIdx.x; e < c.len * kSlice; e += blockDim.x) {
-      const int64_t r = e / kSlice, jj = e % kSlice;
+    start_copy(W, dk, w.W + at * w.ck, c.len, dk);
+    start_copy(P, kC, w.P + at * w.cc, c.len, kC);
+    for (int64_t e = threadIdx.x; e < c.len * Slice; e += blockDim.x) {
+      const int64_t r = e / Slice, jj = e % Slice;
       dos[e] = j0 + jj < dv ? to_f32(dout[((c.first + r) * H + h) * dv + j0 + jj]) : 0.f;
     }
-    store_slice(dS, dk, dv, j0, w.dS + at * w.kv, /*transposed=*/true);
-    decayed_keys<T>(s, q, k, g, c, h, kd, qg, elast);
+    store_slice<Slice>(dS, dk, dv, j0, w.dS + at * w.kv, /*transposed=*/true);
+    decayed_keys<T>(s, q, k, g, c, h, kd, kld, qg, elast);
     finish_copies();
-    const SliceLane lane;
+    const Lane lane;
     const int64_t j = j0 + lane.jj;
-    auto dout_at = [&](int64_t r) { return dos[r * kSlice + lane.jj]; };
+    auto dout_at = [&](int64_t r) { return dos[r * Slice + lane.jj]; };
     // dD = scale P^T dO + Kd dS, a lane's columns col = lane.nth(n) (past len: not kept).
     {
-      float acc[kRowsPerLane] = {};
+      float acc[Lane::kRows] = {};
       if (j < dv) {
         for (int64_t r = 0; r < c.len; ++r) {
           const float o = dout_at(r);
 #pragma unroll
-          for (int n = 0; n < kRowsPerLane; ++n)
+          for (int n = 0; n < Lane::kRows; ++n)
             if (lane.nth(n) <= r) acc[n] += P[r * kC + lane.nth(n)] * o;
         }
 #pragma unroll
-        for (int n = 0; n < kRowsPerLane; ++n) acc[n] *= s.scale;
+        for (int n = 0; n < Lane::kRows; ++n) acc[n] *= s.scale;
         for (int64_t i = 0; i < dk; ++i) {
-          const float ds = dS[i * kSlice + lane.jj];
+          const float ds = dS[i * Slice + lane.jj];
 #pragma unroll
-          for (int n = 0; n < kRowsPerLane; ++n) acc[n] += kd[min(lane.nth(n), c.len - 1) * dk + i] * ds;
+          for (int n = 0; n < Lane::kRows; ++n) acc[n] += kd[min(lane.nth(n), c.len - 1) * kld + i] * ds;
         }
       }
       lane.store_rows(acc, c.len, j, dv, w.dD + at * w.cv, dD);
@@ -463,25 +489,25 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
     __syncthreads();
     // dS_0 = Gamma_last dS + scale Qg^T dO - W^T dD, a lane's channels i = lane.nth(n).
     if (j < dv) {
-      float through_q[kChannelsPerLane] = {}, through_w[kChannelsPerLane] = {};
+      float through_q[Lane::kChannels] = {}, through_w[Lane::kChannels] = {};
       for (int64_t r = 0; r < c.len; ++r) {
-        const float o = dout_at(r), d = dD[r * kSlice + lane.jj];
+        const float o = dout_at(r), d = dD[r * Slice + lane.jj];
 #pragma unroll
-        for (int n = 0; n < kChannelsPerLane; ++n) {
+        for (int n = 0; n < Lane::kChannels; ++n) {
           const int64_t i = min(lane.nth(n), dk - 1);
           through_q[n] += qg[r * dk + i] * o;
           through_w[n] += W[r * dk + i] * d;
         }
       }
 #pragma unroll
-      for (int n = 0; n < kChannelsPerLane; ++n) {
+      for (int n = 0; n < Lane::kChannels; ++n) {
         const int64_t i = lane.nth(n);
-        if (i < dk) dS[i * kSlice + lane.jj] = elast[i] * dS[i * kSlice + lane.jj] + s.scale * through_q[n] - through_w[n];
+        if (i < dk) dS[i * Slice + lane.jj] = elast[i] * dS[i * Slice + lane.jj] + s.scale * through_q[n] - through_w[n];
       }
     }
     __syncthreads();
   }
-  if (dh0) store_slice(dS, dk, dv, j0, dh0 + state, false);
+  if (dh0) store_slice<Slice>(dS, dk, dv, j0, dh0 + state, false);
 }
 
 // The gradient of a pairwise form F_rc = sum_i a_r[i] b_c[i] exp(G_r[i] - G_c[i]) (c < r, and
@@ -563,7 +589,7 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
   float* Xv = w.Xv + at * w.cv;
   float* Tl = w.Tl + at * w.ck;
 
-  cumulative_decay(s, g, c, h, cum);
+  cumulative_decay(s, g, c, h, cum, dk);
   for (int64_t e = threadIdx.x; e < kC * dk; e += blockDim.x) gq[e] = gk[e] = gc[e] = 0.f;
   for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
   if constexpr (staged)
@@ -713,29 +739,58 @@ size_t shared_limit(const char* op) {
   return static_cast<size_t>(limit);
 }
 
-struct Grids {
-  dim3 chunks, documents;
-};
+// The chunk kernels' grid: a block per (chunk slot, head).
+dim3 chunks_grid(const KdaArgs& a) {
+  return dim3(static_cast<unsigned>(slots_of(a.tokens, a.num_seqs)), static_cast<unsigned>(a.heads));
+}
 
-Grids grids_of(const KdaArgs& a) {
-  return {dim3(static_cast<unsigned>(slots_of(a.tokens, a.num_seqs)), static_cast<unsigned>(a.heads)),
-          dim3(static_cast<unsigned>((a.dv + kSlice - 1) / kSlice), static_cast<unsigned>(a.heads),
-               static_cast<unsigned>(a.num_seqs))};
+// The sequential kernels' slice width: the caller's (KdaArgs::slice), else the widest of 32
+// and 16 columns whose blocks (d_v / Slice x heads x documents) at least fill the card's
+// SMs once, else 8. Narrower slices recompute each chunk's decayed keys in more blocks, so
+// they pay only where blocks are few (K3's 6 heads of 128 on an H100, forward + backward:
+// one sequence 15.5 / 12.2 / 11.3 ms at 32 / 16 / 8 columns, eight 45.1 / 48.4 / 55.2).
+int sequential_slice(const KdaArgs& a, const char* op) {
+  if (a.slice != 0) return a.slice;
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), op, "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op, "SM count");
+  for (const int slice : {32, 16})
+    if ((a.dv + slice - 1) / slice * a.heads * a.num_seqs >= int64_t{sms}) return slice;
+  return 8;
+}
+
+template <int Slice>
+dim3 documents_grid(const KdaArgs& a) {
+  return dim3(static_cast<unsigned>((a.dv + Slice - 1) / Slice), static_cast<unsigned>(a.heads),
+              static_cast<unsigned>(a.num_seqs));
+}
+
+// f.template operator()<Slice>() for the slice width chosen at run time.
+template <typename F>
+void by_slice(int slice, F&& f) {
+  if (slice == 32)
+    f.template operator()<32>();
+  else if (slice == 16)
+    f.template operator()<16>();
+  else
+    f.template operator()<8>();
 }
 
 // prepare, then states: the factors, S_0 of every chunk and D; ht if given.
 template <typename T>
 void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k, const T* v,
-                        const T* g, const T* beta, const float* h0, float* ht, bool transposed, const char* op) {
-  const Grids grid = grids_of(a);
+                        const T* g, const T* beta, const float* h0, float* ht, bool transposed, int slice,
+                        const char* op) {
   const size_t prep = floats(kC * a.dk + 2 * kC * kC + kC);
   allow_shared(prepare_kernel<T>, prep, op);
-  prepare_kernel<T><<<grid.chunks, kThreads, prep, stream(ctx)>>>(a, w, q, k, v, g, beta);
+  prepare_kernel<T><<<chunks_grid(a), kThreads, prep, stream(ctx)>>>(a, w, q, k, v, g, beta);
   check_launch(op, "prepare_kernel");
-  const size_t st = floats(2 * kC * a.dk + a.dk + a.dk * kSlice + kC * kSlice);
-  allow_shared(states_kernel<T>, st, op);
-  states_kernel<T><<<grid.documents, kThreads, st, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
-  check_launch(op, "states_kernel");
+  by_slice(slice, [&]<int Slice>() {
+    const size_t st = floats(kC * padded_ld(a.dk) + kC * a.dk + a.dk + a.dk * Slice + kC * Slice);
+    allow_shared(states_kernel<T, Slice>, st, op);
+    states_kernel<T, Slice><<<documents_grid<Slice>(a), kThreads, st, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
+    check_launch(op, "states_kernel");
+  });
 }
 
 template <typename T>
@@ -743,11 +798,11 @@ void forward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const 
                     const T* beta, const float* h0, T* out, float* ht, float* workspace) {
   const char* op = "kda_chunked_forward";
   const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
-  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, ht, /*transposed=*/false, op);
+  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, ht, /*transposed=*/false, sequential_slice(a, op), op);
   if (a.tokens == 0) return;
   const size_t smem = floats(kC * a.dk);
   allow_shared(output_kernel<T>, smem, op);
-  output_kernel<T><<<grids_of(a).chunks, kThreads, smem, stream(ctx)>>>(a, w, q, g, out);
+  output_kernel<T><<<chunks_grid(a), kThreads, smem, stream(ctx)>>>(a, w, q, g, out);
   check_launch(op, "output_kernel");
 }
 
@@ -757,21 +812,25 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
                      T* dbeta, float* dh0, float* workspace) {
   const char* op = "kda_chunked_backward";
   const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
-  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, nullptr, /*transposed=*/true, op);
-  const Grids grid = grids_of(a);
-  const size_t sg = floats(3 * kC * a.dk + kC * kC + kC * kSlice + a.dk + a.dk * kSlice + kC * kSlice);
-  allow_shared(state_grads_kernel<T>, sg, op);
-  state_grads_kernel<T><<<grid.documents, kThreads, sg, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
-  check_launch(op, "state_grads_kernel");
+  const int slice = sequential_slice(a, op);
+  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, nullptr, /*transposed=*/true, slice, op);
+  by_slice(slice, [&]<int Slice>() {
+    const size_t sg = floats(2 * kC * a.dk + kC * padded_ld(a.dk) + kC * kC + kC * Slice + a.dk + a.dk * Slice +
+                             kC * Slice);
+    allow_shared(state_grads_kernel<T, Slice>, sg, op);
+    state_grads_kernel<T, Slice>
+        <<<documents_grid<Slice>(a), kThreads, sg, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
+    check_launch(op, "state_grads_kernel");
+  });
   if (a.tokens == 0) return;
   const size_t gr = floats(4 * kC * a.dk + kC * kC + 2 * kC), staged = gr + 2 * kC * a.dk * sizeof(T);
   if (staged <= shared_limit(op)) {
     allow_shared(grads_kernel<T, true>, staged, op);
-    grads_kernel<T, true><<<grid.chunks, kGradsThreads, staged, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq, dk,
+    grads_kernel<T, true><<<chunks_grid(a), kGradsThreads, staged, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq, dk,
                                                                                dv, dg, dbeta);
   } else {
     allow_shared(grads_kernel<T, false>, gr, op);
-    grads_kernel<T, false><<<grid.chunks, kGradsThreads, gr, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq, dk, dv,
+    grads_kernel<T, false><<<chunks_grid(a), kGradsThreads, gr, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq, dk, dv,
                                                                              dg, dbeta);
   }
   check_launch(op, "grads_kernel");

@@ -21,6 +21,7 @@ struct KdaArgs {
   const int32_t* cu_seqlens;  // device
   float scale;
   DType dtype;  // of q, k, v, g, beta, out and their gradients
+  int slice = 0;  // the chunked kernels' sequential slice (ops::KdaOptions::gpu_slice); 0 = chosen
 };
 
 // h0, ht null: zero start / not written.
