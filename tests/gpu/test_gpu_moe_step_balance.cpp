@@ -67,14 +67,14 @@ HostBatch micro_batch(int step, int i) {
   return packed_documents({60, 5, 15}, 8, seed);
 }
 
-struct Run {
+struct TrainedRun {
   std::vector<double> losses, balance, z, grad_norms;  // per step
   std::vector<double> weights;                         // after the last step
   size_t graphs = 0;
   int64_t launches = 0;
 };
 
-Run train(Device device, StepExecution execution, const std::string& scope, int grad_accum, double loss_scale = 1) {
+TrainedRun train(Device device, StepExecution execution, const std::string& scope, int grad_accum, double loss_scale = 1) {
   const ModelConfig c = step_config(scope);
   Model model(c, options_for(device, DType::f32, kTokens));
   Arena state{"optimizer", device};
@@ -91,7 +91,7 @@ Run train(Device device, StepExecution execution, const std::string& scope, int 
   copy_weights(init, model);
   model.set_micro_batches(grad_accum);
   StepProgram program(model, *optimizer, grad_accum, execution);
-  Run r;
+  TrainedRun r;
   for (int s = 0; s < kSteps; ++s) {
     std::vector<HostBatch> batches;
     int64_t targets = 0;
@@ -127,7 +127,7 @@ double difference(const std::vector<double>& a, const std::vector<double>& b) {
 }
 
 // The largest of the per-step quantities' and the weights' differences.
-double run_difference(const Run& got, const Run& want, const char* what) {
+double run_difference(const TrainedRun& got, const TrainedRun& want, const char* what) {
   const double d[] = {difference(got.losses, want.losses), difference(got.balance, want.balance), difference(got.z, want.z),
                       difference(got.grad_norms, want.grad_norms), difference(got.weights, want.weights)};
   std::printf("%s: loss %.2e, balance %.2e, z %.2e, grad norm %.2e, weights %.2e\n", what, d[0], d[1], d[2], d[3], d[4]);
@@ -207,16 +207,16 @@ TEST_F(MoeStepBalanceGpu, StepScopeOpsMatchTheCpu) {
 // the micro-batch scope would not (so the agreement is the step scope's).
 TEST_F(MoeStepBalanceGpu, StepScopeTrainsAsTheCpuOpByOpAndCaptured) {
   for (const int grad_accum : {2, 3}) {
-    const Run cpu = train(Device::cpu, StepExecution::op_by_op, "step", grad_accum);
-    const Run cpu_micro = train(Device::cpu, StepExecution::op_by_op, "micro_batch", grad_accum);
+    const TrainedRun cpu = train(Device::cpu, StepExecution::op_by_op, "step", grad_accum);
+    const TrainedRun cpu_micro = train(Device::cpu, StepExecution::op_by_op, "micro_batch", grad_accum);
     EXPECT_GT(run_difference(cpu_micro, cpu, "CPU micro_batch vs step scope"), 100 * kTolerance);
     for (const StepExecution execution : {StepExecution::op_by_op, StepExecution::captured}) {
       SCOPED_TRACE(std::string(name_of(execution)) + ", grad_accum " + std::to_string(grad_accum));
-      const Run gpu = train(Device::cuda, execution, "step", grad_accum);
+      const TrainedRun gpu = train(Device::cuda, execution, "step", grad_accum);
       EXPECT_LE(run_difference(gpu, cpu, "GPU vs CPU, step scope"), kTolerance);
       if (execution == StepExecution::captured) {
         // Micro-batch, update and counting-pass graphs, replayed after their warm-ups.
-        const Run micro = train(Device::cuda, execution, "micro_batch", grad_accum);
+        const TrainedRun micro = train(Device::cuda, execution, "micro_batch", grad_accum);
         EXPECT_GT(gpu.graphs, micro.graphs);
         EXPECT_GT(gpu.launches, micro.launches);
       } else {
@@ -231,7 +231,7 @@ TEST_F(MoeStepBalanceGpu, StepScopeTrainsAsTheCpuOpByOpAndCaptured) {
 TEST_F(MoeStepBalanceGpu, AtGradAccumOneTheScopesAgree) {
   for (const StepExecution execution : {StepExecution::op_by_op, StepExecution::captured}) {
     SCOPED_TRACE(name_of(execution));
-    const Run step = train(Device::cuda, execution, "step", 1), micro = train(Device::cuda, execution, "micro_batch", 1);
+    const TrainedRun step = train(Device::cuda, execution, "step", 1), micro = train(Device::cuda, execution, "micro_batch", 1);
     EXPECT_LE(run_difference(step, micro, "GPU step vs micro_batch scope, grad_accum 1"), kTolerance);
   }
 }
@@ -241,7 +241,7 @@ TEST_F(MoeStepBalanceGpu, AtGradAccumOneTheScopesAgree) {
 TEST_F(MoeStepBalanceGpu, ALossScaleChangesNothing) {
   for (const StepExecution execution : {StepExecution::op_by_op, StepExecution::captured}) {
     SCOPED_TRACE(name_of(execution));
-    const Run plain = train(Device::cuda, execution, "step", 2), scaled = train(Device::cuda, execution, "step", 2, 1024);
+    const TrainedRun plain = train(Device::cuda, execution, "step", 2), scaled = train(Device::cuda, execution, "step", 2, 1024);
     EXPECT_LE(run_difference(scaled, plain, "GPU step scope, S = 1024 vs 1"), 1e-6);
   }
 }
