@@ -17,6 +17,7 @@
 #include "gpu/gpu_harness.h"
 #include "gpu/whole_model.h"
 #include "model/model.h"
+#include "ops/elementwise/elementwise.h"
 #include "ops/moe/routing.h"
 #include "test_util.h"
 #include "train/optimizer_groups.h"
@@ -169,7 +170,7 @@ TEST_F(MoeStepBalanceGpu, StepScopeOpsMatchTheCpu) {
   const OwnedTensor scale_dev = to_device(*f64_values({4.0}));
   for (const bool cleared : {false, true}) {
     SCOPED_TRACE(cleared ? "cleared: the micro-batch's counts" : "the step's counts");
-    if (cleared) zero_tensor(*step), zero_tensor(*step_dev);
+    if (cleared) ops::zero(ctx, *step), ops::zero(ctx, *step_dev);  // on the stream the kernels run on
     const Tensor step_tokens = step->rows(e, e + 1), step_tokens_dev = step_dev->rows(e, e + 1);
     // The balance loss: value, device sum, gradient x 0.5 x S (S = 4, from device memory).
     const double want = ops::balance_loss(ctx, *probs, *counts, k, 0, Tensor(), *step);
