@@ -365,7 +365,7 @@ void Model::backward_layers(int64_t first, int64_t last) {
 }
 
 void Model::clear_step_routes() {
-  for (Tensor* counts : losses_.step_routes) zero_tensor(*counts);
+  for (Tensor* counts : losses_.step_routes) ops::zero(exec_, *counts);  // on the stream: the GPU's counts too
 }
 
 // The training forward again (its dropout key too, so every route is the training pass's),

@@ -73,7 +73,8 @@ class Model {
   // model.moe.balance_scope = "step": the balance loss's f_i over the whole step, so its
   // counts come before any backward (train/step_program.cpp): cleared, then the counting
   // pass over every micro-batch (the training forward again, dropout included, with only
-  // the routed counts kept), then summed over the ranks (step_routes(): host f64 buffers).
+  // the routed counts kept), then summed over the ranks (step_routes(): f64 buffers on the
+  // model's device, added to and read by kernels there; no host read).
   bool counts_step_routes() const { return !losses_.step_routes.empty(); }
   void clear_step_routes();
   void count_step_routes();  // of the loaded batch

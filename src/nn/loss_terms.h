@@ -87,9 +87,9 @@ struct LossContext {
   // otherwise. When set, it replaces host_sums.
   double* device_sums = nullptr;
   // model.moe.balance_scope = "step" (nn/moe/moe_mlp.cpp): each sparse layer's buffer of the
-  // step's routed counts, f64 [E + 1] in host memory (choices per expert, then the routed
-  // tokens), filled by the counting pass (Model::count_step_routes) before the step's first
-  // backward and summed over the ranks; empty otherwise.
+  // step's routed counts, f64 [E + 1] on the model's device (choices per expert, then the
+  // routed tokens), filled by the counting pass (Model::count_step_routes) before the step's
+  // first backward and summed over the ranks; empty otherwise.
   std::vector<Tensor*> step_routes;
   bool counting_routes = false;  // this forward is the counting pass: routes counted, no loss or load
 };

@@ -3,7 +3,9 @@
 // losses read, the loss sums they add, the norm, the verdict and the clip factor the finish
 // kernel writes, the update's lr and skip flag -- so that every phase only enqueues work,
 // a micro-batch and the update replay as CUDA graphs, and the host reads the scalars once,
-// after the step.
+// after the step. With model.moe.balance_scope = "step" each micro-batch's counting pass
+// replays as a graph of its own too: the routed counts it adds stay in device memory, where
+// the balance loss's kernels read them.
 #include "train/step_executor.h"
 
 #include "core/device_memory.h"
@@ -12,6 +14,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #if KILN_WITH_CUDA
 #include "core/step_graphs.h"
@@ -33,10 +36,12 @@ class CapturedStep final : public StepExecutor {
         data_parallel_(data_parallel),
         host_scalars_(1),
         micro_graphs_("training micro-batch", model.exec()),
-        update_graphs_("optimizer update", model.exec()) {
+        update_graphs_("optimizer update", model.exec()),
+        count_graphs_("route counting pass", model.exec()) {
     // One staged batch per micro-batch: a batch's pinned copy must stay untouched until
     // the stream has copied it, and the host stages the next while the GPU still runs.
     for (int64_t i = 0; i < micro_batches; ++i) staging_.emplace_back(static_cast<size_t>(model.staged_ints()));
+    staged_.resize(static_cast<size_t>(micro_batches));
     device_scalars_ = Storage(Device::cuda, sizeof(ops::DeviceStepScalars));
     device_ = static_cast<ops::DeviceStepScalars*>(device_scalars_.data());
   }
@@ -53,11 +58,16 @@ class CapturedStep final : public StepExecutor {
     optimizer_.prepare_device_update(plan.lr, host.update);
     copy_to_device_async(model_.exec(), device_, &host, sizeof(host));
     model_.zero_grads();
+    std::fill(staged_.begin(), staged_.end(), std::nullopt);
   }
 
   int64_t load(size_t index, const HostBatch& batch) override {
     int32_t* staging = staging_.at(index).data();
-    const Model::StagedShape shape = model_.stage_batch(batch, staging);
+    // Loaded twice a step under the step balance scope (its counting pass, then its forward
+    // and backward): staged once, since the stream may still be copying the first staging.
+    std::optional<Model::StagedShape>& staged = staged_.at(index);
+    if (!staged) staged = model_.stage_batch(batch, staging);
+    const Model::StagedShape shape = *staged;
     model_.load_staged(staging, shape);
     // Under data parallelism a step's last micro-batch is a graph of its own: the buckets
     // reduce its gradients during its backward (train/data_parallel.h), and no other's.
@@ -69,7 +79,7 @@ class CapturedStep final : public StepExecutor {
   // Work replayed must be the same for every replay of a graph: fixed buffers, scalars
   // read from device memory.
   void run(Part part, int64_t key, const std::function<void()>& work) override {
-    (part == Part::micro_batch ? micro_graphs_ : update_graphs_).run(key, work);
+    (part == Part::micro_batch ? micro_graphs_ : part == Part::update ? update_graphs_ : count_graphs_).run(key, work);
   }
 
   void forward_backward() override {
@@ -111,8 +121,10 @@ class CapturedStep final : public StepExecutor {
     return outcome;
   }
 
-  size_t graphs_captured() const override { return micro_graphs_.size() + update_graphs_.size(); }
-  int64_t graph_launches() const override { return micro_graphs_.launches() + update_graphs_.launches(); }
+  size_t graphs_captured() const override { return micro_graphs_.size() + update_graphs_.size() + count_graphs_.size(); }
+  int64_t graph_launches() const override {
+    return micro_graphs_.launches() + update_graphs_.launches() + count_graphs_.launches();
+  }
 
  private:
   Model& model_;
@@ -121,10 +133,11 @@ class CapturedStep final : public StepExecutor {
   DataParallel* data_parallel_;
   bool last_micro_batch_ = false;  // the loaded one is the step's last
   std::vector<PinnedArray<int32_t>> staging_;
+  std::vector<std::optional<Model::StagedShape>> staged_;  // this step's, by micro-batch
   PinnedArray<ops::DeviceStepScalars> host_scalars_;
   Storage device_scalars_;
   ops::DeviceStepScalars* device_ = nullptr;
-  cuda::StepGraphs micro_graphs_, update_graphs_;
+  cuda::StepGraphs micro_graphs_, update_graphs_, count_graphs_;
 };
 
 }  // namespace

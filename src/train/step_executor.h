@@ -14,9 +14,10 @@ namespace kiln {
 
 class StepExecutor {
  public:
-  // The units of work an executor may capture and replay: one micro-batch's, and the
-  // update's (synchronization, norm, verdict and clip, update).
-  enum class Part { micro_batch, update };
+  // The units of work an executor may capture and replay: one micro-batch's, the update's
+  // (synchronization, norm, verdict and clip, update), and one micro-batch's counting pass
+  // (model.moe.balance_scope = "step": its forward with only the routed counts kept).
+  enum class Part { micro_batch, update, count_routes };
 
   virtual ~StepExecutor() = default;
 

@@ -23,9 +23,6 @@ StepProgram::StepProgram(Model& model, Optimizer& optimizer, int64_t micro_batch
                          DataParallel* data_parallel)
     : model_(model), micro_batches_(micro_batches), execution_(execution), data_parallel_(data_parallel) {
   KILN_CHECK(micro_batches > 0, "train", "a step needs at least one micro-batch");
-  // The counting pass runs op by op on the host; the sparse layers refuse the GPU already.
-  KILN_CHECK(!model.counts_step_routes() || execution == StepExecution::op_by_op, "model.moe.balance_scope",
-             "'step' needs the op-by-op step (CPU)");
   executor_ = execution == StepExecution::captured
                   ? make_captured_executor(model, optimizer, micro_batches, data_parallel)
                   : make_op_by_op_executor(model, optimizer, micro_batches, data_parallel);
@@ -101,11 +98,11 @@ void StepProgram::count_step_routes(StepExecutor& step, const std::vector<HostBa
   KILN_PHASE("count routes");
   model_.clear_step_routes();
   for (size_t i = 0; i < batches.size(); ++i) {
-    step.load(i, batches[i]);
-    model_.count_step_routes();
+    const int64_t key = step.load(i, batches[i]);
+    step.run(StepExecutor::Part::count_routes, key, [this] { model_.count_step_routes(); });
   }
   if (!data_parallel_) return;
-  for (Tensor* counts : model_.step_routes()) data_parallel_->sum(counts->data<double>(), counts->numel(), Device::cpu);
+  for (Tensor* counts : model_.step_routes()) data_parallel_->sum(counts->data<double>(), counts->numel(), counts->device());
 }
 
 size_t StepProgram::graphs_captured() const { return executor_->graphs_captured(); }

@@ -1,6 +1,7 @@
 // One training step, written once (StepProgram::run): its phases in order --
 //   with model.moe.balance_scope = "step" only: the counting pass (every micro-batch's
-//     forward, the routed counts kept, summed over the ranks; one extra forward a step);
+//     forward, the routed counts kept on the model's device, summed over the ranks; one
+//     extra forward a step, a graph of its own per shape where graphs are captured);
 //   per micro-batch: load the batch into the model's input buffers; forward, heads and
 //     backward (gradients accumulate, each scaled by 1 / the step's target tokens); the
 //     micro-batch's loss sums added to the step's, in order;

@@ -39,7 +39,9 @@
 // its tokens' probabilities summed / the step's tokens, so the shares sum to the step's
 // loss (slot per step), and its gradient E aux f_i / T_step per token, unscaled by the
 // micro-batch count. The z-loss under this scope is the mean over the step's tokens in the
-// same way (z_share). CPU only: refused on the GPU at build time.
+// same way. The step's counts live on the model's device (balance_counts_), and the loss
+// kernels read them there (ops/moe/balance_scope.h): on the GPU the counting pass adds to
+// them with a kernel, nothing is read back, and a captured step replays for any counts.
 //
 // On the GPU (bf16 mixed precision or fp32) the same ops run with every size in device
 // memory: the router's logits in fp32 from the bf16 activations, its math and the routing
@@ -138,8 +140,6 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   ctx.step_buffer(last_dropped_, Shape{1}, DType::i32);
 
   if (moe_.aux_loss > 0 && moe_.balance_scope == "step" && ctx.training) {
-    KILN_CHECK(ctx.device == Device::cpu, "model.moe.balance_scope",
-               "'step' runs on the CPU only; use 'micro_batch' on the GPU (docs/moe-routers.md)");
     step_scope_ = true;
     ctx.step_buffer(balance_counts_, Shape{e_count + 1}, DType::f64);
     ctx.losses->step_routes.push_back(&balance_counts_);
@@ -190,7 +190,7 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   ops::router_logits(exec_, x, router_w_, logits);
   router_->route(logits, routes, probs, router_saved_.rows(0, t), training);
   ops::moe_dispatch(exec_, routes.experts, d);
-  if (losses_.counting_routes && step_scope()) count_step_routes(d.counts, t);
+  if (losses_.counting_routes && step_scope()) ops::balance_step_routes_add(exec_, d.counts, t, balance_counts_);
   if (counted) {
     ops::moe_accumulate_counts(exec_, d.counts, step_counts_);
     ops::routing_entropy_sum(exec_, probs, step_entropy_);
@@ -216,13 +216,13 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   // the device step's slots in device memory, else the host's (a GPU model reads them back).
   if (losses_.recomputing || losses_.counting_routes) return;
   if (double* device = losses_.device_sums) {
-    if (aux_slot_ >= 0) ops::balance_loss_sum(exec_, probs, d.counts, k, device + aux_slot_);
-    if (z_slot_ >= 0) ops::router_z_loss_sum(exec_, logits, device + z_slot_);
+    if (aux_slot_ >= 0) ops::balance_loss_sum(exec_, probs, d.counts, k, device + aux_slot_, balance_counts_);
+    if (z_slot_ >= 0) ops::router_z_loss_sum(exec_, logits, device + z_slot_, step_tokens());
     router_->add_losses(logits, device, nullptr);
   } else if (losses_.host_sums != nullptr) {
     LossSlotSums& sums = *losses_.host_sums;
-    if (aux_slot_ >= 0) sums[static_cast<size_t>(aux_slot_)] += balance_loss(probs, d.counts, 0, Tensor());
-    if (z_slot_ >= 0) sums[static_cast<size_t>(z_slot_)] += z_share(t) * ops::router_z_loss(exec_, logits, 0, Tensor());
+    if (aux_slot_ >= 0) sums[static_cast<size_t>(aux_slot_)] += ops::balance_loss(exec_, probs, d.counts, k, 0, Tensor(), balance_counts_);
+    if (z_slot_ >= 0) sums[static_cast<size_t>(z_slot_)] += ops::router_z_loss(exec_, logits, 0, Tensor(), step_tokens());
     router_->add_losses(logits, nullptr, &sums);
   }
 }
@@ -272,24 +272,18 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
     ops::linear_backward(exec_, x, shared_gate_up_w_, sdgu, dx, shared_gate_up_g_, Tensor(), true);
   }
   // The router: the weights' gradient, the balance loss's (through the probabilities) and
-  // the z-loss's (on the logits), scaled as the step's per-micro-batch terms.
-  const double scale = losses_.per_micro_batch_scale;
+  // the z-loss's (on the logits), scaled as the step's per-micro-batch terms; under the step
+  // scope they are the step's losses, whose gradients are not divided among the micro-batches.
+  const double scale = losses_.per_micro_batch_scale, loss_share = step_scope() ? 1.0 : scale;
   Tensor dprobs;
   if (aux_slot_ >= 0) {
     dprobs = scope.take(wide, Shape{t, e_count});
-    if (step_scope()) {  // the step's loss: its gradient is not divided among the micro-batches
-      zero_tensor(dprobs);
-      balance_loss(probs, d.counts, ops::cpu_grad_scale("model.moe.balance_scope", router_grad_scale(moe_.aux_loss)),
-                   dprobs);
-    } else {
-      ops::balance_loss_backward(exec_, probs, d.counts, k, router_grad_scale(scale * moe_.aux_loss), dprobs);
-    }
+    ops::balance_loss_backward(exec_, probs, d.counts, k, router_grad_scale(loss_share * moe_.aux_loss), dprobs, balance_counts_);
   }
   const Tensor dlogits = scope.take(wide, Shape{t, e_count});
   router_->backward(routes, probs, router_saved_.rows(0, t), dweights, dprobs, dlogits, scope.take(wide, Shape{t, e_count}),
                     router_grad_scale(scale));
-  if (z_slot_ >= 0)
-    ops::router_z_loss_backward(exec_, logits, router_grad_scale((step_scope() ? z_share(t) : scale) * moe_.z_loss), dlogits);
+  if (z_slot_ >= 0) ops::router_z_loss_backward(exec_, logits, router_grad_scale(loss_share * moe_.z_loss), dlogits, step_tokens());
   ops::router_logits_backward(exec_, x, router_w_, dlogits, scope.take(dt, Shape{t, e_count}), dx, router_g_);
 }
 
@@ -320,28 +314,9 @@ void MoeMlp::report(std::vector<std::pair<std::string, double>>& out) const {
   router_->report(prefix, out);
 }
 
-// The counting pass (balance_scope = "step"): this micro-batch's choices per expert and its
-// tokens added to the step's, on the host (the scope is CPU only).
-void MoeMlp::count_step_routes(const Tensor& counts, int64_t tokens) {
-  const int64_t e_count = moe_.experts;
-  double* step = balance_counts_.data<double>();
-  const int32_t* c = counts.data<int32_t>();
-  for (int64_t e = 0; e < e_count; ++e) step[e] += static_cast<double>(c[e]);
-  step[e_count] += static_cast<double>(tokens);
-}
-
-// The balance loss's value (with dprobs, += its gradient x grad_scale): this micro-batch's,
-// or its share of the step's once the counting pass has run (a forward outside a step, such
-// as a validation batch, has no step counts and takes its own).
-double MoeMlp::balance_loss(const Tensor& probs, const Tensor& counts, double grad_scale, const Tensor& dprobs) const {
-  const int64_t e_count = moe_.experts;
-  if (step_scope()) {
-    const double step_tokens = balance_counts_.data<double>()[e_count];
-    if (step_tokens > 0)
-      return ops::balance_loss_step_share(exec_, probs, balance_counts_.rows(0, e_count), step_tokens, moe_.top_k,
-                                          grad_scale, dprobs);
-  }
-  return ops::balance_loss(exec_, probs, counts, moe_.top_k, grad_scale, dprobs);
+// The step's routed tokens (f64 [1], balance_counts_' last), undefined outside the step scope.
+Tensor MoeMlp::step_tokens() const {
+  return step_scope() ? balance_counts_.rows(moe_.experts, moe_.experts + 1) : Tensor();
 }
 
 // A router loss's gradient scale: `factor` (its coefficient over the micro-batches, or its
@@ -350,15 +325,6 @@ double MoeMlp::balance_loss(const Tensor& probs, const Tensor& counts, double gr
 ops::GradScale MoeMlp::router_grad_scale(double factor) const {
   if (losses_.loss_scale_on_device) return {factor, losses_.loss_scale_on_device};
   return factor * losses_.loss_scale;
-}
-
-// The weight of this micro-batch's mean z-loss over its `tokens`: under the step scope, its
-// share of the step's routed tokens (so the shares add up to the mean over the step, and
-// each token's gradient is z_loss / the step's tokens, whatever the split); else 1.
-double MoeMlp::z_share(int64_t tokens) const {
-  if (!step_scope()) return 1.0;
-  const double step_tokens = balance_counts_.data<double>()[moe_.experts];
-  return step_tokens > 0 ? static_cast<double>(tokens) / step_tokens : 1.0;
 }
 
 ops::Routes MoeMlp::routes_rows(int64_t t) const {

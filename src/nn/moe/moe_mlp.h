@@ -33,9 +33,7 @@ class MoeMlp final : public Mlp {
  private:
   friend class MoeDecoder;
   static int slot(BuildContext& ctx, const char* name, LossTerm::Per per = LossTerm::Per::micro_batch);
-  void count_step_routes(const Tensor& counts, int64_t tokens);
-  double balance_loss(const Tensor& probs, const Tensor& counts, double grad_scale, const Tensor& dprobs) const;
-  double z_share(int64_t tokens) const;
+  Tensor step_tokens() const;
   ops::GradScale router_grad_scale(double factor) const;
   ops::Routes routes_rows(int64_t t) const;
   ops::MoeDispatch dispatch_rows(int64_t t) const;
@@ -80,8 +78,9 @@ class MoeMlp final : public Mlp {
   Tensor dead_steps_;    // i32 [E]: steps in a row each expert has gone without a token
   Tensor step_dropped_;  // i32 [1]: pairs the capacity dropped over the step's micro-batches
   Tensor last_dropped_;  // i32 [1]: the last finished step's
-  // model.moe.balance_scope = "step": f64 [E + 1] host, the step's choices per expert and
-  // routed tokens, over every micro-batch and rank (the counting pass's; LossContext).
+  // model.moe.balance_scope = "step": f64 [E + 1] on the model's device, the step's choices
+  // per expert and routed tokens, over every micro-batch and rank (the counting pass's;
+  // LossContext); undefined otherwise (the loss ops then take the micro-batch's own).
   Tensor balance_counts_;
   bool step_scope_ = false;
   bool step_scope() const { return step_scope_; }

@@ -7,6 +7,7 @@
 #include "ops/elementwise/elementwise.h"
 #include "ops/linear/linear.h"
 #include "ops/linear/linear_cuda.h"
+#include "ops/moe/balance_scope.h"
 #include "ops/moe/routing_checks.h"
 #include "ops/moe/routing_cuda.h"
 
@@ -211,54 +212,65 @@ void sigmoid_bias_backward(const ExecContext& ctx, const Tensor& scores, const R
 
 namespace {
 
-void check_balance(const char* op, const Tensor& probs, const Tensor& counts, const Tensor& dprobs) {
+void check_balance(const char* op, const Tensor& probs, const Tensor& counts, const Tensor& dprobs, const Tensor& step_routes) {
   expect_rank(op, "probs", probs, 2);
   gpu_router_math(op, probs);
   expect_tensor(op, "counts", counts, Shape{probs.size(1)}, DType::i32, probs.device());
   if (dprobs.defined()) expect_shape(op, "dprobs", dprobs, probs.shape()), expect_same(op, "dprobs", dprobs, probs);
+  if (step_routes.defined()) expect_tensor(op, "step_routes", step_routes, Shape{probs.size(1) + 1}, DType::f64, probs.device());
+}
+
+// The counts the loss takes (ops/moe/balance_scope.h), at device or host addresses.
+balance_scope::Counts scope_counts(const Tensor& probs, const Tensor& counts, int64_t top_k, const Tensor& step_routes) {
+  return {counts.data<int32_t>(), probs.size(0), step_routes.defined() ? step_routes.data<double>() : nullptr, probs.size(1),
+          top_k};
+}
+
+const double* step_tokens_of(const Tensor& step_tokens) {
+  return step_tokens.defined() ? step_tokens.data<double>() : nullptr;
 }
 
 // The CPU reference: the value, and with dprobs its gradient x grad_scale (+=).
-double balance_loss_cpu(const char* op, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale,
+double balance_loss_cpu(const char* op, const Tensor& probs, const balance_scope::Counts& c, double grad_scale,
                         const Tensor& dprobs) {
   double loss = 0;
   dispatch_cpu_float(op, probs.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t t_count = probs.size(0), e_count = probs.size(1);
-    const double pairs = static_cast<double>(t_count * top_k), tokens = static_cast<double>(t_count);
     for (int64_t e = 0; e < e_count; ++e) {
-      const double f = static_cast<double>(counts.data<int32_t>()[e]) / pairs;
       double p = 0;
       for (int64_t t = 0; t < t_count; ++t) p += static_cast<double>(probs.data<T>()[t * e_count + e]);
-      loss += static_cast<double>(e_count) * f * p / tokens;
+      loss += c.term(e, p);
       if (!dprobs.defined()) continue;
-      const double g = grad_scale * static_cast<double>(e_count) * f / tokens;
+      const double g = c.gradient(e, grad_scale);
       for (int64_t t = 0; t < t_count; ++t) dprobs.data<T>()[t * e_count + e] += static_cast<T>(g);
     }
   });
   return loss;
 }
 
-void check_z(const char* op, const Tensor& logits, const Tensor& dlogits) {
+void check_z(const char* op, const Tensor& logits, const Tensor& dlogits, const Tensor& step_tokens) {
   expect_rank(op, "logits", logits, 2);
   gpu_router_math(op, logits);
   if (dlogits.defined()) expect_shape(op, "dlogits", dlogits, logits.shape()), expect_same(op, "dlogits", dlogits, logits);
+  if (step_tokens.defined()) expect_tensor(op, "step_tokens", step_tokens, Shape{1}, DType::f64, logits.device());
 }
 
-double router_z_loss_cpu(const char* op, const Tensor& logits, double grad_scale, const Tensor& dlogits) {
+double router_z_loss_cpu(const char* op, const Tensor& logits, double grad_scale, const Tensor& dlogits, const Tensor& step_tokens) {
   double loss = 0;
   dispatch_cpu_float(op, logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t t_count = logits.size(0), e_count = logits.size(1);
+    const double tokens = balance_scope::routed_tokens(step_tokens_of(step_tokens), t_count);
     for (int64_t t = 0; t < t_count; ++t) {
       const T* l = logits.data<T>() + t * e_count;
       const double m = *std::max_element(l, l + e_count);
       double sum = 0;
       for (int64_t j = 0; j < e_count; ++j) sum += std::exp(static_cast<double>(l[j]) - m);
       const double lse = m + std::log(sum);
-      loss += lse * lse / static_cast<double>(t_count);
+      loss += lse * lse / tokens;
       if (!dlogits.defined()) continue;
-      const double g = grad_scale * 2.0 * lse / static_cast<double>(t_count);
+      const double g = grad_scale * 2.0 * lse / tokens;
       for (int64_t j = 0; j < e_count; ++j)
         dlogits.data<T>()[t * e_count + j] += static_cast<T>(g * std::exp(static_cast<double>(l[j]) - lse));
     }
@@ -273,115 +285,105 @@ double cpu_grad_scale(const char* op, GradScale scale) {
   return scale.host;
 }
 
-double balance_loss(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs) {
+double balance_loss(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs,
+                    const Tensor& step_routes) {
   const char* op = "balance_loss";
   KILN_OP_SCOPE(op, probs);
-  check_balance(op, probs, counts, dprobs);
+  check_balance(op, probs, counts, dprobs, step_routes);
+  const balance_scope::Counts c = scope_counts(probs, counts, top_k, step_routes);
   if (probs.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     double* sum = cuda::own_loss_sum(ctx);
     cuda::reset_loss_sum(ctx, sum);
-    cuda::balance_loss(ctx, probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, grad_scale,
-                       nullptr, sum, dprobs.data_or_null<float>(), /*accumulate=*/true);
+    cuda::balance_loss(ctx, probs.data<float>(), c, grad_scale, nullptr, sum, dprobs.data_or_null<float>(), /*accumulate=*/true);
     return cuda::read_loss_sum(ctx, sum);
 #else
     no_cuda_kernel(op);
 #endif
   }
-  return balance_loss_cpu(op, probs, counts, top_k, grad_scale, dprobs);
+  return balance_loss_cpu(op, probs, c, grad_scale, dprobs);
 }
 
-void balance_loss_sum(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double* sum) {
+void balance_loss_sum(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double* sum,
+                      const Tensor& step_routes) {
   const char* op = "balance_loss";
   KILN_OP_SCOPE(op, probs);
-  check_balance(op, probs, counts, Tensor());
+  check_balance(op, probs, counts, Tensor(), step_routes);
   KILN_CHECK(sum != nullptr, op, "no sum to add to");
-  KILN_ON_CUDA(probs, op,
-               cuda::balance_loss(ctx, probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, 0,
-                                  nullptr, sum, nullptr, true));
-  *sum += balance_loss_cpu(op, probs, counts, top_k, 0, Tensor());
+  const balance_scope::Counts c = scope_counts(probs, counts, top_k, step_routes);
+  KILN_ON_CUDA(probs, op, cuda::balance_loss(ctx, probs.data<float>(), c, 0, nullptr, sum, nullptr, true));
+  *sum += balance_loss_cpu(op, probs, c, 0, Tensor());
 }
 
 void balance_loss_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, GradScale grad_scale,
-                           const Tensor& dprobs) {
+                           const Tensor& dprobs, const Tensor& step_routes) {
   const char* op = "balance_loss_backward";
   KILN_OP_SCOPE(op, probs);
-  check_balance(op, probs, counts, dprobs);
+  check_balance(op, probs, counts, dprobs, step_routes);
   KILN_CHECK(dprobs.defined(), op, "dprobs is undefined");
+  const balance_scope::Counts c = scope_counts(probs, counts, top_k, step_routes);
   KILN_ON_CUDA(probs, op, {
-    cuda::balance_loss(ctx, probs.data<float>(), counts.data<int32_t>(), probs.size(0), probs.size(1), top_k, grad_scale.host,
-                       grad_scale.device, nullptr, dprobs.data<float>(), /*accumulate=*/false);
+    cuda::balance_loss(ctx, probs.data<float>(), c, grad_scale.host, grad_scale.device, nullptr, dprobs.data<float>(),
+                       /*accumulate=*/false);
   });
   zero_tensor(dprobs);
-  balance_loss_cpu(op, probs, counts, top_k, cpu_grad_scale(op, grad_scale), dprobs);
+  balance_loss_cpu(op, probs, c, cpu_grad_scale(op, grad_scale), dprobs);
 }
 
-// The step-scope share: balance_loss_cpu's sums with the step's counts and tokens in place
-// of the micro-batch's (f_i = c_i / (k T_step), P_i's share = its rows' sum / T_step).
-double balance_loss_step_share(const ExecContext& ctx, const Tensor& probs, const Tensor& step_counts, double step_tokens,
-                               int64_t top_k, double grad_scale, const Tensor& dprobs) {
-  (void)ctx;
-  const char* op = "balance_loss_step_share";
-  KILN_OP_SCOPE(op, probs);
-  expect_rank(op, "probs", probs, 2);
-  KILN_CHECK(probs.device() == Device::cpu, op, "CPU only (model.moe.balance_scope = 'step' is refused on the GPU)");
-  expect_tensor(op, "step_counts", step_counts, Shape{probs.size(1)}, DType::f64, Device::cpu);
-  KILN_CHECK(step_tokens > 0, op, "a step without routed tokens");
-  if (dprobs.defined()) expect_shape(op, "dprobs", dprobs, probs.shape()), expect_same(op, "dprobs", dprobs, probs);
-  double loss = 0;
-  dispatch_cpu_float(op, probs.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    const int64_t t_count = probs.size(0), e_count = probs.size(1);
-    const double pairs = step_tokens * static_cast<double>(top_k);
-    for (int64_t e = 0; e < e_count; ++e) {
-      const double f = step_counts.data<double>()[e] / pairs;
-      double p = 0;
-      for (int64_t t = 0; t < t_count; ++t) p += static_cast<double>(probs.data<T>()[t * e_count + e]);
-      loss += static_cast<double>(e_count) * f * p / step_tokens;
-      if (!dprobs.defined()) continue;
-      const double g = grad_scale * static_cast<double>(e_count) * f / step_tokens;
-      for (int64_t t = 0; t < t_count; ++t) dprobs.data<T>()[t * e_count + e] += static_cast<T>(g);
-    }
-  });
-  return loss;
+void balance_step_routes_add(const ExecContext& ctx, const Tensor& counts, int64_t tokens, const Tensor& step_routes) {
+  const char* op = "balance_step_routes_add";
+  KILN_OP_SCOPE(op, counts);
+  expect_rank(op, "counts", counts, 1);
+  expect_tensor(op, "counts", counts, counts.shape(), DType::i32, counts.device());
+  expect_tensor(op, "step_routes", step_routes, Shape{counts.numel() + 1}, DType::f64, counts.device());
+  KILN_CHECK(tokens >= 0, op, "{} tokens", tokens);
+  const int64_t e_count = counts.numel();
+  KILN_ON_CUDA(counts, op, cuda::balance_step_routes_add(ctx, counts.data<int32_t>(), e_count, tokens, step_routes.data<double>()));
+  double* step = step_routes.data<double>();
+  const int32_t* c = counts.data<int32_t>();
+  for (int64_t e = 0; e < e_count; ++e) step[e] += static_cast<double>(c[e]);
+  step[e_count] += static_cast<double>(tokens);
 }
 
-double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits) {
+double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits, const Tensor& step_tokens) {
   const char* op = "router_z_loss";
   KILN_OP_SCOPE(op, logits);
-  check_z(op, logits, dlogits);
+  check_z(op, logits, dlogits, step_tokens);
   if (logits.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     double* sum = cuda::own_loss_sum(ctx);
     cuda::reset_loss_sum(ctx, sum);
-    cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), grad_scale, nullptr, sum,
-                        dlogits.data_or_null<float>());
+    cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), step_tokens_of(step_tokens), grad_scale,
+                        nullptr, sum, dlogits.data_or_null<float>());
     return cuda::read_loss_sum(ctx, sum);
 #else
     no_cuda_kernel(op);
 #endif
   }
-  return router_z_loss_cpu(op, logits, grad_scale, dlogits);
+  return router_z_loss_cpu(op, logits, grad_scale, dlogits, step_tokens);
 }
 
-void router_z_loss_sum(const ExecContext& ctx, const Tensor& logits, double* sum) {
+void router_z_loss_sum(const ExecContext& ctx, const Tensor& logits, double* sum, const Tensor& step_tokens) {
   const char* op = "router_z_loss";
   KILN_OP_SCOPE(op, logits);
-  check_z(op, logits, Tensor());
+  check_z(op, logits, Tensor(), step_tokens);
   KILN_CHECK(sum != nullptr, op, "no sum to add to");
-  KILN_ON_CUDA(logits, op, cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), 0, nullptr, sum, nullptr));
-  *sum += router_z_loss_cpu(op, logits, 0, Tensor());
+  KILN_ON_CUDA(logits, op,
+               cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), step_tokens_of(step_tokens), 0,
+                                   nullptr, sum, nullptr));
+  *sum += router_z_loss_cpu(op, logits, 0, Tensor(), step_tokens);
 }
 
-void router_z_loss_backward(const ExecContext& ctx, const Tensor& logits, GradScale grad_scale, const Tensor& dlogits) {
+void router_z_loss_backward(const ExecContext& ctx, const Tensor& logits, GradScale grad_scale, const Tensor& dlogits,
+                            const Tensor& step_tokens) {
   const char* op = "router_z_loss_backward";
   KILN_OP_SCOPE(op, logits);
-  check_z(op, logits, dlogits);
+  check_z(op, logits, dlogits, step_tokens);
   KILN_CHECK(dlogits.defined(), op, "dlogits is undefined");
   KILN_ON_CUDA(logits, op,
-               cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), grad_scale.host,
-                                   grad_scale.device, nullptr, dlogits.data<float>()));
-  router_z_loss_cpu(op, logits, cpu_grad_scale(op, grad_scale), dlogits);
+               cuda::router_z_loss(ctx, logits.data<float>(), logits.size(0), logits.size(1), step_tokens_of(step_tokens),
+                                   grad_scale.host, grad_scale.device, nullptr, dlogits.data<float>()));
+  router_z_loss_cpu(op, logits, cpu_grad_scale(op, grad_scale), dlogits, step_tokens);
 }
 
 void router_logits(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& logits) {

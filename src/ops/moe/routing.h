@@ -111,29 +111,40 @@ void sigmoid_bias_update(const ExecContext& ctx, const Tensor& bias, const Tenso
 // probs [T, E] (each row a distribution over the experts) over the tokens. Returns it
 // (the GPU reads it back: a synchronization); with dprobs defined also adds its gradient x
 // grad_scale (+=; f held fixed).
-double balance_loss(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs);
+//
+// step_routes (model.moe.balance_scope = "step"; undefined: the micro-batch scope): the
+// step's counts, f64 [E + 1] on probs' device (the choices per expert over every
+// micro-batch and rank, then the routed tokens T_step; balance_step_routes_add). Once they
+// hold tokens, f_i = c_i / (k T_step) and the value is this micro-batch's share of the
+// step's loss, E sum_i f_i (sum of its rows' probs_ti) / T_step, so the shares sum to the
+// step's loss; its gradient E f_i / T_step per row. Read where the kernels run: a captured
+// step replays for any counts (ops/moe/balance_scope.h).
+double balance_loss(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double grad_scale, const Tensor& dprobs,
+                    const Tensor& step_routes = Tensor());
 // Its value added (+=) to *sum, a double where probs lives (device memory for GPU
 // tensors): no synchronization.
-void balance_loss_sum(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double* sum);
+void balance_loss_sum(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, double* sum,
+                      const Tensor& step_routes = Tensor());
 // Its gradient only: dprobs = grad_scale x d(loss)/d(probs) (=: the balance loss is the only
 // gradient probs get from outside the router).
 void balance_loss_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& counts, int64_t top_k, GradScale grad_scale,
-                           const Tensor& dprobs);
-
-// The balance loss over a whole step (model.moe.balance_scope = "step"), one micro-batch's
-// share: with the step's counts c_i (f64 [E], host) and routed tokens `step_tokens`,
-// f_i = c_i / (k step_tokens) and the share E sum_i f_i (sum over this micro-batch's rows of
-// probs_ti) / step_tokens, so the shares sum to the step's loss. Returns it; with dprobs
-// defined also adds its gradient x grad_scale (+=; f held fixed). CPU only.
-double balance_loss_step_share(const ExecContext& ctx, const Tensor& probs, const Tensor& step_counts, double step_tokens,
-                               int64_t top_k, double grad_scale, const Tensor& dprobs);
+                           const Tensor& dprobs, const Tensor& step_routes = Tensor());
+// The counting pass's part: a micro-batch's choices per expert (counts i32 [E]) and its
+// `tokens` added to the step's (step_routes f64 [E + 1], on counts' device; +=, integers
+// in fp64, so exact in any order).
+void balance_step_routes_add(const ExecContext& ctx, const Tensor& counts, int64_t tokens, const Tensor& step_routes);
 
 // The router z-loss of one micro-batch: mean over tokens of logsumexp(logits)^2. Returns
 // it (the GPU synchronizes); with dlogits defined also adds its gradient x grad_scale (+=).
-double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits);
+// step_tokens (f64 [1] on logits' device, the step's routed tokens; balance_scope = "step"):
+// once nonzero, the mean's divisor, so the micro-batches' values add up to the mean over
+// the step's tokens and each token's gradient is 2 lse softmax / T_step.
+double router_z_loss(const ExecContext& ctx, const Tensor& logits, double grad_scale, const Tensor& dlogits,
+                     const Tensor& step_tokens = Tensor());
 // Its value added (+=) to *sum (where logits lives; no synchronization), and its gradient
 // only (dlogits +=).
-void router_z_loss_sum(const ExecContext& ctx, const Tensor& logits, double* sum);
-void router_z_loss_backward(const ExecContext& ctx, const Tensor& logits, GradScale grad_scale, const Tensor& dlogits);
+void router_z_loss_sum(const ExecContext& ctx, const Tensor& logits, double* sum, const Tensor& step_tokens = Tensor());
+void router_z_loss_backward(const ExecContext& ctx, const Tensor& logits, GradScale grad_scale, const Tensor& dlogits,
+                            const Tensor& step_tokens = Tensor());
 
 }  // namespace kiln::ops

@@ -268,50 +268,57 @@ constexpr ScratchKind kLossValue{"moe loss value", sizeof(double)};
 
 double* partials(const ExecContext& ctx) { return context_scratch_as<double>(ctx, kLossPartials); }
 
-// *sum += scale x the sum of partials [0, n) (in lane order, then the butterfly).
-__global__ void add_partials(const double* __restrict__ partial, int n, double scale, double* __restrict__ sum) {
+// *sum += scale x the sum of partials [0, n) (in lane order, then the butterfly); with
+// step_tokens (the step scope's, once counted) / *step_tokens in place of scale.
+__global__ void add_partials(const double* __restrict__ partial, int n, double scale, const double* __restrict__ step_tokens,
+                             double* __restrict__ sum) {
   double total = 0;
   for (int i = threadIdx.x; i < n; i += kWarpSize) total += partial[i];
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) total += __shfl_xor_sync(kFull, total, offset);
-  if (threadIdx.x == 0) *sum += total * scale;
+  if (threadIdx.x != 0) return;
+  *sum += step_tokens != nullptr && *step_tokens > 0 ? total / *step_tokens : total * scale;
 }
 
 // Block e: expert e's term E f_e P_e, with P_e's column sum in fp64 (the block's fixed order).
 __global__ void __launch_bounds__(kThreads)
-    balance_terms(const float* __restrict__ probs, const int32_t* __restrict__ counts, int64_t tokens,
-                  int64_t e_count, int64_t k, double* __restrict__ terms) {
-  const int64_t e = blockIdx.x;
+    balance_terms(const float* __restrict__ probs, balance_scope::Counts counts, double* __restrict__ terms) {
+  const int64_t e = blockIdx.x, tokens = counts.tokens, e_count = counts.e_count;
   double p = 0;
   for (int64_t t = threadIdx.x; t < tokens; t += kThreads) p += probs[t * e_count + e];
   p = block_sum<kThreads>(p);
-  if (threadIdx.x == 0) {
-    const double f = static_cast<double>(counts[e]) / static_cast<double>(tokens * k);
-    terms[e] = static_cast<double>(e_count) * f * p / static_cast<double>(tokens);
-  }
+  if (threadIdx.x == 0) terms[e] = counts.term(e, p);
 }
 
 // dprobs[t, e] (+)= grad_scale E f_e / T (as the CPU: the step in fp64, one float add);
 // grad_scale times *device_scale (the loss scale S of a captured step) when it is set.
-__global__ void balance_gradient(const int32_t* __restrict__ counts, int64_t tokens, int64_t e_count, int64_t k,
-                                 double grad_scale, const double* __restrict__ device_scale, float* __restrict__ dprobs,
-                                 bool accumulate) {
+__global__ void balance_gradient(balance_scope::Counts counts, double grad_scale, const double* __restrict__ device_scale,
+                                 float* __restrict__ dprobs, bool accumulate) {
   if (device_scale) grad_scale *= *device_scale;
-  KILN_GRID_STRIDE(i, tokens * e_count) {
-    const double f = static_cast<double>(counts[i % e_count]) / static_cast<double>(tokens * k);
-    const float g = static_cast<float>(grad_scale * static_cast<double>(e_count) * f / static_cast<double>(tokens));
+  KILN_GRID_STRIDE(i, counts.tokens * counts.e_count) {
+    const float g = static_cast<float>(counts.gradient(i % counts.e_count, grad_scale));
     dprobs[i] = accumulate ? dprobs[i] + g : g;
   }
+}
+
+// step[e] += counts[e], step[E] += tokens: one thread per element, integers in fp64 (exact).
+__global__ void step_routes_add_kernel(const int32_t* __restrict__ counts, int64_t e_count, int64_t tokens,
+                                       double* __restrict__ step) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e < e_count) step[e] += static_cast<double>(counts[e]);
+  else if (e == e_count) step[e] += static_cast<double>(tokens);
 }
 
 // Warp w of the grid takes rows w, w + warps, ...: each row's logsumexp in fp64 (its max in
 // fp32), lse^2 summed per warp in row order, the block's warps in order into partial[block];
 // with dlogits, += grad_scale 2 lse / T softmax(row) (grad_scale times *device_scale when set).
 __global__ void __launch_bounds__(kThreads)
-    z_loss_rows(const float* __restrict__ logits, int64_t tokens, int64_t e_count, double grad_scale,
-                const double* __restrict__ device_scale, double* __restrict__ partial, float* __restrict__ dlogits) {
+    z_loss_rows(const float* __restrict__ logits, int64_t tokens, int64_t e_count, const double* __restrict__ step_tokens,
+                double grad_scale, const double* __restrict__ device_scale, double* __restrict__ partial,
+                float* __restrict__ dlogits) {
   __shared__ double warp_values[kWarps];
   if (dlogits && device_scale) grad_scale *= *device_scale;
+  const double mean_over = balance_scope::routed_tokens(step_tokens, tokens);
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
   double value = 0;
@@ -327,7 +334,7 @@ __global__ void __launch_bounds__(kThreads)
     const double lse = m + log(sum);
     value += lse * lse;
     if (!dlogits) continue;
-    const double g = grad_scale * 2.0 * lse / static_cast<double>(tokens);
+    const double g = grad_scale * 2.0 * lse / mean_over;
     for (int64_t j = lane; j < e_count; j += kWarpSize)
       dlogits[t * e_count + j] += static_cast<float>(g * exp(static_cast<double>(l[j]) - lse));
   }
@@ -416,37 +423,41 @@ void row_normalize_backward(const ExecContext& ctx, const float* scores, const f
   check_launch("row_normalize_backward", "row_normalize_backward_kernel");
 }
 
-void balance_loss(const ExecContext& ctx, const float* probs, const int32_t* counts, int64_t tokens, int64_t e_count, int64_t k,
-                  double grad_scale, const double* device_scale, double* sum, float* dprobs, bool accumulate) {
+void balance_loss(const ExecContext& ctx, const float* probs, const balance_scope::Counts& counts, double grad_scale,
+                  const double* device_scale, double* sum, float* dprobs, bool accumulate) {
   constexpr const char* kOp = "balance_loss";
+  const int64_t tokens = counts.tokens, e_count = counts.e_count;
   KILN_CHECK(e_count <= kMaxPartials, kOp, "{} experts", e_count);
   if (tokens == 0) return;
   if (sum) {
-    balance_terms<<<static_cast<unsigned>(e_count), kThreads, 0, stream(ctx)>>>(probs, counts, tokens, e_count, k,
-                                                                            partials(ctx));
+    balance_terms<<<static_cast<unsigned>(e_count), kThreads, 0, stream(ctx)>>>(probs, counts, partials(ctx));
     check_launch(kOp, "balance_terms");
-    add_partials<<<1, kWarpSize, 0, stream(ctx)>>>(partials(ctx), static_cast<int>(e_count), 1.0, sum);
+    add_partials<<<1, kWarpSize, 0, stream(ctx)>>>(partials(ctx), static_cast<int>(e_count), 1.0, nullptr, sum);
     check_launch(kOp, "add_partials");
   }
   if (dprobs) {
-    balance_gradient<<<blocks_for(tokens * e_count, kThreads), kThreads, 0, stream(ctx)>>>(counts, tokens, e_count, k,
-                                                                                        grad_scale, device_scale,
+    balance_gradient<<<blocks_for(tokens * e_count, kThreads), kThreads, 0, stream(ctx)>>>(counts, grad_scale, device_scale,
                                                                                         dprobs, accumulate);
     check_launch(kOp, "balance_gradient");
   }
 }
 
-void router_z_loss(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, double grad_scale,
-                   const double* device_scale, double* sum, float* dlogits) {
+void balance_step_routes_add(const ExecContext& ctx, const int32_t* counts, int64_t e_count, int64_t tokens, double* step) {
+  step_routes_add_kernel<<<blocks_for(e_count + 1, kThreads), kThreads, 0, stream(ctx)>>>(counts, e_count, tokens, step);
+  check_launch("balance_step_routes_add", "step_routes_add_kernel");
+}
+
+void router_z_loss(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, const double* step_tokens,
+                   double grad_scale, const double* device_scale, double* sum, float* dlogits) {
   constexpr const char* kOp = "router_z_loss";
   if (tokens == 0 || (!sum && !dlogits)) return;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(row_blocks(tokens), kMaxPartials));
-  z_loss_rows<<<blocks, kThreads, 0, stream(ctx)>>>(logits, tokens, e_count, grad_scale, device_scale,
+  z_loss_rows<<<blocks, kThreads, 0, stream(ctx)>>>(logits, tokens, e_count, step_tokens, grad_scale, device_scale,
                                                  sum ? partials(ctx) : nullptr, dlogits);
   check_launch(kOp, "z_loss_rows");
   if (!sum) return;
   add_partials<<<1, kWarpSize, 0, stream(ctx)>>>(partials(ctx), static_cast<int>(blocks), 1.0 / static_cast<double>(tokens),
-                                              sum);
+                                              step_tokens, sum);
   check_launch(kOp, "add_partials");
 }
 

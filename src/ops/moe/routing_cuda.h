@@ -7,6 +7,7 @@
 #pragma once
 
 #include "core/exec_context.h"
+#include "ops/moe/balance_scope.h"
 
 #include <cstdint>
 
@@ -64,16 +65,20 @@ void row_normalize_forward(const ExecContext& ctx, const float* scores, int64_t 
 void row_normalize_backward(const ExecContext& ctx, const float* scores, const float* probs, const float* dprobs, int64_t tokens,
                             int64_t e_count, float* dscores);
 
-// The balance loss E sum_i f_i P_i (f from counts i32 [E] over T k choices, P the mean of
-// probs' columns): *sum += its value (sum: a device double; null: not formed); with dprobs
-// (null: none) also dprobs += (accumulate) or = grad_scale x its gradient (grad_scale
-// times *device_scale when that is not null, as in relu_route_backward).
-void balance_loss(const ExecContext& ctx, const float* probs, const int32_t* counts, int64_t tokens, int64_t e_count, int64_t k,
-                  double grad_scale, const double* device_scale, double* sum, float* dprobs, bool accumulate);
-// The z-loss mean_t lse(logits_t)^2: *sum += its value (null: not formed); with dlogits
-// (null: none) also dlogits += grad_scale (x *device_scale) x its gradient.
-void router_z_loss(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, double grad_scale,
-                   const double* device_scale, double* sum, float* dlogits);
+// The balance loss E sum_i f_i P_i (f from the scope's counts, ops/moe/balance_scope.h,
+// read on the device; P from probs' columns): *sum += its value (sum: a device double;
+// null: not formed); with dprobs (null: none) also dprobs += (accumulate) or = grad_scale x
+// its gradient (grad_scale times *device_scale when that is not null, as in
+// relu_route_backward).
+void balance_loss(const ExecContext& ctx, const float* probs, const balance_scope::Counts& counts, double grad_scale,
+                  const double* device_scale, double* sum, float* dprobs, bool accumulate);
+// step[e] += counts[e] for e < E, step[E] += tokens (one thread per element).
+void balance_step_routes_add(const ExecContext& ctx, const int32_t* counts, int64_t e_count, int64_t tokens, double* step);
+// The z-loss mean_t lse(logits_t)^2 (over *step_tokens in place of `tokens` when that is
+// set and nonzero): *sum += its value (null: not formed); with dlogits (null: none) also
+// dlogits += grad_scale (x *device_scale) x its gradient.
+void router_z_loss(const ExecContext& ctx, const float* logits, int64_t tokens, int64_t e_count, const double* step_tokens,
+                   double grad_scale, const double* device_scale, double* sum, float* dlogits);
 
 // sigmoid_bias's balancing step from a step's routed choices per expert (counts i32 [E]):
 // bias += rate x sign(mean - count) (sign) or rate x (mean - count) / mean; none when no
