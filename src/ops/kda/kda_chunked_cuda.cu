@@ -138,19 +138,32 @@ struct WarpPairs {
   int lane = threadIdx.x & 31, first = threadIdx.x >> 5, step = blockDim.x >> 5;
 };
 
+// A chunk's rows of a [tokens, H, d] input for one head, `stride` elements apart: in global
+// memory (rows_of), or staged in shared memory (stride d).
+template <typename T>
+struct Rows {
+  const T* first;
+  int64_t stride;
+  __device__ float at(int64_t r, int64_t i) const { return to_f32(first[r * stride + i]); }
+};
+
+template <typename T>
+__device__ Rows<T> rows_of(const T* x, const KdaArgs& s, const Chunk& c, int64_t h, int64_t d) {
+  return {x + (c.first * s.heads + h) * d, s.heads * d};
+}
+
 // G (the cumulative log decay of rows 0..len-1) into cum [C, d_k] (rows ld apart): g's rows
 // loaded by the whole block (coalesced), then a thread per channel adds them up in shared
 // memory (a serial chain of global loads per channel was the sequential kernels' critical
 // path). Every thread of the block must call it; a thread reads back only its own channels
 // without a sync.
 template <typename T>
-__device__ void cumulative_decay(const KdaArgs& s, const T* g, const Chunk& c, int64_t h, float* cum, int64_t ld) {
-  for (int64_t e = threadIdx.x; e < c.len * s.dk; e += blockDim.x)
-    cum[e / s.dk * ld + e % s.dk] = to_f32(g[((c.first + e / s.dk) * s.heads + h) * s.dk + e % s.dk]);
+__device__ void cumulative_decay(int64_t dk, Rows<T> g, int64_t len, float* cum, int64_t ld) {
+  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) cum[e / dk * ld + e % dk] = g.at(e / dk, e % dk);
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < s.dk; i += blockDim.x) {
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
     float acc = 0.f;
-    for (int64_t r = 0; r < c.len; ++r) {
+    for (int64_t r = 0; r < len; ++r) {
       acc += cum[r * ld + i];
       cum[r * ld + i] = acc;
     }
@@ -172,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(KdaArgs s, Tiles w, c
   float* A = cum + kC * dk;
   float* M = A + kC * kC;
   float* bt = M + kC * kC;
-  cumulative_decay(s, g, c, h, cum, dk);
+  cumulative_decay(dk, rows_of(g, s, c, h, dk), len, cum, dk);
   for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
   __syncthreads();
   // A (s < r) and P (s <= r); zero elsewhere. A warp per pair.
@@ -234,18 +247,17 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(KdaArgs s, Tiles w, c
 // per thread. Every thread of the block calls it; it ends with a sync, elast written by each
 // channel's own thread.
 template <typename T>
-__device__ void decayed_keys(const KdaArgs& s, const T* q, const T* k, const T* g, const Chunk& c, int64_t h,
-                             float* kd, int64_t ld, float* qg, float* elast) {
-  const int64_t dk = s.dk;
-  cumulative_decay(s, g, c, h, kd, ld);
-  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) elast[i] = kd[(c.len - 1) * ld + i];  // G_last, for now
+__device__ void decayed_keys(int64_t dk, Rows<T> q, Rows<T> k, Rows<T> g, int64_t len, float* kd, int64_t ld,
+                             float* qg, float* elast) {
+  cumulative_decay(dk, g, len, kd, ld);
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) elast[i] = kd[(len - 1) * ld + i];  // G_last, for now
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < c.len * dk; e += blockDim.x) {
-    const int64_t i = e % dk, row = ((c.first + e / dk) * s.heads + h) * dk + i;
-    float& kde = kd[e / dk * ld + i];
+  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
+    const int64_t r = e / dk, i = e % dk;
+    float& kde = kd[r * ld + i];
     const float cr = kde;
-    if (qg) qg[e] = expf(cr) * to_f32(q[row]);
-    kde = expf(elast[i] - cr) * to_f32(k[row]);
+    if (qg) qg[e] = expf(cr) * q.at(r, i);
+    kde = expf(elast[i] - cr) * k.at(r, i);
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) elast[i] = expf(elast[i]);
@@ -306,37 +318,43 @@ __device__ void store_slice(const float* tile, int64_t dk, int64_t dv, int64_t j
 // put those rows in different banks, and rows stay 16-byte aligned for the copies.
 __host__ __device__ inline int64_t padded_ld(int64_t dk) { return dk % 4 == 0 ? dk + 4 : dk; }
 
-// Starts copying the first `rows` rows of a workspace tile (`cols` floats each, contiguous)
-// into shared memory rows `ld` floats apart, without waiting for them (cp.async where the
-// card has it): the sequential kernels issue a chunk's tiles first and compute its decayed
-// keys meanwhile. Read after finish_copies().
-__device__ void start_copy(float* dst, int64_t ld, const float* src, int64_t rows, int64_t cols) {
-  const bool quads = cols % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
-                     reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-  if (quads) {
-    const int64_t per_row = cols / 4;
+// Starts copying `rows` rows of `cols` elements, src_ld apart in global memory, into shared
+// memory rows dst_ld apart, without waiting for them (cp.async of 16 bytes where rows and
+// addresses allow; element by element otherwise): the sequential kernels issue a chunk's
+// tiles and inputs first, then store the state meanwhile. Read after finish_copies().
+template <typename E>
+__device__ void start_copy(E* dst, int64_t dst_ld, const E* src, int64_t src_ld, int64_t rows, int64_t cols) {
+  constexpr int64_t kPer = 16 / sizeof(E);
+  const bool vectors = cols % kPer == 0 && dst_ld % kPer == 0 && src_ld % kPer == 0 &&
+                       reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  if (vectors) {
+    const int64_t per_row = cols / kPer;
     for (int64_t e = threadIdx.x; e < rows * per_row; e += blockDim.x) {
-      const int64_t r = e / per_row, c4 = 4 * (e % per_row);
-      __pipeline_memcpy_async(dst + r * ld + c4, src + r * cols + c4, 16);
+      const int64_t r = e / per_row, c = kPer * (e % per_row);
+      __pipeline_memcpy_async(dst + r * dst_ld + c, src + r * src_ld + c, 16);
     }
   } else {
-    for (int64_t e = threadIdx.x; e < rows * cols; e += blockDim.x)
-      __pipeline_memcpy_async(dst + e / cols * ld + e % cols, src + e, 4);
+    for (int64_t e = threadIdx.x; e < rows * cols; e += blockDim.x) dst[e / cols * dst_ld + e % cols] = src[e / cols * src_ld + e % cols];
   }
   __pipeline_commit();
 }
 
-// Every thread's copies done, then a barrier: after it the whole block may read them.
+// Every thread's copies done but the `pending` last started, then a barrier: after it the
+// whole block may read them.
+template <int pending = 0>
 __device__ void finish_copies() {
-  __pipeline_wait_prior(0);
+  __pipeline_wait_prior(pending);
   __syncthreads();
 }
 
 // One block per (d_v slice, head, document). Shared: the chunk's W [C, d_k] (rows padded_ld
 // apart; copied in while its Kd is computed: read from global memory, its loads were the
-// kernel's critical path), Kd [C, d_k], elast [d_k], S [d_k, Slice], D [C, Slice]. S_0 stored [d_k, d_v], or [d_v,
+// kernel's critical path), Kd [C, d_k], elast [d_k], S [d_k, Slice], D [C, Slice]; with
+// Staged (where the card has the room) the chunk's g and k rows too, T [C, d_k] each, copied
+// in while the state is stored: read from global memory element by element, a chunk's
+// decayed keys waited on a chain of loads. S_0 stored [d_k, d_v], or [d_v,
 // d_k] with `transposed` (the backward's).
-template <typename T, int Slice>
+template <typename T, int Slice, bool Staged>
 __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, const T* k, const T* g,
                                                           const float* h0, float* ht, bool transposed) {
   using Lane = SliceLane<Slice>;
@@ -348,6 +366,8 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
   float* elast = kd + kC * dk;
   float* S = elast + dk;
   float* D = S + dk * Slice;
+  T* gs = reinterpret_cast<T*>(D + kC * Slice);  // Staged only
+  T* ks = gs + kC * dk;
   const int64_t begin = s.cu_seqlens[seq], end = s.cu_seqlens[seq + 1];
   const int64_t state = (seq * H + h) * dk * dv;
   load_slice<Slice>(h0 ? h0 + state : nullptr, dk, dv, j0, S);
@@ -355,9 +375,16 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
   for (int64_t first = begin, n = 0; first < end; first += kC, ++n) {
     const Chunk c{first, end - first < kC ? end - first : kC, seq, first_slot(s, seq) + n};
     const int64_t at = c.slot * H + h;
-    start_copy(W, wld, w.W + at * w.ck, c.len, dk);
+    Rows<T> g_rows = rows_of(g, s, c, h, dk), k_rows = rows_of(k, s, c, h, dk);
+    if constexpr (Staged) {
+      start_copy(gs, dk, g_rows.first, g_rows.stride, c.len, dk);
+      start_copy(ks, dk, k_rows.first, k_rows.stride, c.len, dk);
+      g_rows = {gs, dk}, k_rows = {ks, dk};
+    }
+    start_copy(W, wld, w.W + at * w.ck, dk, c.len, dk);
     store_slice<Slice>(S, dk, dv, j0, w.S0 + at * w.kv, transposed);
-    decayed_keys<T>(s, nullptr, k, g, c, h, kd, dk, nullptr, elast);
+    if constexpr (Staged) finish_copies<1>();  // g and k; W may still be on its way
+    decayed_keys<T>(dk, Rows<T>{}, k_rows, g_rows, c.len, kd, dk, nullptr, elast);
     finish_copies();
     const Lane lane;
     const int64_t j = j0 + lane.jj;
@@ -407,7 +434,7 @@ __global__ void __launch_bounds__(kThreads) output_kernel(KdaArgs s, Tiles w, co
   if (!locate(s, blockIdx.x, c)) return;
   const int64_t h = blockIdx.y, H = s.heads, dk = s.dk, dv = s.dv, at = c.slot * H + h;
   float* qg = sm;
-  cumulative_decay(s, g, c, h, qg, dk);
+  cumulative_decay(dk, rows_of(g, s, c, h, dk), c.len, qg, dk);
   for (int64_t i = threadIdx.x; i < dk; i += blockDim.x)
     for (int64_t r = 0; r < c.len; ++r)
       qg[r * dk + i] = expf(qg[r * dk + i]) * to_f32(q[((c.first + r) * H + h) * dk + i]);
@@ -428,8 +455,9 @@ __global__ void __launch_bounds__(kThreads) output_kernel(KdaArgs s, Tiles w, co
 
 // One block per (d_v slice, head, document), chunks in reverse. Shared: the chunk's W [C,
 // d_k], P [C, C] and dO slice [C, Slice] (copied in first, as in states_kernel), Kd [C, d_k]
-// (rows padded_ld apart), Qg [C, d_k], elast [d_k], dS [d_k, Slice], dD [C, Slice].
-template <typename T, int Slice>
+// (rows padded_ld apart), Qg [C, d_k], elast [d_k], dS [d_k, Slice], dD [C, Slice]; with
+// Staged the chunk's g, q and k rows, T [C, d_k] each, as in states_kernel.
+template <typename T, int Slice, bool Staged>
 __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k,
                                                                const T* g, const T* dout, const float* dht,
                                                                float* dh0) {
@@ -445,6 +473,9 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
   float* elast = qg + kC * dk;
   float* dS = elast + dk;
   float* dD = dS + dk * Slice;
+  T* gs = reinterpret_cast<T*>(dD + kC * Slice);  // Staged only
+  T* qs = gs + kC * dk;
+  T* ks = qs + kC * dk;
   const int64_t begin = s.cu_seqlens[seq], end = s.cu_seqlens[seq + 1];
   const int64_t state = (seq * H + h) * dk * dv;
   load_slice<Slice>(dht ? dht + state : nullptr, dk, dv, j0, dS);
@@ -454,14 +485,22 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
     const int64_t first = begin + n * kC;
     const Chunk c{first, end - first < kC ? end - first : kC, seq, first_slot(s, seq) + n};
     const int64_t at = c.slot * H + h;
-    start_copy(W, dk, w.W + at * w.ck, c.len, dk);
-    start_copy(P, kC, w.P + at * w.cc, c.len, kC);
+    Rows<T> g_rows = rows_of(g, s, c, h, dk), q_rows = rows_of(q, s, c, h, dk), k_rows = rows_of(k, s, c, h, dk);
+    if constexpr (Staged) {
+      start_copy(gs, dk, g_rows.first, g_rows.stride, c.len, dk);
+      start_copy(qs, dk, q_rows.first, q_rows.stride, c.len, dk);
+      start_copy(ks, dk, k_rows.first, k_rows.stride, c.len, dk);
+      g_rows = {gs, dk}, q_rows = {qs, dk}, k_rows = {ks, dk};
+    }
+    start_copy(W, dk, w.W + at * w.ck, dk, c.len, dk);
+    start_copy(P, kC, w.P + at * w.cc, kC, c.len, kC);
     for (int64_t e = threadIdx.x; e < c.len * Slice; e += blockDim.x) {
       const int64_t r = e / Slice, jj = e % Slice;
       dos[e] = j0 + jj < dv ? to_f32(dout[((c.first + r) * H + h) * dv + j0 + jj]) : 0.f;
     }
     store_slice<Slice>(dS, dk, dv, j0, w.dS + at * w.kv, /*transposed=*/true);
-    decayed_keys<T>(s, q, k, g, c, h, kd, kld, qg, elast);
+    if constexpr (Staged) finish_copies<2>();  // g, q and k; W and P may still be on their way
+    decayed_keys<T>(dk, q_rows, k_rows, g_rows, c.len, kd, kld, qg, elast);
     finish_copies();
     const Lane lane;
     const int64_t j = j0 + lane.jj;
@@ -589,7 +628,7 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
   float* Xv = w.Xv + at * w.cv;
   float* Tl = w.Tl + at * w.ck;
 
-  cumulative_decay(s, g, c, h, cum, dk);
+  cumulative_decay(dk, rows_of(g, s, c, h, dk), len, cum, dk);
   for (int64_t e = threadIdx.x; e < kC * dk; e += blockDim.x) gq[e] = gk[e] = gc[e] = 0.f;
   for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
   if constexpr (staged)
@@ -745,17 +784,17 @@ dim3 chunks_grid(const KdaArgs& a) {
 }
 
 // The sequential kernels' slice width: the caller's (KdaArgs::slice), else the widest of 32
-// and 16 columns whose blocks (d_v / Slice x heads x documents) at least fill the card's
-// SMs once, else 8. Narrower slices recompute each chunk's decayed keys in more blocks, so
+// and 16 columns whose blocks (d_v / Slice x heads x documents) number at least twice the
+// card's SMs, else 8. Narrower slices recompute each chunk's decayed keys in more blocks, so
 // they pay only where blocks are few (K3's 6 heads of 128 on an H100, forward + backward:
-// one sequence 15.5 / 12.2 / 11.3 ms at 32 / 16 / 8 columns, eight 45.1 / 48.4 / 55.2).
+// one sequence 10.3 / 8.1 / 6.9 ms at 32 / 16 / 8 columns, eight 40.7 / 38.8 / 43.4).
 int sequential_slice(const KdaArgs& a, const char* op) {
   if (a.slice != 0) return a.slice;
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), op, "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op, "SM count");
   for (const int slice : {32, 16})
-    if ((a.dv + slice - 1) / slice * a.heads * a.num_seqs >= int64_t{sms}) return slice;
+    if ((a.dv + slice - 1) / slice * a.heads * a.num_seqs >= 2 * int64_t{sms}) return slice;
   return 8;
 }
 
@@ -787,8 +826,15 @@ void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w
   check_launch(op, "prepare_kernel");
   by_slice(slice, [&]<int Slice>() {
     const size_t st = floats(kC * padded_ld(a.dk) + kC * a.dk + a.dk + a.dk * Slice + kC * Slice);
-    allow_shared(states_kernel<T, Slice>, st, op);
-    states_kernel<T, Slice><<<documents_grid<Slice>(a), kThreads, st, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
+    const size_t staged = st + 2 * kC * a.dk * sizeof(T);
+    const dim3 grid = documents_grid<Slice>(a);
+    if (staged <= shared_limit(op)) {
+      allow_shared(states_kernel<T, Slice, true>, staged, op);
+      states_kernel<T, Slice, true><<<grid, kThreads, staged, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
+    } else {
+      allow_shared(states_kernel<T, Slice, false>, st, op);
+      states_kernel<T, Slice, false><<<grid, kThreads, st, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
+    }
     check_launch(op, "states_kernel");
   });
 }
@@ -817,9 +863,15 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
   by_slice(slice, [&]<int Slice>() {
     const size_t sg = floats(2 * kC * a.dk + kC * padded_ld(a.dk) + kC * kC + kC * Slice + a.dk + a.dk * Slice +
                              kC * Slice);
-    allow_shared(state_grads_kernel<T, Slice>, sg, op);
-    state_grads_kernel<T, Slice>
-        <<<documents_grid<Slice>(a), kThreads, sg, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
+    const size_t staged = sg + 3 * kC * a.dk * sizeof(T);
+    const dim3 grid = documents_grid<Slice>(a);
+    if (staged <= shared_limit(op)) {
+      allow_shared(state_grads_kernel<T, Slice, true>, staged, op);
+      state_grads_kernel<T, Slice, true><<<grid, kThreads, staged, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
+    } else {
+      allow_shared(state_grads_kernel<T, Slice, false>, sg, op);
+      state_grads_kernel<T, Slice, false><<<grid, kThreads, sg, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
+    }
     check_launch(op, "state_grads_kernel");
   });
   if (a.tokens == 0) return;
