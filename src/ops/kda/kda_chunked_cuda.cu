@@ -580,12 +580,20 @@ __device__ void pairwise_gradient(int64_t len, int64_t dk, const float* cum, con
   }
 }
 
+// How much of its inputs grads_kernel copies into shared memory: what the card has room for.
+enum class GradsStaging {
+  none,     // 148 KiB at d_k = d_v = 128 (below), inside an A100's 163 KiB
+  inputs,   // + the chunk's k and q rows, T [C, d_k] each
+  outputs,  // + its dO rows, T [C, d_v], and D, f32 [C, d_v]: 224.5 KiB in bf16 at 128, inside
+            //   Hopper's 227 KiB
+};
+
 // One block per (chunk, head). Shared: cum, gq, gk, gc (dG) [C, d_k], a pair matrix [C, C]
-// (dP, then dL), beta [C] and dbeta [C]: 148 KiB at d_k 128, inside an A100's 163 KiB. With
-// `staged` (where the card has the room: Hopper's 227 KiB) the chunk's k and q rows too, as
-// T [C, d_k] each: the pairwise loops read every row len times, from shared memory then
-// rather than through the caches.
-template <typename T, bool staged>
+// (dP, then dL), beta [C] and dbeta [C], and what `staging` adds: the pairwise loops read
+// every k and q row len times, the dP pairs and the S_0 / dS products every dO and D row as
+// often, from shared memory then rather than through the caches (those loads' latency was
+// the kernel's time: it is all fp32 SIMT arithmetic).
+template <typename T, GradsStaging staging>
 __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k, const T* v,
                                                          const T* g, const T* beta, const T* dout, T* dq_out,
                                                          T* dk_out, T* dv_out, T* dg, T* dbeta) {
@@ -602,25 +610,48 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
   float* pm = gc + kC * dk;
   float* bt = pm + kC * kC;
   float* db = bt + kC;
-  T* ks = reinterpret_cast<T*>(db + kC);  // staged only
+  constexpr bool inputs = staging != GradsStaging::none, outputs = staging == GradsStaging::outputs;
+  T* ks = reinterpret_cast<T*>(db + kC);  // inputs and outputs only
   T* qs = ks + kC * dk;
+  T* dos = qs + kC * dk;  // outputs only
+  float* Ds = reinterpret_cast<float*>(dos + kC * dv);
   auto krow = [&](int64_t r) { return ((c.first + r) * H + h) * dk; };
+  auto vrow = [&](int64_t r) { return ((c.first + r) * H + h) * dv; };
+  const float* D = w.D + at * w.cv;
+  if constexpr (inputs) {
+    start_copy(ks, dk, k + krow(0), H * dk, len, dk);
+    start_copy(qs, dk, q + krow(0), H * dk, len, dk);
+  }
+  if constexpr (outputs) {
+    start_copy(dos, dv, dout + vrow(0), H * dv, len, dv);
+    start_copy(Ds, dv, D, dv, len, dv);
+  }
   auto key = [&](int64_t r, int64_t i) {
-    if constexpr (staged)
+    if constexpr (inputs)
       return to_f32(ks[r * dk + i]);
     else
       return to_f32(k[krow(r) + i]);
   };
   const auto query = [&](int64_t r, int64_t i) {
-    if constexpr (staged)
+    if constexpr (inputs)
       return to_f32(qs[r * dk + i]);
     else
       return to_f32(q[krow(r) + i]);
   };
-  auto vrow = [&](int64_t r) { return ((c.first + r) * H + h) * dv; };
+  const auto out_grad = [&](int64_t r, int64_t j) {
+    if constexpr (outputs)
+      return to_f32(dos[r * dv + j]);
+    else
+      return to_f32(dout[vrow(r) + j]);
+  };
+  const auto delta = [&](int64_t r, int64_t j) {
+    if constexpr (outputs)
+      return Ds[r * dv + j];
+    else
+      return D[r * dv + j];
+  };
   const float* S0 = w.S0 + at * w.kv;  // both [d_v, d_k]
   const float* dS = w.dS + at * w.kv;
-  const float* D = w.D + at * w.cv;
   const float* dD = w.dD + at * w.cv;
   const float* M = w.M + at * w.cc;
   float* dW = w.dW + at * w.ck;
@@ -631,18 +662,14 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
   cumulative_decay(dk, rows_of(g, s, c, h, dk), len, cum, dk);
   for (int64_t e = threadIdx.x; e < kC * dk; e += blockDim.x) gq[e] = gk[e] = gc[e] = 0.f;
   for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
-  if constexpr (staged)
-    for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
-      ks[e] = k[krow(e / dk) + e % dk];
-      qs[e] = q[krow(e / dk) + e % dk];
-    }
+  if constexpr (inputs) finish_copies();
   // dP_rs = scale dO_r . D_s (s <= r), a warp per pair.
   const WarpPairs pairs;
   for (int64_t e = pairs.first; e < kC * kC; e += pairs.step) {
     const int64_t r = e / kC, col = e % kC;
     float acc = 0.f;
     if (r < len && col <= r) {
-      for (int64_t j = pairs.lane; j < dv; j += 32) acc += to_f32(dout[vrow(r) + j]) * D[col * dv + j];
+      for (int64_t j = pairs.lane; j < dv; j += 32) acc += out_grad(r, j) * delta(col, j);
       acc = warp_sum(acc);
     }
     if (pairs.lane == 0) pm[e] = scale * acc;
@@ -667,9 +694,9 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
         const float s0 = S0[j * dk + i], ds = dS[j * dk + i];
 #pragma unroll
         for (int n = 0; n < kRows; ++n) {
-          sdo[n] += s0 * to_f32(dout[vrow(rows[n]) + j]);
+          sdo[n] += s0 * out_grad(rows[n], j);
           sdd[n] += s0 * dD[rows[n] * dv + j];
-          skd[n] += ds * D[rows[n] * dv + j];
+          skd[n] += ds * delta(rows[n], j);
         }
       }
 #pragma unroll
@@ -875,16 +902,19 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
     check_launch(op, "state_grads_kernel");
   });
   if (a.tokens == 0) return;
-  const size_t gr = floats(4 * kC * a.dk + kC * kC + 2 * kC), staged = gr + 2 * kC * a.dk * sizeof(T);
-  if (staged <= shared_limit(op)) {
-    allow_shared(grads_kernel<T, true>, staged, op);
-    grads_kernel<T, true><<<chunks_grid(a), kGradsThreads, staged, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq, dk,
-                                                                               dv, dg, dbeta);
-  } else {
-    allow_shared(grads_kernel<T, false>, gr, op);
-    grads_kernel<T, false><<<chunks_grid(a), kGradsThreads, gr, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq, dk, dv,
-                                                                             dg, dbeta);
-  }
+  const size_t none = floats(4 * kC * a.dk + kC * kC + 2 * kC), inputs = none + 2 * kC * a.dk * sizeof(T),
+               outputs = inputs + kC * a.dv * (sizeof(T) + sizeof(float)), limit = shared_limit(op);
+  const auto launch = [&]<GradsStaging staging>(size_t bytes) {
+    allow_shared(grads_kernel<T, staging>, bytes, op);
+    grads_kernel<T, staging><<<chunks_grid(a), kGradsThreads, bytes, stream(ctx)>>>(a, w, q, k, v, g, beta, dout, dq,
+                                                                                   dk, dv, dg, dbeta);
+  };
+  if (outputs <= limit)
+    launch.template operator()<GradsStaging::outputs>(outputs);
+  else if (inputs <= limit)
+    launch.template operator()<GradsStaging::inputs>(inputs);
+  else
+    launch.template operator()<GradsStaging::none>(none);
   check_launch(op, "grads_kernel");
 }
 
