@@ -426,22 +426,34 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
   if (ht) store_slice<Slice>(S, dk, dv, j0, ht + state, false);
 }
 
-// One block per (chunk, head). Shared: Qg [C, d_k].
-template <typename T>
+// One block per (chunk, head). Shared: Qg [C, d_k]; with Staged (where the card has the
+// room) the chunk's S_0 [d_k, d_v], P [C, C] and D [C, d_v] too, copied in while Qg is
+// formed: each output element reads a column of S_0 and of D and a row of P.
+template <typename T, bool Staged>
 __global__ void __launch_bounds__(kThreads) output_kernel(KdaArgs s, Tiles w, const T* q, const T* g, T* out) {
   extern __shared__ float sm[];
   Chunk c;
   if (!locate(s, blockIdx.x, c)) return;
   const int64_t h = blockIdx.y, H = s.heads, dk = s.dk, dv = s.dv, at = c.slot * H + h;
   float* qg = sm;
+  const float* S0 = w.S0 + at * w.kv;
+  const float* P = w.P + at * w.cc;
+  const float* D = w.D + at * w.cv;
+  if constexpr (Staged) {
+    float* S0_sh = qg + kC * dk;
+    float* P_sh = S0_sh + dk * dv;
+    float* D_sh = P_sh + kC * kC;
+    start_copy(S0_sh, dv, S0, dv, dk, dv);
+    start_copy(P_sh, kC, P, kC, c.len, kC);
+    start_copy(D_sh, dv, D, dv, c.len, dv);
+    S0 = S0_sh, P = P_sh, D = D_sh;
+  }
   cumulative_decay(dk, rows_of(g, s, c, h, dk), c.len, qg, dk);
   for (int64_t i = threadIdx.x; i < dk; i += blockDim.x)
     for (int64_t r = 0; r < c.len; ++r)
       qg[r * dk + i] = expf(qg[r * dk + i]) * to_f32(q[((c.first + r) * H + h) * dk + i]);
+  if constexpr (Staged) __pipeline_wait_prior(0);
   __syncthreads();
-  const float* S0 = w.S0 + at * w.kv;
-  const float* P = w.P + at * w.cc;
-  const float* D = w.D + at * w.cv;
   for (int64_t e = threadIdx.x; e < c.len * dv; e += blockDim.x) {
     const int64_t r = e / dv, j = e % dv;
     float acc = 0.f;
@@ -873,9 +885,14 @@ void forward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const 
   const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
   factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, ht, /*transposed=*/false, sequential_slice(a, op), op);
   if (a.tokens == 0) return;
-  const size_t smem = floats(kC * a.dk);
-  allow_shared(output_kernel<T>, smem, op);
-  output_kernel<T><<<chunks_grid(a), kThreads, smem, stream(ctx)>>>(a, w, q, g, out);
+  const size_t smem = floats(kC * a.dk), staged = smem + floats(a.dk * a.dv + kC * kC + kC * a.dv);
+  if (staged <= shared_limit(op)) {
+    allow_shared(output_kernel<T, true>, staged, op);
+    output_kernel<T, true><<<chunks_grid(a), kThreads, staged, stream(ctx)>>>(a, w, q, g, out);
+  } else {
+    allow_shared(output_kernel<T, false>, smem, op);
+    output_kernel<T, false><<<chunks_grid(a), kThreads, smem, stream(ctx)>>>(a, w, q, g, out);
+  }
   check_launch(op, "output_kernel");
 }
 
