@@ -189,6 +189,20 @@ inline double max_rel_diff(const std::vector<double>& a, const std::vector<doubl
   return worst;
 }
 
+// Largest |a - b| over the largest |b|: a difference relative to the vector's scale, for
+// values (losses, norms, weights) whose small elements mean nothing alone. Sizes that
+// differ, or NaN anywhere, give infinity.
+inline double max_diff_over_max(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double diff = 0, scale = 1e-300;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(a[i] - b[i]);
+    if (!(d <= diff)) diff = std::isfinite(d) ? d : INFINITY;
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return diff / scale;
+}
+
 // Root mean square of the values (a scale for relative comparisons near zero).
 inline double rms(const std::vector<double>& v) {
   double s = 0;

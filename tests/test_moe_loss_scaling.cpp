@@ -3,6 +3,7 @@
 // LM head's do, so a step at S = 1024 unscales to the gradients of S = 1 (before the fix
 // the router losses' were 1 / S too small: 1.02 relative on such a model), and a scaled
 // run trains as the unscaled one.
+#include "grad_check.h"
 #include "tiny_model.h"
 
 #include "config/config.h"
@@ -91,15 +92,6 @@ Outcome run(const ModelConfig& config, double scale, int steps, double lr) {
   return out;
 }
 
-// max |a - b| relative to max |b|.
-double difference(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, scale = 1e-300;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    diff = std::max(diff, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
-  return diff / scale;
-}
-
 struct Case {
   std::string name;
   ModelConfig config;
@@ -115,7 +107,7 @@ std::vector<Case> cases() {
 TEST(MoeLossScaling, RouterLossGradientsAtScale1024UnscaleToScale1s) {
   for (const Case& c : cases()) {
     const Outcome plain = run(c.config, 1, 1, 0), scaled = run(c.config, 1024, 1, 0);
-    const double d = difference(scaled.gradients, plain.gradients);
+    const double d = test::max_diff_over_max(scaled.gradients, plain.gradients);
     EXPECT_LE(d, kTolerance) << c.name;
     std::printf("%s: max relative difference %.3g\n", c.name.c_str(), d);
   }
@@ -130,7 +122,7 @@ TEST(MoeLossScaling, RouterLossGradientsAreALargePartOfTheGradients) {
     without.moe.aux_loss = without.moe.z_loss = 0;
     without.moe.balance_scope = "micro_batch";
     if (without.moe.router == "relu") without.moe.l1_coef = 0;
-    const double d = difference(run(without, 1, 1, 0).gradients, run(c.config, 1, 1, 0).gradients);
+    const double d = test::max_diff_over_max(run(without, 1, 1, 0).gradients, run(c.config, 1, 1, 0).gradients);
     EXPECT_GT(d, 1e-3) << c.name;
   }
 }
@@ -139,8 +131,8 @@ TEST(MoeLossScaling, RouterLossGradientsAreALargePartOfTheGradients) {
 TEST(MoeLossScaling, ScaledStepsTrainAsUnscaledOnes) {
   for (const Case& c : cases()) {
     const Outcome plain = run(c.config, 1, 3, 1e-2), scaled = run(c.config, 1024, 3, 1e-2);
-    EXPECT_LE(difference(scaled.losses, plain.losses), kTolerance) << c.name;
-    EXPECT_LE(difference(scaled.weights, plain.weights), kTolerance) << c.name;
+    EXPECT_LE(test::max_diff_over_max(scaled.losses, plain.losses), kTolerance) << c.name;
+    EXPECT_LE(test::max_diff_over_max(scaled.weights, plain.weights), kTolerance) << c.name;
   }
 }
 

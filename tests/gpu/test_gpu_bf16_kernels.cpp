@@ -29,6 +29,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "gpu/gpu_harness.h"
+#include "grad_check.h"
 #include "infer/decoder_cuda.h"
 #include "ops/cross_entropy/cross_entropy_cuda.h"
 #include "ops/cross_entropy/lm_head_loss.h"
@@ -530,13 +531,7 @@ TEST_F(Bf16Kernels, LmHeadLossPaddedWeightMatchesUnpadded) {
     // Worst difference against the largest value: one bf16 rounding of a logit or a
     // gradient (2^-8) moves an element by at most that much of its scale.
     const auto worst = [](const std::vector<float>& a, const std::vector<float>& b) {
-      double diff = 0, top = 0;
-      for (size_t i = 0; i < b.size(); ++i) {
-        if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
-        diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-        top = std::max(top, std::fabs(static_cast<double>(b[i])));
-      }
-      return diff / top;
+      return test::max_diff_over_max(std::vector<double>(a.begin(), a.end()), std::vector<double>(b.begin(), b.end()));
     };
     EXPECT_LT(worst(bf16_values(padded.dh), bf16_values(plain.dh)), kBf16Tol);
     EXPECT_LT(worst(padded.dw, plain.dw), kBf16Tol);

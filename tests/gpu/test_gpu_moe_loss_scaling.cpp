@@ -4,6 +4,7 @@
 // step (S in device memory, read by the router kernels when a graph replays), so a run
 // whose S starts at 1024 and doubles every third step trains as the unscaled run.
 #include "gpu/gpu_harness.h"
+#include "grad_check.h"
 #include "test_util.h"
 #include "train/trainer.h"
 
@@ -63,15 +64,6 @@ ScaledRun train(const std::string& out, const std::string& router, bool graphs, 
   return r;
 }
 
-// max |a - b| relative to max |b|.
-double difference(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, scale = 1e-300;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    diff = std::max(diff, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
-  return diff / scale;
-}
-
 class MoeLossScalingGpu : public GpuTest {};
 
 TEST_F(MoeLossScalingGpu, ScaledRunsWithRouterLossesTrainAsUnscaledOnesOpByOpAndCaptured) {
@@ -87,9 +79,9 @@ TEST_F(MoeLossScalingGpu, ScaledRunsWithRouterLossesTrainAsUnscaledOnesOpByOpAnd
       ASSERT_EQ(scaled.scales.size(), 12u);
       EXPECT_EQ(scaled.scales.front(), 1024);
       EXPECT_EQ(scaled.scales.back(), 8192);  // doubled after steps 3, 6 and 9
-      EXPECT_LE(difference(scaled.losses, plain.losses), kTolerance);
-      EXPECT_LE(difference(scaled.grad_norms, plain.grad_norms), kTolerance);
-      EXPECT_LE(difference(scaled.weights, plain.weights), kTolerance);
+      EXPECT_LE(test::max_diff_over_max(scaled.losses, plain.losses), kTolerance);
+      EXPECT_LE(test::max_diff_over_max(scaled.grad_norms, plain.grad_norms), kTolerance);
+      EXPECT_LE(test::max_diff_over_max(scaled.weights, plain.weights), kTolerance);
     }
   std::filesystem::remove_all(dir);
 }

@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/moe/routing.h"
+#include "grad_check.h"
 #include "test_util.h"
 #include "train/optimizer_groups.h"
 #include "train/step_program.h"
@@ -118,19 +119,10 @@ TrainedRun train(Device device, StepExecution execution, const std::string& scop
   return r;
 }
 
-// max |a - b| relative to max |b|.
-double difference(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, scale = 1e-300;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    diff = std::max(diff, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
-  return diff / scale;
-}
-
 // The largest of the per-step quantities' and the weights' differences.
 double run_difference(const TrainedRun& got, const TrainedRun& want, const char* what) {
-  const double d[] = {difference(got.losses, want.losses), difference(got.balance, want.balance), difference(got.z, want.z),
-                      difference(got.grad_norms, want.grad_norms), difference(got.weights, want.weights)};
+  const double d[] = {test::max_diff_over_max(got.losses, want.losses), test::max_diff_over_max(got.balance, want.balance), test::max_diff_over_max(got.z, want.z),
+                      test::max_diff_over_max(got.grad_norms, want.grad_norms), test::max_diff_over_max(got.weights, want.weights)};
   std::printf("%s: loss %.2e, balance %.2e, z %.2e, grad norm %.2e, weights %.2e\n", what, d[0], d[1], d[2], d[3], d[4]);
   return *std::max_element(std::begin(d), std::end(d));
 }
