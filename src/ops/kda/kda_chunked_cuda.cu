@@ -352,8 +352,8 @@ __device__ void finish_copies() {
 // kernel's critical path), Kd [C, d_k], elast [d_k], S [d_k, Slice], D [C, Slice]; with
 // Staged (where the card has the room) the chunk's g and k rows too, T [C, d_k] each, copied
 // in while the state is stored: read from global memory element by element, a chunk's
-// decayed keys waited on a chain of loads. S_0 stored [d_k, d_v], or [d_v,
-// d_k] with `transposed` (the backward's).
+// decayed keys waited on a chain of loads. S_0 is stored [d_k, d_v], or [d_v, d_k] with
+// `transposed` (the backward's).
 template <typename T, int Slice, bool Staged>
 __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, const T* k, const T* g,
                                                           const float* h0, float* ht, bool transposed) {
