@@ -107,12 +107,15 @@ std::string name_of(const Spec& s) {
                      s.dv, dtype_name(s.dtype), s.gate, s.states);
 }
 
-// slice: the chunked kernels' (ops::KdaOptions::gpu_slice; 0 = chosen at launch).
-void run_form(const Spec& sp, Form form, int slice = 0) {
+// slice, tensor_cores: the chunked kernels' (ops::KdaOptions::gpu_slice, 0 = chosen at
+// launch; gpu_tensor_cores).
+void run_form(const Spec& sp, Form form, int slice = 0, bool tensor_cores = true) {
   const bool chunked = form == Form::chunked;
-  SCOPED_TRACE(name_of(sp) + (chunked ? fmt::format(" chunked, slice {}", slice) : " recurrent"));
+  SCOPED_TRACE(name_of(sp) +
+               (chunked ? fmt::format(" chunked, slice {}, tensor cores {}", slice, tensor_cores) : " recurrent"));
   ops::KdaOptions chunked_options;
   chunked_options.gpu_slice = slice;
+  chunked_options.gpu_tensor_cores = tensor_cores;
   const DType dt = sp.dtype;
   const int64_t n = std::accumulate(sp.lengths.begin(), sp.lengths.end(), int64_t{0});
   const int64_t H = sp.heads, dk = sp.dk, dv = sp.dv, S = static_cast<int64_t>(sp.lengths.size());
@@ -232,11 +235,12 @@ void run_form(const Spec& sp, Form form, int slice = 0) {
 }
 
 // Both kernels on the same inputs (the chunked one where d_k allows, at the slice the
-// launch chooses and at each one it can choose).
+// launch chooses and at each one it can choose, with and without tensor cores).
 void run(const Spec& sp) {
   run_form(sp, Form::recurrent);
   if (sp.dk <= ops::kda_chunked_max_dk())
-    for (int slice : {0, 8, 16, 32}) run_form(sp, Form::chunked, slice);
+    for (bool tensor_cores : {true, false})
+      for (int slice : {0, 8, 16, 32}) run_form(sp, Form::chunked, slice, tensor_cores);
 }
 
 class GpuKda : public gpu_test::GpuTest {};

@@ -88,6 +88,7 @@ cuda::KdaArgs cuda_args(const Tensor& q, const Tensor& v, const Tensor& cu, cons
   a.scale = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(a.dk)));
   a.dtype = q.dtype();
   a.slice = o.gpu_slice;
+  a.tensor_cores = o.gpu_tensor_cores;
   return a;
 }
 

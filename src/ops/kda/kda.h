@@ -33,6 +33,10 @@ struct KdaOptions {
   // 32; 0 = chosen at launch from the blocks the batch gives and the card's SMs. Tests and
   // `kiln bench-kda` force each; the results are the same bits whatever it is.
   int gpu_slice = 0;
+  // The chunked GPU kernels' chunk products on TF32 tensor cores where they apply (bf16
+  // inputs, d_k and d_v multiples of 16); false keeps them in fp32 SIMT, as the fp32 inputs'
+  // are. Tests compare both.
+  bool gpu_tensor_cores = true;
 };
 
 // out (=); initial_state and final_state may be undefined (zero start / not written).

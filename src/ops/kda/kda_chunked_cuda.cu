@@ -29,16 +29,20 @@
 #include "core/cuda_context.h"
 #include "core/error.h"
 #include "ops/bf16_vector.cuh"
+#include "ops/block_mma.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace kiln::cuda {
 
 namespace {
 
+using block_mma::Engine;
+using block_mma::Layout;
 using vec::bf16;
 using vec::from_f32;
 using vec::to_f32;
@@ -50,6 +54,24 @@ constexpr int kThreads = 256;
 constexpr int kGradsThreads = 512;
 
 int64_t slots_of(int64_t tokens, int64_t num_seqs) { return tokens / kC + num_seqs; }
+
+// The chunk products' engine: TF32 tensor cores for bf16 inputs whose d_k and d_v are
+// multiples of 16 (wmma's tile side), unless the caller turned them off
+// (KdaArgs::tensor_cores); fp32 SIMT otherwise, so the fp32 inputs keep fp32's accuracy.
+template <typename T>
+Engine engine_of(const KdaArgs& a) {
+  const bool tiles = a.dk % 16 == 0 && a.dv % 16 == 0;
+  return std::is_same_v<T, bf16> && a.tensor_cores && tiles ? Engine::tf32 : Engine::simt;
+}
+
+// f.template operator()<E>() for the engine chosen at run time.
+template <typename F>
+void by_engine(Engine e, F&& f) {
+  if (e == Engine::tf32)
+    f.template operator()<Engine::tf32>();
+  else
+    f.template operator()<Engine::simt>();
+}
 
 // The workspace's tiles, each [slots, H, tile elements].
 struct Tiles {
@@ -280,16 +302,17 @@ struct SliceLane {
   int64_t jj = threadIdx.x % Slice, group = threadIdx.x / Slice;
   __device__ int64_t nth(int n) const { return group + int64_t{n} * kGroups; }
 
-  // The lane's rows below len of a [C, Slice] result into the workspace's [C, d_v] tile (at
-  // column j = j0 + jj, if j < d_v) and the shared [C, Slice] copy.
+  // The lane's rows of a [C, Slice] result into the workspace's [C, d_v] tile (at column j =
+  // j0 + jj, if j < d_v) and the shared [C, Slice] copy, rows past len as zero: the tensor
+  // cores' products read whole tiles, and a stale row times a zero could be a NaN.
   __device__ void store_rows(const float (&rows)[kRows], int64_t len, int64_t j, int64_t dv, float* tile,
                              float* shared) const {
 #pragma unroll
     for (int n = 0; n < kRows; ++n) {
       const int64_t r = nth(n);
-      if (r >= len) break;
-      if (j < dv) tile[r * dv + j] = rows[n];
-      shared[r * Slice + jj] = rows[n];
+      const float value = r < len ? rows[n] : 0.f;
+      if (j < dv) tile[r * dv + j] = value;
+      shared[r * Slice + jj] = value;
     }
   }
 };
@@ -347,14 +370,49 @@ __device__ void finish_copies() {
   __syncthreads();
 }
 
+// Rows from..C-1 of a [C, cols] shared tile (rows ld apart) set to zero: the rows past a short
+// chunk's end hold stale values (or none yet), which the tensor cores' products would read
+// where the rows are summed over.
+__device__ void zero_rows(float* tile, int64_t ld, int64_t from, int64_t cols) {
+  for (int64_t e = threadIdx.x; e < (kC - from) * cols; e += blockDim.x) tile[(from + e / cols) * ld + e % cols] = 0.f;
+}
+
+// states_kernel's chunk on the tensor cores: D = U - W S_0, then S_L = Gamma_last S_0 + Kd^T D
+// (the SIMT loops' products, by block_mma). U [C, d_v] and the D tile in the workspace; W
+// [C, d_k] (rows wld apart), Kd [C, d_k], elast [d_k], S [d_k, Slice] and D [C, Slice] in
+// shared memory. D's rows past len are zero before they enter Kd^T D, and written so.
+template <int Slice>
+__device__ void chunk_state_tf32(const Chunk& c, int64_t dk, int64_t dv, int64_t j0, const float* U, float* D_tile,
+                                 const float* W, int64_t wld, float* kd, const float* elast, float* S, float* D) {
+  using block_mma::product;
+  for (int64_t e = threadIdx.x; e < kC * Slice; e += blockDim.x) {
+    const int64_t r = e / Slice, j = j0 + e % Slice;
+    D[e] = r < c.len && j < dv ? U[r * dv + j] : 0.f;
+  }
+  zero_rows(kd, dk, c.len, dk);
+  __syncthreads();
+  product<Engine::tf32, Layout::rows, Layout::rows>(kC, Slice, dk, -1.f, W, wld, S, Slice, 1.f, D, Slice);
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < kC * Slice; e += blockDim.x) {
+    const int64_t r = e / Slice, j = j0 + e % Slice;
+    if (r >= c.len) D[e] = 0.f;  // from W's stale rows
+    if (j < dv) D_tile[r * dv + j] = D[e];
+  }
+  for (int64_t e = threadIdx.x; e < dk * Slice; e += blockDim.x) S[e] *= elast[e / Slice];
+  __syncthreads();
+  product<Engine::tf32, Layout::transposed, Layout::rows>(dk, Slice, kC, 1.f, kd, dk, D, Slice, 1.f, S, Slice);
+  __syncthreads();
+}
+
 // One block per (d_v slice, head, document). Shared: the chunk's W [C, d_k] (rows padded_ld
 // apart; copied in while its Kd is computed: read from global memory, its loads were the
 // kernel's critical path), Kd [C, d_k], elast [d_k], S [d_k, Slice], D [C, Slice]; with
 // Staged (where the card has the room) the chunk's g and k rows too, T [C, d_k] each, copied
 // in while the state is stored: read from global memory element by element, a chunk's
 // decayed keys waited on a chain of loads. S_0 is stored [d_k, d_v], or [d_v, d_k] with
-// `transposed` (the backward's).
-template <typename T, int Slice, bool Staged>
+// `transposed` (the backward's). With Engine::tf32 (Slice 16 or 32) the chunk's products
+// run on the tensor cores (chunk_state_tf32).
+template <typename T, int Slice, bool Staged, Engine E>
 __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, const T* k, const T* g,
                                                           const float* h0, float* ht, bool transposed) {
   using Lane = SliceLane<Slice>;
@@ -386,6 +444,10 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
     if constexpr (Staged) finish_copies<1>();  // g and k; W may still be on its way
     decayed_keys<T>(dk, Rows<T>{}, k_rows, g_rows, c.len, kd, dk, nullptr, elast);
     finish_copies();
+    if constexpr (E == Engine::tf32) {
+      chunk_state_tf32<Slice>(c, dk, dv, j0, w.U + at * w.cv, w.D + at * w.cv, W, wld, kd, elast, S, D);
+      continue;
+    }
     const Lane lane;
     const int64_t j = j0 + lane.jj;
     // D = U - W S_0 (rows past len are computed from the last row and not kept).
@@ -463,13 +525,72 @@ __global__ void __launch_bounds__(kThreads) output_kernel(KdaArgs s, Tiles w, co
   }
 }
 
+// output_kernel on the tensor cores: o = scale (Qg S_0 + P D), both products by block_mma
+// from S_0, P and D in the workspace (P's columns and D's rows past len are zero there).
+// Shared: Qg [C, d_k] and o [C, d_v], rows 4 floats longer than the tiles (fewer bank
+// conflicts for wmma's loads).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) output_tf32_kernel(KdaArgs s, Tiles w, const T* q, const T* g, T* out) {
+  using block_mma::product;
+  extern __shared__ float sm[];
+  Chunk c;
+  if (!locate(s, blockIdx.x, c)) return;
+  const int64_t h = blockIdx.y, H = s.heads, dk = s.dk, dv = s.dv, at = c.slot * H + h;
+  const int64_t qld = dk + 4, old = dv + 4;
+  float* qg = sm;
+  float* o = qg + kC * qld;
+  cumulative_decay(dk, rows_of(g, s, c, h, dk), c.len, qg, qld);
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x)
+    for (int64_t r = 0; r < c.len; ++r)
+      qg[r * qld + i] = expf(qg[r * qld + i]) * to_f32(q[((c.first + r) * H + h) * dk + i]);
+  product<Engine::tf32, Layout::rows, Layout::rows>(kC, dv, kC, 1.f, w.P + at * w.cc, kC, w.D + at * w.cv, dv, 0.f,
+                                                    o, old);
+  __syncthreads();  // Qg's rows; each warp also reads back the o tiles it stored
+  product<Engine::tf32, Layout::rows, Layout::rows>(kC, dv, dk, 1.f, qg, qld, w.S0 + at * w.kv, dv, 1.f, o, old);
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < c.len * dv; e += blockDim.x) {
+    const int64_t r = e / dv, j = e % dv;
+    from_f32(s.scale * o[r * old + j], out + ((c.first + r) * H + h) * dv + j);
+  }
+}
+
 // ---- backward ------------------------------------------------------------------------------
+
+// state_grads_kernel's chunk on the tensor cores: dD = scale P^T dO + Kd dS, then dS_0 =
+// Gamma_last dS + scale Qg^T dO - W^T dD (the SIMT loops' products, by block_mma). Shared: W
+// and Qg [C, d_k], P [C, C] (every row), dO [C, Slice] (zero past len), Kd [C, d_k] (rows kld
+// apart), elast [d_k], dS [d_k, Slice], dD [C, Slice]. W's and Qg's rows past len are zeroed
+// (they are summed over), dD's too before it is summed over and written to the workspace.
+template <int Slice>
+__device__ void chunk_state_grads_tf32(const Chunk& c, int64_t dk, int64_t dv, int64_t j0, float scale, float* W,
+                                       const float* P, const float* dos, const float* kd, int64_t kld, float* qg,
+                                       const float* elast, float* dS, float* dD, float* dD_tile) {
+  using block_mma::product;
+  zero_rows(W, dk, c.len, dk);
+  zero_rows(qg, dk, c.len, dk);
+  product<Engine::tf32, Layout::transposed, Layout::rows>(kC, Slice, kC, scale, P, kC, dos, Slice, 0.f, dD, Slice);
+  __syncthreads();
+  product<Engine::tf32, Layout::rows, Layout::rows>(kC, Slice, dk, 1.f, kd, kld, dS, Slice, 1.f, dD, Slice);
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < kC * Slice; e += blockDim.x) {
+    const int64_t r = e / Slice, j = j0 + e % Slice;
+    if (r >= c.len) dD[e] = 0.f;  // from Kd's stale rows
+    if (j < dv) dD_tile[r * dv + j] = dD[e];
+  }
+  for (int64_t e = threadIdx.x; e < dk * Slice; e += blockDim.x) dS[e] *= elast[e / Slice];
+  __syncthreads();
+  product<Engine::tf32, Layout::transposed, Layout::rows>(dk, Slice, kC, scale, qg, dk, dos, Slice, 1.f, dS, Slice);
+  __syncthreads();  // each warp reads back the dS tiles it stored
+  product<Engine::tf32, Layout::transposed, Layout::rows>(dk, Slice, kC, -1.f, W, dk, dD, Slice, 1.f, dS, Slice);
+  __syncthreads();
+}
 
 // One block per (d_v slice, head, document), chunks in reverse. Shared: the chunk's W [C,
 // d_k], P [C, C] and dO slice [C, Slice] (copied in first, as in states_kernel), Kd [C, d_k]
 // (rows padded_ld apart), Qg [C, d_k], elast [d_k], dS [d_k, Slice], dD [C, Slice]; with
-// Staged the chunk's g, q and k rows, T [C, d_k] each, as in states_kernel.
-template <typename T, int Slice, bool Staged>
+// Staged the chunk's g, q and k rows, T [C, d_k] each, as in states_kernel. With
+// Engine::tf32 the chunk's products run on the tensor cores (chunk_state_grads_tf32).
+template <typename T, int Slice, bool Staged, Engine E>
 __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k,
                                                                const T* g, const T* dout, const float* dht,
                                                                float* dh0) {
@@ -505,15 +626,22 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
       g_rows = {gs, dk}, q_rows = {qs, dk}, k_rows = {ks, dk};
     }
     start_copy(W, dk, w.W + at * w.ck, dk, c.len, dk);
-    start_copy(P, kC, w.P + at * w.cc, kC, c.len, kC);
-    for (int64_t e = threadIdx.x; e < c.len * Slice; e += blockDim.x) {
+    // The tensor cores read P's every row and dO's (zero past len).
+    constexpr int64_t kRowsRead = E == Engine::tf32 ? kC : 0;
+    start_copy(P, kC, w.P + at * w.cc, kC, kRowsRead ? kRowsRead : c.len, kC);
+    for (int64_t e = threadIdx.x; e < (kRowsRead ? kRowsRead : c.len) * Slice; e += blockDim.x) {
       const int64_t r = e / Slice, jj = e % Slice;
-      dos[e] = j0 + jj < dv ? to_f32(dout[((c.first + r) * H + h) * dv + j0 + jj]) : 0.f;
+      dos[e] = r < c.len && j0 + jj < dv ? to_f32(dout[((c.first + r) * H + h) * dv + j0 + jj]) : 0.f;
     }
     store_slice<Slice>(dS, dk, dv, j0, w.dS + at * w.kv, /*transposed=*/true);
     if constexpr (Staged) finish_copies<2>();  // g, q and k; W and P may still be on their way
     decayed_keys<T>(dk, q_rows, k_rows, g_rows, c.len, kd, kld, qg, elast);
     finish_copies();
+    if constexpr (E == Engine::tf32) {
+      chunk_state_grads_tf32<Slice>(c, dk, dv, j0, s.scale, W, P, dos, kd, kld, qg, elast, dS, dD,
+                                    w.dD + at * w.cv);
+      continue;
+    }
     const Lane lane;
     const int64_t j = j0 + lane.jj;
     auto dout_at = [&](int64_t r) { return dos[r * Slice + lane.jj]; };
@@ -824,17 +952,17 @@ dim3 chunks_grid(const KdaArgs& a) {
 
 // The sequential kernels' slice width: the caller's (KdaArgs::slice), else the widest of 32
 // and 16 columns whose blocks (d_v / Slice x heads x documents) number at least twice the
-// card's SMs, else 8. Narrower slices recompute each chunk's decayed keys in more blocks, so
+// card's SMs, else 8 (16 on the tensor cores, whose tiles are 16 wide). Narrower slices recompute each chunk's decayed keys in more blocks, so
 // they pay only where blocks are few (K3's 6 heads of 128 on an H100, forward + backward:
 // one sequence 10.3 / 8.1 / 6.9 ms at 32 / 16 / 8 columns, eight 40.7 / 38.8 / 43.4).
-int sequential_slice(const KdaArgs& a, const char* op) {
+int sequential_slice(const KdaArgs& a, Engine engine, const char* op) {
   if (a.slice != 0) return a.slice;
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), op, "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op, "SM count");
   for (const int slice : {32, 16})
     if ((a.dv + slice - 1) / slice * a.heads * a.num_seqs >= 2 * int64_t{sms}) return slice;
-  return 8;
+  return engine == Engine::tf32 ? 16 : 8;  // the tensor cores' narrowest
 }
 
 template <int Slice>
@@ -854,6 +982,22 @@ void by_slice(int slice, F&& f) {
     f.template operator()<8>();
 }
 
+// launch.template operator()<Staged, E>() for the sequential kernels' choices at run time. The
+// tensor cores take slices of 16 or 32 columns (wmma's tiles are 16 wide) and bf16 inputs;
+// the other slices and the fp32 inputs are not instantiated for them.
+template <typename T, int Slice, typename F>
+void by_staging_and_engine(bool staged, Engine engine, F&& launch) {
+  const auto with = [&]<Engine E>() {
+    if (staged)
+      launch.template operator()<true, E>();
+    else
+      launch.template operator()<false, E>();
+  };
+  if constexpr (Slice >= 16 && std::is_same_v<T, bf16>)
+    if (engine == Engine::tf32) return with.template operator()<Engine::tf32>();
+  with.template operator()<Engine::simt>();
+}
+
 // prepare, then states: the factors, S_0 of every chunk and D; ht if given.
 template <typename T>
 void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k, const T* v,
@@ -866,14 +1010,14 @@ void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w
   by_slice(slice, [&]<int Slice>() {
     const size_t st = floats(kC * padded_ld(a.dk) + kC * a.dk + a.dk + a.dk * Slice + kC * Slice);
     const size_t staged = st + 2 * kC * a.dk * sizeof(T);
-    const dim3 grid = documents_grid<Slice>(a);
-    if (staged <= shared_limit(op)) {
-      allow_shared(states_kernel<T, Slice, true>, staged, op);
-      states_kernel<T, Slice, true><<<grid, kThreads, staged, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
-    } else {
-      allow_shared(states_kernel<T, Slice, false>, st, op);
-      states_kernel<T, Slice, false><<<grid, kThreads, st, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
-    }
+    const bool stage = staged <= shared_limit(op);
+    const auto launch = [&]<bool Staged, Engine E>() {
+      const size_t bytes = Staged ? staged : st;
+      allow_shared(states_kernel<T, Slice, Staged, E>, bytes, op);
+      states_kernel<T, Slice, Staged, E>
+          <<<documents_grid<Slice>(a), kThreads, bytes, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
+    };
+    by_staging_and_engine<T, Slice>(stage, engine_of<T>(a), launch);
     check_launch(op, "states_kernel");
   });
 }
@@ -883,8 +1027,16 @@ void forward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const 
                     const T* beta, const float* h0, T* out, float* ht, float* workspace) {
   const char* op = "kda_chunked_forward";
   const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
-  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, ht, /*transposed=*/false, sequential_slice(a, op), op);
+  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, ht, /*transposed=*/false, sequential_slice(a, engine_of<T>(a), op), op);
   if (a.tokens == 0) return;
+  if constexpr (std::is_same_v<T, bf16>)
+    if (engine_of<T>(a) == Engine::tf32) {
+      const size_t bytes = floats(kC * (a.dk + 4) + kC * (a.dv + 4));
+      allow_shared(output_tf32_kernel<T>, bytes, op);
+      output_tf32_kernel<T><<<chunks_grid(a), kThreads, bytes, stream(ctx)>>>(a, w, q, g, out);
+      check_launch(op, "output_tf32_kernel");
+      return;
+    }
   const size_t smem = floats(kC * a.dk), staged = smem + floats(a.dk * a.dv + kC * kC + kC * a.dv);
   if (staged <= shared_limit(op)) {
     allow_shared(output_kernel<T, true>, staged, op);
@@ -902,20 +1054,20 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
                      T* dbeta, float* dh0, float* workspace) {
   const char* op = "kda_chunked_backward";
   const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
-  const int slice = sequential_slice(a, op);
+  const int slice = sequential_slice(a, engine_of<T>(a), op);
   factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, nullptr, /*transposed=*/true, slice, op);
   by_slice(slice, [&]<int Slice>() {
     const size_t sg = floats(2 * kC * a.dk + kC * padded_ld(a.dk) + kC * kC + kC * Slice + a.dk + a.dk * Slice +
                              kC * Slice);
     const size_t staged = sg + 3 * kC * a.dk * sizeof(T);
-    const dim3 grid = documents_grid<Slice>(a);
-    if (staged <= shared_limit(op)) {
-      allow_shared(state_grads_kernel<T, Slice, true>, staged, op);
-      state_grads_kernel<T, Slice, true><<<grid, kThreads, staged, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
-    } else {
-      allow_shared(state_grads_kernel<T, Slice, false>, sg, op);
-      state_grads_kernel<T, Slice, false><<<grid, kThreads, sg, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
-    }
+    const bool stage = staged <= shared_limit(op);
+    const auto launch = [&]<bool Staged, Engine E>() {
+      const size_t bytes = Staged ? staged : sg;
+      allow_shared(state_grads_kernel<T, Slice, Staged, E>, bytes, op);
+      state_grads_kernel<T, Slice, Staged, E>
+          <<<documents_grid<Slice>(a), kThreads, bytes, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
+    };
+    by_staging_and_engine<T, Slice>(stage, engine_of<T>(a), launch);
     check_launch(op, "state_grads_kernel");
   });
   if (a.tokens == 0) return;

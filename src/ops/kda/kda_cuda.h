@@ -22,6 +22,7 @@ struct KdaArgs {
   float scale;
   DType dtype;  // of q, k, v, g, beta, out and their gradients
   int slice = 0;  // the chunked kernels' sequential slice (ops::KdaOptions::gpu_slice); 0 = chosen
+  bool tensor_cores = true;  // ops::KdaOptions::gpu_tensor_cores
 };
 
 // h0, ht null: zero start / not written.
