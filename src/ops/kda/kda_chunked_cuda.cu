@@ -377,6 +377,20 @@ __device__ void zero_rows(float* tile, int64_t ld, int64_t from, int64_t cols) {
   for (int64_t e = threadIdx.x; e < (kC - from) * cols; e += blockDim.x) tile[(from + e / cols) * ld + e % cols] = 0.f;
 }
 
+// The tensor-core chunks' middle step: a [C, Slice] result's rows past len set to zero (they
+// come from a factor's stale rows) and the result stored into the workspace's [C, d_v]
+// tile, all C rows; the state slice [d_k, Slice] multiplied by Gamma_last (elast) per row.
+template <int Slice>
+__device__ void store_and_decay(const Chunk& c, int64_t dk, int64_t dv, int64_t j0, float* result, float* tile,
+                                const float* elast, float* state) {
+  for (int64_t e = threadIdx.x; e < kC * Slice; e += blockDim.x) {
+    const int64_t r = e / Slice, j = j0 + e % Slice;
+    if (r >= c.len) result[e] = 0.f;
+    if (j < dv) tile[r * dv + j] = result[e];
+  }
+  for (int64_t e = threadIdx.x; e < dk * Slice; e += blockDim.x) state[e] *= elast[e / Slice];
+}
+
 // states_kernel's chunk on the tensor cores: D = U - W S_0, then S_L = Gamma_last S_0 + Kd^T D
 // (the SIMT loops' products, by block_mma). U [C, d_v] and the D tile in the workspace; W
 // [C, d_k] (rows wld apart), Kd [C, d_k], elast [d_k], S [d_k, Slice] and D [C, Slice] in
@@ -393,12 +407,7 @@ __device__ void chunk_state_tf32(const Chunk& c, int64_t dk, int64_t dv, int64_t
   __syncthreads();
   product<Engine::tf32, Layout::rows, Layout::rows>(kC, Slice, dk, -1.f, W, wld, S, Slice, 1.f, D, Slice);
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < kC * Slice; e += blockDim.x) {
-    const int64_t r = e / Slice, j = j0 + e % Slice;
-    if (r >= c.len) D[e] = 0.f;  // from W's stale rows
-    if (j < dv) D_tile[r * dv + j] = D[e];
-  }
-  for (int64_t e = threadIdx.x; e < dk * Slice; e += blockDim.x) S[e] *= elast[e / Slice];
+  store_and_decay<Slice>(c, dk, dv, j0, D, D_tile, elast, S);  // D's rows past len: from W's stale rows
   __syncthreads();
   product<Engine::tf32, Layout::transposed, Layout::rows>(dk, Slice, kC, 1.f, kd, dk, D, Slice, 1.f, S, Slice);
   __syncthreads();
@@ -572,12 +581,7 @@ __device__ void chunk_state_grads_tf32(const Chunk& c, int64_t dk, int64_t dv, i
   __syncthreads();
   product<Engine::tf32, Layout::rows, Layout::rows>(kC, Slice, dk, 1.f, kd, kld, dS, Slice, 1.f, dD, Slice);
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < kC * Slice; e += blockDim.x) {
-    const int64_t r = e / Slice, j = j0 + e % Slice;
-    if (r >= c.len) dD[e] = 0.f;  // from Kd's stale rows
-    if (j < dv) dD_tile[r * dv + j] = dD[e];
-  }
-  for (int64_t e = threadIdx.x; e < dk * Slice; e += blockDim.x) dS[e] *= elast[e / Slice];
+  store_and_decay<Slice>(c, dk, dv, j0, dD, dD_tile, elast, dS);  // dD's rows past len: from Kd's stale rows
   __syncthreads();
   product<Engine::tf32, Layout::transposed, Layout::rows>(dk, Slice, kC, scale, qg, dk, dos, Slice, 1.f, dS, Slice);
   __syncthreads();  // each warp reads back the dS tiles it stored
