@@ -4,7 +4,8 @@
 // batch of three documents and a PAD tail); the decoder's logits against the full forward in
 // f64 (chunks and single tokens of two sequences in one step, a reused slot, a forked one),
 // and through the Generator (a reused slot, a shared prefill) the tokens of each sequence
-// alone; its names and init; and a short training run on the bundled corpus whose loss falls.
+// alone; its names and init; the activations it keeps (backward recomputes the convolution's
+// output); and a short training run on the bundled corpus whose loss falls.
 #include "full_forward.h"
 #include "grad_check.h"
 #include "infer/decoder.h"
@@ -68,6 +69,25 @@ TEST(KdaMixer, NamesShapesAndInit) {
   EXPECT_EQ(m.find_parameter("layers.1.kda.o_proj.weight")->names().hf, "model.layers.1.self_attn.o_proj.weight");
   EXPECT_EQ(m.find_parameter("layers.3.kda.A_log"), nullptr);  // layer 3 is attention
   EXPECT_NE(m.find_parameter("layers.3.attn.o_proj.weight"), nullptr);
+}
+
+// The activation bytes a training build of the hybrid model plans with `kda_heads` KDA
+// heads of 8 (32 f64 tokens: every saved tensor a multiple of the arena's 256-byte alignment).
+size_t kda_activation_bytes(int64_t kda_heads) {
+  ModelConfig c = hybrid(tiny_config(true, false));
+  c.kda.heads = kda_heads, c.kda.head_dim = 8, c.kda.gate_rank = 4;
+  return Model(c, tiny_build(32, 7)).memory_plan().activations;
+}
+
+// Backward recomputes q|k|v after the convolution and SiLU from its input (the finite-
+// difference and training tests check it gets the same values), so each KDA layer keeps per
+// token and head 6 d + 1 values: q|k|v before the convolution (3 d), the decay gate's input,
+// the delta rule's output and the output gate's input (d each) and beta's input (1); keeping
+// the convolution's output too would be 9 d + 1.
+TEST(KdaMixer, BackwardRecomputesTheConvolutionInsteadOfKeepingItsOutput) {
+  const size_t per_head = 3 * 32 * (6 * 8 + 1) * sizeof(double);  // 3 KDA layers, 32 tokens
+  EXPECT_EQ(kda_activation_bytes(3) - kda_activation_bytes(2), per_head);
+  EXPECT_EQ(kda_activation_bytes(5) - kda_activation_bytes(2), 3 * per_head);
 }
 
 // Every parameter N(0, 0.3) (gains around 1): no part of the math trivial.

@@ -61,8 +61,9 @@ KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
   // The residual writer: scaled init keeps the residual stream's variance flat in depth.
   ctx.parameter(o_w_, o_g_, n("o_proj.weight", "o_proj.weight", ""), Shape{hidden_, vc}, ParamRole::matrix,
                 Init::normal(residual_init_std(m)));
+  // q|k|v before the convolution only: backward recomputes its output into the workspace
+  // (3 H d columns a token fewer to keep per layer; the same kernel on the same input).
   ctx.saved(qkv_raw_, Shape{t, qkv_cols_});
-  ctx.saved(qkv_act_, Shape{t, qkv_cols_});
   ctx.saved(fa_, Shape{t, rank_});
   ctx.saved(graw_, Shape{t, kc});
   ctx.saved(braw_, Shape{t, h_});
@@ -70,7 +71,9 @@ KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
   ctx.saved(ga_, Shape{t, rank_});
   ctx.saved(gpre_, Shape{t, vc});
   // Backward's peak: d(gated output), d_o, dgpre, q, k, v, g, beta and their gradients, the
-  // gate's and the convolution's input gradients (every piece at once, a bound).
+  // gate's input gradient, the convolution's recomputed output (whose buffer then takes its
+  // input gradient) and output gradient (every piece at once, a bound; forward's q|k|v
+  // after the convolution, q, k, v, g, beta and gated output fit inside it).
   auto bytes = [&](int64_t cols) { return Workspace::footprint(ctx.dtype, Shape{t, cols}); };
   // On the GPU the delta rule's f32 workspace too (the recurrent backward's, or the chunked
   // kernels' in both directions): it holds tiles per document and per 64 tokens, so it is
@@ -105,10 +108,11 @@ void KdaMixer::forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) {
   const int64_t t = x.size(0);
   Workspace::Scope scope(workspace_);
   const DType dt = x.dtype();
-  const Tensor qkv_raw = qkv_raw_.rows(0, t), qkv_act = qkv_act_.rows(0, t), fa = fa_.rows(0, t);
+  const Tensor qkv_raw = qkv_raw_.rows(0, t), fa = fa_.rows(0, t);
   const Tensor graw = graw_.rows(0, t), braw = braw_.rows(0, t), o = o_.rows(0, t), ga = ga_.rows(0, t);
   const Tensor gpre = gpre_.rows(0, t);
   ops::linear_forward(exec_, x, qkv_w_, Tensor(), qkv_raw);
+  const Tensor qkv_act = scope.take(dt, Shape{t, qkv_cols_});
   ops::short_conv_forward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, qkv_act);
   const Tensor q = scope.take(dt, Shape{t, h_, dk_}), k = scope.take(dt, Shape{t, h_, dk_});
   const Tensor v = scope.take(dt, Shape{t, h_, dv_}), g = scope.take(dt, Shape{t, h_, dk_});
@@ -136,7 +140,7 @@ void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
   const int64_t t = dout.size(0);
   Workspace::Scope scope(workspace_);
   const DType dt = dout.dtype();
-  const Tensor qkv_raw = qkv_raw_.rows(0, t), qkv_act = qkv_act_.rows(0, t), fa = fa_.rows(0, t);
+  const Tensor qkv_raw = qkv_raw_.rows(0, t), fa = fa_.rows(0, t);
   const Tensor graw = graw_.rows(0, t), braw = braw_.rows(0, t), o = o_.rows(0, t), ga = ga_.rows(0, t);
   const Tensor gpre = gpre_.rows(0, t);
   // Output side: Wo, then the gated norm, then the output gate's low-rank pair.
@@ -148,7 +152,11 @@ void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
   const Tensor dlow = scope.take(dt, Shape{t, rank_});
   ops::linear_backward(exec_, ga, gb_w_, dgpre, dlow, gb_g_, gb_bg_);
   ops::linear_backward(exec_, x, ga_w_, dlow, dx, ga_g_, Tensor());
-  // The delta rule, its inputs rebuilt from what forward saved.
+  // The delta rule, its inputs rebuilt from what forward saved: q|k|v after the convolution
+  // and SiLU too, by forward's kernel on forward's input (the same bytes), on exec_ as all
+  // the rest (inside a captured step's graph too).
+  const Tensor qkv_act = scope.take(dt, Shape{t, qkv_cols_});
+  ops::short_conv_forward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, qkv_act);
   const Tensor q = scope.take(dt, Shape{t, h_, dk_}), k = scope.take(dt, Shape{t, h_, dk_});
   const Tensor v = scope.take(dt, Shape{t, h_, dv_}), g = scope.take(dt, Shape{t, h_, dk_});
   const Tensor beta = scope.take(dt, Shape{t, h_});
@@ -174,8 +182,9 @@ void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
   ops::kda_beta_backward(exec_, braw, dbeta, dbraw);
   ops::linear_backward(exec_, x, b_w_, dbraw, dx, b_g_, Tensor(), true);
   // q, k, v: the per-head norm, the convolution and SiLU, the projection.
-  const Tensor dact = scope.take(dt, Shape{t, qkv_cols_}), draw = scope.take(dt, Shape{t, qkv_cols_});
+  const Tensor dact = scope.take(dt, Shape{t, qkv_cols_});
   ops::kda_split_norm_backward(exec_, qkv_act, dq, dk, dv, dact);
+  const Tensor draw = qkv_act;  // read for the last time above: its buffer takes d(q|k|v raw)
   ops::short_conv_backward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, dact, draw, conv_g_);
   ops::linear_backward(exec_, x, qkv_w_, draw, dx, qkv_g_, Tensor(), true);
 }

@@ -53,8 +53,9 @@ class KdaMixer final : public TokenMixer {
   double norm_eps_ = 1e-6;
   Tensor qkv_w_, qkv_g_, conv_w_, conv_g_, fa_w_, fa_g_, fb_w_, fb_g_, b_w_, b_g_;
   Tensor a_log_, a_log_g_, dt_bias_, dt_bias_g_, ga_w_, ga_g_, gb_w_, gb_g_, gb_b_, gb_bg_, gain_, gain_g_, o_w_, o_g_;
-  // Saved by forward (backward recomputes q, k, v, g, beta and the gated output from them).
-  Tensor qkv_raw_, qkv_act_, fa_, graw_, braw_, o_, ga_, gpre_;
+  // Saved by forward (backward recomputes the convolution's output, q, k, v, g, beta and the
+  // gated output from them).
+  Tensor qkv_raw_, fa_, graw_, braw_, o_, ga_, gpre_;
 };
 
 }  // namespace kiln
