@@ -15,7 +15,9 @@
 //                     dS_0 = Gamma_L dS + scale Qg^T dO - W^T dD to the previous chunk;
 //           grads     per (chunk, head): dq, dk, dv, dg, dbeta from S_0, dS, D, dD and the
 //                     factors. The pairwise terms run a thread per element (row, channel),
-//                     summing that row's and that column's pairs in registers.
+//                     summing that row's and that column's pairs in registers. On the
+//                     tensor cores (grads_tf32_kernel) its plain matrix products run by
+//                     block_mma: dP, dO S_0, D dS, dW, X_v, X_k and dL.
 //
 // Chunks are cut per document. A document starting at token b (document index s) owns the
 // chunk slots b / 64 + s, b / 64 + s + 1, ... (ceil(L / 64) of them): slots are unique and
@@ -931,6 +933,157 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
   }
 }
 
+// grads_kernel with its plain matrix products on the tensor cores (block_mma, Engine::tf32;
+// bf16 inputs with d_k, d_v multiples of 16): dP = scale dO D^T, Qg's gradient through S_0
+// (dO S_0), Kd's through dS (D dS), dW = -dD S_0 (into the workspace), X_v = M^T dD, X_k =
+// M^T dW and dL = -(X_v U^T + X_k W^T); the elementwise terms around them, dbeta's row dots
+// and the two pairwise gradients (per-channel decays inside their sums) as in grads_kernel.
+// Shared: cum, gq, gk [C, d_k]; gc [C, d_k], whose room holds dO first, fp32 [C, d_v + 4]
+// (zero past len: wmma takes fp32, and it is only the products' operand); a pair matrix
+// [C, C] (dP, then dL), beta [C], dbeta [C]; with StagedInputs the chunk's k and q rows, T
+// [C, d_k] each, as in grads_kernel. The other operands are read by wmma from the workspace:
+// D, dD (zero past len), M (zero past len) and S_0, dS whole; X_v, X_k and dW are written
+// for all C rows (zero past len, so X_k's sum over dW's rows reads no stale value). U's and
+// W's stale rows past len reach only dL's columns past len, which are zeroed.
+template <typename T, bool StagedInputs>
+__global__ void __launch_bounds__(kGradsThreads)
+    grads_tf32_kernel(KdaArgs s, Tiles w, const T* q, const T* k, const T* v, const T* g, const T* beta,
+                      const T* dout, T* dq_out, T* dk_out, T* dv_out, T* dg, T* dbeta) {
+  using block_mma::product;
+  constexpr Engine E = Engine::tf32;
+  extern __shared__ float sm[];
+  Chunk c;
+  if (!locate(s, blockIdx.x, c)) return;
+  const int64_t h = blockIdx.y, H = s.heads, dk = s.dk, dv = s.dv, len = c.len, last = len - 1;
+  const int64_t at = c.slot * H + h, dold = dv + 4;
+  const float scale = s.scale;
+  float* cum = sm;
+  float* gq = cum + kC * dk;
+  float* gk = gq + kC * dk;
+  float* gc = gk + kC * dk;
+  float* dos = gc;  // until the products are done
+  float* pm = gc + kC * (dk > dold ? dk : dold);
+  float* bt = pm + kC * kC;
+  float* db = bt + kC;
+  T* ks = reinterpret_cast<T*>(db + kC);  // StagedInputs only
+  T* qs = ks + kC * dk;
+  auto krow = [&](int64_t r) { return ((c.first + r) * H + h) * dk; };
+  auto vrow = [&](int64_t r) { return ((c.first + r) * H + h) * dv; };
+  if constexpr (StagedInputs) {
+    start_copy(ks, dk, k + krow(0), H * dk, len, dk);
+    start_copy(qs, dk, q + krow(0), H * dk, len, dk);
+  }
+  const auto key = [&](int64_t r, int64_t i) {
+    if constexpr (StagedInputs)
+      return to_f32(ks[r * dk + i]);
+    else
+      return to_f32(k[krow(r) + i]);
+  };
+  const auto query = [&](int64_t r, int64_t i) {
+    if constexpr (StagedInputs)
+      return to_f32(qs[r * dk + i]);
+    else
+      return to_f32(q[krow(r) + i]);
+  };
+  const float* S0 = w.S0 + at * w.kv;  // both [d_v, d_k]
+  const float* dS = w.dS + at * w.kv;
+  const float* D = w.D + at * w.cv;
+  const float* dD = w.dD + at * w.cv;
+  const float* M = w.M + at * w.cc;
+  float* dW = w.dW + at * w.ck;
+  float* Xk = w.Xk + at * w.ck;
+  float* Xv = w.Xv + at * w.cv;
+  float* Tl = w.Tl + at * w.ck;
+
+  cumulative_decay(dk, rows_of(g, s, c, h, dk), len, cum, dk);
+  for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
+  for (int64_t e = threadIdx.x; e < kC * dv; e += blockDim.x) {
+    const int64_t r = e / dv, j = e % dv;
+    dos[r * dold + j] = r < len ? to_f32(dout[vrow(r) + j]) : 0.f;
+  }
+  __syncthreads();
+  // The products of the workspace's tiles and dO (independent: no barrier between them).
+  // gq and gk take dO S_0 and D dS raw; the epilogue below scales them in place.
+  product<E, Layout::rows, Layout::transposed>(kC, kC, dv, scale, dos, dold, D, dv, 0.f, pm, kC);
+  product<E, Layout::rows, Layout::rows>(kC, dk, dv, 1.f, dos, dold, S0, dk, 0.f, gq, dk);
+  product<E, Layout::rows, Layout::rows>(kC, dk, dv, 1.f, D, dv, dS, dk, 0.f, gk, dk);
+  product<E, Layout::rows, Layout::rows>(kC, dk, dv, -1.f, dD, dv, S0, dk, 0.f, dW, dk);
+  product<E, Layout::transposed, Layout::rows>(kC, dv, kC, 1.f, M, kC, dD, dv, 0.f, Xv, dv);
+  if constexpr (StagedInputs) __pipeline_wait_prior(0);
+  __syncthreads();  // dO's room is gc's from here
+  product<E, Layout::transposed, Layout::rows>(kC, dk, kC, 1.f, M, kC, dW, dk, 0.f, Xk, dk);
+  // Per element (r, i): Qg's gradient through S_0 (sdo), Kd's through dS (skd); gc starts
+  // here. The same thread per element as pairwise_gradient's and the X_k loop's below.
+  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
+    const int64_t r = e / dk, i = e % dk;
+    const float sdo = gq[e], skd = gk[e];
+    const float er = expf(cum[e]), el = expf(cum[last * dk + i] - cum[e]);
+    gq[e] = scale * er * sdo;
+    gk[e] = el * skd;
+    const float t = r == last ? 0.f : key(r, i) * el * skd;
+    Tl[e] = t;
+    gc[e] = scale * query(r, i) * er * sdo - t;
+  }
+  for (int64_t e = threadIdx.x; e < len * dv; e += blockDim.x)
+    from_f32(bt[e / dv] * Xv[e], dv_out + vrow(e / dv) + e % dv);
+  __syncthreads();
+  // P's pairwise terms (with the diagonal), then X_k's terms of dk and dG: each thread its
+  // own elements in both loops, so no barrier between them.
+  const auto unit = [](int64_t) { return 1.f; };
+  pairwise_gradient(len, dk, cum, pm, true, query, key, unit, gq, gk, gc);
+  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
+    const int64_t col = e / dk, i = e % dk;
+    const float ec = expf(cum[e]), x = Xk[e];
+    gk[e] += bt[col] * ec * x;
+    gc[e] += bt[col] * key(col, i) * ec * x;
+  }
+  __syncthreads();
+  // dG_last: the Kd terms' shares and S_0's decay.
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
+    float acc = 0.f, decay = 0.f;
+    for (int64_t r = 0; r < last; ++r) acc += Tl[r * dk + i];
+    for (int64_t j = 0; j < dv; ++j) decay += S0[j * dk + i] * dS[j * dk + i];
+    gc[last * dk + i] += acc + expf(cum[last * dk + i]) * decay;
+  }
+  // dbeta_c = v_c . X_v[c] + Kg_c . X_k[c]; dL = -(X_v U^T + X_k W^T), kept for s < r.
+  for (int64_t col = threadIdx.x; col < len; col += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < dv; ++j) acc += to_f32(v[vrow(col) + j]) * Xv[col * dv + j];
+    for (int64_t i = 0; i < dk; ++i) acc += key(col, i) * expf(cum[col * dk + i]) * Xk[col * dk + i];
+    db[col] = acc;
+  }
+  product<E, Layout::rows, Layout::transposed>(kC, kC, dv, -1.f, Xv, dv, w.U + at * w.cv, dv, 0.f, pm, kC);
+  __syncthreads();  // each warp reads back the dL tiles it stored
+  product<E, Layout::rows, Layout::transposed>(kC, kC, dk, -1.f, Xk, dk, w.W + at * w.ck, dk, 1.f, pm, kC);
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < kC * kC; e += blockDim.x)
+    if (e / kC >= len || e % kC >= e / kC) pm[e] = 0.f;  // U's and W's stale rows land past len
+  __syncthreads();
+  // dbeta_r += sum_{s<r} dL_rs A_rs; A's pairwise terms with dA_rs = beta_r dL_rs.
+  const float* A = w.A + at * w.cc;
+  for (int64_t r = threadIdx.x; r < len; r += blockDim.x) {
+    float acc = db[r];
+    for (int64_t col = 0; col < r; ++col) acc += pm[r * kC + col] * A[r * kC + col];
+    from_f32(acc, dbeta + (c.first + r) * H + h);
+  }
+  const auto beta_of = [&](int64_t r) { return bt[r]; };
+  pairwise_gradient(len, dk, cum, pm, false, key, key, beta_of, gk, gk, gc);
+  __syncthreads();
+  // dg = the reversed cumulative sum of dG; dq, dk out.
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t r = last; r >= 0; --r) {
+      acc += gc[r * dk + i];
+      from_f32(acc, dg + krow(r) + i);
+    }
+  }
+  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
+    const int64_t r = e / dk, i = e % dk;
+    from_f32(gq[e], dq_out + krow(r) + i);
+    from_f32(gk[e], dk_out + krow(r) + i);
+  }
+}
+
 // ---- launches ------------------------------------------------------------------------------
 
 size_t floats(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
@@ -1052,6 +1205,34 @@ void forward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const 
   check_launch(op, "output_kernel");
 }
 
+// grads_tf32_kernel where the engine is the tensor cores and its shared memory fits (with the
+// chunk's k and q rows where they fit too); false otherwise, for grads_kernel.
+template <typename T>
+bool backward_grads_tf32(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k,
+                         const T* v, const T* g, const T* beta, const T* dout, T* dq, T* dk, T* dv, T* dg, T* dbeta,
+                         const char* op) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (engine_of<T>(a) != Engine::tf32) return false;
+    const int64_t gc_room = kC * (a.dk > a.dv + 4 ? a.dk : a.dv + 4);  // gc, or dO in fp32 before it
+    const size_t none = floats(3 * kC * a.dk + gc_room + kC * kC + 2 * kC);
+    const size_t inputs = none + 2 * kC * a.dk * sizeof(T), limit = shared_limit(op);
+    const auto launch = [&]<bool StagedInputs>(size_t bytes) {
+      allow_shared(grads_tf32_kernel<T, StagedInputs>, bytes, op);
+      grads_tf32_kernel<T, StagedInputs><<<chunks_grid(a), kGradsThreads, bytes, stream(ctx)>>>(
+          a, w, q, k, v, g, beta, dout, dq, dk, dv, dg, dbeta);
+    };
+    if (inputs <= limit)
+      launch.template operator()<true>(inputs);
+    else if (none <= limit)
+      launch.template operator()<false>(none);
+    else
+      return false;
+    check_launch(op, "grads_tf32_kernel");
+    return true;
+  }
+  return false;
+}
+
 template <typename T>
 void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const T* k, const T* v, const T* g,
                      const T* beta, const float* h0, const T* dout, const float* dht, T* dq, T* dk, T* dv, T* dg,
@@ -1075,6 +1256,7 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
     check_launch(op, "state_grads_kernel");
   });
   if (a.tokens == 0) return;
+  if (backward_grads_tf32<T>(ctx, a, w, q, k, v, g, beta, dout, dq, dk, dv, dg, dbeta, op)) return;
   const size_t none = floats(4 * kC * a.dk + kC * kC + 2 * kC), inputs = none + 2 * kC * a.dk * sizeof(T),
                outputs = inputs + kC * a.dv * (sizeof(T) + sizeof(float)), limit = shared_limit(op);
   const auto launch = [&]<GradsStaging staging>(size_t bytes) {
