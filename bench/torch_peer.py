@@ -9,7 +9,7 @@ The sparse MLP (bench/torch_peer_moe.py) routes as kiln does (softmax_topk or
 sigmoid_bias, fp32 router logits), sorts the token copies by expert and runs the experts
 with torch._grouped_mm on bf16 operands (in both dtypes: the grouped kernel is bf16 only).
 
-    python3 bench/torch_peer.py --config configs/bench-124m.toml --modes eager,compile
+    python3 bench/torch_peer.py --config configs/bench-124m.toml --modes eager,compile,compile_blocks
     python3 bench/torch_peer.py --config configs/bench-moe-1b.toml
 """
 import argparse
@@ -19,6 +19,7 @@ import time
 import tomllib
 
 import torch
+import torch._dynamo
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -102,6 +103,12 @@ class Model(nn.Module):
         logits = F.linear(self.norm(x), self.embed.weight)
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1)) + aux
 
+    def compile_regions(self):
+        """Regional compilation (run's compile_blocks): each block compiled on its own, one graph
+        for every block of a kind; the embedding, head and loss stay eager."""
+        for blk in self.blocks:
+            blk.compile()
+
 
 def sparse_layer(c, i):
     """Whether layer i is sparse: model.mlp = "moe", except the alt_mlp layers ("first:N" only)."""
@@ -146,8 +153,15 @@ def load_config(path, overrides, extra=None):
 
 def run(c, mode, dtype, steps, warmup, make_model=None):
     """Times steps of make_model(c) (default Model) on the GPU, or on the CPU where there is none
-    (a smoke run: no peak memory)."""
+    (a smoke run: no peak memory). mode: eager; compile (torch.compile of the whole model);
+    compile_blocks (the model's compile_regions: its blocks compiled one by one, graphs shared
+    by blocks alike). warmup_seconds is the warm-up steps' time, compilation included;
+    dynamo_graphs the graphs dynamo captured (compilations and recompilations)."""
+    assert mode in ("eager", "compile", "compile_blocks"), f"torch_peer: mode {mode!r} (eager, compile, compile_blocks)"
     torch.manual_seed(0)
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     cuda = dev == "cuda"
     model = (make_model or Model)(c).to(dev)
@@ -157,6 +171,8 @@ def run(c, mode, dtype, steps, warmup, make_model=None):
     ids = torch.randint(0, c["vocab_size"], (batch, seq), device=dev)
     targets = torch.roll(ids, -1, 1)
     fn = torch.compile(model) if mode == "compile" else model
+    if mode == "compile_blocks":
+        model.compile_regions()
 
     def step():
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=dtype == "bf16"):
@@ -167,11 +183,13 @@ def run(c, mode, dtype, steps, warmup, make_model=None):
         opt.zero_grad(set_to_none=True)
         return loss
 
+    start = time.perf_counter()
     for _ in range(warmup):
         step()
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    warmup_seconds = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(steps):
         loss = step()
@@ -181,7 +199,9 @@ def run(c, mode, dtype, steps, warmup, make_model=None):
     tokens = batch * seq * steps
     return dict(peer=f"torch {torch.__version__} {mode} {dtype}" + ("" if cuda else " cpu"),
                 tokens_per_second=tokens / seconds, ms_per_step=1e3 * seconds / steps,
-                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None, loss=loss.item())
+                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None, loss=loss.item(),
+                warmup_steps=warmup, warmup_seconds=warmup_seconds,
+                dynamo_graphs=counters["stats"]["unique_graphs"])
 
 
 def main():
