@@ -2,8 +2,8 @@
 """The PyTorch peer of `kiln bench`: the same Qwen3-style model (RMSNorm, GQA with q/k
 RMSNorm and rotate_half RoPE, SwiGLU or the sparse MLP of model.mlp = "moe", tied head)
 trained on the same token layout (batch x seq of random ids), timed eager and under
-torch.compile, with SDPA (causal, GQA), fused AdamW and bf16 autocast (or plain fp32).
-Prints one JSON line per mode.
+torch.compile (the whole model, or block by block: compile_blocks), with SDPA (causal,
+GQA), fused AdamW and bf16 autocast (or plain fp32). Prints one JSON line per mode.
 
 The sparse MLP (bench/torch_peer_moe.py) routes as kiln does (softmax_topk or
 sigmoid_bias, fp32 router logits), sorts the token copies by expert and runs the experts
