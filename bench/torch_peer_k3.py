@@ -14,7 +14,8 @@ Modes (bench/torch_peer.py's run): eager; compile, torch.compile of the whole mo
 graph: at 4096 tokens each of the 12 KDA layers unrolls its 64-chunk loop, forward and
 backward); compile_blocks, regional compilation (Model.compile_regions): the attention and
 MLP sublayers, the depth mix and the head + loss compiled apart, one graph per kind reused
-by every layer of that kind (6 graphs in all), the AttnRes bookkeeping eager between them.
+by every layer of that kind (6 graphs with the grouped experts), the AttnRes bookkeeping
+eager between them.
 
     python3 bench/torch_peer_k3.py --config configs/presets/k3-mini-primary.toml --modes eager,compile_blocks
 Checks: bench/torch_peer_k3_check.py.
