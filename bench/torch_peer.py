@@ -103,9 +103,11 @@ class Model(nn.Module):
         logits = F.linear(self.norm(x), self.embed.weight)
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1)) + aux
 
-    def compile_regions(self):
+    def compile_regions(self, eager_scan=False):
         """Regional compilation (run's compile_blocks): each block compiled on its own, one graph
-        for every block of a kind; the embedding, head and loss stay eager."""
+        for every block of a kind; the embedding, head and loss stay eager. (eager_scan: the K3
+        peer's; no loop here.)"""
+        assert not eager_scan, "torch_peer: compile_blocks_eager_scan is the K3 peer's (KDA) mode"
         for blk in self.blocks:
             blk.compile()
 
@@ -155,9 +157,10 @@ def run(c, mode, dtype, steps, warmup, make_model=None):
     """Times steps of make_model(c) (default Model) on the GPU, or on the CPU where there is none
     (a smoke run: no peak memory). mode: eager; compile (torch.compile of the whole model);
     compile_blocks (the model's compile_regions: its blocks compiled one by one, graphs shared
-    by blocks alike). warmup_seconds is the warm-up steps' time, compilation included;
+    by blocks alike); compile_blocks_eager_scan (K3: the same, KDA's chunk loop run eagerly). warmup_seconds is the warm-up steps' time, compilation included;
     dynamo_graphs the graphs dynamo captured (compilations and recompilations)."""
-    assert mode in ("eager", "compile", "compile_blocks"), f"torch_peer: mode {mode!r} (eager, compile, compile_blocks)"
+    modes = ("eager", "compile", "compile_blocks", "compile_blocks_eager_scan")
+    assert mode in modes, f"torch_peer: mode {mode!r} ({', '.join(modes)})"
     torch.manual_seed(0)
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
@@ -171,8 +174,8 @@ def run(c, mode, dtype, steps, warmup, make_model=None):
     ids = torch.randint(0, c["vocab_size"], (batch, seq), device=dev)
     targets = torch.roll(ids, -1, 1)
     fn = torch.compile(model) if mode == "compile" else model
-    if mode == "compile_blocks":
-        model.compile_regions()
+    if mode.startswith("compile_blocks"):
+        model.compile_regions(eager_scan=mode == "compile_blocks_eager_scan")
 
     def step():
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=dtype == "bf16"):

@@ -15,7 +15,9 @@ graph: at 4096 tokens each of the 12 KDA layers unrolls its 64-chunk loop, forwa
 backward); compile_blocks, regional compilation (Model.compile_regions): the attention and
 MLP sublayers, the depth mix and the head + loss compiled apart, one graph per kind reused
 by every layer of that kind (6 graphs with the grouped experts), the AttnRes bookkeeping
-eager between them.
+eager between them; compile_blocks_eager_scan, the same with KDA's chunk loop run eagerly
+(out of the graphs: 64 small steps a layer at 4096 tokens) should its unrolling compile
+too slowly.
 
     python3 bench/torch_peer_k3.py --config configs/presets/k3-mini-primary.toml --modes eager,compile_blocks
 Checks: bench/torch_peer_k3_check.py.
@@ -30,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from torch_peer import DenseMlp, RMSNorm, load_config, run
+import torch_peer_kda
 from torch_peer_kda import KdaMixer
 from torch_peer_moe import MoeMlp, grouped
 
@@ -204,6 +207,7 @@ class Model(nn.Module):
         super().__init__()
         assert c["tie_embeddings"] and c["attn_res_block"] > 0, "torch_peer_k3: a tied head and model.attn_res_block > 0"
         self.c = c
+        torch_peer_kda.EAGER_SCAN = False  # until this model's compile_regions(eager_scan=True)
         self.embed = nn.Embedding(c["vocab_size"], c["hidden"])
         self.blocks = nn.ModuleList(Block(c, i) for i in range(c["layers"]))
         self.norm = RMSNorm(c["hidden"], c["norm_eps"])
@@ -214,11 +218,13 @@ class Model(nn.Module):
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
 
-    def compile_regions(self):
+    def compile_regions(self, eager_scan=False):
         """Regional compilation (run's compile_blocks): each sublayer kind, the depth mix and
         the head + loss compiled on their own, so the 12 KDA layers share one graph (as do the
         4 MLA, the 15 LatentMoE and every mix) instead of one graph of the whole model; the
-        AttnRes bookkeeping between them runs eagerly."""
+        AttnRes bookkeeping between them runs eagerly. eager_scan: KDA's loop over chunks is
+        left out of the graphs (run eagerly between them) rather than unrolled."""
+        torch_peer_kda.EAGER_SCAN = eager_scan
         self.regions = dict(attn=torch.compile(attn_sublayer), mlp=torch.compile(mlp_sublayer),
                             mix=compiled_mix(), head=torch.compile(head_loss))
 
