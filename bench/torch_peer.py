@@ -2,14 +2,14 @@
 """The PyTorch peer of `kiln bench`: the same Qwen3-style model (RMSNorm, GQA with q/k
 RMSNorm and rotate_half RoPE, SwiGLU or the sparse MLP of model.mlp = "moe", tied head)
 trained on the same token layout (batch x seq of random ids), timed eager and under
-torch.compile, with SDPA (causal, GQA), fused AdamW and bf16 autocast (or plain fp32).
-Prints one JSON line per mode.
+torch.compile (the whole model, or block by block: compile_blocks), with SDPA (causal,
+GQA), fused AdamW and bf16 autocast (or plain fp32). Prints one JSON line per mode.
 
 The sparse MLP (bench/torch_peer_moe.py) routes as kiln does (softmax_topk or
 sigmoid_bias, fp32 router logits), sorts the token copies by expert and runs the experts
 with torch._grouped_mm on bf16 operands (in both dtypes: the grouped kernel is bf16 only).
 
-    python3 bench/torch_peer.py --config configs/bench-124m.toml --modes eager,compile
+    python3 bench/torch_peer.py --config configs/bench-124m.toml --modes eager,compile,compile_blocks
     python3 bench/torch_peer.py --config configs/bench-moe-1b.toml
 """
 import argparse
@@ -19,6 +19,7 @@ import time
 import tomllib
 
 import torch
+import torch._dynamo
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -102,6 +103,14 @@ class Model(nn.Module):
         logits = F.linear(self.norm(x), self.embed.weight)
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1)) + aux
 
+    def compile_regions(self, eager_scan=False):
+        """Regional compilation (run's compile_blocks): each block compiled on its own, one graph
+        for every block of a kind; the embedding, head and loss stay eager. (eager_scan: the K3
+        peer's; no loop here.)"""
+        assert not eager_scan, "torch_peer: compile_blocks_eager_scan is the K3 peer's (KDA) mode"
+        for blk in self.blocks:
+            blk.compile()
+
 
 def sparse_layer(c, i):
     """Whether layer i is sparse: model.mlp = "moe", except the alt_mlp layers ("first:N" only)."""
@@ -146,8 +155,16 @@ def load_config(path, overrides, extra=None):
 
 def run(c, mode, dtype, steps, warmup, make_model=None):
     """Times steps of make_model(c) (default Model) on the GPU, or on the CPU where there is none
-    (a smoke run: no peak memory)."""
+    (a smoke run: no peak memory). mode: eager; compile (torch.compile of the whole model);
+    compile_blocks (the model's compile_regions: its blocks compiled one by one, graphs shared
+    by blocks alike); compile_blocks_eager_scan (K3: the same, KDA's chunk loop run eagerly). warmup_seconds is the warm-up steps' time, compilation included;
+    dynamo_graphs the graphs dynamo captured (compilations and recompilations)."""
+    modes = ("eager", "compile", "compile_blocks", "compile_blocks_eager_scan")
+    assert mode in modes, f"torch_peer: mode {mode!r} ({', '.join(modes)})"
     torch.manual_seed(0)
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     cuda = dev == "cuda"
     model = (make_model or Model)(c).to(dev)
@@ -157,6 +174,8 @@ def run(c, mode, dtype, steps, warmup, make_model=None):
     ids = torch.randint(0, c["vocab_size"], (batch, seq), device=dev)
     targets = torch.roll(ids, -1, 1)
     fn = torch.compile(model) if mode == "compile" else model
+    if mode.startswith("compile_blocks"):
+        model.compile_regions(eager_scan=mode == "compile_blocks_eager_scan")
 
     def step():
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=dtype == "bf16"):
@@ -167,11 +186,13 @@ def run(c, mode, dtype, steps, warmup, make_model=None):
         opt.zero_grad(set_to_none=True)
         return loss
 
+    start = time.perf_counter()
     for _ in range(warmup):
         step()
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    warmup_seconds = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(steps):
         loss = step()
@@ -181,7 +202,9 @@ def run(c, mode, dtype, steps, warmup, make_model=None):
     tokens = batch * seq * steps
     return dict(peer=f"torch {torch.__version__} {mode} {dtype}" + ("" if cuda else " cpu"),
                 tokens_per_second=tokens / seconds, ms_per_step=1e3 * seconds / steps,
-                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None, loss=loss.item())
+                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None, loss=loss.item(),
+                warmup_steps=warmup, warmup_seconds=warmup_seconds,
+                dynamo_graphs=counters["stats"]["unique_graphs"])
 
 
 def main():

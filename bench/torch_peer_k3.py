@@ -10,11 +10,21 @@ The bench's rows are independent sequences: documents packed in a row are not mo
 The experts run with torch._grouped_mm (bf16 operands) on a CUDA sm90 device, else in a loop
 over experts in the activations' dtype (the CPU checks; graph breaks under compile).
 
-    python3 bench/torch_peer_k3.py --config configs/presets/k3-mini-primary.toml --modes eager,compile
+Modes (bench/torch_peer.py's run): eager; compile, torch.compile of the whole model (one
+graph: at 4096 tokens each of the 12 KDA layers unrolls its 64-chunk loop, forward and
+backward); compile_blocks, regional compilation (Model.compile_regions): the attention and
+MLP sublayers, the depth mix and the head + loss compiled apart, one graph per kind reused
+by every layer of that kind (6 graphs with the grouped experts), the AttnRes bookkeeping
+eager between them; compile_blocks_eager_scan, the same with KDA's chunk loop run eagerly
+(out of the graphs: 64 small steps a layer at 4096 tokens) should its unrolling compile
+too slowly.
+
+    python3 bench/torch_peer_k3.py --config configs/presets/k3-mini-primary.toml --modes eager,compile_blocks
 Checks: bench/torch_peer_k3_check.py.
 """
 import argparse
 import json
+import os
 import re
 
 import torch
@@ -22,11 +32,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from torch_peer import DenseMlp, RMSNorm, load_config, run
+import torch_peer_kda
 from torch_peer_kda import KdaMixer
 from torch_peer_moe import MoeMlp, grouped
 
 # torch._grouped_mm is for Hopper (sm90); decided once, a constant under torch.compile.
+# TORCH_PEER_GROUPED=1 takes it on the CPU too (its fallback; widths multiples of 8), so a
+# CPU run compiles the graphs the GPU does (the loop over experts breaks them).
 GROUPED = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+GROUPED_ON_CPU = os.environ.get("TORCH_PEER_GROUPED") == "1"
 
 # Keys beyond torch_peer's, with kiln's defaults (src/config/config.h).
 EXTRA = dict(model=dict(attention="gqa", alt_attention="", alt_attention_layers="", attn_res_block=0,
@@ -78,9 +92,13 @@ class LatentMoe(MoeMlp):
 
     def experts(self, z, offsets):
         """Rows z [n, L] grouped by expert (offsets: each expert's end row) -> [n, L]."""
-        if z.is_cuda and GROUPED:
+        if (z.is_cuda and GROUPED) or GROUPED_ON_CPU:
             gate, up = grouped(z, self.gate_up, offsets).chunk(2, -1)
             return grouped(F.silu(gate) * up, self.down, offsets)
+        return self.experts_loop(z, offsets)
+
+    @torch.compiler.disable  # data-dependent row counts: eager, not one recompile per count
+    def experts_loop(self, z, offsets):
         out, start = [], 0
         for e, end in enumerate(offsets.tolist()):
             gate, up = F.linear(z[start:end], self.gate_up[e].to(z.dtype)).chunk(2, -1)
@@ -140,12 +158,36 @@ def dense_layer(c, i):
     return c["mlp"] != "moe" or (pattern and i < int(pattern.split(":")[1]))
 
 
-def mix(sources, query, eps):
-    """Block AttnRes' mix over depth: softmax_s(query . RMSNorm(V_s)) weighted sum of the V_s."""
-    v = torch.stack(sources)  # [S, B, T, d], the wide stream
+def mix(v, query, eps):
+    """Block AttnRes' mix over depth: softmax_s(query . RMSNorm(V_s)) weighted sum of the V_s,
+    v = the sources stacked [S, B, T, d] (the wide stream)."""
     keys = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
     a = (keys * query.to(v.dtype)).sum(-1, keepdim=True).softmax(0)
     return (a * v).sum(0)
+
+
+def attn_sublayer(blk, x):
+    return blk.mixer(blk.attn_norm(x))
+
+
+def mlp_sublayer(blk, x):
+    return blk.mlp(blk.mlp_norm(x))
+
+
+def head_loss(norm, weight, x, targets):
+    """The final norm, the tied head and the mean next-token cross entropy."""
+    logits = F.linear(norm(x).to(weight.dtype), weight)
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def compiled_mix():
+    """mix under torch.compile with the source count S dynamic: one graph for every depth."""
+    fn = torch.compile(mix)
+
+    def call(v, query, eps):
+        torch._dynamo.mark_dynamic(v, 0)
+        return fn(v, query, eps)
+    return call
 
 
 class Block(nn.Module):
@@ -165,34 +207,52 @@ class Model(nn.Module):
         super().__init__()
         assert c["tie_embeddings"] and c["attn_res_block"] > 0, "torch_peer_k3: a tied head and model.attn_res_block > 0"
         self.c = c
+        torch_peer_kda.EAGER_SCAN = False  # until this model's compile_regions(eager_scan=True)
         self.embed = nn.Embedding(c["vocab_size"], c["hidden"])
         self.blocks = nn.ModuleList(Block(c, i) for i in range(c["layers"]))
         self.norm = RMSNorm(c["hidden"], c["norm_eps"])
         self.final_query = nn.Parameter(torch.zeros(c["hidden"]))
+        # The regions compile_regions compiles one by one; plain functions (eager) until then.
+        self.regions = dict(attn=attn_sublayer, mlp=mlp_sublayer, mix=mix, head=head_loss)
         for m in self.modules():  # kiln's N(0, init_std) for the matrices (the loss starts near ln V)
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
 
-    def hidden(self, ids):
-        """The final norm's output and the MoE layers' summed losses."""
-        s, eps = self.c["attn_res_block"], self.c["norm_eps"]
+    def compile_regions(self, eager_scan=False):
+        """Regional compilation (run's compile_blocks): each sublayer kind, the depth mix and
+        the head + loss compiled on their own, so the 12 KDA layers share one graph (as do the
+        4 MLA, the 15 LatentMoE and every mix) instead of one graph of the whole model; the
+        AttnRes bookkeeping between them runs eagerly. eager_scan: KDA's loop over chunks is
+        left out of the graphs (run eagerly between them) rather than unrolled."""
+        torch_peer_kda.EAGER_SCAN = eager_scan
+        self.regions = dict(attn=torch.compile(attn_sublayer), mlp=torch.compile(mlp_sublayer),
+                            mix=compiled_mix(), head=torch.compile(head_loss))
+
+    def mixed(self, ids):
+        """The final mix over depth (before the final norm) and the MoE layers' summed losses."""
+        s, eps, r = self.c["attn_res_block"], self.c["norm_eps"], self.regions
         wide = torch.float64 if self.embed.weight.dtype == torch.float64 else torch.float32
         emb = self.embed(ids).to(wide)
         done, partial, aux = [], None, 0.0
         sublayers = [(blk, which) for blk in self.blocks for which in ("attn", "mlp")]
         for j, (blk, which) in enumerate(sublayers):
             query = blk.attn_query if which == "attn" else blk.mlp_query
-            x = emb if j == 0 else mix([emb] + done + ([partial] if j % s else []), query, eps)
+            x = emb if j == 0 else r["mix"](torch.stack([emb] + done + ([partial] if j % s else [])), query, eps)
             if which == "attn":
-                out = blk.mixer(blk.attn_norm(x))
+                out = r["attn"](blk, x)
             else:
-                out, layer_aux = blk.mlp(blk.mlp_norm(x))
+                out, layer_aux = r["mlp"](blk, x)
                 aux = aux + layer_aux
             partial = out.to(wide) if j % s == 0 else partial + out.to(wide)
             if (j + 1) % s == 0:
                 done.append(partial)
                 partial = None
-        x = mix([emb] + done + ([partial] if partial is not None else []), self.final_query, eps)
+        sources = [emb] + done + ([partial] if partial is not None else [])
+        return r["mix"](torch.stack(sources), self.final_query, eps), aux
+
+    def hidden(self, ids):
+        """The final norm's output and the MoE layers' summed losses."""
+        x, aux = self.mixed(ids)
         return self.norm(x), aux
 
     def logits(self, ids):
@@ -200,8 +260,8 @@ class Model(nn.Module):
         return F.linear(h.to(self.embed.weight.dtype), self.embed.weight), aux
 
     def forward(self, ids, targets):
-        logits, aux = self.logits(ids)
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1)) + aux
+        x, aux = self.mixed(ids)
+        return self.regions["head"](self.norm, self.embed.weight, x, targets) + aux
 
 
 def counts(c):

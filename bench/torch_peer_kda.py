@@ -57,14 +57,27 @@ def _kda_chunked(q, k, v, g, beta, scale, chunk):
     qg = q * G.exp()
     G_last = G[..., -1:, :]  # [B, H, N, 1, dk]
     k_end = k * (G_last - G).exp()
-    S = q.new_zeros(b, h, dk, dv)
+    scan = chunk_scan_eager if EAGER_SCAN else chunk_scan
+    o = scan(Wv, Wk, qg, M, G_last, k_end, scale).reshape(b, h, n * chunk, dv)[:, :, :t]
+    return o.to(dtype)
+
+
+def chunk_scan(Wv, Wk, qg, M, G_last, k_end, scale):
+    """The sequential part: chunk after chunk, the state S carried -> O [B, H, N, C, dv]."""
+    b, h, n, _, dv = Wv.shape
+    S = Wv.new_zeros(b, h, Wk.shape[-1], dv)
     out = []
     for i in range(n):
         U = Wv[:, :, i] - Wk[:, :, i] @ S
         out.append(scale * (qg[:, :, i] @ S + M[:, :, i] @ U))
         S = G_last[:, :, i].transpose(-1, -2).exp() * S + k_end[:, :, i].transpose(-1, -2) @ U
-    o = torch.stack(out, 2).reshape(b, h, n * chunk, dv)[:, :, :t]
-    return o.to(dtype)
+    return torch.stack(out, 2)
+
+
+# compile_blocks_eager_scan sets it: torch.compile then leaves the chunk loop out of its graphs
+# (runs it eagerly) instead of unrolling its N iterations forward and backward.
+EAGER_SCAN = False
+chunk_scan_eager = torch.compiler.disable(chunk_scan)
 
 
 def kda_recurrent(q, k, v, g, beta, scale):
