@@ -70,15 +70,6 @@ Engine engine_of(const KdaArgs& a) {
   return std::is_same_v<T, bf16> && a.tensor_cores && tiles ? Engine::tf32 : Engine::simt;
 }
 
-// f.template operator()<E>() for the engine chosen at run time.
-template <typename F>
-void by_engine(Engine e, F&& f) {
-  if (e == Engine::tf32)
-    f.template operator()<Engine::tf32>();
-  else
-    f.template operator()<Engine::simt>();
-}
-
 // The workspace's tiles, each [slots, H, tile elements].
 struct Tiles {
   float *M, *A, *P;          // [C, C]
@@ -87,6 +78,10 @@ struct Tiles {
   // [d_k, d_v] for the forward's output kernel; [d_v, d_k] (transposed) in the backward,
   // whose grads kernel reads them along d_k across its threads.
   float *S0, *dS;
+  // For the tensor-core sequential kernels, written by prepare_tf32_kernel: Kd = exp(G_last -
+  // G_r) k_r and Qg = exp(G_r) q_r [C, d_k] (zero past len), in Xk's and Tl's space (only
+  // grads writes those, after the sequential kernels have read these), El = exp(G_last) [d_k].
+  float *Kd, *Qg, *El;
   int64_t cc, cv, ck, kv;    // tile sizes
 };
 
@@ -115,12 +110,15 @@ __host__ __device__ inline Tiles tiles_of(float* base, int64_t slot_heads, int64
   t.Tl = take(t.ck);
   t.S0 = take(t.kv);
   t.dS = take(t.kv);
+  t.El = take(dk);
+  t.Kd = t.Xk;
+  t.Qg = t.Tl;
   return t;
 }
 
 int64_t tiles_elems(int64_t slot_heads, int64_t dk, int64_t dv) {
   const int64_t cc = int64_t{kC} * kC, cv = int64_t{kC} * dv, ck = int64_t{kC} * dk, kv = dk * dv;
-  return slot_heads * (3 * cc + 4 * cv + 4 * ck + 2 * kv);
+  return slot_heads * (3 * cc + 4 * cv + 4 * ck + 2 * kv + dk);
 }
 
 // A chunk: its first token, length, document and slot.
@@ -475,6 +473,16 @@ __global__ void __launch_bounds__(kThreads) prepare_tf32_kernel(KdaArgs s, Tiles
   off_diagonal_blocks(dk, cum, gld, q_rows, k_rows, len, M, A, P);
   __syncthreads();
   for (int64_t e = threadIdx.x; e < kC * kC; e += blockDim.x) w.A[at * w.cc + e] = A[e];
+  // The sequential kernels' decayed keys and queries, as decayed_keys forms them (each of
+  // their blocks did, per slice of the state), and exp(G_last).
+  for (int64_t e = threadIdx.x; e < kC * dk; e += blockDim.x) {
+    const int64_t r = e / dk, i = e % dk;
+    const float G = cum[r * gld + i], last = cum[(len - 1) * gld + i];
+    w.Kd[at * w.ck + e] = r < len ? expf(last - G) * k_rows.at(r, i) : 0.f;
+    w.Qg[at * w.ck + e] = r < len ? expf(G) * q_rows.at(r, i) : 0.f;
+  }
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) w.El[at * dk + i] = expf(cum[(len - 1) * gld + i]);
+  __syncthreads();  // G read before it is overwritten
   // cum becomes Diag(beta) Gamma K in place, zero past len (W's product sums over its rows).
   for (int64_t e = threadIdx.x; e < kC * dk; e += blockDim.x) {
     const int64_t r = e / dk, i = e % dk;
@@ -605,58 +613,14 @@ __device__ void finish_copies() {
   __syncthreads();
 }
 
-// Rows from..C-1 of a [C, cols] shared tile (rows ld apart) set to zero: the rows past a short
-// chunk's end hold stale values (or none yet), which the tensor cores' products would read
-// where the rows are summed over.
-__device__ void zero_rows(float* tile, int64_t ld, int64_t from, int64_t cols) {
-  for (int64_t e = threadIdx.x; e < (kC - from) * cols; e += blockDim.x) tile[(from + e / cols) * ld + e % cols] = 0.f;
-}
-
-// The tensor-core chunks' middle step: a [C, Slice] result's rows past len set to zero (they
-// come from a factor's stale rows) and the result stored into the workspace's [C, d_v]
-// tile, all C rows; the state slice [d_k, Slice] multiplied by Gamma_last (elast) per row.
-template <int Slice>
-__device__ void store_and_decay(const Chunk& c, int64_t dk, int64_t dv, int64_t j0, float* result, float* tile,
-                                const float* elast, float* state) {
-  for (int64_t e = threadIdx.x; e < kC * Slice; e += blockDim.x) {
-    const int64_t r = e / Slice, j = j0 + e % Slice;
-    if (r >= c.len) result[e] = 0.f;
-    if (j < dv) tile[r * dv + j] = result[e];
-  }
-  for (int64_t e = threadIdx.x; e < dk * Slice; e += blockDim.x) state[e] *= elast[e / Slice];
-}
-
-// states_kernel's chunk on the tensor cores: D = U - W S_0, then S_L = Gamma_last S_0 + Kd^T D
-// (the SIMT loops' products, by block_mma). U [C, d_v] and the D tile in the workspace; W
-// [C, d_k] (rows wld apart), Kd [C, d_k], elast [d_k], S [d_k, Slice] and D [C, Slice] in
-// shared memory. D's rows past len are zero before they enter Kd^T D, and written so.
-template <int Slice>
-__device__ void chunk_state_tf32(const Chunk& c, int64_t dk, int64_t dv, int64_t j0, const float* U, float* D_tile,
-                                 const float* W, int64_t wld, float* kd, const float* elast, float* S, float* D) {
-  using block_mma::product;
-  for (int64_t e = threadIdx.x; e < kC * Slice; e += blockDim.x) {
-    const int64_t r = e / Slice, j = j0 + e % Slice;
-    D[e] = r < c.len && j < dv ? U[r * dv + j] : 0.f;
-  }
-  zero_rows(kd, dk, c.len, dk);
-  __syncthreads();
-  product<Engine::tf32, Layout::rows, Layout::rows>(kC, Slice, dk, -1.f, W, wld, S, Slice, 1.f, D, Slice);
-  __syncthreads();
-  store_and_decay<Slice>(c, dk, dv, j0, D, D_tile, elast, S);  // D's rows past len: from W's stale rows
-  __syncthreads();
-  product<Engine::tf32, Layout::transposed, Layout::rows>(dk, Slice, kC, 1.f, kd, dk, D, Slice, 1.f, S, Slice);
-  __syncthreads();
-}
-
 // One block per (d_v slice, head, document). Shared: the chunk's W [C, d_k] (rows padded_ld
 // apart; copied in while its Kd is computed: read from global memory, its loads were the
 // kernel's critical path), Kd [C, d_k], elast [d_k], S [d_k, Slice], D [C, Slice]; with
 // Staged (where the card has the room) the chunk's g and k rows too, T [C, d_k] each, copied
 // in while the state is stored: read from global memory element by element, a chunk's
 // decayed keys waited on a chain of loads. S_0 is stored [d_k, d_v], or [d_v, d_k] with
-// `transposed` (the backward's). With Engine::tf32 (Slice 16 or 32) the chunk's products
-// run on the tensor cores (chunk_state_tf32).
-template <typename T, int Slice, bool Staged, Engine E>
+// `transposed` (the backward's).
+template <typename T, int Slice, bool Staged>
 __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, const T* k, const T* g,
                                                           const float* h0, float* ht, bool transposed) {
   using Lane = SliceLane<Slice>;
@@ -688,10 +652,6 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
     if constexpr (Staged) finish_copies<1>();  // g and k; W may still be on its way
     decayed_keys<T>(dk, Rows<T>{}, k_rows, g_rows, c.len, kd, dk, nullptr, elast);
     finish_copies();
-    if constexpr (E == Engine::tf32) {
-      chunk_state_tf32<Slice>(c, dk, dv, j0, w.U + at * w.cv, w.D + at * w.cv, W, wld, kd, elast, S, D);
-      continue;
-    }
     const Lane lane;
     const int64_t j = j0 + lane.jj;
     // D = U - W S_0 (rows past len are computed from the last row and not kept).
@@ -727,6 +687,64 @@ __global__ void __launch_bounds__(kThreads) states_kernel(KdaArgs s, Tiles w, co
       for (int n = 0; n < Lane::kChannels; ++n)
         if (lane.nth(n) < dk) S[lane.nth(n) * Slice + lane.jj] = acc[n];
     }
+    __syncthreads();
+  }
+  if (ht) store_slice<Slice>(S, dk, dv, j0, ht + state, false);
+}
+
+// states_kernel on the tensor cores (Engine::tf32, slices of 16 or 32 columns): per chunk
+// D = U - W S_0 and S_L = Gamma_last S_0 + Kd^T D by block_mma, from prepare_tf32_kernel's
+// tiles (W, U, Kd, El: every row written, zero past len, so D's rows past len are zero and
+// nothing stale is summed). The next chunk's tiles are copied by cp.async into the other of
+// two buffers while this chunk is computed: a chunk no longer waits on its loads or forms its
+// decayed keys in each slice's block. Shared: S [d_k, Slice], then two buffers of W and Kd
+// [C, d_k] (rows d_k + 4 apart: fewer bank conflicts for wmma), U's slice [C, Slice] (D in
+// place) and El [d_k].
+template <int Slice>
+__global__ void __launch_bounds__(kThreads) states_tf32_kernel(KdaArgs s, Tiles w, const float* h0, float* ht,
+                                                               bool transposed) {
+  using block_mma::product;
+  extern __shared__ float sm[];
+  const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * Slice;
+  const int64_t ld = dk + 4, buffer = 2 * kC * ld + kC * Slice + dk;
+  const int64_t cols = dv - j0 < Slice ? dv - j0 : Slice;  // U's columns in this slice
+  float* S = sm;
+  float* buffers = S + dk * Slice;
+  const int64_t begin = s.cu_seqlens[seq], end = s.cu_seqlens[seq + 1], slot0 = first_slot(s, seq);
+  const int64_t chunks = (end - begin + kC - 1) / kC, state = (seq * H + h) * dk * dv;
+  if (cols < Slice)  // the columns past d_v stay zero in both buffers' U
+    for (int64_t e = threadIdx.x; e < 2 * kC * Slice; e += blockDim.x)
+      buffers[e / (kC * Slice) * buffer + 2 * kC * ld + e % (kC * Slice)] = 0.f;
+  load_slice<Slice>(h0 ? h0 + state : nullptr, dk, dv, j0, S);
+  // Four copies (four cp.async groups) per chunk.
+  const auto fetch = [&](int64_t n) {
+    float* b = buffers + n % 2 * buffer;
+    const int64_t at = (slot0 + n) * H + h;
+    start_copy(b, ld, w.W + at * w.ck, dk, kC, dk);
+    start_copy(b + kC * ld, ld, w.Kd + at * w.ck, dk, kC, dk);
+    start_copy(b + 2 * kC * ld, Slice, w.U + at * w.cv + j0, dv, kC, cols);
+    start_copy(b + 2 * kC * ld + kC * Slice, dk, w.El + at * dk, dk, 1, dk);
+  };
+  if (chunks > 0) fetch(0);
+  for (int64_t n = 0; n < chunks; ++n) {
+    const int64_t at = (slot0 + n) * H + h;
+    if (n + 1 < chunks) fetch(n + 1);  // into the buffer chunk n - 1 used, read before its last sync
+    store_slice<Slice>(S, dk, dv, j0, w.S0 + at * w.kv, transposed);
+    if (n + 1 < chunks)
+      finish_copies<4>();  // chunk n's four; n + 1's may still be on their way
+    else
+      finish_copies();
+    const float* W = buffers + n % 2 * buffer;
+    const float* Kd = W + kC * ld;
+    float* D = buffers + n % 2 * buffer + 2 * kC * ld;
+    const float* El = D + kC * Slice;
+    product<Engine::tf32, Layout::rows, Layout::rows>(kC, Slice, dk, -1.f, W, ld, S, Slice, 1.f, D, Slice);
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < kC * Slice; e += blockDim.x)
+      if (e % Slice < cols) w.D[at * w.cv + e / Slice * dv + j0 + e % Slice] = D[e];
+    for (int64_t e = threadIdx.x; e < dk * Slice; e += blockDim.x) S[e] *= El[e / Slice];
+    __syncthreads();
+    product<Engine::tf32, Layout::transposed, Layout::rows>(dk, Slice, kC, 1.f, Kd, ld, D, Slice, 1.f, S, Slice);
     __syncthreads();
   }
   if (ht) store_slice<Slice>(S, dk, dv, j0, ht + state, false);
@@ -800,36 +818,11 @@ __global__ void __launch_bounds__(kThreads) output_tf32_kernel(KdaArgs s, Tiles 
 
 // ---- backward ------------------------------------------------------------------------------
 
-// state_grads_kernel's chunk on the tensor cores: dD = scale P^T dO + Kd dS, then dS_0 =
-// Gamma_last dS + scale Qg^T dO - W^T dD (the SIMT loops' products, by block_mma). Shared: W
-// and Qg [C, d_k], P [C, C] (every row), dO [C, Slice] (zero past len), Kd [C, d_k] (rows kld
-// apart), elast [d_k], dS [d_k, Slice], dD [C, Slice]. W's and Qg's rows past len are zeroed
-// (they are summed over), dD's too before it is summed over and written to the workspace.
-template <int Slice>
-__device__ void chunk_state_grads_tf32(const Chunk& c, int64_t dk, int64_t dv, int64_t j0, float scale, float* W,
-                                       const float* P, const float* dos, const float* kd, int64_t kld, float* qg,
-                                       const float* elast, float* dS, float* dD, float* dD_tile) {
-  using block_mma::product;
-  zero_rows(W, dk, c.len, dk);
-  zero_rows(qg, dk, c.len, dk);
-  product<Engine::tf32, Layout::transposed, Layout::rows>(kC, Slice, kC, scale, P, kC, dos, Slice, 0.f, dD, Slice);
-  __syncthreads();
-  product<Engine::tf32, Layout::rows, Layout::rows>(kC, Slice, dk, 1.f, kd, kld, dS, Slice, 1.f, dD, Slice);
-  __syncthreads();
-  store_and_decay<Slice>(c, dk, dv, j0, dD, dD_tile, elast, dS);  // dD's rows past len: from Kd's stale rows
-  __syncthreads();
-  product<Engine::tf32, Layout::transposed, Layout::rows>(dk, Slice, kC, scale, qg, dk, dos, Slice, 1.f, dS, Slice);
-  __syncthreads();  // each warp reads back the dS tiles it stored
-  product<Engine::tf32, Layout::transposed, Layout::rows>(dk, Slice, kC, -1.f, W, dk, dD, Slice, 1.f, dS, Slice);
-  __syncthreads();
-}
-
 // One block per (d_v slice, head, document), chunks in reverse. Shared: the chunk's W [C,
 // d_k], P [C, C] and dO slice [C, Slice] (copied in first, as in states_kernel), Kd [C, d_k]
 // (rows padded_ld apart), Qg [C, d_k], elast [d_k], dS [d_k, Slice], dD [C, Slice]; with
-// Staged the chunk's g, q and k rows, T [C, d_k] each, as in states_kernel. With
-// Engine::tf32 the chunk's products run on the tensor cores (chunk_state_grads_tf32).
-template <typename T, int Slice, bool Staged, Engine E>
+// Staged the chunk's g, q and k rows, T [C, d_k] each, as in states_kernel.
+template <typename T, int Slice, bool Staged>
 __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles w, const T* q, const T* k,
                                                                const T* g, const T* dout, const float* dht,
                                                                float* dh0) {
@@ -865,22 +858,15 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
       g_rows = {gs, dk}, q_rows = {qs, dk}, k_rows = {ks, dk};
     }
     start_copy(W, dk, w.W + at * w.ck, dk, c.len, dk);
-    // The tensor cores read P's every row and dO's (zero past len).
-    constexpr int64_t kRowsRead = E == Engine::tf32 ? kC : 0;
-    start_copy(P, kC, w.P + at * w.cc, kC, kRowsRead ? kRowsRead : c.len, kC);
-    for (int64_t e = threadIdx.x; e < (kRowsRead ? kRowsRead : c.len) * Slice; e += blockDim.x) {
+    start_copy(P, kC, w.P + at * w.cc, kC, c.len, kC);
+    for (int64_t e = threadIdx.x; e < c.len * Slice; e += blockDim.x) {
       const int64_t r = e / Slice, jj = e % Slice;
-      dos[e] = r < c.len && j0 + jj < dv ? to_f32(dout[((c.first + r) * H + h) * dv + j0 + jj]) : 0.f;
+      dos[e] = j0 + jj < dv ? to_f32(dout[((c.first + r) * H + h) * dv + j0 + jj]) : 0.f;
     }
     store_slice<Slice>(dS, dk, dv, j0, w.dS + at * w.kv, /*transposed=*/true);
     if constexpr (Staged) finish_copies<2>();  // g, q and k; W and P may still be on their way
     decayed_keys<T>(dk, q_rows, k_rows, g_rows, c.len, kd, kld, qg, elast);
     finish_copies();
-    if constexpr (E == Engine::tf32) {
-      chunk_state_grads_tf32<Slice>(c, dk, dv, j0, s.scale, W, P, dos, kd, kld, qg, elast, dS, dD,
-                                    w.dD + at * w.cv);
-      continue;
-    }
     const Lane lane;
     const int64_t j = j0 + lane.jj;
     auto dout_at = [&](int64_t r) { return dos[r * Slice + lane.jj]; };
@@ -923,6 +909,62 @@ __global__ void __launch_bounds__(kThreads) state_grads_kernel(KdaArgs s, Tiles 
         if (i < dk) dS[i * Slice + lane.jj] = elast[i] * dS[i * Slice + lane.jj] + s.scale * through_q[n] - through_w[n];
       }
     }
+    __syncthreads();
+  }
+  if (dh0) store_slice<Slice>(dS, dk, dv, j0, dh0 + state, false);
+}
+
+// state_grads_kernel on the tensor cores (Engine::tf32, slices of 16 or 32 columns): per
+// chunk, in reverse, dD = scale P^T dO + Kd dS and dS_0 = Gamma_last dS + scale Qg^T dO - W^T
+// dD by block_mma, from prepare_tf32_kernel's tiles (W, P, Kd, Qg, El; every row written,
+// zero past len) instead of forming the decayed keys and queries in each slice's block.
+// Shared: dS [d_k, Slice], dD and dO [C, Slice] (fp32; dO zero past len), W, Kd and Qg
+// [C, d_k] (rows d_k + 4 apart), P [C, C], El [d_k], and dO's rows as T [C, Slice]. One
+// buffer: two would not fit beside these at d_k = 128.
+template <typename T, int Slice>
+__global__ void __launch_bounds__(kThreads) state_grads_tf32_kernel(KdaArgs s, Tiles w, const T* dout,
+                                                                    const float* dht, float* dh0) {
+  using block_mma::product;
+  extern __shared__ float sm[];
+  const int64_t h = blockIdx.y, seq = blockIdx.z, H = s.heads, dk = s.dk, dv = s.dv, j0 = blockIdx.x * Slice;
+  const int64_t ld = dk + 4, cols = dv - j0 < Slice ? dv - j0 : Slice;
+  float* dS = sm;
+  float* dD = dS + dk * Slice;
+  float* dos = dD + kC * Slice;
+  float* W = dos + kC * Slice;
+  float* Kd = W + kC * ld;
+  float* Qg = Kd + kC * ld;
+  float* P = Qg + kC * ld;
+  float* El = P + kC * kC;
+  T* dout_rows = reinterpret_cast<T*>(El + dk);
+  const int64_t begin = s.cu_seqlens[seq], end = s.cu_seqlens[seq + 1];
+  const int64_t state = (seq * H + h) * dk * dv;
+  load_slice<Slice>(dht ? dht + state : nullptr, dk, dv, j0, dS);
+  for (int64_t n = (end - begin + kC - 1) / kC - 1; n >= 0; --n) {
+    const int64_t first = begin + n * kC, len = end - first < kC ? end - first : kC;
+    const int64_t at = (first_slot(s, seq) + n) * H + h;
+    start_copy(W, ld, w.W + at * w.ck, dk, kC, dk);
+    start_copy(Kd, ld, w.Kd + at * w.ck, dk, kC, dk);
+    start_copy(Qg, ld, w.Qg + at * w.ck, dk, kC, dk);
+    start_copy(P, kC, w.P + at * w.cc, kC, kC, kC);
+    start_copy(El, dk, w.El + at * dk, dk, 1, dk);
+    start_copy(dout_rows, Slice, dout + (first * H + h) * dv + j0, H * dv, len, cols);
+    store_slice<Slice>(dS, dk, dv, j0, w.dS + at * w.kv, /*transposed=*/true);
+    finish_copies();
+    for (int64_t e = threadIdx.x; e < kC * Slice; e += blockDim.x)
+      dos[e] = e / Slice < len && e % Slice < cols ? to_f32(dout_rows[e]) : 0.f;
+    __syncthreads();
+    product<Engine::tf32, Layout::transposed, Layout::rows>(kC, Slice, kC, s.scale, P, kC, dos, Slice, 0.f, dD, Slice);
+    __syncthreads();  // each warp reads back the dD tiles it stored
+    product<Engine::tf32, Layout::rows, Layout::rows>(kC, Slice, dk, 1.f, Kd, ld, dS, Slice, 1.f, dD, Slice);
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < kC * Slice; e += blockDim.x)
+      if (e % Slice < cols) w.dD[at * w.cv + e / Slice * dv + j0 + e % Slice] = dD[e];
+    for (int64_t e = threadIdx.x; e < dk * Slice; e += blockDim.x) dS[e] *= El[e / Slice];
+    __syncthreads();
+    product<Engine::tf32, Layout::transposed, Layout::rows>(dk, Slice, kC, s.scale, Qg, ld, dos, Slice, 1.f, dS, Slice);
+    __syncthreads();
+    product<Engine::tf32, Layout::transposed, Layout::rows>(dk, Slice, kC, -1.f, W, ld, dD, Slice, 1.f, dS, Slice);
     __syncthreads();
   }
   if (dh0) store_slice<Slice>(dS, dk, dv, j0, dh0 + state, false);
@@ -1372,20 +1414,13 @@ void by_slice(int slice, F&& f) {
     f.template operator()<8>();
 }
 
-// launch.template operator()<Staged, E>() for the sequential kernels' choices at run time. The
-// tensor cores take slices of 16 or 32 columns (wmma's tiles are 16 wide) and bf16 inputs;
-// the other slices and the fp32 inputs are not instantiated for them.
-template <typename T, int Slice, typename F>
-void by_staging_and_engine(bool staged, Engine engine, F&& launch) {
-  const auto with = [&]<Engine E>() {
-    if (staged)
-      launch.template operator()<true, E>();
-    else
-      launch.template operator()<false, E>();
-  };
-  if constexpr (Slice >= 16 && std::is_same_v<T, bf16>)
-    if (engine == Engine::tf32) return with.template operator()<Engine::tf32>();
-  with.template operator()<Engine::simt>();
+// The sequential kernels on the tensor cores where they apply: the engine is (bf16 inputs
+// with d_k, d_v multiples of 16), the slice is 16 or 32 columns (wmma's tiles are 16 wide;
+// the callers test it at compile time) and `bytes` of shared memory fit the card. They read
+// prepare_tf32_kernel's tiles, which runs wherever the engine is the tensor cores.
+template <typename T>
+bool sequential_on_tensor_cores(const KdaArgs& a, size_t bytes, const char* op) {
+  return engine_of<T>(a) == Engine::tf32 && bytes <= shared_limit(op);
 }
 
 // prepare, then states: the factors, S_0 of every chunk and D; ht if given.
@@ -1407,16 +1442,25 @@ void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w
   }();
   check_launch(op, "prepare_kernel");
   by_slice(slice, [&]<int Slice>() {
+    const dim3 grid = documents_grid<Slice>(a);
+    const size_t tc = floats(a.dk * Slice + 2 * (2 * kC * (a.dk + 4) + kC * Slice + a.dk));
+    if constexpr (Slice >= 16)
+      if (sequential_on_tensor_cores<T>(a, tc, op)) {
+        allow_shared(states_tf32_kernel<Slice>, tc, op);
+        states_tf32_kernel<Slice><<<grid, kThreads, tc, stream(ctx)>>>(a, w, h0, ht, transposed);
+        check_launch(op, "states_tf32_kernel");
+        return;
+      }
     const size_t st = floats(kC * padded_ld(a.dk) + kC * a.dk + a.dk + a.dk * Slice + kC * Slice);
     const size_t staged = st + 2 * kC * a.dk * sizeof(T);
-    const bool stage = staged <= shared_limit(op);
-    const auto launch = [&]<bool Staged, Engine E>() {
-      const size_t bytes = Staged ? staged : st;
-      allow_shared(states_kernel<T, Slice, Staged, E>, bytes, op);
-      states_kernel<T, Slice, Staged, E>
-          <<<documents_grid<Slice>(a), kThreads, bytes, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
+    const auto launch = [&]<bool Staged>(size_t bytes) {
+      allow_shared(states_kernel<T, Slice, Staged>, bytes, op);
+      states_kernel<T, Slice, Staged><<<grid, kThreads, bytes, stream(ctx)>>>(a, w, k, g, h0, ht, transposed);
     };
-    by_staging_and_engine<T, Slice>(stage, engine_of<T>(a), launch);
+    if (staged <= shared_limit(op))
+      launch.template operator()<true>(staged);
+    else
+      launch.template operator()<false>(st);
     check_launch(op, "states_kernel");
   });
 }
@@ -1484,17 +1528,27 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
   const int slice = sequential_slice(a, engine_of<T>(a), op);
   factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, nullptr, /*transposed=*/true, slice, op);
   by_slice(slice, [&]<int Slice>() {
+    const dim3 grid = documents_grid<Slice>(a);
+    const size_t tc =
+        floats(a.dk * Slice + 2 * kC * Slice + 3 * kC * (a.dk + 4) + kC * kC + a.dk) + kC * Slice * sizeof(T);
+    if constexpr (Slice >= 16 && std::is_same_v<T, bf16>)
+      if (sequential_on_tensor_cores<T>(a, tc, op)) {
+        allow_shared(state_grads_tf32_kernel<T, Slice>, tc, op);
+        state_grads_tf32_kernel<T, Slice><<<grid, kThreads, tc, stream(ctx)>>>(a, w, dout, dht, dh0);
+        check_launch(op, "state_grads_tf32_kernel");
+        return;
+      }
     const size_t sg = floats(2 * kC * a.dk + kC * padded_ld(a.dk) + kC * kC + kC * Slice + a.dk + a.dk * Slice +
                              kC * Slice);
     const size_t staged = sg + 3 * kC * a.dk * sizeof(T);
-    const bool stage = staged <= shared_limit(op);
-    const auto launch = [&]<bool Staged, Engine E>() {
-      const size_t bytes = Staged ? staged : sg;
-      allow_shared(state_grads_kernel<T, Slice, Staged, E>, bytes, op);
-      state_grads_kernel<T, Slice, Staged, E>
-          <<<documents_grid<Slice>(a), kThreads, bytes, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
+    const auto launch = [&]<bool Staged>(size_t bytes) {
+      allow_shared(state_grads_kernel<T, Slice, Staged>, bytes, op);
+      state_grads_kernel<T, Slice, Staged><<<grid, kThreads, bytes, stream(ctx)>>>(a, w, q, k, g, dout, dht, dh0);
     };
-    by_staging_and_engine<T, Slice>(stage, engine_of<T>(a), launch);
+    if (staged <= shared_limit(op))
+      launch.template operator()<true>(staged);
+    else
+      launch.template operator()<false>(sg);
     check_launch(op, "state_grads_kernel");
   });
   if (a.tokens == 0) return;
