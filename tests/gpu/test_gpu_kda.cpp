@@ -272,6 +272,14 @@ TEST_F(GpuKda, SeveralDocumentsAndOddSizes) {
   }
 }
 
+// The tensor cores' grads kernel at shapes the others miss: d_k 48 (its pairwise sums' last
+// channel slab 16 wide), and d_v 256, too wide for k and q's staging beside the pairwise
+// sums' in Hopper's 227 KiB (its k and q read from global memory).
+TEST_F(GpuKda, TensorCoreGradsShapes) {
+  run({{65, 130, 17}, 2, 48, 32, DType::bf16, false, true, 60});
+  run({{65, 130, 17}, 1, 128, 256, DType::bf16, true, true, 61});
+}
+
 // Many short documents (the chunked kernels find each chunk's document by a search over
 // cu_seqlens; most slots of the chunk grid are a document's only, short, chunk).
 TEST_F(GpuKda, ManyShortDocuments) {

@@ -21,7 +21,9 @@
 //                     factors. The pairwise terms run a thread per element (row, channel),
 //                     summing that row's and that column's pairs in registers. On the
 //                     tensor cores (grads_tf32_kernel) its plain matrix products run by
-//                     block_mma: dP, dO S_0, D dS, dW, X_v, X_k and dL.
+//                     block_mma: dP, dO S_0, D dS, dW, X_v, X_k and dL; and the pairwise
+//                     sums off the 16 x 16 diagonal blocks by prepare's sub-chunk
+//                     factoring (pairwise_gradient_tf32), the diagonal blocks per channel.
 //
 // Chunks are cut per document. A document starting at token b (document index s) owns the
 // chunk slots b / 64 + s, b / 64 + s + 1, ... (ceil(L / 64) of them): slots are unique and
@@ -1001,6 +1003,163 @@ __device__ void pairwise_gradient(int64_t len, int64_t dk, const float* cum, con
   }
 }
 
+// ---- the pairwise gradients on the tensor cores (grads_tf32_kernel) ----------------------
+// pairwise_gradient's sums split by prepare_tf32_kernel's 16-row sub-chunks. A row r of
+// sub-chunk a > 0 meets the columns c of the sub-chunks before it through the reference row
+// 16 a (c < 16 a <= r):
+//   row sum   R_r  = exp(G_r - G_16a) sum_{c < 16a} dF'_rc (b_c exp(G_16a - G_c)),
+// a column c of sub-chunk b < 3 the rows of the sub-chunks after it through 16 (b + 1):
+//   column sum C_c = exp(G_16(b+1) - G_c) sum_{r >= 16(b+1)} dF'_rc (weight(r) a_r exp(G_r - G_16(b+1)))
+// (dF' = pm, the weight(r) of the row sums applied with the diagonal blocks' terms). Every
+// exponent is <= 0, as in prepare: no overflow, and a factor underflowing to 0 stands for a
+// smaller product. So each boundary m = 1..3 stages two tiles per channel: X_m (rows c <
+// 16 m, b_c exp(G_16m - G_c)) and Y_m (rows r >= 16 m, weight(r) a_r exp(G_r - G_16m)), and
+// the sums are six products, [16, 16 m] pm blocks against X_m (R of sub-chunk m) and their
+// transposes [16, 64 - 16 m] against Y_m (C of sub-chunk m - 1): one factor per row or
+// column after them. The 16 x 16 diagonal blocks keep pairwise_gradient's exact per-channel
+// terms (15 pairs an element instead of up to 63). Channels go kSlab at a time.
+constexpr int kSlab = 32;
+constexpr int kSlabLd = kSlab + 4;  // a multiple of 4 floats, as wmma's leading dimensions
+constexpr int kBoundaryRows = kSub * (1 + 2 + 3);  // X_1..X_3, and as many in Y_1..Y_3: 96
+// X, Y, then the sums: R of rows 16..63 (at row r - 16) and C of rows 0..47 (at 48 + c).
+constexpr int kSumsFirst = 2 * kBoundaryRows;
+constexpr int kPairStage = (kSumsFirst + 2 * (kC - kSub)) * kSlabLd;  // floats
+static_assert(kSubs == 4 && kBoundaryRows == 2 * (kC - kSub), "the sums' rows follow X and Y's");
+
+// The first staged row of X_m and of Y_m (m = 1..3): X_m has 16 m rows, Y_m 64 - 16 m.
+__host__ __device__ constexpr int x_first(int m) { return kSub * m * (m - 1) / 2; }
+__host__ __device__ constexpr int y_first(int m) { return kBoundaryRows + (m - 1) * kC - x_first(m); }
+static_assert(x_first(4) == kBoundaryRows && y_first(4) == 2 * kBoundaryRows);
+
+// C [16, 16] = op(A) [16, K] B [K, 16] (B row-major) by one warp, TF32 with fp32
+// accumulation (K a multiple of 8; leading dimensions and tiles as block_mma's rules).
+template <Layout LA>
+__device__ void warp_tile_tf32(int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  for (int e = threadIdx.x % 32; e < kSub * kSub; e += 32) {  // no TF32 wmma: fp32 lanes
+    const int r = e / kSub, col = e % kSub;
+    float acc = 0.f;
+    for (int k = 0; k < K; ++k) acc += *block_mma::element<LA>(A, lda, r, k) * B[k * ldb + col];
+    C[r * ldc + col] = acc;
+  }
+#else
+  namespace wmma = nvcuda::wmma;
+  wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+  wmma::fill_fragment(acc, 0.f);
+  for (int k0 = 0; k0 < K; k0 += 8) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, block_mma::WmmaLayout<LA>> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b;
+    wmma::load_matrix_sync(a, block_mma::element<LA>(A, lda, 0, k0), lda);
+    wmma::load_matrix_sync(b, B + k0 * ldb, ldb);
+#pragma unroll
+    for (int n = 0; n < a.num_elements; ++n) a.x[n] = wmma::__float_to_tf32(a.x[n]);
+#pragma unroll
+    for (int n = 0; n < b.num_elements; ++n) b.x[n] = wmma::__float_to_tf32(b.x[n]);
+    wmma::mma_sync(acc, a, b, acc);
+  }
+  wmma::store_matrix_sync(C, acc, ldc, wmma::mem_row_major);
+#endif
+}
+
+// pairwise_gradient (the same arguments and result) with the sums off the diagonal blocks on
+// the tensor cores; `stage` holds kPairStage floats, 32-byte aligned. pm's blocks below the
+// diagonal must be zero in rows past len (they are: dP's dO rows and dL are zeroed there);
+// the staged rows past len are written as zero, and so is a boundary's X_m when its row 16 m
+// is past len (G is stale there: its rows' sums are not used). Every thread of the block
+// calls it; it starts by reading what the block wrote before a barrier and ends synced (its
+// threads own other elements than pairwise_gradient's).
+template <typename RowA, typename RowB, typename Weight>
+__device__ void pairwise_gradient_tf32(int64_t len, int64_t dk, const float* cum, const float* pm, bool diagonal,
+                                       RowA a, RowB b, Weight weight, float* ga, float* gb, float* gc, float* stage) {
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float* sums = stage + kSumsFirst * kSlabLd;
+  for (int64_t i0 = 0; i0 < dk; i0 += kSlab) {
+    const int width = dk - i0 < kSlab ? static_cast<int>(dk - i0) : kSlab;  // 16 or 32: d_k % 16 == 0
+    // X_m and Y_m for channels i0..i0 + width.
+    for (int e = threadIdx.x; e < kSumsFirst * width; e += blockDim.x) {
+      const int rho = e / width, i = static_cast<int>(i0) + e % width;
+      float x = 0.f;
+      if (rho < kBoundaryRows) {
+        const int m = rho < x_first(2) ? 1 : rho < x_first(3) ? 2 : 3, col = rho - x_first(m), ref = kSub * m;
+        if (ref < len) x = b(col, i) * expf(cum[ref * dk + i] - cum[col * dk + i]);
+      } else {
+        const int m = rho < y_first(2) ? 1 : rho < y_first(3) ? 2 : 3, r = kSub * m + rho - y_first(m);
+        if (r < len) x = weight(r) * a(r, i) * expf(cum[r * dk + i] - cum[kSub * m * dk + i]);
+      }
+      stage[rho * kSlabLd + e % width] = x;
+    }
+    __syncthreads();
+    // Six products a column tile of 16 channels: job m - 1 the row sums of sub-chunk m, job
+    // m + 2 the column sums of sub-chunk m - 1.
+    const int tiles = width / kSub;
+    for (int t = warp; t < 2 * (kSubs - 1) * tiles; t += warps) {
+      const int job = t / tiles, n0 = kSub * (t % tiles);
+      if (job < kSubs - 1) {
+        const int m = job + 1;
+        warp_tile_tf32<Layout::rows>(kSub * m, pm + kSub * m * kC, kC, stage + x_first(m) * kSlabLd + n0, kSlabLd,
+                                     sums + (kSub * m - kSub) * kSlabLd + n0, kSlabLd);
+      } else {
+        const int m = job - (kSubs - 1) + 1, col0 = kSub * (m - 1);
+        warp_tile_tf32<Layout::transposed>(kC - kSub * m, pm + kSub * m * kC + col0, kC,
+                                           stage + y_first(m) * kSlabLd + n0, kSlabLd,
+                                           sums + (kC - kSub + col0) * kSlabLd + n0, kSlabLd);
+      }
+    }
+    __syncthreads();
+    // Per element (n, i): the sums' factors, the diagonal block's exact terms, then
+    // pairwise_gradient's updates. The next slab's staging writes only X and Y, its products
+    // (the sums) only after the barrier above them, so no barrier here.
+    for (int64_t e = threadIdx.x; e < len * width; e += blockDim.x) {
+      const int64_t n = e / width, j = e % width, i = i0 + j, at = n * dk + i;
+      const int64_t first = n / kSub * kSub, next = first + kSub;
+      const float gn = cum[at];
+      float row = first > 0 ? expf(gn - cum[first * dk + i]) * sums[(n - kSub) * kSlabLd + j] : 0.f;
+      for (int64_t col = first; col < n; ++col) row += pm[n * kC + col] * b(col, i) * expf(gn - cum[col * dk + i]);
+      row *= weight(n);
+      float column = next < len ? expf(cum[next * dk + i] - gn) * sums[(kC - kSub + n) * kSlabLd + j] : 0.f;
+      for (int64_t r = n + 1; r < next && r < len; ++r)
+        column += weight(r) * pm[r * kC + n] * a(r, i) * expf(cum[r * dk + i] - gn);
+      const float an = a(n, i), bn = b(n, i);
+      const float diag = diagonal ? weight(n) * pm[n * kC + n] : 0.f;
+      ga[at] += row + diag * bn;
+      gb[at] += column + diag * an;
+      gc[at] += an * row - bn * column;
+    }
+  }
+  __syncthreads();
+}
+
+// grads' last steps, the same in both kernels. dbeta_r = db_r + sum_{s<r} dL_rs A_rs (dL in
+// pm, A the workspace's tile), a thread per row.
+template <typename T>
+__device__ void store_dbeta(const Chunk& c, int64_t h, int64_t H, const float* pm, const float* A, const float* db,
+                            T* dbeta) {
+  for (int64_t r = threadIdx.x; r < c.len; r += blockDim.x) {
+    float acc = db[r];
+    for (int64_t col = 0; col < r; ++col) acc += pm[r * kC + col] * A[r * kC + col];
+    from_f32(acc, dbeta + (c.first + r) * H + h);
+  }
+}
+
+// dg = the reversed cumulative sum of dG (gc), a thread per channel; dq, dk out.
+template <typename T>
+__device__ void store_dg_dq_dk(const Chunk& c, int64_t h, int64_t H, int64_t dk, const float* gq, const float* gk,
+                               const float* gc, T* dg, T* dq_out, T* dk_out) {
+  const auto krow = [&](int64_t r) { return ((c.first + r) * H + h) * dk; };
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t r = c.len - 1; r >= 0; --r) {
+      acc += gc[r * dk + i];
+      from_f32(acc, dg + krow(r) + i);
+    }
+  }
+  for (int64_t e = threadIdx.x; e < c.len * dk; e += blockDim.x) {
+    const int64_t r = e / dk, i = e % dk;
+    from_f32(gq[e], dq_out + krow(r) + i);
+    from_f32(gk[e], dk_out + krow(r) + i);
+  }
+}
+
 // How much of its inputs grads_kernel copies into shared memory: what the card has room for.
 enum class GradsStaging {
   none,     // 148 KiB at d_k = d_v = 128 (below), inside an A100's 163 KiB
@@ -1184,43 +1343,29 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
   }
   __syncthreads();
   // dbeta_r += sum_{s<r} dL_rs A_rs; A's pairwise terms with dA_rs = beta_r dL_rs.
-  const float* A = w.A + at * w.cc;
-  for (int64_t r = threadIdx.x; r < len; r += blockDim.x) {
-    float acc = db[r];
-    for (int64_t col = 0; col < r; ++col) acc += pm[r * kC + col] * A[r * kC + col];
-    from_f32(acc, dbeta + (c.first + r) * H + h);
-  }
+  store_dbeta(c, h, H, pm, w.A + at * w.cc, db, dbeta);
   const auto beta_of = [&](int64_t r) { return bt[r]; };
   pairwise_gradient(len, dk, cum, pm, false, key, key, beta_of, gk, gk, gc);
   __syncthreads();
-  // dg = the reversed cumulative sum of dG; dq, dk out.
-  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
-    float acc = 0.f;
-    for (int64_t r = last; r >= 0; --r) {
-      acc += gc[r * dk + i];
-      from_f32(acc, dg + krow(r) + i);
-    }
-  }
-  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
-    const int64_t r = e / dk, i = e % dk;
-    from_f32(gq[e], dq_out + krow(r) + i);
-    from_f32(gk[e], dk_out + krow(r) + i);
-  }
+  store_dg_dq_dk(c, h, H, dk, gq, gk, gc, dg, dq_out, dk_out);
 }
 
 // grads_kernel with its plain matrix products on the tensor cores (block_mma, Engine::tf32;
 // bf16 inputs with d_k, d_v multiples of 16): dP = scale dO D^T, Qg's gradient through S_0
 // (dO S_0), Kd's through dS (D dS), dW = -dD S_0 (into the workspace), X_v = M^T dD, X_k =
-// M^T dW and dL = -(X_v U^T + X_k W^T); the elementwise terms around them, dbeta's row dots
-// and the two pairwise gradients (per-channel decays inside their sums) as in grads_kernel.
+// M^T dW and dL = -(X_v U^T + X_k W^T); with PairwiseTc the two pairwise gradients' sums off
+// the 16 x 16 diagonal blocks too (pairwise_gradient_tf32). The elementwise terms around
+// them, dbeta's row dots and the diagonal blocks' pairwise terms (all of them without
+// PairwiseTc) as in grads_kernel.
 // Shared: cum, gq, gk [C, d_k]; gc [C, d_k], whose room holds dO first, fp32 [C, d_v + 4]
 // (zero past len: wmma takes fp32, and it is only the products' operand); a pair matrix
-// [C, C] (dP, then dL), beta [C], dbeta [C]; with StagedInputs the chunk's k and q rows, T
-// [C, d_k] each, as in grads_kernel. The other operands are read by wmma from the workspace:
+// [C, C] (dP, then dL), beta [C], dbeta [C]; with PairwiseTc the pairwise sums' staging
+// (kPairStage floats, 40.5 KiB); with StagedInputs the chunk's k and q rows, T [C, d_k] each,
+// as in grads_kernel. The other operands are read by wmma from the workspace:
 // D, dD (zero past len), M (zero past len) and S_0, dS whole; X_v, X_k and dW are written
 // for all C rows (zero past len, so X_k's sum over dW's rows reads no stale value). U's and
 // W's stale rows past len reach only dL's columns past len, which are zeroed.
-template <typename T, bool StagedInputs>
+template <typename T, bool StagedInputs, bool PairwiseTc>
 __global__ void __launch_bounds__(kGradsThreads)
     grads_tf32_kernel(KdaArgs s, Tiles w, const T* q, const T* k, const T* v, const T* g, const T* beta,
                       const T* dout, T* dq_out, T* dk_out, T* dv_out, T* dg, T* dbeta) {
@@ -1240,7 +1385,8 @@ __global__ void __launch_bounds__(kGradsThreads)
   float* pm = gc + kC * (dk > dold ? dk : dold);
   float* bt = pm + kC * kC;
   float* db = bt + kC;
-  T* ks = reinterpret_cast<T*>(db + kC);  // StagedInputs only
+  float* stage = db + kC;  // PairwiseTc only
+  T* ks = reinterpret_cast<T*>(stage + (PairwiseTc ? kPairStage : 0));  // StagedInputs only
   T* qs = ks + kC * dk;
   auto krow = [&](int64_t r) { return ((c.first + r) * H + h) * dk; };
   auto vrow = [&](int64_t r) { return ((c.first + r) * H + h) * dv; };
@@ -1303,9 +1449,13 @@ __global__ void __launch_bounds__(kGradsThreads)
     from_f32(bt[e / dv] * Xv[e], dv_out + vrow(e / dv) + e % dv);
   __syncthreads();
   // P's pairwise terms (with the diagonal), then X_k's terms of dk and dG: each thread its
-  // own elements in both loops, so no barrier between them.
+  // own elements in both loops (pairwise_gradient's), or after pairwise_gradient_tf32's
+  // closing barrier.
   const auto unit = [](int64_t) { return 1.f; };
-  pairwise_gradient(len, dk, cum, pm, true, query, key, unit, gq, gk, gc);
+  if constexpr (PairwiseTc)
+    pairwise_gradient_tf32(len, dk, cum, pm, true, query, key, unit, gq, gk, gc, stage);
+  else
+    pairwise_gradient(len, dk, cum, pm, true, query, key, unit, gq, gk, gc);
   for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
     const int64_t col = e / dk, i = e % dk;
     const float ec = expf(cum[e]), x = Xk[e];
@@ -1335,28 +1485,14 @@ __global__ void __launch_bounds__(kGradsThreads)
     if (e / kC >= len || e % kC >= e / kC) pm[e] = 0.f;  // U's and W's stale rows land past len
   __syncthreads();
   // dbeta_r += sum_{s<r} dL_rs A_rs; A's pairwise terms with dA_rs = beta_r dL_rs.
-  const float* A = w.A + at * w.cc;
-  for (int64_t r = threadIdx.x; r < len; r += blockDim.x) {
-    float acc = db[r];
-    for (int64_t col = 0; col < r; ++col) acc += pm[r * kC + col] * A[r * kC + col];
-    from_f32(acc, dbeta + (c.first + r) * H + h);
-  }
+  store_dbeta(c, h, H, pm, w.A + at * w.cc, db, dbeta);
   const auto beta_of = [&](int64_t r) { return bt[r]; };
-  pairwise_gradient(len, dk, cum, pm, false, key, key, beta_of, gk, gk, gc);
+  if constexpr (PairwiseTc)
+    pairwise_gradient_tf32(len, dk, cum, pm, false, key, key, beta_of, gk, gk, gc, stage);  // ends synced
+  else
+    pairwise_gradient(len, dk, cum, pm, false, key, key, beta_of, gk, gk, gc);
   __syncthreads();
-  // dg = the reversed cumulative sum of dG; dq, dk out.
-  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
-    float acc = 0.f;
-    for (int64_t r = last; r >= 0; --r) {
-      acc += gc[r * dk + i];
-      from_f32(acc, dg + krow(r) + i);
-    }
-  }
-  for (int64_t e = threadIdx.x; e < len * dk; e += blockDim.x) {
-    const int64_t r = e / dk, i = e % dk;
-    from_f32(gq[e], dq_out + krow(r) + i);
-    from_f32(gk[e], dk_out + krow(r) + i);
-  }
+  store_dg_dq_dk(c, h, H, dk, gq, gk, gc, dg, dq_out, dk_out);
 }
 
 // ---- launches ------------------------------------------------------------------------------
@@ -1491,8 +1627,10 @@ void forward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const 
   check_launch(op, "output_kernel");
 }
 
-// grads_tf32_kernel where the engine is the tensor cores and its shared memory fits (with the
-// chunk's k and q rows where they fit too); false otherwise, for grads_kernel.
+// grads_tf32_kernel where the engine is the tensor cores and its shared memory fits: with the
+// pairwise sums on the tensor cores where their staging fits, and the chunk's k and q rows
+// where they fit too (at d_k = d_v = 128: 145.5 + 40.5 + 32 = 218 KiB, inside Hopper's 227);
+// false otherwise, for grads_kernel.
 template <typename T>
 bool backward_grads_tf32(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k,
                          const T* v, const T* g, const T* beta, const T* dout, T* dq, T* dk, T* dv, T* dg, T* dbeta,
@@ -1501,16 +1639,19 @@ bool backward_grads_tf32(const ExecContext& ctx, const KdaArgs& a, const Tiles& 
     if (engine_of<T>(a) != Engine::tf32) return false;
     const int64_t gc_room = kC * (a.dk > a.dv + 4 ? a.dk : a.dv + 4);  // gc, or dO in fp32 before it
     const size_t none = floats(3 * kC * a.dk + gc_room + kC * kC + 2 * kC);
-    const size_t inputs = none + 2 * kC * a.dk * sizeof(T), limit = shared_limit(op);
-    const auto launch = [&]<bool StagedInputs>(size_t bytes) {
-      allow_shared(grads_tf32_kernel<T, StagedInputs>, bytes, op);
-      grads_tf32_kernel<T, StagedInputs><<<chunks_grid(a), kGradsThreads, bytes, stream(ctx)>>>(
+    const size_t pairwise = none + floats(kPairStage), inputs = pairwise + 2 * kC * a.dk * sizeof(T);
+    const size_t limit = shared_limit(op);
+    const auto launch = [&]<bool StagedInputs, bool PairwiseTc>(size_t bytes) {
+      allow_shared(grads_tf32_kernel<T, StagedInputs, PairwiseTc>, bytes, op);
+      grads_tf32_kernel<T, StagedInputs, PairwiseTc><<<chunks_grid(a), kGradsThreads, bytes, stream(ctx)>>>(
           a, w, q, k, v, g, beta, dout, dq, dk, dv, dg, dbeta);
     };
     if (inputs <= limit)
-      launch.template operator()<true>(inputs);
+      launch.template operator()<true, true>(inputs);
+    else if (pairwise <= limit)
+      launch.template operator()<false, true>(pairwise);
     else if (none <= limit)
-      launch.template operator()<false>(none);
+      launch.template operator()<false, false>(none);
     else
       return false;
     check_launch(op, "grads_tf32_kernel");
