@@ -15,6 +15,7 @@
 #include "core/rng.h"
 #include "gpu/bf16_tensors.h"
 #include "gpu/gpu_harness.h"
+#include "gpu/training_run.h"
 #include "gpu/whole_model.h"
 #include "grad_check.h"
 #include "model/model.h"
@@ -268,17 +269,10 @@ TEST_F(KdaModelGpu, Bf16ChunkedGpuMatchesTheF64Cpu) { compare(DType::bf16, 3e-2,
 
 // ---- training steps, captured and op by op ---------------------------------------------
 
-struct KdaRun {
-  std::vector<std::string> lines;  // metrics.jsonl's train lines, timings removed
-  std::vector<double> losses;
-  std::vector<std::vector<uint8_t>> weights;
-  int64_t graph_launches = 0;
-};
-
 // The CPU test's run (tests/test_kda_mixer.cpp: "kda, gqa", hidden 32) on the GPU, two
 // micro-batches a step: backward recomputes the convolution's output into the workspace on
 // the step's stream, inside the captured graph too.
-KdaRun train(const std::string& out, const std::string& precision, const std::string& gpu_kernel, bool graphs) {
+TrainingRun train(const std::string& out, const std::string& precision, const std::string& gpu_kernel, bool graphs) {
   const std::vector<std::string> overrides = {
       "data.path=" + test::source_dir() + "/data/tinyshakespeare.txt", "train.out_dir=" + out, "train.device=cuda",
       "train.precision=" + precision, "train.cuda_graphs=" + std::string(graphs ? "true" : "false"),
@@ -287,26 +281,7 @@ KdaRun train(const std::string& out, const std::string& precision, const std::st
       "model.alt_attention_layers=1", "model.kda.gpu_kernel=" + gpu_kernel, "train.micro_batch_tokens=256",
       "train.grad_accum=2", "train.steps=30", "train.eval_every=0", "train.eval_batches=1", "train.sample_every=0",
       "train.sample_tokens=0", "log.every=1", "checkpoint.save_final=false", "optim.warmup_steps=5"};
-  Trainer trainer(load_config("", overrides));
-  trainer.run();
-  KdaRun r;
-  r.graph_launches = trainer.graph_launches();
-  std::ifstream in(out + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j["kind"] != "train") continue;
-    r.losses.push_back(j["loss"].get<double>());
-    for (const char* measured : {"step_seconds", "elapsed_seconds", "tokens_per_second", "mfu", "device_memory_used_bytes",
-                                 "host_peak_rss_bytes"})
-      j.erase(measured);
-    r.lines.push_back(j.dump());
-  }
-  for (const auto& p : trainer.model().parameters()) {
-    const OwnedTensor host = to_host(p->value());
-    const auto* bytes = static_cast<const uint8_t*>(host->raw());
-    r.weights.emplace_back(bytes, bytes + host->nbytes());
-  }
-  return r;
+  return run_training(overrides, out);
 }
 
 class KdaTrainingGpu : public GpuTest {};
@@ -320,8 +295,8 @@ TEST_F(KdaTrainingGpu, CapturedStepsMatchTheOpByOpStepsAndLearn) {
     for (const std::string precision : {"bf16", "fp32"}) {
       SCOPED_TRACE(gpu_kernel + ", " + precision);
       const std::string base = dir + "/" + gpu_kernel + "-" + precision;
-      const KdaRun ops = train(base + "-ops", precision, gpu_kernel, false);
-      const KdaRun graphs = train(base + "-graphs", precision, gpu_kernel, true);
+      const TrainingRun ops = train(base + "-ops", precision, gpu_kernel, false);
+      const TrainingRun graphs = train(base + "-graphs", precision, gpu_kernel, true);
       EXPECT_EQ(ops.graph_launches, 0);
       EXPECT_GT(graphs.graph_launches, 30);
       ASSERT_EQ(ops.losses.size(), 30u);

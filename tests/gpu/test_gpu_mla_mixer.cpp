@@ -11,6 +11,7 @@
 #include "core/rng.h"
 #include "gpu/bf16_tensors.h"
 #include "gpu/gpu_harness.h"
+#include "gpu/training_run.h"
 #include "gpu/whole_model.h"
 #include "grad_check.h"
 #include "model/model.h"
@@ -125,11 +126,7 @@ TEST_F(MlaModelGpu, MlaOnlyBf16GpuMatchesTheF64Cpu) { compare(false, DType::bf16
 
 // ---- training: captured vs op by op ----------------------------------------------------
 
-struct MlaRun {
-  std::vector<std::string> lines;  // train records without their timings
-  std::vector<double> losses;
-  std::vector<std::vector<uint8_t>> weights;
-  int64_t graph_launches = 0;
+struct MlaRun : TrainingRun {
   // The mla layer's heads over tau, summed over the steps (at the last step alone it
   // depended on the run's rounding: 0 in bf16 once the LM head's GEMM kernels changed).
   double clipped = 0;
@@ -148,26 +145,11 @@ MlaRun train(const std::string& out, const std::string& precision, bool graphs) 
       "train.grad_accum=2", "train.steps=30", "train.eval_every=0", "train.eval_batches=1", "train.sample_every=0",
       "train.sample_tokens=0", "log.every=1", "checkpoint.save_final=false", "optim.warmup_steps=5",
       "optim.qk_clip.enabled=true", "optim.qk_clip.tau=0.01"};
-  Trainer trainer(load_config("", overrides));
-  trainer.run();
   MlaRun r;
-  r.graph_launches = trainer.graph_launches();
-  std::ifstream in(out + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j["kind"] != "train") continue;
-    r.losses.push_back(j["loss"].get<double>());
-    for (const char* measured : {"step_seconds", "elapsed_seconds", "tokens_per_second", "mfu", "device_memory_used_bytes",
-                                 "host_peak_rss_bytes"})
-      j.erase(measured);
-    r.clipped += j.value("attn.0.clipped", 0.0);
-    r.lines.push_back(j.dump());
-  }
-  for (const auto& p : trainer.model().parameters()) {
-    const OwnedTensor host = to_host(p->value());
-    const auto* bytes = static_cast<const uint8_t*>(host->raw());
-    r.weights.emplace_back(bytes, bytes + host->nbytes());
-  }
+  double clipped = 0;
+  static_cast<TrainingRun&>(r) =
+      run_training(overrides, out, [&](const nlohmann::json& j) { clipped += j.value("attn.0.clipped", 0.0); });
+  r.clipped = clipped;
   return r;
 }
 

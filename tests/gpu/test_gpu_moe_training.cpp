@@ -3,6 +3,7 @@
 // 300-step bf16 run with each router learns as the CPU's does (tests/test_train_moe.cpp,
 // the same settings) and keeps every expert.
 #include "gpu/gpu_harness.h"
+#include "gpu/training_run.h"
 #include "test_util.h"
 #include "train/trainer.h"
 
@@ -27,40 +28,6 @@ std::vector<std::string> moe_overrides(const std::string& out, const std::string
           "train.sample_tokens=20", "checkpoint.save_final=false"};
 }
 
-struct MoeRun {
-  std::vector<std::string> lines;  // train records without their timings
-  std::vector<double> losses;
-  nlohmann::json last;
-  std::vector<std::vector<uint8_t>> weights;
-  int64_t graph_launches = 0;
-};
-
-MoeRun train(std::vector<std::string> overrides, const std::string& out) {
-  Trainer trainer(load_config("", overrides));
-  trainer.run();
-  MoeRun r;
-  r.graph_launches = trainer.graph_launches();
-  std::ifstream in(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j["kind"] != "train") continue;
-    r.losses.push_back(j["loss"].get<double>());
-    // What the machine measured (time, memory in use), not what the steps computed.
-    for (const char* measured : {"step_seconds", "elapsed_seconds", "tokens_per_second", "mfu", "device_memory_used_bytes",
-                                 "host_peak_rss_bytes"})
-      j.erase(measured);
-    r.lines.push_back(j.dump());
-    r.last = j;
-  }
-  for (const auto& p : trainer.model().parameters()) {
-    const OwnedTensor host = to_host(p->value());
-    const auto* bytes = static_cast<const uint8_t*>(host->raw());
-    r.weights.emplace_back(bytes, bytes + host->nbytes());
-  }
-  return r;
-}
-
 class MoeTrainingGpu : public GpuTest {};
 
 // Every router with its balancing (the loss, the bias, Sinkhorn, expert choice, relu's
@@ -83,9 +50,9 @@ TEST_F(MoeTrainingGpu, CapturedStepsMatchTheOpByOpSteps) {
         if (router == "softmax_topk") o.emplace_back("model.moe.aux_loss=0.01");
         if (variant == "capacity") o.emplace_back("model.moe.capacity_factor=0.8");
         if (router == "expert_choice") o.emplace_back("train.sample_tokens=0");  // not causal: no sampling
-        return train(o, out);
+        return run_training(o, out);
       };
-      const MoeRun ops = run(false), graphs = run(true);
+      const TrainingRun ops = run(false), graphs = run(true);
       EXPECT_EQ(ops.graph_launches, 0);
       EXPECT_GT(graphs.graph_launches, 16);
       ASSERT_EQ(ops.lines.size(), 16u);
@@ -111,9 +78,9 @@ TEST_F(MoeTrainingGpu, Bf16RunsLearnKeepEveryExpertAndRepeat) {
       std::vector<std::string> o = moe_overrides(out, "bf16", true, 300);
       o.emplace_back("log.every=50");
       o.insert(o.end(), router.begin(), router.end());
-      return train(o, out);
+      return run_training(o, out);
     };
-    const MoeRun first = run("first"), second = run("second");
+    const TrainingRun first = run("first"), second = run("second");
     ASSERT_EQ(first.losses.size(), 6u);
     EXPECT_GT(first.losses.front(), 3.5);
     EXPECT_LT(first.losses.back(), 2.6);
