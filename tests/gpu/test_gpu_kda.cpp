@@ -1,4 +1,4 @@
-// Kimi Delta Attention on the GPU (ops/kda/kda_cuda.cu, kda_chunked_cuda.cu) through the
+// Kimi Delta Attention on the GPU (ops/kda/kda_cuda.cu, kda_chunked_*.cu) through the
 // ops:: front ends, against the CPU recurrent oracle run in f64 on the same inputs (rounded
 // to bf16 first where the GPU reads bf16, to f32 otherwise): the recurrent and the chunked
 // forward (out, final state), their backward (dq, dk, dv, dg, dbeta, d_initial_state) and

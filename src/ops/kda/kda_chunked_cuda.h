@@ -1,4 +1,4 @@
-// The chunked KDA kernels (kda_chunked_cuda.cu): the WY form of kda_chunked.cpp on the GPU,
+// The chunked KDA kernels (kda_chunked_*.cu): the WY form of kda_chunked.cpp on the GPU,
 // so that the work inside a chunk runs in parallel over every chunk of the batch and only
 // the state's hand-over from chunk to chunk is sequential (a walk of 64-token steps per
 // document instead of the recurrent kernels' one-token steps).
