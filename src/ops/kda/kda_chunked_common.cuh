@@ -13,6 +13,10 @@
 //           states    one block per (d_v slice, head, document), walking its chunks in
 //                     order: S_0 of each chunk and D, then S_0 -> S_L.
 //           output    one block per (chunk, head): o = scale (Gamma q S_0 + P D).
+//           On the tensor cores, prepare_tf32_kernel also writes each chunk's decayed keys
+//           Kd, queries Qg and exp(G_last) (Tiles::Kd, Qg, El), which states_tf32_kernel and
+//           state_grads_tf32_kernel read instead of forming them in every slice's block;
+//           states_tf32_kernel copies the next chunk's tiles while it computes this one.
 // Backward: prepare and states again (nothing is kept from the forward), then
 //           state_grads  per (d_v slice, head, document), chunks in reverse: dS at each
 //                     chunk's end (dL/dS_L) and dD = scale P^T dO + Kd dS, carrying
