@@ -56,41 +56,26 @@ __device__ void product_tf32(int M, int N, int K, float alpha, const float* A, i
 template <Layout L>
 using WmmaLayout = std::conditional_t<L == Layout::rows, nvcuda::wmma::row_major, nvcuda::wmma::col_major>;
 
-// k-steps whose fragments a warp loads before it multiplies them: operands read from global
-// memory (workspace tiles) wait hundreds of cycles a load, and a warp loading one step at a
-// time before its MMA waited for each in turn.
-constexpr int kStepsAhead = 4;
-
 template <Layout LA, Layout LB>
 __device__ void product_tf32(int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
                              float beta, float* C, int ldc) {
   namespace wmma = nvcuda::wmma;
   using Accumulator = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
-  using FragmentA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, WmmaLayout<LA>>;
-  using FragmentB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, WmmaLayout<LB>>;
   const int warp = threadIdx.x / 32, warps = blockDim.x / 32, tiles_n = N / 16;
   for (int t = warp; t < M / 16 * tiles_n; t += warps) {
     const int m0 = t / tiles_n * 16, n0 = t % tiles_n * 16;
     Accumulator acc;
     wmma::fill_fragment(acc, 0.f);
-    for (int k0 = 0; k0 < K; k0 += 8 * kStepsAhead) {
-      FragmentA a[kStepsAhead];
-      FragmentB b[kStepsAhead];
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, WmmaLayout<LA>> a;
+      wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, WmmaLayout<LB>> b;
+      wmma::load_matrix_sync(a, element<LA>(A, lda, m0, k0), lda);
+      wmma::load_matrix_sync(b, element<LB>(B, ldb, k0, n0), ldb);
 #pragma unroll
-      for (int u = 0; u < kStepsAhead; ++u)
-        if (k0 + 8 * u < K) {
-          wmma::load_matrix_sync(a[u], element<LA>(A, lda, m0, k0 + 8 * u), lda);
-          wmma::load_matrix_sync(b[u], element<LB>(B, ldb, k0 + 8 * u, n0), ldb);
-        }
+      for (int i = 0; i < a.num_elements; ++i) a.x[i] = wmma::__float_to_tf32(a.x[i]);
 #pragma unroll
-      for (int u = 0; u < kStepsAhead; ++u)
-        if (k0 + 8 * u < K) {
-#pragma unroll
-          for (int i = 0; i < a[u].num_elements; ++i) a[u].x[i] = wmma::__float_to_tf32(a[u].x[i]);
-#pragma unroll
-          for (int i = 0; i < b[u].num_elements; ++i) b[u].x[i] = wmma::__float_to_tf32(b[u].x[i]);
-          wmma::mma_sync(acc, a[u], b[u], acc);
-        }
+      for (int i = 0; i < b.num_elements; ++i) b.x[i] = wmma::__float_to_tf32(b.x[i]);
+      wmma::mma_sync(acc, a, b, acc);
     }
     float* out = C + m0 * ldc + n0;
     if (beta != 0.f) {
