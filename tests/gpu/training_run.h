@@ -7,6 +7,7 @@
 #include "gpu/gpu_harness.h"
 #include "train/trainer.h"
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -52,6 +53,21 @@ inline TrainingRun run_training(const std::vector<std::string>& overrides, const
     r.weights.emplace_back(bytes, bytes + host->nbytes());
   }
   return r;
+}
+
+// The captured run changed nothing against the op-by-op one: the same records and every
+// parameter's bytes.
+inline void expect_same_run(const TrainingRun& graphs, const TrainingRun& ops) {
+  EXPECT_EQ(graphs.lines, ops.lines);
+  ASSERT_EQ(graphs.weights.size(), ops.weights.size());
+  for (size_t i = 0; i < ops.weights.size(); ++i) EXPECT_TRUE(graphs.weights[i] == ops.weights[i]) << "parameter " << i;
+}
+
+// The mean loss of the run's last `steps` steps.
+inline double mean_last_losses(const TrainingRun& r, size_t steps) {
+  double mean = 0;
+  for (size_t i = r.losses.size() - steps; i < r.losses.size(); ++i) mean += r.losses[i] / static_cast<double>(steps);
+  return mean;
 }
 
 }  // namespace kiln::gpu_test
