@@ -417,7 +417,8 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
   const char* op = "kda_chunked_backward";
   const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
   const int slice = sequential_slice(a, engine_of<T>(a), op);
-  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, nullptr, /*transposed=*/true, slice, op);
+  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, nullptr, /*transposed=*/true, /*query_tiles=*/true, slice,
+                        op);
   state_grads_launch<T>(ctx, a, w, q, k, g, dout, dht, dh0, slice, op);
   if (a.tokens == 0) return;
   if (backward_grads_tf32<T>(ctx, a, w, q, k, v, g, beta, dout, dq, dk, dv, dg, dbeta, op)) return;

@@ -14,8 +14,9 @@
 //                     order: S_0 of each chunk and D, then S_0 -> S_L.
 //           output    one block per (chunk, head): o = scale (Gamma q S_0 + P D).
 //           On the tensor cores, prepare_tf32_kernel also writes each chunk's decayed keys
-//           Kd, queries Qg and exp(G_last) (Tiles::Kd, Qg, El), which states_tf32_kernel and
-//           state_grads_tf32_kernel read instead of forming them in every slice's block;
+//           Kd, queries Qg (the backward's prepare only) and exp(G_last) (Tiles::Kd, Qg, El),
+//           which states_tf32_kernel and state_grads_tf32_kernel read instead of forming them
+//           in every slice's block;
 //           states_tf32_kernel copies the next chunk's tiles while it computes this one.
 // Backward: prepare and states again (nothing is kept from the forward), then
 //           state_grads  per (d_v slice, head, document), chunks in reverse: dS at each
@@ -92,8 +93,9 @@ struct Tiles {
   // whose grads kernel reads them along d_k across its threads.
   float *S0, *dS;
   // For the tensor-core sequential kernels, written by prepare_tf32_kernel: Kd = exp(G_last -
-  // G_r) k_r and Qg = exp(G_r) q_r [C, d_k] (zero past len), in Xk's and Tl's space (only
-  // grads writes those, after the sequential kernels have read these), El = exp(G_last) [d_k].
+  // G_r) k_r and Qg = exp(G_r) q_r [C, d_k] (zero past len; Qg in the backward only), in Xk's
+  // and Tl's space (only grads writes those, after the sequential kernels have read these),
+  // El = exp(G_last) [d_k].
   float *Kd, *Qg, *El;
   int64_t cc, cv, ck, kv;    // tile sizes
 };
@@ -395,17 +397,18 @@ void by_dtype(DType dtype, F&& f) {
 // ---- launches across files (defined, for float and bf16, in the file named) ----------------
 
 // prepare_kernel, or prepare_tf32_kernel where the engine is the tensor cores: the factors of
-// every chunk (kda_chunked_prepare.cu).
+// every chunk (kda_chunked_prepare.cu). With query_tiles (the backward's) the tensor cores'
+// prepare also writes Qg, which only state_grads_tf32_kernel reads; the forward skips it.
 template <typename T>
 void prepare_launch(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k, const T* v,
-                    const T* g, const T* beta, const char* op);
+                    const T* g, const T* beta, bool query_tiles, const char* op);
 
 // prepare, then states: the factors, S_0 of every chunk and D; ht if given
 // (kda_chunked_states.cu).
 template <typename T>
 void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k, const T* v,
-                        const T* g, const T* beta, const float* h0, float* ht, bool transposed, int slice,
-                        const char* op);
+                        const T* g, const T* beta, const float* h0, float* ht, bool transposed, bool query_tiles,
+                        int slice, const char* op);
 
 // state_grads_kernel, or state_grads_tf32_kernel on the tensor cores: dS of every chunk and
 // dD; dh0 if given (kda_chunked_state_grads.cu).

@@ -80,7 +80,8 @@ void forward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const 
                     const T* beta, const float* h0, T* out, float* ht, float* workspace) {
   const char* op = "kda_chunked_forward";
   const Tiles w = tiles_of(workspace, slots_of(a.tokens, a.num_seqs) * a.heads, a.dk, a.dv);
-  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, ht, /*transposed=*/false, sequential_slice(a, engine_of<T>(a), op), op);
+  factors_and_states<T>(ctx, a, w, q, k, v, g, beta, h0, ht, /*transposed=*/false, /*query_tiles=*/false,
+                        sequential_slice(a, engine_of<T>(a), op), op);
   if (a.tokens == 0) return;
   if constexpr (std::is_same_v<T, bf16>)
     if (engine_of<T>(a) == Engine::tf32) {

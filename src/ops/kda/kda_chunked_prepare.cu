@@ -236,8 +236,9 @@ __device__ void blocked_inverse(float* A, const float* bt, int64_t len, float* M
 // cum [C, d_k] (rows d_k + 4 apart: G, then Diag(beta) Gamma K), A [C, C], M [C, C] (the
 // staging of A's and P's factors before M), beta [C]; for U, Diag(beta) V in column slices
 // over cum and A. Every tile is written for all C rows, zero past len (the tensor cores of
-// the later kernels read whole tiles).
-template <typename T>
+// the later kernels read whole tiles). Qg only with QueryTiles: state_grads_tf32_kernel, in
+// the backward, is its only reader.
+template <typename T, bool QueryTiles>
 __global__ void __launch_bounds__(kThreads) prepare_tf32_kernel(KdaArgs s, Tiles w, const T* q, const T* k,
                                                                 const T* v, const T* g, const T* beta) {
   using block_mma::product;
@@ -286,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) prepare_tf32_kernel(KdaArgs s, Tiles
     const int64_t r = e / dk, i = e % dk;
     const float G = cum[r * gld + i], last = cum[(len - 1) * gld + i];
     w.Kd[at * w.ck + e] = r < len ? expf(last - G) * k_rows.at(r, i) : 0.f;
-    w.Qg[at * w.ck + e] = r < len ? expf(G) * q_rows.at(r, i) : 0.f;
+    if constexpr (QueryTiles) w.Qg[at * w.ck + e] = r < len ? expf(G) * q_rows.at(r, i) : 0.f;
   }
   for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) w.El[at * dk + i] = expf(cum[(len - 1) * gld + i]);
   __syncthreads();  // G read before it is overwritten
@@ -318,13 +319,19 @@ __global__ void __launch_bounds__(kThreads) prepare_tf32_kernel(KdaArgs s, Tiles
 
 template <typename T>
 void prepare_launch(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k, const T* v,
-                    const T* g, const T* beta, const char* op) {
+                    const T* g, const T* beta, bool query_tiles, const char* op) {
   [&] {
     if constexpr (std::is_same_v<T, bf16>)
       if (engine_of<T>(a) == Engine::tf32) {
         const size_t bytes = floats(kC * (a.dk + 4) + 2 * kC * kC + kC);
-        allow_shared(prepare_tf32_kernel<T>, bytes, op);
-        prepare_tf32_kernel<T><<<chunks_grid(a), kThreads, bytes, stream(ctx)>>>(a, w, q, k, v, g, beta);
+        const auto launch = [&]<bool QueryTiles>() {
+          allow_shared(prepare_tf32_kernel<T, QueryTiles>, bytes, op);
+          prepare_tf32_kernel<T, QueryTiles><<<chunks_grid(a), kThreads, bytes, stream(ctx)>>>(a, w, q, k, v, g, beta);
+        };
+        if (query_tiles)
+          launch.template operator()<true>();
+        else
+          launch.template operator()<false>();
         return;
       }
     const size_t bytes = floats(kC * a.dk + 2 * kC * kC + kC);
@@ -335,8 +342,8 @@ void prepare_launch(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, co
 }
 
 template void prepare_launch<float>(const ExecContext&, const KdaArgs&, const Tiles&, const float*, const float*,
-                                    const float*, const float*, const float*, const char*);
+                                    const float*, const float*, const float*, bool, const char*);
 template void prepare_launch<bf16>(const ExecContext&, const KdaArgs&, const Tiles&, const bf16*, const bf16*,
-                                   const bf16*, const bf16*, const bf16*, const char*);
+                                   const bf16*, const bf16*, const bf16*, bool, const char*);
 
 }  // namespace kiln::cuda::kda_chunked

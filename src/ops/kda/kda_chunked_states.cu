@@ -148,9 +148,9 @@ __global__ void __launch_bounds__(kThreads) states_tf32_kernel(KdaArgs s, Tiles 
 
 template <typename T>
 void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k, const T* v,
-                        const T* g, const T* beta, const float* h0, float* ht, bool transposed, int slice,
-                        const char* op) {
-  prepare_launch<T>(ctx, a, w, q, k, v, g, beta, op);
+                        const T* g, const T* beta, const float* h0, float* ht, bool transposed, bool query_tiles,
+                        int slice, const char* op) {
+  prepare_launch<T>(ctx, a, w, q, k, v, g, beta, query_tiles, op);
   by_slice(slice, [&]<int Slice>() {
     const dim3 grid = documents_grid<Slice>(a);
     const size_t tc = floats(a.dk * Slice + 2 * (2 * kC * (a.dk + 4) + kC * Slice + a.dk));
@@ -176,10 +176,10 @@ void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w
 }
 
 template void factors_and_states<float>(const ExecContext&, const KdaArgs&, const Tiles&, const float*, const float*,
-                                        const float*, const float*, const float*, const float*, float*, bool, int,
-                                        const char*);
+                                        const float*, const float*, const float*, const float*, float*, bool, bool,
+                                        int, const char*);
 template void factors_and_states<bf16>(const ExecContext&, const KdaArgs&, const Tiles&, const bf16*, const bf16*,
-                                       const bf16*, const bf16*, const bf16*, const float*, float*, bool, int,
-                                       const char*);
+                                       const bf16*, const bf16*, const bf16*, const float*, float*, bool, bool,
+                                       int, const char*);
 
 }  // namespace kiln::cuda::kda_chunked
