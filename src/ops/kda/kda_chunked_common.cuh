@@ -57,7 +57,10 @@
 #include <cuda_pipeline.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
 namespace kiln::cuda::kda_chunked {
 
@@ -325,19 +328,50 @@ __device__ void finish_copies() {
 
 inline size_t floats(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 
+// The current device and what the launches size themselves by, asked of the runtime once per
+// device: the launches run on every step (inside graph capture too), and these attribute
+// queries were most of their host work.
+struct DeviceLimits {
+  int device;
+  size_t shared;  // the most shared memory a block may opt in to
+  int sms;
+};
+
+inline DeviceLimits device_limits(const char* op) {
+  constexpr int kDevices = 64;
+  static DeviceLimits known[kDevices];
+  static std::once_flag asked[kDevices];
+  int device = 0;
+  check(cudaGetDevice(&device), op, "cudaGetDevice");
+  KILN_CHECK(device >= 0 && device < kDevices, op, "device {} is past the {} devices KDA keeps limits for", device,
+             kDevices);
+  std::call_once(asked[device], [&] {
+    int shared = 0, sms = 0;
+    check(cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op, "shared memory limit");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op, "SM count");
+    known[device] = {device, static_cast<size_t>(shared), sms};
+  });
+  return known[device];
+}
+
+// Lets `kernel` take `bytes` of dynamic shared memory on the current device. The attribute
+// only rises: the runtime is called when bytes exceed what this kernel was allowed on this
+// device before, so once per (kernel, device) at a fixed shape, not on every launch.
 template <typename Kernel>
 void allow_shared(Kernel kernel, size_t bytes, const char* op) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, size_t> allowed;
+  const int device = device_limits(op).device;
+  const std::lock_guard<std::mutex> lock(mutex);
+  size_t& most = allowed[{reinterpret_cast<const void*>(kernel), device}];
+  if (bytes <= most) return;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), op,
         "cudaFuncSetAttribute");
+  most = bytes;
 }
 
 // The most shared memory a block of this device may opt in to.
-inline size_t shared_limit(const char* op) {
-  int device = 0, limit = 0;
-  check(cudaGetDevice(&device), op, "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op, "shared memory limit");
-  return static_cast<size_t>(limit);
-}
+inline size_t shared_limit(const char* op) { return device_limits(op).shared; }
 
 // The chunk kernels' grid: a block per (chunk slot, head).
 inline dim3 chunks_grid(const KdaArgs& a) {
@@ -351,9 +385,7 @@ inline dim3 chunks_grid(const KdaArgs& a) {
 // one sequence 10.3 / 8.1 / 6.9 ms at 32 / 16 / 8 columns, eight 40.7 / 38.8 / 43.4).
 inline int sequential_slice(const KdaArgs& a, Engine engine, const char* op) {
   if (a.slice != 0) return a.slice;
-  int device = 0, sms = 0;
-  check(cudaGetDevice(&device), op, "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op, "SM count");
+  const int sms = device_limits(op).sms;
   for (const int slice : {32, 16})
     if ((a.dv + slice - 1) / slice * a.heads * a.num_seqs >= 2 * int64_t{sms}) return slice;
   return engine == Engine::tf32 ? 16 : 8;  // the tensor cores' narrowest
