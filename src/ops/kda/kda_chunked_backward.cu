@@ -77,29 +77,20 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
   T* qs = ks + kC * dk;
   T* dos = qs + kC * dk;  // outputs only
   float* Ds = reinterpret_cast<float*>(dos + kC * dv);
-  auto krow = [&](int64_t r) { return ((c.first + r) * H + h) * dk; };
   auto vrow = [&](int64_t r) { return ((c.first + r) * H + h) * dv; };
   const float* D = w.D + at * w.cv;
+  // The chunk's k and q rows (key(r, i), query(r, i)): staged in shared memory, or read from
+  // global memory.
+  Rows<T> key = rows_of(k, s, c, h, dk), query = rows_of(q, s, c, h, dk);
   if constexpr (inputs) {
-    start_copy(ks, dk, k + krow(0), H * dk, len, dk);
-    start_copy(qs, dk, q + krow(0), H * dk, len, dk);
+    start_copy(ks, dk, key.first, key.stride, len, dk);
+    start_copy(qs, dk, query.first, query.stride, len, dk);
+    key = {ks, dk}, query = {qs, dk};
   }
   if constexpr (outputs) {
     start_copy(dos, dv, dout + vrow(0), H * dv, len, dv);
     start_copy(Ds, dv, D, dv, len, dv);
   }
-  auto key = [&](int64_t r, int64_t i) {
-    if constexpr (inputs)
-      return to_f32(ks[r * dk + i]);
-    else
-      return to_f32(k[krow(r) + i]);
-  };
-  const auto query = [&](int64_t r, int64_t i) {
-    if constexpr (inputs)
-      return to_f32(qs[r * dk + i]);
-    else
-      return to_f32(q[krow(r) + i]);
-  };
   const auto out_grad = [&](int64_t r, int64_t j) {
     if constexpr (outputs)
       return to_f32(dos[r * dv + j]);

@@ -183,12 +183,14 @@ struct WarpPairs {
 };
 
 // A chunk's rows of a [tokens, H, d] input for one head, `stride` elements apart: in global
-// memory (rows_of), or staged in shared memory (stride d).
+// memory (rows_of), or staged in shared memory (stride d). A call reads as at(), for the
+// pairwise gradients' row functions.
 template <typename T>
 struct Rows {
   const T* first;
   int64_t stride;
   __device__ float at(int64_t r, int64_t i) const { return to_f32(first[r * stride + i]); }
+  __device__ float operator()(int64_t r, int64_t i) const { return at(r, i); }
 };
 
 template <typename T>
