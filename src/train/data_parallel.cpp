@@ -33,6 +33,8 @@ DataParallel::DataParallel(dist::ProcessGroup& group, Model& model, double bucke
     : group_(group), model_(model), bucket_mb_(bucket_mb), shards_(std::move(shards)), shard_gradients_(shard_gradients),
       measure_gradient_memory_(shard_gradients && measure_gradient_memory()) {
   KILN_CHECK(!shard_gradients_ || shards_, "dist.zero", "2 needs the parameters' shards");
+  KILN_CHECK(!measure_gradient_memory_ || !on_gpu(), "KILN_MEASURE_GRADIENT_MEMORY",
+             "1 counts the CPU's resident gradient pages; the GPU's ZeRO-2 keeps the whole arena: unset it");
   if (!shards_) return;
   KILN_CHECK(shards_->world_size() == group.world_size(), "dist.zero", "shards for {} ranks, {} run",
              shards_->world_size(), group.world_size());

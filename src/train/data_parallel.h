@@ -17,17 +17,17 @@
 // shard of the parameters (train/parameter_shards.h) and keeps state for it alone; the
 // updated shards are then all-gathered, so every rank again holds the same weights.
 //
-// With dist.zero = 2 (ZeRO-2) the gradients are reduce-scattered
-// instead: each rank ends the step's synchronization with the summed gradients of its own
-// shard, and every other rank's shard of its gradients zeroed. The norm is then each
-// rank's sum of squares summed over the ranks (gradient_norm): the shards partition the
-// trainable parameters, so this is the whole model's sum of squares, only added up in
-// another order. The guard and clip act on that norm as before; the optimizer reads only
-// its own shard's gradients. With dist.bucket_mb > 0 every micro-batch's finished buckets
-// are reduce-scattered during its backward, on the communication thread DDP's buckets use,
-// and the other ranks' pages of the gradient arena given back (train/sharded_gradients.h);
-// the next micro-batch's backward and the step's norm wait for them. With 0, the whole
-// arena after the last backward.
+// With dist.zero = 2 (ZeRO-2) the gradients are reduce-scattered instead: each rank ends
+// the step's synchronization with the summed gradients of its own shard, and every other
+// rank's shard of its gradients zeroed. The norm is then each rank's sum of squares summed
+// over the ranks (gradient_norm): the shards partition the trainable parameters, so this
+// is the whole model's sum of squares, only added up in another order. The guard and clip
+// act on that norm as before; the optimizer reads only its own shard's gradients. On the
+// CPU (Gloo), with dist.bucket_mb > 0 every micro-batch's finished buckets are
+// reduce-scattered during its backward, on the communication thread DDP's buckets use, and
+// the other ranks' pages of the gradient arena given back (train/sharded_gradients.h); the
+// next micro-batch's backward and the step's norm wait for them. With 0, the whole arena
+// after the last backward.
 // Either way in rounds through the all-gather's buffer (train/gradient_reduce_scatter.h).
 // On the GPU (NCCL) the whole arena stays allocated (device memory gives no pages back):
 // with dist.bucket_mb > 0 the last micro-batch's finished buckets are reduce-scattered on
