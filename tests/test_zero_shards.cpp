@@ -188,6 +188,13 @@ TEST(ZeroShards, TheMemoryCheckCountsARanksShareUnderZero) {
   EXPECT_EQ(without, plan_zero_memory(whole, Device::cpu, 4).zero2_gradients);
   EXPECT_GT(without, full.gradients * 0.99);
   EXPECT_LE(without, full.gradients);
+  // On the GPU ZeRO-2 keeps the whole arena allocated (train/data_parallel.h), with or
+  // without buckets: the check counts all of it.
+  const MemoryBudget gpu = plan_training_memory(ddp, Device::cuda);
+  for (const Config* config : {&two, &whole}) {
+    EXPECT_EQ(plan_zero_memory(*config, Device::cuda, 4).zero2_gradients, gpu.gradients);
+    EXPECT_EQ(plan_rank_memory(*config, Device::cuda, 4).gradients, gpu.gradients);
+  }
 }
 
 }  // namespace

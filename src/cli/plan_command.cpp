@@ -19,8 +19,8 @@ double mib(size_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
 // Each rank's memory at `world` data-parallel ranks: DDP keeps everything whole on every
 // rank; ZeRO-1 (dist.zero = 1) keeps the optimizer state of one shard, plus the buffer its
 // updated parameters are all-gathered through (train/parameter_shards.h); ZeRO-2 (dist.zero
-// = 2, the CPU's) also holds at most its shard of the gradients and what backward has not
-// yet reduce-scattered (train/sharded_gradients.h).
+// = 2) also holds at most its shard of the gradients and what backward has not yet
+// reduce-scattered on the CPU (train/sharded_gradients.h), the whole arena on the GPU.
 void print_per_rank(const Config& config, Device device, const MemoryBudget& plan, int world) {
   fmt::print("per rank at {} data-parallel ranks:\n", world);
   fmt::print("  {:<8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "mode", "parameters", "gradients", "optimizer",
@@ -41,7 +41,8 @@ void print_per_rank(const Config& config, Device device, const MemoryBudget& pla
   }
   fmt::print("  (activations: activations, workspace and host batches; ZeRO-2's gradients: the largest shard's, plus "
              "the two largest blocks', the heads' and the embedding table's, which backward holds before their "
-             "buckets are reduce-scattered; the whole arena with dist.bucket_mb = 0; page rounding not counted)\n");
+             "buckets are reduce-scattered; the whole arena with dist.bucket_mb = 0; page rounding not counted; "
+             "on the GPU the whole arena, which stays allocated)\n");
 }
 
 // The pipeline split (train/pipeline_split.h) of the config's layers into `stages` stages,

@@ -59,6 +59,13 @@ class Communicator {
   // the reduction is the backend's and may differ from all_reduce's, so a float sum may
   // differ from all_reduce's in its last bits (beyond two ranks, where a + b = b + a).
   virtual void reduce_scatter(void* data, int64_t count_per_rank, DType dtype, ReduceOp op, std::string_view what) = 0;
+  // The same on `exec`'s stream (ZeRO-2's buckets on a communication stream); a host
+  // backend ignores `exec`, as all_reduce_on.
+  virtual void reduce_scatter_on(const ExecContext& exec, void* data, int64_t count_per_rank, DType dtype, ReduceOp op,
+                                 std::string_view what) {
+    (void)exec;
+    reduce_scatter(data, count_per_rank, dtype, op, what);
+  }
 
   // `bytes` to rank `peer`, to be matched by its recv with this rank and the same `tag`
   // (>= 0); messages of one tag between two ranks arrive in the order sent. A send is

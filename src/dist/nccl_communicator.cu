@@ -81,13 +81,12 @@ class NcclCommunicator final : public Communicator {
   // In place: NCCL's reduce-scatter reads every chunk and writes this rank's, which may
   // overlap its input exactly there (recvbuff = sendbuff + rank * recvcount).
   void reduce_scatter(void* data, int64_t count_per_rank, DType dtype, ReduceOp op, std::string_view what) override {
-    if (count_per_rank == 0) return;
-    auto* chunks = static_cast<uint8_t*>(data);
-    const size_t chunk_bytes = static_cast<size_t>(count_per_rank) * dtype_size(dtype);
-    check(ncclReduceScatter(chunks, chunks + static_cast<size_t>(rank_) * chunk_bytes, static_cast<size_t>(count_per_rank),
-                            nccl_type(dtype, op, what), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream_),
-          what);
-    watch_collective(stream_, what);
+    reduce_scatter_on_stream(stream_, data, count_per_rank, dtype, op, what);
+  }
+
+  void reduce_scatter_on(const ExecContext& exec, void* data, int64_t count_per_rank, DType dtype, ReduceOp op,
+                         std::string_view what) override {
+    reduce_scatter_on_stream(cuda::stream(exec), data, count_per_rank, dtype, op, what);
   }
 
   // Untested (no multi-GPU machine here). NCCL has no tags: messages between two ranks
@@ -114,6 +113,17 @@ class NcclCommunicator final : public Communicator {
     if (count == 0) return;
     check(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dtype, op, what),
                         op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream),
+          what);
+    watch_collective(stream, what);
+  }
+
+  void reduce_scatter_on_stream(cudaStream_t stream, void* data, int64_t count_per_rank, DType dtype, ReduceOp op,
+                                std::string_view what) {
+    if (count_per_rank == 0) return;
+    auto* chunks = static_cast<uint8_t*>(data);
+    const size_t chunk_bytes = static_cast<size_t>(count_per_rank) * dtype_size(dtype);
+    check(ncclReduceScatter(chunks, chunks + static_cast<size_t>(rank_) * chunk_bytes, static_cast<size_t>(count_per_rank),
+                            nccl_type(dtype, op, what), op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream),
           what);
     watch_collective(stream, what);
   }

@@ -99,7 +99,11 @@ class CapturedStep final : public StepExecutor {
     fail("train", "fault injection needs the op-by-op step (train.cuda_graphs = false)");
   }
 
-  void gradient_norm() override { model_.gradient_sum_squares_to_device(&device_->grad_sum_squares); }
+  void gradient_norm() override {
+    model_.gradient_sum_squares_to_device(&device_->grad_sum_squares);
+    // ZeRO-2: this rank's shard's sum of squares, summed over the ranks on the stream.
+    if (data_parallel_) data_parallel_->sum_shard_squares_on_device(&device_->grad_sum_squares);
+  }
   // The loss, the norm, the guard's verdict and the update's skip flag and clip factor.
   void verdict_and_clip() override { ops::finish_step_on_device(model_.exec(), device_); }
   void update() override {

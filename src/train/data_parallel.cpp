@@ -33,8 +33,8 @@ DataParallel::DataParallel(dist::ProcessGroup& group, Model& model, double bucke
     : group_(group), model_(model), bucket_mb_(bucket_mb), shards_(std::move(shards)), shard_gradients_(shard_gradients),
       measure_gradient_memory_(shard_gradients && measure_gradient_memory()) {
   KILN_CHECK(!shard_gradients_ || shards_, "dist.zero", "2 needs the parameters' shards");
-  KILN_CHECK(!shard_gradients_ || !on_gpu(), "dist.zero",
-             "2 (sharded gradients) runs on the CPU (Gloo) only for now; on the GPU use dist.zero = 1");
+  KILN_CHECK(!measure_gradient_memory_ || !on_gpu(), "KILN_MEASURE_GRADIENT_MEMORY",
+             "1 counts the CPU's resident gradient pages; the GPU's ZeRO-2 keeps the whole arena: unset it");
   if (!shards_) return;
   KILN_CHECK(shards_->world_size() == group.world_size(), "dist.zero", "shards for {} ranks, {} run",
              shards_->world_size(), group.world_size());
@@ -100,16 +100,30 @@ void DataParallel::gather_parameters() {
   }
 }
 
-// ZeRO-2 (train/sharded_gradients.h): made at the first step, once the arena exists.
+// ZeRO-2's rounds: the all-gather's chunk per rank.
+int64_t DataParallel::scatter_chunk() const {
+  const ParameterShards& s = *shards_;
+  const size_t element = dtype_size(s.dtype());
+  // Gloo counts a call's bytes in an int: rounds stay below 2 GiB whatever dist.bucket_mb.
+  const int64_t most = std::numeric_limits<int>::max() / static_cast<int64_t>(element * s.world_size());
+  return std::min(s.gather_chunk(bucket_mb_), most);
+}
+
+// ZeRO-2 on the GPU: made at the first step, once the arena exists.
+GradientReduceScatter& DataParallel::device_scatter() {
+  if (!scatter_)
+    scatter_ = std::make_unique<GradientReduceScatter>(group_.device(), rank(), *shards_, model_.all_gradients(),
+                                                       static_cast<unsigned char*>(gathered_.data()), scatter_chunk());
+  return *scatter_;
+}
+
+// ZeRO-2 on the CPU (train/sharded_gradients.h): made at the first step, once the arena exists.
 ShardedGradients& DataParallel::sharded() {
   if (!sharded_) {
     const ParameterShards& s = *shards_;
-    const size_t element = dtype_size(s.dtype());
-    // Gloo counts a call's bytes in an int: rounds stay below 2 GiB whatever dist.bucket_mb.
-    const int64_t most = std::numeric_limits<int>::max() / static_cast<int64_t>(element * s.world_size());
     sharded_ = std::make_unique<ShardedGradients>(group_.device(), rank(), s, model_,
-                                                  static_cast<unsigned char*>(gathered_.data()),
-                                                  std::min(s.gather_chunk(bucket_mb_), most), measure_gradient_memory_);
+                                                  static_cast<unsigned char*>(gathered_.data()), scatter_chunk(),
+                                                  measure_gradient_memory_);
     if (bucketed()) {
       const Tensor grads = model_.all_gradients();
       const auto elements = static_cast<int64_t>(std::llround(bucket_mb_ * 1024 * 1024)) /
@@ -122,13 +136,19 @@ ShardedGradients& DataParallel::sharded() {
 }
 
 void DataParallel::zero_gradients() {
-  if (shard_gradients_) sharded().zero();
-  else model_.zero_grads();
+  if (host_sharded()) sharded().zero();
+  else model_.zero_grads();  // (the GPU's ZeRO-2 keeps the whole arena: zeroed whole)
 }
 
+// ZeRO-2: only this rank's shard (every other rank's part of the arena is zero).
 void DataParallel::scale_gradients(double factor) {
-  if (shard_gradients_) sharded().scale(factor);
-  else model_.scale_gradients(factor);
+  if (!shard_gradients_) return model_.scale_gradients(factor);
+  KILN_PHASE("clip");
+  for (const ParameterPiece& piece : shards_->pieces(rank())) {
+    const Tensor grad = piece.parameter->grad();
+    ops::scale_inplace(model_.exec(), grad.view(Shape{grad.numel()}).rows(piece.begin, piece.begin + piece.count),
+                       factor);
+  }
 }
 
 std::optional<DataParallel::GradientMemory> DataParallel::gradient_memory() const {
@@ -148,14 +168,19 @@ double DataParallel::gradient_norm() {
   return std::sqrt(squares);
 }
 
+void DataParallel::sum_shard_squares_on_device(double* squares) {
+  if (shard_gradients_)
+    group_.device().all_reduce(squares, 1, DType::f64, dist::ReduceOp::sum, "gradient sum of squares");
+}
+
 void DataParallel::before_backward(bool last_micro_batch) {
-  if (shard_gradients_ && sharded().bucketed()) {  // ZeRO-2: every micro-batch's buckets, on a thread
+  if (host_sharded() && sharded().bucketed()) {  // ZeRO-2 on the CPU: every micro-batch's buckets, on a thread
     ShardedGradients* reduction = &sharded();  // (start waits for the last micro-batch's)
     reduction->start();
     model_.set_backward_progress([reduction](int event) { reduction->ready(event); });
     return;
   }
-  if (!bucketed() || !last_micro_batch || shard_gradients_) {
+  if (!bucketed() || !last_micro_batch || host_sharded()) {
     model_.set_backward_progress({});
     return;
   }
@@ -165,7 +190,13 @@ void DataParallel::before_backward(bool last_micro_batch) {
                           static_cast<int64_t>(dtype_size(grads.dtype()));
     std::vector<GradientBucket> plan =
         plan_gradient_buckets(model_.gradient_ranges(), grads.numel(), std::max<int64_t>(1, elements));
-    if (on_gpu())
+    if (on_gpu() && shard_gradients_)  // ZeRO-2: each bucket reduce-scattered into its owners' shards
+      buckets_ = std::make_unique<StreamBucketedReduction>(
+          group_.device(), model_.exec(), grads, std::move(plan),
+          [scatter = &device_scatter()](const ExecContext& exec, const GradientBucket& bucket) {
+            scatter->run(exec, bucket.begin, bucket.end);
+          });
+    else if (on_gpu())
       buckets_ = std::make_unique<StreamBucketedReduction>(group_.device(), model_.exec(), grads, std::move(plan));
     else
       buckets_ = std::make_unique<BucketedGradientReduction>(group_.device(), grads, std::move(plan));
@@ -178,7 +209,7 @@ void DataParallel::before_backward(bool last_micro_batch) {
 
 void DataParallel::after_backward() {
   model_.set_backward_progress({});
-  if (shard_gradients_ && sharded().bucketed()) sharded().finish();  // the rest handed over; waited for later
+  if (host_sharded() && sharded().bucketed()) sharded().finish();  // the rest handed over; waited for later
   if (!reducing_) return;
   if (on_gpu()) {
     buckets_->finish();  // the model's stream waits here, inside the micro-batch's graph
@@ -212,6 +243,8 @@ void DataParallel::reduce_gradients() {
   if (reducing_) {  // the CPU's buckets went out during backward: wait for the last
     reducing_ = false;
     buckets_->finish();
+  } else if (shard_gradients_ && on_gpu()) {  // ZeRO-2 on the GPU: on the model's stream (the buckets': joined)
+    if (!bucketed()) device_scatter().run(model_.exec(), 0, model_.all_gradients().numel());
   } else if (shard_gradients_) {  // ZeRO-2: each rank its shard's sums (its buckets' on their thread)
     if (sharded().bucketed()) sharded().wait();
     else sharded().reduce_scatter_all();

@@ -17,23 +17,31 @@
 // shard of the parameters (train/parameter_shards.h) and keeps state for it alone; the
 // updated shards are then all-gathered, so every rank again holds the same weights.
 //
-// With dist.zero = 2 (ZeRO-2, the CPU's Gloo only) the gradients are reduce-scattered
-// instead: each rank ends the step's synchronization with the summed gradients of its own
-// shard, and every other rank's shard of its gradients zeroed. The norm is then each
-// rank's sum of squares summed over the ranks (gradient_norm): the shards partition the
-// trainable parameters, so this is the whole model's sum of squares, only added up in
-// another order. The guard and clip act on that norm as before; the optimizer reads only
-// its own shard's gradients. With dist.bucket_mb > 0 every micro-batch's finished buckets
-// are reduce-scattered during its backward, on the communication thread DDP's buckets use,
-// and the other ranks' pages of the gradient arena given back (train/sharded_gradients.h);
-// the next micro-batch's backward and the step's norm wait for them. With 0, the whole
-// arena after the last backward.
-// Either way in rounds through the all-gather's buffer.
+// With dist.zero = 2 (ZeRO-2) the gradients are reduce-scattered instead: each rank ends
+// the step's synchronization with the summed gradients of its own shard, and every other
+// rank's shard of its gradients zeroed. The norm is then each rank's sum of squares summed
+// over the ranks (gradient_norm): the shards partition the trainable parameters, so this
+// is the whole model's sum of squares, only added up in another order. The guard and clip
+// act on that norm as before; the optimizer reads only its own shard's gradients. On the
+// CPU (Gloo), with dist.bucket_mb > 0 every micro-batch's finished buckets are
+// reduce-scattered during its backward, on the communication thread DDP's buckets use, and
+// the other ranks' pages of the gradient arena given back (train/sharded_gradients.h); the
+// next micro-batch's backward and the step's norm wait for them. With 0, the whole arena
+// after the last backward.
+// Either way in rounds through the all-gather's buffer (train/gradient_reduce_scatter.h).
+// On the GPU (NCCL) the whole arena stays allocated (device memory gives no pages back):
+// with dist.bucket_mb > 0 the last micro-batch's finished buckets are reduce-scattered on
+// the communication stream during its backward, as DDP's are all-reduced (train/
+// stream_gradient_buckets.h), the earlier micro-batches having accumulated in the whole
+// arena; with 0, the whole arena on the model's stream after the last backward. The norm's
+// sum of squares is summed over the ranks in device memory (sum_shard_squares_on_device),
+// so a captured step waits for nothing on the host.
 #pragma once
 
 #include "dist/process_group.h"
 #include "model/model.h"
 #include "train/gradient_buckets.h"
+#include "train/gradient_reduce_scatter.h"
 #include "train/parameter_shards.h"
 #include "train/sharded_gradients.h"
 #include "train/stream_gradient_buckets.h"
@@ -73,8 +81,12 @@ class DataParallel {
   // The L2 norm of the step's summed gradients over the whole model, on every rank (after
   // reduce_gradients; host memory). ZeRO-2: the shards' sums of squares summed over the ranks.
   double gradient_norm();
+  // The captured step's form of it: `squares` (device memory, this rank's sum of squares)
+  // summed over the ranks on the model's stream under ZeRO-2; unchanged without.
+  void sum_shard_squares_on_device(double* squares);
   bool shards_gradients() const { return shard_gradients_; }
-  // A step begins: the gradients zeroed (ZeRO-2: its shard; the rest of the arena given back).
+  // A step begins: the gradients zeroed (ZeRO-2 on the CPU: its shard; the rest of the arena
+  // given back).
   void zero_gradients();
   // The clip: the gradients *= factor (ZeRO-2: its shard's, the rest being zero).
   void scale_gradients(double factor);
@@ -105,7 +117,10 @@ class DataParallel {
  private:
   bool bucketed() const { return bucket_mb_ > 0; }
   bool on_gpu() const { return group_.device().device() == Device::cuda; }
-  ShardedGradients& sharded();  // ZeRO-2's, made at its first use
+  bool host_sharded() const { return shard_gradients_ && !on_gpu(); }  // ZeRO-2 on the CPU
+  int64_t scatter_chunk() const;           // ZeRO-2's elements per rank and round
+  ShardedGradients& sharded();             // ZeRO-2's on the CPU, made at its first use
+  GradientReduceScatter& device_scatter();  // ZeRO-2's on the GPU, made at its first use
 
   dist::ProcessGroup& group_;
   Model& model_;
@@ -118,7 +133,8 @@ class DataParallel {
   // ZeRO's all-gather buffer (and ZeRO-2's reduce-scatter's): a chunk per rank, on the
   // collectives' device
   Storage gathered_;
-  std::unique_ptr<ShardedGradients> sharded_;  // ZeRO-2's gradient memory
+  std::unique_ptr<ShardedGradients> sharded_;  // ZeRO-2's gradient memory (CPU)
+  std::unique_ptr<GradientReduceScatter> scatter_;  // ZeRO-2's rounds (GPU)
 };
 
 }  // namespace kiln

@@ -96,6 +96,9 @@ ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size)
                                ? shards.largest() + largest_block + second_block + held[-1] + held[-2]
                                : shards.total();
   b.zero2_gradients = static_cast<size_t>(std::min(elements, shards.total())) * dtype_size(shards.dtype());
+  // The GPU's ZeRO-2 keeps the whole arena allocated (train/data_parallel.h): device memory
+  // gives no pages back.
+  if (device == Device::cuda) b.zero2_gradients = model.memory_plan().gradients;
   return b;
 }
 

@@ -25,11 +25,12 @@ MemoryBudget plan_training_memory(const Config& config, Device device);
 // ZeRO-1 at `world_size` ranks (train/parameter_shards.h): the optimizer state of the rank
 // that keeps the most, and the buffer the updated shards are all-gathered through
 // (about dist.bucket_mb; ParameterShards::gather_chunk).
-// ZeRO-2 (dist.zero = 2, the CPU's; train/sharded_gradients.h) also bounds the gradient
-// memory a rank holds: the largest shard's gradients, plus what backward writes before its
+// ZeRO-2 (dist.zero = 2; train/sharded_gradients.h) also bounds the gradient memory a rank
+// holds on the CPU: the largest shard's gradients, plus what backward writes before its
 // buckets' reduce-scatters end (two blocks' gradients -- the one reduce-scattered while
 // backward computes the next -- the heads' and the embedding table's, whose gradient a tied
-// head writes first); with dist.bucket_mb = 0 the whole arena.
+// head writes first); with dist.bucket_mb = 0 the whole arena. On the GPU the whole arena,
+// always (it stays allocated).
 struct ZeroBudget {
   size_t optimizer = 0, gather_buffer = 0;
   size_t zero2_gradients = 0;

@@ -1,8 +1,6 @@
 #include "train/sharded_gradients.h"
 
 #include "core/error.h"
-#include "core/phase_scope.h"
-#include "ops/elementwise/elementwise.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -37,35 +35,12 @@ void zero_and_release(unsigned char* lo, unsigned char* hi) {
              "2: could not give back {} bytes of gradient pages (madvise)", b - a);
 }
 
-// A run of one parameter's gradient elements inside a rank's part of a reduced range.
-struct Segment {
-  unsigned char* data;
-  int64_t count;
-};
-
-// Copies elements [lo, hi) of the concatenated segments into `window` or out of it.
-void copy_segments(const std::vector<Segment>& segments, int64_t lo, int64_t hi, unsigned char* window,
-                   bool into_window, size_t element) {
-  int64_t at = 0;
-  for (const Segment& s : segments) {
-    const int64_t a = std::max(lo, at), b = std::min(hi, at + s.count);
-    if (a < b) {
-      unsigned char* gradient = s.data + static_cast<size_t>(a - at) * element;
-      unsigned char* in_window = window + static_cast<size_t>(a - lo) * element;
-      const size_t bytes = static_cast<size_t>(b - a) * element;
-      if (into_window) std::memcpy(in_window, gradient, bytes);
-      else std::memcpy(gradient, in_window, bytes);
-    }
-    at += s.count;
-    if (at >= hi) break;
-  }
-}
-
 }  // namespace
 
 ShardedGradients::ShardedGradients(dist::Communicator& comm, int rank, const ParameterShards& shards, Model& model,
                                    unsigned char* buffer, int64_t chunk, bool measure_resident)
-    : comm_(comm), rank_(rank), shards_(shards), model_(model), buffer_(buffer), chunk_(chunk),
+    : shards_(shards), model_(model),
+      rounds_(comm, rank, shards, model.all_gradients(), buffer, chunk),
       measure_resident_(measure_resident) {
   const Tensor grads = model.all_gradients();
   arena_ = static_cast<unsigned char*>(grads.raw());
@@ -149,15 +124,6 @@ void ShardedGradients::zero() {
   for (const auto& [lo, hi] : own_) std::memset(arena_ + lo, 0, hi - lo);
 }
 
-void ShardedGradients::scale(double factor) {
-  KILN_PHASE("clip");
-  for (const ParameterPiece& piece : shards_.pieces(rank_)) {
-    const Tensor grad = piece.parameter->grad();
-    ops::scale_inplace(model_.exec(), grad.view(Shape{grad.numel()}).rows(piece.begin, piece.begin + piece.count),
-                       factor);
-  }
-}
-
 // Every element outside this rank's shard in [lo, hi) is zero here (reduced and zeroed,
 // or padding), so writing zeros over the partial pages at the gaps' edges changes nothing.
 void ShardedGradients::release_outside_own(size_t lo, size_t hi, bool whole_pages_only) {
@@ -192,50 +158,7 @@ void ShardedGradients::note_resident() {
   if (measure_resident_) peak_resident_ = std::max(peak_resident_, resident_bytes());
 }
 
-// In rounds of a chunk per rank, as the parameters' all-gather (train/data_parallel.h):
-// every rank copies each rank's part of the range into that rank's chunk of the buffer (a
-// short part's tail zeroed: Gloo's chunks are equal, as NCCL's), the buffer is
-// reduce-scattered, and this rank's summed part goes back into its gradients. The other
-// ranks' parts are then zeroed here. A rank's part is its shard's pieces inside the range,
-// in flat order: over the whole arena, its whole shard (the rounds of dist.bucket_mb = 0).
-void ShardedGradients::reduce_scatter_range(int64_t begin, int64_t end) {
-  KILN_PHASE("gradient reduce-scatter");
-  const int world = shards_.world_size();
-  const size_t element = dtype_size(shards_.dtype());
-  std::vector<std::vector<Segment>> parts(static_cast<size_t>(world));
-  std::vector<int64_t> sizes(static_cast<size_t>(world), 0);
-  int64_t largest = 0;
-  for (int r = 0; r < world; ++r) {
-    for (const ParameterPiece& piece : shards_.pieces(r)) {
-      auto* grad = static_cast<unsigned char*>(piece.parameter->grad().raw());
-      const int64_t at = (grad - arena_) / static_cast<int64_t>(element) + piece.begin;
-      const int64_t a = std::max(begin, at), b = std::min(end, at + piece.count);
-      if (a >= b) continue;
-      parts[static_cast<size_t>(r)].push_back({arena_ + static_cast<size_t>(a) * element, b - a});
-      sizes[static_cast<size_t>(r)] += b - a;
-    }
-    largest = std::max(largest, sizes[static_cast<size_t>(r)]);
-  }
-  const int64_t chunk = chunk_;
-  const size_t chunk_bytes = static_cast<size_t>(chunk) * element;
-  for (int64_t first = 0; first < largest; first += chunk) {
-    for (int r = 0; r < world; ++r) {
-      const int64_t lo = std::min(first, sizes[static_cast<size_t>(r)]);
-      const int64_t hi = std::min(lo + chunk, sizes[static_cast<size_t>(r)]);
-      unsigned char* own = buffer_ + chunk_bytes * static_cast<size_t>(r);
-      copy_segments(parts[static_cast<size_t>(r)], lo, hi, own, true, element);
-      std::memset(own + static_cast<size_t>(hi - lo) * element, 0, static_cast<size_t>(chunk - (hi - lo)) * element);
-    }
-    comm_.reduce_scatter(buffer_, chunk, shards_.dtype(), dist::ReduceOp::sum, "gradients (reduce-scatter)");
-    const int64_t lo = std::min(first, sizes[static_cast<size_t>(rank_)]);
-    const int64_t hi = std::min(lo + chunk, sizes[static_cast<size_t>(rank_)]);
-    copy_segments(parts[static_cast<size_t>(rank_)], lo, hi, buffer_ + chunk_bytes * static_cast<size_t>(rank_), false,
-                  element);
-  }
-  for (int r = 0; r < world; ++r) {
-    if (r == rank_) continue;
-    for (const Segment& s : parts[static_cast<size_t>(r)]) std::memset(s.data, 0, static_cast<size_t>(s.count) * element);
-  }
-}
+// On the host (train/gradient_reduce_scatter.h), the other ranks' parts then zero here.
+void ShardedGradients::reduce_scatter_range(int64_t begin, int64_t end) { rounds_.run(model_.exec(), begin, end); }
 
 }  // namespace kiln

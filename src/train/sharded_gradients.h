@@ -15,6 +15,7 @@
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "train/gradient_buckets.h"
+#include "train/gradient_reduce_scatter.h"
 #include "train/parameter_shards.h"
 
 #include <cstdint>
@@ -53,8 +54,6 @@ class ShardedGradients {
   void reduce_scatter_all();
   // A step begins: this rank's shard zeroed, every other page of the arena given back.
   void zero();
-  // The clip: this rank's shard *= factor (the rest is zero).
-  void scale(double factor);
   // Bytes of the arena in physical memory now (mincore), and, when measure_resident, the most
   // seen at a bucket's reduce-scatter or a backward's end since the run began (else 0).
   size_t resident_bytes() const;
@@ -70,19 +69,16 @@ class ShardedGradients {
   // communication thread).
   void reduce_scatter_bucket(size_t i);
   // Elements [begin, end) of the arena reduce-scattered into their owners' shards; the
-  // other ranks' elements zeroed here.
+  // other ranks' elements zeroed here (train/gradient_reduce_scatter.h).
   void reduce_scatter_range(int64_t begin, int64_t end);
   // Zeroes the arena's bytes in [lo, hi) outside this rank's shard: whole pages given back,
   // partial ones written with zeros, or with `whole_pages_only` left as they are.
   void release_outside_own(size_t lo, size_t hi, bool whole_pages_only);
   void note_resident();
 
-  dist::Communicator& comm_;
-  int rank_;
   const ParameterShards& shards_;
   Model& model_;
-  unsigned char* buffer_;
-  int64_t chunk_;
+  GradientReduceScatter rounds_;
   unsigned char* arena_ = nullptr;
   size_t arena_bytes_ = 0;
   // This rank's shard in the arena: byte ranges, sorted and disjoint (the arena's order of

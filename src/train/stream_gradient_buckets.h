@@ -6,6 +6,9 @@
 // model's stream reads the gradients (the norm) only once every bucket is summed. All of
 // it only enqueues work: a captured micro-batch replays the overlap as the branches of its
 // graph. Every rank launches the same buckets in the same order, as NCCL requires.
+//
+// ZeRO-2 (dist.zero = 2) gives each bucket another collective: its reduce-scatter into the
+// owners' shards (train/gradient_reduce_scatter.h), on the same stream, the same way.
 #pragma once
 
 #include "core/exec_context.h"
@@ -13,6 +16,7 @@
 #include "dist/communicator.h"
 #include "train/gradient_buckets.h"
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -24,17 +28,20 @@ class SideStream;
 
 class StreamBucketedReduction final : public BucketReduction {
  public:
-  // Reduces (sums) buckets of `gradients` (device memory) over `comm`'s ranks on a stream
-  // beside `model`'s. CUDA builds only; made outside any capture.
+  // What a bucket's collective does, enqueued on the communication stream `exec`.
+  using BucketCollective = std::function<void(const ExecContext& exec, const GradientBucket& bucket)>;
+  // Reduces buckets of `gradients` (device memory) over `comm`'s ranks on a stream beside
+  // `model`'s: sums each in place (all-reduce), or runs `collective` on it when given.
+  // CUDA builds only; made outside any capture.
   StreamBucketedReduction(dist::Communicator& comm, const ExecContext& model, const Tensor& gradients,
-                          std::vector<GradientBucket> buckets);
+                          std::vector<GradientBucket> buckets, BucketCollective collective = {});
   ~StreamBucketedReduction() override;
   StreamBucketedReduction(const StreamBucketedReduction&) = delete;
   StreamBucketedReduction& operator=(const StreamBucketedReduction&) = delete;
 
   void start() override;
-  // All-reduces the ready buckets on the communication stream, after the work enqueued so
-  // far on the model's.
+  // Reduces the ready buckets on the communication stream, after the work enqueued so far
+  // on the model's.
   void ready(int event) override;
   // The model's stream waits for every bucket.
   void finish() override;
@@ -45,6 +52,7 @@ class StreamBucketedReduction final : public BucketReduction {
   dist::Communicator& comm_;
   Tensor gradients_;
   std::vector<GradientBucket> buckets_;
+  BucketCollective collective_;
   BucketLaunches launches_{buckets_};
   std::unique_ptr<cuda::SideStream> communication_;
 };

@@ -69,6 +69,12 @@ TEST_F(Distributed, OneRankOverNcclIsTheSingleDeviceStepBitForBit) {
   // ZeRO-1 at one rank: the shard is every parameter, but the update's all-gather and its
   // copies run (inside the captured update, or op by op) and must change nothing.
   const std::string zero = " --set dist.zero=1 --set dist.bucket_mb=0.01";
+  // ZeRO-2 at one rank: the gradients are reduce-scattered (the shard is every gradient),
+  // in buckets on the communication stream during the last backward or, with no buckets,
+  // the whole arena on the model's stream after it; their copies through the buffer, NCCL's
+  // one-rank reduce-scatter and the norm's sum over the ranks must change nothing.
+  const std::string zero2 = " --set dist.zero=2 --set dist.bucket_mb=0.01";
+  const std::string zero2_whole = " --set dist.zero=2 --set dist.bucket_mb=0";
   // Gradient buckets (dist.bucket_mb): tiny ones, many per step, reduced on the
   // communication stream during the last backward (inside its captured graph, or op by
   // op); and none, one reduction after backward. At one rank NCCL's sum is the identity.
@@ -82,7 +88,14 @@ TEST_F(Distributed, OneRankOverNcclIsTheSingleDeviceStepBitForBit) {
                                      "--set train.grad_accum=2 " + sparse,
                                      "--set train.grad_accum=2" + zero,
                                      "--set train.grad_accum=2 --set train.cuda_graphs=false" + zero,
-                                     "--set train.grad_accum=2 " + sparse + zero}) {
+                                     "--set train.grad_accum=2 " + sparse + zero,
+                                     "--set train.grad_accum=2" + zero2,
+                                     "--set train.grad_accum=2 --set train.cuda_graphs=false" + zero2,
+                                     "--set train.grad_accum=2 " + sparse + zero2,
+                                     "--set train.grad_accum=2 --set train.cuda_graphs=false " + sparse + zero2,
+                                     "--set train.grad_accum=2" + zero2_whole,
+                                     "--set train.grad_accum=2 --set train.cuda_graphs=false" + zero2_whole,
+                                     "--set train.grad_accum=2 " + sparse + zero2_whole}) {
     SCOPED_TRACE(variant);
     std::filesystem::remove_all(dir + "/alone");
     std::filesystem::remove_all(dir + "/ranked");
@@ -96,6 +109,9 @@ TEST_F(Distributed, OneRankOverNcclIsTheSingleDeviceStepBitForBit) {
                                   : variant.find("bucket_mb=0") != std::string::npos  ? "in one reduction after"
                                                                                        : "in buckets of 25 MiB";
     EXPECT_NE(output.find(reduction), std::string::npos) << output;
+    if (variant.find("dist.zero=2") != std::string::npos) {
+      EXPECT_NE(output.find("; gradients reduce-scattered through it"), std::string::npos) << output;
+    }
     const std::vector<Record> alone = records(dir + "/alone"), ranked = records(dir + "/ranked");
     ASSERT_EQ(alone.size(), 20u);
     EXPECT_EQ(ranked, alone);
