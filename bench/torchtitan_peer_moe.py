@@ -18,12 +18,22 @@ peer's: torchtitan's trainer (FSDP2 mixed precision, its data loader, checkpoint
 is not run. --cuda-graph wraps forward + backward in torchtitan's own CUDA-graph capture
 (distributed.cudagraph.wrap_with_cuda_graph, on by default in torchtitan's trainer).
 
-torch 2.11 and torchtitan 0.3.0: torchtitan.models.qwen3 imports its parallelize module,
-whose torchtitan.distributed.fsdp imports torch.distributed.fsdp.DataParallelMeshDims, which
-torch 2.11 lacks (it is used only to shard with FSDP2, which this single-GPU peer never
-calls). The script stops with that one line unless --shim-missing is given: then a stand-in
-class that raises if anything ever constructs it is put in its place, and the JSON's peer
-field says so. No other model is ever substituted.
+torch 2.11 and torchtitan 0.3.0 (which is written against a newer torch): three mismatches,
+each checked before anything runs (MISMATCHES):
+- torchtitan.models.qwen3 imports its parallelize module, whose torchtitan.distributed.fsdp
+  imports torch.distributed.fsdp.DataParallelMeshDims, absent from torch 2.11 (used only to
+  shard with FSDP2, which this single-GPU peer never calls);
+- flex attention (torchtitan's language-model default): decoder.py passes
+  create_block_mask(separate_full_blocks=...), a keyword torch 2.11 lacks (its create_block_mask
+  always separates the full blocks, the value torchtitan passes);
+- varlen attention: VarlenAttention passes varlen_attn(num_splits=, enable_gqa=), which torch
+  2.11's varlen_attn lacks; no stand-in, --attention varlen stops.
+Without --shim-missing the script stops with one line naming them. With it, the first two get
+stand-ins (DataParallelMeshDims a class that raises if ever constructed; the mask keyword
+dropped when True, refused when False) and the JSON's peer field lists them. No other model
+is ever substituted. --attention sdpa takes torchtitan's own ScaledDotProductAttention module
+(causal SDPA, cuDNN then flash then math: bench/torch_peer.py's kind of attention) in place of
+flex: it needs only the first stand-in.
 
 Offline use (the GPU machine has torch, transformers, numpy and triton, nothing else): the
 wheels are extracted to a temporary folder (torchtitan has namespace subpackages that a
@@ -34,12 +44,21 @@ venv's own packages (the venv's copy wins). Fetch them with
         --only-binary=:all: -d .whl/torchtitan-deps
 TORCHTITAN_WHEELS (folders separated by os.pathsep) overrides the two default folders.
 
-    /opt/torch/.venv/bin/python bench/torchtitan_peer_moe.py --config configs/bench-moe-1b.toml \
-        --shim-missing --steps 10 --warmup 3 [--compile] [--cuda-graph]
-CPU smoke run (tiny shape): add --device cpu and --set model.layers=2 ... as bench/torch_peer.py.
+GPU (repo root as cwd, .whl carried; the flex arm's first steps include its max-autotune):
+    for a in sdpa flex; do for c in "" --compile; do
+      /opt/torch/.venv/bin/python bench/torchtitan_peer_moe.py --config configs/bench-moe-1b.toml \
+          --shim-missing --attention $a $c --steps 10 --warmup 3; done; done
+(--cuda-graph adds torchtitan's graph capture to any of them; not run here: CUDA only.)
+CPU smoke run (tiny shape; flex has no backward on the CPU, so --attention sdpa there):
+    python bench/torchtitan_peer_moe.py --config configs/bench-moe-1b.toml --device cpu \
+        --shim-missing --attention sdpa --steps 2 --warmup 1 --set model.layers=2 \
+        --set model.hidden=64 --set model.heads=4 --set model.kv_heads=2 --set model.head_dim=16 \
+        --set model.vocab_size=512 --set model.max_seq_len=64 --set train.micro_batch_tokens=128 \
+        --set model.moe.experts=8 --set model.moe.top_k=2 --set model.moe.expert_hidden=32
+On the CPU torch._grouped_mm runs torch's own fallback, and the router's fp32 autocast is off
+(CPU autocast has no fp32), so the router runs in bf16 there; both are CUDA-only differences.
 """
 import argparse
-import dataclasses
 import glob
 import json
 import os
