@@ -86,6 +86,10 @@ struct KdaConfig {
   // 64-token chunks, d_k <= 128; docs/kda.md says which is faster where). The CPU always
   // trains on the chunked form.
   std::string gpu_kernel = "recurrent";
+  // The short convolution's CUDA kernels: "per_element" (a thread per token and channel) or
+  // "sweep" (a thread per channel and tile of tokens, its window in registers;
+  // ops/short_conv/short_conv_sweep.h). sweep stays off until its GPU tests have run.
+  std::string conv_gpu_kernel = "per_element";
 };
 
 // NoPE multi-head latent attention's keys ([model.mla]; the token mixer "mla",

@@ -20,10 +20,13 @@ KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
   rank_ = c.gate_rank > 0 ? c.gate_rank : dk_;
   kernel_ = c.conv_kernel, norm_eps_ = m.norm_eps;
   chunked_gpu_ = cuda_ && c.gpu_kernel == "chunked";
+  conv_kernel_ = c.conv_gpu_kernel == "sweep" ? ops::ShortConvGpuKernel::sweep : ops::ShortConvGpuKernel::per_element;
   KILN_CHECK(!chunked_gpu_ || dk_ <= ops::kda_chunked_max_dk(), "model.kda.gpu_kernel",
              "= 'chunked' takes a head_dim up to {}, got {} (use 'recurrent')", ops::kda_chunked_max_dk(), dk_);
   // Decode keeps the last kernel - 1 inputs: a kernel of 1 would keep none (and mix nothing).
   KILN_CHECK(kernel_ >= 2, "model.kda.conv_kernel", "= {}: the short convolution needs at least 2 taps", kernel_);
+  KILN_CHECK(!cuda_ || conv_kernel_ != ops::ShortConvGpuKernel::sweep || kernel_ <= 8, "model.kda.conv_gpu_kernel",
+             "= 'sweep' keeps up to 8 taps in registers; model.kda.conv_kernel is {}", kernel_);
   const int64_t kc = h_ * dk_, vc = h_ * dv_, t = ctx.max_tokens;
   qkv_cols_ = 2 * kc + vc;
   // Kimi Linear's tensor names (self_attn.q_conv1d, f_a_proj, ...); llama.cpp has none.
@@ -113,7 +116,7 @@ void KdaMixer::forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) {
   const Tensor gpre = gpre_.rows(0, t);
   ops::linear_forward(exec_, x, qkv_w_, Tensor(), qkv_raw);
   const Tensor qkv_act = scope.take(dt, Shape{t, qkv_cols_});
-  ops::short_conv_forward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, qkv_act);
+  ops::short_conv_forward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, qkv_act, conv_kernel_);
   const Tensor q = scope.take(dt, Shape{t, h_, dk_}), k = scope.take(dt, Shape{t, h_, dk_});
   const Tensor v = scope.take(dt, Shape{t, h_, dv_}), g = scope.take(dt, Shape{t, h_, dk_});
   const Tensor beta = scope.take(dt, Shape{t, h_});
@@ -156,7 +159,7 @@ void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
   // and SiLU too, by forward's kernel on forward's input (the same bytes), on exec_ as all
   // the rest (inside a captured step's graph too).
   const Tensor qkv_act = scope.take(dt, Shape{t, qkv_cols_});
-  ops::short_conv_forward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, qkv_act);
+  ops::short_conv_forward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, qkv_act, conv_kernel_);
   const Tensor q = scope.take(dt, Shape{t, h_, dk_}), k = scope.take(dt, Shape{t, h_, dk_});
   const Tensor v = scope.take(dt, Shape{t, h_, dv_}), g = scope.take(dt, Shape{t, h_, dk_});
   const Tensor beta = scope.take(dt, Shape{t, h_});
@@ -185,7 +188,7 @@ void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
   const Tensor dact = scope.take(dt, Shape{t, qkv_cols_});
   ops::kda_split_norm_backward(exec_, qkv_act, dq, dk, dv, dact);
   const Tensor draw = qkv_act;  // read for the last time above: its buffer takes d(q|k|v raw)
-  ops::short_conv_backward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, dact, draw, conv_g_);
+  ops::short_conv_backward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, dact, draw, conv_g_, conv_kernel_);
   ops::linear_backward(exec_, x, qkv_w_, draw, dx, qkv_g_, Tensor(), true);
 }
 

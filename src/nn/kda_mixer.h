@@ -21,6 +21,7 @@
 #pragma once
 
 #include "nn/modules.h"
+#include "ops/short_conv/short_conv.h"
 
 namespace kiln {
 
@@ -48,6 +49,7 @@ class KdaMixer final : public TokenMixer {
   std::string key_;  // model.attention or model.alt_attention: its refusals name it
   bool cuda_ = false;
   bool chunked_gpu_ = false;  // model.kda.gpu_kernel = "chunked" on a CUDA device
+  ops::ShortConvGpuKernel conv_kernel_ = ops::ShortConvGpuKernel::per_element;  // model.kda.conv_gpu_kernel
   int64_t max_docs_ = 0;      // documents per micro-batch the GPU workspace holds
   int64_t hidden_ = 0, h_ = 0, dk_ = 0, dv_ = 0, rank_ = 0, kernel_ = 0, qkv_cols_ = 0;
   double norm_eps_ = 1e-6;

@@ -102,14 +102,20 @@ void twice(const std::function<std::vector<OwnedTensor>()>& gpu, const std::func
 
 class KdaMixerGpu : public GpuTest, public ::testing::WithParamInterface<DType> {};
 
-// Documents of 1, 63, 0 (empty), 65 and 7 tokens; 37 channels; kernels 4 and 2.
+// Documents of 1, 63, 0 (empty), 65, 7 and 300 tokens; 300 channels (the sweep's blocks
+// take 256); kernels 4, 2 and 8; both GPU kernels (the sweep's tiles are 64 tokens, so
+// documents end on and between their edges).
 TEST_P(KdaMixerGpu, ShortConvMatchesTheCpu) {
   const DType dt = GetParam();
-  const std::vector<int32_t> cu{0, 1, 64, 64, 129, 136};
-  const int64_t n = cu.back(), ch = 37;
+  const std::vector<int32_t> cu{0, 1, 64, 64, 129, 136, 436};
+  const int64_t n = cu.back(), ch = 300;
   OwnedTensor cu_host = test::i32_tensor(cu), cu_dev = to_device(*cu_host);
-  for (int64_t kernel : {4, 2}) {
-    SCOPED_TRACE(fmt::format("{} kernel {}", dtype_name(dt), kernel));
+  for (const auto& [kernel, gpu_kernel] :
+       {std::pair{4, ops::ShortConvGpuKernel::per_element}, {2, ops::ShortConvGpuKernel::per_element},
+        {8, ops::ShortConvGpuKernel::per_element}, {4, ops::ShortConvGpuKernel::sweep},
+        {2, ops::ShortConvGpuKernel::sweep}, {8, ops::ShortConvGpuKernel::sweep}}) {
+    SCOPED_TRACE(fmt::format("{} kernel {} {}", dtype_name(dt), kernel,
+                             gpu_kernel == ops::ShortConvGpuKernel::sweep ? "sweep" : "per_element"));
     OwnedTensor x = rounded(*test::random_f64(Shape{n, ch}, 11), dt), w = rounded(*test::random_f64(Shape{ch, kernel}, 12, 0.5), dt);
     OwnedTensor dy = rounded(*test::random_f64(Shape{n, ch}, 13), dt), dw0 = rounded(*test::random_f64(Shape{ch, kernel}, 14), DType::f32);
     OwnedTensor y = test::nan_f64(Shape{n, ch}), dx = test::nan_f64(Shape{n, ch}), dw = rounded(*dw0, DType::f64);
@@ -122,8 +128,8 @@ TEST_P(KdaMixerGpu, ShortConvMatchesTheCpu) {
           out.push_back(device_empty(dt, Shape{n, ch}));
           out.push_back(device_empty(dt, Shape{n, ch}));
           out.push_back(device_of(*dw0, DType::f32));  // dw accumulates onto its start
-          ops::short_conv_forward(process_exec(), *x_d, *w_d, *cu_dev, *out[0]);
-          ops::short_conv_backward(process_exec(), *x_d, *w_d, *cu_dev, *dy_d, *out[1], *out[2]);
+          ops::short_conv_forward(process_exec(), *x_d, *w_d, *cu_dev, *out[0], gpu_kernel);
+          ops::short_conv_backward(process_exec(), *x_d, *w_d, *cu_dev, *dy_d, *out[1], *out[2], gpu_kernel);
           return out;
         },
         [&](const std::vector<OwnedTensor>& out) {
@@ -226,10 +232,11 @@ HostBatch three_documents() { return packed_documents({17, 40, 23}, 8, 2024); }
 class KdaModelGpu : public GpuTest {
  protected:
   void compare(DType dtype, double logits_tol, double loss_tol, double grads_tol, double floor_fraction,
-               const std::string& gpu_kernel = "recurrent") {
+               const std::string& gpu_kernel = "recurrent", const std::string& conv_gpu_kernel = "per_element") {
     const HostBatch batch = three_documents();
     ModelConfig c = hybrid_config();
     c.kda.gpu_kernel = gpu_kernel;  // the GPU model's delta rule; the CPU's is always chunked
+    c.kda.conv_gpu_kernel = conv_gpu_kernel;
     Model cpu(c, options_for(Device::cpu, DType::f64, batch.size()));
     cpu.allocate();
     cpu.init_weights(17);
@@ -266,19 +273,25 @@ TEST_F(KdaModelGpu, Fp32GpuMatchesTheF64Cpu) { compare(DType::f32, 1e-4, 1e-5, 1
 TEST_F(KdaModelGpu, Bf16GpuMatchesTheF64Cpu) { compare(DType::bf16, 3e-2, 1e-3, 6e-2, 1.0); }
 TEST_F(KdaModelGpu, Fp32ChunkedGpuMatchesTheF64Cpu) { compare(DType::f32, 1e-4, 1e-5, 1e-3, kFloorFraction, "chunked"); }
 TEST_F(KdaModelGpu, Bf16ChunkedGpuMatchesTheF64Cpu) { compare(DType::bf16, 3e-2, 1e-3, 6e-2, 1.0, "chunked"); }
+TEST_F(KdaModelGpu, Fp32SweepConvGpuMatchesTheF64Cpu) {
+  compare(DType::f32, 1e-4, 1e-5, 1e-3, kFloorFraction, "chunked", "sweep");
+}
+TEST_F(KdaModelGpu, Bf16SweepConvGpuMatchesTheF64Cpu) { compare(DType::bf16, 3e-2, 1e-3, 6e-2, 1.0, "chunked", "sweep"); }
 
 // ---- training steps, captured and op by op ---------------------------------------------
 
 // The CPU test's run (tests/test_kda_mixer.cpp: "kda, gqa", hidden 32) on the GPU, two
 // micro-batches a step: backward recomputes the convolution's output into the workspace on
 // the step's stream, inside the captured graph too.
-TrainingRun train(const std::string& out, const std::string& precision, const std::string& gpu_kernel, bool graphs) {
+TrainingRun train(const std::string& out, const std::string& precision, const std::string& gpu_kernel,
+                  const std::string& conv_gpu_kernel, bool graphs) {
   const std::vector<std::string> overrides = {
       "data.path=" + test::source_dir() + "/data/tinyshakespeare.txt", "train.out_dir=" + out, "train.device=cuda",
       "train.precision=" + precision, "train.cuda_graphs=" + std::string(graphs ? "true" : "false"),
       "model.hidden=32", "model.layers=2", "model.heads=4", "model.kv_heads=2", "model.head_dim=8",
       "model.ffn_hidden=64", "model.max_seq_len=64", "model.attention=kda", "model.alt_attention=gqa",
-      "model.alt_attention_layers=1", "model.kda.gpu_kernel=" + gpu_kernel, "train.micro_batch_tokens=256",
+      "model.alt_attention_layers=1", "model.kda.gpu_kernel=" + gpu_kernel,
+      "model.kda.conv_gpu_kernel=" + conv_gpu_kernel, "train.micro_batch_tokens=256",
       "train.grad_accum=2", "train.steps=30", "train.eval_every=0", "train.eval_batches=1", "train.sample_every=0",
       "train.sample_tokens=0", "log.every=1", "checkpoint.save_final=false", "optim.warmup_steps=5"};
   return run_training(overrides, out);
@@ -291,20 +304,22 @@ class KdaTrainingGpu : public GpuTest {};
 // falls as the CPU's does (by more than 1 nat over 30 steps).
 TEST_F(KdaTrainingGpu, CapturedStepsMatchTheOpByOpStepsAndLearn) {
   const std::string dir = test::temp_dir("kiln-gpu-kda-train");
-  for (const std::string gpu_kernel : {"recurrent", "chunked"}) {
+  for (const auto& [gpu_kernel, conv] : {std::pair<std::string, std::string>{"recurrent", "per_element"},
+                                         {"chunked", "per_element"},
+                                         {"chunked", "sweep"}}) {
     for (const std::string precision : {"bf16", "fp32"}) {
-      SCOPED_TRACE(gpu_kernel + ", " + precision);
-      const std::string base = dir + "/" + gpu_kernel + "-" + precision;
-      const TrainingRun ops = train(base + "-ops", precision, gpu_kernel, false);
-      const TrainingRun graphs = train(base + "-graphs", precision, gpu_kernel, true);
+      SCOPED_TRACE(gpu_kernel + ", " + conv + ", " + precision);
+      const std::string base = dir + "/" + gpu_kernel + "-" + conv + "-" + precision;
+      const TrainingRun ops = train(base + "-ops", precision, gpu_kernel, conv, false);
+      const TrainingRun graphs = train(base + "-graphs", precision, gpu_kernel, conv, true);
       EXPECT_EQ(ops.graph_launches, 0);
       EXPECT_GT(graphs.graph_launches, 30);
       ASSERT_EQ(ops.losses.size(), 30u);
       expect_same_run(graphs, ops);
       for (double l : ops.losses) EXPECT_TRUE(std::isfinite(l));
       const double last = mean_last_losses(ops, 5);
-      std::printf("kda hybrid on the GPU (%s, %s): loss %.3f -> %.3f over 30 steps\n", gpu_kernel.c_str(),
-                  precision.c_str(), ops.losses[0], last);
+      std::printf("kda hybrid on the GPU (%s, %s conv, %s): loss %.3f -> %.3f over 30 steps\n", gpu_kernel.c_str(),
+                  conv.c_str(), precision.c_str(), ops.losses[0], last);
       EXPECT_LT(last, ops.losses[0] - 1.0);
     }
   }

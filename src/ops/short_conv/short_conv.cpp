@@ -6,6 +6,7 @@
 #if KILN_WITH_CUDA
 #include "ops/kda/kda_decode_cuda.h"
 #include "ops/kda/kda_mixer_cuda.h"
+#include "ops/short_conv/short_conv_sweep_cuda.h"
 #endif
 
 #include <cmath>
@@ -52,7 +53,7 @@ T conv_at(const T* x, const T* w, int64_t channels, int64_t kernel, int64_t star
 }  // namespace
 
 void short_conv_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& cu_seqlens,
-                        const Tensor& y) {
+                        const Tensor& y, ShortConvGpuKernel gpu_kernel) {
   (void)ctx;  // CPU builds: only the CUDA path reads it
   const char* op = "short_conv_forward";
   KILN_OP_SCOPE(op, x);
@@ -61,8 +62,10 @@ void short_conv_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w
   expect_shape(op, "y", y, x.shape());
   expect_same(op, "y", y, x);
   KILN_ON_CUDA(x, op,
-               cuda::short_conv_forward(ctx, x.dtype(), x.raw(), w.raw(), cu_seqlens.data<int32_t>(),
-                                        cu_seqlens.size(0) - 1, x.size(0), x.size(1), w.size(1), y.raw()));
+               (gpu_kernel == ShortConvGpuKernel::sweep ? cuda::short_conv_sweep_forward : cuda::short_conv_forward)(
+                   ctx, x.dtype(), x.raw(), w.raw(), cu_seqlens.data<int32_t>(), cu_seqlens.size(0) - 1, x.size(0),
+                   x.size(1), w.size(1), y.raw()));
+  (void)gpu_kernel;  // CPU builds
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t ch = x.size(1), kernel = w.size(1), seqs = cu_seqlens.size(0) - 1;
@@ -83,7 +86,7 @@ void short_conv_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w
 // With z the convolution and dz = dy silu'(z) = dy s (1 + z (1 - s)): dx[src] gathers
 // w[j] dz[t] from the K tokens t that read src; dw[c, j] sums dz[t] x[src] over tokens.
 void short_conv_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& cu_seqlens,
-                         const Tensor& dy, const Tensor& dx, const Tensor& dw) {
+                         const Tensor& dy, const Tensor& dx, const Tensor& dw, ShortConvGpuKernel gpu_kernel) {
   (void)ctx;  // CPU builds: only the CUDA path reads it
   const char* op = "short_conv_backward";
   KILN_OP_SCOPE(op, x);
@@ -103,9 +106,10 @@ void short_conv_backward(const ExecContext& ctx, const Tensor& x, const Tensor& 
     }
   }
   KILN_ON_CUDA(x, op,
-               cuda::short_conv_backward(ctx, x.dtype(), x.raw(), w.raw(), cu_seqlens.data<int32_t>(),
-                                         cu_seqlens.size(0) - 1, x.size(0), x.size(1), w.size(1), dy.raw(), dx.raw(),
-                                         dw.defined() ? dw.data<float>() : nullptr));
+               (gpu_kernel == ShortConvGpuKernel::sweep ? cuda::short_conv_sweep_backward : cuda::short_conv_backward)(
+                   ctx, x.dtype(), x.raw(), w.raw(), cu_seqlens.data<int32_t>(), cu_seqlens.size(0) - 1, x.size(0),
+                   x.size(1), w.size(1), dy.raw(), dx.raw(), dw.defined() ? dw.data<float>() : nullptr));
+  (void)gpu_kernel;  // CPU builds
   dispatch_cpu_float(op, x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const int64_t n = x.size(0), ch = x.size(1), kernel = w.size(1), seqs = cu_seqlens.size(0) - 1;

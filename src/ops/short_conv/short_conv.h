@@ -14,12 +14,18 @@
 
 namespace kiln::ops {
 
+// The GPU's kernels (model.kda.conv_gpu_kernel): per_element, a thread per (token, channel);
+// sweep, a thread per (channel, tile of tokens) keeping its window in registers
+// (short_conv_sweep.h). The CPU ignores it.
+enum class ShortConvGpuKernel { per_element, sweep };
+
 void short_conv_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& cu_seqlens,
-                        const Tensor& y);
+                        const Tensor& y, ShortConvGpuKernel gpu_kernel = ShortConvGpuKernel::per_element);
 
 // From dy: dx (=) and dw (+=, skipped if undefined). The convolution is recomputed from x.
 void short_conv_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& cu_seqlens,
-                         const Tensor& dy, const Tensor& dx, const Tensor& dw);
+                         const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                         ShortConvGpuKernel gpu_kernel = ShortConvGpuKernel::per_element);
 
 // Decode: rows x [n, C] of the sequences in slots[i] (i32 [n], in position order within a
 // slot), each continuing from state [slots, K-1, C] (that slot's last K-1 inputs, zero at a
