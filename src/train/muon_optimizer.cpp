@@ -55,6 +55,9 @@ class Muon final : public Optimizer {
   void plan(Arena& state) override {
     std::vector<Shape> shapes;
     for (Slot& s : slots_) {
+      KILN_CHECK(s.param->value().dtype() != DType::bf16, "muon",
+                 "optim.master_weights = 'bf16' is not supported by Muon yet ({}); use fp32 masters or AdamW",
+                 s.param->name());
       state.reserve(s.momentum, s.param->value().dtype(), s.param->shape());
       shapes.push_back(s.param->shape());
     }
