@@ -5,6 +5,7 @@
 #include "model/model.h"
 #include "ops/embedding/embedding.h"
 #include "ops/optim/adamw_bf16_master.h"
+#include "ops/optim/muon.h"
 #include "ops/optim/stochastic_round.h"
 #include "train/checkpoint_state.h"
 #include "train/memory_check.h"
@@ -250,6 +251,41 @@ TEST(Bf16Masters, EmbeddingWidensBf16TableRowsExactly) {
   EXPECT_THROW(ops::embedding_forward(process_exec(), *tokens, *table, *rows), Error);
 }
 
+// Muon on a bf16 master: the momentum and the orthogonalized update are those of the fp32
+// master (they never read the weight), and the new weight is that fp32 result rounded with
+// the bits of (stream, update, index): bit for bit, against Muon on the widened weight.
+TEST(Bf16Masters, MuonRoundsTheFp32UpdateStochastically) {
+  const int64_t rows = 24, cols = 40, n = rows * cols;
+  OwnedTensor p16(DType::bf16, Device::cpu, Shape{rows, cols}), p32(DType::f32, Device::cpu, Shape{rows, cols});
+  OwnedTensor g(DType::f32, Device::cpu, Shape{rows, cols}), m16(DType::f32, Device::cpu, Shape{rows, cols}),
+      m32(DType::f32, Device::cpu, Shape{rows, cols});
+  auto* bits = static_cast<uint16_t*>(p16->raw());
+  for (int64_t i = 0; i < n; ++i) {
+    bits[i] = float_to_bf16(0.02f * std::sin(0.7f * static_cast<float>(i)));
+    p32->data<float>()[i] = bf16_to_float(bits[i]);
+    g->data<float>()[i] = 0.01f * std::cos(1.3f * static_cast<float>(i) + 0.2f);
+  }
+  zero_tensor(*m16), zero_tensor(*m32);
+  const uint64_t stream = ops::rounding_stream("layers.0.mlp.down_proj.weight");
+  ops::MuonUpdate wide(ops::MuonSettings{}, {Shape{rows, cols}}, Device::cpu), narrow(ops::MuonSettings{}, {Shape{rows, cols}}, Device::cpu);
+  for (int64_t update = 1; update <= 3; ++update) {
+    wide.step(process_exec(), {{*p32, *g, *m32, 0.1, 2.0, 0}}, 0.02, 1.0, update);
+    narrow.step(process_exec(), {{*p16, *g, *m16, 0.1, 2.0, stream}}, 0.02, 1.0, update);
+    ASSERT_EQ(std::memcmp(m16->raw(), m32->raw(), 4 * n), 0) << "the momentum must not depend on the master";
+    int64_t moved = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t expected =
+          stochastic_round_bf16(p32->data<float>()[i], rounding_bits(stream, static_cast<uint64_t>(update), i));
+      ASSERT_EQ(bits[i], expected) << "update " << update << " element " << i;
+      moved += bits[i] != float_to_bf16(p32->data<float>()[i]);
+      p32->data<float>()[i] = bf16_to_float(bits[i]);  // the next step starts from the bf16 master
+    }
+    EXPECT_GT(moved, 0) << "stochastic rounding should differ from nearest somewhere";
+  }
+  OwnedTensor g16(DType::bf16, Device::cpu, Shape{rows, cols});
+  EXPECT_THROW(narrow.step(process_exec(), {{*p16, *g16, *m16, 0.1, 2.0, stream}}, 0.02, 1.0, 4), Error);
+}
+
 Config small_config() {
   Config config;
   config.model.hidden = 256, config.model.layers = 2, config.model.heads = 4, config.model.kv_heads = 2;
@@ -298,9 +334,6 @@ TEST(Bf16Masters, RefusedWhereItMakesNoSense) {
   config.optim.qk_clip.enabled = true;
   EXPECT_NE(message(Device::cuda).find("qk_clip"), std::string::npos);
   config.optim.qk_clip.enabled = false;
-  config.optim.name = "muon";
-  EXPECT_THROW(plan_training_memory(config, Device::cuda), Error);
-  config.optim.name = "adamw";
   config.optim.adamw_state = "int8";
   EXPECT_THROW(plan_training_memory(config, Device::cuda), Error);
 }

@@ -5,6 +5,7 @@
 #include "core/device_memory.h"
 #include "gpu/gpu_harness.h"
 #include "ops/optim/adamw_bf16_master.h"
+#include "ops/optim/muon.h"
 #include "ops/optim/stochastic_round.h"
 
 #include <cmath>
@@ -125,6 +126,76 @@ TEST_F(GpuBf16Masters, DeviceScalarsMatchHostScalarsAndSkipChangesNothing) {
   device_copy(device.data(), Device::cuda, &host, Device::cpu, sizeof(host));
   ops::adamw_bf16_master_update_all_on_device(process_exec(), gpu.list(), s, scalars, 2);
   EXPECT_EQ(differing_bytes(cpu, gpu), 0u) << "a skipped step changed something";
+}
+
+// Muon on the GPU: a bf16 master and an fp32 master holding the same values take the same
+// momentum and the same orthogonalized update (neither reads the weight); the bf16 master's
+// new value is the fp32 one rounded with the bits of (stream, update, index), bit for bit,
+// with host scalars and with device scalars. Two matrices of one shape (one batch) and one
+// of another, odd sizes.
+TEST_F(GpuBf16Masters, MuonRoundsTheFp32UpdateStochastically) {
+  const std::vector<Shape> shapes{Shape{37, 64}, Shape{37, 64}, Shape{129, 33}};
+  struct Matrix {
+    OwnedTensor p16, p32, g, m16, m32;
+  };
+  std::vector<Matrix> mats;
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const Shape& shape : shapes) {
+    OwnedTensor p16(DType::bf16, Device::cpu, shape), p32(DType::f32, Device::cpu, shape),
+        g(DType::f32, Device::cpu, shape);
+    auto* bits = static_cast<uint16_t*>(p16->raw());
+    for (int64_t i = 0; i < shape.numel(); ++i) {
+      bits[i] = float_to_bf16(0.02f * normal(gen));
+      p32->data<float>()[i] = bf16_to_float(bits[i]);
+      g->data<float>()[i] = 0.01f * normal(gen);
+    }
+    OwnedTensor zeros(DType::f32, Device::cpu, shape);
+    zero_tensor(*zeros);
+    mats.push_back({to_device(*p16), to_device(*p32), to_device(*g), to_device(*zeros), to_device(*zeros)});
+  }
+  ops::MuonUpdate narrow(ops::MuonSettings{}, shapes, Device::cuda), wide(ops::MuonSettings{}, shapes, Device::cuda);
+  Arena arena("muon", Device::cuda);
+  narrow.plan(arena), wide.plan(arena);
+  arena.allocate();
+  ops::DeviceUpdateScalars host{};
+  host.grad_scale = 0.5f;
+  Storage device(Device::cuda, sizeof(host));
+  const auto* scalars = static_cast<const ops::DeviceUpdateScalars*>(device.data());
+  for (int64_t update = 1; update <= 3; ++update) {
+    std::vector<ops::MuonMatrix> n16, n32;
+    for (size_t k = 0; k < mats.size(); ++k) {
+      const uint64_t stream = ops::mix64(k + 1);
+      n16.push_back({*mats[k].p16, *mats[k].g, *mats[k].m16, 0.1, 1.5, stream});
+      n32.push_back({*mats[k].p32, *mats[k].g, *mats[k].m32, 0.1, 1.5, 0});
+    }
+    if (update == 3) {  // device scalars: the captured step's form
+      host.group[1] = {0.02f, 1.0f, 1.0f, static_cast<uint32_t>(update)};
+      device_copy(device.data(), Device::cuda, &host, Device::cpu, sizeof(host));
+      narrow.step_on_device(process_exec(), n16, scalars, 1);
+      wide.step_on_device(process_exec(), n32, scalars, 1);
+    } else {
+      narrow.step(process_exec(), n16, 0.02, 0.5, update);
+      wide.step(process_exec(), n32, 0.02, 0.5, update);
+    }
+    for (size_t k = 0; k < mats.size(); ++k) {
+      const OwnedTensor m16 = to_host(*mats[k].m16), m32 = to_host(*mats[k].m32);
+      ASSERT_EQ(std::memcmp(m16->raw(), m32->raw(), m16->nbytes()), 0) << "momentum of matrix " << k;
+      const OwnedTensor p16 = to_host(*mats[k].p16), p32 = to_host(*mats[k].p32);
+      const uint64_t stream = ops::mix64(k + 1);
+      const auto* bits = static_cast<const uint16_t*>(p16->raw());
+      int64_t differ = 0;
+      std::vector<float> restart(static_cast<size_t>(p16->numel()));
+      for (int64_t i = 0; i < p16->numel(); ++i) {
+        differ += bits[i] != ops::stochastic_round_bf16(p32->data<float>()[i],
+                                                        ops::rounding_bits(stream, static_cast<uint64_t>(update), i));
+        restart[static_cast<size_t>(i)] = bf16_to_float(bits[i]);
+      }
+      EXPECT_EQ(differ, 0) << "update " << update << ", matrix " << k;
+      // The fp32 master restarts from the bf16 one, so the next step compares like with like.
+      device_copy(mats[k].p32->raw(), Device::cuda, restart.data(), Device::cpu, restart.size() * 4);
+    }
+  }
 }
 
 }  // namespace
