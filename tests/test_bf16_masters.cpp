@@ -3,6 +3,7 @@
 // step computed in double, the planned memory, and the config's refusals.
 #include "config/config.h"
 #include "model/model.h"
+#include "ops/attention/qk_clip.h"
 #include "ops/embedding/embedding.h"
 #include "ops/optim/adamw_bf16_master.h"
 #include "ops/optim/muon.h"
@@ -286,6 +287,24 @@ TEST(Bf16Masters, MuonRoundsTheFp32UpdateStochastically) {
   EXPECT_THROW(narrow.step(process_exec(), {{*p16, *g16, *m16, 0.1, 2.0, stream}}, 0.02, 1.0, 4), Error);
 }
 
+// QK-Clip's rescale of a bf16 master: each row of head h times factors[h] in fp32, rounded to
+// nearest even.
+TEST(Bf16Masters, QkClipScalesBf16HeadRows) {
+  const int64_t head_dim = 3, heads = 2, cols = 4;
+  OwnedTensor w(DType::bf16, Device::cpu, Shape{heads * head_dim, cols}), f(DType::f32, Device::cpu, Shape{heads});
+  auto* bits = static_cast<uint16_t*>(w->raw());
+  std::vector<uint16_t> before(static_cast<size_t>(w->numel()));
+  for (int64_t i = 0; i < w->numel(); ++i) before[i] = bits[i] = float_to_bf16(0.1f * static_cast<float>(i) - 1.0f);
+  f->data<float>()[0] = 1.0f, f->data<float>()[1] = 0.7f;
+  ops::scale_head_rows(process_exec(), *w, *f, head_dim);
+  for (int64_t r = 0; r < heads * head_dim; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      EXPECT_EQ(bits[i], float_to_bf16(bf16_to_float(before[i]) * f->data<float>()[r / head_dim])) << i;
+      if (r < head_dim) EXPECT_EQ(bits[i], before[i]) << "a factor of 1 changes nothing";
+    }
+}
+
 Config small_config() {
   Config config;
   config.model.hidden = 256, config.model.layers = 2, config.model.heads = 4, config.model.kv_heads = 2;
@@ -331,9 +350,6 @@ TEST(Bf16Masters, RefusedWhereItMakesNoSense) {
   EXPECT_NE(message(Device::cuda).find("optim.master_weights"), std::string::npos);
   config.train.precision = "auto";
   EXPECT_EQ(message(Device::cuda), "");
-  config.optim.qk_clip.enabled = true;
-  EXPECT_NE(message(Device::cuda).find("qk_clip"), std::string::npos);
-  config.optim.qk_clip.enabled = false;
   config.optim.adamw_state = "int8";
   EXPECT_THROW(plan_training_memory(config, Device::cuda), Error);
 }

@@ -18,8 +18,6 @@ BuildOptions training_build_options(const Config& config, Device device) {
     KILN_CHECK(options.dtype == DType::bf16, "config",
                "optim.master_weights = 'bf16' needs bf16 mixed precision on the GPU (train.precision), this run "
                "computes in {}", dtype_name(options.dtype));
-    KILN_CHECK(!config.optim.qk_clip.enabled, "config",
-               "optim.master_weights = 'bf16' does not yet rescale bf16 masters for optim.qk_clip; use fp32 masters");
     options.bf16_masters = true;
   }
   return options;

@@ -4,6 +4,7 @@
 // (a captured step's form), and a skipped step changes nothing.
 #include "core/device_memory.h"
 #include "gpu/gpu_harness.h"
+#include "ops/attention/qk_clip.h"
 #include "ops/optim/adamw_bf16_master.h"
 #include "ops/optim/muon.h"
 #include "ops/optim/stochastic_round.h"
@@ -195,6 +196,26 @@ TEST_F(GpuBf16Masters, MuonRoundsTheFp32UpdateStochastically) {
       // The fp32 master restarts from the bf16 one, so the next step compares like with like.
       device_copy(mats[k].p32->raw(), Device::cuda, restart.data(), Device::cpu, restart.size() * 4);
     }
+  }
+}
+
+// QK-Clip's rescale of a bf16 master on the GPU: the CPU's bits (fp32 products rounded to
+// nearest even), per-head factors and a single one.
+TEST_F(GpuBf16Masters, QkClipScalesBf16HeadRowsAsTheCpu) {
+  const int64_t head_dim = 64, heads = 5, cols = 129;
+  std::mt19937 gen(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  OwnedTensor w(DType::bf16, Device::cpu, Shape{heads * head_dim, cols});
+  auto* bits = static_cast<uint16_t*>(w->raw());
+  for (int64_t i = 0; i < w->numel(); ++i) bits[i] = float_to_bf16(0.05f * normal(gen));
+  for (const int64_t count : {heads, int64_t{1}}) {
+    OwnedTensor f(DType::f32, Device::cpu, Shape{count});
+    for (int64_t h = 0; h < count; ++h) f->data<float>()[h] = 1.0f - 0.13f * static_cast<float>(h + 1);
+    const OwnedTensor dw = to_device(*w), df = to_device(*f);
+    ops::scale_head_rows(process_exec(), *w, *f, head_dim);
+    ops::scale_head_rows(process_exec(), *dw, *df, head_dim);
+    const OwnedTensor back = to_host(*dw);
+    EXPECT_EQ(std::memcmp(back->raw(), w->raw(), w->nbytes()), 0) << count << " factors";
   }
 }
 
