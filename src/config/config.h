@@ -316,6 +316,10 @@ struct OptimConfig {
   // parameter) | bf16 (4) | int8 (2 + 8/256: blockwise 8-bit codes, tensors under 4096
   // elements stay fp32). Fixed for a run: a checkpoint's state is in its own format.
   std::string adamw_state = "fp32";
+  // The masters of the 2-D weights (ops/optim/stochastic_round.h): fp32 (a bf16 compute copy
+  // beside each) | bf16 (the bf16 weights are the masters, updated in fp32 and written back
+  // with stochastic rounding: 2 bytes a weight instead of 4 + 2). GPU mixed precision only.
+  std::string master_weights = "fp32";
   // Per role: matrices, experts and an untied head decay; the embedding (and a tied head),
   // routers, norm gains and biases do not.
   RoleOptimConfig embedding = RoleOptimConfig::undecayed();

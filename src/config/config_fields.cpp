@@ -249,6 +249,8 @@ const std::array kFields = {
     KILN_FIELD(optim, grad_clip, non_negative(), "global L2 norm; 0 disables"),
     KILN_FIELD(optim, adamw_state, one_of("fp32|bf16|int8"),
                "AdamW moments stored as fp32 | bf16 | int8 (blockwise 8-bit); fixed on resume"),
+    KILN_FIELD(optim, master_weights, one_of("fp32|bf16"),
+               "2-D weights' masters: fp32 (+ bf16 copy) | bf16 (stochastic rounding; GPU bf16 only); fixed on resume"),
     KILN_ROLE_FIELDS(embedding, "the token embedding (and a tied head)"),
     KILN_ROLE_FIELDS(head, "an untied LM head"),
     KILN_ROLE_FIELDS(matrix, "attention and MLP projections"),

@@ -38,7 +38,9 @@ Decoder::Decoder(Model& model, const DecoderOptions& options)
              "slots, max_rows and logit_rows must be positive");
   KILN_CHECK(options_.chain_steps >= 1, "decoder", "chain_steps must be at least 1, not {}", options_.chain_steps);
   dtype_ = model.options().dtype;
-  wide_ = model.backbone().embedding().value().dtype();  // the masters': f32, or f64 on the CPU reference
+  // The masters' dtype: f32, or f64 on the CPU reference; f32 on the mixed path also where the
+  // 2-D weights are bf16 masters (optim.master_weights), whose embedding widens exactly.
+  wide_ = dtype_ == DType::bf16 ? DType::f32 : model.backbone().embedding().value().dtype();
   KILN_CHECK(device_ == Device::cpu || (wide_ == DType::f32 && (dtype_ == DType::f32 || dtype_ == DType::bf16)),
              "decoder", "on the GPU the model must compute in f32 or bf16 with f32 masters (got {} with {} masters)",
              dtype_name(dtype_), dtype_name(wide_));

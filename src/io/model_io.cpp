@@ -13,7 +13,7 @@ namespace fs = std::filesystem;
 void add_model_weights(SafetensorsWriter& writer, const Model& model) {
   for (const auto& p : model.parameters()) {
     const Tensor value = p->value();
-    if (value.dtype() == DType::f32) {
+    if (value.dtype() == DType::f32 || value.dtype() == DType::bf16) {  // bf16: masters (optim.master_weights), bit for bit
       writer.add(p->name(), value);
     } else {  // f64 reference models are stored as f32 like every other
       OwnedTensor host(value.dtype(), Device::cpu, value.shape());

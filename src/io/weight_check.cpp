@@ -30,6 +30,12 @@ Scan scan_tensor(const Tensor& value) {
   OwnedTensor host(value.dtype(), Device::cpu, value.shape());  // the weights may be on the GPU
   copy_tensor(value, *host);
   if (value.dtype() == DType::f64) return scan(host->data<double>(), value.numel());
+  if (value.dtype() == DType::bf16) {  // bf16 masters (optim.master_weights)
+    std::vector<float> wide(static_cast<size_t>(value.numel()));
+    const auto* bits = static_cast<const uint16_t*>(host->raw());
+    for (size_t i = 0; i < wide.size(); ++i) wide[i] = bf16_to_float(bits[i]);
+    return scan(wide.data(), value.numel());
+  }
   KILN_CHECK(value.dtype() == DType::f32, "load", "weights of dtype {} cannot be checked", dtype_name(value.dtype()));
   return scan(host->data<float>(), value.numel());
 }

@@ -43,7 +43,8 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
       BuildContext block_ctx{ctx.exec, ctx.params,      ctx.grads,           *recompute_arenas.back(), ctx.workspace,
                              ctx.parameters,  ctx.compute_weights, ctx.dtype,                ctx.master_dtype,
                              ctx.device,      ctx.max_tokens,      ctx.training,             ctx.deterministic,
-                             ctx.losses,      &ctx.activations,    ctx.qk_clip_tau,          ctx.step_statistics};
+                             ctx.losses,      &ctx.activations,    ctx.qk_clip_tau,          ctx.step_statistics,
+                             ctx.bf16_masters};
       blocks_.push_back(std::make_unique<TransformerBlock>(block_ctx, layer, position));
     } else {
       blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, position));

@@ -26,6 +26,9 @@ struct BuildOptions {
   // QK-Clip's tau ([optim.qk_clip]): attention measures each head's largest logit in
   // training forwards and clips after each update (nn/qk_clip.h); 0 = off.
   double qk_clip_tau = 0;
+  // optim.master_weights = "bf16": on the mixed path the 2-D weights are kept in bf16 only
+  // (the masters themselves, no fp32 copy); gains and biases stay fp32.
+  bool bf16_masters = false;
 };
 
 }  // namespace kiln

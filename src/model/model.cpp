@@ -29,6 +29,7 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
                    options.dtype,    master,        options.device, t,          options.training,
                    options.deterministic, &losses_};
   ctx.qk_clip_tau = options.training ? options.qk_clip_tau : 0;
+  ctx.bf16_masters = options.bf16_masters && ctx.mixed();
   ctx.step_statistics = &step_statistics_;
   // The LM head first: its loss is slot 0 (the main loss).
   LmHeadSpec head;
@@ -121,6 +122,11 @@ void Model::init_weights(uint64_t seed) {
     }
     if (value.dtype() == DType::f64) {
       copy_tensor(*host, value);
+    } else if (value.dtype() == DType::bf16) {  // a bf16 master (optim.master_weights): rounded to nearest
+      OwnedTensor bf16(DType::bf16, Device::cpu, value.shape());
+      auto* bits = static_cast<uint16_t*>(bf16->raw());
+      for (int64_t j = 0; j < value.numel(); ++j) bits[j] = float_to_bf16(static_cast<float>(v[j]));
+      copy_tensor(*bf16, value);
     } else {
       OwnedTensor f32(DType::f32, Device::cpu, value.shape());
       for (int64_t j = 0; j < value.numel(); ++j) f32->data<float>()[j] = static_cast<float>(v[j]);

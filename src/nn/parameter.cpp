@@ -46,6 +46,10 @@ const Tensor* BuildContext::weight(Tensor& value, Shape shape) {
     params.reserve(value, master_dtype, shape);
     return &value;
   }
+  if (bf16_masters) {  // the compute copy is the master
+    params.reserve(value, dtype, shape);
+    return &value;
+  }
   Tensor& master = compute_weights.masters.emplace_back();
   params.reserve(master, master_dtype, shape);
   compute_weights.arena.reserve(value, dtype, shape);

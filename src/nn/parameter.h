@@ -152,6 +152,8 @@ struct BuildContext {
   double qk_clip_tau = 0;
   // The model's step statistics (nn/step_statistics.h), which step_statistic() adds to.
   StepStatistics* step_statistics = nullptr;
+  // optim.master_weights = "bf16": 2-D weights are bf16 masters, with no fp32 copy.
+  bool bf16_masters = false;
 
   bool mixed() const { return dtype != master_dtype; }
 

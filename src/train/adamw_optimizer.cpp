@@ -4,8 +4,10 @@
 // 8-bit codes with their blocks' absmax ("<name>.exp_avg.absmax"; tensors under
 // adamw_lowmem::kMinQuantizedNumel elements keep fp32 moments).
 #include "ops/optim/adamw.h"
+#include "ops/optim/adamw_bf16_master.h"
 #include "ops/optim/adamw_lowmem.h"
 #include "ops/optim/adamw_lowmem_math.h"
+#include "ops/optim/stochastic_round.h"
 #include "train/optimizer_kinds.h"
 #include "train/parameter_shards.h"
 
@@ -44,10 +46,12 @@ class AdamW final : public Optimizer {
     for (Slot& s : slots_) {
       const DType dtype = s.param->value().dtype();
       KILN_CHECK(s.format == ops::AdamWState::fp32 || dtype == DType::f32, "adamw",
-                 "optim.adamw_state = '{}' needs fp32 parameters, {} is {}", state_name(), s.param->name(),
-                 dtype_name(dtype));
+                 "optim.adamw_state = '{}' needs fp32 parameters, {} is {} (optim.master_weights = 'bf16' "
+                 "takes fp32 moments only)", state_name(), s.param->name(), dtype_name(dtype));
+      // A bf16 master (optim.master_weights) keeps fp32 moments.
       const DType moment = s.format == ops::AdamWState::bf16   ? DType::bf16
                            : s.format == ops::AdamWState::int8 ? DType::u8
+                           : dtype == DType::bf16              ? DType::f32
                                                                : dtype;
       const Shape shape = s.sliced ? Shape{s.count} : s.param->shape();
       state.reserve(s.m, moment, shape);
@@ -65,6 +69,7 @@ class AdamW final : public Optimizer {
     const ops::AdamWStep step = step_scalars(lr, steps_);
     ops::adamw_update_all(exec_, tensors(), step, table_);
     ops::adamw_lowmem_update_all(exec_, state_, lowmem_tensors(), step, lowmem_table_);
+    ops::adamw_bf16_master_update_all(exec_, bf16_master_tensors(), step, steps_);
   }
 
   int64_t steps_taken() const override { return steps_; }
@@ -78,12 +83,14 @@ class AdamW final : public Optimizer {
     group.lr = static_cast<float>(step.lr);
     group.bias_correction1 = static_cast<float>(step.bias_correction1);
     group.bias_correction2 = static_cast<float>(step.bias_correction2);
+    group.update = static_cast<uint32_t>(steps_ + 1);
   }
 
   void step_on_device(const ops::DeviceUpdateScalars* scalars) override {
     const ops::AdamWStep fixed = step_scalars(0, steps_ + 1);
     ops::adamw_update_all_on_device(exec_, tensors(), fixed, scalars, index_, table_);
     ops::adamw_lowmem_update_all_on_device(exec_, state_, lowmem_tensors(), fixed, scalars, index_, lowmem_table_);
+    ops::adamw_bf16_master_update_all_on_device(exec_, bf16_master_tensors(), fixed, scalars, index_);
   }
 
   void count_update() override { ++steps_; }
@@ -124,6 +131,7 @@ class AdamW final : public Optimizer {
                     t.dtype(), t.device(), Shape{count});
     }
     Tensor m, v, m_absmax, v_absmax;                // absmax: int8 only
+    bool bf16_master() const { return param->value().dtype() == DType::bf16; }
   };
   const char* state_name() const {
     return state_ == ops::AdamWState::bf16 ? "bf16" : state_ == ops::AdamWState::int8 ? "int8" : "fp32";
@@ -144,7 +152,7 @@ class AdamW final : public Optimizer {
   const std::vector<ops::AdamWTensor>& tensors() {
     batch_.clear();
     for (const Slot& s : slots_)
-      if (s.format == ops::AdamWState::fp32)
+      if (s.format == ops::AdamWState::fp32 && !s.bf16_master())
         batch_.push_back({s.value(), s.grad(), s.m, s.v, weight_decay_});
     return batch_;
   }
@@ -155,6 +163,14 @@ class AdamW final : public Optimizer {
         lowmem_batch_.push_back({s.value(), s.grad(), s.m, s.v, s.m_absmax, s.v_absmax, weight_decay_});
     return lowmem_batch_;
   }
+  // The slots whose parameter is a bf16 master (optim.master_weights = "bf16").
+  const std::vector<ops::AdamWBf16MasterTensor>& bf16_master_tensors() {
+    bf16_batch_.clear();
+    for (const Slot& s : slots_)
+      if (s.bf16_master())
+        bf16_batch_.push_back({s.value(), s.grad(), s.m, s.v, weight_decay_, ops::rounding_stream(s.param->name()), s.begin});
+    return bf16_batch_;
+  }
 
   int index_;
   double beta1_, beta2_, eps_, weight_decay_;
@@ -162,6 +178,7 @@ class AdamW final : public Optimizer {
   std::vector<Slot> slots_;
   std::vector<ops::AdamWTensor> batch_;  // reused each step: no allocation in the loop
   std::vector<ops::AdamWLowMemTensor> lowmem_batch_;
+  std::vector<ops::AdamWBf16MasterTensor> bf16_batch_;
   ops::AdamWDeviceTable table_;                // the GPU kernel's copy of batch_
   ops::AdamWLowMemDeviceTable lowmem_table_;   // and of lowmem_batch_
   int64_t steps_ = 0;

@@ -49,7 +49,9 @@ bool is_incompatible(const ConfigField& f) {
   // Another optimizer for a role cannot continue the state saved for it (Muon's momentum
   // is not AdamW's moments), nor AdamW its moments saved in another format (fp32, bf16 or
   // 8-bit codes); learning rates, decay and betas may change.
-  if (f.section == "optim") return f.key == "name" || f.key == "adamw_state";
+  // bf16 masters (optim.master_weights) carry no fp32 copy to resume fp32 ones from, and an
+  // fp32 master's bits would be lost; the switch is refused by name instead.
+  if (f.section == "optim") return f.key == "name" || f.key == "adamw_state" || f.key == "master_weights";
   return f.section.starts_with("optim.") && f.key == "optimizer";
 }
 

@@ -6,6 +6,7 @@
 // ops/optim/muon.h's; state is one momentum buffer per matrix, under torch.optim.Muon's
 // name ("<parameter>.momentum_buffer").
 #include "ops/optim/muon.h"
+#include "ops/optim/stochastic_round.h"
 #include "train/optimizer_kinds.h"
 #include "train/parameter_shards.h"
 
@@ -55,7 +56,8 @@ class Muon final : public Optimizer {
   void plan(Arena& state) override {
     std::vector<Shape> shapes;
     for (Slot& s : slots_) {
-      state.reserve(s.momentum, s.param->value().dtype(), s.param->shape());
+      const DType dtype = s.param->value().dtype();  // a bf16 master keeps fp32 momentum
+      state.reserve(s.momentum, dtype == DType::bf16 ? DType::f32 : dtype, s.param->shape());
       shapes.push_back(s.param->shape());
     }
     update_ = std::make_unique<ops::MuonUpdate>(settings_, std::move(shapes), state.device());
@@ -64,7 +66,7 @@ class Muon final : public Optimizer {
 
   void step(double lr) override {
     ++steps_;
-    update_->step(exec_, matrices(), lr);
+    update_->step(exec_, matrices(), lr, 1.0, steps_);
   }
 
   int64_t steps_taken() const override { return steps_; }
@@ -72,7 +74,7 @@ class Muon final : public Optimizer {
 
   bool updates_on_device() const override { return device_ == Device::cuda; }
   void prepare_device_update(double lr, ops::DeviceUpdateScalars& scalars) const override {
-    scalars.group[index_] = {static_cast<float>(lr), 1.0f, 1.0f};
+    scalars.group[index_] = {static_cast<float>(lr), 1.0f, 1.0f, static_cast<uint32_t>(steps_ + 1)};
   }
   void step_on_device(const ops::DeviceUpdateScalars* scalars) override {
     update_->step_on_device(exec_, matrices(), scalars, index_);
@@ -100,7 +102,8 @@ class Muon final : public Optimizer {
   const std::vector<ops::MuonMatrix>& matrices() {
     batch_.clear();
     for (const Slot& s : slots_)
-      batch_.push_back({s.param->value(), s.param->grad(), s.momentum, weight_decay_, s.scale});
+      batch_.push_back({s.param->value(), s.param->grad(), s.momentum, weight_decay_, s.scale,
+                        ops::rounding_stream(s.param->name())});
     return batch_;
   }
 

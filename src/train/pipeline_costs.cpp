@@ -38,6 +38,7 @@ BlockCost plan_block(const ModelConfig& config, const BuildOptions& options, int
                    options.max_tokens, options.training, options.deterministic, &losses};
   ctx.qk_clip_tau = options.training ? options.qk_clip_tau : 0;
   ctx.step_statistics = &statistics;
+  ctx.bf16_masters = options.bf16_masters && ctx.mixed();
   const std::string index = std::to_string(l);
   const LayerSpec layer{NameScope{"layers." + index + ".", "model.layers." + index + ".", "blk." + index + "."}, l,
                         &config, layer_choices(config, l)};

@@ -14,6 +14,12 @@ BuildOptions training_build_options(const Config& config, Device device) {
   options.loss_chunk_rows = config.train.loss_chunk_tokens;
   options.z_loss = config.train.z_loss;
   if (config.optim.qk_clip.enabled) options.qk_clip_tau = config.optim.qk_clip.tau;
+  if (config.optim.master_weights == "bf16") {
+    KILN_CHECK(options.dtype == DType::bf16, "config",
+               "optim.master_weights = 'bf16' needs bf16 mixed precision on the GPU (train.precision), this run "
+               "computes in {}", dtype_name(options.dtype));
+    options.bf16_masters = true;
+  }
   return options;
 }
 

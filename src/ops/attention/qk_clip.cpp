@@ -7,6 +7,7 @@
 #include "ops/attention/logit_key.h"
 #include "ops/attention/qk_clip_cuda.h"
 #include "ops/common.h"
+#include "ops/optim/adamw_lowmem_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -77,6 +78,18 @@ void scale_head_rows(const ExecContext& ctx, const Tensor& weight, const Tensor&
              factors.describe());
   expect_tensor(op, "factors", factors, factors.shape(), DType::f32, weight.device());
   const bool single = factors.size(0) == 1;
+  if (weight.dtype() == DType::bf16) {  // a bf16 master (optim.master_weights): 2-D projections only
+    // Rounded to nearest, not stochastically: a rare one-off contraction of a head's rows,
+    // not one of many small steps whose rounding errors would add up.
+    KILN_CHECK(!gain_offset, op, "a bf16 weight cannot hold an offset gain");
+    auto* w = static_cast<uint16_t*>(weight.raw());
+    KILN_ON_CUDA(weight, op, cuda::scale_head_rows_bf16(ctx, w, rows, cols, factors.data<float>(), head_dim, single));
+    const float* f = factors.data<float>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        w[r * cols + c] = adamw_lowmem::to_bf16(adamw_lowmem::from_bf16(w[r * cols + c]) * f[single ? 0 : r / head_dim]);
+    return;
+  }
   KILN_ON_CUDA(weight, op, {
     expect_dtype(op, "weight", weight, DType::f32);  // a master
     cuda::scale_head_rows(ctx, weight.data<float>(), rows, cols, factors.data<float>(), head_dim, single, gain_offset);

@@ -26,7 +26,8 @@ enum class QkClipSharing { per_head, shared_keys, shared_gains };
 void qk_clip_factors(const ExecContext& ctx, const Tensor& max_logit_keys, double tau, QkClipSharing sharing, const Tensor& q_factors,
                      const Tensor& k_factors);
 
-// The rows of head h of `weight` (a master: fp32 on the GPU; 2-D [heads x head_dim, cols] or 1-D [heads x head_dim])
+// The rows of head h of `weight` (a master: fp32 on the GPU, or a bf16 master rounded to
+// nearest; 2-D [heads x head_dim, cols] or 1-D [heads x head_dim])
 // times factors[h] (f32 [heads]; a single factor scales every row). gain_offset: `weight`
 // holds w of a gain 1 + w (Gemma's norm), and the gain is what is scaled: w = (1 + w) f - 1.
 void scale_head_rows(const ExecContext& ctx, const Tensor& weight, const Tensor& factors, int64_t head_dim, bool gain_offset = false);

@@ -6,6 +6,7 @@
 #include "core/cuda_context.h"
 #include "ops/attention/logit_key.h"
 #include "ops/grid_stride.cuh"
+#include "ops/optim/adamw_lowmem_math.h"
 
 namespace kiln::cuda {
 
@@ -47,7 +48,24 @@ __global__ void scale_rows_kernel(float* __restrict__ w, int64_t rows, int64_t c
   }
 }
 
+__global__ void scale_rows_bf16_kernel(uint16_t* __restrict__ w, int64_t rows, int64_t cols,
+                                       const float* __restrict__ factors, int64_t head_dim, bool single) {
+  KILN_GRID_STRIDE(i, rows * cols) {
+    const float f = factors[single ? 0 : (i / cols) / head_dim];
+    w[i] = adamw_lowmem::to_bf16(__fmul_rn(adamw_lowmem::from_bf16(w[i]), f));
+  }
+}
+
 }  // namespace
+
+void scale_head_rows_bf16(const ExecContext& ctx, uint16_t* weight, int64_t rows, int64_t cols, const float* factors,
+                          int64_t head_dim, bool single) {
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  scale_rows_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream(ctx)>>>(weight, rows, cols, factors, head_dim,
+                                                                             single);
+  check_launch("scale_head_rows", "scale_rows_bf16_kernel");
+}
 
 void qk_clip_factors(const ExecContext& ctx, const uint32_t* keys, int64_t q_heads, int64_t kv_heads, float tau, int sharing,
                      float* q_factors, float* k_factors) {

@@ -15,5 +15,9 @@ void qk_clip_factors(const ExecContext& ctx, const uint32_t* keys, int64_t q_hea
 // factors[0] when `single`.
 void scale_head_rows(const ExecContext& ctx, float* weight, int64_t rows, int64_t cols, const float* factors, int64_t head_dim, bool single,
                      bool gain_offset);
+// The same on a bf16 master (optim.master_weights; its bit patterns, 2-D, no gain offset):
+// each product in fp32, rounded to nearest even (adamw_lowmem::to_bf16, the CPU's bits).
+void scale_head_rows_bf16(const ExecContext& ctx, uint16_t* weight, int64_t rows, int64_t cols, const float* factors,
+                          int64_t head_dim, bool single);
 
 }  // namespace kiln::cuda

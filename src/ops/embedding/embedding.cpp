@@ -17,11 +17,33 @@ void validate(const char* op, const Tensor& tokens, const Tensor& table, const T
   expect_same(op, "rows", rows, table);
   KILN_CHECK(tokens.device() == table.device(), op, "tokens and table on different devices");
 }
+
+// A bf16 table (bf16 masters, optim.master_weights) read into fp32 rows: the rows widened exactly.
+void forward_bf16_table(const ExecContext& ctx, const char* op, const Tensor& tokens, const Tensor& table,
+                        const Tensor& out) {
+  expect_rank(op, "tokens", tokens, 1);
+  expect_dtype(op, "tokens", tokens, DType::i32);
+  expect_rank(op, "table", table, 2);
+  expect_tensor(op, "rows", out, Shape{tokens.size(0), table.size(1)}, DType::f32, table.device());
+  KILN_CHECK(tokens.device() == table.device(), op, "tokens and table on different devices");
+  const auto* bits = static_cast<const uint16_t*>(table.raw());
+  KILN_ON_CUDA(table, op, cuda::embedding_forward_bf16_table(ctx, tokens.data<int32_t>(), bits, tokens.size(0),
+                                                             table.size(1), out.data<float>()));
+  const int32_t* ids = tokens.data<int32_t>();
+  const int64_t n = tokens.size(0), vocab = table.size(0), dim = table.size(1);
+  float* dst = out.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    KILN_CHECK(ids[i] >= 0 && ids[i] < vocab, op, "token id {} at position {} is outside the vocabulary [0, {})",
+               ids[i], i, vocab);
+    for (int64_t c = 0; c < dim; ++c) dst[i * dim + c] = bf16_to_float(bits[ids[i] * dim + c]);
+  }
+}
 }  // namespace
 
 void embedding_forward(const ExecContext& ctx, const Tensor& tokens, const Tensor& table, const Tensor& out) {
   const char* op = "embedding";
   KILN_OP_SCOPE(op, table);
+  if (table.dtype() == DType::bf16 && out.dtype() == DType::f32) return forward_bf16_table(ctx, op, tokens, table, out);
   validate(op, tokens, table, out);
   // Device ids are trusted: the data pipeline checks every id against the vocabulary.
   KILN_ON_CUDA(table, op, cuda::embedding_forward_f32(ctx, tokens.data<int32_t>(), table.data<float>(), tokens.size(0),

@@ -16,6 +16,14 @@ __global__ void embedding_forward_kernel(const int32_t* tokens, const float* tab
   KILN_GRID_STRIDE(idx, n * dim) out[idx] = table[static_cast<int64_t>(tokens[idx / dim]) * dim + idx % dim];
 }
 
+__global__ void embedding_forward_bf16_table_kernel(const int32_t* tokens, const uint16_t* table, int64_t n,
+                                                   int64_t dim, float* out) {
+  KILN_GRID_STRIDE(idx, n * dim) {
+    const uint16_t h = table[static_cast<int64_t>(tokens[idx / dim]) * dim + idx % dim];
+    out[idx] = __uint_as_float(static_cast<uint32_t>(h) << 16);  // exact: bf16 widens to fp32
+  }
+}
+
 __global__ void embedding_backward_kernel(const int32_t* tokens, const float* dout, int64_t n, int64_t dim, float* dt) {
   KILN_GRID_STRIDE(idx, n * dim) atomicAdd(&dt[static_cast<int64_t>(tokens[idx / dim]) * dim + idx % dim], dout[idx]);
 }
@@ -41,6 +49,13 @@ __global__ void embedding_backward_grouped_kernel(const int32_t* order, const in
 void embedding_forward_f32(const ExecContext& ctx, const int32_t* tokens, const float* table, int64_t n, int64_t dim, float* out) {
   embedding_forward_kernel<<<blocks_for(n * dim, kThreads), kThreads, 0, stream(ctx)>>>(tokens, table, n, dim, out);
   check_launch("embedding", "embedding_forward_kernel");
+}
+
+void embedding_forward_bf16_table(const ExecContext& ctx, const int32_t* tokens, const uint16_t* table, int64_t n,
+                                  int64_t dim, float* out) {
+  embedding_forward_bf16_table_kernel<<<blocks_for(n * dim, kThreads), kThreads, 0, stream(ctx)>>>(tokens, table, n,
+                                                                                                   dim, out);
+  check_launch("embedding", "embedding_forward_bf16_table_kernel");
 }
 
 void embedding_backward_f32(const ExecContext& ctx, const int32_t* tokens, const float* dout, int64_t n, int64_t dim, float* dtable) {

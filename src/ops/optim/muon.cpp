@@ -9,6 +9,7 @@
 #include "ops/common.h"
 #include "ops/linear/linear.h"
 #include "ops/optim/muon_cuda.h"
+#include "ops/optim/stochastic_round.h"
 
 #if KILN_WITH_CUDA
 #include "core/step_graphs.h"
@@ -63,10 +64,10 @@ T* newton_schulz_cpu(T* x, T* y, T* a, T* b, int64_t rows, int64_t cols, int ste
 
 // One matrix's update in T, with scratch of 2 rows x cols + 2 min(rows, cols)^2 elements.
 template <typename T>
-void muon_matrix_cpu(const MuonMatrix& mm, const MuonSettings& s, double lr, double grad_scale, T* scratch) {
+void muon_matrix_cpu(const MuonMatrix& mm, const MuonSettings& s, double lr, double grad_scale, int64_t update,
+                     T* scratch) {
   const int64_t rows = mm.param.size(0), cols = mm.param.size(1), count = rows * cols;
   const int64_t n = std::min(rows, cols);
-  T* p = mm.param.data<T>();
   const T* g = mm.grad.data<T>();
   T* m = mm.momentum.data<T>();
   T* u = scratch;
@@ -84,6 +85,18 @@ void muon_matrix_cpu(const MuonMatrix& mm, const MuonSettings& s, double lr, dou
                                     s.ns_eps);
   const T decay = static_cast<T>(1.0 - lr * mm.weight_decay);
   const T step = static_cast<T>(lr * mm.update_scale);
+  if constexpr (std::is_same_v<T, float>) {
+    if (mm.param.dtype() == DType::bf16) {  // a bf16 master: fp32 arithmetic, stochastic rounding
+      auto* p16 = static_cast<uint16_t*>(mm.param.raw());
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i)
+        p16[i] = stochastic_round_bf16(bf16_bits_to_float(p16[i]) * decay - step * x[i],
+                                       rounding_bits(mm.rounding_stream, static_cast<uint64_t>(update),
+                                                     static_cast<uint64_t>(i)));
+      return;
+    }
+  }
+  T* p = mm.param.data<T>();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < count; ++i) p[i] = p[i] * decay - step * x[i];
 }
@@ -98,7 +111,7 @@ size_t aligned_bytes(size_t n) { return (n + kAlignment - 1) / kAlignment * kAli
 
 #if KILN_WITH_CUDA
 bool same_entry(const cuda::MuonMatrixF32& a, const cuda::MuonMatrixF32& b) {
-  return a.p == b.p && a.g == b.g && a.m == b.m && a.n == b.n && a.weight_decay == b.weight_decay &&
+  return a.p == b.p && a.p16 == b.p16 && a.stream == b.stream && a.g == b.g && a.m == b.m && a.n == b.n && a.weight_decay == b.weight_decay &&
          a.update_scale == b.update_scale && a.x == b.x && a.x_final == b.x_final && a.first_chunk == b.first_chunk &&
          a.chunk_count == b.chunk_count;
 }
@@ -232,17 +245,24 @@ void check_matrix(const MuonMatrix& mm, size_t i, const Shape& shape, Device dev
              mm.param.describe());
   KILN_CHECK(mm.param.device() == device, kOp, "matrix {}: the update runs on {}, param is {}", i, device_name(device),
              mm.param.describe());
-  expect_same(kOp, "grad", mm.grad, mm.param);
-  expect_same(kOp, "momentum", mm.momentum, mm.param);
+  // A bf16 param is a bf16 master (optim.master_weights): its grad and momentum are fp32.
+  if (mm.param.dtype() == DType::bf16) {
+    expect_tensor(kOp, "grad", mm.grad, shape, DType::f32, device);
+    expect_tensor(kOp, "momentum", mm.momentum, shape, DType::f32, device);
+  } else {
+    expect_same(kOp, "grad", mm.grad, mm.param);
+    expect_same(kOp, "momentum", mm.momentum, mm.param);
+  }
   KILN_CHECK(mm.grad.shape() == shape && mm.momentum.shape() == shape, kOp,
              "matrix {}: shape mismatch: param {}, grad {}, momentum {}", i, mm.param.describe(), mm.grad.describe(),
              mm.momentum.describe());
-  if (device == Device::cuda) expect_dtype(kOp, "param", mm.param, DType::f32);
+  if (device == Device::cuda) expect_dtype(kOp, "grad", mm.grad, DType::f32);
 }
 
 }  // namespace
 
-void MuonUpdate::step(const ExecContext& ctx, const std::vector<MuonMatrix>& matrices, double lr, double grad_scale) {
+void MuonUpdate::step(const ExecContext& ctx, const std::vector<MuonMatrix>& matrices, double lr, double grad_scale,
+                      int64_t update) {
   State& st = *state_;
   KILN_CHECK(matrices.size() == st.shapes.size(), kOp, "{} matrices given, {} planned", matrices.size(),
              st.shapes.size());
@@ -253,18 +273,19 @@ void MuonUpdate::step(const ExecContext& ctx, const std::vector<MuonMatrix>& mat
     cuda::MuonScalars scalars;
     scalars.lr = static_cast<float>(lr);
     scalars.grad_scale = static_cast<float>(grad_scale);
+    scalars.update = static_cast<uint32_t>(update);
     st.run_on_device(ctx, matrices, scalars);
     return;
   }
   for (const MuonMatrix& mm : matrices) {
-    dispatch_cpu_float(kOp, mm.param.dtype(), [&](auto zero) {
+    dispatch_cpu_float(kOp, mm.grad.dtype(), [&](auto zero) {
       using T = decltype(zero);
       std::vector<T>& scratch = [&]() -> std::vector<T>& {
         if constexpr (std::is_same_v<T, float>) return st.scratch_f32;
         else return st.scratch_f64;
       }();
       if (scratch.size() < st.scratch_elements) scratch.resize(st.scratch_elements);  // once per dtype
-      muon_matrix_cpu<T>(mm, st.settings, lr, grad_scale, scratch.data());
+      muon_matrix_cpu<T>(mm, st.settings, lr, grad_scale, update, scratch.data());
     });
   }
 }
@@ -323,7 +344,10 @@ void MuonUpdate::State::run_on_device(const ExecContext& ctx, const std::vector<
       const size_t e = static_cast<size_t>(b.first + j);
       const MuonMatrix& mm = matrices[static_cast<size_t>(st.order[e])];
       cuda::MuonMatrixF32& t = st.host_table[e];
-      t.p = mm.param.data<float>();
+      const bool bf16_master = mm.param.dtype() == DType::bf16;
+      t.p = bf16_master ? nullptr : mm.param.data<float>();
+      t.p16 = bf16_master ? static_cast<cuda::bf16_bits*>(mm.param.raw()) : nullptr;
+      t.stream = mm.rounding_stream;
       t.g = mm.grad.data<float>();
       t.m = mm.momentum.data<float>();
       t.n = b.rows * b.cols;

@@ -56,6 +56,10 @@ struct MuonMatrix {
   Tensor param, grad, momentum;
   double weight_decay = 0;
   double update_scale = 1;
+  // A bf16 param is a bf16 master (optim.master_weights): grad and momentum fp32, the new
+  // weight computed in fp32 and rounded stochastically with the bits of this stream
+  // (ops/optim/stochastic_round.h), the update number and the element's index.
+  uint64_t rounding_stream = 0;
 };
 
 // In place, x [rows, cols]: x <- NS^steps(x / (||x||_F + eps)), where one step is
@@ -98,10 +102,13 @@ class MuonUpdate {
 
   // One update with host scalars (CPU or GPU): lr and grad_scale as given. `matrices`
   // follows the constructor's shapes, in order.
-  void step(const ExecContext& ctx, const std::vector<MuonMatrix>& matrices, double lr, double grad_scale = 1.0);
+  // `update` (1-based) keys the stochastic rounding of bf16 masters.
+  void step(const ExecContext& ctx, const std::vector<MuonMatrix>& matrices, double lr, double grad_scale = 1.0,
+            int64_t update = 0);
   // The GPU update with its scalars in device memory, read when the kernels run (a
   // captured training step): lr = scalars->group[group].lr, grad_scale =
-  // scalars->grad_scale; while scalars->skip != 0 nothing changes (param, momentum).
+  // scalars->grad_scale, the rounding's update number scalars->group[group].update; while
+  // scalars->skip != 0 nothing changes (param, momentum).
   // Capturable: no host sync, allocation or read of device data; fixed pointers (the
   // device table is rewritten only when the list changes, which bumps the capture
   // generation, core/step_graphs.h). Same kernels as step(): the same bits for the same

@@ -11,6 +11,7 @@
 #include "ops/linear/linear_cuda.h"
 #include "ops/optim/muon.h"
 #include "ops/optim/muon_cuda.h"
+#include "ops/optim/stochastic_round.h"
 
 #include <cuda_bf16.h>
 
@@ -162,8 +163,17 @@ __global__ void __launch_bounds__(kThreads)
   const float decay = __fsub_rn(1.0f, __fmul_rn(lr, t.weight_decay));
   const float step = __fmul_rn(lr, t.update_scale);
   const int64_t end = min(c.begin + kMuonChunk, t.n);
-  const bool vec = aligned16(t.p);
   const bf16* x = reinterpret_cast<const bf16*>(t.x_final);
+  if (t.p16 != nullptr) {  // a bf16 master: the same fp32 arithmetic, rounded stochastically
+    const uint64_t update = sc.device != nullptr ? sc.device->group[sc.group].update : sc.update;
+    for (int64_t i = c.begin + threadIdx.x; i < end; i += kThreads) {
+      const float w = ops::bf16_bits_to_float(t.p16[i]);
+      const float next = __fsub_rn(__fmul_rn(w, decay), __fmul_rn(step, __bfloat162float(x[i])));
+      t.p16[i] = ops::stochastic_round_bf16(next, ops::rounding_bits(t.stream, update, static_cast<uint64_t>(i)));
+    }
+    return;
+  }
+  const bool vec = aligned16(t.p);
   for (int64_t i = c.begin + kGroup * static_cast<int64_t>(threadIdx.x); i < end; i += kGroup * kThreads) {
     float p[kGroup], xv[kGroup];
     load4(t.p, i, end, vec, p);

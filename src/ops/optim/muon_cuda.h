@@ -38,7 +38,9 @@ struct MuonKernelSettings {
 // buffer (written by the normalization) and in the buffer holding the last iterate (read
 // by the update), and its chunks' partial sums [first_chunk, first_chunk + chunk_count).
 struct MuonMatrixF32 {
-  float* p;
+  float* p;        // null for a bf16 master: p16 instead
+  bf16_bits* p16;  // a bf16 master (optim.master_weights), rounded stochastically with `stream`
+  uint64_t stream;
   const float* g;
   float* m;
   int64_t n;  // rows * cols
@@ -69,6 +71,7 @@ struct MuonScalars {
   const ops::DeviceUpdateScalars* device = nullptr;
   int32_t group = 0;
   float lr = 0, grad_scale = 1;
+  uint32_t update = 0;  // host form: the rounding's update number (bf16 masters)
 };
 
 // One batch: `count` matrices of one shape [rows, cols], consecutive in the table from

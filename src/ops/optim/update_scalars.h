@@ -16,6 +16,9 @@ inline constexpr int kMaxUpdateGroups = 8;
 struct GroupUpdateScalars {
   float lr = 0;
   float bias_correction1 = 1, bias_correction2 = 1;  // 1 - beta^t (AdamW; 1 elsewhere)
+  // The update's 1-based number: the counter of bf16 masters' stochastic rounding
+  // (ops/optim/stochastic_round.h), which a captured step must read when it runs.
+  uint32_t update = 0;
 };
 
 struct DeviceUpdateScalars {
