@@ -18,6 +18,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
+#include "ops/ordered_partials.h"
 
 #include <cuda_bf16.h>
 
@@ -128,15 +129,6 @@ __global__ void conv_dw_kernel(const T* x, const T* w, const int32_t* cu, int64_
     }
   }
   for (int64_t j = 0; j < K; ++j) partials[(blockIdx.y * ch + c) * K + j] = acc[j];
-}
-
-// out[e] += sum over b of partials[b][e], b in order.
-__global__ void add_partials_kernel(const float* partials, int64_t parts, int64_t cols, float* out) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < cols; e += int64_t{gridDim.x} * blockDim.x) {
-    float total = 0.f;
-    for (int64_t b = 0; b < parts; ++b) total += partials[b * cols + e];
-    out[e] += total;
-  }
 }
 
 // A warp per row (token, head, q or k): y = x / sqrt(|x|^2 + eps); v is copied.
@@ -281,9 +273,7 @@ void short_conv_backward(const ExecContext& ctx, DType dtype, const void* x, con
     const dim3 grid(static_cast<unsigned>((ch + 127) / 128), static_cast<unsigned>(chunks));
     conv_dw_kernel<T><<<grid, 128, 0, stream(ctx)>>>(xp, wp, cu_seqlens, seqs, n, ch, kernel, d, len, partials);
     check_launch(op, "conv_dw_kernel");
-    add_partials_kernel<<<blocks_for(ch * kernel, kThreads), kThreads, 0, stream(ctx)>>>(partials, chunks,
-                                                                                         ch * kernel, dw);
-    check_launch(op, "add_partials_kernel");
+    add_partials(ctx, partials, chunks, ch * kernel, dw, op);
   });
 }
 
@@ -355,8 +345,7 @@ void kda_output_gate_backward(const ExecContext& ctx, DType dtype, const void* o
         static_cast<T*>(d_o), static_cast<T*>(dgate), partials);
   });
   check_launch(op, "gate_backward_kernel");
-  add_partials_kernel<<<blocks_for(d, kThreads), kThreads, 0, stream(ctx)>>>(partials, blocks, d, dgain);
-  check_launch(op, "add_partials_kernel");
+  add_partials(ctx, partials, blocks, d, dgain, op);
 }
 
 }  // namespace kiln::cuda

@@ -7,6 +7,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
+#include "ops/ordered_partials.h"
 #include "ops/short_conv/short_conv_sweep.h"
 
 #include <cuda_bf16.h>
@@ -63,15 +64,6 @@ __global__ void backward_kernel(const T* x, const T* w, const int32_t* cu, int64
   for (int j = 0; j < K; ++j) partials[(blockIdx.x * ch + c) * K + j] = dw[j];
 }
 
-// dw[e] += sum over tiles b of partials[b][e], b in order.
-__global__ void add_partials_kernel(const float* partials, int64_t parts, int64_t cols, float* out) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < cols; e += int64_t{gridDim.x} * blockDim.x) {
-    float total = 0.f;
-    for (int64_t b = 0; b < parts; ++b) total += partials[b * cols + e];
-    out[e] += total;
-  }
-}
-
 template <typename Fn>
 void by_dtype(DType dtype, Fn&& fn) {
   if (dtype == DType::f32) fn.template operator()<float>();
@@ -117,9 +109,7 @@ void short_conv_sweep_backward(const ExecContext& ctx, DType dtype, const void* 
   });
   check_launch(op, "short_conv_sweep backward_kernel");
   if (!dw) return;
-  add_partials_kernel<<<blocks_for(ch * kernel, kChannels), kChannels, 0, stream(ctx)>>>(partials, tiles, ch * kernel,
-                                                                                         dw);
-  check_launch(op, "short_conv_sweep add_partials_kernel");
+  add_partials(ctx, partials, tiles, ch * kernel, dw, op);
 }
 
 }  // namespace kiln::cuda
