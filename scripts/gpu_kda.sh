@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# KDA on the GPU machine (after scripts/gpu_stage.sh; carry .gpu, and .whl for FLA): one call
+# for issue 40's open measurements. Parts (PART=all runs them in order; each prints its lines
+# and keeps its logs in $OUT):
+#   PART=tests   the KDA GPU tests, both short-convolution kernels (GTEST_FILTER to change)
+#   PART=conv    seed 001's K3 at 8 x 4096 with model.kda.conv_gpu_kernel per_element, then sweep
+#   PART=kda     `kiln bench-kda` (B 8, T 4096, H 16, D 128 and 64), then FLA's chunk_kda
+#                (bench/fla_peer_kda.py) in the same call
+#   PART=hybrid  bench-0.6b as the 3:1 KDA:GQA hybrid (chunked kernels) and as all-attention,
+#                at 4K and 32K context (docs/performance.md's earlier rows)
+# CONV=sweep runs the hybrid and K3 rows other than PART=conv's with the sweep kernels.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+LOGS=${OUT:-/tmp/out}; mkdir -p "$LOGS"
+source scripts/gpu_env.sh || exit 1
+export KILN_SOURCE_DIR="$PWD" KILN_BINARY="$STAGE/bin/kiln"
+K="$STAGE/bin/kiln"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
+CONV=${CONV:-per_element}
+
+tests() {
+  local filter=${GTEST_FILTER:-GpuKda.*:KdaMixerGpu.*:KdaModelGpu.*:KdaTrainingGpu.*:Dtypes/KdaDecoderGpu.*:KdaDecodeOpsGpu.*}
+  timeout "${TEST_TIMEOUT:-300}" "$STAGE/bin/kiln_gpu_tests" --gtest_filter="$filter" > "$LOGS/kda_tests.log" 2>&1
+  echo "gpu tests exit $?"; grep -E "^\[  FAILED|PASSED|Failure|Which is" "$LOGS/kda_tests.log" | head -40
+}
+
+bench_row() {  # name config args...
+  local name=$1; shift
+  "$K" bench "$@" > "$LOGS/$name.log" 2>&1
+  echo "$name: rc $? | $(grep -E 'tokens/s' "$LOGS/$name.log" | tail -1) | $(grep -E '^ *memory:' "$LOGS/$name.log" | tail -1)"
+}
+
+conv() {
+  for kernel in per_element sweep; do
+    bench_row "k3_conv_$kernel" configs/presets/k3-mini-primary.toml --set train.device=cuda \
+      --set model.kda.gpu_kernel=chunked --set model.kda.conv_gpu_kernel=$kernel \
+      --set train.micro_batch_tokens=32768 --steps 4 --warmup 2
+  done
+}
+
+kda() {
+  "$K" bench-kda --kernels chunked --json "$LOGS/bench_kda.json" > "$LOGS/bench_kda.log" 2>&1
+  echo "bench-kda exit $?"; tail -3 "$LOGS/bench_kda.log"
+  timeout "${FLA_TIMEOUT:-200}" "$PY" -u bench/fla_peer_kda.py --batch 8 --seq 4096 --heads 16 --dims 128,64 \
+    --json "$LOGS/fla.json" > "$LOGS/fla.log" 2>&1
+  echo "fla exit $?"; tail -3 "$LOGS/fla.log"
+}
+
+hybrid() {
+  local kda=(--set model.attention=kda --set model.alt_attention=gqa --set model.alt_attention_layers=every:4
+             --set model.kda.gpu_kernel=chunked --set model.kda.conv_gpu_kernel=$CONV)
+  for len in 4096 32768; do
+    bench_row "hybrid_$len" configs/bench-0.6b.toml --steps 3 --warmup 1 --set model.max_seq_len=$len "${kda[@]}"
+    bench_row "attention_$len" configs/bench-0.6b.toml --steps 3 --warmup 1 --set model.max_seq_len=$len
+  done
+}
+
+case "${PART:-all}" in
+  tests) tests ;;
+  conv) conv ;;
+  kda) kda ;;
+  hybrid) hybrid ;;
+  all) tests; conv; kda; hybrid ;;
+  *) echo "gpu_kda: PART must be tests, conv, kda, hybrid or all, not '${PART}'"; exit 2 ;;
+esac
