@@ -14,6 +14,7 @@
 #pragma once
 
 #include "core/host_device.h"
+#include "ops/optim/adamw_lowmem_math.h"
 
 #include <cstdint>
 #include <cstring>
@@ -55,16 +56,8 @@ KILN_HOST_DEVICE inline uint16_t stochastic_round_bf16(float x, uint32_t r) {
   return static_cast<uint16_t>((bits + (r & 0xffffu)) >> 16);
 }
 
-KILN_HOST_DEVICE inline float bf16_bits_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(bits);
-#else
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-#endif
-}
+// A bf16 bit pattern widened exactly (the low-memory moments' widening).
+KILN_HOST_DEVICE inline float bf16_bits_to_float(uint16_t h) { return adamw_lowmem::from_bf16(h); }
 
 // The stream of one parameter: FNV-1a of its whole-model name (stable across runs, model
 // edits elsewhere and ZeRO's slicing), mixed.
