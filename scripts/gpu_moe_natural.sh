@@ -14,11 +14,12 @@ export KILN_SOURCE_DIR="$PWD" KILN_BINARY="$STAGE/bin/kiln"
 K="$STAGE/bin/kiln"
 CONFIG=configs/bench-moe-1b.toml
 RUN=${RUN:-/tmp/moe_natural}
+DATA=(--set data.path="$PWD/data/tinyshakespeare.txt")
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 rm -rf "$RUN"
 t0=$(date +%s)
-timeout "${TRAIN_TIMEOUT:-300}" "$K" train "$CONFIG" --set train.device=cuda --set train.out_dir="$RUN" \
+timeout "${TRAIN_TIMEOUT:-300}" "$K" train "$CONFIG" "${DATA[@]}" --set train.device=cuda --set train.out_dir="$RUN" \
   --set train.steps="${STEPS:-300}" --set train.eval_every=0 --set train.sample_every=0 --set train.sample_tokens=0 \
   --set checkpoint.every=0 > "$LOGS/moe_natural_train.log" 2>&1
 echo "train: rc $? in $(( $(date +%s) - t0 )) s | $(grep -E 'step +[0-9]+' "$LOGS/moe_natural_train.log" | tail -1)"
@@ -26,10 +27,10 @@ grep -E "load_max|moe_aux" "$LOGS/moe_natural_train.log" | tail -2
 
 bench_row() {  # name args...
   local name=$1; shift
-  timeout 300 "$K" bench "$CONFIG" --steps 10 --warmup 3 "$@" > "$LOGS/moe_natural_$name.log" 2>&1
+  timeout 300 "$K" bench "$CONFIG" "${DATA[@]}" --steps 10 --warmup 3 "$@" > "$LOGS/moe_natural_$name.log" 2>&1
   echo "$name: rc $? | $(grep -E 'tokens/s' "$LOGS/moe_natural_$name.log" | tail -1) | $(grep -E 'load_max' "$LOGS/moe_natural_$name.log" | tail -1)"
 }
-bench_row trained_text --tokens data --init "$RUN"
+bench_row trained_text --tokens data --init "$RUN/model"
 bench_row random_text --tokens data
-bench_row trained_random_tokens --init "$RUN"
+bench_row trained_random_tokens --init "$RUN/model"
 bench_row random_random_tokens
