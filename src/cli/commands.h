@@ -33,5 +33,6 @@ void add_eval_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_plot_command(CLI::App& app);
+void add_loss_gap_command(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_tokenize_command(app);
   kiln::cli::add_launch_command(app);
   kiln::cli::add_plot_command(app);
+  kiln::cli::add_loss_gap_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
