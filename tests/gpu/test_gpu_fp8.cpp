@@ -30,6 +30,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -328,7 +329,9 @@ void run_gemm_case(const GemmCase& g, uint64_t seed) {
   std::vector<float> c16_values;
   for (uint16_t h : download<uint16_t>(c16)) c16_values.push_back(bf16_to_float(h));
   const double worst16 = expect_within_bound(c16_values, ref, terms, g.k, true, what + " bf16 out");
-  ::testing::Test::RecordProperty(fmt::format("{}_worst_of_bound", what), fmt::format("f32 {:.3f} bf16 {:.3f}", worst32, worst16));
+  std::string key = what + "_worst_of_bound";  // an XML attribute name: letters, digits, '_'
+  std::replace_if(key.begin(), key.end(), [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
+  ::testing::Test::RecordProperty(key, fmt::format("f32 {:.3f} bf16 {:.3f}", worst32, worst16));
 }
 
 TEST(GpuFp8, TensorwiseGemmMatchesReference) {
@@ -357,14 +360,17 @@ TEST(GpuFp8, BlockwiseGemmMatchesReference) {
   for (const GemmCase& g : cases) run_gemm_case(g, seed += 2);
 }
 
+// Every refusal comes before cuBLASLt or the device is touched, so host buffers stand in
+// for the operands (and the test runs on a machine without a GPU too).
 TEST(GpuFp8, GemmRefusesWhatCublasLtCannotRun) {
-  OwnedTensor codes = poisoned<uint8_t>(64 * 64), scale = poisoned<float>(1), c = poisoned<float>(64 * 64);
-  const cuda::Fp8Operand e4m3{ptr<uint8_t>(codes), Format::e4m3, cuda::kFp8Tensorwise, ptr<float>(scale)};
+  alignas(256) static uint8_t codes[64 * 64];
+  static float scale = 1, c[64 * 64];
+  const cuda::Fp8Operand e4m3{codes, Format::e4m3, cuda::kFp8Tensorwise, &scale};
   cuda::Fp8Operand e5m2 = e4m3;
   e5m2.format = Format::e5m2;
   const auto message = [&](int64_t m, int64_t n, int64_t k, const cuda::Fp8Operand& a, const cuda::Fp8Operand& b) {
     try {
-      cuda::fp8_gemm(process_exec(), m, n, k, a, b, c->raw(), DType::f32);
+      cuda::fp8_gemm(process_exec(), m, n, k, a, b, c, DType::f32);
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -377,7 +383,10 @@ TEST(GpuFp8, GemmRefusesWhatCublasLtCannotRun) {
   cuda::Fp8Operand blockwise = e4m3;
   blockwise.block = fp8::kWeightBlock;
   EXPECT_NE(message(16, 16, 16, e4m3, blockwise).find("both be tensorwise or both blockwise"), std::string::npos);
-  EXPECT_THROW(cuda::fp8_gemm(process_exec(), 16, 16, 16, e4m3, e4m3, c->raw(), DType::f16), Error);
+  EXPECT_THROW(cuda::fp8_gemm(process_exec(), 16, 16, 16, e4m3, e4m3, c, DType::f16), Error);
+  cuda::Fp8Operand misaligned = e4m3;
+  misaligned.codes = codes + 8;
+  EXPECT_NE(message(16, 16, 16, misaligned, e4m3).find("16-byte aligned"), std::string::npos);
 }
 
 // Quantize (device-side scales) and GEMM captured once in a CUDA graph, then replayed on
