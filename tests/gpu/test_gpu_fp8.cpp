@@ -235,6 +235,24 @@ TEST(GpuFp8, BlockwiseQuantizeMatchesEmulationBitForBit) {
                                          ptr<uint8_t>(codes), ptr<float>(scale_inv));
             expect_same_codes(download<uint8_t>(codes), ref.codes, what + " codes");
             expect_same_floats(download<float>(scale_inv), ref_scales, what + " scale_inv");
+            if (block.rows != fp8::kWeightBlock.rows) continue;
+
+            // 128 x 128 with the transposed copy: the reference quantizes the transposed input.
+            std::vector<float> x_t(in.values.size());
+            for (int64_t r = 0; r < s.rows; ++r)
+              for (int64_t c = 0; c < s.cols; ++c) x_t[c * s.rows + r] = in.values[r * s.cols + c];
+            const fp8::ScaledMatrix ref_t = fp8::quantize(x_t, s.cols, s.rows, block, format);
+            OwnedTensor codes2 = poisoned<uint8_t>(s.rows * s.cols), codes_t = poisoned<uint8_t>(s.rows * s.cols);
+            OwnedTensor scale_inv2 = poisoned<float>(cuda::blockwise_scale_count(s.rows, s.cols, block));
+            OwnedTensor scale_inv_t = poisoned<float>(cuda::blockwise_scale_count(s.cols, s.rows, block));
+            cuda::fp8_quantize_blockwise(process_exec(), dtype, in.device->raw(), s.rows, s.cols, block, format,
+                                         ptr<uint8_t>(codes2), ptr<float>(scale_inv2), ptr<uint8_t>(codes_t),
+                                         ptr<float>(scale_inv_t));
+            expect_same_codes(download<uint8_t>(codes2), ref.codes, what + " codes (with transpose)");
+            expect_same_floats(download<float>(scale_inv2), ref_scales, what + " scale_inv (with transpose)");
+            expect_same_codes(download<uint8_t>(codes_t), ref_t.codes, what + " codes_t");
+            expect_same_codes(download<uint8_t>(codes_t), transposed(ref.codes, s.rows, s.cols), what + " codes_t^T");
+            expect_same_floats(download<float>(scale_inv_t), cuda::blockwise_scale_layout(ref_t), what + " scale_inv_t");
           }
 }
 
@@ -387,6 +405,11 @@ TEST(GpuFp8, GemmRefusesWhatCublasLtCannotRun) {
   cuda::Fp8Operand misaligned = e4m3;
   misaligned.codes = codes + 8;
   EXPECT_NE(message(16, 16, 16, misaligned, e4m3).find("16-byte aligned"), std::string::npos);
+
+  // The blockwise quantize refuses a transposed copy of 1 x 128 tiles, before any launch.
+  EXPECT_THROW(cuda::fp8_quantize_blockwise(process_exec(), DType::f32, c, 16, 16, fp8::kActivationTile, Format::e4m3,
+                                            codes, c, codes + 256, c + 256),
+               Error);
 }
 
 // Quantize (device-side scales) and GEMM captured once in a CUDA graph, then replayed on

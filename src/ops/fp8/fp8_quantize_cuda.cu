@@ -132,13 +132,27 @@ __global__ void tile_1x128_kernel(const T* x, int64_t rows, int64_t cols, int64_
 
 // 128 x 128 blocks: a block of 256 threads per block, thread t on column t % 128 and every
 // second row; the row stride of scale_inv is round_up(L, 4), its padding written as 1.
+// With codes_t, the block's codes also go through shared memory to the transposed matrix
+// [cols, rows] (coalesced), whose 128 x 128 blocks are these blocks transposed: the same
+// amax, so the same scale, at the transposed place of scale_inv_t.
 constexpr int kBlockThreads = 256;
 
+__device__ void write_scale(float* scale_inv, int64_t stride, int64_t block_row, int64_t block_col,
+                            int64_t block_cols, float value) {
+  scale_inv[block_row * stride + block_col] = value;
+  if (block_col == block_cols - 1)
+    for (int64_t pad = block_cols; pad < stride; ++pad) scale_inv[block_row * stride + pad] = 1.0f;
+}
+
 template <typename T>
-__global__ void block_128x128_kernel(const T* x, int64_t rows, int64_t cols, int64_t scale_stride, float fp8_max,
-                                     __nv_fp8_interpretation_t format, uint8_t* codes, float* scale_inv) {
+__global__ void block_128x128_kernel(const T* x, int64_t rows, int64_t cols, float fp8_max,
+                                     __nv_fp8_interpretation_t format, uint8_t* codes, float* scale_inv,
+                                     uint8_t* codes_t, float* scale_inv_t) {
+  __shared__ uint8_t tile[kBlock][kBlock + 4];
   const int64_t rb = blockIdx.y, kb = blockIdx.x;
-  const int64_t col = kb * kBlock + threadIdx.x % kBlock;
+  const int64_t block_rows = gridDim.y, block_cols = gridDim.x;
+  const int lane_col = threadIdx.x % kBlock;
+  const int64_t col = kb * kBlock + lane_col;
   const int64_t row_first = rb * kBlock + threadIdx.x / kBlock;
   const int64_t row_end = min(rows, (rb + 1) * kBlock);
   constexpr int kRowStep = kBlockThreads / kBlock;
@@ -147,12 +161,24 @@ __global__ void block_128x128_kernel(const T* x, int64_t rows, int64_t cols, int
     for (int64_t r = row_first; r < row_end; r += kRowStep) m = fmaxf(m, fabsf(ld(x + r * cols + col)));
   const float scale = scale_from_amax(block_max(m), fp8_max);
   if (threadIdx.x == 0) {
-    scale_inv[rb * scale_stride + kb] = __fdiv_rn(1.0f, scale);
-    if (kb == gridDim.x - 1)
-      for (int64_t pad = gridDim.x; pad < scale_stride; ++pad) scale_inv[rb * scale_stride + pad] = 1.0f;
+    const float inv = __fdiv_rn(1.0f, scale);
+    write_scale(scale_inv, (block_cols + 3) / 4 * 4, rb, kb, block_cols, inv);
+    if (scale_inv_t != nullptr) write_scale(scale_inv_t, (block_rows + 3) / 4 * 4, kb, rb, block_rows, inv);
   }
   if (col < cols)
-    for (int64_t r = row_first; r < row_end; r += kRowStep) codes[r * cols + col] = cast(ld(x + r * cols + col), scale, format);
+    for (int64_t r = row_first; r < row_end; r += kRowStep) {
+      const uint8_t c = cast(ld(x + r * cols + col), scale, format);
+      codes[r * cols + col] = c;
+      tile[r - rb * kBlock][lane_col] = c;
+    }
+  if (codes_t == nullptr) return;
+  __syncthreads();
+  // codes_t row kb * 128 + i holds column i of this block; its columns are rows rb * 128 + lane_col.
+  const int64_t t_col = rb * kBlock + lane_col;
+  for (int i = threadIdx.x / kBlock; i < kBlock; i += kRowStep) {
+    const int64_t t_row = kb * kBlock + i;
+    if (t_row < cols && t_col < rows) codes_t[t_row * rows + t_col] = tile[lane_col][i];
+  }
 }
 
 __nv_fp8_interpretation_t cuda_format(Format format) { return format == Format::e4m3 ? __NV_E4M3 : __NV_E5M2; }
@@ -217,9 +243,14 @@ void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x,
 }
 
 void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, int64_t rows, int64_t cols,
-                            BlockShape block, Format format, uint8_t* codes, float* scale_inv) {
+                            BlockShape block, Format format, uint8_t* codes, float* scale_inv, uint8_t* codes_t,
+                            float* scale_inv_t) {
   constexpr const char* kOp = "fp8_quantize_blockwise";
   check_block(kOp, block);
+  KILN_CHECK((codes_t == nullptr) == (scale_inv_t == nullptr), kOp, "codes_t and scale_inv_t come together");
+  KILN_CHECK(codes_t == nullptr || is_block(block), kOp,
+             "a transposed copy is built for 128 x 128 blocks only (1 x 128 tiles of the transpose need their own "
+             "scales)");
   KILN_CHECK(rows > 0 && cols > 0, kOp, "matrix [{}, {}] must not be empty", rows, cols);
   const cudaStream_t s = stream(ctx);
   const float fp8_max = ops::fp8::info(format).max;
@@ -235,8 +266,8 @@ void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, 
     } else {
       KILN_CHECK(ceil_div(rows, kBlock) <= 65535, kOp, "{} rows pass the grid's 65535 x 128 limit", rows);
       const dim3 grid(static_cast<unsigned>(l), static_cast<unsigned>(ceil_div(rows, kBlock)));
-      block_128x128_kernel<T><<<grid, kBlockThreads, 0, s>>>(xt, rows, cols, ceil_div(l, 4) * 4, fp8_max,
-                                                             cuda_format(format), codes, scale_inv);
+      block_128x128_kernel<T><<<grid, kBlockThreads, 0, s>>>(xt, rows, cols, fp8_max, cuda_format(format), codes,
+                                                             scale_inv, codes_t, scale_inv_t);
       check_launch(kOp, "block_128x128_kernel");
     }
   });

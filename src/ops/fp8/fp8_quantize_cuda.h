@@ -32,9 +32,14 @@ void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x,
 // DeepSeek-V3 blockwise scaling: `block` is ops::fp8::kActivationTile (1 x 128 along cols)
 // or kWeightBlock (128 x 128); a partial block at an edge is its own. codes [rows, cols];
 // scale_inv holds blockwise_scale_count(rows, cols, block) floats in cuBLASLt's layout
-// (padding entries are written as 1).
+// (padding entries are written as 1). For 128 x 128 blocks, codes_t and scale_inv_t (both
+// or neither) also get the transposed operand [cols, rows] (the weight's K-major copy for
+// the backward's dgrad) with its blockwise_scale_count(cols, rows, block) scales: the same
+// blocks transposed, so the same scales. 1 x 128 tiles refuse them (the transpose's tiles
+// run along the other dimension and need scales of their own: not built yet).
 void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, int64_t rows, int64_t cols,
-                            ops::fp8::BlockShape block, ops::fp8::Format format, uint8_t* codes, float* scale_inv);
+                            ops::fp8::BlockShape block, ops::fp8::Format format, uint8_t* codes, float* scale_inv,
+                            uint8_t* codes_t = nullptr, float* scale_inv_t = nullptr);
 
 // cuBLASLt's scale layouts for an operand [rows, K] stored K-major (docs/fp8.md), with
 // kb = k / 128 and L = ceil(K / 128):
