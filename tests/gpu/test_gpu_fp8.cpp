@@ -252,7 +252,8 @@ TEST(GpuFp8, BlockwiseQuantizeMatchesEmulationBitForBit) {
             expect_same_floats(download<float>(scale_inv2), ref_scales, what + " scale_inv (with transpose)");
             expect_same_codes(download<uint8_t>(codes_t), ref_t.codes, what + " codes_t");
             expect_same_codes(download<uint8_t>(codes_t), transposed(ref.codes, s.rows, s.cols), what + " codes_t^T");
-            expect_same_floats(download<float>(scale_inv_t), cuda::blockwise_scale_layout(ref_t), what + " scale_inv_t");
+            expect_same_floats(download<float>(scale_inv_t), cuda::blockwise_scale_layout(ref_t),
+                               what + " scale_inv_t");
           }
 }
 
@@ -300,7 +301,8 @@ std::vector<double> abs_products(const fp8::ScaledMatrix& a, const fp8::ScaledMa
   for (int64_t i = 0; i < a.rows; ++i)
     for (int64_t j = 0; j < b.rows; ++j) {
       double sum = 0;
-      for (int64_t p = 0; p < a.cols; ++p) sum += std::fabs(static_cast<double>(av[i * a.cols + p]) * bv[j * a.cols + p]);
+      for (int64_t p = 0; p < a.cols; ++p)
+        sum += std::fabs(static_cast<double>(av[i * a.cols + p]) * bv[j * a.cols + p]);
       s[i * b.rows + j] = sum;
     }
   return s;
@@ -420,7 +422,8 @@ TEST(GpuFp8, QuantizeAndGemmReplayInACudaGraph) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   const ExecContext ctx{stream};
   OwnedTensor x_a(DType::f32, Device::cuda, Shape{m * k}), x_b(DType::bf16, Device::cuda, Shape{n * k});
-  OwnedTensor a_codes = poisoned<uint8_t>(m * k), a_codes_t = poisoned<uint8_t>(m * k), b_codes = poisoned<uint8_t>(n * k);
+  OwnedTensor a_codes = poisoned<uint8_t>(m * k), a_codes_t = poisoned<uint8_t>(m * k);
+  OwnedTensor b_codes = poisoned<uint8_t>(n * k);
   OwnedTensor amax = poisoned<float>(2), scale_inv = poisoned<float>(2), c = poisoned<float>(m * n);
   const auto step = [&] {
     cuda::fp8_quantize_tensorwise(ctx, DType::f32, x_a->raw(), m, k, Format::e4m3, ptr<uint8_t>(a_codes),

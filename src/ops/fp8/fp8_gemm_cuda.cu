@@ -93,7 +93,8 @@ Plan make_plan(const Problem& p) {
   // cuBLASLt's A is our B and its B our A.
   set(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, p.b_mode, "cublasLtMatmulDescSetAttribute(A_SCALE_MODE)");
   set(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, p.a_mode, "cublasLtMatmulDescSetAttribute(B_SCALE_MODE)");
-  check_lt(cublasLtMatrixLayoutCreate(&plan.first, fp8_type(p.b_format), p.k, p.n, p.k), "cublasLtMatrixLayoutCreate(B)");
+  check_lt(cublasLtMatrixLayoutCreate(&plan.first, fp8_type(p.b_format), p.k, p.n, p.k),
+           "cublasLtMatrixLayoutCreate(B)");
   check_lt(cublasLtMatrixLayoutCreate(&plan.second, fp8_type(p.a_format), p.k, p.m, p.k),
            "cublasLtMatrixLayoutCreate(A)");
   const cudaDataType_t c_type = p.c == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
@@ -109,7 +110,7 @@ Plan make_plan(const Problem& p) {
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt().handle, plan.op, plan.first, plan.second, plan.out,
                                                                plan.out, preference, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(preference);
+  check_lt(cublasLtMatmulPreferenceDestroy(preference), "cublasLtMatmulPreferenceDestroy");
   if (status != CUBLAS_STATUS_SUCCESS || found == 0)
     fail(kOp, "cublasLtMatmulAlgoGetHeuristic has no algorithm for m={} n={} k={} A {} (scale mode {}) x B {} "
               "(scale mode {}) -> {}: {}",

@@ -192,12 +192,13 @@ void by_dtype(const char* op, DType dtype, Fn&& fn) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool is_tile(BlockShape b) { return b.rows == ops::fp8::kActivationTile.rows && b.cols == ops::fp8::kActivationTile.cols; }
-bool is_block(BlockShape b) { return b.rows == ops::fp8::kWeightBlock.rows && b.cols == ops::fp8::kWeightBlock.cols; }
+bool same(BlockShape x, BlockShape y) { return x.rows == y.rows && x.cols == y.cols; }
+bool is_tile(BlockShape b) { return same(b, ops::fp8::kActivationTile); }
+bool is_block(BlockShape b) { return same(b, ops::fp8::kWeightBlock); }
 
 void check_block(const char* op, BlockShape block) {
-  KILN_CHECK(is_tile(block) || is_block(block), op, "block shape [{}, {}]: cuBLASLt scales 1 x 128 tiles or 128 x 128 blocks",
-             block.rows, block.cols);
+  KILN_CHECK(is_tile(block) || is_block(block), op,
+             "block shape [{}, {}]: cuBLASLt scales 1 x 128 tiles or 128 x 128 blocks", block.rows, block.cols);
 }
 
 }  // namespace
@@ -210,7 +211,8 @@ int64_t blockwise_scale_count(int64_t rows, int64_t cols, BlockShape block) {
 
 int64_t blockwise_scale_index(int64_t rows, int64_t cols, BlockShape block, int64_t block_row, int64_t block_col) {
   check_block("fp8_quantize", block);
-  return is_tile(block) ? block_col * rows + block_row : block_row * (ceil_div(ceil_div(cols, kBlock), 4) * 4) + block_col;
+  if (is_tile(block)) return block_col * rows + block_row;
+  return block_row * (ceil_div(ceil_div(cols, kBlock), 4) * 4) + block_col;
 }
 
 std::vector<float> blockwise_scale_layout(const ops::fp8::ScaledMatrix& q) {
