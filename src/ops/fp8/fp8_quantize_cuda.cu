@@ -1,0 +1,278 @@
+// FP8 quantize kernels (contract in ops/fp8/fp8_quantize_cuda.h). Every step copies the CPU
+// emulation's arithmetic (ops/fp8/fp8_scaling.cpp) so the codes and inverse scales are the
+// same bits: amax is a max (exact in any order, so atomics and shuffles keep it
+// deterministic), the scale a correctly rounded division, x * scale an fp32 multiply that
+// cannot contract into anything (__fmul_rn), and the cast PTX cvt.rn.satfinite through
+// cuda_fp8.h.
+#include "ops/fp8/fp8_quantize_cuda.h"
+
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "core/error.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cfloat>
+
+namespace kiln::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using ops::fp8::BlockShape;
+using ops::fp8::Format;
+
+constexpr int kTile = 32;        // tensorwise cast: 32 x 32 tiles (transposed through shared memory)
+constexpr int kTileRows = 8;     // ... by 32 x 8 threads, four rows each
+constexpr int kAmaxThreads = 256;
+constexpr unsigned kAmaxBlocksMax = 1024;
+constexpr int64_t kBlock = 128;  // DeepSeek-V3's block edge
+
+__device__ __forceinline__ float ld(const float* p) { return *p; }
+__device__ __forceinline__ float ld(const bf16* p) { return __bfloat162float(*p); }
+
+// ops::fp8::scale_from_amax on the device.
+__device__ __forceinline__ float scale_from_amax(float amax, float fp8_max) {
+  if (amax == 0.0f) return 1.0f;
+  const float scale = __fdiv_rn(fp8_max, amax);
+  return isinf(scale) ? FLT_MAX : scale;
+}
+
+__device__ __forceinline__ uint8_t cast(float x, float scale, __nv_fp8_interpretation_t format) {
+  return __nv_cvt_float_to_fp8(__fmul_rn(x, scale), __NV_SATFINITE, format);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Max over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread.
+__device__ float block_max(float v) {
+  __shared__ float warps[32];
+  __shared__ float result;
+  v = warp_max(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warps[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float m = lane < static_cast<int>(blockDim.x / 32) ? warps[lane] : 0.0f;
+    m = warp_max(m);
+    if (lane == 0) result = m;
+  }
+  __syncthreads();
+  return result;
+}
+
+// *amax (zeroed before) = max |x|: non-negative floats order as their bits do, so an
+// unsigned atomicMax of the bits is the float max.
+template <typename T>
+__global__ void amax_kernel(const T* x, int64_t n, float* amax) {
+  float m = 0.0f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    m = fmaxf(m, fabsf(ld(x + i)));
+  m = block_max(m);
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(m));
+}
+
+// One 32 x 32 tile a block: codes row-major, and through shared memory the transposed
+// codes, so both writes are coalesced.
+template <typename T>
+__global__ void tensorwise_cast_kernel(const T* x, int64_t rows, int64_t cols, float fp8_max,
+                                       __nv_fp8_interpretation_t format, const float* amax, uint8_t* codes,
+                                       uint8_t* codes_t, float* scale_inv) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const float scale = scale_from_amax(*amax, fp8_max);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *scale_inv = __fdiv_rn(1.0f, scale);
+  const int64_t row0 = blockIdx.y * int64_t{kTile}, col0 = blockIdx.x * int64_t{kTile};
+  const int64_t col = col0 + threadIdx.x;
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t row = row0 + i;
+    if (row < rows && col < cols) {
+      const uint8_t c = cast(ld(x + row * cols + col), scale, format);
+      codes[row * cols + col] = c;
+      tile[i][threadIdx.x] = c;
+    }
+  }
+  if (codes_t == nullptr) return;
+  __syncthreads();
+  // codes_t [cols, rows]: this block's tile transposed, row col0 + i, columns row0 + tx.
+  const int64_t t_col = row0 + threadIdx.x;
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t t_row = col0 + i;
+    if (t_row < cols && t_col < rows) codes_t[t_row * rows + t_col] = tile[threadIdx.x][i];
+  }
+}
+
+// 1 x 128 tiles: a warp per tile, four elements a lane.
+template <typename T>
+__global__ void tile_1x128_kernel(const T* x, int64_t rows, int64_t cols, int64_t tiles_per_row, float fp8_max,
+                                  __nv_fp8_interpretation_t format, uint8_t* codes, float* scale_inv) {
+  const int64_t tile = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  if (tile >= rows * tiles_per_row) return;  // whole warps leave together
+  const int lane = threadIdx.x % 32;
+  const int64_t row = tile / tiles_per_row, kb = tile % tiles_per_row;
+  const int64_t first = row * cols + kb * kBlock, width = min(kBlock, cols - kb * kBlock);
+  float v[4];
+  float m = 0.0f;
+  for (int j = 0; j < 4; ++j) {
+    const int64_t c = lane + 32 * j;
+    v[j] = c < width ? ld(x + first + c) : 0.0f;
+    m = fmaxf(m, fabsf(v[j]));
+  }
+  const float scale = scale_from_amax(warp_max(m), fp8_max);
+  if (lane == 0) scale_inv[kb * rows + row] = __fdiv_rn(1.0f, scale);
+  for (int j = 0; j < 4; ++j) {
+    const int64_t c = lane + 32 * j;
+    if (c < width) codes[first + c] = cast(v[j], scale, format);
+  }
+}
+
+// 128 x 128 blocks: a block of 256 threads per block, thread t on column t % 128 and every
+// second row; the row stride of scale_inv is round_up(L, 4), its padding written as 1.
+// With codes_t, the block's codes also go through shared memory to the transposed matrix
+// [cols, rows] (coalesced), whose 128 x 128 blocks are these blocks transposed: the same
+// amax, so the same scale, at the transposed place of scale_inv_t.
+constexpr int kBlockThreads = 256;
+
+__device__ void write_scale(float* scale_inv, int64_t stride, int64_t block_row, int64_t block_col,
+                            int64_t block_cols, float value) {
+  scale_inv[block_row * stride + block_col] = value;
+  if (block_col == block_cols - 1)
+    for (int64_t pad = block_cols; pad < stride; ++pad) scale_inv[block_row * stride + pad] = 1.0f;
+}
+
+template <typename T>
+__global__ void block_128x128_kernel(const T* x, int64_t rows, int64_t cols, float fp8_max,
+                                     __nv_fp8_interpretation_t format, uint8_t* codes, float* scale_inv,
+                                     uint8_t* codes_t, float* scale_inv_t) {
+  __shared__ uint8_t tile[kBlock][kBlock + 4];
+  const int64_t rb = blockIdx.y, kb = blockIdx.x;
+  const int64_t block_rows = gridDim.y, block_cols = gridDim.x;
+  const int lane_col = threadIdx.x % kBlock;
+  const int64_t col = kb * kBlock + lane_col;
+  const int64_t row_first = rb * kBlock + threadIdx.x / kBlock;
+  const int64_t row_end = min(rows, (rb + 1) * kBlock);
+  constexpr int kRowStep = kBlockThreads / kBlock;
+  float m = 0.0f;
+  if (col < cols)
+    for (int64_t r = row_first; r < row_end; r += kRowStep) m = fmaxf(m, fabsf(ld(x + r * cols + col)));
+  const float scale = scale_from_amax(block_max(m), fp8_max);
+  if (threadIdx.x == 0) {
+    const float inv = __fdiv_rn(1.0f, scale);
+    write_scale(scale_inv, (block_cols + 3) / 4 * 4, rb, kb, block_cols, inv);
+    if (scale_inv_t != nullptr) write_scale(scale_inv_t, (block_rows + 3) / 4 * 4, kb, rb, block_rows, inv);
+  }
+  if (col < cols)
+    for (int64_t r = row_first; r < row_end; r += kRowStep) {
+      const uint8_t c = cast(ld(x + r * cols + col), scale, format);
+      codes[r * cols + col] = c;
+      tile[r - rb * kBlock][lane_col] = c;
+    }
+  if (codes_t == nullptr) return;
+  __syncthreads();
+  // codes_t row kb * 128 + i holds column i of this block; its columns are rows rb * 128 + lane_col.
+  const int64_t t_col = rb * kBlock + lane_col;
+  for (int i = threadIdx.x / kBlock; i < kBlock; i += kRowStep) {
+    const int64_t t_row = kb * kBlock + i;
+    if (t_row < cols && t_col < rows) codes_t[t_row * rows + t_col] = tile[lane_col][i];
+  }
+}
+
+__nv_fp8_interpretation_t cuda_format(Format format) { return format == Format::e4m3 ? __NV_E4M3 : __NV_E5M2; }
+
+template <typename Fn>
+void by_dtype(const char* op, DType dtype, Fn&& fn) {
+  if (dtype == DType::f32) fn.template operator()<float>();
+  else if (dtype == DType::bf16) fn.template operator()<bf16>();
+  else fail(op, "input dtype {} (expected f32 or bf16)", dtype_name(dtype));
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool same(BlockShape x, BlockShape y) { return x.rows == y.rows && x.cols == y.cols; }
+bool is_tile(BlockShape b) { return same(b, ops::fp8::kActivationTile); }
+bool is_block(BlockShape b) { return same(b, ops::fp8::kWeightBlock); }
+
+void check_block(const char* op, BlockShape block) {
+  KILN_CHECK(is_tile(block) || is_block(block), op,
+             "block shape [{}, {}]: cuBLASLt scales 1 x 128 tiles or 128 x 128 blocks", block.rows, block.cols);
+}
+
+}  // namespace
+
+int64_t blockwise_scale_count(int64_t rows, int64_t cols, BlockShape block) {
+  check_block("fp8_quantize", block);
+  const int64_t l = ceil_div(cols, kBlock);
+  return is_tile(block) ? l * rows : ceil_div(rows, kBlock) * ceil_div(l, 4) * 4;
+}
+
+int64_t blockwise_scale_index(int64_t rows, int64_t cols, BlockShape block, int64_t block_row, int64_t block_col) {
+  check_block("fp8_quantize", block);
+  if (is_tile(block)) return block_col * rows + block_row;
+  return block_row * (ceil_div(ceil_div(cols, kBlock), 4) * 4) + block_col;
+}
+
+std::vector<float> blockwise_scale_layout(const ops::fp8::ScaledMatrix& q) {
+  std::vector<float> out(blockwise_scale_count(q.rows, q.cols, q.block), 1.0f);
+  for (int64_t br = 0; br < q.block_grid_rows(); ++br)
+    for (int64_t bc = 0; bc < q.block_grid_cols(); ++bc)
+      out[blockwise_scale_index(q.rows, q.cols, q.block, br, bc)] = q.scale_inv[br * q.block_grid_cols() + bc];
+  return out;
+}
+
+void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x, int64_t rows, int64_t cols,
+                             Format format, uint8_t* codes, uint8_t* codes_t, float* amax, float* scale_inv) {
+  constexpr const char* kOp = "fp8_quantize_tensorwise";
+  KILN_CHECK(rows > 0 && cols > 0, kOp, "matrix [{}, {}] must not be empty", rows, cols);
+  KILN_CHECK(ceil_div(rows, kTile) <= 65535, kOp, "{} rows pass the grid's 65535 x {} limit", rows, kTile);
+  const cudaStream_t s = stream(ctx);
+  const float fp8_max = ops::fp8::info(format).max;
+  check(cudaMemsetAsync(amax, 0, sizeof(float), s), kOp, "cudaMemsetAsync amax");
+  const int64_t n = rows * cols;
+  const unsigned amax_blocks = std::min<unsigned>(blocks_for(n, kAmaxThreads), kAmaxBlocksMax);
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(rows, kTile)));
+  by_dtype(kOp, dtype, [&]<typename T>() {
+    amax_kernel<T><<<amax_blocks, kAmaxThreads, 0, s>>>(static_cast<const T*>(x), n, amax);
+    check_launch(kOp, "amax_kernel");
+    tensorwise_cast_kernel<T><<<grid, dim3(kTile, kTileRows), 0, s>>>(static_cast<const T*>(x), rows, cols, fp8_max,
+                                                                      cuda_format(format), amax, codes, codes_t,
+                                                                      scale_inv);
+    check_launch(kOp, "tensorwise_cast_kernel");
+  });
+}
+
+void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, int64_t rows, int64_t cols,
+                            BlockShape block, Format format, uint8_t* codes, float* scale_inv, uint8_t* codes_t,
+                            float* scale_inv_t) {
+  constexpr const char* kOp = "fp8_quantize_blockwise";
+  check_block(kOp, block);
+  KILN_CHECK((codes_t == nullptr) == (scale_inv_t == nullptr), kOp, "codes_t and scale_inv_t come together");
+  KILN_CHECK(codes_t == nullptr || is_block(block), kOp,
+             "a transposed copy is built for 128 x 128 blocks only (1 x 128 tiles of the transpose need their own "
+             "scales)");
+  KILN_CHECK(rows > 0 && cols > 0, kOp, "matrix [{}, {}] must not be empty", rows, cols);
+  const cudaStream_t s = stream(ctx);
+  const float fp8_max = ops::fp8::info(format).max;
+  const int64_t l = ceil_div(cols, kBlock);
+  by_dtype(kOp, dtype, [&]<typename T>() {
+    const T* xt = static_cast<const T*>(x);
+    if (is_tile(block)) {
+      constexpr int kThreads = 256;  // eight tiles a block
+      tile_1x128_kernel<T><<<blocks_for(rows * l * 32, kThreads), kThreads, 0, s>>>(xt, rows, cols, l, fp8_max,
+                                                                                  cuda_format(format), codes,
+                                                                                  scale_inv);
+      check_launch(kOp, "tile_1x128_kernel");
+    } else {
+      KILN_CHECK(ceil_div(rows, kBlock) <= 65535, kOp, "{} rows pass the grid's 65535 x 128 limit", rows);
+      const dim3 grid(static_cast<unsigned>(l), static_cast<unsigned>(ceil_div(rows, kBlock)));
+      block_128x128_kernel<T><<<grid, kBlockThreads, 0, s>>>(xt, rows, cols, fp8_max, cuda_format(format), codes,
+                                                             scale_inv, codes_t, scale_inv_t);
+      check_launch(kOp, "block_128x128_kernel");
+    }
+  });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,56 @@
+// FP8 quantize kernels (fp8_quantize_cuda.cu): amax, scale and cast of a row-major
+// [rows, cols] matrix (f32 or bf16) into e4m3 or e5m2 codes, bit for bit what the CPU
+// emulation gives (ops/fp8/fp8_scaling.h: scale = fp8_max / amax with __fdiv_rn, x * scale
+// rounded to fp32, cvt.rn.satfinite, scale_inv = 1 / scale). Nothing synchronizes with the
+// host and nothing is allocated: the scales are computed on the device, so these run inside
+// CUDA graph capture. Inputs must be finite (the CPU reference refuses others; here a NaN
+// or inf gives an unspecified scale). No training code calls these yet (docs/fp8.md).
+//
+// Operands are laid out for cuBLASLt's FP8 GEMM (ops/fp8/fp8_gemm_cuda.h): K (the GEMM's
+// reduction dimension) is `cols`, the contiguous one, and a block-scaled operand's
+// scale_inv array is in the layout cuBLASLt's VEC128_32F / BLK128x128_32F modes read
+// (blockwise_scale_index below).
+#pragma once
+
+#include "core/dtype.h"
+#include "core/exec_context.h"
+#include "ops/fp8/fp8_scaling.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace kiln::cuda {
+
+// Tensorwise current scaling (Transformer Engine's, no amax history): one scale for the
+// whole matrix. Writes *amax (max |x|), *scale_inv and codes [rows, cols]; codes_t, when
+// not null, also gets the transposed codes [cols, rows] (the K-major operand the backward
+// needs) in the same pass, with the same scale. amax, scale_inv: one device float each.
+void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x, int64_t rows, int64_t cols,
+                             ops::fp8::Format format, uint8_t* codes, uint8_t* codes_t, float* amax,
+                             float* scale_inv);
+
+// DeepSeek-V3 blockwise scaling: `block` is ops::fp8::kActivationTile (1 x 128 along cols)
+// or kWeightBlock (128 x 128); a partial block at an edge is its own. codes [rows, cols];
+// scale_inv holds blockwise_scale_count(rows, cols, block) floats in cuBLASLt's layout
+// (padding entries are written as 1). For 128 x 128 blocks, codes_t and scale_inv_t (both
+// or neither) also get the transposed operand [cols, rows] (the weight's K-major copy for
+// the backward's dgrad) with its blockwise_scale_count(cols, rows, block) scales: the same
+// blocks transposed, so the same scales. 1 x 128 tiles refuse them (the transpose's tiles
+// run along the other dimension and need scales of their own: not built yet).
+void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, int64_t rows, int64_t cols,
+                            ops::fp8::BlockShape block, ops::fp8::Format format, uint8_t* codes, float* scale_inv,
+                            uint8_t* codes_t = nullptr, float* scale_inv_t = nullptr);
+
+// cuBLASLt's scale layouts for an operand [rows, K] stored K-major (docs/fp8.md), with
+// kb = k / 128 and L = ceil(K / 128):
+//   1 x 128   (VEC128_32F):     [L, rows]: scale (r, kb) at kb * rows + r
+//   128 x 128 (BLK128x128_32F): [ceil(rows / 128), round_up(L, 4)]: scale (rb, kb) at
+//                               rb * round_up(L, 4) + kb (the row stride padded to 4)
+int64_t blockwise_scale_count(int64_t rows, int64_t cols, ops::fp8::BlockShape block);
+int64_t blockwise_scale_index(int64_t rows, int64_t cols, ops::fp8::BlockShape block, int64_t block_row,
+                              int64_t block_col);
+// The CPU reference's row-major scale_inv grid rearranged into that layout (padding 1):
+// what fp8_quantize_blockwise writes, and what fp8_gemm takes from reference operands.
+std::vector<float> blockwise_scale_layout(const ops::fp8::ScaledMatrix& q);
+
+}  // namespace kiln::cuda
