@@ -412,6 +412,7 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
                         op);
   state_grads_launch<T>(ctx, a, w, q, k, g, dout, dht, dh0, slice, op);
   if (a.tokens == 0) return;
+  if (a.bf16_grads && backward_grads_bf16<T>(ctx, a, w, q, k, v, g, beta, dout, dq, dk, dv, dg, dbeta, op)) return;
   if (backward_grads_tf32<T>(ctx, a, w, q, k, v, g, beta, dout, dq, dk, dv, dg, dbeta, op)) return;
   const size_t none = floats(4 * kC * a.dk + kC * kC + 2 * kC), inputs = none + 2 * kC * a.dk * sizeof(T),
                outputs = inputs + kC * a.dv * (sizeof(T) + sizeof(float)), limit = shared_limit(op);

@@ -450,4 +450,12 @@ template <typename T>
 void state_grads_launch(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k, const T* g,
                         const T* dout, const float* dht, float* dh0, int slice, const char* op);
 
+// values_bf16_kernel, grads_bf16_kernel and dbeta_bf16_kernel where the engine is the
+// tensor cores and the slab's shared memory fits: dq, dk, dv, dg, dbeta; false otherwise
+// (kda_chunked_grads_bf16.cu).
+template <typename T>
+bool backward_grads_bf16(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k,
+                         const T* v, const T* g, const T* beta, const T* dout, T* dq, T* dk, T* dv, T* dg, T* dbeta,
+                         const char* op);
+
 }  // namespace kiln::cuda::kda_chunked
