@@ -88,11 +88,12 @@ double median_ms(std::vector<double> ms) {
 }
 
 nlohmann::json bench_kernel(const KdaBenchShape& s, const KdaInputs& in, const std::string& kernel, int slice,
-                            bool simt, int64_t warmup, int64_t iters) {
+                            bool simt, bool bf16_grads, int64_t warmup, int64_t iters) {
   const bool chunked = kernel == "chunked";
   ops::KdaOptions options;
   options.gpu_slice = slice;
   options.gpu_tensor_cores = !simt;
+  options.gpu_bf16_grads = bf16_grads;
   const int64_t n = s.batch * s.seq, H = s.heads, D = s.dim;
   const Shape ks{n, H, D}, bs{n, H};
   size_t free_before = 0, total = 0;
@@ -140,6 +141,7 @@ nlohmann::json bench_kernel(const KdaBenchShape& s, const KdaInputs& in, const s
   return {{"kernel", kernel},
           {"slice", slice},
           {"tensor_cores", !simt},
+          {"bf16_grads", bf16_grads},
           {"B", s.batch},
           {"T", s.seq},
           {"H", H},
@@ -157,6 +159,7 @@ void add_bench_kda_command(CLI::App& app) {
     int64_t batch = 8, seq = 4096, heads = 16, warmup = 3, iters = 10;
     int slice = 0;
     bool simt = false;
+    bool bf16_grads = false;
     std::vector<int64_t> dims{128, 64};
     std::vector<std::string> kernels{"recurrent", "chunked"};
     std::string dtype = "bf16", json;
@@ -175,6 +178,8 @@ void add_bench_kda_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({0, 8, 16, 32}));
   cmd->add_flag("--simt", o->simt, "the chunked kernels' chunk products in fp32 SIMT, not on tensor cores");
+  cmd->add_flag("--bf16-grads", o->bf16_grads,
+                "the chunked backward's chunk gradients on bf16 tensor cores (model.kda.gpu_kernel = chunked_bf16)");
   cmd->add_option("--dtype", o->dtype, "bf16 | f32")->capture_default_str()->check(CLI::IsMember({"bf16", "f32"}));
   cmd->add_option("--warmup", o->warmup, "untimed passes first")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--iters", o->iters, "timed passes (the median is reported)")->capture_default_str()->check(CLI::PositiveNumber);
@@ -192,7 +197,7 @@ void add_bench_kda_command(CLI::App& app) {
       const KdaBenchShape shape{o->batch, o->seq, o->heads, dim, o->dtype == "f32" ? DType::f32 : DType::bf16};
       const KdaInputs inputs = make_inputs(shape);
       for (const std::string& kernel : o->kernels) {
-        const nlohmann::json r = bench_kernel(shape, inputs, kernel, o->slice, o->simt, o->warmup, o->iters);
+        const nlohmann::json r = bench_kernel(shape, inputs, kernel, o->slice, o->simt, o->bf16_grads, o->warmup, o->iters);
         fmt::print("{:>9} {:>3} {:>6} {:>3} {:>4} {:>5} {:>10.3f} {:>12.3f} {:>10.2f}\n", kernel, shape.batch,
                    shape.seq, shape.heads, dim, o->dtype, r["fwd_ms"].get<double>(), r["fwd_bwd_ms"].get<double>(),
                    r["tensors_and_workspace_gib"].get<double>());

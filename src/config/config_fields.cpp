@@ -159,9 +159,9 @@ const std::array kFields = {
     KILN_FIELD(model.kda, conv_kernel, positive().up_to(64, "a short convolution; its decode state keeps kernel - 1 rows"),
                "kda mixer: the causal depthwise convolution's width over q, k, v"),
     KILN_FIELD(model.kda, gate_rank, non_negative(), "kda mixer: the low-rank decay and output gates' width; 0 = head_dim"),
-    KILN_FIELD(model.kda, gpu_kernel, one_of("recurrent|chunked"),
+    KILN_FIELD(model.kda, gpu_kernel, one_of("recurrent|chunked|chunked_bf16"),
                "kda mixer: the delta rule's CUDA kernels: recurrent (token by token) | chunked (64-token chunks, "
-               "head_dim <= 128)"),
+               "head_dim <= 128) | chunked_bf16 (chunked, its backward's chunk gradients on bf16 tensor cores)"),
     KILN_FIELD(model.kda, conv_gpu_kernel, one_of("per_element|sweep"),
                "kda mixer: the short convolution's CUDA kernels: per_element | sweep (a thread per channel and "
                "tile of tokens)"),

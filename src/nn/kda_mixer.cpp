@@ -19,10 +19,11 @@ KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
   dk_ = dv_ = c.head_dim > 0 ? c.head_dim : m.head_dim;
   rank_ = c.gate_rank > 0 ? c.gate_rank : dk_;
   kernel_ = c.conv_kernel, norm_eps_ = m.norm_eps;
-  chunked_gpu_ = cuda_ && c.gpu_kernel == "chunked";
+  chunked_gpu_ = cuda_ && (c.gpu_kernel == "chunked" || c.gpu_kernel == "chunked_bf16");
+  bf16_grads_ = chunked_gpu_ && c.gpu_kernel == "chunked_bf16";
   conv_kernel_ = c.conv_gpu_kernel == "sweep" ? ops::ShortConvGpuKernel::sweep : ops::ShortConvGpuKernel::per_element;
   KILN_CHECK(!chunked_gpu_ || dk_ <= ops::kda_chunked_max_dk(), "model.kda.gpu_kernel",
-             "= 'chunked' takes a head_dim up to {}, got {} (use 'recurrent')", ops::kda_chunked_max_dk(), dk_);
+             "= '{}' takes a head_dim up to {}, got {} (use 'recurrent')", c.gpu_kernel, ops::kda_chunked_max_dk(), dk_);
   // Decode keeps the last kernel - 1 inputs: a kernel of 1 would keep none (and mix nothing).
   KILN_CHECK(kernel_ >= 2, "model.kda.conv_kernel", "= {}: the short convolution needs at least 2 taps", kernel_);
   KILN_CHECK(!cuda_ || conv_kernel_ != ops::ShortConvGpuKernel::sweep || kernel_ <= 8, "model.kda.conv_gpu_kernel",
@@ -173,8 +174,8 @@ void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
     ops::kda_recurrent_backward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), d_o, Tensor(), {}, dq, dk, dv, dg,
                                 dbeta, Tensor(), work);
   else
-    ops::kda_chunked_backward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), d_o, Tensor(), {}, dq, dk, dv, dg,
-                              dbeta, Tensor(), work);
+    ops::kda_chunked_backward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), d_o, Tensor(),
+                              ops::KdaOptions{.gpu_bf16_grads = bf16_grads_}, dq, dk, dv, dg, dbeta, Tensor(), work);
   // The decay gate: through softplus into its low-rank pair.
   const Tensor dgraw = scope.take(dt, Shape{t, h_ * dk_});
   ops::kda_gate_backward(exec_, graw.view(Shape{t, h_, dk_}), a_log_, dt_bias_2d(), dg,

@@ -48,7 +48,8 @@ class KdaMixer final : public TokenMixer {
   static constexpr int64_t kTokensPerDoc = 16;
   std::string key_;  // model.attention or model.alt_attention: its refusals name it
   bool cuda_ = false;
-  bool chunked_gpu_ = false;  // model.kda.gpu_kernel = "chunked" on a CUDA device
+  bool chunked_gpu_ = false;  // model.kda.gpu_kernel = "chunked" or "chunked_bf16" on a CUDA device
+  bool bf16_grads_ = false;   // model.kda.gpu_kernel = "chunked_bf16": its backward's grads_bf16_kernel
   ops::ShortConvGpuKernel conv_kernel_ = ops::ShortConvGpuKernel::per_element;  // model.kda.conv_gpu_kernel
   int64_t max_docs_ = 0;      // documents per micro-batch the GPU workspace holds
   int64_t hidden_ = 0, h_ = 0, dk_ = 0, dv_ = 0, rank_ = 0, kernel_ = 0, qkv_cols_ = 0;

@@ -107,15 +107,17 @@ std::string name_of(const Spec& s) {
                      s.dv, dtype_name(s.dtype), s.gate, s.states);
 }
 
-// slice, tensor_cores: the chunked kernels' (ops::KdaOptions::gpu_slice, 0 = chosen at
-// launch; gpu_tensor_cores).
-void run_form(const Spec& sp, Form form, int slice = 0, bool tensor_cores = true) {
+// slice, tensor_cores, bf16_grads: the chunked kernels' (ops::KdaOptions::gpu_slice, 0 =
+// chosen at launch; gpu_tensor_cores; gpu_bf16_grads).
+void run_form(const Spec& sp, Form form, int slice = 0, bool tensor_cores = true, bool bf16_grads = false) {
   const bool chunked = form == Form::chunked;
   SCOPED_TRACE(name_of(sp) +
-               (chunked ? fmt::format(" chunked, slice {}, tensor cores {}", slice, tensor_cores) : " recurrent"));
+               (chunked ? fmt::format(" chunked, slice {}, tensor cores {}, bf16 grads {}", slice, tensor_cores, bf16_grads)
+                       : " recurrent"));
   ops::KdaOptions chunked_options;
   chunked_options.gpu_slice = slice;
   chunked_options.gpu_tensor_cores = tensor_cores;
+  chunked_options.gpu_bf16_grads = bf16_grads;
   const DType dt = sp.dtype;
   const int64_t n = std::accumulate(sp.lengths.begin(), sp.lengths.end(), int64_t{0});
   const int64_t H = sp.heads, dk = sp.dk, dv = sp.dv, S = static_cast<int64_t>(sp.lengths.size());
@@ -235,12 +237,16 @@ void run_form(const Spec& sp, Form form, int slice = 0, bool tensor_cores = true
 }
 
 // Both kernels on the same inputs (the chunked one where d_k allows, at the slice the
-// launch chooses and at each one it can choose, with and without tensor cores).
+// launch chooses and at each one it can choose, with and without tensor cores; and with the
+// backward's bf16 grads kernels, model.kda.gpu_kernel = "chunked_bf16", which take bf16
+// inputs with d_k and d_v multiples of 16 and leave the others to the tf32 or fp32 kernels).
 void run(const Spec& sp) {
   run_form(sp, Form::recurrent);
-  if (sp.dk <= ops::kda_chunked_max_dk())
+  if (sp.dk <= ops::kda_chunked_max_dk()) {
     for (bool tensor_cores : {true, false})
       for (int slice : {0, 8, 16, 32}) run_form(sp, Form::chunked, slice, tensor_cores);
+    run_form(sp, Form::chunked, 0, true, /*bf16_grads=*/true);
+  }
 }
 
 class GpuKda : public gpu_test::GpuTest {};

@@ -273,6 +273,10 @@ TEST_F(KdaModelGpu, Fp32GpuMatchesTheF64Cpu) { compare(DType::f32, 1e-4, 1e-5, 1
 TEST_F(KdaModelGpu, Bf16GpuMatchesTheF64Cpu) { compare(DType::bf16, 3e-2, 1e-3, 6e-2, 1.0); }
 TEST_F(KdaModelGpu, Fp32ChunkedGpuMatchesTheF64Cpu) { compare(DType::f32, 1e-4, 1e-5, 1e-3, kFloorFraction, "chunked"); }
 TEST_F(KdaModelGpu, Bf16ChunkedGpuMatchesTheF64Cpu) { compare(DType::bf16, 3e-2, 1e-3, 6e-2, 1.0, "chunked"); }
+// The backward's grads on bf16 tensor cores (head_dim 16: one 16-channel slab).
+TEST_F(KdaModelGpu, Bf16ChunkedBf16GradsGpuMatchesTheF64Cpu) {
+  compare(DType::bf16, 3e-2, 1e-3, 6e-2, 1.0, "chunked_bf16");
+}
 TEST_F(KdaModelGpu, Fp32SweepConvGpuMatchesTheF64Cpu) {
   compare(DType::f32, 1e-4, 1e-5, 1e-3, kFloorFraction, "chunked", "sweep");
 }
@@ -306,7 +310,8 @@ TEST_F(KdaTrainingGpu, CapturedStepsMatchTheOpByOpStepsAndLearn) {
   const std::string dir = test::temp_dir("kiln-gpu-kda-train");
   for (const auto& [gpu_kernel, conv] : {std::pair<std::string, std::string>{"recurrent", "per_element"},
                                          {"chunked", "per_element"},
-                                         {"chunked", "sweep"}}) {
+                                         {"chunked", "sweep"},
+                                         {"chunked_bf16", "per_element"}}) {
     for (const std::string precision : {"bf16", "fp32"}) {
       SCOPED_TRACE(gpu_kernel + ", " + conv + ", " + precision);
       const std::string base = dir + "/" + gpu_kernel + "-" + conv + "-" + precision;

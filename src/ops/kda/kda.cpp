@@ -89,6 +89,7 @@ cuda::KdaArgs cuda_args(const Tensor& q, const Tensor& v, const Tensor& cu, cons
   a.dtype = q.dtype();
   a.slice = o.gpu_slice;
   a.tensor_cores = o.gpu_tensor_cores;
+  a.bf16_grads = o.gpu_bf16_grads;
   return a;
 }
 

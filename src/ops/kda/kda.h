@@ -37,6 +37,10 @@ struct KdaOptions {
   // inputs, d_k and d_v multiples of 16); false keeps them in fp32 SIMT, as the fp32 inputs'
   // are. Tests compare both.
   bool gpu_tensor_cores = true;
+  // The chunked backward's per-chunk gradients on bf16 tensor cores (grads_bf16_kernel,
+  // model.kda.gpu_kernel = "chunked_bf16") where they apply (as gpu_tensor_cores); false keeps
+  // grads_tf32_kernel.
+  bool gpu_bf16_grads = false;
 };
 
 // out (=); initial_state and final_state may be undefined (zero start / not written).

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
   T* dos = qs + kC * dk;  // outputs only
   float* Ds = reinterpret_cast<float*>(dos + kC * dv);
   auto vrow = [&](int64_t r) { return ((c.first + r) * H + h) * dv; };
-  const float* D = w.D + at * w.cv;
+  const auto [S0, dS, D, dD, M, dW, Xk, Xv, Tl] = grad_tiles(w, at);
   // The chunk's k and q rows (key(r, i), query(r, i)): staged in shared memory, or read from
   // global memory.
   Rows<T> key = rows_of(k, s, c, h, dk), query = rows_of(q, s, c, h, dk);
@@ -103,14 +103,6 @@ __global__ void __launch_bounds__(kGradsThreads) grads_kernel(KdaArgs s, Tiles w
     else
       return D[r * dv + j];
   };
-  const float* S0 = w.S0 + at * w.kv;  // both [d_v, d_k]
-  const float* dS = w.dS + at * w.kv;
-  const float* dD = w.dD + at * w.cv;
-  const float* M = w.M + at * w.cc;
-  float* dW = w.dW + at * w.ck;
-  float* Xk = w.Xk + at * w.ck;
-  float* Xv = w.Xv + at * w.cv;
-  float* Tl = w.Tl + at * w.ck;
 
   cumulative_decay(dk, rows_of(g, s, c, h, dk), len, cum, dk);
   for (int64_t e = threadIdx.x; e < kC * dk; e += blockDim.x) gq[e] = gk[e] = gc[e] = 0.f;
@@ -279,15 +271,7 @@ __global__ void __launch_bounds__(kGradsThreads)
     else
       return to_f32(q[krow(r) + i]);
   };
-  const float* S0 = w.S0 + at * w.kv;  // both [d_v, d_k]
-  const float* dS = w.dS + at * w.kv;
-  const float* D = w.D + at * w.cv;
-  const float* dD = w.dD + at * w.cv;
-  const float* M = w.M + at * w.cc;
-  float* dW = w.dW + at * w.ck;
-  float* Xk = w.Xk + at * w.ck;
-  float* Xv = w.Xv + at * w.cv;
-  float* Tl = w.Tl + at * w.ck;
+  const auto [S0, dS, D, dD, M, dW, Xk, Xv, Tl] = grad_tiles(w, at);
 
   cumulative_decay(dk, rows_of(g, s, c, h, dk), len, cum, dk);
   for (int64_t r = threadIdx.x; r < kC; r += blockDim.x) bt[r] = r < len ? to_f32(beta[(c.first + r) * H + h]) : 0.f;
@@ -412,6 +396,7 @@ void backward_launch(const ExecContext& ctx, const KdaArgs& a, const T* q, const
                         op);
   state_grads_launch<T>(ctx, a, w, q, k, g, dout, dht, dh0, slice, op);
   if (a.tokens == 0) return;
+  if (a.bf16_grads && backward_grads_bf16<T>(ctx, a, w, q, k, v, g, beta, dout, dq, dk, dv, dg, dbeta, op)) return;
   if (backward_grads_tf32<T>(ctx, a, w, q, k, v, g, beta, dout, dq, dk, dv, dg, dbeta, op)) return;
   const size_t none = floats(4 * kC * a.dk + kC * kC + 2 * kC), inputs = none + 2 * kC * a.dk * sizeof(T),
                outputs = inputs + kC * a.dv * (sizeof(T) + sizeof(float)), limit = shared_limit(op);

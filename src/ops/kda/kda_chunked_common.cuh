@@ -134,6 +134,18 @@ __host__ __device__ inline Tiles tiles_of(float* base, int64_t slot_heads, int64
   return t;
 }
 
+// The grads kernels' tiles of one (slot, head) (at = slot H + h): they read S_0 and dS ([d_v,
+// d_k]), D, dD and M, and write dW, X_k, X_v and Tl.
+struct GradTiles {
+  const float *S0, *dS, *D, *dD, *M;
+  float *dW, *Xk, *Xv, *Tl;
+};
+
+__device__ inline GradTiles grad_tiles(const Tiles& w, int64_t at) {
+  return {w.S0 + at * w.kv, w.dS + at * w.kv, w.D + at * w.cv, w.dD + at * w.cv, w.M + at * w.cc,
+          w.dW + at * w.ck, w.Xk + at * w.ck, w.Xv + at * w.cv, w.Tl + at * w.ck};
+}
+
 inline int64_t tiles_elems(int64_t slot_heads, int64_t dk, int64_t dv) {
   const int64_t cc = int64_t{kC} * kC, cv = int64_t{kC} * dv, ck = int64_t{kC} * dk, kv = dk * dv;
   return slot_heads * (3 * cc + 4 * cv + 4 * ck + 2 * kv + dk);
@@ -449,5 +461,13 @@ void factors_and_states(const ExecContext& ctx, const KdaArgs& a, const Tiles& w
 template <typename T>
 void state_grads_launch(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k, const T* g,
                         const T* dout, const float* dht, float* dh0, int slice, const char* op);
+
+// values_bf16_kernel, grads_bf16_kernel and dbeta_bf16_kernel where the engine is the
+// tensor cores and the slab's shared memory fits: dq, dk, dv, dg, dbeta; false otherwise
+// (kda_chunked_grads_bf16.cu).
+template <typename T>
+bool backward_grads_bf16(const ExecContext& ctx, const KdaArgs& a, const Tiles& w, const T* q, const T* k,
+                         const T* v, const T* g, const T* beta, const T* dout, T* dq, T* dk, T* dv, T* dg, T* dbeta,
+                         const char* op);
 
 }  // namespace kiln::cuda::kda_chunked

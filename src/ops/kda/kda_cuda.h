@@ -23,6 +23,7 @@ struct KdaArgs {
   DType dtype;  // of q, k, v, g, beta, out and their gradients
   int slice = 0;  // the chunked kernels' sequential slice (ops::KdaOptions::gpu_slice); 0 = chosen
   bool tensor_cores = true;  // ops::KdaOptions::gpu_tensor_cores
+  bool bf16_grads = false;   // ops::KdaOptions::gpu_bf16_grads
 };
 
 // h0, ht null: zero start / not written.
