@@ -8,7 +8,7 @@
 #                (bench/fla_peer_kda.py) in the same call
 #   PART=hybrid  bench-0.6b as the 3:1 KDA:GQA hybrid (chunked kernels) and as all-attention,
 #                at 4K and 32K context (docs/performance.md's earlier rows)
-# CONV=sweep runs the hybrid and K3 rows other than PART=conv's with the sweep kernels.
+# CONV=per_element runs the hybrid rows with the first convolution kernels (default: sweep).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 LOGS=${OUT:-/tmp/out}; mkdir -p "$LOGS"
@@ -17,7 +17,7 @@ export KILN_SOURCE_DIR="$PWD" KILN_BINARY="$STAGE/bin/kiln"
 K="$STAGE/bin/kiln"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
-CONV=${CONV:-per_element}
+CONV=${CONV:-sweep}
 
 tests() {
   local filter=${GTEST_FILTER:-GpuKda.*:KdaMixerGpu.*:KdaModelGpu.*:KdaTrainingGpu.*:Dtypes/KdaDecoderGpu.*:KdaDecodeOpsGpu.*}

@@ -162,9 +162,9 @@ const std::array kFields = {
     KILN_FIELD(model.kda, gpu_kernel, one_of("recurrent|chunked|chunked_bf16"),
                "kda mixer: the delta rule's CUDA kernels: recurrent (token by token) | chunked (64-token chunks, "
                "head_dim <= 128) | chunked_bf16 (chunked, its backward's chunk gradients on bf16 tensor cores)"),
-    KILN_FIELD(model.kda, conv_gpu_kernel, one_of("per_element|sweep"),
-               "kda mixer: the short convolution's CUDA kernels: per_element | sweep (a thread per channel and "
-               "tile of tokens)"),
+    KILN_FIELD(model.kda, conv_gpu_kernel, one_of("sweep|per_element"),
+               "kda mixer: the short convolution's CUDA kernels: sweep (a thread per channel and tile of tokens) | "
+               "per_element"),
 
     KILN_FIELD(model.mla, kv_rank, non_negative(), "mla mixer: the cached latent's width; 0 = model.hidden / 4"),
     KILN_FIELD(model.mla, qk_head_dim, non_negative(), "mla mixer: query/key width per head; 0 = model.head_dim"),
