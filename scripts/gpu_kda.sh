@@ -4,8 +4,8 @@
 # and keeps its logs in $OUT):
 #   PART=tests   the KDA GPU tests, both short-convolution kernels (GTEST_FILTER to change)
 #   PART=conv    seed 001's K3 at 8 x 4096 with model.kda.conv_gpu_kernel per_element, then sweep
-#   PART=kda     `kiln bench-kda` (B 8, T 4096, H 16, D 128 and 64), then FLA's chunk_kda
-#                (bench/fla_peer_kda.py) in the same call
+#   PART=kda     `kiln bench-kda` (B 8, T 4096, H 16, D 128 and 64) with each chunk-gradient
+#                kernel (TF32, bf16), then FLA's chunk_kda (bench/fla_peer_kda.py; FLA=0 skips it)
 #   PART=hybrid  bench-0.6b as the 3:1 KDA:GQA hybrid (chunked kernels) and as all-attention,
 #                at 4K and 32K context (docs/performance.md's earlier rows)
 # CONV=per_element runs the hybrid rows with the first convolution kernels (default: sweep).
@@ -40,8 +40,12 @@ conv() {
 }
 
 kda() {
-  "$K" bench-kda --kernels chunked --json "$LOGS/bench_kda.json" > "$LOGS/bench_kda.log" 2>&1
-  echo "bench-kda exit $?"; tail -3 "$LOGS/bench_kda.log"
+  for grads in tf32 bf16; do  # the chunked backward's chunk gradients: TF32 wmma, or bf16 mma (chunked_bf16)
+    local flag=(); [ "$grads" = bf16 ] && flag=(--bf16-grads)
+    "$K" bench-kda --kernels chunked "${flag[@]}" --json "$LOGS/bench_kda_$grads.json" > "$LOGS/bench_kda_$grads.log" 2>&1
+    echo "bench-kda ($grads chunk gradients) exit $?"; tail -3 "$LOGS/bench_kda_$grads.log"
+  done
+  [ "${FLA:-1}" = 1 ] || return 0  # FLA=0: kiln only (no .whl carried)
   timeout "${FLA_TIMEOUT:-200}" "$PY" -u bench/fla_peer_kda.py --batch 8 --seq 4096 --heads 16 --dims 128,64 \
     --json "$LOGS/fla.json" > "$LOGS/fla.log" 2>&1
   echo "fla exit $?"; tail -3 "$LOGS/fla.log"
