@@ -41,7 +41,7 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
       // region every recomputed block shares.
       recompute_arenas.push_back(std::make_unique<Arena>("recomputed activations", options.device));
       BuildContext block_ctx{ctx.exec, ctx.params,      ctx.grads,           *recompute_arenas.back(), ctx.workspace,
-                             ctx.parameters,  ctx.compute_weights, ctx.dtype,                ctx.master_dtype,
+                             ctx.parameters,  ctx.compute_weights, ctx.precision,
                              ctx.device,      ctx.max_tokens,      ctx.training,             ctx.deterministic,
                              ctx.losses,      &ctx.activations,    ctx.qk_clip_tau,          ctx.step_statistics,
                              ctx.bf16_masters};

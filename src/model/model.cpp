@@ -24,9 +24,10 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
   const int64_t t = options.max_tokens;
   KILN_CHECK(options.dtype != DType::bf16 || options.device == Device::cuda, "model",
              "bf16 (mixed precision) runs on the GPU only; the CPU computes in f32");
-  const DType master = options.dtype == DType::bf16 ? DType::f32 : options.dtype;
-  BuildContext ctx{exec_, params_,          grads_,        activations_,   workspace_, parameters_, compute_weights_,
-                   options.dtype,    master,        options.device, t,          options.training,
+  BuildContext ctx{exec_,          params_,         grads_,
+                   activations_,   workspace_,      parameters_,
+                   compute_weights_, PrecisionRecipe::uniform(options.dtype),
+                   options.device, t,               options.training,
                    options.deterministic, &losses_};
   ctx.qk_clip_tau = options.training ? options.qk_clip_tau : 0;
   ctx.bf16_masters = options.bf16_masters && ctx.mixed();

@@ -3,10 +3,10 @@
 #include "config/layer_pattern.h"
 #include "config/mtp_weights.h"
 #include "core/device_memory.h"
+#include "nn/linear_layer.h"
 #include "nn/mup.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
-#include "ops/linear/linear.h"
 
 #include <fmt/format.h>
 
@@ -14,7 +14,7 @@ namespace kiln {
 
 struct MultiTokenPrediction::Module {
   std::unique_ptr<Norm> hidden_norm, embedding_norm, final_norm;
-  Tensor w_hidden, g_hidden, w_embedding, g_embedding;  // [hidden, hidden]: eh_proj's two column blocks
+  LinearLayer h_proj, e_proj;  // [hidden, hidden] each: eh_proj's two column blocks
   std::unique_ptr<TransformerBlock> block;
   Tensor embedded;        // master dtype [t, hidden]: the embedding rows of token t+k (the norm keeps them)
   Tensor input, output;   // master dtype [t, hidden]: the block's input x and output h_k
@@ -58,10 +58,10 @@ MultiTokenPrediction::MultiTokenPrediction(BuildContext& ctx, const ModelConfig&
       };
       mod->hidden_norm = norm("model.norm", m.norm, names.child("hnorm.", "hnorm.", "hnorm."));
       mod->embedding_norm = norm("model.norm", m.norm, names.child("enorm.", "enorm.", "enorm."));
-      ctx.parameter(mod->w_hidden, mod->g_hidden, names("h_proj.weight", "h_proj.weight", ""), Shape{d, d},
-                    ParamRole::matrix, Init::normal(hidden_init_std(m)));
-      ctx.parameter(mod->w_embedding, mod->g_embedding, names("e_proj.weight", "e_proj.weight", ""), Shape{d, d},
-                    ParamRole::matrix, Init::normal(hidden_init_std(m)));
+      mod->h_proj.declare(ctx, names("h_proj.weight", "h_proj.weight", ""), d, d, ParamRole::matrix,
+                          Init::normal(hidden_init_std(m)));
+      mod->e_proj.declare(ctx, names("e_proj.weight", "e_proj.weight", ""), d, d, ParamRole::matrix,
+                          Init::normal(hidden_init_std(m)));
       const LayerSpec layer{names.child("block.", "", ""), m.layers + k - 1, &m, last_layer};
       mod->block = std::make_unique<TransformerBlock>(ctx, layer, backbone.position());
       mod->final_norm = norm(m.final_norm.empty() ? "model.norm" : "model.final_norm", final_norm,
@@ -162,8 +162,8 @@ void MultiTokenPrediction::run_sequential(int64_t rows, const SeqInfo& seq, Loss
       const Tensor from_hidden = scope.take(compute_dtype_, shape), from_embedding = scope.take(compute_dtype_, shape);
       mod.hidden_norm->forward(previous.rows(0, rows), hn);
       mod.embedding_norm->forward(mod.embedded.rows(0, rows), en);
-      ops::linear_forward(exec_, hn, mod.w_hidden, Tensor(), from_hidden);
-      ops::linear_forward(exec_, en, mod.w_embedding, Tensor(), from_embedding);
+      mod.h_proj.forward(hn, from_hidden);
+      mod.e_proj.forward(en, from_embedding);
       // x = W_h hn + W_e en, summed in the master dtype (the residual stream's).
       ops::convert(exec_, from_hidden, mod.input.rows(0, rows));
       ops::add(exec_, mod.input.rows(0, rows), from_embedding, mod.input.rows(0, rows));
@@ -194,8 +194,8 @@ void MultiTokenPrediction::run_sequential(int64_t rows, const SeqInfo& seq, Loss
     const Tensor dhn = scope.take(compute_dtype_, shape), den = scope.take(compute_dtype_, shape);
     mod.hidden_norm->recompute(hn);
     mod.embedding_norm->recompute(en);
-    ops::linear_backward(exec_, hn, mod.w_hidden, dres_compute, dhn, mod.g_hidden, Tensor());
-    ops::linear_backward(exec_, en, mod.w_embedding, dres_compute, den, mod.g_embedding, Tensor());
+    mod.h_proj.backward(hn, dres_compute, dhn);
+    mod.e_proj.backward(en, dres_compute, den);
     // d(embedding rows of t+k), then gathered back k rows to the rows whose tokens they are.
     mod.embedding_norm->backward(den, dembedding_source_.rows(0, rows), false);
     const bool first_written = k + 1 == modules_.size();

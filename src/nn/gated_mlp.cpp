@@ -11,7 +11,7 @@
 #include "nn/modules.h"
 #include "nn/mup.h"
 #include "ops/geglu/geglu.h"
-#include "ops/linear/linear.h"
+#include "nn/linear_layer.h"
 #include "ops/swiglu/swiglu.h"
 
 #if KILN_WITH_CUDA
@@ -42,17 +42,18 @@ constexpr GatedActivation kGeglu{ops::geglu_forward, ops::geglu_backward, "gelu_
 
 class GatedDecoder final : public BranchDecoder {
  public:
-  GatedDecoder(const GatedActivation& act, const Tensor& gate_up_w, const Tensor& down_w, DecodeContext& ctx,
+  GatedDecoder(const GatedActivation& act, const LinearLayer& gate_up, const LinearLayer& down, DecodeContext& ctx,
                const Norm& pre_norm)
-      : act_(act), gate_up_w_(gate_up_w), down_w_(down_w), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype) {
-    const int64_t r = ctx.max_rows, f = down_w.size(1);
+      : act_(act), gate_up_proj_(gate_up), down_proj_(down), exec_(ctx.exec), workspace_(ctx.workspace),
+        dtype_(ctx.dtype) {
+    const int64_t r = ctx.max_rows, f = down.in_features();
     ctx.workspace.reserve_peak(Workspace::footprint(ctx.dtype, Shape{r, 2 * f}) +
                                Workspace::footprint(ctx.dtype, Shape{r, f}));
 #if KILN_WITH_CUDA
     const std::optional<RmsNormForm> norm = pre_norm.rms_form();
     const int64_t rows = std::min<int64_t>(ctx.fused_branch_rows, r);
     fused_branch_ = act.fused_decode && ctx.device == Device::cuda && ctx.fuse && rows > 0 && dtype_ == DType::bf16 && norm &&
-                    cuda::decode_gemv_fits(rows, down_w.size(0)) && cuda::decode_gemv_fits(rows, f);
+                    cuda::decode_gemv_fits(rows, down.out_features()) && cuda::decode_gemv_fits(rows, f);
     if (fused_branch_) norm_ = *norm;
 #else
     (void)pre_norm;
@@ -60,34 +61,34 @@ class GatedDecoder final : public BranchDecoder {
   }
 
   void forward(const Tensor& h, const DecodeRows& rows, const Tensor& out) override {
-    const int64_t n = rows.count, f = down_w_.size(1);
+    const int64_t n = rows.count, f = down_proj_.in_features();
     Workspace::Scope scope(workspace_);
     const Tensor gate_up = scope.take(dtype_, Shape{n, 2 * f}), act = scope.take(dtype_, Shape{n, f});
-    ops::linear_forward(exec_, h, gate_up_w_, Tensor(), gate_up);
+    gate_up_proj_.forward(exec_, h, gate_up);
     act_.forward(exec_, gate_up, act);
-    ops::linear_forward(exec_, act, down_w_, Tensor(), out);
+    down_proj_.forward(exec_, act, out);
   }
 
   bool fused_branch() const override { return fused_branch_; }
 
   void forward_fused([[maybe_unused]] const Tensor& x, [[maybe_unused]] const DecodeRows& rows) override {
 #if KILN_WITH_CUDA
-    const int64_t n = rows.count, d = down_w_.size(0), f = down_w_.size(1);
+    const int64_t n = rows.count, d = down_proj_.out_features(), f = down_proj_.in_features();
     Workspace::Scope scope(workspace_);
     const Tensor act = scope.take(dtype_, Shape{n, f});
     {
       OpScope op("norm + gate|up + swiglu (fused)", Device::cuda);
       cuda::norm_gemv_swiglu(exec_, x.data<float>(), norm_.gain.data<float>(), static_cast<float>(norm_.eps), n, d,
-                             gate_up_w_.raw(), f, act.raw());
+                             gate_up_proj_.weight().raw(), f, act.raw());
     }
     OpScope op("down projection + residual (fused)", Device::cuda);
-    cuda::gemv_add_residual(exec_, act.raw(), n, f, down_w_.raw(), d, x.data<float>());
+    cuda::gemv_add_residual(exec_, act.raw(), n, f, down_proj_.weight().raw(), d, x.data<float>());
 #endif
   }
 
  private:
   const GatedActivation& act_;
-  Tensor gate_up_w_, down_w_;  // [2F, hidden], [hidden, F] (compute copies)
+  LinearLayer gate_up_proj_, down_proj_;  // [2F, hidden], [hidden, F] (the module's)
   const ExecContext& exec_;
   Workspace& workspace_;
   DType dtype_;
@@ -102,12 +103,12 @@ class GatedMlp final : public Mlp {
     const ModelConfig& m = *layer.model;
     const int64_t t = ctx.max_tokens, f = m.ffn_hidden;
     const NameScope n = layer.names.child("mlp.", "mlp.", "");
-    ctx.fused_parameter(gate_up_w_, gate_up_g_,
-                        {{n("gate_proj.weight", "gate_proj.weight", "ffn_gate.weight"), f},
-                         {n("up_proj.weight", "up_proj.weight", "ffn_up.weight"), f}},
-                        m.hidden, ParamRole::matrix, Init::normal(hidden_init_std(m)));
-    ctx.parameter(down_w_, down_g_, n("down_proj.weight", "down_proj.weight", "ffn_down.weight"), Shape{m.hidden, f},
-                  ParamRole::matrix, Init::normal(residual_init_std(m)));
+    gate_up_proj_.declare_fused(ctx,
+                                {{n("gate_proj.weight", "gate_proj.weight", "ffn_gate.weight"), f},
+                                 {n("up_proj.weight", "up_proj.weight", "ffn_up.weight"), f}},
+                                m.hidden, ParamRole::matrix, Init::normal(hidden_init_std(m)));
+    down_proj_.declare(ctx, n("down_proj.weight", "down_proj.weight", "ffn_down.weight"), m.hidden, f,
+                       ParamRole::matrix, Init::normal(residual_init_std(m)));
     ctx.saved(gate_up_, Shape{t, 2 * f});
     // Forward scratch: the activation [t, f]. Backward: d(act) [t, f] (then the activation
     // again, in place) and d(gate_up) [t, 2f].
@@ -119,9 +120,9 @@ class GatedMlp final : public Mlp {
     const int64_t t = x.size(0);
     Workspace::Scope scope(workspace_);
     Tensor gate_up = gate_up_.rows(0, t), act = scope.take(gate_up.dtype(), Shape{t, gate_up.size(1) / 2});
-    ops::linear_forward(exec_, x, gate_up_w_, Tensor(), gate_up);
+    gate_up_proj_.forward(x, gate_up);
     act_.forward(exec_, gate_up, act);
-    ops::linear_forward(exec_, act, down_w_, Tensor(), out);
+    down_proj_.forward(act, out);
   }
 
   void backward(const Tensor& x, const Tensor& dout, const Tensor& dx) override {
@@ -132,20 +133,20 @@ class GatedMlp final : public Mlp {
     Tensor dgate_up = scope.take(dout.dtype(), gate_up.shape());
     // d(act) = dout Wdown (x is only read for a weight gradient: none is asked here); then
     // dact is overwritten by the activation itself, which the weight gradient reads.
-    ops::linear_backward(exec_, dact, down_w_, dout, dact, Tensor(), Tensor());
+    down_proj_.backward_input(dout, dact);
     act_.backward(exec_, gate_up, dact, dgate_up, dact);
-    ops::linear_backward(exec_, dact, down_w_, dout, Tensor(), down_g_, Tensor());
-    ops::linear_backward(exec_, x, gate_up_w_, dgate_up, dx, gate_up_g_, Tensor());
+    down_proj_.backward_weight(dact, dout);
+    gate_up_proj_.backward(x, dgate_up, dx);
   }
 
   std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override {
-    return std::make_unique<GatedDecoder>(act_, gate_up_w_, down_w_, ctx, pre_norm);
+    return std::make_unique<GatedDecoder>(act_, gate_up_proj_, down_proj_, ctx, pre_norm);
   }
 
   // The stock families here take any hidden_act for their gated MLP (ACT2FN); llama.cpp's
   // graphs of them compute silu only.
   void export_config(ExportConfig& out) const override {
-    const int64_t width = down_w_.shape()[1];
+    const int64_t width = down_proj_.in_features();
     if (out.format() == ExportConfig::Format::gguf) {
       // llama.cpp's gemma2/gemma3 gate with GELU (tanh form, LLM_FFN_GELU), the others with silu.
       if (out.gemma() && act_.llama_cpp)
@@ -169,8 +170,8 @@ class GatedMlp final : public Mlp {
   int64_t layer_;
   const ExecContext& exec_;
   Workspace& workspace_;
-  Tensor gate_up_w_, gate_up_g_;  // [2F, hidden]: gate rows, then up rows
-  Tensor down_w_, down_g_;        // [hidden, F]
+  LinearLayer gate_up_proj_;  // [2F, hidden]: gate rows, then up rows
+  LinearLayer down_proj_;     // [hidden, F]
   Tensor gate_up_;                // saved [t, 2F]: the pre-activation
 };
 

@@ -4,7 +4,6 @@
 #include "ops/dropout/dropout_mask.h"
 #include "ops/dyt/dyt.h"
 #include "ops/gemma_rms_norm/gemma_rms_norm.h"
-#include "ops/linear/linear.h"
 #include "ops/rope/rope.h"
 
 #include <algorithm>
@@ -26,20 +25,20 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
   // k rows of rotating layers, and their biases and norm gains with them.
   const GgufLayout rope_rows = rotary_ ? GgufLayout::rope_rows : GgufLayout::plain;
   const Tensor& qkv_master =
-      ctx.fused_parameter(qkv_w_, qkv_g_,
-                          {{n("q_proj.weight", "q_proj.weight", "attn_q.weight", rope_rows), q_cols},
-                           {n("k_proj.weight", "k_proj.weight", "attn_k.weight", rope_rows), kv_cols},
-                           {n("v_proj.weight", "v_proj.weight", "attn_v.weight"), kv_cols}},
-                          m.hidden, ParamRole::matrix, Init::normal(hidden_init_std(m)));
+      qkv_proj_.declare_fused(ctx,
+                              {{n("q_proj.weight", "q_proj.weight", "attn_q.weight", rope_rows), q_cols},
+                               {n("k_proj.weight", "k_proj.weight", "attn_k.weight", rope_rows), kv_cols},
+                               {n("v_proj.weight", "v_proj.weight", "attn_v.weight"), kv_cols}},
+                              m.hidden, ParamRole::matrix, Init::normal(hidden_init_std(m)));
   if (m.attention_bias)
-    ctx.fused_parameter(qkv_b_, qkv_bg_,
-                        {{n("q_proj.bias", "q_proj.bias", "attn_q.bias", rope_rows), q_cols},
-                         {n("k_proj.bias", "k_proj.bias", "attn_k.bias", rope_rows), kv_cols},
-                         {n("v_proj.bias", "v_proj.bias", "attn_v.bias"), kv_cols}},
-                        0, ParamRole::bias, Init::zeros());
+    qkv_proj_.declare_fused_bias(ctx,
+                                 {{n("q_proj.bias", "q_proj.bias", "attn_q.bias", rope_rows), q_cols},
+                                  {n("k_proj.bias", "k_proj.bias", "attn_k.bias", rope_rows), kv_cols},
+                                  {n("v_proj.bias", "v_proj.bias", "attn_v.bias"), kv_cols}},
+                                 ParamRole::bias, Init::zeros());
   // Output projection: scaled init keeps the residual stream's variance flat in depth.
-  ctx.parameter(o_w_, o_g_, n("o_proj.weight", "o_proj.weight", "attn_output.weight"), Shape{m.hidden, q_cols},
-                ParamRole::matrix, Init::normal(residual_init_std(m)));
+  o_proj_.declare(ctx, n("o_proj.weight", "o_proj.weight", "attn_output.weight"), m.hidden, q_cols, ParamRole::matrix,
+                  Init::normal(residual_init_std(m)));
   options_.deterministic = ctx.deterministic;
   options_.window = layer.choices.window;
   options_.softcap = m.attention_softcap;
@@ -93,7 +92,7 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
     // (which normalize those away) the norms' own weights.
     QkClipWeights w;
     w.qkv_master = &qkv_master;
-    w.qkv_bias = bias_ ? &qkv_b_ : nullptr;
+    w.qkv_bias = bias_ ? &qkv_proj_.bias() : nullptr;
     if (qk_norm_) {
       switch (qk_kind_) {
         case QkNormKind::rmsnorm: w.q_gains = {&prepare_.q_gain}, w.k_gains = {&prepare_.k_gain}; break;
@@ -124,7 +123,7 @@ void GqaAttention::forward(const Tensor& x, const SeqInfo& seq, const Tensor& ou
   const int64_t t = x.size(0);
   Workspace::Scope scope(workspace_);
   Tensor qkv = qkv_.rows(0, t);
-  ops::linear_forward(exec_, x, qkv_w_, qkv_b_, qkv);
+  qkv_proj_.forward(x, qkv);
   Tensor q = scope.take(qkv.dtype(), Shape{t, hq_, d_});
   Tensor k = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
   Tensor v = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
@@ -135,7 +134,7 @@ void GqaAttention::forward(const Tensor& x, const SeqInfo& seq, const Tensor& ou
     clip_->measure(q, k, seq.cu_seqlens, attention_options(seq));
   Tensor o = o_.rows(0, t);
   ops::attention_forward(exec_, q, k, v, seq.cu_seqlens, attention_options(seq), o, lse_.rows(0, t));
-  ops::linear_forward(exec_, o.view(Shape{t, hq_ * d_}), o_w_, Tensor(), out);
+  o_proj_.forward(o.view(Shape{t, hq_ * d_}), out);
 }
 
 void GqaAttention::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq, const Tensor& dx) {
@@ -143,7 +142,7 @@ void GqaAttention::backward(const Tensor& x, const Tensor& dout, const SeqInfo& 
   Workspace::Scope scope(workspace_);
   Tensor d_o = scope.take(dout.dtype(), Shape{t, hq_, d_});
   Tensor o = o_.rows(0, t), qkv = qkv_.rows(0, t);
-  ops::linear_backward(exec_, o.view(Shape{t, hq_ * d_}), o_w_, dout, d_o.view(Shape{t, hq_ * d_}), o_g_, Tensor());
+  o_proj_.backward(o.view(Shape{t, hq_ * d_}), dout, d_o.view(Shape{t, hq_ * d_}));
   // q, k, v exactly as forward computed them (same kernels, same input).
   Tensor q = scope.take(qkv.dtype(), Shape{t, hq_, d_});
   Tensor k = scope.take(qkv.dtype(), Shape{t, hkv_, d_});
@@ -175,7 +174,7 @@ void GqaAttention::backward(const Tensor& x, const Tensor& dout, const SeqInfo& 
     split.positions = seq.positions;
     ops::qkv_prepare_backward(exec_, qkv, split, q, k, dv, dqkv, Tensor(), Tensor());
   }
-  ops::linear_backward(exec_, x, qkv_w_, dqkv, dx, qkv_g_, qkv_bg_);
+  qkv_proj_.backward(x, dqkv, dx);
 }
 
 void GqaAttention::after_step(bool applied) {

@@ -16,6 +16,7 @@
 // GPU the fused kernels of ops/decode/decode_kernels.h.
 #pragma once
 
+#include "nn/linear_layer.h"
 #include "nn/modules.h"
 #include "nn/qk_clip.h"
 #include "ops/attention/attention.h"
@@ -69,7 +70,9 @@ class GqaAttention final : public TokenMixer {
   bool bias_ = false;         // q/k/v projections have biases (model.attention_bias)
   ops::AttentionOptions options_;  // window, softcap and the sinks parameter (model.attention_sinks)
   ops::QkvPrepare prepare_;   // heads and gains; tables and positions per call
-  Tensor qkv_w_, qkv_g_, qkv_b_, qkv_bg_, o_w_, o_g_, q_gain_grad_, k_gain_grad_;
+  LinearLayer qkv_proj_;  // [(Hq + 2 Hkv) D, hidden]: q, k, v rows (and their fused bias)
+  LinearLayer o_proj_;    // [hidden, Hq D]
+  Tensor q_gain_grad_, k_gain_grad_;
   Tensor sinks_grad_;  // [Hq], with model.attention_sinks
   // Gemma's RMSNorm: the weights w (prepare_'s gains are 1 + w); DyT: the gains. [D] each.
   Tensor q_weight_, k_weight_;

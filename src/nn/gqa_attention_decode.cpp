@@ -11,7 +11,6 @@
 #include "nn/gqa_attention.h"
 #include "nn/slot_state.h"
 #include "ops/attention/cached_attention.h"
-#include "ops/linear/linear.h"
 
 #if KILN_WITH_CUDA
 #include "ops/decode/decode_kernels.h"
@@ -63,9 +62,9 @@ class GqaDecoder final : public BranchDecoder {
     Workspace::Scope scope(workspace_);
     const Tensor qkv = scope.take(dtype_, Shape{n, a_.qkv_cols_});
     const Tensor o = scope.take(dtype_, Shape{n, a_.hq_, a_.d_});
-    ops::linear_forward(exec_, h, a_.qkv_w_, a_.qkv_b_, qkv);
+    a_.qkv_proj_.forward(exec_, h, qkv);
     attend(qkv, rows, o, scope);
-    ops::linear_forward(exec_, o.view(Shape{n, a_.hq_ * a_.d_}), a_.o_w_, Tensor(), out);
+    a_.o_proj_.forward(exec_, o.view(Shape{n, a_.hq_ * a_.d_}), out);
   }
 
   // The caches are positional: a new sequence writes each position before it reads it, so
@@ -88,7 +87,7 @@ class GqaDecoder final : public BranchDecoder {
     {
       OpScope op("norm + qkv projection (fused)", Device::cuda);
       cuda::norm_gemv(exec_, dtype_, x.data<float>(), norm_.gain.data<float>(), static_cast<float>(norm_.eps), n, hidden,
-                      a_.qkv_w_.raw(), a_.qkv_cols_, qkv.raw());
+                      a_.qkv_proj_.weight().raw(), a_.qkv_cols_, qkv.raw());
     }
     if (one_kernel_ && rows.distinct_slots) {
       a_.form_gemma_gains();
@@ -98,7 +97,7 @@ class GqaDecoder final : public BranchDecoder {
       attend(qkv, rows, o, scope);
     }
     OpScope op("o projection + residual (fused)", Device::cuda);
-    cuda::gemv_add_residual(exec_, o.raw(), n, hq * d, a_.o_w_.raw(), hidden, x.data<float>());
+    cuda::gemv_add_residual(exec_, o.raw(), n, hq * d, a_.o_proj_.weight().raw(), hidden, x.data<float>());
 #endif
   }
 

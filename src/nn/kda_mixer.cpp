@@ -4,7 +4,6 @@
 #include "ops/kda/kda.h"
 #include "ops/kda/kda_gate.h"
 #include "ops/kda/kda_mixer_ops.h"
-#include "ops/linear/linear.h"
 #include "ops/short_conv/short_conv.h"
 
 #include <cmath>
@@ -33,38 +32,33 @@ KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
   // Kimi Linear's tensor names (self_attn.q_conv1d, f_a_proj, ...); llama.cpp has none.
   const NameScope n = layer.names.child("kda.", "self_attn.", "");
   const Init hidden_init = Init::normal(hidden_init_std(m));
-  ctx.fused_parameter(qkv_w_, qkv_g_,
-                      {{n("q_proj.weight", "q_proj.weight", ""), kc},
-                       {n("k_proj.weight", "k_proj.weight", ""), kc},
-                       {n("v_proj.weight", "v_proj.weight", ""), vc}},
-                      hidden_, ParamRole::matrix, hidden_init);
+  qkv_proj_.declare_fused(ctx,
+                          {{n("q_proj.weight", "q_proj.weight", ""), kc},
+                           {n("k_proj.weight", "k_proj.weight", ""), kc},
+                           {n("v_proj.weight", "v_proj.weight", ""), vc}},
+                          hidden_, ParamRole::matrix, hidden_init);
   // PyTorch's Conv1d init (kaiming uniform, fan_in = kernel for a depthwise filter), as FLA's.
   ctx.fused_parameter(conv_w_, conv_g_,
                       {{n("q_conv1d.weight", "q_conv1d.weight", ""), kc},
                        {n("k_conv1d.weight", "k_conv1d.weight", ""), kc},
                        {n("v_conv1d.weight", "v_conv1d.weight", ""), vc}},
                       kernel_, ParamRole::matrix, Init::uniform(1.0 / std::sqrt(static_cast<double>(kernel_))));
-  ctx.parameter(fa_w_, fa_g_, n("f_a_proj.weight", "f_a_proj.weight", ""), Shape{rank_, hidden_}, ParamRole::matrix,
-                hidden_init);
-  ctx.parameter(fb_w_, fb_g_, n("f_b_proj.weight", "f_b_proj.weight", ""), Shape{kc, rank_}, ParamRole::matrix,
-                hidden_init);
-  ctx.parameter(b_w_, b_g_, n("b_proj.weight", "b_proj.weight", ""), Shape{h_, hidden_}, ParamRole::matrix,
-                hidden_init);
+  f_a_proj_.declare(ctx, n("f_a_proj.weight", "f_a_proj.weight", ""), rank_, hidden_, ParamRole::matrix, hidden_init);
+  f_b_proj_.declare(ctx, n("f_b_proj.weight", "f_b_proj.weight", ""), kc, rank_, ParamRole::matrix, hidden_init);
+  b_proj_.declare(ctx, n("b_proj.weight", "b_proj.weight", ""), h_, hidden_, ParamRole::matrix, hidden_init);
   // Each head's time scale exp(A_log) in [1, 16] and each channel's dt in [0.001, 0.1]
   // (Mamba's and FLA's init); neither decays (ParamRole::bias, as FLA's _no_weight_decay).
   ctx.parameter(a_log_, a_log_g_, n("A_log", "A_log", ""), Shape{h_}, ParamRole::bias, Init::log_uniform(1, 16));
   ctx.parameter(dt_bias_, dt_bias_g_, n("dt_bias", "dt_bias", ""), Shape{kc}, ParamRole::bias,
                 Init::inverse_softplus_log_uniform(0.001, 0.1));
-  ctx.parameter(ga_w_, ga_g_, n("g_a_proj.weight", "g_a_proj.weight", ""), Shape{rank_, hidden_}, ParamRole::matrix,
-                hidden_init);
-  ctx.parameter(gb_w_, gb_g_, n("g_b_proj.weight", "g_b_proj.weight", ""), Shape{vc, rank_}, ParamRole::matrix,
-                hidden_init);
+  g_a_proj_.declare(ctx, n("g_a_proj.weight", "g_a_proj.weight", ""), rank_, hidden_, ParamRole::matrix, hidden_init);
+  g_b_proj_.declare(ctx, n("g_b_proj.weight", "g_b_proj.weight", ""), vc, rank_, ParamRole::matrix, hidden_init);
   // The output gate's one bias, as Kimi Linear's g_proj (zero: sigmoid 1/2 at first).
-  ctx.parameter(gb_b_, gb_bg_, n("g_b_proj.bias", "g_b_proj.bias", ""), Shape{vc}, ParamRole::bias, Init::zeros());
+  g_b_proj_.declare_bias(ctx, n("g_b_proj.bias", "g_b_proj.bias", ""), ParamRole::bias, Init::zeros());
   ctx.parameter(gain_, gain_g_, n("o_norm.weight", "o_norm.weight", ""), Shape{dv_}, ParamRole::norm, Init::ones());
   // The residual writer: scaled init keeps the residual stream's variance flat in depth.
-  ctx.parameter(o_w_, o_g_, n("o_proj.weight", "o_proj.weight", ""), Shape{hidden_, vc}, ParamRole::matrix,
-                Init::normal(residual_init_std(m)));
+  o_proj_.declare(ctx, n("o_proj.weight", "o_proj.weight", ""), hidden_, vc, ParamRole::matrix,
+                  Init::normal(residual_init_std(m)));
   // q|k|v before the convolution only: backward recomputes its output into the workspace
   // (3 H d columns a token fewer to keep per layer; the same kernel on the same input).
   ctx.saved(qkv_raw_, Shape{t, qkv_cols_});
@@ -115,17 +109,17 @@ void KdaMixer::forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) {
   const Tensor qkv_raw = qkv_raw_.rows(0, t), fa = fa_.rows(0, t);
   const Tensor graw = graw_.rows(0, t), braw = braw_.rows(0, t), o = o_.rows(0, t), ga = ga_.rows(0, t);
   const Tensor gpre = gpre_.rows(0, t);
-  ops::linear_forward(exec_, x, qkv_w_, Tensor(), qkv_raw);
+  qkv_proj_.forward(x, qkv_raw);
   const Tensor qkv_act = scope.take(dt, Shape{t, qkv_cols_});
   ops::short_conv_forward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, qkv_act, conv_kernel_);
   const Tensor q = scope.take(dt, Shape{t, h_, dk_}), k = scope.take(dt, Shape{t, h_, dk_});
   const Tensor v = scope.take(dt, Shape{t, h_, dv_}), g = scope.take(dt, Shape{t, h_, dk_});
   const Tensor beta = scope.take(dt, Shape{t, h_});
   ops::kda_split_norm_forward(exec_, qkv_act, q, k, v);
-  ops::linear_forward(exec_, x, fa_w_, Tensor(), fa);
-  ops::linear_forward(exec_, fa, fb_w_, Tensor(), graw);
+  f_a_proj_.forward(x, fa);
+  f_b_proj_.forward(fa, graw);
   gate(graw, g);
-  ops::linear_forward(exec_, x, b_w_, Tensor(), braw);
+  b_proj_.forward(x, braw);
   ops::kda_beta_forward(exec_, braw, beta);
   // The delta rule: chunked on the CPU, on the GPU as model.kda.gpu_kernel says.
   if (cuda_ && !chunked_gpu_)
@@ -133,11 +127,11 @@ void KdaMixer::forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) {
   else
     ops::kda_chunked_forward(exec_, q, k, v, g, beta, seq.cu_seqlens, Tensor(), {}, o, Tensor(),
                              delta_rule_workspace(scope, seq, t, false));
-  ops::linear_forward(exec_, x, ga_w_, Tensor(), ga);
-  ops::linear_forward(exec_, ga, gb_w_, gb_b_, gpre);
+  g_a_proj_.forward(x, ga);
+  g_b_proj_.forward(ga, gpre);
   const Tensor y = scope.take(dt, Shape{t, h_ * dv_});
   ops::kda_output_gate_forward(exec_, o, gain_, gpre, norm_eps_, y);
-  ops::linear_forward(exec_, y, o_w_, Tensor(), out);
+  o_proj_.forward(y, out);
 }
 
 void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq, const Tensor& dx) {
@@ -150,12 +144,12 @@ void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
   // Output side: Wo, then the gated norm, then the output gate's low-rank pair.
   const Tensor y = scope.take(dt, Shape{t, h_ * dv_}), dy = scope.take(dt, Shape{t, h_ * dv_});
   ops::kda_output_gate_forward(exec_, o, gain_, gpre, norm_eps_, y);
-  ops::linear_backward(exec_, y, o_w_, dout, dy, o_g_, Tensor());
+  o_proj_.backward(y, dout, dy);
   const Tensor d_o = scope.take(dt, Shape{t, h_, dv_}), dgpre = scope.take(dt, Shape{t, h_ * dv_});
   ops::kda_output_gate_backward(exec_, o, gain_, gpre, norm_eps_, dy, d_o, dgpre, gain_g_);
   const Tensor dlow = scope.take(dt, Shape{t, rank_});
-  ops::linear_backward(exec_, ga, gb_w_, dgpre, dlow, gb_g_, gb_bg_);
-  ops::linear_backward(exec_, x, ga_w_, dlow, dx, ga_g_, Tensor());
+  g_b_proj_.backward(ga, dgpre, dlow);
+  g_a_proj_.backward(x, dlow, dx);
   // The delta rule, its inputs rebuilt from what forward saved: q|k|v after the convolution
   // and SiLU too, by forward's kernel on forward's input (the same bytes), on exec_ as all
   // the rest (inside a captured step's graph too).
@@ -180,17 +174,17 @@ void KdaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
   const Tensor dgraw = scope.take(dt, Shape{t, h_ * dk_});
   ops::kda_gate_backward(exec_, graw.view(Shape{t, h_, dk_}), a_log_, dt_bias_2d(), dg,
                          dgraw.view(Shape{t, h_, dk_}), a_log_g_, dt_bias_g_.view(Shape{h_, dk_}));
-  ops::linear_backward(exec_, fa, fb_w_, dgraw, dlow, fb_g_, Tensor());
-  ops::linear_backward(exec_, x, fa_w_, dlow, dx, fa_g_, Tensor(), true);
+  f_b_proj_.backward(fa, dgraw, dlow);
+  f_a_proj_.backward(x, dlow, dx, true);
   const Tensor dbraw = scope.take(dt, Shape{t, h_});
   ops::kda_beta_backward(exec_, braw, dbeta, dbraw);
-  ops::linear_backward(exec_, x, b_w_, dbraw, dx, b_g_, Tensor(), true);
+  b_proj_.backward(x, dbraw, dx, true);
   // q, k, v: the per-head norm, the convolution and SiLU, the projection.
   const Tensor dact = scope.take(dt, Shape{t, qkv_cols_});
   ops::kda_split_norm_backward(exec_, qkv_act, dq, dk, dv, dact);
   const Tensor draw = qkv_act;  // read for the last time above: its buffer takes d(q|k|v raw)
   ops::short_conv_backward(exec_, qkv_raw, conv_w_, seq.cu_seqlens, dact, draw, conv_g_, conv_kernel_);
-  ops::linear_backward(exec_, x, qkv_w_, draw, dx, qkv_g_, Tensor(), true);
+  qkv_proj_.backward(x, draw, dx, true);
 }
 
 // Per token and head the recurrence decays S, reads k^T S, writes the rank-one update and

@@ -20,6 +20,7 @@
 // kernel - 1 inputs and the delta rule's S [H, d_k, d_v].
 #pragma once
 
+#include "nn/linear_layer.h"
 #include "nn/modules.h"
 #include "ops/short_conv/short_conv.h"
 
@@ -54,8 +55,13 @@ class KdaMixer final : public TokenMixer {
   int64_t max_docs_ = 0;      // documents per micro-batch the GPU workspace holds
   int64_t hidden_ = 0, h_ = 0, dk_ = 0, dv_ = 0, rank_ = 0, kernel_ = 0, qkv_cols_ = 0;
   double norm_eps_ = 1e-6;
-  Tensor qkv_w_, qkv_g_, conv_w_, conv_g_, fa_w_, fa_g_, fb_w_, fb_g_, b_w_, b_g_;
-  Tensor a_log_, a_log_g_, dt_bias_, dt_bias_g_, ga_w_, ga_g_, gb_w_, gb_g_, gb_b_, gb_bg_, gain_, gain_g_, o_w_, o_g_;
+  LinearLayer qkv_proj_;                // [2 H dk + H dv, hidden]: q, k, v rows
+  LinearLayer f_a_proj_, f_b_proj_;     // the decay gate's low-rank pair: [rank, hidden], [H dk, rank]
+  LinearLayer b_proj_;                  // [H, hidden]: beta
+  LinearLayer g_a_proj_, g_b_proj_;     // the output gate's: [rank, hidden], [H dv, rank] (+ bias)
+  LinearLayer o_proj_;                  // [hidden, H dv]
+  Tensor conv_w_, conv_g_;              // the short convolution over q|k|v
+  Tensor a_log_, a_log_g_, dt_bias_, dt_bias_g_, gain_, gain_g_;
   // Saved by forward (backward recomputes the convolution's output, q, k, v, g, beta and the
   // gated output from them).
   Tensor qkv_raw_, fa_, graw_, braw_, o_, ga_, gpre_;

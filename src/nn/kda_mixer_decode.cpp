@@ -12,7 +12,6 @@
 #include "ops/kda/kda_decode.h"
 #include "ops/kda/kda_gate.h"
 #include "ops/kda/kda_mixer_ops.h"
-#include "ops/linear/linear.h"
 #include "ops/short_conv/short_conv.h"
 
 namespace kiln {
@@ -41,28 +40,28 @@ class KdaDecoder final : public BranchDecoder {
     const int64_t n = rows.count;
     Workspace::Scope scope(workspace_);
     const Tensor raw = scope.take(dtype_, Shape{n, a.qkv_cols_}), act = scope.take(dtype_, Shape{n, a.qkv_cols_});
-    ops::linear_forward(exec_, h, a.qkv_w_, Tensor(), raw);
+    a.qkv_proj_.forward(exec_, h, raw);
     ops::short_conv_step(exec_, raw, a.conv_w_, rows.slots, conv_state_, act);
     const Tensor q = scope.take(dtype_, Shape{n, a.h_, a.dk_}), k = scope.take(dtype_, Shape{n, a.h_, a.dk_});
     const Tensor v = scope.take(dtype_, Shape{n, a.h_, a.dv_}), g = scope.take(dtype_, Shape{n, a.h_, a.dk_});
     ops::kda_split_norm_forward(exec_, act, q, k, v);
     const Tensor low = scope.take(dtype_, Shape{n, a.rank_}), graw = scope.take(dtype_, Shape{n, a.h_ * a.dk_});
-    ops::linear_forward(exec_, h, a.fa_w_, Tensor(), low);
-    ops::linear_forward(exec_, low, a.fb_w_, Tensor(), graw);
+    a.f_a_proj_.forward(exec_, h, low);
+    a.f_b_proj_.forward(exec_, low, graw);
     // The gate as KdaMixer::gate, on the decoder's context (its stream, which a step's
     // capture records) rather than the mixer's.
     ops::kda_gate_forward(exec_, graw.view(Shape{n, a.h_, a.dk_}), a.a_log_, a.dt_bias_2d(), g);
     const Tensor braw = scope.take(dtype_, Shape{n, a.h_}), beta = scope.take(dtype_, Shape{n, a.h_});
-    ops::linear_forward(exec_, h, a.b_w_, Tensor(), braw);
+    a.b_proj_.forward(exec_, h, braw);
     ops::kda_beta_forward(exec_, braw, beta);
     // Each row continues its slot's state; a slot's rows in order.
     const Tensor o = scope.take(dtype_, Shape{n, a.h_, a.dv_});
     ops::kda_decode_step(exec_, q, k, v, g, beta, rows.slots, rows.distinct_slots, {}, kda_state_, o);
     const Tensor gpre = scope.take(dtype_, Shape{n, a.h_ * a.dv_}), y = scope.take(dtype_, Shape{n, a.h_ * a.dv_});
-    ops::linear_forward(exec_, h, a.ga_w_, Tensor(), low);
-    ops::linear_forward(exec_, low, a.gb_w_, a.gb_b_, gpre);
+    a.g_a_proj_.forward(exec_, h, low);
+    a.g_b_proj_.forward(exec_, low, gpre);
     ops::kda_output_gate_forward(exec_, o, a.gain_, gpre, a.norm_eps_, y);
-    ops::linear_forward(exec_, y, a.o_w_, Tensor(), out);
+    a.o_proj_.forward(exec_, y, out);
   }
 
   // Fixed-size states: a new sequence starts from zero, a follower takes the whole state.

@@ -2,7 +2,6 @@
 
 #include "nn/mup.h"
 #include "ops/dropout/dropout_mask.h"
-#include "ops/linear/linear.h"
 #include "ops/mla/mla_heads.h"
 #include "ops/rms_norm/rms_norm.h"
 
@@ -41,18 +40,18 @@ MlaMixer::MlaMixer(BuildContext& ctx, const LayerSpec& layer)
   const NameScope n = layer.names.child("mla.", "self_attn.", "");
   const Init hidden_init = Init::normal(hidden_init_std(m));
   const Tensor& q_master =
-      ctx.fused_parameter(q_w_, q_g_, {{n("q_proj.weight", "q_proj.weight", ""), qc}}, m.hidden, ParamRole::matrix,
-                          hidden_init);
-  ctx.parameter(kva_w_, kva_g_, n("kv_a_proj.weight", "kv_a_proj.weight", ""), Shape{rank_, m.hidden},
-                ParamRole::matrix, hidden_init);
+      q_proj_.declare_fused(ctx, {{n("q_proj.weight", "q_proj.weight", ""), qc}}, m.hidden, ParamRole::matrix,
+                            hidden_init);
+  kv_a_proj_.declare(ctx, n("kv_a_proj.weight", "kv_a_proj.weight", ""), rank_, m.hidden, ParamRole::matrix,
+                     hidden_init);
   ctx.parameter(gain_, gain_g_, n("kv_a_layernorm.weight", "kv_a_layernorm.weight", ""), Shape{rank_}, ParamRole::norm,
                 Init::ones());
-  const Tensor& kvb_master = ctx.fused_parameter(
-      kvb_w_, kvb_g_, {{n("k_b_proj.weight", "k_b_proj.weight", ""), qc}, {n("v_b_proj.weight", "v_b_proj.weight", ""), vc}},
+  const Tensor& kvb_master = kv_b_proj_.declare_fused(
+      ctx, {{n("k_b_proj.weight", "k_b_proj.weight", ""), qc}, {n("v_b_proj.weight", "v_b_proj.weight", ""), vc}},
       rank_, ParamRole::matrix, hidden_init);
   // The residual writer: scaled init keeps the residual stream's variance flat in depth.
-  ctx.parameter(o_w_, o_g_, n("o_proj.weight", "o_proj.weight", ""), Shape{m.hidden, vc}, ParamRole::matrix,
-                Init::normal(residual_init_std(m)));
+  o_proj_.declare(ctx, n("o_proj.weight", "o_proj.weight", ""), m.hidden, vc, ParamRole::matrix,
+                  Init::normal(residual_init_std(m)));
   if (ctx.training && ctx.qk_clip_tau > 0) {
     // Every head has its own key (per-head sharing): q rows in W_q, k rows in W_kb.
     QkClipWeights w;
@@ -88,20 +87,20 @@ void MlaMixer::forward(const Tensor& x, const SeqInfo& seq, const Tensor& out) {
   const Tensor o = o_.rows(0, t);
   // q, then the latent and the keys and values it expands to, each padded to d_.
   const Tensor q_raw = scope.take(dt, Shape{t, h_, dqk_});
-  ops::linear_forward(exec_, x, q_w_, Tensor(), q_raw.view(Shape{t, h_ * dqk_}));
+  q_proj_.forward(x, q_raw.view(Shape{t, h_ * dqk_}));
   ops::mla_copy_heads(exec_, q_raw, q);
-  ops::linear_forward(exec_, x, kva_w_, Tensor(), a);
+  kv_a_proj_.forward(x, a);
   ops::rms_norm_forward(exec_, a, gain_, norm_eps_, c, rstd_.rows(0, t));
   const Tensor k_raw = scope.take(dt, Shape{t, h_, dqk_}), v_raw = scope.take(dt, Shape{t, h_, dv_});
-  ops::linear_forward(exec_, c, k_rows(kvb_w_), Tensor(), k_raw.view(Shape{t, h_ * dqk_}));
-  ops::linear_forward(exec_, c, v_rows(kvb_w_), Tensor(), v_raw.view(Shape{t, h_ * dv_}));
+  k_up().forward(c, k_raw.view(Shape{t, h_ * dqk_}));
+  v_up().forward(c, v_raw.view(Shape{t, h_ * dv_}));
   ops::mla_copy_heads(exec_, k_raw, k);
   ops::mla_copy_heads(exec_, v_raw, v);
   if (clip_ && losses_->backward && !losses_->recomputing)  // a training forward, measured once
     clip_->measure(q, k, seq.cu_seqlens, attention_options(seq));
   ops::attention_forward(exec_, q, k, v, seq.cu_seqlens, attention_options(seq), o, lse_.rows(0, t));
   ops::mla_copy_heads(exec_, o, v_raw);  // the value columns of each head's output
-  ops::linear_forward(exec_, v_raw.view(Shape{t, h_ * dv_}), o_w_, Tensor(), out);
+  o_proj_.forward(v_raw.view(Shape{t, h_ * dv_}), out);
 }
 
 void MlaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq, const Tensor& dx) {
@@ -113,7 +112,7 @@ void MlaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
   // Output side: W_o, then the padded attention output's gradient.
   const Tensor ov = scope.take(dt, Shape{t, h_, dv_}), dov = scope.take(dt, Shape{t, h_, dv_});
   ops::mla_copy_heads(exec_, o, ov);
-  ops::linear_backward(exec_, ov.view(Shape{t, h_ * dv_}), o_w_, dout, dov.view(Shape{t, h_ * dv_}), o_g_, Tensor());
+  o_proj_.backward(ov.view(Shape{t, h_ * dv_}), dout, dov.view(Shape{t, h_ * dv_}));
   const Tensor d_o = scope.take(dt, Shape{t, h_, d_}), dq = scope.take(dt, Shape{t, h_, d_});
   const Tensor dk = scope.take(dt, Shape{t, h_, d_}), dv = scope.take(dt, Shape{t, h_, d_});
   ops::mla_copy_heads(exec_, dov, d_o);
@@ -123,12 +122,12 @@ void MlaMixer::backward(const Tensor& x, const Tensor& dout, const SeqInfo& seq,
   ops::mla_copy_heads(exec_, dq, dq_raw);
   ops::mla_copy_heads(exec_, dk, dk_raw);
   ops::mla_copy_heads(exec_, dv, dov);  // dov is free again: the value gradient
-  ops::linear_backward(exec_, x, q_w_, dq_raw.view(Shape{t, h_ * dqk_}), dx, q_g_, Tensor());
+  q_proj_.backward(x, dq_raw.view(Shape{t, h_ * dqk_}), dx);
   const Tensor dc = scope.take(dt, Shape{t, rank_}), da = scope.take(dt, Shape{t, rank_});
-  ops::linear_backward(exec_, c, k_rows(kvb_w_), dk_raw.view(Shape{t, h_ * dqk_}), dc, k_rows(kvb_g_), Tensor());
-  ops::linear_backward(exec_, c, v_rows(kvb_w_), dov.view(Shape{t, h_ * dv_}), dc, v_rows(kvb_g_), Tensor(), true);
+  k_up().backward(c, dk_raw.view(Shape{t, h_ * dqk_}), dc);
+  v_up().backward(c, dov.view(Shape{t, h_ * dv_}), dc, true);
   ops::rms_norm_backward(exec_, a, gain_, rstd_.rows(0, t), dc, da, gain_g_);
-  ops::linear_backward(exec_, x, kva_w_, da, dx, kva_g_, Tensor(), true);
+  kv_a_proj_.backward(x, da, dx, true);
 }
 
 void MlaMixer::after_step(bool applied) {

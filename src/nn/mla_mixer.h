@@ -23,6 +23,7 @@
 // on the CPU and the GPU (f32, bf16), latents at most 512 wide (model.mla.kv_rank).
 #pragma once
 
+#include "nn/linear_layer.h"
 #include "nn/modules.h"
 #include "nn/qk_clip.h"
 #include "ops/attention/attention.h"
@@ -45,9 +46,9 @@ class MlaMixer final : public TokenMixer {
  private:
   friend class MlaDecoder;
   ops::AttentionOptions attention_options(const SeqInfo& seq) const;
-  // The key and value rows of the fused up-projection (views of kvb_w_ or its gradient).
-  Tensor k_rows(const Tensor& w) const { return w.rows(0, h_ * dqk_); }
-  Tensor v_rows(const Tensor& w) const { return w.rows(h_ * dqk_, h_ * (dqk_ + dv_)); }
+  // The key and value rows of the fused up-projection kv_b (views of its weight and gradient).
+  LinearLayer k_up() const { return kv_b_proj_.rows(0, h_ * dqk_); }
+  LinearLayer v_up() const { return kv_b_proj_.rows(h_ * dqk_, h_ * (dqk_ + dv_)); }
 
   // The widest padded head the GPU's attention takes (cuDNN's limit; the fp32 kernel's too).
   static constexpr int64_t kMaxGpuHeadDim = 256;
@@ -60,7 +61,11 @@ class MlaMixer final : public TokenMixer {
   int64_t h_ = 0, dqk_ = 0, dv_ = 0, d_ = 0, rank_ = 0;  // d_ = max(dqk_, dv_): attention's width
   double norm_eps_ = 1e-6;
   ops::AttentionOptions options_;  // scale 1/sqrt(d_qk)
-  Tensor q_w_, q_g_, kva_w_, kva_g_, gain_, gain_g_, kvb_w_, kvb_g_, o_w_, o_g_;
+  LinearLayer q_proj_;     // [H dqk, hidden]
+  LinearLayer kv_a_proj_;  // [rank, hidden]: the latent
+  LinearLayer kv_b_proj_;  // [H (dqk + dv), rank]: k rows, then v rows
+  LinearLayer o_proj_;     // [hidden, H dv]
+  Tensor gain_, gain_g_;   // the latent's norm [rank]
   // Saved by forward: the latent before and after its norm (and the norm's rstd), the padded
   // q, k, v, the attention's output and its softmax statistics.
   Tensor a_, c_, rstd_, q_, k_, v_, o_, lse_;

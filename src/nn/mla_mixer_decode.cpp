@@ -13,7 +13,6 @@
 #include "nn/slot_state.h"
 #include "ops/attention/attention_cpu.h"
 #include "ops/attention/cached_attention.h"
-#include "ops/linear/linear.h"
 #include "ops/mla/mla_absorb.h"
 #include "ops/rms_norm/rms_norm.h"
 
@@ -45,19 +44,19 @@ class MlaDecoder final : public BranchDecoder {
     const int64_t n = rows.count;
     Workspace::Scope scope(workspace_);
     const Tensor q = scope.take(dtype_, Shape{n, a.h_, a.dqk_});
-    ops::linear_forward(exec_, h, a.q_w_, Tensor(), q.view(Shape{n, a.h_ * a.dqk_}));
+    a.q_proj_.forward(exec_, h, q.view(Shape{n, a.h_ * a.dqk_}));
     // The rows' latents into the cache (one tensor as both "keys" and "values").
     const Tensor raw = scope.take(dtype_, Shape{n, a.rank_}), c = scope.take(dtype_, Shape{n, 1, a.rank_});
-    ops::linear_forward(exec_, h, a.kva_w_, Tensor(), raw);
+    a.kv_a_proj_.forward(exec_, h, raw);
     ops::rms_norm_forward(exec_, raw, a.gain_, a.norm_eps_, c.view(Shape{n, a.rank_}), scope.take(wide_, Shape{n}));
     ops::kv_cache_write(exec_, c, c, rows.slots, rows.positions, cache_, cache_);
     const Tensor q_abs = scope.take(dtype_, Shape{n, a.h_, a.rank_}), cbar = scope.take(dtype_, Shape{n, a.h_, a.rank_});
-    ops::mla_absorb_query(exec_, q, a.k_rows(a.kvb_w_), q_abs);
+    ops::mla_absorb_query(exec_, q, a.k_up().weight(), q_abs);
     const Tensor split = split_elems_ > 0 ? scope.take(DType::f32, Shape{split_elems_}) : Tensor();
     ops::cached_attention_forward(exec_, q_abs, cache_, cache_, rows.slots, rows.positions, options_, cbar, split);
     const Tensor o = scope.take(dtype_, Shape{n, a.h_, a.dv_});
-    ops::mla_expand_values(exec_, cbar, a.v_rows(a.kvb_w_), o);
-    ops::linear_forward(exec_, o.view(Shape{n, a.h_ * a.dv_}), a.o_w_, Tensor(), out);
+    ops::mla_expand_values(exec_, cbar, a.v_up().weight(), o);
+    a.o_proj_.forward(exec_, o.view(Shape{n, a.h_ * a.dv_}), out);
   }
 
   // A positional cache: a new sequence writes each position before reading it (no reset);

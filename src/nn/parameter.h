@@ -6,6 +6,7 @@
 #include "nn/loss_terms.h"
 #include "nn/step_statistics.h"
 #include "nn/param_role.h"
+#include "nn/precision_recipe.h"
 
 #include <deque>
 #include <memory>
@@ -132,12 +133,8 @@ struct BuildContext {
   Workspace& workspace;
   std::vector<std::unique_ptr<Parameter>>& parameters;
   ComputeWeights& compute_weights;
-  // What GEMMs and attention read: activations and the weights modules hold (bf16 on the
-  // GPU's mixed path).
-  DType dtype;
-  // Parameters, gradients, the residual stream and statistics (norm rstd, softmax lse):
-  // f32 on the mixed path, otherwise the same as dtype.
-  DType master_dtype;
+  // The dtypes and each role's GEMM format (nn/precision_recipe.h); LinearLayer reads it.
+  PrecisionRecipe precision;
   Device device;
   int64_t max_tokens;        // fixed token budget of one micro-batch
   bool training;             // gradients and saved activations are planned only when training
@@ -154,6 +151,12 @@ struct BuildContext {
   StepStatistics* step_statistics = nullptr;
   // optim.master_weights = "bf16": 2-D weights are bf16 masters, with no fp32 copy.
   bool bf16_masters = false;
+  // The recipe's dtypes, as fields for the modules that read them. What GEMMs and attention
+  // read: activations and the weights modules hold (bf16 on the GPU's mixed path).
+  DType dtype = precision.compute;
+  // Parameters, gradients, the residual stream and statistics (norm rstd, softmax lse):
+  // f32 on the mixed path, otherwise the same as dtype.
+  DType master_dtype = precision.master;
 
   bool mixed() const { return dtype != master_dtype; }
 

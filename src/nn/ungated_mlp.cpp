@@ -9,7 +9,7 @@
 #include "nn/modules.h"
 #include "nn/mup.h"
 #include "ops/activation/activation.h"
-#include "ops/linear/linear.h"
+#include "nn/linear_layer.h"
 
 #include <cmath>
 
@@ -21,23 +21,23 @@ using activation::Kind;
 
 class UngatedDecoder final : public BranchDecoder {
  public:
-  UngatedDecoder(Kind kind, const Tensor& up_w, const Tensor& down_w, DecodeContext& ctx)
-      : kind_(kind), up_w_(up_w), down_w_(down_w), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype) {
-    ctx.workspace.reserve_peak(2 * Workspace::footprint(ctx.dtype, Shape{ctx.max_rows, up_w.size(0)}));
+  UngatedDecoder(Kind kind, const LinearLayer& up, const LinearLayer& down, DecodeContext& ctx)
+      : kind_(kind), up_proj_(up), down_proj_(down), exec_(ctx.exec), workspace_(ctx.workspace), dtype_(ctx.dtype) {
+    ctx.workspace.reserve_peak(2 * Workspace::footprint(ctx.dtype, Shape{ctx.max_rows, up.out_features()}));
   }
 
   void forward(const Tensor& h, const DecodeRows& rows, const Tensor& out) override {
-    const int64_t n = rows.count, f = up_w_.size(0);
+    const int64_t n = rows.count, f = up_proj_.out_features();
     Workspace::Scope scope(workspace_);
     const Tensor up = scope.take(dtype_, Shape{n, f}), act = scope.take(dtype_, Shape{n, f});
-    ops::linear_forward(exec_, h, up_w_, Tensor(), up);
+    up_proj_.forward(exec_, h, up);
     ops::activation_forward(exec_, kind_, up, act);
-    ops::linear_forward(exec_, act, down_w_, Tensor(), out);
+    down_proj_.forward(exec_, act, out);
   }
 
  private:
   Kind kind_;
-  Tensor up_w_, down_w_;  // [F, hidden], [hidden, F] (compute copies)
+  LinearLayer up_proj_, down_proj_;  // [F, hidden], [hidden, F] (the module's)
   const ExecContext& exec_;
   Workspace& workspace_;
   DType dtype_;
@@ -50,10 +50,10 @@ class UngatedMlp final : public Mlp {
     const ModelConfig& m = *layer.model;
     const int64_t t = ctx.max_tokens, f = m.ungated_ffn_hidden > 0 ? m.ungated_ffn_hidden : 4 * m.hidden;
     const NameScope n = layer.names.child("mlp.", "mlp.", "");
-    ctx.parameter(up_w_, up_g_, n("up_proj.weight", "up_proj.weight", "ffn_up.weight"), Shape{f, m.hidden},
-                  ParamRole::matrix, Init::normal(hidden_init_std(m)));
-    ctx.parameter(down_w_, down_g_, n("down_proj.weight", "down_proj.weight", "ffn_down.weight"), Shape{m.hidden, f},
-                  ParamRole::matrix, Init::normal(residual_init_std(m)));
+    up_proj_.declare(ctx, n("up_proj.weight", "up_proj.weight", "ffn_up.weight"), f, m.hidden, ParamRole::matrix,
+                     Init::normal(hidden_init_std(m)));
+    down_proj_.declare(ctx, n("down_proj.weight", "down_proj.weight", "ffn_down.weight"), m.hidden, f,
+                       ParamRole::matrix, Init::normal(residual_init_std(m)));
     ctx.saved(up_, Shape{t, f});
     // Forward scratch: the activation [t, f]. Backward: d(act) [t, f] (then the activation
     // again, in place) and d(up) [t, f].
@@ -64,9 +64,9 @@ class UngatedMlp final : public Mlp {
     const int64_t t = x.size(0);
     Workspace::Scope scope(workspace_);
     Tensor up = up_.rows(0, t), act = scope.take(up.dtype(), up.shape());
-    ops::linear_forward(exec_, x, up_w_, Tensor(), up);
+    up_proj_.forward(x, up);
     ops::activation_forward(exec_, kind_, up, act);
-    ops::linear_forward(exec_, act, down_w_, Tensor(), out);
+    down_proj_.forward(act, out);
   }
 
   void backward(const Tensor& x, const Tensor& dout, const Tensor& dx) override {
@@ -76,15 +76,15 @@ class UngatedMlp final : public Mlp {
     Tensor dact = scope.take(dout.dtype(), up.shape()), dup = scope.take(dout.dtype(), up.shape());
     // d(act) = dout Wdown; then dact is overwritten by the activation itself, which the
     // down projection's weight gradient reads.
-    ops::linear_backward(exec_, dact, down_w_, dout, dact, Tensor(), Tensor());
+    down_proj_.backward_input(dout, dact);
     ops::activation_backward(exec_, kind_, up, dact, dup, dact);
-    ops::linear_backward(exec_, dact, down_w_, dout, Tensor(), down_g_, Tensor());
-    ops::linear_backward(exec_, x, up_w_, dup, dx, up_g_, Tensor());
+    down_proj_.backward_weight(dact, dout);
+    up_proj_.backward(x, dup, dx);
   }
 
   std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override {
     (void)pre_norm;  // no fused decode projection computes these activations
-    return std::make_unique<UngatedDecoder>(kind_, up_w_, down_w_, ctx);
+    return std::make_unique<UngatedDecoder>(kind_, up_proj_, down_proj_, ctx);
   }
 
   // Qwen3, Llama, Qwen2 and Qwen3-MoE (the families kiln writes) gate their MLPs; GPT-2's
@@ -99,8 +99,8 @@ class UngatedMlp final : public Mlp {
   const char* key_;  // the config key that chose it (model.mlp or model.alt_mlp), for refusals
   const ExecContext& exec_;
   Workspace& workspace_;
-  Tensor up_w_, up_g_;      // [F, hidden]
-  Tensor down_w_, down_g_;  // [hidden, F]
+  LinearLayer up_proj_;    // [F, hidden]
+  LinearLayer down_proj_;  // [hidden, F]
   Tensor up_;               // saved [t, F]: the pre-activation
 };
 

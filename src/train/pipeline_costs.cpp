@@ -32,9 +32,9 @@ BlockCost plan_block(const ModelConfig& config, const BuildOptions& options, int
   ComputeWeights compute(options.device);
   LossContext losses;
   StepStatistics statistics;
-  const DType master = options.dtype == DType::bf16 ? DType::f32 : options.dtype;
+  const PrecisionRecipe precision = PrecisionRecipe::uniform(options.dtype);
   BuildContext ctx{exec,          params,          grads,           activations, workspace,
-                   parameters,    compute,         options.dtype,   master,      options.device,
+                   parameters,    compute,         precision,       options.device,
                    options.max_tokens, options.training, options.deterministic, &losses};
   ctx.qk_clip_tau = options.training ? options.qk_clip_tau : 0;
   ctx.step_statistics = &statistics;
@@ -48,7 +48,7 @@ BlockCost plan_block(const ModelConfig& config, const BuildOptions& options, int
   std::vector<std::unique_ptr<Parameter>> scratch_parameters;
   ComputeWeights scratch_compute(options.device);
   BuildContext position_ctx{exec,          scratch_params,  scratch_grads,     scratch_activations, workspace,
-                            scratch_parameters, scratch_compute, options.dtype, master,          options.device,
+                            scratch_parameters, scratch_compute, precision,     options.device,
                             options.max_tokens, options.training, options.deterministic, &losses};
   ModelConfig position_config = config;
   if (config.rope.local_theta > 0 && layer.choices.window > 0) {
@@ -67,7 +67,7 @@ BlockCost plan_block(const ModelConfig& config, const BuildOptions& options, int
   }
   cost.extra_flops = block.extra_forward_flops_per_token(config.max_seq_len);
   // The residual stream's input of the block ([T, hidden], master dtype) is the backbone's.
-  const size_t residual = static_cast<size_t>(options.max_tokens * config.hidden) * dtype_size(master);
+  const size_t residual = static_cast<size_t>(options.max_tokens * config.hidden) * dtype_size(precision.master);
   cost.bytes = params.planned_bytes() + compute.arena.planned_bytes() + grads.planned_bytes() +
                activations.planned_bytes() + residual;
   cost.kind = layer.choices.mixer + (layer.choices.window > 0 ? "/w" + std::to_string(layer.choices.window) : "") +

@@ -1,13 +1,13 @@
 #include "train/training_build.h"
 
-#include "core/device_choice.h"
+#include "nn/precision_recipe.h"
 
 namespace kiln {
 
 BuildOptions training_build_options(const Config& config, Device device) {
   BuildOptions options;
   options.device = device;
-  options.dtype = resolve_precision(config.train.precision, device);
+  options.dtype = resolve_precision_recipe(config.train.precision, device).compute;
   options.recompute_blocks = config.train.recompute_blocks;
   options.deterministic = config.train.deterministic;
   options.max_tokens = config.train.micro_batch_tokens;

@@ -53,7 +53,6 @@
 
 #include "nn/moe/router.h"
 #include "nn/mup.h"
-#include "ops/linear/linear.h"
 #include "ops/moe/load_stats.h"
 #include "ops/moe/moe.h"
 #include "ops/moe/routing.h"
@@ -89,10 +88,10 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   // LatentMoE's projections: always active (every token passes them), as the router.
   if (latent()) {
     const int64_t l = moe_.latent_width;
-    ctx.parameter(latent_down_w_, latent_down_g_, n("latent_down_proj.weight", "latent_down_proj.weight", "ffn_latent_down.weight"),
-                  Shape{l, d}, ParamRole::matrix, Init::normal(hidden_init_std(m)));
-    ctx.parameter(latent_up_w_, latent_up_g_, n("latent_up_proj.weight", "latent_up_proj.weight", "ffn_latent_up.weight"),
-                  Shape{d, l}, ParamRole::matrix, Init::normal(out_std));
+    latent_down_proj_.declare(ctx, n("latent_down_proj.weight", "latent_down_proj.weight", "ffn_latent_down.weight"),
+                              l, d, ParamRole::matrix, Init::normal(hidden_init_std(m)));
+    latent_up_proj_.declare(ctx, n("latent_up_proj.weight", "latent_up_proj.weight", "ffn_latent_up.weight"), d, l,
+                            ParamRole::matrix, Init::normal(out_std));
     ctx.saved(latent_in_, Shape{t, l});
     ctx.saved(latent_sum_, Shape{t, l});
   }
@@ -105,12 +104,12 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   if (moe_.shared_hidden > 0) {
     const int64_t s = moe_.shared_hidden;
     const NameScope sh = n.child("shared_experts.", "shared_experts.", "");
-    ctx.fused_parameter(shared_gate_up_w_, shared_gate_up_g_,
-                        {{sh("gate_proj.weight", "gate_proj.weight", "ffn_gate_shexp.weight"), s},
-                         {sh("up_proj.weight", "up_proj.weight", "ffn_up_shexp.weight"), s}},
-                        d, ParamRole::matrix, Init::normal(hidden_init_std(m)));
-    ctx.parameter(shared_down_w_, shared_down_g_, sh("down_proj.weight", "down_proj.weight", "ffn_down_shexp.weight"),
-                  Shape{d, s}, ParamRole::matrix, Init::normal(out_std));
+    shared_gate_up_proj_.declare_fused(ctx,
+                                       {{sh("gate_proj.weight", "gate_proj.weight", "ffn_gate_shexp.weight"), s},
+                                        {sh("up_proj.weight", "up_proj.weight", "ffn_up_shexp.weight"), s}},
+                                       d, ParamRole::matrix, Init::normal(hidden_init_std(m)));
+    shared_down_proj_.declare(ctx, sh("down_proj.weight", "down_proj.weight", "ffn_down_shexp.weight"), d, s,
+                              ParamRole::matrix, Init::normal(out_std));
     ctx.saved(shared_gate_up_, Shape{t, 2 * s});
   }
   router_ = router_registry().build("model.moe.router", moe_.router, ctx, RouterSpec{&moe_, n});
@@ -186,7 +185,7 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   if (counted) d.dropped = step_dropped_;
   // The experts read `in` and sum into `routed`: x and out, or LatentMoE's latent.
   const Tensor in = latent() ? latent_in_.rows(0, t) : x, routed = latent() ? latent_sum_.rows(0, t) : out;
-  if (latent()) ops::linear_forward(exec_, x, latent_down_w_, Tensor(), in);
+  if (latent()) latent_down_proj_.forward(x, in);
   ops::router_logits(exec_, x, router_w_, logits);
   router_->route(logits, routes, probs, router_saved_.rows(0, t), training);
   ops::moe_dispatch(exec_, routes.experts, d);
@@ -203,13 +202,13 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   ops::swiglu_forward(exec_, gate_up, act);
   ops::moe_grouped_linear_forward(exec_, act, down_w_, d, y);
   ops::moe_combine(exec_, y, routes.weights, d, routed);
-  if (latent()) ops::linear_forward(exec_, routed, latent_up_w_, Tensor(), out);
+  if (latent()) latent_up_proj_.forward(routed, out);
   if (moe_.shared_hidden > 0) {
     const Tensor sgu = shared_gate_up_.rows(0, t), sact = scope.take(x.dtype(), Shape{t, moe_.shared_hidden});
     const Tensor sout = scope.take(x.dtype(), Shape{t, hidden_});
-    ops::linear_forward(exec_, x, shared_gate_up_w_, Tensor(), sgu);
+    shared_gate_up_proj_.forward(x, sgu);
     ops::swiglu_forward(exec_, sgu, sact);
-    ops::linear_forward(exec_, sact, shared_down_w_, Tensor(), sout);
+    shared_down_proj_.forward(sact, sout);
     ops::add_inplace(exec_, out, sout);
   }
   // The losses' values of this micro-batch (their gradients are formed in backward): into
@@ -240,7 +239,7 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   Tensor drouted = dout;
   if (latent()) {
     drouted = scope.take(dt, Shape{t, moe_.latent_width});
-    ops::linear_backward(exec_, latent_sum_.rows(0, t), latent_up_w_, dout, drouted, latent_up_g_, Tensor());
+    latent_up_proj_.backward(latent_sum_.rows(0, t), dout, drouted);
   }
   // routed = combine(y, weights): the experts' output rows' and the weights' gradients.
   const Tensor dy = scope.take(dt, Shape{rows, expert_io_});
@@ -258,7 +257,7 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   if (latent()) {  // z = W_down x: the latent's gradient back to x (dx =) and W_down
     const Tensor dz = scope.take(dt, Shape{t, moe_.latent_width});
     ops::moe_gather_backward(exec_, dgrouped, d, dz, false);
-    ops::linear_backward(exec_, x, latent_down_w_, dz, dx, latent_down_g_, Tensor());
+    latent_down_proj_.backward(x, dz, dx);
   } else {
     ops::moe_gather_backward(exec_, dgrouped, d, dx, false);
   }
@@ -266,10 +265,10 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
     const int64_t s = moe_.shared_hidden;
     const Tensor sgu = shared_gate_up_.rows(0, t);
     const Tensor sdact = scope.take(dt, Shape{t, s}), sdgu = scope.take(dt, Shape{t, 2 * s});
-    ops::linear_backward(exec_, sdact, shared_down_w_, dout, sdact, Tensor(), Tensor());
+    shared_down_proj_.backward_input(dout, sdact);
     ops::swiglu_backward(exec_, sgu, sdact, sdgu, sdact);
-    ops::linear_backward(exec_, sdact, shared_down_w_, dout, Tensor(), shared_down_g_, Tensor());
-    ops::linear_backward(exec_, x, shared_gate_up_w_, sdgu, dx, shared_gate_up_g_, Tensor(), true);
+    shared_down_proj_.backward_weight(sdact, dout);
+    shared_gate_up_proj_.backward(x, sdgu, dx, true);
   }
   // The router: the weights' gradient, the balance loss's (through the probabilities) and
   // the z-loss's (on the logits), scaled as the step's per-micro-batch terms; under the step

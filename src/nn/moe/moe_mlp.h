@@ -2,6 +2,7 @@
 // moe_mlp.cpp.
 #pragma once
 
+#include "nn/linear_layer.h"
 #include "nn/modules.h"
 #include "ops/moe/moe.h"
 #include "ops/moe/routing.h"
@@ -56,10 +57,10 @@ class MoeMlp final : public Mlp {
   Tensor router_w_, router_g_;                  // [E, d]
   Tensor gate_up_w_, gate_up_g_;                // [E 2F, d]: expert e's gate rows, then its up rows
   Tensor down_w_, down_g_;                      // [E d, F]
-  Tensor shared_gate_up_w_, shared_gate_up_g_;  // [2S, d]
-  Tensor shared_down_w_, shared_down_g_;        // [d, S]
-  Tensor latent_down_w_, latent_down_g_;        // LatentMoE [L, d]: x into the experts' latent
-  Tensor latent_up_w_, latent_up_g_;            // LatentMoE [d, L]: their weighted sum back out
+  LinearLayer shared_gate_up_proj_;             // [2S, d]
+  LinearLayer shared_down_proj_;                // [d, S]
+  LinearLayer latent_down_proj_;                // LatentMoE [L, d]: x into the experts' latent
+  LinearLayer latent_up_proj_;                  // LatentMoE [d, L]: their weighted sum back out
   Tensor logits_, probs_;                       // saved [T, E] wide
   Tensor router_saved_;                         // saved [T, E] wide: what the router keeps for backward
   ops::Routes routes_;                          // saved: experts i32 [T, S], weights [T, S] wide

@@ -9,7 +9,6 @@
 
 #include "nn/moe/router.h"
 #include "ops/elementwise/elementwise.h"
-#include "ops/linear/linear.h"
 #include "ops/moe/routing.h"
 #include "ops/swiglu/swiglu.h"
 
@@ -51,7 +50,7 @@ class MoeDecoder final : public BranchDecoder {
     // The experts read `in` and sum into `routed`: h and out, or LatentMoE's latent.
     const bool latent = m_.latent();
     const Tensor in = latent ? scope.take(dtype_, Shape{n, io}) : h, routed = latent ? scope.take(dtype_, Shape{n, io}) : out;
-    if (latent) ops::linear_forward(exec_, h, m_.latent_down_w_, Tensor(), in);
+    if (latent) m_.latent_down_proj_.forward(exec_, h, in);
     ops::router_logits(exec_, h, m_.router_w_, logits);
     m_.router_->route(logits, routes, probs, scope.take(wide_, Shape{n, e_count}), /*training=*/false);
     ops::moe_dispatch(exec_, routes.experts, dispatch);
@@ -63,13 +62,13 @@ class MoeDecoder final : public BranchDecoder {
     ops::swiglu_forward(exec_, gate_up, act);
     ops::moe_grouped_linear_forward(exec_, act, m_.down_w_, dispatch, y);
     ops::moe_combine(exec_, y, routes.weights, dispatch, routed);
-    if (latent) ops::linear_forward(exec_, routed, m_.latent_up_w_, Tensor(), out);
+    if (latent) m_.latent_up_proj_.forward(exec_, routed, out);
     if (moe.shared_hidden > 0) {
       const Tensor sgu = scope.take(dtype_, Shape{n, 2 * moe.shared_hidden});
       const Tensor sact = scope.take(dtype_, Shape{n, moe.shared_hidden}), sout = scope.take(dtype_, Shape{n, d});
-      ops::linear_forward(exec_, h, m_.shared_gate_up_w_, Tensor(), sgu);
+      m_.shared_gate_up_proj_.forward(exec_, h, sgu);
       ops::swiglu_forward(exec_, sgu, sact);
-      ops::linear_forward(exec_, sact, m_.shared_down_w_, Tensor(), sout);
+      m_.shared_down_proj_.forward(exec_, sact, sout);
       ops::add_inplace(exec_, out, sout);
     }
   }

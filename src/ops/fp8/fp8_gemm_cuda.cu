@@ -151,9 +151,8 @@ void fp8_gemm(const ExecContext& ctx, int64_t m, int64_t n, int64_t k, const Fp8
   const bool tensorwise = a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   KILN_CHECK(tensorwise == (b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F), kOp,
              "operands A and B must both be tensorwise or both blockwise");
-  // cuBLASLt has no f32-output kernel for the 1 x 128 / 128 x 128 scale modes on Hopper: its
-  // heuristic found none on an H100 (2026-12-06, cuBLASLt 130100), and PyTorch's blockwise
-  // _scaled_mm tests say the same ("only bf16 output type is supported for non-tensorwise").
+  // The 1 x 128 / 128 x 128 scale modes give a bf16 output only, as PyTorch's blockwise
+  // _scaled_mm tests say ("only bf16 output type is supported for non-tensorwise scaling").
   KILN_CHECK(tensorwise || c_dtype == DType::bf16, kOp,
              "blockwise-scaled operands give a bf16 output only (cuBLASLt on Hopper), not {}", dtype_name(c_dtype));
   Plan& plan = plan_for({m, n, k, a.format, b.format, a_mode, b_mode, c_dtype});

@@ -1,0 +1,46 @@
+#include "nn/precision_recipe.h"
+
+#include "core/device_choice.h"
+#include "core/error.h"
+
+namespace kiln {
+
+std::string_view gemm_format_name(GemmFormat format) {
+  switch (format) {
+    case GemmFormat::f64: return "f64";
+    case GemmFormat::f32: return "f32";
+    case GemmFormat::bf16: return "bf16";
+  }
+  return "?";
+}
+
+PrecisionRecipe PrecisionRecipe::uniform(DType compute) {
+  KILN_CHECK(compute == DType::f64 || compute == DType::f32 || compute == DType::bf16, "model",
+             "no precision recipe computes in {}", dtype_name(compute));
+  const GemmFormat format = compute == DType::bf16 ? GemmFormat::bf16
+                            : compute == DType::f64 ? GemmFormat::f64
+                                                    : GemmFormat::f32;
+  PrecisionRecipe r;
+  r.compute = compute;
+  r.master = compute == DType::bf16 ? DType::f32 : compute;
+  r.dense = r.expert = r.lm_head = r.router = format;
+  return r;
+}
+
+GemmFormat PrecisionRecipe::format(ParamRole role) const {
+  switch (role) {
+    case ParamRole::expert: return expert;
+    case ParamRole::router: return router;
+    case ParamRole::head:
+    case ParamRole::embedding: return lm_head;
+    default: return dense;
+  }
+}
+
+PrecisionRecipe resolve_precision_recipe(const std::string& setting, Device device) {
+  KILN_CHECK(setting != "fp16" && setting != "fp8_tensorwise" && setting != "fp8_blockwise", "train.precision",
+             "'{}' is not built yet (auto, fp32 and bf16 are)", setting);
+  return PrecisionRecipe::uniform(resolve_precision(setting, device));
+}
+
+}  // namespace kiln

@@ -1,0 +1,52 @@
+// The numeric recipe of a build: the dtypes activations, weights and gradients live in, and
+// the GEMM format each linear layer computes in, by the role of its weight. Resolved once
+// (train.precision and the device), held by BuildContext and read by each LinearLayer when
+// it is declared: modules never test a dtype to pick a GEMM.
+#pragma once
+
+#include "core/dtype.h"
+#include "nn/param_role.h"
+
+#include <string>
+#include <string_view>
+
+namespace kiln {
+
+// How a linear layer's GEMMs run. Today each is ops::linear in the weight's own dtype; FP8
+// formats (tensorwise, blockwise: ops/fp8) join here, each with its own scratch and GEMM.
+enum class GemmFormat {
+  f64,   // the tests' fp64 models
+  f32,
+  bf16,  // bf16 operands, f32 accumulation (the GPU's mixed path)
+};
+
+std::string_view gemm_format_name(GemmFormat format);
+
+struct PrecisionRecipe {
+  // What GEMMs and attention read: activations and the weights modules hold (bf16 on the
+  // GPU's mixed path).
+  DType compute = DType::f32;
+  // Parameters, gradients, the residual stream and statistics: f32 on the mixed path,
+  // otherwise the same as compute.
+  DType master = DType::f32;
+  // The GEMM format of each role's linear layers. Per-role exceptions (an FP8 recipe
+  // keeping the LM head and router in bf16) are set here, nowhere else.
+  GemmFormat dense = GemmFormat::f32;   // attention, MLP and shared-expert projections
+  GemmFormat expert = GemmFormat::f32;  // routed experts
+  GemmFormat lm_head = GemmFormat::f32;
+  GemmFormat router = GemmFormat::f32;
+
+  // Every role computes in `compute`; masters are f32 under bf16, else `compute` itself.
+  static PrecisionRecipe uniform(DType compute);
+
+  bool mixed() const { return compute != master; }
+  // The format of a weight of this role (embedding: the LM head's; norms and biases are
+  // not GEMM weights and take the dense format).
+  GemmFormat format(ParamRole role) const;
+};
+
+// train.precision on that device ("auto" | "fp32" | "bf16"). The recipes not built yet
+// (fp16, fp8_tensorwise, fp8_blockwise) are refused by name.
+PrecisionRecipe resolve_precision_recipe(const std::string& setting, Device device);
+
+}  // namespace kiln
