@@ -4,6 +4,7 @@
 // and exits with the first failing rank's status after the others have ended; a rank
 // that outlives a failed one by more than --grace seconds is killed.
 #include "cli/commands.h"
+#include "cli/exec_self.h"
 #include "core/error.h"
 #include "dist/free_port.h"
 
@@ -52,12 +53,7 @@ int exit_code(int status) {
   setenv("LOCAL_WORLD_SIZE", n.c_str(), 1);
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", p.c_str(), 1);
-  std::vector<char*> argv;
-  std::string self = "kiln";
-  argv.push_back(self.data());
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  ::execv("/proc/self/exe", argv.data());
+  exec_self(args);
   fmt::print(stderr, "kiln: error: [launch] rank {}: cannot start kiln: {}\n", rank, std::strerror(errno));
   std::_Exit(127);
 }

@@ -6,6 +6,7 @@
 // --max-ratio times the two baselines' difference. `--runs BASE SECOND CANDIDATE` compares
 // runs trained before instead. docs/loss-gap.md.
 #include "cli/commands.h"
+#include "cli/exec_self.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/printable.h"
@@ -54,12 +55,7 @@ void run_kiln(const std::vector<std::string>& args, const std::string& log, cons
     }
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);
-    std::vector<char*> argv;
-    std::string self = "kiln";
-    argv.push_back(self.data());
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv("/proc/self/exe", argv.data());
+    exec_self(args);
     fmt::print(stderr, "kiln: error: [loss-gap] cannot start kiln: {}\n", std::strerror(errno));
     std::_Exit(127);
   }
