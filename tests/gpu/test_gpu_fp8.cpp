@@ -400,7 +400,8 @@ TEST(GpuFp8, BlockwiseGemmMatchesReference) {
 // for the operands (and the test runs on a machine without a GPU too).
 TEST(GpuFp8, GemmRefusesWhatCublasLtCannotRun) {
   alignas(256) static uint8_t codes[64 * 64];
-  static float scale = 1, c[64 * 64];
+  alignas(16) static float scale = 1;
+  static float c[64 * 64];
   const cuda::Fp8Operand e4m3{codes, Format::e4m3, cuda::kFp8Tensorwise, &scale};
   cuda::Fp8Operand e5m2 = e4m3;
   e5m2.format = Format::e5m2;
@@ -426,7 +427,12 @@ TEST(GpuFp8, GemmRefusesWhatCublasLtCannotRun) {
   EXPECT_THROW(cuda::fp8_gemm(process_exec(), 16, 16, 16, e4m3, e4m3, c, DType::f16), Error);
   cuda::Fp8Operand misaligned = e4m3;
   misaligned.codes = codes + 8;
-  EXPECT_NE(message(16, 16, 16, misaligned, e4m3).find("16-byte aligned"), std::string::npos);
+  EXPECT_NE(message(16, 16, 16, misaligned, e4m3).find("codes must be 16-byte aligned"), std::string::npos);
+  alignas(16) static float scales[2] = {1, 1};
+  cuda::Fp8Operand offset_scale = e4m3;
+  offset_scale.scale_inv = scales + 1;
+  EXPECT_NE(message(16, 16, 16, e4m3, offset_scale).find("operand B: scale_inv must be 16-byte aligned"),
+            std::string::npos);
 
   // The blockwise quantize refuses a transposed copy of 1 x 128 tiles, before any launch.
   EXPECT_THROW(cuda::fp8_quantize_blockwise(process_exec(), DType::f32, c, 16, 16, fp8::kActivationTile, Format::e4m3,
