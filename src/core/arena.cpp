@@ -72,7 +72,7 @@ size_t Workspace::footprint(DType dtype, Shape shape) {
 
 void Workspace::reserve_peak(size_t bytes, Level level) {
   KILN_CHECK(storage_.data() == nullptr, "workspace", "reserve after allocate");
-  size_t& peak = level == Level::outer ? peak_outer_ : peak_inner_;
+  size_t& peak = level == Level::outer ? peak_outer_ : level == Level::inner ? peak_inner_ : peak_gemm_;
   if (bytes > peak) peak = bytes;
 }
 

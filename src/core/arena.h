@@ -67,17 +67,17 @@ class Arena {
 
 // Scratch memory shared by all ops: each user declares its peak need at plan time, and at
 // run time takes tensors from a bump pointer inside a Scope that releases them on exit.
-// Scopes nest one level: an outer user (a block, the LM head) may hold scratch while an
-// inner user (a module inside the block) takes its own, so the plan is
-// max(outer needs) + max(inner needs).
+// Scopes nest: an outer user (a block, the LM head) may hold scratch while an inner user (a
+// module inside the block) takes its own, and a GEMM inside that module its operands' copies
+// (an FP8 LinearLayer), so the plan is max(outer) + max(inner) + max(gemm needs).
 class Workspace {
  public:
-  enum class Level { outer, inner };
+  enum class Level { outer, inner, gemm };
 
   explicit Workspace(Device device) : device_(device) {}
 
   void reserve_peak(size_t bytes, Level level = Level::inner);
-  size_t planned_bytes() const { return peak_outer_ + peak_inner_; }
+  size_t planned_bytes() const { return peak_outer_ + peak_inner_ + peak_gemm_; }
   void allocate();
 
   class Scope {
@@ -98,7 +98,7 @@ class Workspace {
 
  private:
   Device device_;
-  size_t peak_outer_ = 0, peak_inner_ = 0;
+  size_t peak_outer_ = 0, peak_inner_ = 0, peak_gemm_ = 0;
   size_t offset_ = 0;
   Storage storage_;
 };

@@ -2,8 +2,10 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "nn/precision_recipe.h"
 
 #include <cstdint>
+#include <optional>
 
 namespace kiln {
 
@@ -11,6 +13,11 @@ struct BuildOptions {
   // Compute dtype: f32 or f64 (everything in it), or bf16 on the GPU (mixed precision:
   // bf16 activations and weight copies, fp32 masters, gradients and residual stream).
   DType dtype = DType::f32;
+  // The whole precision recipe (each role's GEMM format: train.precision = "fp8_tensorwise"
+  // puts the dense role in FP8). Unset: every role computes in `dtype`. When set, its
+  // compute dtype must be `dtype`.
+  std::optional<PrecisionRecipe> precision;
+  PrecisionRecipe recipe() const { return precision ? *precision : PrecisionRecipe::uniform(dtype); }
   Device device = Device::cpu;
   int64_t max_tokens = 4096;    // fixed token budget of one micro-batch
   int64_t loss_chunk_rows = 1024;

@@ -24,9 +24,11 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
   const int64_t t = options.max_tokens;
   KILN_CHECK(options.dtype != DType::bf16 || options.device == Device::cuda, "model",
              "bf16 (mixed precision) runs on the GPU only; the CPU computes in f32");
+  KILN_CHECK(options.recipe().compute == options.dtype, "model", "the precision recipe computes in {}, the model in {}",
+             dtype_name(options.recipe().compute), dtype_name(options.dtype));
   BuildContext ctx{exec_,          params_,         grads_,
                    activations_,   workspace_,      parameters_,
-                   compute_weights_, PrecisionRecipe::uniform(options.dtype),
+                   compute_weights_, options.recipe(),
                    options.device, t,               options.training,
                    options.deterministic, &losses_};
   ctx.qk_clip_tau = options.training ? options.qk_clip_tau : 0;

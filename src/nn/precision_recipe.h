@@ -12,12 +12,15 @@
 
 namespace kiln {
 
-// How a linear layer's GEMMs run. Today each is ops::linear in the weight's own dtype; FP8
-// formats (tensorwise, blockwise: ops/fp8) join here, each with its own scratch and GEMM.
+// How a linear layer's GEMMs run: ops::linear in the weight's own dtype, or an FP8 format
+// (ops/fp8) with its own scratch and GEMM.
 enum class GemmFormat {
   f64,   // the tests' fp64 models
   f32,
   bf16,  // bf16 operands, f32 accumulation (the GPU's mixed path)
+  // x and W per tensor in e4m3, dy in e5m2 (current scaling), products summed in fp32; the
+  // CPU reference only (ops/fp8/fp8_linear_cpu.h).
+  fp8_tensorwise,
 };
 
 std::string_view gemm_format_name(GemmFormat format);
@@ -45,8 +48,9 @@ struct PrecisionRecipe {
   GemmFormat format(ParamRole role) const;
 };
 
-// train.precision on that device ("auto" | "fp32" | "bf16"). The recipes not built yet
-// (fp16, fp8_tensorwise, fp8_blockwise) are refused by name.
+// train.precision on that device ("auto" | "fp32" | "bf16" | "fp8_tensorwise" on the CPU:
+// f32 with the dense role's GEMMs in FP8). The recipes not built yet (fp16, fp8_blockwise,
+// fp8_tensorwise on the GPU) are refused by name.
 PrecisionRecipe resolve_precision_recipe(const std::string& setting, Device device);
 
 }  // namespace kiln

@@ -32,7 +32,7 @@ BlockCost plan_block(const ModelConfig& config, const BuildOptions& options, int
   ComputeWeights compute(options.device);
   LossContext losses;
   StepStatistics statistics;
-  const PrecisionRecipe precision = PrecisionRecipe::uniform(options.dtype);
+  const PrecisionRecipe precision = options.recipe();
   BuildContext ctx{exec,          params,          grads,           activations, workspace,
                    parameters,    compute,         precision,       options.device,
                    options.max_tokens, options.training, options.deterministic, &losses};

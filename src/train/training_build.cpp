@@ -7,7 +7,8 @@ namespace kiln {
 BuildOptions training_build_options(const Config& config, Device device) {
   BuildOptions options;
   options.device = device;
-  options.dtype = resolve_precision_recipe(config.train.precision, device).compute;
+  options.precision = resolve_precision_recipe(config.train.precision, device);
+  options.dtype = options.precision->compute;
   options.recompute_blocks = config.train.recompute_blocks;
   options.deterministic = config.train.deterministic;
   options.max_tokens = config.train.micro_batch_tokens;

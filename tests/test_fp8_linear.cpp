@@ -1,0 +1,234 @@
+// train.precision = "fp8_tensorwise" on the CPU: a dense LinearLayer's forward and backward
+// are, bit for bit, the FP8 emulation's quantize_tensorwise + gemm_reference by hand (e4m3 x
+// and W, e5m2 dy); the recipe's roles and refusals; and a small model trains with it within a
+// stated distance of the fp32 run.
+#include "grad_check.h"
+#include "nn/linear_layer.h"
+#include "nn/precision_recipe.h"
+#include "ops/fp8/fp8_gemm_reference.h"
+#include "ops/linear/linear.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+namespace kiln {
+namespace {
+
+namespace fp8 = ops::fp8;
+using test::values_of;
+
+PrecisionRecipe fp8_recipe() { return resolve_precision_recipe("fp8_tensorwise", Device::cpu); }
+
+// A CPU build context in f32 over its own arenas, with the given recipe.
+struct Build {
+  explicit Build(const PrecisionRecipe& recipe, int64_t max_tokens)
+      : ctx{exec, params, grads, activations, workspace, parameters, compute, recipe, Device::cpu, max_tokens, true, true} {}
+  ExecContext exec;
+  Arena params{"parameters", Device::cpu}, grads{"gradients", Device::cpu}, activations{"activations", Device::cpu};
+  Workspace workspace{Device::cpu};
+  std::vector<std::unique_ptr<Parameter>> parameters;
+  ComputeWeights compute{Device::cpu};
+  BuildContext ctx;
+  void allocate() {
+    params.allocate();
+    grads.allocate();
+    workspace.allocate();
+  }
+};
+
+std::vector<float> floats_of(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
+
+// N(0, scale) values with a few awkward ones: an outlier, a zero row's worth of zeros and a
+// tiny value (flushed to zero under per-tensor scaling).
+std::vector<float> awkward(int64_t rows, int64_t cols, uint64_t seed, double scale) {
+  const std::vector<double> values = values_of(*test::random_f64(Shape{rows, cols}, seed, scale));
+  std::vector<float> v(values.begin(), values.end());
+  v[0] = static_cast<float>(40 * scale);
+  for (int64_t c = 0; c < cols && rows > 1; ++c) v[(rows - 1) * cols + c] = 0;
+  if (v.size() > 2) v[1] = static_cast<float>(1e-6 * scale);
+  return v;
+}
+
+void fill(const Tensor& t, const std::vector<float>& v) { std::copy(v.begin(), v.end(), t.data<float>()); }
+
+std::vector<float> transpose(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  std::vector<float> t(v.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = v[r * cols + c];
+  return t;
+}
+
+// C = A B^T from the emulation: A [m, k] in fa, B [n, k] in fb, each quantized per tensor.
+std::vector<float> by_hand(const std::vector<float>& a, int64_t m, fp8::Format fa, const std::vector<float>& b,
+                           int64_t n, fp8::Format fb, int64_t k) {
+  return fp8::gemm_reference(fp8::quantize_tensorwise(a, m, k, fa), fp8::quantize_tensorwise(b, n, k, fb));
+}
+
+// The same bits, element for element (EXPECT_EQ on floats would let -0 equal +0).
+void expect_bits(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i]);
+  EXPECT_EQ(differ, 0) << what << ": " << differ << " of " << got.size() << " elements differ";
+}
+
+struct ShapeCase {
+  int64_t n, in, out;
+  bool bias;
+};
+
+TEST(Fp8Linear, ForwardAndBackwardAreTheEmulationsQuantizeAndGemmBitForBit) {
+  using fp8::Format;
+  for (const ShapeCase s : {ShapeCase{37, 45, 19, true}, ShapeCase{1, 3, 130, false}, ShapeCase{64, 129, 33, true}}) {
+    SCOPED_TRACE(testing::Message() << s.n << " x " << s.in << " -> " << s.out);
+    Build b(fp8_recipe(), s.n);
+    LinearLayer layer;
+    layer.declare(b.ctx, ParamName{"w", "w", ""}, s.out, s.in, ParamRole::matrix, Init::normal(0.02));
+    if (s.bias) layer.declare_bias(b.ctx, ParamName{"b", "b", ""}, ParamRole::bias, Init::zeros());
+    EXPECT_EQ(layer.format(), GemmFormat::fp8_tensorwise);
+    EXPECT_GT(b.workspace.planned_bytes(), 0u) << "the operands' copies are planned scratch";
+    b.allocate();
+    const std::vector<float> x = awkward(s.n, s.in, 1, 1.0), w = awkward(s.out, s.in, 2, 0.05),
+                             dy = awkward(s.n, s.out, 3, 1e-3), bias = awkward(1, s.out, 4, 0.1);
+    fill(layer.weight(), w);
+    if (s.bias) fill(layer.bias(), bias);
+    const OwnedTensor xt(DType::f32, Device::cpu, Shape{s.n, s.in}), dyt(DType::f32, Device::cpu, Shape{s.n, s.out});
+    fill(*xt, x), fill(*dyt, dy);
+
+    // y = Q4(x) Q4(W)^T (+ b in fp32).
+    const OwnedTensor y(DType::f32, Device::cpu, Shape{s.n, s.out});
+    layer.forward(*xt, *y);
+    std::vector<float> y_want = by_hand(x, s.n, Format::e4m3, w, s.out, Format::e4m3, s.in);
+    if (s.bias)
+      for (int64_t i = 0; i < s.n; ++i)
+        for (int64_t j = 0; j < s.out; ++j) y_want[i * s.out + j] += bias[j];
+    expect_bits(floats_of(*y), y_want, "y");
+    // And it is not the f32 product (so this test sees whether FP8 ran at all).
+    const OwnedTensor y32(DType::f32, Device::cpu, Shape{s.n, s.out});
+    ops::linear_forward(b.exec, *xt, layer.weight(), layer.bias(), *y32);
+    EXPECT_NE(floats_of(*y), floats_of(*y32));
+
+    // dx = Q5(dy) Q4(W): B is W^T [in, out], the same codes transposed. dW = Q5(dy)^T Q4(x).
+    const std::vector<float> dx_want = by_hand(dy, s.n, Format::e5m2, transpose(w, s.out, s.in), s.in, Format::e4m3, s.out);
+    const std::vector<float> dw_once = by_hand(transpose(dy, s.n, s.out), s.out, Format::e5m2,
+                                               transpose(x, s.n, s.in), s.in, Format::e4m3, s.n);
+    const OwnedTensor dx(DType::f32, Device::cpu, Shape{s.n, s.in});
+    layer.backward(*xt, *dyt, *dx);
+    expect_bits(floats_of(*dx), dx_want, "dx");
+    expect_bits(floats_of(layer.weight_grad()), dw_once, "dW");
+    if (s.bias) {  // the f32 path's column sums of the unquantized dy
+      const OwnedTensor db(DType::f32, Device::cpu, Shape{s.out});
+      zero_tensor(*db);
+      ops::linear_backward(b.exec, *xt, layer.weight(), *dyt, Tensor(), Tensor(), *db);
+      expect_bits(floats_of(layer.bias_grad()), floats_of(*db), "db");
+    }
+
+    // Accumulating: dx += and dW += the same sums, each added once in fp32; the halves
+    // (backward_input, backward_weight) add what backward adds.
+    std::vector<float> dx_twice = dx_want, dw_twice = dw_once;
+    for (size_t i = 0; i < dx_twice.size(); ++i) dx_twice[i] += dx_want[i];
+    for (size_t i = 0; i < dw_twice.size(); ++i) dw_twice[i] += dw_once[i];
+    layer.backward(*xt, *dyt, *dx, true);
+    expect_bits(floats_of(*dx), dx_twice, "dx +=");
+    expect_bits(floats_of(layer.weight_grad()), dw_twice, "dW +=");
+    layer.backward_input(*dyt, *dx);
+    expect_bits(floats_of(*dx), dx_want, "backward_input");
+    layer.backward_weight(*xt, *dyt);
+    std::vector<float> dw_thrice = dw_twice;
+    for (size_t i = 0; i < dw_thrice.size(); ++i) dw_thrice[i] += dw_once[i];
+    expect_bits(floats_of(layer.weight_grad()), dw_thrice, "backward_weight");
+    // dx in x's own place (backward_input's modules pass it so): x is quantized first.
+    layer.backward(*xt, *dyt, *xt);
+    expect_bits(floats_of(*xt), dx_want, "dx over x");
+  }
+}
+
+TEST(Fp8Linear, OtherRolesStayF32AndUnquantizedRecipesPlanNoGemmScratch) {
+  const PrecisionRecipe r = fp8_recipe();
+  EXPECT_EQ(r.compute, DType::f32);
+  EXPECT_EQ(r.master, DType::f32);
+  EXPECT_EQ(r.format(ParamRole::matrix), GemmFormat::fp8_tensorwise);
+  for (ParamRole role : {ParamRole::expert, ParamRole::head, ParamRole::embedding, ParamRole::router})
+    EXPECT_EQ(r.format(role), GemmFormat::f32) << role_name(role);
+  EXPECT_EQ(gemm_format_name(GemmFormat::fp8_tensorwise), "fp8_tensorwise");
+
+  Build fp32(PrecisionRecipe::uniform(DType::f32), 16), quantized(fp8_recipe(), 16);
+  LinearLayer a, b, expert;
+  a.declare(fp32.ctx, ParamName{"w", "w", ""}, 8, 8, ParamRole::matrix, Init::normal(0.02));
+  b.declare(quantized.ctx, ParamName{"w", "w", ""}, 8, 8, ParamRole::matrix, Init::normal(0.02));
+  expert.declare(quantized.ctx, ParamName{"e", "e", ""}, 8, 8, ParamRole::expert, Init::normal(0.02));
+  EXPECT_EQ(fp32.workspace.planned_bytes(), 0u);
+  EXPECT_GT(quantized.workspace.planned_bytes(), 0u);
+  EXPECT_EQ(expert.format(), GemmFormat::f32);
+}
+
+TEST(Fp8Linear, RefusesTheGpuTheUnbuiltRecipesAndNonFiniteOperands) {
+  const std::string gpu = test::error_of([] { resolve_precision_recipe("fp8_tensorwise", Device::cuda); });
+  EXPECT_NE(gpu.find("[train.precision]"), std::string::npos) << gpu;
+  EXPECT_NE(gpu.find("not built on the GPU yet; the CPU reference is"), std::string::npos) << gpu;
+  EXPECT_EQ(std::count(gpu.begin(), gpu.end(), '\n'), 0) << gpu;
+  for (const char* name : {"fp16", "fp8_blockwise"})
+    for (Device device : {Device::cpu, Device::cuda}) {
+      const std::string error = test::error_of([&] { resolve_precision_recipe(name, device); });
+      EXPECT_NE(error.find("[train.precision]"), std::string::npos) << error;
+      EXPECT_NE(error.find("not built yet"), std::string::npos) << error;
+    }
+
+  Build b(fp8_recipe(), 4);
+  LinearLayer layer;
+  layer.declare(b.ctx, ParamName{"w", "w", ""}, 3, 5, ParamRole::matrix, Init::normal(0.02));
+  b.allocate();
+  const OwnedTensor x(DType::f32, Device::cpu, Shape{4, 5}), y(DType::f32, Device::cpu, Shape{4, 3});
+  zero_tensor(*x);
+  x->data<float>()[7] = std::nanf("");
+  const std::string error = test::error_of([&] { layer.forward(*x, *y); });
+  EXPECT_NE(error.find("fp8_tensorwise"), std::string::npos) << error;
+  EXPECT_NE(error.find("non-finite"), std::string::npos) << error;
+}
+
+// configs/default.toml shrunk as test_loss_gap's kSmall, 30 steps on the CPU in fp32 and in
+// fp8_tensorwise, same seed and data.
+const std::string kSmall =
+    " --set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.kv_heads=2 --set model.head_dim=16"
+    " --set model.max_seq_len=128 --set train.micro_batch_tokens=1024 --set train.steps=30 --set train.eval_every=0"
+    " --set train.sample_every=0 --set train.sample_tokens=0 --set checkpoint.every=0 --set log.every=5"
+    " --set train.threads=2 --set train.device=cpu --set log.tensorboard=false --set log.plot=false";
+
+std::vector<double> train(const std::string& dir, const std::string& precision, std::string* output) {
+  const std::string command = test::kiln_binary() + " train " + test::source_dir() + "/configs/default.toml" + kSmall +
+                              " --set train.precision=" + precision + " --set train.out_dir=" + dir + " 2>&1";
+  EXPECT_EQ(test::run_command(command, output), 0) << *output;
+  return test::train_losses(dir);
+}
+
+TEST(Fp8Linear, ASmallModelTrainsCloseToItsFp32Run) {
+  const std::string dir = test::temp_dir("kiln-fp8-train");
+  std::string out32, out8;
+  const std::vector<double> fp32 = train(dir + "/fp32", "fp32", &out32);
+  const std::vector<double> fp8 = train(dir + "/fp8", "fp8_tensorwise", &out8);
+  EXPECT_NE(out8.find("fp8_tensorwise GEMMs"), std::string::npos) << out8;
+  ASSERT_EQ(fp32.size(), 6u) << out32;  // steps 5, 10, ..., 30
+  ASSERT_EQ(fp8.size(), fp32.size()) << out8;
+  // It learns: the last logged loss well below the first.
+  EXPECT_LT(fp8.back(), fp8.front() - 0.5) << out8;
+  // And stays near the fp32 run: every logged loss within 1% of it (measured when this was
+  // written: at most 0.05%, 3.7555 against 3.7538 at step 30; docs/fp8.md), but not equal
+  // to it (FP8 really ran).
+  double most = 0;
+  for (size_t i = 0; i < fp8.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(fp8[i])) << i;
+    most = std::max(most, std::fabs(fp8[i] - fp32[i]) / fp32[i]);
+  }
+  EXPECT_LT(most, 0.01) << out8;
+  EXPECT_GT(most, 0.0) << "fp8_tensorwise logged the fp32 run's losses exactly";
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln
