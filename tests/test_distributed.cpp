@@ -356,7 +356,11 @@ TEST_F(Distributed, ZeroTwoTrainsAsDataParallel) {
         EXPECT_EQ(weight_difference(zero, ddp), 0.0);
         expect_same_training(zero, ddp, 1e-13);
       } else {
-        EXPECT_LT(weight_difference(zero, ddp), 1e-5);
+        // int8 moments round each block to 127 steps: a last-bit difference in a summed
+        // gradient can move a moment by one step, and the weight by that step's share of
+        // the update (measured 3.0e-3 relative on an AMD EPYC, 2026-12-06; under 1e-5 on
+        // the machine this was written on). A wrong shard or order is off by O(1).
+        EXPECT_LT(weight_difference(zero, ddp), name == "int8" ? 1e-2 : 1e-5);
         expect_same_training(zero, ddp, 1e-6);
       }
       EXPECT_CONTAINS(read_file(zero + "/rank-1.log"), "ZeRO-2: rank 1 ");
@@ -396,7 +400,7 @@ TEST_F(Distributed, ZeroTwoSkipsANonFiniteGradientOnEveryRankAsDataParallel) {
 // has written and not yet reduce-scattered, measured by mincore (KILN_MEASURE_GRADIENT_MEMORY=1
 // asks for the count at every bucket and backward's end); and it still trains as DDP
 // (2 micro-batches per step: the sums are added per micro-batch, not after them, so not bit
-// for bit: the first step's norm within 1e-7, the weights after 12 steps within 1e-4).
+// for bit: the first step's norm within 1e-7, the weights after 12 steps within 2e-3).
 TEST_F(Distributed, ZeroTwoHoldsItsShardOfTheGradientsAndTrainsAsDataParallel) {
   std::string output;
   for (int nproc : {2, 4}) {
@@ -409,7 +413,10 @@ TEST_F(Distributed, ZeroTwoHoldsItsShardOfTheGradientsAndTrainsAsDataParallel) {
                              "", &output),
               0)
         << output;
-    EXPECT_LT(weight_difference(zero, ddp), 1e-4);  // measured 2.6e-5 at 2 ranks (8 layers)
+    // 12 AdamW steps amplify the first step's last-bit differences (Adam divides tiny
+    // gradients by their own size): measured 2.6e-5 at 2 ranks where this was written,
+    // 4.5e-4 at 4 ranks on an AMD EPYC (2026-12-06). A wrong shard is off by O(1).
+    EXPECT_LT(weight_difference(zero, ddp), 2e-3);
     expect_same_training(zero, ddp, 1e-5);
     // The first step starts from the same weights: only the order of the ranks' additions
     // differs (per micro-batch here), so its loss is the same and its norm nearly.

@@ -192,7 +192,7 @@ void add_bench_command(CLI::App& app) {
     const MemoryPlan plan = model.memory_plan();
     const double planned_gib = static_cast<double>(plan.total() + optimizer_state.planned_bytes()) / 1073741824.0;
     const double device_gib = static_cast<double>(free_before - free_after) / 1073741824.0;
-    const char* precision = build.dtype == DType::bf16 ? "bf16 mixed" : "fp32";
+    const std::string precision = build.recipe().describe();
     const std::string where = device == Device::cuda ? fmt::format("cuda ({}, {})", cuda_device_name(), precision)
                                                      : fmt::format("cpu ({}, {})", precision, blas_summary());
     const std::string token_source = data_tokens ? "training data " + data_name(config) : "random tokens";

@@ -202,8 +202,8 @@ const std::array kFields = {
                "continued pretraining: start from a kiln model, checkpoint or HF folder; empty = random init"),
     KILN_FIELD(train, device, one_of("auto|cpu|cuda"), "auto | cpu | cuda"),
     KILN_FIELD(train, precision, one_of("auto|fp32|bf16|fp16|fp8_tensorwise|fp8_blockwise"),
-               "auto (bf16 on the GPU, fp32 on the CPU) | fp32 | bf16 | fp8_tensorwise (CPU reference); fp16 and "
-               "fp8_blockwise are not built yet"),
+               "auto (bf16 on the GPU, fp32 on the CPU) | fp32 | bf16 | fp8_tensorwise (dense GEMMs in per-tensor "
+               "FP8); fp16 and fp8_blockwise are not built yet"),
     KILN_FIELD(train, recompute_blocks, non_negative(), "blocks (the first N) whose activations are recomputed in backward"),
     KILN_FIELD(train, deterministic, none(), "bitwise-reproducible kernels; false allows cuDNN's faster atomic attention backward"),
     KILN_FIELD(train, cuda_graphs, none(), "GPU: the step as CUDA graphs with its scalars on the device; false: op by op"),

@@ -3,12 +3,10 @@
 // format the build's precision recipe gives its role. Modules call forward/backward instead
 // of ops::linear_* so the GEMM's format is decided here, once, at build time.
 //
-// f64, f32 and bf16 are ops::linear in the weight's own dtype. fp8_tensorwise (the CPU
-// reference of the FP8 recipe, docs/fp8.md): forward y = Q4(x) Q4(W)^T, backward
-// dx = Q5(dy) Q4(W) and dW += Q5(dy)^T Q4(x), where Q4 / Q5 quantize a whole tensor to e4m3 /
-// e5m2 with this call's amax (current scaling) and the products are summed in fp32 as
-// ops/fp8's gemm_reference sums them; the bias and its gradient stay fp32. The operands'
-// dequantized copies live in the workspace's gemm level, planned in declare().
+// f64, f32 and bf16 are ops::linear in the weight's own dtype. fp8_tensorwise is
+// ops/fp8/fp8_linear.h (per-tensor e4m3 x and W, e5m2 dy: the CPU emulation's bits, or the
+// GPU's quantize kernels and cuBLASLt FP8 GEMMs); its operand copies live in the
+// workspace's gemm level, planned in declare().
 #pragma once
 
 #include "core/exec_context.h"
@@ -66,9 +64,6 @@ class LinearLayer {
   void bind(const BuildContext& ctx, ParamRole role);
   // An FP8 format's operand copies at the workspace's gemm level, for max_tokens rows.
   void plan_fp8_scratch(BuildContext& ctx) const;
-  void forward_fp8(const Tensor& x, const Tensor& y) const;
-  // dx (when defined) and, when training and x is defined, the weight's and bias's gradients.
-  void backward_fp8(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx) const;
 
   const ExecContext* exec_ = nullptr;
   Workspace* workspace_ = nullptr;

@@ -28,6 +28,12 @@ PrecisionRecipe PrecisionRecipe::uniform(DType compute) {
   return r;
 }
 
+std::string PrecisionRecipe::describe() const {
+  std::string text = mixed() ? "bf16 mixed" : compute == DType::f64 ? "fp64" : "fp32";
+  if (dense != uniform(compute).dense) text += ", " + std::string(gemm_format_name(dense)) + " GEMMs";
+  return text;
+}
+
 GemmFormat PrecisionRecipe::format(ParamRole role) const {
   switch (role) {
     case ParamRole::expert: return expert;
@@ -40,13 +46,12 @@ GemmFormat PrecisionRecipe::format(ParamRole role) const {
 
 PrecisionRecipe resolve_precision_recipe(const std::string& setting, Device device) {
   KILN_CHECK(setting != "fp16" && setting != "fp8_blockwise", "train.precision",
-             "'{}' is not built yet (auto, fp32 and bf16 are; fp8_tensorwise on the CPU)", setting);
+             "'{}' is not built yet (auto, fp32, bf16 and fp8_tensorwise are)", setting);
   if (setting == "fp8_tensorwise") {
-    KILN_CHECK(device == Device::cpu, "train.precision",
-               "'fp8_tensorwise' is not built on the GPU yet; the CPU reference is (train.device = 'cpu')");
     // Transformer Engine's split: the attention, MLP and shared-expert projections in FP8;
-    // the LM head, router and routed experts (not LinearLayers yet) and everything else f32.
-    PrecisionRecipe r = PrecisionRecipe::uniform(DType::f32);
+    // the LM head, router and routed experts (not LinearLayers yet) and everything else in
+    // the device's own precision (f32 on the CPU, bf16 mixed on the GPU).
+    PrecisionRecipe r = PrecisionRecipe::uniform(device == Device::cpu ? DType::f32 : DType::bf16);
     r.dense = GemmFormat::fp8_tensorwise;
     return r;
   }

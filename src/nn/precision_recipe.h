@@ -18,8 +18,8 @@ enum class GemmFormat {
   f64,   // the tests' fp64 models
   f32,
   bf16,  // bf16 operands, f32 accumulation (the GPU's mixed path)
-  // x and W per tensor in e4m3, dy in e5m2 (current scaling), products summed in fp32; the
-  // CPU reference only (ops/fp8/fp8_linear_cpu.h).
+  // x and W per tensor in e4m3, dy in e5m2 (current scaling), products summed in fp32
+  // (ops/fp8/fp8_linear.h: the CPU emulation or the GPU's cuBLASLt FP8 GEMMs).
   fp8_tensorwise,
 };
 
@@ -43,14 +43,17 @@ struct PrecisionRecipe {
   static PrecisionRecipe uniform(DType compute);
 
   bool mixed() const { return compute != master; }
+  // For logs: "fp32", "bf16 mixed", "bf16 mixed, fp8_tensorwise GEMMs" (the dense role's
+  // format when it differs from the compute dtype's).
+  std::string describe() const;
   // The format of a weight of this role (embedding: the LM head's; norms and biases are
   // not GEMM weights and take the dense format).
   GemmFormat format(ParamRole role) const;
 };
 
-// train.precision on that device ("auto" | "fp32" | "bf16" | "fp8_tensorwise" on the CPU:
-// f32 with the dense role's GEMMs in FP8). The recipes not built yet (fp16, fp8_blockwise,
-// fp8_tensorwise on the GPU) are refused by name.
+// train.precision on that device: "auto" | "fp32" | "bf16" | "fp8_tensorwise" (the dense
+// role's GEMMs in FP8, the rest f32 on the CPU and bf16 mixed on the GPU). The recipes not
+// built yet (fp16, fp8_blockwise) are refused by name.
 PrecisionRecipe resolve_precision_recipe(const std::string& setting, Device device);
 
 }  // namespace kiln

@@ -207,9 +207,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   }
 
   const MemoryPlan plan = model_->memory_plan();
-  const char* precision = model_->options().dtype == DType::bf16                                 ? "bf16 mixed"
-                          : model_->options().recipe().dense == GemmFormat::fp8_tensorwise ? "fp32, fp8_tensorwise GEMMs"
-                                                                                           : "fp32";
+  const std::string precision = model_->options().recipe().describe();
   const std::string device = device_ == Device::cuda
                                  ? fmt::format("cuda ({}, {}, {})", cuda_device_name(), precision,
                                                step_execution_name(step_->execution()))

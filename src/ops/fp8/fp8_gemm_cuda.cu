@@ -140,7 +140,7 @@ void check_operand(const Fp8Operand& x, const char* name) {
 }  // namespace
 
 void fp8_gemm(const ExecContext& ctx, int64_t m, int64_t n, int64_t k, const Fp8Operand& a, const Fp8Operand& b,
-              void* c, DType c_dtype) {
+              void* c, DType c_dtype, bool accumulate) {
   KILN_CHECK(m > 0 && n > 0 && k > 0, kOp, "m={} n={} k={} must be positive", m, n, k);
   for (auto [dim, value] : {std::pair{"m", m}, std::pair{"n", n}, std::pair{"k", k}})
     KILN_CHECK(value % kDimMultiple == 0, kOp,
@@ -165,7 +165,7 @@ void fp8_gemm(const ExecContext& ctx, int64_t m, int64_t n, int64_t k, const Fp8
   set(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b.scale_inv, "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)");
   set(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a.scale_inv, "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
   const cudaStream_t s = stream(ctx);
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   check_lt(cublasLtMatmul(lt().handle, plan.op, &alpha, b.codes, plan.first, a.codes, plan.second, &beta, c, plan.out,
                           c, plan.out, &plan.algo, lt().workspace(s), kWorkspaceBytes, s),
            "cublasLtMatmul");

@@ -2,7 +2,7 @@
 // from two quantized operands, both K-major (Hopper's FP8 tensor cores take only the "TN"
 // layout), fp32 accumulation (fast accumulation off: cuBLASLt promotes partial sums to fp32
 // periodically), output bf16 or f32. The same contract as ops::fp8::gemm_reference, which
-// the GPU tests compare it with (docs/fp8.md). Not called by training yet.
+// the GPU tests compare it with (docs/fp8.md). Training calls it through ops/fp8/fp8_linear.h.
 //
 // Scaling per operand: tensorwise (one device float scale_inv, cuBLASLt's
 // A/B_SCALE_POINTER in SCALAR_32F mode) or DeepSeek-V3 blockwise (1 x 128 tiles or 128 x 128
@@ -33,9 +33,10 @@ struct Fp8Operand {
 
 inline constexpr ops::fp8::BlockShape kFp8Tensorwise{0, 0};
 
-// C [m, n] (row-major, c_dtype bf16 or f32) = A [m, k] B [n, k]^T. e5m2 x e5m2 is refused
-// (no cuBLASLt kernel); e4m3 x e5m2 and e5m2 x e4m3 are the backward's gradient GEMMs.
+// C [m, n] (row-major, c_dtype bf16 or f32) = A [m, k] B [n, k]^T, or += when accumulate
+// (beta = 1: a weight gradient summed over micro-batches, a bias already in C). e5m2 x e5m2
+// is refused (no cuBLASLt kernel); e4m3 x e5m2 and e5m2 x e4m3 are the backward's GEMMs.
 void fp8_gemm(const ExecContext& ctx, int64_t m, int64_t n, int64_t k, const Fp8Operand& a, const Fp8Operand& b,
-              void* c, DType c_dtype);
+              void* c, DType c_dtype, bool accumulate = false);
 
 }  // namespace kiln::cuda

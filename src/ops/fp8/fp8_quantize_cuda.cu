@@ -92,7 +92,7 @@ __global__ void tensorwise_cast_kernel(const T* x, int64_t rows, int64_t cols, f
     const int64_t row = row0 + i;
     if (row < rows && col < cols) {
       const uint8_t c = cast(ld(x + row * cols + col), scale, format);
-      codes[row * cols + col] = c;
+      if (codes != nullptr) codes[row * cols + col] = c;
       tile[i][threadIdx.x] = c;
     }
   }
@@ -228,6 +228,7 @@ void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x,
   constexpr const char* kOp = "fp8_quantize_tensorwise";
   KILN_CHECK(rows > 0 && cols > 0, kOp, "matrix [{}, {}] must not be empty", rows, cols);
   KILN_CHECK(ceil_div(rows, kTile) <= 65535, kOp, "{} rows pass the grid's 65535 x {} limit", rows, kTile);
+  KILN_CHECK(codes != nullptr || codes_t != nullptr, kOp, "neither codes nor codes_t is given");
   const cudaStream_t s = stream(ctx);
   const float fp8_max = ops::fp8::info(format).max;
   check(cudaMemsetAsync(amax, 0, sizeof(float), s), kOp, "cudaMemsetAsync amax");

@@ -4,7 +4,7 @@
 // rounded to fp32, cvt.rn.satfinite, scale_inv = 1 / scale). Nothing synchronizes with the
 // host and nothing is allocated: the scales are computed on the device, so these run inside
 // CUDA graph capture. Inputs must be finite (the CPU reference refuses others; here a NaN
-// or inf gives an unspecified scale). No training code calls these yet (docs/fp8.md).
+// or inf gives an unspecified scale). Training calls them through ops/fp8/fp8_linear.h.
 //
 // Operands are laid out for cuBLASLt's FP8 GEMM (ops/fp8/fp8_gemm_cuda.h): K (the GEMM's
 // reduction dimension) is `cols`, the contiguous one, and a block-scaled operand's
@@ -22,9 +22,9 @@
 namespace kiln::cuda {
 
 // Tensorwise current scaling (Transformer Engine's, no amax history): one scale for the
-// whole matrix. Writes *amax (max |x|), *scale_inv and codes [rows, cols]; codes_t, when
-// not null, also gets the transposed codes [cols, rows] (the K-major operand the backward
-// needs) in the same pass, with the same scale. amax, scale_inv: one device float each.
+// whole matrix. Writes *amax (max |x|), *scale_inv, codes [rows, cols] and/or codes_t, the
+// transposed codes [cols, rows] (the K-major operand the backward needs), in the same pass
+// with the same scale; either may be null (not both). amax, scale_inv: one device float each.
 void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x, int64_t rows, int64_t cols,
                              ops::fp8::Format format, uint8_t* codes, uint8_t* codes_t, float* amax,
                              float* scale_inv);

@@ -62,9 +62,13 @@ void launch_column_sums(cudaStream_t stream, const void* dy, int64_t n, int64_t 
 
 }  // namespace
 
+void linear_broadcast_bias(const ExecContext& ctx, const float* bias, DType dtype, int64_t n, int64_t out, void* y) {
+  dtype == DType::bf16 ? launch_bias<__nv_bfloat16>(stream(ctx), bias, n, out, y) : launch_bias<float>(stream(ctx), bias, n, out, y);
+}
+
 void linear_forward(const ExecContext& ctx, const void* x, const void* w, DType dtype, const float* bias, int64_t n, int64_t in,
                     int64_t out, void* y) {
-  if (bias) dtype == DType::bf16 ? launch_bias<__nv_bfloat16>(stream(ctx), bias, n, out, y) : launch_bias<float>(stream(ctx), bias, n, out, y);
+  if (bias) linear_broadcast_bias(ctx, bias, dtype, n, out, y);
   gemm(ctx, false, true, n, out, in, 1.0f, x, in, w, in, dtype, bias ? 1.0f : 0.0f, y, out, dtype);
 }
 

@@ -40,6 +40,8 @@ void gemm_f32(const ExecContext& ctx, bool trans_a, bool trans_b, int64_t m, int
 // path); bias and dbias are fp32; dw (+=) is fp32 or `dtype` (dw_dtype).
 void linear_forward(const ExecContext& ctx, const void* x, const void* w, DType dtype, const float* bias, int64_t n, int64_t in,
                     int64_t out, void* y);
+// y [n, out] = bias in every row (the start of a product accumulated onto it with beta = 1).
+void linear_broadcast_bias(const ExecContext& ctx, const float* bias, DType dtype, int64_t n, int64_t out, void* y);
 void linear_backward(const ExecContext& ctx, const void* x, const void* w, const void* dy, DType dtype, int64_t n, int64_t in, int64_t out,
                      void* dx, bool accumulate_dx, void* dw, DType dw_dtype, float* dbias);
 

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# train.precision = fp8_tensorwise on the GPU, run ON the GPU machine (after
+# scripts/gpu_stage.sh; carry .gpu). Parts (PART=all runs them in order):
+#   PART=tests  GpuFp8.* and GpuFp8Linear.* (kernels and the linear layer against the CPU
+#               emulation, a small model trained in captured graphs)
+#   PART=bench  kiln bench per shape (SHAPES, default 0.6b 1.5b moe-1b) in bf16 and in
+#               fp8_tensorwise: ms per step, tokens/s and device memory in use
+#   PART=train  `kiln loss-gap` on configs/default.toml (tinyshakespeare) for STEPS steps
+#               (default 300): bf16 at two seeds, fp8_tensorwise at the first
+# docs/fp8.md has what it measured.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOGS=${OUT:-/tmp/out}; mkdir -p "$LOGS"
+source scripts/gpu_env.sh || exit 1
+export KILN_SOURCE_DIR="$PWD" KILN_BINARY="$STAGE/bin/kiln"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+
+tests() {
+  timeout ${TEST_TIMEOUT:-300} "$STAGE/bin/kiln_gpu_tests" --gtest_filter="${GTEST_FILTER:-GpuFp8.*:GpuFp8Linear.*}" \
+    > "$LOGS/fp8_tests.log" 2>&1
+  echo "gpu tests exit $?"
+  grep -E "^\[  FAILED|^\[       OK|PASSED|tests ran|outside the bound|Failure|Expected|Which is|error" "$LOGS/fp8_tests.log" | head -60
+}
+
+bench() {
+  for shape in ${SHAPES:-0.6b 1.5b moe-1b}; do
+    for p in bf16 fp8_tensorwise; do
+      timeout 240 "$STAGE/bin/kiln" bench configs/bench-$shape.toml --steps ${BENCH_STEPS:-10} --warmup 3 \
+        --set train.precision=$p > "$LOGS/bench-$shape-$p.log" 2>&1
+      echo "== bench-$shape $p exit $?"; grep -E "device|tokens|ms per step|memory|error" "$LOGS/bench-$shape-$p.log" | head -6
+    done
+  done
+}
+
+train() {  # kiln loss-gap: bf16 at two seeds against fp8_tensorwise (docs/loss-gap.md)
+  rm -rf /tmp/fp8gap
+  timeout ${TRAIN_TIMEOUT:-400} "$STAGE/bin/kiln" loss-gap configs/default.toml --out /tmp/fp8gap \
+    --candidate train.precision=fp8_tensorwise --set train.device=cuda --set train.steps=${STEPS:-300} \
+    --set train.sample_every=0 --set train.sample_tokens=0 --set checkpoint.every=0 --set checkpoint.save_final=false \
+    > "$LOGS/loss_gap.log" 2>&1
+  echo "loss-gap exit $?"; cat "$LOGS/loss_gap.log" | tail -30
+}
+
+case "${PART:-all}" in
+tests) tests ;;
+bench) bench ;;
+train) train ;;
+all) tests; bench; train ;;
+*) echo "PART: tests | bench | train | all"; exit 2 ;;
+esac

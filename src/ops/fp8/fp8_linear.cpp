@@ -1,0 +1,202 @@
+#include "ops/fp8/fp8_linear.h"
+
+#include "core/error.h"
+#include "ops/fp8/fp8_linear_cpu.h"
+#include "ops/linear/linear.h"
+
+#if KILN_WITH_CUDA
+#include "ops/fp8/fp8_gemm_cuda.h"
+#include "ops/fp8/fp8_quantize_cuda.h"
+#include "ops/linear/linear_cuda.h"
+#endif
+
+#include <algorithm>
+
+namespace kiln::ops::fp8 {
+
+namespace {
+
+constexpr const char* kOp = "fp8_tensorwise";
+constexpr int64_t kGemmMultiple = 16;  // cuBLASLt's FP8 rule (fp8_gemm_cuda.h)
+
+size_t bytes(DType dtype, int64_t rows, int64_t cols) { return Workspace::footprint(dtype, Shape{rows, cols}); }
+
+void expect_rows(const char* what, const Tensor& t, int64_t cols, DType dtype, Device device) {
+  KILN_CHECK(t.device() == device && t.dtype() == dtype && t.rank() == 2 && t.size(1) == cols, kOp,
+             "{} must be {} [N, {}] on the {}, got {}", what, dtype_name(dtype), cols, device_name(device),
+             t.describe());
+}
+
+// ---- CPU: the emulation on dequantized f32 copies --------------------------------------
+
+void forward_cpu(Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+  const int64_t n = x.size(0), in = w.size(1), out = w.size(0);
+  Workspace::Scope scope(workspace);
+  const Tensor xq = scope.take(DType::f32, Shape{n, in}), wt = scope.take(DType::f32, Shape{in, out});
+  quantize_dequantize_tensorwise(x.data<float>(), n, in, Format::e4m3, xq.data<float>(), false, "x");
+  quantize_dequantize_tensorwise(w.data<float>(), out, in, Format::e4m3, wt.data<float>(), true, "W");
+  // y [n, out]: y_ij = sum_p x_ip W_jp, B = W^T [in, out].
+  gemm_rounded(n, out, in, xq.data<float>(), in, 1, wt.data<float>(), y.data<float>(), false, nullptr);
+  if (bias.defined()) {
+    const float* b = bias.data<float>();
+    float* yp = y.data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < out; ++j) yp[i * out + j] += b[j];
+  }
+}
+
+void backward_cpu(Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                  bool accumulate_dx, const Tensor& dw) {
+  const int64_t n = dy.size(0), in = w.size(1), out = w.size(0);
+  Workspace::Scope scope(workspace);
+  // Every operand is quantized before anything is written: dx may be x's place.
+  const Tensor dyq = scope.take(DType::f32, Shape{n, out});
+  quantize_dequantize_tensorwise(dy.data<float>(), n, out, Format::e5m2, dyq.data<float>(), false, "dy");
+  Tensor xq;
+  if (dw.defined()) {
+    xq = scope.take(DType::f32, Shape{n, in});
+    quantize_dequantize_tensorwise(x.data<float>(), n, in, Format::e4m3, xq.data<float>(), false, "x");
+  }
+  if (dx.defined()) {
+    const Tensor wq = scope.take(DType::f32, Shape{out, in});
+    quantize_dequantize_tensorwise(w.data<float>(), out, in, Format::e4m3, wq.data<float>(), false, "W");
+    // dx [n, in] = dy [n, out] W [out, in].
+    const Tensor sums = accumulate_dx ? scope.take(DType::f32, Shape{n, in}) : Tensor();
+    gemm_rounded(n, in, out, dyq.data<float>(), out, 1, wq.data<float>(), dx.data<float>(), accumulate_dx,
+                 sums.data_or_null<float>());
+  }
+  if (dw.defined()) {
+    // dW [out, in] += dy^T [out, n] x [n, in]: A read down dy's columns.
+    const Tensor sums = scope.take(DType::f32, Shape{out, in});
+    gemm_rounded(out, in, n, dyq.data<float>(), 1, out, xq.data<float>(), dw.data<float>(), true, sums.data<float>());
+  }
+}
+
+size_t scratch_cpu(int64_t t, int64_t in, int64_t out, bool training) {
+  const DType f = DType::f32;
+  const size_t forward = bytes(f, t, in) + bytes(f, in, out);
+  // dy, x, W, then dx's and dW's sums.
+  const size_t backward = bytes(f, t, out) + bytes(f, t, in) + bytes(f, out, in) + bytes(f, t, in) + bytes(f, out, in);
+  return std::max(forward, training ? backward : 0);
+}
+
+// ---- GPU: quantize kernels and cuBLASLt's FP8 GEMM ----------------------------------------
+
+// Each quantized operand's two device floats: scale_inv first (cuBLASLt wants it 16-byte
+// aligned; workspace tensors are 256-byte aligned), then amax.
+size_t scale_bytes() { return Workspace::footprint(DType::f32, Shape{2}); }
+
+size_t scratch_cuda(int64_t t, int64_t in, int64_t out, bool training) {
+  const DType u8 = DType::u8;
+  const size_t forward = bytes(u8, t, in) + bytes(u8, out, in) + 2 * scale_bytes();
+  // dy's codes and their transpose, W^T's codes, x^T's codes.
+  const size_t backward = 2 * bytes(u8, t, out) + bytes(u8, in, out) + bytes(u8, in, t) + 3 * scale_bytes();
+  return std::max(forward, training ? backward : 0);
+}
+
+#if KILN_WITH_CUDA
+
+// One operand's codes (row-major and/or transposed, as asked) and scales, from the scope.
+struct Quantized {
+  Tensor codes, codes_t, scales;
+  cuda::Fp8Operand operand(Format format) const {
+    return {codes.data<uint8_t>(), format, cuda::kFp8Tensorwise, scales.data<float>()};
+  }
+  cuda::Fp8Operand operand_t(Format format) const {
+    return {codes_t.data<uint8_t>(), format, cuda::kFp8Tensorwise, scales.data<float>()};
+  }
+};
+
+Quantized quantize(const ExecContext& ctx, Workspace::Scope& scope, const Tensor& x, Format format, bool row_major,
+                   bool transposed) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  Quantized q;
+  if (row_major) q.codes = scope.take(DType::u8, Shape{rows, cols});
+  if (transposed) q.codes_t = scope.take(DType::u8, Shape{cols, rows});
+  q.scales = scope.take(DType::f32, Shape{2});
+  float* scales = q.scales.data<float>();
+  cuda::fp8_quantize_tensorwise(ctx, x.dtype(), x.raw(), rows, cols, format, q.codes.data_or_null<uint8_t>(),
+                                q.codes_t.data_or_null<uint8_t>(), scales + 1, scales);
+  return q;
+}
+
+void forward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& bias,
+                  const Tensor& y) {
+  const int64_t n = x.size(0), in = w.size(1), out = w.size(0);
+  Workspace::Scope scope(workspace);
+  const Quantized xq = quantize(ctx, scope, x, Format::e4m3, true, false);
+  const Quantized wq = quantize(ctx, scope, w, Format::e4m3, true, false);
+  if (bias.defined()) cuda::linear_broadcast_bias(ctx, bias.data<float>(), y.dtype(), n, out, y.raw());
+  cuda::fp8_gemm(ctx, n, out, in, xq.operand(Format::e4m3), wq.operand(Format::e4m3), y.raw(), y.dtype(),
+                 bias.defined());
+}
+
+void backward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& dy,
+                   const Tensor& dx, bool accumulate_dx, const Tensor& dw) {
+  const int64_t n = dy.size(0), in = w.size(1), out = w.size(0);
+  Workspace::Scope scope(workspace);
+  // Every operand is quantized before anything is written: dx may be x's place. The
+  // K-major operands: dx = dy [n, out] . (W^T) [in, out]^T and dW = (dy^T) [out, n] . (x^T) [in, n]^T.
+  const Quantized dyq = quantize(ctx, scope, dy, Format::e5m2, dx.defined(), dw.defined());
+  Quantized xq;
+  if (dw.defined()) xq = quantize(ctx, scope, x, Format::e4m3, false, true);
+  if (dx.defined()) {
+    const Quantized wq = quantize(ctx, scope, w, Format::e4m3, false, true);
+    cuda::fp8_gemm(ctx, n, in, out, dyq.operand(Format::e5m2), wq.operand_t(Format::e4m3), dx.raw(), dx.dtype(),
+                   accumulate_dx);
+  }
+  if (dw.defined())
+    cuda::fp8_gemm(ctx, out, in, n, dyq.operand_t(Format::e5m2), xq.operand_t(Format::e4m3), dw.raw(), dw.dtype(),
+                   true);
+}
+
+#endif
+
+}  // namespace
+
+size_t fp8_linear_scratch_bytes(Device device, int64_t tokens, int64_t in, int64_t out, bool training) {
+  return device == Device::cpu ? scratch_cpu(tokens, in, out, training) : scratch_cuda(tokens, in, out, training);
+}
+
+bool fp8_linear_runs_fp8(Device device, int64_t n, int64_t in, int64_t out) {
+  return device == Device::cpu || (n % kGemmMultiple == 0 && in % kGemmMultiple == 0 && out % kGemmMultiple == 0);
+}
+
+void fp8_linear_forward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
+                        const Tensor& bias, const Tensor& y) {
+  const Device device = w.device();
+  const DType dtype = device == Device::cpu ? DType::f32 : DType::bf16;
+  const int64_t in = w.size(1), out = w.size(0);
+  expect_rows("W", w, in, dtype, device), expect_rows("x", x, in, dtype, device), expect_rows("y", y, out, dtype, device);
+  KILN_CHECK(y.size(0) == x.size(0), kOp, "y has {} rows for {} rows of x", y.size(0), x.size(0));
+  if (!fp8_linear_runs_fp8(device, x.size(0), in, out)) return ops::linear_forward(ctx, x, w, bias, y);
+  if (device == Device::cpu) return forward_cpu(workspace, x, w, bias, y);
+#if KILN_WITH_CUDA
+  forward_cuda(ctx, workspace, x, w, bias, y);
+#endif
+}
+
+void fp8_linear_backward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
+                         const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& dbias) {
+  const Device device = w.device();
+  const DType dtype = device == Device::cpu ? DType::f32 : DType::bf16;
+  const int64_t n = dy.size(0), in = w.size(1), out = w.size(0);
+  expect_rows("W", w, in, dtype, device), expect_rows("dy", dy, out, dtype, device);
+  const Tensor weight_grad = x.defined() ? dw : Tensor();
+  if (x.defined()) expect_rows("x", x, in, dtype, device);
+  if (dx.defined()) expect_rows("dx", dx, in, dtype, device);
+  if (!fp8_linear_runs_fp8(device, n, in, out))
+    return ops::linear_backward(ctx, x.defined() ? x : dx, w, dy, dx, weight_grad, x.defined() ? dbias : Tensor(),
+                                accumulate_dx);
+  if (device == Device::cpu) {
+    backward_cpu(workspace, x, w, dy, dx, accumulate_dx, weight_grad);
+  } else {
+#if KILN_WITH_CUDA
+    backward_cuda(ctx, workspace, x, w, dy, dx, accumulate_dx, weight_grad);
+#endif
+  }
+  // The bias's gradient from the unquantized dy, as the bf16 and f32 paths sum it.
+  if (x.defined() && dbias.defined()) ops::linear_backward(ctx, x, w, dy, Tensor(), Tensor(), dbias);
+}
+
+}  // namespace kiln::ops::fp8

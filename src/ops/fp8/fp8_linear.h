@@ -1,0 +1,44 @@
+// A linear layer y = x W^T (+ b) with its GEMMs in tensorwise FP8 (the fp8_tensorwise
+// recipe, nn/linear_layer.h): forward y = Q4(x) Q4(W)^T, backward dx = Q5(dy) Q4(W) and
+// dW += Q5(dy)^T Q4(x), where Q4 / Q5 quantize a whole tensor to e4m3 / e5m2 with this
+// call's amax (Transformer Engine's current scaling) and products are summed in fp32. The
+// bias and its gradient stay out of FP8 (the bias gradient sums the unquantized dy).
+//
+// CPU (f32 tensors): the emulation's bits (ops/fp8/fp8_linear_cpu.h), the recipe's reference.
+// GPU (bf16 activations and weights, f32 or bf16 weight gradient): the quantize kernels
+// (fp8_quantize_cuda.h; the transposed codes the backward's K-major operands need come from
+// the same pass) and cuBLASLt's FP8 GEMM (fp8_gemm_cuda.h), whose dimensions must be
+// multiples of 16: a call with n, in or out not a multiple of 16 (a decode step's few rows)
+// runs the bf16 GEMM instead, as docs/fp8.md says.
+//
+// Operand copies are taken from the workspace's gemm level; fp8_linear_scratch_bytes is
+// what a layer reserves there.
+#pragma once
+
+#include "core/arena.h"
+#include "core/exec_context.h"
+#include "core/tensor.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kiln::ops::fp8 {
+
+// Workspace bytes one call needs at most (forward, or backward when training) for up to
+// `tokens` rows of x.
+size_t fp8_linear_scratch_bytes(Device device, int64_t tokens, int64_t in, int64_t out, bool training);
+
+// Whether the GPU runs this call's GEMMs in FP8 (every dimension a multiple of 16); the CPU
+// always does.
+bool fp8_linear_runs_fp8(Device device, int64_t n, int64_t in, int64_t out);
+
+// x [n, in], w [out, in], bias [out] (f32) or undefined -> y [n, out] (written with =).
+void fp8_linear_forward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
+                        const Tensor& bias, const Tensor& y);
+
+// dy [n, out]. dx [n, in] (= or += when accumulate_dx; skipped if undefined). dw [out, in]
+// and dbias [out]: += (skipped if undefined; dw needs x). dx may be x's place.
+void fp8_linear_backward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
+                         const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& dbias);
+
+}  // namespace kiln::ops::fp8

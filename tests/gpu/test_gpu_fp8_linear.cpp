@@ -1,0 +1,184 @@
+// train.precision = "fp8_tensorwise" on the GPU (ops/fp8/fp8_linear.h):
+//
+//   One linear layer's forward and backward (bf16 x, W, dy; f32 bias and weight gradient)
+//   against the CPU emulation fed the same bf16 values: the quantized codes and scales are
+//   the same bits on both sides (tests/gpu/test_gpu_fp8.cpp checks the kernels), so what is
+//   left is the order of fp32 sums and the bf16 output's rounding, bounded per element by
+//     |gpu - cpu| <= 1.15 ((min(k, 128) + 4) 2^-14 + (k + 4) 2^-24) sum_p |a_ip b_jp| + 2^-8 |cpu| + 2^-24 |cpu|
+//   (test_gpu_fp8's GEMM bound over the unquantized operands, 1.15 covering e5m2's 2^-3
+//   rounding of dy; 2^-8 a bf16 output's rounding, 2^-24 an f32 one's). A transposed or
+//   mis-scaled operand is off by O(1).
+//   A call whose rows are not a multiple of 16 runs the bf16 GEMM: bit for bit ops::linear.
+//   A small model trains on the GPU in fp8_tensorwise, in captured step graphs: it learns,
+//   stays near its bf16 run without equalling it, and two runs give the same bits.
+#include "core/arena.h"
+#include "core/exec_context.h"
+#include "gpu/bf16_tensors.h"
+#include "gpu/gpu_harness.h"
+#include "gpu/training_run.h"
+#include "grad_check.h"
+#include "ops/fp8/fp8_linear.h"
+#include "ops/linear/linear.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace kiln {
+namespace {
+
+using gpu_test::download_f32;
+using gpu_test::to_device;
+using gpu_test::to_host;
+namespace fp8 = ops::fp8;
+
+// f32 values on the bf16 grid (N(0, scale), one outlier), so the CPU reads what the GPU reads.
+OwnedTensor bf16_values(Shape shape, uint64_t seed, double scale) {
+  OwnedTensor f64 = test::random_f64(shape, seed, scale);
+  OwnedTensor t = gpu_test::to_f32(*f64);
+  t->data<float>()[0] = static_cast<float>(20 * scale);
+  gpu_test::round_to_bf16(*t);
+  return t;
+}
+
+// y [m, n] = A B^T with A read at a[i * a_row + p * a_col], B at b[j * b_row + p * b_col]:
+// each element's sum_p |a_ip b_jp|, the GEMM bound's scale.
+std::vector<double> abs_products(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,
+                                 const float* b, int64_t b_row, int64_t b_col) {
+  std::vector<double> s(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p)
+        s[i * n + j] += std::fabs(static_cast<double>(a[i * a_row + p * a_col]) * b[j * b_row + p * b_col]);
+  return s;
+}
+
+void expect_within_bound(const Tensor& gpu_f32, const Tensor& cpu, const std::vector<double>& abs_sums, int64_t k,
+                         bool bf16_output, const char* what) {
+  const double gemm = 1.15 * ((std::min<int64_t>(k, 128) + 4) * std::ldexp(1.0, -14) + (k + 4) * std::ldexp(1.0, -24));
+  int64_t outside = 0, first = -1;
+  double worst = 0;
+  for (int64_t i = 0; i < cpu.numel(); ++i) {
+    const double ref = cpu.data<float>()[i], got = gpu_f32.data<float>()[i];
+    const double bound = gemm * abs_sums[i] + (bf16_output ? std::ldexp(1.0, -8) : 0.0) * std::fabs(ref) +
+                         std::ldexp(1.0, -24) * std::fabs(ref) + 1e-30;
+    const double excess = std::fabs(got - ref) / bound;
+    if (!(excess <= 1.0)) outside += 1, first = first < 0 ? i : first;
+    worst = std::max(worst, excess);
+  }
+  EXPECT_EQ(outside, 0) << what << ": " << outside << " of " << cpu.numel() << " elements outside the bound (first at "
+                        << first << "); worst |error| / bound " << worst;
+}
+
+struct Layer {
+  Layer(int64_t n, int64_t in, int64_t out) : n(n), in(in), out(out) {
+    for (Workspace* ws : {&cpu_ws, &gpu_ws}) {
+      const Device device = ws == &cpu_ws ? Device::cpu : Device::cuda;
+      ws->reserve_peak(fp8::fp8_linear_scratch_bytes(device, n, in, out, true), Workspace::Level::gemm);
+      ws->allocate();
+    }
+  }
+  int64_t n, in, out;
+  ExecContext exec;
+  Workspace cpu_ws{Device::cpu}, gpu_ws{Device::cuda};
+};
+
+TEST(GpuFp8Linear, ForwardAndBackwardMatchTheCpuEmulation) {
+  const int64_t n = 64, in = 96, out = 48;
+  Layer layer(n, in, out);
+  const OwnedTensor x = bf16_values(Shape{n, in}, 11, 1.0), w = bf16_values(Shape{out, in}, 12, 0.05);
+  const OwnedTensor dy = bf16_values(Shape{n, out}, 13, 1e-3), dx0 = bf16_values(Shape{n, in}, 14, 1e-4);
+  const OwnedTensor bias = bf16_values(Shape{out}, 15, 0.1), g0 = bf16_values(Shape{out, in}, 16, 1e-2);
+  const OwnedTensor db0 = bf16_values(Shape{out}, 17, 1e-2);
+
+  // The CPU emulation, in f32.
+  const OwnedTensor y_cpu(DType::f32, Device::cpu, Shape{n, out});
+  fp8::fp8_linear_forward(layer.exec, layer.cpu_ws, *x, *w, *bias, *y_cpu);
+  const OwnedTensor dx_cpu(DType::f32, Device::cpu, Shape{n, in}), g_cpu(DType::f32, Device::cpu, Shape{out, in});
+  const OwnedTensor db_cpu(DType::f32, Device::cpu, Shape{out});
+  copy_tensor(*dx0, *dx_cpu), copy_tensor(*g0, *g_cpu), copy_tensor(*db0, *db_cpu);
+  fp8::fp8_linear_backward(layer.exec, layer.cpu_ws, *x, *w, *dy, *dx_cpu, true, *g_cpu, *db_cpu);
+
+  // The GPU: bf16 activations and weight, f32 bias and gradients.
+  const OwnedTensor x_d = gpu_test::upload(*x, DType::bf16), w_d = gpu_test::upload(*w, DType::bf16);
+  const OwnedTensor dy_d = gpu_test::upload(*dy, DType::bf16), dx_d = gpu_test::upload(*dx0, DType::bf16);
+  const OwnedTensor bias_d = to_device(*bias), g_d = to_device(*g0), db_d = to_device(*db0);
+  const OwnedTensor y_d = gpu_test::poisoned(DType::bf16, Shape{n, out});
+  fp8::fp8_linear_forward(layer.exec, layer.gpu_ws, *x_d, *w_d, *bias_d, *y_d);
+  fp8::fp8_linear_backward(layer.exec, layer.gpu_ws, *x_d, *w_d, *dy_d, *dx_d, true, *g_d, *db_d);
+
+  expect_within_bound(*download_f32(*y_d), *y_cpu,
+                      abs_products(n, out, in, x->data<float>(), in, 1, w->data<float>(), in, 1), in, true, "y");
+  // dx = dy W: A = dy [n, out], B^T = W [out, in] read down its columns; dx0 is within the
+  // bf16 output's rounding (it was added before rounding on both sides).
+  expect_within_bound(*download_f32(*dx_d), *dx_cpu,
+                      abs_products(n, in, out, dy->data<float>(), out, 1, w->data<float>(), 1, in), out, true, "dx");
+  // dW = dy^T x: A = dy read down its columns, B = x^T.
+  expect_within_bound(*download_f32(*g_d), *g_cpu,
+                      abs_products(out, in, n, dy->data<float>(), 1, out, x->data<float>(), 1, in), n, false, "dW");
+  // The bias gradient sums the unquantized dy on both sides: fp32 sums in another order.
+  const OwnedTensor db_gpu = to_host(*db_d);
+  for (int64_t j = 0; j < out; ++j)
+    EXPECT_NEAR(db_gpu->data<float>()[j], db_cpu->data<float>()[j], 1e-6) << "dbias " << j;
+}
+
+// Rows not a multiple of 16 (a decode step's few sequences): the bf16 GEMM, bit for bit.
+TEST(GpuFp8Linear, RowsNotAMultipleOf16RunTheBf16Gemm) {
+  const int64_t n = 5, in = 96, out = 48;
+  EXPECT_FALSE(fp8::fp8_linear_runs_fp8(Device::cuda, n, in, out));
+  EXPECT_TRUE(fp8::fp8_linear_runs_fp8(Device::cuda, 16, in, out));
+  Layer layer(n, in, out);
+  const OwnedTensor x = gpu_test::upload(*bf16_values(Shape{n, in}, 21, 1.0), DType::bf16);
+  const OwnedTensor w = gpu_test::upload(*bf16_values(Shape{out, in}, 22, 0.05), DType::bf16);
+  const OwnedTensor y = gpu_test::poisoned(DType::bf16, Shape{n, out}), y_ref = gpu_test::poisoned(DType::bf16, Shape{n, out});
+  fp8::fp8_linear_forward(layer.exec, layer.gpu_ws, *x, *w, Tensor(), *y);
+  ops::linear_forward(layer.exec, *x, *w, Tensor(), *y_ref);
+  const OwnedTensor got = to_host(*y), want = to_host(*y_ref);
+  EXPECT_EQ(std::memcmp(got->raw(), want->raw(), got->nbytes()), 0);
+}
+
+// The tests/gpu/test_gpu_kda_mixer.cpp run's shape with gqa attention everywhere, every
+// dimension a multiple of 16, in captured step graphs.
+gpu_test::TrainingRun train(const std::string& out, const std::string& precision) {
+  const std::vector<std::string> overrides = {
+      "data.path=" + test::source_dir() + "/data/tinyshakespeare.txt", "train.out_dir=" + out, "train.device=cuda",
+      "train.precision=" + precision, "train.cuda_graphs=true", "model.hidden=64", "model.layers=2", "model.heads=4",
+      "model.kv_heads=2", "model.head_dim=16", "model.ffn_hidden=128", "model.max_seq_len=64",
+      "train.micro_batch_tokens=256", "train.grad_accum=2", "train.steps=40", "train.eval_every=0",
+      "train.eval_batches=1", "train.sample_every=0", "train.sample_tokens=0", "log.every=1",
+      "checkpoint.save_final=false", "optim.warmup_steps=5"};
+  return gpu_test::run_training(overrides, out);
+}
+
+TEST(GpuFp8Linear, ASmallModelTrainsInCapturedGraphsNearItsBf16Run) {
+  const std::string dir = test::temp_dir("kiln-gpu-fp8-train");
+  const gpu_test::TrainingRun bf16 = train(dir + "/bf16", "bf16");
+  const gpu_test::TrainingRun a = train(dir + "/fp8a", "fp8_tensorwise");
+  const gpu_test::TrainingRun b = train(dir + "/fp8b", "fp8_tensorwise");
+  ASSERT_EQ(a.losses.size(), 40u);
+  ASSERT_EQ(bf16.losses.size(), a.losses.size());
+  EXPECT_GT(a.graph_launches, 0);
+  EXPECT_LT(a.losses.back(), a.losses.front() - 0.5);
+  double most = 0;
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(a.losses[i])) << i;
+    most = std::max(most, std::fabs(a.losses[i] - bf16.losses[i]) / bf16.losses[i]);
+  }
+  // Within 2% of the bf16 run at every step (the CPU reference's gap was under 0.05%,
+  // docs/fp8.md), but not equal to it: FP8 really ran.
+  EXPECT_LT(most, 0.02);
+  EXPECT_GT(most, 0.0) << "fp8_tensorwise logged the bf16 run's losses exactly";
+  // Deterministic: the same losses and weights, bit for bit.
+  EXPECT_EQ(a.lines, b.lines);
+  EXPECT_EQ(a.weights, b.weights);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln
