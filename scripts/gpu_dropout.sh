@@ -7,7 +7,6 @@
 # has what this measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOGS=${OUT:-/tmp/out}; mkdir -p "$LOGS"
 source scripts/gpu_env.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 shape="--set model.hidden=384 --set model.layers=6 --set model.heads=6 --set model.kv_heads=2 --set model.head_dim=64

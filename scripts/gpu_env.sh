@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sourced (not run) by the scripts that run ON the GPU machine, from the repo root
-# (scripts/gpu_check.sh, scripts/decode_bench.sh). Sets STAGE to the staged binaries and
+# (scripts/gpu_check.sh, scripts/gpu_*.sh, scripts/decode_bench.sh). Sets STAGE to the staged binaries and
 # libraries made by scripts/gpu_stage.sh: $KILN_STAGE (a tarball or a folder), else
 # .gpu/kiln-gpu.tar.xz (or .tar.gz) unpacked into a temporary folder, else .gpu/{bin,lib}; puts the
 # libraries on LD_LIBRARY_PATH (bundled ones first, then the PyTorch venv's newer
@@ -36,3 +36,9 @@ for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib; do
 done
 [ -d /usr/local/cuda/lib64 ] && gpu_env_libs+=":/usr/local/cuda/lib64"
 export LD_LIBRARY_PATH="$gpu_env_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# What the measuring scripts (gpu_fp8.sh, gpu_kda.sh, ...) share: their logs go to LOGS ($OUT,
+# the folder the device tool brings back), and tests that start kiln find it and the sources.
+LOGS=${LOGS:-${OUT:-/tmp/out}}  # a script may have chosen its own first
+mkdir -p "$LOGS"
+export KILN_SOURCE_DIR="$PWD" KILN_BINARY="$STAGE/bin/kiln"

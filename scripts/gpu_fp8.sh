@@ -10,9 +10,7 @@
 # docs/fp8.md has what it measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOGS=${OUT:-/tmp/out}; mkdir -p "$LOGS"
 source scripts/gpu_env.sh || exit 1
-export KILN_SOURCE_DIR="$PWD" KILN_BINARY="$STAGE/bin/kiln"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 tests() {
@@ -27,7 +25,8 @@ bench() {
     for p in bf16 fp8_tensorwise; do
       timeout 240 "$STAGE/bin/kiln" bench configs/bench-$shape.toml --steps ${BENCH_STEPS:-10} --warmup 3 \
         --set train.precision=$p > "$LOGS/bench-$shape-$p.log" 2>&1
-      echo "== bench-$shape $p exit $?"; grep -E "device|tokens|ms per step|memory|error" "$LOGS/bench-$shape-$p.log" | head -6
+      echo "== bench-$shape $p exit $?"; grep -E "tokens/s|memory:|error" "$LOGS/bench-$shape-$p.log" | head -4
+      grep -A8 "per op" "$LOGS/bench-$shape-$p.log" | tail -8
     done
   done
 }

@@ -11,9 +11,7 @@
 # CONV=per_element runs the hybrid rows with the first convolution kernels (default: sweep).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-LOGS=${OUT:-/tmp/out}; mkdir -p "$LOGS"
 source scripts/gpu_env.sh || exit 1
-export KILN_SOURCE_DIR="$PWD" KILN_BINARY="$STAGE/bin/kiln"
 K="$STAGE/bin/kiln"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3

@@ -8,9 +8,7 @@
 # expert / mean load (load_max) of its last timed step.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-LOGS=${OUT:-/tmp/out}; mkdir -p "$LOGS"
 source scripts/gpu_env.sh || exit 1
-export KILN_SOURCE_DIR="$PWD" KILN_BINARY="$STAGE/bin/kiln"
 K="$STAGE/bin/kiln"
 CONFIG=configs/bench-moe-1b.toml
 RUN=${RUN:-/tmp/moe_natural}

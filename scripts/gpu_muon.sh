@@ -9,9 +9,7 @@
 # docs/optimizers.md has what it measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOGS=${OUT:-/tmp/out}; mkdir -p "$LOGS"
 source scripts/gpu_env.sh || exit 1
-export KILN_SOURCE_DIR="$PWD" KILN_BINARY="$STAGE/bin/kiln"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 PY=/opt/torch/.venv/bin/python
 case "${PART:-tests}" in

@@ -8,7 +8,6 @@
 # docs/mup.md has what this measured (not yet: staged, not run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOGS=${OUT:-/tmp/out}; mkdir -p "$LOGS"
 source scripts/gpu_env.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 common="--set model.layers=${LAYERS:-4} --set model.head_dim=64 --set model.tie_embeddings=false

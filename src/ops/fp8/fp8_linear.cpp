@@ -1,6 +1,7 @@
 #include "ops/fp8/fp8_linear.h"
 
 #include "core/error.h"
+#include "core/op_profiler.h"
 #include "ops/fp8/fp8_linear_cpu.h"
 #include "ops/linear/linear.h"
 
@@ -109,6 +110,7 @@ struct Quantized {
 
 Quantized quantize(const ExecContext& ctx, Workspace::Scope& scope, const Tensor& x, Format format, bool row_major,
                    bool transposed) {
+  KILN_OP_SCOPE("fp8_quantize", x);  // inside fp8_linear's scopes: their quantize share
   const int64_t rows = x.size(0), cols = x.size(1);
   Quantized q;
   if (row_major) q.codes = scope.take(DType::u8, Shape{rows, cols});
@@ -122,6 +124,7 @@ Quantized quantize(const ExecContext& ctx, Workspace::Scope& scope, const Tensor
 
 void forward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& bias,
                   const Tensor& y) {
+  KILN_OP_SCOPE("fp8_linear", x);
   const int64_t n = x.size(0), in = w.size(1), out = w.size(0);
   Workspace::Scope scope(workspace);
   const Quantized xq = quantize(ctx, scope, x, Format::e4m3, true, false);
@@ -133,6 +136,7 @@ void forward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x,
 
 void backward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& dy,
                    const Tensor& dx, bool accumulate_dx, const Tensor& dw) {
+  KILN_OP_SCOPE("fp8_linear_backward", dy);
   const int64_t n = dy.size(0), in = w.size(1), out = w.size(0);
   Workspace::Scope scope(workspace);
   // Every operand is quantized before anything is written: dx may be x's place. The
