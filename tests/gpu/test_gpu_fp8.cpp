@@ -178,7 +178,9 @@ std::vector<uint8_t> transposed(const std::vector<uint8_t>& codes, int64_t rows,
 struct Shape2 {
   int64_t rows, cols;
 };
-constexpr Shape2 kQuantizeShapes[] = {{1, 1}, {127, 129}, {300, 257}};
+// The first three take the one-element-a-thread kernels; the last three (rows % 16, cols % 8)
+// the wide ones, with partial 64 x 64 tiles in the last two.
+constexpr Shape2 kQuantizeShapes[] = {{1, 1}, {127, 129}, {300, 257}, {128, 192}, {48, 80}, {272, 200}};
 constexpr Fill kQuantizeFills[] = {Fill::random, Fill::zero, Fill::outlier, Fill::overflowing_scale};
 
 // ---- quantize ----------------------------------------------------------------------------
@@ -207,11 +209,14 @@ TEST(GpuFp8, TensorwiseQuantizeMatchesEmulationBitForBit) {
           expect_same_floats(download<float>(scale_inv), ref.scale_inv, what + " scale_inv");
           expect_same_floats(download<float>(amax), {amax_ref}, what + " amax");
 
-          // Without the transposed copy: the same codes.
-          OwnedTensor codes_only = poisoned<uint8_t>(s.rows * s.cols);
+          // Without the transposed copy, and the transposed copy alone: the same codes.
+          OwnedTensor codes_only = poisoned<uint8_t>(s.rows * s.cols), t_only = poisoned<uint8_t>(s.rows * s.cols);
           cuda::fp8_quantize_tensorwise(process_exec(), dtype, in.device->raw(), s.rows, s.cols, format,
                                         ptr<uint8_t>(codes_only), nullptr, ptr<float>(amax), ptr<float>(scale_inv));
           expect_same_codes(download<uint8_t>(codes_only), ref.codes, what + " codes (no transpose)");
+          cuda::fp8_quantize_tensorwise(process_exec(), dtype, in.device->raw(), s.rows, s.cols, format, nullptr,
+                                        ptr<uint8_t>(t_only), ptr<float>(amax), ptr<float>(scale_inv));
+          expect_same_codes(download<uint8_t>(t_only), transposed(ref.codes, s.rows, s.cols), what + " codes_t only");
         }
 }
 

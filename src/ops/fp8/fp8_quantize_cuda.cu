@@ -106,6 +106,94 @@ __global__ void tensorwise_cast_kernel(const T* x, int64_t rows, int64_t cols, f
   }
 }
 
+// ---- tensorwise, eight elements a thread ------------------------------------------------
+// The training path's shapes (cols a multiple of 8, rows of 16, 16-byte aligned operands:
+// every LinearLayer call that runs in FP8): the same arithmetic per element as the kernels
+// above, with 16-byte loads and 8- or 16-byte stores instead of one element a thread.
+constexpr int kWideTile = 64;  // the transposing cast's tile edge: 64 x 64 elements, 256 threads
+
+__device__ __forceinline__ void load8(const float* p, float v[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+__device__ __forceinline__ void load8(const bf16* p, float v[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(pairs[j]);
+    v[2 * j] = f.x, v[2 * j + 1] = f.y;
+  }
+}
+
+// Eight codes packed little-endian: code j at byte j, as a row-major store lays them out.
+__device__ __forceinline__ uint2 cast8(const float v[8], float scale, __nv_fp8_interpretation_t format) {
+  uint32_t word[2] = {0, 0};
+  for (int j = 0; j < 8; ++j) word[j / 4] |= uint32_t{cast(v[j], scale, format)} << (8 * (j % 4));
+  return make_uint2(word[0], word[1]);
+}
+
+template <typename T>
+__global__ void amax_wide_kernel(const T* x, int64_t groups, float* amax) {
+  float m = 0.0f, v[8];
+  for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < groups; g += int64_t{gridDim.x} * blockDim.x) {
+    load8(x + 8 * g, v);
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(m));
+}
+
+// Row-major codes only: a thread per eight consecutive elements (grid-stride).
+template <typename T>
+__global__ void cast_wide_kernel(const T* x, int64_t groups, float fp8_max, __nv_fp8_interpretation_t format,
+                                 const float* amax, uint8_t* codes, float* scale_inv) {
+  const float scale = scale_from_amax(*amax, fp8_max);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
+  float v[8];
+  for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < groups; g += int64_t{gridDim.x} * blockDim.x) {
+    load8(x + 8 * g, v);
+    reinterpret_cast<uint2*>(codes)[g] = cast8(v, scale, format);
+  }
+}
+
+// One 64 x 64 tile a block of 256 threads: each loads 8 elements of a row (two rows apart
+// by 32), stores their codes row-major (when asked) and into shared memory; then each
+// writes 16 bytes of a transposed row. rows % 16 == 0 and cols % 8 == 0, so an edge tile
+// holds whole groups only.
+template <typename T>
+__global__ void cast_transpose_wide_kernel(const T* x, int64_t rows, int64_t cols, float fp8_max,
+                                           __nv_fp8_interpretation_t format, const float* amax, uint8_t* codes,
+                                           uint8_t* codes_t, float* scale_inv) {
+  __shared__ uint8_t tile[kWideTile][kWideTile + 4];
+  const float scale = scale_from_amax(*amax, fp8_max);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
+  const int64_t row0 = blockIdx.y * int64_t{kWideTile}, col0 = blockIdx.x * int64_t{kWideTile};
+  const int group = threadIdx.x % 8, r = threadIdx.x / 8;  // 8 groups of 8 columns, 32 rows a pass
+  const int64_t col = col0 + 8 * group;
+  for (int pass = 0; pass < 2; ++pass) {
+    const int i = r + 32 * pass;
+    const int64_t row = row0 + i;
+    if (row >= rows || col >= cols) continue;
+    float v[8];
+    load8(x + row * cols + col, v);
+    const uint2 packed = cast8(v, scale, format);
+    if (codes != nullptr) *reinterpret_cast<uint2*>(codes + row * cols + col) = packed;
+    *reinterpret_cast<uint32_t*>(&tile[i][8 * group]) = packed.x;
+    *reinterpret_cast<uint32_t*>(&tile[i][8 * group + 4]) = packed.y;
+  }
+  __syncthreads();
+  // codes_t [cols, rows]: transposed row col0 + c, bytes row0 + 16 h .. + 16.
+  const int c = threadIdx.x / 4, h = threadIdx.x % 4;
+  const int64_t t_row = col0 + c, t_col = row0 + 16 * h;
+  if (t_row >= cols || t_col >= rows) return;
+  uint32_t word[4] = {0, 0, 0, 0};
+  for (int j = 0; j < 16; ++j) word[j / 4] |= uint32_t{tile[16 * h + j][c]} << (8 * (j % 4));
+  *reinterpret_cast<uint4*>(codes_t + t_row * rows + t_col) = make_uint4(word[0], word[1], word[2], word[3]);
+}
+
+bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 // 1 x 128 tiles: a warp per tile, four elements a lane.
 template <typename T>
 __global__ void tile_1x128_kernel(const T* x, int64_t rows, int64_t cols, int64_t tiles_per_row, float fp8_max,
@@ -235,7 +323,29 @@ void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x,
   const int64_t n = rows * cols;
   const unsigned amax_blocks = std::min<unsigned>(blocks_for(n, kAmaxThreads), kAmaxBlocksMax);
   const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(rows, kTile)));
+  // The wide kernels where the shape and alignment allow them (every FP8 LinearLayer call).
+  const bool wide = cols % 8 == 0 && rows % 16 == 0 && aligned_to(x, 16) && aligned_to(codes, 8) &&
+                    aligned_to(codes_t, 16) && ceil_div(rows, kWideTile) <= 65535;
   by_dtype(kOp, dtype, [&]<typename T>() {
+    const T* xt = static_cast<const T*>(x);
+    if (wide) {
+      const int64_t groups = n / 8;
+      amax_wide_kernel<T><<<std::min<unsigned>(blocks_for(groups, kAmaxThreads), kAmaxBlocksMax), kAmaxThreads, 0,
+                            s>>>(xt, groups, amax);
+      check_launch(kOp, "amax_wide_kernel");
+      if (codes_t == nullptr) {
+        cast_wide_kernel<T><<<blocks_for(groups, 256), 256, 0, s>>>(xt, groups, fp8_max, cuda_format(format), amax,
+                                                                    codes, scale_inv);
+        check_launch(kOp, "cast_wide_kernel");
+      } else {
+        const dim3 tiles(static_cast<unsigned>(ceil_div(cols, kWideTile)),
+                         static_cast<unsigned>(ceil_div(rows, kWideTile)));
+        cast_transpose_wide_kernel<T><<<tiles, 256, 0, s>>>(xt, rows, cols, fp8_max, cuda_format(format), amax,
+                                                            codes, codes_t, scale_inv);
+        check_launch(kOp, "cast_transpose_wide_kernel");
+      }
+      return;
+    }
     amax_kernel<T><<<amax_blocks, kAmaxThreads, 0, s>>>(static_cast<const T*>(x), n, amax);
     check_launch(kOp, "amax_kernel");
     tensorwise_cast_kernel<T><<<grid, dim3(kTile, kTileRows), 0, s>>>(static_cast<const T*>(x), rows, cols, fp8_max,
