@@ -196,6 +196,29 @@ TEST_F(PipelineTrainer, MoeAndQkClipTrainBitwiseAsOneProcess) {
   expect_same_moe_and_clip_logs(one, two);
 }
 
+// dist.pipeline_costs = measure: rank 0 times the layers, plans the split, prints its
+// predicted balance and sends the split to rank 1; any split trains bitwise as one process.
+TEST_F(PipelineTrainer, MeasuredCostsPlanOneSplitForEveryRank) {
+  std::string output;
+  const std::string one = dir_ + "/one", two = dir_ + "/measured";
+  ASSERT_EQ(run_with_fault(single(one), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", two, "--set dist.pipeline_costs=measure "), "", &output), 0) << output;
+  expect_identical(two, one);
+  const std::string& rank0 = output;  // rank 0's console is the launch's; the others' go to their logs
+  const std::string rank1 = read_file(two + "/rank-1.log");
+  EXPECT_CONTAINS(rank0, "split planned from measured costs (dist.pipeline_costs):");
+  EXPECT_CONTAINS(rank0, "time: measured ms per micro-batch on cpu");
+  EXPECT_CONTAINS(rank1, "; this rank runs stage 1");
+  EXPECT_EQ(rank1.find("split planned from measured costs"), std::string::npos) << rank1;
+  // Both ranks run the same split: the layers line is the same on both.
+  const auto layers = [](const std::string& log) {
+    const size_t at = log.find("), layers ");
+    return at == std::string::npos ? std::string() : log.substr(at, log.find(';', at) - at);
+  };
+  EXPECT_FALSE(layers(rank0).empty()) << rank0;
+  EXPECT_EQ(layers(rank0), layers(rank1));
+}
+
 // 12 steps in one process, against: 2 stages cut at layer 3, killed at the start of step 5
 // (checkpoint at 4); resumed as 2 stages cut at layer 6 (another split), killed at step 9
 // (checkpoint at 8); resumed in one process to the end. Bit for bit.
@@ -434,6 +457,13 @@ TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
     c.dist.pipeline_stages = 1;
     c.dist.pipeline_split = "0,2";
   }, 1, "dist.pipeline_split");
+  expect([](Config& c) {
+    c.dist.pipeline_stages = 1;
+    c.dist.pipeline_costs = "measure";
+  }, 1, "dist.pipeline_costs");
+  Config measured = base;  // checked against estimated costs: measuring waits for the run
+  measured.dist.pipeline_costs = "measure";
+  EXPECT_EQ(error(measured, 2), "");
   Config gpu = base;
   EXPECT_THROW(check_pipeline_config(gpu, 2, Device::cuda), std::exception);
   try {

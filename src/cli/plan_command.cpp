@@ -4,7 +4,7 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "train/memory_check.h"
-#include "train/pipeline_costs.h"
+#include "train/pipeline_costs_measured.h"
 #include "train/training_build.h"
 
 #include <fmt/format.h>
@@ -46,11 +46,13 @@ void print_per_rank(const Config& config, Device device, const MemoryBudget& pla
 }
 
 // The pipeline split (train/pipeline_split.h) of the config's layers into `stages` stages,
-// or the one given by --pipeline-split, with its predicted balance from costs estimated
-// from the config (train/pipeline_costs.h).
+// or the one given by --pipeline-split, with its predicted balance from the costs
+// dist.pipeline_costs names: estimated from the config (train/pipeline_costs.h) or measured
+// on the plan's device (train/pipeline_costs_measured.h; the one thing `kiln plan`
+// allocates and runs).
 void print_pipeline_split(const Config& config, Device device, int64_t stages, const std::string& given,
                           double stage_memory_gib) {
-  const PipelineCosts costs = pipeline_costs_from_config(config, device);
+  const PipelineCosts costs = pipeline_costs_for(config, device);
   PipelineSplit split;
   if (!given.empty()) {
     split = parse_pipeline_split(given, "--pipeline-split");
@@ -59,8 +61,10 @@ void print_pipeline_split(const Config& config, Device device, int64_t stages, c
     split = plan_pipeline_split(costs, stages, stage_memory_gib * 1073741824.0, "--pipeline-stages",
                                 "--stage-memory-gib");
   }
-  fmt::print("pipeline split into {} stages ({}; costs estimated from the config, not measured):\n", split.size(),
-             given.empty() ? "chosen: the least slowest stage" : "given by --pipeline-split");
+  fmt::print("pipeline split into {} stages ({}; {}):\n", split.size(),
+             given.empty() ? "chosen: the least slowest stage" : "given by --pipeline-split",
+             costs.measured ? "layer times measured, dist.pipeline_costs = measure"
+                            : "costs estimated from the config, not measured");
   fmt::print("{}", describe_pipeline_balance(costs, pipeline_balance(costs, split)));
 }
 }  // namespace

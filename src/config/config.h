@@ -395,6 +395,9 @@ struct DistConfig {
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb_h1
   int64_t pipeline_virtual_stages = 1;     // interleaved: stages per rank (v)
   std::string pipeline_split = "";         // first layer of each stage ("0,3,6"); "" = planned
+  // Where the planned split's per-layer times come from: "estimate" (training FLOPs from the
+  // config) or "measure" (each block kind timed on the device at startup).
+  std::string pipeline_costs = "estimate";
 };
 
 struct Config {

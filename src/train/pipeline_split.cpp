@@ -153,8 +153,19 @@ PipelineBalance pipeline_balance(const PipelineCosts& costs, const PipelineSplit
 }
 
 std::string describe_pipeline_balance(const PipelineCosts& costs, const PipelineBalance& balance) {
-  std::string out = fmt::format("  {:<5} {:<12} {:>12} {:>8} {:>12}  {}\n", "stage", "layers", "GFLOP/token",
-                                "of max", "memory MiB", "layer kinds");
+  // Estimated times are FLOPs per token, printed in GFLOP; measured ones milliseconds.
+  const double scale = costs.measured ? 1.0 : 1e-9;
+  const std::string unit = costs.measured ? "ms/micro" : "GFLOP/token";  // the column's
+  const std::string per = costs.measured ? "ms per micro-batch" : "GFLOP/token";
+  std::string out =
+      costs.measured
+          ? fmt::format("  time: measured ms per micro-batch on {} (forward + backward of each layer kind); memory: "
+                        "estimated from the config\n",
+                        costs.measured_on)
+          : std::string("  time: estimated GFLOP per token (training FLOPs from the config); memory: estimated from the "
+                        "config\n");
+  fmt::format_to(std::back_inserter(out), "  {:<5} {:<12} {:>12} {:>8} {:>12}  {}\n", "stage", "layers", unit, "of max",
+                 "memory MiB", "layer kinds");
   for (size_t s = 0; s < balance.stages.size(); ++s) {
     const StageBalance& stage = balance.stages[s];
     // Runs of the same kind, in order: "gqa+swiglu x3, kda+swiglu x1".
@@ -168,13 +179,14 @@ std::string describe_pipeline_balance(const PipelineCosts& costs, const Pipeline
     if (s == 0) kinds += kinds.empty() ? "embedding" : ", embedding";
     if (s + 1 == balance.stages.size()) kinds += kinds.empty() ? "head" : ", head";
     fmt::format_to(std::back_inserter(out), "  {:<5} {:<12} {:>12.4f} {:>8.3f} {:>12.2f}  {}\n", s,
-                   fmt::format("{}..{} ({})", stage.first, stage.end - 1, stage.end - stage.first), stage.time / 1e9,
+                   fmt::format("{}..{} ({})", stage.first, stage.end - 1, stage.end - stage.first), stage.time * scale,
                    balance.max_time > 0 ? stage.time / balance.max_time : 1.0, stage.memory / 1048576.0, kinds);
   }
   fmt::format_to(std::back_inserter(out),
-                 "predicted balance: slowest stage {:.4f} GFLOP/token, mean {:.4f}: efficiency {:.3f} (mean / slowest, "
+                 "predicted balance: slowest stage {:.4f} {}, mean {:.4f}: efficiency {:.3f} (mean / slowest, "
                  "before the schedule's bubble); fullest stage {:.2f} MiB\n",
-                 balance.max_time / 1e9, balance.mean_time / 1e9, balance.efficiency, balance.max_memory / 1048576.0);
+                 balance.max_time * scale, per, balance.mean_time * scale, balance.efficiency,
+                 balance.max_memory / 1048576.0);
   return out;
 }
 

@@ -2,7 +2,7 @@
 // bound by its slowest stage (every stage runs every micro-batch), so the split minimizes
 // the slowest stage's time, subject to a memory limit per stage. Model-free: it takes a
 // cost per layer, whoever measured or estimated it (train/pipeline_costs.h estimates them
-// from the config; measuring them on the GPU at startup is not built yet).
+// from the config, train/pipeline_costs_measured.h times them on the device).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,8 @@
 namespace kiln {
 
 // One layer's (or one extra's) cost: time of its forward and backward, in any unit that
-// adds up (pipeline_costs.h uses training FLOPs per token), and the bytes it keeps.
+// adds up (pipeline_costs.h: training FLOPs per token; pipeline_costs_measured.h:
+// milliseconds per micro-batch), and the bytes it keeps.
 struct LayerCost {
   double time = 0;
   double memory = 0;
@@ -23,6 +24,10 @@ struct PipelineCosts {
   LayerCost first_extra;  // the embedding's: on the first stage
   LayerCost last_extra;   // the LM head's, the final norm's and the loss terms': on the last stage
   std::vector<std::string> layer_kinds;  // optional, one per layer ("gqa+swiglu"): printed only
+  // What the times are, for the printout: false = training FLOPs per token, estimated; true =
+  // milliseconds per micro-batch, measured on `measured_on` ("cpu", "cuda").
+  bool measured = false;
+  std::string measured_on;
 };
 
 // A split: the first layer of each stage, ascending, starting at 0 (stage s runs layers
@@ -63,9 +68,10 @@ PipelineSplit parse_pipeline_split(const std::string& text, const std::string& k
 // Each stage's layers, time and memory under `split`, with the extras on the end stages.
 PipelineBalance pipeline_balance(const PipelineCosts& costs, const PipelineSplit& split);
 
-// The balance as `kiln plan --pipeline-stages` prints it: a row per stage (its layers, time
-// in GFLOP per token when times are FLOPs, its share of the slowest's, memory in MiB, the
-// kinds of its layers), then the slowest and mean stage times and the efficiency.
+// The balance as `kiln plan --pipeline-stages` prints it: where its times come from, a row
+// per stage (its layers, time in GFLOP per token when estimated or ms per micro-batch when
+// measured, its share of the slowest's, memory in MiB, the kinds of its layers), then the
+// slowest and mean stage times and the efficiency.
 std::string describe_pipeline_balance(const PipelineCosts& costs, const PipelineBalance& balance);
 
 }  // namespace kiln

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "train/pipeline_costs.h"
+#include "train/pipeline_costs_measured.h"
 #include "train/pipeline_engine.h"
 #include "train/pipeline_model_stage.h"
 #include "train/pipeline_split.h"
@@ -16,6 +17,23 @@ int model_stages(const Config& config) {
   return static_cast<int>(config.dist.pipeline_stages * config.dist.pipeline_virtual_stages);
 }
 
+// The bounds every rank runs. Measured costs differ from rank to rank (and measuring on
+// every rank at once would have them compete for the cores): rank 0 alone measures, plans,
+// and sends its bounds to the others; `balance` gets its predicted balance (rank 0 only).
+std::vector<int64_t> agreed_pipeline_bounds(const Config& config, dist::Communicator& group, std::string& balance) {
+  if (config.dist.pipeline_costs != "measure" || !config.dist.pipeline_split.empty()) return pipeline_bounds(config);
+  std::vector<int64_t> bounds(static_cast<size_t>(model_stages(config)) + 1);
+  if (group.rank() == 0) {
+    const PipelineCosts costs = pipeline_costs_measured(config, Device::cpu);
+    PipelineSplit split = plan_pipeline_split(costs, model_stages(config), 0, "dist.pipeline_stages");
+    balance = describe_pipeline_balance(costs, pipeline_balance(costs, split));
+    split.push_back(config.model.layers);
+    bounds = split;
+  }
+  group.broadcast(bounds.data(), static_cast<int64_t>(bounds.size() * sizeof(int64_t)), 0, "pipeline bounds");
+  return bounds;
+}
+
 }  // namespace
 
 void check_pipeline_config(const Config& config, int world_size, Device device) {
@@ -25,6 +43,8 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
                "'{}' is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_split);
     KILN_CHECK(d.pipeline_virtual_stages == 1, "dist.pipeline_virtual_stages",
                "{} is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_virtual_stages);
+    KILN_CHECK(d.pipeline_costs == "estimate", "dist.pipeline_costs",
+               "'{}' is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_costs);
     return;
   }
   KILN_CHECK(world_size >= d.pipeline_stages && world_size % d.pipeline_stages == 0, "dist.pipeline_stages",
@@ -44,7 +64,9 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
   KILN_CHECK(config.model.moe.balance_scope != "step", "model.moe.balance_scope",
              "'step' is not pipelined yet (dist.pipeline_stages = {})", d.pipeline_stages);
   pipeline::ModelStage::check_pipelinable(config.model);
-  pipeline_bounds(config);                    // the split: given and valid, or plannable
+  // The split: given and valid, or plannable (any costs of these layers plan one: estimated
+  // here, the run measures them once its ranks are up).
+  pipeline_bounds(config, false);
   pipeline_schedule(config, static_cast<int>(d.pipeline_stages));  // the micro-batches it needs (train.grad_accum)
 }
 
@@ -63,7 +85,7 @@ DataConfig pipeline_data_config(const Config& config, int rank, int world_size) 
   return data;
 }
 
-std::vector<int64_t> pipeline_bounds(const Config& config) {
+std::vector<int64_t> pipeline_bounds(const Config& config, bool measure) {
   const int stages = model_stages(config);
   PipelineSplit split;
   if (!config.dist.pipeline_split.empty()) {
@@ -73,7 +95,9 @@ std::vector<int64_t> pipeline_bounds(const Config& config) {
     KILN_CHECK(stages <= config.model.layers, "dist.pipeline_stages",
                "{} stages ({} ranks x {} virtual) for model.layers = {}: a stage needs a layer", stages,
                config.dist.pipeline_stages, config.dist.pipeline_virtual_stages, config.model.layers);
-    split = plan_pipeline_split(pipeline_costs_from_config(config, Device::cpu), stages, 0, "dist.pipeline_stages");
+    const PipelineCosts costs = measure ? pipeline_costs_for(config, Device::cpu)
+                                        : pipeline_costs_from_config(config, Device::cpu);
+    split = plan_pipeline_split(costs, stages, 0, "dist.pipeline_stages");
   }
   split.push_back(config.model.layers);
   return split;
@@ -95,7 +119,7 @@ PipelineTrainerStep::PipelineTrainerStep(const Config& config, Model& model, dis
       layout_(pipeline_layout(config, group.world_size())),
       group_rank_(group.rank()),
       comm_(pipeline::replica_pipeline(group, layout_)),
-      bounds_(pipeline_bounds(config)),
+      bounds_(agreed_pipeline_bounds(config, group, measured_balance_)),
       schedule_(pipeline_schedule(config, layout_.stages)) {}
 
 LossSlotSums PipelineTrainerStep::run(const std::vector<HostBatch>& batches, double gradient_scale) {
@@ -122,9 +146,12 @@ std::string PipelineTrainerStep::describe() const {
     replicas = fmt::format(", x {} data-parallel replicas (stage = rank / {}, replica = rank % {}): this rank is "
                            "replica {}",
                            layout_.replicas, layout_.replicas, layout_.replicas, layout_.replica_of(group_rank_));
-  return fmt::format("pipeline: {} stages on {} ranks ({}, {} micro-batches a step), layers {}; this rank runs "
-                     "stage {}; every rank keeps the whole model{}",
-                     schedule_.stages(), schedule_.ranks, schedule_.name, schedule_.microbatches, layers, mine, replicas);
+  std::string out = fmt::format(
+      "pipeline: {} stages on {} ranks ({}, {} micro-batches a step), layers {}; this rank runs stage {}; every rank "
+      "keeps the whole model{}",
+      schedule_.stages(), schedule_.ranks, schedule_.name, schedule_.microbatches, layers, mine, replicas);
+  if (!measured_balance_.empty()) out += "\nsplit planned from measured costs (dist.pipeline_costs):\n" + measured_balance_;
+  return out;
 }
 
 }  // namespace kiln

@@ -51,8 +51,9 @@ pipeline::Layout pipeline_layout(const Config& config, int world_size);
 DataConfig pipeline_data_config(const Config& config, int rank, int world_size);
 
 // The stages' first layers, and the schedule for `ranks` pipeline ranks, as the config asks
-// (dist.pipeline_split, else planned from the config's estimated per-layer costs).
-std::vector<int64_t> pipeline_bounds(const Config& config);
+// (dist.pipeline_split, else planned from the per-layer costs dist.pipeline_costs names, or
+// with `measure` false from the estimated ones whatever it names).
+std::vector<int64_t> pipeline_bounds(const Config& config, bool measure = true);
 pipeline::Schedule pipeline_schedule(const Config& config, int ranks);
 
 class PipelineTrainerStep {
@@ -68,7 +69,8 @@ class PipelineTrainerStep {
 
   // "pipeline: 2 stages on 2 ranks (1f1b, 4 micro-batches a step), layers 0..3, 4..7; this rank
   // runs stage 1; every rank keeps the whole model", and with D > 1 replicas ", x 2 replicas
-  // (stage = rank / 2, replica = rank % 2): this rank is replica 1".
+  // (stage = rank / 2, replica = rank % 2): this rank is replica 1"; on rank 0 with measured
+  // costs, then the split's predicted balance.
   std::string describe() const;
 
  private:
@@ -76,6 +78,7 @@ class PipelineTrainerStep {
   const pipeline::Layout layout_;
   const int group_rank_;
   std::unique_ptr<dist::Communicator> comm_;  // this rank's replica's pipeline
+  std::string measured_balance_;  // rank 0, dist.pipeline_costs = "measure": the split's predicted balance
   const std::vector<int64_t> bounds_;  // first layer of each stage, then model.layers
   const pipeline::Schedule schedule_;
 };
