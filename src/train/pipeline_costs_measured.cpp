@@ -2,10 +2,9 @@
 
 #include "core/device_memory.h"
 #include "core/error.h"
-#include "core/rng.h"
-#include "data/batch.h"
 #include "model/model.h"
 #include "train/pipeline_costs.h"
+#include "train/synthetic_batch.h"
 #include "train/training_build.h"
 
 #include <algorithm>
@@ -18,25 +17,6 @@ namespace kiln {
 namespace {
 
 constexpr int kRepeats = 3;  // timed runs per measurement, after one warm-up
-
-// Random tokens laid out as kiln bench lays them out: sequences of model.max_seq_len.
-HostBatch random_micro_batch(const Config& c) {
-  const int64_t t = c.train.micro_batch_tokens, seq = std::min(c.model.max_seq_len, t);
-  HostBatch b;
-  Rng rng(c.train.seed);
-  for (int64_t i = 0; i < t; ++i) {
-    b.tokens.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.model.vocab_size))));
-    b.positions.push_back(static_cast<int32_t>(i % seq));
-    if (i % seq == 0) b.cu_seqlens.push_back(static_cast<int32_t>(i));
-  }
-  b.cu_seqlens.push_back(static_cast<int32_t>(t));
-  b.targets.assign(b.tokens.begin() + 1, b.tokens.end());
-  b.targets.push_back(b.tokens.front());
-  b.max_seqlen = static_cast<int32_t>(seq);
-  b.target_count = t;
-  b.document_tokens = t;
-  return b;
-}
 
 // Milliseconds of one `run`: the mean of kRepeats after a warm-up (which also leaves the
 // buffers the run reads written), the device's queue drained around the clock.
@@ -64,7 +44,7 @@ PipelineCosts pipeline_costs_measured(const Config& config, Device device) {
   Model model(config.model, training_build_options(config, device));
   model.allocate();
   model.init_weights(config.train.seed);
-  const HostBatch batch = random_micro_batch(config);
+  const HostBatch batch = synthetic_batch(config);
   model.load_batch(batch);
   const double loss_scale = 1.0 / static_cast<double>(batch.target_count);
   // Every stage pass re-converts the compute copies of the weights and resets the loss sums
