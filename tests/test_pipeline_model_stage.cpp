@@ -19,6 +19,7 @@
 #include "train/pipeline_engine.h"
 #include "train/pipeline_model_stage.h"
 #include "train/pipeline_schedule.h"
+#include "train/pipeline_simulator.h"
 
 #include <gtest/gtest.h>
 
@@ -76,8 +77,12 @@ double loss_scale(const std::vector<HostBatch>& batches) {
   return 1.0 / static_cast<double>(targets);
 }
 
-std::unique_ptr<Model> build(const ModelConfig& config) {
-  auto model = std::make_unique<Model>(config, tiny_build(24, 7, 1e-3));
+// frames > 1: activation frames hold each pair's forward state until its backward; 1: the
+// stage recomputes its forward from its input instead.
+std::unique_ptr<Model> build(const ModelConfig& config, int frames = 1) {
+  BuildOptions options = tiny_build(24, 7, 1e-3);
+  options.activation_frames = frames;
+  auto model = std::make_unique<Model>(config, options);
   model->allocate();
   init_tiny_model(*model, 33);
   model->set_micro_batches(kMicrobatches);
@@ -165,18 +170,25 @@ void expect_tied_table_sums_to_the_reference(const std::vector<std::unique_ptr<M
   EXPECT_LE(worst, 1e-12 * largest) << "the tied table's gradient summed over the ranks";
 }
 
+enum class Saved { recompute, frames };
+
 void expect_pipeline_matches_one_model(const ModelConfig& config, const Schedule& schedule,
-                                       const std::vector<int64_t>& bounds, const Reference& want) {
+                                       const std::vector<int64_t>& bounds, const Reference& want, Saved saved) {
   SCOPED_TRACE(::testing::Message() << schedule.name << ", " << schedule.ranks << " ranks x "
-                                    << schedule.stages_per_rank << " stages");
+                                    << schedule.stages_per_rank << " stages, "
+                                    << (saved == Saved::frames ? "activation frames" : "recompute"));
   ASSERT_EQ(static_cast<int>(bounds.size()) - 1, schedule.stages());
   const int ranks = schedule.ranks;
   const std::vector<HostBatch> batches = microbatches();
   // Built before the threads start, as a rank's process would before its first step.
   std::vector<std::unique_ptr<Model>> models;
   std::vector<std::unique_ptr<ModelStage>> stages;
+  // Each rank's frames: its most pairs in flight, as the schedule's simulation counts them.
+  const Simulation simulation = simulate(schedule);
+  ASSERT_TRUE(simulation.ok) << simulation.problem;
   for (int r = 0; r < ranks; ++r) {
-    models.push_back(build(config));
+    const int peak = simulation.peak_in_flight[static_cast<size_t>(r)];
+    models.push_back(build(config, saved == Saved::frames ? std::max(peak, 2) : 1));
     stages.push_back(std::make_unique<ModelStage>(*models.back(), bounds, batches, loss_scale(batches)));
   }
   const int port = dist::free_loopback_port();
@@ -191,6 +203,11 @@ void expect_pipeline_matches_one_model(const ModelConfig& config, const Schedule
     LossSums got;
     for (const auto& stage : stages) {
       EXPECT_EQ(stage->inputs_kept(), 0u);
+      EXPECT_EQ(stage->frames_held(), 0u);
+      EXPECT_EQ(stage->framed(), saved == Saved::frames);
+      // Every pair of the rank recomputed once without frames, none with them.
+      const size_t pairs = static_cast<size_t>(kMicrobatches * schedule.stages_per_rank);
+      EXPECT_EQ(stage->recomputed_forwards(), saved == Saved::frames ? 0u : pairs);
       const auto it = stage->losses().find(m);
       if (it == stage->losses().end()) continue;
       for (size_t i = 0; i < got.slot.size(); ++i) got.slot[i] += it->second.slot[i];
@@ -237,30 +254,48 @@ void expect_pipeline_matches_one_model(const ModelConfig& config, const Schedule
   EXPECT_GE(nonzero * 10, compared * 9);
 }
 
-void expect_every_cut_matches(const ModelConfig& config) {
+void expect_every_cut_matches(const ModelConfig& config, Saved saved) {
   const Reference want = reference(config);
   // 2 stages on 2 ranks, each schedule; 3 uneven stages with 1F1B; 4 stages interleaved on
   // 2 ranks; 2 stages on one rank (handed over in memory, one model running both); the
   // whole model as one stage.
   for (const Schedule& s :
        {build_gpipe(2, kMicrobatches), build_1f1b(2, kMicrobatches), build_zero_bubble_h1(2, kMicrobatches)})
-    expect_pipeline_matches_one_model(config, s, {0, 2, 4}, want);
-  expect_pipeline_matches_one_model(config, build_1f1b(3, kMicrobatches), {0, 1, 3, 4}, want);
-  expect_pipeline_matches_one_model(config, build_interleaved_1f1b(2, 2, kMicrobatches), {0, 1, 2, 3, 4}, want);
-  expect_pipeline_matches_one_model(config, build_interleaved_1f1b(1, 2, kMicrobatches), {0, 3, 4}, want);
-  expect_pipeline_matches_one_model(config, build_1f1b(1, kMicrobatches), {0, 4}, want);  // one stage
+    expect_pipeline_matches_one_model(config, s, {0, 2, 4}, want, saved);
+  expect_pipeline_matches_one_model(config, build_1f1b(3, kMicrobatches), {0, 1, 3, 4}, want, saved);
+  expect_pipeline_matches_one_model(config, build_interleaved_1f1b(2, 2, kMicrobatches), {0, 1, 2, 3, 4}, want, saved);
+  expect_pipeline_matches_one_model(config, build_interleaved_1f1b(1, 2, kMicrobatches), {0, 3, 4}, want, saved);
+  expect_pipeline_matches_one_model(config, build_1f1b(1, kMicrobatches), {0, 4}, want, saved);  // one stage
 }
 
-TEST(PipelineModelStage, DenseStagesMatchOneModelBitForBit) { expect_every_cut_matches(dense_config()); }
+TEST(PipelineModelStage, DenseStagesMatchOneModelBitForBit) {
+  expect_every_cut_matches(dense_config(), Saved::recompute);
+  expect_every_cut_matches(dense_config(), Saved::frames);
+}
 
-TEST(PipelineModelStage, MoeStagesMatchOneModelBitForBit) { expect_every_cut_matches(moe_config()); }
+TEST(PipelineModelStage, MoeStagesMatchOneModelBitForBit) {
+  expect_every_cut_matches(moe_config(), Saved::recompute);
+  expect_every_cut_matches(moe_config(), Saved::frames);
+}
 
 // A tied head: every gradient but the table's as above (bit for bit on its stage's rank),
 // the table's the sum of the first and the last stage's shares.
 TEST(PipelineModelStage, TiedHeadStagesMatchOneModel) {
   ModelConfig c = dense_config();
   c.tie_embeddings = true;
-  expect_every_cut_matches(c);
+  expect_every_cut_matches(c, Saved::recompute);
+  expect_every_cut_matches(c, Saved::frames);
+}
+
+// More pairs in flight than frames: the forward that finds none free says so, before it
+// overwrites anything. GPipe on one rank holding both stages keeps all 8 pairs in flight.
+TEST(PipelineModelStage, RunningOutOfActivationFramesIsAnError) {
+  std::unique_ptr<Model> model = build(dense_config(), 3);
+  ModelStage stage(*model, {0, 2, 4}, microbatches(), 1.0);
+  std::vector<unsigned char> out(static_cast<size_t>(stage.output_bytes(0)));
+  for (int m = 0; m < 3; ++m) stage.forward(m, 0, nullptr, out.data());
+  EXPECT_EQ(error_of([&] { stage.forward(3, 0, nullptr, out.data()); }),
+            "[pipeline] micro-batch 3 on stage 0: more micro-batches in flight than the model's 3 activation frames");
 }
 
 TEST(PipelineModelStage, BoundsThatDoNotCoverTheModelAreRefused) {

@@ -4,8 +4,9 @@
 // replicas train as 2 data-parallel ranks, bit for bit; a pipeline checkpoint resumes in
 // one process, at another split and at another layout; 2 stages x 3 replicas match 3
 // data-parallel ranks within rounding; a tied head trains as one process (2, 3 and
-// interleaved stages) and 2 x 2 as 2 data-parallel ranks, within rounding; a killed stage
-// ends the others naming it; bad pipeline keys and world sizes are refused naming the key.
+// interleaved stages) and 2 x 2 as 2 data-parallel ranks, within rounding; stages that
+// recompute their forward instead of keeping activation frames train bitwise too; a killed
+// stage ends the others naming it; bad pipeline keys and world sizes are refused naming the key.
 #include "config/config.h"
 #include "dist/free_port.h"
 #include "fault_test_util.h"
@@ -69,8 +70,10 @@ class PipelineTrainer : public TinyRunTest {
       ASSERT_EQ(run_with_fault(pipeline(stages, schedule, out), "", &output), 0) << output;
       EXPECT_CONTAINS(output, fmt::format("pipeline: {} stages on {} ranks (",
                                           schedule == "interleaved" ? 2 * stages : stages, stages));
-      // Each rank ran its own stage(s): rank 1 stage 1 (and 1 + stages, interleaved).
+      // Each rank ran its own stage(s): rank 1 stage 1 (and 1 + stages, interleaved), its
+      // forward state kept in activation frames (dist.pipeline_activations' default).
       EXPECT_CONTAINS(read_file(out + "/rank-1.log"), "; this rank runs stage 1");
+      EXPECT_CONTAINS(output, " activation frames (a stage's saved activations per micro-batch in flight)");
       expect_identical(out, one);
     }
   }
@@ -149,6 +152,18 @@ void expect_same_moe_and_clip_logs(const std::string& reference, const std::stri
 TEST_F(PipelineTrainer, EveryScheduleOverTwoStagesTrainsBitwiseAsOneProcess) { check_every_schedule(2); }
 
 TEST_F(PipelineTrainer, EveryScheduleOverFourStagesTrainsBitwiseAsOneProcess) { check_every_schedule(4); }
+
+// dist.pipeline_activations = recompute: each stage keeps its input only and runs its forward
+// again before the backward; the same kernels on the same inputs, so bit for bit again.
+TEST_F(PipelineTrainer, RecomputedStagesTrainBitwiseAsOneProcess) {
+  std::string output;
+  const std::string one = dir_ + "/one", out = dir_ + "/recompute";
+  ASSERT_EQ(run_with_fault(single(one), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", out, "--set dist.pipeline_activations=recompute "), "", &output), 0)
+      << output;
+  EXPECT_CONTAINS(output, "each stage's forward recomputed before its backward");
+  expect_identical(out, one);
+}
 
 // A tied head (model.tie_embeddings = true, the default config's) over 2 stages (1F1B), 3
 // stages (GPipe) and 4 stages interleaved on 2 ranks, against one process; 2 stages x 2
@@ -405,6 +420,29 @@ TEST_F(PipelineTrainer, AKilledStageEndsTheOtherNamingIt) {
 }
 
 // The keys' refusals, one line naming the key, before anything is read.
+// A model's activation frames: the most (micro-batch, stage) pairs any rank of the schedule
+// holds at once (GPipe: every micro-batch; 1F1B: the stages, on rank 0; interleaved: more), one
+// without a pipeline or with recompute.
+TEST(PipelineConfig, ActivationFramesAreTheSchedulesMostPairsInFlight) {
+  Config c;
+  c.model.layers = 8;
+  c.train.grad_accum = 8;
+  EXPECT_EQ(pipeline_activation_frames(c), 1);
+  c.dist.pipeline_stages = 4;
+  c.dist.pipeline_schedule = "gpipe";
+  EXPECT_EQ(pipeline_activation_frames(c), 8);
+  c.dist.pipeline_schedule = "1f1b";
+  EXPECT_EQ(pipeline_activation_frames(c), 4);
+  c.dist.pipeline_schedule = "zb_h1";
+  EXPECT_EQ(pipeline_activation_frames(c), 4);
+  c.dist.pipeline_schedule = "interleaved";
+  c.dist.pipeline_virtual_stages = 2;
+  EXPECT_GT(pipeline_activation_frames(c), 4);
+  EXPECT_LE(pipeline_activation_frames(c), 16);
+  c.dist.pipeline_activations = "recompute";
+  EXPECT_EQ(pipeline_activation_frames(c), 1);
+}
+
 TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
   const auto error = [](const Config& c, int world) -> std::string {
     try {
@@ -461,6 +499,13 @@ TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
     c.dist.pipeline_stages = 1;
     c.dist.pipeline_costs = "measure";
   }, 1, "dist.pipeline_costs");
+  expect([](Config& c) {
+    c.dist.pipeline_stages = 1;
+    c.dist.pipeline_activations = "recompute";
+  }, 1, "dist.pipeline_activations");
+  Config recompute = base;
+  recompute.dist.pipeline_activations = "recompute";
+  EXPECT_EQ(error(recompute, 2), "");
   Config measured = base;  // checked against estimated costs: measuring waits for the run
   measured.dist.pipeline_costs = "measure";
   EXPECT_EQ(error(measured, 2), "");

@@ -398,6 +398,10 @@ struct DistConfig {
   // Where the planned split's per-layer times come from: "estimate" (training FLOPs from the
   // config) or "measure" (each block kind timed on the device at startup).
   std::string pipeline_costs = "estimate";
+  // What a stage keeps of a micro-batch's forward until its backward: "frames" (its saved
+  // activations, one activation frame per micro-batch in flight) or "recompute" (its input
+  // only, the forward run again before the backward: less memory, a third more compute).
+  std::string pipeline_activations = "frames";
 };
 
 struct Config {

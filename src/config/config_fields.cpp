@@ -305,6 +305,9 @@ const std::array kFields = {
     KILN_FIELD(dist, pipeline_split, none(), "first layer of each stage, \"0,3,6\"; \"\" = planned from costs"),
     KILN_FIELD(dist, pipeline_costs, one_of("estimate|measure"),
                "per-layer times the split is planned from: estimate (FLOPs) | measure (timed at startup)"),
+    KILN_FIELD(dist, pipeline_activations, one_of("frames|recompute"),
+               "a stage's forward state until its backward: frames (saved, one per micro-batch in flight) | "
+               "recompute (its input only, the forward run again)"),
     KILN_FIELD(dist, timeout, positive().up_to(kMaxTimeoutSeconds, "a week; a collective waiting longer is hung"),
                "seconds a collective waits for the other ranks before failing"),
     KILN_FIELD(dist, bucket_mb, non_negative().up_to(65536, "64 GiB; more than any model's gradients"),

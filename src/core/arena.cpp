@@ -66,6 +66,12 @@ void Arena::bind_shared(void* base) {
   for (const Entry& e : entries_) e.tensor->bind(static_cast<char*>(base) + e.offset);
 }
 
+void Arena::rebind(void* base) {
+  KILN_CHECK(shared_base_ != nullptr, "arena", "{}: rebound before bind_shared (or owning its memory)", name_);
+  shared_base_ = nullptr;
+  bind_shared(base);
+}
+
 size_t Workspace::footprint(DType dtype, Shape shape) {
   return aligned(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
 }

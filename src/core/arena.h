@@ -45,6 +45,10 @@ class Arena {
   // planned_bytes() long, 256-byte aligned): several arenas whose contents are never
   // needed at the same time share one region (the activations of recomputed blocks).
   void bind_shared(void* base);
+  // Binds every reserved tensor again, at `base` (an arena bound by bind_shared, never one
+  // that owns its memory): activation frames move one arena between their regions
+  // (model/activation_frames.h).
+  void rebind(void* base);
   bool allocated() const { return base() != nullptr || shared_base_ != nullptr; }
   const std::string& name() const { return name_; }
   Device device() const { return device_; }

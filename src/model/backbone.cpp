@@ -40,11 +40,27 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
       // The block plans its saved activations in its own arena, bound later to the
       // region every recomputed block shares.
       recompute_arenas.push_back(std::make_unique<Arena>("recomputed activations", options.device));
-      BuildContext block_ctx{ctx.exec, ctx.params,      ctx.grads,           *recompute_arenas.back(), ctx.workspace,
-                             ctx.parameters,  ctx.compute_weights, ctx.precision,
-                             ctx.device,      ctx.max_tokens,      ctx.training,             ctx.deterministic,
-                             ctx.losses,      &ctx.activations,    ctx.qk_clip_tau,          ctx.step_statistics,
-                             ctx.bf16_masters};
+      // Its other buffers and step buffers stay where the model's go (the model's own
+      // activation arena where the model has none for them).
+      BuildContext block_ctx{.exec = ctx.exec,
+                             .params = ctx.params,
+                             .grads = ctx.grads,
+                             .activations = *recompute_arenas.back(),
+                             .workspace = ctx.workspace,
+                             .parameters = ctx.parameters,
+                             .compute_weights = ctx.compute_weights,
+                             .precision = ctx.precision,
+                             .device = ctx.device,
+                             .max_tokens = ctx.max_tokens,
+                             .training = ctx.training,
+                             .deterministic = ctx.deterministic,
+                             .losses = ctx.losses,
+                             .buffers = ctx.buffers != nullptr ? ctx.buffers : &ctx.activations,
+                             .step_buffers = ctx.step_buffers != nullptr ? ctx.step_buffers : &ctx.activations,
+                             .kept_views = ctx.kept_views,
+                             .qk_clip_tau = ctx.qk_clip_tau,
+                             .step_statistics = ctx.step_statistics,
+                             .bf16_masters = ctx.bf16_masters};
       blocks_.push_back(std::make_unique<TransformerBlock>(block_ctx, layer, position));
     } else {
       blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, position));
@@ -131,6 +147,9 @@ void Backbone::backward_layers(const Tensor& tokens, const SeqInfo& seq, const o
     backward(tokens, seq, groups);
     return;
   }
+  // The rows of the micro-batch this backward is for: with activation frames, another
+  // micro-batch's forward may have run since its own.
+  rows_ = tokens.size(0);
   const Tensor dres = dres_.rows(0, rows_);
   const Tensor dres_compute = dres_compute_.defined() ? dres_compute_.rows(0, rows_) : dres;
   // A later stage's output gradient arrives in dres (wide): the mixed path's blocks read its

@@ -19,6 +19,8 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
       params_("parameters", options.device),
       grads_("gradients", options.device),
       activations_("activations", options.device),
+      buffers_("buffers", options.device),
+      step_buffers_("step buffers", options.device),
       workspace_(options.device),
       compute_weights_(options.device) {
   const int64_t t = options.max_tokens;
@@ -31,6 +33,9 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
                    compute_weights_, options.recipe(),
                    options.device, t,               options.training,
                    options.deterministic, &losses_};
+  ctx.buffers = &buffers_;
+  ctx.step_buffers = &step_buffers_;
+  ctx.kept_views = &kept_views_;
   ctx.qk_clip_tau = options.training ? options.qk_clip_tau : 0;
   ctx.bf16_masters = options.bf16_masters && ctx.mixed();
   ctx.step_statistics = &step_statistics_;
@@ -45,18 +50,27 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
                                    head_slot);
   if (config.mtp.depth > 0) mtp_ = std::make_unique<MultiTokenPrediction>(ctx, config_, *backbone_, *head_);
 
-  ctx.buffer(inputs_, Shape{input_ints()}, DType::i32);  // views bound in allocate()
+  ctx.saved_buffer(inputs_, Shape{input_ints()}, DType::i32);  // views bound in allocate()
   if (options.training && options.device == Device::cuda) {
     group_counts_.assign(static_cast<size_t>(config.vocab_size), 0);
     group_order_.reserve(static_cast<size_t>(t));
     group_tokens_.reserve(static_cast<size_t>(t));
     group_starts_.reserve(static_cast<size_t>(t + 1));
   }
+  KILN_CHECK(options.activation_frames >= 1, "model", "{} activation frames: at least one is needed",
+             options.activation_frames);
+  if (options.activation_frames > 1) {
+    KILN_CHECK(options.training, "model", "activation frames are for training models");
+    frames_ = std::make_unique<ActivationFrames>(activations_, kept_views_, options.activation_frames);
+    frame_shapes_.resize(static_cast<size_t>(options.activation_frames));
+  }
 }
 
 MemoryPlan Model::memory_plan() const {
   return {params_.planned_bytes() + compute_weights_.arena.planned_bytes(), grads_.planned_bytes(),
-          activations_.planned_bytes() + recompute_bytes(), workspace_.planned_bytes()};
+          (frames_ ? frames_->planned_bytes() : activations_.planned_bytes()) + buffers_.planned_bytes() +
+              step_buffers_.planned_bytes() + recompute_bytes(),
+          workspace_.planned_bytes()};
 }
 
 size_t Model::recompute_bytes() const {
@@ -69,7 +83,10 @@ void Model::allocate() {
   params_.allocate();
   compute_weights_.arena.allocate();
   if (options_.training) grads_.allocate();
-  activations_.allocate();
+  if (frames_) frames_->allocate();
+  else activations_.allocate();
+  buffers_.allocate();
+  step_buffers_.allocate();
   if (!recompute_arenas_.empty()) {
     recompute_storage_ = Storage(options_.device, recompute_bytes());
     for (const auto& arena : recompute_arenas_) arena->bind_shared(recompute_storage_.data());
@@ -93,6 +110,22 @@ void Model::bind_input_views() {
     token_groups_.group_starts = inputs_.rows(6 * t + 1, 7 * t + 2);
   }
   if (mtp_) mtp_->bind_inputs(inputs_.rows(base_input_ints(t), input_ints()));
+}
+
+void Model::select_frame(int frame) {
+  if (!frames_) {
+    KILN_CHECK(frame == 0, "model", "activation frame {} of a model built with one", frame);
+    return;
+  }
+  if (frame == frames_->current()) return;
+  frame_shapes_[static_cast<size_t>(frames_->current())] =
+      LoadedShape{rows_, seq_.cu_seqlens.defined() ? seq_.cu_seqlens.size(0) - 1 : 0, seq_.max_seqlen,
+                  token_groups_.groups, seq_.uniform, seq_.dropout_key.defined()};
+  frames_->select(frame);
+  bind_input_views();  // views of inputs_, which moved with the frame
+  const LoadedShape& shape = frame_shapes_[static_cast<size_t>(frame)];
+  set_loaded_shape(shape.rows, shape.seqs, shape.max_seqlen, shape.groups, shape.uniform);
+  seq_.dropout_key = shape.drops ? dropout_key_ : Tensor();
 }
 
 void Model::init_weights(uint64_t seed) {

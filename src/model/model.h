@@ -6,6 +6,7 @@
 
 #include "core/exec_context.h"
 #include "data/batch.h"
+#include "model/activation_frames.h"
 #include "model/backbone.h"
 #include "model/build_options.h"
 #include "model/multi_token_prediction.h"
@@ -142,6 +143,13 @@ class Model {
   Tensor stage_activation(int64_t l) const { return backbone_->residual(l).rows(0, rows_); }
   Tensor stage_gradient() const { return backbone_->residual_grad().rows(0, rows_); }
 
+  // ---- activation frames (BuildOptions::activation_frames; model/activation_frames.h) ----
+  int activation_frames() const { return frames_ ? frames_->frames() : 1; }
+  // Makes `frame` the micro-batch state the model works on: its loaded batch and what its
+  // last forward saved, as they were when it was last left. load_batch, forwards and
+  // backwards then read and write that frame only.
+  void select_frame(int frame);
+
   // Every parameter gradient lives in one arena of one dtype (zero between tensors), so
   // these run as single kernels over it rather than one launch (and, for the norm, one
   // host synchronization) per parameter.
@@ -171,7 +179,19 @@ class Model {
   BuildOptions options_;
   // Where the model's ops run (core/exec_context.h); its modules keep a reference.
   ExecContext exec_;
-  Arena params_, grads_, activations_;
+  // activations_: one micro-batch's state (saved activations, the loaded batch), which
+  // frames_ keeps several of when built with activation frames; buffers_: the buffers no
+  // micro-batch owns; step_buffers_: what components keep over a step and between steps.
+  Arena params_, grads_, activations_, buffers_, step_buffers_;
+  std::vector<Tensor*> kept_views_;  // modules' views into activations_ (BuildContext::kept_view)
+  std::unique_ptr<ActivationFrames> frames_;  // null: one frame, activations_ allocated as it is
+  // A frame's loaded shape (set_loaded_shape's arguments) and whether its forward drops,
+  // kept while another frame is selected.
+  struct LoadedShape {
+    int64_t rows = 0, seqs = 0, max_seqlen = 0, groups = 0;
+    bool uniform = false, drops = false;
+  };
+  std::vector<LoadedShape> frame_shapes_;
   BackwardProgress backward_progress_;
   Workspace workspace_;
   std::vector<std::unique_ptr<Parameter>> parameters_;

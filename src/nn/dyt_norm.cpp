@@ -39,6 +39,7 @@ class DytNorm final : public Norm {
                   Init::ones());
     ctx.parameter(bias_, bias_grad_, spec.names("bias", "bias", "bias"), Shape{spec.dim}, ParamRole::bias,
                   Init::zeros());
+    ctx.kept_view(saved_x_);
   }
 
   void forward(const Tensor& x, const Tensor& y) override {

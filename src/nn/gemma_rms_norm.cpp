@@ -46,6 +46,7 @@ class GemmaRmsNorm final : public Norm {
                   Init::zeros());
     ctx.buffer(gain_, Shape{spec.dim}, ctx.master_dtype);
     ctx.saved_wide(rstd_, Shape{spec.rows});
+    ctx.kept_view(saved_x_);
   }
 
   void forward(const Tensor& x, const Tensor& y) override {

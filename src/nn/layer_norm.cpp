@@ -46,6 +46,7 @@ class LayerNorm final : public Norm {
                     Init::zeros());
     ctx.saved_wide(mean_, Shape{spec.rows});
     ctx.saved_wide(rstd_, Shape{spec.rows});
+    ctx.kept_view(saved_x_);
   }
 
   void forward(const Tensor& x, const Tensor& y) override {

@@ -83,10 +83,18 @@ void BuildContext::saved(Tensor& t, Shape shape) { activations.reserve(t, dtype,
 
 void BuildContext::saved_wide(Tensor& t, Shape shape) { activations.reserve(t, master_dtype, shape); }
 
-void BuildContext::buffer(Tensor& t, Shape shape, DType type) { activations.reserve(t, type, shape); }
+void BuildContext::saved_buffer(Tensor& t, Shape shape, DType type) { activations.reserve(t, type, shape); }
+
+void BuildContext::buffer(Tensor& t, Shape shape, DType type) {
+  (buffers != nullptr ? *buffers : activations).reserve(t, type, shape);
+}
+
+void BuildContext::kept_view(Tensor& view) {
+  if (kept_views != nullptr) kept_views->push_back(&view);
+}
 
 void BuildContext::step_buffer(Tensor& t, Shape shape, DType type) {
-  (model_activations != nullptr ? *model_activations : activations).reserve(t, type, shape);
+  (step_buffers != nullptr ? *step_buffers : activations).reserve(t, type, shape);
 }
 
 void BuildContext::step_statistic(Tensor& t, Shape shape, DType type, StepReduction reduction) {

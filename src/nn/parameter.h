@@ -142,9 +142,17 @@ struct BuildContext {
   // The model's objectives: components with loss terms of their own (a router) reserve
   // slots there and read their gradient scale from it.
   LossContext* losses = nullptr;
-  // A recomputed block's context (its `activations` is the region such blocks share): the
-  // model's own activation arena, where step buffers go.
-  Arena* model_activations = nullptr;
+  // Where the buffers that are not one micro-batch's state go (buffer(): tables, scratch
+  // reused by every forward) and the step buffers (step_buffer()); null: `activations`.
+  // The model gives each its own arena, so that `activations` holds exactly one
+  // micro-batch's state, which activation frames keep several of (model/activation_frames.h),
+  // and a recomputed block (whose `activations` is the region such blocks share) puts
+  // neither in that region.
+  Arena* buffers = nullptr;
+  Arena* step_buffers = nullptr;
+  // Views of a micro-batch's state that a module keeps from forward to backward (a norm's
+  // input): activation frames save and restore them with the memory they point into.
+  std::vector<Tensor*>* kept_views = nullptr;
   // QK-Clip's threshold when training with it ([optim.qk_clip]); 0 = off.
   double qk_clip_tau = 0;
   // The model's step statistics (nn/step_statistics.h), which step_statistic() adds to.
@@ -173,12 +181,20 @@ struct BuildContext {
   // Model state that is not trained by gradients (a router's load-balancing bias): kept
   // in master_dtype with the parameters (saved, loaded, exported), with no gradient.
   void state(Tensor& value, ParamName name, Shape shape, Init init);
-  // An activation written in forward and read in backward (compute dtype).
+  // An activation written in forward and read in backward (compute dtype): one
+  // micro-batch's state.
   void saved(Tensor& t, Shape shape);
   // The same in master_dtype: the residual stream and per-row statistics.
   void saved_wide(Tensor& t, Shape shape);
-  // A buffer that must exist in evaluation too (outputs read by the next module).
+  // One micro-batch's state of any dtype that must exist in evaluation too (outputs read by
+  // the next module, a router's choices that backward reads again).
+  void saved_buffer(Tensor& t, Shape shape, DType dtype);
+  // A buffer no micro-batch owns: tables filled once, weights derived before each use,
+  // scratch that one call writes and reads.
   void buffer(Tensor& t, Shape shape, DType dtype);
+  // A view of one micro-batch's state that the module assigns in forward and reads in
+  // backward (e.g. a norm's input).
+  void kept_view(Tensor& view);
   // A buffer whose values outlive a forward: what a component collects over a step's
   // micro-batches and keeps between steps (an MoE layer's load, QK-Clip's logits). Never in
   // a recomputed block's shared region, which the other blocks overwrite.

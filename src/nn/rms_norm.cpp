@@ -53,6 +53,7 @@ class RmsNorm final : public Norm {
     ctx.parameter(weight_, weight_grad_, spec.names("weight", "weight", "weight"), Shape{spec.dim}, ParamRole::norm,
                   Init::ones());
     ctx.saved_wide(rstd_, Shape{spec.rows});
+    ctx.kept_view(saved_x_);
   }
 
   void forward(const Tensor& x, const Tensor& y) override {

@@ -1,5 +1,6 @@
 #include "train/pipeline_model_stage.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -30,6 +31,7 @@ ModelStage::ModelStage(Model& model, std::vector<int64_t> bounds, std::vector<Ho
                bounds_[s + 1]);
   check_pipelinable(c);
   KILN_CHECK(!microbatches_.empty(), "pipeline", "a pipeline step needs at least one micro-batch");
+  frame_busy_.assign(static_cast<size_t>(model.activation_frames()), false);
 }
 
 void ModelStage::check_pipelinable(const ModelConfig& c) {
@@ -69,7 +71,17 @@ LossSums ModelStage::run_forward(int microbatch, int stage, const void* input, b
 
 void ModelStage::forward(int microbatch, int stage, const void* input, void* output) {
   const auto [first, last] = layers(stage);
-  if (stage > 0) {
+  if (framed()) {
+    // This pair's forward state stays in a frame of its own until its backward.
+    const auto free = std::find(frame_busy_.begin(), frame_busy_.end(), false);
+    KILN_CHECK(free != frame_busy_.end(), "pipeline",
+               "micro-batch {} on stage {}: more micro-batches in flight than the model's {} activation frames",
+               microbatch, stage, frame_busy_.size());
+    const int frame = static_cast<int>(free - frame_busy_.begin());
+    *free = true;
+    frame_of_[{microbatch, stage}] = frame;
+    model_.select_frame(frame);
+  } else if (stage > 0) {
     const auto* bytes = static_cast<const unsigned char*>(input);
     inputs_[{microbatch, stage}].assign(bytes, bytes + input_bytes(stage));
   }
@@ -84,20 +96,31 @@ void ModelStage::forward(int microbatch, int stage, const void* input, void* out
 
 void ModelStage::backward_input(int microbatch, int stage, const void* output_grad, void* input_grad) {
   const auto [first, last] = layers(stage);
-  // The model's saved activations are those of whichever pass ran last: run this stage's
-  // forward of the micro-batch again from its kept input (one extra forward per stage; see
-  // the header).
-  const void* input = nullptr;
-  std::vector<unsigned char> kept;
-  if (stage > 0) {
-    auto it = inputs_.find({microbatch, stage});
-    KILN_CHECK(it != inputs_.end(), "pipeline", "backward of micro-batch {} on stage {} before its forward",
+  if (framed()) {
+    // Back to the frame its forward left its state in.
+    auto it = frame_of_.find({microbatch, stage});
+    KILN_CHECK(it != frame_of_.end(), "pipeline", "backward of micro-batch {} on stage {} before its forward",
                microbatch, stage);
-    kept = std::move(it->second);
-    inputs_.erase(it);
-    input = kept.data();
+    model_.select_frame(it->second);
+    frame_busy_[static_cast<size_t>(it->second)] = false;
+    frame_of_.erase(it);
+  } else {
+    // The model's saved activations are those of whichever pass ran last: run this stage's
+    // forward of the micro-batch again from its kept input (one extra forward per stage;
+    // see the header).
+    const void* input = nullptr;
+    std::vector<unsigned char> kept;
+    if (stage > 0) {
+      auto it = inputs_.find({microbatch, stage});
+      KILN_CHECK(it != inputs_.end(), "pipeline", "backward of micro-batch {} on stage {} before its forward",
+                 microbatch, stage);
+      kept = std::move(it->second);
+      inputs_.erase(it);
+      input = kept.data();
+    }
+    run_forward(microbatch, stage, input, true);
+    ++recomputed_forwards_;
   }
-  run_forward(microbatch, stage, input, true);
   if (stage + 1 == stages()) {
     add_sums(losses_[microbatch], model_.stage_heads(loss_scale_));
   } else {

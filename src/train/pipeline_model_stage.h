@@ -4,18 +4,22 @@
 // residual stream entering the next stage's first block, [tokens, hidden] in the model's
 // wide (master) dtype, and its gradient.
 //
-// First step of issue 46, on the CPU:
-// - Stage-input frames with recompute. The model keeps one micro-batch of saved
-//   activations as members, so a stage cannot hold several micro-batches' forward state.
-//   The forward of micro-batch m keeps only the stage's input; its backward runs the
-//   stage's forward for m again (counting no objective or statistic twice, as
-//   train.recompute_blocks does) and then the backward. That costs one extra forward per
-//   stage and micro-batch, which activation frames (saved activations per micro-batch in
-//   flight) will remove. Since every pass is self-contained, one rank may hold several
-//   stages (the interleaved schedule) on one model.
+// Issue 46, on the CPU:
+// - Activation frames (model/activation_frames.h), when the model is built with more than
+//   one: the forward of (micro-batch m, stage s) takes a free frame and leaves its saved
+//   state there; the backward of (m, s) selects that frame again and frees it. A rank needs
+//   as many frames as it has pairs in flight at most, which the schedule's simulation gives
+//   (pipeline_activation_frames, train/pipeline_trainer_step.h); running out is an error.
+//   Several stages on one rank (the interleaved schedule) take frames from the same model.
+// - With one frame (dist.pipeline_activations = "recompute"), stage-input recompute: the
+//   forward of m keeps only the stage's input, and its backward runs the stage's forward
+//   for m again (counting no objective or statistic twice, as train.recompute_blocks does)
+//   before the backward: one extra forward per stage and micro-batch, for one micro-batch
+//   of saved activations instead of one per pair in flight.
 // - Every rank builds the whole model (its memory too) but runs, and so accumulates
 //   gradients of, only its stages' layers: every other parameter's gradient is left as it
-//   was. A model built per stage comes with activation frames.
+//   was. Each activation frame holds the whole model's saved state, not only its stages'
+//   layers: building a model per stage is still to come.
 // - The weight-gradient pass is not split from the input-gradient pass: backward_input
 //   does the whole backward and backward_weight nothing, so zero-bubble schedules run
 //   correctly but without their gain.
@@ -73,8 +77,15 @@ class ModelStage final : public PipelineStage {
   // on the last stage; routers' in any stage's blocks). Summed over the ranks, a micro-
   // batch's slot sums are Model::forward_backward's.
   const std::map<int, LossSums>& losses() const { return losses_; }
-  // Stage inputs kept for a backward still to come (0 after a whole step).
+  // Stage inputs kept for a backward still to come (0 after a whole step), and the
+  // activation frames held for one.
   size_t inputs_kept() const { return inputs_.size(); }
+  size_t frames_held() const { return frame_of_.size(); }
+  // Whether forward state waits in activation frames (the model has more than one) rather
+  // than being recomputed from the stage's input.
+  bool framed() const { return frame_busy_.size() > 1; }
+  // Forwards run again before a backward (recompute only), this step so far.
+  size_t recomputed_forwards() const { return recomputed_forwards_; }
 
  private:
   // Loads micro-batch m and runs the stage's forward from `input` (nullptr on stage 0).
@@ -87,6 +98,9 @@ class ModelStage final : public PipelineStage {
   const std::vector<HostBatch> microbatches_;
   const double loss_scale_;
   std::map<std::pair<int, int>, std::vector<unsigned char>> inputs_;  // (micro-batch, stage) -> its input
+  std::vector<bool> frame_busy_;                    // per activation frame: a pair's state waits there
+  std::map<std::pair<int, int>, int> frame_of_;     // (micro-batch, stage) -> its frame
+  size_t recomputed_forwards_ = 0;
   std::map<int, LossSums> losses_;
 };
 

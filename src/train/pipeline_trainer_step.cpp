@@ -2,12 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 
 #include "core/error.h"
 #include "train/pipeline_costs.h"
 #include "train/pipeline_costs_measured.h"
 #include "train/pipeline_engine.h"
 #include "train/pipeline_model_stage.h"
+#include "train/pipeline_simulator.h"
 #include "train/pipeline_split.h"
 
 namespace kiln {
@@ -45,6 +48,8 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
                "{} is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_virtual_stages);
     KILN_CHECK(d.pipeline_costs == "estimate", "dist.pipeline_costs",
                "'{}' is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_costs);
+    KILN_CHECK(d.pipeline_activations == "frames", "dist.pipeline_activations",
+               "'{}' is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_activations);
     return;
   }
   KILN_CHECK(world_size >= d.pipeline_stages && world_size % d.pipeline_stages == 0, "dist.pipeline_stages",
@@ -68,6 +73,14 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
   // here, the run measures them once its ranks are up).
   pipeline_bounds(config, false);
   pipeline_schedule(config, static_cast<int>(d.pipeline_stages));  // the micro-batches it needs (train.grad_accum)
+}
+
+int pipeline_activation_frames(const Config& config) {
+  if (!pipelined(config) || config.dist.pipeline_activations == "recompute") return 1;
+  const pipeline::Simulation simulation =
+      pipeline::simulate(pipeline_schedule(config, static_cast<int>(config.dist.pipeline_stages)));
+  KILN_CHECK(simulation.ok, "dist.pipeline_schedule", "the schedule does not run: {}", simulation.problem);
+  return *std::max_element(simulation.peak_in_flight.begin(), simulation.peak_in_flight.end());
 }
 
 pipeline::Layout pipeline_layout(const Config& config, int world_size) {
@@ -148,8 +161,12 @@ std::string PipelineTrainerStep::describe() const {
                            layout_.replicas, layout_.replicas, layout_.replicas, layout_.replica_of(group_rank_));
   std::string out = fmt::format(
       "pipeline: {} stages on {} ranks ({}, {} micro-batches a step), layers {}; this rank runs stage {}; every rank "
-      "keeps the whole model{}",
-      schedule_.stages(), schedule_.ranks, schedule_.name, schedule_.microbatches, layers, mine, replicas);
+      "keeps the whole model{}; {}",
+      schedule_.stages(), schedule_.ranks, schedule_.name, schedule_.microbatches, layers, mine, replicas,
+      model_.activation_frames() > 1
+          ? fmt::format("{} activation frames (a stage's saved activations per micro-batch in flight)",
+                        model_.activation_frames())
+          : std::string("each stage's forward recomputed before its backward"));
   if (!measured_balance_.empty()) out += "\nsplit planned from measured costs (dist.pipeline_costs):\n" + measured_balance_;
   return out;
 }

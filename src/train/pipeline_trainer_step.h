@@ -43,6 +43,12 @@ inline bool pipelined(const Config& config) { return config.dist.pipeline_stages
 // the key. With the pipeline off, only that its other keys are left at their defaults.
 void check_pipeline_config(const Config& config, int world_size, Device device);
 
+// The activation frames a model of this run needs (BuildOptions::activation_frames): with
+// dist.pipeline_activations = "frames", the most (micro-batch, stage) pairs in flight on
+// any rank of the schedule (its simulation's count; the same model size on every rank);
+// 1 without a pipeline or with "recompute".
+int pipeline_activation_frames(const Config& config);
+
 // The ranks' places: dist.pipeline_stages stages x world_size / stages replicas.
 pipeline::Layout pipeline_layout(const Config& config, int world_size);
 
@@ -68,7 +74,8 @@ class PipelineTrainerStep {
   LossSlotSums run(const std::vector<HostBatch>& batches, double gradient_scale);
 
   // "pipeline: 2 stages on 2 ranks (1f1b, 4 micro-batches a step), layers 0..3, 4..7; this rank
-  // runs stage 1; every rank keeps the whole model", and with D > 1 replicas ", x 2 replicas
+  // runs stage 1; every rank keeps the whole model; 2 activation frames (...)", and with
+  // D > 1 replicas ", x 2 replicas
   // (stage = rank / 2, replica = rank % 2): this rank is replica 1"; on rank 0 with measured
   // costs, then the split's predicted balance.
   std::string describe() const;

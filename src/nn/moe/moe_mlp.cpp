@@ -121,13 +121,13 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   ctx.saved_wide(logits_, Shape{t, e_count});
   ctx.saved_wide(probs_, Shape{t, e_count});
   ctx.saved_wide(router_saved_, Shape{t, e_count});
-  ctx.buffer(routes_.experts, Shape{t, slots_}, DType::i32);
+  ctx.saved_buffer(routes_.experts, Shape{t, slots_}, DType::i32);
   ctx.saved_wide(routes_.weights, Shape{t, slots_});
   dispatch_.experts = e_count, dispatch_.top_k = slots_;
-  ctx.buffer(dispatch_.counts, Shape{e_count}, DType::i32);
-  ctx.buffer(dispatch_.offsets, Shape{e_count + 1}, DType::i32);
-  ctx.buffer(dispatch_.pair_of_row, Shape{rows}, DType::i32);
-  ctx.buffer(dispatch_.row_of_pair, Shape{t * slots_}, DType::i32);
+  ctx.saved_buffer(dispatch_.counts, Shape{e_count}, DType::i32);
+  ctx.saved_buffer(dispatch_.offsets, Shape{e_count + 1}, DType::i32);
+  ctx.saved_buffer(dispatch_.pair_of_row, Shape{rows}, DType::i32);
+  ctx.saved_buffer(dispatch_.row_of_pair, Shape{t * slots_}, DType::i32);
   ctx.saved(gate_up_, Shape{rows, 2 * f});
   ctx.saved(expert_out_, Shape{rows, expert_io_});
   ctx.step_statistic(step_counts_, Shape{e_count}, DType::i32, StepReduction::sum);
