@@ -77,12 +77,8 @@ double loss_scale(const std::vector<HostBatch>& batches) {
   return 1.0 / static_cast<double>(targets);
 }
 
-// frames > 1: activation frames hold each pair's forward state until its backward; 1: the
-// stage recomputes its forward from its input instead.
-std::unique_ptr<Model> build(const ModelConfig& config, int frames = 1) {
-  BuildOptions options = tiny_build(24, 7, 1e-3);
-  options.activation_frames = frames;
-  auto model = std::make_unique<Model>(config, options);
+std::unique_ptr<Model> build(const ModelConfig& config) {
+  auto model = std::make_unique<Model>(config, tiny_build(24, 7, 1e-3));
   model->allocate();
   init_tiny_model(*model, 33);
   model->set_micro_batches(kMicrobatches);
@@ -183,12 +179,19 @@ void expect_pipeline_matches_one_model(const ModelConfig& config, const Schedule
   // Built before the threads start, as a rank's process would before its first step.
   std::vector<std::unique_ptr<Model>> models;
   std::vector<std::unique_ptr<ModelStage>> stages;
-  // Each rank's frames: its most pairs in flight, as the schedule's simulation counts them.
+  // With frames, each rank's model gets its most pairs in flight, as the schedule's
+  // simulation counts them, for its stages' layers only; without, the stages recompute.
   const Simulation simulation = simulate(schedule);
   ASSERT_TRUE(simulation.ok) << simulation.problem;
   for (int r = 0; r < ranks; ++r) {
-    const int peak = simulation.peak_in_flight[static_cast<size_t>(r)];
-    models.push_back(build(config, saved == Saved::frames ? std::max(peak, 2) : 1));
+    models.push_back(build(config));
+    if (saved == Saved::frames) {
+      std::vector<std::pair<int64_t, int64_t>> mine;
+      for (int s = 0; s < schedule.stages(); ++s)
+        if (schedule.rank_of(s) == r)
+          mine.emplace_back(bounds[static_cast<size_t>(s)], bounds[static_cast<size_t>(s) + 1]);
+      models.back()->enable_activation_frames(simulation.peak_in_flight[static_cast<size_t>(r)], mine);
+    }
     stages.push_back(std::make_unique<ModelStage>(*models.back(), bounds, batches, loss_scale(batches)));
   }
   const int port = dist::free_loopback_port();
@@ -290,12 +293,29 @@ TEST(PipelineModelStage, TiedHeadStagesMatchOneModel) {
 // More pairs in flight than frames: the forward that finds none free says so, before it
 // overwrites anything. GPipe on one rank holding both stages keeps all 8 pairs in flight.
 TEST(PipelineModelStage, RunningOutOfActivationFramesIsAnError) {
-  std::unique_ptr<Model> model = build(dense_config(), 3);
+  std::unique_ptr<Model> model = build(dense_config());
+  model->enable_activation_frames(3, {{0, 2}});
   ModelStage stage(*model, {0, 2, 4}, microbatches(), 1.0);
   std::vector<unsigned char> out(static_cast<size_t>(stage.output_bytes(0)));
   for (int m = 0; m < 3; ++m) stage.forward(m, 0, nullptr, out.data());
   EXPECT_EQ(error_of([&] { stage.forward(3, 0, nullptr, out.data()); }),
             "[pipeline] micro-batch 3 on stage 0: more micro-batches in flight than the model's 3 activation frames");
+}
+
+// Frames copy only the framed blocks (and the model's own state): one layer's frames take
+// less memory than all four's, and each extra frame the same again.
+TEST(PipelineModelStage, ActivationFramesHoldOnlyTheirLayers) {
+  const auto extra = [](int frames, std::vector<std::pair<int64_t, int64_t>> layers) {
+    std::unique_ptr<Model> model = build(dense_config());
+    model->enable_activation_frames(frames, layers);
+    return model->activation_frame_bytes();
+  };
+  const size_t one_layer = extra(2, {{1, 2}}), all_layers = extra(2, {{0, 4}}), none = extra(2, {});
+  EXPECT_GT(none, 0u);  // the model's own state: its batch, the final norm's
+  EXPECT_LT(none, one_layer);
+  EXPECT_LT(one_layer, all_layers);
+  EXPECT_EQ(extra(3, {{1, 2}}), 2 * one_layer);
+  EXPECT_EQ(all_layers - none, 4 * (one_layer - none));  // the dense model's blocks are alike
 }
 
 TEST(PipelineModelStage, BoundsThatDoNotCoverTheModelAreRefused) {

@@ -144,6 +144,27 @@ TEST(PipelineSplit, MemoryLimitIsKeptOrRefusedInOneLine) {
   EXPECT_THROW(plan_pipeline_split(c, 9), Error);  // more stages than layers
 }
 
+// A stage keeping n micro-batches in flight keeps n copies of its layers' activations. Four
+// layers of time 1 and memory 10, 5 of it activations; stage 0 keeps 4 in flight, stage 1 one:
+// stage 0 with k layers needs 10k + 3 x 5k = 25k. Within 40 it holds one layer (by time alone,
+// two: 50 would not fit); without in-flight counts two layers a stage fit (20 each).
+TEST(PipelineSplit, InFlightMicroBatchesCountTheirActivations) {
+  PipelineCosts c;
+  for (int l = 0; l < 4; ++l) c.layers.push_back({1.0, 10.0, 5.0});
+  EXPECT_EQ(plan_pipeline_split(c, 2, 40.0), (PipelineSplit{0, 2}));
+  c.stage_in_flight = {4, 1};
+  EXPECT_EQ(plan_pipeline_split(c, 2, 40.0), (PipelineSplit{0, 1}));
+  const PipelineBalance b = pipeline_balance(c, {0, 2});
+  EXPECT_DOUBLE_EQ(b.stages[0].memory, 50.0);
+  EXPECT_EQ(b.stages[0].in_flight, 4);
+  EXPECT_DOUBLE_EQ(b.stages[1].memory, 20.0);
+  EXPECT_EQ(b.stages[1].in_flight, 1);
+  EXPECT_DOUBLE_EQ(b.max_memory, 50.0);
+  const std::string printed = describe_pipeline_balance(c, b);
+  EXPECT_NE(printed.find("in flight"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("fullest stage 0.00 MiB"), std::string::npos) << printed;  // 50 bytes
+}
+
 // A hybrid where every 4th layer costs 3x (layers 3, 7, 11 of 12), and a head costing 2 on the
 // last stage: 20 in all over 4 stages. Three layers a stage puts the head beside a heavy
 // layer (3, 5, 5, 7); by cost the slowest stage takes 6 (the least: brute force), and no
@@ -209,6 +230,10 @@ TEST(PipelineCosts, DenseLayersCostWhatTheyComputeAndAddUpToTheModel) {
     EXPECT_EQ(layer.memory, costs.layers[0].memory);
     // f32: at least the parameters and their gradients, 4 bytes each.
     EXPECT_GT(layer.memory, 8 * matmul);
+    // Its saved activations: at least the residual-stream input [256 tokens, 192] in f32,
+    // part of its memory.
+    EXPECT_GE(layer.activations, 256 * d * 4);
+    EXPECT_LT(layer.activations, layer.memory);
     sum += layer.time;
   }
   const Model model(config.model, training_build_options(config, Device::cpu));
@@ -245,6 +270,7 @@ TEST(PipelineSplit, KilnPlanPrintsTheSplitOfAPreset) {
   ASSERT_EQ(test::run_command(plan + " --pipeline-stages 4", &output), 0) << output;
   EXPECT_NE(output.find("pipeline split into 4 stages"), std::string::npos) << output;
   EXPECT_NE(output.find("predicted balance: slowest stage"), std::string::npos) << output;
+  EXPECT_NE(output.find("in flight"), std::string::npos) << output;
   for (const char* row : {"\n  0     0..", "\n  3     "}) EXPECT_NE(output.find(row), std::string::npos) << output;
   // A given split: printed as given; a bad one: one line naming the flag.
   ASSERT_EQ(test::run_command(plan + " --pipeline-split 0,1", &output), 0) << output;

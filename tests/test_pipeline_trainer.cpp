@@ -73,7 +73,7 @@ class PipelineTrainer : public TinyRunTest {
       // Each rank ran its own stage(s): rank 1 stage 1 (and 1 + stages, interleaved), its
       // forward state kept in activation frames (dist.pipeline_activations' default).
       EXPECT_CONTAINS(read_file(out + "/rank-1.log"), "; this rank runs stage 1");
-      EXPECT_CONTAINS(output, " activation frames (a stage's saved activations per micro-batch in flight)");
+      EXPECT_CONTAINS(output, " activation frames of its stages' saved activations, one per micro-batch in flight");
       expect_identical(out, one);
     }
   }
@@ -420,27 +420,47 @@ TEST_F(PipelineTrainer, AKilledStageEndsTheOtherNamingIt) {
 }
 
 // The keys' refusals, one line naming the key, before anything is read.
-// A model's activation frames: the most (micro-batch, stage) pairs any rank of the schedule
-// holds at once (GPipe: every micro-batch; 1F1B: the stages, on rank 0; interleaved: more), one
-// without a pipeline or with recompute.
-TEST(PipelineConfig, ActivationFramesAreTheSchedulesMostPairsInFlight) {
+// A pipeline rank's activation frames: the most (micro-batch, stage) pairs it holds at once
+// (GPipe: every micro-batch; 1F1B: stages - rank; interleaved: more), none without a
+// pipeline or with recompute.
+TEST(PipelineConfig, ActivationFramesAreTheRanksMostPairsInFlight) {
   Config c;
   c.model.layers = 8;
   c.train.grad_accum = 8;
-  EXPECT_EQ(pipeline_activation_frames(c), 1);
+  EXPECT_EQ(pipeline_activation_frames(c, 0), 0);
   c.dist.pipeline_stages = 4;
   c.dist.pipeline_schedule = "gpipe";
-  EXPECT_EQ(pipeline_activation_frames(c), 8);
+  EXPECT_EQ(pipeline_activation_frames(c, 0), 8);
+  EXPECT_EQ(pipeline_activation_frames(c, 3), 8);
   c.dist.pipeline_schedule = "1f1b";
-  EXPECT_EQ(pipeline_activation_frames(c), 4);
-  c.dist.pipeline_schedule = "zb_h1";
-  EXPECT_EQ(pipeline_activation_frames(c), 4);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(pipeline_activation_frames(c, r), 4 - r) << "rank " << r;
   c.dist.pipeline_schedule = "interleaved";
   c.dist.pipeline_virtual_stages = 2;
-  EXPECT_GT(pipeline_activation_frames(c), 4);
-  EXPECT_LE(pipeline_activation_frames(c), 16);
+  EXPECT_GT(pipeline_activation_frames(c, 0), 4);
+  EXPECT_LE(pipeline_activation_frames(c, 0), 16);
   c.dist.pipeline_activations = "recompute";
-  EXPECT_EQ(pipeline_activation_frames(c), 1);
+  EXPECT_EQ(pipeline_activation_frames(c, 0), 0);
+}
+
+// Each model stage's micro-batches in flight, for the split planner's memory: its rank's
+// frames (interleaved: v stages a rank share its count), 1 each with recompute.
+TEST(PipelineConfig, StagesKeepTheirRanksMicroBatchesInFlight) {
+  Config c;
+  c.model.layers = 8;
+  c.train.grad_accum = 8;
+  c.dist.pipeline_schedule = "1f1b";
+  EXPECT_EQ(pipeline_stage_in_flight(c, 4), (std::vector<int>{4, 3, 2, 1}));
+  c.dist.pipeline_schedule = "gpipe";
+  EXPECT_EQ(pipeline_stage_in_flight(c, 2), (std::vector<int>{8, 8}));
+  c.dist.pipeline_schedule = "interleaved";
+  c.dist.pipeline_virtual_stages = 2;
+  const std::vector<int> interleaved = pipeline_stage_in_flight(c, 4);  // 2 ranks x 2
+  ASSERT_EQ(interleaved.size(), 4u);
+  EXPECT_EQ(interleaved[0], interleaved[2]);
+  EXPECT_EQ(interleaved[1], interleaved[3]);
+  EXPECT_GT(interleaved[0], 2);
+  c.dist.pipeline_activations = "recompute";
+  EXPECT_EQ(pipeline_stage_in_flight(c, 4), (std::vector<int>{1, 1, 1, 1}));
 }
 
 TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "train/memory_check.h"
 #include "train/pipeline_costs_measured.h"
+#include "train/pipeline_trainer_step.h"
 #include "train/training_build.h"
 
 #include <fmt/format.h>
@@ -52,12 +53,16 @@ void print_per_rank(const Config& config, Device device, const MemoryBudget& pla
 // allocates and runs).
 void print_pipeline_split(const Config& config, Device device, int64_t stages, const std::string& given,
                           double stage_memory_gib) {
-  const PipelineCosts costs = pipeline_costs_for(config, device);
+  PipelineCosts costs = pipeline_costs_for(config, device);
   PipelineSplit split;
+  // The activations of the micro-batches each stage keeps in flight under the config's
+  // schedule (dist.pipeline_schedule, dist.pipeline_activations).
   if (!given.empty()) {
     split = parse_pipeline_split(given, "--pipeline-split");
     validate_pipeline_split(split, config.model.layers, stages, "--pipeline-split");
+    costs.stage_in_flight = pipeline_stage_in_flight(config, static_cast<int64_t>(split.size()));
   } else {
+    costs.stage_in_flight = pipeline_stage_in_flight(config, stages);
     split = plan_pipeline_split(costs, stages, stage_memory_gib * 1073741824.0, "--pipeline-stages",
                                 "--stage-memory-gib");
   }

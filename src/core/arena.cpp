@@ -66,10 +66,18 @@ void Arena::bind_shared(void* base) {
   for (const Entry& e : entries_) e.tensor->bind(static_cast<char*>(base) + e.offset);
 }
 
-void Arena::rebind(void* base) {
-  KILN_CHECK(shared_base_ != nullptr, "arena", "{}: rebound before bind_shared (or owning its memory)", name_);
-  shared_base_ = nullptr;
-  bind_shared(base);
+size_t Arena::offset_of(size_t entry) const {
+  KILN_CHECK(entry <= entries_.size(), "arena", "{}: entry {} of {}", name_, entry, entries_.size());
+  return entry == entries_.size() ? planned_bytes_ : entries_[entry].offset;
+}
+
+void Arena::bind_entries(size_t first, size_t last, void* region) {
+  KILN_CHECK(allocated(), "arena", "{}: entries bound elsewhere before the arena is", name_);
+  KILN_CHECK(first <= last && last <= entries_.size(), "arena", "{}: entries [{}, {}) of {}", name_, first, last,
+             entries_.size());
+  char* own = static_cast<char*>(shared_base_ != nullptr ? shared_base_ : base());
+  char* start = region != nullptr ? static_cast<char*>(region) : own + offset_of(first);
+  for (size_t i = first; i < last; ++i) entries_[i].tensor->bind(start + (entries_[i].offset - offset_of(first)));
 }
 
 size_t Workspace::footprint(DType dtype, Shape shape) {

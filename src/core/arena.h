@@ -45,10 +45,15 @@ class Arena {
   // planned_bytes() long, 256-byte aligned): several arenas whose contents are never
   // needed at the same time share one region (the activations of recomputed blocks).
   void bind_shared(void* base);
-  // Binds every reserved tensor again, at `base` (an arena bound by bind_shared, never one
-  // that owns its memory): activation frames move one arena between their regions
+  // Reserved tensors are entries in reservation order; entry i lives at offset_of(i)
+  // (offset_of(entry_count()) = planned_bytes()).
+  size_t entry_count() const { return entries_.size(); }
+  size_t offset_of(size_t entry) const;
+  // Binds entries [first, last) into `region` instead (entry first at its start, the others
+  // as far after it as in the arena), or back into the arena's own memory with `region`
+  // null: activation frames move runs of one arena between their regions
   // (model/activation_frames.h).
-  void rebind(void* base);
+  void bind_entries(size_t first, size_t last, void* region);
   bool allocated() const { return base() != nullptr || shared_base_ != nullptr; }
   const std::string& name() const { return name_; }
   Device device() const { return device_; }

@@ -31,7 +31,12 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
   }
   KILN_CHECK(options.recompute_blocks >= 0 && options.recompute_blocks <= config.layers, "train.recompute_blocks",
              "{} blocks to recompute, but the model has {} (model.layers)", options.recompute_blocks, config.layers);
+  residual_.resize(static_cast<size_t>(config.layers + 1));
   for (int64_t l = 0; l < config.layers; ++l) {
+    // Block l's segment of the activation arena: its input row of the residual stream, then
+    // whatever the block saves there.
+    FrameSegment segment{ctx.activations.entry_count(), 0, ctx.kept_views ? ctx.kept_views->size() : 0, 0};
+    ctx.saved_wide(residual_[static_cast<size_t>(l)], Shape{options.max_tokens, config.hidden});
     const std::string index = std::to_string(l);
     const LayerSpec layer{NameScope{"layers." + index + ".", "model.layers." + index + ".", "blk." + index + "."}, l,
                           &config, layer_choices(config, l)};
@@ -65,6 +70,9 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
     } else {
       blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, position));
     }
+    segment.last_entry = ctx.activations.entry_count();
+    segment.last_view = ctx.kept_views ? ctx.kept_views->size() : 0;
+    block_segments_.push_back(segment);
   }
   // QK-Clip applies to the mixers with query-key logits (TokenMixer::clips_qk); asked for
   // with none, it would silently do nothing.
@@ -86,8 +94,7 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
                "Block Attention Residuals do not take model.mtp yet (model.mtp.depth = {})", config.mtp.depth);
     attn_res_ = std::make_unique<BlockAttnRes>(ctx, config);
   }
-  residual_.resize(static_cast<size_t>(config.layers + 1));
-  for (Tensor& r : residual_) ctx.saved_wide(r, Shape{t, d});
+  ctx.saved_wide(residual_.back(), Shape{t, d});
   ctx.saved(hidden_, Shape{t, d});
   if (options.training) {
     ctx.buffer(dhidden_, Shape{t, d}, ctx.dtype);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "config/config.h"
+#include "model/activation_frames.h"
 #include "model/build_options.h"
 #include "model/gradient_ready.h"
 #include "nn/attn_res.h"
@@ -67,6 +68,10 @@ class Backbone {
   const Norm& final_norm() const { return *final_norm_; }
   PositionEncoding& position() { return *position_; }
   const std::vector<std::unique_ptr<TransformerBlock>>& blocks() const { return blocks_; }
+  // Each block's run of the model's activation arena and kept views, its input row of the
+  // residual stream included (model/activation_frames.h); for a recomputed block that row
+  // alone (the rest of its saved state lives in the region such blocks share).
+  const std::vector<FrameSegment>& block_segments() const { return block_segments_; }
   // Block Attention Residuals (model.attn_res_block > 0), else null.
   const BlockAttnRes* attn_res() const { return attn_res_.get(); }
 
@@ -97,6 +102,7 @@ class Backbone {
   // mlp_input its MLP's, and residual_[layers] the final read.
   std::unique_ptr<BlockAttnRes> attn_res_;
   std::vector<Tensor> residual_;  // residual_[l] = input of block l [T, hidden]; [layers] = final-norm input
+  std::vector<FrameSegment> block_segments_;
   Tensor hidden_, dhidden_;       // [T, hidden] compute dtype
   Tensor dres_, dres_compute_;    // [T, hidden]: the residual gradient (wide) and its compute copy (mixed path)
 

@@ -28,10 +28,6 @@ struct BuildOptions {
   // running the block's forward again just before its backward. Same results to the bit
   // (the same kernels run on the same inputs), for about one more forward of those blocks.
   int64_t recompute_blocks = 0;
-  // Activation frames (model/activation_frames.h): the saved state of this many
-  // micro-batches at once, Model::select_frame choosing which one a pass works on. A
-  // pipeline stage keeps one per micro-batch in flight; 1 everywhere else.
-  int activation_frames = 1;
   // Bitwise-reproducible kernels only (TrainConfig::deterministic).
   bool deterministic = true;
   // QK-Clip's tau ([optim.qk_clip]): attention measures each head's largest logit in

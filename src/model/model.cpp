@@ -57,19 +57,11 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
     group_tokens_.reserve(static_cast<size_t>(t));
     group_starts_.reserve(static_cast<size_t>(t + 1));
   }
-  KILN_CHECK(options.activation_frames >= 1, "model", "{} activation frames: at least one is needed",
-             options.activation_frames);
-  if (options.activation_frames > 1) {
-    KILN_CHECK(options.training, "model", "activation frames are for training models");
-    frames_ = std::make_unique<ActivationFrames>(activations_, kept_views_, options.activation_frames);
-    frame_shapes_.resize(static_cast<size_t>(options.activation_frames));
-  }
 }
 
 MemoryPlan Model::memory_plan() const {
   return {params_.planned_bytes() + compute_weights_.arena.planned_bytes(), grads_.planned_bytes(),
-          (frames_ ? frames_->planned_bytes() : activations_.planned_bytes()) + buffers_.planned_bytes() +
-              step_buffers_.planned_bytes() + recompute_bytes(),
+          activations_.planned_bytes() + buffers_.planned_bytes() + step_buffers_.planned_bytes() + recompute_bytes(),
           workspace_.planned_bytes()};
 }
 
@@ -83,8 +75,7 @@ void Model::allocate() {
   params_.allocate();
   compute_weights_.arena.allocate();
   if (options_.training) grads_.allocate();
-  if (frames_) frames_->allocate();
-  else activations_.allocate();
+  activations_.allocate();
   buffers_.allocate();
   step_buffers_.allocate();
   if (!recompute_arenas_.empty()) {
@@ -110,6 +101,20 @@ void Model::bind_input_views() {
     token_groups_.group_starts = inputs_.rows(6 * t + 1, 7 * t + 2);
   }
   if (mtp_) mtp_->bind_inputs(inputs_.rows(base_input_ints(t), input_ints()));
+}
+
+void Model::enable_activation_frames(int frames, const std::vector<std::pair<int64_t, int64_t>>& layers) {
+  KILN_CHECK(options_.training, "model", "activation frames are for training models");
+  KILN_CHECK(!frames_, "model", "activation frames enabled twice");
+  KILN_CHECK(activations_.allocated(), "model", "activation frames before allocate()");
+  std::vector<bool> framed(static_cast<size_t>(config_.layers), false);
+  for (const auto& [first, last] : layers) {
+    KILN_CHECK(0 <= first && first < last && last <= config_.layers, "model",
+               "framed layers [{}, {}) outside the model's {} layers", first, last, config_.layers);
+    for (int64_t l = first; l < last; ++l) framed[static_cast<size_t>(l)] = true;
+  }
+  frames_ = std::make_unique<ActivationFrames>(activations_, kept_views_, backbone_->block_segments(), framed, frames);
+  frame_shapes_.assign(static_cast<size_t>(frames), LoadedShape{});
 }
 
 void Model::select_frame(int frame) {

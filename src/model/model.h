@@ -143,11 +143,18 @@ class Model {
   Tensor stage_activation(int64_t l) const { return backbone_->residual(l).rows(0, rows_); }
   Tensor stage_gradient() const { return backbone_->residual_grad().rows(0, rows_); }
 
-  // ---- activation frames (BuildOptions::activation_frames; model/activation_frames.h) ----
+  // ---- activation frames (model/activation_frames.h): a pipeline rank's micro-batches in flight ----
+  // After allocate(), once: `frames` frames of the blocks in `layers` ([first, last) ranges)
+  // and of the model's own state (its loaded batch, the final norm's); frame 0 is the memory
+  // allocate() made. Other blocks keep one copy.
+  void enable_activation_frames(int frames, const std::vector<std::pair<int64_t, int64_t>>& layers);
+  bool has_activation_frames() const { return frames_ != nullptr; }
   int activation_frames() const { return frames_ ? frames_->frames() : 1; }
+  // The memory frames 1.. take beyond what memory_plan() counts.
+  size_t activation_frame_bytes() const { return frames_ ? frames_->extra_bytes() : 0; }
   // Makes `frame` the micro-batch state the model works on: its loaded batch and what its
-  // last forward saved, as they were when it was last left. load_batch, forwards and
-  // backwards then read and write that frame only.
+  // last forward saved in the framed blocks, as they were when it was last left.
+  // load_batch, forwards and backwards of the framed blocks then read and write that frame.
   void select_frame(int frame);
 
   // Every parameter gradient lives in one arena of one dtype (zero between tensors), so
@@ -184,7 +191,7 @@ class Model {
   // micro-batch owns; step_buffers_: what components keep over a step and between steps.
   Arena params_, grads_, activations_, buffers_, step_buffers_;
   std::vector<Tensor*> kept_views_;  // modules' views into activations_ (BuildContext::kept_view)
-  std::unique_ptr<ActivationFrames> frames_;  // null: one frame, activations_ allocated as it is
+  std::unique_ptr<ActivationFrames> frames_;  // null: one frame (enable_activation_frames not called)
   // A frame's loaded shape (set_loaded_shape's arguments) and whether its forward drops,
   // kept while another frame is selected.
   struct LoadedShape {

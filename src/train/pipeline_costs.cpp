@@ -17,7 +17,8 @@ struct BlockCost {
   double forward_matmul = 0;  // active matmul parameters
   double extra_flops = 0;     // the mixer's forward work beyond its matmuls, per token
   double parameters = 0;      // all of the block's parameters (experts included)
-  size_t bytes = 0;           // parameters, their compute copies, gradients, saved activations
+  size_t bytes = 0;           // parameters, their compute copies, gradients, saved activations, buffers
+  size_t activations = 0;     // one micro-batch's saved state (the part of bytes activation frames copy)
   std::string kind;
 };
 
@@ -26,7 +27,8 @@ struct BlockCost {
 BlockCost plan_block(const ModelConfig& config, const BuildOptions& options, int64_t l) {
   const ExecContext exec;
   Arena params("parameters", options.device), grads("gradients", options.device),
-      activations("activations", options.device);
+      activations("activations", options.device), buffers("buffers", options.device),
+      step_buffers("step buffers", options.device);
   Workspace workspace(options.device);
   std::vector<std::unique_ptr<Parameter>> parameters;
   ComputeWeights compute(options.device);
@@ -36,6 +38,8 @@ BlockCost plan_block(const ModelConfig& config, const BuildOptions& options, int
   BuildContext ctx{exec,          params,          grads,           activations, workspace,
                    parameters,    compute,         precision,       options.device,
                    options.max_tokens, options.training, options.deterministic, &losses};
+  ctx.buffers = &buffers;
+  ctx.step_buffers = &step_buffers;
   ctx.qk_clip_tau = options.training ? options.qk_clip_tau : 0;
   ctx.step_statistics = &statistics;
   ctx.bf16_masters = options.bf16_masters && ctx.mixed();
@@ -68,8 +72,9 @@ BlockCost plan_block(const ModelConfig& config, const BuildOptions& options, int
   cost.extra_flops = block.extra_forward_flops_per_token(config.max_seq_len);
   // The residual stream's input of the block ([T, hidden], master dtype) is the backbone's.
   const size_t residual = static_cast<size_t>(options.max_tokens * config.hidden) * dtype_size(precision.master);
-  cost.bytes = params.planned_bytes() + compute.arena.planned_bytes() + grads.planned_bytes() +
-               activations.planned_bytes() + residual;
+  cost.activations = activations.planned_bytes() + residual;
+  cost.bytes = params.planned_bytes() + compute.arena.planned_bytes() + grads.planned_bytes() + cost.activations +
+               buffers.planned_bytes() + step_buffers.planned_bytes();
   cost.kind = layer.choices.mixer + (layer.choices.window > 0 ? "/w" + std::to_string(layer.choices.window) : "") +
               "+" + layer.choices.mlp;
   return cost;
@@ -96,6 +101,7 @@ PipelineCosts pipeline_costs_from_config(const Config& config, Device device) {
     LayerCost cost;
     cost.time = 3.0 * (2.0 * block.forward_matmul + block.extra_flops);
     cost.memory = static_cast<double>(block.bytes) + optimizer_per_parameter * block.parameters;
+    cost.activations = static_cast<double>(block.activations);
     layer_time += cost.time;
     layer_memory += cost.memory;
     costs.layers.push_back(cost);

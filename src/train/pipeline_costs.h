@@ -15,7 +15,8 @@ namespace kiln {
 // embedding lookup counts 0, the head and multi-token prediction go to the last stage.
 // memory: bytes of parameters (and their bf16 copies), gradients, optimizer state (the
 // model's per parameter, spread by parameter count), saved activations of one micro-batch
-// of train.micro_batch_tokens (the block's and its residual-stream input), the embedding on
+// of train.micro_batch_tokens (the block's and its residual-stream input; also LayerCost::
+// activations, which a stage keeps once per micro-batch in flight), the embedding on
 // the first stage and, tied, again on the last (the head reads it). The workspace (scratch
 // every stage needs its own peak of) and the host batches are not in it. Throws naming
 // model.attn_res_block for Block Attention Residuals (every layer reads every earlier one).

@@ -31,7 +31,7 @@ ModelStage::ModelStage(Model& model, std::vector<int64_t> bounds, std::vector<Ho
                bounds_[s + 1]);
   check_pipelinable(c);
   KILN_CHECK(!microbatches_.empty(), "pipeline", "a pipeline step needs at least one micro-batch");
-  frame_busy_.assign(static_cast<size_t>(model.activation_frames()), false);
+  if (model.has_activation_frames()) frame_busy_.assign(static_cast<size_t>(model.activation_frames()), false);
 }
 
 void ModelStage::check_pipelinable(const ModelConfig& c) {

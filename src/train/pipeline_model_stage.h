@@ -5,13 +5,14 @@
 // wide (master) dtype, and its gradient.
 //
 // Issue 46, on the CPU:
-// - Activation frames (model/activation_frames.h), when the model is built with more than
-//   one: the forward of (micro-batch m, stage s) takes a free frame and leaves its saved
-//   state there; the backward of (m, s) selects that frame again and frees it. A rank needs
-//   as many frames as it has pairs in flight at most, which the schedule's simulation gives
+// - Activation frames (model/activation_frames.h), when the model has them
+//   (Model::enable_activation_frames, for the rank's stages' layers): the forward of
+//   (micro-batch m, stage s) takes a free frame and leaves its saved state there; the
+//   backward of (m, s) selects that frame again and frees it. A rank needs as many frames
+//   as it has pairs in flight at most, which the schedule's simulation gives
 //   (pipeline_activation_frames, train/pipeline_trainer_step.h); running out is an error.
 //   Several stages on one rank (the interleaved schedule) take frames from the same model.
-// - With one frame (dist.pipeline_activations = "recompute"), stage-input recompute: the
+// - Without frames (dist.pipeline_activations = "recompute"), stage-input recompute: the
 //   forward of m keeps only the stage's input, and its backward runs the stage's forward
 //   for m again (counting no objective or statistic twice, as train.recompute_blocks does)
 //   before the backward: one extra forward per stage and micro-batch, for one micro-batch
@@ -81,9 +82,9 @@ class ModelStage final : public PipelineStage {
   // activation frames held for one.
   size_t inputs_kept() const { return inputs_.size(); }
   size_t frames_held() const { return frame_of_.size(); }
-  // Whether forward state waits in activation frames (the model has more than one) rather
-  // than being recomputed from the stage's input.
-  bool framed() const { return frame_busy_.size() > 1; }
+  // Whether forward state waits in activation frames (Model::enable_activation_frames was
+  // called) rather than being recomputed from the stage's input.
+  bool framed() const { return !frame_busy_.empty(); }
   // Forwards run again before a backward (recompute only), this step so far.
   size_t recomputed_forwards() const { return recomputed_forwards_; }
 

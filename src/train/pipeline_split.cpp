@@ -20,39 +20,50 @@ constexpr double kNone = std::numeric_limits<double>::infinity();
 // every comparison, so the planner's two passes see the same sums to the bit.
 struct StageCosts {
   const PipelineCosts& costs;
-  std::vector<double> time_prefix, memory_prefix;  // [L + 1]
+  std::vector<double> time_prefix, memory_prefix, activation_prefix;  // [L + 1]
 
   explicit StageCosts(const PipelineCosts& c) : costs(c) {
     const size_t n = c.layers.size();
     time_prefix.assign(n + 1, 0);
     memory_prefix.assign(n + 1, 0);
+    activation_prefix.assign(n + 1, 0);
     for (size_t l = 0; l < n; ++l) {
       time_prefix[l + 1] = time_prefix[l] + c.layers[l].time;
       memory_prefix[l + 1] = memory_prefix[l] + c.layers[l].memory;
+      activation_prefix[l + 1] = activation_prefix[l] + c.layers[l].activations;
     }
+  }
+  int in_flight(int64_t stage) const {
+    const auto s = static_cast<size_t>(stage);
+    return s < costs.stage_in_flight.size() ? std::max(costs.stage_in_flight[s], 1) : 1;
   }
   int64_t layers() const { return static_cast<int64_t>(costs.layers.size()); }
   double time(int64_t a, int64_t b) const {
     return time_prefix[b] - time_prefix[a] + (a == 0 ? costs.first_extra.time : 0) +
            (b == layers() ? costs.last_extra.time : 0);
   }
-  double memory(int64_t a, int64_t b) const {
+  // Stage `stage` over layers [a, b): its memory with one micro-batch's activations, plus
+  // the activations of the others it keeps in flight.
+  double memory(int64_t stage, int64_t a, int64_t b) const {
     return memory_prefix[b] - memory_prefix[a] + (a == 0 ? costs.first_extra.memory : 0) +
-           (b == layers() ? costs.last_extra.memory : 0);
+           (b == layers() ? costs.last_extra.memory : 0) +
+           (in_flight(stage) - 1) * (activation_prefix[b] - activation_prefix[a]);
   }
 };
 
 // The least, over every split of the layers into `stages` stages each passing `allowed`, of
 // the largest stage_value: best[k][j] covers layers [0, j) with k stages. kNone: no split.
-double least_bottleneck(int64_t layers, int64_t stages, const std::function<double(int64_t, int64_t)>& stage_value,
-                        const std::function<bool(int64_t, int64_t)>& allowed) {
+// Both functions take (stage index, first layer, end layer).
+using StageFunction = std::function<double(int64_t, int64_t, int64_t)>;
+double least_bottleneck(int64_t layers, int64_t stages, const StageFunction& stage_value,
+                        const std::function<bool(int64_t, int64_t, int64_t)>& allowed) {
   std::vector<std::vector<double>> best(stages + 1, std::vector<double>(layers + 1, kNone));
   best[0][0] = 0;
   for (int64_t k = 1; k <= stages; ++k)
     for (int64_t j = k; j <= layers - (stages - k); ++j)
       for (int64_t i = k - 1; i < j; ++i)
-        if (best[k - 1][i] < kNone && allowed(i, j))
-          best[k][j] = std::min(best[k][j], std::max(best[k - 1][i], stage_value(i, j)));
+        if (best[k - 1][i] < kNone && allowed(k - 1, i, j))
+          best[k][j] = std::min(best[k][j], std::max(best[k - 1][i], stage_value(k - 1, i, j)));
   return best[stages][layers];
 }
 
@@ -65,12 +76,15 @@ PipelineSplit plan_pipeline_split(const PipelineCosts& costs, int64_t stages, do
   KILN_CHECK(stages >= 1, stages_key, "{} pipeline stages: at least 1", stages);
   KILN_CHECK(stages <= layers, stages_key, "{} pipeline stages for {} layers: a stage needs at least one layer",
              stages, layers);
-  const auto fits = [&](int64_t a, int64_t b) { return memory_limit <= 0 || sc.memory(a, b) <= memory_limit; };
-  const auto time = [&](int64_t a, int64_t b) { return sc.time(a, b); };
+  const auto fits = [&](int64_t k, int64_t a, int64_t b) {
+    return memory_limit <= 0 || sc.memory(k, a, b) <= memory_limit;
+  };
+  const auto time = [&](int64_t, int64_t a, int64_t b) { return sc.time(a, b); };
   const double bottleneck = least_bottleneck(layers, stages, time, fits);
   if (bottleneck == kNone) {
     const double least = least_bottleneck(
-        layers, stages, [&](int64_t a, int64_t b) { return sc.memory(a, b); }, [](int64_t, int64_t) { return true; });
+        layers, stages, [&](int64_t k, int64_t a, int64_t b) { return sc.memory(k, a, b); },
+        [](int64_t, int64_t, int64_t) { return true; });
     fail(memory_key, "no split of {} layers into {} stages keeps every stage within {:.4g} GiB: the fullest stage "
          "of the leanest split needs {:.4g} GiB", layers, stages, memory_limit / 1073741824.0, least / 1073741824.0);
   }
@@ -82,7 +96,7 @@ PipelineSplit plan_pipeline_split(const PipelineCosts& costs, int64_t stages, do
   for (int64_t k = 1; k <= stages; ++k)
     for (int64_t j = k; j <= layers - (stages - k); ++j)
       for (int64_t i = k - 1; i < j; ++i) {
-        if (squares[k - 1][i] == kNone || !fits(i, j)) continue;
+        if (squares[k - 1][i] == kNone || !fits(k - 1, i, j)) continue;
         const double t = sc.time(i, j);
         if (t > bottleneck) continue;
         const double total = squares[k - 1][i] + t * t;
@@ -141,7 +155,8 @@ PipelineBalance pipeline_balance(const PipelineCosts& costs, const PipelineSplit
     stage.first = split[s];
     stage.end = s + 1 < split.size() ? split[s + 1] : sc.layers();
     stage.time = sc.time(stage.first, stage.end);
-    stage.memory = sc.memory(stage.first, stage.end);
+    stage.memory = sc.memory(static_cast<int64_t>(s), stage.first, stage.end);
+    stage.in_flight = sc.in_flight(static_cast<int64_t>(s));
     total += stage.time;
     b.max_time = std::max(b.max_time, stage.time);
     b.max_memory = std::max(b.max_memory, stage.memory);
@@ -164,8 +179,10 @@ std::string describe_pipeline_balance(const PipelineCosts& costs, const Pipeline
                         costs.measured_on)
           : std::string("  time: estimated GFLOP per token (training FLOPs from the config); memory: estimated from the "
                         "config\n");
-  fmt::format_to(std::back_inserter(out), "  {:<5} {:<12} {:>12} {:>8} {:>12}  {}\n", "stage", "layers", unit, "of max",
-                 "memory MiB", "layer kinds");
+  if (!costs.stage_in_flight.empty())
+    out += "  memory: with the activations of each stage's micro-batches in flight (the in-flight column)\n";
+  fmt::format_to(std::back_inserter(out), "  {:<5} {:<12} {:>12} {:>8} {:>12} {:>9}  {}\n", "stage", "layers", unit,
+                 "of max", "memory MiB", "in flight", "layer kinds");
   for (size_t s = 0; s < balance.stages.size(); ++s) {
     const StageBalance& stage = balance.stages[s];
     // Runs of the same kind, in order: "gqa+swiglu x3, kda+swiglu x1".
@@ -178,9 +195,10 @@ std::string describe_pipeline_balance(const PipelineCosts& costs, const Pipeline
     }
     if (s == 0) kinds += kinds.empty() ? "embedding" : ", embedding";
     if (s + 1 == balance.stages.size()) kinds += kinds.empty() ? "head" : ", head";
-    fmt::format_to(std::back_inserter(out), "  {:<5} {:<12} {:>12.4f} {:>8.3f} {:>12.2f}  {}\n", s,
+    fmt::format_to(std::back_inserter(out), "  {:<5} {:<12} {:>12.4f} {:>8.3f} {:>12.2f} {:>9}  {}\n", s,
                    fmt::format("{}..{} ({})", stage.first, stage.end - 1, stage.end - stage.first), stage.time * scale,
-                   balance.max_time > 0 ? stage.time / balance.max_time : 1.0, stage.memory / 1048576.0, kinds);
+                   balance.max_time > 0 ? stage.time / balance.max_time : 1.0, stage.memory / 1048576.0,
+                   stage.in_flight, kinds);
   }
   fmt::format_to(std::back_inserter(out),
                  "predicted balance: slowest stage {:.4f} {}, mean {:.4f}: efficiency {:.3f} (mean / slowest, "

@@ -17,6 +17,9 @@ namespace kiln {
 struct LayerCost {
   double time = 0;
   double memory = 0;
+  // The part of `memory` one micro-batch's forward keeps for its backward (saved
+  // activations): a stage holding n micro-batches in flight keeps it n times.
+  double activations = 0;
 };
 
 struct PipelineCosts {
@@ -28,6 +31,9 @@ struct PipelineCosts {
   // milliseconds per micro-batch, measured on `measured_on` ("cpu", "cuda").
   bool measured = false;
   std::string measured_on;
+  // Micro-batches each stage keeps in flight (its activation frames), by stage; empty: 1
+  // each. A stage's memory counts its layers' activations that many times.
+  std::vector<int> stage_in_flight;
 };
 
 // A split: the first layer of each stage, ascending, starting at 0 (stage s runs layers
@@ -37,6 +43,7 @@ using PipelineSplit = std::vector<int64_t>;
 struct StageBalance {
   int64_t first = 0, end = 0;  // layers [first, end)
   double time = 0, memory = 0;
+  int in_flight = 1;  // micro-batches whose activations memory counts
 };
 struct PipelineBalance {
   std::vector<StageBalance> stages;

@@ -27,7 +27,8 @@ std::vector<int64_t> agreed_pipeline_bounds(const Config& config, dist::Communic
   if (config.dist.pipeline_costs != "measure" || !config.dist.pipeline_split.empty()) return pipeline_bounds(config);
   std::vector<int64_t> bounds(static_cast<size_t>(model_stages(config)) + 1);
   if (group.rank() == 0) {
-    const PipelineCosts costs = pipeline_costs_measured(config, Device::cpu);
+    PipelineCosts costs = pipeline_costs_measured(config, Device::cpu);
+    costs.stage_in_flight = pipeline_stage_in_flight(config, model_stages(config));
     PipelineSplit split = plan_pipeline_split(costs, model_stages(config), 0, "dist.pipeline_stages");
     balance = describe_pipeline_balance(costs, pipeline_balance(costs, split));
     split.push_back(config.model.layers);
@@ -75,12 +76,30 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
   pipeline_schedule(config, static_cast<int>(d.pipeline_stages));  // the micro-batches it needs (train.grad_accum)
 }
 
-int pipeline_activation_frames(const Config& config) {
-  if (!pipelined(config) || config.dist.pipeline_activations == "recompute") return 1;
+int pipeline_activation_frames(const Config& config, int rank) {
+  if (!pipelined(config) || config.dist.pipeline_activations == "recompute") return 0;
   const pipeline::Simulation simulation =
       pipeline::simulate(pipeline_schedule(config, static_cast<int>(config.dist.pipeline_stages)));
   KILN_CHECK(simulation.ok, "dist.pipeline_schedule", "the schedule does not run: {}", simulation.problem);
-  return *std::max_element(simulation.peak_in_flight.begin(), simulation.peak_in_flight.end());
+  KILN_CHECK(rank >= 0 && rank < static_cast<int>(simulation.peak_in_flight.size()), "pipeline",
+             "pipeline rank {} of {}", rank, simulation.peak_in_flight.size());
+  return std::max(simulation.peak_in_flight[static_cast<size_t>(rank)], 1);
+}
+
+std::vector<int> pipeline_stage_in_flight(const Config& config, int64_t stages) {
+  if (config.dist.pipeline_activations == "recompute") return std::vector<int>(static_cast<size_t>(stages), 1);
+  const int64_t virtual_stages = config.dist.pipeline_schedule == "interleaved" ? config.dist.pipeline_virtual_stages : 1;
+  KILN_CHECK(stages % virtual_stages == 0, "dist.pipeline_virtual_stages",
+             "{} stages are not a multiple of {} virtual stages per rank", stages, virtual_stages);
+  Config schedule_config = config;
+  schedule_config.dist.pipeline_stages = stages / virtual_stages;
+  const pipeline::Simulation simulation =
+      pipeline::simulate(pipeline_schedule(schedule_config, static_cast<int>(stages / virtual_stages)));
+  KILN_CHECK(simulation.ok, "dist.pipeline_schedule", "the schedule does not run: {}", simulation.problem);
+  std::vector<int> in_flight;
+  for (int64_t s = 0; s < stages; ++s)
+    in_flight.push_back(std::max(simulation.peak_in_flight[static_cast<size_t>(s % (stages / virtual_stages))], 1));
+  return in_flight;
 }
 
 pipeline::Layout pipeline_layout(const Config& config, int world_size) {
@@ -108,8 +127,9 @@ std::vector<int64_t> pipeline_bounds(const Config& config, bool measure) {
     KILN_CHECK(stages <= config.model.layers, "dist.pipeline_stages",
                "{} stages ({} ranks x {} virtual) for model.layers = {}: a stage needs a layer", stages,
                config.dist.pipeline_stages, config.dist.pipeline_virtual_stages, config.model.layers);
-    const PipelineCosts costs = measure ? pipeline_costs_for(config, Device::cpu)
-                                        : pipeline_costs_from_config(config, Device::cpu);
+    PipelineCosts costs = measure ? pipeline_costs_for(config, Device::cpu)
+                                  : pipeline_costs_from_config(config, Device::cpu);
+    costs.stage_in_flight = pipeline_stage_in_flight(config, stages);
     split = plan_pipeline_split(costs, stages, 0, "dist.pipeline_stages");
   }
   split.push_back(config.model.layers);
@@ -133,7 +153,17 @@ PipelineTrainerStep::PipelineTrainerStep(const Config& config, Model& model, dis
       group_rank_(group.rank()),
       comm_(pipeline::replica_pipeline(group, layout_)),
       bounds_(agreed_pipeline_bounds(config, group, measured_balance_)),
-      schedule_(pipeline_schedule(config, layout_.stages)) {}
+      schedule_(pipeline_schedule(config, layout_.stages)) {
+  // This rank's stages' layers get a frame per pair it holds in flight at most.
+  const int frames = pipeline_activation_frames(config, comm_->rank());
+  if (frames > 0) {
+    std::vector<std::pair<int64_t, int64_t>> mine;
+    for (int s = 0; s < schedule_.stages(); ++s)
+      if (schedule_.rank_of(s) == comm_->rank())
+        mine.emplace_back(bounds_[static_cast<size_t>(s)], bounds_[static_cast<size_t>(s) + 1]);
+    model_.enable_activation_frames(frames, mine);
+  }
+}
 
 LossSlotSums PipelineTrainerStep::run(const std::vector<HostBatch>& batches, double gradient_scale) {
   KILN_CHECK(static_cast<int>(batches.size()) == schedule_.microbatches, "train",
@@ -163,9 +193,10 @@ std::string PipelineTrainerStep::describe() const {
       "pipeline: {} stages on {} ranks ({}, {} micro-batches a step), layers {}; this rank runs stage {}; every rank "
       "keeps the whole model{}; {}",
       schedule_.stages(), schedule_.ranks, schedule_.name, schedule_.microbatches, layers, mine, replicas,
-      model_.activation_frames() > 1
-          ? fmt::format("{} activation frames (a stage's saved activations per micro-batch in flight)",
-                        model_.activation_frames())
+      model_.has_activation_frames()
+          ? fmt::format("{} activation frames of its stages' saved activations, one per micro-batch in flight "
+                        "({:.1f} MiB beyond the first)",
+                        model_.activation_frames(), static_cast<double>(model_.activation_frame_bytes()) / 1048576.0)
           : std::string("each stage's forward recomputed before its backward"));
   if (!measured_balance_.empty()) out += "\nsplit planned from measured costs (dist.pipeline_costs):\n" + measured_balance_;
   return out;

@@ -43,11 +43,17 @@ inline bool pipelined(const Config& config) { return config.dist.pipeline_stages
 // the key. With the pipeline off, only that its other keys are left at their defaults.
 void check_pipeline_config(const Config& config, int world_size, Device device);
 
-// The activation frames a model of this run needs (BuildOptions::activation_frames): with
-// dist.pipeline_activations = "frames", the most (micro-batch, stage) pairs in flight on
-// any rank of the schedule (its simulation's count; the same model size on every rank);
-// 1 without a pipeline or with "recompute".
-int pipeline_activation_frames(const Config& config);
+// The activation frames pipeline rank `rank` (its place in its replica's pipeline) needs
+// (Model::enable_activation_frames): with dist.pipeline_activations = "frames", the most
+// (micro-batch, stage) pairs it holds in flight, from the schedule's simulation (1 for a
+// rank that runs each backward right after its forward); 0 without a pipeline or with
+// "recompute".
+int pipeline_activation_frames(const Config& config, int rank);
+
+// Micro-batches each of `stages` model stages keeps in flight under the config's schedule
+// (PipelineCosts::stage_in_flight): its rank's activation frames, or 1 with "recompute".
+// `stages` counts model stages (ranks x dist.pipeline_virtual_stages when interleaved).
+std::vector<int> pipeline_stage_in_flight(const Config& config, int64_t stages);
 
 // The ranks' places: dist.pipeline_stages stages x world_size / stages replicas.
 pipeline::Layout pipeline_layout(const Config& config, int world_size);

@@ -1,7 +1,6 @@
 #include "train/training_build.h"
 
 #include "nn/precision_recipe.h"
-#include "train/pipeline_trainer_step.h"
 
 namespace kiln {
 
@@ -11,7 +10,6 @@ BuildOptions training_build_options(const Config& config, Device device) {
   options.precision = resolve_precision_recipe(config.train.precision, device);
   options.dtype = options.precision->compute;
   options.recompute_blocks = config.train.recompute_blocks;
-  options.activation_frames = pipeline_activation_frames(config);
   options.deterministic = config.train.deterministic;
   options.max_tokens = config.train.micro_batch_tokens;
   options.loss_chunk_rows = config.train.loss_chunk_tokens;
