@@ -153,6 +153,30 @@ TEST_F(PipelineTrainer, EveryScheduleOverTwoStagesTrainsBitwiseAsOneProcess) { c
 
 TEST_F(PipelineTrainer, EveryScheduleOverFourStagesTrainsBitwiseAsOneProcess) { check_every_schedule(4); }
 
+// ZeRO-1 over a pipeline's ranks: 2 stages with dist.zero = 1 against one process. Each
+// parameter's gradient comes from one stage's rank, the other adding zeros, so the
+// all-reduce is exact in any order, and each rank updates its shard as the one process
+// does: losses, gradient norms and weights bit for bit. Then its sharded checkpoint at step
+// 4 of an 8-step run, killed at step 5, resumes in one process (the optimizer state gathered
+// whole) with the uninterrupted run's losses and weights, bit for bit.
+TEST_F(PipelineTrainer, ZeroOneOverTheStagesRanksTrainsAsOneProcess) {
+  std::string output;
+  const std::string one = dir_ + "/one", out = dir_ + "/zero1";
+  ASSERT_EQ(run_with_fault(single(one), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", out, "--set dist.zero=1 "), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "ZeRO-1: rank 0 updates ");
+  expect_identical(out, one);
+  const std::string eight = "--set train.steps=8 ";
+  const std::string straight = dir_ + "/straight", moved = dir_ + "/moved";
+  ASSERT_EQ(run_with_fault(single(straight, eight), "", &output), 0) << output;
+  ASSERT_NE(run_with_fault(pipeline(2, "1f1b", moved, eight + "--set dist.zero=1 "), "kill_at_step:5", &output), 0)
+      << output;
+  EXPECT_EQ(latest_of(moved), "step-00000004");
+  ASSERT_EQ(run_with_fault(single(moved, eight + "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(moved, 4) + " at step 4");
+  expect_identical(moved, straight);
+}
+
 // dist.pipeline_activations = recompute: each stage keeps its input only and runs its forward
 // again before the backward; the same kernels on the same inputs, so bit for bit again.
 TEST_F(PipelineTrainer, RecomputedStagesTrainBitwiseAsOneProcess) {
@@ -495,7 +519,6 @@ TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
   EXPECT_EQ(error(tied, 2), "");
   EXPECT_EQ(error(tied, 4), "");
   expect([](Config& c) { c.model.mtp.depth = 1; }, 2, "model.mtp.depth");
-  expect([](Config& c) { c.dist.zero = 1; }, 2, "dist.zero");
   expect([](Config& c) { c.model.moe.balance_scope = "step"; }, 2, "model.moe.balance_scope");
   expect([](Config& c) { c.dist.pipeline_virtual_stages = 2; }, 2, "dist.pipeline_virtual_stages");
   expect([](Config& c) { c.dist.pipeline_split = "0,9"; }, 2, "dist.pipeline_split");
@@ -523,6 +546,11 @@ TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
     c.dist.pipeline_stages = 1;
     c.dist.pipeline_activations = "recompute";
   }, 1, "dist.pipeline_activations");
+  Config sharded = base;  // ZeRO-1 over the pipeline's ranks
+  sharded.dist.zero = 1;
+  EXPECT_EQ(error(sharded, 2), "");
+  EXPECT_EQ(error(sharded, 4), "");
+  expect([](Config& c) { c.dist.zero = 2; }, 2, "dist.zero");
   Config recompute = base;
   recompute.dist.pipeline_activations = "recompute";
   EXPECT_EQ(error(recompute, 2), "");

@@ -63,7 +63,12 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
   KILN_CHECK(d.pipeline_virtual_stages == 1 || d.pipeline_schedule == "interleaved", "dist.pipeline_virtual_stages",
              "{} stages per rank need dist.pipeline_schedule = interleaved, not '{}'", d.pipeline_virtual_stages,
              d.pipeline_schedule);
-  KILN_CHECK(d.zero == 0, "dist.zero", "ZeRO-{} with a pipeline (dist.pipeline_stages = {}) is not built yet", d.zero,
+  // ZeRO-1 shards the optimizer over all W ranks, and the step's gradient all-reduce runs
+  // over all of them too, so each shard holds its parameters' summed gradient whichever
+  // stage computed it (the others add zeros). ZeRO-2 is refused: over a pipeline it hung
+  // after its first step in a test (2 stages, 8 layers, 2026-12-07), not yet understood.
+  KILN_CHECK(d.zero <= 1, "dist.zero",
+             "ZeRO-2 with a pipeline (dist.pipeline_stages = {}) is not supported yet; dist.zero = 1 is",
              d.pipeline_stages);
   // The counting pass runs every micro-batch through the whole model and sums over the
   // ranks: with a replica's ranks reading the same micro-batches it would count them `stages` times.
