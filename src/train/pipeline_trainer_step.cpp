@@ -65,8 +65,12 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
              d.pipeline_schedule);
   // ZeRO-1 shards the optimizer over all W ranks, and the step's gradient all-reduce runs
   // over all of them too, so each shard holds its parameters' summed gradient whichever
-  // stage computed it (the others add zeros). ZeRO-2 is refused: over a pipeline it hung
-  // after its first step in a test (2 stages, 8 layers, 2026-12-07), not yet understood.
+  // stage computed it (the others add zeros). ZeRO-2 is refused: over a pipeline it hung in
+  // its second step (2 stages, 8 layers, 2026-12-07): rank 0 waited for the last
+  // micro-batch's gradient from rank 1, which had sent it and entered the reduce-scatter.
+  // Suspect: Gloo's reduce-scatter (its older, pair-bound algorithm) and the pipeline's
+  // unbound point-to-point buffers on one context; a context of the pipeline's own is the
+  // likely fix, not yet tried.
   KILN_CHECK(d.zero <= 1, "dist.zero",
              "ZeRO-2 with a pipeline (dist.pipeline_stages = {}) is not supported yet; dist.zero = 1 is",
              d.pipeline_stages);
