@@ -153,28 +153,50 @@ TEST_F(PipelineTrainer, EveryScheduleOverTwoStagesTrainsBitwiseAsOneProcess) { c
 
 TEST_F(PipelineTrainer, EveryScheduleOverFourStagesTrainsBitwiseAsOneProcess) { check_every_schedule(4); }
 
-// ZeRO-1 over a pipeline's ranks: 2 stages with dist.zero = 1 against one process. Each
-// parameter's gradient comes from one stage's rank, the other adding zeros, so the
-// all-reduce is exact in any order, and each rank updates its shard as the one process
-// does: losses, gradient norms and weights bit for bit. Then its sharded checkpoint at step
-// 4 of an 8-step run, killed at step 5, resumes in one process (the optimizer state gathered
-// whole) with the uninterrupted run's losses and weights, bit for bit.
-TEST_F(PipelineTrainer, ZeroOneOverTheStagesRanksTrainsAsOneProcess) {
+// ZeRO over a pipeline's ranks: 2 stages with dist.zero = 1 and 2 against one process. Each
+// parameter's gradient comes from one stage's rank, the other adding zeros, so the sum (the
+// all-reduce, or ZeRO-2's reduce-scatter) is exact in any order, and each rank updates its
+// shard as the one process does. ZeRO-1: losses, gradient norms and weights bit for bit.
+// ZeRO-2: losses and weights bit for bit; its gradient norm is summed per shard and then
+// over the ranks, so within 1e-12 relative (its steps before the resume below too). (ZeRO-2 hung here in its second step while the
+// pipeline's transfers shared the gradients' Gloo context: ProcessGroup::pipeline.) Then
+// ZeRO-2's sharded checkpoint at step 4 of an 8-step run, killed at step 5, resumes in one
+// process (the optimizer state gathered whole) with the uninterrupted run's losses and
+// weights, bit for bit.
+TEST_F(PipelineTrainer, ZeroOverTheStagesRanksTrainsAsOneProcess) {
+  // ZeRO-2's comparison: everything bit for bit but the gradient norm.
+  const auto expect_same_but_the_norm = [](const std::string& a, const std::string& b) {
+    const std::vector<TrainRecord> x = train_records(a), y = train_records(b);
+    ASSERT_EQ(x.size(), y.size());
+    ASSERT_FALSE(x.empty());
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_EQ(x[i].loss, y[i].loss) << "step " << x[i].step;
+      const double u = x[i].grad_norm.get<double>(), v = y[i].grad_norm.get<double>();
+      EXPECT_LE(std::abs(u - v), 1e-12 * v) << "step " << x[i].step;
+    }
+    EXPECT_EQ(read_file(a + "/model/model.safetensors"), read_file(b + "/model/model.safetensors"));
+  };
   std::string output;
-  const std::string one = dir_ + "/one", out = dir_ + "/zero1";
+  const std::string one = dir_ + "/one";
   ASSERT_EQ(run_with_fault(single(one), "", &output), 0) << output;
-  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", out, "--set dist.zero=1 "), "", &output), 0) << output;
-  EXPECT_CONTAINS(output, "ZeRO-1: rank 0 updates ");
-  expect_identical(out, one);
+  for (int zero : {1, 2}) {
+    SCOPED_TRACE(fmt::format("ZeRO-{}", zero));
+    const std::string out = fmt::format("{}/zero{}", dir_, zero);
+    ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", out, fmt::format("--set dist.zero={} ", zero)), "", &output), 0)
+        << output;
+    EXPECT_CONTAINS(output, fmt::format("ZeRO-{}: rank 0 updates ", zero));
+    if (zero == 1) expect_identical(out, one);
+    else expect_same_but_the_norm(out, one);
+  }
   const std::string eight = "--set train.steps=8 ";
   const std::string straight = dir_ + "/straight", moved = dir_ + "/moved";
   ASSERT_EQ(run_with_fault(single(straight, eight), "", &output), 0) << output;
-  ASSERT_NE(run_with_fault(pipeline(2, "1f1b", moved, eight + "--set dist.zero=1 "), "kill_at_step:5", &output), 0)
+  ASSERT_NE(run_with_fault(pipeline(2, "1f1b", moved, eight + "--set dist.zero=2 "), "kill_at_step:5", &output), 0)
       << output;
   EXPECT_EQ(latest_of(moved), "step-00000004");
   ASSERT_EQ(run_with_fault(single(moved, eight + "--resume"), "", &output), 0) << output;
   EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(moved, 4) + " at step 4");
-  expect_identical(moved, straight);
+  expect_same_but_the_norm(moved, straight);
 }
 
 // dist.pipeline_activations = recompute: each stage keeps its input only and runs its forward
@@ -546,11 +568,12 @@ TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
     c.dist.pipeline_stages = 1;
     c.dist.pipeline_activations = "recompute";
   }, 1, "dist.pipeline_activations");
-  Config sharded = base;  // ZeRO-1 over the pipeline's ranks
-  sharded.dist.zero = 1;
-  EXPECT_EQ(error(sharded, 2), "");
-  EXPECT_EQ(error(sharded, 4), "");
-  expect([](Config& c) { c.dist.zero = 2; }, 2, "dist.zero");
+  for (int zero : {1, 2}) {  // ZeRO over the pipeline's ranks
+    Config sharded = base;
+    sharded.dist.zero = zero;
+    EXPECT_EQ(error(sharded, 2), "");
+    EXPECT_EQ(error(sharded, 4), "");
+  }
   Config recompute = base;
   recompute.dist.pipeline_activations = "recompute";
   EXPECT_EQ(error(recompute, 2), "");

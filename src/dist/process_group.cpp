@@ -60,6 +60,16 @@ ProcessGroup::ProcessGroup(const ProcessPlacement& placement, Device device, std
 
 ProcessGroup::~ProcessGroup() = default;
 
+Communicator& ProcessGroup::pipeline() {
+  if (!pipeline_) {
+    GlooEndpoint endpoint = gloo_endpoint(placement_);
+    endpoint.prefix = "gloo-pipeline/";
+    pipeline_ = std::make_unique<GlooCommunicator>(*store_, endpoint, placement_.rank, placement_.world_size, timeout_,
+                                                   *progress_);
+  }
+  return *pipeline_;
+}
+
 void ProcessGroup::require_same_as_root(const std::string& text, const std::string& what) {
   int64_t size = static_cast<int64_t>(text.size());
   host_->broadcast(&size, sizeof(size), 0, what);

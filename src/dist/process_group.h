@@ -31,6 +31,12 @@ class ProcessGroup {
 
   Communicator& host() { return *host_; }
   Communicator& device() { return device_ ? *device_ : *host_; }
+  // A second host communicator of the same ranks on a Gloo context of its own, made on the
+  // first call (every rank calls it at the same point: it connects them), for a pipeline's
+  // point-to-point transfers: on the CPU the gradients' collectives run on host(), and
+  // Gloo's reduce-scatter (its older, pair-bound algorithm) sharing a context with unbound
+  // point-to-point buffers hung a pipeline run with ZeRO-2.
+  Communicator& pipeline();
 
   // Every rank must hold the same `text` as rank 0 (the resolved config, the data's
   // fingerprint): otherwise every rank throws, a differing one quoting its first differing
@@ -43,6 +49,7 @@ class ProcessGroup {
   std::unique_ptr<TcpStore> store_;
   std::unique_ptr<RankProgress> progress_;  // after the store, before the communicators that use it
   std::unique_ptr<Communicator> host_, device_;
+  std::unique_ptr<Communicator> pipeline_;  // pipeline(); destroyed first, its sends drained
 };
 
 // The timeout of collectives and the rendezvous ([dist] timeout, in seconds).

@@ -63,17 +63,10 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
   KILN_CHECK(d.pipeline_virtual_stages == 1 || d.pipeline_schedule == "interleaved", "dist.pipeline_virtual_stages",
              "{} stages per rank need dist.pipeline_schedule = interleaved, not '{}'", d.pipeline_virtual_stages,
              d.pipeline_schedule);
-  // ZeRO-1 shards the optimizer over all W ranks, and the step's gradient all-reduce runs
-  // over all of them too, so each shard holds its parameters' summed gradient whichever
-  // stage computed it (the others add zeros). ZeRO-2 is refused: over a pipeline it hung in
-  // its second step (2 stages, 8 layers, 2026-12-07): rank 0 waited for the last
-  // micro-batch's gradient from rank 1, which had sent it and entered the reduce-scatter.
-  // Suspect: Gloo's reduce-scatter (its older, pair-bound algorithm) and the pipeline's
-  // unbound point-to-point buffers on one context; a context of the pipeline's own is the
-  // likely fix, not yet tried.
-  KILN_CHECK(d.zero <= 1, "dist.zero",
-             "ZeRO-2 with a pipeline (dist.pipeline_stages = {}) is not supported yet; dist.zero = 1 is",
-             d.pipeline_stages);
+  // dist.zero is not refused: ZeRO shards the optimizer (and with 2 the gradients) over all
+  // W ranks, and the step's gradient sum -- the all-reduce, or ZeRO-2's reduce-scatter --
+  // runs over all of them too, so each shard holds its parameters' summed gradient
+  // whichever stage computed it (the others add zeros).
   // The counting pass runs every micro-batch through the whole model and sums over the
   // ranks: with a replica's ranks reading the same micro-batches it would count them `stages` times.
   KILN_CHECK(config.model.moe.balance_scope != "step", "model.moe.balance_scope",

@@ -15,9 +15,10 @@
 //   on the last): the same all-reduce sums their two shares, so every rank holds the
 //   table's whole gradient, once, with no exchange of its own. Every rank
 //   so takes the same norm, guard, clip and optimizer update, and holds the same whole
-//   model after the step: a full replica of the parameters. dist.zero = 1 shards the
-//   optimizer state over all W ranks as under data parallelism: the all-reduce over every
-//   rank gives each shard its summed gradient. ZeRO-2 is refused (check_pipeline_config).
+//   model after the step: a full replica of the parameters. dist.zero = 1 or 2 shards the
+//   optimizer state (and gradients) over all W ranks as under data parallelism: the sum
+//   (or reduce-scatter) over every rank gives each shard its summed gradient. The
+//   pipeline's transfers run on a communicator of their own (ProcessGroup::pipeline).
 // - So validation runs as under data parallelism (each rank its share of the batches, the
 //   sums added), and rank 0 writes an ordinary checkpoint, which resumes in one process,
 //   under data parallelism or with another split.

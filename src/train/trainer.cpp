@@ -180,7 +180,9 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
                                                     : choose_step_execution(device_, config_.train.cuda_graphs, *optimizer_);
   step_ = std::make_unique<StepProgram>(*model_, *optimizer_, config_.train.grad_accum, execution, data_parallel_.get());
   if (pipelined(config_)) {
-    pipeline_ = std::make_unique<PipelineTrainerStep>(config_, *model_, group_->host());
+    // Its transfers on a Gloo context of their own (ProcessGroup::pipeline), apart from the
+    // gradients' collectives.
+    pipeline_ = std::make_unique<PipelineTrainerStep>(config_, *model_, group_->pipeline());
     step_->set_micro_batch_runner([this](const auto& batches, double scale) { return pipeline_->run(batches, scale); });
   }
 
