@@ -80,12 +80,12 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
 
 int pipeline_activation_frames(const Config& config, int rank) {
   if (!pipelined(config) || config.dist.pipeline_activations == "recompute") return 0;
-  const pipeline::Simulation simulation =
-      pipeline::simulate(pipeline_schedule(config, static_cast<int>(config.dist.pipeline_stages)));
-  KILN_CHECK(simulation.ok, "dist.pipeline_schedule", "the schedule does not run: {}", simulation.problem);
-  KILN_CHECK(rank >= 0 && rank < static_cast<int>(simulation.peak_in_flight.size()), "pipeline",
-             "pipeline rank {} of {}", rank, simulation.peak_in_flight.size());
-  return std::max(simulation.peak_in_flight[static_cast<size_t>(rank)], 1);
+  // Stage `rank` is the rank's first (Schedule::rank_of), and every stage of a rank counts
+  // its rank's pairs in flight.
+  const std::vector<int> in_flight = pipeline_stage_in_flight(config, model_stages(config));
+  KILN_CHECK(rank >= 0 && rank < static_cast<int>(config.dist.pipeline_stages), "pipeline", "pipeline rank {} of {}",
+             rank, config.dist.pipeline_stages);
+  return in_flight[static_cast<size_t>(rank)];
 }
 
 std::vector<int> pipeline_stage_in_flight(const Config& config, int64_t stages) {
