@@ -27,8 +27,9 @@ PrecisionRecipe fp8_recipe() { return resolve_precision_recipe("fp8_tensorwise",
 
 // A CPU build context in f32 over its own arenas, with the given recipe.
 struct Build {
-  explicit Build(const PrecisionRecipe& recipe, int64_t max_tokens)
-      : ctx{exec, params, grads, activations, workspace, parameters, compute, recipe, Device::cpu, max_tokens, true, true} {}
+  explicit Build(const PrecisionRecipe& recipe, int64_t max_tokens, bool training = true)
+      : ctx{exec, params, grads, activations, workspace, parameters, compute, recipe, Device::cpu, max_tokens, training,
+            true} {}
   ExecContext exec;
   Arena params{"parameters", Device::cpu}, grads{"gradients", Device::cpu}, activations{"activations", Device::cpu};
   Workspace workspace{Device::cpu};
@@ -38,6 +39,7 @@ struct Build {
   void allocate() {
     params.allocate();
     grads.allocate();
+    activations.allocate();
     workspace.allocate();
   }
 };
@@ -147,6 +149,65 @@ TEST(Fp8Linear, ForwardAndBackwardAreTheEmulationsQuantizeAndGemmBitForBit) {
     layer.backward(*xt, *dyt, *xt);
     expect_bits(floats_of(*xt), dx_want, "dx over x");
   }
+}
+
+// keep_fp8_input: the forward keeps x's operand and the backward's weight gradient reads
+// it, so dW is Q5(dy)^T Q4(x) of the forward's x, bit for bit, even when the x handed to the
+// backward has changed since (and a layer that keeps nothing shows that change).
+TEST(Fp8Linear, AKeptInputIsTheForwardsXBitForBit) {
+  using fp8::Format;
+  const int64_t n = 37, in = 45, out = 19;
+  Build b(fp8_recipe(), 40);
+  LinearLayer kept, plain;
+  kept.declare(b.ctx, ParamName{"k", "k", ""}, out, in, ParamRole::matrix, Init::normal(0.02));
+  const size_t before = b.activations.planned_bytes();
+  kept.keep_fp8_input(b.ctx);
+  EXPECT_GE(b.activations.planned_bytes() - before, 40u * in * sizeof(float)) << "one micro-batch's x, dequantized";
+  plain.declare(b.ctx, ParamName{"p", "p", ""}, out, in, ParamRole::matrix, Init::normal(0.02));
+  b.allocate();
+  const std::vector<float> x = awkward(n, in, 21, 1.0), w = awkward(out, in, 22, 0.05), dy = awkward(n, out, 23, 1e-3);
+  fill(kept.weight(), w), fill(plain.weight(), w);
+  const OwnedTensor xt(DType::f32, Device::cpu, Shape{n, in}), dyt(DType::f32, Device::cpu, Shape{n, out});
+  const OwnedTensor y(DType::f32, Device::cpu, Shape{n, out}), dx(DType::f32, Device::cpu, Shape{n, in});
+  fill(*dyt, dy);
+  const std::vector<float> dw_want = by_hand(transpose(dy, n, out), out, Format::e5m2, transpose(x, n, in), in,
+                                             Format::e4m3, n);
+  const std::vector<float> dx_want = by_hand(dy, n, Format::e5m2, transpose(w, out, in), in, Format::e4m3, out);
+  for (LinearLayer* layer : {&kept, &plain}) {
+    fill(*xt, x);
+    layer->forward(*xt, *y);
+    fill(*xt, awkward(n, in, 99, 1.0));  // x changes after the forward
+    layer->backward(*xt, *dyt, *dx);
+    expect_bits(floats_of(*dx), dx_want, "dx");
+    if (layer == &kept) {
+      expect_bits(floats_of(layer->weight_grad()), dw_want, "dW from the kept input");
+      layer->backward_weight(*xt, *dyt);  // the other half reads it too
+      std::vector<float> twice = dw_want;
+      for (size_t i = 0; i < twice.size(); ++i) twice[i] += dw_want[i];
+      expect_bits(floats_of(layer->weight_grad()), twice, "backward_weight from the kept input");
+    } else {
+      EXPECT_NE(floats_of(layer->weight_grad()), dw_want) << "a layer that keeps nothing reads the changed x";
+    }
+  }
+
+  // Nothing is kept outside training, in another format or in a view of the layer's rows.
+  Build evaluation(fp8_recipe(), 40, false), fp32(PrecisionRecipe::uniform(DType::f32), 40);
+  for (Build* other : {&evaluation, &fp32}) {
+    LinearLayer layer;
+    layer.declare(other->ctx, ParamName{"w", "w", ""}, out, in, ParamRole::matrix, Init::normal(0.02));
+    const size_t planned = other->activations.planned_bytes();
+    layer.keep_fp8_input(other->ctx);
+    EXPECT_EQ(other->activations.planned_bytes(), planned);
+  }
+  // A rows view's forward of another x leaves the layer's kept input as it was.
+  fill(*xt, x);
+  kept.forward(*xt, *y);
+  fill(*xt, awkward(n, in, 98, 1.0));
+  const OwnedTensor y8(DType::f32, Device::cpu, Shape{n, 8});
+  kept.rows(0, 8).forward(*xt, *y8);
+  zero_tensor(kept.weight_grad());
+  kept.backward_weight(*xt, *dyt);
+  expect_bits(floats_of(kept.weight_grad()), dw_want, "dW after a view's forward");
 }
 
 TEST(Fp8Linear, OtherRolesStayF32AndUnquantizedRecipesPlanNoGemmScratch) {

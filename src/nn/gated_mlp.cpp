@@ -109,6 +109,10 @@ class GatedMlp final : public Mlp {
                                 m.hidden, ParamRole::matrix, Init::normal(hidden_init_std(m)));
     down_proj_.declare(ctx, n("down_proj.weight", "down_proj.weight", "ffn_down.weight"), m.hidden, f,
                        ParamRole::matrix, Init::normal(residual_init_std(m)));
+    // In FP8 both keep x's operand: backward gets gate_up's x again, and down's weight
+    // gradient would otherwise quantize the rebuilt activation the forward quantized.
+    gate_up_proj_.keep_fp8_input(ctx);
+    down_proj_.keep_fp8_input(ctx);
     ctx.saved(gate_up_, Shape{t, 2 * f});
     // Forward scratch: the activation [t, f]. Backward: d(act) [t, f] (then the activation
     // again, in place) and d(gate_up) [t, 2f].

@@ -39,6 +39,10 @@ GqaAttention::GqaAttention(BuildContext& ctx, const LayerSpec& layer, PositionEn
   // Output projection: scaled init keeps the residual stream's variance flat in depth.
   o_proj_.declare(ctx, n("o_proj.weight", "o_proj.weight", "attn_output.weight"), m.hidden, q_cols, ParamRole::matrix,
                   Init::normal(residual_init_std(m)));
+  // Their backward reads the x their forward did (the block's normed input, the attention's
+  // saved output): in FP8 each keeps its x's operand rather than quantizing x twice.
+  qkv_proj_.keep_fp8_input(ctx);
+  o_proj_.keep_fp8_input(ctx);
   options_.deterministic = ctx.deterministic;
   options_.window = layer.choices.window;
   options_.softcap = m.attention_softcap;

@@ -36,6 +36,13 @@ const Tensor& LinearLayer::declare_fused(BuildContext& ctx, const std::vector<st
   return master;
 }
 
+void LinearLayer::keep_fp8_input(BuildContext& ctx) {
+  if (format_ != GemmFormat::fp8_tensorwise || !ctx.training) return;
+  ctx.saved_buffer(kept_.codes, Shape{ops::fp8::fp8_kept_input_elements(ctx.max_tokens, w_.size(1))},
+                   ops::fp8::fp8_kept_input_dtype(ctx.device));
+  ctx.saved_buffer(kept_.scales, Shape{2}, DType::f32);
+}
+
 void LinearLayer::declare_bias(BuildContext& ctx, ParamName name, ParamRole role, Init init) {
   ctx.parameter(b_, bg_, std::move(name), Shape{w_.size(0)}, role, init);
 }
@@ -47,6 +54,12 @@ void LinearLayer::declare_fused_bias(BuildContext& ctx, const std::vector<std::p
 
 // f64, f32 and bf16 are ops::linear in the weight's dtype (bf16 operands with f32
 // accumulation); fp8_tensorwise is ops/fp8/fp8_linear.h.
+void LinearLayer::forward(const Tensor& x, const Tensor& y) const {
+  if (format_ == GemmFormat::fp8_tensorwise)
+    return ops::fp8::fp8_linear_forward(*exec_, *workspace_, x, w_, b_, y, kept());
+  ops::linear_forward(*exec_, x, w_, b_, y);
+}
+
 void LinearLayer::forward(const ExecContext& exec, const Tensor& x, const Tensor& y) const {
   if (format_ == GemmFormat::fp8_tensorwise) return ops::fp8::fp8_linear_forward(exec, *workspace_, x, w_, b_, y);
   ops::linear_forward(exec, x, w_, b_, y);
@@ -54,7 +67,7 @@ void LinearLayer::forward(const ExecContext& exec, const Tensor& x, const Tensor
 
 void LinearLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx) const {
   if (format_ == GemmFormat::fp8_tensorwise)
-    return ops::fp8::fp8_linear_backward(*exec_, *workspace_, x, w_, dy, dx, accumulate_dx, g_, bg_);
+    return ops::fp8::fp8_linear_backward(*exec_, *workspace_, x, w_, dy, dx, accumulate_dx, g_, bg_, kept());
   ops::linear_backward(*exec_, x, w_, dy, dx, g_, bg_, accumulate_dx);
 }
 
@@ -67,7 +80,7 @@ void LinearLayer::backward_input(const Tensor& dy, const Tensor& dx, bool accumu
 
 void LinearLayer::backward_weight(const Tensor& x, const Tensor& dy) const {
   if (format_ == GemmFormat::fp8_tensorwise)
-    return ops::fp8::fp8_linear_backward(*exec_, *workspace_, x, w_, dy, Tensor(), false, g_, bg_);
+    return ops::fp8::fp8_linear_backward(*exec_, *workspace_, x, w_, dy, Tensor(), false, g_, bg_, kept());
   ops::linear_backward(*exec_, x, w_, dy, Tensor(), g_, bg_);
 }
 
@@ -77,6 +90,7 @@ LinearLayer LinearLayer::rows(int64_t begin, int64_t end) const {
   view.g_ = g_.defined() ? g_.rows(begin, end) : Tensor();
   view.b_ = b_.defined() ? b_.rows(begin, end) : Tensor();
   view.bg_ = bg_.defined() ? bg_.rows(begin, end) : Tensor();
+  view.kept_ = {};  // a view's forward and backward may see another x than this layer's
   return view;
 }
 

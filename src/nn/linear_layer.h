@@ -6,12 +6,15 @@
 // f64, f32 and bf16 are ops::linear in the weight's own dtype. fp8_tensorwise is
 // ops/fp8/fp8_linear.h (per-tensor e4m3 x and W, e5m2 dy: the CPU emulation's bits, or the
 // GPU's quantize kernels and cuBLASLt FP8 GEMMs); its operand copies live in the
-// workspace's gemm level, planned in declare().
+// workspace's gemm level, planned in declare(). A module whose backward gets the same x its
+// forward did may ask the layer to keep x's FP8 operand from forward to backward
+// (keep_fp8_input), so x is quantized once per micro-batch.
 #pragma once
 
 #include "core/exec_context.h"
 #include "core/tensor.h"
 #include "nn/parameter.h"
+#include "ops/fp8/fp8_linear.h"
 
 #include <utility>
 #include <vector>
@@ -35,8 +38,16 @@ class LinearLayer {
   void declare_fused_bias(BuildContext& ctx, const std::vector<std::pair<ParamName, int64_t>>& parts, ParamRole role,
                           Init init);
 
-  // x [N, in] -> y [N, out] (written with =). The decode path passes its own context.
-  void forward(const Tensor& x, const Tensor& y) const { forward(*exec_, x, y); }
+  // When training in an FP8 format: the training forward (the two-argument one) keeps x's
+  // weight-gradient operand as one micro-batch's state (BuildContext::saved_buffer), and
+  // backward and backward_weight read it instead of x. Only for modules whose backward is
+  // given the x (the same values) this micro-batch's forward was, with no other training
+  // forward of this layer between them. Otherwise, or in another format, nothing changes.
+  void keep_fp8_input(BuildContext& ctx);
+
+  // x [N, in] -> y [N, out] (written with =): the training forward. The decode path passes
+  // its own context and keeps nothing.
+  void forward(const Tensor& x, const Tensor& y) const;
   void forward(const ExecContext& exec, const Tensor& x, const Tensor& y) const;
   // dx [N, in] (= or += when accumulate_dx; skipped if undefined) and, when training, the
   // weight's and bias's gradients (+=).
@@ -67,7 +78,11 @@ class LinearLayer {
 
   const ExecContext* exec_ = nullptr;
   Workspace* workspace_ = nullptr;
+  // The kept input's buffers (undefined unless keep_fp8_input reserved them), or null.
+  const ops::fp8::Fp8KeptInput* kept() const { return kept_.codes.defined() ? &kept_ : nullptr; }
+
   GemmFormat format_ = GemmFormat::f32;
+  ops::fp8::Fp8KeptInput kept_;
   Tensor w_, g_;   // [out, in]
   Tensor b_, bg_;  // [out] or undefined
 };

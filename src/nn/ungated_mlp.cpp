@@ -54,6 +54,8 @@ class UngatedMlp final : public Mlp {
                      Init::normal(hidden_init_std(m)));
     down_proj_.declare(ctx, n("down_proj.weight", "down_proj.weight", "ffn_down.weight"), m.hidden, f,
                        ParamRole::matrix, Init::normal(residual_init_std(m)));
+    up_proj_.keep_fp8_input(ctx);  // in FP8, x's operand from forward to backward (gated_mlp.cpp)
+    down_proj_.keep_fp8_input(ctx);
     ctx.saved(up_, Shape{t, f});
     // Forward scratch: the activation [t, f]. Backward: d(act) [t, f] (then the activation
     // again, in place) and d(up) [t, f].

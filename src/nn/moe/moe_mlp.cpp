@@ -110,6 +110,8 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
                                        d, ParamRole::matrix, Init::normal(hidden_init_std(m)));
     shared_down_proj_.declare(ctx, sh("down_proj.weight", "down_proj.weight", "ffn_down_shexp.weight"), d, s,
                               ParamRole::matrix, Init::normal(out_std));
+    shared_gate_up_proj_.keep_fp8_input(ctx);  // in FP8, x's operand from forward to backward (gated_mlp.cpp)
+    shared_down_proj_.keep_fp8_input(ctx);
     ctx.saved(shared_gate_up_, Shape{t, 2 * s});
   }
   router_ = router_registry().build("model.moe.router", moe_.router, ctx, RouterSpec{&moe_, n});

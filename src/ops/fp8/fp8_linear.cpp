@@ -28,12 +28,27 @@ void expect_rows(const char* what, const Tensor& t, int64_t cols, DType dtype, D
              t.describe());
 }
 
+void expect_kept(const Fp8KeptInput& kept, int64_t rows, int64_t in, Device device) {
+  KILN_CHECK(kept.codes.device() == device && kept.codes.dtype() == fp8_kept_input_dtype(device) &&
+                 kept.codes.rank() == 1 && kept.codes.numel() >= fp8_kept_input_elements(rows, in) &&
+                 kept.scales.dtype() == DType::f32 && kept.scales.numel() == 2,
+             kOp, "the kept input holds {} and {}, not {} [{} x {}] and f32 [2]", kept.codes.describe(),
+             kept.scales.describe(), dtype_name(fp8_kept_input_dtype(device)), rows, in);
+}
+
 // ---- CPU: the emulation on dequantized f32 copies --------------------------------------
 
-void forward_cpu(Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+// The first `rows` rows of a kept buffer, as a [rows, cols] matrix.
+Tensor kept_rows(const Tensor& buffer, int64_t rows, int64_t cols) {
+  return buffer.rows(0, rows * cols).view(Shape{rows, cols});
+}
+
+void forward_cpu(Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
+                 const Fp8KeptInput* keep) {
   const int64_t n = x.size(0), in = w.size(1), out = w.size(0);
   Workspace::Scope scope(workspace);
-  const Tensor xq = scope.take(DType::f32, Shape{n, in}), wt = scope.take(DType::f32, Shape{in, out});
+  const Tensor xq = keep ? kept_rows(keep->codes, n, in) : scope.take(DType::f32, Shape{n, in});
+  const Tensor wt = scope.take(DType::f32, Shape{in, out});
   quantize_dequantize_tensorwise(x.data<float>(), n, in, Format::e4m3, xq.data<float>(), false, "x");
   quantize_dequantize_tensorwise(w.data<float>(), out, in, Format::e4m3, wt.data<float>(), true, "W");
   // y [n, out]: y_ij = sum_p x_ip W_jp, B = W^T [in, out].
@@ -47,14 +62,16 @@ void forward_cpu(Workspace& workspace, const Tensor& x, const Tensor& w, const T
 }
 
 void backward_cpu(Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                  bool accumulate_dx, const Tensor& dw) {
+                  bool accumulate_dx, const Tensor& dw, const Fp8KeptInput* kept) {
   const int64_t n = dy.size(0), in = w.size(1), out = w.size(0);
   Workspace::Scope scope(workspace);
   // Every operand is quantized before anything is written: dx may be x's place.
   const Tensor dyq = scope.take(DType::f32, Shape{n, out});
   quantize_dequantize_tensorwise(dy.data<float>(), n, out, Format::e5m2, dyq.data<float>(), false, "dy");
   Tensor xq;
-  if (dw.defined()) {
+  if (dw.defined() && kept) {
+    xq = kept_rows(kept->codes, n, in);
+  } else if (dw.defined()) {
     xq = scope.take(DType::f32, Shape{n, in});
     quantize_dequantize_tensorwise(x.data<float>(), n, in, Format::e4m3, xq.data<float>(), false, "x");
   }
@@ -108,26 +125,46 @@ struct Quantized {
   }
 };
 
+// Writes q's codes (those defined) and scales from x.
+const Quantized& quantize_into(const ExecContext& ctx, const Tensor& x, Format format, const Quantized& q) {
+  KILN_OP_SCOPE("fp8_quantize", x);  // inside fp8_linear's scopes: their quantize share
+  float* scales = q.scales.data<float>();
+  cuda::fp8_quantize_tensorwise(ctx, x.dtype(), x.raw(), x.size(0), x.size(1), format, q.codes.data_or_null<uint8_t>(),
+                                q.codes_t.data_or_null<uint8_t>(), scales + 1, scales);
+  return q;
+}
+
 Quantized quantize(const ExecContext& ctx, Workspace::Scope& scope, const Tensor& x, Format format, bool row_major,
                    bool transposed) {
-  KILN_OP_SCOPE("fp8_quantize", x);  // inside fp8_linear's scopes: their quantize share
   const int64_t rows = x.size(0), cols = x.size(1);
   Quantized q;
   if (row_major) q.codes = scope.take(DType::u8, Shape{rows, cols});
   if (transposed) q.codes_t = scope.take(DType::u8, Shape{cols, rows});
   q.scales = scope.take(DType::f32, Shape{2});
-  float* scales = q.scales.data<float>();
-  cuda::fp8_quantize_tensorwise(ctx, x.dtype(), x.raw(), rows, cols, format, q.codes.data_or_null<uint8_t>(),
-                                q.codes_t.data_or_null<uint8_t>(), scales + 1, scales);
+  return quantize_into(ctx, x, format, q);
+}
+
+// x^T's codes and their scales in a kept buffer: x's weight-gradient operand.
+Quantized kept_operand(const Fp8KeptInput& kept, int64_t rows, int64_t in) {
+  Quantized q;
+  q.codes_t = kept_rows(kept.codes, in, rows);
+  q.scales = kept.scales;
   return q;
 }
 
 void forward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& bias,
-                  const Tensor& y) {
+                  const Tensor& y, const Fp8KeptInput* keep) {
   KILN_OP_SCOPE("fp8_linear", x);
   const int64_t n = x.size(0), in = w.size(1), out = w.size(0);
   Workspace::Scope scope(workspace);
-  const Quantized xq = quantize(ctx, scope, x, Format::e4m3, true, false);
+  Quantized xq;
+  if (keep) {  // x's codes and, in the same pass, x^T's for the backward, under one scale
+    xq = kept_operand(*keep, n, in);
+    xq.codes = scope.take(DType::u8, Shape{n, in});
+    quantize_into(ctx, x, Format::e4m3, xq);
+  } else {
+    xq = quantize(ctx, scope, x, Format::e4m3, true, false);
+  }
   const Quantized wq = quantize(ctx, scope, w, Format::e4m3, true, false);
   if (bias.defined()) cuda::linear_broadcast_bias(ctx, bias.data<float>(), y.dtype(), n, out, y.raw());
   cuda::fp8_gemm(ctx, n, out, in, xq.operand(Format::e4m3), wq.operand(Format::e4m3), y.raw(), y.dtype(),
@@ -135,7 +172,7 @@ void forward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x,
 }
 
 void backward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& dy,
-                   const Tensor& dx, bool accumulate_dx, const Tensor& dw) {
+                   const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Fp8KeptInput* kept) {
   KILN_OP_SCOPE("fp8_linear_backward", dy);
   const int64_t n = dy.size(0), in = w.size(1), out = w.size(0);
   Workspace::Scope scope(workspace);
@@ -143,7 +180,7 @@ void backward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x
   // K-major operands: dx = dy [n, out] . (W^T) [in, out]^T and dW = (dy^T) [out, n] . (x^T) [in, n]^T.
   const Quantized dyq = quantize(ctx, scope, dy, Format::e5m2, dx.defined(), dw.defined());
   Quantized xq;
-  if (dw.defined()) xq = quantize(ctx, scope, x, Format::e4m3, false, true);
+  if (dw.defined()) xq = kept ? kept_operand(*kept, n, in) : quantize(ctx, scope, x, Format::e4m3, false, true);
   if (dx.defined()) {
     const Quantized wq = quantize(ctx, scope, w, Format::e4m3, false, true);
     cuda::fp8_gemm(ctx, n, in, out, dyq.operand(Format::e5m2), wq.operand_t(Format::e4m3), dx.raw(), dx.dtype(),
@@ -162,26 +199,32 @@ size_t fp8_linear_scratch_bytes(Device device, int64_t tokens, int64_t in, int64
   return device == Device::cpu ? scratch_cpu(tokens, in, out, training) : scratch_cuda(tokens, in, out, training);
 }
 
+DType fp8_kept_input_dtype(Device device) { return device == Device::cpu ? DType::f32 : DType::u8; }
+
+int64_t fp8_kept_input_elements(int64_t tokens, int64_t in) { return tokens * in; }
+
 bool fp8_linear_runs_fp8(Device device, int64_t n, int64_t in, int64_t out) {
   return device == Device::cpu || (n % kGemmMultiple == 0 && in % kGemmMultiple == 0 && out % kGemmMultiple == 0);
 }
 
 void fp8_linear_forward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
-                        const Tensor& bias, const Tensor& y) {
+                        const Tensor& bias, const Tensor& y, const Fp8KeptInput* keep) {
   const Device device = w.device();
   const DType dtype = device == Device::cpu ? DType::f32 : DType::bf16;
   const int64_t in = w.size(1), out = w.size(0);
   expect_rows("W", w, in, dtype, device), expect_rows("x", x, in, dtype, device), expect_rows("y", y, out, dtype, device);
   KILN_CHECK(y.size(0) == x.size(0), kOp, "y has {} rows for {} rows of x", y.size(0), x.size(0));
   if (!fp8_linear_runs_fp8(device, x.size(0), in, out)) return ops::linear_forward(ctx, x, w, bias, y);
-  if (device == Device::cpu) return forward_cpu(workspace, x, w, bias, y);
+  if (keep) expect_kept(*keep, x.size(0), in, device);
+  if (device == Device::cpu) return forward_cpu(workspace, x, w, bias, y, keep);
 #if KILN_WITH_CUDA
-  forward_cuda(ctx, workspace, x, w, bias, y);
+  forward_cuda(ctx, workspace, x, w, bias, y, keep);
 #endif
 }
 
 void fp8_linear_backward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
-                         const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& dbias) {
+                         const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& dbias,
+                         const Fp8KeptInput* kept) {
   const Device device = w.device();
   const DType dtype = device == Device::cpu ? DType::f32 : DType::bf16;
   const int64_t n = dy.size(0), in = w.size(1), out = w.size(0);
@@ -192,11 +235,12 @@ void fp8_linear_backward(const ExecContext& ctx, Workspace& workspace, const Ten
   if (!fp8_linear_runs_fp8(device, n, in, out))
     return ops::linear_backward(ctx, x.defined() ? x : dx, w, dy, dx, weight_grad, x.defined() ? dbias : Tensor(),
                                 accumulate_dx);
+  if (kept && weight_grad.defined()) expect_kept(*kept, n, in, device);
   if (device == Device::cpu) {
-    backward_cpu(workspace, x, w, dy, dx, accumulate_dx, weight_grad);
+    backward_cpu(workspace, x, w, dy, dx, accumulate_dx, weight_grad, kept);
   } else {
 #if KILN_WITH_CUDA
-    backward_cuda(ctx, workspace, x, w, dy, dx, accumulate_dx, weight_grad);
+    backward_cuda(ctx, workspace, x, w, dy, dx, accumulate_dx, weight_grad, kept);
 #endif
   }
   // The bias's gradient from the unquantized dy, as the bf16 and f32 paths sum it.
