@@ -28,17 +28,25 @@ namespace {
 // An activation of the gated form: its ops, its name in Hugging Face configs, and whether the
 // fused decode projections compute it.
 struct GatedActivation {
-  void (*forward)(const ExecContext& ctx, const Tensor& gate_up, const Tensor& out);
+  // `amax`: where the op leaves max |output| (f32 [1]), given only when reports_amax.
+  void (*forward)(const ExecContext& ctx, const Tensor& gate_up, const Tensor& out, const Tensor& amax);
   void (*backward)(const ExecContext& ctx, const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up,
-                   const Tensor& out);
+                   const Tensor& out, const Tensor& amax);
   const char* hf_act;       // config.json's hidden_act
   bool llama_cpp;           // llama.cpp's llama/qwen2/qwen3 graphs compute it (they hard-code silu;
                             // its gemma2/gemma3 hard-code GELU: the other one)
   bool fused_decode;        // ops/decode's norm_gemv_swiglu computes it
+  bool reports_amax;        // its ops write max |output| for an FP8 projection's quantize
 };
 
-constexpr GatedActivation kSwiglu{ops::swiglu_forward, ops::swiglu_backward, "silu", true, true};
-constexpr GatedActivation kGeglu{ops::geglu_forward, ops::geglu_backward, "gelu_pytorch_tanh", false, false};
+constexpr GatedActivation kSwiglu{ops::swiglu_forward, ops::swiglu_backward, "silu", true, true, true};
+constexpr GatedActivation kGeglu{
+    [](const ExecContext& ctx, const Tensor& gate_up, const Tensor& out, const Tensor&) {
+      ops::geglu_forward(ctx, gate_up, out);
+    },
+    [](const ExecContext& ctx, const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, const Tensor& out,
+       const Tensor&) { ops::geglu_backward(ctx, gate_up, dout, dgate_up, out); },
+    "gelu_pytorch_tanh", false, false, false};
 
 class GatedDecoder final : public BranchDecoder {
  public:
@@ -65,7 +73,7 @@ class GatedDecoder final : public BranchDecoder {
     Workspace::Scope scope(workspace_);
     const Tensor gate_up = scope.take(dtype_, Shape{n, 2 * f}), act = scope.take(dtype_, Shape{n, f});
     gate_up_proj_.forward(exec_, h, gate_up);
-    act_.forward(exec_, gate_up, act);
+    act_.forward(exec_, gate_up, act, Tensor());
     down_proj_.forward(exec_, act, out);
   }
 
@@ -115,18 +123,20 @@ class GatedMlp final : public Mlp {
     down_proj_.keep_fp8_input(ctx);
     ctx.saved(gate_up_, Shape{t, 2 * f});
     // Forward scratch: the activation [t, f]. Backward: d(act) [t, f] (then the activation
-    // again, in place) and d(gate_up) [t, 2f].
+    // again, in place) and d(gate_up) [t, 2f]. Either: an amax for an FP8 projection.
     ctx.workspace.reserve_peak(Workspace::footprint(ctx.dtype, Shape{t, f}) +
-                               Workspace::footprint(ctx.dtype, Shape{t, 2 * f}));
+                               Workspace::footprint(ctx.dtype, Shape{t, 2 * f}) +
+                               Workspace::footprint(DType::f32, Shape{1}));
   }
 
   void forward(const Tensor& x, const Tensor& out) override {
     const int64_t t = x.size(0);
     Workspace::Scope scope(workspace_);
     Tensor gate_up = gate_up_.rows(0, t), act = scope.take(gate_up.dtype(), Shape{t, gate_up.size(1) / 2});
+    const Tensor act_amax = amax_for(down_proj_, scope);
     gate_up_proj_.forward(x, gate_up);
-    act_.forward(exec_, gate_up, act);
-    down_proj_.forward(act, out);
+    act_.forward(exec_, gate_up, act, act_amax);
+    down_proj_.forward(act, out, act_amax);
   }
 
   void backward(const Tensor& x, const Tensor& dout, const Tensor& dx) override {
@@ -135,12 +145,13 @@ class GatedMlp final : public Mlp {
     const Tensor gate_up = gate_up_.rows(0, t);
     Tensor dact = scope.take(dout.dtype(), Shape{t, gate_up.size(1) / 2});
     Tensor dgate_up = scope.take(dout.dtype(), gate_up.shape());
+    const Tensor dgate_up_amax = amax_for(gate_up_proj_, scope);
     // d(act) = dout Wdown (x is only read for a weight gradient: none is asked here); then
     // dact is overwritten by the activation itself, which the weight gradient reads.
     down_proj_.backward_input(dout, dact);
-    act_.backward(exec_, gate_up, dact, dgate_up, dact);
+    act_.backward(exec_, gate_up, dact, dgate_up, dact, dgate_up_amax);
     down_proj_.backward_weight(dact, dout);
-    gate_up_proj_.backward(x, dgate_up, dx);
+    gate_up_proj_.backward(x, dgate_up, dx, false, dgate_up_amax);
   }
 
   std::unique_ptr<BranchDecoder> make_decoder(DecodeContext& ctx, const Norm& pre_norm) const override {
@@ -169,6 +180,12 @@ class GatedMlp final : public Mlp {
   }
 
  private:
+  // Where the activation's op leaves max |output| for `layer`'s FP8 quantize, when both do
+  // that; else undefined (the layer finds its amax itself).
+  Tensor amax_for(const LinearLayer& layer, Workspace::Scope& scope) const {
+    return act_.reports_amax && layer.takes_amax() ? scope.take(DType::f32, Shape{1}) : Tensor();
+  }
+
   const GatedActivation& act_;
   const char* key_;  // the config key that chose it (model.mlp or model.alt_mlp), for refusals
   int64_t layer_;

@@ -54,9 +54,9 @@ void LinearLayer::declare_fused_bias(BuildContext& ctx, const std::vector<std::p
 
 // f64, f32 and bf16 are ops::linear in the weight's dtype (bf16 operands with f32
 // accumulation); fp8_tensorwise is ops/fp8/fp8_linear.h.
-void LinearLayer::forward(const Tensor& x, const Tensor& y) const {
+void LinearLayer::forward(const Tensor& x, const Tensor& y, const Tensor& x_amax) const {
   if (format_ == GemmFormat::fp8_tensorwise)
-    return ops::fp8::fp8_linear_forward(*exec_, *workspace_, x, w_, b_, y, kept());
+    return ops::fp8::fp8_linear_forward(*exec_, *workspace_, x, w_, b_, y, kept(), x_amax);
   ops::linear_forward(*exec_, x, w_, b_, y);
 }
 
@@ -65,9 +65,10 @@ void LinearLayer::forward(const ExecContext& exec, const Tensor& x, const Tensor
   ops::linear_forward(exec, x, w_, b_, y);
 }
 
-void LinearLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx) const {
+void LinearLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx,
+                           const Tensor& dy_amax) const {
   if (format_ == GemmFormat::fp8_tensorwise)
-    return ops::fp8::fp8_linear_backward(*exec_, *workspace_, x, w_, dy, dx, accumulate_dx, g_, bg_, kept());
+    return ops::fp8::fp8_linear_backward(*exec_, *workspace_, x, w_, dy, dx, accumulate_dx, g_, bg_, kept(), dy_amax);
   ops::linear_backward(*exec_, x, w_, dy, dx, g_, bg_, accumulate_dx);
 }
 

@@ -45,13 +45,19 @@ class LinearLayer {
   // forward of this layer between them. Otherwise, or in another format, nothing changes.
   void keep_fp8_input(BuildContext& ctx);
 
+  // Whether forward's x_amax and backward's dy_amax are read (an FP8 format's quantize
+  // takes its scale from them): a module whose op producing x or dy computes max |value| on
+  // the way (ops::swiglu_*) passes it, and the quantize skips its own pass over the tensor.
+  bool takes_amax() const { return format_ == GemmFormat::fp8_tensorwise; }
+
   // x [N, in] -> y [N, out] (written with =): the training forward. The decode path passes
-  // its own context and keeps nothing.
-  void forward(const Tensor& x, const Tensor& y) const;
+  // its own context and keeps nothing. x_amax: max |x| (f32 [1]) or undefined.
+  void forward(const Tensor& x, const Tensor& y, const Tensor& x_amax = Tensor()) const;
   void forward(const ExecContext& exec, const Tensor& x, const Tensor& y) const;
   // dx [N, in] (= or += when accumulate_dx; skipped if undefined) and, when training, the
-  // weight's and bias's gradients (+=).
-  void backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx = false) const;
+  // weight's and bias's gradients (+=). dy_amax: max |dy| (f32 [1]) or undefined.
+  void backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx = false,
+                const Tensor& dy_amax = Tensor()) const;
   // The two halves of backward, for modules that need x's place for something else between
   // them: dx only, then the weight's (and bias's) gradient only.
   void backward_input(const Tensor& dy, const Tensor& dx, bool accumulate_dx = false) const;

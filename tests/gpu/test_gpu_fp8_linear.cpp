@@ -19,6 +19,7 @@
 #include "grad_check.h"
 #include "ops/fp8/fp8_linear.h"
 #include "ops/linear/linear.h"
+#include "ops/swiglu/swiglu.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -158,6 +159,60 @@ TEST(GpuFp8Linear, AKeptInputGivesTheWeightGradientOfTheForwardsX) {
   std::vector<float> twice(g_want->data<float>(), g_want->data<float>() + g_want->numel());
   for (float& v : twice) v += v;
   EXPECT_NE(std::vector<float>(g_other->data<float>(), g_other->data<float>() + g_other->numel()), twice);
+}
+
+float largest_magnitude(const Tensor& host_f32) {
+  float m = 0;
+  for (int64_t i = 0; i < host_f32.numel(); ++i) m = std::max(m, std::fabs(host_f32.data<float>()[i]));
+  return m;
+}
+
+float device_float(const Tensor& t) { return to_host(t)->data<float>()[0]; }
+
+// SwiGLU's kernels leave max |output| as stored (bf16) in an amax, on the wide path (f a
+// multiple of 8) and the scalar one; an FP8 projection handed that amax computes what it
+// computes when it finds the amax itself, bit for bit (y, dx, dW).
+TEST(GpuFp8Linear, SwigluReportsTheAmaxItsOutputsQuantizeWith) {
+  for (const int64_t f : {96, 37}) {
+    SCOPED_TRACE(testing::Message() << "f " << f);
+    const int64_t n = 64;
+    const OwnedTensor gu = gpu_test::upload(*bf16_values(Shape{n, 2 * f}, 41, 2.0), DType::bf16);
+    const OwnedTensor dout = gpu_test::upload(*bf16_values(Shape{n, f}, 42, 1e-2), DType::bf16);
+    const OwnedTensor act = gpu_test::poisoned(DType::bf16, Shape{n, f}), dgu = gpu_test::poisoned(DType::bf16, Shape{n, 2 * f});
+    const OwnedTensor amax(DType::f32, Device::cuda, Shape{1}), damax(DType::f32, Device::cuda, Shape{1});
+    ExecContext exec;
+    ops::swiglu_forward(exec, *gu, *act, *amax);
+    ops::swiglu_backward(exec, *gu, *dout, *dgu, Tensor(), *damax);
+    EXPECT_EQ(device_float(*amax), largest_magnitude(*download_f32(*act)));
+    EXPECT_EQ(device_float(*damax), largest_magnitude(*download_f32(*dgu)));
+    EXPECT_GT(device_float(*amax), 0.0f);
+  }
+  // The down projection of that activation, with and without the amax.
+  const int64_t n = 64, f = 96, out = 48;
+  Layer layer(n, f, out);
+  const OwnedTensor gu = gpu_test::upload(*bf16_values(Shape{n, 2 * f}, 43, 2.0), DType::bf16);
+  const OwnedTensor w = gpu_test::upload(*bf16_values(Shape{out, f}, 44, 0.05), DType::bf16);
+  const OwnedTensor dy = gpu_test::upload(*bf16_values(Shape{n, out}, 45, 1e-3), DType::bf16);
+  const OwnedTensor act = gpu_test::poisoned(DType::bf16, Shape{n, f}), amax(DType::f32, Device::cuda, Shape{1});
+  ops::swiglu_forward(layer.exec, *gu, *act, *amax);
+  const OwnedTensor dy_largest(DType::f32, Device::cpu, Shape{1});
+  dy_largest->data<float>()[0] = largest_magnitude(*download_f32(*dy));
+  const OwnedTensor dy_amax = to_device(*dy_largest);
+  std::vector<OwnedTensor> y, dx, g;
+  for (const bool given : {false, true}) {
+    y.push_back(gpu_test::poisoned(DType::bf16, Shape{n, out}));
+    dx.push_back(gpu_test::poisoned(DType::bf16, Shape{n, f}));
+    g.emplace_back(DType::f32, Device::cuda, Shape{out, f});
+    zero_tensor(*g.back());
+    fp8::fp8_linear_forward(layer.exec, layer.gpu_ws, *act, *w, Tensor(), *y.back(), nullptr,
+                            given ? *amax : Tensor());
+    fp8::fp8_linear_backward(layer.exec, layer.gpu_ws, *act, *w, *dy, *dx.back(), false, *g.back(), Tensor(), nullptr,
+                             given ? *dy_amax : Tensor());
+  }
+  for (const auto& [what, pair] : {std::pair{"y", &y}, std::pair{"dx", &dx}, std::pair{"dW", &g}}) {
+    const OwnedTensor a = to_host(*(*pair)[0]), b = to_host(*(*pair)[1]);
+    EXPECT_EQ(std::memcmp(a->raw(), b->raw(), a->nbytes()), 0) << what;
+  }
 }
 
 // Rows not a multiple of 16 (a decode step's few sequences): the bf16 GEMM, bit for bit.

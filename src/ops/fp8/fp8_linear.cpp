@@ -12,6 +12,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 
 namespace kiln::ops::fp8 {
 
@@ -34,6 +35,22 @@ void expect_kept(const Fp8KeptInput& kept, int64_t rows, int64_t in, Device devi
                  kept.scales.dtype() == DType::f32 && kept.scales.numel() == 2,
              kOp, "the kept input holds {} and {}, not {} [{} x {}] and f32 [2]", kept.codes.describe(),
              kept.scales.describe(), dtype_name(fp8_kept_input_dtype(device)), rows, in);
+}
+
+void expect_amax(const char* what, const Tensor& amax, Device device) {
+  KILN_CHECK(!amax.defined() || (amax.dtype() == DType::f32 && amax.numel() == 1 && amax.device() == device), kOp,
+             "{} must be one f32 on the {}, got {}", what, device_name(device), amax.describe());
+}
+
+// The CPU's emulation finds its own amax; one handed to it must be that value, which is
+// what this checks (so the CPU tests check what a module hands the GPU's quantize).
+void expect_amax_of(const char* what, const Tensor& amax, const Tensor& t) {
+  if (!amax.defined()) return;
+  const float* v = t.data<float>();
+  float largest = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) largest = std::max(largest, std::fabs(v[i]));
+  KILN_CHECK(*amax.data<float>() == largest, kOp, "{} is {}, but max |{}| is {}", what, *amax.data<float>(),
+             what[0] == 'x' ? "x" : "dy", largest);
 }
 
 // ---- CPU: the emulation on dequantized f32 copies --------------------------------------
@@ -125,23 +142,26 @@ struct Quantized {
   }
 };
 
-// Writes q's codes (those defined) and scales from x.
-const Quantized& quantize_into(const ExecContext& ctx, const Tensor& x, Format format, const Quantized& q) {
+// Writes q's codes (those defined) and scales from x; with its producer's `amax` given, the
+// cast reads that instead of an amax pass over x (scales[1] is then left unwritten).
+const Quantized& quantize_into(const ExecContext& ctx, const Tensor& x, Format format, const Quantized& q,
+                               const Tensor& amax = Tensor()) {
   KILN_OP_SCOPE("fp8_quantize", x);  // inside fp8_linear's scopes: their quantize share
   float* scales = q.scales.data<float>();
+  float* amax_at = amax.defined() ? amax.data<float>() : scales + 1;
   cuda::fp8_quantize_tensorwise(ctx, x.dtype(), x.raw(), x.size(0), x.size(1), format, q.codes.data_or_null<uint8_t>(),
-                                q.codes_t.data_or_null<uint8_t>(), scales + 1, scales);
+                                q.codes_t.data_or_null<uint8_t>(), amax_at, scales, amax.defined());
   return q;
 }
 
 Quantized quantize(const ExecContext& ctx, Workspace::Scope& scope, const Tensor& x, Format format, bool row_major,
-                   bool transposed) {
+                   bool transposed, const Tensor& amax = Tensor()) {
   const int64_t rows = x.size(0), cols = x.size(1);
   Quantized q;
   if (row_major) q.codes = scope.take(DType::u8, Shape{rows, cols});
   if (transposed) q.codes_t = scope.take(DType::u8, Shape{cols, rows});
   q.scales = scope.take(DType::f32, Shape{2});
-  return quantize_into(ctx, x, format, q);
+  return quantize_into(ctx, x, format, q, amax);
 }
 
 // x^T's codes and their scales in a kept buffer: x's weight-gradient operand.
@@ -153,7 +173,7 @@ Quantized kept_operand(const Fp8KeptInput& kept, int64_t rows, int64_t in) {
 }
 
 void forward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& bias,
-                  const Tensor& y, const Fp8KeptInput* keep) {
+                  const Tensor& y, const Fp8KeptInput* keep, const Tensor& x_amax) {
   KILN_OP_SCOPE("fp8_linear", x);
   const int64_t n = x.size(0), in = w.size(1), out = w.size(0);
   Workspace::Scope scope(workspace);
@@ -161,9 +181,9 @@ void forward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x,
   if (keep) {  // x's codes and, in the same pass, x^T's for the backward, under one scale
     xq = kept_operand(*keep, n, in);
     xq.codes = scope.take(DType::u8, Shape{n, in});
-    quantize_into(ctx, x, Format::e4m3, xq);
+    quantize_into(ctx, x, Format::e4m3, xq, x_amax);
   } else {
-    xq = quantize(ctx, scope, x, Format::e4m3, true, false);
+    xq = quantize(ctx, scope, x, Format::e4m3, true, false, x_amax);
   }
   const Quantized wq = quantize(ctx, scope, w, Format::e4m3, true, false);
   if (bias.defined()) cuda::linear_broadcast_bias(ctx, bias.data<float>(), y.dtype(), n, out, y.raw());
@@ -172,13 +192,14 @@ void forward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x,
 }
 
 void backward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& dy,
-                   const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Fp8KeptInput* kept) {
+                   const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Fp8KeptInput* kept,
+                   const Tensor& dy_amax) {
   KILN_OP_SCOPE("fp8_linear_backward", dy);
   const int64_t n = dy.size(0), in = w.size(1), out = w.size(0);
   Workspace::Scope scope(workspace);
   // Every operand is quantized before anything is written: dx may be x's place. The
   // K-major operands: dx = dy [n, out] . (W^T) [in, out]^T and dW = (dy^T) [out, n] . (x^T) [in, n]^T.
-  const Quantized dyq = quantize(ctx, scope, dy, Format::e5m2, dx.defined(), dw.defined());
+  const Quantized dyq = quantize(ctx, scope, dy, Format::e5m2, dx.defined(), dw.defined(), dy_amax);
   Quantized xq;
   if (dw.defined()) xq = kept ? kept_operand(*kept, n, in) : quantize(ctx, scope, x, Format::e4m3, false, true);
   if (dx.defined()) {
@@ -208,7 +229,7 @@ bool fp8_linear_runs_fp8(Device device, int64_t n, int64_t in, int64_t out) {
 }
 
 void fp8_linear_forward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
-                        const Tensor& bias, const Tensor& y, const Fp8KeptInput* keep) {
+                        const Tensor& bias, const Tensor& y, const Fp8KeptInput* keep, const Tensor& x_amax) {
   const Device device = w.device();
   const DType dtype = device == Device::cpu ? DType::f32 : DType::bf16;
   const int64_t in = w.size(1), out = w.size(0);
@@ -216,15 +237,19 @@ void fp8_linear_forward(const ExecContext& ctx, Workspace& workspace, const Tens
   KILN_CHECK(y.size(0) == x.size(0), kOp, "y has {} rows for {} rows of x", y.size(0), x.size(0));
   if (!fp8_linear_runs_fp8(device, x.size(0), in, out)) return ops::linear_forward(ctx, x, w, bias, y);
   if (keep) expect_kept(*keep, x.size(0), in, device);
-  if (device == Device::cpu) return forward_cpu(workspace, x, w, bias, y, keep);
+  expect_amax("x_amax", x_amax, device);
+  if (device == Device::cpu) {
+    expect_amax_of("x_amax", x_amax, x);
+    return forward_cpu(workspace, x, w, bias, y, keep);
+  }
 #if KILN_WITH_CUDA
-  forward_cuda(ctx, workspace, x, w, bias, y, keep);
+  forward_cuda(ctx, workspace, x, w, bias, y, keep, x_amax);
 #endif
 }
 
 void fp8_linear_backward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
                          const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& dbias,
-                         const Fp8KeptInput* kept) {
+                         const Fp8KeptInput* kept, const Tensor& dy_amax) {
   const Device device = w.device();
   const DType dtype = device == Device::cpu ? DType::f32 : DType::bf16;
   const int64_t n = dy.size(0), in = w.size(1), out = w.size(0);
@@ -236,11 +261,13 @@ void fp8_linear_backward(const ExecContext& ctx, Workspace& workspace, const Ten
     return ops::linear_backward(ctx, x.defined() ? x : dx, w, dy, dx, weight_grad, x.defined() ? dbias : Tensor(),
                                 accumulate_dx);
   if (kept && weight_grad.defined()) expect_kept(*kept, n, in, device);
+  expect_amax("dy_amax", dy_amax, device);
   if (device == Device::cpu) {
+    expect_amax_of("dy_amax", dy_amax, dy);
     backward_cpu(workspace, x, w, dy, dx, accumulate_dx, weight_grad, kept);
   } else {
 #if KILN_WITH_CUDA
-    backward_cuda(ctx, workspace, x, w, dy, dx, accumulate_dx, weight_grad, kept);
+    backward_cuda(ctx, workspace, x, w, dy, dx, accumulate_dx, weight_grad, kept, dy_amax);
 #endif
   }
   // The bias's gradient from the unquantized dy, as the bf16 and f32 paths sum it.

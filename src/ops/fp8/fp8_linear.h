@@ -49,16 +49,21 @@ bool fp8_linear_runs_fp8(Device device, int64_t n, int64_t in, int64_t out);
 
 // x [n, in], w [out, in], bias [out] (f32) or undefined -> y [n, out] (written with =).
 // `keep`, when given, receives x's weight-gradient operand (nothing when this call runs the
-// bf16 GEMM: its backward then reads x, as it will run the bf16 GEMM too).
+// bf16 GEMM: its backward then reads x, as it will run the bf16 GEMM too). `x_amax` (f32 [1]
+// on x's device, or undefined): max |x|, already computed by x's producer (ops::swiglu_*),
+// which the GPU's quantize then takes instead of reading x an extra time (the CPU's
+// emulation computes its own).
 void fp8_linear_forward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
-                        const Tensor& bias, const Tensor& y, const Fp8KeptInput* keep = nullptr);
+                        const Tensor& bias, const Tensor& y, const Fp8KeptInput* keep = nullptr,
+                        const Tensor& x_amax = Tensor());
 
 // dy [n, out]. dx [n, in] (= or += when accumulate_dx; skipped if undefined). dw [out, in]
 // and dbias [out]: += (skipped if undefined; dw needs x). dx may be x's place. `kept`, when
 // given, is what this micro-batch's forward kept: dW reads it instead of quantizing x (x is
-// then read only by the bf16 GEMM's fallback and for its shape).
+// then read only by the bf16 GEMM's fallback and for its shape). `dy_amax`: max |dy|, as
+// the forward's x_amax.
 void fp8_linear_backward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
                          const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& dbias,
-                         const Fp8KeptInput* kept = nullptr);
+                         const Fp8KeptInput* kept = nullptr, const Tensor& dy_amax = Tensor());
 
 }  // namespace kiln::ops::fp8

@@ -312,14 +312,15 @@ std::vector<float> blockwise_scale_layout(const ops::fp8::ScaledMatrix& q) {
 }
 
 void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x, int64_t rows, int64_t cols,
-                             Format format, uint8_t* codes, uint8_t* codes_t, float* amax, float* scale_inv) {
+                             Format format, uint8_t* codes, uint8_t* codes_t, float* amax, float* scale_inv,
+                             bool amax_ready) {
   constexpr const char* kOp = "fp8_quantize_tensorwise";
   KILN_CHECK(rows > 0 && cols > 0, kOp, "matrix [{}, {}] must not be empty", rows, cols);
   KILN_CHECK(ceil_div(rows, kTile) <= 65535, kOp, "{} rows pass the grid's 65535 x {} limit", rows, kTile);
   KILN_CHECK(codes != nullptr || codes_t != nullptr, kOp, "neither codes nor codes_t is given");
   const cudaStream_t s = stream(ctx);
   const float fp8_max = ops::fp8::info(format).max;
-  check(cudaMemsetAsync(amax, 0, sizeof(float), s), kOp, "cudaMemsetAsync amax");
+  if (!amax_ready) check(cudaMemsetAsync(amax, 0, sizeof(float), s), kOp, "cudaMemsetAsync amax");
   const int64_t n = rows * cols;
   const unsigned amax_blocks = std::min<unsigned>(blocks_for(n, kAmaxThreads), kAmaxBlocksMax);
   const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(rows, kTile)));
@@ -330,9 +331,11 @@ void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x,
     const T* xt = static_cast<const T*>(x);
     if (wide) {
       const int64_t groups = n / 8;
-      amax_wide_kernel<T><<<std::min<unsigned>(blocks_for(groups, kAmaxThreads), kAmaxBlocksMax), kAmaxThreads, 0,
-                            s>>>(xt, groups, amax);
-      check_launch(kOp, "amax_wide_kernel");
+      if (!amax_ready) {
+        amax_wide_kernel<T><<<std::min<unsigned>(blocks_for(groups, kAmaxThreads), kAmaxBlocksMax), kAmaxThreads, 0,
+                              s>>>(xt, groups, amax);
+        check_launch(kOp, "amax_wide_kernel");
+      }
       if (codes_t == nullptr) {
         cast_wide_kernel<T><<<blocks_for(groups, 256), 256, 0, s>>>(xt, groups, fp8_max, cuda_format(format), amax,
                                                                     codes, scale_inv);
@@ -346,8 +349,10 @@ void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x,
       }
       return;
     }
-    amax_kernel<T><<<amax_blocks, kAmaxThreads, 0, s>>>(static_cast<const T*>(x), n, amax);
-    check_launch(kOp, "amax_kernel");
+    if (!amax_ready) {
+      amax_kernel<T><<<amax_blocks, kAmaxThreads, 0, s>>>(static_cast<const T*>(x), n, amax);
+      check_launch(kOp, "amax_kernel");
+    }
     tensorwise_cast_kernel<T><<<grid, dim3(kTile, kTileRows), 0, s>>>(static_cast<const T*>(x), rows, cols, fp8_max,
                                                                       cuda_format(format), amax, codes, codes_t,
                                                                       scale_inv);

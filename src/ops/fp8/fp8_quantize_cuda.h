@@ -25,9 +25,11 @@ namespace kiln::cuda {
 // whole matrix. Writes *amax (max |x|), *scale_inv, codes [rows, cols] and/or codes_t, the
 // transposed codes [cols, rows] (the K-major operand the backward needs), in the same pass
 // with the same scale; either may be null (not both). amax, scale_inv: one device float each.
+// amax_ready: *amax already holds max |x| (its producer wrote it, e.g. ops::swiglu_forward),
+// so the amax pass is skipped and only the cast reads x.
 void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x, int64_t rows, int64_t cols,
                              ops::fp8::Format format, uint8_t* codes, uint8_t* codes_t, float* amax,
-                             float* scale_inv);
+                             float* scale_inv, bool amax_ready = false);
 
 // DeepSeek-V3 blockwise scaling: `block` is ops::fp8::kActivationTile (1 x 128 along cols)
 // or kWeightBlock (128 x 128); a partial block at an edge is its own. codes [rows, cols];

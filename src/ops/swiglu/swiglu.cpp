@@ -5,6 +5,7 @@
 #include "ops/cpu_exp.h"
 #include "ops/swiglu/swiglu_cuda.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -18,17 +19,36 @@ void validate(const char* op, const Tensor& gate_up, const Tensor& half, const c
   expect_shape(op, half_name, half, Shape{gate_up.size(0), gate_up.size(1) / 2});
   expect_same(op, half_name, half, gate_up);
 }
+
+void validate_amax(const char* op, const Tensor& amax, const Tensor& gate_up) {
+  if (!amax.defined()) return;
+  KILN_CHECK(amax.dtype() == DType::f32 && amax.numel() == 1 && amax.device() == gate_up.device(), op,
+             "amax must be one f32 on the {}, got {}", device_name(gate_up.device()), amax.describe());
+}
+
+float* amax_or_null(const Tensor& amax) { return amax.defined() ? amax.data<float>() : nullptr; }
+
+// max |v| over n values (0 when empty).
+template <typename T>
+float largest_magnitude(const T* v, int64_t n) {
+  T m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max<T>(m, std::fabs(v[i]));
+  return static_cast<float>(m);
+}
 }  // namespace
 
-void swiglu_forward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& out) {
+void swiglu_forward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& out, const Tensor& amax) {
   const char* op = "swiglu";
   KILN_OP_SCOPE(op, gate_up);
   validate(op, gate_up, out, "out");
+  validate_amax(op, amax, gate_up);
   KILN_ON_CUDA(gate_up, op, {
     if (is_mixed(gate_up))
-      cuda::swiglu_forward_bf16(ctx, bf16_data(gate_up), gate_up.size(0), out.size(1), bf16_data(out));
+      cuda::swiglu_forward_bf16(ctx, bf16_data(gate_up), gate_up.size(0), out.size(1), bf16_data(out),
+                                amax_or_null(amax));
     else
-      cuda::swiglu_forward_f32(ctx, gate_up.data<float>(), gate_up.size(0), out.size(1), out.data<float>());
+      cuda::swiglu_forward_f32(ctx, gate_up.data<float>(), gate_up.size(0), out.size(1), out.data<float>(),
+                               amax_or_null(amax));
   });
   dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -46,13 +66,16 @@ void swiglu_forward(const ExecContext& ctx, const Tensor& gate_up, const Tensor&
         for (int64_t j = 0; j < f; ++j) o[i * f + j] = g[j] / (T(1) + e[j]) * u[j];
       }
     }
+    if (amax.defined()) *amax.data<float>() = largest_magnitude(o, n * f);
   });
 }
 
 // silu(g) = g s(g), s = sigmoid; d silu/dg = s (1 + g (1 - s)).
-void swiglu_backward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, const Tensor& out) {
+void swiglu_backward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up,
+                     const Tensor& out, const Tensor& amax) {
   const char* op = "swiglu_backward";
   KILN_OP_SCOPE(op, gate_up);
+  validate_amax(op, amax, gate_up);
   validate(op, gate_up, dout, "dout");
   expect_shape(op, "dgate_up", dgate_up, gate_up.shape());
   expect_same(op, "dgate_up", dgate_up, gate_up);
@@ -60,10 +83,10 @@ void swiglu_backward(const ExecContext& ctx, const Tensor& gate_up, const Tensor
   KILN_ON_CUDA(gate_up, op, {
     if (is_mixed(gate_up))
       cuda::swiglu_backward_bf16(ctx, bf16_data(gate_up), bf16_data(dout), gate_up.size(0), dout.size(1),
-                                 bf16_data(dgate_up), out.defined() ? bf16_data(out) : nullptr);
+                                 bf16_data(dgate_up), out.defined() ? bf16_data(out) : nullptr, amax_or_null(amax));
     else
       cuda::swiglu_backward_f32(ctx, gate_up.data<float>(), dout.data<float>(), gate_up.size(0), dout.size(1),
-                                dgate_up.data<float>(), out.defined() ? out.data<float>() : nullptr);
+                                dgate_up.data<float>(), out.defined() ? out.data<float>() : nullptr, amax_or_null(amax));
   });
   dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -87,6 +110,7 @@ void swiglu_backward(const ExecContext& ctx, const Tensor& gate_up, const Tensor
         }
       }
     }
+    if (amax.defined()) *amax.data<float>() = largest_magnitude(dgu, n * 2 * f);
   });
 }
 
