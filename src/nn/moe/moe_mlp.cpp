@@ -153,7 +153,8 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   auto bytes = [&](DType dt, Shape s) { return Workspace::footprint(dt, s); };
   const size_t shared = moe_.shared_hidden > 0 ? bytes(ctx.dtype, Shape{t, moe_.shared_hidden}) +
                                                      bytes(ctx.dtype, Shape{t, 2 * moe_.shared_hidden}) +
-                                                     bytes(ctx.dtype, Shape{t, d})
+                                                     bytes(ctx.dtype, Shape{t, d}) +
+                                                     bytes(DType::f32, Shape{1})  // an FP8 projection's amax
                                                : 0;
   // Also the router's backward scratch [T, E] (wide) and the logits' gradient in the compute
   // dtype (the mixed path's bf16 products read it). LatentMoE: the latent's two gradients.
@@ -208,9 +209,11 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   if (moe_.shared_hidden > 0) {
     const Tensor sgu = shared_gate_up_.rows(0, t), sact = scope.take(x.dtype(), Shape{t, moe_.shared_hidden});
     const Tensor sout = scope.take(x.dtype(), Shape{t, hidden_});
+    // In FP8, SwiGLU's max |output| is the down projection's quantize scale (gated_mlp.cpp).
+    const Tensor sact_amax = shared_down_proj_.takes_amax() ? scope.take(DType::f32, Shape{1}) : Tensor();
     shared_gate_up_proj_.forward(x, sgu);
-    ops::swiglu_forward(exec_, sgu, sact);
-    shared_down_proj_.forward(sact, sout);
+    ops::swiglu_forward(exec_, sgu, sact, sact_amax);
+    shared_down_proj_.forward(sact, sout, sact_amax);
     ops::add_inplace(exec_, out, sout);
   }
   // The losses' values of this micro-batch (their gradients are formed in backward): into
@@ -267,10 +270,11 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
     const int64_t s = moe_.shared_hidden;
     const Tensor sgu = shared_gate_up_.rows(0, t);
     const Tensor sdact = scope.take(dt, Shape{t, s}), sdgu = scope.take(dt, Shape{t, 2 * s});
+    const Tensor sdgu_amax = shared_gate_up_proj_.takes_amax() ? scope.take(DType::f32, Shape{1}) : Tensor();
     shared_down_proj_.backward_input(dout, sdact);
-    ops::swiglu_backward(exec_, sgu, sdact, sdgu, sdact);
+    ops::swiglu_backward(exec_, sgu, sdact, sdgu, sdact, sdgu_amax);
     shared_down_proj_.backward_weight(sdact, dout);
-    shared_gate_up_proj_.backward(x, sdgu, dx, true);
+    shared_gate_up_proj_.backward(x, sdgu, dx, true, sdgu_amax);
   }
   // The router: the weights' gradient, the balance loss's (through the probabilities) and
   // the z-loss's (on the logits), scaled as the step's per-micro-batch terms; under the step
