@@ -268,9 +268,10 @@ const std::string kSmall =
     " --set train.sample_every=0 --set train.sample_tokens=0 --set checkpoint.every=0 --set log.every=5"
     " --set train.threads=2 --set train.device=cpu --set log.tensorboard=false --set log.plot=false";
 
-std::vector<double> train(const std::string& dir, const std::string& precision, std::string* output) {
+std::vector<double> train(const std::string& dir, const std::string& precision, std::string* output,
+                          const std::string& extra = "") {
   const std::string command = test::kiln_binary() + " train " + test::source_dir() + "/configs/default.toml" + kSmall +
-                              " --set train.precision=" + precision + " --set train.out_dir=" + dir + " 2>&1";
+                              " --set train.precision=" + precision + " --set train.out_dir=" + dir + extra + " 2>&1";
   EXPECT_EQ(test::run_command(command, output), 0) << *output;
   return test::train_losses(dir);
 }
@@ -295,6 +296,30 @@ TEST(Fp8Linear, ASmallModelTrainsCloseToItsFp32Run) {
   }
   EXPECT_LT(most, 0.01) << out8;
   EXPECT_GT(most, 0.0) << "fp8_tensorwise logged the fp32 run's losses exactly";
+  std::filesystem::remove_all(dir);
+}
+
+// train.fp8_keep_inputs: keeping each projection's input codes from forward to backward
+// changes memory, not one bit of training (the same losses, the same final weights), since
+// the kept codes are the ones the backward would make from the same x.
+TEST(Fp8Linear, KeepingInputsChangesNoBitOfTraining) {
+  const std::string dir = test::temp_dir("kiln-fp8-keep");
+  std::string kept_out, plain_out;
+  const std::vector<double> kept = train(dir + "/kept", "fp8_tensorwise", &kept_out);
+  const std::vector<double> plain =
+      train(dir + "/plain", "fp8_tensorwise", &plain_out, " --set train.fp8_keep_inputs=false");
+  ASSERT_EQ(kept.size(), 6u) << kept_out;
+  EXPECT_EQ(kept, plain);
+  const std::string weights = "/model/model.safetensors";
+  const std::string kept_weights = test::read_file(dir + "/kept" + weights);
+  EXPECT_FALSE(kept_weights.empty());
+  EXPECT_TRUE(kept_weights == test::read_file(dir + "/plain" + weights)) << "the final weights differ";
+  // And the kept codes are planned activations: more of them when kept.
+  auto activations = [](const std::string& log) {
+    const size_t at = log.find("activations ");
+    return at == std::string::npos ? -1.0 : std::stod(log.substr(at + 12));
+  };
+  EXPECT_GT(activations(kept_out), activations(plain_out)) << kept_out << plain_out;
   std::filesystem::remove_all(dir);
 }
 

@@ -220,6 +220,10 @@ struct TrainConfig {
   // auto = bf16 on the GPU (bf16 activations, fp32 masters, gradients and optimizer
   // state), fp32 on the CPU; fp32 forces fp32 everywhere; bf16 needs the GPU.
   std::string precision = "auto";      // auto | fp32 | bf16
+  // FP8 recipes: each dense projection keeps its input's FP8 operand from forward to
+  // backward (1 byte per input element per micro-batch: faster, x quantized once); false
+  // quantizes x again in backward and keeps nothing.
+  bool fp8_keep_inputs = true;
   // Activation recompute: the first N blocks save only their input and run their forward
   // again in backward (same results; less memory, ~1/3 more compute for those blocks).
   int64_t recompute_blocks = 0;

@@ -204,6 +204,9 @@ const std::array kFields = {
     KILN_FIELD(train, precision, one_of("auto|fp32|bf16|fp16|fp8_tensorwise|fp8_blockwise"),
                "auto (bf16 on the GPU, fp32 on the CPU) | fp32 | bf16 | fp8_tensorwise (dense GEMMs in per-tensor "
                "FP8); fp16 and fp8_blockwise are not built yet"),
+    KILN_FIELD(train, fp8_keep_inputs, none(),
+               "FP8: each dense projection keeps its input's FP8 codes for backward (1 byte an element); false "
+               "quantizes the input again"),
     KILN_FIELD(train, recompute_blocks, non_negative(), "blocks (the first N) whose activations are recomputed in backward"),
     KILN_FIELD(train, deterministic, none(), "bitwise-reproducible kernels; false allows cuDNN's faster atomic attention backward"),
     KILN_FIELD(train, cuda_graphs, none(), "GPU: the step as CUDA graphs with its scalars on the device; false: op by op"),

@@ -146,11 +146,18 @@ class GatedMlp final : public Mlp {
     Tensor dact = scope.take(dout.dtype(), Shape{t, gate_up.size(1) / 2});
     Tensor dgate_up = scope.take(dout.dtype(), gate_up.shape());
     const Tensor dgate_up_amax = amax_for(gate_up_proj_, scope);
-    // d(act) = dout Wdown (x is only read for a weight gradient: none is asked here); then
-    // dact is overwritten by the activation itself, which the weight gradient reads.
-    down_proj_.backward_input(dout, dact);
-    act_.backward(exec_, gate_up, dact, dgate_up, dact, dgate_up_amax);
-    down_proj_.backward_weight(dact, dout);
+    if (down_proj_.weight_grad_reads_x(t)) {
+      // d(act) = dout Wdown (x is only read for a weight gradient: none is asked here); then
+      // dact is overwritten by the activation itself, which the weight gradient reads.
+      down_proj_.backward_input(dout, dact);
+      act_.backward(exec_, gate_up, dact, dgate_up, dact, dgate_up_amax);
+      down_proj_.backward_weight(dact, dout);
+    } else {
+      // The weight gradient reads the activation's FP8 operand kept from the forward: one
+      // call, dy quantized once, and the activation is not rebuilt.
+      down_proj_.backward(dact, dout, dact);
+      act_.backward(exec_, gate_up, dact, dgate_up, Tensor(), dgate_up_amax);
+    }
     gate_up_proj_.backward(x, dgate_up, dx, false, dgate_up_amax);
   }
 

@@ -37,10 +37,14 @@ const Tensor& LinearLayer::declare_fused(BuildContext& ctx, const std::vector<st
 }
 
 void LinearLayer::keep_fp8_input(BuildContext& ctx) {
-  if (format_ != GemmFormat::fp8_tensorwise || !ctx.training) return;
+  if (format_ != GemmFormat::fp8_tensorwise || !ctx.training || !ctx.precision.keep_fp8_inputs) return;
   ctx.saved_buffer(kept_.codes, Shape{ops::fp8::fp8_kept_input_elements(ctx.max_tokens, w_.size(1))},
                    ops::fp8::fp8_kept_input_dtype(ctx.device));
   ctx.saved_buffer(kept_.scales, Shape{2}, DType::f32);
+}
+
+bool LinearLayer::weight_grad_reads_x(int64_t rows) const {
+  return kept() == nullptr || !ops::fp8::fp8_linear_runs_fp8(w_.device(), rows, w_.size(1), w_.size(0));
 }
 
 void LinearLayer::declare_bias(BuildContext& ctx, ParamName name, ParamRole role, Init init) {

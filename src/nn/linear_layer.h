@@ -42,8 +42,13 @@ class LinearLayer {
   // weight-gradient operand as one micro-batch's state (BuildContext::saved_buffer), and
   // backward and backward_weight read it instead of x. Only for modules whose backward is
   // given the x (the same values) this micro-batch's forward was, with no other training
-  // forward of this layer between them. Otherwise, or in another format, nothing changes.
+  // forward of this layer between them. Otherwise, in another format, or with the recipe's
+  // keep_fp8_inputs off, nothing changes.
   void keep_fp8_input(BuildContext& ctx);
+
+  // Whether the weight gradient of a `rows`-row call reads x: not when x's FP8 operand is
+  // kept from the forward (and the call runs FP8), so x's memory may serve as scratch.
+  bool weight_grad_reads_x(int64_t rows) const;
 
   // Whether forward's x_amax and backward's dy_amax are read (an FP8 format's quantize
   // takes its scale from them): a module whose op producing x or dy computes max |value| on

@@ -38,6 +38,9 @@ struct PrecisionRecipe {
   GemmFormat expert = GemmFormat::f32;  // routed experts
   GemmFormat lm_head = GemmFormat::f32;
   GemmFormat router = GemmFormat::f32;
+  // An FP8 projection keeps x's FP8 operand from forward to backward where its module
+  // allows (LinearLayer::keep_fp8_input; train.fp8_keep_inputs).
+  bool keep_fp8_inputs = true;
 
   // Every role computes in `compute`; masters are f32 under bf16, else `compute` itself.
   static PrecisionRecipe uniform(DType compute);

@@ -8,6 +8,7 @@ BuildOptions training_build_options(const Config& config, Device device) {
   BuildOptions options;
   options.device = device;
   options.precision = resolve_precision_recipe(config.train.precision, device);
+  options.precision->keep_fp8_inputs = config.train.fp8_keep_inputs;
   options.dtype = options.precision->compute;
   options.recompute_blocks = config.train.recompute_blocks;
   options.deterministic = config.train.deterministic;
