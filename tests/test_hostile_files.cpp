@@ -80,6 +80,15 @@ TEST_F(HostileFiles, ImportHfRefusesFilesThatAreNoRegularFilesOrTooLarge) {
                   "kiln: error: [import] " + hf +
                       "/model.safetensors.index.json: weight_map['lm_head.weight'] must be a string, got number 3");
   EXPECT_FALSE(fs::exists(dir_ + "/imported"));
+  // Shard names that are not files of the directory (the fuzzer found "." accepted).
+  for (const std::string name : {".", "..", "../model.safetensors", "sub/model.safetensors", ""}) {
+    test::write_file(hf + "/model.safetensors.index.json",
+                     R"({"weight_map": {"lm_head.weight": ")" + name + R"("}})");
+    EXPECT_CONTAINS(test::one_line_error(command, 5),
+                    "kiln: error: [import] " + hf + "/model.safetensors.index.json: shard name '" + name +
+                        "' is not a file of the model's directory");
+    EXPECT_FALSE(fs::exists(dir_ + "/imported"));
+  }
 }
 
 TEST_F(HostileFiles, EvalFilesThatAreNoRegularFilesAreRefusedBeforeTraining) {

@@ -419,8 +419,9 @@ std::map<std::string, std::string> read_weight_map(const json& index, const std:
   std::map<std::string, std::string> shards;
   weight_map.for_each_member([&](const std::string& tensor, const JsonField& file) {
     const std::string& name = file.string();
-    KILN_CHECK(!name.empty() && name.find('/') == std::string::npos && name.find("..") == std::string::npos,
-               "import", "{}: shard name '{}' points outside the directory", where, printable(name));
+    // A file of the directory itself: not a path, and not "." (the directory).
+    KILN_CHECK(!name.empty() && name != "." && name.find('/') == std::string::npos && name.find("..") == std::string::npos,
+               "import", "{}: shard name '{}' is not a file of the model's directory", where, printable(name));
     shards[tensor] = name;
   });
   return shards;
