@@ -320,6 +320,15 @@ TEST(Fp8Linear, KeepingInputsChangesNoBitOfTraining) {
     return at == std::string::npos ? -1.0 : std::stod(log.substr(at + 12));
   };
   EXPECT_GT(activations(kept_out), activations(plain_out)) << kept_out << plain_out;
+  // The same for an MoE layer's shared expert (its down projection's one-call backward).
+  const std::string moe = " --set model.mlp=moe --set model.moe.shared_hidden=64";
+  const std::vector<double> moe_kept = train(dir + "/moe-kept", "fp8_tensorwise", &kept_out, moe);
+  const std::vector<double> moe_plain =
+      train(dir + "/moe-plain", "fp8_tensorwise", &plain_out, moe + " --set train.fp8_keep_inputs=false");
+  ASSERT_EQ(moe_kept.size(), 6u) << kept_out;
+  EXPECT_EQ(moe_kept, moe_plain);
+  EXPECT_TRUE(test::read_file(dir + "/moe-kept" + weights) == test::read_file(dir + "/moe-plain" + weights))
+      << "the MoE model's final weights differ";
   std::filesystem::remove_all(dir);
 }
 

@@ -271,9 +271,14 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
     const Tensor sgu = shared_gate_up_.rows(0, t);
     const Tensor sdact = scope.take(dt, Shape{t, s}), sdgu = scope.take(dt, Shape{t, 2 * s});
     const Tensor sdgu_amax = shared_gate_up_proj_.takes_amax() ? scope.take(DType::f32, Shape{1}) : Tensor();
-    shared_down_proj_.backward_input(dout, sdact);
-    ops::swiglu_backward(exec_, sgu, sdact, sdgu, sdact, sdgu_amax);
-    shared_down_proj_.backward_weight(sdact, dout);
+    if (shared_down_proj_.weight_grad_reads_x(t)) {  // as GatedMlp::backward
+      shared_down_proj_.backward_input(dout, sdact);
+      ops::swiglu_backward(exec_, sgu, sdact, sdgu, sdact, sdgu_amax);
+      shared_down_proj_.backward_weight(sdact, dout);
+    } else {  // the kept FP8 operand: one call, and the activation is not rebuilt
+      shared_down_proj_.backward(sdact, dout, sdact);
+      ops::swiglu_backward(exec_, sgu, sdact, sdgu, Tensor(), sdgu_amax);
+    }
     shared_gate_up_proj_.backward(x, sdgu, dx, true, sdgu_amax);
   }
   // The router: the weights' gradient, the balance loss's (through the probabilities) and
