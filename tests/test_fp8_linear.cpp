@@ -320,15 +320,20 @@ TEST(Fp8Linear, KeepingInputsChangesNoBitOfTraining) {
     return at == std::string::npos ? -1.0 : std::stod(log.substr(at + 12));
   };
   EXPECT_GT(activations(kept_out), activations(plain_out)) << kept_out << plain_out;
-  // The same for an MoE layer's shared expert (its down projection's one-call backward).
-  const std::string moe = " --set model.mlp=moe --set model.moe.shared_hidden=64";
-  const std::vector<double> moe_kept = train(dir + "/moe-kept", "fp8_tensorwise", &kept_out, moe);
-  const std::vector<double> moe_plain =
-      train(dir + "/moe-plain", "fp8_tensorwise", &plain_out, moe + " --set train.fp8_keep_inputs=false");
-  ASSERT_EQ(moe_kept.size(), 6u) << kept_out;
-  EXPECT_EQ(moe_kept, moe_plain);
-  EXPECT_TRUE(test::read_file(dir + "/moe-kept" + weights) == test::read_file(dir + "/moe-plain" + weights))
-      << "the MoE model's final weights differ";
+  // The same for the modules whose down projection runs its backward in one call when its
+  // input is kept: an MoE layer's shared expert and the ungated MLP.
+  for (const auto& [name, settings] : {std::pair<std::string, std::string>{"moe", " --set model.mlp=moe --set model.moe.shared_hidden=64"},
+                                       {"relu2", " --set model.mlp=relu2"}}) {
+    SCOPED_TRACE(name);
+    const std::vector<double> module_kept = train(dir + "/" + name + "-kept", "fp8_tensorwise", &kept_out, settings);
+    const std::vector<double> module_plain = train(dir + "/" + name + "-plain", "fp8_tensorwise", &plain_out,
+                                                   settings + " --set train.fp8_keep_inputs=false");
+    ASSERT_EQ(module_kept.size(), 6u) << kept_out;
+    EXPECT_EQ(module_kept, module_plain);
+    EXPECT_TRUE(test::read_file(dir + "/" + name + "-kept" + weights) ==
+                test::read_file(dir + "/" + name + "-plain" + weights))
+        << "the final weights differ";
+  }
   std::filesystem::remove_all(dir);
 }
 

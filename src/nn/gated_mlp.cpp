@@ -190,7 +190,7 @@ class GatedMlp final : public Mlp {
   // Where the activation's op leaves max |output| for `layer`'s FP8 quantize, when both do
   // that; else undefined (the layer finds its amax itself).
   Tensor amax_for(const LinearLayer& layer, Workspace::Scope& scope) const {
-    return act_.reports_amax && layer.takes_amax() ? scope.take(DType::f32, Shape{1}) : Tensor();
+    return act_.reports_amax ? layer.amax_slot(scope) : Tensor();
   }
 
   const GatedActivation& act_;

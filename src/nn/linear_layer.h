@@ -54,6 +54,11 @@ class LinearLayer {
   // takes its scale from them): a module whose op producing x or dy computes max |value| on
   // the way (ops::swiglu_*) passes it, and the quantize skips its own pass over the tensor.
   bool takes_amax() const { return format_ == GemmFormat::fp8_tensorwise; }
+  // Where a producer leaves max |x| for this layer (f32 [1] from `scope`) when it takes one;
+  // else undefined.
+  Tensor amax_slot(Workspace::Scope& scope) const {
+    return takes_amax() ? scope.take(DType::f32, Shape{1}) : Tensor();
+  }
 
   // x [N, in] -> y [N, out] (written with =): the training forward. The decode path passes
   // its own context and keeps nothing. x_amax: max |x| (f32 [1]) or undefined.

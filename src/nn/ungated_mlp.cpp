@@ -3,7 +3,8 @@
 // width is model.ungated_ffn_hidden (0: 4 x hidden, GPT-2's) rather than model.ffn_hidden,
 // the gated MLPs' width: a gated MLP of width F has the parameters of an ungated one of 1.5 F.
 // Only up(x) is saved: backward rebuilds the activation (for the down projection's weight
-// gradient) in the same pass that differentiates it.
+// gradient) in the same pass that differentiates it, unless the down projection kept its
+// FP8 operand from the forward.
 //
 // Decode: the same ops over the step's rows.
 #include "nn/modules.h"
@@ -76,11 +77,18 @@ class UngatedMlp final : public Mlp {
     Workspace::Scope scope(workspace_);
     const Tensor up = up_.rows(0, t);
     Tensor dact = scope.take(dout.dtype(), up.shape()), dup = scope.take(dout.dtype(), up.shape());
-    // d(act) = dout Wdown; then dact is overwritten by the activation itself, which the
-    // down projection's weight gradient reads.
-    down_proj_.backward_input(dout, dact);
-    ops::activation_backward(exec_, kind_, up, dact, dup, dact);
-    down_proj_.backward_weight(dact, dout);
+    if (down_proj_.weight_grad_reads_x(t)) {
+      // d(act) = dout Wdown; then dact is overwritten by the activation itself, which the
+      // down projection's weight gradient reads.
+      down_proj_.backward_input(dout, dact);
+      ops::activation_backward(exec_, kind_, up, dact, dup, dact);
+      down_proj_.backward_weight(dact, dout);
+    } else {
+      // The weight gradient reads the activation's FP8 operand kept from the forward: one
+      // call (dout quantized once), and the activation is not rebuilt.
+      down_proj_.backward(dact, dout, dact);
+      ops::activation_backward(exec_, kind_, up, dact, dup);
+    }
     up_proj_.backward(x, dup, dx);
   }
 

@@ -210,7 +210,7 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
     const Tensor sgu = shared_gate_up_.rows(0, t), sact = scope.take(x.dtype(), Shape{t, moe_.shared_hidden});
     const Tensor sout = scope.take(x.dtype(), Shape{t, hidden_});
     // In FP8, SwiGLU's max |output| is the down projection's quantize scale (gated_mlp.cpp).
-    const Tensor sact_amax = shared_down_proj_.takes_amax() ? scope.take(DType::f32, Shape{1}) : Tensor();
+    const Tensor sact_amax = shared_down_proj_.amax_slot(scope);
     shared_gate_up_proj_.forward(x, sgu);
     ops::swiglu_forward(exec_, sgu, sact, sact_amax);
     shared_down_proj_.forward(sact, sout, sact_amax);
@@ -270,7 +270,7 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
     const int64_t s = moe_.shared_hidden;
     const Tensor sgu = shared_gate_up_.rows(0, t);
     const Tensor sdact = scope.take(dt, Shape{t, s}), sdgu = scope.take(dt, Shape{t, 2 * s});
-    const Tensor sdgu_amax = shared_gate_up_proj_.takes_amax() ? scope.take(DType::f32, Shape{1}) : Tensor();
+    const Tensor sdgu_amax = shared_gate_up_proj_.amax_slot(scope);
     if (shared_down_proj_.weight_grad_reads_x(t)) {  // as GatedMlp::backward
       shared_down_proj_.backward_input(dout, sdact);
       ops::swiglu_backward(exec_, sgu, sdact, sdgu, sdact, sdgu_amax);

@@ -12,7 +12,8 @@
 //           channels' share of dbeta, Kg . X_k; 105 KiB of shared memory at 32 channels, so
 //           two 512-thread blocks share an SM.
 //   dbeta   per (chunk, head): the shares added in slab order.
-// Products run by warp_mma_bf16 (operands loaded through accessors into registers), their
+// Products run by warp_mma_bf16 (X_v and X_k by warp_mma_bf16_split_b, dD and dW kept to
+// about 16 mantissa bits for dbeta's sake; operands loaded through accessors into registers), their
 // elementwise terms fused into the epilogues; the pairwise gradients are
 // pairwise_gradient_tf32's. Workspace use: dL in P's tile and the dbeta shares in Tl's (both
 // read by no later kernel), dW and X_v as before; X_k is not written. No atomics.
@@ -54,7 +55,7 @@ __global__ void __launch_bounds__(kValuesThreads) values_bf16_kernel(KdaArgs s, 
   for (int t = warp; t < kSubs * vtiles; t += warps) {
     const int r0 = kSub * (t / vtiles), j0 = 16 * (t % vtiles);
     WarpTile tile;
-    warp_mma_bf16(
+    warp_mma_bf16_split_b(
         kC, [&](int r, int k) { return r0 + r < len && k < len ? M[k * kC + r0 + r] : 0.f; },
         [&](int k, int n) { return k < len ? dD[k * dv + j0 + n] : 0.f; }, tile);
     tile.each([&](int r, int n, float x) {
@@ -206,7 +207,7 @@ __global__ void __launch_bounds__(kSlabThreads, 2)
   for (int t = warp; t < kSubs * ctiles; t += warps) {
     const int r0 = kSub * (t / ctiles), n0 = 16 * (t % ctiles);
     WarpTile tile;
-    warp_mma_bf16(
+    warp_mma_bf16_split_b(
         kC, [&](int r, int m) { return r0 + r < len && m < len ? M[m * kC + r0 + r] : 0.f; },
         [&](int m, int n) { return dW[m * dk + n0 + n]; }, tile);
     tile.each([&](int r, int n, float x) {

@@ -73,4 +73,20 @@ __device__ void warp_mma_bf16(int K, OpA a, OpB b, WarpTile& tile) {
 #endif
 }
 
+// tile += op(A) op(B) as warp_mma_bf16, with B carried to about 16 bits of mantissa: each
+// b(k, n) split into bf16 hi + bf16 lo (b - hi), two products over the same A fragments.
+// For the products whose sums feed dbeta (X_v = M^T dD, X_k = M^T dW): rounding dD and dW
+// to bf16 alone put a one-token document's dbeta 7.7e-3 from the fp64 oracle (H100,
+// 2026-12-06), past seed 001's 7e-3 bar, where M's diagonal (1) is exact.
+template <typename OpA, typename OpB>
+__device__ void warp_mma_bf16_split_b(int K, OpA a, OpB b, WarpTile& tile) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  warp_mma_bf16(K, a, b, tile);  // the fp32 lanes round nothing
+#else
+  const auto hi = [&](int k, int n) { return __bfloat162float(__float2bfloat16_rn(b(k, n))); };
+  warp_mma_bf16(K, a, [&](int k, int n) { return b(k, n) - hi(k, n); }, tile);
+  warp_mma_bf16(K, a, hi, tile);
+#endif
+}
+
 }  // namespace kiln::cuda::kda_chunked
