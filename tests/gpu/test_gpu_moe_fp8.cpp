@@ -12,10 +12,13 @@
 //   stale rows past the live ones holding large values (the scales must not read them).
 //   Widths that are not multiples of 16 run the bf16 grouped products, bit for bit.
 //   The same bits run to run, and from a captured CUDA graph replayed on new routings.
+//   A small MoE model trains in captured step graphs with train.fp8_experts: near its bf16
+//   run, not equal to the dense-only FP8 run, and the same bits twice.
 #include "core/arena.h"
 #include "core/exec_context.h"
 #include "gpu/bf16_tensors.h"
 #include "gpu/gpu_harness.h"
+#include "gpu/training_run.h"
 #include "grad_check.h"
 #include "ops/fp8/fp8_scaling.h"
 #include "ops/moe/grouped_gemm_fp8_sm90.h"
@@ -28,6 +31,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -279,6 +283,48 @@ TEST(GpuFp8Experts, SameBitsEveryRunAndFromACapturedGraph) {
   cudaGraphExecDestroy(graph_exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// test_gpu_fp8_linear's small model with an MoE layer (4 experts, top 2; every width a
+// multiple of 16, so the experts' products run FP8), in captured step graphs.
+gpu_test::TrainingRun train(const std::string& out, const std::string& precision, bool fp8_experts) {
+  const std::vector<std::string> overrides = {
+      "data.path=" + test::source_dir() + "/data/tinyshakespeare.txt", "train.out_dir=" + out, "train.device=cuda",
+      "train.precision=" + precision, std::string("train.fp8_experts=") + (fp8_experts ? "true" : "false"),
+      "train.cuda_graphs=true", "model.hidden=64", "model.layers=2", "model.heads=4", "model.kv_heads=2",
+      "model.head_dim=16", "model.ffn_hidden=128", "model.mlp=moe", "model.moe.experts=4", "model.moe.top_k=2",
+      "model.moe.expert_hidden=64", "model.max_seq_len=64", "train.micro_batch_tokens=256", "train.grad_accum=2",
+      "train.steps=40", "train.eval_every=0", "train.eval_batches=1", "train.sample_every=0", "train.sample_tokens=0",
+      "log.every=1", "checkpoint.save_final=false", "optim.warmup_steps=5"};
+  return gpu_test::run_training(overrides, out);
+}
+
+TEST(GpuFp8Experts, ASmallMoeModelTrainsInCapturedGraphsNearItsBf16Run) {
+  if (!cuda::sm90::grouped_gemm_fp8_available()) GTEST_SKIP() << "no sm_90a CUTLASS FP8 grouped GEMM on this device/build";
+  const std::string dir = test::temp_dir("kiln-gpu-fp8-experts-train");
+  const gpu_test::TrainingRun bf16 = train(dir + "/bf16", "bf16", false);
+  const gpu_test::TrainingRun dense = train(dir + "/dense", "fp8_tensorwise", false);
+  const gpu_test::TrainingRun a = train(dir + "/fp8a", "fp8_tensorwise", true);
+  const gpu_test::TrainingRun b = train(dir + "/fp8b", "fp8_tensorwise", true);
+  ASSERT_EQ(a.losses.size(), 40u);
+  ASSERT_EQ(bf16.losses.size(), a.losses.size());
+  EXPECT_GT(a.graph_launches, 0);
+  EXPECT_LT(a.losses.back(), a.losses.front() - 0.5);
+  double most = 0, mean = 0;
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(a.losses[i])) << i;
+    const double gap = std::fabs(a.losses[i] - bf16.losses[i]) / bf16.losses[i];
+    most = std::max(most, gap), mean += gap / static_cast<double>(a.losses.size());
+  }
+  // The dense FP8 model's bounds (test_gpu_fp8_linear): mean within 1%, no step over 5%.
+  EXPECT_LT(mean, 0.01);
+  EXPECT_LT(most, 0.05);
+  // The experts really ran in FP8: not the dense-only FP8 run's losses.
+  EXPECT_NE(a.losses, dense.losses);
+  // Deterministic: the same losses and weights, bit for bit.
+  EXPECT_EQ(a.lines, b.lines);
+  EXPECT_EQ(a.weights, b.weights);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
