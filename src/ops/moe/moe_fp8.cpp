@@ -144,6 +144,7 @@ bool moe_grouped_linear_fp8_runs_fp8(Device device, int64_t in, int64_t out) {
 #if KILN_WITH_CUDA
   return cuda::grouped_fp8_supported(in, out, {});
 #else
+  (void)in, (void)out;
   return false;
 #endif
 }
