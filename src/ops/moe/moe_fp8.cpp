@@ -165,12 +165,13 @@ size_t moe_grouped_linear_fp8_scratch_bytes(Device device, int64_t rows, int64_t
 void moe_grouped_linear_fp8_forward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
                                     const MoeDispatch& d, const Tensor& y) {
   KILN_OP_SCOPE(kForward, x);
-  const int64_t out = expert_out_width(kForward, x, w, d), in = x.size(1), rows = x.size(0);
+  const int64_t out = expert_out_width(kForward, x, w, d), rows = x.size(0);
   expect_same(kForward, "y", y, x);
   expect_shape(kForward, "y", y, Shape{rows, out});
   if (x.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     KILN_CHECK(x.dtype() == DType::bf16, kForward, "the GPU's FP8 experts read bf16, got {}", x.describe());
+    const int64_t in = x.size(1);
     if (rows == 0) return;
     if (!cuda::grouped_fp8_supported(in, out, {x.raw(), w.raw(), y.raw()}))
       return moe_grouped_linear_forward(ctx, x, w, d, y);
@@ -203,7 +204,7 @@ void moe_grouped_linear_fp8_forward(const ExecContext& ctx, Workspace& workspace
 void moe_grouped_linear_fp8_backward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
                                      const Tensor& dy, const MoeDispatch& d, const Tensor& dx, const Tensor& dw) {
   KILN_OP_SCOPE(kBackward, dy);
-  const int64_t out = expert_out_width(kBackward, x, w, d), in = x.size(1), rows = x.size(0);
+  const int64_t out = expert_out_width(kBackward, x, w, d), rows = x.size(0);
   expect_same(kBackward, "dy", dy, x);
   expect_shape(kBackward, "dy", dy, Shape{rows, out});
   if (dx.defined()) expect_same(kBackward, "dx", dx, x), expect_shape(kBackward, "dx", dx, x.shape());
@@ -211,6 +212,7 @@ void moe_grouped_linear_fp8_backward(const ExecContext& ctx, Workspace& workspac
   if (dy.device() == Device::cuda) {
 #if KILN_WITH_CUDA
     KILN_CHECK(dy.dtype() == DType::bf16, kBackward, "the GPU's FP8 experts read bf16, got {}", dy.describe());
+    const int64_t in = x.size(1);
     if (rows == 0 || (!dx.defined() && !dw.defined())) return;
     if (!cuda::grouped_fp8_supported(in, out, {x.raw(), w.raw(), dy.raw(), dx.defined() ? dx.raw() : nullptr,
                                                dw.defined() ? dw.raw() : nullptr}))
