@@ -162,7 +162,7 @@ size_t moe_grouped_linear_fp8_scratch_bytes(Device device, int64_t rows, int64_t
   return Workspace::footprint(DType::u8, Shape{static_cast<int64_t>((training ? layout.end : layout.forward_end) + kAlign)});
 }
 
-void moe_grouped_linear_fp8_forward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
+void moe_grouped_linear_fp8_forward([[maybe_unused]] const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
                                     const MoeDispatch& d, const Tensor& y) {
   KILN_OP_SCOPE(kForward, x);
   const int64_t out = expert_out_width(kForward, x, w, d), rows = x.size(0);
@@ -201,7 +201,7 @@ void moe_grouped_linear_fp8_forward(const ExecContext& ctx, Workspace& workspace
   forward_cpu(workspace, x, w, d, out, y);
 }
 
-void moe_grouped_linear_fp8_backward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
+void moe_grouped_linear_fp8_backward([[maybe_unused]] const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
                                      const Tensor& dy, const MoeDispatch& d, const Tensor& dx, const Tensor& dw) {
   KILN_OP_SCOPE(kBackward, dy);
   const int64_t out = expert_out_width(kBackward, x, w, d), rows = x.size(0);
