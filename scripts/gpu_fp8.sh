@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # train.precision = fp8_tensorwise on the GPU, run ON the GPU machine (after
 # scripts/gpu_stage.sh; carry .gpu). Parts (PART=all runs them in order):
-#   PART=tests  GpuFp8.* and GpuFp8Linear.* (kernels and the linear layer against the CPU
+#   PART=tests  GpuFp8.*, GpuFp8Linear.* and GpuFp8Experts.* (kernels, the linear layer and
+#               the experts' grouped products against the CPU
 #               emulation, a small model trained in captured graphs)
 #   PART=bench  kiln bench per shape (SHAPES, default 0.6b 1.5b moe-1b) in bf16 and in
 #               fp8_tensorwise: ms per step, tokens/s and device memory in use
@@ -14,7 +15,7 @@ source scripts/gpu_env.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 tests() {
-  timeout ${TEST_TIMEOUT:-300} "$STAGE/bin/kiln_gpu_tests" --gtest_filter="${GTEST_FILTER:-GpuFp8.*:GpuFp8Linear.*}" \
+  timeout ${TEST_TIMEOUT:-600} "$STAGE/bin/kiln_gpu_tests" --gtest_filter="${GTEST_FILTER:-GpuFp8.*:GpuFp8Linear.*:GpuFp8Experts.*}" \
     > "$LOGS/fp8_tests.log" 2>&1
   echo "gpu tests exit $?"
   grep -E "^\[  FAILED|^\[       OK|PASSED|tests ran|outside the bound|Failure|Expected|Which is|error" "$LOGS/fp8_tests.log" | head -60
