@@ -5,7 +5,8 @@
 #               the experts' grouped products against the CPU
 #               emulation, a small model trained in captured graphs)
 #   PART=bench  kiln bench per shape (SHAPES, default 0.6b 1.5b moe-1b) in bf16 and in
-#               fp8_tensorwise: ms per step, tokens/s and device memory in use
+#               fp8_tensorwise (MoE shapes also with train.fp8_experts): ms per step,
+#               tokens/s and device memory in use
 #   PART=train  `kiln loss-gap` on configs/default.toml (tinyshakespeare) for STEPS steps
 #               (default 300): bf16 at two seeds, fp8_tensorwise at the first
 # docs/fp8.md has what it measured.
@@ -23,9 +24,13 @@ tests() {
 
 bench() {
   for shape in ${SHAPES:-0.6b 1.5b moe-1b}; do
-    for p in bf16 fp8_tensorwise; do
+    arms="bf16 fp8_tensorwise"
+    [[ $shape == moe* ]] && arms="$arms fp8_experts"  # the routed experts in FP8 too
+    for p in $arms; do
+      set_args=(--set train.precision=$p)
+      [[ $p == fp8_experts ]] && set_args=(--set train.precision=fp8_tensorwise --set train.fp8_experts=true)
       timeout 240 "$STAGE/bin/kiln" bench configs/bench-$shape.toml --steps ${BENCH_STEPS:-10} --warmup 3 \
-        --set train.precision=$p > "$LOGS/bench-$shape-$p.log" 2>&1
+        "${set_args[@]}" > "$LOGS/bench-$shape-$p.log" 2>&1
       echo "== bench-$shape $p exit $?"; grep -E "tokens/s|memory:|error" "$LOGS/bench-$shape-$p.log" | head -4
       grep -A8 "per op" "$LOGS/bench-$shape-$p.log" | tail -8
     done
