@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # train.precision = fp8_tensorwise on the GPU, run ON the GPU machine (after
 # scripts/gpu_stage.sh; carry .gpu). Parts (PART=all runs them in order):
-#   PART=tests  GpuFp8.* and GpuFp8Linear.* (kernels and the linear layer against the CPU
+#   PART=tests  GpuFp8.*, GpuFp8Linear.* and GpuFp8Experts.* (kernels, the linear layer and
+#               the experts' grouped products against the CPU
 #               emulation, a small model trained in captured graphs)
 #   PART=bench  kiln bench per shape (SHAPES, default 0.6b 1.5b moe-1b) in bf16 and in
-#               fp8_tensorwise: ms per step, tokens/s and device memory in use
+#               fp8_tensorwise (MoE shapes also with train.fp8_experts): ms per step,
+#               tokens/s and device memory in use
 #   PART=train  `kiln loss-gap` on configs/default.toml (tinyshakespeare) for STEPS steps
 #               (default 300): bf16 at two seeds, fp8_tensorwise at the first
 # docs/fp8.md has what it measured.
@@ -14,7 +16,7 @@ source scripts/gpu_env.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 tests() {
-  timeout ${TEST_TIMEOUT:-300} "$STAGE/bin/kiln_gpu_tests" --gtest_filter="${GTEST_FILTER:-GpuFp8.*:GpuFp8Linear.*}" \
+  timeout ${TEST_TIMEOUT:-600} "$STAGE/bin/kiln_gpu_tests" --gtest_filter="${GTEST_FILTER:-GpuFp8.*:GpuFp8Linear.*:GpuFp8Experts.*}" \
     > "$LOGS/fp8_tests.log" 2>&1
   echo "gpu tests exit $?"
   grep -E "^\[  FAILED|^\[       OK|PASSED|tests ran|outside the bound|Failure|Expected|Which is|error" "$LOGS/fp8_tests.log" | head -60
@@ -22,9 +24,13 @@ tests() {
 
 bench() {
   for shape in ${SHAPES:-0.6b 1.5b moe-1b}; do
-    for p in bf16 fp8_tensorwise; do
+    arms="bf16 fp8_tensorwise"
+    [[ $shape == moe* ]] && arms="$arms fp8_experts"  # the routed experts in FP8 too
+    for p in $arms; do
+      set_args=(--set train.precision=$p)
+      [[ $p == fp8_experts ]] && set_args=(--set train.precision=fp8_tensorwise --set train.fp8_experts=true)
       timeout 240 "$STAGE/bin/kiln" bench configs/bench-$shape.toml --steps ${BENCH_STEPS:-10} --warmup 3 \
-        --set train.precision=$p > "$LOGS/bench-$shape-$p.log" 2>&1
+        "${set_args[@]}" > "$LOGS/bench-$shape-$p.log" 2>&1
       echo "== bench-$shape $p exit $?"; grep -E "tokens/s|memory:|error" "$LOGS/bench-$shape-$p.log" | head -4
       grep -A8 "per op" "$LOGS/bench-$shape-$p.log" | tail -8
     done

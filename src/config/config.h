@@ -224,6 +224,9 @@ struct TrainConfig {
   // backward (1 byte per input element per micro-batch: faster, x quantized once); false
   // quantizes x again in backward and keeps nothing.
   bool fp8_keep_inputs = true;
+  // fp8_tensorwise: the routed experts' grouped GEMMs in FP8 too (one scale per expert weight,
+  // one for the gathered activations, one for their gradient); refused with other precisions.
+  bool fp8_experts = false;
   // Activation recompute: the first N blocks save only their input and run their forward
   // again in backward (same results; less memory, ~1/3 more compute for those blocks).
   int64_t recompute_blocks = 0;

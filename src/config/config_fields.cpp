@@ -207,6 +207,9 @@ const std::array kFields = {
     KILN_FIELD(train, fp8_keep_inputs, none(),
                "FP8: each dense projection keeps its input's FP8 codes for backward (1 byte an element); false "
                "quantizes the input again"),
+    KILN_FIELD(train, fp8_experts, none(),
+               "fp8_tensorwise: the routed experts' grouped GEMMs in FP8 too (a scale per expert weight); "
+               "false keeps them bf16"),
     KILN_FIELD(train, recompute_blocks, non_negative(), "blocks (the first N) whose activations are recomputed in backward"),
     KILN_FIELD(train, deterministic, none(), "bitwise-reproducible kernels; false allows cuDNN's faster atomic attention backward"),
     KILN_FIELD(train, cuda_graphs, none(), "GPU: the step as CUDA graphs with its scalars on the device; false: op by op"),

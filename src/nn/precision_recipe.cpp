@@ -31,6 +31,7 @@ PrecisionRecipe PrecisionRecipe::uniform(DType compute) {
 std::string PrecisionRecipe::describe() const {
   std::string text = mixed() ? "bf16 mixed" : compute == DType::f64 ? "fp64" : "fp32";
   if (dense != uniform(compute).dense) text += ", " + std::string(gemm_format_name(dense)) + " GEMMs";
+  if (expert != uniform(compute).expert) text += ", experts in " + std::string(gemm_format_name(expert));
   return text;
 }
 

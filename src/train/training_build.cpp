@@ -6,9 +6,12 @@ namespace kiln {
 
 BuildOptions training_build_options(const Config& config, Device device) {
   BuildOptions options;
+  KILN_CHECK(!config.train.fp8_experts || config.train.precision == "fp8_tensorwise", "config",
+             "train.fp8_experts = true needs train.precision = 'fp8_tensorwise', got '{}'", config.train.precision);
   options.device = device;
   options.precision = resolve_precision_recipe(config.train.precision, device);
   options.precision->keep_fp8_inputs = config.train.fp8_keep_inputs;
+  if (config.train.fp8_experts) options.precision->expert = GemmFormat::fp8_tensorwise;
   options.dtype = options.precision->compute;
   options.recompute_blocks = config.train.recompute_blocks;
   options.deterministic = config.train.deterministic;

@@ -132,6 +132,18 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   ctx.saved_buffer(dispatch_.row_of_pair, Shape{t * slots_}, DType::i32);
   ctx.saved(gate_up_, Shape{rows, 2 * f});
   ctx.saved(expert_out_, Shape{rows, expert_io_});
+  // train.fp8_experts: the grouped products in tensorwise FP8 (ops/moe/moe.h), their
+  // operands' copies from the workspace's gemm level.
+  expert_fp8_ = ctx.precision.format(ParamRole::expert) == GemmFormat::fp8_tensorwise;
+  if (expert_fp8_) {
+    const DType expected = ctx.device == Device::cpu ? DType::f32 : DType::bf16;
+    KILN_CHECK(ctx.dtype == expected, "train.fp8_experts", "FP8 experts compute in {} on the {}, not {}",
+               dtype_name(expected), device_name(ctx.device), dtype_name(ctx.dtype));
+    ctx.workspace.reserve_peak(
+        std::max(ops::moe_grouped_linear_fp8_scratch_bytes(ctx.device, rows, e_count, expert_io_, 2 * f, ctx.training),
+                 ops::moe_grouped_linear_fp8_scratch_bytes(ctx.device, rows, e_count, f, expert_io_, ctx.training)),
+        Workspace::Level::gemm);
+  }
   ctx.step_statistic(step_counts_, Shape{e_count}, DType::i32, StepReduction::sum);
   ctx.step_statistic(step_entropy_, Shape{2}, DType::f64, StepReduction::sum);
   ctx.step_buffer(last_counts_, Shape{e_count}, DType::i32);
@@ -201,9 +213,9 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   const Tensor gate_up = gate_up_.rows(0, rows), act = scope.take(x.dtype(), Shape{rows, f});
   const Tensor y = expert_out_.rows(0, rows);
   ops::moe_gather(exec_, in, d, grouped);
-  ops::moe_grouped_linear_forward(exec_, grouped, gate_up_w_, d, gate_up);
+  grouped_forward(grouped, gate_up_w_, d, gate_up);
   ops::swiglu_forward(exec_, gate_up, act);
-  ops::moe_grouped_linear_forward(exec_, act, down_w_, d, y);
+  grouped_forward(act, down_w_, d, y);
   ops::moe_combine(exec_, y, routes.weights, d, routed);
   if (latent()) latent_up_proj_.forward(routed, out);
   if (moe_.shared_hidden > 0) {
@@ -231,6 +243,17 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   }
 }
 
+void MoeMlp::grouped_forward(const Tensor& x, const Tensor& w, const ops::MoeDispatch& d, const Tensor& y) const {
+  if (expert_fp8_) ops::moe_grouped_linear_fp8_forward(exec_, workspace_, x, w, d, y);
+  else ops::moe_grouped_linear_forward(exec_, x, w, d, y);
+}
+
+void MoeMlp::grouped_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const ops::MoeDispatch& d,
+                              const Tensor& dx, const Tensor& dw) const {
+  if (expert_fp8_) ops::moe_grouped_linear_fp8_backward(exec_, workspace_, x, w, dy, d, dx, dw);
+  else ops::moe_grouped_linear_backward(exec_, x, w, dy, d, dx, dw);
+}
+
 void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   const int64_t t = dout.size(0), k = moe_.top_k, f = moe_.expert_hidden, e_count = moe_.experts;
   const int64_t rows = router_->most_pairs(t);
@@ -253,12 +276,12 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   // The experts: as SwigluMlp's backward, per expert on the grouped rows.
   const Tensor dact = scope.take(dt, Shape{rows, f});
   const Tensor dgate_up = scope.take(dt, Shape{rows, 2 * f});
-  ops::moe_grouped_linear_backward(exec_, dact, down_w_, dy, d, dact, Tensor());
+  grouped_backward(dact, down_w_, dy, d, dact, Tensor());
   ops::swiglu_backward(exec_, gate_up, dact, dgate_up, dact);  // dact then holds the activation again
-  ops::moe_grouped_linear_backward(exec_, dact, down_w_, dy, d, Tensor(), down_g_);
+  grouped_backward(dact, down_w_, dy, d, Tensor(), down_g_);
   const Tensor grouped = scope.take(dt, Shape{rows, expert_io_}), dgrouped = scope.take(dt, Shape{rows, expert_io_});
   ops::moe_gather(exec_, latent() ? latent_in_.rows(0, t) : x, d, grouped);
-  ops::moe_grouped_linear_backward(exec_, grouped, gate_up_w_, dgate_up, d, dgrouped, gate_up_g_);
+  grouped_backward(grouped, gate_up_w_, dgate_up, d, dgrouped, gate_up_g_);
   if (latent()) {  // z = W_down x: the latent's gradient back to x (dx =) and W_down
     const Tensor dz = scope.take(dt, Shape{t, moe_.latent_width});
     ops::moe_gather_backward(exec_, dgrouped, d, dz, false);

@@ -39,6 +39,11 @@ class MoeMlp final : public Mlp {
   ops::Routes routes_rows(int64_t t) const;
   ops::MoeDispatch dispatch_rows(int64_t t) const;
 
+  // The experts' grouped products: bf16/f32, or tensorwise FP8 under train.fp8_experts.
+  void grouped_forward(const Tensor& x, const Tensor& w, const ops::MoeDispatch& d, const Tensor& y) const;
+  void grouped_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const ops::MoeDispatch& d, const Tensor& dx,
+                        const Tensor& dw) const;
+
   void export_qwen3_moe(ExportConfig& out) const;
   void export_dots1(ExportConfig& out) const;
 
@@ -84,6 +89,7 @@ class MoeMlp final : public Mlp {
   // LossContext); undefined otherwise (the loss ops then take the micro-batch's own).
   Tensor balance_counts_;
   bool step_scope_ = false;
+  bool expert_fp8_ = false;  // train.fp8_experts (the recipe's expert role is fp8_tensorwise)
   bool step_scope() const { return step_scope_; }
   int64_t slots_ = 0;    // route slots per token (the router's: top_k, or E)
 };

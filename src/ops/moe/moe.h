@@ -24,8 +24,11 @@
 // floats; the grouped products as grouped_gemm_cuda.h says).
 #pragma once
 
+#include "core/arena.h"
 #include "core/exec_context.h"
 #include "core/tensor.h"
+
+#include <cstddef>
 
 namespace kiln::ops {
 
@@ -57,6 +60,25 @@ void moe_grouped_linear_forward(const ExecContext& ctx, const Tensor& x, const T
 // undefined).
 void moe_grouped_linear_backward(const ExecContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const MoeDispatch& dispatch,
                                  const Tensor& dx, const Tensor& dw);
+
+// The same two ops in tensorwise FP8 (train.fp8_experts under fp8_tensorwise; moe_fp8.cpp,
+// docs/fp8.md): forward y_e = Q4(x) Q4(W_e)^T, input gradient dx_e = Q5(dy) Q4(W_e), weight
+// gradient dW_e += Q5(dy)_e^T Q4(x)_e, where Q4(x) / Q5(dy) quantize the live grouped rows
+// [0, offsets[E]) as one tensor (one scale; e4m3 / e5m2) and Q4(W_e) each expert's weight
+// with its own scale. CPU (f32): the emulation, bit for bit quantize_dequantize_tensorwise
+// and fp32 products summed in ascending k (fp8_linear_cpu.h). GPU (bf16, dW f32): the
+// quantize kernels and CUTLASS's FP8 grouped GEMM on sm_90a; a call whose widths are not
+// multiples of 16, whose bases are not 16-byte aligned or that has no such kernel runs the
+// bf16 ops above instead (decided on the host, never from the routed rows). Scratch comes
+// from the workspace's gemm level: moe_grouped_linear_fp8_scratch_bytes per call.
+size_t moe_grouped_linear_fp8_scratch_bytes(Device device, int64_t rows, int64_t experts, int64_t in, int64_t out,
+                                            bool training);
+void moe_grouped_linear_fp8_forward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
+                                    const MoeDispatch& dispatch, const Tensor& y);
+void moe_grouped_linear_fp8_backward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
+                                     const Tensor& dy, const MoeDispatch& dispatch, const Tensor& dx, const Tensor& dw);
+// Whether a GPU call with these widths and bases would run FP8 (the CPU always does).
+bool moe_grouped_linear_fp8_runs_fp8(Device device, int64_t in, int64_t out);
 
 // y [R, d], weights [T, k] (wide: the rows' dtype on the CPU, fp32 on the GPU) -> out [T, d] (=).
 void moe_combine(const ExecContext& ctx, const Tensor& y, const Tensor& weights, const MoeDispatch& dispatch, const Tensor& out);
