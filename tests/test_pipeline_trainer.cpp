@@ -288,6 +288,7 @@ TEST_F(PipelineTrainer, Fp8ZeroBubbleSplitTrainsBitwiseAsOneProcess) {
     std::filesystem::remove_all(one), std::filesystem::remove_all(zb);
     ASSERT_EQ(run_with_fault(single(one, fp8), "", &output), 0) << output;
     ASSERT_EQ(run_with_fault(pipeline(2, "zb_h1", zb, fp8), "", &output), 0) << output;
+    EXPECT_CONTAINS(output, "fp8_tensorwise GEMMs");
     EXPECT_CONTAINS(output, "backward split: ");
     expect_identical(zb, one);
   }
