@@ -1,8 +1,8 @@
 #include "nn/linear_layer.h"
 
 #include "core/error.h"
-#include "ops/fp8/fp8_linear.h"
 #include "nn/weight_grad_deferral.h"
+#include "ops/fp8/fp8_linear.h"
 #include "ops/linear/linear.h"
 
 namespace kiln {
