@@ -77,10 +77,33 @@ double loss_scale(const std::vector<HostBatch>& batches) {
   return 1.0 / static_cast<double>(targets);
 }
 
-std::unique_ptr<Model> build(const ModelConfig& config) {
-  auto model = std::make_unique<Model>(config, tiny_build(24, 7, 1e-3));
+// f64 unless `fp8`: train.precision = fp8_tensorwise (the CPU's emulation computes in f32),
+// each projection's FP8 input kept from forward to backward unless `keep` is off.
+BuildOptions options(bool fp8 = false, bool keep = true) {
+  BuildOptions o = tiny_build(24, 7, 1e-3);
+  if (fp8) {
+    o.dtype = DType::f32;
+    o.precision = resolve_precision_recipe("fp8_tensorwise", Device::cpu);
+    o.precision->keep_fp8_inputs = keep;
+  }
+  return o;
+}
+
+std::unique_ptr<Model> build(const ModelConfig& config, const BuildOptions& o = options()) {
+  auto model = std::make_unique<Model>(config, o);
   model->allocate();
-  init_tiny_model(*model, 33);
+  if (o.dtype == DType::f64) {
+    init_tiny_model(*model, 33);
+  } else {  // init_tiny_model's gains and biases away from 1 and 0, in f32
+    model->init_weights(33);
+    Rng rng(33);
+    for (const auto& p : model->parameters()) {
+      if (p->shape().rank() != 1 || p->init().kind == InitKind::constant) continue;
+      const double base = p->init().kind == InitKind::ones ? 1.0 : 0.0;
+      float* v = p->value().data<float>();
+      for (int64_t i = 0; i < p->value().numel(); ++i) v[i] = static_cast<float>(base + 0.2 * rng.normal());
+    }
+  }
   model->set_micro_batches(kMicrobatches);
   model->zero_grads();
   return model;
@@ -92,9 +115,9 @@ struct Reference {
   std::vector<std::string> names;
 };
 
-Reference reference(const ModelConfig& config) {
+Reference reference(const ModelConfig& config, const BuildOptions& o = options()) {
   const std::vector<HostBatch> batches = microbatches();
-  std::unique_ptr<Model> model = build(config);
+  std::unique_ptr<Model> model = build(config, o);
   Reference r;
   for (const HostBatch& b : batches) {
     model->load_batch(b);
@@ -168,11 +191,15 @@ void expect_tied_table_sums_to_the_reference(const std::vector<std::unique_ptr<M
 
 enum class Saved { recompute, frames };
 
+// `split`: the stages leave their projections' weight gradients to the W passes
+// (ModelStage::split_backward; frames only).
 void expect_pipeline_matches_one_model(const ModelConfig& config, const Schedule& schedule,
-                                       const std::vector<int64_t>& bounds, const Reference& want, Saved saved) {
+                                       const std::vector<int64_t>& bounds, const Reference& want, Saved saved,
+                                       bool split = false) {
   SCOPED_TRACE(::testing::Message() << schedule.name << ", " << schedule.ranks << " ranks x "
                                     << schedule.stages_per_rank << " stages, "
-                                    << (saved == Saved::frames ? "activation frames" : "recompute"));
+                                    << (saved == Saved::frames ? "activation frames" : "recompute")
+                                    << (split ? ", split backward" : ""));
   ASSERT_EQ(static_cast<int>(bounds.size()) - 1, schedule.stages());
   const int ranks = schedule.ranks;
   const std::vector<HostBatch> batches = microbatches();
@@ -193,6 +220,7 @@ void expect_pipeline_matches_one_model(const ModelConfig& config, const Schedule
       models.back()->enable_activation_frames(simulation.peak_in_flight[static_cast<size_t>(r)], mine);
     }
     stages.push_back(std::make_unique<ModelStage>(*models.back(), bounds, batches, loss_scale(batches)));
+    stages.back()->split_backward(split);
   }
   const int port = dist::free_loopback_port();
   const auto errors = run_ranks(ranks, [&](int r) {
@@ -207,6 +235,7 @@ void expect_pipeline_matches_one_model(const ModelConfig& config, const Schedule
     for (const auto& stage : stages) {
       EXPECT_EQ(stage->inputs_kept(), 0u);
       EXPECT_EQ(stage->frames_held(), 0u);
+      EXPECT_EQ(stage->weight_passes_pending(), 0u);
       EXPECT_EQ(stage->framed(), saved == Saved::frames);
       // Every pair of the rank recomputed once without frames, none with them.
       const size_t pairs = static_cast<size_t>(kMicrobatches * schedule.stages_per_rank);
@@ -269,6 +298,12 @@ void expect_every_cut_matches(const ModelConfig& config, Saved saved) {
   expect_pipeline_matches_one_model(config, build_interleaved_1f1b(2, 2, kMicrobatches), {0, 1, 2, 3, 4}, want, saved);
   expect_pipeline_matches_one_model(config, build_interleaved_1f1b(1, 2, kMicrobatches), {0, 3, 4}, want, saved);
   expect_pipeline_matches_one_model(config, build_1f1b(1, kMicrobatches), {0, 4}, want, saved);  // one stage
+  if (saved != Saved::frames) return;
+  // ZB-H1 as the trainer runs it: weight passes split off, over 2 and 4 ranks and one.
+  expect_pipeline_matches_one_model(config, build_zero_bubble_h1(2, kMicrobatches), {0, 2, 4}, want, saved, true);
+  expect_pipeline_matches_one_model(config, build_zero_bubble_h1(4, kMicrobatches), {0, 1, 2, 3, 4}, want, saved,
+                                    true);
+  expect_pipeline_matches_one_model(config, build_zero_bubble_h1(1, kMicrobatches), {0, 4}, want, saved, true);
 }
 
 TEST(PipelineModelStage, DenseStagesMatchOneModelBitForBit) {
@@ -288,6 +323,79 @@ TEST(PipelineModelStage, TiedHeadStagesMatchOneModel) {
   c.tie_embeddings = true;
   expect_every_cut_matches(c, Saved::recompute);
   expect_every_cut_matches(c, Saved::frames);
+}
+
+// A parameter of a LinearLayer (a projection's weight or bias), whose gradient a split
+// backward leaves to the weight pass; the routed experts' (grouped GEMMs) stay at B.
+bool is_projection(const std::string& name) {
+  return name.find("_proj.") != std::string::npos && name.find(".experts.") == std::string::npos;
+}
+
+// The split on one stage holding the whole model, all four forwards, then the four input
+// passes (B): the projections' gradients are untouched (zero) and every other gradient is
+// already the reference's; then the four weight passes (W): every gradient is the
+// reference's, bit for bit. Each frame stays held until its W. In f64, and in FP8 (the
+// emulation, f32) with each projection's input kept from the forward (the gated MLP's and
+// the shared expert's down projection then take dgrad and wgrad in one call) and without.
+void expect_weight_passes_complete_the_gradients(const ModelConfig& config, const BuildOptions& o) {
+  const Reference want = reference(config, o);
+  std::unique_ptr<Model> model = build(config, o);
+  model->enable_activation_frames(kMicrobatches, {{0, kLayers}});
+  const std::vector<HostBatch> batches = microbatches();
+  ModelStage stage(*model, {0, kLayers}, batches, loss_scale(batches));
+  stage.split_backward(true);
+  std::vector<unsigned char> out(static_cast<size_t>(stage.output_bytes(0)));
+  for (int m = 0; m < kMicrobatches; ++m) stage.forward(m, 0, nullptr, out.data());
+  for (int m = 0; m < kMicrobatches; ++m) stage.backward_input(m, 0, nullptr, nullptr);
+  EXPECT_EQ(stage.frames_held(), static_cast<size_t>(kMicrobatches));  // W still to read them
+  EXPECT_EQ(stage.weight_passes_pending(), static_cast<size_t>(kMicrobatches));
+  const auto& params = model->parameters();
+  int projections = 0, others = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i]->trainable()) continue;
+    const std::vector<double> got = values_of(params[i]->grad());
+    if (is_projection(want.names[i])) {
+      EXPECT_TRUE(all_zero(got)) << want.names[i] << " after the input passes alone";
+      EXPECT_FALSE(all_zero(want.grads[i])) << want.names[i];
+      ++projections;
+    } else {
+      EXPECT_TRUE(same_bits(got, want.grads[i])) << want.names[i] << " after the input passes";
+      ++others;
+    }
+  }
+  EXPECT_GE(projections, 4 * static_cast<int>(kLayers));  // q, k, v, o at least, each layer
+  EXPECT_GT(others, 0);
+  for (int m = 0; m < kMicrobatches; ++m) stage.backward_weight(m, 0);
+  EXPECT_EQ(stage.frames_held(), 0u);
+  EXPECT_EQ(stage.weight_passes_pending(), 0u);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i]->trainable()) continue;
+    EXPECT_TRUE(same_bits(values_of(params[i]->grad()), want.grads[i])) << want.names[i] << " after the weight passes";
+  }
+}
+
+TEST(PipelineModelStage, WeightPassesAddTheProjectionsGradientsBitForBit) {
+  ModelConfig shared = moe_config();
+  shared.moe.shared_hidden = 10;
+  for (const ModelConfig& c : {dense_config(), moe_config(), shared}) {
+    SCOPED_TRACE(c.mlp);
+    expect_weight_passes_complete_the_gradients(c, options());
+    expect_weight_passes_complete_the_gradients(c, options(true));
+    expect_weight_passes_complete_the_gradients(c, options(true, false));
+  }
+}
+
+TEST(PipelineModelStage, ASplitBackwardNeedsFramesAndItsInputPass) {
+  std::unique_ptr<Model> model = build(dense_config());
+  ModelStage recomputing(*model, {0, 4}, microbatches(), 1.0);
+  EXPECT_EQ(error_of([&] { recomputing.split_backward(true); }).rfind("[dist.pipeline_activations] ", 0), 0u);
+  model->enable_activation_frames(2, {{0, 4}});
+  ModelStage stage(*model, {0, 4}, microbatches(), 1.0);
+  stage.split_backward(true);
+  std::vector<unsigned char> out(static_cast<size_t>(stage.output_bytes(0)));
+  stage.forward(0, 0, nullptr, out.data());
+  EXPECT_EQ(error_of([&] { stage.backward_weight(0, 0); }),
+            "[pipeline] weight pass of micro-batch 0 on stage 0 before its input pass");
 }
 
 // More pairs in flight than frames: the forward that finds none free says so, before it

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -74,8 +75,17 @@ class PipelineTrainer : public TinyRunTest {
       // forward state kept in activation frames (dist.pipeline_activations' default).
       EXPECT_CONTAINS(read_file(out + "/rank-1.log"), "; this rank runs stage 1");
       EXPECT_CONTAINS(output, " activation frames of its stages' saved activations, one per micro-batch in flight");
+      // ZB-H1 leaves the projections' weight gradients to its W passes (by default).
+      EXPECT_EQ(output.find("backward split: ") != std::string::npos, schedule == "zb_h1") << output;
       expect_identical(out, one);
     }
+    // And ZB-H1 with its backward whole at B (dist.pipeline_split_backward = false).
+    const std::string out = fmt::format("{}/{}-zb_h1-whole", dir_, stages);
+    ASSERT_EQ(run_with_fault(pipeline(stages, "zb_h1", out, "--set dist.pipeline_split_backward=false "), "", &output),
+              0)
+        << output;
+    EXPECT_EQ(output.find("backward split: "), std::string::npos) << output;
+    expect_identical(out, one);
   }
   void expect_identical(const std::string& a, const std::string& b);
   void expect_close(const std::string& a, const std::string& b);
@@ -255,6 +265,33 @@ TEST_F(PipelineTrainer, MoeAndQkClipTrainBitwiseAsOneProcess) {
   ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", two, sparse), "", &output), 0) << output;
   expect_identical(two, one);
   expect_same_moe_and_clip_logs(one, two);
+  // ZB-H1's split backward over 4 stages: the routers, experts and norms at B, the
+  // projections at W.
+  const std::string zb = dir_ + "/zb";
+  ASSERT_EQ(run_with_fault(pipeline(4, "zb_h1", zb, sparse), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "backward split: ");
+  expect_identical(zb, one);
+  expect_same_moe_and_clip_logs(one, zb);
+}
+
+// train.precision = fp8_tensorwise (the CPU's emulation): ZB-H1's weight passes read the
+// operands the whole backward would -- the kept FP8 inputs, the copied dy -- so 2 stages
+// train bit for bit as one process, dense and with an MoE shared expert (its down
+// projection's one-call dgrad and wgrad), with the inputs kept and without.
+TEST_F(PipelineTrainer, Fp8ZeroBubbleSplitTrainsBitwiseAsOneProcess) {
+  std::string output;
+  const std::string shared = "--set model.mlp=moe --set model.moe.shared_hidden=64 ";
+  for (const std::string& extra : {std::string(), shared, shared + "--set train.fp8_keep_inputs=false "}) {
+    SCOPED_TRACE(extra);
+    const std::string fp8 = "--set train.precision=fp8_tensorwise " + extra;
+    const std::string one = dir_ + "/one-fp8", zb = dir_ + "/zb-fp8";
+    std::filesystem::remove_all(one), std::filesystem::remove_all(zb);
+    ASSERT_EQ(run_with_fault(single(one, fp8), "", &output), 0) << output;
+    ASSERT_EQ(run_with_fault(pipeline(2, "zb_h1", zb, fp8), "", &output), 0) << output;
+    EXPECT_CONTAINS(output, "fp8_tensorwise GEMMs");
+    EXPECT_CONTAINS(output, "backward split: ");
+    expect_identical(zb, one);
+  }
 }
 
 // dist.pipeline_costs = measure: rank 0 times the layers, plans the split, prints its
@@ -480,6 +517,9 @@ TEST(PipelineConfig, ActivationFramesAreTheRanksMostPairsInFlight) {
   EXPECT_EQ(pipeline_activation_frames(c, 3), 8);
   c.dist.pipeline_schedule = "1f1b";
   for (int r = 0; r < 4; ++r) EXPECT_EQ(pipeline_activation_frames(c, r), 4 - r) << "rank " << r;
+  // ZB-H1 holds each pair's frame until its W: 1F1B's rank-0 peak on every rank.
+  c.dist.pipeline_schedule = "zb_h1";
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(pipeline_activation_frames(c, r), 4) << "rank " << r;
   c.dist.pipeline_schedule = "interleaved";
   c.dist.pipeline_virtual_stages = 2;
   EXPECT_GT(pipeline_activation_frames(c, 0), 4);

@@ -409,6 +409,10 @@ struct DistConfig {
   // activations, one activation frame per micro-batch in flight) or "recompute" (its input
   // only, the forward run again before the backward: less memory, a third more compute).
   std::string pipeline_activations = "frames";
+  // zb_h1 with frames: split each backward into the input-gradient pass (B) and the
+  // LinearLayers' weight gradients (W), which is the schedule's gain; false runs the whole
+  // backward at B (same results, 1F1B's bubble). Other schedules never split.
+  bool pipeline_split_backward = true;
 };
 
 struct Config {

@@ -39,6 +39,7 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
   ctx.qk_clip_tau = options.training ? options.qk_clip_tau : 0;
   ctx.bf16_masters = options.bf16_masters && ctx.mixed();
   ctx.step_statistics = &step_statistics_;
+  ctx.deferral = &weight_grad_deferral_;
   // The LM head first: its loss is slot 0 (the main loss).
   LmHeadSpec head;
   head.chunk_rows = options.loss_chunk_rows;

@@ -12,6 +12,7 @@
 #include "model/multi_token_prediction.h"
 #include "nn/lm_head.h"
 #include "nn/loss_terms.h"
+#include "nn/weight_grad_deferral.h"
 
 #include <memory>
 #include <vector>
@@ -156,6 +157,9 @@ class Model {
   // last forward saved in the framed blocks, as they were when it was last left.
   // load_batch, forwards and backwards of the framed blocks then read and write that frame.
   void select_frame(int frame);
+  // Where LinearLayers leave their weight gradients while it records (ZB-H1's split
+  // backward, nn/weight_grad_deferral.h); idle otherwise.
+  WeightGradDeferral& weight_grad_deferral() { return weight_grad_deferral_; }
 
   // Every parameter gradient lives in one arena of one dtype (zero between tensors), so
   // these run as single kernels over it rather than one launch (and, for the norm, one
@@ -210,6 +214,7 @@ class Model {
   size_t recompute_bytes() const;
   LossContext losses_;  // the objectives' slots and, per micro-batch, their scales
   StepStatistics step_statistics_;
+  WeightGradDeferral weight_grad_deferral_;
   LossSums pending_;    // the current micro-batch's sums (host), the backbone's objectives' first
   std::unique_ptr<Backbone> backbone_;
   std::unique_ptr<LmHead> head_;

@@ -1,6 +1,7 @@
 #include "nn/linear_layer.h"
 
 #include "core/error.h"
+#include "nn/weight_grad_deferral.h"
 #include "ops/fp8/fp8_linear.h"
 #include "ops/linear/linear.h"
 
@@ -9,6 +10,7 @@ namespace kiln {
 void LinearLayer::bind(const BuildContext& ctx, ParamRole role) {
   exec_ = &ctx.exec;
   workspace_ = &ctx.workspace;
+  deferral_ = ctx.deferral;
   format_ = ctx.precision.format(role);
 }
 
@@ -69,8 +71,24 @@ void LinearLayer::forward(const ExecContext& exec, const Tensor& x, const Tensor
   ops::linear_forward(exec, x, w_, b_, y);
 }
 
+bool LinearLayer::deferring() const { return deferral_ != nullptr && deferral_->recording() && g_.defined(); }
+
 void LinearLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx,
                            const Tensor& dy_amax) const {
+  if (deferring()) {
+    // The weight gradient's operands copied first (dx may be x's own memory: the gated
+    // MLP's activation), then dx as the one call computes it (in FP8, dy quantized with
+    // the same amax); the weight gradient is added later from the copies.
+    deferral_->record(*this, x, dy);
+    if (dx.defined()) {
+      if (format_ == GemmFormat::fp8_tensorwise)
+        ops::fp8::fp8_linear_backward(*exec_, *workspace_, Tensor(), w_, dy, dx, accumulate_dx, Tensor(), Tensor(),
+                                      nullptr, dy_amax);
+      else
+        ops::linear_backward(*exec_, dx, w_, dy, dx, Tensor(), Tensor(), accumulate_dx);
+    }
+    return;
+  }
   if (format_ == GemmFormat::fp8_tensorwise)
     return ops::fp8::fp8_linear_backward(*exec_, *workspace_, x, w_, dy, dx, accumulate_dx, g_, bg_, kept(), dy_amax);
   ops::linear_backward(*exec_, x, w_, dy, dx, g_, bg_, accumulate_dx);
@@ -84,6 +102,11 @@ void LinearLayer::backward_input(const Tensor& dy, const Tensor& dx, bool accumu
 }
 
 void LinearLayer::backward_weight(const Tensor& x, const Tensor& dy) const {
+  if (deferring()) return deferral_->record(*this, x, dy);
+  weight_grad(x, dy);
+}
+
+void LinearLayer::weight_grad(const Tensor& x, const Tensor& dy) const {
   if (format_ == GemmFormat::fp8_tensorwise)
     return ops::fp8::fp8_linear_backward(*exec_, *workspace_, x, w_, dy, Tensor(), false, g_, bg_, kept());
   ops::linear_backward(*exec_, x, w_, dy, Tensor(), g_, bg_);

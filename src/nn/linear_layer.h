@@ -21,6 +21,8 @@
 
 namespace kiln {
 
+class WeightGradDeferral;
+
 class LinearLayer {
  public:
   LinearLayer() = default;
@@ -72,6 +74,10 @@ class LinearLayer {
   // them: dx only, then the weight's (and bias's) gradient only.
   void backward_input(const Tensor& dy, const Tensor& dx, bool accumulate_dx = false) const;
   void backward_weight(const Tensor& x, const Tensor& dy) const;
+  // While the model's WeightGradDeferral (nn/weight_grad_deferral.h) records, backward and
+  // backward_weight leave the weight's and bias's gradients to it (ZB-H1's W pass), which
+  // adds them later through weight_grad: backward_weight's arithmetic, never deferred.
+  void weight_grad(const Tensor& x, const Tensor& dy) const;
 
   // The layer of rows [begin, end) of this one's outputs (a view sharing its weight, bias,
   // gradients and format): mla's k and v rows of one kv_b weight.
@@ -92,8 +98,12 @@ class LinearLayer {
   // An FP8 format's operand copies at the workspace's gemm level, for max_tokens rows.
   void plan_fp8_scratch(BuildContext& ctx) const;
 
+  // Whether this call's weight gradient goes to the deferral instead of being added now.
+  bool deferring() const;
+
   const ExecContext* exec_ = nullptr;
   Workspace* workspace_ = nullptr;
+  WeightGradDeferral* deferral_ = nullptr;  // the model's (BuildContext::deferral), or null
   // The kept input's buffers (undefined unless keep_fp8_input reserved them), or null.
   const ops::fp8::Fp8KeptInput* kept() const { return kept_.codes.defined() ? &kept_ : nullptr; }
 

@@ -17,6 +17,8 @@
 
 namespace kiln {
 
+class WeightGradDeferral;
+
 // How llama.cpp lays out a tensor against Hugging Face's (the GGUF exporter's only
 // per-tensor transform): rope_rows marks the q/k tensors of rotating layers whose rows
 // (projections; biases and q/k norm gains as rows of one) follow a head's dims, which the
@@ -155,6 +157,9 @@ struct BuildContext {
   std::vector<Tensor*>* kept_views = nullptr;
   // QK-Clip's threshold when training with it ([optim.qk_clip]); 0 = off.
   double qk_clip_tau = 0;
+  // The model's deferral of LinearLayers' weight gradients (nn/weight_grad_deferral.h), or
+  // null: a pipeline stage splitting its backward for ZB-H1 records into it.
+  WeightGradDeferral* deferral = nullptr;
   // The model's step statistics (nn/step_statistics.h), which step_statistic() adds to.
   StepStatistics* step_statistics = nullptr;
   // optim.master_weights = "bf16": 2-D weights are bf16 masters, with no fp32 copy.

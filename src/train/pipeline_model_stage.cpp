@@ -102,8 +102,11 @@ void ModelStage::backward_input(int microbatch, int stage, const void* output_gr
     KILN_CHECK(it != frame_of_.end(), "pipeline", "backward of micro-batch {} on stage {} before its forward",
                microbatch, stage);
     model_.select_frame(it->second);
-    frame_busy_[static_cast<size_t>(it->second)] = false;
-    frame_of_.erase(it);
+    // Split: the weight pass still reads the frame (FP8 kept inputs), which it frees.
+    if (!split_) {
+      frame_busy_[static_cast<size_t>(it->second)] = false;
+      frame_of_.erase(it);
+    }
   } else {
     // The model's saved activations are those of whichever pass ran last: run this stage's
     // forward of the micro-batch again from its kept input (one extra forward per stage;
@@ -127,12 +130,40 @@ void ModelStage::backward_input(int microbatch, int stage, const void* output_gr
     const Tensor grad = model_.stage_gradient();
     copy_tensor(Tensor(const_cast<void*>(output_grad), grad.dtype(), Device::cpu, grad.shape()), grad);
   }
-  model_.backward_layers(first, last);
+  if (split_) {
+    KILN_CHECK(!weight_grads_.count({microbatch, stage}), "pipeline",
+               "input pass of micro-batch {} on stage {} run twice", microbatch, stage);
+    model_.weight_grad_deferral().begin();
+    model_.backward_layers(first, last);
+    weight_grads_[{microbatch, stage}] = model_.weight_grad_deferral().take();
+  } else {
+    model_.backward_layers(first, last);
+  }
   if (stage > 0) {
     const Tensor grad = model_.stage_gradient();
     std::memset(input_grad, 0, static_cast<size_t>(input_bytes(stage)));
     copy_tensor(grad, Tensor(input_grad, grad.dtype(), Device::cpu, grad.shape()));
   }
+}
+
+void ModelStage::split_backward(bool on) {
+  KILN_CHECK(!on || framed(), "dist.pipeline_activations",
+             "a split backward holds each micro-batch's activation frame until its weight pass: it needs frames, "
+             "not recompute");
+  KILN_CHECK(weight_grads_.empty() && frame_of_.empty(), "pipeline", "the backward's split changed mid-step");
+  split_ = on;
+}
+
+void ModelStage::backward_weight(int microbatch, int stage) {
+  if (!split_) return;  // backward_input did the whole backward
+  auto it = weight_grads_.find({microbatch, stage});
+  KILN_CHECK(it != weight_grads_.end(), "pipeline", "weight pass of micro-batch {} on stage {} before its input pass",
+             microbatch, stage);
+  WeightGradDeferral::run(it->second);
+  weight_grads_.erase(it);
+  auto frame = frame_of_.find({microbatch, stage});
+  frame_busy_[static_cast<size_t>(frame->second)] = false;
+  frame_of_.erase(frame);
 }
 
 }  // namespace kiln::pipeline

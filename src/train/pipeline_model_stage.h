@@ -21,9 +21,14 @@
 //   gradients of, only its stages' layers: every other parameter's gradient is left as it
 //   was. Each activation frame holds the whole model's saved state, not only its stages'
 //   layers: building a model per stage is still to come.
-// - The weight-gradient pass is not split from the input-gradient pass: backward_input
-//   does the whole backward and backward_weight nothing, so zero-bubble schedules run
-//   correctly but without their gain.
+// - split_backward(true) (the trainer's choice for ZB-H1, with frames): backward_input
+//   computes the input gradients and the parameter gradients that are not LinearLayers'
+//   (norms, embeddings, routers, experts), and leaves every LinearLayer's weight and bias
+//   gradient to backward_weight (nn/weight_grad_deferral.h), which adds them in the order
+//   the whole backward would: the same bits. The pair's activation frame is then freed by
+//   backward_weight, not backward_input, as the schedule's simulation counts it. Off (the
+//   other schedules, and recompute), backward_input runs the whole backward and
+//   backward_weight does nothing.
 // - A tied LM head (model.tie_embeddings): the embedding table is one parameter, whose
 //   gradient both the first stage's lookup and the last stage's head add to. With those
 //   stages on two ranks, each rank holds its share after the step, and the caller sums the
@@ -72,7 +77,13 @@ class ModelStage final : public PipelineStage {
   int64_t output_bytes(int stage) const override { return input_bytes(stage + 1); }
   void forward(int microbatch, int stage, const void* input, void* output) override;
   void backward_input(int microbatch, int stage, const void* output_grad, void* input_grad) override;
-  void backward_weight(int, int) override {}  // backward_input did the whole backward (above)
+  void backward_weight(int microbatch, int stage) override;
+  // Whether backward_input leaves LinearLayers' weight gradients to backward_weight (the
+  // header); needs activation frames. Set between steps.
+  void split_backward(bool on);
+  bool splits_backward() const { return split_; }
+  // Pairs whose input pass ran and weight pass has not (0 after a whole step).
+  size_t weight_passes_pending() const { return weight_grads_.size(); }
 
   // By micro-batch: the sums of the objectives this rank's stages computed (the LM head's
   // on the last stage; routers' in any stage's blocks). Summed over the ranks, a micro-
@@ -102,6 +113,9 @@ class ModelStage final : public PipelineStage {
   std::vector<bool> frame_busy_;                    // per activation frame: a pair's state waits there
   std::map<std::pair<int, int>, int> frame_of_;     // (micro-batch, stage) -> its frame
   size_t recomputed_forwards_ = 0;
+  bool split_ = false;
+  // (micro-batch, stage) -> its LinearLayers' weight gradients, recorded by its input pass.
+  std::map<std::pair<int, int>, std::vector<WeightGradDeferral::Pending>> weight_grads_;
   std::map<int, LossSums> losses_;
 };
 

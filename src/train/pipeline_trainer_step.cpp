@@ -155,7 +155,9 @@ PipelineTrainerStep::PipelineTrainerStep(const Config& config, Model& model, dis
       group_rank_(group.rank()),
       comm_(pipeline::replica_pipeline(group, layout_)),
       bounds_(agreed_pipeline_bounds(config, group, measured_balance_)),
-      schedule_(pipeline_schedule(config, layout_.stages)) {
+      schedule_(pipeline_schedule(config, layout_.stages)),
+      split_backward_(config.dist.pipeline_schedule == "zb_h1" && config.dist.pipeline_split_backward &&
+                      config.dist.pipeline_activations == "frames") {
   // This rank's stages' layers get a frame per pair it holds in flight at most.
   const int frames = pipeline_activation_frames(config, comm_->rank());
   if (frames > 0) {
@@ -171,6 +173,7 @@ LossSlotSums PipelineTrainerStep::run(const std::vector<HostBatch>& batches, dou
   KILN_CHECK(static_cast<int>(batches.size()) == schedule_.microbatches, "train",
              "{} micro-batches for a pipeline schedule of {}", batches.size(), schedule_.microbatches);
   pipeline::ModelStage stage(model_, bounds_, batches, gradient_scale);
+  stage.split_backward(split_backward_);
   pipeline::run_pipeline_step(schedule_, stage, *comm_);
   // In micro-batch order, as the one-process step adds them: the main loss (the last
   // stage's) sums bit for bit alike.
@@ -200,6 +203,7 @@ std::string PipelineTrainerStep::describe() const {
                         "({:.1f} MiB beyond the first)",
                         model_.activation_frames(), static_cast<double>(model_.activation_frame_bytes()) / 1048576.0)
           : std::string("each stage's forward recomputed before its backward"));
+  if (split_backward_) out += "; backward split: the projections' weight gradients wait for the W passes";
   if (!measured_balance_.empty()) out += "\nsplit planned from measured costs (dist.pipeline_costs):\n" + measured_balance_;
   return out;
 }

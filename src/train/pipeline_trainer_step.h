@@ -48,8 +48,9 @@ void check_pipeline_config(const Config& config, int world_size, Device device);
 
 // The activation frames pipeline rank `rank` (its place in its replica's pipeline) needs
 // (Model::enable_activation_frames): with dist.pipeline_activations = "frames", the most
-// (micro-batch, stage) pairs it holds in flight, from the schedule's simulation (1 for a
-// rank that runs each backward right after its forward); 0 without a pipeline or with
+// (micro-batch, stage) pairs it holds in flight -- forward run, weight pass not: ZB-H1's
+// split backward holds a pair's frame until its W -- from the schedule's simulation (1 for
+// a rank that runs each backward right after its forward); 0 without a pipeline or with
 // "recompute".
 int pipeline_activation_frames(const Config& config, int rank);
 
@@ -97,6 +98,9 @@ class PipelineTrainerStep {
   std::string measured_balance_;  // rank 0, dist.pipeline_costs = "measure": the split's predicted balance
   const std::vector<int64_t> bounds_;  // first layer of each stage, then model.layers
   const pipeline::Schedule schedule_;
+  // zb_h1 with frames and dist.pipeline_split_backward: the stages leave LinearLayers' weight
+  // gradients to the W pass (pipeline_model_stage.h).
+  const bool split_backward_;
 };
 
 }  // namespace kiln
