@@ -83,16 +83,32 @@ void set(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attribute, cons
   check_lt(cublasLtMatmulDescSetAttribute(op, attribute, &value, sizeof(value)), what);
 }
 
-Plan make_plan(const Problem& p) {
+void set_scale_pointers(cublasLtMatmulDesc_t op, const float* a_scale_inv, const float* b_scale_inv) {
+  // cuBLASLt's A is our B and its B our A.
+  set(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_scale_inv, "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)");
+  set(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scale_inv, "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
+}
+
+// The first call's scale pointers are on the descriptor before the heuristic runs: with the
+// blockwise modes and no pointers set, cuBLASLt 13.1's heuristic found no algorithm at any
+// shape (H100, 2026-12-06 and -07), where a probe that set them first found one at every
+// shape, 16 x 128 x 128 to 1024 x 2048 x 2048, both mode orders, bf16 and f32 out.
+Plan make_plan(const Problem& p, const float* a_scale_inv, const float* b_scale_inv) {
   Plan plan;
   check_lt(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   set(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T, "cublasLtMatmulDescSetAttribute(TRANSA)");
   set(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N, "cublasLtMatmulDescSetAttribute(TRANSB)");
-  const int8_t fast_accumulation = 0;  // the default, said out loud: promote to fp32 periodically
-  set(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accumulation, "cublasLtMatmulDescSetAttribute(FAST_ACCUM)");
+  if (p.a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
+    // The default, said out loud: promote to fp32 periodically. Left unset for the blockwise
+    // modes, which refuse fast accumulation (PyTorch checks the same) and which the probe
+    // above found kernels for with the attribute untouched.
+    const int8_t fast_accumulation = 0;
+    set(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accumulation, "cublasLtMatmulDescSetAttribute(FAST_ACCUM)");
+  }
   // cuBLASLt's A is our B and its B our A.
   set(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, p.b_mode, "cublasLtMatmulDescSetAttribute(A_SCALE_MODE)");
   set(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, p.a_mode, "cublasLtMatmulDescSetAttribute(B_SCALE_MODE)");
+  set_scale_pointers(plan.op, a_scale_inv, b_scale_inv);
   check_lt(cublasLtMatrixLayoutCreate(&plan.first, fp8_type(p.b_format), p.k, p.n, p.k),
            "cublasLtMatrixLayoutCreate(B)");
   check_lt(cublasLtMatrixLayoutCreate(&plan.second, fp8_type(p.a_format), p.k, p.m, p.k),
@@ -120,10 +136,10 @@ Plan make_plan(const Problem& p) {
   return plan;
 }
 
-Plan& plan_for(const Problem& p) {
+Plan& plan_for(const Problem& p, const float* a_scale_inv, const float* b_scale_inv) {
   static std::map<Problem, Plan> plans;  // descriptors live as long as the process
   auto it = plans.find(p);
-  if (it == plans.end()) it = plans.emplace(p, make_plan(p)).first;
+  if (it == plans.end()) it = plans.emplace(p, make_plan(p, a_scale_inv, b_scale_inv)).first;
   return it->second;
 }
 
@@ -160,10 +176,9 @@ void fp8_gemm(const ExecContext& ctx, int64_t m, int64_t n, int64_t k, const Fp8
   // _scaled_mm tests say ("only bf16 output type is supported for non-tensorwise scaling").
   KILN_CHECK(tensorwise || c_dtype == DType::bf16, kOp,
              "blockwise-scaled operands give a bf16 output only (cuBLASLt on Hopper), not {}", dtype_name(c_dtype));
-  Plan& plan = plan_for({m, n, k, a.format, b.format, a_mode, b_mode, c_dtype});
+  Plan& plan = plan_for({m, n, k, a.format, b.format, a_mode, b_mode, c_dtype}, a.scale_inv, b.scale_inv);
   // The scale pointers change from call to call; the rest of the descriptor is the problem's.
-  set(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b.scale_inv, "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)");
-  set(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a.scale_inv, "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
+  set_scale_pointers(plan.op, a.scale_inv, b.scale_inv);
   const cudaStream_t s = stream(ctx);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   check_lt(cublasLtMatmul(lt().handle, plan.op, &alpha, b.codes, plan.first, a.codes, plan.second, &beta, c, plan.out,
