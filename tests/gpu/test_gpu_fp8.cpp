@@ -220,6 +220,49 @@ TEST(GpuFp8, TensorwiseQuantizeMatchesEmulationBitForBit) {
         }
 }
 
+// Several matrices in one call (the experts' weights): each one's codes, transposed codes,
+// amax and scale_inv are those of quantizing it alone, its own scale, bit for bit; the
+// matrices differ in magnitude by powers of two, so a scale taken from a neighbour shows.
+TEST(GpuFp8, BatchedTensorwiseQuantizeIsEachMatrixAlone) {
+  uint64_t seed = 50;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (Format format : {Format::e4m3, Format::e5m2})
+      for (Shape2 s : {Shape2{48, 80}, Shape2{128, 192}, Shape2{272, 200}})
+        for (bool with_transpose : {true, false}) {
+          const int64_t batch = 3, size = s.rows * s.cols;
+          const std::string what = fmt::format("{} {} {} x [{}, {}]{}", dtype_name(dtype), fp8::name(format), batch,
+                                               s.rows, s.cols, with_transpose ? " with codes_t" : "");
+          SCOPED_TRACE(what);
+          std::vector<float> all;
+          for (int64_t b = 0; b < batch; ++b) {
+            std::vector<float> x = make_input(s.rows, s.cols, b == 1 ? Fill::zero : Fill::random, seed++);
+            for (float& v : x) v = std::ldexp(v, static_cast<int>(4 * b));
+            all.insert(all.end(), x.begin(), x.end());
+          }
+          const Input in = upload_input(all, dtype);
+          OwnedTensor codes = poisoned<uint8_t>(batch * size), codes_t = poisoned<uint8_t>(batch * size);
+          OwnedTensor amax = poisoned<float>(batch), scale_inv = poisoned<float>(batch);
+          cuda::fp8_quantize_tensorwise_batched(process_exec(), dtype, in.device->raw(), batch, s.rows, s.cols, format,
+                                                ptr<uint8_t>(codes), with_transpose ? ptr<uint8_t>(codes_t) : nullptr,
+                                                ptr<float>(amax), ptr<float>(scale_inv));
+          const std::vector<uint8_t> got = download<uint8_t>(codes), got_t = download<uint8_t>(codes_t);
+          const std::vector<float> got_amax = download<float>(amax), got_scale = download<float>(scale_inv);
+          for (int64_t b = 0; b < batch; ++b) {
+            const std::vector<float> x(in.values.begin() + b * size, in.values.begin() + (b + 1) * size);
+            const fp8::ScaledMatrix ref = fp8::quantize_tensorwise(x, s.rows, s.cols, format);
+            float amax_ref = 0;
+            for (float v : x) amax_ref = std::max(amax_ref, std::fabs(v));
+            const std::string m = fmt::format("{} matrix {}", what, b);
+            expect_same_codes({got.begin() + b * size, got.begin() + (b + 1) * size}, ref.codes, m + " codes");
+            if (with_transpose)
+              expect_same_codes({got_t.begin() + b * size, got_t.begin() + (b + 1) * size},
+                                transposed(ref.codes, s.rows, s.cols), m + " codes_t");
+            expect_same_floats({got_scale[b]}, ref.scale_inv, m + " scale_inv");
+            expect_same_floats({got_amax[b]}, {amax_ref}, m + " amax");
+          }
+        }
+}
+
 TEST(GpuFp8, BlockwiseQuantizeMatchesEmulationBitForBit) {
   uint64_t seed = 100;
   for (fp8::BlockShape block : {fp8::kActivationTile, fp8::kWeightBlock})

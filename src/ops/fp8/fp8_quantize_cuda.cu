@@ -133,8 +133,10 @@ __device__ __forceinline__ uint2 cast8(const float v[8], float scale, __nv_fp8_i
   return make_uint2(word[0], word[1]);
 }
 
+// gridDim.z matrices of `groups` groups each (one, unless batched): matrix z's amax[z].
 template <typename T>
 __global__ void amax_wide_kernel(const T* x, int64_t groups, float* amax) {
+  x += blockIdx.z * 8 * groups, amax += blockIdx.z;
   float m = 0.0f, v[8];
   for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < groups; g += int64_t{gridDim.x} * blockDim.x) {
     load8(x + 8 * g, v);
@@ -148,6 +150,7 @@ __global__ void amax_wide_kernel(const T* x, int64_t groups, float* amax) {
 template <typename T>
 __global__ void cast_wide_kernel(const T* x, int64_t groups, float fp8_max, __nv_fp8_interpretation_t format,
                                  const float* amax, uint8_t* codes, float* scale_inv) {
+  x += blockIdx.z * 8 * groups, codes += blockIdx.z * 8 * groups, amax += blockIdx.z, scale_inv += blockIdx.z;
   const float scale = scale_from_amax(*amax, fp8_max);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
   float v[8];
@@ -166,6 +169,9 @@ __global__ void cast_transpose_wide_kernel(const T* x, int64_t rows, int64_t col
                                            __nv_fp8_interpretation_t format, const float* amax, uint8_t* codes,
                                            uint8_t* codes_t, float* scale_inv) {
   __shared__ uint8_t tile[kWideTile][kWideTile + 4];
+  const int64_t matrix = blockIdx.z * rows * cols;  // gridDim.z matrices (one, unless batched)
+  x += matrix, codes_t += matrix, amax += blockIdx.z, scale_inv += blockIdx.z;
+  if (codes != nullptr) codes += matrix;
   const float scale = scale_from_amax(*amax, fp8_max);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
   const int64_t row0 = blockIdx.y * int64_t{kWideTile}, col0 = blockIdx.x * int64_t{kWideTile};
@@ -357,6 +363,39 @@ void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x,
                                                                       cuda_format(format), amax, codes, codes_t,
                                                                       scale_inv);
     check_launch(kOp, "tensorwise_cast_kernel");
+  });
+}
+
+void fp8_quantize_tensorwise_batched(const ExecContext& ctx, DType dtype, const void* x, int64_t batch, int64_t rows,
+                                     int64_t cols, Format format, uint8_t* codes, uint8_t* codes_t, float* amax,
+                                     float* scale_inv) {
+  constexpr const char* kOp = "fp8_quantize_tensorwise_batched";
+  KILN_CHECK(batch > 0 && batch <= 65535 && rows > 0 && cols > 0, kOp, "{} matrices [{}, {}]", batch, rows, cols);
+  KILN_CHECK(codes != nullptr || codes_t != nullptr, kOp, "neither codes nor codes_t is given");
+  KILN_CHECK(cols % 8 == 0 && rows % 16 == 0 && aligned_to(x, 16) && aligned_to(codes, 8) && aligned_to(codes_t, 16) &&
+                 ceil_div(rows, kWideTile) <= 65535,
+             kOp, "[{}, {}] at {} is not a wide kernel's shape (rows % 16, cols % 8, 16-byte aligned)", rows, cols, x);
+  const cudaStream_t s = stream(ctx);
+  const float fp8_max = ops::fp8::info(format).max;
+  check(cudaMemsetAsync(amax, 0, static_cast<size_t>(batch) * sizeof(float), s), kOp, "cudaMemsetAsync amax");
+  const int64_t groups = rows * cols / 8;
+  const unsigned z = static_cast<unsigned>(batch);
+  by_dtype(kOp, dtype, [&]<typename T>() {
+    const T* xt = static_cast<const T*>(x);
+    amax_wide_kernel<T><<<dim3(std::min<unsigned>(blocks_for(groups, kAmaxThreads), kAmaxBlocksMax), 1, z),
+                          kAmaxThreads, 0, s>>>(xt, groups, amax);
+    check_launch(kOp, "amax_wide_kernel");
+    if (codes_t == nullptr) {
+      cast_wide_kernel<T><<<dim3(blocks_for(groups, 256), 1, z), 256, 0, s>>>(xt, groups, fp8_max, cuda_format(format),
+                                                                             amax, codes, scale_inv);
+      check_launch(kOp, "cast_wide_kernel");
+    } else {
+      const dim3 tiles(static_cast<unsigned>(ceil_div(cols, kWideTile)), static_cast<unsigned>(ceil_div(rows, kWideTile)),
+                       z);
+      cast_transpose_wide_kernel<T><<<tiles, 256, 0, s>>>(xt, rows, cols, fp8_max, cuda_format(format), amax, codes,
+                                                          codes_t, scale_inv);
+      check_launch(kOp, "cast_transpose_wide_kernel");
+    }
   });
 }
 

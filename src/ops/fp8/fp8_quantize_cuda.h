@@ -31,6 +31,15 @@ void fp8_quantize_tensorwise(const ExecContext& ctx, DType dtype, const void* x,
                              ops::fp8::Format format, uint8_t* codes, uint8_t* codes_t, float* amax,
                              float* scale_inv, bool amax_ready = false);
 
+// `batch` matrices [rows, cols] stored one after another (x + b rows cols, the same for
+// codes and codes_t), each quantized as fp8_quantize_tensorwise quantizes it alone (its own
+// amax[b] and scale_inv[b]; the same bits), in two launches for all of them instead of
+// three each: the experts' weights, one scale per expert. Takes the wide kernels' shapes
+// only: rows a multiple of 16, cols of 8, x 16-byte aligned (grouped_fp8 checks them).
+void fp8_quantize_tensorwise_batched(const ExecContext& ctx, DType dtype, const void* x, int64_t batch, int64_t rows,
+                                     int64_t cols, ops::fp8::Format format, uint8_t* codes, uint8_t* codes_t,
+                                     float* amax, float* scale_inv);
+
 // DeepSeek-V3 blockwise scaling: `block` is ops::fp8::kActivationTile (1 x 128 along cols)
 // or kWeightBlock (128 x 128); a partial block at an edge is its own. codes [rows, cols];
 // scale_inv holds blockwise_scale_count(rows, cols, block) floats in cuBLASLt's layout

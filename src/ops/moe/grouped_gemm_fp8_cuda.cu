@@ -126,8 +126,14 @@ void grouped_fp8_quantize_rows(const ExecContext& ctx, const bf16_bits* x, const
 
 void grouped_fp8_quantize_weights(const ExecContext& ctx, const bf16_bits* w, int64_t experts, int64_t in, int64_t out,
                                   uint8_t* codes, uint8_t* codes_t, float* amax, float* scale_inv) {
-  // One tensorwise quantize per expert (its own amax and scale; the transposed copy from the
-  // same pass). E small launches: fusing them into one is a later optimization.
+  // Each expert's weight quantized as a tensor of its own (its own amax and scale; the
+  // transposed copy from the same pass), all experts in two launches. A launch or three per
+  // expert (64 at bench-moe-1b) made the step 1.6x bf16's (H100, 2026-12-07).
+  if (in % 8 == 0 && out % 16 == 0 && vec::aligned16(w)) {
+    fp8_quantize_tensorwise_batched(ctx, DType::bf16, w, experts, out, in, ops::fp8::Format::e4m3, codes, codes_t,
+                                    amax, scale_inv);
+    return;
+  }
   const int64_t size = out * in;
   for (int64_t e = 0; e < experts; ++e)
     fp8_quantize_tensorwise(ctx, DType::bf16, w + e * size, out, in, ops::fp8::Format::e4m3,
