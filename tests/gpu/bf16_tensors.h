@@ -6,6 +6,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "gpu/gpu_harness.h"
+#include "grad_check.h"
 
 #include <cstdint>
 
@@ -30,6 +31,15 @@ inline OwnedTensor f32_of_bf16(const Tensor& bf16) {
 // f32 values rounded to bf16 and back, in place: inputs both sides then read identically.
 inline void round_to_bf16(const Tensor& f32) {
   for (int64_t i = 0; i < f32.numel(); ++i) f32.data<float>()[i] = bf16_to_float(float_to_bf16(f32.data<float>()[i]));
+}
+
+// f32 values on the bf16 grid (N(0, scale), one outlier of 20 scale first), so the CPU
+// reads what the GPU reads: the FP8 suites' inputs.
+inline OwnedTensor bf16_values(Shape shape, uint64_t seed, double scale) {
+  OwnedTensor t = to_f32(*test::random_f64(shape, seed, scale));
+  t->data<float>()[0] = static_cast<float>(20 * scale);
+  round_to_bf16(*t);
+  return t;
 }
 
 // A device tensor of `dtype` holding f32's values (rounded when bf16), and its values back

@@ -38,19 +38,11 @@
 namespace kiln {
 namespace {
 
+using gpu_test::bf16_values;
 using gpu_test::download_f32;
 using gpu_test::to_device;
 using gpu_test::to_host;
 namespace fp8 = ops::fp8;
-
-// f32 values on the bf16 grid (N(0, scale), one outlier), so the CPU reads what the GPU reads.
-OwnedTensor bf16_values(Shape shape, uint64_t seed, double scale) {
-  OwnedTensor f64 = test::random_f64(shape, seed, scale);
-  OwnedTensor t = gpu_test::to_f32(*f64);
-  t->data<float>()[0] = static_cast<float>(20 * scale);
-  gpu_test::round_to_bf16(*t);
-  return t;
-}
 
 // A dispatch over `rows` grouped rows with these offsets, on a device.
 struct Grouping {
