@@ -2,6 +2,7 @@
 // are, bit for bit, the FP8 emulation's quantize_tensorwise + gemm_reference by hand (e4m3 x
 // and W, e5m2 dy); the recipe's roles and refusals; and a small model trains with it within a
 // stated distance of the fp32 run.
+#include "fp8_linear_fixture.h"
 #include "grad_check.h"
 #include "nn/linear_layer.h"
 #include "nn/precision_recipe.h"
@@ -21,63 +22,14 @@ namespace kiln {
 namespace {
 
 namespace fp8 = ops::fp8;
-using test::values_of;
+using namespace fp8_test;
 
 PrecisionRecipe fp8_recipe() { return resolve_precision_recipe("fp8_tensorwise", Device::cpu); }
-
-// A CPU build context in f32 over its own arenas, with the given recipe.
-struct Build {
-  explicit Build(const PrecisionRecipe& recipe, int64_t max_tokens, bool training = true)
-      : ctx{exec, params, grads, activations, workspace, parameters, compute, recipe, Device::cpu, max_tokens, training,
-            true} {}
-  ExecContext exec;
-  Arena params{"parameters", Device::cpu}, grads{"gradients", Device::cpu}, activations{"activations", Device::cpu};
-  Workspace workspace{Device::cpu};
-  std::vector<std::unique_ptr<Parameter>> parameters;
-  ComputeWeights compute{Device::cpu};
-  BuildContext ctx;
-  void allocate() {
-    params.allocate();
-    grads.allocate();
-    activations.allocate();
-    workspace.allocate();
-  }
-};
-
-std::vector<float> floats_of(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
-
-// N(0, scale) values with a few awkward ones: an outlier, a zero row's worth of zeros and a
-// tiny value (flushed to zero under per-tensor scaling).
-std::vector<float> awkward(int64_t rows, int64_t cols, uint64_t seed, double scale) {
-  const std::vector<double> values = values_of(*test::random_f64(Shape{rows, cols}, seed, scale));
-  std::vector<float> v(values.begin(), values.end());
-  v[0] = static_cast<float>(40 * scale);
-  for (int64_t c = 0; c < cols && rows > 1; ++c) v[(rows - 1) * cols + c] = 0;
-  if (v.size() > 2) v[1] = static_cast<float>(1e-6 * scale);
-  return v;
-}
-
-void fill(const Tensor& t, const std::vector<float>& v) { std::copy(v.begin(), v.end(), t.data<float>()); }
-
-std::vector<float> transpose(const std::vector<float>& v, int64_t rows, int64_t cols) {
-  std::vector<float> t(v.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = v[r * cols + c];
-  return t;
-}
 
 // C = A B^T from the emulation: A [m, k] in fa, B [n, k] in fb, each quantized per tensor.
 std::vector<float> by_hand(const std::vector<float>& a, int64_t m, fp8::Format fa, const std::vector<float>& b,
                            int64_t n, fp8::Format fb, int64_t k) {
   return fp8::gemm_reference(fp8::quantize_tensorwise(a, m, k, fa), fp8::quantize_tensorwise(b, n, k, fb));
-}
-
-// The same bits, element for element (EXPECT_EQ on floats would let -0 equal +0).
-void expect_bits(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int64_t differ = 0;
-  for (size_t i = 0; i < got.size(); ++i) differ += std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i]);
-  EXPECT_EQ(differ, 0) << what << ": " << differ << " of " << got.size() << " elements differ";
 }
 
 struct ShapeCase {
@@ -241,7 +193,7 @@ TEST(Fp8Linear, GpuRecipeIsBf16MixedWithDenseGemmsInFp8) {
 }
 
 TEST(Fp8Linear, RefusesTheUnbuiltRecipesAndNonFiniteOperands) {
-  for (const char* name : {"fp16", "fp8_blockwise"})
+  for (const char* name : {"fp16"})
     for (Device device : {Device::cpu, Device::cuda}) {
       const std::string error = test::error_of([&] { resolve_precision_recipe(name, device); });
       EXPECT_NE(error.find("[train.precision]"), std::string::npos) << error;
@@ -258,22 +210,6 @@ TEST(Fp8Linear, RefusesTheUnbuiltRecipesAndNonFiniteOperands) {
   const std::string error = test::error_of([&] { layer.forward(*x, *y); });
   EXPECT_NE(error.find("fp8_tensorwise"), std::string::npos) << error;
   EXPECT_NE(error.find("non-finite"), std::string::npos) << error;
-}
-
-// configs/default.toml shrunk as test_loss_gap's kSmall, 30 steps on the CPU in fp32 and in
-// fp8_tensorwise, same seed and data.
-const std::string kSmall =
-    " --set model.layers=2 --set model.hidden=64 --set model.heads=4 --set model.kv_heads=2 --set model.head_dim=16"
-    " --set model.max_seq_len=128 --set train.micro_batch_tokens=1024 --set train.steps=30 --set train.eval_every=0"
-    " --set train.sample_every=0 --set train.sample_tokens=0 --set checkpoint.every=0 --set log.every=5"
-    " --set train.threads=2 --set train.device=cpu --set log.tensorboard=false --set log.plot=false";
-
-std::vector<double> train(const std::string& dir, const std::string& precision, std::string* output,
-                          const std::string& extra = "") {
-  const std::string command = test::kiln_binary() + " train " + test::source_dir() + "/configs/default.toml" + kSmall +
-                              " --set train.precision=" + precision + " --set train.out_dir=" + dir + extra + " 2>&1";
-  EXPECT_EQ(test::run_command(command, output), 0) << *output;
-  return test::train_losses(dir);
 }
 
 TEST(Fp8Linear, ASmallModelTrainsCloseToItsFp32Run) {

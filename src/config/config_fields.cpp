@@ -203,7 +203,7 @@ const std::array kFields = {
     KILN_FIELD(train, device, one_of("auto|cpu|cuda"), "auto | cpu | cuda"),
     KILN_FIELD(train, precision, one_of("auto|fp32|bf16|fp16|fp8_tensorwise|fp8_blockwise"),
                "auto (bf16 on the GPU, fp32 on the CPU) | fp32 | bf16 | fp8_tensorwise (dense GEMMs in per-tensor "
-               "FP8); fp16 and fp8_blockwise are not built yet"),
+               "FP8) | fp8_blockwise (dense GEMMs in DeepSeek-V3's blockwise FP8); fp16 is not built yet"),
     KILN_FIELD(train, fp8_keep_inputs, none(),
                "FP8: each dense projection keeps its input's FP8 codes for backward (1 byte an element); false "
                "quantizes the input again"),

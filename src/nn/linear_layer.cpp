@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "nn/weight_grad_deferral.h"
+#include "ops/fp8/fp8_blockwise_linear.h"
 #include "ops/fp8/fp8_linear.h"
 #include "ops/linear/linear.h"
 
@@ -15,13 +16,16 @@ void LinearLayer::bind(const BuildContext& ctx, ParamRole role) {
 }
 
 void LinearLayer::plan_fp8_scratch(BuildContext& ctx) const {
-  if (format_ != GemmFormat::fp8_tensorwise) return;
+  if (!is_fp8(format_)) return;
   const DType expected = ctx.device == Device::cpu ? DType::f32 : DType::bf16;
-  KILN_CHECK(ctx.dtype == expected, "train.precision", "fp8_tensorwise computes in {} on the {}, not {}",
-             dtype_name(expected), device_name(ctx.device), dtype_name(ctx.dtype));
-  ctx.workspace.reserve_peak(ops::fp8::fp8_linear_scratch_bytes(ctx.device, ctx.max_tokens, w_.size(1), w_.size(0),
-                                                                ctx.training),
-                             Workspace::Level::gemm);
+  KILN_CHECK(ctx.dtype == expected, "train.precision", "{} computes in {} on the {}, not {}",
+             gemm_format_name(format_), dtype_name(expected), device_name(ctx.device), dtype_name(ctx.dtype));
+  const int64_t in = w_.size(1), out = w_.size(0);
+  const size_t bytes =
+      format_ == GemmFormat::fp8_tensorwise
+          ? ops::fp8::fp8_linear_scratch_bytes(ctx.device, ctx.max_tokens, in, out, ctx.training)
+          : ops::fp8::fp8_blockwise_linear_scratch_bytes(ctx.device, ctx.max_tokens, in, out, ctx.training);
+  ctx.workspace.reserve_peak(bytes, Workspace::Level::gemm);
 }
 
 void LinearLayer::declare(BuildContext& ctx, ParamName name, int64_t out, int64_t in, ParamRole role, Init init) {
@@ -59,16 +63,37 @@ void LinearLayer::declare_fused_bias(BuildContext& ctx, const std::vector<std::p
 }
 
 // f64, f32 and bf16 are ops::linear in the weight's dtype (bf16 operands with f32
-// accumulation); fp8_tensorwise is ops/fp8/fp8_linear.h.
+// accumulation); fp8_tensorwise is ops/fp8/fp8_linear.h, fp8_blockwise
+// ops/fp8/fp8_blockwise_linear.h. The one place a call picks its GEMM by the format.
+void LinearLayer::gemm_forward(const ExecContext& exec, const Tensor& x, const Tensor& y,
+                               const ops::fp8::Fp8KeptInput* keep, const Tensor& x_amax) const {
+  switch (format_) {
+    case GemmFormat::fp8_tensorwise:
+      return ops::fp8::fp8_linear_forward(exec, *workspace_, x, w_, b_, y, keep, x_amax);
+    case GemmFormat::fp8_blockwise: return ops::fp8::fp8_blockwise_linear_forward(exec, *workspace_, x, w_, b_, y);
+    default: return ops::linear_forward(exec, x, w_, b_, y);
+  }
+}
+
+// x undefined: dx only (dx stands in for x's shape in ops::linear).
+void LinearLayer::gemm_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx,
+                                const Tensor& dw, const Tensor& dbias, const Tensor& dy_amax) const {
+  switch (format_) {
+    case GemmFormat::fp8_tensorwise:
+      return ops::fp8::fp8_linear_backward(*exec_, *workspace_, x, w_, dy, dx, accumulate_dx, dw, dbias,
+                                           x.defined() ? kept() : nullptr, dy_amax);
+    case GemmFormat::fp8_blockwise:
+      return ops::fp8::fp8_blockwise_linear_backward(*exec_, *workspace_, x, w_, dy, dx, accumulate_dx, dw, dbias);
+    default: return ops::linear_backward(*exec_, x.defined() ? x : dx, w_, dy, dx, dw, dbias, accumulate_dx);
+  }
+}
+
 void LinearLayer::forward(const Tensor& x, const Tensor& y, const Tensor& x_amax) const {
-  if (format_ == GemmFormat::fp8_tensorwise)
-    return ops::fp8::fp8_linear_forward(*exec_, *workspace_, x, w_, b_, y, kept(), x_amax);
-  ops::linear_forward(*exec_, x, w_, b_, y);
+  gemm_forward(*exec_, x, y, kept(), x_amax);
 }
 
 void LinearLayer::forward(const ExecContext& exec, const Tensor& x, const Tensor& y) const {
-  if (format_ == GemmFormat::fp8_tensorwise) return ops::fp8::fp8_linear_forward(exec, *workspace_, x, w_, b_, y);
-  ops::linear_forward(exec, x, w_, b_, y);
+  gemm_forward(exec, x, y, nullptr, Tensor());
 }
 
 bool LinearLayer::deferring() const { return deferral_ != nullptr && deferral_->recording() && g_.defined(); }
@@ -80,25 +105,14 @@ void LinearLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx, 
     // MLP's activation), then dx as the one call computes it (in FP8, dy quantized with
     // the same amax); the weight gradient is added later from the copies.
     deferral_->record(*this, x, dy);
-    if (dx.defined()) {
-      if (format_ == GemmFormat::fp8_tensorwise)
-        ops::fp8::fp8_linear_backward(*exec_, *workspace_, Tensor(), w_, dy, dx, accumulate_dx, Tensor(), Tensor(),
-                                      nullptr, dy_amax);
-      else
-        ops::linear_backward(*exec_, dx, w_, dy, dx, Tensor(), Tensor(), accumulate_dx);
-    }
+    if (dx.defined()) gemm_backward(Tensor(), dy, dx, accumulate_dx, Tensor(), Tensor(), dy_amax);
     return;
   }
-  if (format_ == GemmFormat::fp8_tensorwise)
-    return ops::fp8::fp8_linear_backward(*exec_, *workspace_, x, w_, dy, dx, accumulate_dx, g_, bg_, kept(), dy_amax);
-  ops::linear_backward(*exec_, x, w_, dy, dx, g_, bg_, accumulate_dx);
+  gemm_backward(x, dy, dx, accumulate_dx, g_, bg_, dy_amax);
 }
 
-// x is read for the weight gradient only: dx stands in for it (same shape).
 void LinearLayer::backward_input(const Tensor& dy, const Tensor& dx, bool accumulate_dx) const {
-  if (format_ == GemmFormat::fp8_tensorwise)
-    return ops::fp8::fp8_linear_backward(*exec_, *workspace_, Tensor(), w_, dy, dx, accumulate_dx, Tensor(), Tensor());
-  ops::linear_backward(*exec_, dx, w_, dy, dx, Tensor(), Tensor(), accumulate_dx);
+  gemm_backward(Tensor(), dy, dx, accumulate_dx, Tensor(), Tensor(), Tensor());
 }
 
 void LinearLayer::backward_weight(const Tensor& x, const Tensor& dy) const {
@@ -107,9 +121,7 @@ void LinearLayer::backward_weight(const Tensor& x, const Tensor& dy) const {
 }
 
 void LinearLayer::weight_grad(const Tensor& x, const Tensor& dy) const {
-  if (format_ == GemmFormat::fp8_tensorwise)
-    return ops::fp8::fp8_linear_backward(*exec_, *workspace_, x, w_, dy, Tensor(), false, g_, bg_, kept());
-  ops::linear_backward(*exec_, x, w_, dy, Tensor(), g_, bg_);
+  gemm_backward(x, dy, Tensor(), false, g_, bg_, Tensor());
 }
 
 LinearLayer LinearLayer::rows(int64_t begin, int64_t end) const {

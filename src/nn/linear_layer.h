@@ -5,10 +5,11 @@
 //
 // f64, f32 and bf16 are ops::linear in the weight's own dtype. fp8_tensorwise is
 // ops/fp8/fp8_linear.h (per-tensor e4m3 x and W, e5m2 dy: the CPU emulation's bits, or the
-// GPU's quantize kernels and cuBLASLt FP8 GEMMs); its operand copies live in the
-// workspace's gemm level, planned in declare(). A module whose backward gets the same x its
-// forward did may ask the layer to keep x's FP8 operand from forward to backward
-// (keep_fp8_input), so x is quantized once per micro-batch.
+// GPU's quantize kernels and cuBLASLt FP8 GEMMs), fp8_blockwise
+// ops/fp8/fp8_blockwise_linear.h (DeepSeek-V3's 1 x 128 tiles and 128 x 128 blocks); their
+// operand copies live in the workspace's gemm level, planned in declare(). A module whose
+// backward gets the same x its forward did may ask an fp8_tensorwise layer to keep x's FP8
+// operand from forward to backward (keep_fp8_input), so x is quantized once per micro-batch.
 #pragma once
 
 #include "core/exec_context.h"
@@ -97,6 +98,12 @@ class LinearLayer {
   void bind(const BuildContext& ctx, ParamRole role);
   // An FP8 format's operand copies at the workspace's gemm level, for max_tokens rows.
   void plan_fp8_scratch(BuildContext& ctx) const;
+
+  // The GEMMs in this layer's format: the forward, and the backward (x undefined: dx only).
+  void gemm_forward(const ExecContext& exec, const Tensor& x, const Tensor& y, const ops::fp8::Fp8KeptInput* keep,
+                    const Tensor& x_amax) const;
+  void gemm_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw,
+                     const Tensor& dbias, const Tensor& dy_amax) const;
 
   // Whether this call's weight gradient goes to the deferral instead of being added now.
   bool deferring() const;

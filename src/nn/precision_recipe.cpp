@@ -11,6 +11,7 @@ std::string_view gemm_format_name(GemmFormat format) {
     case GemmFormat::f32: return "f32";
     case GemmFormat::bf16: return "bf16";
     case GemmFormat::fp8_tensorwise: return "fp8_tensorwise";
+    case GemmFormat::fp8_blockwise: return "fp8_blockwise";
   }
   return "?";
 }
@@ -46,14 +47,14 @@ GemmFormat PrecisionRecipe::format(ParamRole role) const {
 }
 
 PrecisionRecipe resolve_precision_recipe(const std::string& setting, Device device) {
-  KILN_CHECK(setting != "fp16" && setting != "fp8_blockwise", "train.precision",
-             "'{}' is not built yet (auto, fp32, bf16 and fp8_tensorwise are)", setting);
-  if (setting == "fp8_tensorwise") {
+  KILN_CHECK(setting != "fp16", "train.precision",
+             "'{}' is not built yet (auto, fp32, bf16, fp8_tensorwise and fp8_blockwise are)", setting);
+  if (setting == "fp8_tensorwise" || setting == "fp8_blockwise") {
     // Transformer Engine's split: the attention, MLP and shared-expert projections in FP8;
     // the LM head, router and routed experts (not LinearLayers yet) and everything else in
     // the device's own precision (f32 on the CPU, bf16 mixed on the GPU).
     PrecisionRecipe r = PrecisionRecipe::uniform(device == Device::cpu ? DType::f32 : DType::bf16);
-    r.dense = GemmFormat::fp8_tensorwise;
+    r.dense = setting == "fp8_tensorwise" ? GemmFormat::fp8_tensorwise : GemmFormat::fp8_blockwise;
     return r;
   }
   return PrecisionRecipe::uniform(resolve_precision(setting, device));

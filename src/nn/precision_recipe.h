@@ -21,7 +21,15 @@ enum class GemmFormat {
   // x and W per tensor in e4m3, dy in e5m2 (current scaling), products summed in fp32
   // (ops/fp8/fp8_linear.h: the CPU emulation or the GPU's cuBLASLt FP8 GEMMs).
   fp8_tensorwise,
+  // DeepSeek-V3's blockwise scaling: every operand e4m3, activations and gradients in 1 x
+  // 128 tiles, weights in 128 x 128 blocks (ops/fp8/fp8_blockwise_linear.h).
+  fp8_blockwise,
 };
+
+// Whether a format's GEMMs run in FP8 (with operand copies at the workspace's gemm level).
+inline bool is_fp8(GemmFormat format) {
+  return format == GemmFormat::fp8_tensorwise || format == GemmFormat::fp8_blockwise;
+}
 
 std::string_view gemm_format_name(GemmFormat format);
 
@@ -54,9 +62,9 @@ struct PrecisionRecipe {
   GemmFormat format(ParamRole role) const;
 };
 
-// train.precision on that device: "auto" | "fp32" | "bf16" | "fp8_tensorwise" (the dense
-// role's GEMMs in FP8, the rest f32 on the CPU and bf16 mixed on the GPU). The recipes not
-// built yet (fp16, fp8_blockwise) are refused by name.
+// train.precision on that device: "auto" | "fp32" | "bf16" | "fp8_tensorwise" |
+// "fp8_blockwise" (the dense role's GEMMs in that FP8 format, the rest f32 on the CPU and
+// bf16 mixed on the GPU). fp16, not built yet, is refused by name.
 PrecisionRecipe resolve_precision_recipe(const std::string& setting, Device device);
 
 }  // namespace kiln

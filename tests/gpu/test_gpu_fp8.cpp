@@ -24,6 +24,7 @@
 #include "ops/fp8/fp8_gemm_reference.h"
 #include "ops/fp8/fp8_quantize_cuda.h"
 #include "ops/fp8/fp8_scaling.h"
+#include "test_util.h"
 
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -283,9 +284,8 @@ TEST(GpuFp8, BlockwiseQuantizeMatchesEmulationBitForBit) {
                                          ptr<uint8_t>(codes), ptr<float>(scale_inv));
             expect_same_codes(download<uint8_t>(codes), ref.codes, what + " codes");
             expect_same_floats(download<float>(scale_inv), ref_scales, what + " scale_inv");
-            if (block.rows != fp8::kWeightBlock.rows) continue;
-
-            // 128 x 128 with the transposed copy: the reference quantizes the transposed input.
+            // With the transposed copy: the reference quantizes the transposed input (for
+            // 1 x 128 tiles that is x's 128 x 1 column tiles, with scales of their own).
             std::vector<float> x_t(in.values.size());
             for (int64_t r = 0; r < s.rows; ++r)
               for (int64_t c = 0; c < s.cols; ++c) x_t[c * s.rows + r] = in.values[r * s.cols + c];
@@ -299,9 +299,22 @@ TEST(GpuFp8, BlockwiseQuantizeMatchesEmulationBitForBit) {
             expect_same_codes(download<uint8_t>(codes2), ref.codes, what + " codes (with transpose)");
             expect_same_floats(download<float>(scale_inv2), ref_scales, what + " scale_inv (with transpose)");
             expect_same_codes(download<uint8_t>(codes_t), ref_t.codes, what + " codes_t");
-            expect_same_codes(download<uint8_t>(codes_t), transposed(ref.codes, s.rows, s.cols), what + " codes_t^T");
+            if (block.rows == fp8::kWeightBlock.rows)  // the same blocks, transposed
+              expect_same_codes(download<uint8_t>(codes_t), transposed(ref.codes, s.rows, s.cols), what + " codes_t^T");
             expect_same_floats(download<float>(scale_inv_t), cuda::blockwise_scale_layout(ref_t),
                                what + " scale_inv_t");
+            // The transposed copy alone (x's own codes not written; a 128 x 128 block still
+            // writes its scale_inv).
+            OwnedTensor codes_t_alone = poisoned<uint8_t>(s.rows * s.cols);
+            OwnedTensor scale_inv_t_alone = poisoned<float>(cuda::blockwise_scale_count(s.cols, s.rows, block));
+            OwnedTensor scale_inv3 = poisoned<float>(cuda::blockwise_scale_count(s.rows, s.cols, block));
+            const bool tile = block.rows == fp8::kActivationTile.rows;
+            cuda::fp8_quantize_blockwise(process_exec(), dtype, in.device->raw(), s.rows, s.cols, block, format,
+                                         nullptr, tile ? nullptr : ptr<float>(scale_inv3), ptr<uint8_t>(codes_t_alone),
+                                         ptr<float>(scale_inv_t_alone));
+            expect_same_codes(download<uint8_t>(codes_t_alone), ref_t.codes, what + " codes_t alone");
+            expect_same_floats(download<float>(scale_inv_t_alone), cuda::blockwise_scale_layout(ref_t),
+                               what + " scale_inv_t alone");
           }
 }
 
@@ -482,10 +495,17 @@ TEST(GpuFp8, GemmRefusesWhatCublasLtCannotRun) {
   EXPECT_NE(message(16, 16, 16, e4m3, offset_scale).find("operand B: scale_inv must be 16-byte aligned"),
             std::string::npos);
 
-  // The blockwise quantize refuses a transposed copy of 1 x 128 tiles, before any launch.
-  EXPECT_THROW(cuda::fp8_quantize_blockwise(process_exec(), DType::f32, c, 16, 16, fp8::kActivationTile, Format::e4m3,
-                                            codes, c, codes + 256, c + 256),
-               Error);
+  // The blockwise quantize refuses, before any launch: nothing to write, codes_t without its
+  // scales, and tiles' codes without theirs.
+  const auto quantize_error = [&](uint8_t* to, float* scales_at, uint8_t* to_t, float* scales_t_at) {
+    return test::error_of([&] {
+      cuda::fp8_quantize_blockwise(process_exec(), DType::f32, c, 16, 16, fp8::kActivationTile, Format::e4m3, to,
+                                   scales_at, to_t, scales_t_at);
+    });
+  };
+  EXPECT_NE(quantize_error(nullptr, nullptr, nullptr, nullptr).find("neither codes nor codes_t"), std::string::npos);
+  EXPECT_NE(quantize_error(codes, c, codes + 256, nullptr).find("come together"), std::string::npos);
+  EXPECT_NE(quantize_error(codes, nullptr, codes + 256, c + 256).find("come together"), std::string::npos);
 }
 
 // Quantize (device-side scales) and GEMM captured once in a CUDA graph, then replayed on

@@ -14,6 +14,7 @@
 #include "core/arena.h"
 #include "core/exec_context.h"
 #include "gpu/bf16_tensors.h"
+#include "gpu/fp8_linear_checks.h"
 #include "gpu/gpu_harness.h"
 #include "gpu/training_run.h"
 #include "grad_check.h"
@@ -39,35 +40,7 @@ using gpu_test::download_f32;
 using gpu_test::to_device;
 using gpu_test::to_host;
 namespace fp8 = ops::fp8;
-
-// y [m, n] = A B^T with A read at a[i * a_row + p * a_col], B at b[j * b_row + p * b_col]:
-// each element's sum_p |a_ip b_jp|, the GEMM bound's scale.
-std::vector<double> abs_products(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,
-                                 const float* b, int64_t b_row, int64_t b_col) {
-  std::vector<double> s(m * n, 0.0);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t p = 0; p < k; ++p)
-        s[i * n + j] += std::fabs(static_cast<double>(a[i * a_row + p * a_col]) * b[j * b_row + p * b_col]);
-  return s;
-}
-
-void expect_within_bound(const Tensor& gpu_f32, const Tensor& cpu, const std::vector<double>& abs_sums, int64_t k,
-                         bool bf16_output, const char* what) {
-  const double gemm = 1.15 * ((std::min<int64_t>(k, 128) + 4) * std::ldexp(1.0, -14) + (k + 4) * std::ldexp(1.0, -24));
-  int64_t outside = 0, first = -1;
-  double worst = 0;
-  for (int64_t i = 0; i < cpu.numel(); ++i) {
-    const double ref = cpu.data<float>()[i], got = gpu_f32.data<float>()[i];
-    const double bound = gemm * abs_sums[i] + (bf16_output ? std::ldexp(1.0, -8) : 0.0) * std::fabs(ref) +
-                         std::ldexp(1.0, -24) * std::fabs(ref) + 1e-30;
-    const double excess = std::fabs(got - ref) / bound;
-    if (!(excess <= 1.0)) outside += 1, first = first < 0 ? i : first;
-    worst = std::max(worst, excess);
-  }
-  EXPECT_EQ(outside, 0) << what << ": " << outside << " of " << cpu.numel() << " elements outside the bound (first at "
-                        << first << "); worst |error| / bound " << worst;
-}
+using namespace gpu_test::fp8_linear;
 
 struct Layer {
   Layer(int64_t n, int64_t in, int64_t out) : n(n), in(in), out(out) {
@@ -220,19 +193,6 @@ TEST(GpuFp8Linear, RowsNotAMultipleOf16RunTheBf16Gemm) {
   ops::linear_forward(layer.exec, *x, *w, Tensor(), *y_ref);
   const OwnedTensor got = to_host(*y), want = to_host(*y_ref);
   EXPECT_EQ(std::memcmp(got->raw(), want->raw(), got->nbytes()), 0);
-}
-
-// The tests/gpu/test_gpu_kda_mixer.cpp run's shape with gqa attention everywhere, every
-// dimension a multiple of 16, in captured step graphs.
-gpu_test::TrainingRun train(const std::string& out, const std::string& precision) {
-  const std::vector<std::string> overrides = {
-      "data.path=" + test::source_dir() + "/data/tinyshakespeare.txt", "train.out_dir=" + out, "train.device=cuda",
-      "train.precision=" + precision, "train.cuda_graphs=true", "model.hidden=64", "model.layers=2", "model.heads=4",
-      "model.kv_heads=2", "model.head_dim=16", "model.ffn_hidden=128", "model.max_seq_len=64",
-      "train.micro_batch_tokens=256", "train.grad_accum=2", "train.steps=40", "train.eval_every=0",
-      "train.eval_batches=1", "train.sample_every=0", "train.sample_tokens=0", "log.every=1",
-      "checkpoint.save_final=false", "optim.warmup_steps=5"};
-  return gpu_test::run_training(overrides, out);
 }
 
 TEST(GpuFp8Linear, ASmallModelTrainsInCapturedGraphsNearItsBf16Run) {

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/op_profiler.h"
 #include "ops/fp8/fp8_linear_cpu.h"
+#include "ops/fp8/fp8_operand_checks.h"
 #include "ops/linear/linear.h"
 
 #if KILN_WITH_CUDA
@@ -24,9 +25,7 @@ constexpr int64_t kGemmMultiple = 16;  // cuBLASLt's FP8 rule (fp8_gemm_cuda.h)
 size_t bytes(DType dtype, int64_t rows, int64_t cols) { return Workspace::footprint(dtype, Shape{rows, cols}); }
 
 void expect_rows(const char* what, const Tensor& t, int64_t cols, DType dtype, Device device) {
-  KILN_CHECK(t.device() == device && t.dtype() == dtype && t.rank() == 2 && t.size(1) == cols, kOp,
-             "{} must be {} [N, {}] on the {}, got {}", what, dtype_name(dtype), cols, device_name(device),
-             t.describe());
+  ops::fp8::expect_rows(kOp, what, t, cols, dtype, device);
 }
 
 void expect_kept(const Fp8KeptInput& kept, int64_t rows, int64_t in, Device device) {
@@ -231,7 +230,7 @@ bool fp8_linear_runs_fp8(Device device, int64_t n, int64_t in, int64_t out) {
 void fp8_linear_forward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
                         const Tensor& bias, const Tensor& y, const Fp8KeptInput* keep, const Tensor& x_amax) {
   const Device device = w.device();
-  const DType dtype = device == Device::cpu ? DType::f32 : DType::bf16;
+  const DType dtype = fp8_layer_dtype(device);
   const int64_t in = w.size(1), out = w.size(0);
   expect_rows("W", w, in, dtype, device), expect_rows("x", x, in, dtype, device), expect_rows("y", y, out, dtype, device);
   KILN_CHECK(y.size(0) == x.size(0), kOp, "y has {} rows for {} rows of x", y.size(0), x.size(0));
@@ -251,7 +250,7 @@ void fp8_linear_backward(const ExecContext& ctx, Workspace& workspace, const Ten
                          const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& dbias,
                          const Fp8KeptInput* kept, const Tensor& dy_amax) {
   const Device device = w.device();
-  const DType dtype = device == Device::cpu ? DType::f32 : DType::bf16;
+  const DType dtype = fp8_layer_dtype(device);
   const int64_t n = dy.size(0), in = w.size(1), out = w.size(0);
   expect_rows("W", w, in, dtype, device), expect_rows("dy", dy, out, dtype, device);
   const Tensor weight_grad = x.defined() ? dw : Tensor();

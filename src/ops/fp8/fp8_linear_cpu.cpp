@@ -30,6 +30,37 @@ void quantize_dequantize_tensorwise(const float* x, int64_t rows, int64_t cols, 
     }
 }
 
+void quantize_dequantize_blockwise(const float* x, int64_t rows, int64_t cols, BlockShape block, Format format,
+                                   float* out, bool transpose, const char* what) {
+  const int64_t grid_rows = (rows + block.rows - 1) / block.rows, grid_cols = (cols + block.cols - 1) / block.cols;
+  bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite)
+  for (int64_t b = 0; b < grid_rows * grid_cols; ++b) {
+    const int64_t row0 = b / grid_cols * block.rows, col0 = b % grid_cols * block.cols;
+    const int64_t row_end = std::min(rows, row0 + block.rows), col_end = std::min(cols, col0 + block.cols);
+    float amax = 0;
+    bool block_finite = true;
+    for (int64_t r = row0; r < row_end; ++r)
+      for (int64_t c = col0; c < col_end; ++c) {
+        block_finite = block_finite && std::isfinite(x[r * cols + c]);
+        amax = std::max(amax, std::fabs(x[r * cols + c]));
+      }
+    if (!block_finite) {  // reported after the loop: nothing may throw inside it
+      finite = false;
+      continue;
+    }
+    const float scale = scale_from_amax(amax, format);
+    const float scale_inv = 1.0f / scale;
+    for (int64_t r = row0; r < row_end; ++r)
+      for (int64_t c = col0; c < col_end; ++c) {
+        const float value = decode(encode(x[r * cols + c] * scale, format, Overflow::saturate), format) * scale_inv;
+        out[transpose ? c * rows + r : r * cols + c] = value;
+      }
+  }
+  KILN_CHECK(finite, "fp8_blockwise", "{} [{}, {}] holds a non-finite value: no FP8 scale for its block", what, rows,
+             cols);
+}
+
 void gemm_rounded(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col, const float* b,
                   float* c, bool accumulate, float* scratch) {
   KILN_CHECK(!accumulate || scratch != nullptr, "fp8_tensorwise", "an accumulating GEMM needs its scratch");

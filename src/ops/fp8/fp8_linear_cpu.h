@@ -1,4 +1,4 @@
-// The CPU reference of an FP8 linear layer's arithmetic (the fp8_tensorwise recipe's GEMMs,
+// The CPU reference of an FP8 linear layer's arithmetic (the fp8_tensorwise and fp8_blockwise recipes' GEMMs,
 // nn/linear_layer.h), on fp32 buffers the caller plans: the same bits as quantize_tensorwise
 // + dequantize + gemm_reference (ops/fp8/fp8_scaling.h, fp8_gemm_reference.h), without their
 // per-call vectors, and with the GEMM's rows split over OpenMP threads (each output is still
@@ -6,6 +6,7 @@
 #pragma once
 
 #include "ops/fp8/fp8_format.h"
+#include "ops/fp8/fp8_scaling.h"
 
 #include <cstdint>
 
@@ -17,6 +18,12 @@ namespace kiln::ops::fp8 {
 // the transposed places). A non-finite element is an error naming `what`.
 void quantize_dequantize_tensorwise(const float* x, int64_t rows, int64_t cols, Format format, float* out,
                                     bool transpose, const char* what);
+
+// The same per block (DeepSeek-V3's blockwise scaling, quantize()'s blocks, a partial block
+// at an edge its own): each block's amax, scale and codes, dequantized into out ([rows,
+// cols], or [cols, rows] when `transpose`). A non-finite element is an error naming `what`.
+void quantize_dequantize_blockwise(const float* x, int64_t rows, int64_t cols, BlockShape block, Format format,
+                                   float* out, bool transpose, const char* what);
 
 // C [m, n] (= or += when accumulate) from A and B: c_ij = sum over p ascending of
 // fl(a_ip * b_pj) in fp32 (no FMA), the sum formed from 0 and then added to C; A is read at

@@ -198,7 +198,9 @@ __global__ void cast_transpose_wide_kernel(const T* x, int64_t rows, int64_t col
   *reinterpret_cast<uint4*>(codes_t + t_row * rows + t_col) = make_uint4(word[0], word[1], word[2], word[3]);
 }
 
-bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+__host__ __device__ bool aligned_to(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
 
 // 1 x 128 tiles: a warp per tile, four elements a lane.
 template <typename T>
@@ -262,7 +264,7 @@ __global__ void block_128x128_kernel(const T* x, int64_t rows, int64_t cols, flo
   if (col < cols)
     for (int64_t r = row_first; r < row_end; r += kRowStep) {
       const uint8_t c = cast(ld(x + r * cols + col), scale, format);
-      codes[r * cols + col] = c;
+      if (codes != nullptr) codes[r * cols + col] = c;
       tile[r - rb * kBlock][lane_col] = c;
     }
   if (codes_t == nullptr) return;
@@ -272,6 +274,51 @@ __global__ void block_128x128_kernel(const T* x, int64_t rows, int64_t cols, flo
   for (int i = threadIdx.x / kBlock; i < kBlock; i += kRowStep) {
     const int64_t t_row = kb * kBlock + i;
     if (t_row < cols && t_col < rows) codes_t[t_row * rows + t_col] = tile[lane_col][i];
+  }
+}
+
+// x's 128 x 1 column tiles, written transposed: codes_t [cols, rows], whose 1 x 128 tiles
+// (along rows) these are, with their scales in that operand's VEC128 layout (kb * cols + c):
+// the weight gradient's K-major operands, K being the tokens. A block per 128 rows x 32
+// columns, 256 threads: thread (c, r0) reads column c at rows r0, r0 + 8, ... (coalesced
+// across c), the 8 warps' maxima meet in shared memory, and the codes go out through shared
+// memory as 16-byte runs of a transposed row.
+constexpr int kColumnTileWidth = 32;
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    column_tiles_transposed_kernel(const T* x, int64_t rows, int64_t cols, float fp8_max,
+                                   __nv_fp8_interpretation_t format, uint8_t* codes_t, float* scale_inv_t) {
+  constexpr int kRowsPerThread = kBlock / 8;
+  __shared__ float column_max[8][kColumnTileWidth];
+  __shared__ alignas(16) uint8_t tile[kColumnTileWidth][kBlock + 16];  // [column][row]
+  const int c = threadIdx.x % kColumnTileWidth, r0 = threadIdx.x / kColumnTileWidth;
+  const int64_t kb = blockIdx.y, col = int64_t{blockIdx.x} * kColumnTileWidth + c, row_base = kb * kBlock;
+  const int height = static_cast<int>(min(kBlock, rows - row_base));
+  float v[kRowsPerThread];
+  float m = 0.0f;
+  for (int j = 0; j < kRowsPerThread; ++j) {
+    const int i = r0 + 8 * j;
+    v[j] = i < height && col < cols ? ld(x + (row_base + i) * cols + col) : 0.0f;
+    m = fmaxf(m, fabsf(v[j]));
+  }
+  column_max[r0][c] = m;
+  __syncthreads();
+  float amax = 0.0f;
+  for (int w = 0; w < 8; ++w) amax = fmaxf(amax, column_max[w][c]);
+  const float scale = scale_from_amax(amax, fp8_max);
+  if (r0 == 0 && col < cols) scale_inv_t[kb * cols + col] = __fdiv_rn(1.0f, scale);
+  for (int j = 0; j < kRowsPerThread; ++j) tile[c][r0 + 8 * j] = cast(v[j], scale, format);
+  __syncthreads();
+  // Transposed row t_row (x's column), bytes row_base + first .. + 16: eight threads a row.
+  const int t = threadIdx.x / 8, first = 16 * (threadIdx.x % 8);
+  const int64_t t_row = int64_t{blockIdx.x} * kColumnTileWidth + t;
+  if (t_row >= cols || first >= height) return;
+  uint8_t* dst = codes_t + t_row * rows + row_base + first;
+  if (first + 16 <= height && aligned_to(dst, 16)) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&tile[t][first]);
+  } else {
+    for (int j = 0; first + j < height && j < 16; ++j) dst[j] = tile[t][first + j];
   }
 }
 
@@ -405,9 +452,9 @@ void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, 
   constexpr const char* kOp = "fp8_quantize_blockwise";
   check_block(kOp, block);
   KILN_CHECK((codes_t == nullptr) == (scale_inv_t == nullptr), kOp, "codes_t and scale_inv_t come together");
-  KILN_CHECK(codes_t == nullptr || is_block(block), kOp,
-             "a transposed copy is built for 128 x 128 blocks only (1 x 128 tiles of the transpose need their own "
-             "scales)");
+  KILN_CHECK(codes != nullptr || codes_t != nullptr, kOp, "neither codes nor codes_t is given");
+  KILN_CHECK(is_tile(block) ? (codes == nullptr) == (scale_inv == nullptr) : scale_inv != nullptr, kOp,
+             "codes and scale_inv come together (128 x 128 blocks always write scale_inv)");
   KILN_CHECK(rows > 0 && cols > 0, kOp, "matrix [{}, {}] must not be empty", rows, cols);
   const cudaStream_t s = stream(ctx);
   const float fp8_max = ops::fp8::info(format).max;
@@ -416,10 +463,20 @@ void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, 
     const T* xt = static_cast<const T*>(x);
     if (is_tile(block)) {
       constexpr int kThreads = 256;  // eight tiles a block
-      tile_1x128_kernel<T><<<blocks_for(rows * l * 32, kThreads), kThreads, 0, s>>>(xt, rows, cols, l, fp8_max,
-                                                                                  cuda_format(format), codes,
-                                                                                  scale_inv);
-      check_launch(kOp, "tile_1x128_kernel");
+      if (codes != nullptr) {
+        tile_1x128_kernel<T><<<blocks_for(rows * l * 32, kThreads), kThreads, 0, s>>>(xt, rows, cols, l, fp8_max,
+                                                                                    cuda_format(format), codes,
+                                                                                    scale_inv);
+        check_launch(kOp, "tile_1x128_kernel");
+      }
+      if (codes_t != nullptr) {
+        KILN_CHECK(ceil_div(rows, kBlock) <= 65535, kOp, "{} rows pass the grid's 65535 x 128 limit", rows);
+        const dim3 grid(static_cast<unsigned>(ceil_div(cols, kColumnTileWidth)),
+                        static_cast<unsigned>(ceil_div(rows, kBlock)));
+        column_tiles_transposed_kernel<T><<<grid, 256, 0, s>>>(xt, rows, cols, fp8_max, cuda_format(format), codes_t,
+                                                               scale_inv_t);
+        check_launch(kOp, "column_tiles_transposed_kernel");
+      }
     } else {
       KILN_CHECK(ceil_div(rows, kBlock) <= 65535, kOp, "{} rows pass the grid's 65535 x 128 limit", rows);
       const dim3 grid(static_cast<unsigned>(l), static_cast<unsigned>(ceil_div(rows, kBlock)));

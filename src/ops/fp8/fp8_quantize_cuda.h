@@ -43,11 +43,15 @@ void fp8_quantize_tensorwise_batched(const ExecContext& ctx, DType dtype, const 
 // DeepSeek-V3 blockwise scaling: `block` is ops::fp8::kActivationTile (1 x 128 along cols)
 // or kWeightBlock (128 x 128); a partial block at an edge is its own. codes [rows, cols];
 // scale_inv holds blockwise_scale_count(rows, cols, block) floats in cuBLASLt's layout
-// (padding entries are written as 1). For 128 x 128 blocks, codes_t and scale_inv_t (both
-// or neither) also get the transposed operand [cols, rows] (the weight's K-major copy for
-// the backward's dgrad) with its blockwise_scale_count(cols, rows, block) scales: the same
-// blocks transposed, so the same scales. 1 x 128 tiles refuse them (the transpose's tiles
-// run along the other dimension and need scales of their own: not built yet).
+// (padding entries are written as 1). codes_t and scale_inv_t (both or neither) get the
+// transposed operand [cols, rows] with its blockwise_scale_count(cols, rows, block) scales:
+//   128 x 128 blocks: the weight's K-major copy for the backward's dgrad, the same blocks
+//                     transposed, so the same scales;
+//   1 x 128 tiles:    the transposed matrix's own 1 x 128 tiles (128 x 1 column tiles of x,
+//                     scales of their own): the weight gradient's operands, whose K is the
+//                     rows (tokens).
+// codes may be null when codes_t is given: x's own codes are not written (for 1 x 128
+// tiles nor their scale_inv, which is then null too; 128 x 128 blocks still write theirs).
 void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, int64_t rows, int64_t cols,
                             ops::fp8::BlockShape block, ops::fp8::Format format, uint8_t* codes, float* scale_inv,
                             uint8_t* codes_t = nullptr, float* scale_inv_t = nullptr);
