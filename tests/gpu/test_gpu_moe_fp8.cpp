@@ -204,13 +204,15 @@ void check_padded_quantize(const Case& c, int64_t cols, fp8::Format format) {
   float amax = 0;
   for (int64_t i = 0; i < live * cols; ++i) amax = std::max(amax, std::fabs(x->data<float>()[i]));
   std::vector<int32_t> padded{0};
-  for (int64_t e = 0; e < experts; ++e) padded.push_back(padded.back() + (c.offsets[e + 1] - c.offsets[e] + 15) / 16 * 16);
+  for (int64_t e = 0; e < experts; ++e)
+    padded.push_back(padded.back() + (c.offsets[e + 1] - c.offsets[e] + 15) / 16 * 16);
 
   const ExecContext exec;
   const Grouping g(c.offsets, rows, Device::cuda);
   const int64_t ld = cuda::grouped_fp8_padded_ld(rows, experts);
   const OwnedTensor x_d = gpu_test::upload(*x, DType::bf16), padded_d(DType::i32, Device::cuda, Shape{experts + 1});
-  const OwnedTensor codes(DType::u8, Device::cuda, Shape{rows, cols}), codes_t(DType::u8, Device::cuda, Shape{cols, ld});
+  const OwnedTensor codes(DType::u8, Device::cuda, Shape{rows, cols});
+  const OwnedTensor codes_t(DType::u8, Device::cuda, Shape{cols, ld});
   const OwnedTensor scalars(DType::f32, Device::cuda, Shape{2});
   cuda::grouped_fp8_padded_offsets(exec, g.offsets->data<int32_t>(), experts, padded_d->data<int32_t>());
   for (const bool with_codes : {true, false}) {
