@@ -10,6 +10,9 @@
 //   (2^-8 for a bf16 output). Groupings: an expert without rows, an expert with all of them,
 //   row offsets that are not multiples of 16 (the weight gradient's padded transposes), and
 //   stale rows past the live ones holding large values (the scales must not read them).
+//   The backward's fused cast + padded transpose (grouped_fp8_quantize_padded) bit for bit:
+//   its amax, scale_inv and codes are the CPU emulation's tensorwise quantize of the live
+//   rows, each at its padded place, padding zero, stale rows neither read nor written.
 //   Widths that are not multiples of 16 run the bf16 grouped products, bit for bit.
 //   The same bits run to run, and from a captured CUDA graph replayed on new routings.
 //   A small MoE model trains in captured step graphs with train.fp8_experts: near its bf16
@@ -21,6 +24,7 @@
 #include "gpu/training_run.h"
 #include "grad_check.h"
 #include "ops/fp8/fp8_scaling.h"
+#include "ops/moe/grouped_gemm_fp8_cuda.h"
 #include "ops/moe/grouped_gemm_fp8_sm90.h"
 #include "ops/moe/moe.h"
 #include "test_util.h"
@@ -30,6 +34,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -180,6 +185,83 @@ TEST(GpuFp8Experts, GroupedProductsMatchTheCpuEmulation) {
   std::vector<int32_t> o{0};
   for (int e = 0; e < 9; ++e) o.push_back(o.back() + e + 1);
   check_against_emulation({o, o.back() + 5}, 64, 32);
+}
+
+// grouped_fp8_quantize_padded against the CPU emulation's quantize_tensorwise of the live
+// rows: the same amax and scale_inv bits, the same codes row-major (live rows only: stale
+// rows keep the poison) and at padded[e] + r - offsets[e] of the transpose [cols, ld],
+// every other byte of it 0 (the poison replaced). Stale rows hold 3e4 and NaN: an amax or a
+// cast that read them would show.
+void check_padded_quantize(const Case& c, int64_t cols, fp8::Format format) {
+  const int64_t experts = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.rows, live = c.offsets.back();
+  SCOPED_TRACE(fmt::format("experts {}, rows {}, live {}, cols {}, {}", experts, rows, live, cols,
+                           format == fp8::Format::e4m3 ? "e4m3" : "e5m2"));
+  const OwnedTensor x = bf16_values(Shape{rows, cols}, 61, 3.0);
+  for (int64_t r = live; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) x->data<float>()[r * cols + j] = j % 2 ? 3e4f : std::nanf("");
+  const fp8::ScaledMatrix ref =
+      fp8::quantize_tensorwise({x->data<float>(), static_cast<size_t>(live * cols)}, live, cols, format);
+  float amax = 0;
+  for (int64_t i = 0; i < live * cols; ++i) amax = std::max(amax, std::fabs(x->data<float>()[i]));
+  std::vector<int32_t> padded{0};
+  for (int64_t e = 0; e < experts; ++e)
+    padded.push_back(padded.back() + (c.offsets[e + 1] - c.offsets[e] + 15) / 16 * 16);
+
+  const ExecContext exec;
+  const Grouping g(c.offsets, rows, Device::cuda);
+  const int64_t ld = cuda::grouped_fp8_padded_ld(rows, experts);
+  const OwnedTensor x_d = gpu_test::upload(*x, DType::bf16), padded_d(DType::i32, Device::cuda, Shape{experts + 1});
+  const OwnedTensor codes(DType::u8, Device::cuda, Shape{rows, cols});
+  const OwnedTensor codes_t(DType::u8, Device::cuda, Shape{cols, ld});
+  const OwnedTensor scalars(DType::f32, Device::cuda, Shape{2});
+  cuda::grouped_fp8_padded_offsets(exec, g.offsets->data<int32_t>(), experts, padded_d->data<int32_t>());
+  for (const bool with_codes : {true, false}) {
+    SCOPED_TRACE(with_codes ? "with row-major codes" : "transposed codes only");
+    ASSERT_EQ(cudaMemset(codes->raw(), 0xAB, codes->nbytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(codes_t->raw(), 0xCD, codes_t->nbytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(scalars->raw(), 0xFF, scalars->nbytes()), cudaSuccess);
+    cuda::grouped_fp8_quantize_padded(exec, static_cast<const cuda::bf16_bits*>(x_d->raw()), g.offsets->data<int32_t>(),
+                                      padded_d->data<int32_t>(), experts, rows, cols, ld, format,
+                                      with_codes ? codes->data<uint8_t>() : nullptr, codes_t->data<uint8_t>(),
+                                      scalars->data<float>(), scalars->data<float>() + 1);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const OwnedTensor got_padded = to_host(*padded_d), got = to_host(*codes), got_t = to_host(*codes_t);
+    const OwnedTensor got_scalars = to_host(*scalars);
+    EXPECT_TRUE(std::equal(padded.begin(), padded.end(), got_padded->data<int32_t>()));
+    EXPECT_EQ(std::bit_cast<uint32_t>(got_scalars->data<float>()[0]), std::bit_cast<uint32_t>(amax));
+    EXPECT_EQ(std::bit_cast<uint32_t>(got_scalars->data<float>()[1]), std::bit_cast<uint32_t>(ref.scale_inv[0]));
+    std::vector<uint8_t> want(static_cast<size_t>(rows * cols), 0xAB), want_t(static_cast<size_t>(cols * ld), 0);
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t r = c.offsets[e]; r < c.offsets[e + 1]; ++r)
+        for (int64_t j = 0; j < cols; ++j) {
+          const uint8_t code = ref.codes[r * cols + j];
+          if (with_codes) want[r * cols + j] = code;
+          want_t[j * ld + padded[e] + r - c.offsets[e]] = code;
+        }
+    int64_t wrong = 0, wrong_t = 0;
+    for (int64_t i = 0; i < rows * cols; ++i) wrong += got->data<uint8_t>()[i] != want[i];
+    for (int64_t i = 0; i < cols * ld; ++i) wrong_t += got_t->data<uint8_t>()[i] != want_t[i];
+    EXPECT_EQ(wrong, 0) << "row-major codes differ";
+    EXPECT_EQ(wrong_t, 0) << "padded transposed codes differ";
+  }
+}
+
+TEST(GpuFp8Experts, PaddedQuantizeIsTheTensorwiseCastOfTheLiveRowsTransposed) {
+  for (const fp8::Format format : {fp8::Format::e4m3, fp8::Format::e5m2}) {
+    // Offsets 37, 99: not multiples of 16; three stale rows; experts 0 and 3 without rows;
+    // 80 columns and ld 176: edge tiles in both of the kernel's 64-wide dimensions.
+    check_padded_quantize({{0, 0, 37, 99, 99}, 102}, 80, format);
+    // One expert with every row, no stale ones.
+    check_padded_quantize({{0, 0, 200, 200}, 200}, 64, format);
+    // Many small experts (rows 1..9), the last without rows, and stale rows: more than one
+    // expert in each 64-position tile.
+    std::vector<int32_t> o{0};
+    for (int e = 0; e < 9; ++e) o.push_back(o.back() + e + 1);
+    o.push_back(o.back());
+    check_padded_quantize({o, o.back() + 21}, 16, format);
+    // No live rows at all: every byte of the transpose 0, amax 0.
+    check_padded_quantize({{0, 0, 0}, 32}, 32, format);
+  }
 }
 
 TEST(GpuFp8Experts, WidthsNotMultiplesOf16RunTheBf16ProductsBitForBit) {

@@ -1,20 +1,18 @@
 // FP8 quantize kernels (contract in ops/fp8/fp8_quantize_cuda.h). Every step copies the CPU
 // emulation's arithmetic (ops/fp8/fp8_scaling.cpp) so the codes and inverse scales are the
 // same bits: amax is a max (exact in any order, so atomics and shuffles keep it
-// deterministic), the scale a correctly rounded division, x * scale an fp32 multiply that
-// cannot contract into anything (__fmul_rn), and the cast PTX cvt.rn.satfinite through
-// cuda_fp8.h.
+// deterministic); the scale and cast are fp8_cast.cuh's (shared with the experts' kernels).
 #include "ops/fp8/fp8_quantize_cuda.h"
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/error.h"
+#include "ops/fp8/fp8_cast.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cfloat>
 
 namespace kiln::cuda {
 
@@ -33,16 +31,9 @@ constexpr int64_t kBlock = 128;  // DeepSeek-V3's block edge
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const bf16* p) { return __bfloat162float(*p); }
 
-// ops::fp8::scale_from_amax on the device.
-__device__ __forceinline__ float scale_from_amax(float amax, float fp8_max) {
-  if (amax == 0.0f) return 1.0f;
-  const float scale = __fdiv_rn(fp8_max, amax);
-  return isinf(scale) ? FLT_MAX : scale;
-}
-
-__device__ __forceinline__ uint8_t cast(float x, float scale, __nv_fp8_interpretation_t format) {
-  return __nv_cvt_float_to_fp8(__fmul_rn(x, scale), __NV_SATFINITE, format);
-}
+using fp8_cast::cast;
+using fp8_cast::cast8;
+using fp8_cast::scale_from_amax;
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
@@ -124,13 +115,6 @@ __device__ __forceinline__ void load8(const bf16* p, float v[8]) {
     const float2 f = __bfloat1622float2(pairs[j]);
     v[2 * j] = f.x, v[2 * j + 1] = f.y;
   }
-}
-
-// Eight codes packed little-endian: code j at byte j, as a row-major store lays them out.
-__device__ __forceinline__ uint2 cast8(const float v[8], float scale, __nv_fp8_interpretation_t format) {
-  uint32_t word[2] = {0, 0};
-  for (int j = 0; j < 8; ++j) word[j / 4] |= uint32_t{cast(v[j], scale, format)} << (8 * (j % 4));
-  return make_uint2(word[0], word[1]);
 }
 
 // gridDim.z matrices of `groups` groups each (one, unless batched): matrix z's amax[z].

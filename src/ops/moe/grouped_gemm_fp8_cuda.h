@@ -35,6 +35,18 @@ int64_t grouped_fp8_padded_ld(int64_t rows, int64_t experts);
 void grouped_fp8_quantize_rows(const ExecContext& ctx, const bf16_bits* x, const int32_t* offsets, int64_t experts,
                                int64_t rows, int64_t cols, ops::fp8::Format format, uint8_t* codes, float* amax,
                                float* scale_inv);
+// The weight gradient's K-major operand in one pass over x: *amax and *scale_inv as
+// grouped_fp8_quantize_rows computes them, and the same codes, written transposed into
+// codes_t [cols, ld] (the live row r of expert e at column padded[e] + r - offsets[e],
+// every other column 0) and, when codes is not null, row-major into codes [rows, cols] for
+// the live rows only (rows past them are left as they were). padded: from
+// grouped_fp8_padded_offsets; ld a multiple of 16, at least grouped_fp8_padded_ld(rows, E);
+// cols a multiple of 8; x, codes and codes_t 16-byte aligned (grouped_fp8_supported's
+// shapes).
+void grouped_fp8_quantize_padded(const ExecContext& ctx, const bf16_bits* x, const int32_t* offsets,
+                                 const int32_t* padded, int64_t experts, int64_t rows, int64_t cols, int64_t ld,
+                                 ops::fp8::Format format, uint8_t* codes, uint8_t* codes_t, float* amax,
+                                 float* scale_inv);
 // Each expert's weight W_e [out, in] of w [E out, in] (bf16) with its own scale: codes
 // [E out, in] and/or the transposed codes [E in, out] (either may be null, not both);
 // amax, scale_inv: [E].
@@ -42,10 +54,5 @@ void grouped_fp8_quantize_weights(const ExecContext& ctx, const bf16_bits* w, in
                                   uint8_t* codes, uint8_t* codes_t, float* amax, float* scale_inv);
 // padded [E + 1]: padded[0] = 0, padded[e + 1] = padded[e] + round_up(n_e, 16).
 void grouped_fp8_padded_offsets(const ExecContext& ctx, const int32_t* offsets, int64_t experts, int32_t* padded);
-// codes [rows, cols] -> out [cols, ld]: the live row r of expert e at column
-// padded[e] + r - offsets[e]; every other column 0.
-void grouped_fp8_transpose_padded(const ExecContext& ctx, const uint8_t* codes, const int32_t* offsets,
-                                  const int32_t* padded, int64_t experts, int64_t rows, int64_t cols, int64_t ld,
-                                  uint8_t* out);
 
 }  // namespace kiln::cuda

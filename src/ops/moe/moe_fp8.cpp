@@ -228,18 +228,21 @@ void moe_grouped_linear_fp8_backward([[maybe_unused]] const ExecContext& ctx, Wo
     const int32_t* offsets = d.offsets.data<int32_t>();
     {
       KILN_OP_SCOPE("fp8_quantize", dy);
-      cuda::grouped_fp8_quantize_rows(ctx, static_cast<const cuda::bf16_bits*>(dy.raw()), offsets, d.experts, rows, out,
-                                      fp8::Format::e5m2, base + l.dy_codes, scalars + 8, scalars + 12);
+      const auto* dy_bf16 = static_cast<const cuda::bf16_bits*>(dy.raw());
       if (dw.defined()) {
-        // x's codes, then both transposed into the padded K-major layout (before dx is
-        // written: dx may be x's place).
-        cuda::grouped_fp8_quantize_rows(ctx, static_cast<const cuda::bf16_bits*>(x.raw()), offsets, d.experts, rows, in,
-                                        fp8::Format::e4m3, base + l.x_codes, scalars, scalars + 4);
+        // Each operand cast once: dy's codes row-major (for dx) and transposed into the padded
+        // K-major layout (for dW) from one pass, x's transposed only; x before dx is written
+        // (dx may be x's place).
         cuda::grouped_fp8_padded_offsets(ctx, offsets, d.experts, padded);
-        cuda::grouped_fp8_transpose_padded(ctx, base + l.x_codes, offsets, padded, d.experts, rows, in, l.ld,
-                                           base + l.xt);
-        cuda::grouped_fp8_transpose_padded(ctx, base + l.dy_codes, offsets, padded, d.experts, rows, out, l.ld,
-                                           base + l.dyt);
+        cuda::grouped_fp8_quantize_padded(ctx, dy_bf16, offsets, padded, d.experts, rows, out, l.ld, fp8::Format::e5m2,
+                                          dx.defined() ? base + l.dy_codes : nullptr, base + l.dyt, scalars + 8,
+                                          scalars + 12);
+        cuda::grouped_fp8_quantize_padded(ctx, static_cast<const cuda::bf16_bits*>(x.raw()), offsets, padded,
+                                          d.experts, rows, in, l.ld, fp8::Format::e4m3, nullptr, base + l.xt, scalars,
+                                          scalars + 4);
+      } else {
+        cuda::grouped_fp8_quantize_rows(ctx, dy_bf16, offsets, d.experts, rows, out, fp8::Format::e5m2,
+                                        base + l.dy_codes, scalars + 8, scalars + 12);
       }
       if (dx.defined())
         cuda::grouped_fp8_quantize_weights(ctx, static_cast<const cuda::bf16_bits*>(w.raw()), d.experts, in, out, nullptr,
