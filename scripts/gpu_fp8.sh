@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# train.precision = fp8_tensorwise on the GPU, run ON the GPU machine (after
+# train.precision = fp8_tensorwise / fp8_blockwise on the GPU, run ON the GPU machine (after
 # scripts/gpu_stage.sh; carry .gpu). Parts (PART=all runs them in order):
-#   PART=tests  GpuFp8.*, GpuFp8Linear.* and GpuFp8Experts.* (kernels, the linear layer and
-#               the experts' grouped products against the CPU
-#               emulation, a small model trained in captured graphs)
-#   PART=bench  kiln bench per shape (SHAPES, default 0.6b 1.5b moe-1b) in bf16 and in
-#               fp8_tensorwise (MoE shapes also with train.fp8_experts): ms per step,
-#               tokens/s and device memory in use
+#   PART=tests  GpuFp8.*, GpuFp8Linear.*, GpuFp8BlockwiseLinear.* and GpuFp8Experts.*
+#               (kernels, the linear layers and the experts' grouped products against the
+#               CPU emulation, small models trained in captured graphs)
+#   PART=bench  kiln bench per shape (SHAPES, default 0.6b 1.5b moe-1b) in each of ARMS
+#               (default bf16 fp8_tensorwise fp8_blockwise, and fp8_experts on MoE shapes:
+#               fp8_tensorwise with train.fp8_experts): ms per step, tokens/s and device
+#               memory in use
 #   PART=train  `kiln loss-gap` on configs/default.toml (tinyshakespeare) for STEPS steps
 #               (default 300): bf16 at two seeds, fp8_tensorwise at the first
 # docs/fp8.md has what it measured.
@@ -16,7 +17,7 @@ source scripts/gpu_env.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 tests() {
-  timeout ${TEST_TIMEOUT:-600} "$STAGE/bin/kiln_gpu_tests" --gtest_filter="${GTEST_FILTER:-GpuFp8.*:GpuFp8Linear.*:GpuFp8Experts.*}" \
+  timeout ${TEST_TIMEOUT:-600} "$STAGE/bin/kiln_gpu_tests" --gtest_filter="${GTEST_FILTER:-GpuFp8.*:GpuFp8Linear.*:GpuFp8BlockwiseLinear.*:GpuFp8Experts.*}" \
     > "$LOGS/fp8_tests.log" 2>&1
   echo "gpu tests exit $?"
   grep -E "^\[  FAILED|^\[       OK|PASSED|tests ran|outside the bound|Failure|Expected|Which is|error" "$LOGS/fp8_tests.log" | head -60
@@ -24,8 +25,8 @@ tests() {
 
 bench() {
   for shape in ${SHAPES:-0.6b 1.5b moe-1b}; do
-    arms="bf16 fp8_tensorwise"
-    [[ $shape == moe* ]] && arms="$arms fp8_experts"  # the routed experts in FP8 too
+    arms="${ARMS:-bf16 fp8_tensorwise fp8_blockwise}"
+    [[ $shape == moe* && -z ${ARMS:-} ]] && arms="$arms fp8_experts"  # the routed experts in FP8 too
     for p in $arms; do
       set_args=(--set train.precision=$p)
       [[ $p == fp8_experts ]] && set_args=(--set train.precision=fp8_tensorwise --set train.fp8_experts=true)

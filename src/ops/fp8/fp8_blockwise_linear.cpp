@@ -101,12 +101,13 @@ size_t scratch_cuda(int64_t t, int64_t in, int64_t out, bool training) {
   const DType u8 = DType::u8;
   const size_t forward = bytes(u8, t, in) + scale_bytes(t, in, kActivationTile) + bytes(u8, out, in) +
                          scale_bytes(out, in, kWeightBlock);
-  // dy's tiles and transposed column tiles, W^T's blocks, x's transposed column tiles, and
-  // the weight gradient's bf16 product.
+  // dy's tiles and transposed column tiles, W^T's blocks (and W's own scales, which the
+  // kernel writes beside them), x's transposed column tiles, and the weight gradient's bf16
+  // product.
   const size_t backward = bytes(u8, t, out) + scale_bytes(t, out, kActivationTile) + bytes(u8, out, t) +
                           scale_bytes(out, t, kActivationTile) + bytes(u8, in, out) +
-                          scale_bytes(in, out, kWeightBlock) + bytes(u8, in, t) + scale_bytes(in, t, kActivationTile) +
-                          bytes(DType::bf16, out, in);
+                          scale_bytes(in, out, kWeightBlock) + scale_bytes(out, in, kWeightBlock) + bytes(u8, in, t) +
+                          scale_bytes(in, t, kActivationTile) + bytes(DType::bf16, out, in);
   return std::max(forward, training ? backward : 0);
 }
 
