@@ -8,8 +8,10 @@
 #               (default bf16 fp8_tensorwise fp8_blockwise, and fp8_experts on MoE shapes:
 #               fp8_tensorwise with train.fp8_experts): ms per step, tokens/s and device
 #               memory in use
-#   PART=train  `kiln loss-gap` on configs/default.toml (tinyshakespeare) for STEPS steps
-#               (default 300): bf16 at two seeds, fp8_tensorwise at the first
+#   PART=train  `kiln loss-gap` on CONFIG (default configs/default.toml; tinyshakespeare)
+#               for STEPS steps (default 300; EXTRA_SETS: more KEY=VALUE for every run):
+#               bf16 at two seeds, fp8_tensorwise at the first, then fp8_blockwise at the
+#               first compared with the same two (--runs)
 # docs/fp8.md has what it measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,13 +40,22 @@ bench() {
   done
 }
 
-train() {  # kiln loss-gap: bf16 at two seeds against fp8_tensorwise (docs/loss-gap.md)
-  rm -rf /tmp/fp8gap
-  timeout ${TRAIN_TIMEOUT:-400} "$STAGE/bin/kiln" loss-gap configs/default.toml --out /tmp/fp8gap \
-    --candidate train.precision=fp8_tensorwise --set train.device=cuda --set train.steps=${STEPS:-300} \
-    --set train.sample_every=0 --set train.sample_tokens=0 --set checkpoint.every=0 --set checkpoint.save_final=false \
-    > "$LOGS/loss_gap.log" 2>&1
-  echo "loss-gap exit $?"; cat "$LOGS/loss_gap.log" | tail -30
+train() {  # kiln loss-gap: bf16 at two seeds against fp8_tensorwise, then fp8_blockwise (docs/loss-gap.md)
+  local config=${CONFIG:-configs/default.toml} out=/tmp/fp8gap
+  local sets=(--set train.device=cuda --set train.steps=${STEPS:-300} --set train.sample_every=0
+              --set train.sample_tokens=0 --set checkpoint.every=0 --set checkpoint.save_final=false)
+  for s in ${EXTRA_SETS:-}; do sets+=(--set "$s"); done  # e.g. EXTRA_SETS="train.micro_batch_tokens=4096"
+  rm -rf $out
+  timeout ${TRAIN_TIMEOUT:-400} "$STAGE/bin/kiln" loss-gap "$config" --out $out --from-step ${FROM_STEP:-0} \
+    --seeds 1 2 --candidate train.precision=fp8_tensorwise "${sets[@]}" > "$LOGS/loss_gap.log" 2>&1
+  echo "loss-gap exit $?"; tail -12 "$LOGS/loss_gap.log"
+  # The blockwise recipe at the first baseline's seed, compared with the same two baselines.
+  timeout ${TRAIN_TIMEOUT:-400} "$STAGE/bin/kiln" train "$config" "${sets[@]}" --set train.precision=fp8_blockwise \
+    --set train.seed=1 --set train.out_dir=$out/blockwise-seed1 > "$LOGS/blockwise_run.log" 2>&1
+  echo "blockwise run exit $?"; tail -2 "$LOGS/blockwise_run.log"
+  "$STAGE/bin/kiln" loss-gap --runs $out/baseline-seed1 $out/baseline-seed2 $out/blockwise-seed1 \
+    --from-step ${FROM_STEP:-0} > "$LOGS/loss_gap_blockwise.log" 2>&1
+  echo "loss-gap (blockwise) exit $?"; tail -12 "$LOGS/loss_gap_blockwise.log"
 }
 
 case "${PART:-all}" in

@@ -69,6 +69,35 @@ inline void expect_bits(const std::vector<float>& got, const std::vector<float>&
   EXPECT_EQ(differ, 0) << what << ": " << differ << " of " << got.size() << " elements differ";
 }
 
+// After a layer's first backward(x, dy, dx) gave dx_want and its weight gradient dw_once:
+// accumulating adds the same sums once more in fp32 (dx += and dW +=), the halves add what
+// backward adds (backward_input writes dx, backward_weight adds dW), and dx written over x
+// is the same dx (x is quantized before anything is written).
+inline void expect_accumulation_and_halves(const LinearLayer& layer, const Tensor& x, const Tensor& dy,
+                                           const Tensor& dx, const std::vector<float>& dx_want,
+                                           const std::vector<float>& dw_once) {
+  std::vector<float> dx_twice = dx_want, dw_twice = dw_once;
+  for (size_t i = 0; i < dx_twice.size(); ++i) dx_twice[i] += dx_want[i];
+  for (size_t i = 0; i < dw_twice.size(); ++i) dw_twice[i] += dw_once[i];
+  layer.backward(x, dy, dx, true);
+  expect_bits(floats_of(dx), dx_twice, "dx +=");
+  expect_bits(floats_of(layer.weight_grad()), dw_twice, "dW +=");
+  layer.backward_input(dy, dx);
+  expect_bits(floats_of(dx), dx_want, "backward_input");
+  layer.backward_weight(x, dy);
+  std::vector<float> dw_thrice = dw_twice;
+  for (size_t i = 0; i < dw_thrice.size(); ++i) dw_thrice[i] += dw_once[i];
+  expect_bits(floats_of(layer.weight_grad()), dw_thrice, "backward_weight");
+  layer.backward(x, dy, x);
+  expect_bits(floats_of(x), dx_want, "dx over x");
+}
+
+// y [n, out] += bias in fp32, row by row, as the layers add it.
+inline void add_bias(std::vector<float>& y, const std::vector<float>& bias, int64_t n, int64_t out) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < out; ++j) y[i * out + j] += bias[j];
+}
+
 // configs/default.toml shrunk as test_loss_gap's kSmall: 30 steps on the CPU, one seed and
 // the same data whatever the precision.
 inline const std::string kSmall =

@@ -61,9 +61,7 @@ TEST(Fp8BlockwiseLinear, ForwardAndBackwardAreTheEmulationsBlocksAndGemmBitForBi
     const OwnedTensor y(DType::f32, Device::cpu, Shape{s.n, s.out});
     layer.forward(*xt, *y);
     std::vector<float> y_want = by_hand(x, s.n, kTile, w, s.out, kBlock, s.in);
-    if (s.bias)
-      for (int64_t i = 0; i < s.n; ++i)
-        for (int64_t j = 0; j < s.out; ++j) y_want[i * s.out + j] += bias[j];
+    if (s.bias) add_bias(y_want, bias, s.n, s.out);
     expect_bits(floats_of(*y), y_want, "y");
     // Not the f32 product, and not the per-tensor recipe's either (x's outlier flushes its
     // tiny values there, only in its own tile here).
@@ -72,9 +70,7 @@ TEST(Fp8BlockwiseLinear, ForwardAndBackwardAreTheEmulationsBlocksAndGemmBitForBi
     EXPECT_NE(floats_of(*y), floats_of(*y32));
     std::vector<float> y_tensorwise = fp8::gemm_reference(fp8::quantize_tensorwise(x, s.n, s.in, Format::e4m3),
                                                           fp8::quantize_tensorwise(w, s.out, s.in, Format::e4m3));
-    if (s.bias)
-      for (int64_t i = 0; i < s.n; ++i)
-        for (int64_t j = 0; j < s.out; ++j) y_tensorwise[i * s.out + j] += bias[j];
+    if (s.bias) add_bias(y_tensorwise, bias, s.n, s.out);
     if (s.n > 1) EXPECT_NE(floats_of(*y), y_tensorwise);
 
     // dx = T(dy) B(W): B is W^T [in, out], whose 128 x 128 blocks are W's transposed.
@@ -93,21 +89,7 @@ TEST(Fp8BlockwiseLinear, ForwardAndBackwardAreTheEmulationsBlocksAndGemmBitForBi
       expect_bits(floats_of(layer.bias_grad()), floats_of(*db), "db");
     }
 
-    // Accumulating, the halves, and dx written over x, as for fp8_tensorwise.
-    std::vector<float> dx_twice = dx_want, dw_twice = dw_once;
-    for (size_t i = 0; i < dx_twice.size(); ++i) dx_twice[i] += dx_want[i];
-    for (size_t i = 0; i < dw_twice.size(); ++i) dw_twice[i] += dw_once[i];
-    layer.backward(*xt, *dyt, *dx, true);
-    expect_bits(floats_of(*dx), dx_twice, "dx +=");
-    expect_bits(floats_of(layer.weight_grad()), dw_twice, "dW +=");
-    layer.backward_input(*dyt, *dx);
-    expect_bits(floats_of(*dx), dx_want, "backward_input");
-    layer.backward_weight(*xt, *dyt);
-    std::vector<float> dw_thrice = dw_twice;
-    for (size_t i = 0; i < dw_thrice.size(); ++i) dw_thrice[i] += dw_once[i];
-    expect_bits(floats_of(layer.weight_grad()), dw_thrice, "backward_weight");
-    layer.backward(*xt, *dyt, *xt);
-    expect_bits(floats_of(*xt), dx_want, "dx over x");
+    expect_accumulation_and_halves(layer, *xt, *dyt, *dx, dx_want, dw_once);
   }
 }
 

@@ -59,9 +59,7 @@ TEST(Fp8Linear, ForwardAndBackwardAreTheEmulationsQuantizeAndGemmBitForBit) {
     const OwnedTensor y(DType::f32, Device::cpu, Shape{s.n, s.out});
     layer.forward(*xt, *y);
     std::vector<float> y_want = by_hand(x, s.n, Format::e4m3, w, s.out, Format::e4m3, s.in);
-    if (s.bias)
-      for (int64_t i = 0; i < s.n; ++i)
-        for (int64_t j = 0; j < s.out; ++j) y_want[i * s.out + j] += bias[j];
+    if (s.bias) add_bias(y_want, bias, s.n, s.out);
     expect_bits(floats_of(*y), y_want, "y");
     // And it is not the f32 product (so this test sees whether FP8 ran at all).
     const OwnedTensor y32(DType::f32, Device::cpu, Shape{s.n, s.out});
@@ -83,23 +81,7 @@ TEST(Fp8Linear, ForwardAndBackwardAreTheEmulationsQuantizeAndGemmBitForBit) {
       expect_bits(floats_of(layer.bias_grad()), floats_of(*db), "db");
     }
 
-    // Accumulating: dx += and dW += the same sums, each added once in fp32; the halves
-    // (backward_input, backward_weight) add what backward adds.
-    std::vector<float> dx_twice = dx_want, dw_twice = dw_once;
-    for (size_t i = 0; i < dx_twice.size(); ++i) dx_twice[i] += dx_want[i];
-    for (size_t i = 0; i < dw_twice.size(); ++i) dw_twice[i] += dw_once[i];
-    layer.backward(*xt, *dyt, *dx, true);
-    expect_bits(floats_of(*dx), dx_twice, "dx +=");
-    expect_bits(floats_of(layer.weight_grad()), dw_twice, "dW +=");
-    layer.backward_input(*dyt, *dx);
-    expect_bits(floats_of(*dx), dx_want, "backward_input");
-    layer.backward_weight(*xt, *dyt);
-    std::vector<float> dw_thrice = dw_twice;
-    for (size_t i = 0; i < dw_thrice.size(); ++i) dw_thrice[i] += dw_once[i];
-    expect_bits(floats_of(layer.weight_grad()), dw_thrice, "backward_weight");
-    // dx in x's own place (backward_input's modules pass it so): x is quantized first.
-    layer.backward(*xt, *dyt, *xt);
-    expect_bits(floats_of(*xt), dx_want, "dx over x");
+    expect_accumulation_and_halves(layer, *xt, *dyt, *dx, dx_want, dw_once);
   }
 }
 

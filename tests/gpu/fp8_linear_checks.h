@@ -62,4 +62,25 @@ inline TrainingRun train(const std::string& out, const std::string& precision,
   return run_training(overrides, out);
 }
 
+// A run against its bf16 run (the same config, seed and data): both logged `steps` losses,
+// the run used captured graphs and learned (last loss half a nat under the first), every
+// loss is finite; returns the mean and the largest relative gap per step.
+struct LossGaps {
+  double mean = 0, most = 0;
+};
+inline LossGaps gaps_to_bf16(const TrainingRun& run, const TrainingRun& bf16, size_t steps) {
+  LossGaps g;
+  EXPECT_EQ(run.losses.size(), steps);
+  EXPECT_EQ(bf16.losses.size(), run.losses.size());
+  EXPECT_GT(run.graph_launches, 0);
+  if (run.losses.size() != steps || bf16.losses.size() != steps) return {1e9, 1e9};
+  EXPECT_LT(run.losses.back(), run.losses.front() - 0.5);
+  for (size_t i = 0; i < steps; ++i) {
+    EXPECT_TRUE(std::isfinite(run.losses[i])) << i;
+    const double gap = std::fabs(run.losses[i] - bf16.losses[i]) / bf16.losses[i];
+    g.most = std::max(g.most, gap), g.mean += gap / static_cast<double>(steps);
+  }
+  return g;
+}
+
 }  // namespace kiln::gpu_test::fp8_linear

@@ -69,12 +69,7 @@ void forward_cpu(Workspace& workspace, const Tensor& x, const Tensor& w, const T
   quantize_dequantize_tensorwise(w.data<float>(), out, in, Format::e4m3, wt.data<float>(), true, "W");
   // y [n, out]: y_ij = sum_p x_ip W_jp, B = W^T [in, out].
   gemm_rounded(n, out, in, xq.data<float>(), in, 1, wt.data<float>(), y.data<float>(), false, nullptr);
-  if (bias.defined()) {
-    const float* b = bias.data<float>();
-    float* yp = y.data<float>();
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < out; ++j) yp[i * out + j] += b[j];
-  }
+  if (bias.defined()) add_bias_rows(y.data<float>(), bias.data<float>(), n, out);
 }
 
 void backward_cpu(Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,

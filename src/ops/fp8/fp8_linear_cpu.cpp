@@ -61,6 +61,11 @@ void quantize_dequantize_blockwise(const float* x, int64_t rows, int64_t cols, B
              cols);
 }
 
+void add_bias_rows(float* y, const float* bias, int64_t n, int64_t out) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < out; ++j) y[i * out + j] += bias[j];
+}
+
 void gemm_rounded(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col, const float* b,
                   float* c, bool accumulate, float* scratch) {
   KILN_CHECK(!accumulate || scratch != nullptr, "fp8_tensorwise", "an accumulating GEMM needs its scratch");

@@ -25,6 +25,9 @@ void quantize_dequantize_tensorwise(const float* x, int64_t rows, int64_t cols, 
 void quantize_dequantize_blockwise(const float* x, int64_t rows, int64_t cols, BlockShape block, Format format,
                                    float* out, bool transpose, const char* what);
 
+// y [n, out] += bias [out] in fp32, row by row: an FP8 layer's bias, added after the product.
+void add_bias_rows(float* y, const float* bias, int64_t n, int64_t out);
+
 // C [m, n] (= or += when accumulate) from A and B: c_ij = sum over p ascending of
 // fl(a_ip * b_pj) in fp32 (no FMA), the sum formed from 0 and then added to C; A is read at
 // a[i * a_row + p * a_col], B is [k, n] row-major. `scratch` (m * n floats) is needed only
