@@ -77,13 +77,13 @@ double loss_scale(const std::vector<HostBatch>& batches) {
   return 1.0 / static_cast<double>(targets);
 }
 
-// f64 unless `fp8`: train.precision = fp8_tensorwise (the CPU's emulation computes in f32),
-// each projection's FP8 input kept from forward to backward unless `keep` is off.
-BuildOptions options(bool fp8 = false, bool keep = true) {
+// f64 unless `fp8` names an FP8 recipe (train.precision; the CPU's emulation computes in
+// f32), each projection's FP8 input kept from forward to backward unless `keep` is off.
+BuildOptions options(const char* fp8 = nullptr, bool keep = true) {
   BuildOptions o = tiny_build(24, 7, 1e-3);
-  if (fp8) {
+  if (fp8 != nullptr) {
     o.dtype = DType::f32;
-    o.precision = resolve_precision_recipe("fp8_tensorwise", Device::cpu);
+    o.precision = resolve_precision_recipe(fp8, Device::cpu);
     o.precision->keep_fp8_inputs = keep;
   }
   return o;
@@ -380,8 +380,9 @@ TEST(PipelineModelStage, WeightPassesAddTheProjectionsGradientsBitForBit) {
   for (const ModelConfig& c : {dense_config(), moe_config(), shared}) {
     SCOPED_TRACE(c.mlp);
     expect_weight_passes_complete_the_gradients(c, options());
-    expect_weight_passes_complete_the_gradients(c, options(true));
-    expect_weight_passes_complete_the_gradients(c, options(true, false));
+    expect_weight_passes_complete_the_gradients(c, options("fp8_tensorwise"));
+    expect_weight_passes_complete_the_gradients(c, options("fp8_tensorwise", false));
+    expect_weight_passes_complete_the_gradients(c, options("fp8_blockwise"));
   }
 }
 
