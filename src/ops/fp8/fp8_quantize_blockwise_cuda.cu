@@ -3,7 +3,12 @@
 // copies the CPU emulation's arithmetic (ops/fp8/fp8_scaling.cpp): each tile's or block's
 // amax is a max (exact in any order, so shuffles, shared-memory atomics and any split of
 // the work give the same bits); the scale and cast are fp8_cast.cuh's.
-
+//
+// Two sets of kernels: the general ones (any shape, f32 or bf16, one element a thread a
+// step) and the training path's (bf16, rows and cols multiples of 128, 16-byte aligned:
+// every fp8_blockwise LinearLayer call, fp8_blockwise_linear_runs_fp8), which read x in
+// 16-byte vectors, write codes in 8- or 16-byte stores, and get a tile's row tiles and its
+// transposed column tiles from one read of x.
 #include "ops/fp8/fp8_quantize_cuda.h"
 
 #include "core/cuda_check.h"
@@ -28,6 +33,8 @@ using fp8_cast::cast8;
 using fp8_cast::scale_from_amax;
 
 constexpr int64_t kBlock = 128;  // DeepSeek-V3's block edge
+
+// ---- general kernels: any shape, f32 or bf16 ------------------------------------------------
 
 // 1 x 128 tiles: a warp per tile, four elements a lane.
 template <typename T>
@@ -149,6 +156,109 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// ---- the training path: bf16, rows and cols multiples of 128, 16-byte aligned -------------
+// A block of 256 threads per 128 x 128 tile of x. Loading, thread t takes the 16-byte
+// vectors (row 16 i + t / 16, columns 8 (t % 16) ..) for i < 8: a half-warp reads one
+// row's 256 bytes (coalesced), and holds one row's whole 1 x 128 tile, so the row's amax is
+// four shuffles. All eight loads are issued before any is used.
+constexpr int kFastThreads = 256;
+constexpr int kVectorsPerThread = kBlock * kBlock / 8 / kFastThreads;  // 8
+constexpr int kRowsPerPass = kFastThreads / 16;                         // 16
+// A staged row of codes: 144 bytes (36 words) puts the 16-byte stores of eight
+// consecutive rows (a quarter-warp) on distinct banks, and keeps rows 16-byte aligned.
+constexpr int kStagePitch = kBlock + 16;
+
+__device__ __forceinline__ float half_warp_max(float v) {
+  for (int offset = 8; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+__device__ __forceinline__ void load_tile(const bf16* x, int64_t cols, int64_t row0, int64_t col0,
+                                          uint4 raw[kVectorsPerThread]) {
+  const int chunk = threadIdx.x % 16, r = threadIdx.x / 16;
+  for (int i = 0; i < kVectorsPerThread; ++i)
+    raw[i] = *reinterpret_cast<const uint4*>(x + (row0 + r + kRowsPerPass * i) * cols + col0 + 8 * chunk);
+}
+
+// 16 codes packed little-endian (code j at byte j) from 16 values.
+__device__ __forceinline__ uint4 cast16(const float v[16], float scale, __nv_fp8_interpretation_t format) {
+  const uint2 lo = cast8(v, scale, format), hi = cast8(v + 8, scale, format);
+  return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// The x half of the shared memory the column tiles need: the 128 x 128 bf16 tile (32 KiB),
+// 64 staged transposed rows of codes (one half of the columns at a time, 9 KiB) and the
+// columns' amax bits (non-negative floats order as their bits, so an unsigned atomicMax
+// is the float max). Dynamic (41.5 KiB, under the 48 KiB default): tiles alone take none.
+struct ColumnStage {
+  alignas(16) bf16 x[kBlock][kBlock];
+  alignas(16) uint8_t codes_t[kBlock / 2][kStagePitch];
+  unsigned column_amax[kBlock];
+};
+static_assert(sizeof(ColumnStage) <= 48 * 1024, "past the dynamic shared memory default: needs the opt-in attribute");
+
+// 1 x 128 row tiles (codes, scale_inv; either both or neither) and, with kColumns, the
+// transposed 128 x 1 column tiles (codes_t, scale_inv_t), from one read of x: what
+// tile_1x128_kernel and column_tiles_transposed_kernel write, the same bits. The backward's
+// dy takes both; the forward's x the row tiles; the backward's x the column tiles.
+template <bool kColumns>
+__global__ void __launch_bounds__(kFastThreads)
+    tiles_bf16_kernel(const bf16* x, int64_t rows, int64_t cols, float fp8_max, __nv_fp8_interpretation_t format,
+                      uint8_t* codes, float* scale_inv, uint8_t* codes_t, float* scale_inv_t) {
+  extern __shared__ uint4 dynamic_smem[];
+  ColumnStage& stage = *reinterpret_cast<ColumnStage*>(dynamic_smem);
+  const int t = threadIdx.x, chunk = t % 16, r = t / 16;
+  const int64_t row0 = blockIdx.y * kBlock, col0 = blockIdx.x * kBlock;
+  if (kColumns && t < kBlock) stage.column_amax[t] = 0;
+  uint4 raw[kVectorsPerThread];
+  load_tile(x, cols, row0, col0, raw);
+  float column_max[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // this thread's 8 columns over its 8 rows
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    float v[8];
+    unpack8(raw[i], v);
+    if constexpr (kColumns) {
+      *reinterpret_cast<uint4*>(&stage.x[r + kRowsPerPass * i][8 * chunk]) = raw[i];
+      for (int j = 0; j < 8; ++j) column_max[j] = fmaxf(column_max[j], fabsf(v[j]));
+    }
+    if (codes == nullptr) continue;  // uniform: the shuffles below see every lane or none
+    float m = 0.0f;
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
+    const float scale = scale_from_amax(half_warp_max(m), fp8_max);
+    const int64_t row = row0 + r + kRowsPerPass * i;
+    if (chunk == 0) scale_inv[blockIdx.x * rows + row] = __fdiv_rn(1.0f, scale);
+    *reinterpret_cast<uint2*>(codes + row * cols + col0 + 8 * chunk) = cast8(v, scale, format);
+  }
+  if constexpr (kColumns) {
+    // Lanes l and l ^ 16 hold the same columns (rows 2w and 2w + 1 of each pass).
+    for (int j = 0; j < 8; ++j) column_max[j] = fmaxf(column_max[j], __shfl_xor_sync(0xffffffffu, column_max[j], 16));
+    __syncthreads();  // column_amax zeroed
+    if (t % 32 < 16)
+      for (int j = 0; j < 8; ++j) atomicMax(&stage.column_amax[8 * chunk + j], __float_as_uint(column_max[j]));
+    __syncthreads();  // column_amax complete, the bf16 tile staged
+    // Half h of the columns: thread (c, q) casts column 64 h + c at rows 32 q .. + 32 (a warp
+    // reads 32 consecutive bf16 of a row: no bank conflicts) into its staged transposed row;
+    // then eight threads copy each staged row out as one 128-byte run of codes_t.
+    const int c = t % 64, q = t / 64;
+    for (int h = 0; h < 2; ++h) {
+      const int column = 64 * h + c;
+      const float scale = scale_from_amax(__uint_as_float(stage.column_amax[column]), fp8_max);
+      if (q == 0) scale_inv_t[blockIdx.y * cols + col0 + column] = __fdiv_rn(1.0f, scale);
+      for (int k = 0; k < 2; ++k) {
+        float v[16];
+        for (int j = 0; j < 16; ++j) v[j] = __bfloat162float(stage.x[32 * q + 16 * k + j][column]);
+        *reinterpret_cast<uint4*>(&stage.codes_t[c][32 * q + 16 * k]) = cast16(v, scale, format);
+      }
+      __syncthreads();
+      for (int pass = 0; pass < 2; ++pass) {
+        const int staged = t / 8 + 32 * pass, first = 16 * (t % 8);
+        *reinterpret_cast<uint4*>(codes_t + (col0 + 64 * h + staged) * rows + row0 + first) =
+            *reinterpret_cast<const uint4*>(&stage.codes_t[staged][first]);
+      }
+      if (h == 0) __syncthreads();  // the staged rows are read before the second half overwrites them
+    }
+  }
+}
+
 bool same(BlockShape x, BlockShape y) { return x.rows == y.rows && x.cols == y.cols; }
 bool is_tile(BlockShape b) { return same(b, ops::fp8::kActivationTile); }
 bool is_block(BlockShape b) { return same(b, ops::fp8::kWeightBlock); }
@@ -156,6 +266,13 @@ bool is_block(BlockShape b) { return same(b, ops::fp8::kWeightBlock); }
 void check_block(const char* op, BlockShape block) {
   KILN_CHECK(is_tile(block) || is_block(block), op,
              "block shape [{}, {}]: cuBLASLt scales 1 x 128 tiles or 128 x 128 blocks", block.rows, block.cols);
+}
+
+// The training path's kernels take the shape: bf16, whole 128 x 128 tiles, x and codes_t
+// 16-byte aligned (their vector loads and stores), codes 8-byte.
+bool fast_path(DType dtype, const void* x, int64_t rows, int64_t cols, const uint8_t* codes, const uint8_t* codes_t) {
+  return dtype == DType::bf16 && rows % kBlock == 0 && cols % kBlock == 0 && rows / kBlock <= 65535 &&
+         cols / kBlock <= 65535 && aligned_to(x, 16) && aligned_to(codes, 8) && aligned_to(codes_t, 16);
 }
 
 }  // namespace
@@ -193,6 +310,20 @@ void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, 
   const cudaStream_t s = stream(ctx);
   const float fp8_max = ops::fp8::info(format).max;
   const int64_t l = ceil_div(cols, kBlock);
+  if (is_tile(block) && fast_path(dtype, x, rows, cols, codes, codes_t)) {
+    const bf16* xb = static_cast<const bf16*>(x);
+    const dim3 grid(static_cast<unsigned>(cols / kBlock), static_cast<unsigned>(rows / kBlock));
+    if (codes_t != nullptr) {
+      tiles_bf16_kernel<true><<<grid, kFastThreads, sizeof(ColumnStage), s>>>(
+          xb, rows, cols, fp8_max, cuda_format(format), codes, scale_inv, codes_t, scale_inv_t);
+      check_launch(kOp, "tiles_bf16_kernel<columns>");
+    } else {
+      tiles_bf16_kernel<false><<<grid, kFastThreads, 0, s>>>(xb, rows, cols, fp8_max, cuda_format(format), codes,
+                                                             scale_inv, nullptr, nullptr);
+      check_launch(kOp, "tiles_bf16_kernel");
+    }
+    return;
+  }
   by_dtype(kOp, dtype, [&]<typename T>() {
     const T* xt = static_cast<const T*>(x);
     if (is_tile(block)) {
