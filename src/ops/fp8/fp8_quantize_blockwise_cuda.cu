@@ -259,6 +259,59 @@ __global__ void __launch_bounds__(kFastThreads)
   }
 }
 
+// 128 x 128 blocks, a block of 256 threads each: block_128x128_kernel's bits with 16-byte
+// loads and 8-byte code stores. The transposed copy goes through shared memory twice:
+// the codes staged row-major, each thread gathers 64 bytes of one column (a warp reads 32
+// consecutive bytes of a row: no bank conflicts), then writes them back as a staged
+// transposed row, which eight threads copy out as one 128-byte run of codes_t.
+__global__ void __launch_bounds__(kFastThreads)
+    block_128x128_bf16_kernel(const bf16* x, int64_t rows, int64_t cols, float fp8_max,
+                              __nv_fp8_interpretation_t format, uint8_t* codes, float* scale_inv, uint8_t* codes_t,
+                              float* scale_inv_t) {
+  __shared__ alignas(16) uint8_t tile[kBlock][kStagePitch];
+  const int t = threadIdx.x, chunk = t % 16, r = t / 16;
+  const int64_t rb = blockIdx.y, kb = blockIdx.x, row0 = rb * kBlock, col0 = kb * kBlock;
+  uint4 raw[kVectorsPerThread];
+  load_tile(x, cols, row0, col0, raw);
+  float m = 0.0f;
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    float v[8];
+    unpack8(raw[i], v);
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
+  }
+  const float scale = scale_from_amax(block_max(m), fp8_max);
+  if (t == 0) {
+    const float inv = __fdiv_rn(1.0f, scale);
+    write_scale(scale_inv, (gridDim.x + 3) / 4 * 4, rb, kb, gridDim.x, inv);
+    if (scale_inv_t != nullptr) write_scale(scale_inv_t, (gridDim.y + 3) / 4 * 4, kb, rb, gridDim.y, inv);
+  }
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    float v[8];
+    unpack8(raw[i], v);
+    const uint2 packed = cast8(v, scale, format);
+    const int row = r + kRowsPerPass * i;
+    if (codes != nullptr) *reinterpret_cast<uint2*>(codes + (row0 + row) * cols + col0 + 8 * chunk) = packed;
+    if (codes_t != nullptr) *reinterpret_cast<uint2*>(&tile[row][8 * chunk]) = packed;
+  }
+  if (codes_t == nullptr) return;
+  __syncthreads();
+  const int column = t % kBlock, half = t / kBlock;  // column's bytes at rows 64 half .. + 64
+  uint4 gathered[4];
+  for (int k = 0; k < 4; ++k) {
+    uint32_t word[4] = {0, 0, 0, 0};
+    for (int j = 0; j < 16; ++j) word[j / 4] |= uint32_t{tile[64 * half + 16 * k + j][column]} << (8 * (j % 4));
+    gathered[k] = make_uint4(word[0], word[1], word[2], word[3]);
+  }
+  __syncthreads();  // every column gathered before the tile is overwritten transposed
+  for (int k = 0; k < 4; ++k) *reinterpret_cast<uint4*>(&tile[column][64 * half + 16 * k]) = gathered[k];
+  __syncthreads();
+  for (int pass = 0; pass < 4; ++pass) {
+    const int staged = t / 8 + 32 * pass, first = 16 * (t % 8);
+    *reinterpret_cast<uint4*>(codes_t + (col0 + staged) * rows + row0 + first) =
+        *reinterpret_cast<const uint4*>(&tile[staged][first]);
+  }
+}
+
 bool same(BlockShape x, BlockShape y) { return x.rows == y.rows && x.cols == y.cols; }
 bool is_tile(BlockShape b) { return same(b, ops::fp8::kActivationTile); }
 bool is_block(BlockShape b) { return same(b, ops::fp8::kWeightBlock); }
@@ -310,10 +363,14 @@ void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, 
   const cudaStream_t s = stream(ctx);
   const float fp8_max = ops::fp8::info(format).max;
   const int64_t l = ceil_div(cols, kBlock);
-  if (is_tile(block) && fast_path(dtype, x, rows, cols, codes, codes_t)) {
+  if (fast_path(dtype, x, rows, cols, codes, codes_t)) {
     const bf16* xb = static_cast<const bf16*>(x);
     const dim3 grid(static_cast<unsigned>(cols / kBlock), static_cast<unsigned>(rows / kBlock));
-    if (codes_t != nullptr) {
+    if (is_block(block)) {
+      block_128x128_bf16_kernel<<<grid, kFastThreads, 0, s>>>(xb, rows, cols, fp8_max, cuda_format(format), codes,
+                                                              scale_inv, codes_t, scale_inv_t);
+      check_launch(kOp, "block_128x128_bf16_kernel");
+    } else if (codes_t != nullptr) {
       tiles_bf16_kernel<true><<<grid, kFastThreads, sizeof(ColumnStage), s>>>(
           xb, rows, cols, fp8_max, cuda_format(format), codes, scale_inv, codes_t, scale_inv_t);
       check_launch(kOp, "tiles_bf16_kernel<columns>");
