@@ -264,12 +264,14 @@ TEST(GpuFp8, BatchedTensorwiseQuantizeIsEachMatrixAlone) {
         }
 }
 
-TEST(GpuFp8, BlockwiseQuantizeMatchesEmulationBitForBit) {
-  uint64_t seed = 100;
+// Every output combination fp8_quantize_blockwise takes, against the CPU emulation bit for
+// bit: codes alone, codes with the transposed copy, the transposed copy alone.
+template <size_t N>
+void expect_blockwise_quantize_matches_emulation(const Shape2 (&shapes)[N], uint64_t seed) {
   for (fp8::BlockShape block : {fp8::kActivationTile, fp8::kWeightBlock})
     for (DType dtype : {DType::f32, DType::bf16})
       for (Format format : {Format::e4m3, Format::e5m2})
-        for (Shape2 s : kQuantizeShapes)
+        for (Shape2 s : shapes)
           for (Fill fill : kQuantizeFills) {
             const std::string what = fmt::format("{}x{} {} {} [{}, {}] {}", block.rows, block.cols, dtype_name(dtype),
                                                  fp8::name(format), s.rows, s.cols, fill_name(fill));
@@ -316,6 +318,18 @@ TEST(GpuFp8, BlockwiseQuantizeMatchesEmulationBitForBit) {
             expect_same_floats(download<float>(scale_inv_t_alone), cuda::blockwise_scale_layout(ref_t),
                                what + " scale_inv_t alone");
           }
+}
+
+TEST(GpuFp8, BlockwiseQuantizeMatchesEmulationBitForBit) {
+  expect_blockwise_quantize_matches_emulation(kQuantizeShapes, 100);
+}
+
+// Whole 128 x 128 tiles: bf16 takes the training path's kernels (16-byte vectors, a tile's
+// row tiles and transposed column tiles from one read), f32 the general ones; several tiles
+// each way, so a tile's place in the grid and the scale layouts' strides show.
+TEST(GpuFp8, BlockwiseQuantizeFastPathMatchesEmulationBitForBit) {
+  constexpr Shape2 kFastShapes[] = {{128, 128}, {256, 384}, {384, 256}};
+  expect_blockwise_quantize_matches_emulation(kFastShapes, 700);
 }
 
 // The layout itself, written out for a case small enough to read (K = 384: L = 3 tiles
