@@ -10,6 +10,7 @@
 #include "ops/fp8/fp8_gemm_reference.h"
 #include "ops/linear/linear.h"
 #include "test_util.h"
+#include "train/training_build.h"
 
 #include <gtest/gtest.h>
 
@@ -111,6 +112,24 @@ TEST(Fp8BlockwiseLinear, TheRecipeHasTheDenseRoleBlockwiseAndKeepsNothing) {
   layer.keep_fp8_input(b.ctx);
   EXPECT_EQ(b.activations.planned_bytes(), 0u);
   EXPECT_TRUE(layer.weight_grad_reads_x(8));
+}
+
+// train.fp8_blockwise_kernels reaches the recipe: "scalar" by default (the kernels that ran
+// on a GPU), "vector" when asked; other values are refused naming the key.
+TEST(Fp8BlockwiseLinear, TheQuantizeKernelsAreChosenByKey) {
+  Config config;
+  config.train.precision = "fp8_blockwise";
+  EXPECT_EQ(config.train.fp8_blockwise_kernels, "scalar");
+  EXPECT_FALSE(training_build_options(config, Device::cuda).precision->blockwise_vector_kernels);
+  config.train.fp8_blockwise_kernels = "vector";
+  EXPECT_TRUE(training_build_options(config, Device::cuda).precision->blockwise_vector_kernels);
+  std::string output;
+  EXPECT_NE(test::run_command(test::kiln_binary() + " train " + test::source_dir() + "/configs/default.toml" + kSmall +
+                                  " --set train.fp8_blockwise_kernels=wide --set train.out_dir=" +
+                                  test::temp_dir("kiln-fp8-kernels-key") + "/run 2>&1",
+                              &output),
+            0);
+  EXPECT_NE(output.find("train.fp8_blockwise_kernels"), std::string::npos) << output;
 }
 
 TEST(Fp8BlockwiseLinear, TheGpuRunsFp8OnWholeBlocksOnly) {

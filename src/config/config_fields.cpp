@@ -204,6 +204,9 @@ const std::array kFields = {
     KILN_FIELD(train, precision, one_of("auto|fp32|bf16|fp16|fp8_tensorwise|fp8_blockwise"),
                "auto (bf16 on the GPU, fp32 on the CPU) | fp32 | bf16 | fp8_tensorwise (dense GEMMs in per-tensor "
                "FP8) | fp8_blockwise (dense GEMMs in DeepSeek-V3's blockwise FP8); fp16 is not built yet"),
+    KILN_FIELD(train, fp8_blockwise_kernels, one_of("scalar|vector"),
+               "fp8_blockwise on the GPU: scalar quantize kernels, or vector ones (16-byte loads, one read for a "
+               "tile's row and column tiles; the same bits, not yet run on a GPU)"),
     KILN_FIELD(train, fp8_keep_inputs, none(),
                "FP8: each dense projection keeps its input's FP8 codes for backward (1 byte an element); false "
                "quantizes the input again"),

@@ -13,6 +13,7 @@ void LinearLayer::bind(const BuildContext& ctx, ParamRole role) {
   workspace_ = &ctx.workspace;
   deferral_ = ctx.deferral;
   format_ = ctx.precision.format(role);
+  blockwise_vector_kernels_ = ctx.precision.blockwise_vector_kernels;
 }
 
 void LinearLayer::plan_fp8_scratch(BuildContext& ctx) const {
@@ -70,7 +71,8 @@ void LinearLayer::gemm_forward(const ExecContext& exec, const Tensor& x, const T
   switch (format_) {
     case GemmFormat::fp8_tensorwise:
       return ops::fp8::fp8_linear_forward(exec, *workspace_, x, w_, b_, y, keep, x_amax);
-    case GemmFormat::fp8_blockwise: return ops::fp8::fp8_blockwise_linear_forward(exec, *workspace_, x, w_, b_, y);
+    case GemmFormat::fp8_blockwise:
+      return ops::fp8::fp8_blockwise_linear_forward(exec, *workspace_, x, w_, b_, y, blockwise_vector_kernels_);
     default: return ops::linear_forward(exec, x, w_, b_, y);
   }
 }
@@ -83,7 +85,8 @@ void LinearLayer::gemm_backward(const Tensor& x, const Tensor& dy, const Tensor&
       return ops::fp8::fp8_linear_backward(*exec_, *workspace_, x, w_, dy, dx, accumulate_dx, dw, dbias,
                                            x.defined() ? kept() : nullptr, dy_amax);
     case GemmFormat::fp8_blockwise:
-      return ops::fp8::fp8_blockwise_linear_backward(*exec_, *workspace_, x, w_, dy, dx, accumulate_dx, dw, dbias);
+      return ops::fp8::fp8_blockwise_linear_backward(*exec_, *workspace_, x, w_, dy, dx, accumulate_dx, dw, dbias,
+                                                     blockwise_vector_kernels_);
     default: return ops::linear_backward(*exec_, x.defined() ? x : dx, w_, dy, dx, dw, dbias, accumulate_dx);
   }
 }

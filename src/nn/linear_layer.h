@@ -115,6 +115,7 @@ class LinearLayer {
   const ops::fp8::Fp8KeptInput* kept() const { return kept_.codes.defined() ? &kept_ : nullptr; }
 
   GemmFormat format_ = GemmFormat::f32;
+  bool blockwise_vector_kernels_ = false;  // the recipe's (PrecisionRecipe::blockwise_vector_kernels)
   ops::fp8::Fp8KeptInput kept_;
   Tensor w_, g_;   // [out, in]
   Tensor b_, bg_;  // [out] or undefined

@@ -49,6 +49,9 @@ struct PrecisionRecipe {
   // An FP8 projection keeps x's FP8 operand from forward to backward where its module
   // allows (LinearLayer::keep_fp8_input; train.fp8_keep_inputs).
   bool keep_fp8_inputs = true;
+  // fp8_blockwise on the GPU: the quantize's vector kernels (train.fp8_blockwise_kernels =
+  // "vector"; cuda::fp8_quantize_blockwise), off until they have run on a GPU.
+  bool blockwise_vector_kernels = false;
 
   // Every role computes in `compute`; masters are f32 under bf16, else `compute` itself.
   static PrecisionRecipe uniform(DType compute);

@@ -11,6 +11,7 @@ BuildOptions training_build_options(const Config& config, Device device) {
   options.device = device;
   options.precision = resolve_precision_recipe(config.train.precision, device);
   options.precision->keep_fp8_inputs = config.train.fp8_keep_inputs;
+  options.precision->blockwise_vector_kernels = config.train.fp8_blockwise_kernels == "vector";
   if (config.train.fp8_experts) options.precision->expert = GemmFormat::fp8_tensorwise;
   options.dtype = options.precision->compute;
   options.recompute_blocks = config.train.recompute_blocks;

@@ -267,7 +267,7 @@ TEST(GpuFp8, BatchedTensorwiseQuantizeIsEachMatrixAlone) {
 // Every output combination fp8_quantize_blockwise takes, against the CPU emulation bit for
 // bit: codes alone, codes with the transposed copy, the transposed copy alone.
 template <size_t N>
-void expect_blockwise_quantize_matches_emulation(const Shape2 (&shapes)[N], uint64_t seed) {
+void expect_blockwise_quantize_matches_emulation(const Shape2 (&shapes)[N], uint64_t seed, bool vector_kernels) {
   for (fp8::BlockShape block : {fp8::kActivationTile, fp8::kWeightBlock})
     for (DType dtype : {DType::f32, DType::bf16})
       for (Format format : {Format::e4m3, Format::e5m2})
@@ -283,7 +283,7 @@ void expect_blockwise_quantize_matches_emulation(const Shape2 (&shapes)[N], uint
             OwnedTensor codes = poisoned<uint8_t>(s.rows * s.cols);
             OwnedTensor scale_inv = poisoned<float>(cuda::blockwise_scale_count(s.rows, s.cols, block));
             cuda::fp8_quantize_blockwise(process_exec(), dtype, in.device->raw(), s.rows, s.cols, block, format,
-                                         ptr<uint8_t>(codes), ptr<float>(scale_inv));
+                                         ptr<uint8_t>(codes), ptr<float>(scale_inv), nullptr, nullptr, vector_kernels);
             expect_same_codes(download<uint8_t>(codes), ref.codes, what + " codes");
             expect_same_floats(download<float>(scale_inv), ref_scales, what + " scale_inv");
             // With the transposed copy: the reference quantizes the transposed input (for
@@ -297,7 +297,7 @@ void expect_blockwise_quantize_matches_emulation(const Shape2 (&shapes)[N], uint
             OwnedTensor scale_inv_t = poisoned<float>(cuda::blockwise_scale_count(s.cols, s.rows, block));
             cuda::fp8_quantize_blockwise(process_exec(), dtype, in.device->raw(), s.rows, s.cols, block, format,
                                          ptr<uint8_t>(codes2), ptr<float>(scale_inv2), ptr<uint8_t>(codes_t),
-                                         ptr<float>(scale_inv_t));
+                                         ptr<float>(scale_inv_t), vector_kernels);
             expect_same_codes(download<uint8_t>(codes2), ref.codes, what + " codes (with transpose)");
             expect_same_floats(download<float>(scale_inv2), ref_scales, what + " scale_inv (with transpose)");
             expect_same_codes(download<uint8_t>(codes_t), ref_t.codes, what + " codes_t");
@@ -313,7 +313,7 @@ void expect_blockwise_quantize_matches_emulation(const Shape2 (&shapes)[N], uint
             const bool tile = block.rows == fp8::kActivationTile.rows;
             cuda::fp8_quantize_blockwise(process_exec(), dtype, in.device->raw(), s.rows, s.cols, block, format,
                                          nullptr, tile ? nullptr : ptr<float>(scale_inv3), ptr<uint8_t>(codes_t_alone),
-                                         ptr<float>(scale_inv_t_alone));
+                                         ptr<float>(scale_inv_t_alone), vector_kernels);
             expect_same_codes(download<uint8_t>(codes_t_alone), ref_t.codes, what + " codes_t alone");
             expect_same_floats(download<float>(scale_inv_t_alone), cuda::blockwise_scale_layout(ref_t),
                                what + " scale_inv_t alone");
@@ -321,15 +321,18 @@ void expect_blockwise_quantize_matches_emulation(const Shape2 (&shapes)[N], uint
 }
 
 TEST(GpuFp8, BlockwiseQuantizeMatchesEmulationBitForBit) {
-  expect_blockwise_quantize_matches_emulation(kQuantizeShapes, 100);
+  expect_blockwise_quantize_matches_emulation(kQuantizeShapes, 100, false);
+  expect_blockwise_quantize_matches_emulation(kQuantizeShapes, 100, true);  // no shape here takes them
 }
 
-// Whole 128 x 128 tiles: bf16 takes the training path's kernels (16-byte vectors, a tile's
-// row tiles and transposed column tiles from one read), f32 the general ones; several tiles
-// each way, so a tile's place in the grid and the scale layouts' strides show.
+// Whole 128 x 128 tiles: with vector_kernels bf16 takes the vector kernels (16-byte
+// vectors, a tile's row tiles and transposed column tiles from one read), f32 the general
+// ones; without, both the general ones. Several tiles each way, so a tile's place in the
+// grid and the scale layouts' strides show.
 TEST(GpuFp8, BlockwiseQuantizeFastPathMatchesEmulationBitForBit) {
   constexpr Shape2 kFastShapes[] = {{128, 128}, {256, 384}, {384, 256}};
-  expect_blockwise_quantize_matches_emulation(kFastShapes, 700);
+  expect_blockwise_quantize_matches_emulation(kFastShapes, 700, true);
+  expect_blockwise_quantize_matches_emulation(kFastShapes, 700, false);
 }
 
 // The layout itself, written out for a case small enough to read (K = 384: L = 3 tiles

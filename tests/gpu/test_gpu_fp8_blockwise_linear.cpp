@@ -51,7 +51,9 @@ struct Layer {
   Workspace cpu_ws{Device::cpu}, gpu_ws{Device::cuda};
 };
 
-TEST(GpuFp8BlockwiseLinear, ForwardAndBackwardMatchTheCpuEmulation) {
+// `vector`: the quantize's vector kernels (train.fp8_blockwise_kernels = "vector").
+void expect_layer_matches_cpu_emulation(bool vector) {
+  SCOPED_TRACE(vector ? "vector quantize kernels" : "scalar quantize kernels");
   // Two tiles along in, three blocks along n: every product's K is whole 128-blocks.
   const int64_t n = 384, in = 256, out = 128;
   ASSERT_TRUE(fp8::fp8_blockwise_linear_runs_fp8(Device::cuda, n, in, out));
@@ -76,8 +78,8 @@ TEST(GpuFp8BlockwiseLinear, ForwardAndBackwardMatchTheCpuEmulation) {
   const OwnedTensor bias_d = to_device(*bias), g_d = to_device(*g_cpu), db_d = to_device(*db0);
   ops::zero(layer.exec, *g_d);
   const OwnedTensor y_d = gpu_test::poisoned(DType::bf16, Shape{n, out});
-  fp8::fp8_blockwise_linear_forward(layer.exec, layer.gpu_ws, *x_d, *w_d, *bias_d, *y_d);
-  fp8::fp8_blockwise_linear_backward(layer.exec, layer.gpu_ws, *x_d, *w_d, *dy_d, *dx_d, true, *g_d, *db_d);
+  fp8::fp8_blockwise_linear_forward(layer.exec, layer.gpu_ws, *x_d, *w_d, *bias_d, *y_d, vector);
+  fp8::fp8_blockwise_linear_backward(layer.exec, layer.gpu_ws, *x_d, *w_d, *dy_d, *dx_d, true, *g_d, *db_d, vector);
 
   expect_within_bound(*download_f32(*y_d), *y_cpu,
                       abs_products(n, out, in, x->data<float>(), in, 1, w->data<float>(), in, 1), in, true, "y");
@@ -93,7 +95,7 @@ TEST(GpuFp8BlockwiseLinear, ForwardAndBackwardMatchTheCpuEmulation) {
   // instead of the f32 add: within the same bound).
   const OwnedTensor dx_alone = gpu_test::poisoned(DType::bf16, Shape{n, in});
   fp8::fp8_blockwise_linear_backward(layer.exec, layer.gpu_ws, Tensor(), *w_d, *dy_d, *dx_alone, false, Tensor(),
-                                     Tensor());
+                                     Tensor(), vector);
   const OwnedTensor dx_plain_cpu(DType::f32, Device::cpu, Shape{n, in});
   fp8::fp8_blockwise_linear_backward(layer.exec, layer.cpu_ws, Tensor(), *w, *dy, *dx_plain_cpu, false, Tensor(),
                                      Tensor());
@@ -102,10 +104,16 @@ TEST(GpuFp8BlockwiseLinear, ForwardAndBackwardMatchTheCpuEmulation) {
                       "dx alone");
   const OwnedTensor g_bf16 = gpu_test::upload(*g_cpu, DType::bf16);
   ops::zero(layer.exec, *g_bf16);
-  fp8::fp8_blockwise_linear_backward(layer.exec, layer.gpu_ws, *x_d, *w_d, *dy_d, Tensor(), false, *g_bf16, Tensor());
+  fp8::fp8_blockwise_linear_backward(layer.exec, layer.gpu_ws, *x_d, *w_d, *dy_d, Tensor(), false, *g_bf16, Tensor(),
+                                     vector);
   expect_within_bound(*download_f32(*g_bf16), *g_cpu,
                       abs_products(out, in, n, dy->data<float>(), 1, out, x->data<float>(), 1, in), n, true,
                       "dW in bf16");
+}
+
+TEST(GpuFp8BlockwiseLinear, ForwardAndBackwardMatchTheCpuEmulation) {
+  expect_layer_matches_cpu_emulation(false);
+  expect_layer_matches_cpu_emulation(true);
 }
 
 // A dimension that is not a multiple of 128: the bf16 GEMM, bit for bit.
@@ -138,6 +146,12 @@ TEST(GpuFp8BlockwiseLinear, ASmallModelTrainsInCapturedGraphsNearItsBf16Run) {
   RecordProperty("largest_gap", std::to_string(most));
   EXPECT_EQ(a.lines, b.lines);
   EXPECT_EQ(a.weights, b.weights);
+  // The vector quantize kernels give the same codes and scales, so the same run bit for bit.
+  std::vector<std::string> vector_blocks = blocks;
+  vector_blocks.push_back("train.fp8_blockwise_kernels=vector");
+  const gpu_test::TrainingRun v = train(dir + "/fp8v", "fp8_blockwise", vector_blocks);
+  EXPECT_EQ(a.lines, v.lines);
+  EXPECT_EQ(a.weights, v.weights);
   std::filesystem::remove_all(dir);
 }
 

@@ -119,7 +119,7 @@ Operand take(Workspace::Scope& scope, int64_t rows, int64_t cols, BlockShape blo
 }
 
 void forward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& bias,
-                  const Tensor& y) {
+                  const Tensor& y, bool vector) {
   KILN_OP_SCOPE("fp8_blockwise_linear", x);
   const int64_t n = x.size(0), in = w.size(1), out = w.size(0);
   Workspace::Scope scope(workspace);
@@ -127,16 +127,16 @@ void forward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x,
   {
     KILN_OP_SCOPE("fp8_quantize", x);
     cuda::fp8_quantize_blockwise(ctx, x.dtype(), x.raw(), n, in, kActivationTile, Format::e4m3,
-                                 xq.codes.data<uint8_t>(), xq.scales.data<float>());
+                                 xq.codes.data<uint8_t>(), xq.scales.data<float>(), nullptr, nullptr, vector);
     cuda::fp8_quantize_blockwise(ctx, w.dtype(), w.raw(), out, in, kWeightBlock, Format::e4m3,
-                                 wq.codes.data<uint8_t>(), wq.scales.data<float>());
+                                 wq.codes.data<uint8_t>(), wq.scales.data<float>(), nullptr, nullptr, vector);
   }
   if (bias.defined()) cuda::linear_broadcast_bias(ctx, bias.data<float>(), y.dtype(), n, out, y.raw());
   cuda::fp8_gemm(ctx, n, out, in, xq.gemm(), wq.gemm(), y.raw(), y.dtype(), bias.defined());
 }
 
 void backward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w, const Tensor& dy,
-                   const Tensor& dx, bool accumulate_dx, const Tensor& dw) {
+                   const Tensor& dx, bool accumulate_dx, const Tensor& dw, bool vector) {
   KILN_OP_SCOPE("fp8_blockwise_linear_backward", dy);
   const int64_t n = dy.size(0), in = w.size(1), out = w.size(0);
   Workspace::Scope scope(workspace);
@@ -152,16 +152,17 @@ void backward_cuda(const ExecContext& ctx, Workspace& workspace, const Tensor& x
     // whole 128 x 128 tiles, as here, takes the kernel that writes both).
     cuda::fp8_quantize_blockwise(ctx, dy.dtype(), dy.raw(), n, out, kActivationTile, Format::e4m3,
                                  dy_tiles.codes.data_or_null<uint8_t>(), dy_tiles.scales.data_or_null<float>(),
-                                 dyt_tiles.codes.data_or_null<uint8_t>(), dyt_tiles.scales.data_or_null<float>());
+                                 dyt_tiles.codes.data_or_null<uint8_t>(), dyt_tiles.scales.data_or_null<float>(),
+                                 vector);
     if (dw.defined())
       cuda::fp8_quantize_blockwise(ctx, x.dtype(), x.raw(), n, in, kActivationTile, Format::e4m3, nullptr, nullptr,
-                                   xt_tiles.codes.data<uint8_t>(), xt_tiles.scales.data<float>());
+                                   xt_tiles.codes.data<uint8_t>(), xt_tiles.scales.data<float>(), vector);
     if (dx.defined()) {
       // W's blocks transposed (the same scales); W's own codes are not needed here.
       const Tensor w_scales = scope.take(DType::f32, Shape{cuda::blockwise_scale_count(out, in, kWeightBlock)});
       cuda::fp8_quantize_blockwise(ctx, w.dtype(), w.raw(), out, in, kWeightBlock, Format::e4m3, nullptr,
                                    w_scales.data<float>(), wt_blocks.codes.data<uint8_t>(),
-                                   wt_blocks.scales.data<float>());
+                                   wt_blocks.scales.data<float>(), vector);
     }
   }
   if (dx.defined())
@@ -208,20 +209,20 @@ bool fp8_blockwise_linear_runs_fp8(Device device, int64_t n, int64_t in, int64_t
 }
 
 void fp8_blockwise_linear_forward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
-                                  const Tensor& bias, const Tensor& y) {
+                                  const Tensor& bias, const Tensor& y, [[maybe_unused]] bool vector_kernels) {
   check_shapes(w, x, "y", y);
   KILN_CHECK(y.size(0) == x.size(0), kOp, "y has {} rows for {} rows of x", y.size(0), x.size(0));
   if (!fp8_blockwise_linear_runs_fp8(w.device(), x.size(0), w.size(1), w.size(0)))
     return ops::linear_forward(ctx, x, w, bias, y);
   if (w.device() == Device::cpu) return forward_cpu(workspace, x, w, bias, y);
 #if KILN_WITH_CUDA
-  forward_cuda(ctx, workspace, x, w, bias, y);
+  forward_cuda(ctx, workspace, x, w, bias, y, vector_kernels);
 #endif
 }
 
 void fp8_blockwise_linear_backward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
                                    const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw,
-                                   const Tensor& dbias) {
+                                   const Tensor& dbias, [[maybe_unused]] bool vector_kernels) {
   check_shapes(w, x, "dy", dy, dx);
   const Tensor weight_grad = x.defined() ? dw : Tensor();
   if (!fp8_blockwise_linear_runs_fp8(w.device(), dy.size(0), w.size(1), w.size(0)))
@@ -231,7 +232,7 @@ void fp8_blockwise_linear_backward(const ExecContext& ctx, Workspace& workspace,
     backward_cpu(workspace, x, w, dy, dx, accumulate_dx, weight_grad);
   } else {
 #if KILN_WITH_CUDA
-    backward_cuda(ctx, workspace, x, w, dy, dx, accumulate_dx, weight_grad);
+    backward_cuda(ctx, workspace, x, w, dy, dx, accumulate_dx, weight_grad, vector_kernels);
 #endif
   }
   // The bias's gradient from the unquantized dy, as the bf16 and f32 paths sum it.

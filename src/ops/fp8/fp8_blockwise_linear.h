@@ -43,13 +43,14 @@ size_t fp8_blockwise_linear_scratch_bytes(Device device, int64_t tokens, int64_t
 bool fp8_blockwise_linear_runs_fp8(Device device, int64_t n, int64_t in, int64_t out);
 
 // x [n, in], w [out, in], bias [out] or undefined -> y [n, out] (written with =).
+// vector_kernels: the GPU's quantize takes its vector kernels (cuda::fp8_quantize_blockwise).
 void fp8_blockwise_linear_forward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
-                                  const Tensor& bias, const Tensor& y);
+                                  const Tensor& bias, const Tensor& y, bool vector_kernels = false);
 
 // dy [n, out]. dx [n, in] (= or += when accumulate_dx; skipped if undefined). dw [out, in]
 // and dbias [out]: += (skipped if undefined or when x is). dx may be x's place.
 void fp8_blockwise_linear_backward(const ExecContext& ctx, Workspace& workspace, const Tensor& x, const Tensor& w,
                                    const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw,
-                                   const Tensor& dbias);
+                                   const Tensor& dbias, bool vector_kernels = false);
 
 }  // namespace kiln::ops::fp8

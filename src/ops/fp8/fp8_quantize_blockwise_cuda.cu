@@ -352,7 +352,7 @@ std::vector<float> blockwise_scale_layout(const ops::fp8::ScaledMatrix& q) {
 
 void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, int64_t rows, int64_t cols,
                             BlockShape block, Format format, uint8_t* codes, float* scale_inv, uint8_t* codes_t,
-                            float* scale_inv_t) {
+                            float* scale_inv_t, bool vector_kernels) {
   constexpr const char* kOp = "fp8_quantize_blockwise";
   check_block(kOp, block);
   KILN_CHECK((codes_t == nullptr) == (scale_inv_t == nullptr), kOp, "codes_t and scale_inv_t come together");
@@ -363,7 +363,7 @@ void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, 
   const cudaStream_t s = stream(ctx);
   const float fp8_max = ops::fp8::info(format).max;
   const int64_t l = ceil_div(cols, kBlock);
-  if (fast_path(dtype, x, rows, cols, codes, codes_t)) {
+  if (vector_kernels && fast_path(dtype, x, rows, cols, codes, codes_t)) {
     const bf16* xb = static_cast<const bf16*>(x);
     const dim3 grid(static_cast<unsigned>(cols / kBlock), static_cast<unsigned>(rows / kBlock));
     if (is_block(block)) {
