@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,6 +113,43 @@ inline std::vector<double> train(const std::string& dir, const std::string& prec
                               " --set train.precision=" + precision + " --set train.out_dir=" + dir + extra + " 2>&1";
   EXPECT_EQ(test::run_command(command, output), 0) << *output;
   return test::train_losses(dir);
+}
+
+// A layer of `recipe` handed a NaN in x: an error naming the recipe and the non-finite value.
+inline void expect_nonfinite_input_refused(const char* recipe) {
+  Build b(resolve_precision_recipe(recipe, Device::cpu), 4);
+  LinearLayer layer;
+  layer.declare(b.ctx, ParamName{"w", "w", ""}, 3, 5, ParamRole::matrix, Init::normal(0.02));
+  b.allocate();
+  const OwnedTensor x(DType::f32, Device::cpu, Shape{4, 5}), y(DType::f32, Device::cpu, Shape{4, 3});
+  zero_tensor(*x);
+  x->data<float>()[7] = std::nanf("");
+  const std::string error = test::error_of([&] { layer.forward(*x, *y); });
+  EXPECT_NE(error.find(recipe), std::string::npos) << error;
+  EXPECT_NE(error.find("non-finite"), std::string::npos) << error;
+}
+
+// The small model (kSmall) trained in `recipe` and in fp32 from the same seed and data: it
+// learns (the last logged loss half a nat under the first), its log names the recipe, and
+// every logged loss is within 1% of fp32's without equalling them all (FP8 really ran).
+// Returns the largest relative gap.
+inline double expect_trains_near_fp32(const std::string& recipe, const std::string& dir) {
+  std::string out32, out8;
+  const std::vector<double> fp32 = train(dir + "/fp32", "fp32", &out32);
+  const std::vector<double> fp8 = train(dir + "/fp8", recipe, &out8);
+  EXPECT_NE(out8.find(recipe + " GEMMs"), std::string::npos) << out8;
+  EXPECT_EQ(fp32.size(), 6u) << out32;  // steps 5, 10, ..., 30
+  EXPECT_EQ(fp8.size(), fp32.size()) << out8;
+  if (fp8.size() != 6u || fp32.size() != 6u) return 1e9;
+  EXPECT_LT(fp8.back(), fp8.front() - 0.5) << out8;
+  double most = 0;
+  for (size_t i = 0; i < fp8.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(fp8[i])) << i;
+    most = std::max(most, std::fabs(fp8[i] - fp32[i]) / fp32[i]);
+  }
+  EXPECT_LT(most, 0.01) << out8;
+  EXPECT_GT(most, 0.0) << recipe << " logged the fp32 run's losses exactly";
+  return most;
 }
 
 }  // namespace kiln::fp8_test

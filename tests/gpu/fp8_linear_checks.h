@@ -4,7 +4,11 @@
 // run in captured step graphs.
 #pragma once
 
+#include "core/exec_context.h"
 #include "core/tensor.h"
+#include "gpu/bf16_tensors.h"
+#include "gpu/gpu_harness.h"
+#include "ops/linear/linear.h"
 #include "gpu/training_run.h"
 #include "test_util.h"
 
@@ -12,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -81,6 +86,20 @@ inline LossGaps gaps_to_bf16(const TrainingRun& run, const TrainingRun& bf16, si
     g.most = std::max(g.most, gap), g.mean += gap / static_cast<double>(steps);
   }
   return g;
+}
+
+// A call the FP8 layer hands to the bf16 GEMM: `fp8_forward(x, w, y)` gives ops::linear's
+// y bit for bit, for bf16 x [n, in] and w [out, in] drawn from `seed`.
+template <typename Forward>
+void expect_bf16_gemm_bit_for_bit(Forward&& fp8_forward, int64_t n, int64_t in, int64_t out, uint64_t seed) {
+  const ExecContext exec;
+  const OwnedTensor x = upload(*bf16_values(Shape{n, in}, seed, 1.0), DType::bf16);
+  const OwnedTensor w = upload(*bf16_values(Shape{out, in}, seed + 1, 0.05), DType::bf16);
+  const OwnedTensor y = poisoned(DType::bf16, Shape{n, out}), y_ref = poisoned(DType::bf16, Shape{n, out});
+  fp8_forward(*x, *w, *y);
+  ops::linear_forward(exec, *x, *w, Tensor(), *y_ref);
+  const OwnedTensor got = to_host(*y), want = to_host(*y_ref);
+  EXPECT_EQ(std::memcmp(got->raw(), want->raw(), got->nbytes()), 0);
 }
 
 }  // namespace kiln::gpu_test::fp8_linear

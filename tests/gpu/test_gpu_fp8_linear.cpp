@@ -186,13 +186,11 @@ TEST(GpuFp8Linear, RowsNotAMultipleOf16RunTheBf16Gemm) {
   EXPECT_FALSE(fp8::fp8_linear_runs_fp8(Device::cuda, n, in, out));
   EXPECT_TRUE(fp8::fp8_linear_runs_fp8(Device::cuda, 16, in, out));
   Layer layer(n, in, out);
-  const OwnedTensor x = gpu_test::upload(*bf16_values(Shape{n, in}, 21, 1.0), DType::bf16);
-  const OwnedTensor w = gpu_test::upload(*bf16_values(Shape{out, in}, 22, 0.05), DType::bf16);
-  const OwnedTensor y = gpu_test::poisoned(DType::bf16, Shape{n, out}), y_ref = gpu_test::poisoned(DType::bf16, Shape{n, out});
-  fp8::fp8_linear_forward(layer.exec, layer.gpu_ws, *x, *w, Tensor(), *y);
-  ops::linear_forward(layer.exec, *x, *w, Tensor(), *y_ref);
-  const OwnedTensor got = to_host(*y), want = to_host(*y_ref);
-  EXPECT_EQ(std::memcmp(got->raw(), want->raw(), got->nbytes()), 0);
+  expect_bf16_gemm_bit_for_bit(
+      [&](const Tensor& x, const Tensor& w, const Tensor& y) {
+        fp8::fp8_linear_forward(layer.exec, layer.gpu_ws, x, w, Tensor(), y);
+      },
+      n, in, out, 21);
 }
 
 TEST(GpuFp8Linear, ASmallModelTrainsInCapturedGraphsNearItsBf16Run) {
