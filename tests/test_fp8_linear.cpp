@@ -193,6 +193,36 @@ TEST(Fp8Linear, ASmallModelTrainsCloseToItsFp32Run) {
   std::filesystem::remove_all(dir);
 }
 
+// train.fp8_layers: the blocks left out compute as fp32 does. With no block in FP8 the run
+// is the fp32 run bit for bit; with block 0 only, it is neither that nor the all-FP8 run.
+// A bad set, or a set without an FP8 precision, is refused naming the key.
+TEST(Fp8Linear, Fp8LayersChoosesTheBlocksInFp8) {
+  const std::string dir = test::temp_dir("kiln-fp8-layers");
+  std::string out32, out_all, out_none, out_first;
+  const std::vector<double> fp32 = train(dir + "/fp32", "fp32", &out32);
+  const std::vector<double> all = train(dir + "/all", "fp8_tensorwise", &out_all);
+  const std::vector<double> none = train(dir + "/none", "fp8_tensorwise", &out_none, " --set 'train.fp8_layers=~all'");
+  const std::vector<double> first = train(dir + "/first", "fp8_tensorwise", &out_first, " --set train.fp8_layers=0");
+  ASSERT_EQ(fp32.size(), 6u) << out32;
+  EXPECT_EQ(none, fp32) << out_none;
+  EXPECT_NE(first, fp32) << out_first;
+  EXPECT_NE(first, all) << out_first;
+  EXPECT_NE(out_first.find("fp8_tensorwise GEMMs in blocks 0"), std::string::npos) << out_first;
+  for (const auto& [settings, why] :
+       {std::pair<std::string, std::string>{" --set train.fp8_layers=5", "names layer 5"},
+        {" --set train.fp8_layers=0 --set train.precision=fp32", "has none"}}) {
+    std::string output;
+    EXPECT_NE(test::run_command(test::kiln_binary() + " train " + test::source_dir() + "/configs/default.toml" + kSmall +
+                                    " --set train.precision=fp8_tensorwise" + settings + " --set train.out_dir=" + dir +
+                                    "/refused 2>&1",
+                                &output),
+              0);
+    EXPECT_NE(output.find("train.fp8_layers"), std::string::npos) << output;
+    EXPECT_NE(output.find(why), std::string::npos) << output;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // train.fp8_keep_inputs: keeping each projection's input codes from forward to backward
 // changes memory, not one bit of training (the same losses, the same final weights), since
 // the kept codes are the ones the backward would make from the same x.

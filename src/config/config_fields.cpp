@@ -207,6 +207,9 @@ const std::array kFields = {
     KILN_FIELD(train, fp8_blockwise_kernels, one_of("scalar|vector"),
                "fp8_blockwise on the GPU: scalar quantize kernels, or vector ones (16-byte loads, one read for a "
                "tile's row and column tiles; the same bits, not yet run on a GPU)"),
+    KILN_FIELD(train, fp8_layers, none(),
+               "FP8 precisions: the layer set whose dense projections are FP8 (e.g. '1-26' keeps the first and "
+               "last of 28 blocks in bf16); all = every block"),
     KILN_FIELD(train, fp8_keep_inputs, none(),
                "FP8: each dense projection keeps its input's FP8 codes for backward (1 byte an element); false "
                "quantizes the input again"),

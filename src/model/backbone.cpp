@@ -41,6 +41,9 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
     const LayerSpec layer{NameScope{"layers." + index + ".", "model.layers." + index + ".", "blk." + index + "."}, l,
                           &config, layer_choices(config, l)};
     PositionEncoding& position = local_position_ && layer.choices.window > 0 ? *local_position_ : *position_;
+    // The block's recipe (train.fp8_layers may leave it out of FP8), restored after it.
+    const PrecisionRecipe model_recipe = ctx.precision;
+    ctx.precision = model_recipe.for_block(l, config.layers);
     if (options.training && l < options.recompute_blocks) {
       // The block plans its saved activations in its own arena, bound later to the
       // region every recomputed block shares.
@@ -70,6 +73,7 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
     } else {
       blocks_.push_back(std::make_unique<TransformerBlock>(ctx, layer, position));
     }
+    ctx.precision = model_recipe;
     segment.last_entry = ctx.activations.entry_count();
     segment.last_view = ctx.kept_views ? ctx.kept_views->size() : 0;
     block_segments_.push_back(segment);

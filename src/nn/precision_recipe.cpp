@@ -1,5 +1,6 @@
 #include "nn/precision_recipe.h"
 
+#include "config/layer_pattern.h"
 #include "core/device_choice.h"
 #include "core/error.h"
 
@@ -32,6 +33,7 @@ PrecisionRecipe PrecisionRecipe::uniform(DType compute) {
 std::string PrecisionRecipe::describe() const {
   std::string text = mixed() ? "bf16 mixed" : compute == DType::f64 ? "fp64" : "fp32";
   if (dense != uniform(compute).dense) text += ", " + std::string(gemm_format_name(dense)) + " GEMMs";
+  if (is_fp8(dense) && fp8_layers != "all") text += " in blocks " + fp8_layers;
   if (expert != uniform(compute).expert) text += ", experts in " + std::string(gemm_format_name(expert));
   return text;
 }
@@ -44,6 +46,13 @@ GemmFormat PrecisionRecipe::format(ParamRole role) const {
     case ParamRole::embedding: return lm_head;
     default: return dense;
   }
+}
+
+PrecisionRecipe PrecisionRecipe::for_block(int64_t layer, int64_t layers) const {
+  PrecisionRecipe r = *this;
+  if (is_fp8(dense) && !parse_layer_set("train.fp8_layers", fp8_layers, layers)[static_cast<size_t>(layer)])
+    r.dense = uniform(compute).dense;
+  return r;
 }
 
 PrecisionRecipe resolve_precision_recipe(const std::string& setting, Device device) {

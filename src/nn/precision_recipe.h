@@ -52,6 +52,11 @@ struct PrecisionRecipe {
   // fp8_blockwise on the GPU: the quantize's vector kernels (train.fp8_blockwise_kernels =
   // "vector"; cuda::fp8_quantize_blockwise), off until they have run on a GPU.
   bool blockwise_vector_kernels = false;
+  // The transformer blocks whose dense projections take the dense role's FP8 format (a
+  // layer set, config/layer_pattern.h; train.fp8_layers): the others compute in the
+  // device's own format, as the first and last blocks are often kept. MTP's blocks follow
+  // the recipe as it is.
+  std::string fp8_layers = "all";
 
   // Every role computes in `compute`; masters are f32 under bf16, else `compute` itself.
   static PrecisionRecipe uniform(DType compute);
@@ -63,6 +68,9 @@ struct PrecisionRecipe {
   // The format of a weight of this role (embedding: the LM head's; norms and biases are
   // not GEMM weights and take the dense format).
   GemmFormat format(ParamRole role) const;
+  // This recipe for block `layer` of `layers`: the dense role out of FP8 when fp8_layers
+  // leaves the block out.
+  PrecisionRecipe for_block(int64_t layer, int64_t layers) const;
 };
 
 // train.precision on that device: "auto" | "fp32" | "bf16" | "fp8_tensorwise" |

@@ -1,5 +1,6 @@
 #include "train/training_build.h"
 
+#include "config/layer_pattern.h"
 #include "nn/precision_recipe.h"
 
 namespace kiln {
@@ -12,6 +13,11 @@ BuildOptions training_build_options(const Config& config, Device device) {
   options.precision = resolve_precision_recipe(config.train.precision, device);
   options.precision->keep_fp8_inputs = config.train.fp8_keep_inputs;
   options.precision->blockwise_vector_kernels = config.train.fp8_blockwise_kernels == "vector";
+  KILN_CHECK(config.train.fp8_layers == "all" || is_fp8(options.precision->dense), "train.fp8_layers",
+             "'{}' chooses FP8 blocks, but train.precision = '{}' has none", config.train.fp8_layers,
+             config.train.precision);
+  parse_layer_set("train.fp8_layers", config.train.fp8_layers, config.model.layers);  // refuses a bad set by key
+  options.precision->fp8_layers = config.train.fp8_layers;
   if (config.train.fp8_experts) options.precision->expert = GemmFormat::fp8_tensorwise;
   options.dtype = options.precision->compute;
   options.recompute_blocks = config.train.recompute_blocks;
