@@ -219,13 +219,13 @@ struct TrainConfig {
   std::string device = "auto";         // auto | cpu | cuda
   // auto = bf16 on the GPU (bf16 activations, fp32 masters, gradients and optimizer
   // state), fp32 on the CPU; fp32 forces fp32 everywhere; bf16 needs the GPU.
+  std::string precision = "auto";      // auto | fp32 | bf16 | fp8_tensorwise | fp8_blockwise
   // fp8_blockwise's GPU quantize kernels: "scalar" (one element a thread; run on an H100)
   // or "vector" (16-byte vectors, one read for a tile's both kinds; not yet run on a GPU).
   std::string fp8_blockwise_kernels = "scalar";
   // The blocks whose dense projections are FP8 (a layer set: "all", "~first:1", "1-26"...);
   // the rest stay in the device's precision. Needs an FP8 precision unless "all".
   std::string fp8_layers = "all";
-  std::string precision = "auto";      // auto | fp32 | bf16 | fp8_tensorwise | fp8_blockwise
   // FP8 recipes: each dense projection keeps its input's FP8 operand from forward to
   // backward (1 byte per input element per micro-batch: faster, x quantized once); false
   // quantizes x again in backward and keeps nothing.
