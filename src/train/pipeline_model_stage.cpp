@@ -22,8 +22,6 @@ ModelStage::ModelStage(Model& model, std::vector<int64_t> bounds, std::vector<Ho
     : model_(model), bounds_(std::move(bounds)), microbatches_(std::move(microbatches)), loss_scale_(loss_scale) {
   const ModelConfig& c = model.config();
   KILN_CHECK(model.options().training, "pipeline", "pipeline stages need a model built for training");
-  KILN_CHECK(model.options().device == Device::cpu, "pipeline",
-             "pipeline stages of the model run on the CPU only for now (the engine is host-only)");
   KILN_CHECK(bounds_.size() >= 2 && bounds_.front() == 0 && bounds_.back() == c.layers, "pipeline",
              "stage boundaries must run from 0 to model.layers = {}", c.layers);
   for (size_t s = 0; s + 1 < bounds_.size(); ++s)

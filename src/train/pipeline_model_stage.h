@@ -4,7 +4,7 @@
 // residual stream entering the next stage's first block, [tokens, hidden] in the model's
 // wide (master) dtype, and its gradient.
 //
-// Issue 46, on the CPU:
+// Issue 46:
 // - Activation frames (model/activation_frames.h), when the model has them
 //   (Model::enable_activation_frames, for the rank's stages' layers): the forward of
 //   (micro-batch m, stage s) takes a free frame and leaves its saved state there; the
@@ -36,8 +36,12 @@
 //   ranks add zeros): both then hold the table's whole gradient, one tensor, counted once
 //   by the norm. A rank holding both stages adds the two shares into its tensor as they run.
 // - Refused: multi-token prediction (its heads read the embedding on the last stage),
-//   Block Attention Residuals (their sublayers read more than the residual stream), a
-//   device other than the CPU (the engine is host-only).
+//   Block Attention Residuals (their sublayers read more than the residual stream).
+// - On the GPU (op by op: a stage's passes are separate calls, not one captured step), the
+//   engine's boundary buffers are still host memory (it runs on Gloo only): a stage's
+//   output leaves the device by cudaMemcpy, which waits for the model's stream, and the
+//   next stage's input goes back the same way. Activation frames, recompute and the split
+//   backward run there as on the CPU (tests/gpu/test_gpu_pipeline_stage.cpp, one rank).
 // - Every rank reads the step's micro-batches: stages after the first use their positions
 //   and sequence boundaries (attention), the last stage their targets.
 #pragma once
