@@ -114,15 +114,15 @@ TEST(Fp8BlockwiseLinear, TheRecipeHasTheDenseRoleBlockwiseAndKeepsNothing) {
   EXPECT_TRUE(layer.weight_grad_reads_x(8));
 }
 
-// train.fp8_blockwise_kernels reaches the recipe: "scalar" by default (the kernels that ran
-// on a GPU), "vector" when asked; other values are refused naming the key.
+// train.fp8_blockwise_kernels reaches the recipe: "vector" by default (the faster kernels,
+// since their first GPU run), "scalar" when asked; other values are refused naming the key.
 TEST(Fp8BlockwiseLinear, TheQuantizeKernelsAreChosenByKey) {
   Config config;
   config.train.precision = "fp8_blockwise";
-  EXPECT_EQ(config.train.fp8_blockwise_kernels, "scalar");
-  EXPECT_FALSE(training_build_options(config, Device::cuda).precision->blockwise_vector_kernels);
-  config.train.fp8_blockwise_kernels = "vector";
+  EXPECT_EQ(config.train.fp8_blockwise_kernels, "vector");
   EXPECT_TRUE(training_build_options(config, Device::cuda).precision->blockwise_vector_kernels);
+  config.train.fp8_blockwise_kernels = "scalar";
+  EXPECT_FALSE(training_build_options(config, Device::cuda).precision->blockwise_vector_kernels);
   std::string output;
   EXPECT_NE(test::run_command(test::kiln_binary() + " train " + test::source_dir() + "/configs/default.toml" + kSmall +
                                   " --set train.fp8_blockwise_kernels=wide --set train.out_dir=" +

@@ -10,6 +10,8 @@
 #include "grad_check.h"
 #include "infer/decoder.h"
 #include "infer/generator.h"
+#include "nn/kda_mixer.h"
+#include "ops/kda/kda.h"
 #include "tiny_model.h"
 #include "train/trainer.h"
 #include "test_util.h"
@@ -48,6 +50,17 @@ TEST(KdaMixer, HybridModelMatchesFiniteDifferences) {
   ScopedCpuThreads one_thread(1);
   const auto objective = [&] { return m.evaluate().loss * scale; };
   std::printf("[ kda x3 + gqa ] %s\n", expect_parameter_gradients_match(m, objective).str().c_str());
+}
+
+// model.kda.gpu_kernel = "auto" (the default): the chunked kernels with bf16 chunk gradients
+// where they take the head_dim, the recurrent ones beyond; named kernels stay as named.
+TEST(KdaMixer, AutoGpuKernelIsChunkedBf16WhereTheHeadDimAllows) {
+  if (ops::kda_chunked_max_dk() == 0) GTEST_SKIP() << "a build without CUDA has no GPU kernels to choose";
+  EXPECT_EQ(Config{}.model.kda.gpu_kernel, "auto");
+  EXPECT_EQ(kda_gpu_kernel("auto", 64), "chunked_bf16");
+  EXPECT_EQ(kda_gpu_kernel("auto", ops::kda_chunked_max_dk()), "chunked_bf16");
+  EXPECT_EQ(kda_gpu_kernel("auto", ops::kda_chunked_max_dk() + 1), "recurrent");
+  for (const char* named : {"recurrent", "chunked", "chunked_bf16"}) EXPECT_EQ(kda_gpu_kernel(named, 64), named);
 }
 
 TEST(KdaMixer, NamesShapesAndInit) {

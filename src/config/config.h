@@ -83,10 +83,11 @@ struct KdaConfig {
   int64_t conv_kernel = 4;  // the causal depthwise short convolution's width over q, k, v
   int64_t gate_rank = 0;    // the low-rank decay and output gates' inner width; 0 = head_dim
   // The delta rule's CUDA kernels: "recurrent" (token by token), "chunked" (the WY form by
-  // 64-token chunks, d_k <= 128; docs/kda.md says which is faster where) or "chunked_bf16"
-  // (chunked, its backward's chunk gradients on bf16 tensor cores). The CPU always trains on
-  // the chunked form.
-  std::string gpu_kernel = "recurrent";
+  // 64-token chunks, d_k <= 128; docs/kda.md says which is faster where), "chunked_bf16"
+  // (chunked, its backward's chunk gradients on bf16 tensor cores) or "auto" (chunked_bf16
+  // where the head_dim allows, else recurrent: nn/kda_mixer.h). The CPU always trains on the
+  // chunked form.
+  std::string gpu_kernel = "auto";
   // The short convolution's CUDA kernels: "sweep" (a thread per channel and tile of tokens,
   // its window in registers; ops/short_conv/short_conv_sweep.h: 9.8% faster steps at K3's
   // 8 x 4096 on an H100) or "per_element" (a thread per token and channel, the first kernels).
@@ -220,9 +221,9 @@ struct TrainConfig {
   // auto = bf16 on the GPU (bf16 activations, fp32 masters, gradients and optimizer
   // state), fp32 on the CPU; fp32 forces fp32 everywhere; bf16 needs the GPU.
   std::string precision = "auto";      // auto | fp32 | bf16 | fp8_tensorwise | fp8_blockwise
-  // fp8_blockwise's GPU quantize kernels: "scalar" (one element a thread; run on an H100)
-  // or "vector" (16-byte vectors, one read for a tile's both kinds; not yet run on a GPU).
-  std::string fp8_blockwise_kernels = "scalar";
+  // fp8_blockwise's GPU quantize kernels: "vector" (16-byte vectors, one read for a tile's
+  // both kinds) or "scalar" (one element a thread); the same bits (docs/fp8.md).
+  std::string fp8_blockwise_kernels = "vector";
   // The blocks whose dense projections are FP8 (a layer set: "all", "~first:1", "1-26"...);
   // the rest stay in the device's precision. Needs an FP8 precision unless "all".
   std::string fp8_layers = "all";

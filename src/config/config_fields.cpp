@@ -159,9 +159,10 @@ const std::array kFields = {
     KILN_FIELD(model.kda, conv_kernel, positive().up_to(64, "a short convolution; its decode state keeps kernel - 1 rows"),
                "kda mixer: the causal depthwise convolution's width over q, k, v"),
     KILN_FIELD(model.kda, gate_rank, non_negative(), "kda mixer: the low-rank decay and output gates' width; 0 = head_dim"),
-    KILN_FIELD(model.kda, gpu_kernel, one_of("recurrent|chunked|chunked_bf16"),
-               "kda mixer: the delta rule's CUDA kernels: recurrent (token by token) | chunked (64-token chunks, "
-               "head_dim <= 128) | chunked_bf16 (chunked, its backward's chunk gradients on bf16 tensor cores)"),
+    KILN_FIELD(model.kda, gpu_kernel, one_of("auto|recurrent|chunked|chunked_bf16"),
+               "kda mixer: the delta rule's CUDA kernels: auto (chunked_bf16 where head_dim <= 128, else "
+               "recurrent) | recurrent (token by token) | chunked (64-token chunks, head_dim <= 128) | chunked_bf16 "
+               "(chunked, its backward's chunk gradients on bf16 tensor cores)"),
     KILN_FIELD(model.kda, conv_gpu_kernel, one_of("sweep|per_element"),
                "kda mixer: the short convolution's CUDA kernels: sweep (a thread per channel and tile of tokens) | "
                "per_element"),
@@ -205,8 +206,8 @@ const std::array kFields = {
                "auto (bf16 on the GPU, fp32 on the CPU) | fp32 | bf16 | fp8_tensorwise (dense GEMMs in per-tensor "
                "FP8) | fp8_blockwise (dense GEMMs in DeepSeek-V3's blockwise FP8); fp16 is not built yet"),
     KILN_FIELD(train, fp8_blockwise_kernels, one_of("scalar|vector"),
-               "fp8_blockwise on the GPU: scalar quantize kernels, or vector ones (16-byte loads, one read for a "
-               "tile's row and column tiles; the same bits, not yet run on a GPU)"),
+               "fp8_blockwise on the GPU: vector quantize kernels (16-byte loads, one read for a tile's row and "
+               "column tiles) or scalar ones (one element a thread); the same bits"),
     KILN_FIELD(train, fp8_layers, none(),
                "FP8 precisions: the layer set whose dense projections are FP8 (e.g. '1-26' keeps the first and "
                "last of 28 blocks in bf16); all = every block"),

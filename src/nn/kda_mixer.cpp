@@ -10,6 +10,11 @@
 
 namespace kiln {
 
+std::string kda_gpu_kernel(const std::string& setting, int64_t dk) {
+  if (setting != "auto") return setting;
+  return dk <= ops::kda_chunked_max_dk() ? "chunked_bf16" : "recurrent";
+}
+
 KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
     : exec_(ctx.exec), workspace_(ctx.workspace), key_(mixer_key(layer)), cuda_(ctx.device == Device::cuda) {
   const ModelConfig& m = *layer.model;
@@ -18,11 +23,13 @@ KdaMixer::KdaMixer(BuildContext& ctx, const LayerSpec& layer)
   dk_ = dv_ = c.head_dim > 0 ? c.head_dim : m.head_dim;
   rank_ = c.gate_rank > 0 ? c.gate_rank : dk_;
   kernel_ = c.conv_kernel, norm_eps_ = m.norm_eps;
-  chunked_gpu_ = cuda_ && (c.gpu_kernel == "chunked" || c.gpu_kernel == "chunked_bf16");
-  bf16_grads_ = chunked_gpu_ && c.gpu_kernel == "chunked_bf16";
+  const std::string gpu_kernel = kda_gpu_kernel(c.gpu_kernel, dk_);
+  chunked_gpu_ = cuda_ && (gpu_kernel == "chunked" || gpu_kernel == "chunked_bf16");
+  bf16_grads_ = chunked_gpu_ && gpu_kernel == "chunked_bf16";
   conv_kernel_ = c.conv_gpu_kernel == "sweep" ? ops::ShortConvGpuKernel::sweep : ops::ShortConvGpuKernel::per_element;
   KILN_CHECK(!chunked_gpu_ || dk_ <= ops::kda_chunked_max_dk(), "model.kda.gpu_kernel",
-             "= '{}' takes a head_dim up to {}, got {} (use 'recurrent')", c.gpu_kernel, ops::kda_chunked_max_dk(), dk_);
+             "= '{}' takes a head_dim up to {}, got {} (use 'recurrent' or 'auto')", c.gpu_kernel,
+             ops::kda_chunked_max_dk(), dk_);
   // Decode keeps the last kernel - 1 inputs: a kernel of 1 would keep none (and mix nothing).
   KILN_CHECK(kernel_ >= 2, "model.kda.conv_kernel", "= {}: the short convolution needs at least 2 taps", kernel_);
   KILN_CHECK(!cuda_ || conv_kernel_ != ops::ShortConvGpuKernel::sweep || kernel_ <= 8, "model.kda.conv_gpu_kernel",

@@ -11,7 +11,7 @@
 // convolution and the delta rule restart at each document of a packed batch.
 //
 // CPU (f32, f64) trains on the chunked delta rule; the GPU (f32, or bf16 with fp32 math)
-// on the CUDA kernels model.kda.gpu_kernel names, recurrent or chunked, whose f32 workspace
+// on the CUDA kernels model.kda.gpu_kernel names (kda_gpu_kernel), recurrent or chunked, whose f32 workspace
 // (the recurrent backward's; both directions of the chunked) is planned for at most one
 // document per kTokensPerDoc tokens of a micro-batch. Exports refuse it (no stock
 // transformers or llama.cpp family computes it).
@@ -25,6 +25,11 @@
 #include "ops/short_conv/short_conv.h"
 
 namespace kiln {
+
+// model.kda.gpu_kernel as it runs for a head_dim of `dk`: "auto" is chunked_bf16 (the
+// fastest, docs/kda.md) where the chunked kernels take the head_dim, else recurrent; any
+// other setting is itself.
+std::string kda_gpu_kernel(const std::string& setting, int64_t dk);
 
 class KdaMixer final : public TokenMixer {
  public:

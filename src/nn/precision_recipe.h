@@ -50,8 +50,8 @@ struct PrecisionRecipe {
   // allows (LinearLayer::keep_fp8_input; train.fp8_keep_inputs).
   bool keep_fp8_inputs = true;
   // fp8_blockwise on the GPU: the quantize's vector kernels (train.fp8_blockwise_kernels =
-  // "vector"; cuda::fp8_quantize_blockwise), off until they have run on a GPU.
-  bool blockwise_vector_kernels = false;
+  // "vector", the default; cuda::fp8_quantize_blockwise), else the scalar ones (same bits).
+  bool blockwise_vector_kernels = true;
   // The transformer blocks whose dense projections take the dense role's FP8 format (a
   // layer set, config/layer_pattern.h; train.fp8_layers): the others compute in the
   // device's own format, as the first and last blocks are often kept. MTP's blocks follow

@@ -54,8 +54,8 @@ void fp8_quantize_tensorwise_batched(const ExecContext& ctx, DType dtype, const 
 // tiles nor their scale_inv, which is then null too; 128 x 128 blocks still write theirs).
 // vector_kernels: bf16 whole 128-blocks (16-byte aligned) take kernels with 16-byte vector
 // loads that make a tile's row tiles and transposed column tiles from one read (the same
-// bits; not yet run on a GPU, so off unless asked: train.fp8_blockwise_kernels). Other
-// shapes and dtypes take the general kernels either way.
+// bits; the training default, train.fp8_blockwise_kernels). Other shapes and dtypes take
+// the general kernels either way.
 void fp8_quantize_blockwise(const ExecContext& ctx, DType dtype, const void* x, int64_t rows, int64_t cols,
                             ops::fp8::BlockShape block, ops::fp8::Format format, uint8_t* codes, float* scale_inv,
                             uint8_t* codes_t = nullptr, float* scale_inv_t = nullptr, bool vector_kernels = false);
