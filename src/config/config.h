@@ -409,8 +409,8 @@ struct DistConfig {
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb_h1
   int64_t pipeline_virtual_stages = 1;     // interleaved: stages per rank (v)
   std::string pipeline_split = "";         // first layer of each stage ("0,3,6"); "" = planned
-  // Where the planned split's per-layer times come from: "estimate" (training FLOPs from the
-  // config) or "measure" (each block kind timed on the device at startup).
+  // Where the planned split's per-layer costs come from: "estimate" (FLOPs and planned bytes
+  // from the config) or "measure" (block kinds timed, each layer's bytes read, at startup).
   std::string pipeline_costs = "estimate";
   // What a stage keeps of a micro-batch's forward until its backward: "frames" (its saved
   // activations, one activation frame per micro-batch in flight) or "recompute" (its input

@@ -36,6 +36,18 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
     // Block l's segment of the activation arena: its input row of the residual stream, then
     // whatever the block saves there.
     FrameSegment segment{ctx.activations.entry_count(), 0, ctx.kept_views ? ctx.kept_views->size() : 0, 0};
+    // Its runs of the other arenas (none of a buffer arena the context lacks: those land in
+    // the activation segment).
+    const auto entries = [](const Arena* arena) { return arena != nullptr ? arena->entry_count() : size_t{0}; };
+    const auto mark = [&] {
+      return BlockRuns{{ctx.parameters.size(), 0},
+                       {ctx.params.entry_count(), 0},
+                       {ctx.compute_weights.arena.entry_count(), 0},
+                       {ctx.grads.entry_count(), 0},
+                       {entries(ctx.buffers), 0},
+                       {entries(ctx.step_buffers), 0}};
+    };
+    BlockRuns runs = mark();
     ctx.saved_wide(residual_[static_cast<size_t>(l)], Shape{options.max_tokens, config.hidden});
     const std::string index = std::to_string(l);
     const LayerSpec layer{NameScope{"layers." + index + ".", "model.layers." + index + ".", "blk." + index + "."}, l,
@@ -77,6 +89,14 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
     segment.last_entry = ctx.activations.entry_count();
     segment.last_view = ctx.kept_views ? ctx.kept_views->size() : 0;
     block_segments_.push_back(segment);
+    const BlockRuns end = mark();
+    runs.parameters.second = end.parameters.first;
+    runs.params.second = end.params.first;
+    runs.compute_weights.second = end.compute_weights.first;
+    runs.grads.second = end.grads.first;
+    runs.buffers.second = end.buffers.first;
+    runs.step_buffers.second = end.step_buffers.first;
+    block_runs_.push_back(runs);
   }
   // QK-Clip applies to the mixers with query-key logits (TokenMixer::clips_qk); asked for
   // with none, it would silently do nothing.

@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace kiln {
@@ -72,6 +73,14 @@ class Backbone {
   // residual stream included (model/activation_frames.h); for a recomputed block that row
   // alone (the rest of its saved state lives in the region such blocks share).
   const std::vector<FrameSegment>& block_segments() const { return block_segments_; }
+  // Each block's runs of the model's other arenas and of its parameter list, recorded as it
+  // was built: [first, last) entries of the parameters' (masters), compute copies' (mixed
+  // path), gradients', buffers' and step buffers' arenas, and its indices in the model's
+  // parameters(). Model::block_memory reads their bytes.
+  struct BlockRuns {
+    std::pair<size_t, size_t> parameters, params, compute_weights, grads, buffers, step_buffers;
+  };
+  const std::vector<BlockRuns>& block_runs() const { return block_runs_; }
   // Block Attention Residuals (model.attn_res_block > 0), else null.
   const BlockAttnRes* attn_res() const { return attn_res_.get(); }
 
@@ -103,6 +112,7 @@ class Backbone {
   std::unique_ptr<BlockAttnRes> attn_res_;
   std::vector<Tensor> residual_;  // residual_[l] = input of block l [T, hidden]; [layers] = final-norm input
   std::vector<FrameSegment> block_segments_;
+  std::vector<BlockRuns> block_runs_;
   Tensor hidden_, dhidden_;       // [T, hidden] compute dtype
   Tensor dres_, dres_compute_;    // [T, hidden]: the residual gradient (wide) and its compute copy (mixed path)
 

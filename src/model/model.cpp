@@ -66,6 +66,24 @@ MemoryPlan Model::memory_plan() const {
           workspace_.planned_bytes()};
 }
 
+Model::BlockMemory Model::block_memory(int64_t l) const {
+  KILN_CHECK(0 <= l && l < config_.layers, "model", "block {} of the model's {} layers", l, config_.layers);
+  const auto bytes = [](const Arena& arena, const std::pair<size_t, size_t>& run) {
+    return arena.offset_of(run.second) - arena.offset_of(run.first);
+  };
+  const Backbone::BlockRuns& runs = backbone_->block_runs()[static_cast<size_t>(l)];
+  const FrameSegment& segment = backbone_->block_segments()[static_cast<size_t>(l)];
+  BlockMemory m;
+  m.parameters = bytes(params_, runs.params);
+  m.compute_copies = bytes(compute_weights_.arena, runs.compute_weights);
+  m.gradients = bytes(grads_, runs.grads);
+  m.activations = bytes(activations_, {segment.first_entry, segment.last_entry});
+  m.buffers = bytes(buffers_, runs.buffers) + bytes(step_buffers_, runs.step_buffers);
+  m.first_parameter = runs.parameters.first;
+  m.last_parameter = runs.parameters.second;
+  return m;
+}
+
 size_t Model::recompute_bytes() const {
   size_t most = 0;
   for (const auto& arena : recompute_arenas_) most = std::max(most, arena->planned_bytes());

@@ -144,6 +144,24 @@ class Model {
   Tensor stage_activation(int64_t l) const { return backbone_->residual(l).rows(0, rows_); }
   Tensor stage_gradient() const { return backbone_->residual_grad().rows(0, rows_); }
 
+  // What block l takes in the model's arenas, read from the offsets of the entries it
+  // reserved there (Backbone::block_segments and block_runs): the bytes allocate() gives it,
+  // alignment included, on any device.
+  struct BlockMemory {
+    size_t parameters = 0;      // its masters and its state without gradients (a router's bias)
+    size_t compute_copies = 0;  // its matrices' bf16 copies (mixed path)
+    size_t gradients = 0;
+    // Its segment of the activation arena: one micro-batch's saved state, its input row of
+    // the residual stream included (what an activation frame copies of it). A recomputed
+    // block (train.recompute_blocks) keeps that row alone; the rest of its state lives in
+    // the region recomputed blocks share, not counted here.
+    size_t activations = 0;
+    size_t buffers = 0;  // its buffers and step buffers (no micro-batch's: one copy)
+    size_t first_parameter = 0, last_parameter = 0;  // its Parameters: parameters()[first, last)
+    size_t total() const { return parameters + compute_copies + gradients + activations + buffers; }
+  };
+  BlockMemory block_memory(int64_t l) const;
+
   // ---- activation frames (model/activation_frames.h): a pipeline rank's micro-batches in flight ----
   // After allocate(), once: `frames` frames of the blocks in `layers` ([first, last) ranges)
   // and of the model's own state (its loaded batch, the final norm's); frame 0 is the memory

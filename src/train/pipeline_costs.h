@@ -1,7 +1,7 @@
 // Per-layer costs for the pipeline split (train/pipeline_split.h), estimated from the config
 // without allocating: each block is planned on its own, as the model plans it, so a dense,
-// MoE, KDA or hybrid model gets uneven costs where its layers differ. Measured times
-// instead: train/pipeline_costs_measured.h (dist.pipeline_costs = "measure").
+// MoE, KDA or hybrid model gets uneven costs where its layers differ. Measured times and
+// memory instead: train/pipeline_costs_measured.h (dist.pipeline_costs = "measure").
 #pragma once
 
 #include "config/config.h"

@@ -3,6 +3,8 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "model/model.h"
+#include "nn/mup.h"
+#include "train/optimizer_groups.h"
 #include "train/pipeline_costs.h"
 #include "train/synthetic_batch.h"
 #include "train/training_build.h"
@@ -11,6 +13,8 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
+#include <string>
 
 namespace kiln {
 
@@ -35,14 +39,84 @@ double mean_ms(const Model& model, const std::function<void()>& run) {
 
 }  // namespace
 
+PipelineMemory measure_pipeline_memory(const Config& config, const Model& model) {
+  const int64_t layers = config.model.layers;
+  // The optimizer's state, planned as the trainer plans it (unsharded): exact, the arena
+  // allocates what it plans. Each state tensor is named after its parameter
+  // ("<parameter>.exp_avg"); what no parameter owns (Muon's Newton-Schulz scratch, one per
+  // group) is not a layer's and stays with the rest of the model below.
+  Arena state("optimizer", model.options().device);
+  const std::unique_ptr<Optimizer> optimizer =
+      make_optimizer(model.exec(), config.optim, model.parameters(), mup_width_ratio(config.model));
+  optimizer->plan(state);
+  std::map<std::string, size_t> by_parameter;
+  for (const auto& p : model.parameters()) by_parameter[p->name()] = 0;
+  for (const OptimizerStateTensor& t : optimizer->state_tensors()) {
+    std::string owner = t.name;
+    while (!by_parameter.contains(owner) && owner.rfind('.') != std::string::npos) owner.resize(owner.rfind('.'));
+    if (by_parameter.contains(owner)) by_parameter[owner] += Workspace::footprint(t.tensor.dtype(), t.tensor.shape());
+  }
+
+  PipelineMemory out;
+  double sum = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    const Model::BlockMemory block = model.block_memory(l);
+    PipelineMemory::Layer layer;
+    layer.parameters = block.parameters + block.compute_copies;
+    layer.gradients = block.gradients;
+    layer.activations = block.activations;
+    layer.buffers = block.buffers;
+    for (size_t i = block.first_parameter; i < block.last_parameter; ++i)
+      layer.optimizer += by_parameter.at(model.parameters()[i]->name());
+    sum += static_cast<double>(layer.total());
+    out.layers.push_back(layer);
+  }
+  // The embedding: its table, compute copy (the mixed path's: a tensor of its own), gradient
+  // and optimizer state, each one arena entry.
+  const Backbone& backbone = model.backbone();
+  const Parameter& table = backbone.embedding();
+  const auto footprint = [](const Tensor& t) { return t.defined() ? Workspace::footprint(t.dtype(), t.shape()) : 0; };
+  const bool copy = backbone.embedding_compute().dtype() != table.value().dtype();
+  out.embedding = footprint(table.value()) + (copy ? footprint(backbone.embedding_compute()) : 0) +
+                  footprint(backbone.embedding_grad()) + by_parameter.at(table.name());
+  // The whole model as the memory check counts it (its workspace aside): the rest is the
+  // last stage's (the final norm, the heads, multi-token prediction, the model's own
+  // per-micro-batch state, the optimizer's unowned scratch).
+  const MemoryPlan plan = model.memory_plan();
+  out.whole = plan.parameters + plan.gradients + plan.activations + state.planned_bytes();
+  out.rest = static_cast<size_t>(
+      std::max(0.0, static_cast<double>(out.whole) - sum - static_cast<double>(out.embedding)));
+  return out;
+}
+
 PipelineCosts pipeline_costs_measured(const Config& config, Device device) {
   KILN_CHECK(device == Device::cpu || cuda_available(), "dist.pipeline_costs",
              "'measure' times the layers on the training device, a GPU, and none is found here");
-  // Memory, the layers' kinds and the refusals (Block Attention Residuals) are the estimate's.
+  // The layers' kinds and the refusals (Block Attention Residuals) are the estimate's; its
+  // times and memory are replaced below.
   PipelineCosts costs = pipeline_costs_from_config(config, device);
   const int64_t layers = config.model.layers;
   Model model(config.model, training_build_options(config, device));
   model.allocate();
+  // Memory: what the model just allocated, layer by layer (each layer its own, not its
+  // kind's: the model plans each block with its own precision recipe, train.fp8_layers,
+  // which the kind does not name). It differs from the estimate's in the optimizer state,
+  // which the estimate spreads by parameter count over every parameter while the measure
+  // gives each layer its own parameters' state (a router's bias, trained by no optimizer,
+  // has none; alignment padding stays with its tensor; Muon's scratch belongs to no layer),
+  // where train.fp8_layers gives a block another recipe than the model's (the estimate plans
+  // every block with the model's), and for a block under train.recompute_blocks (its input
+  // row alone: Model::BlockMemory).
+  const PipelineMemory memory = measure_pipeline_memory(config, model);
+  for (int64_t l = 0; l < layers; ++l) {
+    const PipelineMemory::Layer& layer = memory.layers[static_cast<size_t>(l)];
+    costs.layers[static_cast<size_t>(l)].memory = static_cast<double>(layer.total());
+    costs.layers[static_cast<size_t>(l)].activations = static_cast<double>(layer.activations);
+  }
+  const auto table = static_cast<double>(memory.embedding);
+  costs.first_extra.memory = table;
+  // A tied head reads a copy of the table on the last stage (as the estimate counts it).
+  costs.last_extra.memory = static_cast<double>(memory.rest) + (config.model.tie_embeddings ? table : 0.0);
   model.init_weights(config.train.seed);
   const HostBatch batch = synthetic_batch(config);
   model.load_batch(batch);

@@ -2,7 +2,7 @@
 // bound by its slowest stage (every stage runs every micro-batch), so the split minimizes
 // the slowest stage's time, subject to a memory limit per stage. Model-free: it takes a
 // cost per layer, whoever measured or estimated it (train/pipeline_costs.h estimates them
-// from the config, train/pipeline_costs_measured.h times them on the device).
+// from the config, train/pipeline_costs_measured.h measures them on the device).
 #pragma once
 
 #include <cstdint>
