@@ -4,6 +4,8 @@ RMSNorm and rotate_half RoPE, SwiGLU or the sparse MLP of model.mlp = "moe", tie
 trained on the same token layout (batch x seq of random ids), timed eager and under
 torch.compile (the whole model, or block by block: compile_blocks), with SDPA (causal,
 GQA), fused AdamW and bf16 autocast (or plain fp32). Prints one JSON line per mode.
+--float8 tensorwise | rowwise (bf16 only) swaps the dense Linears for torchao's float8
+training ones before compiling (bench/torch_peer_float8.py); the JSON's "float8" says which.
 
 The sparse MLP (bench/torch_peer_moe.py) routes as kiln does (softmax_topk or
 sigmoid_bias, fp32 router logits), sorts the token copies by expert and runs the experts
@@ -11,10 +13,12 @@ with torch._grouped_mm on bf16 operands (in both dtypes: the grouped kernel is b
 
     python3 bench/torch_peer.py --config configs/bench-124m.toml --modes eager,compile,compile_blocks
     python3 bench/torch_peer.py --config configs/bench-moe-1b.toml
+    PYTHONPATH=.whl/torchao python3 bench/torch_peer.py --config configs/bench-0.6b.toml --modes compile --float8 rowwise
 """
 import argparse
 import json
 import math
+import sys
 import time
 import tomllib
 
@@ -23,6 +27,7 @@ import torch._dynamo
 import torch.nn as nn
 import torch.nn.functional as F
 
+import torch_peer_float8
 from torch_peer_moe import MoeMlp, moe_defaults
 
 
@@ -153,12 +158,13 @@ def load_config(path, overrides, extra=None):
     return c
 
 
-def run(c, mode, dtype, steps, warmup, make_model=None):
+def run(c, mode, dtype, steps, warmup, make_model=None, float8="none"):
     """Times steps of make_model(c) (default Model) on the GPU, or on the CPU where there is none
     (a smoke run: no peak memory). mode: eager; compile (torch.compile of the whole model);
     compile_blocks (the model's compile_regions: its blocks compiled one by one, graphs shared
     by blocks alike); compile_blocks_eager_scan (K3: the same, KDA's chunk loop run eagerly). warmup_seconds is the warm-up steps' time, compilation included;
-    dynamo_graphs the graphs dynamo captured (compilations and recompilations)."""
+    dynamo_graphs the graphs dynamo captured (compilations and recompilations). float8: a
+    torchao recipe (torch_peer_float8.RECIPES) for the dense Linears, swapped before compiling."""
     modes = ("eager", "compile", "compile_blocks", "compile_blocks_eager_scan")
     assert mode in modes, f"torch_peer: mode {mode!r} ({', '.join(modes)})"
     torch.manual_seed(0)
@@ -168,6 +174,8 @@ def run(c, mode, dtype, steps, warmup, make_model=None):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     cuda = dev == "cuda"
     model = (make_model or Model)(c).to(dev)
+    assert float8 == "none" or dtype == "bf16", "torch_peer: --float8 needs --dtype bf16 (bf16 autocast)"
+    float8_record = torch_peer_float8.convert(model, float8) if float8 != "none" else None
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     seq = min(c["max_seq_len"], c["micro_batch_tokens"])
     batch = c["micro_batch_tokens"] // seq
@@ -200,7 +208,8 @@ def run(c, mode, dtype, steps, warmup, make_model=None):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     tokens = batch * seq * steps
-    return dict(peer=f"torch {torch.__version__} {mode} {dtype}" + ("" if cuda else " cpu"),
+    return dict(peer=f"torch {torch.__version__} {mode} {dtype}" + ("" if float8 == "none" else f" float8 {float8}")
+                + ("" if cuda else " cpu"), float8=float8, float8_linears=float8_record,
                 tokens_per_second=tokens / seconds, ms_per_step=1e3 * seconds / steps,
                 peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None, loss=loss.item(),
                 warmup_steps=warmup, warmup_seconds=warmup_seconds,
@@ -215,10 +224,14 @@ def main():
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--float8", default="none", choices=torch_peer_float8.RECIPES,
+                   help="torchao float8 training recipe for the dense Linears (bf16 only)")
     a = p.parse_args()
+    if a.float8 != "none" and a.dtype != "bf16":
+        sys.exit(f"torch_peer: --float8 {a.float8} needs --dtype bf16 (float8 runs under bf16 autocast), not {a.dtype}")
     c = load_config(a.config, a.set)
     for mode in a.modes.split(","):
-        print(json.dumps(dict(model=c, **run(c, mode, a.dtype, a.steps, a.warmup))), flush=True)
+        print(json.dumps(dict(model=c, **run(c, mode, a.dtype, a.steps, a.warmup, float8=a.float8))), flush=True)
 
 
 if __name__ == "__main__":

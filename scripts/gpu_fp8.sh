@@ -12,10 +12,20 @@
 #               for STEPS steps (default 300; EXTRA_SETS: more KEY=VALUE for every run):
 #               bf16 at two seeds, fp8_tensorwise at the first, then fp8_blockwise at the
 #               first compared with the same two (--runs)
+#   PART=peer   (not in PART=all) the PyTorch peer, bench/torch_peer.py, per shape (SHAPES,
+#               default 0.6b) in each of FLOAT8_ARMS (default none tensorwise rowwise: bf16,
+#               then torchao's float8 recipes on the dense Linears) under PEER_MODES (default
+#               compile), each arm under `timeout PEER_TIMEOUT` (default 240 s; compiling a
+#               float8 arm is slow). Needs torchao: run scripts/torchao_wheel.sh here first
+#               and carry .whl (.whl/torchao goes on PYTHONPATH); needs no .gpu.
 # docs/fp8.md has what it measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/gpu_env.sh || exit 1
+if [ "${PART:-all}" = peer ]; then  # torch only: no staged kiln
+  LOGS=${LOGS:-${OUT:-/tmp/out}}; mkdir -p "$LOGS"
+else
+  source scripts/gpu_env.sh || exit 1
+fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 tests() {
@@ -58,10 +68,39 @@ train() {  # kiln loss-gap: bf16 at two seeds against fp8_tensorwise, then fp8_b
   echo "loss-gap (blockwise) exit $?"; tail -12 "$LOGS/loss_gap_blockwise.log"
 }
 
+peer() {  # bench/torch_peer.py: bf16 and torchao float8 (tensorwise, rowwise), one JSON line per mode
+  local py=/opt/torch/.venv/bin/python; [ -x "$py" ] || py=python3
+  [ -f .whl/torchao/torchao/float8/__init__.py ] ||
+    echo "peer: no .whl/torchao (run scripts/torchao_wheel.sh, carry .whl): the float8 arms will stop"
+  export PYTHONPATH="$PWD/.whl/torchao${PYTHONPATH:+:$PYTHONPATH}"
+  local shape f8 name rc
+  for shape in ${SHAPES:-0.6b}; do
+    for f8 in ${FLOAT8_ARMS:-none tensorwise rowwise}; do
+      name=peer-$shape-$f8
+      timeout "${PEER_TIMEOUT:-240}" "$py" -u bench/torch_peer.py --config configs/bench-$shape.toml \
+        --modes "${PEER_MODES:-compile}" --steps "${BENCH_STEPS:-10}" --warmup 3 --float8 "$f8" > "$LOGS/$name.log" 2>&1
+      rc=$?
+      grep '^{' "$LOGS/$name.log" > "$LOGS/$name.json"
+      echo "== peer bench-$shape float8 $f8 exit $rc$([ $rc = 124 ] && echo " (timed out after ${PEER_TIMEOUT:-240} s)")"
+      "$py" -c '
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    peer, ms, tps, loss, warm = r["peer"], r["ms_per_step"], r["tokens_per_second"], r["loss"], r["warmup_seconds"]
+    gib, f8 = r["peak_gib"] or 0.0, r.get("float8_linears")
+    print(f"  {peer}: {ms:.1f} ms/step, {tps:.0f} tokens/s, peak {gib:.2f} GiB, warm-up {warm:.0f} s, loss {loss:.3f}"
+          + ("" if not f8 else ", %d Linears in float8 (torchao %s), kept %s" % (f8["converted"], f8["torchao"], f8["kept"])))
+' "$LOGS/$name.json"
+      grep -E "Error|error:|^torch_peer:" "$LOGS/$name.log" | tail -3
+    done
+  done
+}
+
 case "${PART:-all}" in
 tests) tests ;;
 bench) bench ;;
 train) train ;;
+peer) peer ;;
 all) tests; bench; train ;;
-*) echo "PART: tests | bench | train | all"; exit 2 ;;
+*) echo "PART: tests | bench | train | peer | all"; exit 2 ;;
 esac
