@@ -3,7 +3,7 @@
 # GPU machine, which has torch 2.11 in /opt/torch/.venv (Python 3.12) but no network: run
 # HERE, on the development machine, then carry .whl (git-ignored) with the GPU call and put
 # .whl/torchao on PYTHONPATH there (scripts/gpu_fp8.sh PART=peer does). The wheel is pinned by
-# version and hash (scripts/pinned_wheel.sh) and unpacked whole into .whl/torchao (21 MB), so
+# version and hash (scripts/pinned_wheel.sh) and unpacked into .whl/torchao (21 MB), so
 # `PYTHONPATH=.whl/torchao python -c "import torchao.float8"` works without pip; its
 # dist-info stays beside it, so torchao.__version__ reads 0.18.0. torchao has no required
 # dependencies but torch. The wheel is cp310-abi3 (one for CPython >= 3.10); its C++
@@ -33,11 +33,12 @@ python=$(wheel_python torchao "$tmp")
 wheel=$(fetch_wheel torchao "$python" "$tmp" "$WHEEL" "$SHA256" --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 "torchao==$VERSION")
 
-# The whole wheel (Python's zipfile, as unzip may be absent): the package and its dist-info.
+# The package and its dist-info (Python's zipfile, as unzip may be absent); not the wheel's
+# top-level test/, which on PYTHONPATH would shadow the standard library's test package.
 "$python" - "$wheel" "$tmp/out" <<'EOF'
 import sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z:
-    z.extractall(sys.argv[2])
+    z.extractall(sys.argv[2], [m for m in z.namelist() if not m.startswith("test/")])
 EOF
 [ -f "$tmp/out/torchao/float8/__init__.py" ] || { echo "torchao: no torchao/float8 in $WHEEL" >&2; exit 1; }
 echo "$VERSION" >"$tmp/out/VERSION"
