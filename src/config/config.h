@@ -42,6 +42,11 @@ struct MoeConfig {
   int64_t sinkhorn_iterations = 8;     // sinkhorn: balancing iterations over a micro-batch
   double l1_coef = 1e-8;               // relu: the L1 penalty's initial coefficient (ReMoE's lambda_0)
   double l1_rate = 1.2;                // relu: the coefficient's factor per step (ReMoE's alpha, > 1)
+  // Training keeps the experts' output rows [T k, d] for the routing weights' gradient
+  // (dout . y) when true; false (the default) forms that gradient from their activations
+  // instead (SonicMoE's form, ops::moe_swiglu_backward) and keeps no output rows: T k d
+  // elements less per sparse layer, at the same speed (docs/moe-routers.md).
+  bool save_outputs = false;
 };
 
 // RoPE's frequency scaling ([model.rope]; used where model.position is "rope"): how the

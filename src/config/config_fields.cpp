@@ -146,6 +146,9 @@ const std::array kFields = {
                "sinkhorn: balancing iterations per micro-batch"),
     KILN_FIELD(model.moe, l1_coef, positive(), "relu: the L1 penalty's initial coefficient"),
     KILN_FIELD(model.moe, l1_rate, positive(), "relu: the coefficient's adaptation factor per step (> 1)"),
+    KILN_FIELD(model.moe, save_outputs, none(),
+               "keep the experts' output rows for the routing weights' gradient; false: form it from their "
+               "activations (less memory)"),
 
     KILN_FIELD(model.mtp, depth, non_negative().up_to(kMaxMtpDepth, "each depth takes three loss slots"),
                "multi-token prediction: tokens predicted beyond the next; 0 = off"),

@@ -93,6 +93,12 @@ TEST_F(LatentMoeGpu, Fp32SoftmaxTopKMatchesTheCpu) { compare(latent_config("soft
 TEST_F(LatentMoeGpu, Fp32SigmoidBiasMatchesTheCpu) { compare(latent_config("sigmoid_bias", 2, 24), DType::f32, kFp32Model); }
 TEST_F(LatentMoeGpu, Fp32OddLatentWidthMatchesTheCpu) { compare(latent_config("softmax_topk", 2, 20), DType::f32, kFp32Model); }
 
+TEST_F(LatentMoeGpu, Fp32WithoutSavedOutputsMatchesTheCpu) {
+  ModelConfig c = latent_config("softmax_topk", 2, 24);
+  c.moe.save_outputs = false;  // the weights' gradient from the latent experts' activations
+  compare(c, DType::f32, kFp32Model);
+}
+
 TEST_F(LatentMoeGpu, Bf16EveryExpertMatchesTheFp32Cpu) {
   compare(latent_config("softmax_topk", 8, 24), DType::bf16, kBf16Model);  // CUTLASS's grouped GEMM on Hopper
   compare(latent_config("softmax_topk", 8, 20), DType::bf16, kBf16Model);  // the portable one

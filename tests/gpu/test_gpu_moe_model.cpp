@@ -190,6 +190,26 @@ TEST_F(MoeModelGpu, Fp32CapacityDropsAsTheCpu) {
   compare(c, DType::f32, kFp32Model);
 }
 
+// model.moe.save_outputs = false (ops::moe_swiglu_backward: the routing weights' gradient
+// from the activations), the CPU's model running the same path: fp32 top 2, with drops and
+// expert_choice's variable slots, an odd expert width (the scalar row kernel); bf16 with
+// every expert; and the same bits twice.
+TEST_F(MoeModelGpu, WithoutSavedOutputsMatchesTheCpu) {
+  const auto unsaved = [](ModelConfig c) {
+    c.moe.save_outputs = false;
+    return c;
+  };
+  compare(unsaved(moe_config("softmax_topk", 2)), DType::f32, kFp32Model);
+  compare(unsaved(moe_config("softmax_topk", 2, 36)), DType::f32, kFp32Model);
+  compare(unsaved(moe_config("expert_choice", 2)), DType::f32, kFp32Model);
+  ModelConfig dropping = unsaved(moe_config("softmax_topk", 2));
+  dropping.moe.capacity_factor = 0.5;
+  compare(dropping, DType::f32, kFp32Model);
+  compare(unsaved(moe_config("softmax_topk", 8)), DType::bf16, kBf16Model);
+  compare(unsaved(moe_config("sigmoid_bias", 8)), DType::bf16, kBf16Model);
+  expect_repeatable(unsaved(moe_config("softmax_topk", 2)), DType::bf16);
+}
+
 TEST_F(MoeModelGpu, NewRoutersAreBitwiseRepeatable) {
   for (const char* router : {"sinkhorn", "expert_choice", "relu"}) {
     SCOPED_TRACE(router);

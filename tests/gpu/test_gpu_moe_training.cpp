@@ -31,14 +31,16 @@ std::vector<std::string> moe_overrides(const std::string& out, const std::string
 class MoeTrainingGpu : public GpuTest {};
 
 // Every router with its balancing (the loss, the bias, Sinkhorn, expert choice, relu's
-// adaptive L1) and the z-loss, and softmax_topk with a capacity that drops, two
+// adaptive L1) and the z-loss, softmax_topk with a capacity that drops and without saved
+// expert outputs (model.moe.save_outputs = false), two
 // micro-batches a step: the graphs ran (launches past the warm-ups) and changed nothing, the
 // diagnostics (read back at every log step) included.
 TEST_F(MoeTrainingGpu, CapturedStepsMatchTheOpByOpSteps) {
   const std::string dir = test::temp_dir("kiln-gpu-moe-graphs");
   for (const std::string precision : {"bf16", "fp32"})
-    for (const std::string variant : {"softmax_topk", "sigmoid_bias", "sinkhorn", "expert_choice", "relu", "capacity"}) {
-      const std::string router = variant == "capacity" ? "softmax_topk" : variant;
+    for (const std::string variant :
+         {"softmax_topk", "sigmoid_bias", "sinkhorn", "expert_choice", "relu", "capacity", "unsaved"}) {
+      const std::string router = variant == "capacity" || variant == "unsaved" ? "softmax_topk" : variant;
       SCOPED_TRACE(precision + " " + variant);
       auto run = [&](bool graphs) {
         const std::string out = dir + "/" + precision + "-" + variant + (graphs ? "-graphs" : "-ops");
@@ -49,6 +51,7 @@ TEST_F(MoeTrainingGpu, CapturedStepsMatchTheOpByOpSteps) {
           o.push_back(extra);
         if (router == "softmax_topk") o.emplace_back("model.moe.aux_loss=0.01");
         if (variant == "capacity") o.emplace_back("model.moe.capacity_factor=0.8");
+        if (variant == "unsaved") o.emplace_back("model.moe.save_outputs=false");  // ops::moe_swiglu_backward
         if (router == "expert_choice") o.emplace_back("train.sample_tokens=0");  // not causal: no sampling
         return run_training(o, out);
       };

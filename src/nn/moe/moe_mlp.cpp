@@ -119,7 +119,8 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   const int64_t rows = router_->most_pairs(t);
 
   // Saved for backward: the router's logits and probabilities, the routes and their
-  // dispatch, each expert's pre-activation and output rows.
+  // dispatch, each expert's pre-activation rows and, with model.moe.save_outputs, its output
+  // rows (otherwise the routing weights' gradient comes from the activations: backward).
   ctx.saved_wide(logits_, Shape{t, e_count});
   ctx.saved_wide(probs_, Shape{t, e_count});
   ctx.saved_wide(router_saved_, Shape{t, e_count});
@@ -131,7 +132,7 @@ MoeMlp::MoeMlp(BuildContext& ctx, const LayerSpec& layer)
   ctx.saved_buffer(dispatch_.pair_of_row, Shape{rows}, DType::i32);
   ctx.saved_buffer(dispatch_.row_of_pair, Shape{t * slots_}, DType::i32);
   ctx.saved(gate_up_, Shape{rows, 2 * f});
-  ctx.saved(expert_out_, Shape{rows, expert_io_});
+  if (moe_.save_outputs) ctx.saved(expert_out_, Shape{rows, expert_io_});
   // train.fp8_experts: the grouped products in tensorwise FP8 (ops/moe/moe.h), their
   // operands' copies from the workspace's gemm level.
   expert_fp8_ = ctx.precision.format(ParamRole::expert) == GemmFormat::fp8_tensorwise;
@@ -211,7 +212,7 @@ void MoeMlp::forward(const Tensor& x, const Tensor& out) {
   }
   const Tensor grouped = scope.take(x.dtype(), Shape{rows, expert_io_});
   const Tensor gate_up = gate_up_.rows(0, rows), act = scope.take(x.dtype(), Shape{rows, f});
-  const Tensor y = expert_out_.rows(0, rows);
+  const Tensor y = moe_.save_outputs ? expert_out_.rows(0, rows) : scope.take(x.dtype(), Shape{rows, expert_io_});
   ops::moe_gather(exec_, in, d, grouped);
   grouped_forward(grouped, gate_up_w_, d, gate_up);
   ops::swiglu_forward(exec_, gate_up, act);
@@ -261,7 +262,7 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   const Tensor logits = logits_.rows(0, t), probs = probs_.rows(0, t);
   const ops::Routes routes = routes_rows(t);
   const ops::MoeDispatch d = dispatch_rows(t);
-  const Tensor gate_up = gate_up_.rows(0, rows), y = expert_out_.rows(0, rows);
+  const Tensor gate_up = gate_up_.rows(0, rows);
   const DType dt = dout.dtype(), wide = logits.dtype();
   // LatentMoE: out = W_up routed, so the routed sum's gradient is dout W_up.
   Tensor drouted = dout;
@@ -269,15 +270,23 @@ void MoeMlp::backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
     drouted = scope.take(dt, Shape{t, moe_.latent_width});
     latent_up_proj_.backward(latent_sum_.rows(0, t), dout, drouted);
   }
-  // routed = combine(y, weights): the experts' output rows' and the weights' gradients.
   const Tensor dy = scope.take(dt, Shape{rows, expert_io_});
   const Tensor dweights = scope.take(wide, Shape{t, slots_});
-  ops::moe_combine_backward(exec_, y, routes.weights, drouted, d, dy, dweights);
-  // The experts: as SwigluMlp's backward, per expert on the grouped rows.
   const Tensor dact = scope.take(dt, Shape{rows, f});
   const Tensor dgate_up = scope.take(dt, Shape{rows, 2 * f});
-  grouped_backward(dact, down_w_, dy, d, dact, Tensor());
-  ops::swiglu_backward(exec_, gate_up, dact, dgate_up, dact);  // dact then holds the activation again
+  if (moe_.save_outputs) {
+    // routed = combine(y, weights): the experts' output rows' and the weights' gradients,
+    // then as SwigluMlp's backward, per expert on the grouped rows.
+    ops::moe_combine_backward(exec_, expert_out_.rows(0, rows), routes.weights, drouted, d, dy, dweights);
+    grouped_backward(dact, down_w_, dy, d, dact, Tensor());
+    ops::swiglu_backward(exec_, gate_up, dact, dgate_up, dact);  // dact then holds the activation again
+  } else {
+    // The weights off the outputs (ops::moe_swiglu_backward): dy holds dout's rows
+    // unweighted, dact their input gradient, then each row's weight times its activation.
+    ops::moe_gather(exec_, drouted, d, dy);
+    grouped_backward(dact, down_w_, dy, d, dact, Tensor());
+    ops::moe_swiglu_backward(exec_, gate_up, dact, routes.weights, d, dgate_up, dact, dweights);
+  }
   grouped_backward(dact, down_w_, dy, d, Tensor(), down_g_);
   const Tensor grouped = scope.take(dt, Shape{rows, expert_io_}), dgrouped = scope.take(dt, Shape{rows, expert_io_});
   ops::moe_gather(exec_, latent() ? latent_in_.rows(0, t) : x, d, grouped);

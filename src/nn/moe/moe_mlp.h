@@ -71,7 +71,7 @@ class MoeMlp final : public Mlp {
   ops::Routes routes_;                          // saved: experts i32 [T, S], weights [T, S] wide
   ops::MoeDispatch dispatch_;                   // saved: counts [E], offsets [E + 1], permutation [R], [T S]
   Tensor gate_up_;                              // saved [R, 2F]: the experts' pre-activations (R: grouped rows)
-  Tensor expert_out_;                           // saved [R, d or L]: the experts' outputs (rows of the grouped layout)
+  Tensor expert_out_;                           // saved [R, d or L]: the experts' outputs (model.moe.save_outputs)
   Tensor shared_gate_up_;                       // saved [T, 2S]
   Tensor latent_in_;                            // LatentMoE, saved [T, L]: x projected down
   Tensor latent_sum_;                           // LatentMoE, saved [T, L]: the experts' weighted sum

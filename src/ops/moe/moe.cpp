@@ -10,6 +10,8 @@
 #include "ops/moe/moe_cuda.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 #include <vector>
 
 namespace kiln::ops {
@@ -292,6 +294,60 @@ void moe_combine_backward(const ExecContext& ctx, const Tensor& y, const Tensor&
         }
         dweights.data<T>()[t * k + j] = static_cast<T>(dot);
       }
+    }
+  });
+}
+
+void moe_swiglu_backward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& du, const Tensor& weights,
+                         const MoeDispatch& d, const Tensor& dgate_up, const Tensor& weighted_act, const Tensor& dweights) {
+  const char* op = "moe_swiglu_backward";
+  KILN_OP_SCOPE(op, gate_up);
+  expect_rank(op, "gate_up", gate_up, 2);
+  const int64_t rows = grouped_rows(d), f = gate_up.size(1) / 2, tokens = weights.defined() ? weights.size(0) : 0;
+  KILN_CHECK(gate_up.size(1) % 2 == 0, op, "gate_up must have an even number of columns, got {}", gate_up.describe());
+  expect_shape(op, "gate_up", gate_up, Shape{rows, 2 * f});
+  for (const auto& [name, t] : {std::pair{"du", &du}, std::pair{"weighted_act", &weighted_act}}) {
+    expect_same(op, name, *t, gate_up);
+    expect_shape(op, name, *t, Shape{rows, f});
+  }
+  expect_same(op, "dgate_up", dgate_up, gate_up);
+  expect_shape(op, "dgate_up", dgate_up, gate_up.shape());
+  check_dispatch(op, d, tokens);
+  expect_weights(op, "weights", weights, gate_up, Shape{tokens, d.top_k});
+  expect_weights(op, "dweights", dweights, gate_up, weights.shape());
+  expect_on(op, d, gate_up.device());
+  KILN_ON_CUDA(gate_up, op, {
+    expect_gpu_rows(op, "gate_up", gate_up);
+    cuda::moe_swiglu_backward(ctx, gate_up.raw(), du.raw(), gate_up.dtype(), weights.data<float>(), rows, f,
+                              weights.numel(), d.pair_of_row.data<int32_t>(), d.offsets.data<int32_t>() + d.experts,
+                              dgate_up.raw(), weighted_act.raw(), dweights.data<float>());
+  });
+  dispatch_cpu_float(op, gate_up.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t live = d.offsets.data<int32_t>()[d.experts];
+    std::fill(dweights.data<T>(), dweights.data<T>() + dweights.numel(), T(0));
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* g = gate_up.data<T>() + r * 2 * f;
+      const T* u = g + f;
+      T* dg = dgate_up.data<T>() + r * 2 * f;
+      T* act_out = weighted_act.data<T>() + r * f;
+      if (r >= live) {
+        std::fill(dg, dg + 2 * f, T(0));
+        std::fill(act_out, act_out + f, T(0));
+        continue;
+      }
+      const int32_t p = d.pair_of_row.data<int32_t>()[r];
+      const T w = weights.data<T>()[p];
+      const T* dr = du.data<T>() + r * f;
+      double dot = 0;
+      for (int64_t j = 0; j < f; ++j) {
+        const T e = std::exp(-g[j]), s = T(1) / (T(1) + e), act = g[j] / (T(1) + e) * u[j], dy = w * dr[j];
+        dot += static_cast<double>(dr[j]) * static_cast<double>(act);
+        dg[j] = dy * u[j] * s * (T(1) + g[j] * (T(1) - s));
+        dg[f + j] = dy * g[j] * s;
+        act_out[j] = w * act;  // last: act_out may be du's row
+      }
+      dweights.data<T>()[p] = static_cast<T>(dot);
     }
   });
 }

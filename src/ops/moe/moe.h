@@ -87,4 +87,19 @@ void moe_combine(const ExecContext& ctx, const Tensor& y, const Tensor& weights,
 void moe_combine_backward(const ExecContext& ctx, const Tensor& y, const Tensor& weights, const Tensor& dout, const MoeDispatch& dispatch,
                           const Tensor& dy, const Tensor& dweights);
 
+// The experts' SwiGLU backward with the routing weights taken off their outputs (SonicMoE's
+// form, model.moe.save_outputs = false): the block then keeps no output rows [R, d] for the
+// weights' gradient. Live row r of pair p computes y_r = w_p act_r W_e^T with act =
+// SwiGLU(gate_up). du [R, F] is the gradient of the unweighted output times W_e (the grouped
+// dout rows through the down projection's input gradient), so that:
+//   dweights[p]  = du_r . act_r             (= dout_t . y_r / w_p; 0 for an empty or dropped pair)
+//   dgate_up_r   = SwiGLU'(gate_up_r)^T (w_p du_r)
+//   weighted_act_r = w_p act_r              (the down projection's weight-gradient operand)
+// Rows past the live ones: zero dgate_up and weighted_act (du's are not read).
+// weighted_act may be du itself (each element is read before it is written); dweights is
+// [T, k] (wide, as combine's). The sums run in a fixed order on both devices.
+void moe_swiglu_backward(const ExecContext& ctx, const Tensor& gate_up, const Tensor& du, const Tensor& weights,
+                         const MoeDispatch& dispatch, const Tensor& dgate_up, const Tensor& weighted_act,
+                         const Tensor& dweights);
+
 }  // namespace kiln::ops

@@ -1,4 +1,5 @@
-// The MoE dispatch, gather and combine kernels (declared in moe_cuda.h).
+// The MoE dispatch, gather and combine kernels and the experts' weighted SwiGLU backward
+// (declared in moe_cuda.h).
 //
 // Dispatch, a counting sort that keeps the CPU's order: the pairs are cut into chunks of
 // consecutive pairs, one per block.
@@ -268,6 +269,51 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) dweights[p] = dot;
 }
 
+// Row r of the grouped layout (a warp): SwiGLU's backward from w_p du_r, w_p act_r for the
+// down projection's weight gradient, and dweights[p] = du_r . act_r (each lane's columns in
+// order, then the warp's butterfly). Rows past the live ones are written zero, du unread.
+// The element formulas are swiglu_cuda.cu's. weighted_act may alias du: each element is
+// read before it is written, by the same lane.
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_backward_kernel(const T* __restrict__ gu, const T* du, const float* __restrict__ weights, int64_t rows,
+                           int64_t f, const int32_t* __restrict__ pair_of_row, const int32_t* __restrict__ live,
+                           T* __restrict__ dgu, T* weighted_act, float* __restrict__ dweights) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (r >= rows) return;  // whole warps leave together: the butterfly below has all lanes
+  const bool is_live = r < *live;
+  const int32_t p = is_live ? pair_of_row[r] : -1;
+  const float w = is_live ? weights[p] : 0.0f;
+  float dot = 0.0f;
+  for (int64_t c = lane * W; c < f; c += kWarpSize * W) {
+    float g[W], u[W], d[W], dg[W], dup[W], a[W];
+    if (is_live) {
+      load<W>(gu + r * 2 * f + c, g);
+      load<W>(gu + r * 2 * f + f + c, u);
+      load<W>(du + r * f + c, d);
+    } else {
+#pragma unroll
+      for (int i = 0; i < W; ++i) g[i] = u[i] = d[i] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      const float s = 1.0f / (1.0f + expf(-g[i]));
+      const float act = g[i] / (1.0f + expf(-g[i])) * u[i];
+      const float dy = w * d[i];
+      dot += d[i] * act;
+      dg[i] = dy * u[i] * s * (1.0f + g[i] * (1.0f - s));
+      dup[i] = dy * g[i] * s;
+      a[i] = w * act;
+    }
+    store<W>(dgu + r * 2 * f + c, dg);
+    store<W>(dgu + r * 2 * f + f + c, dup);
+    store<W>(weighted_act + r * f + c, a);
+  }
+  dot = warp_sum(dot);
+  if (is_live && lane == 0) dweights[p] = dot;
+}
+
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 // Runs launch.template operator()<T, W>() for the dtype's element type and the widest access.
@@ -352,6 +398,21 @@ void moe_combine_backward(const ExecContext& ctx, const void* y, DType dtype, co
         static_cast<const T*>(y), weights, static_cast<const T*>(dout), pairs, cols, k, row_of_pair,
         static_cast<T*>(dy), dweights);
     check_launch("moe_combine_backward", "combine_backward_kernel");
+  });
+}
+
+void moe_swiglu_backward(const ExecContext& ctx, const void* gate_up, const void* du, DType dtype, const float* weights,
+                         int64_t rows, int64_t f, int64_t pairs, const int32_t* pair_of_row, const int32_t* live,
+                         void* dgate_up, void* weighted_act, float* dweights) {
+  constexpr const char* kOp = "moe_swiglu_backward";
+  if (pairs > 0) check(cudaMemsetAsync(dweights, 0, static_cast<size_t>(pairs) * sizeof(float), stream(ctx)), kOp,
+                       "cudaMemsetAsync dweights");
+  if (rows == 0 || f == 0) return;
+  by_dtype(dtype, vectorizable(f, {gate_up, du, dgate_up, weighted_act}), [&]<typename T, int W>() {
+    swiglu_backward_kernel<T, W><<<row_blocks(rows), kThreads, 0, stream(ctx)>>>(
+        static_cast<const T*>(gate_up), static_cast<const T*>(du), weights, rows, f, pair_of_row, live,
+        static_cast<T*>(dgate_up), static_cast<T*>(weighted_act), dweights);
+    check_launch(kOp, "swiglu_backward_kernel");
   });
 }
 

@@ -45,4 +45,11 @@ void moe_combine(const ExecContext& ctx, const void* y, DType dtype, const float
 void moe_combine_backward(const ExecContext& ctx, const void* y, DType dtype, const float* weights, const void* dout, int64_t tokens,
                           int64_t cols, int64_t k, const int32_t* row_of_pair, void* dy, float* dweights);
 
+// ops::moe_swiglu_backward on `rows` grouped rows of width f (gate_up [rows, 2f]): the
+// *live first rows from pair_of_row's weights, the rest zero; dweights [pairs] zeroed
+// first, then written for the live rows' pairs. weighted_act may alias du.
+void moe_swiglu_backward(const ExecContext& ctx, const void* gate_up, const void* du, DType dtype, const float* weights,
+                         int64_t rows, int64_t f, int64_t pairs, const int32_t* pair_of_row, const int32_t* live,
+                         void* dgate_up, void* weighted_act, float* dweights);
+
 }  // namespace kiln::cuda
