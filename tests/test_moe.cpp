@@ -295,6 +295,14 @@ TEST(MoeModel, SigmoidBiasModelWithSharedExpertMatchesFiniteDifferences) {
   check_moe_gradient(moe_config("sigmoid_bias", 5));
 }
 
+// model.moe.save_outputs = true: the routing weights' gradient from the saved output rows
+// (the default, false, forms it from the activations: the tests above).
+TEST(MoeModel, SavedOutputsModelMatchesFiniteDifferences) {
+  ModelConfig c = moe_config("sigmoid_bias", 5);
+  c.moe.save_outputs = true;
+  check_moe_gradient(c);
+}
+
 // Layer 0 dense (the alternative MLP), layer 1 sparse: the names and parameter counts
 // show where each went; an expert counts k/E of itself as active.
 TEST(MoeModel, LayerPatternsPlaceTheSparseLayersAndActiveCountsWeighExperts) {

@@ -1,8 +1,9 @@
 // kiln's model cut into pipeline stages (train/pipeline_model_stage.h), run by the pipeline
 // engine over ranks that are threads joined by Gloo, against one model running the same 4
 // micro-batches as gradient accumulation (Model::forward_backward). Every rank builds the
-// whole model; a parameter of a rank's stages must have the reference's gradient bit for
-// bit, every other parameter's gradient must stay zero. Bitwise is expected: each stage runs
+// whole model, or (ModelsBuiltPerStage...) only its stages' part; a parameter of a rank's
+// stages must have the reference's gradient bit for bit, every other parameter's gradient
+// must stay zero. Bitwise is expected: each stage runs
 // the same kernels on the same inputs (the residual stream crosses in the wide dtype,
 // unrounded), and every schedule runs a stage's backwards in micro-batch order, the order
 // the reference accumulates in. The loss, its target count and z match bit for bit too (the
@@ -28,6 +29,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 
 namespace kiln {
 namespace {
@@ -152,8 +154,27 @@ bool all_zero(const std::vector<double>& a) {
   return true;
 }
 
+// A stage's model (BuildOptions::layers: `layers`) with the weights of `whole` (the same
+// initial values whatever the stage, by name).
+std::unique_ptr<Model> build_stage(const ModelConfig& config, const Model& whole,
+                                   const std::vector<std::pair<int64_t, int64_t>>& layers) {
+  BuildOptions o = whole.options();
+  o.layers = layers;
+  auto model = std::make_unique<Model>(config, o);
+  model->allocate();
+  for (const auto& p : model->parameters()) {
+    const Parameter* from = whole.find_parameter(p->name());
+    if (from == nullptr) throw std::runtime_error("a stage's parameter the whole model lacks: " + p->name());
+    copy_tensor(from->value(), p->value());
+  }
+  model->set_micro_batches(kMicrobatches);
+  model->zero_grads();
+  return model;
+}
+
 // A tied head's table: the first stage's lookup and the last stage's head each add their
-// share of its gradient on their rank, and no other rank touches it. Summed over the ranks
+// share of its gradient on their rank, and no other rank touches it (a stage's model of
+// neither end holds no table). Summed over the ranks
 // (in the gradient's dtype, f64 here, as the trainer's all-reduce sums them) the shares must
 // give the reference's gradient: bit for bit when one rank holds both stages (it adds head
 // and lookup micro-batch after micro-batch, h0, e0, h1, e1, ..., as the reference does),
@@ -167,7 +188,12 @@ void expect_tied_table_sums_to_the_reference(const std::vector<std::unique_ptr<M
   const int first = schedule.rank_of(0), last = schedule.rank_of(schedule.stages() - 1);
   std::vector<double> sum(want.grads[table].size(), 0.0);
   for (int r = 0; r < schedule.ranks; ++r) {
-    const std::vector<double> got = values_of(models[static_cast<size_t>(r)]->parameters()[table]->grad());
+    const Parameter* held = models[static_cast<size_t>(r)]->find_parameter("embed.weight");
+    if (held == nullptr) {
+      EXPECT_TRUE(r != first && r != last) << "rank " << r << " holds an end of the pipeline but no table";
+      continue;
+    }
+    const std::vector<double> got = values_of(held->grad());
     ASSERT_EQ(got.size(), sum.size());
     if (r != first && r != last) {
       EXPECT_TRUE(all_zero(got)) << "the tied table's gradient on rank " << r << ", which holds neither end";
@@ -190,16 +216,19 @@ void expect_tied_table_sums_to_the_reference(const std::vector<std::unique_ptr<M
 }
 
 enum class Saved { recompute, frames };
+// Every rank the whole model, or each its stages' part (BuildOptions::layers).
+enum class Built { whole, stages };
 
 // `split`: the stages leave their projections' weight gradients to the W passes
 // (ModelStage::split_backward; frames only).
 void expect_pipeline_matches_one_model(const ModelConfig& config, const Schedule& schedule,
                                        const std::vector<int64_t>& bounds, const Reference& want, Saved saved,
-                                       bool split = false) {
+                                       bool split = false, Built built = Built::whole) {
   SCOPED_TRACE(::testing::Message() << schedule.name << ", " << schedule.ranks << " ranks x "
                                     << schedule.stages_per_rank << " stages, "
                                     << (saved == Saved::frames ? "activation frames" : "recompute")
-                                    << (split ? ", split backward" : ""));
+                                    << (split ? ", split backward" : "")
+                                    << (built == Built::stages ? ", a model per rank's stages" : ""));
   ASSERT_EQ(static_cast<int>(bounds.size()) - 1, schedule.stages());
   const int ranks = schedule.ranks;
   const std::vector<HostBatch> batches = microbatches();
@@ -210,15 +239,14 @@ void expect_pipeline_matches_one_model(const ModelConfig& config, const Schedule
   // simulation counts them, for its stages' layers only; without, the stages recompute.
   const Simulation simulation = simulate(schedule);
   ASSERT_TRUE(simulation.ok) << simulation.problem;
+  const std::unique_ptr<Model> whole = built == Built::stages ? build(config) : nullptr;
   for (int r = 0; r < ranks; ++r) {
-    models.push_back(build(config));
-    if (saved == Saved::frames) {
-      std::vector<std::pair<int64_t, int64_t>> mine;
-      for (int s = 0; s < schedule.stages(); ++s)
-        if (schedule.rank_of(s) == r)
-          mine.emplace_back(bounds[static_cast<size_t>(s)], bounds[static_cast<size_t>(s) + 1]);
+    std::vector<std::pair<int64_t, int64_t>> mine;
+    for (int s = 0; s < schedule.stages(); ++s)
+      if (schedule.rank_of(s) == r) mine.emplace_back(bounds[static_cast<size_t>(s)], bounds[static_cast<size_t>(s) + 1]);
+    models.push_back(built == Built::stages ? build_stage(config, *whole, mine) : build(config));
+    if (saved == Saved::frames)
       models.back()->enable_activation_frames(simulation.peak_in_flight[static_cast<size_t>(r)], mine);
-    }
     stages.push_back(std::make_unique<ModelStage>(*models.back(), bounds, batches, loss_scale(batches)));
     stages.back()->split_backward(split);
   }
@@ -254,22 +282,26 @@ void expect_pipeline_matches_one_model(const ModelConfig& config, const Schedule
       EXPECT_NEAR(got.slot[i], ref.slot[i], 1e-12 * std::abs(ref.slot[i])) << "micro-batch " << m << " slot " << i;
   }
 
-  // Gradients: the reference's on the owning rank, zero elsewhere.
+  // Gradients, by name: the reference's on the owning rank, zero on the other ranks of
+  // whole models; a stage's model holds its own stages' parameters only.
   int compared = 0, nonzero = 0;
   for (int r = 0; r < ranks; ++r) {
     const auto& params = models[static_cast<size_t>(r)]->parameters();
-    ASSERT_EQ(params.size(), want.grads.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!params[i]->trainable()) continue;
+    if (built == Built::whole) ASSERT_EQ(params.size(), want.grads.size());
+    for (const auto& p : params) {
+      const auto i = static_cast<size_t>(std::find(want.names.begin(), want.names.end(), p->name()) - want.names.begin());
+      ASSERT_LT(i, want.names.size()) << p->name();
+      if (!p->trainable()) continue;
       if (config.tie_embeddings && want.names[i] == "embed.weight") continue;  // below
       const int owner = stage_of(want.names[i], bounds);
       ASSERT_GE(owner, 0) << want.names[i];
-      const std::vector<double> got = values_of(params[i]->grad());
+      const std::vector<double> got = values_of(p->grad());
       if (schedule.rank_of(owner) == r) {
         EXPECT_TRUE(same_bits(got, want.grads[i])) << want.names[i] << " on rank " << r;
         ++compared;
         nonzero += !all_zero(want.grads[i]);
       } else {
+        EXPECT_EQ(built, Built::whole) << want.names[i] << " held by rank " << r << ", not its owner";
         EXPECT_TRUE(all_zero(got)) << want.names[i] << " outside rank " << r << "'s stages";
       }
     }
@@ -278,9 +310,9 @@ void expect_pipeline_matches_one_model(const ModelConfig& config, const Schedule
     expect_tied_table_sums_to_the_reference(models, schedule, want);
     ++compared;
   }
-  EXPECT_EQ(compared, static_cast<int>(want.grads.size()) -
-                          static_cast<int>(std::count_if(models[0]->parameters().begin(), models[0]->parameters().end(),
-                                                         [](const auto& p) { return !p->trainable(); })));
+  // Every trainable parameter compared once (the reference keeps no gradient of the others).
+  EXPECT_EQ(compared, static_cast<int>(std::count_if(want.grads.begin(), want.grads.end(),
+                                                     [](const auto& g) { return !g.empty(); })));
   // Comparisons that can fail: all but a few gradients are nonzero (an expert no token of
   // the 4 micro-batches was routed to has none).
   EXPECT_GE(nonzero * 10, compared * 9);
@@ -323,6 +355,87 @@ TEST(PipelineModelStage, TiedHeadStagesMatchOneModel) {
   c.tie_embeddings = true;
   expect_every_cut_matches(c, Saved::recompute);
   expect_every_cut_matches(c, Saved::frames);
+}
+
+// Models built per stage (BuildOptions::layers): each rank holds only its stages' blocks
+// (the embedding on the first stage, the final norm and the head on the last, a tied
+// table on both ends), and the pipeline gives the same losses and gradients as with whole
+// models: bit for bit, the tied table's summed shares within rounding.
+TEST(PipelineModelStage, ModelsBuiltPerStageMatchOneModel) {
+  ModelConfig tied = dense_config();
+  tied.tie_embeddings = true;
+  for (const ModelConfig& config : {dense_config(), moe_config(), tied}) {
+    const Reference want = reference(config);
+    expect_pipeline_matches_one_model(config, build_1f1b(2, kMicrobatches), {0, 2, 4}, want, Saved::frames, false,
+                                      Built::stages);
+    expect_pipeline_matches_one_model(config, build_1f1b(3, kMicrobatches), {0, 1, 3, 4}, want, Saved::recompute,
+                                      false, Built::stages);
+    expect_pipeline_matches_one_model(config, build_interleaved_1f1b(2, 2, kMicrobatches), {0, 1, 2, 3, 4}, want,
+                                      Saved::frames, false, Built::stages);
+    expect_pipeline_matches_one_model(config, build_zero_bubble_h1(2, kMicrobatches), {0, 2, 4}, want, Saved::frames,
+                                      true, Built::stages);
+  }
+}
+
+// What a stage's model holds: its blocks' parameters, each with the whole model's initial
+// values (init_weights draws by the whole model's index), the whole model's loss slots
+// (a dense first stage of a model whose later layers are sparse still has the routers'),
+// less memory, zero for the blocks it leaves out; and it refuses what needs the whole model.
+TEST(PipelineModelStage, AStagesModelHoldsItsLayersWithTheWholeModelsValues) {
+  for (const bool tie : {false, true}) {
+    SCOPED_TRACE(tie ? "tied head" : "untied head");
+    ModelConfig c = moe_config();
+    c.tie_embeddings = tie;
+    c.alt_mlp = "swiglu";
+    c.alt_mlp_layers = "first:2";  // layers 0-1 dense, 2-3 sparse
+    BuildOptions o = options();
+    Model whole(c, o);
+    whole.allocate();
+    whole.init_weights(7);
+    BuildOptions first = o, last = o;
+    first.layers = {{0, 2}};
+    last.layers = {{2, 4}};
+    Model a(c, first), b(c, last);
+    a.allocate(), b.allocate();
+    a.init_weights(7), b.init_weights(7);
+    for (const Model* stage : {&a, &b})
+      for (const auto& p : stage->parameters()) {
+        const Parameter* w = whole.find_parameter(p->name());
+        ASSERT_NE(w, nullptr) << p->name();
+        EXPECT_TRUE(same_bits(values_of(p->value()), values_of(w->value()))) << p->name();
+      }
+    EXPECT_EQ(a.parameters().size() + b.parameters().size(), whole.parameters().size() + (tie ? 1 : 0));
+    EXPECT_NE(a.find_parameter("embed.weight"), nullptr);
+    EXPECT_EQ(b.find_parameter("embed.weight") != nullptr, tie);  // the tied head's table
+    EXPECT_EQ(a.find_parameter("final_norm.weight"), nullptr);
+    EXPECT_NE(b.find_parameter("final_norm.weight"), nullptr);
+    EXPECT_EQ(a.find_parameter("layers.2.mlp.gate.weight"), nullptr);
+    for (const char* slot : {"loss", "moe_aux", "moe_z"}) {
+      EXPECT_GE(whole.loss_terms().find(slot), 0) << slot;
+      EXPECT_EQ(a.loss_terms().find(slot), whole.loss_terms().find(slot)) << slot;
+      EXPECT_EQ(b.loss_terms().find(slot), whole.loss_terms().find(slot)) << slot;
+    }
+    for (const Model* stage : {&a, &b}) {
+      EXPECT_LT(stage->memory_plan().parameters, whole.memory_plan().parameters);
+      EXPECT_LT(stage->memory_plan().gradients, whole.memory_plan().gradients);
+      EXPECT_LT(stage->memory_plan().activations, whole.memory_plan().activations);
+    }
+    EXPECT_EQ(a.block_memory(3).total(), 0u);
+    EXPECT_EQ(b.block_memory(0).total(), 0u);
+    EXPECT_EQ(a.block_memory(1).parameters, whole.block_memory(1).parameters);
+    EXPECT_EQ(b.block_memory(2).gradients, whole.block_memory(2).gradients);
+    a.load_batch(microbatches()[0]), b.load_batch(microbatches()[0]);
+    EXPECT_THROW(a.forward_backward(1.0), Error);  // layers 2-3 and the head are elsewhere
+    EXPECT_THROW(b.forward_layers(0, 2, 1.0, false), Error);
+  }
+  BuildOptions outside = options();
+  outside.layers = {{2, 5}};
+  EXPECT_THROW(Model(moe_config(), outside), Error);
+  ModelConfig mtp = dense_config();
+  mtp.mtp.depth = 1;
+  BuildOptions stage = options();
+  stage.layers = {{0, 2}};
+  EXPECT_THROW(Model(mtp, stage), Error);
 }
 
 // A parameter of a LinearLayer (a projection's weight or bias), whose gradient a split

@@ -61,6 +61,7 @@ Decoder::Decoder(Model& model, const DecoderOptions& options)
   ctx.slots = options_.slots, ctx.max_len = options_.max_len, ctx.max_rows = options_.max_rows;
   ctx.fuse = fuse, ctx.fused_branch_rows = fused_branch_rows_, ctx.one_kernel_attention = options_.one_kernel_attention;
   const Backbone& backbone = model.backbone();
+  KILN_CHECK(backbone.whole(), "decode", "a pipeline stage's model holds part of the layers: decode with the whole model");
   for (const auto& block : backbone.blocks()) blocks_.push_back(block->make_decoder(ctx));
   if (backbone.attn_res()) attn_res_ = std::make_unique<AttnResDecoder>(ctx, *backbone.attn_res(), m.hidden);
   state_bytes_ = arena_.planned_bytes();

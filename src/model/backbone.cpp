@@ -1,6 +1,7 @@
 #include "model/backbone.h"
 
 #include "config/layer_pattern.h"
+#include "model/skipped_module.h"
 #include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
@@ -16,9 +17,15 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
                    std::vector<std::unique_ptr<Arena>>& recompute_arenas)
     : exec_(ctx.exec), config_(config), losses_(ctx.losses), recompute_blocks_(options.recompute_blocks) {
   const int64_t t = options.max_tokens, d = config.hidden;
-  ctx.parameter(embed_w_, embed_g_, ParamName{"embed.weight", "model.embed_tokens.weight", "token_embd.weight"},
-                Shape{config.vocab_size, d}, ParamRole::embedding, Init::normal(config.init_std));
-  embed_ = ctx.parameters.back().get();
+  check_stage_layers(config, options);
+  const bool last_built = options.builds_layer(config.layers - 1);
+  if (options.builds_layer(0) || (config.tie_embeddings && last_built)) {
+    ctx.parameter(embed_w_, embed_g_, ParamName{"embed.weight", "model.embed_tokens.weight", "token_embd.weight"},
+                  Shape{config.vocab_size, d}, ParamRole::embedding, Init::normal(config.init_std));
+    embed_ = ctx.parameters.back().get();
+  } else {
+    skipped_parameters_.push_back({ctx.parameters.size(), 1});
+  }
   position_ = position_registry().build("model.position", config.position, ctx, config);
   if (config.rope.local_theta > 0) {
     // The windowed layers' RoPE (Gemma 3's local layers): its own base, unscaled, the
@@ -48,7 +55,10 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
                        {entries(ctx.step_buffers), 0}};
     };
     BlockRuns runs = mark();
-    ctx.saved_wide(residual_[static_cast<size_t>(l)], Shape{options.max_tokens, config.hidden});
+    // Block l's input: where it runs, and where the block before it leaves its output.
+    const bool built = options.builds_layer(l);
+    if (built || (l > 0 && options.builds_layer(l - 1)))
+      ctx.saved_wide(residual_[static_cast<size_t>(l)], Shape{options.max_tokens, config.hidden});
     const std::string index = std::to_string(l);
     const LayerSpec layer{NameScope{"layers." + index + ".", "model.layers." + index + ".", "blk." + index + "."}, l,
                           &config, layer_choices(config, l)};
@@ -56,7 +66,13 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
     // The block's recipe (train.fp8_layers may leave it out of FP8), restored after it.
     const PrecisionRecipe model_recipe = ctx.precision;
     ctx.precision = model_recipe.for_block(l, config.layers);
-    if (options.training && l < options.recompute_blocks) {
+    if (!built) {  // another stage's: only counted (model/skipped_module.h)
+      const size_t at = ctx.parameters.size();
+      const size_t count = count_skipped_parameters(
+          ctx, [&](BuildContext& skipped) { TransformerBlock block(skipped, layer, position); });
+      skipped_parameters_.push_back({at, count});
+      blocks_.push_back(nullptr);
+    } else if (options.training && l < options.recompute_blocks) {
       // The block plans its saved activations in its own arena, bound later to the
       // region every recomputed block shares.
       recompute_arenas.push_back(std::make_unique<Arena>("recomputed activations", options.device));
@@ -100,15 +116,25 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
   }
   // QK-Clip applies to the mixers with query-key logits (TokenMixer::clips_qk); asked for
   // with none, it would silently do nothing.
-  const bool any_clips = std::any_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->mixer().clips_qk(); });
-  KILN_CHECK(ctx.qk_clip_tau == 0 || any_clips, "config",
+  // (A stage's model may hold none of those layers: the whole model's check covers it.)
+  const bool any_clips =
+      std::any_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b && b->mixer().clips_qk(); });
+  KILN_CHECK(ctx.qk_clip_tau == 0 || any_clips || !options.whole(), "config",
              "optim.qk_clip.enabled = true: no layer's token mixer has query-key logits to clip (model.attention = "
              "'{}', model.alt_attention = '{}')",
              config.attention, config.alt_attention);
   const bool own_final_norm = !config.final_norm.empty();
-  final_norm_ = norm_registry().build(
-      own_final_norm ? "model.final_norm" : "model.norm", own_final_norm ? config.final_norm : config.norm, ctx,
-      NormSpec{NameScope{"final_norm.", "model.norm.", "output_norm."}, d, t, config.norm_eps, config.dyt_alpha});
+  const auto build_final_norm = [&](BuildContext& c) {
+    return norm_registry().build(
+        own_final_norm ? "model.final_norm" : "model.norm", own_final_norm ? config.final_norm : config.norm, c,
+        NormSpec{NameScope{"final_norm.", "model.norm.", "output_norm."}, d, t, config.norm_eps, config.dyt_alpha});
+  };
+  if (last_built) {
+    final_norm_ = build_final_norm(ctx);
+  } else {
+    const size_t at = ctx.parameters.size();
+    skipped_parameters_.push_back({at, count_skipped_parameters(ctx, [&](BuildContext& c) { build_final_norm(c); })});
+  }
   if (config.attn_res_block > 0) {
     // Recompute reruns a block's forward from the residual stream, which these blocks do not
     // read; multi-token prediction's gradient into the final norm's input is not wired here.
@@ -118,10 +144,12 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
                "Block Attention Residuals do not take model.mtp yet (model.mtp.depth = {})", config.mtp.depth);
     attn_res_ = std::make_unique<BlockAttnRes>(ctx, config);
   }
-  ctx.saved_wide(residual_.back(), Shape{t, d});
-  ctx.saved(hidden_, Shape{t, d});
+  if (last_built) {
+    ctx.saved_wide(residual_.back(), Shape{t, d});
+    ctx.saved(hidden_, Shape{t, d});
+  }
   if (options.training) {
-    ctx.buffer(dhidden_, Shape{t, d}, ctx.dtype);
+    if (last_built) ctx.buffer(dhidden_, Shape{t, d}, ctx.dtype);
     ctx.buffer(dres_, Shape{t, d}, ctx.master_dtype);
     // The mixed path's bf16 copy of dres, which the branches read (kept by the norms).
     if (ctx.mixed()) ctx.buffer(dres_compute_, Shape{t, d}, ctx.dtype);
@@ -130,9 +158,30 @@ Backbone::Backbone(BuildContext& ctx, const ModelConfig& config, const BuildOpti
 
 void Backbone::forward(const Tensor& tokens, const SeqInfo& seq) { forward_layers(tokens, seq, 0, config_.layers); }
 
+void Backbone::check_stage_layers(const ModelConfig& config, const BuildOptions& options) {
+  for (const auto& [first, last] : options.layers)
+    KILN_CHECK(0 <= first && first < last && last <= config.layers, "model",
+               "a stage's layers [{}, {}) outside the model's {} layers (model.layers)", first, last, config.layers);
+  if (options.whole()) return;
+  KILN_CHECK(config.attn_res_block == 0, "model.attn_res_block",
+             "Block Attention Residuals are not built per pipeline stage: their sublayers read more than the "
+             "residual stream");
+  KILN_CHECK(config.mtp.depth == 0, "model.mtp.depth",
+             "multi-token prediction is not built per pipeline stage (depth {})", config.mtp.depth);
+}
+
+bool Backbone::whole() const {
+  return embed_ != nullptr && final_norm_ != nullptr &&
+         std::all_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b != nullptr; });
+}
+
 void Backbone::check_layer_range(int64_t first, int64_t last) const {
   KILN_CHECK(0 <= first && first <= last && last <= config_.layers, "model",
              "layer range [{}, {}) outside the model's {} layers (model.layers)", first, last, config_.layers);
+  for (int64_t l = first; l < last; ++l)
+    KILN_CHECK(blocks_[static_cast<size_t>(l)] != nullptr, "model",
+               "layer {} is not in this pipeline stage's model (layers [{}, {}) asked)", l, first, last);
+  KILN_CHECK(first > 0 || embed_ != nullptr, "model", "the embedding is not in this pipeline stage's model");
   KILN_CHECK(!attn_res_ || (first == 0 && last == config_.layers), "model.attn_res_block",
              "Block Attention Residuals run over all layers at once, not over layers [{}, {})", first, last);
 }
@@ -278,6 +327,7 @@ void Backbone::backward_attn_res(const SeqInfo& seq, const ExtraGradients& extra
 
 void Backbone::export_config(ExportConfig& out) const {
   const ModelConfig& m = config_;
+  KILN_CHECK(whole(), "model", "a pipeline stage's model holds part of the layers: export the whole model");
   if (attn_res_)
     out.refuse("model.attn_res_block", fmt::format("{}", m.attn_res_block),
                "no stock family mixes its sublayers' inputs over depth (Block Attention Residuals)");
@@ -331,16 +381,19 @@ void Backbone::export_config(ExportConfig& out) const {
 }
 
 void Backbone::after_step(bool applied) {
-  for (const auto& block : blocks_) block->after_step(applied);
+  for (const auto& block : blocks_)
+    if (block) block->after_step(applied);
 }
 
 void Backbone::report(std::vector<std::pair<std::string, double>>& out) const {
-  for (const auto& block : blocks_) block->report(out);
+  for (const auto& block : blocks_)
+    if (block) block->report(out);
 }
 
 double Backbone::extra_forward_flops_per_token(int64_t seq_len) const {
   double flops = 0;
-  for (const auto& block : blocks_) flops += block->extra_forward_flops_per_token(seq_len);
+  for (const auto& block : blocks_)
+    if (block) flops += block->extra_forward_flops_per_token(seq_len);
   if (attn_res_) flops += attn_res_->forward_flops_per_token();
   return flops;
 }

@@ -62,11 +62,18 @@ class Backbone {
   const Tensor& residual_grad() const { return dres_; }
 
   // The embedding: its master (the lookup reads fp32 rows) and compute copy (a tied head's
-  // weight) and gradient.
+  // weight) and gradient. A pipeline stage's model without layer 0 or a tied head has none.
+  bool has_embedding() const { return embed_ != nullptr; }
   const Parameter& embedding() const { return *embed_; }
   const Tensor& embedding_compute() const { return embed_w_; }
   const Tensor& embedding_grad() const { return embed_g_; }
   const Norm& final_norm() const { return *final_norm_; }
+  // Every block, the embedding and the final norm built: not a pipeline stage's part
+  // (BuildOptions::layers). A stage's model holds null for the blocks it leaves out.
+  bool whole() const;
+  // Where a stage's model left parameters out (model/skipped_module.h): at index `first` of
+  // the model's parameters, `second` of the whole model's were not built, in order.
+  const std::vector<std::pair<size_t, size_t>>& skipped_parameters() const { return skipped_parameters_; }
   PositionEncoding& position() { return *position_; }
   const std::vector<std::unique_ptr<TransformerBlock>>& blocks() const { return blocks_; }
   // Each block's run of the model's activation arena and kept views, its input row of the
@@ -113,6 +120,7 @@ class Backbone {
   std::vector<Tensor> residual_;  // residual_[l] = input of block l [T, hidden]; [layers] = final-norm input
   std::vector<FrameSegment> block_segments_;
   std::vector<BlockRuns> block_runs_;
+  std::vector<std::pair<size_t, size_t>> skipped_parameters_;
   Tensor hidden_, dhidden_;       // [T, hidden] compute dtype
   Tensor dres_, dres_compute_;    // [T, hidden]: the residual gradient (wide) and its compute copy (mixed path)
 
@@ -120,6 +128,8 @@ class Backbone {
   void backward_blocks(const Tensor& dres, const Tensor& dres_compute, const SeqInfo& seq, const ExtraGradients& extra,
                        const std::function<void(int)>& tell, int64_t first, int64_t last);
   void check_layer_range(int64_t first, int64_t last) const;
+  // BuildOptions::layers against the config (one line naming the key).
+  static void check_stage_layers(const ModelConfig& config, const BuildOptions& options);
   // The embedding's dropout and scale, then its table's gradient, from d(its output) in dres.
   void embedding_backward(const Tensor& tokens, const Tensor& dres, const SeqInfo& seq, const ops::TokenGroups* groups,
                           const ExtraGradients& extra);

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace kiln {
 
@@ -36,6 +38,20 @@ struct BuildOptions {
   // optim.master_weights = "bf16": on the mixed path the 2-D weights are kept in bf16 only
   // (the masters themselves, no fp32 copy); gains and biases stay fp32.
   bool bf16_masters = false;
+  // A pipeline rank's model (train/pipeline_model_stage.h): only the blocks of these layer
+  // ranges ([first, last): the rank's stages) are built, the embedding where layer 0 is
+  // (and where a tied head reads its table), the final norm and the LM head where the last
+  // layer is. Empty: the whole model. The layers left out still reserve their loss slots,
+  // and every parameter draws its initial values by its index in the whole model, so a
+  // stage's parameters, initial values and loss slots are the whole model's.
+  std::vector<std::pair<int64_t, int64_t>> layers;
+  bool whole() const { return layers.empty(); }
+  bool builds_layer(int64_t l) const {
+    if (layers.empty()) return true;
+    for (const auto& [first, last] : layers)
+      if (first <= l && l < last) return true;
+    return false;
+  }
 };
 
 }  // namespace kiln

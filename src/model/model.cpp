@@ -3,6 +3,7 @@
 #include "core/device_memory.h"
 #include "core/phase_scope.h"
 #include "config/mtp_weights.h"
+#include "model/skipped_module.h"
 #include "core/rng.h"
 #include "ops/embedding/embedding.h"
 #include "ops/elementwise/elementwise.h"
@@ -47,9 +48,23 @@ Model::Model(const ModelConfig& config, const BuildOptions& options)
   head.weight = mtp_loss_weights(config).main;
   const int head_slot = losses_.terms.reserve({{"loss", true}, {"z", head.z_loss > 0}, {"target_count", false}});
   backbone_ = std::make_unique<Backbone>(ctx, config_, options, recompute_arenas_);
-  head_ = std::make_unique<LmHead>(ctx, config_, backbone_->embedding_compute(), backbone_->embedding_grad(), head,
-                                   head_slot);
+  std::vector<std::pair<size_t, size_t>> skipped = backbone_->skipped_parameters();
+  if (options.builds_layer(config.layers - 1)) {
+    head_ = std::make_unique<LmHead>(ctx, config_, backbone_->embedding_compute(), backbone_->embedding_grad(), head,
+                                     head_slot);
+  } else if (!config.tie_embeddings) {  // a tied head declares no parameter of its own
+    const size_t at = parameters_.size();
+    skipped.push_back({at, count_skipped_parameters(ctx, [&](BuildContext& c) {
+                         LmHead(c, config_, Tensor(), Tensor(), head, head_slot);
+                       })});
+  }
   if (config.mtp.depth > 0) mtp_ = std::make_unique<MultiTokenPrediction>(ctx, config_, *backbone_, *head_);
+  // Each parameter's index in the whole model: its own, plus what a stage left out before it.
+  size_t left_out = 0, next = 0;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    for (; next < skipped.size() && skipped[next].first <= i; ++next) left_out += skipped[next].second;
+    whole_index_.push_back(i + left_out);
+  }
 
   ctx.saved_buffer(inputs_, Shape{input_ints()}, DType::i32);  // views bound in allocate()
   if (options.training && options.device == Device::cuda) {
@@ -153,14 +168,15 @@ void Model::select_frame(int frame) {
 }
 
 void Model::init_weights(uint64_t seed) {
-  // One stream per parameter (by index), so adding a parameter elsewhere does not shift
-  // the others' initial values within a model.
+  // One stream per parameter (by its index in the whole model), so adding a parameter
+  // elsewhere does not shift the others' initial values within a model, and a pipeline
+  // stage's model draws the whole model's values.
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const Parameter& p = *parameters_[i];
     const Tensor value = p.value();
     OwnedTensor host(DType::f64, Device::cpu, value.shape());
     double* v = host->data<double>();
-    Rng rng = Rng::derive(seed, i);
+    Rng rng = Rng::derive(seed, whole_index_[i]);
     for (int64_t j = 0; j < value.numel(); ++j) {
       switch (p.init().kind) {
         case InitKind::normal: v[j] = rng.normal() * p.init().std; break;
@@ -222,7 +238,7 @@ double Model::flops_per_token(int64_t seq_len) const {
   // Matmul parameters: everything but the embedding lookup and 1-D gains/biases; the
   // head's [V, d] matmul counts whether tied or not.
   double matmul = 0;
-  const Parameter* embed = &backbone_->embedding();
+  const Parameter* embed = backbone_->has_embedding() ? &backbone_->embedding() : nullptr;
   for (const auto& p : parameters_)
     if (p->shape().rank() == 2 && p.get() != embed)
       matmul += static_cast<double>(p->shape().numel()) * p->active_fraction();
@@ -350,6 +366,7 @@ void Model::forward() {
 // gradients into d(hidden) (=) and their own weights (+=).
 LossSums Model::heads(LossScale scale, bool backward, double* device_sums, bool training_heads) {
   KILN_PHASE("loss");  // the heads' forward, and with `backward` their backward
+  KILN_CHECK(head_ != nullptr, "model", "the LM head is not in this pipeline stage's model (it holds the last layer's)");
   LossSums sums = pending_;
   const Tensor dhidden = backward ? backbone_->dhidden().rows(0, rows_) : Tensor();
   head_->loss(backbone_->hidden().rows(0, rows_), targets_.rows(0, rows_), scale, dhidden, sums.slot, device_sums);

@@ -232,6 +232,7 @@ class Model {
   size_t recompute_bytes() const;
   LossContext losses_;  // the objectives' slots and, per micro-batch, their scales
   StepStatistics step_statistics_;
+  std::vector<size_t> whole_index_;  // parameters_[i]'s index in the whole model (init_weights)
   WeightGradDeferral weight_grad_deferral_;
   LossSums pending_;    // the current micro-batch's sums (host), the backbone's objectives' first
   std::unique_ptr<Backbone> backbone_;

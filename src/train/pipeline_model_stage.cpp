@@ -46,7 +46,8 @@ std::pair<int64_t, int64_t> ModelStage::layers(int stage) const {
 }
 
 int64_t ModelStage::row_bytes() const {
-  return model_.config().hidden * static_cast<int64_t>(dtype_size(model_.stage_activation(0).dtype()));
+  // The residual stream's dtype (a stage's model may not hold block 0's input).
+  return model_.config().hidden * static_cast<int64_t>(dtype_size(model_.options().recipe().master));
 }
 
 int64_t ModelStage::input_bytes(int) const { return model_.options().max_tokens * row_bytes(); }
