@@ -6,6 +6,8 @@
 #   PART=conv    seed 001's K3 at 8 x 4096 with model.kda.conv_gpu_kernel per_element, then sweep
 #   PART=kda     `kiln bench-kda` (B 8, T 4096, H 16, D 128 and 64) with each chunk-gradient
 #                kernel (TF32, bf16), then FLA's chunk_kda (bench/fla_peer_kda.py; FLA=0 skips it)
+#   PART=profile each chunked kernel's time under ncu (one forward, then one forward + backward,
+#                B 8, T 4096, H 16, D 128, the default kernels; scripts/ncu_kernel_times.py sums them)
 #   PART=hybrid  bench-0.6b as the 3:1 KDA:GQA hybrid (chunked kernels) and as all-attention,
 #                at 4K and 32K context (docs/performance.md's earlier rows)
 # CONV=per_element runs the hybrid rows with the first convolution kernels (default: sweep).
@@ -49,6 +51,15 @@ kda() {
   echo "fla exit $?"; tail -3 "$LOGS/fla.log"
 }
 
+profile() {
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu" ] || { echo "profile: no ncu on this machine"; return 1; }
+  timeout "${PROFILE_TIMEOUT:-150}" "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+    "$K" bench-kda --batch 8 --seq 4096 --heads 16 --dims "${DIMS:-128}" --kernels chunked --bf16-grads \
+    --warmup 0 --iters 1 > "$LOGS/ncu_kda.csv" 2> "$LOGS/ncu_kda.err"
+  echo "ncu exit $?"; python3 scripts/ncu_kernel_times.py "$LOGS/ncu_kda.csv"
+}
+
 hybrid() {
   local kda=(--set model.attention=kda --set model.alt_attention=gqa --set model.alt_attention_layers=every:4
              --set model.kda.gpu_kernel=chunked --set model.kda.conv_gpu_kernel=$CONV)
@@ -62,7 +73,8 @@ case "${PART:-all}" in
   tests) tests ;;
   conv) conv ;;
   kda) kda ;;
+  profile) profile ;;
   hybrid) hybrid ;;
   all) tests; conv; kda; hybrid ;;
-  *) echo "gpu_kda: PART must be tests, conv, kda, hybrid or all, not '${PART}'"; exit 2 ;;
+  *) echo "gpu_kda: PART must be tests, conv, kda, profile, hybrid or all, not '${PART}'"; exit 2 ;;
 esac
