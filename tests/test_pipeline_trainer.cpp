@@ -534,6 +534,101 @@ TEST_F(PipelineTrainer, ATwoByTwoCheckpointResumesAsDataParallelAndInOneProcess)
 }
 
 // 3 ranks for 2 stages: refused before anything is read, naming the key.
+// dist.pipeline_model = "stages": each rank builds only its stages' layers. With the clip
+// off (the norm, summed over the ranks' parts, differs from one arena's in its last bits,
+// and the clip's factor would carry that into the weights), every schedule trains as one
+// process: losses and final weights bit for bit, the norm within 1e-12 relative. The
+// ranks' parameter counts add up to the model's.
+TEST_F(PipelineTrainer, ModelsBuiltPerStageTrainAsOneProcess) {
+  std::string output;
+  const std::string unclipped = "--set optim.grad_clip=0 ";
+  const std::string one = dir_ + "/one";
+  ASSERT_EQ(run_with_fault(single(one, unclipped), "", &output), 0) << output;
+  const std::vector<std::pair<int, std::string>> runs = {{2, "1f1b"}, {3, "gpipe"}, {4, "interleaved"}, {2, "zb_h1"}};
+  for (const auto& [ranks, schedule] : runs) {
+    SCOPED_TRACE(fmt::format("{} ranks, {}", ranks, schedule));
+    const std::string out = fmt::format("{}/stages-{}-{}", dir_, ranks, schedule);
+    ASSERT_EQ(run_with_fault(pipeline(ranks, schedule, out, unclipped + "--set dist.pipeline_model=stages "), "",
+                             &output),
+              0)
+        << output;
+    int64_t whole = 0, sum = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const std::string log = r == 0 ? output : read_file(fmt::format("{}/rank-{}.log", out, r));
+      const size_t at = log.find("it builds only its stages' layers: ");
+      ASSERT_NE(at, std::string::npos) << log;
+      long long mine = 0, all = 0;
+      ASSERT_EQ(std::sscanf(log.c_str() + at, "it builds only its stages' layers: %lld of the model's %lld", &mine, &all),
+                2);
+      EXPECT_LT(mine, all);
+      whole = all;
+      sum += mine;
+    }
+    EXPECT_EQ(sum, whole);
+    expect_same_but_the_norm(out, one);
+  }
+}
+
+// A tied head, MoE layers (sigmoid-bias router, aux loss) and QK-Clip under Muon, with
+// validation every 3 steps: models built per stage against whole models in the same
+// pipeline (2 stages, clip off as above). The table's two shares are swapped and added
+// (a + b on both ranks, as the whole models' all-reduce adds them); each layer's router
+// loads and logits act on its own rank; validation runs through the stages. Bit for bit
+// but the norm, and the validation losses within 1e-12 (the batches' sums add in another
+// order).
+TEST_F(PipelineTrainer, ModelsBuiltPerStageTrainAsWholeModelsWithATiedHeadAndMoe) {
+  std::string output;
+  const std::string extra = kSparse +
+                            "--set model.tie_embeddings=true --set optim.grad_clip=0 --set data.val_fraction=0.1 "
+                            "--set train.eval_batches=4 --set train.eval_every=3 ";
+  const std::string whole = dir_ + "/whole", stages = dir_ + "/stages";
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", whole, extra), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", stages, extra + "--set dist.pipeline_model=stages "), "", &output), 0)
+      << output;
+  EXPECT_CONTAINS(output, "it builds only its stages' layers: ");
+  expect_same_but_the_norm(stages, whole);
+  const std::vector<nlohmann::json> a = metrics_of_kind(whole, "validation"), b = metrics_of_kind(stages, "validation");
+  ASSERT_GE(a.size(), 2u);  // step 3, and the end of the run
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = a[i]["loss"].get<double>(), y = b[i]["loss"].get<double>();
+    EXPECT_TRUE(std::isfinite(x));
+    EXPECT_LE(std::abs(x - y), 1e-12 * std::abs(x)) << "validation " << i << ": " << x << " vs " << y;
+  }
+}
+
+// Checkpoints of models built per stage hold the whole model: 12 steps in one process
+// against 2 stages cut at layer 3, killed at step 5 (checkpoint at 4); resumed as 2 stages
+// cut at layer 6 under ZB-H1, killed at step 9; resumed in one process to the end. And a
+// one-process checkpoint resumed by stage models. With a tied head (its table and its
+// state saved once, by the first stage's rank); clip off as above: bit for bit but the norm.
+TEST_F(PipelineTrainer, ModelsBuiltPerStageResumeAcrossSplitsAndIntoOneProcess) {
+  std::string output;
+  const std::string common = "--set train.steps=12 --set optim.grad_clip=0 --set model.tie_embeddings=true ";
+  const std::string stages = "--set dist.pipeline_model=stages ";
+  const std::string straight = dir_ + "/straight", moved = dir_ + "/moved", back = dir_ + "/back";
+  ASSERT_EQ(run_with_fault(single(straight, common), "", &output), 0) << output;
+  ASSERT_NE(run_with_fault(pipeline(2, "1f1b", moved, common + stages + "--set dist.pipeline_split=0,3"),
+                           "kill_at_step:5", &output),
+            0)
+      << output;
+  EXPECT_EQ(latest_of(moved), "step-00000004");
+  ASSERT_NE(run_with_fault(pipeline(2, "zb_h1", moved, common + stages + "--set dist.pipeline_split=0,6 --resume"),
+                           "kill_at_step:9", &output),
+            0)
+      << output;
+  EXPECT_CONTAINS(output, "layers 0..5, 6..7; this rank runs stage 0; it builds only its stages' layers");
+  EXPECT_EQ(latest_of(moved), "step-00000008");
+  ASSERT_EQ(run_with_fault(single(moved, common + "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(moved, 8) + " at step 8");
+  expect_same_but_the_norm(moved, straight);
+  // One process's checkpoint into models built per stage.
+  ASSERT_NE(run_with_fault(single(back, common), "kill_at_step:5", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", back, common + stages + "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(back, 4) + " at step 4");
+  expect_same_but_the_norm(back, straight);
+}
+
 TEST_F(PipelineTrainer, AWorldNotAMultipleOfTheStagesIsRefused) {
   std::string output;
   EXPECT_NE(run_with_fault(launched(3, single(dir_ + "/three", "--set dist.pipeline_stages=2")), "", &output), 0);
@@ -690,6 +785,27 @@ TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
     c.dist.pipeline_stages = 1;
     c.dist.pipeline_activations = "recompute";
   }, 1, "dist.pipeline_activations");
+  expect([](Config& c) {
+    c.dist.pipeline_stages = 1;
+    c.dist.pipeline_model = "stages";
+  }, 1, "dist.pipeline_model");
+  // Models built per stage: one pipeline, and what needs the whole model refused by key.
+  Config stages = base;
+  stages.dist.pipeline_model = "stages";
+  stages.train.sample_tokens = 0;
+  EXPECT_EQ(error(stages, 2), "");
+  const auto expect_staged = [&](const std::function<void(Config&)>& change, int world, const std::string& key) {
+    expect([&](Config& c) {
+      c.dist.pipeline_model = "stages";
+      c.train.sample_tokens = 0;
+      change(c);
+    }, world, key);
+  };
+  expect_staged([](Config&) {}, 4, "dist.pipeline_model");  // 2 x 2 replicas
+  expect_staged([](Config& c) { c.dist.zero = 1; }, 2, "dist.zero");
+  expect_staged([](Config& c) { c.train.sample_tokens = 16; }, 2, "train.sample_tokens");
+  expect_staged([](Config& c) { c.eval.texts = "valid.txt"; }, 2, "eval");
+  expect_staged([](Config& c) { c.train.init_from = "runs/base/model"; }, 2, "train.init_from");
   for (int zero : {1, 2}) {  // ZeRO over the pipeline's ranks
     Config sharded = base;
     sharded.dist.zero = zero;

@@ -425,6 +425,12 @@ struct DistConfig {
   // LinearLayers' weight gradients (W), which is the schedule's gain; false runs the whole
   // backward at B (same results, 1F1B's bubble). Other schedules never split.
   bool pipeline_split_backward = true;
+  // What each pipeline rank builds: "whole" (the whole model, running only its stages'
+  // layers: every rank holds every parameter, gradient and optimizer state) or "stages"
+  // (only its stages' layers, with the embedding on the first stage and the final norm and
+  // head on the last: a rank's parameters, gradients and optimizer state are its stages').
+  // "stages" runs one pipeline (world size = dist.pipeline_stages) for now.
+  std::string pipeline_model = "whole";
 };
 
 struct Config {

@@ -326,6 +326,8 @@ const std::array kFields = {
                "recompute (its input only, the forward run again)"),
     KILN_FIELD(dist, pipeline_split_backward, none(),
                "zb_h1: weight gradients of the dense projections in the W pass (true) or all in B (false)"),
+    KILN_FIELD(dist, pipeline_model, one_of("whole|stages"),
+               "what each pipeline rank builds: whole (every parameter) | stages (only its stages' layers)"),
     KILN_FIELD(dist, timeout, positive().up_to(kMaxTimeoutSeconds, "a week; a collective waiting longer is hung"),
                "seconds a collective waits for the other ranks before failing"),
     KILN_FIELD(dist, bucket_mb, non_negative().up_to(65536, "64 GiB; more than any model's gradients"),

@@ -28,12 +28,14 @@ void add_model_weights(SafetensorsWriter& writer, const Model& model) {
   writer.set_metadata("kiln_version", KILN_VERSION);
 }
 
-void save_model(const Model& model, const Config& config, const std::string& dir) {
+void save_model(const Model& model, const Config& config, const std::string& dir,
+                const std::function<void(SafetensorsWriter&)>& more_weights) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   KILN_CHECK(!ec, "save", "cannot create directory '{}': {}", dir, ec.message());
   SafetensorsWriter writer;
   add_model_weights(writer, model);
+  if (more_weights) more_weights(writer);
   writer.write((fs::path(dir) / "model.safetensors").string());
   replace_file_atomically((fs::path(dir) / "config.toml").string(), config_to_toml(config), "save");
 }
@@ -48,6 +50,8 @@ void load_weights(Model& model, const SafetensorsFile& file) {
     KILN_CHECK(file.contains(p->name()), "load", "{}: missing tensor '{}'", path, p->name());
     read_into(file, p->name(), p->value());
   }
+  // A pipeline stage's model (BuildOptions::layers) reads its part of the whole model's file.
+  if (!model.backbone().whole()) return;
   for (const std::string& name : file.names())
     KILN_CHECK(expected.count(name), "load", "{}: tensor '{}' does not belong to this model configuration", path,
                name);

@@ -6,19 +6,23 @@
 #include "model/model.h"
 #include "config/config.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 
 namespace kiln::io {
 
-// Writes weights and config into `dir` (created if missing).
-void save_model(const Model& model, const Config& config, const std::string& dir);
+// Writes weights and config into `dir` (created if missing). `more_weights` adds the weights
+// `model` does not hold (a pipeline stage's model: the other stages', train/stage_weights.h).
+void save_model(const Model& model, const Config& config, const std::string& dir,
+                const std::function<void(SafetensorsWriter&)>& more_weights = {});
 // Adds every parameter as fp32 under its whole-model name, with the kiln-model metadata
 // (save_model and checkpoints share it, so a checkpoint directory is also a model).
 void add_model_weights(SafetensorsWriter& writer, const Model& model);
 
 // Copies weights from a model.safetensors into a built, allocated model; every parameter
-// must be present with its exact shape, and no unknown tensor may be left over.
+// must be present with its exact shape, and no unknown tensor may be left over (but for a
+// pipeline stage's model, which reads its part of the whole model's).
 void load_weights(Model& model, const std::string& safetensors_path);
 void load_weights(Model& model, const SafetensorsFile& file);
 

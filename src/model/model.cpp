@@ -441,6 +441,16 @@ LossSums Model::stage_heads(double loss_scale) {
   return heads(LossScale{loss_scale, nullptr}, true, nullptr, true);
 }
 
+LossSums Model::evaluate_layers(int64_t first, int64_t last) {
+  KILN_CHECK(rows_ > 0, "model", "forward before load_batch");
+  KILN_PHASE("forward");
+  begin_losses(false, 1.0);
+  refresh_compute_weights();
+  backbone_->forward_layers(tokens_.rows(0, rows_), seq_, first, last);
+  if (last < config_.layers) return LossSums{};
+  return heads(LossScale{}, false, nullptr, false);
+}
+
 void Model::backward_layers(int64_t first, int64_t last) {
   KILN_PHASE("backward");
   backbone_->backward_layers(tokens_.rows(0, rows_), seq_, token_groups_.order.defined() ? &token_groups_ : nullptr,

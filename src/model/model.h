@@ -135,6 +135,11 @@ class Model {
   LossSums forward_layers(int64_t first, int64_t last, double loss_scale, bool recomputing);
   // The last stage, after forward_layers: the heads' losses and their gradient d(hidden).
   LossSums stage_heads(double loss_scale);
+  // Validation through a stage's model (a pipeline whose ranks build only their stages):
+  // blocks [first, last) as evaluate() runs them -- no dropout, no training objective or
+  // statistic -- and where last == model.layers the main head's losses, which it returns
+  // (zeros on an earlier stage).
+  LossSums evaluate_layers(int64_t first, int64_t last);
   // Backward of the last forward_layers(first, last): from d(hidden) the heads left
   // (last == model.layers), else from stage_gradient(), written with d(block last's input);
   // leaves d(block first's input) there. Gradients accumulate (+=) for this range only.

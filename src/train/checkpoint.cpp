@@ -102,10 +102,12 @@ void CheckpointWriter::make_empty(const std::string& tmp) {
 }
 
 void CheckpointWriter::write_files(const std::string& tmp, const Model& model, const Optimizer& optimizer,
-                                   const CheckpointState& state, bool sharded) {
+                                   const CheckpointState& state, bool sharded,
+                                   const std::vector<GatheredWeight>* more_weights) {
   {
     io::SafetensorsWriter writer;  // scoped: its copy of the weights is freed before the next file
     io::add_model_weights(writer, model);
+    if (more_weights) add_gathered_weights(writer, *more_weights);
     writer.write(join_path(tmp, "model.safetensors"));
   }
   faults_.kill_point("model", saves_);
@@ -210,7 +212,8 @@ std::string CheckpointWriter::save(const Model& model, const Optimizer& optimize
 }
 
 std::string CheckpointWriter::save_sharded(const Model& model, const Optimizer& optimizer,
-                                           const CheckpointState& state, dist::Communicator& comm) {
+                                           const CheckpointState& state, dist::Communicator& comm,
+                                           const ShardedSaveParts& parts) {
   ++saves_;
   const bool root = comm.rank() == 0;
   const int world = comm.world_size();
@@ -236,7 +239,8 @@ std::string CheckpointWriter::save_sharded(const Model& model, const Optimizer& 
   json report;
   attempt([&] {
     const std::string path = join_path(tmp, optimizer_shard_name(comm.rank(), world));
-    write_optimizer_shard(path, optimizer.state_tensors(), optimizer_name_, optimizer.steps_taken(), comm.rank(), world);
+    write_optimizer_shard(path, parts.state ? *parts.state : optimizer.state_tensors(), optimizer_name_,
+                          optimizer.steps_taken(), comm.rank(), world);
     if (faults_.at_write_point("shard", saves_)) {  // injected: this rank dies with its file half written
       fs::resize_file(path, fs::file_size(path) / 2);
       kill_self();
@@ -244,7 +248,7 @@ std::string CheckpointWriter::save_sharded(const Model& model, const Optimizer& 
     const FileDigest d = xxh64_file(path);  // written and fsynced: durable
     report = {{"bytes", d.bytes}, {"xxh64", hex64(d.hash)}};
   });
-  if (root) attempt([&] { write_files(tmp, model, optimizer, state, true); });
+  if (root) attempt([&] { write_files(tmp, model, optimizer, state, true, parts.more_weights); });
   // Every rank's shard, durable, or its error: only then may rank 0 write the manifest.
   json shards = json::object();
   for (int r = 0; r < world; ++r) {
@@ -391,17 +395,19 @@ void read_slice(const io::SafetensorsFile& file, const OptimizerStateTensor& t) 
 
 void load_checkpoint_tensors(const CheckpointInfo& checkpoint, Model& model, Optimizer& optimizer) {
   io::load_weights(model, io::SafetensorsFile::open(join_path(checkpoint.path, "model.safetensors")));
+  // A pipeline stage's model holds part of the parameters, and so of the state.
+  const bool part = !model.backbone().whole();
   if (!checkpoint.optimizer_shards.empty()) {  // a ZeRO run's: each tensor put together from its slices
     const std::vector<OptimizerStateTensor> state = optimizer.state_tensors();
     const bool sliced = std::any_of(state.begin(), state.end(), [](const OptimizerStateTensor& t) { return t.sliced; });
-    read_optimizer_shards(checkpoint.optimizer_shards, state, !sliced);
+    read_optimizer_shards(checkpoint.optimizer_shards, state, !sliced && !part);
     optimizer.set_steps_taken(checkpoint.state.optimizer_steps);
     return;
   }
   const std::string path = join_path(checkpoint.path, kWholeOptimizer);
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
   std::set<std::string> expected;
-  bool sliced = false;  // ZeRO: the file's other tensors are the other ranks' to read
+  bool sliced = part;  // ZeRO, a stage: the file's other tensors are the other ranks' to read
   for (const OptimizerStateTensor& t : optimizer.state_tensors()) {
     expected.insert(t.name);
     sliced = sliced || t.sliced;

@@ -35,9 +35,11 @@
 #include "train/checkpoint_state.h"
 #include "train/fault_inject.h"
 #include "train/optimizer.h"
+#include "train/stage_weights.h"
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,6 +55,15 @@ std::string checkpoint_root(const Config& config);
 // "step-00000100".
 std::string checkpoint_name(int64_t step);
 
+// What a rank of a sharded save (CheckpointWriter::save_sharded) writes beyond the default.
+struct ShardedSaveParts {
+  // The state tensors this rank writes; none: all of the optimizer's.
+  std::optional<std::vector<OptimizerStateTensor>> state;
+  // Rank 0: weights its model does not hold (a pipeline's other stages,
+  // train/stage_weights.h), written into model.safetensors beside its own.
+  const std::vector<GatheredWeight>* more_weights = nullptr;
+};
+
 class CheckpointWriter {
  public:
   CheckpointWriter(const Config& config, const FaultInjector& faults);
@@ -66,11 +77,12 @@ class CheckpointWriter {
   // having removed its temporary directory; the previous checkpoint and `latest` are
   // untouched. Returns the checkpoint's path. Rank 0's (or the only process's) call.
   std::string save(const Model& model, const Optimizer& optimizer, const CheckpointState& state);
-  // ZeRO: every rank calls it at once (host collectives on `comm`); each writes its own
-  // optimizer shard file, rank 0 the rest and the manifest (above). Fails on every rank,
-  // with rank 0's message, when the save fails on any; returns the checkpoint's path.
+  // ZeRO, or a pipeline of models built per stage: every rank calls it at once (host
+  // collectives on `comm`); each writes its own optimizer shard file, rank 0 the rest and the
+  // manifest (above). Fails on every rank, with rank 0's message, when the save fails on
+  // any; returns the checkpoint's path.
   std::string save_sharded(const Model& model, const Optimizer& optimizer, const CheckpointState& state,
-                           dist::Communicator& comm);
+                           dist::Communicator& comm, const ShardedSaveParts& parts = {});
   // Names the checkpoint of `step` (saved before) as the best (DIR/best, replaced
   // atomically): retention keeps it until another takes its place.
   void mark_best(int64_t step);
@@ -78,7 +90,7 @@ class CheckpointWriter {
  private:
   // Everything but the manifest; the whole optimizer file unless `sharded`.
   void write_files(const std::string& tmp, const Model& model, const Optimizer& optimizer,
-                   const CheckpointState& state, bool sharded);
+                   const CheckpointState& state, bool sharded, const std::vector<GatheredWeight>* more_weights = nullptr);
   // The manifest, last: every file in `tmp` it lists, `shards` (name -> size and XXH64, as
   // their ranks reported them) among them.
   void write_manifest(const std::string& tmp, const CheckpointState& state, const nlohmann::json& shards);
@@ -121,7 +133,8 @@ struct CheckpointInfo {
 CheckpointInfo read_checkpoint(const std::string& path);
 
 // Copies the weights and optimizer state of a verified checkpoint into an allocated model
-// and optimizer; every tensor must be present with its exact shape, and no other.
+// and optimizer; every tensor must be present with its exact shape, and no other (but for
+// a pipeline stage's model, which reads its part of the whole model's).
 void load_checkpoint_tensors(const CheckpointInfo& checkpoint, Model& model, Optimizer& optimizer);
 
 }  // namespace kiln

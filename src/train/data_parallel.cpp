@@ -160,7 +160,19 @@ std::optional<DataParallel::GradientMemory> DataParallel::gradient_memory() cons
 // holds its shard's sums and zeros elsewhere, so its sum of squares is its shard's; the
 // shards partition the trainable parameters, so their sum over the ranks is the whole
 // model's sum of squares (in another order of addition: equal up to rounding).
+void DataParallel::use_stage_gradients(std::unique_ptr<StageGradients> stages) {
+  KILN_CHECK(!shards_ && !bucketed(), "dist.pipeline_model",
+             "'stages' sums its gradients without ZeRO or buckets (dist.zero = 0, dist.bucket_mb unused)");
+  stages_ = std::move(stages);
+}
+
 double DataParallel::gradient_norm() {
+  if (stages_) {  // each rank its stages' part (the tied table counted once), summed over the ranks
+    KILN_PHASE("gradient norm");
+    double squares = stages_->sum_of_squares();
+    group_.host().all_reduce(&squares, 1, DType::f64, dist::ReduceOp::sum, "gradient sum of squares");
+    return std::sqrt(squares);
+  }
   if (!shard_gradients_) return model_.gradient_norm();
   KILN_PHASE("gradient norm");
   double squares = ops::sum_squares(model_.exec(), model_.all_gradients());
@@ -239,6 +251,7 @@ int DataParallel::agree_on_stop(int local_signal) {
 }
 
 void DataParallel::reduce_gradients() {
+  if (stages_) return stages_->reduce();  // the tied table's two shares; nothing else has two holders
   dist::Communicator& comm = group_.device();
   if (reducing_) {  // the CPU's buckets went out during backward: wait for the last
     reducing_ = false;

@@ -44,6 +44,7 @@
 #include "train/gradient_reduce_scatter.h"
 #include "train/parameter_shards.h"
 #include "train/sharded_gradients.h"
+#include "train/stage_gradients.h"
 #include "train/stream_gradient_buckets.h"
 
 #include <cstdint>
@@ -114,6 +115,14 @@ class DataParallel {
   size_t gather_buffer_bytes() const { return gathered_.bytes(); }
   void gather_parameters();
 
+  // A pipeline whose ranks build only their stages' models (dist.pipeline_model = "stages",
+  // one replica; train/stage_gradients.h): no parameter but a tied head's table has a
+  // second holder, so reduce_gradients only swaps the table's shares between its two
+  // ranks, and each layer's step statistics stay on the rank that runs it; the norm is
+  // the ranks' parts of the sum of squares, summed over them. Not with ZeRO or buckets.
+  void use_stage_gradients(std::unique_ptr<StageGradients> stages);
+  bool has_stage_models() const { return stages_ != nullptr; }
+
  private:
   bool bucketed() const { return bucket_mb_ > 0; }
   bool on_gpu() const { return group_.device().device() == Device::cuda; }
@@ -135,6 +144,7 @@ class DataParallel {
   Storage gathered_;
   std::unique_ptr<ShardedGradients> sharded_;  // ZeRO-2's gradient memory (CPU)
   std::unique_ptr<GradientReduceScatter> scatter_;  // ZeRO-2's rounds (GPU)
+  std::unique_ptr<StageGradients> stages_;  // a pipeline of stage models; null otherwise
 };
 
 }  // namespace kiln

@@ -20,24 +20,6 @@ int model_stages(const Config& config) {
   return static_cast<int>(config.dist.pipeline_stages * config.dist.pipeline_virtual_stages);
 }
 
-// The bounds every rank runs. Measured costs differ from rank to rank (and measuring on
-// every rank at once would have them compete for the cores): rank 0 alone measures, plans,
-// and sends its bounds to the others; `balance` gets its predicted balance (rank 0 only).
-std::vector<int64_t> agreed_pipeline_bounds(const Config& config, dist::Communicator& group, std::string& balance) {
-  if (config.dist.pipeline_costs != "measure" || !config.dist.pipeline_split.empty()) return pipeline_bounds(config);
-  std::vector<int64_t> bounds(static_cast<size_t>(model_stages(config)) + 1);
-  if (group.rank() == 0) {
-    PipelineCosts costs = pipeline_costs_measured(config, Device::cpu);
-    costs.stage_in_flight = pipeline_stage_in_flight(config, model_stages(config));
-    PipelineSplit split = plan_pipeline_split(costs, model_stages(config), 0, "dist.pipeline_stages");
-    balance = describe_pipeline_balance(costs, pipeline_balance(costs, split));
-    split.push_back(config.model.layers);
-    bounds = split;
-  }
-  group.broadcast(bounds.data(), static_cast<int64_t>(bounds.size() * sizeof(int64_t)), 0, "pipeline bounds");
-  return bounds;
-}
-
 }  // namespace
 
 void check_pipeline_config(const Config& config, int world_size, Device device) {
@@ -51,7 +33,28 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
                "'{}' is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_costs);
     KILN_CHECK(d.pipeline_activations == "frames", "dist.pipeline_activations",
                "'{}' is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_activations);
+    KILN_CHECK(d.pipeline_model == "whole", "dist.pipeline_model",
+               "'{}' is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_model);
     return;
+  }
+  if (d.pipeline_model == "stages") {
+    // What a model built per stage cannot do yet: each names its key.
+    KILN_CHECK(world_size == d.pipeline_stages, "dist.pipeline_model",
+               "'stages' runs one pipeline for now: {} ranks for {} stages (data-parallel replicas of a pipeline "
+               "need dist.pipeline_model = whole)",
+               world_size, d.pipeline_stages);
+    KILN_CHECK(d.zero == 0, "dist.zero", "{} with dist.pipeline_model = stages is not built yet (0, or whole models)",
+               d.zero);
+    KILN_CHECK(config.train.sample_tokens == 0, "train.sample_tokens",
+               "{}: sampling during training needs the whole model; with dist.pipeline_model = stages set it to 0 "
+               "(and sample the saved model with kiln sample)",
+               config.train.sample_tokens);
+    KILN_CHECK(config.eval.tasks.empty() && config.eval.texts.empty(), "eval",
+               "the evaluation suite during training needs the whole model; with dist.pipeline_model = stages leave "
+               "eval.tasks and eval.texts empty (and evaluate the saved model with kiln eval)");
+    KILN_CHECK(config.train.init_from.empty(), "train.init_from",
+               "'{}': starting weights are not loaded into models built per stage yet (dist.pipeline_model = whole)",
+               config.train.init_from);
   }
   KILN_CHECK(world_size >= d.pipeline_stages && world_size % d.pipeline_stages == 0, "dist.pipeline_stages",
              "{} stages need a multiple of {} ranks (one per stage in each data-parallel replica), {} run",
@@ -149,12 +152,38 @@ pipeline::Schedule pipeline_schedule(const Config& config, int ranks) {
   fail("dist.pipeline_schedule", "unknown schedule '{}' (known: gpipe, 1f1b, interleaved, zb_h1)", name);
 }
 
-PipelineTrainerStep::PipelineTrainerStep(const Config& config, Model& model, dist::Communicator& group)
+std::vector<int64_t> agree_pipeline_bounds(const Config& config, dist::Communicator& group, std::string& balance) {
+  if (config.dist.pipeline_costs != "measure" || !config.dist.pipeline_split.empty()) return pipeline_bounds(config);
+  std::vector<int64_t> bounds(static_cast<size_t>(model_stages(config)) + 1);
+  if (group.rank() == 0) {
+    PipelineCosts costs = pipeline_costs_measured(config, Device::cpu);
+    costs.stage_in_flight = pipeline_stage_in_flight(config, model_stages(config));
+    PipelineSplit split = plan_pipeline_split(costs, model_stages(config), 0, "dist.pipeline_stages");
+    balance = describe_pipeline_balance(costs, pipeline_balance(costs, split));
+    split.push_back(config.model.layers);
+    bounds = split;
+  }
+  group.broadcast(bounds.data(), static_cast<int64_t>(bounds.size() * sizeof(int64_t)), 0, "pipeline bounds");
+  return bounds;
+}
+
+std::vector<std::pair<int64_t, int64_t>> pipeline_rank_layers(const Config& config, const std::vector<int64_t>& bounds,
+                                                              int rank) {
+  const pipeline::Schedule schedule = pipeline_schedule(config, static_cast<int>(config.dist.pipeline_stages));
+  std::vector<std::pair<int64_t, int64_t>> layers;
+  for (int s = 0; s < schedule.stages(); ++s)
+    if (schedule.rank_of(s) == rank) layers.emplace_back(bounds[static_cast<size_t>(s)], bounds[static_cast<size_t>(s) + 1]);
+  return layers;
+}
+
+PipelineTrainerStep::PipelineTrainerStep(const Config& config, Model& model, dist::Communicator& group,
+                                         std::vector<int64_t> bounds, std::string balance)
     : model_(model),
       layout_(pipeline_layout(config, group.world_size())),
       group_rank_(group.rank()),
       comm_(pipeline::replica_pipeline(group, layout_)),
-      bounds_(agreed_pipeline_bounds(config, group, measured_balance_)),
+      measured_balance_(std::move(balance)),
+      bounds_(std::move(bounds)),
       schedule_(pipeline_schedule(config, layout_.stages)),
       split_backward_(config.dist.pipeline_schedule == "zb_h1" && config.dist.pipeline_split_backward &&
                       config.dist.pipeline_activations == "frames") {
@@ -167,7 +196,54 @@ PipelineTrainerStep::PipelineTrainerStep(const Config& config, Model& model, dis
         mine.emplace_back(bounds_[static_cast<size_t>(s)], bounds_[static_cast<size_t>(s) + 1]);
     model_.enable_activation_frames(frames, mine);
   }
+  if (stage_models()) {
+    KILN_CHECK(layout_.replicas == 1, "dist.pipeline_model", "'stages' runs one pipeline: {} ranks for {} stages",
+               group.world_size(), layout_.stages);
+    for (const auto& p : model_.parameters())
+      if (saves_weight(model_, *p)) whole_parameters_ += p->value().numel();
+    group.all_reduce(&whole_parameters_, 1, DType::i64, dist::ReduceOp::sum, "parameter counts");
+  }
 }
+
+namespace {
+
+// The tag of a stage boundary's activation in validation (evaluate): beyond the step's
+// transfers' and the gradient exchanges' (train/stage_gradients.cpp, stage_weights.cpp).
+// Between two ranks its messages are received in the order sent: boundary after boundary.
+constexpr int kEvaluationTag = (1 << 29) + 8;
+
+}  // namespace
+
+LossSums PipelineTrainerStep::evaluate(const HostBatch& batch) {
+  KILN_CHECK(stage_models(), "pipeline", "validation through the stages needs a model built per stage");
+  const int me = comm_->rank();
+  LossSums sums{};
+  model_.load_batch(batch);
+  for (int s = 0; s < schedule_.stages(); ++s) {
+    if (schedule_.rank_of(s) != me) continue;
+    const int64_t first = bounds_[static_cast<size_t>(s)], last = bounds_[static_cast<size_t>(s) + 1];
+    // A boundary between two stages of this rank is the residual stream's row already there.
+    if (s > 0 && schedule_.rank_of(s - 1) != me) {
+      const Tensor input = model_.stage_activation(first);
+      comm_->recv(input.raw(), static_cast<int64_t>(input.nbytes()), schedule_.rank_of(s - 1), kEvaluationTag,
+                  "validation activations");
+    }
+    const LossSums stage_sums = model_.evaluate_layers(first, last);
+    if (last == bounds_.back()) sums = stage_sums;
+    if (s + 1 < schedule_.stages() && schedule_.rank_of(s + 1) != me) {
+      const Tensor output = model_.stage_activation(last);
+      comm_->send(output.raw(), static_cast<int64_t>(output.nbytes()), schedule_.rank_of(s + 1), kEvaluationTag,
+                  "validation activations");
+    }
+  }
+  return sums;
+}
+
+std::unique_ptr<StageGradients> PipelineTrainerStep::stage_gradients() {
+  return std::make_unique<StageGradients>(model_, *comm_, schedule_.rank_of(0), schedule_.rank_of(schedule_.stages() - 1));
+}
+
+std::vector<GatheredWeight> PipelineTrainerStep::gather_weights() { return gather_stage_weights(model_, *comm_); }
 
 LossSlotSums PipelineTrainerStep::run(const std::vector<HostBatch>& batches, double gradient_scale) {
   KILN_CHECK(static_cast<int>(batches.size()) == schedule_.microbatches, "train",
@@ -195,9 +271,12 @@ std::string PipelineTrainerStep::describe() const {
                            "replica {}",
                            layout_.replicas, layout_.replicas, layout_.replicas, layout_.replica_of(group_rank_));
   std::string out = fmt::format(
-      "pipeline: {} stages on {} ranks ({}, {} micro-batches a step), layers {}; this rank runs stage {}; every rank "
-      "keeps the whole model{}; {}",
-      schedule_.stages(), schedule_.ranks, schedule_.name, schedule_.microbatches, layers, mine, replicas,
+      "pipeline: {} stages on {} ranks ({}, {} micro-batches a step), layers {}; this rank runs stage {}; {}{}; {}",
+      schedule_.stages(), schedule_.ranks, schedule_.name, schedule_.microbatches, layers, mine,
+      stage_models() ? fmt::format("it builds only its stages' layers: {} of the model's {} parameters",
+                                   model_.parameter_count(), whole_parameters_)
+                     : std::string("every rank keeps the whole model"),
+      replicas,
       model_.has_activation_frames()
           ? fmt::format("{} activation frames of its stages' saved activations, one per micro-batch in flight "
                         "({:.1f} MiB beyond the first)",

@@ -6,7 +6,21 @@
 //   train.grad_accum micro-batches a step, which it runs through its stages on the schedule
 //   (train/pipeline_engine.h, its sends within the replica) with kiln's model cut into
 //   stages (train/pipeline_model_stage.h).
-// - Every rank builds the whole model and accumulates gradients only for its stages'
+// - With dist.pipeline_model = "stages", each rank builds only its stages' layers
+//   (BuildOptions::layers: the embedding on the first stage, and on the last with a tied
+//   head; the final norm and head on the last), so its parameters, gradients, optimizer
+//   state and activation frames are its stages' alone. One replica for now (world size =
+//   stages). The step's gradients then need no all-reduce: only a tied table's two shares
+//   are swapped between the first and the last stage's ranks (train/stage_gradients.h),
+//   the norm sums the ranks' parts, the loss sums are added over the ranks as below.
+//   Validation runs each batch through the stages, forward only (evaluate()); a checkpoint
+//   gathers the weights to rank 0, which writes the whole model's model.safetensors, and
+//   each rank writes its optimizer state to a file of its own (train/stage_weights.h), so
+//   it resumes in one process, under data parallelism or at another split, and a whole
+//   model's checkpoint resumes here. Sampling and the evaluation suite during training
+//   need the whole model: refused, naming the key. The log's expert loads and logits are
+//   rank 0's layers'.
+// - With "whole" (the default), every rank builds the whole model and accumulates gradients only for its stages'
 //   layers; the step's one all-reduce (sum) of the gradients over all W ranks
 //   (DataParallel::reduce_gradients, with no buckets) then gives every rank the whole
 //   gradient summed over the replicas -- its other stages' parameters are zero there, and
@@ -36,10 +50,16 @@
 #include "nn/loss_terms.h"
 #include "train/pipeline_layout.h"
 #include "train/pipeline_schedule.h"
+#include "train/stage_gradients.h"
+#include "train/stage_weights.h"
 
 namespace kiln {
 
 inline bool pipelined(const Config& config) { return config.dist.pipeline_stages > 1; }
+// Each pipeline rank builds only its stages' layers (dist.pipeline_model = "stages").
+inline bool builds_stage_models(const Config& config) {
+  return pipelined(config) && config.dist.pipeline_model == "stages";
+}
 
 // The dist.pipeline_* keys against the rest of the config, `world_size` ranks (a multiple of
 // the stages) and the training device, before anything is read or allocated: one line naming
@@ -72,16 +92,42 @@ DataConfig pipeline_data_config(const Config& config, int rank, int world_size);
 std::vector<int64_t> pipeline_bounds(const Config& config, bool measure = true);
 pipeline::Schedule pipeline_schedule(const Config& config, int ranks);
 
+// The bounds every rank runs, agreed before any model is built: as pipeline_bounds, but with
+// measured costs (which differ from rank to rank, and which ranks measuring at once would
+// skew by competing for the cores) rank 0 alone measures, plans and broadcasts them over
+// `group` (every rank of the run); `balance` gets rank 0's predicted balance.
+std::vector<int64_t> agree_pipeline_bounds(const Config& config, dist::Communicator& group, std::string& balance);
+// The layer ranges of pipeline rank `rank`'s stages under the config's schedule
+// (BuildOptions::layers of its model with dist.pipeline_model = "stages").
+std::vector<std::pair<int64_t, int64_t>> pipeline_rank_layers(const Config& config, const std::vector<int64_t>& bounds,
+                                                              int rank);
+
 class PipelineTrainerStep {
  public:
-  // `group`: every rank of the run (stages x replicas), whose rank places this one.
-  PipelineTrainerStep(const Config& config, Model& model, dist::Communicator& group);
+  // `group`: every rank of the run (stages x replicas), whose rank places this one;
+  // `bounds`, `balance`: agree_pipeline_bounds'. `model`: the whole model, or with
+  // dist.pipeline_model = "stages" this rank's stages' (pipeline_rank_layers).
+  PipelineTrainerStep(const Config& config, Model& model, dist::Communicator& group, std::vector<int64_t> bounds,
+                      std::string balance);
+  // The model holds only this rank's stages (dist.pipeline_model = "stages").
+  bool stage_models() const { return !model_.backbone().whole(); }
 
   // The forward and backward of the step's micro-batches through this rank's stages,
   // gradients accumulated into the model's (each scaled by `gradient_scale`, as
   // Model::forward_backward's); returns this rank's share of the step's loss sums,
   // micro-batch after micro-batch. Summed over the ranks with the gradients (StepProgram).
   LossSlotSums run(const std::vector<HostBatch>& batches, double gradient_scale);
+
+  // Stage models only. Every rank of the replica calls these at once.
+  // The main head's loss sums of `batch` through the stages, forward only (validation):
+  // on the rank of the last stage; zeros on the others (their sum over the ranks is the batch's).
+  LossSums evaluate(const HostBatch& batch);
+  // The gradient exchange of the step (DataParallel::use_stage_gradients).
+  std::unique_ptr<StageGradients> stage_gradients();
+  // On rank 0: the other ranks' weights to save beside its own (train/stage_weights.h).
+  std::vector<GatheredWeight> gather_weights();
+  // The model's parameters over every stage (the tied table once); stage models only.
+  int64_t whole_parameter_count() const { return whole_parameters_; }
 
   // "pipeline: 2 stages on 2 ranks (1f1b, 4 micro-batches a step), layers 0..3, 4..7; this rank
   // runs stage 1; every rank keeps the whole model; 2 activation frames (...)", and with
@@ -101,6 +147,7 @@ class PipelineTrainerStep {
   // zb_h1 with frames and dist.pipeline_split_backward: the stages leave LinearLayers' weight
   // gradients to the W pass (pipeline_model_stage.h).
   const bool split_backward_;
+  int64_t whole_parameters_ = 0;  // stage models: summed over the ranks
 };
 
 }  // namespace kiln

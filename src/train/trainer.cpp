@@ -147,7 +147,18 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   validation_ = validation_batches(*dataset_, packer, config_.train.eval_batches, &validation_sources_);
   micro_batches_.resize(static_cast<size_t>(config_.train.grad_accum));
 
-  model_ = std::make_unique<Model>(config_.model, training_build_options(config_, device_));
+  // A pipeline's split is agreed before any model is built: with dist.pipeline_model =
+  // "stages" a rank builds only its stages' layers.
+  BuildOptions build = training_build_options(config_, device_);
+  std::vector<int64_t> pipeline_bounds;
+  std::string pipeline_balance;
+  if (pipelined(config_)) {
+    pipeline_bounds = agree_pipeline_bounds(config_, group_->pipeline(), pipeline_balance);
+    if (builds_stage_models(config_))
+      build.layers = pipeline_rank_layers(config_, pipeline_bounds,
+                                          pipeline_layout(config_, group_->world_size()).stage_of(group_->rank()));
+  }
+  model_ = std::make_unique<Model>(config_.model, build);
   model_->set_micro_batches(micro_batches_per_step());
   if (group_) {
     std::unique_ptr<ParameterShards> shards;  // ZeRO's
@@ -159,7 +170,9 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
                                                     std::move(shards), config_.dist.zero >= 2);
   }
   // Periodic exports of a model with no stock class (a component refuses): say so now.
-  if (config_.checkpoint.export_hf_every > 0 || config_.checkpoint.export_hf_every_tokens > 0)
+  // (A stage's model holds part of the layers: the export builds the whole from the checkpoint.)
+  if ((config_.checkpoint.export_hf_every > 0 || config_.checkpoint.export_hf_every_tokens > 0) &&
+      !builds_stage_models(config_))
     io::hf_config_json(*model_, io::choose_hf_arch(config_.model), io::HfSpecialTokens{}, "float32");
   optimizer_ = make_optimizer(model_->exec(), config_.optim, model_->parameters(), mup_width_ratio(config_.model),
                               data_parallel_ ? data_parallel_->shards() : nullptr, group_ ? group_->rank() : 0);
@@ -182,8 +195,10 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   if (pipelined(config_)) {
     // Its transfers on a Gloo context of their own (ProcessGroup::pipeline), apart from the
     // gradients' collectives.
-    pipeline_ = std::make_unique<PipelineTrainerStep>(config_, *model_, group_->pipeline());
+    pipeline_ = std::make_unique<PipelineTrainerStep>(config_, *model_, group_->pipeline(), std::move(pipeline_bounds),
+                                                      std::move(pipeline_balance));
     step_->set_micro_batch_runner([this](const auto& batches, double scale) { return pipeline_->run(batches, scale); });
+    if (pipeline_->stage_models()) data_parallel_->use_stage_gradients(pipeline_->stage_gradients());
   }
 
   if (writes_files()) {
@@ -266,7 +281,9 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   if (config_.optim.qk_clip.enabled) {
     // Only the layers whose token mixer has query-key logits clip (TokenMixer::clips_qk).
     const auto& blocks = model_->backbone().blocks();
-    const auto clipped = std::count_if(blocks.begin(), blocks.end(), [](const auto& b) { return b->mixer().clips_qk(); });
+    // (A stage's model holds null for the blocks of other stages: the count is its own.)
+    const auto clipped =
+        std::count_if(blocks.begin(), blocks.end(), [](const auto& b) { return b && b->mixer().clips_qk(); });
     const std::string where = clipped == static_cast<std::ptrdiff_t>(blocks.size())
                                   ? ""
                                   : fmt::format(" on {} of {} layers (the others' token mixers have no logits)",
@@ -346,16 +363,28 @@ double Trainer::validate() {
   if (faults_.any()) inject_eval_faults(faults_, "validation", true);  // tests only
   // Several ranks: each evaluates its share of the batches (i mod world_size), then the
   // sums are added.
-  const size_t ranks = data_parallel_ ? static_cast<size_t>(data_parallel_->world_size()) : 1;
-  const size_t rank = data_parallel_ ? static_cast<size_t>(data_parallel_->rank()) : 0;
+  // A pipeline of stage models runs each batch through its stages: every rank of the
+  // replica takes the replica's share, the last stage's rank adds its losses.
+  const bool through_stages = pipeline_ && pipeline_->stage_models();
+  const size_t ranks = through_stages   ? static_cast<size_t>(data_ranks())
+                       : data_parallel_ ? static_cast<size_t>(data_parallel_->world_size())
+                                        : 1;
+  const size_t rank = through_stages   ? static_cast<size_t>(data_rank())
+                      : data_parallel_ ? static_cast<size_t>(data_parallel_->rank())
+                                       : 0;
   // A mixture: (loss, count) per source too, each batch holding one source's documents.
   const std::vector<DataSource>& sources = config_.data.sources;
   std::vector<double> per_source(validation_sources_.empty() ? 0 : 2 * sources.size(), 0.0);
   for (size_t i = rank; i < validation_.size(); i += ranks) {
     if (faults_.any()) inject_eval_faults(faults_, "validation", false);
     if (stop_requested()) return std::nan("");  // polled per batch: a stop does not wait for the pass
-    model_->load_batch(validation_[i]);
-    const LossSums sums = model_->evaluate();
+    LossSums sums;
+    if (through_stages) {
+      sums = pipeline_->evaluate(validation_[i]);
+    } else {
+      model_->load_batch(validation_[i]);
+      sums = model_->evaluate();
+    }
     loss += sums.loss;
     count += sums.count;
     if (!per_source.empty()) {
@@ -709,9 +738,13 @@ void Trainer::finish(TrainResult& result, bool export_due) {
   // the end-of-run report only.
   p.elapsed_seconds = now_seconds() - run_start_;
   agree_on_stop();
+  // A pipeline of stage models: the other stages' weights to rank 0 (every rank takes part).
+  std::vector<GatheredWeight> other_stages;
+  if (config_.checkpoint.save_final && pipeline_ && pipeline_->stage_models()) other_stages = pipeline_->gather_weights();
   if (config_.checkpoint.save_final && writes_files()) {
     const std::string dir = (fs::path(t.out_dir) / "model").string();
-    io::save_model(*model_, config_, dir);
+    io::save_model(*model_, config_, dir,
+                   [&](io::SafetensorsWriter& writer) { add_gathered_weights(writer, other_stages); });
     if (!io::save_tokenizer_with_model(config_.data.tokenizer, dir))  // so the model dir stands alone
       console_.warn("save", fmt::format("data.tokenizer '{}' is gone: the model in {} has no tokenizer.json",
                                         config_.data.tokenizer, dir));

@@ -140,14 +140,26 @@ std::string Trainer::save_checkpoint() {
   // ZeRO: each rank holds a slice of the optimizer state and writes it to a file of its
   // own; rank 0 writes the rest and commits the checkpoint (CheckpointWriter::save_sharded).
   // Without it rank 0 saves the run alone: every rank holds the same model and state.
-  const bool sharded = data_parallel_ && data_parallel_->shards();
+  // A pipeline of stage models saves as ZeRO does, each rank its own optimizer state, rank
+  // 0 the whole model's weights, the others' gathered to it first (train/stage_weights.h).
+  const bool stages = pipeline_ && pipeline_->stage_models();
+  const bool sharded = (data_parallel_ && data_parallel_->shards()) || stages;
   if (!sharded && !writes_files()) {
     checkpoint_step_ = progress_.step;
     return (fs::path(checkpoints_->root()) / checkpoint_name(progress_.step)).string();
   }
   const double start = now_seconds();
-  const std::string path = sharded ? checkpoints_->save_sharded(*model_, *optimizer_, checkpoint_state(), group_->host())
-                                   : checkpoints_->save(*model_, *optimizer_, checkpoint_state());
+  std::string path;
+  if (stages) {
+    const std::vector<GatheredWeight> other_stages = pipeline_->gather_weights();
+    ShardedSaveParts parts;
+    parts.state = saved_state(*model_, *optimizer_);
+    parts.more_weights = &other_stages;
+    path = checkpoints_->save_sharded(*model_, *optimizer_, checkpoint_state(), group_->host(), parts);
+  } else {
+    path = sharded ? checkpoints_->save_sharded(*model_, *optimizer_, checkpoint_state(), group_->host())
+                   : checkpoints_->save(*model_, *optimizer_, checkpoint_state());
+  }
   checkpoint_step_ = progress_.step;
   if (!writes_files()) return path;
   const double seconds = now_seconds() - start;

@@ -1,0 +1,40 @@
+// The gradients of a pipeline whose ranks build only their stages' models
+// (dist.pipeline_model = "stages"; train/pipeline_trainer_step.h), one replica. Every
+// parameter then lives on one rank, but for a tied head's table: the first stage's rank
+// holds it for the lookup, the last stage's for the head, and each accumulates its own
+// share of its gradient over the step's micro-batches.
+// - reduce(): those two ranks swap their shares and each adds the other's: a + b on one
+//   rank and b + a on the other, the same bits, and the bits of the whole-model pipeline's
+//   all-reduce (whose other ranks add zeros). No other gradient moves: no other parameter
+//   has a second holder.
+// - sum_of_squares(): this rank's part of the whole model's sum of squared gradients, the
+//   table counted on the first stage's rank only, so the sum over the ranks is the whole
+//   model's (added up in another order than one arena's: equal up to rounding).
+#pragma once
+
+#include "dist/communicator.h"
+#include "model/model.h"
+
+namespace kiln {
+
+class StageGradients {
+ public:
+  // `pipeline`: the replica's pipeline (rank = pipeline rank; point to point only);
+  // `first`, `last`: the pipeline ranks holding the first and the last stage.
+  StageGradients(Model& model, dist::Communicator& pipeline, int first, int last);
+
+  void reduce();
+  double sum_of_squares() const;
+  // Whether this rank's copy of a parameter is the one a whole-model sum counts: all but
+  // the tied table on the last stage's rank.
+  bool counts(const Parameter& parameter) const { return &parameter != table_ || counts_table_; }
+
+ private:
+  Model& model_;
+  dist::Communicator& pipeline_;
+  const Parameter* table_ = nullptr;  // the tied table, where another rank holds it too
+  int peer_ = -1;                     // that rank
+  bool counts_table_ = true;
+};
+
+}  // namespace kiln

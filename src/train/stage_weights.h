@@ -1,0 +1,44 @@
+// A pipeline whose ranks build only their stages' models (dist.pipeline_model = "stages")
+// saves the whole model's weights as one process would: each rank's weights go to the
+// pipeline's rank 0, which writes model.safetensors (checkpoints, train.out_dir/model)
+// under the whole model's names, so a checkpoint loads at another split, in one process or
+// under data parallelism. The optimizer state is each rank's own file
+// (train/optimizer_shard_files.h), never gathered.
+#pragma once
+
+#include "core/dtype.h"
+#include "dist/communicator.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "train/optimizer.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+struct GatheredWeight {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  std::vector<unsigned char> bytes;
+};
+
+// Whether `parameter` of a stage's model is this rank's to save: all but a tied head's
+// table on a rank without layer 0 (the first stage's rank saves it; both hold the same).
+bool saves_weight(const Model& model, const Parameter& parameter);
+
+// Every rank of the pipeline calls it at once (point to point on `pipeline`, the replica's
+// view: rank = pipeline rank). Returns, on pipeline rank 0, the weights the other ranks
+// save (f32, or bf16 masters as they are); elsewhere nothing.
+std::vector<GatheredWeight> gather_stage_weights(const Model& model, dist::Communicator& pipeline);
+
+// The gathered weights into a writer that already holds rank 0's own.
+void add_gathered_weights(io::SafetensorsWriter& writer, const std::vector<GatheredWeight>& weights);
+
+// The optimizer state this rank writes to its checkpoint file: all of it but the state of
+// the weights it does not save (saves_weight), which the rank that saves them writes.
+std::vector<OptimizerStateTensor> saved_state(const Model& model, const Optimizer& optimizer);
+
+}  // namespace kiln
