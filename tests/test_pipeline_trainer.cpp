@@ -587,6 +587,7 @@ TEST_F(PipelineTrainer, ModelsBuiltPerStageTrainAsWholeModelsWithATiedHeadAndMoe
       << output;
   EXPECT_CONTAINS(output, "it builds only its stages' layers: ");
   expect_same_but_the_norm(stages, whole);
+  expect_same_moe_and_clip_logs(whole, stages);  // rank 0's log holds stage 1's layers too
   const std::vector<nlohmann::json> a = metrics_of_kind(whole, "validation"), b = metrics_of_kind(stages, "validation");
   ASSERT_GE(a.size(), 2u);  // step 3, and the end of the run
   ASSERT_EQ(a.size(), b.size());
@@ -597,16 +598,47 @@ TEST_F(PipelineTrainer, ModelsBuiltPerStageTrainAsWholeModelsWithATiedHeadAndMoe
   }
 }
 
+// Models built per stage with data-parallel replicas: 2 stages x 2 replicas against 2
+// data-parallel ranks over the same global batch, dense and with MoE layers and QK-Clip under
+// Muon (clip off, as above). Each stage's gradients and step statistics are summed over its
+// two replicas (a + b, the data-parallel ranks' sum), so bit for bit but the norm. Then a
+// 2 x 2 checkpoint (replica 1's optimizer files empty) resumes on 2 data-parallel ranks,
+// matching 12 uninterrupted steps of them the same way.
+TEST_F(PipelineTrainer, ModelsBuiltPerStageWithReplicasTrainAsDataParallelRanks) {
+  std::string output;
+  const std::string unclipped = "--set optim.grad_clip=0 ", stages = "--set dist.pipeline_model=stages ";
+  for (const std::string& extra : {std::string(), kSparse}) {
+    SCOPED_TRACE(extra);
+    const std::string ddp = dir_ + "/ddp", grid = dir_ + "/grid";
+    std::filesystem::remove_all(ddp), std::filesystem::remove_all(grid);
+    ASSERT_EQ(run_with_fault(data_parallel(ddp, unclipped + extra), "", &output), 0) << output;
+    ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", grid, unclipped + extra + stages, 2), "", &output), 0) << output;
+    EXPECT_CONTAINS(output, "it builds only its stages' layers: ");
+    EXPECT_CONTAINS(output, "this rank is replica 0");
+    expect_same_but_the_norm(grid, ddp);
+  }
+  const std::string twelve = unclipped + "--set train.steps=12 ";
+  const std::string straight = dir_ + "/straight", moved = dir_ + "/moved";
+  ASSERT_EQ(run_with_fault(data_parallel(straight, twelve), "", &output), 0) << output;
+  ASSERT_NE(run_with_fault(pipeline(2, "1f1b", moved, twelve + stages, 2), "kill_at_step:5", &output), 0) << output;
+  EXPECT_EQ(latest_of(moved), "step-00000004");
+  ASSERT_EQ(run_with_fault(data_parallel(moved, twelve + "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(moved, 4) + " at step 4");
+  expect_same_but_the_norm(moved, straight);
+}
+
 // Checkpoints of models built per stage hold the whole model: 12 steps in one process
 // against 2 stages cut at layer 3, killed at step 5 (checkpoint at 4); resumed as 2 stages
-// cut at layer 6 under ZB-H1, killed at step 9; resumed in one process to the end. And a
-// one-process checkpoint resumed by stage models. With a tied head (its table and its
-// state saved once, by the first stage's rank); clip off as above: bit for bit but the norm.
+// cut at layer 6 under ZB-H1, killed at step 9; resumed in one process to the end: bit for
+// bit but the norm (clip off, as above). With a tied head (its table and its state saved
+// once, by the first stage's rank): one process killed at step 5, resumed as stage models,
+// killed at step 9, resumed in one process: within rounding of 12 uninterrupted steps (a
+// tied table's two shares add in another order than one process's).
 TEST_F(PipelineTrainer, ModelsBuiltPerStageResumeAcrossSplitsAndIntoOneProcess) {
   std::string output;
-  const std::string common = "--set train.steps=12 --set optim.grad_clip=0 --set model.tie_embeddings=true ";
+  const std::string common = "--set train.steps=12 --set optim.grad_clip=0 ";
   const std::string stages = "--set dist.pipeline_model=stages ";
-  const std::string straight = dir_ + "/straight", moved = dir_ + "/moved", back = dir_ + "/back";
+  const std::string straight = dir_ + "/straight", moved = dir_ + "/moved";
   ASSERT_EQ(run_with_fault(single(straight, common), "", &output), 0) << output;
   ASSERT_NE(run_with_fault(pipeline(2, "1f1b", moved, common + stages + "--set dist.pipeline_split=0,3"),
                            "kill_at_step:5", &output),
@@ -622,11 +654,18 @@ TEST_F(PipelineTrainer, ModelsBuiltPerStageResumeAcrossSplitsAndIntoOneProcess) 
   ASSERT_EQ(run_with_fault(single(moved, common + "--resume"), "", &output), 0) << output;
   EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(moved, 8) + " at step 8");
   expect_same_but_the_norm(moved, straight);
-  // One process's checkpoint into models built per stage.
-  ASSERT_NE(run_with_fault(single(back, common), "kill_at_step:5", &output), 0) << output;
-  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", back, common + stages + "--resume"), "", &output), 0) << output;
+  // A tied head: one process -> stage models -> one process.
+  const std::string tied = common + "--set model.tie_embeddings=true ";
+  const std::string tied_straight = dir_ + "/tied-straight", back = dir_ + "/back";
+  ASSERT_EQ(run_with_fault(single(tied_straight, tied), "", &output), 0) << output;
+  ASSERT_NE(run_with_fault(single(back, tied), "kill_at_step:5", &output), 0) << output;
+  ASSERT_NE(run_with_fault(pipeline(2, "1f1b", back, tied + stages + "--resume"), "kill_at_step:9", &output), 0)
+      << output;
   EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(back, 4) + " at step 4");
-  expect_same_but_the_norm(back, straight);
+  EXPECT_EQ(latest_of(back), "step-00000008");
+  ASSERT_EQ(run_with_fault(single(back, tied + "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(back, 8) + " at step 8");
+  expect_close(back, tied_straight);
 }
 
 TEST_F(PipelineTrainer, AWorldNotAMultipleOfTheStagesIsRefused) {
@@ -801,7 +840,7 @@ TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
       change(c);
     }, world, key);
   };
-  expect_staged([](Config&) {}, 4, "dist.pipeline_model");  // 2 x 2 replicas
+  EXPECT_EQ(error(stages, 4), "");  // 2 stages x 2 replicas
   expect_staged([](Config& c) { c.dist.zero = 1; }, 2, "dist.zero");
   expect_staged([](Config& c) { c.train.sample_tokens = 16; }, 2, "train.sample_tokens");
   expect_staged([](Config& c) { c.eval.texts = "valid.txt"; }, 2, "eval");

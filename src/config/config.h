@@ -429,7 +429,6 @@ struct DistConfig {
   // layers: every rank holds every parameter, gradient and optimizer state) or "stages"
   // (only its stages' layers, with the embedding on the first stage and the final norm and
   // head on the last: a rank's parameters, gradients and optimizer state are its stages').
-  // "stages" runs one pipeline (world size = dist.pipeline_stages) for now.
   std::string pipeline_model = "whole";
 };
 

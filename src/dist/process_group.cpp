@@ -70,6 +70,20 @@ Communicator& ProcessGroup::pipeline() {
   return *pipeline_;
 }
 
+Communicator& ProcessGroup::subgroup(int first, int count) {
+  KILN_CHECK(first >= 0 && count > 0 && first + count <= world_size() && first <= rank() && rank() < first + count,
+             "dist", "rank {} of {}: a subgroup of ranks [{}, {}) without it", rank(), world_size(), first, first + count);
+  std::unique_ptr<Communicator>& made = subgroups_[first];
+  if (!made) {
+    GlooEndpoint endpoint = gloo_endpoint(placement_);
+    endpoint.prefix = fmt::format("gloo-subgroup-{}-{}/", first, count);
+    made = std::make_unique<GlooCommunicator>(*store_, endpoint, rank() - first, count, timeout_, *progress_);
+  }
+  KILN_CHECK(made->world_size() == count, "dist", "the subgroup from rank {} has {} ranks, not {}", first,
+             made->world_size(), count);
+  return *made;
+}
+
 void ProcessGroup::require_same_as_root(const std::string& text, const std::string& what) {
   int64_t size = static_cast<int64_t>(text.size());
   host_->broadcast(&size, sizeof(size), 0, what);

@@ -10,6 +10,7 @@
 #include "dist/tcp_store.h"
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -37,6 +38,12 @@ class ProcessGroup {
   // Gloo's reduce-scatter (its older, pair-bound algorithm) sharing a context with unbound
   // point-to-point buffers hung a pipeline run with ZeRO-2.
   Communicator& pipeline();
+  // A host communicator of the consecutive ranks [first, first + count) alone (a pipeline
+  // stage's data-parallel replicas, train/pipeline_layout.h) on a Gloo context of its own,
+  // its ranks numbered from 0; made on the first call for `first`, which every rank of it
+  // makes at the same point. A stuck collective's diagnosis reads the whole run's records
+  // (dist/rank_progress.h), as the pipeline's communicator's does.
+  Communicator& subgroup(int first, int count);
 
   // Every rank must hold the same `text` as rank 0 (the resolved config, the data's
   // fingerprint): otherwise every rank throws, a differing one quoting its first differing
@@ -50,6 +57,7 @@ class ProcessGroup {
   std::unique_ptr<RankProgress> progress_;  // after the store, before the communicators that use it
   std::unique_ptr<Communicator> host_, device_;
   std::unique_ptr<Communicator> pipeline_;  // pipeline(); destroyed first, its sends drained
+  std::map<int, std::unique_ptr<Communicator>> subgroups_;  // subgroup(first, ...), by first rank
 };
 
 // The timeout of collectives and the rendezvous ([dist] timeout, in seconds).

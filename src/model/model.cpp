@@ -242,7 +242,8 @@ double Model::flops_per_token(int64_t seq_len) const {
   for (const auto& p : parameters_)
     if (p->shape().rank() == 2 && p.get() != embed)
       matmul += static_cast<double>(p->shape().numel()) * p->active_fraction();
-  if (config_.tie_embeddings) matmul += static_cast<double>(config_.vocab_size * config_.hidden);
+  // (A pipeline stage's model counts its own: the head only where it is, on the last stage.)
+  if (config_.tie_embeddings && head_) matmul += static_cast<double>(config_.vocab_size * config_.hidden);
   // Sequential multi-token prediction predicts through the main head once per depth.
   if (mtp_ && config_.mtp.form == "sequential")
     matmul += static_cast<double>(mtp_->depth() * config_.vocab_size * config_.hidden);

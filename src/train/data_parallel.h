@@ -115,11 +115,11 @@ class DataParallel {
   size_t gather_buffer_bytes() const { return gathered_.bytes(); }
   void gather_parameters();
 
-  // A pipeline whose ranks build only their stages' models (dist.pipeline_model = "stages",
-  // one replica; train/stage_gradients.h): no parameter but a tied head's table has a
-  // second holder, so reduce_gradients only swaps the table's shares between its two
-  // ranks, and each layer's step statistics stay on the rank that runs it; the norm is
-  // the ranks' parts of the sum of squares, summed over them. Not with ZeRO or buckets.
+  // A pipeline whose ranks build only their stages' models (dist.pipeline_model = "stages";
+  // train/stage_gradients.h): reduce_gradients sums each stage's gradients and its layers'
+  // step statistics over the stage's replicas alone, then swaps a tied table's shares
+  // between its two holders; the norm is the ranks' parts of the sum of squares, summed
+  // over them. Not with ZeRO or buckets.
   void use_stage_gradients(std::unique_ptr<StageGradients> stages);
   bool has_stage_models() const { return stages_ != nullptr; }
 

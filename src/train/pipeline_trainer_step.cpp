@@ -1,8 +1,10 @@
 #include "train/pipeline_trainer_step.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 
 #include "core/error.h"
@@ -39,10 +41,6 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
   }
   if (d.pipeline_model == "stages") {
     // What a model built per stage cannot do yet: each names its key.
-    KILN_CHECK(world_size == d.pipeline_stages, "dist.pipeline_model",
-               "'stages' runs one pipeline for now: {} ranks for {} stages (data-parallel replicas of a pipeline "
-               "need dist.pipeline_model = whole)",
-               world_size, d.pipeline_stages);
     KILN_CHECK(d.zero == 0, "dist.zero", "{} with dist.pipeline_model = stages is not built yet (0, or whole models)",
                d.zero);
     KILN_CHECK(config.train.sample_tokens == 0, "train.sample_tokens",
@@ -196,11 +194,10 @@ PipelineTrainerStep::PipelineTrainerStep(const Config& config, Model& model, dis
         mine.emplace_back(bounds_[static_cast<size_t>(s)], bounds_[static_cast<size_t>(s) + 1]);
     model_.enable_activation_frames(frames, mine);
   }
-  if (stage_models()) {
-    KILN_CHECK(layout_.replicas == 1, "dist.pipeline_model", "'stages' runs one pipeline: {} ranks for {} stages",
-               group.world_size(), layout_.stages);
-    for (const auto& p : model_.parameters())
-      if (saves_weight(model_, *p)) whole_parameters_ += p->value().numel();
+  if (stage_models()) {  // replica 0's ranks count, each parameter once
+    if (saves_state())
+      for (const auto& p : model_.parameters())
+        if (saves_weight(model_, *p)) whole_parameters_ += p->value().numel();
     group.all_reduce(&whole_parameters_, 1, DType::i64, dist::ReduceOp::sum, "parameter counts");
   }
 }
@@ -211,6 +208,8 @@ namespace {
 // transfers' and the gradient exchanges' (train/stage_gradients.cpp, stage_weights.cpp).
 // Between two ranks its messages are received in the order sent: boundary after boundary.
 constexpr int kEvaluationTag = (1 << 29) + 8;
+// The tags of a rank's component metrics on their way to rank 0: their text's size, then the text.
+constexpr int kMetricsSizeTag = (1 << 29) + 9, kMetricsTag = (1 << 29) + 10;
 
 }  // namespace
 
@@ -239,11 +238,37 @@ LossSums PipelineTrainerStep::evaluate(const HostBatch& batch) {
   return sums;
 }
 
-std::unique_ptr<StageGradients> PipelineTrainerStep::stage_gradients() {
-  return std::make_unique<StageGradients>(model_, *comm_, schedule_.rank_of(0), schedule_.rank_of(schedule_.stages() - 1));
+std::unique_ptr<StageGradients> PipelineTrainerStep::stage_gradients(dist::Communicator* replicas) {
+  return std::make_unique<StageGradients>(model_, *comm_, schedule_.rank_of(0), schedule_.rank_of(schedule_.stages() - 1),
+                                          replicas, saves_state());
 }
 
-std::vector<GatheredWeight> PipelineTrainerStep::gather_weights() { return gather_stage_weights(model_, *comm_); }
+std::vector<std::pair<std::string, double>> PipelineTrainerStep::component_metrics() {
+  std::vector<std::pair<std::string, double>> metrics = model_.component_metrics();
+  if (!stage_models() || !saves_state()) return metrics;
+  if (comm_->rank() != 0) {
+    const std::string text = nlohmann::json(metrics).dump();
+    const auto size = static_cast<int64_t>(text.size());
+    comm_->send(&size, sizeof(size), 0, kMetricsSizeTag, "component metrics");
+    comm_->send(text.data(), size, 0, kMetricsTag, "component metrics");
+    return metrics;
+  }
+  for (int r = 1; r < comm_->world_size(); ++r) {
+    int64_t size = 0;
+    comm_->recv(&size, sizeof(size), r, kMetricsSizeTag, "component metrics");
+    std::string text(static_cast<size_t>(size), '\0');
+    comm_->recv(text.data(), size, r, kMetricsTag, "component metrics");
+    // (JSON writes a non-finite value as null: it comes back as NaN.)
+    for (const nlohmann::json& pair : nlohmann::json::parse(text))
+      metrics.emplace_back(pair.at(0).get<std::string>(),
+                           pair.at(1).is_number() ? pair.at(1).get<double>() : std::nan(""));
+  }
+  return metrics;
+}
+
+std::vector<GatheredWeight> PipelineTrainerStep::gather_weights() {
+  return saves_state() ? gather_stage_weights(model_, *comm_) : std::vector<GatheredWeight>{};
+}
 
 LossSlotSums PipelineTrainerStep::run(const std::vector<HostBatch>& batches, double gradient_scale) {
   KILN_CHECK(static_cast<int>(batches.size()) == schedule_.microbatches, "train",

@@ -9,13 +9,15 @@
 // - With dist.pipeline_model = "stages", each rank builds only its stages' layers
 //   (BuildOptions::layers: the embedding on the first stage, and on the last with a tied
 //   head; the final norm and head on the last), so its parameters, gradients, optimizer
-//   state and activation frames are its stages' alone. One replica for now (world size =
-//   stages). The step's gradients then need no all-reduce: only a tied table's two shares
-//   are swapped between the first and the last stage's ranks (train/stage_gradients.h),
-//   the norm sums the ranks' parts, the loss sums are added over the ranks as below.
+//   state and activation frames are its stages' alone. The step's gradients are summed
+//   per stage over its D replicas (a communicator of the stage's ranks), and a tied
+//   table's two shares swapped between the first and the last stage's ranks
+//   (train/stage_gradients.h); the norm sums the ranks' parts, the loss sums are added over
+//   the ranks as below.
 //   Validation runs each batch through the stages, forward only (evaluate()); a checkpoint
-//   gathers the weights to rank 0, which writes the whole model's model.safetensors, and
-//   each rank writes its optimizer state to a file of its own (train/stage_weights.h), so
+//   gathers replica 0's weights to rank 0, which writes the whole model's model.safetensors,
+//   and each of replica 0's ranks writes its optimizer state to a file of its own (the
+//   other replicas' files are empty: they hold the same state; train/stage_weights.h), so
 //   it resumes in one process, under data parallelism or at another split, and a whole
 //   model's checkpoint resumes here. Sampling and the evaluation suite during training
 //   need the whole model: refused, naming the key. The log's expert loads and logits are
@@ -122,10 +124,19 @@ class PipelineTrainerStep {
   // The main head's loss sums of `batch` through the stages, forward only (validation):
   // on the rank of the last stage; zeros on the others (their sum over the ranks is the batch's).
   LossSums evaluate(const HostBatch& batch);
-  // The gradient exchange of the step (DataParallel::use_stage_gradients).
-  std::unique_ptr<StageGradients> stage_gradients();
-  // On rank 0: the other ranks' weights to save beside its own (train/stage_weights.h).
+  // The gradient exchange of the step (DataParallel::use_stage_gradients); `replicas`:
+  // this rank's stage's replicas (null with one).
+  std::unique_ptr<StageGradients> stage_gradients(dist::Communicator* replicas);
+  // On rank 0: replica 0's other ranks' weights to save beside its own
+  // (train/stage_weights.h); nothing elsewhere (the other replicas take no part).
   std::vector<GatheredWeight> gather_weights();
+  // The components' metrics of the last step (Model::component_metrics) of every stage on
+  // pipeline rank 0 (the log's), this rank's own elsewhere. Replica 0's ranks take part (the
+  // other replicas' are the same, summed over the replicas).
+  std::vector<std::pair<std::string, double>> component_metrics();
+  // Whether this rank writes its state to a checkpoint: replica 0's ranks (the others'
+  // optimizer state is the same).
+  bool saves_state() const { return layout_.replica_of(group_rank_) == 0; }
   // The model's parameters over every stage (the tied table once); stage models only.
   int64_t whole_parameter_count() const { return whole_parameters_; }
 

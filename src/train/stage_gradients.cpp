@@ -17,8 +17,9 @@ constexpr int kTableTag = 1 << 29;
 
 }  // namespace
 
-StageGradients::StageGradients(Model& model, dist::Communicator& pipeline, int first, int last)
-    : model_(model), pipeline_(pipeline) {
+StageGradients::StageGradients(Model& model, dist::Communicator& pipeline, int first, int last,
+                               dist::Communicator* replicas, bool counted)
+    : model_(model), pipeline_(pipeline), replicas_(replicas), counted_(counted) {
   const int me = pipeline.rank();
   if (!model.config().tie_embeddings || first == last || (me != first && me != last)) return;
   KILN_CHECK(model.backbone().has_embedding(), "pipeline",
@@ -30,6 +31,15 @@ StageGradients::StageGradients(Model& model, dist::Communicator& pipeline, int f
 }
 
 void StageGradients::reduce() {
+  if (replicas_) {
+    KILN_PHASE("stage gradients over replicas");
+    const Tensor grads = model_.all_gradients();
+    replicas_->all_reduce(grads.raw(), grads.numel(), grads.dtype(), dist::ReduceOp::sum, "gradients");
+    for (const StepStatistic& s : model_.step_statistics())
+      replicas_->all_reduce(s.tensor->raw(), s.tensor->numel(), s.tensor->dtype(),
+                            s.reduction == StepReduction::sum ? dist::ReduceOp::sum : dist::ReduceOp::max_unsigned,
+                            "step statistics");
+  }
   if (table_ == nullptr) return;
   KILN_PHASE("tied table gradient");
   const Tensor grad = table_->grad();
@@ -42,6 +52,7 @@ void StageGradients::reduce() {
 }
 
 double StageGradients::sum_of_squares() const {
+  if (!counted_) return 0;
   const Tensor all = model_.all_gradients();
   if (counts_table_) return ops::sum_squares(model_.exec(), all);
   // The arena but the table's range.

@@ -1,15 +1,19 @@
 // The gradients of a pipeline whose ranks build only their stages' models
-// (dist.pipeline_model = "stages"; train/pipeline_trainer_step.h), one replica. Every
-// parameter then lives on one rank, but for a tied head's table: the first stage's rank
-// holds it for the lookup, the last stage's for the head, and each accumulates its own
-// share of its gradient over the step's micro-batches.
-// - reduce(): those two ranks swap their shares and each adds the other's: a + b on one
-//   rank and b + a on the other, the same bits, and the bits of the whole-model pipeline's
-//   all-reduce (whose other ranks add zeros). No other gradient moves: no other parameter
-//   has a second holder.
-// - sum_of_squares(): this rank's part of the whole model's sum of squared gradients, the
-//   table counted on the first stage's rank only, so the sum over the ranks is the whole
-//   model's (added up in another order than one arena's: equal up to rounding).
+// (dist.pipeline_model = "stages"; train/pipeline_trainer_step.h). Within a replica every
+// parameter lives on one rank, but for a tied head's table: the first stage's rank holds
+// it for the lookup, the last stage's for the head, and each accumulates its own share of
+// its gradient over the step's micro-batches. reduce():
+// - with D > 1 replicas, first the sum of each stage's gradients (and its layers' step
+//   statistics) over its D replicas, on the stage's own communicator (train/pipeline_layout.h:
+//   a stage's replicas are consecutive ranks);
+// - then the table's two holders in each replica swap their shares and each adds the
+//   other's: a + b on one rank and b + a on the other, the same bits, and with one replica
+//   the bits of the whole-model pipeline's all-reduce (whose other ranks add zeros). No
+//   other gradient crosses stages: no other parameter has a second holder.
+// sum_of_squares(): this rank's part of the whole model's sum of squared gradients, the
+// table counted on the first stage's rank only, and only replica 0's ranks counting (the
+// replicas hold the same sums), so the sum over all ranks is the whole model's (added up in
+// another order than one arena's: equal up to rounding).
 #pragma once
 
 #include "dist/communicator.h"
@@ -20,8 +24,10 @@ namespace kiln {
 class StageGradients {
  public:
   // `pipeline`: the replica's pipeline (rank = pipeline rank; point to point only);
-  // `first`, `last`: the pipeline ranks holding the first and the last stage.
-  StageGradients(Model& model, dist::Communicator& pipeline, int first, int last);
+  // `first`, `last`: the pipeline ranks holding the first and the last stage; `replicas`:
+  // this stage's replicas (null with one); `counted`: this rank's squares count (replica 0).
+  StageGradients(Model& model, dist::Communicator& pipeline, int first, int last, dist::Communicator* replicas,
+                 bool counted);
 
   void reduce();
   double sum_of_squares() const;
@@ -32,6 +38,8 @@ class StageGradients {
  private:
   Model& model_;
   dist::Communicator& pipeline_;
+  dist::Communicator* replicas_;  // the stage's replicas; null with one
+  bool counted_;                  // replica 0: its squares are the norm's
   const Parameter* table_ = nullptr;  // the tied table, where another rank holds it too
   int peer_ = -1;                     // that rank
   bool counts_table_ = true;

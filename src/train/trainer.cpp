@@ -198,7 +198,14 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
     pipeline_ = std::make_unique<PipelineTrainerStep>(config_, *model_, group_->pipeline(), std::move(pipeline_bounds),
                                                       std::move(pipeline_balance));
     step_->set_micro_batch_runner([this](const auto& batches, double scale) { return pipeline_->run(batches, scale); });
-    if (pipeline_->stage_models()) data_parallel_->use_stage_gradients(pipeline_->stage_gradients());
+    if (pipeline_->stage_models()) {
+      // Each stage's gradients summed over its replicas, consecutive ranks (train/pipeline_layout.h).
+      const pipeline::Layout layout = pipeline_layout(config_, group_->world_size());
+      dist::Communicator* replicas =
+          layout.replicas > 1 ? &group_->subgroup(layout.stage_of(group_->rank()) * layout.replicas, layout.replicas)
+                              : nullptr;
+      data_parallel_->use_stage_gradients(pipeline_->stage_gradients(replicas));
+    }
   }
 
   if (writes_files()) {
@@ -600,7 +607,8 @@ TrainResult Trainer::run() {
     w.tokens = p.window_tokens;
     w.document_tokens = p.window_document_tokens;
     w.loss = p.window_losses > 0 ? p.window_loss / static_cast<double>(p.window_losses) : std::nan("");
-    w.components = model_->component_metrics();  // of this step
+    // Of this step; a pipeline of stage models brings every stage's to rank 0.
+    w.components = pipeline_ ? pipeline_->component_metrics() : model_->component_metrics();
     w.window_steps = p.window_steps;
     w.mfu = mfu(w.tokens_per_second());
     w.device_memory_used_bytes = device_memory_used_bytes();
