@@ -570,17 +570,19 @@ TEST_F(PipelineTrainer, ModelsBuiltPerStageTrainAsOneProcess) {
 }
 
 // A tied head, MoE layers (sigmoid-bias router, aux loss) and QK-Clip under Muon, with
-// validation every 3 steps: models built per stage against whole models in the same
-// pipeline (2 stages, clip off as above). The table's two shares are swapped and added
-// (a + b on both ranks, as the whole models' all-reduce adds them); each layer's router
-// loads and logits act on its own rank; validation runs through the stages. Bit for bit
-// but the norm, and the validation losses within 1e-12 (the batches' sums add in another
-// order).
+// validation and a sample every 3 steps: models built per stage against whole models in
+// the same pipeline (2 stages, clip off as above). The table's two shares are swapped and
+// added (a + b on both ranks, as the whole models' all-reduce adds them); each layer's
+// router loads and logits act on its own rank, and rank 0's log gathers them; validation
+// runs through the stages; rank 0 samples from a whole model put together from the stages'
+// weights. Bit for bit but the norm, the validation losses within 1e-12 (the batches' sums
+// add in another order), the samples' text the same.
 TEST_F(PipelineTrainer, ModelsBuiltPerStageTrainAsWholeModelsWithATiedHeadAndMoe) {
   std::string output;
   const std::string extra = kSparse +
                             "--set model.tie_embeddings=true --set optim.grad_clip=0 --set data.val_fraction=0.1 "
-                            "--set train.eval_batches=4 --set train.eval_every=3 ";
+                            "--set train.eval_batches=4 --set train.eval_every=3 --set train.sample_tokens=24 "
+                            "--set train.sample_every=3 ";
   const std::string whole = dir_ + "/whole", stages = dir_ + "/stages";
   ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", whole, extra), "", &output), 0) << output;
   ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", stages, extra + "--set dist.pipeline_model=stages "), "", &output), 0)
@@ -596,6 +598,10 @@ TEST_F(PipelineTrainer, ModelsBuiltPerStageTrainAsWholeModelsWithATiedHeadAndMoe
     EXPECT_TRUE(std::isfinite(x));
     EXPECT_LE(std::abs(x - y), 1e-12 * std::abs(x)) << "validation " << i << ": " << x << " vs " << y;
   }
+  const std::vector<nlohmann::json> c = metrics_of_kind(whole, "sample"), d = metrics_of_kind(stages, "sample");
+  ASSERT_GE(c.size(), 2u);  // step 3, and the end of the run
+  ASSERT_EQ(c.size(), d.size());
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(d[i]["text"], c[i]["text"]) << "sample " << i;
 }
 
 // Models built per stage with data-parallel replicas: 2 stages x 2 replicas against 2
@@ -842,7 +848,6 @@ TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
   };
   EXPECT_EQ(error(stages, 4), "");  // 2 stages x 2 replicas
   expect_staged([](Config& c) { c.dist.zero = 1; }, 2, "dist.zero");
-  expect_staged([](Config& c) { c.train.sample_tokens = 16; }, 2, "train.sample_tokens");
   expect_staged([](Config& c) { c.eval.texts = "valid.txt"; }, 2, "eval");
   expect_staged([](Config& c) { c.train.init_from = "runs/base/model"; }, 2, "train.init_from");
   for (int zero : {1, 2}) {  // ZeRO over the pipeline's ranks

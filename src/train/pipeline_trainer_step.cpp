@@ -43,10 +43,6 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
     // What a model built per stage cannot do yet: each names its key.
     KILN_CHECK(d.zero == 0, "dist.zero", "{} with dist.pipeline_model = stages is not built yet (0, or whole models)",
                d.zero);
-    KILN_CHECK(config.train.sample_tokens == 0, "train.sample_tokens",
-               "{}: sampling during training needs the whole model; with dist.pipeline_model = stages set it to 0 "
-               "(and sample the saved model with kiln sample)",
-               config.train.sample_tokens);
     KILN_CHECK(config.eval.tasks.empty() && config.eval.texts.empty(), "eval",
                "the evaluation suite during training needs the whole model; with dist.pipeline_model = stages leave "
                "eval.tasks and eval.texts empty (and evaluate the saved model with kiln eval)");

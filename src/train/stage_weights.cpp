@@ -1,10 +1,12 @@
 #include "train/stage_weights.h"
 
 #include "core/error.h"
+#include "ops/elementwise/elementwise.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <map>
 #include <cstring>
 
 namespace kiln {
@@ -100,6 +102,33 @@ std::vector<GatheredWeight> gather_stage_weights(const Model& model, dist::Commu
 
 void add_gathered_weights(io::SafetensorsWriter& writer, const std::vector<GatheredWeight>& weights) {
   for (const GatheredWeight& w : weights) writer.add_raw(w.name, w.dtype, w.shape, w.bytes.data(), w.bytes.size());
+}
+
+void load_stage_weights(Model& whole, const Model& mine, const std::vector<GatheredWeight>& others) {
+  std::map<std::string, const GatheredWeight*> by_name;
+  for (const GatheredWeight& w : others) by_name[w.name] = &w;
+  for (const auto& p : whole.parameters()) {
+    const Tensor into = p->value();
+    if (const Parameter* own = mine.find_parameter(p->name())) {
+      copy_tensor(own->value(), into);
+      continue;
+    }
+    const auto it = by_name.find(p->name());
+    KILN_CHECK(it != by_name.end(), "pipeline", "weight '{}' is in no stage's model", p->name());
+    const GatheredWeight& w = *it->second;
+    KILN_CHECK(w.bytes.size() == static_cast<size_t>(into.numel()) * dtype_size(w.dtype), "pipeline",
+               "weight '{}': {} bytes of {} for {} elements", p->name(), w.bytes.size(), dtype_name(w.dtype),
+               into.numel());
+    OwnedTensor host(w.dtype, Device::cpu, into.shape());
+    std::memcpy(host->raw(), w.bytes.data(), w.bytes.size());
+    if (w.dtype == into.dtype()) {
+      copy_tensor(*host, into);
+    } else {  // bf16 masters into an f32 model, or the like
+      OwnedTensor converted(into.dtype(), Device::cpu, into.shape());
+      ops::convert(whole.exec(), *host, *converted);
+      copy_tensor(*converted, into);
+    }
+  }
 }
 
 std::vector<OptimizerStateTensor> saved_state(const Model& model, const Optimizer& optimizer) {

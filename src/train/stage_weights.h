@@ -37,6 +37,11 @@ std::vector<GatheredWeight> gather_stage_weights(const Model& model, dist::Commu
 // The gathered weights into a writer that already holds rank 0's own.
 void add_gathered_weights(io::SafetensorsWriter& writer, const std::vector<GatheredWeight>& weights);
 
+// Fills `whole` (a whole model of the same configuration) with `mine`'s weights (a stage's
+// model) and the other stages' (`others`, gather_stage_weights'); fails naming a weight
+// found in neither.
+void load_stage_weights(Model& whole, const Model& mine, const std::vector<GatheredWeight>& others);
+
 // The optimizer state this rank writes to its checkpoint file: all of it but the state of
 // the weights it does not save (saves_weight), which the rank that saves them writes.
 std::vector<OptimizerStateTensor> saved_state(const Model& model, const Optimizer& optimizer);

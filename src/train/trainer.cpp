@@ -184,7 +184,19 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   if (resume) restore(*resume, train_options.allow_data_change);
   else if (initial) start_from(*initial);
   else model_->init_weights(config_.train.seed);
-  if (config_.train.sample_tokens > 0) sampler_ = std::make_unique<TrainingSampler>(*model_, *tokenizer_, config_.train);
+  if (config_.train.sample_tokens > 0 && builds_stage_models(config_)) {
+    // A stage's model cannot decode: rank 0 samples from a whole model of its own, an
+    // inference build whose weights are gathered from the stages before each sample.
+    if (writes_files()) {
+      BuildOptions whole = training_build_options(config_, device_);
+      whole.training = false;
+      sample_model_ = std::make_unique<Model>(config_.model, whole);
+      sample_model_->allocate();
+      sampler_ = std::make_unique<TrainingSampler>(*sample_model_, *tokenizer_, config_.train);
+    }
+  } else if (config_.train.sample_tokens > 0) {
+    sampler_ = std::make_unique<TrainingSampler>(*model_, *tokenizer_, config_.train);
+  }
   if (!eval_suite.empty())
     evaluator_ = std::make_unique<TrainingEvaluator>(*model_, *tokenizer_, config_.eval, std::move(eval_suite));
   // The captured step where it can run, unless test faults must be injected between its
@@ -421,6 +433,11 @@ double Trainer::validate() {
 }
 
 std::optional<std::string> Trainer::sample(uint64_t seed) {
+  if (pipeline_ && pipeline_->stage_models() && config_.train.sample_tokens > 0) {
+    // Every rank sends its stages' weights; rank 0 puts the whole model together.
+    const std::vector<GatheredWeight> others = pipeline_->gather_weights();
+    if (sample_model_) load_stage_weights(*sample_model_, *model_, others);
+  }
   if (!sampler_) return std::nullopt;
   if (faults_.any()) inject_eval_faults(faults_, "sample", true);  // tests only
   return sampler_->sample(seed, [this] {

@@ -167,6 +167,9 @@ class Trainer {
   std::unique_ptr<StepProgram> step_;  // one step's phases, op by op or captured
   RunRecords records_;  // rank 0: metrics.jsonl and TensorBoard; other ranks record nothing
   std::unique_ptr<TrainingSampler> sampler_;  // null when train.sample_tokens = 0
+  // A pipeline of stage models: rank 0's whole model for sampling (an inference build, its
+  // weights gathered from the stages before each sample); null elsewhere.
+  std::unique_ptr<Model> sample_model_;
   std::unique_ptr<TrainingEvaluator> evaluator_;  // null when [eval] names no task or text
 
   FaultInjector faults_;        // test-only (KILN_FAULT_INJECT); empty otherwise
