@@ -582,7 +582,8 @@ TEST_F(PipelineTrainer, ModelsBuiltPerStageTrainAsWholeModelsWithATiedHeadAndMoe
   const std::string extra = kSparse +
                             "--set model.tie_embeddings=true --set optim.grad_clip=0 --set data.val_fraction=0.1 "
                             "--set train.eval_batches=4 --set train.eval_every=3 --set train.sample_tokens=24 "
-                            "--set train.sample_every=3 ";
+                            "--set train.sample_every=3 --set eval.texts=" + corpus_ + " --set eval.limit=2 "
+                            "--set eval.every=3 ";
   const std::string whole = dir_ + "/whole", stages = dir_ + "/stages";
   ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", whole, extra), "", &output), 0) << output;
   ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", stages, extra + "--set dist.pipeline_model=stages "), "", &output), 0)
@@ -602,6 +603,15 @@ TEST_F(PipelineTrainer, ModelsBuiltPerStageTrainAsWholeModelsWithATiedHeadAndMoe
   ASSERT_GE(c.size(), 2u);  // step 3, and the end of the run
   ASSERT_EQ(c.size(), d.size());
   for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(d[i]["text"], c[i]["text"]) << "sample " << i;
+  // The evaluation suite (a text's perplexity) on rank 0's whole model: the same numbers.
+  const std::vector<nlohmann::json> e = metrics_of_kind(whole, "eval"), f = metrics_of_kind(stages, "eval");
+  ASSERT_GE(e.size(), 2u);
+  ASSERT_EQ(e.size(), f.size());
+  for (size_t i = 0; i < e.size(); ++i) {
+    nlohmann::json x = e[i], y = f[i];
+    x.erase("seconds"), y.erase("seconds"), x.erase("elapsed_seconds"), y.erase("elapsed_seconds");
+    EXPECT_EQ(y, x) << "evaluation " << i;
+  }
 }
 
 // Models built per stage with data-parallel replicas: 2 stages x 2 replicas against 2
@@ -639,7 +649,8 @@ TEST_F(PipelineTrainer, ModelsBuiltPerStageWithReplicasTrainAsDataParallelRanks)
 // bit but the norm (clip off, as above). With a tied head (its table and its state saved
 // once, by the first stage's rank): one process killed at step 5, resumed as stage models,
 // killed at step 9, resumed in one process: within rounding of 12 uninterrupted steps (a
-// tied table's two shares add in another order than one process's).
+// tied table's two shares add in another order than one process's). And stage models
+// started from a saved model (train.init_from) train as one process started from it.
 TEST_F(PipelineTrainer, ModelsBuiltPerStageResumeAcrossSplitsAndIntoOneProcess) {
   std::string output;
   const std::string common = "--set train.steps=12 --set optim.grad_clip=0 ";
@@ -672,6 +683,13 @@ TEST_F(PipelineTrainer, ModelsBuiltPerStageResumeAcrossSplitsAndIntoOneProcess) 
   ASSERT_EQ(run_with_fault(single(back, tied + "--resume"), "", &output), 0) << output;
   EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(back, 8) + " at step 8");
   expect_close(back, tied_straight);
+  // train.init_from: the saved model of the first run, read by stage models as by one process.
+  const std::string from = "--set train.steps=6 --set optim.grad_clip=0 --set train.init_from=" + straight + "/model ";
+  const std::string one_from = dir_ + "/one-from", stages_from = dir_ + "/stages-from";
+  ASSERT_EQ(run_with_fault(single(one_from, from), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", stages_from, from + stages), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "init: weights from " + straight + "/model");
+  expect_same_but_the_norm(stages_from, one_from);
 }
 
 TEST_F(PipelineTrainer, AWorldNotAMultipleOfTheStagesIsRefused) {
@@ -848,8 +866,7 @@ TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
   };
   EXPECT_EQ(error(stages, 4), "");  // 2 stages x 2 replicas
   expect_staged([](Config& c) { c.dist.zero = 1; }, 2, "dist.zero");
-  expect_staged([](Config& c) { c.eval.texts = "valid.txt"; }, 2, "eval");
-  expect_staged([](Config& c) { c.train.init_from = "runs/base/model"; }, 2, "train.init_from");
+
   for (int zero : {1, 2}) {  // ZeRO over the pipeline's ranks
     Config sharded = base;
     sharded.dist.zero = zero;

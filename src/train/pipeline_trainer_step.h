@@ -19,9 +19,9 @@
 //   and each of replica 0's ranks writes its optimizer state to a file of its own (the
 //   other replicas' files are empty: they hold the same state; train/stage_weights.h), so
 //   it resumes in one process, under data parallelism or at another split, and a whole
-//   model's checkpoint resumes here. Rank 0 samples from a whole model of its own whose
-//   weights the stages send it (gather_weights); the evaluation suite during training is
-//   refused, naming the key. Rank 0's log gathers every stage's component metrics.
+//   model's checkpoint resumes here. Rank 0 samples and runs the evaluation suite on a
+//   whole model of its own whose weights the stages send it (gather_weights). Rank 0's log
+//   gathers every stage's component metrics. ZeRO is refused, naming the key.
 // - With "whole" (the default), every rank builds the whole model and accumulates gradients only for its stages'
 //   layers; the step's one all-reduce (sum) of the gradients over all W ranks
 //   (DataParallel::reduce_gradients, with no buckets) then gives every rank the whole

@@ -184,21 +184,23 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   if (resume) restore(*resume, train_options.allow_data_change);
   else if (initial) start_from(*initial);
   else model_->init_weights(config_.train.seed);
-  if (config_.train.sample_tokens > 0 && builds_stage_models(config_)) {
-    // A stage's model cannot decode: rank 0 samples from a whole model of its own, an
-    // inference build whose weights are gathered from the stages before each sample.
+  // A stage's model cannot decode: with stage models rank 0 samples and evaluates on a whole
+  // model of its own, an inference build whose weights are gathered from the stages first.
+  Model* decoded = model_.get();
+  if (builds_stage_models(config_) && (config_.train.sample_tokens > 0 || !eval_suite.empty())) {
+    decoded = nullptr;
     if (writes_files()) {
       BuildOptions whole = training_build_options(config_, device_);
       whole.training = false;
-      sample_model_ = std::make_unique<Model>(config_.model, whole);
-      sample_model_->allocate();
-      sampler_ = std::make_unique<TrainingSampler>(*sample_model_, *tokenizer_, config_.train);
+      whole_model_ = std::make_unique<Model>(config_.model, whole);
+      whole_model_->allocate();
+      decoded = whole_model_.get();
     }
-  } else if (config_.train.sample_tokens > 0) {
-    sampler_ = std::make_unique<TrainingSampler>(*model_, *tokenizer_, config_.train);
   }
-  if (!eval_suite.empty())
-    evaluator_ = std::make_unique<TrainingEvaluator>(*model_, *tokenizer_, config_.eval, std::move(eval_suite));
+  if (config_.train.sample_tokens > 0 && decoded)
+    sampler_ = std::make_unique<TrainingSampler>(*decoded, *tokenizer_, config_.train);
+  if (!eval_suite.empty() && decoded)
+    evaluator_ = std::make_unique<TrainingEvaluator>(*decoded, *tokenizer_, config_.eval, std::move(eval_suite));
   // The captured step where it can run, unless test faults must be injected between its
   // phases (train/step_program.h).
   const StepExecution execution = faults_.numeric() ? StepExecution::op_by_op
@@ -432,12 +434,14 @@ double Trainer::validate() {
   return count > 0 ? loss / static_cast<double>(count) : std::nan("");
 }
 
+void Trainer::gather_whole_model() {
+  if (!pipeline_ || !pipeline_->stage_models()) return;
+  const std::vector<GatheredWeight> others = pipeline_->gather_weights();
+  if (whole_model_) load_stage_weights(*whole_model_, *model_, others);
+}
+
 std::optional<std::string> Trainer::sample(uint64_t seed) {
-  if (pipeline_ && pipeline_->stage_models() && config_.train.sample_tokens > 0) {
-    // Every rank sends its stages' weights; rank 0 puts the whole model together.
-    const std::vector<GatheredWeight> others = pipeline_->gather_weights();
-    if (sample_model_) load_stage_weights(*sample_model_, *model_, others);
-  }
+  if (config_.train.sample_tokens > 0) gather_whole_model();
   if (!sampler_) return std::nullopt;
   if (faults_.any()) inject_eval_faults(faults_, "sample", true);  // tests only
   return sampler_->sample(seed, [this] {
@@ -570,6 +574,7 @@ double Trainer::show_validation(int64_t step) {
 }
 
 void Trainer::show_eval(int64_t step) {
+  if (!config_.eval.tasks.empty() || !config_.eval.texts.empty()) gather_whole_model();
   if (!evaluator_) return;
   const std::optional<eval::EvalResults> results = evaluator_->evaluate([this] { return stop_requested(); });
   if (!results) return;

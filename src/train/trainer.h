@@ -167,9 +167,13 @@ class Trainer {
   std::unique_ptr<StepProgram> step_;  // one step's phases, op by op or captured
   RunRecords records_;  // rank 0: metrics.jsonl and TensorBoard; other ranks record nothing
   std::unique_ptr<TrainingSampler> sampler_;  // null when train.sample_tokens = 0
-  // A pipeline of stage models: rank 0's whole model for sampling (an inference build, its
-  // weights gathered from the stages before each sample); null elsewhere.
-  std::unique_ptr<Model> sample_model_;
+  // A pipeline of stage models: rank 0's whole model for sampling and the evaluation suite
+  // (an inference build, its weights gathered from the stages before each use); null
+  // elsewhere, and without either.
+  std::unique_ptr<Model> whole_model_;
+  // Every rank sends its stages' weights to rank 0's whole model (all ranks call it at once;
+  // a no-op without stage models).
+  void gather_whole_model();
   std::unique_ptr<TrainingEvaluator> evaluator_;  // null when [eval] names no task or text
 
   FaultInjector faults_;        // test-only (KILN_FAULT_INJECT); empty otherwise
