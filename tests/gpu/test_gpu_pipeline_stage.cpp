@@ -30,6 +30,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -240,6 +241,80 @@ TEST_F(PipelineStageGpu, Fp8StagesMatchOneModelBitForBit) {
                                 Saved::frames, true);
   expect_stages_match_one_model(dense_config(), o, build_interleaved_1f1b(1, 2, kMicrobatches), {0, 1, 4}, want,
                                 Saved::recompute);
+}
+
+// Models built per stage (BuildOptions::layers, as dist.pipeline_model = "stages" builds
+// them) on the GPU: layers [0, 2) and [2, 4) in two models holding only their parameters,
+// each micro-batch run forward through both and back (the boundary through host memory, as
+// the engine's), against one GPU model: each micro-batch's loss, z and target count, and
+// every parameter's gradient, bit for bit (the routers' loss sums within 1e-12).
+void expect_models_built_per_stage_match_one_model(const ModelConfig& config, const BuildOptions& o) {
+  const Reference want = reference(config, o);
+  const std::unique_ptr<Model> names = build(config, o);  // the reference's parameter names
+  Model init(config, options_for(Device::cpu, DType::f32, kTokens));
+  init.allocate();
+  init_moe_weights(init, 53);  // build()'s weights
+  const auto stage_model = [&](int64_t first, int64_t last) {
+    BuildOptions part = o;
+    part.layers = {{first, last}};
+    auto model = std::make_unique<Model>(config, part);
+    model->allocate();
+    for (const auto& p : model->parameters()) copy_tensor(init.find_parameter(p->name())->value(), p->value());
+    model->set_micro_batches(kMicrobatches);
+    model->zero_grads();
+    return model;
+  };
+  const std::unique_ptr<Model> first = stage_model(0, 2), last = stage_model(2, kLayers);
+  EXPECT_EQ(first->parameter_count() + last->parameter_count(), names->parameter_count());  // untied: no copy
+  const std::vector<HostBatch> batches = microbatches();
+  const double scale = loss_scale(batches);
+  for (int m = 0; m < kMicrobatches; ++m) {
+    const HostBatch& batch = batches[static_cast<size_t>(m)];
+    first->load_batch(batch);
+    const LossSums a = first->forward_layers(0, 2, scale, false);
+    const OwnedTensor boundary = to_host(first->stage_activation(2));
+    last->load_batch(batch);
+    copy_tensor(*boundary, last->stage_activation(2));
+    const LossSums b = last->forward_layers(2, kLayers, scale, false);
+    const LossSums heads = last->stage_heads(scale);
+    last->backward_layers(2, kLayers);
+    const OwnedTensor dboundary = to_host(last->stage_gradient());
+    copy_tensor(*dboundary, first->stage_gradient());
+    first->backward_layers(0, 2);
+    const LossSums& ref = want.sums[static_cast<size_t>(m)];
+    EXPECT_GT(ref.loss, 0.0);
+    EXPECT_EQ(std::memcmp(&heads.slot[0], &ref.loss, sizeof(double)), 0)
+        << "micro-batch " << m << ": " << heads.slot[0] << " vs " << ref.loss;
+    EXPECT_EQ(heads.slot[1], ref.z) << "micro-batch " << m;
+    EXPECT_EQ(static_cast<int64_t>(heads.slot[2]), ref.count) << "micro-batch " << m;
+    for (size_t i = 3; i < ref.slot.size(); ++i)
+      EXPECT_NEAR(a.slot[i] + b.slot[i] + heads.slot[i], ref.slot[i], 1e-12 * std::abs(ref.slot[i]))
+          << "micro-batch " << m << " slot " << i;
+  }
+  std::map<std::string, std::vector<unsigned char>> got;
+  for (Model* model : {first.get(), last.get()}) {
+    const std::vector<std::vector<unsigned char>> grads = gradient_bytes(*model);
+    for (size_t i = 0; i < grads.size(); ++i) got[model->parameters()[i]->name()] = grads[i];
+  }
+  int compared = 0, nonzero = 0;
+  for (size_t i = 0; i < want.grads.size(); ++i) {
+    const std::string& name = names->parameters()[i]->name();
+    ASSERT_TRUE(got.count(name)) << name << " is in neither stage's model";
+    if (want.grads[i].empty()) continue;  // not trainable (a router's bias)
+    EXPECT_EQ(got[name], want.grads[i]) << name;
+    ++compared;
+    nonzero += !all_zero(want.grads[i]);
+  }
+  EXPECT_EQ(got.size(), want.grads.size());  // and no parameter of their own
+  EXPECT_GE(nonzero * 10, compared * 9);
+}
+
+TEST_F(PipelineStageGpu, ModelsBuiltPerStageMatchOneModelBitForBit) {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    expect_models_built_per_stage_match_one_model(dense_config(), options(dtype));
+    expect_models_built_per_stage_match_one_model(moe_config(), options(dtype));
+  }
 }
 
 }  // namespace
