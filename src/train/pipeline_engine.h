@@ -2,7 +2,7 @@
 // stages it holds, moving activations and their gradients between ranks with the
 // communicator's send and recv. Model-free: a stage is whatever implements PipelineStage
 // (tested with a chain of small dense layers, test_pipeline_engine; kiln's model cut into
-// stages is train/pipeline_model_stage.h); nothing in training uses the engine yet (issue 46).
+// stages is train/pipeline_model_stage.h; the trainer runs it, train/pipeline_trainer_step.h).
 //
 // The engine owns the buffers that cross a stage boundary, per (micro-batch, stage): the
 // input activation received (or handed over from the previous stage on this rank), the

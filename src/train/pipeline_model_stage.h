@@ -17,10 +17,11 @@
 //   for m again (counting no objective or statistic twice, as train.recompute_blocks does)
 //   before the backward: one extra forward per stage and micro-batch, for one micro-batch
 //   of saved activations instead of one per pair in flight.
-// - Every rank builds the whole model (its memory too) but runs, and so accumulates
-//   gradients of, only its stages' layers: every other parameter's gradient is left as it
-//   was. Each activation frame holds the whole model's saved state, not only its stages'
-//   layers: building a model per stage is still to come.
+// - A rank's model is the whole model, or one built with only its stages' layers
+//   (BuildOptions::layers; the trainer's dist.pipeline_model = "stages"). Either way it
+//   runs, and so accumulates gradients of, only its stages' layers: a whole model's other
+//   parameters' gradients are left as they were. Activation frames hold its stages' layers'
+//   saved state (Model::enable_activation_frames' ranges).
 // - split_backward(true) (the trainer's choice for ZB-H1, with frames): backward_input
 //   computes the input gradients and the parameter gradients that are not LinearLayers'
 //   (norms, embeddings, routers, experts), and leaves every LinearLayer's weight and bias
