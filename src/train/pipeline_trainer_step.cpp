@@ -197,8 +197,8 @@ namespace {
 // transfers' and the gradient exchanges' (train/stage_gradients.cpp, stage_weights.cpp).
 // Between two ranks its messages are received in the order sent: boundary after boundary.
 constexpr int kEvaluationTag = (1 << 29) + 8;
-// The tags of a rank's component metrics on their way to rank 0: their text's size, then the text.
-constexpr int kMetricsSizeTag = (1 << 29) + 9, kMetricsTag = (1 << 29) + 10;
+// The tags of a rank's component metrics on their way to rank 0 (send_text: this and + 1).
+constexpr int kMetricsTag = (1 << 29) + 9;
 
 }  // namespace
 
@@ -236,19 +236,12 @@ std::vector<std::pair<std::string, double>> PipelineTrainerStep::component_metri
   std::vector<std::pair<std::string, double>> metrics = model_.component_metrics();
   if (!stage_models() || !saves_state()) return metrics;
   if (comm_->rank() != 0) {
-    const std::string text = nlohmann::json(metrics).dump();
-    const auto size = static_cast<int64_t>(text.size());
-    comm_->send(&size, sizeof(size), 0, kMetricsSizeTag, "component metrics");
-    comm_->send(text.data(), size, 0, kMetricsTag, "component metrics");
+    send_text(*comm_, 0, kMetricsTag, nlohmann::json(metrics).dump(), "component metrics");
     return metrics;
   }
   for (int r = 1; r < comm_->world_size(); ++r) {
-    int64_t size = 0;
-    comm_->recv(&size, sizeof(size), r, kMetricsSizeTag, "component metrics");
-    std::string text(static_cast<size_t>(size), '\0');
-    comm_->recv(text.data(), size, r, kMetricsTag, "component metrics");
     // (JSON writes a non-finite value as null: it comes back as NaN.)
-    for (const nlohmann::json& pair : nlohmann::json::parse(text))
+    for (const nlohmann::json& pair : nlohmann::json::parse(recv_text(*comm_, r, kMetricsTag, "component metrics")))
       metrics.emplace_back(pair.at(0).get<std::string>(),
                            pair.at(1).is_number() ? pair.at(1).get<double>() : std::nan(""));
   }

@@ -18,7 +18,7 @@ using json = nlohmann::json;
 // The tags of a rank's weights on their way to rank 0: its header's size, the header (each
 // weight's name, dtype and shape), then every weight's bytes in the header's order. Beyond
 // every pipeline transfer's tag, and the tied table's (train/stage_gradients.cpp).
-constexpr int kSizeTag = (1 << 29) + 1, kHeaderTag = (1 << 29) + 2, kDataTag = (1 << 29) + 3;
+constexpr int kHeaderTag = (1 << 29) + 1, kDataTag = (1 << 29) + 3;  // the header: tags + 1 and + 2
 
 DType dtype_named(const std::string& name) {
   for (DType t : {DType::f32, DType::bf16})
@@ -46,6 +46,20 @@ std::pair<DType, std::vector<unsigned char>> saved_bytes(const Tensor& value) {
 
 }  // namespace
 
+void send_text(dist::Communicator& pipeline, int peer, int tag, const std::string& text, std::string_view what) {
+  const auto size = static_cast<int64_t>(text.size());
+  pipeline.send(&size, sizeof(size), peer, tag, what);
+  pipeline.send(text.data(), size, peer, tag + 1, what);
+}
+
+std::string recv_text(dist::Communicator& pipeline, int peer, int tag, std::string_view what) {
+  int64_t size = 0;
+  pipeline.recv(&size, sizeof(size), peer, tag, what);
+  std::string text(static_cast<size_t>(size), '\0');
+  pipeline.recv(text.data(), size, peer, tag + 1, what);
+  return text;
+}
+
 bool saves_weight(const Model& model, const Parameter& parameter) {
   const Backbone& backbone = model.backbone();
   return !(backbone.has_embedding() && &parameter == &backbone.embedding() && !model.options().builds_layer(0));
@@ -63,19 +77,13 @@ std::vector<GatheredWeight> gather_stage_weights(const Model& model, dist::Commu
       header.push_back({{"name", p->name()}, {"dtype", std::string(dtype_name(dtype))}, {"shape", shape}});
       data.insert(data.end(), bytes.begin(), bytes.end());
     }
-    const std::string text = header.dump();
-    const auto size = static_cast<int64_t>(text.size());
-    pipeline.send(&size, sizeof(size), 0, kSizeTag, "weights to save");
-    pipeline.send(text.data(), size, 0, kHeaderTag, "weights to save");
+    send_text(pipeline, 0, kHeaderTag, header.dump(), "weights to save");
     pipeline.send(data.data(), static_cast<int64_t>(data.size()), 0, kDataTag, "weights to save");
     return {};
   }
   std::vector<GatheredWeight> out;
   for (int r = 1; r < pipeline.world_size(); ++r) {
-    int64_t size = 0;
-    pipeline.recv(&size, sizeof(size), r, kSizeTag, "weights to save");
-    std::string text(static_cast<size_t>(size), '\0');
-    pipeline.recv(text.data(), size, r, kHeaderTag, "weights to save");
+    const std::string text = recv_text(pipeline, r, kHeaderTag, "weights to save");
     size_t total = 0;
     const size_t first = out.size();
     for (const json& w : json::parse(text)) {

@@ -14,9 +14,15 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln {
+
+// A text from one rank to another on `pipeline`: its size under `tag`, then its bytes under
+// tag + 1 (the stages' weight headers, the log's component metrics).
+void send_text(dist::Communicator& pipeline, int peer, int tag, const std::string& text, std::string_view what);
+std::string recv_text(dist::Communicator& pipeline, int peer, int tag, std::string_view what);
 
 struct GatheredWeight {
   std::string name;

@@ -146,6 +146,18 @@ bool all_zero(const std::vector<unsigned char>& bytes) {
   return true;
 }
 
+// A micro-batch's loss sums against one model's: the main loss, z and target count bit for
+// bit, the routers' sums within 1e-12 (they add per stage, then over the stages).
+void expect_same_sums(const LossSums& got, const LossSums& ref, int m) {
+  EXPECT_GT(ref.loss, 0.0);
+  EXPECT_EQ(std::memcmp(&got.slot[0], &ref.loss, sizeof(double)), 0)
+      << "micro-batch " << m << ": " << got.slot[0] << " vs " << ref.loss;
+  EXPECT_EQ(got.slot[1], ref.z) << "micro-batch " << m;
+  EXPECT_EQ(static_cast<int64_t>(got.slot[2]), ref.count) << "micro-batch " << m;
+  for (size_t i = 3; i < got.slot.size(); ++i)
+    EXPECT_NEAR(got.slot[i], ref.slot[i], 1e-12 * std::abs(ref.slot[i])) << "micro-batch " << m << " slot " << i;
+}
+
 enum class Saved { recompute, frames };
 
 void expect_stages_match_one_model(const ModelConfig& config, const BuildOptions& o, const Schedule& schedule,
@@ -177,15 +189,7 @@ void expect_stages_match_one_model(const ModelConfig& config, const BuildOptions
   for (int m = 0; m < kMicrobatches; ++m) {
     const auto it = stage.losses().find(m);
     ASSERT_NE(it, stage.losses().end()) << "micro-batch " << m;
-    const LossSums& got = it->second;
-    const LossSums& ref = want.sums[static_cast<size_t>(m)];
-    EXPECT_GT(ref.loss, 0.0);
-    EXPECT_EQ(std::memcmp(&got.slot[0], &ref.loss, sizeof(double)), 0)
-        << "micro-batch " << m << ": " << got.slot[0] << " vs " << ref.loss;
-    EXPECT_EQ(got.slot[1], ref.z) << "micro-batch " << m;
-    EXPECT_EQ(static_cast<int64_t>(got.slot[2]), ref.count) << "micro-batch " << m;
-    for (size_t i = 3; i < got.slot.size(); ++i)
-      EXPECT_NEAR(got.slot[i], ref.slot[i], 1e-12 * std::abs(ref.slot[i])) << "micro-batch " << m << " slot " << i;
+    expect_same_sums(it->second, want.sums[static_cast<size_t>(m)], m);
   }
   const std::vector<std::vector<unsigned char>> got = gradient_bytes(*model);
   ASSERT_EQ(got.size(), want.grads.size());
@@ -281,15 +285,10 @@ void expect_models_built_per_stage_match_one_model(const ModelConfig& config, co
     const OwnedTensor dboundary = to_host(last->stage_gradient());
     copy_tensor(*dboundary, first->stage_gradient());
     first->backward_layers(0, 2);
-    const LossSums& ref = want.sums[static_cast<size_t>(m)];
-    EXPECT_GT(ref.loss, 0.0);
-    EXPECT_EQ(std::memcmp(&heads.slot[0], &ref.loss, sizeof(double)), 0)
-        << "micro-batch " << m << ": " << heads.slot[0] << " vs " << ref.loss;
-    EXPECT_EQ(heads.slot[1], ref.z) << "micro-batch " << m;
-    EXPECT_EQ(static_cast<int64_t>(heads.slot[2]), ref.count) << "micro-batch " << m;
-    for (size_t i = 3; i < ref.slot.size(); ++i)
-      EXPECT_NEAR(a.slot[i] + b.slot[i] + heads.slot[i], ref.slot[i], 1e-12 * std::abs(ref.slot[i]))
-          << "micro-batch " << m << " slot " << i;
+    // The heads' slots (main loss, z, count) and every stage's routers' sums beyond them.
+    LossSums got = heads;
+    for (size_t i = 3; i < got.slot.size(); ++i) got.slot[i] = a.slot[i] + b.slot[i] + heads.slot[i];
+    expect_same_sums(got, want.sums[static_cast<size_t>(m)], m);
   }
   std::map<std::string, std::vector<unsigned char>> got;
   for (Model* model : {first.get(), last.get()}) {
