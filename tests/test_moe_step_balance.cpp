@@ -189,7 +189,7 @@ void expect_two_ranks_give_the_whole_batchs_step(int accum) {
   const std::vector<std::string> errors = test::run_ranks(world, [&](int r) {
     dist::ProcessGroup group(test::placement(r, world, port), Device::cpu, 20000ms);
     MoeRun run("step", world * accum);
-    DataParallel data_parallel(group, run.model, 0);
+    DataParallel data_parallel(group, run.model, DataParallelOptions{});
     StepProgram program(run.model, *run.optimizer, accum, StepExecution::op_by_op, &data_parallel);
     const std::vector<HostBatch> mine(parts.begin() + r * accum, parts.begin() + (r + 1) * accum);
     const StepOutcome o = program.run(mine, targets, frozen());

@@ -8,7 +8,10 @@
 // ZeRO-2's gradient norm; a tied head trains as one process (2, 3 and
 // interleaved stages) and 2 x 2 as 2 data-parallel ranks, within rounding; stages that
 // recompute their forward instead of keeping activation frames train bitwise too; a killed
-// stage ends the others naming it; bad pipeline keys and world sizes are refused naming the key.
+// stage ends the others naming it; models built per stage (dist.pipeline_model = "stages")
+// train as one process, as whole models and as data-parallel ranks, ZeRO sharding each
+// stage over its replicas, and resume across splits and layouts; bad pipeline keys and
+// world sizes are refused naming the key.
 #include "config/config.h"
 #include "dist/free_port.h"
 #include "fault_test_util.h"
@@ -431,10 +434,9 @@ TEST_F(PipelineTrainer, TwoStagesByThreeReplicasTrainAsThreeDataParallelRanks) {
 // ZeRO-2's norm is summed per shard and then over the 4 ranks (not the whole gradient's
 // order): within 1e-13 relative (measured: 1.0e-14 at most). The
 // same under ZeRO-2 with int8 AdamW moments (optim.adamw_state = int8) and with Muon, each
-// against 2 data-parallel ranks with the same optimizer. dist.bucket_mb does not apply to a
-// pipeline (the trainer gives its DataParallel no buckets: the gradients are summed in one
-// reduction after the schedule, ZeRO's reduce-scatter and all-gather each in one round):
-// small buckets change no bit.
+// against 2 data-parallel ranks with the same optimizer. A pipeline's gradients are summed
+// in one reduction after the schedule, not in buckets during backward; dist.bucket_mb only
+// cuts ZeRO's reduce-scatter and all-gather into rounds: small ones change no bit.
 TEST_F(PipelineTrainer, ZeroOverTwoByTwoTrainsAsTwoDataParallelRanks) {
   std::string output;
   const std::string int8 = "--set optim.adamw_state=int8 ", muon = "--set optim.name=muon ";
@@ -640,6 +642,98 @@ TEST_F(PipelineTrainer, ModelsBuiltPerStageWithReplicasTrainAsDataParallelRanks)
   EXPECT_EQ(latest_of(moved), "step-00000004");
   ASSERT_EQ(run_with_fault(data_parallel(moved, twelve + "--resume"), "", &output), 0) << output;
   EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(moved, 4) + " at step 4");
+  expect_same_but_the_norm(moved, straight);
+}
+
+// ZeRO over models built per stage: 2 stages x 2 replicas, each stage's optimizer state
+// (and with ZeRO-2 its gradients) sharded over its two replicas, against 2 data-parallel
+// ranks without ZeRO (clip off, as above): ZeRO-1 and ZeRO-2 with AdamW, int8 AdamW moments
+// and Muon, and ZeRO-2 in rounds of 0.004 MiB (dist.bucket_mb: the all-gather buffer that
+// small). Each sum over the replicas adds two gradients (a + b: the same bits in either
+// order, all-reduce or reduce-scatter) and each replica updates its shard as a data-parallel
+// rank updates the whole, so bit for bit but the norm. A rank updates about half of its
+// stage's parameters, and its stage's two shards cover them. A tied head with MoE layers and
+// QK-Clip under Muon: ZeRO-2 against the same stage models without ZeRO (the table's shares
+// swapped before the replicas' sum in both, then sharded differently in the first and the
+// last stage's pair: the same updates). Then a checkpoint moves across layouts: 2 x 2 with
+// ZeRO-2 killed at step 5 (checkpoint at 4: every rank's shard file), resumed as 2 x 2 with
+// ZeRO-1 at another split under ZB-H1, killed at step 9, resumed on 2 data-parallel ranks
+// to the end: the 12 uninterrupted data-parallel steps, bit for bit but the norm.
+TEST_F(PipelineTrainer, ModelsBuiltPerStageShardTheirStateOverTheirReplicas) {
+  std::string output;
+  const std::string unclipped = "--set optim.grad_clip=0 ", stages = "--set dist.pipeline_model=stages ";
+  const std::string int8 = "--set optim.adamw_state=int8 ", muon = "--set optim.name=muon ";
+  struct Case {
+    const char* name;
+    int zero;
+    std::string extra;
+  };
+  const std::vector<Case> cases = {{"zero1", 1, ""},
+                                   {"zero2", 2, ""},
+                                   {"zero2-rounds", 2, "--set dist.bucket_mb=0.004 "},
+                                   {"zero2-int8", 2, int8},
+                                   {"zero2-muon", 2, muon}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string ddp = dir_ + "/ddp-" + c.name, grid = dir_ + "/grid-" + c.name;
+    ASSERT_EQ(run_with_fault(data_parallel(ddp, unclipped + c.extra), "", &output), 0) << output;
+    ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", grid, unclipped + c.extra + stages +
+                                                           fmt::format("--set dist.zero={} ", c.zero), 2),
+                             "", &output),
+              0)
+        << output;
+    expect_same_but_the_norm(grid, ddp);
+    for (int stage = 0; stage < 2; ++stage) {  // ranks 2s and 2s + 1: the stage's two replicas
+      int64_t updated = 0, held = 0;
+      for (int replica = 0; replica < 2; ++replica) {
+        const int rank = 2 * stage + replica;
+        const std::string log = rank == 0 ? output : read_file(fmt::format("{}/rank-{}.log", grid, rank));
+        const size_t built = log.find("it builds only its stages' layers: ");
+        const size_t zero = log.find(fmt::format("ZeRO-{}: rank {} updates ", c.zero, rank));
+        ASSERT_NE(built, std::string::npos) << log;
+        ASSERT_NE(zero, std::string::npos) << log;
+        long long mine = 0, whole = 0, updates = 0, of = 0;
+        ASSERT_EQ(std::sscanf(log.c_str() + built, "it builds only its stages' layers: %lld of the model's %lld", &mine,
+                              &whole),
+                  2);
+        ASSERT_EQ(std::sscanf(log.c_str() + zero + fmt::format("ZeRO-{}: rank {} updates ", c.zero, rank).size(),
+                              "%lld of %lld parameters", &updates, &of),
+                  2);
+        EXPECT_CONTAINS(log, fmt::format("(its stage's, shard {} of 2 over the stage's replicas)", replica));
+        if (c.extra.find("bucket_mb") != std::string::npos) EXPECT_CONTAINS(log, "all-gather buffer 0.0 MiB");
+        EXPECT_EQ(of, mine);  // the shards span the stage's parameters, not the model's
+        EXPECT_GT(updates, of / 4);
+        EXPECT_LT(updates, 3 * of / 4);
+        updated += updates;
+        held = of;
+      }
+      EXPECT_EQ(updated, held) << "stage " << stage;
+    }
+  }
+  const std::string tied = unclipped + kSparse + stages + "--set model.tie_embeddings=true ";
+  const std::string unsharded = dir_ + "/tied", sharded = dir_ + "/tied-zero2";
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", unsharded, tied, 2), "", &output), 0) << output;
+  ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", sharded, tied + "--set dist.zero=2 ", 2), "", &output), 0) << output;
+  expect_same_but_the_norm(sharded, unsharded);
+  expect_same_moe_and_clip_logs(unsharded, sharded);
+
+  const std::string twelve = unclipped + "--set train.steps=12 ";
+  const std::string straight = dir_ + "/straight", moved = dir_ + "/moved";
+  ASSERT_EQ(run_with_fault(data_parallel(straight, twelve), "", &output), 0) << output;
+  ASSERT_NE(run_with_fault(pipeline(2, "1f1b", moved, twelve + stages + "--set dist.zero=2 ", 2), "kill_at_step:5",
+                           &output),
+            0)
+      << output;
+  EXPECT_EQ(latest_of(moved), "step-00000004");
+  ASSERT_NE(run_with_fault(pipeline(2, "zb_h1", moved,
+                                    twelve + stages + "--set dist.zero=1 --set dist.pipeline_split=0,6 --resume", 2),
+                           "kill_at_step:9", &output),
+            0)
+      << output;
+  EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(moved, 4) + " at step 4");
+  EXPECT_EQ(latest_of(moved), "step-00000008");
+  ASSERT_EQ(run_with_fault(data_parallel(moved, twelve + "--resume"), "", &output), 0) << output;
+  EXPECT_CONTAINS(output, "resumed from " + checkpoint_path(moved, 8) + " at step 8");
   expect_same_but_the_norm(moved, straight);
 }
 
@@ -865,7 +959,12 @@ TEST(PipelineConfig, BadKeysAreRefusedNamingTheKey) {
     }, world, key);
   };
   EXPECT_EQ(error(stages, 4), "");  // 2 stages x 2 replicas
-  expect_staged([](Config& c) { c.dist.zero = 1; }, 2, "dist.zero");
+  expect_staged([](Config& c) { c.dist.zero = 1; }, 2, "dist.zero");  // one replica: nothing to shard
+  for (int zero : {1, 2}) {  // ZeRO over each stage's replicas
+    Config sharded = stages;
+    sharded.dist.zero = zero;
+    EXPECT_EQ(error(sharded, 4), "");
+  }
 
   for (int zero : {1, 2}) {  // ZeRO over the pipeline's ranks
     Config sharded = base;

@@ -28,19 +28,21 @@ bool measure_gradient_memory() {
 
 }  // namespace
 
-DataParallel::DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb,
-                           std::unique_ptr<ParameterShards> shards, bool shard_gradients)
-    : group_(group), model_(model), bucket_mb_(bucket_mb), shards_(std::move(shards)), shard_gradients_(shard_gradients),
-      measure_gradient_memory_(shard_gradients && measure_gradient_memory()) {
+DataParallel::DataParallel(dist::ProcessGroup& group, Model& model, const DataParallelOptions& options,
+                           std::unique_ptr<ParameterShards> shards)
+    : group_(group), model_(model), bucket_mb_(options.bucket_mb), backward_buckets_(options.backward_buckets),
+      shards_(std::move(shards)), shard_group_(options.shard_ranks), shard_gradients_(options.shard_gradients),
+      measure_gradient_memory_(options.shard_gradients && measure_gradient_memory()) {
   KILN_CHECK(!shard_gradients_ || shards_, "dist.zero", "2 needs the parameters' shards");
   KILN_CHECK(!measure_gradient_memory_ || !on_gpu(), "KILN_MEASURE_GRADIENT_MEMORY",
              "1 counts the CPU's resident gradient pages; the GPU's ZeRO-2 keeps the whole arena: unset it");
   if (!shards_) return;
-  KILN_CHECK(shards_->world_size() == group.world_size(), "dist.zero", "shards for {} ranks, {} run",
-             shards_->world_size(), group.world_size());
+  const int sharing = shard_group().world_size();
+  KILN_CHECK(shards_->world_size() == sharing, "dist.zero", "shards for {} ranks, {} share them", shards_->world_size(),
+             sharing);
   // The all-gather's buffer, where its collectives run; made now, never inside a capture.
-  const size_t chunk_bytes = static_cast<size_t>(shards_->gather_chunk(bucket_mb)) * dtype_size(shards_->dtype());
-  gathered_ = Storage(group.device().device(), chunk_bytes * static_cast<size_t>(group.world_size()));
+  const size_t chunk_bytes = static_cast<size_t>(shards_->gather_chunk(bucket_mb_)) * dtype_size(shards_->dtype());
+  gathered_ = Storage(group.device().device(), chunk_bytes * static_cast<size_t>(sharing));
 }
 
 DataParallel::~DataParallel() { model_.set_backward_progress({}); }
@@ -83,7 +85,7 @@ void DataParallel::gather_parameters() {
   const int64_t chunk = s.gather_chunk(bucket_mb_);
   const size_t chunk_bytes = static_cast<size_t>(chunk) * dtype_size(s.dtype());
   auto* buffer = static_cast<unsigned char*>(gathered_.data());
-  const int me = rank();
+  const int me = shard_rank();
   for (int64_t first = 0; first < s.largest(); first += chunk) {
     const auto window = [&](int r) {  // rank r's elements this round
       const int64_t lo = std::min(s.bound(r) + first, s.bound(r + 1));
@@ -91,7 +93,7 @@ void DataParallel::gather_parameters() {
     };
     const auto [lo, hi] = window(me);
     copy_window(s, me, lo, hi, buffer + chunk_bytes * static_cast<size_t>(me), true, model_.exec(), device);
-    group_.device().all_gather(buffer, static_cast<int64_t>(chunk_bytes), "updated parameters");
+    shard_group().all_gather(buffer, static_cast<int64_t>(chunk_bytes), "updated parameters");
     for (int r = 0; r < s.world_size(); ++r) {
       if (r == me) continue;
       const auto [from, to] = window(r);
@@ -112,7 +114,7 @@ int64_t DataParallel::scatter_chunk() const {
 // ZeRO-2 on the GPU: made at the first step, once the arena exists.
 GradientReduceScatter& DataParallel::device_scatter() {
   if (!scatter_)
-    scatter_ = std::make_unique<GradientReduceScatter>(group_.device(), rank(), *shards_, model_.all_gradients(),
+    scatter_ = std::make_unique<GradientReduceScatter>(shard_group(), shard_rank(), *shards_, model_.all_gradients(),
                                                        static_cast<unsigned char*>(gathered_.data()), scatter_chunk());
   return *scatter_;
 }
@@ -121,7 +123,7 @@ GradientReduceScatter& DataParallel::device_scatter() {
 ShardedGradients& DataParallel::sharded() {
   if (!sharded_) {
     const ParameterShards& s = *shards_;
-    sharded_ = std::make_unique<ShardedGradients>(group_.device(), rank(), s, model_,
+    sharded_ = std::make_unique<ShardedGradients>(shard_group(), shard_rank(), s, model_,
                                                   static_cast<unsigned char*>(gathered_.data()), scatter_chunk(),
                                                   measure_gradient_memory_);
     if (bucketed()) {
@@ -144,7 +146,7 @@ void DataParallel::zero_gradients() {
 void DataParallel::scale_gradients(double factor) {
   if (!shard_gradients_) return model_.scale_gradients(factor);
   KILN_PHASE("clip");
-  for (const ParameterPiece& piece : shards_->pieces(rank())) {
+  for (const ParameterPiece& piece : shards_->pieces(shard_rank())) {
     const Tensor grad = piece.parameter->grad();
     ops::scale_inplace(model_.exec(), grad.view(Shape{grad.numel()}).rows(piece.begin, piece.begin + piece.count),
                        factor);
@@ -161,8 +163,10 @@ std::optional<DataParallel::GradientMemory> DataParallel::gradient_memory() cons
 // shards partition the trainable parameters, so their sum over the ranks is the whole
 // model's sum of squares (in another order of addition: equal up to rounding).
 void DataParallel::use_stage_gradients(std::unique_ptr<StageGradients> stages) {
-  KILN_CHECK(!shards_ && !bucketed(), "dist.pipeline_model",
-             "'stages' sums its gradients without ZeRO or buckets (dist.zero = 0, dist.bucket_mb unused)");
+  KILN_CHECK(!bucketed(), "dist.pipeline_model",
+             "'stages' sums its gradients once after the pipeline's schedule, not in buckets during backward");
+  KILN_CHECK(!shards_ || (stages->replicas() != nullptr && stages->replicas() == shard_group_), "dist.zero",
+             "with dist.pipeline_model = stages ZeRO shards each stage over its replicas, not over every rank");
   stages_ = std::move(stages);
 }
 
@@ -251,7 +255,12 @@ int DataParallel::agree_on_stop(int local_signal) {
 }
 
 void DataParallel::reduce_gradients() {
-  if (stages_) return stages_->reduce();  // the tied table's two shares; nothing else has two holders
+  if (stages_) {  // the tied table's two shares first (nothing else has two holders), then the replicas'
+    stages_->exchange_table();
+    if (!shard_gradients_) return stages_->reduce_over_replicas();
+    sharded().reduce_scatter_all();  // ZeRO-2: over the stage's replicas, the pipeline's one reduction
+    return stages_->reduce_statistics();
+  }
   dist::Communicator& comm = group_.device();
   if (reducing_) {  // the CPU's buckets went out during backward: wait for the last
     reducing_ = false;

@@ -53,12 +53,24 @@
 
 namespace kiln {
 
+struct DataParallelOptions {
+  // dist.bucket_mb: the gradients' buckets, and ZeRO's all-gather and reduce-scatter rounds
+  // (0: no buckets, one round of the largest shard).
+  double bucket_mb = 0;
+  // Buckets reduced while backward runs; false: one reduction after the last backward (a
+  // pipeline's, after its schedule), ZeRO's rounds still of bucket_mb.
+  bool backward_buckets = true;
+  bool shard_gradients = false;  // ZeRO-2's reduce-scatter (dist.zero = 2; needs shards)
+  // The ranks ZeRO's shards span: every rank of the group (null) or a pipeline stage's
+  // replicas (ProcessGroup::subgroup) when each rank builds only its stages' model.
+  dist::Communicator* shard_ranks = nullptr;
+};
+
 class DataParallel {
  public:
-  // bucket_mb: dist.bucket_mb (0: no buckets); shards: ZeRO's (dist.zero >= 1), null without;
-  // shard_gradients: ZeRO-2's reduce-scatter (dist.zero = 2; needs shards).
-  DataParallel(dist::ProcessGroup& group, Model& model, double bucket_mb,
-               std::unique_ptr<ParameterShards> shards = nullptr, bool shard_gradients = false);
+  // shards: ZeRO's (dist.zero >= 1), null without.
+  DataParallel(dist::ProcessGroup& group, Model& model, const DataParallelOptions& options,
+               std::unique_ptr<ParameterShards> shards = nullptr);
   ~DataParallel();
 
   int rank() const { return group_.rank(); }
@@ -112,21 +124,26 @@ class DataParallel {
   // rank's updated shard to every rank (every rank calls it). At a checkpoint each rank
   // writes its own slices of the optimizer state (train/optimizer_shard_files.h).
   const ParameterShards* shards() const { return shards_.get(); }
+  // This rank's shard: its rank among the ranks the shards span.
+  int shard_rank() const { return shard_group().rank(); }
   size_t gather_buffer_bytes() const { return gathered_.bytes(); }
   void gather_parameters();
 
   // A pipeline whose ranks build only their stages' models (dist.pipeline_model = "stages";
   // train/stage_gradients.h): reduce_gradients sums each stage's gradients and its layers'
-  // step statistics over the stage's replicas alone, then swaps a tied table's shares
+  // step statistics over the stage's replicas alone, after swapping a tied table's shares
   // between its two holders; the norm is the ranks' parts of the sum of squares, summed
-  // over them. Not with ZeRO or buckets.
+  // over them. With ZeRO the shards span the stage's replicas (shard_group, the same
+  // communicator): ZeRO-2 reduce-scatters the stage's gradients over them. Not with buckets.
   void use_stage_gradients(std::unique_ptr<StageGradients> stages);
   bool has_stage_models() const { return stages_ != nullptr; }
 
  private:
-  bool bucketed() const { return bucket_mb_ > 0; }
+  bool bucketed() const { return bucket_mb_ > 0 && backward_buckets_; }
   bool on_gpu() const { return group_.device().device() == Device::cuda; }
   bool host_sharded() const { return shard_gradients_ && !on_gpu(); }  // ZeRO-2 on the CPU
+  // The collectives' communicator of ZeRO's shards: a stage's replicas, or every rank's.
+  dist::Communicator& shard_group() const { return shard_group_ ? *shard_group_ : group_.device(); }
   int64_t scatter_chunk() const;           // ZeRO-2's elements per rank and round
   ShardedGradients& sharded();             // ZeRO-2's on the CPU, made at its first use
   GradientReduceScatter& device_scatter();  // ZeRO-2's on the GPU, made at its first use
@@ -134,9 +151,11 @@ class DataParallel {
   dist::ProcessGroup& group_;
   Model& model_;
   double bucket_mb_;
+  bool backward_buckets_ = true;
   std::unique_ptr<BucketReduction> buckets_;  // made at the first bucketed step
   bool reducing_ = false;                     // this step's buckets are under way
   std::unique_ptr<ParameterShards> shards_;              // ZeRO's; null without
+  dist::Communicator* shard_group_ = nullptr;            // what they span; null: group_.device()
   bool shard_gradients_ = false;                         // ZeRO-2
   bool measure_gradient_memory_ = false;                 // ZeRO-2: KILN_MEASURE_GRADIENT_MEMORY=1
   // ZeRO's all-gather buffer (and ZeRO-2's reduce-scatter's): a chunk per rank, on the

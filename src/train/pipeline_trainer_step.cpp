@@ -39,13 +39,16 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
                "'{}' is given, but dist.pipeline_stages = 1 (the pipeline is off)", d.pipeline_model);
     return;
   }
-  if (d.pipeline_model == "stages") {  // what a model built per stage cannot do yet
-    KILN_CHECK(d.zero == 0, "dist.zero", "{} with dist.pipeline_model = stages is not built yet (0, or whole models)",
-               d.zero);
-  }
   KILN_CHECK(world_size >= d.pipeline_stages && world_size % d.pipeline_stages == 0, "dist.pipeline_stages",
              "{} stages need a multiple of {} ranks (one per stage in each data-parallel replica), {} run",
              d.pipeline_stages, d.pipeline_stages, world_size);
+  // Stage models shard each stage's optimizer state (and gradients) over the stage's
+  // replicas; with one replica each rank already holds its stages' alone.
+  KILN_CHECK(d.zero == 0 || d.pipeline_model == "whole" || world_size > d.pipeline_stages, "dist.zero",
+             "{} with dist.pipeline_model = stages shards each stage over its data-parallel replicas, and {} ranks "
+             "for {} stages make one replica: nothing to shard (set 0: each rank already keeps only its stages' "
+             "state)",
+             d.zero, world_size, d.pipeline_stages);
   KILN_CHECK(device == Device::cpu, "train.device",
              "the pipeline (dist.pipeline_stages = {}) runs on the CPU only for now (Gloo; the engine's buffers are "
              "host memory)",
@@ -53,10 +56,11 @@ void check_pipeline_config(const Config& config, int world_size, Device device) 
   KILN_CHECK(d.pipeline_virtual_stages == 1 || d.pipeline_schedule == "interleaved", "dist.pipeline_virtual_stages",
              "{} stages per rank need dist.pipeline_schedule = interleaved, not '{}'", d.pipeline_virtual_stages,
              d.pipeline_schedule);
-  // dist.zero is not refused: ZeRO shards the optimizer (and with 2 the gradients) over all
-  // W ranks, and the step's gradient sum -- the all-reduce, or ZeRO-2's reduce-scatter --
-  // runs over all of them too, so each shard holds its parameters' summed gradient
-  // whichever stage computed it (the others add zeros).
+  // With whole models ZeRO shards the optimizer (and with 2 the gradients) over all W
+  // ranks, and the step's gradient sum -- the all-reduce, or ZeRO-2's reduce-scatter -- runs
+  // over all of them too, so each shard holds its parameters' summed gradient whichever
+  // stage computed it (the others add zeros). With stage models, over each stage's replicas
+  // (train/stage_gradients.h).
   // The counting pass runs every micro-batch through the whole model and sums over the
   // ranks: with a replica's ranks reading the same micro-batches it would count them `stages` times.
   KILN_CHECK(config.model.moe.balance_scope != "step", "model.moe.balance_scope",
@@ -227,9 +231,10 @@ LossSums PipelineTrainerStep::evaluate(const HostBatch& batch) {
   return sums;
 }
 
-std::unique_ptr<StageGradients> PipelineTrainerStep::stage_gradients(dist::Communicator* replicas) {
+std::unique_ptr<StageGradients> PipelineTrainerStep::stage_gradients(dist::Communicator* replicas,
+                                                                     bool sharded_gradients) {
   return std::make_unique<StageGradients>(model_, *comm_, schedule_.rank_of(0), schedule_.rank_of(schedule_.stages() - 1),
-                                          replicas, saves_state());
+                                          replicas, saves_state() || sharded_gradients);
 }
 
 std::vector<std::pair<std::string, double>> PipelineTrainerStep::component_metrics() {

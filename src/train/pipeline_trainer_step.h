@@ -125,8 +125,9 @@ class PipelineTrainerStep {
   // on the rank of the last stage; zeros on the others (their sum over the ranks is the batch's).
   LossSums evaluate(const HostBatch& batch);
   // The gradient exchange of the step (DataParallel::use_stage_gradients); `replicas`:
-  // this rank's stage's replicas (null with one).
-  std::unique_ptr<StageGradients> stage_gradients(dist::Communicator* replicas);
+  // this rank's stage's replicas (null with one); `sharded_gradients`: ZeRO-2 leaves each
+  // replica its shard's sums, so every rank's squares count toward the norm.
+  std::unique_ptr<StageGradients> stage_gradients(dist::Communicator* replicas, bool sharded_gradients);
   // On rank 0: replica 0's other ranks' weights to save beside its own
   // (train/stage_weights.h); nothing elsewhere (the other replicas take no part).
   std::vector<GatheredWeight> gather_weights();
@@ -135,7 +136,7 @@ class PipelineTrainerStep {
   // other replicas' are the same, summed over the replicas).
   std::vector<std::pair<std::string, double>> component_metrics();
   // Whether this rank writes its state to a checkpoint: replica 0's ranks (the others'
-  // optimizer state is the same).
+  // optimizer state is the same; under ZeRO every rank writes its shard's: the trainer).
   bool saves_state() const { return layout_.replica_of(group_rank_) == 0; }
   // The model's parameters over every stage (the tied table once); stage models only.
   int64_t whole_parameter_count() const { return whole_parameters_; }

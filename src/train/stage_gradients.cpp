@@ -30,16 +30,23 @@ StageGradients::StageGradients(Model& model, dist::Communicator& pipeline, int f
   counts_table_ = me == first;
 }
 
-void StageGradients::reduce() {
-  if (replicas_) {
-    KILN_PHASE("stage gradients over replicas");
-    const Tensor grads = model_.all_gradients();
-    replicas_->all_reduce(grads.raw(), grads.numel(), grads.dtype(), dist::ReduceOp::sum, "gradients");
-    for (const StepStatistic& s : model_.step_statistics())
-      replicas_->all_reduce(s.tensor->raw(), s.tensor->numel(), s.tensor->dtype(),
-                            s.reduction == StepReduction::sum ? dist::ReduceOp::sum : dist::ReduceOp::max_unsigned,
-                            "step statistics");
-  }
+void StageGradients::reduce_over_replicas() {
+  if (!replicas_) return;
+  KILN_PHASE("stage gradients over replicas");
+  const Tensor grads = model_.all_gradients();
+  replicas_->all_reduce(grads.raw(), grads.numel(), grads.dtype(), dist::ReduceOp::sum, "gradients");
+  reduce_statistics();
+}
+
+void StageGradients::reduce_statistics() {
+  if (!replicas_) return;
+  for (const StepStatistic& s : model_.step_statistics())
+    replicas_->all_reduce(s.tensor->raw(), s.tensor->numel(), s.tensor->dtype(),
+                          s.reduction == StepReduction::sum ? dist::ReduceOp::sum : dist::ReduceOp::max_unsigned,
+                          "step statistics");
+}
+
+void StageGradients::exchange_table() {
   if (table_ == nullptr) return;
   KILN_PHASE("tied table gradient");
   const Tensor grad = table_->grad();

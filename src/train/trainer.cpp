@@ -160,14 +160,26 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   }
   model_ = std::make_unique<Model>(config_.model, build);
   model_->set_micro_batches(micro_batches_per_step());
+  // A stage model's gradients are summed over the stage's replicas, consecutive ranks
+  // (train/pipeline_layout.h), on a communicator of their own; ZeRO shards it over them.
+  dist::Communicator* stage_replicas = nullptr;
+  if (builds_stage_models(config_)) {
+    const pipeline::Layout layout = pipeline_layout(config_, group_->world_size());
+    if (layout.replicas > 1)
+      stage_replicas = &group_->subgroup(layout.stage_of(group_->rank()) * layout.replicas, layout.replicas);
+  }
   if (group_) {
-    std::unique_ptr<ParameterShards> shards;  // ZeRO's
+    std::unique_ptr<ParameterShards> shards;  // ZeRO's, over every rank or a stage's replicas
+    const int sharing = stage_replicas ? stage_replicas->world_size() : group_->world_size();
     if (config_.dist.zero > 0)
-      shards = std::make_unique<ParameterShards>(make_parameter_shards(
-          config_.optim, model_->parameters(), mup_width_ratio(config_.model), group_->world_size()));
-    // A pipeline's gradients are summed in one reduction after its schedule has run.
-    data_parallel_ = std::make_unique<DataParallel>(*group_, *model_, pipelined(config_) ? 0 : config_.dist.bucket_mb,
-                                                    std::move(shards), config_.dist.zero >= 2);
+      shards = std::make_unique<ParameterShards>(
+          make_parameter_shards(config_.optim, model_->parameters(), mup_width_ratio(config_.model), sharing));
+    DataParallelOptions options;
+    options.bucket_mb = config_.dist.bucket_mb;
+    options.backward_buckets = !pipelined(config_);  // a pipeline's: one reduction after its schedule
+    options.shard_gradients = config_.dist.zero >= 2;
+    options.shard_ranks = config_.dist.zero > 0 ? stage_replicas : nullptr;
+    data_parallel_ = std::make_unique<DataParallel>(*group_, *model_, options, std::move(shards));
   }
   // Periodic exports of a model with no stock class (a component refuses): say so now.
   // (A stage's model holds part of the layers: the export builds the whole from the checkpoint.)
@@ -175,7 +187,8 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
       !builds_stage_models(config_))
     io::hf_config_json(*model_, io::choose_hf_arch(config_.model), io::HfSpecialTokens{}, "float32");
   optimizer_ = make_optimizer(model_->exec(), config_.optim, model_->parameters(), mup_width_ratio(config_.model),
-                              data_parallel_ ? data_parallel_->shards() : nullptr, group_ ? group_->rank() : 0);
+                              data_parallel_ ? data_parallel_->shards() : nullptr,
+                              data_parallel_ && data_parallel_->shards() ? data_parallel_->shard_rank() : 0);
   schedule_ = make_schedule(config_.optim, config_.train.steps,
                             config_.train.micro_batch_tokens * config_.train.grad_accum * stream_->options().world_size);
   optimizer_->plan(optimizer_state_);
@@ -212,14 +225,8 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
     pipeline_ = std::make_unique<PipelineTrainerStep>(config_, *model_, group_->pipeline(), std::move(pipeline_bounds),
                                                       std::move(pipeline_balance));
     step_->set_micro_batch_runner([this](const auto& batches, double scale) { return pipeline_->run(batches, scale); });
-    if (pipeline_->stage_models()) {
-      // Each stage's gradients summed over its replicas, consecutive ranks (train/pipeline_layout.h).
-      const pipeline::Layout layout = pipeline_layout(config_, group_->world_size());
-      dist::Communicator* replicas =
-          layout.replicas > 1 ? &group_->subgroup(layout.stage_of(group_->rank()) * layout.replicas, layout.replicas)
-                              : nullptr;
-      data_parallel_->use_stage_gradients(pipeline_->stage_gradients(replicas));
-    }
+    if (pipeline_->stage_models())
+      data_parallel_->use_stage_gradients(pipeline_->stage_gradients(stage_replicas, config_.dist.zero >= 2));
   }
 
   if (writes_files()) {
@@ -292,10 +299,13 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
     console_.print("optimizer: {}\n", line);
   if (data_parallel_ && data_parallel_->shards()) {  // ZeRO: this rank's share, measured above
     const ParameterShards& shards = *data_parallel_->shards();
-    const int r = group_->rank();
-    console_.print("ZeRO-{}: rank {} updates {} of {} parameters and keeps their state ({:.1f} MiB); "
+    const int r = data_parallel_->shard_rank();
+    console_.print("ZeRO-{}: rank {} updates {} of {} parameters{} and keeps their state ({:.1f} MiB); "
                    "all-gather buffer {:.1f} MiB{}\n",
-                   config_.dist.zero, r, shards.bound(r + 1) - shards.bound(r), shards.total(),
+                   config_.dist.zero, group_->rank(), shards.bound(r + 1) - shards.bound(r), shards.total(),
+                   pipeline_ && pipeline_->stage_models()
+                       ? fmt::format(" (its stage's, shard {} of {} over the stage's replicas)", r, shards.world_size())
+                       : std::string(),
                    optimizer_state_.planned_bytes() / 1048576.0, data_parallel_->gather_buffer_bytes() / 1048576.0,
                    data_parallel_->shards_gradients() ? "; gradients reduce-scattered through it" : "");
   }

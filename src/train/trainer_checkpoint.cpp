@@ -154,7 +154,9 @@ std::string Trainer::save_checkpoint() {
     const std::vector<GatheredWeight> other_stages = pipeline_->gather_weights();
     ShardedSaveParts parts;
     // Replica 0's ranks write the state; the other replicas' files are empty (the same state).
-    parts.state = pipeline_->saves_state() ? saved_state(*model_, *optimizer_) : std::vector<OptimizerStateTensor>{};
+    // Under ZeRO each replica writes its shard's.
+    const bool writes_state = pipeline_->saves_state() || data_parallel_->shards() != nullptr;
+    parts.state = writes_state ? saved_state(*model_, *optimizer_) : std::vector<OptimizerStateTensor>{};
     parts.more_weights = &other_stages;
     path = checkpoints_->save_sharded(*model_, *optimizer_, checkpoint_state(), group_->host(), parts);
   } else {
