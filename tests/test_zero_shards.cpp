@@ -197,5 +197,40 @@ TEST(ZeroShards, TheMemoryCheckCountsARanksShareUnderZero) {
   }
 }
 
+// A pipeline rank that builds only its stages' layers (dist.pipeline_model = "stages") is
+// planned as that model: its parameters, gradients and optimizer state its stages', about
+// half of the model's for half of the layers (a tied table on both ends); ZeRO shards them
+// over the stage's replicas. A pipeline's ZeRO-2 holds the whole arena until its one
+// reduction after the schedule, buckets or not.
+TEST(ZeroShards, TheMemoryCheckPlansAStagesModelUnderAPipeline) {
+  const std::string path = test::source_dir() + "/configs/default.toml";
+  const std::vector<std::string> staged = {"dist.pipeline_stages=2", "dist.pipeline_model=stages", "dist.bucket_mb=1"};
+  const auto with = [&](std::vector<std::string> keys) {
+    keys.insert(keys.end(), staged.begin(), staged.end());
+    return load_config(path, keys);
+  };
+  const Config plain = with({}), one = with({"dist.zero=1"}), two = with({"dist.zero=2"});
+  ASSERT_EQ(plain.model.layers, 4);
+  const StageLayers first = {{0, 2}}, last = {{2, 4}};
+  const MemoryBudget whole = plan_training_memory(plain, Device::cpu);
+  const MemoryBudget a = plan_training_memory(plain, Device::cpu, first), b = plan_training_memory(plain, Device::cpu, last);
+  EXPECT_EQ(plan_rank_memory(plain, Device::cpu, 2, first).total(), a.total());
+  for (const MemoryBudget* stage : {&a, &b}) {
+    EXPECT_LT(stage->parameters, whole.parameters * 0.75);
+    EXPECT_GT(stage->parameters, whole.parameters * 0.25);
+    EXPECT_LT(stage->optimizer, whole.optimizer * 0.75);
+  }
+  // The two stages hold every parameter, the tied table twice.
+  EXPECT_GE(a.parameters + b.parameters, whole.parameters);
+  const ZeroBudget zero = plan_zero_memory(two, Device::cpu, 2, first);
+  const MemoryBudget r1 = plan_rank_memory(one, Device::cpu, 2, first), r2 = plan_rank_memory(two, Device::cpu, 2, first);
+  EXPECT_EQ(r1.optimizer, zero.optimizer);
+  EXPECT_LT(r1.optimizer, a.optimizer * 0.6);
+  EXPECT_GT(r1.optimizer, a.optimizer * 0.4);
+  EXPECT_EQ(r1.parameters, a.parameters + zero.gather_buffer);
+  EXPECT_GT(r2.gradients, a.gradients * 0.99);  // the whole arena until the schedule's end
+  EXPECT_LE(r2.gradients, a.gradients);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -40,8 +40,18 @@ size_t read_cgroup(const char* path) {
 
 }  // namespace
 
-MemoryBudget plan_training_memory(const Config& config, Device device) {
-  const Model model(config.model, training_build_options(config, device));  // plans arenas, allocates nothing
+namespace {
+
+BuildOptions planned_build(const Config& config, Device device, const StageLayers& layers) {
+  BuildOptions build = training_build_options(config, device);
+  build.layers = layers;
+  return build;
+}
+
+}  // namespace
+
+MemoryBudget plan_training_memory(const Config& config, Device device, const StageLayers& layers) {
+  const Model model(config.model, planned_build(config, device, layers));  // plans arenas, allocates nothing
   Arena optimizer_state("optimizer", device);
   make_optimizer(model.exec(), config.optim, model.parameters(), mup_width_ratio(config.model))
       ->plan(optimizer_state);
@@ -62,8 +72,8 @@ MemoryBudget plan_training_memory(const Config& config, Device device) {
   return b;
 }
 
-ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size) {
-  const Model model(config.model, training_build_options(config, device));
+ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size, const StageLayers& layers) {
+  const Model model(config.model, planned_build(config, device, layers));
   const ParameterShards shards =
       make_parameter_shards(config.optim, model.parameters(), mup_width_ratio(config.model), world_size);
   ZeroBudget b;
@@ -92,7 +102,9 @@ ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size)
     second_block = std::max(second_block, std::min(largest_block, elements));
     largest_block = std::max(largest_block, elements);
   }
-  const int64_t elements = config.dist.bucket_mb > 0
+  // (A pipeline's backward hands out no buckets: the whole arena until its one reduction.)
+  const bool buckets_in_backward = config.dist.bucket_mb > 0 && config.dist.pipeline_stages <= 1;
+  const int64_t elements = buckets_in_backward
                                ? shards.largest() + largest_block + second_block + held[-1] + held[-2]
                                : shards.total();
   b.zero2_gradients = static_cast<size_t>(std::min(elements, shards.total())) * dtype_size(shards.dtype());
@@ -102,10 +114,10 @@ ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size)
   return b;
 }
 
-MemoryBudget plan_rank_memory(const Config& config, Device device, int world_size) {
-  MemoryBudget budget = plan_training_memory(config, device);
+MemoryBudget plan_rank_memory(const Config& config, Device device, int world_size, const StageLayers& layers) {
+  MemoryBudget budget = plan_training_memory(config, device, layers);
   if (config.dist.zero == 0) return budget;
-  const ZeroBudget zero = plan_zero_memory(config, device, world_size);
+  const ZeroBudget zero = plan_zero_memory(config, device, world_size, layers);
   budget.optimizer = zero.optimizer;
   budget.parameters += zero.gather_buffer;
   if (config.dist.zero == 2) budget.gradients = zero.zero2_gradients;

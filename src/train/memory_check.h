@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kiln {
 
@@ -19,8 +21,13 @@ struct MemoryBudget {
   size_t total() const { return parameters + gradients + optimizer + activations + workspace + batches; }
 };
 
-// The plan for `config` on `device`, built without allocating (as `kiln plan` does).
-MemoryBudget plan_training_memory(const Config& config, Device device);
+// A pipeline rank's stages, the layer ranges of the model it builds (BuildOptions::layers,
+// dist.pipeline_model = "stages"); empty: the whole model.
+using StageLayers = std::vector<std::pair<int64_t, int64_t>>;
+
+// The plan for `config` on `device`, built without allocating (as `kiln plan` does): the
+// whole model's, or `layers`' alone.
+MemoryBudget plan_training_memory(const Config& config, Device device, const StageLayers& layers = {});
 
 // ZeRO-1 at `world_size` ranks (train/parameter_shards.h): the optimizer state of the rank
 // that keeps the most, and the buffer the updated shards are all-gathered through
@@ -30,17 +37,20 @@ MemoryBudget plan_training_memory(const Config& config, Device device);
 // buckets' reduce-scatters end (two blocks' gradients -- the one reduce-scattered while
 // backward computes the next -- the heads' and the embedding table's, whose gradient a tied
 // head writes first); with dist.bucket_mb = 0 the whole arena. On the GPU the whole arena,
-// always (it stays allocated).
+// always (it stays allocated), and under a pipeline too (its gradients are summed once after
+// its schedule, never in buckets during backward).
+// `layers`: a pipeline stage's model, sharded over the stage's `world_size` replicas.
 struct ZeroBudget {
   size_t optimizer = 0, gather_buffer = 0;
   size_t zero2_gradients = 0;
 };
-ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size);
+ZeroBudget plan_zero_memory(const Config& config, Device device, int world_size, const StageLayers& layers = {});
 
 // What one of `world_size` data-parallel ranks needs (the trainer's check): the whole plan,
 // with ZeRO's shard of the optimizer state and the gather's buffer (dist.zero >= 1) and
-// ZeRO-2's bound of the gradients (dist.zero = 2) in place of the whole.
-MemoryBudget plan_rank_memory(const Config& config, Device device, int world_size);
+// ZeRO-2's bound of the gradients (dist.zero = 2) in place of the whole. With `layers`, a
+// pipeline rank's model built per stage, ZeRO sharding it over `world_size` replicas.
+MemoryBudget plan_rank_memory(const Config& config, Device device, int world_size, const StageLayers& layers = {});
 
 struct AvailableMemory {
   size_t bytes = 0;

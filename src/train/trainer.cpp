@@ -129,10 +129,25 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   TrainingSampler::check_fits(config_, *tokenizer_);  // the sample's context, before any data is read
   eval::EvalSuite eval_suite = TrainingEvaluator::read_suite(config_.eval);  // a bad file costs no training
   dataset_ = std::make_unique<TokenDataset>(config_.data, *tokenizer_);
+  // A pipeline's split is agreed before any model is built or planned: with
+  // dist.pipeline_model = "stages" a rank builds only its stages' layers.
+  BuildOptions build = training_build_options(config_, device_);
+  std::vector<int64_t> pipeline_bounds;
+  std::string pipeline_balance;
+  if (pipelined(config_)) {
+    pipeline_bounds = agree_pipeline_bounds(config_, group_->pipeline(), pipeline_balance);
+    if (builds_stage_models(config_))
+      build.layers = pipeline_rank_layers(config_, pipeline_bounds,
+                                          pipeline_layout(config_, group_->world_size()).stage_of(group_->rank()));
+  }
   // Before anything large is allocated (batches, arenas): stop now if it cannot fit.
-  // ZeRO: this rank's shard of the optimizer state, the gather's buffer, ZeRO-2's gradients
-  const MemoryBudget budget =
-      group_ ? plan_rank_memory(config_, device_, group_->world_size()) : plan_training_memory(config_, device_);
+  // ZeRO: this rank's shard of the optimizer state, the gather's buffer, ZeRO-2's gradients;
+  // a stage's model sharded over the stage's replicas.
+  const int zero_ranks = !group_                      ? 1
+                         : builds_stage_models(config_) ? pipeline_layout(config_, group_->world_size()).replicas
+                                                        : group_->world_size();
+  const MemoryBudget budget = group_ ? plan_rank_memory(config_, device_, zero_ranks, build.layers)
+                                     : plan_training_memory(config_, device_);
   check_memory_fits(config_, device_, budget, available_memory(device_));
   const Packer packer(packer_options(config_, *tokenizer_));
   // data.seed, rank sharding (data.rank/world_size or RANK/WORLD_SIZE) and data.prefetch.
@@ -147,17 +162,6 @@ Trainer::Trainer(const Config& config, const TrainOptions& train_options)
   validation_ = validation_batches(*dataset_, packer, config_.train.eval_batches, &validation_sources_);
   micro_batches_.resize(static_cast<size_t>(config_.train.grad_accum));
 
-  // A pipeline's split is agreed before any model is built: with dist.pipeline_model =
-  // "stages" a rank builds only its stages' layers.
-  BuildOptions build = training_build_options(config_, device_);
-  std::vector<int64_t> pipeline_bounds;
-  std::string pipeline_balance;
-  if (pipelined(config_)) {
-    pipeline_bounds = agree_pipeline_bounds(config_, group_->pipeline(), pipeline_balance);
-    if (builds_stage_models(config_))
-      build.layers = pipeline_rank_layers(config_, pipeline_bounds,
-                                          pipeline_layout(config_, group_->world_size()).stage_of(group_->rank()));
-  }
   model_ = std::make_unique<Model>(config_.model, build);
   model_->set_micro_batches(micro_batches_per_step());
   // A stage model's gradients are summed over the stage's replicas, consecutive ranks
