@@ -744,7 +744,8 @@ TEST_F(PipelineTrainer, ModelsBuiltPerStageShardTheirStateOverTheirReplicas) {
 // once, by the first stage's rank): one process killed at step 5, resumed as stage models,
 // killed at step 9, resumed in one process: within rounding of 12 uninterrupted steps (a
 // tied table's two shares add in another order than one process's). And stage models
-// started from a saved model (train.init_from) train as one process started from it.
+// started from a saved model (train.init_from), or from its Hugging Face export, train as
+// one process started from it.
 TEST_F(PipelineTrainer, ModelsBuiltPerStageResumeAcrossSplitsAndIntoOneProcess) {
   std::string output;
   const std::string common = "--set train.steps=12 --set optim.grad_clip=0 ";
@@ -784,6 +785,29 @@ TEST_F(PipelineTrainer, ModelsBuiltPerStageResumeAcrossSplitsAndIntoOneProcess) 
   ASSERT_EQ(run_with_fault(pipeline(2, "1f1b", stages_from, from + stages), "", &output), 0) << output;
   EXPECT_CONTAINS(output, "init: weights from " + straight + "/model");
   expect_same_but_the_norm(stages_from, one_from);
+  // And from Hugging Face folders (`kiln export hf`, float32: the same values): each stage's
+  // rank reads its part and leaves the others' tensors. The untied model over 2 stages
+  // against one process as above; the tied one over 3 (GPipe: a middle stage without the
+  // table, the last stage's table read from embed_tokens) against the same stage models
+  // started from its kiln model: bit for bit (a tied table's shares keep one process from
+  // matching them bitwise, the test above).
+  for (const auto& [source, ranks] : {std::pair{straight, 2}, std::pair{tied_straight, 3}}) {
+    const std::string hf = source + "-hf";
+    ASSERT_EQ(test::run_command(test::kiln_binary() + " export hf " + source + "/model " + hf, &output), 0) << output;
+    const std::string six = std::string("--set train.steps=6 --set optim.grad_clip=0 ") +
+                            (source == tied_straight ? "--set model.tie_embeddings=true " : "");
+    const std::string reference = source + "-reference", stages_hf = source + "-stages-hf";
+    const std::string from_model = six + "--set train.init_from=" + source + "/model ";
+    if (source == straight) ASSERT_EQ(run_with_fault(single(reference, from_model), "", &output), 0) << output;
+    else ASSERT_EQ(run_with_fault(pipeline(ranks, "gpipe", reference, from_model + stages), "", &output), 0) << output;
+    ASSERT_EQ(run_with_fault(pipeline(ranks, "gpipe", stages_hf, six + "--set train.init_from=" + hf + " " + stages),
+                             "", &output),
+              0)
+        << output;
+    EXPECT_CONTAINS(output, "init: weights from " + hf + " (Hugging Face ");
+    if (source == straight) expect_same_but_the_norm(stages_hf, reference);
+    else expect_identical(stages_hf, reference);
+  }
 }
 
 TEST_F(PipelineTrainer, AWorldNotAMultipleOfTheStagesIsRefused) {

@@ -59,10 +59,17 @@ WeightFiles open_weights(const fs::path& dir, std::string_view where) {
 }  // namespace
 
 std::vector<std::string> load_hf_weights(const std::string& hf_dir, Model& model, std::string_view model_type,
-                                         std::string_view where) {
+                                         std::string_view where, const Model* whole) {
   const fs::path dir(hf_dir);
   WeightFiles weights = open_weights(dir, where);
   std::set<std::string> used;
+  std::set<std::string> others;  // a stage's model: the whole model's tensors it leaves to other stages
+  if (whole != nullptr) {
+    for (const auto& p : whole->parameters())
+      if (!p->training_only() && model.find_parameter(p->name()) == nullptr) others.insert(hf_name(*p));
+    // A tied head's stored lm_head.weight is checked where the embedding is.
+    if (model.config().tie_embeddings && model.find_parameter("embed.weight") == nullptr) others.insert("lm_head.weight");
+  }
   std::set<std::string> dtypes;
   for (const auto& p : model.parameters()) {
     if (p->training_only()) continue;  // no stock checkpoint has them: they keep their initial values
@@ -88,7 +95,7 @@ std::vector<std::string> load_hf_weights(const std::string& hf_dir, Model& model
     used.insert("lm_head.weight");
   }
   for (const auto& [name, file] : weights.where) {
-    if (used.count(name)) continue;
+    if (used.count(name) || others.count(name)) continue;
     if (name.size() >= 20 && name.substr(name.size() - 20) == "rotary_emb.inv_freq") continue;  // a buffer
     fail(where, "{}: tensor '{}' has no place in a {} model kiln computes; refusing to drop it", hf_dir, name,
          model_type);

@@ -36,7 +36,11 @@ HfImportReport import_hf(const std::string& hf_dir, const std::string& out_dir);
 // shape; a missing or leftover tensor is an error "[where] ..." naming it (`model_type`
 // says what the leftover has no place in). Returns the source dtypes, e.g. {"BF16"}.
 // import_hf and train.init_from (train/init_from.h) share it.
+// `whole`: with a pipeline stage's model (BuildOptions::layers), the whole model it is part
+// of (planned, never allocated): the folder's tensors of the whole model's other parameters
+// are the other stages' to read, and only a tensor with no place in the whole model is an
+// error.
 std::vector<std::string> load_hf_weights(const std::string& hf_dir, Model& model, std::string_view model_type,
-                                         std::string_view where);
+                                         std::string_view where, const Model* whole = nullptr);
 
 }  // namespace kiln::io

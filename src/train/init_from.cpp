@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 
 namespace kiln {
 
@@ -111,22 +112,20 @@ std::vector<std::string> model_differences(const Config& source, const Config& r
 }
 
 std::vector<std::string> load_initial_weights(const InitialWeights& source, const Config& run, Model& model) {
+  std::optional<Model> whole;  // a pipeline stage's model: the whole model it is part of, planned only
   if (model.backbone().whole()) {
     check_same_tensors(source, run, model);
   } else {
-    // A pipeline stage's model (dist.pipeline_model = "stages") reads its part of a kiln
-    // model's file; the source is checked against the whole model it is part of.
-    KILN_CHECK(!source.hugging_face, kKey,
-               "{}: a Hugging Face folder is not read into models built per stage yet: import it first (kiln "
-               "import) and start from the kiln model",
-               source.dir);
+    // A pipeline stage's model (dist.pipeline_model = "stages") reads its part of the
+    // source; the source is checked against the whole model it is part of.
     BuildOptions planned;
     planned.training = false;
     planned.max_tokens = 1;
     planned.loss_chunk_rows = 1;
-    check_same_tensors(source, run, Model(run.model, planned));
+    whole.emplace(run.model, planned);
+    check_same_tensors(source, run, *whole);
   }
-  if (source.hugging_face) io::load_hf_weights(source.dir, model, source.model_type, kKey);
+  if (source.hugging_face) io::load_hf_weights(source.dir, model, source.model_type, kKey, whole ? &*whole : nullptr);
   else io::load_weights(model, (fs::path(source.dir) / "model.safetensors").string());
   io::check_weights_usable(model, source.dir);
   return model_differences(source.config, run);
