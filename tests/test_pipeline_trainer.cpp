@@ -95,6 +95,7 @@ class PipelineTrainer : public TinyRunTest {
   void expect_identical(const std::string& a, const std::string& b);
   void expect_close(const std::string& a, const std::string& b);
   void expect_same_but_the_norm(const std::string& a, const std::string& b, double tolerance = 1e-12);
+  void expect_a_killed_rank_named(int world, int victim, const std::string& extra);
 };
 
 // Within rounding: every step's loss and gradient norm within 1e-6 relative (tokens and
@@ -817,17 +818,18 @@ TEST_F(PipelineTrainer, AWorldNotAMultipleOfTheStagesIsRefused) {
   EXPECT_CONTAINS(output, "a multiple of 2 ranks");
 }
 
-// kill -9 of stage 1 mid-run: stage 0 waits on a receive from it or on the step's
-// all-reduce, and ends with an error naming rank 1 within dist.timeout.
-TEST_F(PipelineTrainer, AKilledStageEndsTheOtherNamingIt) {
-  const std::string out = dir_ + "/killed";
-  const std::string train =
-      single(out, "--set train.steps=100000 --set dist.timeout=10 --set dist.pipeline_stages=2 --set checkpoint.every=0");
+// kill -9 of rank `victim` of `world` mid-run: every other rank waits on a receive from it
+// or on a collective with it, and ends with an error naming it within dist.timeout, saying
+// which rank of the run it is itself.
+void PipelineTrainer::expect_a_killed_rank_named(int world, int victim, const std::string& extra) {
+  const std::string out = dir_ + fmt::format("/killed-{}", world);
+  const std::string train = single(out, "--set train.steps=100000 --set dist.timeout=10 --set dist.pipeline_stages=2 "
+                                        "--set checkpoint.every=0 " + extra);
   const int port = dist::free_loopback_port();
   std::vector<pid_t> ranks;
-  for (int r = 0; r < 2; ++r)
-    ranks.push_back(spawn(fmt::format("env RANK={} WORLD_SIZE=2 MASTER_PORT={} {}", r, port, train),
-                          fmt::format("{}/rank{}.out", dir_, r)));
+  for (int r = 0; r < world; ++r)
+    ranks.push_back(spawn(fmt::format("env RANK={} WORLD_SIZE={} MASTER_PORT={} {}", r, world, port, train),
+                          fmt::format("{}/rank{}-of-{}.out", dir_, r, world)));
   const auto wait_for = [](const std::string& file, const std::string& text, double seconds) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     while (std::chrono::steady_clock::now() < deadline) {
@@ -836,28 +838,54 @@ TEST_F(PipelineTrainer, AKilledStageEndsTheOtherNamingIt) {
     }
     return false;
   };
-  ASSERT_TRUE(wait_for(out + "/rank-1.log", "step     3/", 60)) << read_file(dir_ + "/rank0.out");
-  kill(ranks[1], SIGKILL);
+  ASSERT_TRUE(wait_for(fmt::format("{}/rank-{}.log", out, victim), "step     3/", 60))
+      << read_file(fmt::format("{}/rank0-of-{}.out", dir_, world));
+  kill(ranks[static_cast<size_t>(victim)], SIGKILL);
   const auto start = std::chrono::steady_clock::now();
-  int status = -1;
-  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(40)) {
-    int s = 0;
-    if (waitpid(ranks[0], &s, WNOHANG) == ranks[0]) {
-      status = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
-      break;
+  for (int r = 0; r < world; ++r) {
+    if (r == victim) continue;
+    int status = -1;
+    while (std::chrono::steady_clock::now() - start < std::chrono::seconds(40)) {
+      int s = 0;
+      if (waitpid(ranks[static_cast<size_t>(r)], &s, WNOHANG) == ranks[static_cast<size_t>(r)]) {
+        status = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (status == -1) kill(ranks[static_cast<size_t>(r)], SIGKILL), waitpid(ranks[static_cast<size_t>(r)], nullptr, 0);
+    const std::string log = read_file(fmt::format("{}/rank{}-of-{}.out", dir_, r, world));
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    EXPECT_EQ(status, 1) << log;
+    EXPECT_LT(seconds, 25) << log;  // dist.timeout = 10, plus the diagnosis
+    // A receive from the victim ("the receive 'pipeline rG0@0' (tag 1) from rank 1 failed
+    // ...: the connection broke") or a collective naming it by pid, on the run's
+    // communicators or a stage's replicas' (whose ranks are numbered from 0: the error says
+    // which rank of the run this is).
+    EXPECT_CONTAINS(log, fmt::format("kiln: error: [dist] rank {} of {}", r, world));
+    EXPECT_CONTAINS(log, fmt::format("rank {}", victim));
+    // No survivor is said to have died: each marks itself failed before it exits, a
+    // transfer's failure too, whose error adds the run's dead ranks to its peer
+    // (RankProgress::diagnose). (A survivor may be named as alive
+    // outside the collectives: it has not reached this one.)
+    for (int other = 0; other < world; ++other) {
+      if (other == victim || other == r) continue;
+      const size_t named = log.find(fmt::format("rank {} (pid", other));
+      if (named == std::string::npos) continue;
+      const std::string clause = log.substr(named, log.find(';', named) - named);
+      EXPECT_EQ(clause.find("died or exited"), std::string::npos) << log;
+    }
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (status == -1) kill(ranks[0], SIGKILL), waitpid(ranks[0], nullptr, 0);
-  waitpid(ranks[1], nullptr, 0);
-  const std::string log = read_file(dir_ + "/rank0.out");
-  EXPECT_EQ(status, 1) << log;
-  EXPECT_LT(seconds, 25) << log;  // dist.timeout = 10, plus the diagnosis
-  // A receive from rank 1 ("the receive 'pipeline rG0@0' (tag 1) from rank 1 failed ...: the
-  // connection broke") or, between steps, the collective naming rank 1 by pid.
-  EXPECT_CONTAINS(log, "kiln: error: [dist] rank 0 of 2: ");
-  EXPECT_CONTAINS(log, "rank 1");
+  waitpid(ranks[static_cast<size_t>(victim)], nullptr, 0);
+}
+
+// Stage 1 of 2 killed; and the last stage's second replica of 2 x 2 models built per stage
+// with ZeRO-2 over each stage's replicas.
+TEST_F(PipelineTrainer, AKilledStageEndsTheOtherNamingIt) { expect_a_killed_rank_named(2, 1, ""); }
+
+TEST_F(PipelineTrainer, AKilledReplicaOfAStageEndsTheOthersNamingIt) {
+  expect_a_killed_rank_named(4, 3, "--set dist.pipeline_model=stages --set dist.zero=2 ");
 }
 
 // The keys' refusals, one line naming the key, before anything is read.

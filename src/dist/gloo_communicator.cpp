@@ -110,7 +110,9 @@ struct GlooCommunicator::PostedSend {
 
 GlooCommunicator::GlooCommunicator(TcpStore& store, const GlooEndpoint& endpoint, int rank, int world_size,
                                    std::chrono::milliseconds timeout, RankProgress& progress)
-    : rank_(rank), world_size_(world_size), timeout_(timeout), progress_(progress) {
+    : rank_(rank), world_size_(world_size),
+      who_(endpoint.who.empty() ? fmt::format("rank {} of {}", rank, world_size) : endpoint.who), timeout_(timeout),
+      progress_(progress) {
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = endpoint.host;
@@ -124,7 +126,7 @@ GlooCommunicator::GlooCommunicator(TcpStore& store, const GlooEndpoint& endpoint
   } catch (const kiln::Error&) {
     throw;
   } catch (const std::exception& e) {
-    fail("dist", "rank {} of {}: Gloo could not connect the ranks: {}", rank, world_size, e.what());
+    fail("dist", "{}: Gloo could not connect the ranks: {}", who_, e.what());
   }
 }
 
@@ -160,10 +162,10 @@ void GlooCommunicator::lost(std::string_view what, int64_t seq, std::chrono::ste
   }
   const double timeout_s = static_cast<double>(timeout_.count()) / 1000.0;
   if (waited >= timeout_)
-    fail("dist", "rank {} of {}: the collective '{}' (#{}) did not finish within dist.timeout = {} s: {}{}", rank_,
-         world_size_, what, seq, timeout_s, found.text, cause);
-  fail("dist", "rank {} of {}: the collective '{}' (#{}) failed after {:.1f} s (dist.timeout = {} s): {}{}", rank_,
-       world_size_, what, seq, std::chrono::duration<double>(waited).count(), timeout_s, found.text, cause);
+    fail("dist", "{}: the collective '{}' (#{}) did not finish within dist.timeout = {} s: {}{}", who_, what, seq,
+         timeout_s, found.text, cause);
+  fail("dist", "{}: the collective '{}' (#{}) failed after {:.1f} s (dist.timeout = {} s): {}{}", who_, what, seq,
+       std::chrono::duration<double>(waited).count(), timeout_s, found.text, cause);
 }
 
 void GlooCommunicator::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, std::string_view what) {
@@ -287,14 +289,19 @@ std::string GlooCommunicator::p2p_failure(std::string_view verb, std::string_vie
   const double timeout_s = static_cast<double>(timeout_.count()) / 1000.0;
   const double waited = seconds_since(posted);
   const char* partner = verb == "send" ? "to" : "from";
+  // The peer may itself have failed on another rank that died: the run's records name the
+  // ranks that died or stopped (no collective's own laggards: sequence 0). This marks this
+  // rank failed too, so the others do not blame it once it exits.
+  const RankProgress::Diagnosis run = progress_.diagnose(0, waited >= timeout_s);
+  const std::string records = run.named ? "; in the run: " + run.text : std::string();
   if (waited >= timeout_s)
-    return fmt::format("rank {} of {}: the {} '{}' (tag {}) {} rank {} did not finish within dist.timeout = {} s: "
-                       "rank {} did not {} it (Gloo: {})",
-                       rank_, world_size_, verb, what, tag, partner, peer, timeout_s, peer,
-                       verb == "send" ? "receive" : "send", cause);
-  return fmt::format("rank {} of {}: the {} '{}' (tag {}) {} rank {} failed after {:.1f} s (dist.timeout = {} s): "
-                     "the connection broke (Gloo: {})",
-                     rank_, world_size_, verb, what, tag, partner, peer, waited, timeout_s, cause);
+    return fmt::format("{}: the {} '{}' (tag {}) {} rank {} did not finish within dist.timeout = {} s: "
+                       "rank {} did not {} it (Gloo: {}){}",
+                       who_, verb, what, tag, partner, peer, timeout_s, peer, verb == "send" ? "receive" : "send",
+                       cause, records);
+  return fmt::format("{}: the {} '{}' (tag {}) {} rank {} failed after {:.1f} s (dist.timeout = {} s): "
+                     "the connection broke (Gloo: {}){}",
+                     who_, verb, what, tag, partner, peer, waited, timeout_s, cause, records);
 }
 
 void GlooCommunicator::throw_if_a_send_failed() {

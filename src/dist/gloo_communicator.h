@@ -35,6 +35,9 @@ namespace kiln::dist {
 struct GlooEndpoint {
   std::string host, interface;
   std::string prefix;  // keeps the store's keys of several communicators of one run apart
+  // How its errors name this rank: "rank R of W" when empty; a subgroup, whose ranks are
+  // numbered from 0, says which rank of the run it is too.
+  std::string who;
 };
 
 class GlooCommunicator final : public Communicator {
@@ -68,6 +71,7 @@ class GlooCommunicator final : public Communicator {
   [[noreturn]] void lost(std::string_view what, int64_t seq, std::chrono::steady_clock::time_point entered,
                          const std::exception& e) const;
   int rank_, world_size_;
+  std::string who_;  // "rank R of W" (GlooEndpoint::who)
   std::chrono::milliseconds timeout_;
   RankProgress& progress_;
   std::shared_ptr<gloo::Context> context_;

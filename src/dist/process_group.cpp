@@ -77,6 +77,8 @@ Communicator& ProcessGroup::subgroup(int first, int count) {
   if (!made) {
     GlooEndpoint endpoint = gloo_endpoint(placement_);
     endpoint.prefix = fmt::format("gloo-subgroup-{}-{}/", first, count);
+    endpoint.who = fmt::format("rank {} of {} (rank {} of the subgroup of ranks {}..{})", rank(), world_size(),
+                               rank() - first, first, first + count - 1);
     made = std::make_unique<GlooCommunicator>(*store_, endpoint, rank() - first, count, timeout_, *progress_);
   }
   KILN_CHECK(made->world_size() == count, "dist", "the subgroup from rank {} has {} ranks, not {}", first,

@@ -151,12 +151,14 @@ RankProgress::Diagnosis RankProgress::diagnose(int64_t seq, bool timed_out) {
   }
   const Diagnosis found{describe_waited_for(seq, rank_, records, stale_s),
                         !waited_for(seq, rank_, records, stale_s).empty()};
-  // Rank 0's exit takes the store away: first let the ranks still waiting in this
-  // collective (alive, entered it, not failed yet) read it, 5 s at most.
+  // Rank 0's exit takes the store away: first let the ranks still alive and not failed read
+  // it, 5 s at most. Not only those inside this collective: a rank may be failing in a
+  // collective of another communicator (a pipeline stage's replicas', ProcessGroup::subgroup),
+  // whose sequence numbers its record shares with this one's, so they cannot tell.
   const auto linger = std::chrono::steady_clock::now() + 5s;
   while (rank_ == 0 && std::chrono::steady_clock::now() < linger) {
     const bool waiting = std::any_of(records.begin() + 1, records.end(), [&](const PeerRecord& p) {
-      return p.present && !p.failed && !p.gone && p.age_s < stale_s && (p.entered >= seq || p.finished < p.entered);
+      return p.present && !p.failed && !p.gone && p.age_s < stale_s;
     });
     if (!waiting) break;
     lock.unlock();

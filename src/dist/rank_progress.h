@@ -63,9 +63,10 @@ class RankProgress {
   void finish(int64_t seq) { finished_.store(seq, std::memory_order_release); }
 
   // After collective `seq` failed (`timed_out`: waited out dist.timeout; else a peer's
-  // connection broke): who it waited for, read within a few seconds. Then marks this rank
+  // connection broke): who it waited for, read within a few seconds (with `seq` 0, after a
+  // point-to-point transfer failed: the ranks that died or stopped). Then marks this rank
   // failed, so the others do not blame it once it exits; rank 0, whose process serves the
-  // store, first waits (5 s at most) for the other waiting ranks to read it.
+  // store, first waits (5 s at most) for the other live ranks that have not failed to read it.
   struct Diagnosis {
     std::string text;
     bool named = false;  // some rank is to blame (else: every rank is alive, in a collective)
