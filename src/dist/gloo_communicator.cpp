@@ -292,7 +292,7 @@ std::string GlooCommunicator::p2p_failure(std::string_view verb, std::string_vie
   // The peer may itself have failed on another rank that died: the run's records name the
   // ranks that died or stopped (no collective's own laggards: sequence 0). This marks this
   // rank failed too, so the others do not blame it once it exits.
-  const RankProgress::Diagnosis run = progress_.diagnose(0, waited >= timeout_s);
+  const RankProgress::Diagnosis run = progress_.diagnose(0, waited >= timeout_s, false);
   const std::string records = run.named ? "; in the run: " + run.text : std::string();
   if (waited >= timeout_s)
     return fmt::format("{}: the {} '{}' (tag {}) {} rank {} did not finish within dist.timeout = {} s: "

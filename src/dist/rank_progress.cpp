@@ -126,7 +126,7 @@ std::string RankProgress::rank0_unreachable(TcpStore::Peek::Status status) const
   return fmt::format("{}, whose process serves the run's store, went away: it died or exited", who(0, rank0_));
 }
 
-RankProgress::Diagnosis RankProgress::diagnose(int64_t seq, bool timed_out) {
+RankProgress::Diagnosis RankProgress::diagnose(int64_t seq, bool timed_out, bool hold_store) {
   // Stopped: no heartbeat for half of dist.timeout (the heartbeat comes every second; at
   // least 2 s, so a loaded host's late beat is not taken for one; at most 5 s).
   const double stale_s = std::clamp(static_cast<double>(timeout_.count()) / 2000.0, 2.0, 5.0);
@@ -156,7 +156,7 @@ RankProgress::Diagnosis RankProgress::diagnose(int64_t seq, bool timed_out) {
   // collective of another communicator (a pipeline stage's replicas', ProcessGroup::subgroup),
   // whose sequence numbers its record shares with this one's, so they cannot tell.
   const auto linger = std::chrono::steady_clock::now() + 5s;
-  while (rank_ == 0 && std::chrono::steady_clock::now() < linger) {
+  while (hold_store && rank_ == 0 && std::chrono::steady_clock::now() < linger) {
     const bool waiting = std::any_of(records.begin() + 1, records.end(), [&](const PeerRecord& p) {
       return p.present && !p.failed && !p.gone && p.age_s < stale_s;
     });

@@ -71,7 +71,9 @@ class RankProgress {
     std::string text;
     bool named = false;  // some rank is to blame (else: every rank is alive, in a collective)
   };
-  Diagnosis diagnose(int64_t seq, bool timed_out);
+  // `hold_store` false: rank 0 does not wait (a point-to-point transfer's failure, whose
+  // error names its peer, reported at the rank's next call without delay).
+  Diagnosis diagnose(int64_t seq, bool timed_out, bool hold_store = true);
 
  private:
   void publish();  // with mutex_ held
